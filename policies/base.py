@@ -1,0 +1,125 @@
+"""The policy contract every policy implements (sampling with log-probs, log-prob and entropy of
+given actions, behaviour cloning), in the spirit of LeRobot's ``PreTrainedPolicy`` plus what RL
+needs.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+
+class Policy(torch.nn.Module, abc.ABC):
+    """Base class of all policies.
+
+    Subclasses set two class attributes, checked when the subclass is defined:
+
+    - ``name``: the registry name (non-empty ``str``), e.g. ``"mlp"``;
+    - ``config_class``: the dataclass type of the policy's config.
+
+    An intermediate abstract base may skip the check with ``class Base(Policy, abstract=True)``.
+
+    Shapes: ``batch`` observations of ``obs_dim`` features; actions come in chunks of
+    ``chunk_size`` steps of ``action_dim`` values. Sampling and :meth:`log_prob_and_entropy` use
+    exactly the same distribution, so recomputing the log-prob of sampled actions reproduces the
+    sampled log-probs (to float tolerance).
+    """
+
+    name: ClassVar[str]
+    config_class: ClassVar[type]
+
+    def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
+        """Check the required class attributes.
+
+        Raises:
+            TypeError: ``name`` is missing or not a non-empty str, or ``config_class`` is
+                missing or not a dataclass type.
+        """
+        super().__init_subclass__(**kwargs)
+        if abstract:
+            return
+        name = getattr(cls, "name", None)
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                f"policy class {cls.__qualname__} must set the class attribute `name` to a "
+                f"non-empty str (its registry name), got {name!r}"
+            )
+        config_class = getattr(cls, "config_class", None)
+        if not (isinstance(config_class, type) and dataclasses.is_dataclass(config_class)):
+            raise TypeError(
+                f"policy class {cls.__qualname__} must set the class attribute `config_class` "
+                f"to its config dataclass, got {config_class!r}"
+            )
+
+    @property
+    @abc.abstractmethod
+    def chunk_size(self) -> int:
+        """Number of future actions emitted per observation (1 for single-step policies)."""
+
+    @property
+    @abc.abstractmethod
+    def action_dim(self) -> int:
+        """Number of values per action."""
+
+    @abc.abstractmethod
+    def sample_actions(
+        self, obs: Tensor, greedy: bool = False, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Sample action chunks and their log-probabilities, without tracking gradients.
+
+        Args:
+            obs: ``(batch, obs_dim)`` floating observations.
+            greedy: return the most likely actions (the mode) instead of a sample.
+            generator: random generator on the policy's device; the global one if ``None``.
+
+        Returns:
+            ``actions`` ``(batch, chunk_size, action_dim)`` float32 and ``log_probs``
+            ``(batch, chunk_size)`` float32: log-probability of each step's action (summed over
+            action dimensions).
+
+        Raises:
+            ValueError: ``obs`` has the wrong shape.
+        """
+
+    @abc.abstractmethod
+    def log_prob_and_entropy(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """Log-probabilities and entropies of given actions under the sampling distribution.
+
+        Args:
+            obs: ``(batch, obs_dim)`` floating observations.
+            actions: ``(batch, chunk_size, action_dim)`` actions as returned by
+                :meth:`sample_actions`.
+
+        Returns:
+            ``log_probs`` and ``entropy``, each ``(batch, chunk_size)`` float32, differentiable.
+
+        Raises:
+            ValueError: ``obs`` or ``actions`` has the wrong shape.
+        """
+
+    @abc.abstractmethod
+    def bc_loss(self, obs: Tensor, expert_actions: Tensor) -> Tensor:
+        """Behaviour-cloning loss on demonstrations.
+
+        Args:
+            obs: ``(batch, obs_dim)`` floating observations.
+            expert_actions: ``(batch, chunk_size, action_dim)`` demonstrated actions.
+
+        Returns:
+            a differentiable scalar (0-d) loss.
+
+        Raises:
+            ValueError: ``obs`` or ``expert_actions`` has the wrong shape.
+        """
+
+    def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """The training forward pass: :meth:`log_prob_and_entropy`.
+
+        Going through ``forward`` lets ``DistributedDataParallel`` prepare its gradient
+        all-reduce for the backward pass.
+        """
+        return self.log_prob_and_entropy(obs, actions)

@@ -1,0 +1,216 @@
+"""MLP policy: a diagonal Gaussian over actions with a state-independent learnable log-std.
+
+Actions are in [-1, 1] units. The Gaussian is not squashed: samples may leave [-1, 1] and the
+environment clips them. Log-probabilities are those of the *unclipped* sampled action, so the
+recomputed log-prob in the RL loss is exactly the one of the sample (a clipped action would have
+a probability mass, not a density, at the bound).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from policies import register_policy
+from policies.base import Policy
+from policies.mlp.configuration_mlp import MLPPolicyConfig
+
+_ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "tanh": nn.Tanh,
+    "relu": nn.ReLU,
+    "elu": nn.ELU,
+    "gelu": nn.GELU,
+    "silu": nn.SiLU,
+}
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+@register_policy
+class MLPPolicy(Policy):
+    """Gaussian MLP policy over flat state, one action per observation (``chunk_size == 1``).
+
+    ``mean = MLP((obs - obs_mean) / obs_std)`` and ``std = max(exp(log_std), min_std)`` with
+    ``log_std`` of shape ``(action_dim,)`` shared by all states. ``obs_mean`` and ``obs_std``
+    are buffers (saved in the state dict) set from demonstration statistics with
+    :meth:`set_obs_normalization`; they default to the identity.
+
+    Args:
+        config: the policy's :class:`MLPPolicyConfig`.
+
+    Raises:
+        TypeError: ``config`` is not an :class:`MLPPolicyConfig`.
+    """
+
+    name = "mlp"
+    config_class = MLPPolicyConfig
+
+    def __init__(self, config: MLPPolicyConfig) -> None:
+        if not isinstance(config, MLPPolicyConfig):
+            raise TypeError(f"MLPPolicy needs an MLPPolicyConfig, got {type(config).__name__}")
+        super().__init__()
+        self.config = config
+        layers: list[nn.Module] = []
+        in_features = config.obs_dim
+        for width in config.hidden_sizes:
+            layers += [nn.Linear(in_features, width), _ACTIVATIONS[config.activation]()]
+            in_features = width
+        layers.append(nn.Linear(in_features, config.action_dim))
+        self.mean_net = nn.Sequential(*layers)
+        log_std = torch.full((config.action_dim,), math.log(config.init_std))
+        if config.learn_std:
+            self.log_std = nn.Parameter(log_std)
+        else:
+            self.register_buffer("log_std", log_std)
+        self.register_buffer("obs_mean", torch.zeros(config.obs_dim))
+        self.register_buffer("obs_std", torch.ones(config.obs_dim))
+
+    @property
+    def chunk_size(self) -> int:
+        """Always 1: one action per observation."""
+        return 1
+
+    @property
+    def action_dim(self) -> int:
+        """Number of action values per step (``config.action_dim``)."""
+        return self.config.action_dim
+
+    def set_obs_normalization(self, mean: Tensor | np.ndarray, std: Tensor | np.ndarray) -> None:
+        """Set the observation normalisation from demonstration statistics.
+
+        Args:
+            mean: ``(obs_dim,)`` per-feature mean.
+            std: ``(obs_dim,)`` per-feature standard deviation, all entries finite and > 0
+                (floor constant features yourself, e.g. ``std.clip(1e-2)``).
+
+        Raises:
+            ValueError: wrong shape, non-finite values or a non-positive std.
+        """
+        mean_t = torch.as_tensor(mean, dtype=self.obs_mean.dtype)
+        std_t = torch.as_tensor(std, dtype=self.obs_std.dtype)
+        expected = (self.config.obs_dim,)
+        if mean_t.shape != expected or std_t.shape != expected:
+            raise ValueError(
+                f"observation mean/std must have shape {expected}, got "
+                f"{tuple(mean_t.shape)} and {tuple(std_t.shape)}"
+            )
+        if not (torch.isfinite(mean_t).all() and torch.isfinite(std_t).all()):
+            raise ValueError("observation mean/std must be finite")
+        if not (std_t > 0).all():
+            bad = torch.nonzero(std_t <= 0).flatten().tolist()
+            raise ValueError(
+                f"observation std must be > 0; features {bad} are not (floor them, e.g. "
+                "std.clip(1e-2), before calling)"
+            )
+        with torch.no_grad():
+            self.obs_mean.copy_(mean_t)
+            self.obs_std.copy_(std_t)
+
+    def action_std(self) -> Tensor:
+        """Standard deviation of the Gaussian: ``(action_dim,)``, action units."""
+        return self.log_std.clamp(min=math.log(self.config.min_std)).exp()
+
+    def action_mean(self, obs: Tensor) -> Tensor:
+        """Mean action of each observation.
+
+        Args:
+            obs: ``(batch, obs_dim)`` floating observations (cast to the parameters' dtype).
+
+        Returns:
+            ``(batch, action_dim)`` mean actions in [-1, 1] units (not clipped).
+
+        Raises:
+            ValueError: ``obs`` is not ``(batch, obs_dim)`` floating.
+        """
+        if obs.ndim != 2 or obs.shape[1] != self.config.obs_dim or not obs.is_floating_point():
+            raise ValueError(
+                f"obs must be floating (batch, {self.config.obs_dim}), got "
+                f"{tuple(obs.shape)} {obs.dtype}"
+            )
+        obs = obs.to(self.obs_mean.dtype)
+        return self.mean_net((obs - self.obs_mean) / self.obs_std)
+
+    @torch.no_grad()
+    def sample_actions(
+        self, obs: Tensor, greedy: bool = False, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Sample ``mean + std * N(0, 1)`` (or the mean if ``greedy``) without gradients.
+
+        Args:
+            obs: ``(batch, obs_dim)`` floating observations.
+            greedy: return the mean action.
+            generator: random generator on the policy's device; the global one if ``None``.
+
+        Returns:
+            ``actions`` ``(batch, 1, action_dim)`` float32, unclipped (the environment clips),
+            and their ``log_probs`` ``(batch, 1)`` float32 (see :meth:`log_prob_and_entropy`).
+
+        Raises:
+            ValueError: ``obs`` is not ``(batch, obs_dim)`` floating.
+        """
+        mean = self.action_mean(obs)  # (B, A)
+        if greedy:
+            actions = mean
+        else:
+            noise = torch.randn(
+                mean.shape, generator=generator, device=mean.device, dtype=mean.dtype
+            )
+            actions = mean + self.action_std() * noise
+        actions = actions.unsqueeze(1)  # (B, 1, A)
+        return actions, self._log_prob(actions, mean.unsqueeze(1))
+
+    def log_prob_and_entropy(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """Gaussian log-density and entropy of each step, summed over action dimensions.
+
+        ``log_prob = sum_d [-(a_d - mu_d)^2 / (2 std_d^2) - log std_d - log sqrt(2 pi)]`` of the
+        unclipped action; ``entropy = sum_d [1/2 + log sqrt(2 pi) + log std_d]`` (independent of
+        the state, broadcast over the batch).
+
+        Args:
+            obs: ``(batch, obs_dim)`` floating observations.
+            actions: ``(batch, 1, action_dim)`` unclipped actions.
+
+        Returns:
+            ``log_probs`` and ``entropy``, each ``(batch, 1)``, differentiable.
+
+        Raises:
+            ValueError: ``obs`` or ``actions`` has the wrong shape.
+        """
+        mean = self.action_mean(obs).unsqueeze(1)  # (B, 1, A)
+        self._check_actions(actions, mean.shape[0], "actions")
+        log_std = self.action_std().log()  # (A,)
+        entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum().expand(mean.shape[:2])  # (B, 1)
+        return self._log_prob(actions.to(mean.dtype), mean), entropy
+
+    def bc_loss(self, obs: Tensor, expert_actions: Tensor) -> Tensor:
+        """Mean squared error between the mean action and the expert's.
+
+        Only the mean network learns: ``log_std`` gets no gradient, so behaviour cloning keeps
+        ``init_std`` of exploration for RL instead of collapsing it.
+
+        Args:
+            obs: ``(batch, obs_dim)`` floating observations.
+            expert_actions: ``(batch, 1, action_dim)`` demonstrated actions.
+
+        Returns:
+            scalar loss averaged over batch and action dimensions.
+
+        Raises:
+            ValueError: ``obs`` or ``expert_actions`` has the wrong shape.
+        """
+        mean = self.action_mean(obs).unsqueeze(1)  # (B, 1, A)
+        self._check_actions(expert_actions, mean.shape[0], "expert_actions")
+        return torch.mean((mean - expert_actions.to(mean.dtype)) ** 2)
+
+    def _log_prob(self, actions: Tensor, mean: Tensor) -> Tensor:
+        """``(B, 1, A)`` actions and means -> ``(B, 1)`` summed Gaussian log-densities."""
+        std = self.action_std()  # (A,)
+        z = (actions - mean) / std
+        return (-0.5 * z**2 - std.log() - _LOG_SQRT_2PI).sum(dim=-1)
+
+    def _check_actions(self, actions: Tensor, batch: int, what: str) -> None:
+        expected = (batch, 1, self.config.action_dim)
+        if tuple(actions.shape) != expected:
+            raise ValueError(f"{what} must have shape {expected}, got {tuple(actions.shape)}")

@@ -1,0 +1,79 @@
+"""The simulator registry and :func:`make_env`.
+
+A simulator is a ``gymnasium.Env`` subclass registered under a name. Its contract:
+
+- class attribute ``config_class``: the typed config dataclass (with a ``horizon`` field, in
+  control steps) that its constructor takes as only argument;
+- flat float32 ``Box`` observation and action spaces, ``reset(seed=init_state_id)`` reproducible
+  in any process, ``step`` returning ``info["success"]``, no auto-reset;
+- attributes ``horizon`` (int) and ``obs_layout`` (``{key: slice}`` into the observation), and
+  ``render_mode`` (``"rgb_array"`` when ``render_frame() -> uint8 (H, W, 3)`` is available,
+  else ``None``).
+
+Registering never imports the simulator library itself; environments import it lazily in their
+constructor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+
+from vla_rl.utils.registry import Registry
+
+SIMULATORS: Registry[type[gym.Env]] = Registry("simulator")
+
+
+def build_env_config(name: str, config: Any = None) -> Any:
+    """Turn ``config`` into the config dataclass of simulator ``name``.
+
+    Args:
+        name: registered simulator name (e.g. ``"robosuite_lift"``).
+        config: ``None`` (all defaults), a mapping of field names to values (e.g. from a YAML
+            template), or an instance of the simulator's ``config_class``.
+
+    Returns:
+        An instance of ``SIMULATORS.get(name).config_class``.
+
+    Raises:
+        RegistryError: if ``name`` is unknown (the message lists the known simulators).
+        ValueError: if the mapping has keys that are not config fields, or a value is invalid.
+        TypeError: if ``config`` is of another type.
+    """
+    config_class = SIMULATORS.get(name).config_class
+    if config is None:
+        return config_class()
+    if isinstance(config, config_class):
+        return config
+    if isinstance(config, Mapping):
+        fields = {field.name for field in dataclasses.fields(config_class)}
+        unknown = sorted(set(config) - fields)
+        if unknown:
+            raise ValueError(
+                f"unknown {config_class.__name__} field(s) {unknown} for simulator {name!r}; "
+                f"valid fields: {sorted(fields)}"
+            )
+        return config_class(**config)
+    raise TypeError(
+        f"config for simulator {name!r} must be None, a mapping or a {config_class.__name__}, "
+        f"got {type(config).__name__}"
+    )
+
+
+def make_env(name: str, config: Any = None) -> gym.Env:
+    """Create the simulator registered as ``name``.
+
+    Args:
+        name: registered simulator name (e.g. ``"robosuite_lift"``).
+        config: see :func:`build_env_config`.
+
+    Returns:
+        A new ``gymnasium.Env`` (call ``reset`` before ``step``).
+
+    Raises:
+        RegistryError, ValueError, TypeError: as :func:`build_env_config`.
+    """
+    return SIMULATORS.get(name)(build_env_config(name, config))

@@ -1,0 +1,296 @@
+"""robosuite manipulation tasks (Lift by default) as a gymnasium environment on compact state.
+
+Units and conventions of the default Lift observation (robosuite 1.5.2, Panda, world frame):
+
+- ``robot0_eef_pos`` (3): end-effector site position, metres.
+- ``robot0_eef_quat`` (4): end-effector body orientation, quaternion ``(x, y, z, w)``.
+- ``robot0_gripper_qpos`` (2): finger joint positions, metres (about +-0.039 open, +-0.025 holding
+  the cube).
+- ``cube_pos`` (3): cube centre, metres (the table top is at z = 0.8 m).
+- ``cube_quat`` (4): cube orientation, quaternion ``(x, y, z, w)``.
+- ``gripper_to_cube_pos`` (3): ``cube_pos - robot0_eef_pos``, metres.
+
+Actions (``OSC_POSE``, 7 values in [-1, 1]): a position delta of up to 0.05 m per control step
+and an axis-angle rotation delta of up to 0.5 rad per control step, both in the robot base frame
+(aligned with the world frame for the Panda in Lift), then the gripper (-1 open, +1 close).
+One control step lasts ``1 / control_freq`` seconds (50 ms at 20 Hz).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from simulators.registry import SIMULATORS
+from simulators.rendering import setup_headless_rendering
+
+LIFT_STATE_KEYS: tuple[str, ...] = (
+    "robot0_eef_pos",
+    "robot0_eef_quat",
+    "robot0_gripper_qpos",
+    "cube_pos",
+    "cube_quat",
+    "gripper_to_cube_pos",
+)
+"""The compact Lift state (19 values), in observation order."""
+
+PART_CONTROLLERS: tuple[str, ...] = (
+    "JOINT_VELOCITY",
+    "JOINT_TORQUE",
+    "JOINT_POSITION",
+    "OSC_POSITION",
+    "OSC_POSE",
+    "IK_POSE",
+)
+"""robosuite 1.5 arm controllers (``robosuite.controllers.ALL_PART_CONTROLLERS``)."""
+
+MODEL_SEED = 0
+"""Seed of robosuite's model-time randomisation (e.g. the cube's size), so that every process
+builds the same model; per-episode randomness is seeded in :meth:`RobosuiteEnv.reset`."""
+
+
+def _require_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RobosuiteEnvConfig:
+    """Configuration of :class:`RobosuiteEnv`.
+
+    Raises:
+        ValueError: from ``__post_init__``, naming the field and how to fix it.
+    """
+
+    task: str = "Lift"
+    """robosuite environment name (one of ``robosuite.ALL_ENVIRONMENTS``)."""
+    robot: str = "Panda"
+    """robosuite single-arm robot name."""
+    controller: str = "OSC_POSE"
+    """Arm controller, one of :data:`PART_CONTROLLERS`; sets the action layout."""
+    horizon: int = 100
+    """Time limit in control steps; ``step`` reports ``truncated`` when it is reached."""
+    control_freq: float = 20.0
+    """Control frequency, Hz (one ``step`` = ``1 / control_freq`` seconds of simulation)."""
+    obs_keys: tuple[str, ...] = LIFT_STATE_KEYS
+    """robosuite observation keys concatenated, in this order, into the flat observation."""
+    render_camera: str | None = None
+    """Camera for :meth:`RobosuiteEnv.render_frame` (e.g. ``"agentview"``); ``None``: no renderer."""
+    render_size: int = 128
+    """Height and width of rendered frames, pixels."""
+
+    def __post_init__(self) -> None:
+        for name in ("task", "robot"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty robosuite name, got {getattr(self, name)!r}")
+        if self.controller not in PART_CONTROLLERS:
+            raise ValueError(f"controller must be one of {PART_CONTROLLERS}, got {self.controller!r}")
+        _require_int("horizon", self.horizon, 1)
+        if isinstance(self.control_freq, bool) or not isinstance(self.control_freq, (int, float)) or not (
+            self.control_freq > 0
+        ):
+            raise ValueError(f"control_freq must be a positive number of Hz, got {self.control_freq!r}")
+        if isinstance(self.obs_keys, str) or not all(isinstance(key, str) for key in self.obs_keys):
+            raise ValueError(f"obs_keys must be a sequence of key names, got {self.obs_keys!r}")
+        object.__setattr__(self, "obs_keys", tuple(self.obs_keys))  # YAML gives lists
+        if not self.obs_keys or len(set(self.obs_keys)) != len(self.obs_keys):
+            raise ValueError(f"obs_keys must be non-empty and without repeats, got {self.obs_keys!r}")
+        if self.render_camera is not None and (not isinstance(self.render_camera, str) or not self.render_camera):
+            raise ValueError(
+                f"render_camera must be a camera name such as 'agentview' or None, got {self.render_camera!r}"
+            )
+        _require_int("render_size", self.render_size, 8)
+
+
+@SIMULATORS.register("robosuite_lift")
+class RobosuiteEnv(gym.Env):
+    """A robosuite task as a ``gymnasium.Env`` with a flat float32 state observation.
+
+    The task is created once (``hard_reset=False``, about 3-5 s); resets then take milliseconds.
+    Reward is 1.0 on success and 0.0 otherwise; an episode terminates on success and is
+    truncated after ``config.horizon`` control steps. The environment never resets itself.
+
+    Args:
+        config: the environment's configuration.
+
+    Raises:
+        TypeError: if ``config`` is not a :class:`RobosuiteEnvConfig`.
+        ValueError: if an observation key or the render camera does not exist in the task
+            (the message lists the available ones).
+    """
+
+    config_class = RobosuiteEnvConfig
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, config: RobosuiteEnvConfig) -> None:
+        if not isinstance(config, RobosuiteEnvConfig):
+            raise TypeError(f"config must be a RobosuiteEnvConfig, got {type(config).__name__}")
+        self.config = config
+        self.render_mode = "rgb_array" if config.render_camera is not None else None
+        setup_headless_rendering()
+        self._env = _make_robosuite_env(config)
+        try:
+            self._obs_layout = _obs_layout(self._env.observation_spec(), config.obs_keys)
+            if config.render_camera is not None and config.render_camera not in self._env.sim.model.camera_names:
+                raise ValueError(
+                    f"render_camera {config.render_camera!r} is not a camera of {config.task}; "
+                    f"available: {list(self._env.sim.model.camera_names)}"
+                )
+        except ValueError:
+            self._env.close()
+            raise
+        self.obs_dim = sum(s.stop - s.start for s in self._obs_layout.values())
+        self.act_dim = int(self._env.action_dim)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(self.obs_dim,), dtype=np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.act_dim,), dtype=np.float32)
+        self._episode_step = 0
+        self._episode_over = True  # until the first reset
+
+    @property
+    def obs_layout(self) -> dict[str, slice]:
+        """Where each observation key lies in the flat observation: ``{key: slice}``."""
+        return dict(self._obs_layout)
+
+    @property
+    def horizon(self) -> int:
+        """Time limit, control steps."""
+        return self.config.horizon
+
+    @property
+    def episode_step(self) -> int:
+        """Control steps taken since the last reset."""
+        return self._episode_step
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        """Start an episode.
+
+        Args:
+            seed: the initial-state id. The same seed gives the same initial state (robot joint
+                noise and cube placement), in any process; ``None`` continues the current random
+                stream.
+            options: must be ``None`` (no reset options are supported).
+
+        Returns:
+            ``(obs, info)``: obs float32 ``(obs_dim,)``; info ``{"success": False, "episode_step": 0}``.
+
+        Raises:
+            ValueError: if ``seed`` is not a non-negative integer or ``options`` is given.
+        """
+        if options is not None:
+            raise ValueError(f"RobosuiteEnv.reset takes no options, got {options!r}")
+        if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+                raise ValueError(f"seed must be a non-negative integer (an initial-state id), got {seed!r}")
+            seed = int(seed)
+        super().reset(seed=seed)
+        if seed is not None:
+            rng = np.random.default_rng(seed)
+            self._env.rng = rng  # drives the robot's initial joint noise
+            self._env.placement_initializer.rng = rng  # drives the object placement
+        raw_obs = self._env.reset()
+        self._episode_step = 0
+        self._episode_over = False
+        return self._flatten(raw_obs), {"success": False, "episode_step": 0}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """Apply one control action for ``1 / control_freq`` seconds.
+
+        Args:
+            action: ``(act_dim,)`` values in [-1, 1] (clipped); see the module docstring.
+
+        Returns:
+            ``(obs, reward, terminated, truncated, info)``: obs float32 ``(obs_dim,)``; reward 1.0
+            on success else 0.0; terminated = success; truncated = horizon reached without
+            success; info ``{"success": bool, "episode_step": int}``.
+
+        Raises:
+            ValueError: if ``action`` does not have shape ``(act_dim,)`` or is not finite.
+            RuntimeError: if no episode is running (before ``reset`` or after it ended).
+        """
+        if self._episode_over:
+            raise RuntimeError("no episode is running: call reset() first (the environment never auto-resets)")
+        action = np.asarray(action, dtype=np.float64)
+        if action.shape != (self.act_dim,):
+            raise ValueError(f"action must have shape ({self.act_dim},), got {action.shape}")
+        if not np.all(np.isfinite(action)):
+            raise ValueError(f"action must be finite, got {action}")
+        raw_obs, _, _, _ = self._env.step(np.clip(action, -1.0, 1.0))
+        self._episode_step += 1
+        success = bool(self._env._check_success())  # robosuite's success test, as robomimic uses it
+        truncated = self._episode_step >= self.config.horizon and not success
+        self._episode_over = success or truncated
+        info = {"success": success, "episode_step": self._episode_step}
+        return self._flatten(raw_obs), float(success), success, truncated, info
+
+    def render_frame(self) -> np.ndarray:
+        """Render the current state from ``config.render_camera``.
+
+        Returns:
+            uint8 ``(render_size, render_size, 3)`` RGB image, upright.
+
+        Raises:
+            RuntimeError: if the environment was created without a ``render_camera``.
+        """
+        if self.config.render_camera is None:
+            raise RuntimeError("render_frame needs a render_camera in RobosuiteEnvConfig (e.g. 'agentview')")
+        size = self.config.render_size
+        # robosuite makes an env's OpenGL context current only when creating it: with several
+        # environments in one process, select this one's before rendering.
+        self._env.sim._render_context_offscreen.gl_ctx.make_current()
+        image = self._env.sim.render(width=size, height=size, camera_name=self.config.render_camera)
+        return np.ascontiguousarray(image[::-1])  # OpenGL rows run bottom-up
+
+    def render(self) -> np.ndarray:
+        """gymnasium's ``rgb_array`` render: same as :meth:`render_frame`."""
+        return self.render_frame()
+
+    def close(self) -> None:
+        """Free the simulator and its renderer."""
+        self._env.close()
+
+    def _flatten(self, raw_obs: dict[str, np.ndarray]) -> np.ndarray:
+        return np.concatenate([np.ravel(raw_obs[key]) for key in self.config.obs_keys]).astype(np.float32)
+
+
+def _make_robosuite_env(config: RobosuiteEnvConfig) -> Any:
+    """Create the robosuite task (imports robosuite; call after ``setup_headless_rendering``)."""
+    import robosuite
+    from robosuite.controllers import load_part_controller_config
+    from robosuite.controllers.composite.composite_controller_factory import refactor_composite_controller_config
+
+    arm_config = load_part_controller_config(default_controller=config.controller)
+    controller_configs = refactor_composite_controller_config(arm_config, config.robot, ["right"])
+    return robosuite.make(
+        config.task,
+        robots=config.robot,
+        controller_configs=controller_configs,
+        horizon=config.horizon,
+        control_freq=config.control_freq,
+        has_renderer=False,
+        has_offscreen_renderer=config.render_camera is not None,
+        use_camera_obs=False,
+        reward_shaping=False,
+        ignore_done=True,  # the time limit is ours (truncated), not robosuite's
+        hard_reset=False,
+        seed=MODEL_SEED,
+    )
+
+
+def _obs_layout(observation_spec: dict[str, np.ndarray], obs_keys: tuple[str, ...]) -> dict[str, slice]:
+    """Slices of each key in the flat observation.
+
+    Raises:
+        ValueError: if a key is missing (the message lists the available keys).
+    """
+    missing = [key for key in obs_keys if key not in observation_spec]
+    if missing:
+        raise ValueError(f"observation keys {missing} do not exist; available: {sorted(observation_spec)}")
+    layout, start = {}, 0
+    for key in obs_keys:
+        size = int(np.size(observation_spec[key]))
+        layout[key] = slice(start, start + size)
+        start += size
+    return layout

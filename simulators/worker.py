@@ -1,0 +1,180 @@
+"""The simulator worker: hosts the environments of one simulator in its own process.
+
+:class:`SimulatorWorker` is a plain class; :class:`simulators.pool.SimulatorPool` runs it as a
+Ray actor. Environments are created lazily, on the first call that uses them, so the simulator
+library (and its OpenGL context) is loaded inside the worker's process only. This module imports
+neither torch nor any simulator library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from simulators.experts import EXPERTS
+from simulators.registry import make_env
+
+
+class SimulatorWorker:
+    """Hosts ``num_envs`` environments of simulator ``env_name``, addressed by index.
+
+    Args:
+        env_name: registered simulator name (e.g. ``"robosuite_lift"``).
+        env_config: the simulator's config (see ``simulators.build_env_config``).
+        num_envs: number of environments hosted.
+
+    Raises:
+        ValueError: if ``num_envs`` is not a positive integer.
+    """
+
+    def __init__(self, env_name: str, env_config: Any, num_envs: int) -> None:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+        self._env_name = env_name
+        self._env_config = env_config
+        self._envs: list[gym.Env | None] = [None] * num_envs
+
+    def make_envs(self) -> None:
+        """Create every hosted environment now (otherwise each is created at its first use)."""
+        for index in range(len(self._envs)):
+            self._env(index)
+
+    def spec(self) -> dict[str, int]:
+        """``{"obs_dim": int, "act_dim": int, "horizon": int (control steps)}``; creates env 0."""
+        env = self._env(0)
+        return {
+            "obs_dim": int(env.observation_space.shape[0]),
+            "act_dim": int(env.action_space.shape[0]),
+            "horizon": int(env.horizon),
+        }
+
+    def reset(self, env_indices: Sequence[int], init_state_ids: Sequence[int]) -> np.ndarray:
+        """Reset the given environments to the given initial states.
+
+        Args:
+            env_indices: ``n`` distinct environment indices in ``[0, num_envs)``.
+            init_state_ids: ``n`` non-negative initial-state ids (the reset seeds).
+
+        Returns:
+            float32 ``(n, obs_dim)`` initial observations.
+
+        Raises:
+            ValueError: on bad or repeated indices, or lengths that differ.
+        """
+        self._check_indices(env_indices)
+        if len(init_state_ids) != len(env_indices):
+            raise ValueError(f"got {len(init_state_ids)} init_state_ids for {len(env_indices)} environments")
+        observations = [self._env(i).reset(seed=int(s))[0] for i, s in zip(env_indices, init_state_ids)]
+        return np.stack(observations).astype(np.float32, copy=False)
+
+    def step(
+        self, env_indices: Sequence[int], actions: np.ndarray, render_indices: Sequence[int] = ()
+    ) -> dict[str, np.ndarray]:
+        """Step the given environments once each.
+
+        Args:
+            env_indices: ``n`` distinct environment indices with running episodes.
+            actions: ``(n, act_dim)`` actions, row ``k`` for ``env_indices[k]``.
+            render_indices: environments (a subset of ``env_indices``) to render after the step.
+
+        Returns:
+            ``{"obs": float32 (n, obs_dim), "reward": float32 (n,), "terminated": bool (n,),
+            "truncated": bool (n,), "success": bool (n,)}``, plus ``"frames"``: uint8
+            ``(len(render_indices), H, W, 3)`` when ``render_indices`` is not empty.
+
+        Raises:
+            ValueError: on bad indices, an ``actions`` shape that does not match, or render
+                indices outside ``env_indices``.
+            RuntimeError: if an environment has no running episode, or if ``render_indices`` is not
+                empty and the simulator has no render camera (checked before stepping).
+        """
+        self._check_indices(env_indices)
+        actions = np.asarray(actions, dtype=np.float32)
+        if actions.ndim != 2 or actions.shape[0] != len(env_indices):
+            raise ValueError(f"actions must have shape ({len(env_indices)}, act_dim), got {actions.shape}")
+        if not set(render_indices) <= set(env_indices):
+            raise ValueError(f"render_indices {list(render_indices)} must be among the stepped {list(env_indices)}")
+        if any(self._env(i).render_mode is None for i in render_indices):
+            raise RuntimeError(f"simulator {self._env_name!r} was configured without a render camera")
+        n = len(env_indices)
+        result = {
+            "obs": np.zeros((n, self._env(env_indices[0]).observation_space.shape[0]), dtype=np.float32),
+            "reward": np.zeros(n, dtype=np.float32),
+            "terminated": np.zeros(n, dtype=bool),
+            "truncated": np.zeros(n, dtype=bool),
+            "success": np.zeros(n, dtype=bool),
+        }
+        for row, index in enumerate(env_indices):
+            obs, reward, terminated, truncated, info = self._env(index).step(actions[row])
+            result["obs"][row] = obs
+            result["reward"][row] = reward
+            result["terminated"][row] = terminated
+            result["truncated"][row] = truncated
+            result["success"][row] = info["success"]
+        if len(render_indices) > 0:
+            result["frames"] = np.stack([self._env(i).render_frame() for i in render_indices])
+        return result
+
+    def run_expert(self, init_state_ids: Sequence[int]) -> list[dict[str, Any]]:
+        """Run the simulator's scripted expert for one episode per initial state, on env 0.
+
+        Ends whatever episode env 0 was running. Episodes stop at success or at the horizon.
+
+        Args:
+            init_state_ids: initial-state ids (reset seeds).
+
+        Returns:
+            One dict per id, in order: ``{"obs": float32 (T, obs_dim)`` (the observation before
+            each action), ``"actions": float32 (T, act_dim), "success": bool, "init_state_id": int}``.
+
+        Raises:
+            RegistryError: if no scripted expert is registered for this simulator.
+        """
+        env = self._env(0)
+        expert = EXPERTS.get(self._env_name)(env.obs_layout)
+        episodes = []
+        for init_state_id in init_state_ids:
+            obs, _ = env.reset(seed=int(init_state_id))
+            expert.reset()
+            observations, actions = [], []
+            done, success = False, False
+            while not done:
+                action = expert.act(obs)
+                observations.append(obs)
+                actions.append(action)
+                obs, _, terminated, truncated, info = env.step(action)
+                done, success = terminated or truncated, info["success"]
+            episodes.append(
+                {
+                    "obs": np.stack(observations).astype(np.float32, copy=False),
+                    "actions": np.stack(actions).astype(np.float32, copy=False),
+                    "success": bool(success),
+                    "init_state_id": int(init_state_id),
+                }
+            )
+        return episodes
+
+    def close(self) -> None:
+        """Close the environments created so far."""
+        for env in self._envs:
+            if env is not None:
+                env.close()
+        self._envs = [None] * len(self._envs)
+
+    def _env(self, index: int) -> gym.Env:
+        """Environment ``index``, created on first use."""
+        if self._envs[index] is None:
+            self._envs[index] = make_env(self._env_name, self._env_config)
+        return self._envs[index]
+
+    def _check_indices(self, env_indices: Sequence[int]) -> None:
+        if len(env_indices) == 0:
+            raise ValueError("env_indices must not be empty")
+        if len(set(env_indices)) != len(env_indices):
+            raise ValueError(f"env_indices must be distinct, got {list(env_indices)}")
+        bad = [i for i in env_indices if not 0 <= i < len(self._envs)]
+        if bad:
+            raise ValueError(f"env_indices {bad} are out of range [0, {len(self._envs)})")

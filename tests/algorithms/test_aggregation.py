@@ -1,0 +1,70 @@
+"""Loss aggregation modes on a ragged batch, by hand."""
+
+import pytest
+import torch
+
+from vla_rl.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss, masked_mean
+from vla_rl.utils.registry import RegistryError
+
+NAN = float("nan")
+INF = float("inf")
+
+# Row 0: 3 valid tokens (1, 2, 3); row 1: 1 valid token (4); row 2: none.
+# Masked positions hold NaN / inf and must never show up.
+LOSS = torch.tensor([[1.0, 2.0, 3.0, NAN],
+                     [4.0, INF, NAN, -INF],
+                     [NAN, 5.0, INF, 6.0]])
+MASK = torch.tensor([[1, 1, 1, 0],
+                     [1, 0, 0, 0],
+                     [0, 0, 0, 0]], dtype=torch.bool)
+
+EXPECTED = {
+    "token-mean": (1 + 2 + 3 + 4) / 4,             # 2.5
+    "seq-mean-token-mean": ((1 + 2 + 3) / 3 + 4) / 2,  # 3.0, empty row excluded
+    "seq-mean-token-sum": ((1 + 2 + 3) + 4) / 2,       # 5.0, empty row excluded
+}
+
+
+def test_registry_holds_exactly_the_three_modes():
+    assert set(LOSS_AGG_MODES.names()) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("mode", sorted(EXPECTED))
+def test_modes_on_ragged_batch(mode):
+    result = aggregate_loss(LOSS, MASK, mode)
+    assert result.shape == ()
+    assert result.item() == pytest.approx(EXPECTED[mode])
+
+
+@pytest.mark.parametrize("mode", sorted(EXPECTED))
+def test_float_mask_same_as_bool(mode):
+    assert aggregate_loss(LOSS, MASK.float(), mode).item() == pytest.approx(EXPECTED[mode])
+
+
+@pytest.mark.parametrize("mode", sorted(EXPECTED))
+def test_gradient_is_finite_and_zero_at_masked_positions(mode):
+    loss = LOSS.clone().requires_grad_(True)
+    aggregate_loss(loss, MASK, mode).backward()
+    assert torch.isfinite(loss.grad).all()
+    assert torch.equal(loss.grad[~MASK], torch.zeros(int((~MASK).sum())))
+
+
+@pytest.mark.parametrize("mode", sorted(EXPECTED))
+def test_nothing_valid_gives_zero_not_nan(mode):
+    result = aggregate_loss(LOSS, torch.zeros_like(MASK), mode)
+    assert result.item() == 0.0
+
+
+def test_masked_mean_by_hand():
+    x = torch.tensor([[2.0, NAN], [4.0, 6.0]])
+    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    assert masked_mean(x, mask).item() == pytest.approx(4.0)
+
+
+def test_unknown_mode_and_bad_shapes_raise():
+    with pytest.raises(RegistryError, match="token-mean"):
+        aggregate_loss(LOSS, MASK, "token-sum")
+    with pytest.raises(ValueError, match="shape"):
+        aggregate_loss(LOSS, MASK[:, :2], "token-mean")
+    with pytest.raises(ValueError, match="batch, seq_len"):
+        aggregate_loss(LOSS[0], MASK[0], "seq-mean-token-sum")

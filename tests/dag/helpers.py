@@ -1,0 +1,55 @@
+"""Dummy node functions, registered under test-only names on import, and node-list helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from vla_rl.dag.registry import NodeOutput, register_node
+
+DUMMY = "test_dummy"
+DUMMY_WITH_CONFIG = "test_dummy_cfg"
+
+
+class DummyRewardConfig(BaseModel):
+    """Config model of the ``(reward, compute, test_dummy_cfg)`` function."""
+
+    model_config = ConfigDict(extra="forbid")
+    reward: Literal["success", "progress"] = "success"
+    scale: float = 1.0
+
+
+def _noop(ctx: Any, batch: Any) -> NodeOutput:
+    return NodeOutput(batch=batch)
+
+
+for _role, _type in [
+    ("data", "data_load"),
+    ("rollout", "env_interact"),
+    ("reward", "compute"),
+    ("advantage", "compute"),
+    ("actor", "model_train"),
+]:
+    register_node(_role, _type, name=DUMMY)(_noop)
+register_node("reward", "compute", name=DUMMY_WITH_CONFIG, config=DummyRewardConfig)(_noop)
+
+
+def node(node_id: str, role: str, type: str, deps: Sequence[str] = (), **fields: Any) -> dict[str, Any]:
+    """A node mapping served by a dummy function."""
+    return {"id": node_id, "role": role, "type": type, "fn": DUMMY, "deps": list(deps), **fields}
+
+
+def pipeline(reward_dp: int | None = None) -> list[dict[str, Any]]:
+    """tasks -> rollout -> reward -> adv -> actor, the reward node at DP size ``reward_dp``."""
+    reward = node("reward", "reward", "compute", ["rollout"])
+    if reward_dp is not None:
+        reward["dp_size"] = reward_dp
+    return [
+        node("tasks", "data", "data_load"),
+        node("rollout", "rollout", "env_interact", ["tasks"]),
+        reward,
+        node("adv", "advantage", "compute", ["reward"]),
+        node("actor", "actor", "model_train", ["adv"]),
+    ]

@@ -1,0 +1,201 @@
+"""Loading templates: YAML, ``extends``, dotted overrides, and every rejection naming node and field."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from vla_rl.config import RunConfig
+from vla_rl.dag import loader
+from vla_rl.dag.errors import TemplateError
+from vla_rl.dag.loader import load_template
+
+from .helpers import DUMMY, node, pipeline
+
+
+def _error(path_or_name, overrides=()) -> TemplateError:
+    with pytest.raises(TemplateError) as info:
+        load_template(path_or_name, overrides)
+    return info.value
+
+
+def test_loads_a_valid_template(write_template):
+    path = write_template(nodes=pipeline(), config={"trainer": {"total_steps": 3}}, description="d")
+    template = load_template(path)
+    assert template.name == "t"
+    assert template.description == "d"
+    assert template.path == path.resolve()
+    assert isinstance(template.config, RunConfig)
+    assert template.config.trainer.total_steps == 3
+    assert [n.id for n in template.nodes] == ["tasks", "rollout", "reward", "adv", "actor"]
+    assert template.nodes[1].deps == ("tasks",)
+    assert template.nodes[0].fn == DUMMY and template.nodes[0].dp_size is None
+
+
+def test_bare_name_resolves_in_template_dir(tmp_path, monkeypatch, write_template):
+    monkeypatch.setattr(loader, "TEMPLATE_DIR", tmp_path)
+    write_template(nodes=pipeline(), name="alpha.yaml")
+    write_template(nodes=pipeline(), name="beta.yaml")
+    assert load_template("alpha").name == "alpha"
+    err = _error("gamma")
+    assert err.file.name == "gamma.yaml"
+    assert "alpha, beta" in err.message
+
+
+def test_bad_yaml_names_the_line(write_template):
+    path = write_template(text="name: t\nnodes:\n  - id: a\n    role: [data\n")
+    err = _error(path)
+    assert err.file == path
+    assert "invalid YAML at line" in err.message
+    assert "line 5" in err.message or "line 4" in err.message
+
+
+def test_not_a_mapping(write_template):
+    err = _error(write_template(text="- a\n- b\n"))
+    assert "must be a mapping (got list)" in err.message
+
+
+def test_unknown_role_lists_allowed(write_template):
+    nodes = pipeline()
+    nodes[2]["role"] = "rewarder"
+    err = _error(write_template(nodes=nodes))
+    assert (err.node, err.field) == ("reward", "role")
+    assert "'rewarder'" in err.message and "'advantage'" in err.message
+
+
+def test_unknown_type_lists_allowed(write_template):
+    nodes = pipeline()
+    nodes[3]["type"] = "compoot"
+    err = _error(write_template(nodes=nodes))
+    assert (err.node, err.field) == ("adv", "type")
+    assert "'compute'" in err.message
+
+
+def test_missing_id(write_template):
+    nodes = pipeline()
+    del nodes[1]["id"]
+    err = _error(write_template(nodes=nodes))
+    assert (err.node, err.field) == (None, "nodes[1].id")
+
+
+def test_duplicated_id(write_template):
+    nodes = [*pipeline(), node("rollout", "rollout", "env_interact")]
+    err = _error(write_template(nodes=nodes))
+    assert (err.node, err.field) == ("rollout", "id")
+    assert "duplicated" in err.message
+
+
+def test_wrong_field_type(write_template):
+    nodes = pipeline()
+    nodes[2]["dp_size"] = "two"
+    err = _error(write_template(nodes=nodes))
+    assert (err.node, err.field) == ("reward", "dp_size")
+    assert "'two'" in err.message
+    assert str(err).endswith(f"node 'reward': field 'dp_size': {err.message}")
+
+
+def test_unknown_node_field_lists_allowed(write_template):
+    nodes = pipeline()
+    nodes[0]["dpsize"] = 1
+    err = _error(write_template(nodes=nodes))
+    assert (err.node, err.field) == ("tasks", "dpsize")
+    assert "unknown key" in err.message and "dp_size" in err.message
+
+
+def test_wrong_config_type_names_dotted_field(write_template):
+    err = _error(write_template(nodes=pipeline(), config={"trainer": {"total_steps": "many"}}))
+    assert (err.node, err.field) == (None, "trainer.total_steps")
+
+
+def test_unknown_config_key_via_override(write_template):
+    err = _error(write_template(nodes=pipeline()), ["trainer.total_stepz=5"])
+    assert (err.node, err.field) == (None, "trainer.total_stepz")
+    assert "unknown key" in err.message and "total_steps" in err.message
+
+
+def test_overrides_apply_to_config_and_nodes(write_template):
+    nodes = pipeline()
+    nodes[2]["config"] = {"reward": "success", "scale": 2.0}
+    template = load_template(
+        write_template(nodes=nodes),
+        ["trainer.total_steps=5", "nodes.reward.dp_size=1", "nodes.reward.config.reward=progress"],
+    )
+    assert template.config.trainer.total_steps == 5
+    reward = template.nodes[2]
+    assert reward.dp_size == 1
+    assert reward.config == {"reward": "progress", "scale": 2.0}
+    assert template.raw["nodes"][2]["dp_size"] == 1
+
+
+def test_override_of_a_node_field_is_type_checked(write_template):
+    err = _error(write_template(nodes=pipeline()), ["nodes.reward.dp_size=two"])
+    assert (err.node, err.field) == ("reward", "dp_size")
+
+
+@pytest.mark.parametrize("override", ["trainer.total_steps", "=5", "trainer..lr=1", "nodes.reward=1"])
+def test_malformed_override(write_template, override):
+    err = _error(write_template(nodes=pipeline()), [override])
+    assert "malformed override" in err.message
+    assert err.field == (override.partition("=")[0] or None)
+
+
+def test_unknown_node_id_in_override(write_template):
+    err = _error(write_template(nodes=pipeline()), ["nodes.rewad.dp_size=1"])
+    assert (err.node, err.field) == ("rewad", "dp_size")
+    assert "unknown node" in err.message and "reward" in err.message
+
+
+def test_extends_merges_config_and_nodes_by_id(write_template):
+    base_nodes = pipeline()
+    base_nodes[2] = {**base_nodes[2], "fn": "test_dummy_cfg", "config": {"reward": "success", "scale": 2.0}}
+    write_template(
+        nodes=base_nodes, config={"trainer": {"total_steps": 7, "lr": 0.5}, "workers": {"num_workers": 4}},
+        name="base.yaml", description="base",
+    )
+    child = write_template(
+        text=yaml.safe_dump(
+            {
+                "name": "child",
+                "extends": "base.yaml",
+                "config": {"trainer": {"total_steps": 2}},
+                "nodes": [
+                    {"id": "reward", "dp_size": 2, "config": {"reward": "progress"}},
+                    node("critic_like", "reward", "compute", ["rollout"]),
+                ],
+            }
+        ),
+        name="child.yaml",
+    )
+    template = load_template(child)
+    assert template.name == "child" and template.description == "base"
+    assert (template.config.trainer.total_steps, template.config.trainer.lr) == (2, 0.5)
+    assert template.config.workers.num_workers == 4
+    assert [n.id for n in template.nodes] == ["tasks", "rollout", "reward", "adv", "actor", "critic_like"]
+    reward = template.nodes[2]
+    assert (reward.role, reward.fn, reward.dp_size, reward.deps) == ("reward", "test_dummy_cfg", 2, ("rollout",))
+    assert reward.config == {"reward": "progress", "scale": 2.0}
+    assert "extends" not in template.raw
+
+
+def test_extends_cycle(write_template):
+    write_template(text="name: a\nextends: b.yaml\n", name="a.yaml")
+    b = write_template(text="name: b\nextends: a.yaml\nnodes: []\n", name="b.yaml")
+    err = _error(b)
+    assert err.field == "extends"
+    assert "extends cycle: b.yaml -> a.yaml -> b.yaml" in err.message
+
+
+def test_extends_errors_name_the_base_file(write_template):
+    nodes = pipeline()
+    del nodes[0]["id"]
+    base = write_template(nodes=nodes, name="base.yaml")
+    err = _error(write_template(text="name: c\nextends: base.yaml\n", name="c.yaml"))
+    assert (err.file, err.field) == (base, "nodes[0].id")
+
+
+def test_raw_round_trips(write_template, tmp_path):
+    template = load_template(write_template(nodes=pipeline()), ["nodes.reward.dp_size=1", "run.seed=3"])
+    saved = tmp_path / "resolved.yaml"
+    saved.write_text(yaml.safe_dump(template.raw, sort_keys=False))
+    again = load_template(saved)
+    assert (again.nodes, again.config) == (template.nodes, template.config)

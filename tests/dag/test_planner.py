@@ -1,0 +1,158 @@
+"""The planner: rejections naming node and field, topological order, per-rank chains and hops."""
+
+from __future__ import annotations
+
+import pytest
+
+from vla_rl.dag.errors import TemplateError
+from vla_rl.dag.loader import load_template
+from vla_rl.dag.planner import Hop, Reshard, RunNode, describe_plan, plan
+
+from .helpers import DUMMY, DUMMY_WITH_CONFIG, DummyRewardConfig, node, pipeline
+
+
+def _plan_error(path, world_size=2) -> TemplateError:
+    template = load_template(path)
+    with pytest.raises(TemplateError) as info:
+        plan(template, world_size)
+    return info.value
+
+
+def _run(node_id, role, type, dp_size, dp_rank, deps=(), config=None, fn=DUMMY) -> RunNode:
+    return RunNode(node_id, role, type, fn, dp_size, dp_rank, tuple(deps), config)
+
+
+def test_missing_dep(write_template):
+    nodes = pipeline()
+    nodes[3]["deps"] = ["reward", "critic"]
+    err = _plan_error(write_template(nodes=nodes))
+    assert (err.node, err.field) == ("adv", "deps[1]")
+    assert "unknown dependency 'critic'" in err.message
+
+
+def test_cycle_names_its_nodes(write_template):
+    nodes = pipeline()
+    nodes[1]["deps"] = ["tasks", "adv"]  # rollout -> reward -> adv -> rollout
+    err = _plan_error(write_template(nodes=nodes))
+    assert err.field == "deps"
+    assert err.node in {"rollout", "reward", "adv"}
+    cycle = err.message.removeprefix("dependency cycle: ").split(" -> ")
+    assert cycle[0] == cycle[-1] and set(cycle) == {"rollout", "reward", "adv"}
+    i = cycle.index("rollout")
+    assert cycle[i : i + 3] in (["rollout", "reward", "adv"], ["rollout", "reward"])
+
+
+def test_self_dependency_is_a_cycle(write_template):
+    nodes = pipeline()
+    nodes[0]["deps"] = ["tasks"]
+    err = _plan_error(write_template(nodes=nodes))
+    assert (err.node, err.message) == ("tasks", "dependency cycle: tasks -> tasks")
+
+
+def test_dp_size_must_divide_world_size(write_template):
+    path = write_template(nodes=pipeline(reward_dp=3))
+    err = _plan_error(path)
+    assert (err.node, err.field) == ("reward", "dp_size")
+    assert str(err) == f"{path}: node 'reward': field 'dp_size': must divide the world size 2 (got 3)"
+
+
+def test_unregistered_fn_lists_registered(write_template):
+    nodes = pipeline()
+    nodes[2]["fn"] = "nope"
+    err = _plan_error(write_template(nodes=nodes))
+    assert (err.node, err.field) == ("reward", "fn")
+    assert "'nope'" in err.message and "'reward'" in err.message and "'compute'" in err.message
+    assert DUMMY in err.message and DUMMY_WITH_CONFIG in err.message
+
+
+def test_node_config_is_validated_by_the_function_model(write_template):
+    nodes = pipeline()
+    nodes[2].update(fn=DUMMY_WITH_CONFIG, config={"scale": "big"})
+    err = _plan_error(write_template(nodes=nodes))
+    assert (err.node, err.field) == ("reward", "config.scale")
+
+    nodes[2]["config"] = {"scale": 2}
+    good = plan(load_template(write_template(nodes=nodes)), 2)
+    assert good.node_configs["reward"] == DummyRewardConfig(scale=2.0)
+    assert good.chains[1][2].config == DummyRewardConfig(scale=2.0)
+    assert good.node_configs["tasks"] is None
+
+
+def test_config_for_a_function_without_config_model(write_template):
+    nodes = pipeline()
+    nodes[0]["config"] = {"shuffle": True}
+    err = _plan_error(write_template(nodes=nodes))
+    assert (err.node, err.field) == ("tasks", "config")
+    assert "shuffle" in err.message
+
+
+def test_order_is_topological_with_file_order_ties(write_template, no_builtin_nodes):
+    nodes = [
+        node("actor", "actor", "model_train", ["adv", "ref"]),
+        node("adv", "advantage", "compute", ["rollout"]),
+        node("ref", "reward", "compute", ["tasks"]),
+        node("rollout", "rollout", "env_interact", ["tasks"]),
+        node("tasks", "data", "data_load"),
+    ]
+    result = plan(load_template(write_template(nodes=nodes)), 2)
+    assert result.order == ("tasks", "ref", "rollout", "adv", "actor")
+    assert no_builtin_nodes == [1]  # the built-in functions were loaded first
+
+
+def test_world_size_defaults_to_config(write_template):
+    result = plan(load_template(write_template(nodes=pipeline(), config={"workers": {"num_workers": 4}})))
+    assert result.world_size == 4 and sorted(result.chains) == [0, 1, 2, 3]
+    assert result.dp_sizes["reward"] == 4
+
+
+def test_w2_chains_for_2_1_2(write_template):
+    result = plan(load_template(write_template(nodes=pipeline(reward_dp=1))), 2)
+    assert result.hops == (Hop("rollout", "reward", 2, 1), Hop("reward", "adv", 1, 2))
+    for rank in (0, 1):
+        assert result.chains[rank] == (
+            _run("tasks", "data", "data_load", 2, rank),
+            _run("rollout", "rollout", "env_interact", 2, rank, ["tasks"]),
+            Reshard("rollout", "reward", 2, 1, rank, 0),
+            _run("reward", "reward", "compute", 1, 0, ["rollout"]),
+            Reshard("reward", "adv", 1, 2, 0, rank),
+            _run("adv", "advantage", "compute", 2, rank, ["reward"]),
+            _run("actor", "actor", "model_train", 2, rank, ["adv"]),
+        )
+
+
+def test_w4_chains_for_4_2_1(write_template):
+    nodes = [
+        node("tasks", "data", "data_load", dp_size=4),
+        node("rollout", "rollout", "env_interact", ["tasks"], dp_size=2),
+        node("reward", "reward", "compute", ["rollout"], dp_size=1),
+        node("actor", "actor", "model_train", ["rollout", "reward", "tasks"]),  # dp 4 by default
+    ]
+    result = plan(load_template(write_template(nodes=nodes)), 4)
+    assert result.hops == (
+        Hop("tasks", "rollout", 4, 2),
+        Hop("rollout", "reward", 2, 1),
+        Hop("rollout", "actor", 2, 4),
+        Hop("reward", "actor", 1, 4),
+    )
+    for rank in range(4):
+        half = rank // 2  # the rank's shard at DP size 2
+        assert result.chains[rank] == (
+            _run("tasks", "data", "data_load", 4, rank),
+            Reshard("tasks", "rollout", 4, 2, rank, half),
+            _run("rollout", "rollout", "env_interact", 2, half, ["tasks"]),
+            Reshard("rollout", "reward", 2, 1, half, 0),
+            _run("reward", "reward", "compute", 1, 0, ["rollout"]),
+            Reshard("rollout", "actor", 2, 4, half, rank),
+            Reshard("reward", "actor", 1, 4, 0, rank),
+            _run("actor", "actor", "model_train", 4, rank, ["rollout", "reward", "tasks"]),
+        )
+
+
+def test_describe_plan_lists_chains_and_hops(write_template):
+    text = describe_plan(plan(load_template(write_template(nodes=pipeline(reward_dp=1))), 2))
+    assert "world size 2" in text
+    assert "order: tasks -> rollout -> reward -> adv -> actor" in text
+    assert "rollout (dp 2) -> reward (dp 1)" in text and "reward (dp 1) -> adv (dp 2)" in text
+    assert text.count("reshard rollout -> reward") == 2
+    worker1 = text[text.index("worker 1:") :]
+    assert "reshard reward -> adv: dp 1 -> 2, shard 0 -> 1" in worker1

@@ -1,0 +1,122 @@
+"""Re-sharding between DP sizes over a real gloo process group (spawned processes, loopback)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from tensordict import TensorDict
+
+from vla_rl.data.reshard import group_sizes, reshard, split_groups
+from vla_rl.utils.ray_utils import free_loopback_port
+
+# Groups of uneven sizes, in global order: group g has GROUP_SIZES[g] samples.
+GROUP_SIZES = [3, 1, 4, 2, 2, 5, 1, 2]
+
+
+def _global_batch() -> TensorDict:
+    uids = torch.cat([torch.full((n,), g, dtype=torch.int64) for g, n in enumerate(GROUP_SIZES)])
+    n = uids.numel()
+    idx = torch.arange(n)
+    return TensorDict(
+        {
+            "uid": uids,
+            "obs": {"state": idx[:, None, None].float() * torch.ones(n, 3, 2)},
+            "success": idx % 2 == 0,
+            "actions": (idx[:, None] * 10 + torch.arange(7)).to(torch.float64),
+            "finish_step": idx.to(torch.int32),
+        },
+        batch_size=[n],
+    )
+
+
+def _shard(batch: TensorDict, dp_size: int, dp_rank: int) -> TensorDict:
+    """The reference sharding by whole groups, computed independently of the code under test:
+    groups are dealt out so that shard k holds groups [k*G/d, (k+1)*G/d) when G divides by d."""
+    num_groups = len(GROUP_SIZES)
+    per = num_groups // dp_size
+    wanted = set(range(dp_rank * per, (dp_rank + 1) * per))
+    mask = torch.tensor([int(u) in wanted for u in batch["uid"]])
+    return batch[mask]
+
+
+def _worker(rank: int, world: int, port: int, hops: list[tuple[int, int]], results) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    full = _global_batch()
+    src = hops[0][0]
+    local = _shard(full, src, rank // (world // src))
+    shapes = []
+    for src_dp, dst_dp in hops:
+        local = reshard(local, src_dp, dst_dp)
+        shapes.append(local["uid"].tolist())
+    results[rank] = (shapes, local.to_dict())
+    dist.destroy_process_group()
+
+
+def _run(world: int, hops: list[tuple[int, int]]):
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_worker, args=(world, free_loopback_port(), hops, results), nprocs=world, join=True)
+    return dict(results)
+
+
+def test_group_sizes_and_split():
+    assert group_sizes(torch.tensor([5, 5, 2, 9, 9, 9])) == [2, 1, 3]
+    with pytest.raises(ValueError, match="contiguous"):
+        group_sizes(torch.tensor([1, 2, 1]))
+    # 20 samples into 2 pieces: cumulative [0,3,4,8,10,12,17,18,20]; 10 is a boundary (after group 4).
+    assert split_groups(GROUP_SIZES, 2) == [0, 4, 8]
+    assert split_groups(GROUP_SIZES, 1) == [0, 8]
+    # More shards than groups: two shards stay empty, no group is split.
+    assert split_groups([4, 4], 4) == [0, 0, 1, 1, 2]
+
+
+def _expected_uids(dst_dp: int, dp_rank: int) -> list[int]:
+    bounds = split_groups(GROUP_SIZES, dst_dp)
+    return [g for g in range(bounds[dp_rank], bounds[dp_rank + 1]) for _ in range(GROUP_SIZES[g])]
+
+
+@pytest.mark.parametrize(
+    ("world", "hops"),
+    [
+        (2, [(2, 1), (1, 2)]),
+        (4, [(4, 2), (2, 1), (1, 4), (4, 4)]),
+        (4, [(2, 4), (4, 1), (1, 2)]),
+    ],
+)
+def test_reshard_chains_keep_groups_whole_and_data_intact(world, hops):
+    results = _run(world, hops)
+    full = _global_batch()
+    for rank in range(world):
+        shapes, final = results[rank]
+        for (src_dp, dst_dp), uids in zip(hops, shapes):
+            assert uids == _expected_uids(dst_dp, rank // (world // dst_dp)), (rank, src_dp, dst_dp)
+        # Every field of every received row equals the original row of the same sample.
+        final_td = TensorDict.from_dict(final)
+        idx = final_td["finish_step"].long()
+        for key in [("obs", "state"), "success", "actions", "uid"]:
+            torch.testing.assert_close(final_td.get(key), full.get(key)[idx])
+        assert final_td["actions"].dtype == torch.float64
+        assert final_td["success"].dtype == torch.bool
+    # Replicas of one destination shard hold identical data.
+    last_dp = hops[-1][1]
+    block = world // last_dp
+    for rank in range(world):
+        assert results[rank][0][-1] == results[(rank // block) * block][0][-1]
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3])
+def test_pack_unpack_round_trip_any_row_count(rows):
+    """Byte packing keeps every dtype exact, including a single row at an odd byte offset."""
+    from vla_rl.data.reshard import _pack, _schema, _unpack
+
+    batch = _global_batch()[:rows]
+    batch.set("odd", torch.ones(rows, 3, dtype=torch.uint8))  # makes later fields start unaligned
+    schema = _schema(batch)
+    out = _unpack(_pack(batch, schema), schema)
+    for key in [("obs", "state"), "success", "actions", "uid", "finish_step", "odd"]:
+        torch.testing.assert_close(out.get(key), batch.get(key))

@@ -1,0 +1,140 @@
+"""Tests for policies/mlp: the Gaussian against hand-written formulas, buffers, config checks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from policies.mlp import MLPPolicy, MLPPolicyConfig
+
+W1 = np.array([[0.5, -0.3], [0.2, 0.8], [-0.7, 0.1]])  # (hidden 3, obs 2)
+B1 = np.array([0.1, -0.2, 0.05])
+W2 = np.array([[0.4, -0.6, 0.3], [-0.2, 0.5, 0.9]])  # (action 2, hidden 3)
+B2 = np.array([0.02, -0.01])
+STD = np.array([0.3, 0.15])
+OBS_MEAN = np.array([0.5, -1.0])
+OBS_STD = np.array([2.0, 0.5])
+
+
+@pytest.fixture
+def tiny():
+    policy = MLPPolicy(MLPPolicyConfig(obs_dim=2, action_dim=2, hidden_sizes=(3,)))
+    with torch.no_grad():
+        policy.mean_net[0].weight.copy_(torch.tensor(W1))
+        policy.mean_net[0].bias.copy_(torch.tensor(B1))
+        policy.mean_net[2].weight.copy_(torch.tensor(W2))
+        policy.mean_net[2].bias.copy_(torch.tensor(B2))
+        policy.log_std.copy_(torch.tensor(np.log(STD)))
+    policy.set_obs_normalization(OBS_MEAN, OBS_STD)
+    return policy
+
+
+def numpy_mean(obs: np.ndarray) -> np.ndarray:
+    hidden = np.tanh(((obs - OBS_MEAN) / OBS_STD) @ W1.T + B1)
+    return hidden @ W2.T + B2
+
+
+def test_log_density_and_entropy_match_formulas(tiny):
+    obs = np.array([[0.3, -0.9], [1.5, 0.2]])
+    actions = np.array([[0.1, -0.4], [1.3, 0.7]])  # 1.3 lies outside [-1, 1]: still a density
+    log_probs, entropy = tiny.log_prob_and_entropy(
+        torch.tensor(obs, dtype=torch.float32), torch.tensor(actions, dtype=torch.float32)[:, None]
+    )
+    mean = numpy_mean(obs)
+    for b in range(2):
+        expected = sum(
+            -((actions[b, d] - mean[b, d]) ** 2) / (2 * STD[d] ** 2)
+            - math.log(STD[d] * math.sqrt(2 * math.pi))
+            for d in range(2)
+        )
+        assert log_probs[b, 0].item() == pytest.approx(expected, abs=1e-5)
+    expected_entropy = sum(0.5 * math.log(2 * math.pi * math.e * s**2) for s in STD)
+    expected_entropy = np.full((2, 1), expected_entropy)
+    np.testing.assert_allclose(entropy.detach().numpy(), expected_entropy, atol=1e-6)
+
+
+def test_greedy_is_the_mean(tiny):
+    obs = np.array([[0.3, -0.9], [1.5, 0.2], [0.0, 0.0]])
+    actions, log_probs = tiny.sample_actions(torch.tensor(obs, dtype=torch.float32), greedy=True)
+    np.testing.assert_allclose(actions[:, 0].numpy(), numpy_mean(obs), atol=1e-6)
+    expected = -np.sum(np.log(STD) + 0.5 * np.log(2 * np.pi))
+    np.testing.assert_allclose(log_probs.numpy(), np.full((3, 1), expected), atol=1e-5)
+
+
+def test_samples_have_the_configured_spread(tiny):
+    obs = torch.zeros(4000, 2)
+    actions, _ = tiny.sample_actions(obs, generator=torch.Generator().manual_seed(0))
+    noise = actions[:, 0] - torch.tensor(numpy_mean(np.zeros((1, 2))), dtype=torch.float32)
+    np.testing.assert_allclose(noise.std(dim=0).numpy(), STD, rtol=0.05)
+    np.testing.assert_allclose(noise.mean(dim=0).numpy(), 0.0, atol=0.02)
+
+
+def test_normalization_buffers_are_saved(tiny):
+    state = tiny.state_dict()
+    np.testing.assert_allclose(state["obs_mean"].numpy(), OBS_MEAN)
+    np.testing.assert_allclose(state["obs_std"].numpy(), OBS_STD)
+    fresh = MLPPolicy(tiny.config)
+    fresh.load_state_dict(state)
+    obs = torch.tensor([[0.3, -0.9]])
+    torch.testing.assert_close(fresh.action_mean(obs), tiny.action_mean(obs))
+
+
+@pytest.mark.parametrize(
+    ("mean", "std", "message"),
+    [
+        (np.zeros(3), np.ones(3), "shape"),
+        (np.zeros(2), np.array([1.0, 0.0]), r"features \[1\]"),
+        (np.array([np.nan, 0.0]), np.ones(2), "finite"),
+    ],
+)
+def test_bad_normalization_raises(tiny, mean, std, message):
+    with pytest.raises(ValueError, match=message):
+        tiny.set_obs_normalization(mean, std)
+
+
+def test_bc_loss_trains_the_mean_only(tiny):
+    obs = torch.tensor([[0.3, -0.9], [1.5, 0.2]])
+    expert = torch.tensor([[[0.5, 0.5]], [[-0.5, 0.1]]])
+    loss = tiny.bc_loss(obs, expert)
+    expected = np.mean((numpy_mean(obs.double().numpy()) - expert[:, 0].double().numpy()) ** 2)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    loss.backward()
+    assert tiny.log_std.grad is None
+    assert tiny.mean_net[0].weight.grad is not None
+
+
+def test_std_floor_and_fixed_std():
+    policy = MLPPolicy(MLPPolicyConfig(obs_dim=2, action_dim=2, min_std=0.05))
+    with torch.no_grad():
+        policy.log_std.fill_(math.log(0.001))
+    np.testing.assert_allclose(policy.action_std().detach().numpy(), [0.05, 0.05], rtol=1e-6)
+
+    fixed = MLPPolicy(MLPPolicyConfig(obs_dim=2, action_dim=2, init_std=0.3, learn_std=False))
+    assert "log_std" not in dict(fixed.named_parameters())
+    assert "log_std" in fixed.state_dict()
+    np.testing.assert_allclose(fixed.action_std().numpy(), [0.3, 0.3], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"obs_dim": 0}, "obs_dim must be a positive int"),
+        ({"action_dim": True}, "action_dim must be a positive int"),
+        ({"hidden_sizes": (64, 0)}, "hidden_sizes must be positive ints"),
+        ({"activation": "swish"}, "activation 'swish' is unknown; use one of tanh"),
+        ({"learn_std": 1}, "learn_std must be a bool"),
+        ({"min_std": 0.0}, "min_std must be > 0"),
+        ({"init_std": 0.001}, "init_std .* must be >= min_std"),
+        ({"init_std": "0.2"}, "init_std must be a number"),
+    ],
+)
+def test_config_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MLPPolicyConfig(**{"obs_dim": 3, "action_dim": 2, **kwargs})
+
+
+def test_config_accepts_yaml_lists():
+    assert MLPPolicyConfig(obs_dim=3, action_dim=2, hidden_sizes=[32, 16]).hidden_sizes == (32, 16)

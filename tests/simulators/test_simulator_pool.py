@@ -1,0 +1,114 @@
+"""SimulatorPool over Ray actors: 2 actors x 2 robosuite Lift environments on loopback Ray."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import ray
+
+from simulators.pool import SimulatorPool
+from simulators.rendering import egl_unavailable_reason
+
+HORIZON = 40
+OBS_DIM, ACT_DIM = 19, 7
+
+
+def test_pool_needs_ray_initialised():
+    if ray.is_initialized():
+        pytest.skip("Ray is already running in this process")
+    with pytest.raises(RuntimeError, match="ray.init"):
+        SimulatorPool("robosuite_lift", None, num_actors=1, envs_per_actor=1)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=4, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def render_camera():
+    """``"agentview"`` where EGL works, else ``None`` (the frame test then skips)."""
+    return "agentview" if egl_unavailable_reason() is None else None
+
+
+@pytest.fixture(scope="module")
+def pool(ray_cluster, render_camera):
+    config = {"horizon": HORIZON, "render_camera": render_camera, "render_size": 32}
+    with SimulatorPool("robosuite_lift", config, num_actors=2, envs_per_actor=2) as pool:
+        yield pool
+
+
+def test_spec(pool):
+    assert pool.spec() == {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": HORIZON}
+    assert pool.capacity == 4
+
+
+def test_reset_shapes_and_reproducibility_across_actors(pool):
+    obs = pool.reset(np.array([7, 7, 8]))  # envs 0 and 2 on actor 0, env 1 on actor 1
+    assert obs.shape == (3, OBS_DIM) and obs.dtype == np.float32
+    np.testing.assert_array_equal(obs[0], obs[1])
+    assert not np.allclose(obs[0], obs[2])
+
+
+def test_reset_rejects_more_envs_than_capacity(pool):
+    with pytest.raises(ValueError, match="capacity"):
+        pool.reset(np.arange(5))
+
+
+def test_step_shapes_and_inactive_envs_are_not_stepped(pool):
+    actions = np.random.default_rng(0).uniform(-1, 1, size=(3, ACT_DIM)).astype(np.float32)
+    actions[2] = actions[0]
+    pool.reset(np.array([7, 8, 7]))
+    for _ in range(2):
+        out = pool.step(actions, np.array([True, False, True]))
+        assert out["obs"].shape == (3, OBS_DIM) and out["obs"].dtype == np.float32
+        for key in ("reward", "terminated", "truncated", "success"):
+            assert out[key].shape == (3,)
+        assert out["reward"].dtype == np.float32 and out["terminated"].dtype == bool
+        assert not out["obs"][1].any() and not out["terminated"][1] and not out["truncated"][1]
+        np.testing.assert_array_equal(out["obs"][0], out["obs"][2])  # same seed, same actions
+        assert "frames" not in out
+    after_waiting = pool.step(actions, np.array([False, True, False]))["obs"][1]
+    pool.reset(np.array([7, 8, 7]))
+    first_step = pool.step(actions, np.array([False, True, False]))["obs"][1]
+    np.testing.assert_array_equal(after_waiting, first_step)  # env 1 waited untouched
+
+
+def test_step_validates_its_arguments(pool):
+    pool.reset(np.array([1, 2, 3]))
+    with pytest.raises(ValueError, match="actions"):
+        pool.step(np.zeros((2, ACT_DIM)), np.ones(3, dtype=bool))
+    with pytest.raises(ValueError, match="active"):
+        pool.step(np.zeros((3, ACT_DIM)), np.ones(3, dtype=np.int64))
+    with pytest.raises(ValueError, match="render_indices"):
+        pool.step(np.zeros((3, ACT_DIM)), np.array([True, False, True]), render_indices=[1])
+
+
+def test_rendered_frames_follow_render_indices(pool, render_camera):
+    if render_camera is None:
+        pytest.skip("headless EGL rendering is unavailable")
+    pool.reset(np.array([3, 4, 5]))
+    active = np.ones(3, dtype=bool)
+    frames = pool.step(np.zeros((3, ACT_DIM)), active, render_indices=[2, 0])["frames"]
+    assert frames.shape == (2, 32, 32, 3) and frames.dtype == np.uint8
+    assert frames.std() > 10.0 and np.any(frames[0] != frames[1])
+    swapped = pool.step(np.zeros((3, ACT_DIM)), active, render_indices=[0, 2])["frames"]
+    distance = lambda a, b: np.abs(a.astype(np.int16) - b).mean()  # noqa: E731
+    assert distance(swapped[0], frames[1]) < distance(swapped[0], frames[0])
+
+
+def test_run_expert_over_actors(pool):
+    episodes = pool.run_expert([0, 1, 2])
+    assert [episode["init_state_id"] for episode in episodes] == [0, 1, 2]
+    for episode in episodes:
+        steps = len(episode["actions"])
+        assert episode["success"] and 0 < steps < HORIZON
+        assert episode["obs"].shape == (steps, OBS_DIM) and episode["obs"].dtype == np.float32
+        assert episode["actions"].shape == (steps, ACT_DIM) and episode["actions"].dtype == np.float32
+    np.testing.assert_array_equal(pool.reset(np.array([2]))[0], episodes[2]["obs"][0])

@@ -1,0 +1,86 @@
+"""Simulator registry, config building and validation: no simulator is created here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulators import SIMULATORS, RobosuiteEnvConfig, build_env_config, make_env
+from vla_rl.utils.registry import RegistryError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_python(code: str, env: dict[str, str] | None = None) -> str:
+    """Run ``code`` in a fresh interpreter at the repository root; return its stdout."""
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_importing_simulators_and_pool_imports_no_simulator_library_nor_torch():
+    code = (
+        "import sys, simulators, simulators.pool, simulators.experts\n"
+        "print(sorted(m for m in ('robosuite', 'mujoco', 'torch') if m in sys.modules))"
+    )
+    assert _run_python(code) == "[]"
+
+
+def test_robosuite_lift_is_registered_with_a_config_class():
+    assert "robosuite_lift" in SIMULATORS
+    assert SIMULATORS.get("robosuite_lift").config_class is RobosuiteEnvConfig
+
+
+def test_unknown_simulator_error_lists_known_names():
+    with pytest.raises(RegistryError, match="robosuite_lift"):
+        make_env("no_such_simulator", None)
+
+
+def test_build_env_config_from_none_mapping_and_instance():
+    assert build_env_config("robosuite_lift") == RobosuiteEnvConfig()
+    config = build_env_config("robosuite_lift", {"horizon": 50, "obs_keys": ["cube_pos", "robot0_eef_pos"]})
+    assert config.horizon == 50 and config.obs_keys == ("cube_pos", "robot0_eef_pos")
+    assert build_env_config("robosuite_lift", config) is config
+
+
+def test_build_env_config_rejects_unknown_fields_and_types():
+    with pytest.raises(ValueError, match="horizn"):
+        build_env_config("robosuite_lift", {"horizn": 50})
+    with pytest.raises(TypeError, match="mapping"):
+        build_env_config("robosuite_lift", 50)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("horizon", 0),
+        ("horizon", 10.5),
+        ("control_freq", 0),
+        ("controller", "OSC"),
+        ("task", ""),
+        ("obs_keys", ()),
+        ("obs_keys", ("cube_pos", "cube_pos")),
+        ("obs_keys", "cube_pos"),
+        ("render_camera", ""),
+        ("render_size", 4),
+    ],
+)
+def test_config_validation_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        RobosuiteEnvConfig(**{field: value})
+
+
+def test_headless_rendering_defaults_to_egl_and_keeps_user_choice():
+    code = (
+        "import os; from simulators.rendering import setup_headless_rendering as s\n"
+        "print(s(), os.environ['MUJOCO_GL'], os.environ['PYOPENGL_PLATFORM'])"
+    )
+    base_env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
+    assert _run_python(code, base_env) == "egl egl egl"
+    assert _run_python(code, {**base_env, "MUJOCO_GL": "osmesa"}) == "osmesa osmesa osmesa"

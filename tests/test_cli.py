@@ -1,0 +1,111 @@
+"""The ``vla-rl`` command line: ``plan`` output, exit statuses, and one-line errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vla_rl.cli import main
+from vla_rl.dag.registry import NodeOutput, register_node
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CLI_FN = "test_cli_dummy"
+BUILTIN_PIPELINE = [
+    ("tasks", "data", "data_load", []),
+    ("rollout", "rollout", "env_interact", ["tasks"]),
+    ("reward", "reward", "compute", ["rollout"]),
+    ("adv", "advantage", "compute", ["reward"]),
+    ("filter", "filter", "compute", ["adv"]),
+    ("actor", "actor", "model_train", ["filter"]),
+]
+
+for _, _role, _type, _ in BUILTIN_PIPELINE:
+    register_node(_role, _type, CLI_FN)(lambda ctx, batch: NodeOutput(batch=batch))
+
+
+def _write(tmp_path: Path, fn: str, reward_role: str = "reward", **reward_fields) -> Path:
+    nodes = [
+        {"id": node_id, "role": role, "type": type, "fn": fn, "deps": deps}
+        for node_id, role, type, deps in BUILTIN_PIPELINE
+    ]
+    nodes[2].update(role=reward_role, **reward_fields)
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({"name": "pipeline", "nodes": nodes}, sort_keys=False))
+    return path
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "vla_rl.cli", *args]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.fixture
+def no_builtin_nodes(monkeypatch):
+    """Plan with the test's own functions, without importing vla_rl.nodes (torch)."""
+    monkeypatch.setattr("vla_rl.dag.planner.load_builtin_nodes", lambda: None)
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    assert "plan" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "--help"])
+    assert info.value.code == 0
+    assert "--world-size" in capsys.readouterr().out
+
+
+def test_plan_prints_chains(tmp_path, capsys, no_builtin_nodes):
+    path = _write(tmp_path, CLI_FN)
+    assert main(["plan", str(path), "nodes.reward.dp_size=1", "--world-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "worker 0:" in out and "worker 1:" in out
+    assert "rollout (dp 2) -> reward (dp 1)" in out
+    assert re.search(rf"run reward +reward/compute/{CLI_FN} +dp_rank 0/1 <- rollout", out)
+
+
+def test_plan_error_is_one_line_with_status_2(tmp_path, capsys, no_builtin_nodes):
+    path = _write(tmp_path, CLI_FN, dp_size=3)
+    assert main(["plan", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == (
+        f"error: {path}: node 'reward': field 'dp_size': must divide the world size 2 (got 3)"
+    )
+
+
+def test_bad_world_size_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["plan", str(_write(tmp_path, CLI_FN)), "--world-size", "0"])
+    assert info.value.code == 2
+    assert "positive integer" in capsys.readouterr().err
+
+
+def test_subprocess_malformed_template_exits_2_in_red(tmp_path):
+    path = _write(tmp_path, "default", reward_role="rewarder")
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
+    result = _cli("plan", str(path), env={**env, "FORCE_COLOR": "1"})
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "\x1b[1;31m" in result.stderr  # bold red
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "node 'reward': field 'role': must be one of" in result.stderr
+
+
+def test_subprocess_plans_builtin_nodes(tmp_path):
+    result = _cli("plan", str(_write(tmp_path, "default")), "nodes.reward.dp_size=1", "--world-size", "2")
+    if result.returncode == 2 and "no node function" in result.stderr:
+        pytest.skip(f"vla_rl.nodes lacks a function of the pipeline: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    for rank in (0, 1):
+        assert f"worker {rank}:" in result.stdout
+    assert "reshard rollout -> reward: dp 2 -> 1, shard 1 -> 0" in result.stdout
+    assert "run actor" in result.stdout

@@ -1,0 +1,154 @@
+"""Loss aggregation: how a ``(batch, seq_len)`` matrix of per-token losses becomes one scalar.
+
+The aggregation mode is a setting of its own, independent of the policy objective, as in
+verl's ``agg_loss(loss_mat, loss_mask, loss_agg_mode)``:
+
+- ``"token-mean"``: every valid token of the batch weighs the same (DAPO, Yu et al. 2025, §3.3
+  "Token-Level Policy Gradient Loss").
+- ``"seq-mean-token-mean"``: mean over tokens within each sequence, then mean over sequences
+  (the original GRPO objective, Shao et al. 2024, eq. 3).
+- ``"seq-mean-token-sum"``: sum over tokens within each sequence, then mean over sequences
+  (Dr. GRPO, Liu et al. 2025, "Understanding R1-Zero-Like Training", up to its constant
+  normaliser).
+
+Masked positions never reach the result, even when they hold NaN or inf: they are replaced with
+``torch.where`` (``NaN * 0`` is NaN, so multiplying by the mask would not do). Rows without any
+valid token are left out of the sequence means; where nothing at all is valid the result is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from vla_rl.utils.registry import Registry
+
+LossAggregator = Callable[[Tensor, Tensor], Tensor]
+
+LOSS_AGG_MODES: Registry[LossAggregator] = Registry("loss aggregation mode")
+
+
+def _check_mask(x: Tensor, mask: Tensor) -> Tensor:
+    """Validate ``mask`` against ``x`` and return it as a bool tensor (nonzero = valid).
+
+    Raises:
+        ValueError: if the shapes differ.
+    """
+    if mask.shape != x.shape:
+        raise ValueError(
+            f"mask shape {tuple(mask.shape)} must equal the tensor's shape {tuple(x.shape)}"
+        )
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean of ``x`` over the positions where ``mask`` is set.
+
+    Args:
+        x: any shape, floating dtype.
+        mask: same shape as ``x``; bool, or float/int where nonzero means valid.
+
+    Returns:
+        A 0-dim tensor of ``x``'s dtype; 0 when no position is valid. Values of ``x`` at masked
+        positions (including NaN and inf) never influence the result nor its gradient.
+
+    Raises:
+        ValueError: if ``mask`` and ``x`` differ in shape.
+    """
+    valid = _check_mask(x, mask)
+    total = torch.where(valid, x, torch.zeros_like(x)).sum()
+    count = valid.sum().clamp(min=1).to(x.dtype)
+    return total / count
+
+
+def _masked_row_reduction(loss_mat: Tensor, mask: Tensor, per_row_mean: bool) -> Tensor:
+    """Per-row token sum or token mean, then the mean over rows holding >= 1 valid token."""
+    valid = _check_mask(loss_mat, mask)
+    if loss_mat.dim() != 2:
+        raise ValueError(f"loss_mat must be (batch, seq_len); got shape {tuple(loss_mat.shape)}")
+    row_sums = torch.where(valid, loss_mat, torch.zeros_like(loss_mat)).sum(dim=-1)  # (B,)
+    row_counts = valid.sum(dim=-1)  # (B,)
+    row_has_tokens = row_counts > 0  # (B,)
+    if per_row_mean:
+        row_values = row_sums / row_counts.clamp(min=1).to(loss_mat.dtype)  # (B,)
+    else:
+        row_values = row_sums  # (B,)
+    num_rows = row_has_tokens.sum().clamp(min=1).to(loss_mat.dtype)
+    return torch.where(row_has_tokens, row_values, torch.zeros_like(row_values)).sum() / num_rows
+
+
+@LOSS_AGG_MODES.register("token-mean")
+def token_mean(loss_mat: Tensor, mask: Tensor) -> Tensor:
+    """Mean over all valid tokens of the batch: ``sum(L * m) / sum(m)``.
+
+    Args:
+        loss_mat: (batch, seq_len) float.
+        mask: (batch, seq_len) bool or 0/1 float.
+
+    Returns:
+        0-dim tensor; 0 when no token is valid.
+
+    Raises:
+        ValueError: if the shapes are not both (batch, seq_len) and equal.
+    """
+    if loss_mat.dim() != 2:
+        raise ValueError(f"loss_mat must be (batch, seq_len); got shape {tuple(loss_mat.shape)}")
+    return masked_mean(loss_mat, mask)
+
+
+@LOSS_AGG_MODES.register("seq-mean-token-mean")
+def seq_mean_token_mean(loss_mat: Tensor, mask: Tensor) -> Tensor:
+    """Token mean within each sequence, then mean over the sequences with >= 1 valid token.
+
+    Args:
+        loss_mat: (batch, seq_len) float.
+        mask: (batch, seq_len) bool or 0/1 float.
+
+    Returns:
+        0-dim tensor; 0 when no token is valid.
+
+    Raises:
+        ValueError: if the shapes are not both (batch, seq_len) and equal.
+    """
+    return _masked_row_reduction(loss_mat, mask, per_row_mean=True)
+
+
+@LOSS_AGG_MODES.register("seq-mean-token-sum")
+def seq_mean_token_sum(loss_mat: Tensor, mask: Tensor) -> Tensor:
+    """Token sum within each sequence, then mean over the sequences with >= 1 valid token.
+
+    verl averages this over all rows (an empty row counting as 0); here empty rows are left out
+    of the mean, like in ``"seq-mean-token-mean"``.
+
+    Args:
+        loss_mat: (batch, seq_len) float.
+        mask: (batch, seq_len) bool or 0/1 float.
+
+    Returns:
+        0-dim tensor; 0 when no token is valid.
+
+    Raises:
+        ValueError: if the shapes are not both (batch, seq_len) and equal.
+    """
+    return _masked_row_reduction(loss_mat, mask, per_row_mean=False)
+
+
+def aggregate_loss(loss_mat: Tensor, mask: Tensor, mode: str) -> Tensor:
+    """Aggregate per-token losses into a scalar with the named mode (verl's ``agg_loss``).
+
+    Args:
+        loss_mat: (batch, seq_len) float, per-token losses.
+        mask: (batch, seq_len) bool, or float/int where nonzero marks a valid token.
+        mode: a name in ``LOSS_AGG_MODES``: ``"token-mean"``, ``"seq-mean-token-mean"``,
+            ``"seq-mean-token-sum"``.
+
+    Returns:
+        0-dim tensor of ``loss_mat``'s dtype, differentiable w.r.t. ``loss_mat``.
+
+    Raises:
+        RegistryError: if ``mode`` is unknown (the message lists the known modes).
+        ValueError: if the shapes are not both (batch, seq_len) and equal.
+    """
+    return LOSS_AGG_MODES.get(mode)(loss_mat, mask)

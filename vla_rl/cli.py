@@ -1,0 +1,132 @@
+"""The ``vla-rl`` command line.
+
+    vla-rl plan TEMPLATE [KEY=VALUE ...] [--world-size N]
+    vla-rl train TEMPLATE [KEY=VALUE ...] [--resume RUN_DIR]
+
+``plan`` loads a template (a path, or a name in ``dag_templates/``), applies the dotted overrides
+and prints each worker's task chain and the hops between DP sizes, without starting anything.
+
+Each subcommand is a ``_add_<name>_command(commands)`` function that adds its subparser and sets
+``handler`` (a function ``args -> exit status``). A problem with the user's input (a template,
+an override, a registry name) is printed as one red line on stderr and exits with status 2;
+importing this module imports no Ray, simulator or model code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.text import Text
+
+from vla_rl.dag.errors import TemplateError
+from vla_rl.dag.loader import load_template
+from vla_rl.dag.planner import describe_plan, plan
+from vla_rl.utils.registry import RegistryError
+
+USER_ERRORS: tuple[type[Exception], ...] = (TemplateError, ValidationError, RegistryError)
+"""Errors caused by the user's input: reported in one line, exit status 2, no traceback."""
+
+USER_ERROR_STATUS = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per command."""
+    parser = argparse.ArgumentParser(
+        prog="vla-rl", description="RL post-training of VLA policies on a multi-controller DAG engine."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_plan_command(commands)
+    _add_train_command(commands)
+    return parser
+
+
+def add_template_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``TEMPLATE`` and ``KEY=VALUE`` overrides positionals shared by the commands that
+    run a template."""
+    parser.add_argument("template", metavar="TEMPLATE", help="template file, or a name in dag_templates/")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotted overrides: trainer.total_steps=5 (config), nodes.reward.dp_size=1 (a node's field)",
+    )
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _add_plan_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "plan",
+        help="print each worker's task chain and the DP-size hops of a template",
+        description="Validate a template and print each worker's task chain and the hops between "
+        "DP sizes, without starting anything.",
+    )
+    add_template_arguments(parser)
+    parser.add_argument(
+        "--world-size", type=positive_int, default=None, metavar="N", help="default: config.workers.num_workers"
+    )
+    parser.set_defaults(handler=_run_plan)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    template = load_template(args.template, args.overrides)
+    print(describe_plan(plan(template, world_size=args.world_size)))
+    return 0
+
+
+def _add_train_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "train",
+        help="run a training workflow (Ray on loopback, one DAG worker per device slot)",
+        description="Run a template's workflow. Writes a run directory with the resolved template, "
+        "metrics (JSONL, tensorboard), checkpoints, a success plot, evaluation videos and a summary.",
+    )
+    add_template_arguments(parser)
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=None,
+        help="continue RUN_DIR from its last complete checkpoint (TEMPLATE is then ignored; "
+        "overrides apply on top of the run's resolved template)",
+    )
+    parser.set_defaults(handler=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from vla_rl.driver import train
+
+    train(args.template, args.overrides, resume=args.resume)
+    return 0
+
+
+def print_error(error: BaseException) -> None:
+    """Print ``error`` as one red line on stderr."""
+    console = Console(stderr=True, soft_wrap=True, highlight=False)
+    message = " ".join(str(error).split()) or type(error).__name__
+    console.print(Text(f"error: {message}", style="bold red"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except USER_ERRORS as error:
+        print_error(error)
+        return USER_ERROR_STATUS
+
+
+if __name__ == "__main__":
+    sys.exit(main())

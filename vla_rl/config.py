@@ -1,0 +1,146 @@
+"""The global run configuration of a DAG template (its ``config:`` section), validated with pydantic.
+
+Every section forbids unknown keys, so a typo in a template or a dotted override
+(``trainer.total_steps=5``) is an error naming the field, never a silently ignored value.
+Defaults live here and only here; runtime code reads attributes, never ``.get(key, default)``.
+Per-node settings (the ``config:`` of one DAG node) are validated by the model that the node's
+registered function declares (see :mod:`vla_rl.dag.registry`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(_Section):
+    """Where a run writes and how it is seeded."""
+
+    output_dir: str = Field("outputs", description="Parent directory of run directories.")
+    name: str | None = Field(None, description="Run directory name; default: <template>_<timestamp>.")
+    seed: int = Field(0, ge=0, description="Global seed; each worker derives its own from it.")
+
+
+class WorkersSection(_Section):
+    """The DAG workers: one Ray actor per device slot."""
+
+    num_workers: int = Field(2, ge=1, description="World size: number of DAG workers.")
+    device: Literal["cpu", "cuda", "npu"] = Field("cpu", description="Device kind of each worker.")
+    num_cpus_per_worker: float = Field(1.0, gt=0, description="Ray CPU resource per DAG worker.")
+    torch_threads: int = Field(1, ge=1, description="torch intra-op threads in each worker.")
+
+
+class SimulatorSection(_Section):
+    """The simulator pool that each worker's ``env_interact`` node drives."""
+
+    name: str = Field("robosuite_lift", description="Registered simulator name.")
+    env: dict[str, Any] = Field(
+        default_factory=dict, description="Fields of the simulator's config dataclass (e.g. horizon)."
+    )
+    actors_per_worker: int = Field(1, ge=1, description="Simulator actors (processes) per DAG worker.")
+    num_cpus_per_actor: float = Field(1.0, ge=0, description="Ray CPU resource per simulator actor.")
+
+
+class DataSection(_Section):
+    """The task list: initial-state ids, sharded across workers."""
+
+    num_train_init_states: int = Field(
+        100_000, ge=1, description="Training initial states are ids 0..N-1 (each id seeds a reset)."
+    )
+    init_states_per_step: int = Field(8, ge=1, description="Groups per step (global, all workers).")
+    group_size: int = Field(8, ge=1, description="Rollouts per initial state (the GRPO/SRPO group).")
+
+
+class PolicySection(_Section):
+    """The policy: a registered name and the fields of its config class."""
+
+    name: str = Field("mlp", description="Registered policy name.")
+    config: dict[str, Any] = Field(default_factory=dict, description="Policy config fields.")
+
+
+class WarmStartSection(_Section):
+    """Behaviour cloning from scripted demonstrations before RL (0 demos: no warm start)."""
+
+    num_demos: int = Field(1, ge=0, description="Demonstrations used for behaviour cloning.")
+    demo_init_state_offset: int = Field(
+        2_000_000_000, ge=0, description="Demonstration initial-state ids start here (disjoint from training)."
+    )
+    bc_steps: int = Field(1500, ge=0, description="Gradient steps of behaviour cloning.")
+    bc_lr: float = Field(1e-3, gt=0, description="Adam learning rate for behaviour cloning.")
+    bc_batch_size: int = Field(256, ge=1, description="Transitions per behaviour-cloning minibatch.")
+    demo_store: str | None = Field(
+        None, description="zarr store of demonstrations (created if missing); default: in the run dir."
+    )
+
+
+class AlgorithmSection(_Section):
+    """Rewards, advantages and the policy objective (names resolve in ``vla_rl.algorithms``)."""
+
+    reward: str = Field("srpo", description="Embodied reward: 'srpo' (progress) or 'success' (binary).")
+    srpo: dict[str, Any] = Field(default_factory=dict, description="Fields of SRPORewardConfig.")
+    trajectory_encoder: str = Field("state_resample", description="Trajectory encoder for SRPO.")
+    encoder_points: int = Field(16, ge=1, description="Frames sampled uniformly over each episode.")
+    adv_estimator: str = Field("grpo", description="Registered advantage estimator.")
+    norm_adv_by_std: bool = Field(True, description="Divide by the group std (False: Dr.GRPO).")
+    filter_zero_variance_groups: bool = Field(
+        True, description="Drop groups whose rewards are all equal (they carry no advantage)."
+    )
+    policy_loss: str = Field("ppo_clip", description="Registered policy objective.")
+    clip_ratio_low: float = Field(0.2, ge=0, description="PPO clip ε_low.")
+    clip_ratio_high: float = Field(0.28, ge=0, description="PPO clip ε_high (clip-higher).")
+    loss_agg_mode: str = Field("seq-mean-token-mean", description="Loss aggregation mode.")
+
+
+class TrainerSection(_Section):
+    """The RL loop and the actor update."""
+
+    total_steps: int = Field(30, ge=0, description="Training steps (rollout, rewards, update).")
+    lr: float = Field(3e-4, gt=0, description="Adam learning rate of the actor.")
+    ppo_epochs: int = Field(4, ge=1, description="Passes over each step's batch.")
+    num_minibatches: int = Field(4, ge=1, description="Minibatches per epoch on each worker.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient-norm clip.")
+    save_every: int = Field(5, ge=1, description="Checkpoint every k steps (and at the end).")
+    keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+
+
+class EvalSection(_Section):
+    """Evaluation on held-out initial states before and after training."""
+
+    num_episodes: int = Field(50, ge=0, description="Episodes per protocol (0: no evaluation).")
+    protocols: list[Literal["greedy", "sampled"]] = Field(
+        default_factory=lambda: ["greedy", "sampled"], description="Action protocols evaluated."
+    )
+    init_state_offset: int = Field(
+        1_000_000_000, ge=0, description="Evaluation initial-state ids start here (never trained on)."
+    )
+    video_episodes: int = Field(3, ge=0, description="Episodes recorded to the evaluation video.")
+    video_size: int = Field(128, ge=16, description="Video frame height and width in pixels.")
+    video_fps: int = Field(20, ge=1, description="Video frame rate in Hz.")
+
+
+class RunConfig(_Section):
+    """The ``config:`` section of a template."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    workers: WorkersSection = Field(default_factory=WorkersSection)
+    simulator: SimulatorSection = Field(default_factory=SimulatorSection)
+    data: DataSection = Field(default_factory=DataSection)
+    policy: PolicySection = Field(default_factory=PolicySection)
+    warm_start: WarmStartSection = Field(default_factory=WarmStartSection)
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+
+    @model_validator(mode="after")
+    def _check_shards(self) -> RunConfig:
+        if self.data.num_train_init_states < self.data.init_states_per_step:
+            raise ValueError(
+                "data.num_train_init_states must be at least data.init_states_per_step "
+                f"({self.data.num_train_init_states} < {self.data.init_states_per_step})"
+            )
+        return self

@@ -1,0 +1,255 @@
+"""Load a DAG template: read the YAML, resolve ``extends``, apply dotted overrides, validate.
+
+A template is named either by a path (``path/to/x.yaml``, used as is) or by a bare name (``x``,
+read from ``<repo>/dag_templates/x.yaml``).
+
+``extends: base.yaml`` (a path relative to the extending file) composes templates: the ``config:``
+sections are deep-merged (the extending file wins), and nodes are merged by id: a node entry whose
+id the base already has overrides that node's fields (mappings such as the node's ``config:`` are
+deep-merged, other values replaced), a new id is appended after the base's nodes.
+
+Overrides use OmegaConf's dotlist syntax. ``trainer.total_steps=5`` sets a key of ``config:``;
+``nodes.<id>.<field>=value`` sets a field of the node with that id (``nodes.reward.dp_size=1``,
+``nodes.reward.config.reward=success``).
+
+Every problem is a :class:`~vla_rl.dag.errors.TemplateError` naming the file, node and field.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import BaseModel, ValidationError
+
+from vla_rl.config import RunConfig
+from vla_rl.dag.errors import TemplateError, from_validation_error
+from vla_rl.dag.schema import NodeSpec, TemplateSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE_DIR = REPO_ROOT / "dag_templates"
+"""Where bare template names are looked up."""
+
+_TEMPLATE_SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass(frozen=True)
+class Template:
+    """A loaded, validated template.
+
+    Attributes:
+        name: the workflow's name.
+        path: the absolute path of the template file.
+        config: the validated global configuration (an instance of the loader's config model).
+        nodes: the nodes, in file order (base template's nodes first).
+        raw: the merged mapping (``extends`` resolved, overrides applied, no ``extends`` key);
+            written out as YAML it loads back to the same template.
+        description: the template's free-text description.
+    """
+
+    name: str
+    path: Path
+    config: BaseModel
+    nodes: tuple[NodeSpec, ...]
+    raw: dict[str, Any]
+    description: str = ""
+
+
+def available_templates(directory: Path | None = None) -> list[str]:
+    """The names of the templates in ``directory`` (default :data:`TEMPLATE_DIR`), sorted."""
+    directory = TEMPLATE_DIR if directory is None else directory
+    if not directory.is_dir():
+        return []
+    return sorted(p.stem for p in directory.iterdir() if p.suffix in _TEMPLATE_SUFFIXES)
+
+
+def resolve_template_path(path_or_name: str | os.PathLike[str]) -> Path:
+    """The file a template argument names: a path if it looks like one, else a name in
+    :data:`TEMPLATE_DIR`.
+
+    Raises:
+        TemplateError: if the file does not exist (the message lists the available names).
+    """
+    text = os.fspath(path_or_name)
+    looks_like_path = os.sep in text or "/" in text or Path(text).suffix in _TEMPLATE_SUFFIXES
+    path = Path(text) if looks_like_path else TEMPLATE_DIR / f"{text}.yaml"
+    if not path.is_file():
+        names = ", ".join(available_templates()) or "none"
+        raise TemplateError(f"template not found; available templates in {TEMPLATE_DIR}: {names}", file=path)
+    return path.resolve()
+
+
+def load_template(
+    path_or_name: str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    config_model: type[BaseModel] = RunConfig,
+) -> Template:
+    """Load, merge, override and validate a template.
+
+    Args:
+        path_or_name: a template file path, or a bare name in ``dag_templates/``.
+        overrides: dotted ``KEY=VALUE`` overrides (see the module docstring).
+        config_model: the pydantic model of the template's ``config:`` section.
+
+    Raises:
+        TemplateError: for any problem with the file, its bases, the overrides or the values.
+    """
+    path = resolve_template_path(path_or_name)
+    raw = _load_merged(path, chain=())
+    raw = apply_overrides(raw, overrides, file=path)
+    try:
+        spec = TemplateSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise _spec_error(exc, raw, path) from None
+    try:
+        config = config_model.model_validate(spec.config)
+    except ValidationError as exc:
+        raise from_validation_error(exc, model=config_model, file=path) from None
+    return Template(
+        name=spec.name, path=path, config=config, nodes=spec.nodes, raw=raw, description=spec.description
+    )
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path) -> dict[str, Any]:
+    """Return a copy of the template mapping ``raw`` with dotted overrides applied.
+
+    Raises:
+        TemplateError: for an override without ``=`` or with an empty key part, one that names an
+            unknown node id, or one that would rename a node.
+    """
+    raw = copy.deepcopy(raw)
+    nodes = _node_index(raw.get("nodes", []), file)
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        parts = key.split(".")
+        if not sep or not all(parts):
+            raise TemplateError(
+                f"malformed override {item!r}: expected KEY=VALUE with a dotted KEY, e.g. trainer.total_steps=5",
+                file=file,
+                field=key or None,
+            )
+        try:
+            value = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
+        except OmegaConfBaseException as exc:
+            raise TemplateError(f"malformed override {item!r}: {exc}", file=file, field=key) from None
+        if parts[0] != "nodes":
+            raw["config"] = _deep_merge(raw.get("config", {}), value)
+            continue
+        if len(parts) < 3:
+            raise TemplateError(
+                f"malformed override {item!r}: name a node and a field, e.g. nodes.reward.dp_size=1",
+                file=file,
+                field=key,
+            )
+        node_id, field = parts[1], ".".join(parts[2:])
+        if node_id not in nodes:
+            raise TemplateError(
+                f"override {item!r} names an unknown node; nodes: {', '.join(nodes)}",
+                file=file,
+                node=node_id,
+                field=field,
+            )
+        if parts[2] == "id":
+            raise TemplateError(f"override {item!r}: a node cannot be renamed", file=file, node=node_id, field="id")
+        nodes[node_id].update(_deep_merge(nodes[node_id], value["nodes"][node_id]))
+    return raw
+
+
+def _load_merged(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """Read ``path`` and, recursively, the template it extends; return the merged mapping."""
+    raw = _read_template_file(path)
+    extends = raw.pop("extends", None)
+    if extends is None:
+        return raw
+    if not isinstance(extends, str) or not extends:
+        raise TemplateError(f"must be a path to a template file (got {extends!r})", file=path, field="extends")
+    base_path = (path.parent / extends).resolve()
+    if base_path == path or base_path in chain:
+        cycle = [*chain[chain.index(base_path) :], path, base_path] if base_path in chain else [path, path]
+        names = " -> ".join(p.name for p in cycle)
+        raise TemplateError(f"extends cycle: {names}", file=path, field="extends")
+    if not base_path.is_file():
+        raise TemplateError(f"base template not found: {base_path}", file=path, field="extends")
+    base = _load_merged(base_path, (*chain, path))
+    return _merge_templates(base, raw)
+
+
+def _read_template_file(path: Path) -> dict[str, Any]:
+    """Parse one YAML file and check the structure that merging and overrides rely on."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise TemplateError(f"invalid YAML{where}: {exc.problem or exc.context}", file=path) from None
+    except yaml.YAMLError as exc:
+        raise TemplateError(f"invalid YAML: {exc}", file=path) from None
+    if not isinstance(raw, dict):
+        raise TemplateError(f"a template must be a mapping (got {type(raw).__name__})", file=path)
+    bad_keys = [k for k in raw if not isinstance(k, str)]
+    if bad_keys:
+        raise TemplateError(f"keys must be strings (got {bad_keys[0]!r})", file=path)
+    if "config" in raw and not isinstance(raw["config"], dict):
+        raise TemplateError(f"must be a mapping (got {raw['config']!r})", file=path, field="config")
+    _node_index(raw.get("nodes", []), path)
+    return raw
+
+
+def _node_index(nodes: Any, file: Path) -> dict[str, dict[str, Any]]:
+    """Map node id → node mapping (the same objects), checking that every node has a unique id."""
+    if not isinstance(nodes, list):
+        raise TemplateError(f"must be a list of nodes (got {nodes!r})", file=file, field="nodes")
+    index: dict[str, dict[str, Any]] = {}
+    for i, node in enumerate(nodes):
+        if not isinstance(node, dict):
+            raise TemplateError(f"a node must be a mapping (got {node!r})", file=file, field=f"nodes[{i}]")
+        node_id = node.get("id")
+        if not isinstance(node_id, str) or not node_id:
+            got = "it is missing" if node_id is None else f"got {node_id!r}"
+            raise TemplateError(
+                f"every node needs a non-empty string id ({got})", file=file, field=f"nodes[{i}].id"
+            )
+        if node_id in index:
+            raise TemplateError(f"duplicated node id (nodes[{i}])", file=file, node=node_id, field="id")
+        index[node_id] = node
+    return index
+
+
+def _merge_templates(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    """``child`` over ``base``: mappings deep-merged, nodes merged by id."""
+    merged = _deep_merge(
+        {k: v for k, v in base.items() if k != "nodes"}, {k: v for k, v in child.items() if k != "nodes"}
+    )
+    if "nodes" in base or "nodes" in child:
+        nodes = {node["id"]: node for node in copy.deepcopy(base.get("nodes", []))}
+        for node in child.get("nodes", []):
+            node_id = node["id"]
+            nodes[node_id] = _deep_merge(nodes[node_id], node) if node_id in nodes else copy.deepcopy(node)
+        merged["nodes"] = list(nodes.values())
+    return merged
+
+
+def _deep_merge(base: Any, override: Any) -> Any:
+    """``override`` over ``base``: mappings merged recursively, any other value replaced (copied)."""
+    if not (isinstance(base, dict) and isinstance(override, dict)):
+        return copy.deepcopy(override)
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        merged[key] = _deep_merge(merged[key], value) if key in merged else copy.deepcopy(value)
+    return merged
+
+
+def _spec_error(exc: ValidationError, raw: dict[str, Any], file: Path) -> TemplateError:
+    """Map a ``TemplateSpec`` validation error to the node (by id) and field it concerns."""
+    loc = exc.errors()[0]["loc"]
+    if len(loc) >= 2 and loc[0] == "nodes" and isinstance(loc[1], int):
+        node_id = raw["nodes"][loc[1]]["id"]
+        return from_validation_error(exc, model=NodeSpec, file=file, node=node_id, strip=2)
+    return from_validation_error(exc, model=TemplateSpec, file=file)

@@ -1,0 +1,127 @@
+"""Dispatch of DAG nodes: ``(role, type, name)`` → a registered node function.
+
+A node function has the signature ``fn(ctx, batch) -> NodeOutput``: ``ctx`` is the worker-side
+context (device, process groups, the node's validated config, ...), ``batch`` the merged outputs
+of the node's dependencies (``None`` for a node without deps). New algorithms and nodes are added
+by registering, never by editing the worker::
+
+    class RewardConfig(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        reward: Literal["success", "progress"] = "success"
+
+    @register_node("reward", "compute", config=RewardConfig)
+    def compute_reward(ctx, batch: TensorDict) -> NodeOutput: ...
+
+The built-in functions live in :mod:`vla_rl.nodes`; :func:`load_builtin_nodes` imports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from vla_rl.dag.schema import NODE_TYPES, ROLES
+from vla_rl.utils.registry import Registry, RegistryError
+
+if TYPE_CHECKING:  # tensordict pulls in torch; the planner and the CLI do not need it.
+    from tensordict import TensorDict
+
+BUILTIN_NODES_PACKAGE = "vla_rl.nodes"
+
+
+@dataclass
+class NodeOutput:
+    """What a node function returns.
+
+    Attributes:
+        batch: the node's output batch (batch dimension first), handed to the nodes that depend on
+            it; ``None`` for a node that only has side effects (e.g. a model update).
+        metrics: scalar metrics of this step, logged under the node's id.
+    """
+
+    batch: TensorDict | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeFunction:
+    """A registered node function and what it declares.
+
+    Attributes:
+        role: the node role it serves (see :data:`vla_rl.dag.schema.ROLES`).
+        type: the node type it serves (see :data:`vla_rl.dag.schema.NODE_TYPES`).
+        name: its name among the functions of that (role, type); a node picks it with ``fn:``.
+        fn: the callable ``fn(ctx, batch) -> NodeOutput``.
+        config_model: the pydantic model of the node's ``config:`` mapping; ``None`` for a
+            function that takes no settings (then the node's ``config:`` must be empty).
+    """
+
+    role: str
+    type: str
+    name: str
+    fn: Callable[[Any, Any], NodeOutput]
+    config_model: type[BaseModel] | None
+
+
+NODE_FUNCTIONS: Registry[NodeFunction] = Registry("node function")
+"""All node functions, keyed by ``(role, type, name)``."""
+
+
+def register_node(
+    role: str, type: str, name: str = "default", config: type[BaseModel] | None = None
+) -> Callable[[Callable[[Any, Any], NodeOutput]], Callable[[Any, Any], NodeOutput]]:
+    """Decorator registering a node function for ``(role, type, name)``; returns it unchanged.
+
+    Args:
+        role: one of :data:`~vla_rl.dag.schema.ROLES`.
+        type: one of :data:`~vla_rl.dag.schema.NODE_TYPES`.
+        name: the function's name for this (role, type); nodes select it with ``fn: <name>``.
+        config: pydantic model validating the node's ``config:`` mapping, or ``None``.
+
+    Raises:
+        ValueError: if ``role`` or ``type`` is unknown (the message lists the allowed ones).
+        TypeError: if ``config`` is not a pydantic model class.
+        RegistryError: if ``(role, type, name)`` is already registered.
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown node role {role!r}; allowed: {', '.join(ROLES)}")
+    if type not in NODE_TYPES:
+        raise ValueError(f"unknown node type {type!r}; allowed: {', '.join(NODE_TYPES)}")
+    if config is not None and not (inspect.isclass(config) and issubclass(config, BaseModel)):
+        raise TypeError(f"config of node function {name!r} must be a pydantic model class, got {config!r}")
+
+    def decorator(fn: Callable[[Any, Any], NodeOutput]) -> Callable[[Any, Any], NodeOutput]:
+        entry = NodeFunction(role=role, type=type, name=name, fn=fn, config_model=config)
+        NODE_FUNCTIONS.register((role, type, name))(entry)
+        return fn
+
+    return decorator
+
+
+def get_node_function(role: str, type: str, name: str = "default") -> NodeFunction:
+    """Return the node function registered for ``(role, type, name)``.
+
+    Raises:
+        RegistryError: if there is none; the message lists the functions registered for this
+            (role, type), or all registered functions when this (role, type) has none.
+    """
+    key = (role, type, name)
+    if key in NODE_FUNCTIONS:
+        return NODE_FUNCTIONS.get(key)
+    same_kind = [n for r, t, n in NODE_FUNCTIONS if (r, t) == (role, type)]
+    if same_kind:
+        known = f"registered for ({role}, {type}): {', '.join(same_kind)}"
+    else:
+        every = [f"{r}/{t}/{n}" for r, t, n in NODE_FUNCTIONS]
+        known = f"none registered for ({role}, {type}); registered: {', '.join(every) or 'none'}"
+    raise RegistryError(f"no node function {name!r} for role {role!r}, type {type!r}; {known}")
+
+
+def load_builtin_nodes() -> None:
+    """Import :mod:`vla_rl.nodes`, whose modules register the built-in node functions."""
+    importlib.import_module(BUILTIN_NODES_PACKAGE)

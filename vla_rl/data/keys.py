@@ -1,0 +1,21 @@
+"""Declared batch keys. Batches are ``tensordict.TensorDict`` objects with the batch dimension
+first; embodied batches hold one row per episode. Code refers to these constants, never to
+scattered string literals.
+"""
+
+# Identity of a sample and its group.
+UID = "uid"  # (batch,) int64: the group (all rollouts of one initial state share it)
+INIT_STATE_ID = "init_state_id"  # (batch,) int64: the id that seeds the environment reset
+TASK_ID = "task_id"  # (batch,) int64: the task (one per benchmark task)
+
+# Rollout.
+OBS = "obs"  # (batch, horizon + 1, obs_dim) float32: obs[t] is seen before action t; obs[finish_step] is terminal
+ACTIONS = "actions"  # (batch, horizon, chunk, action_dim) float32: sampled (unclipped) actions
+OLD_LOG_PROBS = "old_log_probs"  # (batch, horizon, chunk) float32: log-probs under the rollout policy
+RESPONSE_MASK = "response_mask"  # (batch, horizon) bool: True for steps the policy acted in
+SUCCESS = "success"  # (batch,) bool
+FINISH_STEP = "finish_step"  # (batch,) int64: number of actions taken (episode length)
+
+# Rewards and advantages.
+REWARDS = "rewards"  # (batch,) float32: outcome (or SRPO progress) reward of each episode
+ADVANTAGES = "advantages"  # (batch,) float32

@@ -1,0 +1,84 @@
+"""Distributed loader of the embodied task list: each worker reads only its own shard.
+
+The task list of a single-task benchmark is the set of initial-state ids ``0..N-1`` (each id seeds
+one reproducible environment reset). As ``torch.utils.data.DistributedSampler`` does, every epoch
+is a seeded permutation of the ids; shard ``k`` of ``d`` takes positions ``k, k+d, k+2d, ...``.
+Step ``s`` of an epoch takes the next ``groups_per_step // d`` ids of the worker's shard, so the
+``d`` shards of one step are disjoint and together hold ``groups_per_step`` ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from vla_rl.data import keys
+
+
+@dataclass(frozen=True)
+class ShardedTaskLoader:
+    """Initial states for one DP shard, step by step.
+
+    Args:
+        num_init_states: size ``N`` of the task list (ids ``0..N-1``).
+        groups_per_step: initial states per step over all shards.
+        dp_rank: this shard's index in ``[0, dp_size)``.
+        dp_size: number of shards.
+        seed: seed of the epoch permutations.
+        task_id: the task of every id (single-task benchmarks).
+
+    Raises:
+        ValueError: if ``groups_per_step`` is not a multiple of ``dp_size`` or exceeds ``N``.
+    """
+
+    num_init_states: int
+    groups_per_step: int
+    dp_rank: int
+    dp_size: int
+    seed: int
+    task_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.groups_per_step % self.dp_size:
+            raise ValueError(
+                f"data.init_states_per_step={self.groups_per_step} must be a multiple of the data "
+                f"node's DP size {self.dp_size}"
+            )
+        if self.groups_per_step > self.num_init_states:
+            raise ValueError(
+                f"data.init_states_per_step={self.groups_per_step} exceeds "
+                f"data.num_train_init_states={self.num_init_states}"
+            )
+        if not 0 <= self.dp_rank < self.dp_size:
+            raise ValueError(f"dp_rank {self.dp_rank} outside [0, {self.dp_size})")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_init_states // self.groups_per_step
+
+    def _shard_of_epoch(self, epoch: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, epoch])
+        return rng.permutation(self.num_init_states)[self.dp_rank :: self.dp_size]
+
+    def batch_for_step(self, step: int) -> TensorDict:
+        """This shard's initial states of training step ``step`` (0-based).
+
+        Returns:
+            TensorDict with batch size ``(groups_per_step // dp_size,)`` and int64 keys
+            ``init_state_id``, ``task_id`` and ``uid`` (a step-unique group id).
+        """
+        per_shard = self.groups_per_step // self.dp_size
+        epoch, position = divmod(step, self.steps_per_epoch)
+        ids = self._shard_of_epoch(epoch)[position * per_shard : (position + 1) * per_shard]
+        uid_start = self.dp_rank * per_shard
+        return TensorDict(
+            {
+                keys.INIT_STATE_ID: torch.as_tensor(ids, dtype=torch.int64),
+                keys.TASK_ID: torch.full((per_shard,), self.task_id, dtype=torch.int64),
+                keys.UID: torch.arange(uid_start, uid_start + per_shard, dtype=torch.int64),
+            },
+            batch_size=[per_shard],
+        )

@@ -1,0 +1,25 @@
+"""``(data, data_load)``: this worker's shard of the step's initial states."""
+
+from __future__ import annotations
+
+from vla_rl.dag.registry import NodeOutput, register_node
+from vla_rl.data.task_loader import ShardedTaskLoader
+
+
+@register_node("data", "data_load")
+def load_init_states(ctx, batch) -> NodeOutput:
+    """Load shard ``ctx.dp_rank`` of the step's ``data.init_states_per_step`` initial states.
+
+    Returns:
+        ``init_state_id``, ``task_id``, ``uid`` of shape ``(init_states_per_step // dp_size,)``.
+    """
+    data = ctx.config.data
+    loader = ShardedTaskLoader(
+        num_init_states=data.num_train_init_states,
+        groups_per_step=data.init_states_per_step,
+        dp_rank=ctx.dp_rank,
+        dp_size=ctx.dp_size,
+        seed=ctx.config.run.seed,
+    )
+    tasks = loader.batch_for_step(ctx.step)
+    return NodeOutput(tasks, {"data/epoch": float(ctx.step // loader.steps_per_epoch)})

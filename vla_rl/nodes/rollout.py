@@ -1,0 +1,53 @@
+"""``(rollout, env_interact)``: roll out each initial state ``group_size`` times in the worker's
+simulator pool with the current policy."""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from vla_rl.dag.registry import NodeOutput, register_node
+from vla_rl.data import keys
+from vla_rl.rollout.embodied import rollout_episodes
+
+
+class RolloutNodeConfig(BaseModel):
+    """Per-node settings of the embodied rollout."""
+
+    model_config = ConfigDict(extra="forbid")
+    greedy: bool = Field(False, description="Act with the policy's mode instead of sampling.")
+
+
+@register_node("rollout", "env_interact", config=RolloutNodeConfig)
+def interact(ctx, batch) -> NodeOutput:
+    """Expand each initial state into a group of ``data.group_size`` episodes and run them.
+
+    Args:
+        batch: ``init_state_id``, ``task_id``, ``uid``, each ``(g,)``.
+
+    Returns:
+        ``(g * group_size,)`` episodes (groups contiguous) with the rollout keys of
+        :func:`vla_rl.rollout.embodied.rollout_episodes` plus ``uid`` and ``task_id``.
+    """
+    group_size = ctx.config.data.group_size
+    tasks = batch.repeat_interleave(group_size, dim=0)
+    resources = ctx.resources
+    result = rollout_episodes(
+        resources.policy,
+        resources.simulator_pool,
+        tasks[keys.INIT_STATE_ID].numpy(),
+        greedy=ctx.node_config.greedy,
+        generator=resources.generator,
+    )
+    episodes = result.batch
+    episodes.set(keys.UID, tasks[keys.UID])
+    episodes.set(keys.TASK_ID, tasks[keys.TASK_ID])
+    metrics = {
+        "rollout/success_rate": float(episodes[keys.SUCCESS].float().mean()),
+        "rollout/episode_length": float(episodes[keys.FINISH_STEP].float().mean()),
+        "rollout/env_steps_per_episode": result.env_steps / max(len(episodes), 1),
+        "rollout/group_success_any": float(
+            np.mean([episodes[keys.SUCCESS][episodes[keys.UID] == u].any().item() for u in batch[keys.UID]])
+        ),
+    }
+    return NodeOutput(episodes, metrics)

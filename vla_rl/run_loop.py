@@ -1,0 +1,108 @@
+"""The driver's step loop: ask the workers to run each step, log what they report, checkpoint,
+evaluate before and after, and summarise. Only scalar metrics pass through here."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from vla_rl.utils.plotting import plot_success_curve
+from vla_rl.utils.tracking import MetricsLogger, read_metrics
+
+
+class RunLoop:
+    """One run of a template's steps on a started :class:`~vla_rl.driver.WorkerGroup`.
+
+    Metrics of training step ``s`` (0-based) are logged at ``step = s + 1`` (updates done);
+    evaluations at the number of updates done when they ran (0 for the warm start).
+    """
+
+    def __init__(self, workers, template, run_dir: Path, console) -> None:
+        self.workers = workers
+        self.config = template.config
+        self.name = template.name
+        self.run_dir = run_dir
+        self.console = console
+
+    def run(self, resume: bool) -> dict:
+        cfg = self.config
+        setup = self.workers.call("setup", resume)[0]
+        start = int(setup.pop("start_step"))
+        logger = MetricsLogger(self.run_dir, resume_step=start if resume else None)
+        summary: dict = {"template": self.name, "run_dir": str(self.run_dir), "start_step": start}
+        try:
+            if setup:
+                logger.log(0, setup)
+            if not resume and cfg.eval.num_episodes > 0:
+                self.console.print("evaluating the warm-start policy on held-out initial states ...")
+                summary["warm_start_eval"] = self.workers.call("evaluate", "warm_start", True)[0]
+                logger.log(0, summary["warm_start_eval"])
+            summary.update(self._train(start, logger))
+            if cfg.eval.num_episodes > 0:
+                self.console.print("evaluating the trained policy on held-out initial states ...")
+                summary["final_eval"] = self.workers.call("evaluate", "final", True)[0]
+                logger.log(cfg.trainer.total_steps, summary["final_eval"])
+        finally:
+            logger.close()
+        records = read_metrics(self.run_dir / "metrics.jsonl")
+        plot_success_curve(records, self.run_dir / "success_rate.png", f"{self.name}: success rate")
+        self._print_summary(summary, records)
+        return summary
+
+    def _train(self, start: int, logger: MetricsLogger) -> dict:
+        cfg = self.config
+        total = cfg.trainer.total_steps
+        episodes_per_step = cfg.data.init_states_per_step * cfg.data.group_size
+        env_steps = 0.0
+        rollout_time = 0.0
+        train_start = time.perf_counter()
+        bar = tqdm(range(start, total), initial=start, total=total, desc="training", unit="step", dynamic_ncols=True)
+        for step in bar:
+            step_start = time.perf_counter()
+            metrics = self.workers.call("run_step", step)[0]
+            metrics["timing/step"] = time.perf_counter() - step_start
+            step_env_steps = metrics.get("rollout/env_steps_per_episode", 0.0) * episodes_per_step
+            if metrics.get("timing/rollout"):
+                metrics["rollout/env_steps_per_s"] = step_env_steps / metrics["timing/rollout"]
+            env_steps += step_env_steps
+            rollout_time += metrics.get("timing/rollout", 0.0)
+            logger.log(step + 1, metrics)
+            bar.set_postfix(success=f"{metrics.get('rollout/success_rate', float('nan')):.2f}",
+                            reward=f"{metrics.get('reward/mean', float('nan')):.2f}")
+            if (step + 1) % cfg.trainer.save_every == 0 or step + 1 == total:
+                self.workers.call("save_checkpoint", step + 1)
+        bar.close()
+        return {
+            "steps_run": total - start,
+            "train_time_s": time.perf_counter() - train_start,
+            "env_steps": env_steps,
+            "env_steps_per_s": env_steps / rollout_time if rollout_time else 0.0,
+        }
+
+    def _print_summary(self, summary: dict, records: list[dict]) -> None:
+        from rich.table import Table
+
+        table = Table(title=f"{self.name} — held-out evaluation ({self.config.eval.num_episodes} episodes each)")
+        for column in ("policy", "protocol", "success", "95% CI (Wilson)", "mean length"):
+            table.add_column(column)
+        for tag in ("warm_start_eval", "final_eval"):
+            ev = summary.get(tag)
+            if not ev:
+                continue
+            for protocol in self.config.eval.protocols:
+                p = f"eval/{protocol}"
+                table.add_row(tag.removesuffix("_eval"), protocol, f"{ev[p + '/success_rate']:.1%}",
+                              f"[{ev[p + '/ci_low']:.1%}, {ev[p + '/ci_high']:.1%}]",
+                              f"{ev[p + '/episode_length']:.1f}")
+        self.console.print(table)
+        if summary.get("warm_start_eval") and summary.get("final_eval"):
+            for protocol in self.config.eval.protocols:
+                key = f"eval/{protocol}/success_rate"
+                gain = summary["final_eval"][key] - summary["warm_start_eval"][key]
+                summary[f"improvement_points/{protocol}"] = 100 * gain
+                self.console.print(f"{protocol}: {100 * gain:+.1f} percentage points over the warm start")
+        self.console.print(f"steps run {summary.get('steps_run', 0)}, training time {summary.get('train_time_s', 0):.0f} s, "
+                           f"{summary.get('env_steps_per_s', 0):.0f} env steps/s during rollouts; "
+                           f"plot {self.run_dir / 'success_rate.png'}")

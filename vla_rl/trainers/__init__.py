@@ -1,0 +1,1 @@
+"""vla_rl.trainers"""

@@ -1,0 +1,398 @@
+"""Atomic training checkpoints: model and optimizer in safetensors, RNG states per rank.
+
+A checkpoint is a directory ``<root>/step_{step:08d}/`` holding::
+
+    model.safetensors                     module state dict (parameters and persistent buffers)
+    optimizer.safetensors, optimizer.json torch optimizer state dict: its tensors, and the JSON-able
+                                          rest with references to them (reassembled exactly)
+    rng_rank{r}.safetensors, .json        per rank: torch CPU RNG state, a torch.Generator state,
+                                          a numpy Generator's bit-generator state
+    trainer_state.json                    {"step": step, "metadata": {...}}
+
+Protocol for several ranks: every rank writes its files into ``<root>/.step_{step:08d}.tmp/``
+(:func:`save_checkpoint`; rank 0 also writes the model, optimizer and trainer state of a
+replicated model); after a barrier the caller runs, rank 0 calls :func:`finalize_checkpoint`,
+which fsyncs the files, renames the staging directory to its final name in one ``os.replace``
+and atomically rewrites ``<root>/latest``. A crash at any point leaves either the previous
+checkpoints or the new complete one; staging directories are never read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from safetensors.torch import load_model as _load_model_file
+from safetensors.torch import save_model as _save_model_file
+
+FORMAT_VERSION = 1
+LATEST_FILE = "latest"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_TENSORS_FILE = "optimizer.safetensors"
+OPTIMIZER_JSON_FILE = "optimizer.json"
+TRAINER_STATE_FILE = "trainer_state.json"
+_STEP_DIR_RE = re.compile(r"step_(\d{8,})")
+_STAGING_RE = re.compile(r"\.step_(\d{8,})\.tmp")
+# Markers of the JSON encoding of nested state; plain dicts never have keys starting with "__".
+_TENSOR, _TUPLE, _DICT, _NDARRAY = "__tensor__", "__tuple__", "__dict__", "__ndarray__"
+
+
+def checkpoint_dir(root: str | Path, step: int) -> Path:
+    """Final directory of the checkpoint of ``step``: ``<root>/step_{step:08d}``."""
+    return Path(root) / f"step_{step:08d}"
+
+
+def staging_dir(root: str | Path, step: int) -> Path:
+    """Staging directory ``<root>/.step_{step:08d}.tmp`` of ``step``, created if missing.
+
+    Raises:
+        ValueError: ``step`` is not a non-negative int.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
+    path = Path(root) / f".step_{step:08d}.tmp"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def save_model(directory: str | Path, module: torch.nn.Module) -> None:
+    """Write ``module``'s state dict to ``<directory>/model.safetensors`` (tied weights once)."""
+    _save_model_file(module, str(Path(directory) / MODEL_FILE))
+
+
+def save_optimizer(directory: str | Path, optimizer: torch.optim.Optimizer) -> None:
+    """Write ``optimizer.state_dict()`` as ``optimizer.safetensors`` + ``optimizer.json``.
+
+    Raises:
+        TypeError: the state dict holds a value that is neither a tensor nor JSON-able.
+    """
+    directory = Path(directory)
+    tensors: dict[str, torch.Tensor] = {}
+    json_path = directory / OPTIMIZER_JSON_FILE
+    encoded = _encode(optimizer.state_dict(), tensors, "state_dict", json_path)
+    save_file(tensors, str(directory / OPTIMIZER_TENSORS_FILE))
+    _write_json(json_path, {"format_version": FORMAT_VERSION, "state_dict": encoded})
+
+
+def save_rng(
+    directory: str | Path,
+    rank: int,
+    generator: torch.Generator | None = None,
+    np_rng: np.random.Generator | None = None,
+) -> None:
+    """Write this rank's RNG states to ``rng_rank{rank}.safetensors`` and ``.json``.
+
+    Saves the torch CPU RNG state always, ``generator``'s state and ``np_rng``'s bit-generator
+    state when given.
+    """
+    directory = Path(directory)
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if generator is not None:
+        tensors["torch_generator"] = generator.get_state()
+    json_path = directory / f"rng_rank{rank}.json"
+    numpy_state = None
+    if np_rng is not None:
+        numpy_state = _encode(np_rng.bit_generator.state, {}, "numpy", json_path)
+    save_file(tensors, str(directory / f"rng_rank{rank}.safetensors"))
+    _write_json(json_path, {"format_version": FORMAT_VERSION, "numpy": numpy_state})
+
+
+def save_trainer_state(
+    directory: str | Path, step: int, metadata: dict[str, Any] | None = None
+) -> None:
+    """Write ``trainer_state.json``: the step and free-form JSON-able ``metadata``.
+
+    Raises:
+        TypeError: ``metadata`` is not JSON-serialisable.
+    """
+    _write_json(Path(directory) / TRAINER_STATE_FILE, {"step": step, "metadata": metadata or {}})
+
+
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    *,
+    rank: int = 0,
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    generator: torch.Generator | None = None,
+    np_rng: np.random.Generator | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Path:
+    """Write one rank's part of the checkpoint of ``step`` into its staging directory.
+
+    Every rank calls this (its RNG states are saved); pass ``model`` and ``optimizer`` on the
+    rank(s) that own them. Rank 0 also writes ``trainer_state.json``. Then the caller runs a
+    barrier and rank 0 calls :func:`finalize_checkpoint`.
+
+    Returns:
+        the staging directory.
+
+    Raises:
+        ValueError: ``step`` or ``rank`` is negative or not an int.
+        TypeError: optimizer state or metadata that cannot be stored.
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"rank must be a non-negative int, got {rank!r}")
+    directory = staging_dir(root, step)
+    if model is not None:
+        save_model(directory, model)
+    if optimizer is not None:
+        save_optimizer(directory, optimizer)
+    save_rng(directory, rank, generator=generator, np_rng=np_rng)
+    if rank == 0:
+        save_trainer_state(directory, step, metadata)
+    return directory
+
+
+def finalize_checkpoint(root: str | Path, step: int, keep_last: int | None = None) -> Path:
+    """Publish the staged checkpoint of ``step`` (rank 0, after every rank saved and a barrier).
+
+    Fsyncs the staged files, renames the staging directory to ``step_{step:08d}``, rewrites
+    ``<root>/latest`` atomically, then, if ``keep_last`` is given, removes all but the newest
+    ``keep_last`` checkpoints and the staging directories of earlier steps.
+
+    Returns:
+        the final checkpoint directory.
+
+    Raises:
+        FileNotFoundError: nothing is staged for ``step`` or ``trainer_state.json`` is missing.
+        FileExistsError: the final directory already exists.
+        ValueError: ``keep_last`` is not a positive int.
+    """
+    if keep_last is not None and (
+        isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+    ):
+        raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")
+    root = Path(root)
+    staged = root / f".step_{step:08d}.tmp"
+    final = checkpoint_dir(root, step)
+    if not staged.is_dir():
+        raise FileNotFoundError(f"no staged checkpoint at {staged}; call save_checkpoint first")
+    if not (staged / TRAINER_STATE_FILE).is_file():
+        raise FileNotFoundError(f"{staged / TRAINER_STATE_FILE} is missing: rank 0 saves it")
+    if final.exists():
+        raise FileExistsError(f"checkpoint {final} already exists")
+    for path in staged.iterdir():
+        _fsync(path)
+    _fsync(staged)
+    os.replace(staged, final)
+    _fsync(root)
+    latest_tmp = root / f".{LATEST_FILE}.tmp"
+    with open(latest_tmp, "w", encoding="utf-8") as f:
+        f.write(final.name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(latest_tmp, root / LATEST_FILE)
+    _fsync(root)
+    if keep_last is not None:
+        _prune(root, keep_last, step)
+    return final
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under ``root``, or ``None``.
+
+    Reads ``<root>/latest`` and scans the ``step_*`` directories, so a checkpoint published
+    just before a crash that prevented the pointer update still counts, and a missing or stale
+    ``latest`` is harmless. Staging (``.step_*.tmp``) directories are ignored.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    candidates = [p for p in root.iterdir() if _complete_step(p) is not None]
+    latest = root / LATEST_FILE
+    if latest.is_file():
+        pointed = root / latest.read_text(encoding="utf-8").strip()
+        if _complete_step(pointed) is not None:
+            candidates.append(pointed)
+    return max(candidates, key=_complete_step, default=None)
+
+
+def load_model(path: str | Path, module: torch.nn.Module, strict: bool = True) -> None:
+    """Load ``<path>/model.safetensors`` into ``module`` (onto the module's devices).
+
+    Raises:
+        FileNotFoundError: the file is missing.
+        RuntimeError: missing or unexpected keys (with ``strict``) or mismatched shapes; the
+            message names the file.
+    """
+    file = _existing(Path(path) / MODEL_FILE)
+    try:
+        _load_model_file(module, str(file), strict=strict)
+    except RuntimeError as err:
+        raise RuntimeError(f"{file}: {err}") from err
+
+
+def load_optimizer(path: str | Path, optimizer: torch.optim.Optimizer) -> None:
+    """Restore ``optimizer``'s state dict from ``optimizer.safetensors`` + ``optimizer.json``.
+
+    Raises:
+        FileNotFoundError: a file is missing.
+        ValueError: the files are inconsistent or do not match the optimizer's parameter groups;
+            the message names the file.
+    """
+    json_file = _existing(Path(path) / OPTIMIZER_JSON_FILE)
+    tensors = load_file(str(_existing(Path(path) / OPTIMIZER_TENSORS_FILE)))
+    state_dict = _decode(_read_json(json_file)["state_dict"], tensors, json_file)
+    try:
+        optimizer.load_state_dict(state_dict)
+    except (ValueError, KeyError) as err:
+        raise ValueError(f"{json_file} does not match the optimizer: {err}") from err
+
+
+def load_rng(path: str | Path, rank: int) -> dict[str, Any]:
+    """Read rank ``rank``'s RNG states.
+
+    Returns:
+        ``{"torch_cpu": uint8 Tensor, "torch_generator": uint8 Tensor | None,
+        "numpy": bit-generator state dict | None}``, to pass to :func:`restore_rng`.
+
+    Raises:
+        FileNotFoundError: the rank's files are missing (saved with another world size?).
+    """
+    json_file = _existing(Path(path) / f"rng_rank{rank}.json")
+    tensors = load_file(str(_existing(Path(path) / f"rng_rank{rank}.safetensors")))
+    numpy_state = _read_json(json_file)["numpy"]
+    return {
+        "torch_cpu": tensors["torch_cpu"],
+        "torch_generator": tensors.get("torch_generator"),
+        "numpy": None if numpy_state is None else _decode(numpy_state, {}, json_file),
+    }
+
+
+def restore_rng(
+    state: dict[str, Any],
+    generator: torch.Generator | None = None,
+    np_rng: np.random.Generator | None = None,
+) -> None:
+    """Restore the torch CPU RNG and, when given, ``generator`` and ``np_rng`` from ``state``.
+
+    Args:
+        state: the dict returned by :func:`load_rng`.
+
+    Raises:
+        ValueError: ``generator`` or ``np_rng`` is given but ``state`` holds no state for it.
+    """
+    torch.set_rng_state(state["torch_cpu"])
+    if generator is not None:
+        if state["torch_generator"] is None:
+            raise ValueError("the checkpoint holds no torch.Generator state for this rank")
+        generator.set_state(state["torch_generator"])
+    if np_rng is not None:
+        if state["numpy"] is None:
+            raise ValueError("the checkpoint holds no numpy Generator state for this rank")
+        np_rng.bit_generator.state = state["numpy"]
+
+
+def load_trainer_state(path: str | Path) -> dict[str, Any]:
+    """Read ``trainer_state.json``: ``{"step": int, "metadata": dict}``.
+
+    Raises:
+        FileNotFoundError: the file is missing.
+    """
+    return _read_json(_existing(Path(path) / TRAINER_STATE_FILE))
+
+
+def _complete_step(path: Path) -> int | None:
+    match = _STEP_DIR_RE.fullmatch(path.name)
+    if match is None or not (path / TRAINER_STATE_FILE).is_file():
+        return None
+    return int(match.group(1))
+
+
+def _prune(root: Path, keep_last: int, step: int) -> None:
+    """Remove all but the newest ``keep_last`` checkpoints (never ``step``'s) and the staging
+    directories of earlier steps. Checkpoints are renamed out of sight before deletion."""
+    complete = sorted(
+        (p for p in root.iterdir() if _complete_step(p) is not None), key=_complete_step
+    )
+    doomed = [p for p in complete[:-keep_last] if _complete_step(p) != step]
+    for path in doomed:
+        hidden = root / f".{path.name}.deleting"
+        os.replace(path, hidden)
+        shutil.rmtree(hidden)
+    for path in root.iterdir():
+        match = _STAGING_RE.fullmatch(path.name)
+        if (match and int(match.group(1)) < step) or path.name.endswith(".deleting"):
+            shutil.rmtree(path)
+
+
+def _encode(obj: Any, tensors: dict[str, torch.Tensor], where: str, file: Path) -> Any:
+    """JSON-able form of nested state; tensors go into ``tensors`` and are referenced by key."""
+    if isinstance(obj, torch.Tensor):
+        key = f"{len(tensors)}:{where}"
+        tensors[key] = obj.detach().cpu().contiguous()
+        return {_TENSOR: key}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, np.ndarray):
+        return {_NDARRAY: obj.tolist(), "dtype": obj.dtype.str}
+    if isinstance(obj, (list, tuple)):
+        items = [_encode(v, tensors, f"{where}.{i}", file) for i, v in enumerate(obj)]
+        return {_TUPLE: items} if isinstance(obj, tuple) else items
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _encode(v, tensors, f"{where}.{k}", file) for k, v in obj.items()}
+        if not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in obj):
+            raise TypeError(f"{file}: {where} has dict keys other than str/int: {list(obj)!r}")
+        return {_DICT: [[k, _encode(v, tensors, f"{where}.{k}", file)] for k, v in obj.items()]}
+    raise TypeError(f"{file}: cannot store {type(obj).__name__} at {where}")
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor], file: Path) -> Any:
+    """Inverse of :func:`_encode`."""
+    if isinstance(obj, list):
+        return [_decode(v, tensors, file) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if _TENSOR in obj:
+        if obj[_TENSOR] not in tensors:
+            raise ValueError(
+                f"{file} refers to tensor {obj[_TENSOR]!r}, missing from its .safetensors"
+            )
+        return tensors[obj[_TENSOR]]
+    if _TUPLE in obj:
+        return tuple(_decode(v, tensors, file) for v in obj[_TUPLE])
+    if _DICT in obj:
+        return {k: _decode(v, tensors, file) for k, v in obj[_DICT]}
+    if _NDARRAY in obj:
+        return np.array(obj[_NDARRAY], dtype=np.dtype(obj["dtype"]))
+    return {k: _decode(v, tensors, file) for k, v in obj.items()}
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    try:
+        text = json.dumps(obj, indent=1)
+    except TypeError as err:
+        raise TypeError(f"{path}: {err}") from err
+    path.write_text(text, encoding="utf-8")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
+
+
+def _existing(path: Path) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file {path} is missing")
+    return path
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's or directory's contents (directory entries) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

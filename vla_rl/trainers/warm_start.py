@@ -1,0 +1,110 @@
+"""Warm start by behaviour cloning from scripted demonstrations (the one-demo regime of SRPO).
+
+Demonstrations come from the simulator's scripted expert, run inside the simulator actors, and
+are stored in a zarr :class:`~vla_rl.data.trajectory_store.TrajectoryStore` (one episode per
+chunk, appended atomically) so that later runs reuse them. Behaviour cloning is deterministic
+and cheap (a few demonstrations), so every worker runs it identically from the same seed; DDP
+then starts from identical weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vla_rl.data.trajectory_store import TrajectoryStore
+
+#: Smallest observation scale used for normalisation (metres for positions, unitless for
+#: quaternions): a feature that one demonstration leaves constant must not blow up.
+OBS_STD_FLOOR = 0.01
+
+
+def ensure_demonstrations(
+    pool, store_path: Path, num_demos: int, id_offset: int, env_attrs: dict, max_attempts: int = 10
+) -> TrajectoryStore:
+    """Return a store holding at least ``num_demos`` successful expert demonstrations.
+
+    An existing store with the same ``env_attrs`` is extended, never rewritten. Expert episodes
+    run on initial states ``id_offset, id_offset + 1, ...``; failed ones are not stored.
+
+    Raises:
+        ValueError: if ``store_path`` holds demonstrations of another simulator configuration.
+        RuntimeError: if the expert does not produce ``num_demos`` successes within
+            ``max_attempts`` rounds.
+    """
+    spec = pool.spec()
+    if (store_path / "zarr.json").exists():
+        store = TrajectoryStore.open(store_path)
+        if store.attrs.get("env") != env_attrs:
+            raise ValueError(
+                f"{store_path} holds demonstrations of {store.attrs.get('env')}, not {env_attrs}; "
+                "set warm_start.demo_store to another path"
+            )
+    else:
+        store = TrajectoryStore.create(
+            store_path,
+            fields={"obs": ((spec["obs_dim"],), np.float32), "actions": ((spec["act_dim"],), np.float32)},
+            max_steps=int(spec["horizon"]),
+            attrs={"env": env_attrs},
+        )
+    start = id_offset if len(store) == 0 else int(store.read_all()["init_state_id"].max()) + 1
+    for _ in range(max_attempts):
+        missing = num_demos - len(store)
+        if missing <= 0:
+            return store
+        ids = list(range(start, start + 2 * missing))
+        start += len(ids)
+        for episode in pool.run_expert(ids):
+            if episode["success"] and len(store) < num_demos:
+                store.append_episode(
+                    {"obs": episode["obs"], "actions": episode["actions"]},
+                    init_state_id=int(episode["init_state_id"]),
+                )
+    if len(store) < num_demos:
+        raise RuntimeError(f"the scripted expert produced {len(store)} of {num_demos} demonstrations")
+    return store
+
+
+def action_chunks(actions: np.ndarray, chunk_size: int) -> np.ndarray:
+    """The next ``chunk_size`` actions from every step of one episode.
+
+    Args:
+        actions: ``(T, action_dim)``.
+
+    Returns:
+        ``(T, chunk_size, action_dim)``; windows running past the end repeat the last action.
+    """
+    index = np.minimum(np.arange(len(actions))[:, None] + np.arange(chunk_size)[None, :], len(actions) - 1)
+    return actions[index]
+
+
+def behaviour_cloning(
+    policy, store: TrajectoryStore, num_demos: int, steps: int, lr: float, batch_size: int, seed: int
+) -> dict[str, float]:
+    """Fit the policy to the first ``num_demos`` demonstrations with ``policy.bc_loss``.
+
+    Also sets the policy's observation normalisation from the demonstrations' statistics.
+
+    Returns:
+        ``warm_start/bc_loss`` (last minibatch) and ``warm_start/transitions``.
+    """
+    episodes = [store.read_episode(i) for i in range(num_demos)]
+    obs = torch.as_tensor(np.concatenate([e["obs"] for e in episodes]), dtype=torch.float32)
+    actions = torch.as_tensor(
+        np.concatenate([action_chunks(e["actions"], policy.chunk_size) for e in episodes]), dtype=torch.float32
+    )  # (N, chunk, A)
+    # Features constant over the demonstrations get a floor on their scale (units of the obs).
+    policy.set_obs_normalization(obs.mean(0), obs.std(0, unbiased=False).clamp(min=OBS_STD_FLOOR))
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+    loss = torch.zeros(())
+    policy.train()
+    for _ in range(steps):
+        idx = torch.randint(len(obs), (min(batch_size, len(obs)),), generator=generator)
+        loss = policy.bc_loss(obs[idx], actions[idx])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return {"warm_start/bc_loss": float(loss.detach()), "warm_start/transitions": float(len(obs))}

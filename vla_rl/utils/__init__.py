@@ -1,0 +1,1 @@
+"""Small shared utilities: registries, device binding, Ray start-up, seeding, logging."""

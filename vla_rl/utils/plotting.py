@@ -1,0 +1,45 @@
+"""Plots people look at after a run (saved as PNG)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plot_success_curve(records: list[dict], path: Path, title: str) -> None:
+    """Training success rate per step, with evaluation success (and its Wilson 95% interval) marked.
+
+    Args:
+        records: metric records (``step`` plus metrics) as in ``metrics.jsonl``.
+        path: PNG file to write (atomically).
+        title: figure title.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    train = [(r["step"], r["rollout/success_rate"]) for r in records if r.get("rollout/success_rate") is not None]
+    if train:
+        steps, rates = zip(*train)
+        ax.plot(steps, rates, marker=".", label="training rollouts (sampled)")
+    for protocol, marker in (("greedy", "s"), ("sampled", "o")):
+        key = f"eval/{protocol}/success_rate"
+        points = [r for r in records if r.get(key) is not None]
+        if points:
+            xs = [r["step"] for r in points]
+            ys = [r[key] for r in points]
+            yerr = [[y - r[f"eval/{protocol}/ci_low"] for y, r in zip(ys, points)],
+                    [r[f"eval/{protocol}/ci_high"] - y for y, r in zip(ys, points)]]
+            ax.errorbar(xs, ys, yerr=yerr, fmt=marker, capsize=4, label=f"held-out eval ({protocol}, 95% CI)")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("success rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)

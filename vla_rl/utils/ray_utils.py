@@ -1,0 +1,62 @@
+"""Starting Ray bound to the loopback interface only.
+
+Ray 2.60 listens on every interface by default, even with ``_node_ip_address="127.0.0.1"``;
+measured on the project machine, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` in the environment before
+Ray starts keeps every listener on 127.0.0.1 (see ../shared/MACHINE_FACTS.md). Usage statistics
+are off and the dashboard is off unless asked for.
+"""
+
+from __future__ import annotations
+
+import os
+
+LOOPBACK = "127.0.0.1"
+
+#: Environment every Ray process of a run gets: loopback-only networking for Ray and gloo,
+#: one thread per process (2-core machines), headless MuJoCo rendering.
+WORKER_ENV: dict[str, str] = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "GLOO_SOCKET_IFNAME": "lo",
+    "MASTER_ADDR": LOOPBACK,
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"),
+    "PYOPENGL_PLATFORM": os.environ.get("PYOPENGL_PLATFORM", "egl"),
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def init_ray(num_cpus: float | None = None, include_dashboard: bool = False) -> None:
+    """Start a local Ray instance whose every listener is on 127.0.0.1 (no-op if already started).
+
+    Args:
+        num_cpus: logical CPU resources Ray may hand out (actors reserve from it); None lets
+            Ray count the machine's cores.
+        include_dashboard: start the dashboard (on 127.0.0.1); off by default.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    for key in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED", "GLOO_SOCKET_IFNAME"):
+        os.environ[key] = WORKER_ENV[key]
+    ray.init(
+        _node_ip_address=LOOPBACK,
+        include_dashboard=include_dashboard,
+        dashboard_host=LOOPBACK,
+        num_cpus=num_cpus,
+        log_to_driver=True,
+        configure_logging=True,
+        logging_level="WARNING",
+        runtime_env={"env_vars": dict(WORKER_ENV)},
+    )
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for the torch.distributed rendezvous)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,193 @@
+"""The DAG worker: one Ray actor per device slot, running its own task chain every step.
+
+Multi-controller: the driver hands each worker only the template path, the overrides, its rank
+and the run directory. Each worker loads and plans the template itself, binds its device, joins
+the workers' torch.distributed process group, builds its resources, and then executes its chain
+for every step the driver asks for. Batches move between workers with collectives
+(:func:`vla_rl.data.reshard.reshard`); the driver receives only scalar metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+
+from vla_rl.config import RunConfig
+from vla_rl.dag.loader import load_template
+from vla_rl.dag.planner import Reshard, RunNode, plan
+from vla_rl.dag.registry import get_node_function
+from vla_rl.data.reshard import reshard
+from vla_rl.utils.device import bind_device, collective_backend
+from vla_rl.utils.ray_utils import LOOPBACK, free_loopback_port
+from vla_rl.workers.checkpointing import WorkerCheckpointer
+from vla_rl.workers.context import NodeContext
+from vla_rl.workers.metrics import reduce_metrics
+from vla_rl.workers.resources import WorkerResources
+
+
+class DAGWorker:
+    """Executes one rank's task chain.
+
+    Args:
+        rank: this worker's rank in ``[0, world_size)``.
+        world_size: number of DAG workers.
+        template: template path (or name under ``dag_templates/``).
+        overrides: dotted overrides applied to the template.
+        run_dir: the run directory (shared file system).
+    """
+
+    def __init__(self, rank: int, world_size: int, template: str, overrides: list[str], run_dir: str) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.template = load_template(template, overrides)
+        self.config: RunConfig = self.template.config
+        self.plan = plan(self.template, world_size)
+        self.chain = self.plan.chains[rank]
+        self.run_dir = Path(run_dir)
+        torch.set_num_threads(self.config.workers.torch_threads)
+        self.device = bind_device(self.config.workers.device)
+        self.resources: WorkerResources | None = None
+        self.checkpointer: WorkerCheckpointer | None = None
+
+    # ----------------------------------------------------------------------------- set-up
+    def rendezvous_port(self) -> int:
+        """A free loopback port for the process-group rendezvous (asked of rank 0)."""
+        return free_loopback_port()
+
+    def init_process_group(self, port: int) -> None:
+        """Join the workers' process group (TCP rendezvous on 127.0.0.1)."""
+        dist.init_process_group(
+            collective_backend(self.config.workers.device),
+            init_method=f"tcp://{LOOPBACK}:{port}",
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+
+    def setup(self, resume: bool) -> dict[str, float]:
+        """Build the simulator pool and policy; warm-start it, or restore the last checkpoint.
+
+        Returns:
+            ``start_step`` and the warm-start metrics (scalars).
+        """
+        from vla_rl.trainers.actor import ActorTrainer
+
+        rollout_dp = next((t.dp_size for t in self.chain if isinstance(t, RunNode) and t.type == "env_interact"),
+                          self.world_size)
+        self.resources = WorkerResources(self.config, self.rank, self.world_size, self.run_dir, self.device,
+                                         rollout_dp)
+        self.checkpointer = WorkerCheckpointer(self.run_dir / "checkpoints", self.rank, self.resources)
+        metrics: dict[str, float] = {}
+        if resume:
+            start_step = self.checkpointer.restore_policy()
+        else:
+            metrics = self._warm_start()
+            start_step = 0
+        self.resources.actor = ActorTrainer(self.resources.policy, self.config.trainer.lr)
+        if resume:
+            self.checkpointer.restore_optimizer_and_rng()
+        metrics["start_step"] = float(start_step)
+        return metrics
+
+    def _warm_start(self) -> dict[str, float]:
+        from vla_rl.trainers.warm_start import behaviour_cloning, ensure_demonstrations
+
+        ws = self.config.warm_start
+        if ws.num_demos == 0:
+            return {}
+        store_path = Path(ws.demo_store) if ws.demo_store else self.run_dir / "demos.zarr"
+        env_attrs = {"name": self.config.simulator.name, **self.config.simulator.env}
+        if self.rank == 0:
+            ensure_demonstrations(self.resources.simulator_pool, store_path, ws.num_demos,
+                                  ws.demo_init_state_offset, env_attrs)
+        dist.barrier()
+        from vla_rl.data.trajectory_store import TrajectoryStore
+
+        store = TrajectoryStore.open(store_path)
+        return behaviour_cloning(self.resources.policy, store, ws.num_demos, ws.bc_steps, ws.bc_lr,
+                                 ws.bc_batch_size, seed=self.config.run.seed)
+
+    # ----------------------------------------------------------------------------- steps
+    def run_step(self, step: int) -> dict[str, float]:
+        """Run this worker's chain once and return the step's metrics, reduced over workers."""
+        outputs: dict[str, TensorDict | None] = {}
+        edge_inputs: dict[tuple[str, str], TensorDict] = {}
+        local: list[tuple[str, float, float]] = []
+        timings: dict[str, float] = {}
+        for task in self.chain:
+            start = time.perf_counter()
+            if isinstance(task, Reshard):
+                edge_inputs[(task.src, task.dst)] = reshard(outputs[task.src], task.src_dp_size, task.dst_dp_size)
+                timings[f"timing/reshard_{task.src}_to_{task.dst}"] = time.perf_counter() - start
+                continue
+            batch = self._node_input(task, outputs, edge_inputs)
+            fn = get_node_function(task.role, task.type, task.fn).fn
+            ctx = NodeContext(task.node_id, step, self.rank, self.world_size, task.dp_rank, task.dp_size,
+                              self.config, self.plan.node_configs[task.node_id], self.resources)
+            result = fn(ctx, batch)
+            outputs[task.node_id] = result.batch
+            size = len(result.batch) if result.batch is not None else 1
+            weight = size / ctx.replicas
+            local.extend((k, float(v), weight) for k, v in result.metrics.items())
+            timings[f"timing/{task.node_id}"] = time.perf_counter() - start
+        metrics = reduce_metrics(local)
+        metrics.update(timings)
+        return metrics
+
+    @staticmethod
+    def _node_input(task: RunNode, outputs, edge_inputs) -> TensorDict | None:
+        inputs = [edge_inputs.get((dep, task.node_id), outputs[dep]) for dep in task.deps]
+        inputs = [b for b in inputs if b is not None]
+        if not inputs:
+            return None
+        merged = inputs[0]
+        for other in inputs[1:]:
+            merged = merged.clone(recurse=False).update(other)
+        return merged
+
+    # ----------------------------------------------------------------------------- evaluation & checkpoints
+    def evaluate(self, tag: str, video: bool) -> dict[str, float]:
+        """Evaluate on the held-out initial states; rank 0 also writes ``videos/{tag}.mp4``."""
+        from vla_rl.rollout.evaluation import evaluate_distributed, record_video
+
+        res = self.resources
+        pool = res.simulator_pool
+        capacity = pool.capacity
+        metrics = evaluate_distributed(res.policy, pool, self.config, self.rank, self.world_size, capacity,
+                                       res.generator)
+        ev = self.config.eval
+        if video and self.rank == 0 and ev.video_episodes > 0:
+            metrics.update(self._record_video(tag))
+        return metrics
+
+    def _record_video(self, tag: str) -> dict[str, float]:
+        import numpy as np
+
+        from simulators.pool import SimulatorPool
+        from vla_rl.rollout.evaluation import record_video
+
+        ev, sim = self.config.eval, self.config.simulator
+        env = {**sim.env, "render_camera": "agentview", "render_size": ev.video_size}
+        pool = SimulatorPool(sim.name, env, num_actors=1, envs_per_actor=ev.video_episodes,
+                             actor_options={"num_cpus": 0})
+        try:
+            ids = ev.init_state_offset + np.arange(ev.video_episodes, dtype=np.int64)
+            out = record_video(self.resources.policy, pool, ids, self.run_dir / "videos" / f"{tag}.mp4",
+                               ev.video_fps, self.resources.generator)
+        finally:
+            pool.close()
+        return {f"video/{tag}_successes": float(out["video_successes"])}
+
+    def save_checkpoint(self, step: int) -> None:
+        """Write this worker's part of the checkpoint of ``step``; rank 0 finalises it atomically."""
+        self.checkpointer.save(step, keep_last=self.config.trainer.keep_last)
+
+    def shutdown(self) -> None:
+        """Stop the simulator actors and leave the process group."""
+        if self.resources is not None:
+            self.resources.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

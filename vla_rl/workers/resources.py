@@ -1,0 +1,99 @@
+"""A DAG worker's long-lived objects, built once and shared by the node functions it runs.
+
+Composition, not role flags: the worker owns one ``WorkerResources``; node functions take what
+they need from it (the simulator pool for ``env_interact``, the actor trainer for
+``model_train``...). Each object is built on first use.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from vla_rl.config import RunConfig
+
+
+class WorkerResources:
+    """Per-worker state.
+
+    Args:
+        config: the run config.
+        rank: worker rank; world_size: number of DAG workers.
+        run_dir: the run directory (checkpoints, demonstrations, videos).
+        device: the torch device the worker is bound to.
+        rollout_dp_size: DP size of the template's ``env_interact`` node (sets pool capacity).
+        group: the workers' process group.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        rank: int,
+        world_size: int,
+        run_dir: Path,
+        device: torch.device,
+        rollout_dp_size: int,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.run_dir = run_dir
+        self.device = device
+        self.rollout_dp_size = rollout_dp_size
+        self.group = group
+        #: Sampling and minibatch-shuffling RNG of this worker (saved in checkpoints).
+        self.generator = torch.Generator().manual_seed(config.run.seed * 1_000_003 + rank)
+        self.actor = None  # the ActorTrainer, set by the worker once the policy is initialised
+
+    @property
+    def episodes_per_step(self) -> int:
+        """Training episodes this worker rolls out per step."""
+        data = self.config.data
+        return data.init_states_per_step // self.rollout_dp_size * data.group_size
+
+    @property
+    def eval_episodes(self) -> int:
+        """Evaluation episodes per protocol on this worker (ids dealt round-robin over workers)."""
+        return math.ceil(self.config.eval.num_episodes / self.world_size)
+
+    @cached_property
+    def simulator_pool(self):
+        """This worker's simulator pool (Ray actors), sized for its training and eval episodes."""
+        from simulators.pool import SimulatorPool
+
+        sim = self.config.simulator
+        capacity = max(self.episodes_per_step, self.eval_episodes, 1)
+        return SimulatorPool(
+            sim.name,
+            sim.env,
+            num_actors=sim.actors_per_worker,
+            envs_per_actor=math.ceil(capacity / sim.actors_per_worker),
+            actor_options={"num_cpus": sim.num_cpus_per_actor},
+        )
+
+    @cached_property
+    def env_spec(self) -> dict:
+        """``obs_dim``, ``act_dim`` and ``horizon`` of the simulator."""
+        return self.simulator_pool.spec()
+
+    @cached_property
+    def policy(self):
+        """The policy, built from ``config.policy`` with the simulator's dimensions."""
+        from policies import POLICIES, available_policies, make_policy
+
+        available_policies()  # registers the built-in policies
+        name = self.config.policy.name
+        spec = self.env_spec
+        fields = {key: tuple(v) if isinstance(v, list) else v for key, v in self.config.policy.config.items()}
+        config = POLICIES.get(name).config_class(obs_dim=spec["obs_dim"], action_dim=spec["act_dim"], **fields)
+        return make_policy(name, config).to(self.device)
+
+    def close(self) -> None:
+        """Stop the simulator actors (if they were started)."""
+        if "simulator_pool" in self.__dict__:
+            self.simulator_pool.close()
