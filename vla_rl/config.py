@@ -66,7 +66,7 @@ class PolicySection(_Section):
 class WarmStartSection(_Section):
     """Behaviour cloning from scripted demonstrations before RL (0 demos: no warm start)."""
 
-    num_demos: int = Field(1, ge=0, description="Demonstrations used for behaviour cloning.")
+    num_demos: int = Field(2, ge=0, description="Demonstrations used for behaviour cloning.")
     demo_init_state_offset: int = Field(
         2_000_000_000, ge=0, description="Demonstration initial-state ids start here (disjoint from training)."
     )

@@ -31,15 +31,19 @@ class WorkerGroup:
     ``max_reply_bytes`` records the largest pickled reply seen.
     """
 
-    def __init__(self, world_size: int, template: str, overrides: list[str], run_dir: Path, num_cpus: float) -> None:
+    def __init__(self, actors: list) -> None:
+        self.actors = actors
+        self.max_reply_bytes = 0
+
+    @classmethod
+    def launch(cls, world_size: int, template: str, overrides: list[str], run_dir: Path, num_cpus: float) -> WorkerGroup:
+        """Start one :class:`~vla_rl.workers.dag_worker.DAGWorker` actor per rank."""
         import ray
 
         from vla_rl.workers.dag_worker import DAGWorker
 
         actor_cls = ray.remote(num_cpus=num_cpus, max_restarts=0)(DAGWorker)
-        self.actors = [actor_cls.remote(rank, world_size, template, overrides, str(run_dir))
-                       for rank in range(world_size)]
-        self.max_reply_bytes = 0
+        return cls([actor_cls.remote(rank, world_size, template, overrides, str(run_dir)) for rank in range(world_size)])
 
     def call(self, method: str, *args) -> list[dict[str, float]]:
         """Call ``method(*args)`` on every worker at once and return their scalar replies.
@@ -68,7 +72,7 @@ class WorkerGroup:
     def start_process_group(self) -> None:
         import ray
 
-        port = ray.get(self.actors[0].rendezvous_port.remote())
+        port = ray.get(self.actors[0].host_rendezvous.remote())
         self.call("init_process_group", port)
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
@@ -133,7 +137,7 @@ def train(template_arg: str, overrides: list[str], resume: str | None = None, co
     init_ray(num_cpus=world * (config.workers.num_cpus_per_worker + sim.actors_per_worker * sim.num_cpus_per_actor) + 1)
     console.print(f"[bold]run directory[/bold] {run_dir}")
     started = time.perf_counter()
-    workers = WorkerGroup(world, str(run_dir / RESOLVED_TEMPLATE), [], run_dir, config.workers.num_cpus_per_worker)
+    workers = WorkerGroup.launch(world, str(run_dir / RESOLVED_TEMPLATE), [], run_dir, config.workers.num_cpus_per_worker)
     try:
         workers.start_process_group()
         summary = RunLoop(workers, template, run_dir, console).run(resume=resume is not None)

@@ -12,7 +12,7 @@ from simulators.pool import SimulatorPool
 from simulators.rendering import egl_unavailable_reason
 
 HORIZON = 40
-OBS_DIM, ACT_DIM = 19, 7
+OBS_DIM, ACT_DIM = 11, 7
 
 
 def test_pool_needs_ray_initialised():

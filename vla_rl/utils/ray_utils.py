@@ -35,12 +35,13 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False) -> 
             Ray count the machine's cores.
         include_dashboard: start the dashboard (on 127.0.0.1); off by default.
     """
+    # Ray reads these when it is imported and when it starts its processes: set them first.
+    for key in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED", "GLOO_SOCKET_IFNAME"):
+        os.environ[key] = WORKER_ENV[key]
     import ray
 
     if ray.is_initialized():
         return
-    for key in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED", "GLOO_SOCKET_IFNAME"):
-        os.environ[key] = WORKER_ENV[key]
     ray.init(
         _node_ip_address=LOOPBACK,
         include_dashboard=include_dashboard,

@@ -9,6 +9,7 @@ for every step the driver asks for. Batches move between workers with collective
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from vla_rl.dag.planner import Reshard, RunNode, plan
 from vla_rl.dag.registry import get_node_function
 from vla_rl.data.reshard import reshard
 from vla_rl.utils.device import bind_device, collective_backend
-from vla_rl.utils.ray_utils import LOOPBACK, free_loopback_port
+from vla_rl.utils.ray_utils import LOOPBACK
 from vla_rl.workers.checkpointing import WorkerCheckpointer
 from vla_rl.workers.context import NodeContext
 from vla_rl.workers.metrics import reduce_metrics
@@ -54,18 +55,26 @@ class DAGWorker:
         self.checkpointer: WorkerCheckpointer | None = None
 
     # ----------------------------------------------------------------------------- set-up
-    def rendezvous_port(self) -> int:
-        """A free loopback port for the process-group rendezvous (asked of rank 0)."""
-        return free_loopback_port()
+    def host_rendezvous(self) -> int:
+        """Start the process group's TCP store on 127.0.0.1 (rank 0) and return its port.
+
+        ``TCPStore`` alone would listen on every interface; handing it a socket already bound
+        to loopback (``master_listen_fd``) keeps the store on 127.0.0.1.
+        """
+        self._store_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._store_socket.bind((LOOPBACK, 0))
+        self._store_socket.listen(128)
+        port = int(self._store_socket.getsockname()[1])
+        self._store = dist.TCPStore(LOOPBACK, port, self.world_size, is_master=True,
+                                    master_listen_fd=self._store_socket.fileno(), wait_for_workers=False)
+        return port
 
     def init_process_group(self, port: int) -> None:
-        """Join the workers' process group (TCP rendezvous on 127.0.0.1)."""
-        dist.init_process_group(
-            collective_backend(self.config.workers.device),
-            init_method=f"tcp://{LOOPBACK}:{port}",
-            rank=self.rank,
-            world_size=self.world_size,
-        )
+        """Join the workers' process group through the store rank 0 hosts on 127.0.0.1:port."""
+        if self.rank != 0:
+            self._store = dist.TCPStore(LOOPBACK, port, self.world_size, is_master=False)
+        dist.init_process_group(collective_backend(self.config.workers.device), store=self._store,
+                                rank=self.rank, world_size=self.world_size)
 
     def setup(self, resume: bool) -> dict[str, float]:
         """Build the simulator pool and policy; warm-start it, or restore the last checkpoint.

@@ -1,0 +1,153 @@
+"""End-to-end runs of the embodied templates on tiny settings, through the real engine: Ray on
+loopback, two DAG workers with a gloo process group, simulator actors, re-shards every step."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import threading
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vla_rl.driver import WorkerGroup, train
+
+TINY = [
+    "trainer.total_steps=3",
+    "trainer.save_every=1",
+    "trainer.num_minibatches=2",
+    "trainer.ppo_epochs=2",
+    "data.init_states_per_step=2",
+    "data.group_size=3",
+    "simulator.env.horizon=40",
+    "eval.num_episodes=4",
+    "eval.video_episodes=1",
+    "eval.video_size=32",
+    "warm_start.bc_steps=30",
+    "policy.config.hidden_sizes=[32,32]",
+]
+
+
+class ListenerWatch:
+    """Samples the listening TCP sockets of this process and all its descendants (the Ray
+    processes a run starts) while a run is going."""
+
+    def __init__(self, period_s: float = 0.5) -> None:
+        self.period_s = period_s
+        self.seen: set[tuple[str, str, int]] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            for proc in [me, *me.children(recursive=True)]:
+                try:
+                    for conn in proc.net_connections(kind="inet"):
+                        if conn.status == psutil.CONN_LISTEN:
+                            self.seen.add((proc.name(), conn.laddr.ip, conn.laddr.port))
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+            self._stop.wait(self.period_s)
+
+    def __enter__(self) -> ListenerWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory):
+    return tmp_path_factory.mktemp("demos") / "lift_demos.zarr"
+
+
+@pytest.fixture(scope="module")
+def srpo_run(ray_on_loopback, tmp_path_factory, demo_store):
+    out = tmp_path_factory.mktemp("runs")
+    with ListenerWatch() as watch:
+        summary = train("embodied_srpo", [*TINY, f"run.output_dir={out}", "run.name=full",
+                                          f"warm_start.demo_store={demo_store}"])
+    return summary, out / "full", watch
+
+
+def test_run_leaves_every_artifact(srpo_run):
+    summary, run_dir, _ = srpo_run
+    for name in ("template.yaml", "metrics.jsonl", "success_rate.png", "summary.json",
+                 "videos/warm_start.mp4", "videos/final.mp4"):
+        assert (run_dir / name).stat().st_size > 0, name
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in records if "rollout/success_rate" in r]
+    assert train_steps == [1, 2, 3]
+    step = next(r for r in records if "rollout/success_rate" in r)
+    # Every node ran, both re-shards ran, and the rollout really stepped the simulator.
+    for key in ("timing/tasks", "timing/rollout", "timing/reward", "timing/advantage", "timing/group_filter",
+                "timing/actor_update", "timing/reshard_rollout_to_reward", "timing/reshard_group_filter_to_actor_update"):
+        assert key in step, key
+    assert 1 <= step["rollout/episode_length"] <= 40
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    assert ckpts == ["step_00000002", "step_00000003"]  # keep_last=2
+    latest = run_dir / "checkpoints" / "step_00000003"
+    assert {"model.safetensors", "optimizer.safetensors", "rng_rank0.safetensors", "rng_rank1.safetensors"} <= {
+        p.name for p in latest.iterdir()}
+    for tag in ("warm_start_eval", "final_eval"):
+        ev = summary[tag]
+        assert ev["eval/greedy/episodes"] == 4
+        assert 0 <= ev["eval/greedy/ci_low"] <= ev["eval/greedy/success_rate"] <= ev["eval/greedy/ci_high"] <= 1
+
+
+def test_driver_receives_only_small_scalar_replies(srpo_run):
+    summary, run_dir, _ = srpo_run
+    # A step's batch (2 groups x 3 episodes x 41 x 19 observations alone) is far bigger than this.
+    assert 0 < summary["driver_max_reply_bytes"] < 8_000
+
+
+def test_every_listener_of_the_run_is_on_loopback(srpo_run):
+    _, _, watch = srpo_run
+    assert any(name.startswith("gcs_server") for name, _, _ in watch.seen), watch.seen
+    assert any("DAGWorker" in name for name, _, _ in watch.seen), watch.seen  # the TCP store
+    outside = [s for s in watch.seen if not ipaddress.ip_address(s[1]).is_loopback]
+    assert not outside, f"listening outside 127.0.0.0/8: {outside}"
+
+
+def test_resume_continues_exactly(srpo_run, ray_on_loopback, tmp_path, demo_store):
+    """Two steps, then resume for the third: same step counter, same weights as the
+    uninterrupted run (the rollout, minibatch RNG and optimizer state are all restored)."""
+    _, full_dir, _ = srpo_run
+    common = [*TINY, f"run.output_dir={tmp_path}", "run.name=cut", f"warm_start.demo_store={demo_store}"]
+    train("embodied_srpo", [*common, "trainer.total_steps=2", "eval.num_episodes=0"])
+    summary = train("ignored", ["trainer.total_steps=3", "eval.num_episodes=0"], resume=str(tmp_path / "cut"))
+    assert summary["start_step"] == 2 and summary["steps_run"] == 1
+    records = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "rollout/success_rate" in r] == [1, 2, 3]
+    resumed = load_file(str(tmp_path / "cut" / "checkpoints" / "step_00000003" / "model.safetensors"))
+    uninterrupted = load_file(str(full_dir / "checkpoints" / "step_00000003" / "model.safetensors"))
+    for name, value in uninterrupted.items():
+        torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_grpo_template_runs(ray_on_loopback, tmp_path, demo_store):
+    summary = train("embodied_grpo", [*TINY, "trainer.total_steps=1", "eval.num_episodes=0",
+                                      f"run.output_dir={tmp_path}", "run.name=grpo",
+                                      f"warm_start.demo_store={demo_store}"])
+    assert summary["steps_run"] == 1
+    resolved = (tmp_path / "grpo" / "template.yaml").read_text()
+    assert "reward: success" in resolved
+
+
+def test_worker_group_refuses_non_scalar_replies(ray_on_loopback):
+    import ray
+
+    @ray.remote
+    class Leaky:
+        def run_step(self, step):
+            return {"obs": torch.zeros(4)}
+
+    group = WorkerGroup([Leaky.remote()])
+    with pytest.raises(TypeError, match="not scalar metrics"):
+        group.call("run_step", 0)
