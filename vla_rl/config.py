@@ -119,6 +119,7 @@ class EvalSection(_Section):
         1_000_000_000, ge=0, description="Evaluation initial-state ids start here (never trained on)."
     )
     video_episodes: int = Field(3, ge=0, description="Episodes recorded to the evaluation video.")
+    video_camera: str = Field("agentview", description="Simulator camera the videos are rendered from.")
     video_size: int = Field(128, ge=16, description="Video frame height and width in pixels.")
     video_fps: int = Field(20, ge=1, description="Video frame rate in Hz.")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from vla_rl.config_checks import check_component_names
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
 from vla_rl.utils.ray_utils import init_ray
@@ -101,6 +102,9 @@ def prepare_run_dir(template_arg: str, overrides: list[str], resume: str | None)
         template = load_template(run_dir / RESOLVED_TEMPLATE, overrides)
     else:
         template = load_template(template_arg, overrides)
+    check_component_names(template.config, template.path)
+    plan(template)  # reject a bad graph before anything is written
+    if not resume:
         name = template.config.run.name or f"{template.name}_{datetime.now():%Y%m%d_%H%M%S}"
         run_dir = Path(template.config.run.output_dir) / name
         run_dir.mkdir(parents=True, exist_ok=True)

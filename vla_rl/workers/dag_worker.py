@@ -160,15 +160,13 @@ class DAGWorker:
     # ----------------------------------------------------------------------------- evaluation & checkpoints
     def evaluate(self, tag: str, video: bool) -> dict[str, float]:
         """Evaluate on the held-out initial states; rank 0 also writes ``videos/{tag}.mp4``."""
-        from vla_rl.rollout.evaluation import evaluate_distributed, record_video
+        from vla_rl.rollout.evaluation import evaluate_distributed
 
         res = self.resources
         pool = res.simulator_pool
-        capacity = pool.capacity
-        metrics = evaluate_distributed(res.policy, pool, self.config, self.rank, self.world_size, capacity,
+        metrics = evaluate_distributed(res.policy, pool, self.config, self.rank, self.world_size, pool.capacity,
                                        res.generator)
-        ev = self.config.eval
-        if video and self.rank == 0 and ev.video_episodes > 0:
+        if video and self.rank == 0 and self.config.eval.video_episodes > 0:
             metrics.update(self._record_video(tag))
         return metrics
 
@@ -179,7 +177,7 @@ class DAGWorker:
         from vla_rl.rollout.evaluation import record_video
 
         ev, sim = self.config.eval, self.config.simulator
-        env = {**sim.env, "render_camera": "agentview", "render_size": ev.video_size}
+        env = {**sim.env, "render_camera": ev.video_camera, "render_size": ev.video_size}
         pool = SimulatorPool(sim.name, env, num_actors=1, envs_per_actor=ev.video_episodes,
                              actor_options={"num_cpus": 0})
         try:

@@ -1,0 +1,40 @@
+"""Checks that every registered name a run config refers to exists, before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vla_rl.config import RunConfig
+from vla_rl.dag.errors import TemplateError
+
+
+def check_component_names(config: RunConfig, file: Path | None = None) -> None:
+    """Resolve each component name of ``config`` in its registry.
+
+    Raises:
+        TemplateError: naming the config field (e.g. ``algorithm.reward``) and listing the known
+            names, for the first unknown one.
+    """
+    from policies import POLICIES, available_policies
+    from simulators import SIMULATORS
+    from vla_rl.algorithms.advantages import ADVANTAGE_ESTIMATORS
+    from vla_rl.algorithms.aggregation import LOSS_AGG_MODES
+    from vla_rl.algorithms.policy_loss import POLICY_LOSSES
+    from vla_rl.algorithms.rewards import EMBODIED_REWARDS
+    from vla_rl.rewards.trajectory_encoders import TRAJECTORY_ENCODERS
+
+    available_policies()
+    algo = config.algorithm
+    checks = [
+        ("simulator.name", SIMULATORS, config.simulator.name),
+        ("policy.name", POLICIES, config.policy.name),
+        ("algorithm.reward", EMBODIED_REWARDS, algo.reward),
+        ("algorithm.trajectory_encoder", TRAJECTORY_ENCODERS, algo.trajectory_encoder),
+        ("algorithm.adv_estimator", ADVANTAGE_ESTIMATORS, algo.adv_estimator),
+        ("algorithm.policy_loss", POLICY_LOSSES, algo.policy_loss),
+        ("algorithm.loss_agg_mode", LOSS_AGG_MODES, algo.loss_agg_mode),
+    ]
+    for field, registry, name in checks:
+        if name not in registry:
+            known = ", ".join(str(n) for n in registry.names())
+            raise TemplateError(f"unknown {registry.kind} {name!r}; known: {known}", file=file, field=field)
