@@ -61,6 +61,12 @@ class ListenerWatch:
         self._thread.join()
 
 
+def _is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is IPv4 loopback too
+    return (mapped or address).is_loopback
+
+
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory):
     return tmp_path_factory.mktemp("demos") / "lift_demos.zarr"
@@ -111,7 +117,7 @@ def test_every_listener_of_the_run_is_on_loopback(srpo_run):
     _, _, watch = srpo_run
     assert any(name.startswith("gcs_server") for name, _, _ in watch.seen), watch.seen
     assert any("DAGWorker" in name for name, _, _ in watch.seen), watch.seen  # the TCP store
-    outside = [s for s in watch.seen if not ipaddress.ip_address(s[1]).is_loopback]
+    outside = [s for s in watch.seen if not _is_loopback(s[1])]
     assert not outside, f"listening outside 127.0.0.0/8: {outside}"
 
 

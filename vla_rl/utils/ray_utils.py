@@ -39,9 +39,13 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False) -> 
     for key in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED", "GLOO_SOCKET_IFNAME"):
         os.environ[key] = WORKER_ENV[key]
     import ray
+    from ray._private import ray_constants
 
     if ray.is_initialized():
         return
+    # Ray reads the variable once, when ray_constants is imported; a Ray imported before this
+    # function ran (by a test runner, a notebook) gets the same setting here.
+    ray_constants.ENABLE_RAY_CLUSTER = False
     ray.init(
         _node_ip_address=LOOPBACK,
         include_dashboard=include_dashboard,
