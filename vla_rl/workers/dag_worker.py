@@ -50,6 +50,8 @@ class DAGWorker:
         self.chain = self.plan.chains[rank]
         self.run_dir = Path(run_dir)
         torch.set_num_threads(self.config.workers.torch_threads)
+        # The same seed on every worker: identical policy initialisation and warm start.
+        torch.manual_seed(self.config.run.seed)
         self.device = bind_device(self.config.workers.device)
         self.resources: WorkerResources | None = None
         self.checkpointer: WorkerCheckpointer | None = None
