@@ -99,7 +99,7 @@ class AlgorithmSection(_Section):
 class TrainerSection(_Section):
     """The RL loop and the actor update."""
 
-    total_steps: int = Field(30, ge=0, description="Training steps (rollout, rewards, update).")
+    total_steps: int = Field(25, ge=0, description="Training steps (rollout, rewards, update).")
     lr: float = Field(3e-4, gt=0, description="Adam learning rate of the actor.")
     ppo_epochs: int = Field(4, ge=1, description="Passes over each step's batch.")
     num_minibatches: int = Field(4, ge=1, description="Minibatches per epoch on each worker.")
