@@ -46,9 +46,14 @@ class RunLoop:
                 logger.log(cfg.trainer.total_steps, summary["final_eval"])
         finally:
             logger.close()
+        if summary.get("warm_start_eval") and summary.get("final_eval"):
+            for protocol in cfg.eval.protocols:
+                key = f"eval/{protocol}/success_rate"
+                gain = summary["final_eval"][key] - summary["warm_start_eval"][key]
+                summary[f"improvement_points/{protocol}"] = 100 * gain
         records = read_metrics(self.run_dir / "metrics.jsonl")
         plot_success_curve(records, self.run_dir / "success_rate.png", f"{self.name}: success rate")
-        self._print_summary(summary, records)
+        self._print_summary(summary)
         return summary
 
     def _train(self, start: int, logger: MetricsLogger) -> dict:
@@ -81,7 +86,7 @@ class RunLoop:
             "env_steps_per_s": env_steps / rollout_time if rollout_time else 0.0,
         }
 
-    def _print_summary(self, summary: dict, records: list[dict]) -> None:
+    def _print_summary(self, summary: dict) -> None:
         from rich.table import Table
 
         table = Table(title=f"{self.name} — held-out evaluation ({self.config.eval.num_episodes} episodes each)")
@@ -97,12 +102,10 @@ class RunLoop:
                               f"[{ev[p + '/ci_low']:.1%}, {ev[p + '/ci_high']:.1%}]",
                               f"{ev[p + '/episode_length']:.1f}")
         self.console.print(table)
-        if summary.get("warm_start_eval") and summary.get("final_eval"):
-            for protocol in self.config.eval.protocols:
-                key = f"eval/{protocol}/success_rate"
-                gain = summary["final_eval"][key] - summary["warm_start_eval"][key]
-                summary[f"improvement_points/{protocol}"] = 100 * gain
-                self.console.print(f"{protocol}: {100 * gain:+.1f} percentage points over the warm start")
+        for protocol in self.config.eval.protocols:
+            gain = summary.get(f"improvement_points/{protocol}")
+            if gain is not None:
+                self.console.print(f"{protocol}: {gain:+.1f} percentage points over the warm start")
         self.console.print(f"steps run {summary.get('steps_run', 0)}, training time {summary.get('train_time_s', 0):.0f} s, "
                            f"{summary.get('env_steps_per_s', 0):.0f} env steps/s during rollouts; "
                            f"plot {self.run_dir / 'success_rate.png'}")
