@@ -30,9 +30,10 @@ for _role, _type in [
     ("rollout", "env_interact"),
     ("reward", "compute"),
     ("advantage", "compute"),
-    ("actor", "model_train"),
 ]:
     register_node(_role, _type, name=DUMMY)(_noop)
+# Like the real model updates, the dummy update takes single samples (see Reshard.whole_groups).
+register_node("actor", "model_train", name=DUMMY, whole_groups=False)(_noop)
 register_node("reward", "compute", name=DUMMY_WITH_CONFIG, config=DummyRewardConfig)(_noop)
 
 

@@ -142,8 +142,9 @@ def test_w4_chains_for_4_2_1(write_template):
             _run("rollout", "rollout", "env_interact", 2, half, ["tasks"]),
             Reshard("rollout", "reward", 2, 1, half, 0),
             _run("reward", "reward", "compute", 1, 0, ["rollout"]),
-            Reshard("rollout", "actor", 2, 4, half, rank),
-            Reshard("reward", "actor", 1, 4, 0, rank),
+            # The update does not compare a group's samples: they are balanced one by one.
+            Reshard("rollout", "actor", 2, 4, half, rank, whole_groups=False),
+            Reshard("reward", "actor", 1, 4, 0, rank, whole_groups=False),
             _run("actor", "actor", "model_train", 4, rank, ["rollout", "reward", "tasks"]),
         )
 
@@ -156,3 +157,4 @@ def test_describe_plan_lists_chains_and_hops(write_template):
     assert text.count("reshard rollout -> reward") == 2
     worker1 = text[text.index("worker 1:") :]
     assert "reshard reward -> adv: dp 1 -> 2, shard 0 -> 1" in worker1
+    assert "samples balanced" not in text  # no hop into the update, whose samples may be split

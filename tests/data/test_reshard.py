@@ -120,3 +120,23 @@ def test_pack_unpack_round_trip_any_row_count(rows):
     out = _unpack(_pack(batch, schema), schema)
     for key in [("obs", "state"), "success", "actions", "uid", "finish_step", "odd"]:
         torch.testing.assert_close(out.get(key), batch.get(key))
+
+
+def _single_group_worker(rank: int, world: int, port: int, group_key, results) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    one_group = TensorDict({"uid": torch.zeros(5, dtype=torch.int64), "x": torch.arange(5.0)}, batch_size=[5])
+    local = one_group if rank == 0 else one_group[:0]  # the DP-1 shard lives on rank 0
+    results[rank] = reshard(local, 1, 2, group_key=group_key)["x"].tolist()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("group_key", "expected"), [("uid", [[], [0, 1, 2, 3, 4]]), (None, [[0, 1], [2, 3, 4]])])
+def test_reshard_without_group_key_balances_single_samples(group_key, expected):
+    """One group of 5 samples from DP 1 to DP 2: kept whole it leaves a rank empty (a model
+    update there would have nothing to train on; the tie at 2.5 samples puts the cut before the
+    group); sample by sample the cut at 2.5 goes to the earlier boundary, 2."""
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_single_group_worker, args=(2, free_loopback_port(), group_key, results), nprocs=2, join=True)
+    assert [results[0], results[1]] == expected

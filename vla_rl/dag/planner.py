@@ -70,6 +70,8 @@ class Reshard:
         dst_dp_size: ``dst``'s DP size (shards after).
         src_dp_rank: the shard of ``src``'s output this worker holds before the collective.
         dst_dp_rank: the shard this worker holds after it.
+        whole_groups: keep each group on one rank (``dst``'s function needs whole groups); when
+            ``False`` the samples are balanced one by one.
     """
 
     src: str
@@ -78,6 +80,7 @@ class Reshard:
     dst_dp_size: int
     src_dp_rank: int
     dst_dp_rank: int
+    whole_groups: bool = True
 
 
 Task = RunNode | Reshard
@@ -156,7 +159,8 @@ def plan(template: Template, world_size: int | None = None) -> Plan:
             for dep in node.deps:
                 if dp_sizes[dep] != dp_size:
                     src_rank = rank // (world_size // dp_sizes[dep])
-                    chain.append(Reshard(dep, node_id, dp_sizes[dep], dp_size, src_rank, dp_rank))
+                    whole_groups = get_node_function(node.role, node.type, node.fn).whole_groups
+                    chain.append(Reshard(dep, node_id, dp_sizes[dep], dp_size, src_rank, dp_rank, whole_groups))
             chain.append(
                 RunNode(node_id, node.role, node.type, node.fn, dp_size, dp_rank, node.deps, node_configs[node_id])
             )
@@ -279,6 +283,7 @@ def _describe_task(task: Task, widths: tuple[int, int]) -> str:
         return (
             f"reshard {task.src} -> {task.dst}: dp {task.src_dp_size} -> {task.dst_dp_size}, "
             f"shard {task.src_dp_rank} -> {task.dst_dp_rank}"
+            + ("" if task.whole_groups else ", samples balanced (groups may split)")
         )
     deps = f" <- {', '.join(task.deps)}" if task.deps else ""
     node_width, function_width = widths

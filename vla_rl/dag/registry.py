@@ -59,6 +59,9 @@ class NodeFunction:
         fn: the callable ``fn(ctx, batch) -> NodeOutput``.
         config_model: the pydantic model of the node's ``config:`` mapping; ``None`` for a
             function that takes no settings (then the node's ``config:`` must be empty).
+        whole_groups: whether the function needs each group's samples on one rank (rewards,
+            advantages and filters compare a group's samples); ``False`` lets a re-shard into
+            the node balance single samples (a model update, once advantages are known).
     """
 
     role: str
@@ -66,6 +69,7 @@ class NodeFunction:
     name: str
     fn: Callable[[Any, Any], NodeOutput]
     config_model: type[BaseModel] | None
+    whole_groups: bool = True
 
 
 NODE_FUNCTIONS: Registry[NodeFunction] = Registry("node function")
@@ -73,7 +77,7 @@ NODE_FUNCTIONS: Registry[NodeFunction] = Registry("node function")
 
 
 def register_node(
-    role: str, type: str, name: str = "default", config: type[BaseModel] | None = None
+    role: str, type: str, name: str = "default", config: type[BaseModel] | None = None, whole_groups: bool = True
 ) -> Callable[[Callable[[Any, Any], NodeOutput]], Callable[[Any, Any], NodeOutput]]:
     """Decorator registering a node function for ``(role, type, name)``; returns it unchanged.
 
@@ -82,6 +86,7 @@ def register_node(
         type: one of :data:`~vla_rl.dag.schema.NODE_TYPES`.
         name: the function's name for this (role, type); nodes select it with ``fn: <name>``.
         config: pydantic model validating the node's ``config:`` mapping, or ``None``.
+        whole_groups: see :class:`NodeFunction`.
 
     Raises:
         ValueError: if ``role`` or ``type`` is unknown (the message lists the allowed ones).
@@ -96,7 +101,7 @@ def register_node(
         raise TypeError(f"config of node function {name!r} must be a pydantic model class, got {config!r}")
 
     def decorator(fn: Callable[[Any, Any], NodeOutput]) -> Callable[[Any, Any], NodeOutput]:
-        entry = NodeFunction(role=role, type=type, name=name, fn=fn, config_model=config)
+        entry = NodeFunction(role=role, type=type, name=name, fn=fn, config_model=config, whole_groups=whole_groups)
         NODE_FUNCTIONS.register((role, type, name))(entry)
         return fn
 

@@ -9,7 +9,9 @@ is re-sharded with one ``all_to_all_single`` over the worker process group:
 2. owners announce their shard's group sizes and the batch schema (``all_gather_object``: a few
    hundred bytes of metadata, never sample data);
 3. the global sequence of groups (source shard 0, then 1, ...) is cut into ``d_dst`` contiguous
-   pieces with sample counts as equal as group boundaries allow; a group is never split;
+   pieces with sample counts as equal as group boundaries allow; a group is never split, unless
+   the destination node does not compare a group's samples (a model update: its function is
+   registered with ``whole_groups=False``), where every sample counts as its own group;
 4. every sample row of every key is packed into one byte row, and one ``all_to_all_single``
    moves each owner's rows to every rank of the destination block that needs them.
 
@@ -116,7 +118,7 @@ def reshard(
     src_dp_size: int,
     dst_dp_size: int,
     group: dist.ProcessGroup | None = None,
-    group_key: str = keys.UID,
+    group_key: str | None = keys.UID,
 ) -> TensorDict:
     """Move ``batch`` from a ``src_dp_size`` sharding to a ``dst_dp_size`` sharding.
 
@@ -129,10 +131,13 @@ def reshard(
         src_dp_size: DP size the batch is sharded at now (divides the world size).
         dst_dp_size: DP size wanted (divides the world size).
         group: process group of the DAG workers (default: the default group).
-        group_key: key of the group ids.
+        group_key: key of the group ids; ``None`` treats every sample as its own group, so the
+            destination shards are balanced sample by sample (for nodes that no longer compare
+            a group's samples, such as a model update).
 
     Returns:
-        This rank's shard at ``dst_dp_size``: whole groups, in global group order.
+        This rank's shard at ``dst_dp_size``: whole groups (single samples with ``group_key``
+        ``None``), in global order.
 
     Raises:
         ValueError: if a DP size does not divide the world size, groups are not contiguous,
@@ -149,7 +154,8 @@ def reshard(
 
     local_meta = None
     if is_owner:
-        local_meta = (group_sizes(batch.get(group_key)), [(f.name, f.dtype, f.shape) for f in _schema(batch)])
+        sizes = [1] * len(batch) if group_key is None else group_sizes(batch.get(group_key))
+        local_meta = (sizes, [(f.name, f.dtype, f.shape) for f in _schema(batch)])
     gathered: list = [None] * world
     dist.all_gather_object(gathered, local_meta, group=group)
     owners = [r for r in range(world) if r % src_block == 0]

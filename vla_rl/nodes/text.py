@@ -165,7 +165,7 @@ def load_sft_pairs(ctx, batch) -> NodeOutput:
     return NodeOutput(pairs, {"data/epoch": float(ctx.step // loader.steps_per_epoch)})
 
 
-@register_node("actor", "model_train", name="sft")
+@register_node("actor", "model_train", name="sft", whole_groups=False)
 def supervised_step(ctx, batch) -> NodeOutput:
     """``trainer.ppo_epochs`` passes of supervised minibatches (``trainer.ppo_mini_batch_size``
     pairs over all workers) on this worker's pairs; returns the batch unchanged."""

@@ -9,7 +9,7 @@ from vla_rl.trainers.actor import ActorUpdateConfig
 from vla_rl.trainers.critic import CriticUpdateConfig
 
 
-@register_node("actor", "model_train")
+@register_node("actor", "model_train", whole_groups=False)
 def update_actor(ctx, batch) -> NodeOutput:
     """Policy-gradient epochs over the shard's episodes; returns the batch unchanged."""
     algo, trainer = ctx.config.algorithm, ctx.config.trainer
@@ -37,7 +37,7 @@ def update_actor(ctx, batch) -> NodeOutput:
     return NodeOutput(batch, metrics)
 
 
-@register_node("critic", "model_train")
+@register_node("critic", "model_train", whole_groups=False)
 def update_critic(ctx, batch) -> NodeOutput:
     """Value-regression epochs on ``returns`` over the shard's episodes; returns the batch unchanged."""
     critic, trainer = ctx.config.critic, ctx.config.trainer

@@ -23,6 +23,7 @@ from vla_rl.config import RunConfig
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import Reshard, RunNode, plan
 from vla_rl.dag.registry import get_node_function
+from vla_rl.data import keys
 from vla_rl.data.reshard import reshard
 from vla_rl.utils.device import bind_device, collective_backend
 from vla_rl.utils.ray_utils import LOOPBACK
@@ -174,7 +175,8 @@ class DAGWorker:
         for task in self.chain:
             start = time.perf_counter()
             if isinstance(task, Reshard):
-                edge_inputs[(task.src, task.dst)] = reshard(outputs[task.src], task.src_dp_size, task.dst_dp_size)
+                edge_inputs[(task.src, task.dst)] = reshard(outputs[task.src], task.src_dp_size, task.dst_dp_size,
+                                                            group_key=keys.UID if task.whole_groups else None)
                 timings[f"timing/reshard_{task.src}_to_{task.dst}"] = time.perf_counter() - start
                 continue
             batch = self._node_input(task, outputs, edge_inputs)
