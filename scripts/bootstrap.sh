@@ -2,8 +2,10 @@
 # Set up everything vla-rl needs on a fresh machine (Python 3.11, pip, Debian base), idempotently:
 #   - Debian's Mesa EGL libraries for headless MuJoCo rendering, if missing (needs root);
 #   - .venv with torch==2.13.0 first (a CPU wheel on the project machines; a bare `torch` would
-#     pull a multi-GB CUDA build), then the project with its pinned dependencies.
-# A second run is fast: it reinstalls only when pyproject.toml changed.
+#     pull a multi-GB CUDA build), then the project with its pinned dependencies;
+#   - optional extras named in VLA_RL_EXTRAS (comma-separated pyproject extras), e.g.
+#     `VLA_RL_EXTRAS=libero bash scripts/bootstrap.sh` adds LIBERO and its assets (about 1 GB).
+# A second run is fast: it reinstalls only when pyproject.toml or VLA_RL_EXTRAS changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,12 +25,21 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 
+extras=test
+if [ -n "${VLA_RL_EXTRAS:-}" ]; then
+  if ! [[ "$VLA_RL_EXTRAS" =~ ^[a-z0-9_-]+(,[a-z0-9_-]+)*$ ]]; then
+    echo "[bootstrap] VLA_RL_EXTRAS must be comma-separated extra names such as 'libero', got '$VLA_RL_EXTRAS'" >&2
+    exit 2
+  fi
+  extras="test,$VLA_RL_EXTRAS"
+fi
+
 stamp=.venv/.vla_rl_installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[bootstrap] installing dependencies (a few minutes the first time)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q torch==2.13.0
-  .venv/bin/python -m pip install -q -e ".[test]"
+  .venv/bin/python -m pip install -q -e ".[$extras]"
   echo "$want" > "$stamp"
 fi

@@ -4,11 +4,15 @@ A simulator is a ``gymnasium.Env`` subclass registered under a name. Its contrac
 
 - class attribute ``config_class``: the typed config dataclass (with a ``horizon`` field, in
   control steps) that its constructor takes as only argument;
-- flat float32 ``Box`` observation and action spaces, ``reset(seed=init_state_id)`` reproducible
-  in any process, ``step`` returning ``info["success"]``, no auto-reset;
+- flat float32 ``Box`` observation and action spaces by default (configs with ``cameras`` turn
+  the observation into a ``Dict`` ``{"state": Box, "<camera>_image": uint8 (H, W, 3)}``),
+  ``reset(seed=init_state_id)`` reproducible in any process, ``step`` returning
+  ``info["success"]``, no auto-reset;
 - attributes ``horizon`` (int) and ``obs_layout`` (``{key: slice}`` into the observation), and
   ``render_mode`` (``"rgb_array"`` when ``render_frame() -> uint8 (H, W, 3)`` is available,
-  else ``None``).
+  else ``None``), and ``instruction`` (the task's language instruction);
+- optionally, a static ``unavailable_reason() -> str | None`` for simulators from optional extras
+  (e.g. LIBERO): why the simulator cannot be created here, or ``None``.
 
 Registering never imports the simulator library itself; environments import it lazily in their
 constructor.

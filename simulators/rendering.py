@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import warnings
+from typing import Any
 
 DEFAULT_GL_BACKEND = "egl"
 """MuJoCo OpenGL backend used when ``MUJOCO_GL`` is unset: EGL renders without a display (Mesa's
@@ -91,3 +92,19 @@ def egl_unavailable_reason(timeout_s: float = 60.0) -> str | None:
         last_line = (result.stderr.strip().splitlines() or ["no error output"])[-1]
         return f"EGL context creation failed: {last_line}"
     return None
+
+
+def disable_shadows_and_reflections(render_context: Any) -> None:
+    """Turn off MuJoCo's shadow and reflection passes in an offscreen render context.
+
+    On CPU (Mesa llvmpipe) this roughly doubles rendering speed (measured on robosuite Lift at
+    128²: about 14 -> 24 steps/s); images lose shadows and mirror-like floor reflections.
+
+    Args:
+        render_context: an offscreen render context with a ``scn`` ``mujoco.MjvScene`` (robosuite's
+            ``MjRenderContextOffscreen``, ``sim._render_context_offscreen``).
+    """
+    import mujoco
+
+    render_context.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+    render_context.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0

@@ -11,6 +11,10 @@ Units and conventions of the default Lift observation (robosuite 1.5.2, Panda, w
 Other robosuite keys (e.g. ``robot0_eef_quat``, ``cube_quat``: quaternions ``(x, y, z, w)``) can
 be added through ``obs_keys``.
 
+Camera observations are opt-in (``cameras``): the observation is then a ``gymnasium.spaces.Dict``
+``{"state": float32 (obs_dim,), "<camera>_image": uint8 (camera_size, camera_size, 3)}``, images
+upright (robosuite renders OpenGL rows bottom-up). Without cameras it stays the flat ``Box``.
+
 Actions (``OSC_POSE``, 7 values in [-1, 1]): a position delta of up to 0.05 m per control step
 and an axis-angle rotation delta of up to 0.5 rad per control step, both in the robot base frame
 (aligned with the world frame for the Panda in Lift), then the gripper (-1 open, +1 close).
@@ -26,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 
 from simulators.registry import SIMULATORS
-from simulators.rendering import setup_headless_rendering
+from simulators.rendering import disable_shadows_and_reflections, setup_headless_rendering
 
 LIFT_STATE_KEYS: tuple[str, ...] = (
     "robot0_eef_pos",
@@ -48,6 +52,15 @@ PART_CONTROLLERS: tuple[str, ...] = (
     "IK_POSE",
 )
 """robosuite 1.5 arm controllers (``robosuite.controllers.ALL_PART_CONTROLLERS``)."""
+
+TASK_INSTRUCTIONS: dict[str, str] = {
+    "Lift": "lift the cube",
+    "Stack": "stack the red cube on the green cube",
+    "PickPlaceCan": "pick up the can and place it in its bin",
+    "Door": "open the door",
+}
+"""Language instruction of each robosuite task, used when ``RobosuiteEnvConfig.instruction`` is
+unset (robosuite tasks carry no instruction of their own; these paraphrase their success tests)."""
 
 MODEL_SEED = 0
 """Seed of robosuite's model-time randomisation (e.g. the cube's size), so that every process
@@ -83,6 +96,16 @@ class RobosuiteEnvConfig:
     """Camera for :meth:`RobosuiteEnv.render_frame` (e.g. ``"agentview"``); ``None``: no renderer."""
     render_size: int = 128
     """Height and width of rendered frames, pixels."""
+    cameras: tuple[str, ...] = ()
+    """Cameras whose images join the observation (e.g. ``("agentview", "robot0_eye_in_hand")``);
+    empty: the flat state ``Box`` observation."""
+    camera_size: int = 128
+    """Height and width of camera observations, pixels (e.g. 128 or 224)."""
+    fast_rendering: bool = False
+    """Render camera observations and frames without shadows and reflections (about twice as
+    fast on CPU)."""
+    instruction: str | None = None
+    """Language instruction of the task; ``None``: ``TASK_INSTRUCTIONS[task]``."""
 
     def __post_init__(self) -> None:
         for name in ("task", "robot"):
@@ -105,11 +128,29 @@ class RobosuiteEnvConfig:
                 f"render_camera must be a camera name such as 'agentview' or None, got {self.render_camera!r}"
             )
         _require_int("render_size", self.render_size, 8)
+        if isinstance(self.cameras, str) or not all(isinstance(c, str) and c for c in self.cameras):
+            raise ValueError(f"cameras must be a sequence of camera names such as ('agentview',), got {self.cameras!r}")
+        object.__setattr__(self, "cameras", tuple(self.cameras))  # YAML gives lists
+        if len(set(self.cameras)) != len(self.cameras):
+            raise ValueError(f"cameras must not repeat a camera, got {self.cameras!r}")
+        _require_int("camera_size", self.camera_size, 8)
+        if not isinstance(self.fast_rendering, bool):
+            raise ValueError(f"fast_rendering must be true or false, got {self.fast_rendering!r}")
+        if self.instruction is None:
+            if self.task not in TASK_INSTRUCTIONS:
+                raise ValueError(
+                    f"instruction is unset and task {self.task!r} has no default instruction "
+                    f"(known: {sorted(TASK_INSTRUCTIONS)}); set instruction to a sentence such as 'lift the cube'"
+                )
+            object.__setattr__(self, "instruction", TASK_INSTRUCTIONS[self.task])
+        if not isinstance(self.instruction, str) or not self.instruction.strip():
+            raise ValueError(f"instruction must be a non-empty sentence, got {self.instruction!r}")
 
 
 @SIMULATORS.register("robosuite_lift")
 class RobosuiteEnv(gym.Env):
-    """A robosuite task as a ``gymnasium.Env`` with a flat float32 state observation.
+    """A robosuite task as a ``gymnasium.Env`` with a flat float32 state observation (or, with
+    ``config.cameras``, a ``Dict`` of that state and camera images; see the module docstring).
 
     The task is created once (``hard_reset=False``, about 3-5 s); resets then take milliseconds.
     Reward is 1.0 on success and 0.0 otherwise; an episode terminates on success and is
@@ -120,8 +161,8 @@ class RobosuiteEnv(gym.Env):
 
     Raises:
         TypeError: if ``config`` is not a :class:`RobosuiteEnvConfig`.
-        ValueError: if an observation key or the render camera does not exist in the task
-            (the message lists the available ones).
+        ValueError: if an observation key, the render camera or one of ``cameras`` does not exist
+            in the task (the message lists the available ones).
     """
 
     config_class = RobosuiteEnvConfig
@@ -133,7 +174,15 @@ class RobosuiteEnv(gym.Env):
         self.config = config
         self.render_mode = "rgb_array" if config.render_camera is not None else None
         setup_headless_rendering()
-        self._env = _make_robosuite_env(config)
+        try:
+            self._env = _make_robosuite_env(config)
+        except ValueError as error:
+            if not config.cameras:
+                raise
+            raise ValueError(
+                f"robosuite could not observe cameras {config.cameras} in {config.task} (robosuite's log above "
+                f"lists the task's camera names, e.g. agentview, robot0_eye_in_hand): {error}"
+            ) from error
         try:
             self._obs_layout = _obs_layout(self._env.observation_spec(), config.obs_keys)
             if config.render_camera is not None and config.render_camera not in self._env.sim.model.camera_names:
@@ -144,9 +193,11 @@ class RobosuiteEnv(gym.Env):
         except ValueError:
             self._env.close()
             raise
+        if config.fast_rendering and (config.cameras or config.render_camera is not None):
+            disable_shadows_and_reflections(self._env.sim._render_context_offscreen)
         self.obs_dim = sum(s.stop - s.start for s in self._obs_layout.values())
         self.act_dim = int(self._env.action_dim)
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(self.obs_dim,), dtype=np.float32)
+        self.observation_space = camera_observation_space(self.obs_dim, config.cameras, config.camera_size)
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.act_dim,), dtype=np.float32)
         self._episode_step = 0
         self._episode_over = True  # until the first reset
@@ -162,11 +213,16 @@ class RobosuiteEnv(gym.Env):
         return self.config.horizon
 
     @property
+    def instruction(self) -> str:
+        """The task's language instruction (e.g. ``"lift the cube"``)."""
+        return self.config.instruction
+
+    @property
     def episode_step(self) -> int:
         """Control steps taken since the last reset."""
         return self._episode_step
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
         """Start an episode.
 
         Args:
@@ -176,7 +232,8 @@ class RobosuiteEnv(gym.Env):
             options: must be ``None`` (no reset options are supported).
 
         Returns:
-            ``(obs, info)``: obs float32 ``(obs_dim,)``; info ``{"success": False, "episode_step": 0}``.
+            ``(obs, info)``: obs float32 ``(obs_dim,)`` (or the camera ``Dict``); info
+            ``{"success": False, "episode_step": 0}``.
 
         Raises:
             ValueError: if ``seed`` is not a non-negative integer or ``options`` is given.
@@ -192,19 +249,20 @@ class RobosuiteEnv(gym.Env):
             rng = np.random.default_rng(seed)
             self._env.rng = rng  # drives the robot's initial joint noise
             self._env.placement_initializer.rng = rng  # drives the object placement
+        self._select_render_context()
         raw_obs = self._env.reset()
         self._episode_step = 0
         self._episode_over = False
-        return self._flatten(raw_obs), {"success": False, "episode_step": 0}
+        return self._observation(raw_obs), {"success": False, "episode_step": 0}
 
-    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+    def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
         """Apply one control action for ``1 / control_freq`` seconds.
 
         Args:
             action: ``(act_dim,)`` values in [-1, 1] (clipped); see the module docstring.
 
         Returns:
-            ``(obs, reward, terminated, truncated, info)``: obs float32 ``(obs_dim,)``; reward 1.0
+            ``(obs, reward, terminated, truncated, info)``: obs as in :meth:`reset`; reward 1.0
             on success else 0.0; terminated = success; truncated = horizon reached without
             success; info ``{"success": bool, "episode_step": int}``.
 
@@ -219,13 +277,14 @@ class RobosuiteEnv(gym.Env):
             raise ValueError(f"action must have shape ({self.act_dim},), got {action.shape}")
         if not np.all(np.isfinite(action)):
             raise ValueError(f"action must be finite, got {action}")
+        self._select_render_context()
         raw_obs, _, _, _ = self._env.step(np.clip(action, -1.0, 1.0))
         self._episode_step += 1
         success = bool(self._env._check_success())  # robosuite's success test, as robomimic uses it
         truncated = self._episode_step >= self.config.horizon and not success
         self._episode_over = success or truncated
         info = {"success": success, "episode_step": self._episode_step}
-        return self._flatten(raw_obs), float(success), success, truncated, info
+        return self._observation(raw_obs), float(success), success, truncated, info
 
     def render_frame(self) -> np.ndarray:
         """Render the current state from ``config.render_camera``.
@@ -256,6 +315,40 @@ class RobosuiteEnv(gym.Env):
     def _flatten(self, raw_obs: dict[str, np.ndarray]) -> np.ndarray:
         return np.concatenate([np.ravel(raw_obs[key]) for key in self.config.obs_keys]).astype(np.float32)
 
+    def _observation(self, raw_obs: dict[str, np.ndarray]) -> Any:
+        state = self._flatten(raw_obs)
+        if not self.config.cameras:
+            return state
+        images = {
+            f"{camera}_image": np.ascontiguousarray(raw_obs[f"{camera}_image"][::-1]) for camera in self.config.cameras
+        }
+        return {"state": state, **images}  # image rows flipped upright: OpenGL renders bottom-up
+
+    def _select_render_context(self) -> None:
+        # Camera observations render inside robosuite's reset/step; with several environments in
+        # one process, this one's OpenGL context must be current first.
+        if self.config.cameras:
+            self._env.sim._render_context_offscreen.gl_ctx.make_current()
+
+
+def camera_observation_space(state_dim: int, cameras: tuple[str, ...], camera_size: int) -> gym.spaces.Space:
+    """The observation space of a state vector plus square RGB camera images.
+
+    Args:
+        state_dim: length of the float32 state vector.
+        cameras: camera names; empty gives the flat state ``Box``.
+        camera_size: image height and width, pixels.
+
+    Returns:
+        ``Box(float32, (state_dim,))`` without cameras, else ``Dict({"state": that Box,
+        "<camera>_image": Box(uint8, (camera_size, camera_size, 3)), ...})``.
+    """
+    state_space = gym.spaces.Box(-np.inf, np.inf, shape=(state_dim,), dtype=np.float32)
+    if not cameras:
+        return state_space
+    image_space = gym.spaces.Box(0, 255, shape=(camera_size, camera_size, 3), dtype=np.uint8)
+    return gym.spaces.Dict({"state": state_space, **{f"{camera}_image": image_space for camera in cameras}})
+
 
 def _make_robosuite_env(config: RobosuiteEnvConfig) -> Any:
     """Create the robosuite task (imports robosuite; call after ``setup_headless_rendering``)."""
@@ -272,8 +365,11 @@ def _make_robosuite_env(config: RobosuiteEnvConfig) -> Any:
         horizon=config.horizon,
         control_freq=config.control_freq,
         has_renderer=False,
-        has_offscreen_renderer=config.render_camera is not None,
-        use_camera_obs=False,
+        has_offscreen_renderer=config.render_camera is not None or bool(config.cameras),
+        use_camera_obs=bool(config.cameras),
+        camera_names=list(config.cameras) or "agentview",
+        camera_heights=config.camera_size,
+        camera_widths=config.camera_size,
         reward_shaping=False,
         ignore_done=True,  # the time limit is ours (truncated), not robosuite's
         hard_reset=False,

@@ -1,9 +1,19 @@
-"""State-resampling trajectory encoder: interpolation values worked out by hand."""
+"""Trajectory encoders: state resampling (interpolation values worked out by hand), uniform frame
+sampling, the V-JEPA 2 encoder on a tiny saved model, and the policy-backbone encoder."""
 
 import pytest
 import torch
 
-from vla_rl.rewards.trajectory_encoders import TRAJECTORY_ENCODERS, encode_state_trajectories
+from vla_rl.rewards.trajectory_encoders import (
+    TRAJECTORY_ENCODERS,
+    BackboneTrajectoryEncoder,
+    VJEPA2TrajectoryEncoder,
+    build_trajectory_encoder,
+    encode_state_trajectories,
+    sample_frames,
+    uniform_frame_indices,
+)
+from vla_rl.utils.registry import RegistryError
 
 NAN = float("nan")
 
@@ -59,3 +69,113 @@ def test_invalid_arguments_raise():
         encode_state_trajectories(states, torch.tensor([1, 5]), num_points=1)
     with pytest.raises(ValueError, match="int64"):
         encode_state_trajectories(states, torch.tensor([1, 5], dtype=torch.int32))
+
+
+def test_uniform_frame_indices_by_hand():
+    # L = 5, 3 frames: 0, 2, 4. L = 4, 3 frames: 0, 1.5 -> 1, 3. L = 1: all 0. L = 10, 4 frames: 0, 3, 6, 9.
+    torch.testing.assert_close(uniform_frame_indices(torch.tensor([5, 4, 1]), 3),
+                               torch.tensor([[0, 2, 4], [0, 1, 3], [0, 0, 0]]))
+    torch.testing.assert_close(uniform_frame_indices(torch.tensor([10]), 4), torch.tensor([[0, 3, 6, 9]]))
+    # L = 3, 5 frames: 0, 0.5, 1, 1.5, 2 -> 0, 0, 1, 1, 2.
+    torch.testing.assert_close(uniform_frame_indices(torch.tensor([3]), 5), torch.tensor([[0, 0, 1, 1, 2]]))
+    with pytest.raises(ValueError, match="num_frames"):
+        uniform_frame_indices(torch.tensor([3]), 1)
+
+
+def _numbered_frames(batch: int, time: int, size: int) -> torch.Tensor:
+    """(batch, time, size, size, 3) uint8 whose every pixel of frame (b, t) holds 10 * b + t."""
+    values = (10 * torch.arange(batch)[:, None] + torch.arange(time)[None, :]).to(torch.uint8)  # (B, T)
+    return values[:, :, None, None, None].expand(batch, time, size, size, 3).contiguous()
+
+
+def test_sample_frames_reads_only_the_valid_steps():
+    frames = _numbered_frames(2, 6, 4)
+    sampled = sample_frames(frames, torch.tensor([5, 6]), 3)
+    assert sampled.shape == (2, 3, 4, 4, 3) and sampled.dtype == torch.uint8
+    # episode 0: steps 0, 2, 4; episode 1: steps 0, 2 (2.5 floored), 5.
+    torch.testing.assert_close(sampled[:, :, 0, 0, 0], torch.tensor([[0, 2, 4], [10, 12, 15]], dtype=torch.uint8))
+    with pytest.raises(ValueError, match="uint8"):
+        sample_frames(frames.float(), torch.tensor([5, 6]), 3)
+    with pytest.raises(ValueError, match="length"):
+        sample_frames(frames, torch.tensor([5, 7]), 3)
+
+
+@pytest.fixture(scope="module")
+def tiny_vjepa2_dir(tmp_path_factory):
+    """A tiny V-JEPA 2 (1 layer, hidden 32, 32x32 crops of 16x16 patches) saved to a directory."""
+    from transformers import VJEPA2Config, VJEPA2Model
+
+    torch.manual_seed(0)
+    config = VJEPA2Config(
+        crop_size=32, patch_size=16, frames_per_clip=4, tubelet_size=2, hidden_size=32, num_attention_heads=2,
+        num_hidden_layers=1, mlp_ratio=2.0, pred_hidden_size=32, pred_num_attention_heads=2,
+        pred_num_hidden_layers=1, num_pooler_layers=1,
+    )
+    path = tmp_path_factory.mktemp("vjepa2")
+    VJEPA2Model(config).save_pretrained(path)
+    return path
+
+
+def test_vjepa2_encoder_embeds_uniform_frames_with_mean_pooled_tokens(tiny_vjepa2_dir, torch_one_thread):
+    from transformers import VJEPA2Model
+
+    encoder = build_trajectory_encoder("vjepa2", model_dir=tiny_vjepa2_dir)
+    assert isinstance(encoder, VJEPA2TrajectoryEncoder) and encoder.embedding_dim == 32
+    # Frames of 36 px = int(32 * 256 / 224): the resize keeps them, the centre crop removes 2 px a side.
+    generator = torch.Generator().manual_seed(1)
+    frames = torch.randint(0, 256, (2, 9, 36, 36, 3), dtype=torch.uint8, generator=generator)
+    lengths = torch.tensor([7, 9])
+    embeddings = encoder(frames, lengths, num_points=4)
+    assert embeddings.shape == (2, 32) and embeddings.dtype == torch.float32
+
+    # By hand: steps floor(linspace(0, 6, 4)) = 0, 2, 4, 6 and floor(linspace(0, 8, 4)) = 0, 2, 5, 8.
+    clips = torch.stack([frames[0, [0, 2, 4, 6]], frames[1, [0, 2, 5, 8]]])  # (2, 4, 36, 36, 3)
+    mean = torch.tensor([0.485, 0.456, 0.406])[None, None, :, None, None]
+    std = torch.tensor([0.229, 0.224, 0.225])[None, None, :, None, None]
+    pixels = (clips[:, :, 2:34, 2:34].permute(0, 1, 4, 2, 3).float() / 255.0 - mean) / std  # (2, 4, 3, 32, 32)
+    torch.testing.assert_close(encoder.preprocess(clips), pixels, atol=1e-5, rtol=1e-5)
+    reloaded = VJEPA2Model.from_pretrained(tiny_vjepa2_dir).eval()
+    with torch.no_grad():
+        tokens = reloaded(pixels, skip_predictor=True).last_hidden_state  # (2, 2 * 2 * 2, 32)
+    assert tokens.shape == (2, 8, 32)
+    torch.testing.assert_close(embeddings, tokens.sum(dim=1) / 8, atol=1e-5, rtol=1e-5)
+    # Steps past an episode's length never matter.
+    frames[0, 7:] = 0
+    torch.testing.assert_close(encoder(frames, lengths, num_points=4), embeddings)
+
+
+def test_vjepa2_encoder_rejects_bad_inputs(tiny_vjepa2_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        VJEPA2TrajectoryEncoder(tmp_path)
+    encoder = VJEPA2TrajectoryEncoder(tiny_vjepa2_dir)
+    with pytest.raises(ValueError, match="tubelet_size"):
+        encoder(torch.zeros(1, 4, 36, 36, 3, dtype=torch.uint8), torch.tensor([4]), num_points=3)
+
+
+def test_backbone_encoder_concatenates_frame_features_in_time_order():
+    calls = []
+
+    def frame_features(frames):  # (n, H, W, 3) uint8 -> (n, 2): the pixel value and its double
+        calls.append(frames.shape)
+        value = frames[:, 0, 0, 0].float()
+        return torch.stack([value, 2 * value], dim=1)
+
+    encoder = build_trajectory_encoder("policy_backbone", frame_features=frame_features)
+    assert isinstance(encoder, BackboneTrajectoryEncoder)
+    embeddings = encoder(_numbered_frames(2, 6, 4), torch.tensor([5, 6]), num_points=3)
+    assert calls == [(6, 4, 4, 3)]
+    # Steps 0, 2, 4 (episode 0) and 0, 2, 5 (episode 1; values 10 + step).
+    torch.testing.assert_close(embeddings, torch.tensor([[0.0, 0.0, 2.0, 4.0, 4.0, 8.0],
+                                                         [10.0, 20.0, 12.0, 24.0, 15.0, 30.0]]))
+    with pytest.raises(ValueError, match="feature_dim"):
+        BackboneTrajectoryEncoder(lambda frames: torch.zeros(1, 2))(_numbered_frames(1, 3, 4), torch.tensor([3]), 2)
+    with pytest.raises(TypeError, match="callable"):
+        BackboneTrajectoryEncoder("not a function")
+
+
+def test_build_trajectory_encoder_function_entry_and_errors():
+    assert build_trajectory_encoder("state_resample") is encode_state_trajectories
+    with pytest.raises(ValueError, match="takes no options"):
+        build_trajectory_encoder("state_resample", model_dir="x")
+    with pytest.raises(RegistryError, match="vjepa2"):
+        build_trajectory_encoder("vjepa3")

@@ -16,6 +16,9 @@ HORIZON = 40  # control steps: the Lift expert needs about 30
 @pytest.fixture(scope="module", params=SIMULATORS.names())
 def env(request):
     name = request.param
+    unavailable_reason = getattr(SIMULATORS.get(name), "unavailable_reason", lambda: None)()
+    if unavailable_reason is not None:
+        pytest.skip(unavailable_reason)
     env = make_env(name, dataclasses.replace(SIMULATORS.get(name).config_class(), horizon=HORIZON))
     env.simulator_name = name
     yield env

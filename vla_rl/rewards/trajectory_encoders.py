@@ -1,23 +1,120 @@
 """Trajectory encoders: fixed-size embeddings of variable-length trajectories, registered by
 name in ``TRAJECTORY_ENCODERS``, for trajectory-level rewards such as SRPO's progress reward.
 
-``"state_resample"``: a low-dimensional stand-in for SRPO's world-model video embedding. SRPO
-(Fei et al. 2025, arXiv 2511.15605) embeds each episode with V-JEPA 2 from frames sampled
-uniformly over the whole episode (siiRL's ``VideoEmbeddingModel.get_embeddings`` takes 64
-frames at ``linspace(0, T - 1)``); here the states themselves are resampled the same way, by
-linear interpolation, and flattened.
+Every encoder is a callable ``encoder(trajectories, lengths, num_points) -> (batch, dim)``:
+``trajectories`` ``(batch, time, ...)`` padded to a common ``time``, ``lengths`` ``(batch,)``
+int64 valid steps. A registry entry is either such a function or a class whose instances are;
+:func:`build_trajectory_encoder` turns a name and the class's options into an encoder.
+
+- ``"state_resample"`` (function): a low-dimensional stand-in for SRPO's world-model video
+  embedding. SRPO (Fei et al. 2025, arXiv 2511.15605) embeds each episode with V-JEPA 2 from
+  frames sampled uniformly over the whole episode (siiRL's ``VideoEmbeddingModel.get_embeddings``
+  takes 64 frames at ``linspace(0, T - 1)``); here the states themselves are resampled the same
+  way, by linear interpolation, and flattened.
+- ``"vjepa2"`` (:class:`VJEPA2TrajectoryEncoder`): SRPO's encoder, a frozen V-JEPA 2 video model
+  (Assran et al. 2025, arXiv 2506.09985) from a local directory: ``num_points`` frames sampled
+  uniformly over the episode, encoded as one clip, tokens mean-pooled.
+- ``"policy_backbone"`` (:class:`BackboneTrajectoryEncoder`): the policy's own vision backbone
+  applied to frames sampled the same way, per-frame features concatenated in time order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from vla_rl.utils.registry import Registry
 
-TRAJECTORY_ENCODERS: Registry[Callable[..., Tensor]] = Registry("trajectory encoder")
+TRAJECTORY_ENCODERS: Registry[Callable[..., Any]] = Registry("trajectory encoder")
+"""Encoder functions ``(trajectories, lengths, num_points) -> (batch, dim)``, or classes whose
+instances are such functions (build them with :func:`build_trajectory_encoder`)."""
+
+
+def build_trajectory_encoder(name: str, **options: Any) -> Callable[..., Tensor]:
+    """The encoder registered as ``name``, built with ``options`` if it is a class.
+
+    Args:
+        name: registered encoder name (``"state_resample"``, ``"vjepa2"``, ``"policy_backbone"``).
+        options: constructor arguments of a class entry (e.g. ``model_dir`` for ``"vjepa2"``);
+            must be empty for a function entry.
+
+    Returns:
+        A callable ``(trajectories, lengths, num_points) -> (batch, dim)`` tensor.
+
+    Raises:
+        RegistryError: if ``name`` is unknown (the message lists the known encoders).
+        ValueError: if options are given for a function entry.
+    """
+    entry = TRAJECTORY_ENCODERS.get(name)
+    if isinstance(entry, type):
+        return entry(**options)
+    if options:
+        raise ValueError(f"trajectory encoder {name!r} takes no options, got {sorted(options)}")
+    return entry
+
+
+def _check_lengths(lengths: Tensor, batch: int, time: int) -> None:
+    if lengths.shape != (batch,) or lengths.dtype != torch.int64:
+        raise ValueError(f"lengths must be a ({batch},) int64 tensor; got {lengths.dtype} of "
+                         f"shape {tuple(lengths.shape)}")
+    if batch and (lengths.min() < 1 or lengths.max() > time):
+        raise ValueError(f"every length must be in [1, {time}]; got min {int(lengths.min())}, "
+                         f"max {int(lengths.max())}")
+
+
+def uniform_frame_indices(lengths: Tensor, num_frames: int) -> Tensor:
+    """Steps of ``num_frames`` frames spread uniformly over each trajectory's valid prefix.
+
+    Frame ``k`` of trajectory ``i`` is step ``floor(k * (lengths[i] - 1) / (num_frames - 1))``
+    (``numpy.linspace(0, L - 1, num_frames).astype(int)``, as siiRL's SRPO video embedding
+    samples frames): the first and last valid steps are always included; short trajectories
+    repeat steps.
+
+    Args:
+        lengths: (batch,) int64, valid steps per trajectory, each >= 1.
+        num_frames: frames per trajectory, >= 2.
+
+    Returns:
+        (batch, num_frames) int64 step indices, each in [0, lengths[i] - 1].
+
+    Raises:
+        ValueError: if ``num_frames`` < 2 or a length is < 1.
+    """
+    if num_frames < 2:
+        raise ValueError(f"num_frames must be >= 2 (got {num_frames}) to span start and end")
+    if lengths.dim() != 1 or (lengths.numel() and lengths.min() < 1):
+        raise ValueError(f"lengths must be a (batch,) tensor of values >= 1, got {lengths.tolist()}")
+    last_step = (lengths - 1).to(torch.float64)  # (B,)
+    fractions = torch.linspace(0.0, 1.0, num_frames, dtype=torch.float64, device=lengths.device)
+    # The small epsilon keeps exact multiples from flooring one step low after rounding error.
+    return (last_step[:, None] * fractions[None, :] + 1e-9).floor().long()  # (B, P)
+
+
+def sample_frames(frames: Tensor, lengths: Tensor, num_frames: int) -> Tensor:
+    """Gather :func:`uniform_frame_indices` frames of each episode.
+
+    Args:
+        frames: (batch, time, height, width, 3) uint8 RGB, episodes padded to a common ``time``.
+        lengths: (batch,) int64, valid steps per episode, each in [1, time].
+        num_frames: frames per episode, >= 2.
+
+    Returns:
+        (batch, num_frames, height, width, 3) uint8, in time order; only valid steps are read.
+
+    Raises:
+        ValueError: on bad shapes or dtypes, a length outside [1, time], or num_frames < 2.
+    """
+    if frames.dim() != 5 or frames.shape[-1] != 3 or frames.dtype != torch.uint8:
+        raise ValueError(f"frames must be a (batch, time, height, width, 3) uint8 tensor; got "
+                         f"{frames.dtype} of shape {tuple(frames.shape)}")
+    batch, time = frames.shape[:2]
+    _check_lengths(lengths, batch, time)
+    steps = uniform_frame_indices(lengths.to(frames.device), num_frames)  # (B, P)
+    return frames[torch.arange(batch, device=frames.device)[:, None], steps]  # (B, P, H, W, 3)
 
 
 @TRAJECTORY_ENCODERS.register("state_resample")
@@ -48,12 +145,7 @@ def encode_state_trajectories(states: Tensor, lengths: Tensor, num_points: int =
         raise ValueError(f"states must be a (batch, time, state_dim) float tensor; got "
                          f"{states.dtype} of shape {tuple(states.shape)}")
     batch, time, state_dim = states.shape
-    if lengths.shape != (batch,) or lengths.dtype != torch.int64:
-        raise ValueError(f"lengths must be a ({batch},) int64 tensor; got {lengths.dtype} of "
-                         f"shape {tuple(lengths.shape)}")
-    if batch and (lengths.min() < 1 or lengths.max() > time):
-        raise ValueError(f"every length must be in [1, {time}]; got min {int(lengths.min())}, "
-                         f"max {int(lengths.max())}")
+    _check_lengths(lengths, batch, time)
     if num_points < 2:
         raise ValueError(f"num_points must be >= 2 (got {num_points}) to span start and end")
 
@@ -73,3 +165,151 @@ def encode_state_trajectories(states: Tensor, lengths: Tensor, num_points: int =
     weight = upper_weight[:, :, None]  # (B, P, 1)
     resampled = (1.0 - weight) * lower_states + weight * upper_states  # (B, P, D)
     return resampled.reshape(batch, num_points * state_dim)  # (B, P * D)
+
+
+@TRAJECTORY_ENCODERS.register("vjepa2")
+class VJEPA2TrajectoryEncoder:
+    """SRPO's world-model trajectory embedding with a frozen V-JEPA 2 encoder.
+
+    Per episode: :func:`sample_frames` picks ``num_points`` frames uniformly over its valid
+    steps; they are preprocessed as transformers' ``VJEPA2VideoProcessor`` does (bilinear resize
+    of the shortest edge to ``int(crop_size * 256 / 224)``, centre crop to ``crop_size``, scale to
+    [0, 1], normalise with the ImageNet mean and std), encoded as one clip by
+    ``VJEPA2Model.get_vision_features`` (``(num_tokens, hidden_size)``, ``num_tokens =
+    num_points / tubelet_size * (crop_size / patch_size)²``), and the tokens are averaged (SRPO,
+    Fei et al. 2025, §3: mean-pooled V-JEPA 2 tokens).
+
+    Args:
+        model_dir: directory of a saved ``VJEPA2Model`` (``config.json`` + weights), e.g. from
+            ``save_pretrained``; nothing is downloaded.
+        device: torch device the model runs on.
+        batch_size: episodes encoded per forward pass (bounds memory).
+
+    Raises:
+        FileNotFoundError: if ``model_dir`` has no ``config.json``.
+        ValueError: if ``batch_size`` < 1.
+    """
+
+    def __init__(self, model_dir: str | Path, device: str | torch.device = "cpu", batch_size: int = 8) -> None:
+        from transformers import VJEPA2Model
+
+        if not (Path(model_dir) / "config.json").is_file():
+            raise FileNotFoundError(f"model_dir {str(model_dir)!r} has no config.json: save a VJEPA2Model there "
+                                    "with save_pretrained")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model = VJEPA2Model.from_pretrained(model_dir).to(device).eval().requires_grad_(False)
+        self.device = torch.device(device)
+        self.batch_size = batch_size
+
+    @property
+    def embedding_dim(self) -> int:
+        """Length of each embedding: the model's ``hidden_size``."""
+        return self.model.config.hidden_size
+
+    def preprocess(self, frames: Tensor) -> Tensor:
+        """VJEPA2VideoProcessor's preprocessing of clips (see the class docstring).
+
+        Args:
+            frames: (batch, num_frames, height, width, 3) uint8 RGB.
+
+        Returns:
+            (batch, num_frames, 3, crop_size, crop_size) float32 on the model's device.
+        """
+        from transformers.utils.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+        batch, num_frames, height, width, _ = frames.shape
+        crop = self.model.config.crop_size
+        shortest = int(crop * 256 / 224)
+        scale = shortest / min(height, width)
+        resized_hw = (max(crop, round(height * scale)), max(crop, round(width * scale)))
+        images = frames.to(self.device).reshape(batch * num_frames, height, width, 3).permute(0, 3, 1, 2)
+        images = torch.nn.functional.interpolate(images.float(), size=resized_hw, mode="bilinear",
+                                                 align_corners=False, antialias=True)  # (B*P, 3, h, w)
+        top, left = (resized_hw[0] - crop) // 2, (resized_hw[1] - crop) // 2
+        images = images[:, :, top:top + crop, left:left + crop] / 255.0  # (B*P, 3, crop, crop)
+        mean = torch.tensor(IMAGENET_DEFAULT_MEAN, device=self.device)[None, :, None, None]
+        std = torch.tensor(IMAGENET_DEFAULT_STD, device=self.device)[None, :, None, None]
+        images = (images - mean) / std
+        return images.reshape(batch, num_frames, 3, crop, crop)
+
+    @torch.no_grad()
+    def __call__(self, frames: Tensor, lengths: Tensor, num_points: int = 64) -> Tensor:
+        """Embed episodes.
+
+        Args:
+            frames: (batch, time, height, width, 3) uint8 RGB, padded to a common ``time``.
+            lengths: (batch,) int64, valid steps per episode, each in [1, time].
+            num_points: frames sampled per episode (SRPO: 64), a multiple of the model's
+                ``tubelet_size`` (2).
+
+        Returns:
+            (batch, hidden_size) float32 on the model's device.
+
+        Raises:
+            ValueError: on bad shapes or dtypes, a length outside [1, time], or a ``num_points``
+                that is < 2 or not a multiple of ``tubelet_size``.
+        """
+        tubelet = self.model.config.tubelet_size
+        if num_points % tubelet:
+            raise ValueError(f"num_points must be a multiple of V-JEPA 2's tubelet_size {tubelet}, got {num_points}")
+        clips = sample_frames(frames, lengths, num_points)  # (B, P, H, W, 3)
+        embeddings = []
+        for start in range(0, clips.shape[0], self.batch_size):
+            pixels = self.preprocess(clips[start:start + self.batch_size])  # (b, P, 3, S, S)
+            tokens = self.model.get_vision_features(pixels)  # (b, num_tokens, hidden)
+            embeddings.append(tokens.float().mean(dim=1))  # (b, hidden)
+        if not embeddings:
+            return torch.zeros(0, self.embedding_dim, device=self.device)
+        return torch.cat(embeddings)  # (B, hidden)
+
+
+@TRAJECTORY_ENCODERS.register("policy_backbone")
+class BackboneTrajectoryEncoder:
+    """Trajectory embedding from the policy's own vision backbone.
+
+    The backbone interface (what a policy provides, e.g. OpenVLA's vision tower with its
+    preprocessing): ``frame_features(frames) -> features`` with ``frames`` ``(n, height, width,
+    3)`` uint8 RGB (the simulator's upright images) and ``features`` ``(n, feature_dim)`` float,
+    one vector per frame (pool patch tokens inside the callable); it is called without gradients.
+
+    Per episode, :func:`sample_frames` picks ``num_points`` frames uniformly over its valid steps,
+    and their features are concatenated in time order (sample-major, as ``"state_resample"``
+    lays out states), so the embedding keeps the order of progress.
+
+    Args:
+        frame_features: the backbone callable described above.
+
+    Raises:
+        TypeError: if ``frame_features`` is not callable.
+    """
+
+    def __init__(self, frame_features: Callable[[Tensor], Tensor]) -> None:
+        if not callable(frame_features):
+            raise TypeError("frame_features must be a callable frames -> features, got "
+                            f"{type(frame_features).__name__}")
+        self.frame_features = frame_features
+
+    @torch.no_grad()
+    def __call__(self, frames: Tensor, lengths: Tensor, num_points: int = 16) -> Tensor:
+        """Embed episodes.
+
+        Args:
+            frames: (batch, time, height, width, 3) uint8 RGB, padded to a common ``time``.
+            lengths: (batch,) int64, valid steps per episode, each in [1, time].
+            num_points: frames sampled per episode, >= 2.
+
+        Returns:
+            (batch, num_points * feature_dim) float, the backbone's dtype and device.
+
+        Raises:
+            ValueError: on bad inputs (see :func:`sample_frames`), or if the backbone does not
+                return ``(n, feature_dim)`` for ``n`` frames.
+        """
+        clips = sample_frames(frames, lengths, num_points)  # (B, P, H, W, 3)
+        batch = clips.shape[0]
+        features = self.frame_features(clips.reshape(batch * num_points, *clips.shape[2:]))  # (B*P, D)
+        if features.dim() != 2 or features.shape[0] != batch * num_points:
+            raise ValueError(f"frame_features must return (n, feature_dim) for n = {batch * num_points} frames; "
+                             f"got shape {tuple(features.shape)}")
+        return features.reshape(batch, num_points * features.shape[1])  # (B, P * D)

@@ -1,0 +1,377 @@
+"""Read and write OpenVLA checkpoints in their published Hugging Face layout, without
+``trust_remote_code``.
+
+A checkpoint directory (e.g. ``openvla/openvla-7b``) holds ``config.json`` (``OpenVLAConfig``,
+``prismatic/extern/hf/configuration_prismatic.py`` of openvla/openvla: ``vision_backbone_id``,
+``llm_backbone_id``, ``image_sizes``, ``text_config``, ``pad_to_multiple_of``,
+``n_action_bins``, ``norm_stats``), safetensors weights (``model.safetensors`` or shards listed
+in ``model.safetensors.index.json``), tokenizer files and ``dataset_statistics.json``.
+
+Parameter names. ``projector.*`` and ``language_model.*`` (transformers' ``LlamaForCausalLM``)
+are ours unchanged. The towers ``vision_backbone.featurizer.*`` / ``fused_featurizer.*`` are timm
+``VisionTransformer`` modules (``timm/models/vision_transformer.py``: ``patch_embed.proj``,
+``cls_token``, ``reg_token``, ``pos_embed``, ``blocks.N.{norm1, attn.qkv, attn.proj, ls1, norm2,
+mlp.fc1, mlp.fc2, ls2}``, ``norm``, and SigLIP's ``attn_pool``), with LayerScale's ``gamma``
+renamed ``scale_factor`` by OpenVLA's ``ls_apply_patch``. They map onto transformers'
+``Dinov2WithRegistersModel`` and ``SiglipVisionModel`` (under ``<tower>.model.``) by
+:func:`timm_to_transformers`:
+
+Per tower, ``timm name → DINOv2 (ours) | SigLIP (ours)``:
+
+- ``patch_embed.proj.*`` → ``embeddings.patch_embeddings.projection.*`` |
+  ``embeddings.patch_embedding.*``
+- ``pos_embed`` ``(1, N, D)`` → ``embeddings.position_embeddings`` ``(1, 1 + N, D)`` with a zero
+  CLS row (timm's ``no_embed_class``: the CLS token gets no position) |
+  ``embeddings.position_embedding.weight`` ``(N, D)``
+- ``cls_token``, ``reg_token`` → ``embeddings.cls_token``, ``embeddings.register_tokens`` | —
+- ``blocks.N.norm1`` / ``norm2`` → ``encoder.layer.N.norm1`` / ``norm2`` |
+  ``encoder.layers.N.layer_norm1`` / ``layer_norm2``
+- ``blocks.N.attn.qkv`` ``(3 D, D)`` → rows split in q, k, v order into
+  ``encoder.layer.N.attention.{q,k,v}_proj`` | ``encoder.layers.N.self_attn.{q,k,v}_proj``
+- ``blocks.N.attn.proj`` → ``attention.o_proj`` | ``self_attn.out_proj``
+- ``blocks.N.mlp.fc1`` / ``fc2`` → ``mlp.fc1`` / ``fc2`` (both)
+- ``blocks.N.ls1`` / ``ls2`` ``.scale_factor`` → ``layer_scale1`` / ``layer_scale2`` ``.lambda1`` | —
+- ``norm`` → ``layernorm`` | ``post_layernorm``
+- ``attn_pool.*`` → — | dropped (unused: Prismatic reads block ``L - 2``)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub import split_torch_state_dict_into_shards
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+from transformers import LlamaConfig, PreTrainedTokenizerBase
+
+from policies.openvla.configuration_openvla import PrismaticArchitecture, VisionTowerConfig
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+STATISTICS_FILE = "dataset_statistics.json"
+#: Our extension of config.json for tower sizes that no published ``vision_backbone_id`` has.
+TOWER_SPECS_FIELD = "vla_rl_vision_towers"
+_TOWER_PREFIXES = ("vision_backbone.featurizer.", "vision_backbone.fused_featurizer.")
+#: Bookkeeping keys of a serialised transformers config that are not LlamaConfig settings.
+_CONFIG_BOOKKEEPING = ("model_type", "architectures", "_name_or_path", "transformers_version", "torch_dtype", "dtype")
+
+_DINOV2_L = dict(family="dinov2", patch_size=14, hidden_size=1024, num_layers=24, num_heads=16,
+                 intermediate_size=4096, num_register_tokens=4)  # fmt: skip
+_SIGLIP_SO400M = dict(family="siglip", patch_size=14, hidden_size=1152, num_layers=27, num_heads=16,
+                      intermediate_size=4304)  # fmt: skip
+#: Towers of the published ``vision_backbone_id`` values that OpenVLA checkpoints use, from
+#: ``VISION_BACKBONE_TO_TIMM_ID`` (configuration_prismatic.py) and timm's model definitions
+#: (``vit_large_patch14_reg4_dinov2``, ``vit_so400m_patch14_siglip_224/384``).
+PUBLISHED_VISION_BACKBONES: dict[str, tuple[dict[str, Any], ...]] = {
+    "dinov2-vit-l": (_DINOV2_L,),
+    "siglip-vit-so400m": (_SIGLIP_SO400M,),
+    "siglip-vit-so400m-384px": (_SIGLIP_SO400M,),
+    "dinosiglip-vit-so-224px": (_DINOV2_L, _SIGLIP_SO400M),
+    "dinosiglip-vit-so-384px": (_DINOV2_L, _SIGLIP_SO400M),
+}
+
+
+def _tower_map(family: str, ours: str) -> list[tuple[str, str]]:
+    """(timm regex, our replacement) pairs of one tower, non-qkv parameters."""
+    if family == "dinov2":
+        return [
+            (r"patch_embed\.proj\.", f"{ours}embeddings.patch_embeddings.projection."),
+            (r"cls_token$", f"{ours}embeddings.cls_token"),
+            (r"reg_token$", f"{ours}embeddings.register_tokens"),
+            (r"blocks\.(\d+)\.norm(\d)\.", rf"{ours}encoder.layer.\1.norm\2."),
+            (r"blocks\.(\d+)\.attn\.proj\.", rf"{ours}encoder.layer.\1.attention.o_proj."),
+            (r"blocks\.(\d+)\.mlp\.", rf"{ours}encoder.layer.\1.mlp."),
+            (r"blocks\.(\d+)\.ls(\d)\.(?:scale_factor|gamma)$", rf"{ours}encoder.layer.\1.layer_scale\2.lambda1"),
+            (r"norm\.", f"{ours}layernorm."),
+        ]
+    return [
+        (r"patch_embed\.proj\.", f"{ours}embeddings.patch_embedding."),
+        (r"blocks\.(\d+)\.norm(\d)\.", rf"{ours}encoder.layers.\1.layer_norm\2."),
+        (r"blocks\.(\d+)\.attn\.proj\.", rf"{ours}encoder.layers.\1.self_attn.out_proj."),
+        (r"blocks\.(\d+)\.mlp\.", rf"{ours}encoder.layers.\1.mlp."),
+        (r"norm\.", f"{ours}post_layernorm."),
+    ]
+
+
+def timm_to_transformers(state_dict: dict[str, Tensor], architecture: PrismaticArchitecture) -> dict[str, Tensor]:
+    """Published (timm-named) parameters → our module names (see the module docstring).
+
+    Args:
+        state_dict: the checkpoint's tensors.
+        architecture: the model they belong to (families and register counts of the towers).
+
+    Returns:
+        a new dict keyed by :class:`~policies.openvla.modeling_prismatic.PrismaticVLM` names;
+        SigLIP's ``attn_pool.*`` is dropped.
+
+    Raises:
+        ValueError: a tower parameter has no mapping (the message names it).
+    """
+    converted: dict[str, Tensor] = {}
+    towers = dict(zip(_TOWER_PREFIXES, architecture.vision_towers))
+    for name, tensor in state_dict.items():
+        prefix = next((p for p in _TOWER_PREFIXES if name.startswith(p)), None)
+        if prefix is None:
+            converted[name] = tensor
+            continue
+        tower = towers.get(prefix)
+        if tower is None:
+            raise ValueError(f"checkpoint parameter {name} belongs to a tower the architecture does not have")
+        ours, local = f"{prefix}model.", name[len(prefix) :]
+        if tower.family == "siglip" and local.startswith("attn_pool."):
+            continue
+        qkv = re.fullmatch(r"blocks\.(\d+)\.attn\.qkv\.(weight|bias)", local)
+        if qkv:
+            layer, kind = qkv.groups()
+            if tower.family == "dinov2":
+                block = f"encoder.layer.{layer}.attention"
+            else:
+                block = f"encoder.layers.{layer}.self_attn"
+            for part, chunk in zip("qkv", tensor.chunk(3, dim=0)):
+                converted[f"{ours}{block}.{part}_proj.{kind}"] = chunk.clone()
+            continue
+        if local == "pos_embed":
+            if tower.family == "dinov2":  # no_embed_class: CLS gets no position → a zero row
+                cls_row = torch.zeros_like(tensor[:, :1])
+                converted[f"{ours}embeddings.position_embeddings"] = torch.cat([cls_row, tensor], 1)
+            else:
+                converted[f"{ours}embeddings.position_embedding.weight"] = tensor[0]
+            continue
+        for pattern, replacement in _tower_map(tower.family, ours):
+            if re.match(pattern, local):
+                converted[re.sub(pattern, replacement, local, count=1)] = tensor
+                break
+        else:
+            raise ValueError(f"checkpoint parameter {name} has no mapping onto a transformers {tower.family} tower")
+    return converted
+
+
+def transformers_to_timm(state_dict: dict[str, Tensor], architecture: PrismaticArchitecture) -> dict[str, Tensor]:
+    """Our parameter names → the published timm layout: the inverse of
+    :func:`timm_to_transformers` (SigLIP's unused ``attn_pool`` is not written; DINOv2's unused
+    ``mask_token`` is dropped; DINOv2's CLS position embedding, which timm does not have, is
+    added into ``cls_token``: the CLS input ``cls + pos_0`` is unchanged).
+    """
+    out: dict[str, Tensor] = {}
+    towers = dict(zip(_TOWER_PREFIXES, architecture.vision_towers))
+    for name, tensor in state_dict.items():
+        prefix = next((p for p in _TOWER_PREFIXES if name.startswith(f"{p}model.")), None)
+        if prefix is None:
+            out[name] = tensor.contiguous()
+            continue
+        family, local = towers[prefix].family, name[len(prefix) + len("model.") :]
+        if local == "embeddings.mask_token":
+            continue
+        if local == "embeddings.position_embeddings":
+            out[f"{prefix}pos_embed"] = tensor[:, 1:].contiguous()
+            continue
+        if local == "embeddings.cls_token":  # timm's CLS has no position: fold ours into the token
+            position = state_dict[f"{prefix}model.embeddings.position_embeddings"][:, :1]
+            out[f"{prefix}cls_token"] = (tensor + position).contiguous()
+            continue
+        if local == "embeddings.position_embedding.weight":
+            out[f"{prefix}pos_embed"] = tensor[None].contiguous()
+            continue
+        qkv = re.fullmatch(r"encoder\.layers?\.(\d+)\.(?:attention|self_attn)\.q_proj\.(weight|bias)", local)
+        if qkv:
+            layer, kind = qkv.groups()
+            parts = [state_dict[name.replace(".q_proj.", f".{p}_proj.")] for p in "qkv"]
+            out[f"{prefix}blocks.{layer}.attn.qkv.{kind}"] = torch.cat(parts, 0).contiguous()
+            continue
+        if re.fullmatch(r"encoder\.layers?\.\d+\.(?:attention|self_attn)\.[kv]_proj\.(weight|bias)", local):
+            continue
+        out[f"{prefix}{_to_timm_local(family, local)}"] = tensor.contiguous()
+    return out
+
+
+def _to_timm_local(family: str, local: str) -> str:
+    rules = [
+        (r"embeddings\.patch_embeddings?(?:\.projection)?\.", "patch_embed.proj."),
+        (r"embeddings\.cls_token$", "cls_token"),
+        (r"embeddings\.register_tokens$", "reg_token"),
+        (r"encoder\.layers?\.(\d+)\.(?:norm|layer_norm)(\d)\.", r"blocks.\1.norm\2."),
+        (r"encoder\.layers?\.(\d+)\.(?:attention\.o_proj|self_attn\.out_proj)\.", r"blocks.\1.attn.proj."),
+        (r"encoder\.layers?\.(\d+)\.mlp\.", r"blocks.\1.mlp."),
+        (r"encoder\.layer\.(\d+)\.layer_scale(\d)\.lambda1$", r"blocks.\1.ls\2.scale_factor"),
+        (r"(?:layernorm|post_layernorm)\.", "norm."),
+    ]
+    for pattern, replacement in rules:
+        if re.match(pattern, local):
+            return re.sub(pattern, replacement, local, count=1)
+    raise ValueError(f"{family} tower parameter {local} has no timm name")
+
+
+def read_safetensors_dir(directory: Path) -> dict[str, Tensor]:
+    """All tensors of ``model.safetensors`` or of the shards in ``model.safetensors.index.json``.
+
+    Raises:
+        FileNotFoundError: neither file exists, or a listed shard is missing.
+    """
+    index_path = directory / WEIGHTS_INDEX_FILE
+    if index_path.is_file():
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+        tensors: dict[str, Tensor] = {}
+        for shard in sorted(set(weight_map.values())):
+            shard_path = directory / shard
+            if not shard_path.is_file():
+                raise FileNotFoundError(f"{index_path} lists {shard}, which does not exist")
+            tensors.update(load_file(shard_path))
+        return tensors
+    single = directory / WEIGHTS_FILE
+    if not single.is_file():
+        raise FileNotFoundError(f"{directory} has neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX_FILE}")
+    return load_file(single)
+
+
+def architecture_from_config(config: dict[str, Any], source: str) -> PrismaticArchitecture:
+    """Our architecture from a published ``config.json`` (``OpenVLAConfig`` fields).
+
+    Tower sizes come from :data:`PUBLISHED_VISION_BACKBONES` by ``vision_backbone_id`` with
+    ``image_sizes`` from the config, or from our ``vla_rl_vision_towers`` field when present
+    (checkpoints written by :func:`write_checkpoint` for other sizes). The decoder is
+    ``LlamaConfig(**text_config)`` (unset fields take LlamaConfig's defaults, those of
+    Llama-2-7B, as ``PrismaticConfig`` does); action tokens end at ``text_config.vocab_size -
+    pad_to_multiple_of`` (``OpenVLAForActionPrediction.vocab_size``).
+
+    Raises:
+        ValueError: a required field is missing or the backbone id is unknown; the message names
+            ``source``.
+    """
+    if TOWER_SPECS_FIELD in config:
+        towers = tuple(VisionTowerConfig(**tower) for tower in config[TOWER_SPECS_FIELD])
+    else:
+        backbone = config.get("vision_backbone_id")
+        if backbone not in PUBLISHED_VISION_BACKBONES:
+            raise ValueError(
+                f"{source}: vision_backbone_id {backbone!r} is not supported; "
+                f"known: {sorted(PUBLISHED_VISION_BACKBONES)}"
+            )
+        sizes = config.get("image_sizes")
+        specs = PUBLISHED_VISION_BACKBONES[backbone]
+        if not isinstance(sizes, list) or len(sizes) != len(specs):
+            raise ValueError(f"{source}: image_sizes must list {len(specs)} sizes for {backbone}, got {sizes!r}")
+        towers = tuple(VisionTowerConfig(image_size=size, **spec) for spec, size in zip(specs, sizes))
+    if "text_config" not in config:
+        raise ValueError(f"{source} has no text_config")
+    text = {k: v for k, v in config["text_config"].items() if k not in _CONFIG_BOOKKEEPING}
+    text_config = {k: v for k, v in LlamaConfig(**text).to_dict().items() if k not in _CONFIG_BOOKKEEPING}
+    pad_to = int(config.get("pad_to_multiple_of", 64))
+    return PrismaticArchitecture(
+        vision_towers=towers,
+        text_config=text_config,
+        action_vocab_end=int(text_config["vocab_size"]) - pad_to,
+        n_action_bins=int(config.get("n_action_bins", 256)),
+    )
+
+
+def read_checkpoint(directory: str | Path) -> tuple[PrismaticArchitecture, dict[str, Tensor], dict[str, Any]]:
+    """Architecture, our-named weights and ``norm_stats`` of a published checkpoint directory.
+
+    ``norm_stats`` come from ``dataset_statistics.json`` when present, else from the config.
+
+    Raises:
+        FileNotFoundError: the directory, ``config.json`` or weights are missing.
+        ValueError: the config or a parameter name is not understood (see
+            :func:`architecture_from_config`, :func:`timm_to_transformers`).
+    """
+    directory = Path(directory)
+    config_path = directory / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(
+            f"{config_path} does not exist: model_path must be a local OpenVLA checkpoint directory"
+        )
+    config = json.loads(config_path.read_text())
+    architecture = architecture_from_config(config, str(config_path))
+    weights = timm_to_transformers(read_safetensors_dir(directory), architecture)
+    statistics_path = directory / STATISTICS_FILE
+    if statistics_path.is_file():
+        norm_stats = json.loads(statistics_path.read_text())
+    else:
+        norm_stats = config.get("norm_stats") or {}
+    return architecture, weights, norm_stats
+
+
+def write_checkpoint(
+    state_dict: dict[str, Tensor],
+    architecture: PrismaticArchitecture,
+    out_dir: str | Path,
+    norm_stats: dict[str, Any],
+    vision_backbone_id: str,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    max_shard_size: int | str = "5GB",
+) -> Path:
+    """Write our weights as a checkpoint in the published layout (timm names, safetensors shards
+    with an index when there are several, ``config.json``, ``dataset_statistics.json``).
+
+    ``config.json`` carries the published fields plus ``vla_rl_vision_towers`` (the tower
+    sizes, so that non-published sizes reload). The directory appears atomically (written
+    next to ``out_dir``, then renamed).
+
+    Args:
+        state_dict: :class:`~policies.openvla.modeling_prismatic.PrismaticVLM` weights.
+        architecture: their architecture.
+        out_dir: the new directory (must not exist).
+        norm_stats: ``{unnorm_key: {"action": {...}}}`` statistics.
+        vision_backbone_id: the published id to record, e.g. ``"dinosiglip-vit-so-224px"``.
+        tokenizer: saved into the directory too when given.
+        max_shard_size: largest shard (bytes or a string like ``"5GB"``).
+
+    Raises:
+        FileExistsError: ``out_dir`` exists.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir} exists; write checkpoints to a new directory")
+    tensors = transformers_to_timm(state_dict, architecture)
+    text = dict(architecture.text_config)
+    config = {
+        "model_type": "openvla",
+        "architectures": ["OpenVLAForActionPrediction"],
+        "vision_backbone_id": vision_backbone_id,
+        "llm_backbone_id": "llama2-7b-pure",
+        "arch_specifier": "no-align+fused-gelu-mlp" if len(architecture.vision_towers) == 2 else "no-align+gelu-mlp",
+        "use_fused_vision_backbone": len(architecture.vision_towers) == 2,
+        "image_sizes": [tower.image_size for tower in architecture.vision_towers],
+        "text_config": {"model_type": "llama", **text},
+        "pad_to_multiple_of": int(text["vocab_size"]) - architecture.action_vocab_end,
+        "n_action_bins": architecture.n_action_bins,
+        "norm_stats": norm_stats,
+        TOWER_SPECS_FIELD: [_tower_dict(tower) for tower in architecture.vision_towers],
+    }
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        split = split_torch_state_dict_into_shards(tensors, max_shard_size=max_shard_size)
+        for filename, names in split.filename_to_tensors.items():
+            save_file({name: tensors[name] for name in names}, staging / filename, metadata={"format": "pt"})
+        if split.is_sharded:
+            index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+                     "weight_map": split.tensor_to_filename}  # fmt: skip
+            (staging / WEIGHTS_INDEX_FILE).write_text(json.dumps(index, indent=2))
+        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+        (staging / STATISTICS_FILE).write_text(json.dumps(norm_stats, indent=2))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        os.chmod(staging, 0o755)  # mkdtemp creates it private
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _tower_dict(tower: VisionTowerConfig) -> dict[str, Any]:
+    fields = ("family", "image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+              "num_register_tokens", "hidden_act", "layer_norm_eps")  # fmt: skip
+    return {name: getattr(tower, name) for name in fields} | {
+        "image_mean": list(tower.image_mean),
+        "image_std": list(tower.image_std),
+    }

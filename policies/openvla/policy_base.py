@@ -1,0 +1,219 @@
+"""What the OpenVLA and OpenVLA-OFT policies share: building or loading the Prismatic VLM, the
+action tokenizer and statistics, environment actions, LoRA and saving."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor
+
+from policies.action_normalization import ActionStatistics, libero_gripper_postprocess, load_action_statistics
+from policies.action_tokenizer import ActionTokenizer
+from policies.base import Policy
+from policies.openvla.checkpoint_prismatic import CONFIG_FILE, read_checkpoint, write_checkpoint
+from policies.openvla.modeling_prismatic import PrismaticVLM
+from policies.openvla.processor_openvla import ATTENTION_MASK, IMAGES, INPUT_IDS, encode_prompts
+
+#: Parameters of transformers modules that Prismatic checkpoints lack and the forward never uses.
+_UNUSED_PARAMETERS = re.compile(r".*\.embeddings\.mask_token$")
+#: Default LoRA targets: every attention and MLP projection of the decoder and the towers
+#: (OpenVLA's LoRA fine-tuning adapts all linear layers).
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Positions that skip padding: ``cumsum(mask) - 1``, clamped at 0. ``(batch, len)`` int64."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class PrismaticPolicy(Policy, abstract=True):
+    """Base of the OpenVLA policies: ``self.vla`` (:class:`PrismaticVLM`), ``self.tokenizer``
+    (the checkpoint's, or None for an ``architecture`` model), ``self.action_tokenizer`` and
+    ``self.action_statistics`` (None: :meth:`env_actions` stays normalised).
+
+    Args:
+        config: an ``OpenVLAPolicyConfig`` or ``OpenVLAOFTPolicyConfig``.
+
+    Raises:
+        FileNotFoundError, ValueError: the checkpoint cannot be read (see
+            :func:`policies.openvla.checkpoint_prismatic.read_checkpoint`), its weights do not
+            fit the architecture, or the statistics do not match ``config.action_dim``.
+    """
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        if config.model_path is not None:
+            architecture, weights, norm_stats = read_checkpoint(config.model_path)
+            source = str(Path(config.model_path) / CONFIG_FILE)
+        else:
+            architecture, weights, source = config.architecture, None, "config.action_statistics"
+            norm_stats = {"config": {"action": config.action_statistics}} if config.action_statistics else {}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            self.vla = PrismaticVLM(architecture, config.attn_implementation)
+        if weights is not None:
+            self._load_vla_weights(weights, source)
+        self.vla.to(getattr(torch, config.dtype))
+        self.architecture = architecture
+        self.tokenizer = self._load_tokenizer(config.model_path)
+        self.action_tokenizer = ActionTokenizer(architecture.action_vocab_end, architecture.n_action_bins)
+        self.norm_stats = norm_stats
+        self.action_statistics: ActionStatistics | None = None
+        if norm_stats:
+            key = config.unnorm_key if config.model_path is not None else "config"
+            self.action_statistics = load_action_statistics(norm_stats, key, source)
+            if self.action_statistics.action_dim != config.action_dim:
+                raise ValueError(
+                    f"{source}: action statistics have {self.action_statistics.action_dim} dimensions, "
+                    f"config.action_dim is {config.action_dim}"
+                )
+        self.eval()
+
+    @property
+    def action_dim(self) -> int:
+        """Values per action (``config.action_dim``)."""
+        return self.config.action_dim
+
+    @property
+    def device(self) -> torch.device:
+        return self.vla.language_model.device
+
+    @property
+    def discrete_actions(self) -> bool:
+        """Whether actions are bin values (True) or continuous regression outputs."""
+        return True
+
+    def encode_instructions(self, instructions: list[str]) -> tuple[Tensor, Tensor]:
+        """OpenVLA prompts of task instructions → ``input_ids``, ``attention_mask`` int64
+        ``(batch, prompt_len)`` (see :func:`policies.openvla.processor_openvla.encode_prompts`).
+
+        Raises:
+            ValueError: the policy has no tokenizer (an ``architecture`` model: pass one's
+                ids yourself), or see ``encode_prompts``.
+        """
+        if self.tokenizer is None:
+            raise ValueError("this policy has no tokenizer (built from an architecture); tokenize prompts yourself")
+        return encode_prompts(self.tokenizer, instructions)
+
+    def env_actions(self, actions: Tensor) -> Tensor:
+        """Policy actions → environment actions.
+
+        Bin values decode as OpenVLA's ``predict_action`` (last bin → the centre before it), are
+        de-normalised with the q01/q99 statistics (dimensions with ``mask`` False pass through),
+        then the gripper is post-processed (``config.gripper_postprocess == "libero"``: see
+        :func:`policies.action_normalization.libero_gripper_postprocess`).
+
+        Args:
+            actions: ``(batch, chunk_size, action_dim)`` as returned by :meth:`sample_actions`.
+
+        Returns:
+            float32 ``(batch, chunk_size, action_dim)`` in the environment's units.
+
+        Raises:
+            ValueError: wrong shape.
+        """
+        self._check_actions(actions, actions.shape[0], "actions")
+        normalized = actions.float()
+        if self.discrete_actions:
+            normalized = self.action_tokenizer.decode_for_env(self.action_tokenizer.bins_from_actions(normalized))
+        raw = normalized if self.action_statistics is None else self.action_statistics.denormalize(normalized)
+        return libero_gripper_postprocess(raw) if self.config.gripper_postprocess == "libero" else raw
+
+    def apply_lora(
+        self, rank: int = 32, alpha: int | None = None, dropout: float = 0.0,
+        target_modules: tuple[str, ...] = LORA_TARGET_MODULES,
+    ) -> list[str]:  # fmt: skip
+        """Wrap the VLA's linear layers with peft LoRA adapters and train only the adapters.
+
+        ``peft.inject_adapter_in_model`` replaces the matching ``nn.Linear`` modules in place
+        (module names keep working); every other parameter (OFT heads included) is frozen.
+
+        Args:
+            rank: LoRA rank (OpenVLA's fine-tuning default 32).
+            alpha: LoRA scaling numerator (default ``min(rank, 16)``, OpenVLA's choice).
+            dropout: dropout on the adapter input.
+            target_modules: module-name suffixes to adapt.
+
+        Returns:
+            names of the trainable parameters.
+
+        Raises:
+            ModuleNotFoundError: peft is not installed.
+        """
+        from peft import LoraConfig, inject_adapter_in_model
+
+        lora = LoraConfig(
+            r=rank, lora_alpha=min(rank, 16) if alpha is None else alpha, lora_dropout=dropout,
+            target_modules=list(target_modules), init_lora_weights="gaussian",
+        )  # fmt: skip
+        inject_adapter_in_model(lora, self.vla)
+        trainable = []
+        for name, parameter in self.named_parameters():
+            parameter.requires_grad_("lora_" in name)
+            if parameter.requires_grad:
+                trainable.append(name)
+        return trainable
+
+    def merge_lora(self) -> int:
+        """Fold the LoRA adapters into their base layers and remove them (peft's
+        ``LoraLayer.merge`` then ``get_base_layer``), e.g. before :meth:`save_pretrained`.
+
+        Returns:
+            the number of merged layers (0 without adapters).
+        """
+        from peft.tuners.lora import LoraLayer
+
+        merged = [(name, module) for name, module in self.vla.named_modules() if isinstance(module, LoraLayer)]
+        for name, module in merged:
+            module.merge()
+            parent_name, _, child = name.rpartition(".")
+            setattr(self.vla.get_submodule(parent_name), child, module.get_base_layer())
+        return len(merged)
+
+    def save_pretrained(self, out_dir: str | Path, vision_backbone_id: str = "dinosiglip-vit-so-224px") -> Path:
+        """Write the VLA in the published layout (see
+        :func:`policies.openvla.checkpoint_prismatic.write_checkpoint`) with the tokenizer.
+
+        Raises:
+            FileExistsError: ``out_dir`` exists.
+            ValueError: LoRA adapters are injected (call :meth:`merge_lora` first).
+        """
+        state = self.vla.state_dict()
+        if any("lora_" in name for name in state):
+            raise ValueError("LoRA adapters are injected: call merge_lora() before saving in the published layout")
+        return write_checkpoint(state, self.architecture, out_dir, self.norm_stats, vision_backbone_id, self.tokenizer)
+
+    def _prefix(self, obs: TensorDict, extra_tokens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Multimodal prefix embeddings ``(batch, L, llm_dim)`` and mask ``(batch, L)``."""
+        device = self.device
+        return self.vla.multimodal_prefix(
+            obs[IMAGES].to(device), obs[INPUT_IDS].to(device), obs[ATTENTION_MASK].to(device), extra_tokens
+        )
+
+    def _check_actions(self, actions: Tensor, batch: int, what: str) -> None:
+        expected = (batch, self.chunk_size, self.action_dim)
+        if tuple(actions.shape) != expected or not actions.is_floating_point():
+            raise ValueError(f"{what} must be floating {expected}, got {tuple(actions.shape)} {actions.dtype}")
+
+    def _load_vla_weights(self, weights: dict[str, Tensor], source: str) -> None:
+        missing, unexpected = self.vla.load_state_dict(weights, strict=False)
+        missing = [name for name in missing if not _UNUSED_PARAMETERS.fullmatch(name)]
+        if missing or unexpected:
+            raise ValueError(
+                f"the weights next to {source} do not fit its architecture: missing {missing[:8]}, "
+                f"unexpected {unexpected[:8]}"
+            )
+
+    @staticmethod
+    def _load_tokenizer(model_path: str | None):
+        """The checkpoint's tokenizer, or None without tokenizer files (or without a checkpoint)."""
+        if model_path is None or not (Path(model_path) / "tokenizer_config.json").is_file():
+            return None
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model_path)

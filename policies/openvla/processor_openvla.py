@@ -1,0 +1,119 @@
+"""Observation keys of the OpenVLA policies and the prompt → ``input_ids`` encoding.
+
+Observations are a ``tensordict.TensorDict`` with batch size ``(batch,)`` holding:
+
+- :data:`IMAGES`: uint8 ``(batch, num_cameras, H, W, 3)`` RGB (any ``H, W``: each vision tower
+  resizes to its own size);
+- :data:`INPUT_IDS`: int64 ``(batch, prompt_len)`` tokenized prompts, BOS in column 0 and
+  padding *after* BOS (``[BOS, PAD, ..., PAD, text...]``), so that every prompt ends in the last
+  column and the image patches go right after BOS as Prismatic inserts them;
+- :data:`ATTENTION_MASK`: int64/bool ``(batch, prompt_len)``, 0 on the padding;
+- :data:`PROPRIO` (OpenVLA-OFT with a proprio projector only): float ``(batch, proprio_dim)``.
+
+The prompt is OpenVLA's ``"In: What action should the robot take to {instruction}?\\nOut:"``
+(``experiments/robot/openvla_utils.py``: ``get_vla_action``, instruction lower-cased), followed
+by the empty token ``"▁"`` (id 29871 in Llama-2's tokenizer) that ``predict_action`` appends when
+the tokenizer has it.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor
+from transformers import PreTrainedTokenizerBase
+
+IMAGES = "images"
+INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"
+PROPRIO = "proprio"
+#: SentencePiece's word-boundary token that OpenVLA appends after ``"Out:"``.
+EMPTY_TOKEN = "▁"
+
+
+def openvla_prompt(instruction: str) -> str:
+    """OpenVLA's prompt for one task instruction."""
+    return f"In: What action should the robot take to {instruction.lower()}?\nOut:"
+
+
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, instructions: list[str]) -> tuple[Tensor, Tensor]:
+    """Tokenize instructions into the BOS-then-padding layout the policies read.
+
+    Args:
+        tokenizer: the checkpoint's tokenizer; it must add a BOS token.
+        instructions: one task instruction per row.
+
+    Returns:
+        ``input_ids`` and ``attention_mask``, int64 ``(batch, prompt_len)``.
+
+    Raises:
+        ValueError: no instructions, or the tokenizer does not start sequences with BOS.
+    """
+    if not instructions:
+        raise ValueError("encode_prompts needs at least one instruction")
+    empty_id = tokenizer.convert_tokens_to_ids(EMPTY_TOKEN) if EMPTY_TOKEN in tokenizer.get_vocab() else None
+    rows = []
+    for instruction in instructions:
+        ids = tokenizer(openvla_prompt(instruction))["input_ids"]
+        if not ids or ids[0] != tokenizer.bos_token_id:
+            raise ValueError("the tokenizer must add a BOS token first (Prismatic inserts image patches after it)")
+        if empty_id is not None and ids[-1] != empty_id:
+            ids = ids + [empty_id]
+        rows.append(ids)
+    length = max(len(ids) for ids in rows)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for row, ids in enumerate(rows):
+        input_ids[row, 0] = ids[0]
+        attention_mask[row, 0] = 1
+        input_ids[row, length - len(ids) + 1 :] = torch.tensor(ids[1:], dtype=torch.long)
+        attention_mask[row, length - len(ids) + 1 :] = 1
+    return input_ids, attention_mask
+
+
+def make_observation(
+    images: Tensor, input_ids: Tensor, attention_mask: Tensor, proprio: Tensor | None = None
+) -> TensorDict:
+    """Assemble an observation TensorDict (batch dimension first) from its parts."""
+    data = {IMAGES: images, INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}
+    if proprio is not None:
+        data[PROPRIO] = proprio
+    return TensorDict(data, batch_size=[images.shape[0]])
+
+
+def check_observation(obs: TensorDict, num_images: int, proprio_dim: int | None) -> None:
+    """Validate an observation's keys, dtypes, shapes and prompt layout.
+
+    Raises:
+        ValueError: a key is missing or has the wrong dtype/shape, or the prompts are not
+            ``[BOS, padding, text]`` with a valid last column; the message names the key.
+    """
+    if not isinstance(obs, TensorDict) or len(obs.batch_size) != 1:
+        raise ValueError(f"obs must be a TensorDict with batch size (batch,), got {type(obs).__name__}")
+    for key in (IMAGES, INPUT_IDS, ATTENTION_MASK):
+        if key not in obs.keys():
+            raise ValueError(f"obs has no {key!r} entry (keys: {sorted(obs.keys())})")
+    images, input_ids, mask = obs[IMAGES], obs[INPUT_IDS], obs[ATTENTION_MASK]
+    if images.dtype != torch.uint8 or images.ndim != 5 or images.shape[1] != num_images or images.shape[-1] != 3:
+        raise ValueError(
+            f"obs[{IMAGES!r}] must be uint8 (batch, {num_images}, H, W, 3), got {tuple(images.shape)} {images.dtype}"
+        )
+    if input_ids.ndim != 2 or input_ids.dtype != torch.long or mask.shape != input_ids.shape:
+        raise ValueError(
+            f"obs[{INPUT_IDS!r}] must be int64 (batch, prompt_len) and obs[{ATTENTION_MASK!r}] of the same shape, got "
+            f"{tuple(input_ids.shape)} {input_ids.dtype} and {tuple(mask.shape)}"
+        )
+    valid = mask.bool()
+    if not valid[:, 0].all() or not valid[:, -1].all() or (valid[:, 2:] < valid[:, 1:-1]).any():
+        raise ValueError(
+            f"obs[{ATTENTION_MASK!r}] must be 1 on BOS (column 0), then 0...0 1...1 (padding after BOS, "
+            "prompt ending in the last column); build prompts with encode_prompts"
+        )
+    if proprio_dim is not None:
+        proprio = obs.get(PROPRIO, None)
+        if proprio is None or proprio.shape[1:] != (proprio_dim,) or not proprio.is_floating_point():
+            raise ValueError(
+                f"obs[{PROPRIO!r}] must be floating (batch, {proprio_dim}), got "
+                f"{None if proprio is None else (tuple(proprio.shape), proprio.dtype)}"
+            )

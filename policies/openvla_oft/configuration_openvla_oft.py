@@ -1,0 +1,82 @@
+"""Configuration of the OpenVLA-OFT policy (no torch import: configs stay light)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from policies.openvla.configuration_openvla import PrismaticArchitecture, validate_common_fields
+
+#: Action heads: 256-bin tokens from the LM head (RL), or OFT's L1-regression MLPResNet head.
+ACTION_HEADS = ("discrete", "l1_regression")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass
+class OpenVLAOFTPolicyConfig:
+    """Settings of :class:`policies.openvla_oft.modeling_openvla_oft.OpenVLAOFTPolicy`.
+
+    Give exactly one of ``model_path`` and ``architecture``.
+
+    Attributes:
+        model_path: a local OpenVLA-OFT checkpoint directory in the published layout (plus
+            ``action_head--*checkpoint.pt`` / ``proprio_projector--*checkpoint.pt`` when used).
+        architecture: the model to build with random weights.
+        unnorm_key: dataset whose statistics de-normalise actions (None: the only one).
+        action_statistics: ``{"q01", "q99", "mask"}`` lists for an ``architecture`` model.
+        temperature: sampling temperature; the RL log-probs use the same one.
+        gripper_postprocess: ``"libero"`` or ``"none"`` (see :meth:`env_actions`).
+        dtype: parameter dtype (``"float32"``, ``"bfloat16"``, ``"float16"``).
+        attn_implementation: ``"sdpa"`` or ``"eager"``.
+        seed: seed of the random initialisation (model and heads).
+        action_dim: values per action (7 for LIBERO).
+        chunk_size: actions decoded per forward pass (OFT's ``NUM_ACTIONS_CHUNK``: 8 for LIBERO).
+        num_images: camera images per observation (OFT's ``num_images_in_input``: 1 third-person
+            view, 2 with the wrist camera).
+        proprio_dim: proprio features (8 for LIBERO) fed through OFT's proprio projector as one
+            extra token after the patches; None: no proprio input.
+        action_head: one of ``ACTION_HEADS``: ``"discrete"`` (bins; sampling and log-probs for
+            RL, as SimpleVLA-RL and SRPO use OFT) or ``"l1_regression"`` (supervised only:
+            :meth:`bc_loss` is L1 and :meth:`predict_action_chunk` regresses actions).
+        stop_token_id: id of the token after the action placeholders (OFT's ``STOP_INDEX``,
+            Llama's ``</s>`` = 2).
+    """
+
+    model_path: str | None = None
+    architecture: PrismaticArchitecture | None = None
+    unnorm_key: str | None = None
+    action_statistics: dict[str, list] | None = None
+    temperature: float = 1.0
+    gripper_postprocess: str = "none"
+    dtype: str = "float32"
+    attn_implementation: str = "sdpa"
+    seed: int = 0
+    action_dim: int = 7
+    chunk_size: int = 8
+    num_images: int = 1
+    proprio_dim: int | None = None
+    action_head: str = "discrete"
+    stop_token_id: int = 2
+
+    def __post_init__(self) -> None:
+        """Validate the fields.
+
+        Raises:
+            ValueError: a field has an invalid value; the message says how to fix it.
+        """
+        validate_common_fields(self, type(self).__name__)
+        for name in ("chunk_size", "num_images"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"OpenVLAOFTPolicyConfig.{name} must be a positive int, got {value!r}")
+        if self.proprio_dim is not None and (not _is_int(self.proprio_dim) or self.proprio_dim < 1):
+            raise ValueError(
+                f"OpenVLAOFTPolicyConfig.proprio_dim must be None or a positive int, got {self.proprio_dim!r}"
+            )
+        if self.action_head not in ACTION_HEADS:
+            raise ValueError(
+                f"OpenVLAOFTPolicyConfig.action_head {self.action_head!r} is unknown; use one of {ACTION_HEADS}"
+            )
+        if not _is_int(self.stop_token_id) or self.stop_token_id < 0:
+            raise ValueError(f"OpenVLAOFTPolicyConfig.stop_token_id must be a token id, got {self.stop_token_id!r}")

@@ -1,0 +1,262 @@
+"""OpenVLA-OFT policy (Kim et al. 2025, arXiv:2502.19645): a whole action chunk decoded in one
+parallel forward pass.
+
+The sequence is ``[BOS, patches (image after image), proprio token?, prompt,
+chunk_size × action_dim empty placeholders, stop token]``, as ``predict_action`` of
+moojink/openvla-oft's ``prismatic/extern/hf/modeling_prismatic.py`` builds it: placeholder
+embeddings are zero (OFT multiplies action-token embeddings by ``~all_actions_mask``), and the
+hidden states / logits for the actions are read at positions ``L - 1 .. L + n - 2`` (``L`` the
+prefix length, OFT's ``NUM_PATCHES + NUM_PROMPT_TOKENS``: the last prompt token predicts the
+first action value). The prefix attends causally; placeholders and the stop token attend to
+the whole prefix and to each other (bidirectional attention among the action positions).
+
+Since the input never depends on the action values, the distributions that sampling uses and
+those that scoring given actions uses come from one and the same pass: the log-probs of
+:meth:`OpenVLAOFTPolicy.sample_actions` equal :meth:`log_prob_and_entropy_per_dim` bit for
+bit for the same batch (not across batch shapes: see docs/vla_policies.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor
+from torch.nn import functional as F
+
+from policies.action_normalization import ActionStatistics
+from policies.action_tokenizer import bin_log_softmax
+from policies.openvla.policy_base import PrismaticPolicy, position_ids_from_mask
+from policies.openvla.processor_openvla import PROPRIO, check_observation
+from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
+from policies.openvla_oft.heads_openvla_oft import L1RegressionActionHead, ProprioProjector, load_module_checkpoint
+
+
+def parallel_decoding_mask(prefix_mask: Tensor, num_action_positions: int, dtype: torch.dtype) -> Tensor:
+    """Additive attention mask of ``[prefix, action placeholders, stop]``.
+
+    Query ``i`` may attend key ``j`` when ``j`` is not padding and either ``j <= i`` (causal) or
+    both lie among the ``num_action_positions + 1`` action/stop positions (bidirectional).
+
+    Args:
+        prefix_mask: ``(batch, L)`` 0/1 mask of the multimodal prefix.
+        num_action_positions: ``chunk_size * action_dim``.
+        dtype: the decoder's dtype.
+
+    Returns:
+        ``(batch, 1, S, S)`` with ``S = L + num_action_positions + 1``: 0 where allowed, the
+        dtype's minimum elsewhere.
+    """
+    batch, prefix_len = prefix_mask.shape
+    total = prefix_len + num_action_positions + 1
+    valid = torch.cat([prefix_mask.bool(), prefix_mask.new_ones(batch, total - prefix_len).bool()], dim=1)  # (B, S)
+    index = torch.arange(total, device=prefix_mask.device)
+    causal = index[None, :] <= index[:, None]  # (S, S): key j <= query i
+    among_actions = (index[:, None] >= prefix_len) & (index[None, :] >= prefix_len)
+    allowed = (causal | among_actions)[None] & valid[:, None, :]  # (B, S, S)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=prefix_mask.device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+class OpenVLAOFTPolicy(PrismaticPolicy):
+    """OpenVLA-OFT as an RL policy: ``chunk_size`` actions per observation, each dimension a
+    categorical over the 256 action bins (``action_head="discrete"``), or the L1-regression
+    head for supervised use (``"l1_regression"``).
+
+    Args:
+        config: the policy's :class:`OpenVLAOFTPolicyConfig`.
+
+    Raises:
+        TypeError: ``config`` is not an :class:`OpenVLAOFTPolicyConfig`.
+        FileNotFoundError, ValueError: see :class:`~policies.openvla.policy_base.PrismaticPolicy`;
+            a checkpoint lacks the action head / proprio projector file the config needs.
+    """
+
+    name = "openvla_oft"
+    config_class = OpenVLAOFTPolicyConfig
+
+    def __init__(self, config: OpenVLAOFTPolicyConfig) -> None:
+        if not isinstance(config, OpenVLAOFTPolicyConfig):
+            raise TypeError(f"OpenVLAOFTPolicy needs an OpenVLAOFTPolicyConfig, got {type(config).__name__}")
+        super().__init__(config)
+        llm_dim = self.architecture.llm_dim
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed + 1)
+            self.action_head = (
+                L1RegressionActionHead(llm_dim, config.action_dim) if config.action_head == "l1_regression" else None
+            )
+            self.proprio_projector = ProprioProjector(config.proprio_dim, llm_dim) if config.proprio_dim else None
+        self.proprio_statistics: ActionStatistics | None = None
+        if config.model_path is not None:
+            self._load_oft_modules(Path(config.model_path))
+        dtype = getattr(torch, config.dtype)
+        for module in (self.action_head, self.proprio_projector):
+            if module is not None:
+                module.to(device=self.device, dtype=dtype)
+        self.eval()
+
+    @property
+    def chunk_size(self) -> int:
+        """Actions per observation (``config.chunk_size``)."""
+        return self.config.chunk_size
+
+    @property
+    def discrete_actions(self) -> bool:
+        """True for the bin head, False for the L1-regression head."""
+        return self.config.action_head == "discrete"
+
+    def action_hidden_states(self, obs: TensorDict) -> Tensor:
+        """The parallel pass: final hidden states at the action positions.
+
+        Args:
+            obs: observation TensorDict (``proprio`` needed when ``config.proprio_dim`` is set;
+                raw units, normalised with the checkpoint's proprio statistics if it has them).
+
+        Returns:
+            ``(batch, chunk_size * action_dim, llm_dim)``, step-major (``[step0 dim0, step0
+            dim1, ...]``).
+
+        Raises:
+            ValueError: a malformed observation (the message names the key).
+        """
+        config = self.config
+        check_observation(obs, config.num_images, config.proprio_dim)
+        extra = None
+        if self.proprio_projector is not None:
+            proprio = obs[PROPRIO].to(self.device)
+            if self.proprio_statistics is not None:
+                proprio = self.proprio_statistics.normalize(proprio)
+            extra = self.proprio_projector(proprio.to(self.vla.language_model.dtype))[:, None]  # (B, 1, D)
+        prefix, prefix_mask = self._prefix(obs, extra)
+        batch, prefix_len, width = prefix.shape
+        num_actions = config.chunk_size * config.action_dim
+        stop = self.vla.embed_tokens(torch.full((batch, 1), config.stop_token_id, device=prefix.device))
+        embeddings = torch.cat([prefix, prefix.new_zeros(batch, num_actions, width), stop], dim=1)
+        flat_mask = torch.cat([prefix_mask, prefix_mask.new_ones(batch, num_actions + 1)], dim=1)
+        hidden = self.vla.language_model.model(
+            inputs_embeds=embeddings,
+            attention_mask=parallel_decoding_mask(prefix_mask, num_actions, embeddings.dtype),
+            position_ids=position_ids_from_mask(flat_mask),
+            use_cache=False,
+        ).last_hidden_state
+        return hidden[:, prefix_len - 1 : prefix_len - 1 + num_actions]
+
+    def action_logits(self, obs: TensorDict) -> Tensor:
+        """Full-vocabulary logits of every action value: ``(batch, chunk_size, action_dim,
+        vocab)`` (the LM head on :meth:`action_hidden_states`)."""
+        logits = self.vla.language_model.lm_head(self.action_hidden_states(obs))
+        return logits.unflatten(1, (self.chunk_size, self.action_dim))
+
+    @torch.no_grad()
+    def sample_actions(
+        self,
+        obs: TensorDict,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+        temperature: float | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Sample every bin of the chunk from one parallel pass (or take the argmax bins).
+
+        Args:
+            obs: observation TensorDict.
+            greedy: the most likely bin of each value.
+            generator: random generator on the policy's device; the global one if ``None``.
+            temperature: default ``config.temperature``; the log-probs are at this temperature.
+
+        Returns:
+            ``actions`` ``(batch, chunk_size, action_dim)`` float32 bin values and ``log_probs``
+            ``(batch, chunk_size)`` float32 (summed over dimensions).
+
+        Raises:
+            ValueError: the L1-regression head (no distribution: use
+                :meth:`predict_action_chunk`), a malformed observation or temperature.
+        """
+        self._require_discrete("sample_actions")
+        temperature = self.config.temperature if temperature is None else temperature
+        log_softmax = bin_log_softmax(self.action_tokenizer.bin_logits(self.action_logits(obs)), temperature)
+        if greedy:
+            bins = log_softmax.argmax(-1)
+        else:
+            flat = log_softmax.exp().flatten(0, 2)  # (B * chunk * A, bins)
+            bins = torch.multinomial(flat, 1, generator=generator).view(log_softmax.shape[:-1])
+        log_probs = log_softmax.gather(-1, bins[..., None]).squeeze(-1)  # (B, chunk, A)
+        return self.action_tokenizer.actions_from_bins(bins), log_probs.sum(-1)
+
+    def log_prob_and_entropy_per_dim(
+        self, obs: TensorDict, actions: Tensor, temperature: float | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Log-probability and entropy of each action value under its 256-bin softmax.
+
+        Args:
+            obs: observation TensorDict.
+            actions: ``(batch, chunk_size, action_dim)`` bin values.
+            temperature: default ``config.temperature``.
+
+        Returns:
+            ``log_probs`` and ``entropy``, each ``(batch, chunk_size, action_dim)`` float32,
+            differentiable.
+
+        Raises:
+            ValueError: the L1-regression head, malformed ``obs``/``actions``, bad temperature.
+        """
+        self._require_discrete("log_prob_and_entropy_per_dim")
+        temperature = self.config.temperature if temperature is None else temperature
+        self._check_actions(actions, obs.batch_size[0], "actions")
+        bins = self.action_tokenizer.bins_from_actions(actions).to(self.device)
+        log_softmax = bin_log_softmax(self.action_tokenizer.bin_logits(self.action_logits(obs)), temperature)
+        log_probs = log_softmax.gather(-1, bins[..., None]).squeeze(-1)
+        entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+        return log_probs, entropy
+
+    @torch.no_grad()
+    def predict_action_chunk(self, obs: TensorDict) -> Tensor:
+        """Deterministic chunk: the argmax bins' values (discrete) or the L1 head's regression.
+
+        Returns:
+            ``(batch, chunk_size, action_dim)`` float32 normalised actions (feed
+            :meth:`env_actions`).
+        """
+        if self.action_head is None:
+            return self.sample_actions(obs, greedy=True)[0]
+        return self.action_head(self.action_hidden_states(obs)).float()
+
+    def bc_loss(self, obs: TensorDict, expert_actions: Tensor) -> Tensor:
+        """Supervised loss on demonstrated chunks: OFT's L1 loss of the regression head, or the
+        cross-entropy of the expert's action tokens over the whole vocabulary (discrete head,
+        OpenVLA's LM loss), averaged over batch, steps and dimensions.
+
+        Args:
+            obs: observation TensorDict.
+            expert_actions: ``(batch, chunk_size, action_dim)`` normalised actions.
+
+        Returns:
+            a differentiable scalar.
+
+        Raises:
+            ValueError: malformed ``obs`` or ``expert_actions``.
+        """
+        self._check_actions(expert_actions, obs.batch_size[0], "expert_actions")
+        expert_actions = expert_actions.to(self.device)
+        if self.action_head is not None:
+            predicted = self.action_head(self.action_hidden_states(obs))
+            return F.l1_loss(predicted.float(), expert_actions.float())
+        tokens = self.action_tokenizer.tokens_from_bins(self.action_tokenizer.bins_from_actions(expert_actions))
+        return F.cross_entropy(self.action_logits(obs).float().flatten(0, 2), tokens.flatten())
+
+    def _require_discrete(self, method: str) -> None:
+        if not self.discrete_actions:
+            raise ValueError(
+                f"{method} needs action_head='discrete': the L1-regression head has no action distribution "
+                "(use predict_action_chunk and bc_loss)"
+            )
+
+    def _load_oft_modules(self, directory: Path) -> None:
+        for module, stem in ((self.action_head, "action_head"), (self.proprio_projector, "proprio_projector")):
+            if module is not None and not load_module_checkpoint(module, directory, stem):
+                raise ValueError(f"{directory} has no {stem}--*checkpoint.pt, which the config needs")
+        if self.proprio_projector is not None:
+            key = self.config.unnorm_key or next(iter(self.norm_stats), None)
+            proprio = self.norm_stats.get(key, {}).get("proprio")
+            if proprio is not None:
+                self.proprio_statistics = ActionStatistics.from_dict(proprio, f"{directory} proprio statistics")

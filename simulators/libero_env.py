@@ -1,0 +1,358 @@
+"""LIBERO tasks (Liu et al. 2023, arXiv 2306.03310) as a gymnasium environment.
+
+One environment is one task of one suite (``libero_spatial``, ``libero_object``, ``libero_goal``,
+``libero_10``; ten tasks each), created offline through :mod:`simulators.libero_offline`. Episodes
+start from the task's fixed initial states (50 per task, the suite's ``.init``/``.pruned_init``
+files) as OpenVLA's LIBERO evaluation does (``experiments/robot/libero/run_libero_eval.py``):
+``reset``, ``set_init_state``, then ``num_steps_wait`` no-op steps (arm still, gripper open) while
+the objects settle; those steps do not count towards the horizon.
+
+Observations: the state vector of ``obs_keys`` (float32; by default the proprioception
+``robot0_eef_pos`` (3, metres, world frame), ``robot0_eef_quat`` (4, ``(x, y, z, w)``),
+``robot0_gripper_qpos`` (2, metres)); with ``cameras`` a ``gymnasium.spaces.Dict``
+``{"state": ..., "<camera>_image": uint8 (camera_size, camera_size, 3)}`` whose images are rotated
+by 180 degrees (``image[::-1, ::-1]``), as OpenVLA's LIBERO evaluation feeds its policies.
+
+Actions (7 values in [-1, 1]): LIBERO's ``OSC_POSE`` deltas (position up to 0.05 m and axis-angle
+rotation up to 0.5 rad per control step), then the gripper (-1 open, +1 close); 20 Hz.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from simulators.registry import SIMULATORS
+from simulators.rendering import disable_shadows_and_reflections, setup_headless_rendering
+from simulators.robosuite_env import camera_observation_space
+
+SUITE_HORIZONS: dict[str, int] = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520}
+"""Control steps per episode for each suite, the ``max_steps`` of OpenVLA's LIBERO evaluation
+(``run_libero_eval.py``), also used by SRPO's LIBERO experiments."""
+
+LIBERO_STATE_KEYS: tuple[str, ...] = ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")
+"""Default state: the proprioception OpenVLA-OFT feeds its policies (9 values)."""
+
+NOOP_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
+"""Action of the settling steps after a reset: no arm motion, gripper open (OpenVLA's
+``get_libero_dummy_action``)."""
+
+CONTROL_FREQ = 20.0
+"""LIBERO's control frequency, Hz."""
+
+
+def _require_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _require_names(name: str, value: Any, allow_empty: bool) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(item, str) and item for item in value):
+        raise ValueError(f"{name} must be a sequence of names, got {value!r}")
+    names = tuple(value)  # YAML gives lists
+    if (not names and not allow_empty) or len(set(names)) != len(names):
+        raise ValueError(f"{name} must be {'' if allow_empty else 'non-empty and '}without repeats, got {value!r}")
+    return names
+
+
+@dataclass(frozen=True)
+class LiberoEnvConfig:
+    """Configuration of :class:`LiberoEnv`.
+
+    Raises:
+        ValueError: from ``__post_init__``, naming the field and how to fix it.
+    """
+
+    suite: str = "libero_spatial"
+    """Task suite, one of :data:`SUITE_HORIZONS`."""
+    task_id: int = 0
+    """Task index within the suite (0-9), in the suite's default task order."""
+    horizon: int | None = None
+    """Time limit in control steps; ``None``: the suite's :data:`SUITE_HORIZONS` entry."""
+    num_steps_wait: int = 10
+    """No-op control steps after each reset while objects settle (not counted in ``horizon``)."""
+    obs_keys: tuple[str, ...] = LIBERO_STATE_KEYS
+    """LIBERO observation keys concatenated, in this order, into the state vector."""
+    cameras: tuple[str, ...] = ()
+    """Cameras whose images join the observation: ``("agentview",)``, optionally with the wrist
+    camera ``"robot0_eye_in_hand"``; empty: the flat state ``Box`` observation."""
+    camera_size: int = 128
+    """Height and width of camera observations, pixels (OpenVLA uses 224, SRPO 128 or 224)."""
+    fast_rendering: bool = False
+    """Render camera observations and frames without shadows and reflections (about twice as
+    fast on CPU)."""
+    render_camera: str | None = None
+    """Camera for :meth:`LiberoEnv.render_frame` (e.g. ``"agentview"``); ``None``: no renderer."""
+    render_size: int = 128
+    """Height and width of rendered frames, pixels."""
+
+    def __post_init__(self) -> None:
+        if self.suite not in SUITE_HORIZONS:
+            raise ValueError(f"suite must be one of {sorted(SUITE_HORIZONS)}, got {self.suite!r}")
+        _require_int("task_id", self.task_id, 0)
+        if self.horizon is None:
+            object.__setattr__(self, "horizon", SUITE_HORIZONS[self.suite])
+        _require_int("horizon", self.horizon, 1)
+        _require_int("num_steps_wait", self.num_steps_wait, 0)
+        object.__setattr__(self, "obs_keys", _require_names("obs_keys", self.obs_keys, allow_empty=False))
+        object.__setattr__(self, "cameras", _require_names("cameras", self.cameras, allow_empty=True))
+        _require_int("camera_size", self.camera_size, 8)
+        if not isinstance(self.fast_rendering, bool):
+            raise ValueError(f"fast_rendering must be true or false, got {self.fast_rendering!r}")
+        if self.render_camera is not None and (not isinstance(self.render_camera, str) or not self.render_camera):
+            raise ValueError(
+                f"render_camera must be a camera name such as 'agentview' or None, got {self.render_camera!r}"
+            )
+        _require_int("render_size", self.render_size, 8)
+
+
+@SIMULATORS.register("libero")
+class LiberoEnv(gym.Env):
+    """One LIBERO task as a ``gymnasium.Env``.
+
+    Reward is 1.0 on success (LIBERO's goal predicates, ``env.check_success()``) and 0.0
+    otherwise; an episode terminates on success and is truncated after ``config.horizon`` control
+    steps. The environment never resets itself. It is created once with ``hard_reset=False``;
+    ``reset`` restores one of the task's fixed initial states.
+
+    Args:
+        config: the environment's configuration.
+
+    Raises:
+        TypeError: if ``config`` is not a :class:`LiberoEnvConfig`.
+        RuntimeError: if LIBERO is not installed (see :func:`unavailable_reason`).
+        ValueError: if ``task_id`` is out of range for the suite, or an observation key or camera
+            does not exist in the task (the message lists the available ones).
+    """
+
+    config_class = LiberoEnvConfig
+    metadata = {"render_modes": ["rgb_array"]}
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        """Why LIBERO cannot be created in this Python environment, or ``None`` if it can."""
+        from simulators.libero_offline import libero_unavailable_reason
+
+        return libero_unavailable_reason()
+
+    def __init__(self, config: LiberoEnvConfig) -> None:
+        if not isinstance(config, LiberoEnvConfig):
+            raise TypeError(f"config must be a LiberoEnvConfig, got {type(config).__name__}")
+        self.config = config
+        self.render_mode = "rgb_array" if config.render_camera is not None else None
+        setup_headless_rendering()
+        from simulators.libero_offline import prepare_libero_offline
+
+        prepare_libero_offline()
+        task, bddl_file, self._init_states = _load_task(config.suite, config.task_id)
+        self._instruction = task.language
+        self._env = _make_libero_env(config, bddl_file)
+        observation_spec = self._env.env.observation_spec()
+        try:
+            self._check_names(observation_spec)
+        except ValueError:
+            self._env.close()
+            raise
+        if self._renders and config.fast_rendering:
+            disable_shadows_and_reflections(self._env.sim._render_context_offscreen)
+        sizes = [int(np.size(observation_spec[key])) for key in config.obs_keys]
+        starts = np.cumsum([0, *sizes])
+        self._obs_layout = {key: slice(int(starts[i]), int(starts[i + 1])) for i, key in enumerate(config.obs_keys)}
+        self.obs_dim = int(starts[-1])
+        self.act_dim = int(self._env.env.action_dim)
+        self.observation_space = camera_observation_space(self.obs_dim, config.cameras, config.camera_size)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.act_dim,), dtype=np.float32)
+        self._episode_step = 0
+        self._episode_over = True  # until the first reset
+
+    @property
+    def instruction(self) -> str:
+        """The task's language instruction, as the benchmark gives it to policies
+        (e.g. ``"pick up the alphabet soup and place it in the basket"``)."""
+        return self._instruction
+
+    @property
+    def num_init_states(self) -> int:
+        """Fixed initial states of this task (50 for the four suites)."""
+        return len(self._init_states)
+
+    @property
+    def obs_layout(self) -> dict[str, slice]:
+        """Where each observation key lies in the state vector: ``{key: slice}``."""
+        return dict(self._obs_layout)
+
+    @property
+    def horizon(self) -> int:
+        """Time limit, control steps."""
+        return self.config.horizon
+
+    @property
+    def episode_step(self) -> int:
+        """Control steps taken since the last reset (settling steps excluded)."""
+        return self._episode_step
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        """Start an episode from a fixed initial state of the task.
+
+        Args:
+            seed: the initial-state id; the episode starts from the task's initial state
+                ``seed % num_init_states`` (so ids of disjoint ranges may share a state: LIBERO
+                has only 50 per task). ``None`` picks one from gymnasium's ``np_random``.
+            options: must be ``None``.
+
+        Returns:
+            ``(obs, info)``: obs float32 ``(obs_dim,)`` or the camera ``Dict`` (see the module
+            docstring); info ``{"success": False, "episode_step": 0}``.
+
+        Raises:
+            ValueError: if ``seed`` is not a non-negative integer or ``options`` is given.
+        """
+        if options is not None:
+            raise ValueError(f"LiberoEnv.reset takes no options, got {options!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise ValueError(f"seed must be a non-negative integer (an initial-state id), got {seed!r}")
+        super().reset(seed=None if seed is None else int(seed))
+        if seed is None:
+            index = int(self.np_random.integers(self.num_init_states))
+        else:
+            index = int(seed) % self.num_init_states
+        self._select_render_context()
+        self._env.reset()
+        raw_obs = self._env.set_init_state(self._init_states[index])
+        for _ in range(self.config.num_steps_wait):
+            raw_obs, _, _, _ = self._env.step(NOOP_ACTION)
+        self._episode_step = 0
+        self._episode_over = False
+        return self._observation(raw_obs), {"success": False, "episode_step": 0}
+
+    def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
+        """Apply one control action for 50 ms.
+
+        Args:
+            action: ``(act_dim,)`` values in [-1, 1] (clipped); see the module docstring.
+
+        Returns:
+            ``(obs, reward, terminated, truncated, info)``: obs as in :meth:`reset`; reward 1.0 on
+            success else 0.0; terminated = success; truncated = horizon reached without success;
+            info ``{"success": bool, "episode_step": int}``.
+
+        Raises:
+            ValueError: if ``action`` does not have shape ``(act_dim,)`` or is not finite.
+            RuntimeError: if no episode is running (before ``reset`` or after it ended).
+        """
+        if self._episode_over:
+            raise RuntimeError("no episode is running: call reset() first (the environment never auto-resets)")
+        action = np.asarray(action, dtype=np.float64)
+        if action.shape != (self.act_dim,):
+            raise ValueError(f"action must have shape ({self.act_dim},), got {action.shape}")
+        if not np.all(np.isfinite(action)):
+            raise ValueError(f"action must be finite, got {action}")
+        self._select_render_context()
+        raw_obs, _, _, _ = self._env.step(np.clip(action, -1.0, 1.0))
+        self._episode_step += 1
+        success = bool(self._env.check_success())
+        truncated = self._episode_step >= self.config.horizon and not success
+        self._episode_over = success or truncated
+        info = {"success": success, "episode_step": self._episode_step}
+        return self._observation(raw_obs), float(success), success, truncated, info
+
+    def render_frame(self) -> np.ndarray:
+        """Render the current state from ``config.render_camera``.
+
+        Returns:
+            uint8 ``(render_size, render_size, 3)`` RGB image, rotated like the observations.
+
+        Raises:
+            RuntimeError: if the environment was created without a ``render_camera``.
+        """
+        if self.config.render_camera is None:
+            raise RuntimeError("render_frame needs a render_camera in LiberoEnvConfig (e.g. 'agentview')")
+        size = self.config.render_size
+        self._env.sim._render_context_offscreen.gl_ctx.make_current()
+        image = self._env.sim.render(width=size, height=size, camera_name=self.config.render_camera)
+        return np.ascontiguousarray(image[::-1, ::-1])
+
+    def render(self) -> np.ndarray:
+        """gymnasium's ``rgb_array`` render: same as :meth:`render_frame`."""
+        return self.render_frame()
+
+    def close(self) -> None:
+        """Free the simulator and its renderer."""
+        self._env.close()
+
+    @property
+    def _renders(self) -> bool:
+        return bool(self.config.cameras) or self.config.render_camera is not None
+
+    def _check_names(self, observation_spec: dict[str, np.ndarray]) -> None:
+        missing = [key for key in self.config.obs_keys if key not in observation_spec]
+        if missing:
+            raise ValueError(f"observation keys {missing} do not exist; available: {sorted(observation_spec)}")
+        camera_names = list(self._env.sim.model.camera_names)
+        if self.config.render_camera is not None and self.config.render_camera not in camera_names:
+            raise ValueError(f"render_camera {self.config.render_camera!r} is not a camera; available: {camera_names}")
+
+    def _observation(self, raw_obs: dict[str, np.ndarray]) -> Any:
+        state = np.concatenate([np.ravel(raw_obs[key]) for key in self.config.obs_keys]).astype(np.float32)
+        if not self.config.cameras:
+            return state
+        # OpenVLA's LIBERO evaluation rotates images by 180 degrees to match its training data.
+        images = {
+            f"{camera}_image": np.ascontiguousarray(raw_obs[f"{camera}_image"][::-1, ::-1])
+            for camera in self.config.cameras
+        }
+        return {"state": state, **images}
+
+    def _select_render_context(self) -> None:
+        # Camera observations render inside reset/step; with several environments in one
+        # process, this one's OpenGL context must be current first.
+        if self.config.cameras:
+            self._env.sim._render_context_offscreen.gl_ctx.make_current()
+
+
+def _load_task(suite: str, task_id: int) -> tuple[Any, str, np.ndarray]:
+    """The benchmark task, its BDDL file and its initial states ``(n, state_size)`` float64.
+
+    Raises:
+        ValueError: if ``task_id`` is out of range for ``suite``.
+    """
+    from libero.libero import benchmark
+
+    task_suite = benchmark.get_benchmark_dict()[suite]()
+    if task_id >= task_suite.get_num_tasks():
+        raise ValueError(f"task_id must be in [0, {task_suite.get_num_tasks() - 1}] for {suite}, got {task_id}")
+    init_states = np.asarray(task_suite.get_task_init_states(task_id))
+    return task_suite.get_task(task_id), task_suite.get_task_bddl_file_path(task_id), init_states
+
+
+def _make_libero_env(config: LiberoEnvConfig, bddl_file: str) -> Any:
+    """Create LIBERO's ``ControlEnv`` for the task (call after ``prepare_libero_offline``).
+
+    Raises:
+        ValueError: if a camera of ``config.cameras`` does not exist in the scene.
+    """
+    from libero.libero.envs.env_wrapper import ControlEnv
+
+    renders = bool(config.cameras) or config.render_camera is not None
+    try:
+        return ControlEnv(
+            bddl_file_name=bddl_file,
+            use_camera_obs=bool(config.cameras),
+            has_offscreen_renderer=renders,
+            camera_names=list(config.cameras) or ["agentview"],
+            camera_heights=config.camera_size,
+            camera_widths=config.camera_size,
+            control_freq=CONTROL_FREQ,
+            ignore_done=True,  # the time limit is ours (truncated)
+            hard_reset=False,
+        )
+    except ValueError as error:
+        if not config.cameras:
+            raise
+        raise ValueError(
+            f"LIBERO could not observe cameras {config.cameras} (robosuite's log above lists the scene's camera "
+            f"names, e.g. agentview, robot0_eye_in_hand): {error}"
+        ) from error

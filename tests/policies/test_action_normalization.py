@@ -1,0 +1,42 @@
+"""bounds_q99 normalisation, statistics loading and the LIBERO gripper post-processing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from policies.action_normalization import ActionStatistics, libero_gripper_postprocess, load_action_statistics
+
+STATS = {"q01": [-0.5, 0.0, -2.0], "q99": [0.5, 4.0, 2.0], "mask": [True, True, False]}
+
+
+def test_q01_q99_map_to_the_bounds_and_the_mask_passes_through():
+    stats = ActionStatistics.from_dict(STATS, "test")
+    raw = torch.tensor([[-0.5, 0.0, 0.7], [0.5, 4.0, -3.0], [0.0, 2.0, 1.0], [9.0, -9.0, 0.0]])
+    normalized = stats.normalize(raw)
+    expected = torch.tensor([[-1.0, -1.0, 0.7], [1.0, 1.0, -3.0], [0.0, 0.0, 1.0], [1.0, -1.0, 0.0]])
+    torch.testing.assert_close(normalized, expected, rtol=0, atol=1e-6)
+    # De-normalisation: 0.5 (a + 1) (q99 - q01) + q01 on masked dimensions.
+    denormalized = stats.denormalize(torch.tensor([[-1.0, 1.0, 0.25], [0.5, -0.5, -1.0]]))
+    torch.testing.assert_close(denormalized, torch.tensor([[-0.5, 4.0, 0.25], [0.25, 1.0, -1.0]]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(stats.denormalize(normalized[:3]), raw[:3], rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="actions"):
+        stats.normalize(torch.zeros(2, 4))
+
+
+def test_libero_gripper_is_rescaled_binarised_and_inverted():
+    actions = torch.tensor([[0.3, 0.0], [0.3, 1.0], [0.3, 0.2], [0.3, 0.8]])
+    processed = libero_gripper_postprocess(actions)
+    assert processed[:, -1].tolist() == [1.0, -1.0, 1.0, -1.0]
+    assert torch.equal(processed[:, 0], actions[:, 0])
+
+
+def test_statistics_selection_errors_name_the_choices():
+    norm_stats = {"libero_spatial": {"action": STATS}, "bridge": {"action": STATS}}
+    with pytest.raises(ValueError, match="bridge"):
+        load_action_statistics(norm_stats, None, "dataset_statistics.json")
+    with pytest.raises(ValueError, match="libero_goal"):
+        load_action_statistics(norm_stats, "libero_goal", "dataset_statistics.json")
+    assert load_action_statistics(norm_stats, "bridge", "x").action_dim == 3
+    with pytest.raises(ValueError, match="q99"):
+        ActionStatistics.from_dict({"q01": [0.0]}, "x")

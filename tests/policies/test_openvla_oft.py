@@ -1,0 +1,157 @@
+"""OpenVLA-OFT policy on a tiny in-process model: the parallel pass against an independently
+built reference, exact log-probs, greedy decoding, the L1 head, proprio and checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from policies.openvla.tiny import build_tiny_tokenizer, tiny_architecture, tiny_observation
+from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
+from policies.openvla_oft.modeling_openvla_oft import OpenVLAOFTPolicy, parallel_decoding_mask
+
+INSTRUCTIONS = ["pick up the black bowl", "turn on the stove", "open the top drawer of the cabinet"]
+CHUNK, ACTION_DIM, PROPRIO_DIM = 4, 7, 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(torch_one_thread):
+    """Small models on the shared machines run fastest on one thread."""
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def policy(tokenizer):
+    config = OpenVLAOFTPolicyConfig(
+        architecture=tiny_architecture(len(tokenizer)), chunk_size=CHUNK, num_images=2, proprio_dim=PROPRIO_DIM
+    )
+    return OpenVLAOFTPolicy(config)
+
+
+@pytest.fixture(scope="module")
+def obs(tokenizer):
+    return tiny_observation(tokenizer, INSTRUCTIONS, num_images=2, proprio_dim=PROPRIO_DIM)
+
+
+def test_mask_is_causal_on_the_prefix_and_bidirectional_among_actions():
+    prefix_mask = torch.tensor([[1, 0, 1], [1, 1, 1]])
+    allowed = parallel_decoding_mask(prefix_mask, 2, torch.float32)[:, 0] == 0  # (B, 6, 6)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1],  # placeholder 0 sees the later placeholder and the stop token
+            [1, 1, 1, 1, 1, 1],
+            [1, 1, 1, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(allowed[1], expected)
+    assert torch.equal(allowed[0], expected & torch.tensor([1, 0, 1, 1, 1, 1], dtype=torch.bool))
+
+
+def reference_scores(policy: OpenVLAOFTPolicy, obs, action_tokens: torch.Tensor) -> torch.Tensor:
+    """OFT's training-time pass, built here step by step: the given action tokens are embedded
+    and zeroed (``input_embeddings * ~all_actions_mask``), the attention mask is filled in by
+    loops, and the logits are read one position before each action token."""
+    vla = policy.vla
+    with torch.no_grad():
+        proprio_token = policy.proprio_projector(obs["proprio"])[:, None]
+        patches = torch.cat([vla.embed_images(obs["images"]), proprio_token], dim=1)
+        text = vla.embed_tokens(obs["input_ids"])
+        actions = vla.embed_tokens(action_tokens.flatten(1)) * 0.0
+        stop = vla.embed_tokens(torch.full((3, 1), policy.config.stop_token_id))
+        embeddings = torch.cat([text[:, :1], patches, text[:, 1:], actions, stop], dim=1)
+        mask_2d = obs["attention_mask"]
+        ones = torch.ones(3, patches.shape[1], dtype=torch.long), torch.ones(3, actions.shape[1] + 1, dtype=torch.long)
+        valid = torch.cat([mask_2d[:, :1], ones[0], mask_2d[:, 1:], ones[1]], 1)
+        total, first_action = embeddings.shape[1], embeddings.shape[1] - actions.shape[1] - 1
+        mask = torch.full((3, 1, total, total), torch.finfo(torch.float32).min)
+        for b in range(3):
+            for i in range(total):
+                for j in range(total):
+                    if valid[b, j] and (j <= i or (i >= first_action and j >= first_action)):
+                        mask[b, 0, i, j] = 0.0
+        positions = (valid.cumsum(-1) - 1).clamp(min=0)
+        out = vla.language_model(inputs_embeds=embeddings, attention_mask=mask, position_ids=positions)
+        return out.logits[:, first_action - 1 : first_action - 1 + actions.shape[1]]
+
+
+def test_parallel_pass_equals_scoring_given_action_tokens(policy, obs):
+    actions, log_probs = policy.sample_actions(obs, generator=torch.Generator().manual_seed(0), temperature=0.8)
+    tokens = policy.action_tokenizer.tokens_from_bins(policy.action_tokenizer.bins_from_actions(actions))
+    logits = reference_scores(policy, obs, tokens)  # (B, chunk * A, vocab)
+    expected = (policy.action_tokenizer.bin_logits(logits).double() / 0.8).log_softmax(-1)
+    with torch.no_grad():
+        ours = policy.action_tokenizer.bin_logits(policy.action_logits(obs)).double()
+    torch.testing.assert_close((ours / 0.8).log_softmax(-1).flatten(1, 2), expected, rtol=0, atol=1e-5)
+    per_dim, _ = policy.log_prob_and_entropy_per_dim(obs, actions, temperature=0.8)
+    bins = policy.action_tokenizer.bins_from_actions(actions).flatten(1)
+    torch.testing.assert_close(
+        per_dim.detach().double().flatten(1), expected.gather(-1, bins[..., None]).squeeze(-1), rtol=0, atol=1e-5
+    )
+    assert torch.equal(per_dim.sum(-1), log_probs)
+
+
+def test_ratio_is_one_at_the_first_on_policy_minibatch(policy, obs):
+    for greedy in (False, True):
+        actions, log_probs = policy.sample_actions(obs, greedy=greedy, generator=torch.Generator().manual_seed(1))
+        assert actions.shape == (3, CHUNK, ACTION_DIM) and log_probs.shape == (3, CHUNK)
+        recomputed, entropy = policy(obs, actions)
+        assert torch.equal(torch.exp(recomputed.sum(-1) - log_probs), torch.ones_like(log_probs))
+        assert recomputed.requires_grad and entropy.shape == recomputed.shape
+
+
+def test_greedy_takes_the_argmax_bins_and_matches_predict_action_chunk(policy, obs):
+    actions, _ = policy.sample_actions(obs, greedy=True)
+    with torch.no_grad():
+        argmax = policy.action_tokenizer.bin_logits(policy.action_logits(obs)).argmax(-1)
+    assert torch.equal(policy.action_tokenizer.bins_from_actions(actions), argmax)
+    assert torch.equal(policy.predict_action_chunk(obs), actions)
+    assert policy.env_actions(actions).shape == (3, CHUNK, ACTION_DIM)
+
+
+def test_proprio_changes_the_actions_and_is_required(policy, obs):
+    with torch.no_grad():
+        base = policy.action_logits(obs)
+        moved = obs.clone()
+        moved["proprio"] = moved["proprio"] + 1.0
+        assert not torch.equal(policy.action_logits(moved), base)
+    with pytest.raises(ValueError, match="proprio"):
+        policy.sample_actions(obs.exclude("proprio"))
+    with pytest.raises(ValueError, match="images"):
+        policy.sample_actions(obs.apply(lambda t: t[:, :1] if t.ndim == 5 else t))
+
+
+def test_l1_head_regresses_and_has_no_distribution(tokenizer):
+    config = OpenVLAOFTPolicyConfig(architecture=tiny_architecture(len(tokenizer), fused=False), chunk_size=CHUNK,
+                                    action_head="l1_regression")  # fmt: skip
+    policy = OpenVLAOFTPolicy(config)
+    obs = tiny_observation(tokenizer, INSTRUCTIONS[:2])
+    expert = torch.rand(2, CHUNK, ACTION_DIM) * 2 - 1
+    loss = policy.bc_loss(obs, expert)
+    hidden = policy.action_hidden_states(obs)  # (B, chunk * A, D): one step's A states concatenated
+    predicted = policy.action_head.model(hidden.reshape(2, CHUNK, -1))
+    torch.testing.assert_close(loss, (predicted - expert).abs().mean())
+    loss.backward()
+    assert policy.action_head.model.fc2.weight.grad is not None
+    torch.testing.assert_close(policy.predict_action_chunk(obs), predicted.detach())
+    with pytest.raises(ValueError, match="discrete"):
+        policy.sample_actions(obs)
+
+
+def test_checkpoint_with_oft_module_files_round_trips(policy, obs, tmp_path):
+    out = policy.save_pretrained(tmp_path / "oft")
+    state = {f"module.{name}": tensor for name, tensor in policy.proprio_projector.state_dict().items()}
+    torch.save(state, out / "proprio_projector--150000_checkpoint.pt")
+    config = OpenVLAOFTPolicyConfig(model_path=str(out), chunk_size=CHUNK, num_images=2, proprio_dim=PROPRIO_DIM)
+    loaded = OpenVLAOFTPolicy(config)
+    actions, log_probs = policy.sample_actions(obs, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(loaded.sample_actions(obs, generator=torch.Generator().manual_seed(2))[1], log_probs)
+    with pytest.raises(ValueError, match="action_head"):
+        OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(out), action_head="l1_regression"))

@@ -1,0 +1,96 @@
+"""Camera observations of robosuite tasks: Dict layout, upright images, state unchanged, and the
+flat Box default (skipped where EGL is unavailable)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from simulators import make_env
+from simulators.robosuite_env import RobosuiteEnvConfig
+from simulators.rendering import egl_unavailable_reason
+
+SIZE = 32
+CAMERAS = ("agentview", "robot0_eye_in_hand")
+
+
+@pytest.fixture(scope="module")
+def camera_env():
+    reason = egl_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"headless EGL rendering is unavailable: {reason}")
+    env = make_env(
+        "robosuite_lift",
+        {"cameras": CAMERAS, "camera_size": SIZE, "render_camera": "agentview", "render_size": SIZE, "horizon": 10},
+    )
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="module")
+def state_env():
+    env = make_env("robosuite_lift", {"horizon": 10})
+    yield env
+    env.close()
+
+
+def test_default_observation_stays_a_flat_box(state_env):
+    assert isinstance(state_env.observation_space, gym.spaces.Box)
+    obs, _ = state_env.reset(seed=0)
+    assert isinstance(obs, np.ndarray) and obs.shape == (state_env.obs_dim,)
+    assert state_env.instruction == "lift the cube"
+
+
+def test_dict_observation_layout_and_state_matches_the_state_env(camera_env, state_env):
+    space = camera_env.observation_space
+    assert isinstance(space, gym.spaces.Dict)
+    assert set(space.spaces) == {"state", "agentview_image", "robot0_eye_in_hand_image"}
+    actions = np.random.default_rng(0).uniform(-1, 1, size=(3, camera_env.act_dim))
+    obs, _ = camera_env.reset(seed=5)
+    state, _ = state_env.reset(seed=5)
+    for action in actions:
+        assert space.contains(obs)
+        for camera in CAMERAS:
+            image = obs[f"{camera}_image"]
+            assert image.shape == (SIZE, SIZE, 3) and image.dtype == np.uint8 and image.std() > 5.0
+        np.testing.assert_array_equal(obs["state"], state)
+        obs = camera_env.step(action)[0]
+        state = state_env.step(action)[0]
+
+
+def test_agentview_image_is_the_upright_frame(camera_env):
+    obs, _ = camera_env.reset(seed=2)
+    frame = camera_env.render_frame()  # rendered separately, flipped upright
+    np.testing.assert_array_equal(obs["agentview_image"], frame)
+    # Upright: the table (bottom half of the agentview image) is brighter than the dark background above it.
+    assert frame[SIZE // 2:].mean() > frame[: SIZE // 4].mean()
+
+
+def test_camera_config_validation():
+    with pytest.raises(ValueError, match="cameras"):
+        RobosuiteEnvConfig(cameras="agentview")
+    with pytest.raises(ValueError, match="repeat"):
+        RobosuiteEnvConfig(cameras=("agentview", "agentview"))
+    with pytest.raises(ValueError, match="camera_size"):
+        RobosuiteEnvConfig(cameras=("agentview",), camera_size=4)
+    with pytest.raises(ValueError, match="instruction"):
+        RobosuiteEnvConfig(task="Wipe")
+    assert RobosuiteEnvConfig(task="Wipe", instruction="wipe the table").instruction == "wipe the table"
+    assert RobosuiteEnvConfig(cameras=["agentview"]).cameras == ("agentview",)
+
+
+def test_unknown_camera_names_the_field():
+    with pytest.raises(ValueError, match="cameras"):
+        make_env("robosuite_lift", {"cameras": ("nocam",), "camera_size": SIZE})
+
+
+def test_fast_rendering_changes_only_the_shading(camera_env):
+    fast_env = make_env("robosuite_lift", {"cameras": ("agentview",), "camera_size": SIZE, "fast_rendering": True})
+    try:
+        fast = fast_env.reset(seed=2)[0]["agentview_image"].astype(int)
+    finally:
+        fast_env.close()
+    normal = camera_env.reset(seed=2)[0]["agentview_image"].astype(int)
+    difference = np.abs(fast - normal).mean()
+    assert 0.0 < difference < 40.0  # shadows and reflections gone, same scene
