@@ -228,7 +228,6 @@ def test_sharded_checkpoints_load(policy, obs, tmp_path):
 
 
 def test_lora_trains_only_the_adapters(tokenizer, obs):
-    pytest.importorskip("peft")
     policy = OpenVLAPolicy(OpenVLAPolicyConfig(architecture=tiny_architecture(len(tokenizer), fused=False)))
     actions, log_probs = policy.sample_actions(obs, generator=torch.Generator().manual_seed(6))
     trainable = policy.apply_lora(rank=4)
@@ -248,7 +247,6 @@ def test_lora_trains_only_the_adapters(tokenizer, obs):
 
 
 def test_merged_lora_saves_and_reloads_the_adapted_model(tokenizer, obs, tmp_path):
-    pytest.importorskip("peft")
     policy = OpenVLAPolicy(OpenVLAPolicyConfig(architecture=tiny_architecture(len(tokenizer), fused=False)))
     policy.apply_lora(rank=4)
     with torch.no_grad():
