@@ -131,17 +131,23 @@ def test_resume_continues_exactly(srpo_run, ray_on_loopback, tmp_path, demo_stor
     assert summary["start_step"] == 2 and summary["steps_run"] == 1
     records = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "rollout/success_rate" in r] == [1, 2, 3]
+    # The environment-step count carries over the interruption.
+    full = [json.loads(line) for line in (full_dir / "metrics.jsonl").read_text().splitlines()]
+    total_env_steps = [[r["rollout/total_env_steps"] for r in rs if "rollout/total_env_steps" in r] for rs in (records, full)]
+    assert total_env_steps[0] == total_env_steps[1] and total_env_steps[0][0] < total_env_steps[0][-1]
     resumed = load_file(str(tmp_path / "cut" / "checkpoints" / "step_00000003" / "model.safetensors"))
     uninterrupted = load_file(str(full_dir / "checkpoints" / "step_00000003" / "model.safetensors"))
     for name, value in uninterrupted.items():
         torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)
 
 
-def test_grpo_template_runs(ray_on_loopback, tmp_path, demo_store):
-    summary = train("embodied_grpo", [*TINY, "trainer.total_steps=1", "eval.num_episodes=0",
-                                      f"run.output_dir={tmp_path}", "run.name=grpo",
+def test_grpo_template_runs_until_the_env_step_budget(ray_on_loopback, tmp_path, demo_store):
+    """3 steps asked, but the budget of 1 environment step ends training after the first."""
+    summary = train("embodied_grpo", [*TINY, "trainer.total_steps=3", "trainer.total_env_steps=1",
+                                      "eval.num_episodes=0", f"run.output_dir={tmp_path}", "run.name=grpo",
                                       f"warm_start.demo_store={demo_store}"])
-    assert summary["steps_run"] == 1
+    assert summary["steps_run"] == 1 and summary["last_step"] == 1 and summary["env_steps"] >= 1
+    assert (tmp_path / "grpo" / "checkpoints" / "step_00000001").is_dir()
     resolved = (tmp_path / "grpo" / "template.yaml").read_text()
     assert "reward: success" in resolved
 

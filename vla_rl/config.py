@@ -209,6 +209,12 @@ class TrainerSection(_Section):
     """The RL loop and the actor update."""
 
     total_steps: int = Field(25, ge=0, description="Training steps (rollout, rewards, update).")
+    total_env_steps: int | None = Field(
+        None, ge=1,
+        description="Environment-step budget: training also stops after the step that brings the "
+        "control steps simulated (all workers, dynamic-sampling rounds included) to it (null: none). "
+        "Compares algorithms at equal simulation cost.",
+    )
     lr: float = Field(3e-4, gt=0, description="Adam learning rate of the actor.")
     ppo_epochs: int = Field(4, ge=1, description="Passes over each step's batch.")
     ppo_mini_batch_size: int = Field(

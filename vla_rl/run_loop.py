@@ -11,6 +11,9 @@ from tqdm import tqdm
 from vla_rl.utils.plotting import plot_success_curve
 from vla_rl.utils.tracking import MetricsLogger, read_metrics
 
+TOTAL_ENV_STEPS = "rollout/total_env_steps"
+"""Metric: control steps simulated since the start of training (all workers, refills included)."""
+
 
 class RunLoop:
     """One run of a template's steps on a started :class:`~vla_rl.driver.WorkerGroup`.
@@ -39,11 +42,11 @@ class RunLoop:
                 self.console.print("evaluating the warm-start policy on held-out initial states ...")
                 summary["warm_start_eval"] = self.workers.call("evaluate", "warm_start", True)[0]
                 logger.log(0, summary["warm_start_eval"])
-            summary.update(self._train(start, logger))
+            summary.update(self._train(start, logger, self._env_steps_before(start) if resume else 0.0))
             if cfg.eval.num_episodes > 0:
                 self.console.print("evaluating the trained policy on held-out initial states ...")
                 summary["final_eval"] = self.workers.call("evaluate", "final", True)[0]
-                logger.log(cfg.trainer.total_steps, summary["final_eval"])
+                logger.log(summary["last_step"], summary["final_eval"])
         finally:
             logger.close()
         if summary.get("warm_start_eval") and summary.get("final_eval"):
@@ -56,12 +59,20 @@ class RunLoop:
         self._print_summary(summary)
         return summary
 
-    def _train(self, start: int, logger: MetricsLogger) -> dict:
+    def _env_steps_before(self, start: int) -> float:
+        """Environment steps simulated by the first ``start`` steps of a resumed run (from its metrics)."""
+        records = [r for r in read_metrics(self.run_dir / "metrics.jsonl")
+                   if r.get("step", 0) <= start and TOTAL_ENV_STEPS in r]
+        return float(records[-1][TOTAL_ENV_STEPS]) if records else 0.0
+
+    def _train(self, start: int, logger: MetricsLogger, env_steps: float) -> dict:
+        """Run steps ``start ..`` until ``trainer.total_steps`` or the ``trainer.total_env_steps``
+        budget; ``env_steps`` is what earlier steps simulated."""
         cfg = self.config
-        total = cfg.trainer.total_steps
+        total, budget = cfg.trainer.total_steps, cfg.trainer.total_env_steps
         episodes_per_step = cfg.data.init_states_per_step * cfg.data.group_size
-        env_steps = 0.0
-        rollout_time = 0.0
+        rollout_time, session_env_steps = 0.0, 0.0
+        last_step = start
         train_start = time.perf_counter()
         bar = tqdm(range(start, total), initial=start, total=total, desc="training", unit="step", dynamic_ncols=True)
         for step in bar:
@@ -71,19 +82,28 @@ class RunLoop:
             step_env_steps = metrics.get("rollout/env_steps_per_episode", 0.0) * episodes_per_step
             if metrics.get("timing/rollout"):
                 metrics["rollout/env_steps_per_s"] = step_env_steps / metrics["timing/rollout"]
-            env_steps += step_env_steps + metrics.get("filter/refill_env_steps", 0.0)  # + dynamic sampling's rounds
+            step_env_steps += metrics.get("filter/refill_env_steps", 0.0)  # + dynamic sampling's rounds
+            env_steps += step_env_steps
+            session_env_steps += step_env_steps
             rollout_time += metrics.get("timing/rollout", 0.0)
+            metrics[TOTAL_ENV_STEPS] = env_steps
             logger.log(step + 1, metrics)
             bar.set_postfix(success=f"{metrics.get('rollout/success_rate', float('nan')):.2f}",
                             reward=f"{metrics.get('reward/mean', float('nan')):.2f}")
-            if (step + 1) % cfg.trainer.save_every == 0 or step + 1 == total:
-                self.workers.call("save_checkpoint", step + 1)
+            last_step = step + 1
+            out_of_budget = budget is not None and env_steps >= budget
+            if last_step % cfg.trainer.save_every == 0 or last_step == total or out_of_budget:
+                self.workers.call("save_checkpoint", last_step)
+            if out_of_budget:
+                self.console.print(f"environment-step budget reached: {env_steps:.0f} >= trainer.total_env_steps={budget}")
+                break
         bar.close()
         return {
-            "steps_run": total - start,
+            "steps_run": last_step - start,
+            "last_step": last_step,
             "train_time_s": time.perf_counter() - train_start,
             "env_steps": env_steps,
-            "env_steps_per_s": env_steps / rollout_time if rollout_time else 0.0,
+            "env_steps_per_s": session_env_steps / rollout_time if rollout_time else 0.0,
         }
 
     def _print_summary(self, summary: dict) -> None:
