@@ -79,6 +79,12 @@ class WarmStartSection(_Section):
     bc_steps: int = Field(1500, ge=0, description="Gradient steps of behaviour cloning.")
     bc_lr: float = Field(1e-3, gt=0, description="Adam learning rate for behaviour cloning.")
     bc_batch_size: int = Field(256, ge=1, description="Transitions per behaviour-cloning minibatch.")
+    norm_init_states: int = Field(
+        0, ge=0,
+        description="First observations of this many training initial states join the demonstrations "
+        "in the observation-normalisation statistics (0: demonstrations only), so that features a "
+        "few demonstrations leave nearly constant (e.g. the cube's y) get the scale they vary by.",
+    )
     demo_store: str | None = Field(
         None, description="zarr store of demonstrations (created if missing); default: in the run dir."
     )

@@ -80,12 +80,33 @@ def action_chunks(actions: np.ndarray, chunk_size: int) -> np.ndarray:
     return actions[index]
 
 
+def initial_observations(pool, count: int) -> np.ndarray:
+    """First observations of training initial states ``0 .. count - 1``, reset in pool-sized batches.
+
+    Every worker gets the same observations (resets are seeded by the initial-state id), so the
+    normalisation statistics, hence the cloned weights, agree across workers.
+
+    Returns:
+        float32 ``(count, obs_dim)``.
+    """
+    ids = np.arange(count, dtype=np.int64)
+    batches = [pool.reset(ids[start : start + pool.capacity]) for start in range(0, count, pool.capacity)]
+    return np.concatenate(batches) if batches else np.zeros((0, pool.spec()["obs_dim"]), dtype=np.float32)
+
+
 def behaviour_cloning(
-    policy, store: TrajectoryStore, num_demos: int, steps: int, lr: float, batch_size: int, seed: int
+    policy, store: TrajectoryStore, num_demos: int, steps: int, lr: float, batch_size: int, seed: int,
+    extra_norm_obs: np.ndarray | None = None,
 ) -> dict[str, float]:
     """Fit the policy to the first ``num_demos`` demonstrations with ``policy.bc_loss``.
 
-    Also sets the policy's observation normalisation from the demonstrations' statistics.
+    Also sets the policy's observation normalisation: the mean and standard deviation of the
+    demonstrations' observations together with ``extra_norm_obs`` (e.g. initial observations of
+    training states, see :func:`initial_observations`), each scale floored at
+    :data:`OBS_STD_FLOOR`.
+
+    Args:
+        extra_norm_obs: ``(m, obs_dim)`` observations that count in the statistics only.
 
     Returns:
         ``warm_start/bc_loss`` (last minibatch) and ``warm_start/transitions``.
@@ -95,8 +116,9 @@ def behaviour_cloning(
     actions = torch.as_tensor(
         np.concatenate([action_chunks(e["actions"], policy.chunk_size) for e in episodes]), dtype=torch.float32
     )  # (N, chunk, A)
-    # Features constant over the demonstrations get a floor on their scale (units of the obs).
-    policy.set_obs_normalization(obs.mean(0), obs.std(0, unbiased=False).clamp(min=OBS_STD_FLOOR))
+    norm_obs = obs if extra_norm_obs is None else torch.cat([obs, torch.as_tensor(extra_norm_obs, dtype=obs.dtype)])
+    # Features constant over these observations get a floor on their scale (units of the obs).
+    policy.set_obs_normalization(norm_obs.mean(0), norm_obs.std(0, unbiased=False).clamp(min=OBS_STD_FLOOR))
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     loss = torch.zeros(())

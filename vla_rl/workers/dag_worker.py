@@ -148,7 +148,7 @@ class DAGWorker:
 
             return sft_warm_start(self.resources.policy, self.resources.text_assets.train_file, self.config.text,
                                   seed=self.config.run.seed)
-        from vla_rl.trainers.warm_start import behaviour_cloning, ensure_demonstrations
+        from vla_rl.trainers.warm_start import behaviour_cloning, ensure_demonstrations, initial_observations
 
         ws = self.config.warm_start
         if ws.num_demos == 0:
@@ -162,8 +162,9 @@ class DAGWorker:
         from vla_rl.data.trajectory_store import TrajectoryStore
 
         store = TrajectoryStore.open(store_path)
+        init_obs = initial_observations(self.resources.simulator_pool, ws.norm_init_states)
         return behaviour_cloning(self.resources.policy, store, ws.num_demos, ws.bc_steps, ws.bc_lr,
-                                 ws.bc_batch_size, seed=self.config.run.seed)
+                                 ws.bc_batch_size, seed=self.config.run.seed, extra_norm_obs=init_obs)
 
     # ----------------------------------------------------------------------------- steps
     def run_step(self, step: int) -> dict[str, float]:
