@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vla_rl.config_checks import check_component_names, check_required_nodes
+from vla_rl.config_checks import check_component_names, check_required_nodes, check_rollout_backend
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
 
@@ -79,7 +79,27 @@ def test_settings_that_need_a_reference_or_a_critic_node(overrides, field):
         (["text.temperature=0"], "greater than 0"),
         (["text.max_lenght=3"], "max_lenght"),
         (["run.workflow=speech"], "'embodied' or 'text'"),
+        (["text.rollout_backend=sglang"], "text.rollout_backend"),
+        (["text.vllm_memory_fraction=1.5"], "text.vllm_memory_fraction"),
     ],
 )
 def test_bad_text_settings_are_rejected(overrides, message):
     assert message in str(_error("llm_grpo", *overrides))
+
+
+def test_rollout_backend_defaults_to_hf_and_accepts_vllm():
+    assert load_template("llm_grpo").config.text.rollout_backend == "hf"
+    assert load_template("llm_grpo", ["text.rollout_backend=vllm"]).config.text.rollout_backend == "vllm"
+
+
+def test_vllm_rollout_must_run_on_every_worker():
+    loaded = load_template("llm_grpo", ["text.rollout_backend=vllm"])
+    check_rollout_backend(loaded.config, loaded.nodes, loaded.path)
+    narrowed = [node.model_copy(update={"dp_size": 1}) if node.role == "rollout" else node for node in loaded.nodes]
+    with pytest.raises(TemplateError) as info:
+        check_rollout_backend(loaded.config, narrowed, loaded.path)
+    assert info.value.node == "rollout" and info.value.field == "dp_size"
+    assert "text.rollout_backend=vllm" in str(info.value)
+    hf = load_template("llm_grpo")
+    check_rollout_backend(hf.config, narrowed, hf.path)  # the policy's own sampling runs at any dp_size
+

@@ -116,6 +116,18 @@ class TextSection(_Section):
     max_prompt_length: int = Field(64, ge=1, description="Prompt tokens after the chat template (left-padded).")
     max_response_length: int = Field(24, ge=1, description="Most tokens sampled per response.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; the loss scores at the same one.")
+    rollout_backend: Literal["hf", "vllm"] = Field(
+        "hf", description="What samples the training responses: 'hf', the policy's own KV-cache decoding; "
+        "'vllm', a vLLM engine on the worker's device with the trainer's weights loaded after every update "
+        "(needs the vllm package, see docs/llm.md). Evaluation always decodes with the policy."
+    )
+    vllm_memory_fraction: float = Field(
+        0.3, gt=0, le=1, description="rollout_backend 'vllm' on a GPU: share of GPU memory vLLM may take "
+        "(weights + KV cache; the trainer shares the device)."
+    )
+    vllm_kv_cache_gib: float = Field(
+        1.0, gt=0, description="rollout_backend 'vllm' on CPU: memory of the KV cache in GiB."
+    )
     correct_score: float = Field(1.0, description="Reward of a correct final answer.")
     format_score: float = Field(0.0, description="Reward added for a well-formatted final answer.")
     sft_steps: int = Field(0, ge=0, description="Supervised warm-start steps on the train split (0: none).")

@@ -69,3 +69,28 @@ def check_required_nodes(config: RunConfig, roles: set[str], file: Path | None =
         if used and role not in roles:
             raise TemplateError(f"this setting needs a {what}; see dag_templates/embodied_ppo.yaml and "
                                 "docs/algorithms.md", file=file, field=field)
+
+
+def check_rollout_backend(config: RunConfig, nodes, file: Path | None = None) -> None:
+    """With ``text.rollout_backend: vllm``, check that every rollout node runs on all workers.
+
+    Each worker's vLLM engine joins torch.distributed's existing default group (the workers'
+    group) when it starts, which is collective: an engine started on only some workers waits
+    for the others forever.
+
+    Args:
+        config: the run config.
+        nodes: the template's :class:`~vla_rl.dag.schema.NodeSpec` list.
+        file: the template file, for the error message.
+
+    Raises:
+        TemplateError: naming the node and its ``dp_size``.
+    """
+    if config.text.rollout_backend != "vllm":
+        return
+    world = config.workers.num_workers
+    for node in nodes:
+        if node.role == "rollout" and node.dp_size not in (None, world):
+            raise TemplateError(f"text.rollout_backend=vllm needs the rollout node on every worker: dp_size "
+                                f"{node.dp_size} != workers.num_workers ({world}); remove its dp_size",
+                                file=file, node=node.id, field="dp_size")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from vla_rl.config_checks import check_component_names, check_required_nodes
+from vla_rl.config_checks import check_component_names, check_required_nodes, check_rollout_backend
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
 from vla_rl.utils.ray_utils import init_ray
@@ -104,6 +104,7 @@ def prepare_run_dir(template_arg: str, overrides: list[str], resume: str | None)
         template = load_template(template_arg, overrides)
     check_component_names(template.config, template.path)
     check_required_nodes(template.config, {node.role for node in template.nodes}, template.path)
+    check_rollout_backend(template.config, template.nodes, template.path)
     plan(template)  # reject a bad graph before anything is written
     if not resume:
         name = template.config.run.name or f"{template.name}_{datetime.now():%Y%m%d_%H%M%S}"

@@ -3,7 +3,8 @@ update are the embodied nodes, unchanged (a response token is a decision step wh
 and dimension are 1).
 
 - ``(data, data_load, text)``: this worker's prompts of the step, encoded with the chat template;
-- ``(rollout, model_inference, text)``: ``text.group_size`` sampled responses per prompt;
+- ``(rollout, model_inference, text)``: ``text.group_size`` sampled responses per prompt, by the
+  sampler of ``text.rollout_backend`` (:mod:`vla_rl.rollout.text_backends`);
 - ``(reward, compute, text)``: rule rewards from the verifier of each row's ``data_source``;
 - ``(data, data_load, sft)`` and ``(actor, model_train, sft)``: supervised fine-tuning on the
   rows' target responses (``llm_sft.yaml``), with the actor's DDP model and optimizer.
@@ -23,6 +24,7 @@ from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
 from vla_rl.data.prompt_dataset import PromptRow
 from vla_rl.rewards.verifiers import RuleRewardConfig, score_responses, verify
+from vla_rl.trainers.actor import per_dim_log_probs, text_forward
 
 
 @register_node("data", "data_load", name="text")
@@ -63,26 +65,39 @@ def generate_responses(ctx, batch) -> NodeOutput:
         ``(n, R, 1)`` float32 (one-token actions) and ``finish_step`` ``(n,)`` int64 (response
         lengths), with ``R = text.max_response_length``.
     """
-    samples = sample_groups(ctx.resources, ctx.config.text.group_size, batch)
+    samples, metrics = sample_groups(ctx.resources, ctx.config.text.group_size, batch)
     lengths = samples[keys.FINISH_STEP]
-    metrics = {
-        "rollout/response_length": float(lengths.float().mean()),
-        "rollout/clip_ratio": float((lengths == samples[keys.RESPONSES].shape[1]).float().mean()),
-    }
+    metrics["rollout/response_length"] = float(lengths.float().mean())
+    metrics["rollout/clip_ratio"] = float((lengths == samples[keys.RESPONSES].shape[1]).float().mean())
     return NodeOutput(samples, metrics)
 
 
-def sample_groups(resources, group_size: int, prompts: TensorDict) -> TensorDict:
-    """``group_size`` sampled responses per prompt of ``prompts`` (see :func:`generate_responses`)."""
+def sample_groups(resources, group_size: int, prompts: TensorDict) -> tuple[TensorDict, dict[str, float]]:
+    """``group_size`` sampled responses per prompt of ``prompts`` (see :func:`generate_responses`)
+    with ``resources.text_rollout``, and its metrics.
+
+    When the sampler's log-probs are not the trainer's (vLLM), ``old_log_probs`` are recomputed
+    with the trainer's policy before any update, as verl's ``actor.compute_log_prob`` does, and
+    ``rollout/log_prob_max_diff`` / ``rollout/log_prob_mean_diff`` report the largest and mean
+    absolute gap to the sampler's over the valid tokens.
+    """
+    rollout = resources.text_rollout
+    generation = rollout.sample(prompts[keys.INPUT_IDS], prompts[keys.ATTENTION_MASK], group_size,
+                                resources.generator)
     samples = prompts.repeat_interleave(group_size, dim=0)
-    policy = resources.policy.eval()
-    generation = policy.generate(samples[keys.INPUT_IDS], samples[keys.ATTENTION_MASK],
-                                 generator=resources.generator)
     samples.set(keys.RESPONSES, generation.responses.cpu())
     samples.set(keys.RESPONSE_MASK, generation.response_mask.cpu())
     samples.set(keys.OLD_LOG_PROBS, generation.log_probs.cpu()[..., None])  # (n, R, 1)
     samples.set(keys.FINISH_STEP, generation.response_mask.sum(-1).cpu())  # (n,)
-    return samples
+    if rollout.exact_log_probs:
+        return samples, {}
+    policy = resources.policy.eval()
+    trainer_log_probs = per_dim_log_probs(policy, samples, text_forward)[..., 0].cpu()  # (n, R, 1)
+    gap = (trainer_log_probs - samples[keys.OLD_LOG_PROBS])[samples[keys.RESPONSE_MASK]].abs()  # (valid, 1)
+    samples.set(keys.OLD_LOG_PROBS, trainer_log_probs)
+    has_tokens = gap.numel() > 0
+    return samples, {"rollout/log_prob_max_diff": float(gap.max()) if has_tokens else 0.0,
+                     "rollout/log_prob_mean_diff": float(gap.mean()) if has_tokens else 0.0}
 
 
 @register_node("reward", "compute", name="text")
@@ -139,7 +154,7 @@ def refill_groups(ctx, refill_round: int) -> tuple[TensorDict, int]:
     """
     resources = ctx.resources
     rows = resources.prompt_loader(ctx.dp_rank, ctx.dp_size).rows_for_refill(ctx.step, refill_round)
-    samples = sample_groups(resources, ctx.config.text.group_size, encode_rows(resources.policy, rows))
+    samples, _ = sample_groups(resources, ctx.config.text.group_size, encode_rows(resources.policy, rows))
     score_samples(ctx, samples)
     return samples, 0
 

@@ -129,6 +129,18 @@ class WorkerResources:
         config = POLICIES.get(name).config_class(obs_dim=spec["obs_dim"], action_dim=spec["act_dim"], **fields)
         return make_policy(name, config).to(self.device)
 
+    @cached_property
+    def text_rollout(self):
+        """The sampler of ``text.rollout_backend`` (:mod:`vla_rl.rollout.text_backends`), built on
+        first use, after the actor: a vLLM engine reloads the weights after each actor step."""
+        from vla_rl.rollout.text_backends import make_text_rollout
+
+        return make_text_rollout(
+            self.config.text.rollout_backend, self.policy, self.config.text,
+            seed=self.config.run.seed * 1_000_003 + self.rank, work_dir=self.run_dir / "rollout" / f"rank{self.rank}",
+            optimizer=None if self.actor is None else self.actor.optimizer,
+        )
+
     def _causal_lm(self):
         from policies.causal_lm.configuration_causal_lm import CausalLMConfig
         from policies.causal_lm.modeling_causal_lm import CausalLMPolicy
@@ -145,6 +157,8 @@ class WorkerResources:
         return CausalLMPolicy.from_pretrained(config).to(self.device)
 
     def close(self) -> None:
-        """Stop the simulator actors (if they were started)."""
+        """Stop the simulator actors and the text sampler (if they were started)."""
         if "simulator_pool" in self.__dict__:
             self.simulator_pool.close()
+        if "text_rollout" in self.__dict__:
+            self.text_rollout.close()
