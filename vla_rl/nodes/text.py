@@ -129,9 +129,11 @@ def score_samples(ctx, batch: TensorDict) -> dict[str, float]:
     texts = ctx.resources.policy.processor.decode_responses(batch[keys.RESPONSES], batch[keys.RESPONSE_MASK])
     sources = [row.data_source for row in picked]
     truths = [row.ground_truth for row in picked]
+    flexible = text.answer_extraction == "flexible"
     rewards, metrics = score_responses(sources, texts, truths,
-                                       RuleRewardConfig(text.correct_score, text.format_score))
-    success = torch.tensor([verify(*entry).correct for entry in zip(sources, texts, truths)], dtype=torch.bool)
+                                       RuleRewardConfig(text.correct_score, text.format_score, flexible))
+    success = torch.tensor([verify(*entry, flexible).correct for entry in zip(sources, texts, truths)],
+                           dtype=torch.bool)
     if algo.overlong_buffer_len > 0:
         penalty = overlong_penalty(batch[keys.FINISH_STEP], text.max_response_length, algo.overlong_buffer_len,
                                    algo.overlong_penalty_factor)

@@ -10,6 +10,12 @@ and compares it with the row's ``reward_model.ground_truth``. Verifiers are regi
 The reward of a response (:func:`score_responses`) is ``correct_score`` if its answer is correct
 plus ``format_score`` if its answer is in the expected format (DeepSeek-R1's accuracy + format
 rewards, summed as TRL sums reward functions); with ``format_score = 0`` it is plain accuracy.
+
+Answer extraction is ``strict`` (only an answer in the data source's format counts, verl's GSM8K
+default) or ``flexible`` (a response without that format is judged by its fallback answer, e.g.
+its last number: verl's ``method="flexible"`` and lm-eval's GSM8K "flexible-extract"), which
+lets an instruct model that answers in prose earn the accuracy reward while the format reward
+still asks for the format.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vla_rl.rewards.math_answers import answers_equal, extract_boxed, extract_hash_answer
+from vla_rl.rewards.math_answers import answers_equal, extract_boxed, extract_hash_answer, extract_last_number
 from vla_rl.utils.registry import Registry
 
 
@@ -30,7 +36,8 @@ class Verdict:
     Attributes:
         answer: the final answer in the data source's format (``#### 42`` → ``"42"``), or
             ``None`` if the response does not give one in that format.
-        correct: the answer equals the ground truth.
+        correct: the answer equals the ground truth (with flexible extraction, an unformatted
+            response's fallback answer may be correct while ``answer`` is ``None``).
     """
 
     answer: str | None
@@ -49,19 +56,26 @@ class Verifier:
     Attributes:
         extract_answer: the final answer of a text in the expected format, or ``None``.
         answers_equal: ``(predicted, reference) -> bool``; numeric, then symbolic by default.
+        fallback_answer: flexible extraction's answer of a text without the format (``None``:
+            flexible extraction is strict for this data source).
     """
 
     extract_answer: Callable[[str], str | None]
     answers_equal: Callable[[str, str], bool] = answers_equal
+    fallback_answer: Callable[[str], str | None] | None = None
 
-    def __call__(self, response: str, ground_truth: str) -> Verdict:
+    def __call__(self, response: str, ground_truth: str, flexible: bool = False) -> Verdict:
         """Judge one response. A ground truth that contains a full solution in the expected
-        format (a GSM8K solution ending in ``#### 72``) is reduced to its final answer first."""
+        format (a GSM8K solution ending in ``#### 72``) is reduced to its final answer first.
+        With ``flexible``, a response without the format is judged by its fallback answer."""
         answer = self.extract_answer(response)
-        if answer is None:
+        judged = answer
+        if answer is None and flexible and self.fallback_answer is not None:
+            judged = self.fallback_answer(response)
+        if judged is None:
             return Verdict(None, False)
         reference = self.extract_answer(ground_truth) or ground_truth
-        return Verdict(answer, self.answers_equal(answer, reference))
+        return Verdict(answer, self.answers_equal(judged, reference))
 
     def formatted(self, response: str) -> bool:
         """Whether the response gives a final answer in the expected format."""
@@ -85,9 +99,9 @@ def register_verifier(verifier: Verifier, *data_sources: str) -> Verifier:
     return verifier
 
 
-#: GSM8K: the final answer is the number after the last ``####``.
+#: GSM8K: the final answer is the number after the last ``####`` (flexible: the last number).
 HASH_ANSWER_VERIFIER = register_verifier(
-    Verifier(extract_hash_answer), "openai/gsm8k", "gsm8k", "vla_rl/arithmetic"
+    Verifier(extract_hash_answer, fallback_answer=extract_last_number), "openai/gsm8k", "gsm8k", "vla_rl/arithmetic"
 )
 #: MATH: the final answer is the content of the last ``\boxed{}``, compared symbolically.
 BOXED_ANSWER_VERIFIER = register_verifier(
@@ -95,14 +109,15 @@ BOXED_ANSWER_VERIFIER = register_verifier(
 )
 
 
-def verify(data_source: str, response: str, ground_truth: str) -> Verdict:
-    """The verdict of ``data_source``'s verifier on one response.
+def verify(data_source: str, response: str, ground_truth: str, flexible: bool = False) -> Verdict:
+    """The verdict of ``data_source``'s verifier on one response (``flexible``: see the module
+    docstring).
 
     Raises:
         vla_rl.utils.registry.RegistryError: no verifier serves ``data_source``; the message
             lists the known data sources.
     """
-    return VERIFIERS.get(data_source)(response, ground_truth)
+    return VERIFIERS.get(data_source)(response, ground_truth, flexible)
 
 
 def format_reward(data_source: str, response: str) -> float:
@@ -122,10 +137,12 @@ class RuleRewardConfig:
         correct_score: reward for a correct final answer.
         format_score: reward added for a final answer in the expected format, right or wrong
             (0: accuracy only, as verl's GSM8K default).
+        flexible: flexible answer extraction (see the module docstring).
     """
 
     correct_score: float = 1.0
     format_score: float = 0.0
+    flexible: bool = False
 
 
 def score_responses(
@@ -153,7 +170,7 @@ def score_responses(
             f"score_responses needs one data_source and ground_truth per response, got "
             f"{len(data_sources)}, {len(responses)} and {len(ground_truths)}"
         )
-    verdicts = [verify(*entry) for entry in zip(data_sources, responses, ground_truths)]
+    verdicts = [verify(*entry, config.flexible) for entry in zip(data_sources, responses, ground_truths)]
     correct = torch.tensor([v.correct for v in verdicts], dtype=torch.float32)
     formatted = torch.tensor([v.formatted for v in verdicts], dtype=torch.float32)
     rewards = config.correct_score * correct + config.format_score * formatted

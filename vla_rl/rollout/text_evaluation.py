@@ -28,7 +28,7 @@ def evaluate_text_distributed(
     group: dist.ProcessGroup | None = None,
 ) -> dict[str, float]:
     """Accuracy of ``policy`` on this worker's share of the held-out prompts, for every protocol
-    of ``config.eval``.
+    of ``config.eval`` (answers extracted as ``config.text.answer_extraction`` says).
 
     Returns:
         Per protocol ``p``: ``eval/{p}/success_rate`` (accuracy), ``eval/{p}/ci_low``,
@@ -36,6 +36,7 @@ def evaluate_text_distributed(
         ``eval/{p}/episode_length`` (mean response tokens); identical on all workers.
     """
     rows = PromptFile(test_file).read_shard(rank, world_size)[: math.ceil(config.eval.num_episodes / world_size)]
+    flexible = config.text.answer_extraction == "flexible"
     out: dict[str, float] = {}
     policy.eval()
     for protocol in config.eval.protocols:
@@ -46,7 +47,7 @@ def evaluate_text_distributed(
                                                                         policy.config.max_prompt_length)
             generation = policy.generate(input_ids, attention_mask, greedy=protocol == "greedy", generator=generator)
             texts = policy.processor.decode_responses(generation.responses, generation.response_mask)
-            correct += sum(verify(r.data_source, text, r.ground_truth).correct for r, text in zip(chunk, texts))
+            correct += sum(verify(r.data_source, text, r.ground_truth, flexible).correct for r, text in zip(chunk, texts))
             lengths += int(generation.response_mask.sum())
         totals = torch.tensor([correct, len(rows), lengths], dtype=torch.float64)
         dist.all_reduce(totals, group=group)
