@@ -144,7 +144,17 @@ class WorkerResources:
         )
         return CausalLMPolicy.from_pretrained(config).to(self.device)
 
+    @cached_property
+    def evaluation(self):
+        """This worker's :class:`~vla_rl.evaluation.session.EvaluationSession`, for the nodes of
+        the ``eval_rollout`` template (``run_dir`` is then the evaluation directory)."""
+        from vla_rl.evaluation.session import EvaluationSession
+
+        return EvaluationSession(self)
+
     def close(self) -> None:
         """Stop the simulator actors (if they were started)."""
+        if "evaluation" in self.__dict__:
+            self.evaluation.close()
         if "simulator_pool" in self.__dict__:
             self.simulator_pool.close()
