@@ -78,7 +78,11 @@ class Policy(torch.nn.Module, abc.ABC):
 
     @abc.abstractmethod
     def sample_actions(
-        self, obs: Tensor, greedy: bool = False, generator: torch.Generator | None = None
+        self,
+        obs: Tensor,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+        temperature: float = 1.0,
     ) -> tuple[Tensor, Tensor]:
         """Sample action chunks and their log-probabilities, without tracking gradients.
 
@@ -86,6 +90,11 @@ class Policy(torch.nn.Module, abc.ABC):
             obs: ``(batch, obs_dim)`` floating observations.
             greedy: return the most likely actions (the mode) instead of a sample.
             generator: random generator on the policy's device; the global one if ``None``.
+            temperature: > 0, how spread the sampling distribution is relative to the trained one
+                (1.0: the trained distribution, which training always uses; ignored when
+                ``greedy``). Each policy documents its meaning (Gaussian: the std is scaled by it;
+                categorical: the logits are divided by it); the returned log-probs are those of
+                the tempered distribution.
 
         Returns:
             ``actions`` ``(batch, chunk_size, action_dim)`` float32 and ``log_probs``
@@ -93,7 +102,7 @@ class Policy(torch.nn.Module, abc.ABC):
             action dimensions).
 
         Raises:
-            ValueError: ``obs`` has the wrong shape.
+            ValueError: ``obs`` has the wrong shape, or ``temperature`` is not > 0.
         """
 
     @abc.abstractmethod

@@ -1,5 +1,10 @@
 """robosuite manipulation tasks (Lift by default) as a gymnasium environment on compact state.
 
+Registered as ``robosuite_lift`` (the training default) and ``robosuite`` (the same environment;
+pick the task with ``task: Stack``). Each task of :data:`TASK_STATE_KEYS` has a default compact
+state: the robot's proprioception (end-effector position, finger positions) and the task's
+object state; other robosuite tasks need ``obs_keys``.
+
 Units and conventions of the default Lift observation (robosuite 1.5.2, Panda, world frame):
 
 - ``robot0_eef_pos`` (3): end-effector site position, metres.
@@ -42,6 +47,21 @@ LIFT_STATE_KEYS: tuple[str, ...] = (
 cube's yaw and the hand's small tilt vary between initial states but do not matter for the task,
 and a policy cloned from one or two demonstrations extrapolates badly along such features
 (measured: 0/20 held-out successes with them, 10/20 without, from two demonstrations)."""
+
+_PROPRIO_KEYS: tuple[str, ...] = ("robot0_eef_pos", "robot0_gripper_qpos")
+
+TASK_STATE_KEYS: dict[str, tuple[str, ...]] = {
+    "Lift": LIFT_STATE_KEYS,
+    # cube A is picked and stacked on cube B: both positions and the relative vectors (20 values)
+    "Stack": (*_PROPRIO_KEYS, "cubeA_pos", "cubeB_pos", "gripper_to_cubeA", "gripper_to_cubeB",
+              "cubeA_to_cubeB"),
+    # the can's pose and its pose relative to the hand (19 values); the bin targets are fixed
+    "PickPlaceCan": (*_PROPRIO_KEYS, "Can_pos", "Can_quat", "Can_to_robot0_eef_pos",
+                     "Can_to_robot0_eef_quat"),
+    # door and handle positions, hand-to-handle vector, hinge and handle angles in rad (16 values)
+    "Door": (*_PROPRIO_KEYS, "door_pos", "handle_pos", "handle_to_eef_pos", "hinge_qpos", "handle_qpos"),
+}
+"""Default ``obs_keys`` per robosuite task (robosuite 1.5.2 observation names, Panda, metres)."""
 
 PART_CONTROLLERS: tuple[str, ...] = (
     "JOINT_VELOCITY",
@@ -90,8 +110,9 @@ class RobosuiteEnvConfig:
     """Time limit in control steps; ``step`` reports ``truncated`` when it is reached."""
     control_freq: float = 20.0
     """Control frequency, Hz (one ``step`` = ``1 / control_freq`` seconds of simulation)."""
-    obs_keys: tuple[str, ...] = LIFT_STATE_KEYS
-    """robosuite observation keys concatenated, in this order, into the flat observation."""
+    obs_keys: tuple[str, ...] | None = None
+    """robosuite observation keys concatenated, in this order, into the flat observation;
+    ``None``: the task's default of :data:`TASK_STATE_KEYS`."""
     render_camera: str | None = None
     """Camera for :meth:`RobosuiteEnv.render_frame` (e.g. ``"agentview"``); ``None``: no renderer."""
     render_size: int = 128
@@ -118,6 +139,11 @@ class RobosuiteEnvConfig:
             self.control_freq > 0
         ):
             raise ValueError(f"control_freq must be a positive number of Hz, got {self.control_freq!r}")
+        if self.obs_keys is None:
+            if self.task not in TASK_STATE_KEYS:
+                raise ValueError(f"task {self.task!r} has no default state keys; set obs_keys (tasks with "
+                                 f"defaults: {', '.join(TASK_STATE_KEYS)})")
+            object.__setattr__(self, "obs_keys", TASK_STATE_KEYS[self.task])
         if isinstance(self.obs_keys, str) or not all(isinstance(key, str) for key in self.obs_keys):
             raise ValueError(f"obs_keys must be a sequence of key names, got {self.obs_keys!r}")
         object.__setattr__(self, "obs_keys", tuple(self.obs_keys))  # YAML gives lists
@@ -147,6 +173,7 @@ class RobosuiteEnvConfig:
             raise ValueError(f"instruction must be a non-empty sentence, got {self.instruction!r}")
 
 
+@SIMULATORS.register("robosuite")
 @SIMULATORS.register("robosuite_lift")
 class RobosuiteEnv(gym.Env):
     """A robosuite task as a ``gymnasium.Env`` with a flat float32 state observation (or, with
@@ -248,7 +275,7 @@ class RobosuiteEnv(gym.Env):
         if seed is not None:
             rng = np.random.default_rng(seed)
             self._env.rng = rng  # drives the robot's initial joint noise
-            self._env.placement_initializer.rng = rng  # drives the object placement
+            _seed_placement(self._env.placement_initializer, rng)  # drives the object placement
         self._select_render_context()
         raw_obs = self._env.reset()
         self._episode_step = 0
@@ -375,6 +402,15 @@ def _make_robosuite_env(config: RobosuiteEnvConfig) -> Any:
         hard_reset=False,
         seed=MODEL_SEED,
     )
+
+
+def _seed_placement(sampler: Any, rng: np.random.Generator) -> None:
+    """Give a placement sampler and, for a composite one (PickPlace's ``SequentialCompositeSampler``),
+    each of its samplers the generator ``rng``: they were built with their own reference to the
+    environment's first generator."""
+    sampler.rng = rng
+    for child in getattr(sampler, "samplers", {}).values():
+        _seed_placement(child, rng)
 
 
 def _obs_layout(observation_spec: dict[str, np.ndarray], obs_keys: tuple[str, ...]) -> dict[str, slice]:

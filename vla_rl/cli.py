@@ -2,6 +2,7 @@
 
     vla-rl plan TEMPLATE [KEY=VALUE ...] [--world-size N]
     vla-rl train TEMPLATE [KEY=VALUE ...] [--resume RUN_DIR]
+    vla-rl eval RUN_DIR|CHECKPOINT_DIR ... [KEY=VALUE ...] [--steps 5,10] [--output DIR]
 
 ``plan`` loads a template (a path, or a name in ``dag_templates/``), applies the dotted overrides
 and prints each worker's task chain and the hops between DP sizes, without starting anything.
@@ -25,9 +26,10 @@ from vla_rl.config_checks import check_component_names
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import describe_plan, plan
+from vla_rl.evaluation.targets import EvalInputError
 from vla_rl.utils.registry import RegistryError
 
-USER_ERRORS: tuple[type[Exception], ...] = (TemplateError, ValidationError, RegistryError)
+USER_ERRORS: tuple[type[Exception], ...] = (TemplateError, ValidationError, RegistryError, EvalInputError)
 """Errors caused by the user's input: reported in one line, exit status 2, no traceback."""
 
 USER_ERROR_STATUS = 2
@@ -41,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_plan_command(commands)
     _add_train_command(commands)
+    _add_eval_command(commands)
     return parser
 
 
@@ -110,6 +113,52 @@ def _run_train(args: argparse.Namespace) -> int:
     from vla_rl.driver import train
 
     train(args.template, args.overrides, resume=args.resume)
+    return 0
+
+
+def _add_eval_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "eval",
+        help="evaluate checkpoints with rollouts (the eval_rollout template on the DAG workers)",
+        description="Roll out checkpoints on a benchmark's tasks under the greedy and/or sampled protocol. "
+        "Writes <run>/eval/ (or --output): every episode in zarr, videos, report.md, report.json and a "
+        "success-vs-checkpoint plot. Running it again continues an interrupted evaluation.",
+    )
+    parser.add_argument(
+        "items",
+        nargs="+",
+        metavar="TARGET|KEY=VALUE",
+        help="run directories (all their checkpoints) or checkpoint directories, then dotted overrides of "
+        "the evaluation template: eval.num_episodes=20, eval.protocols=[greedy], eval.temperature=0.5, "
+        "eval.benchmark=robosuite",
+    )
+    parser.add_argument("--steps", type=_steps, default=None, metavar="S1,S2",
+                        help="evaluate only the checkpoints of these training steps")
+    parser.add_argument("--output", default=None, metavar="DIR", help="evaluation directory (default: <run>/eval)")
+    parser.add_argument("--template", default="eval_rollout", metavar="TEMPLATE",
+                        help="evaluation template (default: eval_rollout)")
+    parser.set_defaults(handler=_run_eval)
+
+
+def _steps(text: str) -> list[int]:
+    """argparse type: comma-separated non-negative training steps."""
+    try:
+        steps = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated steps such as 5,10, got {text!r}") from None
+    if any(step < 0 for step in steps):
+        raise argparse.ArgumentTypeError(f"steps must be non-negative, got {text!r}")
+    return steps
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    from vla_rl.evaluation.runner import evaluate
+
+    targets = [item for item in args.items if "=" not in item]
+    overrides = [item for item in args.items if "=" in item]
+    if not targets:
+        raise EvalInputError("name a run directory or checkpoint directory to evaluate")
+    evaluate(targets, overrides, steps=args.steps, output=args.output, template=args.template)
     return 0
 
 

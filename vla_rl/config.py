@@ -252,16 +252,30 @@ class TrainerSection(_Section):
 
 
 class EvalSection(_Section):
-    """Evaluation on held-out initial states before and after training."""
+    """Evaluation on held-out initial states: before and after training, and by ``vla-rl eval``
+    (the ``eval_rollout`` template; docs/evaluation.md)."""
 
-    num_episodes: int = Field(50, ge=0, description="Episodes per protocol (0: no evaluation).")
+    num_episodes: int = Field(50, ge=0, description="Episodes per protocol and task (0: no evaluation).")
     protocols: list[Literal["greedy", "sampled"]] = Field(
         default_factory=lambda: ["greedy", "sampled"], description="Action protocols evaluated."
+    )
+    temperature: float = Field(
+        1.0, gt=0, description="Temperature of the 'sampled' protocol (MLP policy: scales the Gaussian's std)."
+    )
+    benchmark: str | None = Field(
+        None, description="vla-rl eval: registered benchmark (task list); null: the run's own simulator only."
+    )
+    tasks: list[str] | None = Field(None, description="vla-rl eval: the benchmark's tasks to run (null: all).")
+    checkpoints: list[str] = Field(
+        default_factory=list, description="vla-rl eval: checkpoint directories (filled in by the command)."
     )
     init_state_offset: int = Field(
         1_000_000_000, ge=0, description="Evaluation initial-state ids start here (never trained on)."
     )
-    video_episodes: int = Field(3, ge=0, description="Episodes recorded to the evaluation video.")
+    video_episodes: int = Field(
+        3, ge=0, description="Episodes recorded to the evaluation video (vla-rl eval: successes and as many "
+        "failures per task and protocol of the last checkpoint)."
+    )
     video_camera: str = Field("agentview", description="Simulator camera the videos are rendered from.")
     video_size: int = Field(128, ge=16, description="Video frame height and width in pixels.")
     video_fps: int = Field(20, ge=1, description="Video frame rate in Hz.")

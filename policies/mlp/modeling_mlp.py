@@ -171,33 +171,42 @@ class MLPPolicy(Policy):
 
     @torch.no_grad()
     def sample_actions(
-        self, obs: Tensor, greedy: bool = False, generator: torch.Generator | None = None
+        self,
+        obs: Tensor,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+        temperature: float = 1.0,
     ) -> tuple[Tensor, Tensor]:
-        """Sample ``mean + std * N(0, 1)`` (or the mean if ``greedy``) without gradients.
+        """Sample ``mean + temperature * std * N(0, 1)`` (or the mean if ``greedy``) without gradients.
 
         Args:
             obs: ``(batch, obs_dim)`` floating observations.
             greedy: return the mean action.
             generator: random generator on the policy's device; the global one if ``None``.
+            temperature: > 0, scales the Gaussian's standard deviation (1.0: the trained policy).
 
         Returns:
             ``actions`` ``(batch, 1, action_dim)`` float32, unclipped (the environment clips),
-            and their ``log_probs`` ``(batch, 1)`` float32, the per-dimension log-densities of
-            :meth:`log_prob_and_entropy_per_dim` summed over action dimensions.
+            and their ``log_probs`` ``(batch, 1)`` float32, summed over action dimensions: at
+            temperature 1 the per-dimension log-densities of :meth:`log_prob_and_entropy_per_dim`,
+            otherwise those of the tempered Gaussian ``N(mean, (temperature * std)^2)``.
 
         Raises:
-            ValueError: ``obs`` is not ``(batch, obs_dim)`` floating.
+            ValueError: ``obs`` is not ``(batch, obs_dim)`` floating, or ``temperature <= 0``.
         """
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature!r}")
         mean = self.action_mean(obs)  # (B, A)
+        std = temperature * self.action_std()  # (A,); exact at temperature 1
         if greedy:
             actions = mean
         else:
             noise = torch.randn(
                 mean.shape, generator=generator, device=mean.device, dtype=mean.dtype
             )
-            actions = mean + self.action_std() * noise
+            actions = mean + std * noise
         actions = actions.unsqueeze(1)  # (B, 1, A)
-        return actions, self._log_prob_per_dim(actions, mean.unsqueeze(1)).sum(dim=-1)
+        return actions, self._log_prob_per_dim(actions, mean.unsqueeze(1), std).sum(dim=-1)
 
     def log_prob_and_entropy_per_dim(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """Gaussian log-density and entropy of each action dimension.
@@ -220,7 +229,7 @@ class MLPPolicy(Policy):
         self._check_actions(actions, mean.shape[0], "actions")
         log_std = self.action_std().log()  # (A,)
         entropy = (0.5 + _LOG_SQRT_2PI + log_std).expand(mean.shape)  # (B, 1, A)
-        return self._log_prob_per_dim(actions.to(mean.dtype), mean), entropy
+        return self._log_prob_per_dim(actions.to(mean.dtype), mean, self.action_std()), entropy
 
     def bc_loss(self, obs: Tensor, expert_actions: Tensor) -> Tensor:
         """Mean squared error between the mean action and the expert's.
@@ -242,9 +251,9 @@ class MLPPolicy(Policy):
         self._check_actions(expert_actions, mean.shape[0], "expert_actions")
         return torch.mean((mean - expert_actions.to(mean.dtype)) ** 2)
 
-    def _log_prob_per_dim(self, actions: Tensor, mean: Tensor) -> Tensor:
-        """``(B, 1, A)`` actions and means -> ``(B, 1, A)`` Gaussian log-densities per dimension."""
-        std = self.action_std()  # (A,)
+    @staticmethod
+    def _log_prob_per_dim(actions: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+        """``(B, 1, A)`` actions and means, ``(A,)`` std -> ``(B, 1, A)`` Gaussian log-densities."""
         z = (actions - mean) / std
         return -0.5 * z**2 - std.log() - _LOG_SQRT_2PI
 

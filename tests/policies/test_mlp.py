@@ -152,3 +152,28 @@ def test_batch_invariant_linear_matches_linear_and_its_gradients():
     # The hand-written backward (plain matrix products) against finite differences.
     assert torch.autograd.gradcheck(lambda x, w, b: torch.func.functional_call(layer, {"weight": w, "bias": b}, (x,)),
                                     (x, layer.weight, layer.bias))
+
+
+def test_temperature_scales_the_std_and_its_log_density(tiny):
+    """Sampling at temperature T draws mean + T * std * noise and returns the log-density of
+    N(mean, (T * std)^2), written out by hand; T = 1 is the default bit for bit."""
+    obs = torch.tensor([[0.3, -0.4], [1.2, 0.7]], dtype=torch.float64)
+    mean = numpy_mean(obs.numpy())
+    default = tiny.sample_actions(obs, generator=torch.Generator().manual_seed(3))
+    at_one = tiny.sample_actions(obs, generator=torch.Generator().manual_seed(3), temperature=1.0)
+    for a, b in zip(default, at_one):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    actions, log_probs = tiny.sample_actions(obs, generator=torch.Generator().manual_seed(3), temperature=2.5)
+    noise = (default[0][:, 0].numpy() - mean) / STD
+    np.testing.assert_allclose(actions[:, 0].numpy(), mean + 2.5 * STD * noise, rtol=1e-5)
+    std = 2.5 * STD
+    expected = (-0.5 * ((actions[:, 0].numpy() - mean) / std) ** 2 - np.log(std) - 0.5 * math.log(2 * math.pi)).sum(-1)
+    np.testing.assert_allclose(log_probs[:, 0].numpy(), expected, rtol=1e-5)
+    greedy, _ = tiny.sample_actions(obs, greedy=True, temperature=2.5)
+    np.testing.assert_allclose(greedy[:, 0].numpy(), mean, rtol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0])
+def test_temperature_must_be_positive(tiny, temperature):
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        tiny.sample_actions(torch.zeros(1, 2, dtype=torch.float64), temperature=temperature)

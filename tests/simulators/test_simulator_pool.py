@@ -24,6 +24,9 @@ def test_pool_needs_ray_initialised():
 
 @pytest.fixture(scope="module")
 def ray_cluster():
+    if ray.is_initialized():  # the session's Ray (tests/conftest.py::ray_on_loopback) of an earlier module
+        yield
+        return
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=4, log_to_driver=False)

@@ -20,6 +20,11 @@ OLD_LOG_PROBS = "old_log_probs"  # (batch, horizon, chunk) float32: log-probs un
 RESPONSE_MASK = "response_mask"  # (batch, horizon) bool: True for steps the policy acted in
 SUCCESS = "success"  # (batch,) bool
 FINISH_STEP = "finish_step"  # (batch,) int64: number of actions taken (episode length)
+TRUNCATED = "truncated"  # (batch,) bool: the episode hit its time limit without success
+
+# Evaluation episodes (vla-rl eval).
+CHECKPOINT_INDEX = "checkpoint_index"  # (batch,) int64: position in eval.checkpoints
+PROTOCOL_INDEX = "protocol_index"  # (batch,) int64: position in the evaluation's protocols
 
 # Models other than the rollout policy.
 REF_LOG_PROBS = "ref_log_probs"  # (batch, horizon, chunk, action_dim) float32: per-dimension, under the reference

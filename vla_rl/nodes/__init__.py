@@ -5,4 +5,14 @@ Each node is a small callable ``fn(ctx, batch) -> NodeOutput``; algorithms live 
 :mod:`vla_rl.algorithms`, rollouts in :mod:`vla_rl.rollout`, updates in :mod:`vla_rl.trainers`.
 """
 
-from vla_rl.nodes import advantage, data, group_filter, inference, reward, rollout, text, train  # noqa: F401  (registration)
+from vla_rl.nodes import (  # noqa: F401  (registration)
+    advantage,
+    data,
+    evaluation,
+    group_filter,
+    inference,
+    reward,
+    rollout,
+    text,
+    train,
+)

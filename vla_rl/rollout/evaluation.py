@@ -14,21 +14,27 @@ import torch
 import torch.distributed as dist
 
 from vla_rl.data import keys
+from vla_rl.evaluation.protocol import ProtocolPolicy, eval_protocols
 from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl.utils.stats import wilson_interval
+from vla_rl.utils.video import write_mp4
 
 
 def evaluate_shard(
-    policy, pool, init_state_ids: np.ndarray, capacity: int, greedy: bool, generator: torch.Generator
+    policy, pool, init_state_ids: np.ndarray, capacity: int, generator: torch.Generator
 ) -> tuple[int, int, float]:
     """Roll out one episode per id (in pool-sized chunks).
+
+    Args:
+        policy: a policy, or a :class:`~vla_rl.evaluation.protocol.ProtocolPolicy` (it decides
+            greedy or sampled).
 
     Returns:
         (successes, episodes, sum of episode lengths in decision steps).
     """
     successes, episodes, length_sum = 0, 0, 0.0
     for start in range(0, len(init_state_ids), capacity):
-        batch = rollout_episodes(policy, pool, init_state_ids[start : start + capacity], greedy=greedy,
+        batch = rollout_episodes(policy, pool, init_state_ids[start : start + capacity],
                                  generator=generator).batch
         successes += int(batch[keys.SUCCESS].sum())
         episodes += len(batch)
@@ -42,6 +48,8 @@ def evaluate_distributed(
 ) -> dict[str, float]:
     """Evaluate every protocol of ``config.eval`` on this worker's share of the held-out ids.
 
+    Protocols: ``greedy``, and ``sampled`` at ``config.eval.temperature``.
+
     Returns:
         Per protocol ``p``: ``eval/{p}/success_rate``, ``eval/{p}/ci_low``, ``eval/{p}/ci_high``
         (Wilson 95%), ``eval/{p}/episodes``, ``eval/{p}/episode_length``; identical on all workers.
@@ -50,18 +58,18 @@ def evaluate_distributed(
     mine = ids[rank::world_size]
     out: dict[str, float] = {}
     policy.eval()
-    for protocol in config.eval.protocols:
-        local = evaluate_shard(policy, pool, mine, capacity, greedy=protocol == "greedy", generator=generator)
+    for protocol in eval_protocols(config.eval):
+        local = evaluate_shard(ProtocolPolicy(policy, protocol), pool, mine, capacity, generator=generator)
         totals = torch.tensor(local, dtype=torch.float64)
         dist.all_reduce(totals, group=group)
         successes, episodes, length_sum = int(totals[0]), int(totals[1]), float(totals[2])
         low, high = wilson_interval(successes, episodes)
         out.update({
-            f"eval/{protocol}/success_rate": successes / episodes,
-            f"eval/{protocol}/ci_low": low,
-            f"eval/{protocol}/ci_high": high,
-            f"eval/{protocol}/episodes": float(episodes),
-            f"eval/{protocol}/episode_length": length_sum / episodes,
+            f"eval/{protocol.name}/success_rate": successes / episodes,
+            f"eval/{protocol.name}/ci_low": low,
+            f"eval/{protocol.name}/ci_high": high,
+            f"eval/{protocol.name}/episodes": float(episodes),
+            f"eval/{protocol.name}/episode_length": length_sum / episodes,
         })
     return out
 
@@ -72,15 +80,10 @@ def record_video(policy, pool, init_state_ids: np.ndarray, path: Path, fps: int,
     Returns:
         ``{"video_successes": k, "video_episodes": n}``.
     """
-    import imageio
-
     policy.eval()
     n = len(init_state_ids)
     result = rollout_episodes(policy, pool, init_state_ids, greedy=True, generator=generator,
                               render_indices=tuple(range(n)))
     frames = np.concatenate([result.frames[i] for i in range(n) if i in result.frames])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    imageio.mimwrite(tmp, frames, fps=fps, macro_block_size=1)
-    tmp.replace(path)
+    write_mp4(path, frames, fps)
     return {"video_successes": int(result.batch[keys.SUCCESS].sum()), "video_episodes": n}

@@ -215,6 +215,15 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return max(candidates, key=_complete_step, default=None)
 
 
+def complete_checkpoints(root: str | Path) -> list[Path]:
+    """The complete checkpoints under ``root`` (``step_*`` with ``trainer_state.json``), oldest first;
+    staging directories are ignored."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if _complete_step(p) is not None), key=_complete_step)
+
+
 def load_model(path: str | Path, module: torch.nn.Module, strict: bool = True, name: str = "model") -> None:
     """Load ``<path>/<name>.safetensors`` into ``module`` (onto the module's devices).
 

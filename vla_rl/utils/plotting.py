@@ -43,3 +43,38 @@ def plot_success_curve(records: list[dict], path: Path, title: str) -> None:
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
     tmp.replace(path)
+
+
+def plot_success_vs_checkpoint(rows: list[dict], path: Path, title: str) -> None:
+    """Evaluation success rate per checkpoint, one line per protocol, with Wilson 95% intervals.
+
+    Args:
+        rows: ``checkpoint_step``, ``protocol``, ``success_rate``, ``ci_low``, ``ci_high`` each
+            (as :func:`vla_rl.evaluation.report.summarize` gives them, for one task or overall).
+        path: PNG file to write (atomically).
+        title: figure title.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for protocol in dict.fromkeys(r["protocol"] for r in rows):
+        points = sorted((r for r in rows if r["protocol"] == protocol), key=lambda r: r["checkpoint_step"])
+        xs = [r["checkpoint_step"] for r in points]
+        ys = [r["success_rate"] for r in points]
+        yerr = [[y - r["ci_low"] for y, r in zip(ys, points)], [r["ci_high"] - y for y, r in zip(ys, points)]]
+        ax.errorbar(xs, ys, yerr=yerr, marker="o", capsize=4, label=f"{protocol} (95% CI)")
+    ax.set_xticks(sorted({r["checkpoint_step"] for r in rows}))
+    ax.set_xlabel("checkpoint (training step)")
+    ax.set_ylabel("success rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)

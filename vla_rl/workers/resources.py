@@ -156,8 +156,18 @@ class WorkerResources:
         )
         return CausalLMPolicy.from_pretrained(config).to(self.device)
 
+    @cached_property
+    def evaluation(self):
+        """This worker's :class:`~vla_rl.evaluation.session.EvaluationSession`, for the nodes of
+        the ``eval_rollout`` template (``run_dir`` is then the evaluation directory)."""
+        from vla_rl.evaluation.session import EvaluationSession
+
+        return EvaluationSession(self)
+
     def close(self) -> None:
-        """Stop the simulator actors and the text sampler (if they were started)."""
+        """Stop the evaluation session, the simulator actors and the text sampler (if they were started)."""
+        if "evaluation" in self.__dict__:
+            self.evaluation.close()
         if "simulator_pool" in self.__dict__:
             self.simulator_pool.close()
         if "text_rollout" in self.__dict__:

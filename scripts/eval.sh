@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Evaluate a training run's checkpoints (or given checkpoint directories) with rollouts, e.g.
+#   bash scripts/eval.sh outputs/embodied_srpo_20260101_120000 eval.num_episodes=20
+#   bash scripts/eval.sh outputs/<run>/checkpoints/step_00000025 eval.protocols=[greedy]
+# Writes <run>/eval/: report.md, report.json, success_vs_checkpoint.png, videos/, episodes/ (zarr).
+# Running it again continues an interrupted evaluation.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+exec .venv/bin/vla-rl eval "$@"

@@ -1,0 +1,84 @@
+"""The report from episode stores: each planned episode counted once, Wilson intervals against
+the closed form, Markdown / JSON / plot written."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from vla_rl.data import keys
+from vla_rl.evaluation.benchmarks import EvalTask
+from vla_rl.evaluation.episode_store import append_episodes, open_rank_store, stored_keys
+from vla_rl.evaluation.protocol import Protocol
+from vla_rl.evaluation.report import OVERALL, summarize, write_report
+
+SPEC = {"obs_dim": 3, "act_dim": 2, "horizon": 6}
+GREEDY = Protocol("greedy", True, 0.0)
+SAMPLED = Protocol("sampled", False, 0.5)
+
+
+def episodes(ids, success, lengths) -> TensorDict:
+    n, horizon = len(ids), SPEC["horizon"]
+    success = torch.tensor(success)
+    finish = torch.tensor(lengths)
+    return TensorDict({
+        keys.OBS: torch.randn(n, horizon + 1, 3), keys.ACTIONS: torch.randn(n, horizon, 1, 2),
+        keys.OLD_LOG_PROBS: torch.randn(n, horizon, 1), keys.FINISH_STEP: finish, keys.SUCCESS: success,
+        keys.TRUNCATED: ~success & (finish == horizon), keys.INIT_STATE_ID: torch.tensor(ids),
+    }, batch_size=[n])
+
+
+def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson (1927), closed form."""
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return centre - half, centre + half
+
+
+@pytest.fixture
+def eval_dir(tmp_path):
+    lift = open_rank_store(tmp_path, "Lift", 0, SPEC, 1, {"task": "Lift", "simulator": "s", "env": {}})
+    append_episodes(lift, episodes([10, 11, 12], [True, False, True], [3, 6, 4]), 5, True, 0.0)
+    append_episodes(lift, episodes([10, 11], [False, False], [6, 6]), 5, False, 0.5)
+    other_rank = open_rank_store(tmp_path, "Lift", 1, SPEC, 1, {"task": "Lift", "simulator": "s", "env": {}})
+    append_episodes(other_rank, episodes([12, 13], [True, True], [2, 2]), 5, False, 0.5)  # 13: not planned
+    append_episodes(other_rank, episodes([12], [False], [6]), 5, True, 0.0)  # a second copy of 12: ignored
+    door = open_rank_store(tmp_path, "Door", 0, SPEC, 1, {"task": "Door", "simulator": "s", "env": {}})
+    append_episodes(door, episodes([10, 11, 12], [False, False, True], [6, 6, 5]), 5, True, 0.0)
+    return tmp_path
+
+
+def test_each_planned_episode_counts_once(eval_dir):
+    tasks = [EvalTask("Lift", "s"), EvalTask("Door", "s")]
+    rows = summarize(eval_dir, tasks, [5], [GREEDY, SAMPLED], np.array([10, 11, 12]))
+    by = {(r["protocol"], r["task"]): r for r in rows}
+    lift = by[("greedy", "Lift")]
+    assert (lift["episodes"], lift["successes"], lift["truncated"]) == (3, 2, 1)
+    assert lift["mean_episode_length"] == pytest.approx(13 / 3)
+    assert (lift["ci_low"], lift["ci_high"]) == pytest.approx(wilson(2, 3))
+    sampled = by[("sampled@0.5", "Lift")]
+    assert (sampled["episodes"], sampled["successes"]) == (3, 1)
+    overall = by[("greedy", OVERALL)]
+    assert (overall["episodes"], overall["successes"]) == (6, 3)
+    assert (overall["ci_low"], overall["ci_high"]) == pytest.approx(wilson(3, 6))
+    assert by[("sampled@0.5", "Door")]["episodes"] == 0  # never run: nothing counted
+    assert len(stored_keys(eval_dir, "Lift")) == 7  # 8 stored, one of them a repeat
+
+
+def test_report_files(eval_dir):
+    rows = summarize(eval_dir, [EvalTask("Lift", "s")], [5], [GREEDY], np.array([10, 11, 12]))
+    info = {"run_dir": "runs/x", "checkpoints": [{"path": "c", "step": 5}],
+            "tasks": [{"name": "Lift", "simulator": "s"}],
+            "protocols": [{"label": "greedy"}], "episodes_per_task": 3, "init_state_ids": [10, 13], "seed": 0}
+    report = write_report(eval_dir, info, rows)
+    assert json.loads((eval_dir / "report.json").read_text()) == json.loads(json.dumps(report))
+    markdown = (eval_dir / "report.md").read_text()
+    assert "| 5 | greedy | Lift | 66.7% | [20.8%, 93.9%] | 4.3 | 3 |" in markdown
+    assert "initial states 10 .. 12" in markdown
+    assert (eval_dir / "success_vs_checkpoint.png").stat().st_size > 0

@@ -1,0 +1,62 @@
+"""Action protocols of an evaluation: greedy (the policy's mode) and sampled at a temperature."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How actions are chosen during an evaluation episode.
+
+    Attributes:
+        name: ``"greedy"`` or ``"sampled"``.
+        greedy: take the policy's mode.
+        temperature: the sampling temperature (``0.0`` for greedy, where it plays no part).
+    """
+
+    name: str
+    greedy: bool
+    temperature: float
+
+    @property
+    def label(self) -> str:
+        """``greedy`` or ``sampled@T``, as reports show it."""
+        return "greedy" if self.greedy else f"sampled@{self.temperature:g}"
+
+
+def eval_protocols(eval_config) -> list[Protocol]:
+    """The protocols of an ``eval`` config section, in its order (``sampled`` at ``eval.temperature``)."""
+    return [Protocol("greedy", True, 0.0) if name == "greedy" else Protocol("sampled", False, eval_config.temperature)
+            for name in eval_config.protocols]
+
+
+class ProtocolPolicy:
+    """A policy acting under a protocol, for :func:`vla_rl.rollout.embodied.rollout_episodes`.
+
+    ``sample_actions(obs, greedy, generator)`` forwards to the wrapped policy with the protocol's
+    temperature (the ``greedy`` argument of the caller is ignored: the protocol decides).
+
+    Args:
+        policy: a :class:`policies.base.Policy`.
+        protocol: the protocol.
+    """
+
+    def __init__(self, policy, protocol: Protocol) -> None:
+        self.policy = policy
+        self.protocol = protocol
+
+    @property
+    def chunk_size(self) -> int:
+        return self.policy.chunk_size
+
+    def sample_actions(self, obs: Tensor, greedy: bool = False,
+                       generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """``(batch, obs_dim)`` -> actions ``(batch, chunk, action_dim)`` and log-probs ``(batch, chunk)``."""
+        if self.protocol.greedy:
+            return self.policy.sample_actions(obs, greedy=True, generator=generator)
+        return self.policy.sample_actions(obs, greedy=False, generator=generator,
+                                          temperature=self.protocol.temperature)

@@ -1,0 +1,79 @@
+"""Re-running stored evaluation episodes: the stored actions from the same initial state, in a
+simulator pool. Re-scores episodes (the simulator decides success again) and renders videos.
+
+The simulators reset reproducibly from an initial-state id and the stored actions are the
+unclipped ones the policy emitted, so a replay retraces the episode: the same success and length.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vla_rl.data.trajectory_store import TrajectoryStore
+
+
+def replay_episodes(
+    pool, init_state_ids: np.ndarray, actions: list[np.ndarray], render: bool = False
+) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """Execute stored action chunks, one episode per initial state, as the rollout loop does.
+
+    An episode ends at success or at its time limit, or when its stored actions run out; a
+    success in the middle of a chunk ends it (the rest of the chunk is not executed).
+
+    Args:
+        pool: a :class:`simulators.pool.SimulatorPool` with capacity ≥ n (with a render camera
+            when ``render``).
+        init_state_ids: ``(n,)`` int64 initial-state ids.
+        actions: ``n`` arrays ``(T_i, chunk, action_dim)``: each episode's decisions.
+        render: record a camera frame after every control step of every episode.
+
+    Returns:
+        ``success`` ``(n,)`` bool, and for ``render`` each episode's frames ``(steps, H, W, 3)``
+        uint8 by index.
+
+    Raises:
+        ValueError: ``actions`` does not hold one array per initial state.
+    """
+    n = len(init_state_ids)
+    if len(actions) != n:
+        raise ValueError(f"got {len(actions)} action sequences for {n} initial states")
+    lengths = np.array([len(a) for a in actions])
+    chunk, act_dim = actions[0].shape[1:]
+    pool.reset(np.asarray(init_state_ids, dtype=np.int64))
+    active = np.ones(n, dtype=bool)
+    success = np.zeros(n, dtype=bool)
+    frames: dict[int, list[np.ndarray]] = {i: [] for i in range(n)} if render else {}
+    for t in range(int(lengths.max())):
+        active &= t < lengths
+        for j in range(chunk):
+            if not active.any():
+                break
+            step_actions = np.zeros((n, act_dim), dtype=np.float32)
+            for i in np.flatnonzero(active):
+                step_actions[i] = actions[i][t, j]
+            rendered = tuple(np.flatnonzero(active)) if render else ()
+            out = pool.step(step_actions, active, render_indices=rendered)
+            for k, i in enumerate(rendered):
+                frames[int(i)].append(out["frames"][k])
+            success |= out["success"] & active
+            active &= ~(out["terminated"] | out["truncated"])
+    return success, {i: np.stack(f) for i, f in frames.items() if f}
+
+
+def rescore_store(pool, store: TrajectoryStore, indices: list[int] | None = None) -> dict[str, np.ndarray]:
+    """Replay stored episodes and compare the simulator's new verdict with the stored one.
+
+    Args:
+        pool: a pool of the store's task (its ``attrs`` name the simulator and settings), with
+            capacity ≥ the number of episodes replayed.
+        store: an evaluation episode store (:mod:`vla_rl.evaluation.episode_store`).
+        indices: the episodes to replay (default: all).
+
+    Returns:
+        ``{"stored_success": (m,) bool, "replayed_success": (m,) bool}``.
+    """
+    indices = list(range(len(store))) if indices is None else indices
+    episodes = [store.read_episode(i) for i in indices]
+    ids = np.array([int(e["init_state_id"]) for e in episodes], dtype=np.int64)
+    replayed, _ = replay_episodes(pool, ids, [e["actions"] for e in episodes])
+    return {"stored_success": np.array([bool(e["success"]) for e in episodes]), "replayed_success": replayed}

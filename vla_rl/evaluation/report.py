@@ -1,0 +1,136 @@
+"""The evaluation report, assembled from the episode stores on disk (by the driver, after the
+workers finish): success rates with Wilson 95% intervals and mean episode lengths per checkpoint,
+protocol and task, and over all tasks; written as ``report.json``, ``report.md`` and
+``success_vs_checkpoint.png``. Each planned episode counts once, whatever the stores hold.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from vla_rl.data.trajectory_store import TrajectoryStore
+from vla_rl.evaluation.episode_store import EpisodeKey, task_dir
+from vla_rl.evaluation.session import VIDEOS_DIR
+from vla_rl.utils.plotting import plot_success_vs_checkpoint
+from vla_rl.utils.stats import wilson_interval
+
+OVERALL = "overall"
+
+
+def _load_task(eval_dir: Path, task: str) -> dict[EpisodeKey, tuple[bool, int, bool]]:
+    """``key -> (success, finish_step, truncated)`` of the committed episodes of a task (first copy kept)."""
+    out: dict[EpisodeKey, tuple[bool, int, bool]] = {}
+    for path in sorted(task_dir(eval_dir, task).glob("rank*.zarr")):
+        store = TrajectoryStore.open(path, read_only=True)
+        if len(store) == 0:
+            continue
+        d = store.read_all()
+        for i in range(len(store)):
+            key = EpisodeKey(int(d["checkpoint_step"][i]), bool(d["greedy"][i]), float(d["temperature"][i]),
+                             int(d["init_state_id"][i]))
+            out.setdefault(key, (bool(d["success"][i]), int(d["finish_step"][i]), bool(d["truncated"][i])))
+    return out
+
+
+def _row(step: int, protocol: str, task: str, outcomes: list[tuple[bool, int, bool]]) -> dict:
+    n = len(outcomes)
+    k = sum(o[0] for o in outcomes)
+    low, high = wilson_interval(k, n) if n else (float("nan"), float("nan"))
+    return {"checkpoint_step": step, "protocol": protocol, "task": task, "episodes": n, "successes": k,
+            "success_rate": k / n if n else float("nan"), "ci_low": low, "ci_high": high,
+            "mean_episode_length": float(np.mean([o[1] for o in outcomes])) if n else float("nan"),
+            "truncated": sum(o[2] for o in outcomes)}
+
+
+def summarize(eval_dir: Path, tasks, steps: list[int], protocols, init_state_ids: np.ndarray) -> list[dict]:
+    """One row per (checkpoint step, protocol, task) and per (step, protocol) over all tasks
+    (``task = "overall"``, the episodes of every task pooled).
+
+    Each row: ``episodes``, ``successes``, ``success_rate``, ``ci_low`` / ``ci_high`` (Wilson 95%,
+    :func:`vla_rl.utils.stats.wilson_interval`), ``mean_episode_length`` (decision steps; control
+    steps for single-action chunks), ``truncated`` (episodes that hit the time limit).
+    Only the planned episodes count, each once; missing ones are simply not counted.
+    """
+    stored = {task.name: _load_task(eval_dir, task.name) for task in tasks}
+    rows = []
+    for step in sorted(steps):
+        for protocol in protocols:
+            pooled = []
+            for task in tasks:
+                keys = [EpisodeKey(step, protocol.greedy, protocol.temperature, int(i)) for i in init_state_ids]
+                outcomes = [stored[task.name][k] for k in keys if k in stored[task.name]]
+                rows.append(_row(step, protocol.label, task.name, outcomes))
+                pooled += outcomes
+            if len(tasks) > 1:
+                rows.append(_row(step, protocol.label, OVERALL, pooled))
+    return rows
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The rows as a Markdown table."""
+    lines = ["| checkpoint step | protocol | task | success | 95% CI (Wilson) | mean length | episodes |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['checkpoint_step']} | {r['protocol']} | {r['task']} | {_percent(r['success_rate'])} "
+                     f"| [{_percent(r['ci_low'])}, {_percent(r['ci_high'])}] | {r['mean_episode_length']:.1f} "
+                     f"| {r['episodes']} |")
+    return "\n".join(lines)
+
+
+def write_report(eval_dir: Path, protocol_info: dict, rows: list[dict]) -> dict:
+    """Write ``report.json``, ``report.md`` and ``success_vs_checkpoint.png`` (atomically).
+
+    Args:
+        protocol_info: how the evaluation ran (checkpoints, tasks, protocols, episodes, initial
+            states, seed), stated in both reports.
+        rows: from :func:`summarize`.
+
+    Returns:
+        The JSON report.
+    """
+    replays_file = eval_dir / VIDEOS_DIR / "replays.json"
+    videos = json.loads(replays_file.read_text()) if replays_file.exists() else []
+    report = {"protocol": protocol_info, "results": rows, "videos": videos}
+    _write(eval_dir / "report.json", json.dumps(report, indent=2))
+    info = protocol_info
+    protocols = ", ".join(p["label"] for p in info["protocols"])
+    text = [
+        f"# Evaluation of {info['run_dir']}",
+        "",
+        f"- checkpoints (training step): {', '.join(str(c['step']) for c in info['checkpoints'])}",
+        f"- tasks: {', '.join(t['name'] + ' (' + t['simulator'] + ')' for t in info['tasks'])}",
+        f"- protocols: {protocols} (greedy: the policy's mode; sampled@T: sampled at temperature T, "
+        "for the Gaussian MLP policy the std scaled by T)",
+        f"- episodes: {info['episodes_per_task']} per task, checkpoint and protocol, from initial states "
+        f"{info['init_state_ids'][0]} .. {info['init_state_ids'][1] - 1} (the same for every checkpoint and "
+        f"protocol); seed {info['seed']}",
+        "- success: the simulator's success test; 95% confidence intervals: Wilson score; mean length in "
+        "decision steps",
+        "",
+        markdown_table(rows),
+        "",
+        "![success vs checkpoint](success_vs_checkpoint.png)",
+    ]
+    if videos:
+        text += ["", "## Videos (stored actions replayed from the same initial state)", ""]
+        text += [f"- [{v['file']}]({v['file']}): {v['task']}, {v['protocol']}, "
+                 f"{'success' if v['stored_success'] else 'failure'}"
+                 f"{'' if v['stored_success'] == v['replayed_success'] else ' (replay differs!)'}" for v in videos]
+    _write(eval_dir / "report.md", "\n".join(text) + "\n")
+    overall = [r for r in rows if r["task"] == OVERALL] or rows
+    plot_success_vs_checkpoint(overall, eval_dir / "success_vs_checkpoint.png",
+                               f"success vs checkpoint ({', '.join(t['name'] for t in info['tasks'])})")
+    return report
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -1,0 +1,155 @@
+"""The driver side of ``vla-rl eval``: resolve the checkpoints, write the evaluation's resolved
+template, run the ``eval_rollout`` workflow on the DAG workers until every planned episode is
+stored, then assemble the report from the stores on disk. The driver receives only counts.
+
+The evaluation directory (default ``<run_dir>/eval``) holds ``template.yaml``, the episode stores
+``episodes/<task>/rank<r>.zarr``, ``videos/``, ``report.json``, ``report.md`` and
+``success_vs_checkpoint.png``. Running the same command again continues an interrupted
+evaluation: episodes already stored are not run again.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import yaml
+
+from vla_rl.evaluation.targets import RUN_TEMPLATE, EvalInputError, find_checkpoints
+
+EVAL_TEMPLATE = "eval_rollout"
+EVAL_DIR = "eval"
+
+
+def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] | None = None,
+                     output: str | None = None, template: str = EVAL_TEMPLATE):
+    """Create the evaluation directory and write its resolved template.
+
+    The evaluation template's ``config`` takes the run's ``policy`` and ``simulator`` sections (the
+    checkpoints' architecture and task), the checkpoints (``eval.checkpoints``), then ``overrides``.
+
+    Returns:
+        ``(evaluation directory, loaded template, run directory)``.
+
+    Raises:
+        EvalInputError: bad targets, a text run, or an evaluation setting that does not resolve.
+        TemplateError: a bad template or override.
+    """
+    from vla_rl.config_checks import check_component_names
+    from vla_rl.dag.loader import load_template
+    from vla_rl.dag.planner import plan
+    from vla_rl.evaluation.benchmarks import resolve_tasks
+
+    run_dir, checkpoints = find_checkpoints(targets, steps)
+    run_config = load_template(run_dir / RUN_TEMPLATE).config
+    if run_config.run.workflow != "embodied":
+        raise EvalInputError(f"{run_dir} is a text run; vla-rl eval evaluates embodied policies")
+    raw = copy.deepcopy(load_template(template).raw)
+    config = raw.setdefault("config", {})
+    config["policy"] = run_config.policy.model_dump(mode="json")
+    config["simulator"] = run_config.simulator.model_dump(mode="json")
+    config.setdefault("eval", {})["checkpoints"] = [str(p) for p in checkpoints]
+    eval_dir = Path(output) if output else run_dir / EVAL_DIR
+    eval_dir.mkdir(parents=True, exist_ok=True)
+    resolved = eval_dir / RUN_TEMPLATE
+    _write_yaml(resolved, raw)  # then the overrides, so that their errors name this file
+    loaded = load_template(resolved, overrides)
+    check_component_names(loaded.config, loaded.path)
+    plan(loaded)
+    try:
+        resolve_tasks(loaded.config)
+    except ValueError as err:
+        raise EvalInputError(str(err)) from None
+    _write_yaml(resolved, loaded.raw)
+    return eval_dir, load_template(resolved), run_dir
+
+
+def _write_yaml(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)
+
+
+def protocol_info(config, run_dir: Path, tasks, protocols, steps: list[int]) -> dict:
+    """How the evaluation runs, as the reports state it."""
+    ev = config.eval
+    return {
+        "run_dir": str(run_dir),
+        "checkpoints": [{"path": p, "step": s} for p, s in zip(ev.checkpoints, steps)],
+        "tasks": [{"name": t.name, "simulator": t.simulator, "env": t.env} for t in tasks],
+        "protocols": [{"label": p.label, "greedy": p.greedy, "temperature": p.temperature} for p in protocols],
+        "episodes_per_task": ev.num_episodes,
+        "init_state_ids": [ev.init_state_offset, ev.init_state_offset + ev.num_episodes],
+        "seed": config.run.seed,
+        "policy": config.policy.name,
+        "confidence_interval": "Wilson score, 95%",
+        "episode_length_unit": "decision steps",
+    }
+
+
+def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None = None, output: str | None = None,
+             template: str = EVAL_TEMPLATE, console=None) -> dict:
+    """Evaluate checkpoints end to end (see the module docstring).
+
+    Args:
+        targets: run and/or checkpoint directories (see :func:`~vla_rl.evaluation.targets.find_checkpoints`).
+        overrides: dotted overrides of the evaluation template (``eval.num_episodes=20``).
+        steps: only the checkpoints of these training steps.
+        output: the evaluation directory (default ``<run_dir>/eval``).
+        template: the evaluation template.
+        console: a ``rich.console.Console``.
+
+    Returns:
+        The JSON report (also ``<eval_dir>/report.json``).
+    """
+    import numpy as np
+    from rich.console import Console
+    from tqdm import tqdm
+
+    from vla_rl.dag.planner import plan
+    from vla_rl.driver import WorkerGroup
+    from vla_rl.evaluation.benchmarks import resolve_tasks
+    from vla_rl.evaluation.protocol import eval_protocols
+    from vla_rl.evaluation.report import markdown_table, summarize, write_report
+    from vla_rl.evaluation.session import checkpoint_step
+    from vla_rl.utils.ray_utils import init_ray
+
+    console = console or Console()
+    eval_dir, loaded, run_dir = prepare_eval_dir(targets, overrides, steps, output, template)
+    config = loaded.config
+    ev, sim = config.eval, config.simulator
+    tasks, protocols = resolve_tasks(config), eval_protocols(ev)
+    ckpt_steps = [checkpoint_step(Path(p)) for p in ev.checkpoints]
+    world = plan(loaded).world_size
+    # each worker: its own pool for the run's simulator and at most one other task's pool
+    per_worker = config.workers.num_cpus_per_worker + 2 * sim.actors_per_worker * sim.num_cpus_per_actor
+    init_ray(num_cpus=world * per_worker + 1)
+    console.print(f"[bold]evaluation directory[/bold] {eval_dir}")
+    total = len(tasks) * len(ckpt_steps) * len(protocols) * ev.num_episodes
+    started = time.perf_counter()
+    workers = WorkerGroup.launch(world, str(eval_dir / RUN_TEMPLATE), [], eval_dir, config.workers.num_cpus_per_worker)
+    try:
+        workers.start_process_group()
+        workers.call("setup", False)
+        bar = tqdm(total=total, desc="evaluating", unit="episode", dynamic_ncols=True)
+        step = 0
+        while True:
+            metrics = workers.call("run_step", step)[0]
+            # absent when no worker had an episode in this step: then none remains
+            remaining = int(metrics.get("eval/remaining", 0.0))
+            bar.update(total - remaining - bar.n)
+            step += 1
+            if remaining == 0:
+                break
+        bar.close()
+    finally:
+        workers.shutdown()
+    ids = ev.init_state_offset + np.arange(ev.num_episodes)
+    rows = summarize(eval_dir, tasks, ckpt_steps, protocols, ids)
+    info = protocol_info(config, run_dir, tasks, protocols, ckpt_steps)
+    info.update({"wall_time_s": time.perf_counter() - started, "driver_max_reply_bytes": workers.max_reply_bytes})
+    report = write_report(eval_dir, info, rows)
+    console.print(markdown_table(rows), soft_wrap=True)
+    console.print(f"report {eval_dir / 'report.md'}; plot {eval_dir / 'success_vs_checkpoint.png'}")
+    return report
