@@ -20,6 +20,7 @@ import ray
 from simulators.registry import build_env_config
 from simulators.rendering import headless_rendering_env_vars
 from simulators.worker import SimulatorWorker
+from vla_rl.data.observations import Observations, empty_observations, set_rows
 
 WORKER_ENV_VARS: dict[str, str] = {
     "OMP_NUM_THREADS": "1",
@@ -76,23 +77,25 @@ class SimulatorPool:
         for actor in self._actors:
             actor.make_envs.remote()  # in the background; later calls queue behind it
         self.capacity = num_actors * envs_per_actor  # total number of environments
-        self._spec: dict[str, int] | None = None
+        self._spec: dict[str, Any] | None = None
         self._batch_size: int | None = None
 
-    def spec(self) -> dict[str, int]:
-        """``{"obs_dim": int, "act_dim": int, "horizon": int (control steps)}``."""
+    def spec(self) -> dict[str, Any]:
+        """``{"obs_dim": int, "act_dim": int, "horizon": int (control steps)}``, plus ``"images":
+        {"<camera>_image": [H, W, 3]}`` for camera observations (see :meth:`SimulatorWorker.spec`)."""
         if self._spec is None:
             self._spec = ray.get(self._live_actors()[0].spec.remote())
         return dict(self._spec)
 
-    def reset(self, init_state_ids: np.ndarray | Sequence[int]) -> np.ndarray:
+    def reset(self, init_state_ids: np.ndarray | Sequence[int]) -> Observations:
         """Reset the first ``n`` environments to the given initial states.
 
         Args:
             init_state_ids: ``(n,)`` non-negative integer initial-state ids, ``n <= capacity``.
 
         Returns:
-            float32 ``(n, obs_dim)`` initial observations; row ``g`` is environment ``g``.
+            float32 ``(n, obs_dim)`` initial observations; row ``g`` is environment ``g``. Camera
+            observations: a dict of ``n``-row arrays (:mod:`vla_rl.data.observations`).
 
         Raises:
             ValueError: if ids are not a 1-D integer array of length 1..capacity.
@@ -107,9 +110,9 @@ class SimulatorPool:
             raise ValueError(f"init_state_ids must be non-negative, got {ids[ids < 0].tolist()}")
         split = self._split(np.arange(len(ids)))
         refs = [actor.reset.remote(self._local(rows), ids[rows].tolist()) for actor, rows in split]
-        obs = np.zeros((len(ids), self.spec()["obs_dim"]), dtype=np.float32)
+        obs = empty_observations(self.spec(), len(ids))
         for (_, rows), actor_obs in zip(split, ray.get(refs)):
-            obs[rows] = actor_obs
+            set_rows(obs, rows, actor_obs)
         self._batch_size = len(ids)
         return obs
 
@@ -124,10 +127,10 @@ class SimulatorPool:
             render_indices: active environments (in ``[0, n)``) to render after the step.
 
         Returns:
-            ``{"obs": float32 (n, obs_dim), "reward": float32 (n,), "terminated": bool (n,),
-            "truncated": bool (n,), "success": bool (n,)}`` with zero / False rows for inactive
-            environments, plus ``"frames"``: uint8 ``(len(render_indices), H, W, 3)`` in the
-            order of ``render_indices`` when it is not empty.
+            ``{"obs": float32 (n, obs_dim) (or a dict, as from reset), "reward": float32 (n,),
+            "terminated": bool (n,), "truncated": bool (n,), "success": bool (n,)}`` with zero /
+            False rows for inactive environments, plus ``"frames"``: uint8 ``(len(render_indices),
+            H, W, 3)`` in the order of ``render_indices`` when it is not empty.
 
         Raises:
             RuntimeError: before the first :meth:`reset`; or, from a worker, when stepping an
@@ -154,11 +157,12 @@ class SimulatorPool:
             refs.append(actor.step.remote(self._local(rows), actions[rows], self._local(rendered)))
             rows_per_actor.append(rows)
             rendered_per_actor.append(rendered)
-        result = {"obs": np.zeros((n, self.spec()["obs_dim"]), dtype=np.float32)}
+        result = {"obs": empty_observations(self.spec(), n)}
         result.update({key: np.zeros(n, dtype=dtype) for key, dtype in _PER_ENV_DTYPES.items()})
         frames: dict[int, np.ndarray] = {}
         for rows, rendered, out in zip(rows_per_actor, rendered_per_actor, ray.get(refs)):
-            for key in result:
+            set_rows(result["obs"], rows, out["obs"])
+            for key in _PER_ENV_DTYPES:
                 result[key][rows] = out[key]
             frames.update(zip(rendered, out.get("frames", ())))
         if render_indices:
@@ -175,7 +179,8 @@ class SimulatorPool:
             init_state_ids: ``(m,)`` non-negative integer initial-state ids.
 
         Returns:
-            ``m`` episode dicts in the order of ``init_state_ids``: ``{"obs": float32 (T, obs_dim),
+            ``m`` episode dicts in the order of ``init_state_ids``: ``{"obs": float32 (T, obs_dim)
+            (camera observations: a dict of T-row arrays),
             "actions": float32 (T, act_dim), "success": bool, "init_state_id": int}``.
 
         Raises:

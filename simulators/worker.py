@@ -4,6 +4,10 @@
 Ray actor. Environments are created lazily, on the first call that uses them, so the simulator
 library (and its OpenGL context) is loaded inside the worker's process only. This module imports
 neither torch nor any simulator library.
+
+Observations leave the worker as :mod:`vla_rl.data.observations` lays them out: a float32
+``(n, obs_dim)`` array, or with cameras a dict of arrays (``state``, ``<camera>_image`` uint8,
+and the task's ``instruction`` as uint8 UTF-8 bytes).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import numpy as np
 
 from simulators.experts import EXPERTS
 from simulators.registry import make_env
+from vla_rl.data import keys
+from vla_rl.data.observations import Observations, observation, stack_observations
 
 
 class SimulatorWorker:
@@ -42,16 +48,23 @@ class SimulatorWorker:
         for index in range(len(self._envs)):
             self._env(index)
 
-    def spec(self) -> dict[str, int]:
-        """``{"obs_dim": int, "act_dim": int, "horizon": int (control steps)}``; creates env 0."""
+    def spec(self) -> dict[str, Any]:
+        """``{"obs_dim": int (state features), "act_dim": int, "horizon": int (control steps)}``,
+        plus ``"images": {"<camera>_image": [H, W, 3]}`` for camera observations; creates env 0."""
         env = self._env(0)
-        return {
-            "obs_dim": int(env.observation_space.shape[0]),
+        space = env.observation_space
+        state_space = space[keys.OBS_STATE] if isinstance(space, gym.spaces.Dict) else space
+        spec: dict[str, Any] = {
+            "obs_dim": int(state_space.shape[0]),
             "act_dim": int(env.action_space.shape[0]),
             "horizon": int(env.horizon),
         }
+        if isinstance(space, gym.spaces.Dict):
+            spec["images"] = {key: list(sub.shape) for key, sub in space.spaces.items()
+                              if key.endswith(keys.OBS_IMAGE_SUFFIX)}
+        return spec
 
-    def reset(self, env_indices: Sequence[int], init_state_ids: Sequence[int]) -> np.ndarray:
+    def reset(self, env_indices: Sequence[int], init_state_ids: Sequence[int]) -> Observations:
         """Reset the given environments to the given initial states.
 
         Args:
@@ -59,7 +72,8 @@ class SimulatorWorker:
             init_state_ids: ``n`` non-negative initial-state ids (the reset seeds).
 
         Returns:
-            float32 ``(n, obs_dim)`` initial observations.
+            float32 ``(n, obs_dim)`` initial observations (camera observations: a dict of ``n``-row
+            arrays, see the module docstring).
 
         Raises:
             ValueError: on bad or repeated indices, or lengths that differ.
@@ -67,8 +81,9 @@ class SimulatorWorker:
         self._check_indices(env_indices)
         if len(init_state_ids) != len(env_indices):
             raise ValueError(f"got {len(init_state_ids)} init_state_ids for {len(env_indices)} environments")
-        observations = [self._env(i).reset(seed=int(s))[0] for i, s in zip(env_indices, init_state_ids)]
-        return np.stack(observations).astype(np.float32, copy=False)
+        observations = [self._observation(i, self._env(i).reset(seed=int(s))[0])
+                        for i, s in zip(env_indices, init_state_ids)]
+        return stack_observations(observations)
 
     def step(
         self, env_indices: Sequence[int], actions: np.ndarray, render_indices: Sequence[int] = ()
@@ -81,9 +96,9 @@ class SimulatorWorker:
             render_indices: environments (a subset of ``env_indices``) to render after the step.
 
         Returns:
-            ``{"obs": float32 (n, obs_dim), "reward": float32 (n,), "terminated": bool (n,),
-            "truncated": bool (n,), "success": bool (n,)}``, plus ``"frames"``: uint8
-            ``(len(render_indices), H, W, 3)`` when ``render_indices`` is not empty.
+            ``{"obs": float32 (n, obs_dim) (or a dict, as from reset), "reward": float32 (n,),
+            "terminated": bool (n,), "truncated": bool (n,), "success": bool (n,)}``, plus
+            ``"frames"``: uint8 ``(len(render_indices), H, W, 3)`` when ``render_indices`` is not empty.
 
         Raises:
             ValueError: on bad indices, an ``actions`` shape that does not match, or render
@@ -100,8 +115,8 @@ class SimulatorWorker:
         if any(self._env(i).render_mode is None for i in render_indices):
             raise RuntimeError(f"simulator {self._env_name!r} was configured without a render camera")
         n = len(env_indices)
+        observations = []
         result = {
-            "obs": np.zeros((n, self._env(env_indices[0]).observation_space.shape[0]), dtype=np.float32),
             "reward": np.zeros(n, dtype=np.float32),
             "terminated": np.zeros(n, dtype=bool),
             "truncated": np.zeros(n, dtype=bool),
@@ -109,11 +124,12 @@ class SimulatorWorker:
         }
         for row, index in enumerate(env_indices):
             obs, reward, terminated, truncated, info = self._env(index).step(actions[row])
-            result["obs"][row] = obs
+            observations.append(self._observation(index, obs))
             result["reward"][row] = reward
             result["terminated"][row] = terminated
             result["truncated"][row] = truncated
             result["success"][row] = info["success"]
+        result["obs"] = stack_observations(observations)
         if len(render_indices) > 0:
             result["frames"] = np.stack([self._env(i).render_frame() for i in render_indices])
         return result
@@ -128,7 +144,8 @@ class SimulatorWorker:
 
         Returns:
             One dict per id, in order: ``{"obs": float32 (T, obs_dim)`` (the observation before
-            each action), ``"actions": float32 (T, act_dim), "success": bool, "init_state_id": int}``.
+            each action; camera observations: a dict of ``T``-row arrays), ``"actions": float32
+            (T, act_dim), "success": bool, "init_state_id": int}``. The expert reads the state.
 
         Raises:
             RegistryError: if no scripted expert is registered for this simulator.
@@ -142,14 +159,14 @@ class SimulatorWorker:
             observations, actions = [], []
             done, success = False, False
             while not done:
-                action = expert.act(obs)
-                observations.append(obs)
+                action = expert.act(obs[keys.OBS_STATE] if isinstance(obs, dict) else obs)
+                observations.append(self._observation(0, obs))
                 actions.append(action)
                 obs, _, terminated, truncated, info = env.step(action)
                 done, success = terminated or truncated, info["success"]
             episodes.append(
                 {
-                    "obs": np.stack(observations).astype(np.float32, copy=False),
+                    "obs": stack_observations(observations),
                     "actions": np.stack(actions).astype(np.float32, copy=False),
                     "success": bool(success),
                     "init_state_id": int(init_state_id),
@@ -163,6 +180,10 @@ class SimulatorWorker:
             if env is not None:
                 env.close()
         self._envs = [None] * len(self._envs)
+
+    def _observation(self, index: int, raw: Any) -> Any:
+        """Environment ``index``'s observation with its instruction added (dict observations)."""
+        return observation(raw, self._env(index).instruction)
 
     def _env(self, index: int) -> gym.Env:
         """Environment ``index``, created on first use."""

@@ -159,8 +159,25 @@ class AlgorithmSection(_Section):
 
     reward: str = Field("srpo", description="Embodied reward: 'srpo' (progress) or 'success' (binary).")
     srpo: dict[str, Any] = Field(default_factory=dict, description="Fields of SRPORewardConfig.")
-    trajectory_encoder: str = Field("state_resample", description="Trajectory encoder for SRPO.")
+    trajectory_encoder: str = Field(
+        "state_resample",
+        description="Trajectory encoder for SRPO: 'state_resample' (the simulator state), 'policy_backbone' (the "
+        "policy's own vision backbone on encoder_camera frames) or 'vjepa2' (a V-JEPA 2 video model from a local "
+        "directory: trajectory_encoder_options.model_dir).",
+    )
+    trajectory_encoder_options: dict[str, Any] = Field(
+        default_factory=dict, description="Constructor options of a class encoder (vjepa2: model_dir, batch_size)."
+    )
+    encoder_camera: str = Field(
+        "agentview", description="Camera whose frames the image encoders read (its '<camera>_image' observations)."
+    )
     encoder_points: int = Field(16, ge=1, description="Frames sampled uniformly over each episode.")
+    srpo_reference_set: Literal["local", "step"] = Field(
+        "local",
+        description="SRPO's reference successes: 'local', the reward node's own shard (at dp_size 1 already the "
+        "whole step, gathered by the re-shard); 'step', every shard's trajectories, embeddings gathered worker to "
+        "worker (all_gather) when the reward node runs at dp_size > 1.",
+    )
     overlong_buffer_len: int = Field(
         0, ge=0, description="DAPO overlong shaping: decision steps before the budget where the penalty ramps (0: off)."
     )

@@ -9,7 +9,7 @@ from tensordict import TensorDict
 
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
-from vla_rl.rollout.embodied import rollout_episodes
+from vla_rl.rollout.embodied import RolloutResult, rollout_episodes
 
 
 class RolloutNodeConfig(BaseModel):
@@ -30,11 +30,13 @@ def interact(ctx, batch) -> NodeOutput:
         ``(g * group_size,)`` episodes (groups contiguous) with the rollout keys of
         :func:`vla_rl.rollout.embodied.rollout_episodes` plus ``uid`` and ``task_id``.
     """
-    episodes, env_steps = rollout_groups(ctx.resources, ctx.config.data.group_size, batch, ctx.node_config.greedy)
+    episodes, result = rollout_groups(ctx.resources, ctx.config.data.group_size, batch, ctx.node_config.greedy)
     metrics = {
         "rollout/success_rate": float(episodes[keys.SUCCESS].float().mean()),
         "rollout/episode_length": float(episodes[keys.FINISH_STEP].float().mean()),
-        "rollout/env_steps_per_episode": env_steps / max(len(episodes), 1),
+        "rollout/env_steps_per_episode": result.env_steps / max(len(episodes), 1),
+        "timing/rollout_policy": result.policy_seconds,
+        "timing/rollout_env": result.env_seconds,
         "rollout/group_success_any": float(
             np.mean([episodes[keys.SUCCESS][episodes[keys.UID] == u].any().item() for u in batch[keys.UID]])
         ),
@@ -42,7 +44,7 @@ def interact(ctx, batch) -> NodeOutput:
     return NodeOutput(episodes, metrics)
 
 
-def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool) -> tuple[TensorDict, int]:
+def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool) -> tuple[TensorDict, RolloutResult]:
     """Run ``group_size`` episodes from each initial state of ``tasks`` in the worker's pool.
 
     Args:
@@ -53,8 +55,9 @@ def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool) 
         greedy: act with the policy's mode.
 
     Returns:
-        ``(episodes, env_steps)``: ``(g * group_size,)`` episodes, groups contiguous, with
-        ``uid`` and ``task_id``; and the control steps executed.
+        ``(episodes, result)``: ``(g * group_size,)`` episodes, groups contiguous, with ``uid``
+        and ``task_id``; and the rollout's :class:`~vla_rl.rollout.embodied.RolloutResult`
+        (``env_steps``: control steps executed; time in the policy and in the simulators).
     """
     repeated = tasks.repeat_interleave(group_size, dim=0)
     result = rollout_episodes(
@@ -67,4 +70,4 @@ def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool) 
     episodes = result.batch
     episodes.set(keys.UID, repeated[keys.UID])
     episodes.set(keys.TASK_ID, repeated[keys.TASK_ID])
-    return episodes, result.env_steps
+    return episodes, result

@@ -130,6 +130,10 @@ class DAGWorker:
             from policies.causal_lm.value_causal_lm import CausalLMValueModel
 
             return CriticTrainer(CausalLMValueModel(policy).to(self.device), critic.lr, forward=VALUE_FORWARDS["text"])
+        if "images" in self.resources.env_spec or not hasattr(policy, "obs_mean"):
+            raise ValueError("critic nodes need flat state observations and a policy with state normalisation "
+                             "(the MLP): the value network reads the normalised state vector; remove the critic "
+                             "nodes or simulator.env.cameras")
         network = ValueNetwork(self.resources.env_spec["obs_dim"], critic.hidden_sizes, policy.obs_mean,
                                policy.obs_std).to(self.device)
         return CriticTrainer(network, critic.lr)
