@@ -47,21 +47,28 @@ def run(template: str, out, *overrides: str) -> tuple[dict, object]:
     return steps[0], run_dir
 
 
-def test_srpo_oft_lift_warm_starts_on_camera_demonstrations_and_trains(ray_on_loopback, tmp_path):
-    """SRPO with the policy's own vision backbone as trajectory encoder, after behaviour cloning
-    on one camera demonstration (horizon 48: the scripted expert needs about 40 steps)."""
-    step, run_dir = run("embodied_srpo_oft_lift", tmp_path, "simulator.env.horizon=48", "warm_start.num_demos=1",
-                        "warm_start.bc_steps=4", "warm_start.bc_batch_size=8",
-                        "algorithm.trajectory_encoder=policy_backbone", "algorithm.encoder_points=4")
+def test_srpo_oft_lift_runs_with_the_policy_backbone_encoder(ray_on_loopback, tmp_path):
+    """SRPO scoring trajectories with the policy's own vision backbone, from the random tiny model."""
+    step, _ = run("embodied_srpo_oft_lift", tmp_path, "simulator.env.horizon=16", "warm_start.num_demos=0",
+                  "algorithm.trajectory_encoder=policy_backbone", "algorithm.encoder_points=4")
     for key in ("timing/rollout", "timing/rollout_policy", "timing/rollout_env", "timing/reward",
                 "timing/reshard_rollout_to_reward", "timing/actor_update", "reward/mean"):
         assert key in step, key
+    assert step["rollout/env_steps_per_episode"] == 16.0 and step["rollout/episode_length"] == 4.0  # 4 chunks of 4
+
+
+@pytest.mark.slow
+def test_srpo_oft_lift_warm_starts_on_camera_demonstrations(ray_on_loopback, tmp_path):
+    """Behaviour cloning on one camera demonstration (horizon 48: the scripted expert needs about
+    40 steps) before SRPO: the demonstration store holds uint8 images and the checkpoint keeps the
+    warm start's proprio statistics."""
+    step, run_dir = run("embodied_srpo_oft_lift", tmp_path, "simulator.env.horizon=48", "warm_start.num_demos=1",
+                        "warm_start.bc_steps=4", "warm_start.bc_batch_size=8")
     assert 1 <= step["rollout/episode_length"] <= 12  # decisions of 4 actions within 48 control steps
     store = TrajectoryStore.open(run_dir / "demos.zarr", read_only=True)
     assert store.fields["agentview_image"] == ((32, 32, 3), np.dtype(np.uint8))
     model = load_file(str(run_dir / "checkpoints" / "step_00000001" / "model.safetensors"))
-    assert np.isfinite(model["proprio_q01"].numpy()).all()  # the warm start's proprio statistics are kept
-    assert model["proprio_q01"].shape == (5,)
+    assert np.isfinite(model["proprio_q01"].numpy()).all() and model["proprio_q01"].shape == (5,)
 
 
 def test_grpo_oft_lift_runs_from_the_random_tiny_model(ray_on_loopback, tmp_path):
