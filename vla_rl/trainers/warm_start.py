@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from ray.experimental import tqdm_ray
 
 from vla_rl.data.trajectory_store import TrajectoryStore
 
@@ -96,7 +97,7 @@ def initial_observations(pool, count: int) -> np.ndarray:
 
 def behaviour_cloning(
     policy, store: TrajectoryStore, num_demos: int, steps: int, lr: float, batch_size: int, seed: int,
-    extra_norm_obs: np.ndarray | None = None,
+    extra_norm_obs: np.ndarray | None = None, progress: bool = False,
 ) -> dict[str, float]:
     """Fit the policy to the first ``num_demos`` demonstrations with ``policy.bc_loss``.
 
@@ -107,6 +108,7 @@ def behaviour_cloning(
 
     Args:
         extra_norm_obs: ``(m, obs_dim)`` observations that count in the statistics only.
+        progress: show a progress bar of the gradient steps (Ray reports it on the driver).
 
     Returns:
         ``warm_start/bc_loss`` (last minibatch) and ``warm_start/transitions``.
@@ -123,10 +125,15 @@ def behaviour_cloning(
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     loss = torch.zeros(())
     policy.train()
+    bar = tqdm_ray.tqdm(total=steps, desc="behaviour cloning", unit="step") if progress else None
     for _ in range(steps):
         idx = torch.randint(len(obs), (min(batch_size, len(obs)),), generator=generator)
         loss = policy.bc_loss(obs[idx], actions[idx])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
     return {"warm_start/bc_loss": float(loss.detach()), "warm_start/transitions": float(len(obs))}
