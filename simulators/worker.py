@@ -44,9 +44,15 @@ class SimulatorWorker:
         self._envs: list[gym.Env | None] = [None] * num_envs
 
     def make_envs(self) -> None:
-        """Create every hosted environment now (otherwise each is created at its first use)."""
+        """Create every hosted environment now (otherwise each is created at its first use),
+        with a progress bar that Ray shows on the driver's console."""
+        from ray.experimental import tqdm_ray
+
+        bar = tqdm_ray.tqdm(total=len(self._envs), desc=f"creating {self._env_name} environments", unit="env")
         for index in range(len(self._envs)):
             self._env(index)
+            bar.update(1)
+        bar.close()
 
     def spec(self) -> dict[str, Any]:
         """``{"obs_dim": int (state features), "act_dim": int, "horizon": int (control steps)}``,

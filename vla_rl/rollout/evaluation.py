@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from ray.experimental import tqdm_ray
 
 from vla_rl.data import keys
 from vla_rl.evaluation.protocol import ProtocolPolicy, eval_protocols
@@ -21,13 +22,14 @@ from vla_rl.utils.video import write_mp4
 
 
 def evaluate_shard(
-    policy, pool, init_state_ids: np.ndarray, capacity: int, generator: torch.Generator
+    policy, pool, init_state_ids: np.ndarray, capacity: int, generator: torch.Generator, bar=None
 ) -> tuple[int, int, float]:
     """Roll out one episode per id (in pool-sized chunks).
 
     Args:
         policy: a policy, or a :class:`~vla_rl.evaluation.protocol.ProtocolPolicy` (it decides
             greedy or sampled).
+        bar: a progress bar advanced by the episodes of each chunk (None: no progress shown).
 
     Returns:
         (successes, episodes, sum of episode lengths in decision steps).
@@ -39,6 +41,8 @@ def evaluate_shard(
         successes += int(batch[keys.SUCCESS].sum())
         episodes += len(batch)
         length_sum += float(batch[keys.FINISH_STEP].sum())
+        if bar is not None:
+            bar.update(len(batch))
     return successes, episodes, length_sum
 
 
@@ -58,8 +62,11 @@ def evaluate_distributed(
     mine = ids[rank::world_size]
     out: dict[str, float] = {}
     policy.eval()
-    for protocol in eval_protocols(config.eval):
-        local = evaluate_shard(ProtocolPolicy(policy, protocol), pool, mine, capacity, generator=generator)
+    protocols = eval_protocols(config.eval)
+    bar = (tqdm_ray.tqdm(total=len(mine) * len(protocols), desc="held-out evaluation (rank 0's episodes)",
+                         unit="episode") if rank == 0 else None)
+    for protocol in protocols:
+        local = evaluate_shard(ProtocolPolicy(policy, protocol), pool, mine, capacity, generator=generator, bar=bar)
         totals = torch.tensor(local, dtype=torch.float64)
         dist.all_reduce(totals, group=group)
         successes, episodes, length_sum = int(totals[0]), int(totals[1]), float(totals[2])
@@ -71,6 +78,8 @@ def evaluate_distributed(
             f"eval/{protocol.name}/episodes": float(episodes),
             f"eval/{protocol.name}/episode_length": length_sum / episodes,
         })
+    if bar is not None:
+        bar.close()
     return out
 
 

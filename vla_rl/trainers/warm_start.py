@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from ray.experimental import tqdm_ray
 from tensordict import TensorDict
 
 from vla_rl.data.observations import Observations, empty_observations, to_torch
@@ -136,7 +137,7 @@ def demonstrations(store: TrajectoryStore, num_demos: int, chunk_size: int) -> t
 
 def behaviour_cloning(
     policy, store: TrajectoryStore, num_demos: int, steps: int, lr: float, batch_size: int, seed: int,
-    extra_norm_obs: np.ndarray | None = None,
+    extra_norm_obs: np.ndarray | None = None, progress: bool = False,
 ) -> dict[str, float]:
     """Fit the policy to the first ``num_demos`` demonstrations with ``policy.bc_loss``.
 
@@ -150,6 +151,7 @@ def behaviour_cloning(
     Args:
         extra_norm_obs: ``(m, obs_dim)`` observations (or a dict of ``m``-row arrays) that count
             in the statistics only.
+        progress: show a progress bar of the gradient steps (Ray reports it on the driver).
 
     Returns:
         ``warm_start/bc_loss`` (last minibatch) and ``warm_start/transitions``.
@@ -167,10 +169,15 @@ def behaviour_cloning(
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     loss = torch.zeros(())
     policy.train()
+    bar = tqdm_ray.tqdm(total=steps, desc="behaviour cloning", unit="step") if progress else None
     for _ in range(steps):
         idx = torch.randint(len(obs), (min(batch_size, len(obs)),), generator=generator)
         loss = policy.bc_loss(obs[idx], actions[idx])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
     return {"warm_start/bc_loss": float(loss.detach()), "warm_start/transitions": float(len(obs))}

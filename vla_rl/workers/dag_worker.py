@@ -168,7 +168,8 @@ class DAGWorker:
         store = TrajectoryStore.open(store_path)
         init_obs = initial_observations(self.resources.simulator_pool, ws.norm_init_states)
         return behaviour_cloning(self.resources.policy, store, ws.num_demos, ws.bc_steps, ws.bc_lr,
-                                 ws.bc_batch_size, seed=self.config.run.seed, extra_norm_obs=init_obs)
+                                 ws.bc_batch_size, seed=self.config.run.seed, extra_norm_obs=init_obs,
+                                 progress=self.rank == 0)
 
     # ----------------------------------------------------------------------------- steps
     def run_step(self, step: int) -> dict[str, float]:
