@@ -111,6 +111,10 @@ class TextSection(_Section):
     )
     num_generated_train: int = Field(4000, ge=1, description="Rows of the generated arithmetic train split.")
     num_generated_test: int = Field(256, ge=1, description="Rows of the generated arithmetic test split.")
+    arithmetic_levels: list[Literal["add_small", "add_2x1digit", "add_2digit", "sub_2digit"]] | None = Field(
+        None, description="Levels of vla_rl.data.arithmetic.LEVELS the generated splits draw from (null: all "
+        "four); e.g. [add_small] (sums up to 20 + 9, 210 problems) for a model that misses the harder ones."
+    )
     prompts_per_step: int = Field(16, ge=1, description="Prompts per step over all workers (groups per step).")
     group_size: int = Field(4, ge=1, description="Responses sampled per prompt (the GRPO group).")
     max_prompt_length: int = Field(64, ge=1, description="Prompt tokens after the chat template (left-padded).")
@@ -273,6 +277,10 @@ class EvalSection(_Section):
     (the ``eval_rollout`` template; docs/evaluation.md)."""
 
     num_episodes: int = Field(50, ge=0, description="Episodes per protocol and task (0: no evaluation).")
+    every_steps: int | None = Field(
+        None, ge=1, description="Training runs: also evaluate after every k-th step, so the plot shows a "
+        "held-out curve (null: only before and after training)."
+    )
     protocols: list[Literal["greedy", "sampled"]] = Field(
         default_factory=lambda: ["greedy", "sampled"], description="Action protocols evaluated."
     )
