@@ -1,15 +1,14 @@
 """Held-out evaluation of a causal LM policy: answer accuracy on the test prompts.
 
 Each worker reads only its own row groups of the test file (as training does), answers the
-first ``ceil(eval.num_episodes / world_size)`` prompts of its shard once per protocol (greedy
-decoding, or sampling at the policy's temperature), and scores them with the rule verifiers;
+first :func:`eval_quotas` prompts of its shard once per protocol (greedy decoding, or sampling
+at the policy's temperature), and scores them with the rule verifiers;
 the counts are summed with ``all_reduce`` so every worker returns the same figures, under the
 keys of the embodied evaluation (one prompt counts as one episode).
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -21,6 +20,28 @@ from vla_rl.utils.stats import wilson_interval
 
 #: Prompts decoded together during evaluation (bounds the KV cache).
 EVAL_BATCH_SIZE = 64
+
+
+def eval_quotas(num_episodes: int, shard_sizes: list[int]) -> list[int]:
+    """Prompts each worker evaluates: ``num_episodes`` dealt one at a time round-robin over the
+    workers that still have unread rows, so shards of unequal size (row groups dealt over the
+    workers) still give ``min(num_episodes, sum(shard_sizes))`` prompts in all.
+
+    Args:
+        num_episodes: prompts wanted in all (``eval.num_episodes``).
+        shard_sizes: rows in each worker's shard, by rank.
+
+    Returns:
+        Quota per rank, each at most its shard size.
+    """
+    quotas = [0] * len(shard_sizes)
+    remaining = min(num_episodes, sum(shard_sizes))
+    while remaining:
+        for rank, size in enumerate(shard_sizes):
+            if remaining and quotas[rank] < size:
+                quotas[rank] += 1
+                remaining -= 1
+    return quotas
 
 
 def evaluate_text_distributed(
@@ -35,7 +56,10 @@ def evaluate_text_distributed(
         ``eval/{p}/ci_high`` (Wilson 95%), ``eval/{p}/episodes`` (prompts) and
         ``eval/{p}/episode_length`` (mean response tokens); identical on all workers.
     """
-    rows = PromptFile(test_file).read_shard(rank, world_size)[: math.ceil(config.eval.num_episodes / world_size)]
+    rows = PromptFile(test_file).read_shard(rank, world_size)
+    sizes = [None] * world_size
+    dist.all_gather_object(sizes, len(rows), group=group)  # one int per worker, no rows
+    rows = rows[: eval_quotas(config.eval.num_episodes, sizes)[rank]]
     flexible = config.text.answer_extraction == "flexible"
     out: dict[str, float] = {}
     policy.eval()
