@@ -41,12 +41,17 @@ class RandomWalkPool:
         self.steps = np.zeros(len(ids), dtype=np.int64)
         return self.rng.normal(size=(len(ids), OBS_DIM)).astype(np.float32)
 
-    def step(self, actions, active, render_indices=()):
-        self.steps[active] += 1
-        done = active & (self.steps >= self.ends)
-        obs = self.rng.normal(size=(len(active), OBS_DIM)).astype(np.float32) * active[:, None]
-        return {"obs": obs, "reward": done.astype(np.float32), "terminated": done,
-                "truncated": np.zeros_like(done), "success": done}
+    def submit(self, env_indices, actions, render_indices=()):
+        return np.asarray(env_indices)  # one action per chunk (the MLP policy)
+
+    def collect(self, rows):
+        self.steps[rows] += 1
+        done = self.steps[rows] >= self.ends[rows]
+        k = len(rows)
+        return {"obs": self.rng.normal(size=(k, OBS_DIM)).astype(np.float32), "reward": done.astype(np.float32),
+                "terminated": done, "truncated": np.zeros_like(done), "success": done,
+                "steps": np.ones(k, dtype=np.int64), "lost": np.zeros(k, dtype=bool), "frames": {},
+                "sim_seconds": 0.0}
 
 
 def test_every_registered_policy_has_a_tiny_config():

@@ -21,21 +21,23 @@ from vla_rl.utils.video import write_mp4
 
 
 def evaluate_shard(
-    policy, pool, init_state_ids: np.ndarray, capacity: int, generator: torch.Generator
+    policy, pool, init_state_ids: np.ndarray, capacity: int, generator: torch.Generator, pipeline_stages: int
 ) -> tuple[int, int, float]:
     """Roll out one episode per id (in pool-sized chunks).
 
     Args:
         policy: a policy, or a :class:`~vla_rl.evaluation.protocol.ProtocolPolicy` (it decides
             greedy or sampled).
+        pipeline_stages: see :func:`vla_rl.rollout.embodied.rollout_episodes`.
 
     Returns:
-        (successes, episodes, sum of episode lengths in decision steps).
+        (successes, episodes, sum of episode lengths in decision steps); episodes lost to a
+        simulator fault are not counted.
     """
     successes, episodes, length_sum = 0, 0, 0.0
     for start in range(0, len(init_state_ids), capacity):
         batch = rollout_episodes(policy, pool, init_state_ids[start : start + capacity],
-                                 generator=generator).batch
+                                 generator=generator, pipeline_stages=pipeline_stages).batch
         successes += int(batch[keys.SUCCESS].sum())
         episodes += len(batch)
         length_sum += float(batch[keys.FINISH_STEP].sum())
@@ -59,7 +61,8 @@ def evaluate_distributed(
     out: dict[str, float] = {}
     policy.eval()
     for protocol in eval_protocols(config.eval):
-        local = evaluate_shard(ProtocolPolicy(policy, protocol), pool, mine, capacity, generator=generator)
+        local = evaluate_shard(ProtocolPolicy(policy, protocol), pool, mine, capacity, generator=generator,
+                               pipeline_stages=config.simulator.pipeline_stages)
         totals = torch.tensor(local, dtype=torch.float64)
         dist.all_reduce(totals, group=group)
         successes, episodes, length_sum = int(totals[0]), int(totals[1]), float(totals[2])

@@ -1,0 +1,312 @@
+"""Environment steps per second of the simulator pool against one process and gymnasium's
+``AsyncVectorEnv``, and the share of a training step that the simulator processes spend simulating.
+
+Throughput (robosuite Lift, Panda, OSC_POSE, random actions in [-1, 1]; ``state``: the compact
+state observation; ``camera``: plus one 128x128 ``agentview`` frame rendered after every step and
+returned to the caller). Rows:
+
+- one process: a plain loop over ``--single-envs`` environments in this process;
+- the project's :class:`simulators.pool.SimulatorPool` (``--processes`` actors x
+  ``--envs-per-process`` environments) driven by :func:`vla_rl.rollout.embodied.rollout_episodes`
+  with a uniform random policy, for each ``--stages`` (1: lockstep; 2+: pipelined); with
+  ``--policy-latency-ms`` (state only) also with a policy that waits that long per call (an
+  accelerator's inference time, which pipelining hides);
+- ``gymnasium.vector.AsyncVectorEnv`` with the same processes and environments (each
+  sub-environment hosts ``--envs-per-process`` robosuite environments and steps them in turn),
+  with the same policy latencies (waited before each vector step); with
+  ``--async-one-env-per-process`` also as usually used (one process per environment);
+- the limit: the number of cores times the one-process rate.
+
+Every row steps each environment ``--steps`` control steps (``--camera-steps`` with the camera);
+environment creation is not timed. Pool rows also report the simulation share: the time the
+actors spent inside ``env.step`` / ``render_frame`` over (actors x wall time).
+
+Training step (``--train-steps`` > 0): ``vla-rl train embodied_grpo`` through the DAG engine
+(real MLP policy after a short behaviour-cloning warm start) with ``--train-states`` initial states
+x ``--group-size`` episodes per step; the share of each step's wall time the simulator actors
+spend simulating: ``rollout/sim_seconds_per_actor / timing/step``.
+
+    flock /tmp/vla_heavy.lock python benchmarks/simulator_pool.py --out benchmarks/simulator_pool.json
+"""
+
+from __future__ import annotations
+
+import os
+
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")  # one BLAS thread per process, as the pool's actors have
+
+import argparse
+import functools
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+LIFT = "robosuite_lift"
+CAMERA = {"render_camera": "agentview", "render_size": 128}
+
+
+def env_config(obs: str, horizon: int, fast_rendering: bool) -> dict:
+    config = {"horizon": horizon}
+    if obs == "camera":
+        config.update(CAMERA, fast_rendering=fast_rendering)
+    return config
+
+
+class EnvBatch(gym.Env):
+    """``count`` robosuite environments stepped in turn, as one gymnasium environment for
+    ``AsyncVectorEnv``: actions ``(count, act_dim)``, observations stacked (states, or the camera
+    frames). Environments whose episode ends are reset inside; the batch itself never ends."""
+
+    def __init__(self, config: dict, count: int) -> None:
+        from simulators import make_env
+
+        self.envs = [make_env(LIFT, config) for _ in range(count)]
+        self.render_frames = config.get("render_camera") is not None
+        env = self.envs[0]
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(count, env.act_dim), dtype=np.float32)
+        if self.render_frames:
+            size = config["render_size"]
+            self.observation_space = gym.spaces.Box(0, 255, shape=(count, size, size, 3), dtype=np.uint8)
+        else:
+            self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(count, env.obs_dim), dtype=np.float32)
+        self._seed = 0
+
+    def _observe(self, env, obs):
+        return env.render_frame() if self.render_frames else obs
+
+    def reset(self, *, seed=None, options=None):
+        self._seed = 0 if seed is None else int(seed) * 1000
+        observations = []
+        for env in self.envs:
+            self._seed += 1
+            observations.append(self._observe(env, env.reset(seed=self._seed)[0]))
+        return np.stack(observations), {}
+
+    def step(self, actions):
+        observations = []
+        for env, action in zip(self.envs, actions):
+            obs, _, terminated, truncated, _ = env.step(action)
+            observations.append(self._observe(env, obs))
+            if terminated or truncated:
+                self._seed += 1
+                env.reset(seed=self._seed)
+        return np.stack(observations), 0.0, False, False, {}
+
+    def close(self):
+        for env in self.envs:
+            env.close()
+
+
+def one_process(config: dict, envs: int, steps: int) -> dict:
+    """A plain loop over ``envs`` environments in this process."""
+    batch = EnvBatch(config, envs)
+    rng = np.random.default_rng(0)
+    batch.reset(seed=0)
+    batch.step(rng.uniform(-1, 1, size=batch.action_space.shape).astype(np.float32))  # warm-up
+    start = time.perf_counter()
+    for _ in range(steps):
+        batch.step(rng.uniform(-1, 1, size=batch.action_space.shape).astype(np.float32))
+    seconds = time.perf_counter() - start
+    batch.close()
+    return {"env_steps": envs * steps, "seconds": seconds, "steps_per_s": envs * steps / seconds}
+
+
+def async_vector_env(config: dict, processes: int, envs_per_process: int, steps: int,
+                     latencies_ms: list[float]) -> list[dict]:
+    """``gymnasium.vector.AsyncVectorEnv`` over ``processes`` sub-environments of
+    ``envs_per_process`` robosuite environments each (spawned processes), random actions; for
+    each latency, the actions of every step take that long to compute (all environments step in
+    lockstep, as the vector API does)."""
+    vector = gym.vector.AsyncVectorEnv([functools.partial(EnvBatch, config, envs_per_process)] * processes,
+                                       context="spawn")
+    rng = np.random.default_rng(0)
+    vector.reset(seed=0)
+    vector.step(rng.uniform(-1, 1, size=vector.action_space.shape).astype(np.float32))  # warm-up
+    rows = []
+    for latency_ms in latencies_ms:
+        start = time.perf_counter()
+        for _ in range(steps):
+            time.sleep(latency_ms / 1000)
+            vector.step(rng.uniform(-1, 1, size=vector.action_space.shape).astype(np.float32))
+        seconds = time.perf_counter() - start
+        total = processes * envs_per_process * steps
+        rows.append({"policy_latency_ms": latency_ms, "env_steps": total, "seconds": seconds,
+                     "steps_per_s": total / seconds})
+    vector.close()
+    return rows
+
+
+class RandomPolicy:
+    """Uniform random actions in [-1, 1] (one per chunk), optionally waiting ``latency_s`` per call."""
+
+    chunk_size = 1
+
+    def __init__(self, act_dim: int, latency_s: float) -> None:
+        self.act_dim, self.latency_s = act_dim, latency_s
+
+    def sample_actions(self, obs, greedy=False, generator=None):
+        import torch
+
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        actions = torch.rand(obs.shape[0], 1, self.act_dim, generator=generator) * 2 - 1
+        return actions, torch.zeros(obs.shape[0], 1)
+
+
+def pool_rows(config: dict, args, stages: list[int], latencies_ms: list[float]) -> list[dict]:
+    """The pool driven by the rollout loop (episodes of ``config["horizon"]`` steps), per
+    policy latency and stage count."""
+    import torch
+
+    from simulators.pool import SimulatorPool
+    from vla_rl.rollout.embodied import rollout_episodes
+
+    n = args.processes * args.envs_per_process
+    rows = []
+    with SimulatorPool(LIFT, config, num_actors=args.processes, envs_per_actor=args.envs_per_process,
+                       actor_options={"num_cpus": 0}) as pool:
+        pool.reset(np.arange(n))  # waits until the environments exist
+        render = tuple(range(n)) if config.get("render_camera") else ()
+        generator = torch.Generator().manual_seed(0)
+        for latency_ms in latencies_ms:
+            policy = RandomPolicy(pool.spec()["act_dim"], latency_ms / 1000)
+            for count in stages:
+                start = time.perf_counter()
+                result = rollout_episodes(policy, pool, np.arange(n), generator=generator, render_indices=render,
+                                          pipeline_stages=count)
+                seconds = time.perf_counter() - start
+                rows.append({"stages": count, "policy_latency_ms": latency_ms, "env_steps": result.env_steps,
+                             "seconds": seconds, "steps_per_s": result.env_steps / seconds,
+                             "sim_share": result.sim_seconds / (args.processes * seconds)})
+    return rows
+
+
+def throughput(obs: str, args, cores: int) -> dict:
+    steps = args.steps if obs == "state" else args.camera_steps
+    config = env_config(obs, steps, args.fast_rendering)
+    result: dict = {"obs": obs, "steps_per_env": steps}
+    latencies = [0.0] + ([args.policy_latency_ms] if obs == "state" and args.policy_latency_ms > 0 else [])
+    result["one_process"] = one_process(config, args.single_envs, steps)
+    result["limit_steps_per_s"] = cores * result["one_process"]["steps_per_s"]
+    result["async_vector_env"] = async_vector_env(config, args.processes, args.envs_per_process, steps, latencies)
+    if args.async_one_env_per_process:
+        result["async_vector_env_one_env_per_process"] = async_vector_env(
+            config, args.processes * args.envs_per_process, 1, steps, [0.0])
+    result["pool"] = pool_rows(config, args, args.stages, latencies)
+    baseline = {row["policy_latency_ms"]: row["steps_per_s"] for row in result["async_vector_env"]}
+    for row in result["async_vector_env"] + result.get("async_vector_env_one_env_per_process", []) + result["pool"]:
+        row["of_limit"] = row["steps_per_s"] / result["limit_steps_per_s"]
+        row["vs_async_vector_env"] = row["steps_per_s"] / baseline[row["policy_latency_ms"]]
+    return result
+
+
+def training_share(args, stages: int, out_dir: Path) -> dict:
+    """Simulation share of the steps of a short ``embodied_grpo`` run."""
+    from rich.console import Console
+
+    from vla_rl.driver import train
+
+    name = f"train_stages{stages}"
+    overrides = [
+        f"trainer.total_steps={args.train_steps}", f"trainer.save_every={args.train_steps}",
+        f"data.init_states_per_step={args.train_states}", f"data.group_size={args.group_size}",
+        f"simulator.pipeline_stages={stages}", f"simulator.actors_per_worker={args.actors_per_worker}",
+        "eval.num_episodes=0", "warm_start.num_demos=1", "warm_start.bc_steps=200",
+        f"run.output_dir={out_dir}", f"run.name={name}",
+    ]
+    train("embodied_grpo", overrides, console=Console(quiet=True))
+    records = [json.loads(line) for line in (out_dir / name / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "timing/step" in r]
+    shares = [r["rollout/sim_seconds_per_actor"] / r["timing/step"] for r in steps]
+    later = shares[1:] or shares  # the first step also pays for lazy set-up
+    return {"stages": stages, "steps": len(steps), "share_per_step": shares, "share": float(np.mean(later)),
+            "step_seconds": [r["timing/step"] for r in steps],
+            "rollout_share": [r["rollout/sim_share"] for r in steps],
+            "episodes_per_step": args.train_states * args.group_size}
+
+
+def print_tables(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=130)
+    for part in result["throughput"]:
+        table = Table(title=f"robosuite Lift, {part['obs']} observations, {part['steps_per_env']} steps per env: "
+                            f"environment steps per second ({result['processes']} processes x "
+                            f"{result['envs_per_process']} envs, {result['cores']} cores)")
+        for column in ("setting", "policy ms", "steps/s", "of limit", "vs AsyncVectorEnv", "sim share"):
+            table.add_column(column, justify="left" if column == "setting" else "right")
+        table.add_row(f"one process ({result['single_envs']} envs)", "", f"{part['one_process']['steps_per_s']:.1f}",
+                      "", "", "")
+        table.add_row("limit (cores x one process)", "", f"{part['limit_steps_per_s']:.1f}", "1.00", "", "")
+        labelled = [("AsyncVectorEnv (same processes)", row) for row in part["async_vector_env"]]
+        labelled += [("AsyncVectorEnv (one process per env)", row)
+                     for row in part.get("async_vector_env_one_env_per_process", [])]
+        labelled += [("pool, lockstep" if row["stages"] == 1 else f"pool, pipelined ({row['stages']} stages)", row)
+                     for row in part["pool"]]
+        for label, row in labelled:
+            share = f"{row['sim_share']:.2f}" if "sim_share" in row else ""
+            table.add_row(label, f"{row['policy_latency_ms']:g}", f"{row['steps_per_s']:.1f}", f"{row['of_limit']:.2f}",
+                          f"{row['vs_async_vector_env']:.2f}", share)
+        console.print(table)
+    if result["training"]:
+        table = Table(title="embodied_grpo training steps: share of wall time the simulator actors simulate")
+        for column in ("pipeline stages", "episodes/step", "step seconds", "share per step", "share (steps 2+)"):
+            table.add_column(column)
+        for row in result["training"]:
+            table.add_row(str(row["stages"]), str(row["episodes_per_step"]),
+                          " ".join(f"{s:.1f}" for s in row["step_seconds"]),
+                          " ".join(f"{s:.2f}" for s in row["share_per_step"]), f"{row['share']:.2f}")
+        console.print(table)
+    console.print(f"load average before {result['load_before']}, after {result['load_after']}; "
+                  f"wall time {result['wall_seconds']:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cores = len(os.sched_getaffinity(0))
+    parser.add_argument("--obs", nargs="+", choices=["state", "camera"], default=["state", "camera"])
+    parser.add_argument("--processes", type=int, default=cores, help="pool actors / AsyncVectorEnv processes")
+    parser.add_argument("--envs-per-process", type=int, default=8)
+    parser.add_argument("--single-envs", type=int, default=2, help="environments of the one-process loop")
+    parser.add_argument("--steps", type=int, default=100, help="control steps per environment (state)")
+    parser.add_argument("--camera-steps", type=int, default=20, help="control steps per environment (camera)")
+    parser.add_argument("--stages", type=int, nargs="+", default=[1, 2], help="pipeline stages of the pool rows")
+    parser.add_argument("--policy-latency-ms", type=float, default=10.0,
+                        help="extra state rows with a policy that takes this long per call (0: none)")
+    parser.add_argument("--async-one-env-per-process", action="store_true",
+                        help="also AsyncVectorEnv with one process per environment")
+    parser.add_argument("--fast-rendering", action="store_true", help="camera without shadows and reflections")
+    parser.add_argument("--train-steps", type=int, default=3, help="training steps measured (0: skip)")
+    parser.add_argument("--train-stages", type=int, nargs="+", default=[1], help="pipeline stages of the runs")
+    parser.add_argument("--train-states", type=int, default=4, help="initial states per training step")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--actors-per-worker", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
+    args = parser.parse_args()
+
+    from vla_rl.utils.ray_utils import init_ray
+
+    started = time.perf_counter()
+    result = {"cores": cores, "processes": args.processes, "envs_per_process": args.envs_per_process,
+              "single_envs": args.single_envs, "load_before": [round(x, 2) for x in os.getloadavg()],
+              "args": {k: v if not isinstance(v, Path) else str(v) for k, v in vars(args).items()}}
+    init_ray(num_cpus=16)
+    result["throughput"] = [throughput(obs, args, cores) for obs in args.obs]
+    with tempfile.TemporaryDirectory() as tmp:
+        result["training"] = [training_share(args, stages, Path(tmp)) for stages in args.train_stages
+                              if args.train_steps > 0]
+    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    result["wall_seconds"] = time.perf_counter() - started
+    args.out.write_text(json.dumps(result, indent=2))
+    print_tables(result)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
