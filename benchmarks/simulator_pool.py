@@ -18,13 +18,18 @@ returned to the caller). Rows:
 - the limit: the number of cores times the one-process rate.
 
 Every row steps each environment ``--steps`` control steps (``--camera-steps`` with the camera);
-environment creation is not timed. Pool rows also report the simulation share: the time the
-actors spent inside ``env.step`` / ``render_frame`` over (actors x wall time).
+environment creation is not timed. Each setting is timed ``--repeats`` times (settings of one
+kind taking turns) and the best rate is kept, the run least disturbed by other processes on a
+shared machine; every rate is in the JSON. Pool rows also report the simulation share: the wall
+time the actors spent inside ``env.step`` / ``render_frame`` over (actors x wall time), and the
+CPU share: the CPU time they used meanwhile over the same (lower when other processes take the
+cores).
 
 Training step (``--train-steps`` > 0): ``vla-rl train embodied_grpo`` through the DAG engine
 (real MLP policy after a short behaviour-cloning warm start) with ``--train-states`` initial states
 x ``--group-size`` episodes per step; the share of each step's wall time the simulator actors
-spend simulating: ``rollout/sim_seconds_per_actor / timing/step``.
+spend simulating: ``rollout/sim_seconds_per_actor / timing/step`` (and the CPU share with
+``rollout/sim_cpu_seconds_per_actor``), averaged over the steps after the first.
 
     flock /tmp/vla_heavy.lock python benchmarks/simulator_pool.py --out benchmarks/simulator_pool.json
 """
@@ -102,22 +107,38 @@ class EnvBatch(gym.Env):
             env.close()
 
 
-def one_process(config: dict, envs: int, steps: int) -> dict:
+def best(runs: list[dict]) -> dict:
+    """The run with the highest rate (the least disturbed by other processes), with every rate."""
+    top = dict(max(runs, key=lambda run: run["steps_per_s"]))
+    top["all_steps_per_s"] = [run["steps_per_s"] for run in runs]
+    return top
+
+
+def timed_steps(step, envs: int, steps: int) -> dict:
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    seconds = time.perf_counter() - start
+    return {"env_steps": envs * steps, "seconds": seconds, "steps_per_s": envs * steps / seconds}
+
+
+def one_process(config: dict, envs: int, steps: int, repeats: int) -> dict:
     """A plain loop over ``envs`` environments in this process."""
     batch = EnvBatch(config, envs)
     rng = np.random.default_rng(0)
     batch.reset(seed=0)
-    batch.step(rng.uniform(-1, 1, size=batch.action_space.shape).astype(np.float32))  # warm-up
-    start = time.perf_counter()
-    for _ in range(steps):
+
+    def step():
         batch.step(rng.uniform(-1, 1, size=batch.action_space.shape).astype(np.float32))
-    seconds = time.perf_counter() - start
+
+    step()  # warm-up
+    runs = [timed_steps(step, envs, steps) for _ in range(repeats)]
     batch.close()
-    return {"env_steps": envs * steps, "seconds": seconds, "steps_per_s": envs * steps / seconds}
+    return best(runs)
 
 
 def async_vector_env(config: dict, processes: int, envs_per_process: int, steps: int,
-                     latencies_ms: list[float]) -> list[dict]:
+                     latencies_ms: list[float], repeats: int) -> list[dict]:
     """``gymnasium.vector.AsyncVectorEnv`` over ``processes`` sub-environments of
     ``envs_per_process`` robosuite environments each (spawned processes), random actions; for
     each latency, the actions of every step take that long to compute (all environments step in
@@ -126,19 +147,21 @@ def async_vector_env(config: dict, processes: int, envs_per_process: int, steps:
                                        context="spawn")
     rng = np.random.default_rng(0)
     vector.reset(seed=0)
-    vector.step(rng.uniform(-1, 1, size=vector.action_space.shape).astype(np.float32))  # warm-up
-    rows = []
-    for latency_ms in latencies_ms:
-        start = time.perf_counter()
-        for _ in range(steps):
-            time.sleep(latency_ms / 1000)
-            vector.step(rng.uniform(-1, 1, size=vector.action_space.shape).astype(np.float32))
-        seconds = time.perf_counter() - start
-        total = processes * envs_per_process * steps
-        rows.append({"policy_latency_ms": latency_ms, "env_steps": total, "seconds": seconds,
-                     "steps_per_s": total / seconds})
+    latency_s = 0.0
+
+    def step():
+        if latency_s:
+            time.sleep(latency_s)
+        vector.step(rng.uniform(-1, 1, size=vector.action_space.shape).astype(np.float32))
+
+    step()  # warm-up
+    runs: dict[float, list] = {latency: [] for latency in latencies_ms}
+    for _ in range(repeats):
+        for latency_ms in latencies_ms:
+            latency_s = latency_ms / 1000
+            runs[latency_ms].append(timed_steps(step, processes * envs_per_process, steps))
     vector.close()
-    return rows
+    return [{"policy_latency_ms": latency, **best(rows)} for latency, rows in runs.items()]
 
 
 class RandomPolicy:
@@ -159,31 +182,32 @@ class RandomPolicy:
 
 
 def pool_rows(config: dict, args, stages: list[int], latencies_ms: list[float]) -> list[dict]:
-    """The pool driven by the rollout loop (episodes of ``config["horizon"]`` steps), per
-    policy latency and stage count."""
+    """The pool driven by the rollout loop (episodes of ``config["horizon"]`` steps), per policy
+    latency and stage count; the settings take turns ``--repeats`` times."""
     import torch
 
     from simulators.pool import SimulatorPool
     from vla_rl.rollout.embodied import rollout_episodes
 
     n = args.processes * args.envs_per_process
-    rows = []
+    runs: dict[tuple[float, int], list] = {(latency, count): [] for latency in latencies_ms for count in stages}
     with SimulatorPool(LIFT, config, num_actors=args.processes, envs_per_actor=args.envs_per_process,
                        actor_options={"num_cpus": 0}) as pool:
         pool.reset(np.arange(n))  # waits until the environments exist
         render = tuple(range(n)) if config.get("render_camera") else ()
         generator = torch.Generator().manual_seed(0)
-        for latency_ms in latencies_ms:
-            policy = RandomPolicy(pool.spec()["act_dim"], latency_ms / 1000)
-            for count in stages:
+        for _ in range(args.repeats):
+            for latency_ms, count in runs:
+                policy = RandomPolicy(pool.spec()["act_dim"], latency_ms / 1000)
                 start = time.perf_counter()
                 result = rollout_episodes(policy, pool, np.arange(n), generator=generator, render_indices=render,
                                           pipeline_stages=count)
                 seconds = time.perf_counter() - start
-                rows.append({"stages": count, "policy_latency_ms": latency_ms, "env_steps": result.env_steps,
-                             "seconds": seconds, "steps_per_s": result.env_steps / seconds,
-                             "sim_share": result.sim_seconds / (args.processes * seconds)})
-    return rows
+                runs[(latency_ms, count)].append({
+                    "env_steps": result.env_steps, "seconds": seconds, "steps_per_s": result.env_steps / seconds,
+                    "sim_share": result.sim_seconds / (args.processes * seconds),
+                    "sim_cpu_share": result.sim_cpu_seconds / (args.processes * seconds)})
+    return [{"stages": count, "policy_latency_ms": latency, **best(rows)} for (latency, count), rows in runs.items()]
 
 
 def throughput(obs: str, args, cores: int) -> dict:
@@ -191,12 +215,13 @@ def throughput(obs: str, args, cores: int) -> dict:
     config = env_config(obs, steps, args.fast_rendering)
     result: dict = {"obs": obs, "steps_per_env": steps}
     latencies = [0.0] + ([args.policy_latency_ms] if obs == "state" and args.policy_latency_ms > 0 else [])
-    result["one_process"] = one_process(config, args.single_envs, steps)
+    result["one_process"] = one_process(config, args.single_envs, steps, args.repeats)
     result["limit_steps_per_s"] = cores * result["one_process"]["steps_per_s"]
-    result["async_vector_env"] = async_vector_env(config, args.processes, args.envs_per_process, steps, latencies)
+    result["async_vector_env"] = async_vector_env(config, args.processes, args.envs_per_process, steps, latencies,
+                                                  args.repeats)
     if args.async_one_env_per_process:
         result["async_vector_env_one_env_per_process"] = async_vector_env(
-            config, args.processes * args.envs_per_process, 1, steps, [0.0])
+            config, args.processes * args.envs_per_process, 1, steps, [0.0], args.repeats)
     result["pool"] = pool_rows(config, args, args.stages, latencies)
     baseline = {row["policy_latency_ms"]: row["steps_per_s"] for row in result["async_vector_env"]}
     for row in result["async_vector_env"] + result.get("async_vector_env_one_env_per_process", []) + result["pool"]:
@@ -223,11 +248,12 @@ def training_share(args, stages: int, out_dir: Path) -> dict:
     records = [json.loads(line) for line in (out_dir / name / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "timing/step" in r]
     shares = [r["rollout/sim_seconds_per_actor"] / r["timing/step"] for r in steps]
-    later = shares[1:] or shares  # the first step also pays for lazy set-up
-    return {"stages": stages, "steps": len(steps), "share_per_step": shares, "share": float(np.mean(later)),
-            "step_seconds": [r["timing/step"] for r in steps],
-            "rollout_share": [r["rollout/sim_share"] for r in steps],
-            "episodes_per_step": args.train_states * args.group_size}
+    cpu_shares = [r["rollout/sim_cpu_seconds_per_actor"] / r["timing/step"] for r in steps]
+    later = slice(1, None) if len(steps) > 1 else slice(None)  # the first step also pays for lazy set-up
+    return {"stages": stages, "steps": len(steps), "episodes_per_step": args.train_states * args.group_size,
+            "step_seconds": [r["timing/step"] for r in steps], "rollout_seconds": [r["timing/rollout"] for r in steps],
+            "share_per_step": shares, "share": float(np.mean(shares[later])),
+            "cpu_share_per_step": cpu_shares, "cpu_share": float(np.mean(cpu_shares[later]))}
 
 
 def print_tables(result: dict) -> None:
@@ -239,29 +265,32 @@ def print_tables(result: dict) -> None:
         table = Table(title=f"robosuite Lift, {part['obs']} observations, {part['steps_per_env']} steps per env: "
                             f"environment steps per second ({result['processes']} processes x "
                             f"{result['envs_per_process']} envs, {result['cores']} cores)")
-        for column in ("setting", "policy ms", "steps/s", "of limit", "vs AsyncVectorEnv", "sim share"):
+        for column in ("setting", "policy ms", "steps/s", "of limit", "vs AsyncVectorEnv", "sim share",
+                       "sim CPU share"):
             table.add_column(column, justify="left" if column == "setting" else "right")
-        table.add_row(f"one process ({result['single_envs']} envs)", "", f"{part['one_process']['steps_per_s']:.1f}",
-                      "", "", "")
-        table.add_row("limit (cores x one process)", "", f"{part['limit_steps_per_s']:.1f}", "1.00", "", "")
+        table.add_row(f"one process ({result['single_envs']} envs)", "", f"{part['one_process']['steps_per_s']:.1f}")
+        table.add_row("limit (cores x one process)", "", f"{part['limit_steps_per_s']:.1f}", "1.00")
         labelled = [("AsyncVectorEnv (same processes)", row) for row in part["async_vector_env"]]
         labelled += [("AsyncVectorEnv (one process per env)", row)
                      for row in part.get("async_vector_env_one_env_per_process", [])]
         labelled += [("pool, lockstep" if row["stages"] == 1 else f"pool, pipelined ({row['stages']} stages)", row)
                      for row in part["pool"]]
         for label, row in labelled:
-            share = f"{row['sim_share']:.2f}" if "sim_share" in row else ""
+            shares = [f"{row[key]:.2f}" for key in ("sim_share", "sim_cpu_share") if key in row]
             table.add_row(label, f"{row['policy_latency_ms']:g}", f"{row['steps_per_s']:.1f}", f"{row['of_limit']:.2f}",
-                          f"{row['vs_async_vector_env']:.2f}", share)
+                          f"{row['vs_async_vector_env']:.2f}", *shares)
         console.print(table)
     if result["training"]:
         table = Table(title="embodied_grpo training steps: share of wall time the simulator actors simulate")
-        for column in ("pipeline stages", "episodes/step", "step seconds", "share per step", "share (steps 2+)"):
+        for column in ("pipeline stages", "episodes/step", "step seconds", "rollout seconds", "share per step",
+                       "share (steps 2+)", "CPU share per step", "CPU share (steps 2+)"):
             table.add_column(column)
         for row in result["training"]:
             table.add_row(str(row["stages"]), str(row["episodes_per_step"]),
                           " ".join(f"{s:.1f}" for s in row["step_seconds"]),
-                          " ".join(f"{s:.2f}" for s in row["share_per_step"]), f"{row['share']:.2f}")
+                          " ".join(f"{s:.1f}" for s in row["rollout_seconds"]),
+                          " ".join(f"{s:.2f}" for s in row["share_per_step"]), f"{row['share']:.2f}",
+                          " ".join(f"{s:.2f}" for s in row["cpu_share_per_step"]), f"{row['cpu_share']:.2f}")
         console.print(table)
     console.print(f"load average before {result['load_before']}, after {result['load_after']}; "
                   f"wall time {result['wall_seconds']:.0f} s")
@@ -274,15 +303,16 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=cores, help="pool actors / AsyncVectorEnv processes")
     parser.add_argument("--envs-per-process", type=int, default=8)
     parser.add_argument("--single-envs", type=int, default=2, help="environments of the one-process loop")
-    parser.add_argument("--steps", type=int, default=100, help="control steps per environment (state)")
-    parser.add_argument("--camera-steps", type=int, default=20, help="control steps per environment (camera)")
+    parser.add_argument("--steps", type=int, default=60, help="control steps per environment (state)")
+    parser.add_argument("--camera-steps", type=int, default=15, help="control steps per environment (camera)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per setting (interleaved); best kept")
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2], help="pipeline stages of the pool rows")
     parser.add_argument("--policy-latency-ms", type=float, default=10.0,
                         help="extra state rows with a policy that takes this long per call (0: none)")
     parser.add_argument("--async-one-env-per-process", action="store_true",
                         help="also AsyncVectorEnv with one process per environment")
     parser.add_argument("--fast-rendering", action="store_true", help="camera without shadows and reflections")
-    parser.add_argument("--train-steps", type=int, default=3, help="training steps measured (0: skip)")
+    parser.add_argument("--train-steps", type=int, default=2, help="training steps measured (0: skip)")
     parser.add_argument("--train-stages", type=int, nargs="+", default=[1], help="pipeline stages of the runs")
     parser.add_argument("--train-states", type=int, default=4, help="initial states per training step")
     parser.add_argument("--group-size", type=int, default=8)

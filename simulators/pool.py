@@ -302,8 +302,9 @@ class SimulatorPool:
             ``"success": bool (k,)`` any executed step succeeded, ``"steps": int64 (k,)`` control
             steps executed, ``"lost": bool (k,)`` the episode was lost (its other entries are
             zero), ``"frames": {global index: uint8 (steps, H, W, 3)}`` for the rendered
-            environments not lost, ``"sim_seconds": float`` time the actors spent inside the
-            environments' ``step`` and ``render_frame`` for this chunk}``.
+            environments not lost, ``"sim_seconds": float`` wall time the actors spent inside the
+            environments' ``step`` and ``render_frame`` for this chunk (summed over actors), and
+            ``"sim_cpu_seconds": float`` the CPU time they used meanwhile}``.
 
         Raises:
             ray.exceptions.RayTaskError: an environment raised (a bug, not a fault: not restarted).
@@ -312,7 +313,7 @@ class SimulatorPool:
         result: dict[str, Any] = {"obs": np.zeros((k, self.spec()["obs_dim"]), dtype=np.float32)}
         result.update({key: np.zeros(k, dtype=dtype) for key, dtype in _CHUNK_DTYPES.items()})
         result["lost"][pending.lost_rows] = True
-        result["frames"], result["sim_seconds"] = {}, 0.0
+        result["frames"], result["sim_seconds"], result["sim_cpu_seconds"] = {}, 0.0, 0.0
         ready, _ = ray.wait([call.ref for call in pending.calls], num_returns=len(pending.calls),
                             timeout=self.step_timeout_s)
         answered = set(ready)
@@ -325,6 +326,7 @@ class SimulatorPool:
                 result[key][call.rows] = out[key]
             result["frames"].update(zip(call.rendered, out["frames"]))
             result["sim_seconds"] += out["sim_seconds"]
+            result["sim_cpu_seconds"] += out["sim_cpu_seconds"]
         result["lost"] |= np.isin(pending.env_indices, list(self._lost))  # on a slot restarted meanwhile
         for g in pending.env_indices[result["lost"]]:
             result["frames"].pop(int(g), None)

@@ -38,7 +38,6 @@ class SimulatorWorker:
         self._env_name = env_name
         self._env_config = env_config
         self._envs: list[gym.Env | None] = [None] * num_envs
-        self._sim_seconds = 0.0
 
     def make_envs(self) -> None:
         """Create every hosted environment now (otherwise each is created at its first use)."""
@@ -97,7 +96,8 @@ class SimulatorWorker:
             ``"steps": int64 (n,)`` control steps executed (1..chunk), ``"frames"``: one uint8
             ``(steps, H, W, 3)`` array per entry of ``render_indices``, in its order, and
             ``"sim_seconds": float`` the wall time spent inside the environments' ``step`` and
-            ``render_frame`` during this call}``.
+            ``render_frame`` during this call, and ``"sim_cpu_seconds": float`` the CPU time this
+            process (all its threads) used meanwhile}``.
 
         Raises:
             ValueError: on bad indices, an ``actions`` shape that does not match, or render
@@ -123,15 +123,16 @@ class SimulatorWorker:
             "steps": np.zeros(n, dtype=np.int64),
         }
         rendered = {int(i): [] for i in render_indices}
-        sim_start = self._sim_seconds
+        sim_seconds = sim_cpu_seconds = 0.0
         for row, index in enumerate(env_indices):
             env = self._env(index)
             for action in actions[row]:
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.process_time()
                 obs, reward, terminated, truncated, info = env.step(action)
                 if index in rendered:
                     rendered[index].append(env.render_frame())
-                self._sim_seconds += time.perf_counter() - started
+                sim_seconds += time.perf_counter() - started
+                sim_cpu_seconds += time.process_time() - cpu_started
                 result["obs"][row] = obs
                 result["reward"][row] += reward
                 result["terminated"][row] = terminated
@@ -141,7 +142,7 @@ class SimulatorWorker:
                 if terminated or truncated:
                     break
         result["frames"] = [np.stack(rendered[int(i)]) for i in render_indices]
-        result["sim_seconds"] = self._sim_seconds - sim_start
+        result["sim_seconds"], result["sim_cpu_seconds"] = sim_seconds, sim_cpu_seconds
         return result
 
     def pid(self) -> int:

@@ -46,7 +46,7 @@ class ParityPool:
         return {"obs": np.ones((k, OBS_DIM), dtype=np.float32), "reward": success.astype(np.float32),
                 "terminated": success, "truncated": truncated, "success": success,
                 "steps": np.ones(k, dtype=np.int64), "lost": np.zeros(k, dtype=bool), "frames": {},
-                "sim_seconds": 0.0}
+                "sim_seconds": 0.0, "sim_cpu_seconds": 0.0}
 
 
 class Resources:

@@ -47,7 +47,7 @@ class LosingPool:
         return {"obs": np.ones((k, OBS_DIM), dtype=np.float32), "reward": success.astype(np.float32),
                 "terminated": success, "truncated": truncated, "success": success,
                 "steps": np.ones(k, dtype=np.int64), "lost": np.isin(rows, list(self.lost)), "frames": {},
-                "sim_seconds": 0.25}
+                "sim_seconds": 0.25, "sim_cpu_seconds": 0.125}
 
 
 class Resources:

@@ -55,7 +55,7 @@ class ScriptedPool:
         out = {"obs": np.zeros((k, OBS_DIM), dtype=np.float32), "reward": np.zeros(k, dtype=np.float32),
                "terminated": np.zeros(k, dtype=bool), "truncated": np.zeros(k, dtype=bool),
                "success": np.zeros(k, dtype=bool), "steps": np.zeros(k, dtype=np.int64),
-               "lost": np.zeros(k, dtype=bool), "frames": {}, "sim_seconds": 0.5}
+               "lost": np.zeros(k, dtype=bool), "frames": {}, "sim_seconds": 0.5, "sim_cpu_seconds": 0.25}
         for row, i in enumerate(env_indices):
             assert not self.ended[i], "stepped an environment whose episode ended"
             t = self.decisions[i]
@@ -157,7 +157,9 @@ def test_lost_episodes_are_dropped_and_flagged(stages):
     assert result.batch["success"].tolist() == [False, True]
     assert pool.decisions.tolist() == [4, 3, 2]  # env 1 was never given a chunk after its loss
     assert result.env_steps == 8 + 4 + 3  # the lost episode's steps before its loss count
-    assert result.sim_seconds == pytest.approx(0.5 * len([e for e in pool.events if e[0] == "collect"]))
+    collects = len([e for e in pool.events if e[0] == "collect"])
+    assert result.sim_seconds == pytest.approx(0.5 * collects)
+    assert result.sim_cpu_seconds == pytest.approx(0.25 * collects)
 
 
 def test_frames_follow_each_control_step_and_are_dropped_with_lost_episodes():

@@ -51,7 +51,7 @@ class RandomWalkPool:
         return {"obs": self.rng.normal(size=(k, OBS_DIM)).astype(np.float32), "reward": done.astype(np.float32),
                 "terminated": done, "truncated": np.zeros_like(done), "success": done,
                 "steps": np.ones(k, dtype=np.int64), "lost": np.zeros(k, dtype=bool), "frames": {},
-                "sim_seconds": 0.0}
+                "sim_seconds": 0.0, "sim_cpu_seconds": 0.0}
 
 
 def test_every_registered_policy_has_a_tiny_config():

@@ -39,8 +39,9 @@ def interact(ctx, batch) -> NodeOutput:
         Up to ``(g * group_size,)`` episodes (groups contiguous) with the rollout keys of
         :func:`vla_rl.rollout.embodied.rollout_episodes` plus ``uid`` and ``task_id``. Metrics
         include ``rollout/lost_episodes`` (all workers together), ``rollout/lost_fraction``,
-        and ``rollout/sim_seconds_per_actor`` and ``rollout/sim_share`` (the share of the
-        rollout's wall time the simulator actors spent inside the environments).
+        ``rollout/sim_seconds_per_actor`` (wall time inside the environments' ``step``),
+        ``rollout/sim_cpu_seconds_per_actor`` (CPU time used meanwhile) and ``rollout/sim_share``
+        (the first over the rollout's wall time).
     """
     started = time.perf_counter()
     episodes, result = rollout_groups(ctx.resources, ctx.config.data.group_size, batch, ctx.node_config.greedy,
@@ -55,6 +56,7 @@ def interact(ctx, batch) -> NodeOutput:
         "rollout/lost_episodes": float(lost) / ctx.replicas,
         "rollout/lost_fraction": float(result.lost.mean()) if requested else 0.0,
         "rollout/sim_seconds_per_actor": result.sim_seconds / num_actors,
+        "rollout/sim_cpu_seconds_per_actor": result.sim_cpu_seconds / num_actors,
         "rollout/sim_share": result.sim_seconds / (num_actors * wall),
     }
     if len(episodes):

@@ -53,8 +53,10 @@ class RolloutResult:
         env_steps: control steps executed (all environments together, lost episodes' included).
         lost: ``(n,)`` bool over the requested initial states: the episode was lost to a
             simulator fault and is not in ``batch``.
-        sim_seconds: time the simulator actors spent inside the environments' ``step`` and
+        sim_seconds: wall time the simulator actors spent inside the environments' ``step`` and
             ``render_frame`` (summed over actors), seconds.
+        sim_cpu_seconds: CPU time the simulator actors used meanwhile (summed), seconds: below
+            ``sim_seconds`` when other processes share the cores.
     """
 
     batch: TensorDict
@@ -62,6 +64,7 @@ class RolloutResult:
     env_steps: int = 0
     lost: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     sim_seconds: float = 0.0
+    sim_cpu_seconds: float = 0.0
 
 
 class EpisodeBook:
@@ -89,7 +92,7 @@ class EpisodeBook:
         self.lost = np.zeros(n, dtype=bool)
         self.frames: dict[int, list[np.ndarray]] = {int(i): [] for i in render_indices}
         self.env_steps = 0
-        self.sim_seconds = 0.0
+        self.sim_seconds = self.sim_cpu_seconds = 0.0
 
     def record_decision(self, rows: np.ndarray, t: int, actions: torch.Tensor, log_probs: torch.Tensor) -> None:
         """Decision ``t`` of episodes ``rows``: ``actions`` ``(k, chunk, act_dim)``, ``log_probs`` ``(k, chunk)``."""
@@ -114,6 +117,7 @@ class EpisodeBook:
         self.lost[rows[lost]] = True
         self.env_steps += int(out["steps"][kept].sum())
         self.sim_seconds += float(out["sim_seconds"])
+        self.sim_cpu_seconds += float(out["sim_cpu_seconds"])
         for i, frames in out["frames"].items():
             self.frames[int(i)].append(frames)
 
@@ -134,7 +138,7 @@ class EpisodeBook:
             batch_size=[int(kept.sum())],
         )
         frames = {i: np.concatenate(f) for i, f in self.frames.items() if f and not self.lost[i]}
-        return RolloutResult(batch, frames, self.env_steps, self.lost.copy(), self.sim_seconds)
+        return RolloutResult(batch, frames, self.env_steps, self.lost.copy(), self.sim_seconds, self.sim_cpu_seconds)
 
 
 @torch.no_grad()
