@@ -15,7 +15,7 @@ returned to the caller). Rows:
   sub-environment hosts ``--envs-per-process`` robosuite environments and steps them in turn),
   with the same policy latencies (waited before each vector step); with
   ``--async-one-env-per-process`` also as usually used (one process per environment);
-- the limit: the number of cores times the one-process rate.
+- the limit: the number of cores (or of processes, if fewer) times the one-process rate.
 
 Every row steps each environment ``--steps`` control steps (``--camera-steps`` with the camera);
 environment creation is not timed. Each setting is timed ``--repeats`` times (settings of one
@@ -216,7 +216,7 @@ def throughput(obs: str, args, cores: int) -> dict:
     result: dict = {"obs": obs, "steps_per_env": steps}
     latencies = [0.0] + ([args.policy_latency_ms] if obs == "state" and args.policy_latency_ms > 0 else [])
     result["one_process"] = one_process(config, args.single_envs, steps, args.repeats)
-    result["limit_steps_per_s"] = cores * result["one_process"]["steps_per_s"]
+    result["limit_steps_per_s"] = min(cores, args.processes) * result["one_process"]["steps_per_s"]
     result["async_vector_env"] = async_vector_env(config, args.processes, args.envs_per_process, steps, latencies,
                                                   args.repeats)
     if args.async_one_env_per_process:
@@ -269,7 +269,7 @@ def print_tables(result: dict) -> None:
                        "sim CPU share"):
             table.add_column(column, justify="left" if column == "setting" else "right")
         table.add_row(f"one process ({result['single_envs']} envs)", "", f"{part['one_process']['steps_per_s']:.1f}")
-        table.add_row("limit (cores x one process)", "", f"{part['limit_steps_per_s']:.1f}", "1.00")
+        table.add_row("limit (min(cores, processes) x one process)", "", f"{part['limit_steps_per_s']:.1f}", "1.00")
         labelled = [("AsyncVectorEnv (same processes)", row) for row in part["async_vector_env"]]
         labelled += [("AsyncVectorEnv (one process per env)", row)
                      for row in part.get("async_vector_env_one_env_per_process", [])]
@@ -299,12 +299,13 @@ def print_tables(result: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cores = len(os.sched_getaffinity(0))
-    parser.add_argument("--obs", nargs="+", choices=["state", "camera"], default=["state", "camera"])
+    parser.add_argument("--obs", nargs="*", choices=["state", "camera"], default=["state", "camera"],
+                        help="throughput parts to run (none: only the training part)")
     parser.add_argument("--processes", type=int, default=cores, help="pool actors / AsyncVectorEnv processes")
     parser.add_argument("--envs-per-process", type=int, default=8)
     parser.add_argument("--single-envs", type=int, default=2, help="environments of the one-process loop")
-    parser.add_argument("--steps", type=int, default=60, help="control steps per environment (state)")
-    parser.add_argument("--camera-steps", type=int, default=15, help="control steps per environment (camera)")
+    parser.add_argument("--steps", type=int, default=50, help="control steps per environment (state)")
+    parser.add_argument("--camera-steps", type=int, default=10, help="control steps per environment (camera)")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per setting (interleaved); best kept")
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2], help="pipeline stages of the pool rows")
     parser.add_argument("--policy-latency-ms", type=float, default=10.0,
@@ -314,7 +315,7 @@ def main() -> None:
     parser.add_argument("--fast-rendering", action="store_true", help="camera without shadows and reflections")
     parser.add_argument("--train-steps", type=int, default=2, help="training steps measured (0: skip)")
     parser.add_argument("--train-stages", type=int, nargs="+", default=[1], help="pipeline stages of the runs")
-    parser.add_argument("--train-states", type=int, default=4, help="initial states per training step")
+    parser.add_argument("--train-states", type=int, default=2, help="initial states per training step")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--actors-per-worker", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
