@@ -114,54 +114,16 @@ def best(runs: list[dict]) -> dict:
     return top
 
 
-def timed_steps(step, envs: int, steps: int) -> dict:
+def stepping_run(step, envs: int, steps: int, latency_ms: float) -> dict:
+    """Time ``steps`` calls of ``step`` (each stepping ``envs`` environments), each after
+    ``latency_ms`` of waiting for the policy."""
     start = time.perf_counter()
     for _ in range(steps):
+        if latency_ms:
+            time.sleep(latency_ms / 1000)
         step()
     seconds = time.perf_counter() - start
     return {"env_steps": envs * steps, "seconds": seconds, "steps_per_s": envs * steps / seconds}
-
-
-def one_process(config: dict, envs: int, steps: int, repeats: int) -> dict:
-    """A plain loop over ``envs`` environments in this process."""
-    batch = EnvBatch(config, envs)
-    rng = np.random.default_rng(0)
-    batch.reset(seed=0)
-
-    def step():
-        batch.step(rng.uniform(-1, 1, size=batch.action_space.shape).astype(np.float32))
-
-    step()  # warm-up
-    runs = [timed_steps(step, envs, steps) for _ in range(repeats)]
-    batch.close()
-    return best(runs)
-
-
-def async_vector_env(config: dict, processes: int, envs_per_process: int, steps: int,
-                     latencies_ms: list[float], repeats: int) -> list[dict]:
-    """``gymnasium.vector.AsyncVectorEnv`` over ``processes`` sub-environments of
-    ``envs_per_process`` robosuite environments each (spawned processes), random actions; for
-    each latency, the actions of every step take that long to compute (all environments step in
-    lockstep, as the vector API does)."""
-    vector = gym.vector.AsyncVectorEnv([functools.partial(EnvBatch, config, envs_per_process)] * processes,
-                                       context="spawn")
-    rng = np.random.default_rng(0)
-    vector.reset(seed=0)
-    latency_s = 0.0
-
-    def step():
-        if latency_s:
-            time.sleep(latency_s)
-        vector.step(rng.uniform(-1, 1, size=vector.action_space.shape).astype(np.float32))
-
-    step()  # warm-up
-    runs: dict[float, list] = {latency: [] for latency in latencies_ms}
-    for _ in range(repeats):
-        for latency_ms in latencies_ms:
-            latency_s = latency_ms / 1000
-            runs[latency_ms].append(timed_steps(step, processes * envs_per_process, steps))
-    vector.close()
-    return [{"policy_latency_ms": latency, **best(rows)} for latency, rows in runs.items()]
 
 
 class RandomPolicy:
@@ -181,48 +143,75 @@ class RandomPolicy:
         return actions, torch.zeros(obs.shape[0], 1)
 
 
-def pool_rows(config: dict, args, stages: list[int], latencies_ms: list[float]) -> list[dict]:
-    """The pool driven by the rollout loop (episodes of ``config["horizon"]`` steps), per policy
-    latency and stage count; the settings take turns ``--repeats`` times."""
-    import torch
-
-    from simulators.pool import SimulatorPool
+def pool_run(pool, n: int, render: tuple[int, ...], stages: int, latency_ms: float, generator) -> dict:
+    """One rollout of ``n`` episodes (of ``horizon`` steps) of the random policy in ``pool``."""
     from vla_rl.rollout.embodied import rollout_episodes
 
-    n = args.processes * args.envs_per_process
-    runs: dict[tuple[float, int], list] = {(latency, count): [] for latency in latencies_ms for count in stages}
-    with SimulatorPool(LIFT, config, num_actors=args.processes, envs_per_actor=args.envs_per_process,
-                       actor_options={"num_cpus": 0}) as pool:
-        pool.reset(np.arange(n))  # waits until the environments exist
-        render = tuple(range(n)) if config.get("render_camera") else ()
-        generator = torch.Generator().manual_seed(0)
-        for _ in range(args.repeats):
-            for latency_ms, count in runs:
-                policy = RandomPolicy(pool.spec()["act_dim"], latency_ms / 1000)
-                start = time.perf_counter()
-                result = rollout_episodes(policy, pool, np.arange(n), generator=generator, render_indices=render,
-                                          pipeline_stages=count)
-                seconds = time.perf_counter() - start
-                runs[(latency_ms, count)].append({
-                    "env_steps": result.env_steps, "seconds": seconds, "steps_per_s": result.env_steps / seconds,
-                    "sim_share": result.sim_seconds / (args.processes * seconds),
-                    "sim_cpu_share": result.sim_cpu_seconds / (args.processes * seconds)})
-    return [{"stages": count, "policy_latency_ms": latency, **best(rows)} for (latency, count), rows in runs.items()]
+    policy = RandomPolicy(pool.spec()["act_dim"], latency_ms / 1000)
+    start = time.perf_counter()
+    result = rollout_episodes(policy, pool, np.arange(n), generator=generator, render_indices=render,
+                              pipeline_stages=stages)
+    seconds = time.perf_counter() - start
+    return {"env_steps": result.env_steps, "seconds": seconds, "steps_per_s": result.env_steps / seconds,
+            "sim_share": result.sim_seconds / (pool.num_actors * seconds),
+            "sim_cpu_share": result.sim_cpu_seconds / (pool.num_actors * seconds)}
 
 
 def throughput(obs: str, args, cores: int) -> dict:
+    """Every setting of one observation kind. All of them are created first (environment creation
+    is not timed), then they take turns ``--repeats`` times so that all meet the same load."""
+    import torch
+
+    from simulators.pool import SimulatorPool
+
     steps = args.steps if obs == "state" else args.camera_steps
     config = env_config(obs, steps, args.fast_rendering)
-    result: dict = {"obs": obs, "steps_per_env": steps}
     latencies = [0.0] + ([args.policy_latency_ms] if obs == "state" and args.policy_latency_ms > 0 else [])
-    result["one_process"] = one_process(config, args.single_envs, steps, args.repeats)
-    result["limit_steps_per_s"] = min(cores, args.processes) * result["one_process"]["steps_per_s"]
-    result["async_vector_env"] = async_vector_env(config, args.processes, args.envs_per_process, steps, latencies,
-                                                  args.repeats)
+    rng = np.random.default_rng(0)
+    single = EnvBatch(config, args.single_envs)
+    single.reset(seed=0)
+    vectors = {"async_vector_env": (args.processes, args.envs_per_process)}
     if args.async_one_env_per_process:
-        result["async_vector_env_one_env_per_process"] = async_vector_env(
-            config, args.processes * args.envs_per_process, 1, steps, [0.0], args.repeats)
-    result["pool"] = pool_rows(config, args, args.stages, latencies)
+        vectors["async_vector_env_one_env_per_process"] = (args.processes * args.envs_per_process, 1)
+    vector_envs = {name: gym.vector.AsyncVectorEnv([functools.partial(EnvBatch, config, per)] * procs,
+                                                   context="spawn") for name, (procs, per) in vectors.items()}
+    for vector in vector_envs.values():
+        vector.reset(seed=0)
+    n = args.processes * args.envs_per_process
+    pool = SimulatorPool(LIFT, config, num_actors=args.processes, envs_per_actor=args.envs_per_process,
+                         actor_options={"num_cpus": 0})
+    pool.reset(np.arange(n))  # waits until the environments exist
+    render = tuple(range(n)) if config.get("render_camera") else ()
+    generator = torch.Generator().manual_seed(0)
+
+    def step_of(env):
+        return lambda: env.step(rng.uniform(-1, 1, size=env.action_space.shape).astype(np.float32))
+
+    settings = {("one_process", 0.0, None): lambda: stepping_run(step_of(single), args.single_envs, steps, 0.0)}
+    for name, vector in vector_envs.items():
+        for latency in latencies if name == "async_vector_env" else [0.0]:
+            settings[(name, latency, None)] = functools.partial(stepping_run, step_of(vector), n, steps, latency)
+    for latency in latencies:
+        for count in args.stages:
+            settings[("pool", latency, count)] = functools.partial(pool_run, pool, n, render, count, latency, generator)
+    for fn in [settings[("one_process", 0.0, None)], *[step_of(v) for v in vector_envs.values()]]:
+        fn()  # warm-up
+    runs: dict[tuple, list] = {key: [] for key in settings}
+    try:
+        for _ in range(args.repeats):
+            for key, fn in settings.items():
+                runs[key].append(fn())
+    finally:
+        single.close()
+        for vector in vector_envs.values():
+            vector.close()
+        pool.close()
+
+    result: dict = {"obs": obs, "steps_per_env": steps, "one_process": best(runs.pop(("one_process", 0.0, None)))}
+    result["limit_steps_per_s"] = min(cores, args.processes) * result["one_process"]["steps_per_s"]
+    for (name, latency, count), rows in runs.items():
+        row = {"policy_latency_ms": latency, **({"stages": count} if name == "pool" else {}), **best(rows)}
+        result.setdefault(name, []).append(row)
     baseline = {row["policy_latency_ms"]: row["steps_per_s"] for row in result["async_vector_env"]}
     for row in result["async_vector_env"] + result.get("async_vector_env_one_env_per_process", []) + result["pool"]:
         row["of_limit"] = row["steps_per_s"] / result["limit_steps_per_s"]
