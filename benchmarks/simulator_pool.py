@@ -38,8 +38,11 @@ from __future__ import annotations
 
 import os
 
-for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_name, "1")  # one BLAS thread per process, as the pool's actors have
+# One BLAS thread per process, as the pool's actors have, and one Mesa llvmpipe rendering thread,
+# so that the one-process rate uses one core and cores x that rate is the limit (processes started
+# by this one, Ray's and AsyncVectorEnv's, inherit these).
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
 
 import argparse
 import functools
