@@ -5,17 +5,19 @@ Throughput (robosuite Lift, Panda, OSC_POSE, random actions in [-1, 1]; ``state`
 state observation; ``camera``: plus one 128x128 ``agentview`` frame rendered after every step and
 returned to the caller). Rows:
 
-- one process: a plain loop over ``--single-envs`` environments in this process;
+- one process: a plain loop over ``--envs-per-process`` environments in one process, alone;
+- the limit: the number of cores (or of processes, if fewer) times the one-process rate;
+- ``--processes`` plain loops at once, without synchronisation: what the cores deliver together
+  (the ceiling of any vectorisation; below the limit when processes slow each other down);
+- ``gymnasium.vector.AsyncVectorEnv`` with the same processes and environments (each
+  sub-environment hosts ``--envs-per-process`` robosuite environments and steps them in turn;
+  the plain loops run in these processes too), with the same policy latencies (waited before each
+  vector step);
 - the project's :class:`simulators.pool.SimulatorPool` (``--processes`` actors x
   ``--envs-per-process`` environments) driven by :func:`vla_rl.rollout.embodied.rollout_episodes`
   with a uniform random policy, for each ``--stages`` (1: lockstep; 2+: pipelined); with
   ``--policy-latency-ms`` (state only) also with a policy that waits that long per call (an
-  accelerator's inference time, which pipelining hides);
-- ``gymnasium.vector.AsyncVectorEnv`` with the same processes and environments (each
-  sub-environment hosts ``--envs-per-process`` robosuite environments and steps them in turn),
-  with the same policy latencies (waited before each vector step); with
-  ``--async-one-env-per-process`` also as usually used (one process per environment);
-- the limit: the number of cores (or of processes, if fewer) times the one-process rate.
+  accelerator's inference time, which pipelining hides).
 
 Every row steps each environment ``--steps`` control steps (``--camera-steps`` with the camera);
 environment creation is not timed. Each setting is timed ``--repeats`` times (settings of one
@@ -83,6 +85,7 @@ class EnvBatch(gym.Env):
         else:
             self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(count, env.obs_dim), dtype=np.float32)
         self._seed = 0
+        self.index = 0
 
     def _observe(self, env, obs):
         return env.render_frame() if self.render_frames else obs
@@ -104,6 +107,17 @@ class EnvBatch(gym.Env):
                 self._seed += 1
                 env.reset(seed=self._seed)
         return np.stack(observations), 0.0, False, False, {}
+
+    def timed_loop(self, steps: int, runners: int) -> float | None:
+        """A plain loop of ``steps`` steps over this batch's environments if this is one of the
+        first ``runners`` sub-environments (``index`` set by the vector env's owner); its rate."""
+        if self.index >= runners:
+            return None
+        rng = np.random.default_rng(self.index)
+        start = time.perf_counter()
+        for _ in range(steps):
+            self.step(rng.uniform(-1, 1, size=self.action_space.shape).astype(np.float32))
+        return len(self.envs) * steps / (time.perf_counter() - start)
 
     def close(self):
         for env in self.envs:
@@ -162,7 +176,11 @@ def pool_run(pool, n: int, render: tuple[int, ...], stages: int, latency_ms: flo
 
 def throughput(obs: str, args, cores: int) -> dict:
     """Every setting of one observation kind. All of them are created first (environment creation
-    is not timed), then they take turns ``--repeats`` times so that all meet the same load."""
+    is not timed), then they take turns ``--repeats`` times so that all meet the same load.
+
+    The plain loops run inside the ``AsyncVectorEnv``'s processes (through ``call``): one alone
+    (the one-process rate), and all at once without synchronisation (what the cores deliver
+    together, the ceiling of any vectorisation)."""
     import torch
 
     from simulators.pool import SimulatorPool
@@ -170,54 +188,57 @@ def throughput(obs: str, args, cores: int) -> dict:
     steps = args.steps if obs == "state" else args.camera_steps
     config = env_config(obs, steps, args.fast_rendering)
     latencies = [0.0] + ([args.policy_latency_ms] if obs == "state" and args.policy_latency_ms > 0 else [])
-    rng = np.random.default_rng(0)
-    single = EnvBatch(config, args.single_envs)
-    single.reset(seed=0)
-    vectors = {"async_vector_env": (args.processes, args.envs_per_process)}
-    if args.async_one_env_per_process:
-        vectors["async_vector_env_one_env_per_process"] = (args.processes * args.envs_per_process, 1)
-    vector_envs = {name: gym.vector.AsyncVectorEnv([functools.partial(EnvBatch, config, per)] * procs,
-                                                   context="spawn") for name, (procs, per) in vectors.items()}
-    for vector in vector_envs.values():
-        vector.reset(seed=0)
     n = args.processes * args.envs_per_process
+    rng = np.random.default_rng(0)
+    vector = gym.vector.AsyncVectorEnv([functools.partial(EnvBatch, config, args.envs_per_process)] * args.processes,
+                                       context="spawn")
+    vector.set_attr("index", list(range(args.processes)))
+    vector.reset(seed=0)
     pool = SimulatorPool(LIFT, config, num_actors=args.processes, envs_per_actor=args.envs_per_process,
                          actor_options={"num_cpus": 0})
     pool.reset(np.arange(n))  # waits until the environments exist
     render = tuple(range(n)) if config.get("render_camera") else ()
     generator = torch.Generator().manual_seed(0)
 
-    def step_of(env):
-        return lambda: env.step(rng.uniform(-1, 1, size=env.action_space.shape).astype(np.float32))
+    def plain_loops(runners: int) -> dict:
+        start = time.perf_counter()
+        rates = [rate for rate in vector.call("timed_loop", steps, runners) if rate is not None]
+        seconds = time.perf_counter() - start
+        return {"env_steps": runners * args.envs_per_process * steps, "seconds": seconds,
+                "steps_per_s": float(sum(rates)), "process_steps_per_s": rates}
 
-    settings = {("one_process", 0.0, None): lambda: stepping_run(step_of(single), args.single_envs, steps, 0.0)}
-    for name, vector in vector_envs.items():
-        for latency in latencies if name == "async_vector_env" else [0.0]:
-            settings[(name, latency, None)] = functools.partial(stepping_run, step_of(vector), n, steps, latency)
+    def vector_step():
+        vector.step(rng.uniform(-1, 1, size=vector.action_space.shape).astype(np.float32))
+
+    settings = {("one_process", 0.0, None): functools.partial(plain_loops, 1),
+                ("parallel_plain_loops", 0.0, None): functools.partial(plain_loops, args.processes)}
+    for latency in latencies:
+        settings[("async_vector_env", latency, None)] = functools.partial(stepping_run, vector_step, n, steps, latency)
     for latency in latencies:
         for count in args.stages:
             settings[("pool", latency, count)] = functools.partial(pool_run, pool, n, render, count, latency, generator)
-    for fn in [settings[("one_process", 0.0, None)], *[step_of(v) for v in vector_envs.values()]]:
-        fn()  # warm-up
+    vector_step()  # warm-up
     runs: dict[tuple, list] = {key: [] for key in settings}
     try:
         for _ in range(args.repeats):
             for key, fn in settings.items():
                 runs[key].append(fn())
     finally:
-        single.close()
-        for vector in vector_envs.values():
-            vector.close()
+        vector.close()
         pool.close()
 
-    result: dict = {"obs": obs, "steps_per_env": steps, "one_process": best(runs.pop(("one_process", 0.0, None)))}
+    result: dict = {"obs": obs, "steps_per_env": steps,
+                    "one_process": best(runs.pop(("one_process", 0.0, None))),
+                    "parallel_plain_loops": best(runs.pop(("parallel_plain_loops", 0.0, None)))}
     result["limit_steps_per_s"] = min(cores, args.processes) * result["one_process"]["steps_per_s"]
     for (name, latency, count), rows in runs.items():
         row = {"policy_latency_ms": latency, **({"stages": count} if name == "pool" else {}), **best(rows)}
         result.setdefault(name, []).append(row)
     baseline = {row["policy_latency_ms"]: row["steps_per_s"] for row in result["async_vector_env"]}
-    for row in result["async_vector_env"] + result.get("async_vector_env_one_env_per_process", []) + result["pool"]:
+    ceiling = result["parallel_plain_loops"]["steps_per_s"]
+    for row in result["async_vector_env"] + result["pool"]:
         row["of_limit"] = row["steps_per_s"] / result["limit_steps_per_s"]
+        row["of_parallel_plain_loops"] = row["steps_per_s"] / ceiling
         row["vs_async_vector_env"] = row["steps_per_s"] / baseline[row["policy_latency_ms"]]
     return result
 
@@ -252,25 +273,26 @@ def print_tables(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=130)
+    console = Console(width=150)
     for part in result["throughput"]:
         table = Table(title=f"robosuite Lift, {part['obs']} observations, {part['steps_per_env']} steps per env: "
                             f"environment steps per second ({result['processes']} processes x "
                             f"{result['envs_per_process']} envs, {result['cores']} cores)")
-        for column in ("setting", "policy ms", "steps/s", "of limit", "vs AsyncVectorEnv", "sim share",
-                       "sim CPU share"):
+        for column in ("setting", "policy ms", "steps/s", "of limit", "of parallel loops", "vs AsyncVectorEnv",
+                       "sim share", "sim CPU share"):
             table.add_column(column, justify="left" if column == "setting" else "right")
-        table.add_row(f"one process ({result['single_envs']} envs)", "", f"{part['one_process']['steps_per_s']:.1f}")
-        table.add_row("limit (min(cores, processes) x one process)", "", f"{part['limit_steps_per_s']:.1f}", "1.00")
+        limit, ceiling = part["limit_steps_per_s"], part["parallel_plain_loops"]["steps_per_s"]
+        table.add_row("one process (plain loop, alone)", "", f"{part['one_process']['steps_per_s']:.1f}")
+        table.add_row("limit (min(cores, processes) x one process)", "", f"{limit:.1f}", "1.00")
+        table.add_row(f"{result['processes']} plain loops at once", "", f"{ceiling:.1f}", f"{ceiling / limit:.2f}",
+                      "1.00")
         labelled = [("AsyncVectorEnv (same processes)", row) for row in part["async_vector_env"]]
-        labelled += [("AsyncVectorEnv (one process per env)", row)
-                     for row in part.get("async_vector_env_one_env_per_process", [])]
         labelled += [("pool, lockstep" if row["stages"] == 1 else f"pool, pipelined ({row['stages']} stages)", row)
                      for row in part["pool"]]
         for label, row in labelled:
             shares = [f"{row[key]:.2f}" for key in ("sim_share", "sim_cpu_share") if key in row]
             table.add_row(label, f"{row['policy_latency_ms']:g}", f"{row['steps_per_s']:.1f}", f"{row['of_limit']:.2f}",
-                          f"{row['vs_async_vector_env']:.2f}", *shares)
+                          f"{row['of_parallel_plain_loops']:.2f}", f"{row['vs_async_vector_env']:.2f}", *shares)
         console.print(table)
     if result["training"]:
         table = Table(title="embodied_grpo training steps: share of wall time the simulator actors simulate")
@@ -295,15 +317,12 @@ def main() -> None:
                         help="throughput parts to run (none: only the training part)")
     parser.add_argument("--processes", type=int, default=cores, help="pool actors / AsyncVectorEnv processes")
     parser.add_argument("--envs-per-process", type=int, default=8)
-    parser.add_argument("--single-envs", type=int, default=2, help="environments of the one-process loop")
     parser.add_argument("--steps", type=int, default=50, help="control steps per environment (state)")
     parser.add_argument("--camera-steps", type=int, default=10, help="control steps per environment (camera)")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per setting (interleaved); best kept")
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2], help="pipeline stages of the pool rows")
     parser.add_argument("--policy-latency-ms", type=float, default=10.0,
                         help="extra state rows with a policy that takes this long per call (0: none)")
-    parser.add_argument("--async-one-env-per-process", action="store_true",
-                        help="also AsyncVectorEnv with one process per environment")
     parser.add_argument("--fast-rendering", action="store_true", help="camera without shadows and reflections")
     parser.add_argument("--train-steps", type=int, default=2, help="training steps measured (0: skip)")
     parser.add_argument("--train-stages", type=int, nargs="+", default=[1], help="pipeline stages of the runs")
@@ -317,7 +336,7 @@ def main() -> None:
 
     started = time.perf_counter()
     result = {"cores": cores, "processes": args.processes, "envs_per_process": args.envs_per_process,
-              "single_envs": args.single_envs, "load_before": [round(x, 2) for x in os.getloadavg()],
+              "load_before": [round(x, 2) for x in os.getloadavg()],
               "args": {k: v if not isinstance(v, Path) else str(v) for k, v in vars(args).items()}}
     init_ray(num_cpus=16)
     result["throughput"] = [throughput(obs, args, cores) for obs in args.obs]
