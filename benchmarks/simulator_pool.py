@@ -144,7 +144,8 @@ def stepping_run(step, envs: int, steps: int, latency_ms: float) -> dict:
 
 
 class RandomPolicy:
-    """Uniform random actions in [-1, 1] (one per chunk), optionally waiting ``latency_s`` per call."""
+    """Uniform random actions in [-1, 1] (one per chunk, in the simulator's units), optionally
+    waiting ``latency_s`` per call."""
 
     chunk_size = 1
 
@@ -158,6 +159,9 @@ class RandomPolicy:
             time.sleep(self.latency_s)
         actions = torch.rand(obs.shape[0], 1, self.act_dim, generator=generator) * 2 - 1
         return actions, torch.zeros(obs.shape[0], 1)
+
+    def env_actions(self, actions):
+        return actions
 
 
 def pool_run(pool, n: int, render: tuple[int, ...], stages: int, latency_ms: float, generator) -> dict:

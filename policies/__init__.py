@@ -20,7 +20,11 @@ PolicyT = TypeVar("PolicyT", bound="type[Policy]")
 POLICIES: Registry[type[Policy]] = Registry("policy")
 
 # Modules whose import registers the built-in policies.
-_BUILTIN_POLICY_MODULES = ("policies.mlp.modeling_mlp",)
+_BUILTIN_POLICY_MODULES = (
+    "policies.mlp.modeling_mlp",
+    "policies.openvla.modeling_openvla",
+    "policies.openvla_oft.modeling_openvla_oft",
+)
 
 
 def register_policy(cls: PolicyT) -> PolicyT:
@@ -48,7 +52,7 @@ def make_policy(name: str, config: Any) -> Policy:
     """Build the policy registered as ``name`` from its config.
 
     Args:
-        name: registered policy name, e.g. ``"mlp"``.
+        name: registered policy name: ``"mlp"``, ``"openvla"``, ``"openvla_oft"``.
         config: an instance of that policy's ``config_class``.
 
     Raises:

@@ -24,7 +24,13 @@ class Policy(torch.nn.Module, abc.ABC):
     An intermediate abstract base may skip the check with ``class Base(Policy, abstract=True)``.
 
     Shapes: ``batch`` observations of ``obs_dim`` features; actions come in chunks of
-    ``chunk_size`` steps of ``action_dim`` values.
+    ``chunk_size`` steps of ``action_dim`` values. Policies of camera observations (OpenVLA,
+    OpenVLA-OFT) take a ``tensordict.TensorDict`` of batch size ``(batch,)`` instead of the flat
+    tensor: the simulator's observation (state, uint8 camera images, encoded instruction; see
+    :mod:`vla_rl.data.observations`), which their processor turns into model inputs.
+
+    Actions: :meth:`sample_actions` returns the policy's own actions (what the RL loss scores);
+    :meth:`env_actions` maps them to the simulator's units (identity by default).
 
     Exact log-probs, so that the first ratio of an on-policy update is exactly 1 at every ratio
     granularity (see :mod:`vla_rl.algorithms.granularity`):
@@ -37,11 +43,15 @@ class Policy(torch.nn.Module, abc.ABC):
       (minibatches of whole episodes) compute identical numbers. BLAS libraries choose kernels
       with different summation orders for different batch sizes (and a row's position in the
       batch can matter too), so a policy has to arrange this, e.g. by computing each row's
-      matrix products on their own as the MLP policy's ``BatchInvariantLinear`` does.
+      matrix products on their own as the MLP policy's ``BatchInvariantLinear`` does. A policy
+      that cannot (transformers models: ``batch_invariant = False``) gives values that differ
+      across batch shapes by float rounding only, so the first ratio is 1 up to rounding.
     """
 
     name: ClassVar[str]
     config_class: ClassVar[type]
+    #: Whether each row's log-probs are bit-identical whatever else shares its batch.
+    batch_invariant: ClassVar[bool] = True
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         """Check the required class attributes.
@@ -143,6 +153,39 @@ class Policy(torch.nn.Module, abc.ABC):
         """
         log_probs, entropy = self.log_prob_and_entropy_per_dim(obs, actions)
         return log_probs.sum(dim=-1), entropy.sum(dim=-1)
+
+    def env_actions(self, actions: Tensor) -> Tensor:
+        """The simulator's actions for the policy's actions (identity: the MLP acts in the
+        simulator's units; OpenVLA de-normalises its bin values).
+
+        Args:
+            actions: ``(batch, chunk_size, action_dim)`` as returned by :meth:`sample_actions`.
+
+        Returns:
+            float32 ``(batch, chunk_size, action_dim)`` in the simulator's units.
+        """
+        return actions
+
+    def actions_from_env(self, env_actions: Tensor) -> Tensor:
+        """The policy's actions for demonstrated simulator actions (the inverse of
+        :meth:`env_actions`, for behaviour cloning; identity by default).
+
+        Args:
+            env_actions: ``(..., action_dim)`` in the simulator's units.
+
+        Returns:
+            float32, same shape.
+        """
+        return env_actions
+
+    def fit_observation_normalization(self, obs: Any) -> None:
+        """Set input statistics from observations before behaviour cloning (the warm start calls
+        it with the demonstrations' camera observations); policies without such statistics
+        ignore it. Flat-state policies get theirs from ``set_obs_normalization`` instead.
+
+        Args:
+            obs: a ``TensorDict`` of simulator observations, batch size ``(batch,)``.
+        """
 
     @abc.abstractmethod
     def bc_loss(self, obs: Tensor, expert_actions: Tensor) -> Tensor:

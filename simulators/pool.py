@@ -35,6 +35,7 @@ import ray
 from simulators.registry import build_env_config
 from simulators.rendering import headless_rendering_env_vars
 from simulators.worker import SimulatorWorker
+from vla_rl.data.observations import Observations, empty_observations, set_rows
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class SimulatorPool:
         self.capacity = num_actors * envs_per_actor  # total number of environments
         self.step_timeout_s = step_timeout_s
         self.restarts = 0  # actors restarted after a fault, since the pool was created
-        self._spec: dict[str, int] | None = None
+        self._spec: dict[str, Any] | None = None
         self._batch_size: int | None = None
         self._lost: set[int] = set()  # environments of the current batch whose actor was restarted
 
@@ -141,20 +142,22 @@ class SimulatorPool:
         """Number of worker actors (processes)."""
         return len(self._live_actors())
 
-    def spec(self) -> dict[str, int]:
-        """``{"obs_dim": int, "act_dim": int, "horizon": int (control steps)}``."""
+    def spec(self) -> dict[str, Any]:
+        """``{"obs_dim": int, "act_dim": int, "horizon": int (control steps)}``, plus ``"images":
+        {"<camera>_image": [H, W, 3]}`` for camera observations (see :meth:`SimulatorWorker.spec`)."""
         if self._spec is None:
             self._spec = ray.get(self._live_actors()[0].spec.remote())
         return dict(self._spec)
 
-    def reset(self, init_state_ids: np.ndarray | Sequence[int]) -> np.ndarray:
+    def reset(self, init_state_ids: np.ndarray | Sequence[int]) -> Observations:
         """Reset the first ``n`` environments to the given initial states.
 
         Args:
             init_state_ids: ``(n,)`` non-negative integer initial-state ids, ``n <= capacity``.
 
         Returns:
-            float32 ``(n, obs_dim)`` initial observations; row ``g`` is environment ``g``.
+            float32 ``(n, obs_dim)`` initial observations; row ``g`` is environment ``g``. Camera
+            observations: a dict of ``n``-row arrays (:mod:`vla_rl.data.observations`).
 
         Raises:
             ValueError: if ids are not a 1-D integer array of length 1..capacity.
@@ -169,14 +172,14 @@ class SimulatorPool:
             raise ValueError(f"init_state_ids must be non-negative, got {ids[ids < 0].tolist()}")
         split = self._split(np.arange(len(ids)))
         refs = [self._actors[slot].reset.remote(self._local(rows), ids[rows].tolist()) for slot, rows in split]
-        obs = np.zeros((len(ids), self.spec()["obs_dim"]), dtype=np.float32)
+        obs = empty_observations(self.spec(), len(ids))
         self._batch_size = None  # no episode of the previous batch survives a reset
         for (slot, rows), ref in zip(split, refs):
             try:
-                obs[rows] = ray.get(ref)
+                set_rows(obs, rows, ray.get(ref))
             except ray.exceptions.RayActorError as error:
                 self._restart(slot, f"died before the reset ({type(error).__name__})")
-                obs[rows] = ray.get(self._actors[slot].reset.remote(self._local(rows), ids[rows].tolist()))
+                set_rows(obs, rows, ray.get(self._actors[slot].reset.remote(self._local(rows), ids[rows].tolist())))
         self._batch_size = len(ids)
         self._lost = set()
         return obs
@@ -192,10 +195,10 @@ class SimulatorPool:
             render_indices: active environments (in ``[0, n)``) to render after the step.
 
         Returns:
-            ``{"obs": float32 (n, obs_dim), "reward": float32 (n,), "terminated": bool (n,),
-            "truncated": bool (n,), "success": bool (n,)}`` with zero / False rows for inactive
-            environments, plus ``"frames"``: uint8 ``(len(render_indices), H, W, 3)`` in the
-            order of ``render_indices`` when it is not empty.
+            ``{"obs": float32 (n, obs_dim) (or a dict, as from reset), "reward": float32 (n,),
+            "terminated": bool (n,), "truncated": bool (n,), "success": bool (n,)}`` with zero /
+            False rows for inactive environments, plus ``"frames"``: uint8 ``(len(render_indices),
+            H, W, 3)`` in the order of ``render_indices`` when it is not empty.
 
         Raises:
             RuntimeError: before the first :meth:`reset`; or, from a worker, when stepping an
@@ -216,7 +219,7 @@ class SimulatorPool:
         not_active = [g for g in render_indices if not (0 <= g < n and active[g])]
         if not_active:
             raise ValueError(f"render_indices {not_active} are not active environments of the batch of {n}")
-        result = {"obs": np.zeros((n, self.spec()["obs_dim"]), dtype=np.float32)}
+        result = {"obs": empty_observations(self.spec(), n)}
         result.update({key: np.zeros(n, dtype=dtype) for key, dtype in _PER_ENV_DTYPES.items()})
         rows = np.flatnonzero(active)
         if len(rows) == 0:
@@ -227,7 +230,8 @@ class SimulatorPool:
                 f"environments {rows[out['lost']].tolist()} lost their episodes: their simulator actor died or hung "
                 "and was restarted; call reset() before stepping again"
             )
-        for key in result:
+        set_rows(result["obs"], rows, out["obs"])
+        for key in _PER_ENV_DTYPES:
             result[key][rows] = out[key]
         if render_indices:
             result["frames"] = np.stack([out["frames"][g][0] for g in render_indices])
@@ -297,7 +301,8 @@ class SimulatorPool:
 
         Returns:
             Rows in the order of ``pending.env_indices`` (``k`` of them): ``{"obs": float32
-            (k, obs_dim)`` after the last executed step, ``"reward": float32 (k,)`` summed over the
+            (k, obs_dim)`` after the last executed step (camera observations: a dict of ``k``-row
+            arrays, as from :meth:`reset`), ``"reward": float32 (k,)`` summed over the
             executed steps, ``"terminated", "truncated": bool (k,)`` of the last executed step,
             ``"success": bool (k,)`` any executed step succeeded, ``"steps": int64 (k,)`` control
             steps executed, ``"lost": bool (k,)`` the episode was lost (its other entries are
@@ -310,7 +315,7 @@ class SimulatorPool:
             ray.exceptions.RayTaskError: an environment raised (a bug, not a fault: not restarted).
         """
         k = len(pending.env_indices)
-        result: dict[str, Any] = {"obs": np.zeros((k, self.spec()["obs_dim"]), dtype=np.float32)}
+        result: dict[str, Any] = {"obs": empty_observations(self.spec(), k)}
         result.update({key: np.zeros(k, dtype=dtype) for key, dtype in _CHUNK_DTYPES.items()})
         result["lost"][pending.lost_rows] = True
         result["frames"], result["sim_seconds"], result["sim_cpu_seconds"] = {}, 0.0, 0.0
@@ -322,7 +327,8 @@ class SimulatorPool:
             if out is None:
                 result["lost"][call.rows] = True
                 continue
-            for key in ("obs", *_PER_ENV_DTYPES, "steps"):
+            set_rows(result["obs"], call.rows, out["obs"])
+            for key in (*_PER_ENV_DTYPES, "steps"):
                 result[key][call.rows] = out[key]
             result["frames"].update(zip(call.rendered, out["frames"]))
             result["sim_seconds"] += out["sim_seconds"]
@@ -342,7 +348,8 @@ class SimulatorPool:
             init_state_ids: ``(m,)`` non-negative integer initial-state ids.
 
         Returns:
-            ``m`` episode dicts in the order of ``init_state_ids``: ``{"obs": float32 (T, obs_dim),
+            ``m`` episode dicts in the order of ``init_state_ids``: ``{"obs": float32 (T, obs_dim)
+            (camera observations: a dict of T-row arrays),
             "actions": float32 (T, act_dim), "success": bool, "init_state_id": int}``.
 
         Raises:

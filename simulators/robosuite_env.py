@@ -28,6 +28,7 @@ One control step lasts ``1 / control_freq`` seconds (50 ms at 20 Hz).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ import gymnasium as gym
 import numpy as np
 
 from simulators.registry import SIMULATORS
+from simulators.robosuite_lean import lean_task_class
 from simulators.rendering import disable_shadows_and_reflections, setup_headless_rendering
 
 LIFT_STATE_KEYS: tuple[str, ...] = (
@@ -378,21 +380,27 @@ def camera_observation_space(state_dim: int, cameras: tuple[str, ...], camera_si
 
 
 def _make_robosuite_env(config: RobosuiteEnvConfig) -> Any:
-    """Create the robosuite task (imports robosuite; call after ``setup_headless_rendering``)."""
+    """Create the robosuite task (imports robosuite; call after ``setup_headless_rendering``).
+
+    An environment that never renders (no ``render_camera``, no ``cameras``) is built without
+    visual meshes and textures (:mod:`simulators.robosuite_lean`): a third of the memory, half
+    the creation time, identical physics and observations.
+    """
     import robosuite
     from robosuite.controllers import load_part_controller_config
     from robosuite.controllers.composite.composite_controller_factory import refactor_composite_controller_config
 
+    renders = config.render_camera is not None or bool(config.cameras)
     arm_config = load_part_controller_config(default_controller=config.controller)
     controller_configs = refactor_composite_controller_config(arm_config, config.robot, ["right"])
-    return robosuite.make(
-        config.task,
+    build = functools.partial(robosuite.make, config.task) if renders else lean_task_class(config.task)
+    return build(
         robots=config.robot,
         controller_configs=controller_configs,
         horizon=config.horizon,
         control_freq=config.control_freq,
         has_renderer=False,
-        has_offscreen_renderer=config.render_camera is not None or bool(config.cameras),
+        has_offscreen_renderer=renders,
         use_camera_obs=bool(config.cameras),
         camera_names=list(config.cameras) or "agentview",
         camera_heights=config.camera_size,

@@ -4,6 +4,10 @@
 Ray actor. Environments are created lazily, on the first call that uses them, so the simulator
 library (and its OpenGL context) is loaded inside the worker's process only. This module imports
 neither torch nor any simulator library.
+
+Observations leave the worker as :mod:`vla_rl.data.observations` lays them out: a float32
+``(n, obs_dim)`` array, or with cameras a dict of arrays (``state``, ``<camera>_image`` uint8,
+and the task's ``instruction`` as uint8 UTF-8 bytes).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import numpy as np
 
 from simulators.experts import EXPERTS
 from simulators.registry import make_env
+from vla_rl.data import keys
+from vla_rl.data.observations import Observations, observation, stack_observations
 
 
 class SimulatorWorker:
@@ -40,20 +46,33 @@ class SimulatorWorker:
         self._envs: list[gym.Env | None] = [None] * num_envs
 
     def make_envs(self) -> None:
-        """Create every hosted environment now (otherwise each is created at its first use)."""
+        """Create every hosted environment now (otherwise each is created at its first use),
+        with a progress bar that Ray shows on the driver's console."""
+        from ray.experimental import tqdm_ray
+
+        bar = tqdm_ray.tqdm(total=len(self._envs), desc=f"creating {self._env_name} environments", unit="env")
         for index in range(len(self._envs)):
             self._env(index)
+            bar.update(1)
+        bar.close()
 
-    def spec(self) -> dict[str, int]:
-        """``{"obs_dim": int, "act_dim": int, "horizon": int (control steps)}``; creates env 0."""
+    def spec(self) -> dict[str, Any]:
+        """``{"obs_dim": int (state features), "act_dim": int, "horizon": int (control steps)}``,
+        plus ``"images": {"<camera>_image": [H, W, 3]}`` for camera observations; creates env 0."""
         env = self._env(0)
-        return {
-            "obs_dim": int(env.observation_space.shape[0]),
+        space = env.observation_space
+        state_space = space[keys.OBS_STATE] if isinstance(space, gym.spaces.Dict) else space
+        spec: dict[str, Any] = {
+            "obs_dim": int(state_space.shape[0]),
             "act_dim": int(env.action_space.shape[0]),
             "horizon": int(env.horizon),
         }
+        if isinstance(space, gym.spaces.Dict):
+            spec["images"] = {key: list(sub.shape) for key, sub in space.spaces.items()
+                              if key.endswith(keys.OBS_IMAGE_SUFFIX)}
+        return spec
 
-    def reset(self, env_indices: Sequence[int], init_state_ids: Sequence[int]) -> np.ndarray:
+    def reset(self, env_indices: Sequence[int], init_state_ids: Sequence[int]) -> Observations:
         """Reset the given environments to the given initial states.
 
         Args:
@@ -61,7 +80,8 @@ class SimulatorWorker:
             init_state_ids: ``n`` non-negative initial-state ids (the reset seeds).
 
         Returns:
-            float32 ``(n, obs_dim)`` initial observations.
+            float32 ``(n, obs_dim)`` initial observations (camera observations: a dict of ``n``-row
+            arrays, see the module docstring).
 
         Raises:
             ValueError: on bad or repeated indices, or lengths that differ.
@@ -69,8 +89,9 @@ class SimulatorWorker:
         self._check_indices(env_indices)
         if len(init_state_ids) != len(env_indices):
             raise ValueError(f"got {len(init_state_ids)} init_state_ids for {len(env_indices)} environments")
-        observations = [self._env(i).reset(seed=int(s))[0] for i, s in zip(env_indices, init_state_ids)]
-        return np.stack(observations).astype(np.float32, copy=False)
+        observations = [self._observation(i, self._env(i).reset(seed=int(s))[0])
+                        for i, s in zip(env_indices, init_state_ids)]
+        return stack_observations(observations)
 
     def step_chunk(
         self, env_indices: Sequence[int], actions: np.ndarray, render_indices: Sequence[int] = ()
@@ -90,7 +111,8 @@ class SimulatorWorker:
 
         Returns:
             ``{"obs": float32 (n, obs_dim)`` the observation after the last executed step (the
-            terminal observation of an episode that ended), ``"reward": float32 (n,)`` summed
+            terminal observation of an episode that ended; camera observations: a dict of
+            ``n``-row arrays, as from :meth:`reset`), ``"reward": float32 (n,)`` summed
             over the executed steps, ``"terminated", "truncated": bool (n,)`` of the last executed
             step, ``"success": bool (n,)`` whether any executed step reported success,
             ``"steps": int64 (n,)`` control steps executed (1..chunk), ``"frames"``: one uint8
@@ -114,8 +136,8 @@ class SimulatorWorker:
         if any(self._env(i).render_mode is None for i in render_indices):
             raise RuntimeError(f"simulator {self._env_name!r} was configured without a render camera")
         n = len(env_indices)
+        observations = []
         result: dict[str, Any] = {
-            "obs": np.zeros((n, self._env(env_indices[0]).observation_space.shape[0]), dtype=np.float32),
             "reward": np.zeros(n, dtype=np.float32),
             "terminated": np.zeros(n, dtype=bool),
             "truncated": np.zeros(n, dtype=bool),
@@ -133,7 +155,6 @@ class SimulatorWorker:
                     rendered[index].append(env.render_frame())
                 sim_seconds += time.perf_counter() - started
                 sim_cpu_seconds += time.process_time() - cpu_started
-                result["obs"][row] = obs
                 result["reward"][row] += reward
                 result["terminated"][row] = terminated
                 result["truncated"][row] = truncated
@@ -141,6 +162,8 @@ class SimulatorWorker:
                 result["steps"][row] += 1
                 if terminated or truncated:
                     break
+            observations.append(self._observation(index, obs))
+        result["obs"] = stack_observations(observations)
         result["frames"] = [np.stack(rendered[int(i)]) for i in render_indices]
         result["sim_seconds"], result["sim_cpu_seconds"] = sim_seconds, sim_cpu_seconds
         return result
@@ -159,7 +182,8 @@ class SimulatorWorker:
 
         Returns:
             One dict per id, in order: ``{"obs": float32 (T, obs_dim)`` (the observation before
-            each action), ``"actions": float32 (T, act_dim), "success": bool, "init_state_id": int}``.
+            each action; camera observations: a dict of ``T``-row arrays), ``"actions": float32
+            (T, act_dim), "success": bool, "init_state_id": int}``. The expert reads the state.
 
         Raises:
             RegistryError: if no scripted expert is registered for this simulator.
@@ -173,14 +197,14 @@ class SimulatorWorker:
             observations, actions = [], []
             done, success = False, False
             while not done:
-                action = expert.act(obs)
-                observations.append(obs)
+                action = expert.act(obs[keys.OBS_STATE] if isinstance(obs, dict) else obs)
+                observations.append(self._observation(0, obs))
                 actions.append(action)
                 obs, _, terminated, truncated, info = env.step(action)
                 done, success = terminated or truncated, info["success"]
             episodes.append(
                 {
-                    "obs": np.stack(observations).astype(np.float32, copy=False),
+                    "obs": stack_observations(observations),
                     "actions": np.stack(actions).astype(np.float32, copy=False),
                     "success": bool(success),
                     "init_state_id": int(init_state_id),
@@ -194,6 +218,10 @@ class SimulatorWorker:
             if env is not None:
                 env.close()
         self._envs = [None] * len(self._envs)
+
+    def _observation(self, index: int, raw: Any) -> Any:
+        """Environment ``index``'s observation with its instruction added (dict observations)."""
+        return observation(raw, self._env(index).instruction)
 
     def _env(self, index: int) -> gym.Env:
         """Environment ``index``, created on first use."""

@@ -18,10 +18,28 @@ def _error(template: str, *overrides: str) -> TemplateError:
 
 
 @pytest.mark.parametrize("template", ["embodied_srpo", "embodied_grpo", "embodied_ppo", "embodied_dapo", "llm_grpo",
-                                      "llm_dapo", "llm_gspo", "llm_cpgd", "llm_ppo", "llm_sft"])
+                                      "llm_dapo", "llm_gspo", "llm_cpgd", "llm_ppo", "llm_sft",
+                                      "embodied_srpo_oft_lift", "embodied_grpo_oft_lift", "embodied_srpo_oft_libero",
+                                      "embodied_grpo_oft_libero"])
 def test_templates_resolve_every_name(template):
     loaded = load_template(template)
     check_component_names(loaded.config, loaded.path)
+
+
+def test_oft_templates_extend_the_srpo_workflow_with_a_camera_policy():
+    """The OFT templates keep embodied_srpo's nodes and filter, switch the policy and cameras, and
+    select LIBERO's suite by override; the MLP template still builds the MLP from its defaults."""
+    base = load_template("embodied_srpo")
+    assert base.config.policy.name == "mlp" and base.config.policy.config == {}
+    lift = load_template("embodied_srpo_oft_lift")
+    assert [n.id for n in lift.nodes] == [n.id for n in base.nodes]
+    assert lift.config.algorithm.success_rate_band == base.config.algorithm.success_rate_band
+    assert lift.config.policy.name == "openvla_oft" and lift.config.simulator.env["cameras"] == ["agentview"]
+    assert lift.config.policy.config["proprio_dim"] == 5
+    assert load_template("embodied_grpo_oft_lift").config.algorithm.reward == "success"
+    libero = load_template("embodied_grpo_oft_libero", ["simulator.env.suite=libero_10"])
+    assert libero.config.simulator.name == "libero" and libero.config.simulator.env["suite"] == "libero_10"
+    assert libero.config.algorithm.reward == "success" and libero.config.warm_start.num_demos == 0
 
 
 @pytest.mark.parametrize(

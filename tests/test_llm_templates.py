@@ -102,3 +102,16 @@ def test_sft_template_fits_targets_and_exports_a_model(ray_on_loopback, tmp_path
     assert len(losses) == 4 and losses[-1] < losses[0]
     assert all(r["sft/num_updates"] == 1.0 for r in records if "sft/loss" in r)
     assert (tmp_path / "run" / "checkpoints" / "step_00000004" / "hf_model" / "config.json").exists()
+
+
+def test_periodic_evaluation_draws_a_held_out_curve(ray_on_loopback, tmp_path, tiny_lm_dir, arithmetic_files):
+    summary = train("llm_grpo", [*TINY, *given_files(tiny_lm_dir, arithmetic_files), f"run.output_dir={tmp_path}",
+                                 "run.name=run", "trainer.total_steps=3", "eval.every_steps=1",
+                                 "eval.num_episodes=8", "algorithm.filter_zero_variance_groups=false"])
+    assert summary["steps_run"] == 3
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval/greedy/success_rate" in r]
+    assert [r["step"] for r in evals] == [0, 1, 2, 3]  # warm start, after steps 1 and 2, final
+    assert all(r["eval/greedy/episodes"] == 8.0 for r in evals)
+    assert summary["final_eval"]["eval/greedy/success_rate"] == evals[-1]["eval/greedy/success_rate"]
+    assert (tmp_path / "run" / "success_rate.png").stat().st_size > 0

@@ -120,6 +120,10 @@ class TextSection(_Section):
     )
     num_generated_train: int = Field(4000, ge=1, description="Rows of the generated arithmetic train split.")
     num_generated_test: int = Field(256, ge=1, description="Rows of the generated arithmetic test split.")
+    arithmetic_levels: list[Literal["add_small", "add_2x1digit", "add_2digit", "sub_2digit"]] | None = Field(
+        None, description="Levels of vla_rl.data.arithmetic.LEVELS the generated splits draw from (null: all "
+        "four); e.g. [add_small] (sums up to 20 + 9, 210 problems) for a model that misses the harder ones."
+    )
     prompts_per_step: int = Field(16, ge=1, description="Prompts per step over all workers (groups per step).")
     group_size: int = Field(4, ge=1, description="Responses sampled per prompt (the GRPO group).")
     max_prompt_length: int = Field(64, ge=1, description="Prompt tokens after the chat template (left-padded).")
@@ -168,8 +172,25 @@ class AlgorithmSection(_Section):
 
     reward: str = Field("srpo", description="Embodied reward: 'srpo' (progress) or 'success' (binary).")
     srpo: dict[str, Any] = Field(default_factory=dict, description="Fields of SRPORewardConfig.")
-    trajectory_encoder: str = Field("state_resample", description="Trajectory encoder for SRPO.")
+    trajectory_encoder: str = Field(
+        "state_resample",
+        description="Trajectory encoder for SRPO: 'state_resample' (the simulator state), 'policy_backbone' (the "
+        "policy's own vision backbone on encoder_camera frames) or 'vjepa2' (a V-JEPA 2 video model from a local "
+        "directory: trajectory_encoder_options.model_dir).",
+    )
+    trajectory_encoder_options: dict[str, Any] = Field(
+        default_factory=dict, description="Constructor options of a class encoder (vjepa2: model_dir, batch_size)."
+    )
+    encoder_camera: str = Field(
+        "agentview", description="Camera whose frames the image encoders read (its '<camera>_image' observations)."
+    )
     encoder_points: int = Field(16, ge=1, description="Frames sampled uniformly over each episode.")
+    srpo_reference_set: Literal["local", "step"] = Field(
+        "local",
+        description="SRPO's reference successes: 'local', the reward node's own shard (at dp_size 1 already the "
+        "whole step, gathered by the re-shard); 'step', every shard's trajectories, embeddings gathered worker to "
+        "worker (all_gather) when the reward node runs at dp_size > 1.",
+    )
     overlong_buffer_len: int = Field(
         0, ge=0, description="DAPO overlong shaping: decision steps before the budget where the penalty ramps (0: off)."
     )
@@ -265,6 +286,10 @@ class EvalSection(_Section):
     (the ``eval_rollout`` template; docs/evaluation.md)."""
 
     num_episodes: int = Field(50, ge=0, description="Episodes per protocol and task (0: no evaluation).")
+    every_steps: int | None = Field(
+        None, ge=1, description="Training runs: also evaluate after every k-th step, so the plot shows a "
+        "held-out curve (null: only before and after training)."
+    )
     protocols: list[Literal["greedy", "sampled"]] = Field(
         default_factory=lambda: ["greedy", "sampled"], description="Action protocols evaluated."
     )

@@ -92,6 +92,8 @@ class RunLoop:
                             reward=f"{metrics.get('reward/mean', float('nan')):.2f}")
             last_step = step + 1
             out_of_budget = budget is not None and env_steps >= budget
+            if self._evaluate_now(last_step, out_of_budget):  # before the checkpoint: it saves the RNG states after
+                logger.log(last_step, self.workers.call("evaluate", f"step_{last_step}", False)[0])
             if last_step % cfg.trainer.save_every == 0 or last_step == total or out_of_budget:
                 self.workers.call("save_checkpoint", last_step)
             if out_of_budget:
@@ -105,6 +107,13 @@ class RunLoop:
             "env_steps": env_steps,
             "env_steps_per_s": session_env_steps / rollout_time if rollout_time else 0.0,
         }
+
+    def _evaluate_now(self, last_step: int, out_of_budget: bool) -> bool:
+        """Whether ``eval.every_steps`` asks for a held-out evaluation after ``last_step`` updates
+        (the one after the last step is the final evaluation)."""
+        ev = self.config.eval
+        return (ev.every_steps is not None and ev.num_episodes > 0 and last_step % ev.every_steps == 0
+                and last_step < self.config.trainer.total_steps and not out_of_budget)
 
     def _print_summary(self, summary: dict) -> None:
         from rich.table import Table
@@ -126,6 +135,7 @@ class RunLoop:
             gain = summary.get(f"improvement_points/{protocol}")
             if gain is not None:
                 self.console.print(f"{protocol}: {gain:+.1f} percentage points over the warm start")
+        env_rate = summary.get("env_steps_per_s", 0)  # 0 for text runs: no simulator
         self.console.print(f"steps run {summary.get('steps_run', 0)}, training time {summary.get('train_time_s', 0):.0f} s, "
-                           f"{summary.get('env_steps_per_s', 0):.0f} env steps/s during rollouts; "
-                           f"plot {self.run_dir / 'success_rate.png'}")
+                           + (f"{env_rate:.0f} env steps/s during rollouts; " if env_rate else "")
+                           + f"plot {self.run_dir / 'success_rate.png'}")

@@ -16,6 +16,13 @@ GRIPPER_POSTPROCESS = ("none", "libero")
 #: ``vit_large_patch14_reg4_dinov2.lvd142m``: ImageNet; ``vit_so400m_patch14_siglip_224``: 0.5).
 DEFAULT_IMAGE_MEAN = {"dinov2": (0.485, 0.456, 0.406), "siglip": (0.5, 0.5, 0.5)}
 DEFAULT_IMAGE_STD = {"dinov2": (0.229, 0.224, 0.225), "siglip": (0.5, 0.5, 0.5)}
+#: Built-in architectures (``architecture: tiny`` or ``{preset: tiny, <option>: ...}``) and their
+#: options: ``tiny`` is :func:`policies.openvla.tiny.tiny_architecture` with the in-process tiny
+#: tokenizer, for tests and CPU runs.
+ARCHITECTURE_PRESETS = {"tiny": ("fused", "image_size")}
+#: Cameras of the model's images when ``cameras`` is unset: the third-person view, then the wrist
+#: (OpenVLA-OFT's LIBERO inputs).
+DEFAULT_CAMERAS = ("agentview", "robot0_eye_in_hand")
 
 
 def _is_int(value: object) -> bool:
@@ -148,7 +155,9 @@ class OpenVLAPolicyConfig:
         model_path: a local directory in the published Hugging Face layout of OpenVLA
             (``config.json``, safetensors shards, tokenizer files, ``dataset_statistics.json``).
             Never a hub id: nothing is downloaded.
-        architecture: the model to build with random weights.
+        architecture: the model to build with random weights: a :class:`PrismaticArchitecture`
+            (or its dict), or a preset of ``ARCHITECTURE_PRESETS`` (``"tiny"``, or ``{"preset":
+            "tiny", "image_size": 56}``), which also brings its tokenizer.
         unnorm_key: dataset whose action statistics de-normalise actions (may be None when the
             checkpoint holds one dataset).
         action_statistics: ``{"q01": [...], "q99": [...], "mask": [...]}`` for an
@@ -161,10 +170,12 @@ class OpenVLAPolicyConfig:
         seed: seed of the random initialisation of an ``architecture`` model.
         action_dim: values per action (7: end-effector delta pose and gripper); must match the
             action statistics' length.
+        cameras: simulator cameras whose images the model sees (``"<camera>_image"`` entries of
+            simulator observations); OpenVLA sees one. Default ``("agentview",)``.
     """
 
     model_path: str | None = None
-    architecture: PrismaticArchitecture | None = None
+    architecture: PrismaticArchitecture | dict | str | None = None
     unnorm_key: str | None = None
     action_statistics: dict[str, list] | None = None
     temperature: float = 1.0
@@ -173,6 +184,7 @@ class OpenVLAPolicyConfig:
     attn_implementation: str = "sdpa"
     seed: int = 0
     action_dim: int = 7
+    cameras: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         """Validate the fields.
@@ -181,6 +193,47 @@ class OpenVLAPolicyConfig:
             ValueError: a field has an invalid value; the message says how to fix it.
         """
         validate_common_fields(self, type(self).__name__)
+        self.cameras = resolve_cameras(self.cameras, 1, type(self).__name__)
+
+
+def resolve_cameras(cameras: Any, num_images: int, owner: str) -> tuple[str, ...]:
+    """``cameras`` as a tuple of ``num_images`` distinct names (``DEFAULT_CAMERAS[:num_images]``
+    when None).
+
+    Raises:
+        ValueError: the names are not distinct strings or not ``num_images`` of them.
+    """
+    if cameras is None:
+        if num_images > len(DEFAULT_CAMERAS):
+            raise ValueError(f"{owner}.cameras must name the {num_images} cameras of the model's images")
+        return DEFAULT_CAMERAS[:num_images]
+    if isinstance(cameras, str) or not all(isinstance(c, str) and c for c in cameras):
+        raise ValueError(f"{owner}.cameras must be a list of camera names such as ['agentview'], got {cameras!r}")
+    cameras = tuple(cameras)
+    if len(cameras) != num_images or len(set(cameras)) != num_images:
+        raise ValueError(f"{owner}.cameras must name {num_images} distinct camera(s) (one per model image), "
+                         f"got {cameras!r}")
+    return cameras
+
+
+def _resolve_preset(architecture: Any, owner: str) -> Any:
+    """A preset architecture as ``{"preset": name, **options}``; anything else unchanged.
+
+    Raises:
+        ValueError: an unknown preset or option.
+    """
+    if isinstance(architecture, str):
+        architecture = {"preset": architecture}
+    if not isinstance(architecture, dict) or "preset" not in architecture:
+        return architecture
+    preset = architecture["preset"]
+    if preset not in ARCHITECTURE_PRESETS:
+        raise ValueError(f"{owner}.architecture preset {preset!r} is unknown; use one of {sorted(ARCHITECTURE_PRESETS)}")
+    unknown = sorted(set(architecture) - {"preset", *ARCHITECTURE_PRESETS[preset]})
+    if unknown:
+        raise ValueError(f"{owner}.architecture preset {preset!r} has no options {unknown}; "
+                         f"it takes {list(ARCHITECTURE_PRESETS[preset])}")
+    return dict(architecture)
 
 
 def validate_common_fields(config: Any, owner: str) -> None:
@@ -189,7 +242,8 @@ def validate_common_fields(config: Any, owner: str) -> None:
     Raises:
         ValueError: a field has an invalid value; the message names ``owner`` and the field.
     """
-    if isinstance(config.architecture, dict):
+    config.architecture = _resolve_preset(config.architecture, owner)
+    if isinstance(config.architecture, dict) and "preset" not in config.architecture:
         config.architecture = PrismaticArchitecture(**config.architecture)
     if (config.model_path is None) == (config.architecture is None):
         raise ValueError(f"{owner}: give exactly one of model_path (a local checkpoint) and architecture")

@@ -21,12 +21,14 @@ from torch import Tensor
 from torch.nn import functional as F
 from transformers import DynamicCache
 
+from policies import register_policy
 from policies.action_tokenizer import bin_log_softmax
 from policies.openvla.configuration_openvla import OpenVLAPolicyConfig
 from policies.openvla.policy_base import PrismaticPolicy, position_ids_from_mask
 from policies.openvla.processor_openvla import check_observation
 
 
+@register_policy
 class OpenVLAPolicy(PrismaticPolicy):
     """OpenVLA (Kim et al. 2024, arXiv:2406.09246) as an RL policy.
 
@@ -61,6 +63,7 @@ class OpenVLAPolicy(PrismaticPolicy):
             ``(batch, action_dim, vocab)`` logits at the positions predicting each action token,
             and the action token ids ``(batch, action_dim)``.
         """
+        obs = self.model_inputs(obs)
         check_observation(obs, 1, None)
         prefix, mask = self._prefix(obs)
         tokens = self.action_tokenizer.tokens_from_bins(bins.to(self.device))  # (B, A)
@@ -84,7 +87,8 @@ class OpenVLAPolicy(PrismaticPolicy):
         ``temperature`` (or taking the argmax bin if ``greedy``).
 
         Args:
-            obs: observation TensorDict (keys in :mod:`policies.openvla.processor_openvla`).
+            obs: observation TensorDict (model inputs or simulator observations, see
+                :class:`~policies.openvla.policy_base.PrismaticPolicy`).
             greedy: take the most likely bin of each dimension.
             generator: random generator on the policy's device; the global one if ``None``.
             temperature: default ``config.temperature``; the log-probs are at this temperature.
@@ -97,6 +101,7 @@ class OpenVLAPolicy(PrismaticPolicy):
             ValueError: a malformed observation (the message names the key) or temperature.
         """
         temperature = self.config.temperature if temperature is None else temperature
+        obs = self.model_inputs(obs)
         check_observation(obs, 1, None)
         language_model = self.vla.language_model
         prefix, mask = self._prefix(obs)

@@ -73,6 +73,19 @@ class VisionTower(nn.Module):
         self.num_prefix_tokens = 1 + config.num_register_tokens if config.family == "dinov2" else 0
         self.register_buffer("mean", torch.tensor(config.image_mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(config.image_std).view(1, 3, 1, 1), persistent=False)
+        # The features are the second-to-last block's output: the last block, the final norm and
+        # DINOv2's mask token never reach them. Frozen, so that a data-parallel trainer sees no
+        # trainable parameter without a gradient.
+        for parameter in self.unused_parameters():
+            parameter.requires_grad_(False)
+
+    def unused_parameters(self) -> list[nn.Parameter]:
+        """Parameters of the ViT that Prismatic's features do not depend on."""
+        if self.config.family == "dinov2":
+            modules, extra = [self.model.encoder.layer[-1], self.model.layernorm], [self.model.embeddings.mask_token]
+        else:
+            modules, extra = [self.model.encoder.layers[-1], self.model.post_layernorm], []
+        return [parameter for module in modules for parameter in module.parameters()] + extra
 
     def preprocess(self, images: Tensor) -> Tensor:
         """uint8 ``(batch, H, W, 3)`` RGB → normalised ``(batch, 3, S, S)`` pixels (``S =

@@ -16,7 +16,13 @@ from policies.action_tokenizer import ActionTokenizer
 from policies.base import Policy
 from policies.openvla.checkpoint_prismatic import CONFIG_FILE, read_checkpoint, write_checkpoint
 from policies.openvla.modeling_prismatic import PrismaticVLM
-from policies.openvla.processor_openvla import ATTENTION_MASK, IMAGES, INPUT_IDS, encode_prompts
+from policies.openvla.processor_openvla import (
+    ATTENTION_MASK,
+    IMAGES,
+    INPUT_IDS,
+    SimulatorObservationProcessor,
+    encode_prompts,
+)
 
 #: Parameters of transformers modules that Prismatic checkpoints lack and the forward never uses.
 _UNUSED_PARAMETERS = re.compile(r".*\.embeddings\.mask_token$")
@@ -32,8 +38,13 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
 
 class PrismaticPolicy(Policy, abstract=True):
     """Base of the OpenVLA policies: ``self.vla`` (:class:`PrismaticVLM`), ``self.tokenizer``
-    (the checkpoint's, or None for an ``architecture`` model), ``self.action_tokenizer`` and
-    ``self.action_statistics`` (None: :meth:`env_actions` stays normalised).
+    (the checkpoint's or the preset's, or None for an ``architecture`` model), ``self.action_tokenizer``
+    and ``self.action_statistics`` (None: :meth:`env_actions` stays normalised).
+
+    Observations are either the model's inputs (``images``, ``input_ids``, ``attention_mask``,
+    ``proprio``; see :mod:`policies.openvla.processor_openvla`) or simulator observations
+    (``state``, ``<camera>_image``, ``instruction``), which ``self.processor`` turns into model
+    inputs (:meth:`model_inputs`); the engine hands over simulator observations.
 
     Args:
         config: an ``OpenVLAPolicyConfig`` or ``OpenVLAOFTPolicyConfig``.
@@ -44,15 +55,23 @@ class PrismaticPolicy(Policy, abstract=True):
             fit the architecture, or the statistics do not match ``config.action_dim``.
     """
 
+    batch_invariant = False  # transformers kernels: see docs/vla_policies.md
+
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = config
+        tokenizer = None
         if config.model_path is not None:
             architecture, weights, norm_stats = read_checkpoint(config.model_path)
             source = str(Path(config.model_path) / CONFIG_FILE)
         else:
             architecture, weights, source = config.architecture, None, "config.action_statistics"
             norm_stats = {"config": {"action": config.action_statistics}} if config.action_statistics else {}
+            if isinstance(architecture, dict):  # a preset (validated by the config)
+                from policies.openvla.tiny import tiny_preset
+
+                options = {key: value for key, value in architecture.items() if key != "preset"}
+                architecture, tokenizer = tiny_preset(**options)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
             self.vla = PrismaticVLM(architecture, config.attn_implementation)
@@ -60,7 +79,11 @@ class PrismaticPolicy(Policy, abstract=True):
             self._load_vla_weights(weights, source)
         self.vla.to(getattr(torch, config.dtype))
         self.architecture = architecture
-        self.tokenizer = self._load_tokenizer(config.model_path)
+        self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer(config.model_path)
+        self.processor = (
+            None if self.tokenizer is None
+            else SimulatorObservationProcessor(self.tokenizer, config.cameras, getattr(config, "proprio_dim", None))
+        )  # fmt: skip
         self.action_tokenizer = ActionTokenizer(architecture.action_vocab_end, architecture.n_action_bins)
         self.norm_stats = norm_stats
         self.action_statistics: ActionStatistics | None = None
@@ -100,6 +123,36 @@ class PrismaticPolicy(Policy, abstract=True):
             raise ValueError("this policy has no tokenizer (built from an architecture); tokenize prompts yourself")
         return encode_prompts(self.tokenizer, instructions)
 
+    def model_inputs(self, obs: TensorDict) -> TensorDict:
+        """The model's observation TensorDict: ``obs`` itself if it holds ``input_ids``, else
+        ``self.processor(obs)`` of simulator observations.
+
+        Raises:
+            ValueError: simulator observations without a tokenizer (an ``architecture`` model), or
+                see :class:`~policies.openvla.processor_openvla.SimulatorObservationProcessor`.
+        """
+        if INPUT_IDS in obs.keys():
+            return obs
+        if self.processor is None:
+            raise ValueError("this policy has no tokenizer (built from an architecture): give it model inputs, "
+                             "or use a checkpoint or the 'tiny' preset to read simulator observations")
+        return self.processor(obs)
+
+    @torch.no_grad()
+    def frame_features(self, frames: Tensor) -> Tensor:
+        """The vision backbone's feature of each frame, patch features averaged: the
+        ``frame_features`` of SRPO's ``policy_backbone`` trajectory encoder.
+
+        Args:
+            frames: uint8 ``(n, H, W, 3)`` RGB.
+
+        Returns:
+            float32 ``(n, embed_dim)`` (``embed_dim``: the towers' widths summed).
+        """
+        features = [self.vla.vision_backbone(frames[start:start + 256].to(self.device)).float().mean(dim=1)
+                    for start in range(0, frames.shape[0], 256)]  # (b, embed_dim) each
+        return torch.cat(features) if features else torch.zeros(0, self.vla.vision_backbone.embed_dim)
+
     def env_actions(self, actions: Tensor) -> Tensor:
         """Policy actions → environment actions.
 
@@ -123,6 +176,24 @@ class PrismaticPolicy(Policy, abstract=True):
             normalized = self.action_tokenizer.decode_for_env(self.action_tokenizer.bins_from_actions(normalized))
         raw = normalized if self.action_statistics is None else self.action_statistics.denormalize(normalized)
         return libero_gripper_postprocess(raw) if self.config.gripper_postprocess == "libero" else raw
+
+    def actions_from_env(self, env_actions: Tensor) -> Tensor:
+        """Environment actions → normalised policy actions, for demonstrations: the LIBERO gripper
+        post-processing undone (``g = (1 - g_env) / 2``, back to the datasets' [0, 1] with 1 open)
+        with ``gripper_postprocess="libero"``, then ``ActionStatistics.normalize`` (bounds_q99)
+        when the policy has statistics. ``bc_loss`` tokenizes the result into bins.
+
+        Args:
+            env_actions: ``(..., action_dim)`` in the environment's units.
+
+        Returns:
+            float32, same shape.
+        """
+        raw = env_actions.float()
+        if self.config.gripper_postprocess == "libero":
+            raw = raw.clone()
+            raw[..., -1] = (1 - raw[..., -1]) / 2
+        return raw if self.action_statistics is None else self.action_statistics.normalize(raw)
 
     def apply_lora(
         self, rank: int = 32, alpha: int | None = None, dropout: float = 0.0,

@@ -14,14 +14,24 @@ The prompt is OpenVLA's ``"In: What action should the robot take to {instruction
 (``experiments/robot/openvla_utils.py``: ``get_vla_action``, instruction lower-cased), followed
 by the empty token ``"▁"`` (id 29871 in Llama-2's tokenizer) that ``predict_action`` appends when
 the tokenizer has it.
+
+:class:`SimulatorObservationProcessor` builds these inputs from what the engine's simulators give
+(a TensorDict of ``state``, ``<camera>_image`` uint8 and the UTF-8 encoded ``instruction``, see
+:mod:`vla_rl.data.observations`): camera images in the configured order, the prompt of each
+distinct instruction tokenized once and cached, and the first ``proprio_dim`` state features as
+proprio.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
+
+from vla_rl.data import keys
+from vla_rl.data.observations import decode_instruction
 
 IMAGES = "images"
 INPUT_IDS = "input_ids"
@@ -51,15 +61,31 @@ def encode_prompts(tokenizer: PreTrainedTokenizerBase, instructions: list[str]) 
     """
     if not instructions:
         raise ValueError("encode_prompts needs at least one instruction")
+    return pad_prompts([prompt_token_ids(tokenizer, instruction) for instruction in instructions], tokenizer)
+
+
+def prompt_token_ids(tokenizer: PreTrainedTokenizerBase, instruction: str) -> list[int]:
+    """Token ids of one instruction's OpenVLA prompt: BOS first, the empty token ``▁`` last when
+    the vocabulary has it.
+
+    Raises:
+        ValueError: the tokenizer does not start sequences with BOS.
+    """
+    ids = tokenizer(openvla_prompt(instruction))["input_ids"]
+    if not ids or ids[0] != tokenizer.bos_token_id:
+        raise ValueError("the tokenizer must add a BOS token first (Prismatic inserts image patches after it)")
     empty_id = tokenizer.convert_tokens_to_ids(EMPTY_TOKEN) if EMPTY_TOKEN in tokenizer.get_vocab() else None
-    rows = []
-    for instruction in instructions:
-        ids = tokenizer(openvla_prompt(instruction))["input_ids"]
-        if not ids or ids[0] != tokenizer.bos_token_id:
-            raise ValueError("the tokenizer must add a BOS token first (Prismatic inserts image patches after it)")
-        if empty_id is not None and ids[-1] != empty_id:
-            ids = ids + [empty_id]
-        rows.append(ids)
+    if empty_id is not None and ids[-1] != empty_id:
+        ids = ids + [empty_id]
+    return ids
+
+
+def pad_prompts(rows: list[list[int]], tokenizer: PreTrainedTokenizerBase) -> tuple[Tensor, Tensor]:
+    """Lay out prompt ids as ``[BOS, PAD..., text...]`` rows of the longest prompt's length.
+
+    Returns:
+        ``input_ids`` and ``attention_mask``, int64 ``(len(rows), prompt_len)``.
+    """
     length = max(len(ids) for ids in rows)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
@@ -117,3 +143,74 @@ def check_observation(obs: TensorDict, num_images: int, proprio_dim: int | None)
                 f"obs[{PROPRIO!r}] must be floating (batch, {proprio_dim}), got "
                 f"{None if proprio is None else (tuple(proprio.shape), proprio.dtype)}"
             )
+
+
+class SimulatorObservationProcessor:
+    """Simulator observations → the VLA's observation TensorDict (see the module docstring).
+
+    Args:
+        tokenizer: the policy's tokenizer.
+        cameras: camera names in the order of the model's images; camera ``c`` is read from
+            the ``"<c>_image"`` entry.
+        proprio_dim: number of leading state features given as ``proprio`` (OpenVLA-OFT's
+            proprio token), or None.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, cameras: tuple[str, ...], proprio_dim: int | None) -> None:
+        self.tokenizer = tokenizer
+        self.cameras = tuple(cameras)
+        self.proprio_dim = proprio_dim
+        self._prompt_ids: dict[bytes, list[int]] = {}  # encoded instruction -> prompt ids
+
+    def __call__(self, obs: TensorDict) -> TensorDict:
+        """Build the model inputs of a batch of simulator observations.
+
+        Args:
+            obs: TensorDict of batch size ``(batch,)`` with ``instruction`` uint8 ``(batch,
+                INSTRUCTION_BYTES)``, ``<camera>_image`` uint8 ``(batch, H, W, 3)`` for every
+                configured camera and, with ``proprio_dim``, ``state`` float ``(batch, >= proprio_dim)``.
+
+        Returns:
+            ``images`` uint8 ``(batch, len(cameras), H, W, 3)``, ``input_ids``/``attention_mask``
+            int64 ``(batch, prompt_len)`` and, with ``proprio_dim``, ``proprio`` float32.
+
+        Raises:
+            ValueError: a key is missing (the message lists the observation's keys), or the state
+                has fewer than ``proprio_dim`` features.
+        """
+        image_keys = [f"{camera}{keys.OBS_IMAGE_SUFFIX}" for camera in self.cameras]
+        needed = [keys.OBS_INSTRUCTION, *image_keys, *([keys.OBS_STATE] if self.proprio_dim else [])]
+        missing = [key for key in needed if key not in obs.keys()]
+        if missing:
+            raise ValueError(
+                f"the simulator observation has no {missing} entries (keys: {sorted(obs.keys())}); set the "
+                "simulator's cameras to the policy's cameras (simulator.env.cameras, policy.config.cameras)"
+            )
+        images = torch.stack([obs[key] for key in image_keys], dim=1)  # (B, I, H, W, 3)
+        input_ids, attention_mask = self.encode_instructions(obs[keys.OBS_INSTRUCTION])
+        proprio = None
+        if self.proprio_dim:
+            state = obs[keys.OBS_STATE]
+            if state.shape[-1] < self.proprio_dim:
+                raise ValueError(f"obs[{keys.OBS_STATE!r}] has {state.shape[-1]} features, fewer than the policy's "
+                                 f"proprio_dim {self.proprio_dim}")
+            proprio = state[:, : self.proprio_dim].float()
+        return make_observation(images, input_ids, attention_mask, proprio)
+
+    def encode_instructions(self, codes: Tensor) -> tuple[Tensor, Tensor]:
+        """Prompts of UTF-8 encoded instructions, each distinct one tokenized once.
+
+        Args:
+            codes: uint8 ``(batch, INSTRUCTION_BYTES)``.
+
+        Returns:
+            ``input_ids`` and ``attention_mask``, int64 ``(batch, prompt_len)``.
+        """
+        rows = np.ascontiguousarray(codes.cpu().numpy())
+        ids = []
+        for row in rows:
+            key = row.tobytes()
+            if key not in self._prompt_ids:
+                self._prompt_ids[key] = prompt_token_ids(self.tokenizer, decode_instruction(row))
+            ids.append(self._prompt_ids[key])
+        return pad_prompts(ids, self.tokenizer)

@@ -90,3 +90,10 @@ def tiny_observation(
     input_ids, attention_mask = encode_prompts(tokenizer, instructions)
     proprio = None if proprio_dim is None else torch.randn(batch, proprio_dim, generator=generator)
     return make_observation(images, input_ids, attention_mask, proprio)
+
+
+def tiny_preset(fused: bool = True, image_size: int = 28) -> tuple[PrismaticArchitecture, PreTrainedTokenizerFast]:
+    """The ``"tiny"`` architecture preset (``policies.openvla.configuration_openvla.ARCHITECTURE_PRESETS``):
+    :func:`tiny_architecture` sized for :func:`build_tiny_tokenizer`, and that tokenizer."""
+    tokenizer = build_tiny_tokenizer()
+    return tiny_architecture(len(tokenizer), fused=fused, image_size=image_size), tokenizer

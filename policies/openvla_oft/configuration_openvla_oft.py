@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from policies.openvla.configuration_openvla import PrismaticArchitecture, validate_common_fields
+from policies.openvla.configuration_openvla import PrismaticArchitecture, resolve_cameras, validate_common_fields
 
 #: Action heads: 256-bin tokens from the LM head (RL), or OFT's L1-regression MLPResNet head.
 ACTION_HEADS = ("discrete", "l1_regression")
@@ -22,7 +22,8 @@ class OpenVLAOFTPolicyConfig:
     Attributes:
         model_path: a local OpenVLA-OFT checkpoint directory in the published layout (plus
             ``action_head--*checkpoint.pt`` / ``proprio_projector--*checkpoint.pt`` when used).
-        architecture: the model to build with random weights.
+        architecture: the model to build with random weights (a :class:`PrismaticArchitecture`,
+            its dict, or a preset such as ``"tiny"``; see ``OpenVLAPolicyConfig``).
         unnorm_key: dataset whose statistics de-normalise actions (None: the only one).
         action_statistics: ``{"q01", "q99", "mask"}`` lists for an ``architecture`` model.
         temperature: sampling temperature; the RL log-probs use the same one.
@@ -35,16 +36,20 @@ class OpenVLAOFTPolicyConfig:
         num_images: camera images per observation (OFT's ``num_images_in_input``: 1 third-person
             view, 2 with the wrist camera).
         proprio_dim: proprio features (8 for LIBERO) fed through OFT's proprio projector as one
-            extra token after the patches; None: no proprio input.
+            extra token after the patches; None: no proprio input. From simulator observations,
+            the first ``proprio_dim`` features of the state (robosuite Lift: 5 = end-effector
+            position and finger joints; LIBERO: 9 = position, quaternion and fingers).
         action_head: one of ``ACTION_HEADS``: ``"discrete"`` (bins; sampling and log-probs for
             RL, as SimpleVLA-RL and SRPO use OFT) or ``"l1_regression"`` (supervised only:
             :meth:`bc_loss` is L1 and :meth:`predict_action_chunk` regresses actions).
         stop_token_id: id of the token after the action placeholders (OFT's ``STOP_INDEX``,
             Llama's ``</s>`` = 2).
+        cameras: simulator cameras of the ``num_images`` images, in order (``"<camera>_image"``
+            entries of simulator observations); default ``("agentview", "robot0_eye_in_hand")[:num_images]``.
     """
 
     model_path: str | None = None
-    architecture: PrismaticArchitecture | None = None
+    architecture: PrismaticArchitecture | dict | str | None = None
     unnorm_key: str | None = None
     action_statistics: dict[str, list] | None = None
     temperature: float = 1.0
@@ -58,6 +63,7 @@ class OpenVLAOFTPolicyConfig:
     proprio_dim: int | None = None
     action_head: str = "discrete"
     stop_token_id: int = 2
+    cameras: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         """Validate the fields.
@@ -80,3 +86,4 @@ class OpenVLAOFTPolicyConfig:
             )
         if not _is_int(self.stop_token_id) or self.stop_token_id < 0:
             raise ValueError(f"OpenVLAOFTPolicyConfig.stop_token_id must be a token id, got {self.stop_token_id!r}")
+        self.cameras = resolve_cameras(self.cameras, self.num_images, type(self).__name__)

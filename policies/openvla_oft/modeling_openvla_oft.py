@@ -25,6 +25,7 @@ from tensordict import TensorDict
 from torch import Tensor
 from torch.nn import functional as F
 
+from policies import register_policy
 from policies.action_normalization import ActionStatistics
 from policies.action_tokenizer import bin_log_softmax
 from policies.openvla.policy_base import PrismaticPolicy, position_ids_from_mask
@@ -59,6 +60,7 @@ def parallel_decoding_mask(prefix_mask: Tensor, num_action_positions: int, dtype
     return mask.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
 
+@register_policy
 class OpenVLAOFTPolicy(PrismaticPolicy):
     """OpenVLA-OFT as an RL policy: ``chunk_size`` actions per observation, each dimension a
     categorical over the 256 action bins (``action_head="discrete"``), or the L1-regression
@@ -87,7 +89,11 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
                 L1RegressionActionHead(llm_dim, config.action_dim) if config.action_head == "l1_regression" else None
             )
             self.proprio_projector = ProprioProjector(config.proprio_dim, llm_dim) if config.proprio_dim else None
-        self.proprio_statistics: ActionStatistics | None = None
+        # Proprio q01/q99 (OFT's bounds_q99 normalisation), NaN until a checkpoint's statistics or
+        # fit_observation_normalization set them; buffers, so that training checkpoints keep them.
+        proprio_shape = (config.proprio_dim or 0,)
+        self.register_buffer("proprio_q01", torch.full(proprio_shape, float("nan")))
+        self.register_buffer("proprio_q99", torch.full(proprio_shape, float("nan")))
         if config.model_path is not None:
             self._load_oft_modules(Path(config.model_path))
         dtype = getattr(torch, config.dtype)
@@ -110,8 +116,10 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
         """The parallel pass: final hidden states at the action positions.
 
         Args:
-            obs: observation TensorDict (``proprio`` needed when ``config.proprio_dim`` is set;
-                raw units, normalised with the checkpoint's proprio statistics if it has them).
+            obs: observation TensorDict, model inputs or simulator observations (see
+                :class:`~policies.openvla.policy_base.PrismaticPolicy`); ``proprio`` needed when
+                ``config.proprio_dim`` is set, raw units, normalised with
+                :attr:`proprio_statistics` when set.
 
         Returns:
             ``(batch, chunk_size * action_dim, llm_dim)``, step-major (``[step0 dim0, step0
@@ -121,12 +129,14 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
             ValueError: a malformed observation (the message names the key).
         """
         config = self.config
+        obs = self.model_inputs(obs)
         check_observation(obs, config.num_images, config.proprio_dim)
         extra = None
         if self.proprio_projector is not None:
             proprio = obs[PROPRIO].to(self.device)
-            if self.proprio_statistics is not None:
-                proprio = self.proprio_statistics.normalize(proprio)
+            statistics = self.proprio_statistics
+            if statistics is not None:
+                proprio = statistics.normalize(proprio)
             extra = self.proprio_projector(proprio.to(self.vla.language_model.dtype))[:, None]  # (B, 1, D)
         prefix, prefix_mask = self._prefix(obs, extra)
         batch, prefix_len, width = prefix.shape
@@ -244,6 +254,27 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
         tokens = self.action_tokenizer.tokens_from_bins(self.action_tokenizer.bins_from_actions(expert_actions))
         return F.cross_entropy(self.action_logits(obs).float().flatten(0, 2), tokens.flatten())
 
+    @property
+    def proprio_statistics(self) -> ActionStatistics | None:
+        """The proprio's q01/q99 (every feature normalised), or None: proprio stays raw."""
+        if not bool(torch.isfinite(self.proprio_q01).all()) or self.proprio_q01.numel() == 0:
+            return None
+        return ActionStatistics(self.proprio_q01, self.proprio_q99, torch.ones_like(self.proprio_q01, dtype=torch.bool))
+
+    def fit_observation_normalization(self, obs: TensorDict) -> None:
+        """Set the proprio statistics to the 1st and 99th percentiles of the observations'
+        proprio (OFT normalises proprio with its dataset's q01/q99, ``bounds_q99``); no-op
+        without a proprio input.
+
+        Args:
+            obs: simulator observations or model inputs, batch size ``(batch,)``.
+        """
+        if self.proprio_projector is None:
+            return
+        proprio = self.model_inputs(obs)[PROPRIO].float()  # (B, proprio_dim)
+        self.proprio_q01.copy_(torch.quantile(proprio, 0.01, dim=0))
+        self.proprio_q99.copy_(torch.quantile(proprio, 0.99, dim=0))
+
     def _require_discrete(self, method: str) -> None:
         if not self.discrete_actions:
             raise ValueError(
@@ -259,4 +290,6 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
             key = self.config.unnorm_key or next(iter(self.norm_stats), None)
             proprio = self.norm_stats.get(key, {}).get("proprio")
             if proprio is not None:
-                self.proprio_statistics = ActionStatistics.from_dict(proprio, f"{directory} proprio statistics")
+                statistics = ActionStatistics.from_dict(proprio, f"{directory} proprio statistics")
+                self.proprio_q01.copy_(statistics.q01)
+                self.proprio_q99.copy_(statistics.q99)

@@ -52,3 +52,23 @@ def test_written_splits_are_disjoint_verl_rows(tmp_path, file_format):
     assert row.extra["extra_info.answer"].endswith(f"#### {row.ground_truth}")
     if file_format == "parquet":
         assert PromptFile(paths["train"])._parquet.num_row_groups == 5  # ceil(300 / 64)
+
+
+def test_config_selects_levels_of_the_generated_splits(tmp_path):
+    from pydantic import ValidationError
+
+    from vla_rl.config import RunConfig
+    from vla_rl.workers.text_assets import ensure_text_assets
+
+    with pytest.raises(ValidationError, match="add_small"):  # the error lists the known level names
+        RunConfig.model_validate({"text": {"arithmetic_levels": ["add_3digit"]}})
+    for level in LEVELS:  # every level is selectable by name
+        RunConfig.model_validate({"text": {"arithmetic_levels": [level.name]}})
+    config = RunConfig.model_validate({"run": {"workflow": "text"}, "text": {
+        "model_path": str(tmp_path), "arithmetic_levels": ["add_small", "sub_2digit"],
+        "num_generated_train": 100, "num_generated_test": 20}})
+    assets = ensure_text_assets(config, tmp_path)
+    for path, rows in ((assets.train_file, 100), (assets.test_file, 20)):
+        read = PromptFile(path).read_shard(0, 1, extra_columns=["extra_info.level"])
+        assert len(read) == rows
+        assert {row.extra["extra_info.level"] for row in read} == {"add_small", "sub_2digit"}

@@ -1,4 +1,5 @@
-"""Re-sharding between DP sizes over a real gloo process group (spawned processes, loopback)."""
+"""Re-sharding between DP sizes over a real gloo process group (spawned processes, loopback),
+nested camera observations (uint8 images, a time dimension) included."""
 
 from __future__ import annotations
 
@@ -21,10 +22,13 @@ def _global_batch() -> TensorDict:
     uids = torch.cat([torch.full((n,), g, dtype=torch.int64) for g, n in enumerate(GROUP_SIZES)])
     n = uids.numel()
     idx = torch.arange(n)
+    pixel = idx[:, None] * 7 + torch.arange(3)  # (n, time): a value per sample and time step
+    images = pixel[:, :, None, None, None].to(torch.uint8).expand(n, 3, 4, 4, 3).clone()
     return TensorDict(
         {
             "uid": uids,
-            "obs": {"state": idx[:, None, None].float() * torch.ones(n, 3, 2)},
+            "obs": TensorDict({"state": idx[:, None, None].float() * torch.ones(n, 3, 2), "agentview_image": images},
+                              batch_size=[n, 3]),  # camera observations: (batch, time, ...)
             "success": idx % 2 == 0,
             "actions": (idx[:, None] * 10 + torch.arange(7)).to(torch.float64),
             "finish_step": idx.to(torch.int32),
@@ -53,7 +57,7 @@ def _worker(rank: int, world: int, port: int, hops: list[tuple[int, int]], resul
     for src_dp, dst_dp in hops:
         local = reshard(local, src_dp, dst_dp)
         shapes.append(local["uid"].tolist())
-    results[rank] = (shapes, local.to_dict())
+    results[rank] = (shapes, local.to_dict(), tuple(local["obs"].batch_size))
     dist.destroy_process_group()
 
 
@@ -92,15 +96,17 @@ def test_reshard_chains_keep_groups_whole_and_data_intact(world, hops):
     results = _run(world, hops)
     full = _global_batch()
     for rank in range(world):
-        shapes, final = results[rank]
+        shapes, final, obs_batch_size = results[rank]
+        assert obs_batch_size == (len(shapes[-1]), 3)  # the time dimension survives every hop
         for (src_dp, dst_dp), uids in zip(hops, shapes):
             assert uids == _expected_uids(dst_dp, rank // (world // dst_dp)), (rank, src_dp, dst_dp)
         # Every field of every received row equals the original row of the same sample.
         final_td = TensorDict.from_dict(final)
         idx = final_td["finish_step"].long()
-        for key in [("obs", "state"), "success", "actions", "uid"]:
+        for key in [("obs", "state"), ("obs", "agentview_image"), "success", "actions", "uid"]:
             torch.testing.assert_close(final_td.get(key), full.get(key)[idx])
         assert final_td["actions"].dtype == torch.float64
+        assert final_td["obs", "agentview_image"].dtype == torch.uint8
         assert final_td["success"].dtype == torch.bool
     # Replicas of one destination shard hold identical data.
     last_dp = hops[-1][1]
@@ -118,7 +124,7 @@ def test_pack_unpack_round_trip_any_row_count(rows):
     batch.set("odd", torch.ones(rows, 3, dtype=torch.uint8))  # makes later fields start unaligned
     schema = _schema(batch)
     out = _unpack(_pack(batch, schema), schema)
-    for key in [("obs", "state"), "success", "actions", "uid", "finish_step", "odd"]:
+    for key in [("obs", "state"), ("obs", "agentview_image"), "success", "actions", "uid", "finish_step", "odd"]:
         torch.testing.assert_close(out.get(key), batch.get(key))
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
+from tensordict import TensorDict
 from torch.nn import functional as F
 
 from policies.openvla.checkpoint_prismatic import architecture_from_config, write_checkpoint
@@ -102,6 +103,24 @@ def test_env_actions_decode_denormalise_and_post_process_the_gripper(policy):
     raw = np.where(mask, 0.5 * (normalized + 1) * (q99 - q01) + q01, normalized)
     raw[:, -1] = -np.sign(2 * raw[:, -1] - 1)  # LIBERO: [0, 1] -> [-1, 1], binarise, invert
     np.testing.assert_allclose(policy.env_actions(actions)[:, 0].numpy(), raw, rtol=0, atol=1e-6)
+
+
+def test_actions_from_env_invert_env_actions_up_to_the_bin_width(policy):
+    """Demonstrated environment actions → normalised policy actions (gripper post-processing
+    undone, bounds_q99) → bins → environment actions: back within a bin of de-normalised width."""
+    q01, q99 = np.array(STATS["q01"]), np.array(STATS["q99"])
+    rng = np.random.default_rng(0)
+    env = q01 + (q99 - q01) * rng.uniform(0.05, 0.95, size=(5, 7))
+    env[:, -1] = [-1, 1, 1, -1, 1]  # LIBERO gripper: -1 open, +1 close
+    env = torch.tensor(env, dtype=torch.float32)[:, None]  # (5, 1, 7)
+    policy_actions = policy.actions_from_env(env)
+    assert policy_actions[..., :6].abs().max() <= 1.0
+    torch.testing.assert_close(policy_actions[:, 0, -1], torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0]))  # datasets: 1 open
+    bin_values = policy.action_tokenizer.actions_from_bins(policy.action_tokenizer.bins_from_actions(policy_actions))
+    back = policy.env_actions(bin_values)
+    bin_width = torch.tensor((q99 - q01) * 2 / 255, dtype=torch.float32)
+    assert ((back - env)[..., :6].abs() <= bin_width[:6]).all()
+    assert torch.equal(back[..., -1], env[..., -1])
 
 
 def test_bc_loss_is_the_full_vocabulary_cross_entropy(policy, obs):
@@ -286,3 +305,37 @@ def test_bfloat16_parameters_keep_float32_log_probs_and_an_exact_ratio(tokenizer
     actions, log_probs = policy.sample_actions(obs, generator=torch.Generator().manual_seed(8))
     assert log_probs.dtype == torch.float32 and actions.dtype == torch.float32
     assert torch.equal(policy.log_prob_and_entropy(obs, actions)[0], log_probs)
+
+
+def test_architecture_presets_and_cameras_are_validated():
+    from policies.openvla_oft import OpenVLAOFTPolicyConfig
+
+    assert OpenVLAPolicyConfig(architecture="tiny").architecture == {"preset": "tiny"}
+    assert OpenVLAPolicyConfig(architecture="tiny").cameras == ("agentview",)
+    assert OpenVLAOFTPolicyConfig(architecture="tiny", num_images=2).cameras == ("agentview", "robot0_eye_in_hand")
+    assert OpenVLAOFTPolicyConfig(architecture="tiny", cameras=["wrist"]).cameras == ("wrist",)  # YAML list
+    with pytest.raises(ValueError, match="preset 'huge'"):
+        OpenVLAPolicyConfig(architecture="huge")
+    with pytest.raises(ValueError, match="no options"):
+        OpenVLAPolicyConfig(architecture={"preset": "tiny", "depth": 3})
+    with pytest.raises(ValueError, match="cameras"):
+        OpenVLAOFTPolicyConfig(architecture="tiny", num_images=2, cameras=["agentview"])
+    with pytest.raises(ValueError, match="cameras"):
+        OpenVLAPolicyConfig(architecture="tiny", cameras=["agentview", "robot0_eye_in_hand"])
+
+
+def test_tiny_preset_reads_simulator_observations_with_its_own_tokenizer():
+    from vla_rl.data.observations import encode_instruction
+
+    policy = OpenVLAPolicy(OpenVLAPolicyConfig(architecture={"preset": "tiny", "image_size": 28, "fused": False}))
+    assert policy.vla.vision_backbone.fused_featurizer is None  # DINOv2 alone
+    codes = torch.from_numpy(np.stack([encode_instruction("lift the cube"), encode_instruction("open the door")]))
+    images = torch.randint(0, 256, (2, 16, 16, 3), dtype=torch.uint8)
+    raw = TensorDict({"agentview_image": images, "instruction": codes}, batch_size=[2])
+    inputs = policy.model_inputs(raw)
+    expected_ids, expected_mask = policy.encode_instructions(["lift the cube", "open the door"])
+    assert torch.equal(inputs["input_ids"], expected_ids) and torch.equal(inputs["attention_mask"], expected_mask)
+    assert torch.equal(inputs["images"][:, 0], images)
+    assert policy.model_inputs(inputs) is inputs  # model inputs pass through
+    actions, log_probs = policy.sample_actions(raw, greedy=True)
+    assert torch.equal(policy.sample_actions(inputs, greedy=True)[0], actions)

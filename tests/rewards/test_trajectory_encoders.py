@@ -100,22 +100,6 @@ def test_sample_frames_reads_only_the_valid_steps():
         sample_frames(frames, torch.tensor([5, 7]), 3)
 
 
-@pytest.fixture(scope="module")
-def tiny_vjepa2_dir(tmp_path_factory):
-    """A tiny V-JEPA 2 (1 layer, hidden 32, 32x32 crops of 16x16 patches) saved to a directory."""
-    from transformers import VJEPA2Config, VJEPA2Model
-
-    torch.manual_seed(0)
-    config = VJEPA2Config(
-        crop_size=32, patch_size=16, frames_per_clip=4, tubelet_size=2, hidden_size=32, num_attention_heads=2,
-        num_hidden_layers=1, mlp_ratio=2.0, pred_hidden_size=32, pred_num_attention_heads=2,
-        pred_num_hidden_layers=1, num_pooler_layers=1,
-    )
-    path = tmp_path_factory.mktemp("vjepa2")
-    VJEPA2Model(config).save_pretrained(path)
-    return path
-
-
 def test_vjepa2_encoder_embeds_uniform_frames_with_mean_pooled_tokens(tiny_vjepa2_dir, torch_one_thread):
     from transformers import VJEPA2Model
 

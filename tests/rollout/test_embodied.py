@@ -1,13 +1,17 @@
-"""Episode bookkeeping and pipelining of the rollout loop, against a scripted in-process pool."""
+"""Episode bookkeeping and pipelining of the rollout loop, against scripted in-process pools (flat
+state and camera observations)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from policies import make_policy
 from policies.mlp import MLPPolicyConfig
+from vla_rl.data import keys
+from vla_rl.data.observations import INSTRUCTION_BYTES, encode_instruction
 from vla_rl.rollout.embodied import rollout_episodes
 
 OBS_DIM, ACT_DIM = 2, 3
@@ -30,6 +34,7 @@ class ScriptedPool:
         self.lose_at = dict(lose_at or {})
         self.horizon = horizon
         self.events: list[tuple[str, tuple[int, ...]]] = []
+        self.submitted_actions: list[np.ndarray] = []
         self.resets = 0
 
     def spec(self):
@@ -46,6 +51,7 @@ class ScriptedPool:
     def submit(self, env_indices, actions, render_indices=()):
         assert actions.shape == (len(env_indices), actions.shape[1], ACT_DIM)
         self.events.append(("submit", tuple(int(i) for i in env_indices)))
+        self.submitted_actions.append(actions)
         return np.asarray(env_indices), actions, list(render_indices)
 
     def collect(self, pending):
@@ -85,18 +91,24 @@ class ScriptedPool:
 
 
 class ConstantPolicy(torch.nn.Module):
-    """Acts 1.0 everywhere with log-prob -1 per step; chunk of ``chunk_size`` actions; logs calls."""
+    """Acts 1.0 everywhere with log-prob -1 per step; chunk of ``chunk_size`` actions; the
+    simulator gets half of them. Keeps the observations it saw and logs its calls in ``events``."""
 
     def __init__(self, chunk_size: int, events: list | None = None) -> None:
         super().__init__()
         self.chunk_size = chunk_size
         self.events = events
+        self.seen = []
 
     def sample_actions(self, obs, greedy=False, generator=None):
+        self.seen.append(obs)
         b = obs.shape[0]
         if self.events is not None:
             self.events.append(("policy", tuple(int(x) for x in obs[:, 1] - 7)))  # ids are 7 + row
         return torch.ones(b, self.chunk_size, ACT_DIM), -torch.ones(b, self.chunk_size)
+
+    def env_actions(self, actions):
+        return 0.5 * actions
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3])
@@ -105,6 +117,8 @@ def test_success_mid_chunk_ends_the_episode_as_success(chunk, stages):
     pool = ScriptedPool(success_at=[6, 0, 1], horizon=10)
     result = rollout_episodes(ConstantPolicy(chunk), pool, np.array([7, 8, 9]), pipeline_stages=stages)
     batch = result.batch
+    assert all(np.all(actions == 0.5) for actions in pool.submitted_actions)  # env_actions, the batch the policy's
+    assert torch.all(batch["actions"][batch["response_mask"]] == 1.0)
     assert batch["success"].tolist() == [True, False, True]
     # Decision steps: ceil(control steps / chunk); the time-out runs the whole horizon.
     expected_finish = [int(np.ceil(6 / chunk)), int(np.ceil(10 / chunk)), 1]
@@ -216,3 +230,54 @@ def test_sampled_rollouts_are_reproducible_for_a_fixed_number_of_stages():
 def test_pipeline_stages_must_be_positive():
     with pytest.raises(ValueError, match="pipeline_stages"):
         rollout_episodes(ConstantPolicy(1), ScriptedPool([0], 2), np.array([7]), pipeline_stages=0)
+
+
+class CameraPool(ScriptedPool):
+    """The scripted pool with camera observations: ``state`` as above, a 4x4 image filled with
+    the step count, and the instruction."""
+
+    def spec(self):
+        return {**super().spec(), "images": {"agentview_image": [4, 4, 3]}}
+
+    def _camera(self, state):
+        n = len(state)
+        image = np.broadcast_to(state[:, :1, None, None].astype(np.uint8), (n, 4, 4, 3)).copy()
+        return {"state": state, "agentview_image": image,
+                "instruction": np.stack([encode_instruction("lift the cube")] * n)}
+
+    def reset(self, ids):
+        return self._camera(super().reset(ids))
+
+    def collect(self, pending):
+        out = super().collect(pending)
+        return {**out, "obs": self._camera(out["obs"])}
+
+
+@pytest.mark.parametrize(("stages", "policy_rows"), [(1, [2, 2, 1]), (2, [1, 1, 1, 1, 1])])
+def test_camera_observations_are_stored_as_a_uint8_tensordict(stages, policy_rows):
+    pool = CameraPool(success_at=[3, 0], horizon=6)
+    policy = ConstantPolicy(2)
+    batch = rollout_episodes(policy, pool, np.array([4, 5]), pipeline_stages=stages).batch
+    obs = batch["obs"]
+    assert isinstance(obs, TensorDict) and obs.batch_size == (2, 4)  # T + 1 = ceil(6 / 2) + 1
+    assert obs["agentview_image"].dtype == torch.uint8 and obs["agentview_image"].shape == (2, 4, 4, 4, 3)
+    assert obs[keys.OBS_INSTRUCTION].shape == (2, 4, INSTRUCTION_BYTES)
+    assert obs[keys.OBS_INSTRUCTION][0, 0].tolist() == encode_instruction("lift the cube").tolist()
+    # Decision t sees the image after 2 t control steps; the success at step 3 ends episode 0.
+    assert batch["finish_step"].tolist() == [2, 3]
+    assert obs["agentview_image"][1, :, 0, 0, 0].tolist() == [0, 2, 4, 6]
+    assert obs["agentview_image"][0, 2, 0, 0, 0].item() == 3  # the terminal observation
+    assert torch.equal(obs["state"][:, :, 0], obs["agentview_image"][:, :, 0, 0, 0].float())
+    # The policy got TensorDicts of the running environments (of one stage at a time) only.
+    assert [seen.batch_size[0] for seen in policy.seen] == policy_rows
+    assert all(isinstance(seen, TensorDict) for seen in policy.seen)
+
+
+def test_lost_episodes_are_dropped_from_camera_observations():
+    pool = CameraPool(success_at=[0, 0, 3], horizon=8, lose_at={1: 2})
+    result = rollout_episodes(ConstantPolicy(2), pool, np.array([4, 5, 6]), pipeline_stages=2)
+    obs = result.batch["obs"]
+    assert result.lost.tolist() == [False, True, False]
+    assert isinstance(obs, TensorDict) and obs.batch_size == (2, 5)  # T + 1 = ceil(8 / 2) + 1
+    assert obs["state"][:, 0, 1].tolist() == [4.0, 6.0]  # the initial-state ids of the kept episodes
+    assert obs["agentview_image"][1, :, 0, 0, 0].tolist() == [0, 2, 3, 0, 0]  # success at step 3, then nothing

@@ -52,6 +52,9 @@ class SignalAtCall:
             os.kill(self.pid, self.signum)
         return self.policy.sample_actions(obs, greedy=greedy, generator=generator)
 
+    def env_actions(self, actions):
+        return self.policy.env_actions(actions)
+
 
 def reference(policy, pool):
     """A greedy rollout without faults."""

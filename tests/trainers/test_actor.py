@@ -1,6 +1,7 @@
 """The actor update: at the first minibatch of an on-policy update the ratio is exactly 1, for
-every registered policy, policy objective and ratio granularity; minibatches sized by
-``ppo_mini_batch_size``; the KL and entropy terms; steps after an episode's end."""
+every registered policy (policies that are not batch-invariant, the VLAs on camera
+observations: 1 up to float rounding), policy objective and ratio granularity; minibatches sized
+by ``ppo_mini_batch_size``; the KL and entropy terms; steps after an episode's end."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import torch
 
 from policies import available_policies, make_policy
 from policies.mlp import MLPPolicyConfig
+from policies.openvla import OpenVLAPolicyConfig
+from policies.openvla_oft import OpenVLAOFTPolicyConfig
 from vla_rl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossConfig
 from vla_rl.data import keys
+from vla_rl.data.observations import encode_instruction
 from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl.trainers import actor as actor_module
 from vla_rl.trainers.actor import ActorTrainer, ActorUpdateConfig, per_dim_log_probs
@@ -22,6 +26,9 @@ from vla_rl.utils.registry import Registry
 OBS_DIM, ACT_DIM, HORIZON = 5, 7, 12
 TINY_CONFIGS = {
     "mlp": lambda: MLPPolicyConfig(obs_dim=OBS_DIM, action_dim=ACT_DIM, hidden_sizes=(16, 16)),
+    "openvla": lambda: OpenVLAPolicyConfig(architecture={"preset": "tiny", "fused": False}, action_dim=ACT_DIM),
+    "openvla_oft": lambda: OpenVLAOFTPolicyConfig(architecture={"preset": "tiny", "fused": False},
+                                                  action_dim=ACT_DIM, chunk_size=3, proprio_dim=3),
 }
 
 
@@ -42,16 +49,37 @@ class RandomWalkPool:
         return self.rng.normal(size=(len(ids), OBS_DIM)).astype(np.float32)
 
     def submit(self, env_indices, actions, render_indices=()):
-        return np.asarray(env_indices)  # one action per chunk (the MLP policy)
+        return np.asarray(env_indices), actions.shape[1]
 
-    def collect(self, rows):
-        self.steps[rows] += 1
+    def collect(self, pending):
+        rows, chunk = pending
+        steps = np.minimum(chunk, self.ends[rows] - self.steps[rows])  # the chunk, up to the episode's end
+        self.steps[rows] += steps
         done = self.steps[rows] >= self.ends[rows]
         k = len(rows)
         return {"obs": self.rng.normal(size=(k, OBS_DIM)).astype(np.float32), "reward": done.astype(np.float32),
-                "terminated": done, "truncated": np.zeros_like(done), "success": done,
-                "steps": np.ones(k, dtype=np.int64), "lost": np.zeros(k, dtype=bool), "frames": {},
-                "sim_seconds": 0.0, "sim_cpu_seconds": 0.0}
+                "terminated": done, "truncated": np.zeros_like(done), "success": done, "steps": steps,
+                "lost": np.zeros(k, dtype=bool), "frames": {}, "sim_seconds": 0.0, "sim_cpu_seconds": 0.0}
+
+
+class CameraRandomWalkPool(RandomWalkPool):
+    """The same episodes with camera observations: the state, a random 16x16 agentview image and
+    the instruction."""
+
+    def spec(self):
+        return {**super().spec(), "images": {"agentview_image": [16, 16, 3]}}
+
+    def _camera(self, state):
+        n = len(state)
+        return {"state": state, "agentview_image": self.rng.integers(0, 256, (n, 16, 16, 3), dtype=np.uint8),
+                "instruction": np.stack([encode_instruction("lift the cube")] * n)}
+
+    def reset(self, ids):
+        return self._camera(super().reset(ids))
+
+    def collect(self, pending):
+        out = super().collect(pending)
+        return {**out, "obs": self._camera(out["obs"])}
 
 
 def test_every_registered_policy_has_a_tiny_config():
@@ -62,8 +90,8 @@ def rollout_batch(policy) -> tuple:
     """Eight episodes of 1..12 decisions in two groups, with per-episode advantages."""
     torch.manual_seed(0)
     ends = [12, 1, 7, 3, 12, 2, 9, 5]
-    batch = rollout_episodes(policy, RandomWalkPool(ends), np.arange(8),
-                             generator=torch.Generator().manual_seed(1)).batch
+    pool = RandomWalkPool(ends) if policy.name == "mlp" else CameraRandomWalkPool(ends)
+    batch = rollout_episodes(policy, pool, np.arange(8), generator=torch.Generator().manual_seed(1)).batch
     per_episode = torch.tensor([1.0, -0.5, 0.25, -1.0, 0.5, 2.0, -0.75, 0.1])
     batch.set(keys.ADVANTAGES, torch.where(batch[keys.RESPONSE_MASK], per_episode[:, None], 0.0))
     batch.set(keys.UID, torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]))
@@ -91,9 +119,17 @@ def spy_on_losses(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.parametrize("policy_name", sorted(TINY_CONFIGS))
-@pytest.mark.parametrize("granularity", ["token", "action", "chunk"])
-@pytest.mark.parametrize("loss_name", POLICY_LOSSES.names())
+# Every objective with the MLP; the (slower) VLAs with PPO-clip, the objective is not what differs.
+RATIO_CASES = [(name, granularity, loss) for name in sorted(TINY_CONFIGS) for granularity in ("token", "action", "chunk")
+               for loss in (POLICY_LOSSES.names() if name == "mlp" else ["ppo_clip"])]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(torch_one_thread):
+    """Small models on the shared machines run fastest on one thread."""
+
+
+@pytest.mark.parametrize(("policy_name", "granularity", "loss_name"), RATIO_CASES)
 def test_first_minibatch_ratio_is_exactly_one(process_group, monkeypatch, policy_name, granularity, loss_name):
     torch.manual_seed(0)
     policy = make_policy(policy_name, TINY_CONFIGS[policy_name]())
@@ -103,13 +139,19 @@ def test_first_minibatch_ratio_is_exactly_one(process_group, monkeypatch, policy
                                                    torch.Generator().manual_seed(2))
     assert metrics["actor/num_updates"] == 2.0
     log_probs, old_log_probs, mask, first_metrics = calls[0]
+    # The second minibatch comes after an update: the policy has moved.
+    second_log_probs, second_old, second_mask, _ = calls[1]
+    assert not torch.equal(second_log_probs[second_mask], second_old[second_mask])
+    if not policy.batch_invariant:  # the rollout's batches differ from the minibatches: rounding only
+        torch.testing.assert_close(log_probs[mask], old_log_probs[mask], rtol=0, atol=1e-4)
+        assert abs(first_metrics["ratio_mean"] - 1.0) < 1e-4 and first_metrics["pg_clipfrac"] == 0.0
+        if granularity == "token":
+            assert metrics["actor/old_log_prob_max_diff"] < 1e-4
+        return
     # Rollout and trainer computed bit-identical log-probs: every log-ratio is exactly 0.
     assert torch.equal(log_probs[mask], old_log_probs[mask])
     assert first_metrics["ratio_mean"] == 1.0 and first_metrics["approx_kl"] == 0.0
     assert first_metrics["pg_clipfrac"] == 0.0
-    # The second minibatch comes after an update: the policy has moved.
-    second_log_probs, second_old, second_mask, _ = calls[1]
-    assert not torch.equal(second_log_probs[second_mask], second_old[second_mask])
     if granularity == "token":
         assert metrics["actor/old_log_prob_max_diff"] == 0.0
 

@@ -1,13 +1,25 @@
-"""Tests for vla_rl/trainers/warm_start.py: action windows, normalisation statistics, initial observations."""
+"""Tests for vla_rl/trainers/warm_start.py: action windows, normalisation statistics, initial observations,
+camera demonstrations (zarr fields per observation key) and behaviour cloning of OpenVLA-OFT on them."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from tensordict import TensorDict
+
 from policies.mlp import MLPPolicy, MLPPolicyConfig
+from policies.openvla_oft import OpenVLAOFTPolicy, OpenVLAOFTPolicyConfig
+from vla_rl.data.observations import decode_instruction, encode_instruction
 from vla_rl.data.trajectory_store import TrajectoryStore
-from vla_rl.trainers.warm_start import OBS_STD_FLOOR, action_chunks, behaviour_cloning, initial_observations
+from vla_rl.trainers.warm_start import (
+    OBS_STD_FLOOR,
+    action_chunks,
+    behaviour_cloning,
+    demonstrations,
+    ensure_demonstrations,
+    initial_observations,
+)
 
 
 def test_action_chunks_repeat_the_last_action_past_the_end():
@@ -58,3 +70,47 @@ def test_initial_observations_reset_training_states_in_pool_sized_batches():
     assert pool.batches == [[0, 1, 2], [3, 4, 5], [6]]
     np.testing.assert_array_equal(obs[:, 0], np.arange(7))
     assert initial_observations(_CountingPool(), 0).shape == (0, 2)
+
+
+class _CameraExpertPool:
+    """Scripted camera demonstrations: step ``t`` of the episode of id ``i`` has state
+    ``[i, t, 2 t]``, an image filled with ``t`` and the instruction; the action is ``t / 10``."""
+
+    capacity = 2
+
+    def spec(self) -> dict:
+        return {"obs_dim": 3, "act_dim": 7, "horizon": 6, "images": {"agentview_image": [8, 8, 3]}}
+
+    def run_expert(self, ids) -> list[dict]:
+        episodes = []
+        for i in ids:
+            t = np.arange(4 + i % 2)
+            obs = {"state": np.stack([np.full(len(t), i), t, 2 * t], axis=1).astype(np.float32),
+                   "agentview_image": np.broadcast_to(t[:, None, None, None], (len(t), 8, 8, 3)).astype(np.uint8),
+                   "instruction": np.stack([encode_instruction("lift the cube")] * len(t))}
+            episodes.append({"obs": obs, "actions": np.repeat(t[:, None] / 10, 7, axis=1).astype(np.float32),
+                             "success": True, "init_state_id": int(i)})
+        return episodes
+
+
+def test_camera_demonstrations_are_stored_per_key_and_cloned(tmp_path, torch_one_thread):
+    store = ensure_demonstrations(_CameraExpertPool(), tmp_path / "demos.zarr", num_demos=3, id_offset=100,
+                                  env_attrs={"name": "fake", "cameras": ["agentview"]})
+    assert store.fields["agentview_image"] == ((8, 8, 3), np.dtype(np.uint8))
+    assert set(store.fields) == {"state", "agentview_image", "instruction", "actions"}
+    obs, actions = demonstrations(store, 3, chunk_size=2)
+    assert isinstance(obs, TensorDict) and obs.batch_size == (4 + 5 + 4,) and actions.shape == (13, 2, 7)
+    assert obs["agentview_image"].dtype == torch.uint8 and obs["agentview_image"][5, 0, 0, 0] == 1  # episode 101, t = 1
+    assert decode_instruction(obs["instruction"][7].numpy()) == "lift the cube"
+    torch.testing.assert_close(actions[3, :, 0], torch.tensor([0.3, 0.3]))  # the window repeats the last action
+
+    policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture={"preset": "tiny", "fused": False}, chunk_size=2,
+                                                     proprio_dim=2))
+    before = float(policy.bc_loss(obs, actions).detach())
+    metrics = behaviour_cloning(policy, store, 3, steps=40, lr=3e-3, batch_size=8, seed=0)
+    assert metrics["warm_start/transitions"] == 13.0
+    # OFT's proprio statistics: q01/q99 of the demonstrations' first two state features.
+    torch.testing.assert_close(policy.proprio_q01, torch.quantile(obs["state"][:, :2], 0.01, dim=0))
+    torch.testing.assert_close(policy.proprio_q99, torch.quantile(obs["state"][:, :2], 0.99, dim=0))
+    policy.eval()
+    assert float(policy.bc_loss(obs, actions).detach()) < before

@@ -15,6 +15,9 @@ is re-sharded with one ``all_to_all_single`` over the worker process group:
 4. every sample row of every key is packed into one byte row, and one ``all_to_all_single``
    moves each owner's rows to every rank of the destination block that needs them.
 
+Nested TensorDicts (e.g. camera observations under ``obs``, batch size ``(batch, T + 1)``) keep
+their keys, dtypes (uint8 images move as bytes, unconverted) and batch dimensions.
+
 The Ray driver is not involved: data moves only between the workers' processes (gloo over
 loopback on CPU, nccl/hccl on accelerators).
 """
@@ -90,6 +93,18 @@ def _schema(batch: TensorDict) -> list[_FieldSpec]:
     ]
 
 
+def _nested_batch_dims(batch: TensorDict) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
+    """``(key, batch dims after the first)`` of every nested TensorDict, shallowest first."""
+    nested = [(key if isinstance(key, tuple) else (key,), tuple(value.batch_size[1:]))
+              for key, value in batch.items(include_nested=True) if isinstance(value, TensorDict)]
+    return sorted(nested, key=lambda item: (len(item[0]), item[0]))
+
+
+def _restore_nested_batch_dims(out: TensorDict, nested: list[tuple[tuple[str, ...], tuple[int, ...]]]) -> None:
+    for key, dims in nested:
+        out.get(key).batch_size = [out.batch_size[0], *dims]
+
+
 def _pack(batch: TensorDict, schema: list[_FieldSpec]) -> torch.Tensor:
     """All fields of each sample as one uint8 row: ``(batch, sum of row bytes)``."""
     n = batch.batch_size[0]
@@ -155,15 +170,15 @@ def reshard(
     local_meta = None
     if is_owner:
         sizes = [1] * len(batch) if group_key is None else group_sizes(batch.get(group_key))
-        local_meta = (sizes, [(f.name, f.dtype, f.shape) for f in _schema(batch)])
+        local_meta = (sizes, [(f.name, f.dtype, f.shape) for f in _schema(batch)], _nested_batch_dims(batch))
     gathered: list = [None] * world
     dist.all_gather_object(gathered, local_meta, group=group)
     owners = [r for r in range(world) if r % src_block == 0]
     schemas = {tuple(gathered[r][1]) for r in owners if gathered[r][0]}
     if len(schemas) > 1:
         raise ValueError(f"re-shard: shards disagree on their fields: {sorted(schemas)}")
-    schema_source = next((gathered[r][1] for r in owners if gathered[r][0]), gathered[owners[0]][1])
-    schema = [_FieldSpec(name, dtype, tuple(shape)) for name, dtype, shape in schema_source]
+    source = next((r for r in owners if gathered[r][0]), owners[0])
+    schema = [_FieldSpec(name, dtype, tuple(shape)) for name, dtype, shape in gathered[source][1]]
 
     all_sizes = [size for r in owners for size in gathered[r][0]]
     bounds = split_groups(all_sizes, dst_dp_size)
@@ -193,4 +208,6 @@ def reshard(
         recv_counts[owner] = stop - start
     recv = torch.empty(sum(recv_counts), row_bytes, dtype=torch.uint8, device=device)
     dist.all_to_all_single(recv, send, recv_counts, send_counts, group=group)
-    return _unpack(recv, schema)
+    out = _unpack(recv, schema)
+    _restore_nested_batch_dims(out, gathered[source][2])
+    return out

@@ -98,7 +98,8 @@ def append_episodes(store: TrajectoryStore, episodes: TensorDict, checkpoint_ste
     added = []
     for row in range(len(episodes)):
         length = int(episodes[keys.FINISH_STEP][row])
-        obs = episodes[keys.OBS][row].numpy()  # (T + 1, obs_dim)
+        obs = episodes[keys.OBS][row]  # camera observations: their state only (images are not stored)
+        obs = (obs[keys.OBS_STATE] if isinstance(obs, TensorDict) else obs).numpy()  # (T + 1, obs_dim)
         store.append_episode(
             {"obs": obs[:length], "next_obs": obs[1 : length + 1],
              "actions": episodes[keys.ACTIONS][row, :length].numpy(),

@@ -53,9 +53,14 @@ class ProtocolPolicy:
     def chunk_size(self) -> int:
         return self.policy.chunk_size
 
+    def env_actions(self, actions: Tensor) -> Tensor:
+        """The wrapped policy's simulator actions."""
+        return self.policy.env_actions(actions)
+
     def sample_actions(self, obs: Tensor, greedy: bool = False,
                        generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """``(batch, obs_dim)`` -> actions ``(batch, chunk, action_dim)`` and log-probs ``(batch, chunk)``."""
+        """Observations (``(batch, obs_dim)`` or a camera TensorDict) -> actions ``(batch, chunk,
+        action_dim)`` and log-probs ``(batch, chunk)``."""
         if self.protocol.greedy:
             return self.policy.sample_actions(obs, greedy=True, generator=generator)
         return self.policy.sample_actions(obs, greedy=False, generator=generator,

@@ -21,7 +21,7 @@ from vla_rl.algorithms.group_filters import keep_groups
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
 from vla_rl.data.task_loader import ShardedTaskLoader
-from vla_rl.nodes.reward import episode_rewards
+from vla_rl.nodes.reward import episode_rewards, reward_encoder
 from vla_rl.nodes.rollout import rollout_groups
 from vla_rl.nodes.text import refill_groups as refill_text_groups
 
@@ -78,7 +78,7 @@ def _refill_episodes(ctx, refill_round: int) -> tuple[TensorDict, int]:
     tasks = loader.batch_for_refill(ctx.step, refill_round)
     episodes, result = rollout_groups(ctx.resources, data.group_size, tasks, greedy=False,
                                       pipeline_stages=ctx.config.simulator.pipeline_stages)
-    episodes.set(keys.REWARDS, episode_rewards(ctx.config.algorithm, episodes)[0])
+    episodes.set(keys.REWARDS, episode_rewards(ctx.config.algorithm, episodes, reward_encoder(ctx))[0])
     return episodes, result.env_steps
 
 

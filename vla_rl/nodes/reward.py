@@ -3,14 +3,21 @@ scores failures by their trajectory embedding's distance to the batch's successe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.distributed as dist
 from tensordict import TensorDict
+from torch import Tensor
 
 from vla_rl.algorithms.rewards import EMBODIED_REWARDS, overlong_penalty
 from vla_rl.algorithms.srpo import SRPORewardConfig
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
-from vla_rl.rewards.trajectory_encoders import TRAJECTORY_ENCODERS
+
+#: Gathers a shard's ``(embeddings, success, task_ids)`` into the step's and says which rows are
+#: the shard's: ``-> (embeddings, success, task_ids, rows)``.
+ReferenceGather = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor, slice]]
 
 
 @register_node("reward", "compute")
@@ -18,27 +25,89 @@ def compute_rewards(ctx, batch) -> NodeOutput:
     """Set ``rewards`` ``(n,)`` float32 from ``algorithm.reward``, plus DAPO's overlong penalty
     when ``algorithm.overlong_buffer_len > 0``.
 
-    With SRPO the reference set is this node's shard: at DP size 1 (the default templates) it is
-    every trajectory of the step, gathered worker to worker by the re-shard before this node.
+    With SRPO the reference successes are, by ``algorithm.srpo_reference_set``, this node's shard
+    (``local``; at DP size 1, as in the default templates, every trajectory of the step, gathered
+    worker to worker by the re-shard before this node) or, at DP size > 1, every shard's
+    (``step``: :func:`gather_step_reference`).
     """
-    rewards, metrics = episode_rewards(ctx.config.algorithm, batch)
+    algo = ctx.config.algorithm
+    gather = gather_step_reference(ctx) if algo.srpo_reference_set == "step" and ctx.dp_size > 1 else None
+    rewards, metrics = episode_rewards(algo, batch, reward_encoder(ctx), gather)
     batch.set(keys.REWARDS, rewards)
     return NodeOutput(batch, metrics)
 
 
-def episode_rewards(algo, batch: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
+def reward_encoder(ctx):
+    """The worker's SRPO trajectory encoder (None for rewards without one)."""
+    return ctx.resources.trajectory_encoder if ctx.config.algorithm.reward == "srpo" else None
+
+
+def trajectory_embeddings(algo, batch: TensorDict, encoder) -> Tensor:
+    """Embed each episode's observations up to its terminal one (``finish_step + 1`` of them).
+
+    State encoders read the state (the flat observation, or ``obs/state``); frame encoders
+    (``encoder.reads_frames``) read the ``<algorithm.encoder_camera>_image`` frames.
+
+    Returns:
+        ``(n, dim)`` embeddings.
+
+    Raises:
+        ValueError: a frame encoder on observations without that camera.
+    """
+    obs, lengths = batch[keys.OBS], batch[keys.FINISH_STEP] + 1
+    if getattr(encoder, "reads_frames", False):
+        image_key = f"{algo.encoder_camera}{keys.OBS_IMAGE_SUFFIX}"
+        if not isinstance(obs, TensorDict) or image_key not in obs.keys():
+            found = sorted(obs.keys()) if isinstance(obs, TensorDict) else "a flat state"
+            raise ValueError(f"algorithm.trajectory_encoder {algo.trajectory_encoder!r} reads {image_key!r} frames, "
+                             f"but the observations hold {found}; add the camera to simulator.env.cameras or "
+                             "set algorithm.encoder_camera")
+        return encoder(obs[image_key], lengths, num_points=algo.encoder_points)
+    states = obs[keys.OBS_STATE] if isinstance(obs, TensorDict) else obs
+    return encoder(states, lengths, num_points=algo.encoder_points)
+
+
+def gather_step_reference(ctx) -> ReferenceGather:
+    """SRPO's reference set of the whole step when the reward node runs at DP size > 1: every
+    worker all-gathers its shard's embeddings, successes and task ids (``all_gather_object`` over
+    the workers' group, one replica per shard kept), so each shard's failures are scored against
+    every success of the step, and takes back its own rows."""
+
+    def gather(embeddings: Tensor, success: Tensor, task_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, slice]:
+        parts: list = [None] * ctx.world_size
+        dist.all_gather_object(parts, (embeddings.cpu(), success.cpu(), task_ids.cpu()), group=ctx.group)
+        shards = parts[:: ctx.world_size // ctx.dp_size]  # rank k * block holds shard k
+        start = sum(len(shard[1]) for shard in shards[: ctx.dp_rank])
+        gathered = [torch.cat([shard[i] for shard in shards]) for i in range(3)]
+        return gathered[0].to(embeddings.device), gathered[1], gathered[2], slice(start, start + len(success))
+
+    return gather
+
+
+def episode_rewards(algo, batch: TensorDict, encoder=None, gather: ReferenceGather | None = None
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
     """The rewards ``(n,)`` float32 of the episodes of ``batch`` and their metrics.
 
     Args:
         algo: the run's ``algorithm`` section.
         batch: episodes with ``obs``, ``success``, ``task_id``, ``finish_step``, ``response_mask``.
+        encoder: the SRPO trajectory encoder (``WorkerResources.trajectory_encoder``); None: the
+            registered ``algorithm.trajectory_encoder`` function (encoders with options need it given).
+        gather: widens SRPO's reference set to the whole step (see :func:`gather_step_reference`).
     """
     embeddings = None
+    success, task_ids = batch[keys.SUCCESS], batch[keys.TASK_ID]
+    rows = slice(None)
     if algo.reward == "srpo":
-        encoder = TRAJECTORY_ENCODERS.get(algo.trajectory_encoder)
-        embeddings = encoder(batch[keys.OBS], batch[keys.FINISH_STEP] + 1, num_points=algo.encoder_points)
+        if encoder is None:
+            from vla_rl.rewards.trajectory_encoders import build_trajectory_encoder
+
+            encoder = build_trajectory_encoder(algo.trajectory_encoder)
+        embeddings = trajectory_embeddings(algo, batch, encoder)
+        if gather is not None:
+            embeddings, success, task_ids, rows = gather(embeddings, success, task_ids)
     reward_fn = EMBODIED_REWARDS.get(algo.reward)
-    rewards = reward_fn(embeddings, batch[keys.SUCCESS], batch[keys.TASK_ID], SRPORewardConfig(**algo.srpo)).float()
+    rewards = reward_fn(embeddings, success, task_ids, SRPORewardConfig(**algo.srpo)).float()[rows]
     failures = ~batch[keys.SUCCESS]
     metrics = {}
     if failures.any():

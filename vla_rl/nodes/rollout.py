@@ -58,6 +58,8 @@ def interact(ctx, batch) -> NodeOutput:
         "rollout/sim_seconds_per_actor": result.sim_seconds / num_actors,
         "rollout/sim_cpu_seconds_per_actor": result.sim_cpu_seconds / num_actors,
         "rollout/sim_share": result.sim_seconds / (num_actors * wall),
+        "timing/rollout_policy": result.policy_seconds,
+        "timing/rollout_env": result.env_seconds,
     }
     if len(episodes):
         metrics["rollout/success_rate"] = float(episodes[keys.SUCCESS].float().mean())
@@ -87,8 +89,9 @@ def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool,
 
     Returns:
         ``(episodes, result)``: up to ``(g * group_size,)`` episodes, groups contiguous, with
-        ``uid`` and ``task_id``; and the rollout's result (``env_steps``, ``lost`` over the
-        ``g * group_size`` requested episodes, ``sim_seconds``).
+        ``uid`` and ``task_id``; and the rollout's :class:`~vla_rl.rollout.embodied.RolloutResult`
+        (``env_steps``: control steps executed; ``lost`` over the ``g * group_size`` requested
+        episodes; time in the policy and in the simulators).
     """
     repeated = tasks.repeat_interleave(group_size, dim=0)
     result = rollout_episodes(

@@ -4,7 +4,9 @@ name in ``TRAJECTORY_ENCODERS``, for trajectory-level rewards such as SRPO's pro
 Every encoder is a callable ``encoder(trajectories, lengths, num_points) -> (batch, dim)``:
 ``trajectories`` ``(batch, time, ...)`` padded to a common ``time``, ``lengths`` ``(batch,)``
 int64 valid steps. A registry entry is either such a function or a class whose instances are;
-:func:`build_trajectory_encoder` turns a name and the class's options into an encoder.
+:func:`build_trajectory_encoder` turns a name and the class's options into an encoder. Encoders
+of camera frames (uint8 ``(batch, time, H, W, 3)``) have the attribute ``reads_frames = True``;
+the others read state vectors.
 
 - ``"state_resample"`` (function): a low-dimensional stand-in for SRPO's world-model video
   embedding. SRPO (Fei et al. 2025, arXiv 2511.15605) embeds each episode with V-JEPA 2 from
@@ -190,6 +192,8 @@ class VJEPA2TrajectoryEncoder:
         ValueError: if ``batch_size`` < 1.
     """
 
+    reads_frames = True
+
     def __init__(self, model_dir: str | Path, device: str | torch.device = "cpu", batch_size: int = 8) -> None:
         from transformers import VJEPA2Model
 
@@ -283,6 +287,8 @@ class BackboneTrajectoryEncoder:
     Raises:
         TypeError: if ``frame_features`` is not callable.
     """
+
+    reads_frames = True
 
     def __init__(self, frame_features: Callable[[Tensor], Tensor]) -> None:
         if not callable(frame_features):

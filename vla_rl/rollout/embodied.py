@@ -6,6 +6,11 @@ pool executes the chunk's actions one control step at a time. An environment sto
 ends the episode as a success and the rest of that chunk is not executed. The terminal observation
 is kept (``obs[:, finish_step]``). Finished environments are not stepped again.
 
+Observations are what the simulator gives (:mod:`vla_rl.data.observations`): a flat state, or
+with cameras a ``TensorDict`` of the state, uint8 images and the encoded instruction; the policy's
+``sample_actions`` reads them as they are (a VLA's processor builds its inputs), and the pool
+receives ``policy.env_actions(actions)`` while the batch keeps the policy's own actions.
+
 Pipelining (RLinf's pipeline stages): the batch's environments are split into
 ``pipeline_stages`` contiguous groups. A stage's chunk is submitted to the pool without waiting
 (:meth:`simulators.pool.SimulatorPool.submit`); while it simulates, the policy computes the next
@@ -27,6 +32,7 @@ actor); they are dropped from the returned batch and flagged in :attr:`RolloutRe
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -35,6 +41,7 @@ import torch
 from tensordict import TensorDict
 
 from vla_rl.data import keys
+from vla_rl.data.observations import to_torch
 
 
 @dataclass
@@ -43,16 +50,20 @@ class RolloutResult:
 
     Attributes:
         batch: one row per episode that was not lost, in the order of the requested initial
-            states: ``obs`` ``(m, T + 1, obs_dim)``, ``actions`` ``(m, T, chunk, action_dim)``,
-            ``old_log_probs`` ``(m, T, chunk)``, ``response_mask`` ``(m, T)``, ``success``
-            ``(m,)``, ``truncated`` ``(m,)`` (ended by the time limit without success),
-            ``finish_step`` ``(m,)`` (decision steps taken), ``init_state_id`` ``(m,)``, where
-            ``T = ceil(horizon / chunk)``.
+            states: ``obs`` ``(m, T + 1, obs_dim)`` (camera observations: a TensorDict of batch
+            size ``(m, T + 1)``, see :mod:`vla_rl.data.keys`), ``actions``
+            ``(m, T, chunk, action_dim)``, ``old_log_probs`` ``(m, T, chunk)``, ``response_mask``
+            ``(m, T)``, ``success`` ``(m,)``, ``truncated`` ``(m,)`` (ended by the time limit
+            without success), ``finish_step`` ``(m,)`` (decision steps taken), ``init_state_id``
+            ``(m,)``, where ``T = ceil(horizon / chunk)``.
         frames: for each rendered environment index whose episode was not lost, its frames
             ``(steps, H, W, 3)`` uint8, one after each control step.
         env_steps: control steps executed (all environments together, lost episodes' included).
         lost: ``(n,)`` bool over the requested initial states: the episode was lost to a
             simulator fault and is not in ``batch``.
+        policy_seconds: wall time spent in ``policy.sample_actions`` and ``policy.env_actions``.
+        env_seconds: wall time spent in the pool's ``reset``, ``submit`` and ``collect`` (waiting
+            for physics and rendering not hidden behind the policy, and Ray).
         sim_seconds: wall time the simulator actors spent inside the environments' ``step`` and
             ``render_frame`` (summed over actors), seconds.
         sim_cpu_seconds: CPU time the simulator actors used meanwhile (summed), seconds: below
@@ -63,6 +74,8 @@ class RolloutResult:
     frames: dict[int, np.ndarray] = field(default_factory=dict)
     env_steps: int = 0
     lost: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    policy_seconds: float = 0.0
+    env_seconds: float = 0.0
     sim_seconds: float = 0.0
     sim_cpu_seconds: float = 0.0
 
@@ -70,18 +83,26 @@ class RolloutResult:
 class EpisodeBook:
     """Buffers and bookkeeping of ``n`` episodes of at most ``decisions`` decision steps.
 
+    Args:
+        first_obs: the ``n`` initial observations, ``(n, obs_dim)`` float32 or a TensorDict of
+            batch size ``(n,)`` (:func:`vla_rl.data.observations.to_torch` of the pool's reset).
+
     Attributes:
-        obs: ``(n, decisions + 1, obs_dim)``; ``obs[i, t]`` is what decision ``t`` saw, and
-            ``obs[i, finish_step]`` the terminal observation.
+        obs: ``(n, decisions + 1, obs_dim)`` (or a TensorDict of batch size ``(n, decisions + 1)``);
+            ``obs[i, t]`` is what decision ``t`` saw, and ``obs[i, finish_step]`` the terminal
+            observation.
         actions: ``(n, decisions, chunk, act_dim)``; log_probs: ``(n, decisions, chunk)``;
         mask: ``(n, decisions)`` bool, the decisions taken.
         success, truncated: ``(n,)`` bool; finish: ``(n,)`` int64, decisions taken.
         running: ``(n,)`` bool numpy, episodes still running; lost: ``(n,)`` bool numpy.
+        policy_seconds, env_seconds, sim_seconds, sim_cpu_seconds: as in :class:`RolloutResult`.
     """
 
-    def __init__(self, n: int, decisions: int, chunk: int, obs_dim: int, act_dim: int,
+    def __init__(self, first_obs: torch.Tensor | TensorDict, decisions: int, chunk: int, act_dim: int,
                  render_indices: tuple[int, ...]) -> None:
-        self.obs = torch.zeros(n, decisions + 1, obs_dim)
+        n = first_obs.shape[0]
+        self.obs = _time_buffer(first_obs, decisions + 1)  # (n, T + 1, ...)
+        self.obs[:, 0] = first_obs
         self.actions = torch.zeros(n, decisions, chunk, act_dim)
         self.log_probs = torch.zeros(n, decisions, chunk)
         self.mask = torch.zeros(n, decisions, dtype=torch.bool)
@@ -92,7 +113,7 @@ class EpisodeBook:
         self.lost = np.zeros(n, dtype=bool)
         self.frames: dict[int, list[np.ndarray]] = {int(i): [] for i in render_indices}
         self.env_steps = 0
-        self.sim_seconds = self.sim_cpu_seconds = 0.0
+        self.policy_seconds = self.env_seconds = self.sim_seconds = self.sim_cpu_seconds = 0.0
 
     def record_decision(self, rows: np.ndarray, t: int, actions: torch.Tensor, log_probs: torch.Tensor) -> None:
         """Decision ``t`` of episodes ``rows``: ``actions`` ``(k, chunk, act_dim)``, ``log_probs`` ``(k, chunk)``."""
@@ -109,7 +130,7 @@ class EpisodeBook:
         lost, kept = out["lost"], ~out["lost"]
         done = rows[kept]
         idx = torch.as_tensor(done)
-        self.obs[idx, t + 1] = torch.as_tensor(out["obs"][kept], dtype=torch.float32)
+        self.obs[idx, t + 1] = to_torch(out["obs"])[torch.as_tensor(kept)]
         self.success[idx] |= torch.as_tensor(out["success"][kept])
         self.truncated[idx] = torch.as_tensor(out["truncated"][kept]) & ~self.success[idx]
         self.running[done[out["terminated"][kept] | out["truncated"][kept]]] = False
@@ -138,7 +159,8 @@ class EpisodeBook:
             batch_size=[int(kept.sum())],
         )
         frames = {i: np.concatenate(f) for i, f in self.frames.items() if f and not self.lost[i]}
-        return RolloutResult(batch, frames, self.env_steps, self.lost.copy(), self.sim_seconds, self.sim_cpu_seconds)
+        return RolloutResult(batch, frames, self.env_steps, self.lost.copy(), self.policy_seconds, self.env_seconds,
+                             self.sim_seconds, self.sim_cpu_seconds)
 
 
 @torch.no_grad()
@@ -156,7 +178,8 @@ def rollout_episodes(
 
     Args:
         policy: a :class:`policies.base.Policy` (its ``sample_actions`` is called on the
-            running environments' observations, one pipeline stage at a time).
+            running environments' observations, one pipeline stage at a time, its
+            ``env_actions`` on the sampled actions).
         pool: a :class:`simulators.pool.SimulatorPool` with capacity ≥ n (or any object with
             its ``spec``, ``reset``, ``submit`` and ``collect``).
         greedy: take the policy's mode instead of sampling.
@@ -171,12 +194,14 @@ def rollout_episodes(
     if isinstance(pipeline_stages, bool) or not isinstance(pipeline_stages, int) or pipeline_stages < 1:
         raise ValueError(f"pipeline_stages must be a positive integer, got {pipeline_stages!r}")
     spec = pool.spec()
-    horizon, obs_dim, act_dim = int(spec["horizon"]), int(spec["obs_dim"]), int(spec["act_dim"])
+    horizon, act_dim = int(spec["horizon"]), int(spec["act_dim"])
     chunk = int(policy.chunk_size)
     n = len(init_state_ids)
     decisions = math.ceil(horizon / chunk)
-    book = EpisodeBook(n, decisions, chunk, obs_dim, act_dim, tuple(render_indices))
-    book.obs[:, 0] = torch.as_tensor(pool.reset(np.asarray(init_state_ids, dtype=np.int64)), dtype=torch.float32)
+    start = time.perf_counter()
+    first_obs = to_torch(pool.reset(np.asarray(init_state_ids, dtype=np.int64)))
+    book = EpisodeBook(first_obs, decisions, chunk, act_dim, tuple(render_indices))
+    book.env_seconds += time.perf_counter() - start
     stages = np.array_split(np.arange(n), min(pipeline_stages, n))
     run_pipeline(policy, pool, book, stages, decisions, greedy, generator, tuple(render_indices))
     return book.result(init_state_ids)
@@ -196,16 +221,34 @@ def run_pipeline(policy, pool, book: EpisodeBook, stages: list[np.ndarray], deci
         rows = stage[book.running[stage]]
         if len(rows) == 0 or t == decisions:
             return
+        start = time.perf_counter()
         actions, log_probs = policy.sample_actions(book.obs[torch.as_tensor(rows), t], greedy=greedy,
                                                    generator=generator)
+        env_actions = policy.env_actions(actions)  # (k, chunk, act_dim) in the simulator's units
+        book.policy_seconds += time.perf_counter() - start
         book.record_decision(rows, t, actions, log_probs)
         running = set(rows.tolist())
         rendered = [i for i in render_indices if i in running]
-        in_flight.append((stage, rows, t, pool.submit(rows, actions.numpy(), rendered)))
+        start = time.perf_counter()
+        in_flight.append((stage, rows, t, pool.submit(rows, env_actions.numpy(), rendered)))
+        book.env_seconds += time.perf_counter() - start
 
     for stage in stages:
         launch(stage, 0)
     while in_flight:
         stage, rows, t, pending = in_flight.popleft()
-        book.record_chunk(rows, t, pool.collect(pending))
+        start = time.perf_counter()
+        out = pool.collect(pending)
+        book.env_seconds += time.perf_counter() - start
+        book.record_chunk(rows, t, out)
         launch(stage, t + 1)
+
+
+def _time_buffer(first: torch.Tensor | TensorDict, steps: int) -> torch.Tensor | TensorDict:
+    """Zeros for ``steps`` observations per row, shaped like the batch ``first`` (``(n, ...)``):
+    ``(n, steps, ...)`` (a TensorDict of batch size ``(n, steps)`` for camera observations)."""
+    n = first.shape[0]
+    if isinstance(first, TensorDict):
+        return TensorDict({key: torch.zeros((n, steps, *value.shape[1:]), dtype=value.dtype)
+                           for key, value in first.items()}, batch_size=[n, steps])
+    return torch.zeros((n, steps, *first.shape[1:]), dtype=first.dtype)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from ray.experimental import tqdm_ray
 
 from vla_rl.data import keys
 from vla_rl.evaluation.protocol import ProtocolPolicy, eval_protocols
@@ -21,7 +22,8 @@ from vla_rl.utils.video import write_mp4
 
 
 def evaluate_shard(
-    policy, pool, init_state_ids: np.ndarray, capacity: int, generator: torch.Generator, pipeline_stages: int
+    policy, pool, init_state_ids: np.ndarray, capacity: int, generator: torch.Generator, pipeline_stages: int,
+    bar=None,
 ) -> tuple[int, int, float]:
     """Roll out one episode per id (in pool-sized chunks).
 
@@ -29,6 +31,8 @@ def evaluate_shard(
         policy: a policy, or a :class:`~vla_rl.evaluation.protocol.ProtocolPolicy` (it decides
             greedy or sampled).
         pipeline_stages: see :func:`vla_rl.rollout.embodied.rollout_episodes`.
+        bar: a progress bar advanced by the episodes of each chunk, lost ones included (None: no
+            progress shown).
 
     Returns:
         (successes, episodes, sum of episode lengths in decision steps); episodes lost to a
@@ -36,11 +40,13 @@ def evaluate_shard(
     """
     successes, episodes, length_sum = 0, 0, 0.0
     for start in range(0, len(init_state_ids), capacity):
-        batch = rollout_episodes(policy, pool, init_state_ids[start : start + capacity],
-                                 generator=generator, pipeline_stages=pipeline_stages).batch
+        chunk_ids = init_state_ids[start : start + capacity]
+        batch = rollout_episodes(policy, pool, chunk_ids, generator=generator, pipeline_stages=pipeline_stages).batch
         successes += int(batch[keys.SUCCESS].sum())
         episodes += len(batch)
         length_sum += float(batch[keys.FINISH_STEP].sum())
+        if bar is not None:
+            bar.update(len(chunk_ids))
     return successes, episodes, length_sum
 
 
@@ -60,9 +66,12 @@ def evaluate_distributed(
     mine = ids[rank::world_size]
     out: dict[str, float] = {}
     policy.eval()
-    for protocol in eval_protocols(config.eval):
+    protocols = eval_protocols(config.eval)
+    bar = (tqdm_ray.tqdm(total=len(mine) * len(protocols), desc="held-out evaluation (rank 0's episodes)",
+                         unit="episode") if rank == 0 else None)
+    for protocol in protocols:
         local = evaluate_shard(ProtocolPolicy(policy, protocol), pool, mine, capacity, generator=generator,
-                               pipeline_stages=config.simulator.pipeline_stages)
+                               pipeline_stages=config.simulator.pipeline_stages, bar=bar)
         totals = torch.tensor(local, dtype=torch.float64)
         dist.all_reduce(totals, group=group)
         successes, episodes, length_sum = int(totals[0]), int(totals[1]), float(totals[2])
@@ -74,6 +83,8 @@ def evaluate_distributed(
             f"eval/{protocol.name}/episodes": float(episodes),
             f"eval/{protocol.name}/episode_length": length_sum / episodes,
         })
+    if bar is not None:
+        bar.close()
     return out
 
 

@@ -74,14 +74,15 @@ def embodied_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
 
     Args:
         model: called as ``model(obs, actions)`` -> per-dimension ``(log_probs, entropy)``.
-        batch: ``obs`` ``(n, T + 1, obs_dim)`` (the last one is not used), ``actions``
-            ``(n, T, chunk, action_dim)``, ``response_mask`` ``(n, T)`` bool.
+        batch: ``obs`` ``(n, T + 1, obs_dim)`` (the last one is not used; camera observations: a
+            TensorDict of batch size ``(n, T + 1)``, which the policy's processor reads),
+            ``actions`` ``(n, T, chunk, action_dim)``, ``response_mask`` ``(n, T)`` bool.
 
     Returns:
         ``log_probs`` and ``entropy``, each ``(n, T, chunk, action_dim)``, 0 at invalid steps.
     """
     obs, actions, valid = batch[keys.OBS], batch[keys.ACTIONS], batch[keys.RESPONSE_MASK]
-    step_obs = obs[:, :-1][valid]  # (v, obs_dim)
+    step_obs = obs[:, :-1][valid]  # (v, obs_dim), or a TensorDict of batch size (v,)
     log_probs, entropy = model(step_obs, actions[valid])  # (v, C, A) each
     full_log_probs = log_probs.new_zeros(actions.shape)  # (n, T, C, A)
     full_entropy = entropy.new_zeros(actions.shape)

@@ -2,23 +2,44 @@
 
 Demonstrations come from the simulator's scripted expert, run inside the simulator actors, and
 are stored in a zarr :class:`~vla_rl.data.trajectory_store.TrajectoryStore` (one episode per
-chunk, appended atomically) so that later runs reuse them. Behaviour cloning is deterministic
+chunk, appended atomically) so that later runs reuse them: fields ``obs`` and ``actions`` for
+flat state observations; with cameras one field per observation key (``state``, each
+``<camera>_image`` as uint8, ``instruction``) and ``actions``. Behaviour cloning is deterministic
 and cheap (a few demonstrations), so every worker runs it identically from the same seed; DDP
 then starts from identical weights.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
+from ray.experimental import tqdm_ray
+from tensordict import TensorDict
 
+from vla_rl.data.observations import Observations, empty_observations, to_torch
 from vla_rl.data.trajectory_store import TrajectoryStore
 
 #: Smallest observation scale used for normalisation (metres for positions, unitless for
 #: quaternions): a feature that one demonstration leaves constant must not blow up.
 OBS_STD_FLOOR = 0.01
+#: Field of the demonstrated actions; flat-state stores keep observations in ``obs``.
+ACTIONS_FIELD, FLAT_OBS_FIELD = "actions", "obs"
+
+
+def demo_fields(spec: dict) -> dict[str, tuple[tuple[int, ...], type]]:
+    """Store fields of a simulator's demonstrations (see the module docstring).
+
+    Args:
+        spec: the pool's ``spec()`` (``obs_dim``, ``act_dim``, and ``images`` for cameras).
+    """
+    actions = {ACTIONS_FIELD: ((spec["act_dim"],), np.float32)}
+    if "images" not in spec:
+        return {FLAT_OBS_FIELD: ((spec["obs_dim"],), np.float32), **actions}
+    empty = empty_observations(spec, 1)
+    return {key: (value.shape[1:], value.dtype.type) for key, value in empty.items()} | actions
 
 
 def ensure_demonstrations(
@@ -43,13 +64,10 @@ def ensure_demonstrations(
                 "set warm_start.demo_store to another path"
             )
     else:
-        store = TrajectoryStore.create(
-            store_path,
-            fields={"obs": ((spec["obs_dim"],), np.float32), "actions": ((spec["act_dim"],), np.float32)},
-            max_steps=int(spec["horizon"]),
-            attrs={"env": env_attrs},
-        )
-    start = id_offset if len(store) == 0 else int(store.read_all()["init_state_id"].max()) + 1
+        store = TrajectoryStore.create(store_path, fields=demo_fields(spec), max_steps=int(spec["horizon"]),
+                                       attrs={"env": env_attrs})
+    # Ids are appended in increasing order: the last episode holds the largest.
+    start = id_offset if len(store) == 0 else int(store.read_episode(-1)["init_state_id"]) + 1
     for _ in range(max_attempts):
         missing = num_demos - len(store)
         if missing <= 0:
@@ -58,10 +76,10 @@ def ensure_demonstrations(
         start += len(ids)
         for episode in pool.run_expert(ids):
             if episode["success"] and len(store) < num_demos:
-                store.append_episode(
-                    {"obs": episode["obs"], "actions": episode["actions"]},
-                    init_state_id=int(episode["init_state_id"]),
-                )
+                obs = episode["obs"]
+                fields = dict(obs) if isinstance(obs, Mapping) else {FLAT_OBS_FIELD: obs}
+                store.append_episode({**fields, ACTIONS_FIELD: episode["actions"]},
+                                     init_state_id=int(episode["init_state_id"]))
     if len(store) < num_demos:
         raise RuntimeError(f"the scripted expert produced {len(store)} of {num_demos} demonstrations")
     return store
@@ -80,53 +98,86 @@ def action_chunks(actions: np.ndarray, chunk_size: int) -> np.ndarray:
     return actions[index]
 
 
-def initial_observations(pool, count: int) -> np.ndarray:
+def initial_observations(pool, count: int) -> Observations:
     """First observations of training initial states ``0 .. count - 1``, reset in pool-sized batches.
 
     Every worker gets the same observations (resets are seeded by the initial-state id), so the
     normalisation statistics, hence the cloned weights, agree across workers.
 
     Returns:
-        float32 ``(count, obs_dim)``.
+        float32 ``(count, obs_dim)`` (camera observations: a dict of ``count``-row arrays).
     """
     ids = np.arange(count, dtype=np.int64)
     batches = [pool.reset(ids[start : start + pool.capacity]) for start in range(0, count, pool.capacity)]
-    return np.concatenate(batches) if batches else np.zeros((0, pool.spec()["obs_dim"]), dtype=np.float32)
+    if not batches:
+        return empty_observations(pool.spec(), 0)
+    if isinstance(batches[0], Mapping):
+        return {key: np.concatenate([batch[key] for batch in batches]) for key in batches[0]}
+    return np.concatenate(batches)
+
+
+def demonstrations(store: TrajectoryStore, num_demos: int, chunk_size: int) -> tuple[torch.Tensor | TensorDict,
+                                                                                     torch.Tensor]:
+    """Every step of the first ``num_demos`` demonstrations with the expert's next actions.
+
+    Returns:
+        observations: float32 ``(N, obs_dim)``, or a TensorDict of batch size ``(N,)`` of the
+            stored camera observations; and actions ``(N, chunk_size, act_dim)`` float32.
+    """
+    episodes = [store.read_episode(i) for i in range(num_demos)]
+    actions = torch.as_tensor(
+        np.concatenate([action_chunks(e[ACTIONS_FIELD], chunk_size) for e in episodes]), dtype=torch.float32
+    )  # (N, chunk, A)
+    if FLAT_OBS_FIELD in store.fields:
+        return torch.as_tensor(np.concatenate([e[FLAT_OBS_FIELD] for e in episodes]), dtype=torch.float32), actions
+    obs_keys = [name for name in store.fields if name != ACTIONS_FIELD]
+    obs = to_torch({key: np.concatenate([e[key] for e in episodes]) for key in obs_keys})
+    return obs, actions
 
 
 def behaviour_cloning(
     policy, store: TrajectoryStore, num_demos: int, steps: int, lr: float, batch_size: int, seed: int,
-    extra_norm_obs: np.ndarray | None = None,
+    extra_norm_obs: np.ndarray | None = None, progress: bool = False,
 ) -> dict[str, float]:
     """Fit the policy to the first ``num_demos`` demonstrations with ``policy.bc_loss``.
 
-    Also sets the policy's observation normalisation: the mean and standard deviation of the
-    demonstrations' observations together with ``extra_norm_obs`` (e.g. initial observations of
-    training states, see :func:`initial_observations`), each scale floored at
-    :data:`OBS_STD_FLOOR`.
+    Also sets the policy's observation normalisation from the demonstrations' observations
+    together with ``extra_norm_obs`` (e.g. initial observations of training states, see
+    :func:`initial_observations`): for flat states the mean and standard deviation, each scale
+    floored at :data:`OBS_STD_FLOOR`; for camera observations whatever the policy's
+    ``fit_observation_normalization`` fits (OpenVLA-OFT: its proprio q01/q99). The expert's
+    actions become the policy's through ``policy.actions_from_env``.
 
     Args:
-        extra_norm_obs: ``(m, obs_dim)`` observations that count in the statistics only.
+        extra_norm_obs: ``(m, obs_dim)`` observations (or a dict of ``m``-row arrays) that count
+            in the statistics only.
+        progress: show a progress bar of the gradient steps (Ray reports it on the driver).
 
     Returns:
         ``warm_start/bc_loss`` (last minibatch) and ``warm_start/transitions``.
     """
-    episodes = [store.read_episode(i) for i in range(num_demos)]
-    obs = torch.as_tensor(np.concatenate([e["obs"] for e in episodes]), dtype=torch.float32)
-    actions = torch.as_tensor(
-        np.concatenate([action_chunks(e["actions"], policy.chunk_size) for e in episodes]), dtype=torch.float32
-    )  # (N, chunk, A)
-    norm_obs = obs if extra_norm_obs is None else torch.cat([obs, torch.as_tensor(extra_norm_obs, dtype=obs.dtype)])
-    # Features constant over these observations get a floor on their scale (units of the obs).
-    policy.set_obs_normalization(norm_obs.mean(0), norm_obs.std(0, unbiased=False).clamp(min=OBS_STD_FLOOR))
+    obs, actions = demonstrations(store, num_demos, policy.chunk_size)
+    actions = policy.actions_from_env(actions)
+    if isinstance(obs, TensorDict):
+        norm_obs = obs if extra_norm_obs is None else torch.cat([obs, to_torch(extra_norm_obs)])
+        policy.fit_observation_normalization(norm_obs)
+    else:
+        norm_obs = obs if extra_norm_obs is None else torch.cat([obs, torch.as_tensor(extra_norm_obs, dtype=obs.dtype)])
+        # Features constant over these observations get a floor on their scale (units of the obs).
+        policy.set_obs_normalization(norm_obs.mean(0), norm_obs.std(0, unbiased=False).clamp(min=OBS_STD_FLOOR))
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     loss = torch.zeros(())
     policy.train()
+    bar = tqdm_ray.tqdm(total=steps, desc="behaviour cloning", unit="step") if progress else None
     for _ in range(steps):
         idx = torch.randint(len(obs), (min(batch_size, len(obs)),), generator=generator)
         loss = policy.bc_loss(obs[idx], actions[idx])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
     return {"warm_start/bc_loss": float(loss.detach()), "warm_start/transitions": float(len(obs))}

@@ -6,7 +6,8 @@ from pathlib import Path
 
 
 def plot_success_curve(records: list[dict], path: Path, title: str) -> None:
-    """Training success rate per step, with evaluation success (and its Wilson 95% interval) marked.
+    """Training success rate per step, with the held-out evaluations (before, every
+    ``eval.every_steps`` and after training; Wilson 95% intervals) as a second curve.
 
     Args:
         records: metric records (``step`` plus metrics) as in ``metrics.jsonl``.
@@ -31,7 +32,7 @@ def plot_success_curve(records: list[dict], path: Path, title: str) -> None:
             ys = [r[key] for r in points]
             yerr = [[y - r[f"eval/{protocol}/ci_low"] for y, r in zip(ys, points)],
                     [r[f"eval/{protocol}/ci_high"] - y for y, r in zip(ys, points)]]
-            ax.errorbar(xs, ys, yerr=yerr, fmt=marker, capsize=4, label=f"held-out eval ({protocol}, 95% CI)")
+            ax.errorbar(xs, ys, yerr=yerr, fmt=f"{marker}-", capsize=4, label=f"held-out eval ({protocol}, 95% CI)")
     ax.set_xlabel("training step")
     ax.set_ylabel("success rate")
     ax.set_ylim(-0.02, 1.02)

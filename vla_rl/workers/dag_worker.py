@@ -130,6 +130,10 @@ class DAGWorker:
             from policies.causal_lm.value_causal_lm import CausalLMValueModel
 
             return CriticTrainer(CausalLMValueModel(policy).to(self.device), critic.lr, forward=VALUE_FORWARDS["text"])
+        if "images" in self.resources.env_spec or not hasattr(policy, "obs_mean"):
+            raise ValueError("critic nodes need flat state observations and a policy with state normalisation "
+                             "(the MLP): the value network reads the normalised state vector; remove the critic "
+                             "nodes or simulator.env.cameras")
         network = ValueNetwork(self.resources.env_spec["obs_dim"], critic.hidden_sizes, policy.obs_mean,
                                policy.obs_std).to(self.device)
         return CriticTrainer(network, critic.lr)
@@ -164,7 +168,8 @@ class DAGWorker:
         store = TrajectoryStore.open(store_path)
         init_obs = initial_observations(self.resources.simulator_pool, ws.norm_init_states)
         return behaviour_cloning(self.resources.policy, store, ws.num_demos, ws.bc_steps, ws.bc_lr,
-                                 ws.bc_batch_size, seed=self.config.run.seed, extra_norm_obs=init_obs)
+                                 ws.bc_batch_size, seed=self.config.run.seed, extra_norm_obs=init_obs,
+                                 progress=self.rank == 0)
 
     # ----------------------------------------------------------------------------- steps
     def run_step(self, step: int) -> dict[str, float]:

@@ -7,6 +7,7 @@ they need from it (the simulator pool for ``env_interact``, the actor trainer fo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import cached_property
 from pathlib import Path
@@ -126,9 +127,34 @@ class WorkerResources:
         available_policies()  # registers the built-in policies
         name = self.config.policy.name
         spec = self.env_spec
+        config_class = POLICIES.get(name).config_class
+        from_env = {"obs_dim": spec["obs_dim"], "action_dim": spec["act_dim"]}  # what the config declares of them
+        declared = {f.name for f in dataclasses.fields(config_class)}
         fields = {key: tuple(v) if isinstance(v, list) else v for key, v in self.config.policy.config.items()}
-        config = POLICIES.get(name).config_class(obs_dim=spec["obs_dim"], action_dim=spec["act_dim"], **fields)
+        config = config_class(**{k: v for k, v in from_env.items() if k in declared}, **fields)
         return make_policy(name, config).to(self.device)
+
+    @cached_property
+    def trajectory_encoder(self):
+        """SRPO's trajectory encoder (``algorithm.trajectory_encoder`` with its options), built
+        once: ``policy_backbone`` reads the live policy's vision backbone (its ``frame_features``),
+        ``vjepa2`` loads its model on this worker's device.
+
+        Raises:
+            ValueError: ``policy_backbone`` with a policy without a vision backbone.
+        """
+        from vla_rl.rewards.trajectory_encoders import build_trajectory_encoder
+
+        algo = self.config.algorithm
+        options = dict(algo.trajectory_encoder_options)
+        if algo.trajectory_encoder == "policy_backbone":
+            if not hasattr(self.policy, "frame_features"):
+                raise ValueError(f"algorithm.trajectory_encoder 'policy_backbone' needs a policy with a vision "
+                                 f"backbone (frame_features); policy {self.config.policy.name!r} has none")
+            options["frame_features"] = self.policy.frame_features
+        elif algo.trajectory_encoder == "vjepa2":
+            options.setdefault("device", self.device)
+        return build_trajectory_encoder(algo.trajectory_encoder, **options)
 
     @cached_property
     def text_rollout(self):

@@ -54,7 +54,7 @@ def ensure_text_assets(config: RunConfig, run_dir: Path) -> TextAssets:
         FileNotFoundError: a configured model or prompt file is missing (names the field).
     """
     from policies.causal_lm.tiny import TinyQwen2Spec, write_tiny_checkpoint
-    from vla_rl.data.arithmetic import write_arithmetic_dataset
+    from vla_rl.data.arithmetic import LEVELS, write_arithmetic_dataset
 
     text = config.text
     assets = TextAssets.resolve(config, run_dir)
@@ -65,8 +65,10 @@ def ensure_text_assets(config: RunConfig, run_dir: Path) -> TextAssets:
     if (text.train_file is None or text.test_file is None) and not (
         assets.train_file.exists() and assets.test_file.exists()
     ):
+        names = text.arithmetic_levels
+        levels = LEVELS if names is None else tuple(level for level in LEVELS if level.name in names)
         write_arithmetic_dataset(run_dir / ARITHMETIC_DIR, text.num_generated_train, text.num_generated_test,
-                                 seed=config.run.seed, row_group_size=GENERATED_ROW_GROUP_SIZE)
+                                 seed=config.run.seed, row_group_size=GENERATED_ROW_GROUP_SIZE, levels=levels)
     for field, path in (("text.model_path", assets.model_path), ("text.train_file", assets.train_file),
                         ("text.test_file", assets.test_file)):
         if not path.exists():

@@ -1,0 +1,138 @@
+"""The reward node on camera observations: which observations each SRPO trajectory encoder
+reads, the encoders a worker builds from the config (state, the policy's vision backbone,
+V-JEPA 2 from a local directory), and the whole-step reference set gathered across shards."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from vla_rl.algorithms.srpo import SRPORewardConfig, compute_srpo_rewards
+from vla_rl.config import RunConfig
+from vla_rl.data import keys
+from vla_rl.nodes import reward as reward_node
+from vla_rl.nodes.reward import episode_rewards, gather_step_reference, trajectory_embeddings
+from vla_rl.rewards.trajectory_encoders import encode_state_trajectories
+from vla_rl.workers.resources import WorkerResources
+
+N, T, STATE_DIM, SIZE = 6, 5, 3, 8
+
+
+def camera_batch(seed: int = 0) -> TensorDict:
+    """Six episodes of camera observations: 3 successes, 3 failures, one task."""
+    generator = torch.Generator().manual_seed(seed)
+    obs = TensorDict({
+        keys.OBS_STATE: torch.randn(N, T + 1, STATE_DIM, generator=generator),
+        "agentview_image": torch.randint(0, 256, (N, T + 1, SIZE, SIZE, 3), generator=generator, dtype=torch.uint8),
+    }, batch_size=[N, T + 1])
+    return TensorDict({
+        keys.OBS: obs,
+        keys.SUCCESS: torch.tensor([True, False, True, False, True, False]),
+        keys.TASK_ID: torch.zeros(N, dtype=torch.int64),
+        keys.FINISH_STEP: torch.tensor([5, 3, 4, 5, 2, 1]),
+        keys.RESPONSE_MASK: torch.ones(N, T, dtype=torch.bool),
+    }, batch_size=[N])
+
+
+def algorithm(**fields):
+    return RunConfig.model_validate({"algorithm": fields}).algorithm
+
+
+def test_state_encoder_reads_the_state_of_camera_observations():
+    batch = camera_batch()
+    embeddings = trajectory_embeddings(algorithm(encoder_points=4), batch, encode_state_trajectories)
+    expected = encode_state_trajectories(batch[keys.OBS][keys.OBS_STATE], batch[keys.FINISH_STEP] + 1, 4)
+    torch.testing.assert_close(embeddings, expected)
+
+
+class MeanPixel:
+    """A frame encoder: each frame's mean pixel value, ``num_points`` frames concatenated."""
+
+    reads_frames = True
+
+    def __call__(self, frames, lengths, num_points):
+        self.frames = frames
+        steps = torch.stack([torch.linspace(0, int(n) - 1, num_points).floor().long() for n in lengths])
+        return frames.float().mean(dim=(2, 3, 4)).gather(1, steps)
+
+
+def test_frame_encoders_read_the_configured_camera():
+    batch = camera_batch()
+    encoder = MeanPixel()
+    embeddings = trajectory_embeddings(algorithm(encoder_points=3), batch, encoder)
+    assert torch.equal(encoder.frames, batch[keys.OBS]["agentview_image"])
+    assert embeddings.shape == (N, 3)
+    with pytest.raises(ValueError, match="wrist_image"):
+        trajectory_embeddings(algorithm(encoder_camera="wrist"), batch, encoder)
+    flat = camera_batch()
+    flat.set(keys.OBS, torch.zeros(N, T + 1, STATE_DIM))
+    with pytest.raises(ValueError, match="flat state"):
+        trajectory_embeddings(algorithm(), flat, encoder)
+
+
+def resources(tmp_path: Path, policy_name: str, policy_config: dict, **algo) -> WorkerResources:
+    config = RunConfig.model_validate({"policy": {"name": policy_name, "config": policy_config}, "algorithm": algo})
+    res = WorkerResources(config, rank=0, world_size=1, run_dir=tmp_path, device=torch.device("cpu"),
+                          rollout_dp_size=1)
+    res.__dict__["env_spec"] = {"obs_dim": STATE_DIM, "act_dim": 7, "horizon": 10,
+                                "images": {"agentview_image": [SIZE, SIZE, 3]}}  # no simulator needed
+    return res
+
+
+def test_worker_builds_the_policy_backbone_encoder(tmp_path, torch_one_thread):
+    res = resources(tmp_path, "openvla_oft", {"architecture": {"preset": "tiny", "fused": False}, "chunk_size": 2},
+                    trajectory_encoder="policy_backbone", encoder_points=3)
+    batch = camera_batch()
+    embeddings = trajectory_embeddings(res.config.algorithm, batch, res.trajectory_encoder)
+    width = res.policy.vla.vision_backbone.embed_dim
+    assert embeddings.shape == (N, 3 * width)
+    # Episode 4 lasts 2 decisions: frames 0, 1 and 2 (terminal) of its camera, through the backbone.
+    frames = batch[keys.OBS]["agentview_image"][4, [0, 1, 2]]
+    torch.testing.assert_close(embeddings[4], res.policy.frame_features(frames).flatten())
+    rewards, _ = episode_rewards(res.config.algorithm, batch, res.trajectory_encoder)
+    assert rewards[batch[keys.SUCCESS]].eq(1.0).all() and (rewards[~batch[keys.SUCCESS]] < 1.0).all()
+
+
+def test_policy_backbone_needs_a_vision_policy(tmp_path):
+    res = resources(tmp_path, "mlp", {"hidden_sizes": [4]}, trajectory_encoder="policy_backbone")
+    with pytest.raises(ValueError, match="vision backbone"):
+        res.trajectory_encoder
+
+
+def test_worker_builds_vjepa2_from_a_local_directory(tmp_path, tiny_vjepa2_dir, torch_one_thread):
+    res = resources(tmp_path, "mlp", {"hidden_sizes": [4]}, trajectory_encoder="vjepa2", encoder_points=4,
+                    trajectory_encoder_options={"model_dir": str(tiny_vjepa2_dir), "batch_size": 4})
+    batch = camera_batch()
+    embeddings = trajectory_embeddings(res.config.algorithm, batch, res.trajectory_encoder)
+    assert embeddings.shape == (N, 32)  # the tiny model's hidden size: mean-pooled tokens
+    assert res.trajectory_encoder.batch_size == 4
+
+
+def test_step_reference_scores_each_shard_against_every_success(monkeypatch):
+    """Two reward shards (DP 2 on 2 workers), seen from rank 1: its failures are scored against
+    the successes of both shards, exactly as the whole step scored at once."""
+    algo = algorithm(encoder_points=3)
+    whole = camera_batch(seed=3)
+    whole[keys.SUCCESS] = torch.tensor([True, False, False, False, True, False])  # shard 1 has one success
+    shards = [whole[:3], whole[3:]]
+    encoder = encode_state_trajectories
+    embeddings = [trajectory_embeddings(algo, shard, encoder) for shard in shards]
+
+    def fake_all_gather_object(parts, mine, group=None):
+        assert torch.equal(mine[0], embeddings[1])
+        parts[:] = [(embeddings[r], shards[r][keys.SUCCESS], shards[r][keys.TASK_ID]) for r in range(2)]
+
+    monkeypatch.setattr(reward_node.dist, "all_gather_object", fake_all_gather_object)
+    ctx = types.SimpleNamespace(world_size=2, dp_size=2, dp_rank=1, group=None)
+    rewards, _ = episode_rewards(algo, shards[1], encoder, gather_step_reference(ctx))
+    expected = compute_srpo_rewards(torch.cat(embeddings), whole[keys.SUCCESS], whole[keys.TASK_ID],
+                                    SRPORewardConfig())[3:]
+    torch.testing.assert_close(rewards, expected.float())
+    local, _ = episode_rewards(algo, shards[1], encoder)  # its own success only
+    assert not torch.allclose(local, rewards)
+    assert np.isclose(float(rewards[1]), 1.0)  # the success stays 1

@@ -1,0 +1,87 @@
+"""The OpenVLA-OFT templates end to end with the tiny model, through the real engine (Ray on
+loopback, two DAG workers, gloo, simulator actors rendering cameras): camera observations from
+the simulator actors through the rollout, the re-shards and the reward node to the data-parallel
+update, a behaviour-cloning warm start on camera demonstrations, and the LIBERO templates with
+the suite chosen by override (skipped without the LIBERO extra)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+from simulators.libero_env import LiberoEnv
+from simulators.rendering import egl_unavailable_reason
+from vla_rl.data.trajectory_store import TrajectoryStore
+from vla_rl.driver import train
+
+TINY = [
+    "trainer.total_steps=1",
+    "trainer.ppo_epochs=1",
+    "trainer.ppo_mini_batch_size=2",
+    "data.init_states_per_step=2",
+    "data.group_size=2",
+    "simulator.env.camera_size=32",
+    "eval.num_episodes=0",
+    "policy.config.architecture.image_size=28",
+    "policy.config.chunk_size=4",
+]
+
+
+@pytest.fixture(autouse=True)
+def _needs_egl():
+    reason = egl_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"camera templates need headless EGL rendering: {reason}")
+
+
+def run(template: str, out, *overrides: str) -> tuple[dict, object]:
+    """One training step of ``template``: its step metrics and its run directory."""
+    summary = train(template, [*TINY, f"run.output_dir={out}", "run.name=run", *overrides])
+    run_dir = out / "run"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "rollout/success_rate" in r]
+    assert summary["steps_run"] == 1 and [r["step"] for r in steps] == [1]
+    return steps[0], run_dir
+
+
+def test_srpo_oft_lift_runs_with_the_policy_backbone_encoder(ray_on_loopback, tmp_path):
+    """SRPO scoring trajectories with the policy's own vision backbone, from the random tiny model."""
+    step, _ = run("embodied_srpo_oft_lift", tmp_path, "simulator.env.horizon=16", "warm_start.num_demos=0",
+                  "algorithm.trajectory_encoder=policy_backbone", "algorithm.encoder_points=4")
+    for key in ("timing/rollout", "timing/rollout_policy", "timing/rollout_env", "timing/reward",
+                "timing/reshard_rollout_to_reward", "timing/actor_update", "reward/mean"):
+        assert key in step, key
+    assert step["rollout/env_steps_per_episode"] == 16.0 and step["rollout/episode_length"] == 4.0  # 4 chunks of 4
+
+
+@pytest.mark.slow
+def test_srpo_oft_lift_warm_starts_on_camera_demonstrations(ray_on_loopback, tmp_path):
+    """Behaviour cloning on one camera demonstration (horizon 48: the scripted expert needs about
+    40 steps) before SRPO: the demonstration store holds uint8 images and the checkpoint keeps the
+    warm start's proprio statistics."""
+    step, run_dir = run("embodied_srpo_oft_lift", tmp_path, "simulator.env.horizon=48", "warm_start.num_demos=1",
+                        "warm_start.bc_steps=4", "warm_start.bc_batch_size=8")
+    assert 1 <= step["rollout/episode_length"] <= 12  # decisions of 4 actions within 48 control steps
+    store = TrajectoryStore.open(run_dir / "demos.zarr", read_only=True)
+    assert store.fields["agentview_image"] == ((32, 32, 3), np.dtype(np.uint8))
+    model = load_file(str(run_dir / "checkpoints" / "step_00000001" / "model.safetensors"))
+    assert np.isfinite(model["proprio_q01"].numpy()).all() and model["proprio_q01"].shape == (5,)
+
+
+def test_grpo_oft_lift_runs_from_the_random_tiny_model(ray_on_loopback, tmp_path):
+    step, run_dir = run("embodied_grpo_oft_lift", tmp_path, "simulator.env.horizon=16", "warm_start.num_demos=0")
+    assert step["rollout/success_rate"] == 0.0 and step["rollout/env_steps_per_episode"] == 16.0
+    assert "reward: success" in (run_dir / "template.yaml").read_text()
+
+
+@pytest.mark.parametrize("template", ["embodied_srpo_oft_libero", "embodied_grpo_oft_libero"])
+def test_libero_templates_run_the_suite_given_by_override(ray_on_loopback, tmp_path, template):
+    reason = LiberoEnv.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"LIBERO is not installed: {reason}")
+    step, run_dir = run(template, tmp_path, "simulator.env.suite=libero_goal", "simulator.env.horizon=16")
+    assert step["rollout/env_steps_per_episode"] <= 16.0
+    assert "suite: libero_goal" in (run_dir / "template.yaml").read_text()
