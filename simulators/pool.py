@@ -7,11 +7,26 @@ worker actor, or a test's driver). It starts ``num_actors`` :class:`SimulatorWor
 ``g % num_actors`` (as its env ``g // num_actors``), so a batch smaller than the pool still
 spreads evenly over the actors. Each call fans out one Ray call per actor, in parallel.
 The actors start creating their environments as soon as the pool is constructed.
+
+Asynchronous chunks: :meth:`SimulatorPool.submit` sends one action chunk to some environments
+and returns at once; :meth:`SimulatorPool.collect` waits for the results. The rollout loop
+(:func:`vla_rl.rollout.embodied.rollout_episodes`) uses them to pipeline simulation and policy
+inference over groups of environments.
+
+Faults: an actor whose process dies, or that does not answer a chunk within ``step_timeout_s``,
+is killed and replaced by a new actor (its environments are created again). The running
+episodes of its environments are lost: :meth:`SimulatorPool.collect` reports them in
+``"lost"``, a warning is logged, and the pool serves the next :meth:`SimulatorPool.reset` as
+before. An actor found dead by :meth:`SimulatorPool.reset` is replaced and the reset retried
+once (no episode was running). Resets have no timeout: they may wait for environments to be
+created.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,6 +36,8 @@ from simulators.registry import build_env_config
 from simulators.rendering import headless_rendering_env_vars
 from simulators.worker import SimulatorWorker
 from vla_rl.data.observations import Observations, empty_observations, set_rows
+
+logger = logging.getLogger(__name__)
 
 WORKER_ENV_VARS: dict[str, str] = {
     "OMP_NUM_THREADS": "1",
@@ -34,6 +51,40 @@ over processes) and headless EGL rendering. ``actor_options["runtime_env"]["env_
 _PER_ENV_DTYPES = {"reward": np.float32, "terminated": bool, "truncated": bool, "success": bool}
 """The per-environment scalars that ``step`` returns besides ``obs`` and ``frames``."""
 
+_CHUNK_DTYPES = {**_PER_ENV_DTYPES, "steps": np.int64, "lost": bool}
+"""The per-environment scalars that ``collect`` returns besides ``obs`` and ``frames``."""
+
+
+class SimulatorLostError(RuntimeError):
+    """A simulator actor died or hung during :meth:`SimulatorPool.step`; it was restarted and the
+    episodes of its environments are lost (call :meth:`SimulatorPool.reset` before stepping again)."""
+
+
+@dataclass
+class _ActorCall:
+    """One actor's share of a submitted chunk."""
+
+    slot: int  # index of the actor in the pool
+    generation: int  # the slot's actor generation when submitted (restarts increment it)
+    rows: np.ndarray  # positions in the chunk's env_indices
+    rendered: list[int]  # global indices of the environments rendered
+    ref: Any  # the Ray object reference of SimulatorWorker.step_chunk
+
+
+@dataclass
+class PendingChunk:
+    """An action chunk submitted with :meth:`SimulatorPool.submit`; pass it to :meth:`SimulatorPool.collect`.
+
+    Attributes:
+        env_indices: ``(k,)`` int64 global environment indices, in the order of the submitted actions.
+        calls: the Ray call of each actor involved.
+        lost_rows: positions in ``env_indices`` not sent: their actor was restarted since the last reset.
+    """
+
+    env_indices: np.ndarray
+    calls: list[_ActorCall]
+    lost_rows: np.ndarray
+
 
 class SimulatorPool:
     """Vectorised environments spread over Ray actors.
@@ -45,6 +96,8 @@ class SimulatorPool:
         envs_per_actor: environments per actor.
         actor_options: Ray actor options (default ``{"num_cpus": 1, "max_restarts": 0}``);
             ``runtime_env["env_vars"]`` is merged over :data:`WORKER_ENV_VARS`.
+        step_timeout_s: seconds :meth:`collect` waits for a chunk before it declares the actors
+            that have not answered hung, kills and restarts them; ``None`` waits forever.
 
     Raises:
         RuntimeError: if Ray is not initialised.
@@ -59,26 +112,35 @@ class SimulatorPool:
         num_actors: int,
         envs_per_actor: int,
         actor_options: dict[str, Any] | None = None,
+        step_timeout_s: float | None = 120.0,
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("SimulatorPool needs Ray: call ray.init() in this process first")
         for name, value in (("num_actors", num_actors), ("envs_per_actor", envs_per_actor)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if step_timeout_s is not None and not step_timeout_s > 0:
+            raise ValueError(f"step_timeout_s must be a positive number of seconds or None, got {step_timeout_s!r}")
         config = build_env_config(env_name, env_config)  # fail here, not inside the actors
         options: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0, **(actor_options or {})}
         runtime_env = dict(options.get("runtime_env") or {})
         runtime_env["env_vars"] = {**WORKER_ENV_VARS, **runtime_env.get("env_vars", {})}
         options["runtime_env"] = runtime_env
-        worker_class = ray.remote(SimulatorWorker)
-        self._actors = [
-            worker_class.options(**options).remote(env_name, config, envs_per_actor) for _ in range(num_actors)
-        ]
-        for actor in self._actors:
-            actor.make_envs.remote()  # in the background; later calls queue behind it
+        self._env_name = env_name
+        self._actor_args = (options, config, envs_per_actor)  # to start an actor again after a fault
+        self._actors = [self._start_actor() for _ in range(num_actors)]
+        self._generations = [0] * num_actors
         self.capacity = num_actors * envs_per_actor  # total number of environments
+        self.step_timeout_s = step_timeout_s
+        self.restarts = 0  # actors restarted after a fault, since the pool was created
         self._spec: dict[str, Any] | None = None
         self._batch_size: int | None = None
+        self._lost: set[int] = set()  # environments of the current batch whose actor was restarted
+
+    @property
+    def num_actors(self) -> int:
+        """Number of worker actors (processes)."""
+        return len(self._live_actors())
 
     def spec(self) -> dict[str, Any]:
         """``{"obs_dim": int, "act_dim": int, "horizon": int (control steps)}``, plus ``"images":
@@ -109,11 +171,17 @@ class SimulatorPool:
         if ids.min() < 0:
             raise ValueError(f"init_state_ids must be non-negative, got {ids[ids < 0].tolist()}")
         split = self._split(np.arange(len(ids)))
-        refs = [actor.reset.remote(self._local(rows), ids[rows].tolist()) for actor, rows in split]
+        refs = [self._actors[slot].reset.remote(self._local(rows), ids[rows].tolist()) for slot, rows in split]
         obs = empty_observations(self.spec(), len(ids))
-        for (_, rows), actor_obs in zip(split, ray.get(refs)):
-            set_rows(obs, rows, actor_obs)
+        self._batch_size = None  # no episode of the previous batch survives a reset
+        for (slot, rows), ref in zip(split, refs):
+            try:
+                set_rows(obs, rows, ray.get(ref))
+            except ray.exceptions.RayActorError as error:
+                self._restart(slot, f"died before the reset ({type(error).__name__})")
+                set_rows(obs, rows, ray.get(self._actors[slot].reset.remote(self._local(rows), ids[rows].tolist())))
         self._batch_size = len(ids)
+        self._lost = set()
         return obs
 
     def step(
@@ -136,6 +204,7 @@ class SimulatorPool:
             RuntimeError: before the first :meth:`reset`; or, from a worker, when stepping an
                 environment whose episode ended, or rendering without a ``render_camera``.
             ValueError: on shapes that do not match, or render indices that are not active.
+            SimulatorLostError: an actor died or hung during the step (it was restarted).
         """
         if self._batch_size is None:
             raise RuntimeError("call reset() before step()")
@@ -150,23 +219,123 @@ class SimulatorPool:
         not_active = [g for g in render_indices if not (0 <= g < n and active[g])]
         if not_active:
             raise ValueError(f"render_indices {not_active} are not active environments of the batch of {n}")
-        rows_per_actor, rendered_per_actor, refs = [], [], []
-        for actor, rows in self._split(np.flatnonzero(active)):
-            owned = set(rows.tolist())
-            rendered = [g for g in render_indices if g in owned]
-            refs.append(actor.step.remote(self._local(rows), actions[rows], self._local(rendered)))
-            rows_per_actor.append(rows)
-            rendered_per_actor.append(rendered)
         result = {"obs": empty_observations(self.spec(), n)}
         result.update({key: np.zeros(n, dtype=dtype) for key, dtype in _PER_ENV_DTYPES.items()})
-        frames: dict[int, np.ndarray] = {}
-        for rows, rendered, out in zip(rows_per_actor, rendered_per_actor, ray.get(refs)):
-            set_rows(result["obs"], rows, out["obs"])
-            for key in _PER_ENV_DTYPES:
-                result[key][rows] = out[key]
-            frames.update(zip(rendered, out.get("frames", ())))
+        rows = np.flatnonzero(active)
+        if len(rows) == 0:
+            return result
+        out = self.collect(self.submit(rows, actions[rows, None], render_indices))
+        if out["lost"].any():
+            raise SimulatorLostError(
+                f"environments {rows[out['lost']].tolist()} lost their episodes: their simulator actor died or hung "
+                "and was restarted; call reset() before stepping again"
+            )
+        set_rows(result["obs"], rows, out["obs"])
+        for key in _PER_ENV_DTYPES:
+            result[key][rows] = out[key]
         if render_indices:
-            result["frames"] = np.stack([frames[g] for g in render_indices])
+            result["frames"] = np.stack([out["frames"][g][0] for g in render_indices])
+        return result
+
+    def submit(
+        self, env_indices: np.ndarray | Sequence[int], actions: np.ndarray, render_indices: Sequence[int] = ()
+    ) -> PendingChunk:
+        """Send one action chunk to each of the given environments of the current batch; returns at once.
+
+        Each actor executes the chunks of its environments one environment after another, each
+        up to the end of its episode (see :meth:`SimulatorWorker.step_chunk`); chunks submitted
+        to one actor run in submission order. Environments lost since the last :meth:`reset`
+        (their actor was restarted) are not sent; :meth:`collect` reports them lost.
+
+        Args:
+            env_indices: ``(k,)`` distinct environment indices in ``[0, n)``, ``n`` the batch size
+                of the last :meth:`reset`, with running episodes.
+            actions: ``(k, chunk, act_dim)``; row ``i`` for ``env_indices[i]``.
+            render_indices: environments among ``env_indices`` to render after every control step.
+
+        Returns:
+            The :class:`PendingChunk` to pass to :meth:`collect`.
+
+        Raises:
+            RuntimeError: before the first :meth:`reset`.
+            ValueError: on indices outside the batch or repeated, a shape that does not match, or
+                render indices outside ``env_indices``.
+        """
+        if self._batch_size is None:
+            raise RuntimeError("call reset() before submit()")
+        n = self._batch_size
+        env_indices = np.asarray(env_indices, dtype=np.int64).reshape(-1)
+        actions = np.asarray(actions, dtype=np.float32)
+        if len(env_indices) == 0 or env_indices.min() < 0 or env_indices.max() >= n:
+            raise ValueError(f"env_indices must be a non-empty subset of the batch [0, {n}), "
+                             f"got {env_indices.tolist()}")
+        if len(np.unique(env_indices)) != len(env_indices):
+            raise ValueError(f"env_indices must be distinct, got {env_indices.tolist()}")
+        if actions.ndim != 3 or actions.shape[0] != len(env_indices):
+            raise ValueError(f"actions must have shape ({len(env_indices)}, chunk, act_dim), got {actions.shape}")
+        render_indices = [int(g) for g in render_indices]
+        outside = sorted(set(render_indices) - set(env_indices.tolist()))
+        if outside:
+            raise ValueError(f"render_indices {outside} are not among the submitted env_indices")
+        lost = np.array([int(g) in self._lost for g in env_indices], dtype=bool)
+        calls = []
+        for slot, rows in self._split(np.flatnonzero(~lost), env_indices):
+            owned = set(env_indices[rows].tolist())
+            rendered = [g for g in render_indices if g in owned]
+            ref = self._actors[slot].step_chunk.remote(
+                self._local(env_indices[rows]), actions[rows], self._local(rendered)
+            )
+            calls.append(_ActorCall(slot, self._generations[slot], rows, rendered, ref))
+        return PendingChunk(env_indices, calls, np.flatnonzero(lost))
+
+    def collect(self, pending: PendingChunk) -> dict[str, Any]:
+        """Wait for a submitted chunk; restart the actors that died or did not answer in time.
+
+        Waits at most ``step_timeout_s`` from the call (the calls of one chunk run in parallel
+        on different actors). An actor that died, or has not answered by then, is killed and
+        replaced (:meth:`_restart`); the episodes of all its environments in the current batch
+        are lost.
+
+        Args:
+            pending: from :meth:`submit`.
+
+        Returns:
+            Rows in the order of ``pending.env_indices`` (``k`` of them): ``{"obs": float32
+            (k, obs_dim)`` after the last executed step (camera observations: a dict of ``k``-row
+            arrays, as from :meth:`reset`), ``"reward": float32 (k,)`` summed over the
+            executed steps, ``"terminated", "truncated": bool (k,)`` of the last executed step,
+            ``"success": bool (k,)`` any executed step succeeded, ``"steps": int64 (k,)`` control
+            steps executed, ``"lost": bool (k,)`` the episode was lost (its other entries are
+            zero), ``"frames": {global index: uint8 (steps, H, W, 3)}`` for the rendered
+            environments not lost, ``"sim_seconds": float`` wall time the actors spent inside the
+            environments' ``step`` and ``render_frame`` for this chunk (summed over actors), and
+            ``"sim_cpu_seconds": float`` the CPU time they used meanwhile}``.
+
+        Raises:
+            ray.exceptions.RayTaskError: an environment raised (a bug, not a fault: not restarted).
+        """
+        k = len(pending.env_indices)
+        result: dict[str, Any] = {"obs": empty_observations(self.spec(), k)}
+        result.update({key: np.zeros(k, dtype=dtype) for key, dtype in _CHUNK_DTYPES.items()})
+        result["lost"][pending.lost_rows] = True
+        result["frames"], result["sim_seconds"], result["sim_cpu_seconds"] = {}, 0.0, 0.0
+        ready, _ = ray.wait([call.ref for call in pending.calls], num_returns=len(pending.calls),
+                            timeout=self.step_timeout_s)
+        answered = set(ready)
+        for call in pending.calls:
+            out = self._answer(call, call.ref in answered)
+            if out is None:
+                result["lost"][call.rows] = True
+                continue
+            set_rows(result["obs"], call.rows, out["obs"])
+            for key in (*_PER_ENV_DTYPES, "steps"):
+                result[key][call.rows] = out[key]
+            result["frames"].update(zip(call.rendered, out["frames"]))
+            result["sim_seconds"] += out["sim_seconds"]
+            result["sim_cpu_seconds"] += out["sim_cpu_seconds"]
+        result["lost"] |= np.isin(pending.env_indices, list(self._lost))  # on a slot restarted meanwhile
+        for g in pending.env_indices[result["lost"]]:
+            result["frames"].pop(int(g), None)
         return result
 
     def run_expert(self, init_state_ids: np.ndarray | Sequence[int]) -> list[dict[str, Any]]:
@@ -192,6 +361,10 @@ class SimulatorPool:
         refs = [actor.run_expert.remote(chunk.tolist()) for actor, chunk in zip(actors, chunks)]
         return [episode for episodes in ray.get(refs) for episode in episodes]
 
+    def actor_pids(self) -> list[int]:
+        """Process ids of the worker actors, by slot (waits for actors still creating environments)."""
+        return [int(pid) for pid in ray.get([actor.pid.remote() for actor in self._live_actors()])]
+
     def close(self) -> None:
         """Kill the worker actors; the pool cannot be used afterwards. Idempotent."""
         for actor in self._actors:
@@ -209,12 +382,46 @@ class SimulatorPool:
             raise RuntimeError("the SimulatorPool is closed")
         return self._actors
 
-    def _split(self, global_indices: np.ndarray) -> list[tuple[Any, np.ndarray]]:
-        """``(actor, its global indices)`` for each actor owning some of ``global_indices``."""
-        actors = self._live_actors()
-        owners = global_indices % len(actors)
-        return [(actors[a], global_indices[owners == a]) for a in np.unique(owners)]
+    def _split(self, rows: np.ndarray, env_indices: np.ndarray | None = None) -> list[tuple[int, np.ndarray]]:
+        """``(actor slot, its rows)`` for each actor owning some of the environments
+        ``env_indices[rows]`` (``env_indices`` defaults to the identity: rows are global indices)."""
+        owners = (rows if env_indices is None else env_indices[rows]) % len(self._live_actors())
+        return [(int(a), rows[owners == a]) for a in np.unique(owners)]
 
     def _local(self, global_indices: Sequence[int]) -> list[int]:
         """Indices of global environments within their actor."""
         return [int(g) // len(self._actors) for g in global_indices]
+
+    # ------------------------------------------------------------------------------ faults
+    def _start_actor(self) -> Any:
+        options, config, envs_per_actor = self._actor_args
+        actor = ray.remote(SimulatorWorker).options(**options).remote(self._env_name, config, envs_per_actor)
+        actor.make_envs.remote()  # in the background; later calls queue behind it
+        return actor
+
+    def _answer(self, call: _ActorCall, answered: bool) -> dict[str, Any] | None:
+        """The result of one actor's call, or ``None`` if its actor died or hung (then restarted)."""
+        if answered:
+            try:
+                return ray.get(call.ref)
+            except ray.exceptions.RayActorError as error:
+                reason = f"died ({type(error).__name__})"
+        else:
+            reason = f"did not answer a chunk within step_timeout_s={self.step_timeout_s} s"
+        if call.generation == self._generations[call.slot]:  # else an earlier call found the fault
+            self._restart(call.slot, reason)
+        return None
+
+    def _restart(self, slot: int, reason: str) -> None:
+        """Kill the actor of ``slot`` and start a new one there; every environment of the slot
+        in the current batch is lost."""
+        ray.kill(self._actors[slot], no_restart=True)
+        self._actors[slot] = self._start_actor()
+        self._generations[slot] += 1
+        self.restarts += 1
+        lost = []
+        if self._batch_size is not None:
+            lost = [g for g in range(slot, self._batch_size, len(self._actors)) if g not in self._lost]
+            self._lost.update(lost)
+        logger.warning("simulator actor %d of the %r pool %s: restarted it (environments re-created); "
+                       "episodes lost in environments %s", slot, self._env_name, reason, lost)

@@ -12,6 +12,8 @@ and the task's ``instruction`` as uint8 UTF-8 bytes).
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -91,20 +93,33 @@ class SimulatorWorker:
                         for i, s in zip(env_indices, init_state_ids)]
         return stack_observations(observations)
 
-    def step(
+    def step_chunk(
         self, env_indices: Sequence[int], actions: np.ndarray, render_indices: Sequence[int] = ()
-    ) -> dict[str, np.ndarray]:
-        """Step the given environments once each.
+    ) -> dict[str, Any]:
+        """Execute one action chunk in each of the given environments.
+
+        Environment ``env_indices[k]`` takes the actions ``actions[k, 0], actions[k, 1], ...`` one
+        control step each, and stops early when its episode ends (``terminated`` or
+        ``truncated``): a success in the middle of a chunk ends the episode and the rest of the
+        chunk is not executed. The environments are stepped one after another.
 
         Args:
             env_indices: ``n`` distinct environment indices with running episodes.
-            actions: ``(n, act_dim)`` actions, row ``k`` for ``env_indices[k]``.
-            render_indices: environments (a subset of ``env_indices``) to render after the step.
+            actions: ``(n, chunk, act_dim)`` actions, row ``k`` for ``env_indices[k]``.
+            render_indices: environments (a subset of ``env_indices``) to render after every
+                control step they execute.
 
         Returns:
-            ``{"obs": float32 (n, obs_dim) (or a dict, as from reset), "reward": float32 (n,),
-            "terminated": bool (n,), "truncated": bool (n,), "success": bool (n,)}``, plus
-            ``"frames"``: uint8 ``(len(render_indices), H, W, 3)`` when ``render_indices`` is not empty.
+            ``{"obs": float32 (n, obs_dim)`` the observation after the last executed step (the
+            terminal observation of an episode that ended; camera observations: a dict of
+            ``n``-row arrays, as from :meth:`reset`), ``"reward": float32 (n,)`` summed
+            over the executed steps, ``"terminated", "truncated": bool (n,)`` of the last executed
+            step, ``"success": bool (n,)`` whether any executed step reported success,
+            ``"steps": int64 (n,)`` control steps executed (1..chunk), ``"frames"``: one uint8
+            ``(steps, H, W, 3)`` array per entry of ``render_indices``, in its order, and
+            ``"sim_seconds": float`` the wall time spent inside the environments' ``step`` and
+            ``render_frame`` during this call, and ``"sim_cpu_seconds": float`` the CPU time this
+            process (all its threads) used meanwhile}``.
 
         Raises:
             ValueError: on bad indices, an ``actions`` shape that does not match, or render
@@ -114,31 +129,48 @@ class SimulatorWorker:
         """
         self._check_indices(env_indices)
         actions = np.asarray(actions, dtype=np.float32)
-        if actions.ndim != 2 or actions.shape[0] != len(env_indices):
-            raise ValueError(f"actions must have shape ({len(env_indices)}, act_dim), got {actions.shape}")
+        if actions.ndim != 3 or actions.shape[0] != len(env_indices) or actions.shape[1] < 1:
+            raise ValueError(f"actions must have shape ({len(env_indices)}, chunk, act_dim), got {actions.shape}")
         if not set(render_indices) <= set(env_indices):
             raise ValueError(f"render_indices {list(render_indices)} must be among the stepped {list(env_indices)}")
         if any(self._env(i).render_mode is None for i in render_indices):
             raise RuntimeError(f"simulator {self._env_name!r} was configured without a render camera")
         n = len(env_indices)
         observations = []
-        result = {
+        result: dict[str, Any] = {
             "reward": np.zeros(n, dtype=np.float32),
             "terminated": np.zeros(n, dtype=bool),
             "truncated": np.zeros(n, dtype=bool),
             "success": np.zeros(n, dtype=bool),
+            "steps": np.zeros(n, dtype=np.int64),
         }
+        rendered = {int(i): [] for i in render_indices}
+        sim_seconds = sim_cpu_seconds = 0.0
         for row, index in enumerate(env_indices):
-            obs, reward, terminated, truncated, info = self._env(index).step(actions[row])
+            env = self._env(index)
+            for action in actions[row]:
+                started, cpu_started = time.perf_counter(), time.process_time()
+                obs, reward, terminated, truncated, info = env.step(action)
+                if index in rendered:
+                    rendered[index].append(env.render_frame())
+                sim_seconds += time.perf_counter() - started
+                sim_cpu_seconds += time.process_time() - cpu_started
+                result["reward"][row] += reward
+                result["terminated"][row] = terminated
+                result["truncated"][row] = truncated
+                result["success"][row] |= info["success"]
+                result["steps"][row] += 1
+                if terminated or truncated:
+                    break
             observations.append(self._observation(index, obs))
-            result["reward"][row] = reward
-            result["terminated"][row] = terminated
-            result["truncated"][row] = truncated
-            result["success"][row] = info["success"]
         result["obs"] = stack_observations(observations)
-        if len(render_indices) > 0:
-            result["frames"] = np.stack([self._env(i).render_frame() for i in render_indices])
+        result["frames"] = [np.stack(rendered[int(i)]) for i in render_indices]
+        result["sim_seconds"], result["sim_cpu_seconds"] = sim_seconds, sim_cpu_seconds
         return result
+
+    def pid(self) -> int:
+        """The id of this worker's process."""
+        return os.getpid()
 
     def run_expert(self, init_state_ids: Sequence[int]) -> list[dict[str, Any]]:
         """Run the simulator's scripted expert for one episode per initial state, on env 0.

@@ -50,6 +50,15 @@ class SimulatorSection(_Section):
     )
     actors_per_worker: int = Field(1, ge=1, description="Simulator actors (processes) per DAG worker.")
     num_cpus_per_actor: float = Field(1.0, ge=0, description="Ray CPU resource per simulator actor.")
+    pipeline_stages: int = Field(
+        1, ge=1, description="Groups of each worker's environments pipelined against the policy: while one "
+        "group simulates, the policy computes the next action chunk of another (1: lockstep). Greedy rollouts "
+        "do not depend on it; sampled ones are reproducible for a fixed value (docs/simulators.md).",
+    )
+    step_timeout_s: float = Field(
+        120.0, gt=0, description="Seconds to wait for an action chunk of the simulator actors; an actor that "
+        "has not answered by then is killed and restarted, and its running episodes are dropped as lost.",
+    )
 
 
 class DataSection(_Section):

@@ -35,12 +35,18 @@ class ParityPool:
         self.steps = np.zeros(len(ids), dtype=np.int64)
         return np.zeros((len(ids), OBS_DIM), dtype=np.float32)
 
-    def step(self, actions, active, render_indices=()):
-        self.steps[active] += 1
-        success = active & (self.steps == self.success_at)
-        truncated = active & ~success & (self.steps >= 4)
-        return {"obs": np.ones((len(active), OBS_DIM), dtype=np.float32), "reward": success.astype(np.float32),
-                "terminated": success, "truncated": truncated, "success": success}
+    def submit(self, env_indices, actions, render_indices=()):
+        return np.asarray(env_indices)  # one action per chunk (the MLP policy)
+
+    def collect(self, rows):
+        self.steps[rows] += 1
+        success = self.steps[rows] == self.success_at[rows]
+        truncated = ~success & (self.steps[rows] >= 4)
+        k = len(rows)
+        return {"obs": np.ones((k, OBS_DIM), dtype=np.float32), "reward": success.astype(np.float32),
+                "terminated": success, "truncated": truncated, "success": success,
+                "steps": np.ones(k, dtype=np.int64), "lost": np.zeros(k, dtype=bool), "frames": {},
+                "sim_seconds": 0.0, "sim_cpu_seconds": 0.0}
 
 
 class Resources:
@@ -58,7 +64,7 @@ def step_batch(max_refill_rounds: int, seed: int = 0):
     })
     resources = Resources(seed)
     loader = ShardedTaskLoader(1000, 6, dp_rank=0, dp_size=1, seed=0)
-    episodes, _ = rollout_groups(resources, 4, loader.batch_for_step(0), greedy=False)
+    episodes, _ = rollout_groups(resources, 4, loader.batch_for_step(0), greedy=False, pipeline_stages=1)
     episodes.set(keys.REWARDS, episode_rewards(config.algorithm, episodes)[0])
     ctx = NodeContext("group_filter", 0, 0, 1, 0, 1, config, None, resources)
     return episodes, dynamic_sampling(ctx, episodes)

@@ -1,72 +1,123 @@
-"""Episode bookkeeping of the rollout loop, against scripted in-process pools (flat state and
-camera observations)."""
+"""Episode bookkeeping and pipelining of the rollout loop, against scripted in-process pools (flat
+state and camera observations)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-
 from tensordict import TensorDict
 
+from policies import make_policy
+from policies.mlp import MLPPolicyConfig
 from vla_rl.data import keys
 from vla_rl.data.observations import INSTRUCTION_BYTES, encode_instruction
 from vla_rl.rollout.embodied import rollout_episodes
 
+OBS_DIM, ACT_DIM = 2, 3
+
 
 class ScriptedPool:
-    """Env ``i`` succeeds at control step ``success_at[i]`` (never if 0); obs = [step count, id]."""
+    """The pool interface (``spec``, ``reset``, ``submit``, ``collect``) over scripted environments.
 
-    def __init__(self, success_at: list[int], horizon: int) -> None:
+    Env ``i`` succeeds at control step ``success_at[i]`` (never if 0), fails (``terminated``
+    without success) at ``fail_at[i]`` (never if 0), and is truncated at the horizon.
+    ``lose_at[i] = t`` loses env ``i``'s episode in the chunk of decision ``t`` (as a dead
+    simulator actor would). Observations are ``[control steps taken, initial-state id]``; a
+    rendered frame after step ``s`` is filled with ``s``. A chunk runs when it is collected, and
+    ``events`` logs the submits and collects, so tests see the pipeline's order.
+    """
+
+    def __init__(self, success_at, horizon, fail_at=None, lose_at=None) -> None:
         self.success_at = np.asarray(success_at)
+        self.fail_at = np.zeros_like(self.success_at) if fail_at is None else np.asarray(fail_at)
+        self.lose_at = dict(lose_at or {})
         self.horizon = horizon
-        self.steps_taken: np.ndarray | None = None
+        self.events: list[tuple[str, tuple[int, ...]]] = []
+        self.submitted_actions: list[np.ndarray] = []
+        self.resets = 0
 
     def spec(self):
-        return {"obs_dim": 2, "act_dim": 3, "horizon": self.horizon}
+        return {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": self.horizon}
 
     def reset(self, ids):
+        self.resets += 1
         self.ids = np.asarray(ids, dtype=np.float32)
         self.steps_taken = np.zeros(len(ids), dtype=np.int64)
+        self.decisions = np.zeros(len(ids), dtype=np.int64)
         self.ended = np.zeros(len(ids), dtype=bool)
         return np.stack([np.zeros(len(ids), dtype=np.float32), self.ids], axis=1)
 
-    def step(self, actions, active, render_indices=()):
-        assert not (active & self.ended).any(), "stepped an environment whose episode ended"
-        self.last_actions = actions
-        self.steps_taken[active] += 1
-        success = active & (self.steps_taken == self.success_at)
-        truncated = active & ~success & (self.steps_taken >= self.horizon)
-        self.ended |= success | truncated
-        obs = np.stack([self.steps_taken.astype(np.float32), self.ids], axis=1) * active[:, None]
-        return {"obs": obs, "reward": success.astype(np.float32), "terminated": success,
-                "truncated": truncated, "success": success}
+    def submit(self, env_indices, actions, render_indices=()):
+        assert actions.shape == (len(env_indices), actions.shape[1], ACT_DIM)
+        self.events.append(("submit", tuple(int(i) for i in env_indices)))
+        self.submitted_actions.append(actions)
+        return np.asarray(env_indices), actions, list(render_indices)
+
+    def collect(self, pending):
+        env_indices, actions, render_indices = pending
+        self.events.append(("collect", tuple(int(i) for i in env_indices)))
+        k = len(env_indices)
+        out = {"obs": np.zeros((k, OBS_DIM), dtype=np.float32), "reward": np.zeros(k, dtype=np.float32),
+               "terminated": np.zeros(k, dtype=bool), "truncated": np.zeros(k, dtype=bool),
+               "success": np.zeros(k, dtype=bool), "steps": np.zeros(k, dtype=np.int64),
+               "lost": np.zeros(k, dtype=bool), "frames": {}, "sim_seconds": 0.5, "sim_cpu_seconds": 0.25}
+        for row, i in enumerate(env_indices):
+            assert not self.ended[i], "stepped an environment whose episode ended"
+            t = self.decisions[i]
+            self.decisions[i] += 1
+            if self.lose_at.get(int(i)) == t:
+                out["lost"][row] = True
+                self.ended[i] = True
+                continue
+            frames = []
+            for _ in range(actions.shape[1]):
+                self.steps_taken[i] += 1
+                s = self.steps_taken[i]
+                success = s == self.success_at[i]
+                terminated = success or s == self.fail_at[i]
+                truncated = not terminated and s >= self.horizon
+                out["obs"][row] = [s, self.ids[i]]
+                out["success"][row] |= success
+                out["terminated"][row], out["truncated"][row] = terminated, truncated
+                out["steps"][row] += 1
+                frames.append(np.full((2, 2, 3), s, dtype=np.uint8))
+                if terminated or truncated:
+                    self.ended[i] = True
+                    break
+            if int(i) in render_indices:
+                out["frames"][int(i)] = np.stack(frames)
+        return out
 
 
 class ConstantPolicy(torch.nn.Module):
     """Acts 1.0 everywhere with log-prob -1 per step; chunk of ``chunk_size`` actions; the
-    simulator gets half of them."""
+    simulator gets half of them. Keeps the observations it saw and logs its calls in ``events``."""
 
-    def __init__(self, chunk_size: int) -> None:
+    def __init__(self, chunk_size: int, events: list | None = None) -> None:
         super().__init__()
         self.chunk_size = chunk_size
+        self.events = events
         self.seen = []
 
     def sample_actions(self, obs, greedy=False, generator=None):
         self.seen.append(obs)
         b = obs.shape[0]
-        return torch.ones(b, self.chunk_size, 3), -torch.ones(b, self.chunk_size)
+        if self.events is not None:
+            self.events.append(("policy", tuple(int(x) for x in obs[:, 1] - 7)))  # ids are 7 + row
+        return torch.ones(b, self.chunk_size, ACT_DIM), -torch.ones(b, self.chunk_size)
 
     def env_actions(self, actions):
         return 0.5 * actions
 
 
+@pytest.mark.parametrize("stages", [1, 2, 3])
 @pytest.mark.parametrize("chunk", [1, 4])
-def test_success_mid_chunk_ends_the_episode_as_success(chunk):
+def test_success_mid_chunk_ends_the_episode_as_success(chunk, stages):
     pool = ScriptedPool(success_at=[6, 0, 1], horizon=10)
-    result = rollout_episodes(ConstantPolicy(chunk), pool, np.array([7, 8, 9]))
+    result = rollout_episodes(ConstantPolicy(chunk), pool, np.array([7, 8, 9]), pipeline_stages=stages)
     batch = result.batch
-    assert np.all(pool.last_actions[1] == 0.5)  # the simulator gets env_actions, the batch the policy's
+    assert all(np.all(actions == 0.5) for actions in pool.submitted_actions)  # env_actions, the batch the policy's
     assert torch.all(batch["actions"][batch["response_mask"]] == 1.0)
     assert batch["success"].tolist() == [True, False, True]
     # Decision steps: ceil(control steps / chunk); the time-out runs the whole horizon.
@@ -74,6 +125,7 @@ def test_success_mid_chunk_ends_the_episode_as_success(chunk):
     assert batch["finish_step"].tolist() == expected_finish
     assert pool.steps_taken.tolist() == [6, 10, 1]  # nothing stepped after the episode ended
     assert result.env_steps == 17
+    assert result.lost.tolist() == [False, False, False]
     for i, finish in enumerate(expected_finish):
         assert batch["response_mask"][i].tolist() == [t < finish for t in range(batch["response_mask"].shape[1])]
         # The terminal observation is kept at index finish_step and holds the last step count.
@@ -82,6 +134,102 @@ def test_success_mid_chunk_ends_the_episode_as_success(chunk):
     assert batch["actions"].shape == (3, int(np.ceil(10 / chunk)), chunk, 3)
     assert torch.all(batch["old_log_probs"][batch["response_mask"]] == -1)
     assert torch.all(batch["old_log_probs"][~batch["response_mask"]] == 0)
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_truncation_is_told_apart_from_failure_and_success(stages):
+    # env 0 succeeds at step 3, env 1 fails (terminated without success) at step 5, env 2 times out.
+    pool = ScriptedPool(success_at=[3, 0, 0], fail_at=[0, 5, 0], horizon=8)
+    batch = rollout_episodes(ConstantPolicy(2), pool, np.array([7, 8, 9]), pipeline_stages=stages).batch
+    assert batch["success"].tolist() == [True, False, False]
+    assert batch["truncated"].tolist() == [False, False, True]
+    assert batch["finish_step"].tolist() == [2, 3, 4]
+    assert pool.steps_taken.tolist() == [3, 5, 8]
+
+
+def test_no_observation_leaks_across_episodes_or_after_the_end():
+    pool = ScriptedPool(success_at=[2, 0], horizon=5)
+    policy = ConstantPolicy(1)
+    rollout_episodes(policy, pool, np.array([7, 8]))
+    batch = rollout_episodes(policy, pool, np.array([7, 8])).batch  # same pool, next episodes
+    assert pool.resets == 2
+    # The second episodes start from their reset observation, not the first episodes' last one.
+    assert batch["obs"][:, 0].tolist() == [[0.0, 7.0], [0.0, 8.0]]
+    # After the terminal observation (index finish_step) nothing is written: no auto-reset.
+    assert batch["finish_step"].tolist() == [2, 5]
+    assert batch["obs"][0, 2].tolist() == [2.0, 7.0]
+    assert torch.all(batch["obs"][0, 3:] == 0) and torch.all(batch["actions"][0, 2:] == 0)
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_lost_episodes_are_dropped_and_flagged(stages):
+    # Env 1 is lost in the chunk of its decision 2 (after 4 control steps of chunk 2).
+    pool = ScriptedPool(success_at=[0, 0, 3], horizon=8, lose_at={1: 2})
+    result = rollout_episodes(ConstantPolicy(2), pool, np.array([7, 8, 9]), pipeline_stages=stages)
+    assert result.lost.tolist() == [False, True, False]
+    assert result.batch["init_state_id"].tolist() == [7, 9]
+    assert result.batch["success"].tolist() == [False, True]
+    assert pool.decisions.tolist() == [4, 3, 2]  # env 1 was never given a chunk after its loss
+    assert result.env_steps == 8 + 4 + 3  # the lost episode's steps before its loss count
+    collects = len([e for e in pool.events if e[0] == "collect"])
+    assert result.sim_seconds == pytest.approx(0.5 * collects)
+    assert result.sim_cpu_seconds == pytest.approx(0.25 * collects)
+
+
+def test_frames_follow_each_control_step_and_are_dropped_with_lost_episodes():
+    pool = ScriptedPool(success_at=[3, 0, 0], horizon=5, lose_at={2: 1})
+    result = rollout_episodes(ConstantPolicy(2), pool, np.array([7, 8, 9]), render_indices=(0, 2),
+                              pipeline_stages=2)
+    assert sorted(result.frames) == [0]
+    assert result.frames[0][:, 0, 0, 0].tolist() == [1, 2, 3]
+
+
+def test_pipelined_stages_overlap_policy_and_simulation_in_a_fixed_order():
+    events: list = []
+    pool = ScriptedPool(success_at=[0, 0, 2, 0], horizon=3)
+    pool.events = events
+    rollout_episodes(ConstantPolicy(1, events), pool, np.array([7, 8, 9, 10]), pipeline_stages=2)
+    s0, s1 = (0, 1), (2, 3)
+    assert events[:8] == [
+        ("policy", s0), ("submit", s0),
+        ("policy", s1), ("submit", s1),  # stage 1's actions are computed while stage 0 simulates
+        ("collect", s0), ("policy", s0), ("submit", s0),  # stage 0's next chunk queued behind stage 1
+        ("collect", s1),
+    ]
+    # Env 2 succeeded at step 2: stage 1 carries on with env 3 only.
+    assert ("policy", (3,)) in events and events.count(("collect", s0)) == 3
+
+
+def mlp_policy() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return make_policy("mlp", MLPPolicyConfig(obs_dim=OBS_DIM, action_dim=ACT_DIM, hidden_sizes=(8,)))
+
+
+def test_greedy_rollouts_are_identical_for_any_number_of_stages():
+    policy = mlp_policy()
+    batches = [rollout_episodes(policy, ScriptedPool([0, 4, 0, 2, 0], 6), np.arange(7, 12), greedy=True,
+                                pipeline_stages=stages).batch for stages in (1, 2, 3, 5)]
+    for batch in batches[1:]:
+        for key in batches[0].keys():
+            assert torch.equal(batch[key], batches[0][key]), key
+
+
+def test_sampled_rollouts_are_reproducible_for_a_fixed_number_of_stages():
+    policy = mlp_policy()
+
+    def run(seed):
+        return rollout_episodes(policy, ScriptedPool([0, 4, 0, 2, 0], 6), np.arange(7, 12), pipeline_stages=2,
+                                generator=torch.Generator().manual_seed(seed)).batch
+
+    first, again = run(3), run(3)
+    for key in first.keys():
+        assert torch.equal(first[key], again[key]), key
+    assert not torch.equal(first["actions"], run(4)["actions"])  # the actions are sampled
+
+
+def test_pipeline_stages_must_be_positive():
+    with pytest.raises(ValueError, match="pipeline_stages"):
+        rollout_episodes(ConstantPolicy(1), ScriptedPool([0], 2), np.array([7]), pipeline_stages=0)
 
 
 class CameraPool(ScriptedPool):
@@ -100,15 +248,16 @@ class CameraPool(ScriptedPool):
     def reset(self, ids):
         return self._camera(super().reset(ids))
 
-    def step(self, actions, active, render_indices=()):
-        out = super().step(actions, active, render_indices)
+    def collect(self, pending):
+        out = super().collect(pending)
         return {**out, "obs": self._camera(out["obs"])}
 
 
-def test_camera_observations_are_stored_as_a_uint8_tensordict():
+@pytest.mark.parametrize(("stages", "policy_rows"), [(1, [2, 2, 1]), (2, [1, 1, 1, 1, 1])])
+def test_camera_observations_are_stored_as_a_uint8_tensordict(stages, policy_rows):
     pool = CameraPool(success_at=[3, 0], horizon=6)
     policy = ConstantPolicy(2)
-    batch = rollout_episodes(policy, pool, np.array([4, 5])).batch
+    batch = rollout_episodes(policy, pool, np.array([4, 5]), pipeline_stages=stages).batch
     obs = batch["obs"]
     assert isinstance(obs, TensorDict) and obs.batch_size == (2, 4)  # T + 1 = ceil(6 / 2) + 1
     assert obs["agentview_image"].dtype == torch.uint8 and obs["agentview_image"].shape == (2, 4, 4, 4, 3)
@@ -119,6 +268,16 @@ def test_camera_observations_are_stored_as_a_uint8_tensordict():
     assert obs["agentview_image"][1, :, 0, 0, 0].tolist() == [0, 2, 4, 6]
     assert obs["agentview_image"][0, 2, 0, 0, 0].item() == 3  # the terminal observation
     assert torch.equal(obs["state"][:, :, 0], obs["agentview_image"][:, :, 0, 0, 0].float())
-    # The policy got TensorDicts of the running environments only.
-    assert [seen.batch_size[0] for seen in policy.seen] == [2, 2, 1]
+    # The policy got TensorDicts of the running environments (of one stage at a time) only.
+    assert [seen.batch_size[0] for seen in policy.seen] == policy_rows
     assert all(isinstance(seen, TensorDict) for seen in policy.seen)
+
+
+def test_lost_episodes_are_dropped_from_camera_observations():
+    pool = CameraPool(success_at=[0, 0, 3], horizon=8, lose_at={1: 2})
+    result = rollout_episodes(ConstantPolicy(2), pool, np.array([4, 5, 6]), pipeline_stages=2)
+    obs = result.batch["obs"]
+    assert result.lost.tolist() == [False, True, False]
+    assert isinstance(obs, TensorDict) and obs.batch_size == (2, 5)  # T + 1 = ceil(8 / 2) + 1
+    assert obs["state"][:, 0, 1].tolist() == [4.0, 6.0]  # the initial-state ids of the kept episodes
+    assert obs["agentview_image"][1, :, 0, 0, 0].tolist() == [0, 2, 3, 0, 0]  # success at step 3, then nothing

@@ -1,6 +1,6 @@
 """A SimulatorPool of robosuite Lift with camera observations: dict observations (state, uint8
-agentview image, encoded instruction) through reset, step with inactive environments, and the
-scripted expert (skipped where EGL is unavailable)."""
+agentview image, encoded instruction) through reset, step with inactive environments, action
+chunks (submit / collect), and the scripted expert (skipped where EGL is unavailable)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,19 @@ def test_reset_and_step_give_dict_observations(camera_pool):
     check_layout(out["obs"], 2)
     assert out["obs"][IMAGE][0].std() > 5.0
     assert not out["obs"][IMAGE][1].any() and not out["obs"][keys.OBS_INSTRUCTION][1].any()  # inactive: zeros
+
+
+def test_a_chunk_gives_the_dict_observation_of_its_last_step(camera_pool):
+    actions = np.random.default_rng(0).uniform(-1, 1, size=(3, ACT_DIM)).astype(np.float32)
+    camera_pool.reset(np.array([3, 4]))
+    for action in actions:  # lockstep, environment 1 only
+        stepped = camera_pool.step(np.stack([action, action]), np.array([False, True]))["obs"]
+    camera_pool.reset(np.array([3, 4]))
+    out = camera_pool.collect(camera_pool.submit([1], actions[None]))
+    check_layout(out["obs"], 1)
+    assert out["steps"].tolist() == [3] and not out["lost"].any()
+    for key in (keys.OBS_STATE, IMAGE, keys.OBS_INSTRUCTION):
+        np.testing.assert_array_equal(out["obs"][key][0], stepped[key][1])
 
 
 def test_run_expert_records_camera_observations(camera_pool):

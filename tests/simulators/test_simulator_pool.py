@@ -115,3 +115,50 @@ def test_run_expert_over_actors(pool):
         assert episode["obs"].shape == (steps, OBS_DIM) and episode["obs"].dtype == np.float32
         assert episode["actions"].shape == (steps, ACT_DIM) and episode["actions"].dtype == np.float32
     np.testing.assert_array_equal(pool.reset(np.array([2]))[0], episodes[2]["obs"][0])
+
+
+def test_a_chunk_equals_single_steps_and_stops_at_the_episode_end(pool):
+    rng = np.random.default_rng(1)
+    actions = rng.uniform(-1, 1, size=(3, HORIZON + 5, ACT_DIM)).astype(np.float32)
+    pool.reset(np.array([7, 8, 9]))
+    pending = pool.submit(np.array([2, 0]), actions[[2, 0], :3])  # three control steps each, env 1 idle
+    chunk = pool.collect(pending)
+    assert chunk["steps"].tolist() == [3, 3] and not chunk["lost"].any()
+    assert chunk["sim_seconds"] > 0 and chunk["sim_cpu_seconds"] > 0
+    pool.reset(np.array([7, 8, 9]))
+    for j in range(3):
+        single = pool.step(actions[:, j], np.array([True, False, True]))
+    np.testing.assert_array_equal(chunk["obs"], single["obs"][[2, 0]])
+    # A chunk longer than the episode: the environment stops at its time limit.
+    pool.reset(np.array([7, 8, 9]))
+    out = pool.collect(pool.submit(np.array([1]), actions[[1]]))
+    assert out["steps"].tolist() == [HORIZON] and out["truncated"].tolist() == [True]
+
+
+def test_submit_validates_its_arguments(pool):
+    pool.reset(np.array([1, 2, 3]))
+    with pytest.raises(ValueError, match="subset of the batch"):
+        pool.submit(np.array([3]), np.zeros((1, 1, ACT_DIM)))
+    with pytest.raises(ValueError, match="distinct"):
+        pool.submit(np.array([1, 1]), np.zeros((2, 1, ACT_DIM)))
+    with pytest.raises(ValueError, match="chunk, act_dim"):
+        pool.submit(np.array([1, 2]), np.zeros((2, ACT_DIM)))
+    with pytest.raises(ValueError, match="render_indices"):
+        pool.submit(np.array([1]), np.zeros((1, 1, ACT_DIM)), render_indices=[2])
+
+
+def test_pipelined_rollout_equals_the_lockstep_rollout(pool):
+    import torch
+
+    from policies import make_policy
+    from policies.mlp import MLPPolicyConfig
+    from vla_rl.rollout.embodied import rollout_episodes
+
+    torch.manual_seed(0)
+    policy = make_policy("mlp", MLPPolicyConfig(obs_dim=OBS_DIM, action_dim=ACT_DIM, hidden_sizes=(16,)))
+    ids = np.array([11, 12, 13, 14])
+    lockstep = rollout_episodes(policy, pool, ids, greedy=True, pipeline_stages=1)
+    pipelined = rollout_episodes(policy, pool, ids, greedy=True, pipeline_stages=2)
+    assert pipelined.env_steps == lockstep.env_steps > 0
+    for key in lockstep.batch.keys():
+        assert torch.equal(pipelined.batch[key], lockstep.batch[key]), key

@@ -48,12 +48,18 @@ class RandomWalkPool:
         self.steps = np.zeros(len(ids), dtype=np.int64)
         return self.rng.normal(size=(len(ids), OBS_DIM)).astype(np.float32)
 
-    def step(self, actions, active, render_indices=()):
-        self.steps[active] += 1
-        done = active & (self.steps >= self.ends)
-        obs = self.rng.normal(size=(len(active), OBS_DIM)).astype(np.float32) * active[:, None]
-        return {"obs": obs, "reward": done.astype(np.float32), "terminated": done,
-                "truncated": np.zeros_like(done), "success": done}
+    def submit(self, env_indices, actions, render_indices=()):
+        return np.asarray(env_indices), actions.shape[1]
+
+    def collect(self, pending):
+        rows, chunk = pending
+        steps = np.minimum(chunk, self.ends[rows] - self.steps[rows])  # the chunk, up to the episode's end
+        self.steps[rows] += steps
+        done = self.steps[rows] >= self.ends[rows]
+        k = len(rows)
+        return {"obs": self.rng.normal(size=(k, OBS_DIM)).astype(np.float32), "reward": done.astype(np.float32),
+                "terminated": done, "truncated": np.zeros_like(done), "success": done, "steps": steps,
+                "lost": np.zeros(k, dtype=bool), "frames": {}, "sim_seconds": 0.0, "sim_cpu_seconds": 0.0}
 
 
 class CameraRandomWalkPool(RandomWalkPool):
@@ -71,8 +77,8 @@ class CameraRandomWalkPool(RandomWalkPool):
     def reset(self, ids):
         return self._camera(super().reset(ids))
 
-    def step(self, actions, active, render_indices=()):
-        out = super().step(actions, active, render_indices)
+    def collect(self, pending):
+        out = super().collect(pending)
         return {**out, "obs": self._camera(out["obs"])}
 
 

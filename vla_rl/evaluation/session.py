@@ -153,7 +153,8 @@ class EvaluationSession:
             per_worker = max(1, math.ceil(self.config.eval.num_episodes / self.resources.world_size))
             pool = SimulatorPool(spec.simulator, spec.env, num_actors=sim.actors_per_worker,
                                  envs_per_actor=math.ceil(per_worker / sim.actors_per_worker),
-                                 actor_options={"num_cpus": sim.num_cpus_per_actor})
+                                 actor_options={"num_cpus": sim.num_cpus_per_actor},
+                                 step_timeout_s=sim.step_timeout_s)
         self._pool, self._pool_task = pool, task
         return pool
 
@@ -180,7 +181,8 @@ class EvaluationSession:
         """Roll out the group of ``batch`` (from :meth:`next_batch`, ``k > 0``) under its protocol.
 
         Returns:
-            ``(episodes, env_steps)``: the rollout keys plus ``truncated`` and the batch's keys.
+            ``(episodes, env_steps)``: the rollout keys (``truncated`` included) and the batch's
+            keys, without the episodes lost to a simulator fault (they stay missing from the stores).
         """
         t, c, p = (int(batch[k][0]) for k in (keys.TASK_ID, keys.CHECKPOINT_INDEX, keys.PROTOCOL_INDEX))
         policy, pool = self.policy(t, c), self.pool(t)
@@ -188,12 +190,11 @@ class EvaluationSession:
         # the same noise for every checkpoint (common random numbers: paired comparisons)
         seed = np.random.SeedSequence([self.config.run.seed, t, p, int(ids[0])]).generate_state(1)[0]
         result = rollout_episodes(ProtocolPolicy(policy, self.protocols[p]), pool, ids,
-                                  generator=torch.Generator().manual_seed(int(seed)))
+                                  generator=torch.Generator().manual_seed(int(seed)),
+                                  pipeline_stages=self.config.simulator.pipeline_stages)
         episodes = result.batch
-        if episodes.get(keys.TRUNCATED, None) is None:  # a rollout loop that does not report it yet
-            decisions = episodes[keys.RESPONSE_MASK].shape[1]
-            episodes.set(keys.TRUNCATED, ~episodes[keys.SUCCESS] & (episodes[keys.FINISH_STEP] == decisions))
-        episodes.update(batch.exclude(keys.INIT_STATE_ID))
+        # Episodes lost to a simulator fault are not stored: the next step rolls them out again.
+        episodes.update(batch[torch.as_tensor(~result.lost)].exclude(keys.INIT_STATE_ID))
         return episodes, result.env_steps
 
     def record(self, episodes: TensorDict) -> int:
@@ -231,7 +232,8 @@ class EvaluationSession:
             from simulators.pool import SimulatorPool
 
             env = {**task.env, "render_camera": ev.video_camera, "render_size": ev.video_size}
-            pool = SimulatorPool(task.simulator, env, num_actors=1, envs_per_actor=1, actor_options={"num_cpus": 0})
+            pool = SimulatorPool(task.simulator, env, num_actors=1, envs_per_actor=1, actor_options={"num_cpus": 0},
+                                 step_timeout_s=self.config.simulator.step_timeout_s)
             try:  # one environment, one episode after the other: rendering dominates anyway
                 replayed = [replay_episodes(pool, np.array([int(e["init_state_id"])]), [e["actions"]], render=True)
                             for _, e in picked]

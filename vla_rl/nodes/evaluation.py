@@ -30,12 +30,16 @@ def load_eval_episodes(ctx, batch) -> NodeOutput:
 @register_node("rollout", "env_interact", name="evaluation")
 def rollout_eval_episodes(ctx, batch) -> NodeOutput:
     """Roll out the group of ``batch``; returns the episodes (rollout keys, ``truncated``, and the
-    input keys), or the empty batch unchanged."""
+    input keys) except those lost to a simulator fault (a later step redoes them), or the empty
+    batch unchanged."""
     if len(batch) == 0:
         return NodeOutput(batch, {})
     episodes, env_steps = ctx.resources.evaluation.rollout(batch)
-    return NodeOutput(episodes, {"eval/env_steps_per_episode": env_steps / len(episodes),
-                                 "eval/episode_length": float(episodes[keys.FINISH_STEP].float().mean())})
+    metrics = {"eval/lost_fraction": (len(batch) - len(episodes)) / len(batch)}
+    if len(episodes):
+        metrics["eval/env_steps_per_episode"] = env_steps / len(episodes)
+        metrics["eval/episode_length"] = float(episodes[keys.FINISH_STEP].float().mean())
+    return NodeOutput(episodes, metrics)
 
 
 @register_node("evaluator", "compute")

@@ -76,7 +76,8 @@ def _refill_episodes(ctx, refill_round: int) -> tuple[TensorDict, int]:
     loader = ShardedTaskLoader(data.num_train_init_states, data.init_states_per_step, ctx.dp_rank, ctx.dp_size,
                                seed=ctx.config.run.seed)
     tasks = loader.batch_for_refill(ctx.step, refill_round)
-    episodes, result = rollout_groups(ctx.resources, data.group_size, tasks, greedy=False)
+    episodes, result = rollout_groups(ctx.resources, data.group_size, tasks, greedy=False,
+                                      pipeline_stages=ctx.config.simulator.pipeline_stages)
     episodes.set(keys.REWARDS, episode_rewards(ctx.config.algorithm, episodes, reward_encoder(ctx))[0])
     return episodes, result.env_steps
 

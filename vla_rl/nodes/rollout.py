@@ -3,13 +3,20 @@ simulator pool with the current policy."""
 
 from __future__ import annotations
 
+import logging
+import time
+
 import numpy as np
+import torch
+import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 from tensordict import TensorDict
 
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
 from vla_rl.rollout.embodied import RolloutResult, rollout_episodes
+
+logger = logging.getLogger(__name__)
 
 
 class RolloutNodeConfig(BaseModel):
@@ -23,29 +30,54 @@ class RolloutNodeConfig(BaseModel):
 def interact(ctx, batch) -> NodeOutput:
     """Expand each initial state into a group of ``data.group_size`` episodes and run them.
 
+    Episodes lost to a simulator fault are dropped (see :func:`rollout_groups`).
+
     Args:
         batch: ``init_state_id``, ``task_id``, ``uid``, each ``(g,)``.
 
     Returns:
-        ``(g * group_size,)`` episodes (groups contiguous) with the rollout keys of
-        :func:`vla_rl.rollout.embodied.rollout_episodes` plus ``uid`` and ``task_id``.
+        Up to ``(g * group_size,)`` episodes (groups contiguous) with the rollout keys of
+        :func:`vla_rl.rollout.embodied.rollout_episodes` plus ``uid`` and ``task_id``. Metrics
+        include ``rollout/lost_episodes`` (all workers together), ``rollout/lost_fraction``,
+        ``rollout/sim_seconds_per_actor`` (wall time inside the environments' ``step``),
+        ``rollout/sim_cpu_seconds_per_actor`` (CPU time used meanwhile) and ``rollout/sim_share``
+        (the first over the rollout's wall time).
     """
-    episodes, result = rollout_groups(ctx.resources, ctx.config.data.group_size, batch, ctx.node_config.greedy)
+    started = time.perf_counter()
+    episodes, result = rollout_groups(ctx.resources, ctx.config.data.group_size, batch, ctx.node_config.greedy,
+                                      ctx.config.simulator.pipeline_stages)
+    wall = time.perf_counter() - started
+    requested = len(result.lost)
+    num_actors = ctx.resources.simulator_pool.num_actors
+    lost = torch.tensor([float(result.lost.sum())], dtype=torch.float64)
+    dist.all_reduce(lost, group=ctx.group)
     metrics = {
-        "rollout/success_rate": float(episodes[keys.SUCCESS].float().mean()),
-        "rollout/episode_length": float(episodes[keys.FINISH_STEP].float().mean()),
-        "rollout/env_steps_per_episode": result.env_steps / max(len(episodes), 1),
+        "rollout/env_steps_per_episode": result.env_steps / max(requested, 1),
+        "rollout/lost_episodes": float(lost) / ctx.replicas,
+        "rollout/lost_fraction": float(result.lost.mean()) if requested else 0.0,
+        "rollout/sim_seconds_per_actor": result.sim_seconds / num_actors,
+        "rollout/sim_cpu_seconds_per_actor": result.sim_cpu_seconds / num_actors,
+        "rollout/sim_share": result.sim_seconds / (num_actors * wall),
         "timing/rollout_policy": result.policy_seconds,
         "timing/rollout_env": result.env_seconds,
-        "rollout/group_success_any": float(
-            np.mean([episodes[keys.SUCCESS][episodes[keys.UID] == u].any().item() for u in batch[keys.UID]])
-        ),
     }
+    if len(episodes):
+        metrics["rollout/success_rate"] = float(episodes[keys.SUCCESS].float().mean())
+        metrics["rollout/episode_length"] = float(episodes[keys.FINISH_STEP].float().mean())
+        metrics["rollout/group_success_any"] = float(
+            np.mean([episodes[keys.SUCCESS][episodes[keys.UID] == u].any().item() for u in episodes[keys.UID].unique()])
+        )
     return NodeOutput(episodes, metrics)
 
 
-def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool) -> tuple[TensorDict, RolloutResult]:
+def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool,
+                   pipeline_stages: int) -> tuple[TensorDict, RolloutResult]:
     """Run ``group_size`` episodes from each initial state of ``tasks`` in the worker's pool.
+
+    An episode lost to a simulator fault is dropped from its group; the rest of the group is
+    kept (group advantage estimators normalise over the episodes a group has, so a lost episode
+    is never scored as a failure; a group left with one episode gets no advantage). A group
+    whose episodes were all lost disappears. The loss is logged.
 
     Args:
         resources: the worker's :class:`~vla_rl.workers.resources.WorkerResources` (policy,
@@ -53,11 +85,13 @@ def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool) 
         group_size: episodes per initial state.
         tasks: ``init_state_id``, ``task_id``, ``uid``, each ``(g,)``.
         greedy: act with the policy's mode.
+        pipeline_stages: see :func:`vla_rl.rollout.embodied.rollout_episodes`.
 
     Returns:
-        ``(episodes, result)``: ``(g * group_size,)`` episodes, groups contiguous, with ``uid``
-        and ``task_id``; and the rollout's :class:`~vla_rl.rollout.embodied.RolloutResult`
-        (``env_steps``: control steps executed; time in the policy and in the simulators).
+        ``(episodes, result)``: up to ``(g * group_size,)`` episodes, groups contiguous, with
+        ``uid`` and ``task_id``; and the rollout's :class:`~vla_rl.rollout.embodied.RolloutResult`
+        (``env_steps``: control steps executed; ``lost`` over the ``g * group_size`` requested
+        episodes; time in the policy and in the simulators).
     """
     repeated = tasks.repeat_interleave(group_size, dim=0)
     result = rollout_episodes(
@@ -66,8 +100,14 @@ def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool) 
         repeated[keys.INIT_STATE_ID].numpy(),
         greedy=greedy,
         generator=resources.generator,
+        pipeline_stages=pipeline_stages,
     )
+    kept = torch.as_tensor(~result.lost)
     episodes = result.batch
-    episodes.set(keys.UID, repeated[keys.UID])
-    episodes.set(keys.TASK_ID, repeated[keys.TASK_ID])
+    episodes.set(keys.UID, repeated[keys.UID][kept])
+    episodes.set(keys.TASK_ID, repeated[keys.TASK_ID][kept])
+    if result.lost.any():
+        logger.warning("rollout: %d of %d episodes lost to simulator faults (initial states %s); training "
+                       "goes on without them", int(result.lost.sum()), len(result.lost),
+                       repeated[keys.INIT_STATE_ID][~kept].tolist())
     return episodes, result

@@ -10,12 +10,30 @@ Observations are what the simulator gives (:mod:`vla_rl.data.observations`): a f
 with cameras a ``TensorDict`` of the state, uint8 images and the encoded instruction; the policy's
 ``sample_actions`` reads them as they are (a VLA's processor builds its inputs), and the pool
 receives ``policy.env_actions(actions)`` while the batch keeps the policy's own actions.
+
+Pipelining (RLinf's pipeline stages): the batch's environments are split into
+``pipeline_stages`` contiguous groups. A stage's chunk is submitted to the pool without waiting
+(:meth:`simulators.pool.SimulatorPool.submit`); while it simulates, the policy computes the next
+chunk of the next stage; then the loop collects the oldest stage in flight and gives it its next
+chunk. Each simulator actor holds environments of every stage and runs the chunks it receives
+in order, so it always has the next stage's chunk queued while the policy works. With one stage,
+simulation and inference alternate (lockstep, as siiRL does).
+
+Determinism: the policy is called stage after stage in a fixed round-robin order that depends on
+the episodes' ends, never on timing, so a rollout is reproducible for a given generator and number
+of stages. The number of stages decides which rows the policy samples together, hence which random
+numbers each episode gets: greedy rollouts are identical for any number of stages, sampled ones
+are equal in distribution (and identical for the same number of stages).
+
+Faults: the episodes of a simulator actor that died or hung are lost (the pool restarts the
+actor); they are dropped from the returned batch and flagged in :attr:`RolloutResult.lost`.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,23 +49,118 @@ class RolloutResult:
     """Episodes of one rollout call.
 
     Attributes:
-        batch: one row per episode: ``obs`` ``(n, T + 1, obs_dim)`` (camera observations: a
-            TensorDict of batch size ``(n, T + 1)``, see :mod:`vla_rl.data.keys`), ``actions``
-            ``(n, T, chunk, action_dim)``, ``old_log_probs`` ``(n, T, chunk)``, ``response_mask``
-            ``(n, T)``, ``success`` ``(n,)``, ``finish_step`` ``(n,)`` (decision steps taken), where
-            ``T = ceil(horizon / chunk)``.
-        frames: for each rendered environment index, its frames ``(steps, H, W, 3)`` uint8, one
-            after each control step.
-        env_steps: control steps executed (all environments together).
+        batch: one row per episode that was not lost, in the order of the requested initial
+            states: ``obs`` ``(m, T + 1, obs_dim)`` (camera observations: a TensorDict of batch
+            size ``(m, T + 1)``, see :mod:`vla_rl.data.keys`), ``actions``
+            ``(m, T, chunk, action_dim)``, ``old_log_probs`` ``(m, T, chunk)``, ``response_mask``
+            ``(m, T)``, ``success`` ``(m,)``, ``truncated`` ``(m,)`` (ended by the time limit
+            without success), ``finish_step`` ``(m,)`` (decision steps taken), ``init_state_id``
+            ``(m,)``, where ``T = ceil(horizon / chunk)``.
+        frames: for each rendered environment index whose episode was not lost, its frames
+            ``(steps, H, W, 3)`` uint8, one after each control step.
+        env_steps: control steps executed (all environments together, lost episodes' included).
+        lost: ``(n,)`` bool over the requested initial states: the episode was lost to a
+            simulator fault and is not in ``batch``.
         policy_seconds: wall time spent in ``policy.sample_actions`` and ``policy.env_actions``.
-        env_seconds: wall time spent in the pool's ``reset`` and ``step`` (physics, rendering, Ray).
+        env_seconds: wall time spent in the pool's ``reset``, ``submit`` and ``collect`` (waiting
+            for physics and rendering not hidden behind the policy, and Ray).
+        sim_seconds: wall time the simulator actors spent inside the environments' ``step`` and
+            ``render_frame`` (summed over actors), seconds.
+        sim_cpu_seconds: CPU time the simulator actors used meanwhile (summed), seconds: below
+            ``sim_seconds`` when other processes share the cores.
     """
 
     batch: TensorDict
     frames: dict[int, np.ndarray] = field(default_factory=dict)
     env_steps: int = 0
+    lost: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     policy_seconds: float = 0.0
     env_seconds: float = 0.0
+    sim_seconds: float = 0.0
+    sim_cpu_seconds: float = 0.0
+
+
+class EpisodeBook:
+    """Buffers and bookkeeping of ``n`` episodes of at most ``decisions`` decision steps.
+
+    Args:
+        first_obs: the ``n`` initial observations, ``(n, obs_dim)`` float32 or a TensorDict of
+            batch size ``(n,)`` (:func:`vla_rl.data.observations.to_torch` of the pool's reset).
+
+    Attributes:
+        obs: ``(n, decisions + 1, obs_dim)`` (or a TensorDict of batch size ``(n, decisions + 1)``);
+            ``obs[i, t]`` is what decision ``t`` saw, and ``obs[i, finish_step]`` the terminal
+            observation.
+        actions: ``(n, decisions, chunk, act_dim)``; log_probs: ``(n, decisions, chunk)``;
+        mask: ``(n, decisions)`` bool, the decisions taken.
+        success, truncated: ``(n,)`` bool; finish: ``(n,)`` int64, decisions taken.
+        running: ``(n,)`` bool numpy, episodes still running; lost: ``(n,)`` bool numpy.
+        policy_seconds, env_seconds, sim_seconds, sim_cpu_seconds: as in :class:`RolloutResult`.
+    """
+
+    def __init__(self, first_obs: torch.Tensor | TensorDict, decisions: int, chunk: int, act_dim: int,
+                 render_indices: tuple[int, ...]) -> None:
+        n = first_obs.shape[0]
+        self.obs = _time_buffer(first_obs, decisions + 1)  # (n, T + 1, ...)
+        self.obs[:, 0] = first_obs
+        self.actions = torch.zeros(n, decisions, chunk, act_dim)
+        self.log_probs = torch.zeros(n, decisions, chunk)
+        self.mask = torch.zeros(n, decisions, dtype=torch.bool)
+        self.success = torch.zeros(n, dtype=torch.bool)
+        self.truncated = torch.zeros(n, dtype=torch.bool)
+        self.finish = torch.zeros(n, dtype=torch.int64)
+        self.running = np.ones(n, dtype=bool)
+        self.lost = np.zeros(n, dtype=bool)
+        self.frames: dict[int, list[np.ndarray]] = {int(i): [] for i in render_indices}
+        self.env_steps = 0
+        self.policy_seconds = self.env_seconds = self.sim_seconds = self.sim_cpu_seconds = 0.0
+
+    def record_decision(self, rows: np.ndarray, t: int, actions: torch.Tensor, log_probs: torch.Tensor) -> None:
+        """Decision ``t`` of episodes ``rows``: ``actions`` ``(k, chunk, act_dim)``, ``log_probs`` ``(k, chunk)``."""
+        idx = torch.as_tensor(rows)
+        self.actions[idx, t] = actions
+        self.log_probs[idx, t] = log_probs
+        self.mask[idx, t] = True
+        self.finish[idx] = t + 1
+
+    def record_chunk(self, rows: np.ndarray, t: int, out: dict) -> None:
+        """The pool's result (:meth:`simulators.pool.SimulatorPool.collect`) of decision ``t``'s
+        chunk in episodes ``rows``: the observation after the chunk (the terminal one if the
+        episode ended in it) goes to ``obs[:, t + 1]``; a success anywhere in the chunk counts."""
+        lost, kept = out["lost"], ~out["lost"]
+        done = rows[kept]
+        idx = torch.as_tensor(done)
+        self.obs[idx, t + 1] = to_torch(out["obs"])[torch.as_tensor(kept)]
+        self.success[idx] |= torch.as_tensor(out["success"][kept])
+        self.truncated[idx] = torch.as_tensor(out["truncated"][kept]) & ~self.success[idx]
+        self.running[done[out["terminated"][kept] | out["truncated"][kept]]] = False
+        self.running[rows[lost]] = False
+        self.lost[rows[lost]] = True
+        self.env_steps += int(out["steps"][kept].sum())
+        self.sim_seconds += float(out["sim_seconds"])
+        self.sim_cpu_seconds += float(out["sim_cpu_seconds"])
+        for i, frames in out["frames"].items():
+            self.frames[int(i)].append(frames)
+
+    def result(self, init_state_ids: np.ndarray) -> RolloutResult:
+        """The episodes not lost, as a :class:`RolloutResult`."""
+        kept = torch.as_tensor(~self.lost)
+        batch = TensorDict(
+            {
+                keys.OBS: self.obs[kept],
+                keys.ACTIONS: self.actions[kept],
+                keys.OLD_LOG_PROBS: self.log_probs[kept],
+                keys.RESPONSE_MASK: self.mask[kept],
+                keys.SUCCESS: self.success[kept],
+                keys.TRUNCATED: self.truncated[kept],
+                keys.FINISH_STEP: self.finish[kept],
+                keys.INIT_STATE_ID: torch.as_tensor(np.asarray(init_state_ids), dtype=torch.int64)[kept],
+            },
+            batch_size=[int(kept.sum())],
+        )
+        frames = {i: np.concatenate(f) for i, f in self.frames.items() if f and not self.lost[i]}
+        return RolloutResult(batch, frames, self.env_steps, self.lost.copy(), self.policy_seconds, self.env_seconds,
+                             self.sim_seconds, self.sim_cpu_seconds)
 
 
 @torch.no_grad()
@@ -59,84 +172,76 @@ def rollout_episodes(
     greedy: bool = False,
     generator: torch.Generator | None = None,
     render_indices: tuple[int, ...] = (),
+    pipeline_stages: int = 1,
 ) -> RolloutResult:
     """Run one episode per initial state in ``init_state_ids`` (shape ``(n,)``, int64).
 
     Args:
         policy: a :class:`policies.base.Policy` (its ``sample_actions`` is called on the
-            running environments' observations, its ``env_actions`` on the sampled actions).
-        pool: a :class:`simulators.pool.SimulatorPool` with capacity ≥ n.
+            running environments' observations, one pipeline stage at a time, its
+            ``env_actions`` on the sampled actions).
+        pool: a :class:`simulators.pool.SimulatorPool` with capacity ≥ n (or any object with
+            its ``spec``, ``reset``, ``submit`` and ``collect``).
         greedy: take the policy's mode instead of sampling.
         generator: torch generator for sampling (reproducibility).
         render_indices: environment indices whose camera frames are recorded.
+        pipeline_stages: number of environment groups pipelined against the policy (1: lockstep;
+            more stages than environments act as one stage per environment).
 
     Raises:
-        ValueError: from the pool if ``n`` exceeds its capacity.
+        ValueError: from the pool if ``n`` exceeds its capacity; if ``pipeline_stages < 1``.
     """
+    if isinstance(pipeline_stages, bool) or not isinstance(pipeline_stages, int) or pipeline_stages < 1:
+        raise ValueError(f"pipeline_stages must be a positive integer, got {pipeline_stages!r}")
     spec = pool.spec()
     horizon, act_dim = int(spec["horizon"]), int(spec["act_dim"])
     chunk = int(policy.chunk_size)
     n = len(init_state_ids)
     decisions = math.ceil(horizon / chunk)
-
     start = time.perf_counter()
-    obs = to_torch(pool.reset(np.asarray(init_state_ids, dtype=np.int64)))
-    env_seconds = time.perf_counter() - start
-    obs_buf = _time_buffer(obs, decisions + 1)  # (n, T + 1, ...)
-    act_buf = torch.zeros(n, decisions, chunk, act_dim)
-    logp_buf = torch.zeros(n, decisions, chunk)
-    mask_buf = torch.zeros(n, decisions, dtype=torch.bool)
-    success = torch.zeros(n, dtype=torch.bool)
-    finish = torch.zeros(n, dtype=torch.int64)
-    frames: dict[int, list[np.ndarray]] = {i: [] for i in render_indices}
+    first_obs = to_torch(pool.reset(np.asarray(init_state_ids, dtype=np.int64)))
+    book = EpisodeBook(first_obs, decisions, chunk, act_dim, tuple(render_indices))
+    book.env_seconds += time.perf_counter() - start
+    stages = np.array_split(np.arange(n), min(pipeline_stages, n))
+    run_pipeline(policy, pool, book, stages, decisions, greedy, generator, tuple(render_indices))
+    return book.result(init_state_ids)
 
-    obs_buf[:, 0] = obs
-    active = np.ones(n, dtype=bool)
-    env_steps = 0
-    policy_seconds = 0.0
-    for t in range(decisions):
-        idx = torch.as_tensor(np.flatnonzero(active))
+
+def run_pipeline(policy, pool, book: EpisodeBook, stages: list[np.ndarray], decisions: int, greedy: bool,
+                 generator: torch.Generator | None, render_indices: tuple[int, ...]) -> None:
+    """Drive the episodes of ``book`` to their ends, ``stages`` (arrays of episode rows) pipelined.
+
+    Every stage gets its first chunk, then, oldest first, a stage in flight is collected and
+    given its next chunk (sampled while the other stages simulate), until no stage has a running
+    episode or each has taken ``decisions`` decisions.
+    """
+    in_flight: deque = deque()
+
+    def launch(stage: np.ndarray, t: int) -> None:
+        rows = stage[book.running[stage]]
+        if len(rows) == 0 or t == decisions:
+            return
         start = time.perf_counter()
-        actions, log_probs = policy.sample_actions(obs_buf[idx, t], greedy=greedy, generator=generator)
+        actions, log_probs = policy.sample_actions(book.obs[torch.as_tensor(rows), t], greedy=greedy,
+                                                   generator=generator)
         env_actions = policy.env_actions(actions)  # (k, chunk, act_dim) in the simulator's units
-        policy_seconds += time.perf_counter() - start
-        act_buf[idx, t] = actions
-        logp_buf[idx, t] = log_probs
-        mask_buf[idx, t] = True
-        finish[idx] = t + 1
-        full_actions = np.zeros((n, chunk, act_dim), dtype=np.float32)
-        full_actions[idx.numpy()] = env_actions.numpy()
-        for j in range(chunk):
-            if not active.any():
-                break
-            render = tuple(i for i in render_indices if active[i])
-            start = time.perf_counter()
-            out = pool.step(full_actions[:, j], active, render_indices=render)
-            env_seconds += time.perf_counter() - start
-            env_steps += int(active.sum())
-            for k, i in enumerate(render):
-                frames[i].append(out["frames"][k])
-            running = torch.as_tensor(active)
-            obs_buf[running, t + 1] = to_torch(out["obs"])[running]
-            success[running] |= torch.as_tensor(out["success"][active])
-            active &= ~(out["terminated"] | out["truncated"])
-        if not active.any():
-            break
-    # Episodes that ended mid-chunk keep their terminal observation at index finish_step.
-    batch = TensorDict(
-        {
-            keys.OBS: obs_buf,
-            keys.ACTIONS: act_buf,
-            keys.OLD_LOG_PROBS: logp_buf,
-            keys.RESPONSE_MASK: mask_buf,
-            keys.SUCCESS: success,
-            keys.FINISH_STEP: finish,
-            keys.INIT_STATE_ID: torch.as_tensor(np.asarray(init_state_ids), dtype=torch.int64),
-        },
-        batch_size=[n],
-    )
-    return RolloutResult(batch, {i: np.stack(f) for i, f in frames.items() if f}, env_steps, policy_seconds,
-                         env_seconds)
+        book.policy_seconds += time.perf_counter() - start
+        book.record_decision(rows, t, actions, log_probs)
+        running = set(rows.tolist())
+        rendered = [i for i in render_indices if i in running]
+        start = time.perf_counter()
+        in_flight.append((stage, rows, t, pool.submit(rows, env_actions.numpy(), rendered)))
+        book.env_seconds += time.perf_counter() - start
+
+    for stage in stages:
+        launch(stage, 0)
+    while in_flight:
+        stage, rows, t, pending = in_flight.popleft()
+        start = time.perf_counter()
+        out = pool.collect(pending)
+        book.env_seconds += time.perf_counter() - start
+        book.record_chunk(rows, t, out)
+        launch(stage, t + 1)
 
 
 def _time_buffer(first: torch.Tensor | TensorDict, steps: int) -> torch.Tensor | TensorDict:

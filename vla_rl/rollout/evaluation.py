@@ -22,27 +22,31 @@ from vla_rl.utils.video import write_mp4
 
 
 def evaluate_shard(
-    policy, pool, init_state_ids: np.ndarray, capacity: int, generator: torch.Generator, bar=None
+    policy, pool, init_state_ids: np.ndarray, capacity: int, generator: torch.Generator, pipeline_stages: int,
+    bar=None,
 ) -> tuple[int, int, float]:
     """Roll out one episode per id (in pool-sized chunks).
 
     Args:
         policy: a policy, or a :class:`~vla_rl.evaluation.protocol.ProtocolPolicy` (it decides
             greedy or sampled).
-        bar: a progress bar advanced by the episodes of each chunk (None: no progress shown).
+        pipeline_stages: see :func:`vla_rl.rollout.embodied.rollout_episodes`.
+        bar: a progress bar advanced by the episodes of each chunk, lost ones included (None: no
+            progress shown).
 
     Returns:
-        (successes, episodes, sum of episode lengths in decision steps).
+        (successes, episodes, sum of episode lengths in decision steps); episodes lost to a
+        simulator fault are not counted.
     """
     successes, episodes, length_sum = 0, 0, 0.0
     for start in range(0, len(init_state_ids), capacity):
-        batch = rollout_episodes(policy, pool, init_state_ids[start : start + capacity],
-                                 generator=generator).batch
+        chunk_ids = init_state_ids[start : start + capacity]
+        batch = rollout_episodes(policy, pool, chunk_ids, generator=generator, pipeline_stages=pipeline_stages).batch
         successes += int(batch[keys.SUCCESS].sum())
         episodes += len(batch)
         length_sum += float(batch[keys.FINISH_STEP].sum())
         if bar is not None:
-            bar.update(len(batch))
+            bar.update(len(chunk_ids))
     return successes, episodes, length_sum
 
 
@@ -66,7 +70,8 @@ def evaluate_distributed(
     bar = (tqdm_ray.tqdm(total=len(mine) * len(protocols), desc="held-out evaluation (rank 0's episodes)",
                          unit="episode") if rank == 0 else None)
     for protocol in protocols:
-        local = evaluate_shard(ProtocolPolicy(policy, protocol), pool, mine, capacity, generator=generator, bar=bar)
+        local = evaluate_shard(ProtocolPolicy(policy, protocol), pool, mine, capacity, generator=generator,
+                               pipeline_stages=config.simulator.pipeline_stages, bar=bar)
         totals = torch.tensor(local, dtype=torch.float64)
         dist.all_reduce(totals, group=group)
         successes, episodes, length_sum = int(totals[0]), int(totals[1]), float(totals[2])

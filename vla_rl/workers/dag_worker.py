@@ -241,7 +241,7 @@ class DAGWorker:
         ev, sim = self.config.eval, self.config.simulator
         env = {**sim.env, "render_camera": ev.video_camera, "render_size": ev.video_size}
         pool = SimulatorPool(sim.name, env, num_actors=1, envs_per_actor=ev.video_episodes,
-                             actor_options={"num_cpus": 0})
+                             actor_options={"num_cpus": 0}, step_timeout_s=sim.step_timeout_s)
         try:
             ids = ev.init_state_offset + np.arange(ev.video_episodes, dtype=np.int64)
             out = record_video(self.resources.policy, pool, ids, self.run_dir / "videos" / f"{tag}.mp4",

@@ -80,6 +80,7 @@ class WorkerResources:
             num_actors=sim.actors_per_worker,
             envs_per_actor=math.ceil(capacity / sim.actors_per_worker),
             actor_options={"num_cpus": sim.num_cpus_per_actor},
+            step_timeout_s=sim.step_timeout_s,
         )
 
     @cached_property

@@ -1,0 +1,93 @@
+"""The rollout node with episodes lost to simulator faults: they leave their group without being
+scored as failures, the rest of the group keeps its ids, and the loss is counted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from policies import make_policy
+from policies.mlp import MLPPolicyConfig
+from vla_rl.config import RunConfig
+from vla_rl.data import keys
+from vla_rl.nodes.advantage import compute_advantages
+from vla_rl.nodes.reward import compute_rewards
+from vla_rl.nodes.rollout import RolloutNodeConfig, interact
+from vla_rl.workers.context import NodeContext
+
+OBS_DIM, ACT_DIM = 3, 2
+
+
+class LosingPool:
+    """Environment ``i`` succeeds at its first step if ``succeeds[i]``, else times out after 2
+    steps; the episodes of ``lost`` are lost in their first chunk."""
+
+    num_actors = 2
+
+    def __init__(self, succeeds: list[bool], lost: set[int]) -> None:
+        self.succeeds, self.lost = np.asarray(succeeds), lost
+
+    def spec(self):
+        return {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": 2}
+
+    def reset(self, ids):
+        self.steps = np.zeros(len(ids), dtype=np.int64)
+        return np.zeros((len(ids), OBS_DIM), dtype=np.float32)
+
+    def submit(self, env_indices, actions, render_indices=()):
+        return np.asarray(env_indices)
+
+    def collect(self, rows):
+        self.steps[rows] += 1
+        success = self.succeeds[rows] & (self.steps[rows] == 1)
+        truncated = ~success & (self.steps[rows] >= 2)
+        k = len(rows)
+        return {"obs": np.ones((k, OBS_DIM), dtype=np.float32), "reward": success.astype(np.float32),
+                "terminated": success, "truncated": truncated, "success": success,
+                "steps": np.ones(k, dtype=np.int64), "lost": np.isin(rows, list(self.lost)), "frames": {},
+                "sim_seconds": 0.25, "sim_cpu_seconds": 0.125}
+
+
+class Resources:
+    def __init__(self, pool) -> None:
+        torch.manual_seed(0)
+        self.policy = make_policy("mlp", MLPPolicyConfig(obs_dim=OBS_DIM, action_dim=ACT_DIM, hidden_sizes=(4,)))
+        self.simulator_pool = pool
+        self.generator = torch.Generator().manual_seed(0)
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_a_lost_episode_leaves_its_group_without_counting_as_a_failure(process_group, stages):
+    config = RunConfig.model_validate({
+        "data": {"group_size": 3},
+        "simulator": {"pipeline_stages": stages},
+        "algorithm": {"reward": "success", "adv_estimator": "grpo"},
+    })
+    # Group 0 (uid 10): success, lost, failure. Group 1 (uid 11): success, failure, failure.
+    resources = Resources(LosingPool([True, True, False, True, False, False], lost={1}))
+    tasks = TensorDict({keys.INIT_STATE_ID: torch.tensor([5, 6]), keys.TASK_ID: torch.tensor([0, 1]),
+                        keys.UID: torch.tensor([10, 11])}, batch_size=[2])
+
+    def ctx(node_id, node_config=None):
+        return NodeContext(node_id, 0, 0, 1, 0, 1, config, node_config, resources)
+
+    out = interact(ctx("rollout", RolloutNodeConfig()), tasks)
+    episodes = out.batch
+    assert episodes[keys.UID].tolist() == [10, 10, 11, 11, 11]
+    assert episodes[keys.TASK_ID].tolist() == [0, 0, 1, 1, 1]
+    assert episodes[keys.INIT_STATE_ID].tolist() == [5, 5, 6, 6, 6]
+    assert episodes[keys.SUCCESS].tolist() == [True, False, True, False, False]
+    assert out.metrics["rollout/lost_episodes"] == 1
+    assert out.metrics["rollout/lost_fraction"] == pytest.approx(1 / 6)
+    assert out.metrics["rollout/success_rate"] == pytest.approx(2 / 5)
+    assert out.metrics["rollout/sim_seconds_per_actor"] > 0
+    advantages = compute_advantages(ctx("advantage"), compute_rewards(ctx("reward"), episodes).batch).batch
+    first = advantages[keys.ADVANTAGES][:, 0]
+    # GRPO over the episodes each group has: group 0 is {1, 0} (not {1, 0, 0}: the lost one is
+    # no failure): (r - mean) / (std with ddof 1 + 1e-6).
+    for rows, rewards in (([0, 1], [1.0, 0.0]), ([2, 3, 4], [1.0, 0.0, 0.0])):
+        r = np.array(rewards)
+        expected = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+        np.testing.assert_allclose(first[rows].numpy(), expected, rtol=1e-5)
