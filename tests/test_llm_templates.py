@@ -103,6 +103,7 @@ def test_sft_template_fits_targets_and_exports_a_model(ray_on_loopback, tmp_path
     assert len(losses) == 4 and losses[-1] < losses[0]
     assert all(r["sft/num_updates"] == 1.0 for r in records if "sft/loss" in r)
     assert (tmp_path / "run" / "checkpoints" / "step_00000004" / "hf_model" / "config.json").exists()
+    assert not (tmp_path / "run" / "success_rate.png").exists()  # no success rate to plot
 
 
 def test_periodic_evaluation_draws_a_held_out_curve(ray_on_loopback, tmp_path, tiny_lm_dir, arithmetic_files):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def plot_success_curve(records: list[dict], path: Path, title: str) -> None:
+def plot_success_curve(records: list[dict], path: Path, title: str) -> bool:
     """Training success rate per step, with the held-out evaluations (before, every
     ``eval.every_steps`` and after training; Wilson 95% intervals) as a second curve.
 
@@ -13,14 +13,20 @@ def plot_success_curve(records: list[dict], path: Path, title: str) -> None:
         records: metric records (``step`` plus metrics) as in ``metrics.jsonl``.
         path: PNG file to write (atomically).
         title: figure title.
+
+    Returns:
+        Whether the file was written: not when no record holds a success rate (a supervised
+        run without evaluation), rather than an empty plot.
     """
+    train = [(r["step"], r["rollout/success_rate"]) for r in records if r.get("rollout/success_rate") is not None]
+    if not train and not any(r.get(f"eval/{p}/success_rate") is not None for r in records for p in ("greedy", "sampled")):
+        return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    train = [(r["step"], r["rollout/success_rate"]) for r in records if r.get("rollout/success_rate") is not None]
     if train:
         steps, rates = zip(*train)
         ax.plot(steps, rates, marker=".", label="training rollouts (sampled)")
@@ -44,6 +50,7 @@ def plot_success_curve(records: list[dict], path: Path, title: str) -> None:
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
     tmp.replace(path)
+    return True
 
 
 def plot_success_vs_checkpoint(rows: list[dict], path: Path, title: str) -> None:
