@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from template_runs import run_one_step
 from vla_rl.driver import train
 
 TINY = [
@@ -32,13 +33,8 @@ def arithmetic_files(tmp_path_factory):
 
 
 def run(template: str, out, *overrides: str) -> tuple[dict, object]:
-    """One training step of ``template``: its metrics and its run directory."""
-    summary = train(template, [*TINY, f"run.output_dir={out}", "run.name=run", *overrides])
-    run_dir = out / "run"
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "rollout/success_rate" in r]
-    assert summary["steps_run"] == 1 and [r["step"] for r in steps] == [1]
-    return steps[0], run_dir
+    """One training step of ``template`` on the tiny settings: its step metrics and its run directory."""
+    return run_one_step(template, TINY, out, *overrides)
 
 
 def given_files(tiny_lm_dir, files) -> list[str]:

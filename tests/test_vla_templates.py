@@ -6,16 +6,14 @@ the suite chosen by override (skipped without the LIBERO extra)."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from safetensors.torch import load_file
 
 from simulators.libero_env import LiberoEnv
 from simulators.rendering import egl_unavailable_reason
+from template_runs import run_one_step
 from vla_rl.data.trajectory_store import TrajectoryStore
-from vla_rl.driver import train
 
 TINY = [
     "trainer.total_steps=1",
@@ -38,13 +36,8 @@ def _needs_egl():
 
 
 def run(template: str, out, *overrides: str) -> tuple[dict, object]:
-    """One training step of ``template``: its step metrics and its run directory."""
-    summary = train(template, [*TINY, f"run.output_dir={out}", "run.name=run", *overrides])
-    run_dir = out / "run"
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "rollout/success_rate" in r]
-    assert summary["steps_run"] == 1 and [r["step"] for r in steps] == [1]
-    return steps[0], run_dir
+    """One training step of ``template`` on the tiny settings: its step metrics and its run directory."""
+    return run_one_step(template, TINY, out, *overrides)
 
 
 def test_srpo_oft_lift_runs_with_the_policy_backbone_encoder(ray_on_loopback, tmp_path):
