@@ -4,21 +4,24 @@ Both train the same tiny Qwen2 checkpoint (:func:`policies.causal_lm.tiny.write_
 on the same arithmetic prompts, with the same number of prompts per step, group size, response
 length, temperature, learning rate and optimizer steps (one per step), on CPU, float32, beta = 0
 (no reference model). Samples/s counts sampled responses over the training wall time (setup,
-model loading and the warm start excluded on both sides). Prints a table and writes JSON.
+model loading and the warm start excluded on both sides). The two sides take turns
+(``--repeats`` runs each: vla-rl, TRL, vla-rl, TRL, ...), so that both meet the same machine
+load; the ratio is that of the medians. Prints a table and writes JSON with every run.
 
-    python benchmarks/llm_grpo_vs_trl.py --steps 10 --out benchmarks/llm_grpo_vs_trl.json
+    python benchmarks/llm_grpo_vs_trl.py --steps 20 --repeats 3 --out benchmarks/llm_grpo_vs_trl.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
 
-def run_project(model_dir: Path, files: dict, args, out_dir: Path) -> dict:
+def run_project(model_dir: Path, files: dict, args, out_dir: Path, name: str) -> dict:
     """``llm_grpo`` through the DAG engine; seconds and samples/s of its training loop."""
     from vla_rl.driver import train
 
@@ -30,10 +33,10 @@ def run_project(model_dir: Path, files: dict, args, out_dir: Path) -> dict:
         f"trainer.ppo_mini_batch_size={args.prompts * args.group_size}", f"trainer.lr={args.lr}",
         "algorithm.filter_zero_variance_groups=false", f"workers.num_workers={args.workers}",
         f"workers.torch_threads={args.threads_per_worker}", f"trainer.save_every={args.steps}",
-        f"run.output_dir={out_dir}", "run.name=project",
+        f"run.output_dir={out_dir}", f"run.name={name}",
     ]
     summary = train("llm_grpo", overrides)
-    records = [json.loads(line) for line in (out_dir / "project" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out_dir / name / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "timing/step" in r]
     breakdown = {key: sum(r.get(key, 0.0) for r in steps) for key in steps[0] if key.startswith("timing/")}
     seconds = summary["train_time_s"]
@@ -42,7 +45,7 @@ def run_project(model_dir: Path, files: dict, args, out_dir: Path) -> dict:
             "time_breakdown_s": breakdown}
 
 
-def run_trl(model_dir: Path, files: dict, args, out_dir: Path) -> dict:
+def run_trl(model_dir: Path, files: dict, args, out_dir: Path, name: str) -> dict:
     """TRL 1.16 ``GRPOTrainer`` on the same model, prompts and settings."""
     import torch
     from datasets import Dataset
@@ -61,7 +64,7 @@ def run_trl(model_dir: Path, files: dict, args, out_dir: Path) -> dict:
         return [float(verify(s, c[0]["content"], g).correct) for c, s, g in zip(completions, data_source, ground_truth)]
 
     config = GRPOConfig(
-        output_dir=str(out_dir / "trl"), per_device_train_batch_size=args.prompts * args.group_size,
+        output_dir=str(out_dir / name), per_device_train_batch_size=args.prompts * args.group_size,
         num_generations=args.group_size, max_completion_length=args.response_length, temperature=1.0,
         learning_rate=args.lr, beta=0.0, max_steps=args.steps, bf16=False, use_cpu=True, report_to=[],
         logging_steps=1, save_strategy="no", seed=0, dataloader_num_workers=0,
@@ -81,7 +84,8 @@ def run_trl(model_dir: Path, files: dict, args, out_dir: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each side, taking turns")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--response-length", type=int, default=32)
@@ -94,20 +98,26 @@ def main() -> None:
     from policies.causal_lm.tiny import write_tiny_checkpoint
     from vla_rl.data.arithmetic import write_arithmetic_dataset
 
+    runs: dict[str, list[dict]] = {"vla_rl": [], "trl": []}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model_dir = write_tiny_checkpoint(tmp / "tiny_model")
         files = write_arithmetic_dataset(tmp / "data", 2000, 64, row_group_size=16)
-        project = run_project(model_dir, files, args, tmp)
-        trl = run_trl(model_dir, files, args, tmp)
-    result = {"settings": vars(args) | {"out": str(args.out)}, "vla_rl": project, "trl": trl,
-              "ratio": project["samples_per_s"] / trl["samples_per_s"]}
-    print(f"{'':10s} {'seconds':>9s} {'samples/s':>10s} {'resp. len':>10s}")
-    for name in ("vla_rl", "trl"):
-        r = result[name]
-        print(f"{name:10s} {r['seconds']:9.2f} {r['samples_per_s']:10.1f} {r['mean_response_length']:10.1f}")
-    print(f"ratio vla_rl / trl: {result['ratio']:.2f}x")
-    print("vla_rl time by node (s):", {k: round(v, 2) for k, v in project["time_breakdown_s"].items()})
+        for repeat in range(args.repeats):
+            runs["vla_rl"].append(run_project(model_dir, files, args, tmp, f"project_{repeat}"))
+            runs["trl"].append(run_trl(model_dir, files, args, tmp, f"trl_{repeat}"))
+    medians = {side: statistics.median(r["samples_per_s"] for r in side_runs) for side, side_runs in runs.items()}
+    result = {"settings": vars(args) | {"out": str(args.out)}, "runs": runs,
+              "median_samples_per_s": medians, "ratio": medians["vla_rl"] / medians["trl"]}
+    print(f"{'':10s} {'repeat':>6s} {'seconds':>9s} {'samples/s':>10s} {'resp. len':>10s}")
+    for side, side_runs in runs.items():
+        for repeat, r in enumerate(side_runs):
+            print(f"{side:10s} {repeat:6d} {r['seconds']:9.2f} {r['samples_per_s']:10.1f} {r['mean_response_length']:10.1f}")
+        print(f"{side:10s} {'median':>6s} {'':9s} {medians[side]:10.1f}")
+    print(f"ratio of the medians vla_rl / trl: {result['ratio']:.2f}x")
+    by_time = sorted(runs["vla_rl"], key=lambda r: r["seconds"])
+    breakdown = by_time[(len(by_time) - 1) // 2]["time_breakdown_s"]
+    print("vla_rl time by node, median run (s):", {k: round(v, 2) for k, v in breakdown.items()})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
 

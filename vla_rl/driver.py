@@ -13,6 +13,7 @@ import pickle
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -22,6 +23,13 @@ from vla_rl.dag.planner import plan
 from vla_rl.utils.ray_utils import init_ray
 
 RESOLVED_TEMPLATE = "template.yaml"
+
+
+class PendingCall(NamedTuple):
+    """A worker method started on every worker: its name and the replies' object references."""
+
+    method: str
+    refs: list
 
 
 class WorkerGroup:
@@ -47,14 +55,23 @@ class WorkerGroup:
         return cls([actor_cls.remote(rank, world_size, template, overrides, str(run_dir)) for rank in range(world_size)])
 
     def call(self, method: str, *args) -> list[dict[str, float]]:
-        """Call ``method(*args)`` on every worker at once and return their scalar replies.
+        """Call ``method(*args)`` on every worker at once and return their scalar replies
+        (:meth:`submit`, then :meth:`collect`)."""
+        return self.collect(self.submit(method, *args))
+
+    def submit(self, method: str, *args) -> PendingCall:
+        """Start ``method(*args)`` on every worker; :meth:`collect` waits for the replies."""
+        return PendingCall(method, [getattr(actor, method).remote(*args) for actor in self.actors])
+
+    def collect(self, call: PendingCall) -> list[dict[str, float]]:
+        """Wait for the replies of a :meth:`submit` and check them.
 
         Fails fast: the first worker error is raised as soon as it happens (the other workers
         may be blocked in a collective waiting for the failed one).
         """
         import ray
 
-        refs = [getattr(actor, method).remote(*args) for actor in self.actors]
+        method, refs = call
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)

@@ -75,10 +75,11 @@ class RunLoop:
         last_step = start
         train_start = time.perf_counter()
         bar = tqdm(range(start, total), initial=start, total=total, desc="training", unit="step", dynamic_ncols=True)
+        pending, step_start = (self.workers.submit("run_step", start), train_start) if start < total else (None, 0.0)
         for step in bar:
-            step_start = time.perf_counter()
-            metrics = self.workers.call("run_step", step)[0]
+            metrics = self.workers.collect(pending)[0]
             metrics["timing/step"] = time.perf_counter() - step_start
+            pending = None
             step_env_steps = metrics.get("rollout/env_steps_per_episode", 0.0) * episodes_per_step
             if metrics.get("timing/rollout"):
                 metrics["rollout/env_steps_per_s"] = step_env_steps / metrics["timing/rollout"]
@@ -87,18 +88,24 @@ class RunLoop:
             session_env_steps += step_env_steps
             rollout_time += metrics.get("timing/rollout", 0.0)
             metrics[TOTAL_ENV_STEPS] = env_steps
-            logger.log(step + 1, metrics)
-            bar.set_postfix(success=f"{metrics.get('rollout/success_rate', float('nan')):.2f}",
-                            reward=f"{metrics.get('reward/mean', float('nan')):.2f}")
             last_step = step + 1
             out_of_budget = budget is not None and env_steps >= budget
-            if self._evaluate_now(last_step, out_of_budget):  # before the checkpoint: it saves the RNG states after
+            evaluate = self._evaluate_now(last_step, out_of_budget)
+            save = last_step % cfg.trainer.save_every == 0 or last_step == total or out_of_budget
+            if not (evaluate or save):  # the workers start the next step while this one is logged
+                pending, step_start = self.workers.submit("run_step", last_step), time.perf_counter()
+            logger.log(last_step, metrics)
+            bar.set_postfix(success=f"{metrics.get('rollout/success_rate', float('nan')):.2f}",
+                            reward=f"{metrics.get('reward/mean', float('nan')):.2f}")
+            if evaluate:  # before the checkpoint: it saves the RNG states after
                 logger.log(last_step, self.workers.call("evaluate", f"step_{last_step}", False)[0])
-            if last_step % cfg.trainer.save_every == 0 or last_step == total or out_of_budget:
+            if save:
                 self.workers.call("save_checkpoint", last_step)
             if out_of_budget:
                 self.console.print(f"environment-step budget reached: {env_steps:.0f} >= trainer.total_env_steps={budget}")
                 break
+            if pending is None and last_step < total:
+                pending, step_start = self.workers.submit("run_step", last_step), time.perf_counter()
         bar.close()
         return {
             "steps_run": last_step - start,

@@ -28,6 +28,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from policies.causal_lm.configuration_causal_lm import CausalLMConfig
 from policies.causal_lm.loading import load_pretrained, save_pretrained
 from policies.causal_lm.processor_causal_lm import CausalLMProcessor
+from policies.sampling import sample_categorical
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,34 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
         ``(batch, seq_len)`` int64.
     """
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def decode_step_mask(attention_mask: Tensor, attn_implementation: str, dtype: torch.dtype) -> Tensor:
+    """The 4D attention mask of a one-token decoding step, as transformers' ``sdpa_mask`` /
+    ``eager_mask`` (``transformers.masking_utils``) would build it: the new token attends to every
+    unpadded key (causality is trivial for the last position).
+
+    A model given a 4D mask uses it as it is, so the decoding loop skips transformers' mask
+    construction at every token (about 9 % of a decoding step of the tiny model on CPU).
+
+    Args:
+        attention_mask: ``(batch, kv_len)`` 0/1 over the cached keys and the new token.
+        attn_implementation: ``"sdpa"`` or ``"eager"`` (the model config's ``_attn_implementation``).
+        dtype: the model's dtype (the additive mask of ``eager``).
+
+    Returns:
+        ``(batch, 1, 1, kv_len)``: bool, True where attended (``sdpa``); or ``dtype`` with 0 where
+        attended and ``torch.finfo(dtype).min`` elsewhere (``eager``).
+
+    Raises:
+        ValueError: another attention implementation.
+    """
+    attend = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, L)
+    if attn_implementation == "sdpa":
+        return attend
+    if attn_implementation == "eager":
+        return torch.zeros(attend.shape, dtype=dtype, device=attend.device).masked_fill(~attend, torch.finfo(dtype).min)
+    raise ValueError(f"no one-token decoding mask for attention implementation {attn_implementation!r}")
 
 
 def _check_left_padded(input_ids: Tensor, attention_mask: Tensor) -> None:
@@ -131,7 +160,6 @@ class CausalLMPolicy(nn.Module):
     def device(self) -> torch.device:
         return self.model.device
 
-    @torch.no_grad()
     def generate(
         self,
         input_ids: Tensor,
@@ -146,7 +174,11 @@ class CausalLMPolicy(nn.Module):
         Each step feeds one token per row; a row stops at its first EOS (in
         ``processor.eos_token_ids``) and is padded afterwards; decoding stops when every row has
         stopped or after ``max_new_tokens`` tokens. Columns of left padding shared by the whole
-        batch are skipped. The caller picks the mode (``model.eval()`` for dropout-free sampling).
+        batch are skipped, and a prompt repeated in the batch is encoded once
+        (:meth:`_forward_prompts`). The caller picks the mode (``model.eval()`` for dropout-free
+        sampling). Decoding runs under ``torch.inference_mode`` (measured: about 10 % less time
+        per token than ``no_grad`` for the tiny model on CPU); the returned tensors are ordinary
+        ones, free to enter a later autograd graph.
 
         Args:
             input_ids: ``(batch, prompt_len)`` int64, left-padded.
@@ -170,10 +202,19 @@ class CausalLMPolicy(nn.Module):
         if max_new_tokens < 1 or not temperature > 0:
             raise ValueError(f"max_new_tokens must be >= 1 and temperature > 0, got {max_new_tokens}, {temperature}")
         _check_left_padded(input_ids, attention_mask)
-        device = self.device
         start = int(attention_mask.bool().any(0).long().argmax())  # first column anyone attends to
-        input_ids = input_ids[:, start:].to(device)
-        attention_mask = attention_mask[:, start:].to(device=device, dtype=torch.long)
+        with torch.inference_mode():
+            generation = self._decode(input_ids[:, start:], attention_mask[:, start:], max_new_tokens, temperature,
+                                      greedy, generator)
+        # Inference tensors cannot be saved for backward; their clones made outside inference mode can.
+        return Generation(generation.responses.clone(), generation.response_mask.clone(), generation.log_probs.clone())
+
+    def _decode(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int, temperature: float,
+                greedy: bool, generator: torch.Generator | None) -> Generation:
+        """The decoding loop of :meth:`generate` on checked prompts (no all-padding column)."""
+        device = self.device
+        input_ids = input_ids.to(device)
+        attention_mask = attention_mask.to(device=device, dtype=torch.long)
         batch = input_ids.shape[0]
         eos_ids = torch.tensor(self.processor.eos_token_ids, device=device)
 
@@ -183,22 +224,15 @@ class CausalLMPolicy(nn.Module):
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
 
         cache = DynamicCache(config=self.model.config)
-        position_ids = position_ids_from_mask(attention_mask)
-        output = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        next_position = position_ids[:, -1:] + 1  # (B, 1)
+        attn_implementation = self.model.config._attn_implementation
+        logits = self._forward_prompts(input_ids, attention_mask, cache)  # (B, V)
+        next_position = position_ids_from_mask(attention_mask)[:, -1:] + 1  # (B, 1)
         for step in range(max_new_tokens):
-            step_log_probs = (output.logits[:, -1, :].float() / temperature).log_softmax(-1)  # (B, V)
+            step_log_probs = (logits.float() / temperature).log_softmax(-1)  # (B, V)
             if greedy:
                 tokens = step_log_probs.argmax(-1)
             else:
-                tokens = torch.multinomial(step_log_probs.exp(), 1, generator=generator).squeeze(-1)  # (B,)
+                tokens = sample_categorical(step_log_probs.exp(), generator)  # (B,)
             active = ~finished
             tokens = torch.where(active, tokens, self.processor.pad_token_id)
             responses[:, step] = tokens
@@ -208,20 +242,56 @@ class CausalLMPolicy(nn.Module):
             if step == max_new_tokens - 1 or finished.all():
                 break
             attention_mask = torch.cat([attention_mask, active[:, None].long()], dim=1)
-            output = self.model(
+            logits = self.model(
                 input_ids=tokens[:, None],
-                attention_mask=attention_mask,
+                attention_mask=decode_step_mask(attention_mask, attn_implementation, self.model.dtype),
                 position_ids=next_position,
                 past_key_values=cache,
                 use_cache=True,
-            )
+            ).logits[:, -1, :]
             next_position = next_position + 1
         return Generation(responses, response_mask, log_probs)
+
+    def _forward_prompts(self, input_ids: Tensor, attention_mask: Tensor, cache: DynamicCache) -> Tensor:
+        """Run each distinct prompt once and hand its keys, values and last logits to every row
+        that repeats it.
+
+        The responses of a GRPO group share their prompt: encoding it once per group instead of
+        once per response is Prefix Grouper's shared-prefix forward (Liu et al. 2025, arXiv
+        2506.05433), exact up to float rounding, with gradients flowing back through the
+        gathered cache to the single encoding.
+
+        Args:
+            input_ids, attention_mask: ``(batch, prompt_len)`` left-padded prompts on the model's
+                device (``attention_mask`` int64).
+            cache: an empty cache, filled with ``(batch, ...)`` keys and values of every row.
+
+        Returns:
+            ``(batch, vocab)`` logits of each prompt's last position (they predict the first
+            response token), in the model's dtype.
+        """
+        width = input_ids.shape[1]
+        distinct, inverse = torch.unique(torch.cat([input_ids, attention_mask], dim=1), dim=0, return_inverse=True)
+        prompt_ids, prompt_mask = distinct[:, :width], distinct[:, width:]  # (U, P) each
+        logits = self.model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=position_ids_from_mask(prompt_mask),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1, :]  # (U, V)
+        cache.reorder_cache(inverse)  # (U, ...) -> (B, ...)
+        return logits[inverse]
 
     def _response_log_softmax(
         self, input_ids: Tensor, attention_mask: Tensor, responses: Tensor, response_mask: Tensor, temperature: float
     ) -> tuple[Tensor, Tensor, int]:
-        """One forward pass over prompts + responses; the log-softmax at the response positions.
+        """Teacher-forced log-softmax at the response positions.
+
+        When some prompt repeats in the batch (a group's responses), each distinct prompt is
+        encoded once (:meth:`_forward_prompts`) and the responses then run on its cache;
+        otherwise one forward pass covers prompts and responses.
 
         Returns:
             ``log_softmax(logits / temperature)`` ``(batch, kept, vocab)`` float32 of the first
@@ -237,19 +307,32 @@ class CausalLMPolicy(nn.Module):
         valid_columns = response_mask.bool().any(0)
         kept = int(valid_columns.nonzero().max()) + 1 if valid_columns.any() else 0
         responses = responses[:, :kept].to(device)
-        sequences = torch.cat([input_ids[:, start:].to(device), responses], dim=1)  # (B, P' + kept)
-        mask = torch.cat(
-            [attention_mask[:, start:].to(device=device, dtype=torch.long), response_mask[:, :kept].to(device).long()],
-            dim=1,
-        )
-        output = self.model(
-            input_ids=sequences,
-            attention_mask=mask,
-            position_ids=position_ids_from_mask(mask),
-            use_cache=False,
-            logits_to_keep=kept + 1,
-        )
-        logits = output.logits[:, :-1, :]  # (B, kept, V): column t predicts response token t
+        prompt_ids = input_ids[:, start:].to(device)  # (B, P')
+        prompt_mask = attention_mask[:, start:].to(device=device, dtype=torch.long)
+        mask = torch.cat([prompt_mask, response_mask[:, :kept].to(device).long()], dim=1)  # (B, P' + kept)
+        positions = position_ids_from_mask(mask)
+        prompts_repeat = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0).shape[0] < len(prompt_ids)
+        if prompts_repeat and kept > 0:
+            cache = DynamicCache(config=self.model.config)
+            first = self._forward_prompts(prompt_ids, prompt_mask, cache)[:, None, :]  # (B, 1, V)
+            if kept == 1:
+                logits = first
+            else:
+                width = prompt_ids.shape[1]
+                rest = self.model(
+                    input_ids=responses[:, :-1],
+                    attention_mask=mask[:, :-1],
+                    position_ids=positions[:, width:-1],
+                    past_key_values=cache,
+                    use_cache=True,
+                ).logits  # (B, kept - 1, V): column t predicts response token t + 1
+                logits = torch.cat([first, rest], dim=1)  # (B, kept, V)
+        else:
+            sequences = torch.cat([prompt_ids, responses], dim=1)  # (B, P' + kept)
+            output = self.model(
+                input_ids=sequences, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=kept + 1
+            )
+            logits = output.logits[:, :-1, :]  # (B, kept, V): column t predicts response token t
         return (logits.float() / temperature).log_softmax(-1), responses, kept
 
     def log_probs_and_entropy(

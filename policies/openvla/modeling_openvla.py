@@ -26,6 +26,7 @@ from policies.action_tokenizer import bin_log_softmax
 from policies.openvla.configuration_openvla import OpenVLAPolicyConfig
 from policies.openvla.policy_base import PrismaticPolicy, position_ids_from_mask
 from policies.openvla.processor_openvla import check_observation
+from policies.sampling import sample_categorical
 
 
 @register_policy
@@ -118,7 +119,7 @@ class OpenVLAPolicy(PrismaticPolicy):
             if greedy:
                 bins[:, dim] = log_probs.argmax(-1)
             else:
-                bins[:, dim] = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
+                bins[:, dim] = sample_categorical(log_probs.exp(), generator)
             if dim == self.action_dim - 1:
                 break
             tokens = self.action_tokenizer.tokens_from_bins(bins[:, dim : dim + 1])  # (B, 1)

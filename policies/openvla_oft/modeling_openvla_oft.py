@@ -32,6 +32,7 @@ from policies.openvla.policy_base import PrismaticPolicy, position_ids_from_mask
 from policies.openvla.processor_openvla import PROPRIO, check_observation
 from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
 from policies.openvla_oft.heads_openvla_oft import L1RegressionActionHead, ProprioProjector, load_module_checkpoint
+from policies.sampling import sample_categorical
 
 
 def parallel_decoding_mask(prefix_mask: Tensor, num_action_positions: int, dtype: torch.dtype) -> Tensor:
@@ -188,8 +189,7 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
         if greedy:
             bins = log_softmax.argmax(-1)
         else:
-            flat = log_softmax.exp().flatten(0, 2)  # (B * chunk * A, bins)
-            bins = torch.multinomial(flat, 1, generator=generator).view(log_softmax.shape[:-1])
+            bins = sample_categorical(log_softmax.exp(), generator)  # (B, chunk, A)
         log_probs = log_softmax.gather(-1, bins[..., None]).squeeze(-1)  # (B, chunk, A)
         return self.action_tokenizer.actions_from_bins(bins), log_probs.sum(-1)
 

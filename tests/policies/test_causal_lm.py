@@ -7,6 +7,7 @@ import torch
 from transformers import GenerationConfig
 
 from policies.causal_lm import CausalLMConfig, CausalLMPolicy
+from policies.causal_lm.modeling_causal_lm import decode_step_mask
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -17,10 +18,12 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def policy(tiny_lm_dir):
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def policy(tiny_lm_dir, request):
+    """The policy under both attention implementations (each has its own decoding-step mask)."""
     return CausalLMPolicy.from_pretrained(
-        CausalLMConfig(model_path=str(tiny_lm_dir), max_prompt_length=40, max_response_length=12)
+        CausalLMConfig(model_path=str(tiny_lm_dir), max_prompt_length=40, max_response_length=12,
+                       attn_implementation=request.param)
     )
 
 
@@ -104,6 +107,18 @@ def test_recomputed_log_probs_equal_sampled_ones(policy, prompts):
         torch.testing.assert_close(policy.log_probs(*prompts, out.responses, out.response_mask, temperature), log_probs)
 
 
+def test_sampled_tensors_enter_a_training_graph(policy, prompts):
+    """Decoding runs in inference mode; what it returns must still serve a loss's backward pass
+    (the gather of the response ids saves them for backward)."""
+    out = policy.generate(*prompts, generator=torch.Generator().manual_seed(3))
+    assert not any(t.is_inference() for t in (out.responses, out.response_mask, out.log_probs))
+    log_probs, _ = policy.log_probs_and_entropy(*prompts, out.responses, out.response_mask)
+    ((log_probs - out.log_probs) * out.response_mask).sum().backward()
+    grads = [p.grad for p in policy.model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    policy.model.zero_grad(set_to_none=True)
+
+
 def test_greedy_matches_transformers_generate(policy, prompts):
     ours = policy.generate(*prompts, greedy=True)
     config = GenerationConfig(
@@ -154,3 +169,15 @@ def test_bad_padding_is_rejected(policy, prompts):
         policy.log_probs_and_entropy(input_ids, attention_mask, responses, mask.flip(1))
     with pytest.raises(ValueError, match=r"responses and response_mask must both be \(3, response_len\)"):
         policy.log_probs_and_entropy(input_ids, attention_mask, responses[:2], mask[:2])
+
+
+def test_decode_step_mask_layouts():
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    sdpa = decode_step_mask(mask, "sdpa", torch.float32)
+    assert sdpa.shape == (2, 1, 1, 3) and sdpa.dtype == torch.bool
+    assert sdpa[:, 0, 0].tolist() == [[False, True, True], [True, True, True]]
+    eager = decode_step_mask(mask, "eager", torch.bfloat16)
+    assert eager.dtype == torch.bfloat16
+    assert eager[0, 0, 0].tolist() == [torch.finfo(torch.bfloat16).min, 0.0, 0.0] and (eager[1] == 0).all()
+    with pytest.raises(ValueError, match="flash_attention_2"):
+        decode_step_mask(mask, "flash_attention_2", torch.float32)

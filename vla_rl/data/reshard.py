@@ -6,8 +6,8 @@ shard ``k`` (ranks of one block are replicas). Between two nodes whose DP sizes 
 is re-sharded with one ``all_to_all_single`` over the worker process group:
 
 1. the first rank of each source block is the *owner* of that shard and the only rank that sends;
-2. owners announce their shard's group sizes and the batch schema (``all_gather_object``: a few
-   hundred bytes of metadata, never sample data);
+2. owners announce their shard's group sizes and the batch schema (one all-gather of a few
+   hundred bytes of metadata, never sample data: :func:`~vla_rl.utils.collectives.all_gather_small_objects`);
 3. the global sequence of groups (source shard 0, then 1, ...) is cut into ``d_dst`` contiguous
    pieces with sample counts as equal as group boundaries allow; a group is never split, unless
    the destination node does not compare a group's samples (a model update: its function is
@@ -32,6 +32,7 @@ import torch.distributed as dist
 from tensordict import TensorDict
 
 from vla_rl.data import keys
+from vla_rl.utils.collectives import all_gather_small_objects
 
 
 @dataclass(frozen=True)
@@ -171,8 +172,7 @@ def reshard(
     if is_owner:
         sizes = [1] * len(batch) if group_key is None else group_sizes(batch.get(group_key))
         local_meta = (sizes, [(f.name, f.dtype, f.shape) for f in _schema(batch)], _nested_batch_dims(batch))
-    gathered: list = [None] * world
-    dist.all_gather_object(gathered, local_meta, group=group)
+    gathered = all_gather_small_objects(local_meta, group)
     owners = [r for r in range(world) if r % src_block == 0]
     schemas = {tuple(gathered[r][1]) for r in owners if gathered[r][0]}
     if len(schemas) > 1:

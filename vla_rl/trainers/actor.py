@@ -162,7 +162,9 @@ class ActorTrainer:
         self.policy = policy
         self.group = group
         self.forward = forward
-        self.ddp = DistributedDataParallel(policy, process_group=group)
+        # Buffers (normalisation statistics, rotary frequencies) are set before training and never
+        # updated by it; DDP's construction copies rank 0's, so no broadcast before every forward.
+        self.ddp = DistributedDataParallel(policy, process_group=group, forward_sync_buffers=False)
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
 
     def update(self, batch: TensorDict, config: ActorUpdateConfig, generator: torch.Generator) -> dict[str, float]:

@@ -103,7 +103,8 @@ class CriticTrainer:
         self.network = network
         self.group = group
         self.forward = embodied_values if forward is None else forward
-        self.ddp = DistributedDataParallel(network, process_group=group)
+        # Its buffers (normalisation statistics) never change in training: no per-forward broadcast.
+        self.ddp = DistributedDataParallel(network, process_group=group, forward_sync_buffers=False)
         self.optimizer = torch.optim.Adam(network.parameters(), lr=lr)
 
     @torch.no_grad()

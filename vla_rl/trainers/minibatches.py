@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from vla_rl.utils.collectives import all_gather_small_objects
+
 
 def minibatch_indices(
     num_samples: int,
@@ -35,11 +37,8 @@ def minibatch_indices(
     Yields:
         (minibatch size,) int64 indices into the shard, epoch after epoch.
     """
-    smallest = torch.tensor([num_samples], dtype=torch.int64)
-    total = torch.tensor([num_samples], dtype=torch.int64)
-    dist.all_reduce(smallest, op=dist.ReduceOp.MIN, group=group)
-    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
-    count = min(math.ceil(int(total) / ppo_mini_batch_size), int(smallest))
+    counts = all_gather_small_objects(num_samples, group)  # every worker's shard size, in one collective
+    count = min(math.ceil(sum(counts) / ppo_mini_batch_size), min(counts))
     if count == 0:
         return
     for _ in range(epochs):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from vla_rl.utils.collectives import all_gather_small_objects
+
 
 def reduce_metrics(local: list[tuple[str, float, float]], group: dist.ProcessGroup | None = None) -> dict[str, float]:
     """Weighted means of scalar metrics over all workers.
@@ -18,8 +20,7 @@ def reduce_metrics(local: list[tuple[str, float, float]], group: dist.ProcessGro
         ``{name: Σ value·weight / Σ weight}`` over every worker that reported ``name`` (names
         whose total weight is 0 are dropped); identical on every worker.
     """
-    gathered: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, local, group=group)
+    gathered = all_gather_small_objects(local, group)
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
     for triples in gathered:

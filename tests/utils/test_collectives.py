@@ -1,0 +1,47 @@
+"""The one-collective object gather over a real gloo process group (spawned processes, loopback)."""
+
+from __future__ import annotations
+
+import os
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from vla_rl.utils.collectives import all_gather_small_objects
+from vla_rl.utils.ray_utils import free_loopback_port
+
+CAPACITY = 256
+
+
+def _object(rank: int, case: str):
+    if case == "small":
+        return {"rank": rank, "sizes": [rank] * (rank + 1), "name": f"worker {rank}", "none": None}
+    # "large": rank 1's pickle exceeds the capacity, rank 0's fits; everybody must fall back together.
+    return list(range(1000)) if rank == 1 else ("fits", rank)
+
+
+def _worker(rank: int, world: int, port: int, case: str, results) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    results[rank] = all_gather_small_objects(_object(rank, case), capacity=CAPACITY)
+    dist.destroy_process_group()
+
+
+def _run(world: int, case: str) -> dict:
+    results = mp.Manager().dict()
+    mp.spawn(_worker, args=(world, free_loopback_port(), case, results), nprocs=world, join=True)
+    return dict(results)
+
+
+def test_every_rank_receives_every_object_by_rank():
+    world = 3
+    results = _run(world, "small")
+    expected = [_object(rank, "small") for rank in range(world)]
+    assert [results[rank] for rank in range(world)] == [expected] * world
+
+
+def test_an_object_over_the_capacity_falls_back_on_every_rank():
+    world = 2
+    results = _run(world, "large")
+    expected = [_object(rank, "large") for rank in range(world)]
+    assert [results[rank] for rank in range(world)] == [expected] * world
