@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -46,6 +47,26 @@ class Generation:
     responses: Tensor
     response_mask: Tensor
     log_probs: Tensor
+
+
+class DistinctPrompts(NamedTuple):
+    """The distinct prompts of a batch and, for each row, which one it is.
+
+    Attributes:
+        input_ids, attention_mask: ``(distinct, prompt_len)`` int64.
+        inverse: ``(batch,)`` int64, row ``b``'s prompt is ``input_ids[inverse[b]]``.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    inverse: Tensor
+
+    @classmethod
+    def of(cls, input_ids: Tensor, attention_mask: Tensor) -> DistinctPrompts:
+        """Group ``(batch, prompt_len)`` prompts (``attention_mask`` int64) by their tokens and mask."""
+        width = input_ids.shape[1]
+        distinct, inverse = torch.unique(torch.cat([input_ids, attention_mask], dim=1), dim=0, return_inverse=True)
+        return cls(distinct[:, :width], distinct[:, width:], inverse)
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -225,7 +246,7 @@ class CausalLMPolicy(nn.Module):
 
         cache = DynamicCache(config=self.model.config)
         attn_implementation = self.model.config._attn_implementation
-        logits = self._forward_prompts(input_ids, attention_mask, cache)  # (B, V)
+        logits = self._forward_prompts(DistinctPrompts.of(input_ids, attention_mask), cache)  # (B, V)
         next_position = position_ids_from_mask(attention_mask)[:, -1:] + 1  # (B, 1)
         for step in range(max_new_tokens):
             step_log_probs = (logits.float() / temperature).log_softmax(-1)  # (B, V)
@@ -252,7 +273,7 @@ class CausalLMPolicy(nn.Module):
             next_position = next_position + 1
         return Generation(responses, response_mask, log_probs)
 
-    def _forward_prompts(self, input_ids: Tensor, attention_mask: Tensor, cache: DynamicCache) -> Tensor:
+    def _forward_prompts(self, prompts: DistinctPrompts, cache: DynamicCache) -> Tensor:
         """Run each distinct prompt once and hand its keys, values and last logits to every row
         that repeats it.
 
@@ -262,17 +283,14 @@ class CausalLMPolicy(nn.Module):
         gathered cache to the single encoding.
 
         Args:
-            input_ids, attention_mask: ``(batch, prompt_len)`` left-padded prompts on the model's
-                device (``attention_mask`` int64).
+            prompts: the batch's distinct prompts (:meth:`DistinctPrompts.of`).
             cache: an empty cache, filled with ``(batch, ...)`` keys and values of every row.
 
         Returns:
-            ``(batch, vocab)`` logits of each prompt's last position (they predict the first
+            ``(batch, vocab)`` logits of each row's last prompt position (they predict the first
             response token), in the model's dtype.
         """
-        width = input_ids.shape[1]
-        distinct, inverse = torch.unique(torch.cat([input_ids, attention_mask], dim=1), dim=0, return_inverse=True)
-        prompt_ids, prompt_mask = distinct[:, :width], distinct[:, width:]  # (U, P) each
+        prompt_ids, prompt_mask, inverse = prompts
         logits = self.model(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
@@ -311,10 +329,10 @@ class CausalLMPolicy(nn.Module):
         prompt_mask = attention_mask[:, start:].to(device=device, dtype=torch.long)
         mask = torch.cat([prompt_mask, response_mask[:, :kept].to(device).long()], dim=1)  # (B, P' + kept)
         positions = position_ids_from_mask(mask)
-        prompts_repeat = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0).shape[0] < len(prompt_ids)
-        if prompts_repeat and kept > 0:
+        distinct = DistinctPrompts.of(prompt_ids, prompt_mask)
+        if len(distinct.input_ids) < len(prompt_ids) and kept > 0:
             cache = DynamicCache(config=self.model.config)
-            first = self._forward_prompts(prompt_ids, prompt_mask, cache)[:, None, :]  # (B, 1, V)
+            first = self._forward_prompts(distinct, cache)[:, None, :]  # (B, 1, V)
             if kept == 1:
                 logits = first
             else:

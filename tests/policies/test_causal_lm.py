@@ -119,6 +119,25 @@ def test_sampled_tensors_enter_a_training_graph(policy, prompts):
     policy.model.zero_grad(set_to_none=True)
 
 
+def test_shared_prompts_give_the_log_probs_and_gradients_of_separate_passes(policy, prompts):
+    """Groups of 3 responses per prompt: the shared-prompt passes (each prompt encoded once, in
+    decoding and in scoring) agree with scoring every row alone (no repeat: one plain pass),
+    values and parameter gradients."""
+    input_ids, attention_mask = (t.repeat_interleave(3, dim=0) for t in prompts)
+    out = policy.generate(input_ids, attention_mask, generator=torch.Generator().manual_seed(4))
+    shared, _ = policy.log_probs_and_entropy(input_ids, attention_mask, out.responses, out.response_mask)
+    alone = torch.cat([policy.log_probs_and_entropy(input_ids[i : i + 1], attention_mask[i : i + 1],
+                                                    out.responses[i : i + 1], out.response_mask[i : i + 1])[0]
+                       for i in range(len(input_ids))])
+    torch.testing.assert_close(shared, alone, rtol=0, atol=1e-5)
+    torch.testing.assert_close(shared, out.log_probs, rtol=0, atol=1e-5)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    shared_grads = torch.autograd.grad(shared.sum(), params)
+    alone_grads = torch.autograd.grad(alone.sum(), params)
+    for got, want in zip(shared_grads, alone_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_greedy_matches_transformers_generate(policy, prompts):
     ours = policy.generate(*prompts, greedy=True)
     config = GenerationConfig(
