@@ -67,7 +67,11 @@ class RunLoop:
 
     def _train(self, start: int, logger: MetricsLogger, env_steps: float) -> dict:
         """Run steps ``start ..`` until ``trainer.total_steps`` or the ``trainer.total_env_steps``
-        budget; ``env_steps`` is what earlier steps simulated."""
+        budget; ``env_steps`` is what earlier steps simulated.
+
+        The workers start the next step before the driver logs this one (tensorboard's scalars
+        take about a millisecond per step), unless an evaluation or a checkpoint comes between.
+        """
         cfg = self.config
         total, budget = cfg.trainer.total_steps, cfg.trainer.total_env_steps
         episodes_per_step = cfg.data.init_states_per_step * cfg.data.group_size

@@ -280,7 +280,8 @@ class CausalLMPolicy(nn.Module):
         The responses of a GRPO group share their prompt: encoding it once per group instead of
         once per response is Prefix Grouper's shared-prefix forward (Liu et al. 2025, arXiv
         2506.05433), exact up to float rounding, with gradients flowing back through the
-        gathered cache to the single encoding.
+        gathered cache to the single encoding (a model with dropout would draw one dropout mask
+        per prompt instead of one per row).
 
         Args:
             prompts: the batch's distinct prompts (:meth:`DistinctPrompts.of`).

@@ -23,7 +23,7 @@ def all_gather_small_objects(obj: Any, group: dist.ProcessGroup | None = None,
     collectives, each a round of latency (on gloo over loopback, measured 0.3-1.5 ms per
     collective on the 2-core machine). Metadata and metrics are a few hundred bytes, so each
     rank instead sends a fixed ``capacity``-byte buffer holding its pickle in one
-    ``all_gather_into_tensor``; if any rank's pickle does not fit, every rank learns it from the
+    ``all_gather_single``; if any rank's pickle does not fit, every rank learns it from the
     same collective and they all fall back to ``all_gather_object``.
 
     Called collectively by every rank of ``group``.
@@ -45,7 +45,7 @@ def all_gather_small_objects(obj: Any, group: dist.ProcessGroup | None = None,
         send[_HEADER_BYTES : _HEADER_BYTES + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     device = _collective_device(group)
     received = torch.empty(world * (_HEADER_BYTES + capacity), dtype=torch.uint8, device=device)
-    dist.all_gather_into_tensor(received, send.to(device), group=group)
+    dist.all_gather_single(received, send.to(device), group=group)
     received = received.cpu().view(world, _HEADER_BYTES + capacity)
     lengths = received[:, :_HEADER_BYTES].contiguous().view(torch.int64).squeeze(-1).tolist()
     if any(length > capacity for length in lengths):
