@@ -3,8 +3,9 @@
 :func:`sample_categorical` is inverse-transform sampling: one uniform draw per row, located in
 the row's cumulative distribution with a binary search. It draws from exactly the distribution
 ``torch.multinomial(probs, 1)`` draws from, with the same ``torch.Generator`` control, at a
-fraction of its cost on CPU (measured on the project machine, one thread, 32 rows x 512 classes:
-about 34 us against 300 us), which matters in a decoding loop that samples once per token.
+fraction of its cost on CPU (measured on the project machine, one thread, 32 rows: 22 us against
+253 us over 512 classes, 1.4 ms against 23 ms over SmolLM2's 49,152), which matters in a decoding
+loop that samples once per token.
 """
 
 from __future__ import annotations

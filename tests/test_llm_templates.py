@@ -97,6 +97,8 @@ def test_sft_template_fits_targets_and_exports_a_model(ray_on_loopback, tmp_path
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["sft/loss"] for r in records if "sft/loss" in r]
     assert len(losses) == 4 and losses[-1] < losses[0]
+    # Steps 2-4 started while the driver logged the one before: each is logged once, in order.
+    assert [r["step"] for r in records if "sft/loss" in r] == [1, 2, 3, 4]
     assert all(r["sft/num_updates"] == 1.0 for r in records if "sft/loss" in r)
     assert (tmp_path / "run" / "checkpoints" / "step_00000004" / "hf_model" / "config.json").exists()
     assert not (tmp_path / "run" / "success_rate.png").exists()  # no success rate to plot
