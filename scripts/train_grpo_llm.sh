@@ -23,7 +23,8 @@ case "${MODEL:-tiny}" in
                 "text.arithmetic_levels=[add_small]" text.num_generated_train=160 text.num_generated_test=50
                 text.temperature=0.7 text.max_prompt_length=96 text.max_response_length=48
                 text.prompts_per_step=8 trainer.ppo_mini_batch_size=32 trainer.lr=1.0e-5
-                trainer.total_steps=20 trainer.save_every=10 eval.num_episodes=50 workers.torch_threads=1)
+                trainer.total_steps=20 trainer.save_every=10 eval.num_episodes=50 eval.every_steps=10
+                workers.torch_threads=1)
     ;;
   *)
     echo "MODEL must be 'tiny' or 'smollm2' (got '${MODEL}')" >&2
