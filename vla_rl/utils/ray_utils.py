@@ -8,6 +8,7 @@ are off and the dashboard is off unless asked for.
 
 from __future__ import annotations
 
+import math
 import os
 
 LOOPBACK = "127.0.0.1"
@@ -31,8 +32,12 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False) -> 
     """Start a local Ray instance whose every listener is on 127.0.0.1 (no-op if already started).
 
     Args:
-        num_cpus: logical CPU resources Ray may hand out (actors reserve from it); None lets
-            Ray count the machine's cores.
+        num_cpus: logical CPU resources Ray may hand out (actors reserve from it), rounded up to
+            a whole number; None lets Ray count the machine's cores. Ray hands
+            ``min(cpu_count, num_cpus)`` to the raylet as an int32 flag
+            (``--maximum_startup_concurrency``): a float such as ``5.0`` on a machine with more
+            than 5 cores makes the raylet exit at start-up, and ``ray.init`` then fails after
+            30 s with "The current node timed out during startup".
         include_dashboard: start the dashboard (on 127.0.0.1); off by default.
     """
     # Ray reads these when it is imported and when it starts its processes: set them first.
@@ -50,7 +55,7 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False) -> 
         _node_ip_address=LOOPBACK,
         include_dashboard=include_dashboard,
         dashboard_host=LOOPBACK,
-        num_cpus=num_cpus,
+        num_cpus=None if num_cpus is None else math.ceil(num_cpus),
         log_to_driver=True,
         configure_logging=True,
         logging_level="WARNING",
