@@ -89,6 +89,11 @@ class LiberoEnvConfig:
     render_size: int = 128
     """Height and width of rendered frames, pixels."""
 
+    @property
+    def task_name(self) -> str:
+        """``<suite>_<task_id>``, e.g. ``libero_spatial_0``."""
+        return f"{self.suite}_{self.task_id}"
+
     def __post_init__(self) -> None:
         if self.suite not in SUITE_HORIZONS:
             raise ValueError(f"suite must be one of {sorted(SUITE_HORIZONS)}, got {self.suite!r}")

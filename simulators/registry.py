@@ -8,6 +8,8 @@ A simulator is a ``gymnasium.Env`` subclass registered under a name. Its contrac
   the observation into a ``Dict`` ``{"state": Box, "<camera>_image": uint8 (H, W, 3)}``),
   ``reset(seed=init_state_id)`` reproducible in any process, ``step`` returning
   ``info["success"]``, no auto-reset;
+- its config dataclass has a ``task_name`` property: the task it sets up (``"Lift"``), which
+  keys scripted experts (:mod:`simulators.experts`) and names evaluation tasks;
 - attributes ``horizon`` (int) and ``obs_layout`` (``{key: slice}`` into the observation), and
   ``render_mode`` (``"rgb_array"`` when ``render_frame() -> uint8 (H, W, 3)`` is available,
   else ``None``), and ``instruction`` (the task's language instruction);
@@ -65,6 +67,15 @@ def build_env_config(name: str, config: Any = None) -> Any:
         f"config for simulator {name!r} must be None, a mapping or a {config_class.__name__}, "
         f"got {type(config).__name__}"
     )
+
+
+def task_name(name: str, config: Any = None) -> str:
+    """The task that simulator ``name`` with ``config`` sets up (its config's ``task_name``).
+
+    Raises:
+        RegistryError, ValueError, TypeError: as :func:`build_env_config`.
+    """
+    return build_env_config(name, config).task_name
 
 
 def make_env(name: str, config: Any = None) -> gym.Env:

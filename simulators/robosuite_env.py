@@ -130,6 +130,11 @@ class RobosuiteEnvConfig:
     instruction: str | None = None
     """Language instruction of the task; ``None``: ``TASK_INSTRUCTIONS[task]``."""
 
+    @property
+    def task_name(self) -> str:
+        """The robosuite task (``task``)."""
+        return self.task
+
     def __post_init__(self) -> None:
         for name in ("task", "robot"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):

@@ -20,7 +20,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from simulators.experts import EXPERTS
+from simulators.experts import make_expert
 from simulators.registry import make_env
 from vla_rl.data import keys
 from vla_rl.data.observations import Observations, observation, stack_observations
@@ -186,10 +186,10 @@ class SimulatorWorker:
             (T, act_dim), "success": bool, "init_state_id": int}``. The expert reads the state.
 
         Raises:
-            RegistryError: if no scripted expert is registered for this simulator.
+            NoExpertError: if no scripted expert is registered for this simulator's task.
         """
         env = self._env(0)
-        expert = EXPERTS.get(self._env_name)(env.obs_layout)
+        expert = make_expert(self._env_name, self._env_config.task_name, env.obs_layout)
         episodes = []
         for init_state_id in init_state_ids:
             obs, _ = env.reset(seed=int(init_state_id))

@@ -1,6 +1,14 @@
-"""Scripted experts that produce demonstrations, registered by simulator name."""
+"""Scripted experts that produce demonstrations, registered by simulator and task."""
 
 from simulators.experts.lift import LiftExpert
-from simulators.experts.registry import EXPERTS
+from simulators.experts.registry import (
+    EXPERTS,
+    NoExpertError,
+    expert_class,
+    make_expert,
+    register_expert,
+    tasks_with_expert,
+)
 
-__all__ = ["EXPERTS", "LiftExpert"]
+__all__ = ["EXPERTS", "LiftExpert", "NoExpertError", "expert_class", "make_expert", "register_expert",
+           "tasks_with_expert"]

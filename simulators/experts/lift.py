@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from simulators.experts.registry import EXPERTS
+from simulators.experts.registry import register_expert
 
 MAX_DELTA_M = 0.05
 """Position change commanded by an action of 1.0 (``OSC_POSE`` default output range), metres."""
@@ -32,7 +32,7 @@ OPEN, CLOSE = -1.0, 1.0
 _APPROACH, _DESCEND, _GRASP, _LIFT = range(4)
 
 
-@EXPERTS.register("robosuite_lift")
+@register_expert(("robosuite", "robosuite_lift"), "Lift")
 class LiftExpert:
     """Scripted Lift expert; keep one per environment and call :meth:`reset` at each episode start.
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from simulators import SIMULATORS, make_env
-from simulators.experts import EXPERTS
+from simulators.experts import EXPERTS, make_expert
 
 HORIZON = 40  # control steps: the Lift expert needs about 30
 
@@ -91,9 +91,10 @@ def test_truncated_at_horizon_and_no_auto_reset(env):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_scripted_expert_succeeds_and_terminates(env, seed):
-    if env.simulator_name not in EXPERTS:
-        pytest.skip(f"no scripted expert registered for {env.simulator_name!r}")
-    expert = EXPERTS.get(env.simulator_name)(env.obs_layout)
+    task = env.config.task_name
+    if (env.simulator_name, task) not in EXPERTS:
+        pytest.skip(f"no scripted expert registered for task {task!r} of {env.simulator_name!r}")
+    expert = make_expert(env.simulator_name, task, env.obs_layout)
     obs, _ = env.reset(seed=seed)
     expert.reset()
     done = False
