@@ -28,7 +28,7 @@ def run_project(model_dir: Path, files: dict, args, out_dir: Path, name: str) ->
     overrides = [
         f"text.model_path={model_dir}", f"text.train_file={files['train']}", f"text.test_file={files['test']}",
         "text.sft_steps=0", "eval.num_episodes=0", f"text.prompts_per_step={args.prompts}",
-        f"text.group_size={args.group_size}", f"text.max_response_length={args.response_length}",
+        f"data.group_size={args.group_size}", f"text.max_response_length={args.response_length}",
         f"trainer.total_steps={args.steps}", "trainer.ppo_epochs=1",
         f"trainer.ppo_mini_batch_size={args.prompts * args.group_size}", f"trainer.lr={args.lr}",
         "algorithm.filter_zero_variance_groups=false", f"workers.num_workers={args.workers}",

@@ -65,6 +65,14 @@ TASK_STATE_KEYS: dict[str, tuple[str, ...]] = {
 }
 """Default ``obs_keys`` per robosuite task (robosuite 1.5.2 observation names, Panda, metres)."""
 
+SINGLE_ARM_TASKS: tuple[str, ...] = (
+    "Door", "Lift", "NutAssembly", "NutAssemblyRound", "NutAssemblySingle", "NutAssemblySquare", "PickPlace",
+    "PickPlaceBread", "PickPlaceCan", "PickPlaceCereal", "PickPlaceMilk", "PickPlaceSingle", "Stack", "ToolHang",
+    "Wipe",
+)
+"""robosuite 1.5.2's single-arm tasks (``robosuite.ALL_ENVIRONMENTS`` without the two-arm ones),
+listed here so that a config is checked without importing robosuite."""
+
 PART_CONTROLLERS: tuple[str, ...] = (
     "JOINT_VELOCITY",
     "JOINT_TORQUE",
@@ -136,9 +144,11 @@ class RobosuiteEnvConfig:
         return self.task
 
     def __post_init__(self) -> None:
-        for name in ("task", "robot"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ValueError(f"{name} must be a non-empty robosuite name, got {getattr(self, name)!r}")
+        if self.task not in SINGLE_ARM_TASKS:
+            raise ValueError(f"task must be a single-arm robosuite task, one of {', '.join(SINGLE_ARM_TASKS)}; "
+                             f"got {self.task!r}")
+        if not isinstance(self.robot, str) or not self.robot:
+            raise ValueError(f"robot must be a non-empty robosuite robot name, got {self.robot!r}")
         if self.controller not in PART_CONTROLLERS:
             raise ValueError(f"controller must be one of {PART_CONTROLLERS}, got {self.controller!r}")
         _require_int("horizon", self.horizon, 1)

@@ -1,19 +1,19 @@
-"""The algorithm settings of the run config: combinations rejected with the field named, and
-every registered name resolved before a run starts."""
+"""The run config: every registered name and every component's settings (simulator, policy,
+advantage estimator, policy loss, reward, trajectory encoder) validated when a template loads,
+with the field named; what the nodes need from each other checked by the planner."""
 
 from __future__ import annotations
 
 import pytest
 
-from vla_rl.config_checks import check_component_names, check_required_nodes, check_rollout_backend
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
+from vla_rl.dag.planner import plan
 
 
 def _error(template: str, *overrides: str) -> TemplateError:
     with pytest.raises(TemplateError) as info:
-        loaded = load_template(template, list(overrides))
-        check_component_names(loaded.config, loaded.path)
+        plan(load_template(template, list(overrides)))
     return info.value
 
 
@@ -22,8 +22,7 @@ def _error(template: str, *overrides: str) -> TemplateError:
                                       "embodied_srpo_oft_lift", "embodied_grpo_oft_lift", "embodied_srpo_oft_libero",
                                       "embodied_grpo_oft_libero"])
 def test_templates_resolve_every_name(template):
-    loaded = load_template(template)
-    check_component_names(loaded.config, loaded.path)
+    plan(load_template(template))
 
 
 def test_oft_templates_extend_the_srpo_workflow_with_a_camera_policy():
@@ -60,13 +59,16 @@ def test_unknown_names_are_errors_naming_the_field(overrides, field, message):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["algorithm.dual_clip_c=3.0", "algorithm.policy_loss=cpgd"], "dual_clip_c applies to policy_loss 'ppo_clip'"),
-        (["algorithm.dual_clip_c=1.0"], "greater than 1"),
+        (["algorithm.cpgd.dual_clip_c=3.0"], "unknown key for CPGDConfig"),
+        (["algorithm.ppo_clip.dual_clip_c=1.0"], "dual_clip_c must be > 1"),
         (["algorithm.loss_agg_normalizer=100"], "loss_agg_normalizer is the constant"),
         (["algorithm.success_rate_band=[0.9,0.1]"], "low <= high"),
         (["algorithm.ratio_granularity=step"], "'token', 'action' or 'chunk'"),
         (["algorithm.kl_ctrl.type=pid"], "'fixed' or 'adaptive'"),
-        (["algorithm.clip_ratio_low=1.0"], "less than 1"),
+        (["algorithm.ppo_clip.clip_ratio_low=1.0"], "clip_ratio_low must be in [0, 1)"),
+        (["algorithm.clip_ratio_low=0.1"], "or the settings of a component: cpgd, gae"),
+        (["algorithm.grpo=3"], "must be a mapping of GRPOConfig settings"),
+        (["algorithm.rloo.x=1"], "advantage estimator 'rloo' takes no settings"),
     ],
 )
 def test_bad_algorithm_settings_are_rejected(overrides, message):
@@ -74,20 +76,52 @@ def test_bad_algorithm_settings_are_rejected(overrides, message):
 
 
 @pytest.mark.parametrize(
-    ("overrides", "field"),
+    ("overrides", "field", "message"),
     [
-        (["algorithm.use_kl_loss=true"], "algorithm.use_kl_loss"),
-        (["algorithm.use_kl_in_reward=true"], "algorithm.use_kl_in_reward"),
-        (["algorithm.adv_estimator=gae"], "algorithm.adv_estimator"),
+        (["simulator.env.task=Stak"], "simulator.env", "task must be a single-arm robosuite task"),
+        (["simulator.env.horizon=zero"], "simulator.env.horizon", "valid integer"),
+        (["simulator.env.tsk=Lift"], "simulator.env.tsk", "unknown key for RobosuiteEnvConfig; allowed: task"),
+        (["simulator.name=robosuit"], "simulator.name", "unknown simulator 'robosuit'"),
+        (["policy.config.hiden_sizes=[8]"], "policy.config.hiden_sizes", "allowed: obs_dim, action_dim, hidden_sizes"),
+        (["policy.config.activation=swish"], "policy.config", "activation 'swish' is unknown"),
+        (["policy.config.obs_dim=3"], "policy.config.obs_dim", "set from the simulator"),
+        (["algorithm.srpo.dbscan_eps=-1"], "algorithm.srpo", "dbscan_eps must be a finite number > 0"),
+        (["algorithm.srpo.eps=1"], "algorithm.srpo.eps", "unknown key for SRPORewardConfig"),
+        (["algorithm.gae.lam=2"], "algorithm.gae", "lam must be in [0, 1]"),
+        (["algorithm.state_resample.points=1"], "algorithm.state_resample", "points must be >= 2"),
+        (["algorithm.trajectory_encoder=vjepa2"], "algorithm.vjepa2", "model_dir is required"),
     ],
 )
-def test_settings_that_need_a_reference_or_a_critic_node(overrides, field):
-    loaded = load_template("embodied_grpo", overrides)
+def test_component_settings_are_validated_when_the_template_loads(overrides, field, message):
     with pytest.raises(TemplateError) as info:
-        check_required_nodes(loaded.config, {node.role for node in loaded.nodes}, loaded.path)
-    assert info.value.field == field and "node" in str(info.value)
-    ppo = load_template("embodied_ppo")
-    check_required_nodes(ppo.config, {node.role for node in ppo.nodes}, ppo.path)
+        load_template("embodied_srpo", overrides)
+    assert info.value.field == field and message in str(info.value)
+
+
+def test_component_settings_reach_the_runtime_typed():
+    config = load_template("embodied_ppo", ["algorithm.gae.lam=0.9"]).config
+    gae = config.algorithm.options("adv_estimator")
+    assert type(gae).__name__ == "GAEConfig" and (gae.gamma, gae.lam) == (0.99, 0.9)
+    assert config.algorithm.options("policy_loss").clip_ratio_high == 0.28
+    assert config.simulator.env_config().horizon == 100
+    mlp = config.policy.policy_config(obs_dim=11, action_dim=7)
+    assert (mlp.obs_dim, mlp.action_dim, mlp.hidden_sizes) == (11, 7, (256, 256))
+
+
+@pytest.mark.parametrize(
+    ("template", "overrides", "node", "key", "writer"),
+    [
+        ("embodied_grpo", ["algorithm.use_kl_loss=true"], "actor_update", "ref_log_probs", "reference/model_inference"),
+        ("embodied_grpo", ["algorithm.use_kl_in_reward=true"], "advantage", "ref_log_probs",
+         "reference/model_inference"),
+        ("embodied_grpo", ["algorithm.adv_estimator=gae"], "advantage", "values", "critic/model_inference"),
+        ("llm_grpo", ["algorithm.adv_estimator=gae"], "advantage", "values", "critic/model_inference"),
+    ],
+)
+def test_settings_that_need_a_reference_or_a_critic_node(template, overrides, node, key, writer):
+    err = _error(template, *overrides)
+    assert err.node == node and err.field == "deps" and f"reads batch key {key!r}" in str(err) and writer in str(err)
+    plan(load_template("embodied_ppo"))  # has its critic
 
 
 @pytest.mark.parametrize(
@@ -111,13 +145,15 @@ def test_rollout_backend_defaults_to_hf_and_accepts_vllm():
 
 
 def test_vllm_rollout_must_run_on_every_worker():
-    loaded = load_template("llm_grpo", ["text.rollout_backend=vllm"])
-    check_rollout_backend(loaded.config, loaded.nodes, loaded.path)
-    narrowed = [node.model_copy(update={"dp_size": 1}) if node.role == "rollout" else node for node in loaded.nodes]
-    with pytest.raises(TemplateError) as info:
-        check_rollout_backend(loaded.config, narrowed, loaded.path)
-    assert info.value.node == "rollout" and info.value.field == "dp_size"
-    assert "text.rollout_backend=vllm" in str(info.value)
-    hf = load_template("llm_grpo")
-    check_rollout_backend(hf.config, narrowed, hf.path)  # the policy's own sampling runs at any dp_size
+    plan(load_template("llm_grpo", ["text.rollout_backend=vllm"]))
+    err = _error("llm_grpo", "text.rollout_backend=vllm", "nodes.rollout.dp_size=1")
+    assert err.node == "rollout" and err.field == "dp_size" and "text.rollout_backend=vllm" in str(err)
+    plan(load_template("llm_grpo", ["nodes.rollout.dp_size=1"]))  # the policy's own sampling runs at any dp_size
+
+
+def test_dynamic_sampling_layout_is_checked_at_plan_time():
+    err = _error("embodied_dapo", "nodes.group_filter.dp_size=1")
+    assert err.node == "group_filter" and err.field == "dp_size"
+    err = _error("embodied_dapo", "algorithm.filter_zero_variance_groups=false")
+    assert err.node == "group_filter" and "needs a group filter" in str(err)
 

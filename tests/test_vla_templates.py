@@ -43,7 +43,7 @@ def run(template: str, out, *overrides: str) -> tuple[dict, object]:
 def test_srpo_oft_lift_runs_with_the_policy_backbone_encoder(ray_on_loopback, tmp_path):
     """SRPO scoring trajectories with the policy's own vision backbone, from the random tiny model."""
     step, _ = run("embodied_srpo_oft_lift", tmp_path, "simulator.env.horizon=16", "warm_start.num_demos=0",
-                  "algorithm.trajectory_encoder=policy_backbone", "algorithm.encoder_points=4")
+                  "algorithm.trajectory_encoder=policy_backbone", "algorithm.policy_backbone.points=4")
     for key in ("timing/rollout", "timing/rollout_policy", "timing/rollout_env", "timing/reward",
                 "timing/reshard_rollout_to_reward", "timing/actor_update", "reward/mean"):
         assert key in step, key

@@ -9,9 +9,13 @@ registered function declares (see :mod:`vla_rl.dag.registry`).
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from vla_rl.components import ComponentConfigError, build_config
 
 
 class _Section(BaseModel):
@@ -24,6 +28,12 @@ class RunSection(_Section):
     output_dir: str = Field("outputs", description="Parent directory of run directories.")
     name: str | None = Field(None, description="Run directory name; default: <template>_<timestamp>.")
     seed: int = Field(0, ge=0, description="Global seed; each worker derives its own from it.")
+    imports: list[str] = Field(
+        default_factory=list,
+        description="Python modules imported before the template is validated, on the driver and on every worker: "
+        "they register components of your own (advantage estimators, policy losses, rewards, trajectory encoders, "
+        "nodes, resources; docs/extending.md). Each must be importable there (installed, or on PYTHONPATH).",
+    )
     workflow: Literal["embodied", "text"] = Field(
         "embodied",
         description="'embodied': a robot policy in simulator pools (sections simulator, data, policy, "
@@ -60,22 +70,80 @@ class SimulatorSection(_Section):
         "has not answered by then is killed and restarted, and its running episodes are dropped as lost.",
     )
 
+    @model_validator(mode="after")
+    def _check_env(self) -> SimulatorSection:
+        self.env_config()
+        return self
+
+    def env_config(self) -> Any:
+        """The simulator's typed config (its ``config_class``) built from ``env``.
+
+        Raises:
+            ComponentConfigError: an unknown simulator, or an ``env`` the config class rejects
+                (the error names the field, e.g. ``simulator.env.task``).
+        """
+        from simulators.registry import SIMULATORS
+
+        _check_name(SIMULATORS, self.name, "simulator.name")
+        return build_config(SIMULATORS.get(self.name).config_class, self.env, "simulator.env")
+
 
 class DataSection(_Section):
-    """The task list: initial-state ids, sharded across workers."""
+    """The task list (initial-state ids, sharded across workers) and the group size of both workflows."""
 
     num_train_init_states: int = Field(
         100_000, ge=1, description="Training initial states are ids 0..N-1 (each id seeds a reset)."
     )
     init_states_per_step: int = Field(8, ge=1, description="Groups per step (global, all workers).")
-    group_size: int = Field(8, ge=1, description="Rollouts per initial state (the GRPO/SRPO group).")
+    group_size: int = Field(
+        8, ge=1, description="Rollouts per group: episodes per initial state, or responses per prompt (text).")
+
+
+ENV_DERIVED_POLICY_FIELDS: tuple[str, ...] = ("obs_dim", "action_dim")
+"""Policy config fields set from the simulator's observation and action spaces."""
 
 
 class PolicySection(_Section):
     """The policy: a registered name and the fields of its config class."""
 
     name: str = Field("mlp", description="Registered policy name.")
-    config: dict[str, Any] = Field(default_factory=dict, description="Policy config fields.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Fields of the policy's config class; its observation and action "
+        f"sizes ({', '.join(ENV_DERIVED_POLICY_FIELDS)}) come from the simulator.",
+    )
+
+    @model_validator(mode="after")
+    def _check_config(self) -> PolicySection:
+        self.policy_config()
+        return self
+
+    def policy_config(self, **from_env: int) -> Any:
+        """The policy's typed config (its ``config_class``) built from ``config``.
+
+        Args:
+            from_env: the simulator's sizes (``obs_dim``, ``action_dim``) for the fields of
+                :data:`ENV_DERIVED_POLICY_FIELDS` the config class declares; omitted (when a
+                template loads, before any simulator exists) they take the field's default, or 1.
+
+        Raises:
+            ComponentConfigError: an unknown policy, an ``env``-derived field set in ``config``,
+                or a ``config`` the config class rejects (the error names the field).
+        """
+        from policies import POLICIES, available_policies
+        from vla_rl.components import config_fields
+
+        available_policies()  # registers the built-in policies
+        _check_name(POLICIES, self.name, "policy.name")
+        config_class = POLICIES.get(self.name).config_class
+        declared = config_fields(config_class)
+        for field in ENV_DERIVED_POLICY_FIELDS:
+            if field in self.config and field in declared:
+                raise ComponentConfigError(f"policy.config.{field}", "is set from the simulator's spaces; remove it")
+        defaults = {f.name: f.default for f in dataclasses.fields(config_class)
+                    if f.default is not dataclasses.MISSING}
+        sizes = {field: from_env.get(field, defaults.get(field, 1))
+                 for field in ENV_DERIVED_POLICY_FIELDS if field in declared}
+        return build_config(config_class, {**sizes, **self.config}, "policy.config")
 
 
 class WarmStartSection(_Section):
@@ -125,7 +193,6 @@ class TextSection(_Section):
         "four); e.g. [add_small] (sums up to 20 + 9, 210 problems) for a model that misses the harder ones."
     )
     prompts_per_step: int = Field(16, ge=1, description="Prompts per step over all workers (groups per step).")
-    group_size: int = Field(4, ge=1, description="Responses sampled per prompt (the GRPO group).")
     max_prompt_length: int = Field(64, ge=1, description="Prompt tokens after the chat template (left-padded).")
     max_response_length: int = Field(24, ge=1, description="Most tokens sampled per response.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; the loss scores at the same one.")
@@ -166,25 +233,42 @@ class KLControlSection(_Section):
     horizon: int = Field(10_000, gt=0, description="Samples over which the adaptive controller corrects fully.")
 
 
+#: The ``algorithm`` fields that select a registered component, and where its registry lives.
+#: Each component's settings are the mapping ``algorithm.<component name>`` (e.g.
+#: ``algorithm.gae: {gamma: 0.99, lam: 0.95}``), validated by the config class registered with it.
+ALGORITHM_COMPONENTS: dict[str, tuple[str, str]] = {
+    "reward": ("vla_rl.algorithms.rewards", "EMBODIED_REWARDS"),
+    "trajectory_encoder": ("vla_rl.rewards.trajectory_encoders", "TRAJECTORY_ENCODERS"),
+    "adv_estimator": ("vla_rl.algorithms.advantages", "ADVANTAGE_ESTIMATORS"),
+    "policy_loss": ("vla_rl.algorithms.policy_loss", "POLICY_LOSSES"),
+}
+
+
+def component_registry(kind: str):
+    """The registry of an ``algorithm`` component kind (:data:`ALGORITHM_COMPONENTS`), imported lazily."""
+    module, attribute = ALGORITHM_COMPONENTS[kind]
+    return getattr(importlib.import_module(module), attribute)
+
+
 class AlgorithmSection(_Section):
     """Rewards, advantages, group filters and the policy objective (names resolve in
-    ``vla_rl.algorithms``; docs/algorithms.md lists them with their sources)."""
+    ``vla_rl.algorithms``; docs/algorithms.md lists them with their sources).
+
+    The settings of the selected reward, trajectory encoder, advantage estimator and policy
+    loss live with those components: ``algorithm.<name>`` is a mapping validated by the config
+    class the component registered (``algorithm.ppo_clip.clip_ratio_high=0.28``,
+    ``algorithm.gae.lam=0.95``, ``algorithm.srpo.dbscan_eps=0.5``); :meth:`options` returns it.
+    """
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
 
     reward: str = Field("srpo", description="Embodied reward: 'srpo' (progress) or 'success' (binary).")
-    srpo: dict[str, Any] = Field(default_factory=dict, description="Fields of SRPORewardConfig.")
     trajectory_encoder: str = Field(
         "state_resample",
-        description="Trajectory encoder for SRPO: 'state_resample' (the simulator state), 'policy_backbone' (the "
-        "policy's own vision backbone on encoder_camera frames) or 'vjepa2' (a V-JEPA 2 video model from a local "
-        "directory: trajectory_encoder_options.model_dir).",
+        description="Trajectory encoder of rewards that embed episodes (SRPO): 'state_resample' (the simulator "
+        "state), 'policy_backbone' (the policy's own vision backbone on camera frames) or 'vjepa2' (a V-JEPA 2 "
+        "video model from a local directory: algorithm.vjepa2.model_dir).",
     )
-    trajectory_encoder_options: dict[str, Any] = Field(
-        default_factory=dict, description="Constructor options of a class encoder (vjepa2: model_dir, batch_size)."
-    )
-    encoder_camera: str = Field(
-        "agentview", description="Camera whose frames the image encoders read (its '<camera>_image' observations)."
-    )
-    encoder_points: int = Field(16, ge=1, description="Frames sampled uniformly over each episode.")
     srpo_reference_set: Literal["local", "step"] = Field(
         "local",
         description="SRPO's reference successes: 'local', the reward node's own shard (at dp_size 1 already the "
@@ -196,9 +280,6 @@ class AlgorithmSection(_Section):
     )
     overlong_penalty_factor: float = Field(1.0, ge=0, description="DAPO overlong shaping: penalty at the budget.")
     adv_estimator: str = Field("grpo", description="Registered advantage estimator.")
-    norm_adv_by_std: bool = Field(True, description="GRPO: divide by the group std (False: Dr.GRPO).")
-    gamma: float = Field(1.0, ge=0, le=1, description="Discount factor (GAE, REINFORCE++).")
-    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
     filter_zero_variance_groups: bool = Field(
         True, description="Drop groups whose rewards are all equal (they carry no advantage)."
     )
@@ -211,10 +292,6 @@ class AlgorithmSection(_Section):
         3, ge=0, description="Dynamic sampling: extra rollout rounds per step while too few groups are kept."
     )
     policy_loss: str = Field("ppo_clip", description="Registered policy objective.")
-    clip_ratio_low: float = Field(0.2, ge=0, lt=1, description="Clip epsilon_low.")
-    clip_ratio_high: float = Field(0.28, ge=0, description="Clip epsilon_high (clip-higher).")
-    dual_clip_c: float | None = Field(None, gt=1, description="Dual-clip constant c of 'ppo_clip' (null: off).")
-    policy_drift_coef: float = Field(0.1, ge=0, description="'cpgd': weight of the policy-drift regulariser.")
     ratio_granularity: Literal["token", "action", "chunk"] = Field(
         "action", description="One importance ratio per action dimension, per action, or per chunk."
     )
@@ -238,14 +315,61 @@ class AlgorithmSection(_Section):
         return band
 
     @model_validator(mode="after")
-    def _check_combinations(self) -> AlgorithmSection:
-        if self.dual_clip_c is not None and self.policy_loss != "ppo_clip":
-            raise ValueError(f"algorithm.dual_clip_c applies to policy_loss 'ppo_clip' only (policy_loss is "
-                             f"{self.policy_loss!r}); set it to null")
+    def _check_components(self) -> AlgorithmSection:
         if self.loss_agg_normalizer is not None and self.loss_agg_mode != "seq-mean-token-sum-norm":
             raise ValueError("algorithm.loss_agg_normalizer is the constant of loss_agg_mode "
                              f"'seq-mean-token-sum-norm' (loss_agg_mode is {self.loss_agg_mode!r}); set it to null")
+        registries = {kind: component_registry(kind) for kind in ALGORITHM_COMPONENTS}
+        for kind, registry in registries.items():
+            _check_name(registry, getattr(self, kind), f"algorithm.{kind}")
+        for name in ("kl_loss_type", "kl_penalty"):
+            _check_name(_kl_estimators(), getattr(self, name), f"algorithm.{name}")
+        _check_name(_loss_agg_modes(), self.loss_agg_mode, "algorithm.loss_agg_mode")
+        for name, options in (self.model_extra or {}).items():
+            owners = [registry for registry in registries.values() if name in registry]
+            if not owners:
+                components = sorted(str(n) for registry in registries.values() for n in registry.names())
+                raise ComponentConfigError(
+                    f"algorithm.{name}", f"unknown key; allowed: {', '.join(type(self).model_fields)}, or the "
+                    f"settings of a component: {', '.join(components)}")
+            config_class = owners[0].config_class(name)
+            if config_class is None:
+                raise ComponentConfigError(f"algorithm.{name}", f"{owners[0].kind} {name!r} takes no settings")
+            if not isinstance(options, dict):
+                raise ComponentConfigError(f"algorithm.{name}", f"must be a mapping of {config_class.__name__} "
+                                           f"settings, got {options!r}")
+            build_config(config_class, options, f"algorithm.{name}")
+        for kind in ALGORITHM_COMPONENTS:  # the selected components' settings, defaults included
+            self.options(kind)
         return self
+
+    def options(self, kind: str) -> Any:
+        """The typed settings of the component selected for ``kind`` (``"adv_estimator"``,
+        ``"policy_loss"``, ``"reward"``, ``"trajectory_encoder"``): its config class built from
+        ``algorithm.<name>`` (defaults where absent); None for a component without settings."""
+        name = getattr(self, kind)
+        config_class = component_registry(kind).config_class(name)
+        if config_class is None:
+            return None
+        return build_config(config_class, (self.model_extra or {}).get(name), f"algorithm.{name}")
+
+
+def _check_name(registry, name: str, field: str) -> None:
+    if name not in registry:
+        raise ComponentConfigError(field, f"unknown {registry.kind} {name!r}; known: "
+                                   f"{', '.join(str(n) for n in registry.names())}")
+
+
+def _kl_estimators():
+    from vla_rl.algorithms.kl import KL_ESTIMATORS
+
+    return KL_ESTIMATORS
+
+
+def _loss_agg_modes():
+    from vla_rl.algorithms.aggregation import LOSS_AGG_MODES
+
+    return LOSS_AGG_MODES
 
 
 class CriticSection(_Section):
@@ -257,6 +381,11 @@ class CriticSection(_Section):
         0.5, gt=0, description="Value clipping around the rollout-time values (null: plain squared error)."
     )
     loss_agg_mode: str = Field("token-mean", description="Aggregation of the value loss over decision steps.")
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> CriticSection:
+        _check_name(_loss_agg_modes(), self.loss_agg_mode, "critic.loss_agg_mode")
+        return self
 
 
 class TrainerSection(_Section):
@@ -301,7 +430,12 @@ class EvalSection(_Section):
     )
     tasks: list[str] | None = Field(None, description="vla-rl eval: the benchmark's tasks to run (null: all).")
     checkpoints: list[str] = Field(
-        default_factory=list, description="vla-rl eval: checkpoint directories (filled in by the command)."
+        default_factory=list, description="vla-rl eval: checkpoint directories (filled in by the command); empty: "
+        "the live policy of a training run."
+    )
+    store_episodes: bool = Field(
+        False, description="Append every evaluation episode to zarr stores (vla-rl eval: on, which lets an "
+        "interrupted evaluation continue and its videos replay stored episodes); off in training runs."
     )
     init_state_offset: int = Field(
         1_000_000_000, ge=0, description="Evaluation initial-state ids start here (never trained on)."

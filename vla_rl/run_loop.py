@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from vla_rl.utils.plotting import plot_success_curve
 from vla_rl.utils.tracking import MetricsLogger, read_metrics
+from vla_rl.workers.group import run_evaluation
 
 TOTAL_ENV_STEPS = "rollout/total_env_steps"
 """Metric: control steps simulated since the start of training (all workers, refills included)."""
@@ -19,15 +20,18 @@ class RunLoop:
     """One run of a template's steps on a started :class:`~vla_rl.driver.WorkerGroup`.
 
     Metrics of training step ``s`` (0-based) are logged at ``step = s + 1`` (updates done);
-    evaluations at the number of updates done when they ran (0 for the warm start).
+    evaluations at the number of updates done when they ran (0 for the warm start). The
+    held-out evaluations run the template's ``evaluate`` phase (when it has one and
+    ``eval.num_episodes > 0``).
     """
 
-    def __init__(self, workers, template, run_dir: Path, console) -> None:
+    def __init__(self, workers, template, plan, run_dir: Path, console) -> None:
         self.workers = workers
         self.config = template.config
         self.name = template.name
         self.run_dir = run_dir
         self.console = console
+        self.evaluates = "evaluate" in plan.phases and self.config.eval.num_episodes > 0
 
     def run(self, resume: bool) -> dict:
         cfg = self.config
@@ -38,14 +42,14 @@ class RunLoop:
         try:
             if setup:
                 logger.log(0, setup)
-            if not resume and cfg.eval.num_episodes > 0:
+            if not resume and self.evaluates:
                 self.console.print("evaluating the warm-start policy on held-out initial states ...")
-                summary["warm_start_eval"] = self.workers.call("evaluate", "warm_start", True)[0]
+                summary["warm_start_eval"] = run_evaluation(self.workers, 0, "warm_start", True)
                 logger.log(0, summary["warm_start_eval"])
             summary.update(self._train(start, logger, self._env_steps_before(start) if resume else 0.0))
-            if cfg.eval.num_episodes > 0:
+            if self.evaluates:
                 self.console.print("evaluating the trained policy on held-out initial states ...")
-                summary["final_eval"] = self.workers.call("evaluate", "final", True)[0]
+                summary["final_eval"] = run_evaluation(self.workers, summary["last_step"], "final", True)
                 logger.log(summary["last_step"], summary["final_eval"])
         finally:
             logger.close()
@@ -74,7 +78,6 @@ class RunLoop:
         """
         cfg = self.config
         total, budget = cfg.trainer.total_steps, cfg.trainer.total_env_steps
-        episodes_per_step = cfg.data.init_states_per_step * cfg.data.group_size
         rollout_time, session_env_steps = 0.0, 0.0
         last_step = start
         train_start = time.perf_counter()
@@ -84,7 +87,7 @@ class RunLoop:
             metrics = self.workers.collect(pending)[0]
             metrics["timing/step"] = time.perf_counter() - step_start
             pending = None
-            step_env_steps = metrics.get("rollout/env_steps_per_episode", 0.0) * episodes_per_step
+            step_env_steps = metrics.get("rollout/env_steps", 0.0)
             if metrics.get("timing/rollout"):
                 metrics["rollout/env_steps_per_s"] = step_env_steps / metrics["timing/rollout"]
             step_env_steps += metrics.get("filter/refill_env_steps", 0.0)  # + dynamic sampling's rounds
@@ -102,7 +105,7 @@ class RunLoop:
             bar.set_postfix(success=f"{metrics.get('rollout/success_rate', float('nan')):.2f}",
                             reward=f"{metrics.get('reward/mean', float('nan')):.2f}")
             if evaluate:  # before the checkpoint: it saves the RNG states after
-                logger.log(last_step, self.workers.call("evaluate", f"step_{last_step}", False)[0])
+                logger.log(last_step, run_evaluation(self.workers, last_step, f"step_{last_step}", False))
             if save:
                 self.workers.call("save_checkpoint", last_step)
             if out_of_budget:
@@ -123,7 +126,7 @@ class RunLoop:
         """Whether ``eval.every_steps`` asks for a held-out evaluation after ``last_step`` updates
         (the one after the last step is the final evaluation)."""
         ev = self.config.eval
-        return (ev.every_steps is not None and ev.num_episodes > 0 and last_step % ev.every_steps == 0
+        return (self.evaluates and ev.every_steps is not None and last_step % ev.every_steps == 0
                 and last_step < self.config.trainer.total_steps and not out_of_budget)
 
     def _print_summary(self, summary: dict) -> None:

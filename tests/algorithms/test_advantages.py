@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from vla_rl.algorithms.advantages import ADVANTAGE_ESTIMATORS, AdvantageConfig, masked_whiten
+from vla_rl.algorithms.advantages import ADVANTAGE_ESTIMATORS, GAEConfig, GRPOConfig, masked_whiten
+from vla_rl.components import config_fields
 
 NAN = float("nan")
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
@@ -23,9 +24,13 @@ def outcome_batch(rewards, lengths, seq_len):
     return token_level_rewards, mask
 
 
-def run(name, token_level_rewards, mask, groups, values=None, **config):
-    return ADVANTAGE_ESTIMATORS.get(name)(token_level_rewards, mask, torch.tensor(groups),
-                                           AdvantageConfig(**config), values=values)
+def run(name, token_level_rewards, mask, groups, values=None, **settings):
+    """The estimator ``name`` with its registered config built from the ``settings`` it takes (a
+    parametrized test passes one set of settings to estimators that take different ones)."""
+    config_class = ADVANTAGE_ESTIMATORS.config_class(name)
+    config = None if config_class is None else config_class(
+        **{key: value for key, value in settings.items() if key in config_fields(config_class)})
+    return ADVANTAGE_ESTIMATORS.get(name)(token_level_rewards, mask, torch.tensor(groups), config, values=values)
 
 
 def whiten_ref(x: np.ndarray, mask: np.ndarray, eps: float = 1e-8) -> np.ndarray:
@@ -70,8 +75,7 @@ def test_grpo_interleaved_groups_are_independent_and_dtype_is_kept():
         r = scores[groups == g]
         expected[groups == g] = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
     rewards, mask = outcome_batch(scores, [2] * 6, seq_len=2)
-    advantages, _ = ADVANTAGE_ESTIMATORS.get("grpo")(rewards.float(), mask, torch.tensor(groups),
-                                                     AdvantageConfig())
+    advantages, _ = ADVANTAGE_ESTIMATORS.get("grpo")(rewards.float(), mask, torch.tensor(groups), GRPOConfig())
     assert advantages.dtype == torch.float32
     np.testing.assert_allclose(advantages[:, 1].numpy(), expected, rtol=1e-5, atol=1e-6)
 
@@ -264,12 +268,12 @@ def test_masked_steps_are_zero_and_padding_never_read(name):
 def test_invalid_inputs_raise():
     rewards, mask = outcome_batch([1.0, 0.0], [1, 1], seq_len=1)
     with pytest.raises(ValueError, match="group_ids"):
-        ADVANTAGE_ESTIMATORS.get("grpo")(rewards, mask, torch.zeros(2, dtype=torch.int32), AdvantageConfig())
+        ADVANTAGE_ESTIMATORS.get("grpo")(rewards, mask, torch.zeros(2, dtype=torch.int32), GRPOConfig())
     with pytest.raises(ValueError, match="NaN"):
         run("grpo", torch.tensor([[NAN], [0.0]]), mask, [0, 0])
     with pytest.raises(ValueError, match="response_mask"):
         run("grpo", rewards, mask[:, :0], [0, 0])
     with pytest.raises(ValueError, match="epsilon"):
-        AdvantageConfig(epsilon=0.0)
+        GRPOConfig(epsilon=0.0)
     with pytest.raises(ValueError, match="gamma"):
-        AdvantageConfig(gamma=1.5)
+        GAEConfig(gamma=1.5)

@@ -7,18 +7,30 @@ import pytest
 import torch
 
 from vla_rl.algorithms.aggregation import LOSS_AGG_MODES
-from vla_rl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossConfig
+from vla_rl.algorithms.policy_loss import POLICY_LOSSES, CPGDConfig, GSPOConfig, PPOClipConfig
+from vla_rl.components import config_fields
 
 NAN = float("nan")
 INF = float("inf")
 
 
+def loss_of(name, log_probs, old_log_probs, advantages, mask, loss_agg_mode="token-mean", loss_agg_normalizer=None,
+            **settings):
+    """Objective ``name`` with its registered config: the clip range 0.2 / 0.28 the hand-computed
+    values assume, then ``settings`` (those it takes)."""
+    config_class = POLICY_LOSSES.config_class(name)
+    merged = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, **settings}
+    config = config_class(**{key: value for key, value in merged.items() if key in config_fields(config_class)})
+    return POLICY_LOSSES.get(name)(log_probs, old_log_probs, advantages, mask, config, loss_agg_mode,
+                                   loss_agg_normalizer)
+
+
 def one_token(name, log_ratio: float, advantage: float, **config):
     """Loss, metrics and d loss / d log_prob for a single valid token."""
     log_probs = torch.tensor([[log_ratio]], dtype=torch.float64, requires_grad=True)
-    loss, metrics = POLICY_LOSSES.get(name)(log_probs, torch.zeros(1, 1, dtype=torch.float64),
+    loss, metrics = loss_of(name, log_probs, torch.zeros(1, 1, dtype=torch.float64),
                                             torch.tensor([advantage], dtype=torch.float64),
-                                            torch.ones(1, 1, dtype=torch.bool), PolicyLossConfig(**config))
+                                            torch.ones(1, 1, dtype=torch.bool), **config)
     loss.backward()
     return loss.item(), metrics, log_probs.grad.item()
 
@@ -32,7 +44,7 @@ def test_ratio_one_gives_minus_mean_advantage(name):
     log_probs = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -4.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
     advantages = torch.tensor([2.0, -1.0])  # (batch,), broadcast over seq_len
-    loss, metrics = POLICY_LOSSES.get(name)(log_probs, log_probs.clone(), advantages, mask, PolicyLossConfig())
+    loss, metrics = loss_of(name, log_probs, log_probs.clone(), advantages, mask)
     # valid tokens carry advantages 2, 2, -1 -> token-mean loss = -(2 + 2 - 1) / 3
     assert loss.item() == pytest.approx(-1.0)
     assert metrics["pg_clipfrac"] == 0.0 and metrics["approx_kl"] == 0.0 and metrics["ratio_mean"] == 1.0
@@ -95,8 +107,8 @@ def test_dual_clip_only_acts_on_negative_advantages(ratio, advantage, expected_l
 def test_approx_kl_k3_and_ratio_mean_by_hand():
     log_probs = torch.tensor([[0.1, -0.2, 0.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0]], dtype=torch.bool)
-    _, metrics = POLICY_LOSSES.get("ppo_clip")(log_probs, torch.zeros(1, 3, dtype=torch.float64),
-                                               torch.tensor([1.0], dtype=torch.float64), mask, PolicyLossConfig())
+    _, metrics = loss_of("ppo_clip", log_probs, torch.zeros(1, 3, dtype=torch.float64),
+                                               torch.tensor([1.0], dtype=torch.float64), mask)
     k3 = [(math.exp(d) - 1 - d) for d in (0.1, -0.2)]
     assert metrics["approx_kl"] == pytest.approx(sum(k3) / 2)
     assert metrics["ratio_mean"] == pytest.approx((math.exp(0.1) + math.exp(-0.2)) / 2)
@@ -106,8 +118,8 @@ def test_approx_kl_k3_and_ratio_mean_by_hand():
 def test_log_ratio_is_clamped_before_exp(name):
     # log ratio 100 would overflow float32 exp; clamped at 20 it is exp(20) ~ 4.85e8.
     log_probs = torch.tensor([[100.0]], requires_grad=True)
-    loss, metrics = POLICY_LOSSES.get(name)(log_probs, torch.zeros(1, 1), torch.tensor([-1.0]),
-                                            torch.ones(1, 1, dtype=torch.bool), PolicyLossConfig(log_ratio_clamp=20.0))
+    loss, metrics = loss_of(name, log_probs, torch.zeros(1, 1), torch.tensor([-1.0]),
+                                            torch.ones(1, 1, dtype=torch.bool), log_ratio_clamp=20.0)
     assert math.isfinite(loss.item())
     assert metrics["approx_kl"] == pytest.approx(math.exp(20.0) - 1 - 20.0, rel=1e-5)
     if name != "cpgd":
@@ -122,9 +134,8 @@ def test_gspo_uses_the_valid_token_count():
     # not exp(0.6 / 3). A = 1 and eps_high = 0.5 leave it unclipped: loss = -exp(0.3).
     log_probs = torch.tensor([[0.2, 0.4, NAN]], dtype=torch.float64, requires_grad=True)
     mask = torch.tensor([[True, True, False]])
-    config = PolicyLossConfig(clip_ratio_high=0.5, loss_agg_mode="seq-mean-token-mean")
-    loss, metrics = POLICY_LOSSES.get("gspo")(log_probs, torch.zeros(1, 3, dtype=torch.float64),
-                                              torch.tensor([1.0], dtype=torch.float64), mask, config)
+    loss, metrics = loss_of("gspo", log_probs, torch.zeros(1, 3, dtype=torch.float64),
+                            torch.tensor([1.0], dtype=torch.float64), mask, "seq-mean-token-mean", clip_ratio_high=0.5)
     assert loss.item() == pytest.approx(-math.exp(0.3))
     assert metrics["ratio_mean"] == pytest.approx(math.exp(0.3))
     loss.backward()
@@ -135,9 +146,9 @@ def test_gspo_uses_the_valid_token_count():
 def test_gspo_clips_the_sequence_ratio():
     # s = exp(0.3) = 1.35 > 1 + 0.28 with A = 2 > 0: clipped, flat.
     log_probs = torch.tensor([[0.2, 0.4]], dtype=torch.float64, requires_grad=True)
-    loss, metrics = POLICY_LOSSES.get("gspo")(log_probs, torch.zeros(1, 2, dtype=torch.float64),
+    loss, metrics = loss_of("gspo", log_probs, torch.zeros(1, 2, dtype=torch.float64),
                                               torch.tensor([2.0], dtype=torch.float64),
-                                              torch.ones(1, 2, dtype=torch.bool), PolicyLossConfig())
+                                              torch.ones(1, 2, dtype=torch.bool))
     loss.backward()
     assert loss.item() == pytest.approx(-2.0 * 1.28)
     assert metrics["pg_clipfrac"] == 1.0
@@ -150,11 +161,11 @@ def test_gspo_token_equals_gspo_for_sequence_advantages():
     new = (old + 0.05 * torch.randn(3, 4, dtype=torch.float64))
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
     advantages = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
-    config = PolicyLossConfig(clip_ratio_low=0.03, clip_ratio_high=0.04, loss_agg_mode="seq-mean-token-mean")
     results = []
     for name in ("gspo", "gspo_token"):
         log_probs = new.clone().requires_grad_(True)
-        loss, _ = POLICY_LOSSES.get(name)(log_probs, old, advantages, mask, config)
+        loss, _ = loss_of(name, log_probs, old, advantages, mask, "seq-mean-token-mean", clip_ratio_low=0.03,
+                          clip_ratio_high=0.04)
         loss.backward()
         results.append((loss.detach(), log_probs.grad))
     torch.testing.assert_close(results[0][0], results[1][0])
@@ -165,9 +176,9 @@ def test_gspo_token_with_token_advantages_by_hand():
     # One sequence of two tokens, log-ratios 0.1 and -0.1: s = exp(0) = 1 for both tokens,
     # advantages (1, -3): token-mean loss = -(1 * 1 - 3 * 1) / 2 = 1; grads -A_t * s / 2.
     log_probs = torch.tensor([[0.1, -0.1]], dtype=torch.float64, requires_grad=True)
-    loss, _ = POLICY_LOSSES.get("gspo_token")(log_probs, torch.zeros(1, 2, dtype=torch.float64),
+    loss, _ = loss_of("gspo_token", log_probs, torch.zeros(1, 2, dtype=torch.float64),
                                               torch.tensor([[1.0, -3.0]], dtype=torch.float64),
-                                              torch.ones(1, 2, dtype=torch.bool), PolicyLossConfig())
+                                              torch.ones(1, 2, dtype=torch.bool))
     loss.backward()
     assert loss.item() == pytest.approx(1.0)
     torch.testing.assert_close(log_probs.grad, torch.tensor([[-0.5, 1.5]], dtype=torch.float64))
@@ -175,8 +186,8 @@ def test_gspo_token_with_token_advantages_by_hand():
 
 def test_gspo_refuses_token_level_advantages():
     with pytest.raises(ValueError, match="gspo_token"):
-        POLICY_LOSSES.get("gspo")(torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([[1.0, 2.0]]),
-                                  torch.ones(1, 2, dtype=torch.bool), PolicyLossConfig())
+        loss_of("gspo", torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([[1.0, 2.0]]),
+                                  torch.ones(1, 2, dtype=torch.bool))
 
 
 # --- CPGD ------------------------------------------------------------------------------------
@@ -205,9 +216,9 @@ def test_cpgd_clips_the_log_ratio_by_the_sign_of_the_advantage(log_ratio, advant
 
 def test_cpgd_on_policy_is_the_plain_policy_gradient():
     log_probs = torch.tensor([[-0.3, -1.2]], dtype=torch.float64, requires_grad=True)
-    loss, metrics = POLICY_LOSSES.get("cpgd")(log_probs, log_probs.detach().clone(),
+    loss, metrics = loss_of("cpgd", log_probs, log_probs.detach().clone(),
                                               torch.tensor([[1.5, -0.5]], dtype=torch.float64),
-                                              torch.ones(1, 2, dtype=torch.bool), PolicyLossConfig())
+                                              torch.ones(1, 2, dtype=torch.bool))
     loss.backward()
     assert loss.item() == 0.0 and metrics["policy_drift"] == 0.0
     torch.testing.assert_close(log_probs.grad, torch.tensor([[-1.5 / 2, 0.5 / 2]], dtype=torch.float64))
@@ -229,11 +240,9 @@ def test_masked_positions_never_reach_loss_metrics_or_gradient(name, mode):
     dirty_old[~mask] = torch.tensor([INF, NAN, 5e29, -INF, 0.0])
     dirty_adv = clean_adv.clone()
     dirty_adv[~mask] = torch.tensor([NAN, 1e38, NAN, -1e38, INF])
-    config = PolicyLossConfig(loss_agg_mode=mode, dual_clip_c=3.0 if name == "ppo_clip" else None)
-    loss_fn = POLICY_LOSSES.get(name)
-    clean_loss, clean_metrics = loss_fn(clean_log_probs, clean_old, clean_adv, mask, config)
+    clean_loss, clean_metrics = loss_of(name, clean_log_probs, clean_old, clean_adv, mask, mode, dual_clip_c=3.0)
     dirty = dirty_log_probs.clone().requires_grad_(True)
-    dirty_loss, dirty_metrics = loss_fn(dirty, dirty_old, dirty_adv, mask, config)
+    dirty_loss, dirty_metrics = loss_of(name, dirty, dirty_old, dirty_adv, mask, mode, dual_clip_c=3.0)
     dirty_loss.backward()
     assert dirty_loss.item() == pytest.approx(clean_loss.item())
     assert dirty_metrics == pytest.approx(clean_metrics)
@@ -245,26 +254,31 @@ def test_aggregation_mode_and_normaliser_are_passed_through():
     log_probs = torch.zeros(2, 3)
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)
     advantages = torch.tensor([1.0, 4.0])
-    loss_fn = POLICY_LOSSES.get("ppo_clip")
     # row sums of -A: -3 and -4
-    loss, _ = loss_fn(log_probs, log_probs, advantages, mask, PolicyLossConfig(loss_agg_mode="seq-mean-token-sum"))
+    loss, _ = loss_of("ppo_clip", log_probs, log_probs, advantages, mask, "seq-mean-token-sum")
     assert loss.item() == pytest.approx(-3.5)
-    loss, _ = loss_fn(log_probs, log_probs, advantages, mask,
-                      PolicyLossConfig(loss_agg_mode="seq-mean-token-sum-norm", loss_agg_normalizer=10.0))
+    loss, _ = loss_of("ppo_clip", log_probs, log_probs, advantages, mask, "seq-mean-token-sum-norm", 10.0)
     assert loss.item() == pytest.approx(-0.35)
 
 
 def test_invalid_arguments_raise():
     x = torch.zeros(2, 3)
     mask = torch.ones(2, 3, dtype=torch.bool)
-    loss_fn = POLICY_LOSSES.get("ppo_clip")
     with pytest.raises(ValueError, match="advantages"):
-        loss_fn(x, x, torch.zeros(3), mask, PolicyLossConfig())
+        loss_of("ppo_clip", x, x, torch.zeros(3), mask)
     with pytest.raises(ValueError, match="old_log_probs"):
-        loss_fn(x, x[:, :2], torch.zeros(2), mask, PolicyLossConfig())
+        loss_of("ppo_clip", x, x[:, :2], torch.zeros(2), mask)
     with pytest.raises(ValueError, match="clip_ratio_low"):
-        PolicyLossConfig(clip_ratio_low=1.0)
+        PPOClipConfig(clip_ratio_low=1.0)
     with pytest.raises(ValueError, match="dual_clip_c"):
-        PolicyLossConfig(dual_clip_c=1.0)
+        PPOClipConfig(dual_clip_c=1.0)
     with pytest.raises(ValueError, match="policy_drift_coef"):
-        PolicyLossConfig(policy_drift_coef=-0.1)
+        CPGDConfig(policy_drift_coef=-0.1)
+
+
+def test_each_objective_registers_its_own_settings():
+    assert POLICY_LOSSES.config_class("ppo_clip") is PPOClipConfig
+    assert POLICY_LOSSES.config_class("cpgd") is CPGDConfig
+    # GSPO's default clip range is the paper's (Zheng et al. 2025, §5.1), not PPO's
+    assert (GSPOConfig().clip_ratio_low, GSPOConfig().clip_ratio_high) == (3e-4, 4e-4)
+    assert "dual_clip_c" not in config_fields(GSPOConfig) and "policy_drift_coef" not in config_fields(PPOClipConfig)

@@ -58,7 +58,7 @@ def test_config_selects_levels_of_the_generated_splits(tmp_path):
     from pydantic import ValidationError
 
     from vla_rl.config import RunConfig
-    from vla_rl.workers.text_assets import ensure_text_assets
+    from vla_rl.workflows.text_assets import ensure_text_assets
 
     with pytest.raises(ValidationError, match="add_small"):  # the error lists the known level names
         RunConfig.model_validate({"text": {"arithmetic_levels": ["add_3digit"]}})

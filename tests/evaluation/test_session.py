@@ -18,11 +18,12 @@ from vla_rl.evaluation.episode_store import episode_keys, task_dir
 from vla_rl.evaluation.protocol import eval_protocols
 from vla_rl.evaluation.replay import replay_episodes, rescore_store
 from vla_rl.evaluation.report import summarize
-from vla_rl.evaluation.session import check_task_fits
+from vla_rl.evaluation.embodied import check_task_fits
 from vla_rl.nodes.evaluation import load_eval_episodes, record_eval_episodes, rollout_eval_episodes
 from vla_rl.trainers import checkpoint
 from vla_rl.workers.context import NodeContext
-from vla_rl.workers.resources import WorkerResources
+from vla_rl.workers.metrics import Metric
+from vla_rl.workers.resources import Resources
 
 NUM_EPISODES = 2
 
@@ -35,7 +36,8 @@ def make_config(checkpoints=(), **eval_fields) -> RunConfig:
         "warm_start": {"num_demos": 0},
         "workers": {"num_workers": 1},
         "eval": {"num_episodes": NUM_EPISODES, "protocols": ["greedy", "sampled"], "temperature": 0.5,
-                 "video_episodes": 1, "video_size": 32, "checkpoints": list(checkpoints), **eval_fields},
+                 "video_episodes": 1, "video_size": 32, "checkpoints": list(checkpoints), "store_episodes": True,
+                 **eval_fields},
     })
 
 
@@ -57,29 +59,38 @@ def checkpoints(ray_on_loopback, process_group, torch_one_thread, tmp_path_facto
     return [str(checkpoint.checkpoint_dir(root, step)) for step in (1, 2)]
 
 
+def worker_resources(config, run_dir) -> Resources:
+    """This (only) worker's resources with its evaluation session."""
+    resources = Resources(config, 0, 1, run_dir, torch.device("cpu"), 1)
+    resources.ensure(["evaluation"])
+    return resources
+
+
 def run_step(resources, step: int) -> dict[str, float]:
-    """One step of the eval_rollout chain on this (only) worker."""
+    """One pass of the evaluate phase's chain on this (only) worker."""
     batch = None
     for node, fn in (("episodes", load_eval_episodes), ("rollout", rollout_eval_episodes),
                      ("record", record_eval_episodes)):
-        ctx = NodeContext(node, step, 0, 1, 0, 1, resources.config, None, resources)
+        ctx = NodeContext(node, step, 0, 1, 0, 1, resources.config, None, resources.view(node, ["evaluation"]),
+                          tag="eval", video=True)
         output = fn(ctx, batch)
         batch = output.batch
-    return output.metrics
+    return {name: m.value if isinstance(m, Metric) else m for name, m in output.metrics.items()}
 
 
 def test_interrupted_evaluation_continues_without_redoing_episodes(checkpoints, tmp_path):
     config = make_config(checkpoints)
     planned = 2 * len(eval_protocols(config.eval)) * NUM_EPISODES
-    first = WorkerResources(config, 0, 1, tmp_path, torch.device("cpu"), 1)
+    first = worker_resources(config, tmp_path)
     try:
         metrics = run_step(first, 0)  # then the worker dies
     finally:
         first.close()
     assert metrics["eval/recorded"] == NUM_EPISODES and metrics["eval/remaining"] == planned - NUM_EPISODES
-    restarted = WorkerResources(config, 0, 1, tmp_path, torch.device("cpu"), 1)
+    restarted = worker_resources(config, tmp_path)
     recorded, step = 0.0, 0
     try:
+        restarted.evaluation.begin("eval", 0)
         assert restarted.evaluation.remaining() == planned - NUM_EPISODES
         while True:
             metrics = run_step(restarted, step)
@@ -88,6 +99,8 @@ def test_interrupted_evaluation_continues_without_redoing_episodes(checkpoints, 
             if metrics["eval/remaining"] == 0:
                 break
         assert recorded == planned - NUM_EPISODES  # nothing redone
+        # the figures of the last pass count this session's episodes (the second worker's)
+        assert metrics["eval/step2/greedy/episodes"] == NUM_EPISODES
         store = TrajectoryStore.open(task_dir(tmp_path, "robosuite_lift") / "rank0.zarr", read_only=True)
         stored = episode_keys(store)
         assert len(stored) == planned and len(set(stored)) == planned

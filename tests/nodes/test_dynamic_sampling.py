@@ -15,6 +15,8 @@ from vla_rl.nodes.group_filter import dynamic_sampling
 from vla_rl.nodes.reward import episode_rewards
 from vla_rl.nodes.rollout import rollout_groups
 from vla_rl.workers.context import NodeContext
+from vla_rl.workers.metrics import Metric, total
+from vla_rl.workflows import get_workflow
 
 OBS_DIM, ACT_DIM = 3, 2
 
@@ -55,6 +57,7 @@ class Resources:
         self.policy = make_policy("mlp", MLPPolicyConfig(obs_dim=OBS_DIM, action_dim=ACT_DIM, hidden_sizes=(4,)))
         self.simulator_pool = ParityPool(seed)
         self.generator = torch.Generator().manual_seed(0)
+        self.workflow = get_workflow("embodied")
 
 
 def step_batch(max_refill_rounds: int, seed: int = 0):
@@ -64,10 +67,19 @@ def step_batch(max_refill_rounds: int, seed: int = 0):
     })
     resources = Resources(seed)
     loader = ShardedTaskLoader(1000, 6, dp_rank=0, dp_size=1, seed=0)
-    episodes, _ = rollout_groups(resources, 4, loader.batch_for_step(0), greedy=False, pipeline_stages=1)
-    episodes.set(keys.REWARDS, episode_rewards(config.algorithm, episodes)[0])
-    ctx = NodeContext("group_filter", 0, 0, 1, 0, 1, config, None, resources)
-    return episodes, dynamic_sampling(ctx, episodes)
+
+    def upstream(tasks):
+        """What the data, rollout and reward nodes upstream of the filter do (the worker re-runs them)."""
+        episodes, result = rollout_groups(resources, 4, tasks, greedy=False, pipeline_stages=1)
+        episodes.set(keys.REWARDS, episode_rewards(config.algorithm, episodes)[0])
+        return episodes, {"rollout/env_steps": total(result.env_steps)}
+
+    episodes, _ = upstream(loader.batch_for_step(0))
+    ctx = NodeContext("group_filter", 0, 0, 1, 0, 1, config, None, resources,
+                      rerun_upstream=lambda refill_round: upstream(loader.batch_for_refill(0, refill_round)))
+    out = dynamic_sampling(ctx, episodes)
+    out.metrics = {name: m.value if isinstance(m, Metric) else m for name, m in out.metrics.items()}
+    return episodes, out
 
 
 @pytest.mark.parametrize(("max_refill_rounds", "seed"), [(0, 0), (1, 0), (5, 0), (5, 3)])
@@ -93,10 +105,3 @@ def test_refills_until_full_keeping_only_varied_groups(process_group, max_refill
         assert rounds == 2 and kept_before_quota == 8 and len(groups) == 6
     if max_refill_rounds == 0:
         assert torch.equal(batch[keys.UID], first[keys.UID][torch.isin(first[keys.UID], groups)])
-
-
-def test_needs_the_world_dp_size_and_a_filter(process_group):
-    config = RunConfig.model_validate({"algorithm": {"filter_zero_variance_groups": False}})
-    ctx = NodeContext("group_filter", 0, 0, 1, 0, 1, config, None, Resources())
-    with pytest.raises(ValueError, match="success_rate_band"):
-        dynamic_sampling(ctx, None)

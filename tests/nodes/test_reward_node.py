@@ -18,7 +18,7 @@ from vla_rl.data import keys
 from vla_rl.nodes import reward as reward_node
 from vla_rl.nodes.reward import episode_rewards, gather_step_reference, trajectory_embeddings
 from vla_rl.rewards.trajectory_encoders import encode_state_trajectories
-from vla_rl.workers.resources import WorkerResources
+from vla_rl.workers.resources import Resources
 
 N, T, STATE_DIM, SIZE = 6, 5, 3, 8
 
@@ -45,7 +45,7 @@ def algorithm(**fields):
 
 def test_state_encoder_reads_the_state_of_camera_observations():
     batch = camera_batch()
-    embeddings = trajectory_embeddings(algorithm(encoder_points=4), batch, encode_state_trajectories)
+    embeddings = trajectory_embeddings(algorithm(state_resample={"points": 4}), batch, encode_state_trajectories)
     expected = encode_state_trajectories(batch[keys.OBS][keys.OBS_STATE], batch[keys.FINISH_STEP] + 1, 4)
     torch.testing.assert_close(embeddings, expected)
 
@@ -64,29 +64,32 @@ class MeanPixel:
 def test_frame_encoders_read_the_configured_camera():
     batch = camera_batch()
     encoder = MeanPixel()
-    embeddings = trajectory_embeddings(algorithm(encoder_points=3), batch, encoder)
+    embeddings = trajectory_embeddings(algorithm(trajectory_encoder="policy_backbone", policy_backbone={"points": 3}),
+                                       batch, encoder)
     assert torch.equal(encoder.frames, batch[keys.OBS]["agentview_image"])
     assert embeddings.shape == (N, 3)
     with pytest.raises(ValueError, match="wrist_image"):
-        trajectory_embeddings(algorithm(encoder_camera="wrist"), batch, encoder)
+        trajectory_embeddings(algorithm(trajectory_encoder="policy_backbone", policy_backbone={"camera": "wrist"}),
+                              batch, encoder)
     flat = camera_batch()
     flat.set(keys.OBS, torch.zeros(N, T + 1, STATE_DIM))
     with pytest.raises(ValueError, match="flat state"):
-        trajectory_embeddings(algorithm(), flat, encoder)
+        trajectory_embeddings(algorithm(trajectory_encoder="policy_backbone"), flat, encoder)
 
 
-def resources(tmp_path: Path, policy_name: str, policy_config: dict, **algo) -> WorkerResources:
+def resources(tmp_path: Path, policy_name: str, policy_config: dict, **algo) -> Resources:
+    """A worker's resources with its ``trajectory_encoder`` built (and the policy it needs)."""
     config = RunConfig.model_validate({"policy": {"name": policy_name, "config": policy_config}, "algorithm": algo})
-    res = WorkerResources(config, rank=0, world_size=1, run_dir=tmp_path, device=torch.device("cpu"),
-                          rollout_dp_size=1)
-    res.__dict__["env_spec"] = {"obs_dim": STATE_DIM, "act_dim": 7, "horizon": 10,
-                                "images": {"agentview_image": [SIZE, SIZE, 3]}}  # no simulator needed
+    res = Resources(config, rank=0, world_size=1, run_dir=tmp_path, device=torch.device("cpu"), rollout_dp_size=1)
+    res.provide("env_spec", {"obs_dim": STATE_DIM, "act_dim": 7, "horizon": 10,
+                             "images": {"agentview_image": [SIZE, SIZE, 3]}})  # no simulator needed
+    res.ensure(["trajectory_encoder"])
     return res
 
 
 def test_worker_builds_the_policy_backbone_encoder(tmp_path, torch_one_thread):
     res = resources(tmp_path, "openvla_oft", {"architecture": {"preset": "tiny", "fused": False}, "chunk_size": 2},
-                    trajectory_encoder="policy_backbone", encoder_points=3)
+                    trajectory_encoder="policy_backbone", policy_backbone={"points": 3})
     batch = camera_batch()
     embeddings = trajectory_embeddings(res.config.algorithm, batch, res.trajectory_encoder)
     width = res.policy.vla.vision_backbone.embed_dim
@@ -99,14 +102,13 @@ def test_worker_builds_the_policy_backbone_encoder(tmp_path, torch_one_thread):
 
 
 def test_policy_backbone_needs_a_vision_policy(tmp_path):
-    res = resources(tmp_path, "mlp", {"hidden_sizes": [4]}, trajectory_encoder="policy_backbone")
     with pytest.raises(ValueError, match="vision backbone"):
-        res.trajectory_encoder
+        resources(tmp_path, "mlp", {"hidden_sizes": [4]}, trajectory_encoder="policy_backbone")
 
 
 def test_worker_builds_vjepa2_from_a_local_directory(tmp_path, tiny_vjepa2_dir, torch_one_thread):
-    res = resources(tmp_path, "mlp", {"hidden_sizes": [4]}, trajectory_encoder="vjepa2", encoder_points=4,
-                    trajectory_encoder_options={"model_dir": str(tiny_vjepa2_dir), "batch_size": 4})
+    res = resources(tmp_path, "mlp", {"hidden_sizes": [4]}, trajectory_encoder="vjepa2",
+                    vjepa2={"model_dir": str(tiny_vjepa2_dir), "batch_size": 4, "points": 4})
     batch = camera_batch()
     embeddings = trajectory_embeddings(res.config.algorithm, batch, res.trajectory_encoder)
     assert embeddings.shape == (N, 32)  # the tiny model's hidden size: mean-pooled tokens
@@ -116,7 +118,7 @@ def test_worker_builds_vjepa2_from_a_local_directory(tmp_path, tiny_vjepa2_dir, 
 def test_step_reference_scores_each_shard_against_every_success(monkeypatch):
     """Two reward shards (DP 2 on 2 workers), seen from rank 1: its failures are scored against
     the successes of both shards, exactly as the whole step scored at once."""
-    algo = algorithm(encoder_points=3)
+    algo = algorithm(state_resample={"points": 3})
     whole = camera_batch(seed=3)
     whole[keys.SUCCESS] = torch.tensor([True, False, False, False, True, False])  # shard 1 has one success
     shards = [whole[:3], whole[3:]]

@@ -16,6 +16,7 @@ from vla_rl.nodes.advantage import compute_advantages
 from vla_rl.nodes.reward import compute_rewards
 from vla_rl.nodes.rollout import RolloutNodeConfig, interact
 from vla_rl.workers.context import NodeContext
+from vla_rl.workers.metrics import Metric
 
 OBS_DIM, ACT_DIM = 3, 2
 
@@ -75,14 +76,17 @@ def test_a_lost_episode_leaves_its_group_without_counting_as_a_failure(process_g
 
     out = interact(ctx("rollout", RolloutNodeConfig()), tasks)
     episodes = out.batch
+    metrics = {name: m.value if isinstance(m, Metric) else m for name, m in out.metrics.items()}
     assert episodes[keys.UID].tolist() == [10, 10, 11, 11, 11]
     assert episodes[keys.TASK_ID].tolist() == [0, 0, 1, 1, 1]
     assert episodes[keys.INIT_STATE_ID].tolist() == [5, 5, 6, 6, 6]
     assert episodes[keys.SUCCESS].tolist() == [True, False, True, False, False]
-    assert out.metrics["rollout/lost_episodes"] == 1
-    assert out.metrics["rollout/lost_fraction"] == pytest.approx(1 / 6)
-    assert out.metrics["rollout/success_rate"] == pytest.approx(2 / 5)
-    assert out.metrics["rollout/sim_seconds_per_actor"] > 0
+    assert metrics["rollout/lost_episodes"] == 1 and out.metrics["rollout/lost_episodes"].rule == "sum"
+    assert metrics["rollout/lost_fraction"] == pytest.approx(1 / 6)
+    assert metrics["rollout/success_rate"] == pytest.approx(2 / 5)
+    assert out.metrics["rollout/success_rate"].weight == 5  # a mean over the episodes kept
+    assert metrics["rollout/env_steps"] == 5 + 3  # first steps (not the lost chunk's), then the 3 failures' second
+    assert metrics["rollout/sim_seconds_per_actor"] > 0
     advantages = compute_advantages(ctx("advantage"), compute_rewards(ctx("reward"), episodes).batch).batch
     first = advantages[keys.ADVANTAGES][:, 0]
     # GRPO over the episodes each group has: group 0 is {1, 0} (not {1, 0, 0}: the lost one is

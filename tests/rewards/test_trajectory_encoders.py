@@ -7,6 +7,9 @@ import torch
 from vla_rl.rewards.trajectory_encoders import (
     TRAJECTORY_ENCODERS,
     BackboneTrajectoryEncoder,
+    FrameEncoderConfig,
+    StateEncoderConfig,
+    VJEPA2EncoderConfig,
     VJEPA2TrajectoryEncoder,
     build_trajectory_encoder,
     encode_state_trajectories,
@@ -103,7 +106,7 @@ def test_sample_frames_reads_only_the_valid_steps():
 def test_vjepa2_encoder_embeds_uniform_frames_with_mean_pooled_tokens(tiny_vjepa2_dir, torch_one_thread):
     from transformers import VJEPA2Model
 
-    encoder = build_trajectory_encoder("vjepa2", model_dir=tiny_vjepa2_dir)
+    encoder = build_trajectory_encoder("vjepa2", VJEPA2EncoderConfig(model_dir=str(tiny_vjepa2_dir)))
     assert isinstance(encoder, VJEPA2TrajectoryEncoder) and encoder.embedding_dim == 32
     # Frames of 36 px = int(32 * 256 / 224): the resize keeps them, the centre crop removes 2 px a side.
     generator = torch.Generator().manual_seed(1)
@@ -130,8 +133,10 @@ def test_vjepa2_encoder_embeds_uniform_frames_with_mean_pooled_tokens(tiny_vjepa
 
 def test_vjepa2_encoder_rejects_bad_inputs(tiny_vjepa2_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
-        VJEPA2TrajectoryEncoder(tmp_path)
-    encoder = VJEPA2TrajectoryEncoder(tiny_vjepa2_dir)
+        VJEPA2TrajectoryEncoder(VJEPA2EncoderConfig(model_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="model_dir is required"):
+        VJEPA2EncoderConfig()
+    encoder = VJEPA2TrajectoryEncoder(VJEPA2EncoderConfig(model_dir=str(tiny_vjepa2_dir)))
     with pytest.raises(ValueError, match="tubelet_size"):
         encoder(torch.zeros(1, 4, 36, 36, 3, dtype=torch.uint8), torch.tensor([4]), num_points=3)
 
@@ -145,6 +150,7 @@ def test_backbone_encoder_concatenates_frame_features_in_time_order():
         return torch.stack([value, 2 * value], dim=1)
 
     encoder = build_trajectory_encoder("policy_backbone", frame_features=frame_features)
+    assert encoder.frame_features is frame_features
     assert isinstance(encoder, BackboneTrajectoryEncoder)
     embeddings = encoder(_numbered_frames(2, 6, 4), torch.tensor([5, 6]), num_points=3)
     assert calls == [(6, 4, 4, 3)]
@@ -152,14 +158,16 @@ def test_backbone_encoder_concatenates_frame_features_in_time_order():
     torch.testing.assert_close(embeddings, torch.tensor([[0.0, 0.0, 2.0, 4.0, 4.0, 8.0],
                                                          [10.0, 20.0, 12.0, 24.0, 15.0, 30.0]]))
     with pytest.raises(ValueError, match="feature_dim"):
-        BackboneTrajectoryEncoder(lambda frames: torch.zeros(1, 2))(_numbered_frames(1, 3, 4), torch.tensor([3]), 2)
+        BackboneTrajectoryEncoder(FrameEncoderConfig(), lambda frames: torch.zeros(1, 2))(
+            _numbered_frames(1, 3, 4), torch.tensor([3]), 2)
     with pytest.raises(TypeError, match="callable"):
-        BackboneTrajectoryEncoder("not a function")
+        BackboneTrajectoryEncoder(FrameEncoderConfig(), "not a function")
 
 
 def test_build_trajectory_encoder_function_entry_and_errors():
     assert build_trajectory_encoder("state_resample") is encode_state_trajectories
-    with pytest.raises(ValueError, match="takes no options"):
-        build_trajectory_encoder("state_resample", model_dir="x")
+    assert TRAJECTORY_ENCODERS.config_class("state_resample") is StateEncoderConfig
+    with pytest.raises(ValueError, match="points must be >= 2"):
+        StateEncoderConfig(points=1)
     with pytest.raises(RegistryError, match="vjepa2"):
         build_trajectory_encoder("vjepa3")

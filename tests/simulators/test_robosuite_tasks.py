@@ -38,3 +38,13 @@ def test_default_state_keys_follow_the_task():
     assert RobosuiteEnvConfig(task="Door", obs_keys=["door_pos"]).obs_keys == ("door_pos",)
     with pytest.raises(ValueError, match="task 'NutAssembly' has no default state keys; set obs_keys"):
         RobosuiteEnvConfig(task="NutAssembly")
+
+
+def test_task_names_are_robosuites_single_arm_tasks():
+    import robosuite
+
+    from simulators.robosuite_env import SINGLE_ARM_TASKS
+
+    assert set(SINGLE_ARM_TASKS) == {name for name in robosuite.ALL_ENVIRONMENTS if not name.startswith("TwoArm")}
+    with pytest.raises(ValueError, match="task must be a single-arm robosuite task.*got 'Stak'"):
+        RobosuiteEnvConfig(task="Stak")

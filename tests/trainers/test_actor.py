@@ -15,12 +15,13 @@ from policies import available_policies, make_policy
 from policies.mlp import MLPPolicyConfig
 from policies.openvla import OpenVLAPolicyConfig
 from policies.openvla_oft import OpenVLAOFTPolicyConfig
-from vla_rl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossConfig
+from vla_rl.algorithms.policy_loss import POLICY_LOSSES
 from vla_rl.data import keys
 from vla_rl.data.observations import encode_instruction
 from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl.trainers import actor as actor_module
-from vla_rl.trainers.actor import ActorTrainer, ActorUpdateConfig, per_dim_log_probs
+from vla_rl.config import AlgorithmSection, TrainerSection
+from vla_rl.trainers.actor import ActorTrainer, per_dim_log_probs
 from vla_rl.utils.registry import Registry
 
 OBS_DIM, ACT_DIM, HORIZON = 5, 7, 12
@@ -98,11 +99,20 @@ def rollout_batch(policy) -> tuple:
     return batch
 
 
-def update_config(loss_name: str, granularity: str, **overrides) -> ActorUpdateConfig:
-    fields = dict(ppo_epochs=1, ppo_mini_batch_size=4, max_grad_norm=1.0, policy_loss=loss_name,
-                  loss=PolicyLossConfig(), ratio_granularity=granularity, entropy_coeff=0.0,
-                  use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="k3")
-    return ActorUpdateConfig(**{**fields, **overrides})
+TRAINER_FIELDS = ("ppo_epochs", "ppo_mini_batch_size", "max_grad_norm")
+
+
+def update_config(loss_name: str, granularity: str, **overrides) -> tuple[AlgorithmSection, TrainerSection]:
+    """The ``algorithm`` and ``trainer`` sections of an update: one epoch of minibatches of 4,
+    token-mean, the clip range 0.2 / 0.28 for every objective, no entropy or KL term; then
+    ``overrides`` (fields of either section)."""
+    trainer = {"ppo_epochs": 1, "ppo_mini_batch_size": 4, "max_grad_norm": 1.0}
+    algorithm = {"policy_loss": loss_name, loss_name: {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28},
+                 "ratio_granularity": granularity, "loss_agg_mode": "token-mean", "entropy_coeff": 0.0,
+                 "use_kl_loss": False, "kl_loss_coef": 0.0, "kl_loss_type": "k3"}
+    for key, value in overrides.items():
+        (trainer if key in TRAINER_FIELDS else algorithm)[key] = value
+    return AlgorithmSection(**algorithm), TrainerSection(**trainer)
 
 
 def spy_on_losses(monkeypatch) -> list:
@@ -110,11 +120,11 @@ def spy_on_losses(monkeypatch) -> list:
     calls: list = []
     spies = Registry("policy loss")
     for name in POLICY_LOSSES.names():
-        def spy(log_probs, old_log_probs, advantages, mask, config, _real=POLICY_LOSSES.get(name)):
-            loss, metrics = _real(log_probs, old_log_probs, advantages, mask, config)
+        def spy(log_probs, old_log_probs, advantages, mask, *settings, _real=POLICY_LOSSES.get(name)):
+            loss, metrics = _real(log_probs, old_log_probs, advantages, mask, *settings)
             calls.append((log_probs.detach().clone(), old_log_probs.clone(), mask.clone(), metrics))
             return loss, metrics
-        spies.register(name)(spy)
+        spies.register(name, config=POLICY_LOSSES.config_class(name))(spy)
     monkeypatch.setattr(actor_module, "POLICY_LOSSES", spies)
     return calls
 
@@ -135,7 +145,7 @@ def test_first_minibatch_ratio_is_exactly_one(process_group, monkeypatch, policy
     policy = make_policy(policy_name, TINY_CONFIGS[policy_name]())
     batch = rollout_batch(policy)
     calls = spy_on_losses(monkeypatch)
-    metrics = ActorTrainer(policy, lr=1e-2).update(batch, update_config(loss_name, granularity),
+    metrics = ActorTrainer(policy, lr=1e-2).update(batch, *update_config(loss_name, granularity),
                                                    torch.Generator().manual_seed(2))
     assert metrics["actor/num_updates"] == 2.0
     log_probs, old_log_probs, mask, first_metrics = calls[0]
@@ -163,7 +173,7 @@ def test_updates_per_epoch_follow_the_mini_batch_size(process_group, episodes, m
     batch = rollout_batch(policy)
     batch = torch.cat([batch, batch])[:episodes]  # (episodes,)
     config = update_config("ppo_clip", "action", ppo_epochs=2, ppo_mini_batch_size=mini_batch)
-    metrics = ActorTrainer(policy, lr=1e-3).update(batch, config, torch.Generator().manual_seed(1))
+    metrics = ActorTrainer(policy, lr=1e-3).update(batch, *config, torch.Generator().manual_seed(1))
     assert metrics["actor/num_updates"] == expected_updates
 
 
@@ -184,7 +194,7 @@ def test_kl_loss_to_a_copy_of_the_policy_is_zero_at_the_first_minibatch(process_
         return out
 
     monkeypatch.setattr(trainer, "_minibatch_step", record)
-    trainer.update(batch, config, torch.Generator().manual_seed(2))
+    trainer.update(batch, *config, torch.Generator().manual_seed(2))
     assert kl_terms[0] == 0.0
     assert all(kl > 0 for kl in kl_terms[1:])
 
@@ -195,7 +205,7 @@ def test_entropy_bonus_raises_the_policy_std(process_group):
     batch = rollout_batch(policy)
     batch.set(keys.ADVANTAGES, torch.zeros_like(batch[keys.ADVANTAGES]))  # only the entropy term acts
     before = policy.action_std().detach().clone()
-    ActorTrainer(policy, lr=1e-2).update(batch, update_config("ppo_clip", "action", entropy_coeff=1.0),
+    ActorTrainer(policy, lr=1e-2).update(batch, *update_config("ppo_clip", "action", entropy_coeff=1.0),
                                          torch.Generator().manual_seed(2))
     assert (policy.action_std() > before).all()
 
@@ -204,7 +214,7 @@ def test_entropy_bonus_raises_the_policy_std(process_group):
 def test_an_empty_shard_makes_no_update(process_group, granularity):
     policy = make_policy("mlp", TINY_CONFIGS["mlp"]())
     batch = rollout_batch(policy)[:0]
-    metrics = ActorTrainer(policy, lr=1e-2).update(batch, update_config("ppo_clip", granularity),
+    metrics = ActorTrainer(policy, lr=1e-2).update(batch, *update_config("ppo_clip", granularity),
                                                    torch.Generator().manual_seed(2))
     assert metrics["actor/num_updates"] == 0.0
 
@@ -225,7 +235,7 @@ def test_steps_after_the_episode_end_never_reach_the_update(process_group, loss_
                 batch[key][after_end] = float("nan")
             batch[keys.OBS][:, :-1][after_end] = float("nan")
         config = update_config(loss_name, "token", use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01)
-        metrics = ActorTrainer(policy, lr=1e-2).update(batch, config, torch.Generator().manual_seed(2))
+        metrics = ActorTrainer(policy, lr=1e-2).update(batch, *config, torch.Generator().manual_seed(2))
         results.append((metrics, [p.detach().clone() for p in policy.parameters()]))
     (clean_metrics, clean_params), (dirty_metrics, dirty_params) = results
     assert dirty_metrics == clean_metrics

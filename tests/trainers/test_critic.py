@@ -6,7 +6,8 @@ import torch
 from tensordict import TensorDict
 
 from vla_rl.data import keys
-from vla_rl.trainers.critic import CriticTrainer, CriticUpdateConfig, ValueNetwork
+from vla_rl.config import CriticSection, TrainerSection
+from vla_rl.trainers.critic import CriticTrainer, ValueNetwork
 
 
 def test_critic_starts_at_zero_and_regresses_on_returns(process_group):
@@ -20,9 +21,9 @@ def test_critic_starts_at_zero_and_regresses_on_returns(process_group):
     values = trainer.values(batch)
     assert torch.equal(values, torch.zeros(n, steps))
     batch.set(keys.VALUES, values)
-    config = CriticUpdateConfig(ppo_epochs=50, ppo_mini_batch_size=8, max_grad_norm=10.0, cliprange_value=None,
-                                loss_agg_mode="token-mean")
-    metrics = trainer.update(batch, config, torch.Generator().manual_seed(0))
+    critic = CriticSection(cliprange_value=None, loss_agg_mode="token-mean")
+    metrics = trainer.update(batch, critic, TrainerSection(ppo_epochs=50, ppo_mini_batch_size=8, max_grad_norm=10.0),
+                             torch.Generator().manual_seed(0))
     assert metrics["critic/num_updates"] == 100.0
     error_before = (returns[mask] ** 2).mean()
     error_after = ((trainer.values(batch) - returns)[mask] ** 2).mean()

@@ -41,8 +41,8 @@ def test_normalisation_counts_the_extra_observations(tmp_path):
     extra = np.array([[0.0, 0.0], [3.0, 1.0]], dtype=np.float32)
     for extra_obs, mean_1, std_1 in [(None, 0.5, OBS_STD_FLOOR), (extra, 0.5, np.std([0.5] * 4 + [0.0, 1.0]))]:
         policy = MLPPolicy(MLPPolicyConfig(obs_dim=2, action_dim=1, hidden_sizes=(4,)))
-        behaviour_cloning(policy, _store(tmp_path / str(extra_obs is None), demo), 1, steps=1, lr=1e-3,
-                          batch_size=4, seed=0, extra_norm_obs=extra_obs)
+        obs, actions = demonstrations(_store(tmp_path / str(extra_obs is None), demo), 1, policy.chunk_size)
+        behaviour_cloning(policy, obs, actions, steps=1, lr=1e-3, batch_size=4, seed=0, extra_norm_obs=extra_obs)
         rows = demo if extra_obs is None else np.concatenate([demo, extra_obs])
         torch.testing.assert_close(policy.obs_mean, torch.tensor([rows[:, 0].mean(), mean_1]))
         torch.testing.assert_close(policy.obs_std, torch.tensor([rows[:, 0].std(), std_1], dtype=torch.float32))
@@ -107,7 +107,7 @@ def test_camera_demonstrations_are_stored_per_key_and_cloned(tmp_path, torch_one
     policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture={"preset": "tiny", "fused": False}, chunk_size=2,
                                                      proprio_dim=2))
     before = float(policy.bc_loss(obs, actions).detach())
-    metrics = behaviour_cloning(policy, store, 3, steps=40, lr=3e-3, batch_size=8, seed=0)
+    metrics = behaviour_cloning(policy, obs, actions, steps=40, lr=3e-3, batch_size=8, seed=0)
     assert metrics["warm_start/transitions"] == 13.0
     # OFT's proprio statistics: q01/q99 of the demonstrations' first two state features.
     torch.testing.assert_close(policy.proprio_q01, torch.quantile(obs["state"][:, :2], 0.01, dim=0))

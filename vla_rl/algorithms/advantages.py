@@ -4,6 +4,10 @@ Every estimator has one calling convention, verl's::
 
     advantages, returns = estimator(token_level_rewards, response_mask, group_ids, config, values=None)
 
+- ``config``: the estimator's own settings, the config class it is registered with
+  (:class:`GAEConfig`, :class:`GRPOConfig`, ...; None for ``"rloo"``, which takes none); a
+  template sets them as ``algorithm.<name>`` (``algorithm.gae.lam=0.95``).
+
 - ``token_level_rewards``: (batch, seq_len) float, the reward of each step/token. An outcome
   (trajectory-level) reward sits on the last valid step of its row
   (:func:`vla_rl.algorithms.rewards.outcome_to_token_rewards`).
@@ -17,7 +21,9 @@ Every estimator has one calling convention, verl's::
   dtype, exactly 0 at masked positions.
 
 Registered: ``"gae"``, ``"grpo"`` (Dr. GRPO with ``norm_by_std=False``), ``"rloo"``,
-``"reinforce_plus_plus"``, ``"reinforce_plus_plus_baseline"``.
+``"reinforce_plus_plus"``, ``"reinforce_plus_plus_baseline"``. An estimator that reads batch keys
+beyond rewards, mask and groups declares them when it registers (``"gae"``:
+``reads=("values",)``), so that the planner checks a template writes them (a critic node).
 
 Conventions of the group estimators (GRPO, RLOO, REINFORCE++-baseline), kept from the first
 GRPO implementation:
@@ -48,16 +54,26 @@ AdvantageEstimator = Callable[..., tuple[Tensor, Tensor]]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
 
 
+def _check_unit_interval(**values: float) -> None:
+    for name, value in values.items():
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1] (got {value})")
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0.0:
+            raise ValueError(f"{name} must be > 0 (got {value})")
+
+
 @dataclass(frozen=True)
-class AdvantageConfig:
-    """Settings read by the advantage estimators.
+class GAEConfig:
+    """Settings of ``"gae"``.
 
     Attributes:
-        gamma: discount factor in [0, 1] (GAE, REINFORCE++).
-        lam: GAE's lambda in [0, 1].
-        norm_by_std: GRPO divides the centred score by the group std (False: Dr. GRPO).
-        epsilon: added to GRPO's group std before dividing; > 0.
-        whiten_epsilon: added to the variance when whitening (GAE, REINFORCE++); > 0.
+        gamma: discount factor in [0, 1].
+        lam: lambda in [0, 1].
+        whiten_epsilon: added to the variance when whitening the advantages; > 0.
 
     Raises:
         ValueError: from ``__post_init__`` when a field is out of range.
@@ -65,17 +81,67 @@ class AdvantageConfig:
 
     gamma: float = 1.0
     lam: float = 1.0
-    norm_by_std: bool = True
-    epsilon: float = 1e-6
     whiten_epsilon: float = 1e-8
 
     def __post_init__(self) -> None:
-        for name in ("gamma", "lam"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1] (got {getattr(self, name)})")
-        for name in ("epsilon", "whiten_epsilon"):
-            if not getattr(self, name) > 0.0:
-                raise ValueError(f"{name} must be > 0 (got {getattr(self, name)}); e.g. 1e-6")
+        _check_unit_interval(gamma=self.gamma, lam=self.lam)
+        _check_positive(whiten_epsilon=self.whiten_epsilon)
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Settings of ``"grpo"``.
+
+    Attributes:
+        norm_by_std: divide the centred score by the group std (False: Dr. GRPO, Liu et al. 2025).
+        epsilon: added to the group std before dividing; > 0.
+
+    Raises:
+        ValueError: from ``__post_init__`` when ``epsilon`` is not positive.
+    """
+
+    norm_by_std: bool = True
+    epsilon: float = 1e-6
+
+    def __post_init__(self) -> None:
+        _check_positive(epsilon=self.epsilon)
+
+
+@dataclass(frozen=True)
+class ReinforcePlusPlusConfig:
+    """Settings of ``"reinforce_plus_plus"``.
+
+    Attributes:
+        gamma: discount factor in [0, 1].
+        whiten_epsilon: added to the variance when whitening the returns; > 0.
+
+    Raises:
+        ValueError: from ``__post_init__`` when a field is out of range.
+    """
+
+    gamma: float = 1.0
+    whiten_epsilon: float = 1e-8
+
+    def __post_init__(self) -> None:
+        _check_unit_interval(gamma=self.gamma)
+        _check_positive(whiten_epsilon=self.whiten_epsilon)
+
+
+@dataclass(frozen=True)
+class WhitenConfig:
+    """Settings of ``"reinforce_plus_plus_baseline"``.
+
+    Attributes:
+        whiten_epsilon: added to the variance when whitening the centred scores; > 0.
+
+    Raises:
+        ValueError: from ``__post_init__`` when ``whiten_epsilon`` is not positive.
+    """
+
+    whiten_epsilon: float = 1e-8
+
+    def __post_init__(self) -> None:
+        _check_positive(whiten_epsilon=self.whiten_epsilon)
 
 
 def _check_inputs(token_level_rewards: Tensor, response_mask: Tensor, group_ids: Tensor) -> Tensor:
@@ -158,12 +224,12 @@ def _broadcast(per_row: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.where(mask, per_row[:, None], 0.0).to(dtype)
 
 
-@ADVANTAGE_ESTIMATORS.register("gae")
+@ADVANTAGE_ESTIMATORS.register("gae", config=GAEConfig, reads=("values",))
 def compute_gae_advantage_return(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
-    config: AdvantageConfig,
+    config: GAEConfig,
     values: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016, "High-Dimensional Continuous
@@ -213,12 +279,12 @@ def compute_gae_advantage_return(
     return whitened.to(token_level_rewards.dtype), returns.to(token_level_rewards.dtype)
 
 
-@ADVANTAGE_ESTIMATORS.register("grpo")
+@ADVANTAGE_ESTIMATORS.register("grpo", config=GRPOConfig)
 def compute_grpo_outcome_advantage(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
-    config: AdvantageConfig,
+    config: GRPOConfig,
     values: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Group-relative outcome advantage (GRPO, Shao et al. 2024, "DeepSeekMath", §4.1.2; Dr.
@@ -259,7 +325,7 @@ def compute_rloo_outcome_advantage(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
-    config: AdvantageConfig,
+    config: None = None,
     values: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics", the RLOO
@@ -275,7 +341,7 @@ def compute_rloo_outcome_advantage(
         token_level_rewards: (batch, seq_len) float.
         response_mask: (batch, seq_len) bool.
         group_ids: (batch,) int64.
-        config: unused settings (one signature for all estimators).
+        config: none (``"rloo"`` takes no settings; the argument keeps one signature for all).
         values: ignored.
 
     Returns:
@@ -302,12 +368,12 @@ def _discounted_returns(token_level_rewards: Tensor, mask: Tensor, gamma: float)
     return returns
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", config=ReinforcePlusPlusConfig)
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
-    config: AdvantageConfig,
+    config: ReinforcePlusPlusConfig,
     values: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large
@@ -338,12 +404,12 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages.to(token_level_rewards.dtype), returns.to(token_level_rewards.dtype)
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline")
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline", config=WhitenConfig)
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
-    config: AdvantageConfig,
+    config: WhitenConfig,
     values: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline (Hu 2025, arXiv 2501.03262, the group-mean baseline variant), as

@@ -2,14 +2,19 @@
 
 Every objective has one signature::
 
-    loss, metrics = fn(log_probs, old_log_probs, advantages, response_mask, config)
+    loss, metrics = fn(log_probs, old_log_probs, advantages, response_mask, config, loss_agg_mode,
+                       loss_agg_normalizer=None)
 
 - ``log_probs``: (batch, seq_len) float, log-probabilities of the taken actions/tokens under the
   policy being optimised (carries the gradient);
 - ``old_log_probs``: (batch, seq_len) float, the same under the policy that sampled them;
 - ``advantages``: (batch,) or (batch, seq_len) float; (batch,) is broadcast over seq_len;
 - ``response_mask``: (batch, seq_len) bool, or float/int where nonzero marks a valid token;
-- ``config``: :class:`PolicyLossConfig`;
+- ``config``: the objective's own settings, the config class it is registered with
+  (:class:`PPOClipConfig`, :class:`GSPOConfig`, :class:`CPGDConfig`); a template sets them as
+  ``algorithm.<name>`` (``algorithm.ppo_clip.clip_ratio_high=0.28``);
+- ``loss_agg_mode``, ``loss_agg_normalizer``: the aggregation (``vla_rl.algorithms.aggregation``),
+  an independent setting (``algorithm.loss_agg_mode``);
 - ``loss``: 0-dim, the aggregated loss to minimise; ``metrics``: floats, means over valid tokens.
 
 Masked positions never reach the loss, its gradient, nor the metrics, whatever they hold (NaN,
@@ -44,17 +49,14 @@ POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 
 
 @dataclass(frozen=True)
-class PolicyLossConfig:
-    """Settings read by the policy objectives.
+class ClipConfig:
+    """The trust region shared by the clipped objectives.
 
     Attributes:
         clip_ratio_low: epsilon_low in [0, 1); the ratio is clipped below at 1 - epsilon_low
             (CPGD: the log-ratio at log(1 - epsilon_low)).
-        clip_ratio_high: epsilon_high >= 0; the ratio is clipped above at 1 + epsilon_high.
-        dual_clip_c: dual-clip constant c > 1 of ``ppo_clip`` (None: off).
-        loss_agg_mode: a name in ``LOSS_AGG_MODES``.
-        loss_agg_normalizer: the constant of ``"seq-mean-token-sum-norm"`` (None: seq_len).
-        policy_drift_coef: CPGD's alpha >= 0, weight of the policy-drift regulariser.
+        clip_ratio_high: epsilon_high >= 0; the ratio is clipped above at 1 + epsilon_high
+            (DAPO's clip-higher: 0.28 with epsilon_low 0.2).
         log_ratio_clamp: > 0; log-ratios are clamped to +-this before ``exp`` (20 as verl).
 
     Raises:
@@ -63,10 +65,6 @@ class PolicyLossConfig:
 
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
-    dual_clip_c: float | None = None
-    loss_agg_mode: str = "token-mean"
-    loss_agg_normalizer: float | None = None
-    policy_drift_coef: float = 0.1
     log_ratio_clamp: float = 20.0
 
     def __post_init__(self) -> None:
@@ -75,13 +73,50 @@ class PolicyLossConfig:
                              "ratio's lower clip bound 1 - clip_ratio_low has to stay positive")
         if self.clip_ratio_high < 0.0:
             raise ValueError(f"clip_ratio_high must be >= 0 (got {self.clip_ratio_high})")
+        if self.log_ratio_clamp <= 0.0:
+            raise ValueError(f"log_ratio_clamp must be > 0 (got {self.log_ratio_clamp}); 20 is usual")
+
+
+@dataclass(frozen=True)
+class PPOClipConfig(ClipConfig):
+    """Settings of ``"ppo_clip"``: the clip range and dual-clip.
+
+    Attributes:
+        dual_clip_c: dual-clip constant c > 1 (None: off; 3 is usual).
+    """
+
+    dual_clip_c: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.dual_clip_c is not None and not self.dual_clip_c > 1.0:
             raise ValueError(f"dual_clip_c must be > 1 (got {self.dual_clip_c}); 3 is usual, None "
                              "turns dual-clip off")
+
+
+@dataclass(frozen=True)
+class GSPOConfig(ClipConfig):
+    """Settings of ``"gspo"`` and ``"gspo_token"``: the clip range of the sequence ratio, by
+    default the paper's 3e-4 / 4e-4 (Zheng et al. 2025, §5.1), far narrower than PPO's."""
+
+    clip_ratio_low: float = 3e-4
+    clip_ratio_high: float = 4e-4
+
+
+@dataclass(frozen=True)
+class CPGDConfig(ClipConfig):
+    """Settings of ``"cpgd"``.
+
+    Attributes:
+        policy_drift_coef: alpha >= 0, weight of the policy-drift regulariser.
+    """
+
+    policy_drift_coef: float = 0.1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.policy_drift_coef < 0.0:
             raise ValueError(f"policy_drift_coef must be >= 0 (got {self.policy_drift_coef})")
-        if self.log_ratio_clamp <= 0.0:
-            raise ValueError(f"log_ratio_clamp must be > 0 (got {self.log_ratio_clamp}); 20 is usual")
 
 
 def _prepare(
@@ -125,13 +160,15 @@ def _common_metrics(log_ratio: Tensor, valid: Tensor, pg_clipped: Tensor, ratio_
     }
 
 
-@POLICY_LOSSES.register("ppo_clip")
+@POLICY_LOSSES.register("ppo_clip", config=PPOClipConfig)
 def compute_ppo_clip_loss(
     log_probs: Tensor,
     old_log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
-    config: PolicyLossConfig,
+    config: PPOClipConfig,
+    loss_agg_mode: str,
+    loss_agg_normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate loss with asymmetric clipping and optional dual-clip.
 
@@ -153,8 +190,8 @@ def compute_ppo_clip_loss(
 
     Args:
         log_probs, old_log_probs, advantages, response_mask: see the module docstring.
-        config: ``clip_ratio_low``, ``clip_ratio_high``, ``dual_clip_c``, ``loss_agg_mode``,
-            ``loss_agg_normalizer``, ``log_ratio_clamp``.
+        config: ``clip_ratio_low``, ``clip_ratio_high``, ``dual_clip_c``, ``log_ratio_clamp``.
+        loss_agg_mode, loss_agg_normalizer: the aggregation of the per-token losses.
 
     Returns:
         ``(loss, metrics)``: the common metrics plus ``pg_clipfrac_lower``, the fraction of
@@ -177,7 +214,7 @@ def compute_ppo_clip_loss(
         negative = token_advantages < 0
         dual_clipped = negative & (pg_loss > pg_loss_dual)
         pg_loss = torch.where(negative, torch.minimum(pg_loss, pg_loss_dual), pg_loss)
-    loss = aggregate_loss(pg_loss, valid, config.loss_agg_mode, config.loss_agg_normalizer)
+    loss = aggregate_loss(pg_loss, valid, loss_agg_mode, loss_agg_normalizer)
     with torch.no_grad():
         metrics = _common_metrics(log_ratio, valid, pg_loss_clipped > pg_loss_unclipped,
                                   masked_mean(ratio, valid).item())
@@ -198,13 +235,15 @@ def _sequence_ratio_mean(seq_ratio: Tensor, counts: Tensor) -> float:
     return float(seq_ratio[has_tokens].mean()) if bool(has_tokens.any()) else 1.0
 
 
-@POLICY_LOSSES.register("gspo")
+@POLICY_LOSSES.register("gspo", config=GSPOConfig)
 def compute_gspo_loss(
     log_probs: Tensor,
     old_log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
-    config: PolicyLossConfig,
+    config: GSPOConfig,
+    loss_agg_mode: str,
+    loss_agg_normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """GSPO, sequence-level (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv
     2507.18071, §4.1: the objective J_GSPO and its importance ratio s_i)::
@@ -222,8 +261,8 @@ def compute_gspo_loss(
 
     Args:
         log_probs, old_log_probs, advantages, response_mask: see the module docstring.
-        config: ``clip_ratio_low``, ``clip_ratio_high``, ``loss_agg_mode``,
-            ``loss_agg_normalizer``, ``log_ratio_clamp`` (applied to log s_i).
+        config: ``clip_ratio_low``, ``clip_ratio_high``, ``log_ratio_clamp`` (applied to log s_i).
+        loss_agg_mode, loss_agg_normalizer: the aggregation of the per-token losses.
 
     Returns:
         ``(loss, metrics)``; ``pg_clipfrac`` counts the tokens of clipped sequences, and
@@ -246,7 +285,7 @@ def compute_gspo_loss(
     pg_loss_clipped = -seq_advantages * clipped_ratio  # (B,)
     seq_loss = torch.maximum(pg_loss_unclipped, pg_loss_clipped)  # (B,)
     pg_loss = seq_loss[:, None].expand_as(log_ratio)  # (B, T)
-    loss = aggregate_loss(pg_loss, valid, config.loss_agg_mode, config.loss_agg_normalizer)
+    loss = aggregate_loss(pg_loss, valid, loss_agg_mode, loss_agg_normalizer)
     with torch.no_grad():
         seq_clipped = (pg_loss_clipped > pg_loss_unclipped)[:, None].expand_as(valid)  # (B, T)
         log_ratio = log_ratio.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
@@ -254,13 +293,15 @@ def compute_gspo_loss(
     return loss, metrics
 
 
-@POLICY_LOSSES.register("gspo_token")
+@POLICY_LOSSES.register("gspo_token", config=GSPOConfig)
 def compute_gspo_token_loss(
     log_probs: Tensor,
     old_log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
-    config: PolicyLossConfig,
+    config: GSPOConfig,
+    loss_agg_mode: str,
+    loss_agg_normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """GSPO-token (Zheng et al. 2025, arXiv 2507.18071, §4.3), for token-level advantages::
 
@@ -274,8 +315,8 @@ def compute_gspo_token_loss(
 
     Args:
         log_probs, old_log_probs, advantages, response_mask: see the module docstring.
-        config: ``clip_ratio_low``, ``clip_ratio_high``, ``loss_agg_mode``,
-            ``loss_agg_normalizer``, ``log_ratio_clamp`` (applied to log s_it).
+        config: ``clip_ratio_low``, ``clip_ratio_high``, ``log_ratio_clamp`` (applied to log s_it).
+        loss_agg_mode, loss_agg_normalizer: the aggregation of the per-token losses.
 
     Returns:
         ``(loss, metrics)``; ``ratio_mean`` is the mean of s_i over sequences with tokens.
@@ -294,7 +335,7 @@ def compute_gspo_token_loss(
     pg_loss_unclipped = -token_advantages * token_ratio  # (B, T)
     pg_loss_clipped = -token_advantages * clipped_ratio  # (B, T)
     pg_loss = torch.maximum(pg_loss_unclipped, pg_loss_clipped)  # (B, T)
-    loss = aggregate_loss(pg_loss, valid, config.loss_agg_mode, config.loss_agg_normalizer)
+    loss = aggregate_loss(pg_loss, valid, loss_agg_mode, loss_agg_normalizer)
     with torch.no_grad():
         log_ratio = log_ratio.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
         metrics = _common_metrics(log_ratio, valid, pg_loss_clipped > pg_loss_unclipped,
@@ -302,13 +343,15 @@ def compute_gspo_token_loss(
     return loss, metrics
 
 
-@POLICY_LOSSES.register("cpgd")
+@POLICY_LOSSES.register("cpgd", config=CPGDConfig)
 def compute_cpgd_loss(
     log_probs: Tensor,
     old_log_probs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
-    config: PolicyLossConfig,
+    config: CPGDConfig,
+    loss_agg_mode: str,
+    loss_agg_normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """CPGD: clipped policy gradient with policy drift (Liu et al. 2025, "CPGD: Toward Stable
     Rule-based Reinforcement Learning for Language Models", arXiv 2505.12504, the CPGD
@@ -329,8 +372,8 @@ def compute_cpgd_loss(
 
     Args:
         log_probs, old_log_probs, advantages, response_mask: see the module docstring.
-        config: ``clip_ratio_low``, ``clip_ratio_high``, ``policy_drift_coef``,
-            ``loss_agg_mode``, ``loss_agg_normalizer``, ``log_ratio_clamp``.
+        config: ``clip_ratio_low``, ``clip_ratio_high``, ``policy_drift_coef``, ``log_ratio_clamp``.
+        loss_agg_mode, loss_agg_normalizer: the aggregation of the per-token losses.
 
     Returns:
         ``(loss, metrics)``: the common metrics (``approx_kl`` is the mean drift) plus
@@ -349,7 +392,7 @@ def compute_cpgd_loss(
     pg_loss = -token_advantages * clipped_log_ratio  # (B, T)
     policy_drift = torch.expm1(log_ratio) - log_ratio  # (B, T)
     loss = aggregate_loss(pg_loss + config.policy_drift_coef * policy_drift, valid,
-                          config.loss_agg_mode, config.loss_agg_normalizer)
+                          loss_agg_mode, loss_agg_normalizer)
     with torch.no_grad():
         clipped = (positive & (log_ratio > upper)) | (negative & (log_ratio < lower))
         metrics = _common_metrics(log_ratio, valid, clipped, masked_mean(torch.exp(log_ratio), valid).item())

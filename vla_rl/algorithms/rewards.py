@@ -4,6 +4,10 @@ Every entry has the same signature, so a reward node can switch between them by 
 
     fn(embeddings_or_None, success, task_ids, config) -> rewards  # (batch,) float32
 
+An entry registered with ``embeddings=True`` scores trajectory embeddings: the reward node then
+embeds each episode with the run's trajectory encoder (``algorithm.trajectory_encoder``, a worker
+resource); ``config`` is its registered config class (``algorithm.<name>``), or None.
+
 - ``"success"``: the sparse binary outcome reward (1 for success, 0 otherwise).
 - ``"srpo"``: SRPO's world-progress reward (Fei et al. 2025), see ``vla_rl.algorithms.srpo``.
 
@@ -56,7 +60,7 @@ def compute_success_rewards(
     return success.to(torch.float32)
 
 
-@EMBODIED_REWARDS.register("srpo")
+@EMBODIED_REWARDS.register("srpo", config=SRPORewardConfig, embeddings=True)
 def compute_srpo_progress_rewards(
     embeddings: Tensor | None,
     success: Tensor,

@@ -2,8 +2,8 @@
 
 - :mod:`~vla_rl.dag.schema`: pydantic models of a template file (``TemplateSpec``, ``NodeSpec``).
 - :mod:`~vla_rl.dag.loader`: ``load_template`` (YAML, ``extends``, dotted overrides, validation).
-- :mod:`~vla_rl.dag.registry`: node functions, registered by ``(role, type, name)``.
-- :mod:`~vla_rl.dag.planner`: ``plan`` (validation, topological order, one task chain per worker).
+- :mod:`~vla_rl.dag.registry`: node functions and their contracts, registered by ``(role, type, name)``.
+- :mod:`~vla_rl.dag.planner`: ``plan`` (validation, key flow, topological order, one task chain per worker and phase).
 - :mod:`~vla_rl.dag.errors`: ``TemplateError``, naming the file, node and field at fault.
 
 Importing this package imports no Ray, simulator, model or torch code.
@@ -11,7 +11,7 @@ Importing this package imports no Ray, simulator, model or torch code.
 
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import Template, load_template
-from vla_rl.dag.planner import Hop, Plan, Reshard, RunNode, Task, describe_plan, plan
+from vla_rl.dag.planner import Hop, PhasePlan, Plan, Reshard, RunNode, Task, describe_plan, plan
 from vla_rl.dag.registry import NodeFunction, NodeOutput, get_node_function, load_builtin_nodes, register_node
 from vla_rl.dag.schema import NodeSpec, TemplateSpec
 
@@ -20,6 +20,7 @@ __all__ = [
     "NodeFunction",
     "NodeOutput",
     "NodeSpec",
+    "PhasePlan",
     "Plan",
     "Reshard",
     "RunNode",

@@ -93,11 +93,16 @@ def from_validation_error(
         prefix: prepended to the error location to form the field path (e.g. ``("config",)`` for
             a node's ``config:`` mapping).
     """
+    from vla_rl.components import ComponentConfigError
+
     errors = exc.errors()
     first = errors[0]
     loc = tuple(first["loc"])[strip:]
     field = dotted((*prefix, *loc)) or None
     kind = first["type"]
+    cause = first.get("ctx", {}).get("error")
+    if kind == "value_error" and isinstance(cause, ComponentConfigError):  # names its own field, from the root
+        return TemplateError(cause.message, file=file, node=node, field=dotted((*prefix, cause.field)))
     if kind == "extra_forbidden":
         message = "unknown key"
         allowed = _allowed_keys(model, loc[:-1]) if model is not None else None

@@ -3,14 +3,19 @@
 A template is named either by a path (``path/to/x.yaml``, used as is) or by a bare name (``x``,
 read from ``<repo>/dag_templates/x.yaml``).
 
-``extends: base.yaml`` (a path relative to the extending file) composes templates: the ``config:``
-sections are deep-merged (the extending file wins), and nodes are merged by id: a node entry whose
-id the base already has overrides that node's fields (mappings such as the node's ``config:`` are
-deep-merged, other values replaced), a new id is appended after the base's nodes.
+``extends: base.yaml`` (a path relative to the extending file), or a list of them merged in order,
+composes templates: the ``config:`` sections are deep-merged (the extending file wins), and nodes
+are merged by id: a node entry whose id the base already has overrides that node's fields
+(mappings such as the node's ``config:`` are deep-merged, other values replaced), a new id is
+appended after the base's nodes. A base may hold only nodes of some phases (the files of
+``dag_templates/phases/``: warm start and evaluation), so a workflow includes them by listing them.
 
 Overrides use OmegaConf's dotlist syntax. ``trainer.total_steps=5`` sets a key of ``config:``;
 ``nodes.<id>.<field>=value`` sets a field of the node with that id (``nodes.reward.dp_size=1``,
 ``nodes.reward.config.reward=success``).
+
+The modules listed in ``config.run.imports`` are imported before the template is validated, so
+that components they register (docs/extending.md) resolve.
 
 Every problem is a :class:`~vla_rl.dag.errors.TemplateError` naming the file, node and field.
 """
@@ -18,6 +23,7 @@ Every problem is a :class:`~vla_rl.dag.errors.TemplateError` naming the file, no
 from __future__ import annotations
 
 import copy
+import importlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -104,6 +110,7 @@ def load_template(
     path = resolve_template_path(path_or_name)
     raw = _load_merged(path, chain=())
     raw = apply_overrides(raw, overrides, file=path)
+    _import_plugins(raw, path)
     try:
         spec = TemplateSpec.model_validate(raw)
     except ValidationError as exc:
@@ -115,6 +122,20 @@ def load_template(
     return Template(
         name=spec.name, path=path, config=config, nodes=spec.nodes, raw=raw, description=spec.description
     )
+
+
+def _import_plugins(raw: dict[str, Any], file: Path) -> None:
+    """Import the modules of ``config.run.imports`` (they register components the config names)."""
+    run = raw.get("config", {}).get("run", {})
+    modules = run.get("imports", []) if isinstance(run, dict) else []
+    if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
+        raise TemplateError(f"must be a list of module names (got {modules!r})", file=file, field="run.imports")
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # any failure of the user's module is reported in one line
+            raise TemplateError(f"cannot import {module!r}: {type(exc).__name__}: {exc}", file=file,
+                                field="run.imports") from None
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path) -> dict[str, Any]:
@@ -163,22 +184,26 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path
 
 
 def _load_merged(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    """Read ``path`` and, recursively, the template it extends; return the merged mapping."""
+    """Read ``path`` and, recursively, the templates it extends; return the merged mapping."""
     raw = _read_template_file(path)
     extends = raw.pop("extends", None)
     if extends is None:
         return raw
-    if not isinstance(extends, str) or not extends:
-        raise TemplateError(f"must be a path to a template file (got {extends!r})", file=path, field="extends")
-    base_path = (path.parent / extends).resolve()
-    if base_path == path or base_path in chain:
-        cycle = [*chain[chain.index(base_path) :], path, base_path] if base_path in chain else [path, path]
-        names = " -> ".join(p.name for p in cycle)
-        raise TemplateError(f"extends cycle: {names}", file=path, field="extends")
-    if not base_path.is_file():
-        raise TemplateError(f"base template not found: {base_path}", file=path, field="extends")
-    base = _load_merged(base_path, (*chain, path))
-    return _merge_templates(base, raw)
+    bases = [extends] if isinstance(extends, str) else extends
+    if not isinstance(bases, list) or not bases or not all(isinstance(b, str) and b for b in bases):
+        raise TemplateError(f"must be a path to a template file, or a list of them (got {extends!r})",
+                            file=path, field="extends")
+    merged: dict[str, Any] = {}
+    for base in bases:
+        base_path = (path.parent / base).resolve()
+        if base_path == path or base_path in chain:
+            cycle = [*chain[chain.index(base_path) :], path, base_path] if base_path in chain else [path, path]
+            names = " -> ".join(p.name for p in cycle)
+            raise TemplateError(f"extends cycle: {names}", file=path, field="extends")
+        if not base_path.is_file():
+            raise TemplateError(f"base template not found: {base_path}", file=path, field="extends")
+        merged = _merge_templates(merged, _load_merged(base_path, (*chain, path)))
+    return _merge_templates(merged, raw)
 
 
 def _read_template_file(path: Path) -> dict[str, Any]:

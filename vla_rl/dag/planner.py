@@ -17,6 +17,15 @@ output from ``src_dp_size`` shards into ``dst_dp_size`` shards, after which the 
 producer's output on the same worker. The distinct DP-size changes are listed as the plan's
 :class:`Hop` entries.
 
+Each phase of the template (``warm_start``, ``train``, ``evaluate``; see
+:mod:`vla_rl.dag.schema`) is planned on its own, with its own chains.
+
+Contracts: every node function declares the batch keys it reads and writes
+(:mod:`vla_rl.dag.registry`). Along each phase's edges the planner checks that every key a node
+reads is written by a node upstream of it, and names both the node and the key (and who could
+write it) when not: a template that forgets the critic of GAE, or the reference of a KL term,
+fails here, before anything starts.
+
 Planning starts nothing (no Ray, no processes); the workers execute the chains.
 """
 
@@ -29,8 +38,8 @@ from pydantic import BaseModel, ValidationError
 
 from vla_rl.dag.errors import TemplateError, from_validation_error
 from vla_rl.dag.loader import Template
-from vla_rl.dag.registry import get_node_function, load_builtin_nodes
-from vla_rl.dag.schema import NodeSpec
+from vla_rl.dag.registry import NODE_FUNCTIONS, get_node_function, load_builtin_nodes, resolve
+from vla_rl.dag.schema import PHASES, NodeSpec
 from vla_rl.utils.registry import RegistryError
 
 
@@ -47,6 +56,7 @@ class RunNode:
         dp_rank: the shard this worker holds, ``rank // (world_size // dp_size)``.
         deps: ids of the nodes whose outputs are merged into the function's input batch.
         config: the node's validated config (``None`` if its function declares no config model).
+        resources: the worker resources its function declares under this template's settings.
     """
 
     node_id: str
@@ -57,6 +67,7 @@ class RunNode:
     dp_rank: int
     deps: tuple[str, ...]
     config: BaseModel | None
+    resources: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -98,39 +109,78 @@ class Hop:
 
 
 @dataclass(frozen=True)
+class PhasePlan:
+    """One phase of a template compiled for a world size.
+
+    Attributes:
+        phase: ``warm_start``, ``train`` or ``evaluate``.
+        order: node ids in execution order.
+        dp_sizes: node id -> its resolved DP size.
+        chains: rank -> that worker's tasks, in execution order.
+        hops: the edges whose DP sizes differ, in execution order.
+    """
+
+    phase: str
+    order: tuple[str, ...]
+    dp_sizes: dict[str, int]
+    chains: dict[int, tuple[Task, ...]]
+    hops: tuple[Hop, ...]
+
+
+@dataclass(frozen=True)
 class Plan:
     """A validated template compiled for a world size.
 
     Attributes:
         template: the template's name.
         world_size: the number of DAG workers.
-        order: node ids in execution order.
-        dp_sizes: node id -> its resolved DP size.
-        chains: rank -> that worker's tasks, in execution order.
-        hops: the edges whose DP sizes differ, in execution order.
+        phases: phase name -> its plan, for the phases the template has nodes in (in the order
+            of :data:`~vla_rl.dag.schema.PHASES`).
         node_configs: node id -> its validated config (``None`` without a config model).
     """
 
     template: str
     world_size: int
-    order: tuple[str, ...]
-    dp_sizes: dict[str, int]
-    chains: dict[int, tuple[Task, ...]]
-    hops: tuple[Hop, ...]
+    phases: dict[str, PhasePlan]
     node_configs: dict[str, BaseModel | None]
+
+    def phase(self, name: str) -> PhasePlan:
+        """The plan of phase ``name``; an empty one if the template has no node in it."""
+        return self.phases.get(name, PhasePlan(name, (), {}, {r: () for r in range(self.world_size)}, ()))
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """The ``train`` phase's execution order."""
+        return self.phase("train").order
+
+    @property
+    def dp_sizes(self) -> dict[str, int]:
+        """Every node's DP size."""
+        return {node: size for p in self.phases.values() for node, size in p.dp_sizes.items()}
+
+    @property
+    def chains(self) -> dict[int, tuple[Task, ...]]:
+        """The ``train`` phase's chains."""
+        return self.phase("train").chains
+
+    @property
+    def hops(self) -> tuple[Hop, ...]:
+        """The ``train`` phase's DP-size hops."""
+        return self.phase("train").hops
 
 
 def plan(template: Template, world_size: int | None = None) -> Plan:
-    """Validate ``template`` and compile one task chain per worker rank.
+    """Validate ``template`` and compile one task chain per worker rank and phase.
 
     Args:
         template: a loaded template.
         world_size: number of DAG workers; default ``template.config.workers.num_workers``.
 
     Raises:
-        TemplateError: a missing or repeated dependency, a dependency cycle, a DP size that does
-            not divide the world size, an unregistered node function, or a node config that its
-            function's config model rejects; the error names the node and the field.
+        TemplateError: a missing, repeated or cross-phase dependency, a dependency cycle, a DP
+            size that does not divide the world size, an unregistered node function, a node
+            config that its function's config model rejects, or a key a node reads that no
+            upstream node writes; the error names the node and the field.
         ValueError: if ``world_size`` is below 1.
     """
     if world_size is None:
@@ -139,38 +189,100 @@ def plan(template: Template, world_size: int | None = None) -> Plan:
         raise ValueError(f"world size must be at least 1 (got {world_size})")
     file = template.path
     _check_deps(template.nodes, file)
-    order = _topological_order(template.nodes, file)
-    dp_sizes = {node.id: _dp_size(node, world_size, file) for node in template.nodes}
     load_builtin_nodes()
     node_configs = {node.id: _node_config(node, file) for node in template.nodes}
-    nodes = {node.id: node for node in template.nodes}
+    phases = {}
+    for phase in PHASES:
+        nodes = tuple(node for node in template.nodes if node.phase == phase)
+        if nodes:
+            phases[phase] = _plan_phase(phase, nodes, world_size, template.config, node_configs, file)
+    return Plan(template.name, world_size, phases, node_configs)
+
+
+def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config, node_configs: dict,
+                file: Path) -> PhasePlan:
+    order = _topological_order(nodes, file)
+    dp_sizes = {node.id: _dp_size(node, world_size, file) for node in nodes}
+    by_id = {node.id: node for node in nodes}
+    for node in nodes:
+        check = get_node_function(node.role, node.type, node.fn).check
+        problem = None if check is None else check(config, node_configs[node.id], dp_sizes[node.id], world_size)
+        if problem is not None:
+            raise TemplateError(problem[1], file=file, node=node.id, field=problem[0])
+    _check_key_flow(order, by_id, config, node_configs, file)
     hops = tuple(
         Hop(dep, node_id, dp_sizes[dep], dp_sizes[node_id])
         for node_id in order
-        for dep in nodes[node_id].deps
+        for dep in by_id[node_id].deps
         if dp_sizes[dep] != dp_sizes[node_id]
     )
     chains = {}
     for rank in range(world_size):
         chain: list[Task] = []
         for node_id in order:
-            node, dp_size = nodes[node_id], dp_sizes[node_id]
+            node, dp_size = by_id[node_id], dp_sizes[node_id]
+            function = get_node_function(node.role, node.type, node.fn)
             dp_rank = rank // (world_size // dp_size)
             for dep in node.deps:
                 if dp_sizes[dep] != dp_size:
                     src_rank = rank // (world_size // dp_sizes[dep])
-                    whole_groups = get_node_function(node.role, node.type, node.fn).whole_groups
-                    chain.append(Reshard(dep, node_id, dp_sizes[dep], dp_size, src_rank, dp_rank, whole_groups))
-            chain.append(
-                RunNode(node_id, node.role, node.type, node.fn, dp_size, dp_rank, node.deps, node_configs[node_id])
-            )
+                    chain.append(Reshard(dep, node_id, dp_sizes[dep], dp_size, src_rank, dp_rank,
+                                         function.whole_groups))
+            chain.append(RunNode(node_id, node.role, node.type, node.fn, dp_size, dp_rank, node.deps,
+                                 node_configs[node_id], resolve(function.resources, config, node_configs[node_id])))
         chains[rank] = tuple(chain)
-    return Plan(template.name, world_size, order, dp_sizes, chains, hops, node_configs)
+    return PhasePlan(phase, order, dp_sizes, chains, hops)
+
+
+def _check_key_flow(order: tuple[str, ...], nodes: dict[str, NodeSpec], config, node_configs: dict,
+                    file: Path) -> None:
+    """Every key a node reads is written by a node upstream of it (its output carries its input's
+    keys and the ones it writes)."""
+    available: dict[str, frozenset[str]] = {}
+    for node_id in order:
+        node = nodes[node_id]
+        function = get_node_function(node.role, node.type, node.fn)
+        inputs = frozenset().union(*(available[dep] for dep in node.deps))
+        missing = sorted(resolve(function.reads, config, node_configs[node_id]) - inputs)
+        if missing:
+            key = missing[0]
+            upstream = ", ".join(_ancestors(node_id, nodes)) or "none"
+            raise TemplateError(
+                f"reads batch key {key!r}, which no node upstream of it writes (upstream: {upstream}); "
+                f"{_writers_hint(key, config)}", file=file, node=node_id, field="deps")
+        available[node_id] = inputs | resolve(function.writes, config, node_configs[node_id])
+
+
+def _ancestors(node_id: str, nodes: dict[str, NodeSpec]) -> list[str]:
+    seen: list[str] = []
+    stack = list(nodes[node_id].deps)
+    while stack:
+        dep = stack.pop()
+        if dep not in seen:
+            seen.append(dep)
+            stack.extend(nodes[dep].deps)
+    return seen
+
+
+def _writers_hint(key: str, config) -> str:
+    """Which registered node functions write ``key`` (with default node settings)."""
+    writers = []
+    for role, type_, name in NODE_FUNCTIONS:
+        function = NODE_FUNCTIONS.get((role, type_, name))
+        try:
+            default_config = function.config_model() if function.config_model is not None else None
+            writes = resolve(function.writes, config, default_config)
+        except (ValidationError, ValueError, TypeError):
+            continue
+        if key in writes:
+            writers.append(f"{role}/{type_}" + ("" if name == "default" else f" (fn: {name})"))
+    return f"add a node that writes it before this one: {', '.join(writers)}" if writers else "no registered node writes it"
 
 
 def _check_deps(nodes: tuple[NodeSpec, ...], file: Path) -> None:
-    """Every dep names an existing node, at most once."""
+    """Every dep names an existing node of the same phase, at most once."""
     ids = {node.id for node in nodes}
+    phases = {node.id: node.phase for node in nodes}
     for node in nodes:
         seen: set[str] = set()
         for i, dep in enumerate(node.deps):
@@ -183,6 +295,9 @@ def _check_deps(nodes: tuple[NodeSpec, ...], file: Path) -> None:
                 )
             if dep in seen:
                 raise TemplateError(f"dependency {dep!r} listed twice", file=file, node=node.id, field=f"deps[{i}]")
+            if phases[dep] != node.phase:
+                raise TemplateError(f"dependency {dep!r} runs in phase {phases[dep]!r}, this node in {node.phase!r}; "
+                                    "a node's deps lie in its own phase", file=file, node=node.id, field=f"deps[{i}]")
             seen.add(dep)
 
 
@@ -257,19 +372,19 @@ def _node_config(node: NodeSpec, file: Path) -> BaseModel | None:
 
 
 def describe_plan(plan: Plan) -> str:
-    """A human-readable listing of the plan: order, DP-size hops and every worker's chain."""
-    lines = [
-        f"plan {plan.template!r}: world size {plan.world_size}, {len(plan.order)} nodes",
-        f"order: {' -> '.join(plan.order)}",
-        "DP-size hops:" if plan.hops else "DP-size hops: none (every node runs at one DP size)",
-    ]
-    lines += [f"  {h.src} (dp {h.src_dp_size}) -> {h.dst} (dp {h.dst_dp_size})" for h in plan.hops]
-    runs = [task for chain in plan.chains.values() for task in chain if isinstance(task, RunNode)]
-    widths = (max(len(t.node_id) for t in runs), max(len(_function_name(t)) for t in runs))
-    for rank, chain in plan.chains.items():
-        lines.append(f"worker {rank}:")
-        for i, task in enumerate(chain, start=1):
-            lines.append(f"  {i:>2}. {_describe_task(task, widths)}")
+    """A human-readable listing of the plan: per phase, order, DP-size hops and every worker's chain."""
+    lines = [f"plan {plan.template!r}: world size {plan.world_size}, "
+             f"{sum(len(p.order) for p in plan.phases.values())} nodes"]
+    for phase in plan.phases.values():
+        lines += [f"phase {phase.phase}:", f"order: {' -> '.join(phase.order)}",
+                  "DP-size hops:" if phase.hops else "DP-size hops: none (every node runs at one DP size)"]
+        lines += [f"  {h.src} (dp {h.src_dp_size}) -> {h.dst} (dp {h.dst_dp_size})" for h in phase.hops]
+        runs = [task for chain in phase.chains.values() for task in chain if isinstance(task, RunNode)]
+        widths = (max(len(t.node_id) for t in runs), max(len(_function_name(t)) for t in runs))
+        for rank, chain in phase.chains.items():
+            lines.append(f"worker {rank}:")
+            for i, task in enumerate(chain, start=1):
+                lines.append(f"  {i:>2}. {_describe_task(task, widths)}")
     return "\n".join(lines)
 
 

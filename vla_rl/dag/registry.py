@@ -1,16 +1,25 @@
-"""Dispatch of DAG nodes: ``(role, type, name)`` → a registered node function.
+"""Dispatch of DAG nodes: ``(role, type, name)`` → a registered node function and its contract.
 
 A node function has the signature ``fn(ctx, batch) -> NodeOutput``: ``ctx`` is the worker-side
-context (device, process groups, the node's validated config, ...), ``batch`` the merged outputs
-of the node's dependencies (``None`` for a node without deps). New algorithms and nodes are added
-by registering, never by editing the worker::
+context (device, process groups, the node's validated config, the resources it declared, ...),
+``batch`` the merged outputs of the node's dependencies (``None`` for a node without deps). New
+algorithms and nodes are added by registering, never by editing the worker::
 
     class RewardConfig(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        reward: Literal["success", "progress"] = "success"
+        scale: float = 1.0
 
-    @register_node("reward", "compute", config=RewardConfig)
+    @register_node("reward", "compute", "scaled", config=RewardConfig,
+                   reads=(keys.SUCCESS,), writes=(keys.REWARDS,), resources=())
     def compute_reward(ctx, batch: TensorDict) -> NodeOutput: ...
+
+The **contract** — the batch keys a node reads and writes, and the worker resources it uses — is
+data the planner checks before anything starts (a key read that no upstream node writes is an
+error naming both) and from which each worker builds exactly the resources its chain needs
+(:mod:`vla_rl.workers.resources`). Each entry is a tuple of names, or a function
+``(run_config, node_config) -> names`` when it depends on the settings (the advantage node reads
+``values`` only under GAE). A node whose layout has rules of its own declares a ``check``
+``(run_config, node_config, dp_size, world_size) -> (field, message) | None`` the planner calls.
 
 The built-in functions live in :mod:`vla_rl.nodes`; :func:`load_builtin_nodes` imports it.
 """
@@ -19,9 +28,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 from pydantic import BaseModel
 
@@ -32,6 +41,19 @@ if TYPE_CHECKING:  # tensordict pulls in torch; the planner and the CLI do not n
     from tensordict import TensorDict
 
 BUILTIN_NODES_PACKAGE = "vla_rl.nodes"
+
+
+Declared = Union[tuple[str, ...], Callable[[Any, Any], Iterable[str]]]
+"""A contract entry: names, or a function ``(run_config, node_config) -> names``."""
+
+LayoutCheck = Callable[[Any, Any, int, int], "tuple[str, str] | None"]
+"""``(run_config, node_config, dp_size, world_size) -> (field, message)`` of a layout the node
+cannot run in, or None."""
+
+
+def resolve(declared: Declared, run_config: Any, node_config: Any) -> frozenset[str]:
+    """The names a contract entry stands for under the given settings."""
+    return frozenset(declared(run_config, node_config) if callable(declared) else declared)
 
 
 @dataclass
@@ -62,6 +84,10 @@ class NodeFunction:
         whole_groups: whether the function needs each group's samples on one rank (rewards,
             advantages and filters compare a group's samples); ``False`` lets a re-shard into
             the node balance single samples (a model update, once advantages are known).
+        reads: batch keys it reads from its input.
+        writes: batch keys it adds to its output (its output also carries its input's keys).
+        resources: names of the worker resources it uses (:mod:`vla_rl.workers.resources`).
+        check: the planner's check of its layout (see :data:`LayoutCheck`), or None.
     """
 
     role: str
@@ -70,6 +96,10 @@ class NodeFunction:
     fn: Callable[[Any, Any], NodeOutput]
     config_model: type[BaseModel] | None
     whole_groups: bool = True
+    reads: Declared = ()
+    writes: Declared = ()
+    resources: Declared = ()
+    check: LayoutCheck | None = None
 
 
 NODE_FUNCTIONS: Registry[NodeFunction] = Registry("node function")
@@ -77,7 +107,9 @@ NODE_FUNCTIONS: Registry[NodeFunction] = Registry("node function")
 
 
 def register_node(
-    role: str, type: str, name: str = "default", config: type[BaseModel] | None = None, whole_groups: bool = True
+    role: str, type: str, name: str = "default", config: type[BaseModel] | None = None, *,
+    whole_groups: bool = True, reads: Declared = (), writes: Declared = (), resources: Declared = (),
+    check: LayoutCheck | None = None,
 ) -> Callable[[Callable[[Any, Any], NodeOutput]], Callable[[Any, Any], NodeOutput]]:
     """Decorator registering a node function for ``(role, type, name)``; returns it unchanged.
 
@@ -86,7 +118,7 @@ def register_node(
         type: one of :data:`~vla_rl.dag.schema.NODE_TYPES`.
         name: the function's name for this (role, type); nodes select it with ``fn: <name>``.
         config: pydantic model validating the node's ``config:`` mapping, or ``None``.
-        whole_groups: see :class:`NodeFunction`.
+        whole_groups, reads, writes, resources, check: its contract, see :class:`NodeFunction`.
 
     Raises:
         ValueError: if ``role`` or ``type`` is unknown (the message lists the allowed ones).
@@ -101,7 +133,8 @@ def register_node(
         raise TypeError(f"config of node function {name!r} must be a pydantic model class, got {config!r}")
 
     def decorator(fn: Callable[[Any, Any], NodeOutput]) -> Callable[[Any, Any], NodeOutput]:
-        entry = NodeFunction(role=role, type=type, name=name, fn=fn, config_model=config, whole_groups=whole_groups)
+        entry = NodeFunction(role=role, type=type, name=name, fn=fn, config_model=config, whole_groups=whole_groups,
+                             reads=reads, writes=writes, resources=resources, check=check)
         NODE_FUNCTIONS.register((role, type, name))(entry)
         return fn
 

@@ -14,7 +14,13 @@ its nodes::
         fn: default        # which registered function serves this (role, type)
         deps: []
         dp_size: 2         # default: the world size
+        phase: train       # train (every step), warm_start (once, before training) or evaluate
         config: {}         # validated by the config model the node's function declares
+
+Each phase is a DAG of its own (a node's deps lie in its phase): ``warm_start`` runs once before
+the first training step, ``train`` every step, ``evaluate`` whenever the run evaluates (before
+and after training, every ``eval.every_steps``, and ``vla-rl eval``) until nothing remains.
+Phases are usually included from ``dag_templates/phases/`` through ``extends``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,11 @@ Role = Literal[
 
 NodeType = Literal["data_load", "env_interact", "model_inference", "model_train", "compute"]
 """What kind of work a node does."""
+
+Phase = Literal["warm_start", "train", "evaluate"]
+"""When a node runs (see the module docstring)."""
+
+PHASES: tuple[str, ...] = get_args(Phase)
 
 ROLES: tuple[str, ...] = get_args(Role)
 NODE_TYPES: tuple[str, ...] = get_args(NodeType)
@@ -52,6 +63,7 @@ class NodeSpec(BaseModel):
     dp_size: StrictInt | None = Field(
         None, ge=1, description="Workers that split this node's batch; default: the world size."
     )
+    phase: Phase = Field("train", description="When the node runs: warm_start, train or evaluate.")
     config: dict[str, Any] = Field(
         default_factory=dict, description="Per-node settings, validated by the function's config model."
     )

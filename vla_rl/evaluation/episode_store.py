@@ -21,6 +21,7 @@ from vla_rl.data import keys
 from vla_rl.data.trajectory_store import TrajectoryStore
 
 EPISODES_DIR = "episodes"
+VIDEOS_DIR = "videos"
 
 
 @dataclass(frozen=True, order=True)

@@ -36,7 +36,6 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
         EvalInputError: bad targets, a text run, or an evaluation setting that does not resolve.
         TemplateError: a bad template or override.
     """
-    from vla_rl.config_checks import check_component_names
     from vla_rl.dag.loader import load_template
     from vla_rl.dag.planner import plan
     from vla_rl.evaluation.benchmarks import resolve_tasks
@@ -55,7 +54,6 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     resolved = eval_dir / RUN_TEMPLATE
     _write_yaml(resolved, raw)  # then the overrides, so that their errors name this file
     loaded = load_template(resolved, overrides)
-    check_component_names(loaded.config, loaded.path)
     plan(loaded)
     try:
         resolve_tasks(loaded.config)
@@ -108,23 +106,20 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     from tqdm import tqdm
 
     from vla_rl.dag.planner import plan
-    from vla_rl.driver import WorkerGroup
     from vla_rl.evaluation.benchmarks import resolve_tasks
+    from vla_rl.evaluation.embodied import checkpoint_step
     from vla_rl.evaluation.protocol import eval_protocols
     from vla_rl.evaluation.report import markdown_table, summarize, write_report
-    from vla_rl.evaluation.session import checkpoint_step
-    from vla_rl.utils.ray_utils import init_ray
+    from vla_rl.workers.group import WorkerGroup, run_evaluation, start_ray
 
     console = console or Console()
     eval_dir, loaded, run_dir = prepare_eval_dir(targets, overrides, steps, output, template)
     config = loaded.config
-    ev, sim = config.eval, config.simulator
+    ev = config.eval
     tasks, protocols = resolve_tasks(config), eval_protocols(ev)
     ckpt_steps = [checkpoint_step(Path(p)) for p in ev.checkpoints]
     world = plan(loaded).world_size
-    # each worker: its own pool for the run's simulator and at most one other task's pool
-    per_worker = config.workers.num_cpus_per_worker + 2 * sim.actors_per_worker * sim.num_cpus_per_actor
-    init_ray(num_cpus=world * per_worker + 1)
+    start_ray(config, world, pools_per_worker=2)  # its own pool and at most one other task's
     console.print(f"[bold]evaluation directory[/bold] {eval_dir}")
     total = len(tasks) * len(ckpt_steps) * len(protocols) * ev.num_episodes
     started = time.perf_counter()
@@ -133,15 +128,7 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
         workers.start_process_group()
         workers.call("setup", False)
         bar = tqdm(total=total, desc="evaluating", unit="episode", dynamic_ncols=True)
-        step = 0
-        while True:
-            metrics = workers.call("run_step", step)[0]
-            # absent when no worker had an episode in this step: then none remains
-            remaining = int(metrics.get("eval/remaining", 0.0))
-            bar.update(total - remaining - bar.n)
-            step += 1
-            if remaining == 0:
-                break
+        run_evaluation(workers, 0, "eval", True, progress=lambda m: bar.update(total - int(m["eval/remaining"]) - bar.n))
         bar.close()
     finally:
         workers.shutdown()

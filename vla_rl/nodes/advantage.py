@@ -6,15 +6,45 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from vla_rl.algorithms.advantages import ADVANTAGE_ESTIMATORS, AdvantageConfig
+from typing import Any
+
+from vla_rl.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from vla_rl.algorithms.granularity import reduce_per_action, reduce_per_dim
-from vla_rl.algorithms.kl import kl_penalty
+from vla_rl.algorithms.kl import kl_penalty, make_kl_controller
 from vla_rl.algorithms.rewards import outcome_to_token_rewards
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
+from vla_rl.workers.metrics import mean
+from vla_rl.workers.resources import register_resource
 
 
-@register_node("advantage", "compute")
+class KLCoefficientCheckpoint:
+    """The adaptive KL-in-reward coefficient, kept in the checkpoint's metadata (``kl_coef``)."""
+
+    def save(self, res, directory) -> dict[str, Any]:
+        return {"kl_coef": res.kl_ctrl.value}
+
+    def load(self, res, directory, metadata: dict[str, Any]) -> None:
+        if res.config.algorithm.kl_ctrl.type == "adaptive":  # a fixed coefficient never moves
+            res.kl_ctrl.value = metadata["kl_coef"]
+
+
+@register_resource("kl_ctrl", checkpoint=KLCoefficientCheckpoint())
+def build_kl_controller(res):
+    """The KL-in-reward coefficient controller of ``algorithm.kl_ctrl``."""
+    return make_kl_controller(res.config.algorithm.kl_ctrl)
+
+
+def _advantage_reads(config, node_config) -> tuple[str, ...]:
+    algo = config.algorithm
+    reads = (keys.RESPONSE_MASK, keys.REWARDS, keys.UID,
+             *ADVANTAGE_ESTIMATORS.metadata(algo.adv_estimator).get("reads", ()))
+    return (*reads, keys.OLD_LOG_PROBS, keys.REF_LOG_PROBS) if algo.use_kl_in_reward else reads
+
+
+@register_node("advantage", "compute", reads=_advantage_reads,
+               writes=(keys.TOKEN_LEVEL_REWARDS, keys.ADVANTAGES, keys.RETURNS),
+               resources=lambda config, node_config: ("kl_ctrl",) if config.algorithm.use_kl_in_reward else ())
 def compute_advantages(ctx, batch) -> NodeOutput:
     """Set ``token_level_rewards``, ``advantages`` and ``returns``, each ``(n, T)``.
 
@@ -29,15 +59,15 @@ def compute_advantages(ctx, batch) -> NodeOutput:
     if algo.use_kl_in_reward:
         penalty, metrics = kl_reward_penalty(ctx, batch)
         token_level_rewards = token_level_rewards - penalty
-    config = AdvantageConfig(gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_adv_by_std)
     estimator = ADVANTAGE_ESTIMATORS.get(algo.adv_estimator)
     values = batch.get(keys.VALUES, None)
-    advantages, returns = estimator(token_level_rewards, mask, batch[keys.UID], config, values=values)
+    advantages, returns = estimator(token_level_rewards, mask, batch[keys.UID], algo.options("adv_estimator"),
+                                    values=values)
     batch.set(keys.TOKEN_LEVEL_REWARDS, token_level_rewards.float())
     batch.set(keys.ADVANTAGES, advantages.float())
     batch.set(keys.RETURNS, returns.float())
-    valid = mask.sum().clamp(min=1)
-    metrics["advantage/abs_mean"] = float(advantages.abs().sum() / valid)
+    valid = int(mask.sum())
+    metrics["advantage/abs_mean"] = mean(advantages.abs().sum() / max(valid, 1), valid)  # over decision steps
     return NodeOutput(batch, metrics)
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from vla_rl.dag.registry import NodeOutput, register_node
+from vla_rl.data import keys
 from vla_rl.data.task_loader import ShardedTaskLoader
 
 
-@register_node("data", "data_load")
+@register_node("data", "data_load", writes=(keys.INIT_STATE_ID, keys.TASK_ID, keys.UID))
 def load_init_states(ctx, batch) -> NodeOutput:
-    """Load shard ``ctx.dp_rank`` of the step's ``data.init_states_per_step`` initial states.
+    """Load shard ``ctx.dp_rank`` of the step's ``data.init_states_per_step`` initial states (in a
+    dynamic-sampling refill round, fresh ones: :meth:`ShardedTaskLoader.batch_for_refill`).
 
     Returns:
         ``init_state_id``, ``task_id``, ``uid`` of shape ``(init_states_per_step // dp_size,)``.
@@ -21,5 +23,6 @@ def load_init_states(ctx, batch) -> NodeOutput:
         dp_size=ctx.dp_size,
         seed=ctx.config.run.seed,
     )
-    tasks = loader.batch_for_step(ctx.step)
-    return NodeOutput(tasks, {"data/epoch": float(ctx.step // loader.steps_per_epoch)})
+    if ctx.refill_round:
+        return NodeOutput(loader.batch_for_refill(ctx.step, ctx.refill_round), {})
+    return NodeOutput(loader.batch_for_step(ctx.step), {"data/epoch": float(ctx.step // loader.steps_per_epoch)})

@@ -1,14 +1,17 @@
-"""The nodes of ``dag_templates/eval_rollout.yaml`` (``vla-rl eval``); the evaluation state lives in
-the worker's :class:`~vla_rl.evaluation.session.EvaluationSession`:
+"""The nodes of the ``evaluate`` phase — the held-out evaluations of a training run and ``vla-rl
+eval`` alike (``dag_templates/phases/*_evaluation.yaml``, ``dag_templates/eval_rollout.yaml``).
+The evaluation state lives in the worker's ``evaluation`` resource, built by the run's workflow
+(:mod:`vla_rl.evaluation.session`):
 
-- ``(data, data_load, eval_episodes)``: this shard's next (task, checkpoint, protocol) group of
-  episodes not yet stored;
-- ``(rollout, env_interact, evaluation)``: those episodes with the checkpoint's weights under the
-  protocol, in the task's simulator pool;
-- ``(evaluator, compute)``: appends them to this rank's zarr store, all-reduces the counts and,
-  once no worker has episodes left, has rank 0 render the videos.
+- ``(data, data_load, eval_episodes)``: this shard's next (task, target, protocol) group of items
+  not done yet;
+- ``(rollout, env_interact, evaluation)`` / ``(rollout, model_inference, evaluation)``: that
+  group's episodes (simulated, or decoded responses) under its target and protocol;
+- ``(evaluator, compute)``: marks them done (stores them where the evaluation stores), sums the
+  per-group counts over the workers and, once no worker has items left, reports the figures and
+  leaves the videos.
 
-Only counts cross the workers; episodes stay in the stores of the worker that ran them.
+Only counts cross the workers; episodes stay with the worker that ran them.
 """
 
 from __future__ import annotations
@@ -18,45 +21,62 @@ import torch.distributed as dist
 
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
+from vla_rl.workers.metrics import mean, same
+
+GROUP_KEYS = (keys.TASK_ID, keys.CHECKPOINT_INDEX, keys.PROTOCOL_INDEX)
 
 
-@register_node("data", "data_load", name="eval_episodes")
+@register_node("data", "data_load", name="eval_episodes", writes=(*GROUP_KEYS, keys.INIT_STATE_ID, keys.UID),
+               resources=("evaluation",))
 def load_eval_episodes(ctx, batch) -> NodeOutput:
-    """Returns ``init_state_id``, ``task_id``, ``checkpoint_index``, ``protocol_index``, each ``(k,)``
-    int64; ``k = 0`` once this shard's episodes are all stored."""
-    return NodeOutput(ctx.resources.evaluation.next_batch(ctx.dp_rank, ctx.dp_size), {})
+    """Returns the item ids (``init_state_id``, or ``uid`` for prompt rows), ``task_id``,
+    ``checkpoint_index`` (the target) and ``protocol_index``, each ``(k,)`` int64; ``k = 0`` once
+    this shard's items are all done."""
+    session = ctx.resources.evaluation
+    session.begin(ctx.tag, ctx.step)
+    return NodeOutput(session.next_batch(ctx.dp_rank, ctx.dp_size), {})
 
 
-@register_node("rollout", "env_interact", name="evaluation")
 def rollout_eval_episodes(ctx, batch) -> NodeOutput:
-    """Roll out the group of ``batch``; returns the episodes (rollout keys, ``truncated``, and the
-    input keys) except those lost to a simulator fault (a later step redoes them), or the empty
-    batch unchanged."""
+    """Run the group of ``batch``; returns its episodes (``success``, ``finish_step``, the rollout
+    keys and the input keys) except those lost to a simulator fault (a later step redoes them),
+    or the empty batch unchanged."""
     if len(batch) == 0:
         return NodeOutput(batch, {})
     episodes, env_steps = ctx.resources.evaluation.rollout(batch)
     metrics = {"eval/lost_fraction": (len(batch) - len(episodes)) / len(batch)}
     if len(episodes):
-        metrics["eval/env_steps_per_episode"] = env_steps / len(episodes)
-        metrics["eval/episode_length"] = float(episodes[keys.FINISH_STEP].float().mean())
+        metrics["eval/episode_length"] = mean(episodes[keys.FINISH_STEP].float().mean(), len(episodes))
+    if env_steps:  # simulated episodes
+        metrics["eval/env_steps_per_episode"] = mean(env_steps / len(episodes), len(episodes))
     return NodeOutput(episodes, metrics)
 
 
-@register_node("evaluator", "compute")
-def record_eval_episodes(ctx, batch) -> NodeOutput:
-    """Store the episodes (crash-safe, one commit per episode); all-reduce the episodes recorded,
-    their successes and the episodes still missing over the workers.
+for _type in ("env_interact", "model_inference"):
+    register_node("rollout", _type, name="evaluation", reads=GROUP_KEYS, writes=(keys.SUCCESS, keys.FINISH_STEP),
+                  resources=("evaluation",))(rollout_eval_episodes)
 
-    Metrics (identical on all workers): ``eval/recorded``, ``eval/recorded_successes`` and
-    ``eval/remaining`` (sums over workers). They are weighted by the batch sizes like any node
-    metric, so a step in which no worker had an episode reports none of them (then nothing remains).
+
+@register_node("evaluator", "compute", reads=(*GROUP_KEYS, keys.SUCCESS, keys.FINISH_STEP), resources=("evaluation",))
+def record_eval_episodes(ctx, batch) -> NodeOutput:
+    """Record the episodes; sum the per-group counts and the items still to do over the workers.
+
+    Metrics (the same on every worker): ``eval/recorded``, ``eval/recorded_successes`` and
+    ``eval/remaining`` (this step, all workers); once nothing remains, the evaluation's figures
+    (:meth:`~vla_rl.evaluation.session.EvaluationSession.metrics`) and what finishing it reports
+    (e.g. ``video/<tag>_successes``).
     """
     session = ctx.resources.evaluation
-    successes = session.record(batch)
-    totals = torch.tensor([float(len(batch)), float(successes), float(session.remaining())], dtype=torch.float64)
+    counts = torch.as_tensor(session.record(batch), dtype=torch.float64)
+    remaining = torch.tensor([float(session.remaining())], dtype=torch.float64)
+    totals = torch.cat([counts.flatten(), remaining]) / ctx.replicas  # replicated shards count once
     dist.all_reduce(totals, group=ctx.group)
-    recorded, recorded_successes, remaining = totals.tolist()
-    if remaining == 0 and ctx.rank == 0 and ctx.config.eval.video_episodes > 0:
-        session.write_videos()
-    return NodeOutput(None, {"eval/recorded": recorded, "eval/recorded_successes": recorded_successes,
-                             "eval/remaining": remaining})
+    step_counts = totals[:-1].reshape(counts.shape).numpy()
+    session.add_counts(step_counts)
+    remaining = float(totals[-1])
+    metrics = {"eval/recorded": same(step_counts[..., 1].sum()), "eval/recorded_successes": same(step_counts[..., 0].sum()),
+               "eval/remaining": same(remaining)}
+    if remaining == 0:
+        metrics.update({name: same(value) for name, value in session.metrics().items()})
+        metrics.update(session.finish(ctx.video))
+    return NodeOutput(None, metrics)

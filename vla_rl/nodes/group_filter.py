@@ -4,11 +4,12 @@
 
 - ``default``: one pass over the node's shard.
 - ``dynamic_sampling``: DAPO's dynamic sampling (Yu et al. 2025, §3.2): filter, and while fewer
-  than ``data.init_states_per_step`` groups (text: ``text.prompts_per_step``) are kept over all
-  workers, every worker rolls out and scores another round of its own shard of new initial
-  states (text: fresh prompts of its own rows), up to
-  ``algorithm.max_refill_rounds`` rounds. Only the kept-group counts cross the workers
-  (all-reduce / all-gather); batch data never leaves its worker.
+  than the step's groups (the workflow's ``groups_per_step``: ``data.init_states_per_step``,
+  text ``text.prompts_per_step``) are kept over all workers, every worker re-runs the template's
+  own nodes upstream of the filter for another round — its data node loads a fresh shard of
+  initial states (text: fresh prompts of its own rows), its rollout and reward nodes run on
+  them — up to ``algorithm.max_refill_rounds`` rounds. Only the kept-group counts cross the
+  workers (all-reduce / all-gather); batch data never leaves its worker.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ from tensordict import TensorDict
 from vla_rl.algorithms.group_filters import keep_groups
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
-from vla_rl.data.task_loader import ShardedTaskLoader
-from vla_rl.nodes.reward import episode_rewards, reward_encoder
-from vla_rl.nodes.rollout import rollout_groups
-from vla_rl.nodes.text import refill_groups as refill_text_groups
+from vla_rl.workers.metrics import Metric, same
+
+FILTER_READS = (keys.REWARDS, keys.SUCCESS, keys.UID)
 
 
 def _keep_mask(algo, batch: TensorDict) -> torch.Tensor:
@@ -40,7 +40,7 @@ def _num_groups(batch: TensorDict) -> int:
     return int(torch.unique(batch[keys.UID]).numel())
 
 
-@register_node("filter", "compute")
+@register_node("filter", "compute", reads=FILTER_READS)
 def filter_groups(ctx, batch) -> NodeOutput:
     """Keep the groups that carry signal.
 
@@ -69,44 +69,40 @@ def _first_groups(batch: TensorDict, count: int) -> TensorDict:
     return batch[: int(first_seen[:count].sum())]
 
 
-def _refill_episodes(ctx, refill_round: int) -> tuple[TensorDict, int]:
-    """Dynamic sampling's extra round for embodied runs: this worker's fresh initial states,
-    rolled out and scored; returns the episodes and the control steps executed."""
-    data = ctx.config.data
-    loader = ShardedTaskLoader(data.num_train_init_states, data.init_states_per_step, ctx.dp_rank, ctx.dp_size,
-                               seed=ctx.config.run.seed)
-    tasks = loader.batch_for_refill(ctx.step, refill_round)
-    episodes, result = rollout_groups(ctx.resources, data.group_size, tasks, greedy=False,
-                                      pipeline_stages=ctx.config.simulator.pipeline_stages)
-    episodes.set(keys.REWARDS, episode_rewards(ctx.config.algorithm, episodes, reward_encoder(ctx))[0])
-    return episodes, result.env_steps
+def _env_steps(metrics: dict) -> float:
+    """This worker's control steps in a re-run's metrics (its rollout node's ``rollout/env_steps``)."""
+    value = metrics.get("rollout/env_steps", 0.0)
+    return value.value if isinstance(value, Metric) else float(value)
 
 
-@register_node("filter", "compute", name="dynamic_sampling")
+def _refills_its_own_shard(config, node_config, dp_size: int, world_size: int):
+    algo = config.algorithm
+    if dp_size != world_size:
+        return "dp_size", (f"dynamic sampling runs on every worker (each refills its own shard): dp_size {dp_size} != "
+                           f"workers.num_workers ({world_size}); remove its dp_size")
+    if not _filters_enabled(algo):
+        return "fn", ("dynamic sampling needs a group filter: set algorithm.filter_zero_variance_groups or "
+                      "algorithm.success_rate_band")
+    return None
+
+
+@register_node("filter", "compute", name="dynamic_sampling", reads=FILTER_READS, check=_refills_its_own_shard)
 def dynamic_sampling(ctx, batch) -> NodeOutput:
     """Filter groups, refilling from new initial states until the step's batch is full.
 
     Every worker keeps the groups of its shard that the enabled filters accept; the kept counts
-    are all-reduced; while the total is below ``data.init_states_per_step`` and fewer than
-    ``algorithm.max_refill_rounds`` extra rounds ran, every worker rolls out its own shard of
-    fresh initial states (:meth:`ShardedTaskLoader.batch_for_refill`), scores them with
-    the reward node's function and filters them. Surplus groups are dropped so that exactly
-    ``init_states_per_step`` groups remain over all workers (lowest ranks first); after the last
-    round the batch may hold fewer.
+    are all-reduced; while the total is below the workflow's groups per step and fewer than
+    ``algorithm.max_refill_rounds`` extra rounds ran, every worker re-runs the nodes upstream of
+    this one for a refill round (``ctx.rerun_upstream``: fresh initial states or prompts of its
+    own shard, rolled out and scored by the template's own rollout and reward nodes) and filters
+    them. Surplus groups are dropped so that exactly the step's groups remain over all workers
+    (lowest ranks first); after the last round the batch may hold fewer.
 
-    Must run at the world size's DP size (each worker refills its own shard) right after the
-    reward node (the refilled episodes carry the rollout and reward keys only).
-
-    Raises:
-        ValueError: at another DP size, or with every filter disabled.
+    Runs at the world size's DP size (each worker refills its own shard) with a filter enabled;
+    the planner checks both.
     """
     algo = ctx.config.algorithm
-    if ctx.dp_size != ctx.world_size or not _filters_enabled(algo):
-        raise ValueError(f"node {ctx.node_id!r}: dynamic sampling needs dp_size = world size ({ctx.world_size}, "
-                         f"got {ctx.dp_size}) and algorithm.filter_zero_variance_groups or success_rate_band")
-    text = ctx.config.run.workflow == "text"
-    groups_per_step = ctx.config.text.prompts_per_step if text else ctx.config.data.init_states_per_step
-    refill = refill_text_groups if text else _refill_episodes
+    groups_per_step = ctx.resources.workflow.groups_per_step(ctx.config)
     kept = [batch[_keep_mask(algo, batch)]]
     generated, refill_env_steps, rounds = _num_groups(batch), 0, 0
     while True:
@@ -114,20 +110,20 @@ def dynamic_sampling(ctx, batch) -> NodeOutput:
         if total_kept >= groups_per_step or rounds == algo.max_refill_rounds:
             break
         rounds += 1
-        episodes, env_steps = refill(ctx, rounds)
+        episodes, rerun_metrics = ctx.rerun_upstream(rounds)
         kept.append(episodes[_keep_mask(algo, episodes)])
         generated += _num_groups(episodes)
-        refill_env_steps += env_steps
+        refill_env_steps += _env_steps(rerun_metrics)
     merged = torch.cat(kept)
     counts: list = [None] * ctx.world_size
     dist.all_gather_object(counts, _num_groups(merged), group=ctx.group)
     quota = max(0, groups_per_step - sum(counts[: ctx.rank]))
     merged = _first_groups(merged, quota)
     generated_total, env_steps_total = _all_reduce([float(generated), float(refill_env_steps)], ctx.group)
-    metrics = {
-        "filter/refill_rounds": float(rounds),
-        "filter/kept_fraction": total_kept / generated_total,
-        "filter/kept_groups": min(total_kept, float(groups_per_step)),
-        "filter/refill_env_steps": env_steps_total,
+    metrics = {  # all-reduced above: the same on every worker
+        "filter/refill_rounds": same(rounds),
+        "filter/kept_fraction": same(total_kept / generated_total),
+        "filter/kept_groups": same(min(total_kept, float(groups_per_step))),
+        "filter/refill_env_steps": same(env_steps_total),
     }
     return NodeOutput(merged, metrics)

@@ -1,32 +1,55 @@
 """Forward passes of the models other than the rollout policy, on this worker's shard:
 
 - ``(reference, model_inference)``: ``ref_log_probs`` under the frozen reference policy (a copy
-  of the warm-start policy), for the KL loss term or the KL penalty in the reward;
+  of the warm-start policy, the ``reference`` resource), for the KL loss term or the KL penalty
+  in the reward;
 - ``(critic, model_inference)``: ``values``, the critic's V(s_t) before each decision, for GAE.
 """
 
 from __future__ import annotations
 
+import copy
+
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
 from vla_rl.trainers.actor import per_dim_log_probs
+from vla_rl.workers.checkpointing import ModuleCheckpoint
+from vla_rl.workers.metrics import mean
+from vla_rl.workers.resources import register_resource
 
 
-@register_node("reference", "model_inference")
+def scored_keys(config, node_config) -> tuple[str, ...]:
+    """What scoring a batch with the policy (or a model of its family) reads: the workflow's
+    policy inputs and ``response_mask``."""
+    from vla_rl.workflows import get_workflow
+
+    return (*get_workflow(config.run.workflow).policy_keys, keys.RESPONSE_MASK)
+
+
+@register_resource("reference", needs=("policy",), checkpoint=ModuleCheckpoint("reference", "reference"))
+def build_reference(res):
+    """A frozen copy of the policy as it is when the training phase starts (the warm start);
+    restored from checkpoints on resume."""
+    return copy.deepcopy(res.policy).requires_grad_(False).eval()
+
+
+@register_node("reference", "model_inference", reads=scored_keys, writes=(keys.REF_LOG_PROBS,),
+               resources=("reference",))
 def compute_ref_log_probs(ctx, batch) -> NodeOutput:
     """Set ``ref_log_probs`` ``(n, T, chunk, action_dim)``: per-dimension log-probs of the taken
     actions (or response tokens, chunk = action_dim = 1) under the reference policy (0 after each
     episode's or response's end)."""
-    ref_log_probs = per_dim_log_probs(ctx.resources.reference, batch, ctx.resources.batch_forward)
+    ref_log_probs = per_dim_log_probs(ctx.resources.reference, batch, ctx.resources.workflow.batch_forward)
     batch.set(keys.REF_LOG_PROBS, ref_log_probs)
     return NodeOutput(batch, {})
 
 
-@register_node("critic", "model_inference")
+@register_node("critic", "model_inference", reads=scored_keys, writes=(keys.VALUES,), resources=("critic",))
 def compute_values(ctx, batch) -> NodeOutput:
     """Set ``values`` ``(n, T)``: the critic's value of the state before each decision (text: before
-    each response token)."""
+    each response token). Metric ``critic/values_mean``: over the valid decision steps."""
     values = ctx.resources.critic.values(batch)
     batch.set(keys.VALUES, values)
     valid = batch[keys.RESPONSE_MASK]
-    return NodeOutput(batch, {"critic/values_mean": float(values[valid].mean()) if valid.any() else 0.0})
+    count = int(valid.sum())
+    return NodeOutput(batch, {"critic/values_mean": mean(values[valid].mean() if count else 0.0, count)})

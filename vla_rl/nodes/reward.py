@@ -1,5 +1,6 @@
 """``(reward, compute)``: the episode reward — binary success, or SRPO's progress reward that
-scores failures by their trajectory embedding's distance to the batch's successes."""
+scores failures by their trajectory embedding's distance to the batch's successes — and the
+``trajectory_encoder`` resource of the rewards that embed episodes."""
 
 from __future__ import annotations
 
@@ -11,16 +12,54 @@ from tensordict import TensorDict
 from torch import Tensor
 
 from vla_rl.algorithms.rewards import EMBODIED_REWARDS, overlong_penalty
-from vla_rl.algorithms.srpo import SRPORewardConfig
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
+from vla_rl.workers.metrics import mean
+from vla_rl.workers.resources import register_resource
 
 #: Gathers a shard's ``(embeddings, success, task_ids)`` into the step's and says which rows are
 #: the shard's: ``-> (embeddings, success, task_ids, rows)``.
 ReferenceGather = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor, slice]]
 
 
-@register_node("reward", "compute")
+def embeds_trajectories(config) -> bool:
+    """Whether the run's reward scores trajectory embeddings (``embeddings=True`` in its registry)."""
+    return bool(EMBODIED_REWARDS.metadata(config.algorithm.reward).get("embeddings", False))
+
+
+@register_resource("trajectory_encoder", needs=("policy",))
+def build_trajectory_encoder_resource(res):
+    """The trajectory encoder of ``algorithm.trajectory_encoder`` with its settings, built once:
+    ``policy_backbone`` reads the live policy's vision backbone (its ``frame_features``),
+    ``vjepa2`` loads its model on this worker's device.
+
+    Raises:
+        ValueError: ``policy_backbone`` with a policy without a vision backbone.
+    """
+    from vla_rl.rewards.trajectory_encoders import build_trajectory_encoder
+
+    algo = res.config.algorithm
+    runtime = {}
+    if algo.trajectory_encoder == "policy_backbone":
+        if not hasattr(res.policy, "frame_features"):
+            raise ValueError(f"algorithm.trajectory_encoder 'policy_backbone' needs a policy with a vision "
+                             f"backbone (frame_features); policy {res.config.policy.name!r} has none")
+        runtime["frame_features"] = res.policy.frame_features
+    elif algo.trajectory_encoder == "vjepa2":
+        runtime["device"] = res.device
+    return build_trajectory_encoder(algo.trajectory_encoder, algo.options("trajectory_encoder"), **runtime)
+
+
+def _reward_reads(config, node_config) -> tuple[str, ...]:
+    base = (keys.SUCCESS, keys.TASK_ID, keys.FINISH_STEP, keys.RESPONSE_MASK)
+    return (*base, keys.OBS) if embeds_trajectories(config) else base
+
+
+def _reward_resources(config, node_config) -> tuple[str, ...]:
+    return ("trajectory_encoder",) if embeds_trajectories(config) else ()
+
+
+@register_node("reward", "compute", reads=_reward_reads, writes=(keys.REWARDS,), resources=_reward_resources)
 def compute_rewards(ctx, batch) -> NodeOutput:
     """Set ``rewards`` ``(n,)`` float32 from ``algorithm.reward``, plus DAPO's overlong penalty
     when ``algorithm.overlong_buffer_len > 0``.
@@ -31,22 +70,19 @@ def compute_rewards(ctx, batch) -> NodeOutput:
     (``step``: :func:`gather_step_reference`).
     """
     algo = ctx.config.algorithm
+    encoder = ctx.resources.trajectory_encoder if embeds_trajectories(ctx.config) else None
     gather = gather_step_reference(ctx) if algo.srpo_reference_set == "step" and ctx.dp_size > 1 else None
-    rewards, metrics = episode_rewards(algo, batch, reward_encoder(ctx), gather)
+    rewards, metrics = episode_rewards(algo, batch, encoder, gather)
     batch.set(keys.REWARDS, rewards)
     return NodeOutput(batch, metrics)
-
-
-def reward_encoder(ctx):
-    """The worker's SRPO trajectory encoder (None for rewards without one)."""
-    return ctx.resources.trajectory_encoder if ctx.config.algorithm.reward == "srpo" else None
 
 
 def trajectory_embeddings(algo, batch: TensorDict, encoder) -> Tensor:
     """Embed each episode's observations up to its terminal one (``finish_step + 1`` of them).
 
     State encoders read the state (the flat observation, or ``obs/state``); frame encoders
-    (``encoder.reads_frames``) read the ``<algorithm.encoder_camera>_image`` frames.
+    (``encoder.reads_frames``) read the frames of their config's ``camera``
+    (``<camera>_image``). The number of points is the encoder config's ``points``.
 
     Returns:
         ``(n, dim)`` embeddings.
@@ -54,17 +90,18 @@ def trajectory_embeddings(algo, batch: TensorDict, encoder) -> Tensor:
     Raises:
         ValueError: a frame encoder on observations without that camera.
     """
+    options = algo.options("trajectory_encoder")
     obs, lengths = batch[keys.OBS], batch[keys.FINISH_STEP] + 1
     if getattr(encoder, "reads_frames", False):
-        image_key = f"{algo.encoder_camera}{keys.OBS_IMAGE_SUFFIX}"
+        image_key = f"{options.camera}{keys.OBS_IMAGE_SUFFIX}"
         if not isinstance(obs, TensorDict) or image_key not in obs.keys():
             found = sorted(obs.keys()) if isinstance(obs, TensorDict) else "a flat state"
             raise ValueError(f"algorithm.trajectory_encoder {algo.trajectory_encoder!r} reads {image_key!r} frames, "
-                             f"but the observations hold {found}; add the camera to simulator.env.cameras or "
-                             "set algorithm.encoder_camera")
-        return encoder(obs[image_key], lengths, num_points=algo.encoder_points)
+                             f"but the observations hold {found}; add the camera to simulator.env.cameras or set "
+                             f"algorithm.{algo.trajectory_encoder}.camera")
+        return encoder(obs[image_key], lengths, num_points=options.points)
     states = obs[keys.OBS_STATE] if isinstance(obs, TensorDict) else obs
-    return encoder(states, lengths, num_points=algo.encoder_points)
+    return encoder(states, lengths, num_points=options.points)
 
 
 def gather_step_reference(ctx) -> ReferenceGather:
@@ -85,33 +122,33 @@ def gather_step_reference(ctx) -> ReferenceGather:
 
 
 def episode_rewards(algo, batch: TensorDict, encoder=None, gather: ReferenceGather | None = None
-                    ) -> tuple[torch.Tensor, dict[str, float]]:
+                    ) -> tuple[torch.Tensor, dict]:
     """The rewards ``(n,)`` float32 of the episodes of ``batch`` and their metrics.
 
     Args:
         algo: the run's ``algorithm`` section.
-        batch: episodes with ``obs``, ``success``, ``task_id``, ``finish_step``, ``response_mask``.
-        encoder: the SRPO trajectory encoder (``WorkerResources.trajectory_encoder``); None: the
-            registered ``algorithm.trajectory_encoder`` function (encoders with options need it given).
+        batch: episodes with ``success``, ``task_id``, ``finish_step``, ``response_mask``, and
+            ``obs`` for rewards that embed episodes.
+        encoder: the trajectory encoder (the ``trajectory_encoder`` resource) of such rewards.
         gather: widens SRPO's reference set to the whole step (see :func:`gather_step_reference`).
+
+    Returns:
+        The rewards, and ``reward/mean``, ``reward/failure_mean`` (a mean over the failures) and,
+        with overlong shaping, ``reward/overlong_penalty``.
     """
     embeddings = None
     success, task_ids = batch[keys.SUCCESS], batch[keys.TASK_ID]
     rows = slice(None)
-    if algo.reward == "srpo":
-        if encoder is None:
-            from vla_rl.rewards.trajectory_encoders import build_trajectory_encoder
-
-            encoder = build_trajectory_encoder(algo.trajectory_encoder)
+    if encoder is not None:
         embeddings = trajectory_embeddings(algo, batch, encoder)
         if gather is not None:
             embeddings, success, task_ids, rows = gather(embeddings, success, task_ids)
     reward_fn = EMBODIED_REWARDS.get(algo.reward)
-    rewards = reward_fn(embeddings, success, task_ids, SRPORewardConfig(**algo.srpo)).float()[rows]
+    rewards = reward_fn(embeddings, success, task_ids, algo.options("reward")).float()[rows]
     failures = ~batch[keys.SUCCESS]
     metrics = {}
     if failures.any():
-        metrics["reward/failure_mean"] = float(rewards[failures].mean())
+        metrics["reward/failure_mean"] = mean(rewards[failures].mean(), int(failures.sum()))
     if algo.overlong_buffer_len > 0:
         penalty = overlong_penalty(batch[keys.FINISH_STEP], batch[keys.RESPONSE_MASK].shape[1],
                                    algo.overlong_buffer_len, algo.overlong_penalty_factor)

@@ -8,13 +8,13 @@ import time
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 from tensordict import TensorDict
 
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
 from vla_rl.rollout.embodied import RolloutResult, rollout_episodes
+from vla_rl.workers.metrics import mean, total
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,13 @@ class RolloutNodeConfig(BaseModel):
     greedy: bool = Field(False, description="Act with the policy's mode instead of sampling.")
 
 
-@register_node("rollout", "env_interact", config=RolloutNodeConfig)
+ROLLOUT_KEYS: tuple[str, ...] = (keys.OBS, keys.ACTIONS, keys.OLD_LOG_PROBS, keys.RESPONSE_MASK, keys.SUCCESS,
+                                 keys.TRUNCATED, keys.FINISH_STEP)
+"""The keys of a rollout's episodes (:func:`vla_rl.rollout.embodied.rollout_episodes`)."""
+
+
+@register_node("rollout", "env_interact", config=RolloutNodeConfig, reads=(keys.INIT_STATE_ID, keys.TASK_ID, keys.UID),
+               writes=ROLLOUT_KEYS, resources=("policy", "simulator_pool"))
 def interact(ctx, batch) -> NodeOutput:
     """Expand each initial state into a group of ``data.group_size`` episodes and run them.
 
@@ -38,10 +44,10 @@ def interact(ctx, batch) -> NodeOutput:
     Returns:
         Up to ``(g * group_size,)`` episodes (groups contiguous) with the rollout keys of
         :func:`vla_rl.rollout.embodied.rollout_episodes` plus ``uid`` and ``task_id``. Metrics
-        include ``rollout/lost_episodes`` (all workers together), ``rollout/lost_fraction``,
-        ``rollout/sim_seconds_per_actor`` (wall time inside the environments' ``step``),
-        ``rollout/sim_cpu_seconds_per_actor`` (CPU time used meanwhile) and ``rollout/sim_share``
-        (the first over the rollout's wall time).
+        include ``rollout/env_steps`` (control steps, all workers), ``rollout/lost_episodes``
+        (all workers), ``rollout/lost_fraction``, ``rollout/sim_seconds_per_actor`` (wall time
+        inside the environments' ``step``), ``rollout/sim_cpu_seconds_per_actor`` (CPU time used
+        meanwhile) and ``rollout/sim_share`` (the first over the rollout's wall time).
     """
     started = time.perf_counter()
     episodes, result = rollout_groups(ctx.resources, ctx.config.data.group_size, batch, ctx.node_config.greedy,
@@ -49,12 +55,11 @@ def interact(ctx, batch) -> NodeOutput:
     wall = time.perf_counter() - started
     requested = len(result.lost)
     num_actors = ctx.resources.simulator_pool.num_actors
-    lost = torch.tensor([float(result.lost.sum())], dtype=torch.float64)
-    dist.all_reduce(lost, group=ctx.group)
     metrics = {
-        "rollout/env_steps_per_episode": result.env_steps / max(requested, 1),
-        "rollout/lost_episodes": float(lost) / ctx.replicas,
-        "rollout/lost_fraction": float(result.lost.mean()) if requested else 0.0,
+        "rollout/env_steps": total(result.env_steps),
+        "rollout/env_steps_per_episode": mean(result.env_steps / max(requested, 1), requested),
+        "rollout/lost_episodes": total(result.lost.sum()),
+        "rollout/lost_fraction": mean(result.lost.mean() if requested else 0.0, requested),
         "rollout/sim_seconds_per_actor": result.sim_seconds / num_actors,
         "rollout/sim_cpu_seconds_per_actor": result.sim_cpu_seconds / num_actors,
         "rollout/sim_share": result.sim_seconds / (num_actors * wall),
@@ -62,11 +67,11 @@ def interact(ctx, batch) -> NodeOutput:
         "timing/rollout_env": result.env_seconds,
     }
     if len(episodes):
-        metrics["rollout/success_rate"] = float(episodes[keys.SUCCESS].float().mean())
-        metrics["rollout/episode_length"] = float(episodes[keys.FINISH_STEP].float().mean())
-        metrics["rollout/group_success_any"] = float(
-            np.mean([episodes[keys.SUCCESS][episodes[keys.UID] == u].any().item() for u in episodes[keys.UID].unique()])
-        )
+        metrics["rollout/success_rate"] = mean(episodes[keys.SUCCESS].float().mean(), len(episodes))
+        metrics["rollout/episode_length"] = mean(episodes[keys.FINISH_STEP].float().mean(), len(episodes))
+        groups = episodes[keys.UID].unique()
+        metrics["rollout/group_success_any"] = mean(
+            np.mean([episodes[keys.SUCCESS][episodes[keys.UID] == u].any().item() for u in groups]), len(groups))
     return NodeOutput(episodes, metrics)
 
 
@@ -80,8 +85,7 @@ def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool,
     whose episodes were all lost disappears. The loss is logged.
 
     Args:
-        resources: the worker's :class:`~vla_rl.workers.resources.WorkerResources` (policy,
-            simulator pool, generator).
+        resources: the node's view of the worker's resources (policy, simulator pool, generator).
         group_size: episodes per initial state.
         tasks: ``init_state_id``, ``task_id``, ``uid``, each ``(g,)``.
         greedy: act with the policy's mode.

@@ -2,8 +2,9 @@
 update are the embodied nodes, unchanged (a response token is a decision step whose action chunk
 and dimension are 1).
 
-- ``(data, data_load, text)``: this worker's prompts of the step, encoded with the chat template;
-- ``(rollout, model_inference, text)``: ``text.group_size`` sampled responses per prompt, by the
+- ``(data, data_load, text)``: this worker's prompts of the step (in a dynamic-sampling refill
+  round, fresh rows of its shard), encoded with the chat template;
+- ``(rollout, model_inference, text)``: ``data.group_size`` sampled responses per prompt, by the
   sampler of ``text.rollout_backend`` (:mod:`vla_rl.rollout.text_backends`);
 - ``(reward, compute, text)``: rule rewards from the verifier of each row's ``data_source``;
 - ``(data, data_load, sft)`` and ``(actor, model_train, sft)``: supervised fine-tuning on the
@@ -26,17 +27,23 @@ from vla_rl.data.prompt_dataset import PromptRow
 from vla_rl.rewards.verifiers import RuleRewardConfig, score_responses, verify
 from vla_rl.trainers.actor import per_dim_log_probs, text_forward
 
+PROMPT_KEYS = (keys.INPUT_IDS, keys.ATTENTION_MASK, keys.UID)
+RESPONSE_KEYS = (keys.RESPONSES, keys.RESPONSE_MASK, keys.OLD_LOG_PROBS, keys.FINISH_STEP)
 
-@register_node("data", "data_load", name="text")
+
+@register_node("data", "data_load", name="text", writes=PROMPT_KEYS, resources=("policy", "prompt_loaders"))
 def load_prompts(ctx, batch) -> NodeOutput:
-    """Read shard ``ctx.dp_rank`` of the step's ``text.prompts_per_step`` prompts and encode them.
+    """Read shard ``ctx.dp_rank`` of the step's ``text.prompts_per_step`` prompts and encode them
+    (in a refill round, :meth:`ShardedPromptLoader.rows_for_refill`).
 
     Returns:
         ``input_ids`` ``(g, max_prompt_length)`` int64 and ``attention_mask`` (same shape, 0/1),
         left-padded; ``uid`` ``(g,)`` int64, the row index in the prompt file (the group id);
         ``g = prompts_per_step // dp_size``.
     """
-    loader = ctx.resources.prompt_loader(ctx.dp_rank, ctx.dp_size)
+    loader = ctx.resources.prompt_loaders.get(ctx.dp_rank, ctx.dp_size)
+    if ctx.refill_round:
+        return NodeOutput(encode_rows(ctx.resources.policy, loader.rows_for_refill(ctx.step, ctx.refill_round)), {})
     prompts = encode_rows(ctx.resources.policy, loader.rows_for_step(ctx.step))
     return NodeOutput(prompts, {"data/epoch": float(ctx.step // loader.steps_per_epoch)})
 
@@ -52,9 +59,20 @@ def encode_rows(policy, rows: list[PromptRow]) -> TensorDict:
     }, batch_size=[len(rows)])
 
 
-@register_node("rollout", "model_inference", name="text")
+def _vllm_on_every_worker(config, node_config, dp_size: int, world_size: int):
+    """With ``text.rollout_backend: vllm`` the rollout node runs on every worker: each worker's
+    engine joins torch.distributed's existing default group when it starts, which is collective
+    (an engine started on only some workers waits for the others forever)."""
+    if config.text.rollout_backend == "vllm" and dp_size != world_size:
+        return "dp_size", (f"text.rollout_backend=vllm needs the rollout node on every worker: dp_size {dp_size} != "
+                           f"workers.num_workers ({world_size}); remove its dp_size")
+    return None
+
+
+@register_node("rollout", "model_inference", name="text", reads=PROMPT_KEYS, writes=RESPONSE_KEYS,
+               resources=("policy", "text_rollout"), check=_vllm_on_every_worker)
 def generate_responses(ctx, batch) -> NodeOutput:
-    """Sample ``text.group_size`` responses per prompt at ``text.temperature``.
+    """Sample ``data.group_size`` responses per prompt at ``text.temperature``.
 
     Args:
         batch: ``input_ids``, ``attention_mask`` ``(g, P)``, ``uid`` ``(g,)``.
@@ -65,7 +83,7 @@ def generate_responses(ctx, batch) -> NodeOutput:
         ``(n, R, 1)`` float32 (one-token actions) and ``finish_step`` ``(n,)`` int64 (response
         lengths), with ``R = text.max_response_length``.
     """
-    samples, metrics = sample_groups(ctx.resources, ctx.config.text.group_size, batch)
+    samples, metrics = sample_groups(ctx.resources, ctx.config.data.group_size, batch)
     lengths = samples[keys.FINISH_STEP]
     metrics["rollout/response_length"] = float(lengths.float().mean())
     metrics["rollout/clip_ratio"] = float((lengths == samples[keys.RESPONSES].shape[1]).float().mean())
@@ -100,7 +118,8 @@ def sample_groups(resources, group_size: int, prompts: TensorDict) -> tuple[Tens
                      "rollout/log_prob_mean_diff": float(gap.mean()) if has_tokens else 0.0}
 
 
-@register_node("reward", "compute", name="text")
+@register_node("reward", "compute", name="text", reads=(keys.UID, *RESPONSE_KEYS), writes=(keys.REWARDS, keys.SUCCESS),
+               resources=("policy", "prompt_loaders"))
 def score(ctx, batch) -> NodeOutput:
     """Set ``rewards`` ``(n,)`` float32 (``text.correct_score`` and ``text.format_score`` weights,
     plus DAPO's overlong penalty when ``algorithm.overlong_buffer_len > 0``) and ``success``
@@ -119,7 +138,7 @@ def score(ctx, batch) -> NodeOutput:
 def score_samples(ctx, batch: TensorDict) -> dict[str, float]:
     """Set ``rewards`` and ``success`` on ``batch`` in place (see :func:`score`); its metrics."""
     text, algo = ctx.config.text, ctx.config.algorithm
-    rows = {row.index: row for row in ctx.resources.prompt_loader(ctx.dp_rank, ctx.dp_size).rows}
+    rows = {row.index: row for row in ctx.resources.prompt_loaders.get(ctx.dp_rank, ctx.dp_size).rows}
     uids = batch[keys.UID].tolist()
     missing = [uid for uid in uids if uid not in rows]
     if missing:
@@ -146,22 +165,10 @@ def score_samples(ctx, batch: TensorDict) -> dict[str, float]:
     return metrics
 
 
-def refill_groups(ctx, refill_round: int) -> tuple[TensorDict, int]:
-    """Dynamic sampling's extra round for text: this worker's fresh prompts
-    (:meth:`ShardedPromptLoader.rows_for_refill`), sampled and scored as by the data, rollout
-    and reward nodes.
-
-    Returns:
-        ``(samples, 0)``: the scored samples (groups contiguous) and no simulator steps.
-    """
-    resources = ctx.resources
-    rows = resources.prompt_loader(ctx.dp_rank, ctx.dp_size).rows_for_refill(ctx.step, refill_round)
-    samples, _ = sample_groups(resources, ctx.config.text.group_size, encode_rows(resources.policy, rows))
-    score_samples(ctx, samples)
-    return samples, 0
+SFT_KEYS = (*PROMPT_KEYS, keys.RESPONSES, keys.RESPONSE_MASK)
 
 
-@register_node("data", "data_load", name="sft")
+@register_node("data", "data_load", name="sft", writes=SFT_KEYS, resources=("policy", "prompt_loaders"))
 def load_sft_pairs(ctx, batch) -> NodeOutput:
     """This worker's prompt/target pairs of the step: ``text.prompts_per_step`` rows over all
     workers, targets from ``text.sft_response_column``.
@@ -171,7 +178,7 @@ def load_sft_pairs(ctx, batch) -> NodeOutput:
         and ``response_mask`` (same shape, bool), right-padded targets ending in EOS.
     """
     column = ctx.config.text.sft_response_column
-    loader = ctx.resources.prompt_loader(ctx.dp_rank, ctx.dp_size, extra_columns=(column,))
+    loader = ctx.resources.prompt_loaders.get(ctx.dp_rank, ctx.dp_size, extra_columns=(column,))
     rows = loader.rows_for_step(ctx.step)
     policy = ctx.resources.policy
     pairs = encode_rows(policy, rows)
@@ -182,7 +189,7 @@ def load_sft_pairs(ctx, batch) -> NodeOutput:
     return NodeOutput(pairs, {"data/epoch": float(ctx.step // loader.steps_per_epoch)})
 
 
-@register_node("actor", "model_train", name="sft", whole_groups=False)
+@register_node("actor", "model_train", name="sft", whole_groups=False, reads=SFT_KEYS, resources=("actor",))
 def supervised_step(ctx, batch) -> NodeOutput:
     """``trainer.ppo_epochs`` passes of supervised minibatches (``trainer.ppo_mini_batch_size``
     pairs over all workers) on this worker's pairs; returns the batch unchanged."""

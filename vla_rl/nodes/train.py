@@ -1,52 +1,40 @@
 """``(actor, model_train)`` and ``(critic, model_train)``: the data-parallel updates on this
-worker's shard."""
+worker's shard, and the ``actor`` resource (the DDP policy and its optimizer)."""
 
 from __future__ import annotations
 
-from vla_rl.algorithms.policy_loss import PolicyLossConfig
 from vla_rl.dag.registry import NodeOutput, register_node
-from vla_rl.trainers.actor import ActorUpdateConfig
-from vla_rl.trainers.critic import CriticUpdateConfig
+from vla_rl.data import keys
+from vla_rl.nodes.inference import scored_keys
+from vla_rl.trainers.actor import ActorTrainer
+from vla_rl.workers.checkpointing import OptimizerCheckpoint
+from vla_rl.workers.resources import register_resource
 
 
-@register_node("actor", "model_train", whole_groups=False)
+@register_resource("actor", needs=("policy",), checkpoint=OptimizerCheckpoint("actor", "optimizer"))
+def build_actor(res):
+    """The policy wrapped for data-parallel training, with its Adam optimizer (``trainer.lr``)."""
+    return ActorTrainer(res.policy, res.config.trainer.lr, group=res.group, forward=res.workflow.batch_forward)
+
+
+def _actor_reads(config, node_config) -> tuple[str, ...]:
+    reads = (*scored_keys(config, node_config), keys.OLD_LOG_PROBS, keys.ADVANTAGES)
+    return (*reads, keys.REF_LOG_PROBS) if config.algorithm.use_kl_loss else reads
+
+
+@register_node("actor", "model_train", whole_groups=False, reads=_actor_reads, resources=("actor",))
 def update_actor(ctx, batch) -> NodeOutput:
-    """Policy-gradient epochs over the shard's episodes; returns the batch unchanged."""
-    algo, trainer = ctx.config.algorithm, ctx.config.trainer
-    loss = PolicyLossConfig(
-        clip_ratio_low=algo.clip_ratio_low,
-        clip_ratio_high=algo.clip_ratio_high,
-        dual_clip_c=algo.dual_clip_c,
-        loss_agg_mode=algo.loss_agg_mode,
-        loss_agg_normalizer=algo.loss_agg_normalizer,
-        policy_drift_coef=algo.policy_drift_coef,
-    )
-    config = ActorUpdateConfig(
-        ppo_epochs=trainer.ppo_epochs,
-        ppo_mini_batch_size=trainer.ppo_mini_batch_size,
-        max_grad_norm=trainer.max_grad_norm,
-        policy_loss=algo.policy_loss,
-        loss=loss,
-        ratio_granularity=algo.ratio_granularity,
-        entropy_coeff=algo.entropy_coeff,
-        use_kl_loss=algo.use_kl_loss,
-        kl_loss_coef=algo.kl_loss_coef,
-        kl_loss_type=algo.kl_loss_type,
-    )
-    metrics = ctx.resources.actor.update(batch, config, ctx.resources.generator)
+    """Policy-gradient epochs over the shard's episodes (``algorithm`` and ``trainer`` settings);
+    returns the batch unchanged."""
+    metrics = ctx.resources.actor.update(batch, ctx.config.algorithm, ctx.config.trainer, ctx.resources.generator)
     return NodeOutput(batch, metrics)
 
 
-@register_node("critic", "model_train", whole_groups=False)
+@register_node("critic", "model_train", whole_groups=False,
+               reads=lambda config, node_config: (*scored_keys(config, node_config), keys.VALUES, keys.RETURNS),
+               resources=("critic",))
 def update_critic(ctx, batch) -> NodeOutput:
-    """Value-regression epochs on ``returns`` over the shard's episodes; returns the batch unchanged."""
-    critic, trainer = ctx.config.critic, ctx.config.trainer
-    config = CriticUpdateConfig(
-        ppo_epochs=trainer.ppo_epochs,
-        ppo_mini_batch_size=trainer.ppo_mini_batch_size,
-        max_grad_norm=trainer.max_grad_norm,
-        cliprange_value=critic.cliprange_value,
-        loss_agg_mode=critic.loss_agg_mode,
-    )
-    metrics = ctx.resources.critic.update(batch, config, ctx.resources.generator)
+    """Value-regression epochs on ``returns`` over the shard's episodes (``critic`` and ``trainer``
+    settings); returns the batch unchanged."""
+    metrics = ctx.resources.critic.update(batch, ctx.config.critic, ctx.config.trainer, ctx.resources.generator)
     return NodeOutput(batch, metrics)

@@ -3,10 +3,13 @@ name in ``TRAJECTORY_ENCODERS``, for trajectory-level rewards such as SRPO's pro
 
 Every encoder is a callable ``encoder(trajectories, lengths, num_points) -> (batch, dim)``:
 ``trajectories`` ``(batch, time, ...)`` padded to a common ``time``, ``lengths`` ``(batch,)``
-int64 valid steps. A registry entry is either such a function or a class whose instances are;
-:func:`build_trajectory_encoder` turns a name and the class's options into an encoder. Encoders
-of camera frames (uint8 ``(batch, time, H, W, 3)``) have the attribute ``reads_frames = True``;
-the others read state vectors.
+int64 valid steps. A registry entry is either such a function or a class whose instances are,
+registered with its config class (:class:`StateEncoderConfig`, :class:`FrameEncoderConfig`,
+:class:`VJEPA2EncoderConfig`; a template sets it as ``algorithm.<name>``);
+:func:`build_trajectory_encoder` turns a name, its config and the run's objects into an
+encoder. Encoders of camera frames (uint8 ``(batch, time, H, W, 3)``) have the attribute
+``reads_frames = True`` and a :class:`FrameEncoderConfig` (which camera); the others read state
+vectors.
 
 - ``"state_resample"`` (function): a low-dimensional stand-in for SRPO's world-model video
   embedding. SRPO (Fei et al. 2025, arXiv 2511.15605) embeds each episode with V-JEPA 2 from
@@ -23,6 +26,7 @@ the others read state vectors.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,27 +40,79 @@ TRAJECTORY_ENCODERS: Registry[Callable[..., Any]] = Registry("trajectory encoder
 instances are such functions (build them with :func:`build_trajectory_encoder`)."""
 
 
-def build_trajectory_encoder(name: str, **options: Any) -> Callable[..., Tensor]:
-    """The encoder registered as ``name``, built with ``options`` if it is a class.
+@dataclass(frozen=True)
+class StateEncoderConfig:
+    """Settings of an encoder of state trajectories.
+
+    Attributes:
+        points: samples taken uniformly over each episode (>= 2).
+
+    Raises:
+        ValueError: from ``__post_init__`` when ``points`` < 2.
+    """
+
+    points: int = 16
+
+    def __post_init__(self) -> None:
+        if self.points < 2:
+            raise ValueError(f"points must be >= 2 to span an episode's start and end (got {self.points})")
+
+
+@dataclass(frozen=True)
+class FrameEncoderConfig(StateEncoderConfig):
+    """Settings of an encoder of camera frames.
+
+    Attributes:
+        camera: the camera whose ``<camera>_image`` observations it reads (it must be among the
+            simulator's ``cameras``).
+    """
+
+    camera: str = "agentview"
+
+
+@dataclass(frozen=True)
+class VJEPA2EncoderConfig(FrameEncoderConfig):
+    """Settings of ``"vjepa2"``.
+
+    Attributes:
+        model_dir: directory of a saved ``VJEPA2Model`` (nothing is downloaded); required.
+        batch_size: episodes encoded per forward pass (bounds memory), >= 1.
+    """
+
+    model_dir: str = ""
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.model_dir:
+            raise ValueError("model_dir is required: the directory of a saved VJEPA2Model "
+                             "(algorithm.vjepa2.model_dir=/path/to/vjepa2)")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+def build_trajectory_encoder(name: str, config: StateEncoderConfig | None = None, **runtime: Any
+                             ) -> Callable[..., Tensor]:
+    """The encoder registered as ``name``: the function itself, or an instance of the class built
+    from its ``config`` and the run's objects.
 
     Args:
         name: registered encoder name (``"state_resample"``, ``"vjepa2"``, ``"policy_backbone"``).
-        options: constructor arguments of a class entry (e.g. ``model_dir`` for ``"vjepa2"``);
-            must be empty for a function entry.
+        config: its config (see :data:`TRAJECTORY_ENCODERS`' config classes); None: the defaults.
+        runtime: what a class entry needs from the run (``device`` for ``"vjepa2"``,
+            ``frame_features`` for ``"policy_backbone"``); ignored by function entries.
 
     Returns:
         A callable ``(trajectories, lengths, num_points) -> (batch, dim)`` tensor.
 
     Raises:
         RegistryError: if ``name`` is unknown (the message lists the known encoders).
-        ValueError: if options are given for a function entry.
     """
     entry = TRAJECTORY_ENCODERS.get(name)
-    if isinstance(entry, type):
-        return entry(**options)
-    if options:
-        raise ValueError(f"trajectory encoder {name!r} takes no options, got {sorted(options)}")
-    return entry
+    if not isinstance(entry, type):
+        return entry
+    config = config if config is not None else TRAJECTORY_ENCODERS.config_class(name)()
+    return entry(config, **runtime)
 
 
 def _check_lengths(lengths: Tensor, batch: int, time: int) -> None:
@@ -119,7 +175,7 @@ def sample_frames(frames: Tensor, lengths: Tensor, num_frames: int) -> Tensor:
     return frames[torch.arange(batch, device=frames.device)[:, None], steps]  # (B, P, H, W, 3)
 
 
-@TRAJECTORY_ENCODERS.register("state_resample")
+@TRAJECTORY_ENCODERS.register("state_resample", config=StateEncoderConfig)
 def encode_state_trajectories(states: Tensor, lengths: Tensor, num_points: int = 16) -> Tensor:
     """Resample each trajectory's valid prefix at ``num_points`` uniformly spaced times.
 
@@ -169,7 +225,7 @@ def encode_state_trajectories(states: Tensor, lengths: Tensor, num_points: int =
     return resampled.reshape(batch, num_points * state_dim)  # (B, P * D)
 
 
-@TRAJECTORY_ENCODERS.register("vjepa2")
+@TRAJECTORY_ENCODERS.register("vjepa2", config=VJEPA2EncoderConfig)
 class VJEPA2TrajectoryEncoder:
     """SRPO's world-model trajectory embedding with a frozen V-JEPA 2 encoder.
 
@@ -182,29 +238,26 @@ class VJEPA2TrajectoryEncoder:
     Fei et al. 2025, §3: mean-pooled V-JEPA 2 tokens).
 
     Args:
-        model_dir: directory of a saved ``VJEPA2Model`` (``config.json`` + weights), e.g. from
-            ``save_pretrained``; nothing is downloaded.
+        config: ``model_dir``, the directory of a saved ``VJEPA2Model`` (``config.json`` +
+            weights, e.g. from ``save_pretrained``; nothing is downloaded), and ``batch_size``,
+            the episodes encoded per forward pass (bounds memory).
         device: torch device the model runs on.
-        batch_size: episodes encoded per forward pass (bounds memory).
 
     Raises:
         FileNotFoundError: if ``model_dir`` has no ``config.json``.
-        ValueError: if ``batch_size`` < 1.
     """
 
     reads_frames = True
 
-    def __init__(self, model_dir: str | Path, device: str | torch.device = "cpu", batch_size: int = 8) -> None:
+    def __init__(self, config: VJEPA2EncoderConfig, device: str | torch.device = "cpu") -> None:
         from transformers import VJEPA2Model
 
-        if not (Path(model_dir) / "config.json").is_file():
-            raise FileNotFoundError(f"model_dir {str(model_dir)!r} has no config.json: save a VJEPA2Model there "
-                                    "with save_pretrained")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model = VJEPA2Model.from_pretrained(model_dir).to(device).eval().requires_grad_(False)
+        if not (Path(config.model_dir) / "config.json").is_file():
+            raise FileNotFoundError(f"algorithm.vjepa2.model_dir {config.model_dir!r} has no config.json: save a "
+                                    "VJEPA2Model there with save_pretrained")
+        self.model = VJEPA2Model.from_pretrained(config.model_dir).to(device).eval().requires_grad_(False)
         self.device = torch.device(device)
-        self.batch_size = batch_size
+        self.batch_size = config.batch_size
 
     @property
     def embedding_dim(self) -> int:
@@ -268,7 +321,7 @@ class VJEPA2TrajectoryEncoder:
         return torch.cat(embeddings)  # (B, hidden)
 
 
-@TRAJECTORY_ENCODERS.register("policy_backbone")
+@TRAJECTORY_ENCODERS.register("policy_backbone", config=FrameEncoderConfig)
 class BackboneTrajectoryEncoder:
     """Trajectory embedding from the policy's own vision backbone.
 
@@ -282,6 +335,7 @@ class BackboneTrajectoryEncoder:
     lays out states), so the embedding keeps the order of progress.
 
     Args:
+        config: its settings (which camera, how many frames; read by the reward).
         frame_features: the backbone callable described above.
 
     Raises:
@@ -290,7 +344,7 @@ class BackboneTrajectoryEncoder:
 
     reads_frames = True
 
-    def __init__(self, frame_features: Callable[[Tensor], Tensor]) -> None:
+    def __init__(self, config: FrameEncoderConfig, frame_features: Callable[[Tensor], Tensor]) -> None:
         if not callable(frame_features):
             raise TypeError("frame_features must be a callable frames -> features, got "
                             f"{type(frame_features).__name__}")

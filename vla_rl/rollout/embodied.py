@@ -58,7 +58,8 @@ class RolloutResult:
             ``(m,)``, where ``T = ceil(horizon / chunk)``.
         frames: for each rendered environment index whose episode was not lost, its frames
             ``(steps, H, W, 3)`` uint8, one after each control step.
-        env_steps: control steps executed (all environments together, lost episodes' included).
+        env_steps: control steps executed (all environments together; a lost episode's count up to
+            the chunk it was lost in, whose steps are unknown).
         lost: ``(n,)`` bool over the requested initial states: the episode was lost to a
             simulator fault and is not in ``batch``.
         policy_seconds: wall time spent in ``policy.sample_actions`` and ``policy.env_actions``.

@@ -16,7 +16,6 @@ with the objective from ``POLICY_LOSSES`` and every term aggregated with the sam
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,40 +27,9 @@ from torch.nn.parallel import DistributedDataParallel
 from vla_rl.algorithms.aggregation import aggregate_loss
 from vla_rl.algorithms.granularity import expand_per_step, reduce_per_action, reduce_per_dim
 from vla_rl.algorithms.kl import kl_penalty
-from vla_rl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossConfig
+from vla_rl.algorithms.policy_loss import POLICY_LOSSES
 from vla_rl.data import keys
 from vla_rl.trainers.minibatches import minibatch_indices
-
-
-@dataclass(frozen=True)
-class ActorUpdateConfig:
-    """Settings of one actor update (from the template's ``algorithm`` and ``trainer`` sections).
-
-    Attributes:
-        ppo_epochs: passes over the batch.
-        ppo_mini_batch_size: episodes per minibatch summed over the workers; each pass makes
-            ``ceil(total episodes / ppo_mini_batch_size)`` minibatches (fewer if a worker's shard
-            has fewer episodes than that).
-        max_grad_norm: gradient-norm clip.
-        policy_loss: registered policy objective (``ppo_clip``, ``gspo``, ``gspo_token``, ``cpgd``).
-        loss: the objective's settings, aggregation mode included.
-        ratio_granularity: ``token``, ``action`` or ``chunk``.
-        entropy_coeff: weight of the entropy bonus (0: none).
-        use_kl_loss: add the KL to the reference (needs ``ref_log_probs`` in the batch).
-        kl_loss_coef: weight of the KL term.
-        kl_loss_type: registered KL estimator of the term.
-    """
-
-    ppo_epochs: int
-    ppo_mini_batch_size: int
-    max_grad_norm: float
-    policy_loss: str
-    loss: PolicyLossConfig
-    ratio_granularity: str
-    entropy_coeff: float
-    use_kl_loss: bool
-    kl_loss_coef: float
-    kl_loss_type: str
 
 
 def embodied_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
@@ -119,13 +87,6 @@ def text_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
     return log_probs[..., None, None], entropy[..., None, None]
 
 
-#: The per-modality forward of a batch, by ``run.workflow``.
-BATCH_FORWARDS: dict[str, Callable[[Any, TensorDict], tuple[Tensor, Tensor]]] = {
-    "embodied": embodied_forward,
-    "text": text_forward,
-}
-
-
 @torch.no_grad()
 def per_dim_log_probs(policy, batch: TensorDict, forward=embodied_forward) -> Tensor:
     """Log-probs of every action dimension of whole episodes (or responses), without gradients.
@@ -146,7 +107,7 @@ class ActorTrainer:
     """Owns the DDP-wrapped policy and its Adam optimizer on one worker.
 
     The update loop is the same for every modality; ``forward`` turns a minibatch into
-    per-dimension log-probs and entropies (:data:`BATCH_FORWARDS`).
+    per-dimension log-probs and entropies (the workflow's ``batch_forward``).
 
     Args:
         policy: the worker's policy (already on its device, weights equal on every worker or
@@ -167,7 +128,7 @@ class ActorTrainer:
         self.ddp = DistributedDataParallel(policy, process_group=group, forward_sync_buffers=False)
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
 
-    def update(self, batch: TensorDict, config: ActorUpdateConfig, generator: torch.Generator) -> dict[str, float]:
+    def update(self, batch: TensorDict, algorithm, trainer, generator: torch.Generator) -> dict[str, float]:
         """One update on this worker's shard ``batch`` (episodes with ``advantages``).
 
         Args:
@@ -175,8 +136,14 @@ class ActorTrainer:
                 ``(n, T, chunk, action_dim)``; text: prompts and responses, chunk = action_dim = 1),
                 ``old_log_probs`` ``(n, T, chunk)`` (the rollout's), ``response_mask`` ``(n, T)``,
                 ``advantages`` ``(n, T)``, and ``ref_log_probs`` ``(n, T, chunk, action_dim)`` with
-                ``use_kl_loss``.
-            config: update settings.
+                ``algorithm.use_kl_loss``.
+            algorithm: the run's ``algorithm`` section: the objective (``policy_loss`` and its
+                settings), ``ratio_granularity``, ``loss_agg_mode``, ``entropy_coeff`` and the
+                KL loss term.
+            trainer: the run's ``trainer`` section: ``ppo_epochs``, ``ppo_mini_batch_size``
+                (episodes per minibatch summed over the workers; each pass makes
+                ``ceil(total episodes / ppo_mini_batch_size)`` minibatches, fewer if a worker's
+                shard has fewer episodes than that) and ``max_grad_norm``.
             generator: shuffles the minibatches (seeded per worker, saved in checkpoints).
 
         Returns:
@@ -187,14 +154,17 @@ class ActorTrainer:
             ``actor/old_log_prob_max_diff``: the largest gap between the recomputed per-dimension
             log-probs (summed per action) and the rollout's, exactly 0 for a conforming policy.
         """
-        old_log_probs, metrics = self._old_log_probs(batch, config.ratio_granularity)  # (n, L)
-        loss_fn = POLICY_LOSSES.get(config.policy_loss)
+        old_log_probs, metrics = self._old_log_probs(batch, algorithm.ratio_granularity)  # (n, L)
+        loss_fn = POLICY_LOSSES.get(algorithm.policy_loss)
+        loss_options = algorithm.options("policy_loss")
         totals: dict[str, float] = {}
         updates = 0
         self.policy.train()
-        for index in minibatch_indices(batch.batch_size[0], config.ppo_mini_batch_size, config.ppo_epochs,
+        for index in minibatch_indices(batch.batch_size[0], trainer.ppo_mini_batch_size, trainer.ppo_epochs,
                                        generator, self.group):
-            for name, value in self._minibatch_step(batch[index], old_log_probs[index], config, loss_fn).items():
+            step = self._minibatch_step(batch[index], old_log_probs[index], algorithm, trainer.max_grad_norm,
+                                        loss_fn, loss_options)
+            for name, value in step.items():
                 totals[name] = totals.get(name, 0.0) + value
             updates += 1
         metrics.update({name: total / updates for name, total in totals.items()})
@@ -251,9 +221,10 @@ class ActorTrainer:
         max_gap = float(gap.max()) if gap.numel() else 0.0
         return reduce_per_dim(per_dim, granularity), {"actor/old_log_prob_max_diff": max_gap}
 
-    def _minibatch_step(self, mb: TensorDict, old_log_probs: Tensor, config: ActorUpdateConfig,
-                        loss_fn) -> dict[str, float]:
-        granularity, loss_config = config.ratio_granularity, config.loss
+    def _minibatch_step(self, mb: TensorDict, old_log_probs: Tensor, algorithm, max_grad_norm: float,
+                        loss_fn, loss_options) -> dict[str, float]:
+        granularity = algorithm.ratio_granularity
+        agg_mode, agg_normalizer = algorithm.loss_agg_mode, algorithm.loss_agg_normalizer
         log_probs, entropy = self.forward(self.ddp, mb)  # (b, T, C, A) each
         chunk, act_dim = log_probs.shape[2:]
         log_probs = reduce_per_dim(log_probs, granularity)  # (b, L)
@@ -261,20 +232,21 @@ class ActorTrainer:
         mask = expand_per_step(mb[keys.RESPONSE_MASK], chunk, act_dim, granularity)  # (b, L)
         advantages = expand_per_step(mb[keys.ADVANTAGES], chunk, act_dim, granularity)  # (b, L)
 
-        pg_loss, pg_metrics = loss_fn(log_probs, old_log_probs, advantages, mask, loss_config)
-        entropy_term = aggregate_loss(entropy, mask, loss_config.loss_agg_mode, loss_config.loss_agg_normalizer)
-        loss = pg_loss - config.entropy_coeff * entropy_term
+        pg_loss, pg_metrics = loss_fn(log_probs, old_log_probs, advantages, mask, loss_options, agg_mode,
+                                      agg_normalizer)
+        entropy_term = aggregate_loss(entropy, mask, agg_mode, agg_normalizer)
+        loss = pg_loss - algorithm.entropy_coeff * entropy_term
         out = {f"actor/{name}": value for name, value in pg_metrics.items()}
-        if config.use_kl_loss:
+        if algorithm.use_kl_loss:
             ref_log_probs = reduce_per_dim(mb[keys.REF_LOG_PROBS], granularity)  # (b, L)
-            kl = kl_penalty(log_probs, ref_log_probs, config.kl_loss_type, mask)  # (b, L)
-            kl_term = aggregate_loss(kl, mask, loss_config.loss_agg_mode, loss_config.loss_agg_normalizer)
-            loss = loss + config.kl_loss_coef * kl_term
+            kl = kl_penalty(log_probs, ref_log_probs, algorithm.kl_loss_type, mask)  # (b, L)
+            kl_term = aggregate_loss(kl, mask, agg_mode, agg_normalizer)
+            loss = loss + algorithm.kl_loss_coef * kl_term
             out["actor/kl_loss"] = float(kl_term.detach())
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), config.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_grad_norm)
         self.optimizer.step()
         out.update({"actor/pg_loss": float(pg_loss.detach()), "actor/entropy": float(entropy_term.detach()),
                     "actor/grad_norm": float(grad_norm)})

@@ -9,7 +9,6 @@ update regresses it on the advantage node's ``returns`` with the clipped value l
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -64,29 +63,6 @@ def text_values(model, batch: TensorDict) -> Tensor:
     return model(batch[keys.INPUT_IDS], batch[keys.ATTENTION_MASK], batch[keys.RESPONSES], batch[keys.RESPONSE_MASK])
 
 
-#: How a batch becomes values, by ``run.workflow``.
-VALUE_FORWARDS: dict[str, Callable[[Any, TensorDict], Tensor]] = {"embodied": embodied_values, "text": text_values}
-
-
-@dataclass(frozen=True)
-class CriticUpdateConfig:
-    """Settings of one critic update.
-
-    Attributes:
-        ppo_epochs: passes over the batch.
-        ppo_mini_batch_size: episodes per minibatch, summed over the workers.
-        max_grad_norm: gradient-norm clip.
-        cliprange_value: value clipping range (None: plain squared error).
-        loss_agg_mode: aggregation of the value loss over decision steps.
-    """
-
-    ppo_epochs: int
-    ppo_mini_batch_size: int
-    max_grad_norm: float
-    cliprange_value: float | None
-    loss_agg_mode: str
-
-
 class CriticTrainer:
     """Owns the DDP-wrapped value network and its Adam optimizer on one worker.
 
@@ -94,8 +70,8 @@ class CriticTrainer:
         network: the value network (same initial weights on every worker).
         lr: Adam learning rate.
         group: the DAG workers' process group (None: the default group).
-        forward: how a batch becomes ``(n, T)`` values (:data:`VALUE_FORWARDS`; default
-            :func:`embodied_values`).
+        forward: how a batch becomes ``(n, T)`` values (:func:`embodied_values`, the default, or
+            :func:`text_values`).
     """
 
     def __init__(self, network: nn.Module, lr: float, group: dist.ProcessGroup | None = None,
@@ -113,13 +89,16 @@ class CriticTrainer:
         ``forward`` reads; steps after an episode's end hold the value of padding or 0)."""
         return self.forward(self.network, batch)
 
-    def update(self, batch: TensorDict, config: CriticUpdateConfig, generator: torch.Generator) -> dict[str, float]:
+    def update(self, batch: TensorDict, critic, trainer, generator: torch.Generator) -> dict[str, float]:
         """Regress the values on ``returns`` over this worker's shard.
 
         Args:
             batch: what ``forward`` reads, ``values`` and ``returns`` ``(n, T)``,
                 ``response_mask`` ``(n, T)``.
-            config: update settings.
+            critic: the run's ``critic`` section (``cliprange_value``: value clipping, None for the
+                plain squared error; ``loss_agg_mode``).
+            trainer: the run's ``trainer`` section (``ppo_epochs``, ``ppo_mini_batch_size``:
+                episodes per minibatch summed over the workers, ``max_grad_norm``).
             generator: shuffles the minibatches.
 
         Returns:
@@ -129,15 +108,15 @@ class CriticTrainer:
         totals: dict[str, float] = {}
         updates = 0
         self.network.train()
-        for index in minibatch_indices(batch.batch_size[0], config.ppo_mini_batch_size, config.ppo_epochs,
+        for index in minibatch_indices(batch.batch_size[0], trainer.ppo_mini_batch_size, trainer.ppo_epochs,
                                        generator, self.group):
             mb = batch[index]
             vpreds = self.forward(self.ddp, mb)  # (b, T)
             vf_loss, metrics = compute_value_loss(vpreds, mb[keys.RETURNS], mb[keys.VALUES], mb[keys.RESPONSE_MASK],
-                                                  config.cliprange_value, config.loss_agg_mode)
+                                                  critic.cliprange_value, critic.loss_agg_mode)
             self.optimizer.zero_grad(set_to_none=True)
             vf_loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.network.parameters(), config.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.network.parameters(), trainer.max_grad_norm)
             self.optimizer.step()
             metrics.update({"vf_loss": float(vf_loss.detach()), "grad_norm": float(grad_norm)})
             for name, value in metrics.items():

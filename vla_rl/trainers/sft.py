@@ -1,4 +1,5 @@
-"""Supervised fine-tuning of a causal LM policy on prompt/response pairs: the warm start before RL.
+"""Supervised fine-tuning of a causal LM policy on prompt/response pairs: the warm start before RL
+(the ``supervised_fine_tune`` node of the ``warm_start`` phase, :mod:`vla_rl.nodes.warm_start`).
 
 The loss is the negative log-likelihood of the response tokens only (prompt tokens are context,
 not targets), averaged over all response tokens of a minibatch. Like the embodied behaviour
@@ -11,13 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from policies.causal_lm.modeling_causal_lm import CausalLMPolicy
-from vla_rl.data.prompt_dataset import PromptFile, PromptRow
+from vla_rl.data.prompt_dataset import PromptRow
 
 
 @dataclass(frozen=True)
@@ -165,28 +165,3 @@ def supervised_fine_tune(policy: CausalLMPolicy, examples: SFTExamples, config: 
         tokens += int(batch.response_mask.sum())
     policy.train(was_training)
     return SFTResult(losses, tokens, time.perf_counter() - start)
-
-
-def sft_warm_start(policy: CausalLMPolicy, train_file: str | Path, text, seed: int) -> dict[str, float]:
-    """The text workflow's warm start (the counterpart of behaviour cloning): ``text.sft_steps``
-    of :func:`supervised_fine_tune` on every row of ``train_file``, with targets from
-    ``text.sft_response_column``. Every worker runs it identically from the same seed.
-
-    Args:
-        policy: the policy, fine-tuned in place.
-        train_file: the training prompt file (read whole).
-        text: the run's ``text`` config section.
-        seed: the minibatch-order seed.
-
-    Returns:
-        ``sft/*`` metrics of :meth:`SFTResult.metrics`; ``{}`` when ``text.sft_steps`` is 0.
-
-    Raises:
-        KeyError: the file has no ``text.sft_response_column``.
-    """
-    if text.sft_steps == 0:
-        return {}
-    rows = PromptFile(train_file).read_shard(0, 1, extra_columns=[text.sft_response_column])
-    examples = encode_sft_examples(policy, rows, text.sft_response_column)
-    config = SFTConfig(steps=text.sft_steps, batch_size=text.sft_batch_size, lr=text.sft_lr, seed=seed)
-    return supervised_fine_tune(policy, examples, config).metrics()

@@ -136,10 +136,10 @@ def demonstrations(store: TrajectoryStore, num_demos: int, chunk_size: int) -> t
 
 
 def behaviour_cloning(
-    policy, store: TrajectoryStore, num_demos: int, steps: int, lr: float, batch_size: int, seed: int,
-    extra_norm_obs: np.ndarray | None = None, progress: bool = False,
+    policy, obs: torch.Tensor | TensorDict, actions: torch.Tensor, steps: int, lr: float, batch_size: int, seed: int,
+    extra_norm_obs: Observations | None = None, progress: bool = False,
 ) -> dict[str, float]:
-    """Fit the policy to the first ``num_demos`` demonstrations with ``policy.bc_loss``.
+    """Fit the policy to demonstrated transitions with ``policy.bc_loss``.
 
     Also sets the policy's observation normalisation from the demonstrations' observations
     together with ``extra_norm_obs`` (e.g. initial observations of training states, see
@@ -149,6 +149,11 @@ def behaviour_cloning(
     actions become the policy's through ``policy.actions_from_env``.
 
     Args:
+        obs: float32 ``(N, obs_dim)``, or a TensorDict of batch size ``(N,)`` of camera
+            observations (:func:`demonstrations`).
+        actions: ``(N, chunk_size, act_dim)`` float32, the expert's next actions.
+        steps: gradient steps; lr: Adam learning rate; batch_size: transitions per step.
+        seed: seed of the minibatch draws.
         extra_norm_obs: ``(m, obs_dim)`` observations (or a dict of ``m``-row arrays) that count
             in the statistics only.
         progress: show a progress bar of the gradient steps (Ray reports it on the driver).
@@ -156,7 +161,6 @@ def behaviour_cloning(
     Returns:
         ``warm_start/bc_loss`` (last minibatch) and ``warm_start/transitions``.
     """
-    obs, actions = demonstrations(store, num_demos, policy.chunk_size)
     actions = policy.actions_from_env(actions)
     if isinstance(obs, TensorDict):
         norm_obs = obs if extra_norm_obs is None else torch.cat([obs, to_torch(extra_norm_obs)])

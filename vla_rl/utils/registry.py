@@ -9,12 +9,18 @@ Usage, as verl does for its advantage estimators::
     def compute_grpo_outcome_advantage(...): ...
 
     fn = ADVANTAGE_ESTIMATORS.get("grpo")
+
+A component with settings registers its typed config class with it (a dataclass or a pydantic
+model, validated when a template loads: :mod:`vla_rl.components`)::
+
+    @ADVANTAGE_ESTIMATORS.register("gae", config=GAEConfig)
+    def compute_gae_advantage_return(..., config: GAEConfig, ...): ...
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -36,9 +42,18 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[Hashable, T] = {}
+        self._configs: dict[Hashable, type] = {}
+        self._metadata: dict[Hashable, dict[str, Any]] = {}
 
-    def register(self, name: Hashable) -> Callable[[T], T]:
+    def register(self, name: Hashable, config: type | None = None, **metadata: Any) -> Callable[[T], T]:
         """Decorator registering the decorated object under ``name``.
+
+        Args:
+            name: the name templates and code select it by.
+            config: the typed config class of its settings (None: it takes none).
+            metadata: what the component declares to the engine, by convention of its registry
+                (e.g. ``reads=("values",)``: the batch keys an advantage estimator reads beyond
+                the common ones; ``resources=("trajectory_encoder",)``: what a reward needs).
 
         Raises:
             RegistryError: if ``name`` is already registered.
@@ -48,9 +63,30 @@ class Registry(Generic[T]):
             if name in self._entries:
                 raise RegistryError(f"{self.kind} {name!r} is already registered")
             self._entries[name] = obj
+            if config is not None:
+                self._configs[name] = config
+            self._metadata[name] = dict(metadata)
             return obj
 
         return decorator
+
+    def metadata(self, name: Hashable) -> dict[str, Any]:
+        """What ``name`` declared when it was registered (see :meth:`register`).
+
+        Raises:
+            RegistryError: if ``name`` is unknown.
+        """
+        self.get(name)
+        return dict(self._metadata.get(name, {}))
+
+    def config_class(self, name: Hashable) -> type | None:
+        """The config class registered with ``name`` (None if it takes no settings).
+
+        Raises:
+            RegistryError: if ``name`` is unknown.
+        """
+        self.get(name)
+        return self._configs.get(name)
 
     def get(self, name: Hashable) -> T:
         """Return the object registered under ``name``.

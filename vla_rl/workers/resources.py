@@ -1,45 +1,112 @@
-"""A DAG worker's long-lived objects, built once and shared by the node functions it runs.
+"""A DAG worker's long-lived objects — its **resources** — built from registered builders.
 
-Composition, not role flags: the worker owns one ``WorkerResources``; node functions take what
-they need from it (the simulator pool for ``env_interact``, the actor trainer for
-``model_train``...). Each object is built on first use.
+A resource is anything a node function uses across steps: the policy, the simulator pool, the
+actor trainer, the frozen reference, the critic, the KL controller, SRPO's trajectory encoder, the
+prompt loaders, an evaluation session. Each is registered once, next to the code that owns it,
+with the resources it is built from and, where it holds training state, how it is checkpointed::
+
+    @register_resource("reference", needs=("policy",), checkpoint=ModuleCheckpoint("reference"))
+    def build_reference(res: Resources):
+        return copy.deepcopy(res.policy).requires_grad_(False).eval()
+
+Nodes declare the resources they use (``register_node(..., resources=("reference",))``). A worker
+builds exactly the resources its chains declare, with their ``needs`` first, when a phase starts
+(:meth:`Resources.ensure`), in a deterministic order; a node reaches only those it declared
+(:meth:`Resources.view`). So a template without a critic never builds one, and a node that uses
+an undeclared resource fails with a message naming both.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from functools import cached_property
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from vla_rl.config import RunConfig
+from vla_rl.utils.registry import Registry
 
 
-class WorkerResources:
-    """Per-worker state.
+class ResourceError(RuntimeError):
+    """A resource used without being declared, or whose builder is missing."""
+
+
+class ResourceCheckpoint(Protocol):
+    """How a resource's training state enters a checkpoint directory. Every rank calls both
+    (rank 0, ``resources.rank == 0``, writes the state replicated over the workers)."""
+
+    def save(self, resources: Resources, directory: Path) -> dict[str, Any]:
+        """Write the state; return metadata for ``trainer_state.json`` (may be empty)."""
+
+    def load(self, resources: Resources, directory: Path, metadata: dict[str, Any]) -> None:
+        """Restore the state written by :meth:`save` (``metadata``: the checkpoint's)."""
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    """A registered resource.
+
+    Attributes:
+        name: what nodes declare.
+        build: ``build(resources) -> object``; reads the run config and the resources of ``needs``.
+        needs: resources built before this one (and available to ``build``).
+        close: releases it at shutdown (simulator actors, engines); None: nothing to release.
+        checkpoint: how its state is saved and restored; None: it holds no training state.
+    """
+
+    name: str
+    build: Callable[[Resources], Any]
+    needs: tuple[str, ...] = ()
+    close: Callable[[Any], None] | None = None
+    checkpoint: ResourceCheckpoint | None = None
+
+
+RESOURCES: Registry[ResourceSpec] = Registry("worker resource")
+"""Every resource a node can declare, by name."""
+
+
+def register_resource(name: str, *, needs: Iterable[str] = (), close: Callable[[Any], None] | None = None,
+                      checkpoint: ResourceCheckpoint | None = None) -> Callable[[Callable], Callable]:
+    """Decorator registering ``build(resources) -> object`` as resource ``name``; returns ``build``.
+
+    Raises:
+        RegistryError: ``name`` is already registered.
+    """
+
+    def decorator(build: Callable[[Resources], Any]) -> Callable[[Resources], Any]:
+        RESOURCES.register(name)(ResourceSpec(name, build, tuple(needs), close, checkpoint))
+        return build
+
+    return decorator
+
+
+class Resources:
+    """One worker's resources, and the facts every builder and node may read.
+
+    Always available: ``config`` (the run config), ``rank``, ``world_size``, ``run_dir``,
+    ``device``, ``group`` (the workers' process group, None: the default one), ``generator`` (the
+    worker's sampling and shuffling RNG, saved in checkpoints), ``workflow`` (the run's
+    :class:`~vla_rl.workflows.base.Workflow`) and ``rollout_dp_size`` (the DP size of the
+    training rollout node, which sizes the simulator pool). Registered resources are attributes
+    once :meth:`ensure` built them.
 
     Args:
         config: the run config.
-        rank: worker rank; world_size: number of DAG workers.
+        rank, world_size: this worker's rank and the number of DAG workers.
         run_dir: the run directory (checkpoints, demonstrations, videos).
         device: the torch device the worker is bound to.
-        rollout_dp_size: DP size of the template's ``env_interact`` node (sets pool capacity).
+        rollout_dp_size: see above.
         group: the workers' process group.
     """
 
-    def __init__(
-        self,
-        config: RunConfig,
-        rank: int,
-        world_size: int,
-        run_dir: Path,
-        device: torch.device,
-        rollout_dp_size: int,
-        group: dist.ProcessGroup | None = None,
-    ) -> None:
+    def __init__(self, config: RunConfig, rank: int, world_size: int, run_dir: Path, device: torch.device,
+                 rollout_dp_size: int, group: dist.ProcessGroup | None = None) -> None:
+        from vla_rl.workflows import get_workflow
+
         self.config = config
         self.rank = rank
         self.world_size = world_size
@@ -47,15 +114,11 @@ class WorkerResources:
         self.device = device
         self.rollout_dp_size = rollout_dp_size
         self.group = group
-        #: Sampling and minibatch-shuffling RNG of this worker (saved in checkpoints).
         self.generator = torch.Generator().manual_seed(config.run.seed * 1_000_003 + rank)
-        # Set by the worker once the policy is initialised (see DAGWorker.setup):
-        self.actor = None  # the ActorTrainer
-        self.reference = None  # frozen copy of the warm-start policy, for templates with a reference node
-        self.critic = None  # the CriticTrainer, for templates with critic nodes
-        self.kl_ctrl = None  # the KL-in-reward coefficient controller
-        self._prompt_loaders: dict[tuple, object] = {}
+        self.workflow = get_workflow(config.run.workflow)
+        self._built: dict[str, Any] = {}
 
+    # ------------------------------------------------------------------ facts builders share
     @property
     def episodes_per_step(self) -> int:
         """Training episodes this worker rolls out per step."""
@@ -67,135 +130,103 @@ class WorkerResources:
         """Evaluation episodes per protocol on this worker (ids dealt round-robin over workers)."""
         return math.ceil(self.config.eval.num_episodes / self.world_size)
 
-    @cached_property
-    def simulator_pool(self):
-        """This worker's simulator pool (Ray actors), sized for its training and eval episodes."""
-        from simulators.pool import SimulatorPool
-
-        sim = self.config.simulator
-        capacity = max(self.episodes_per_step, self.eval_episodes, 1)
-        return SimulatorPool(
-            sim.name,
-            sim.env,
-            num_actors=sim.actors_per_worker,
-            envs_per_actor=math.ceil(capacity / sim.actors_per_worker),
-            actor_options={"num_cpus": sim.num_cpus_per_actor},
-            step_timeout_s=sim.step_timeout_s,
-        )
-
-    @cached_property
-    def env_spec(self) -> dict:
-        """``obs_dim``, ``act_dim`` and ``horizon`` of the simulator."""
-        return self.simulator_pool.spec()
-
-    @property
-    def batch_forward(self):
-        """How the actor and the reference score a batch (:data:`vla_rl.trainers.actor.BATCH_FORWARDS`)."""
-        from vla_rl.trainers.actor import BATCH_FORWARDS
-
-        return BATCH_FORWARDS[self.config.run.workflow]
-
-    @cached_property
-    def text_assets(self):
-        """The model and prompt files of a text run (:class:`~vla_rl.workers.text_assets.TextAssets`)."""
-        from vla_rl.workers.text_assets import TextAssets
-
-        return TextAssets.resolve(self.config, self.run_dir)
-
-    def prompt_loader(self, dp_rank: int, dp_size: int, extra_columns: tuple[str, ...] = ()):
-        """The :class:`~vla_rl.data.prompt_dataset.ShardedPromptLoader` of training shard
-        ``dp_rank`` of ``dp_size``, reading ``extra_columns`` too (built once per shard layout;
-        it reads only its row groups)."""
-        from vla_rl.data.prompt_dataset import ShardedPromptLoader
-
-        key = (dp_rank, dp_size, extra_columns)
-        if key not in self._prompt_loaders:
-            self._prompt_loaders[key] = ShardedPromptLoader(
-                self.text_assets.train_file, self.config.text.prompts_per_step, dp_rank, dp_size,
-                seed=self.config.run.seed, extra_columns=extra_columns,
-            )
-        return self._prompt_loaders[key]
-
-    @cached_property
-    def policy(self):
-        """The policy: for ``run.workflow: text`` the causal LM of ``config.text``; otherwise built
-        from ``config.policy`` with the simulator's dimensions."""
-        if self.config.run.workflow == "text":
-            return self._causal_lm()
-        from policies import POLICIES, available_policies, make_policy
-
-        available_policies()  # registers the built-in policies
-        name = self.config.policy.name
-        spec = self.env_spec
-        config_class = POLICIES.get(name).config_class
-        from_env = {"obs_dim": spec["obs_dim"], "action_dim": spec["act_dim"]}  # what the config declares of them
-        declared = {f.name for f in dataclasses.fields(config_class)}
-        fields = {key: tuple(v) if isinstance(v, list) else v for key, v in self.config.policy.config.items()}
-        config = config_class(**{k: v for k, v in from_env.items() if k in declared}, **fields)
-        return make_policy(name, config).to(self.device)
-
-    @cached_property
-    def trajectory_encoder(self):
-        """SRPO's trajectory encoder (``algorithm.trajectory_encoder`` with its options), built
-        once: ``policy_backbone`` reads the live policy's vision backbone (its ``frame_features``),
-        ``vjepa2`` loads its model on this worker's device.
+    # ------------------------------------------------------------------ building
+    def ensure(self, names: Iterable[str]) -> list[str]:
+        """Build the resources ``names`` (and what they need) that are not built yet, each
+        resource's ``needs`` first, otherwise in the order given; returns the names built.
 
         Raises:
-            ValueError: ``policy_backbone`` with a policy without a vision backbone.
+            RegistryError: an unknown resource name (the message lists the registered ones).
         """
-        from vla_rl.rewards.trajectory_encoders import build_trajectory_encoder
+        built: list[str] = []
 
-        algo = self.config.algorithm
-        options = dict(algo.trajectory_encoder_options)
-        if algo.trajectory_encoder == "policy_backbone":
-            if not hasattr(self.policy, "frame_features"):
-                raise ValueError(f"algorithm.trajectory_encoder 'policy_backbone' needs a policy with a vision "
-                                 f"backbone (frame_features); policy {self.config.policy.name!r} has none")
-            options["frame_features"] = self.policy.frame_features
-        elif algo.trajectory_encoder == "vjepa2":
-            options.setdefault("device", self.device)
-        return build_trajectory_encoder(algo.trajectory_encoder, **options)
+        def visit(name: str, path: tuple[str, ...]) -> None:
+            if name in self._built:
+                return
+            if name in path:
+                raise ResourceError(f"resources need each other in a cycle: {' -> '.join((*path, name))}")
+            spec = RESOURCES.get(name)
+            for need in spec.needs:
+                visit(need, (*path, name))
+            self._built[name] = spec.build(self)
+            built.append(name)
 
-    @cached_property
-    def text_rollout(self):
-        """The sampler of ``text.rollout_backend`` (:mod:`vla_rl.rollout.text_backends`), built on
-        first use, after the actor: a vLLM engine reloads the weights after each actor step."""
-        from vla_rl.rollout.text_backends import make_text_rollout
+        for name in names:
+            visit(name, ())
+        return built
 
-        return make_text_rollout(
-            self.config.text.rollout_backend, self.policy, self.config.text,
-            seed=self.config.run.seed * 1_000_003 + self.rank, work_dir=self.run_dir / "rollout" / f"rank{self.rank}",
-            optimizer=None if self.actor is None else self.actor.optimizer,
-        )
+    def provide(self, name: str, resource: Any) -> None:
+        """Use ``resource`` as resource ``name`` instead of building it (a pool or spec made
+        elsewhere, e.g. by a tool or a test).
 
-    def _causal_lm(self):
-        from policies.causal_lm.configuration_causal_lm import CausalLMConfig
-        from policies.causal_lm.modeling_causal_lm import CausalLMPolicy
+        Raises:
+            RegistryError: an unknown resource name.
+        """
+        RESOURCES.get(name)
+        self._built[name] = resource
 
-        text = self.config.text
-        config = CausalLMConfig(
-            model_path=str(self.text_assets.model_path),
-            gguf_file=text.gguf_file,
-            dtype=text.dtype,
-            max_prompt_length=text.max_prompt_length,
-            max_response_length=text.max_response_length,
-            temperature=text.temperature,
-        )
-        return CausalLMPolicy.from_pretrained(config).to(self.device)
+    def built(self) -> list[str]:
+        """The names of the resources built so far, in build order."""
+        return list(self._built)
 
-    @cached_property
-    def evaluation(self):
-        """This worker's :class:`~vla_rl.evaluation.session.EvaluationSession`, for the nodes of
-        the ``eval_rollout`` template (``run_dir`` is then the evaluation directory)."""
-        from vla_rl.evaluation.session import EvaluationSession
+    def __getattr__(self, name: str) -> Any:
+        built = self.__dict__.get("_built", {})
+        if name in built:
+            return built[name]
+        if name in RESOURCES:
+            raise ResourceError(f"resource {name!r} is used but no node of this worker's chains declares it "
+                                f"(built: {', '.join(built) or 'none'}); add it to the node's "
+                                "register_node(resources=...)")
+        raise AttributeError(name)
 
-        return EvaluationSession(self)
+    def view(self, node_id: str, declared: Iterable[str]) -> ResourceView:
+        """What node ``node_id`` may reach: the shared facts and the resources it ``declared``."""
+        return ResourceView(self, node_id, frozenset(declared))
+
+    # ------------------------------------------------------------------ checkpoints and shutdown
+    def save_checkpoint(self, directory: Path) -> dict[str, Any]:
+        """Every built resource with a checkpoint writes its state to ``directory``; returns the
+        merged metadata."""
+        metadata: dict[str, Any] = {}
+        for name in self._built:
+            checkpoint = RESOURCES.get(name).checkpoint
+            if checkpoint is not None:
+                metadata.update(checkpoint.save(self, directory))
+        return metadata
+
+    def load_checkpoint(self, directory: Path, metadata: dict[str, Any], names: Iterable[str] | None = None) -> None:
+        """Restore the built resources with a checkpoint (only ``names``, if given) from ``directory``."""
+        wanted = None if names is None else set(names)
+        for name in self._built:
+            checkpoint = RESOURCES.get(name).checkpoint
+            if checkpoint is not None and (wanted is None or name in wanted):
+                checkpoint.load(self, directory, metadata)
 
     def close(self) -> None:
-        """Stop the evaluation session, the simulator actors and the text sampler (if they were started)."""
-        if "evaluation" in self.__dict__:
-            self.evaluation.close()
-        if "simulator_pool" in self.__dict__:
-            self.simulator_pool.close()
-        if "text_rollout" in self.__dict__:
-            self.text_rollout.close()
+        """Release the built resources that hold processes or engines, last built first."""
+        for name in reversed(list(self._built)):
+            close = RESOURCES.get(name).close
+            if close is not None:
+                close(self._built[name])
+        self._built.clear()
+
+
+class ResourceView:
+    """A node's window on its worker's :class:`Resources`: the shared facts (``config``,
+    ``rank``, ``generator``, ``workflow``, ...) and the resources the node declared."""
+
+    _SHARED = frozenset({"config", "rank", "world_size", "run_dir", "device", "group", "generator", "workflow",
+                         "rollout_dp_size", "episodes_per_step", "eval_episodes"})
+
+    def __init__(self, resources: Resources, node_id: str, declared: frozenset[str]) -> None:
+        self._resources = resources
+        self._node_id = node_id
+        self._declared = declared
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ResourceView._SHARED or name in self._declared:
+            return getattr(self._resources, name)
+        if name in RESOURCES:
+            raise ResourceError(f"node {self._node_id!r} uses resource {name!r} without declaring it; add it to "
+                                "its register_node(resources=...)")
+        raise AttributeError(name)

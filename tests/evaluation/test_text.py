@@ -2,7 +2,7 @@
 
 import pytest
 
-from vla_rl.rollout.text_evaluation import eval_quotas
+from vla_rl.evaluation.text import eval_quotas
 
 
 @pytest.mark.parametrize(

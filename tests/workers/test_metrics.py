@@ -1,0 +1,89 @@
+"""Metric reduction over the DAG workers: each metric carries its own weight or rule, so a reduced
+figure does not depend on how the batch was split (DP 1 with replicated shards vs DP 2)."""
+
+from __future__ import annotations
+
+import math
+import os
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from tensordict import TensorDict
+
+from vla_rl.config import RunConfig
+from vla_rl.data import keys
+from vla_rl.nodes.advantage import compute_advantages
+from vla_rl.nodes.group_filter import filter_groups
+from vla_rl.nodes.reward import compute_rewards
+from vla_rl.workers.context import NodeContext
+from vla_rl.workers.metrics import as_metric, mean, reduce_metrics, same, total
+
+
+def test_rules_on_one_worker(process_group):
+    local = [("a", mean(2.0, 3), 1), ("a", mean(4.0, 1), 1),  # (2*3 + 4*1) / 4
+             ("b", total(5.0), 1), ("b", total(1.0), 1),
+             ("c", same(7.0), 1), ("d", as_metric(0.5, 8), 2), ("e", mean(1.0, 0), 1)]
+    reduced = reduce_metrics(local)
+    assert reduced == {"a": 2.5, "b": 6.0, "c": 7.0, "d": 0.5}  # "e" has no weight: dropped
+    with pytest.raises(ValueError, match="rules 'mean' and 'sum'"):
+        reduce_metrics([("x", mean(1.0, 1), 1), ("x", total(1.0), 1)])
+
+
+def step_batch() -> TensorDict:
+    """Four groups of three episodes: lengths and outcomes chosen so that per-episode and
+    per-step means differ between the groups (and between the two halves of the batch)."""
+    lengths = torch.tensor([5, 2, 7, 3, 3, 3, 1, 8, 4, 6, 6, 2])
+    success = torch.tensor([1, 0, 0, 1, 1, 0, 0, 0, 1, 1, 0, 1], dtype=torch.bool)
+    horizon = 8
+    return TensorDict({
+        keys.UID: torch.arange(4).repeat_interleave(3),
+        keys.TASK_ID: torch.zeros(12, dtype=torch.int64),
+        keys.SUCCESS: success,
+        keys.FINISH_STEP: lengths,
+        keys.RESPONSE_MASK: torch.arange(horizon)[None, :] < lengths[:, None],
+    }, batch_size=[12])
+
+
+def _chain_metrics(rank: int, world: int, dp_size: int) -> dict[str, float]:
+    """The reward, advantage and filter nodes on this rank's shard, reduced as the worker does."""
+    config = RunConfig.model_validate({"algorithm": {"reward": "success", "adv_estimator": "grpo",
+                                                     "filter_zero_variance_groups": True}})
+    batch = step_batch()
+    dp_rank = rank // (world // dp_size)
+    shard = batch[dp_rank * 12 // dp_size:(dp_rank + 1) * 12 // dp_size]  # whole groups
+    local = []
+    for node in (compute_rewards, compute_advantages, filter_groups):
+        ctx = NodeContext(node.__name__, 0, rank, world, dp_rank, dp_size, config, None,
+                          types.SimpleNamespace(), group=None)
+        size = len(shard)
+        out = node(ctx, shard)
+        local += [(name, as_metric(value, size), ctx.replicas) for name, value in out.metrics.items()]
+        shard = out.batch
+    return reduce_metrics(local)
+
+
+def _worker(rank: int, world: int, store_path: str, results) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    results[rank] = {dp: _chain_metrics(rank, world, dp) for dp in (1, 2)}
+    dist.destroy_process_group()
+
+
+def test_reduced_metrics_are_identical_at_dp_1_and_dp_2(tmp_path):
+    results = mp.Manager().dict()
+    mp.spawn(_worker, args=(2, str(tmp_path / "store"), results), nprocs=2, join=True)
+    dp1, dp2 = results[0][1], results[0][2]
+    assert results[1] == results[0]  # every worker holds the same figures
+    assert set(dp1) == set(dp2) and {"advantage/abs_mean", "reward/failure_mean", "filter/kept_fraction"} <= set(dp1)
+    for name in dp1:  # equal up to the float32 arithmetic of the shards' own means
+        assert math.isclose(dp1[name], dp2[name], rel_tol=1e-6, abs_tol=1e-9), (name, dp1[name], dp2[name])
+    # advantage/abs_mean is a mean over decision steps: by hand from the whole batch
+    batch = step_batch()
+    config = RunConfig.model_validate({"algorithm": {"reward": "success", "adv_estimator": "grpo"}})
+    ctx = NodeContext("advantage", 0, 0, 1, 0, 1, config, None, types.SimpleNamespace())
+    advantages = compute_advantages(ctx, compute_rewards(ctx, batch).batch).batch[keys.ADVANTAGES]
+    by_hand = float(advantages.abs().sum() / batch[keys.RESPONSE_MASK].sum())
+    assert dp2["advantage/abs_mean"] == pytest.approx(by_hand, rel=1e-6)

@@ -1,0 +1,81 @@
+"""Typed configs of the pluggable components, built from a template's mappings.
+
+A component (a simulator, a policy, an advantage estimator, a policy loss, a reward, a trajectory
+encoder) owns its settings as one config class — a frozen dataclass validated in
+``__post_init__``, or a pydantic model — registered with it. A template names the component and
+gives the settings as a mapping (``simulator.env``, ``policy.config``, ``algorithm.<name>``);
+:func:`build_config` turns the mapping into the typed config when the template loads, so that
+``vla-rl plan`` rejects a bad value before anything starts, and the runtime reads that same
+object: there is no second schema and each setting has one default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+
+class ComponentConfigError(ValueError):
+    """A component's settings that cannot be accepted.
+
+    Args:
+        field: the dotted path of the offending setting (``simulator.env.task``).
+        message: what is wrong and, where possible, how to fix it.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def config_fields(config_class: type) -> list[str]:
+    """The settings ``config_class`` accepts, in declaration order."""
+    if isinstance(config_class, type) and issubclass(config_class, BaseModel):
+        return list(config_class.model_fields)
+    return [f.name for f in dataclasses.fields(config_class) if f.init]
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(config_class: type) -> TypeAdapter:
+    return TypeAdapter(config_class)
+
+
+def build_config(config_class: type, options: Mapping[str, Any] | None, field: str) -> Any:
+    """Validate ``options`` into an instance of ``config_class``.
+
+    Args:
+        config_class: a dataclass (validated by pydantic, then by its ``__post_init__``) or a
+            pydantic model.
+        options: the settings as written (None: all defaults).
+        field: the dotted path of the mapping in the template, for errors (``policy.config``).
+
+    Returns:
+        The typed config.
+
+    Raises:
+        ComponentConfigError: an unknown key (naming it and the accepted ones), a value of the
+            wrong type, or a value the class's own validation rejects.
+    """
+    options = dict(options or {})
+    allowed = config_fields(config_class)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ComponentConfigError(f"{field}.{unknown[0]}", f"unknown key for {config_class.__name__}; "
+                                   f"allowed: {', '.join(allowed) or 'none'}")
+    try:
+        return _adapter(config_class).validate_python(options)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = ".".join(str(part) for part in error["loc"])
+        if error["type"] == "value_error":
+            message = str(error["ctx"]["error"])
+        elif error["type"] == "missing":
+            message = "required but missing"
+        else:
+            message = f"{error['msg'][:1].lower()}{error['msg'][1:]} (got {error['input']!r})"
+        raise ComponentConfigError(f"{field}.{loc}" if loc else field, message) from None

@@ -1,0 +1,303 @@
+"""The evaluation of a robot policy in simulators (:class:`EmbodiedEvaluation`).
+
+Items are held-out initial states ``eval.init_state_offset + i`` (``i < eval.num_episodes``, never
+trained on), the same for every target and protocol (paired comparisons); DP shard ``k`` of ``d``
+owns ``i ≡ k (mod d)``. Targets are ``eval.checkpoints`` (``vla-rl eval``), or the live policy of
+a training run when that list is empty. Tasks are ``eval.benchmark``'s, or the run's own simulator.
+
+Noise: the live policy samples with the worker's generator (its state is part of the run's
+checkpoints, so a resumed run evaluates as an uninterrupted one); checkpoints sample with seeds
+drawn from (run seed, task, protocol, first initial state), the same for every checkpoint
+(common random numbers).
+
+With ``eval.store_episodes`` every episode is appended to this rank's zarr store of its task
+(``<run_dir>/episodes/<task>/rank<r>.zarr``, committed one by one); a restarted evaluation
+reads every rank's stores and does not redo an episode, and the videos replay stored episodes.
+Without stores, rank 0 records the live policy's greedy episodes to ``videos/<tag>.mp4``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from ray.experimental import tqdm_ray
+from tensordict import TensorDict
+
+from vla_rl.data import keys
+from vla_rl.data.trajectory_store import TrajectoryStore
+from vla_rl.evaluation.benchmarks import EvalTask, resolve_tasks
+from vla_rl.evaluation.episode_store import (
+    VIDEOS_DIR,
+    EpisodeKey,
+    append_episodes,
+    check_task_settings,
+    open_rank_store,
+    stored_keys,
+    task_dir,
+)
+from vla_rl.evaluation.protocol import ProtocolPolicy
+from vla_rl.evaluation.replay import replay_episodes
+from vla_rl.evaluation.session import EvaluationSession
+from vla_rl.evaluation.video import record_video
+from vla_rl.rollout.embodied import rollout_episodes
+from vla_rl.trainers import checkpoint as ckpt
+from vla_rl.utils.video import write_mp4
+
+
+def checkpoint_step(path: Path) -> int:
+    """The training step of a checkpoint directory (its ``trainer_state.json``).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a complete checkpoint.
+    """
+    return int(ckpt.load_trainer_state(path)["step"])
+
+
+def check_task_fits(task: EvalTask, task_spec: dict, checkpoint: Path | None, trained_spec: dict,
+                    trained_on: str) -> None:
+    """Check that a task's observations and actions have the sizes the policy takes.
+
+    Args:
+        task_spec, trained_spec: ``obs_dim`` and ``act_dim`` of the task's simulator and of the
+            simulator the policy was built for (``trained_on``).
+        checkpoint: the checkpoint evaluated (None: the live policy).
+
+    Raises:
+        ValueError: naming the task, the checkpoint and both sizes.
+    """
+    for dim in ("obs_dim", "act_dim"):
+        if trained_spec[dim] != task_spec[dim]:
+            what = "the policy" if checkpoint is None else f"checkpoint {checkpoint}"
+            raise ValueError(
+                f"task {task.name!r} ({task.simulator}) has {dim} {task_spec[dim]}, but {what} takes {dim} "
+                f"{trained_spec[dim]} (trained on {trained_on}); evaluate it on tasks with its observation and "
+                "action layout")
+
+
+class EmbodiedEvaluation(EvaluationSession):
+    """One worker's evaluation of a robot policy (see the module docstring).
+
+    Args:
+        res: the worker's resources; its ``run_dir`` is the evaluation directory for ``vla-rl
+            eval``, and its policy is built for the run's simulator.
+
+    Raises:
+        ValueError: ``eval.checkpoints`` holds two checkpoints of the same step, or stored
+            episodes of a task were written with other settings.
+        FileNotFoundError: a checkpoint is incomplete.
+    """
+
+    def __init__(self, res) -> None:
+        cfg = res.config
+        checkpoints = [Path(p) for p in cfg.eval.checkpoints]
+        steps = [checkpoint_step(p) for p in checkpoints]
+        if len(set(steps)) != len(steps):
+            raise ValueError(f"eval.checkpoints holds several checkpoints of one step: {steps}")
+        self.tasks: list[EvalTask] = resolve_tasks(cfg)
+        super().__init__(res, [t.name for t in self.tasks], steps or [None], keys.INIT_STATE_ID)
+        self.checkpoints: list[Path | None] = checkpoints or [None]
+        self.init_state_ids = cfg.eval.init_state_offset + np.arange(cfg.eval.num_episodes, dtype=np.int64)
+        self.eval_dir = Path(res.run_dir)
+        if cfg.eval.store_episodes:
+            for task in self.tasks:
+                check_task_settings(self.eval_dir, task.name, task.simulator, task.env)
+        self._pool = None
+        self._pool_task: int | None = None
+        self._owns_pool = False
+        self._loaded: int | None = None
+        self._stores: dict[str, TrajectoryStore] = {}
+        self._bar = None
+
+    def begin(self, tag: str, step: int) -> None:
+        if tag != self.tag and self.res.rank == 0:
+            self._bar = tqdm_ray.tqdm(total=self.remaining_in_all(), desc=f"held-out evaluation {tag} (rank 0)",
+                                      unit="episode")
+        super().begin(tag, step)
+
+    def remaining_in_all(self) -> int:
+        """Episodes of rank 0's shard in the whole evaluation."""
+        return len(self.shard_items(0, self.res.world_size)) * len(self.tasks) * len(self.checkpoints) * len(
+            self.protocols)
+
+    def previously_done(self, task: str) -> set[EpisodeKey]:
+        return stored_keys(self.eval_dir, task) if self.config.eval.store_episodes else set()
+
+    def shard_items(self, dp_rank: int, dp_size: int) -> np.ndarray:
+        return self.init_state_ids[dp_rank::dp_size]
+
+    # --------------------------------------------------------------------- rollouts
+    def pool(self, task: int):
+        """The simulator pool of task ``task``: the worker's own pool for the run's simulator,
+        else a pool of its own (the previous task's is closed first)."""
+        if self._pool_task == task:
+            return self._pool
+        self._close_task_pool()
+        spec, sim = self.tasks[task], self.config.simulator
+        self._owns_pool = not (spec.simulator == sim.name and spec.env == sim.env)
+        if not self._owns_pool:
+            pool = self.res.simulator_pool
+        else:
+            from simulators.pool import SimulatorPool
+
+            per_worker = max(1, math.ceil(self.config.eval.num_episodes / self.res.world_size))
+            pool = SimulatorPool(spec.simulator, spec.env, num_actors=sim.actors_per_worker,
+                                 envs_per_actor=math.ceil(per_worker / sim.actors_per_worker),
+                                 actor_options={"num_cpus": sim.num_cpus_per_actor},
+                                 step_timeout_s=sim.step_timeout_s)
+        self._pool, self._pool_task = pool, task
+        return pool
+
+    def policy(self, task: int, target: int):
+        """The policy of target ``target`` (a checkpoint's weights are loaded into the worker's
+        policy), checked against task ``task``.
+
+        Raises:
+            ValueError: the task's observation or action size differs from the policy's (the
+                message names the task and the checkpoint), or a checkpoint's weights do not fit
+                the run's policy.
+        """
+        res, path, spec = self.res, self.checkpoints[target], self.tasks[task]
+        check_task_fits(spec, self.pool(task).spec(), path, res.env_spec, self.config.simulator.name)
+        if path is not None and self._loaded != target:
+            try:
+                ckpt.load_model(path, res.policy)
+            except RuntimeError as err:
+                raise ValueError(f"checkpoint {path} does not fit the run's policy for task {spec.name!r}: "
+                                 f"{err}") from err
+            self._loaded = target
+        return res.policy.eval()
+
+    def rollout(self, batch: TensorDict) -> tuple[TensorDict, int]:
+        t, c, p = self.group_of(batch)
+        policy, pool = self.policy(t, c), self.pool(t)
+        ids = batch[keys.INIT_STATE_ID].numpy()
+        if self.checkpoints[c] is None:
+            generator = self.res.generator
+        else:  # the same noise for every checkpoint (common random numbers: paired comparisons)
+            seed = np.random.SeedSequence([self.config.run.seed, t, p, int(ids[0])]).generate_state(1)[0]
+            generator = torch.Generator().manual_seed(int(seed))
+        result = rollout_episodes(ProtocolPolicy(policy, self.protocols[p]), pool, ids, generator=generator,
+                                  pipeline_stages=self.config.simulator.pipeline_stages)
+        episodes = result.batch
+        # Episodes lost to a simulator fault are not done: the next step rolls them out again.
+        episodes.update(batch[torch.as_tensor(~result.lost)].exclude(keys.INIT_STATE_ID))
+        if self._bar is not None:
+            self._bar.update(len(ids))
+        return episodes, result.env_steps
+
+    def store(self, task: int, target: int, protocol: int, episodes: TensorDict) -> None:
+        if not self.config.eval.store_episodes:
+            return
+        spec, p = self.tasks[task], self.protocols[protocol]
+        if spec.name not in self._stores:
+            attrs = {"task": spec.name, "simulator": spec.simulator, "env": spec.env}
+            self._stores[spec.name] = open_rank_store(self.eval_dir, spec.name, self.res.rank, self.pool(task).spec(),
+                                                      self.res.policy.chunk_size, attrs)
+        append_episodes(self._stores[spec.name], episodes, self.step_of(target), p.greedy, p.temperature)
+
+    # --------------------------------------------------------------------- videos
+    def finish(self, video: bool) -> dict[str, float]:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self.res.rank != 0 or self.config.eval.video_episodes == 0:
+            return {}
+        if self.config.eval.store_episodes:
+            self.write_videos()
+            return {}
+        if video and self.checkpoints == [None]:
+            return self._record_live_video()
+        return {}
+
+    def _record_live_video(self) -> dict[str, float]:
+        """Greedy episodes of the live policy on the first evaluation states, to ``videos/<tag>.mp4``."""
+        from simulators.pool import SimulatorPool
+
+        ev, sim = self.config.eval, self.config.simulator
+        env = {**sim.env, "render_camera": ev.video_camera, "render_size": ev.video_size}
+        pool = SimulatorPool(sim.name, env, num_actors=1, envs_per_actor=ev.video_episodes,
+                             actor_options={"num_cpus": 0}, step_timeout_s=sim.step_timeout_s)
+        try:
+            ids = ev.init_state_offset + np.arange(ev.video_episodes, dtype=np.int64)
+            out = record_video(self.res.policy, pool, ids, self.eval_dir / VIDEOS_DIR / f"{self.tag}.mp4",
+                               ev.video_fps, self.res.generator)
+        finally:
+            pool.close()
+        return {f"video/{self.tag}_successes": float(out["video_successes"])}
+
+    def write_videos(self) -> int:
+        """Replay and render up to ``eval.video_episodes`` successes and as many failures per task
+        and protocol of the last checkpoint, from every rank's stores, to
+        ``videos/<task>/step<step>_<protocol>_<success|failure>_<init_state_id>.mp4``.
+
+        Each video's stored and replayed success go to ``videos/replays.json`` (they agree when
+        the simulator is deterministic).
+
+        Returns:
+            The number of replays whose success differs from the stored one.
+        """
+        ev, step = self.config.eval, max(self.step_of(c) for c in range(len(self.checkpoints)))
+        mismatches, replays = 0, []
+        for task in self.tasks:
+            picked = self._video_episodes(task, step, ev.video_episodes)
+            if not picked:
+                continue
+            from simulators.pool import SimulatorPool
+
+            env = {**task.env, "render_camera": ev.video_camera, "render_size": ev.video_size}
+            pool = SimulatorPool(task.simulator, env, num_actors=1, envs_per_actor=1, actor_options={"num_cpus": 0},
+                                 step_timeout_s=self.config.simulator.step_timeout_s)
+            try:  # one environment, one episode after the other: rendering dominates anyway
+                replayed = [replay_episodes(pool, np.array([int(e["init_state_id"])]), [e["actions"]], render=True)
+                            for _, e in picked]
+            finally:
+                pool.close()
+            for (label, episode), (success, frames) in zip(picked, replayed):
+                outcome = "success" if episode["success"] else "failure"
+                success, frames = bool(success[0]), frames[0]
+                mismatches += int(success != bool(episode["success"]))
+                name = f"step{step}_{label.replace('@', '_t')}_{outcome}_{int(episode['init_state_id'])}.mp4"
+                write_mp4(self.eval_dir / VIDEOS_DIR / task.name / name, frames, ev.video_fps)
+                replays.append({"task": task.name, "file": f"{VIDEOS_DIR}/{task.name}/{name}", "protocol": label,
+                                "stored_success": bool(episode["success"]), "replayed_success": success})
+        tmp = self.eval_dir / VIDEOS_DIR / "replays.json.tmp"
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(replays, indent=1))
+        tmp.replace(tmp.with_suffix(""))
+        return mismatches
+
+    def _video_episodes(self, task: EvalTask, step: int, count: int) -> list[tuple[str, dict]]:
+        """(protocol label, episode) pairs: the first ``count`` successes and failures by
+        initial state, per protocol, of checkpoint ``step``."""
+        wanted = set(self.init_state_ids.tolist())
+        candidates = []  # (protocol index, failed, init_state_id, store, episode index)
+        for path in sorted(task_dir(self.eval_dir, task.name).glob("rank*.zarr")):
+            store = TrajectoryStore.open(path, read_only=True)
+            data = store.read_all() if len(store) else {}
+            for i in range(len(store)):
+                if int(data["checkpoint_step"][i]) != step or int(data["init_state_id"][i]) not in wanted:
+                    continue
+                candidates += [(p, not bool(data["success"][i]), int(data["init_state_id"][i]), store, i)
+                               for p, protocol in enumerate(self.protocols)
+                               if bool(data["greedy"][i]) == protocol.greedy
+                               and float(data["temperature"][i]) == protocol.temperature]
+        picked = []
+        for p, protocol in enumerate(self.protocols):
+            for failed in (False, True):
+                chosen = sorted((c for c in candidates if c[:2] == (p, failed)), key=lambda c: c[2])[:count]
+                picked += [(protocol.label, store.read_episode(i)) for *_, store, i in chosen]
+        return picked
+
+    def close(self) -> None:
+        """Close the pool of the current task (if it is not the worker's own)."""
+        self._close_task_pool()
+
+    def _close_task_pool(self) -> None:
+        if self._owns_pool:
+            self._pool.close()
+        self._owns_pool = False
+        self._pool, self._pool_task = None, None

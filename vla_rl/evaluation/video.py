@@ -1,0 +1,35 @@
+"""Videos of a live policy's greedy episodes (the held-out evaluations of a training run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vla_rl.data import keys
+from vla_rl.rollout.embodied import rollout_episodes
+from vla_rl.utils.video import write_mp4
+
+
+def record_video(policy, pool, init_state_ids: np.ndarray, path: Path, fps: int, generator: torch.Generator) -> dict:
+    """Roll out greedy episodes with camera frames and write them one after another to ``path`` (mp4).
+
+    Args:
+        policy: the policy.
+        pool: a simulator pool whose environments render (``render_camera`` set).
+        init_state_ids: ``(n,)`` int64, one episode each.
+        path: the mp4 file.
+        fps: frames per second, Hz.
+        generator: the rollout's generator (greedy actions draw nothing from it).
+
+    Returns:
+        ``{"video_successes": k, "video_episodes": n}``.
+    """
+    policy.eval()
+    n = len(init_state_ids)
+    result = rollout_episodes(policy, pool, init_state_ids, greedy=True, generator=generator,
+                              render_indices=tuple(range(n)))
+    frames = np.concatenate([result.frames[i] for i in range(n) if i in result.frames])
+    write_mp4(path, frames, fps)
+    return {"video_successes": int(result.batch[keys.SUCCESS].sum()), "video_episodes": n}

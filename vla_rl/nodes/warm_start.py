@@ -1,0 +1,109 @@
+"""The nodes of the ``warm_start`` phase, which runs once before training
+(``dag_templates/phases/*_warm_start.yaml``): behaviour cloning from scripted demonstrations
+for robot policies, supervised fine-tuning on the training prompts' answers for language models.
+
+Both run at DP size 1: every worker reads all of the (few) demonstrations or examples and runs
+the same deterministic fit from the run's seed, so the workers start RL from identical weights
+without moving any.
+
+- ``(data, data_load, demonstrations)``: rank 0 makes sure the store holds
+  ``warm_start.num_demos`` successful demonstrations of the simulator's scripted expert (zarr,
+  reused by later runs), then every worker reads their transitions;
+- ``(actor, model_train, behaviour_cloning)``: the policy's observation normalisation and
+  ``warm_start.bc_steps`` of behaviour cloning on them;
+- ``(data, data_load, sft_examples)``: every row of the training prompts with its target answer
+  (``text.sft_response_column``), encoded;
+- ``(actor, model_train, supervised_fine_tune)``: ``text.sft_steps`` of supervised fine-tuning.
+
+With ``warm_start.num_demos: 0`` (or ``text.sft_steps: 0``) they do nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+
+from vla_rl.dag.registry import NodeOutput, register_node
+from vla_rl.data import keys
+from vla_rl.nodes.text import SFT_KEYS
+
+DEMO_KEYS = (keys.OBS, keys.ACTIONS)
+
+
+def demo_store_path(config, run_dir: Path) -> Path:
+    """Where the run's demonstrations live: ``warm_start.demo_store``, or ``<run_dir>/demos.zarr``."""
+    store = config.warm_start.demo_store
+    return Path(store) if store else run_dir / "demos.zarr"
+
+
+@register_node("data", "data_load", name="demonstrations", writes=DEMO_KEYS, resources=("policy", "simulator_pool"))
+def load_demonstrations(ctx, batch) -> NodeOutput:
+    """Returns the demonstrations' transitions: ``obs`` ``(N, obs_dim)`` (camera observations: a
+    TensorDict of batch size ``(N,)``) and ``actions`` ``(N, chunk, act_dim)``, the expert's next
+    actions for the policy's chunk; empty without demonstrations."""
+    from vla_rl.data.trajectory_store import TrajectoryStore
+    from vla_rl.trainers.warm_start import demonstrations, ensure_demonstrations
+
+    ws, sim = ctx.config.warm_start, ctx.config.simulator
+    if ws.num_demos == 0:
+        return NodeOutput(TensorDict({}, batch_size=[0]), {})
+    store_path = demo_store_path(ctx.config, ctx.resources.run_dir)
+    if ctx.rank == 0:
+        ensure_demonstrations(ctx.resources.simulator_pool, store_path, ws.num_demos, ws.demo_init_state_offset,
+                              {"name": sim.name, **sim.env})
+    dist.barrier(group=ctx.group)
+    obs, actions = demonstrations(TrajectoryStore.open(store_path), ws.num_demos, ctx.resources.policy.chunk_size)
+    return NodeOutput(TensorDict({keys.OBS: obs, keys.ACTIONS: actions}, batch_size=[len(actions)]), {})
+
+
+@register_node("actor", "model_train", name="behaviour_cloning", reads=DEMO_KEYS, resources=("policy", "simulator_pool"))
+def clone_behaviour(ctx, batch) -> NodeOutput:
+    """Behaviour cloning on the transitions (``warm_start`` settings; the first observations of
+    ``warm_start.norm_init_states`` training states join the normalisation statistics)."""
+    from vla_rl.trainers.warm_start import behaviour_cloning, initial_observations
+
+    ws = ctx.config.warm_start
+    if len(batch) == 0:
+        return NodeOutput(None, {})
+    init_obs = initial_observations(ctx.resources.simulator_pool, ws.norm_init_states)
+    metrics = behaviour_cloning(ctx.resources.policy, batch[keys.OBS], batch[keys.ACTIONS], ws.bc_steps, ws.bc_lr,
+                                ws.bc_batch_size, seed=ctx.config.run.seed, extra_norm_obs=init_obs,
+                                progress=ctx.rank == 0)
+    return NodeOutput(None, metrics)
+
+
+@register_node("data", "data_load", name="sft_examples", writes=SFT_KEYS, resources=("policy", "text_assets"))
+def load_sft_examples(ctx, batch) -> NodeOutput:
+    """Every training row as a prompt/target pair: the keys of the ``sft`` data node (targets
+    right-padded, ending in EOS); empty with ``text.sft_steps: 0``."""
+    from vla_rl.data.prompt_dataset import PromptFile
+    from vla_rl.trainers.sft import encode_sft_examples
+
+    text = ctx.config.text
+    if text.sft_steps == 0:
+        return NodeOutput(TensorDict({}, batch_size=[0]), {})
+    rows = PromptFile(ctx.resources.text_assets.train_file).read_shard(0, 1, extra_columns=[text.sft_response_column])
+    examples = encode_sft_examples(ctx.resources.policy, rows, text.sft_response_column)
+    return NodeOutput(TensorDict({
+        keys.INPUT_IDS: examples.input_ids, keys.ATTENTION_MASK: examples.attention_mask,
+        keys.UID: torch.tensor([row.index for row in rows], dtype=torch.int64),
+        keys.RESPONSES: examples.responses, keys.RESPONSE_MASK: examples.response_mask,
+    }, batch_size=[len(rows)]), {})
+
+
+@register_node("actor", "model_train", name="supervised_fine_tune", reads=SFT_KEYS, resources=("policy",))
+def fine_tune(ctx, batch) -> NodeOutput:
+    """``text.sft_steps`` of :func:`~vla_rl.trainers.sft.supervised_fine_tune` (``text.sft_lr``,
+    ``text.sft_batch_size``) on the examples."""
+    from vla_rl.trainers.sft import SFTConfig, SFTExamples, supervised_fine_tune
+
+    text = ctx.config.text
+    if len(batch) == 0:
+        return NodeOutput(None, {})
+    examples = SFTExamples(batch[keys.INPUT_IDS], batch[keys.ATTENTION_MASK], batch[keys.RESPONSES],
+                           batch[keys.RESPONSE_MASK])
+    config = SFTConfig(steps=text.sft_steps, batch_size=text.sft_batch_size, lr=text.sft_lr, seed=ctx.config.run.seed)
+    return NodeOutput(None, supervised_fine_tune(ctx.resources.policy, examples, config).metrics())

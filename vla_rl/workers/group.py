@@ -1,0 +1,125 @@
+"""The DAG worker actors seen from the driver: launched together, called together, replies checked.
+
+Both entry points that run a template on the workers — training (:mod:`vla_rl.driver`) and
+``vla-rl eval`` (:mod:`vla_rl.evaluation.runner`) — start Ray with :func:`start_ray` and the
+workers with :meth:`WorkerGroup.launch`, then call worker methods on all of them at once.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import NamedTuple
+
+from vla_rl.utils.ray_utils import init_ray
+
+
+def start_ray(config, world_size: int, pools_per_worker: int = 1) -> None:
+    """Start Ray on loopback with the CPU resources a run reserves: per worker its own
+    (``workers.num_cpus_per_worker``) and its simulator actors' (``pools_per_worker`` pools of
+    ``simulator.actors_per_worker`` actors of ``simulator.num_cpus_per_actor``), plus one for the
+    driver (rounded up to a whole number by :func:`~vla_rl.utils.ray_utils.init_ray`)."""
+    sim = config.simulator
+    per_worker = config.workers.num_cpus_per_worker + pools_per_worker * sim.actors_per_worker * sim.num_cpus_per_actor
+    init_ray(num_cpus=world_size * per_worker + 1)
+
+
+class PendingCall(NamedTuple):
+    """A worker method started on every worker: its name and the replies' object references."""
+
+    method: str
+    refs: list
+
+
+class WorkerGroup:
+    """The DAG worker actors, called together.
+
+    Every reply must be a flat dict of scalar metrics (names to int/float); anything else —
+    tensors, arrays, nested objects — is refused, so no batch data or weights reach the driver.
+    ``max_reply_bytes`` records the largest pickled reply seen.
+    """
+
+    def __init__(self, actors: list) -> None:
+        self.actors = actors
+        self.max_reply_bytes = 0
+
+    @classmethod
+    def launch(cls, world_size: int, template: str, overrides: list[str], run_dir: Path, num_cpus: float) -> WorkerGroup:
+        """Start one :class:`~vla_rl.workers.dag_worker.DAGWorker` actor per rank."""
+        import ray
+
+        from vla_rl.workers.dag_worker import DAGWorker
+
+        actor_cls = ray.remote(num_cpus=num_cpus, max_restarts=0)(DAGWorker)
+        return cls([actor_cls.remote(rank, world_size, template, overrides, str(run_dir)) for rank in range(world_size)])
+
+    def call(self, method: str, *args) -> list[dict[str, float]]:
+        """Call ``method(*args)`` on every worker at once and return their scalar replies
+        (:meth:`submit`, then :meth:`collect`)."""
+        return self.collect(self.submit(method, *args))
+
+    def submit(self, method: str, *args) -> PendingCall:
+        """Start ``method(*args)`` on every worker; :meth:`collect` waits for the replies."""
+        return PendingCall(method, [getattr(actor, method).remote(*args) for actor in self.actors])
+
+    def collect(self, call: PendingCall) -> list[dict[str, float]]:
+        """Wait for the replies of a :meth:`submit` and check them.
+
+        Fails fast: the first worker error is raised as soon as it happens (the other workers
+        may be blocked in a collective waiting for the failed one).
+        """
+        import ray
+
+        method, refs = call
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            ray.get(done)
+        replies = ray.get(refs)
+        for reply in replies:
+            if reply is None:
+                continue
+            if not isinstance(reply, dict) or not all(
+                isinstance(k, str) and isinstance(v, (int, float)) for k, v in reply.items()
+            ):
+                raise TypeError(f"worker method {method!r} returned {type(reply).__name__}, not scalar metrics")
+            self.max_reply_bytes = max(self.max_reply_bytes, len(pickle.dumps(reply)))
+        return replies
+
+    def start_process_group(self) -> None:
+        import ray
+
+        port = ray.get(self.actors[0].host_rendezvous.remote())
+        self.call("init_process_group", port)
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Let the workers stop their simulators and leave the process group, then kill them."""
+        import ray
+
+        try:
+            ray.wait([actor.shutdown.remote() for actor in self.actors], num_returns=len(self.actors),
+                     timeout=timeout_s)
+        finally:
+            for actor in self.actors:
+                ray.kill(actor)
+
+
+def run_evaluation(workers: WorkerGroup, step: int, tag: str, video: bool, progress=None) -> dict[str, float]:
+    """Run the ``evaluate`` phase on every worker until no episode remains.
+
+    Args:
+        workers: the started worker group.
+        step: the updates done (the live policy's training step).
+        tag: the evaluation's name (``warm_start``, ``step_10``, ``final``, ``eval``).
+        video: whether the evaluation records videos.
+        progress: called with each pass's metrics (e.g. to advance a progress bar), or None.
+
+    Returns:
+        The last pass's metrics: the evaluation's figures (``eval/{protocol}/success_rate`` ...).
+    """
+    while True:
+        metrics = workers.call("run_phase", "evaluate", step, tag, video)[0]
+        if progress is not None:
+            progress(metrics)
+        if metrics["eval/remaining"] == 0:
+            return metrics

@@ -1,0 +1,92 @@
+"""The workflow kit interface, and the resources every workflow provides through it: ``policy``
+and ``critic``."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tensordict import TensorDict
+from torch import Tensor
+
+from vla_rl.trainers import checkpoint
+from vla_rl.workers.checkpointing import OptimizerCheckpoint
+from vla_rl.workers.resources import register_resource
+
+
+class Workflow(ABC):
+    """What one workflow (``run.workflow``) contributes to the engine.
+
+    Attributes:
+        name: the ``run.workflow`` value.
+        policy_keys: the batch keys the policy's forward reads (besides ``response_mask``),
+            declared by the nodes that score a batch (actor, reference).
+        policy_needs: the resources the policy is built from.
+    """
+
+    name: ClassVar[str]
+    policy_keys: ClassVar[tuple[str, ...]]
+    policy_needs: ClassVar[tuple[str, ...]] = ()
+
+    def prepare(self, res) -> None:
+        """Collective, before any resource is built (e.g. generate the files a run reads)."""
+
+    @abstractmethod
+    def build_policy(self, res) -> Any:
+        """The worker's policy on ``res.device`` (the resources of :attr:`policy_needs` are built)."""
+
+    @abstractmethod
+    def batch_forward(self, model, batch: TensorDict) -> tuple[Tensor, Tensor]:
+        """Per-dimension log-probs and entropies ``(n, T, chunk, action_dim)`` of the actions of
+        ``batch`` under ``model`` (the policy or its data-parallel wrapper), 0 at invalid steps."""
+
+    @abstractmethod
+    def build_critic(self, res) -> Any:
+        """The :class:`~vla_rl.trainers.critic.CriticTrainer` of templates with critic nodes."""
+
+    @abstractmethod
+    def groups_per_step(self, config) -> int:
+        """Groups (initial states, prompts) a training step holds over all workers."""
+
+    @abstractmethod
+    def build_evaluation(self, res) -> Any:
+        """The held-out evaluation session of the ``evaluate`` phase
+        (:mod:`vla_rl.evaluation.session`)."""
+
+    def save_policy(self, policy, directory: Path) -> None:
+        """Write the policy into a checkpoint directory (rank 0): ``model.safetensors``."""
+        checkpoint.save_model(directory, policy)
+
+
+class PolicyCheckpoint:
+    """The policy's weights in checkpoints, written as its workflow writes them."""
+
+    def save(self, res, directory: Path) -> dict[str, Any]:
+        if res.rank == 0:
+            res.workflow.save_policy(res.policy, directory)
+        return {}
+
+    def load(self, res, directory: Path, metadata: dict[str, Any]) -> None:
+        checkpoint.load_model(directory, res.policy)
+
+
+@register_resource("policy", checkpoint=PolicyCheckpoint())
+def build_policy(res):
+    """The worker's policy, built by the run's workflow (same initial weights on every worker:
+    each seeds torch identically before building it)."""
+    res.ensure(res.workflow.policy_needs)
+    return res.workflow.build_policy(res)
+
+
+@register_resource("critic", needs=("policy",),
+                   checkpoint=OptimizerCheckpoint("critic", "critic_optimizer", "network", "critic"))
+def build_critic(res):
+    """The critic of PPO with GAE, built by the run's workflow from the warm-started policy."""
+    return res.workflow.build_critic(res)
+
+
+@register_resource("evaluation", needs=("policy",), close=lambda session: session.close())
+def build_evaluation(res):
+    """The worker's evaluation session (:mod:`vla_rl.evaluation.session`), built by the run's workflow."""
+    return res.workflow.build_evaluation(res)

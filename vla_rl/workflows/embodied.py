@@ -1,0 +1,81 @@
+"""The embodied workflow: a robot policy acting in simulator pools (``run.workflow: embodied``).
+
+Resources: ``simulator_pool`` (the worker's Ray simulator actors, sized for its training and
+evaluation episodes) and ``env_spec`` (the simulator's ``obs_dim``, ``act_dim``, ``horizon``);
+the policy is built from ``policy`` with the simulator's sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from vla_rl.data import keys
+from vla_rl.trainers.actor import embodied_forward
+from vla_rl.workers.resources import register_resource
+from vla_rl.workflows import WORKFLOWS
+from vla_rl.workflows.base import Workflow
+
+
+class EmbodiedWorkflow(Workflow):
+    """Robot policies on simulators (see the module docstring)."""
+
+    name = "embodied"
+    policy_keys = (keys.OBS, keys.ACTIONS)
+    policy_needs = ("env_spec",)
+
+    def build_policy(self, res):
+        from policies import make_policy
+
+        spec = res.env_spec
+        config = res.config.policy.policy_config(obs_dim=spec["obs_dim"], action_dim=spec["act_dim"])
+        return make_policy(res.config.policy.name, config).to(res.device)
+
+    def batch_forward(self, model, batch):
+        return embodied_forward(model, batch)
+
+    def build_critic(self, res):
+        """A value network over the flat state with the policy's observation normalisation.
+
+        Raises:
+            ValueError: camera observations, or a policy without state normalisation.
+        """
+        from vla_rl.trainers.critic import CriticTrainer, ValueNetwork
+
+        res.ensure(["env_spec"])
+        policy, critic = res.policy, res.config.critic
+        if "images" in res.env_spec or not hasattr(policy, "obs_mean"):
+            raise ValueError("critic nodes need flat state observations and a policy with state normalisation "
+                             "(the MLP): the value network reads the normalised state vector; remove the critic "
+                             "nodes or simulator.env.cameras")
+        network = ValueNetwork(res.env_spec["obs_dim"], critic.hidden_sizes, policy.obs_mean, policy.obs_std)
+        return CriticTrainer(network.to(res.device), critic.lr, group=res.group)
+
+    def groups_per_step(self, config) -> int:
+        return config.data.init_states_per_step
+
+    def build_evaluation(self, res):
+        from vla_rl.evaluation.embodied import EmbodiedEvaluation
+
+        res.ensure(["policy", "simulator_pool"])
+        return EmbodiedEvaluation(res)
+
+
+WORKFLOWS.register("embodied")(EmbodiedWorkflow())
+
+
+@register_resource("simulator_pool", close=lambda pool: pool.close())
+def build_simulator_pool(res):
+    """This worker's simulator pool (Ray actors), sized for its training and evaluation episodes."""
+    from simulators.pool import SimulatorPool
+
+    sim = res.config.simulator
+    capacity = max(res.episodes_per_step, res.eval_episodes, 1)
+    return SimulatorPool(sim.name, sim.env, num_actors=sim.actors_per_worker,
+                         envs_per_actor=math.ceil(capacity / sim.actors_per_worker),
+                         actor_options={"num_cpus": sim.num_cpus_per_actor}, step_timeout_s=sim.step_timeout_s)
+
+
+@register_resource("env_spec", needs=("simulator_pool",))
+def build_env_spec(res) -> dict:
+    """``obs_dim``, ``act_dim`` and ``horizon`` of the simulator (and ``images`` with cameras)."""
+    return res.simulator_pool.spec()

@@ -1,0 +1,128 @@
+"""The text workflow: a causal language model on prompts (``run.workflow: text``).
+
+Resources: ``text_assets`` (the model and prompt files; with none configured, rank 0 generates a
+tiny model and arithmetic prompts in the run directory when the run prepares), ``prompt_loaders``
+(each DP shard's :class:`~vla_rl.data.prompt_dataset.ShardedPromptLoader`, reading only its row
+groups) and ``text_rollout`` (the sampler of ``text.rollout_backend``). A response token is a
+decision step whose action chunk and dimension are 1, so the advantage, filter, reference and
+update nodes are the embodied ones.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from vla_rl.data import keys
+from vla_rl.trainers.actor import text_forward
+from vla_rl.workers.resources import register_resource
+from vla_rl.workflows import WORKFLOWS
+from vla_rl.workflows.base import Workflow
+
+#: Directory of a text run's checkpoint holding the policy as a Hugging Face model.
+HF_MODEL_DIR = "hf_model"
+
+
+class TextWorkflow(Workflow):
+    """Causal language models on prompts (see the module docstring)."""
+
+    name = "text"
+    policy_keys = (keys.INPUT_IDS, keys.ATTENTION_MASK, keys.RESPONSES)
+    policy_needs = ("text_assets",)
+
+    def prepare(self, res) -> None:
+        """Rank 0 generates the tiny model and arithmetic prompts the run needs (if any)."""
+        from vla_rl.workflows.text_assets import ensure_text_assets
+
+        if res.rank == 0:
+            ensure_text_assets(res.config, res.run_dir)
+        dist.barrier(group=res.group)
+
+    def build_policy(self, res):
+        from policies.causal_lm.configuration_causal_lm import CausalLMConfig
+        from policies.causal_lm.modeling_causal_lm import CausalLMPolicy
+
+        text = res.config.text
+        config = CausalLMConfig(model_path=str(res.text_assets.model_path), gguf_file=text.gguf_file, dtype=text.dtype,
+                                max_prompt_length=text.max_prompt_length, max_response_length=text.max_response_length,
+                                temperature=text.temperature)
+        return CausalLMPolicy.from_pretrained(config).to(res.device)
+
+    def batch_forward(self, model, batch):
+        return text_forward(model, batch)
+
+    def build_critic(self, res):
+        """A copy of the warm-started LM body with a zero value head (DDP starts every worker from
+        rank 0's initial weights)."""
+        from policies.causal_lm.value_causal_lm import CausalLMValueModel
+        from vla_rl.trainers.critic import CriticTrainer, text_values
+
+        return CriticTrainer(CausalLMValueModel(res.policy).to(res.device), res.config.critic.lr, group=res.group,
+                             forward=text_values)
+
+    def groups_per_step(self, config) -> int:
+        return config.text.prompts_per_step
+
+    def build_evaluation(self, res):
+        from vla_rl.evaluation.text import TextEvaluation
+
+        res.ensure(["text_assets"])
+        return TextEvaluation(res)
+
+    def save_policy(self, policy, directory) -> None:
+        """``model.safetensors``, and the policy as a Hugging Face directory (``hf_model/``,
+        loadable as ``text.model_path``)."""
+        super().save_policy(policy, directory)
+        policy.save_pretrained(directory / HF_MODEL_DIR)
+
+
+WORKFLOWS.register("text")(TextWorkflow())
+
+
+@register_resource("text_assets")
+def build_text_assets(res):
+    """The model and prompt files of the run (:class:`~vla_rl.workflows.text_assets.TextAssets`)."""
+    from vla_rl.workflows.text_assets import TextAssets
+
+    return TextAssets.resolve(res.config, res.run_dir)
+
+
+class PromptLoaders:
+    """The training prompt loader of each DP layout a worker's nodes read with (built once each)."""
+
+    def __init__(self, res) -> None:
+        self.res = res
+        self._loaders: dict[tuple, object] = {}
+
+    def get(self, dp_rank: int, dp_size: int, extra_columns: tuple[str, ...] = ()):
+        """The :class:`~vla_rl.data.prompt_dataset.ShardedPromptLoader` of shard ``dp_rank`` of
+        ``dp_size``, reading ``extra_columns`` too."""
+        from vla_rl.data.prompt_dataset import ShardedPromptLoader
+
+        key = (dp_rank, dp_size, extra_columns)
+        if key not in self._loaders:
+            self._loaders[key] = ShardedPromptLoader(
+                self.res.text_assets.train_file, self.res.config.text.prompts_per_step, dp_rank, dp_size,
+                seed=self.res.config.run.seed, extra_columns=extra_columns)
+        return self._loaders[key]
+
+
+@register_resource("prompt_loaders", needs=("text_assets",))
+def build_prompt_loaders(res) -> PromptLoaders:
+    """The worker's training prompt loaders, by DP layout."""
+    return PromptLoaders(res)
+
+
+@register_resource("text_rollout", needs=("policy",), close=lambda rollout: rollout.close())
+def build_text_rollout(res):
+    """The sampler of ``text.rollout_backend`` (:mod:`vla_rl.rollout.text_backends`); a vLLM engine
+    reloads the actor's weights after each of its optimizer steps, so it is built after the actor."""
+    from vla_rl.rollout.text_backends import make_text_rollout
+
+    text = res.config.text
+    if text.rollout_backend == "vllm":
+        res.ensure(["actor"])
+    return make_text_rollout(
+        text.rollout_backend, res.policy, text, seed=res.config.run.seed * 1_000_003 + res.rank,
+        work_dir=res.run_dir / "rollout" / f"rank{res.rank}",
+        optimizer=res.actor.optimizer if "actor" in res.built() else None,
+    )
