@@ -60,8 +60,13 @@ TASK_STATE_KEYS: dict[str, tuple[str, ...]] = {
     # the can's pose and its pose relative to the hand (19 values); the bin targets are fixed
     "PickPlaceCan": (*_PROPRIO_KEYS, "Can_pos", "Can_quat", "Can_to_robot0_eef_pos",
                      "Can_to_robot0_eef_quat"),
-    # door and handle positions, hand-to-handle vector, hinge and handle angles in rad (16 values)
-    "Door": (*_PROPRIO_KEYS, "door_pos", "handle_pos", "handle_to_eef_pos", "hinge_qpos", "handle_qpos"),
+    # door and handle positions, hand-to-handle vector, hinge and handle angles in rad, and the hand's
+    # orientation (quaternion (x, y, z, w); 20 values). The orientation is needed: the hand cannot
+    # reach down over the handle (its 0.2 m palm would hit the panel 0.08 m behind it), so it turns
+    # to point at the door, grips the lever and rolls with it as it turns, which the scripted
+    # expert (simulators/experts/door.py) steers in closed loop and a policy must see too
+    "Door": (*_PROPRIO_KEYS, "robot0_eef_quat", "door_pos", "handle_pos", "handle_to_eef_pos", "hinge_qpos",
+             "handle_qpos"),
 }
 """Default ``obs_keys`` per robosuite task (robosuite 1.5.2 observation names, Panda, metres)."""
 

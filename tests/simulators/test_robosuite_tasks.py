@@ -9,7 +9,7 @@ import pytest
 from simulators import make_env
 from simulators.robosuite_env import TASK_STATE_KEYS, RobosuiteEnvConfig
 
-EXPECTED_OBS_DIM = {"Stack": 20, "PickPlaceCan": 19, "Door": 16}  # sums of the keys' sizes, by hand
+EXPECTED_OBS_DIM = {"Stack": 20, "PickPlaceCan": 19, "Door": 20}  # sums of the keys' sizes, by hand
 
 
 @pytest.mark.parametrize("task", sorted(EXPECTED_OBS_DIM))
