@@ -1,26 +1,30 @@
 """Environment steps per second of the simulator pool against one process and gymnasium's
 ``AsyncVectorEnv``, and the share of a training step that the simulator processes spend simulating.
 
-Throughput (robosuite Lift, Panda, OSC_POSE, random actions in [-1, 1]; ``state``: the compact
-state observation; ``camera``: plus one 128x128 ``agentview`` frame rendered after every step and
-returned to the caller). Rows:
+Throughput, for each of ``--simulators`` (``lift``: robosuite Lift, Panda, OSC_POSE; ``metaworld``:
+the MetaWorld task ``--metaworld-task``, reach-v3 by default), random actions in [-1, 1]; ``state``:
+the state observation (Lift's compact 11 values, MetaWorld's 39); ``camera``: plus one 128x128 frame
+(Lift's ``agentview``, MetaWorld's ``corner``) rendered after every step and returned to the caller.
+Rows:
 
 - one process: a plain loop over ``--envs-per-process`` environments in one process, alone;
 - the limit: the number of cores (or of processes, if fewer) times the one-process rate;
 - ``--processes`` plain loops at once, without synchronisation: what the cores deliver together
   (the ceiling of any vectorisation; below the limit when processes slow each other down);
 - ``gymnasium.vector.AsyncVectorEnv`` with the same processes and environments (each
-  sub-environment hosts ``--envs-per-process`` robosuite environments and steps them in turn;
+  sub-environment hosts ``--envs-per-process`` environments and steps them in turn;
   the plain loops run in these processes too), with the same policy latencies (waited before each
   vector step);
 - the project's :class:`simulators.pool.SimulatorPool` (``--processes`` actors x
   ``--envs-per-process`` environments) driven by :func:`vla_rl.rollout.embodied.rollout_episodes`
-  with a uniform random policy, for each ``--stages`` (1: lockstep; 2+: pipelined); with
+  with a uniform random policy (chunks of ``--chunk-size`` actions per call, 1 by default), for
+  each ``--stages`` (1: lockstep; 2+: pipelined); with
   ``--policy-latency-ms`` (state only) also with a policy that waits that long per call (an
   accelerator's inference time, which pipelining hides).
 
-Every row steps each environment ``--steps`` control steps (``--camera-steps`` with the camera);
-environment creation is not timed. Each setting is timed ``--repeats`` times (settings of one
+Every row steps each environment ``--steps`` control steps (``--camera-steps`` with the camera;
+MetaWorld, about ten times faster per step, ``--metaworld-steps`` without the camera); environment
+creation is not timed. Each setting is timed ``--repeats`` times (settings of one
 kind taking turns) and the best rate is kept, the run least disturbed by other processes on a
 shared machine; every rate is in the JSON. Pool rows also report the simulation share: the wall
 time the actors spent inside ``env.step`` / ``render_frame`` over (actors x wall time), and the
@@ -57,25 +61,39 @@ import gymnasium as gym
 import numpy as np
 
 LIFT = "robosuite_lift"
-CAMERA = {"render_camera": "agentview", "render_size": 128}
+METAWORLD = "metaworld"
+CAMERAS = {LIFT: "agentview", METAWORLD: "corner"}
+"""The camera of each simulator's ``camera`` rows."""
+SIMULATOR_NAMES = {"lift": LIFT, "metaworld": METAWORLD}
+"""``--simulators`` choices -> registered simulator names."""
 
 
-def env_config(obs: str, horizon: int, fast_rendering: bool) -> dict:
+def env_config(simulator: str, obs: str, horizon: int, args) -> dict:
+    """The simulator's config for one throughput part (a mapping of its config fields)."""
     config = {"horizon": horizon}
+    if simulator == METAWORLD:
+        config["task"] = args.metaworld_task
     if obs == "camera":
-        config.update(CAMERA, fast_rendering=fast_rendering)
+        config.update(render_camera=CAMERAS[simulator], render_size=128, fast_rendering=args.fast_rendering)
     return config
 
 
+def part_steps(simulator: str, obs: str, args) -> int:
+    """Control steps per environment of one throughput part."""
+    if obs == "camera":
+        return args.camera_steps
+    return args.metaworld_steps if simulator == METAWORLD else args.steps
+
+
 class EnvBatch(gym.Env):
-    """``count`` robosuite environments stepped in turn, as one gymnasium environment for
+    """``count`` environments of ``simulator`` stepped in turn, as one gymnasium environment for
     ``AsyncVectorEnv``: actions ``(count, act_dim)``, observations stacked (states, or the camera
     frames). Environments whose episode ends are reset inside; the batch itself never ends."""
 
-    def __init__(self, config: dict, count: int) -> None:
+    def __init__(self, simulator: str, config: dict, count: int) -> None:
         from simulators import make_env
 
-        self.envs = [make_env(LIFT, config) for _ in range(count)]
+        self.envs = [make_env(simulator, config) for _ in range(count)]
         self.render_frames = config.get("render_camera") is not None
         env = self.envs[0]
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(count, env.act_dim), dtype=np.float32)
@@ -144,31 +162,30 @@ def stepping_run(step, envs: int, steps: int, latency_ms: float) -> dict:
 
 
 class RandomPolicy:
-    """Uniform random actions in [-1, 1] (one per chunk, in the simulator's units), optionally
-    waiting ``latency_s`` per call."""
+    """Uniform random actions in [-1, 1] (chunks of ``chunk_size``, in the simulator's units),
+    optionally waiting ``latency_s`` per call."""
 
-    chunk_size = 1
-
-    def __init__(self, act_dim: int, latency_s: float) -> None:
-        self.act_dim, self.latency_s = act_dim, latency_s
+    def __init__(self, act_dim: int, latency_s: float, chunk_size: int = 1) -> None:
+        self.act_dim, self.latency_s, self.chunk_size = act_dim, latency_s, chunk_size
 
     def sample_actions(self, obs, greedy=False, generator=None):
         import torch
 
         if self.latency_s:
             time.sleep(self.latency_s)
-        actions = torch.rand(obs.shape[0], 1, self.act_dim, generator=generator) * 2 - 1
-        return actions, torch.zeros(obs.shape[0], 1)
+        actions = torch.rand(obs.shape[0], self.chunk_size, self.act_dim, generator=generator) * 2 - 1
+        return actions, torch.zeros(obs.shape[0], self.chunk_size)
 
     def env_actions(self, actions):
         return actions
 
 
-def pool_run(pool, n: int, render: tuple[int, ...], stages: int, latency_ms: float, generator) -> dict:
+def pool_run(pool, n: int, render: tuple[int, ...], stages: int, latency_ms: float, generator,
+             chunk_size: int = 1) -> dict:
     """One rollout of ``n`` episodes (of ``horizon`` steps) of the random policy in ``pool``."""
     from vla_rl.rollout.embodied import rollout_episodes
 
-    policy = RandomPolicy(pool.spec()["act_dim"], latency_ms / 1000)
+    policy = RandomPolicy(pool.spec()["act_dim"], latency_ms / 1000, chunk_size)
     start = time.perf_counter()
     result = rollout_episodes(policy, pool, np.arange(n), generator=generator, render_indices=render,
                               pipeline_stages=stages)
@@ -178,8 +195,8 @@ def pool_run(pool, n: int, render: tuple[int, ...], stages: int, latency_ms: flo
             "sim_cpu_share": result.sim_cpu_seconds / (pool.num_actors * seconds)}
 
 
-def throughput(obs: str, args, cores: int) -> dict:
-    """Every setting of one observation kind. All of them are created first (environment creation
+def throughput(simulator: str, obs: str, args, cores: int) -> dict:
+    """Every setting of one simulator and observation kind. All of them are created first (environment creation
     is not timed), then they take turns ``--repeats`` times so that all meet the same load.
 
     The plain loops run inside the ``AsyncVectorEnv``'s processes (through ``call``): one alone
@@ -189,16 +206,17 @@ def throughput(obs: str, args, cores: int) -> dict:
 
     from simulators.pool import SimulatorPool
 
-    steps = args.steps if obs == "state" else args.camera_steps
-    config = env_config(obs, steps, args.fast_rendering)
+    steps = part_steps(simulator, obs, args)
+    config = env_config(simulator, obs, steps, args)
     latencies = [0.0] + ([args.policy_latency_ms] if obs == "state" and args.policy_latency_ms > 0 else [])
     n = args.processes * args.envs_per_process
     rng = np.random.default_rng(0)
-    vector = gym.vector.AsyncVectorEnv([functools.partial(EnvBatch, config, args.envs_per_process)] * args.processes,
-                                       context="spawn")
+    vector = gym.vector.AsyncVectorEnv(
+        [functools.partial(EnvBatch, simulator, config, args.envs_per_process)] * args.processes, context="spawn"
+    )
     vector.set_attr("index", list(range(args.processes)))
     vector.reset(seed=0)
-    pool = SimulatorPool(LIFT, config, num_actors=args.processes, envs_per_actor=args.envs_per_process,
+    pool = SimulatorPool(simulator, config, num_actors=args.processes, envs_per_actor=args.envs_per_process,
                          actor_options={"num_cpus": 0})
     pool.reset(np.arange(n))  # waits until the environments exist
     render = tuple(range(n)) if config.get("render_camera") else ()
@@ -220,7 +238,8 @@ def throughput(obs: str, args, cores: int) -> dict:
         settings[("async_vector_env", latency, None)] = functools.partial(stepping_run, vector_step, n, steps, latency)
     for latency in latencies:
         for count in args.stages:
-            settings[("pool", latency, count)] = functools.partial(pool_run, pool, n, render, count, latency, generator)
+            settings[("pool", latency, count)] = functools.partial(pool_run, pool, n, render, count, latency, generator,
+                                                                   args.chunk_size)
     vector_step()  # warm-up
     runs: dict[tuple, list] = {key: [] for key in settings}
     try:
@@ -231,12 +250,14 @@ def throughput(obs: str, args, cores: int) -> dict:
         vector.close()
         pool.close()
 
-    result: dict = {"obs": obs, "steps_per_env": steps,
+    label = "robosuite Lift" if simulator == LIFT else f"MetaWorld {config['task']}"
+    result: dict = {"simulator": simulator, "label": label, "env": config, "obs": obs, "steps_per_env": steps,
                     "one_process": best(runs.pop(("one_process", 0.0, None))),
                     "parallel_plain_loops": best(runs.pop(("parallel_plain_loops", 0.0, None)))}
     result["limit_steps_per_s"] = min(cores, args.processes) * result["one_process"]["steps_per_s"]
     for (name, latency, count), rows in runs.items():
-        row = {"policy_latency_ms": latency, **({"stages": count} if name == "pool" else {}), **best(rows)}
+        pool_keys = {"stages": count, "chunk_size": args.chunk_size} if name == "pool" else {}
+        row = {"policy_latency_ms": latency, **pool_keys, **best(rows)}
         result.setdefault(name, []).append(row)
     baseline = {row["policy_latency_ms"]: row["steps_per_s"] for row in result["async_vector_env"]}
     ceiling = result["parallel_plain_loops"]["steps_per_s"]
@@ -279,7 +300,7 @@ def print_tables(result: dict) -> None:
 
     console = Console(width=150)
     for part in result["throughput"]:
-        table = Table(title=f"robosuite Lift, {part['obs']} observations, {part['steps_per_env']} steps per env: "
+        table = Table(title=f"{part['label']}, {part['obs']} observations, {part['steps_per_env']} steps per env: "
                             f"environment steps per second ({result['processes']} processes x "
                             f"{result['envs_per_process']} envs, {result['cores']} cores)")
         for column in ("setting", "policy ms", "steps/s", "of limit", "of parallel loops", "vs AsyncVectorEnv",
@@ -291,8 +312,10 @@ def print_tables(result: dict) -> None:
         table.add_row(f"{result['processes']} plain loops at once", "", f"{ceiling:.1f}", f"{ceiling / limit:.2f}",
                       "1.00")
         labelled = [("AsyncVectorEnv (same processes)", row) for row in part["async_vector_env"]]
-        labelled += [("pool, lockstep" if row["stages"] == 1 else f"pool, pipelined ({row['stages']} stages)", row)
-                     for row in part["pool"]]
+        for row in part["pool"]:
+            label = "pool, lockstep" if row["stages"] == 1 else f"pool, pipelined ({row['stages']} stages)"
+            chunk = row.get("chunk_size", 1)
+            labelled.append((label + (f", chunks of {chunk}" if chunk > 1 else ""), row))
         for label, row in labelled:
             shares = [f"{row[key]:.2f}" for key in ("sim_share", "sim_cpu_share") if key in row]
             table.add_row(label, f"{row['policy_latency_ms']:g}", f"{row['steps_per_s']:.1f}", f"{row['of_limit']:.2f}",
@@ -317,14 +340,21 @@ def print_tables(result: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cores = len(os.sched_getaffinity(0))
+    parser.add_argument("--simulators", nargs="*", choices=list(SIMULATOR_NAMES), default=list(SIMULATOR_NAMES),
+                        help="simulators of the throughput parts (none: only the training part)")
+    parser.add_argument("--metaworld-task", default="reach-v3", help="MetaWorld v3 task of the metaworld parts")
     parser.add_argument("--obs", nargs="*", choices=["state", "camera"], default=["state", "camera"],
-                        help="throughput parts to run (none: only the training part)")
+                        help="throughput parts to run for each simulator (none: only the training part)")
     parser.add_argument("--processes", type=int, default=cores, help="pool actors / AsyncVectorEnv processes")
     parser.add_argument("--envs-per-process", type=int, default=8)
     parser.add_argument("--steps", type=int, default=50, help="control steps per environment (state)")
     parser.add_argument("--camera-steps", type=int, default=10, help="control steps per environment (camera)")
+    parser.add_argument("--metaworld-steps", type=int, default=400,
+                        help="control steps per environment (MetaWorld, state)")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per setting (interleaved); best kept")
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2], help="pipeline stages of the pool rows")
+    parser.add_argument("--chunk-size", type=int, default=1,
+                        help="actions per policy call in the pool rows (a VLA chunk; AsyncVectorEnv steps one)")
     parser.add_argument("--policy-latency-ms", type=float, default=10.0,
                         help="extra state rows with a policy that takes this long per call (0: none)")
     parser.add_argument("--fast-rendering", action="store_true", help="camera without shadows and reflections")
@@ -343,7 +373,8 @@ def main() -> None:
               "load_before": [round(x, 2) for x in os.getloadavg()],
               "args": {k: v if not isinstance(v, Path) else str(v) for k, v in vars(args).items()}}
     init_ray(num_cpus=16)
-    result["throughput"] = [throughput(obs, args, cores) for obs in args.obs]
+    result["throughput"] = [throughput(SIMULATOR_NAMES[kind], obs, args, cores)
+                            for kind in args.simulators for obs in args.obs]
     with tempfile.TemporaryDirectory() as tmp:
         result["training"] = [training_share(args, stages, Path(tmp)) for stages in args.train_stages
                               if args.train_steps > 0]

@@ -2,8 +2,8 @@
 
 from simulators.experts.door import DoorExpert
 from simulators.experts.lift import LiftExpert
+from simulators.experts.metaworld import MetaWorldExpert
 from simulators.experts.pick_place_can import PickPlaceCanExpert
-from simulators.experts.stack import StackExpert
 from simulators.experts.registry import (
     EXPERTS,
     NoExpertError,
@@ -12,6 +12,7 @@ from simulators.experts.registry import (
     register_expert,
     tasks_with_expert,
 )
+from simulators.experts.stack import StackExpert
 
-__all__ = ["EXPERTS", "DoorExpert", "LiftExpert", "NoExpertError", "PickPlaceCanExpert", "StackExpert",
-           "expert_class", "make_expert", "register_expert", "tasks_with_expert"]
+__all__ = ["EXPERTS", "DoorExpert", "LiftExpert", "MetaWorldExpert", "NoExpertError", "PickPlaceCanExpert",
+           "StackExpert", "expert_class", "make_expert", "register_expert", "tasks_with_expert"]

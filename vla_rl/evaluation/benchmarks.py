@@ -44,6 +44,37 @@ def robosuite_benchmark(config) -> list[EvalTask]:
     return [EvalTask(task, "robosuite", {**shared, "task": task}) for task in ROBOSUITE_TASKS]
 
 
+def _metaworld_tasks(config, tasks: tuple[str, ...]) -> list[EvalTask]:
+    """One ``metaworld`` task per name; the run's ``simulator.env`` (horizon, goal_observable,
+    cameras, ...) applies to each, except its ``task`` and ``instruction``."""
+    shared = {k: v for k, v in config.simulator.env.items() if k not in ("task", "instruction")}
+    return [EvalTask(task, "metaworld", {**shared, "task": task}) for task in tasks]
+
+
+@BENCHMARKS.register("metaworld_mt10")
+def metaworld_mt10_benchmark(config) -> list[EvalTask]:
+    """MetaWorld's MT10 tasks (``simulators.metaworld_env.MT10_TASKS``)."""
+    from simulators.metaworld_env import MT10_TASKS
+
+    return _metaworld_tasks(config, MT10_TASKS)
+
+
+@BENCHMARKS.register("metaworld_ml10_train")
+def metaworld_ml10_train_benchmark(config) -> list[EvalTask]:
+    """The 10 training tasks of MetaWorld's ML10 (``ML10_TRAIN_TASKS``)."""
+    from simulators.metaworld_env import ML10_TRAIN_TASKS
+
+    return _metaworld_tasks(config, ML10_TRAIN_TASKS)
+
+
+@BENCHMARKS.register("metaworld_ml10_test")
+def metaworld_ml10_test_benchmark(config) -> list[EvalTask]:
+    """The 5 held-out test tasks of MetaWorld's ML10 (``ML10_TEST_TASKS``)."""
+    from simulators.metaworld_env import ML10_TEST_TASKS
+
+    return _metaworld_tasks(config, ML10_TEST_TASKS)
+
+
 def resolve_tasks(config) -> list[EvalTask]:
     """The tasks an evaluation runs: ``eval.benchmark``'s (selected by ``eval.tasks``), or the
     run's own simulator.

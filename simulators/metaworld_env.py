@@ -1,0 +1,448 @@
+"""MetaWorld v3 tasks (Yu et al. 2019, arXiv 1910.10897; ``metaworld`` 3.1.1) as a gymnasium environment.
+
+Registered as ``metaworld``; pick the task with ``task`` (one of :data:`METAWORLD_V3_TASKS`, e.g.
+``reach-v3``). Task sets: :data:`MT10_TASKS`, :data:`ML10_TRAIN_TASKS`, :data:`ML10_TEST_TASKS`
+(MetaWorld's benchmark splits, v3 names); every task on its own is an MT1 benchmark.
+
+Observation (float32, 39 values, :data:`METAWORLD_OBS_LAYOUT`): MetaWorld's own observation, so
+that its scripted policies read it unchanged. World frame, metres:
+
+- ``hand_pos`` (3): end-effector position.
+- ``gripper_opening`` (1): distance between the two fingers / 0.1 m, clipped to [0, 1] (1: open).
+- ``obj1_pos`` (3), ``obj1_quat`` (4), ``obj2_pos`` (3), ``obj2_quat`` (4): the task's main
+  object(s) (e.g. the puck, the drawer handle, the peg and the hole); zeros where a task has
+  fewer objects. The quaternion convention is the task's own: most tasks give scipy's
+  ``(x, y, z, w)``, some MuJoCo's ``(w, x, y, z)``, and some report zeros.
+- ``prev_*`` (18): the same 18 values one control step earlier (MetaWorld's frame stacking; at
+  reset, a copy of the current values).
+- ``goal_pos`` (3): the goal position (``goal_observable=True``, MetaWorld's MT convention), or
+  zeros under the key ``goal_pos_hidden`` (``goal_observable=False``, its ML convention).
+
+Actions (4 values in [-1, 1]): a mocap position delta of up to 0.01 m per control step along x, y,
+z, then the gripper effort (-1 open, +1 close). One control step is 5 MuJoCo steps of 2.5 ms
+(12.5 ms).
+
+Initial states: ``reset(seed=init_state_id)`` draws the task variation (MetaWorld's
+``rand_vec``: object and goal positions, uniform over the task's ``_random_reset_space`` with the
+task's own rejection rules) from ``numpy.random.default_rng(init_state_id)`` through MetaWorld's
+seeded path (``seeded_rand_vec``), so an id gives the same variation in every process and distinct
+ids give independent variations, without building MetaWorld's benchmark task lists.
+
+Camera observations are opt-in (``cameras``): the observation is then a ``gymnasium.spaces.Dict``
+``{"state": float32 (39,), "<camera>_image": uint8 (camera_size, camera_size, 3)}``. MetaWorld's
+``corner*`` cameras are mounted upside down; their images are rotated by 180 degrees so that they
+come out upright.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from simulators.registry import SIMULATORS
+from simulators.rendering import setup_headless_rendering
+from simulators.robosuite_env import camera_observation_space
+
+METAWORLD_V3_TASKS: tuple[str, ...] = (
+    "assembly-v3", "basketball-v3", "bin-picking-v3", "box-close-v3", "button-press-topdown-v3",
+    "button-press-topdown-wall-v3", "button-press-v3", "button-press-wall-v3", "coffee-button-v3",
+    "coffee-pull-v3", "coffee-push-v3", "dial-turn-v3", "disassemble-v3", "door-close-v3", "door-lock-v3",
+    "door-open-v3", "door-unlock-v3", "hand-insert-v3", "drawer-close-v3", "drawer-open-v3",
+    "faucet-open-v3", "faucet-close-v3", "hammer-v3", "handle-press-side-v3", "handle-press-v3",
+    "handle-pull-side-v3", "handle-pull-v3", "lever-pull-v3", "pick-place-wall-v3", "pick-out-of-hole-v3",
+    "pick-place-v3", "plate-slide-v3", "plate-slide-side-v3", "plate-slide-back-v3",
+    "plate-slide-back-side-v3", "peg-insert-side-v3", "peg-unplug-side-v3", "soccer-v3", "stick-push-v3",
+    "stick-pull-v3", "push-v3", "push-wall-v3", "push-back-v3", "reach-v3", "reach-wall-v3",
+    "shelf-place-v3", "sweep-into-v3", "sweep-v3", "window-open-v3", "window-close-v3",
+)
+"""The 50 MetaWorld v3 tasks, in the order of ``metaworld.env_dict.ALL_V3_ENVIRONMENTS`` (MT50);
+a test checks this copy against metaworld's list, so config validation needs no metaworld import."""
+
+MT10_TASKS: tuple[str, ...] = (
+    "reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
+    "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3",
+)
+"""MetaWorld's MT10 benchmark (``metaworld.env_dict.MT10_V3``), in its order."""
+
+ML10_TRAIN_TASKS: tuple[str, ...] = (
+    "reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-close-v3", "button-press-topdown-v3",
+    "peg-insert-side-v3", "window-open-v3", "sweep-v3", "basketball-v3",
+)
+"""The training tasks of MetaWorld's ML10 benchmark (``metaworld.env_dict.ML10_V3["train"]``)."""
+
+ML10_TEST_TASKS: tuple[str, ...] = (
+    "drawer-open-v3", "door-close-v3", "shelf-place-v3", "sweep-into-v3", "lever-pull-v3",
+)
+"""The held-out test tasks of MetaWorld's ML10 benchmark (``metaworld.env_dict.ML10_V3["test"]``)."""
+
+MT1_TASKS: tuple[str, ...] = METAWORLD_V3_TASKS
+"""MT1 is any single task with its variations: each of the 50 tasks is one."""
+
+TASK_INSTRUCTIONS: dict[str, str] = {
+    "assembly-v3": "pick up the nut and place it onto the peg",
+    "basketball-v3": "dunk the basketball into the hoop",
+    "bin-picking-v3": "move the cube from one bin to the other bin",
+    "box-close-v3": "pick up the lid and close the box",
+    "button-press-topdown-v3": "press the button from the top",
+    "button-press-topdown-wall-v3": "reach over the wall and press the button from the top",
+    "button-press-v3": "press the button from the front",
+    "button-press-wall-v3": "reach past the wall and press the button",
+    "coffee-button-v3": "press the button on the coffee machine",
+    "coffee-pull-v3": "pull the mug out of the coffee machine",
+    "coffee-push-v3": "push the mug under the coffee machine",
+    "dial-turn-v3": "turn the dial",
+    "disassemble-v3": "pick the nut up off the peg",
+    "door-close-v3": "close the door",
+    "door-lock-v3": "turn the door lock to lock the door",
+    "door-open-v3": "open the door",
+    "door-unlock-v3": "turn the door lock to unlock the door",
+    "hand-insert-v3": "insert the gripper into the hole",
+    "drawer-close-v3": "push the drawer closed",
+    "drawer-open-v3": "pull the drawer open",
+    "faucet-open-v3": "turn the faucet handle to open the faucet",
+    "faucet-close-v3": "turn the faucet handle to close the faucet",
+    "hammer-v3": "hammer the nail into the wall",
+    "handle-press-side-v3": "press the handle down from the side",
+    "handle-press-v3": "press the handle down",
+    "handle-pull-side-v3": "pull the handle up from the side",
+    "handle-pull-v3": "pull the handle up",
+    "lever-pull-v3": "pull the lever up",
+    "pick-place-wall-v3": "pick up the puck and place it at the goal behind the wall",
+    "pick-out-of-hole-v3": "pick the peg out of the hole",
+    "pick-place-v3": "pick up the puck and place it at the goal",
+    "plate-slide-v3": "slide the plate into the cabinet",
+    "plate-slide-side-v3": "slide the plate sideways into the cabinet",
+    "plate-slide-back-v3": "slide the plate back out of the cabinet",
+    "plate-slide-back-side-v3": "slide the plate sideways out of the cabinet",
+    "peg-insert-side-v3": "insert the peg into the hole from the side",
+    "peg-unplug-side-v3": "unplug the peg sideways",
+    "soccer-v3": "kick the ball into the goal",
+    "stick-push-v3": "grasp the stick and push the box with it",
+    "stick-pull-v3": "grasp the stick and pull the box with it",
+    "push-v3": "push the puck to the goal",
+    "push-wall-v3": "push the puck around the wall to the goal",
+    "push-back-v3": "pull the puck back to the goal",
+    "reach-v3": "reach the goal position",
+    "reach-wall-v3": "reach over the wall to the goal position",
+    "shelf-place-v3": "pick up the puck and place it on the shelf",
+    "sweep-into-v3": "sweep the puck into the hole",
+    "sweep-v3": "sweep the puck off the table",
+    "window-open-v3": "slide the window open",
+    "window-close-v3": "slide the window closed",
+}
+"""Language instruction of each task, used when ``MetaWorldEnvConfig.instruction`` is unset.
+MetaWorld has none of its own; these paraphrase the task descriptions of the MetaWorld paper's
+appendix and its success tests."""
+
+_STATE_PARTS: tuple[tuple[str, int], ...] = (
+    ("hand_pos", 3), ("gripper_opening", 1),
+    ("obj1_pos", 3), ("obj1_quat", 4), ("obj2_pos", 3), ("obj2_quat", 4),
+)
+
+
+def _layout(goal_key: str) -> dict[str, slice]:
+    parts = [*_STATE_PARTS, *((f"prev_{name}", size) for name, size in _STATE_PARTS), (goal_key, 3)]
+    starts = np.cumsum([0, *(size for _, size in parts)])
+    return {name: slice(int(starts[i]), int(starts[i + 1])) for i, (name, _) in enumerate(parts)}
+
+
+METAWORLD_OBS_LAYOUT: dict[str, slice] = _layout("goal_pos")
+"""Where each part lies in the 39-value observation with the goal observable (see the module
+docstring); with ``goal_observable=False`` the last key is ``goal_pos_hidden`` instead."""
+
+OBS_DIM = 39
+"""Length of MetaWorld's observation."""
+
+ACT_DIM = 4
+"""Action length: xyz position delta and gripper effort."""
+
+MAX_PATH_LENGTH = 500
+"""MetaWorld's own episode length (``SawyerXYZEnv.max_path_length``), control steps."""
+
+METAWORLD_CAMERAS: tuple[str, ...] = (
+    "topview", "corner", "corner2", "corner3", "corner4", "behindGripper", "gripperPOV",
+)
+"""Cameras of MetaWorld's Sawyer scenes (a test checks them against the model)."""
+
+UPSIDE_DOWN_CAMERAS: frozenset[str] = frozenset({"corner", "corner2", "corner3", "corner4"})
+"""Cameras whose up axis points downwards in the world: their images are rotated by 180 degrees."""
+
+
+def _require_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _require_camera(name: str, value: Any) -> None:
+    if value not in METAWORLD_CAMERAS:
+        raise ValueError(f"{name} must be a MetaWorld camera, one of {METAWORLD_CAMERAS}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class MetaWorldEnvConfig:
+    """Configuration of :class:`MetaWorldEnv`.
+
+    Raises:
+        ValueError: from ``__post_init__``, naming the field and how to fix it.
+    """
+
+    task: str = "reach-v3"
+    """MetaWorld v3 task name, one of :data:`METAWORLD_V3_TASKS` (e.g. ``"pick-place-v3"``)."""
+    horizon: int = MAX_PATH_LENGTH
+    """Time limit in control steps (MetaWorld's own is 500); ``step`` reports ``truncated`` when
+    it is reached. MetaWorld's scripted policies solve the MT10 tasks in 36-250 steps."""
+    goal_observable: bool = True
+    """Whether the goal position is part of the observation (MetaWorld's MT benchmarks) or
+    zeros (its ML benchmarks); the scripted experts need it."""
+    render_camera: str | None = None
+    """Camera for :meth:`MetaWorldEnv.render_frame`, one of :data:`METAWORLD_CAMERAS` (e.g.
+    ``"corner"``); ``None``: no renderer."""
+    render_size: int = 128
+    """Height and width of rendered frames, pixels."""
+    cameras: tuple[str, ...] = ()
+    """Cameras whose images join the observation (e.g. ``("corner",)``); empty: the flat state
+    ``Box`` observation."""
+    camera_size: int = 128
+    """Height and width of camera observations, pixels."""
+    fast_rendering: bool = False
+    """Render without shadows and reflections (faster on CPU)."""
+    instruction: str | None = None
+    """Language instruction of the task; ``None``: ``TASK_INSTRUCTIONS[task]``."""
+
+    @property
+    def task_name(self) -> str:
+        """The MetaWorld task (``task``, e.g. ``"reach-v3"``)."""
+        return self.task
+
+    def __post_init__(self) -> None:
+        if self.task not in METAWORLD_V3_TASKS:
+            close = [name for name in METAWORLD_V3_TASKS if str(self.task).split("-")[0] in name]
+            hint = f" (similar: {', '.join(close)})" if close else ""
+            raise ValueError(f"task must be a MetaWorld v3 task name such as 'reach-v3', got {self.task!r}{hint}; "
+                             f"all tasks: {', '.join(METAWORLD_V3_TASKS)}")
+        _require_int("horizon", self.horizon, 1)
+        if not isinstance(self.goal_observable, bool):
+            raise ValueError(f"goal_observable must be true or false, got {self.goal_observable!r}")
+        if self.render_camera is not None:
+            _require_camera("render_camera", self.render_camera)
+        _require_int("render_size", self.render_size, 8)
+        if isinstance(self.cameras, str) or not all(isinstance(c, str) for c in self.cameras):
+            raise ValueError(f"cameras must be a sequence of camera names such as ('corner',), got {self.cameras!r}")
+        object.__setattr__(self, "cameras", tuple(self.cameras))  # YAML gives lists
+        for camera in self.cameras:
+            _require_camera("cameras", camera)
+        if len(set(self.cameras)) != len(self.cameras):
+            raise ValueError(f"cameras must not repeat a camera, got {self.cameras!r}")
+        _require_int("camera_size", self.camera_size, 8)
+        if not isinstance(self.fast_rendering, bool):
+            raise ValueError(f"fast_rendering must be true or false, got {self.fast_rendering!r}")
+        if self.instruction is None:
+            object.__setattr__(self, "instruction", TASK_INSTRUCTIONS[self.task])
+        if not isinstance(self.instruction, str) or not self.instruction.strip():
+            raise ValueError(f"instruction must be a non-empty sentence, got {self.instruction!r}")
+
+
+@SIMULATORS.register("metaworld")
+class MetaWorldEnv(gym.Env):
+    """One MetaWorld v3 task as a ``gymnasium.Env`` with MetaWorld's flat 39-value float32
+    observation (or, with ``config.cameras``, a ``Dict`` of it and camera images; see the module
+    docstring).
+
+    The task is created once (about 0.1-0.2 s); a reset draws the task variation of its seed and
+    settles the hand (about 100 control steps of simulation inside MetaWorld). Reward is 1.0 on
+    success (MetaWorld's ``info["success"]``) and 0.0 otherwise; an episode terminates on success
+    and is truncated after ``config.horizon`` control steps. The environment never resets itself.
+
+    Args:
+        config: the environment's configuration.
+
+    Raises:
+        TypeError: if ``config`` is not a :class:`MetaWorldEnvConfig`.
+    """
+
+    config_class = MetaWorldEnvConfig
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, config: MetaWorldEnvConfig) -> None:
+        if not isinstance(config, MetaWorldEnvConfig):
+            raise TypeError(f"config must be a MetaWorldEnvConfig, got {type(config).__name__}")
+        self.config = config
+        self.render_mode = "rgb_array" if config.render_camera is not None else None
+        setup_headless_rendering()
+        self._env = _make_metaworld_env(config)
+        self._renderers: dict[int, Any] = {}  # image size -> mujoco.Renderer, created at first use
+        self._obs_layout = _layout("goal_pos" if config.goal_observable else "goal_pos_hidden")
+        self.obs_dim = OBS_DIM
+        self.act_dim = ACT_DIM
+        self.observation_space = camera_observation_space(self.obs_dim, config.cameras, config.camera_size)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.act_dim,), dtype=np.float32)
+        self._episode_step = 0
+        self._episode_over = True  # until the first reset
+
+    @property
+    def obs_layout(self) -> dict[str, slice]:
+        """Where each part lies in the 39-value observation: ``{key: slice}``."""
+        return dict(self._obs_layout)
+
+    @property
+    def horizon(self) -> int:
+        """Time limit, control steps."""
+        return self.config.horizon
+
+    @property
+    def instruction(self) -> str:
+        """The task's language instruction (e.g. ``"reach the goal position"``)."""
+        return self.config.instruction
+
+    @property
+    def episode_step(self) -> int:
+        """Control steps taken since the last reset."""
+        return self._episode_step
+
+    @property
+    def variation(self) -> np.ndarray:
+        """The current episode's task variation: float64 ``(k,)`` MetaWorld ``rand_vec`` (object
+        and goal positions, metres; the layout is the task's ``_random_reset_space``)."""
+        if self._env._last_rand_vec is None:
+            raise RuntimeError("no variation yet: call reset() first")
+        return np.array(self._env._last_rand_vec, dtype=np.float64)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        """Start an episode.
+
+        Args:
+            seed: the initial-state id. The same seed gives the same task variation and initial
+                observation, in any process (see the module docstring); ``None`` continues the
+                environment's current random stream.
+            options: must be ``None`` (no reset options are supported).
+
+        Returns:
+            ``(obs, info)``: obs float32 ``(39,)`` (or the camera ``Dict``); info
+            ``{"success": False, "episode_step": 0}``.
+
+        Raises:
+            ValueError: if ``seed`` is not a non-negative integer or ``options`` is given.
+        """
+        if options is not None:
+            raise ValueError(f"MetaWorldEnv.reset takes no options, got {options!r}")
+        if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+                raise ValueError(f"seed must be a non-negative integer (an initial-state id), got {seed!r}")
+            seed = int(seed)
+        super().reset(seed=seed)
+        if seed is not None:
+            # MetaWorld's seeded variations: with seeded_rand_vec, _get_state_rand_vec draws from
+            # env.np_random (each draw of the task's rejection loop too).
+            self._env.np_random = np.random.default_rng(seed)
+        raw_obs, _ = self._env.reset()
+        self._episode_step = 0
+        self._episode_over = False
+        return self._observation(raw_obs), {"success": False, "episode_step": 0}
+
+    def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
+        """Apply one control action (12.5 ms of simulation).
+
+        Args:
+            action: ``(4,)`` values in [-1, 1] (clipped): xyz position delta in units of 0.01 m,
+                gripper effort.
+
+        Returns:
+            ``(obs, reward, terminated, truncated, info)``: obs as in :meth:`reset`; reward 1.0
+            on success else 0.0; terminated = success; truncated = horizon reached without
+            success; info ``{"success": bool, "episode_step": int}``.
+
+        Raises:
+            ValueError: if ``action`` does not have shape ``(4,)`` or is not finite.
+            RuntimeError: if no episode is running (before ``reset`` or after it ended).
+        """
+        if self._episode_over:
+            raise RuntimeError("no episode is running: call reset() first (the environment never auto-resets)")
+        action = np.asarray(action, dtype=np.float64)
+        if action.shape != (self.act_dim,):
+            raise ValueError(f"action must have shape ({self.act_dim},), got {action.shape}")
+        if not np.all(np.isfinite(action)):
+            raise ValueError(f"action must be finite, got {action}")
+        raw_obs, _, _, _, mw_info = self._env.step(np.clip(action, -1.0, 1.0))
+        self._episode_step += 1
+        success = bool(mw_info["success"])
+        truncated = self._episode_step >= self.config.horizon and not success
+        self._episode_over = success or truncated
+        info = {"success": success, "episode_step": self._episode_step}
+        return self._observation(raw_obs), float(success), success, truncated, info
+
+    def render_frame(self) -> np.ndarray:
+        """Render the current state from ``config.render_camera``.
+
+        Returns:
+            uint8 ``(render_size, render_size, 3)`` RGB image, upright.
+
+        Raises:
+            RuntimeError: if the environment was created without a ``render_camera``.
+        """
+        if self.config.render_camera is None:
+            raise RuntimeError("render_frame needs a render_camera in MetaWorldEnvConfig (e.g. 'corner')")
+        return self._render(self.config.render_camera, self.config.render_size)
+
+    def render(self) -> np.ndarray:
+        """gymnasium's ``rgb_array`` render: same as :meth:`render_frame`."""
+        return self.render_frame()
+
+    def close(self) -> None:
+        """Free the simulator and its renderers."""
+        for renderer in self._renderers.values():
+            renderer.close()
+        self._renderers = {}
+        self._env.close()
+
+    def _observation(self, raw_obs: np.ndarray) -> Any:
+        state = np.asarray(raw_obs, dtype=np.float32)
+        if not self.config.cameras:
+            return state
+        size = self.config.camera_size
+        images = {f"{camera}_image": self._render(camera, size) for camera in self.config.cameras}
+        return {"state": state, **images}
+
+    def _render(self, camera: str, size: int) -> np.ndarray:
+        renderer = self._renderers.get(size)
+        if renderer is None:
+            renderer = self._renderers[size] = _make_renderer(self._env.model, size, self.config.fast_rendering)
+        renderer.update_scene(self._env.data, camera=camera)
+        image = renderer.render()  # makes its own OpenGL context current; rows top-down
+        if camera in UPSIDE_DOWN_CAMERAS:
+            image = image[::-1, ::-1]
+        return np.ascontiguousarray(image)
+
+
+def _make_metaworld_env(config: MetaWorldEnvConfig) -> Any:
+    """Create the MetaWorld task (imports metaworld; call after ``setup_headless_rendering``).
+
+    Set up as MetaWorld's MT benchmarks set up their environments (``_set_task_called``, goal
+    observability), but with variations drawn from ``env.np_random`` at every reset
+    (``seeded_rand_vec``) instead of a frozen task's ``rand_vec``.
+    """
+    from metaworld.env_dict import ALL_V3_ENVIRONMENTS
+
+    env = ALL_V3_ENVIRONMENTS[config.task]()
+    env._partially_observable = not config.goal_observable
+    # sawyer_observation_space is a cached property; step() clips observations to it, so it must
+    # be recomputed for the new observability (MetaWorld's own set_task does the same)
+    env.__dict__.pop("sawyer_observation_space", None)
+    env._set_task_called = True
+    env._freeze_rand_vec = False
+    env.seeded_rand_vec = True
+    env.max_path_length = config.horizon  # MetaWorld refuses steps beyond it; our time limit is the same
+    return env
+
+
+def _make_renderer(model: Any, size: int, fast: bool) -> Any:
+    """A ``mujoco.Renderer`` of ``size`` x ``size`` pixels (without shadows and reflections if ``fast``)."""
+    import mujoco
+
+    renderer = mujoco.Renderer(model, height=size, width=size)
+    if fast:
+        renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+        renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+    return renderer
