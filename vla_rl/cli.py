@@ -1,7 +1,8 @@
 """The ``vla-rl`` command line.
 
     vla-rl plan TEMPLATE [KEY=VALUE ...] [--world-size N]
-    vla-rl train TEMPLATE [KEY=VALUE ...] [--resume RUN_DIR]
+    vla-rl train TEMPLATE [KEY=VALUE ...]
+    vla-rl train --resume RUN_DIR [KEY=VALUE ...]
     vla-rl eval RUN_DIR|CHECKPOINT_DIR ... [KEY=VALUE ...] [--steps 5,10] [--output DIR]
 
 ``plan`` loads a template (a path, or a name in ``dag_templates/``), applies the dotted overrides
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -25,13 +27,20 @@ from rich.text import Text
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import describe_plan, plan
+from vla_rl.errors import RunStopped
 from vla_rl.evaluation.targets import EvalInputError
 from vla_rl.utils.registry import RegistryError
 
-USER_ERRORS: tuple[type[Exception], ...] = (TemplateError, ValidationError, RegistryError, EvalInputError)
+class CommandLineError(ValueError):
+    """Arguments that do not make a command (reported in one line, exit 2)."""
+
+
+USER_ERRORS: tuple[type[Exception], ...] = (TemplateError, ValidationError, RegistryError, EvalInputError,
+                                            CommandLineError)
 """Errors caused by the user's input: reported in one line, exit status 2, no traceback."""
 
 USER_ERROR_STATUS = 2
+RUN_STOPPED_STATUS = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,13 +105,15 @@ def _add_train_command(commands: argparse._SubParsersAction) -> None:
         description="Run a template's workflow. Writes a run directory with the resolved template, "
         "metrics (JSONL, tensorboard), checkpoints, a success plot, evaluation videos and a summary.",
     )
-    add_template_arguments(parser)
+    parser.add_argument("items", nargs="*", metavar="TEMPLATE|KEY=VALUE",
+                        help="the template (a file, or a name in dag_templates/), then dotted overrides; with "
+                        "--resume only the overrides (the run's own template is used)")
     parser.add_argument(
         "--resume",
         metavar="RUN_DIR",
         default=None,
-        help="continue RUN_DIR from its last complete checkpoint (TEMPLATE is then ignored; "
-        "overrides apply on top of the run's resolved template)",
+        help="continue RUN_DIR from its last complete checkpoint; overrides apply on top of the run's "
+        "template (and of earlier resumes'), e.g. trainer.total_steps=40",
     )
     parser.set_defaults(handler=_run_train)
 
@@ -110,8 +121,31 @@ def _add_train_command(commands: argparse._SubParsersAction) -> None:
 def _run_train(args: argparse.Namespace) -> int:
     from vla_rl.driver import train
 
-    train(args.template, args.overrides, resume=args.resume)
+    names = [item for item in args.items if "=" not in item]
+    overrides = [item for item in args.items if "=" in item]
+    if args.resume:
+        if names and names != [_run_template_name(args.resume)]:
+            raise CommandLineError(f"with --resume the run's own template is used: remove {names[0]!r} (overrides "
+                                   "such as trainer.total_steps=40 apply on top of it)")
+        train(None, overrides, resume=args.resume)
+        return 0
+    if len(names) != 1:
+        raise CommandLineError("name one template (a file, or a name in dag_templates/) before the overrides, or "
+                               f"continue a run with --resume RUN_DIR (got {names or 'none'})")
+    train(names[0], overrides)
     return 0
+
+
+def _run_template_name(run_dir: str) -> str | None:
+    """The template name a run directory was trained with (None if it has no readable template)."""
+    import yaml
+
+    from vla_rl.run_dir import RESOLVED_TEMPLATE
+
+    try:
+        return yaml.safe_load((Path(run_dir) / RESOLVED_TEMPLATE).read_text()).get("name")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
 
 
 def _add_eval_command(commands: argparse._SubParsersAction) -> None:
@@ -168,13 +202,26 @@ def print_error(error: BaseException) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    """Run the command line; returns the exit status.
+
+    Overrides may come before or after the options (``vla-rl train --resume RUN trainer.total_steps=6``
+    and ``vla-rl train TEMPLATE --resume ...`` parse alike).
+    """
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        target = "items" if hasattr(args, "items") else "overrides" if hasattr(args, "overrides") else None
+        if target is None or any(item.startswith("-") for item in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        setattr(args, target, [*getattr(args, target), *extra])
     try:
         return args.handler(args)
     except USER_ERRORS as error:
         print_error(error)
         return USER_ERROR_STATUS
+    except RunStopped as error:  # a run that cannot go on, with a message that says why
+        print_error(error)
+        return RUN_STOPPED_STATUS
 
 
 if __name__ == "__main__":

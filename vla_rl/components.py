@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,10 +59,13 @@ def build_config(config_class: type, options: Mapping[str, Any] | None, field: s
         The typed config.
 
     Raises:
-        ComponentConfigError: an unknown key (naming it and the accepted ones), a value of the
-            wrong type, or a value the class's own validation rejects.
+        ComponentConfigError: an unknown key (naming it and the accepted ones), a non-finite
+            number, a value of the wrong type, or a value the class's own validation rejects.
     """
     options = dict(options or {})
+    for key, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ComponentConfigError(f"{field}.{key}", f"must be a finite number (got {value})")
     allowed = config_fields(config_class)
     unknown = sorted(set(options) - set(allowed))
     if unknown:

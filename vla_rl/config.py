@@ -19,7 +19,8 @@ from vla_rl.components import ComponentConfigError, build_config
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Non-finite numbers (inf, nan) are refused everywhere: no setting means anything with them.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunSection(_Section):
@@ -260,7 +261,7 @@ class AlgorithmSection(_Section):
     ``algorithm.gae.lam=0.95``, ``algorithm.srpo.dbscan_eps=0.5``); :meth:`options` returns it.
     """
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
 
     reward: str = Field("srpo", description="Embodied reward: 'srpo' (progress) or 'success' (binary).")
     trajectory_encoder: str = Field(
@@ -406,6 +407,10 @@ class TrainerSection(_Section):
         "step whose filtered batch is small makes fewer updates instead of overfitting it.",
     )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient-norm clip.")
+    max_skipped_updates: int = Field(
+        3, ge=1, description="An update whose gradient norm is not finite (a diverged loss) is skipped and "
+        "counted in actor/skipped_updates; after this many in a row the run stops with a message.",
+    )
     save_every: int = Field(5, ge=1, description="Checkpoint every k steps (and at the end).")
     keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
 

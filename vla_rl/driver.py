@@ -10,50 +10,55 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime
-from pathlib import Path
-
-import yaml
 
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
+from vla_rl.run_dir import RunDirectory
+from vla_rl.utils.code_location import code_root, code_version
 from vla_rl.workers.group import WorkerGroup, start_ray
 
-RESOLVED_TEMPLATE = "template.yaml"
+def prepare_run_dir(template_arg: str | None, overrides: list[str], resume: str | None
+                    ) -> tuple[RunDirectory, object, list[str]]:
+    """Validate the run, then create (or reopen and lock, on resume) its directory.
 
-
-def prepare_run_dir(template_arg: str, overrides: list[str], resume: str | None) -> tuple[Path, object]:
-    """Create (or reopen, on resume) the run directory and write the resolved template there.
-
-    On resume the run's own resolved template is reloaded and ``overrides`` are applied on top
-    (e.g. ``trainer.total_steps=40`` to train longer).
+    Nothing is created or changed on disk before the template, the overrides and the plan are
+    accepted. A new run writes its resolved template; a resume applies the overrides of earlier
+    resumes and ``overrides`` on top of the run's own ``template.yaml`` (e.g.
+    ``trainer.total_steps=40`` to train longer), and records ``overrides`` in ``resumes.jsonl``
+    without rewriting the template (:mod:`vla_rl.run_dir`).
 
     Returns:
-        (run directory, loaded template).
+        (the locked run directory, the loaded template, the overrides the workers apply to the
+        run directory's ``template.yaml``).
+
+    Raises:
+        TemplateError: a bad template, override or plan; RunDirError: a run directory that
+            exists (new run), is not a run (resume), or is in use.
     """
     if resume:
-        run_dir = Path(resume)
-        template = load_template(run_dir / RESOLVED_TEMPLATE, overrides)
+        run = RunDirectory.reopen(resume)
+        worker_overrides = run.recorded_overrides() + list(overrides)
+        template = load_template(run.template_path, worker_overrides)
     else:
         template = load_template(template_arg, overrides)
+        worker_overrides = []
     plan(template)  # reject a bad graph before anything is written
-    if not resume:
-        name = template.config.run.name or f"{template.name}_{datetime.now():%Y%m%d_%H%M%S}"
-        run_dir = Path(template.config.run.output_dir) / name
-        run_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        run.lock()
+        run.record_resume(list(overrides))
+        return run, template, worker_overrides
+    run = RunDirectory.create(template.config.run.output_dir, template.config.run.name, template.name)
     resolved = dict(template.raw)
     resolved.pop("extends", None)
-    tmp = run_dir / (RESOLVED_TEMPLATE + ".tmp")
-    tmp.write_text(yaml.safe_dump(resolved, sort_keys=False))
-    tmp.replace(run_dir / RESOLVED_TEMPLATE)
-    return run_dir, template
+    run.write_template(resolved)
+    return run, template, worker_overrides
 
 
-def train(template_arg: str, overrides: list[str], resume: str | None = None, console=None) -> dict:
+def train(template_arg: str | None, overrides: list[str], resume: str | None = None, console=None) -> dict:
     """Run a training workflow end to end.
 
     Args:
-        template_arg: template name or path (ignored when resuming).
+        template_arg: template name or path (None when resuming: the run's own).
         overrides: dotted overrides.
         resume: a run directory to continue from its last complete checkpoint.
         console: a ``rich.console.Console`` for progress and the summary.
@@ -66,19 +71,26 @@ def train(template_arg: str, overrides: list[str], resume: str | None = None, co
     from vla_rl.run_loop import RunLoop
 
     console = console or Console()
-    run_dir, template = prepare_run_dir(template_arg, overrides, resume)
-    config = template.config
-    the_plan = plan(template)
-    world = the_plan.world_size
-    start_ray(config, world)
-    console.print(f"[bold]run directory[/bold] {run_dir}")
-    started = time.perf_counter()
-    workers = WorkerGroup.launch(world, str(run_dir / RESOLVED_TEMPLATE), [], run_dir, config.workers.num_cpus_per_worker)
+    run, template, worker_overrides = prepare_run_dir(template_arg, overrides, resume)
+    run_dir = run.path
     try:
-        workers.start_process_group()
-        summary = RunLoop(workers, template, the_plan, run_dir, console).run(resume=resume is not None)
+        config = template.config
+        the_plan = plan(template)
+        world = the_plan.world_size
+        start_ray(config, world)
+        console.print(f"[bold]run directory[/bold] {run_dir}")
+        console.print(f"code {code_version()} from {code_root()}")
+        started = time.perf_counter()
+        workers = WorkerGroup.launch(world, str(run.template_path), worker_overrides, run_dir,
+                                     config.workers.num_cpus_per_worker)
+        try:
+            workers.start_process_group()
+            summary = RunLoop(workers, template, the_plan, run_dir, console).run(resume=resume is not None)
+        finally:
+            workers.shutdown()
     finally:
-        workers.shutdown()
+        run.close()
+    summary["code"] = {"version": code_version(), "location": str(code_root())}
     summary["wall_time_s"] = time.perf_counter() - started
     summary["driver_max_reply_bytes"] = workers.max_reply_bytes
     tmp = run_dir / "summary.json.tmp"

@@ -23,8 +23,10 @@ EVAL = ["workers.num_workers=1", "eval.num_episodes=2", "eval.video_episodes=1",
 def tiny_run(tmp_path_factory):
     """A run directory as `vla-rl train` leaves it: its resolved template and two checkpoints."""
     out = tmp_path_factory.mktemp("outputs")
-    run_dir, _ = prepare_run_dir("embodied_srpo", [f"run.output_dir={out}", "run.name=tiny",
-                                                   "policy.config.hidden_sizes=[8]"], resume=None)
+    run, _, _ = prepare_run_dir("embodied_srpo", [f"run.output_dir={out}", "run.name=tiny",
+                                                  "policy.config.hidden_sizes=[8]"], resume=None)
+    run.close()
+    run_dir = run.path
     policy = make_policy("mlp", MLPPolicyConfig(obs_dim=11, action_dim=7, hidden_sizes=(8,)))
     for step in (1, 2):
         torch.manual_seed(step)

@@ -99,7 +99,7 @@ def rollout_batch(policy) -> tuple:
     return batch
 
 
-TRAINER_FIELDS = ("ppo_epochs", "ppo_mini_batch_size", "max_grad_norm")
+TRAINER_FIELDS = ("ppo_epochs", "ppo_mini_batch_size", "max_grad_norm", "max_skipped_updates")
 
 
 def update_config(loss_name: str, granularity: str, **overrides) -> tuple[AlgorithmSection, TrainerSection]:
@@ -240,3 +240,27 @@ def test_steps_after_the_episode_end_never_reach_the_update(process_group, loss_
     (clean_metrics, clean_params), (dirty_metrics, dirty_params) = results
     assert dirty_metrics == clean_metrics
     assert all(torch.equal(c, d) for c, d in zip(clean_params, dirty_params))
+
+
+def test_a_diverged_update_is_skipped_and_stops_the_run_after_k_in_a_row(process_group):
+    """lr 1e30: the first update lands (its gradient is finite) and blows the weights up; the
+    next ones have a non-finite gradient norm, are skipped (weights untouched), counted, and the
+    third in a row stops the run with a message."""
+    from vla_rl.errors import RunStopped
+
+    torch.manual_seed(0)
+    policy = make_policy("mlp", TINY_CONFIGS["mlp"]())
+    batch = rollout_batch(policy)
+    trainer = ActorTrainer(policy, lr=1e30)
+    algorithm, settings = update_config("ppo_clip", "action", ppo_epochs=1, ppo_mini_batch_size=8,
+                                        max_skipped_updates=3)
+    first = trainer.update(batch, algorithm, settings, torch.Generator().manual_seed(2))
+    assert first["actor/num_updates"] == 1.0 and first["actor/skipped_updates"] == 0.0
+    blown = [p.detach().clone() for p in policy.parameters()]
+    assert max(float(p.abs().max()) for p in blown) > 1e20 and all(torch.isfinite(p).all() for p in blown)
+    for _ in range(2):
+        metrics = trainer.update(batch, algorithm, settings, torch.Generator().manual_seed(2))
+        assert metrics["actor/num_updates"] == 0.0 and metrics["actor/skipped_updates"] == 1.0
+        assert all(torch.equal(p, q) for p, q in zip(policy.parameters(), blown))  # untouched
+    with pytest.raises(RunStopped, match=r"3 updates in a row had a non-finite gradient norm.*trainer.lr"):
+        trainer.update(batch, algorithm, settings, torch.Generator().manual_seed(2))

@@ -23,7 +23,9 @@ Every estimator has one calling convention, verl's::
 Registered: ``"gae"``, ``"grpo"`` (Dr. GRPO with ``norm_by_std=False``), ``"rloo"``,
 ``"reinforce_plus_plus"``, ``"reinforce_plus_plus_baseline"``. An estimator that reads batch keys
 beyond rewards, mask and groups declares them when it registers (``"gae"``:
-``reads=("values",)``), so that the planner checks a template writes them (a critic node).
+``reads=("values",)``), so that the planner checks a template writes them (a critic node); one
+that compares a group's samples declares ``groups=True``, so that a group size below 2 (every
+advantage 0: nothing trains) is refused at plan time.
 
 Conventions of the group estimators (GRPO, RLOO, REINFORCE++-baseline), kept from the first
 GRPO implementation:
@@ -279,7 +281,7 @@ def compute_gae_advantage_return(
     return whitened.to(token_level_rewards.dtype), returns.to(token_level_rewards.dtype)
 
 
-@ADVANTAGE_ESTIMATORS.register("grpo", config=GRPOConfig)
+@ADVANTAGE_ESTIMATORS.register("grpo", config=GRPOConfig, groups=True)
 def compute_grpo_outcome_advantage(
     token_level_rewards: Tensor,
     response_mask: Tensor,
@@ -320,7 +322,7 @@ def compute_grpo_outcome_advantage(
     return advantages, advantages
 
 
-@ADVANTAGE_ESTIMATORS.register("rloo")
+@ADVANTAGE_ESTIMATORS.register("rloo", groups=True)
 def compute_rloo_outcome_advantage(
     token_level_rewards: Tensor,
     response_mask: Tensor,
@@ -404,7 +406,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages.to(token_level_rewards.dtype), returns.to(token_level_rewards.dtype)
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline", config=WhitenConfig)
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline", config=WhitenConfig, groups=True)
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: Tensor,
     response_mask: Tensor,

@@ -209,7 +209,10 @@ def _load_merged(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
 def _read_template_file(path: Path) -> dict[str, Any]:
     """Parse one YAML file and check the structure that merging and overrides rely on."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise TemplateError(f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); save the "
+                            "template as UTF-8", file=path) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

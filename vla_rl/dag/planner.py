@@ -179,8 +179,9 @@ def plan(template: Template, world_size: int | None = None) -> Plan:
     Raises:
         TemplateError: a missing, repeated or cross-phase dependency, a dependency cycle, a DP
             size that does not divide the world size, an unregistered node function, a node
-            config that its function's config model rejects, or a key a node reads that no
-            upstream node writes; the error names the node and the field.
+            config that its function's config model rejects, a layout a node's check refuses, a
+            key a node reads that no upstream node writes, or a train phase without a
+            model_train node; the error names the node and the field.
         ValueError: if ``world_size`` is below 1.
     """
     if world_size is None:
@@ -196,6 +197,10 @@ def plan(template: Template, world_size: int | None = None) -> Plan:
         nodes = tuple(node for node in template.nodes if node.phase == phase)
         if nodes:
             phases[phase] = _plan_phase(phase, nodes, world_size, template.config, node_configs, file)
+    trains = [node for node in template.nodes if node.phase == "train"]
+    if trains and not any(node.type == "model_train" for node in trains):
+        raise TemplateError("the train phase has no model_train node (e.g. {role: actor, type: model_train}): it "
+                            "would train nothing", file=file, field="nodes")
     return Plan(template.name, world_size, phases, node_configs)
 
 

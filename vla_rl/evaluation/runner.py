@@ -41,7 +41,10 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     from vla_rl.evaluation.benchmarks import resolve_tasks
 
     run_dir, checkpoints = find_checkpoints(targets, steps)
-    run_config = load_template(run_dir / RUN_TEMPLATE).config
+    from vla_rl.run_dir import RunDirectory
+
+    # the run's own template, with the overrides of its resumes
+    run_config = load_template(run_dir / RUN_TEMPLATE, RunDirectory.reopen(run_dir).recorded_overrides()).config
     if run_config.run.workflow != "embodied":
         raise EvalInputError(f"{run_dir} is a text run; vla-rl eval evaluates embodied policies")
     raw = copy.deepcopy(load_template(template).raw)

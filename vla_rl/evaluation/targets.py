@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 RUN_TEMPLATE = "template.yaml"
-"""The resolved template a training run writes into its run directory."""
+"""The resolved template a training run writes into its run directory (``vla_rl.run_dir``), and
+an evaluation into its evaluation directory."""
 
 
 class EvalInputError(ValueError):

@@ -42,7 +42,17 @@ def _advantage_reads(config, node_config) -> tuple[str, ...]:
     return (*reads, keys.OLD_LOG_PROBS, keys.REF_LOG_PROBS) if algo.use_kl_in_reward else reads
 
 
-@register_node("advantage", "compute", reads=_advantage_reads,
+def _groups_of_two(config, node_config, dp_size: int, world_size: int):
+    """A group-relative estimator compares each sample with its group: a group of one gets advantage 0."""
+    estimator = config.algorithm.adv_estimator
+    if ADVANTAGE_ESTIMATORS.metadata(estimator).get("groups") and config.data.group_size < 2:
+        return "data.group_size", (f"advantage estimator {estimator!r} compares the samples of a group, so data.group_size "
+                                   f"must be at least 2 (got {config.data.group_size}: every advantage would be 0 and "
+                                   "nothing would train)")
+    return None
+
+
+@register_node("advantage", "compute", reads=_advantage_reads, check=_groups_of_two,
                writes=(keys.TOKEN_LEVEL_REWARDS, keys.ADVANTAGES, keys.RETURNS),
                resources=lambda config, node_config: ("kl_ctrl",) if config.algorithm.use_kl_in_reward else ())
 def compute_advantages(ctx, batch) -> NodeOutput:

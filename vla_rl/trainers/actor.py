@@ -29,6 +29,7 @@ from vla_rl.algorithms.granularity import expand_per_step, reduce_per_action, re
 from vla_rl.algorithms.kl import kl_penalty
 from vla_rl.algorithms.policy_loss import POLICY_LOSSES
 from vla_rl.data import keys
+from vla_rl.trainers.guard import GuardedStep
 from vla_rl.trainers.minibatches import minibatch_indices
 
 
@@ -127,6 +128,7 @@ class ActorTrainer:
         # updated by it; DDP's construction copies rank 0's, so no broadcast before every forward.
         self.ddp = DistributedDataParallel(policy, process_group=group, forward_sync_buffers=False)
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+        self.guarded_step = GuardedStep("actor")
 
     def update(self, batch: TensorDict, algorithm, trainer, generator: torch.Generator) -> dict[str, float]:
         """One update on this worker's shard ``batch`` (episodes with ``advantages``).
@@ -147,28 +149,36 @@ class ActorTrainer:
             generator: shuffles the minibatches (seeded per worker, saved in checkpoints).
 
         Returns:
-            Means over minibatches of the loss terms and the objective's metrics
-            (``actor/pg_loss``, ``actor/entropy``, ``actor/kl_loss``, ``actor/pg_clipfrac``,
-            ``actor/approx_kl``, ``actor/grad_norm``, ...), and ``actor/num_updates`` (0 when some
-            worker's shard is empty: nobody updates). At token granularity,
-            ``actor/old_log_prob_max_diff``: the largest gap between the recomputed per-dimension
-            log-probs (summed per action) and the rollout's, exactly 0 for a conforming policy.
+            Means over the applied minibatch updates of the loss terms and the objective's
+            metrics (``actor/pg_loss``, ``actor/entropy``, ``actor/kl_loss``, ``actor/pg_clipfrac``,
+            ``actor/approx_kl``, ``actor/grad_norm``, ...), ``actor/num_updates`` (0 when some
+            worker's shard is empty: nobody updates) and ``actor/skipped_updates`` (updates whose
+            gradient norm was not finite, not applied: :mod:`vla_rl.trainers.guard`). At token
+            granularity, ``actor/old_log_prob_max_diff``: the largest gap between the recomputed
+            per-dimension log-probs (summed per action) and the rollout's, exactly 0 for a
+            conforming policy.
+
+        Raises:
+            RunStopped: ``trainer.max_skipped_updates`` skipped updates in a row.
         """
         old_log_probs, metrics = self._old_log_probs(batch, algorithm.ratio_granularity)  # (n, L)
         loss_fn = POLICY_LOSSES.get(algorithm.policy_loss)
         loss_options = algorithm.options("policy_loss")
         totals: dict[str, float] = {}
-        updates = 0
+        updates = skipped = 0
         self.policy.train()
         for index in minibatch_indices(batch.batch_size[0], trainer.ppo_mini_batch_size, trainer.ppo_epochs,
                                        generator, self.group):
-            step = self._minibatch_step(batch[index], old_log_probs[index], algorithm, trainer.max_grad_norm,
-                                        loss_fn, loss_options)
+            step = self._minibatch_step(batch[index], old_log_probs[index], algorithm, trainer, loss_fn, loss_options)
+            if step is None:
+                skipped += 1
+                continue
             for name, value in step.items():
                 totals[name] = totals.get(name, 0.0) + value
             updates += 1
         metrics.update({name: total / updates for name, total in totals.items()})
         metrics["actor/num_updates"] = float(updates)
+        metrics["actor/skipped_updates"] = float(skipped)
         return metrics
 
     def supervised_update(self, batch: TensorDict, epochs: int, mini_batch_size: int, max_grad_norm: float,
@@ -221,8 +231,9 @@ class ActorTrainer:
         max_gap = float(gap.max()) if gap.numel() else 0.0
         return reduce_per_dim(per_dim, granularity), {"actor/old_log_prob_max_diff": max_gap}
 
-    def _minibatch_step(self, mb: TensorDict, old_log_probs: Tensor, algorithm, max_grad_norm: float,
-                        loss_fn, loss_options) -> dict[str, float]:
+    def _minibatch_step(self, mb: TensorDict, old_log_probs: Tensor, algorithm, trainer, loss_fn,
+                        loss_options) -> dict[str, float] | None:
+        """One minibatch update; its metrics, or None when its gradient was not finite (skipped)."""
         granularity = algorithm.ratio_granularity
         agg_mode, agg_normalizer = algorithm.loss_agg_mode, algorithm.loss_agg_normalizer
         log_probs, entropy = self.forward(self.ddp, mb)  # (b, T, C, A) each
@@ -246,8 +257,10 @@ class ActorTrainer:
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_grad_norm)
-        self.optimizer.step()
+        grad_norm, applied = self.guarded_step(self.policy.parameters(), self.optimizer, trainer.max_grad_norm,
+                                               trainer.max_skipped_updates, loss)
+        if not applied:
+            return None
         out.update({"actor/pg_loss": float(pg_loss.detach()), "actor/entropy": float(entropy_term.detach()),
-                    "actor/grad_norm": float(grad_norm)})
+                    "actor/grad_norm": grad_norm})
         return out

@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from vla_rl.algorithms.value_loss import compute_value_loss
 from vla_rl.data import keys
+from vla_rl.trainers.guard import GuardedStep
 from vla_rl.trainers.minibatches import minibatch_indices
 
 
@@ -82,6 +83,7 @@ class CriticTrainer:
         # Its buffers (normalisation statistics) never change in training: no per-forward broadcast.
         self.ddp = DistributedDataParallel(network, process_group=group, forward_sync_buffers=False)
         self.optimizer = torch.optim.Adam(network.parameters(), lr=lr)
+        self.guarded_step = GuardedStep("critic")
 
     @torch.no_grad()
     def values(self, batch: TensorDict) -> Tensor:
@@ -102,11 +104,15 @@ class CriticTrainer:
             generator: shuffles the minibatches.
 
         Returns:
-            Means over minibatches of ``critic/vf_loss``, ``critic/vf_clipfrac``,
-            ``critic/vpred_mean``, ``critic/grad_norm``, and ``critic/num_updates``.
+            Means over the applied minibatch updates of ``critic/vf_loss``, ``critic/vf_clipfrac``,
+            ``critic/vpred_mean``, ``critic/grad_norm``, ``critic/num_updates``, and
+            ``critic/skipped_updates`` (non-finite gradient norms, not applied).
+
+        Raises:
+            RunStopped: ``trainer.max_skipped_updates`` skipped updates in a row.
         """
         totals: dict[str, float] = {}
-        updates = 0
+        updates = skipped = 0
         self.network.train()
         for index in minibatch_indices(batch.batch_size[0], trainer.ppo_mini_batch_size, trainer.ppo_epochs,
                                        generator, self.group):
@@ -116,12 +122,16 @@ class CriticTrainer:
                                                   critic.cliprange_value, critic.loss_agg_mode)
             self.optimizer.zero_grad(set_to_none=True)
             vf_loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.network.parameters(), trainer.max_grad_norm)
-            self.optimizer.step()
-            metrics.update({"vf_loss": float(vf_loss.detach()), "grad_norm": float(grad_norm)})
+            grad_norm, applied = self.guarded_step(self.network.parameters(), self.optimizer, trainer.max_grad_norm,
+                                                   trainer.max_skipped_updates, vf_loss)
+            if not applied:
+                skipped += 1
+                continue
+            metrics.update({"vf_loss": float(vf_loss.detach()), "grad_norm": grad_norm})
             for name, value in metrics.items():
                 totals[f"critic/{name}"] = totals.get(f"critic/{name}", 0.0) + value
             updates += 1
         out = {name: total / updates for name, total in totals.items()}
         out["critic/num_updates"] = float(updates)
+        out["critic/skipped_updates"] = float(skipped)
         return out

@@ -25,6 +25,7 @@ from vla_rl.dag.planner import Reshard, RunNode, Task, plan
 from vla_rl.dag.registry import get_node_function
 from vla_rl.data import keys
 from vla_rl.data.reshard import reshard
+from vla_rl.utils.code_location import check_same_code
 from vla_rl.utils.device import bind_device, collective_backend
 from vla_rl.utils.ray_utils import LOOPBACK
 from vla_rl.workers.checkpointing import WorkerCheckpointer
@@ -42,9 +43,13 @@ class DAGWorker:
         template: template path (or name under ``dag_templates/``).
         overrides: dotted overrides applied to the template.
         run_dir: the run directory (shared file system).
+        driver_code_root: where the driver imported ``vla_rl`` from; the worker refuses to run
+            other code (:func:`~vla_rl.utils.code_location.check_same_code`).
     """
 
-    def __init__(self, rank: int, world_size: int, template: str, overrides: list[str], run_dir: str) -> None:
+    def __init__(self, rank: int, world_size: int, template: str, overrides: list[str], run_dir: str,
+                 driver_code_root: str) -> None:
+        check_same_code(driver_code_root)
         self.rank = rank
         self.world_size = world_size
         self.template = load_template(template, overrides)

@@ -11,6 +11,7 @@ import pickle
 from pathlib import Path
 from typing import NamedTuple
 
+from vla_rl.errors import RunStopped
 from vla_rl.utils.ray_utils import init_ray
 
 
@@ -18,7 +19,15 @@ def start_ray(config, world_size: int, pools_per_worker: int = 1) -> None:
     """Start Ray on loopback with the CPU resources a run reserves: per worker its own
     (``workers.num_cpus_per_worker``) and its simulator actors' (``pools_per_worker`` pools of
     ``simulator.actors_per_worker`` actors of ``simulator.num_cpus_per_actor``), plus one for the
-    driver (rounded up to a whole number by :func:`~vla_rl.utils.ray_utils.init_ray`)."""
+    driver (rounded up to a whole number by :func:`~vla_rl.utils.ray_utils.init_ray`).
+
+    Raises:
+        RunStopped: the working directory holds another copy of the project's code, which the
+            workers would import (:func:`~vla_rl.utils.code_location.check_launch_directory`).
+    """
+    from vla_rl.utils.code_location import check_launch_directory
+
+    check_launch_directory()
     sim = config.simulator
     per_worker = config.workers.num_cpus_per_worker + pools_per_worker * sim.actors_per_worker * sim.num_cpus_per_actor
     init_ray(num_cpus=world_size * per_worker + 1)
@@ -50,8 +59,11 @@ class WorkerGroup:
 
         from vla_rl.workers.dag_worker import DAGWorker
 
+        from vla_rl.utils.code_location import code_root
+
         actor_cls = ray.remote(num_cpus=num_cpus, max_restarts=0)(DAGWorker)
-        return cls([actor_cls.remote(rank, world_size, template, overrides, str(run_dir)) for rank in range(world_size)])
+        return cls([actor_cls.remote(rank, world_size, template, overrides, str(run_dir), str(code_root()))
+                    for rank in range(world_size)])
 
     def call(self, method: str, *args) -> list[dict[str, float]]:
         """Call ``method(*args)`` on every worker at once and return their scalar replies
@@ -66,7 +78,8 @@ class WorkerGroup:
         """Wait for the replies of a :meth:`submit` and check them.
 
         Fails fast: the first worker error is raised as soon as it happens (the other workers
-        may be blocked in a collective waiting for the failed one).
+        may be blocked in a collective waiting for the failed one); a worker's
+        :class:`~vla_rl.errors.RunStopped` is re-raised as is, without the Ray traceback.
         """
         import ray
 
@@ -74,7 +87,12 @@ class WorkerGroup:
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
-            ray.get(done)
+            try:
+                ray.get(done)
+            except ray.exceptions.RayTaskError as error:
+                if isinstance(error.cause, RunStopped):  # a message for the user, not a traceback
+                    raise error.cause from None
+                raise
         replies = ray.get(refs)
         for reply in replies:
             if reply is None:

@@ -1,0 +1,177 @@
+"""Malformed templates, overrides and command lines through ``vla-rl``: each is refused with one
+red line that says where to look, exit status 2, no traceback, and nothing written — an existing
+run directory is left byte for byte as it was. (Malformed prompt files and model directories:
+tests/test_preflight.py.)"""
+
+from __future__ import annotations
+
+import hashlib
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from vla_rl.cli import main
+from vla_rl.driver import prepare_run_dir
+
+GOOD_NODES = """
+nodes:
+  - {id: tasks, role: data, type: data_load}
+  - {id: rollout, role: rollout, type: env_interact, deps: [tasks]}
+  - {id: reward, role: reward, type: compute, deps: [rollout]}
+  - {id: advantage, role: advantage, type: compute, deps: [reward]}
+  - {id: actor, role: actor, type: model_train, deps: [advantage]}
+"""
+
+#: (case, template file text or None for a built-in template, CLI arguments after the template,
+#: text the error line must contain)
+TEMPLATE_CASES = [
+    ("yaml syntax", "name: x\nnodes: [\n", [], "invalid YAML at line"),
+    ("not a mapping", "- a\n- b\n", [], "a template must be a mapping"),
+    ("no name", GOOD_NODES, [], "field 'name'"),
+    ("no nodes", "name: x\n", [], "field 'nodes'"),
+    ("node without id", "name: x\nnodes:\n  - {role: data, type: data_load}\n", [], "non-empty string id"),
+    ("duplicated id", "name: x\nnodes:\n  - {id: a, role: data, type: data_load}\n  - {id: a, role: data, type: data_load}\n",
+     [], "duplicated node id"),
+    ("unknown role", "name: x\nnodes:\n  - {id: a, role: chef, type: data_load}\n", [], "field 'role'"),
+    ("unknown type", "name: x\nnodes:\n  - {id: a, role: data, type: bake}\n", [], "field 'type'"),
+    ("unknown fn", "name: x\nnodes:\n  - {id: a, role: data, type: data_load, fn: nope}\n", [], "no node function 'nope'"),
+    ("unknown dep", "name: x\nnodes:\n  - {id: a, role: data, type: data_load, deps: [b]}\n", [], "unknown dependency 'b'"),
+    ("cycle", "name: x\nnodes:\n  - {id: a, role: data, type: data_load, deps: [b]}\n"
+              "  - {id: b, role: reward, type: compute, deps: [a]}\n", [], "dependency cycle"),
+    ("dp size", "name: x" + GOOD_NODES.replace("deps: [rollout]}", "deps: [rollout], dp_size: 3}"), [],
+     "must divide the world size"),
+    ("dp size zero", "name: x" + GOOD_NODES.replace("deps: [rollout]}", "deps: [rollout], dp_size: 0}"), [],
+     "field 'dp_size'"),
+    ("missing base", "name: x\nextends: nowhere.yaml\n" + GOOD_NODES, [], "base template not found"),
+    ("unknown top-level key", "name: x\nfoo: 1\n" + GOOD_NODES, [], "field 'foo'"),
+    ("config not a mapping", "name: x\nconfig: 3\n" + GOOD_NODES, [], "field 'config'"),
+    ("node config key", "name: x" + GOOD_NODES.replace("deps: [tasks]}", "deps: [tasks], config: {greedyy: true}}"),
+     [], "config.greedyy"),
+    ("cross-phase dep", "name: x" + GOOD_NODES + "  - {id: e, role: evaluator, type: compute, phase: evaluate, deps: [actor]}\n",
+     [], "runs in phase 'train'"),
+    ("trains nothing", "name: x" + GOOD_NODES.replace("  - {id: actor, role: actor, type: model_train, deps: [advantage]}\n", ""),
+     [], "would train nothing"),
+    ("key nobody writes", "name: x\nnodes:\n  - {id: tasks, role: data, type: data_load}\n"
+                          "  - {id: advantage, role: advantage, type: compute, deps: [tasks]}\n"
+                          "  - {id: actor, role: actor, type: model_train, deps: [advantage]}\n", [],
+     "reads batch key"),
+]
+
+OVERRIDE_CASES = [
+    ("negative steps", "embodied_srpo", ["trainer.total_steps=-1"], "trainer.total_steps"),
+    ("infinite lr", "embodied_srpo", ["trainer.lr=inf"], "finite number"),
+    ("zero lr", "embodied_srpo", ["trainer.lr=0"], "trainer.lr"),
+    ("typo in a section", "embodied_srpo", ["trainer.totl_steps=3"], "trainer.totl_steps"),
+    ("unknown node", "embodied_srpo", ["nodes.nope.dp_size=1"], "unknown node"),
+    ("node rename", "embodied_srpo", ["nodes.reward.id=x"], "cannot be renamed"),
+    ("robosuite task typo", "embodied_srpo", ["simulator.env.task=Stak"], "single-arm robosuite task"),
+    ("unknown simulator", "embodied_srpo", ["simulator.name=nope"], "unknown simulator"),
+    ("unknown policy", "embodied_srpo", ["policy.name=nope"], "unknown policy"),
+    ("policy config key", "embodied_srpo", ["policy.config.hiden=1"], "policy.config.hiden"),
+    ("srpo setting", "embodied_srpo", ["algorithm.srpo.dbscan_eps=-1"], "dbscan_eps"),
+    ("gae without a critic", "embodied_srpo", ["algorithm.adv_estimator=gae"], "reads batch key 'values'"),
+    ("group of one", "embodied_srpo", ["data.group_size=1"], "data.group_size"),
+    ("no workers", "embodied_srpo", ["workers.num_workers=0"], "workers.num_workers"),
+    ("nan score", "llm_grpo", ["text.format_score=nan"], "finite number"),
+    ("unknown workflow", "embodied_srpo", ["run.workflow=speech"], "run.workflow"),
+    ("moved key", "embodied_srpo", ["algorithm.clip_ratio_high=0.3"], "or the settings of a component"),
+    ("plugin missing", "embodied_srpo", ["run.imports=[not_a_module_anywhere]"], "cannot import"),
+    ("unknown protocol", "embodied_srpo", ["eval.protocols=[fast]"], "eval.protocols"),
+    ("unknown device", "embodied_srpo", ["workers.device=tpu"], "workers.device"),
+    ("prompts not divisible", "llm_grpo", ["text.prompts_per_step=5"], "multiple of workers.num_workers"),
+    ("no skipped updates allowed", "embodied_srpo", ["trainer.max_skipped_updates=0"], "trainer.max_skipped_updates"),
+    ("loss setting of another loss", "embodied_srpo", ["algorithm.cpgd.dual_clip_c=3"], "unknown key for CPGDConfig"),
+]
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    """Every file below ``directory`` (the lock's text aside) and a hash of its bytes."""
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+@pytest.fixture(scope="module")
+def existing_run(tmp_path_factory):
+    """A run directory as a run leaves it (its template, a metrics file, a checkpoint file)."""
+    out = tmp_path_factory.mktemp("outputs")
+    run, _, _ = prepare_run_dir("embodied_srpo", [f"run.output_dir={out}", "run.name=kept"], None)
+    run.close()
+    (run.path / "metrics.jsonl").write_text('{"step": 1, "rollout/success_rate": 0.5}\n')
+    (run.path / "checkpoints" / "step_00000001").mkdir(parents=True)
+    (run.path / "checkpoints" / "step_00000001" / "model.safetensors").write_bytes(b"weights")
+    return run.path
+
+
+def refused(capsys, args: list[str], expected: str) -> str:
+    """Run the CLI; check exit 2, one 'error:' line naming ``expected``, no traceback."""
+    status = main(args)
+    err = capsys.readouterr().err
+    assert status == 2, (args, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err and expected in err, err
+    return err
+
+
+@pytest.mark.parametrize(("case", "text", "args", "expected"), TEMPLATE_CASES, ids=[c[0] for c in TEMPLATE_CASES])
+def test_malformed_template_files(case, text, args, expected, tmp_path, capsys):
+    path = tmp_path / "t.yaml"
+    path.write_text(textwrap.dedent(text))
+    err = refused(capsys, ["plan", str(path), *args], expected)
+    assert "t.yaml" in err  # names the file
+
+
+def test_non_utf8_template(tmp_path, capsys):
+    path = tmp_path / "latin.yaml"
+    path.write_bytes("name: caf\xe9\n".encode("latin-1") + GOOD_NODES.encode())
+    err = refused(capsys, ["plan", str(path)], "not UTF-8 text")
+    assert "latin.yaml" in err
+
+
+def test_extends_cycle(tmp_path, capsys):
+    (tmp_path / "a.yaml").write_text("name: a\nextends: b.yaml\n" + GOOD_NODES)
+    (tmp_path / "b.yaml").write_text("name: b\nextends: a.yaml\n")
+    refused(capsys, ["plan", str(tmp_path / "a.yaml")], "extends cycle")
+
+
+@pytest.mark.parametrize(("case", "template", "overrides", "expected"), OVERRIDE_CASES,
+                         ids=[c[0] for c in OVERRIDE_CASES])
+def test_malformed_overrides(case, template, overrides, expected, capsys):
+    refused(capsys, ["plan", template, *overrides], expected)
+
+
+def test_an_override_without_a_value_is_a_second_template(tmp_path, capsys):
+    refused(capsys, ["train", "embodied_srpo", "trainer.total_steps", f"run.output_dir={tmp_path}"],
+            "name one template")
+    assert not any(tmp_path.iterdir())  # nothing created
+
+
+@pytest.mark.parametrize(("case", "args", "expected"), [
+    ("train without a template", ["train"], "name one template"),
+    ("resume of nothing", ["train", "--resume", "/nonexistent/run"], "is not a run directory"),
+    ("world size 0", ["plan", "embodied_srpo", "--world-size", "0"], None),
+    ("eval without a target", ["eval", "eval.num_episodes=3"], "name a run directory"),
+    ("eval of nothing", ["eval", "/nonexistent/run"], "/nonexistent/run"),
+])
+def test_malformed_command_lines(case, args, expected, capsys):
+    if expected is None:  # argparse's own usage error: exit 2, no traceback
+        with pytest.raises(SystemExit) as info:
+            main(args)
+        assert info.value.code == 2 and "Traceback" not in capsys.readouterr().err
+        return
+    refused(capsys, args, expected)
+
+
+@pytest.mark.parametrize(("case", "args", "expected"), [
+    ("reused run name", ["train", "embodied_srpo", "run.output_dir={out}", "run.name=kept"], "already exists"),
+    ("resume with a typo", ["train", "--resume", "{run}", "trainer.total_step=6"], "trainer.total_step"),
+    ("resume with a bad value", ["train", "--resume", "{run}", "trainer.total_steps=-6"], "trainer.total_steps"),
+    ("resume naming another template", ["train", "llm_grpo", "--resume", "{run}"], "remove 'llm_grpo'"),
+    ("resume with a bad node override", ["train", "--resume", "{run}", "nodes.reward.dp_size=3"], "dp_size"),
+])
+def test_an_existing_run_directory_is_never_changed(case, args, expected, existing_run, capsys):
+    before = snapshot(existing_run)
+    args = [a.format(out=existing_run.parent, run=existing_run) for a in args]
+    refused(capsys, args, expected)
+    assert snapshot(existing_run) == before
