@@ -77,6 +77,11 @@ class Policy(torch.nn.Module, abc.ABC):
             )
 
     @property
+    def device(self) -> torch.device:
+        """The device of the policy's parameters (its inputs go there, its outputs come from there)."""
+        return next(self.parameters()).device
+
+    @property
     @abc.abstractmethod
     def chunk_size(self) -> int:
         """Number of future actions emitted per observation (1 for single-step policies)."""
@@ -99,7 +104,7 @@ class Policy(torch.nn.Module, abc.ABC):
         Args:
             obs: ``(batch, obs_dim)`` floating observations.
             greedy: return the most likely actions (the mode) instead of a sample.
-            generator: random generator on the policy's device; the global one if ``None``.
+            generator: random generator (on any device: :func:`policies.sampling.draw`); the global one if ``None``.
             temperature: > 0, how spread the sampling distribution is relative to the trained one
                 (1.0: the trained distribution, which training always uses; ignored when
                 ``greedy``). Each policy documents its meaning (Gaussian: the std is scaled by it;

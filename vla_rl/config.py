@@ -47,8 +47,20 @@ class WorkersSection(_Section):
     """The DAG workers: one Ray actor per device slot."""
 
     num_workers: int = Field(2, ge=1, description="World size: number of DAG workers.")
-    device: Literal["cpu", "cuda", "npu"] = Field("cpu", description="Device kind of each worker.")
+    device: Literal["cpu", "cuda", "npu", "auto"] = Field(
+        "cpu", description="Device kind of each worker; 'auto': the accelerator present (CUDA, then Ascend NPU), "
+        "else the CPU.")
     num_cpus_per_worker: float = Field(1.0, gt=0, description="Ray CPU resource per DAG worker.")
+    gpus_per_worker: float = Field(
+        1.0, gt=0, le=1, description="Accelerator share of each worker (CUDA GPUs, Ascend NPUs); below 1 lets workers "
+        "share one (tests on a single GPU).")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray placement-group strategy of the workers' bundles: PACK fills a node first, SPREAD "
+        "puts the workers on as many nodes as it can.")
+    placement_timeout_s: float = Field(300.0, gt=0, description="Seconds to wait for the cluster to place the workers.")
+    ray_address: str | None = Field(
+        None, description="Address of an existing Ray cluster to join ('auto', 'host:6379', 'ray://...'); null: the "
+        "RAY_ADDRESS environment variable if set, else a local Ray on 127.0.0.1 (docs/cluster.md).")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads in each worker.")
 
 

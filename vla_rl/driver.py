@@ -77,13 +77,13 @@ def train(template_arg: str | None, overrides: list[str], resume: str | None = N
         config = template.config
         the_plan = plan(template)
         world = the_plan.world_size
-        start_ray(config, world)
+        device = start_ray(config, world)
         console.print(f"[bold]run directory[/bold] {run_dir}")
-        console.print(f"code {code_version()} from {code_root()}")
+        console.print(f"code {code_version()} from {code_root()}; {world} workers on {device}")
         started = time.perf_counter()
-        workers = WorkerGroup.launch(world, str(run.template_path), worker_overrides, run_dir,
-                                     config.workers.num_cpus_per_worker)
+        workers = WorkerGroup.launch(world, str(run.template_path), worker_overrides, run_dir, config.workers, device)
         try:
+            worker_nodes = workers.node_ids()
             workers.start_process_group()
             summary = RunLoop(workers, template, the_plan, run_dir, console).run(resume=resume is not None)
         finally:
@@ -91,6 +91,7 @@ def train(template_arg: str | None, overrides: list[str], resume: str | None = N
     finally:
         run.close()
     summary["code"] = {"version": code_version(), "location": str(code_root())}
+    summary["worker_nodes"] = worker_nodes  # the Ray node of each rank
     summary["wall_time_s"] = time.perf_counter() - started
     summary["driver_max_reply_bytes"] = workers.max_reply_bytes
     tmp = run_dir / "summary.json.tmp"

@@ -209,7 +209,7 @@ class CausalLMPolicy(nn.Module):
                 log-probs are at this temperature.
             greedy: take the most likely token instead of sampling (log-probs still at
                 ``temperature``).
-            generator: random generator on the model's device; the global one if ``None``.
+            generator: random generator (on any device: :func:`policies.sampling.draw`); the global one if ``None``.
 
         Returns:
             :class:`Generation` with ``(batch, max_new_tokens)`` tensors.

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from policies import register_policy
 from policies.base import Policy
 from policies.mlp.configuration_mlp import MLPPolicyConfig
+from policies.sampling import draw
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "tanh": nn.Tanh,
@@ -182,7 +183,8 @@ class MLPPolicy(Policy):
         Args:
             obs: ``(batch, obs_dim)`` floating observations.
             greedy: return the mean action.
-            generator: random generator on the policy's device; the global one if ``None``.
+            generator: random generator (on any device: :func:`policies.sampling.draw`); the global
+                one if ``None``.
             temperature: > 0, scales the Gaussian's standard deviation (1.0: the trained policy).
 
         Returns:
@@ -201,9 +203,7 @@ class MLPPolicy(Policy):
         if greedy:
             actions = mean
         else:
-            noise = torch.randn(
-                mean.shape, generator=generator, device=mean.device, dtype=mean.dtype
-            )
+            noise = draw("normal", tuple(mean.shape), generator, mean.dtype, mean.device)
             actions = mean + std * noise
         actions = actions.unsqueeze(1)  # (B, 1, A)
         return actions, self._log_prob_per_dim(actions, mean.unsqueeze(1), std).sum(dim=-1)

@@ -91,7 +91,7 @@ class OpenVLAPolicy(PrismaticPolicy):
             obs: observation TensorDict (model inputs or simulator observations, see
                 :class:`~policies.openvla.policy_base.PrismaticPolicy`).
             greedy: take the most likely bin of each dimension.
-            generator: random generator on the policy's device; the global one if ``None``.
+            generator: random generator (on any device: :func:`policies.sampling.draw`); the global one if ``None``.
             temperature: default ``config.temperature``; the log-probs are at this temperature.
 
         Returns:

@@ -172,7 +172,7 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
         Args:
             obs: observation TensorDict.
             greedy: the most likely bin of each value.
-            generator: random generator on the policy's device; the global one if ``None``.
+            generator: random generator (on any device: :func:`policies.sampling.draw`); the global one if ``None``.
             temperature: default ``config.temperature``; the log-probs are at this temperature.
 
         Returns:

@@ -4,19 +4,18 @@ V-JEPA 2 from a local directory), and the whole-step reference set gathered acro
 
 from __future__ import annotations
 
+import os
 import types
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from tensordict import TensorDict
 
-from vla_rl.algorithms.srpo import SRPORewardConfig, compute_srpo_rewards
 from vla_rl.config import RunConfig
 from vla_rl.data import keys
-from vla_rl.nodes import reward as reward_node
-from vla_rl.nodes.reward import episode_rewards, gather_step_reference, trajectory_embeddings
+from vla_rl.nodes.reward import episode_rewards, step_reference, trajectory_embeddings
 from vla_rl.rewards.trajectory_encoders import encode_state_trajectories
 from vla_rl.workers.resources import Resources
 
@@ -115,26 +114,38 @@ def test_worker_builds_vjepa2_from_a_local_directory(tmp_path, tiny_vjepa2_dir, 
     assert res.trajectory_encoder.batch_size == 4
 
 
-def test_step_reference_scores_each_shard_against_every_success(monkeypatch):
-    """Two reward shards (DP 2 on 2 workers), seen from rank 1: its failures are scored against
-    the successes of both shards, exactly as the whole step scored at once."""
+def _shard_rewards(rank: int, world: int, store_path: str, results) -> None:
+    """Rank ``rank``'s SRPO rewards of its half of the step (DP 2), with the step as the reference."""
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     algo = algorithm(state_resample={"points": 3})
-    whole = camera_batch(seed=3)
-    whole[keys.SUCCESS] = torch.tensor([True, False, False, False, True, False])  # shard 1 has one success
-    shards = [whole[:3], whole[3:]]
-    encoder = encode_state_trajectories
-    embeddings = [trajectory_embeddings(algo, shard, encoder) for shard in shards]
+    whole = step_batch()
+    shard = whole[rank * 6:(rank + 1) * 6]
+    ctx = types.SimpleNamespace(world_size=world, dp_size=world, dp_rank=rank, group=None)
+    results[rank] = (episode_rewards(algo, shard, encode_state_trajectories, step_reference(ctx))[0],
+                     episode_rewards(algo, shard, encode_state_trajectories)[0])
+    dist.destroy_process_group()
 
-    def fake_all_gather_object(parts, mine, group=None):
-        assert torch.equal(mine[0], embeddings[1])
-        parts[:] = [(embeddings[r], shards[r][keys.SUCCESS], shards[r][keys.TASK_ID]) for r in range(2)]
 
-    monkeypatch.setattr(reward_node.dist, "all_gather_object", fake_all_gather_object)
-    ctx = types.SimpleNamespace(world_size=2, dp_size=2, dp_rank=1, group=None)
-    rewards, _ = episode_rewards(algo, shards[1], encoder, gather_step_reference(ctx))
-    expected = compute_srpo_rewards(torch.cat(embeddings), whole[keys.SUCCESS], whole[keys.TASK_ID],
-                                    SRPORewardConfig())[3:]
-    torch.testing.assert_close(rewards, expected.float())
-    local, _ = episode_rewards(algo, shards[1], encoder)  # its own success only
-    assert not torch.allclose(local, rewards)
-    assert np.isclose(float(rewards[1]), 1.0)  # the success stays 1
+def step_batch() -> TensorDict:
+    """Twelve episodes of two tasks; the second half of the step holds one success of task 0 only."""
+    batch = torch.cat([camera_batch(seed=3), camera_batch(seed=4)])
+    batch[keys.SUCCESS] = torch.tensor([1, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0], dtype=torch.bool)
+    batch[keys.TASK_ID] = torch.tensor([0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 1, 1])
+    return batch
+
+
+def test_step_reference_scores_each_shard_exactly_as_the_whole_step(tmp_path):
+    """Two reward shards (DP 2 on 2 workers) that exchange only their successes' embeddings and
+    each task's distance span give bit for bit the rewards of the whole step scored at once."""
+    import torch.multiprocessing as mp
+
+    results = mp.Manager().dict()
+    mp.spawn(_shard_rewards, args=(2, str(tmp_path / "store"), results), nprocs=2, join=True)
+    whole = step_batch()
+    expected, _ = episode_rewards(algorithm(state_resample={"points": 3}), whole, encode_state_trajectories)
+    sharded = torch.cat([results[0][0], results[1][0]])
+    assert torch.equal(sharded, expected)
+    local = torch.cat([results[0][1], results[1][1]])  # each shard its own reference: differs
+    assert not torch.equal(local, expected)
+    assert expected[whole[keys.SUCCESS]].eq(1.0).all()

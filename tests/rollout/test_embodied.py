@@ -94,6 +94,8 @@ class ConstantPolicy(torch.nn.Module):
     """Acts 1.0 everywhere with log-prob -1 per step; chunk of ``chunk_size`` actions; the
     simulator gets half of them. Keeps the observations it saw and logs its calls in ``events``."""
 
+    device = torch.device("cpu")
+
     def __init__(self, chunk_size: int, events: list | None = None) -> None:
         super().__init__()
         self.chunk_size = chunk_size

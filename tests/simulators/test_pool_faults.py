@@ -42,7 +42,7 @@ class SignalAtCall:
     process of simulator actor ``slot`` (so the chunks in flight meet a dead or frozen actor)."""
 
     def __init__(self, policy, pool: SimulatorPool, slot: int, signum: int, at_call: int) -> None:
-        self.policy, self.chunk_size = policy, policy.chunk_size
+        self.policy, self.chunk_size, self.device = policy, policy.chunk_size, policy.device
         self.pid = pool.actor_pids()[slot]
         self.signum, self.at_call, self.calls = signum, at_call, 0
 

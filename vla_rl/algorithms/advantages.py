@@ -25,7 +25,10 @@ Registered: ``"gae"``, ``"grpo"`` (Dr. GRPO with ``norm_by_std=False``), ``"rloo
 beyond rewards, mask and groups declares them when it registers (``"gae"``:
 ``reads=("values",)``), so that the planner checks a template writes them (a critic node); one
 that compares a group's samples declares ``groups=True``, so that a group size below 2 (every
-advantage 0: nothing trains) is refused at plan time.
+advantage 0: nothing trains) is refused at plan time; one that takes statistics over the whole
+batch (whitening) declares ``batch_statistics=True`` and accepts ``reduce`` (a
+:data:`ShardReduce`), so that it can run on the batch's DP shards and give the single batch's
+result.
 
 Conventions of the group estimators (GRPO, RLOO, REINFORCE++-baseline), kept from the first
 GRPO implementation:
@@ -43,6 +46,7 @@ Statistics are computed in float64.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -167,28 +171,48 @@ def _check_inputs(token_level_rewards: Tensor, response_mask: Tensor, group_ids:
     return mask
 
 
-def masked_whiten(x: Tensor, mask: Tensor, epsilon: float = 1e-8) -> Tensor:
+ShardReduce = Callable[[Tensor, str], Tensor]
+"""``reduce(values, op)`` with ``op`` in ``sum``, ``max``, ``min``: ``values`` combined over the
+shards of a batch split across workers (the DP shards of an advantage node)."""
+
+
+def masked_whiten(x: Tensor, mask: Tensor, epsilon: float = 1e-8, reduce: ShardReduce | None = None) -> Tensor:
     """Whiten ``x`` over its valid positions: ``(x - mean) / sqrt(var + epsilon)``.
 
     ``mean`` and the unbiased ``var`` (divisor ``n - 1``) are taken over the valid positions of
-    the whole tensor, as verl's ``masked_whiten``. If fewer than two positions are valid, or all
-    valid values are equal, there is nothing to normalise and the result is exactly 0.
+    the whole tensor, as verl's ``masked_whiten`` — or, with ``reduce``, over those of every shard
+    of the batch (two rounds of sums, as a single batch would give up to float64 rounding). If
+    fewer than two positions are valid, or all valid values are equal, there is nothing to
+    normalise and the result is exactly 0.
 
     Args:
         x: any shape, float.
         mask: bool, same shape; True marks valid positions.
         epsilon: added to the variance; > 0.
+        reduce: combines statistics over the batch's shards (None: this tensor is the batch).
 
     Returns:
         Same shape and dtype as ``x``; exactly 0 at masked positions, whatever ``x`` holds there.
     """
     values = torch.where(mask, x.to(torch.float64), 0.0)
-    count = int(mask.sum())
     valid = values[mask]
-    if count < 2 or bool(valid.max() == valid.min()):
-        return torch.zeros_like(x)
-    mean = valid.sum() / count
-    var = ((valid - mean) ** 2).sum() / (count - 1)
+    if reduce is None:
+        count, total = int(mask.sum()), valid.sum()
+        if count < 2 or bool(valid.max() == valid.min()):
+            return torch.zeros_like(x)
+        mean = total / count
+        var = ((valid - mean) ** 2).sum() / (count - 1)
+    else:
+        count_and_total = reduce(torch.stack([torch.tensor(float(valid.numel()), dtype=torch.float64),
+                                              valid.sum()]), "sum")
+        count, total = int(count_and_total[0]), count_and_total[1]
+        empty = valid.numel() == 0
+        highest = reduce(torch.tensor(-math.inf if empty else float(valid.max()), dtype=torch.float64), "max")
+        lowest = reduce(torch.tensor(math.inf if empty else float(valid.min()), dtype=torch.float64), "min")
+        if count < 2 or bool(highest == lowest):
+            return torch.zeros_like(x)
+        mean = total / count
+        var = reduce(((valid - mean) ** 2).sum(), "sum") / (count - 1)
     whitened = (values - mean) / torch.sqrt(var + epsilon)
     return torch.where(mask, whitened, 0.0).to(x.dtype)
 
@@ -226,13 +250,14 @@ def _broadcast(per_row: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.where(mask, per_row[:, None], 0.0).to(dtype)
 
 
-@ADVANTAGE_ESTIMATORS.register("gae", config=GAEConfig, reads=("values",))
+@ADVANTAGE_ESTIMATORS.register("gae", config=GAEConfig, reads=("values",), batch_statistics=True)
 def compute_gae_advantage_return(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
     config: GAEConfig,
     values: Tensor | None = None,
+    reduce: ShardReduce | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016, "High-Dimensional Continuous
     Control Using Generalized Advantage Estimation", eq. 16), as verl's
@@ -253,6 +278,7 @@ def compute_gae_advantage_return(
         group_ids: (batch,) int64; ignored (GAE has no groups).
         config: ``gamma``, ``lam``, ``whiten_epsilon``.
         values: (batch, seq_len) float critic values V(s_t); required.
+        reduce: combines the whitening statistics over the batch's DP shards (None: one batch).
 
     Returns:
         (advantages, returns), each (batch, seq_len), 0 at masked steps.
@@ -277,7 +303,7 @@ def compute_gae_advantage_return(
         last_gae = torch.where(valid, gae, last_gae)
         advantages[:, t] = torch.where(valid, gae, 0.0)
     returns = torch.where(mask, advantages + v, 0.0)
-    whitened = masked_whiten(advantages, mask, config.whiten_epsilon)
+    whitened = masked_whiten(advantages, mask, config.whiten_epsilon, reduce)
     return whitened.to(token_level_rewards.dtype), returns.to(token_level_rewards.dtype)
 
 
@@ -370,13 +396,14 @@ def _discounted_returns(token_level_rewards: Tensor, mask: Tensor, gamma: float)
     return returns
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", config=ReinforcePlusPlusConfig)
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", config=ReinforcePlusPlusConfig, batch_statistics=True)
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
     config: ReinforcePlusPlusConfig,
     values: Tensor | None = None,
+    reduce: ShardReduce | None = None,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large
     Language Models", arXiv 2501.03262: token-level discounted return and global advantage
@@ -393,6 +420,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
         group_ids: (batch,) int64; ignored (no groups).
         config: ``gamma``, ``whiten_epsilon``.
         values: ignored.
+        reduce: combines the whitening statistics over the batch's DP shards (None: one batch).
 
     Returns:
         (advantages, returns): whitened advantages and the raw returns ``G``, 0 at masked steps.
@@ -402,17 +430,19 @@ def compute_reinforce_plus_plus_outcome_advantage(
     """
     mask = _check_inputs(token_level_rewards, response_mask, group_ids)
     returns = _discounted_returns(token_level_rewards, mask, config.gamma)
-    advantages = masked_whiten(returns, mask, config.whiten_epsilon)
+    advantages = masked_whiten(returns, mask, config.whiten_epsilon, reduce)
     return advantages.to(token_level_rewards.dtype), returns.to(token_level_rewards.dtype)
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline", config=WhitenConfig, groups=True)
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline", config=WhitenConfig, groups=True,
+                                batch_statistics=True)
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
     config: WhitenConfig,
     values: Tensor | None = None,
+    reduce: ShardReduce | None = None,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline (Hu 2025, arXiv 2501.03262, the group-mean baseline variant), as
     verl's ``compute_reinforce_plus_plus_baseline_outcome_advantage``::
@@ -430,6 +460,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
         group_ids: (batch,) int64.
         config: ``whiten_epsilon``.
         values: ignored.
+        reduce: combines the whitening statistics over the batch's DP shards (None: one batch).
 
     Returns:
         (advantages, returns), each (batch, seq_len), 0 at masked steps.
@@ -439,6 +470,6 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     """
     mask = _check_inputs(token_level_rewards, response_mask, group_ids)
     centred, _, _, _ = _centre_in_groups(_row_scores(token_level_rewards, mask), group_ids)
-    advantages = masked_whiten(_broadcast(centred, mask, torch.float64), mask, config.whiten_epsilon)
+    advantages = masked_whiten(_broadcast(centred, mask, torch.float64), mask, config.whiten_epsilon, reduce)
     advantages = advantages.to(token_level_rewards.dtype)
     return advantages, advantages

@@ -6,7 +6,10 @@ Every entry has the same signature, so a reward node can switch between them by 
 
 An entry registered with ``embeddings=True`` scores trajectory embeddings: the reward node then
 embeds each episode with the run's trajectory encoder (``algorithm.trajectory_encoder``, a worker
-resource); ``config`` is its registered config class (``algorithm.<name>``), or None.
+resource); ``config`` is its registered config class (``algorithm.<name>``), or None. An entry
+that compares an episode with the whole step (``step_reference=True``, SRPO) also takes
+``shards``, through which the reward node's DP shards exchange what it needs, so that it runs
+at any DP size and gives the whole step's rewards.
 
 - ``"success"``: the sparse binary outcome reward (1 for success, 0 otherwise).
 - ``"srpo"``: SRPO's world-progress reward (Fei et al. 2025), see ``vla_rl.algorithms.srpo``.
@@ -23,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from vla_rl.algorithms.srpo import SRPORewardConfig, compute_srpo_rewards
+from vla_rl.algorithms.srpo import SRPORewardConfig, SRPOShards, compute_srpo_rewards
 from vla_rl.utils.registry import Registry
 
 EMBODIED_REWARDS: Registry[Callable[..., Tensor]] = Registry("embodied reward")
@@ -60,12 +63,13 @@ def compute_success_rewards(
     return success.to(torch.float32)
 
 
-@EMBODIED_REWARDS.register("srpo", config=SRPORewardConfig, embeddings=True)
+@EMBODIED_REWARDS.register("srpo", config=SRPORewardConfig, embeddings=True, step_reference=True)
 def compute_srpo_progress_rewards(
     embeddings: Tensor | None,
     success: Tensor,
     task_ids: Tensor,
     config: SRPORewardConfig,
+    shards: SRPOShards | None = None,
 ) -> Tensor:
     """SRPO world-progress reward; see ``vla_rl.algorithms.srpo.compute_srpo_rewards``.
 
@@ -74,6 +78,8 @@ def compute_srpo_progress_rewards(
         success: (batch,) bool.
         task_ids: (batch,) int64.
         config: SRPO reward settings.
+        shards: for a batch split over workers, how its shards share successes and distance
+            spans (``SRPOShards``); None: the batch is whole here.
 
     Returns:
         (batch,) float32: 1.0 for successes, (0, 1) for failures of tasks with a success in the
@@ -85,7 +91,7 @@ def compute_srpo_progress_rewards(
     if embeddings is None:
         raise ValueError("the 'srpo' reward needs trajectory embeddings; encode the trajectories "
                          "first (e.g. with a registered trajectory encoder) or use 'success'")
-    return compute_srpo_rewards(embeddings, success, task_ids, config)
+    return compute_srpo_rewards(embeddings, success, task_ids, config, shards)
 
 
 def overlong_penalty(lengths: Tensor, max_length: int, buffer_length: int, penalty_factor: float = 1.0) -> Tensor:

@@ -19,6 +19,11 @@ For each task in the batch:
 
 Failures of a task with no success in the batch have no reference and get 0 (the binary reward).
 
+The batch may be split over workers (the reward node's DP shards): with :class:`SRPOShards` the
+shards exchange their successes' embeddings (never their failures') and each task's nearest and
+farthest failure distance, and every shard scores its own failures exactly as the whole batch
+scored at once would.
+
 Sources. The paper gives steps 1-4 (DBSCAN on successful embeddings, L2 distance to the nearest
 centre, normalisation and an activation into (0, 1), trajectory-level reward); the constants
 below and the standardisation, noise fallback, degenerate-range and no-success rules are those of
@@ -30,6 +35,7 @@ not a dependency; see ``dbscan_cluster_labels`` for the one place it can differ.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -180,18 +186,21 @@ def success_cluster_centres(success_embeddings: np.ndarray, config: SRPORewardCo
     return np.stack([success_embeddings[labels == c].mean(axis=0) for c in cluster_ids])
 
 
-def progress_rewards(failure_distances: np.ndarray, config: SRPORewardConfig) -> np.ndarray:
+def progress_rewards(failure_distances: np.ndarray, config: SRPORewardConfig,
+                     span: tuple[float, float] | None = None) -> np.ndarray:
     """Map one task's failure-to-success distances to rewards in (0, 1) (step 4).
 
     Args:
         failure_distances: (num_failures,) float64, raw embedding units, num_failures >= 1.
         config: normalisation and activation settings.
+        span: the (nearest, farthest) distance over all of the task's failures (other shards'
+            included); None: those of ``failure_distances``.
 
     Returns:
         (num_failures,) float64: ``s * sigmoid(k * (b - n))`` with ``n`` the min-max normalised
         distance (0.5 everywhere when the distances span less than the tolerance).
     """
-    nearest, farthest = failure_distances.min(), failure_distances.max()
+    nearest, farthest = span if span is not None else (failure_distances.min(), failure_distances.max())
     distance_range = farthest - nearest
     if distance_range < config.degenerate_range_tolerance:
         normalized = np.full_like(failure_distances, 0.5)
@@ -201,11 +210,28 @@ def progress_rewards(failure_distances: np.ndarray, config: SRPORewardConfig) ->
     return config.failure_reward_scale * activation
 
 
+@dataclass(frozen=True)
+class SRPOShards:
+    """How the shards of a batch split over workers share what SRPO needs of each other.
+
+    Attributes:
+        gather_successes: ``(points (S, dim) float64, tasks (S,) int64) -> (points, tasks)`` of
+            every shard's successes, shards in order (so that the reference set is the batch's,
+            in the batch's order).
+        reduce_spans: ``{task: (nearest, farthest)}`` of this shard's failures -> the same over
+            every shard (tasks without a failure here included).
+    """
+
+    gather_successes: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+    reduce_spans: Callable[[dict[int, tuple[float, float]]], dict[int, tuple[float, float]]]
+
+
 def compute_srpo_rewards(
     embeddings: Tensor,
     success: Tensor,
     task_ids: Tensor,
     config: SRPORewardConfig,
+    shards: SRPOShards | None = None,
 ) -> Tensor:
     """SRPO trajectory rewards: 1 for successes, a world-progress reward for failures.
 
@@ -219,6 +245,9 @@ def compute_srpo_rewards(
         success: (batch,) bool, whether each trajectory reached the goal.
         task_ids: (batch,) int64, the task of each trajectory.
         config: reward settings.
+        shards: when ``embeddings`` is one shard of a batch split over workers, how the shards
+            exchange successes and failure-distance spans (the module docstring); None: the
+            batch is whole here.
 
     Returns:
         (batch,) float32 on ``embeddings``' device: exactly 1.0 for successes; for failures a
@@ -245,14 +274,18 @@ def compute_srpo_rewards(
     is_success = success.cpu().numpy()  # (B,)
     tasks = task_ids.cpu().numpy()  # (B,)
     rewards = np.where(is_success, 1.0, 0.0)  # (B,)
-    for task in np.unique(tasks):
-        in_task = tasks == task  # (B,)
-        task_successes = in_task & is_success
-        task_failures = in_task & ~is_success
-        if not task_successes.any() or not task_failures.any():
-            continue
-        centres = success_cluster_centres(points[task_successes], config)  # (C, dim)
-        distances = cdist(points[task_failures], centres, "euclidean")  # (F, C)
-        failure_distances = distances.min(axis=1)  # (F,)
-        rewards[task_failures] = progress_rewards(failure_distances, config)
+    reference_points, reference_tasks = points[is_success], tasks[is_success]  # (S, dim), (S,)
+    if shards is not None:
+        reference_points, reference_tasks = shards.gather_successes(reference_points, reference_tasks)
+    distances: dict[int, np.ndarray] = {}  # task -> (F,) distances of this shard's failures
+    for task in np.unique(tasks[~is_success]):
+        reference = reference_points[reference_tasks == task]
+        if len(reference):
+            centres = success_cluster_centres(reference, config)  # (C, dim)
+            distances[int(task)] = cdist(points[~is_success & (tasks == task)], centres, "euclidean").min(axis=1)
+    spans = {task: (float(d.min()), float(d.max())) for task, d in distances.items()}
+    if shards is not None:
+        spans = shards.reduce_spans(spans)
+    for task, task_distances in distances.items():
+        rewards[~is_success & (tasks == task)] = progress_rewards(task_distances, config, spans[task])
     return torch.from_numpy(rewards).to(dtype=torch.float32, device=embeddings.device)

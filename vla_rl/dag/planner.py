@@ -13,9 +13,11 @@ differ only in their ``dp_rank`` values.
 For every edge ``dep -> node`` whose DP sizes differ, a :class:`Reshard` task is inserted right
 before the node's :class:`RunNode` task: a collective over all workers that regroups the dep's
 output from ``src_dp_size`` shards into ``dst_dp_size`` shards, after which the worker holds shard
-``dst_dp_rank``. Edges between nodes of equal DP size need no data movement: the consumer reads the
-producer's output on the same worker. The distinct DP-size changes are listed as the plan's
-:class:`Hop` entries.
+``dst_dp_rank``. Edges between nodes of equal DP size need no data movement — the consumer reads
+the producer's output on the same worker — except into a node that takes single samples (a model
+update, ``whole_groups=False``) at DP size > 1, whose shards are rebalanced to equal sizes (only
+the surplus rows move). The distinct DP-size changes are listed as the plan's :class:`Hop`
+entries.
 
 Each phase of the template (``warm_start``, ``train``, ``evaluate``; see
 :mod:`vla_rl.dag.schema`) is planned on its own, with its own chains.
@@ -229,7 +231,7 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
             function = get_node_function(node.role, node.type, node.fn)
             dp_rank = rank // (world_size // dp_size)
             for dep in node.deps:
-                if dp_sizes[dep] != dp_size:
+                if dp_sizes[dep] != dp_size or _rebalances(function, dp_size):
                     src_rank = rank // (world_size // dp_sizes[dep])
                     chain.append(Reshard(dep, node_id, dp_sizes[dep], dp_size, src_rank, dp_rank,
                                          function.whole_groups))
@@ -237,6 +239,14 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
                                  node_configs[node_id], resolve(function.resources, config, node_configs[node_id])))
         chains[rank] = tuple(chain)
     return PhasePlan(phase, order, dp_sizes, chains, hops)
+
+
+def _rebalances(function, dp_size: int) -> bool:
+    """Whether a node's input is re-sharded even from a node of its own DP size: a node that takes
+    single samples (``whole_groups=False``, a model update) gets shards of equal size, since the
+    filters upstream leave them unequal and a data-parallel update runs as many minibatches as
+    the smallest shard allows."""
+    return not function.whole_groups and dp_size > 1
 
 
 def _check_key_flow(order: tuple[str, ...], nodes: dict[str, NodeSpec], config, node_configs: dict,

@@ -53,6 +53,11 @@ class ProtocolPolicy:
     def chunk_size(self) -> int:
         return self.policy.chunk_size
 
+    @property
+    def device(self):
+        """The wrapped policy's device."""
+        return self.policy.device
+
     def env_actions(self, actions: Tensor) -> Tensor:
         """The wrapped policy's simulator actions."""
         return self.policy.env_actions(actions)

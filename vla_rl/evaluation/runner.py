@@ -122,11 +122,11 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     tasks, protocols = resolve_tasks(config), eval_protocols(ev)
     ckpt_steps = [checkpoint_step(Path(p)) for p in ev.checkpoints]
     world = plan(loaded).world_size
-    start_ray(config, world, pools_per_worker=2)  # its own pool and at most one other task's
+    device = start_ray(config, world, pools_per_worker=2)  # its own pool and at most one other task's
     console.print(f"[bold]evaluation directory[/bold] {eval_dir}")
     total = len(tasks) * len(ckpt_steps) * len(protocols) * ev.num_episodes
     started = time.perf_counter()
-    workers = WorkerGroup.launch(world, str(eval_dir / RUN_TEMPLATE), [], eval_dir, config.workers.num_cpus_per_worker)
+    workers = WorkerGroup.launch(world, str(eval_dir / RUN_TEMPLATE), [], eval_dir, config.workers, device)
     try:
         workers.start_process_group()
         workers.call("setup", False)

@@ -60,7 +60,9 @@ def compute_advantages(ctx, batch) -> NodeOutput:
 
     Each episode's reward sits on its last decision step; with ``algorithm.use_kl_in_reward``
     every step also pays ``beta * KL`` between the rollout policy and the reference (needs
-    ``ref_log_probs``). Group estimators group by ``uid``; ``gae`` reads the critic's ``values``.
+    ``ref_log_probs``). Group estimators group by ``uid`` (groups are never split across DP
+    shards); ``gae`` reads the critic's ``values``; estimators that whiten over the batch get
+    the statistics of every shard (:func:`shard_reduce`), so the node may run at any DP size.
     """
     algo = ctx.config.algorithm
     mask = batch[keys.RESPONSE_MASK]  # (n, T)
@@ -71,14 +73,30 @@ def compute_advantages(ctx, batch) -> NodeOutput:
         token_level_rewards = token_level_rewards - penalty
     estimator = ADVANTAGE_ESTIMATORS.get(algo.adv_estimator)
     values = batch.get(keys.VALUES, None)
+    extra = {}
+    if ADVANTAGE_ESTIMATORS.metadata(algo.adv_estimator).get("batch_statistics") and ctx.dp_size > 1:
+        extra["reduce"] = shard_reduce(ctx)  # batch-wide statistics over every shard of the step
     advantages, returns = estimator(token_level_rewards, mask, batch[keys.UID], algo.options("adv_estimator"),
-                                    values=values)
+                                    values=values, **extra)
     batch.set(keys.TOKEN_LEVEL_REWARDS, token_level_rewards.float())
     batch.set(keys.ADVANTAGES, advantages.float())
     batch.set(keys.RETURNS, returns.float())
     valid = int(mask.sum())
     metrics["advantage/abs_mean"] = mean(advantages.abs().sum() / max(valid, 1), valid)  # over decision steps
     return NodeOutput(batch, metrics)
+
+
+def shard_reduce(ctx):
+    """A :data:`~vla_rl.algorithms.advantages.ShardReduce` over the node's DP shards: all-reduces
+    over the workers (replicated shards count once in sums)."""
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+    def reduce(values: torch.Tensor, op: str) -> torch.Tensor:
+        values = values.detach().to(torch.float64).cpu().clone()
+        dist.all_reduce(values, op=ops[op], group=ctx.group)
+        return values / ctx.replicas if op == "sum" else values
+
+    return reduce
 
 
 def kl_reward_penalty(ctx, batch) -> tuple[torch.Tensor, dict[str, float]]:

@@ -40,7 +40,7 @@ def compute_ref_log_probs(ctx, batch) -> NodeOutput:
     actions (or response tokens, chunk = action_dim = 1) under the reference policy (0 after each
     episode's or response's end)."""
     ref_log_probs = per_dim_log_probs(ctx.resources.reference, batch, ctx.resources.workflow.batch_forward)
-    batch.set(keys.REF_LOG_PROBS, ref_log_probs)
+    batch.set(keys.REF_LOG_PROBS, ref_log_probs.cpu())
     return NodeOutput(batch, {})
 
 

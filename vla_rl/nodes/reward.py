@@ -4,23 +4,19 @@ scores failures by their trajectory embedding's distance to the batch's successe
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+import numpy as np
 import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 from torch import Tensor
 
 from vla_rl.algorithms.rewards import EMBODIED_REWARDS, overlong_penalty
+from vla_rl.algorithms.srpo import SRPOShards
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
+from vla_rl.utils.collectives import all_gather_small_objects
 from vla_rl.workers.metrics import mean
 from vla_rl.workers.resources import register_resource
-
-#: Gathers a shard's ``(embeddings, success, task_ids)`` into the step's and says which rows are
-#: the shard's: ``-> (embeddings, success, task_ids, rows)``.
-ReferenceGather = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor, slice]]
-
 
 def embeds_trajectories(config) -> bool:
     """Whether the run's reward scores trajectory embeddings (``embeddings=True`` in its registry)."""
@@ -64,15 +60,16 @@ def compute_rewards(ctx, batch) -> NodeOutput:
     """Set ``rewards`` ``(n,)`` float32 from ``algorithm.reward``, plus DAPO's overlong penalty
     when ``algorithm.overlong_buffer_len > 0``.
 
-    With SRPO the reference successes are, by ``algorithm.srpo_reference_set``, this node's shard
-    (``local``; at DP size 1, as in the default templates, every trajectory of the step, gathered
-    worker to worker by the re-shard before this node) or, at DP size > 1, every shard's
-    (``step``: :func:`gather_step_reference`).
+    With SRPO the reference successes are, by ``algorithm.srpo_reference_set``, every success of
+    the step (``step``: at DP size > 1 the shards exchange their successes' embeddings and a few
+    distances, :func:`step_reference`, and score their failures as the whole step would) or only
+    this node's shard's (``local``).
     """
     algo = ctx.config.algorithm
     encoder = ctx.resources.trajectory_encoder if embeds_trajectories(ctx.config) else None
-    gather = gather_step_reference(ctx) if algo.srpo_reference_set == "step" and ctx.dp_size > 1 else None
-    rewards, metrics = episode_rewards(algo, batch, encoder, gather)
+    step_wide = EMBODIED_REWARDS.metadata(algo.reward).get("step_reference", False)
+    shards = step_reference(ctx) if step_wide and algo.srpo_reference_set == "step" and ctx.dp_size > 1 else None
+    rewards, metrics = episode_rewards(algo, batch, encoder, shards)
     batch.set(keys.REWARDS, rewards)
     return NodeOutput(batch, metrics)
 
@@ -104,24 +101,32 @@ def trajectory_embeddings(algo, batch: TensorDict, encoder) -> Tensor:
     return encoder(states, lengths, num_points=options.points)
 
 
-def gather_step_reference(ctx) -> ReferenceGather:
-    """SRPO's reference set of the whole step when the reward node runs at DP size > 1: every
-    worker all-gathers its shard's embeddings, successes and task ids (``all_gather_object`` over
-    the workers' group, one replica per shard kept), so each shard's failures are scored against
-    every success of the step, and takes back its own rows."""
+def step_reference(ctx) -> SRPOShards:
+    """How the reward node's DP shards share SRPO's reference set, the whole step's successes:
+    every shard all-gathers its successes' embeddings and task ids (never its failures'; one
+    replica per shard counts), and each task's nearest and farthest failure distance over every
+    shard (a few numbers), so each shard scores its failures as the whole step would."""
+    owners = ctx.world_size // ctx.dp_size  # rank k * owners holds shard k
 
-    def gather(embeddings: Tensor, success: Tensor, task_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, slice]:
+    def gather_successes(points: np.ndarray, tasks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         parts: list = [None] * ctx.world_size
-        dist.all_gather_object(parts, (embeddings.cpu(), success.cpu(), task_ids.cpu()), group=ctx.group)
-        shards = parts[:: ctx.world_size // ctx.dp_size]  # rank k * block holds shard k
-        start = sum(len(shard[1]) for shard in shards[: ctx.dp_rank])
-        gathered = [torch.cat([shard[i] for shard in shards]) for i in range(3)]
-        return gathered[0].to(embeddings.device), gathered[1], gathered[2], slice(start, start + len(success))
+        dist.all_gather_object(parts, (points.astype(np.float32), tasks), group=ctx.group)
+        shards = parts[::owners]
+        return (np.concatenate([p for p, _ in shards]).astype(np.float64).reshape(-1, points.shape[1]),
+                np.concatenate([t for _, t in shards]))
 
-    return gather
+    def reduce_spans(spans: dict[int, tuple[float, float]]) -> dict[int, tuple[float, float]]:
+        merged: dict[int, tuple[float, float]] = {}
+        for shard in all_gather_small_objects(spans, ctx.group)[::owners]:
+            for task, (nearest, farthest) in shard.items():
+                low, high = merged.get(task, (nearest, farthest))
+                merged[task] = (min(low, nearest), max(high, farthest))
+        return merged
+
+    return SRPOShards(gather_successes, reduce_spans)
 
 
-def episode_rewards(algo, batch: TensorDict, encoder=None, gather: ReferenceGather | None = None
+def episode_rewards(algo, batch: TensorDict, encoder=None, shards: SRPOShards | None = None
                     ) -> tuple[torch.Tensor, dict]:
     """The rewards ``(n,)`` float32 of the episodes of ``batch`` and their metrics.
 
@@ -130,21 +135,19 @@ def episode_rewards(algo, batch: TensorDict, encoder=None, gather: ReferenceGath
         batch: episodes with ``success``, ``task_id``, ``finish_step``, ``response_mask``, and
             ``obs`` for rewards that embed episodes.
         encoder: the trajectory encoder (the ``trajectory_encoder`` resource) of such rewards.
-        gather: widens SRPO's reference set to the whole step (see :func:`gather_step_reference`).
+        shards: for rewards that compare an episode with the whole step, how this node's DP shards
+            share what they need (:func:`step_reference`); None: the batch is the reference.
 
     Returns:
         The rewards, and ``reward/mean``, ``reward/failure_mean`` (a mean over the failures) and,
         with overlong shaping, ``reward/overlong_penalty``.
     """
     embeddings = None
-    success, task_ids = batch[keys.SUCCESS], batch[keys.TASK_ID]
-    rows = slice(None)
     if encoder is not None:
         embeddings = trajectory_embeddings(algo, batch, encoder)
-        if gather is not None:
-            embeddings, success, task_ids, rows = gather(embeddings, success, task_ids)
     reward_fn = EMBODIED_REWARDS.get(algo.reward)
-    rewards = reward_fn(embeddings, success, task_ids, algo.options("reward")).float()[rows]
+    extra = {} if shards is None else {"shards": shards}
+    rewards = reward_fn(embeddings, batch[keys.SUCCESS], batch[keys.TASK_ID], algo.options("reward"), **extra).float()
     failures = ~batch[keys.SUCCESS]
     metrics = {}
     if failures.any():

@@ -179,8 +179,8 @@ def rollout_episodes(
 
     Args:
         policy: a :class:`policies.base.Policy` (its ``sample_actions`` is called on the
-            running environments' observations, one pipeline stage at a time, its
-            ``env_actions`` on the sampled actions).
+            running environments' observations, moved to its ``device``, one pipeline stage at a
+            time, its ``env_actions`` on the sampled actions). The returned batch is on the CPU.
         pool: a :class:`simulators.pool.SimulatorPool` with capacity ≥ n (or any object with
             its ``spec``, ``reset``, ``submit`` and ``collect``).
         greedy: take the policy's mode instead of sampling.
@@ -223,9 +223,10 @@ def run_pipeline(policy, pool, book: EpisodeBook, stages: list[np.ndarray], deci
         if len(rows) == 0 or t == decisions:
             return
         start = time.perf_counter()
-        actions, log_probs = policy.sample_actions(book.obs[torch.as_tensor(rows), t], greedy=greedy,
-                                                   generator=generator)
-        env_actions = policy.env_actions(actions)  # (k, chunk, act_dim) in the simulator's units
+        obs = book.obs[torch.as_tensor(rows), t].to(policy.device)  # (k, ...) on the policy's device
+        actions, log_probs = policy.sample_actions(obs, greedy=greedy, generator=generator)
+        env_actions = policy.env_actions(actions).cpu()  # (k, chunk, act_dim) in the simulator's units
+        actions, log_probs = actions.cpu(), log_probs.cpu()  # the batch lives on the CPU between nodes
         book.policy_seconds += time.perf_counter() - start
         book.record_decision(rows, t, actions, log_probs)
         running = set(rows.tolist())

@@ -31,6 +31,7 @@ from vla_rl.algorithms.policy_loss import POLICY_LOSSES
 from vla_rl.data import keys
 from vla_rl.trainers.guard import GuardedStep
 from vla_rl.trainers.minibatches import minibatch_indices
+from vla_rl.trainers.parallel import data_parallel
 
 
 def embodied_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
@@ -98,10 +99,10 @@ def per_dim_log_probs(policy, batch: TensorDict, forward=embodied_forward) -> Te
         forward: :func:`embodied_forward` or :func:`text_forward`.
 
     Returns:
-        ``(n, T, chunk, action_dim)`` float32, 0 at invalid steps; bit-identical to the rollout's
-        values (the policy contract's batch invariance).
+        ``(n, T, chunk, action_dim)`` float32 on the policy's device, 0 at invalid steps;
+        bit-identical to the rollout's values (the policy contract's batch invariance).
     """
-    return forward(policy, batch)[0]
+    return forward(policy, batch.to(policy.device))[0]
 
 
 class ActorTrainer:
@@ -124,9 +125,7 @@ class ActorTrainer:
         self.policy = policy
         self.group = group
         self.forward = forward
-        # Buffers (normalisation statistics, rotary frequencies) are set before training and never
-        # updated by it; DDP's construction copies rank 0's, so no broadcast before every forward.
-        self.ddp = DistributedDataParallel(policy, process_group=group, forward_sync_buffers=False)
+        self.ddp = data_parallel(policy, group)
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
         self.guarded_step = GuardedStep("actor")
 
@@ -161,6 +160,7 @@ class ActorTrainer:
         Raises:
             RunStopped: ``trainer.max_skipped_updates`` skipped updates in a row.
         """
+        batch = batch.to(self.policy.device)  # once, at the node boundary
         old_log_probs, metrics = self._old_log_probs(batch, algorithm.ratio_granularity)  # (n, L)
         loss_fn = POLICY_LOSSES.get(algorithm.policy_loss)
         loss_options = algorithm.options("policy_loss")
@@ -197,6 +197,7 @@ class ActorTrainer:
         Returns:
             ``sft/loss`` and ``sft/grad_norm`` (means over minibatches), ``sft/num_updates``.
         """
+        batch = batch.to(self.policy.device)
         totals = {"sft/loss": 0.0, "sft/grad_norm": 0.0}
         updates = 0
         self.policy.train()

@@ -15,12 +15,12 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 
 from vla_rl.algorithms.value_loss import compute_value_loss
 from vla_rl.data import keys
 from vla_rl.trainers.guard import GuardedStep
 from vla_rl.trainers.minibatches import minibatch_indices
+from vla_rl.trainers.parallel import data_parallel
 
 
 class ValueNetwork(nn.Module):
@@ -80,16 +80,20 @@ class CriticTrainer:
         self.network = network
         self.group = group
         self.forward = embodied_values if forward is None else forward
-        # Its buffers (normalisation statistics) never change in training: no per-forward broadcast.
-        self.ddp = DistributedDataParallel(network, process_group=group, forward_sync_buffers=False)
+        self.ddp = data_parallel(network, group)
         self.optimizer = torch.optim.Adam(network.parameters(), lr=lr)
         self.guarded_step = GuardedStep("critic")
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the value network."""
+        return next(self.network.parameters()).device
 
     @torch.no_grad()
     def values(self, batch: TensorDict) -> Tensor:
         """``(n, T)`` float32 values of the state before each decision of ``batch`` (what
-        ``forward`` reads; steps after an episode's end hold the value of padding or 0)."""
-        return self.forward(self.network, batch)
+        ``forward`` reads; steps after an episode's end hold the value of padding or 0), on the CPU."""
+        return self.forward(self.network, batch.to(self.device)).cpu()
 
     def update(self, batch: TensorDict, critic, trainer, generator: torch.Generator) -> dict[str, float]:
         """Regress the values on ``returns`` over this worker's shard.
@@ -111,6 +115,7 @@ class CriticTrainer:
         Raises:
             RunStopped: ``trainer.max_skipped_updates`` skipped updates in a row.
         """
+        batch = batch.to(self.device)  # once, at the node boundary
         totals: dict[str, float] = {}
         updates = skipped = 0
         self.network.train()

@@ -45,7 +45,7 @@ def all_gather_small_objects(obj: Any, group: dist.ProcessGroup | None = None,
         send[_HEADER_BYTES : _HEADER_BYTES + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     device = _collective_device(group)
     received = torch.empty(world * (_HEADER_BYTES + capacity), dtype=torch.uint8, device=device)
-    dist.all_gather_single(received, send.to(device), group=group)
+    all_gather_into_one(received, send.to(device), group=group)
     received = received.cpu().view(world, _HEADER_BYTES + capacity)
     lengths = received[:, :_HEADER_BYTES].contiguous().view(torch.int64).squeeze(-1).tolist()
     if any(length > capacity for length in lengths):
@@ -56,10 +56,18 @@ def all_gather_small_objects(obj: Any, group: dist.ProcessGroup | None = None,
             for rank, length in enumerate(lengths)]
 
 
+def all_gather_into_one(output: torch.Tensor, tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
+    """Every rank's ``tensor``, concatenated by rank into ``output`` (``dist.all_gather_single``;
+    torch < 2.13, which lacks it, ``dist.all_gather_into_tensor``)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, tensor, group=group)
+
+
 def _collective_device(group: dist.ProcessGroup | None) -> torch.device:
-    """Where ``group``'s collectives take their tensors: the CPU for gloo, this process's
-    accelerator (the device the worker bound) for nccl and hccl."""
-    if dist.get_backend(group) == "gloo":
+    """Where ``group``'s small collectives take their tensors: the CPU when the group has gloo
+    (a CPU group, or an accelerator group created ``cpu:gloo,cuda:nccl``), else this process's
+    accelerator (the device the worker bound)."""
+    if "gloo" in str(dist.get_backend(group)):
         return torch.device("cpu")
     accelerator = torch.accelerator.current_accelerator()
     return torch.device(accelerator.type, torch.accelerator.current_device_index())

@@ -1,5 +1,11 @@
-"""Device abstraction: which torch device a worker binds to and which collective backend its
-process group uses (CPU → gloo, CUDA → nccl, Ascend NPU → hccl).
+"""Device abstraction: which torch device a worker binds to and which collective backends its
+process group uses.
+
+A CPU group uses gloo. An accelerator group is created with two backends, ``cpu:gloo,cuda:nccl``
+(Ascend: ``cpu:gloo,npu:hccl``): collectives on accelerator tensors (DDP's gradient all-reduce,
+FSDP) take the accelerator's backend, collectives on CPU tensors (the re-shards of batches, which
+live on the CPU between nodes, and the small metadata and metric exchanges) take gloo — no tensor
+is copied to the accelerator only to be reduced.
 
 ``torch_npu`` is imported only where it is installed and only when an NPU is asked for.
 """
@@ -12,9 +18,9 @@ from typing import Literal
 
 import torch
 
-DeviceKind = Literal["cpu", "cuda", "npu"]
+DeviceKind = Literal["cpu", "cuda", "npu", "auto"]
 
-_BACKENDS: dict[str, str] = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+_BACKENDS: dict[str, str] = {"cpu": "gloo", "cuda": "cpu:gloo,cuda:nccl", "npu": "cpu:gloo,npu:hccl"}
 
 
 def _import_torch_npu() -> None:
@@ -23,14 +29,29 @@ def _import_torch_npu() -> None:
     importlib.import_module("torch_npu")
 
 
+def resolve_kind(kind: DeviceKind) -> str:
+    """``auto``: the accelerator this process can use (``cuda``, else ``npu``), else ``cpu``;
+    another kind unchanged."""
+    if kind != "auto":
+        return kind
+    if torch.cuda.is_available():
+        return "cuda"
+    if importlib.util.find_spec("torch_npu") is not None:
+        _import_torch_npu()
+        if torch.npu.is_available():  # type: ignore[attr-defined]
+            return "npu"
+    return "cpu"
+
+
 def collective_backend(kind: DeviceKind) -> str:
-    """The torch.distributed backend for a device kind: ``gloo``, ``nccl`` or ``hccl``.
+    """The torch.distributed backend string for a device kind: ``gloo``, ``cpu:gloo,cuda:nccl`` or
+    ``cpu:gloo,npu:hccl`` (see the module docstring; ``auto`` is resolved first).
 
     Raises:
         ValueError: for an unknown device kind.
     """
     try:
-        return _BACKENDS[kind]
+        return _BACKENDS[resolve_kind(kind)]
     except KeyError:
         raise ValueError(f"unknown device kind {kind!r}; known: {sorted(_BACKENDS)}") from None
 
@@ -39,13 +60,14 @@ def bind_device(kind: DeviceKind, local_index: int = 0) -> torch.device:
     """Bind this process to its device and return it.
 
     Args:
-        kind: ``cpu``, ``cuda`` or ``npu``.
+        kind: ``cpu``, ``cuda``, ``npu`` or ``auto`` (:func:`resolve_kind`).
         local_index: which accelerator of this node (ignored on CPU). Ray sets
             ``CUDA_VISIBLE_DEVICES`` per actor, so this is usually 0.
 
     Raises:
         RuntimeError: if the requested accelerator is not available.
     """
+    kind = resolve_kind(kind)
     if kind == "cpu":
         return torch.device("cpu")
     if kind == "cuda":

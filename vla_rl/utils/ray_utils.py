@@ -1,4 +1,4 @@
-"""Starting Ray bound to the loopback interface only.
+"""Starting Ray bound to the loopback interface only, or joining an existing Ray cluster.
 
 Ray 2.60 listens on every interface by default, even with ``_node_ip_address="127.0.0.1"``;
 measured on the project machine, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` in the environment before
@@ -13,8 +13,9 @@ import os
 
 LOOPBACK = "127.0.0.1"
 
-#: Environment every Ray process of a run gets: loopback-only networking for Ray and gloo,
-#: one thread per process (2-core machines), headless MuJoCo rendering.
+#: Environment every Ray process of a local run gets: loopback-only networking for Ray and gloo,
+#: one thread per process (2-core machines), headless MuJoCo rendering. A run that joins a cluster
+#: keeps all but the loopback settings (:data:`LOOPBACK_ONLY`).
 WORKER_ENV: dict[str, str] = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -26,10 +27,23 @@ WORKER_ENV: dict[str, str] = {
     "PYOPENGL_PLATFORM": os.environ.get("PYOPENGL_PLATFORM", "egl"),
     "TOKENIZERS_PARALLELISM": "false",
 }
+LOOPBACK_ONLY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "GLOO_SOCKET_IFNAME", "MASTER_ADDR")
+"""The settings of :data:`WORKER_ENV` that pin a local run to loopback."""
 
 
-def init_ray(num_cpus: float | None = None, include_dashboard: bool = False) -> None:
-    """Start a local Ray instance whose every listener is on 127.0.0.1 (no-op if already started).
+def cluster_address(configured: str | None) -> str | None:
+    """The Ray cluster a run joins: ``workers.ray_address``, else ``RAY_ADDRESS``, else None (local)."""
+    return configured or os.environ.get("RAY_ADDRESS") or None
+
+
+def joined_cluster() -> bool:
+    """Whether this process's Ray is a cluster it joined (not a local instance it started)."""
+    return os.environ.get("VLA_RL_RAY_CLUSTER") == "1"
+
+
+def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, address: str | None = None) -> None:
+    """Start a local Ray instance whose every listener is on 127.0.0.1, or join a cluster
+    (no-op if Ray is already initialised).
 
     Args:
         num_cpus: logical CPU resources Ray may hand out (actors reserve from it), rounded up to
@@ -37,21 +51,37 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False) -> 
             ``min(cpu_count, num_cpus)`` to the raylet as an int32 flag
             (``--maximum_startup_concurrency``): a float such as ``5.0`` on a machine with more
             than 5 cores makes the raylet exit at start-up, and ``ray.init`` then fails after
-            30 s with "The current node timed out during startup".
+            30 s with "The current node timed out during startup". Ignored when joining.
         include_dashboard: start the dashboard (on 127.0.0.1); off by default.
+        address: a Ray cluster to join (``auto``, ``host:port``, ``ray://host:port``); its
+            nodes' addresses are used, so the loopback settings do not apply (except to a
+            cluster on 127.0.0.1, such as the tests' nodes on one machine). The workers then get
+            ``VLA_RL_RAY_CLUSTER=1`` (:func:`joined_cluster`). Without it, a new local instance
+            starts even when another run's Ray is up on the machine.
     """
-    # Ray reads these when it is imported and when it starts its processes: set them first.
-    for key in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED", "GLOO_SOCKET_IFNAME"):
-        os.environ[key] = WORKER_ENV[key]
+    loopback = address is None or _is_loopback(address)
+    if loopback:
+        # Ray reads these when it is imported and when it starts its processes: set them first.
+        for key in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED", "GLOO_SOCKET_IFNAME"):
+            os.environ[key] = WORKER_ENV[key]
     import ray
     from ray._private import ray_constants
 
     if ray.is_initialized():
         return
-    # Ray reads the variable once, when ray_constants is imported; a Ray imported before this
-    # function ran (by a test runner, a notebook) gets the same setting here.
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    if loopback:
+        # Ray reads the variable once, when ray_constants is imported; a Ray imported before this
+        # function ran (by a test runner, a notebook) gets the same setting here.
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    if address is not None:
+        env = dict(WORKER_ENV) if loopback else {k: v for k, v in WORKER_ENV.items() if k not in LOOPBACK_ONLY}
+        os.environ["VLA_RL_RAY_CLUSTER"] = "1"
+        ray.init(address=address, _node_ip_address=LOOPBACK if loopback else None, log_to_driver=True,
+                 configure_logging=True, logging_level="WARNING",
+                 runtime_env={"env_vars": {**env, "VLA_RL_RAY_CLUSTER": "1"}})
+        return
     ray.init(
+        address="local",  # a new instance, never another run's cluster found in /tmp/ray
         _node_ip_address=LOOPBACK,
         include_dashboard=include_dashboard,
         dashboard_host=LOOPBACK,
@@ -61,6 +91,22 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False) -> 
         logging_level="WARNING",
         runtime_env={"env_vars": dict(WORKER_ENV)},
     )
+
+
+def _is_loopback(address: str) -> bool:
+    """Whether a Ray address points at this machine's loopback (a test cluster of local nodes)."""
+    host = address.split("://")[-1].rsplit(":", 1)[0]
+    return host in (LOOPBACK, "localhost")
+
+
+def rendezvous_address() -> str:
+    """Where rank 0 hosts the process group's TCP store: 127.0.0.1 in a local run, its node's
+    address in a cluster it joined (the other ranks may be on other nodes)."""
+    if not joined_cluster():
+        return LOOPBACK
+    import ray
+
+    return ray.util.get_node_ip_address()
 
 
 def free_loopback_port() -> int:

@@ -11,6 +11,7 @@ the workers' torch.distributed process group, builds the resources its chains de
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from vla_rl.data import keys
 from vla_rl.data.reshard import reshard
 from vla_rl.utils.code_location import check_same_code
 from vla_rl.utils.device import bind_device, collective_backend
-from vla_rl.utils.ray_utils import LOOPBACK
+from vla_rl.utils.ray_utils import LOOPBACK, rendezvous_address
 from vla_rl.workers.checkpointing import WorkerCheckpointer
 from vla_rl.workers.context import NodeContext
 from vla_rl.workers.metrics import Metric, as_metric, reduce_metrics
@@ -64,24 +65,30 @@ class DAGWorker:
         self.checkpointer: WorkerCheckpointer | None = None
 
     # ----------------------------------------------------------------------------- set-up
-    def host_rendezvous(self) -> int:
-        """Start the process group's TCP store on 127.0.0.1 (rank 0) and return its port.
+    def host_rendezvous(self) -> tuple[str, int]:
+        """Start the process group's TCP store (rank 0) and return its address and port: on
+        127.0.0.1 in a local run, on this node's address in a cluster
+        (:func:`~vla_rl.utils.ray_utils.rendezvous_address`).
 
         ``TCPStore`` alone would listen on every interface; handing it a socket already bound
-        to loopback (``master_listen_fd``) keeps the store on 127.0.0.1.
+        to that one address (``master_listen_fd``) keeps the store there.
         """
+        host = rendezvous_address()
         self._store_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._store_socket.bind((LOOPBACK, 0))
+        self._store_socket.bind((host, 0))
         self._store_socket.listen(128)
         port = int(self._store_socket.getsockname()[1])
-        self._store = dist.TCPStore(LOOPBACK, port, self.world_size, is_master=True,
+        self._store = dist.TCPStore(host, port, self.world_size, is_master=True,
                                     master_listen_fd=self._store_socket.fileno(), wait_for_workers=False)
-        return port
+        return host, port
 
-    def init_process_group(self, port: int) -> None:
-        """Join the workers' process group through the store rank 0 hosts on 127.0.0.1:port."""
+    def init_process_group(self, host: str, port: int) -> None:
+        """Join the workers' process group through the store rank 0 hosts at host:port (gloo on
+        loopback when that is where the store is: a local run, or a cluster of loopback nodes)."""
+        if host == LOOPBACK:
+            os.environ["GLOO_SOCKET_IFNAME"] = "lo"
         if self.rank != 0:
-            self._store = dist.TCPStore(LOOPBACK, port, self.world_size, is_master=False)
+            self._store = dist.TCPStore(host, port, self.world_size, is_master=False)
         dist.init_process_group(collective_backend(self.config.workers.device), store=self._store,
                                 rank=self.rank, world_size=self.world_size)
 
@@ -216,6 +223,12 @@ class DAGWorker:
     def save_checkpoint(self, step: int) -> None:
         """Write this worker's part of the checkpoint of ``step``; rank 0 finalises it atomically."""
         self.checkpointer.save(step, keep_last=self.config.trainer.keep_last)
+
+    def node_id(self) -> str:
+        """The Ray node this worker runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def shutdown(self) -> None:
         """Release the resources (simulator actors, engines) and leave the process group."""

@@ -15,22 +15,31 @@ from vla_rl.errors import RunStopped
 from vla_rl.utils.ray_utils import init_ray
 
 
-def start_ray(config, world_size: int, pools_per_worker: int = 1) -> None:
-    """Start Ray on loopback with the CPU resources a run reserves: per worker its own
-    (``workers.num_cpus_per_worker``) and its simulator actors' (``pools_per_worker`` pools of
-    ``simulator.actors_per_worker`` actors of ``simulator.num_cpus_per_actor``), plus one for the
-    driver (rounded up to a whole number by :func:`~vla_rl.utils.ray_utils.init_ray`).
+def start_ray(config, world_size: int, pools_per_worker: int = 1) -> str:
+    """Start Ray — on loopback with the CPU resources a run reserves, or joined to the cluster of
+    ``workers.ray_address`` / ``RAY_ADDRESS`` — and return the run's device kind
+    (``workers.device``, with ``auto`` resolved from the cluster's resources).
+
+    The local instance reserves, per worker, its own CPUs (``workers.num_cpus_per_worker``) and its
+    simulator actors' (``pools_per_worker`` pools of ``simulator.actors_per_worker`` actors of
+    ``simulator.num_cpus_per_actor``), plus one for the driver (rounded up to a whole number by
+    :func:`~vla_rl.utils.ray_utils.init_ray`).
 
     Raises:
         RunStopped: the working directory holds another copy of the project's code, which the
             workers would import (:func:`~vla_rl.utils.code_location.check_launch_directory`).
     """
+    import ray
+
     from vla_rl.utils.code_location import check_launch_directory
+    from vla_rl.utils.ray_utils import cluster_address
+    from vla_rl.workers.placement import resolve_device
 
     check_launch_directory()
     sim = config.simulator
     per_worker = config.workers.num_cpus_per_worker + pools_per_worker * sim.actors_per_worker * sim.num_cpus_per_actor
-    init_ray(num_cpus=world_size * per_worker + 1)
+    init_ray(num_cpus=world_size * per_worker + 1, address=cluster_address(config.workers.ray_address))
+    return resolve_device(config.workers.device, ray.cluster_resources())
 
 
 class PendingCall(NamedTuple):
@@ -48,22 +57,43 @@ class WorkerGroup:
     ``max_reply_bytes`` records the largest pickled reply seen.
     """
 
-    def __init__(self, actors: list) -> None:
+    def __init__(self, actors: list, placement_group=None) -> None:
         self.actors = actors
+        self.placement_group = placement_group
         self.max_reply_bytes = 0
 
     @classmethod
-    def launch(cls, world_size: int, template: str, overrides: list[str], run_dir: Path, num_cpus: float) -> WorkerGroup:
-        """Start one :class:`~vla_rl.workers.dag_worker.DAGWorker` actor per rank."""
+    def launch(cls, world_size: int, template: str, overrides: list[str], run_dir: Path, workers,
+               device: str) -> WorkerGroup:
+        """Start one :class:`~vla_rl.workers.dag_worker.DAGWorker` actor per rank, each in its
+        placement-group bundle with its CPUs and accelerator share (:mod:`vla_rl.workers.placement`).
+
+        Args:
+            world_size: the number of workers.
+            template, overrides: the template file the workers load, and the overrides they apply.
+            run_dir: the run (or evaluation) directory.
+            workers: the run's ``workers`` section.
+            device: the run's device kind (resolved: ``cpu``, ``cuda`` or ``npu``); the workers
+                get it as the override ``workers.device``.
+        """
         import ray
 
-        from vla_rl.workers.dag_worker import DAGWorker
-
         from vla_rl.utils.code_location import code_root
+        from vla_rl.workers.dag_worker import DAGWorker
+        from vla_rl.workers.placement import worker_actor_options
 
-        actor_cls = ray.remote(num_cpus=num_cpus, max_restarts=0)(DAGWorker)
-        return cls([actor_cls.remote(rank, world_size, template, overrides, str(run_dir), str(code_root()))
-                    for rank in range(world_size)])
+        overrides = [*overrides, f"workers.device={device}"]
+        group, options = worker_actor_options(workers, device, world_size)
+        actor_cls = ray.remote(max_restarts=0)(DAGWorker)
+        return cls([actor_cls.options(**options[rank]).remote(rank, world_size, template, overrides, str(run_dir),
+                                                              str(code_root()))
+                    for rank in range(world_size)], group)
+
+    def node_ids(self) -> list[str]:
+        """The Ray node of each rank's worker."""
+        import ray
+
+        return ray.get([actor.node_id.remote() for actor in self.actors])
 
     def call(self, method: str, *args) -> list[dict[str, float]]:
         """Call ``method(*args)`` on every worker at once and return their scalar replies
@@ -107,11 +137,12 @@ class WorkerGroup:
     def start_process_group(self) -> None:
         import ray
 
-        port = ray.get(self.actors[0].host_rendezvous.remote())
-        self.call("init_process_group", port)
+        host, port = ray.get(self.actors[0].host_rendezvous.remote())
+        self.call("init_process_group", host, port)
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
-        """Let the workers stop their simulators and leave the process group, then kill them."""
+        """Let the workers stop their simulators and leave the process group, then kill them and
+        release their placement group."""
         import ray
 
         try:
@@ -120,6 +151,8 @@ class WorkerGroup:
         finally:
             for actor in self.actors:
                 ray.kill(actor)
+            if self.placement_group is not None:
+                ray.util.remove_placement_group(self.placement_group)
 
 
 def run_evaluation(workers: WorkerGroup, step: int, tag: str, video: bool, progress=None) -> dict[str, float]:

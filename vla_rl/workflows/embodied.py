@@ -65,14 +65,18 @@ WORKFLOWS.register("embodied")(EmbodiedWorkflow())
 
 @register_resource("simulator_pool", close=lambda pool: pool.close())
 def build_simulator_pool(res):
-    """This worker's simulator pool (Ray actors), sized for its training and evaluation episodes."""
+    """This worker's simulator pool (Ray actors on the worker's own node), sized for its training and
+    evaluation episodes."""
     from simulators.pool import SimulatorPool
+
+    from vla_rl.workers.placement import same_node_strategy
 
     sim = res.config.simulator
     capacity = max(res.episodes_per_step, res.eval_episodes, 1)
+    options = {"num_cpus": sim.num_cpus_per_actor, "scheduling_strategy": same_node_strategy()}
     return SimulatorPool(sim.name, sim.env, num_actors=sim.actors_per_worker,
-                         envs_per_actor=math.ceil(capacity / sim.actors_per_worker),
-                         actor_options={"num_cpus": sim.num_cpus_per_actor}, step_timeout_s=sim.step_timeout_s)
+                         envs_per_actor=math.ceil(capacity / sim.actors_per_worker), actor_options=options,
+                         step_timeout_s=sim.step_timeout_s)
 
 
 @register_resource("env_spec", needs=("simulator_pool",))
