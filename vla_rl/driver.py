@@ -17,6 +17,7 @@ import yaml
 
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
+from vla_rl.preflight import preflight
 from vla_rl.workers.group import WorkerGroup, start_ray
 
 RESOLVED_TEMPLATE = "template.yaml"
@@ -37,6 +38,7 @@ def prepare_run_dir(template_arg: str, overrides: list[str], resume: str | None)
     else:
         template = load_template(template_arg, overrides)
     plan(template)  # reject a bad graph before anything is written
+    preflight(template)  # and unusable input files (prompts, checkpoints)
     if not resume:
         name = template.config.run.name or f"{template.name}_{datetime.now():%Y%m%d_%H%M%S}"
         run_dir = Path(template.config.run.output_dir) / name
