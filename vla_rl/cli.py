@@ -29,6 +29,7 @@ from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import describe_plan, plan
 from vla_rl.errors import RunStopped
 from vla_rl.evaluation.targets import EvalInputError
+from vla_rl.preflight import preflight
 from vla_rl.utils.registry import RegistryError
 
 class CommandLineError(ValueError):
@@ -94,6 +95,7 @@ def _add_plan_command(commands: argparse._SubParsersAction) -> None:
 
 def _run_plan(args: argparse.Namespace) -> int:
     template = load_template(args.template, args.overrides)
+    preflight(template, world_size=args.world_size)
     print(describe_plan(plan(template, world_size=args.world_size)))
     return 0
 

@@ -124,6 +124,11 @@ class PolicySection(_Section):
         default_factory=dict, description="Fields of the policy's config class; its observation and action "
         f"sizes ({', '.join(ENV_DERIVED_POLICY_FIELDS)}) come from the simulator.",
     )
+    allow_partial_load: bool = Field(
+        False, description="Accept a pretrained checkpoint (policy.config.model_path, text.model_path) whose weight "
+        "names or shapes do not match the architecture: the parameters it does not cover keep their "
+        "initialisation. Off: such a checkpoint is an error naming the first few tensors.",
+    )
 
     @model_validator(mode="after")
     def _check_config(self) -> PolicySection:
@@ -190,6 +195,14 @@ class TextSection(_Section):
         None, description="Local HF model directory or .gguf file; null: a tiny Qwen2 built in the run dir."
     )
     gguf_file: str | None = Field(None, description="GGUF file name inside the directory model_path.")
+    prompt_format: Literal["chat", "raw"] = Field(
+        "chat", description="'chat': prompts go through the tokenizer's chat template (which must exist); 'raw': "
+        "the messages' contents are encoded as they are (base models without a chat template)."
+    )
+    allow_pickle: bool = Field(
+        False, description="Accept pytorch_model.bin weights (torch's pickle format, which can run code when "
+        "loaded) in model_path when it has no safetensors; off: such a directory is refused."
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
     tiny_hidden_size: int = Field(64, ge=8, description="Tiny model (model_path null): residual width.")
     tiny_num_layers: int = Field(2, ge=1, description="Tiny model (model_path null): transformer blocks.")

@@ -13,6 +13,7 @@ import time
 
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
+from vla_rl.preflight import preflight
 from vla_rl.run_dir import RunDirectory
 from vla_rl.utils.code_location import code_root, code_version
 from vla_rl.workers.group import WorkerGroup, start_ray
@@ -43,6 +44,7 @@ def prepare_run_dir(template_arg: str | None, overrides: list[str], resume: str 
         template = load_template(template_arg, overrides)
         worker_overrides = []
     plan(template)  # reject a bad graph before anything is written
+    preflight(template)  # and unusable input files (prompts, checkpoints)
     if resume:
         run.lock()
         run.record_resume(list(overrides))

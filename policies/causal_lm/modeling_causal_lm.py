@@ -141,7 +141,7 @@ class CausalLMPolicy(nn.Module):
 
     Raises:
         TypeError: ``config`` is not a :class:`CausalLMConfig`.
-        ValueError: the tokenizer has no chat template or EOS token.
+        ValueError: the tokenizer has no EOS token, or no chat template with chat prompts.
     """
 
     config_class = CausalLMConfig
@@ -154,7 +154,8 @@ class CausalLMPolicy(nn.Module):
         self.config = config
         # Chat models often stop on more ids than the tokenizer's EOS (its generation config lists them).
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
-        self.processor = CausalLMProcessor(tokenizer, [eos] if isinstance(eos, int) else list(eos or []))
+        self.processor = CausalLMProcessor(tokenizer, [eos] if isinstance(eos, int) else list(eos or []),
+                                           prompt_format=config.prompt_format)
         self.train(model.training)  # the wrapper's mode mirrors the model's (eval after loading)
 
     @classmethod
@@ -165,7 +166,8 @@ class CausalLMPolicy(nn.Module):
             FileNotFoundError, ValueError: see :func:`policies.causal_lm.loading.load_pretrained`.
         """
         model, tokenizer = load_pretrained(
-            config.model_path, config.gguf_file, config.dtype, config.attn_implementation
+            config.model_path, config.gguf_file, config.dtype, config.attn_implementation, config.prompt_format,
+            allow_pickle=config.allow_pickle, allow_partial_load=config.allow_partial_load,
         )
         return cls(model, tokenizer, config)
 

@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
+from policies.causal_lm.configuration_causal_lm import PROMPT_FORMATS
+
 Messages = Sequence[Mapping[str, str]]
 
 
@@ -27,35 +29,48 @@ class CausalLMProcessor:
     """Encodes chat prompts and responses and decodes responses with a model's tokenizer.
 
     Args:
-        tokenizer: the model's tokenizer; it must have a chat template and an EOS token.
+        tokenizer: the model's tokenizer; it must have an EOS token, and a chat template when
+            ``prompt_format`` is ``"chat"``.
         eos_token_ids: the token ids that end a response (default: the tokenizer's EOS). Chat
             models often stop on several (e.g. ``<|im_end|>`` and ``<|endoftext|>``).
+        prompt_format: one of :data:`PROMPT_FORMATS`. ``"raw"`` encodes the prompt text as is:
+            the messages' contents joined by newlines (usually one user message), no chat
+            template and no special tokens added (as TRL encodes non-conversational prompts).
 
     Raises:
-        ValueError: the tokenizer has no chat template, or no EOS token and no
-            ``eos_token_ids`` were given.
+        ValueError: an unknown ``prompt_format``, chat prompts with a tokenizer without a chat
+            template, or no EOS token and no ``eos_token_ids`` given.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: Iterable[int] = ()) -> None:
-        if tokenizer.chat_template is None:
-            raise ValueError("the tokenizer has no chat template; prompts are chat messages")
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: Iterable[int] = (),
+                 prompt_format: str = "chat") -> None:
+        if prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"unknown prompt_format {prompt_format!r}; use one of {', '.join(PROMPT_FORMATS)}")
+        if prompt_format == "chat" and tokenizer.chat_template is None:
+            raise ValueError("the tokenizer has no chat template and prompts are chat messages; "
+                             "use prompt_format='raw' to encode the prompt text as is")
         ids = [*([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []), *eos_token_ids]
         if not ids:
             raise ValueError("the tokenizer has no EOS token; pass eos_token_ids")
         self.tokenizer = tokenizer
+        self.prompt_format = prompt_format
         #: Token ids that end a response, the tokenizer's EOS first.
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in ids))
         #: Id written in padded positions (never attended to, never scored).
         self.pad_token_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
 
     def render_prompt(self, messages: Messages) -> str:
-        """The prompt text: the chat template applied with the generation prompt appended."""
+        """The prompt text: the chat template applied with the generation prompt appended, or
+        (``prompt_format="raw"``) the messages' contents joined by newlines."""
+        if self.prompt_format == "raw":
+            return "\n".join(message["content"] for message in messages)
         return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
 
     def encode_prompts(self, prompts: Sequence[Messages], max_length: int) -> tuple[Tensor, Tensor]:
-        """Apply the chat template and tokenize, left-padding to ``max_length``.
+        """Apply the chat template (or take the raw text) and tokenize, left-padding to ``max_length``.
 
-        The template's text already holds the special tokens it needs, so none are added.
+        The template's text already holds the special tokens it needs, so none are added (nor
+        to raw text, which is encoded as is).
 
         Args:
             prompts: ``batch`` conversations, each a list of ``{"role", "content"}`` messages.

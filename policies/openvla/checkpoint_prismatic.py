@@ -51,11 +51,16 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from transformers import LlamaConfig, PreTrainedTokenizerBase
 
+from policies.checkpoint_files import (
+    SAFETENSORS_INDEX_FILE,
+    checkpoint_shapes,
+    find_weight_files,
+    read_safetensors_header,
+)
 from policies.openvla.configuration_openvla import PrismaticArchitecture, VisionTowerConfig
 
 CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+WEIGHTS_INDEX_FILE = SAFETENSORS_INDEX_FILE
 STATISTICS_FILE = "dataset_statistics.json"
 #: Our extension of config.json for tower sizes that no published ``vision_backbone_id`` has.
 TOWER_SPECS_FIELD = "vla_rl_vision_towers"
@@ -209,26 +214,59 @@ def _to_timm_local(family: str, local: str) -> str:
     raise ValueError(f"{family} tower parameter {local} has no timm name")
 
 
-def read_safetensors_dir(directory: Path) -> dict[str, Tensor]:
-    """All tensors of ``model.safetensors`` or of the shards in ``model.safetensors.index.json``.
+def read_safetensors_dir(directory: Path, allow_pickle: bool = False) -> dict[str, Tensor]:
+    """All tensors of ``model.safetensors`` or of the shards in ``model.safetensors.index.json``
+    (with ``allow_pickle``, else of ``pytorch_model.bin``, read with torch's weights-only
+    unpickler). Safetensors headers are checked first, so a truncated file is named.
 
     Raises:
-        FileNotFoundError: neither file exists, or a listed shard is missing.
+        FileNotFoundError: no weights, or a listed shard is missing.
+        ValueError: a damaged file, or pickle weights without ``allow_pickle`` (named).
     """
-    index_path = directory / WEIGHTS_INDEX_FILE
-    if index_path.is_file():
-        weight_map = json.loads(index_path.read_text())["weight_map"]
-        tensors: dict[str, Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            shard_path = directory / shard
-            if not shard_path.is_file():
-                raise FileNotFoundError(f"{index_path} lists {shard}, which does not exist")
-            tensors.update(load_file(shard_path))
-        return tensors
-    single = directory / WEIGHTS_FILE
-    if not single.is_file():
-        raise FileNotFoundError(f"{directory} has neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX_FILE}")
-    return load_file(single)
+    weights = find_weight_files(directory, allow_pickle)
+    tensors: dict[str, Tensor] = {}
+    for path in weights.files:
+        if weights.format == "safetensors":
+            read_safetensors_header(path)
+            tensors.update(load_file(path))
+        else:
+            tensors.update(torch.load(path, map_location="cpu", weights_only=True))
+    return tensors
+
+
+def checkpoint_parameter_shapes(directory: Path, architecture: PrismaticArchitecture,
+                                allow_pickle: bool = False) -> dict[str, tuple[int, ...]]:
+    """The shapes of a checkpoint's tensors under our parameter names, without reading tensor data:
+    the safetensors headers' shapes converted by :func:`timm_to_transformers` on ``meta`` tensors.
+
+    Raises:
+        FileNotFoundError, ValueError: see :func:`read_safetensors_dir` and
+            :func:`timm_to_transformers` (an unmappable tower parameter).
+    """
+    shapes = checkpoint_shapes(find_weight_files(directory, allow_pickle))
+    meta = {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
+    return {name: tuple(tensor.shape) for name, tensor in timm_to_transformers(meta, architecture).items()}
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    """``config.json`` of a checkpoint directory.
+
+    Raises:
+        FileNotFoundError: it does not exist.
+        ValueError: it is not a JSON object (the message names it).
+    """
+    config_path = directory / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(
+            f"{config_path} does not exist: model_path must be a local OpenVLA checkpoint directory"
+        )
+    try:
+        config = json.loads(config_path.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{config_path}: not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path}: not a JSON object")
+    return config
 
 
 def architecture_from_config(config: dict[str, Any], source: str) -> PrismaticArchitecture:
@@ -272,25 +310,26 @@ def architecture_from_config(config: dict[str, Any], source: str) -> PrismaticAr
     )
 
 
-def read_checkpoint(directory: str | Path) -> tuple[PrismaticArchitecture, dict[str, Tensor], dict[str, Any]]:
+def read_checkpoint(directory: str | Path, allow_pickle: bool = False,
+                    ) -> tuple[PrismaticArchitecture, dict[str, Tensor], dict[str, Any]]:
     """Architecture, our-named weights and ``norm_stats`` of a published checkpoint directory.
 
     ``norm_stats`` come from ``dataset_statistics.json`` when present, else from the config.
 
+    Args:
+        directory: the checkpoint directory.
+        allow_pickle: accept ``pytorch_model.bin`` weights when there are no safetensors.
+
     Raises:
         FileNotFoundError: the directory, ``config.json`` or weights are missing.
         ValueError: the config or a parameter name is not understood (see
-            :func:`architecture_from_config`, :func:`timm_to_transformers`).
+            :func:`architecture_from_config`, :func:`timm_to_transformers`), a damaged weight
+            file, or pickle weights without ``allow_pickle``.
     """
     directory = Path(directory)
-    config_path = directory / CONFIG_FILE
-    if not config_path.is_file():
-        raise FileNotFoundError(
-            f"{config_path} does not exist: model_path must be a local OpenVLA checkpoint directory"
-        )
-    config = json.loads(config_path.read_text())
-    architecture = architecture_from_config(config, str(config_path))
-    weights = timm_to_transformers(read_safetensors_dir(directory), architecture)
+    config = read_config(directory)
+    architecture = architecture_from_config(config, str(directory / CONFIG_FILE))
+    weights = timm_to_transformers(read_safetensors_dir(directory, allow_pickle), architecture)
     statistics_path = directory / STATISTICS_FILE
     if statistics_path.is_file():
         norm_stats = json.loads(statistics_path.read_text())

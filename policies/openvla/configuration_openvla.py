@@ -172,6 +172,12 @@ class OpenVLAPolicyConfig:
             action statistics' length.
         cameras: simulator cameras whose images the model sees (``"<camera>_image"`` entries of
             simulator observations); OpenVLA sees one. Default ``("agentview",)``.
+        allow_pickle: accept ``pytorch_model.bin`` weights (torch's pickle format, which can run
+            code when loaded) in ``model_path`` when it has no safetensors.
+        allow_partial_load: accept ``model_path`` weights whose names or shapes do not match the
+            architecture (the parameters they do not cover keep their initialisation); off, such
+            a checkpoint is an error naming the first few tensors. Templates set it with
+            ``policy.allow_partial_load``.
     """
 
     model_path: str | None = None
@@ -185,6 +191,8 @@ class OpenVLAPolicyConfig:
     seed: int = 0
     action_dim: int = 7
     cameras: tuple[str, ...] | None = None
+    allow_pickle: bool = False
+    allow_partial_load: bool = False
 
     def __post_init__(self) -> None:
         """Validate the fields.
@@ -258,6 +266,9 @@ def validate_common_fields(config: Any, owner: str) -> None:
         raise ValueError(f"{owner}.dtype {config.dtype!r} is unknown; use one of {DTYPES}")
     if config.attn_implementation not in ("sdpa", "eager"):
         raise ValueError(f"{owner}.attn_implementation must be 'sdpa' or 'eager'")
+    for name in ("allow_pickle", "allow_partial_load"):
+        if not isinstance(getattr(config, name), bool):
+            raise ValueError(f"{owner}.{name} must be true or false, got {getattr(config, name)!r}")
     if not _is_int(config.action_dim) or config.action_dim < 1:
         raise ValueError(f"{owner}.action_dim must be a positive int, got {config.action_dim!r}")
     stats = config.action_statistics

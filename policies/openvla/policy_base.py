@@ -3,6 +3,7 @@ action tokenizer and statistics, environment actions, LoRA and saving."""
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,22 @@ from torch import Tensor
 from policies.action_normalization import ActionStatistics, libero_gripper_postprocess, load_action_statistics
 from policies.action_tokenizer import ActionTokenizer
 from policies.base import Policy
-from policies.openvla.checkpoint_prismatic import CONFIG_FILE, read_checkpoint, write_checkpoint
+from policies.checkpoint_files import (
+    WeightMismatch,
+    check_tokenizer,
+    compare_shapes,
+    find_weight_files,
+    load_tokenizer,
+    weight_mismatch_error,
+)
+from policies.openvla.checkpoint_prismatic import (
+    CONFIG_FILE,
+    architecture_from_config,
+    checkpoint_parameter_shapes,
+    read_checkpoint,
+    read_config,
+    write_checkpoint,
+)
 from policies.openvla.modeling_prismatic import PrismaticVLM
 from policies.openvla.processor_openvla import (
     ATTENTION_MASK,
@@ -23,6 +39,8 @@ from policies.openvla.processor_openvla import (
     SimulatorObservationProcessor,
     encode_prompts,
 )
+
+logger = logging.getLogger(__name__)
 
 #: Parameters of transformers modules that Prismatic checkpoints lack and the forward never uses.
 _UNUSED_PARAMETERS = re.compile(r".*\.embeddings\.mask_token$")
@@ -52,7 +70,8 @@ class PrismaticPolicy(Policy, abstract=True):
     Raises:
         FileNotFoundError, ValueError: the checkpoint cannot be read (see
             :func:`policies.openvla.checkpoint_prismatic.read_checkpoint`), its weights do not
-            fit the architecture, or the statistics do not match ``config.action_dim``.
+            fit the architecture (unless ``config.allow_partial_load``), its tokenizer files give
+            no usable tokenizer, or the statistics do not match ``config.action_dim``.
     """
 
     batch_invariant = False  # transformers kernels: see docs/vla_policies.md
@@ -62,7 +81,7 @@ class PrismaticPolicy(Policy, abstract=True):
         self.config = config
         tokenizer = None
         if config.model_path is not None:
-            architecture, weights, norm_stats = read_checkpoint(config.model_path)
+            architecture, weights, norm_stats = read_checkpoint(config.model_path, config.allow_pickle)
             source = str(Path(config.model_path) / CONFIG_FILE)
         else:
             architecture, weights, source = config.architecture, None, "config.action_statistics"
@@ -272,19 +291,72 @@ class PrismaticPolicy(Policy, abstract=True):
             raise ValueError(f"{what} must be floating {expected}, got {tuple(actions.shape)} {actions.dtype}")
 
     def _load_vla_weights(self, weights: dict[str, Tensor], source: str) -> None:
-        missing, unexpected = self.vla.load_state_dict(weights, strict=False)
-        missing = [name for name in missing if not _UNUSED_PARAMETERS.fullmatch(name)]
-        if missing or unexpected:
-            raise ValueError(
-                f"the weights next to {source} do not fit its architecture: missing {missing[:8]}, "
-                f"unexpected {unexpected[:8]}"
-            )
+        """Load the checkpoint's (our-named) weights, strictly unless ``config.allow_partial_load``
+        (then only the tensors whose names and shapes fit; the rest keep their initialisation).
+
+        Raises:
+            ValueError: names or shapes that do not fit; the message names ``source`` and the
+                first few tensors.
+        """
+        mismatch = vla_weight_mismatch(self.vla, {name: tuple(tensor.shape) for name, tensor in weights.items()})
+        if mismatch and not self.config.allow_partial_load:
+            raise weight_mismatch_error(Path(source).parent, mismatch)
+        if mismatch:
+            logger.warning("%s: loading only the weights that fit (allow_partial_load): %s", source, mismatch.describe())
+            skipped = {name for name, _, _ in mismatch.mismatched}
+            weights = {name: tensor for name, tensor in weights.items() if name not in skipped}
+        self.vla.load_state_dict(weights, strict=False)
 
     @staticmethod
     def _load_tokenizer(model_path: str | None):
-        """The checkpoint's tokenizer, or None without tokenizer files (or without a checkpoint)."""
+        """The checkpoint's tokenizer, or None without tokenizer files (or without a checkpoint).
+
+        Raises:
+            ValueError: tokenizer files that give no usable tokenizer (named).
+        """
         if model_path is None or not (Path(model_path) / "tokenizer_config.json").is_file():
             return None
-        from transformers import AutoTokenizer
+        tokenizer = load_tokenizer(model_path)
+        check_tokenizer(tokenizer, model_path, chat_template=False)
+        return tokenizer
 
-        return AutoTokenizer.from_pretrained(model_path)
+    @classmethod
+    def check_pretrained(cls, config: Any, require_tokenizer: bool = True) -> None:
+        """Check ``config.model_path`` as the constructor would load it, without loading weights:
+        ``config.json`` parses to an architecture, the weight files exist with whole safetensors
+        headers and (unless ``config.allow_partial_load``) names and shapes that fit the
+        architecture, built on the ``meta`` device; with ``require_tokenizer`` (simulator
+        observations need one) a usable tokenizer. Nothing to check without a ``model_path``.
+
+        Raises:
+            FileNotFoundError, ValueError: the first problem; the message names the file.
+        """
+        if config.model_path is None:
+            return
+        directory = Path(config.model_path)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"{directory}: the model directory does not exist (models load from local "
+                                    "paths only)")
+        architecture = architecture_from_config(read_config(directory), str(directory / CONFIG_FILE))
+        shapes = checkpoint_parameter_shapes(directory, architecture, config.allow_pickle)
+        if require_tokenizer:
+            tokenizer = cls._load_tokenizer(str(directory))
+            if tokenizer is None:
+                raise ValueError(f"{directory}: no tokenizer (tokenizer_config.json and its files): the policy "
+                                 "cannot encode the task instructions of simulator observations")
+        if not config.allow_partial_load:
+            with torch.device("meta"):
+                vla = PrismaticVLM(architecture, config.attn_implementation)
+            mismatch = vla_weight_mismatch(vla, shapes)
+            if mismatch:
+                files = find_weight_files(directory, config.allow_pickle).files
+                raise weight_mismatch_error(files[0] if len(files) == 1 else directory, mismatch)
+
+
+def vla_weight_mismatch(vla: PrismaticVLM, shapes: dict[str, tuple[int, ...]]) -> WeightMismatch:
+    """How a checkpoint's tensors (our names -> shapes) differ from ``vla``'s parameters, the
+    parameters Prismatic checkpoints never hold (:data:`_UNUSED_PARAMETERS`) left out."""
+    expected = {name: tuple(tensor.shape) for name, tensor in vla.state_dict().items()}
+    mismatch = compare_shapes(expected, shapes)
+    return WeightMismatch(tuple(name for name in mismatch.missing if not _UNUSED_PARAMETERS.fullmatch(name)),
+                          mismatch.unexpected, mismatch.mismatched)

@@ -46,6 +46,11 @@ class OpenVLAOFTPolicyConfig:
             Llama's ``</s>`` = 2).
         cameras: simulator cameras of the ``num_images`` images, in order (``"<camera>_image"``
             entries of simulator observations); default ``("agentview", "robot0_eye_in_hand")[:num_images]``.
+        allow_pickle: accept ``pytorch_model.bin`` VLA weights when ``model_path`` has no
+            safetensors (OFT's ``*--checkpoint.pt`` head modules are read with torch's
+            weights-only unpickler whatever it is).
+        allow_partial_load: accept ``model_path`` weights that do not match the architecture (see
+            ``OpenVLAPolicyConfig``; templates set it with ``policy.allow_partial_load``).
     """
 
     model_path: str | None = None
@@ -64,6 +69,8 @@ class OpenVLAOFTPolicyConfig:
     action_head: str = "discrete"
     stop_token_id: int = 2
     cameras: tuple[str, ...] | None = None
+    allow_pickle: bool = False
+    allow_partial_load: bool = False
 
     def __post_init__(self) -> None:
         """Validate the fields.

@@ -282,6 +282,25 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
                 "(use predict_action_chunk and bc_loss)"
             )
 
+    @classmethod
+    def check_pretrained(cls, config: OpenVLAOFTPolicyConfig, require_tokenizer: bool = True) -> None:
+        """:meth:`PrismaticPolicy.check_pretrained`, and the ``<module>--*checkpoint.pt`` file of
+        each head module the config uses (action head, proprio projector): exactly one each.
+
+        Raises:
+            FileNotFoundError, ValueError: the first problem; the message names the file.
+        """
+        super().check_pretrained(config, require_tokenizer)
+        if config.model_path is None:
+            return
+        used = {"action_head": config.action_head == "l1_regression", "proprio_projector": config.proprio_dim is not None}
+        for stem in (stem for stem, needed in used.items() if needed):
+            files = sorted(Path(config.model_path).glob(f"{stem}--*checkpoint.pt"))
+            if len(files) != 1:
+                found = f"several: {[f.name for f in files]}" if files else "none"
+                raise ValueError(f"{config.model_path}: needs one {stem}--*checkpoint.pt for the config's {stem} "
+                                 f"({found})")
+
     def _load_oft_modules(self, directory: Path) -> None:
         for module, stem in ((self.action_head, "action_head"), (self.proprio_projector, "proprio_projector")):
             if module is not None and not load_module_checkpoint(module, directory, stem):

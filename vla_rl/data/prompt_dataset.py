@@ -13,6 +13,10 @@ Files are parquet (``.parquet``) or JSON lines (``.jsonl``). Shard ``k`` of ``d`
 groups ``k, k + d, k + 2d, ...`` with ``ParquetFile.read_row_group`` (never the whole file), or
 JSONL lines ``k, k + d, ...`` (it scans the file but parses only its own lines). The shard layout
 depends only on the file's metadata, so every worker computes it alone, without communication.
+
+:meth:`PromptFile.validate` and :func:`shard_steps_per_epoch` check a file before any worker reads
+it (the run's pre-flight, :mod:`vla_rl.preflight`): parquet from its footer and schema alone,
+JSONL line by line. Every error names the file (and the line or column).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import pyarrow.parquet as pq
 #: Columns every row must have (dotted names address struct fields).
 REQUIRED_COLUMNS = ("prompt", "data_source", "reward_model.ground_truth")
 _SUFFIXES = (".parquet", ".jsonl")
+#: First and last four bytes of every parquet file.
+PARQUET_MAGIC = b"PAR1"
 
 
 @dataclass(frozen=True)
@@ -122,16 +128,22 @@ class PromptFile:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: an unknown suffix, or (parquet) a required column is missing from the schema;
-            the message names the file and the column.
+        IsADirectoryError: ``path`` is a directory.
+        ValueError: an unknown suffix, an empty (0-byte) file, (parquet) a file whose magic bytes
+            or footer cannot be read, or a required column missing from the schema; the message
+            names the file (and the column).
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise IsADirectoryError(f"{self.path} is a directory, not a prompt file")
         if not self.path.is_file():
             raise FileNotFoundError(f"prompt file {self.path} does not exist")
         if self.path.suffix not in _SUFFIXES:
             raise ValueError(f"{self.path}: unknown prompt file type; use one of {', '.join(_SUFFIXES)}")
+        if self.path.stat().st_size == 0:
+            raise ValueError(f"{self.path}: the file is empty (0 bytes)")
         if self.is_parquet:
             schema = self._parquet.schema_arrow
             missing = [column for column in REQUIRED_COLUMNS if not _schema_has(schema, column)]
@@ -147,7 +159,27 @@ class PromptFile:
 
     @cached_property
     def _parquet(self) -> pq.ParquetFile:
-        return pq.ParquetFile(self.path)
+        """The file's parquet reader (footer parsed, no data read).
+
+        Raises:
+            ValueError: no ``PAR1`` magic bytes at the start and the end (not parquet, or a
+                truncated copy), or an unreadable footer; the message names the file.
+        """
+        size = self.path.stat().st_size
+        with self.path.open("rb") as file:
+            head = file.read(len(PARQUET_MAGIC))
+            file.seek(max(size - len(PARQUET_MAGIC), 0))
+            tail = file.read(len(PARQUET_MAGIC))
+        if size < 2 * len(PARQUET_MAGIC) or head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
+            where = "start" if head != PARQUET_MAGIC else "end"
+            raise ValueError(
+                f"{self.path}: not a parquet file: no PAR1 magic bytes at its {where} ({size} bytes; "
+                "another format, or a truncated copy)"
+            )
+        try:
+            return pq.ParquetFile(self.path)
+        except (pa.ArrowException, OSError) as error:
+            raise ValueError(f"{self.path}: unreadable parquet footer ({error})") from None
 
     @cached_property
     def _units(self) -> list[int]:
@@ -162,14 +194,89 @@ class PromptFile:
     def num_rows(self) -> int:
         return sum(self._units)
 
-    def _check_shards(self, num_shards: int) -> None:
-        if len(self._units) < num_shards:
-            unit = "row groups" if self.is_parquet else "rows"
+    def validate(self, extra_columns: Sequence[str] = ()) -> None:
+        """Check the whole file without reading any parquet data: a parquet file's schema has the
+        required and ``extra_columns`` (``prompt`` a list of structs), a JSONL file's every line
+        is UTF-8 JSON with them (and a valid ``prompt``); the file has at least one row.
+
+        Raises:
+            ValueError: the first problem; the message names the file and the line or column.
+        """
+        if self.is_parquet:
+            schema = self._parquet.schema_arrow
+            for column in extra_columns:
+                if not _schema_has(schema, column):
+                    raise ValueError(f"{self.path}: missing column {column!r} (the file has: {', '.join(schema.names)})")
+            prompt_type = schema.field("prompt").type
+            if not (pa.types.is_list(prompt_type) or pa.types.is_large_list(prompt_type)) or not pa.types.is_struct(
+                prompt_type.value_type
+            ):
+                raise ValueError(f"{self.path}: column 'prompt' must hold lists of {{role, content}} chat messages, "
+                                 f"its type is {prompt_type}")
+        else:
+            for index, (line_number, line) in enumerate(self._jsonl_lines()):
+                self._jsonl_row(index, line_number, line, extra_columns)
+        if self.num_rows == 0:
+            raise ValueError(f"{self.path}: the file has no rows")
+
+    def _jsonl_lines(self) -> Iterable[tuple[int, bytes]]:
+        """``(1-based line number, line)`` of the file's non-blank lines."""
+        with self.path.open("rb") as lines:
+            for line_number, line in enumerate(lines, start=1):
+                if line.strip():
+                    yield line_number, line
+
+    def _parse_line(self, line: bytes, line_number: int) -> Any:
+        """One JSONL line as JSON, decoded as UTF-8.
+
+        Raises:
+            ValueError: the line is not UTF-8 or not JSON; the message names the file and line.
+        """
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as error:
             raise ValueError(
-                f"{self.path} has {len(self._units)} {unit}, fewer than the {num_shards} shards that read it; "
-                "rewrite it with smaller row groups (pyarrow.parquet.write_table(..., row_group_size=...)) "
-                "or read it with a smaller DP size"
-            )
+                f"{self.path}: line {line_number} is not valid UTF-8 (byte 0x{line[error.start]:02x} at column "
+                f"{error.start + 1}); JSON lines files must be UTF-8: re-encode it, e.g. "
+                "iconv -f latin1 -t utf-8"
+            ) from None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{self.path}: line {line_number} is not valid JSON: {error}") from None
+
+    def _jsonl_row(self, index: int, line_number: int, line: bytes, extra_columns: Sequence[str]) -> PromptRow:
+        """Row ``index`` of a JSONL file, from its line ``line_number``; errors name both."""
+        record = self._parse_line(line, line_number)
+        if not isinstance(record, Mapping):
+            raise ValueError(f"{self.path}: line {line_number} is a JSON {type(record).__name__}, not an object "
+                             "(one row per line)")
+        try:
+            return _to_row(record, index, self.path, extra_columns)
+        except ValueError as error:
+            raise ValueError(f"{error} (line {line_number})") from None
+
+    def check_shards(self, num_shards: int, per_shard: int = 1) -> None:
+        """Check that the file has a read unit (row group, line) for each of ``num_shards`` shards.
+
+        Raises:
+            ValueError: too few; for parquet the message gives a ``row_group_size`` that deals
+                every shard at least ``per_shard`` rows (when the file has that many).
+        """
+        if len(self._units) >= num_shards:
+            return
+        if not self.is_parquet:
+            raise ValueError(f"{self.path} has {len(self._units)} rows, fewer than the {num_shards} shards "
+                             "that read it; add rows or read it with a smaller DP size")
+        size = _largest_row_group_size(self.num_rows, num_shards, per_shard)
+        rewrite = ("" if size is None else "; rewrite it with smaller row groups "
+                   f"(pyarrow.parquet.write_table(table, path, row_group_size={size}) or less)")
+        raise ValueError(
+            f"{self.path} has {len(self._units)} row groups, fewer than the {num_shards} shards that read it "
+            f"(each shard reads whole row groups){rewrite}, or read it with a smaller DP size"
+            + ("" if size is not None else f", or add rows ({self.num_rows} rows for {num_shards} shards of "
+                                             f"{per_shard})")
+        )
 
     def shard_num_rows(self, num_shards: int) -> list[int]:
         """Rows in each of ``num_shards`` shards, from metadata alone.
@@ -177,7 +284,7 @@ class PromptFile:
         Raises:
             ValueError: the file has fewer read units (row groups, lines) than shards.
         """
-        self._check_shards(num_shards)
+        self.check_shards(num_shards)
         return [sum(self._units[shard::num_shards]) for shard in range(num_shards)]
 
     def read_shard(self, shard: int, num_shards: int, extra_columns: Sequence[str] = ()) -> list[PromptRow]:
@@ -194,7 +301,7 @@ class PromptFile:
         """
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard {shard} outside [0, {num_shards})")
-        self._check_shards(num_shards)
+        self.check_shards(num_shards)
         starts = np.concatenate([[0], np.cumsum(self._units)])
         if self.is_parquet:
             for column in extra_columns:
@@ -207,18 +314,9 @@ class PromptFile:
                 rows += [_to_row(r, int(starts[group]) + i, self.path, extra_columns) for i, r in enumerate(records)]
             return rows
         rows = []
-        with self.path.open("rb") as lines:
-            index = 0
-            for line in lines:
-                if not line.strip():
-                    continue
-                if index % num_shards == shard:
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as error:
-                        raise ValueError(f"{self.path}: row {index} is not valid JSON: {error}") from None
-                    rows.append(_to_row(record, index, self.path, extra_columns))
-                index += 1
+        for index, (line_number, line) in enumerate(self._jsonl_lines()):
+            if index % num_shards == shard:
+                rows.append(self._jsonl_row(index, line_number, line, extra_columns))
         return rows
 
 
@@ -262,13 +360,7 @@ class ShardedPromptLoader:
         self.per_shard = prompts_per_step // dp_size
         self.dp_rank, self.dp_size, self.seed = dp_rank, dp_size, seed
         self.extra_columns = tuple(extra_columns)
-        smallest = min(self.file.shard_num_rows(dp_size))
-        self.steps_per_epoch = smallest // self.per_shard
-        if self.steps_per_epoch == 0:
-            raise ValueError(
-                f"{self.file.path}: its smallest shard has {smallest} rows, fewer than the {self.per_shard} "
-                f"prompts each of the {dp_size} shards needs per step; lower prompts_per_step or add rows"
-            )
+        self.steps_per_epoch = shard_steps_per_epoch(self.file, prompts_per_step, dp_size)
 
     @cached_property
     def rows(self) -> list[PromptRow]:
@@ -303,6 +395,46 @@ class ShardedPromptLoader:
                 f"{refill_round} of {self.per_shard} prompts; lower algorithm.max_refill_rounds or add rows"
             )
         return [fresh[i] for i in picked]
+
+
+def shard_steps_per_epoch(file: PromptFile, prompts_per_step: int, dp_size: int) -> int:
+    """Steps per epoch of ``dp_size`` shards each taking ``prompts_per_step // dp_size`` rows a
+    step (the smallest shard's rows // that), from the file's metadata alone.
+
+    Raises:
+        ValueError: fewer read units than shards, or a shard with fewer rows than one step
+            takes; the message names the file and says how to fix it (smaller row groups when
+            the rows would suffice dealt more evenly, else fewer prompts per step or more rows).
+    """
+    per_shard = prompts_per_step // dp_size
+    file.check_shards(dp_size, per_shard)
+    smallest = min(file.shard_num_rows(dp_size))
+    if smallest >= per_shard:
+        return smallest // per_shard
+    fix = "lower prompts_per_step or add rows"
+    if file.is_parquet and file.num_rows // dp_size >= per_shard:
+        size = _largest_row_group_size(file.num_rows, dp_size, per_shard)
+        fix = (f"row groups are dealt to the shards whole: rewrite it with smaller row groups "
+               f"(pyarrow.parquet.write_table(table, path, row_group_size={size})), or {fix}")
+    raise ValueError(
+        f"{file.path}: its smallest shard has {smallest} rows, fewer than the {per_shard} prompts each of the "
+        f"{dp_size} shards needs per step (shards of {', '.join(map(str, file.shard_num_rows(dp_size)))} rows); {fix}"
+    )
+
+
+def _largest_row_group_size(num_rows: int, num_shards: int, per_shard: int) -> int | None:
+    """The largest row-group size whose groups, dealt round-robin over ``num_shards`` shards,
+    give every shard at least ``per_shard`` of the ``num_rows`` rows (None if none does)."""
+    for size in range(max(num_rows // num_shards, 1), 0, -1):
+        groups, rest = -(-num_rows // size), num_rows % size  # the last group holds `rest` rows when > 0
+        if groups < num_shards:
+            continue
+        shard_rows = [-(-(groups - k) // num_shards) * size for k in range(num_shards)]
+        if rest:
+            shard_rows[(groups - 1) % num_shards] -= size - rest
+        if min(shard_rows) >= per_shard:
+            return size
+    return None
 
 
 def write_prompt_file(rows: Iterable[Mapping[str, Any]], path: str | Path, row_group_size: int = 256) -> Path:

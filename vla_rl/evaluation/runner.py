@@ -39,6 +39,7 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     from vla_rl.dag.loader import load_template
     from vla_rl.dag.planner import plan
     from vla_rl.evaluation.benchmarks import resolve_tasks
+    from vla_rl.preflight import preflight
 
     run_dir, checkpoints = find_checkpoints(targets, steps)
     from vla_rl.run_dir import RunDirectory
@@ -47,6 +48,7 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     run_config = load_template(run_dir / RUN_TEMPLATE, RunDirectory.reopen(run_dir).recorded_overrides()).config
     if run_config.run.workflow != "embodied":
         raise EvalInputError(f"{run_dir} is a text run; vla-rl eval evaluates embodied policies")
+    preflight(load_template(run_dir / RUN_TEMPLATE))  # the policy's pretrained checkpoint, before eval_dir exists
     raw = copy.deepcopy(load_template(template).raw)
     config = raw.setdefault("config", {})
     config["policy"] = run_config.policy.model_dump(mode="json")

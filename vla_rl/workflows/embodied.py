@@ -28,6 +28,8 @@ class EmbodiedWorkflow(Workflow):
 
         spec = res.env_spec
         config = res.config.policy.policy_config(obs_dim=spec["obs_dim"], action_dim=spec["act_dim"])
+        if res.config.policy.allow_partial_load and hasattr(config, "allow_partial_load"):
+            config.allow_partial_load = True  # the policies that load a pretrained checkpoint declare the field
         return make_policy(res.config.policy.name, config).to(res.device)
 
     def batch_forward(self, model, batch):

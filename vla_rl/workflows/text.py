@@ -44,7 +44,8 @@ class TextWorkflow(Workflow):
         text = res.config.text
         config = CausalLMConfig(model_path=str(res.text_assets.model_path), gguf_file=text.gguf_file, dtype=text.dtype,
                                 max_prompt_length=text.max_prompt_length, max_response_length=text.max_response_length,
-                                temperature=text.temperature)
+                                temperature=text.temperature, prompt_format=text.prompt_format,
+                                allow_pickle=text.allow_pickle, allow_partial_load=res.config.policy.allow_partial_load)
         return CausalLMPolicy.from_pretrained(config).to(res.device)
 
     def batch_forward(self, model, batch):

@@ -1,0 +1,271 @@
+"""Checks of checkpoint files before (and while) they load: safetensors headers, pickle weights,
+GGUF magic bytes, tokenizer usability, and a checkpoint's tensor names and shapes against an
+architecture's.
+
+Shared by the policies' loaders (at run time) and the run's pre-flight (:mod:`vla_rl.preflight`,
+before anything starts). Reading a safetensors header costs a few bytes of the file, never its
+tensors; torch and transformers are imported only by the functions that need them. Every error is
+a ``ValueError`` (``FileNotFoundError`` for a missing file) whose message starts with the file at
+fault.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
+PICKLE_FILE = "pytorch_model.bin"
+PICKLE_INDEX_FILE = "pytorch_model.bin.index.json"
+#: First four bytes of every GGUF file.
+GGUF_MAGIC = b"GGUF"
+#: Largest safetensors header the format allows (safetensors' ``MAX_HEADER_SIZE``).
+MAX_SAFETENSORS_HEADER = 100_000_000
+#: Text every usable tokenizer encodes to at least one known token.
+PROBE_TEXT = "What is 12 + 7?"
+#: Files a Hugging Face tokenizer is read from (fast, sentencepiece, BPE and WordPiece vocabularies).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "spiece.model")
+
+Shapes = Mapping[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class WeightFiles:
+    """The weight files of a checkpoint directory.
+
+    Attributes:
+        format: ``"safetensors"``, or ``"pickle"`` (``pytorch_model.bin``: torch's pickle format).
+        files: the files, in order (one, or the shards of an index).
+    """
+
+    format: Literal["safetensors", "pickle"]
+    files: tuple[Path, ...]
+
+
+def find_weight_files(directory: str | Path, allow_pickle: bool = False) -> WeightFiles:
+    """The weights of a Hugging Face-layout directory: ``model.safetensors``, or the shards of
+    ``model.safetensors.index.json``; with ``allow_pickle``, else ``pytorch_model.bin`` (or its
+    index's shards).
+
+    Raises:
+        FileNotFoundError: no weights, or an index that lists a missing shard.
+        ValueError: an unreadable index, or only pickle weights without ``allow_pickle`` (pickle
+            files can run code when loaded); the message names the file.
+    """
+    directory = Path(directory)
+    for fmt, single, index in (("safetensors", SAFETENSORS_FILE, SAFETENSORS_INDEX_FILE),
+                               ("pickle", PICKLE_FILE, PICKLE_INDEX_FILE)):
+        files = _index_shards(directory / index) if (directory / index).is_file() else None
+        if files is None and (directory / single).is_file():
+            files = (directory / single,)
+        if files is None:
+            continue
+        if fmt == "pickle" and not allow_pickle:
+            raise ValueError(
+                f"{files[0]}: pickle weights are refused (loading a pickle file can run arbitrary code); convert "
+                "them to safetensors (save_pretrained(..., safe_serialization=True)) or set allow_pickle: true"
+            )
+        return WeightFiles(fmt, files)
+    raise FileNotFoundError(f"{directory} has no weights: neither {SAFETENSORS_FILE} nor {SAFETENSORS_INDEX_FILE}"
+                            f" (nor {PICKLE_FILE})")
+
+
+def _index_shards(index: Path) -> tuple[Path, ...]:
+    """The shards listed by a sharded checkpoint's index file, checked to exist."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{index}: not a weight index (a JSON object with a 'weight_map'): {error}") from None
+    for shard in shards:
+        if not (index.parent / shard).is_file():
+            raise FileNotFoundError(f"{index} lists {shard}, which does not exist")
+    return tuple(index.parent / shard for shard in shards)
+
+
+def read_safetensors_header(path: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The tensors a safetensors file declares, from its header alone, checked against the file's
+    size: ``{name: (dtype, shape)}``.
+
+    Raises:
+        ValueError: not a safetensors file (an impossible header length, a header that is not
+            JSON), or a file shorter than its header says (truncated); the message names it.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    with path.open("rb") as file:
+        prefix = file.read(8)
+        if len(prefix) < 8:
+            raise ValueError(f"{path}: not a safetensors file ({size} bytes, shorter than its 8-byte header length)")
+        (header_length,) = struct.unpack("<Q", prefix)
+        if header_length > MAX_SAFETENSORS_HEADER or 8 + header_length > size:
+            raise ValueError(f"{path}: not a safetensors file, or a truncated one: its header length says "
+                             f"{header_length} bytes, the file has {size}")
+        raw = file.read(header_length)
+    try:
+        header = json.loads(raw)
+    except ValueError as error:
+        raise ValueError(f"{path}: not a safetensors file: its header is not JSON ({error})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: not a safetensors file: its header is not a JSON object")
+    tensors, end = {}, 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape = entry["dtype"], tuple(int(n) for n in entry["shape"])
+            start, stop = (int(offset) for offset in entry["data_offsets"])
+        except (TypeError, KeyError, ValueError):
+            start, stop = 1, 0
+        if not 0 <= start <= stop:
+            raise ValueError(f"{path}: not a safetensors file: bad header entry for {name!r}")
+        tensors[name] = (dtype, shape)
+        end = max(end, stop)
+    if 8 + header_length + end > size:
+        raise ValueError(f"{path}: truncated: its header places tensor data up to byte {8 + header_length + end}, "
+                         f"the file has {size} bytes; copy or download it again")
+    return tensors
+
+
+def checkpoint_shapes(weights: WeightFiles) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, by name, without reading tensor data: safetensors headers (checked,
+    see :func:`read_safetensors_header`), or a pickle file mapped onto the ``meta`` device.
+
+    Raises:
+        ValueError: an unreadable or truncated file (named).
+    """
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in weights.files:
+        if weights.format == "safetensors":
+            shapes.update({name: shape for name, (_, shape) in read_safetensors_header(path).items()})
+            continue
+        import torch
+
+        try:
+            state = torch.load(path, map_location="meta", weights_only=True, mmap=True)
+        except Exception as error:  # torch raises many kinds for a damaged file
+            raise ValueError(f"{path}: unreadable pickle weights ({type(error).__name__}: {error})") from None
+        shapes.update({name: tuple(tensor.shape) for name, tensor in state.items()})
+    return shapes
+
+
+def check_gguf_file(path: str | Path) -> None:
+    """A GGUF file exists and starts with the GGUF magic bytes.
+
+    Raises:
+        FileNotFoundError: it does not exist (or is not a file).
+        ValueError: it does not start with ``GGUF``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {path} does not exist")
+    with path.open("rb") as file:
+        magic = file.read(len(GGUF_MAGIC))
+    if magic != GGUF_MAGIC:
+        raise ValueError(f"{path}: not a GGUF file: it starts with {magic!r}, not {GGUF_MAGIC!r} (truncated, or "
+                         "another format)")
+
+
+@dataclass(frozen=True)
+class WeightMismatch:
+    """How a checkpoint's tensors differ from an architecture's parameters.
+
+    Attributes:
+        missing: parameter names the checkpoint lacks (sorted).
+        unexpected: checkpoint tensor names the architecture has no parameter for (sorted).
+        mismatched: ``(name, checkpoint shape, model shape)`` of tensors whose shapes differ.
+    """
+
+    missing: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+    mismatched: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.missing or self.unexpected or self.mismatched)
+
+    def describe(self, limit: int = 3) -> str:
+        """The first ``limit`` names of each kind, e.g. ``2 missing (model.norm.weight, ...); 1
+        with another shape (lm_head.weight: (10, 4) in the checkpoint, (12, 4) in the model)``."""
+        parts = []
+        for label, names in (("missing", self.missing), ("unexpected", self.unexpected)):
+            if names:
+                more = ", ..." if len(names) > limit else ""
+                parts.append(f"{len(names)} {label} ({', '.join(names[:limit])}{more})")
+        if self.mismatched:
+            shown = ", ".join(f"{name}: {tuple(ckpt)} in the checkpoint, {tuple(model)} in the model"
+                              for name, ckpt, model in self.mismatched[:limit])
+            parts.append(f"{len(self.mismatched)} with another shape ({shown}"
+                         f"{', ...' if len(self.mismatched) > limit else ''})")
+        return "; ".join(parts)
+
+
+def compare_shapes(expected: Shapes, found: Shapes) -> WeightMismatch:
+    """Compare an architecture's parameter shapes (``expected``) with a checkpoint's (``found``)."""
+    return WeightMismatch(
+        missing=tuple(sorted(set(expected) - set(found))),
+        unexpected=tuple(sorted(set(found) - set(expected))),
+        mismatched=tuple((name, tuple(found[name]), tuple(expected[name])) for name in sorted(set(expected) & set(found))
+                         if tuple(found[name]) != tuple(expected[name])),
+    )
+
+
+def weight_mismatch_error(source: str | Path, mismatch: WeightMismatch) -> ValueError:
+    """The error of a checkpoint whose weights do not fit its architecture (says how to override)."""
+    return ValueError(f"{source}: the weights do not match the architecture: {mismatch.describe()}; load a "
+                      "checkpoint of this architecture, or set policy.allow_partial_load: true to keep the "
+                      "architecture's initialisation where they do not fit")
+
+
+def load_tokenizer(directory: str | Path, gguf_file: str | None = None) -> Any:
+    """The tokenizer of a local model directory (or GGUF file), local files only.
+
+    Raises:
+        ValueError: transformers cannot build one (the message names the directory).
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file, local_files_only=True)
+    except Exception as error:  # transformers raises OSError, ValueError, KeyError, ... for bad files
+        raise ValueError(f"{directory}: no usable tokenizer ({type(error).__name__}: {error})") from None
+
+
+def check_tokenizer(tokenizer: Any, source: str | Path, chat_template: bool) -> None:
+    """A tokenizer fit to encode prompts: it encodes :data:`PROBE_TEXT` to known tokens (a
+    directory without its tokenizer files loads an almost empty fallback vocabulary that encodes
+    every text to nothing), has an EOS token, and (``chat_template``) a chat template that renders.
+
+    Args:
+        tokenizer: a transformers tokenizer.
+        source: the model directory or file, for the messages.
+        chat_template: whether prompts go through the chat template.
+
+    Raises:
+        ValueError: the first problem, naming ``source``.
+    """
+    ids = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    if not ids or all(token == tokenizer.unk_token_id for token in ids):
+        path = Path(source)
+        present = [name for name in TOKENIZER_FILES if (path / name).is_file()] if path.is_dir() else []
+        raise ValueError(
+            f"{source}: no usable tokenizer: it encodes {PROBE_TEXT!r} to {ids} (a vocabulary of {len(tokenizer)} "
+            f"tokens; tokenizer files present: {', '.join(present) or 'none'}); copy the model's tokenizer files "
+            "(tokenizer.json, or its vocabulary files) into the directory"
+        )
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"{source}: the tokenizer has no EOS token; responses could never end")
+    if not chat_template:
+        return
+    if tokenizer.chat_template is None:
+        raise ValueError(f"{source}: the tokenizer has no chat template, and prompts are chat messages; add one "
+                         "(chat_template.jinja) or set text.prompt_format: raw to encode the prompt text as is")
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": PROBE_TEXT}], tokenize=False,
+                                      add_generation_prompt=True)
+    except Exception as error:  # a template is user code: jinja raises its own errors
+        raise ValueError(f"{source}: the chat template does not render ({type(error).__name__}: {error})") from None

@@ -1,0 +1,481 @@
+"""Pre-flight checks (vla_rl/preflight.py): a table of malformed prompt files and model
+checkpoints, each refused before anything starts with a PreflightError naming the file and the
+config field, and through the command line with exit status 2, one line, no traceback and
+nothing created on disk; the good inputs pass; loading is strict at run time too."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from vla_rl.cli import main
+from vla_rl.dag.loader import load_template
+from vla_rl.preflight import PreflightError, preflight
+
+TEXT = "llm_grpo"
+VLA = "embodied_grpo_oft_lift"
+#: The OFT template's policy, loaded from a checkpoint directory instead of the tiny preset.
+VLA_FROM_DIR = ["policy.config.architecture=null", "policy.config.proprio_dim=null"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(torch_one_thread):
+    """Small models on the shared machines run fastest on one thread."""
+
+
+@dataclass(frozen=True)
+class Assets:
+    """Good inputs that the cases copy and damage."""
+
+    train: Path  # parquet, row groups of 16, with extra_info.answer
+    test: Path
+    lm: Path  # tiny Qwen2 checkpoint
+    vla: Path  # tiny OpenVLA-OFT checkpoint (no proprio projector)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory, tiny_lm_dir) -> Assets:
+    from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
+    from policies.openvla_oft.modeling_openvla_oft import OpenVLAOFTPolicy
+    from vla_rl.data.arithmetic import write_arithmetic_dataset
+
+    root = tmp_path_factory.mktemp("preflight_assets")
+    files = write_arithmetic_dataset(root / "prompts", 200, 64, row_group_size=16)
+    policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture={"preset": "tiny", "image_size": 56},
+                                                     cameras=["agentview"]))
+    vla = policy.save_pretrained(root / "vla")
+    return Assets(files["train"], files["test"], Path(tiny_lm_dir), vla)
+
+
+# ---------------------------------------------------------------- helpers that damage inputs
+
+
+def rows(n: int = 8, **replace) -> list[dict]:
+    """``n`` rows in the verl format (with ``extra_info.answer``), fields overridden by ``replace``."""
+    out = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}], "data_source": "vla_rl/arithmetic",
+             "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+             "extra_info": {"answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}} for i in range(n)]
+    return [{**row, **replace} for row in out]
+
+
+def parquet(path: Path, table_rows: list[dict], row_group_size: int = 4) -> Path:
+    pq.write_table(pa.Table.from_pylist(table_rows), path, row_group_size=row_group_size)
+    return path
+
+
+def jsonl(path: Path, lines: list[bytes]) -> Path:
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return path
+
+
+def good_lines(n: int = 8) -> list[bytes]:
+    return [json.dumps(row).encode() for row in rows(n)]
+
+
+def copy_dir(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target
+
+
+def rewrite_weights(directory: Path, change: Callable[[dict], dict]) -> Path:
+    """Rewrite ``model.safetensors`` of a copied checkpoint through ``change``."""
+    weights = directory / "model.safetensors"
+    save_file(change(load_file(weights)), weights, metadata={"format": "pt"})
+    return weights
+
+
+def truncate(path: Path, keep: float = 0.5) -> Path:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path
+
+
+def rename_first_layer(state: dict) -> dict:
+    return {name.replace("model.layers.0.", "model.blocks.0."): tensor for name, tensor in state.items()}
+
+
+def widen(name: str) -> Callable[[dict], dict]:
+    def change(state: dict) -> dict:
+        tensor = state[name]
+        return {**state, name: torch.zeros(tensor.shape[0] + 1, *tensor.shape[1:])}
+    return change
+
+
+def to_pickle(directory: Path) -> Path:
+    """Replace the safetensors weights by ``pytorch_model.bin`` (torch's pickle format)."""
+    torch.save(load_file(directory / "model.safetensors"), directory / "pytorch_model.bin")
+    (directory / "model.safetensors").unlink()
+    return directory / "pytorch_model.bin"
+
+
+# ----------------------------------------------------------------------------- the cases
+
+
+@dataclass(frozen=True)
+class Case:
+    """A malformed input: ``make(tmp, assets) -> (overrides, offending path)``; the error must name
+    ``field`` and the offending path and match ``match``; ``template`` is the template it runs."""
+
+    name: str
+    make: Callable[[Path, Assets], tuple[list[str], Path]]
+    field: str
+    match: str
+    template: str = TEXT
+    node: str | None = None
+
+
+def train_file(make_file: Callable[[Path, Assets], Path], *extra: str):
+    def make(tmp: Path, assets: Assets):
+        path = make_file(tmp, assets)
+        return [f"text.train_file={path}", *extra], path
+    return make
+
+
+def held_out_file(make_file: Callable[[Path, Assets], Path]):
+    def make(tmp: Path, assets: Assets):
+        path = make_file(tmp, assets)
+        return [f"text.train_file={assets.train}", f"text.test_file={path}"], path
+    return make
+
+
+def lm_dir(damage: Callable[[Path], Path | None], *extra: str):
+    """A copy of the tiny LM damaged by ``damage(dir)`` (returns the offending path, default the dir)."""
+    def make(tmp: Path, assets: Assets):
+        directory = copy_dir(assets.lm, tmp / "lm")
+        return [f"text.model_path={directory}", *extra], damage(directory) or directory
+    return make
+
+
+def vla_dir(damage: Callable[[Path], Path | None], *extra: str):
+    def make(tmp: Path, assets: Assets):
+        directory = copy_dir(assets.vla, tmp / "vla")
+        return [*VLA_FROM_DIR, f"policy.config.model_path={directory}", *extra], damage(directory) or directory
+    return make
+
+
+def _unlink(*names: str) -> Callable[[Path], None]:
+    def damage(directory: Path) -> None:
+        for name in names:
+            (directory / name).unlink()
+    return damage
+
+
+def _write(name: str, data: bytes) -> Callable[[Path], Path]:
+    def damage(directory: Path) -> Path:
+        (directory / name).write_bytes(data)
+        return directory / name
+    return damage
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def _empty(path: Path) -> Path:
+    path.write_bytes(b"")
+    return path
+
+
+def _missing_shard(directory: Path) -> Path:
+    index = {"metadata": {}, "weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}
+    (directory / "model.safetensors").unlink()
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    return directory / "model.safetensors.index.json"
+
+
+def _gguf_dir(tmp: Path, assets: Assets):
+    directory = tmp / "gguf_dir"
+    directory.mkdir()
+    (directory / "model.gguf").write_bytes(b"LLAMA\x00\x01" + bytes(64))
+    return [f"text.model_path={directory}", "text.gguf_file=model.gguf"], directory / "model.gguf"
+
+
+def _gguf_missing(tmp: Path, assets: Assets):
+    directory = _mkdir(tmp / "gguf_dir")
+    return [f"text.model_path={directory}", "text.gguf_file=model.gguf"], directory / "model.gguf"
+
+
+def _empty_table(path: Path) -> Path:
+    table = pa.Table.from_pylist(rows(1))
+    pq.write_table(table.slice(0, 0), path)
+    return path
+
+
+def _default_row_groups(path: Path) -> Path:
+    """A small file written with pyarrow's default row groups: one row group."""
+    pq.write_table(pa.Table.from_pylist(rows(64)), path)
+    return path
+
+
+CASES = [
+    # prompt files
+    Case("missing train file", train_file(lambda t, a: t / "nowhere.parquet"), "text.train_file", "does not exist"),
+    Case("directory", train_file(lambda t, a: _mkdir(t / "dir.parquet")), "text.train_file", "is a directory"),
+    Case("zero-byte parquet", train_file(lambda t, a: _empty(t / "z.parquet")), "text.train_file", r"empty \(0 bytes\)"),
+    Case("zero-byte jsonl", train_file(lambda t, a: _empty(t / "z.jsonl")), "text.train_file", r"empty \(0 bytes\)"),
+    Case("garbage parquet", train_file(lambda t, a: _write("g.parquet", b"not parquet at all" * 20)(t)),
+         "text.train_file", "not a parquet file: no PAR1 magic bytes at its start"),
+    Case("truncated parquet", train_file(lambda t, a: truncate(shutil.copy(a.train, t / "t.parquet"))),
+         "text.train_file", "no PAR1 magic bytes at its end"),
+    Case("corrupt parquet footer", train_file(lambda t, a: _write("f.parquet", b"PAR1" + bytes(200) + b"PAR1")(t)),
+         "text.train_file", "unreadable parquet footer"),
+    Case("unknown suffix", train_file(lambda t, a: _write("p.csv", b"prompt,answer\n")(t)), "text.train_file",
+         "unknown prompt file type"),
+    Case("latin-1 jsonl", train_file(lambda t, a: jsonl(t / "l.jsonl", [good_lines(1)[0], json.dumps(
+        rows(1)[0], ensure_ascii=False).replace("What", "Qu'est-ce caf\u00e9").encode("latin-1")])),
+        "text.train_file", r"line 2 is not valid UTF-8 \(byte 0xe9"),
+    Case("invalid json line", train_file(lambda t, a: jsonl(t / "j.jsonl", [*good_lines(2), b'{"prompt": [']),),
+         "text.train_file", "line 3 is not valid JSON"),
+    Case("jsonl line not an object", train_file(lambda t, a: jsonl(t / "o.jsonl", [*good_lines(3), b"[1, 2]"])),
+         "text.train_file", "line 4 is a JSON list, not an object"),
+    Case("jsonl missing ground truth", train_file(lambda t, a: jsonl(t / "m.jsonl", [good_lines(1)[0], json.dumps(
+        rows(1, reward_model={"style": "rule"})[0]).encode()])),
+        "text.train_file", r"row 1 has no column 'reward_model.ground_truth' \(line 2\)"),
+    Case("jsonl prompt not messages", train_file(lambda t, a: jsonl(t / "s.jsonl", [json.dumps(
+        rows(1, prompt="What is 1 + 1?")[0]).encode()])), "text.train_file", "'prompt' must be a non-empty list"),
+    Case("jsonl without sft column", train_file(lambda t, a: jsonl(t / "x.jsonl", [json.dumps(
+        {k: v for k, v in row.items() if k != "extra_info"}).encode() for row in rows(40)])),
+        "text.train_file", "no column 'extra_info.answer'"),
+    Case("jsonl blank lines only", train_file(lambda t, a: _write("b.jsonl", b"\n  \n\n")(t)), "text.train_file",
+         "the file has no rows"),
+    Case("parquet missing prompt", train_file(lambda t, a: parquet(t / "p.parquet", [
+        {k: v for k, v in row.items() if k != "prompt"} for row in rows()])), "text.train_file",
+        "missing column 'prompt'"),
+    Case("parquet missing ground truth", train_file(lambda t, a: parquet(t / "g.parquet", rows(
+        reward_model={"style": "rule"}))), "text.train_file", "missing column 'reward_model.ground_truth'"),
+    Case("parquet prompt is a string", train_file(lambda t, a: parquet(t / "s.parquet", rows(prompt="What?")),
+                                                  "text.sft_steps=0"),
+         "text.train_file", "column 'prompt' must hold lists"),
+    Case("parquet without sft column", train_file(lambda t, a: parquet(t / "x.parquet", [
+        {k: v for k, v in row.items() if k != "extra_info"} for row in rows(40)])), "text.train_file",
+        "missing column 'extra_info.answer'"),
+    Case("llm_sft pairs without targets", train_file(lambda t, a: parquet(t / "x.parquet", [
+        {k: v for k, v in row.items() if k != "extra_info"} for row in rows(64)])), "text.train_file",
+        "missing column 'extra_info.answer'", template="llm_sft"),
+    Case("empty parquet", train_file(lambda t, a: _empty_table(t / "e.parquet")), "text.train_file",
+         "the file has no rows"),
+    Case("default row groups: one for two shards", train_file(lambda t, a: _default_row_groups(t / "d.parquet")),
+         "text.train_file", r"has 1 row groups, fewer than the 2 shards.*row_group_size=", node="prompts"),
+    Case("row groups dealt unevenly", train_file(lambda t, a: parquet(t / "u.parquet", rows(30), 10),
+                                                 "text.prompts_per_step=24"),
+         "text.train_file", r"smallest shard has 10 rows, fewer than the 12 .*row_group_size=", node="prompts"),
+    Case("too few rows for a step", train_file(lambda t, a: parquet(t / "f.parquet", rows(10), 2)),
+         "text.train_file", "fewer than the 8 prompts .*lower prompts_per_step or add rows", node="prompts"),
+    Case("garbage test file", held_out_file(lambda t, a: _write("test.parquet", b"\x00" * 100)(t)), "text.test_file",
+         "not a parquet file"),
+    Case("test file with one row group", held_out_file(lambda t, a: _default_row_groups(t / "test.parquet")),
+         "text.test_file", "has 1 row groups, fewer than the 2 shards"),
+    # causal LM checkpoints
+    Case("missing model dir", lambda t, a: ([f"text.model_path={t / 'nope'}"], t / "nope"), "text.model_path",
+         "does not exist"),
+    Case("model path is a file", lambda t, a: ([f"text.model_path={a.lm / 'config.json'}"], a.lm / "config.json"),
+         "text.model_path", "is a file, not a model directory"),
+    Case("no config.json", lm_dir(_unlink("config.json")), "text.model_path", "no config.json"),
+    Case("corrupt config.json", lm_dir(_write("config.json", b'{"model_type": "qwen2",')), "text.model_path",
+         "config.json: not valid JSON"),
+    Case("unknown architecture", lm_dir(_write("config.json", b'{"model_type": "no_such_model"}')),
+         "text.model_path", "config.json: not a usable model config"),
+    Case("no tokenizer files", lm_dir(_unlink("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")),
+         "text.model_path", "no usable tokenizer"),
+    Case("fallback tokenizer (tokenizer.json missing)", lm_dir(_unlink("tokenizer.json")), "text.model_path",
+         r"no usable tokenizer: it encodes 'What is 12 \+ 7\?' to \[\]"),
+    Case("no chat template in chat mode", lm_dir(_unlink("chat_template.jinja")), "text.model_path",
+         "no chat template.*text.prompt_format: raw"),
+    Case("truncated safetensors", lm_dir(lambda d: truncate(d / "model.safetensors", 0.6)), "text.model_path",
+         "model.safetensors: truncated"),
+    Case("garbage safetensors", lm_dir(_write("model.safetensors", b"\xff" * 64)), "text.model_path",
+         "not a safetensors file"),
+    Case("wrong tensor names", lm_dir(lambda d: rewrite_weights(d, rename_first_layer)), "text.model_path",
+         r"do not match the architecture: 12 missing \(model\.layers\.0\..*12 unexpected \(model\.blocks\.0\."),
+    Case("wrong shapes", lm_dir(lambda d: rewrite_weights(d, widen("model.layers.1.mlp.up_proj.weight"))),
+         "text.model_path", r"model\.layers\.1\.mlp\.up_proj\.weight: \(129, 64\) in the checkpoint, \(128, 64\)"),
+    Case("missing tensor", lm_dir(lambda d: rewrite_weights(d, lambda s: {k: v for k, v in s.items()
+                                                                       if k != "model.norm.weight"})),
+         "text.model_path", r"1 missing \(model\.norm\.weight\)"),
+    Case("no weights", lm_dir(_unlink("model.safetensors")), "text.model_path", "has no weights"),
+    Case("pickle weights without allow_pickle", lm_dir(to_pickle), "text.model_path",
+         "pickle weights are refused.*text.allow_pickle: true"),
+    Case("index lists a missing shard", lm_dir(_missing_shard), "text.model_path",
+         "lists model-00002-of-00002.safetensors, which does not exist"),
+    Case("corrupt .gguf model_path", lambda t, a: ([f"text.model_path={_write('m.gguf', b'PK' + bytes(30))(t)}"],
+                                                   t / "m.gguf"), "text.model_path", "not a GGUF file"),
+    Case("corrupt gguf_file", _gguf_dir, "text.gguf_file", "not a GGUF file: it starts with b'LLAM'"),
+    Case("missing gguf_file", _gguf_missing, "text.gguf_file", "GGUF file .* does not exist"),
+    # OpenVLA-OFT checkpoints (policy.config.model_path)
+    Case("missing VLA dir", lambda t, a: ([*VLA_FROM_DIR, f"policy.config.model_path={t / 'none'}"], t / "none"),
+         "policy.config.model_path", "the model directory does not exist", template=VLA),
+    Case("VLA corrupt config.json", vla_dir(_write("config.json", b"{")), "policy.config.model_path",
+         "config.json: not valid JSON", template=VLA),
+    Case("VLA truncated safetensors", vla_dir(lambda d: truncate(d / "model.safetensors", 0.3)),
+         "policy.config.model_path", "truncated", template=VLA),
+    Case("VLA wrong tensor names", vla_dir(lambda d: rewrite_weights(d, lambda s: {
+        k.replace("projector.fc1", "projector.first"): v for k, v in s.items()})), "policy.config.model_path",
+        r"2 missing \(projector\.fc1\.bias, projector\.fc1\.weight\); 2 unexpected \(projector\.first\.", template=VLA),
+    Case("VLA wrong shapes", vla_dir(lambda d: rewrite_weights(d, widen("projector.fc1.weight"))),
+         "policy.config.model_path", r"projector\.fc1\.weight: \(\d+, \d+\) in the checkpoint", template=VLA),
+    Case("VLA without tokenizer", vla_dir(_unlink("tokenizer.json", "tokenizer_config.json")),
+         "policy.config.model_path", "no tokenizer", template=VLA),
+    Case("VLA pickle weights", vla_dir(to_pickle), "policy.config.model_path",
+         "pickle weights are refused.*policy.config.allow_pickle: true", template=VLA),
+    Case("VLA missing proprio projector", vla_dir(lambda d: None, "policy.config.proprio_dim=5"),
+         "policy.config.model_path", r"needs one proprio_projector--\*checkpoint\.pt", template=VLA),
+]
+
+
+def test_the_table_covers_at_least_30_distinct_cases():
+    assert len({case.name for case in CASES}) == len(CASES) >= 30
+
+
+def files_under(root: Path) -> set[Path]:
+    return set(root.rglob("*"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_malformed_input_is_refused_before_anything_starts(case, assets, tmp_path, capsys):
+    overrides, offending = case.make(tmp_path, assets)
+    with pytest.raises(PreflightError, match=case.match) as raised:
+        preflight(load_template(case.template, overrides))
+    error = raised.value
+    assert error.field == case.field and error.node == case.node
+    assert str(offending) in str(error), str(error)
+    assert f"field {case.field!r}" in str(error)
+
+    before = files_under(tmp_path)
+    runs = tmp_path / "runs"
+    for command in ("train", "plan"):
+        assert main([command, case.template, *overrides, f"run.output_dir={runs}"]) == 2
+        captured = capsys.readouterr()
+        errors = [line for line in captured.err.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and case.field in errors[0] and str(offending) in errors[0], captured.err
+        assert "Traceback" not in captured.err + captured.out and captured.out == ""
+    assert files_under(tmp_path) == before and not runs.exists()
+
+
+@pytest.mark.parametrize("overrides", [
+    [],  # everything generated in the run directory: nothing to check
+    ["text.model_path={lm}", "text.train_file={train}", "text.test_file={test}"],
+    ["text.model_path={lm_raw}", "text.prompt_format=raw"],  # no chat template: fine for raw prompts
+    ["text.model_path={lm_pickle}", "text.allow_pickle=true"],
+    ["text.model_path={lm_renamed}", "policy.allow_partial_load=true"],
+    ["text.train_file={jsonl}", "text.prompts_per_step=8"],
+], ids=["generated", "files", "raw prompts", "allowed pickle", "allowed partial load", "jsonl"])
+def test_good_inputs_pass(overrides, assets, tmp_path):
+    paths = {"lm": assets.lm, "train": assets.train, "test": assets.test,
+             "lm_raw": copy_dir(assets.lm, tmp_path / "raw"), "lm_pickle": copy_dir(assets.lm, tmp_path / "pickle"),
+             "lm_renamed": copy_dir(assets.lm, tmp_path / "renamed"),
+             "jsonl": jsonl(tmp_path / "p.jsonl", good_lines(16))}
+    (paths["lm_raw"] / "chat_template.jinja").unlink()
+    to_pickle(paths["lm_pickle"])
+    rewrite_weights(paths["lm_renamed"], rename_first_layer)
+    preflight(load_template(TEXT, [item.format(**paths) for item in overrides]))
+
+
+def test_good_vla_checkpoint_passes(assets, capsys):
+    preflight(load_template(VLA, [*VLA_FROM_DIR, f"policy.config.model_path={assets.vla}"]))
+    assert main(["plan", VLA, *VLA_FROM_DIR, f"policy.config.model_path={assets.vla}"]) == 0
+    assert "plan 'embodied_grpo_oft_lift'" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ strict loading at run time
+
+
+def test_causal_lm_loading_is_strict(assets, tmp_path):
+    from policies.causal_lm.loading import load_pretrained
+
+    renamed = copy_dir(assets.lm, tmp_path / "renamed")
+    rewrite_weights(renamed, rename_first_layer)
+    with pytest.raises(ValueError, match=rf"{renamed}: the weights do not match .*12 missing \(model\.layers\.0\."):
+        load_pretrained(renamed)
+    model, _ = load_pretrained(renamed, allow_partial_load=True)
+    assert model.model.layers[0].mlp.up_proj.weight.shape == (128, 64)
+
+    widened = copy_dir(assets.lm, tmp_path / "widened")
+    rewrite_weights(widened, widen("model.layers.0.mlp.up_proj.weight"))
+    with pytest.raises(ValueError, match=r"up_proj\.weight: \(129, 64\) in the checkpoint, \(128, 64\) in the model"):
+        load_pretrained(widened)
+
+    no_tokenizer = copy_dir(assets.lm, tmp_path / "no_tokenizer")
+    (no_tokenizer / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match=rf"{no_tokenizer}: no usable tokenizer"):
+        load_pretrained(no_tokenizer)
+
+    pickled = copy_dir(assets.lm, tmp_path / "pickled")
+    to_pickle(pickled)
+    with pytest.raises(ValueError, match="pickle weights are refused"):
+        load_pretrained(pickled)
+    model, _ = load_pretrained(pickled, allow_pickle=True)
+    reference, _ = load_pretrained(assets.lm)
+    assert torch.equal(model.model.norm.weight, reference.model.norm.weight)
+
+    truncated = copy_dir(assets.lm, tmp_path / "truncated")
+    truncate(truncated / "model.safetensors", 0.6)
+    with pytest.raises(ValueError, match=r"model\.safetensors: truncated"):
+        load_pretrained(truncated)
+
+
+def test_raw_prompts_are_encoded_as_they_are(assets, tmp_path):
+    from policies.causal_lm import CausalLMConfig, CausalLMPolicy
+
+    raw = copy_dir(assets.lm, tmp_path / "raw")
+    (raw / "chat_template.jinja").unlink()
+    with pytest.raises(ValueError, match="no chat template"):
+        CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(raw)))
+    policy = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(raw), prompt_format="raw",
+                                                           max_prompt_length=16))
+    input_ids, attention_mask = policy.processor.encode_prompts([[{"role": "user", "content": "What is 2 + 3?"}]], 16)
+    expected = policy.tokenizer("What is 2 + 3?", add_special_tokens=False)["input_ids"]
+    assert input_ids[0, attention_mask[0].bool()].tolist() == expected
+
+
+def test_vla_loading_is_strict(assets, tmp_path):
+    from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
+    from policies.openvla_oft.modeling_openvla_oft import OpenVLAOFTPolicy
+
+    widened = copy_dir(assets.vla, tmp_path / "widened")
+    rewrite_weights(widened, widen("projector.fc1.weight"))
+    with pytest.raises(ValueError, match=r"the weights do not match .*projector\.fc1\.weight"):
+        OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(widened), cameras=["agentview"]))
+    policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(widened), cameras=["agentview"],
+                                                     allow_partial_load=True))
+    saved = load_file(assets.vla / "model.safetensors")
+    assert policy.vla.projector.fc1.weight.shape == saved["projector.fc1.weight"].shape  # kept its initialisation
+    assert torch.equal(policy.vla.projector.fc2.weight, saved["projector.fc2.weight"])  # the rest loaded
+
+
+def test_safetensors_header_length_is_checked(tmp_path):
+    from policies.checkpoint_files import read_safetensors_header
+
+    path = tmp_path / "h.safetensors"
+    path.write_bytes(struct.pack("<Q", 10_000) + b"{}")
+    with pytest.raises(ValueError, match=rf"{path}: not a safetensors file, or a truncated one"):
+        read_safetensors_header(path)
+
+
+def test_eval_of_a_run_whose_pretrained_checkpoint_went_bad(assets, tmp_path, capsys):
+    import yaml
+
+    from vla_rl.trainers.checkpoint import TRAINER_STATE_FILE
+
+    broken = copy_dir(assets.vla, tmp_path / "vla")
+    truncate(broken / "model.safetensors", 0.3)
+    run_dir = tmp_path / "run"
+    checkpoint = run_dir / "checkpoints" / "step_00000005"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / TRAINER_STATE_FILE).write_text("{}")
+    raw = load_template(VLA, [*VLA_FROM_DIR, f"policy.config.model_path={broken}"]).raw
+    (run_dir / "template.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert main(["eval", str(run_dir)]) == 2
+    error = capsys.readouterr().err
+    assert "field 'policy.config.model_path'" in error and f"{broken / 'model.safetensors'}: truncated" in error
+    assert not (run_dir / "eval").exists()
