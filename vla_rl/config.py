@@ -50,6 +50,11 @@ class WorkersSection(_Section):
     device: Literal["cpu", "cuda", "npu"] = Field("cpu", description="Device kind of each worker.")
     num_cpus_per_worker: float = Field(1.0, gt=0, description="Ray CPU resource per DAG worker.")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads in each worker.")
+    max_restarts: int = Field(
+        1, ge=0, description="Times a run restarts its workers after one died (killed, out of memory, crashed): "
+        "a fresh group resumes from the last checkpoint that verifies. 0: the run ends at the first death, "
+        "with the command that resumes it.",
+    )
 
 
 class SimulatorSection(_Section):
