@@ -62,6 +62,11 @@ class WorkersSection(_Section):
         None, description="Address of an existing Ray cluster to join ('auto', 'host:6379', 'ray://...'); null: the "
         "RAY_ADDRESS environment variable if set, else a local Ray on 127.0.0.1 (docs/cluster.md).")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads in each worker.")
+    max_restarts: int = Field(
+        1, ge=0, description="Times a run restarts its workers after one died (killed, out of memory, crashed): "
+        "a fresh group resumes from the last checkpoint that verifies. 0: the run ends at the first death, "
+        "with the command that resumes it.",
+    )
 
 
 class SimulatorSection(_Section):

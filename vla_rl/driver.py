@@ -16,7 +16,7 @@ from vla_rl.dag.planner import plan
 from vla_rl.preflight import preflight
 from vla_rl.run_dir import RunDirectory
 from vla_rl.utils.code_location import code_root, code_version
-from vla_rl.workers.group import WorkerGroup, start_ray
+from vla_rl.workers.group import WorkerDiedError, WorkerGroup, start_ray
 
 def prepare_run_dir(template_arg: str | None, overrides: list[str], resume: str | None
                     ) -> tuple[RunDirectory, object, list[str]]:
@@ -65,8 +65,17 @@ def train(template_arg: str | None, overrides: list[str], resume: str | None = N
         resume: a run directory to continue from its last complete checkpoint.
         console: a ``rich.console.Console`` for progress and the summary.
 
+    A DAG worker that dies during the run (Ray reports its actor dead) ends the whole group of
+    workers; a fresh group resumes from the newest checkpoint that verifies, up to
+    ``workers.max_restarts`` times (:meth:`~vla_rl.run_loop.RunLoop.restart_after` says why the
+    whole group). Then, or when no checkpoint exists yet, the run stops with one message naming
+    the rank, the error and the resume command.
+
     Returns:
         The run summary (also written to ``<run_dir>/summary.json``).
+
+    Raises:
+        RunStopped: a worker died and the run cannot restart; a worker stopped the run.
     """
     from rich.console import Console
 
@@ -83,19 +92,34 @@ def train(template_arg: str | None, overrides: list[str], resume: str | None = N
         console.print(f"[bold]run directory[/bold] {run_dir}")
         console.print(f"code {code_version()} from {code_root()}; {world} workers on {device}")
         started = time.perf_counter()
-        workers = WorkerGroup.launch(world, str(run.template_path), worker_overrides, run_dir, config.workers, device)
-        try:
-            worker_nodes = workers.node_ids()
-            workers.start_process_group()
-            summary = RunLoop(workers, template, the_plan, run_dir, console).run(resume=resume is not None)
-        finally:
-            workers.shutdown()
+        loop = RunLoop(template, the_plan, run_dir, console)
+        resuming, groups = resume is not None, []
+        while True:  # one pass per group of workers: a worker's death restarts a fresh group
+            workers = WorkerGroup.launch(world, str(run.template_path), worker_overrides, run_dir, config.workers,
+                                         device)
+            groups.append(workers)
+            died = None
+            try:
+                worker_nodes = workers.node_ids()
+                workers.start_process_group()
+                summary = loop.run(workers, resume=resuming)
+            except WorkerDiedError as error:
+                died = error
+            finally:
+                if died is None:
+                    workers.shutdown()
+                else:  # the others may be blocked in a collective with the dead worker
+                    workers.kill()
+            if died is None:
+                break
+            loop.restart_after(died)  # or RunStopped, naming the rank and the resume command
+            resuming = True
     finally:
         run.close()
     summary["code"] = {"version": code_version(), "location": str(code_root())}
     summary["worker_nodes"] = worker_nodes  # the Ray node of each rank
     summary["wall_time_s"] = time.perf_counter() - started
-    summary["driver_max_reply_bytes"] = workers.max_reply_bytes
+    summary["driver_max_reply_bytes"] = max(group.max_reply_bytes for group in groups)
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
     tmp.replace(run_dir / "summary.json")

@@ -1,23 +1,34 @@
 """The driver's step loop: ask the workers to run each step, log what they report, checkpoint,
-evaluate before and after, and summarise. Only scalar metrics pass through here."""
+evaluate before and after, and summarise. Only scalar metrics pass through here.
+
+When a worker dies, the driver (:func:`vla_rl.driver.train`) asks :meth:`RunLoop.restart_after`
+whether to go on; it starts a fresh group of workers and calls :meth:`RunLoop.run` again as a
+resume, which continues from the newest checkpoint that verifies and drops the metrics records
+logged after it, so each step is recorded once.
+"""
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
+from vla_rl.errors import RunStopped
+from vla_rl.trainers.checkpoint import latest_checkpoint
 from vla_rl.utils.plotting import plot_success_curve
 from vla_rl.utils.tracking import MetricsLogger, read_metrics
-from vla_rl.workers.group import run_evaluation
+from vla_rl.workers.group import WorkerDiedError, run_evaluation
 
 TOTAL_ENV_STEPS = "rollout/total_env_steps"
 """Metric: control steps simulated since the start of training (all workers, refills included)."""
 
 
 class RunLoop:
-    """One run of a template's steps on a started :class:`~vla_rl.driver.WorkerGroup`.
+    """A run of a template's steps on groups of started workers
+    (:class:`~vla_rl.workers.group.WorkerGroup`): the first group, then a fresh one after each
+    worker death the run restarts from.
 
     Metrics of training step ``s`` (0-based) are logged at ``step = s + 1`` (updates done);
     evaluations at the number of updates done when they ran (0 for the warm start). The
@@ -25,28 +36,55 @@ class RunLoop:
     ``eval.num_episodes > 0``).
     """
 
-    def __init__(self, workers, template, plan, run_dir: Path, console) -> None:
-        self.workers = workers
+    def __init__(self, template, plan, run_dir: Path, console) -> None:
+        self.workers = None
         self.config = template.config
         self.name = template.name
         self.run_dir = run_dir
         self.console = console
         self.evaluates = "evaluate" in plan.phases and self.config.eval.num_episodes > 0
+        self.restarts = 0
+        self.restarted_from: list[int] = []
+        """The step each restart continued from."""
+        self._first: dict = {}  # what the first group did before a restart: start_step, warm_start_eval
 
-    def run(self, resume: bool) -> dict:
+    def run(self, workers, resume: bool) -> dict:
+        """Set the workers up (warm start, or restore the newest checkpoint that verifies), train,
+        evaluate; returns the summary. Called again with a fresh group after a restart
+        (``resume`` True): the summary then keeps the first group's start and warm-start figures.
+
+        Raises:
+            WorkerDiedError: a worker died (the driver decides whether to restart).
+        """
+        self.workers = workers
         cfg = self.config
         setup = self.workers.call("setup", resume)[0]
         start = int(setup.pop("start_step"))
+        skipped = int(setup.pop("skipped_checkpoints", 0))
+        if skipped:
+            self.console.print(f"[yellow]{skipped} newer checkpoint(s) failed verification and were set aside as "
+                               "step_*.rejected (the workers' log says why)[/yellow]")
+        if resume:
+            self.console.print(f"resuming from the checkpoint of step {start}")
+        if len(self.restarted_from) < self.restarts:
+            self.restarted_from.append(start)
+        self._first.setdefault("start_step", start)
         logger = MetricsLogger(self.run_dir, resume_step=start if resume else None)
-        summary: dict = {"template": self.name, "run_dir": str(self.run_dir), "start_step": start}
+        summary: dict = {"template": self.name, "run_dir": str(self.run_dir), "start_step": self._first["start_step"]}
+        if self.restarts:
+            summary.update(restarts=self.restarts, restarted_from_steps=list(self.restarted_from))
+        if "warm_start_eval" in self._first:
+            summary["warm_start_eval"] = self._first["warm_start_eval"]
         try:
             if setup:
                 logger.log(0, setup)
             if not resume and self.evaluates:
                 self.console.print("evaluating the warm-start policy on held-out initial states ...")
                 summary["warm_start_eval"] = run_evaluation(self.workers, 0, "warm_start", True)
+                self._first["warm_start_eval"] = summary["warm_start_eval"]
                 logger.log(0, summary["warm_start_eval"])
             summary.update(self._train(start, logger, self._env_steps_before(start) if resume else 0.0))
+            summary["steps_run"] = summary["last_step"] - summary["start_step"]  # a re-run step counts once
             if self.evaluates:
                 self.console.print("evaluating the trained policy on held-out initial states ...")
                 summary["final_eval"] = run_evaluation(self.workers, summary["last_step"], "final", True)
@@ -62,6 +100,37 @@ class RunLoop:
         plot_success_curve(records, self.run_dir / "success_rate.png", f"{self.name}: success rate")
         self._print_summary(summary)
         return summary
+
+    def restart_after(self, died: WorkerDiedError) -> None:
+        """Decide what follows a worker's death (its group is already killed): return to restart
+        from the last checkpoint, or end the run.
+
+        Restarting the whole group, not only the dead actor (a Ray actor restart), is what keeps
+        the run consistent: the survivors are inside a step, blocked in (or failed out of) a
+        gloo collective with the dead rank, and a torch.distributed process group cannot take a
+        new member in place of a dead one. A fresh group forms a new process group and restores
+        every rank's weights, optimizer and RNG states from one checkpoint, so the run goes on
+        exactly as if it had been resumed there (and as if it had never stopped).
+
+        Raises:
+            RunStopped: ``workers.max_restarts`` restarts are used up, or no checkpoint exists
+                yet; the message names the rank, the error and the command that resumes the run.
+        """
+        max_restarts = self.config.workers.max_restarts
+        checkpoint = latest_checkpoint(self.run_dir / "checkpoints")
+        if checkpoint is not None and self.restarts < max_restarts:
+            self.restarts += 1
+            self.console.print(f"[bold yellow]{died}[/bold yellow]\nrestarting the workers from the last checkpoint "
+                               f"(restart {self.restarts} of workers.max_restarts={max_restarts})")
+            return
+        used = f"after {self.restarts} restart(s) (workers.max_restarts={max_restarts})"
+        what = str(died).rstrip(".")
+        if checkpoint is None:
+            raise RunStopped(f"{what}. The run stopped {used}; it wrote no checkpoint yet, so it cannot be resumed: "
+                             f"start it again (a checkpoint is written every trainer.save_every="
+                             f"{self.config.trainer.save_every} steps)") from died
+        raise RunStopped(f"{what}. The run stopped {used}; its last checkpoint is {checkpoint.name}. Resume it with: "
+                         f"vla-rl train --resume {shlex.quote(str(self.run_dir))}") from died
 
     def _env_steps_before(self, start: int) -> float:
         """Environment steps simulated by the first ``start`` steps of a resumed run (from its metrics)."""
@@ -81,39 +150,40 @@ class RunLoop:
         rollout_time, session_env_steps = 0.0, 0.0
         last_step = start
         train_start = time.perf_counter()
-        bar = tqdm(range(start, total), initial=start, total=total, desc="training", unit="step", dynamic_ncols=True)
         pending, step_start = (self.workers.submit("run_step", start), train_start) if start < total else (None, 0.0)
-        for step in bar:
-            metrics = self.workers.collect(pending)[0]
-            metrics["timing/step"] = time.perf_counter() - step_start
-            pending = None
-            step_env_steps = metrics.get("rollout/env_steps", 0.0)
-            if metrics.get("timing/rollout"):
-                metrics["rollout/env_steps_per_s"] = step_env_steps / metrics["timing/rollout"]
-            step_env_steps += metrics.get("filter/refill_env_steps", 0.0)  # + dynamic sampling's rounds
-            env_steps += step_env_steps
-            session_env_steps += step_env_steps
-            rollout_time += metrics.get("timing/rollout", 0.0)
-            metrics[TOTAL_ENV_STEPS] = env_steps
-            last_step = step + 1
-            out_of_budget = budget is not None and env_steps >= budget
-            evaluate = self._evaluate_now(last_step, out_of_budget)
-            save = last_step % cfg.trainer.save_every == 0 or last_step == total or out_of_budget
-            if not (evaluate or save):  # the workers start the next step while this one is logged
-                pending, step_start = self.workers.submit("run_step", last_step), time.perf_counter()
-            logger.log(last_step, metrics)
-            bar.set_postfix(success=f"{metrics.get('rollout/success_rate', float('nan')):.2f}",
-                            reward=f"{metrics.get('reward/mean', float('nan')):.2f}")
-            if evaluate:  # before the checkpoint: it saves the RNG states after
-                logger.log(last_step, run_evaluation(self.workers, last_step, f"step_{last_step}", False))
-            if save:
-                self.workers.call("save_checkpoint", last_step)
-            if out_of_budget:
-                self.console.print(f"environment-step budget reached: {env_steps:.0f} >= trainer.total_env_steps={budget}")
-                break
-            if pending is None and last_step < total:
-                pending, step_start = self.workers.submit("run_step", last_step), time.perf_counter()
-        bar.close()
+        with tqdm(range(start, total), initial=start, total=total, desc="training", unit="step",
+                  dynamic_ncols=True) as bar:  # closed also when a worker dies
+            for step in bar:
+                metrics = self.workers.collect(pending)[0]
+                metrics["timing/step"] = time.perf_counter() - step_start
+                pending = None
+                step_env_steps = metrics.get("rollout/env_steps", 0.0)
+                if metrics.get("timing/rollout"):
+                    metrics["rollout/env_steps_per_s"] = step_env_steps / metrics["timing/rollout"]
+                step_env_steps += metrics.get("filter/refill_env_steps", 0.0)  # + dynamic sampling's rounds
+                env_steps += step_env_steps
+                session_env_steps += step_env_steps
+                rollout_time += metrics.get("timing/rollout", 0.0)
+                metrics[TOTAL_ENV_STEPS] = env_steps
+                last_step = step + 1
+                out_of_budget = budget is not None and env_steps >= budget
+                evaluate = self._evaluate_now(last_step, out_of_budget)
+                save = last_step % cfg.trainer.save_every == 0 or last_step == total or out_of_budget
+                if not (evaluate or save):  # the workers start the next step while this one is logged
+                    pending, step_start = self.workers.submit("run_step", last_step), time.perf_counter()
+                logger.log(last_step, metrics)
+                bar.set_postfix(success=f"{metrics.get('rollout/success_rate', float('nan')):.2f}",
+                                reward=f"{metrics.get('reward/mean', float('nan')):.2f}")
+                if evaluate:  # before the checkpoint: it saves the RNG states after
+                    logger.log(last_step, run_evaluation(self.workers, last_step, f"step_{last_step}", False))
+                if save:
+                    self.workers.call("save_checkpoint", last_step)
+                if out_of_budget:
+                    self.console.print(f"environment-step budget reached: {env_steps:.0f} >= "
+                                       f"trainer.total_env_steps={budget}")
+                    break
+                if pending is None and last_step < total:
+                    pending, step_start = self.workers.submit("run_step", last_step), time.perf_counter()
         return {
             "steps_run": last_step - start,
             "last_step": last_step,

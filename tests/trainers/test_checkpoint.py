@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
+import types
 
 import numpy as np
 import pytest
 import torch
 
+from vla_rl.errors import RunStopped
 from vla_rl.trainers import checkpoint as ckpt
+from vla_rl.workers.checkpointing import WorkerCheckpointer
 
 
 def make_model_and_optimizer(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -39,7 +43,7 @@ def test_model_and_adam_resume_gives_identical_next_update(tmp_path):
     assert path == tmp_path / "step_00000003"
     assert {p.name for p in path.iterdir()} == {
         "model.safetensors", "optimizer.safetensors", "optimizer.json",
-        "rng_rank0.safetensors", "rng_rank0.json", "trainer_state.json",
+        "rng_rank0.safetensors", "rng_rank0.json", "trainer_state.json", "manifest.json",
     }
 
     restored_model, restored_optimizer = make_model_and_optimizer(1)  # different initial weights
@@ -161,3 +165,196 @@ def test_load_errors_name_the_file(tmp_path):
 def test_unstorable_metadata_raises_with_file(tmp_path):
     with pytest.raises(TypeError, match="trainer_state.json"):
         ckpt.save_checkpoint(tmp_path, 1, metadata={"bad": object()})
+
+
+# ----------------------------------------------------------------------------- manifests, corruption, fallback
+def three_checkpoints(root):
+    """Checkpoints of steps 1, 2, 3 (model, Adam, two ranks' RNG), as a 2-worker run writes them."""
+    model, optimizer = make_model_and_optimizer(0)
+    for step in (1, 2, 3):
+        train_step(model, optimizer, step)
+        ckpt.save_checkpoint(root, step, rank=1)
+        ckpt.save_checkpoint(root, step, rank=0, model=model, optimizer=optimizer)
+        ckpt.finalize_checkpoint(root, step)
+    return model, optimizer
+
+
+def truncate(file, keep=0.5):
+    data = file.read_bytes()
+    file.write_bytes(data[: int(len(data) * keep)])
+
+
+def flip_last_byte(file):
+    data = bytearray(file.read_bytes())
+    data[-1] ^= 0xFF  # inside the tensor data: the file still parses
+    file.write_bytes(bytes(data))
+
+
+def test_manifest_lists_every_file_with_size_and_sha256(tmp_path):
+    three_checkpoints(tmp_path)
+    path = tmp_path / "step_00000003"
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert set(manifest["files"]) == {p.name for p in path.iterdir()} - {"manifest.json"}
+    assert {"rng_rank0.json", "rng_rank1.safetensors", "model.safetensors"} <= set(manifest["files"])
+    entry = manifest["files"]["model.safetensors"]
+    assert entry["size"] == (path / "model.safetensors").stat().st_size and len(entry["sha256"]) == 64
+    assert ckpt.verify_checkpoint(path) is True
+
+
+@pytest.mark.parametrize("name, damage, why", [
+    ("model.safetensors", truncate, "truncated"),
+    ("optimizer.safetensors", flip_last_byte, "altered bytes"),
+    ("rng_rank1.json", truncate, "truncated"),
+    ("trainer_state.json", lambda f: f.unlink(), "is missing"),
+])
+def test_verification_names_the_damaged_file(tmp_path, name, damage, why):
+    three_checkpoints(tmp_path)
+    path = tmp_path / "step_00000003"
+    damage(path / name)
+    with pytest.raises(ckpt.CheckpointCorruptError, match=why) as err:
+        ckpt.verify_checkpoint(path)
+    assert str(path / name) in str(err.value) and err.value.files == [path / name]
+
+
+def test_loaders_name_the_corrupted_file(tmp_path):
+    model, optimizer = three_checkpoints(tmp_path)
+    path = tmp_path / "step_00000003"
+    truncate(path / "model.safetensors")
+    truncate(path / "optimizer.safetensors", keep=0.9)
+    truncate(path / "rng_rank0.json")
+    with pytest.raises(ckpt.CheckpointCorruptError, match=f"{path / 'model.safetensors'} is corrupted or truncated"):
+        ckpt.load_model(path, model)
+    with pytest.raises(ckpt.CheckpointCorruptError, match="optimizer.safetensors is corrupted or truncated"):
+        ckpt.load_optimizer(path, optimizer)
+    with pytest.raises(ckpt.CheckpointCorruptError, match="rng_rank0.json is not valid JSON"):
+        ckpt.load_rng(path, rank=0)
+
+
+def test_latest_verified_skips_corrupted_checkpoints_and_logs_why(tmp_path, caplog):
+    three_checkpoints(tmp_path)
+    truncate(tmp_path / "step_00000003" / "model.safetensors")
+    with caplog.at_level(logging.WARNING, logger="vla_rl.trainers.checkpoint"):
+        path, skipped = ckpt.latest_verified_checkpoint(tmp_path)
+    assert path == tmp_path / "step_00000002"
+    assert [p.name for p, _ in skipped] == ["step_00000003"] and "model.safetensors" in skipped[0][1]
+    assert "skipping checkpoint" in caplog.text and "step_00000003/model.safetensors has" in caplog.text
+    assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "step_00000003"  # complete, though not intact
+
+    # Set aside (never deleted), the step can be saved again.
+    assert ckpt.reject_checkpoint(tmp_path / "step_00000003") == tmp_path / "step_00000003.rejected"
+    assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "step_00000002"
+    ckpt.save_checkpoint(tmp_path, 3)
+    ckpt.finalize_checkpoint(tmp_path, 3, keep_last=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000003", "step_00000003.rejected"]
+
+
+
+def test_every_step_directory_is_tried_and_reported(tmp_path):
+    three_checkpoints(tmp_path)
+    (tmp_path / "step_00000003" / "trainer_state.json").unlink()  # no longer "complete": reported all the same
+    path, skipped = ckpt.latest_verified_checkpoint(tmp_path)
+    assert path == tmp_path / "step_00000002" and "step_00000003/trainer_state.json is missing" in skipped[0][1]
+    for step in (2, 1):  # nothing verifies: None, every one skipped
+        (tmp_path / f"step_{step:08d}" / "manifest.json").unlink()
+        (tmp_path / f"step_{step:08d}" / "trainer_state.json").write_text("{")
+    path, skipped = ckpt.latest_verified_checkpoint(tmp_path)
+    assert path is None and [p.name for p, _ in skipped] == ["step_00000003", "step_00000002", "step_00000001"]
+    assert "(no manifest) is corrupted" in skipped[1][1] and "trainer_state.json is unreadable" in skipped[1][1]
+
+
+def test_checkpoint_without_manifest_still_loads(tmp_path):
+    """Checkpoints written before manifests existed: accepted after their files open, loaded as before."""
+    model, _ = three_checkpoints(tmp_path)
+    path = tmp_path / "step_00000003"
+    (path / "manifest.json").unlink()
+    assert ckpt.verify_checkpoint(path) is False
+    assert ckpt.latest_verified_checkpoint(tmp_path) == (path, [])
+    restored, restored_optimizer = make_model_and_optimizer(1)
+    ckpt.load_model(path, restored)
+    ckpt.load_optimizer(path, restored_optimizer)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(restored.state_dict()[name], value, rtol=0, atol=0)
+    truncate(path / "optimizer.safetensors")  # a truncated file is still seen (its header's extent)
+    with pytest.raises(ckpt.CheckpointCorruptError, match="no manifest.*optimizer.safetensors is unreadable"):
+        ckpt.verify_checkpoint(path)
+
+
+def test_unreadable_manifest_fails_verification(tmp_path):
+    three_checkpoints(tmp_path)
+    manifest = tmp_path / "step_00000003" / "manifest.json"
+    truncate(manifest)
+    with pytest.raises(ckpt.CheckpointCorruptError, match=f"its manifest {manifest} is unreadable"):
+        ckpt.verify_checkpoint(manifest.parent)
+
+
+# ----------------------------------------------------------------------------- non-finite state
+def test_non_finite_model_is_refused_before_it_is_written(tmp_path):
+    model, optimizer = make_model_and_optimizer(0)
+    save_and_finalize(tmp_path, 1, model=model, optimizer=optimizer)
+    with torch.no_grad():
+        model[2].weight[0, 3] = float("inf")
+        model[2].bias[1] = float("nan")
+    with pytest.raises(ckpt.NonFiniteTensorError,
+                       match=r"refusing to write .*step_00000002.tmp/model.safetensors: tensor '2.weight' \(2, 8\) "
+                             r"holds 1 non-finite values \(inf/NaN\) of 16 \(and 1 more tensors\)"):
+        ckpt.save_checkpoint(tmp_path, 2, model=model, optimizer=optimizer)
+    assert not (tmp_path / ".step_00000002.tmp" / "model.safetensors").exists()
+    assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "step_00000001"
+    assert (tmp_path / "latest").read_text().strip() == "step_00000001"
+
+
+def test_non_finite_optimizer_state_is_refused(tmp_path):
+    model, optimizer = make_model_and_optimizer(0)
+    train_step(model, optimizer, 0)
+    optimizer.state[model[0].weight]["exp_avg_sq"][0, 0] = float("nan")
+    with pytest.raises(ckpt.NonFiniteTensorError,
+                       match=r"optimizer.safetensors: tensor 'state_dict.state.0.exp_avg_sq'"):
+        ckpt.save_optimizer(tmp_path, optimizer)
+    assert not list(tmp_path.iterdir())
+
+
+def one_rank_resources(model, optimizer):
+    """What WorkerCheckpointer needs of a worker's Resources: rank 0 of one, saving a model and Adam."""
+    def save(directory):
+        ckpt.save_model(directory, model)
+        ckpt.save_optimizer(directory, optimizer)
+        return {}
+
+    def load(directory, metadata, names):
+        ckpt.load_model(directory, model)
+        ckpt.load_optimizer(directory, optimizer)
+
+    return types.SimpleNamespace(rank=0, device=torch.device("cpu"), generator=torch.Generator().manual_seed(0),
+                                 save_checkpoint=save, load_checkpoint=load)
+
+
+def test_worker_save_of_non_finite_weights_publishes_nothing(tmp_path, process_group):
+    model, optimizer = make_model_and_optimizer(0)
+    checkpointer = WorkerCheckpointer(tmp_path, one_rank_resources(model, optimizer))
+    checkpointer.save(1, keep_last=2)
+    with torch.no_grad():
+        model[0].weight.mul_(1e30).mul_(1e30)  # overflows to inf, as with trainer.lr=1e30
+    with pytest.raises(RunStopped, match=r"checkpoint of step 2 not written: refusing to write .*model.safetensors: "
+                                         r"tensor '0.weight'.*the last checkpoint is still .*step_00000001"):
+        checkpointer.save(2, keep_last=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000001"]  # staging removed
+
+
+def test_worker_resume_falls_back_and_sets_corrupted_checkpoints_aside(tmp_path, process_group):
+    model, optimizer = three_checkpoints(tmp_path)
+    ckpt.save_checkpoint(tmp_path, 4)  # an interrupted save
+    flip_last_byte(tmp_path / "step_00000003" / "model.safetensors")
+    checkpointer = WorkerCheckpointer(tmp_path, one_rank_resources(model, optimizer))
+    assert checkpointer.latest() == tmp_path / "step_00000002"
+    assert checkpointer.skipped == ["step_00000003"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "latest", "step_00000001", "step_00000002", "step_00000003.rejected"]
+    assert (tmp_path / "latest").read_text().strip() == "step_00000002"
+    assert checkpointer.restore(tmp_path / "step_00000002") == 2
+
+    for step in (1, 2):
+        truncate(tmp_path / f"step_{step:08d}" / "optimizer.json")
+    with pytest.raises(FileNotFoundError, match=r"none verifies .*step_00000002/optimizer.json has"):
+        checkpointer.latest()
+    assert (tmp_path / "step_00000002").is_dir()  # nothing to resume from: nothing set aside
+

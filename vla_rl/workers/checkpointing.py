@@ -2,20 +2,30 @@
 
 Every built resource that holds training state writes it through its registered
 :class:`~vla_rl.workers.resources.ResourceCheckpoint` (rank 0 writes what the workers share: the
-policy, optimizers, the critic, the reference); every worker stages its RNG states; after a
-barrier rank 0 publishes the checkpoint with an atomic rename. The checkpoint helpers the
-resources register live here too.
+policy, optimizers, the critic, the reference); every worker stages its RNG states; once every
+rank is done, rank 0 publishes the checkpoint: a manifest of sizes and sha256, then an atomic
+rename. A save that fails on any rank (a non-finite tensor, a full disk) publishes nothing: the
+ranks agree on the failure, rank 0 removes the staging directory and ``latest`` stays as it was.
+
+A resume (:meth:`WorkerCheckpointer.latest`) restores the newest checkpoint that verifies against
+its manifest; newer ones that do not are logged and set aside (``step_*.rejected``). The
+checkpoint helpers the resources register live here too.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
+from vla_rl.errors import RunStopped
 from vla_rl.trainers import checkpoint
+
+logger = logging.getLogger(__name__)
 
 
 class WorkerCheckpointer:
@@ -29,28 +39,78 @@ class WorkerCheckpointer:
     def __init__(self, root: Path, resources) -> None:
         self.root = root
         self.resources = resources
+        self.skipped: list[str] = []
+        """Names of the checkpoints :meth:`latest` skipped (failed verification), newest first."""
 
     def save(self, step: int, keep_last: int) -> None:
-        """Collective: write the checkpoint of ``step`` (``step`` updates done)."""
+        """Collective: write the checkpoint of ``step`` (``step`` updates done).
+
+        Raises:
+            RunStopped: this rank's part could not be written (a non-finite tensor: the message
+                names the file and the tensor); nothing was published.
+            Exception: what this rank's writing raised otherwise. A rank whose own part was
+                written returns normally when another rank failed (that rank reports).
+        """
         res = self.resources
-        directory = checkpoint.staging_dir(self.root, step)
-        metadata = res.save_checkpoint(directory)
-        checkpoint.save_checkpoint(self.root, step, rank=res.rank, generator=res.generator, metadata=metadata)
-        dist.barrier()
+        error: Exception | None = None
+        try:
+            directory = checkpoint.staging_dir(self.root, step)
+            metadata = res.save_checkpoint(directory)
+            checkpoint.save_checkpoint(self.root, step, rank=res.rank, generator=res.generator, metadata=metadata)
+        except Exception as err:  # noqa: BLE001 - every rank must learn of it before anyone publishes
+            error = err
+        failed = torch.tensor([0 if error is None else 1], device=res.device)
+        dist.all_reduce(failed)  # also the barrier: every rank's files are staged
+        if int(failed.item()):
+            if res.rank == 0:
+                checkpoint.discard_staging(self.root, step)
+            dist.barrier()
+            if isinstance(error, checkpoint.NonFiniteTensorError):
+                latest = checkpoint.latest_checkpoint(self.root)
+                raise RunStopped(
+                    f"checkpoint of step {step} not written: {error}. Nothing was saved; the last checkpoint is still "
+                    f"{latest or 'none'}. Lower the learning rate (trainer.lr) and resume from it "
+                    f"(vla-rl train --resume {self.root.parent} trainer.lr=...)") from error
+            if error is not None:
+                raise error
+            return
         if res.rank == 0:
             checkpoint.finalize_checkpoint(self.root, step, keep_last=keep_last)
         dist.barrier()
 
     def latest(self) -> Path:
-        """The last complete checkpoint.
+        """Collective (every rank, when a resume sets up): the newest checkpoint that verifies.
+
+        Rank 0 verifies the checkpoints newest first (sizes and sha256 against each manifest,
+        :func:`~vla_rl.trainers.checkpoint.latest_verified_checkpoint`), logs every one it skips
+        and why, sets the skipped ones aside as ``step_*.rejected`` (their steps are trained
+        and saved again), points ``latest`` at the chosen one, removes leftover staging
+        directories, and tells the other ranks its choice (one hash of each file, and every rank
+        restores the same checkpoint). :attr:`skipped` names the skipped checkpoints.
 
         Raises:
-            FileNotFoundError: if the run has none.
+            FileNotFoundError: the run has no checkpoint, or none that verifies (the message
+                says why each failed).
         """
-        path = checkpoint.latest_checkpoint(self.root)
-        if path is None:
-            raise FileNotFoundError(f"no complete checkpoint under {self.root} to resume from")
-        return path
+        choice: list[Any] = [None, [], ""]
+        if self.resources.rank == 0:
+            path, skipped = checkpoint.latest_verified_checkpoint(self.root)
+            problem = "; ".join(reason for _, reason in skipped)
+            if path is not None:
+                for bad, _ in skipped:
+                    checkpoint.reject_checkpoint(bad)
+                if skipped:
+                    checkpoint.point_latest(self.root, path)
+                    logger.warning("resuming from %s, the newest checkpoint that verifies", path)
+                checkpoint.discard_staging(self.root)
+            choice = [None if path is None else path.name, [p.name for p, _ in skipped], problem]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(choice, src=0)
+        name, self.skipped, problem = choice
+        if name is None:
+            raise FileNotFoundError(f"no checkpoint under {self.root} to resume from"
+                                    + (f": none verifies ({problem})" if problem else ""))
+        return self.root / name
 
     def restore(self, path: Path, names=None) -> int:
         """Load the state of the built resources (only ``names``, if given) from ``path``;

@@ -94,12 +94,15 @@ class DAGWorker:
 
     def setup(self, resume: bool) -> dict[str, float]:
         """Prepare the workflow, then warm-start the policy (the ``warm_start`` phase) or restore
-        it from the last complete checkpoint, then build the resources of the ``train`` phase
-        (a frozen reference copies the policy as it is now) and, on resume, restore their state
-        and this rank's RNG.
+        it from the newest checkpoint that verifies (collective: rank 0 chooses, see
+        :meth:`~vla_rl.workers.checkpointing.WorkerCheckpointer.latest`), then build the resources
+        of the ``train`` phase (a frozen reference copies the policy as it is now) and, on
+        resume, restore their state and this rank's RNG. The driver's restart after a worker died
+        is such a resume, in a fresh group of workers.
 
         Returns:
-            ``start_step`` and the warm start's metrics (scalars).
+            ``start_step``, on resume ``skipped_checkpoints`` (newer checkpoints that failed
+            verification and were set aside), and the warm start's metrics (scalars).
         """
         rollout_dp = next((t.dp_size for t in self.plan.phase("train").chains[self.rank]
                            if isinstance(t, RunNode) and t.type == "env_interact"), self.world_size)
@@ -120,6 +123,8 @@ class DAGWorker:
             self.checkpointer.restore(path, names=[n for n in self.resources.built() if n != "policy"])
             self.checkpointer.restore_rng(path)
         metrics["start_step"] = float(start_step)
+        if resume:
+            metrics["skipped_checkpoints"] = float(len(self.checkpointer.skipped))
         return metrics
 
     def _declared(self, phase: str) -> list[str]:

@@ -8,11 +8,34 @@ workers with :meth:`WorkerGroup.launch`, then call worker methods on all of them
 from __future__ import annotations
 
 import pickle
+import re
+import time
 from pathlib import Path
 from typing import NamedTuple
 
 from vla_rl.errors import RunStopped
 from vla_rl.utils.ray_utils import init_ray
+
+DEATH_GRACE_S = 5.0
+"""When a worker raises, how long :meth:`WorkerGroup.collect` waits for the others' replies to
+learn whether one of them died: a worker whose peer dies fails in its next collective (gloo:
+connection closed) and that error may reach the driver before Ray reports the death."""
+
+
+class WorkerDiedError(RuntimeError):
+    """A DAG worker actor's process ended (killed, out of memory, crashed) during a call.
+
+    Not raised for an actor whose constructor raised (that error is re-raised as it is).
+
+    Attributes:
+        rank: the dead worker's rank.
+        method: the worker method it was running.
+        reason: Ray's account of the death, in one line.
+    """
+
+    def __init__(self, rank: int, method: str, reason: str) -> None:
+        super().__init__(f"DAG worker rank {rank} died during {method!r}: {reason}")
+        self.rank, self.method, self.reason = rank, method, reason
 
 
 def start_ray(config, world_size: int, pools_per_worker: int = 1) -> str:
@@ -110,6 +133,11 @@ class WorkerGroup:
         Fails fast: the first worker error is raised as soon as it happens (the other workers
         may be blocked in a collective waiting for the failed one); a worker's
         :class:`~vla_rl.errors.RunStopped` is re-raised as is, without the Ray traceback.
+
+        Raises:
+            WorkerDiedError: a worker's process died; also when another worker's error came
+                first but a worker turns out dead within :data:`DEATH_GRACE_S` (its peers fail
+                in their collectives with it).
         """
         import ray
 
@@ -119,7 +147,14 @@ class WorkerGroup:
             done, pending = ray.wait(pending, num_returns=1)
             try:
                 ray.get(done)
+            except ray.exceptions.RayActorError as error:
+                if error.actor_init_failed:  # its constructor raised: not a death to restart from
+                    raise
+                raise WorkerDiedError(refs.index(done[0]), method, _death_reason(error)) from error
             except ray.exceptions.RayTaskError as error:
+                died = _death_among(refs, pending, method)
+                if died is not None:
+                    raise died from error
                 if isinstance(error.cause, RunStopped):  # a message for the user, not a traceback
                     raise error.cause from None
                 raise
@@ -140,6 +175,16 @@ class WorkerGroup:
         host, port = ray.get(self.actors[0].host_rendezvous.remote())
         self.call("init_process_group", host, port)
 
+    def kill(self) -> None:
+        """Kill every worker at once (after one died: the others may be blocked in a collective
+        with it). Their simulator actors, which they own, die with them."""
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+        if self.placement_group is not None:
+            ray.util.remove_placement_group(self.placement_group)
+
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Let the workers stop their simulators and leave the process group, then kill them and
         release their placement group."""
@@ -153,6 +198,32 @@ class WorkerGroup:
                 ray.kill(actor)
             if self.placement_group is not None:
                 ray.util.remove_placement_group(self.placement_group)
+
+
+def _death_among(refs: list, pending: list, method: str) -> WorkerDiedError | None:
+    """Wait up to :data:`DEATH_GRACE_S` for the ``pending`` replies; the first worker found dead."""
+    import ray
+
+    deadline = time.monotonic() + DEATH_GRACE_S
+    while pending and (left := deadline - time.monotonic()) > 0:
+        done, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as error:
+                if not error.actor_init_failed:
+                    return WorkerDiedError(refs.index(ref), method, _death_reason(error))
+            except ray.exceptions.RayError:
+                continue
+    return None
+
+
+def _death_reason(error) -> str:
+    """Ray's account of an actor's death in one line: its pid and the cause."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    pid = re.search(r"pid: (\d+)", str(error))
+    cause = lines[-1] if lines else type(error).__name__
+    return f"pid {pid.group(1)}, {cause}" if pid else cause
 
 
 def run_evaluation(workers: WorkerGroup, step: int, tag: str, video: bool, progress=None) -> dict[str, float]:

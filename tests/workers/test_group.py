@@ -1,0 +1,84 @@
+"""The driver's view of the DAG workers when one of them dies: WorkerGroup.collect names the dead
+rank, also when a survivor's error (its collective with the dead rank failed) reaches the driver
+first, and leaves other errors as they are."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from vla_rl.errors import RunStopped
+from vla_rl.workers.group import WorkerDiedError, WorkerGroup
+
+
+def rank_class():
+    """A stand-in DAG worker class, defined in a function so that Ray ships it by value (the test
+    module is not importable in Ray's worker processes)."""
+
+    class Rank:
+        """``work(plan)`` does what ``plan`` says for its rank."""
+
+        def __init__(self, rank: int, fail_init: bool = False) -> None:
+            if fail_init:
+                raise ValueError("bad constructor argument")
+            self.rank = rank
+
+        def work(self, plan: dict) -> dict:
+            action = plan.get(self.rank, "reply")
+            if action.startswith("sleep "):
+                time.sleep(float(action.split()[1]))
+                action = "reply"
+            if action == "die":
+                os._exit(1)
+            if action == "die later":
+                time.sleep(1.0)
+                os._exit(1)
+            if action == "collective error":
+                raise RuntimeError("[gloo] Connection closed by peer")
+            if action == "stop":
+                raise RunStopped("the run cannot go on: because")
+            return {"rank": float(self.rank)}
+
+    return Rank
+
+
+@pytest.fixture
+def group(ray_on_loopback):
+    ray = ray_on_loopback
+    actor = ray.remote(num_cpus=0, max_restarts=0)(rank_class())
+    workers = WorkerGroup([actor.remote(rank) for rank in range(2)])
+    yield workers
+    workers.kill()
+
+
+def test_dead_rank_is_named(group):
+    with pytest.raises(WorkerDiedError, match=r"DAG worker rank 1 died during 'work': pid \d+") as err:
+        group.call("work", {0: "sleep 0.5", 1: "die"})
+    assert err.value.rank == 1 and err.value.method == "work"
+
+
+def test_death_is_found_behind_a_survivors_collective_error(group):
+    with pytest.raises(WorkerDiedError, match="rank 1 died") as err:
+        group.call("work", {0: "collective error", 1: "die later"})
+    assert "Connection closed by peer" in str(err.value.__cause__)
+
+
+def test_replies_and_errors_that_are_not_deaths(group):
+    assert group.call("work", {}) == [{"rank": 0.0}, {"rank": 1.0}]
+    with pytest.raises(RunStopped, match="^the run cannot go on: because$"):
+        group.call("work", {1: "stop"})
+    with pytest.raises(RuntimeError, match="Connection closed by peer") as err:
+        group.call("work", {0: "collective error"})
+    assert not isinstance(err.value, WorkerDiedError)
+    assert group.call("work", {}) == [{"rank": 0.0}, {"rank": 1.0}]  # both still live
+
+
+def test_failed_constructor_is_not_a_death(ray_on_loopback):
+    ray = ray_on_loopback
+    actor = ray.remote(num_cpus=0, max_restarts=0)(rank_class())
+    workers = WorkerGroup([actor.remote(0, fail_init=True)])
+    with pytest.raises(ray.exceptions.RayActorError, match="bad constructor argument") as err:
+        workers.call("work", {})
+    assert not isinstance(err.value, WorkerDiedError)
