@@ -26,7 +26,10 @@ import gymnasium as gym
 import numpy as np
 
 from simulators.registry import SIMULATORS
-from simulators.rendering import disable_shadows_and_reflections, setup_headless_rendering
+from simulators.rendering import (
+    disable_shadows_and_reflections,
+    setup_headless_rendering,
+)
 from simulators.robosuite_env import camera_observation_space
 
 SUITE_HORIZONS: dict[str, int] = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520}

@@ -36,8 +36,11 @@ import gymnasium as gym
 import numpy as np
 
 from simulators.registry import SIMULATORS
+from simulators.rendering import (
+    disable_shadows_and_reflections,
+    setup_headless_rendering,
+)
 from simulators.robosuite_lean import lean_task_class
-from simulators.rendering import disable_shadows_and_reflections, setup_headless_rendering
 
 LIFT_STATE_KEYS: tuple[str, ...] = (
     "robot0_eef_pos",
@@ -408,7 +411,9 @@ def _make_robosuite_env(config: RobosuiteEnvConfig) -> Any:
     """
     import robosuite
     from robosuite.controllers import load_part_controller_config
-    from robosuite.controllers.composite.composite_controller_factory import refactor_composite_controller_config
+    from robosuite.controllers.composite.composite_controller_factory import (
+        refactor_composite_controller_config,
+    )
 
     renders = config.render_camera is not None or bool(config.cameras)
     arm_config = load_part_controller_config(default_controller=config.controller)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from template_runs import run_one_step
+
 from vla_rl.driver import train
 
 TINY = [

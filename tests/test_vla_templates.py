@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from safetensors.torch import load_file
+from template_runs import run_one_step
 
 from simulators.libero_env import LiberoEnv
 from simulators.rendering import egl_unavailable_reason
-from template_runs import run_one_step
 from vla_rl.data.trajectory_store import TrajectoryStore
 
 TINY = [

@@ -32,6 +32,7 @@ from vla_rl.evaluation.targets import EvalInputError
 from vla_rl.preflight import preflight
 from vla_rl.utils.registry import RegistryError
 
+
 class CommandLineError(ValueError):
     """Arguments that do not make a command (reported in one line, exit 2)."""
 

@@ -18,6 +18,7 @@ from vla_rl.run_dir import RunDirectory
 from vla_rl.utils.code_location import code_root, code_version
 from vla_rl.workers.group import WorkerDiedError, WorkerGroup, start_ray
 
+
 def prepare_run_dir(template_arg: str | None, overrides: list[str], resume: str | None
                     ) -> tuple[RunDirectory, object, list[str]]:
     """Validate the run, then create (or reopen and lock, on resume) its directory.

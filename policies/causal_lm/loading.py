@@ -28,7 +28,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from policies.checkpoint_files import (
     WeightMismatch,
@@ -220,7 +225,11 @@ def _model_keys(model: PreTrainedModel, found: dict[str, tuple[int, ...]], expec
     conversion mapping, base-model prefix added or stripped); the names a converter produces
     (fused or split tensors, whose shapes change in loading) are returned apart."""
     from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+    from transformers.core_model_loading import (
+        WeightConverter,
+        WeightRenaming,
+        rename_source_key,
+    )
 
     mapping = get_model_conversion_mapping(model)
     renamings = [entry for entry in mapping if isinstance(entry, WeightRenaming)]

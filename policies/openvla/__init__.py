@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.openvla.configuration_openvla import OpenVLAPolicyConfig, PrismaticArchitecture, VisionTowerConfig
+from policies.openvla.configuration_openvla import (
+    OpenVLAPolicyConfig,
+    PrismaticArchitecture,
+    VisionTowerConfig,
+)
 
 __all__ = ["OpenVLAPolicy", "OpenVLAPolicyConfig", "PrismaticArchitecture", "VisionTowerConfig"]
 

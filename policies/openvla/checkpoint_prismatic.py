@@ -57,7 +57,10 @@ from policies.checkpoint_files import (
     find_weight_files,
     read_safetensors_header,
 )
-from policies.openvla.configuration_openvla import PrismaticArchitecture, VisionTowerConfig
+from policies.openvla.configuration_openvla import (
+    PrismaticArchitecture,
+    VisionTowerConfig,
+)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_INDEX_FILE = SAFETENSORS_INDEX_FILE

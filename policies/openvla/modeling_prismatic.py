@@ -28,7 +28,10 @@ from transformers import (
     SiglipVisionModel,
 )
 
-from policies.openvla.configuration_openvla import PrismaticArchitecture, VisionTowerConfig
+from policies.openvla.configuration_openvla import (
+    PrismaticArchitecture,
+    VisionTowerConfig,
+)
 
 
 def build_vision_model(config: VisionTowerConfig, attn_implementation: str) -> nn.Module:

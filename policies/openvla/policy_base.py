@@ -12,7 +12,11 @@ import torch
 from tensordict import TensorDict
 from torch import Tensor
 
-from policies.action_normalization import ActionStatistics, libero_gripper_postprocess, load_action_statistics
+from policies.action_normalization import (
+    ActionStatistics,
+    libero_gripper_postprocess,
+    load_action_statistics,
+)
 from policies.action_tokenizer import ActionTokenizer
 from policies.base import Policy
 from policies.checkpoint_files import (

@@ -8,7 +8,10 @@ from tensordict import TensorDict
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from policies.openvla.configuration_openvla import PrismaticArchitecture, VisionTowerConfig
+from policies.openvla.configuration_openvla import (
+    PrismaticArchitecture,
+    VisionTowerConfig,
+)
 from policies.openvla.processor_openvla import encode_prompts, make_observation
 
 #: Instructions the tiny tokenizer is trained on (LIBERO-style).

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from policies.openvla.configuration_openvla import PrismaticArchitecture, resolve_cameras, validate_common_fields
+
+from policies.openvla.configuration_openvla import (
+    PrismaticArchitecture,
+    resolve_cameras,
+    validate_common_fields,
+)
 
 #: Action heads: 256-bin tokens from the LM head (RL), or OFT's L1-regression MLPResNet head.
 ACTION_HEADS = ("discrete", "l1_regression")

@@ -31,7 +31,11 @@ from policies.action_tokenizer import bin_log_softmax
 from policies.openvla.policy_base import PrismaticPolicy, position_ids_from_mask
 from policies.openvla.processor_openvla import PROPRIO, check_observation
 from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
-from policies.openvla_oft.heads_openvla_oft import L1RegressionActionHead, ProprioProjector, load_module_checkpoint
+from policies.openvla_oft.heads_openvla_oft import (
+    L1RegressionActionHead,
+    ProprioProjector,
+    load_module_checkpoint,
+)
 from policies.sampling import sample_categorical
 
 

@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from vla_rl.algorithms.advantages import ADVANTAGE_ESTIMATORS, GAEConfig, GRPOConfig, masked_whiten
+from vla_rl.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    GAEConfig,
+    GRPOConfig,
+    masked_whiten,
+)
 from vla_rl.components import config_fields
 
 NAN = float("nan")

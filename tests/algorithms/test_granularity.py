@@ -3,7 +3,11 @@
 import pytest
 import torch
 
-from vla_rl.algorithms.granularity import expand_per_step, reduce_per_action, reduce_per_dim
+from vla_rl.algorithms.granularity import (
+    expand_per_step,
+    reduce_per_action,
+    reduce_per_dim,
+)
 
 # One episode, T = 2 decisions, chunks of C = 2 actions of A = 3 dimensions; value = 100t + 10c + d.
 PER_DIM = torch.tensor([[[[100.0 * t + 10 * c + d for d in range(3)] for c in range(2)] for t in range(2)]])

@@ -3,7 +3,11 @@
 import pytest
 import torch
 
-from vla_rl.algorithms.group_filters import in_success_rate_band, keep_groups, zero_variance_groups
+from vla_rl.algorithms.group_filters import (
+    in_success_rate_band,
+    keep_groups,
+    zero_variance_groups,
+)
 
 
 def test_zero_variance_flags_whole_all_equal_groups():

@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from vla_rl.algorithms.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty
+from vla_rl.algorithms.kl import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    kl_penalty,
+)
 
 NAN = float("nan")
 LOG_P = torch.tensor([[-1.0, -0.5, -2.0]], dtype=torch.float64)

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from vla_rl.algorithms.aggregation import LOSS_AGG_MODES
-from vla_rl.algorithms.policy_loss import POLICY_LOSSES, CPGDConfig, GSPOConfig, PPOClipConfig
+from vla_rl.algorithms.policy_loss import (
+    POLICY_LOSSES,
+    CPGDConfig,
+    GSPOConfig,
+    PPOClipConfig,
+)
 from vla_rl.components import config_fields
 
 NAN = float("nan")

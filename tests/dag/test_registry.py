@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from vla_rl.dag.registry import NODE_FUNCTIONS, NodeOutput, get_node_function, register_node
+from vla_rl.dag.registry import (
+    NODE_FUNCTIONS,
+    NodeOutput,
+    get_node_function,
+    register_node,
+)
 from vla_rl.utils.registry import RegistryError
 
 from .helpers import DUMMY, DUMMY_WITH_CONFIG, DummyRewardConfig

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from vla_rl.data.arithmetic import DATA_SOURCE, LEVELS, Level, sample_problems, write_arithmetic_dataset
+from vla_rl.data.arithmetic import (
+    DATA_SOURCE,
+    LEVELS,
+    Level,
+    sample_problems,
+    write_arithmetic_dataset,
+)
 from vla_rl.data.prompt_dataset import PromptFile
 from vla_rl.rewards.verifiers import verify
 

@@ -8,7 +8,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vla_rl.data.prompt_dataset import PromptFile, ShardedPromptLoader, write_prompt_file
+from vla_rl.data.prompt_dataset import (
+    PromptFile,
+    ShardedPromptLoader,
+    write_prompt_file,
+)
 
 
 def make_rows(n: int) -> list[dict]:

@@ -13,7 +13,11 @@ from tensordict import TensorDict
 
 from vla_rl.data import keys
 from vla_rl.evaluation.benchmarks import EvalTask
-from vla_rl.evaluation.episode_store import append_episodes, open_rank_store, stored_keys
+from vla_rl.evaluation.episode_store import (
+    append_episodes,
+    open_rank_store,
+    stored_keys,
+)
 from vla_rl.evaluation.protocol import Protocol
 from vla_rl.evaluation.report import OVERALL, summarize, write_report
 

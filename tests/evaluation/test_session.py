@@ -14,12 +14,16 @@ import torch
 from vla_rl.config import RunConfig
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.evaluation.benchmarks import EvalTask
+from vla_rl.evaluation.embodied import check_task_fits
 from vla_rl.evaluation.episode_store import episode_keys, task_dir
 from vla_rl.evaluation.protocol import eval_protocols
 from vla_rl.evaluation.replay import replay_episodes, rescore_store
 from vla_rl.evaluation.report import summarize
-from vla_rl.evaluation.embodied import check_task_fits
-from vla_rl.nodes.evaluation import load_eval_episodes, record_eval_episodes, rollout_eval_episodes
+from vla_rl.nodes.evaluation import (
+    load_eval_episodes,
+    record_eval_episodes,
+    rollout_eval_episodes,
+)
 from vla_rl.trainers import checkpoint
 from vla_rl.workers.context import NodeContext
 from vla_rl.workers.metrics import Metric

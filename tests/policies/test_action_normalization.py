@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from policies.action_normalization import ActionStatistics, libero_gripper_postprocess, load_action_statistics
+from policies.action_normalization import (
+    ActionStatistics,
+    libero_gripper_postprocess,
+    load_action_statistics,
+)
 
 STATS = {"q01": [-0.5, 0.0, -2.0], "q99": [0.5, 4.0, 2.0], "mask": [True, True, False]}
 

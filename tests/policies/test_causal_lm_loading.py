@@ -8,7 +8,11 @@ import pytest
 import torch
 
 from policies.causal_lm import CausalLMConfig, CausalLMPolicy
-from policies.causal_lm.loading import load_pretrained, resolve_checkpoint, smollm2_gguf_path
+from policies.causal_lm.loading import (
+    load_pretrained,
+    resolve_checkpoint,
+    smollm2_gguf_path,
+)
 from policies.causal_lm.tiny import CHAT_TEMPLATE, arithmetic_corpus, train_tokenizer
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")

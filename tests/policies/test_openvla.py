@@ -13,10 +13,17 @@ from safetensors import safe_open
 from tensordict import TensorDict
 from torch.nn import functional as F
 
-from policies.openvla.checkpoint_prismatic import architecture_from_config, write_checkpoint
+from policies.openvla.checkpoint_prismatic import (
+    architecture_from_config,
+    write_checkpoint,
+)
 from policies.openvla.configuration_openvla import OpenVLAPolicyConfig
 from policies.openvla.modeling_openvla import OpenVLAPolicy
-from policies.openvla.tiny import build_tiny_tokenizer, tiny_architecture, tiny_observation
+from policies.openvla.tiny import (
+    build_tiny_tokenizer,
+    tiny_architecture,
+    tiny_observation,
+)
 
 INSTRUCTIONS = ["pick up the black bowl", "turn on the stove", "open the top drawer of the cabinet"]
 STATS = {

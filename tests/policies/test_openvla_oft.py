@@ -6,9 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from policies.openvla.tiny import build_tiny_tokenizer, tiny_architecture, tiny_observation
+from policies.openvla.tiny import (
+    build_tiny_tokenizer,
+    tiny_architecture,
+    tiny_observation,
+)
 from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
-from policies.openvla_oft.modeling_openvla_oft import OpenVLAOFTPolicy, parallel_decoding_mask
+from policies.openvla_oft.modeling_openvla_oft import (
+    OpenVLAOFTPolicy,
+    parallel_decoding_mask,
+)
 
 INSTRUCTIONS = ["pick up the black bowl", "turn on the stove", "open the top drawer of the cabinet"]
 CHUNK, ACTION_DIM, PROPRIO_DIM = 4, 7, 8

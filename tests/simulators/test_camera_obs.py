@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from simulators import make_env
-from simulators.robosuite_env import RobosuiteEnvConfig
 from simulators.rendering import egl_unavailable_reason
+from simulators.robosuite_env import RobosuiteEnvConfig
 
 SIZE = 32
 CAMERAS = ("agentview", "robot0_eye_in_hand")

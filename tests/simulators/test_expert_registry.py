@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from simulators.experts import LiftExpert, NoExpertError, expert_class, tasks_with_expert
+from simulators.experts import (
+    LiftExpert,
+    NoExpertError,
+    expert_class,
+    tasks_with_expert,
+)
 from simulators.registry import task_name
 
 

@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from simulators import make_env
-from simulators.experts import DoorExpert, PickPlaceCanExpert, StackExpert, expert_class, make_expert
+from simulators.experts import (
+    DoorExpert,
+    PickPlaceCanExpert,
+    StackExpert,
+    expert_class,
+    make_expert,
+)
 from simulators.experts.scripting import quat_to_matrix, rotation_error
 
 DEMO_OFFSET = 2_000_000_000

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from vla_rl.data import keys
 from vla_rl.config import CriticSection, TrainerSection
+from vla_rl.data import keys
 from vla_rl.trainers.critic import CriticTrainer, ValueNetwork
 
 

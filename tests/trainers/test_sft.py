@@ -9,7 +9,12 @@ from policies.causal_lm import CausalLMConfig, CausalLMPolicy
 from vla_rl.data.arithmetic import LEVELS, write_arithmetic_dataset
 from vla_rl.data.prompt_dataset import PromptFile, PromptRow
 from vla_rl.rewards.verifiers import score_responses
-from vla_rl.trainers.sft import SFTConfig, SFTExamples, encode_sft_examples, supervised_fine_tune
+from vla_rl.trainers.sft import (
+    SFTConfig,
+    SFTExamples,
+    encode_sft_examples,
+    supervised_fine_tune,
+)
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
 from tensordict import TensorDict
 
 from policies.mlp import MLPPolicy, MLPPolicyConfig

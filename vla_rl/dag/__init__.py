@@ -11,8 +11,23 @@ Importing this package imports no Ray, simulator, model or torch code.
 
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import Template, load_template
-from vla_rl.dag.planner import Hop, PhasePlan, Plan, Reshard, RunNode, Task, describe_plan, plan
-from vla_rl.dag.registry import NodeFunction, NodeOutput, get_node_function, load_builtin_nodes, register_node
+from vla_rl.dag.planner import (
+    Hop,
+    PhasePlan,
+    Plan,
+    Reshard,
+    RunNode,
+    Task,
+    describe_plan,
+    plan,
+)
+from vla_rl.dag.registry import (
+    NodeFunction,
+    NodeOutput,
+    get_node_function,
+    load_builtin_nodes,
+    register_node,
+)
 from vla_rl.dag.schema import NodeSpec, TemplateSpec
 
 __all__ = [

@@ -36,11 +36,17 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from pathlib import Path
+
 from pydantic import BaseModel, ValidationError
 
 from vla_rl.dag.errors import TemplateError, from_validation_error
 from vla_rl.dag.loader import Template
-from vla_rl.dag.registry import NODE_FUNCTIONS, get_node_function, load_builtin_nodes, resolve
+from vla_rl.dag.registry import (
+    NODE_FUNCTIONS,
+    get_node_function,
+    load_builtin_nodes,
+    resolve,
+)
 from vla_rl.dag.schema import PHASES, NodeSpec
 from vla_rl.utils.registry import RegistryError
 

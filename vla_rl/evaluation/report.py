@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from vla_rl.data.trajectory_store import TrajectoryStore
-from vla_rl.evaluation.episode_store import EpisodeKey, task_dir
-from vla_rl.evaluation.episode_store import VIDEOS_DIR
+from vla_rl.evaluation.episode_store import VIDEOS_DIR, EpisodeKey, task_dir
 from vla_rl.utils.plotting import plot_success_vs_checkpoint
 from vla_rl.utils.stats import wilson_interval
 

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
-
-from typing import Any
 
 from vla_rl.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from vla_rl.algorithms.granularity import reduce_per_action, reduce_per_dim

@@ -18,6 +18,7 @@ from vla_rl.utils.collectives import all_gather_small_objects
 from vla_rl.workers.metrics import mean
 from vla_rl.workers.resources import register_resource
 
+
 def embeds_trajectories(config) -> bool:
     """Whether the run's reward scores trajectory embeddings (``embeddings=True`` in its registry)."""
     return bool(EMBODIED_REWARDS.metadata(config.algorithm.reward).get("embeddings", False))

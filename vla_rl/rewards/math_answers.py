@@ -113,7 +113,10 @@ def answers_equal(predicted: str, reference: str) -> bool:
     predicted_number, reference_number = parse_number(predicted), parse_number(reference)
     if predicted_number is not None and reference_number is not None:
         return predicted_number == reference_number
-    from math_verify import parse, verify  # sympy-heavy: imported on first symbolic comparison
+    from math_verify import (  # sympy-heavy: imported on first symbolic comparison
+        parse,
+        verify,
+    )
 
     timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     gold = parse(_as_math(reference), parsing_timeout=timeout)

@@ -273,7 +273,10 @@ class VJEPA2TrajectoryEncoder:
         Returns:
             (batch, num_frames, 3, crop_size, crop_size) float32 on the model's device.
         """
-        from transformers.utils.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+        from transformers.utils.constants import (
+            IMAGENET_DEFAULT_MEAN,
+            IMAGENET_DEFAULT_STD,
+        )
 
         batch, num_frames, height, width, _ = frames.shape
         crop = self.model.config.crop_size

@@ -25,7 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
-from vla_rl.rewards.math_answers import answers_equal, extract_boxed, extract_hash_answer, extract_last_number
+from vla_rl.rewards.math_answers import (
+    answers_equal,
+    extract_boxed,
+    extract_hash_answer,
+    extract_last_number,
+)
 from vla_rl.utils.registry import Registry
 
 

@@ -25,7 +25,11 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from vla_rl.algorithms.aggregation import aggregate_loss
-from vla_rl.algorithms.granularity import expand_per_step, reduce_per_action, reduce_per_dim
+from vla_rl.algorithms.granularity import (
+    expand_per_step,
+    reduce_per_action,
+    reduce_per_dim,
+)
 from vla_rl.algorithms.kl import kl_penalty
 from vla_rl.algorithms.policy_loss import POLICY_LOSSES
 from vla_rl.data import keys

@@ -70,7 +70,6 @@ def build_simulator_pool(res):
     """This worker's simulator pool (Ray actors on the worker's own node), sized for its training and
     evaluation episodes."""
     from simulators.pool import SimulatorPool
-
     from vla_rl.workers.placement import same_node_strategy
 
     sim = res.config.simulator
