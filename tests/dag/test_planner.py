@@ -116,6 +116,8 @@ def test_w2_chains_for_2_1_2(write_template):
             _run("reward", "reward", "compute", 1, 0, ["rollout"]),
             Reshard("reward", "adv", 1, 2, 0, rank),
             _run("adv", "advantage", "compute", 2, rank, ["reward"]),
+            # the update takes single samples: rebalanced at its own DP size (filters leave shards unequal)
+            Reshard("adv", "actor", 2, 2, rank, rank, whole_groups=False),
             _run("actor", "actor", "model_train", 2, rank, ["adv"]),
         )
 
@@ -145,6 +147,7 @@ def test_w4_chains_for_4_2_1(write_template):
             # The update does not compare a group's samples: they are balanced one by one.
             Reshard("rollout", "actor", 2, 4, half, rank, whole_groups=False),
             Reshard("reward", "actor", 1, 4, 0, rank, whole_groups=False),
+            Reshard("tasks", "actor", 4, 4, rank, rank, whole_groups=False),
             _run("actor", "actor", "model_train", 4, rank, ["rollout", "reward", "tasks"]),
         )
 
@@ -157,4 +160,4 @@ def test_describe_plan_lists_chains_and_hops(write_template):
     assert text.count("reshard rollout -> reward") == 2
     worker1 = text[text.index("worker 1:") :]
     assert "reshard reward -> adv: dp 1 -> 2, shard 0 -> 1" in worker1
-    assert "samples balanced" not in text  # no hop into the update, whose samples may be split
+    assert "reshard adv -> actor: dp 2 -> 2, shard 1 -> 1, samples balanced (groups may split)" in worker1
