@@ -10,6 +10,7 @@ import threading
 import psutil
 import pytest
 import torch
+from devices import device_overrides
 from safetensors.torch import load_file
 
 from vla_rl.driver import WorkerGroup, train
@@ -27,6 +28,7 @@ TINY = [
     "eval.video_size=32",
     "warm_start.bc_steps=30",
     "policy.config.hidden_sizes=[32,32]",
+    *device_overrides(),
 ]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from devices import device_overrides
 from template_runs import run_one_step
 
 from vla_rl.driver import train
@@ -22,6 +23,7 @@ TINY = [
     "text.sft_batch_size=16",
     "workers.torch_threads=1",
     "eval.num_episodes=0",
+    *device_overrides(),
 ]
 
 
@@ -89,7 +91,8 @@ def test_ppo_template_trains_an_lm_value_model(ray_on_loopback, tmp_path, tiny_l
 
 
 def test_sft_template_fits_targets_and_exports_a_model(ray_on_loopback, tmp_path, tiny_lm_dir, arithmetic_files):
-    summary = train("llm_sft", [*given_files(tiny_lm_dir, arithmetic_files), f"run.output_dir={tmp_path}",
+    summary = train("llm_sft", [*device_overrides(), *given_files(tiny_lm_dir, arithmetic_files),
+                                f"run.output_dir={tmp_path}",
                                 "run.name=run", "trainer.total_steps=4", "trainer.save_every=4",
                                 "text.prompts_per_step=16", "trainer.ppo_mini_batch_size=16",
                                 "text.max_response_length=24", "eval.num_episodes=0"])

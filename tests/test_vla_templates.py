@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from devices import device_overrides
 from safetensors.torch import load_file
 from template_runs import run_one_step
 
@@ -25,6 +26,7 @@ TINY = [
     "eval.num_episodes=0",
     "policy.config.architecture.image_size=28",
     "policy.config.chunk_size=4",
+    *device_overrides(),
 ]
 
 
