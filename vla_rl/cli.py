@@ -101,7 +101,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     preflight(template, world_size=args.world_size)
     the_plan = plan(template, world_size=args.world_size)
     print(describe_plan(the_plan))
-    print_traffic(template, the_plan, Console(width=max(Console().width, 130), highlight=False))
+    print_traffic(template, the_plan, Console(width=max(Console().width, 136), highlight=False))
     return 0
 
 
