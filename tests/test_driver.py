@@ -93,10 +93,16 @@ def test_run_leaves_every_artifact(srpo_run):
     train_steps = [r["step"] for r in records if "rollout/success_rate" in r]
     assert train_steps == [1, 2, 3]
     step = next(r for r in records if "rollout/success_rate" in r)
-    # Every node ran, both re-shards ran, and the rollout really stepped the simulator.
+    # Every node ran, the rebalance before the update ran (every node runs at DP 2: no other
+    # re-shard), and the rollout really stepped the simulator.
     for key in ("timing/tasks", "timing/rollout", "timing/reward", "timing/advantage", "timing/group_filter",
-                "timing/actor_update", "timing/reshard_rollout_to_reward", "timing/reshard_group_filter_to_actor_update"):
+                "timing/actor_update", "timing/reshard_group_filter_to_actor_update"):
         assert key in step, key
+    assert not any(key.startswith("timing/reshard_rollout") for key in step)
+    # What the step's collectives moved (the SRPO reference set among them) and what reached the driver.
+    assert step["comm/collectives"] >= 5 and step["comm/srpo_reference/collectives"] == 3
+    assert 0 < step["comm/bytes_received"] <= step["comm/bytes_received_max"]
+    assert 0 < step["driver/bytes"] < 8_000
     assert 1 <= step["rollout/episode_length"] <= 40
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
     assert ckpts == ["step_00000002", "step_00000003"]  # keep_last=2
