@@ -116,8 +116,8 @@ NO_EXPERT_TASK = ["simulator.name=robosuite", "simulator.env.task=NutAssemblySqu
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (NO_EXPERT_TASK, "no scripted expert for task 'NutAssemblySquare' of simulator 'robosuite' "
-                     "(tasks with one: Door, Lift, PickPlaceCan, Stack)"),
+    (NO_EXPERT_TASK, ("no scripted expert for task 'NutAssemblySquare' of simulator 'robosuite' "
+                      "(tasks with one: Door, Lift, PickPlaceCan, Stack)")),
     (["simulator.env.task=Stak"], "task must be a single-arm robosuite task, one of Door, Lift,"),
 ])
 def test_train_refuses_a_task_before_ray_starts(tmp_path, capsys, monkeypatch, overrides, message):
