@@ -37,7 +37,7 @@ come out upright.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -274,6 +274,10 @@ class MetaWorldEnv(gym.Env):
     """
 
     config_class = MetaWorldEnvConfig
+    task_sets: ClassVar[dict[str, tuple[str, ...]]] = {
+        "mt10": MT10_TASKS, "mt50": METAWORLD_V3_TASKS, "ml10_train": ML10_TRAIN_TASKS, "ml10_test": ML10_TEST_TASKS,
+    }
+    """Task sets ``simulator.tasks`` may name (MetaWorld's benchmark splits)."""
     metadata = {"render_modes": ["rgb_array"]}
 
     def __init__(self, config: MetaWorldEnvConfig) -> None:

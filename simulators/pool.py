@@ -13,6 +13,10 @@ and returns at once; :meth:`SimulatorPool.collect` waits for the results. The ro
 (:func:`vla_rl.rollout.embodied.rollout_episodes`) uses them to pipeline simulation and policy
 inference over groups of environments.
 
+Task sets: given a list of configs (``env_config=[...]``, one per task), every environment can
+run any of the tasks; :meth:`SimulatorPool.reset` takes each environment's task id (its config's
+position) and the observations carry it (:mod:`simulators.worker`).
+
 Faults: an actor whose process dies, or that does not answer a chunk within ``step_timeout_s``,
 is killed and replaced by a new actor (its environments are created again). The running
 episodes of its environments are lost: :meth:`SimulatorPool.collect` reports them in
@@ -55,6 +59,29 @@ _CHUNK_DTYPES = {**_PER_ENV_DTYPES, "steps": np.int64, "lost": bool}
 """The per-environment scalars that ``collect`` returns besides ``obs`` and ``frames``."""
 
 
+def _probe(env_name: str, env_config: Any) -> dict[str, Any]:
+    worker = SimulatorWorker(env_name, env_config, 1)
+    try:
+        return worker.spec()
+    finally:
+        worker.close()
+
+
+def probe_specs(requests: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """The :meth:`SimulatorPool.spec` of each ``(simulator name, env config)`` (a config, or a
+    task set's list of configs), without a pool: each environment is created in a Ray task of its
+    own (in parallel, in processes set up as the pool's actors), asked for its spaces, and closed.
+
+    Raises:
+        RuntimeError: if Ray is not initialised.
+        ray.exceptions.RayTaskError: a simulator could not be created (its error inside).
+    """
+    if not ray.is_initialized():
+        raise RuntimeError("probe_specs needs Ray: call ray.init() in this process first")
+    probe = ray.remote(_probe).options(num_cpus=0, runtime_env={"env_vars": WORKER_ENV_VARS})
+    return ray.get([probe.remote(name, config) for name, config in requests])
+
+
 class SimulatorLostError(RuntimeError):
     """A simulator actor died or hung during :meth:`SimulatorPool.step`; it was restarted and the
     episodes of its environments are lost (call :meth:`SimulatorPool.reset` before stepping again)."""
@@ -91,7 +118,8 @@ class SimulatorPool:
 
     Args:
         env_name: registered simulator name (e.g. ``"robosuite_lift"``).
-        env_config: the simulator's config: ``None``, a mapping or its config dataclass.
+        env_config: the simulator's config: ``None``, a mapping or its config dataclass; or a
+            list of them, a task set (task ``k`` is ``env_config[k]``; see the module docstring).
         num_actors: number of worker actors (processes).
         envs_per_actor: environments per actor.
         actor_options: Ray actor options (default ``{"num_cpus": 1, "max_restarts": 0}``);
@@ -121,7 +149,14 @@ class SimulatorPool:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if step_timeout_s is not None and not step_timeout_s > 0:
             raise ValueError(f"step_timeout_s must be a positive number of seconds or None, got {step_timeout_s!r}")
-        config = build_env_config(env_name, env_config)  # fail here, not inside the actors
+        self.num_tasks = len(env_config) if isinstance(env_config, (list, tuple)) else 1
+        # fail here, not inside the actors
+        if isinstance(env_config, (list, tuple)):
+            if not env_config:
+                raise ValueError("a task set (a list of env configs) needs at least one task")
+            config: Any = [build_env_config(env_name, c) for c in env_config]
+        else:
+            config = build_env_config(env_name, env_config)
         options: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0, **(actor_options or {})}
         runtime_env = dict(options.get("runtime_env") or {})
         runtime_env["env_vars"] = {**WORKER_ENV_VARS, **runtime_env.get("env_vars", {})}
@@ -143,24 +178,28 @@ class SimulatorPool:
         return len(self._live_actors())
 
     def spec(self) -> dict[str, Any]:
-        """``{"obs_dim": int, "act_dim": int, "horizon": int (control steps)}``, plus ``"images":
-        {"<camera>_image": [H, W, 3]}`` for camera observations (see :meth:`SimulatorWorker.spec`)."""
+        """``{"obs_dim": int, "act_dim": int, "horizon": int (control steps), "obs_layout": {key:
+        [start, stop]}}``, plus ``"images": {"<camera>_image": [H, W, 3]}`` for camera observations
+        and ``"num_tasks"`` for a task set (see :meth:`SimulatorWorker.spec`)."""
         if self._spec is None:
             self._spec = ray.get(self._live_actors()[0].spec.remote())
         return dict(self._spec)
 
-    def reset(self, init_state_ids: np.ndarray | Sequence[int]) -> Observations:
+    def reset(self, init_state_ids: np.ndarray | Sequence[int],
+              task_ids: np.ndarray | Sequence[int] | None = None) -> Observations:
         """Reset the first ``n`` environments to the given initial states.
 
         Args:
             init_state_ids: ``(n,)`` non-negative integer initial-state ids, ``n <= capacity``.
+            task_ids: ``(n,)`` integer tasks of a task set (in ``[0, num_tasks)``); ``None``: task 0.
 
         Returns:
             float32 ``(n, obs_dim)`` initial observations; row ``g`` is environment ``g``. Camera
-            observations: a dict of ``n``-row arrays (:mod:`vla_rl.data.observations`).
+            observations, or a task set's: a dict of ``n``-row arrays (:mod:`vla_rl.data.observations`).
 
         Raises:
-            ValueError: if ids are not a 1-D integer array of length 1..capacity.
+            ValueError: if ids are not a 1-D integer array of length 1..capacity, or task ids do not
+                match them or lie outside the task set.
         """
         ids = np.asarray(init_state_ids)
         if ids.ndim != 1 or not 1 <= len(ids) <= self.capacity or not np.issubdtype(ids.dtype, np.integer):
@@ -170,8 +209,21 @@ class SimulatorPool:
             )
         if ids.min() < 0:
             raise ValueError(f"init_state_ids must be non-negative, got {ids[ids < 0].tolist()}")
+        tasks = None
+        if task_ids is not None:
+            tasks = np.asarray(task_ids)
+            if tasks.shape != ids.shape or not np.issubdtype(tasks.dtype, np.integer):
+                raise ValueError(f"task_ids must be an integer array of shape {ids.shape}, got {tasks.dtype} {tasks.shape}")
+            if tasks.min() < 0 or tasks.max() >= self.num_tasks:
+                raise ValueError(f"task_ids must lie in [0, {self.num_tasks}) (the pool's tasks), got "
+                                 f"{sorted(set(tasks.tolist()))}")
         split = self._split(np.arange(len(ids)))
-        refs = [self._actors[slot].reset.remote(self._local(rows), ids[rows].tolist()) for slot, rows in split]
+
+        def call(slot: int, rows: np.ndarray):
+            args = (self._local(rows), ids[rows].tolist())
+            return self._actors[slot].reset.remote(*args, None if tasks is None else tasks[rows].tolist())
+
+        refs = [call(slot, rows) for slot, rows in split]
         obs = empty_observations(self.spec(), len(ids))
         self._batch_size = None  # no episode of the previous batch survives a reset
         for (slot, rows), ref in zip(split, refs):
@@ -179,7 +231,7 @@ class SimulatorPool:
                 set_rows(obs, rows, ray.get(ref))
             except ray.exceptions.RayActorError as error:
                 self._restart(slot, f"died before the reset ({type(error).__name__})")
-                set_rows(obs, rows, ray.get(self._actors[slot].reset.remote(self._local(rows), ids[rows].tolist())))
+                set_rows(obs, rows, ray.get(call(slot, rows)))
         self._batch_size = len(ids)
         self._lost = set()
         return obs
@@ -338,8 +390,9 @@ class SimulatorPool:
             result["frames"].pop(int(g), None)
         return result
 
-    def run_expert(self, init_state_ids: np.ndarray | Sequence[int]) -> list[dict[str, Any]]:
-        """Run the scripted expert once per initial state, spread over the actors.
+    def run_expert(self, init_state_ids: np.ndarray | Sequence[int], task_id: int = 0) -> list[dict[str, Any]]:
+        """Run the scripted expert of task ``task_id`` (0 for a single task) once per initial
+        state, spread over the actors.
 
         Uses environment 0 of each actor, i.e. global environments ``0 .. num_actors - 1``
         (ending any episode they were running).
@@ -349,7 +402,7 @@ class SimulatorPool:
 
         Returns:
             ``m`` episode dicts in the order of ``init_state_ids``: ``{"obs": float32 (T, obs_dim)
-            (camera observations: a dict of T-row arrays),
+            (camera observations, or a task set's: a dict of T-row arrays),
             "actions": float32 (T, act_dim), "success": bool, "init_state_id": int}``.
 
         Raises:
@@ -358,7 +411,7 @@ class SimulatorPool:
         ids = np.asarray(init_state_ids, dtype=np.int64).reshape(-1)
         actors = self._live_actors()
         chunks = [chunk for chunk in np.array_split(ids, len(actors)) if len(chunk)]
-        refs = [actor.run_expert.remote(chunk.tolist()) for actor, chunk in zip(actors, chunks)]
+        refs = [actor.run_expert.remote(chunk.tolist(), int(task_id)) for actor, chunk in zip(actors, chunks)]
         return [episode for episodes in ray.get(refs) for episode in episodes]
 
     def actor_pids(self) -> list[int]:

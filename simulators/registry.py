@@ -17,7 +17,10 @@ A simulator is a ``gymnasium.Env`` subclass registered under a name. Its contrac
   ``render_mode`` (``"rgb_array"`` when ``render_frame() -> uint8 (H, W, 3)`` is available,
   else ``None``), and ``instruction`` (the task's language instruction);
 - optionally, a static ``unavailable_reason() -> str | None`` for simulators from optional extras
-  (e.g. LIBERO): why the simulator cannot be created here, or ``None``.
+  (e.g. LIBERO): why the simulator cannot be created here, or ``None``;
+- optionally, a class attribute ``task_sets`` (``{name: (task, ...)}``): named task sets a run's
+  ``simulator.tasks`` may name (MetaWorld's ``mt10``); a config with a ``task`` field can host
+  any list of its tasks.
 
 Registering never imports the simulator library itself; environments import it lazily in their
 constructor.

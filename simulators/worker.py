@@ -8,12 +8,20 @@ neither torch nor any simulator library.
 Observations leave the worker as :mod:`vla_rl.data.observations` lays them out: a float32
 ``(n, obs_dim)`` array, or with cameras a dict of arrays (``state``, ``<camera>_image`` uint8,
 and the task's ``instruction`` as uint8 UTF-8 bytes).
+
+Task sets: given a list of configs (one per task), a worker hosts a **task set**: every
+environment slot runs one task at a time, chosen at each reset by a task id (the config's
+position in the list), and every observation carries it (``task_id``, int64; a flat state then
+becomes ``{"state", "task_id"}``). A slot that changes task parks its environment for later
+reuse (at most as many parked environments as slots, or as tasks if more; the oldest are
+closed).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,24 +39,36 @@ class SimulatorWorker:
 
     Args:
         env_name: registered simulator name (e.g. ``"robosuite_lift"``).
-        env_config: the simulator's config (see ``simulators.build_env_config``).
+        env_config: the simulator's config (see ``simulators.build_env_config``), or a list of
+            configs: a task set (see the module docstring), task ``k`` being ``env_config[k]``.
         num_envs: number of environments hosted.
 
     Raises:
-        ValueError: if ``num_envs`` is not a positive integer.
+        ValueError: if ``num_envs`` is not a positive integer, or a task set is empty.
     """
 
     def __init__(self, env_name: str, env_config: Any, num_envs: int) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
         self._env_name = env_name
-        self._env_config = env_config
+        self._multi_task = isinstance(env_config, (list, tuple))
+        self._configs = list(env_config) if self._multi_task else [env_config]
+        if not self._configs:
+            raise ValueError("a task set needs at least one task config")
         self._envs: list[gym.Env | None] = [None] * num_envs
+        self._env_tasks = [0] * num_envs  # the task of each slot's environment
+        self._parked: OrderedDict[int, tuple[int, gym.Env]] = OrderedDict()  # key -> (task, env), oldest first
+        self._parked_serial = 0
 
     def make_envs(self) -> None:
         """Create every hosted environment now (otherwise each is created at its first use),
-        with a progress bar that Ray shows on the driver's console."""
+        with a progress bar that Ray shows on the driver's console. A task set's slots get their
+        task at their first reset: it creates one environment per task (:meth:`spec`)."""
         from ray.experimental import tqdm_ray
+
+        if self._multi_task:
+            self.spec()
+            return
 
         bar = tqdm_ray.tqdm(total=len(self._envs), desc=f"creating {self._env_name} environments", unit="env")
         for index in range(len(self._envs)):
@@ -57,40 +77,69 @@ class SimulatorWorker:
         bar.close()
 
     def spec(self) -> dict[str, Any]:
-        """``{"obs_dim": int (state features), "act_dim": int, "horizon": int (control steps)}``,
-        plus ``"images": {"<camera>_image": [H, W, 3]}`` for camera observations; creates env 0."""
-        env = self._env(0)
+        """``{"obs_dim": int (state features), "act_dim": int, "horizon": int (control steps),
+        "obs_layout": {key: [start, stop]}}`` (where each named part lies in the state), plus
+        ``"images": {"<camera>_image": [H, W, 3]}`` for camera observations and ``"num_tasks"``
+        for a task set; creates env 0 (for a task set, one environment per task).
+
+        Raises:
+            ValueError: the tasks of a task set differ in a part of their spec (naming both).
+        """
+        if not self._multi_task:
+            return self._spec_of(self._env(0))
+        specs = [self._spec_of(self._any_env(task)) for task in range(len(self._configs))]
+        for task, other in enumerate(specs[1:], start=1):
+            differs = [key for key in specs[0] if specs[0][key] != other[key]]
+            if differs:
+                names = [getattr(config, "task_name", str(config)) for config in self._configs]
+                raise ValueError(
+                    f"the tasks of a task set must share their observation and action layout and horizon, but "
+                    f"{names[task]!r} differs from {names[0]!r} in {differs}: "
+                    + "; ".join(f"{key}: {other[key]} vs {specs[0][key]}" for key in differs))
+        return {**specs[0], "num_tasks": len(self._configs)}
+
+    @staticmethod
+    def _spec_of(env: gym.Env) -> dict[str, Any]:
         space = env.observation_space
         state_space = space[keys.OBS_STATE] if isinstance(space, gym.spaces.Dict) else space
         spec: dict[str, Any] = {
             "obs_dim": int(state_space.shape[0]),
             "act_dim": int(env.action_space.shape[0]),
             "horizon": int(env.horizon),
+            "obs_layout": {key: [int(part.start), int(part.stop)] for key, part in env.obs_layout.items()},
         }
         if isinstance(space, gym.spaces.Dict):
             spec["images"] = {key: list(sub.shape) for key, sub in space.spaces.items()
                               if key.endswith(keys.OBS_IMAGE_SUFFIX)}
         return spec
 
-    def reset(self, env_indices: Sequence[int], init_state_ids: Sequence[int]) -> Observations:
+    def reset(self, env_indices: Sequence[int], init_state_ids: Sequence[int],
+              task_ids: Sequence[int] | None = None) -> Observations:
         """Reset the given environments to the given initial states.
 
         Args:
             env_indices: ``n`` distinct environment indices in ``[0, num_envs)``.
             init_state_ids: ``n`` non-negative initial-state ids (the reset seeds).
+            task_ids: ``n`` tasks of a task set (positions in its configs); ``None``: task 0.
 
         Returns:
-            float32 ``(n, obs_dim)`` initial observations (camera observations: a dict of ``n``-row
-            arrays, see the module docstring).
+            float32 ``(n, obs_dim)`` initial observations (camera observations, or a task set's:
+            a dict of ``n``-row arrays, see the module docstring).
 
         Raises:
-            ValueError: on bad or repeated indices, or lengths that differ.
+            ValueError: on bad or repeated indices, lengths that differ, or a task outside the set.
         """
         self._check_indices(env_indices)
         if len(init_state_ids) != len(env_indices):
             raise ValueError(f"got {len(init_state_ids)} init_state_ids for {len(env_indices)} environments")
-        observations = [self._observation(i, self._env(i).reset(seed=int(s))[0])
-                        for i, s in zip(env_indices, init_state_ids)]
+        tasks = [0] * len(env_indices) if task_ids is None else [int(t) for t in task_ids]
+        if len(tasks) != len(env_indices):
+            raise ValueError(f"got {len(tasks)} task_ids for {len(env_indices)} environments")
+        bad = sorted({t for t in tasks if not 0 <= t < len(self._configs)})
+        if bad:
+            raise ValueError(f"task ids {bad} are outside this worker's {len(self._configs)} task(s)")
+        observations = [self._observation(i, self._env(i, task).reset(seed=int(s))[0])
+                        for i, s, task in zip(env_indices, init_state_ids, tasks)]
         return stack_observations(observations)
 
     def step_chunk(
@@ -172,24 +221,29 @@ class SimulatorWorker:
         """The id of this worker's process."""
         return os.getpid()
 
-    def run_expert(self, init_state_ids: Sequence[int]) -> list[dict[str, Any]]:
-        """Run the simulator's scripted expert for one episode per initial state, on env 0.
+    def run_expert(self, init_state_ids: Sequence[int], task_id: int = 0) -> list[dict[str, Any]]:
+        """Run the scripted expert of task ``task_id`` for one episode per initial state, on env 0.
 
         Ends whatever episode env 0 was running. Episodes stop at success or at the horizon.
 
         Args:
             init_state_ids: initial-state ids (reset seeds).
+            task_id: the task of a task set (0 for a single task).
 
         Returns:
             One dict per id, in order: ``{"obs": float32 (T, obs_dim)`` (the observation before
-            each action; camera observations: a dict of ``T``-row arrays), ``"actions": float32
-            (T, act_dim), "success": bool, "init_state_id": int}``. The expert reads the state.
+            each action; camera observations, or a task set's: a dict of ``T``-row arrays),
+            ``"actions": float32 (T, act_dim), "success": bool, "init_state_id": int}``. The
+            expert reads the state.
 
         Raises:
-            NoExpertError: if no scripted expert is registered for this simulator's task.
+            NoExpertError: if no scripted expert is registered for the task.
+            ValueError: ``task_id`` is not a task of this worker.
         """
-        env = self._env(0)
-        expert = make_expert(self._env_name, self._env_config.task_name, env.obs_layout)
+        if not 0 <= task_id < len(self._configs):
+            raise ValueError(f"task id {task_id} is outside this worker's {len(self._configs)} task(s)")
+        env = self._env(0, task_id)
+        expert = make_expert(self._env_name, self._configs[task_id].task_name, env.obs_layout)
         episodes = []
         for init_state_id in init_state_ids:
             obs, _ = env.reset(seed=int(init_state_id))
@@ -214,20 +268,54 @@ class SimulatorWorker:
 
     def close(self) -> None:
         """Close the environments created so far."""
-        for env in self._envs:
+        for env in [*self._envs, *(env for _, env in self._parked.values())]:
             if env is not None:
                 env.close()
         self._envs = [None] * len(self._envs)
+        self._parked.clear()
 
     def _observation(self, index: int, raw: Any) -> Any:
-        """Environment ``index``'s observation with its instruction added (dict observations)."""
-        return observation(raw, self._env(index).instruction)
+        """Environment ``index``'s observation with its instruction added (dict observations) and,
+        in a task set, its task id."""
+        task = self._env_tasks[index] if self._multi_task else None
+        return observation(raw, self._env(index).instruction, task)
 
-    def _env(self, index: int) -> gym.Env:
-        """Environment ``index``, created on first use."""
-        if self._envs[index] is None:
-            self._envs[index] = make_env(self._env_name, self._env_config)
+    def _env(self, index: int, task: int | None = None) -> gym.Env:
+        """Environment ``index`` (of ``task``; None: the task it has), created on first use; a slot
+        that changes task parks its environment and takes a parked one of the new task if any."""
+        current = self._envs[index]
+        if task is None:
+            task = self._env_tasks[index]
+        if current is not None and self._env_tasks[index] == task:
+            return current
+        if current is not None:
+            self._park(self._env_tasks[index], current)
+        self._envs[index], self._env_tasks[index] = self._task_env(task), task
         return self._envs[index]
+
+    def _task_env(self, task: int) -> gym.Env:
+        """An environment of ``task`` for a slot: a parked one (it leaves the park), else a new one."""
+        for key, (parked_task, env) in self._parked.items():
+            if parked_task == task:
+                del self._parked[key]
+                return env
+        return make_env(self._env_name, self._configs[task])
+
+    def _any_env(self, task: int) -> gym.Env:
+        """An environment of ``task`` to read its spaces: a slot's, a parked one, or a new one (parked)."""
+        for env, env_task in zip(self._envs, self._env_tasks):
+            if env is not None and env_task == task:
+                return env
+        env = self._task_env(task)
+        self._park(task, env)
+        return env
+
+    def _park(self, task: int, env: gym.Env) -> None:
+        self._parked[self._parked_serial] = (task, env)
+        self._parked_serial += 1
+        while len(self._parked) > max(len(self._envs), len(self._configs)):
+            _, (_, oldest) = self._parked.popitem(last=False)
+            oldest.close()
 
     def _check_indices(self, env_indices: Sequence[int]) -> None:
         if len(env_indices) == 0:

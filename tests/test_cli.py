@@ -109,3 +109,26 @@ def test_subprocess_plans_builtin_nodes(tmp_path):
         assert f"worker {rank}:" in result.stdout
     assert "reshard rollout -> reward: dp 2 -> 1, shard 1 -> 0" in result.stdout
     assert "run actor" in result.stdout
+
+
+NO_EXPERT_TASK = ["simulator.name=robosuite", "simulator.env.task=NutAssemblySquare",
+                  "simulator.env.obs_keys=[robot0_eef_pos]", "simulator.env.instruction=fit the nut"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (NO_EXPERT_TASK, ("no scripted expert for task 'NutAssemblySquare' of simulator 'robosuite' "
+                      "(tasks with one: Door, Lift, PickPlaceCan, Stack)")),
+    (["simulator.env.task=Stak"], "task must be a single-arm robosuite task, one of Door, Lift,"),
+])
+def test_train_refuses_a_task_before_ray_starts(tmp_path, capsys, monkeypatch, overrides, message):
+    """A misspelt task, or a warm start from demonstrations of a task without a scripted expert,
+    is a one-line error (status 2) before Ray starts and before a run directory is written."""
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started")
+
+    monkeypatch.setattr("vla_rl.driver.start_ray", no_ray)
+    status = main(["train", "embodied_srpo", f"run.output_dir={tmp_path}", *overrides])
+    assert status == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -20,7 +20,7 @@ def _error(template: str, *overrides: str) -> TemplateError:
 @pytest.mark.parametrize("template", ["embodied_srpo", "embodied_grpo", "embodied_ppo", "embodied_dapo", "llm_grpo",
                                       "llm_dapo", "llm_gspo", "llm_cpgd", "llm_ppo", "llm_sft",
                                       "embodied_srpo_oft_lift", "embodied_grpo_oft_lift", "embodied_srpo_oft_libero",
-                                      "embodied_grpo_oft_libero"])
+                                      "embodied_grpo_oft_libero", "embodied_srpo_mt10", "embodied_grpo_mt10"])
 def test_templates_resolve_every_name(template):
     plan(load_template(template))
 
@@ -157,3 +157,54 @@ def test_dynamic_sampling_layout_is_checked_at_plan_time():
     err = _error("embodied_dapo", "algorithm.filter_zero_variance_groups=false")
     assert err.node == "group_filter" and "needs a group filter" in str(err)
 
+
+
+# --- task sets and warm starts --------------------------------------------------------------------
+
+MT = ["simulator.name=metaworld", "simulator.env={horizon: 50}"]
+
+
+def test_a_task_set_by_name_or_list_gives_each_task_its_config():
+    config = load_template("embodied_srpo_mt10").config
+    sim = config.simulator
+    assert sim.multi_task and sim.task_names()[:2] == ["reach-v3", "push-v3"] and len(sim.task_names()) == 10
+    assert sim.task_envs()[3] == {**sim.env, "task": "door-open-v3"}
+    assert config.data.init_states_per_step % 10 == 0
+    listed = load_template("embodied_srpo", [*MT, "simulator.tasks=[push-v3,reach-v3]", "data.init_states_per_step=4"])
+    assert listed.config.simulator.task_names() == ["push-v3", "reach-v3"]
+    single = load_template("embodied_srpo").config.simulator
+    assert not single.multi_task and single.task_names() == ["Lift"] and single.task_envs() == [single.env]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "message"),
+    [
+        (["simulator.tasks=mt11"], "simulator.tasks", "unknown task set 'mt11' of simulator 'metaworld' (known: mt10"),
+        (["simulator.tasks=[reach-v3,reach-v3]"], "simulator.tasks", "each once"),
+        (["simulator.tasks=[reach-v3,pushy-v3]"], "simulator.tasks[1]", "got 'pushy-v3'"),
+        (["simulator.tasks=[reach-v3]", "simulator.env.task=push-v3"], "simulator.env.task", "each task of simulator.tasks"),
+        (["simulator.tasks=[reach-v3]", "simulator.env.instruction=go"], "simulator.env.instruction",
+         "each task of simulator.tasks"),
+    ],
+)
+def test_bad_task_sets_are_errors_naming_the_field(overrides, field, message):
+    with pytest.raises(TemplateError) as info:
+        load_template("embodied_srpo", [*MT, "data.init_states_per_step=2", *overrides])
+    assert info.value.field == field and message in str(info.value)
+
+
+def test_every_step_draws_each_task_of_a_task_set_as_often():
+    with pytest.raises(TemplateError, match=r"init_states_per_step \(8\) must be a multiple of the 10 tasks"):
+        load_template("embodied_srpo_mt10", ["data.init_states_per_step=8"])
+
+
+def test_a_warm_start_without_an_expert_is_refused_at_plan_time():
+    """The task has no scripted expert: the planner names it and the tasks that have one (and
+    accepts the same task without demonstrations)."""
+    task = ["simulator.name=robosuite", "simulator.env.task=NutAssemblySquare",
+            "simulator.env.obs_keys=[robot0_eef_pos]", "simulator.env.instruction=fit the nut"]
+    err = _error("embodied_srpo", *task)
+    assert err.node == "demonstrations" and err.field == "warm_start.num_demos"
+    assert "no scripted expert for task 'NutAssemblySquare'" in str(err)
+    assert "tasks with one: Door, Lift, PickPlaceCan, Stack" in str(err)
+    plan(load_template("embodied_srpo", [*task, "warm_start.num_demos=0"]))

@@ -96,6 +96,13 @@ class SimulatorSection(_Section):
     env: dict[str, Any] = Field(
         default_factory=dict, description="Fields of the simulator's config dataclass (e.g. horizon)."
     )
+    tasks: list[str] | str | None = Field(
+        None, description="A task set: one policy trained over several tasks (each task's config is env with its "
+        "'task' field set; env must not set task). A list of task names, or a task set the simulator names "
+        "(metaworld: mt10, mt50, ml10_train, ml10_test). Every step draws initial states of every task, each "
+        "environment is reset into its episode's task, observations carry the task id (obs/task_id) and the "
+        "MLP policy a one-hot of it (docs/simulators.md). null: the one task of env.",
+    )
     actors_per_worker: int = Field(1, ge=1, description="Simulator actors (processes) per DAG worker.")
     num_cpus_per_actor: float = Field(1.0, ge=0, description="Ray CPU resource per simulator actor.")
     pipeline_stages: int = Field(
@@ -114,16 +121,72 @@ class SimulatorSection(_Section):
         return self
 
     def env_config(self) -> Any:
-        """The simulator's typed config (its ``config_class``) built from ``env``.
+        """The simulator's typed config (its ``config_class``) built from ``env``; with a task
+        set, the first task's.
 
         Raises:
             ComponentConfigError: an unknown simulator, or an ``env`` the config class rejects
-                (the error names the field, e.g. ``simulator.env.task``).
+                (the error names the field, e.g. ``simulator.env.task``), or a bad task set.
         """
         from simulators.registry import SIMULATORS
 
         _check_name(SIMULATORS, self.name, "simulator.name")
-        return build_config(SIMULATORS.get(self.name).config_class, self.env, "simulator.env")
+        config_class = SIMULATORS.get(self.name).config_class
+        if self.tasks is None:
+            return build_config(config_class, self.env, "simulator.env")
+        configs = [build_config(config_class, env, f"simulator.tasks[{i}]") for i, env in enumerate(self.task_envs())]
+        return configs[0]
+
+    @property
+    def multi_task(self) -> bool:
+        """Whether the simulator hosts a task set (``tasks`` is set)."""
+        return self.tasks is not None
+
+    def task_names(self) -> list[str]:
+        """The tasks: the task set's names in order, or the one task of ``env`` (its config's
+        ``task_name``, e.g. ``Lift``)."""
+        if self.tasks is None:
+            return [self.env_config().task_name]
+        return list(_resolve_task_set(self.name, self.tasks))
+
+    def task_envs(self) -> list[dict[str, Any]]:
+        """One ``env`` mapping per task of the task set: ``env`` with ``task`` set (``[env]`` without one).
+
+        Raises:
+            ComponentConfigError: ``tasks`` names an unknown task set, is empty or repeats a task;
+                ``env`` sets ``task`` (or ``instruction``) beside a task set; or the simulator's
+                config has no ``task`` field.
+        """
+        if self.tasks is None:
+            return [dict(self.env)]
+        from simulators.registry import SIMULATORS
+        from vla_rl.components import config_fields
+
+        config_class = SIMULATORS.get(self.name).config_class
+        if "task" not in config_fields(config_class):
+            raise ComponentConfigError("simulator.tasks", f"simulator {self.name!r} has no 'task' setting "
+                                       f"({config_class.__name__}), so it cannot host a task set")
+        for field in ("task", "instruction"):
+            if field in self.env:
+                raise ComponentConfigError(f"simulator.env.{field}", "each task of simulator.tasks sets its own; "
+                                           f"remove simulator.env.{field} (or simulator.tasks)")
+        return [{**self.env, "task": task} for task in _resolve_task_set(self.name, self.tasks)]
+
+
+def _resolve_task_set(simulator: str, tasks: list[str] | str) -> tuple[str, ...]:
+    """The task names of ``simulator.tasks``: the list itself, or the named set of the simulator
+    (its class's ``task_sets``)."""
+    from simulators.registry import SIMULATORS
+
+    if isinstance(tasks, str):
+        sets = getattr(SIMULATORS.get(simulator), "task_sets", {})
+        if tasks not in sets:
+            raise ComponentConfigError("simulator.tasks", f"unknown task set {tasks!r} of simulator {simulator!r} "
+                                       f"(known: {', '.join(sets) or 'none'}); or give a list of task names")
+        return tuple(sets[tasks])
+    if not tasks or len(set(tasks)) != len(tasks):
+        raise ComponentConfigError("simulator.tasks", f"must name at least one task, each once; got {tasks}")
+    return tuple(tasks)
 
 
 class DataSection(_Section):
@@ -137,8 +200,9 @@ class DataSection(_Section):
         8, ge=1, description="Rollouts per group: episodes per initial state, or responses per prompt (text).")
 
 
-ENV_DERIVED_POLICY_FIELDS: tuple[str, ...] = ("obs_dim", "action_dim")
-"""Policy config fields set from the simulator's observation and action spaces."""
+ENV_DERIVED_POLICY_FIELDS: tuple[str, ...] = ("obs_dim", "action_dim", "num_tasks")
+"""Policy config fields set from the simulator: its observation and action spaces, and the number
+of tasks of its task set (``simulator.tasks``; 0 without one)."""
 
 
 class PolicySection(_Section):
@@ -164,9 +228,9 @@ class PolicySection(_Section):
         """The policy's typed config (its ``config_class``) built from ``config``.
 
         Args:
-            from_env: the simulator's sizes (``obs_dim``, ``action_dim``) for the fields of
-                :data:`ENV_DERIVED_POLICY_FIELDS` the config class declares; omitted (when a
-                template loads, before any simulator exists) they take the field's default, or 1.
+            from_env: the simulator's sizes (``obs_dim``, ``action_dim``, ``num_tasks``) for the
+                fields of :data:`ENV_DERIVED_POLICY_FIELDS` the config class declares; omitted (when
+                a template loads, before any simulator exists) they take the field's default, or 1.
 
         Raises:
             ComponentConfigError: an unknown policy, an ``env``-derived field set in ``config``,
@@ -525,6 +589,10 @@ class RunConfig(_Section):
         if self.run.workflow == "text" and text.prompts_per_step % self.workers.num_workers:
             raise ValueError(f"text.prompts_per_step ({text.prompts_per_step}) must be a multiple of "
                              f"workers.num_workers ({self.workers.num_workers}): each worker reads its own prompts")
+        num_tasks = len(self.simulator.task_names()) if self.simulator.multi_task else 1
+        if self.run.workflow == "embodied" and self.data.init_states_per_step % num_tasks:
+            raise ValueError(f"data.init_states_per_step ({self.data.init_states_per_step}) must be a multiple of the "
+                             f"{num_tasks} tasks of simulator.tasks: every step draws as many initial states of each task")
         if self.data.num_train_init_states < self.data.init_states_per_step:
             raise ValueError(
                 "data.num_train_init_states must be at least data.init_states_per_step "

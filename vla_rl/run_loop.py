@@ -35,9 +35,11 @@ class RunLoop:
     worker death the run restarts from.
 
     Metrics of training step ``s`` (0-based) are logged at ``step = s + 1`` (updates done);
-    evaluations at the number of updates done when they ran (0 for the warm start). The
-    held-out evaluations run the template's ``evaluate`` phase (when it has one and
-    ``eval.num_episodes > 0``).
+    evaluations at the number of updates done when they ran (0 for the first). The held-out
+    evaluations run the template's ``evaluate`` phase (when it has one and ``eval.num_episodes >
+    0``). The first is named after the policy it sees: ``warm_start`` when the warm-start phase
+    trained it, else ``initial`` (``warm_start.num_demos: 0``, ``text.sft_steps: 0``); the summary
+    holds it as ``<name>_eval``.
     """
 
     def __init__(self, template, plan, run_dir: Path, console) -> None:
@@ -47,10 +49,15 @@ class RunLoop:
         self.run_dir = run_dir
         self.console = console
         self.evaluates = "evaluate" in plan.phases and self.config.eval.num_episodes > 0
+        from vla_rl.workflows import WORKFLOWS
+
+        warm = "warm_start" in plan.phases and WORKFLOWS.get(self.config.run.workflow).warm_starts(self.config)
+        self.first_tag = "warm_start" if warm else "initial"
+        """The name of the evaluation before training (see the class docstring)."""
         self.restarts = 0
         self.restarted_from: list[int] = []
         """The step each restart continued from."""
-        self._first: dict = {}  # what the first group did before a restart: start_step, warm_start_eval
+        self._first: dict = {}  # what the first group did before a restart: start_step, <first_tag>_eval
 
     def run(self, workers, resume: bool) -> dict:
         """Set the workers up (warm start, or restore the newest checkpoint that verifies), train,
@@ -77,16 +84,18 @@ class RunLoop:
         summary: dict = {"template": self.name, "run_dir": str(self.run_dir), "start_step": self._first["start_step"]}
         if self.restarts:
             summary.update(restarts=self.restarts, restarted_from_steps=list(self.restarted_from))
-        if "warm_start_eval" in self._first:
-            summary["warm_start_eval"] = self._first["warm_start_eval"]
+        first = f"{self.first_tag}_eval"
+        if first in self._first:
+            summary[first] = self._first[first]
         try:
             if setup:
                 logger.log(0, setup)
             if not resume and self.evaluates:
-                self.console.print("evaluating the warm-start policy on held-out initial states ...")
-                summary["warm_start_eval"] = run_evaluation(self.workers, 0, "warm_start", True)
-                self._first["warm_start_eval"] = summary["warm_start_eval"]
-                logger.log(0, summary["warm_start_eval"])
+                what = "warm-start" if self.first_tag == "warm_start" else "initial (not warm-started)"
+                self.console.print(f"evaluating the {what} policy on held-out initial states ...")
+                summary[first] = run_evaluation(self.workers, 0, self.first_tag, True)
+                self._first[first] = summary[first]
+                logger.log(0, summary[first])
             summary.update(self._train(start, logger, self._env_steps_before(start) if resume else 0.0))
             summary["steps_run"] = summary["last_step"] - summary["start_step"]  # a re-run step counts once
             if self.evaluates:
@@ -95,10 +104,10 @@ class RunLoop:
                 logger.log(summary["last_step"], summary["final_eval"])
         finally:
             logger.close()
-        if summary.get("warm_start_eval") and summary.get("final_eval"):
+        if summary.get(first) and summary.get("final_eval"):
             for protocol in cfg.eval.protocols:
                 key = f"eval/{protocol}/success_rate"
-                gain = summary["final_eval"][key] - summary["warm_start_eval"][key]
+                gain = summary["final_eval"][key] - summary[first][key]
                 summary[f"improvement_points/{protocol}"] = 100 * gain
         records = read_metrics(self.run_dir / "metrics.jsonl")
         plot_success_curve(records, self.run_dir / "success_rate.png", f"{self.name}: success rate")
@@ -207,24 +216,39 @@ class RunLoop:
     def _print_summary(self, summary: dict) -> None:
         from rich.table import Table
 
-        table = Table(title=f"{self.name} — held-out evaluation ({self.config.eval.num_episodes} episodes each)")
-        for column in ("policy", "protocol", "success", "95% CI (Wilson)", "mean length"):
+        tasks = self._task_names()
+        table = Table(title=f"{self.name} — held-out evaluation ({self.config.eval.num_episodes} episodes each"
+                      + (f" of {len(tasks)} tasks" if len(tasks) > 1 else "") + ")")
+        columns = ("policy", "task", "protocol", "success", "95% CI (Wilson)", "mean length")
+        for column in columns if len(tasks) > 1 else [c for c in columns if c != "task"]:
             table.add_column(column)
-        for tag in ("warm_start_eval", "final_eval"):
+        for tag in (f"{self.first_tag}_eval", "final_eval"):
             ev = summary.get(tag)
             if not ev:
                 continue
             for protocol in self.config.eval.protocols:
-                p = f"eval/{protocol}"
-                table.add_row(tag.removesuffix("_eval"), protocol, f"{ev[p + '/success_rate']:.1%}",
-                              f"[{ev[p + '/ci_low']:.1%}, {ev[p + '/ci_high']:.1%}]",
-                              f"{ev[p + '/episode_length']:.1f}")
+                for task in ([*tasks, "overall"] if len(tasks) > 1 else [None]):
+                    p = f"eval/{protocol}" if task in (None, "overall") else f"eval/{task}/{protocol}"
+                    if p + "/success_rate" not in ev:
+                        continue
+                    cells = [f"{ev[p + '/success_rate']:.1%}", f"[{ev[p + '/ci_low']:.1%}, {ev[p + '/ci_high']:.1%}]",
+                             f"{ev[p + '/episode_length']:.1f}"]
+                    table.add_row(tag.removesuffix("_eval"), *([task] if task else []), protocol, *cells)
         self.console.print(table)
+        over = "the warm start" if self.first_tag == "warm_start" else "the initial policy"
         for protocol in self.config.eval.protocols:
             gain = summary.get(f"improvement_points/{protocol}")
             if gain is not None:
-                self.console.print(f"{protocol}: {gain:+.1f} percentage points over the warm start")
+                self.console.print(f"{protocol}: {gain:+.1f} percentage points over {over}")
         env_rate = summary.get("env_steps_per_s", 0)  # 0 for text runs: no simulator
         self.console.print(f"steps run {summary.get('steps_run', 0)}, training time {summary.get('train_time_s', 0):.0f} s, "
                            + (f"{env_rate:.0f} env steps/s during rollouts; " if env_rate else "")
                            + f"plot {self.run_dir / 'success_rate.png'}")
+
+    def _task_names(self) -> list[str]:
+        """The tasks of the held-out evaluation (an embodied run's own, or its benchmark's)."""
+        if self.config.run.workflow != "embodied":
+            return [""]
+        from vla_rl.evaluation.benchmarks import resolve_tasks
+
+        return [task.name for task in resolve_tasks(self.config)]

@@ -28,6 +28,9 @@ class MLPPolicyConfig:
             ``init_std``).
         min_std: lower bound of the standard deviation (action units), so that learning cannot
             collapse exploration or make log-probs blow up.
+        num_tasks: tasks of a task set; > 0: the policy reads each observation's task id
+            (``obs["task_id"]``) and appends its one-hot to the normalised state (set from the
+            run's ``simulator.tasks``; 0: one task, flat observations).
     """
 
     obs_dim: int
@@ -37,6 +40,7 @@ class MLPPolicyConfig:
     init_std: float = 0.2
     learn_std: bool = True
     min_std: float = 0.01
+    num_tasks: int = 0
 
     def __post_init__(self) -> None:
         """Validate the fields.
@@ -48,6 +52,8 @@ class MLPPolicyConfig:
             value = getattr(self, field)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"MLPPolicyConfig.{field} must be a positive int, got {value!r}")
+        if not _is_int(self.num_tasks) or self.num_tasks < 0:
+            raise ValueError(f"MLPPolicyConfig.num_tasks must be an int >= 0, got {self.num_tasks!r}")
         self.hidden_sizes = tuple(self.hidden_sizes)
         if not all(_is_int(size) and size >= 1 for size in self.hidden_sizes):
             raise ValueError(

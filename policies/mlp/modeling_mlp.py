@@ -18,12 +18,19 @@ import math
 
 import numpy as np
 import torch
+from tensordict import TensorDict
 from torch import Tensor, nn
 
 from policies import register_policy
 from policies.base import Policy
 from policies.mlp.configuration_mlp import MLPPolicyConfig
 from policies.sampling import draw
+
+#: Observation keys of task-set runs (those of :mod:`vla_rl.data.keys`; policies do not import the engine).
+STATE_KEY, TASK_ID_KEY = "state", "task_id"
+#: Smallest state scale :meth:`MLPPolicy.fit_observation_normalization` sets (units of the state),
+#: as the flat-state warm start does: a feature the demonstrations leave constant must not blow up.
+STATE_STD_FLOOR = 0.01
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "tanh": nn.Tanh,
@@ -74,6 +81,11 @@ class MLPPolicy(Policy):
     are buffers (saved in the state dict) set from demonstration statistics with
     :meth:`set_obs_normalization`; they default to the identity.
 
+    Task sets (``config.num_tasks > 0``): observations are TensorDicts ``{"state": (batch,
+    obs_dim), "task_id": (batch,) int64, ...}`` and the network reads ``[(state - obs_mean) /
+    obs_std, one_hot(task_id)]``: the one-hot is appended after the normalisation, which never
+    touches it. Other policies read a task's instruction instead.
+
     Args:
         config: the policy's :class:`MLPPolicyConfig`.
 
@@ -90,7 +102,7 @@ class MLPPolicy(Policy):
         super().__init__()
         self.config = config
         layers: list[nn.Module] = []
-        in_features = config.obs_dim
+        in_features = config.obs_dim + config.num_tasks
         for width in config.hidden_sizes:
             layers += [BatchInvariantLinear(in_features, width), _ACTIVATIONS[config.activation]()]
             in_features = width
@@ -149,26 +161,53 @@ class MLPPolicy(Policy):
         """Standard deviation of the Gaussian: ``(action_dim,)``, action units."""
         return self.log_std.clamp(min=math.log(self.config.min_std)).exp()
 
-    def action_mean(self, obs: Tensor) -> Tensor:
+    def fit_observation_normalization(self, obs: TensorDict) -> None:
+        """Set the state normalisation from the ``state`` of observation TensorDicts (a task set's):
+        per-feature mean and standard deviation, the scale floored at :data:`STATE_STD_FLOOR`.
+
+        Args:
+            obs: TensorDict of batch size ``(batch,)`` with ``state`` ``(batch, obs_dim)``.
+        """
+        state = obs[STATE_KEY].to(self.obs_mean.dtype)
+        self.set_obs_normalization(state.mean(0), state.std(0, unbiased=False).clamp(min=STATE_STD_FLOOR))
+
+    def action_mean(self, obs: Tensor | TensorDict) -> Tensor:
         """Mean action of each observation.
 
         Args:
-            obs: ``(batch, obs_dim)`` floating observations (cast to the parameters' dtype).
+            obs: ``(batch, obs_dim)`` floating observations (cast to the parameters' dtype); with
+                ``config.num_tasks > 0`` a TensorDict of ``state`` ``(batch, obs_dim)`` and
+                ``task_id`` ``(batch,)`` int64 in ``[0, num_tasks)``.
 
         Returns:
             ``(batch, action_dim)`` mean actions in [-1, 1] units (not clipped), each row
             independent of the others bit for bit.
 
         Raises:
-            ValueError: ``obs`` is not ``(batch, obs_dim)`` floating.
+            ValueError: ``obs`` is not ``(batch, obs_dim)`` floating, or the task ids are missing
+                or out of range.
         """
-        if obs.ndim != 2 or obs.shape[1] != self.config.obs_dim or not obs.is_floating_point():
+        state = obs[STATE_KEY] if isinstance(obs, TensorDict) else obs
+        if state.ndim != 2 or state.shape[1] != self.config.obs_dim or not state.is_floating_point():
             raise ValueError(
                 f"obs must be floating (batch, {self.config.obs_dim}), got "
-                f"{tuple(obs.shape)} {obs.dtype}"
+                f"{tuple(state.shape)} {state.dtype}"
             )
-        obs = obs.to(self.obs_mean.dtype)
-        return self.mean_net((obs - self.obs_mean) / self.obs_std)
+        inputs = (state.to(self.obs_mean.dtype) - self.obs_mean) / self.obs_std
+        if self.config.num_tasks:
+            inputs = torch.cat([inputs, self._task_one_hot(obs, len(state)).to(inputs.dtype)], dim=-1)
+        return self.mean_net(inputs)
+
+    def _task_one_hot(self, obs: Tensor | TensorDict, batch: int) -> Tensor:
+        """``(batch, num_tasks)`` one-hot of the observations' task ids."""
+        task_ids = obs.get(TASK_ID_KEY, None) if isinstance(obs, TensorDict) else None
+        if task_ids is None:
+            raise ValueError(f"this policy is conditioned on {self.config.num_tasks} tasks (num_tasks): its "
+                             f"observations must be TensorDicts with {TASK_ID_KEY!r}, as a task set's pool gives them")
+        task_ids = task_ids.reshape(batch).to(device=self.obs_mean.device, dtype=torch.int64)
+        if task_ids.numel() and not (0 <= int(task_ids.min()) and int(task_ids.max()) < self.config.num_tasks):
+            raise ValueError(f"task ids must lie in [0, {self.config.num_tasks}), got {sorted(set(task_ids.tolist()))}")
+        return nn.functional.one_hot(task_ids, self.config.num_tasks)
 
     @torch.no_grad()
     def sample_actions(

@@ -19,7 +19,7 @@ from vla_rl.evaluation.episode_store import (
     stored_keys,
 )
 from vla_rl.evaluation.protocol import Protocol
-from vla_rl.evaluation.report import OVERALL, summarize, write_report
+from vla_rl.evaluation.report import OVERALL, ReportProgress, summarize, write_report
 
 SPEC = {"obs_dim": 3, "act_dim": 2, "horizon": 6}
 GREEDY = Protocol("greedy", True, 0.0)
@@ -86,3 +86,36 @@ def test_report_files(eval_dir):
     assert "| 5 | greedy | Lift | 66.7% | [20.8%, 93.9%] | 4.3 | 3 |" in markdown
     assert "initial states 10 .. 12" in markdown
     assert (eval_dir / "success_vs_checkpoint.png").stat().st_size > 0
+
+
+def test_the_report_grows_as_tasks_finish(tmp_path):
+    """Lift finishes, then Door is half done when the evaluation stops: the report holds Lift, says
+    Door is incomplete and Stack skipped (with its reason); Door's finishing adds it and `overall`."""
+    ids, protocols = np.array([10, 11]), [GREEDY]
+    tasks = [EvalTask("Lift", "s"), EvalTask("Door", "s")]
+    info = {"run_dir": "runs/x", "checkpoints": [{"path": "c", "step": 5}],
+            "tasks": [{"name": t.name, "simulator": t.simulator, "env": {}} for t in tasks],
+            "protocols": [{"label": "greedy"}], "episodes_per_task": 2, "init_state_ids": [10, 12], "seed": 0}
+    skipped = [{"task": "Stack", "simulator": "s", "env": {}, "reason": "its observation is not the policy's"}]
+    progress = ReportProgress(tmp_path, info, tasks, skipped, [5], protocols, ids)
+    assert not progress.update() and not (tmp_path / "report.json").exists()
+    attrs = {"simulator": "s", "env": {}}
+    lift = open_rank_store(tmp_path, "Lift", 0, SPEC, 1, {"task": "Lift", **attrs})
+    door = open_rank_store(tmp_path, "Door", 0, SPEC, 1, {"task": "Door", **attrs})
+    append_episodes(lift, episodes([10, 11], [True, False], [3, 6]), 5, True, 0.0)
+    append_episodes(door, episodes([10], [True], [2]), 5, True, 0.0)
+    assert progress.update()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["task_status"] == {"Lift": "complete", "Door": "incomplete", "Stack": "skipped"}
+    assert [(r["task"], r["episodes"]) for r in report["results"]] == [("Lift", 2)]
+    assert report["skipped"] == [{"task": "Stack", "simulator": "s", "reason": "its observation is not the policy's"}]
+    assert json.loads((tmp_path / "results" / "Lift.json").read_text())["results"] == report["results"]
+    markdown = (tmp_path / "report.md").read_text()
+    assert "**not finished**: Door" in markdown and "| Stack | s | its observation is not the policy's |" in markdown
+    assert not progress.update()  # nothing new
+    append_episodes(door, episodes([11], [True], [2]), 5, True, 0.0)
+    assert progress.update()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["task_status"] == {"Lift": "complete", "Door": "complete", "Stack": "skipped"}
+    overall = next(r for r in report["results"] if r["task"] == OVERALL)
+    assert (overall["episodes"], overall["successes"]) == (4, 3)

@@ -1,11 +1,10 @@
 """A worker's evaluation through the registered nodes, in this process (Ray pools on loopback, a
 one-process gloo group): an interrupted evaluation continues without redoing an episode, stored
-actions replay to the stored outcome, and a checkpoint that does not fit a task is refused (the
-Stack task's 20 observation values: tests/simulators/test_robosuite_tasks.py)."""
+actions replay to the stored outcome, and a checkpoint that does not fit a task is refused before
+its rollout (the Stack task's 20 observation values; `vla-rl eval` skips such tasks beforehand:
+tests/evaluation/test_eval_tasks.py)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +12,6 @@ import torch
 
 from vla_rl.config import RunConfig
 from vla_rl.data.trajectory_store import TrajectoryStore
-from vla_rl.evaluation.benchmarks import EvalTask
-from vla_rl.evaluation.embodied import check_task_fits
 from vla_rl.evaluation.episode_store import episode_keys, task_dir
 from vla_rl.evaluation.protocol import eval_protocols
 from vla_rl.evaluation.replay import replay_episodes, rescore_store
@@ -134,11 +131,13 @@ def test_replaying_stored_actions_reproduces_the_outcome(ray_on_loopback):
         assert replay_episodes(pool, np.array([7]), [actions])[0].tolist() == [True]
 
 
-def test_checkpoint_that_does_not_fit_the_task_is_refused():
-    stack = EvalTask("Stack", "robosuite", {"task": "Stack"})
-    lift = {"obs_dim": 11, "act_dim": 7}
-    check_task_fits(EvalTask("Lift", "robosuite"), lift, Path("run/checkpoints/step_00000001"), lift, "robosuite_lift")
-    with pytest.raises(ValueError, match=r"task 'Stack' \(robosuite\) has obs_dim 20, but checkpoint "
-                                         r"run/checkpoints/step_00000001 takes obs_dim 11 \(trained on robosuite_lift\)"):
-        check_task_fits(stack, {"obs_dim": 20, "act_dim": 7}, Path("run/checkpoints/step_00000001"), lift,
-                        "robosuite_lift")
+def test_checkpoint_that_does_not_fit_the_task_is_refused(checkpoints, tmp_path):
+    resources = worker_resources(make_config(checkpoints[:1], benchmark="robosuite", tasks=["Stack"]), tmp_path)
+    try:
+        with pytest.raises(ValueError, match=r"task 'Stack' cannot be evaluated with checkpoint .*step_00000001: its "
+                                             r"observation \[robot0_eef_pos 3, .*\(20 values\) is not the policy's "
+                                             r"\[robot0_eef_pos 3, .*\(11 values\) \(trained on robosuite_lift\)"):
+            run_step(resources, 0)
+        assert not task_dir(tmp_path, "Stack").exists()  # no episode was run
+    finally:
+        resources.close()

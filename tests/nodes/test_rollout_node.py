@@ -97,3 +97,37 @@ def test_a_lost_episode_leaves_its_group_without_counting_as_a_failure(process_g
         r = np.array(rewards)
         expected = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
         np.testing.assert_allclose(first[rows].numpy(), expected, rtol=1e-5)
+
+
+class TaskSetPool(LosingPool):
+    """A LosingPool hosting a task set: resets take task ids and observations carry them."""
+
+    def reset(self, ids, task_ids=None):
+        assert task_ids is not None, "a task set's rollout resets each environment into its task"
+        self.steps, self.task_ids = np.zeros(len(ids), dtype=np.int64), np.asarray(task_ids)
+        return {keys.OBS_STATE: np.zeros((len(ids), OBS_DIM), dtype=np.float32), keys.OBS_TASK_ID: self.task_ids}
+
+    def collect(self, rows):
+        out = super().collect(rows)
+        out["obs"] = {keys.OBS_STATE: out["obs"], keys.OBS_TASK_ID: self.task_ids[rows]}
+        return out
+
+
+def test_a_task_set_rollout_resets_into_each_task_and_reports_each(process_group):
+    config = RunConfig.model_validate({
+        "simulator": {"name": "metaworld", "tasks": ["reach-v3", "push-v3"], "env": {"horizon": 2}},
+        "data": {"group_size": 2, "init_states_per_step": 2},
+    })
+    resources = Resources(TaskSetPool([True, True, True, False], lost=set()))
+    torch.manual_seed(0)
+    resources.policy = make_policy("mlp", MLPPolicyConfig(obs_dim=OBS_DIM, action_dim=ACT_DIM, hidden_sizes=(4,),
+                                                          num_tasks=2)).to(device_under_test())
+    tasks = TensorDict({keys.INIT_STATE_ID: torch.tensor([5, 5]), keys.TASK_ID: torch.tensor([0, 1]),
+                        keys.UID: torch.tensor([0, 1])}, batch_size=[2])
+    out = interact(NodeContext("rollout", 0, 0, 1, 0, 1, config, RolloutNodeConfig(), resources), tasks)
+    assert resources.simulator_pool.task_ids.tolist() == [0, 0, 1, 1]
+    assert out.batch[keys.OBS][keys.OBS_TASK_ID][:, 0].tolist() == [0, 0, 1, 1]
+    metrics = out.metrics
+    assert metrics["rollout/success_rate/reach-v3"].value == 1.0 and metrics["rollout/success_rate/reach-v3"].weight == 2
+    assert metrics["rollout/success_rate/push-v3"].value == 0.5
+    assert metrics["rollout/episode_length/push-v3"].value == 1.5 and metrics["rollout/success_rate"].value == 0.75

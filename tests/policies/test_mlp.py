@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from policies.mlp import MLPPolicy, MLPPolicyConfig
 from policies.mlp.modeling_mlp import BatchInvariantLinear
@@ -130,6 +131,7 @@ def test_std_floor_and_fixed_std():
         ({"min_std": 0.0}, "min_std must be > 0"),
         ({"init_std": 0.001}, "init_std .* must be >= min_std"),
         ({"init_std": "0.2"}, "init_std must be a number"),
+        ({"num_tasks": -1}, "num_tasks must be an int >= 0"),
     ],
 )
 def test_config_validation(kwargs, message):
@@ -177,3 +179,61 @@ def test_temperature_scales_the_std_and_its_log_density(tiny):
 def test_temperature_must_be_positive(tiny, temperature):
     with pytest.raises(ValueError, match="temperature must be > 0"):
         tiny.sample_actions(torch.zeros(1, 2, dtype=torch.float64), temperature=temperature)
+
+
+# --- task sets: a one-hot of the task id after the normalised state ----------------------------
+
+
+def task_set_policy() -> MLPPolicy:
+    torch.manual_seed(0)
+    policy = MLPPolicy(MLPPolicyConfig(obs_dim=2, action_dim=2, hidden_sizes=(3,), num_tasks=3)).double()
+    policy.set_obs_normalization(OBS_MEAN, OBS_STD)
+    return policy
+
+
+def task_obs(state, task_ids) -> TensorDict:
+    state = torch.as_tensor(state, dtype=torch.float64)
+    return TensorDict({"state": state, "task_id": torch.as_tensor(task_ids)}, batch_size=[len(state)])
+
+
+def test_the_one_hot_follows_the_normalised_state_untouched():
+    policy = task_set_policy()
+    assert policy.mean_net[0].in_features == 2 + 3
+    state = np.array([[0.3, -0.4], [1.2, 0.7], [0.3, -0.4]])
+    w1, b1 = policy.mean_net[0].weight.detach().numpy(), policy.mean_net[0].bias.detach().numpy()
+    w2, b2 = policy.mean_net[2].weight.detach().numpy(), policy.mean_net[2].bias.detach().numpy()
+    one_hot = np.eye(3)[[2, 0, 1]]
+    expected = np.tanh(np.concatenate([(state - OBS_MEAN) / OBS_STD, one_hot], axis=1) @ w1.T + b1) @ w2.T + b2
+    mean = policy.action_mean(task_obs(state, [2, 0, 1]))
+    np.testing.assert_allclose(mean.detach().numpy(), expected, rtol=1e-12)
+    assert not torch.allclose(mean[0], mean[2])  # same state, other task: another action
+    # fitting the normalisation reads the state only; the one-hot stays 0/1
+    policy.fit_observation_normalization(task_obs(state, [2, 0, 1]))
+    np.testing.assert_allclose(policy.obs_mean.numpy(), state.mean(0))
+    np.testing.assert_allclose(policy.obs_std.numpy(), np.maximum(state.std(0), 0.01))
+
+
+def test_task_set_log_probs_are_the_sampled_ones_and_batch_invariant():
+    policy = task_set_policy()
+    obs = task_obs(np.random.default_rng(0).normal(size=(5, 2)), [0, 1, 2, 1, 0])
+    actions, log_probs = policy.sample_actions(obs, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(policy.log_prob_and_entropy(obs, actions)[0], log_probs)
+    assert torch.equal(policy.log_prob_and_entropy(obs[3:4], actions[3:4])[0], log_probs[3:4])
+    assert policy.bc_loss(obs, actions).requires_grad
+
+
+def test_a_task_set_policy_needs_task_ids_in_range():
+    policy = task_set_policy()
+    with pytest.raises(ValueError, match="conditioned on 3 tasks"):
+        policy.action_mean(torch.zeros(2, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"task ids must lie in \[0, 3\)"):
+        policy.action_mean(task_obs(np.zeros((2, 2)), [0, 3]))
+
+
+def test_without_tasks_the_policy_is_unchanged():
+    """num_tasks 0 (the default) keeps the flat-state network and its parameter names and shapes."""
+    policy = MLPPolicy(MLPPolicyConfig(obs_dim=4, action_dim=2, hidden_sizes=(8,)))
+    assert policy.mean_net[0].in_features == 4
+    assert {k: tuple(v.shape) for k, v in policy.state_dict().items()} == {
+        "log_std": (2,), "obs_mean": (4,), "obs_std": (4,), "mean_net.0.weight": (8, 4), "mean_net.0.bias": (8,),
+        "mean_net.2.weight": (2, 8), "mean_net.2.bias": (2,)}

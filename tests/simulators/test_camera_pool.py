@@ -35,8 +35,9 @@ def check_layout(obs: dict, n: int) -> None:
 
 
 def test_spec_lists_the_images(camera_pool):
-    assert camera_pool.spec() == {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": HORIZON,
-                                  "images": {IMAGE: [SIZE, SIZE, 3]}}
+    spec = camera_pool.spec()
+    assert spec.pop("obs_layout")["cube_pos"] == [5, 8]
+    assert spec == {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": HORIZON, "images": {IMAGE: [SIZE, SIZE, 3]}}
 
 
 def test_reset_and_step_give_dict_observations(camera_pool):

@@ -13,6 +13,8 @@ from simulators.rendering import egl_unavailable_reason
 
 HORIZON = 40
 OBS_DIM, ACT_DIM = 11, 7
+LIFT_LAYOUT = {"robot0_eef_pos": [0, 3], "robot0_gripper_qpos": [3, 5], "cube_pos": [5, 8],
+               "gripper_to_cube_pos": [8, 11]}
 
 
 def test_pool_needs_ray_initialised():
@@ -48,7 +50,7 @@ def pool(ray_cluster, render_camera):
 
 
 def test_spec(pool):
-    assert pool.spec() == {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": HORIZON}
+    assert pool.spec() == {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": HORIZON, "obs_layout": LIFT_LAYOUT}
     assert pool.capacity == 4
 
 

@@ -115,3 +115,56 @@ def test_camera_demonstrations_are_stored_per_key_and_cloned(tmp_path, torch_one
     assert policy.proprio_statistics is not None and bool(policy.proprio_statistics_set)
     policy.eval()
     assert float(policy.bc_loss(obs, actions).detach()) < before
+
+
+class _TaskSetExpertPool:
+    """Scripted demonstrations of a task set of 3 tasks: step ``t`` of task ``k``'s episode of id
+    ``i`` has state ``[i, t, k]``; task 1's expert fails on odd ids. ``calls`` records (ids, task)."""
+
+    capacity = 4
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[int], int]] = []
+
+    def spec(self) -> dict:
+        return {"obs_dim": 3, "act_dim": 2, "horizon": 8, "num_tasks": 3}
+
+    def run_expert(self, ids, task_id) -> list[dict]:
+        self.calls.append((list(ids), task_id))
+        episodes = []
+        for i in ids:
+            t = np.arange(3)
+            obs = {"state": np.stack([np.full(3, i), t, np.full(3, task_id)], axis=1).astype(np.float32),
+                   "task_id": np.full(3, task_id, dtype=np.int64)}
+            episodes.append({"obs": obs, "actions": np.full((3, 2), task_id / 10, np.float32),
+                             "success": not (task_id == 1 and i % 2), "init_state_id": int(i)})
+        return episodes
+
+    def reset(self, ids: np.ndarray, task_ids: np.ndarray) -> dict:
+        return {"state": np.stack([ids, ids, task_ids], axis=1).astype(np.float32), "task_id": task_ids}
+
+
+def test_a_task_set_gets_demonstrations_of_every_task_and_clones_them(tmp_path, torch_one_thread):
+    pool, path = _TaskSetExpertPool(), tmp_path / "demos.zarr"
+    attrs = {"name": "fake", "tasks": ["a", "b", "c"]}
+    store = ensure_demonstrations(pool, path, num_demos=2, id_offset=10, env_attrs=attrs, num_tasks=3)
+    scalars = store.read_scalars()
+    assert scalars["task"].tolist() == [0, 0, 1, 1, 2, 2]
+    assert scalars["init_state_id"].tolist() == [10, 11, 10, 12, 10, 11]  # task 1 failed on 11
+    # a larger count extends every task from where it stopped, never rewriting
+    pool.calls.clear()
+    store = ensure_demonstrations(pool, path, num_demos=3, id_offset=10, env_attrs=attrs, num_tasks=3)
+    assert [call for call in pool.calls] == [([12, 13], 0), ([13, 14], 1), ([12, 13], 2)]
+    assert store.read_scalars()["task"].tolist() == [0, 0, 1, 1, 2, 2, 0, 1, 2]
+    obs, actions = demonstrations(store, 2, chunk_size=1)  # the first 2 of every task
+    assert isinstance(obs, TensorDict) and obs.batch_size == (18,)
+    assert torch.bincount(obs["task_id"]).tolist() == [6, 6, 6]
+    assert obs["state"][:, 0].tolist()[:6] == [10.0] * 3 + [11.0] * 3
+    policy = MLPPolicy(MLPPolicyConfig(obs_dim=3, action_dim=2, hidden_sizes=(8,), num_tasks=3))
+    init_obs = initial_observations(pool, 5, num_tasks=3)
+    assert init_obs["task_id"].tolist() == [0, 1, 2, 0, 1]
+    behaviour_cloning(policy, obs, actions, steps=300, lr=1e-2, batch_size=18, seed=0, extra_norm_obs=init_obs)
+    states = torch.cat([obs["state"], torch.as_tensor(init_obs["state"])])
+    torch.testing.assert_close(policy.obs_mean, states.mean(0))
+    # one policy, one action per task: the one-hot tells them apart
+    torch.testing.assert_close(policy.action_mean(obs)[:, 0], obs["task_id"].float() / 10, atol=0.02, rtol=0)

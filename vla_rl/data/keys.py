@@ -19,6 +19,8 @@ OBS = "obs"  # (batch, horizon + 1, obs_dim) float32: obs[t] is seen before acti
 OBS_STATE = "state"  # (batch, horizon + 1, obs_dim) float32: the simulator's state vector
 OBS_IMAGE_SUFFIX = "_image"  # "<camera>_image": (batch, horizon + 1, H, W, 3) uint8 RGB, e.g. "agentview_image"
 OBS_INSTRUCTION = "instruction"  # (batch, horizon + 1, INSTRUCTION_BYTES) uint8: the task's instruction, UTF-8, 0-padded
+# With a task set (simulator.tasks), OBS is a TensorDict (flat states too) that also holds:
+OBS_TASK_ID = "task_id"  # (batch, horizon + 1) int64: the episode's task, its position in simulator.tasks
 ACTIONS = "actions"  # (batch, horizon, chunk, action_dim) float32: sampled (unclipped) actions
 OLD_LOG_PROBS = "old_log_probs"  # (batch, horizon, chunk) float32: log-probs under the rollout policy
 RESPONSE_MASK = "response_mask"  # (batch, horizon) bool: True for steps the policy acted in

@@ -9,8 +9,14 @@ observations is one numpy array per key, and the rollout's TensorDict of them cr
 worker-to-worker re-shard (which moves tensors only) as it is. Images stay uint8 all the way to
 the policy's processor (a 128² RGB frame is 48 KiB; float32 would be four times that).
 
+A simulator worker hosting a task set (``simulator.tasks``) adds each observation's task id
+(``"task_id"``: int64 scalar, the task's position in the set), so its observations are dicts even
+for flat states (``{"state", "task_id"}``): a policy conditioned on the task reads it there, as a
+VLA reads the instruction.
+
 Key names: :data:`vla_rl.data.keys.OBS_STATE`, ``<camera>`` + :data:`~vla_rl.data.keys.OBS_IMAGE_SUFFIX`,
-:data:`~vla_rl.data.keys.OBS_INSTRUCTION`. This module imports numpy only (simulator workers use it).
+:data:`~vla_rl.data.keys.OBS_INSTRUCTION`, :data:`~vla_rl.data.keys.OBS_TASK_ID`. This module imports
+numpy only (simulator workers use it).
 """
 
 from __future__ import annotations
@@ -59,12 +65,19 @@ def decode_instruction(code: np.ndarray) -> str:
     return data.decode("utf-8")
 
 
-def observation(raw: Any, instruction: str) -> Any:
+def observation(raw: Any, instruction: str, task_id: int | None = None) -> Any:
     """One environment observation as the engine carries it: a state vector unchanged, a dict
-    with the encoded ``instruction`` added."""
+    with the encoded ``instruction`` added; with a ``task_id`` (a task set's worker), a dict that
+    holds it too (a state vector becomes ``{"state": ..., "task_id": ...}``)."""
     if isinstance(raw, Mapping):
-        return {**raw, keys.OBS_INSTRUCTION: encode_instruction(instruction)}
-    return raw
+        out = {**raw, keys.OBS_INSTRUCTION: encode_instruction(instruction)}
+    elif task_id is None:
+        return raw
+    else:
+        out = {keys.OBS_STATE: raw}
+    if task_id is not None:
+        out[keys.OBS_TASK_ID] = np.int64(task_id)
+    return out
 
 
 def stack_observations(observations: Sequence[Any]) -> Observations:
@@ -80,13 +93,18 @@ def stack_observations(observations: Sequence[Any]) -> Observations:
 
 def empty_observations(spec: Mapping[str, Any], n: int) -> Observations:
     """Zero observations for ``n`` environments of a simulator with ``spec`` (a pool's
-    ``spec()``: ``obs_dim``, and ``images`` ``{"<camera>_image": [H, W, 3]}`` for camera
-    observations), laid out as the simulator workers return them."""
+    ``spec()``: ``obs_dim``, ``images`` ``{"<camera>_image": [H, W, 3]}`` for camera
+    observations, ``num_tasks`` for a task set), laid out as the simulator workers return them."""
     state = np.zeros((n, int(spec["obs_dim"])), dtype=np.float32)
-    if "images" not in spec:
+    if "images" not in spec and "num_tasks" not in spec:
         return state
-    images = {key: np.zeros((n, *shape), dtype=np.uint8) for key, shape in spec["images"].items()}
-    return {keys.OBS_STATE: state, **images, keys.OBS_INSTRUCTION: np.zeros((n, INSTRUCTION_BYTES), dtype=np.uint8)}
+    out: dict[str, np.ndarray] = {keys.OBS_STATE: state}
+    if "images" in spec:
+        out.update({key: np.zeros((n, *shape), dtype=np.uint8) for key, shape in spec["images"].items()})
+        out[keys.OBS_INSTRUCTION] = np.zeros((n, INSTRUCTION_BYTES), dtype=np.uint8)
+    if "num_tasks" in spec:
+        out[keys.OBS_TASK_ID] = np.zeros(n, dtype=np.int64)
+    return out
 
 
 def set_rows(dest: Observations, rows: np.ndarray | Sequence[int], src: Observations) -> None:

@@ -241,6 +241,17 @@ class TrajectoryStore:
         out[LENGTH_KEY] = length
         return out
 
+    def read_scalars(self) -> dict[str, np.ndarray]:
+        """The per-episode scalars of every committed episode, without their steps.
+
+        Returns:
+            one ``(N,)`` array per per-episode scalar and ``"length"``: ``(N,)`` int64.
+        """
+        n = self._num_episodes
+        out = {name: np.asarray(self._group[name][:n]) for name in self.scalars}
+        out[LENGTH_KEY] = np.asarray(self._group[LENGTH_KEY][:n])
+        return out
+
     def read_all(self) -> dict[str, np.ndarray]:
         """Read every committed episode, ``N = len(self)``.
 

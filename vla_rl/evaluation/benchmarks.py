@@ -4,7 +4,8 @@ A benchmark is registered as a function ``config -> list[EvalTask]`` (``config``
 config, for settings such as the horizon the tasks share). Built in: ``robosuite`` (Lift, Stack,
 PickPlaceCan, Door on the Panda). A simulator package adds its suites the same way, e.g.
 ``@BENCHMARKS.register("libero_spatial")`` returning one task per LIBERO task of the suite.
-Without a benchmark (``eval.benchmark: null``) the only task is the run's own simulator.
+Without a benchmark (``eval.benchmark: null``) the tasks are the run's own: its simulator's one
+task, or every task of its task set (``simulator.tasks``).
 """
 
 from __future__ import annotations
@@ -75,9 +76,27 @@ def metaworld_ml10_test_benchmark(config) -> list[EvalTask]:
     return _metaworld_tasks(config, ML10_TEST_TASKS)
 
 
+def run_tasks(config) -> list[EvalTask]:
+    """The run's own tasks: one per task of its task set (``simulator.tasks``, in order, each
+    named after its task), or the one task of its simulator."""
+    sim = config.simulator
+    if sim.multi_task:
+        return [EvalTask(name, sim.name, env) for name, env in zip(sim.task_names(), sim.task_envs())]
+    return [EvalTask(str(sim.env.get("task", sim.name)), sim.name, dict(sim.env))]
+
+
+def run_task_index(config, task: EvalTask) -> int | None:
+    """The position of ``task`` among the run's own tasks (:func:`run_tasks`: same simulator and
+    settings), or None when the run has no such task."""
+    for index, own in enumerate(run_tasks(config)):
+        if own.simulator == task.simulator and own.env == task.env:
+            return index
+    return None
+
+
 def resolve_tasks(config) -> list[EvalTask]:
     """The tasks an evaluation runs: ``eval.benchmark``'s (selected by ``eval.tasks``), or the
-    run's own simulator.
+    run's own (:func:`run_tasks`).
 
     Raises:
         RegistryError: unknown benchmark (the message lists the known ones).
@@ -85,8 +104,7 @@ def resolve_tasks(config) -> list[EvalTask]:
     """
     ev = config.eval
     if ev.benchmark is None:
-        sim = config.simulator
-        tasks = [EvalTask(str(sim.env.get("task", sim.name)), sim.name, dict(sim.env))]
+        tasks = run_tasks(config)
     else:
         tasks = BENCHMARKS.get(ev.benchmark)(config)
     if ev.tasks is None:

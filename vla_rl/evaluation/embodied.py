@@ -3,7 +3,9 @@
 Items are held-out initial states ``eval.init_state_offset + i`` (``i < eval.num_episodes``, never
 trained on), the same for every target and protocol (paired comparisons); DP shard ``k`` of ``d``
 owns ``i ≡ k (mod d)``. Targets are ``eval.checkpoints`` (``vla-rl eval``), or the live policy of
-a training run when that list is empty. Tasks are ``eval.benchmark``'s, or the run's own simulator.
+a training run when that list is empty. Tasks are ``eval.benchmark``'s, or the run's own (its
+simulator's task, or each task of its task set). A task of the run's own runs in the worker's own
+simulator pool (a task set's: reset into that task); another task gets a pool of its own.
 
 Noise: the live policy samples with the worker's generator (its state is part of the run's
 checkpoints, so a resumed run evaluates as an uninterrupted one); checkpoints sample with seeds
@@ -29,7 +31,8 @@ from tensordict import TensorDict
 
 from vla_rl.data import keys
 from vla_rl.data.trajectory_store import TrajectoryStore
-from vla_rl.evaluation.benchmarks import EvalTask, resolve_tasks
+from vla_rl.evaluation.benchmarks import EvalTask, resolve_tasks, run_task_index
+from vla_rl.evaluation.compatibility import incompatibility, one_hot_tasks
 from vla_rl.evaluation.episode_store import (
     VIDEOS_DIR,
     EpisodeKey,
@@ -55,27 +58,6 @@ def checkpoint_step(path: Path) -> int:
         FileNotFoundError: ``path`` is not a complete checkpoint.
     """
     return int(ckpt.load_trainer_state(path)["step"])
-
-
-def check_task_fits(task: EvalTask, task_spec: dict, checkpoint: Path | None, trained_spec: dict,
-                    trained_on: str) -> None:
-    """Check that a task's observations and actions have the sizes the policy takes.
-
-    Args:
-        task_spec, trained_spec: ``obs_dim`` and ``act_dim`` of the task's simulator and of the
-            simulator the policy was built for (``trained_on``).
-        checkpoint: the checkpoint evaluated (None: the live policy).
-
-    Raises:
-        ValueError: naming the task, the checkpoint and both sizes.
-    """
-    for dim in ("obs_dim", "act_dim"):
-        if trained_spec[dim] != task_spec[dim]:
-            what = "the policy" if checkpoint is None else f"checkpoint {checkpoint}"
-            raise ValueError(
-                f"task {task.name!r} ({task.simulator}) has {dim} {task_spec[dim]}, but {what} takes {dim} "
-                f"{trained_spec[dim]} (trained on {trained_on}); evaluate it on tasks with its observation and "
-                "action layout")
 
 
 class EmbodiedEvaluation(EvaluationSession):
@@ -107,6 +89,7 @@ class EmbodiedEvaluation(EvaluationSession):
                 check_task_settings(self.eval_dir, task.name, task.simulator, task.env)
         self._pool = None
         self._pool_task: int | None = None
+        self._pool_task_id: int | None = None  # the task's id in the worker's own task-set pool
         self._owns_pool = False
         self._loaded: int | None = None
         self._stores: dict[str, TrajectoryStore] = {}
@@ -131,13 +114,15 @@ class EmbodiedEvaluation(EvaluationSession):
 
     # --------------------------------------------------------------------- rollouts
     def pool(self, task: int):
-        """The simulator pool of task ``task``: the worker's own pool for the run's simulator,
-        else a pool of its own (the previous task's is closed first)."""
+        """The simulator pool of task ``task``: the worker's own pool for one of the run's own
+        tasks, else a pool of its own (the previous task's is closed first)."""
         if self._pool_task == task:
             return self._pool
         self._close_task_pool()
         spec, sim = self.tasks[task], self.config.simulator
-        self._owns_pool = not (spec.simulator == sim.name and spec.env == sim.env)
+        own = run_task_index(self.config, spec)
+        self._owns_pool = own is None
+        self._pool_task_id = own if sim.multi_task else None
         if not self._owns_pool:
             pool = self.res.simulator_pool
         else:
@@ -156,12 +141,19 @@ class EmbodiedEvaluation(EvaluationSession):
         policy), checked against task ``task``.
 
         Raises:
-            ValueError: the task's observation or action size differs from the policy's (the
-                message names the task and the checkpoint), or a checkpoint's weights do not fit
-                the run's policy.
+            ValueError: the task's observation layout or action size differs from the policy's,
+                or the policy is conditioned on a task set without this task (the message names
+                the task, the checkpoint and why: :func:`~vla_rl.evaluation.compatibility.incompatibility`),
+                or a checkpoint's weights do not fit the run's policy.
         """
         res, path, spec = self.res, self.checkpoints[target], self.tasks[task]
-        check_task_fits(spec, self.pool(task).spec(), path, res.env_spec, self.config.simulator.name)
+        own = run_task_index(self.config, spec) is not None
+        reason = incompatibility(spec, None if own else self.pool(task).spec(), res.env_spec,
+                                 self.config.simulator.name, one_hot_tasks(self.config), own)
+        if reason is not None:
+            what = "the policy" if path is None else f"checkpoint {path}"
+            raise ValueError(f"task {spec.name!r} cannot be evaluated with {what}: {reason}; evaluate it on tasks "
+                             "with its observation and action layout")
         if path is not None and self._loaded != target:
             try:
                 ckpt.load_model(path, res.policy)
@@ -180,8 +172,9 @@ class EmbodiedEvaluation(EvaluationSession):
         else:  # the same noise for every checkpoint (common random numbers: paired comparisons)
             seed = np.random.SeedSequence([self.config.run.seed, t, p, int(ids[0])]).generate_state(1)[0]
             generator = torch.Generator().manual_seed(int(seed))
-        result = rollout_episodes(ProtocolPolicy(policy, self.protocols[p]), pool, ids, generator=generator,
-                                  pipeline_stages=self.config.simulator.pipeline_stages)
+        task_ids = None if self._pool_task_id is None else np.full(len(ids), self._pool_task_id, dtype=np.int64)
+        result = rollout_episodes(ProtocolPolicy(policy, self.protocols[p]), pool, ids, task_ids=task_ids,
+                                  generator=generator, pipeline_stages=self.config.simulator.pipeline_stages)
         episodes = result.batch
         # Episodes lost to a simulator fault are not done: the next step rolls them out again.
         episodes.update(batch[torch.as_tensor(~result.lost)].exclude(keys.INIT_STATE_ID))
@@ -218,13 +211,17 @@ class EmbodiedEvaluation(EvaluationSession):
         from simulators.pool import SimulatorPool
 
         ev, sim = self.config.eval, self.config.simulator
-        env = {**sim.env, "render_camera": ev.video_camera, "render_size": ev.video_size}
-        pool = SimulatorPool(sim.name, env, num_actors=1, envs_per_actor=ev.video_episodes,
-                             actor_options={"num_cpus": 0}, step_timeout_s=sim.step_timeout_s)
+        render = {"render_camera": ev.video_camera, "render_size": ev.video_size}
+        envs = [{**env, **render} for env in sim.task_envs()]
+        pool = SimulatorPool(sim.name, envs if sim.multi_task else envs[0], num_actors=1,
+                             envs_per_actor=ev.video_episodes, actor_options={"num_cpus": 0},
+                             step_timeout_s=sim.step_timeout_s)
         try:
             ids = ev.init_state_offset + np.arange(ev.video_episodes, dtype=np.int64)
+            # a task set's video: episode i in task i mod the number of tasks
+            task_ids = np.arange(ev.video_episodes, dtype=np.int64) % len(envs) if sim.multi_task else None
             out = record_video(self.res.policy, pool, ids, self.eval_dir / VIDEOS_DIR / f"{self.tag}.mp4",
-                               ev.video_fps, self.res.generator)
+                               ev.video_fps, self.res.generator, task_ids=task_ids)
         finally:
             pool.close()
         return {f"video/{self.tag}_successes": float(out["video_successes"])}
@@ -300,4 +297,4 @@ class EmbodiedEvaluation(EvaluationSession):
         if self._owns_pool:
             self._pool.close()
         self._owns_pool = False
-        self._pool, self._pool_task = None, None
+        self._pool, self._pool_task, self._pool_task_id = None, None, None

@@ -44,7 +44,7 @@ def episode_keys(store: TrajectoryStore) -> list[EpisodeKey]:
     """The keys of a store's committed episodes, in order."""
     if len(store) == 0:
         return []
-    data = store.read_all()
+    data = store.read_scalars()
     return [EpisodeKey(int(s), bool(g), float(t), int(i)) for s, g, t, i in
             zip(data["checkpoint_step"], data["greedy"], data["temperature"], data["init_state_id"])]
 

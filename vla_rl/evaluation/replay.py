@@ -13,7 +13,8 @@ from vla_rl.data.trajectory_store import TrajectoryStore
 
 
 def replay_episodes(
-    pool, init_state_ids: np.ndarray, actions: list[np.ndarray], render: bool = False
+    pool, init_state_ids: np.ndarray, actions: list[np.ndarray], render: bool = False,
+    task_ids: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict[int, np.ndarray]]:
     """Execute stored action chunks, one episode per initial state, as the rollout loop does.
 
@@ -26,6 +27,7 @@ def replay_episodes(
         init_state_ids: ``(n,)`` int64 initial-state ids.
         actions: ``n`` arrays ``(T_i, chunk, action_dim)``: each episode's decisions.
         render: record a camera frame after every control step of every episode.
+        task_ids: ``(n,)`` int64 tasks of a task-set pool; None: the pool's only task.
 
     Returns:
         ``success`` ``(n,)`` bool, and for ``render`` each episode's frames ``(steps, H, W, 3)``
@@ -39,7 +41,11 @@ def replay_episodes(
         raise ValueError(f"got {len(actions)} action sequences for {n} initial states")
     lengths = np.array([len(a) for a in actions])
     chunk, act_dim = actions[0].shape[1:]
-    pool.reset(np.asarray(init_state_ids, dtype=np.int64))
+    ids = np.asarray(init_state_ids, dtype=np.int64)
+    if task_ids is None:
+        pool.reset(ids)
+    else:
+        pool.reset(ids, np.asarray(task_ids, dtype=np.int64))
     active = np.ones(n, dtype=bool)
     success = np.zeros(n, dtype=bool)
     frames: dict[int, list[np.ndarray]] = {i: [] for i in range(n)} if render else {}

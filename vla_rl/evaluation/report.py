@@ -1,7 +1,13 @@
-"""The evaluation report, assembled from the episode stores on disk (by the driver, after the
-workers finish): success rates with Wilson 95% intervals and mean episode lengths per checkpoint,
-protocol and task, and over all tasks; written as ``report.json``, ``report.md`` and
-``success_vs_checkpoint.png``. Each planned episode counts once, whatever the stores hold.
+"""The evaluation report, assembled from the episode stores on disk (by the driver): success
+rates with Wilson 95% intervals and mean episode lengths per checkpoint, protocol and task, and
+over all tasks; written as ``report.json``, ``report.md`` and ``success_vs_checkpoint.png``. Each
+planned episode counts once, whatever the stores hold.
+
+The driver writes it as the evaluation goes (:class:`ReportProgress`): whenever a task has all of
+its planned episodes stored, that task's figures go to ``results/<task>.json`` and the report is
+written again with every finished task, the tasks skipped before any rollout (with the reason)
+and the state of the others; so an evaluation that crashes in task ``k`` leaves the report of
+tasks ``1 .. k-1``.
 """
 
 from __future__ import annotations
@@ -12,11 +18,20 @@ from pathlib import Path
 import numpy as np
 
 from vla_rl.data.trajectory_store import TrajectoryStore
-from vla_rl.evaluation.episode_store import VIDEOS_DIR, EpisodeKey, task_dir
+from vla_rl.evaluation.episode_store import (
+    VIDEOS_DIR,
+    EpisodeKey,
+    stored_keys,
+    task_dir,
+)
 from vla_rl.utils.plotting import plot_success_vs_checkpoint
 from vla_rl.utils.stats import wilson_interval
 
 OVERALL = "overall"
+RESULTS_DIR = "results"
+
+#: A task's state in the report: all planned episodes stored, some, none yet, or not run at all.
+COMPLETE, INCOMPLETE, PENDING, SKIPPED = "complete", "incomplete", "pending", "skipped"
 
 
 def _load_task(eval_dir: Path, task: str) -> dict[EpisodeKey, tuple[bool, int, bool]]:
@@ -26,7 +41,7 @@ def _load_task(eval_dir: Path, task: str) -> dict[EpisodeKey, tuple[bool, int, b
         store = TrajectoryStore.open(path, read_only=True)
         if len(store) == 0:
             continue
-        d = store.read_all()
+        d = store.read_scalars()
         for i in range(len(store)):
             key = EpisodeKey(int(d["checkpoint_step"][i]), bool(d["greedy"][i]), float(d["temperature"][i]),
                              int(d["init_state_id"][i]))
@@ -83,28 +98,47 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_report(eval_dir: Path, protocol_info: dict, rows: list[dict]) -> dict:
+def planned_keys(steps: list[int], protocols, init_state_ids: np.ndarray) -> set[EpisodeKey]:
+    """The episodes an evaluation plans for each task."""
+    return {EpisodeKey(step, p.greedy, p.temperature, int(i)) for step in steps for p in protocols
+            for i in init_state_ids}
+
+
+def task_status(eval_dir: Path, task: str, planned: set[EpisodeKey]) -> str:
+    """``complete`` (every planned episode of ``task`` is stored), ``incomplete`` (some) or ``pending``."""
+    done = len(planned & stored_keys(eval_dir, task))
+    return COMPLETE if done == len(planned) else INCOMPLETE if done else PENDING
+
+
+def write_report(eval_dir: Path, protocol_info: dict, rows: list[dict], skipped: list[dict] | None = None,
+                 status: dict[str, str] | None = None) -> dict:
     """Write ``report.json``, ``report.md`` and ``success_vs_checkpoint.png`` (atomically).
 
     Args:
         protocol_info: how the evaluation ran (checkpoints, tasks, protocols, episodes, initial
             states, seed), stated in both reports.
-        rows: from :func:`summarize`.
+        rows: from :func:`summarize` (of the finished tasks).
+        skipped: the tasks not evaluated, ``{"task", "simulator", "reason"}`` each.
+        status: each task's state (:data:`COMPLETE`, ...); None: every task is complete.
 
     Returns:
         The JSON report.
     """
+    skipped = skipped or []
+    status = status or {t["name"]: COMPLETE for t in protocol_info["tasks"]}
     replays_file = eval_dir / VIDEOS_DIR / "replays.json"
     videos = json.loads(replays_file.read_text()) if replays_file.exists() else []
-    report = {"protocol": protocol_info, "results": rows, "videos": videos}
+    report = {"protocol": protocol_info, "task_status": status, "skipped": skipped, "results": rows,
+              "videos": videos}
     _write(eval_dir / "report.json", json.dumps(report, indent=2))
     info = protocol_info
     protocols = ", ".join(p["label"] for p in info["protocols"])
+    unfinished = [name for name, state in status.items() if state in (INCOMPLETE, PENDING)]
     text = [
         f"# Evaluation of {info['run_dir']}",
         "",
         f"- checkpoints (training step): {', '.join(str(c['step']) for c in info['checkpoints'])}",
-        f"- tasks: {', '.join(t['name'] + ' (' + t['simulator'] + ')' for t in info['tasks'])}",
+        f"- tasks: {', '.join(t['name'] + ' (' + t['simulator'] + ', ' + status[t['name']] + ')' for t in info['tasks'])}",
         f"- protocols: {protocols} (greedy: the policy's mode; sampled@T: sampled at temperature T, "
         "for the Gaussian MLP policy the std scaled by T)",
         f"- episodes: {info['episodes_per_task']} per task, checkpoint and protocol, from initial states "
@@ -112,11 +146,15 @@ def write_report(eval_dir: Path, protocol_info: dict, rows: list[dict]) -> dict:
         f"protocol); seed {info['seed']}",
         "- success: the simulator's success test; 95% confidence intervals: Wilson score; mean length in "
         "decision steps",
-        "",
-        markdown_table(rows),
-        "",
-        "![success vs checkpoint](success_vs_checkpoint.png)",
     ]
+    if unfinished:
+        text.append(f"- **not finished**: {', '.join(unfinished)} (the table holds the finished tasks; "
+                    f"`{OVERALL}` pools them)")
+    text += ["", markdown_table(rows), "", "![success vs checkpoint](success_vs_checkpoint.png)"]
+    if skipped:
+        text += ["", "## Skipped tasks (checked before any rollout)", "", "| task | simulator | reason |",
+                 "|---|---|---|"]
+        text += [f"| {s['task']} | {s['simulator']} | {s['reason']} |" for s in skipped]
     if videos:
         text += ["", "## Videos (stored actions replayed from the same initial state)", ""]
         text += [f"- [{v['file']}]({v['file']}): {v['task']}, {v['protocol']}, "
@@ -124,12 +162,65 @@ def write_report(eval_dir: Path, protocol_info: dict, rows: list[dict]) -> dict:
                  f"{'' if v['stored_success'] == v['replayed_success'] else ' (replay differs!)'}" for v in videos]
     _write(eval_dir / "report.md", "\n".join(text) + "\n")
     overall = [r for r in rows if r["task"] == OVERALL] or rows
-    plot_success_vs_checkpoint(overall, eval_dir / "success_vs_checkpoint.png",
-                               f"success vs checkpoint ({', '.join(t['name'] for t in info['tasks'])})")
+    if overall:
+        evaluated = [t["name"] for t in info["tasks"] if status[t["name"]] == COMPLETE]
+        plot_success_vs_checkpoint(overall, eval_dir / "success_vs_checkpoint.png",
+                                   f"success vs checkpoint ({', '.join(evaluated)})")
     return report
 
 
+class ReportProgress:
+    """The report of an evaluation in progress (see the module docstring), written by the driver.
+
+    Args:
+        eval_dir: the evaluation directory.
+        protocol_info: as for :func:`write_report` (its ``tasks`` are the tasks that run).
+        tasks: the tasks that run, in work order (:class:`~vla_rl.evaluation.benchmarks.EvalTask`).
+        skipped: the tasks skipped before any rollout, ``{"task", "simulator", "reason"}`` each.
+        steps, protocols, init_state_ids: the checkpoints' steps, the protocols and the initial
+            states of every task (what is planned).
+    """
+
+    def __init__(self, eval_dir: Path, protocol_info: dict, tasks, skipped: list[dict], steps: list[int],
+                 protocols, init_state_ids: np.ndarray) -> None:
+        self.eval_dir, self.info, self.tasks, self.skipped = Path(eval_dir), protocol_info, list(tasks), skipped
+        self.steps, self.protocols, self.init_state_ids = steps, protocols, init_state_ids
+        self.planned = planned_keys(steps, protocols, init_state_ids)
+        self.complete: list[str] = []
+
+    def update(self) -> bool:
+        """Record the tasks finished since the last call (tasks finish in work order); when one
+        did, write its ``results/<task>.json`` and the report. Returns whether one did."""
+        changed = False
+        for task in self.tasks[len(self.complete):]:
+            if task_status(self.eval_dir, task.name, self.planned) != COMPLETE:
+                break
+            self.complete.append(task.name)
+            rows = summarize(self.eval_dir, [task], self.steps, self.protocols, self.init_state_ids)
+            _write(self.eval_dir / RESULTS_DIR / f"{task.name}.json",
+                   json.dumps({"task": task.name, "simulator": task.simulator, "env": task.env, "results": rows},
+                              indent=2))
+            changed = True
+        if changed:
+            self.write()
+        return changed
+
+    def write(self) -> dict:
+        """Write the report of the finished tasks (every task's state, the skipped ones with their
+        reason); returns it."""
+        done = [task for task in self.tasks if task.name in self.complete]
+        status = {task.name: COMPLETE if task.name in self.complete
+                  else task_status(self.eval_dir, task.name, self.planned) for task in self.tasks}
+        status.update({s["task"]: SKIPPED for s in self.skipped})
+        info = {**self.info, "tasks": self.info["tasks"] + [{"name": s["task"], "simulator": s["simulator"],
+                                                             "env": s["env"]} for s in self.skipped]}
+        rows = summarize(self.eval_dir, done, self.steps, self.protocols, self.init_state_ids) if done else []
+        return write_report(self.eval_dir, info, rows, [{k: s[k] for k in ("task", "simulator", "reason")}
+                                                         for s in self.skipped], status)
+
+
 def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)

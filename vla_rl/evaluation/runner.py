@@ -1,6 +1,9 @@
 """The driver side of ``vla-rl eval``: resolve the checkpoints, write the evaluation's resolved
-template, run the ``eval_rollout`` workflow on the DAG workers until every planned episode is
-stored, then assemble the report from the stores on disk. The driver receives only counts.
+template, check every task against the checkpoints' observation and action layout (tasks that do
+not fit are skipped, with the reason, before any rollout), run the ``eval_rollout`` workflow on the
+DAG workers until every planned episode is stored, and write the report from the stores on disk
+as each task finishes (and once more at the end, or when the evaluation fails). The driver
+receives only counts.
 
 The evaluation directory (default ``<run_dir>/eval``) holds ``template.yaml``, the episode stores
 ``episodes/<task>/rank<r>.zarr``, ``videos/``, ``report.json``, ``report.md`` and
@@ -27,7 +30,9 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     """Create the evaluation directory and write its resolved template.
 
     The evaluation template's ``config`` takes the run's ``policy`` and ``simulator`` sections (the
-    checkpoints' architecture and task), the checkpoints (``eval.checkpoints``), then ``overrides``.
+    checkpoints' architecture and tasks; with a task set, one initial state of each task per
+    ``data`` step, a setting the evaluation does not read), the checkpoints (``eval.checkpoints``),
+    then ``overrides``.
 
     Returns:
         ``(evaluation directory, loaded template, run directory)``.
@@ -38,7 +43,6 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     """
     from vla_rl.dag.loader import load_template
     from vla_rl.dag.planner import plan
-    from vla_rl.evaluation.benchmarks import resolve_tasks
     from vla_rl.preflight import preflight
 
     run_dir, checkpoints = find_checkpoints(targets, steps)
@@ -53,6 +57,8 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     config = raw.setdefault("config", {})
     config["policy"] = run_config.policy.model_dump(mode="json")
     config["simulator"] = run_config.simulator.model_dump(mode="json")
+    if run_config.simulator.multi_task:  # a step of a task set holds as many initial states of each task
+        config.setdefault("data", {})["init_states_per_step"] = len(run_config.simulator.task_names())
     config.setdefault("eval", {})["checkpoints"] = [str(p) for p in checkpoints]
     eval_dir = Path(output) if output else run_dir / EVAL_DIR
     eval_dir.mkdir(parents=True, exist_ok=True)
@@ -60,10 +66,7 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     _write_yaml(resolved, raw)  # then the overrides, so that their errors name this file
     loaded = load_template(resolved, overrides)
     plan(loaded)
-    try:
-        resolve_tasks(loaded.config)
-    except ValueError as err:
-        raise EvalInputError(str(err)) from None
+    resolve_tasks_or_fail(loaded.config)
     _write_yaml(resolved, loaded.raw)
     return eval_dir, load_template(resolved), run_dir
 
@@ -72,6 +75,39 @@ def _write_yaml(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(yaml.safe_dump(data, sort_keys=False))
     tmp.replace(path)
+
+
+def skip_incompatible_tasks(eval_dir: Path, loaded):
+    """Check every task of the evaluation against the run's policy
+    (:func:`~vla_rl.evaluation.compatibility.check_tasks`; Ray must be up) and leave the ones that
+    fit in the resolved template's ``eval.tasks``.
+
+    Returns:
+        ``(loaded template, the tasks that run, the skipped ones as {"task", "simulator", "env", "reason"})``.
+    """
+    from vla_rl.dag.loader import load_template
+    from vla_rl.evaluation.compatibility import check_tasks
+
+    verdicts = check_tasks(loaded.config, resolve_tasks_or_fail(loaded.config))
+    skipped = [{"task": v.task.name, "simulator": v.task.simulator, "env": v.task.env, "reason": v.reason}
+               for v in verdicts if v.reason is not None]
+    runs = [v.task for v in verdicts if v.reason is None]
+    if skipped and runs:
+        raw = copy.deepcopy(loaded.raw)
+        raw["config"].setdefault("eval", {})["tasks"] = [task.name for task in runs]
+        _write_yaml(eval_dir / RUN_TEMPLATE, raw)
+        loaded = load_template(eval_dir / RUN_TEMPLATE)
+    return loaded, runs, skipped
+
+
+def resolve_tasks_or_fail(config):
+    """:func:`~vla_rl.evaluation.benchmarks.resolve_tasks`, its errors as :class:`EvalInputError`."""
+    from vla_rl.evaluation.benchmarks import resolve_tasks
+
+    try:
+        return resolve_tasks(config)
+    except ValueError as err:
+        raise EvalInputError(str(err)) from None
 
 
 def protocol_info(config, run_dir: Path, tasks, protocols, steps: list[int]) -> dict:
@@ -111,37 +147,51 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     from tqdm import tqdm
 
     from vla_rl.dag.planner import plan
-    from vla_rl.evaluation.benchmarks import resolve_tasks
     from vla_rl.evaluation.embodied import checkpoint_step
     from vla_rl.evaluation.protocol import eval_protocols
-    from vla_rl.evaluation.report import markdown_table, summarize, write_report
+    from vla_rl.evaluation.report import ReportProgress, markdown_table
     from vla_rl.workers.group import WorkerGroup, run_evaluation, start_ray
 
     console = console or Console()
     eval_dir, loaded, run_dir = prepare_eval_dir(targets, overrides, steps, output, template)
     config = loaded.config
-    ev = config.eval
-    tasks, protocols = resolve_tasks(config), eval_protocols(ev)
-    ckpt_steps = [checkpoint_step(Path(p)) for p in ev.checkpoints]
-    world = plan(loaded).world_size
-    device = start_ray(config, world, pools_per_worker=2)  # its own pool and at most one other task's
+    device = start_ray(config, plan(loaded).world_size, pools_per_worker=2)  # its own pool and one other task's
     console.print(f"[bold]evaluation directory[/bold] {eval_dir}")
-    total = len(tasks) * len(ckpt_steps) * len(protocols) * ev.num_episodes
     started = time.perf_counter()
-    workers = WorkerGroup.launch(world, str(eval_dir / RUN_TEMPLATE), [], eval_dir, config.workers, device)
-    try:
-        workers.start_process_group()
-        workers.call("setup", False)
-        bar = tqdm(total=total, desc="evaluating", unit="episode", dynamic_ncols=True)
-        run_evaluation(workers, 0, "eval", True, progress=lambda m: bar.update(total - int(m["eval/remaining"]) - bar.n))
-        bar.close()
-    finally:
-        workers.shutdown()
+    loaded, tasks, skipped = skip_incompatible_tasks(eval_dir, loaded)
+    for s in skipped:
+        console.print(f"[yellow]skipping task {s['task']}: {s['reason']}[/yellow]")
+    config = loaded.config
+    ev = config.eval
+    protocols = eval_protocols(ev)
+    ckpt_steps = [checkpoint_step(Path(p)) for p in ev.checkpoints]
     ids = ev.init_state_offset + np.arange(ev.num_episodes)
-    rows = summarize(eval_dir, tasks, ckpt_steps, protocols, ids)
     info = protocol_info(config, run_dir, tasks, protocols, ckpt_steps)
-    info.update({"wall_time_s": time.perf_counter() - started, "driver_max_reply_bytes": workers.max_reply_bytes})
-    report = write_report(eval_dir, info, rows)
-    console.print(markdown_table(rows), soft_wrap=True)
+    progress = ReportProgress(eval_dir, info, tasks, skipped, ckpt_steps, protocols, ids)
+    progress.update()  # tasks an interrupted evaluation finished
+    workers = None
+    try:
+        if tasks:
+            world = plan(loaded).world_size
+            total = len(tasks) * len(ckpt_steps) * len(protocols) * ev.num_episodes
+            workers = WorkerGroup.launch(world, str(eval_dir / RUN_TEMPLATE), [], eval_dir, config.workers, device)
+            workers.start_process_group()
+            workers.call("setup", False)
+            bar = tqdm(total=total, desc="evaluating", unit="episode", dynamic_ncols=True)
+
+            def advance(metrics: dict) -> None:
+                bar.update(total - int(metrics["eval/remaining"]) - bar.n)
+                progress.update()
+
+            run_evaluation(workers, 0, "eval", True, progress=advance)
+            bar.close()
+    finally:
+        if workers is not None:
+            workers.shutdown()
+        info.update({"wall_time_s": time.perf_counter() - started,
+                     "driver_max_reply_bytes": workers.max_reply_bytes if workers is not None else 0})
+        progress.update()
+        report = progress.write()  # also after a failure: the finished tasks' figures
+    console.print(markdown_table(report["results"]), soft_wrap=True)
     console.print(f"report {eval_dir / 'report.md'}; plot {eval_dir / 'success_vs_checkpoint.png'}")
     return report

@@ -12,7 +12,8 @@ from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl.utils.video import write_mp4
 
 
-def record_video(policy, pool, init_state_ids: np.ndarray, path: Path, fps: int, generator: torch.Generator) -> dict:
+def record_video(policy, pool, init_state_ids: np.ndarray, path: Path, fps: int, generator: torch.Generator,
+                 task_ids: np.ndarray | None = None) -> dict:
     """Roll out greedy episodes with camera frames and write them one after another to ``path`` (mp4).
 
     Args:
@@ -22,13 +23,14 @@ def record_video(policy, pool, init_state_ids: np.ndarray, path: Path, fps: int,
         path: the mp4 file.
         fps: frames per second, Hz.
         generator: the rollout's generator (greedy actions draw nothing from it).
+        task_ids: ``(n,)`` int64 tasks of a task-set pool, or None.
 
     Returns:
         ``{"video_successes": k, "video_episodes": n}``.
     """
     policy.eval()
     n = len(init_state_ids)
-    result = rollout_episodes(policy, pool, init_state_ids, greedy=True, generator=generator,
+    result = rollout_episodes(policy, pool, init_state_ids, task_ids=task_ids, greedy=True, generator=generator,
                               render_indices=tuple(range(n)))
     frames = np.concatenate([result.frames[i] for i in range(n) if i in result.frames])
     write_mp4(path, frames, fps)

@@ -47,11 +47,15 @@ def interact(ctx, batch) -> NodeOutput:
         include ``rollout/env_steps`` (control steps, all workers), ``rollout/lost_episodes``
         (all workers), ``rollout/lost_fraction``, ``rollout/sim_seconds_per_actor`` (wall time
         inside the environments' ``step``), ``rollout/sim_cpu_seconds_per_actor`` (CPU time used
-        meanwhile) and ``rollout/sim_share`` (the first over the rollout's wall time).
+        meanwhile) and ``rollout/sim_share`` (the first over the rollout's wall time); with a task
+        set (``simulator.tasks``) also ``rollout/success_rate/<task>`` and
+        ``rollout/episode_length/<task>`` (:func:`per_task_metrics`), the episodes reset into
+        their ``task_id``.
     """
     started = time.perf_counter()
+    sim = ctx.config.simulator
     episodes, result = rollout_groups(ctx.resources, ctx.config.data.group_size, batch, ctx.node_config.greedy,
-                                      ctx.config.simulator.pipeline_stages)
+                                      sim.pipeline_stages, task_set=sim.multi_task)
     wall = time.perf_counter() - started
     requested = len(result.lost)
     num_actors = ctx.resources.simulator_pool.num_actors
@@ -72,11 +76,26 @@ def interact(ctx, batch) -> NodeOutput:
         groups = episodes[keys.UID].unique()
         metrics["rollout/group_success_any"] = mean(
             np.mean([episodes[keys.SUCCESS][episodes[keys.UID] == u].any().item() for u in groups]), len(groups))
+        if sim.multi_task:
+            metrics.update(per_task_metrics(episodes, sim.task_names()))
     return NodeOutput(episodes, metrics)
 
 
+def per_task_metrics(episodes: TensorDict, task_names: list[str]) -> dict:
+    """``rollout/success_rate/<task>`` and ``rollout/episode_length/<task>`` of the tasks that have
+    episodes here, each a mean over its episodes (so the reduction over workers weighs them)."""
+    metrics = {}
+    for task in episodes[keys.TASK_ID].unique().tolist():
+        mine = episodes[keys.TASK_ID] == task
+        count = int(mine.sum())
+        metrics[f"rollout/success_rate/{task_names[task]}"] = mean(episodes[keys.SUCCESS][mine].float().mean(), count)
+        metrics[f"rollout/episode_length/{task_names[task]}"] = mean(
+            episodes[keys.FINISH_STEP][mine].float().mean(), count)
+    return metrics
+
+
 def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool,
-                   pipeline_stages: int) -> tuple[TensorDict, RolloutResult]:
+                   pipeline_stages: int, task_set: bool = False) -> tuple[TensorDict, RolloutResult]:
     """Run ``group_size`` episodes from each initial state of ``tasks`` in the worker's pool.
 
     An episode lost to a simulator fault is dropped from its group; the rest of the group is
@@ -90,6 +109,7 @@ def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool,
         tasks: ``init_state_id``, ``task_id``, ``uid``, each ``(g,)``.
         greedy: act with the policy's mode.
         pipeline_stages: see :func:`vla_rl.rollout.embodied.rollout_episodes`.
+        task_set: the pool hosts a task set: each episode is reset into its ``task_id``.
 
     Returns:
         ``(episodes, result)``: up to ``(g * group_size,)`` episodes, groups contiguous, with
@@ -102,6 +122,7 @@ def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool,
         resources.policy,
         resources.simulator_pool,
         repeated[keys.INIT_STATE_ID].numpy(),
+        task_ids=repeated[keys.TASK_ID].numpy() if task_set else None,
         greedy=greedy,
         generator=resources.generator,
         pipeline_stages=pipeline_stages,

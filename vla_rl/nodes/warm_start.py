@@ -7,8 +7,9 @@ the same deterministic fit from the run's seed, so the workers start RL from ide
 without moving any.
 
 - ``(data, data_load, demonstrations)``: rank 0 makes sure the store holds
-  ``warm_start.num_demos`` successful demonstrations of the simulator's scripted expert (zarr,
-  reused by later runs), then every worker reads their transitions;
+  ``warm_start.num_demos`` successful demonstrations of the simulator's scripted expert (of every
+  task of a task set; zarr, reused by later runs), then every worker reads their transitions. A
+  task without a scripted expert is refused when the template is planned;
 - ``(actor, model_train, behaviour_cloning)``: the policy's observation normalisation and
   ``warm_start.bc_steps`` of behaviour cloning on them;
 - ``(data, data_load, sft_examples)``: every row of the training prompts with its target answer
@@ -39,11 +40,36 @@ def demo_store_path(config, run_dir: Path) -> Path:
     return Path(store) if store else run_dir / "demos.zarr"
 
 
-@register_node("data", "data_load", name="demonstrations", writes=DEMO_KEYS, resources=("policy", "simulator_pool"))
+def demo_env_attrs(sim) -> dict:
+    """What a demonstration store records of the simulator (its settings, and a task set's tasks)."""
+    attrs = {"name": sim.name, **sim.env}
+    if sim.multi_task:
+        attrs["tasks"] = sim.task_names()
+    return attrs
+
+
+def check_experts(config, node_config, dp_size: int, world_size: int) -> tuple[str, str] | None:
+    """The planner's check: with ``warm_start.num_demos > 0`` every task (of a task set) needs a
+    scripted expert; else ``("warm_start.num_demos", <which task has none, which tasks have one>)``."""
+    from simulators.experts import NoExpertError, expert_class
+
+    sim = config.simulator
+    if config.warm_start.num_demos == 0:
+        return None
+    for task in sim.task_names():
+        try:
+            expert_class(sim.name, task)
+        except NoExpertError as err:
+            return "warm_start.num_demos", str(err)
+    return None
+
+
+@register_node("data", "data_load", name="demonstrations", writes=DEMO_KEYS, resources=("policy", "simulator_pool"),
+               check=check_experts)
 def load_demonstrations(ctx, batch) -> NodeOutput:
-    """Returns the demonstrations' transitions: ``obs`` ``(N, obs_dim)`` (camera observations: a
-    TensorDict of batch size ``(N,)``) and ``actions`` ``(N, chunk, act_dim)``, the expert's next
-    actions for the policy's chunk; empty without demonstrations."""
+    """Returns the demonstrations' transitions: ``obs`` ``(N, obs_dim)`` (camera observations, or a
+    task set's: a TensorDict of batch size ``(N,)``) and ``actions`` ``(N, chunk, act_dim)``, the
+    expert's next actions for the policy's chunk; empty without demonstrations."""
     from vla_rl.data.trajectory_store import TrajectoryStore
     from vla_rl.trainers.warm_start import demonstrations, ensure_demonstrations
 
@@ -53,7 +79,7 @@ def load_demonstrations(ctx, batch) -> NodeOutput:
     store_path = demo_store_path(ctx.config, ctx.resources.run_dir)
     if ctx.rank == 0:
         ensure_demonstrations(ctx.resources.simulator_pool, store_path, ws.num_demos, ws.demo_init_state_offset,
-                              {"name": sim.name, **sim.env})
+                              demo_env_attrs(sim), num_tasks=len(sim.task_names()) if sim.multi_task else None)
     dist.barrier(group=ctx.group)
     obs, actions = demonstrations(TrajectoryStore.open(store_path), ws.num_demos, ctx.resources.policy.chunk_size)
     return NodeOutput(TensorDict({keys.OBS: obs, keys.ACTIONS: actions}, batch_size=[len(actions)]), {})
@@ -65,10 +91,11 @@ def clone_behaviour(ctx, batch) -> NodeOutput:
     ``warm_start.norm_init_states`` training states join the normalisation statistics)."""
     from vla_rl.trainers.warm_start import behaviour_cloning, initial_observations
 
-    ws = ctx.config.warm_start
+    ws, sim = ctx.config.warm_start, ctx.config.simulator
     if len(batch) == 0:
         return NodeOutput(None, {})
-    init_obs = initial_observations(ctx.resources.simulator_pool, ws.norm_init_states)
+    init_obs = initial_observations(ctx.resources.simulator_pool, ws.norm_init_states,
+                                    len(sim.task_names()) if sim.multi_task else None)
     metrics = behaviour_cloning(ctx.resources.policy, batch[keys.OBS], batch[keys.ACTIONS], ws.bc_steps, ws.bc_lr,
                                 ws.bc_batch_size, seed=ctx.config.run.seed, extra_norm_obs=init_obs,
                                 progress=ctx.rank == 0)

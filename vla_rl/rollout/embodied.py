@@ -170,6 +170,7 @@ def rollout_episodes(
     pool,
     init_state_ids: np.ndarray,
     *,
+    task_ids: np.ndarray | None = None,
     greedy: bool = False,
     generator: torch.Generator | None = None,
     render_indices: tuple[int, ...] = (),
@@ -183,6 +184,8 @@ def rollout_episodes(
             time, its ``env_actions`` on the sampled actions). The returned batch is on the CPU.
         pool: a :class:`simulators.pool.SimulatorPool` with capacity ≥ n (or any object with
             its ``spec``, ``reset``, ``submit`` and ``collect``).
+        task_ids: ``(n,)`` int64, each episode's task in the pool's task set (``None``: the
+            pool's only task); the observations then carry it (``obs/task_id``).
         greedy: take the policy's mode instead of sampling.
         generator: torch generator for sampling (reproducibility).
         render_indices: environment indices whose camera frames are recorded.
@@ -200,7 +203,8 @@ def rollout_episodes(
     n = len(init_state_ids)
     decisions = math.ceil(horizon / chunk)
     start = time.perf_counter()
-    first_obs = to_torch(pool.reset(np.asarray(init_state_ids, dtype=np.int64)))
+    ids = np.asarray(init_state_ids, dtype=np.int64)
+    first_obs = to_torch(pool.reset(ids) if task_ids is None else pool.reset(ids, np.asarray(task_ids, dtype=np.int64)))
     book = EpisodeBook(first_obs, decisions, chunk, act_dim, tuple(render_indices))
     book.env_seconds += time.perf_counter() - start
     stages = np.array_split(np.arange(n), min(pipeline_stages, n))

@@ -7,6 +7,10 @@ flat state observations; with cameras one field per observation key (``state``, 
 ``<camera>_image`` as uint8, ``instruction``) and ``actions``. Behaviour cloning is deterministic
 and cheap (a few demonstrations), so every worker runs it identically from the same seed; DDP
 then starts from identical weights.
+
+A task set (``simulator.tasks``) gets ``num_demos`` demonstrations of every task, each from the
+task's own scripted expert, in one store: observations are then dicts (``state``, ``task_id``,
+...) and every episode carries its task as the scalar ``task``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from vla_rl.data.trajectory_store import TrajectoryStore
 OBS_STD_FLOOR = 0.01
 #: Field of the demonstrated actions; flat-state stores keep observations in ``obs``.
 ACTIONS_FIELD, FLAT_OBS_FIELD = "actions", "obs"
+#: Per-episode scalar of a task set's demonstrations: the episode's task id.
+TASK_SCALAR = "task"
 
 
 def demo_fields(spec: dict) -> dict[str, tuple[tuple[int, ...], type]]:
@@ -36,19 +42,25 @@ def demo_fields(spec: dict) -> dict[str, tuple[tuple[int, ...], type]]:
         spec: the pool's ``spec()`` (``obs_dim``, ``act_dim``, and ``images`` for cameras).
     """
     actions = {ACTIONS_FIELD: ((spec["act_dim"],), np.float32)}
-    if "images" not in spec:
+    if "images" not in spec and "num_tasks" not in spec:
         return {FLAT_OBS_FIELD: ((spec["obs_dim"],), np.float32), **actions}
     empty = empty_observations(spec, 1)
     return {key: (value.shape[1:], value.dtype.type) for key, value in empty.items()} | actions
 
 
 def ensure_demonstrations(
-    pool, store_path: Path, num_demos: int, id_offset: int, env_attrs: dict, max_attempts: int = 10
+    pool, store_path: Path, num_demos: int, id_offset: int, env_attrs: dict, max_attempts: int = 10,
+    num_tasks: int | None = None,
 ) -> TrajectoryStore:
-    """Return a store holding at least ``num_demos`` successful expert demonstrations.
+    """Return a store holding at least ``num_demos`` successful expert demonstrations (of every
+    task of a task set).
 
     An existing store with the same ``env_attrs`` is extended, never rewritten. Expert episodes
-    run on initial states ``id_offset, id_offset + 1, ...``; failed ones are not stored.
+    run on initial states ``id_offset, id_offset + 1, ...`` (of each task); failed ones are not stored.
+
+    Args:
+        num_tasks: the pool's task set size (``num_demos`` of each task, each episode stored with
+            its task id as the scalar ``task``); None: a single task.
 
     Raises:
         ValueError: if ``store_path`` holds demonstrations of another simulator configuration.
@@ -66,23 +78,39 @@ def ensure_demonstrations(
     else:
         store = TrajectoryStore.create(store_path, fields=demo_fields(spec), max_steps=int(spec["horizon"]),
                                        attrs={"env": env_attrs})
-    # Ids are appended in increasing order: the last episode holds the largest.
-    start = id_offset if len(store) == 0 else int(store.read_episode(-1)["init_state_id"]) + 1
-    for _ in range(max_attempts):
-        missing = num_demos - len(store)
-        if missing <= 0:
-            return store
-        ids = list(range(start, start + 2 * missing))
-        start += len(ids)
-        for episode in pool.run_expert(ids):
-            if episode["success"] and len(store) < num_demos:
-                obs = episode["obs"]
-                fields = dict(obs) if isinstance(obs, Mapping) else {FLAT_OBS_FIELD: obs}
-                store.append_episode({**fields, ACTIONS_FIELD: episode["actions"]},
-                                     init_state_id=int(episode["init_state_id"]))
-    if len(store) < num_demos:
-        raise RuntimeError(f"the scripted expert produced {len(store)} of {num_demos} demonstrations")
+    for task in range(num_tasks or 1):
+        count, start = _stored(store, None if num_tasks is None else task, id_offset)
+        for _ in range(max_attempts):
+            missing = num_demos - count
+            if missing <= 0:
+                break
+            ids = list(range(start, start + 2 * missing))
+            start += len(ids)
+            episodes = pool.run_expert(ids) if num_tasks is None else pool.run_expert(ids, task)
+            for episode in episodes:
+                if episode["success"] and count < num_demos:
+                    obs = episode["obs"]
+                    fields = dict(obs) if isinstance(obs, Mapping) else {FLAT_OBS_FIELD: obs}
+                    scalars = {} if num_tasks is None else {TASK_SCALAR: np.int64(task)}
+                    store.append_episode({**fields, ACTIONS_FIELD: episode["actions"]},
+                                         init_state_id=int(episode["init_state_id"]), **scalars)
+                    count += 1
+        if count < num_demos:
+            which = "" if num_tasks is None else f" of task {task}"
+            raise RuntimeError(f"the scripted expert produced {count} of {num_demos} demonstrations{which}")
     return store
+
+
+def _stored(store: TrajectoryStore, task: int | None, id_offset: int) -> tuple[int, int]:
+    """How many demonstrations the store holds (of ``task``; None: a single-task store) and the
+    initial-state id to continue from (ids are appended in increasing order: after the last)."""
+    if task is None:
+        return len(store), id_offset if len(store) == 0 else int(store.read_episode(-1)["init_state_id"]) + 1
+    if len(store) == 0:
+        return 0, id_offset
+    data = store.read_scalars()
+    ids = data["init_state_id"][data[TASK_SCALAR] == task]
+    return len(ids), id_offset if len(ids) == 0 else int(ids[-1]) + 1
 
 
 def action_chunks(actions: np.ndarray, chunk_size: int) -> np.ndarray:
@@ -98,17 +126,22 @@ def action_chunks(actions: np.ndarray, chunk_size: int) -> np.ndarray:
     return actions[index]
 
 
-def initial_observations(pool, count: int) -> Observations:
-    """First observations of training initial states ``0 .. count - 1``, reset in pool-sized batches.
+def initial_observations(pool, count: int, num_tasks: int | None = None) -> Observations:
+    """First observations of training initial states ``0 .. count - 1``, reset in pool-sized
+    batches (in a task set of ``num_tasks`` tasks, state ``i`` of task ``i mod num_tasks``).
 
     Every worker gets the same observations (resets are seeded by the initial-state id), so the
     normalisation statistics, hence the cloned weights, agree across workers.
 
     Returns:
-        float32 ``(count, obs_dim)`` (camera observations: a dict of ``count``-row arrays).
+        float32 ``(count, obs_dim)`` (camera observations, or a task set's: a dict of ``count``-row arrays).
     """
     ids = np.arange(count, dtype=np.int64)
-    batches = [pool.reset(ids[start : start + pool.capacity]) for start in range(0, count, pool.capacity)]
+
+    def reset(rows: np.ndarray) -> Observations:
+        return pool.reset(rows) if num_tasks is None else pool.reset(rows, rows % num_tasks)
+
+    batches = [reset(ids[start : start + pool.capacity]) for start in range(0, count, pool.capacity)]
     if not batches:
         return empty_observations(pool.spec(), 0)
     if isinstance(batches[0], Mapping):
@@ -118,13 +151,19 @@ def initial_observations(pool, count: int) -> Observations:
 
 def demonstrations(store: TrajectoryStore, num_demos: int, chunk_size: int) -> tuple[torch.Tensor | TensorDict,
                                                                                      torch.Tensor]:
-    """Every step of the first ``num_demos`` demonstrations with the expert's next actions.
+    """Every step of the first ``num_demos`` demonstrations (of every task, for a task set's store)
+    with the expert's next actions.
 
     Returns:
         observations: float32 ``(N, obs_dim)``, or a TensorDict of batch size ``(N,)`` of the
-            stored camera observations; and actions ``(N, chunk_size, act_dim)`` float32.
+            stored dict observations; and actions ``(N, chunk_size, act_dim)`` float32.
     """
-    episodes = [store.read_episode(i) for i in range(num_demos)]
+    if TASK_SCALAR in store.scalars:
+        tasks = store.read_scalars()[TASK_SCALAR]
+        indices = [i for task in sorted(set(tasks.tolist())) for i in np.flatnonzero(tasks == task)[:num_demos]]
+    else:
+        indices = list(range(num_demos))
+    episodes = [store.read_episode(int(i)) for i in indices]
     actions = torch.as_tensor(
         np.concatenate([action_chunks(e[ACTIONS_FIELD], chunk_size) for e in episodes]), dtype=torch.float32
     )  # (N, chunk, A)

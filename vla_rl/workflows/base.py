@@ -47,6 +47,11 @@ class Workflow(ABC):
         """The :class:`~vla_rl.trainers.critic.CriticTrainer` of templates with critic nodes."""
 
     @abstractmethod
+    def warm_starts(self, config) -> bool:
+        """Whether the ``warm_start`` phase trains the policy under ``config`` (else the policy that
+        training starts from is its initialisation, or its pretrained checkpoint)."""
+
+    @abstractmethod
     def groups_per_step(self, config) -> int:
         """Groups (initial states, prompts) a training step holds over all workers."""
 

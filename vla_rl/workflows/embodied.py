@@ -28,7 +28,10 @@ class EmbodiedWorkflow(Workflow):
         from policies import make_policy
 
         spec = res.env_spec
-        config = res.config.policy.policy_config(obs_dim=spec["obs_dim"], action_dim=spec["act_dim"])
+        sizes = {"obs_dim": spec["obs_dim"], "action_dim": spec["act_dim"]}
+        if "num_tasks" in spec:  # a task set: policies that declare num_tasks condition on the task id
+            sizes["num_tasks"] = spec["num_tasks"]
+        config = res.config.policy.policy_config(**sizes)
         if res.config.policy.allow_partial_load and hasattr(config, "allow_partial_load"):
             config.allow_partial_load = True  # the policies that load a pretrained checkpoint declare the field
         return make_policy(res.config.policy.name, config).to(res.device)
@@ -40,18 +43,21 @@ class EmbodiedWorkflow(Workflow):
         """A value network over the flat state with the policy's observation normalisation.
 
         Raises:
-            ValueError: camera observations, or a policy without state normalisation.
+            ValueError: camera observations or a task set, or a policy without state normalisation.
         """
         from vla_rl.trainers.critic import CriticTrainer, ValueNetwork
 
         res.ensure(["env_spec"])
         policy, critic = res.policy, res.config.critic
-        if "images" in res.env_spec or not hasattr(policy, "obs_mean"):
-            raise ValueError("critic nodes need flat state observations and a policy with state normalisation "
-                             "(the MLP): the value network reads the normalised state vector; remove the critic "
-                             "nodes or simulator.env.cameras")
+        if "images" in res.env_spec or "num_tasks" in res.env_spec or not hasattr(policy, "obs_mean"):
+            raise ValueError("critic nodes need flat state observations of one task and a policy with state "
+                             "normalisation (the MLP): the value network reads the normalised state vector; remove "
+                             "the critic nodes, simulator.env.cameras or simulator.tasks")
         network = ValueNetwork(res.env_spec["obs_dim"], critic.hidden_sizes, policy.obs_mean, policy.obs_std)
         return CriticTrainer(network.to(res.device), critic.lr, group=res.group)
+
+    def warm_starts(self, config) -> bool:
+        return config.warm_start.num_demos > 0
 
     def groups_per_step(self, config) -> int:
         return config.data.init_states_per_step
@@ -84,14 +90,14 @@ WORKFLOWS.register("embodied")(EmbodiedWorkflow())
 @register_resource("simulator_pool", close=lambda pool: pool.close())
 def build_simulator_pool(res):
     """This worker's simulator pool (Ray actors on the worker's own node), sized for its training and
-    evaluation episodes."""
+    evaluation episodes; with ``simulator.tasks``, a pool of the task set."""
     from simulators.pool import SimulatorPool
     from vla_rl.workers.placement import same_node_strategy
 
     sim = res.config.simulator
     capacity = max(res.episodes_per_step, res.eval_episodes, 1)
     options = {"num_cpus": sim.num_cpus_per_actor, "scheduling_strategy": same_node_strategy()}
-    return SimulatorPool(sim.name, sim.env, num_actors=sim.actors_per_worker,
+    return SimulatorPool(sim.name, sim.task_envs() if sim.multi_task else sim.env, num_actors=sim.actors_per_worker,
                          envs_per_actor=math.ceil(capacity / sim.actors_per_worker), actor_options=options,
                          step_timeout_s=sim.step_timeout_s)
 

@@ -61,6 +61,9 @@ class TextWorkflow(Workflow):
         return CriticTrainer(CausalLMValueModel(res.policy).to(res.device), res.config.critic.lr, group=res.group,
                              forward=text_values)
 
+    def warm_starts(self, config) -> bool:
+        return config.text.sft_steps > 0
+
     def groups_per_step(self, config) -> int:
         return config.text.prompts_per_step
 

@@ -1,0 +1,129 @@
+"""`vla-rl eval` over several tasks, end to end (Ray on loopback, one DAG worker, simulator actors):
+a task-set checkpoint is evaluated on each of its tasks with the overall rate; an evaluation that
+crashes in its second task leaves the report of the first, and the same command then finishes
+without redoing it; a single-task Lift checkpoint on the robosuite benchmark reports the tasks
+whose observation layout it cannot read as skipped, with the reason, before any rollout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from devices import device_overrides
+
+import vla_rl.workers.group as group_module
+from policies import make_policy
+from policies.mlp import MLPPolicyConfig
+from vla_rl.cli import main
+from vla_rl.data.trajectory_store import TrajectoryStore
+from vla_rl.driver import prepare_run_dir
+from vla_rl.evaluation.runner import evaluate, prepare_eval_dir
+from vla_rl.trainers import checkpoint
+
+EVAL = [*device_overrides(num_workers=1), "workers.num_workers=1", "eval.num_episodes=2", "eval.video_episodes=0",
+        "simulator.env.horizon=6", "simulator.num_cpus_per_actor=0"]
+TASKS = ["reach-v3", "push-v3"]
+
+
+def write_run(out, template: str, overrides: list[str], config: MLPPolicyConfig, steps=(1,)):
+    """A run directory as `vla-rl train` leaves it: its resolved template and checkpoints of ``config``."""
+    run, _, _ = prepare_run_dir(template, [f"run.output_dir={out}", "run.name=run", *overrides], resume=None)
+    run.close()
+    policy = make_policy("mlp", config)
+    for step in steps:
+        torch.manual_seed(step)
+        for parameter in policy.parameters():
+            torch.nn.init.normal_(parameter, std=0.3)
+        checkpoint.save_checkpoint(run.path / "checkpoints", step, rank=0, model=policy)
+        checkpoint.finalize_checkpoint(run.path / "checkpoints", step)
+    return run.path
+
+
+@pytest.fixture(scope="module")
+def task_set_run(tmp_path_factory):
+    return write_run(tmp_path_factory.mktemp("outputs"), "embodied_srpo_mt10",
+                     [f"simulator.tasks=[{','.join(TASKS)}]", "data.init_states_per_step=2",
+                      "policy.config.hidden_sizes=[8]"],
+                     MLPPolicyConfig(obs_dim=39, action_dim=4, hidden_sizes=(8,), num_tasks=2))
+
+
+def stored(eval_dir, task: str) -> int:
+    path = eval_dir / "episodes" / task / "rank0.zarr"
+    return len(TrajectoryStore.open(path, read_only=True)) if path.exists() else 0
+
+
+def test_a_crash_in_a_task_keeps_the_finished_ones_then_the_evaluation_finishes(ray_on_loopback, task_set_run,
+                                                                                monkeypatch):
+    eval_dir = task_set_run / "eval"
+    run_evaluation = group_module.run_evaluation
+
+    def crash_in_the_third_pass(workers, step, tag, video, progress=None):
+        passes = []
+
+        def watch(metrics):  # pass 1: reach-v3 greedy, 2: reach-v3 sampled, 3: push-v3 greedy
+            progress(metrics)
+            passes.append(metrics)
+            if len(passes) == 3:
+                raise RuntimeError("injected crash in task push-v3")
+
+        return run_evaluation(workers, step, tag, video, progress=watch)
+
+    monkeypatch.setattr(group_module, "run_evaluation", crash_in_the_third_pass)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        evaluate([str(task_set_run)], EVAL)
+    report = json.loads((eval_dir / "report.json").read_text())
+    assert report["task_status"] == {"reach-v3": "complete", "push-v3": "incomplete"}
+    assert [(r["task"], r["protocol"], r["episodes"]) for r in report["results"]] == [
+        ("reach-v3", "greedy", 2), ("reach-v3", "sampled@1", 2)]
+    assert (eval_dir / "results" / "reach-v3.json").exists() and not (eval_dir / "results" / "push-v3.json").exists()
+    assert "**not finished**: push-v3" in (eval_dir / "report.md").read_text()
+    assert (stored(eval_dir, "reach-v3"), stored(eval_dir, "push-v3")) == (4, 2)
+
+    monkeypatch.setattr(group_module, "run_evaluation", run_evaluation)
+    assert main(["eval", str(task_set_run), *EVAL]) == 0
+    report = json.loads((eval_dir / "report.json").read_text())
+    assert report["task_status"] == {"reach-v3": "complete", "push-v3": "complete"} and report["skipped"] == []
+    rows = {(r["task"], r["protocol"]): r for r in report["results"]}
+    assert set(rows) == {(task, protocol) for task in [*TASKS, "overall"] for protocol in ("greedy", "sampled@1")}
+    assert all(rows[(task, "greedy")]["episodes"] == 2 for task in TASKS) and rows[("overall", "greedy")]["episodes"] == 4
+    assert (stored(eval_dir, "reach-v3"), stored(eval_dir, "push-v3")) == (4, 4)  # reach-v3 was not redone
+
+
+def test_a_task_set_checkpoint_runs_only_its_own_tasks_of_a_benchmark(ray_on_loopback, task_set_run, tmp_path):
+    assert main(["eval", str(task_set_run), *EVAL, "eval.benchmark=metaworld_mt10",
+                 "eval.tasks=[push-v3,pick-place-v3]", "eval.protocols=[greedy]", "--output", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["task_status"] == {"push-v3": "complete", "pick-place-v3": "skipped"}
+    assert report["skipped"][0]["reason"].startswith("the policy takes a one-hot of its 2 training tasks")
+    assert [r["task"] for r in report["results"]] == ["push-v3"]
+
+
+def test_an_mt10_run_prepares_its_evaluation_of_every_task(tmp_path):
+    run_dir = write_run(tmp_path, "embodied_srpo_mt10", ["policy.config.hidden_sizes=[8]"],
+                        MLPPolicyConfig(obs_dim=39, action_dim=4, hidden_sizes=(8,), num_tasks=10))
+    _, loaded, _ = prepare_eval_dir([str(run_dir)], ["eval.num_episodes=3"])
+    config = loaded.config
+    assert config.simulator.tasks == "mt10" and config.policy.policy_config().num_tasks == 0  # set from the pool
+    assert config.data.init_states_per_step == 10  # the eval template's 2 is no multiple of the 10 tasks
+
+
+@pytest.fixture(scope="module")
+def lift_run(tmp_path_factory):
+    return write_run(tmp_path_factory.mktemp("outputs"), "embodied_srpo", ["policy.config.hidden_sizes=[8]"],
+                     MLPPolicyConfig(obs_dim=11, action_dim=7, hidden_sizes=(8,)))
+
+
+def test_a_lift_checkpoint_on_the_robosuite_benchmark_skips_the_tasks_it_cannot_read(ray_on_loopback, lift_run):
+    assert main(["eval", str(lift_run), *EVAL, "eval.benchmark=robosuite", "eval.protocols=[greedy]"]) == 0
+    eval_dir = lift_run / "eval"
+    report = json.loads((eval_dir / "report.json").read_text())
+    assert report["task_status"] == {"Lift": "complete", "Stack": "skipped", "PickPlaceCan": "skipped",
+                                     "Door": "skipped"}
+    assert [(r["task"], r["episodes"]) for r in report["results"]] == [("Lift", 2)]
+    reasons = {s["task"]: s["reason"] for s in report["skipped"]}
+    assert "(20 values) is not the policy's [robot0_eef_pos 3, robot0_gripper_qpos 2, cube_pos 3, " \
+           "gripper_to_cube_pos 3] (11 values)" in reasons["Stack"]
+    assert "door_pos 3" in reasons["Door"] and "Can_pos 3" in reasons["PickPlaceCan"]
+    assert sorted(p.name for p in (eval_dir / "episodes").iterdir()) == ["Lift"]  # nothing else was rolled out
+    assert "## Skipped tasks" in (eval_dir / "report.md").read_text()

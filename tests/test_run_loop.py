@@ -1,0 +1,42 @@
+"""The driver's step loop names the evaluation before training after the policy it sees, and its
+summary lists every task of a task set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from vla_rl.dag.loader import load_template
+from vla_rl.dag.planner import plan
+from vla_rl.run_loop import RunLoop
+
+
+def loop(template: str, *overrides: str, console=None) -> RunLoop:
+    loaded = load_template(template, list(overrides))
+    return RunLoop(loaded, plan(loaded), run_dir=Path("runs/x"), console=console or Console())
+
+
+@pytest.mark.parametrize(("template", "overrides", "tag"), [
+    ("embodied_srpo", [], "warm_start"),
+    ("embodied_grpo", ["warm_start.num_demos=0"], "initial"),  # a random policy is no warm start
+    ("llm_grpo", [], "warm_start"),
+    ("llm_grpo", ["text.sft_steps=0"], "initial"),
+])
+def test_the_first_evaluation_is_named_after_the_policy_it_sees(template, overrides, tag):
+    assert loop(template, *overrides).first_tag == tag
+
+
+def test_the_summary_lists_every_task_and_the_overall_rate():
+    console = Console(record=True, width=200)
+    run = loop("embodied_grpo_mt10", "simulator.tasks=[reach-v3,push-v3]", "data.init_states_per_step=2",
+               "warm_start.num_demos=0", "eval.protocols=[greedy]", console=console)
+    figures = {"success_rate": 0.25, "ci_low": 0.1, "ci_high": 0.5, "episode_length": 90.0}
+    evaluation = {f"eval/{task}greedy/{name}": value for task in ("", "reach-v3/", "push-v3/")
+                  for name, value in figures.items()}
+    run._print_summary({"initial_eval": evaluation, "final_eval": evaluation, "improvement_points/greedy": 0.0})
+    text = console.export_text()
+    for task in ("reach-v3", "push-v3", "overall"):
+        assert f"│ initial │ {task}" in text and f"│ final   │ {task}" in text
+    assert "over the initial policy" in text and "warm_start" not in text
