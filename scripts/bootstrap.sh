@@ -2,7 +2,8 @@
 # Set up everything vla-rl needs on a fresh machine (Python 3.11, pip, Debian base), idempotently:
 #   - Debian's Mesa EGL libraries for headless MuJoCo rendering, if missing (needs root);
 #   - .venv with torch==2.13.0 first (a CPU wheel on the project machines; a bare `torch` would
-#     pull a multi-GB CUDA build), then the project with its pinned dependencies;
+#     pull a multi-GB CUDA build), then the project with its dependencies, at the exact versions
+#     of scripts/constraints-cpu.txt where pyproject.toml gives a range;
 #   - optional extras named in VLA_RL_EXTRAS (comma-separated pyproject extras), e.g.
 #     `VLA_RL_EXTRAS=libero bash scripts/bootstrap.sh` adds LIBERO and its assets (about 1 GB).
 # A second run is fast: it reinstalls only when pyproject.toml or VLA_RL_EXTRAS changed.
@@ -35,11 +36,11 @@ if [ -n "${VLA_RL_EXTRAS:-}" ]; then
 fi
 
 stamp=.venv/.vla_rl_installed
-want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
+want="$(cat pyproject.toml scripts/constraints-cpu.txt | sha256sum | cut -d' ' -f1) $extras"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[bootstrap] installing dependencies (a few minutes the first time)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q torch==2.13.0
-  .venv/bin/python -m pip install -q -e ".[$extras]"
+  .venv/bin/python -m pip install -q -c scripts/constraints-cpu.txt torch
+  .venv/bin/python -m pip install -q -c scripts/constraints-cpu.txt -e ".[$extras]"
   echo "$want" > "$stamp"
 fi

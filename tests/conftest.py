@@ -1,9 +1,27 @@
-"""Shared fixtures: a Ray instance on loopback, a one-process gloo group for the data-parallel
-code (DDP, the collectives of the node functions), one torch thread, and the tiny language model."""
+"""Shared fixtures: a Ray instance on loopback, a one-process group for the data-parallel code
+(DDP, the collectives of the node functions) on the test device, the test device itself
+(``VLA_RL_TEST_DEVICE``, tests/devices.py), one torch thread, and the tiny language model."""
 
 from __future__ import annotations
 
+import devices
 import pytest
+
+
+def pytest_configure(config):
+    problem = devices.check_test_device()
+    if problem:
+        raise pytest.UsageError(problem)
+
+
+def pytest_report_header(config):
+    return f"vla-rl test device: {devices.TEST_DEVICE_KIND} (VLA_RL_TEST_DEVICE)"
+
+
+@pytest.fixture(scope="session")
+def device():
+    """The torch device of the unit tests' policies and batches (``VLA_RL_TEST_DEVICE``)."""
+    return devices.device_under_test()
 
 
 @pytest.fixture(scope="session")
@@ -20,12 +38,14 @@ def ray_on_loopback():
 
 @pytest.fixture(scope="module")
 def process_group(tmp_path_factory):
-    """A one-process gloo process group for the module's tests, rendezvous through a file store
-    (a TCP store would listen on every interface)."""
+    """A one-process process group for the module's tests with a DAG worker's backend on the test
+    device (gloo; ``cpu:gloo,cuda:nccl`` on CUDA), rendezvous through a file store (a TCP store
+    would listen on every interface)."""
     import torch.distributed as dist
 
+    devices.device_under_test()
     store = dist.FileStore(str(tmp_path_factory.mktemp("gloo_store") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    dist.init_process_group(devices.process_group_backend(), store=store, rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

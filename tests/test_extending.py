@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from devices import device_overrides
+
 from vla_rl.dag.loader import REPO_ROOT
 
 DOC = REPO_ROOT / "docs" / "extending.md"
@@ -26,7 +28,7 @@ TOY = [
 ]
 TINY = ["trainer.total_steps=1", "trainer.ppo_epochs=1", "trainer.ppo_mini_batch_size=6", "data.init_states_per_step=2",
         "data.group_size=3", "simulator.env.horizon=30", "eval.num_episodes=0", "warm_start.bc_steps=20",
-        "policy.config.hidden_sizes=[16]"]
+        "policy.config.hidden_sizes=[16]", *device_overrides()]
 
 
 def write_doc_files(directory: Path) -> list[str]:

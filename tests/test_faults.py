@@ -11,6 +11,7 @@ import shlex
 import threading
 
 import pytest
+from devices import device_overrides
 
 from vla_rl.cli import main
 from vla_rl.driver import train
@@ -29,6 +30,7 @@ TINY = [
     "eval.num_episodes=0",
     "warm_start.bc_steps=30",
     "policy.config.hidden_sizes=[32,32]",
+    *device_overrides(),
 ]
 FINAL = "checkpoints/step_00000003/model.safetensors"
 

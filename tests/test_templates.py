@@ -8,6 +8,7 @@ import json
 import textwrap
 
 import pytest
+from devices import device_overrides
 
 from vla_rl.dag.loader import TEMPLATE_DIR
 from vla_rl.driver import train
@@ -22,6 +23,7 @@ TINY = [
     "eval.num_episodes=0",
     "warm_start.bc_steps=30",
     "policy.config.hidden_sizes=[32,32]",
+    *device_overrides(),
 ]
 
 

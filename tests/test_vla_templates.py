@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from devices import device_overrides
 from safetensors.torch import load_file
 from template_runs import run_one_step
 
@@ -25,6 +26,7 @@ TINY = [
     "eval.num_episodes=0",
     "policy.config.architecture.image_size=28",
     "policy.config.chunk_size=4",
+    *device_overrides(),
 ]
 
 
@@ -45,7 +47,7 @@ def test_srpo_oft_lift_runs_with_the_policy_backbone_encoder(ray_on_loopback, tm
     step, _ = run("embodied_srpo_oft_lift", tmp_path, "simulator.env.horizon=16", "warm_start.num_demos=0",
                   "algorithm.trajectory_encoder=policy_backbone", "algorithm.policy_backbone.points=4")
     for key in ("timing/rollout", "timing/rollout_policy", "timing/rollout_env", "timing/reward",
-                "timing/reshard_rollout_to_reward", "timing/actor_update", "reward/mean"):
+                "timing/actor_update", "reward/mean"):
         assert key in step, key
     assert step["rollout/env_steps_per_episode"] == 16.0 and step["rollout/episode_length"] == 4.0  # 4 chunks of 4
 
@@ -61,7 +63,8 @@ def test_srpo_oft_lift_warm_starts_on_camera_demonstrations(ray_on_loopback, tmp
     store = TrajectoryStore.open(run_dir / "demos.zarr", read_only=True)
     assert store.fields["agentview_image"] == ((32, 32, 3), np.dtype(np.uint8))
     model = load_file(str(run_dir / "checkpoints" / "step_00000001" / "model.safetensors"))
-    assert np.isfinite(model["proprio_q01"].numpy()).all() and model["proprio_q01"].shape == (5,)
+    assert bool(model["proprio_statistics_set"]) and model["proprio_q01"].shape == (5,)
+    assert (model["proprio_q99"] > model["proprio_q01"]).any()
 
 
 def test_grpo_oft_lift_runs_from_the_random_tiny_model(ray_on_loopback, tmp_path):

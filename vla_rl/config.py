@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from vla_rl.components import ComponentConfigError, build_config
 
+#: torch.distributed backends a worker group may be created with.
+_COLLECTIVE_BACKENDS = ("gloo", "nccl", "hccl", "mpi", "ucc")
+
 
 class _Section(BaseModel):
     # Non-finite numbers (inf, nan) are refused everywhere: no setting means anything with them.
@@ -54,6 +57,10 @@ class WorkersSection(_Section):
     gpus_per_worker: float = Field(
         1.0, gt=0, le=1, description="Accelerator share of each worker (CUDA GPUs, Ascend NPUs); below 1 lets workers "
         "share one (tests on a single GPU).")
+    collective_backend: str | None = Field(
+        None, description="torch.distributed backend of the workers' process group; null: gloo on the CPU, "
+        "'cpu:gloo,cuda:nccl' on CUDA, 'cpu:gloo,npu:hccl' on Ascend. 'gloo' lets several workers share one GPU "
+        "(NCCL refuses two ranks on one device): with gpus_per_worker below 1.")
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="Ray placement-group strategy of the workers' bundles: PACK fills a node first, SPREAD "
         "puts the workers on as many nodes as it can.")
@@ -62,6 +69,19 @@ class WorkersSection(_Section):
         None, description="Address of an existing Ray cluster to join ('auto', 'host:6379', 'ray://...'); null: the "
         "RAY_ADDRESS environment variable if set, else a local Ray on 127.0.0.1 (docs/cluster.md).")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads in each worker.")
+
+    @field_validator("collective_backend")
+    @classmethod
+    def _known_backend(cls, value: str | None) -> str | None:
+        """'gloo', 'nccl', or per-device 'cpu:gloo,cuda:nccl' (torch.distributed's syntax)."""
+        if value is None:
+            return value
+        for part in value.split(","):
+            device, _, backend = part.rpartition(":")
+            if backend not in _COLLECTIVE_BACKENDS or device not in ("", "cpu", "cuda", "npu"):
+                raise ValueError(f"{value!r} is not a torch.distributed backend: use one of "
+                                 f"{sorted(_COLLECTIVE_BACKENDS)}, or device:backend pairs such as 'cpu:gloo,cuda:nccl'")
+        return value
     max_restarts: int = Field(
         1, ge=0, description="Times a run restarts its workers after one died (killed, out of memory, crashed): "
         "a fresh group resumes from the last checkpoint that verifies. 0: the run ends at the first death, "

@@ -33,10 +33,17 @@ Per tower, ``timm name → DINOv2 (ours) | SigLIP (ours)``:
 - ``blocks.N.ls1`` / ``ls2`` ``.scale_factor`` → ``layer_scale1`` / ``layer_scale2`` ``.lambda1`` | —
 - ``norm`` → ``layernorm`` | ``post_layernorm``
 - ``attn_pool.*`` → — | dropped (unused: Prismatic reads block ``L - 2``)
+
+DINOv2's attention names are those of transformers ≥ 5.23 (``attention.{q,k,v,o}_proj``);
+earlier 5.x releases (5.17 measured) name them ``attention.attention.{query,key,value}`` and
+``attention.output.dense``. :func:`installed_dinov2_names` reads which layout the installed
+transformers builds, and both conversions go through it, so either version loads and writes the
+same published files.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -50,7 +57,12 @@ import torch
 from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors.torch import load_file, save_file
 from torch import Tensor
-from transformers import LlamaConfig, PreTrainedTokenizerBase
+from transformers import (
+    Dinov2WithRegistersConfig,
+    Dinov2WithRegistersModel,
+    LlamaConfig,
+    PreTrainedTokenizerBase,
+)
 
 from policies.checkpoint_files import (
     SAFETENSORS_INDEX_FILE,
@@ -88,6 +100,47 @@ PUBLISHED_VISION_BACKBONES: dict[str, tuple[dict[str, Any], ...]] = {
 }
 
 
+#: DINOv2 attention names of transformers < 5.23 → ≥ 5.23 (this module's canonical names).
+_LEGACY_DINOV2_ATTENTION = {
+    ".attention.attention.query.": ".attention.q_proj.",
+    ".attention.attention.key.": ".attention.k_proj.",
+    ".attention.attention.value.": ".attention.v_proj.",
+    ".attention.output.dense.": ".attention.o_proj.",
+}
+
+
+@functools.cache
+def _dinov2_attention_is_legacy() -> bool:
+    """Whether the installed transformers names DINOv2's attention the < 5.23 way (read from a
+    one-layer model built on the ``meta`` device)."""
+    config = Dinov2WithRegistersConfig(hidden_size=2, num_hidden_layers=1, num_attention_heads=1,
+                                       intermediate_size=2, image_size=1, patch_size=1)
+    with torch.device("meta"):
+        names = Dinov2WithRegistersModel(config).state_dict()
+    return "encoder.layer.0.attention.attention.query.weight" in names
+
+
+def installed_dinov2_names(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Canonical (transformers ≥ 5.23) DINOv2 attention names → those of the installed version;
+    other names unchanged."""
+    if not _dinov2_attention_is_legacy():
+        return state_dict
+    legacy = {new: old for old, new in _LEGACY_DINOV2_ATTENTION.items()}
+    return {_replace_any(name, legacy): tensor for name, tensor in state_dict.items()}
+
+
+def canonical_dinov2_names(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The inverse of :func:`installed_dinov2_names`."""
+    return {_replace_any(name, _LEGACY_DINOV2_ATTENTION): tensor for name, tensor in state_dict.items()}
+
+
+def _replace_any(name: str, renames: dict[str, str]) -> str:
+    for old, new in renames.items():
+        if old in name:
+            return name.replace(old, new, 1)
+    return name
+
+
 def _tower_map(family: str, ours: str) -> list[tuple[str, str]]:
     """(timm regex, our replacement) pairs of one tower, non-qkv parameters."""
     if family == "dinov2":
@@ -118,8 +171,9 @@ def timm_to_transformers(state_dict: dict[str, Tensor], architecture: PrismaticA
         architecture: the model they belong to (families and register counts of the towers).
 
     Returns:
-        a new dict keyed by :class:`~policies.openvla.modeling_prismatic.PrismaticVLM` names;
-        SigLIP's ``attn_pool.*`` is dropped.
+        a new dict keyed by :class:`~policies.openvla.modeling_prismatic.PrismaticVLM` names
+        (DINOv2 attention named as the installed transformers does); SigLIP's ``attn_pool.*``
+        is dropped.
 
     Raises:
         ValueError: a tower parameter has no mapping (the message names it).
@@ -160,7 +214,7 @@ def timm_to_transformers(state_dict: dict[str, Tensor], architecture: PrismaticA
                 break
         else:
             raise ValueError(f"checkpoint parameter {name} has no mapping onto a transformers {tower.family} tower")
-    return converted
+    return installed_dinov2_names(converted)
 
 
 def transformers_to_timm(state_dict: dict[str, Tensor], architecture: PrismaticArchitecture) -> dict[str, Tensor]:
@@ -171,6 +225,7 @@ def transformers_to_timm(state_dict: dict[str, Tensor], architecture: PrismaticA
     """
     out: dict[str, Tensor] = {}
     towers = dict(zip(_TOWER_PREFIXES, architecture.vision_towers))
+    state_dict = canonical_dinov2_names(state_dict)
     for name, tensor in state_dict.items():
         prefix = next((p for p in _TOWER_PREFIXES if name.startswith(f"{p}model.")), None)
         if prefix is None:

@@ -96,11 +96,13 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
                 L1RegressionActionHead(llm_dim, config.action_dim) if config.action_head == "l1_regression" else None
             )
             self.proprio_projector = ProprioProjector(config.proprio_dim, llm_dim) if config.proprio_dim else None
-        # Proprio q01/q99 (OFT's bounds_q99 normalisation), NaN until a checkpoint's statistics or
-        # fit_observation_normalization set them; buffers, so that training checkpoints keep them.
+        # Proprio q01/q99 (OFT's bounds_q99 normalisation), unused (proprio_statistics_set False)
+        # until a checkpoint's statistics or fit_observation_normalization set them; buffers, so
+        # that training checkpoints keep them. Every buffer stays finite: checkpoints refuse inf/NaN.
         proprio_shape = (config.proprio_dim or 0,)
-        self.register_buffer("proprio_q01", torch.full(proprio_shape, float("nan")))
-        self.register_buffer("proprio_q99", torch.full(proprio_shape, float("nan")))
+        self.register_buffer("proprio_q01", torch.zeros(proprio_shape))
+        self.register_buffer("proprio_q99", torch.zeros(proprio_shape))
+        self.register_buffer("proprio_statistics_set", torch.tensor(False))
         if config.model_path is not None:
             self._load_oft_modules(Path(config.model_path))
         dtype = getattr(torch, config.dtype)
@@ -263,7 +265,7 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
     @property
     def proprio_statistics(self) -> ActionStatistics | None:
         """The proprio's q01/q99 (every feature normalised), or None: proprio stays raw."""
-        if not bool(torch.isfinite(self.proprio_q01).all()) or self.proprio_q01.numel() == 0:
+        if not bool(self.proprio_statistics_set) or self.proprio_q01.numel() == 0:
             return None
         return ActionStatistics(self.proprio_q01, self.proprio_q99, torch.ones_like(self.proprio_q01, dtype=torch.bool))
 
@@ -280,6 +282,7 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
         proprio = self.model_inputs(obs)[PROPRIO].float()  # (B, proprio_dim)
         self.proprio_q01.copy_(torch.quantile(proprio, 0.01, dim=0))
         self.proprio_q99.copy_(torch.quantile(proprio, 0.99, dim=0))
+        self.proprio_statistics_set.fill_(True)
 
     def _require_discrete(self, method: str) -> None:
         if not self.discrete_actions:
@@ -346,6 +349,7 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
                 statistics = ActionStatistics.from_dict(proprio, f"{directory} proprio statistics")
                 self.proprio_q01.copy_(statistics.q01)
                 self.proprio_q99.copy_(statistics.q99)
+                self.proprio_statistics_set.fill_(True)
 
 
 def _save_state(module: torch.nn.Module, path: Path) -> None:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from devices import device_overrides
 
 from policies import make_policy
 from policies.mlp import MLPPolicyConfig
@@ -15,7 +16,7 @@ from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.driver import prepare_run_dir
 from vla_rl.trainers import checkpoint
 
-EVAL = ["workers.num_workers=1", "eval.num_episodes=2", "eval.video_episodes=1", "eval.video_size=32",
+EVAL = [*device_overrides(num_workers=1), "workers.num_workers=1", "eval.num_episodes=2", "eval.video_episodes=1", "eval.video_size=32",
         "simulator.env.horizon=8", "simulator.num_cpus_per_actor=0"]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from devices import device_under_test
 from tensordict import TensorDict
 
 from policies import make_policy
@@ -54,7 +55,8 @@ class LosingPool:
 class Resources:
     def __init__(self, pool) -> None:
         torch.manual_seed(0)
-        self.policy = make_policy("mlp", MLPPolicyConfig(obs_dim=OBS_DIM, action_dim=ACT_DIM, hidden_sizes=(4,)))
+        self.policy = make_policy("mlp", MLPPolicyConfig(obs_dim=OBS_DIM, action_dim=ACT_DIM,
+                                                          hidden_sizes=(4,))).to(device_under_test())
         self.simulator_pool = pool
         self.generator = torch.Generator().manual_seed(0)
 

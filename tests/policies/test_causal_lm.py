@@ -19,12 +19,13 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module", params=["sdpa", "eager"])
-def policy(tiny_lm_dir, request):
-    """The policy under both attention implementations (each has its own decoding-step mask)."""
+def policy(tiny_lm_dir, request, device):
+    """The policy on the test device under both attention implementations (each has its own
+    decoding-step mask)."""
     return CausalLMPolicy.from_pretrained(
         CausalLMConfig(model_path=str(tiny_lm_dir), max_prompt_length=40, max_response_length=12,
                        attn_implementation=request.param)
-    )
+    ).to(device)
 
 
 @pytest.fixture(scope="module")

@@ -71,9 +71,14 @@ def _one_thread(torch_one_thread):
 
 
 @pytest.fixture(params=sorted(CASES))
-def case(request):
+def case(request, device):
+    """The policy on the test device, and its case with observations made on that device (as
+    the rollout hands them over)."""
     torch.manual_seed(0)
-    return make_policy(request.param, CASES[request.param].config()), CASES[request.param]
+    spec = CASES[request.param]
+    on_device = Case(spec.config, lambda batch, seed: spec.obs(batch, seed).to(device),
+                     lambda: spec.bad_obs().to(device), spec.bad_obs_message)
+    return make_policy(request.param, spec.config()).to(device), on_device
 
 
 def test_sample_shapes_and_dtypes(case):
@@ -118,7 +123,7 @@ def test_log_probs_are_batch_invariant(case):
     full, _ = policy.log_prob_and_entropy_per_dim(obs, actions)
     generator = torch.Generator().manual_seed(0)
     for size in sizes:
-        rows = torch.randperm(total, generator=generator)[:size]
+        rows = torch.randperm(total, generator=generator)[:size].to(policy.device)
         part, _ = policy.log_prob_and_entropy_per_dim(obs[rows], actions[rows])
         if policy.batch_invariant:
             assert torch.equal(part, full[rows]), size
@@ -142,7 +147,7 @@ def test_generator_makes_sampling_reproducible(case):
 
 def test_bc_loss_is_a_differentiable_scalar(case):
     policy, spec = case
-    loss = policy.bc_loss(spec.obs(4, 5), torch.zeros(4, policy.chunk_size, policy.action_dim))
+    loss = policy.bc_loss(spec.obs(4, 5), torch.zeros(4, policy.chunk_size, policy.action_dim, device=policy.device))
     assert loss.ndim == 0
     loss.backward()
 
@@ -152,7 +157,7 @@ def test_wrong_shapes_raise(case):
     with pytest.raises(ValueError, match=spec.bad_obs_message):
         policy.sample_actions(spec.bad_obs())
     with pytest.raises(ValueError, match="actions"):
-        policy.log_prob_and_entropy(spec.obs(4, 6), torch.zeros(4, policy.action_dim))
-    short_batch = torch.zeros(3, policy.chunk_size, policy.action_dim)
+        policy.log_prob_and_entropy(spec.obs(4, 6), torch.zeros(4, policy.action_dim, device=policy.device))
+    short_batch = torch.zeros(3, policy.chunk_size, policy.action_dim, device=policy.device)
     with pytest.raises(ValueError, match="expert_actions"):
         policy.bc_loss(spec.obs(4, 6), short_batch)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from devices import device_under_test
 from tensordict import TensorDict
 
 from policies import make_policy
@@ -204,7 +205,7 @@ def test_pipelined_stages_overlap_policy_and_simulation_in_a_fixed_order():
 
 def mlp_policy() -> torch.nn.Module:
     torch.manual_seed(0)
-    return make_policy("mlp", MLPPolicyConfig(obs_dim=OBS_DIM, action_dim=ACT_DIM, hidden_sizes=(8,)))
+    return make_policy("mlp", MLPPolicyConfig(obs_dim=OBS_DIM, action_dim=ACT_DIM, hidden_sizes=(8,))).to(device_under_test())
 
 
 def test_greedy_rollouts_are_identical_for_any_number_of_stages():

@@ -10,13 +10,14 @@ from vla_rl.data import keys
 from vla_rl.trainers.critic import CriticTrainer, ValueNetwork
 
 
-def test_critic_starts_at_zero_and_regresses_on_returns(process_group):
+def test_critic_starts_at_zero_and_regresses_on_returns(process_group, device):
     torch.manual_seed(0)
     n, steps, obs_dim = 16, 5, 4
     obs = torch.randn(n, steps + 1, obs_dim)
     returns = 2.0 * obs[:, :-1, 0] - obs[:, :-1, 1]  # (n, T), a target the network can fit
     mask = torch.arange(steps)[None, :] < torch.randint(1, steps + 1, (n, 1))  # ragged episodes
-    trainer = CriticTrainer(ValueNetwork(obs_dim, [32], torch.zeros(obs_dim), torch.ones(obs_dim)), lr=1e-2)
+    trainer = CriticTrainer(ValueNetwork(obs_dim, [32], torch.zeros(obs_dim), torch.ones(obs_dim)).to(device),
+                            lr=1e-2)
     batch = TensorDict({keys.OBS: obs, keys.RETURNS: returns, keys.RESPONSE_MASK: mask}, batch_size=[n])
     values = trainer.values(batch)
     assert torch.equal(values, torch.zeros(n, steps))

@@ -105,11 +105,13 @@ def test_camera_demonstrations_are_stored_per_key_and_cloned(tmp_path, torch_one
 
     policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture={"preset": "tiny", "fused": False}, chunk_size=2,
                                                      proprio_dim=2))
+    assert policy.proprio_statistics is None  # proprio stays raw until statistics are fitted or loaded
     before = float(policy.bc_loss(obs, actions).detach())
     metrics = behaviour_cloning(policy, obs, actions, steps=40, lr=3e-3, batch_size=8, seed=0)
     assert metrics["warm_start/transitions"] == 13.0
     # OFT's proprio statistics: q01/q99 of the demonstrations' first two state features.
     torch.testing.assert_close(policy.proprio_q01, torch.quantile(obs["state"][:, :2], 0.01, dim=0))
     torch.testing.assert_close(policy.proprio_q99, torch.quantile(obs["state"][:, :2], 0.99, dim=0))
+    assert policy.proprio_statistics is not None and bool(policy.proprio_statistics_set)
     policy.eval()
     assert float(policy.bc_loss(obs, actions).detach()) < before

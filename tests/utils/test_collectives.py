@@ -1,4 +1,5 @@
-"""The one-collective object gather over a real gloo process group (spawned processes, loopback)."""
+"""The one-collective object gather over a real process group with a DAG worker's backend on the
+test device (gloo on the CPU; spawned processes, loopback)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from devices import device_under_test, process_group_backend
 
 from vla_rl.utils.collectives import all_gather_small_objects
 from vla_rl.utils.ray_utils import free_loopback_port
@@ -22,7 +24,9 @@ def _object(rank: int, case: str):
 
 def _worker(rank: int, world: int, port: int, case: str, results) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    device_under_test()
+    dist.init_process_group(process_group_backend(), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
     results[rank] = all_gather_small_objects(_object(rank, case), capacity=CAPACITY)
     dist.destroy_process_group()
 

@@ -89,7 +89,8 @@ class DAGWorker:
             os.environ["GLOO_SOCKET_IFNAME"] = "lo"
         if self.rank != 0:
             self._store = dist.TCPStore(host, port, self.world_size, is_master=False)
-        dist.init_process_group(collective_backend(self.config.workers.device), store=self._store,
+        backend = self.config.workers.collective_backend or collective_backend(self.config.workers.device)
+        dist.init_process_group(backend, store=self._store,
                                 rank=self.rank, world_size=self.world_size)
 
     def setup(self, resume: bool) -> dict[str, float]:

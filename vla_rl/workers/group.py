@@ -98,13 +98,22 @@ class WorkerGroup:
             workers: the run's ``workers`` section.
             device: the run's device kind (resolved: ``cpu``, ``cuda`` or ``npu``); the workers
                 get it as the override ``workers.device``.
+
+        Raises:
+            ValueError: workers would share an accelerator under NCCL/HCCL
+                (:func:`~vla_rl.workers.placement.check_accelerator_sharing`).
+            RuntimeError: Ray cannot place the workers in time.
         """
         import ray
 
         from vla_rl.utils.code_location import code_root
         from vla_rl.workers.dag_worker import DAGWorker
-        from vla_rl.workers.placement import worker_actor_options
+        from vla_rl.workers.placement import (
+            check_accelerator_sharing,
+            worker_actor_options,
+        )
 
+        check_accelerator_sharing(workers, device, world_size)
         overrides = [*overrides, f"workers.device={device}"]
         group, options = worker_actor_options(workers, device, world_size)
         actor_cls = ray.remote(max_restarts=0)(DAGWorker)

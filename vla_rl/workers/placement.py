@@ -29,6 +29,22 @@ def resolve_device(kind: str, cluster_resources: dict[str, float]) -> str:
     return "cpu"
 
 
+def check_accelerator_sharing(workers, device: str, world_size: int) -> None:
+    """Refuse a group that would put several NCCL (or HCCL) ranks on one accelerator.
+
+    Raises:
+        ValueError: ``workers.gpus_per_worker`` below 1 with more than one worker and the
+            accelerator's own backend (the message names both fields).
+    """
+    backend = workers.collective_backend or {"cuda": "nccl", "npu": "hccl"}.get(device, "gloo")
+    if device in ACCELERATOR_RESOURCES and world_size > 1 and workers.gpus_per_worker < 1 and (
+            "nccl" in backend or "hccl" in backend):
+        raise ValueError(
+            f"workers.gpus_per_worker={workers.gpus_per_worker} lets {world_size} workers share an accelerator, "
+            f"which {backend} refuses (two ranks on one device); set workers.collective_backend=gloo to share "
+            "one, or give each worker a whole accelerator")
+
+
 def worker_bundle(workers, device: str) -> dict[str, float]:
     """The resources of one worker's bundle: its CPUs and, on accelerators, its accelerator share."""
     bundle = {"CPU": workers.num_cpus_per_worker}

@@ -1,0 +1,57 @@
+"""The device the test suite exercises: ``VLA_RL_TEST_DEVICE`` (``cpu``, the default; ``cuda`` or
+``npu`` on an accelerator machine). Unit tests put their policies on :func:`device_under_test` and
+their process group on its backend (tests/conftest.py); the end-to-end runs add
+:func:`device_overrides` so their DAG workers bind it. On one accelerator the workers of a run
+share it (``workers.gpus_per_worker`` below 1) and reduce with gloo, since NCCL refuses two ranks
+on one device."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+TEST_DEVICE_KIND = os.environ.get("VLA_RL_TEST_DEVICE", "cpu")
+KINDS = ("cpu", "cuda", "npu")
+
+
+def check_test_device() -> str | None:
+    """Why ``VLA_RL_TEST_DEVICE`` cannot be used here, or None."""
+    if TEST_DEVICE_KIND not in KINDS:
+        return f"VLA_RL_TEST_DEVICE={TEST_DEVICE_KIND!r}: use one of {KINDS}"
+    if TEST_DEVICE_KIND == "cuda" and not torch.cuda.is_available():
+        return "VLA_RL_TEST_DEVICE=cuda but torch.cuda.is_available() is False"
+    return None
+
+
+def device_under_test() -> torch.device:
+    """The device of the unit tests' policies and batches (bound as a DAG worker binds it)."""
+    from vla_rl.utils.device import bind_device
+
+    return bind_device(TEST_DEVICE_KIND)
+
+
+def process_group_backend() -> str:
+    """The backend of the tests' process groups: the one a DAG worker on the test device uses."""
+    from vla_rl.utils.device import collective_backend
+
+    return collective_backend(TEST_DEVICE_KIND)
+
+
+def accelerator_count() -> int:
+    if TEST_DEVICE_KIND == "cuda":
+        return torch.cuda.device_count()
+    if TEST_DEVICE_KIND == "npu":
+        return torch.npu.device_count()  # type: ignore[attr-defined]
+    return 0
+
+
+def device_overrides(num_workers: int = 2) -> list[str]:
+    """Overrides that run a template's ``num_workers`` DAG workers on the test device."""
+    if TEST_DEVICE_KIND == "cpu":
+        return ["workers.device=cpu"]
+    overrides = [f"workers.device={TEST_DEVICE_KIND}"]
+    count = accelerator_count()
+    if count < num_workers:
+        overrides += [f"workers.gpus_per_worker={max(count, 1) / num_workers}", "workers.collective_backend=gloo"]
+    return overrides
