@@ -30,7 +30,7 @@ from simulators.rendering import (
     disable_shadows_and_reflections,
     setup_headless_rendering,
 )
-from simulators.robosuite_env import camera_observation_space
+from simulators.robosuite_env import STATE_KEY_SIZES, camera_observation_space
 
 SUITE_HORIZONS: dict[str, int] = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520}
 """Control steps per episode for each suite, the ``max_steps`` of OpenVLA's LIBERO evaluation
@@ -96,6 +96,18 @@ class LiberoEnvConfig:
     def task_name(self) -> str:
         """``<suite>_<task_id>``, e.g. ``libero_spatial_0``."""
         return f"{self.suite}_{self.task_id}"
+
+    @property
+    def state_dim(self) -> int | None:
+        """Length of the state vector when every key of ``obs_keys`` has a known size (else None)."""
+        if not all(key in STATE_KEY_SIZES for key in self.obs_keys):
+            return None
+        return sum(STATE_KEY_SIZES[key] for key in self.obs_keys)
+
+    @property
+    def action_dim(self) -> int:
+        """Action length: LIBERO's OSC_POSE delta (6) and the gripper."""
+        return 7
 
     def __post_init__(self) -> None:
         if self.suite not in SUITE_HORIZONS:

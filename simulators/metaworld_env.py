@@ -217,6 +217,16 @@ class MetaWorldEnvConfig:
         """The MetaWorld task (``task``, e.g. ``"reach-v3"``)."""
         return self.task
 
+    @property
+    def state_dim(self) -> int:
+        """Length of MetaWorld's observation (:data:`OBS_DIM`)."""
+        return OBS_DIM
+
+    @property
+    def action_dim(self) -> int:
+        """Action length (:data:`ACT_DIM`)."""
+        return ACT_DIM
+
     def __post_init__(self) -> None:
         if self.task not in METAWORLD_V3_TASKS:
             close = [name for name in METAWORLD_V3_TASKS if str(self.task).split("-")[0] in name]

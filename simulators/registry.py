@@ -10,6 +10,9 @@ A simulator is a ``gymnasium.Env`` subclass registered under a name. Its contrac
   ``info["success"]``, no auto-reset;
 - its config dataclass has a ``task_name`` property: the task it sets up (``"Lift"``), which
   keys scripted experts (:mod:`simulators.experts`) and names evaluation tasks;
+- optionally, ``state_dim`` and ``action_dim`` properties on the config dataclass: the state
+  vector's and the action's lengths when they are known before any environment exists (None
+  when not); ``vla-rl plan`` estimates the bytes a step moves from them;
 - attributes ``horizon`` (int) and ``obs_layout`` (``{key: slice}`` into the observation), and
   ``render_mode`` (``"rgb_array"`` when ``render_frame() -> uint8 (H, W, 3)`` is available,
   else ``None``), and ``instruction`` (the task's language instruction);

@@ -91,6 +91,21 @@ PART_CONTROLLERS: tuple[str, ...] = (
 )
 """robosuite 1.5 arm controllers (``robosuite.controllers.ALL_PART_CONTROLLERS``)."""
 
+STATE_KEY_SIZES: dict[str, int] = {
+    "robot0_eef_pos": 3, "robot0_eef_quat": 4, "robot0_gripper_qpos": 2, "robot0_gripper_qvel": 2,
+    "robot0_joint_pos": 7, "robot0_joint_pos_cos": 7, "robot0_joint_pos_sin": 7, "robot0_joint_vel": 7,
+    "cube_pos": 3, "cube_quat": 4, "gripper_to_cube_pos": 3,
+    "cubeA_pos": 3, "cubeA_quat": 4, "cubeB_pos": 3, "cubeB_quat": 4, "gripper_to_cubeA": 3, "gripper_to_cubeB": 3,
+    "cubeA_to_cubeB": 3, "Can_pos": 3, "Can_quat": 4, "Can_to_robot0_eef_pos": 3, "Can_to_robot0_eef_quat": 4,
+    "door_pos": 3, "handle_pos": 3, "handle_to_eef_pos": 3, "hinge_qpos": 1, "handle_qpos": 1,
+}
+"""Sizes of the robosuite 1.5.2 observation keys (Panda) of the default states and their usual
+companions, for sizes known before any environment exists (the planner's traffic estimates);
+the environment measures its own layout."""
+
+_ARM_ACTION_SIZES: dict[str, int] = {"OSC_POSE": 6, "IK_POSE": 6, "OSC_POSITION": 3}
+"""Arm action values of the controllers whose layout does not depend on the robot's joints."""
+
 TASK_INSTRUCTIONS: dict[str, str] = {
     "Lift": "lift the cube",
     "Stack": "stack the red cube on the green cube",
@@ -150,6 +165,22 @@ class RobosuiteEnvConfig:
     def task_name(self) -> str:
         """The robosuite task (``task``)."""
         return self.task
+
+    @property
+    def state_dim(self) -> int | None:
+        """Length of the state vector, when every key of ``obs_keys`` is in :data:`STATE_KEY_SIZES`
+        (else None: only the environment knows)."""
+        if not all(key in STATE_KEY_SIZES for key in self.obs_keys):
+            return None
+        return sum(STATE_KEY_SIZES[key] for key in self.obs_keys)
+
+    @property
+    def action_dim(self) -> int | None:
+        """Action length (the arm's, plus one for the gripper) for the controllers of
+        :data:`_ARM_ACTION_SIZES` (a Panda's joint controllers: 7 + 1); else None."""
+        if self.controller in _ARM_ACTION_SIZES:
+            return _ARM_ACTION_SIZES[self.controller] + 1
+        return 8 if self.robot == "Panda" else None
 
     def __post_init__(self) -> None:
         if self.task not in SINGLE_ARM_TASKS:

@@ -99,6 +99,10 @@ def test_run_leaves_every_artifact(srpo_run):
                 "timing/actor_update", "timing/reshard_group_filter_to_actor_update"):
         assert key in step, key
     assert not [key for key in step if key.startswith("timing/reshard_") and "actor_update" not in key]
+    # What the step's collectives moved (the SRPO reference set among them) and what reached the driver.
+    assert step["comm/collectives"] >= 5 and step["comm/srpo_reference/collectives"] == 3
+    assert 0 < step["comm/bytes_received"] <= step["comm/bytes_received_max"]
+    assert 0 < step["driver/bytes"] < 8_000
     assert 1 <= step["rollout/episode_length"] <= 40
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
     assert ckpts == ["step_00000002", "step_00000003"]  # keep_last=2

@@ -54,6 +54,7 @@ def test_grpo_template_builds_its_model_and_data(ray_on_loopback, tmp_path):
     assert 1.0 <= step["rollout/response_length"] <= 24.0
     # Every node runs at DP 2: the only re-shard rebalances the kept responses before the update.
     assert sorted(k for k in step if k.startswith("timing/reshard_")) == ["timing/reshard_group_filter_to_actor_update"]
+    assert step["comm/reshard_rows/bytes_received"] == 0  # no group filtered: equal shards, nothing moves
     assert step["actor/num_updates"] == 4.0  # 16 responses / 8 per minibatch, 2 epochs
     assert "actor/grad_norm" in step and "actor/pg_clipfrac" in step
     assert (run_dir / "checkpoints" / "step_00000001" / "model.safetensors").exists()

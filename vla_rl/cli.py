@@ -7,7 +7,9 @@
     vla-rl export CHECKPOINT_DIR OUT_DIR
 
 ``plan`` loads a template (a path, or a name in ``dag_templates/``), applies the dotted overrides
-and prints each worker's task chain and the hops between DP sizes, without starting anything.
+and prints each worker's task chain and the hops between DP sizes, then a table of the training
+step's data hops (re-shards): the keys that move and their estimated bytes per step
+(:mod:`vla_rl.dag.traffic`), without starting anything.
 
 Each subcommand is a ``_add_<name>_command(commands)`` function that adds its subparser and sets
 ``handler`` (a function ``args -> exit status``). A problem with the user's input (a template,
@@ -100,8 +102,67 @@ def _add_plan_command(commands: argparse._SubParsersAction) -> None:
 def _run_plan(args: argparse.Namespace) -> int:
     template = load_template(args.template, args.overrides)
     preflight(template, world_size=args.world_size)
-    print(describe_plan(plan(template, world_size=args.world_size)))
+    the_plan = plan(template, world_size=args.world_size)
+    print(describe_plan(the_plan))
+    print_traffic(template, the_plan, Console(width=max(Console().width, 136), highlight=False))
     return 0
+
+
+def print_traffic(template, the_plan, console: Console) -> None:
+    """The ``train`` phase's data hops with their keys and estimated bytes per step, and the
+    totals per worker and over all workers."""
+    from rich import box
+    from rich.table import Table
+
+    from vla_rl.dag.traffic import estimate_traffic, format_bytes
+    from vla_rl.workflows import get_workflow
+
+    config = template.config
+    shape = get_workflow(config.run.workflow).step_shape(config)
+    world = the_plan.world_size
+    if shape is None:
+        console.print(f"data hops: workflow {config.run.workflow!r} gives no batch sizes to estimate bytes from")
+        return
+    hops = estimate_traffic(the_plan, shape)
+    if not hops:
+        console.print("data hops of a training step: none (every node reads its producer's output on its own worker)")
+        return
+    table = Table(box=box.SIMPLE_HEAD, title=f"data hops of a training step: {shape.groups} groups x {shape.group_size} samples, "
+                        f"T = {shape.decisions} decisions, {world} workers")
+    for column in ("hop", "DP", "keys", "rows", "bytes/row", "moved/step", "in/worker", "max in", "max out",
+                   "meta/worker"):
+        table.add_column(column, justify="left" if column == "hop" else "right", no_wrap=True)
+    for hop in hops:
+        rows = f"{'<=' if hop.rows_upper_bound else ''}{hop.rows}"
+        if hop.rebalance:
+            bound = f"<={format_bytes(hop.rebalance_bound_per_worker)}"
+            moved, per_worker, max_in, max_out = "0*", "0*", bound, bound
+        else:
+            moved, per_worker = format_bytes(hop.total_bytes), format_bytes(hop.bytes_per_worker)
+            max_in, max_out = format_bytes(hop.max_received), format_bytes(hop.max_sent)
+        table.add_row(f"{hop.src} -> {hop.dst}", f"{hop.src_dp_size}->{hop.dst_dp_size}", str(len(hop.keys)), rows,
+                      format_bytes(hop.row_bytes), moved, per_worker, max_in, max_out,
+                      format_bytes(hop.meta_bytes_per_worker))
+    console.print(table)
+    if any(hop.rebalance for hop in hops):
+        console.print("* a rebalance (same DP size) moves nothing when the shards it evens out are equal, else their "
+                      "surplus rows (max in / max out: at most)")
+    for hop in hops:
+        listed = sorted(hop.keys, key=lambda k: (-(hop.key_bytes[k] or 0), k))
+        keys = ", ".join(f"{key} {'?' if hop.key_bytes[key] is None else hop.key_bytes[key]}" for key in listed)
+        console.print(f"{hop.src} -> {hop.dst} moves (bytes per sample): {keys}")
+    rows_per_worker = sum(hop.bytes_per_worker for hop in hops if not hop.rebalance)
+    bound = sum(hop.rebalance_bound_per_worker for hop in hops if hop.rebalance)
+    meta = sum(hop.meta_bytes_per_worker for hop in hops)
+    total = sum(hop.total_bytes for hop in hops if not hop.rebalance)
+    console.print(f"per worker per step: {format_bytes(rows_per_worker)} of rows"
+                  + (f" (+ up to {format_bytes(bound)} rebalancing unequal shards)" if bound else "")
+                  + f" + {format_bytes(meta)} of re-shard metadata; all {world} workers: {format_bytes(total)} of rows"
+                  + (f" (+ up to {format_bytes(bound * world)})" if bound else "")
+                  + f" + {format_bytes(meta * world)} of metadata")
+    unknown = sorted({key for hop in hops for key in hop.unknown_keys})
+    if unknown:
+        console.print(f"[yellow]sizes unknown before the simulator starts, left out: {', '.join(unknown)}[/yellow]")
 
 
 def _add_train_command(commands: argparse._SubParsersAction) -> None:

@@ -24,6 +24,10 @@ from vla_rl.workers.group import WorkerDiedError, run_evaluation
 TOTAL_ENV_STEPS = "rollout/total_env_steps"
 """Metric: control steps simulated since the start of training (all workers, refills included)."""
 
+DRIVER_BYTES = "driver/bytes"
+"""Metric: bytes of the step's replies that reached the driver, all workers together (pickled
+scalar metrics: rank 0's, and an empty reply from each other worker)."""
+
 
 class RunLoop:
     """A run of a template's steps on groups of started workers
@@ -156,6 +160,7 @@ class RunLoop:
             for step in bar:
                 metrics = self.workers.collect(pending)[0]
                 metrics["timing/step"] = time.perf_counter() - step_start
+                metrics[DRIVER_BYTES] = float(self.workers.last_reply_bytes)
                 pending = None
                 step_env_steps = metrics.get("rollout/env_steps", 0.0)
                 if metrics.get("timing/rollout"):

@@ -146,3 +146,47 @@ def test_reshard_without_group_key_balances_single_samples(group_key, expected):
     results = manager.dict()
     mp.spawn(_single_group_worker, args=(2, free_loopback_port(), group_key, results), nprocs=2, join=True)
     assert [results[0], results[1]] == expected
+
+
+# Counted bytes: rows of uid (int64, 8 bytes) and x (3 float32, 12 bytes) = 20 bytes per row.
+ROW_BYTES = 20
+
+
+def _counting_worker(rank: int, world: int, port: int, results) -> None:
+    from vla_rl.utils.collectives import COUNTERS
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    groups = torch.arange(4).repeat_interleave(2)  # 4 groups of 2 samples
+    full = TensorDict({"uid": groups, "x": torch.arange(24.0).reshape(8, 3)}, batch_size=[8])
+    counts = {}
+    local = full[rank * 4:(rank + 1) * 4]  # DP 2: rank r holds groups 2r, 2r + 1
+    for name, src, dst, key in (("2->1", 2, 1, "uid"), ("1->2", 1, 2, "uid"), ("rebalance", 2, 2, None)):
+        before = COUNTERS.snapshot()
+        local = reshard(local, src, dst, group_key=key)
+        delta = COUNTERS.since(before)
+        counts[name] = {tag: (c.collectives, c.bytes_sent, c.bytes_received) for tag, c in delta.tags.items()}
+    # An empty shard whose key has another per-sample shape: the schemas' digests differ, the
+    # ranks exchange their schemas, the non-empty shard's wins.
+    odd = full[:4] if rank == 0 else TensorDict({"uid": groups[:0], "x": torch.zeros(0, 5)}, batch_size=[0])
+    before = COUNTERS.snapshot()
+    results[rank] = (counts, reshard(odd, 2, 1)["x"].tolist(), COUNTERS.since(before).tags["reshard_meta"].collectives)
+    dist.destroy_process_group()
+
+
+def test_reshard_counts_exactly_the_bytes_it_moves():
+    results = mp.Manager().dict()
+    mp.spawn(_counting_worker, args=(2, free_loopback_port(), results), nprocs=2, join=True)
+    for rank in (0, 1):
+        counts, odd_rows, odd_meta_collectives = results[rank]
+        # DP 2 -> 1: each rank receives the other's 4 rows; metadata: the other's 16-byte header,
+        # then its 2 group sizes (int64).
+        assert counts["2->1"] == {"reshard_meta": (2, 16 + 16, 16 + 16), "reshard_rows": (1, 4 * ROW_BYTES, 4 * ROW_BYTES)}
+        # DP 1 -> 2: rank 0 (the owner) sends shard 1's 4 rows to rank 1; rank 1 sends nothing. The
+        # group sizes are padded to the owner's 4 groups (rank 1, not an owner, sends zeros).
+        rows = (4 * ROW_BYTES, 0) if rank == 0 else (0, 4 * ROW_BYTES)
+        assert counts["1->2"] == {"reshard_meta": (2, 16 + 32, 16 + 32), "reshard_rows": (1, *rows)}
+        # Equal shards: nothing moves; single samples need the counts only.
+        assert counts["rebalance"] == {"reshard_meta": (1, 16, 16), "reshard_rows": (1, 0, 0)}
+        assert odd_rows == torch.arange(12.0).reshape(4, 3).tolist()
+        assert odd_meta_collectives >= 2  # the headers, then the schemas (in one or two more collectives)

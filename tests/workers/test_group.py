@@ -82,3 +82,11 @@ def test_failed_constructor_is_not_a_death(ray_on_loopback):
     with pytest.raises(ray.exceptions.RayActorError, match="bad constructor argument") as err:
         workers.call("work", {})
     assert not isinstance(err.value, WorkerDiedError)
+
+
+def test_the_driver_counts_the_bytes_it_receives(group):
+    import pickle
+
+    replies = group.call("work", {})
+    assert group.last_reply_bytes == sum(len(pickle.dumps(reply)) for reply in replies)
+    assert group.max_reply_bytes == max(len(pickle.dumps(reply)) for reply in replies)

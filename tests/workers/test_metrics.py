@@ -19,7 +19,15 @@ from vla_rl.nodes.advantage import compute_advantages
 from vla_rl.nodes.group_filter import filter_groups
 from vla_rl.nodes.reward import compute_rewards
 from vla_rl.workers.context import NodeContext
-from vla_rl.workers.metrics import as_metric, mean, reduce_metrics, same, total
+from vla_rl.workers.metrics import (
+    as_metric,
+    maximum,
+    mean,
+    reduce_metrics,
+    reduction_cost,
+    same,
+    total,
+)
 
 
 def test_rules_on_one_worker(process_group):
@@ -87,3 +95,62 @@ def test_reduced_metrics_are_identical_at_dp_1_and_dp_2(tmp_path):
     advantages = compute_advantages(ctx, compute_rewards(ctx, batch).batch).batch[keys.ADVANTAGES]
     by_hand = float(advantages.abs().sum() / batch[keys.RESPONSE_MASK].sum())
     assert dp2["advantage/abs_mean"] == pytest.approx(by_hand, rel=1e-6)
+
+
+def _local_metrics(rank: int, case: str) -> list:
+    local = [("a", mean(0.1 * (rank + 1), 3 + rank), 1), ("a", mean(0.7, 1), 1), ("n", total(rank + 0.5), 1),
+             ("s", same(1.0 / 3.0), 1), ("m", maximum(10.0 * rank), 1)]
+    if case == "names differ" and rank == 1:
+        local.append(("only_rank_1", mean(2.0, 1), 1))
+    return local
+
+
+def _legacy_reduction(case: str, world: int) -> dict[str, float]:
+    """What every worker must get: the entries of all ranks combined in rank order by the same
+    rules (the pickled exchange's arithmetic)."""
+    sums, weights, rules = {}, {}, {}
+    for rank in range(world):
+        for name, m, _ in _local_metrics(rank, case):
+            rules[name] = m.rule
+            if m.rule == "mean":
+                sums[name] = sums.get(name, 0.0) + m.value * m.weight
+                weights[name] = weights.get(name, 0.0) + m.weight
+            elif m.rule == "sum":
+                sums[name] = sums.get(name, 0.0) + m.value
+            elif m.rule == "max":
+                sums[name] = max(sums.get(name, m.value), m.value)
+            else:
+                sums.setdefault(name, m.value)
+    return {name: sums[name] / weights[name] if rules[name] == "mean" else sums[name] for name in sorted(sums)}
+
+
+def _reduction_worker(rank: int, world: int, store_path: str, results) -> None:
+    from vla_rl.utils.collectives import COUNTERS
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    out = {}
+    for case in ("same names", "names differ"):
+        before = COUNTERS.snapshot()
+        reduced = reduce_metrics(_local_metrics(rank, case))
+        counted = COUNTERS.since(before).tags["metrics"]
+        out[case] = (reduced, (counted.collectives, counted.bytes_received))
+    results[rank] = out
+    dist.destroy_process_group()
+
+
+def test_reduction_exchanges_numbers_when_names_agree_with_the_same_figures(tmp_path):
+    world = 2
+    results = mp.Manager().dict()
+    mp.spawn(_reduction_worker, args=(world, str(tmp_path / "store"), results), nprocs=world, join=True)
+    assert results[0] == results[1]
+    for case in ("same names", "names differ"):
+        reduced, _ = results[0][case]
+        assert reduced == _legacy_reduction(case, world)  # exactly: same entries, same order
+    assert results[0]["same names"][0]["m"] == 10.0 and results[0]["same names"][0]["n"] == 2.0
+    # Names agree: a 16-byte header and 16 bytes per entry from the other worker, as predicted.
+    expected = reduction_cost(world, len(_local_metrics(0, "same names")))
+    assert results[0]["same names"][1] == (2, sum(received for _, received in expected))
+    # They differ: the header, then the pickled entries (their lengths, then the pickles).
+    collectives, received = results[0]["names differ"][1]
+    assert collectives == 3 and received > 16

@@ -34,7 +34,7 @@ Planning starts nothing (no Ray, no processes); the workers execute the chains.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
@@ -126,6 +126,7 @@ class PhasePlan:
         dp_sizes: node id -> its resolved DP size.
         chains: rank -> that worker's tasks, in execution order.
         hops: the edges whose DP sizes differ, in execution order.
+        keys: node id -> the batch keys of its output (its input's and the ones it writes).
     """
 
     phase: str
@@ -133,6 +134,7 @@ class PhasePlan:
     dp_sizes: dict[str, int]
     chains: dict[int, tuple[Task, ...]]
     hops: tuple[Hop, ...]
+    keys: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,7 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
         problem = None if check is None else check(config, node_configs[node.id], dp_sizes[node.id], world_size)
         if problem is not None:
             raise TemplateError(problem[1], file=file, node=node.id, field=problem[0])
-    _check_key_flow(order, by_id, config, node_configs, file)
+    output_keys = _check_key_flow(order, by_id, config, node_configs, file)
     hops = tuple(
         Hop(dep, node_id, dp_sizes[dep], dp_sizes[node_id])
         for node_id in order
@@ -244,7 +246,7 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
             chain.append(RunNode(node_id, node.role, node.type, node.fn, dp_size, dp_rank, node.deps,
                                  node_configs[node_id], resolve(function.resources, config, node_configs[node_id])))
         chains[rank] = tuple(chain)
-    return PhasePlan(phase, order, dp_sizes, chains, hops)
+    return PhasePlan(phase, order, dp_sizes, chains, hops, output_keys)
 
 
 def _rebalances(function, dp_size: int) -> bool:
@@ -256,9 +258,9 @@ def _rebalances(function, dp_size: int) -> bool:
 
 
 def _check_key_flow(order: tuple[str, ...], nodes: dict[str, NodeSpec], config, node_configs: dict,
-                    file: Path) -> None:
+                    file: Path) -> dict[str, frozenset[str]]:
     """Every key a node reads is written by a node upstream of it (its output carries its input's
-    keys and the ones it writes)."""
+    keys and the ones it writes). Returns each node's output keys."""
     available: dict[str, frozenset[str]] = {}
     for node_id in order:
         node = nodes[node_id]
@@ -272,6 +274,7 @@ def _check_key_flow(order: tuple[str, ...], nodes: dict[str, NodeSpec], config, 
                 f"reads batch key {key!r}, which no node upstream of it writes (upstream: {upstream}); "
                 f"{_writers_hint(key, config)}", file=file, node=node_id, field="deps")
         available[node_id] = inputs | resolve(function.writes, config, node_configs[node_id])
+    return available
 
 
 def _ancestors(node_id: str, nodes: dict[str, NodeSpec]) -> list[str]:

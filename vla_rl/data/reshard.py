@@ -6,8 +6,14 @@ shard ``k`` (ranks of one block are replicas). Between two nodes whose DP sizes 
 is re-sharded with one ``all_to_all_single`` over the worker process group:
 
 1. the first rank of each source block is the *owner* of that shard and the only rank that sends;
-2. owners announce their shard's group sizes and the batch schema (one all-gather of a few
-   hundred bytes of metadata, never sample data: :func:`~vla_rl.utils.collectives.all_gather_small_objects`);
+2. every rank announces its shard's number of groups (owners) and a digest of its batch's schema
+   (keys, dtypes, per-sample shapes) in one all-gather of 16 bytes per rank; when the destination
+   keeps groups whole, the owners' group sizes follow in a second all-gather (8 bytes per group,
+   padded to the largest shard's count). Metadata only, never sample data, and a few bytes per
+   rank: what every rank receives grows with the world size by 16 bytes (+ 8 per group) per rank.
+   When the digests differ (an empty shard whose batch lacks a key, say), the ranks exchange
+   their schemas instead (:func:`~vla_rl.utils.collectives.all_gather_small_objects`), and the
+   non-empty shards must agree;
 3. the global sequence of groups (source shard 0, then 1, ...) is cut into ``d_dst`` contiguous
    pieces with sample counts as equal as group boundaries allow; a group is never split, unless
    the destination node does not compare a group's samples (a model update: its function is
@@ -24,6 +30,7 @@ loopback on CPU, nccl/hccl on accelerators).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +39,13 @@ import torch.distributed as dist
 from tensordict import TensorDict
 
 from vla_rl.data import keys
-from vla_rl.utils.collectives import all_gather_small_objects
+from vla_rl.utils.collectives import (
+    all_gather_cost,
+    all_gather_into_one,
+    all_gather_small_objects,
+    all_to_all_rows,
+    collective_device,
+)
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,41 @@ def split_groups(sizes: list[int], num_parts: int) -> list[int]:
     return bounds
 
 
+def route(owner_group_sizes: list[list[int]], world: int, src_dp_size: int, dst_dp_size: int
+          ) -> list[list[tuple[int, int]]]:
+    """Which rows each source owner sends to each rank in a re-shard (no data needed: the
+    planner's traffic estimates use it too, :mod:`vla_rl.dag.traffic`).
+
+    Args:
+        owner_group_sizes: for each source shard, in order, the sample counts of its groups
+            (every sample its own group of 1 when the destination balances single samples).
+        world: the world size.
+        src_dp_size, dst_dp_size: the DP sizes before and after (both divide ``world``).
+
+    Returns:
+        ``ranges[k][t] = (start, stop)``: the rows of source shard ``k`` (local indices) that rank
+        ``t`` receives; ``(0, 0)`` for none. Every rank of a destination block receives its
+        shard's rows (replicas), from the owner of each source shard (rank ``k * W / src_dp_size``).
+    """
+    dst_block = world // dst_dp_size
+    all_sizes = [size for sizes in owner_group_sizes for size in sizes]
+    bounds = split_groups(all_sizes, dst_dp_size)
+    group_starts = np.concatenate([[0], np.cumsum(all_sizes, dtype=np.int64)])
+    # Global sample range of every destination shard, and of every owner's local shard.
+    dst_ranges = [(int(group_starts[bounds[k]]), int(group_starts[bounds[k + 1]])) for k in range(dst_dp_size)]
+    owner_offsets = np.concatenate([[0], np.cumsum([sum(sizes) for sizes in owner_group_sizes], dtype=np.int64)])
+    ranges = []
+    for owner_index in range(len(owner_group_sizes)):
+        own_lo, own_hi = int(owner_offsets[owner_index]), int(owner_offsets[owner_index + 1])
+        row = []
+        for dst_rank in range(world):
+            lo, hi = dst_ranges[dst_rank // dst_block]
+            start, stop = max(lo, own_lo), min(hi, own_hi)
+            row.append((start - own_lo, stop - own_lo) if stop > start else (0, 0))
+        ranges.append(row)
+    return ranges
+
+
 def _schema(batch: TensorDict) -> list[_FieldSpec]:
     return [
         _FieldSpec(name, value.dtype, tuple(value.shape[1:]))
@@ -129,6 +177,69 @@ def _batch_device(batch: TensorDict) -> torch.device:
     return leaves[0].device if leaves else torch.device("cpu")
 
 
+def _digest(schema: list[_FieldSpec], nested: list) -> int:
+    """A 63-bit digest of a batch's fields and nested batch dimensions."""
+    text = repr(([(f.name, str(f.dtype), f.shape) for f in schema], nested)).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+
+
+def _metadata(batch: TensorDict, owners: list[int], is_owner: bool, group_key: str | None,
+              group: dist.ProcessGroup | None) -> tuple[list[list[int]], list[_FieldSpec], list]:
+    """Each owner's group sizes (in owner order), the batch's fields and its nested batch dims, as
+    every rank learns them (step 2 of the module docstring)."""
+    world = dist.get_world_size(group)
+    device = collective_device(group)
+    schema, nested = _schema(batch), _nested_batch_dims(batch)
+    sizes = ([1] * len(batch) if group_key is None else group_sizes(batch.get(group_key))) if is_owner else []
+    headers = torch.empty(world * 2, dtype=torch.int64, device=device)
+    header = torch.tensor([len(sizes), _digest(schema, nested)], dtype=torch.int64, device=device)
+    all_gather_into_one(headers, header, group=group, tag="reshard_meta")
+    counts, digests = headers.view(world, 2).cpu().T.tolist()
+    if len(set(digests)) > 1:
+        return _metadata_by_objects(batch, owners, sizes if is_owner else None, group)
+    if group_key is None:
+        return [[1] * counts[r] for r in owners], schema, nested
+    longest = max(counts[r] for r in owners)
+    if longest == 0:
+        return [[] for _ in owners], schema, nested
+    padded = torch.zeros(longest, dtype=torch.int64)
+    padded[: len(sizes)] = torch.tensor(sizes, dtype=torch.int64)
+    gathered = torch.empty(world * longest, dtype=torch.int64, device=device)
+    all_gather_into_one(gathered, padded.to(device), group=group, tag="reshard_meta")
+    gathered = gathered.view(world, longest).cpu()
+    return [gathered[r, : counts[r]].tolist() for r in owners], schema, nested
+
+
+def metadata_cost(world: int, largest_shard_groups: int, whole_groups: bool) -> tuple[int, int]:
+    """``(sent, received)`` bytes of one rank in a re-shard's metadata exchange when the ranks'
+    fields agree: the 16-byte headers, and with whole groups each owner's group sizes (8 bytes
+    each, padded to ``largest_shard_groups``)."""
+    sent, received = all_gather_cost(world, 16)
+    if whole_groups and largest_shard_groups:
+        more = all_gather_cost(world, 8 * largest_shard_groups)
+        sent, received = sent + more[0], received + more[1]
+    return sent, received
+
+
+def _metadata_by_objects(batch: TensorDict, owners: list[int], sizes: list[int] | None,
+                         group: dist.ProcessGroup | None) -> tuple[list[list[int]], list[_FieldSpec], list]:
+    """:func:`_metadata` when the ranks' batches differ in their fields: every owner sends its
+    group sizes and fields; the fields of the first owner with samples are everyone's.
+
+    Raises:
+        ValueError: owners with samples disagree on their fields.
+    """
+    local = None if sizes is None else (sizes, [(f.name, f.dtype, f.shape) for f in _schema(batch)],
+                                        _nested_batch_dims(batch))
+    gathered = all_gather_small_objects(local, group, tag="reshard_meta")
+    schemas = {tuple(gathered[r][1]) for r in owners if gathered[r][0]}
+    if len(schemas) > 1:
+        raise ValueError(f"re-shard: shards disagree on their fields: {sorted(schemas)}")
+    source = next((r for r in owners if gathered[r][0]), owners[0])
+    schema = [_FieldSpec(name, dtype, tuple(shape)) for name, dtype, shape in gathered[source][1]]
+    return [gathered[r][0] for r in owners], schema, gathered[source][2]
+
+
 def reshard(
     batch: TensorDict,
     src_dp_size: int,
@@ -164,39 +275,17 @@ def reshard(
     for name, size in (("src_dp_size", src_dp_size), ("dst_dp_size", dst_dp_size)):
         if size < 1 or world % size:
             raise ValueError(f"{name}={size} must divide the world size {world}")
-    src_block, dst_block = world // src_dp_size, world // dst_dp_size
+    src_block = world // src_dp_size
     is_owner = rank % src_block == 0
     device = _batch_device(batch)
 
-    local_meta = None
-    if is_owner:
-        sizes = [1] * len(batch) if group_key is None else group_sizes(batch.get(group_key))
-        local_meta = (sizes, [(f.name, f.dtype, f.shape) for f in _schema(batch)], _nested_batch_dims(batch))
-    gathered = all_gather_small_objects(local_meta, group)
     owners = [r for r in range(world) if r % src_block == 0]
-    schemas = {tuple(gathered[r][1]) for r in owners if gathered[r][0]}
-    if len(schemas) > 1:
-        raise ValueError(f"re-shard: shards disagree on their fields: {sorted(schemas)}")
-    source = next((r for r in owners if gathered[r][0]), owners[0])
-    schema = [_FieldSpec(name, dtype, tuple(shape)) for name, dtype, shape in gathered[source][1]]
-
-    all_sizes = [size for r in owners for size in gathered[r][0]]
-    bounds = split_groups(all_sizes, dst_dp_size)
-    group_starts = np.concatenate([[0], np.cumsum(all_sizes, dtype=np.int64)])
-    # Global sample range of every destination shard, and of every owner's local shard.
-    dst_ranges = [(int(group_starts[bounds[k]]), int(group_starts[bounds[k + 1]])) for k in range(dst_dp_size)]
-    owner_offsets = np.concatenate([[0], np.cumsum([sum(gathered[r][0]) for r in owners], dtype=np.int64)])
-
-    def rows_between(owner_index: int, dst_rank: int) -> tuple[int, int]:
-        lo, hi = dst_ranges[dst_rank // dst_block]
-        own_lo, own_hi = int(owner_offsets[owner_index]), int(owner_offsets[owner_index + 1])
-        start, stop = max(lo, own_lo), min(hi, own_hi)
-        return (start - own_lo, stop - own_lo) if stop > start else (0, 0)
-
+    owner_sizes, schema, nested = _metadata(batch, owners, is_owner, group_key, group)
+    ranges = route(owner_sizes, world, src_dp_size, dst_dp_size)
     row_bytes = sum(f.row_bytes for f in schema)
     if is_owner:
         packed = _pack(batch, schema)
-        pieces = [packed[slice(*rows_between(rank // src_block, t))] for t in range(world)]
+        pieces = [packed[slice(*ranges[rank // src_block][t])] for t in range(world)]
         send = torch.cat(pieces) if pieces else packed[:0]
         send_counts = [p.shape[0] for p in pieces]
     else:
@@ -204,10 +293,10 @@ def reshard(
         send_counts = [0] * world
     recv_counts = [0] * world
     for owner_index, owner in enumerate(owners):
-        start, stop = rows_between(owner_index, rank)
+        start, stop = ranges[owner_index][rank]
         recv_counts[owner] = stop - start
     recv = torch.empty(sum(recv_counts), row_bytes, dtype=torch.uint8, device=device)
-    dist.all_to_all_single(recv, send, recv_counts, send_counts, group=group)
+    all_to_all_rows(recv, send, recv_counts, send_counts, group=group)
     out = _unpack(recv, schema)
-    _restore_nested_batch_dims(out, gathered[source][2])
+    _restore_nested_batch_dims(out, nested)
     return out

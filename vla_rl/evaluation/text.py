@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from tensordict import TensorDict
 
 from vla_rl.data import keys
 from vla_rl.data.prompt_dataset import PromptFile
 from vla_rl.evaluation.session import EvaluationSession
 from vla_rl.rewards.verifiers import verify
+from vla_rl.utils.collectives import all_gather_small_objects
 
 #: Prompts decoded together during evaluation (bounds the KV cache).
 EVAL_BATCH_SIZE = 64
@@ -56,8 +56,7 @@ class TextEvaluation(EvaluationSession):
     def __init__(self, res) -> None:
         super().__init__(res, ["test"], [None], keys.UID)
         rows = PromptFile(res.text_assets.test_file).read_shard(res.rank, res.world_size)
-        sizes: list = [None] * res.world_size
-        dist.all_gather_object(sizes, len(rows), group=res.group)
+        sizes = all_gather_small_objects(len(rows), res.group, tag="evaluation")
         self.rows = {row.index: row for row in rows[: eval_quotas(res.config.eval.num_episodes, sizes)[res.rank]]}
         self.flexible = res.config.text.answer_extraction == "flexible"
 

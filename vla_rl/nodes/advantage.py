@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from vla_rl.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from vla_rl.algorithms.granularity import reduce_per_action, reduce_per_dim
@@ -14,6 +13,7 @@ from vla_rl.algorithms.kl import kl_penalty, make_kl_controller
 from vla_rl.algorithms.rewards import outcome_to_token_rewards
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
+from vla_rl.utils.collectives import all_reduce
 from vla_rl.workers.metrics import mean
 from vla_rl.workers.resources import register_resource
 
@@ -89,11 +89,9 @@ def compute_advantages(ctx, batch) -> NodeOutput:
 def shard_reduce(ctx):
     """A :data:`~vla_rl.algorithms.advantages.ShardReduce` over the node's DP shards: all-reduces
     over the workers (replicated shards count once in sums)."""
-    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-
     def reduce(values: torch.Tensor, op: str) -> torch.Tensor:
         values = values.detach().to(torch.float64).cpu().clone()
-        dist.all_reduce(values, op=ops[op], group=ctx.group)
+        all_reduce(values, op, ctx.group, tag="advantage_statistics")
         return values / ctx.replicas if op == "sum" else values
 
     return reduce
@@ -117,7 +115,7 @@ def kl_reward_penalty(ctx, batch) -> tuple[torch.Tensor, dict[str, float]]:
     beta = controller.value
     episode_kl = kl.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # (n,)
     totals = torch.tensor([float(episode_kl.sum()), float(len(episode_kl))], dtype=torch.float64)
-    dist.all_reduce(totals, group=ctx.group)
+    all_reduce(totals, group=ctx.group, tag="kl_controller")
     current_kl = float(totals[0] / totals[1].clamp(min=1))
     controller.update(current_kl, n_steps=round(float(totals[1]) / ctx.replicas))
     return beta * kl, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}

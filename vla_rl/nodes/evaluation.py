@@ -17,10 +17,10 @@ Only counts cross the workers; episodes stay with the worker that ran them.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
+from vla_rl.utils.collectives import all_reduce
 from vla_rl.workers.metrics import mean, same
 
 GROUP_KEYS = (keys.TASK_ID, keys.CHECKPOINT_INDEX, keys.PROTOCOL_INDEX)
@@ -70,7 +70,7 @@ def record_eval_episodes(ctx, batch) -> NodeOutput:
     counts = torch.as_tensor(session.record(batch), dtype=torch.float64)
     remaining = torch.tensor([float(session.remaining())], dtype=torch.float64)
     totals = torch.cat([counts.flatten(), remaining]) / ctx.replicas  # replicated shards count once
-    dist.all_reduce(totals, group=ctx.group)
+    all_reduce(totals, group=ctx.group, tag="evaluation")
     step_counts = totals[:-1].reshape(counts.shape).numpy()
     session.add_counts(step_counts)
     remaining = float(totals[-1])

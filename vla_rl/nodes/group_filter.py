@@ -15,12 +15,12 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from tensordict import TensorDict
 
 from vla_rl.algorithms.group_filters import keep_groups
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
+from vla_rl.utils.collectives import all_gather_small_objects, all_reduce
 from vla_rl.workers.metrics import Metric, same
 
 FILTER_READS = (keys.REWARDS, keys.SUCCESS, keys.UID)
@@ -58,7 +58,7 @@ def filter_groups(ctx, batch) -> NodeOutput:
 
 def _all_reduce(values: list[float], group) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(tensor, group=group)
+    all_reduce(tensor, group=group, tag="dynamic_sampling")
     return tensor.tolist()
 
 
@@ -115,8 +115,7 @@ def dynamic_sampling(ctx, batch) -> NodeOutput:
         generated += _num_groups(episodes)
         refill_env_steps += _env_steps(rerun_metrics)
     merged = torch.cat(kept)
-    counts: list = [None] * ctx.world_size
-    dist.all_gather_object(counts, _num_groups(merged), group=ctx.group)
+    counts = all_gather_small_objects(_num_groups(merged), ctx.group, tag="dynamic_sampling")
     quota = max(0, groups_per_step - sum(counts[: ctx.rank]))
     merged = _first_groups(merged, quota)
     generated_total, env_steps_total = _all_reduce([float(generated), float(refill_env_steps)], ctx.group)

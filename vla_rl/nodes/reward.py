@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from tensordict import TensorDict
 from torch import Tensor
 
@@ -14,7 +13,7 @@ from vla_rl.algorithms.rewards import EMBODIED_REWARDS, overlong_penalty
 from vla_rl.algorithms.srpo import SRPOShards
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
-from vla_rl.utils.collectives import all_gather_small_objects
+from vla_rl.utils.collectives import all_gather_objects, all_gather_small_objects
 from vla_rl.workers.metrics import mean
 from vla_rl.workers.resources import register_resource
 
@@ -110,15 +109,14 @@ def step_reference(ctx) -> SRPOShards:
     owners = ctx.world_size // ctx.dp_size  # rank k * owners holds shard k
 
     def gather_successes(points: np.ndarray, tasks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        parts: list = [None] * ctx.world_size
-        dist.all_gather_object(parts, (points.astype(np.float32), tasks), group=ctx.group)
+        parts = all_gather_objects((points.astype(np.float32), tasks), ctx.group, tag="srpo_reference")
         shards = parts[::owners]
         return (np.concatenate([p for p, _ in shards]).astype(np.float64).reshape(-1, points.shape[1]),
                 np.concatenate([t for _, t in shards]))
 
     def reduce_spans(spans: dict[int, tuple[float, float]]) -> dict[int, tuple[float, float]]:
         merged: dict[int, tuple[float, float]] = {}
-        for shard in all_gather_small_objects(spans, ctx.group)[::owners]:
+        for shard in all_gather_small_objects(spans, ctx.group, tag="srpo_reference")[::owners]:
             for task, (nearest, farthest) in shard.items():
                 low, high = merged.get(task, (nearest, farthest))
                 merged[task] = (min(low, nearest), max(high, farthest))

@@ -6,7 +6,10 @@ the workers' torch.distributed process group, builds the resources its chains de
 (:mod:`vla_rl.workers.resources`) and runs a phase's chain whenever the driver asks: the
 ``warm_start`` phase once during :meth:`DAGWorker.setup`, the ``train`` phase every step, the
 ``evaluate`` phase whenever the run evaluates. Batches move between workers with collectives
-(:func:`vla_rl.data.reshard.reshard`); the driver receives only scalar metrics.
+(:func:`vla_rl.data.reshard.reshard`); the driver receives only scalar metrics, from rank 0
+(every worker holds the same reduced figures), so what reaches it does not grow with the number
+of workers. Each training step also reports what the step's collectives moved on the workers
+(:func:`comm_metrics`).
 """
 
 from __future__ import annotations
@@ -27,11 +30,19 @@ from vla_rl.dag.registry import get_node_function
 from vla_rl.data import keys
 from vla_rl.data.reshard import reshard
 from vla_rl.utils.code_location import check_same_code
+from vla_rl.utils.collectives import COUNTERS, CommCounters, TagCounts
 from vla_rl.utils.device import bind_device, collective_backend
 from vla_rl.utils.ray_utils import LOOPBACK, rendezvous_address
 from vla_rl.workers.checkpointing import WorkerCheckpointer
 from vla_rl.workers.context import NodeContext
-from vla_rl.workers.metrics import Metric, as_metric, reduce_metrics
+from vla_rl.workers.metrics import (
+    Metric,
+    as_metric,
+    maximum,
+    mean,
+    reduce_metrics,
+    reduction_cost,
+)
 from vla_rl.workers.resources import Resources
 
 
@@ -63,6 +74,7 @@ class DAGWorker:
         self.device = bind_device(self.config.workers.device)
         self.resources: Resources | None = None
         self.checkpointer: WorkerCheckpointer | None = None
+        self._comm_carry = CommCounters()  # a metric reduction's bytes beyond the prediction, for the next step
 
     # ----------------------------------------------------------------------------- set-up
     def host_rendezvous(self) -> tuple[str, int]:
@@ -143,7 +155,11 @@ class DAGWorker:
 
     def run_phase(self, phase: str, step: int, tag: str = "", video: bool = False) -> dict[str, float]:
         """Run ``phase``'s chain once and return its metrics, reduced over the workers (timings:
-        this worker's).
+        rank 0's), on rank 0; the other ranks return an empty dict.
+
+        The ``train`` phase adds the step's communication figures (:func:`comm_metrics`): what its
+        collectives moved, counted by :mod:`vla_rl.utils.collectives`, the metric reduction that
+        carries them included.
 
         Args:
             phase: ``warm_start``, ``train`` or ``evaluate``.
@@ -154,10 +170,25 @@ class DAGWorker:
         """
         self.resources.ensure(self._declared(phase))
         chain = self.plan.phase(phase).chains[self.rank]
+        before = COUNTERS.snapshot()
         _, _, local, timings = self._execute(chain, step, tag=tag, video=video, refill_round=0)
+        if phase == "train":
+            # The reduction below carries these figures, so its own collectives are counted ahead,
+            # as they cost when every worker reports the same metric names (the usual case); what
+            # it moves beyond that is counted in the next step.
+            step_counts = COUNTERS.since(before).merged(self._comm_carry)
+            step_counts.tags.setdefault("metrics", TagCounts())
+            num_metrics = len(local) + len(comm_metrics(step_counts))
+            reduction = CommCounters()
+            for sent, received in reduction_cost(self.world_size, num_metrics):
+                reduction.add("metrics", sent, received)
+            local.extend((name, metric, 1) for name, metric in comm_metrics(step_counts.merged(reduction)).items())
+            before_reduction = COUNTERS.snapshot()
         metrics = reduce_metrics(local)
+        if phase == "train":
+            self._comm_carry = COUNTERS.since(before_reduction).since(reduction)
         metrics.update(timings)
-        return metrics
+        return metrics if self.rank == 0 else {}
 
     def _execute(self, chain: tuple[Task, ...], step: int, tag: str, video: bool, refill_round: int):
         """Run ``chain``; returns the nodes' outputs, the re-sharded inputs by edge, the nodes'
@@ -242,3 +273,23 @@ class DAGWorker:
             self.resources.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def comm_metrics(counts: CommCounters) -> dict[str, Metric]:
+    """One worker's communication figures of a step, with their reduction rules: the bytes it
+    sent and received (a mean over the workers, and the busiest worker's), the collectives it
+    ran (the same on every worker: all of them take part in each), and the same by tag
+    (``comm/<tag>/bytes_received``, ``comm/<tag>/collectives``; tags: ``reshard_rows``,
+    ``reshard_meta``, ``metrics``, ``srpo_reference``, ...). Bytes count as the collectives'
+    ring algorithms move them (:mod:`vla_rl.utils.collectives`); the gradient all-reduces of
+    ``DistributedDataParallel`` are not among them."""
+    metrics = {
+        "comm/bytes_sent": mean(counts.bytes_sent, 1),
+        "comm/bytes_received": mean(counts.bytes_received, 1),
+        "comm/bytes_received_max": maximum(counts.bytes_received),
+        "comm/collectives": maximum(counts.collectives),
+    }
+    for tag, tag_counts in sorted(counts.tags.items()):
+        metrics[f"comm/{tag}/bytes_received"] = mean(tag_counts.bytes_received, 1)
+        metrics[f"comm/{tag}/collectives"] = maximum(tag_counts.collectives)
+    return metrics

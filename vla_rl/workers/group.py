@@ -77,13 +77,15 @@ class WorkerGroup:
 
     Every reply must be a flat dict of scalar metrics (names to int/float); anything else —
     tensors, arrays, nested objects — is refused, so no batch data or weights reach the driver.
-    ``max_reply_bytes`` records the largest pickled reply seen.
+    ``max_reply_bytes`` records the largest pickled reply seen, ``last_reply_bytes`` the pickled
+    size of the last :meth:`collect`'s replies together (what the driver received for it).
     """
 
     def __init__(self, actors: list, placement_group=None) -> None:
         self.actors = actors
         self.placement_group = placement_group
         self.max_reply_bytes = 0
+        self.last_reply_bytes = 0
 
     @classmethod
     def launch(cls, world_size: int, template: str, overrides: list[str], run_dir: Path, workers,
@@ -168,14 +170,18 @@ class WorkerGroup:
                     raise error.cause from None
                 raise
         replies = ray.get(refs)
+        received = 0
         for reply in replies:
+            size = len(pickle.dumps(reply))
+            received += size
             if reply is None:
                 continue
             if not isinstance(reply, dict) or not all(
                 isinstance(k, str) and isinstance(v, (int, float)) for k, v in reply.items()
             ):
                 raise TypeError(f"worker method {method!r} returned {type(reply).__name__}, not scalar metrics")
-            self.max_reply_bytes = max(self.max_reply_bytes, len(pickle.dumps(reply)))
+            self.max_reply_bytes = max(self.max_reply_bytes, size)
+        self.last_reply_bytes = received
         return replies
 
     def start_process_group(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from tensordict import TensorDict
 from torch import Tensor
 
+from vla_rl.data.key_sizes import StepShape
 from vla_rl.trainers import checkpoint
 from vla_rl.workers.checkpointing import OptimizerCheckpoint
 from vla_rl.workers.resources import register_resource
@@ -53,6 +54,11 @@ class Workflow(ABC):
     def build_evaluation(self, res) -> Any:
         """The held-out evaluation session of the ``evaluate`` phase
         (:mod:`vla_rl.evaluation.session`)."""
+
+    def step_shape(self, config) -> StepShape | None:
+        """The sizes of a training step's batches under ``config``, known before anything runs
+        (``vla-rl plan``'s byte estimates); None: this workflow does not say."""
+        return None
 
     def save_policy(self, policy, directory: Path) -> None:
         """Write the policy into a checkpoint directory (rank 0): ``model.safetensors``."""

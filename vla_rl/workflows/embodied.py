@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from vla_rl.data import keys
+from vla_rl.data.key_sizes import StepShape, observation_leaves
 from vla_rl.trainers.actor import embodied_forward
 from vla_rl.workers.resources import register_resource
 from vla_rl.workflows import WORKFLOWS
@@ -60,6 +61,21 @@ class EmbodiedWorkflow(Workflow):
 
     def groups_per_step(self, config) -> int:
         return config.data.init_states_per_step
+
+    def step_shape(self, config) -> StepShape:
+        """Episodes of ``ceil(horizon / chunk)`` decisions with the simulator's observations
+        (the sizes its config declares: ``state_dim``, ``action_dim``; unknown ones stay None)."""
+        from vla_rl.data.observations import INSTRUCTION_BYTES
+
+        env = config.simulator.env_config()
+        state_dim, action_dim = getattr(env, "state_dim", None), getattr(env, "action_dim", None)
+        sizes = {name: value for name, value in (("obs_dim", state_dim), ("action_dim", action_dim)) if value}
+        policy = config.policy.policy_config(**sizes)
+        chunk = int(getattr(policy, "chunk_size", 1))
+        cameras = tuple(getattr(env, "cameras", ()))
+        return StepShape(groups=config.data.init_states_per_step, group_size=config.data.group_size,
+                         decisions=math.ceil(env.horizon / chunk), chunk=chunk, action_dim=action_dim,
+                         obs=observation_leaves(state_dim, cameras, getattr(env, "camera_size", 0), INSTRUCTION_BYTES))
 
     def build_evaluation(self, res):
         from vla_rl.evaluation.embodied import EmbodiedEvaluation

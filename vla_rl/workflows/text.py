@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from vla_rl.data import keys
+from vla_rl.data.key_sizes import StepShape
 from vla_rl.trainers.actor import text_forward
 from vla_rl.workers.resources import register_resource
 from vla_rl.workflows import WORKFLOWS
@@ -63,6 +64,14 @@ class TextWorkflow(Workflow):
 
     def groups_per_step(self, config) -> int:
         return config.text.prompts_per_step
+
+    def step_shape(self, config) -> StepShape:
+        """Responses of ``text.max_response_length`` one-token actions to prompts of
+        ``text.max_prompt_length`` tokens."""
+        text = config.text
+        return StepShape(groups=text.prompts_per_step, group_size=config.data.group_size,
+                         decisions=text.max_response_length, chunk=1, action_dim=1, obs={},
+                         prompt_len=text.max_prompt_length)
 
     def build_evaluation(self, res):
         from vla_rl.evaluation.text import TextEvaluation

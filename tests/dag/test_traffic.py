@@ -1,0 +1,102 @@
+"""``vla-rl plan``'s traffic estimates: the keys each data hop moves and their bytes per step,
+against values computed by hand for a tiny text configuration."""
+
+from __future__ import annotations
+
+import pytest
+
+import vla_rl.nodes  # noqa: F401  (the built-in node functions: the DAG tests' conftest skips loading them)
+from vla_rl.cli import main
+from vla_rl.dag.loader import load_template
+from vla_rl.dag.planner import plan
+from vla_rl.dag.traffic import estimate_traffic, format_bytes
+from vla_rl.data.key_sizes import StepShape, observation_leaves, sample_bytes
+from vla_rl.workflows import get_workflow
+
+# 4 prompts x 2 responses, prompts of 8 tokens, responses of 4 tokens, 2 workers.
+TINY_TEXT = ["text.prompts_per_step=4", "data.group_size=2", "text.max_prompt_length=8",
+             "text.max_response_length=4", "nodes.advantage.dp_size=1"]
+
+# Bytes per sample, by hand: input_ids and attention_mask 8 int64 each (64 + 64), uid 8,
+# responses 4 int64 (32), response_mask 4 bool (4), old_log_probs (4, 1) float32 (16),
+# finish_step 8, and from the reward node rewards 4 (float32) and success 1 (bool).
+REWARD_ROW = 64 + 64 + 8 + 32 + 4 + 16 + 8 + 4 + 1  # 201
+ADVANTAGE_ROW = REWARD_ROW + 3 * 16  # + token_level_rewards, advantages, returns: (4,) float32 each
+
+
+def _tiny_text_hops(world: int = 2):
+    template = load_template("llm_grpo", TINY_TEXT)
+    shape = get_workflow("text").step_shape(template.config)
+    return shape, estimate_traffic(plan(template, world), shape)
+
+
+def test_text_step_shape_and_key_sizes():
+    shape, _ = _tiny_text_hops()
+    assert shape == StepShape(groups=4, group_size=2, decisions=4, chunk=1, action_dim=1, obs={}, prompt_len=8)
+    assert shape.samples == 8
+    assert sample_bytes("input_ids", shape) == 64 and sample_bytes("old_log_probs", shape) == 16
+    assert sample_bytes("ref_log_probs", shape) == 16  # (T, chunk, action_dim) float32
+    assert sample_bytes("not_a_declared_key", shape) is None
+
+
+def test_hops_of_a_tiny_text_step_match_hand_computed_bytes():
+    _, hops = _tiny_text_hops()
+    assert [(h.src, h.dst, h.src_dp_size, h.dst_dp_size) for h in hops] == [
+        ("reward", "advantage", 2, 1), ("advantage", "group_filter", 1, 2), ("group_filter", "actor_update", 2, 2)]
+    gather, scatter, rebalance = hops
+
+    # DP 2 -> 1 on 2 workers: each worker holds 4 of the 8 rows and receives the other worker's 4.
+    assert gather.keys == ("attention_mask", "finish_step", "input_ids", "old_log_probs", "response_mask",
+                           "responses", "rewards", "success", "uid")
+    assert gather.row_bytes == REWARD_ROW == 201
+    assert gather.rows == 8 and not gather.rows_upper_bound
+    assert gather.total_bytes == 8 * 201 and gather.bytes_per_worker == 4 * 201
+    assert gather.max_received == gather.max_sent == 4 * 201
+    # metadata: 16-byte headers from the other rank, then its 2 group sizes (int64)
+    assert gather.meta_bytes_per_worker == 16 + 2 * 8
+
+    # DP 1 -> 2: rank 0 (the only owner) sends the second shard's 4 rows to rank 1.
+    assert scatter.row_bytes == ADVANTAGE_ROW == 249
+    assert scatter.total_bytes == 4 * 249 and scatter.max_received == scatter.max_sent == 4 * 249
+    assert scatter.meta_bytes_per_worker == 16 + 4 * 8  # the owner's 4 group sizes
+
+    # rebalance for the update: nothing moves when the filter leaves equal shards; at most the
+    # surplus of a worker's 4 rows, of which it keeps 2.
+    assert rebalance.rebalance and rebalance.rows_upper_bound and rebalance.total_bytes == 0
+    assert rebalance.rebalance_bound_per_worker == 2 * 249
+    assert rebalance.meta_bytes_per_worker == 16  # single samples: counts only, no group sizes
+
+
+def test_full_dp_template_moves_no_rows_and_metadata_is_small_at_any_world_size():
+    for world in (2, 8, 1024):
+        template = load_template("llm_grpo", [f"text.prompts_per_step={2 * world}"])  # 2 prompts per worker
+        shape = get_workflow("text").step_shape(template.config)
+        hops = estimate_traffic(plan(template, world), shape)
+        assert [(h.src, h.dst, h.rebalance) for h in hops] == [("group_filter", "actor_update", True)]
+        assert hops[0].total_bytes == 0
+        assert hops[0].meta_bytes_per_worker == 16 * (world - 1)  # grows with W, 16 bytes per worker
+
+
+def test_embodied_shape_from_the_simulator_config():
+    template = load_template("embodied_srpo")
+    shape = get_workflow("embodied").step_shape(template.config)
+    assert (shape.decisions, shape.chunk, shape.action_dim) == (100, 1, 7)
+    assert shape.obs == observation_leaves(11) == {"": ((11,), "float32")}
+    assert sample_bytes("obs", shape) == 101 * 11 * 4
+    camera = get_workflow("embodied").step_shape(load_template("embodied_srpo_oft_lift").config)
+    assert (camera.decisions, camera.chunk) == (10, 8)  # ceil(80 / 8)
+    assert sample_bytes("obs", camera) == 11 * (11 * 4 + 128 * 128 * 3 + 256)  # state, agentview, instruction
+
+
+@pytest.mark.parametrize("count, text", [(201, "201 B"), (1608, "1.57 KiB"), (3 * 2**20, "3 MiB")])
+def test_format_bytes(count, text):
+    assert format_bytes(count) == text
+
+
+def test_plan_prints_the_hops_keys_and_bytes(capsys):
+    assert main(["plan", "llm_grpo", *TINY_TEXT, "--world-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "data hops of a training step: 4 groups x 2 samples" in out
+    assert "reward -> advantage moves (bytes per sample): attention_mask 64, input_ids 64, responses 32" in out
+    assert "1.57 KiB" in out  # the gather's 8 rows of 201 bytes
+    assert "per worker per step: 1.27 KiB of rows (+ up to 498 B rebalancing unequal shards)" in out
