@@ -144,7 +144,6 @@ def test_grpo_template_trains_with_fsdp_and_checkpoints_sharded(fsdp_run):
     assert ckpt.verify_checkpoint(first)
 
 
-@pytest.mark.slow
 def test_an_fsdp_run_resumes_from_its_sharded_checkpoint_and_exports(fsdp_run, tmp_path):
     from policies.causal_lm import CausalLMConfig, CausalLMPolicy
     from vla_rl.export import export_checkpoint
