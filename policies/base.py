@@ -81,6 +81,13 @@ class Policy(torch.nn.Module, abc.ABC):
         """The device of the policy's parameters (its inputs go there, its outputs come from there)."""
         return next(self.parameters()).device
 
+    def fsdp_units(self) -> list[torch.nn.Module]:
+        """The blocks FSDP2 shards one by one (``fully_shard`` on each, then on the policy): their
+        parameters are all-gathered just before their forward and freed after it. Default: the
+        transformer blocks of the transformers models inside the policy
+        (:func:`transformer_blocks`); a policy of other modules overrides it."""
+        return transformer_blocks(self)
+
     @property
     @abc.abstractmethod
     def chunk_size(self) -> int:
@@ -214,3 +221,18 @@ class Policy(torch.nn.Module, abc.ABC):
         all-reduce for the backward pass.
         """
         return self.log_prob_and_entropy_per_dim(obs, actions)
+
+
+def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks of the transformers models inside ``module``: submodules whose class is named in
+    a containing ``PreTrainedModel``'s ``_no_split_modules`` (decoder layers, ViT layers,
+    embeddings), in ``module.modules()`` order (outer before inner), as verl's FSDP wrap policy
+    picks them (``verl/utils/fsdp_utils.py``, ``get_fsdp_wrap_policy``).
+
+    Returns:
+        the blocks; empty when ``module`` holds no transformers model.
+    """
+    names: set[str] = set()
+    for submodule in module.modules():
+        names |= set(getattr(submodule, "_no_split_modules", None) or ())
+    return [submodule for submodule in module.modules() if type(submodule).__name__ in names]

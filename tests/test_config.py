@@ -208,3 +208,39 @@ def test_a_warm_start_without_an_expert_is_refused_at_plan_time():
     assert "no scripted expert for task 'NutAssemblySquare'" in str(err)
     assert "tasks with one: Door, Lift, PickPlaceCan, Stack" in str(err)
     plan(load_template("embodied_srpo", [*task, "warm_start.num_demos=0"]))
+
+
+@pytest.mark.parametrize(
+    ("template", "overrides", "message"),
+    [
+        ("llm_grpo", ["trainer.strategy=zero3"], "'ddp' or 'fsdp'"),
+        ("llm_grpo", ["trainer.mixed_precision=bf16"], "trainer.mixed_precision bf16 needs trainer.strategy fsdp"),
+        ("llm_grpo", ["trainer.strategy=fsdp", "trainer.mixed_precision=bf16"],
+         "trainer.mixed_precision bf16 needs accelerator workers"),
+        ("llm_grpo", ["trainer.mixed_precision=fp8"], "trainer.mixed_precision"),
+        ("llm_grpo", ["trainer.micro_batch_size=0"], "trainer.micro_batch_size"),
+        ("llm_grpo", ["trainer.fsdp.master_dtype=float16"], "trainer.fsdp.master_dtype"),
+        ("llm_grpo", ["trainer.fsdp.reshard=true"], "reshard"),
+        ("llm_grpo", ["policy.lora.rank=0"], "policy.lora.rank"),
+        ("llm_grpo", ["policy.lora.rank=4", "policy.lora.target_modules=[]"], "policy.lora.target_modules"),
+        ("llm_grpo", ["policy.lora.rank=4", "policy.lora.dropout=1.0"], "policy.lora.dropout"),
+        ("llm_grpo", ["policy.lora.ranks=4"], "ranks"),
+        ("embodied_grpo", ["policy.lora.rank=4"], "field 'policy.lora': the 'mlp' policy takes no LoRA adapters"),
+        ("llm_grpo", ["policy.lora.rank=4", "text.rollout_backend=vllm"], "policy.lora with text.rollout_backend vllm"),
+    ],
+)
+def test_bad_large_policy_settings_are_rejected(template, overrides, message):
+    assert message in str(_error(template, *overrides))
+
+
+def test_large_policy_settings_load():
+    config = load_template("embodied_grpo_oft_lift", [
+        "trainer.strategy=fsdp", "trainer.gradient_checkpointing=true", "trainer.micro_batch_size=2",
+        "workers.device=cuda", "trainer.mixed_precision=bf16", "policy.lora.rank=32",
+        "policy.lora.trainable_modules=[proprio_projector]"]).config
+    assert config.trainer.strategy == "fsdp" and config.trainer.micro_batch_size == 2
+    assert config.policy.lora.rank == 32 and config.policy.lora.trainable_modules == ["proprio_projector"]
+    assert config.policy.lora.alpha is None and "q_proj" in config.policy.lora.target_modules
+    default = load_template("embodied_srpo").config.trainer
+    assert (default.strategy, default.mixed_precision, default.micro_batch_size) == ("ddp", "auto", None)
+    assert not default.gradient_checkpointing and load_template("embodied_srpo").config.policy.lora is None

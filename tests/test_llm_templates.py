@@ -120,3 +120,38 @@ def test_periodic_evaluation_draws_a_held_out_curve(ray_on_loopback, tmp_path, t
     assert all(r["eval/greedy/episodes"] == 8.0 for r in evals)
     assert summary["final_eval"]["eval/greedy/success_rate"] == evals[-1]["eval/greedy/success_rate"]
     assert (tmp_path / "run" / "success_rate.png").stat().st_size > 0
+
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(ray_on_loopback, tmp_path_factory, tiny_lm_dir, arithmetic_files):
+    """One llm_grpo step with trainer.strategy=fsdp, micro-batches and gradient checkpointing."""
+    fsdp = ["trainer.strategy=fsdp", "trainer.micro_batch_size=3", "trainer.gradient_checkpointing=true"]
+    return run("llm_grpo", tmp_path_factory.mktemp("fsdp"), *given_files(tiny_lm_dir, arithmetic_files), *fsdp,
+               "algorithm.filter_zero_variance_groups=false")
+
+
+def test_grpo_template_trains_with_fsdp_and_checkpoints_sharded(fsdp_run):
+    """Through the engine: the step trains, its checkpoint holds the sharded actor state under
+    the manifest, and no model.safetensors (the sharded state holds the weights)."""
+    from vla_rl.trainers import checkpoint as ckpt
+
+    step, run_dir = fsdp_run
+    assert step["actor/num_updates"] == 4.0 and "actor/grad_norm" in step
+    first = run_dir / "checkpoints" / "step_00000001"
+    names = {p.name for p in first.iterdir()}
+    assert "actor_sharded" in names and not names & {"model.safetensors", "optimizer.json", "hf_model"}
+    assert ckpt.verify_checkpoint(first)
+
+
+def test_an_fsdp_run_resumes_from_its_sharded_checkpoint_and_exports(fsdp_run, tmp_path):
+    from policies.causal_lm import CausalLMConfig, CausalLMPolicy
+    from vla_rl.export import export_checkpoint
+
+    _, run_dir = fsdp_run
+    summary = train(None, ["trainer.total_steps=2"], resume=str(run_dir))
+    assert summary["steps_run"] == 1
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["actor/num_updates"] for r in records if "actor/num_updates" in r] == [4.0, 4.0]
+    out = export_checkpoint(run_dir / "checkpoints" / "step_00000002", tmp_path / "exported")
+    assert CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(out))).model.config.num_hidden_layers == 2

@@ -4,6 +4,7 @@
     vla-rl train TEMPLATE [KEY=VALUE ...]
     vla-rl train --resume RUN_DIR [KEY=VALUE ...]
     vla-rl eval RUN_DIR|CHECKPOINT_DIR ... [KEY=VALUE ...] [--steps 5,10] [--output DIR]
+    vla-rl export CHECKPOINT_DIR OUT_DIR
 
 ``plan`` loads a template (a path, or a name in ``dag_templates/``), applies the dotted overrides
 and prints each worker's task chain and the hops between DP sizes, then a table of the training
@@ -31,6 +32,7 @@ from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import describe_plan, plan
 from vla_rl.errors import RunStopped
 from vla_rl.evaluation.targets import EvalInputError
+from vla_rl.export import ExportError
 from vla_rl.preflight import preflight
 from vla_rl.utils.registry import RegistryError
 
@@ -40,7 +42,7 @@ class CommandLineError(ValueError):
 
 
 USER_ERRORS: tuple[type[Exception], ...] = (TemplateError, ValidationError, RegistryError, EvalInputError,
-                                            CommandLineError)
+                                            ExportError, CommandLineError)
 """Errors caused by the user's input: reported in one line, exit status 2, no traceback."""
 
 USER_ERROR_STATUS = 2
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_command(commands)
     _add_train_command(commands)
     _add_eval_command(commands)
+    _add_export_command(commands)
     return parser
 
 
@@ -255,6 +258,27 @@ def _run_eval(args: argparse.Namespace) -> int:
     if not targets:
         raise EvalInputError("name a run directory or checkpoint directory to evaluate")
     evaluate(targets, overrides, steps=args.steps, output=args.output, template=args.template)
+    return 0
+
+
+def _add_export_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "export",
+        help="write a checkpoint's policy in its own model layout (LoRA merged), loadable as a pretrained model",
+        description="Verify a training checkpoint (DDP or FSDP-sharded), rebuild the run's policy in this process, "
+        "load the checkpoint's weights, merge LoRA adapters and write the policy in its model layout: a Hugging "
+        "Face directory for causal LMs (text.model_path), the published OpenVLA(-OFT) layout "
+        "(policy.config.model_path), config.json + model.safetensors for the MLP policy.",
+    )
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory: <run>/checkpoints/step_*")
+    parser.add_argument("out", metavar="OUT", help="the directory to write (must not exist)")
+    parser.set_defaults(handler=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from vla_rl.export import export_checkpoint
+
+    print(export_checkpoint(args.checkpoint, args.out))
     return 0
 
 

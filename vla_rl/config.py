@@ -205,6 +205,42 @@ ENV_DERIVED_POLICY_FIELDS: tuple[str, ...] = ("obs_dim", "action_dim", "num_task
 of tasks of its task set (``simulator.tasks``; 0 without one)."""
 
 
+#: Default LoRA targets: every attention and MLP projection of the Llama/Qwen2 decoders and the
+#: SigLIP towers (OpenVLA's LoRA fine-tuning adapts all linear layers).
+DEFAULT_LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj",
+                                         "down_proj")
+
+
+class LoraSection(_Section):
+    """LoRA adapters (Hu et al. 2021, arXiv:2106.09685) injected with peft into the policy's linear
+    layers when the policy is built: only the adapters (and ``trainable_modules``) train.
+
+    Supported by the OpenVLA and OpenVLA-OFT policies and the text workflow's causal LM; the
+    parameters a policy freezes itself (the vision towers' unused last block) get no adapter.
+    """
+
+    rank: int = Field(32, ge=1, description="LoRA rank r (OpenVLA's fine-tuning uses 32).")
+    alpha: float | None = Field(
+        None, gt=0, description="LoRA scaling numerator: the update is (alpha / rank) * B A (null: min(rank, 16), "
+        "OpenVLA's choice).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1,
+        description="Names (last component, e.g. q_proj) of the linear layers that get an adapter; a name no layer "
+        "of the policy has is an error when the policy is built.")
+    trainable_modules: list[str] = Field(
+        default_factory=list, description="Submodules of the policy trained fully besides the adapters, by attribute "
+        "name (e.g. [proprio_projector] for OpenVLA-OFT's proprio projector); everything else is frozen.")
+
+    @field_validator("target_modules", "trainable_modules")
+    @classmethod
+    def _check_names(cls, names: list[str]) -> list[str]:
+        bad = [name for name in names if not name or not name.replace("_", "").replace(".", "").isalnum()]
+        if bad:
+            raise ValueError(f"module names must be non-empty identifiers such as q_proj, got {bad}")
+        return names
+
+
 class PolicySection(_Section):
     """The policy: a registered name and the fields of its config class."""
 
@@ -218,6 +254,9 @@ class PolicySection(_Section):
         "names or shapes do not match the architecture: the parameters it does not cover keep their "
         "initialisation. Off: such a checkpoint is an error naming the first few tensors.",
     )
+    lora: LoraSection | None = Field(
+        None, description="LoRA adapters for the policy (OpenVLA, OpenVLA-OFT, the text workflow's causal LM); null: "
+        "every parameter trains (docs/large_policies.md).")
 
     @model_validator(mode="after")
     def _check_config(self) -> PolicySection:
@@ -475,6 +514,18 @@ def _check_name(registry, name: str, field: str) -> None:
                                    f"{', '.join(str(n) for n in registry.names())}")
 
 
+def _check_lora_support(policy_name: str) -> None:
+    """Raise naming ``policy.lora`` when the embodied policy ``policy_name`` cannot take LoRA adapters."""
+    from policies import POLICIES, available_policies
+
+    available_policies()
+    cls = POLICIES.get(policy_name)
+    if not callable(getattr(cls, "apply_lora", None)):
+        supported = sorted(name for name in POLICIES.names() if callable(getattr(POLICIES.get(name), "apply_lora", None)))
+        raise ComponentConfigError("policy.lora", f"the {policy_name!r} policy takes no LoRA adapters; policies that "
+                                   f"do: {', '.join(supported)} (and the text workflow's causal LM)")
+
+
 def _kl_estimators():
     from vla_rl.algorithms.kl import KL_ESTIMATORS
 
@@ -503,6 +554,26 @@ class CriticSection(_Section):
         return self
 
 
+class FSDPSection(_Section):
+    """Settings of ``trainer.strategy: fsdp`` (torch FSDP2, ``torch.distributed.fsdp.fully_shard``)."""
+
+    master_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype of the sharded parameters (the master weights) and of the optimizer state; "
+        "the policy the rollout uses keeps its own dtype (policy.config.dtype, text.dtype) and is refreshed from the "
+        "master weights after every update.")
+    reduce_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype gradients are reduce-scattered in under mixed precision (MixedPrecisionPolicy's "
+        "reduce_dtype).")
+    reshard_after_forward: bool = Field(
+        True, description="Free each block's gathered parameters after its forward pass and gather them again for the "
+        "backward pass (ZeRO-3); false keeps them between the passes (ZeRO-2: less communication, more memory).")
+    sync_every_micro_batch: bool = Field(
+        True, description="With trainer.micro_batch_size: reduce-scatter the gradients after every micro-batch, "
+        "accumulating sharded gradients (the memory of one shard). false: accumulate unsharded gradients and reduce "
+        "once per minibatch (set_requires_gradient_sync(False) before the last micro-batch; less communication, the "
+        "memory of the whole model's gradients).")
+
+
 class TrainerSection(_Section):
     """The RL loop and the actor update."""
 
@@ -527,6 +598,25 @@ class TrainerSection(_Section):
     )
     save_every: int = Field(5, ge=1, description="Checkpoint every k steps (and at the end).")
     keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="How the actor trains over the workers: 'ddp', the whole policy and its optimizer on every "
+        "worker, gradients all-reduced; 'fsdp', torch FSDP2 (fully_shard): parameters, gradients and optimizer state "
+        "sharded over the workers, the policy's blocks all-gathered one at a time, sharded checkpoints "
+        "(torch.distributed.checkpoint). docs/large_policies.md.")
+    mixed_precision: Literal["auto", "bf16", "none"] = Field(
+        "auto", description="fsdp only: the dtype the blocks compute in. 'bf16': parameters all-gathered and computed "
+        "in bfloat16, sharded master weights and optimizer state in trainer.fsdp.master_dtype, gradients reduced in "
+        "trainer.fsdp.reduce_dtype; needs an accelerator (refused on CPU workers). 'none': the master dtype throughout. "
+        "'auto': bf16 on CUDA/NPU workers, none on the CPU.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute the policy's blocks' activations in the backward pass instead of keeping them "
+        "(transformers' gradient checkpointing for Hugging Face models, torch.utils.checkpoint around the policy's "
+        "blocks otherwise): less memory, about one more forward pass of compute.")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="Samples per forward/backward pass on a worker (gradient accumulation): each "
+        "minibatch's gradient is accumulated over micro-batches of at most this many samples, scaled so that the "
+        "update equals the whole minibatch's (exact for every loss_agg_mode). null: the whole minibatch at once.")
+    fsdp: FSDPSection = Field(default_factory=lambda: FSDPSection())
 
 
 class EvalSection(_Section):
@@ -593,6 +683,19 @@ class RunConfig(_Section):
         if self.run.workflow == "embodied" and self.data.init_states_per_step % num_tasks:
             raise ValueError(f"data.init_states_per_step ({self.data.init_states_per_step}) must be a multiple of the "
                              f"{num_tasks} tasks of simulator.tasks: every step draws as many initial states of each task")
+        trainer = self.trainer
+        if trainer.mixed_precision == "bf16" and trainer.strategy != "fsdp":
+            raise ValueError("trainer.mixed_precision bf16 needs trainer.strategy fsdp (DDP trains in the policy's own "
+                             "dtype); use trainer.mixed_precision=auto")
+        if trainer.mixed_precision == "bf16" and self.workers.device == "cpu":
+            raise ValueError("trainer.mixed_precision bf16 needs accelerator workers (workers.device cuda, npu or auto): "
+                             "CPU workers train in float32; use trainer.mixed_precision=auto, which picks bf16 on "
+                             "accelerators and float32 on the CPU")
+        if self.policy.lora is not None and self.run.workflow == "embodied":
+            _check_lora_support(self.policy.name)
+        if self.policy.lora is not None and self.run.workflow == "text" and self.text.rollout_backend == "vllm":
+            raise ValueError("policy.lora with text.rollout_backend vllm: the vLLM engine loads the policy's weights by "
+                             "name and knows no LoRA adapters; use text.rollout_backend=hf with LoRA")
         if self.data.num_train_init_states < self.data.init_states_per_step:
             raise ValueError(
                 "data.num_train_init_states must be at least data.init_states_per_step "

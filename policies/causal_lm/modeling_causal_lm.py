@@ -18,6 +18,7 @@ of the sampled tokens need ``(batch, response_len)``. Greedy decoding gives the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -172,8 +173,50 @@ class CausalLMPolicy(nn.Module):
         return cls(model, tokenizer, config)
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
-        """Write the model (safetensors) and tokenizer as a Hugging Face directory."""
+        """Write the model (safetensors) and tokenizer as a Hugging Face directory.
+
+        Raises:
+            ValueError: LoRA adapters are injected (call :meth:`merge_lora` first).
+        """
+        from policies.lora import has_lora
+
+        if has_lora(self.model):
+            raise ValueError("LoRA adapters are injected: call merge_lora() before saving as a Hugging Face model")
         return save_pretrained(self.model, self.processor.tokenizer, out_dir)
+
+    def apply_lora(self, rank: int = 32, alpha: float | None = None, dropout: float = 0.0,
+                   target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                    "down_proj"),
+                   trainable_modules: Sequence[str] = ()) -> list[str]:
+        """Inject peft LoRA adapters into the model's linear layers and train only them (and
+        ``trainable_modules``, paths under the policy such as ``model.lm_head``); see
+        :func:`policies.lora.inject_lora`.
+
+        Returns:
+            names of the trainable parameters.
+
+        Raises:
+            ValueError: no layer matches ``target_modules``, or a ``trainable_modules`` entry is
+                not a submodule.
+        """
+        from policies.lora import inject_lora, set_trainable
+
+        inject_lora(self.model, rank, alpha, dropout, target_modules)
+        return set_trainable(self, trainable_modules)
+
+    def merge_lora(self) -> int:
+        """Fold the LoRA adapters into the base weights (see :func:`policies.lora.merge_lora`);
+        returns the number of merged layers."""
+        from policies.lora import merge_lora
+
+        return merge_lora(self.model)
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """The decoder layers (FSDP2 shards each; embeddings, final norm and LM head stay with
+        the root, which keeps tied embeddings in one group)."""
+        from policies.base import transformer_blocks
+
+        return transformer_blocks(self.model)
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -333,7 +376,11 @@ class CausalLMPolicy(nn.Module):
         mask = torch.cat([prompt_mask, response_mask[:, :kept].to(device).long()], dim=1)  # (B, P' + kept)
         positions = position_ids_from_mask(mask)
         distinct = DistinctPrompts.of(prompt_ids, prompt_mask)
-        if len(distinct.input_ids) < len(prompt_ids) and kept > 0:
+        # Under gradient checkpointing transformers drops the KV cache in training (the recompute
+        # would write it twice), so the shared-prompt path would lose the prompts: one pass instead.
+        checkpointing = (self.model.training and torch.is_grad_enabled()
+                         and any(getattr(module, "gradient_checkpointing", False) for module in self.model.modules()))
+        if len(distinct.input_ids) < len(prompt_ids) and kept > 0 and not checkpointing:
             cache = DynamicCache(config=self.model.config)
             first = self._forward_prompts(distinct, cache)[:, None, :]  # (B, 1, V)
             if kept == 1:

@@ -14,10 +14,17 @@ other summation orders, for other batch sizes, and even a row's position in the 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_model, save_model
 from tensordict import TensorDict
 from torch import Tensor, nn
 
@@ -40,6 +47,8 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "silu": nn.SiLU,
 }
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+#: Files of a saved MLP policy (:meth:`MLPPolicy.save_pretrained`).
+MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE = "config.json", "model.safetensors"
 
 
 class _RowwiseLinearFunction(torch.autograd.Function):
@@ -121,10 +130,62 @@ class MLPPolicy(Policy):
         """Always 1: one action per observation."""
         return 1
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """The mean network's linear layers (FSDP2 shards each; ``log_std`` stays with the root)."""
+        return [layer for layer in self.mean_net if isinstance(layer, BatchInvariantLinear)]
+
     @property
     def action_dim(self) -> int:
         """Number of action values per step (``config.action_dim``)."""
         return self.config.action_dim
+
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        """Write the policy as a model directory: ``config.json`` (``{"policy": "mlp", <the
+        MLPPolicyConfig fields>}``) and ``model.safetensors`` (its state dict: weights, log-std,
+        observation statistics). The directory appears atomically (written next to it, then renamed).
+
+        Raises:
+            FileExistsError: ``out_dir`` exists.
+        """
+        out_dir = Path(out_dir)
+        if out_dir.exists():
+            raise FileExistsError(f"{out_dir} exists; write the policy to a new directory")
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+        try:
+            config = {"policy": self.name, **dataclasses.asdict(self.config)}
+            config["hidden_sizes"] = list(config["hidden_sizes"])
+            (staging / MODEL_CONFIG_FILE).write_text(json.dumps(config, indent=2))
+            save_model(self, str(staging / MODEL_WEIGHTS_FILE))
+            os.chmod(staging, 0o755)  # mkdtemp creates it private
+            os.replace(staging, out_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return out_dir
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> MLPPolicy:
+        """Load a directory written by :meth:`save_pretrained`, strictly.
+
+        Raises:
+            FileNotFoundError: a file is missing.
+            ValueError: ``config.json`` is not an MLP policy's, or the weights do not fit it.
+        """
+        model_dir = Path(model_dir)
+        for name in (MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE):
+            if not (model_dir / name).is_file():
+                raise FileNotFoundError(f"{model_dir / name} is missing (an MLP policy directory holds "
+                                        f"{MODEL_CONFIG_FILE} and {MODEL_WEIGHTS_FILE})")
+        fields = json.loads((model_dir / MODEL_CONFIG_FILE).read_text())
+        if fields.pop("policy", None) != cls.name:
+            raise ValueError(f"{model_dir / MODEL_CONFIG_FILE} is not an MLP policy's configuration")
+        policy = cls(MLPPolicyConfig(**fields))
+        missing, unexpected = load_model(policy, str(model_dir / MODEL_WEIGHTS_FILE), strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{model_dir / MODEL_WEIGHTS_FILE} does not fit the configuration: missing {missing}, "
+                             f"unexpected {unexpected}")
+        return policy
 
     def set_obs_normalization(self, mean: Tensor | np.ndarray, std: Tensor | np.ndarray) -> None:
         """Set the observation normalisation from demonstration statistics.

@@ -49,6 +49,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -404,6 +405,7 @@ def write_checkpoint(
     vision_backbone_id: str,
     tokenizer: PreTrainedTokenizerBase | None = None,
     max_shard_size: int | str = "5GB",
+    extra_files: Mapping[str, Callable[[Path], None]] | None = None,
 ) -> Path:
     """Write our weights as a checkpoint in the published layout (timm names, safetensors shards
     with an index when there are several, ``config.json``, ``dataset_statistics.json``).
@@ -420,6 +422,8 @@ def write_checkpoint(
         vision_backbone_id: the published id to record, e.g. ``"dinosiglip-vit-so-224px"``.
         tokenizer: saved into the directory too when given.
         max_shard_size: largest shard (bytes or a string like ``"5GB"``).
+        extra_files: further files of the directory, by name: each function writes its file at the
+            path it is given (OpenVLA-OFT's ``<module>--checkpoint.pt`` head modules).
 
     Raises:
         FileExistsError: ``out_dir`` exists.
@@ -457,6 +461,8 @@ def write_checkpoint(
         (staging / STATISTICS_FILE).write_text(json.dumps(norm_stats, indent=2))
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
+        for name, write in (extra_files or {}).items():
+            write(staging / name)
         os.chmod(staging, 0o755)  # mkdtemp creates it private
         os.replace(staging, out_dir)
     except BaseException:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,39 +220,36 @@ class PrismaticPolicy(Policy, abstract=True):
         return raw if self.action_statistics is None else self.action_statistics.normalize(raw)
 
     def apply_lora(
-        self, rank: int = 32, alpha: int | None = None, dropout: float = 0.0,
-        target_modules: tuple[str, ...] = LORA_TARGET_MODULES,
+        self, rank: int = 32, alpha: float | None = None, dropout: float = 0.0,
+        target_modules: Sequence[str] = LORA_TARGET_MODULES, trainable_modules: Sequence[str] = (),
     ) -> list[str]:  # fmt: skip
-        """Wrap the VLA's linear layers with peft LoRA adapters and train only the adapters.
+        """Wrap the VLA's linear layers with peft LoRA adapters and train only the adapters (and
+        ``trainable_modules``).
 
         ``peft.inject_adapter_in_model`` replaces the matching ``nn.Linear`` modules in place
-        (module names keep working); every other parameter (OFT heads included) is frozen.
+        (module names keep working); every other parameter (OFT heads included, unless named in
+        ``trainable_modules``) is frozen. Layers the constructor froze (the towers' unused last
+        block) get no adapter and stay frozen (:func:`policies.lora.inject_lora`).
 
         Args:
             rank: LoRA rank (OpenVLA's fine-tuning default 32).
             alpha: LoRA scaling numerator (default ``min(rank, 16)``, OpenVLA's choice).
             dropout: dropout on the adapter input.
             target_modules: module-name suffixes to adapt.
+            trainable_modules: submodules of the policy trained fully (e.g. ``proprio_projector``).
 
         Returns:
             names of the trainable parameters.
 
         Raises:
             ModuleNotFoundError: peft is not installed.
+            ValueError: no layer matches ``target_modules``, or a ``trainable_modules`` entry is
+                not a submodule.
         """
-        from peft import LoraConfig, inject_adapter_in_model
+        from policies.lora import inject_lora, set_trainable
 
-        lora = LoraConfig(
-            r=rank, lora_alpha=min(rank, 16) if alpha is None else alpha, lora_dropout=dropout,
-            target_modules=list(target_modules), init_lora_weights="gaussian",
-        )  # fmt: skip
-        inject_adapter_in_model(lora, self.vla)
-        trainable = []
-        for name, parameter in self.named_parameters():
-            parameter.requires_grad_("lora_" in name)
-            if parameter.requires_grad:
-                trainable.append(name)
-        return trainable
+        inject_lora(self.vla, rank, alpha, dropout, target_modules)
+        return set_trainable(self, trainable_modules)
 
     def merge_lora(self) -> int:
         """Fold the LoRA adapters into their base layers and remove them (peft's
@@ -260,14 +258,9 @@ class PrismaticPolicy(Policy, abstract=True):
         Returns:
             the number of merged layers (0 without adapters).
         """
-        from peft.tuners.lora import LoraLayer
+        from policies.lora import merge_lora
 
-        merged = [(name, module) for name, module in self.vla.named_modules() if isinstance(module, LoraLayer)]
-        for name, module in merged:
-            module.merge()
-            parent_name, _, child = name.rpartition(".")
-            setattr(self.vla.get_submodule(parent_name), child, module.get_base_layer())
-        return len(merged)
+        return merge_lora(self.vla)
 
     def save_pretrained(self, out_dir: str | Path, vision_backbone_id: str = "dinosiglip-vit-so-224px") -> Path:
         """Write the VLA in the published layout (see
@@ -277,10 +270,15 @@ class PrismaticPolicy(Policy, abstract=True):
             FileExistsError: ``out_dir`` exists.
             ValueError: LoRA adapters are injected (call :meth:`merge_lora` first).
         """
+        return self._write_pretrained(out_dir, vision_backbone_id, self.norm_stats, {})
+
+    def _write_pretrained(self, out_dir: str | Path, vision_backbone_id: str, norm_stats: dict[str, Any],
+                          extra_files: dict) -> Path:
         state = self.vla.state_dict()
         if any("lora_" in name for name in state):
             raise ValueError("LoRA adapters are injected: call merge_lora() before saving in the published layout")
-        return write_checkpoint(state, self.architecture, out_dir, self.norm_stats, vision_backbone_id, self.tokenizer)
+        return write_checkpoint(state, self.architecture, out_dir, norm_stats, vision_backbone_id, self.tokenizer,
+                                extra_files=extra_files)
 
     def _prefix(self, obs: TensorDict, extra_tokens: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Multimodal prefix embeddings ``(batch, L, llm_dim)`` and mask ``(batch, L)``."""

@@ -18,6 +18,8 @@ bit for the same batch (not across batch shapes: see docs/vla_policies.md).
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 
 import torch
@@ -289,6 +291,34 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
                 "(use predict_action_chunk and bc_loss)"
             )
 
+    def save_pretrained(self, out_dir: str | Path, vision_backbone_id: str = "dinosiglip-vit-so-224px") -> Path:
+        """Write the policy in OpenVLA-OFT's published layout: the VLA (see
+        :meth:`PrismaticPolicy.save_pretrained`), each head module it uses as
+        ``<module>--checkpoint.pt`` (a state dict, as OFT's fine-tuning saves them), and the
+        proprio statistics (when set) as the ``"proprio"`` entry of the dataset statistics, so
+        that ``model_path`` loads it back.
+
+        Raises:
+            FileExistsError: ``out_dir`` exists.
+            ValueError: LoRA adapters are injected (call :meth:`merge_lora` first), or proprio
+                statistics without action statistics (OpenVLA's statistics file keeps them per
+                dataset, next to the action's: set ``action_statistics``).
+        """
+        norm_stats = copy.deepcopy(self.norm_stats)
+        statistics = self.proprio_statistics
+        if statistics is not None:
+            key = self.config.unnorm_key if self.config.model_path is not None else "config"
+            key = next(iter(norm_stats)) if key is None and len(norm_stats) == 1 else key
+            if key not in norm_stats:
+                raise ValueError("saving OpenVLA-OFT with proprio statistics needs action statistics to keep them "
+                                 "with (config.action_statistics or a checkpoint's)")
+            norm_stats[key]["proprio"] = {"q01": statistics.q01.tolist(), "q99": statistics.q99.tolist(),
+                                          "mask": statistics.mask.tolist()}
+        extra = {f"{stem}--checkpoint.pt": functools.partial(_save_state, module)
+                 for stem, module in (("action_head", self.action_head), ("proprio_projector", self.proprio_projector))
+                 if module is not None}
+        return self._write_pretrained(out_dir, vision_backbone_id, norm_stats, extra)
+
     @classmethod
     def check_pretrained(cls, config: OpenVLAOFTPolicyConfig, require_tokenizer: bool = True) -> None:
         """:meth:`PrismaticPolicy.check_pretrained`, and the ``<module>--*checkpoint.pt`` file of
@@ -320,3 +350,8 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
                 self.proprio_q01.copy_(statistics.q01)
                 self.proprio_q99.copy_(statistics.q99)
                 self.proprio_statistics_set.fill_(True)
+
+
+def _save_state(module: torch.nn.Module, path: Path) -> None:
+    """``torch.save`` of ``module``'s state dict (CPU tensors) at ``path``."""
+    torch.save({name: tensor.detach().cpu() for name, tensor in module.state_dict().items()}, path)

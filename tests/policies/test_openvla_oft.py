@@ -154,6 +154,12 @@ def test_l1_head_regresses_and_has_no_distribution(tokenizer):
 
 def test_checkpoint_with_oft_module_files_round_trips(policy, obs, tmp_path):
     out = policy.save_pretrained(tmp_path / "oft")
+    written = out / "proprio_projector--checkpoint.pt"
+    assert written.is_file()  # save_pretrained writes the head modules the policy uses
+    loaded = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(out), chunk_size=CHUNK, num_images=2,
+                                                     proprio_dim=PROPRIO_DIM))
+    assert torch.equal(loaded.proprio_projector.fc1.weight, policy.proprio_projector.fc1.weight)
+    written.unlink()  # a published file (DDP's "module." prefix, a step in its name) loads as well
     state = {f"module.{name}": tensor for name, tensor in policy.proprio_projector.state_dict().items()}
     torch.save(state, out / "proprio_projector--150000_checkpoint.pt")
     config = OpenVLAOFTPolicyConfig(model_path=str(out), chunk_size=CHUNK, num_images=2, proprio_dim=PROPRIO_DIM)

@@ -156,7 +156,7 @@ class EmbodiedEvaluation(EvaluationSession):
                              "with its observation and action layout")
         if path is not None and self._loaded != target:
             try:
-                ckpt.load_model(path, res.policy)
+                ckpt.load_policy_weights(path, res.policy)
             except RuntimeError as err:
                 raise ValueError(f"checkpoint {path} does not fit the run's policy for task {spec.name!r}: "
                                  f"{err}") from err

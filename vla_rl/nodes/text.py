@@ -195,5 +195,6 @@ def supervised_step(ctx, batch) -> NodeOutput:
     pairs over all workers) on this worker's pairs; returns the batch unchanged."""
     trainer = ctx.config.trainer
     metrics = ctx.resources.actor.supervised_update(batch, trainer.ppo_epochs, trainer.ppo_mini_batch_size,
-                                                    trainer.max_grad_norm, ctx.resources.generator)
+                                                    trainer.max_grad_norm, ctx.resources.generator,
+                                                    trainer.micro_batch_size)
     return NodeOutput(batch, metrics)

@@ -1,5 +1,5 @@
 """``(actor, model_train)`` and ``(critic, model_train)``: the data-parallel updates on this
-worker's shard, and the ``actor`` resource (the DDP policy and its optimizer)."""
+worker's shard, and the ``actor`` resource (the policy in DDP or FSDP2, and its optimizer)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,16 @@ from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
 from vla_rl.nodes.inference import scored_keys
 from vla_rl.trainers.actor import ActorTrainer
-from vla_rl.workers.checkpointing import OptimizerCheckpoint
+from vla_rl.workers.checkpointing import ActorCheckpoint
 from vla_rl.workers.resources import register_resource
 
 
-@register_resource("actor", needs=("policy",), checkpoint=OptimizerCheckpoint("actor", "optimizer"))
+@register_resource("actor", needs=("policy",), checkpoint=ActorCheckpoint())
 def build_actor(res):
-    """The policy wrapped for data-parallel training, with its Adam optimizer (``trainer.lr``)."""
-    return ActorTrainer(res.policy, res.config.trainer.lr, group=res.group, forward=res.workflow.batch_forward)
+    """The policy set up for data-parallel training (``trainer.strategy``: DDP, or a sharded FSDP2
+    copy), with its Adam optimizer (``trainer.lr``)."""
+    trainer = res.config.trainer
+    return ActorTrainer(res.policy, trainer.lr, group=res.group, forward=res.workflow.batch_forward, trainer=trainer)
 
 
 def _actor_reads(config, node_config) -> tuple[str, ...]:

@@ -1,16 +1,21 @@
 """Data-parallel actor update: clipped policy-gradient epochs over a step's episodes.
 
-The policy is wrapped in ``torch.nn.parallel.DistributedDataParallel`` over the DAG workers'
-process group (gloo on CPU, nccl/hccl on accelerators); each worker updates on its own shard and
-DDP averages the gradients. Every worker runs the same number of minibatches (the smallest shard
-decides), so the collectives of the backward passes always match.
+The policy trains over the DAG workers' process group (gloo on CPU, nccl/hccl on accelerators)
+with the strategy of ``trainer.strategy`` (:mod:`vla_rl.trainers.strategy`): DDP, the policy on
+every worker with its gradients averaged, or FSDP2, a sharded training copy whose weights go back
+into the policy after each update. Each worker updates on its own shard. Every worker runs the
+same number of minibatches (the smallest shard decides) and of micro-batches per minibatch
+(``trainer.micro_batch_size``), so the collectives of the forward and backward passes always match.
 
 The loss of a minibatch, at the configured ratio granularity (token, action or chunk; see
 :mod:`vla_rl.algorithms.granularity`)::
 
     loss = policy_objective - entropy_coeff * aggregate(entropy) + kl_loss_coef * aggregate(KL(pi || ref))
 
-with the objective from ``POLICY_LOSSES`` and every term aggregated with the same mode.
+with the objective from ``POLICY_LOSSES`` and every term aggregated with the same mode. With
+micro-batches, each one's loss is scaled by its share of the mode's denominator
+(:func:`~vla_rl.algorithms.aggregation.aggregation_weight`: valid tokens, or rows) before its
+backward pass, so the accumulated gradient is the whole minibatch's.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from tensordict import TensorDict
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from vla_rl.algorithms.aggregation import aggregate_loss
+from vla_rl.algorithms.aggregation import aggregate_loss, aggregation_weight
 from vla_rl.algorithms.granularity import (
     expand_per_step,
     reduce_per_action,
@@ -33,9 +38,9 @@ from vla_rl.algorithms.granularity import (
 from vla_rl.algorithms.kl import kl_penalty
 from vla_rl.algorithms.policy_loss import POLICY_LOSSES
 from vla_rl.data import keys
-from vla_rl.trainers.guard import GuardedStep
-from vla_rl.trainers.minibatches import minibatch_indices
-from vla_rl.trainers.parallel import data_parallel
+from vla_rl.trainers.guard import GuardedStep, clip_grad_norm
+from vla_rl.trainers.minibatches import minibatch_schedule
+from vla_rl.trainers.strategy import make_strategy
 
 
 def embodied_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
@@ -110,28 +115,47 @@ def per_dim_log_probs(policy, batch: TensorDict, forward=embodied_forward) -> Te
 
 
 class ActorTrainer:
-    """Owns the DDP-wrapped policy and its Adam optimizer on one worker.
+    """Owns the data-parallel policy (DDP or FSDP2) and its Adam optimizer on one worker.
 
-    The update loop is the same for every modality; ``forward`` turns a minibatch into
-    per-dimension log-probs and entropies (the workflow's ``batch_forward``).
+    The update loop is the same for every modality and strategy; ``forward`` turns a minibatch
+    into per-dimension log-probs and entropies (the workflow's ``batch_forward``).
 
     Args:
-        policy: the worker's policy (already on its device, weights equal on every worker or
-            broadcast from rank 0 by DDP at construction).
+        policy: the worker's policy (already on its device; weights equal on every worker or
+            broadcast from rank 0 at construction). Under FSDP it stays the plain module the
+            rollout uses, refreshed from the sharded training copy after each update.
         lr: Adam learning rate.
         group: the DAG workers' process group (None: the default group).
         forward: :func:`embodied_forward` (episodes of a robot policy) or :func:`text_forward`
             (responses of a causal LM).
+        trainer: the run's ``trainer`` section, for ``strategy``, ``mixed_precision``,
+            ``gradient_checkpointing`` and ``fsdp`` (None: DDP without activation checkpointing).
+
+    Attributes:
+        parallel: the :mod:`~vla_rl.trainers.strategy` object; ``parallel.trained`` is the module
+            the optimizer updates (the policy under DDP).
     """
 
     def __init__(self, policy: torch.nn.Module, lr: float, group: dist.ProcessGroup | None = None,
-                 forward: Callable[[Any, TensorDict], tuple[Tensor, Tensor]] = embodied_forward) -> None:
+                 forward: Callable[[Any, TensorDict], tuple[Tensor, Tensor]] = embodied_forward,
+                 trainer=None) -> None:
         self.policy = policy
         self.group = group
         self.forward = forward
-        self.ddp = data_parallel(policy, group)
-        self.optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+        self.parallel = make_strategy(policy, group, trainer)
+        self.optimizer = torch.optim.Adam(self.parallel.trained.parameters(), lr=lr)
         self.guarded_step = GuardedStep("actor")
+
+    @property
+    def ddp(self):
+        """What the training forward calls (the DDP wrapper, or the FSDP training copy)."""
+        return self.parallel.module
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the trained state is sharded over the workers (FSDP: checkpoints with
+        torch.distributed.checkpoint, :mod:`vla_rl.trainers.sharded_checkpoint`)."""
+        return self.parallel.sharded
 
     def update(self, batch: TensorDict, algorithm, trainer, generator: torch.Generator) -> dict[str, float]:
         """One update on this worker's shard ``batch`` (episodes with ``advantages``).
@@ -148,21 +172,25 @@ class ActorTrainer:
             trainer: the run's ``trainer`` section: ``ppo_epochs``, ``ppo_mini_batch_size``
                 (episodes per minibatch summed over the workers; each pass makes
                 ``ceil(total episodes / ppo_mini_batch_size)`` minibatches, fewer if a worker's
-                shard has fewer episodes than that) and ``max_grad_norm``.
+                shard has fewer episodes than that), ``micro_batch_size`` (gradient accumulation)
+                and ``max_grad_norm``.
             generator: shuffles the minibatches (seeded per worker, saved in checkpoints).
 
         Returns:
             Means over the applied minibatch updates of the loss terms and the objective's
             metrics (``actor/pg_loss``, ``actor/entropy``, ``actor/kl_loss``, ``actor/pg_clipfrac``,
-            ``actor/approx_kl``, ``actor/grad_norm``, ...), ``actor/num_updates`` (0 when some
-            worker's shard is empty: nobody updates) and ``actor/skipped_updates`` (updates whose
-            gradient norm was not finite, not applied: :mod:`vla_rl.trainers.guard`). At token
-            granularity, ``actor/old_log_prob_max_diff``: the largest gap between the recomputed
-            per-dimension log-probs (summed per action) and the rollout's, exactly 0 for a
-            conforming policy.
+            ``actor/approx_kl``, ``actor/grad_norm``, ...; with micro-batches each minibatch's
+            value is the micro-batches' weighted like their losses), ``actor/num_updates`` (0 when
+            some worker's shard is empty: nobody updates) and ``actor/skipped_updates`` (updates
+            whose gradient norm was not finite, not applied: :mod:`vla_rl.trainers.guard`). At
+            token granularity, ``actor/old_log_prob_max_diff``: the largest gap between the
+            recomputed per-dimension log-probs (summed per action) and the rollout's, exactly 0
+            for a conforming policy.
 
         Raises:
             RunStopped: ``trainer.max_skipped_updates`` skipped updates in a row.
+            ValueError: ``trainer.micro_batch_size`` with a loss aggregation mode that is not
+                built in (see :func:`~vla_rl.algorithms.aggregation.aggregation_weight`).
         """
         batch = batch.to(self.policy.device)  # once, at the node boundary
         old_log_probs, metrics = self._old_log_probs(batch, algorithm.ratio_granularity)  # (n, L)
@@ -171,22 +199,26 @@ class ActorTrainer:
         totals: dict[str, float] = {}
         updates = skipped = 0
         self.policy.train()
-        for index in minibatch_indices(batch.batch_size[0], trainer.ppo_mini_batch_size, trainer.ppo_epochs,
-                                       generator, self.group):
-            step = self._minibatch_step(batch[index], old_log_probs[index], algorithm, trainer, loss_fn, loss_options)
+        self.parallel.trained.train()
+        for micro_batches in minibatch_schedule(batch.batch_size[0], trainer.ppo_mini_batch_size, trainer.ppo_epochs,
+                                                generator, self.group, trainer.micro_batch_size):
+            step = self._minibatch_step(batch, micro_batches, old_log_probs, algorithm, trainer, loss_fn,
+                                        loss_options)
             if step is None:
                 skipped += 1
                 continue
             for name, value in step.items():
                 totals[name] = totals.get(name, 0.0) + value
             updates += 1
+        if updates:
+            self.parallel.after_update()
         metrics.update({name: total / updates for name, total in totals.items()})
         metrics["actor/num_updates"] = float(updates)
         metrics["actor/skipped_updates"] = float(skipped)
         return metrics
 
     def supervised_update(self, batch: TensorDict, epochs: int, mini_batch_size: int, max_grad_norm: float,
-                          generator: torch.Generator) -> dict[str, float]:
+                          generator: torch.Generator, micro_batch_size: int | None = None) -> dict[str, float]:
         """Supervised fine-tuning on this worker's shard of prompt/target pairs (``llm_sft``):
         the negative log-likelihood of the target tokens at temperature 1 (the policy's forward
         at its configured temperature; set ``text.temperature: 1.0`` for plain SFT), token mean.
@@ -197,6 +229,7 @@ class ActorTrainer:
             mini_batch_size: samples per minibatch, summed over the workers.
             max_grad_norm: gradient-norm clip.
             generator: shuffles the minibatches.
+            micro_batch_size: samples per forward/backward pass (None: the whole minibatch).
 
         Returns:
             ``sft/loss`` and ``sft/grad_norm`` (means over minibatches), ``sft/num_updates``.
@@ -205,20 +238,50 @@ class ActorTrainer:
         totals = {"sft/loss": 0.0, "sft/grad_norm": 0.0}
         updates = 0
         self.policy.train()
-        for index in minibatch_indices(batch.batch_size[0], mini_batch_size, epochs, generator, self.group):
-            mb = batch[index]
-            log_probs = self.forward(self.ddp, mb)[0].flatten(start_dim=2).sum(-1)  # (b, T)
-            loss = -aggregate_loss(log_probs, mb[keys.RESPONSE_MASK], "token-mean")
+        self.parallel.trained.train()
+        for micro_batches in minibatch_schedule(batch.batch_size[0], mini_batch_size, epochs, generator, self.group,
+                                                micro_batch_size):
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), max_grad_norm)
+            loss_value = 0.0
+            for index, scale, sync in self._micro_batches(batch, micro_batches, "token-mean"):
+                mb = batch[index]
+                log_probs = self.forward(self.ddp, mb)[0].flatten(start_dim=2).sum(-1)  # (b, T)
+                loss = -aggregate_loss(log_probs, mb[keys.RESPONSE_MASK], "token-mean")
+                with self.parallel.gradient_sync(sync):
+                    (loss if scale is None else loss * scale).backward()
+                loss_value += float(loss.detach()) * (1.0 if scale is None else scale)
+            grad_norm = clip_grad_norm(self.parallel.trained.parameters(), max_grad_norm)
             self.optimizer.step()
-            totals["sft/loss"] += float(loss.detach())
-            totals["sft/grad_norm"] += float(grad_norm)
+            totals["sft/loss"] += loss_value
+            totals["sft/grad_norm"] += grad_norm
             updates += 1
+        if updates:
+            self.parallel.after_update()
         metrics = {name: total / max(updates, 1) for name, total in totals.items()}
         metrics["sft/num_updates"] = float(updates)
         return metrics
+
+    def _micro_batches(self, batch: TensorDict, micro_batches: list[Tensor], agg_mode: str):
+        """The passes of one minibatch: ``(indices, scale, sync)`` per micro-batch.
+
+        ``scale`` is the micro-batch's share of the minibatch's aggregation denominator (None for
+        a minibatch in one piece: its loss is used as it is, bit for bit); ``sync`` is True for the
+        last pass, whose backward reduces the accumulated gradients. An empty micro-batch (this
+        worker's minibatch is smaller than another's) becomes the minibatch's first sample with
+        scale 0: a pass that changes no gradient but keeps the workers' collectives in step.
+        """
+        if len(micro_batches) == 1:
+            yield micro_batches[0], None, True
+            return
+        whole = torch.cat(micro_batches)
+        mask = batch[keys.RESPONSE_MASK]
+        total = aggregation_weight(mask[whole], agg_mode)
+        for i, index in enumerate(micro_batches):
+            sync = i == len(micro_batches) - 1
+            if len(index) == 0:
+                yield whole[:1], 0.0, sync
+            else:
+                yield index, aggregation_weight(mask[index], agg_mode) / total if total > 0 else 0.0, sync
 
     def _old_log_probs(self, batch: TensorDict, granularity: str) -> tuple[Tensor, dict[str, float]]:
         """The rollout policy's log-probs at ``granularity``: (n, L).
@@ -236,9 +299,32 @@ class ActorTrainer:
         max_gap = float(gap.max()) if gap.numel() else 0.0
         return reduce_per_dim(per_dim, granularity), {"actor/old_log_prob_max_diff": max_gap}
 
-    def _minibatch_step(self, mb: TensorDict, old_log_probs: Tensor, algorithm, trainer, loss_fn,
-                        loss_options) -> dict[str, float] | None:
-        """One minibatch update; its metrics, or None when its gradient was not finite (skipped)."""
+    def _minibatch_step(self, batch: TensorDict, micro_batches: list[Tensor], old_log_probs: Tensor, algorithm,
+                        trainer, loss_fn, loss_options) -> dict[str, float] | None:
+        """One minibatch update, its gradient accumulated over ``micro_batches`` (index tensors
+        into ``batch``); its metrics, or None when its gradient was not finite (skipped)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        out: dict[str, float] = {}
+        loss = None
+        for index, scale, sync in self._micro_batches(batch, micro_batches, algorithm.loss_agg_mode):
+            loss, terms = self._loss(batch[index], old_log_probs[index], algorithm, loss_fn, loss_options)
+            with self.parallel.gradient_sync(sync):
+                (loss if scale is None else loss * scale).backward()
+            if scale is None:  # the whole minibatch in one pass
+                out.update(terms)
+                continue
+            for name, value in terms.items():
+                out[name] = out.get(name, 0.0) + value * scale
+        grad_norm, applied = self.guarded_step(self.parallel.trained.parameters(), self.optimizer,
+                                               trainer.max_grad_norm, trainer.max_skipped_updates, loss)
+        if not applied:
+            return None
+        out["actor/grad_norm"] = grad_norm
+        return out
+
+    def _loss(self, mb: TensorDict, old_log_probs: Tensor, algorithm, loss_fn, loss_options
+              ) -> tuple[Tensor, dict[str, float]]:
+        """The loss of minibatch (or micro-batch) ``mb`` and its terms and metrics."""
         granularity = algorithm.ratio_granularity
         agg_mode, agg_normalizer = algorithm.loss_agg_mode, algorithm.loss_agg_normalizer
         log_probs, entropy = self.forward(self.ddp, mb)  # (b, T, C, A) each
@@ -259,13 +345,20 @@ class ActorTrainer:
             kl_term = aggregate_loss(kl, mask, agg_mode, agg_normalizer)
             loss = loss + algorithm.kl_loss_coef * kl_term
             out["actor/kl_loss"] = float(kl_term.detach())
+        out.update({"actor/pg_loss": float(pg_loss.detach()), "actor/entropy": float(entropy_term.detach())})
+        return loss, out
 
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm, applied = self.guarded_step(self.policy.parameters(), self.optimizer, trainer.max_grad_norm,
-                                               trainer.max_skipped_updates, loss)
-        if not applied:
-            return None
-        out.update({"actor/pg_loss": float(pg_loss.detach()), "actor/entropy": float(entropy_term.detach()),
-                    "actor/grad_norm": grad_norm})
-        return out
+    # ------------------------------------------------------------------ checkpoints
+    def save_sharded(self, directory) -> None:
+        """Collective (FSDP): write the training copy's weights and the optimizer's state, sharded,
+        into ``directory`` (:func:`~vla_rl.trainers.sharded_checkpoint.save_sharded`)."""
+        from vla_rl.trainers.sharded_checkpoint import save_sharded
+
+        save_sharded(directory, self.parallel.trained, self.optimizer, self.group)
+
+    def load_sharded(self, directory) -> None:
+        """Collective (FSDP): restore what :meth:`save_sharded` wrote, then refresh the policy."""
+        from vla_rl.trainers.sharded_checkpoint import load_sharded
+
+        load_sharded(directory, self.parallel.trained, self.optimizer, self.group)
+        self.parallel.after_update()

@@ -3,6 +3,10 @@
 A checkpoint is a directory ``<root>/step_{step:08d}/`` holding::
 
     model.safetensors                     module state dict (parameters and persistent buffers)
+    actor_sharded/                        instead of model.safetensors and optimizer.* under
+                                          trainer.strategy fsdp: the actor's weights and optimizer
+                                          state, sharded (torch.distributed.checkpoint;
+                                          vla_rl.trainers.sharded_checkpoint)
     optimizer.safetensors, optimizer.json torch optimizer state dict: its tensors, and the JSON-able
                                           rest with references to them (reassembled exactly)
     <name>.safetensors (+ .json)          further modules and optimizers saved under their own name
@@ -272,6 +276,9 @@ def finalize_checkpoint(root: str | Path, step: int, keep_last: int | None = Non
         raise FileExistsError(f"checkpoint {final} already exists")
     write_manifest(staged)
     for path in staged.iterdir():
+        if path.is_dir() and _is_sharded_dir(path):
+            for file in path.iterdir():
+                _fsync(file)
         _fsync(path)
     _fsync(staged)
     os.replace(staged, final)
@@ -295,7 +302,9 @@ def point_latest(root: str | Path, checkpoint: Path) -> None:
 
 
 def write_manifest(directory: str | Path) -> Path:
-    """Write ``<directory>/manifest.json``: the size and sha256 of every other file in it.
+    """Write ``<directory>/manifest.json``: the size and sha256 of every other file in it, and of
+    every file of its sharded-state directories (torch.distributed.checkpoint directories, e.g.
+    ``actor_sharded/__0_0.distcp``, named by their relative path).
 
     Rank 0 calls it (from :func:`finalize_checkpoint`) once every rank's files are staged.
 
@@ -303,8 +312,8 @@ def write_manifest(directory: str | Path) -> Path:
         the manifest's path.
     """
     directory = Path(directory)
-    files = {path.name: {"size": path.stat().st_size, "sha256": _sha256(path)}
-             for path in sorted(directory.iterdir()) if path.is_file() and path.name != MANIFEST_FILE}
+    files = {path.relative_to(directory).as_posix(): {"size": path.stat().st_size, "sha256": _sha256(path)}
+             for path in _checkpoint_files(directory) if path.name != MANIFEST_FILE}
     manifest = directory / MANIFEST_FILE
     _write_json(manifest, {"format_version": FORMAT_VERSION, "files": files})
     return manifest
@@ -450,6 +459,26 @@ def load_model(path: str | Path, module: torch.nn.Module, strict: bool = True, n
         raise _unreadable(file, err) from err
     except RuntimeError as err:
         raise RuntimeError(f"{file}: {err}") from err
+
+
+def load_policy_weights(path: str | Path, module: torch.nn.Module) -> None:
+    """Load a checkpoint's policy weights into ``module``, whatever strategy wrote them:
+    ``model.safetensors`` (DDP: :func:`load_model`) or, without it, the weights of the sharded
+    actor state (FSDP: :func:`vla_rl.trainers.sharded_checkpoint.load_sharded_model`, cast to
+    ``module``'s dtypes).
+
+    Raises:
+        FileNotFoundError: the checkpoint holds neither.
+        RuntimeError: missing or unexpected names or mismatched shapes; the message names the file.
+        CheckpointCorruptError: a file is truncated or unreadable.
+    """
+    from vla_rl.trainers.sharded_checkpoint import ACTOR_SHARDED_DIR, load_sharded_model
+
+    path = Path(path)
+    if not (path / "model.safetensors").is_file() and (path / ACTOR_SHARDED_DIR).is_dir():
+        load_sharded_model(path, module)
+        return
+    load_model(path, module)
 
 
 def load_optimizer(path: str | Path, optimizer: torch.optim.Optimizer, name: str = "optimizer") -> None:
@@ -635,6 +664,22 @@ def _check_structure(path: Path) -> None:
         raise CheckpointCorruptError(f"checkpoint {path} (no manifest) is corrupted: "
                                      + "; ".join(f"{file} is unreadable ({err})" for file, err in problems),
                                      [file for file, _ in problems])
+
+
+def _checkpoint_files(directory: Path) -> list[Path]:
+    """The files of a checkpoint directory: its own, and those of its sharded-state directories."""
+    files = []
+    for path in sorted(directory.iterdir()):
+        if path.is_file():
+            files.append(path)
+        elif path.is_dir() and _is_sharded_dir(path):
+            files += sorted(file for file in path.iterdir() if file.is_file())
+    return files
+
+
+def _is_sharded_dir(path: Path) -> bool:
+    """Whether ``path`` is a torch.distributed.checkpoint directory (it holds ``.metadata``)."""
+    return (path / ".metadata").is_file()
 
 
 def _sha256(path: Path) -> str:

@@ -7,7 +7,9 @@ counts it; after ``max_skipped`` skipped updates in a row it stops the run with 
 
 Under data parallelism the gradients are all-reduced before the norm is taken, so every worker
 sees the same norm and skips the same updates (a worker whose own loss is NaN makes the reduced
-gradient NaN everywhere).
+gradient NaN everywhere). Under FSDP each worker holds a shard of every gradient (DTensors): the
+norm is the total over the shards (one all-reduce), as torchtitan's ``clip_grad_norm_``
+(``torchtitan/distributed/utils.py``) computes it.
 """
 
 from __future__ import annotations
@@ -48,8 +50,7 @@ class GuardedStep:
         Raises:
             RunStopped: the ``max_skipped``-th skipped update in a row.
         """
-        params = list(parameters)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+        grad_norm = clip_grad_norm(parameters, max_grad_norm)
         if math.isfinite(grad_norm):
             optimizer.step()
             self.skipped_in_a_row = 0
@@ -64,3 +65,19 @@ class GuardedStep:
                 "the last checkpoint (vla-rl train --resume RUN_DIR trainer.lr=...), or raise "
                 "trainer.max_skipped_updates")
         return grad_norm, False
+
+
+def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) -> float:
+    """``torch.nn.utils.clip_grad_norm_`` that also takes sharded (DTensor) gradients: the total
+    norm over every worker's shards (collective then: every worker calls it), the gradients
+    scaled by ``min(1, max_norm / total)``.
+
+    Returns:
+        the total gradient norm before clipping (inf or NaN if a gradient is not finite).
+    """
+    from torch.distributed.tensor import DTensor
+
+    norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm)

@@ -37,9 +37,41 @@ def minibatch_indices(
     Yields:
         (minibatch size,) int64 indices into the shard, epoch after epoch.
     """
+    for micro_batches in minibatch_schedule(num_samples, ppo_mini_batch_size, epochs, generator, group):
+        yield micro_batches[0]
+
+
+def minibatch_schedule(
+    num_samples: int,
+    ppo_mini_batch_size: int,
+    epochs: int,
+    generator: torch.Generator,
+    group: dist.ProcessGroup | None = None,
+    micro_batch_size: int | None = None,
+) -> Iterator[list[Tensor]]:
+    """:func:`minibatch_indices`, each minibatch split into micro-batches (gradient accumulation).
+
+    Every worker splits every minibatch into the same number ``K`` of micro-batches: the largest
+    minibatch of any worker divided by ``micro_batch_size``, rounded up, so that each worker runs
+    as many forward and backward passes as the others (FSDP gathers parameters in each one; a
+    worker must not skip one). A worker whose minibatch holds fewer than ``K`` samples gets empty
+    micro-batches (the trainer runs them as passes that contribute nothing). The shuffling, and
+    so the minibatches, are those of :func:`minibatch_indices`.
+
+    Args:
+        num_samples, ppo_mini_batch_size, epochs, generator, group: see :func:`minibatch_indices`.
+        micro_batch_size: at most this many samples per micro-batch; None: one micro-batch, the
+            whole minibatch.
+
+    Yields:
+        per minibatch, ``K`` (minibatch size / K,) int64 index tensors into the shard, in order,
+        that concatenate to the minibatch.
+    """
     counts = all_gather_small_objects(num_samples, group)  # every worker's shard size, in one collective
     count = min(math.ceil(sum(counts) / ppo_mini_batch_size), min(counts))
     if count == 0:
         return
+    pieces = 1 if micro_batch_size is None else math.ceil(math.ceil(max(counts) / count) / micro_batch_size)
     for _ in range(epochs):
-        yield from torch.tensor_split(torch.randperm(num_samples, generator=generator), count)
+        for minibatch in torch.tensor_split(torch.randperm(num_samples, generator=generator), count):
+            yield [minibatch] if pieces == 1 else list(torch.tensor_split(minibatch, pieces))

@@ -174,3 +174,37 @@ class OptimizerCheckpoint:
         if self.module_file is not None:
             checkpoint.load_model(directory, getattr(trainer, self.module_attribute), name=self.module_file)
         checkpoint.load_optimizer(directory, trainer.optimizer, name=self.file)
+
+
+class ActorCheckpoint:
+    """Checkpoints the ``actor`` resource (:class:`~vla_rl.trainers.actor.ActorTrainer`).
+
+    DDP: rank 0 writes the optimizer as ``optimizer.safetensors`` + ``optimizer.json`` (the policy's
+    weights are the ``policy`` resource's ``model.safetensors``). FSDP: every worker writes its
+    shards of the weights and of the optimizer state into ``actor_sharded/``
+    (:mod:`vla_rl.trainers.sharded_checkpoint`; no ``model.safetensors``). ``collective``: the
+    workers save it before the other resources, so that one worker's failure elsewhere cannot
+    leave the others waiting in its collectives.
+    """
+
+    collective = True
+
+    def save(self, resources, directory: Path) -> dict[str, Any]:
+        trainer = resources.actor
+        if trainer.sharded:
+            trainer.save_sharded(directory)
+        elif resources.rank == 0:
+            checkpoint.save_optimizer(directory, trainer.optimizer, name="optimizer")
+        return {}
+
+    def load(self, resources, directory: Path, metadata: dict[str, Any]) -> None:
+        from vla_rl.trainers.sharded_checkpoint import ACTOR_SHARDED_DIR
+
+        trainer = resources.actor
+        if trainer.sharded:
+            trainer.load_sharded(directory)
+            return
+        if not (directory / "optimizer.json").is_file() and (directory / ACTOR_SHARDED_DIR).is_dir():
+            raise FileNotFoundError(f"{directory} was written with trainer.strategy fsdp (sharded actor state, no "
+                                    "optimizer.json); resume with trainer.strategy=fsdp")
+        checkpoint.load_optimizer(directory, trainer.optimizer, name="optimizer")

@@ -37,7 +37,9 @@ class ResourceError(RuntimeError):
 
 class ResourceCheckpoint(Protocol):
     """How a resource's training state enters a checkpoint directory. Every rank calls both
-    (rank 0, ``resources.rank == 0``, writes the state replicated over the workers)."""
+    (rank 0, ``resources.rank == 0``, writes the state replicated over the workers). A checkpoint
+    whose ``save`` runs collectives (sharded state) sets a class attribute ``collective = True``:
+    it is saved before the others."""
 
     def save(self, resources: Resources, directory: Path) -> dict[str, Any]:
         """Write the state; return metadata for ``trainer_state.json`` (may be empty)."""
@@ -186,12 +188,14 @@ class Resources:
     # ------------------------------------------------------------------ checkpoints and shutdown
     def save_checkpoint(self, directory: Path) -> dict[str, Any]:
         """Every built resource with a checkpoint writes its state to ``directory``; returns the
-        merged metadata."""
+        merged metadata. Checkpoints marked ``collective`` (every worker takes part, e.g. sharded
+        state) go first, in build order, so that no worker is still inside one when another has
+        failed elsewhere; then the others, in build order."""
         metadata: dict[str, Any] = {}
-        for name in self._built:
-            checkpoint = RESOURCES.get(name).checkpoint
-            if checkpoint is not None:
-                metadata.update(checkpoint.save(self, directory))
+        checkpoints = [RESOURCES.get(name).checkpoint for name in self._built]
+        checkpoints = [c for c in checkpoints if c is not None]
+        for checkpoint in sorted(checkpoints, key=lambda c: not getattr(c, "collective", False)):
+            metadata.update(checkpoint.save(self, directory))
         return metadata
 
     def load_checkpoint(self, directory: Path, metadata: dict[str, Any], names: Iterable[str] | None = None) -> None:

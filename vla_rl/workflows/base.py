@@ -69,25 +69,68 @@ class Workflow(ABC):
         """Write the policy into a checkpoint directory (rank 0): ``model.safetensors``."""
         checkpoint.save_model(directory, policy)
 
+    @abstractmethod
+    def standalone_policy(self, config, run_dir: Path) -> Any:
+        """The run's policy built in this process on the CPU, without workers or simulator actors,
+        with the run's LoRA adapters (``policy.lora``): what ``vla-rl export`` loads a checkpoint
+        of the run into. Its weights are the initial ones (load a checkpoint's)."""
+
 
 class PolicyCheckpoint:
-    """The policy's weights in checkpoints, written as its workflow writes them."""
+    """The policy's weights in checkpoints, written as its workflow writes them; under
+    ``trainer.strategy: fsdp`` the actor's sharded state holds them instead (nothing written here),
+    and loading reads them from there (:func:`~vla_rl.trainers.checkpoint.load_policy_weights`)."""
 
     def save(self, res, directory: Path) -> dict[str, Any]:
+        if "actor" in res.built() and res.actor.sharded:
+            return {}
         if res.rank == 0:
             res.workflow.save_policy(res.policy, directory)
         return {}
 
     def load(self, res, directory: Path, metadata: dict[str, Any]) -> None:
-        checkpoint.load_model(directory, res.policy)
+        checkpoint.load_policy_weights(directory, res.policy)
 
 
 @register_resource("policy", checkpoint=PolicyCheckpoint())
 def build_policy(res):
     """The worker's policy, built by the run's workflow (same initial weights on every worker:
-    each seeds torch identically before building it)."""
+    each seeds torch identically before building it), with LoRA adapters when ``policy.lora`` is
+    set (drawn from a generator seeded by ``run.seed``, the same on every worker)."""
     res.ensure(res.workflow.policy_needs)
-    return res.workflow.build_policy(res)
+    policy = res.workflow.build_policy(res)
+    lora = res.config.policy.lora
+    if lora is not None:
+        apply_lora(policy, lora, res.config.run.seed)
+    return policy
+
+
+def apply_lora(policy, lora, seed: int) -> list[str]:
+    """Inject ``policy.lora``'s adapters into ``policy`` (``policy.apply_lora``), their random
+    half drawn from torch's RNG seeded with ``seed`` (restored afterwards).
+
+    Returns:
+        the names of the trainable parameters.
+
+    Raises:
+        TypeError: the policy takes no adapters (the config refuses such a template first).
+        ValueError: no layer matches ``target_modules``, or a ``trainable_modules`` entry is not a
+            submodule (the message names the field).
+    """
+    import torch
+
+    if not callable(getattr(policy, "apply_lora", None)):
+        raise TypeError(f"policy.lora: the {type(policy).__name__} policy takes no LoRA adapters")
+    device = next(policy.parameters()).device
+    devices = [] if device.type == "cpu" else [device.index or 0]
+    with torch.random.fork_rng(devices=devices, device_type=None if device.type == "cpu" else device.type):
+        torch.manual_seed(seed)
+        try:
+            return policy.apply_lora(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
+                                     target_modules=tuple(lora.target_modules),
+                                     trainable_modules=tuple(lora.trainable_modules))
+        except ValueError as err:
+            raise ValueError(f"policy.lora: {err}") from err
 
 
 @register_resource("critic", needs=("policy",),

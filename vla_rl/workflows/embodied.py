@@ -25,16 +25,19 @@ class EmbodiedWorkflow(Workflow):
     policy_needs = ("env_spec",)
 
     def build_policy(self, res):
-        from policies import make_policy
-
         spec = res.env_spec
-        sizes = {"obs_dim": spec["obs_dim"], "action_dim": spec["act_dim"]}
-        if "num_tasks" in spec:  # a task set: policies that declare num_tasks condition on the task id
-            sizes["num_tasks"] = spec["num_tasks"]
-        config = res.config.policy.policy_config(**sizes)
-        if res.config.policy.allow_partial_load and hasattr(config, "allow_partial_load"):
-            config.allow_partial_load = True  # the policies that load a pretrained checkpoint declare the field
-        return make_policy(res.config.policy.name, config).to(res.device)
+        return robot_policy(res.config, spec["obs_dim"], spec["act_dim"], spec.get("num_tasks")).to(res.device)
+
+    def standalone_policy(self, config, run_dir):
+        """The policy, its observation and action sizes read from one environment of the run's
+        simulator made in this process (as a simulator actor would)."""
+        from vla_rl.workflows.base import apply_lora
+
+        spec = simulator_sizes(config)
+        policy = robot_policy(config, spec["obs_dim"], spec["act_dim"], spec.get("num_tasks"))
+        if config.policy.lora is not None:
+            apply_lora(policy, config.policy.lora, config.run.seed)
+        return policy
 
     def batch_forward(self, model, batch):
         return embodied_forward(model, batch)
@@ -85,6 +88,40 @@ class EmbodiedWorkflow(Workflow):
 
 
 WORKFLOWS.register("embodied")(EmbodiedWorkflow())
+
+
+def robot_policy(config, obs_dim: int, act_dim: int, num_tasks: int | None = None):
+    """The ``policy`` section's policy for a simulator of these sizes, on the CPU; ``num_tasks``
+    for a task set (the policies that declare ``num_tasks`` condition on the task id)."""
+    from policies import make_policy
+
+    sizes = {"obs_dim": obs_dim, "action_dim": act_dim}
+    if num_tasks is not None:
+        sizes["num_tasks"] = num_tasks
+    policy_config = config.policy.policy_config(**sizes)
+    if config.policy.allow_partial_load and hasattr(policy_config, "allow_partial_load"):
+        policy_config.allow_partial_load = True  # the policies that load a pretrained checkpoint declare the field
+    return make_policy(config.policy.name, policy_config)
+
+
+def simulator_sizes(config) -> dict[str, int]:
+    """``obs_dim`` (state features) and ``act_dim`` of the run's simulator, from one environment
+    made and closed in this process (seconds: the simulator loads its assets); ``num_tasks`` too
+    with a task set (``simulator.tasks``: its tasks share one layout)."""
+    import gymnasium as gym
+
+    from simulators.registry import make_env
+
+    env = make_env(config.simulator.name, config.simulator.env_config())
+    try:
+        space = env.observation_space
+        state = space[keys.OBS_STATE] if isinstance(space, gym.spaces.Dict) else space
+        sizes = {"obs_dim": int(state.shape[0]), "act_dim": int(env.action_space.shape[0])}
+        if config.simulator.multi_task:
+            sizes["num_tasks"] = len(config.simulator.task_names())
+        return sizes
+    finally:
+        env.close()
 
 
 @register_resource("simulator_pool", close=lambda pool: pool.close())

@@ -39,15 +39,16 @@ class TextWorkflow(Workflow):
         dist.barrier(group=res.group)
 
     def build_policy(self, res):
-        from policies.causal_lm.configuration_causal_lm import CausalLMConfig
-        from policies.causal_lm.modeling_causal_lm import CausalLMPolicy
+        return causal_lm_policy(res.config, res.text_assets.model_path).to(res.device)
 
-        text = res.config.text
-        config = CausalLMConfig(model_path=str(res.text_assets.model_path), gguf_file=text.gguf_file, dtype=text.dtype,
-                                max_prompt_length=text.max_prompt_length, max_response_length=text.max_response_length,
-                                temperature=text.temperature, prompt_format=text.prompt_format,
-                                allow_pickle=text.allow_pickle, allow_partial_load=res.config.policy.allow_partial_load)
-        return CausalLMPolicy.from_pretrained(config).to(res.device)
+    def standalone_policy(self, config, run_dir):
+        from vla_rl.workflows.base import apply_lora
+        from vla_rl.workflows.text_assets import TextAssets
+
+        policy = causal_lm_policy(config, TextAssets.resolve(config, run_dir).model_path)
+        if config.policy.lora is not None:
+            apply_lora(policy, config.policy.lora, config.run.seed)
+        return policy
 
     def batch_forward(self, model, batch):
         return text_forward(model, batch)
@@ -83,12 +84,30 @@ class TextWorkflow(Workflow):
 
     def save_policy(self, policy, directory) -> None:
         """``model.safetensors``, and the policy as a Hugging Face directory (``hf_model/``,
-        loadable as ``text.model_path``)."""
+        loadable as ``text.model_path``; not with LoRA adapters: ``vla-rl export`` merges them)."""
+        from policies.lora import has_lora
+
         super().save_policy(policy, directory)
-        policy.save_pretrained(directory / HF_MODEL_DIR)
+        if not has_lora(policy):
+            policy.save_pretrained(directory / HF_MODEL_DIR)
 
 
 WORKFLOWS.register("text")(TextWorkflow())
+
+
+def causal_lm_policy(config, model_path):
+    """The :class:`~policies.causal_lm.modeling_causal_lm.CausalLMPolicy` of a text run's ``text``
+    settings, loaded from ``model_path``, on the CPU."""
+    from policies.causal_lm.configuration_causal_lm import CausalLMConfig
+    from policies.causal_lm.modeling_causal_lm import CausalLMPolicy
+
+    text = config.text
+    policy_config = CausalLMConfig(
+        model_path=str(model_path), gguf_file=text.gguf_file, dtype=text.dtype,
+        max_prompt_length=text.max_prompt_length, max_response_length=text.max_response_length,
+        temperature=text.temperature, prompt_format=text.prompt_format, allow_pickle=text.allow_pickle,
+        allow_partial_load=config.policy.allow_partial_load)
+    return CausalLMPolicy.from_pretrained(policy_config)
 
 
 @register_resource("text_assets")

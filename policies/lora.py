@@ -1,0 +1,119 @@
+"""LoRA adapters on a policy's linear layers (Hu et al. 2021, arXiv:2106.09685), injected with
+peft's ``inject_adapter_in_model`` (no ``PeftModel`` wrapper: module and parameter names keep
+working), and folded back into the base weights for export.
+
+Which parameters train afterwards: the adapters, plus the parameters of the policy's
+``trainable_modules`` that were trainable before. A parameter the policy froze itself (the
+vision towers' last block, which Prismatic's features never reach) stays frozen and its layer
+gets no adapter: an adapter there would be a trainable parameter without a gradient, which DDP
+refuses on the second minibatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+#: Marker of LoRA parameters in names (peft's ``lora_A`` / ``lora_B``).
+LORA_MARKER = "lora_"
+
+
+def inject_lora(model: nn.Module, rank: int, alpha: float | None, dropout: float,
+                target_modules: Sequence[str]) -> list[str]:
+    """Inject LoRA adapters into ``model``'s linear layers named in ``target_modules``, in place.
+
+    Layers whose own parameters are all frozen get none. The adapters start as the identity
+    (``B = 0``; ``A`` Gaussian, peft's ``init_lora_weights="gaussian"``) drawn from torch's global
+    RNG: seed it identically on every worker.
+
+    Args:
+        model: the module to adapt (a transformers model, the Prismatic VLM).
+        rank: LoRA rank r >= 1.
+        alpha: scaling numerator (the update is ``alpha / rank * B A``); None: ``min(rank, 16)``,
+            OpenVLA's choice.
+        dropout: dropout on the adapters' input, in [0, 1).
+        target_modules: last name components of the layers to adapt (``q_proj``, ...).
+
+    Returns:
+        the names (relative to ``model``) of the adapted layers.
+
+    Raises:
+        ModuleNotFoundError: peft is not installed.
+        ValueError: no trainable layer of ``model`` matches ``target_modules`` (the message lists
+            the names its linear layers have).
+    """
+    from peft import LoraConfig, inject_adapter_in_model
+    from peft.tuners.lora import LoraLayer
+
+    frozen = [name for name, module in model.named_modules()
+              if name and any(True for _ in module.parameters(recurse=False))
+              and not any(p.requires_grad for p in module.parameters(recurse=False))]
+    config = LoraConfig(
+        r=rank, lora_alpha=min(rank, 16) if alpha is None else alpha, lora_dropout=dropout,
+        target_modules=list(target_modules), exclude_modules=frozen or None, init_lora_weights="gaussian",
+    )  # fmt: skip
+    try:
+        inject_adapter_in_model(config, model)
+    except ValueError as err:
+        if "not found in the base model" not in str(err) and "no modules were" not in str(err).lower():
+            raise
+        names = sorted({name.rpartition(".")[2] for name, module in model.named_modules() if isinstance(module, nn.Linear)})
+        raise ValueError(f"no layer matches the LoRA target_modules {list(target_modules)}; the policy's linear layers "
+                         f"are named {names}") from err
+    return [name for name, module in model.named_modules() if isinstance(module, LoraLayer)]
+
+
+def set_trainable(policy: nn.Module, trainable_modules: Sequence[str] = ()) -> list[str]:
+    """Freeze everything of ``policy`` but its LoRA adapters and ``trainable_modules``.
+
+    Args:
+        policy: a policy holding injected adapters.
+        trainable_modules: submodule paths of ``policy`` (``proprio_projector``) whose parameters
+            keep training (those the policy froze itself stay frozen).
+
+    Returns:
+        the names of the trainable parameters.
+
+    Raises:
+        ValueError: a name in ``trainable_modules`` is not a submodule of ``policy`` (the message
+            lists its submodules).
+    """
+    kept: set[int] = set()
+    for path in trainable_modules:
+        try:
+            module = policy.get_submodule(path)
+        except AttributeError:
+            children = [name for name, child in policy.named_children() if child is not None]
+            raise ValueError(f"policy.lora.trainable_modules: the policy has no submodule {path!r}; its submodules "
+                             f"are {children}") from None
+        kept |= {id(p) for p in module.parameters() if p.requires_grad}
+    trainable = []
+    for name, parameter in policy.named_parameters():
+        parameter.requires_grad_(LORA_MARKER in name or id(parameter) in kept)
+        if parameter.requires_grad:
+            trainable.append(name)
+    return trainable
+
+
+def merge_lora(model: nn.Module) -> int:
+    """Fold ``model``'s LoRA adapters into their base layers and remove them (peft's
+    ``LoraLayer.merge``, then the base layer takes the adapter layer's place): what is left has
+    the names and shapes of the model without adapters.
+
+    Returns:
+        the number of merged layers (0 without adapters).
+    """
+    from peft.tuners.lora import LoraLayer
+
+    merged = [(name, module) for name, module in model.named_modules() if isinstance(module, LoraLayer)]
+    for name, module in merged:
+        module.merge()
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, module.get_base_layer())
+    return len(merged)
+
+
+def has_lora(model: nn.Module) -> bool:
+    """Whether ``model`` holds injected LoRA adapters."""
+    return any(LORA_MARKER in name for name, _ in model.named_parameters())

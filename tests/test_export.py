@@ -1,0 +1,156 @@
+"""``vla-rl export``: a checkpoint (DDP's ``model.safetensors`` or FSDP's sharded state) becomes
+the policy's own model directory, LoRA merged, and the policy's loader reads it back with the
+same outputs; bad input is one clear error."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from vla_rl.cli import main
+from vla_rl.dag.loader import load_template
+from vla_rl.export import ExportError, export_checkpoint
+from vla_rl.run_dir import RunDirectory
+from vla_rl.trainers import checkpoint as ckpt
+from vla_rl.workflows import get_workflow
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+PROMPTS = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "What is 40 - 17?"}]]
+
+
+def make_run(tmp_path, template: str, *overrides: str):
+    """A run directory holding ``template``'s resolved template (as ``vla-rl train`` writes it)
+    and its config."""
+    loaded = load_template(template, list(overrides))
+    run = RunDirectory.create(tmp_path, "run", loaded.name)
+    run.write_template({key: value for key, value in loaded.raw.items() if key != "extends"})
+    return run.path, loaded.config
+
+
+def write_checkpoint(run_dir, step: int, model=None, before_finalize=None):
+    root = run_dir / "checkpoints"
+    staging = ckpt.save_checkpoint(root, step, model=model)
+    if before_finalize is not None:
+        before_finalize(staging)
+    return ckpt.finalize_checkpoint(root, step)
+
+
+def perturb_adapters(policy) -> None:
+    """Non-zero LoRA B matrices (they start at 0), so that merging them changes the weights."""
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(0.05 * torch.randn(parameter.shape, generator=generator))
+
+
+def lm_scores(policy):
+    input_ids, attention_mask = policy.processor.encode_prompts(PROMPTS, max_length=32)
+    responses, response_mask = policy.processor.encode_responses(["5 #### 5", "23 #### 23"], max_length=12)
+    return policy.log_probs(input_ids, attention_mask, responses, response_mask)
+
+
+@pytest.fixture
+def lora_lm_run(tmp_path, tiny_lm_dir):
+    run_dir, config = make_run(tmp_path, "llm_grpo", f"text.model_path={tiny_lm_dir}", "policy.lora.rank=4",
+                               "policy.lora.alpha=8")
+    policy = get_workflow("text").standalone_policy(config, run_dir)
+    perturb_adapters(policy)
+    return run_dir, policy, write_checkpoint(run_dir, 3, model=policy)
+
+
+def test_export_merges_lora_into_a_hugging_face_directory(lora_lm_run, tmp_path):
+    from policies.causal_lm import CausalLMConfig, CausalLMPolicy
+
+    _, policy, checkpoint = lora_lm_run
+    out = export_checkpoint(checkpoint, tmp_path / "exported")
+    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    exported = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(out), max_prompt_length=32))
+    assert not any("lora_" in name for name in exported.state_dict())
+    torch.testing.assert_close(lm_scores(exported), lm_scores(policy), rtol=0, atol=1e-5)
+    assert (lm_scores(exported) - lm_scores(get_workflow("text").standalone_policy(
+        load_template(checkpoint.parent.parent / "template.yaml").config, checkpoint.parent.parent))).abs().max() > 1e-4
+
+
+def test_the_export_command_and_its_errors(lora_lm_run, tmp_path, capsys):
+    run_dir, _, checkpoint = lora_lm_run
+    assert main(["export", str(checkpoint), str(tmp_path / "a")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "a")
+    assert main(["export", str(checkpoint), str(tmp_path / "a")]) == 2
+    assert "exists; export to a new directory" in capsys.readouterr().err
+    assert main(["export", str(run_dir / "checkpoints" / "step_00000009"), str(tmp_path / "b")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(ExportError, match="not a complete checkpoint directory"):
+        export_checkpoint(run_dir, tmp_path / "b")
+    weights = checkpoint / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ExportError, match=r"model\.safetensors does not match its sha256"):
+        export_checkpoint(checkpoint, tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+
+def test_export_reads_the_sharded_state_of_an_fsdp_checkpoint(process_group, tmp_path, monkeypatch):
+    """An MLP trained with trainer.strategy fsdp (one worker): its checkpoint holds only the
+    sharded actor state; the export consolidates it into the MLP's config.json + safetensors."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "trainers"))
+    from test_actor import ACT_DIM, OBS_DIM, rollout_batch, update_config
+
+    from policies.mlp.modeling_mlp import MLPPolicy
+    from vla_rl.trainers.actor import ActorTrainer
+    from vla_rl.workers.checkpointing import ActorCheckpoint
+    from vla_rl.workflows import embodied
+
+    monkeypatch.setattr(embodied, "simulator_sizes", lambda config: {"obs_dim": OBS_DIM, "act_dim": ACT_DIM})
+    run_dir, config = make_run(tmp_path, "embodied_grpo", "policy.config.hidden_sizes=[16,16]",
+                               "trainer.strategy=fsdp")
+    torch.manual_seed(0)
+    policy = get_workflow("embodied").standalone_policy(config, run_dir)
+    batch = rollout_batch(policy)
+    algorithm, section = update_config("ppo_clip", "action")
+    section = section.model_copy(update={"strategy": "fsdp"})
+    trainer = ActorTrainer(policy, lr=1e-2, trainer=section)
+    trainer.update(batch, algorithm, section, torch.Generator().manual_seed(1))
+    checkpoint = write_checkpoint(run_dir, 1, before_finalize=trainer.save_sharded)
+    assert not (checkpoint / "model.safetensors").exists() and (checkpoint / "actor_sharded" / ".metadata").is_file()
+
+    ddp = ActorTrainer(get_workflow("embodied").standalone_policy(config, run_dir), lr=1e-2)
+    with pytest.raises(FileNotFoundError, match="written with trainer.strategy fsdp"):
+        ActorCheckpoint().load(types.SimpleNamespace(actor=ddp, rank=0), checkpoint, {})
+
+    out = export_checkpoint(checkpoint, tmp_path / "mlp")
+    exported = MLPPolicy.from_pretrained(out)
+    obs, actions = batch["obs"][:, 0], batch["actions"][:, 0]
+    for got, want in zip(exported.log_prob_and_entropy_per_dim(obs, actions),
+                         policy.log_prob_and_entropy_per_dim(obs, actions), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_openvla_oft_layout_keeps_heads_proprio_statistics_and_merged_lora(tmp_path):
+    """What the export writes for OpenVLA-OFT: the VLA with LoRA merged, the proprio projector
+    and the proprio statistics; loading it as policy.config.model_path gives the same log-probs."""
+    from policies.openvla.tiny import tiny_observation
+    from policies.openvla_oft import OpenVLAOFTPolicy, OpenVLAOFTPolicyConfig
+
+    statistics = {"q01": [-1.0] * 7, "q99": [1.0] * 7, "mask": [True] * 6 + [False]}
+    torch.manual_seed(0)
+    policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture={"preset": "tiny", "fused": False}, chunk_size=2,
+                                                     proprio_dim=3, action_statistics=statistics))
+    obs = tiny_observation(policy.tokenizer, ["lift the cube"] * 3, num_images=1, proprio_dim=3)
+    policy.fit_observation_normalization(obs)
+    policy.apply_lora(rank=4, trainable_modules=["proprio_projector"])
+    perturb_adapters(policy)
+    actions, _ = policy.sample_actions(obs, generator=torch.Generator().manual_seed(1))
+    before = policy.log_prob_and_entropy_per_dim(obs, actions)[0]
+    assert policy.merge_lora() > 0
+    out = policy.save_pretrained(tmp_path / "oft")
+    loaded = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(out), chunk_size=2, proprio_dim=3))
+    assert torch.equal(loaded.proprio_q01, policy.proprio_q01)
+    torch.testing.assert_close(loaded.log_prob_and_entropy_per_dim(obs, actions)[0], before, rtol=0, atol=1e-5)

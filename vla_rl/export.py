@@ -1,0 +1,81 @@
+"""``vla-rl export CHECKPOINT OUT``: a training checkpoint as the policy's own model directory.
+
+The checkpoint is verified against its manifest first (:func:`~vla_rl.trainers.checkpoint.verify_checkpoint`).
+The run's policy is rebuilt in this process from the run's resolved template (and the overrides
+of its resumes), on the CPU, without Ray, workers or simulator actors (an embodied run's
+observation and action sizes come from one environment of its simulator); the checkpoint's
+weights are loaded into it whichever strategy wrote them (``model.safetensors`` under DDP; the
+sharded ``actor_sharded/`` of FSDP, read with torch.distributed.checkpoint in this one process);
+LoRA adapters are merged into their base weights; then the policy writes its own layout:
+
+- the text workflow's causal LM: a Hugging Face directory (``config.json``, ``model.safetensors``,
+  tokenizer files), loadable as ``text.model_path``;
+- OpenVLA / OpenVLA-OFT: the published Prismatic layout (``config.json``, safetensors,
+  ``dataset_statistics.json``, tokenizer; OFT's head modules as ``<module>--checkpoint.pt``),
+  loadable as ``policy.config.model_path``;
+- the MLP policy: ``config.json`` + ``model.safetensors``, loadable with ``MLPPolicy.from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+class ExportError(ValueError):
+    """What ``vla-rl export`` was given cannot be exported (reported in one line, exit 2)."""
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
+    """Write the policy of training checkpoint ``checkpoint`` to the new directory ``out``.
+
+    Args:
+        checkpoint: a checkpoint directory ``<run>/checkpoints/step_XXXXXXXX`` of ``vla-rl train``.
+        out: the directory to create.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ExportError: ``checkpoint`` is not a checkpoint of a run directory, fails verification
+            (missing, truncated or altered files: the message names them), holds no policy
+            weights, or ``out`` exists.
+    """
+    from vla_rl.dag.loader import load_template
+    from vla_rl.run_dir import RunDirectory, RunDirError
+    from vla_rl.trainers import checkpoint as ckpt
+    from vla_rl.workflows import get_workflow
+
+    path = Path(checkpoint).resolve()
+    out = Path(out)
+    if not path.is_dir():
+        raise ExportError(f"checkpoint {path} does not exist")
+    if not (path / ckpt.TRAINER_STATE_FILE).is_file():
+        raise ExportError(f"{path} is not a complete checkpoint directory (no {ckpt.TRAINER_STATE_FILE}); name one "
+                          "such as outputs/<run>/checkpoints/step_00000010")
+    try:
+        ckpt.verify_checkpoint(path)
+    except ckpt.CheckpointCorruptError as err:
+        raise ExportError(str(err)) from err
+    if out.exists():
+        raise ExportError(f"{out} exists; export to a new directory")
+    run_dir = path.parent.parent
+    try:
+        run = RunDirectory.reopen(run_dir)
+    except RunDirError as err:
+        raise ExportError(f"{path} does not sit in a run directory written by vla-rl train ({err})") from err
+    config = load_template(run.template_path, run.recorded_overrides()).config
+    policy = get_workflow(config.run.workflow).standalone_policy(config, run_dir)
+    try:
+        ckpt.load_policy_weights(path, policy)
+    except FileNotFoundError as err:
+        raise ExportError(f"{path} holds no policy weights: {err}") from err
+    except RuntimeError as err:
+        raise ExportError(f"{path}: {err}") from err
+    if callable(getattr(policy, "merge_lora", None)):
+        merged = policy.merge_lora()
+        if merged:
+            logger.info("merged the LoRA adapters of %d layers", merged)
+    return Path(policy.save_pretrained(out))

@@ -1,0 +1,135 @@
+"""Sharded training state with ``torch.distributed.checkpoint`` (DCP), for ``trainer.strategy: fsdp``.
+
+Inside a checkpoint directory (:mod:`vla_rl.trainers.checkpoint`) the actor's state is one DCP
+directory::
+
+    actor_sharded/.metadata          the global layout (written by the group's rank 0)
+    actor_sharded/__<rank>_0.distcp  each worker's shards: "model.<name>" (the policy's weights in
+                                     trainer.fsdp.master_dtype) and "optimizer.state.<name>.<key>",
+                                     "optimizer.param_groups..." (Adam's state)
+
+written with ``get_state_dict`` / ``dcp.save`` and read with ``dcp.load`` / ``set_state_dict``
+(``torch.distributed.checkpoint.state_dict``, as torchtitan's ``CheckpointManager`` and verl's
+``FSDPCheckpointManager`` do). The files sit in the checkpoint's staging directory like every
+other file, so the manifest (size and sha256 of every file, :func:`~vla_rl.trainers.checkpoint.write_manifest`)
+and the atomic rename cover them. DCP reshards on load: the weights alone load into an unsharded
+module on any number of processes (:func:`load_sharded_model`), which is how evaluation, a resume's
+policy and ``vla-rl export`` read them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from vla_rl.trainers.checkpoint import NonFiniteTensorError, _all_finite
+
+#: The DCP directory of the actor inside a checkpoint.
+ACTOR_SHARDED_DIR = "actor_sharded"
+#: The file DCP's coordinator writes last; a directory holding it is a complete DCP checkpoint.
+DCP_METADATA = ".metadata"
+
+
+def is_sharded_state(path: str | Path) -> bool:
+    """Whether ``path`` is a DCP directory (it holds DCP's ``.metadata``)."""
+    return (Path(path) / DCP_METADATA).is_file()
+
+
+def save_sharded(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 group: dist.ProcessGroup | None = None) -> Path:
+    """Collective: write ``model``'s (sharded) weights and ``optimizer``'s state into
+    ``<directory>/actor_sharded``.
+
+    Every worker first checks its own shards; the workers agree (one all-reduce) before anything
+    is written, so that either all write or all raise.
+
+    Returns:
+        the DCP directory.
+
+    Raises:
+        NonFiniteTensorError: some worker's shard of a weight or of the optimizer state holds inf
+            or NaN (every worker raises; nothing is written).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    target = Path(directory) / ACTOR_SHARDED_DIR
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    bad = _first_non_finite({"model": model_state, "optimizer": optimizer_state})
+    device = next(model.parameters()).device
+    flag = torch.tensor([0 if bad is None else 1], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    if int(flag.item()):
+        where = f"tensor {bad!r} of this worker's shard" if bad is not None else "another worker's shard"
+        raise NonFiniteTensorError(f"refusing to write {target}: {where} holds non-finite values (inf/NaN); the "
+                                   "training state diverged")
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(target), process_group=group)
+    return target
+
+
+def load_sharded(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 group: dist.ProcessGroup | None = None) -> None:
+    """Collective: restore what :func:`save_sharded` wrote into ``model`` and ``optimizer``
+    (sharded as they are now; DCP reshards if the checkpoint was written by another number of
+    workers).
+
+    Raises:
+        FileNotFoundError: ``directory`` holds no ``actor_sharded`` checkpoint (e.g. it was
+            written with ``trainer.strategy: ddp``: resume with the strategy that wrote it).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    source = Path(directory) / ACTOR_SHARDED_DIR
+    if not is_sharded_state(source):
+        raise FileNotFoundError(f"{directory} holds no sharded actor state ({ACTOR_SHARDED_DIR}/): it was written with "
+                                "trainer.strategy ddp; resume with trainer.strategy=ddp, or start a new run from its "
+                                "weights (vla-rl export)")
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(source), process_group=group)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+@torch.no_grad()
+def load_sharded_model(directory: str | Path, module: nn.Module) -> None:
+    """Load the weights of ``<directory>/actor_sharded`` into an unsharded ``module`` (this
+    process reads every shard it needs itself: no collective), cast to ``module``'s dtypes.
+
+    Raises:
+        FileNotFoundError: no ``actor_sharded`` checkpoint in ``directory``.
+        RuntimeError: a weight of ``module`` is missing from the checkpoint, or shapes differ
+            (the message names the directory).
+    """
+    import torch.distributed.checkpoint as dcp
+
+    source = Path(directory) / ACTOR_SHARDED_DIR
+    if not is_sharded_state(source):
+        raise FileNotFoundError(f"checkpoint file {source / DCP_METADATA} is missing")
+    state = {"model": module.state_dict()}  # views of the module's tensors: DCP copies into them
+    try:
+        dcp.load(state, checkpoint_id=str(source), no_dist=True)
+    except Exception as err:  # DCP raises CheckpointException wrapping the per-rank failures
+        raise RuntimeError(f"{source}: the sharded weights do not fit the policy: {err}") from err
+
+
+def _first_non_finite(state: dict) -> str | None:
+    """The name of the first floating tensor of nested ``state`` whose local values are not all
+    finite (DTensors: this worker's shard), or None."""
+    from torch.distributed.tensor import DTensor
+
+    stack = [("", state)]
+    while stack:
+        prefix, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{prefix}.{key}" if prefix else str(key), item) for key, item in value.items())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((f"{prefix}.{i}", item) for i, item in enumerate(value))
+        elif isinstance(value, torch.Tensor):
+            local = value.to_local() if isinstance(value, DTensor) else value
+            if not _all_finite(local):
+                return prefix
+    return None

@@ -1,0 +1,281 @@
+"""How the actor's policy trains over the DAG workers (``trainer.strategy``): DDP or FSDP2.
+
+Both strategies give the trainer the same four things: ``module`` (what the training forward
+calls), ``trained`` (the module whose parameters the optimizer updates), ``gradient_sync(enabled)``
+(a context for gradient accumulation) and ``after_update()``; the update loop does not branch on
+the strategy.
+
+- :class:`DDPStrategy` (default): ``torch.nn.parallel.DistributedDataParallel`` around the policy
+  itself; gradients are all-reduced in the backward pass. ``trained`` is the policy.
+- :class:`FSDPStrategy`: torch FSDP2 (``torch.distributed.fsdp.fully_shard``, the per-parameter
+  DTensor sharding of Zhao et al. 2023 and the torchtitan recipe) on a *training copy* of the
+  policy: each block the policy names (:meth:`policies.base.Policy.fsdp_units`: transformer
+  layers, the MLP's linear layers) is sharded on its own, then the root; parameters, gradients
+  and Adam's state live in shards of ``trainer.fsdp.master_dtype``; under mixed precision the
+  blocks are all-gathered and computed in bfloat16 and gradients reduce-scattered in
+  ``trainer.fsdp.reduce_dtype`` (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``,
+  verl's ``verl/workers/fsdp_workers.py`` default). The policy the rest of the engine uses
+  (rollout, reference, evaluation, vLLM weight sync) stays a plain module in its own dtype, as
+  verl's rollout engines hold their own weights: :meth:`FSDPStrategy.after_update` copies the
+  trained parameters into it after every update (an all-gather of the trainable parameters, one
+  tensor at a time), so nothing outside the trainer ever meets a DTensor or an FSDP collective
+  whose count differs between workers (the rollout's forward passes do).
+
+The training copy is built without materialising a second full model: parameters are copied
+as ``meta`` tensors, sharded, materialised shard by shard (``to_empty``) and filled from the
+policy's weights with ``set_model_state_dict(full_state_dict=True)`` (the meta-device
+initialisation of the FSDP2 tutorial, docs.pytorch.org/tutorials/intermediate/FSDP_tutorial.html).
+
+Activation checkpointing (``trainer.gradient_checkpointing``) uses transformers' own for the
+Hugging Face models inside a policy and ``torch.utils.checkpoint`` (torch's
+``checkpoint_wrapper``, non-reentrant) around the policy's FSDP units otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from vla_rl.trainers.parallel import data_parallel
+
+logger = logging.getLogger(__name__)
+
+#: Prefix torch's ``checkpoint_wrapper`` inserts into the names of the modules it wraps.
+_CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
+#: Device types with bfloat16 mixed precision (``trainer.mixed_precision: auto`` picks it there).
+ACCELERATORS = ("cuda", "npu")
+
+
+def make_strategy(policy: nn.Module, group: dist.ProcessGroup | None, trainer=None) -> DDPStrategy | FSDPStrategy:
+    """The strategy of ``trainer.strategy`` around ``policy``.
+
+    Args:
+        policy: the worker's policy, on its device.
+        group: the DAG workers' process group (None: the default group).
+        trainer: the run's ``trainer`` section (None: DDP without activation checkpointing).
+
+    Raises:
+        ValueError: see :class:`FSDPStrategy` and :func:`enable_gradient_checkpointing`.
+    """
+    if trainer is None or trainer.strategy == "ddp":
+        return DDPStrategy(policy, group, gradient_checkpointing=trainer is not None and trainer.gradient_checkpointing)
+    return FSDPStrategy(policy, group, trainer)
+
+
+class DDPStrategy:
+    """The policy itself in DDP (see the module docstring).
+
+    Args:
+        policy: the policy (its weights are broadcast from rank 0 by DDP at construction).
+        group: the workers' process group.
+        gradient_checkpointing: recompute the policy's blocks in the backward pass.
+    """
+
+    sharded = False
+
+    def __init__(self, policy: nn.Module, group: dist.ProcessGroup | None, gradient_checkpointing: bool = False) -> None:
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(policy)
+        self.policy = policy
+        self.trained = policy
+        self.module = data_parallel(policy, group)
+
+    def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
+        """The context of one backward pass: DDP's ``no_sync()`` (gradients accumulate locally)
+        unless ``enabled``; a backward with ``enabled`` all-reduces the accumulated gradients."""
+        return contextlib.nullcontext() if enabled else self.module.no_sync()
+
+    def after_update(self) -> None:
+        """Nothing to do: the trained module is the policy."""
+
+
+class FSDPStrategy:
+    """A sharded training copy of the policy (see the module docstring).
+
+    Args:
+        policy: the policy, on its device (CPU, CUDA or NPU), the same on every worker up to what
+            rank 0's broadcast settles.
+        group: the workers' process group (None: the default group).
+        trainer: the run's ``trainer`` section: ``mixed_precision``, ``gradient_checkpointing``,
+            ``fsdp.master_dtype``, ``fsdp.reduce_dtype``, ``fsdp.reshard_after_forward``,
+            ``fsdp.sync_every_micro_batch``.
+
+    Raises:
+        ValueError: ``mixed_precision: bf16`` on a CPU worker; see also
+            :func:`enable_gradient_checkpointing`.
+    """
+
+    sharded = True
+
+    def __init__(self, policy: nn.Module, group: dist.ProcessGroup | None, trainer) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        settings = trainer.fsdp
+        device = next(policy.parameters()).device
+        param_dtype = compute_dtype(trainer.mixed_precision, device)
+        master_dtype = getattr(torch, settings.master_dtype)
+        self.policy = policy
+        self.group = group
+        self.sync_every_micro_batch = settings.sync_every_micro_batch
+        self.param_dtype = param_dtype or master_dtype
+        broadcast_module(policy, group)  # rank 0's weights everywhere, as DDP starts
+        trained = meta_copy(policy, master_dtype)
+        units = list(trained.fsdp_units())
+        if trainer.gradient_checkpointing:
+            units = enable_gradient_checkpointing(trained, units)
+        mesh = DeviceMesh.from_group(group if group is not None else dist.group.WORLD, device_type=device.type)
+        mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype,
+                                         reduce_dtype=getattr(torch, settings.reduce_dtype) if param_dtype else None)
+        for unit in _innermost_first(trained, units):
+            fully_shard(unit, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=settings.reshard_after_forward)
+        fully_shard(trained, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=settings.reshard_after_forward)
+        trained.to_empty(device=device)
+        set_model_state_dict(trained, policy.state_dict(), options=StateDictOptions(full_state_dict=True))
+        buffers = dict(policy.named_buffers())
+        with torch.no_grad():  # non-persistent buffers (rotary frequencies, pixel statistics) too
+            for name, buffer in trained.named_buffers():
+                buffer.copy_(buffers[name.replace(_CHECKPOINT_PREFIX, "")])
+        self.trained = trained
+        self.module = trained
+        logger.info("FSDP2 over %d workers: %d units + root, parameters and optimizer state in %s, computing in %s",
+                    mesh.size(), len(units), master_dtype, self.param_dtype)
+
+    def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
+        """The context of one backward pass: with ``trainer.fsdp.sync_every_micro_batch`` every
+        backward reduce-scatters (sharded gradients accumulate); otherwise gradients accumulate
+        unsharded until a backward with ``enabled`` (``set_requires_gradient_sync``)."""
+        if enabled or self.sync_every_micro_batch:
+            return contextlib.nullcontext()
+        return _no_gradient_sync(self.trained)
+
+    @torch.no_grad()
+    def after_update(self) -> None:
+        """Copy the trained parameters into the policy (collective: every worker, same order),
+        cast to the policy's dtypes; frozen parameters never change and are not copied."""
+        from torch.distributed.tensor import DTensor
+
+        targets = dict(self.policy.named_parameters())
+        for name, parameter in self.trained.named_parameters():
+            if parameter.requires_grad:
+                full = parameter.full_tensor() if isinstance(parameter, DTensor) else parameter
+                targets[name.replace(_CHECKPOINT_PREFIX, "")].copy_(full)
+
+
+@contextlib.contextmanager
+def _no_gradient_sync(module) -> Iterator[None]:
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
+
+
+def compute_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | None:
+    """The dtype FSDP computes in for ``trainer.mixed_precision`` on ``device``.
+
+    Returns:
+        ``torch.bfloat16`` for ``bf16``, and for ``auto`` on an accelerator; None (the master
+        dtype) for ``none``, and for ``auto`` on the CPU.
+
+    Raises:
+        ValueError: ``bf16`` on a CPU device: bfloat16 is refused rather than silently dropped.
+    """
+    accelerator = device.type in ACCELERATORS
+    if mixed_precision == "bf16" and not accelerator:
+        raise ValueError(f"trainer.mixed_precision bf16 needs an accelerator, but this worker trains on {device}; "
+                         "use trainer.mixed_precision=auto (bf16 on CUDA/NPU, float32 on the CPU) or none")
+    if mixed_precision == "bf16" or (mixed_precision == "auto" and accelerator):
+        return torch.bfloat16
+    return None
+
+
+def meta_copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A deep copy of ``module`` whose parameters are ``meta`` tensors with the same
+    ``requires_grad``: trainable floating ones of ``dtype`` (the master weights), frozen ones of
+    their own dtype (never updated, they need no more precision than the policy has: a LoRA
+    run's frozen base stays in bfloat16). Buffers and other attributes are copied as they are.
+    Costs no parameter memory: the copy is sharded before it is materialised."""
+    memo: dict[int, Any] = {}
+    for parameter in module.parameters():
+        master = parameter.is_floating_point() and parameter.requires_grad
+        empty = torch.empty(parameter.shape, device="meta", dtype=dtype if master else parameter.dtype)
+        memo[id(parameter)] = nn.Parameter(empty, requires_grad=parameter.requires_grad)
+    return copy.deepcopy(module, memo)
+
+
+@torch.no_grad()
+def broadcast_module(module: nn.Module, group: dist.ProcessGroup | None) -> None:
+    """Overwrite ``module``'s parameters and buffers with rank 0's (of ``group``), one tensor at a
+    time, as DDP does at construction."""
+    source = dist.get_global_rank(group, 0) if group is not None else 0
+    for tensor in [*module.parameters(), *module.buffers()]:
+        dist.broadcast(tensor.data, src=source, group=group)
+
+
+def enable_gradient_checkpointing(module: nn.Module, units: list[nn.Module] | None = None) -> list[nn.Module]:
+    """Turn on activation checkpointing in ``module``.
+
+    Every outermost transformers model inside ``module`` that supports it gets its own
+    (non-reentrant ``torch.utils.checkpoint`` around each of its layers; transformers then drops
+    the KV cache in training forwards, which the causal-LM policy accounts for). Without any,
+    each of ``units`` (default: ``module.fsdp_units()``) is wrapped in torch's non-reentrant
+    ``checkpoint_wrapper`` (state-dict names are unchanged: the wrapper strips its prefix).
+
+    Returns:
+        the units to shard afterwards (the wrappers in place of wrapped units).
+
+    Raises:
+        ValueError: ``module`` holds no transformers model and no units.
+    """
+    from transformers import PreTrainedModel
+
+    units = list(module.fsdp_units()) if units is None else units
+    models = [m for m in module.modules() if isinstance(m, PreTrainedModel) and m.supports_gradient_checkpointing]
+    outermost = [m for m in models if not any(m is not other and _contains(other, m) for other in models)]
+    kwargs = {"use_reentrant": False}
+    for model in outermost:
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if outermost:
+        return units
+    if not units:
+        raise ValueError(f"trainer.gradient_checkpointing: {type(module).__name__} holds no transformers model and "
+                         "declares no blocks to checkpoint (fsdp_units)")
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        CheckpointWrapper,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+
+    wanted = {id(unit) for unit in units}
+    apply_activation_checkpointing(
+        module, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda submodule: id(submodule) in wanted)
+    return [m for m in module.modules() if isinstance(m, CheckpointWrapper) and id(m._checkpoint_wrapped_module) in wanted]
+
+
+def _contains(outer: nn.Module, inner: nn.Module) -> bool:
+    return any(m is inner for m in outer.modules())
+
+
+def _innermost_first(root: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
+    """``units`` ordered so that a unit comes after the units nested in it (FSDP2 shards inner
+    modules before the modules holding them); the root itself is left out."""
+    depth = {id(m): name.count(".") + 1 for name, m in root.named_modules() if name}
+    return sorted((u for u in units if id(u) in depth), key=lambda u: -depth[id(u)])
