@@ -122,8 +122,10 @@ def apply_lora(policy, lora, seed: int) -> list[str]:
     if not callable(getattr(policy, "apply_lora", None)):
         raise TypeError(f"policy.lora: the {type(policy).__name__} policy takes no LoRA adapters")
     device = next(policy.parameters()).device
+    # On the CPU only the CPU generator is forked (devices=[]; torch 2.11 has no device_type=None).
+    accelerator = {} if device.type == "cpu" else {"device_type": device.type}
     devices = [] if device.type == "cpu" else [device.index or 0]
-    with torch.random.fork_rng(devices=devices, device_type=None if device.type == "cpu" else device.type):
+    with torch.random.fork_rng(devices=devices, **accelerator):
         torch.manual_seed(seed)
         try:
             return policy.apply_lora(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
