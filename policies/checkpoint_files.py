@@ -11,9 +11,13 @@ fault.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
 import struct
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -45,6 +49,29 @@ class WeightFiles:
 
     format: Literal["safetensors", "pickle"]
     files: tuple[Path, ...]
+
+
+@contextlib.contextmanager
+def staged_directory(out_dir: str | Path) -> Iterator[Path]:
+    """Write a model directory atomically: yields a private staging directory beside ``out_dir``
+    and renames it to ``out_dir`` when the block ends without an error (removed otherwise), so a
+    reader never sees a half-written directory.
+
+    Raises:
+        FileExistsError: ``out_dir`` exists (nothing is written).
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir} exists; write to a new directory")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        yield staging
+        os.chmod(staging, 0o755)  # mkdtemp creates it private
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def find_weight_files(directory: str | Path, allow_pickle: bool = False) -> WeightFiles:

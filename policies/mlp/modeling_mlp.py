@@ -17,9 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +27,7 @@ from torch import Tensor, nn
 
 from policies import register_policy
 from policies.base import Policy
+from policies.checkpoint_files import staged_directory
 from policies.mlp.configuration_mlp import MLPPolicyConfig
 from policies.sampling import draw
 
@@ -147,22 +145,12 @@ class MLPPolicy(Policy):
         Raises:
             FileExistsError: ``out_dir`` exists.
         """
-        out_dir = Path(out_dir)
-        if out_dir.exists():
-            raise FileExistsError(f"{out_dir} exists; write the policy to a new directory")
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-        try:
+        with staged_directory(out_dir) as staging:
             config = {"policy": self.name, **dataclasses.asdict(self.config)}
             config["hidden_sizes"] = list(config["hidden_sizes"])
             (staging / MODEL_CONFIG_FILE).write_text(json.dumps(config, indent=2))
             save_model(self, str(staging / MODEL_WEIGHTS_FILE))
-            os.chmod(staging, 0o755)  # mkdtemp creates it private
-            os.replace(staging, out_dir)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return out_dir
+        return Path(out_dir)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> MLPPolicy:

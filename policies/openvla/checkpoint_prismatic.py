@@ -45,10 +45,7 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -69,6 +66,7 @@ from policies.checkpoint_files import (
     checkpoint_shapes,
     find_weight_files,
     read_safetensors_header,
+    staged_directory,
 )
 from policies.openvla.configuration_openvla import (
     PrismaticArchitecture,
@@ -430,7 +428,7 @@ def write_checkpoint(
     """
     out_dir = Path(out_dir)
     if out_dir.exists():
-        raise FileExistsError(f"{out_dir} exists; write checkpoints to a new directory")
+        raise FileExistsError(f"{out_dir} exists; write to a new directory")
     tensors = transformers_to_timm(state_dict, architecture)
     text = dict(architecture.text_config)
     config = {
@@ -447,9 +445,7 @@ def write_checkpoint(
         "norm_stats": norm_stats,
         TOWER_SPECS_FIELD: [_tower_dict(tower) for tower in architecture.vision_towers],
     }
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_directory(out_dir) as staging:
         split = split_torch_state_dict_into_shards(tensors, max_shard_size=max_shard_size)
         for filename, names in split.filename_to_tensors.items():
             save_file({name: tensors[name] for name in names}, staging / filename, metadata={"format": "pt"})
@@ -463,11 +459,6 @@ def write_checkpoint(
             tokenizer.save_pretrained(staging)
         for name, write in (extra_files or {}).items():
             write(staging / name)
-        os.chmod(staging, 0o755)  # mkdtemp creates it private
-        os.replace(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir
 
 
