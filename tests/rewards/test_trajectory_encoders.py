@@ -1,6 +1,8 @@
-"""Trajectory encoders: state resampling (interpolation values worked out by hand), uniform frame
-sampling, the V-JEPA 2 encoder on a tiny saved model, and the policy-backbone encoder."""
+"""Trajectory encoders: state resampling (interpolation values worked out by hand), siiRL's frame
+sampling (uniform, cyclic for short episodes), the V-JEPA 2 encoder on a tiny saved model, and the
+policy-backbone encoder."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,7 +16,7 @@ from vla_rl.rewards.trajectory_encoders import (
     build_trajectory_encoder,
     encode_state_trajectories,
     sample_frames,
-    uniform_frame_indices,
+    srpo_frame_indices,
 )
 from vla_rl.utils.registry import RegistryError
 
@@ -74,15 +76,48 @@ def test_invalid_arguments_raise():
         encode_state_trajectories(states, torch.tensor([1, 5], dtype=torch.int32))
 
 
-def test_uniform_frame_indices_by_hand():
-    # L = 5, 3 frames: 0, 2, 4. L = 4, 3 frames: 0, 1.5 -> 1, 3. L = 1: all 0. L = 10, 4 frames: 0, 3, 6, 9.
-    torch.testing.assert_close(uniform_frame_indices(torch.tensor([5, 4, 1]), 3),
-                               torch.tensor([[0, 2, 4], [0, 1, 3], [0, 0, 0]]))
-    torch.testing.assert_close(uniform_frame_indices(torch.tensor([10]), 4), torch.tensor([[0, 3, 6, 9]]))
-    # L = 3, 5 frames: 0, 0.5, 1, 1.5, 2 -> 0, 0, 1, 1, 2.
-    torch.testing.assert_close(uniform_frame_indices(torch.tensor([3]), 5), torch.tensor([[0, 0, 1, 1, 2]]))
+def test_srpo_frame_indices_of_long_episodes_by_hand():
+    # L = 5, 3 frames: 0, 2, 4. L = 4, 3 frames: 0, 1.5 -> 1, 3. L = 10, 4 frames: 0, 3, 6, 9.
+    torch.testing.assert_close(srpo_frame_indices(torch.tensor([5, 4]), 3), torch.tensor([[0, 2, 4], [0, 1, 3]]))
+    torch.testing.assert_close(srpo_frame_indices(torch.tensor([10]), 4), torch.tensor([[0, 3, 6, 9]]))
+    # L = num_frames: every step once.
+    torch.testing.assert_close(srpo_frame_indices(torch.tensor([64]), 64), torch.arange(64)[None])
     with pytest.raises(ValueError, match="num_frames"):
-        uniform_frame_indices(torch.tensor([3]), 1)
+        srpo_frame_indices(torch.tensor([3]), 1)
+    with pytest.raises(ValueError, match="lengths"):
+        srpo_frame_indices(torch.tensor([0, 3]), 2)
+
+
+def test_srpo_frame_indices_pad_a_10_frame_episode_cyclically():
+    # siiRL (VideoEmbeddingModel.get_embeddings, 64 frames): np.resize(np.arange(10), 64) = 0..9 six
+    # times, then 0..3; not each frame repeated (0, 0, ..., 1, 1, ...).
+    expected = torch.tensor([list(range(10)) * 6 + [0, 1, 2, 3]])
+    torch.testing.assert_close(srpo_frame_indices(torch.tensor([10]), 64), expected)
+    # L = 3, 5 frames: 0, 1, 2, 0, 1. L = 1: always step 0. Batched with a long episode (L = 7: 0, 1, 3, 4, 6).
+    torch.testing.assert_close(srpo_frame_indices(torch.tensor([3, 1, 7]), 5),
+                               torch.tensor([[0, 1, 2, 0, 1], [0, 0, 0, 0, 0], [0, 1, 3, 4, 6]]))
+
+
+def test_srpo_frame_indices_round_as_numpy_linspace_does():
+    # L = 154, 64 frames: step (153 / 63) in float64 times k lands just below the integers 51, 102
+    # and 119 at k = 21, 42, 49, so numpy.linspace(..., dtype=int) (siiRL) gives 50, 101, 118 there;
+    # elsewhere floor(k * 153 / 63) exactly; the last frame is 153.
+    expected = [k * 153 // 63 for k in range(64)]
+    expected[21], expected[42], expected[49] = 50, 101, 118
+    torch.testing.assert_close(srpo_frame_indices(torch.tensor([154]), 64), torch.tensor([expected]))
+
+
+def test_srpo_frame_indices_match_siirl_numpy_expression():
+    lengths = torch.arange(1, 400)
+    for num_frames in (2, 16, 64):
+        indices = srpo_frame_indices(lengths, num_frames)
+        for length, row in zip(lengths.tolist(), indices.tolist()):
+            # siiRL's siirl/utils/embodied/video_emb.py, VideoEmbeddingModel.get_embeddings.
+            if length >= num_frames:
+                reference = np.linspace(0, length - 1, num=num_frames, dtype=int)
+            else:
+                reference = np.resize(np.arange(length), num_frames)
+            assert row == reference.tolist(), (length, num_frames)
 
 
 def _numbered_frames(batch: int, time: int, size: int) -> torch.Tensor:
@@ -97,6 +132,9 @@ def test_sample_frames_reads_only_the_valid_steps():
     assert sampled.shape == (2, 3, 4, 4, 3) and sampled.dtype == torch.uint8
     # episode 0: steps 0, 2, 4; episode 1: steps 0, 2 (2.5 floored), 5.
     torch.testing.assert_close(sampled[:, :, 0, 0, 0], torch.tensor([[0, 2, 4], [10, 12, 15]], dtype=torch.uint8))
+    # A 2-step episode of 5 frames cycles through its steps 0, 1 and never reads the padding.
+    short = sample_frames(frames, torch.tensor([2, 6]), 5)
+    torch.testing.assert_close(short[0, :, 0, 0, 0], torch.tensor([0, 1, 0, 1, 0], dtype=torch.uint8))
     with pytest.raises(ValueError, match="uint8"):
         sample_frames(frames.float(), torch.tensor([5, 6]), 3)
     with pytest.raises(ValueError, match="length"):

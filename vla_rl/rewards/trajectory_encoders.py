@@ -14,11 +14,12 @@ vectors.
 - ``"state_resample"`` (function): a low-dimensional stand-in for SRPO's world-model video
   embedding. SRPO (Fei et al. 2025, arXiv 2511.15605) embeds each episode with V-JEPA 2 from
   frames sampled uniformly over the whole episode (siiRL's ``VideoEmbeddingModel.get_embeddings``
-  takes 64 frames at ``linspace(0, T - 1)``); here the states themselves are resampled the same
-  way, by linear interpolation, and flattened.
+  takes 64 frames at ``linspace(0, T - 1)`` and cycles through shorter episodes, see
+  :func:`srpo_frame_indices`); here the states themselves are resampled uniformly, by linear
+  interpolation (short episodes included), and flattened.
 - ``"vjepa2"`` (:class:`VJEPA2TrajectoryEncoder`): SRPO's encoder, a frozen V-JEPA 2 video model
-  (Assran et al. 2025, arXiv 2506.09985) from a local directory: ``num_points`` frames sampled
-  uniformly over the episode, encoded as one clip, tokens mean-pooled.
+  (Assran et al. 2025, arXiv 2506.09985) from a local directory: ``num_points`` frames chosen
+  by siiRL's rule (:func:`srpo_frame_indices`), encoded as one clip, tokens mean-pooled.
 - ``"policy_backbone"`` (:class:`BackboneTrajectoryEncoder`): the policy's own vision backbone
   applied to frames sampled the same way, per-frame features concatenated in time order.
 """
@@ -124,20 +125,28 @@ def _check_lengths(lengths: Tensor, batch: int, time: int) -> None:
                          f"max {int(lengths.max())}")
 
 
-def uniform_frame_indices(lengths: Tensor, num_frames: int) -> Tensor:
-    """Steps of ``num_frames`` frames spread uniformly over each trajectory's valid prefix.
+def srpo_frame_indices(lengths: Tensor, num_frames: int) -> Tensor:
+    """Steps of the ``num_frames`` frames SRPO takes from each trajectory's valid prefix.
 
-    Frame ``k`` of trajectory ``i`` is step ``floor(k * (lengths[i] - 1) / (num_frames - 1))``
-    (``numpy.linspace(0, L - 1, num_frames).astype(int)``, as siiRL's SRPO video embedding
-    samples frames): the first and last valid steps are always included; short trajectories
-    repeat steps.
+    siiRL's rule (``siirl/utils/embodied/video_emb.py``, ``VideoEmbeddingModel.get_embeddings``),
+    for a trajectory of ``L`` valid steps:
+
+    - ``L >= num_frames``: ``numpy.linspace(0, L - 1, num=num_frames, dtype=int)``, i.e. frame
+      ``k`` is step ``floor(k * ((L - 1) / (num_frames - 1)))`` computed in float64 exactly as
+      numpy does, so a product that rounds just below an integer floors one step low as it does
+      in siiRL (``L = 154``, 64 frames: frame 21 is step 50, though ``21 * 153 / 63 = 51``),
+      and the last frame is step ``L - 1``;
+    - ``L < num_frames``: cyclic padding, ``numpy.resize(numpy.arange(L), num_frames)``: steps
+      ``0, 1, ..., L - 1, 0, 1, ...`` truncated to ``num_frames`` (frame ``k`` is step
+      ``k mod L``), not a repetition of each step.
 
     Args:
         lengths: (batch,) int64, valid steps per trajectory, each >= 1.
         num_frames: frames per trajectory, >= 2.
 
     Returns:
-        (batch, num_frames) int64 step indices, each in [0, lengths[i] - 1].
+        (batch, num_frames) int64 step indices, each in [0, lengths[i] - 1], on ``lengths``'
+        device.
 
     Raises:
         ValueError: if ``num_frames`` < 2 or a length is < 1.
@@ -146,14 +155,18 @@ def uniform_frame_indices(lengths: Tensor, num_frames: int) -> Tensor:
         raise ValueError(f"num_frames must be >= 2 (got {num_frames}) to span start and end")
     if lengths.dim() != 1 or (lengths.numel() and lengths.min() < 1):
         raise ValueError(f"lengths must be a (batch,) tensor of values >= 1, got {lengths.tolist()}")
-    last_step = (lengths - 1).to(torch.float64)  # (B,)
-    fractions = torch.linspace(0.0, 1.0, num_frames, dtype=torch.float64, device=lengths.device)
-    # The small epsilon keeps exact multiples from flooring one step low after rounding error.
-    return (last_step[:, None] * fractions[None, :] + 1e-9).floor().long()  # (B, P)
+    lengths = lengths.long()
+    frame = torch.arange(num_frames, device=lengths.device)  # (P,)
+    # numpy.linspace: step = (stop - start) / (num - 1) in float64, y = arange(num) * step, y[-1] = stop.
+    step = (lengths - 1).to(torch.float64) / (num_frames - 1)  # (B,)
+    spread = (frame.to(torch.float64)[None, :] * step[:, None]).floor().long()  # (B, P)
+    spread[:, -1] = lengths - 1
+    cyclic = frame[None, :] % lengths[:, None]  # (B, P), numpy.resize(arange(L), P)
+    return torch.where((lengths >= num_frames)[:, None], spread, cyclic)  # (B, P)
 
 
 def sample_frames(frames: Tensor, lengths: Tensor, num_frames: int) -> Tensor:
-    """Gather :func:`uniform_frame_indices` frames of each episode.
+    """Gather the :func:`srpo_frame_indices` frames of each episode.
 
     Args:
         frames: (batch, time, height, width, 3) uint8 RGB, episodes padded to a common ``time``.
@@ -171,7 +184,7 @@ def sample_frames(frames: Tensor, lengths: Tensor, num_frames: int) -> Tensor:
                          f"{frames.dtype} of shape {tuple(frames.shape)}")
     batch, time = frames.shape[:2]
     _check_lengths(lengths, batch, time)
-    steps = uniform_frame_indices(lengths.to(frames.device), num_frames)  # (B, P)
+    steps = srpo_frame_indices(lengths.to(frames.device), num_frames)  # (B, P)
     return frames[torch.arange(batch, device=frames.device)[:, None], steps]  # (B, P, H, W, 3)
 
 
@@ -229,8 +242,8 @@ def encode_state_trajectories(states: Tensor, lengths: Tensor, num_points: int =
 class VJEPA2TrajectoryEncoder:
     """SRPO's world-model trajectory embedding with a frozen V-JEPA 2 encoder.
 
-    Per episode: :func:`sample_frames` picks ``num_points`` frames uniformly over its valid
-    steps; they are preprocessed as transformers' ``VJEPA2VideoProcessor`` does (bilinear resize
+    Per episode: :func:`sample_frames` picks ``num_points`` frames by siiRL's rule (uniformly
+    over its valid steps, or cycling through an episode shorter than ``num_points``); they are preprocessed as transformers' ``VJEPA2VideoProcessor`` does (bilinear resize
     of the shortest edge to ``int(crop_size * 256 / 224)``, centre crop to ``crop_size``, scale to
     [0, 1], normalise with the ImageNet mean and std), encoded as one clip by
     ``VJEPA2Model.get_vision_features`` (``(num_tokens, hidden_size)``, ``num_tokens =
@@ -333,9 +346,11 @@ class BackboneTrajectoryEncoder:
     3)`` uint8 RGB (the simulator's upright images) and ``features`` ``(n, feature_dim)`` float,
     one vector per frame (pool patch tokens inside the callable); it is called without gradients.
 
-    Per episode, :func:`sample_frames` picks ``num_points`` frames uniformly over its valid steps,
-    and their features are concatenated in time order (sample-major, as ``"state_resample"``
-    lays out states), so the embedding keeps the order of progress.
+    Per episode, :func:`sample_frames` picks ``num_points`` frames as for ``"vjepa2"`` (uniformly
+    over its valid steps; an episode shorter than ``num_points`` is cycled through, as siiRL
+    pads V-JEPA 2 clips), and their features are concatenated in sample order (sample-major, as
+    ``"state_resample"`` lays out states), so the embedding of an episode of at least
+    ``num_points`` steps keeps the order of progress.
 
     Args:
         config: its settings (which camera, how many frames; read by the reward).
