@@ -37,7 +37,11 @@ import numpy as np
 import ray
 
 from simulators.registry import build_env_config
-from simulators.rendering import headless_rendering_env_vars
+from simulators.rendering import (
+    RENDER_GPU_HINT_VAR,
+    current_render_gpu,
+    user_rendering_env_vars,
+)
 from simulators.worker import SimulatorWorker
 from vla_rl.data.observations import Observations, empty_observations, set_rows
 
@@ -47,10 +51,21 @@ WORKER_ENV_VARS: dict[str, str] = {
     "OMP_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
-    **headless_rendering_env_vars(),
 }
 """Environment of each worker process: one BLAS thread (small matrices; the pool parallelises
-over processes) and headless EGL rendering. ``actor_options["runtime_env"]["env_vars"]`` overrides."""
+over processes). :func:`worker_env_vars` adds the rendering settings."""
+
+
+def worker_env_vars() -> dict[str, str]:
+    """:data:`WORKER_ENV_VARS`, the rendering variables the user set here
+    (:func:`simulators.rendering.user_rendering_env_vars`), and ``VLA_RL_RENDER_GPU``: this
+    process's GPU (:func:`simulators.rendering.current_render_gpu`), on which the workers render
+    unless Ray gives them GPUs of their own; absent when this process has none."""
+    env = {**WORKER_ENV_VARS, **user_rendering_env_vars()}
+    gpu = current_render_gpu()
+    if gpu is not None:
+        env[RENDER_GPU_HINT_VAR] = gpu
+    return env
 
 _PER_ENV_DTYPES = {"reward": np.float32, "terminated": bool, "truncated": bool, "success": bool}
 """The per-environment scalars that ``step`` returns besides ``obs`` and ``frames``."""
@@ -78,7 +93,7 @@ def probe_specs(requests: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
     """
     if not ray.is_initialized():
         raise RuntimeError("probe_specs needs Ray: call ray.init() in this process first")
-    probe = ray.remote(_probe).options(num_cpus=0, runtime_env={"env_vars": WORKER_ENV_VARS})
+    probe = ray.remote(_probe).options(num_cpus=0, runtime_env={"env_vars": worker_env_vars()})
     return ray.get([probe.remote(name, config) for name, config in requests])
 
 
@@ -123,7 +138,7 @@ class SimulatorPool:
         num_actors: number of worker actors (processes).
         envs_per_actor: environments per actor.
         actor_options: Ray actor options (default ``{"num_cpus": 1, "max_restarts": 0}``);
-            ``runtime_env["env_vars"]`` is merged over :data:`WORKER_ENV_VARS`.
+            ``runtime_env["env_vars"]`` is merged over :func:`worker_env_vars`.
         step_timeout_s: seconds :meth:`collect` waits for a chunk before it declares the actors
             that have not answered hung, kills and restarts them; ``None`` waits forever.
 
@@ -159,7 +174,7 @@ class SimulatorPool:
             config = build_env_config(env_name, env_config)
         options: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0, **(actor_options or {})}
         runtime_env = dict(options.get("runtime_env") or {})
-        runtime_env["env_vars"] = {**WORKER_ENV_VARS, **runtime_env.get("env_vars", {})}
+        runtime_env["env_vars"] = {**worker_env_vars(), **runtime_env.get("env_vars", {})}
         options["runtime_env"] = runtime_env
         self._env_name = env_name
         self._actor_args = (options, config, envs_per_actor)  # to start an actor again after a fault
@@ -413,6 +428,12 @@ class SimulatorPool:
         chunks = [chunk for chunk in np.array_split(ids, len(actors)) if len(chunk)]
         refs = [actor.run_expert.remote(chunk.tolist(), int(task_id)) for actor, chunk in zip(actors, chunks)]
         return [episode for episodes in ray.get(refs) for episode in episodes]
+
+    def rendering(self) -> list[dict[str, Any]]:
+        """How each worker actor renders, by slot: :func:`simulators.rendering.rendering_report`
+        in its process (backend, EGL device, GPU, ``GL_RENDERER``; waits for actors still
+        creating environments)."""
+        return ray.get([actor.rendering.remote() for actor in self._live_actors()])
 
     def actor_pids(self) -> list[int]:
         """Process ids of the worker actors, by slot (waits for actors still creating environments)."""

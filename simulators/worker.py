@@ -30,6 +30,7 @@ import numpy as np
 
 from simulators.experts import make_expert
 from simulators.registry import make_env
+from simulators.rendering import rendering_report
 from vla_rl.data import keys
 from vla_rl.data.observations import Observations, observation, stack_observations
 
@@ -220,6 +221,11 @@ class SimulatorWorker:
     def pid(self) -> int:
         """The id of this worker's process."""
         return os.getpid()
+
+    def rendering(self) -> dict[str, Any]:
+        """How this process renders: :func:`simulators.rendering.rendering_report` (the backend,
+        EGL device and ``GL_RENDERER`` chosen before the first environment was created)."""
+        return rendering_report()
 
     def run_expert(self, init_state_ids: Sequence[int], task_id: int = 0) -> list[dict[str, Any]]:
         """Run the scripted expert of task ``task_id`` for one episode per initial state, on env 0.

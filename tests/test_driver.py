@@ -89,6 +89,10 @@ def test_run_leaves_every_artifact(srpo_run):
                  "videos/warm_start.mp4", "videos/final.mp4"):
         assert (run_dir / name).stat().st_size > 0, name
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    # How each rank's simulator actors render (simulators/rendering.py), in the summary file too.
+    rendering = json.loads((run_dir / "summary.json").read_text())["rendering"]
+    assert rendering == summary["rendering"] and len(rendering) == 2
+    assert all(rank and {"backend", "device_id", "gpu", "gl_renderer"} <= set(rank[0]) for rank in rendering)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in records if "rollout/success_rate" in r]
     assert train_steps == [1, 2, 3]

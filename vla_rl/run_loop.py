@@ -77,11 +77,18 @@ class RunLoop:
                                "step_*.rejected (the workers' log says why)[/yellow]")
         if resume:
             self.console.print(f"resuming from the checkpoint of step {start}")
+        rendering = self.workers.rendering()
+        if any(rendering):
+            from simulators.rendering import describe_renderers
+
+            self.console.print(f"simulator rendering: {describe_renderers([r for rank in rendering for r in rank])}")
         if len(self.restarted_from) < self.restarts:
             self.restarted_from.append(start)
         self._first.setdefault("start_step", start)
         logger = MetricsLogger(self.run_dir, resume_step=start if resume else None)
         summary: dict = {"template": self.name, "run_dir": str(self.run_dir), "start_step": self._first["start_step"]}
+        if any(rendering):
+            summary["rendering"] = rendering  # per rank, per simulator actor
         if self.restarts:
             summary.update(restarts=self.restarts, restarted_from_steps=list(self.restarted_from))
         first = f"{self.first_tag}_eval"

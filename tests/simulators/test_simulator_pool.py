@@ -9,7 +9,11 @@ import pytest
 import ray
 
 from simulators.pool import SimulatorPool
-from simulators.rendering import egl_unavailable_reason
+from simulators.rendering import (
+    current_render_gpu,
+    egl_unavailable_reason,
+    user_rendering_env_vars,
+)
 
 HORIZON = 40
 OBS_DIM, ACT_DIM = 11, 7
@@ -31,7 +35,7 @@ def ray_cluster():
         return
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=4, log_to_driver=False)
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=4, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -106,6 +110,18 @@ def test_rendered_frames_follow_render_indices(pool, render_camera):
     swapped = pool.step(np.zeros((3, ACT_DIM)), active, render_indices=[0, 2])["frames"]
     distance = lambda a, b: np.abs(a.astype(np.int16) - b).mean()  # noqa: E731
     assert distance(swapped[0], frames[1]) < distance(swapped[0], frames[0])
+
+
+def test_each_actor_reports_the_renderer_it_chose(pool, render_camera):
+    reports = pool.rendering()
+    assert len(reports) == 2
+    if "MUJOCO_GL" in user_rendering_env_vars():
+        pytest.skip("MUJOCO_GL is set: the actors use it unprobed")
+    for report in reports:
+        assert report["gpu"] == current_render_gpu()  # the pool creator's GPU (None without one)
+        if render_camera is not None:  # EGL works here: chosen after a probe that read GL_RENDERER
+            assert report["backend"] == "egl" and report["source"] == "automatic"
+            assert report["egl_error"] is None and report["gl_renderer"]
 
 
 def test_run_expert_over_actors(pool):

@@ -14,8 +14,10 @@ import os
 LOOPBACK = "127.0.0.1"
 
 #: Environment every Ray process of a local run gets: loopback-only networking for Ray and gloo,
-#: one thread per process (2-core machines), headless MuJoCo rendering. A run that joins a cluster
-#: keeps all but the loopback settings (:data:`LOOPBACK_ONLY`).
+#: one thread per process (2-core machines). A run that joins a cluster keeps all but the loopback
+#: settings (:data:`LOOPBACK_ONLY`). The rendering variables the user set (``MUJOCO_GL``,
+#: ``PYOPENGL_PLATFORM``, ``MUJOCO_EGL_DEVICE_ID``) are added by :func:`init_ray`; unset, each
+#: simulator process chooses its backend and GPU itself (``simulators/rendering.py``).
 WORKER_ENV: dict[str, str] = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -23,8 +25,6 @@ WORKER_ENV: dict[str, str] = {
     "MASTER_ADDR": LOOPBACK,
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
-    "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"),
-    "PYOPENGL_PLATFORM": os.environ.get("PYOPENGL_PLATFORM", "egl"),
     "TOKENIZERS_PARALLELISM": "false",
 }
 LOOPBACK_ONLY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "GLOO_SOCKET_IFNAME", "MASTER_ADDR")
@@ -67,14 +67,17 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
     import ray
     from ray._private import ray_constants
 
+    from simulators.rendering import user_rendering_env_vars
+
     if ray.is_initialized():
         return
+    worker_env = {**WORKER_ENV, **user_rendering_env_vars()}
     if loopback:
         # Ray reads the variable once, when ray_constants is imported; a Ray imported before this
         # function ran (by a test runner, a notebook) gets the same setting here.
         ray_constants.ENABLE_RAY_CLUSTER = False
     if address is not None:
-        env = dict(WORKER_ENV) if loopback else {k: v for k, v in WORKER_ENV.items() if k not in LOOPBACK_ONLY}
+        env = worker_env if loopback else {k: v for k, v in worker_env.items() if k not in LOOPBACK_ONLY}
         os.environ["VLA_RL_RAY_CLUSTER"] = "1"
         ray.init(address=address, _node_ip_address=LOOPBACK if loopback else None, log_to_driver=True,
                  configure_logging=True, logging_level="WARNING",
@@ -89,7 +92,7 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
         log_to_driver=True,
         configure_logging=True,
         logging_level="WARNING",
-        runtime_env={"env_vars": dict(WORKER_ENV)},
+        runtime_env={"env_vars": worker_env},
     )
 
 

@@ -261,6 +261,13 @@ class DAGWorker:
         """Write this worker's part of the checkpoint of ``step``; rank 0 finalises it atomically."""
         self.checkpointer.save(step, keep_last=self.config.trainer.keep_last)
 
+    def rendering(self) -> list[dict]:
+        """How this worker's simulator actors render, by actor (:meth:`SimulatorPool.rendering
+        <simulators.pool.SimulatorPool.rendering>`); [] when it has no simulator pool (yet)."""
+        if self.resources is None or "simulator_pool" not in self.resources.built():
+            return []
+        return self.resources.simulator_pool.rendering()
+
     def node_id(self) -> str:
         """The Ray node this worker runs on."""
         import ray

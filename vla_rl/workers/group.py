@@ -129,6 +129,13 @@ class WorkerGroup:
 
         return ray.get([actor.node_id.remote() for actor in self.actors])
 
+    def rendering(self) -> list[list[dict]]:
+        """How each rank's simulator actors render (:meth:`DAGWorker.rendering
+        <vla_rl.workers.dag_worker.DAGWorker.rendering>`): a few short strings per actor."""
+        import ray
+
+        return ray.get([actor.rendering.remote() for actor in self.actors])
+
     def call(self, method: str, *args) -> list[dict[str, float]]:
         """Call ``method(*args)`` on every worker at once and return their scalar replies
         (:meth:`submit`, then :meth:`collect`)."""
