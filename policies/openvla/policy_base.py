@@ -106,7 +106,9 @@ class PrismaticPolicy(Policy, abstract=True):
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer(config.model_path)
         self.processor = (
             None if self.tokenizer is None
-            else SimulatorObservationProcessor(self.tokenizer, config.cameras, getattr(config, "proprio_dim", None))
+            else SimulatorObservationProcessor(self.tokenizer, config.cameras, getattr(config, "proprio_dim", None),
+                                               architecture.vision_towers[0].image_size, config.image_resize,
+                                               config.center_crop)
         )  # fmt: skip
         self.action_tokenizer = ActionTokenizer(architecture.action_vocab_end, architecture.n_action_bins)
         self.norm_stats = norm_stats

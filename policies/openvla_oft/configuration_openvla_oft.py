@@ -51,6 +51,12 @@ class OpenVLAOFTPolicyConfig:
             Llama's ``</s>`` = 2).
         cameras: simulator cameras of the ``num_images`` images, in order (``"<camera>_image"``
             entries of simulator observations); default ``("agentview", "robot0_eye_in_hand")[:num_images]``.
+        image_resize: how simulator images that are not the vision tower's size are resized
+            (``IMAGE_RESIZES``); default ``"jpeg_lanczos3"``, OpenVLA-OFT's
+            ``resize_image_for_policy`` (``experiments/robot/openvla_utils.py``).
+        center_crop: crop the centred 90% of each simulator image's area and resize it back
+            (``center_crop_image``); default on, as ``run_libero_eval.py``'s ``center_crop`` for the
+            published checkpoints (trained with random-crop augmentation).
         allow_pickle: accept ``pytorch_model.bin`` VLA weights when ``model_path`` has no
             safetensors (OFT's ``*--checkpoint.pt`` head modules are read with torch's
             weights-only unpickler whatever it is).
@@ -74,6 +80,8 @@ class OpenVLAOFTPolicyConfig:
     action_head: str = "discrete"
     stop_token_id: int = 2
     cameras: tuple[str, ...] | None = None
+    image_resize: str = "jpeg_lanczos3"
+    center_crop: bool = True
     allow_pickle: bool = False
     allow_partial_load: bool = False
 

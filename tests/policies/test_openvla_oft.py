@@ -3,6 +3,7 @@ built reference, exact log-probs, greedy decoding, the L1 head, proprio and chec
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -168,3 +169,47 @@ def test_checkpoint_with_oft_module_files_round_trips(policy, obs, tmp_path):
     assert torch.equal(loaded.sample_actions(obs, generator=torch.Generator().manual_seed(2))[1], log_probs)
     with pytest.raises(ValueError, match="action_head"):
         OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(out), action_head="l1_regression"))
+
+
+# --------------------------------------------------------------------------- OpenVLA-OFT's LIBERO evaluation settings
+def test_defaults_follow_the_reference_libero_evaluation():
+    config = OpenVLAOFTPolicyConfig(architecture="tiny")
+    # prismatic/vla/constants.py LIBERO_CONSTANTS: NUM_ACTIONS_CHUNK 8, ACTION_DIM 7;
+    # run_libero_eval.py: center_crop True; openvla_utils.prepare_images_for_vla: resize_image_for_policy.
+    assert (config.chunk_size, config.action_dim) == (8, 7)
+    assert config.image_resize == "jpeg_lanczos3" and config.center_crop is True
+    for field, value in (("image_resize", "bicubic"), ("center_crop", 1)):
+        with pytest.raises(ValueError, match=field):
+            OpenVLAOFTPolicyConfig(architecture="tiny", **{field: value})
+
+
+def simulator_observation(images):
+    from tensordict import TensorDict
+
+    from vla_rl.data.observations import encode_instruction
+
+    codes = torch.from_numpy(np.stack([encode_instruction("put the bowl on the plate")] * images.shape[0]))
+    return TensorDict({"agentview_image": images, "instruction": codes}, batch_size=[images.shape[0]])
+
+
+def test_simulator_images_are_resized_and_cropped_as_prepare_images_for_vla():
+    from policies.openvla.image_preprocessing import (
+        center_crop,
+        resize_image_for_policy,
+    )
+
+    images = torch.randint(0, 256, (2, 40, 40, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    tiny = {"preset": "tiny", "image_size": 28, "fused": False}
+    policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture=tiny, chunk_size=2))
+    seen = policy.model_inputs(simulator_observation(images))["images"]
+    assert seen.shape == (2, 1, 28, 28, 3)
+    for b in range(2):
+        expected = center_crop(resize_image_for_policy(images[b].numpy(), 28))
+        assert np.array_equal(seen[b, 0].numpy(), expected)
+    # already the tower's size: no JPEG round trip or resize, only the crop (as the reference's 224 check)
+    exact = torch.randint(0, 256, (1, 28, 28, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    cropped = policy.model_inputs(simulator_observation(exact))["images"][0, 0].numpy()
+    assert np.array_equal(cropped, center_crop(exact[0].numpy()))
+    plain = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture=tiny, chunk_size=2, image_resize="tower",
+                                                    center_crop=False))
+    assert torch.equal(plain.model_inputs(simulator_observation(images))["images"][:, 0], images)
