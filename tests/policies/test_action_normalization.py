@@ -35,6 +35,19 @@ def test_libero_gripper_is_rescaled_binarised_and_inverted():
     assert torch.equal(processed[:, 0], actions[:, 0])
 
 
+def test_libero_gripper_matches_normalize_then_invert_of_the_reference_on_chunks():
+    # robot_utils.normalize_gripper_action(binarize=True): sign(2 g - 1); invert_gripper_action: -g.
+    gripper = torch.tensor([0.0, 0.49, 0.5, 0.51, 1.0])
+    chunk = torch.zeros(1, 5, 7)  # (batch, chunk, action_dim)
+    chunk[0, :, -1] = gripper
+    chunk[0, :, 0] = torch.arange(5.0)
+    processed = libero_gripper_postprocess(chunk)
+    reference = -torch.sign(2 * (gripper - 0.0) / (1.0 - 0.0) - 1)
+    assert torch.equal(processed[0, :, -1], reference)
+    assert processed[0, :, -1].tolist() == [1.0, 1.0, 0.0, -1.0, -1.0]  # 0.5: sign(0) = 0, as the reference
+    assert torch.equal(processed[..., :-1], chunk[..., :-1]) and chunk[0, 0, -1] == 0.0  # a copy
+
+
 def test_statistics_selection_errors_name_the_choices():
     norm_stats = {"libero_spatial": {"action": STATS}, "bridge": {"action": STATS}}
     with pytest.raises(ValueError, match="bridge"):

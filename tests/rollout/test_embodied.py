@@ -139,6 +139,18 @@ def test_success_mid_chunk_ends_the_episode_as_success(chunk, stages):
     assert torch.all(batch["old_log_probs"][~batch["response_mask"]] == 0)
 
 
+def test_a_chunk_of_8_runs_open_loop_before_the_policy_is_asked_again():
+    # run_libero_eval.run_episode: the policy is queried only when its queue of NUM_ACTIONS_CHUNK = 8
+    # actions is empty; every action of a chunk is executed in order.
+    pool = ScriptedPool(success_at=[0], horizon=20)
+    policy = ConstantPolicy(8)
+    result = rollout_episodes(policy, pool, np.array([7]))
+    assert len(policy.seen) == 3 == len(pool.submitted_actions)  # ceil(20 / 8) queries for 20 control steps
+    assert [a.shape for a in pool.submitted_actions] == [(1, 8, ACT_DIM)] * 3
+    assert pool.steps_taken.tolist() == [20] and result.batch["finish_step"].tolist() == [3]
+    assert [obs[0, 0].item() for obs in policy.seen] == [0.0, 8.0, 16.0]  # observed after 0, 8, 16 steps
+
+
 @pytest.mark.parametrize("stages", [1, 2])
 def test_truncation_is_told_apart_from_failure_and_success(stages):
     # env 0 succeeds at step 3, env 1 fails (terminated without success) at step 5, env 2 times out.
