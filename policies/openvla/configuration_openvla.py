@@ -163,8 +163,9 @@ class OpenVLAPolicyConfig:
         architecture: the model to build with random weights: a :class:`PrismaticArchitecture`
             (or its dict), or a preset of ``ARCHITECTURE_PRESETS`` (``"tiny"``, or ``{"preset":
             "tiny", "image_size": 56}``), which also brings its tokenizer.
-        unnorm_key: dataset whose action statistics de-normalise actions (may be None when the
-            checkpoint holds one dataset).
+        unnorm_key: dataset whose action statistics de-normalise actions; None: the checkpoint's
+            only dataset, or on LIBERO the suite's (``<suite>``, else ``<suite>_no_noops``, as
+            OpenVLA-OFT's ``run_libero_eval.py`` ``check_unnorm_key``; ``PrismaticPolicy.use_tasks``).
         action_statistics: ``{"q01": [...], "q99": [...], "mask": [...]}`` for an
             ``architecture`` model (a checkpoint brings its own); None: actions stay normalised.
         temperature: sampling temperature; log-probs for the RL loss use the same one.

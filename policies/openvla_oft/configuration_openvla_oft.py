@@ -29,7 +29,9 @@ class OpenVLAOFTPolicyConfig:
             ``action_head--*checkpoint.pt`` / ``proprio_projector--*checkpoint.pt`` when used).
         architecture: the model to build with random weights (a :class:`PrismaticArchitecture`,
             its dict, or a preset such as ``"tiny"``; see ``OpenVLAPolicyConfig``).
-        unnorm_key: dataset whose statistics de-normalise actions (None: the only one).
+        unnorm_key: dataset whose statistics de-normalise actions and normalise the proprio;
+            None: the checkpoint's only dataset, or on LIBERO the suite's (``<suite>``, else
+            ``<suite>_no_noops``, as ``run_libero_eval.py``'s ``check_unnorm_key``).
         action_statistics: ``{"q01", "q99", "mask"}`` lists for an ``architecture`` model.
         temperature: sampling temperature; the RL log-probs use the same one.
         gripper_postprocess: ``"libero"`` or ``"none"`` (see :meth:`env_actions`).
@@ -45,8 +47,9 @@ class OpenVLAOFTPolicyConfig:
             the first ``proprio_dim`` features of the state (robosuite Lift: 5 = end-effector
             position and finger joints; LIBERO: 9 = position, quaternion and fingers).
         action_head: one of ``ACTION_HEADS``: ``"discrete"`` (bins; sampling and log-probs for
-            RL, as SimpleVLA-RL and SRPO use OFT) or ``"l1_regression"`` (supervised only:
-            :meth:`bc_loss` is L1 and :meth:`predict_action_chunk` regresses actions).
+            RL, as SimpleVLA-RL and SRPO use OFT) or ``"l1_regression"`` (the published LIBERO
+            checkpoints' head, no action distribution: :meth:`bc_loss` is L1,
+            :meth:`predict_action_chunk` regresses actions; greedy evaluation, no sampling or RL).
         stop_token_id: id of the token after the action placeholders (OFT's ``STOP_INDEX``,
             Llama's ``</s>`` = 2).
         cameras: simulator cameras of the ``num_images`` images, in order (``"<camera>_image"``

@@ -38,3 +38,27 @@ def test_trials_that_would_not_start_from_states_0_to_49_are_refused(override, f
     config = load_template("embodied_grpo_oft_libero", [override]).config
     with pytest.raises(ValueError, match=f"eval.{field}"):
         BENCHMARKS.get("libero_spatial")(config)
+
+
+def test_a_libero_run_and_each_evaluated_suite_pick_their_statistics(tmp_path):
+    """The worker's policy takes the run's suite's statistics when built; an evaluation task of
+    another suite acts with that suite's, and the run's come back after it (what EmbodiedEvaluation
+    does around each task's rollouts)."""
+    import torch
+    from libero_statistics import libero_checkpoint
+
+    from vla_rl.evaluation.benchmarks import use_run_tasks
+    from vla_rl.workflows.embodied import robot_policy
+
+    out = libero_checkpoint(tmp_path / "oft", ["libero_spatial_no_noops", "libero_goal"], chunk_size=8)
+    config = load_template("embodied_grpo_oft_libero", ["policy.config.architecture=null",
+                                                         f"policy.config.model_path={out}",
+                                                         "simulator.env.suite=libero_goal"]).config
+    policy = robot_policy(config, obs_dim=8, act_dim=7)
+    zero = torch.zeros(1, 8, 7)
+    assert policy.unnorm_key == "libero_goal" and policy.action_statistics.q01[0].item() == 1.0
+    task = BENCHMARKS.get("libero_spatial")(config)[0]
+    policy.use_tasks(task.simulator, [task.env_config()])
+    assert policy.action_statistics.q01[0].item() == 0.0
+    use_run_tasks(policy, config)
+    assert policy.action_statistics.q01[0].item() == 1.0 and policy.env_actions(zero).shape == (1, 8, 7)

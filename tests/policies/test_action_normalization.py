@@ -8,6 +8,7 @@ import torch
 from policies.action_normalization import (
     ActionStatistics,
     libero_gripper_postprocess,
+    libero_unnorm_key,
     load_action_statistics,
 )
 
@@ -57,3 +58,19 @@ def test_statistics_selection_errors_name_the_choices():
     assert load_action_statistics(norm_stats, "bridge", "x").action_dim == 3
     with pytest.raises(ValueError, match="q99"):
         ActionStatistics.from_dict({"q01": [0.0]}, "x")
+
+
+@pytest.mark.parametrize(("keys", "expected"), [
+    (["libero_spatial_no_noops"], "libero_spatial_no_noops"),
+    (["libero_spatial", "libero_spatial_no_noops"], "libero_spatial"),
+    (["libero_10_no_noops", "libero_spatial_no_noops", "libero_goal"], "libero_spatial_no_noops"),
+])
+def test_the_suite_picks_its_key_or_its_no_noops_key_as_check_unnorm_key(keys, expected):
+    # run_libero_eval.py check_unnorm_key: the suite's name, else "<suite>_no_noops" if present.
+    assert libero_unnorm_key({key: {} for key in keys}, "libero_spatial", "stats.json") == expected
+
+
+def test_a_suite_without_statistics_names_the_keys_there_and_the_field():
+    with pytest.raises(ValueError, match=r"stats\.json has no statistics of LIBERO suite 'libero_object'.*"
+                                         r"\['libero_spatial', 'libero_spatial_no_noops'\].*policy\.config\.unnorm_key"):
+        libero_unnorm_key({"libero_spatial": {}, "libero_spatial_no_noops": {}}, "libero_object", "stats.json")

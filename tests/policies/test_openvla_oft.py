@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from libero_statistics import libero_checkpoint
 
 from policies.openvla.tiny import (
     build_tiny_tokenizer,
@@ -213,3 +214,51 @@ def test_simulator_images_are_resized_and_cropped_as_prepare_images_for_vla():
     plain = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture=tiny, chunk_size=2, image_resize="tower",
                                                     center_crop=False))
     assert torch.equal(plain.model_inputs(simulator_observation(images))["images"][:, 0], images)
+
+
+# --------------------------------------------------------------------------- LIBERO: the suite picks the statistics
+def suite(name: str):
+    from simulators.libero_env import LiberoEnvConfig
+
+    return LiberoEnvConfig(suite=name)
+
+
+def denormalized_zero(policy) -> float:
+    """The de-normalised value of a normalised 0 (index + 1 of the dataset acting)."""
+    return float(policy.env_actions(torch.zeros(1, CHUNK, ACTION_DIM))[0, 0, 0])
+
+
+def test_a_libero_suite_takes_its_no_noops_statistics_when_only_those_exist(tokenizer, tmp_path):
+    out = libero_checkpoint(tmp_path / "oft", ["libero_spatial_no_noops"], CHUNK)
+    policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(out), chunk_size=CHUNK, proprio_dim=PROPRIO_DIM))
+    policy.use_tasks("libero", [suite("libero_spatial")])
+    assert policy.unnorm_key == "libero_spatial_no_noops" and denormalized_zero(policy) == 1.0
+    assert policy.proprio_statistics.q01.tolist() == [0.0] * PROPRIO_DIM
+    with pytest.raises(ValueError, match=r"no statistics of LIBERO suite 'libero_object'.*"
+                                         r"\['libero_spatial_no_noops'\].*policy\.config\.unnorm_key"):
+        policy.use_tasks("libero", [suite("libero_object")])
+
+
+def test_each_libero_suite_acts_with_its_own_statistics(tokenizer, tmp_path):
+    datasets = ["libero_spatial", "libero_spatial_no_noops", "libero_goal_no_noops"]
+    out = libero_checkpoint(tmp_path / "oft", datasets, CHUNK)
+    config = OpenVLAOFTPolicyConfig(model_path=str(out), chunk_size=CHUNK, proprio_dim=PROPRIO_DIM)
+    policy = OpenVLAOFTPolicy(config)
+    assert policy.unnorm_key is None  # several datasets: no guess
+    with pytest.raises(ValueError, match=r"policy\.config\.unnorm_key"):
+        policy.env_actions(torch.zeros(1, CHUNK, ACTION_DIM))
+    policy.use_tasks("libero", [suite("libero_spatial")])  # the run's suite: the policy's own dataset
+    assert policy.unnorm_key == "libero_spatial" and denormalized_zero(policy) == 1.0
+    assert policy.proprio_q01.tolist() == [0.0] * PROPRIO_DIM and bool(policy.proprio_statistics_set)
+    policy.use_tasks("libero", [suite("libero_goal")])  # an evaluation task of another suite
+    assert denormalized_zero(policy) == 3.0 and policy.proprio_statistics.q01.tolist() == [2.0] * PROPRIO_DIM
+    assert policy.proprio_q01.tolist() == [0.0] * PROPRIO_DIM  # the policy's own (trained) buffers stay
+    policy.use_tasks("libero", [suite("libero_spatial")])
+    assert denormalized_zero(policy) == 1.0 and policy.proprio_statistics.q01.tolist() == [0.0] * PROPRIO_DIM
+    with pytest.raises(ValueError, match="different statistics"):
+        policy.use_tasks("libero", [suite("libero_spatial"), suite("libero_goal")])
+    explicit = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(out), chunk_size=CHUNK, proprio_dim=PROPRIO_DIM,
+                                                       unnorm_key="libero_spatial_no_noops"))
+    explicit.use_tasks("libero", [suite("libero_spatial")])
+    explicit.use_tasks("libero", [suite("libero_goal")])
+    assert explicit.unnorm_key == "libero_spatial_no_noops" and denormalized_zero(explicit) == 2.0  # the key wins

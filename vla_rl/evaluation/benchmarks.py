@@ -34,6 +34,18 @@ class EvalTask:
     simulator: str
     env: dict[str, Any] = field(default_factory=dict)
 
+    def env_config(self) -> Any:
+        """The task's typed simulator config (the registered simulator's ``config_class`` built
+        from ``env``), e.g. for :meth:`policies.base.Policy.use_tasks`.
+
+        Raises:
+            ComponentConfigError: an unknown simulator or settings its config rejects.
+        """
+        from simulators.registry import SIMULATORS
+        from vla_rl.components import build_config
+
+        return build_config(SIMULATORS.get(self.simulator).config_class, self.env, f"the env of task {self.name}")
+
 
 BENCHMARKS: Registry[Callable[[Any], list[EvalTask]]] = Registry("benchmark")
 
@@ -116,6 +128,17 @@ def run_tasks(config) -> list[EvalTask]:
     if sim.multi_task:
         return [EvalTask(name, sim.name, env) for name, env in zip(sim.task_names(), sim.task_envs())]
     return [EvalTask(str(sim.env.get("task", sim.name)), sim.name, dict(sim.env))]
+
+
+def use_run_tasks(policy, config) -> None:
+    """Prepare ``policy`` to act in the run's own tasks (:func:`run_tasks`; see
+    :meth:`policies.base.Policy.use_tasks`): when it is built, and after an evaluation task.
+
+    Raises:
+        ValueError: the policy cannot act in them (see ``use_tasks``).
+    """
+    tasks = run_tasks(config)
+    policy.use_tasks(tasks[0].simulator, [task.env_config() for task in tasks])
 
 
 def run_task_index(config, task: EvalTask) -> int | None:
