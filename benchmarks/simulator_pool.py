@@ -165,6 +165,8 @@ class RandomPolicy:
     """Uniform random actions in [-1, 1] (chunks of ``chunk_size``, in the simulator's units),
     optionally waiting ``latency_s`` per call."""
 
+    has_action_distribution = True
+
     def __init__(self, act_dim: int, latency_s: float, chunk_size: int = 1) -> None:
         self.act_dim, self.latency_s, self.chunk_size = act_dim, latency_s, chunk_size
 

@@ -132,6 +132,32 @@ def load_action_statistics(
     return ActionStatistics.from_dict(entry["action"], f"{source}[{unnorm_key!r}]")
 
 
+def libero_unnorm_key(norm_stats: dict[str, Any], suite: str, source: str) -> str:
+    """The statistics key of a LIBERO suite, as OpenVLA-OFT's evaluation picks it
+    (moojink/openvla-oft ``experiments/robot/libero/run_libero_eval.py``, ``check_unnorm_key``):
+    the suite's name, or ``<suite>_no_noops`` when only that one is in ``norm_stats`` (the
+    fine-tuning datasets with no-op actions removed).
+
+    Args:
+        norm_stats: OpenVLA's ``{unnorm_key: statistics}`` mapping.
+        suite: the LIBERO suite, e.g. ``"libero_spatial"``.
+        source: file name for error messages.
+
+    Returns:
+        the key.
+
+    Raises:
+        ValueError: neither key is in ``norm_stats`` (the message lists the keys there and names
+            ``policy.config.unnorm_key``, which picks one explicitly).
+    """
+    for key in (suite, f"{suite}_no_noops"):
+        if key in norm_stats:
+            return key
+    raise ValueError(f"{source} has no statistics of LIBERO suite {suite!r} (neither {suite!r} nor "
+                     f"{suite + '_no_noops'!r}; it holds {sorted(norm_stats)}): set policy.config.unnorm_key to "
+                     "the dataset whose statistics de-normalise this suite's actions")
+
+
 def read_dataset_statistics(path: str | Path) -> dict[str, Any]:
     """Read ``dataset_statistics.json``.
 

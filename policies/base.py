@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -31,6 +32,14 @@ class Policy(torch.nn.Module, abc.ABC):
 
     Actions: :meth:`sample_actions` returns the policy's own actions (what the RL loss scores);
     :meth:`env_actions` maps them to the simulator's units (identity by default).
+
+    Deterministic policies: a policy whose config gives it no distribution over actions
+    (:meth:`without_action_distribution`, e.g. OpenVLA-OFT's L1-regression head) acts only
+    through :meth:`predict_action_chunk`; its :meth:`sample_actions` and log-prob methods raise.
+    It can be evaluated under the greedy protocol, not sampled or trained by RL (the planner
+    refuses those templates).
+
+    Every policy keeps its config as ``self.config``.
 
     Exact log-probs, so that the first ratio of an on-policy update is exactly 1 at every ratio
     granularity (see :mod:`vla_rl.algorithms.granularity`):
@@ -80,6 +89,54 @@ class Policy(torch.nn.Module, abc.ABC):
     def device(self) -> torch.device:
         """The device of the policy's parameters (its inputs go there, its outputs come from there)."""
         return next(self.parameters()).device
+
+    @classmethod
+    def without_action_distribution(cls, config: Any) -> tuple[str, str] | None:
+        """Why a policy of ``config`` has no distribution over its actions, or None when it has
+        one (the default: every policy samples and scores actions).
+
+        Args:
+            config: an instance of ``config_class``.
+
+        Returns:
+            ``(field, reason)``: the field of ``config`` that makes the policy deterministic and
+            why, a phrase that follows the field's name (the planner says
+            ``policy.config.<field> <reason>``), or None.
+        """
+        return None
+
+    @property
+    def has_action_distribution(self) -> bool:
+        """Whether :meth:`sample_actions` and the log-prob methods work (see
+        :meth:`without_action_distribution`); False: act with :meth:`predict_action_chunk`."""
+        return self.without_action_distribution(self.config) is None
+
+    @torch.no_grad()
+    def predict_action_chunk(self, obs: Tensor) -> Tensor:
+        """The deterministic action chunk (the greedy protocol): the mode,
+        ``sample_actions(obs, greedy=True)`` without its log-probs, by default; a policy without
+        an action distribution overrides it.
+
+        Args:
+            obs: observations as :meth:`sample_actions` takes them, batch ``batch``.
+
+        Returns:
+            ``(batch, chunk_size, action_dim)`` float32 policy actions (feed :meth:`env_actions`).
+        """
+        return self.sample_actions(obs, greedy=True)[0]
+
+    def use_tasks(self, simulator: str, env_configs: Sequence[Any]) -> None:
+        """Prepare the policy to act in these tasks of a registered simulator (one batch of
+        observations may mix them); nothing by default. The workers call it when the policy is
+        built (the run's own tasks) and around each evaluation task's rollouts.
+
+        Args:
+            simulator: the registered simulator name (``"libero"``).
+            env_configs: the tasks' typed simulator configs (its ``config_class``), at least one.
+
+        Raises:
+            ValueError: the policy cannot act in these tasks (the message says which setting to change).
+        """
 
     def fsdp_units(self) -> list[torch.nn.Module]:
         """The blocks FSDP2 shards one by one (``fully_shard`` on each, then on the policy): their

@@ -1,17 +1,25 @@
 """LIBERO tasks (Liu et al. 2023, arXiv 2306.03310) as a gymnasium environment.
 
 One environment is one task of one suite (``libero_spatial``, ``libero_object``, ``libero_goal``,
-``libero_10``; ten tasks each), created offline through :mod:`simulators.libero_offline`. Episodes
-start from the task's fixed initial states (50 per task, the suite's ``.init``/``.pruned_init``
-files) as OpenVLA's LIBERO evaluation does (``experiments/robot/libero/run_libero_eval.py``):
-``reset``, ``set_init_state``, then ``num_steps_wait`` no-op steps (arm still, gripper open) while
-the objects settle; those steps do not count towards the horizon.
+``libero_10``: ten tasks each; ``libero_90``: ninety), created offline through
+:mod:`simulators.libero_offline`. Episodes follow OpenVLA-OFT's LIBERO evaluation
+(moojink/openvla-oft ``experiments/robot/libero/run_libero_eval.py``, ``run_task`` and
+``run_episode``): ``reset``, ``set_init_state`` with the task's fixed initial state
+(``task_suite.get_task_init_states(task_id)``, 50 per task; trial ``i`` uses state ``i``, see
+:func:`init_state_index`), then ``num_steps_wait`` steps of the dummy action
+(``libero_utils.get_libero_dummy_action``: arm still, gripper open) while the objects settle;
+those steps are neither shown to the policy nor counted towards the horizon (the reference's
+``max_steps + num_steps_wait`` loop).
 
-Observations: the state vector of ``obs_keys`` (float32; by default the proprioception
-``robot0_eef_pos`` (3, metres, world frame), ``robot0_eef_quat`` (4, ``(x, y, z, w)``),
-``robot0_gripper_qpos`` (2, metres)); with ``cameras`` a ``gymnasium.spaces.Dict``
-``{"state": ..., "<camera>_image": uint8 (camera_size, camera_size, 3)}`` whose images are rotated
-by 180 degrees (``image[::-1, ::-1]``), as OpenVLA's LIBERO evaluation feeds its policies.
+Observations: the state vector of ``obs_keys`` (float32; by default OpenVLA-OFT's 8-value
+proprio, ``run_libero_eval.prepare_observation``: ``robot0_eef_pos`` (3, metres, world frame),
+``robot0_eef_axis_angle`` (3, radians: the axis-angle of ``robot0_eef_quat``, see
+:func:`quat2axisangle`), ``robot0_gripper_qpos`` (2, metres)); with ``cameras`` a
+``gymnasium.spaces.Dict`` ``{"state": ..., "<camera>_image": uint8 (camera_size, camera_size, 3)}``
+whose images are rotated by 180 degrees (``image[::-1, ::-1]``, ``libero_utils.get_libero_image``
+and ``get_libero_wrist_image``). Resizing to the policy's input (JPEG round trip, Lanczos-3) and
+the centre crop are the policy's (``policies/openvla/image_preprocessing.py``), as in the
+reference.
 
 Actions (7 values in [-1, 1]): LIBERO's ``OSC_POSE`` deltas (position up to 0.05 m and axis-angle
 rotation up to 0.5 rad per control step), then the gripper (-1 open, +1 close); 20 Hz.
@@ -32,19 +40,75 @@ from simulators.rendering import (
 )
 from simulators.robosuite_env import STATE_KEY_SIZES, camera_observation_space
 
-SUITE_HORIZONS: dict[str, int] = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520}
-"""Control steps per episode for each suite, the ``max_steps`` of OpenVLA's LIBERO evaluation
-(``run_libero_eval.py``), also used by SRPO's LIBERO experiments."""
+SUITE_HORIZONS: dict[str, int] = {
+    "libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400,
+}
+"""Control steps per episode for each suite: ``TASK_MAX_STEPS`` of OpenVLA-OFT's
+``run_libero_eval.py`` (also SRPO's), policy steps only (the settling steps come on top)."""
 
-LIBERO_STATE_KEYS: tuple[str, ...] = ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")
-"""Default state: the proprioception OpenVLA-OFT feeds its policies (9 values)."""
+SUITE_NUM_TASKS: dict[str, int] = {
+    "libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90,
+}
+"""Tasks per suite (``task_suite.n_tasks``; the reference evaluates every one)."""
+
+AXIS_ANGLE_KEY = "robot0_eef_axis_angle"
+"""Observation key computed here: :func:`quat2axisangle` of ``robot0_eef_quat`` (3 values, rad)."""
+
+LIBERO_STATE_KEYS: tuple[str, ...] = ("robot0_eef_pos", AXIS_ANGLE_KEY, "robot0_gripper_qpos")
+"""Default state: OpenVLA-OFT's LIBERO proprio (``run_libero_eval.prepare_observation``, 8 values;
+``PROPRIO_DIM = 8`` of ``prismatic/vla/constants.py``)."""
+
+LIBERO_STATE_KEY_SIZES: dict[str, int] = {**STATE_KEY_SIZES, AXIS_ANGLE_KEY: 3}
+"""Sizes of the state keys known before an environment exists (robosuite's and the axis-angle)."""
+
+NUM_TRIALS_PER_TASK = 50
+"""Fixed initial states per task, ``num_trials_per_task`` of ``run_libero_eval.py``."""
 
 NOOP_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
-"""Action of the settling steps after a reset: no arm motion, gripper open (OpenVLA's
-``get_libero_dummy_action``)."""
+"""Action of the settling steps after a reset: no arm motion, gripper open
+(``libero_utils.get_libero_dummy_action``)."""
+
+ENV_IMAGE_SIZE = 256
+"""Rendered camera side of the reference (``run_libero_eval.py``'s ``env_img_res``), pixels."""
 
 CONTROL_FREQ = 20.0
 """LIBERO's control frequency, Hz."""
+
+
+def quat2axisangle(quat: np.ndarray) -> np.ndarray:
+    """Unit quaternion ``(x, y, z, w)`` → axis-angle ``axis * angle`` (radians), exactly as
+    OpenVLA-OFT's ``libero_utils.quat2axisangle`` (copied there from robosuite's
+    ``transform_utils``): ``w`` clipped to [-1, 1], ``den = sqrt(1 - w^2)``, zeros when ``den``
+    is exactly 0 (``math.isclose(den, 0.0)`` with its zero absolute tolerance), else
+    ``xyz * 2 acos(w) / den``. No sign canonicalisation: ``w < 0`` gives angles above pi.
+
+    Args:
+        quat: ``(4,)`` float, ``(x, y, z, w)``; not modified (the reference clips in place).
+
+    Returns:
+        float64 ``(3,)``.
+
+    Raises:
+        ValueError: ``quat`` does not have shape ``(4,)``.
+    """
+    quat = np.array(quat, dtype=np.float64)
+    if quat.shape != (4,):
+        raise ValueError(f"quat must have shape (4,) (x, y, z, w), got {quat.shape}")
+    quat[3] = np.clip(quat[3], -1.0, 1.0)
+    den = np.sqrt(1.0 - quat[3] * quat[3])
+    if den == 0.0:
+        return np.zeros(3)
+    return (quat[:3] * 2.0 * np.arccos(quat[3])) / den
+
+
+def init_state_index(init_state_id: int, num_init_states: int) -> int:
+    """The task's initial state an episode id starts from: ``init_state_id % num_init_states``.
+
+    The reference runs trial ``i`` (``0 <= i < 50``) from ``initial_states[i]``
+    (``run_libero_eval.run_task``); evaluation ids ``eval.init_state_offset + i`` do the same when
+    the offset is a multiple of 50 (the default, 1,000,000,000, is).
+    """
+    return int(init_state_id) % int(num_init_states)
 
 
 def _require_int(name: str, value: Any, minimum: int) -> None:
@@ -76,14 +140,17 @@ class LiberoEnvConfig:
     horizon: int | None = None
     """Time limit in control steps; ``None``: the suite's :data:`SUITE_HORIZONS` entry."""
     num_steps_wait: int = 10
-    """No-op control steps after each reset while objects settle (not counted in ``horizon``)."""
+    """Dummy-action control steps after each reset while objects settle, neither observed by the
+    policy nor counted in ``horizon`` (``run_libero_eval.py``'s ``num_steps_wait``, 10)."""
     obs_keys: tuple[str, ...] = LIBERO_STATE_KEYS
-    """LIBERO observation keys concatenated, in this order, into the state vector."""
+    """LIBERO observation keys concatenated, in this order, into the state vector (default:
+    OpenVLA-OFT's 8-value proprio); :data:`AXIS_ANGLE_KEY` is computed from ``robot0_eef_quat``."""
     cameras: tuple[str, ...] = ()
     """Cameras whose images join the observation: ``("agentview",)``, optionally with the wrist
     camera ``"robot0_eye_in_hand"``; empty: the flat state ``Box`` observation."""
-    camera_size: int = 128
-    """Height and width of camera observations, pixels (OpenVLA uses 224, SRPO 128 or 224)."""
+    camera_size: int = ENV_IMAGE_SIZE
+    """Height and width of rendered camera observations, pixels (the reference renders 256 and
+    the policy resizes to 224; training templates use 128 for speed)."""
     fast_rendering: bool = False
     """Render camera observations and frames without shadows and reflections (about twice as
     fast on CPU)."""
@@ -100,9 +167,9 @@ class LiberoEnvConfig:
     @property
     def state_dim(self) -> int | None:
         """Length of the state vector when every key of ``obs_keys`` has a known size (else None)."""
-        if not all(key in STATE_KEY_SIZES for key in self.obs_keys):
+        if not all(key in LIBERO_STATE_KEY_SIZES for key in self.obs_keys):
             return None
-        return sum(STATE_KEY_SIZES[key] for key in self.obs_keys)
+        return sum(LIBERO_STATE_KEY_SIZES[key] for key in self.obs_keys)
 
     @property
     def action_dim(self) -> int:
@@ -178,7 +245,7 @@ class LiberoEnv(gym.Env):
             raise
         if self._renders and config.fast_rendering:
             disable_shadows_and_reflections(self._env.sim._render_context_offscreen)
-        sizes = [int(np.size(observation_spec[key])) for key in config.obs_keys]
+        sizes = [3 if key == AXIS_ANGLE_KEY else int(np.size(observation_spec[key])) for key in config.obs_keys]
         starts = np.cumsum([0, *sizes])
         self._obs_layout = {key: slice(int(starts[i]), int(starts[i + 1])) for i, key in enumerate(config.obs_keys)}
         self.obs_dim = int(starts[-1])
@@ -196,7 +263,7 @@ class LiberoEnv(gym.Env):
 
     @property
     def num_init_states(self) -> int:
-        """Fixed initial states of this task (50 for the four suites)."""
+        """Fixed initial states of this task (50, :data:`NUM_TRIALS_PER_TASK`, for every suite)."""
         return len(self._init_states)
 
     @property
@@ -219,8 +286,9 @@ class LiberoEnv(gym.Env):
 
         Args:
             seed: the initial-state id; the episode starts from the task's initial state
-                ``seed % num_init_states`` (so ids of disjoint ranges may share a state: LIBERO
-                has only 50 per task). ``None`` picks one from gymnasium's ``np_random``.
+                :func:`init_state_index` ``(seed, num_init_states)`` (so ids of disjoint ranges may
+                share a state: LIBERO has only 50 per task). ``None`` picks one from gymnasium's
+                ``np_random``.
             options: must be ``None``.
 
         Returns:
@@ -238,7 +306,7 @@ class LiberoEnv(gym.Env):
         if seed is None:
             index = int(self.np_random.integers(self.num_init_states))
         else:
-            index = int(seed) % self.num_init_states
+            index = init_state_index(seed, self.num_init_states)
         self._select_render_context()
         self._env.reset()
         raw_obs = self._env.set_init_state(self._init_states[index])
@@ -308,18 +376,21 @@ class LiberoEnv(gym.Env):
         return bool(self.config.cameras) or self.config.render_camera is not None
 
     def _check_names(self, observation_spec: dict[str, np.ndarray]) -> None:
-        missing = [key for key in self.config.obs_keys if key not in observation_spec]
+        available = {*observation_spec, *([AXIS_ANGLE_KEY] if "robot0_eef_quat" in observation_spec else [])}
+        missing = [key for key in self.config.obs_keys if key not in available]
         if missing:
-            raise ValueError(f"observation keys {missing} do not exist; available: {sorted(observation_spec)}")
+            raise ValueError(f"observation keys {missing} do not exist; available: {sorted(available)}")
         camera_names = list(self._env.sim.model.camera_names)
         if self.config.render_camera is not None and self.config.render_camera not in camera_names:
             raise ValueError(f"render_camera {self.config.render_camera!r} is not a camera; available: {camera_names}")
 
     def _observation(self, raw_obs: dict[str, np.ndarray]) -> Any:
-        state = np.concatenate([np.ravel(raw_obs[key]) for key in self.config.obs_keys]).astype(np.float32)
+        parts = [quat2axisangle(raw_obs["robot0_eef_quat"]) if key == AXIS_ANGLE_KEY else np.ravel(raw_obs[key])
+                 for key in self.config.obs_keys]
+        state = np.concatenate(parts).astype(np.float32)
         if not self.config.cameras:
             return state
-        # OpenVLA's LIBERO evaluation rotates images by 180 degrees to match its training data.
+        # libero_utils.get_libero_image: rotate 180 degrees to match the training data.
         images = {
             f"{camera}_image": np.ascontiguousarray(raw_obs[f"{camera}_image"][::-1, ::-1])
             for camera in self.config.cameras

@@ -291,6 +291,19 @@ class PolicySection(_Section):
                  for field in ENV_DERIVED_POLICY_FIELDS if field in declared}
         return build_config(config_class, {**sizes, **self.config}, "policy.config")
 
+    def without_action_distribution(self) -> tuple[str, str] | None:
+        """Why the policy has no distribution over its actions (a deterministic head: no sampling,
+        no log-probs), or None when it has one (:meth:`policies.base.Policy.without_action_distribution`).
+
+        Returns:
+            ``("policy.config.<field>", reason)`` or None.
+        """
+        from policies import POLICIES
+
+        policy_config = self.policy_config()
+        problem = POLICIES.get(self.name).without_action_distribution(policy_config)
+        return None if problem is None else (f"policy.config.{problem[0]}", problem[1])
+
 
 class WarmStartSection(_Section):
     """Behaviour cloning from scripted demonstrations before RL (0 demos: no warm start)."""

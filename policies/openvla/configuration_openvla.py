@@ -12,6 +12,11 @@ VISION_FAMILIES = ("siglip", "dinov2")
 DTYPES = ("float32", "bfloat16", "float16")
 #: Gripper post-processing of environment actions.
 GRIPPER_POSTPROCESS = ("none", "libero")
+#: How camera images that are not the vision tower's size are resized before the tower:
+#: ``"tower"``: the tower's own bicubic resize; ``"jpeg_lanczos3"``: OpenVLA-OFT's
+#: ``resize_image_for_policy`` (JPEG round trip, then Lanczos-3 to the tower's size; see
+#: :mod:`policies.openvla.image_preprocessing`).
+IMAGE_RESIZES = ("tower", "jpeg_lanczos3")
 #: timm's image normalisation of each family (``timm.data.resolve_data_config`` of
 #: ``vit_large_patch14_reg4_dinov2.lvd142m``: ImageNet; ``vit_so400m_patch14_siglip_224``: 0.5).
 DEFAULT_IMAGE_MEAN = {"dinov2": (0.485, 0.456, 0.406), "siglip": (0.5, 0.5, 0.5)}
@@ -158,8 +163,9 @@ class OpenVLAPolicyConfig:
         architecture: the model to build with random weights: a :class:`PrismaticArchitecture`
             (or its dict), or a preset of ``ARCHITECTURE_PRESETS`` (``"tiny"``, or ``{"preset":
             "tiny", "image_size": 56}``), which also brings its tokenizer.
-        unnorm_key: dataset whose action statistics de-normalise actions (may be None when the
-            checkpoint holds one dataset).
+        unnorm_key: dataset whose action statistics de-normalise actions; None: the checkpoint's
+            only dataset, or on LIBERO the suite's (``<suite>``, else ``<suite>_no_noops``, as
+            OpenVLA-OFT's ``run_libero_eval.py`` ``check_unnorm_key``; ``PrismaticPolicy.use_tasks``).
         action_statistics: ``{"q01": [...], "q99": [...], "mask": [...]}`` for an
             ``architecture`` model (a checkpoint brings its own); None: actions stay normalised.
         temperature: sampling temperature; log-probs for the RL loss use the same one.
@@ -172,6 +178,11 @@ class OpenVLAPolicyConfig:
             action statistics' length.
         cameras: simulator cameras whose images the model sees (``"<camera>_image"`` entries of
             simulator observations); OpenVLA sees one. Default ``("agentview",)``.
+        image_resize: one of ``IMAGE_RESIZES``, for simulator images whose size is not the
+            tower's (OpenVLA-OFT's LIBERO evaluation: ``"jpeg_lanczos3"``; default ``"tower"``).
+        center_crop: crop the centred 90% of each simulator image's area and resize it back
+            (OpenVLA-OFT's ``center_crop_image``, for models trained with random-crop
+            augmentation; default off here, on for OpenVLA-OFT).
         allow_pickle: accept ``pytorch_model.bin`` weights (torch's pickle format, which can run
             code when loaded) in ``model_path`` when it has no safetensors.
         allow_partial_load: accept ``model_path`` weights whose names or shapes do not match the
@@ -191,6 +202,8 @@ class OpenVLAPolicyConfig:
     seed: int = 0
     action_dim: int = 7
     cameras: tuple[str, ...] | None = None
+    image_resize: str = "tower"
+    center_crop: bool = False
     allow_pickle: bool = False
     allow_partial_load: bool = False
 
@@ -266,7 +279,9 @@ def validate_common_fields(config: Any, owner: str) -> None:
         raise ValueError(f"{owner}.dtype {config.dtype!r} is unknown; use one of {DTYPES}")
     if config.attn_implementation not in ("sdpa", "eager"):
         raise ValueError(f"{owner}.attn_implementation must be 'sdpa' or 'eager'")
-    for name in ("allow_pickle", "allow_partial_load"):
+    if config.image_resize not in IMAGE_RESIZES:
+        raise ValueError(f"{owner}.image_resize must be one of {IMAGE_RESIZES}, got {config.image_resize!r}")
+    for name in ("allow_pickle", "allow_partial_load", "center_crop"):
         if not isinstance(getattr(config, name), bool):
             raise ValueError(f"{owner}.{name} must be true or false, got {getattr(config, name)!r}")
     if not _is_int(config.action_dim) or config.action_dim < 1:

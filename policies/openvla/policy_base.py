@@ -16,6 +16,7 @@ from torch import Tensor
 from policies.action_normalization import (
     ActionStatistics,
     libero_gripper_postprocess,
+    libero_unnorm_key,
     load_action_statistics,
 )
 from policies.action_tokenizer import ActionTokenizer
@@ -64,6 +65,13 @@ class PrismaticPolicy(Policy, abstract=True):
     (the checkpoint's or the preset's, or None for an ``architecture`` model), ``self.action_tokenizer``
     and ``self.action_statistics`` (None: :meth:`env_actions` stays normalised).
 
+    Dataset statistics: ``self.norm_stats`` holds every dataset's (``{unnorm_key: {"action",
+    "proprio"}}``); ``self.unnorm_key`` is the policy's own dataset: ``config.unnorm_key``, else
+    the checkpoint's only dataset, else (several datasets, no key) the one :meth:`use_tasks` picks
+    for the run's LIBERO tasks. Until a checkpoint with several datasets has one,
+    :meth:`env_actions` refuses to guess. On LIBERO with ``config.unnorm_key`` unset, each task's
+    suite picks the statistics it acts with (:meth:`use_tasks`, OpenVLA-OFT's ``check_unnorm_key``).
+
     Observations are either the model's inputs (``images``, ``input_ids``, ``attention_mask``,
     ``proprio``; see :mod:`policies.openvla.processor_openvla`) or simulator observations
     (``state``, ``<camera>_image``, ``instruction``), which ``self.processor`` turns into model
@@ -106,19 +114,21 @@ class PrismaticPolicy(Policy, abstract=True):
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer(config.model_path)
         self.processor = (
             None if self.tokenizer is None
-            else SimulatorObservationProcessor(self.tokenizer, config.cameras, getattr(config, "proprio_dim", None))
+            else SimulatorObservationProcessor(self.tokenizer, config.cameras, getattr(config, "proprio_dim", None),
+                                               architecture.vision_towers[0].image_size, config.image_resize,
+                                               config.center_crop)
         )  # fmt: skip
         self.action_tokenizer = ActionTokenizer(architecture.action_vocab_end, architecture.n_action_bins)
         self.norm_stats = norm_stats
+        self._statistics_source = source
         self.action_statistics: ActionStatistics | None = None
+        self.unnorm_key: str | None = None
         if norm_stats:
             key = config.unnorm_key if config.model_path is not None else "config"
-            self.action_statistics = load_action_statistics(norm_stats, key, source)
-            if self.action_statistics.action_dim != config.action_dim:
-                raise ValueError(
-                    f"{source}: action statistics have {self.action_statistics.action_dim} dimensions, "
-                    f"config.action_dim is {config.action_dim}"
-                )
+            if key is None and len(norm_stats) == 1:
+                key = next(iter(norm_stats))
+            if key is not None:
+                self._load_action_statistics(key)
         self.eval()
 
     @property
@@ -134,6 +144,58 @@ class PrismaticPolicy(Policy, abstract=True):
     def discrete_actions(self) -> bool:
         """Whether actions are bin values (True) or continuous regression outputs."""
         return True
+
+    def use_tasks(self, simulator: str, env_configs: Sequence[Any]) -> None:
+        """Pick the dataset statistics of LIBERO tasks: with ``config.unnorm_key`` unset and a
+        checkpoint's statistics, the tasks' suite picks the key (:func:`libero_unnorm_key`,
+        moojink/openvla-oft ``run_libero_eval.py``'s ``check_unnorm_key``): the policy's own key
+        when it has none yet, else the statistics it acts with until the next call. Nothing on
+        other simulators, with an explicit ``config.unnorm_key``, without a checkpoint or without
+        statistics in it (actions stay normalised).
+
+        Args:
+            simulator: the registered simulator name.
+            env_configs: the tasks' typed configs (``LiberoEnvConfig``: ``suite``).
+
+        Raises:
+            ValueError: a suite's statistics are not in the checkpoint (the message lists those
+                that are), or the tasks' suites pick different statistics.
+        """
+        if (simulator != "libero" or self.config.unnorm_key is not None or self.config.model_path is None
+                or not self.norm_stats):
+            return
+        source = self._statistics_source
+        keys = sorted({libero_unnorm_key(self.norm_stats, env.suite, source) for env in env_configs})
+        if len(keys) != 1:
+            raise ValueError(f"these LIBERO tasks de-normalise with different statistics of {source} ({keys}), "
+                             "but one batch acts with one: set policy.config.unnorm_key, or use one suite")
+        self._use_statistics(keys[0])
+
+    def _use_statistics(self, key: str) -> None:
+        """Act with dataset ``key``'s statistics (:meth:`use_tasks`); OpenVLA-OFT adds its proprio's."""
+        self._load_action_statistics(key)
+
+    def _load_action_statistics(self, key: str) -> None:
+        """Act with dataset ``key``'s action statistics (it becomes the policy's own key when there is none).
+
+        Raises:
+            ValueError: ``key`` is not in ``norm_stats``, its statistics are malformed or do not
+                match ``config.action_dim``.
+        """
+        source = self._statistics_source
+        statistics = load_action_statistics(self.norm_stats, key, source)
+        if statistics.action_dim != self.config.action_dim:
+            raise ValueError(f"{source}: action statistics of {key!r} have {statistics.action_dim} dimensions, "
+                             f"config.action_dim is {self.config.action_dim}")
+        self.action_statistics = statistics
+        if self.unnorm_key is None:
+            self.unnorm_key = key
+
+    def _require_statistics(self) -> None:
+        """Raise when the checkpoint holds several datasets' statistics and none was picked."""
+        if self.norm_stats and self.action_statistics is None:
+            raise ValueError(f"{self._statistics_source} holds statistics of {sorted(self.norm_stats)}: set "
+                             "policy.config.unnorm_key to one of them (on LIBERO, unset, the task's suite picks it)")
 
     def encode_instructions(self, instructions: list[str]) -> tuple[Tensor, Tensor]:
         """OpenVLA prompts of task instructions → ``input_ids``, ``attention_mask`` int64
@@ -192,9 +254,11 @@ class PrismaticPolicy(Policy, abstract=True):
             float32 ``(batch, chunk_size, action_dim)`` in the environment's units.
 
         Raises:
-            ValueError: wrong shape.
+            ValueError: wrong shape, or several datasets' statistics and none picked
+                (``config.unnorm_key``).
         """
         self._check_actions(actions, actions.shape[0], "actions")
+        self._require_statistics()
         normalized = actions.float()
         if self.discrete_actions:
             normalized = self.action_tokenizer.decode_for_env(self.action_tokenizer.bins_from_actions(normalized))
@@ -212,7 +276,11 @@ class PrismaticPolicy(Policy, abstract=True):
 
         Returns:
             float32, same shape.
+
+        Raises:
+            ValueError: several datasets' statistics and none picked (``config.unnorm_key``).
         """
+        self._require_statistics()
         raw = env_actions.float()
         if self.config.gripper_postprocess == "libero":
             raw = raw.clone()

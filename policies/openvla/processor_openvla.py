@@ -19,7 +19,9 @@ the tokenizer has it.
 (a TensorDict of ``state``, ``<camera>_image`` uint8 and the UTF-8 encoded ``instruction``, see
 :mod:`vla_rl.data.observations`): camera images in the configured order, the prompt of each
 distinct instruction tokenized once and cached, and the first ``proprio_dim`` state features as
-proprio.
+proprio. Camera images may first be resized and centre-cropped as OpenVLA-OFT's
+``prepare_images_for_vla`` does (``experiments/robot/openvla_utils.py``; see
+:mod:`policies.openvla.image_preprocessing`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tensordict import TensorDict
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
+from policies.openvla.image_preprocessing import center_crop, resize_image_for_policy
 from vla_rl.data import keys
 from vla_rl.data.observations import decode_instruction
 
@@ -154,12 +157,21 @@ class SimulatorObservationProcessor:
             the ``"<c>_image"`` entry.
         proprio_dim: number of leading state features given as ``proprio`` (OpenVLA-OFT's
             proprio token), or None.
+        image_size: the vision tower's input side in pixels.
+        image_resize: ``"jpeg_lanczos3"``: images whose size is not ``image_size`` are resized as
+            OpenVLA-OFT's ``resize_image_for_policy``; ``"tower"``: left to the tower's resize.
+        center_crop: then crop the centred 90% of the area and resize it back
+            (``center_crop_image``).
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, cameras: tuple[str, ...], proprio_dim: int | None) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, cameras: tuple[str, ...], proprio_dim: int | None,
+                 image_size: int, image_resize: str, center_crop: bool) -> None:
         self.tokenizer = tokenizer
         self.cameras = tuple(cameras)
         self.proprio_dim = proprio_dim
+        self.image_size = image_size
+        self.image_resize = image_resize
+        self.center_crop = center_crop
         self._prompt_ids: dict[bytes, list[int]] = {}  # encoded instruction -> prompt ids
 
     def __call__(self, obs: TensorDict) -> TensorDict:
@@ -186,7 +198,7 @@ class SimulatorObservationProcessor:
                 f"the simulator observation has no {missing} entries (keys: {sorted(obs.keys())}); set the "
                 "simulator's cameras to the policy's cameras (simulator.env.cameras, policy.config.cameras)"
             )
-        images = torch.stack([obs[key] for key in image_keys], dim=1)  # (B, I, H, W, 3)
+        images = self.preprocess_images(torch.stack([obs[key] for key in image_keys], dim=1))  # (B, I, H, W, 3)
         input_ids, attention_mask = self.encode_instructions(obs[keys.OBS_INSTRUCTION])
         proprio = None
         if self.proprio_dim:
@@ -196,6 +208,28 @@ class SimulatorObservationProcessor:
                                  f"proprio_dim {self.proprio_dim}")
             proprio = state[:, : self.proprio_dim].float()
         return make_observation(images, input_ids, attention_mask, proprio)
+
+    def preprocess_images(self, images: Tensor) -> Tensor:
+        """OpenVLA-OFT's ``prepare_images_for_vla`` on simulator images: each image that is not
+        ``image_size`` square is resized (``image_resize="jpeg_lanczos3"``), then centre-cropped
+        (``center_crop``).
+
+        Args:
+            images: uint8 ``(batch, num_images, H, W, 3)``.
+
+        Returns:
+            uint8 ``(batch, num_images, H', W', 3)`` on the CPU (``images`` itself when nothing
+            applies), ``H' = W' = image_size`` when resized.
+        """
+        resize = self.image_resize == "jpeg_lanczos3" and images.shape[2:4] != (self.image_size, self.image_size)
+        if not (resize or self.center_crop):
+            return images
+        rows = []
+        for image in images.cpu().numpy().reshape(-1, *images.shape[2:]):  # (B * I, H, W, 3)
+            if resize:
+                image = resize_image_for_policy(image, self.image_size)
+            rows.append(center_crop(image) if self.center_crop else image)
+        return torch.from_numpy(np.stack(rows)).unflatten(0, images.shape[:2])
 
     def encode_instructions(self, codes: Tensor) -> tuple[Tensor, Tensor]:
         """Prompts of UTF-8 encoded instructions, each distinct one tokenized once.

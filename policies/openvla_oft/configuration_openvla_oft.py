@@ -29,7 +29,9 @@ class OpenVLAOFTPolicyConfig:
             ``action_head--*checkpoint.pt`` / ``proprio_projector--*checkpoint.pt`` when used).
         architecture: the model to build with random weights (a :class:`PrismaticArchitecture`,
             its dict, or a preset such as ``"tiny"``; see ``OpenVLAPolicyConfig``).
-        unnorm_key: dataset whose statistics de-normalise actions (None: the only one).
+        unnorm_key: dataset whose statistics de-normalise actions and normalise the proprio;
+            None: the checkpoint's only dataset, or on LIBERO the suite's (``<suite>``, else
+            ``<suite>_no_noops``, as ``run_libero_eval.py``'s ``check_unnorm_key``).
         action_statistics: ``{"q01", "q99", "mask"}`` lists for an ``architecture`` model.
         temperature: sampling temperature; the RL log-probs use the same one.
         gripper_postprocess: ``"libero"`` or ``"none"`` (see :meth:`env_actions`).
@@ -45,12 +47,19 @@ class OpenVLAOFTPolicyConfig:
             the first ``proprio_dim`` features of the state (robosuite Lift: 5 = end-effector
             position and finger joints; LIBERO: 9 = position, quaternion and fingers).
         action_head: one of ``ACTION_HEADS``: ``"discrete"`` (bins; sampling and log-probs for
-            RL, as SimpleVLA-RL and SRPO use OFT) or ``"l1_regression"`` (supervised only:
-            :meth:`bc_loss` is L1 and :meth:`predict_action_chunk` regresses actions).
+            RL, as SimpleVLA-RL and SRPO use OFT) or ``"l1_regression"`` (the published LIBERO
+            checkpoints' head, no action distribution: :meth:`bc_loss` is L1,
+            :meth:`predict_action_chunk` regresses actions; greedy evaluation, no sampling or RL).
         stop_token_id: id of the token after the action placeholders (OFT's ``STOP_INDEX``,
             Llama's ``</s>`` = 2).
         cameras: simulator cameras of the ``num_images`` images, in order (``"<camera>_image"``
             entries of simulator observations); default ``("agentview", "robot0_eye_in_hand")[:num_images]``.
+        image_resize: how simulator images that are not the vision tower's size are resized
+            (``IMAGE_RESIZES``); default ``"jpeg_lanczos3"``, OpenVLA-OFT's
+            ``resize_image_for_policy`` (``experiments/robot/openvla_utils.py``).
+        center_crop: crop the centred 90% of each simulator image's area and resize it back
+            (``center_crop_image``); default on, as ``run_libero_eval.py``'s ``center_crop`` for the
+            published checkpoints (trained with random-crop augmentation).
         allow_pickle: accept ``pytorch_model.bin`` VLA weights when ``model_path`` has no
             safetensors (OFT's ``*--checkpoint.pt`` head modules are read with torch's
             weights-only unpickler whatever it is).
@@ -74,6 +83,8 @@ class OpenVLAOFTPolicyConfig:
     action_head: str = "discrete"
     stop_token_id: int = 2
     cameras: tuple[str, ...] | None = None
+    image_resize: str = "jpeg_lanczos3"
+    center_crop: bool = True
     allow_pickle: bool = False
     allow_partial_load: bool = False
 

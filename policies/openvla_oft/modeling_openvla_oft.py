@@ -103,6 +103,9 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
         self.register_buffer("proprio_q01", torch.zeros(proprio_shape))
         self.register_buffer("proprio_q99", torch.zeros(proprio_shape))
         self.register_buffer("proprio_statistics_set", torch.tensor(False))
+        # Proprio statistics of another dataset than the policy's own (a LIBERO task of another
+        # suite, use_tasks); None: the buffers'.
+        self._task_proprio_statistics: ActionStatistics | None = None
         if config.model_path is not None:
             self._load_oft_modules(Path(config.model_path))
         dtype = getattr(torch, config.dtype)
@@ -120,6 +123,17 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
     def discrete_actions(self) -> bool:
         """True for the bin head, False for the L1-regression head."""
         return self.config.action_head == "discrete"
+
+    @classmethod
+    def without_action_distribution(cls, config: OpenVLAOFTPolicyConfig) -> tuple[str, str] | None:
+        """``("action_head", reason)`` for the L1-regression head (a point estimate, no
+        distribution: sampling and log-probs are undefined), None for the discrete head."""
+        if config.action_head == "discrete":
+            return None
+        reason = (f"{config.action_head!r} regresses one action chunk per observation (OpenVLA-OFT's predict_action) "
+                  "and has no action distribution to sample from or to score; it acts only under the greedy protocol "
+                  "(action_head 'discrete' for sampling and RL)")
+        return "action_head", reason
 
     def action_hidden_states(self, obs: TensorDict) -> Tensor:
         """The parallel pass: final hidden states at the action positions.
@@ -229,11 +243,20 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
 
     @torch.no_grad()
     def predict_action_chunk(self, obs: TensorDict) -> Tensor:
-        """Deterministic chunk: the argmax bins' values (discrete) or the L1 head's regression.
+        """Deterministic chunk: the argmax bins' values (discrete) or the L1 head's regression,
+        as moojink/openvla-oft's ``OpenVLAForActionPrediction._regression_or_discrete_prediction``
+        (``prismatic/extern/hf/modeling_prismatic.py``) computes them for ``predict_action``:
+        ``action_head.predict_action`` on the action positions' last hidden states, unclipped.
+
+        Args:
+            obs: observation TensorDict, batch ``batch``.
 
         Returns:
             ``(batch, chunk_size, action_dim)`` float32 normalised actions (feed
-            :meth:`env_actions`).
+            :meth:`env_actions`, which de-normalises them as ``predict_action`` does).
+
+        Raises:
+            ValueError: a malformed observation (the message names the key).
         """
         if self.action_head is None:
             return self.sample_actions(obs, greedy=True)[0]
@@ -264,10 +287,52 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
 
     @property
     def proprio_statistics(self) -> ActionStatistics | None:
-        """The proprio's q01/q99 (every feature normalised), or None: proprio stays raw."""
+        """The proprio's q01/q99 (every feature normalised), or None: proprio stays raw. Those of
+        the dataset :meth:`use_tasks` picked when it is not the policy's own, else the buffers
+        (the checkpoint's statistics of the own dataset, or fitted ones)."""
+        if self._task_proprio_statistics is not None:
+            return self._task_proprio_statistics
+        return self._own_proprio_statistics()
+
+    def _own_proprio_statistics(self) -> ActionStatistics | None:
+        """The buffers' proprio statistics, or None when unset."""
         if not bool(self.proprio_statistics_set) or self.proprio_q01.numel() == 0:
             return None
         return ActionStatistics(self.proprio_q01, self.proprio_q99, torch.ones_like(self.proprio_q01, dtype=torch.bool))
+
+    def _use_statistics(self, key: str) -> None:
+        """Dataset ``key``'s action statistics and, with a proprio input, its ``"proprio"`` entry
+        (``get_vla_action`` normalises the proprio with ``norm_stats[unnorm_key]["proprio"]``,
+        moojink/openvla-oft ``experiments/robot/openvla_utils.py``): into the buffers when ``key``
+        becomes the policy's own, for the next rollouts only when it is another dataset's.
+
+        Raises:
+            ValueError: see :meth:`PrismaticPolicy._use_statistics`; another dataset's statistics
+                have no ``"proprio"`` entry.
+        """
+        had_own_key = self.unnorm_key is not None
+        super()._use_statistics(key)
+        self._task_proprio_statistics = None
+        if self.proprio_projector is None:
+            return
+        if not had_own_key:
+            self._load_proprio_statistics()
+        elif key != self.unnorm_key:
+            proprio = self.norm_stats[key].get("proprio")
+            if proprio is None:
+                raise ValueError(f"{self._statistics_source}: statistics of {key!r} have no 'proprio' entry, which "
+                                 "normalises the proprio input; set policy.config.unnorm_key")
+            self._task_proprio_statistics = ActionStatistics.from_dict(proprio, f"{self._statistics_source}[{key!r}] "
+                                                                                "proprio statistics")
+
+    def _load_proprio_statistics(self) -> None:
+        """The own dataset's ``"proprio"`` statistics into the buffers, when the checkpoint has them."""
+        proprio = self.norm_stats[self.unnorm_key].get("proprio") if self.unnorm_key is not None else None
+        if proprio is not None:
+            statistics = ActionStatistics.from_dict(proprio, f"{self._statistics_source} proprio statistics")
+            self.proprio_q01.copy_(statistics.q01)
+            self.proprio_q99.copy_(statistics.q99)
+            self.proprio_statistics_set.fill_(True)
 
     def fit_observation_normalization(self, obs: TensorDict) -> None:
         """Set the proprio statistics to the 1st and 99th percentiles of the observations'
@@ -305,10 +370,9 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
                 dataset, next to the action's: set ``action_statistics``).
         """
         norm_stats = copy.deepcopy(self.norm_stats)
-        statistics = self.proprio_statistics
+        statistics = self._own_proprio_statistics()
         if statistics is not None:
-            key = self.config.unnorm_key if self.config.model_path is not None else "config"
-            key = next(iter(norm_stats)) if key is None and len(norm_stats) == 1 else key
+            key = self.unnorm_key
             if key not in norm_stats:
                 raise ValueError("saving OpenVLA-OFT with proprio statistics needs action statistics to keep them "
                                  "with (config.action_statistics or a checkpoint's)")
@@ -343,13 +407,7 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
             if module is not None and not load_module_checkpoint(module, directory, stem):
                 raise ValueError(f"{directory} has no {stem}--*checkpoint.pt, which the config needs")
         if self.proprio_projector is not None:
-            key = self.config.unnorm_key or next(iter(self.norm_stats), None)
-            proprio = self.norm_stats.get(key, {}).get("proprio")
-            if proprio is not None:
-                statistics = ActionStatistics.from_dict(proprio, f"{directory} proprio statistics")
-                self.proprio_q01.copy_(statistics.q01)
-                self.proprio_q99.copy_(statistics.q99)
-                self.proprio_statistics_set.fill_(True)
+            self._load_proprio_statistics()
 
 
 def _save_state(module: torch.nn.Module, path: Path) -> None:

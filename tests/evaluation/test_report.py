@@ -47,13 +47,13 @@ def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
 
 @pytest.fixture
 def eval_dir(tmp_path):
-    lift = open_rank_store(tmp_path, "Lift", 0, SPEC, 1, {"task": "Lift", "simulator": "s", "env": {}})
+    lift = open_rank_store(tmp_path, "Lift", 0, SPEC, 1, {"task": "Lift", "simulator": "s", "env": {}}, True)
     append_episodes(lift, episodes([10, 11, 12], [True, False, True], [3, 6, 4]), 5, True, 0.0)
     append_episodes(lift, episodes([10, 11], [False, False], [6, 6]), 5, False, 0.5)
-    other_rank = open_rank_store(tmp_path, "Lift", 1, SPEC, 1, {"task": "Lift", "simulator": "s", "env": {}})
+    other_rank = open_rank_store(tmp_path, "Lift", 1, SPEC, 1, {"task": "Lift", "simulator": "s", "env": {}}, True)
     append_episodes(other_rank, episodes([12, 13], [True, True], [2, 2]), 5, False, 0.5)  # 13: not planned
     append_episodes(other_rank, episodes([12], [False], [6]), 5, True, 0.0)  # a second copy of 12: ignored
-    door = open_rank_store(tmp_path, "Door", 0, SPEC, 1, {"task": "Door", "simulator": "s", "env": {}})
+    door = open_rank_store(tmp_path, "Door", 0, SPEC, 1, {"task": "Door", "simulator": "s", "env": {}}, True)
     append_episodes(door, episodes([10, 11, 12], [False, False, True], [6, 6, 5]), 5, True, 0.0)
     return tmp_path
 
@@ -100,8 +100,8 @@ def test_the_report_grows_as_tasks_finish(tmp_path):
     progress = ReportProgress(tmp_path, info, tasks, skipped, [5], protocols, ids)
     assert not progress.update() and not (tmp_path / "report.json").exists()
     attrs = {"simulator": "s", "env": {}}
-    lift = open_rank_store(tmp_path, "Lift", 0, SPEC, 1, {"task": "Lift", **attrs})
-    door = open_rank_store(tmp_path, "Door", 0, SPEC, 1, {"task": "Door", **attrs})
+    lift = open_rank_store(tmp_path, "Lift", 0, SPEC, 1, {"task": "Lift", **attrs}, True)
+    door = open_rank_store(tmp_path, "Door", 0, SPEC, 1, {"task": "Door", **attrs}, True)
     append_episodes(lift, episodes([10, 11], [True, False], [3, 6]), 5, True, 0.0)
     append_episodes(door, episodes([10], [True], [2]), 5, True, 0.0)
     assert progress.update()

@@ -8,6 +8,7 @@ import torch
 from policies.action_normalization import (
     ActionStatistics,
     libero_gripper_postprocess,
+    libero_unnorm_key,
     load_action_statistics,
 )
 
@@ -35,6 +36,19 @@ def test_libero_gripper_is_rescaled_binarised_and_inverted():
     assert torch.equal(processed[:, 0], actions[:, 0])
 
 
+def test_libero_gripper_matches_normalize_then_invert_of_the_reference_on_chunks():
+    # robot_utils.normalize_gripper_action(binarize=True): sign(2 g - 1); invert_gripper_action: -g.
+    gripper = torch.tensor([0.0, 0.49, 0.5, 0.51, 1.0])
+    chunk = torch.zeros(1, 5, 7)  # (batch, chunk, action_dim)
+    chunk[0, :, -1] = gripper
+    chunk[0, :, 0] = torch.arange(5.0)
+    processed = libero_gripper_postprocess(chunk)
+    reference = -torch.sign(2 * (gripper - 0.0) / (1.0 - 0.0) - 1)
+    assert torch.equal(processed[0, :, -1], reference)
+    assert processed[0, :, -1].tolist() == [1.0, 1.0, 0.0, -1.0, -1.0]  # 0.5: sign(0) = 0, as the reference
+    assert torch.equal(processed[..., :-1], chunk[..., :-1]) and chunk[0, 0, -1] == 0.0  # a copy
+
+
 def test_statistics_selection_errors_name_the_choices():
     norm_stats = {"libero_spatial": {"action": STATS}, "bridge": {"action": STATS}}
     with pytest.raises(ValueError, match="bridge"):
@@ -44,3 +58,19 @@ def test_statistics_selection_errors_name_the_choices():
     assert load_action_statistics(norm_stats, "bridge", "x").action_dim == 3
     with pytest.raises(ValueError, match="q99"):
         ActionStatistics.from_dict({"q01": [0.0]}, "x")
+
+
+@pytest.mark.parametrize(("keys", "expected"), [
+    (["libero_spatial_no_noops"], "libero_spatial_no_noops"),
+    (["libero_spatial", "libero_spatial_no_noops"], "libero_spatial"),
+    (["libero_10_no_noops", "libero_spatial_no_noops", "libero_goal"], "libero_spatial_no_noops"),
+])
+def test_the_suite_picks_its_key_or_its_no_noops_key_as_check_unnorm_key(keys, expected):
+    # run_libero_eval.py check_unnorm_key: the suite's name, else "<suite>_no_noops" if present.
+    assert libero_unnorm_key({key: {} for key in keys}, "libero_spatial", "stats.json") == expected
+
+
+def test_a_suite_without_statistics_names_the_keys_there_and_the_field():
+    with pytest.raises(ValueError, match=r"stats\.json has no statistics of LIBERO suite 'libero_object'.*"
+                                         r"\['libero_spatial', 'libero_spatial_no_noops'\].*policy\.config\.unnorm_key"):
+        libero_unnorm_key({"libero_spatial": {}, "libero_spatial_no_noops": {}}, "libero_object", "stats.json")

@@ -3,8 +3,10 @@ built reference, exact log-probs, greedy decoding, the L1 head, proprio and chec
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from libero_statistics import libero_checkpoint
 
 from policies.openvla.tiny import (
     build_tiny_tokenizer,
@@ -168,3 +170,95 @@ def test_checkpoint_with_oft_module_files_round_trips(policy, obs, tmp_path):
     assert torch.equal(loaded.sample_actions(obs, generator=torch.Generator().manual_seed(2))[1], log_probs)
     with pytest.raises(ValueError, match="action_head"):
         OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(out), action_head="l1_regression"))
+
+
+# --------------------------------------------------------------------------- OpenVLA-OFT's LIBERO evaluation settings
+def test_defaults_follow_the_reference_libero_evaluation():
+    config = OpenVLAOFTPolicyConfig(architecture="tiny")
+    # prismatic/vla/constants.py LIBERO_CONSTANTS: NUM_ACTIONS_CHUNK 8, ACTION_DIM 7;
+    # run_libero_eval.py: center_crop True; openvla_utils.prepare_images_for_vla: resize_image_for_policy.
+    assert (config.chunk_size, config.action_dim) == (8, 7)
+    assert config.image_resize == "jpeg_lanczos3" and config.center_crop is True
+    for field, value in (("image_resize", "bicubic"), ("center_crop", 1)):
+        with pytest.raises(ValueError, match=field):
+            OpenVLAOFTPolicyConfig(architecture="tiny", **{field: value})
+
+
+def simulator_observation(images):
+    from tensordict import TensorDict
+
+    from vla_rl.data.observations import encode_instruction
+
+    codes = torch.from_numpy(np.stack([encode_instruction("put the bowl on the plate")] * images.shape[0]))
+    return TensorDict({"agentview_image": images, "instruction": codes}, batch_size=[images.shape[0]])
+
+
+def test_simulator_images_are_resized_and_cropped_as_prepare_images_for_vla():
+    from policies.openvla.image_preprocessing import (
+        center_crop,
+        resize_image_for_policy,
+    )
+
+    images = torch.randint(0, 256, (2, 40, 40, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    tiny = {"preset": "tiny", "image_size": 28, "fused": False}
+    policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture=tiny, chunk_size=2))
+    seen = policy.model_inputs(simulator_observation(images))["images"]
+    assert seen.shape == (2, 1, 28, 28, 3)
+    for b in range(2):
+        expected = center_crop(resize_image_for_policy(images[b].numpy(), 28))
+        assert np.array_equal(seen[b, 0].numpy(), expected)
+    # already the tower's size: no JPEG round trip or resize, only the crop (as the reference's 224 check)
+    exact = torch.randint(0, 256, (1, 28, 28, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    cropped = policy.model_inputs(simulator_observation(exact))["images"][0, 0].numpy()
+    assert np.array_equal(cropped, center_crop(exact[0].numpy()))
+    plain = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture=tiny, chunk_size=2, image_resize="tower",
+                                                    center_crop=False))
+    assert torch.equal(plain.model_inputs(simulator_observation(images))["images"][:, 0], images)
+
+
+# --------------------------------------------------------------------------- LIBERO: the suite picks the statistics
+def suite(name: str):
+    from simulators.libero_env import LiberoEnvConfig
+
+    return LiberoEnvConfig(suite=name)
+
+
+def denormalized_zero(policy) -> float:
+    """The de-normalised value of a normalised 0 (index + 1 of the dataset acting)."""
+    return float(policy.env_actions(torch.zeros(1, CHUNK, ACTION_DIM))[0, 0, 0])
+
+
+def test_a_libero_suite_takes_its_no_noops_statistics_when_only_those_exist(tokenizer, tmp_path):
+    out = libero_checkpoint(tmp_path / "oft", ["libero_spatial_no_noops"], CHUNK)
+    policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(out), chunk_size=CHUNK, proprio_dim=PROPRIO_DIM))
+    policy.use_tasks("libero", [suite("libero_spatial")])
+    assert policy.unnorm_key == "libero_spatial_no_noops" and denormalized_zero(policy) == 1.0
+    assert policy.proprio_statistics.q01.tolist() == [0.0] * PROPRIO_DIM
+    with pytest.raises(ValueError, match=r"no statistics of LIBERO suite 'libero_object'.*"
+                                         r"\['libero_spatial_no_noops'\].*policy\.config\.unnorm_key"):
+        policy.use_tasks("libero", [suite("libero_object")])
+
+
+def test_each_libero_suite_acts_with_its_own_statistics(tokenizer, tmp_path):
+    datasets = ["libero_spatial", "libero_spatial_no_noops", "libero_goal_no_noops"]
+    out = libero_checkpoint(tmp_path / "oft", datasets, CHUNK)
+    config = OpenVLAOFTPolicyConfig(model_path=str(out), chunk_size=CHUNK, proprio_dim=PROPRIO_DIM)
+    policy = OpenVLAOFTPolicy(config)
+    assert policy.unnorm_key is None  # several datasets: no guess
+    with pytest.raises(ValueError, match=r"policy\.config\.unnorm_key"):
+        policy.env_actions(torch.zeros(1, CHUNK, ACTION_DIM))
+    policy.use_tasks("libero", [suite("libero_spatial")])  # the run's suite: the policy's own dataset
+    assert policy.unnorm_key == "libero_spatial" and denormalized_zero(policy) == 1.0
+    assert policy.proprio_q01.tolist() == [0.0] * PROPRIO_DIM and bool(policy.proprio_statistics_set)
+    policy.use_tasks("libero", [suite("libero_goal")])  # an evaluation task of another suite
+    assert denormalized_zero(policy) == 3.0 and policy.proprio_statistics.q01.tolist() == [2.0] * PROPRIO_DIM
+    assert policy.proprio_q01.tolist() == [0.0] * PROPRIO_DIM  # the policy's own (trained) buffers stay
+    policy.use_tasks("libero", [suite("libero_spatial")])
+    assert denormalized_zero(policy) == 1.0 and policy.proprio_statistics.q01.tolist() == [0.0] * PROPRIO_DIM
+    with pytest.raises(ValueError, match="different statistics"):
+        policy.use_tasks("libero", [suite("libero_spatial"), suite("libero_goal")])
+    explicit = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(out), chunk_size=CHUNK, proprio_dim=PROPRIO_DIM,
+                                                       unnorm_key="libero_spatial_no_noops"))
+    explicit.use_tasks("libero", [suite("libero_spatial")])
+    explicit.use_tasks("libero", [suite("libero_goal")])
+    assert explicit.unnorm_key == "libero_spatial_no_noops" and denormalized_zero(explicit) == 2.0  # the key wins

@@ -96,6 +96,7 @@ class ConstantPolicy(torch.nn.Module):
     simulator gets half of them. Keeps the observations it saw and logs its calls in ``events``."""
 
     device = torch.device("cpu")
+    has_action_distribution = True
 
     def __init__(self, chunk_size: int, events: list | None = None) -> None:
         super().__init__()
@@ -137,6 +138,18 @@ def test_success_mid_chunk_ends_the_episode_as_success(chunk, stages):
     assert batch["actions"].shape == (3, int(np.ceil(10 / chunk)), chunk, 3)
     assert torch.all(batch["old_log_probs"][batch["response_mask"]] == -1)
     assert torch.all(batch["old_log_probs"][~batch["response_mask"]] == 0)
+
+
+def test_a_chunk_of_8_runs_open_loop_before_the_policy_is_asked_again():
+    # run_libero_eval.run_episode: the policy is queried only when its queue of NUM_ACTIONS_CHUNK = 8
+    # actions is empty; every action of a chunk is executed in order.
+    pool = ScriptedPool(success_at=[0], horizon=20)
+    policy = ConstantPolicy(8)
+    result = rollout_episodes(policy, pool, np.array([7]))
+    assert len(policy.seen) == 3 == len(pool.submitted_actions)  # ceil(20 / 8) queries for 20 control steps
+    assert [a.shape for a in pool.submitted_actions] == [(1, 8, ACT_DIM)] * 3
+    assert pool.steps_taken.tolist() == [20] and result.batch["finish_step"].tolist() == [3]
+    assert [obs[0, 0].item() for obs in policy.seen] == [0.0, 8.0, 16.0]  # observed after 0, 8, 16 steps
 
 
 @pytest.mark.parametrize("stages", [1, 2])
@@ -284,3 +297,56 @@ def test_lost_episodes_are_dropped_from_camera_observations():
     assert isinstance(obs, TensorDict) and obs.batch_size == (2, 5)  # T + 1 = ceil(8 / 2) + 1
     assert obs["state"][:, 0, 1].tolist() == [4.0, 6.0]  # the initial-state ids of the kept episodes
     assert obs["agentview_image"][1, :, 0, 0, 0].tolist() == [0, 2, 3, 0, 0]  # success at step 3, then nothing
+
+
+# --------------------------------------------------------------------------- a policy without an action distribution
+Q01, Q99 = [-0.5, 0.0, -2.0], [0.5, 4.0, 2.0]
+
+
+def l1_policy():
+    """The tiny OpenVLA-OFT with the L1-regression head (OFT's published LIBERO checkpoints), acting
+    in the scripted pool's 3 action values, its last one left unnormalised (mask False)."""
+    from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
+    from policies.openvla_oft.modeling_openvla_oft import OpenVLAOFTPolicy
+
+    statistics = {"q01": Q01, "q99": Q99, "mask": [True, True, False]}
+    return OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture="tiny", action_dim=ACT_DIM, chunk_size=2,
+                                                   action_head="l1_regression", action_statistics=statistics))
+
+
+@pytest.mark.parametrize("protocol_wrapper", [False, True])
+def test_l1_head_acts_greedily_with_its_regression_and_records_no_log_probs(protocol_wrapper, tmp_path):
+    """A greedy rollout of the L1 head (through the evaluation's protocol wrapper too) takes
+    predict_action_chunk's regression as its actions, sends their de-normalisation
+    (0.5 (a + 1) (q99 - q01) + q01 where masked, OFT's _unnormalize_actions) to the simulator,
+    and has no log-probs in its batch or episode store."""
+    from vla_rl.evaluation.episode_store import append_episodes, open_rank_store
+    from vla_rl.evaluation.protocol import Protocol, ProtocolPolicy
+
+    policy = l1_policy()
+    assert not policy.has_action_distribution
+    actor = ProtocolPolicy(policy, Protocol("greedy", True, 0.0)) if protocol_wrapper else policy
+    pool = CameraPool(success_at=[0, 0], horizon=4)
+    batch = rollout_episodes(actor, pool, np.array([4, 5]), greedy=True).batch
+    assert keys.OLD_LOG_PROBS not in batch.keys()
+    assert batch["finish_step"].tolist() == [2, 2]
+    q01, q99 = torch.tensor(Q01), torch.tensor(Q99)
+    for t in range(2):
+        expected = policy.predict_action_chunk(batch["obs"][:, t])  # (2, chunk, 3), the same two rows
+        assert torch.equal(batch["actions"][:, t], expected)
+        by_hand = expected.clone()
+        by_hand[..., :2] = (0.5 * (expected + 1) * (q99 - q01) + q01)[..., :2]
+        torch.testing.assert_close(torch.as_tensor(pool.submitted_actions[t]), by_hand)
+    assert len({tuple(batch["actions"][0, t].flatten().tolist()) for t in range(2)}) == 2  # regression differs by step
+    spec = {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": 4}
+    store = open_rank_store(tmp_path, "task", 0, spec, 2, {"task": "task", "simulator": "s", "env": {}},
+                            policy.has_action_distribution)
+    batch.set(keys.INIT_STATE_ID, torch.tensor([4, 5]))
+    append_episodes(store, batch, 0, True, 0.0)
+    assert "log_probs" not in store.fields
+    assert np.array_equal(store.read_episode(1)["actions"], batch["actions"][1].numpy())
+
+
+def test_a_sampled_rollout_of_the_l1_head_is_refused():
+    with pytest.raises(ValueError, match="sampled rollout needs a policy with an action distribution"):
+        rollout_episodes(l1_policy(), CameraPool(success_at=[0], horizon=4), np.array([4]), greedy=False)

@@ -1,15 +1,27 @@
-"""LIBERO environment: config validation (always) and the environment itself (skipped, with the
-reason, where the optional ``libero`` extra is not installed)."""
+"""LIBERO environment: config validation and OpenVLA-OFT's evaluation protocol against a fake
+LIBERO ``ControlEnv`` (always), and the environment itself (skipped, with the reason, where the
+optional ``libero`` extra is not installed)."""
 
 from __future__ import annotations
+
+import math
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
-from simulators import SIMULATORS, make_env
-from simulators.libero_env import SUITE_HORIZONS, LiberoEnv, LiberoEnvConfig
+from simulators import SIMULATORS, libero_env, libero_offline, make_env
+from simulators.libero_env import (
+    NOOP_ACTION,
+    SUITE_HORIZONS,
+    LiberoEnv,
+    LiberoEnvConfig,
+    init_state_index,
+    quat2axisangle,
+)
 from simulators.libero_offline import libero_unavailable_reason
+from vla_rl.config import EvalSection
 
 needs_libero = pytest.mark.skipif(libero_unavailable_reason() is not None, reason=str(libero_unavailable_reason()))
 SIZE = 64
@@ -20,13 +32,13 @@ def test_registered_with_its_config_class():
 
 
 @pytest.mark.parametrize(("suite", "horizon"), [("libero_spatial", 220), ("libero_object", 280),
-                                                 ("libero_goal", 300), ("libero_10", 520)])
+                                                 ("libero_goal", 300), ("libero_10", 520), ("libero_90", 400)])
 def test_horizon_defaults_to_the_suite_eval_budget(suite, horizon):
     assert LiberoEnvConfig(suite=suite).horizon == horizon == SUITE_HORIZONS[suite]
     assert LiberoEnvConfig(suite=suite, horizon=50).horizon == 50
 
 
-@pytest.mark.parametrize(("field", "value"), [("suite", "libero_90"), ("task_id", -1), ("horizon", 0),
+@pytest.mark.parametrize(("field", "value"), [("suite", "libero_100"), ("task_id", -1), ("horizon", 0),
                                               ("num_steps_wait", -1), ("cameras", "agentview"),
                                               ("cameras", ("agentview", "agentview")), ("camera_size", 4),
                                               ("obs_keys", ()), ("fast_rendering", 1), ("render_camera", "")])
@@ -40,6 +52,154 @@ def test_unavailable_reason_says_how_to_install():
     assert reason is None or "VLA_RL_EXTRAS=libero" in reason
 
 
+# --------------------------------------------------------------------------- the reference protocol, faked LIBERO
+QUARTER_TURN_Z = np.array([0.0, 0.0, math.sin(math.pi / 4), math.cos(math.pi / 4)])  # (x, y, z, w)
+INIT_STATES = np.arange(50, dtype=np.float64)[:, None] * np.ones(3)  # state i is [i, i, i]
+
+
+class FakeControlEnv:
+    """The parts of LIBERO's ``ControlEnv`` that ``LiberoEnv`` uses. Its observation after ``t``
+    steps from initial state ``s`` has ``robot0_eef_pos`` ``[t, s, 0]``, the quaternion of a quarter
+    turn about z, fingers ``[0.04, -0.04]`` and, per camera, an 8x8 image whose pixel ``(r, c)`` is
+    ``[r, c, t]``; it succeeds after ``success_at`` steps (never if None)."""
+
+    def __init__(self, cameras, success_at=None):
+        self.cameras, self.success_at = cameras, success_at
+        self.actions, self.init_states, self.t, self.state = [], [], 0, -1.0
+        self.env = SimpleNamespace(observation_spec=self._obs, action_dim=7)
+        context = SimpleNamespace(gl_ctx=SimpleNamespace(make_current=lambda: None))
+        self.sim = SimpleNamespace(model=SimpleNamespace(camera_names=["agentview", "robot0_eye_in_hand"]),
+                                   _render_context_offscreen=context)
+
+    def _obs(self):
+        rows, cols = np.meshgrid(np.arange(8), np.arange(8), indexing="ij")
+        image = np.stack([rows, cols, np.full((8, 8), self.t)], axis=-1).astype(np.uint8)
+        return {"robot0_eef_pos": np.array([self.t, self.state, 0.0]), "robot0_eef_quat": QUARTER_TURN_Z.copy(),
+                "robot0_gripper_qpos": np.array([0.04, -0.04]), **{f"{c}_image": image for c in self.cameras}}
+
+    def reset(self):
+        self.t = 0
+        return self._obs()
+
+    def set_init_state(self, state):
+        self.init_states.append(np.array(state))
+        self.state, self.t = float(state[0]), 0
+        return self._obs()
+
+    def step(self, action):
+        self.actions.append(np.array(action, dtype=np.float64))
+        self.t += 1
+        return self._obs(), 0.0, False, {}
+
+    def check_success(self):
+        return self.success_at is not None and self.t >= self.success_at
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def fake_libero(monkeypatch):
+    """``make(**config) -> (LiberoEnv, FakeControlEnv)`` with LIBERO replaced by the fake."""
+    made = {}
+
+    def make_fake(config, bddl_file):
+        made["env"] = FakeControlEnv(config.cameras, made.get("success_at"))
+        return made["env"]
+
+    monkeypatch.setattr(libero_env, "setup_headless_rendering", lambda: None)
+    monkeypatch.setattr(libero_offline, "prepare_libero_offline", lambda: None)
+    monkeypatch.setattr(libero_env, "_load_task", lambda suite, task_id: (
+        SimpleNamespace(language="put the bowl on the plate"), "fake.bddl", INIT_STATES))
+    monkeypatch.setattr(libero_env, "_make_libero_env", make_fake)
+
+    def make(success_at=None, **fields):
+        made["success_at"] = success_at
+        env = LiberoEnv(LiberoEnvConfig(**fields))
+        return env, made["env"]
+
+    return make
+
+
+def test_trial_i_of_an_evaluation_starts_from_initial_state_i(fake_libero):
+    # run_libero_eval.run_task: initial_states[episode_idx] for episode_idx < 50.
+    offset = EvalSection().init_state_offset
+    assert [init_state_index(offset + i, 50) for i in range(50)] == list(range(50))
+    env, fake = fake_libero()
+    assert env.num_init_states == 50
+    env.reset(seed=offset + 3)
+    env.reset(seed=7)
+    np.testing.assert_array_equal(np.stack(fake.init_states), INIT_STATES[[3, 7]])
+
+
+def test_settling_steps_use_the_dummy_action_and_are_not_observed_or_counted(fake_libero):
+    env, fake = fake_libero(horizon=3)
+    obs, info = env.reset(seed=2)
+    assert NOOP_ACTION.tolist() == [0, 0, 0, 0, 0, 0, -1]  # libero_utils.get_libero_dummy_action
+    assert len(fake.actions) == 10 and all(np.array_equal(a, NOOP_ACTION) for a in fake.actions)
+    assert obs[0] == 10.0 and obs[1] == 2.0  # the policy's first observation follows the 10 settling steps
+    assert info == {"success": False, "episode_step": 0}
+    action = np.array([0.1, -0.2, 0.3, 0.0, 0.0, 0.5, 1.0])
+    for step in (1, 2, 3):
+        _, reward, terminated, truncated, info = env.step(action)
+        assert (info["episode_step"], truncated, terminated, reward) == (step, step == 3, False, 0.0)
+    assert len(fake.actions) == 13 and np.array_equal(fake.actions[-1], action)  # max_steps + num_steps_wait
+    env2, fake2 = fake_libero(num_steps_wait=0)
+    env2.reset(seed=0)
+    assert fake2.actions == []
+
+
+def test_success_mid_episode_terminates_with_reward_one(fake_libero):
+    env, _ = fake_libero(success_at=12)  # 10 settling steps + 2 policy steps
+    env.reset(seed=0)
+    assert env.step(np.zeros(7))[1:4] == (0.0, False, False)
+    assert env.step(np.zeros(7))[1:4] == (1.0, True, False)
+
+
+def test_default_state_is_openvla_ofts_8_value_proprio(fake_libero):
+    env, _ = fake_libero()
+    assert LiberoEnvConfig().state_dim == 8 and env.obs_layout["robot0_eef_axis_angle"] == slice(3, 6)
+    obs, _ = env.reset(seed=4)
+    # prepare_observation: eef_pos (3), quat2axisangle(eef_quat) (3), gripper_qpos (2)
+    expected = np.array([10.0, 4.0, 0.0, 0.0, 0.0, math.pi / 2, 0.04, -0.04], dtype=np.float32)
+    assert obs.dtype == np.float32 and obs.shape == (8,) == env.observation_space.shape
+    np.testing.assert_allclose(obs, expected, rtol=0, atol=1e-6)
+    quat_env, _ = fake_libero(obs_keys=("robot0_eef_quat",))
+    np.testing.assert_allclose(quat_env.reset(seed=0)[0], QUARTER_TURN_Z, atol=1e-7)
+
+
+@pytest.mark.parametrize(("quat", "axis_angle"), [
+    ((0.0, 0.0, 0.0, 1.0), (0.0, 0.0, 0.0)),  # identity
+    ((0.0, 0.0, 0.0, 1.0 + 1e-7), (0.0, 0.0, 0.0)),  # w clipped to 1: den exactly 0
+    (tuple(QUARTER_TURN_Z), (0.0, 0.0, math.pi / 2)),
+    ((1.0, 0.0, 0.0, 0.0), (math.pi, 0.0, 0.0)),  # half turn about x
+    ((0.0, -math.sin(math.pi / 4), 0.0, -math.cos(math.pi / 4)), (0.0, -3 * math.pi / 2, 0.0)),  # w < 0: not canonicalised
+])
+def test_quat2axisangle_matches_the_reference_formula(quat, axis_angle):
+    quat = np.array(quat)
+    before = quat.copy()
+    np.testing.assert_allclose(quat2axisangle(quat), axis_angle, rtol=0, atol=1e-12)
+    assert np.array_equal(quat, before)  # unlike the reference, the input is left alone
+    with pytest.raises(ValueError, match="quat"):
+        quat2axisangle(np.zeros(3))
+
+
+def test_camera_images_are_rotated_180_degrees(fake_libero):
+    env, _ = fake_libero(cameras=("agentview", "robot0_eye_in_hand"), camera_size=8)
+    obs, _ = env.reset(seed=0)
+    for camera in ("agentview", "robot0_eye_in_hand"):
+        image = obs[f"{camera}_image"]
+        assert image.shape == (8, 8, 3) and image.dtype == np.uint8
+        # get_libero_image: img[::-1, ::-1]; the fake's pixel (r, c) is [r, c, t]
+        assert image[0, 0].tolist() == [7, 7, 10] and image[0, 7].tolist() == [7, 0, 10]
+        assert image[7, 0].tolist() == [0, 7, 10] and image[2, 5].tolist() == [5, 2, 10]
+    assert obs["state"].shape == (8,)
+
+
+def test_the_reference_renders_256_pixel_cameras():
+    assert LiberoEnvConfig().camera_size == 256  # run_libero_eval.py: env_img_res
+
+
 @pytest.fixture(scope="module")
 def state_env():
     env = make_env("libero", {"suite": "libero_spatial", "task_id": 0, "horizon": 5})
@@ -49,7 +209,7 @@ def state_env():
 
 @needs_libero
 def test_state_env_spaces_instruction_and_initial_states(state_env):
-    assert isinstance(state_env.observation_space, gym.spaces.Box) and state_env.observation_space.shape == (9,)
+    assert isinstance(state_env.observation_space, gym.spaces.Box) and state_env.observation_space.shape == (8,)
     assert state_env.act_dim == 7 and state_env.num_init_states == 50
     assert state_env.instruction == "pick up the black bowl between the plate and the ramekin and place it on the plate"
     first, info = state_env.reset(seed=3)
@@ -90,7 +250,7 @@ def test_camera_observations_are_rotated_like_openvla():
             # A second render of the same state differs in a few pixels (llvmpipe); orientation is what matters.
             assert np.abs(image.astype(int) - rotated).mean() < 1.0 < np.abs(image.astype(int) - unrotated).mean()
         obs, *_ = env.step(np.zeros(7))
-        assert obs["state"].shape == (9,)
+        assert obs["state"].shape == (8,)
     finally:
         env.close()
 

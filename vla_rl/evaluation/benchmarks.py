@@ -2,14 +2,17 @@
 
 A benchmark is registered as a function ``config -> list[EvalTask]`` (``config`` is the run
 config, for settings such as the horizon the tasks share). Built in: ``robosuite`` (Lift, Stack,
-PickPlaceCan, Door on the Panda). A simulator package adds its suites the same way, e.g.
-``@BENCHMARKS.register("libero_spatial")`` returning one task per LIBERO task of the suite.
+PickPlaceCan, Door on the Panda), MetaWorld's MT10 and ML10, and the LIBERO suites
+(``libero_spatial``, ``libero_object``, ``libero_goal``, ``libero_10``, ``libero_90``: every task of
+the suite, as OpenVLA-OFT's ``run_libero_eval.py`` runs them). A simulator package adds its
+suites the same way.
 Without a benchmark (``eval.benchmark: null``) the tasks are the run's own: its simulator's one
 task, or every task of its task set (``simulator.tasks``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +33,18 @@ class EvalTask:
     name: str
     simulator: str
     env: dict[str, Any] = field(default_factory=dict)
+
+    def env_config(self) -> Any:
+        """The task's typed simulator config (the registered simulator's ``config_class`` built
+        from ``env``), e.g. for :meth:`policies.base.Policy.use_tasks`.
+
+        Raises:
+            ComponentConfigError: an unknown simulator or settings its config rejects.
+        """
+        from simulators.registry import SIMULATORS
+        from vla_rl.components import build_config
+
+        return build_config(SIMULATORS.get(self.simulator).config_class, self.env, f"the env of task {self.name}")
 
 
 BENCHMARKS: Registry[Callable[[Any], list[EvalTask]]] = Registry("benchmark")
@@ -76,6 +91,36 @@ def metaworld_ml10_test_benchmark(config) -> list[EvalTask]:
     return _metaworld_tasks(config, ML10_TEST_TASKS)
 
 
+def libero_suite_tasks(config, suite: str) -> list[EvalTask]:
+    """Every task of a LIBERO suite, named ``<suite>_<task_id>``, with the suite's own horizon
+    (``run_libero_eval.py``'s ``TASK_MAX_STEPS``); a LIBERO run's other ``simulator.env``
+    settings (cameras, camera size, state keys, ...) apply to each.
+
+    Raises:
+        ValueError: ``eval.init_state_offset`` is not a multiple of 50, or ``eval.num_episodes``
+            exceeds 50: the reference runs trial ``i < 50`` from the task's initial state ``i``
+            (``run_libero_eval.run_task``).
+    """
+    from simulators.libero_env import NUM_TRIALS_PER_TASK, SUITE_NUM_TASKS
+
+    ev = config.eval
+    if ev.init_state_offset % NUM_TRIALS_PER_TASK:
+        raise ValueError(f"eval.init_state_offset must be a multiple of {NUM_TRIALS_PER_TASK} on LIBERO, so that "
+                         f"trial i starts from the task's initial state i; got {ev.init_state_offset}")
+    if ev.num_episodes > NUM_TRIALS_PER_TASK:
+        raise ValueError(f"eval.num_episodes must be at most {NUM_TRIALS_PER_TASK} on LIBERO (its initial states "
+                         f"per task; more would repeat them), got {ev.num_episodes}")
+    sim = config.simulator
+    shared = ({k: v for k, v in sim.env.items() if k not in ("suite", "task_id", "horizon")}
+              if sim.name == "libero" else {})
+    return [EvalTask(f"{suite}_{task_id}", "libero", {**shared, "suite": suite, "task_id": task_id})
+            for task_id in range(SUITE_NUM_TASKS[suite])]
+
+
+for _suite in ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"):
+    BENCHMARKS.register(_suite)(functools.partial(libero_suite_tasks, suite=_suite))
+
+
 def run_tasks(config) -> list[EvalTask]:
     """The run's own tasks: one per task of its task set (``simulator.tasks``, in order, each
     named after its task), or the one task of its simulator."""
@@ -83,6 +128,17 @@ def run_tasks(config) -> list[EvalTask]:
     if sim.multi_task:
         return [EvalTask(name, sim.name, env) for name, env in zip(sim.task_names(), sim.task_envs())]
     return [EvalTask(str(sim.env.get("task", sim.name)), sim.name, dict(sim.env))]
+
+
+def use_run_tasks(policy, config) -> None:
+    """Prepare ``policy`` to act in the run's own tasks (:func:`run_tasks`; see
+    :meth:`policies.base.Policy.use_tasks`): when it is built, and after an evaluation task.
+
+    Raises:
+        ValueError: the policy cannot act in them (see ``use_tasks``).
+    """
+    tasks = run_tasks(config)
+    policy.use_tasks(tasks[0].simulator, [task.env_config() for task in tasks])
 
 
 def run_task_index(config, task: EvalTask) -> int | None:

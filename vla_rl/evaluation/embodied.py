@@ -31,7 +31,12 @@ from tensordict import TensorDict
 
 from vla_rl.data import keys
 from vla_rl.data.trajectory_store import TrajectoryStore
-from vla_rl.evaluation.benchmarks import EvalTask, resolve_tasks, run_task_index
+from vla_rl.evaluation.benchmarks import (
+    EvalTask,
+    resolve_tasks,
+    run_task_index,
+    use_run_tasks,
+)
 from vla_rl.evaluation.compatibility import incompatibility, one_hot_tasks
 from vla_rl.evaluation.episode_store import (
     VIDEOS_DIR,
@@ -67,9 +72,13 @@ class EmbodiedEvaluation(EvaluationSession):
         res: the worker's resources; its ``run_dir`` is the evaluation directory for ``vla-rl
             eval``, and its policy is built for the run's simulator.
 
+    The policy acts in each task as prepared for it (:meth:`policies.base.Policy.use_tasks`, e.g.
+    the dataset statistics of a LIBERO task's suite), and for the run's own tasks again after it.
+
     Raises:
-        ValueError: ``eval.checkpoints`` holds two checkpoints of the same step, or stored
-            episodes of a task were written with other settings.
+        ValueError: ``eval.checkpoints`` holds two checkpoints of the same step, stored episodes
+            of a task were written with other settings, or the policy cannot act in a task
+            (``use_tasks``: e.g. no statistics of a LIBERO suite).
         FileNotFoundError: a checkpoint is incomplete.
     """
 
@@ -80,6 +89,9 @@ class EmbodiedEvaluation(EvaluationSession):
         if len(set(steps)) != len(steps):
             raise ValueError(f"eval.checkpoints holds several checkpoints of one step: {steps}")
         self.tasks: list[EvalTask] = resolve_tasks(cfg)
+        for task in self.tasks:  # refuse a task the policy cannot act in before any rollout
+            res.policy.use_tasks(task.simulator, [task.env_config()])
+        use_run_tasks(res.policy, cfg)
         super().__init__(res, [t.name for t in self.tasks], steps or [None], keys.INIT_STATE_ID)
         self.checkpoints: list[Path | None] = checkpoints or [None]
         self.init_state_ids = cfg.eval.init_state_offset + np.arange(cfg.eval.num_episodes, dtype=np.int64)
@@ -173,8 +185,14 @@ class EmbodiedEvaluation(EvaluationSession):
             seed = np.random.SeedSequence([self.config.run.seed, t, p, int(ids[0])]).generate_state(1)[0]
             generator = torch.Generator().manual_seed(int(seed))
         task_ids = None if self._pool_task_id is None else np.full(len(ids), self._pool_task_id, dtype=np.int64)
-        result = rollout_episodes(ProtocolPolicy(policy, self.protocols[p]), pool, ids, task_ids=task_ids,
-                                  generator=generator, pipeline_stages=self.config.simulator.pipeline_stages)
+        spec, protocol = self.tasks[t], self.protocols[p]
+        policy.use_tasks(spec.simulator, [spec.env_config()])
+        try:
+            result = rollout_episodes(ProtocolPolicy(policy, protocol), pool, ids, task_ids=task_ids,
+                                      greedy=protocol.greedy, generator=generator,
+                                      pipeline_stages=self.config.simulator.pipeline_stages)
+        finally:  # a training run's live policy goes on acting in its own tasks
+            use_run_tasks(policy, self.config)
         episodes = result.batch
         # Episodes lost to a simulator fault are not done: the next step rolls them out again.
         episodes.update(batch[torch.as_tensor(~result.lost)].exclude(keys.INIT_STATE_ID))
@@ -189,7 +207,8 @@ class EmbodiedEvaluation(EvaluationSession):
         if spec.name not in self._stores:
             attrs = {"task": spec.name, "simulator": spec.simulator, "env": spec.env}
             self._stores[spec.name] = open_rank_store(self.eval_dir, spec.name, self.res.rank, self.pool(task).spec(),
-                                                      self.res.policy.chunk_size, attrs)
+                                                      self.res.policy.chunk_size, attrs,
+                                                      self.res.policy.has_action_distribution)
         append_episodes(self._stores[spec.name], episodes, self.step_of(target), p.greedy, p.temperature)
 
     # --------------------------------------------------------------------- videos

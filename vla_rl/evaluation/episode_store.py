@@ -4,7 +4,8 @@ are committed one by one, so an interrupted evaluation loses no finished episode
 
 Per decision step ``t < finish_step`` an episode stores ``obs`` (the observation before action
 ``t``), ``next_obs`` (after it; the last one is the terminal observation), ``actions``
-``(chunk, action_dim)`` (unclipped, as sampled) and ``log_probs`` ``(chunk,)``; its scalars are
+``(chunk, action_dim)`` (unclipped, as sampled) and ``log_probs`` ``(chunk,)`` (not for a policy
+without an action distribution, whose log-probs are undefined); its scalars are
 the :class:`EpisodeKey` fields plus ``success``, ``truncated`` and ``finish_step``.
 """
 
@@ -70,13 +71,15 @@ def stored_keys(eval_dir: Path, task: str) -> set[EpisodeKey]:
             for key in episode_keys(TrajectoryStore.open(path, read_only=True))}
 
 
-def open_rank_store(eval_dir: Path, task: str, rank: int, spec: dict, chunk: int, attrs: dict) -> TrajectoryStore:
+def open_rank_store(eval_dir: Path, task: str, rank: int, spec: dict, chunk: int, attrs: dict,
+                    log_probs: bool) -> TrajectoryStore:
     """This rank's store of ``task``, created on first use.
 
     Args:
         spec: the simulator's ``obs_dim``, ``act_dim``, ``horizon`` (control steps).
         chunk: the policy's action-chunk length.
         attrs: metadata kept with a new store (task, simulator, settings).
+        log_probs: a new store has the ``log_probs`` field (the policy has an action distribution).
     """
     path = task_dir(eval_dir, task) / f"rank{rank}.zarr"
     if path.exists():
@@ -87,24 +90,32 @@ def open_rank_store(eval_dir: Path, task: str, rank: int, spec: dict, chunk: int
         "obs": ((obs_dim,), np.float32),
         "next_obs": ((obs_dim,), np.float32),
         "actions": ((chunk, act_dim), np.float32),
-        "log_probs": ((chunk,), np.float32),
     }
+    if log_probs:
+        fields["log_probs"] = ((chunk,), np.float32)
     return TrajectoryStore.create(path, fields, max_steps=-(-int(spec["horizon"]) // chunk), attrs=attrs)
 
 
 def append_episodes(store: TrajectoryStore, episodes: TensorDict, checkpoint_step: int, greedy: bool,
                     temperature: float) -> list[EpisodeKey]:
     """Append rollout episodes (the keys of :func:`vla_rl.rollout.embodied.rollout_episodes` plus
-    ``truncated``) one by one, each committed before the next; returns their keys."""
+    ``truncated``; ``old_log_probs`` when the policy has them) one by one, each committed before the
+    next; returns their keys.
+
+    Raises:
+        ValueError: the episodes' fields are not the store's (see ``TrajectoryStore.append_episode``).
+    """
     added = []
     for row in range(len(episodes)):
         length = int(episodes[keys.FINISH_STEP][row])
         obs = episodes[keys.OBS][row]  # camera observations: their state only (images are not stored)
         obs = (obs[keys.OBS_STATE] if isinstance(obs, TensorDict) else obs).numpy()  # (T + 1, obs_dim)
+        steps = {"obs": obs[:length], "next_obs": obs[1 : length + 1],
+                 "actions": episodes[keys.ACTIONS][row, :length].numpy()}
+        if keys.OLD_LOG_PROBS in episodes.keys():
+            steps["log_probs"] = episodes[keys.OLD_LOG_PROBS][row, :length].numpy()
         store.append_episode(
-            {"obs": obs[:length], "next_obs": obs[1 : length + 1],
-             "actions": episodes[keys.ACTIONS][row, :length].numpy(),
-             "log_probs": episodes[keys.OLD_LOG_PROBS][row, :length].numpy()},
+            steps,
             checkpoint_step=np.int64(checkpoint_step), greedy=np.bool_(greedy), temperature=np.float64(temperature),
             init_state_id=np.int64(episodes[keys.INIT_STATE_ID][row]), success=np.bool_(episodes[keys.SUCCESS][row]),
             truncated=np.bool_(episodes[keys.TRUNCATED][row]), finish_step=np.int64(length),

@@ -38,7 +38,9 @@ class ProtocolPolicy:
     """A policy acting under a protocol, for :func:`vla_rl.rollout.embodied.rollout_episodes`.
 
     ``sample_actions(obs, greedy, generator)`` forwards to the wrapped policy with the protocol's
-    temperature (the ``greedy`` argument of the caller is ignored: the protocol decides).
+    temperature (the ``greedy`` argument of the caller is ignored: the protocol decides); a policy
+    without an action distribution acts through ``predict_action_chunk`` under the greedy protocol
+    only (:func:`~vla_rl.rollout.embodied.rollout_episodes` is called with ``greedy=protocol.greedy``).
 
     Args:
         policy: a :class:`policies.base.Policy`.
@@ -58,9 +60,19 @@ class ProtocolPolicy:
         """The wrapped policy's device."""
         return self.policy.device
 
+    @property
+    def has_action_distribution(self) -> bool:
+        """Whether the wrapped policy samples and scores actions."""
+        return self.policy.has_action_distribution
+
     def env_actions(self, actions: Tensor) -> Tensor:
         """The wrapped policy's simulator actions."""
         return self.policy.env_actions(actions)
+
+    def predict_action_chunk(self, obs: Tensor) -> Tensor:
+        """The wrapped policy's deterministic chunk ``(batch, chunk, action_dim)`` (the rollout
+        asks for it under the greedy protocol, from a policy without an action distribution)."""
+        return self.policy.predict_action_chunk(obs)
 
     def sample_actions(self, obs: Tensor, greedy: bool = False,
                        generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:

@@ -52,9 +52,21 @@ def rollout_eval_episodes(ctx, batch) -> NodeOutput:
     return NodeOutput(episodes, metrics)
 
 
-for _type in ("env_interact", "model_inference"):
-    register_node("rollout", _type, name="evaluation", reads=GROUP_KEYS, writes=(keys.SUCCESS, keys.FINISH_STEP),
-                  resources=("evaluation",))(rollout_eval_episodes)
+def _sampled_needs_action_distribution(config, node_config, dp_size: int, world_size: int):
+    """The sampled protocol draws actions from the policy's distribution: a deterministic policy
+    (e.g. OpenVLA-OFT's L1-regression head) is evaluated greedily only."""
+    problem = config.policy.without_action_distribution()
+    if problem is None or "sampled" not in config.eval.protocols:
+        return None
+    field, reason = problem
+    return "eval.protocols", (f"the 'sampled' protocol draws actions from the policy's distribution, and {field} "
+                              f"{reason}; set eval.protocols=[greedy]")
+
+
+register_node("rollout", "env_interact", name="evaluation", reads=GROUP_KEYS, writes=(keys.SUCCESS, keys.FINISH_STEP),
+              resources=("evaluation",), check=_sampled_needs_action_distribution)(rollout_eval_episodes)
+register_node("rollout", "model_inference", name="evaluation", reads=GROUP_KEYS,
+              writes=(keys.SUCCESS, keys.FINISH_STEP), resources=("evaluation",))(rollout_eval_episodes)
 
 
 @register_node("evaluator", "compute", reads=(*GROUP_KEYS, keys.SUCCESS, keys.FINISH_STEP), resources=("evaluation",))

@@ -31,8 +31,20 @@ ROLLOUT_KEYS: tuple[str, ...] = (keys.OBS, keys.ACTIONS, keys.OLD_LOG_PROBS, key
 """The keys of a rollout's episodes (:func:`vla_rl.rollout.embodied.rollout_episodes`)."""
 
 
+def _needs_action_distribution(config, node_config, dp_size: int, world_size: int):
+    """The RL rollout writes each action's log-prob (``old_log_probs``), which the update's ratio
+    and KL terms read: a policy without an action distribution has none."""
+    problem = config.policy.without_action_distribution()
+    if problem is None:
+        return None
+    field, reason = problem
+    return field, (f"RL rollouts record the log-probs of their actions for the policy update, and {field} {reason}; "
+                   "such a policy is evaluated (vla-rl eval, eval.protocols=[greedy]) or trained by behaviour cloning, "
+                   "not by RL")
+
+
 @register_node("rollout", "env_interact", config=RolloutNodeConfig, reads=(keys.INIT_STATE_ID, keys.TASK_ID, keys.UID),
-               writes=ROLLOUT_KEYS, resources=("policy", "simulator_pool"))
+               writes=ROLLOUT_KEYS, resources=("policy", "simulator_pool"), check=_needs_action_distribution)
 def interact(ctx, batch) -> NodeOutput:
     """Expand each initial state into a group of ``data.group_size`` episodes and run them.
 

@@ -11,6 +11,10 @@ with cameras a ``TensorDict`` of the state, uint8 images and the encoded instruc
 ``sample_actions`` reads them as they are (a VLA's processor builds its inputs), and the pool
 receives ``policy.env_actions(actions)`` while the batch keeps the policy's own actions.
 
+A policy without an action distribution (``policy.has_action_distribution`` False: OpenVLA-OFT's
+L1-regression head) acts only greedily, through ``policy.predict_action_chunk``; its episodes
+carry no log-probs (``old_log_probs`` is absent from the batch: they are undefined, not zero).
+
 Pipelining (RLinf's pipeline stages): the batch's environments are split into
 ``pipeline_stages`` contiguous groups. A stage's chunk is submitted to the pool without waiting
 (:meth:`simulators.pool.SimulatorPool.submit`); while it simulates, the policy computes the next
@@ -52,7 +56,8 @@ class RolloutResult:
         batch: one row per episode that was not lost, in the order of the requested initial
             states: ``obs`` ``(m, T + 1, obs_dim)`` (camera observations: a TensorDict of batch
             size ``(m, T + 1)``, see :mod:`vla_rl.data.keys`), ``actions``
-            ``(m, T, chunk, action_dim)``, ``old_log_probs`` ``(m, T, chunk)``, ``response_mask``
+            ``(m, T, chunk, action_dim)``, ``old_log_probs`` ``(m, T, chunk)`` (only for a policy
+            with an action distribution), ``response_mask``
             ``(m, T)``, ``success`` ``(m,)``, ``truncated`` ``(m,)`` (ended by the time limit
             without success), ``finish_step`` ``(m,)`` (decision steps taken), ``init_state_id``
             ``(m,)``, where ``T = ceil(horizon / chunk)``.
@@ -62,7 +67,8 @@ class RolloutResult:
             the chunk it was lost in, whose steps are unknown).
         lost: ``(n,)`` bool over the requested initial states: the episode was lost to a
             simulator fault and is not in ``batch``.
-        policy_seconds: wall time spent in ``policy.sample_actions`` and ``policy.env_actions``.
+        policy_seconds: wall time spent choosing actions (``policy.sample_actions`` or
+            ``predict_action_chunk``) and in ``policy.env_actions``.
         env_seconds: wall time spent in the pool's ``reset``, ``submit`` and ``collect`` (waiting
             for physics and rendering not hidden behind the policy, and Ray).
         sim_seconds: wall time the simulator actors spent inside the environments' ``step`` and
@@ -100,12 +106,12 @@ class EpisodeBook:
     """
 
     def __init__(self, first_obs: torch.Tensor | TensorDict, decisions: int, chunk: int, act_dim: int,
-                 render_indices: tuple[int, ...]) -> None:
+                 render_indices: tuple[int, ...], log_probs: bool = True) -> None:
         n = first_obs.shape[0]
         self.obs = _time_buffer(first_obs, decisions + 1)  # (n, T + 1, ...)
         self.obs[:, 0] = first_obs
         self.actions = torch.zeros(n, decisions, chunk, act_dim)
-        self.log_probs = torch.zeros(n, decisions, chunk)
+        self.log_probs = torch.zeros(n, decisions, chunk) if log_probs else None
         self.mask = torch.zeros(n, decisions, dtype=torch.bool)
         self.success = torch.zeros(n, dtype=torch.bool)
         self.truncated = torch.zeros(n, dtype=torch.bool)
@@ -116,11 +122,13 @@ class EpisodeBook:
         self.env_steps = 0
         self.policy_seconds = self.env_seconds = self.sim_seconds = self.sim_cpu_seconds = 0.0
 
-    def record_decision(self, rows: np.ndarray, t: int, actions: torch.Tensor, log_probs: torch.Tensor) -> None:
-        """Decision ``t`` of episodes ``rows``: ``actions`` ``(k, chunk, act_dim)``, ``log_probs`` ``(k, chunk)``."""
+    def record_decision(self, rows: np.ndarray, t: int, actions: torch.Tensor, log_probs: torch.Tensor | None) -> None:
+        """Decision ``t`` of episodes ``rows``: ``actions`` ``(k, chunk, act_dim)``, ``log_probs``
+        ``(k, chunk)`` (None for a book without log-probs)."""
         idx = torch.as_tensor(rows)
         self.actions[idx, t] = actions
-        self.log_probs[idx, t] = log_probs
+        if self.log_probs is not None:
+            self.log_probs[idx, t] = log_probs
         self.mask[idx, t] = True
         self.finish[idx] = t + 1
 
@@ -150,7 +158,6 @@ class EpisodeBook:
             {
                 keys.OBS: self.obs[kept],
                 keys.ACTIONS: self.actions[kept],
-                keys.OLD_LOG_PROBS: self.log_probs[kept],
                 keys.RESPONSE_MASK: self.mask[kept],
                 keys.SUCCESS: self.success[kept],
                 keys.TRUNCATED: self.truncated[kept],
@@ -159,6 +166,8 @@ class EpisodeBook:
             },
             batch_size=[int(kept.sum())],
         )
+        if self.log_probs is not None:
+            batch.set(keys.OLD_LOG_PROBS, self.log_probs[kept])
         frames = {i: np.concatenate(f) for i, f in self.frames.items() if f and not self.lost[i]}
         return RolloutResult(batch, frames, self.env_steps, self.lost.copy(), self.policy_seconds, self.env_seconds,
                              self.sim_seconds, self.sim_cpu_seconds)
@@ -179,24 +188,30 @@ def rollout_episodes(
     """Run one episode per initial state in ``init_state_ids`` (shape ``(n,)``, int64).
 
     Args:
-        policy: a :class:`policies.base.Policy` (its ``sample_actions`` is called on the
-            running environments' observations, moved to its ``device``, one pipeline stage at a
-            time, its ``env_actions`` on the sampled actions). The returned batch is on the CPU.
+        policy: a :class:`policies.base.Policy` (its ``sample_actions``, or its
+            ``predict_action_chunk`` when it has no action distribution, is called on the running
+            environments' observations, moved to its ``device``, one pipeline stage at a time, its
+            ``env_actions`` on the chosen actions). The returned batch is on the CPU.
         pool: a :class:`simulators.pool.SimulatorPool` with capacity ≥ n (or any object with
             its ``spec``, ``reset``, ``submit`` and ``collect``).
         task_ids: ``(n,)`` int64, each episode's task in the pool's task set (``None``: the
             pool's only task); the observations then carry it (``obs/task_id``).
-        greedy: take the policy's mode instead of sampling.
+        greedy: take the policy's mode instead of sampling (required for a policy without an
+            action distribution).
         generator: torch generator for sampling (reproducibility).
         render_indices: environment indices whose camera frames are recorded.
         pipeline_stages: number of environment groups pipelined against the policy (1: lockstep;
             more stages than environments act as one stage per environment).
 
     Raises:
-        ValueError: from the pool if ``n`` exceeds its capacity; if ``pipeline_stages < 1``.
+        ValueError: from the pool if ``n`` exceeds its capacity; if ``pipeline_stages < 1``; a
+            sampled rollout (``greedy`` False) of a policy without an action distribution.
     """
     if isinstance(pipeline_stages, bool) or not isinstance(pipeline_stages, int) or pipeline_stages < 1:
         raise ValueError(f"pipeline_stages must be a positive integer, got {pipeline_stages!r}")
+    if not greedy and not policy.has_action_distribution:
+        raise ValueError("a sampled rollout needs a policy with an action distribution; this policy has none "
+                         "(it acts only greedily: pass greedy=True)")
     spec = pool.spec()
     horizon, act_dim = int(spec["horizon"]), int(spec["act_dim"])
     chunk = int(policy.chunk_size)
@@ -205,7 +220,7 @@ def rollout_episodes(
     start = time.perf_counter()
     ids = np.asarray(init_state_ids, dtype=np.int64)
     first_obs = to_torch(pool.reset(ids) if task_ids is None else pool.reset(ids, np.asarray(task_ids, dtype=np.int64)))
-    book = EpisodeBook(first_obs, decisions, chunk, act_dim, tuple(render_indices))
+    book = EpisodeBook(first_obs, decisions, chunk, act_dim, tuple(render_indices), policy.has_action_distribution)
     book.env_seconds += time.perf_counter() - start
     stages = np.array_split(np.arange(n), min(pipeline_stages, n))
     run_pipeline(policy, pool, book, stages, decisions, greedy, generator, tuple(render_indices))
@@ -228,9 +243,13 @@ def run_pipeline(policy, pool, book: EpisodeBook, stages: list[np.ndarray], deci
             return
         start = time.perf_counter()
         obs = book.obs[torch.as_tensor(rows), t].to(policy.device)  # (k, ...) on the policy's device
-        actions, log_probs = policy.sample_actions(obs, greedy=greedy, generator=generator)
+        if policy.has_action_distribution:
+            actions, log_probs = policy.sample_actions(obs, greedy=greedy, generator=generator)
+            log_probs = log_probs.cpu()
+        else:  # a deterministic policy's greedy chunk; its log-probs are undefined
+            actions, log_probs = policy.predict_action_chunk(obs), None
         env_actions = policy.env_actions(actions).cpu()  # (k, chunk, act_dim) in the simulator's units
-        actions, log_probs = actions.cpu(), log_probs.cpu()  # the batch lives on the CPU between nodes
+        actions = actions.cpu()  # the batch lives on the CPU between nodes
         book.policy_seconds += time.perf_counter() - start
         book.record_decision(rows, t, actions, log_probs)
         running = set(rows.tolist())

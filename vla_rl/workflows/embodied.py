@@ -91,9 +91,12 @@ WORKFLOWS.register("embodied")(EmbodiedWorkflow())
 
 
 def robot_policy(config, obs_dim: int, act_dim: int, num_tasks: int | None = None):
-    """The ``policy`` section's policy for a simulator of these sizes, on the CPU; ``num_tasks``
-    for a task set (the policies that declare ``num_tasks`` condition on the task id)."""
+    """The ``policy`` section's policy for a simulator of these sizes, on the CPU, prepared for the
+    run's own tasks (:func:`~vla_rl.evaluation.benchmarks.use_run_tasks`: e.g. the LIBERO suite's
+    dataset statistics); ``num_tasks`` for a task set (the policies that declare ``num_tasks``
+    condition on the task id)."""
     from policies import make_policy
+    from vla_rl.evaluation.benchmarks import use_run_tasks
 
     sizes = {"obs_dim": obs_dim, "action_dim": act_dim}
     if num_tasks is not None:
@@ -101,7 +104,9 @@ def robot_policy(config, obs_dim: int, act_dim: int, num_tasks: int | None = Non
     policy_config = config.policy.policy_config(**sizes)
     if config.policy.allow_partial_load and hasattr(policy_config, "allow_partial_load"):
         policy_config.allow_partial_load = True  # the policies that load a pretrained checkpoint declare the field
-    return make_policy(config.policy.name, policy_config)
+    policy = make_policy(config.policy.name, policy_config)
+    use_run_tasks(policy, config)
+    return policy
 
 
 def simulator_sizes(config) -> dict[str, int]:
