@@ -235,6 +235,13 @@ class Policy(torch.nn.Module, abc.ABC):
         """
         return actions
 
+    @property
+    def actions_are_env_actions(self) -> bool:
+        """Whether the policy's actions are the simulator's: its class keeps the identity
+        :meth:`env_actions` of this base class (the MLP). False for a policy that overrides it
+        (OpenVLA, OpenVLA-OFT de-normalise), even where the override happens to change nothing."""
+        return type(self).env_actions is Policy.env_actions
+
     def actions_from_env(self, env_actions: Tensor) -> Tensor:
         """The policy's actions for demonstrated simulator actions (the inverse of
         :meth:`env_actions`, for behaviour cloning; identity by default).

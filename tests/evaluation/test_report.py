@@ -32,6 +32,7 @@ def episodes(ids, success, lengths) -> TensorDict:
     finish = torch.tensor(lengths)
     return TensorDict({
         keys.OBS: torch.randn(n, horizon + 1, 3), keys.ACTIONS: torch.randn(n, horizon, 1, 2),
+        keys.ENV_ACTIONS: torch.randn(n, horizon, 1, 2),
         keys.OLD_LOG_PROBS: torch.randn(n, horizon, 1), keys.FINISH_STEP: finish, keys.SUCCESS: success,
         keys.TRUNCATED: ~success & (finish == horizon), keys.INIT_STATE_ID: torch.tensor(ids),
     }, batch_size=[n])

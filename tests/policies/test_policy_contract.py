@@ -90,6 +90,8 @@ def test_sample_shapes_and_dtypes(case):
     assert not actions.requires_grad and not log_probs.requires_grad
     env_actions = policy.env_actions(actions)
     assert env_actions.shape == actions.shape and env_actions.dtype == torch.float32
+    if policy.actions_are_env_actions:  # then an older evaluation store's actions replay as they are
+        assert torch.equal(env_actions, actions)
 
 
 def test_recomputed_log_prob_equals_sampled_exactly(case):

@@ -187,6 +187,9 @@ def test_lost_episodes_are_dropped_and_flagged(stages):
     assert result.batch["success"].tolist() == [False, True]
     assert pool.decisions.tolist() == [4, 3, 2]  # env 1 was never given a chunk after its loss
     assert result.env_steps == 8 + 4 + 3  # the lost episode's steps before its loss count
+    # the simulator's actions of the kept episodes, zero after each one's last decision
+    assert result.env_actions.shape == (2, 4, 2, ACT_DIM)
+    assert torch.equal(result.env_actions, 0.5 * result.batch["actions"])
     collects = len([e for e in pool.events if e[0] == "collect"])
     assert result.sim_seconds == pytest.approx(0.5 * collects)
     assert result.sim_cpu_seconds == pytest.approx(0.25 * collects)
@@ -319,7 +322,7 @@ def test_l1_head_acts_greedily_with_its_regression_and_records_no_log_probs(prot
     """A greedy rollout of the L1 head (through the evaluation's protocol wrapper too) takes
     predict_action_chunk's regression as its actions, sends their de-normalisation
     (0.5 (a + 1) (q99 - q01) + q01 where masked, OFT's _unnormalize_actions) to the simulator,
-    and has no log-probs in its batch or episode store."""
+    and has no log-probs in its batch or episode store; the store keeps what the simulator got."""
     from vla_rl.evaluation.episode_store import append_episodes, open_rank_store
     from vla_rl.evaluation.protocol import Protocol, ProtocolPolicy
 
@@ -327,7 +330,8 @@ def test_l1_head_acts_greedily_with_its_regression_and_records_no_log_probs(prot
     assert not policy.has_action_distribution
     actor = ProtocolPolicy(policy, Protocol("greedy", True, 0.0)) if protocol_wrapper else policy
     pool = CameraPool(success_at=[0, 0], horizon=4)
-    batch = rollout_episodes(actor, pool, np.array([4, 5]), greedy=True).batch
+    result = rollout_episodes(actor, pool, np.array([4, 5]), greedy=True)
+    batch = result.batch
     assert keys.OLD_LOG_PROBS not in batch.keys()
     assert batch["finish_step"].tolist() == [2, 2]
     q01, q99 = torch.tensor(Q01), torch.tensor(Q99)
@@ -337,14 +341,19 @@ def test_l1_head_acts_greedily_with_its_regression_and_records_no_log_probs(prot
         by_hand = expected.clone()
         by_hand[..., :2] = (0.5 * (expected + 1) * (q99 - q01) + q01)[..., :2]
         torch.testing.assert_close(torch.as_tensor(pool.submitted_actions[t]), by_hand)
+        assert np.array_equal(result.env_actions[:, t].numpy(), pool.submitted_actions[t])
     assert len({tuple(batch["actions"][0, t].flatten().tolist()) for t in range(2)}) == 2  # regression differs by step
     spec = {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": 4}
     store = open_rank_store(tmp_path, "task", 0, spec, 2, {"task": "task", "simulator": "s", "env": {}},
                             policy.has_action_distribution)
     batch.set(keys.INIT_STATE_ID, torch.tensor([4, 5]))
+    with pytest.raises(ValueError, match="field 'env_actions'.*RolloutResult.env_actions"):
+        append_episodes(store, batch, 0, True, 0.0)
+    batch.set(keys.ENV_ACTIONS, result.env_actions)
     append_episodes(store, batch, 0, True, 0.0)
     assert "log_probs" not in store.fields
     assert np.array_equal(store.read_episode(1)["actions"], batch["actions"][1].numpy())
+    assert np.array_equal(store.read_episode(1)["env_actions"], np.stack([a[1] for a in pool.submitted_actions]))
 
 
 def test_a_sampled_rollout_of_the_l1_head_is_refused():

@@ -13,8 +13,9 @@ drawn from (run seed, task, protocol, first initial state), the same for every c
 (common random numbers).
 
 With ``eval.store_episodes`` every episode is appended to this rank's zarr store of its task
-(``<run_dir>/episodes/<task>/rank<r>.zarr``, committed one by one); a restarted evaluation
-reads every rank's stores and does not redo an episode, and the videos replay stored episodes.
+(``<run_dir>/episodes/<task>/rank<r>.zarr``, committed one by one, with the actions the simulator
+received); a restarted evaluation reads every rank's stores and does not redo an episode, and the
+videos replay stored episodes (their simulator actions: no policy in the loop).
 Without stores, rank 0 records the live policy's greedy episodes to ``videos/<tag>.mp4``.
 """
 
@@ -48,7 +49,7 @@ from vla_rl.evaluation.episode_store import (
     task_dir,
 )
 from vla_rl.evaluation.protocol import ProtocolPolicy
-from vla_rl.evaluation.replay import replay_episodes
+from vla_rl.evaluation.replay import episode_env_actions, replay_episodes
 from vla_rl.evaluation.session import EvaluationSession
 from vla_rl.evaluation.video import record_video
 from vla_rl.rollout.embodied import rollout_episodes
@@ -194,6 +195,7 @@ class EmbodiedEvaluation(EvaluationSession):
         finally:  # a training run's live policy goes on acting in its own tasks
             use_run_tasks(policy, self.config)
         episodes = result.batch
+        episodes.set(keys.ENV_ACTIONS, result.env_actions)  # what the simulator received: the stores keep it
         # Episodes lost to a simulator fault are not done: the next step rolls them out again.
         episodes.update(batch[torch.as_tensor(~result.lost)].exclude(keys.INIT_STATE_ID))
         if self._bar is not None:
@@ -250,11 +252,17 @@ class EmbodiedEvaluation(EvaluationSession):
         and protocol of the last checkpoint, from every rank's stores, to
         ``videos/<task>/step<step>_<protocol>_<success|failure>_<init_state_id>.mp4``.
 
+        A replay executes the episode's stored simulator actions (``env_actions``; a store
+        written before that field: its ``actions`` when the policy acts in the simulator's units).
         Each video's stored and replayed success go to ``videos/replays.json`` (they agree when
         the simulator is deterministic).
 
         Returns:
             The number of replays whose success differs from the stored one.
+
+        Raises:
+            ValueError: a picked episode's store has no ``env_actions`` and the policy's actions
+                are not the simulator's (:func:`~vla_rl.evaluation.replay.episode_env_actions`).
         """
         ev, step = self.config.eval, max(self.step_of(c) for c in range(len(self.checkpoints)))
         mismatches, replays = 0, []
@@ -268,11 +276,11 @@ class EmbodiedEvaluation(EvaluationSession):
             pool = SimulatorPool(task.simulator, env, num_actors=1, envs_per_actor=1, actor_options={"num_cpus": 0},
                                  step_timeout_s=self.config.simulator.step_timeout_s)
             try:  # one environment, one episode after the other: rendering dominates anyway
-                replayed = [replay_episodes(pool, np.array([int(e["init_state_id"])]), [e["actions"]], render=True)
-                            for _, e in picked]
+                replayed = [replay_episodes(pool, np.array([int(e["init_state_id"])]), [actions], render=True)
+                            for _, e, actions in picked]
             finally:
                 pool.close()
-            for (label, episode), (success, frames) in zip(picked, replayed):
+            for (label, episode, _), (success, frames) in zip(picked, replayed):
                 outcome = "success" if episode["success"] else "failure"
                 success, frames = bool(success[0]), frames[0]
                 mismatches += int(success != bool(episode["success"]))
@@ -286,9 +294,14 @@ class EmbodiedEvaluation(EvaluationSession):
         tmp.replace(tmp.with_suffix(""))
         return mismatches
 
-    def _video_episodes(self, task: EvalTask, step: int, count: int) -> list[tuple[str, dict]]:
-        """(protocol label, episode) pairs: the first ``count`` successes and failures by
-        initial state, per protocol, of checkpoint ``step``."""
+    def _video_episodes(self, task: EvalTask, step: int, count: int) -> list[tuple[str, dict, np.ndarray]]:
+        """(protocol label, episode, its simulator actions ``(finish_step, chunk, action_dim)``)
+        triples: the first ``count`` successes and failures by initial state, per protocol, of
+        checkpoint ``step``.
+
+        Raises:
+            ValueError: from :func:`~vla_rl.evaluation.replay.episode_env_actions`.
+        """
         wanted = set(self.init_state_ids.tolist())
         candidates = []  # (protocol index, failed, init_state_id, store, episode index)
         for path in sorted(task_dir(self.eval_dir, task.name).glob("rank*.zarr")):
@@ -305,7 +318,10 @@ class EmbodiedEvaluation(EvaluationSession):
         for p, protocol in enumerate(self.protocols):
             for failed in (False, True):
                 chosen = sorted((c for c in candidates if c[:2] == (p, failed)), key=lambda c: c[2])[:count]
-                picked += [(protocol.label, store.read_episode(i)) for *_, store, i in chosen]
+                for *_, store, i in chosen:
+                    episode = store.read_episode(i)
+                    actions = episode_env_actions(store, episode, self.res.policy.actions_are_env_actions)
+                    picked.append((protocol.label, episode, actions))
         return picked
 
     def close(self) -> None:

@@ -4,9 +4,13 @@ are committed one by one, so an interrupted evaluation loses no finished episode
 
 Per decision step ``t < finish_step`` an episode stores ``obs`` (the observation before action
 ``t``), ``next_obs`` (after it; the last one is the terminal observation), ``actions``
-``(chunk, action_dim)`` (unclipped, as sampled) and ``log_probs`` ``(chunk,)`` (not for a policy
-without an action distribution, whose log-probs are undefined); its scalars are
-the :class:`EpisodeKey` fields plus ``success``, ``truncated`` and ``finish_step``.
+``(chunk, action_dim)`` float32 (the policy's own, as sampled: what the RL loss scores, e.g.
+OpenVLA-OFT's normalised values), ``env_actions`` ``(chunk, action_dim)`` float32 (what the
+simulator received, ``policy.env_actions(actions)``: de-normalised, gripper post-processed; a
+replay executes these) and ``log_probs`` ``(chunk,)`` (not for a policy without an action
+distribution, whose log-probs are undefined); its scalars are the :class:`EpisodeKey` fields plus
+``success``, ``truncated`` and ``finish_step``. Stores written before ``env_actions`` existed lack
+it (:func:`vla_rl.evaluation.replay.episode_env_actions` says when their ``actions`` can stand in).
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ def open_rank_store(eval_dir: Path, task: str, rank: int, spec: dict, chunk: int
         "obs": ((obs_dim,), np.float32),
         "next_obs": ((obs_dim,), np.float32),
         "actions": ((chunk, act_dim), np.float32),
+        "env_actions": ((chunk, act_dim), np.float32),
     }
     if log_probs:
         fields["log_probs"] = ((chunk,), np.float32)
@@ -99,12 +104,20 @@ def open_rank_store(eval_dir: Path, task: str, rank: int, spec: dict, chunk: int
 def append_episodes(store: TrajectoryStore, episodes: TensorDict, checkpoint_step: int, greedy: bool,
                     temperature: float) -> list[EpisodeKey]:
     """Append rollout episodes (the keys of :func:`vla_rl.rollout.embodied.rollout_episodes` plus
-    ``truncated``; ``old_log_probs`` when the policy has them) one by one, each committed before the
+    ``truncated``; ``old_log_probs`` when the policy has them; ``env_actions``
+    (:attr:`~vla_rl.rollout.embodied.RolloutResult.env_actions`) when the store has that field, as
+    every store created by :func:`open_rank_store` does) one by one, each committed before the
     next; returns their keys.
 
     Raises:
-        ValueError: the episodes' fields are not the store's (see ``TrajectoryStore.append_episode``).
+        ValueError: the store has an ``env_actions`` field and the episodes lack it, or the
+            episodes' fields are not the store's (see ``TrajectoryStore.append_episode``).
     """
+    env_actions = "env_actions" in store.fields
+    if env_actions and keys.ENV_ACTIONS not in episodes.keys():
+        raise ValueError(f"{store.path} stores the simulator's actions of each episode (field 'env_actions'), and "
+                         f"the episodes have no {keys.ENV_ACTIONS!r}: set it from the rollout's "
+                         "RolloutResult.env_actions")
     added = []
     for row in range(len(episodes)):
         length = int(episodes[keys.FINISH_STEP][row])
@@ -112,6 +125,8 @@ def append_episodes(store: TrajectoryStore, episodes: TensorDict, checkpoint_ste
         obs = (obs[keys.OBS_STATE] if isinstance(obs, TensorDict) else obs).numpy()  # (T + 1, obs_dim)
         steps = {"obs": obs[:length], "next_obs": obs[1 : length + 1],
                  "actions": episodes[keys.ACTIONS][row, :length].numpy()}
+        if env_actions:
+            steps["env_actions"] = episodes[keys.ENV_ACTIONS][row, :length].numpy()
         if keys.OLD_LOG_PROBS in episodes.keys():
             steps["log_probs"] = episodes[keys.OLD_LOG_PROBS][row, :length].numpy()
         store.append_episode(

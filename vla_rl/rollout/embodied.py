@@ -9,7 +9,9 @@ is kept (``obs[:, finish_step]``). Finished environments are not stepped again.
 Observations are what the simulator gives (:mod:`vla_rl.data.observations`): a flat state, or
 with cameras a ``TensorDict`` of the state, uint8 images and the encoded instruction; the policy's
 ``sample_actions`` reads them as they are (a VLA's processor builds its inputs), and the pool
-receives ``policy.env_actions(actions)`` while the batch keeps the policy's own actions.
+receives ``policy.env_actions(actions)`` while the batch keeps the policy's own actions (the
+environment actions are returned beside it, :attr:`RolloutResult.env_actions`, so that stored
+episodes can be replayed exactly).
 
 A policy without an action distribution (``policy.has_action_distribution`` False: OpenVLA-OFT's
 L1-regression head) acts only greedily, through ``policy.predict_action_chunk``; its episodes
@@ -61,6 +63,9 @@ class RolloutResult:
             ``(m, T)``, ``success`` ``(m,)``, ``truncated`` ``(m,)`` (ended by the time limit
             without success), ``finish_step`` ``(m,)`` (decision steps taken), ``init_state_id``
             ``(m,)``, where ``T = ceil(horizon / chunk)``.
+        env_actions: ``(m, T, chunk, action_dim)`` float32, the rows of ``batch``: what the pool
+            received, ``policy.env_actions(actions)`` in the simulator's units (zeros after
+            ``finish_step``). Not in ``batch``: training does not read them.
         frames: for each rendered environment index whose episode was not lost, its frames
             ``(steps, H, W, 3)`` uint8, one after each control step.
         env_steps: control steps executed (all environments together; a lost episode's count up to
@@ -78,6 +83,7 @@ class RolloutResult:
     """
 
     batch: TensorDict
+    env_actions: torch.Tensor
     frames: dict[int, np.ndarray] = field(default_factory=dict)
     env_steps: int = 0
     lost: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
@@ -98,7 +104,8 @@ class EpisodeBook:
         obs: ``(n, decisions + 1, obs_dim)`` (or a TensorDict of batch size ``(n, decisions + 1)``);
             ``obs[i, t]`` is what decision ``t`` saw, and ``obs[i, finish_step]`` the terminal
             observation.
-        actions: ``(n, decisions, chunk, act_dim)``; log_probs: ``(n, decisions, chunk)``;
+        actions: ``(n, decisions, chunk, act_dim)``, the policy's; env_actions: the same shape,
+            what the pool received; log_probs: ``(n, decisions, chunk)``;
         mask: ``(n, decisions)`` bool, the decisions taken.
         success, truncated: ``(n,)`` bool; finish: ``(n,)`` int64, decisions taken.
         running: ``(n,)`` bool numpy, episodes still running; lost: ``(n,)`` bool numpy.
@@ -111,6 +118,7 @@ class EpisodeBook:
         self.obs = _time_buffer(first_obs, decisions + 1)  # (n, T + 1, ...)
         self.obs[:, 0] = first_obs
         self.actions = torch.zeros(n, decisions, chunk, act_dim)
+        self.env_actions = torch.zeros(n, decisions, chunk, act_dim)
         self.log_probs = torch.zeros(n, decisions, chunk) if log_probs else None
         self.mask = torch.zeros(n, decisions, dtype=torch.bool)
         self.success = torch.zeros(n, dtype=torch.bool)
@@ -122,11 +130,14 @@ class EpisodeBook:
         self.env_steps = 0
         self.policy_seconds = self.env_seconds = self.sim_seconds = self.sim_cpu_seconds = 0.0
 
-    def record_decision(self, rows: np.ndarray, t: int, actions: torch.Tensor, log_probs: torch.Tensor | None) -> None:
-        """Decision ``t`` of episodes ``rows``: ``actions`` ``(k, chunk, act_dim)``, ``log_probs``
-        ``(k, chunk)`` (None for a book without log-probs)."""
+    def record_decision(self, rows: np.ndarray, t: int, actions: torch.Tensor, env_actions: torch.Tensor,
+                        log_probs: torch.Tensor | None) -> None:
+        """Decision ``t`` of episodes ``rows``: the policy's ``actions`` and the ``env_actions``
+        sent to the pool, each ``(k, chunk, act_dim)``, and ``log_probs`` ``(k, chunk)`` (None for
+        a book without log-probs)."""
         idx = torch.as_tensor(rows)
         self.actions[idx, t] = actions
+        self.env_actions[idx, t] = env_actions
         if self.log_probs is not None:
             self.log_probs[idx, t] = log_probs
         self.mask[idx, t] = True
@@ -169,8 +180,8 @@ class EpisodeBook:
         if self.log_probs is not None:
             batch.set(keys.OLD_LOG_PROBS, self.log_probs[kept])
         frames = {i: np.concatenate(f) for i, f in self.frames.items() if f and not self.lost[i]}
-        return RolloutResult(batch, frames, self.env_steps, self.lost.copy(), self.policy_seconds, self.env_seconds,
-                             self.sim_seconds, self.sim_cpu_seconds)
+        return RolloutResult(batch, self.env_actions[kept], frames, self.env_steps, self.lost.copy(),
+                             self.policy_seconds, self.env_seconds, self.sim_seconds, self.sim_cpu_seconds)
 
 
 @torch.no_grad()
@@ -251,7 +262,7 @@ def run_pipeline(policy, pool, book: EpisodeBook, stages: list[np.ndarray], deci
         env_actions = policy.env_actions(actions).cpu()  # (k, chunk, act_dim) in the simulator's units
         actions = actions.cpu()  # the batch lives on the CPU between nodes
         book.policy_seconds += time.perf_counter() - start
-        book.record_decision(rows, t, actions, log_probs)
+        book.record_decision(rows, t, actions, env_actions, log_probs)
         running = set(rows.tolist())
         rendered = [i for i in render_indices if i in running]
         start = time.perf_counter()
