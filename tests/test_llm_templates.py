@@ -134,14 +134,14 @@ def fsdp_run(ray_on_loopback, tmp_path_factory, tiny_lm_dir, arithmetic_files):
 def test_grpo_template_trains_with_fsdp_and_checkpoints_sharded(fsdp_run):
     """Through the engine: the step trains, its checkpoint holds the sharded actor state under
     the manifest, and no model.safetensors (the sharded state holds the weights)."""
-    from vla_rl.trainers import checkpoint as ckpt
+    from vla_rl.trainers.checkpoint_integrity import verify_checkpoint
 
     step, run_dir = fsdp_run
     assert step["actor/num_updates"] == 4.0 and "actor/grad_norm" in step
     first = run_dir / "checkpoints" / "step_00000001"
     names = {p.name for p in first.iterdir()}
     assert "actor_sharded" in names and not names & {"model.safetensors", "optimizer.json", "hf_model"}
-    assert ckpt.verify_checkpoint(first)
+    assert verify_checkpoint(first)
 
 
 def test_an_fsdp_run_resumes_from_its_sharded_checkpoint_and_exports(fsdp_run, tmp_path):

@@ -1,6 +1,6 @@
 """``vla-rl export CHECKPOINT OUT``: a training checkpoint as the policy's own model directory.
 
-The checkpoint is verified against its manifest first (:func:`~vla_rl.trainers.checkpoint.verify_checkpoint`).
+The checkpoint is verified against its manifest first (:func:`~vla_rl.trainers.checkpoint_integrity.verify_checkpoint`).
 The run's policy is rebuilt in this process from the run's resolved template (and the overrides
 of its resumes), on the CPU, without Ray, workers or simulator actors (an embodied run's
 observation and action sizes come from one environment of its simulator); the checkpoint's
@@ -46,6 +46,10 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     from vla_rl.dag.loader import load_template
     from vla_rl.run_dir import RunDirectory, RunDirError
     from vla_rl.trainers import checkpoint as ckpt
+    from vla_rl.trainers.checkpoint_integrity import (
+        CheckpointCorruptError,
+        verify_checkpoint,
+    )
     from vla_rl.workflows import get_workflow
 
     path = Path(checkpoint).resolve()
@@ -56,8 +60,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
         raise ExportError(f"{path} is not a complete checkpoint directory (no {ckpt.TRAINER_STATE_FILE}); name one "
                           "such as outputs/<run>/checkpoints/step_00000010")
     try:
-        ckpt.verify_checkpoint(path)
-    except ckpt.CheckpointCorruptError as err:
+        verify_checkpoint(path)
+    except CheckpointCorruptError as err:
         raise ExportError(str(err)) from err
     if out.exists():
         raise ExportError(f"{out} exists; export to a new directory")

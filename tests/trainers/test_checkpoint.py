@@ -1,4 +1,4 @@
-"""Tests for vla_rl.trainers.checkpoint."""
+"""Tests for vla_rl.trainers.checkpoint and vla_rl.trainers.checkpoint_integrity."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 
 from vla_rl.errors import RunStopped
 from vla_rl.trainers import checkpoint as ckpt
+from vla_rl.trainers import checkpoint_integrity as integrity
 from vla_rl.workers.checkpointing import WorkerCheckpointer
 
 
@@ -198,7 +199,7 @@ def test_manifest_lists_every_file_with_size_and_sha256(tmp_path):
     assert {"rng_rank0.json", "rng_rank1.safetensors", "model.safetensors"} <= set(manifest["files"])
     entry = manifest["files"]["model.safetensors"]
     assert entry["size"] == (path / "model.safetensors").stat().st_size and len(entry["sha256"]) == 64
-    assert ckpt.verify_checkpoint(path) is True
+    assert integrity.verify_checkpoint(path) is True
 
 
 @pytest.mark.parametrize("name, damage, why", [
@@ -211,8 +212,8 @@ def test_verification_names_the_damaged_file(tmp_path, name, damage, why):
     three_checkpoints(tmp_path)
     path = tmp_path / "step_00000003"
     damage(path / name)
-    with pytest.raises(ckpt.CheckpointCorruptError, match=why) as err:
-        ckpt.verify_checkpoint(path)
+    with pytest.raises(integrity.CheckpointCorruptError, match=why) as err:
+        integrity.verify_checkpoint(path)
     assert str(path / name) in str(err.value) and err.value.files == [path / name]
 
 
@@ -222,26 +223,26 @@ def test_loaders_name_the_corrupted_file(tmp_path):
     truncate(path / "model.safetensors")
     truncate(path / "optimizer.safetensors", keep=0.9)
     truncate(path / "rng_rank0.json")
-    with pytest.raises(ckpt.CheckpointCorruptError, match=f"{path / 'model.safetensors'} is corrupted or truncated"):
+    with pytest.raises(integrity.CheckpointCorruptError, match=f"{path / 'model.safetensors'} is corrupted or truncated"):
         ckpt.load_model(path, model)
-    with pytest.raises(ckpt.CheckpointCorruptError, match="optimizer.safetensors is corrupted or truncated"):
+    with pytest.raises(integrity.CheckpointCorruptError, match="optimizer.safetensors is corrupted or truncated"):
         ckpt.load_optimizer(path, optimizer)
-    with pytest.raises(ckpt.CheckpointCorruptError, match="rng_rank0.json is not valid JSON"):
+    with pytest.raises(integrity.CheckpointCorruptError, match="rng_rank0.json is not valid JSON"):
         ckpt.load_rng(path, rank=0)
 
 
 def test_latest_verified_skips_corrupted_checkpoints_and_logs_why(tmp_path, caplog):
     three_checkpoints(tmp_path)
     truncate(tmp_path / "step_00000003" / "model.safetensors")
-    with caplog.at_level(logging.WARNING, logger="vla_rl.trainers.checkpoint"):
-        path, skipped = ckpt.latest_verified_checkpoint(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="vla_rl.trainers.checkpoint_integrity"):
+        path, skipped = integrity.latest_verified_checkpoint(tmp_path)
     assert path == tmp_path / "step_00000002"
     assert [p.name for p, _ in skipped] == ["step_00000003"] and "model.safetensors" in skipped[0][1]
     assert "skipping checkpoint" in caplog.text and "step_00000003/model.safetensors has" in caplog.text
     assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "step_00000003"  # complete, though not intact
 
     # Set aside (never deleted), the step can be saved again.
-    assert ckpt.reject_checkpoint(tmp_path / "step_00000003") == tmp_path / "step_00000003.rejected"
+    assert integrity.reject_checkpoint(tmp_path / "step_00000003") == tmp_path / "step_00000003.rejected"
     assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "step_00000002"
     ckpt.save_checkpoint(tmp_path, 3)
     ckpt.finalize_checkpoint(tmp_path, 3, keep_last=1)
@@ -252,12 +253,12 @@ def test_latest_verified_skips_corrupted_checkpoints_and_logs_why(tmp_path, capl
 def test_every_step_directory_is_tried_and_reported(tmp_path):
     three_checkpoints(tmp_path)
     (tmp_path / "step_00000003" / "trainer_state.json").unlink()  # no longer "complete": reported all the same
-    path, skipped = ckpt.latest_verified_checkpoint(tmp_path)
+    path, skipped = integrity.latest_verified_checkpoint(tmp_path)
     assert path == tmp_path / "step_00000002" and "step_00000003/trainer_state.json is missing" in skipped[0][1]
     for step in (2, 1):  # nothing verifies: None, every one skipped
         (tmp_path / f"step_{step:08d}" / "manifest.json").unlink()
         (tmp_path / f"step_{step:08d}" / "trainer_state.json").write_text("{")
-    path, skipped = ckpt.latest_verified_checkpoint(tmp_path)
+    path, skipped = integrity.latest_verified_checkpoint(tmp_path)
     assert path is None and [p.name for p, _ in skipped] == ["step_00000003", "step_00000002", "step_00000001"]
     assert "(no manifest) is corrupted" in skipped[1][1] and "trainer_state.json is unreadable" in skipped[1][1]
 
@@ -267,24 +268,24 @@ def test_checkpoint_without_manifest_still_loads(tmp_path):
     model, _ = three_checkpoints(tmp_path)
     path = tmp_path / "step_00000003"
     (path / "manifest.json").unlink()
-    assert ckpt.verify_checkpoint(path) is False
-    assert ckpt.latest_verified_checkpoint(tmp_path) == (path, [])
+    assert integrity.verify_checkpoint(path) is False
+    assert integrity.latest_verified_checkpoint(tmp_path) == (path, [])
     restored, restored_optimizer = make_model_and_optimizer(1)
     ckpt.load_model(path, restored)
     ckpt.load_optimizer(path, restored_optimizer)
     for name, value in model.state_dict().items():
         torch.testing.assert_close(restored.state_dict()[name], value, rtol=0, atol=0)
     truncate(path / "optimizer.safetensors")  # a truncated file is still seen (its header's extent)
-    with pytest.raises(ckpt.CheckpointCorruptError, match="no manifest.*optimizer.safetensors is unreadable"):
-        ckpt.verify_checkpoint(path)
+    with pytest.raises(integrity.CheckpointCorruptError, match="no manifest.*optimizer.safetensors is unreadable"):
+        integrity.verify_checkpoint(path)
 
 
 def test_unreadable_manifest_fails_verification(tmp_path):
     three_checkpoints(tmp_path)
     manifest = tmp_path / "step_00000003" / "manifest.json"
     truncate(manifest)
-    with pytest.raises(ckpt.CheckpointCorruptError, match=f"its manifest {manifest} is unreadable"):
-        ckpt.verify_checkpoint(manifest.parent)
+    with pytest.raises(integrity.CheckpointCorruptError, match=f"its manifest {manifest} is unreadable"):
+        integrity.verify_checkpoint(manifest.parent)
 
 
 # ----------------------------------------------------------------------------- non-finite state

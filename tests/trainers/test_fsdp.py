@@ -170,6 +170,7 @@ def _resume(fresh, batch, algorithm, ckpt_root: str, rank: int) -> dict:
     them, and the second update."""
     from vla_rl.trainers import checkpoint as ckpt
     from vla_rl.trainers.actor import ActorTrainer
+    from vla_rl.trainers.checkpoint_integrity import MANIFEST_FILE, verify_checkpoint
 
     section = _trainer_section(strategy="fsdp")
 
@@ -187,7 +188,7 @@ def _resume(fresh, batch, algorithm, ckpt_root: str, rank: int) -> dict:
         ckpt.finalize_checkpoint(ckpt_root, 1)
     dist.barrier()
     path = ckpt.checkpoint_dir(ckpt_root, 1)
-    verified = ckpt.verify_checkpoint(path)
+    verified = verify_checkpoint(path)
     update(straight, 1)
 
     policy = fresh()
@@ -202,7 +203,7 @@ def _resume(fresh, batch, algorithm, ckpt_root: str, rank: int) -> dict:
 
     return {"verified": verified, "straight": _weights(straight.policy), "resumed": _weights(resumed.policy),
             "straight_optimizer": local_optimizer_state(straight), "resumed_optimizer": local_optimizer_state(resumed),
-            "manifest": json.loads((path / ckpt.MANIFEST_FILE).read_text())["files"]}
+            "manifest": json.loads((path / MANIFEST_FILE).read_text())["files"]}
 
 
 def _oft_lora(rank: int) -> dict:

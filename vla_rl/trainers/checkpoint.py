@@ -29,59 +29,43 @@ Nothing lost, nothing silent:
 * **No non-finite state.** :func:`save_model` and :func:`save_optimizer` check every floating
   tensor before they write their file and raise :class:`NonFiniteTensorError` naming the file and
   the tensor (weights full of inf/NaN from a diverged update are never published as ``latest``).
-* **Checksums.** :func:`verify_checkpoint` checks each file against the manifest (size, then
-  sha256) and raises :class:`CheckpointCorruptError` naming every file that is missing, truncated
-  or altered; the loaders name the file they could not read too. A checkpoint written before
-  manifests existed has none: it is checked by opening its files (each safetensors header and
-  its extent, each JSON file) and, fully, by loading it.
-* **Fallback.** :func:`latest_verified_checkpoint` returns the newest checkpoint that verifies
-  and the newer ones it skipped, each with the reason (also logged); a resume continues from it
-  and sets the skipped ones aside with :func:`reject_checkpoint` (renamed ``*.rejected``, never
-  deleted, never read again).
+* **Checksums and fallback** (:mod:`vla_rl.trainers.checkpoint_integrity`): the manifest is
+  written and verified there, a corrupted checkpoint is set aside there, and a resume continues
+  from the newest checkpoint that verifies; the loaders here raise its
+  :class:`~vla_rl.trainers.checkpoint_integrity.CheckpointCorruptError`, naming the file they
+  could not read.
+
+:mod:`vla_rl.trainers.checkpoint_integrity` imports this module's layout, so this module imports
+it inside the functions that need it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 import os
 import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from safetensors.torch import load_model as _load_model_file
 from safetensors.torch import save_model as _save_model_file
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from vla_rl.trainers.checkpoint_integrity import CheckpointCorruptError
 
 FORMAT_VERSION = 1
 LATEST_FILE = "latest"
 TRAINER_STATE_FILE = "trainer_state.json"
-MANIFEST_FILE = "manifest.json"
-REJECTED_SUFFIX = ".rejected"
 _STEP_DIR_RE = re.compile(r"step_(\d{8,})")
 _STAGING_RE = re.compile(r"\.step_(\d{8,})\.tmp")
 # Markers of the JSON encoding of nested state; plain dicts never have keys starting with "__".
 _TENSOR, _TUPLE, _DICT, _NDARRAY = "__tensor__", "__tuple__", "__dict__", "__ndarray__"
-
-
-class CheckpointCorruptError(ValueError):
-    """A checkpoint file that is missing, truncated or altered; the message names every such file.
-
-    Attributes:
-        files: the offending files.
-    """
-
-    def __init__(self, message: str, files: list[Path]) -> None:
-        super().__init__(message)
-        self.files = files
 
 
 class NonFiniteTensorError(ValueError):
@@ -248,10 +232,11 @@ def save_checkpoint(
 def finalize_checkpoint(root: str | Path, step: int, keep_last: int | None = None) -> Path:
     """Publish the staged checkpoint of ``step`` (rank 0, after every rank saved and a barrier).
 
-    Writes ``manifest.json`` (size and sha256 of every staged file, :func:`write_manifest`),
-    fsyncs the staged files, renames the staging directory to ``step_{step:08d}``, rewrites
-    ``<root>/latest`` atomically, then, if ``keep_last`` is given, removes all but the newest
-    ``keep_last`` checkpoints and the staging directories of earlier steps.
+    Writes ``manifest.json`` (size and sha256 of every staged file,
+    :func:`~vla_rl.trainers.checkpoint_integrity.write_manifest`), fsyncs the staged files, renames
+    the staging directory to ``step_{step:08d}``, rewrites ``<root>/latest`` atomically, then, if
+    ``keep_last`` is given, removes all but the newest ``keep_last`` checkpoints and the staging
+    directories of earlier steps.
 
     Returns:
         the final checkpoint directory.
@@ -261,6 +246,8 @@ def finalize_checkpoint(root: str | Path, step: int, keep_last: int | None = Non
         FileExistsError: the final directory already exists.
         ValueError: ``keep_last`` is not a positive int.
     """
+    from vla_rl.trainers.checkpoint_integrity import write_manifest
+
     if keep_last is not None and (
         isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
     ):
@@ -299,109 +286,6 @@ def point_latest(root: str | Path, checkpoint: Path) -> None:
         os.fsync(f.fileno())
     os.replace(latest_tmp, root / LATEST_FILE)
     _fsync(root)
-
-
-def write_manifest(directory: str | Path) -> Path:
-    """Write ``<directory>/manifest.json``: the size and sha256 of every other file in it, and of
-    every file of its sharded-state directories (torch.distributed.checkpoint directories, e.g.
-    ``actor_sharded/__0_0.distcp``, named by their relative path).
-
-    Rank 0 calls it (from :func:`finalize_checkpoint`) once every rank's files are staged.
-
-    Returns:
-        the manifest's path.
-    """
-    directory = Path(directory)
-    files = {path.relative_to(directory).as_posix(): {"size": path.stat().st_size, "sha256": _sha256(path)}
-             for path in _checkpoint_files(directory) if path.name != MANIFEST_FILE}
-    manifest = directory / MANIFEST_FILE
-    _write_json(manifest, {"format_version": FORMAT_VERSION, "files": files})
-    return manifest
-
-
-def verify_checkpoint(path: str | Path) -> bool:
-    """Check a checkpoint's files against its manifest (size, then sha256).
-
-    A checkpoint without ``manifest.json`` (written before checkpoints had one) is checked by
-    opening its files: every ``.safetensors`` header and the extent it declares, every ``.json``
-    file; what that cannot see (altered tensor bytes) only loading it can.
-
-    Returns:
-        True if it was checked against its manifest, False if it has none (files opened only).
-
-    Raises:
-        CheckpointCorruptError: naming every file that is missing, truncated, altered or
-            unreadable (or the manifest itself).
-    """
-    path = Path(path)
-    manifest_file = path / MANIFEST_FILE
-    if not manifest_file.is_file():
-        _check_structure(path)
-        return False
-    try:
-        files = json.loads(manifest_file.read_text(encoding="utf-8"))["files"]
-        entries = [(path / name, int(entry["size"]), str(entry["sha256"])) for name, entry in files.items()]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise CheckpointCorruptError(f"checkpoint {path} is corrupted: its manifest {manifest_file} is unreadable "
-                                     f"({err})", [manifest_file]) from err
-    problems: list[tuple[Path, str]] = []
-    for file, size, digest in entries:
-        if not file.is_file():
-            problems.append((file, "is missing"))
-        elif file.stat().st_size != size:
-            problems.append((file, f"has {file.stat().st_size} bytes, the manifest says {size} (truncated?)"))
-        elif _sha256(file) != digest:
-            problems.append((file, "does not match its sha256 in the manifest (altered bytes)"))
-    if problems:
-        raise CheckpointCorruptError(f"checkpoint {path} is corrupted: "
-                                     + "; ".join(f"{file} {why}" for file, why in problems),
-                                     [file for file, _ in problems])
-    return True
-
-
-def latest_verified_checkpoint(root: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest complete checkpoint under ``root`` that passes :func:`verify_checkpoint`.
-
-    Every ``step_*`` directory is tried, newest first (one that lost its ``trainer_state.json``
-    too: it fails, and is reported instead of being passed over in silence); each one that fails
-    is skipped with a logged warning that names it and says why.
-
-    Returns:
-        (the checkpoint, or None if none verifies or there is none; the skipped checkpoints,
-        newest first, each with the reason).
-    """
-    root = Path(root)
-    steps = {} if not root.is_dir() else {
-        int(match.group(1)): path for path in root.iterdir()
-        if path.is_dir() and (match := _STEP_DIR_RE.fullmatch(path.name))}
-    skipped: list[tuple[Path, str]] = []
-    for candidate in (steps[step] for step in sorted(steps, reverse=True)):
-        try:
-            verify_checkpoint(candidate)
-        except CheckpointCorruptError as err:
-            logger.warning("skipping checkpoint %s: %s", candidate, err)
-            skipped.append((candidate, str(err)))
-            continue
-        return candidate, skipped
-    return None, skipped
-
-
-def reject_checkpoint(path: str | Path) -> Path:
-    """Set a checkpoint that failed verification aside: rename it ``<name>.rejected`` (``.rejected.2``
-    ... if taken), so that it is never read again and its step can be saved anew; nothing is deleted.
-
-    Returns:
-        the new path.
-    """
-    path = Path(path)
-    target, n = path.with_name(path.name + REJECTED_SUFFIX), 1
-    while target.exists():
-        n += 1
-        target = path.with_name(f"{path.name}{REJECTED_SUFFIX}.{n}")
-    os.replace(path, target)
-    _fsync(path.parent)
-    logger.warning("set checkpoint %s aside as %s", path, target.name)
-    return target
 
 
 def discard_staging(root: str | Path, step: int | None = None) -> None:
@@ -627,6 +511,8 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def _read_json(path: Path) -> Any:
+    from vla_rl.trainers.checkpoint_integrity import CheckpointCorruptError
+
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -642,49 +528,14 @@ def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
 
 
 def _unreadable(file: Path, err: Exception) -> CheckpointCorruptError:
+    from vla_rl.trainers.checkpoint_integrity import CheckpointCorruptError
+
     return CheckpointCorruptError(f"{file} is corrupted or truncated: {err}", [file])
-
-
-def _check_structure(path: Path) -> None:
-    """Open every safetensors and JSON file of a checkpoint without a manifest; raise
-    :class:`CheckpointCorruptError` naming those that cannot be read."""
-    problems: list[tuple[Path, Exception | str]] = []
-    if not (path / TRAINER_STATE_FILE).is_file():
-        problems.append((path / TRAINER_STATE_FILE, "missing"))
-    for file in sorted(path.iterdir()):
-        try:
-            if file.suffix == ".safetensors":
-                with safe_open(str(file), framework="pt") as opened:  # reads the header, checks the extent
-                    opened.keys()
-            elif file.suffix == ".json":
-                json.loads(file.read_text(encoding="utf-8"))
-        except (SafetensorError, OSError, ValueError) as err:
-            problems.append((file, err))
-    if problems:
-        raise CheckpointCorruptError(f"checkpoint {path} (no manifest) is corrupted: "
-                                     + "; ".join(f"{file} is unreadable ({err})" for file, err in problems),
-                                     [file for file, _ in problems])
-
-
-def _checkpoint_files(directory: Path) -> list[Path]:
-    """The files of a checkpoint directory: its own, and those of its sharded-state directories."""
-    files = []
-    for path in sorted(directory.iterdir()):
-        if path.is_file():
-            files.append(path)
-        elif path.is_dir() and _is_sharded_dir(path):
-            files += sorted(file for file in path.iterdir() if file.is_file())
-    return files
 
 
 def _is_sharded_dir(path: Path) -> bool:
     """Whether ``path`` is a torch.distributed.checkpoint directory (it holds ``.metadata``)."""
     return (path / ".metadata").is_file()
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _existing(path: Path) -> Path:

@@ -11,10 +11,11 @@ directory::
 written with ``get_state_dict`` / ``dcp.save`` and read with ``dcp.load`` / ``set_state_dict``
 (``torch.distributed.checkpoint.state_dict``, as torchtitan's ``CheckpointManager`` and verl's
 ``FSDPCheckpointManager`` do). The files sit in the checkpoint's staging directory like every
-other file, so the manifest (size and sha256 of every file, :func:`~vla_rl.trainers.checkpoint.write_manifest`)
-and the atomic rename cover them. DCP reshards on load: the weights alone load into an unsharded
-module on any number of processes (:func:`load_sharded_model`), which is how evaluation, a resume's
-policy and ``vla-rl export`` read them.
+other file, so the manifest (size and sha256 of every file,
+:func:`~vla_rl.trainers.checkpoint_integrity.write_manifest`) and the atomic rename cover them. DCP
+reshards on load: the weights alone load into an unsharded module on any number of processes
+(:func:`load_sharded_model`), which is how evaluation, a resume's policy and ``vla-rl export`` read
+them.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from vla_rl.errors import RunStopped
-from vla_rl.trainers import checkpoint
+from vla_rl.trainers import checkpoint, checkpoint_integrity
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class WorkerCheckpointer:
         """Collective (every rank, when a resume sets up): the newest checkpoint that verifies.
 
         Rank 0 verifies the checkpoints newest first (sizes and sha256 against each manifest,
-        :func:`~vla_rl.trainers.checkpoint.latest_verified_checkpoint`), logs every one it skips
+        :func:`~vla_rl.trainers.checkpoint_integrity.latest_verified_checkpoint`), logs every one it skips
         and why, sets the skipped ones aside as ``step_*.rejected`` (their steps are trained
         and saved again), points ``latest`` at the chosen one, removes leftover staging
         directories, and tells the other ranks its choice (one hash of each file, and every rank
@@ -94,11 +94,11 @@ class WorkerCheckpointer:
         """
         choice: list[Any] = [None, [], ""]
         if self.resources.rank == 0:
-            path, skipped = checkpoint.latest_verified_checkpoint(self.root)
+            path, skipped = checkpoint_integrity.latest_verified_checkpoint(self.root)
             problem = "; ".join(reason for _, reason in skipped)
             if path is not None:
                 for bad, _ in skipped:
-                    checkpoint.reject_checkpoint(bad)
+                    checkpoint_integrity.reject_checkpoint(bad)
                 if skipped:
                     checkpoint.point_latest(self.root, path)
                     logger.warning("resuming from %s, the newest checkpoint that verifies", path)

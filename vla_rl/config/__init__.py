@@ -1,0 +1,96 @@
+"""The global run configuration of a DAG template (its ``config:`` section), validated with pydantic.
+
+Every section forbids unknown keys, so a typo in a template or a dotted override
+(``trainer.total_steps=5``) is an error naming the field, never a silently ignored value.
+Defaults live here and only here; runtime code reads attributes, never ``.get(key, default)``.
+Per-node settings (the ``config:`` of one DAG node) are validated by the model that the node's
+registered function declares (see :mod:`vla_rl.dag.registry`).
+
+One module per group of sections, :class:`RunConfig` (which checks what spans sections) here:
+
+- :mod:`~vla_rl.config.sections`: ``run``, ``workers``, ``data``, ``eval``
+- :mod:`~vla_rl.config.simulator`: ``simulator`` and its task sets
+- :mod:`~vla_rl.config.policy`: ``policy`` (with ``policy.lora``), ``warm_start``
+- :mod:`~vla_rl.config.text`: ``text``
+- :mod:`~vla_rl.config.algorithm`: ``algorithm`` (with ``algorithm.kl_ctrl``), ``critic``
+- :mod:`~vla_rl.config.trainer`: ``trainer`` (with ``trainer.fsdp``)
+- :mod:`~vla_rl.config.base`: the base every section derives from
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from vla_rl.config.algorithm import (
+    ALGORITHM_COMPONENTS,
+    AlgorithmSection,
+    CriticSection,
+    KLControlSection,
+    component_registry,
+)
+from vla_rl.config.base import _Section
+from vla_rl.config.policy import (
+    DEFAULT_LORA_TARGETS,
+    ENV_DERIVED_POLICY_FIELDS,
+    LoraSection,
+    PolicySection,
+    WarmStartSection,
+    _check_lora_support,
+)
+from vla_rl.config.sections import DataSection, EvalSection, RunSection, WorkersSection
+from vla_rl.config.simulator import SimulatorSection
+from vla_rl.config.text import TextSection
+from vla_rl.config.trainer import FSDPSection, TrainerSection
+
+__all__ = [
+    "ALGORITHM_COMPONENTS", "DEFAULT_LORA_TARGETS", "ENV_DERIVED_POLICY_FIELDS", "AlgorithmSection", "CriticSection",
+    "DataSection", "EvalSection", "FSDPSection", "KLControlSection", "LoraSection", "PolicySection", "RunConfig",
+    "RunSection", "SimulatorSection", "TextSection", "TrainerSection", "WarmStartSection", "WorkersSection",
+    "component_registry",
+]
+
+
+class RunConfig(_Section):
+    """The ``config:`` section of a template."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    workers: WorkersSection = Field(default_factory=WorkersSection)
+    simulator: SimulatorSection = Field(default_factory=SimulatorSection)
+    data: DataSection = Field(default_factory=DataSection)
+    policy: PolicySection = Field(default_factory=PolicySection)
+    text: TextSection = Field(default_factory=TextSection)
+    warm_start: WarmStartSection = Field(default_factory=WarmStartSection)
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    critic: CriticSection = Field(default_factory=CriticSection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+
+    @model_validator(mode="after")
+    def _check_shards(self) -> RunConfig:
+        text = self.text
+        if self.run.workflow == "text" and text.prompts_per_step % self.workers.num_workers:
+            raise ValueError(f"text.prompts_per_step ({text.prompts_per_step}) must be a multiple of "
+                             f"workers.num_workers ({self.workers.num_workers}): each worker reads its own prompts")
+        num_tasks = len(self.simulator.task_names()) if self.simulator.multi_task else 1
+        if self.run.workflow == "embodied" and self.data.init_states_per_step % num_tasks:
+            raise ValueError(f"data.init_states_per_step ({self.data.init_states_per_step}) must be a multiple of the "
+                             f"{num_tasks} tasks of simulator.tasks: every step draws as many initial states of each task")
+        trainer = self.trainer
+        if trainer.mixed_precision == "bf16" and trainer.strategy != "fsdp":
+            raise ValueError("trainer.mixed_precision bf16 needs trainer.strategy fsdp (DDP trains in the policy's own "
+                             "dtype); use trainer.mixed_precision=auto")
+        if trainer.mixed_precision == "bf16" and self.workers.device == "cpu":
+            raise ValueError("trainer.mixed_precision bf16 needs accelerator workers (workers.device cuda, npu or auto): "
+                             "CPU workers train in float32; use trainer.mixed_precision=auto, which picks bf16 on "
+                             "accelerators and float32 on the CPU")
+        if self.policy.lora is not None and self.run.workflow == "embodied":
+            _check_lora_support(self.policy.name)
+        if self.policy.lora is not None and self.run.workflow == "text" and self.text.rollout_backend == "vllm":
+            raise ValueError("policy.lora with text.rollout_backend vllm: the vLLM engine loads the policy's weights by "
+                             "name and knows no LoRA adapters; use text.rollout_backend=hf with LoRA")
+        if self.data.num_train_init_states < self.data.init_states_per_step:
+            raise ValueError(
+                "data.num_train_init_states must be at least data.init_states_per_step "
+                f"({self.data.num_train_init_states} < {self.data.init_states_per_step})"
+            )
+        return self

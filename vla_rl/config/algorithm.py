@@ -1,0 +1,172 @@
+"""The algorithm sections of the run config: rewards, advantages, filters and the policy objective
+(``algorithm``, with the settings of its selected components), the KL coefficient controller
+(``algorithm.kl_ctrl``) and the value network (``critic``). The component registries are imported
+lazily, when a section is validated."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from vla_rl.components import ComponentConfigError, build_config
+from vla_rl.config.base import _check_name, _Section
+
+
+class KLControlSection(_Section):
+    """Coefficient of the KL penalty in the reward (Ziegler et al. 2019 for ``adaptive``)."""
+
+    type: Literal["fixed", "adaptive"] = Field("fixed", description="Fixed or adaptive coefficient.")
+    kl_coef: float = Field(0.001, ge=0, description="The (initial) coefficient beta.")
+    target_kl: float = Field(0.1, gt=0, description="KL the adaptive controller steers towards.")
+    horizon: int = Field(10_000, gt=0, description="Samples over which the adaptive controller corrects fully.")
+
+
+#: The ``algorithm`` fields that select a registered component, and where its registry lives.
+#: Each component's settings are the mapping ``algorithm.<component name>`` (e.g.
+#: ``algorithm.gae: {gamma: 0.99, lam: 0.95}``), validated by the config class registered with it.
+ALGORITHM_COMPONENTS: dict[str, tuple[str, str]] = {
+    "reward": ("vla_rl.algorithms.rewards", "EMBODIED_REWARDS"),
+    "trajectory_encoder": ("vla_rl.rewards.trajectory_encoders", "TRAJECTORY_ENCODERS"),
+    "adv_estimator": ("vla_rl.algorithms.advantages", "ADVANTAGE_ESTIMATORS"),
+    "policy_loss": ("vla_rl.algorithms.policy_loss", "POLICY_LOSSES"),
+}
+
+
+def component_registry(kind: str):
+    """The registry of an ``algorithm`` component kind (:data:`ALGORITHM_COMPONENTS`), imported lazily."""
+    module, attribute = ALGORITHM_COMPONENTS[kind]
+    return getattr(importlib.import_module(module), attribute)
+
+
+class AlgorithmSection(_Section):
+    """Rewards, advantages, group filters and the policy objective (names resolve in
+    ``vla_rl.algorithms``; docs/algorithms.md lists them with their sources).
+
+    The settings of the selected reward, trajectory encoder, advantage estimator and policy
+    loss live with those components: ``algorithm.<name>`` is a mapping validated by the config
+    class the component registered (``algorithm.ppo_clip.clip_ratio_high=0.28``,
+    ``algorithm.gae.lam=0.95``, ``algorithm.srpo.dbscan_eps=0.5``); :meth:`options` returns it.
+    """
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+
+    reward: str = Field("srpo", description="Embodied reward: 'srpo' (progress) or 'success' (binary).")
+    trajectory_encoder: str = Field(
+        "state_resample",
+        description="Trajectory encoder of rewards that embed episodes (SRPO): 'state_resample' (the simulator "
+        "state), 'policy_backbone' (the policy's own vision backbone on camera frames) or 'vjepa2' (a V-JEPA 2 "
+        "video model from a local directory: algorithm.vjepa2.model_dir).",
+    )
+    srpo_reference_set: Literal["local", "step"] = Field(
+        "local",
+        description="SRPO's reference successes: 'local', the reward node's own shard (at dp_size 1 already the "
+        "whole step, gathered by the re-shard); 'step', every shard's trajectories, embeddings gathered worker to "
+        "worker (all_gather) when the reward node runs at dp_size > 1.",
+    )
+    overlong_buffer_len: int = Field(
+        0, ge=0, description="DAPO overlong shaping: decision steps before the budget where the penalty ramps (0: off)."
+    )
+    overlong_penalty_factor: float = Field(1.0, ge=0, description="DAPO overlong shaping: penalty at the budget.")
+    adv_estimator: str = Field("grpo", description="Registered advantage estimator.")
+    filter_zero_variance_groups: bool = Field(
+        True, description="Drop groups whose rewards are all equal (they carry no advantage)."
+    )
+    success_rate_band: tuple[float, float] | None = Field(
+        None,
+        description="Keep only groups whose success rate lies in [low, high] (SimpleVLA-RL's and "
+        "the SRPO recipe's accuracy filter, e.g. [0.1, 0.9]); None keeps every group.",
+    )
+    max_refill_rounds: int = Field(
+        3, ge=0, description="Dynamic sampling: extra rollout rounds per step while too few groups are kept."
+    )
+    policy_loss: str = Field("ppo_clip", description="Registered policy objective.")
+    ratio_granularity: Literal["token", "action", "chunk"] = Field(
+        "action", description="One importance ratio per action dimension, per action, or per chunk."
+    )
+    loss_agg_mode: str = Field("seq-mean-token-mean", description="Loss aggregation mode.")
+    loss_agg_normalizer: float | None = Field(
+        None, gt=0, description="Constant of 'seq-mean-token-sum-norm' (null: the padded length)."
+    )
+    entropy_coeff: float = Field(0.0, ge=0, description="Weight of the entropy bonus (aggregated like the loss).")
+    use_kl_loss: bool = Field(False, description="Add a KL(policy || reference) term to the actor loss.")
+    kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss term.")
+    kl_loss_type: str = Field("k3", description="KL estimator of the loss term (k1, abs, k2, k3).")
+    use_kl_in_reward: bool = Field(False, description="Subtract a KL penalty from the rewards.")
+    kl_penalty: str = Field("k1", description="KL estimator of the reward penalty (k1, abs, k2, k3).")
+    kl_ctrl: KLControlSection = Field(default_factory=KLControlSection)
+
+    @field_validator("success_rate_band")
+    @classmethod
+    def _check_band(cls, band: tuple[float, float] | None) -> tuple[float, float] | None:
+        if band is not None and not 0.0 <= band[0] <= band[1] <= 1.0:
+            raise ValueError(f"must satisfy 0 <= low <= high <= 1, got [{band[0]}, {band[1]}]")
+        return band
+
+    @model_validator(mode="after")
+    def _check_components(self) -> AlgorithmSection:
+        if self.loss_agg_normalizer is not None and self.loss_agg_mode != "seq-mean-token-sum-norm":
+            raise ValueError("algorithm.loss_agg_normalizer is the constant of loss_agg_mode "
+                             f"'seq-mean-token-sum-norm' (loss_agg_mode is {self.loss_agg_mode!r}); set it to null")
+        registries = {kind: component_registry(kind) for kind in ALGORITHM_COMPONENTS}
+        for kind, registry in registries.items():
+            _check_name(registry, getattr(self, kind), f"algorithm.{kind}")
+        for name in ("kl_loss_type", "kl_penalty"):
+            _check_name(_kl_estimators(), getattr(self, name), f"algorithm.{name}")
+        _check_name(_loss_agg_modes(), self.loss_agg_mode, "algorithm.loss_agg_mode")
+        for name, options in (self.model_extra or {}).items():
+            owners = [registry for registry in registries.values() if name in registry]
+            if not owners:
+                components = sorted(str(n) for registry in registries.values() for n in registry.names())
+                raise ComponentConfigError(
+                    f"algorithm.{name}", f"unknown key; allowed: {', '.join(type(self).model_fields)}, or the "
+                    f"settings of a component: {', '.join(components)}")
+            config_class = owners[0].config_class(name)
+            if config_class is None:
+                raise ComponentConfigError(f"algorithm.{name}", f"{owners[0].kind} {name!r} takes no settings")
+            if not isinstance(options, dict):
+                raise ComponentConfigError(f"algorithm.{name}", f"must be a mapping of {config_class.__name__} "
+                                           f"settings, got {options!r}")
+            build_config(config_class, options, f"algorithm.{name}")
+        for kind in ALGORITHM_COMPONENTS:  # the selected components' settings, defaults included
+            self.options(kind)
+        return self
+
+    def options(self, kind: str) -> Any:
+        """The typed settings of the component selected for ``kind`` (``"adv_estimator"``,
+        ``"policy_loss"``, ``"reward"``, ``"trajectory_encoder"``): its config class built from
+        ``algorithm.<name>`` (defaults where absent); None for a component without settings."""
+        name = getattr(self, kind)
+        config_class = component_registry(kind).config_class(name)
+        if config_class is None:
+            return None
+        return build_config(config_class, (self.model_extra or {}).get(name), f"algorithm.{name}")
+
+
+def _kl_estimators():
+    from vla_rl.algorithms.kl import KL_ESTIMATORS
+
+    return KL_ESTIMATORS
+
+
+def _loss_agg_modes():
+    from vla_rl.algorithms.aggregation import LOSS_AGG_MODES
+
+    return LOSS_AGG_MODES
+
+
+class CriticSection(_Section):
+    """The value network of templates with a critic (PPO with GAE)."""
+
+    hidden_sizes: list[int] = Field(default_factory=lambda: [256, 256], description="Hidden layer widths.")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate of the critic.")
+    cliprange_value: float | None = Field(
+        0.5, gt=0, description="Value clipping around the rollout-time values (null: plain squared error)."
+    )
+    loss_agg_mode: str = Field("token-mean", description="Aggregation of the value loss over decision steps.")
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> CriticSection:
+        _check_name(_loss_agg_modes(), self.loss_agg_mode, "critic.loss_agg_mode")
+        return self

@@ -1,0 +1,75 @@
+"""The ``text`` section of the run config: the text workflow's causal LM, prompts, rule rewards
+and supervised warm start."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from vla_rl.config.base import _Section
+
+
+class TextSection(_Section):
+    """The text workflow (``run.workflow: text``): the causal LM, its prompts, the rule rewards
+    and the supervised warm start. Prompt files are verl/siiRL-format parquet or JSONL
+    (``prompt``, ``data_source``, ``reward_model.ground_truth``); each worker reads only its own
+    row groups."""
+
+    model_path: str | None = Field(
+        None, description="Local HF model directory or .gguf file; null: a tiny Qwen2 built in the run dir."
+    )
+    gguf_file: str | None = Field(None, description="GGUF file name inside the directory model_path.")
+    prompt_format: Literal["chat", "raw"] = Field(
+        "chat", description="'chat': prompts go through the tokenizer's chat template (which must exist); 'raw': "
+        "the messages' contents are encoded as they are (base models without a chat template)."
+    )
+    allow_pickle: bool = Field(
+        False, description="Accept pytorch_model.bin weights (torch's pickle format, which can run code when "
+        "loaded) in model_path when it has no safetensors; off: such a directory is refused."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
+    tiny_hidden_size: int = Field(64, ge=8, description="Tiny model (model_path null): residual width.")
+    tiny_num_layers: int = Field(2, ge=1, description="Tiny model (model_path null): transformer blocks.")
+    train_file: str | None = Field(
+        None, description="Training prompts (.parquet/.jsonl); null: arithmetic problems generated in the run dir."
+    )
+    test_file: str | None = Field(
+        None, description="Held-out prompts for evaluation; null: the generated arithmetic test split."
+    )
+    num_generated_train: int = Field(4000, ge=1, description="Rows of the generated arithmetic train split.")
+    num_generated_test: int = Field(256, ge=1, description="Rows of the generated arithmetic test split.")
+    arithmetic_levels: list[Literal["add_small", "add_2x1digit", "add_2digit", "sub_2digit"]] | None = Field(
+        None, description="Levels of vla_rl.data.arithmetic.LEVELS the generated splits draw from (null: all "
+        "four); e.g. [add_small] (sums up to 20 + 9, 210 problems) for a model that misses the harder ones."
+    )
+    prompts_per_step: int = Field(16, ge=1, description="Prompts per step over all workers (groups per step).")
+    max_prompt_length: int = Field(64, ge=1, description="Prompt tokens after the chat template (left-padded).")
+    max_response_length: int = Field(24, ge=1, description="Most tokens sampled per response.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; the loss scores at the same one.")
+    rollout_backend: Literal["hf", "vllm"] = Field(
+        "hf", description="What samples the training responses: 'hf', the policy's own KV-cache decoding; "
+        "'vllm', a vLLM engine on the worker's device with the trainer's weights loaded after every update "
+        "(needs the vllm package, see docs/llm.md). Evaluation always decodes with the policy."
+    )
+    vllm_memory_fraction: float = Field(
+        0.3, gt=0, le=1, description="rollout_backend 'vllm' on a GPU: share of GPU memory vLLM may take "
+        "(weights + KV cache; the trainer shares the device)."
+    )
+    vllm_kv_cache_gib: float = Field(
+        1.0, gt=0, description="rollout_backend 'vllm' on CPU: memory of the KV cache in GiB."
+    )
+    correct_score: float = Field(1.0, description="Reward of a correct final answer.")
+    format_score: float = Field(0.0, description="Reward added for a well-formatted final answer.")
+    answer_extraction: Literal["strict", "flexible"] = Field(
+        "strict",
+        description="'strict': only a final answer in the data source's format counts; 'flexible': an "
+        "unformatted response is judged by its last number (verl's GSM8K method='flexible'), in "
+        "training rewards and evaluation alike.",
+    )
+    sft_steps: int = Field(0, ge=0, description="Supervised warm-start steps on the train split (0: none).")
+    sft_lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the warm start.")
+    sft_batch_size: int = Field(32, ge=1, description="Examples per warm-start step.")
+    sft_response_column: str = Field(
+        "extra_info.answer", description="Column holding the warm start's target responses."
+    )

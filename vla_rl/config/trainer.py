@@ -1,0 +1,75 @@
+"""The ``trainer`` section of the run config: the RL loop and the actor update, and the settings
+of ``trainer.strategy: fsdp`` (``trainer.fsdp``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from vla_rl.config.base import _Section
+
+
+class FSDPSection(_Section):
+    """Settings of ``trainer.strategy: fsdp`` (torch FSDP2, ``torch.distributed.fsdp.fully_shard``)."""
+
+    master_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype of the sharded parameters (the master weights) and of the optimizer state; "
+        "the policy the rollout uses keeps its own dtype (policy.config.dtype, text.dtype) and is refreshed from the "
+        "master weights after every update.")
+    reduce_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype gradients are reduce-scattered in under mixed precision (MixedPrecisionPolicy's "
+        "reduce_dtype).")
+    reshard_after_forward: bool = Field(
+        True, description="Free each block's gathered parameters after its forward pass and gather them again for the "
+        "backward pass (ZeRO-3); false keeps them between the passes (ZeRO-2: less communication, more memory).")
+    sync_every_micro_batch: bool = Field(
+        True, description="With trainer.micro_batch_size: reduce-scatter the gradients after every micro-batch, "
+        "accumulating sharded gradients (the memory of one shard). false: accumulate unsharded gradients and reduce "
+        "once per minibatch (set_requires_gradient_sync(False) before the last micro-batch; less communication, the "
+        "memory of the whole model's gradients).")
+
+
+class TrainerSection(_Section):
+    """The RL loop and the actor update."""
+
+    total_steps: int = Field(25, ge=0, description="Training steps (rollout, rewards, update).")
+    total_env_steps: int | None = Field(
+        None, ge=1,
+        description="Environment-step budget: training also stops after the step that brings the "
+        "control steps simulated (all workers, dynamic-sampling rounds included) to it (null: none). "
+        "Compares algorithms at equal simulation cost.",
+    )
+    lr: float = Field(3e-4, gt=0, description="Adam learning rate of the actor.")
+    ppo_epochs: int = Field(4, ge=1, description="Passes over each step's batch.")
+    ppo_mini_batch_size: int = Field(
+        16, ge=1,
+        description="Episodes per minibatch, summed over the workers (verl's ppo_mini_batch_size): a "
+        "step whose filtered batch is small makes fewer updates instead of overfitting it.",
+    )
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient-norm clip.")
+    max_skipped_updates: int = Field(
+        3, ge=1, description="An update whose gradient norm is not finite (a diverged loss) is skipped and "
+        "counted in actor/skipped_updates; after this many in a row the run stops with a message.",
+    )
+    save_every: int = Field(5, ge=1, description="Checkpoint every k steps (and at the end).")
+    keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="How the actor trains over the workers: 'ddp', the whole policy and its optimizer on every "
+        "worker, gradients all-reduced; 'fsdp', torch FSDP2 (fully_shard): parameters, gradients and optimizer state "
+        "sharded over the workers, the policy's blocks all-gathered one at a time, sharded checkpoints "
+        "(torch.distributed.checkpoint). docs/large_policies.md.")
+    mixed_precision: Literal["auto", "bf16", "none"] = Field(
+        "auto", description="fsdp only: the dtype the blocks compute in. 'bf16': parameters all-gathered and computed "
+        "in bfloat16, sharded master weights and optimizer state in trainer.fsdp.master_dtype, gradients reduced in "
+        "trainer.fsdp.reduce_dtype; needs an accelerator (refused on CPU workers). 'none': the master dtype throughout. "
+        "'auto': bf16 on CUDA/NPU workers, none on the CPU.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute the policy's blocks' activations in the backward pass instead of keeping them "
+        "(transformers' gradient checkpointing for Hugging Face models, torch.utils.checkpoint around the policy's "
+        "blocks otherwise): less memory, about one more forward pass of compute.")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="Samples per forward/backward pass on a worker (gradient accumulation): each "
+        "minibatch's gradient is accumulated over micro-batches of at most this many samples, scaled so that the "
+        "update equals the whole minibatch's (exact for every loss_agg_mode). null: the whole minibatch at once.")
+    fsdp: FSDPSection = Field(default_factory=lambda: FSDPSection())

@@ -1,0 +1,192 @@
+"""Integrity of training checkpoints (:mod:`vla_rl.trainers.checkpoint`): sha256 manifests, their
+verification, and the fallback to the newest checkpoint that verifies.
+
+* **Checksums.** :func:`write_manifest` records the size and sha256 of every file of a staged
+  checkpoint as ``manifest.json`` (written last, by
+  :func:`~vla_rl.trainers.checkpoint.finalize_checkpoint`). :func:`verify_checkpoint` checks each
+  file against the manifest (size, then sha256) and raises :class:`CheckpointCorruptError` naming
+  every file that is missing, truncated or altered; the loaders name the file they could not read
+  too. A checkpoint written before manifests existed has none: it is checked by opening its files
+  (each safetensors header and its extent, each JSON file) and, fully, by loading it.
+* **Fallback.** :func:`latest_verified_checkpoint` returns the newest checkpoint that verifies
+  and the newer ones it skipped, each with the reason (also logged); a resume continues from it
+  and sets the skipped ones aside with :func:`reject_checkpoint` (renamed ``*.rejected``, never
+  deleted, never read again).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+
+from vla_rl.trainers.checkpoint import (
+    _STEP_DIR_RE,
+    FORMAT_VERSION,
+    TRAINER_STATE_FILE,
+    _fsync,
+    _is_sharded_dir,
+    _write_json,
+)
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_FILE = "manifest.json"
+REJECTED_SUFFIX = ".rejected"
+
+
+class CheckpointCorruptError(ValueError):
+    """A checkpoint file that is missing, truncated or altered; the message names every such file.
+
+    Attributes:
+        files: the offending files.
+    """
+
+    def __init__(self, message: str, files: list[Path]) -> None:
+        super().__init__(message)
+        self.files = files
+
+
+def write_manifest(directory: str | Path) -> Path:
+    """Write ``<directory>/manifest.json``: the size and sha256 of every other file in it, and of
+    every file of its sharded-state directories (torch.distributed.checkpoint directories, e.g.
+    ``actor_sharded/__0_0.distcp``, named by their relative path).
+
+    Rank 0 calls it (from :func:`~vla_rl.trainers.checkpoint.finalize_checkpoint`) once every rank's files
+    are staged.
+
+    Returns:
+        the manifest's path.
+    """
+    directory = Path(directory)
+    files = {path.relative_to(directory).as_posix(): {"size": path.stat().st_size, "sha256": _sha256(path)}
+             for path in _checkpoint_files(directory) if path.name != MANIFEST_FILE}
+    manifest = directory / MANIFEST_FILE
+    _write_json(manifest, {"format_version": FORMAT_VERSION, "files": files})
+    return manifest
+
+
+def verify_checkpoint(path: str | Path) -> bool:
+    """Check a checkpoint's files against its manifest (size, then sha256).
+
+    A checkpoint without ``manifest.json`` (written before checkpoints had one) is checked by
+    opening its files: every ``.safetensors`` header and the extent it declares, every ``.json``
+    file; what that cannot see (altered tensor bytes) only loading it can.
+
+    Returns:
+        True if it was checked against its manifest, False if it has none (files opened only).
+
+    Raises:
+        CheckpointCorruptError: naming every file that is missing, truncated, altered or
+            unreadable (or the manifest itself).
+    """
+    path = Path(path)
+    manifest_file = path / MANIFEST_FILE
+    if not manifest_file.is_file():
+        _check_structure(path)
+        return False
+    try:
+        files = json.loads(manifest_file.read_text(encoding="utf-8"))["files"]
+        entries = [(path / name, int(entry["size"]), str(entry["sha256"])) for name, entry in files.items()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointCorruptError(f"checkpoint {path} is corrupted: its manifest {manifest_file} is unreadable "
+                                     f"({err})", [manifest_file]) from err
+    problems: list[tuple[Path, str]] = []
+    for file, size, digest in entries:
+        if not file.is_file():
+            problems.append((file, "is missing"))
+        elif file.stat().st_size != size:
+            problems.append((file, f"has {file.stat().st_size} bytes, the manifest says {size} (truncated?)"))
+        elif _sha256(file) != digest:
+            problems.append((file, "does not match its sha256 in the manifest (altered bytes)"))
+    if problems:
+        raise CheckpointCorruptError(f"checkpoint {path} is corrupted: "
+                                     + "; ".join(f"{file} {why}" for file, why in problems),
+                                     [file for file, _ in problems])
+    return True
+
+
+def latest_verified_checkpoint(root: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest complete checkpoint under ``root`` that passes :func:`verify_checkpoint`.
+
+    Every ``step_*`` directory is tried, newest first (one that lost its ``trainer_state.json``
+    too: it fails, and is reported instead of being passed over in silence); each one that fails
+    is skipped with a logged warning that names it and says why.
+
+    Returns:
+        (the checkpoint, or None if none verifies or there is none; the skipped checkpoints,
+        newest first, each with the reason).
+    """
+    root = Path(root)
+    steps = {} if not root.is_dir() else {
+        int(match.group(1)): path for path in root.iterdir()
+        if path.is_dir() and (match := _STEP_DIR_RE.fullmatch(path.name))}
+    skipped: list[tuple[Path, str]] = []
+    for candidate in (steps[step] for step in sorted(steps, reverse=True)):
+        try:
+            verify_checkpoint(candidate)
+        except CheckpointCorruptError as err:
+            logger.warning("skipping checkpoint %s: %s", candidate, err)
+            skipped.append((candidate, str(err)))
+            continue
+        return candidate, skipped
+    return None, skipped
+
+
+def reject_checkpoint(path: str | Path) -> Path:
+    """Set a checkpoint that failed verification aside: rename it ``<name>.rejected`` (``.rejected.2``
+    ... if taken), so that it is never read again and its step can be saved anew; nothing is deleted.
+
+    Returns:
+        the new path.
+    """
+    path = Path(path)
+    target, n = path.with_name(path.name + REJECTED_SUFFIX), 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}{REJECTED_SUFFIX}.{n}")
+    os.replace(path, target)
+    _fsync(path.parent)
+    logger.warning("set checkpoint %s aside as %s", path, target.name)
+    return target
+
+
+def _check_structure(path: Path) -> None:
+    """Open every safetensors and JSON file of a checkpoint without a manifest; raise
+    :class:`CheckpointCorruptError` naming those that cannot be read."""
+    problems: list[tuple[Path, Exception | str]] = []
+    if not (path / TRAINER_STATE_FILE).is_file():
+        problems.append((path / TRAINER_STATE_FILE, "missing"))
+    for file in sorted(path.iterdir()):
+        try:
+            if file.suffix == ".safetensors":
+                with safe_open(str(file), framework="pt") as opened:  # reads the header, checks the extent
+                    opened.keys()
+            elif file.suffix == ".json":
+                json.loads(file.read_text(encoding="utf-8"))
+        except (SafetensorError, OSError, ValueError) as err:
+            problems.append((file, err))
+    if problems:
+        raise CheckpointCorruptError(f"checkpoint {path} (no manifest) is corrupted: "
+                                     + "; ".join(f"{file} is unreadable ({err})" for file, err in problems),
+                                     [file for file, _ in problems])
+
+
+def _checkpoint_files(directory: Path) -> list[Path]:
+    """The files of a checkpoint directory: its own, and those of its sharded-state directories."""
+    files = []
+    for path in sorted(directory.iterdir()):
+        if path.is_file():
+            files.append(path)
+        elif path.is_dir() and _is_sharded_dir(path):
+            files += sorted(file for file in path.iterdir() if file.is_file())
+    return files
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
