@@ -14,7 +14,7 @@ from vla_rl.evaluation.benchmarks import (
     run_task_index,
     run_tasks,
 )
-from vla_rl.evaluation.compatibility import incompatibility, one_hot_tasks
+from vla_rl.evaluation.compatibility import incompatibility, one_hot_tasks, trained_on
 
 
 def robosuite_spec(task: str) -> dict:
@@ -70,3 +70,13 @@ def test_a_one_hot_policy_runs_only_its_own_tasks():
     lift = RunConfig.model_validate({})
     assert [t.name for t in robosuite_benchmark(lift)] == ["Lift", "Stack", "PickPlaceCan", "Door"]
     assert run_task_index(lift, robosuite_benchmark(lift)[0]) is None  # robosuite, not robosuite_lift: probed
+
+
+def test_reasons_name_the_task_the_policy_was_trained_on():
+    """A Door run of the robosuite_lift simulator is not called a Lift policy."""
+    assert trained_on(RunConfig.model_validate({})) == "robosuite_lift"  # its default task
+    door = RunConfig.model_validate({"simulator": {"env": {"task": "Door", "horizon": 150}}})
+    assert trained_on(door) == "robosuite_lift task Door"
+    mt = RunConfig.model_validate({"simulator": {"name": "metaworld", "tasks": ["reach-v3", "push-v3"],
+                                                 "env": {"horizon": 150}}})
+    assert trained_on(mt) == "metaworld tasks reach-v3, push-v3"

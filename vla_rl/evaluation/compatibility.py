@@ -39,6 +39,15 @@ def one_hot_tasks(config) -> list[str] | None:
     return config.simulator.task_names()
 
 
+def trained_on(config) -> str:
+    """The run's own simulator and task(s), as the reasons name them: ``robosuite_lift`` for
+    its default task, ``robosuite_lift task Door``, ``metaworld tasks reach-v3, push-v3``."""
+    names = [task.name for task in run_tasks(config)]
+    if names == [config.simulator.name]:
+        return config.simulator.name
+    return f"{config.simulator.name} task{'s' if len(names) > 1 else ''} {', '.join(names)}"
+
+
 def _layout(spec: dict) -> str:
     parts = ", ".join(f"{key} {stop - start}" for key, (start, stop) in spec["obs_layout"].items())
     return f"[{parts}] ({spec['obs_dim']} values)"
@@ -81,7 +90,7 @@ def check_tasks(config, tasks: list[EvalTask]) -> list[TaskVerdict]:
     """
     from simulators.pool import probe_specs
 
-    sim, one_hot = config.simulator, one_hot_tasks(config)
+    one_hot = one_hot_tasks(config)
     own = [run_task_index(config, task) is not None for task in tasks]
     probed = [task for task, mine in zip(tasks, own) if not mine and one_hot is None]
     specs: dict[str, dict] = {}
@@ -90,6 +99,6 @@ def check_tasks(config, tasks: list[EvalTask]) -> list[TaskVerdict]:
         trained = run_tasks(config)[0]  # a task set's tasks share their spec (its pool checks it)
         policy_spec, *answers = probe_specs([(trained.simulator, trained.env), *((t.simulator, t.env) for t in probed)])
         specs = {task.name: spec for task, spec in zip(probed, answers)}
-    return [TaskVerdict(task, None if mine else incompatibility(task, specs.get(task.name), policy_spec, sim.name,
+    return [TaskVerdict(task, None if mine else incompatibility(task, specs.get(task.name), policy_spec, trained_on(config),
                                                                 one_hot, in_task_set=False))
             for task, mine in zip(tasks, own)]

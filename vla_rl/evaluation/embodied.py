@@ -38,7 +38,7 @@ from vla_rl.evaluation.benchmarks import (
     run_task_index,
     use_run_tasks,
 )
-from vla_rl.evaluation.compatibility import incompatibility, one_hot_tasks
+from vla_rl.evaluation.compatibility import incompatibility, one_hot_tasks, trained_on
 from vla_rl.evaluation.episode_store import (
     VIDEOS_DIR,
     EpisodeKey,
@@ -162,7 +162,7 @@ class EmbodiedEvaluation(EvaluationSession):
         res, path, spec = self.res, self.checkpoints[target], self.tasks[task]
         own = run_task_index(self.config, spec) is not None
         reason = incompatibility(spec, None if own else self.pool(task).spec(), res.env_spec,
-                                 self.config.simulator.name, one_hot_tasks(self.config), own)
+                                 trained_on(self.config), one_hot_tasks(self.config), own)
         if reason is not None:
             what = "the policy" if path is None else f"checkpoint {path}"
             raise ValueError(f"task {spec.name!r} cannot be evaluated with {what}: {reason}; evaluate it on tasks "

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import yaml
+from rich.markup import escape
 
 from vla_rl.evaluation.targets import RUN_TEMPLATE, EvalInputError, find_checkpoints
 
@@ -160,7 +161,7 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     started = time.perf_counter()
     loaded, tasks, skipped = skip_incompatible_tasks(eval_dir, loaded)
     for s in skipped:
-        console.print(f"[yellow]skipping task {s['task']}: {s['reason']}[/yellow]")
+        console.print(f"[yellow]skipping task {escape(s['task'])}: {escape(s['reason'])}[/yellow]")
     config = loaded.config
     ev = config.eval
     protocols = eval_protocols(ev)
