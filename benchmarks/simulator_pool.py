@@ -168,7 +168,10 @@ class RandomPolicy:
     has_action_distribution = True
 
     def __init__(self, act_dim: int, latency_s: float, chunk_size: int = 1) -> None:
+        import torch
+
         self.act_dim, self.latency_s, self.chunk_size = act_dim, latency_s, chunk_size
+        self.device = torch.device("cpu")  # where the rollout puts its observations
 
     def sample_actions(self, obs, greedy=False, generator=None):
         import torch
