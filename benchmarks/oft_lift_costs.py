@@ -1,11 +1,13 @@
 """Where the time of an OpenVLA-OFT camera run on robosuite Lift goes, piece by piece, in one
-process (no Ray, no engine): simulation with and without the 128x128 agentview camera, the tiny
-policy's rollout forward, and its training forward + backward + Adam step. Prints a table and
-writes JSON.
+process (no Ray, no engine): simulation without a camera, and with the agentview camera at each
+size rendered every control step (the baseline) or once per chunk (what the simulator workers do:
+``step_unobserved`` between observations), the tiny policy's rollout forward, and its training
+forward + backward + Adam step. Prints a table (with each camera setting's speed against 128x128
+rendered every step) and writes JSON.
 
     flock /tmp/vla_heavy.lock python benchmarks/oft_lift_costs.py --out benchmarks/oft_lift_costs.json
 
-Settings follow dag_templates/embodied_srpo_oft_lift.yaml: OSC_POSE, 128x128 agentview with
+Settings follow dag_templates/embodied_srpo_oft_lift.yaml: OSC_POSE, agentview with
 ``fast_rendering``, the tiny OFT preset at image size 56, chunks of 8 actions, proprio 5.
 """
 
@@ -19,8 +21,10 @@ from pathlib import Path
 import numpy as np
 
 
-def env_steps_per_s(config: dict, steps: int) -> float:
-    """Control steps per second of one Lift environment under random actions (resets excluded)."""
+def env_steps_per_s(config: dict, steps: int, observe_every: int = 1) -> float:
+    """Control steps per second of one Lift environment under random actions (resets excluded),
+    building the observation (rendering the cameras) every ``observe_every`` steps, as a simulator
+    worker does for chunks of that many actions (``step_unobserved`` in between)."""
     from simulators import make_env
 
     env = make_env("robosuite_lift", config)
@@ -28,9 +32,13 @@ def env_steps_per_s(config: dict, steps: int) -> float:
     try:
         env.reset(seed=0)
         elapsed = 0.0
-        for _ in range(steps):
+        for step in range(steps):
+            action = rng.uniform(-1, 1, env.act_dim)
             start = time.perf_counter()
-            _, _, terminated, truncated, _ = env.step(rng.uniform(-1, 1, env.act_dim))
+            if (step + 1) % observe_every == 0:
+                _, _, terminated, truncated, _ = env.step(action)
+            else:
+                _, terminated, truncated, _ = env.step_unobserved(action)
             elapsed += time.perf_counter() - start
             if terminated or truncated:
                 env.reset(seed=1)
@@ -88,34 +96,49 @@ def main() -> None:
                         "(8 episodes x 10 decisions)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--camera-sizes", type=int, nargs="+", default=[128, 64],
+                        help="agentview sizes, pixels (128: the baseline, rendered every step)")
+    parser.add_argument("--chunk", type=int, default=8, help="actions per chunk: steps per observation")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/oft_lift_costs.json"))
     args = parser.parse_args()
 
     state = env_steps_per_s({"horizon": 10_000}, args.env_steps)
-    camera = env_steps_per_s({"horizon": 10_000, "cameras": ["agentview"], "camera_size": 128,
-                              "fast_rendering": True}, args.env_steps)
+    cameras = {}  # (camera size, steps per observation) -> control steps/s
+    for size in args.camera_sizes:
+        for every in (1, args.chunk):
+            cameras[size, every] = env_steps_per_s({"horizon": 10_000, "cameras": ["agentview"], "camera_size": size,
+                                                    "fast_rendering": True}, args.env_steps, every)
     policy = policy_costs(args.batch, args.minibatch, args.repeats, args.threads)
+    baseline = cameras[128, 1] if (128, 1) in cameras else None
     result = {
         "lift_state_steps_per_s": state,
-        "lift_camera128_steps_per_s": camera,
-        "rendering_ms_per_step": 1000 * (1 / camera - 1 / state),
         "physics_ms_per_step": 1000 / state,
+        "camera_steps_per_s": [
+            {"camera_size": size, "steps_per_observation": every, "steps_per_s": rate,
+             "rendering_ms_per_step": 1000 * (1 / rate - 1 / state),
+             "vs_128_every_step": rate / baseline if baseline else None}
+            for (size, every), rate in cameras.items()
+        ],
         **{f"policy_{k}": v for k, v in policy.items()},
         "policy_sample_ms_per_observation": 1000 * policy["sample_s"] / args.batch,
         "settings": vars(args) | {"out": str(args.out)},
     }
-    rows = [
-        ("Lift, state only (one process)", f"{state:.1f} steps/s", f"{1000 / state:.1f} ms/step"),
-        ("Lift, agentview 128x128, fast rendering", f"{camera:.1f} steps/s", f"{1000 / camera:.1f} ms/step"),
-        ("  of which rendering", "", f"{result['rendering_ms_per_step']:.1f} ms/step"),
+    rows = [("Lift, state only (one process)", f"{state:.1f} steps/s", f"{1000 / state:.1f} ms/step", "")]
+    for entry in result["camera_steps_per_s"]:
+        ratio = entry["vs_128_every_step"]
+        rows.append((f"Lift, agentview {entry['camera_size']}x{entry['camera_size']}, fast rendering, observed every "
+                     f"{entry['steps_per_observation']} step(s)", f"{entry['steps_per_s']:.1f} steps/s",
+                     f"{entry['rendering_ms_per_step']:.1f} ms/step rendering", f"{ratio:.2f}x" if ratio else ""))
+    rows += [
         (f"tiny OFT ({policy['parameters']:,} params): sample a chunk for {args.batch} obs", "",
-         f"{1000 * policy['sample_s']:.1f} ms ({result['policy_sample_ms_per_observation']:.1f} ms/obs)"),
+         f"{1000 * policy['sample_s']:.1f} ms ({result['policy_sample_ms_per_observation']:.1f} ms/obs)", ""),
         (f"tiny OFT: train minibatch of {args.minibatch} obs (fwd+bwd+Adam)", "",
-         f"{1000 * policy['train_minibatch_s']:.1f} ms"),
+         f"{1000 * policy['train_minibatch_s']:.1f} ms", ""),
     ]
     width = max(len(r[0]) for r in rows)
-    for name, rate, cost in rows:
-        print(f"{name:<{width}}  {rate:>14}  {cost:>22}")
+    print(f"{'':<{width}}  {'rate':>14}  {'cost':>30}  {'vs 128 every step':>17}")
+    for name, rate, cost, ratio in rows:
+        print(f"{name:<{width}}  {rate:>14}  {cost:>30}  {ratio:>17}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -31,7 +31,9 @@ ids give independent variations, without building MetaWorld's benchmark task lis
 Camera observations are opt-in (``cameras``): the observation is then a ``gymnasium.spaces.Dict``
 ``{"state": float32 (39,), "<camera>_image": uint8 (camera_size, camera_size, 3)}``. MetaWorld's
 ``corner*`` cameras are mounted upside down; their images are rotated by 180 degrees so that they
-come out upright.
+come out upright. They are rendered when an observation is built (``reset``, ``step``,
+``observe``): ``step_unobserved`` advances without rendering, which the simulator workers use for
+every action of a chunk but the last.
 """
 
 from __future__ import annotations
@@ -295,6 +297,7 @@ class MetaWorldEnv(gym.Env):
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.act_dim,), dtype=np.float32)
         self._episode_step = 0
         self._episode_over = True  # until the first reset
+        self._raw_obs = np.zeros(self.obs_dim)  # MetaWorld's observation of the current state
 
     @property
     def obs_layout(self) -> dict[str, slice]:
@@ -351,10 +354,10 @@ class MetaWorldEnv(gym.Env):
             # MetaWorld's seeded variations: with seeded_rand_vec, _get_state_rand_vec draws from
             # env.np_random (each draw of the task's rejection loop too).
             self._env.np_random = np.random.default_rng(seed)
-        raw_obs, _ = self._env.reset()
+        self._raw_obs, _ = self._env.reset()
         self._episode_step = 0
         self._episode_over = False
-        return self._observation(raw_obs), {"success": False, "episode_step": 0}
+        return self.observe(), {"success": False, "episode_step": 0}
 
     def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
         """Apply one control action (12.5 ms of simulation).
@@ -372,6 +375,19 @@ class MetaWorldEnv(gym.Env):
             ValueError: if ``action`` does not have shape ``(4,)`` or is not finite.
             RuntimeError: if no episode is running (before ``reset`` or after it ended).
         """
+        reward, terminated, truncated, info = self.step_unobserved(action)
+        return self.observe(), reward, terminated, truncated, info
+
+    def step_unobserved(self, action: np.ndarray) -> tuple[float, bool, bool, dict]:
+        """:meth:`step` without building the observation: no camera is rendered. The simulator
+        workers step all but the last action of a chunk this way, then call :meth:`observe`.
+
+        Returns:
+            ``(reward, terminated, truncated, info)`` as :meth:`step`.
+
+        Raises:
+            ValueError, RuntimeError: as :meth:`step`.
+        """
         if self._episode_over:
             raise RuntimeError("no episode is running: call reset() first (the environment never auto-resets)")
         action = np.asarray(action, dtype=np.float64)
@@ -379,13 +395,22 @@ class MetaWorldEnv(gym.Env):
             raise ValueError(f"action must have shape ({self.act_dim},), got {action.shape}")
         if not np.all(np.isfinite(action)):
             raise ValueError(f"action must be finite, got {action}")
-        raw_obs, _, _, _, mw_info = self._env.step(np.clip(action, -1.0, 1.0))
+        self._raw_obs, _, _, _, mw_info = self._env.step(np.clip(action, -1.0, 1.0))
         self._episode_step += 1
         success = bool(mw_info["success"])
         truncated = self._episode_step >= self.config.horizon and not success
         self._episode_over = success or truncated
-        info = {"success": success, "episode_step": self._episode_step}
-        return self._observation(raw_obs), float(success), success, truncated, info
+        return float(success), success, truncated, {"success": success, "episode_step": self._episode_step}
+
+    def observe(self) -> Any:
+        """The observation of the current state, as :meth:`reset` and :meth:`step` return it
+        (camera images rendered now, from the state the last reset or step left)."""
+        state = np.asarray(self._raw_obs, dtype=np.float32)
+        if not self.config.cameras:
+            return state
+        size = self.config.camera_size
+        images = {f"{camera}_image": self._render(camera, size) for camera in self.config.cameras}
+        return {"state": state, **images}
 
     def render_frame(self) -> np.ndarray:
         """Render the current state from ``config.render_camera``.
@@ -410,14 +435,6 @@ class MetaWorldEnv(gym.Env):
             renderer.close()
         self._renderers = {}
         self._env.close()
-
-    def _observation(self, raw_obs: np.ndarray) -> Any:
-        state = np.asarray(raw_obs, dtype=np.float32)
-        if not self.config.cameras:
-            return state
-        size = self.config.camera_size
-        images = {f"{camera}_image": self._render(camera, size) for camera in self.config.cameras}
-        return {"state": state, **images}
 
     def _render(self, camera: str, size: int) -> np.ndarray:
         renderer = self._renderers.get(size)

@@ -19,6 +19,9 @@ be added through ``obs_keys``.
 Camera observations are opt-in (``cameras``): the observation is then a ``gymnasium.spaces.Dict``
 ``{"state": float32 (obs_dim,), "<camera>_image": uint8 (camera_size, camera_size, 3)}``, images
 upright (robosuite renders OpenGL rows bottom-up). Without cameras it stays the flat ``Box``.
+The cameras are rendered when an observation is built (``reset``, ``step``, ``observe``), never
+inside robosuite's step: ``step_unobserved`` advances without rendering, which the simulator
+workers use for every action of a chunk but the last.
 
 Actions (``OSC_POSE``, 7 values in [-1, 1]): a position delta of up to 0.05 m per control step
 and an axis-angle rotation delta of up to 0.5 rad per control step, both in the robot base frame
@@ -257,22 +260,14 @@ class RobosuiteEnv(gym.Env):
         self.config = config
         self.render_mode = "rgb_array" if config.render_camera is not None else None
         setup_headless_rendering()
-        try:
-            self._env = _make_robosuite_env(config)
-        except ValueError as error:
-            if not config.cameras:
-                raise
-            raise ValueError(
-                f"robosuite could not observe cameras {config.cameras} in {config.task} (robosuite's log above "
-                f"lists the task's camera names, e.g. agentview, robot0_eye_in_hand): {error}"
-            ) from error
+        self._env = _make_robosuite_env(config)
         try:
             self._obs_layout = _obs_layout(self._env.observation_spec(), config.obs_keys)
-            if config.render_camera is not None and config.render_camera not in self._env.sim.model.camera_names:
-                raise ValueError(
-                    f"render_camera {config.render_camera!r} is not a camera of {config.task}; "
-                    f"available: {list(self._env.sim.model.camera_names)}"
-                )
+            cameras = list(self._env.sim.model.camera_names)
+            for field, names in (("render_camera", [config.render_camera]), ("cameras", config.cameras)):
+                unknown = [name for name in names if name is not None and name not in cameras]
+                if unknown:
+                    raise ValueError(f"{field}: {unknown} not a camera of {config.task}; available: {cameras}")
         except ValueError:
             self._env.close()
             raise
@@ -284,6 +279,7 @@ class RobosuiteEnv(gym.Env):
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.act_dim,), dtype=np.float32)
         self._episode_step = 0
         self._episode_over = True  # until the first reset
+        self._raw_obs: dict[str, np.ndarray] = {}  # robosuite's observation of the current state
 
     @property
     def obs_layout(self) -> dict[str, slice]:
@@ -332,11 +328,10 @@ class RobosuiteEnv(gym.Env):
             rng = np.random.default_rng(seed)
             self._env.rng = rng  # drives the robot's initial joint noise
             _seed_placement(self._env.placement_initializer, rng)  # drives the object placement
-        self._select_render_context()
-        raw_obs = self._env.reset()
+        self._raw_obs = self._env.reset()
         self._episode_step = 0
         self._episode_over = False
-        return self._observation(raw_obs), {"success": False, "episode_step": 0}
+        return self.observe(), {"success": False, "episode_step": 0}
 
     def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
         """Apply one control action for ``1 / control_freq`` seconds.
@@ -353,6 +348,19 @@ class RobosuiteEnv(gym.Env):
             ValueError: if ``action`` does not have shape ``(act_dim,)`` or is not finite.
             RuntimeError: if no episode is running (before ``reset`` or after it ended).
         """
+        reward, terminated, truncated, info = self.step_unobserved(action)
+        return self.observe(), reward, terminated, truncated, info
+
+    def step_unobserved(self, action: np.ndarray) -> tuple[float, bool, bool, dict]:
+        """:meth:`step` without building the observation: no camera is rendered. The simulator
+        workers step all but the last action of a chunk this way, then call :meth:`observe`.
+
+        Returns:
+            ``(reward, terminated, truncated, info)`` as :meth:`step`.
+
+        Raises:
+            ValueError, RuntimeError: as :meth:`step`.
+        """
         if self._episode_over:
             raise RuntimeError("no episode is running: call reset() first (the environment never auto-resets)")
         action = np.asarray(action, dtype=np.float64)
@@ -360,14 +368,21 @@ class RobosuiteEnv(gym.Env):
             raise ValueError(f"action must have shape ({self.act_dim},), got {action.shape}")
         if not np.all(np.isfinite(action)):
             raise ValueError(f"action must be finite, got {action}")
-        self._select_render_context()
-        raw_obs, _, _, _ = self._env.step(np.clip(action, -1.0, 1.0))
+        self._raw_obs, _, _, _ = self._env.step(np.clip(action, -1.0, 1.0))
         self._episode_step += 1
         success = bool(self._env._check_success())  # robosuite's success test, as robomimic uses it
         truncated = self._episode_step >= self.config.horizon and not success
         self._episode_over = success or truncated
-        info = {"success": success, "episode_step": self._episode_step}
-        return self._observation(raw_obs), float(success), success, truncated, info
+        return float(success), success, truncated, {"success": success, "episode_step": self._episode_step}
+
+    def observe(self) -> Any:
+        """The observation of the current state, as :meth:`reset` and :meth:`step` return it
+        (camera images rendered now, from the state the last reset or step left)."""
+        state = np.concatenate([np.ravel(self._raw_obs[key]) for key in self.config.obs_keys]).astype(np.float32)
+        if not self.config.cameras:
+            return state
+        images = {f"{camera}_image": self._render(camera, self.config.camera_size) for camera in self.config.cameras}
+        return {"state": state, **images}
 
     def render_frame(self) -> np.ndarray:
         """Render the current state from ``config.render_camera``.
@@ -380,12 +395,7 @@ class RobosuiteEnv(gym.Env):
         """
         if self.config.render_camera is None:
             raise RuntimeError("render_frame needs a render_camera in RobosuiteEnvConfig (e.g. 'agentview')")
-        size = self.config.render_size
-        # robosuite makes an env's OpenGL context current only when creating it: with several
-        # environments in one process, select this one's before rendering.
-        self._env.sim._render_context_offscreen.gl_ctx.make_current()
-        image = self._env.sim.render(width=size, height=size, camera_name=self.config.render_camera)
-        return np.ascontiguousarray(image[::-1])  # OpenGL rows run bottom-up
+        return self._render(self.config.render_camera, self.config.render_size)
 
     def render(self) -> np.ndarray:
         """gymnasium's ``rgb_array`` render: same as :meth:`render_frame`."""
@@ -395,23 +405,14 @@ class RobosuiteEnv(gym.Env):
         """Free the simulator and its renderer."""
         self._env.close()
 
-    def _flatten(self, raw_obs: dict[str, np.ndarray]) -> np.ndarray:
-        return np.concatenate([np.ravel(raw_obs[key]) for key in self.config.obs_keys]).astype(np.float32)
-
-    def _observation(self, raw_obs: dict[str, np.ndarray]) -> Any:
-        state = self._flatten(raw_obs)
-        if not self.config.cameras:
-            return state
-        images = {
-            f"{camera}_image": np.ascontiguousarray(raw_obs[f"{camera}_image"][::-1]) for camera in self.config.cameras
-        }
-        return {"state": state, **images}  # image rows flipped upright: OpenGL renders bottom-up
-
-    def _select_render_context(self) -> None:
-        # Camera observations render inside robosuite's reset/step; with several environments in
-        # one process, this one's OpenGL context must be current first.
-        if self.config.cameras:
-            self._env.sim._render_context_offscreen.gl_ctx.make_current()
+    def _render(self, camera: str, size: int) -> np.ndarray:
+        """uint8 ``(size, size, 3)``: ``camera``'s view of the current state, upright (the call
+        robosuite's own camera observations make)."""
+        # robosuite makes an env's OpenGL context current only when creating it: with several
+        # environments in one process, select this one's before rendering.
+        self._env.sim._render_context_offscreen.gl_ctx.make_current()
+        image = self._env.sim.render(width=size, height=size, camera_name=camera)
+        return np.ascontiguousarray(image[::-1])  # OpenGL rows run bottom-up
 
 
 def camera_observation_space(state_dim: int, cameras: tuple[str, ...], camera_size: int) -> gym.spaces.Space:
@@ -457,10 +458,7 @@ def _make_robosuite_env(config: RobosuiteEnvConfig) -> Any:
         control_freq=config.control_freq,
         has_renderer=False,
         has_offscreen_renderer=renders,
-        use_camera_obs=bool(config.cameras),
-        camera_names=list(config.cameras) or "agentview",
-        camera_heights=config.camera_size,
-        camera_widths=config.camera_size,
+        use_camera_obs=False,  # RobosuiteEnv renders its cameras itself, only when observed
         reward_shaping=False,
         ignore_done=True,  # the time limit is ours (truncated), not robosuite's
         hard_reset=False,

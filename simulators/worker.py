@@ -151,7 +151,9 @@ class SimulatorWorker:
         Environment ``env_indices[k]`` takes the actions ``actions[k, 0], actions[k, 1], ...`` one
         control step each, and stops early when its episode ends (``terminated`` or
         ``truncated``): a success in the middle of a chunk ends the episode and the rest of the
-        chunk is not executed. The environments are stepped one after another.
+        chunk is not executed. The environments are stepped one after another. An environment
+        with ``step_unobserved`` / ``observe`` (see :mod:`simulators.registry`) builds only the
+        observation the chunk returns: its cameras render once per chunk, not once per action.
 
         Args:
             env_indices: ``n`` distinct environment indices with running episodes.
@@ -198,9 +200,13 @@ class SimulatorWorker:
         sim_seconds = sim_cpu_seconds = 0.0
         for row, index in enumerate(env_indices):
             env = self._env(index)
+            lazy = hasattr(env, "step_unobserved")  # renders its cameras only for the chunk's last observation
             for action in actions[row]:
                 started, cpu_started = time.perf_counter(), time.process_time()
-                obs, reward, terminated, truncated, info = env.step(action)
+                if lazy:
+                    reward, terminated, truncated, info = env.step_unobserved(action)
+                else:
+                    obs, reward, terminated, truncated, info = env.step(action)
                 if index in rendered:
                     rendered[index].append(env.render_frame())
                 sim_seconds += time.perf_counter() - started
@@ -212,6 +218,11 @@ class SimulatorWorker:
                 result["steps"][row] += 1
                 if terminated or truncated:
                     break
+            if lazy:
+                started, cpu_started = time.perf_counter(), time.process_time()
+                obs = env.observe()
+                sim_seconds += time.perf_counter() - started
+                sim_cpu_seconds += time.process_time() - cpu_started
             observations.append(self._observation(index, obs))
         result["obs"] = stack_observations(observations)
         result["frames"] = [np.stack(rendered[int(i)]) for i in render_indices]

@@ -95,3 +95,42 @@ def test_fast_rendering_changes_only_the_shading(camera_env):
     normal = camera_env.reset(seed=2)[0]["agentview_image"].astype(int)
     difference = np.abs(fast - normal).mean()
     assert 0.0 < difference < 40.0  # shadows and reflections gone, same scene
+
+
+def test_step_unobserved_renders_nothing_and_observe_gives_steps_observation(camera_env):
+    actions = np.random.default_rng(1).uniform(-1, 1, size=(4, camera_env.act_dim))
+    camera_env.reset(seed=3)
+    for action in actions:
+        stepped, *outcome = camera_env.step(action)
+    camera_env.reset(seed=3)
+    renders = []
+    render = camera_env._render
+    camera_env._render = lambda *args: renders.append(args) or render(*args)
+    try:
+        for action in actions:
+            unobserved = camera_env.step_unobserved(action)
+        assert renders == []  # neither robosuite's step nor ours rendered a camera
+        observed = camera_env.observe()
+    finally:
+        del camera_env._render
+    assert list(unobserved) == outcome
+    assert renders == [(camera, SIZE) for camera in CAMERAS]
+    for key, value in stepped.items():
+        np.testing.assert_array_equal(observed[key], value)
+
+
+def test_a_chunk_renders_the_cameras_once(camera_env):
+    from simulators.worker import SimulatorWorker
+
+    worker = SimulatorWorker("robosuite_lift", {"cameras": ["agentview"], "camera_size": SIZE, "horizon": 10}, 1)
+    try:
+        worker.reset([0], [4])
+        env = worker._env(0)
+        renders = []
+        render = env._render
+        env._render = lambda *args: renders.append(args) or render(*args)
+        out = worker.step_chunk([0], np.zeros((1, 5, env.act_dim), dtype=np.float32))
+        assert out["steps"].tolist() == [5] and renders == [("agentview", SIZE)]
+        np.testing.assert_array_equal(out["obs"]["agentview_image"][0], render("agentview", SIZE))
+    finally:
+        worker.close()

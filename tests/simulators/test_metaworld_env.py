@@ -261,6 +261,30 @@ def test_camera_observations_and_render_frame(egl):
         env.close()
 
 
+def test_step_unobserved_then_observe_gives_steps_observation(egl):
+    config = {"task": TASK, "horizon": 20, "cameras": ["corner"], "camera_size": 32, "fast_rendering": True}
+    actions = np.random.default_rng(1).uniform(-1, 1, size=(4, 4))
+    env = make_env("metaworld", config)
+    try:
+        env.reset(seed=3)
+        for action in actions:
+            stepped, reward, terminated, truncated, info = env.step(action)
+        env.reset(seed=3)
+        renders = []
+        render = env._render
+        env._render = lambda *args: renders.append(args) or render(*args)
+        for action in actions:
+            outcome = env.step_unobserved(action)
+        assert renders == []  # no camera rendered while stepping
+        assert outcome == (reward, terminated, truncated, info)
+        observed = env.observe()
+        assert renders == [("corner", 32)]
+        np.testing.assert_array_equal(observed["state"], stepped["state"])
+        np.testing.assert_array_equal(observed["corner_image"], stepped["corner_image"])
+    finally:
+        env.close()
+
+
 def test_render_frame_without_camera_raises(env):
     with pytest.raises(RuntimeError, match="render_camera"):
         env.render_frame()
