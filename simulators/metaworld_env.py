@@ -45,7 +45,7 @@ import gymnasium as gym
 import numpy as np
 
 from simulators.registry import SIMULATORS
-from simulators.rendering import setup_headless_rendering
+from simulators.rendering import CameraRenderer, setup_headless_rendering
 from simulators.robosuite_env import camera_observation_space
 
 METAWORLD_V3_TASKS: tuple[str, ...] = (
@@ -289,7 +289,7 @@ class MetaWorldEnv(gym.Env):
         self.render_mode = "rgb_array" if config.render_camera is not None else None
         setup_headless_rendering()
         self._env = _make_metaworld_env(config)
-        self._renderers: dict[int, Any] = {}  # image size -> mujoco.Renderer, created at first use
+        self._renderer = CameraRenderer(self._env.model, self._env.data, fast=config.fast_rendering)
         self._obs_layout = _layout("goal_pos" if config.goal_observable else "goal_pos_hidden")
         self.obs_dim = OBS_DIM
         self.act_dim = ACT_DIM
@@ -430,18 +430,11 @@ class MetaWorldEnv(gym.Env):
         return self.render_frame()
 
     def close(self) -> None:
-        """Free the simulator and its renderers."""
-        for renderer in self._renderers.values():
-            renderer.close()
-        self._renderers = {}
+        """Free the simulator (the process's shared renderers stay)."""
         self._env.close()
 
     def _render(self, camera: str, size: int) -> np.ndarray:
-        renderer = self._renderers.get(size)
-        if renderer is None:
-            renderer = self._renderers[size] = _make_renderer(self._env.model, size, self.config.fast_rendering)
-        renderer.update_scene(self._env.data, camera=camera)
-        image = renderer.render()  # makes its own OpenGL context current; rows top-down
+        image = self._renderer.render(camera, size)  # the process's shared renderer; rows top-down
         if camera in UPSIDE_DOWN_CAMERAS:
             image = image[::-1, ::-1]
         return np.ascontiguousarray(image)
@@ -466,14 +459,3 @@ def _make_metaworld_env(config: MetaWorldEnvConfig) -> Any:
     env.seeded_rand_vec = True
     env.max_path_length = config.horizon  # MetaWorld refuses steps beyond it; our time limit is the same
     return env
-
-
-def _make_renderer(model: Any, size: int, fast: bool) -> Any:
-    """A ``mujoco.Renderer`` of ``size`` x ``size`` pixels (without shadows and reflections if ``fast``)."""
-    import mujoco
-
-    renderer = mujoco.Renderer(model, height=size, width=size)
-    if fast:
-        renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
-        renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
-    return renderer

@@ -35,6 +35,7 @@ a choice (:func:`user_rendering_env_vars`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -43,6 +44,8 @@ import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -382,3 +385,79 @@ def disable_shadows_and_reflections(render_context: Any) -> None:
 
     render_context.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
     render_context.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+
+
+_SHARED_RENDERERS: dict[tuple[str, int, bool], Any] = {}
+"""This process's ``mujoco.Renderer`` per (model digest, image size, fast): see :class:`CameraRenderer`."""
+
+
+def model_digest(model: Any) -> str:
+    """SHA-256 of a compiled MuJoCo model (its ``mj_saveModel`` bytes): equal for models compiled
+    from the same description, as every environment of one task is."""
+    import mujoco
+
+    buffer = np.zeros(mujoco.mj_sizeModel(model), dtype=np.uint8)
+    mujoco.mj_saveModel(model, None, buffer)
+    return hashlib.sha256(buffer).hexdigest()
+
+
+class CameraRenderer:
+    """Renders the cameras of one environment (a MuJoCo model and data pair) through renderers
+    shared by every environment of the process.
+
+    One ``mujoco.Renderer`` (an OpenGL context, and a ``MjrContext`` holding the model's meshes
+    and textures) exists per process for each distinct model (:func:`model_digest`), image size
+    and ``fast`` setting: environments of one task render through the same one, each with its
+    own model and data (``mjv_updateScene``), so their images are those of a renderer of their
+    own. A robosuite Lift environment with its own offscreen context held about 383 MB; without
+    one about 128 MB, plus one shared renderer of about 265 MB per process (measured on this
+    2-core machine, llvmpipe).
+
+    Args:
+        model, data: the environment's ``mujoco.MjModel`` and ``mujoco.MjData``.
+        fast: without shadows and reflections (about twice as fast on CPU).
+        hidden_geom_groups: geom groups not drawn (robosuite: ``(0,)``, its collision meshes, as
+            robosuite's own renderer does with ``render_collision_mesh=False``).
+    """
+
+    def __init__(self, model: Any, data: Any, *, fast: bool, hidden_geom_groups: Sequence[int] = ()) -> None:
+        import mujoco
+
+        self._model, self._data, self._fast = model, data, fast
+        self._digest: str | None = None  # computed at the first render
+        self._option = mujoco.MjvOption()
+        for group in hidden_geom_groups:
+            self._option.geomgroup[group] = 0
+        self._camera = mujoco.MjvCamera()
+        self._camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
+
+    def camera_id(self, camera: str) -> int:
+        """The id of camera ``camera`` in the model, or -1 if it has none of that name."""
+        import mujoco
+
+        return mujoco.mj_name2id(self._model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+
+    def render(self, camera: str, size: int) -> np.ndarray:
+        """uint8 ``(size, size, 3)``: ``camera``'s view of the data's current state, rows top-down.
+
+        Raises:
+            ValueError: if the model has no camera ``camera``.
+        """
+        import mujoco
+
+        camera_id = self.camera_id(camera)
+        if camera_id < 0:
+            raise ValueError(f"the model has no camera {camera!r}")
+        if self._digest is None:
+            self._digest = model_digest(self._model)
+        key = (self._digest, size, self._fast)
+        renderer = _SHARED_RENDERERS.get(key)
+        if renderer is None:
+            renderer = _SHARED_RENDERERS[key] = mujoco.Renderer(self._model, height=size, width=size)
+            if self._fast:
+                renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+                renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        self._camera.fixedcamid = camera_id
+        mujoco.mjv_updateScene(self._model, self._data, self._option, None, self._camera,
+                               mujoco.mjtCatBit.mjCAT_ALL, renderer.scene)
+        return renderer.render()  # makes the renderer's OpenGL context current first

@@ -18,7 +18,7 @@ be added through ``obs_keys``.
 
 Camera observations are opt-in (``cameras``): the observation is then a ``gymnasium.spaces.Dict``
 ``{"state": float32 (obs_dim,), "<camera>_image": uint8 (camera_size, camera_size, 3)}``, images
-upright (robosuite renders OpenGL rows bottom-up). Without cameras it stays the flat ``Box``.
+upright. Without cameras it stays the flat ``Box``.
 The cameras are rendered when an observation is built (``reset``, ``step``, ``observe``), never
 inside robosuite's step: ``step_unobserved`` advances without rendering, which the simulator
 workers use for every action of a chunk but the last.
@@ -39,10 +39,7 @@ import gymnasium as gym
 import numpy as np
 
 from simulators.registry import SIMULATORS
-from simulators.rendering import (
-    disable_shadows_and_reflections,
-    setup_headless_rendering,
-)
+from simulators.rendering import CameraRenderer, setup_headless_rendering
 from simulators.robosuite_lean import lean_task_class
 
 LIFT_STATE_KEYS: tuple[str, ...] = (
@@ -271,8 +268,10 @@ class RobosuiteEnv(gym.Env):
         except ValueError:
             self._env.close()
             raise
-        if config.fast_rendering and (config.cameras or config.render_camera is not None):
-            disable_shadows_and_reflections(self._env.sim._render_context_offscreen)
+        renders = bool(config.cameras) or config.render_camera is not None
+        # robosuite's own renderer hides the collision meshes (geom group 0) by default
+        self._renderer = CameraRenderer(self._env.sim.model._model, self._env.sim.data._data,
+                                        fast=config.fast_rendering, hidden_geom_groups=(0,)) if renders else None
         self.obs_dim = sum(s.stop - s.start for s in self._obs_layout.values())
         self.act_dim = int(self._env.action_dim)
         self.observation_space = camera_observation_space(self.obs_dim, config.cameras, config.camera_size)
@@ -406,13 +405,9 @@ class RobosuiteEnv(gym.Env):
         self._env.close()
 
     def _render(self, camera: str, size: int) -> np.ndarray:
-        """uint8 ``(size, size, 3)``: ``camera``'s view of the current state, upright (the call
-        robosuite's own camera observations make)."""
-        # robosuite makes an env's OpenGL context current only when creating it: with several
-        # environments in one process, select this one's before rendering.
-        self._env.sim._render_context_offscreen.gl_ctx.make_current()
-        image = self._env.sim.render(width=size, height=size, camera_name=camera)
-        return np.ascontiguousarray(image[::-1])  # OpenGL rows run bottom-up
+        """uint8 ``(size, size, 3)``: ``camera``'s view of the current state, upright (through the
+        process's shared renderer: :class:`simulators.rendering.CameraRenderer`)."""
+        return self._renderer.render(camera, size)
 
 
 def camera_observation_space(state_dim: int, cameras: tuple[str, ...], camera_size: int) -> gym.spaces.Space:
@@ -457,8 +452,10 @@ def _make_robosuite_env(config: RobosuiteEnvConfig) -> Any:
         horizon=config.horizon,
         control_freq=config.control_freq,
         has_renderer=False,
-        has_offscreen_renderer=renders,
-        use_camera_obs=False,  # RobosuiteEnv renders its cameras itself, only when observed
+        # RobosuiteEnv renders its cameras itself (a renderer shared by the process's environments),
+        # only when an observation or a frame is asked for: no per-environment offscreen context
+        has_offscreen_renderer=False,
+        use_camera_obs=False,
         reward_shaping=False,
         ignore_done=True,  # the time limit is ours (truncated), not robosuite's
         hard_reset=False,

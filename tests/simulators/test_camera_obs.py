@@ -134,3 +134,28 @@ def test_a_chunk_renders_the_cameras_once(camera_env):
         np.testing.assert_array_equal(out["obs"]["agentview_image"][0], render("agentview", SIZE))
     finally:
         worker.close()
+
+
+def test_environments_share_one_renderer_and_render_as_robosuites_own(camera_env):
+    """A second environment renders through the first one's renderer (no new OpenGL context), and
+    the images are those robosuite's own offscreen renderer makes of the same state."""
+    from robosuite.utils.binding_utils import MjRenderContextOffscreen
+
+    from simulators import rendering
+
+    camera_env.reset(seed=2)
+    before = set(rendering._SHARED_RENDERERS)
+    other = make_env("robosuite_lift", {"cameras": CAMERAS, "camera_size": SIZE, "horizon": 10})
+    try:
+        obs = other.reset(seed=7)[0]
+        assert set(rendering._SHARED_RENDERERS) == before  # same task, size and shading: shared
+        assert not np.array_equal(obs["agentview_image"], camera_env.observe()["agentview_image"])  # own state
+        sim = other._env.sim
+        context = MjRenderContextOffscreen(sim, device_id=-1)
+        context.vopt.geomgroup[0] = 0  # as robosuite's environments set it (render_collision_mesh=False)
+        sim.add_render_context(context)
+        for camera in CAMERAS:
+            reference = sim.render(width=SIZE, height=SIZE, camera_name=camera)[::-1]
+            np.testing.assert_array_equal(obs[f"{camera}_image"], reference)
+    finally:
+        other.close()
