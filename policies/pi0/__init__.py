@@ -1,0 +1,39 @@
+"""π0 (arXiv 2410.24164): a flow-matching action expert on a PaliGemma backbone.
+
+The configs import without torch; the model (``PI0Model``, ``PI0Inputs``) is imported on first
+access.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies.pi0.configuration_pi0 import (
+    GEMMA_VARIANTS,
+    MODEL_PRESETS,
+    GemmaSpec,
+    PI0ModelConfig,
+    SiglipSpec,
+    pi0_model_preset,
+    tiny_pi0_config,
+)
+
+__all__ = [
+    "GEMMA_VARIANTS",
+    "MODEL_PRESETS",
+    "GemmaSpec",
+    "PI0Inputs",
+    "PI0Model",
+    "PI0ModelConfig",
+    "SiglipSpec",
+    "pi0_model_preset",
+    "tiny_pi0_config",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("PI0Model", "PI0Inputs"):
+        from policies.pi0 import modeling_pi0
+
+        return getattr(modeling_pi0, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,237 @@
+"""Read and write π0 checkpoints in their published PyTorch layouts.
+
+Two layouts hold the same tensors under the same names, up to a prefix:
+
+- ``"openpi"``: openpi's converted PyTorch checkpoints (``examples/convert_jax_model_to_pytorch.py``
+  writes ``safetensors.torch.save_model(PI0Pytorch)`` to ``model.safetensors``): names of
+  ``PI0Pytorch.state_dict()``, e.g. ``paligemma_with_expert.paligemma.model.language_model.layers.0
+  .self_attn.q_proj.weight``, ``paligemma_with_expert.gemma_expert.model.layers.0.mlp.up_proj
+  .weight``, ``action_in_proj.weight``;
+- ``"lerobot"``: LeRobot's ``PI0Policy`` (``src/lerobot/policies/pi0/modeling_pi0.py``, the model
+  under ``self.model``; e.g. ``lerobot/pi0_base``): the same names prefixed ``model.``.
+
+Our :class:`~policies.pi0.modeling_pi0.PI0Model` uses these names, except where transformers 5
+builds other modules (file name → ours):
+
+- ``...paligemma.model.vision_tower.vision_model.<rest>`` → ``...paligemma.model.vision_tower.<rest>``
+  (transformers 4.x's ``SiglipVisionModel`` nests a ``vision_model``; 5.x does not; both read);
+- ``paligemma_with_expert.paligemma.lm_head.weight`` → ``...paligemma.model.language_model
+  .embed_tokens.weight``: PaliGemma ties its LM head to the token embeddings, and ``save_model``
+  keeps one name of tied tensors, the first in sorted order, ``lm_head`` (LeRobot's
+  ``_fix_pytorch_state_dict_keys`` and transformers' ``pi0`` conversion mapping copy it back the
+  same way); a file holding ``embed_tokens`` itself is read too;
+- ``paligemma_with_expert.gemma_expert.lm_head.weight`` ``(vocab, expert width)``: the expert's LM
+  head, never used by π0 (openpi builds it with ``GemmaForCausalLM`` and leaves it at its random
+  initialisation), is skipped on reading; :func:`save_pi0_checkpoint` writes zeros there so that
+  strict loaders (openpi's ``safetensors.torch.load_model``, LeRobot's ``load_state_dict``) accept
+  the file.
+
+Beside the weights, :func:`save_pi0_checkpoint` writes ``pi0_architecture.json`` (our
+:class:`PI0ModelConfig`); :func:`read_checkpoint_config` reads it, or else the ``config.json`` of a
+LeRobot (``"type": "pi0"``) or openpi (``action_horizon``, ``action_dim``) checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from policies.checkpoint_files import (
+    SAFETENSORS_FILE,
+    WeightMismatch,
+    checkpoint_shapes,
+    compare_shapes,
+    find_weight_files,
+    staged_directory,
+)
+from policies.pi0.configuration_pi0 import PI0ModelConfig, SiglipSpec
+from policies.pi0.modeling_pi0 import PI0Model
+
+Layout = Literal["lerobot", "openpi"]
+LAYOUTS = ("lerobot", "openpi")
+ARCHITECTURE_FILE = "pi0_architecture.json"
+CONFIG_FILE = "config.json"
+#: Prefix of every name in the LeRobot layout.
+LEROBOT_PREFIX = "model."
+_VISION = "paligemma_with_expert.paligemma.model.vision_tower."
+_EMBED = "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
+_PALIGEMMA_HEAD = "paligemma_with_expert.paligemma.lm_head.weight"
+#: The expert's unused LM head (see the module docstring).
+EXPERT_HEAD = "paligemma_with_expert.gemma_expert.lm_head.weight"
+
+
+def checkpoint_name(name: str, layout: Layout) -> str:
+    """The file name of one of our parameter names in ``layout`` (see the module docstring)."""
+    if name == _EMBED:
+        name = _PALIGEMMA_HEAD
+    elif name.startswith(_VISION):
+        name = _VISION + "vision_model." + name[len(_VISION):]
+    return (LEROBOT_PREFIX if layout == "lerobot" else "") + name
+
+
+def model_name(file_name: str) -> str:
+    """Our parameter name of a file's tensor name, in either layout (the expert's LM head maps to
+    :data:`EXPERT_HEAD`, which the model lacks)."""
+    name = file_name.removeprefix(LEROBOT_PREFIX)  # openpi names never start with "model."
+    if name == _PALIGEMMA_HEAD:
+        return _EMBED
+    return re.sub(r"^(paligemma_with_expert\.paligemma\.model\.vision_tower\.)vision_model\.", r"\1", name)
+
+
+def detect_layout(names: Iterable[str]) -> Layout:
+    """``"lerobot"`` when the names carry the ``model.`` prefix, else ``"openpi"``."""
+    return "lerobot" if any(name.startswith(LEROBOT_PREFIX + "paligemma_with_expert.") for name in names) else "openpi"
+
+
+def load_pi0_weights(model: PI0Model, directory: str | Path) -> Layout:
+    """Copy a checkpoint's tensors into ``model`` (cast to each parameter's dtype), after checking
+    from the safetensors headers alone that every parameter is there with its shape.
+
+    Args:
+        model: a materialised model of the checkpoint's architecture.
+        directory: holds ``model.safetensors`` (or its shards and index) in either layout.
+
+    Returns:
+        the layout found.
+
+    Raises:
+        FileNotFoundError: no weights in ``directory``.
+        ValueError: pickle-only weights, or tensors missing, unexpected or of another shape
+            (the message names the file and the first names of each kind).
+    """
+    weights = find_weight_files(directory)
+    found = checkpoint_shapes(weights)  # file name -> shape, from the headers
+    sources: dict[str, str] = {}  # our name -> file name
+    for file_name in found:
+        name = model_name(file_name)
+        if name == EXPERT_HEAD:
+            continue
+        if name in sources and file_name.endswith("lm_head.weight"):
+            continue  # an untied file holds embed_tokens too: the embeddings win over the LM head
+        sources[name] = file_name
+    expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    mismatch = compare_shapes(expected, {name: found[file_name] for name, file_name in sources.items()})
+    if mismatch:
+        layout = detect_layout(found)
+        mismatch = WeightMismatch(  # in the file's names
+            missing=tuple(checkpoint_name(name, layout) for name in mismatch.missing),
+            unexpected=tuple(sources[name] for name in mismatch.unexpected),
+            mismatched=tuple((sources[name], *shapes) for name, *shapes in mismatch.mismatched),
+        )
+        source = weights.files[0] if len(weights.files) == 1 else Path(directory)
+        raise ValueError(f"{source}: the weights do not fit this π0 architecture: {mismatch.describe()}; load a "
+                         "checkpoint of this architecture (pi0_architecture.json or config.json in the directory "
+                         "says which), or give the matching PI0ModelConfig")
+    wanted = {file_name: name for name, file_name in sources.items()}
+    state = model.state_dict()
+    with torch.no_grad():
+        for path in weights.files:
+            with safe_open(str(path), framework="pt", device="cpu") as file:
+                for file_name in file.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    if file_name in wanted:
+                        state[wanted[file_name]].copy_(file.get_tensor(file_name))
+    return detect_layout(found)
+
+
+def save_pi0_checkpoint(model: PI0Model, out_dir: str | Path, layout: Layout = "lerobot",
+                        write_expert_head: bool = True) -> Path:
+    """Write ``model`` as a checkpoint directory in a published layout: ``model.safetensors``
+    (tensors in their own dtypes, on the CPU) and ``pi0_architecture.json``; atomically (a
+    half-written directory is never visible).
+
+    Args:
+        model: the model.
+        out_dir: a new directory.
+        layout: ``"lerobot"`` (names prefixed ``model.``) or ``"openpi"``.
+        write_expert_head: write the unused expert LM head as zeros (``(vocab_size, expert.width)``,
+            263M values at full size) so that strict loaders accept the file.
+
+    Returns:
+        ``out_dir``.
+
+    Raises:
+        ValueError: an unknown layout.
+        FileExistsError: ``out_dir`` exists.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown π0 checkpoint layout {layout!r}; use one of {LAYOUTS}")
+    tensors = {checkpoint_name(name, layout): tensor.detach().to("cpu").contiguous()
+               for name, tensor in model.state_dict().items()}
+    if write_expert_head:
+        config = model.config
+        dtype = model.action_out_proj.weight.dtype
+        tensors[checkpoint_name(EXPERT_HEAD, layout)] = torch.zeros(config.vocab_size, config.expert.width, dtype=dtype)
+    with staged_directory(out_dir) as staging:
+        save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
+        (staging / ARCHITECTURE_FILE).write_text(json.dumps(dataclasses.asdict(model.config), indent=2) + "\n")
+    return Path(out_dir)
+
+
+def read_checkpoint_config(directory: str | Path) -> PI0ModelConfig:
+    """The architecture of a checkpoint directory: its ``pi0_architecture.json``; else its
+    ``config.json``, LeRobot's ``PI0Config`` (``"type": "pi0"``: ``paligemma_variant``,
+    ``action_expert_variant``, ``chunk_size``, ``max_state_dim``, ``max_action_dim``,
+    ``num_inference_steps``, ``tokenizer_max_length``, ``image_resolution``, ``min_period``,
+    ``max_period``, ``time_sampling_*``) or openpi's (``action_dim``, ``action_horizon``,
+    ``paligemma_variant``, ``action_expert_variant``), on the full-size π0 sizes.
+
+    Raises:
+        FileNotFoundError: neither file exists.
+        ValueError: a config of another model, or settings this model cannot take.
+    """
+    directory = Path(directory)
+    if (directory / ARCHITECTURE_FILE).is_file():
+        return PI0ModelConfig(**json.loads((directory / ARCHITECTURE_FILE).read_text()))
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} has neither {ARCHITECTURE_FILE} nor {CONFIG_FILE}: give the "
+                                "PI0ModelConfig of its weights")
+    raw = json.loads(path.read_text())
+    if raw.get("type") == "pi0":
+        if raw.get("time_sampling_beta_beta", 1.0) != 1.0:
+            raise ValueError(f"{path}: time_sampling_beta_beta {raw['time_sampling_beta_beta']} is not 1: "
+                             "PI0ModelConfig samples training times from Beta(alpha, 1)")
+        side = raw.get("image_resolution", [224, 224])
+        if side[0] != side[1]:
+            raise ValueError(f"{path}: image_resolution {side} is not square")
+        return PI0ModelConfig(
+            vision=SiglipSpec(image_size=side[0]), vlm=raw.get("paligemma_variant", "gemma_2b"),
+            expert=raw.get("action_expert_variant", "gemma_300m"), chunk_size=raw.get("chunk_size", 50),
+            max_state_dim=raw.get("max_state_dim", 32), max_action_dim=raw.get("max_action_dim", 32),
+            num_steps=raw.get("num_inference_steps", 10), tokenizer_max_length=raw.get("tokenizer_max_length", 48),
+            min_period=raw.get("min_period", 4e-3), max_period=raw.get("max_period", 4.0),
+            time_beta_alpha=raw.get("time_sampling_beta_alpha", 1.5), time_scale=raw.get("time_sampling_scale", 0.999),
+            time_offset=raw.get("time_sampling_offset", 0.001),
+        )
+    if "action_horizon" in raw and "action_dim" in raw:
+        return PI0ModelConfig(vlm=raw.get("paligemma_variant", "gemma_2b"),
+                              expert=raw.get("action_expert_variant", "gemma_300m"), chunk_size=raw["action_horizon"],
+                              max_state_dim=raw["action_dim"], max_action_dim=raw["action_dim"])
+    raise ValueError(f"{path}: not a π0 config (neither LeRobot's, with \"type\": \"pi0\", nor openpi's, with "
+                     "action_horizon and action_dim)")
+
+
+def load_pi0_checkpoint(directory: str | Path, config: PI0ModelConfig | None = None,
+                        dtype: torch.dtype | None = None) -> PI0Model:
+    """Build a π0 model and load a local checkpoint directory into it (no hub access).
+
+    Args:
+        directory: a checkpoint directory in either layout.
+        config: its architecture; default :func:`read_checkpoint_config`.
+        dtype: cast the model to this dtype after loading; default float32.
+
+    Raises:
+        see :func:`read_checkpoint_config` and :func:`load_pi0_weights`.
+    """
+    config = read_checkpoint_config(directory) if config is None else config
+    model = PI0Model(config)
+    load_pi0_weights(model, directory)
+    return model.to(dtype) if dtype is not None else model
