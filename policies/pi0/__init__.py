@@ -1,7 +1,8 @@
-"""π0 (arXiv 2410.24164): a flow-matching action expert on a PaliGemma backbone.
+"""π0 (arXiv 2410.24164): a flow-matching action expert on a PaliGemma backbone (issue 19).
 
 The configs import without torch; the model (``PI0Model``, ``PI0Inputs``) is imported on first
-access.
+access. :mod:`policies.pi0.flow_sampling` holds the model-agnostic denoising samplers with exact
+per-step log-densities (πRL's Flow-SDE and Flow-Noise, and the deterministic ODE).
 """
 
 from __future__ import annotations
