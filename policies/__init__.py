@@ -24,6 +24,7 @@ _BUILTIN_POLICY_MODULES = (
     "policies.mlp.modeling_mlp",
     "policies.openvla.modeling_openvla",
     "policies.openvla_oft.modeling_openvla_oft",
+    "policies.pi0.policy_pi0",
 )
 
 
@@ -52,7 +53,7 @@ def make_policy(name: str, config: Any) -> Policy:
     """Build the policy registered as ``name`` from its config.
 
     Args:
-        name: registered policy name: ``"mlp"``, ``"openvla"``, ``"openvla_oft"``.
+        name: registered policy name: ``"mlp"``, ``"openvla"``, ``"openvla_oft"``, ``"pi0"``.
         config: an instance of that policy's ``config_class``.
 
     Raises:

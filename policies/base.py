@@ -155,6 +155,16 @@ class Policy(torch.nn.Module, abc.ABC):
     def action_dim(self) -> int:
         """Number of values per action."""
 
+    @property
+    def own_action_dim(self) -> int:
+        """Values per chunk position of the policy's own actions: what :meth:`sample_actions` and
+        :meth:`predict_action_chunk` return, the rollout stores and
+        :meth:`log_prob_and_entropy_per_dim` scores, ``(batch, chunk_size, own_action_dim)``.
+        ``action_dim`` by default; wider where the own actions carry more than the executed action
+        (π0: its whole denoising chain, ``(num_steps + 1) * max_action_dim``), which
+        :meth:`env_actions` maps to ``action_dim`` values."""
+        return self.action_dim
+
     @abc.abstractmethod
     def sample_actions(
         self,

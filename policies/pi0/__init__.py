@@ -1,6 +1,7 @@
 """π0 (arXiv 2410.24164): a flow-matching action expert on a PaliGemma backbone (issue 19).
 
-The configs import without torch; the model (``PI0Model``, ``PI0Inputs``) is imported on first
+The configs import without torch; the model (``PI0Model``, ``PI0Inputs``) and the RL policy
+(``PI0Policy``, registered as ``"pi0"``, :mod:`policies.pi0.policy_pi0`) are imported on first
 access. :mod:`policies.pi0.flow_sampling` holds the model-agnostic denoising samplers with exact
 per-step log-densities (πRL's Flow-SDE and Flow-Noise, and the deterministic ODE).
 """
@@ -14,6 +15,7 @@ from policies.pi0.configuration_pi0 import (
     MODEL_PRESETS,
     GemmaSpec,
     PI0ModelConfig,
+    PI0PolicyConfig,
     SiglipSpec,
     pi0_model_preset,
     tiny_pi0_config,
@@ -26,6 +28,8 @@ __all__ = [
     "PI0Inputs",
     "PI0Model",
     "PI0ModelConfig",
+    "PI0Policy",
+    "PI0PolicyConfig",
     "SiglipSpec",
     "pi0_model_preset",
     "tiny_pi0_config",
@@ -37,4 +41,8 @@ def __getattr__(name: str) -> Any:
         from policies.pi0 import modeling_pi0
 
         return getattr(modeling_pi0, name)
+    if name == "PI0Policy":
+        from policies.pi0.policy_pi0 import PI0Policy
+
+        return PI0Policy
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

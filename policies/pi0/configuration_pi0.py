@@ -16,6 +16,7 @@ time sampling scaled by 0.999 and offset by 0.001, ``min_period`` 4e-3, ``max_pe
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,3 +244,193 @@ def pi0_model_preset(name: str, **overrides: Any) -> PI0ModelConfig:
     if name == "tiny":
         return tiny_pi0_config(**overrides)
     raise ValueError(f"unknown π0 model preset {name!r}; use one of {MODEL_PRESETS}")
+
+
+# --------------------------------------------------------------------------------------- the RL policy
+#: Stochastic samplers of the RL policy (:mod:`policies.pi0.flow_sampling`): πRL's Flow-SDE and
+#: Flow-Noise. Greedy actions always come from the deterministic ODE.
+SAMPLERS = ("flow_sde", "flow_noise")
+#: Which denoising steps are stochastic (see ``PI0PolicyConfig.stochastic_steps``).
+STOCHASTIC_STEPS = ("all",)
+#: Parameter dtypes of the model (the noise head and the log-probs stay float32).
+POLICY_DTYPES = ("float32", "bfloat16", "float16")
+#: Gripper post-processing of environment actions (as OpenVLA's policies).
+POLICY_GRIPPER_POSTPROCESS = ("none", "libero")
+#: Default prompt length of the ``"tiny"`` preset inside the policy (the model preset's 8 tokens are
+#: too few for a tokenised instruction).
+TINY_POLICY_PROMPT_TOKENS = 48
+
+
+@dataclass
+class PI0PolicyConfig:
+    """Settings of :class:`policies.pi0.policy_pi0.PI0Policy`, π0 as an RL policy.
+
+    Give exactly one of ``model_path`` and ``architecture``.
+
+    Attributes:
+        model_path: a local π0 checkpoint directory (openpi's or LeRobot's PyTorch layout, read by
+            :func:`policies.pi0.checkpoint_pi0.load_pi0_checkpoint`; never a hub id). Its
+            ``norm_stats.json`` (openpi's ``{"norm_stats": {"actions": {"q01", "q99"}, "state":
+            {...}}}``), when present, gives the statistics the config leaves unset.
+        architecture: the model to build with random weights: a :class:`PI0ModelConfig`, its
+            dict, a preset name of ``MODEL_PRESETS`` (``"tiny"``) or ``{"preset": name,
+            <PI0ModelConfig field>: value, ...}``. The ``"tiny"`` preset brings the in-process
+            tiny tokenizer (:func:`policies.openvla.tiny.build_tiny_tokenizer`); unless given, its
+            ``vocab_size`` becomes the tokenizer's vocabulary rounded up to a multiple of 64 and
+            its ``tokenizer_max_length`` ``TINY_POLICY_PROMPT_TOKENS``.
+        tokenizer_path: a local directory with the tokenizer files (PaliGemma's for a real
+            checkpoint); default ``model_path``. Not used by the ``"tiny"`` preset; another
+            ``architecture`` needs it.
+        action_dim: the environment's values per action (7 for LIBERO), the first ``action_dim``
+            of the model's ``max_action_dim``; only these are executed and scored.
+        proprio_dim: leading state features given to the model (normalised with the proprio
+            statistics, zero-padded to ``max_state_dim``); None: the state token reads zeros.
+        cameras: simulator cameras of the model's images, in order (``"<camera>_image"`` entries).
+        sampler: one of ``SAMPLERS``: ``"flow_sde"`` (πRL's Flow-SDE, noise ``noise_level``) or
+            ``"flow_noise"`` (Flow-Noise: a learned noise head on the action expert's features,
+            stds in ``[noise_min_std, noise_max_std]``).
+        noise_level: Flow-SDE's ``a`` (> 0; RLinf's default 0.5).
+        stochastic_steps: ``"all"``: every denoising step is stochastic and scored. RLinf's
+            ``"one"`` (a single drawn step per chain) is refused: the stored chain does not say
+            which step was drawn, so its log-probs could not be recomputed exactly.
+        noise_min_std, noise_max_std: Flow-Noise's std bounds (RLinf: 0.08, 0.16).
+        noise_hidden_dims: Flow-Noise's noise-head hidden sizes (RLinf: ``(128, 64)``).
+        num_steps: denoising steps of every sampler; default the model's ``num_steps``.
+        temperature: > 0, scales the std of every stochastic transition (means unchanged) when
+            sampling and scoring; 1 is the sampler's own distribution.
+        action_statistics: ``{"q01", "q99", "mask"}`` lists of length ``action_dim``: actions are
+            normalised with OpenVLA's bounds_q99 (:class:`policies.action_normalization.ActionStatistics`);
+            None (and none in the checkpoint): actions stay in the simulator's units.
+        proprio_statistics: the same for the ``proprio_dim`` state features; None: unset until
+            the checkpoint's or ``fit_observation_normalization`` sets them (raw state until then).
+        gripper_postprocess: one of ``POLICY_GRIPPER_POSTPROCESS`` (``"libero"``: OpenVLA's LIBERO
+            gripper handling after de-normalisation; robosuite: ``"none"``).
+        dtype: parameter dtype of the model (``POLICY_DTYPES``).
+        seed: seed of the random initialisation (model and noise head).
+    """
+
+    model_path: str | None = None
+    architecture: PI0ModelConfig | dict[str, Any] | str | None = None
+    tokenizer_path: str | None = None
+    action_dim: int = 7
+    proprio_dim: int | None = None
+    cameras: tuple[str, ...] = ("agentview",)
+    sampler: str = "flow_sde"
+    noise_level: float = 0.5
+    stochastic_steps: str = "all"
+    noise_min_std: float = 0.08
+    noise_max_std: float = 0.16
+    noise_hidden_dims: tuple[int, ...] = (128, 64)
+    num_steps: int | None = None
+    temperature: float = 1.0
+    action_statistics: dict[str, list] | None = None
+    proprio_statistics: dict[str, list] | None = None
+    gripper_postprocess: str = "none"
+    dtype: str = "float32"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Validate the fields (and the architecture against ``action_dim`` / ``proprio_dim``).
+
+        Raises:
+            ValueError: a field has an invalid value; the message names it and says how to fix it.
+        """
+        owner = "PI0PolicyConfig"
+        if (self.model_path is None) == (self.architecture is None):
+            raise ValueError(f"{owner}: give exactly one of model_path (a local checkpoint) and architecture")
+        for name in ("model_path", "tokenizer_path"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{owner}.{name} must be a local directory, got {value!r}")
+        if isinstance(self.architecture, str):
+            self.architecture = {"preset": self.architecture}
+        model = self.model_config()
+        if self.architecture is not None and not self.is_tiny_preset and self.tokenizer_path is None:
+            raise ValueError(f"{owner}.tokenizer_path is needed with an architecture other than the 'tiny' preset "
+                             "(a local directory with the tokenizer files)")
+        _check_positive_ints(owner, self, ("action_dim",))
+        if self.proprio_dim is not None:
+            _check_positive_ints(owner, self, ("proprio_dim",))
+        if model is not None and self.action_dim > model.max_action_dim:
+            raise ValueError(f"{owner}.action_dim ({self.action_dim}) must be at most the model's max_action_dim "
+                             f"({model.max_action_dim})")
+        if model is not None and self.proprio_dim is not None and self.proprio_dim > model.max_state_dim:
+            raise ValueError(f"{owner}.proprio_dim ({self.proprio_dim}) must be at most the model's max_state_dim "
+                             f"({model.max_state_dim})")
+        if isinstance(self.cameras, str) or not self.cameras or not all(isinstance(c, str) and c for c in self.cameras) \
+                or len(set(self.cameras)) != len(self.cameras):
+            raise ValueError(f"{owner}.cameras must be a non-empty list of distinct camera names such as "
+                             f"['agentview'], got {self.cameras!r}")
+        self.cameras = tuple(self.cameras)
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"{owner}.sampler {self.sampler!r} is unknown; use one of {SAMPLERS} (greedy actions "
+                             "come from the ODE)")
+        if self.stochastic_steps not in STOCHASTIC_STEPS:
+            raise ValueError(f"{owner}.stochastic_steps {self.stochastic_steps!r} is not supported; use 'all' (a "
+                             "stored chain does not record which single step 'one' made stochastic, so its "
+                             "log-probs could not be recomputed exactly)")
+        for name in ("noise_level", "temperature", "noise_min_std", "noise_max_std"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value <= 0:
+                raise ValueError(f"{owner}.{name} must be a finite number > 0, got {value!r}")
+        if not self.noise_min_std < self.noise_max_std:
+            raise ValueError(f"{owner} needs noise_min_std < noise_max_std, got {self.noise_min_std}, "
+                             f"{self.noise_max_std}")
+        if isinstance(self.noise_hidden_dims, (str, int)) or not all(_is_int(h) and h >= 1 for h in self.noise_hidden_dims):
+            raise ValueError(f"{owner}.noise_hidden_dims must be a list of positive ints, got {self.noise_hidden_dims!r}")
+        self.noise_hidden_dims = tuple(self.noise_hidden_dims)
+        if self.num_steps is not None:
+            _check_positive_ints(owner, self, ("num_steps",))
+        for name, length in (("action_statistics", self.action_dim), ("proprio_statistics", self.proprio_dim)):
+            stats = getattr(self, name)
+            if stats is None:
+                continue
+            if length is None:
+                raise ValueError(f"{owner}.{name} needs proprio_dim (statistics of which features?)")
+            if not isinstance(stats, dict) or any(len(stats.get(key, ())) != length for key in ("q01", "q99")):
+                raise ValueError(f"{owner}.{name} must be a dict with q01 and q99 (and optionally mask) lists of "
+                                 f"length {length}, got {stats!r}")
+        if self.gripper_postprocess not in POLICY_GRIPPER_POSTPROCESS:
+            raise ValueError(f"{owner}.gripper_postprocess must be one of {POLICY_GRIPPER_POSTPROCESS}, got "
+                             f"{self.gripper_postprocess!r}")
+        if self.dtype not in POLICY_DTYPES:
+            raise ValueError(f"{owner}.dtype {self.dtype!r} is unknown; use one of {POLICY_DTYPES}")
+        if not _is_int(self.seed):
+            raise ValueError(f"{owner}.seed must be an int, got {self.seed!r}")
+
+    @property
+    def is_tiny_preset(self) -> bool:
+        """Whether ``architecture`` is the ``"tiny"`` preset (which brings its tokenizer)."""
+        return isinstance(self.architecture, dict) and self.architecture.get("preset") == "tiny"
+
+    def model_config(self, tokenizer_vocab: int | None = None) -> PI0ModelConfig | None:
+        """The :class:`PI0ModelConfig` of ``architecture`` (None with ``model_path``: the
+        checkpoint's own).
+
+        Args:
+            tokenizer_vocab: the tiny tokenizer's vocabulary size, which sizes the tiny preset's
+                ``vocab_size`` unless the preset overrides it.
+
+        Raises:
+            ValueError: an unknown preset or field (the message names ``architecture``).
+        """
+        architecture = self.architecture
+        if architecture is None or isinstance(architecture, PI0ModelConfig):
+            return architecture
+        if not isinstance(architecture, dict):
+            raise ValueError(f"PI0PolicyConfig.architecture must be a PI0ModelConfig, its dict, a preset name of "  # noqa: TRY004
+                             f"{MODEL_PRESETS} or {{'preset': name, ...}}, got {architecture!r}")
+        options = {key: value for key, value in architecture.items() if key != "preset"}
+        try:
+            if "preset" not in architecture:
+                return PI0ModelConfig(**options)
+            if architecture["preset"] == "tiny":
+                options.setdefault("tokenizer_max_length", TINY_POLICY_PROMPT_TOKENS)
+                if tokenizer_vocab is not None:
+                    options.setdefault("vocab_size", -(-tokenizer_vocab // 64) * 64)
+            return pi0_model_preset(architecture["preset"], **options)
+        except TypeError as error:
+            raise ValueError(f"PI0PolicyConfig.architecture: {error}") from None
+        except ValueError as error:
+            raise ValueError(f"PI0PolicyConfig.architecture: {error}") from None

@@ -178,7 +178,7 @@ class FlowSampler(nn.Module, abc.ABC):
         return stochastic.to(device)
 
     def _transition(self, velocity_fn: VelocityFn, x_t: Tensor, step: Tensor, times: Tensor,
-                    stochastic_rows: Tensor) -> tuple[Tensor, Tensor]:
+                    stochastic_rows: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
         """Mean and std of step ``step[b]`` from ``x_t[b]`` for every row ``b``.
 
         Args:
@@ -187,6 +187,7 @@ class FlowSampler(nn.Module, abc.ABC):
             step: ``(batch,)`` int64 step indices in ``[0, num_steps)``.
             times: ``(num_steps + 1,)`` float32, :func:`denoising_times`.
             stochastic_rows: ``(batch,)`` bool, whether each row's step is stochastic.
+            temperature: > 0, multiplies the std of the stochastic transitions (the means stay).
 
         Returns:
             ``mean`` and ``std``, each ``(batch, chunk, action_dim)`` float32; ``std`` is 0 on
@@ -200,12 +201,14 @@ class FlowSampler(nn.Module, abc.ABC):
         if not bool(stochastic_rows.any()):
             return ode_mean, torch.zeros_like(ode_mean)
         mean, std = self._stochastic_transition(x_t, velocity, features, t3, delta3)
+        if temperature != 1.0:
+            std = std * temperature
         rows = stochastic_rows[:, None, None]  # (B, 1, 1)
         return torch.where(rows, mean, ode_mean), torch.where(rows, std, torch.zeros_like(std))
 
     @torch.no_grad()
     def sample_chain(self, velocity: VelocityFn, noise: Tensor, num_steps: int,
-                     generator: torch.Generator | None = None) -> FlowChain:
+                     generator: torch.Generator | None = None, temperature: float = 1.0) -> FlowChain:
         """Sample each row's denoising chain from ``noise`` and record its transition log-densities.
 
         Runs without tracking gradients (a rollout); :meth:`log_prob_of_chain` gives the
@@ -218,17 +221,20 @@ class FlowSampler(nn.Module, abc.ABC):
             num_steps: number of denoising steps, >= 1.
             generator: random generator (any device, :func:`policies.sampling.draw`); the global
                 one of ``noise``'s device if None.
+            temperature: > 0, multiplies the std of every stochastic transition (means
+                unchanged); the log-densities are those of the tempered transitions.
 
         Returns:
             the :class:`FlowChain`.
 
         Raises:
             ValueError: ``noise`` is not a 3-D floating tensor, ``num_steps`` is not an int >= 1,
-                the velocity function returns a wrong shape, or the sampler's settings do not fit
-                ``num_steps``.
+                ``temperature`` is not a finite number > 0, the velocity function returns a wrong
+                shape, or the sampler's settings do not fit ``num_steps``.
             TypeError: the velocity function returns something other than a tensor or a pair.
         """
         _check_num_steps(num_steps)
+        _check_temperature(temperature)
         _check_actions("noise", noise)
         x_t = noise.to(torch.float32)
         batch, device = x_t.shape[0], x_t.device
@@ -238,7 +244,7 @@ class FlowSampler(nn.Module, abc.ABC):
         for k in range(num_steps):
             step = torch.full((batch,), k, dtype=torch.long, device=device)
             rows = stochastic[:, k]
-            mean, std = self._transition(velocity, x_t, step, times, rows)
+            mean, std = self._transition(velocity, x_t, step, times, rows, temperature)
             if bool(rows.any()):
                 eps = draw("normal", tuple(x_t.shape), generator, torch.float32, device)
                 x_next = mean + std * eps
@@ -253,8 +259,8 @@ class FlowSampler(nn.Module, abc.ABC):
             stochastic=stochastic,
         )
 
-    def log_prob_and_entropy_of_chain(self, velocity: VelocityFn, chain: Tensor,
-                                      stochastic: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def log_prob_and_entropy_of_chain(self, velocity: VelocityFn, chain: Tensor, stochastic: Tensor | None = None,
+                                      temperature: float = 1.0) -> tuple[Tensor, Tensor]:
         """Transition log-densities and entropies of recorded chains, differentiable.
 
         Only the stochastic steps are evaluated: each row's ``j``-th stochastic step is gathered
@@ -266,6 +272,7 @@ class FlowSampler(nn.Module, abc.ABC):
             velocity: the velocity function (module docstring).
             chain: ``(batch, num_steps + 1, chunk, action_dim)`` floating, ``FlowChain.chain``.
             stochastic: ``(batch, num_steps)`` bool, ``FlowChain.stochastic``; None: every step.
+            temperature: the one the chain was sampled at (multiplies every transition std).
 
         Returns:
             ``log_probs`` and ``entropy``, each ``(batch, num_steps, chunk, action_dim)``
@@ -283,6 +290,7 @@ class FlowSampler(nn.Module, abc.ABC):
                 f"num_steps >= 1 (FlowChain.chain), got "
                 f"{_describe(chain)}"
             )
+        _check_temperature(temperature)
         chain = chain.to(torch.float32)
         batch, num_steps, device = chain.shape[0], chain.shape[1] - 1, chain.device
         stochastic = self._check_stochastic(stochastic, batch, num_steps, device)
@@ -303,14 +311,14 @@ class FlowSampler(nn.Module, abc.ABC):
         all_rows = torch.ones(batch, dtype=torch.bool, device=device)
         for j in range(int(counts[0])):
             step = order[:, j]  # (B,), each row's j-th stochastic step
-            mean, std = self._transition(velocity, chain[rows, step], step, times, all_rows)
+            mean, std = self._transition(velocity, chain[rows, step], step, times, all_rows, temperature)
             step_log_prob = gaussian_log_density(chain[rows, step + 1], mean, std)
             log_probs = log_probs.index_put((rows, step), step_log_prob)
             entropy = entropy.index_put((rows, step), torch.log(std) + _HALF_LOG_2PI_E)
         return log_probs, entropy
 
-    def log_prob_of_chain(self, velocity: VelocityFn, chain: Tensor,
-                          stochastic: Tensor | None = None) -> Tensor:
+    def log_prob_of_chain(self, velocity: VelocityFn, chain: Tensor, stochastic: Tensor | None = None,
+                          temperature: float = 1.0) -> Tensor:
         """Transition log-densities of recorded chains: ``log_prob_and_entropy_of_chain(...)[0]``.
 
         Returns:
@@ -318,7 +326,7 @@ class FlowSampler(nn.Module, abc.ABC):
             ``FlowChain.log_probs`` of :meth:`sample_chain` bit for bit for a deterministic
             velocity function that gives each row the same numbers whatever the batch holds.
         """
-        return self.log_prob_and_entropy_of_chain(velocity, chain, stochastic)[0]
+        return self.log_prob_and_entropy_of_chain(velocity, chain, stochastic, temperature)[0]
 
 
 class FlowODESampler(FlowSampler):
@@ -578,6 +586,13 @@ def _evaluate_velocity(velocity_fn: VelocityFn, x_t: Tensor, t: Tensor) -> tuple
             f"({x_t.shape[0]}, {x_t.shape[1]}, ...), got {_describe(features)}"
         )
     return out.to(torch.float32), features
+
+
+def _check_temperature(temperature: float) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
+            or temperature <= 0:
+        raise ValueError(f"temperature must be a finite number > 0 (it multiplies the transition stds), got "
+                         f"{temperature!r}")
 
 
 def _check_num_steps(num_steps: int) -> None:

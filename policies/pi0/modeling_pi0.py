@@ -247,6 +247,18 @@ class PI0Model(nn.Module):
         Returns:
             ``(batch, chunk_size, max_action_dim)`` float32.
         """
+        return self.velocity_and_features(cache, x_t, time, state)[0]
+
+    def velocity_and_features(self, cache: PrefixCache, x_t: Tensor, time: Tensor | float,
+                              state: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`velocity` and the action expert's last hidden states at the action tokens (the
+        features a Flow-Noise noise head reads, as RLinf feeds its ``ExploreNoiseNet`` the expert's
+        ``suffix_out``).
+
+        Returns:
+            ``velocity`` ``(batch, chunk_size, max_action_dim)`` float32 and ``features``
+            ``(batch, chunk_size, expert.width)`` float32.
+        """
         time = self._batch_times(time, x_t)
         embs, pad_masks, att_masks = self.embed_suffix(state, x_t, time)
         batch, suffix_len = pad_masks.shape
@@ -255,7 +267,8 @@ class PI0Model(nn.Module):
         allowed = torch.cat([to_prefix, make_att_2d_masks(pad_masks, att_masks)], dim=2)  # (B, S, P + S)
         position_ids = cache.num_valid[:, None] + torch.cumsum(pad_masks.long(), dim=1) - 1  # (B, S)
         _, suffix_out, _, _ = self.paligemma_with_expert.forward_layers(None, embs, allowed, position_ids, cache)
-        return self._project_actions(suffix_out)
+        features = suffix_out[:, -self.config.chunk_size:].to(torch.float32)  # (B, H, We)
+        return self._project_actions(suffix_out), features
 
     def velocity_uncached(self, inputs: PI0Inputs, x_t: Tensor, time: Tensor | float) -> Tensor:
         """The velocity from one joint forward pass over prefix and suffix (openpi

@@ -206,6 +206,27 @@ def test_recomputed_log_probs_equal_the_recorded_ones(name):
             assert sampler.noise_head.mlp[0].weight.grad is not None
 
 
+@pytest.mark.parametrize("name", ["sde_all", "noise_features"])
+def test_temperature_multiplies_the_transition_std(name):
+    sampler, with_features = samplers()[name]
+    velocity = TinyVelocity(with_features)
+    cold = sampler.sample_chain(velocity, noise(4, torch.device("cpu")), 3, torch.Generator().manual_seed(3))
+    hot = sampler.sample_chain(velocity, noise(4, torch.device("cpu")), 3, torch.Generator().manual_seed(3),
+                               temperature=2.0)
+    # Same draws, the first step's mean unchanged: its deviation from the mean doubles.
+    mean = 2 * cold.chain[:, 1] - hot.chain[:, 1]
+    torch.testing.assert_close(hot.chain[:, 1] - mean, 2 * (cold.chain[:, 1] - mean))
+    log_probs, entropy = sampler.log_prob_and_entropy_of_chain(velocity, hot.chain, temperature=2.0)
+    assert torch.equal(log_probs, hot.log_probs)
+    _, entropy_cold = sampler.log_prob_and_entropy_of_chain(velocity, hot.chain)
+    torch.testing.assert_close(entropy, entropy_cold + math.log(2.0))
+    for bad in (0.0, -1.0, float("inf"), True):
+        with pytest.raises(ValueError, match="temperature"):
+            sampler.sample_chain(velocity, noise(4, torch.device("cpu")), 3, temperature=bad)
+        with pytest.raises(ValueError, match="temperature"):
+            sampler.log_prob_of_chain(velocity, hot.chain, temperature=bad)
+
+
 def test_one_stochastic_step_per_row_is_drawn_per_row():
     sampler = FlowSDESampler(0.5, stochastic_steps="one")
     x0 = noise(64, torch.device("cpu"))

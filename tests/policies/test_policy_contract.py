@@ -1,6 +1,7 @@
 """Contract tests run against every registered policy, with a tiny config per policy and the
 observations it reads: a flat state tensor (MLP), or simulator camera observations as a
-TensorDict of state, uint8 images and the encoded instruction (OpenVLA, OpenVLA-OFT)."""
+TensorDict of state, uint8 images and the encoded instruction (OpenVLA, OpenVLA-OFT, π0). Own
+actions are ``own_action_dim`` wide (π0: its denoising chain), environment actions ``action_dim``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from policies import available_policies, make_policy
 from policies.mlp import MLPPolicyConfig
 from policies.openvla import OpenVLAPolicyConfig
 from policies.openvla_oft import OpenVLAOFTPolicyConfig
+from policies.pi0 import PI0PolicyConfig
 from vla_rl.data import keys
 from vla_rl.data.observations import encode_instruction
 
@@ -58,6 +60,8 @@ CASES = {
     "openvla_oft": Case(lambda: OpenVLAOFTPolicyConfig(architecture={"preset": "tiny", "fused": False},
                                                        action_dim=3, chunk_size=2, proprio_dim=4),
                         camera_obs, lambda: camera_obs(4, 0).exclude(keys.OBS_INSTRUCTION), "instruction"),
+    "pi0": Case(lambda: PI0PolicyConfig(architecture="tiny", action_dim=3, proprio_dim=4), camera_obs,
+                lambda: camera_obs(4, 0).exclude(keys.OBS_INSTRUCTION), "instruction"),
 }
 
 
@@ -84,12 +88,12 @@ def case(request, device):
 def test_sample_shapes_and_dtypes(case):
     policy, spec = case
     actions, log_probs = policy.sample_actions(spec.obs(4, 0))
-    assert actions.shape == (4, policy.chunk_size, policy.action_dim)
+    assert actions.shape == (4, policy.chunk_size, policy.own_action_dim)
     assert log_probs.shape == (4, policy.chunk_size)
     assert actions.dtype == log_probs.dtype == torch.float32
     assert not actions.requires_grad and not log_probs.requires_grad
     env_actions = policy.env_actions(actions)
-    assert env_actions.shape == actions.shape and env_actions.dtype == torch.float32
+    assert env_actions.shape == (4, policy.chunk_size, policy.action_dim) and env_actions.dtype == torch.float32
     if policy.actions_are_env_actions:  # then an older evaluation store's actions replay as they are
         assert torch.equal(env_actions, actions)
 
@@ -109,7 +113,7 @@ def test_per_dimension_log_probs_sum_to_the_sampled_ones_exactly(case):
     obs = spec.obs(9, 2)
     actions, log_probs = policy.sample_actions(obs)
     per_dim, entropy = policy.log_prob_and_entropy_per_dim(obs, actions)
-    assert per_dim.shape == entropy.shape == (9, policy.chunk_size, policy.action_dim)
+    assert per_dim.shape == entropy.shape == (9, policy.chunk_size, policy.own_action_dim)
     assert torch.equal(per_dim.sum(dim=-1), log_probs)
     assert torch.equal(policy(obs, actions)[0], per_dim)  # the training forward
 

@@ -83,8 +83,14 @@ class CameraRandomWalkPool(RandomWalkPool):
         return {**out, "obs": self._camera(out["obs"])}
 
 
+#: Registered policies the rollout and the trainer cannot drive yet: π0's own actions are its whole
+#: denoising chain, ``own_action_dim`` wide instead of ``action_dim``, which the rollout's stores do
+#: not hold yet (issue 19: the engine's integration comes next).
+NOT_YET_IN_THE_ENGINE = {"pi0"}
+
+
 def test_every_registered_policy_has_a_tiny_config():
-    assert sorted(TINY_CONFIGS) == available_policies()
+    assert sorted(TINY_CONFIGS) == sorted(set(available_policies()) - NOT_YET_IN_THE_ENGINE)
 
 
 def rollout_batch(policy) -> tuple:
