@@ -165,6 +165,34 @@ class Policy(torch.nn.Module, abc.ABC):
         :meth:`env_actions` maps to ``action_dim`` values."""
         return self.action_dim
 
+    @classmethod
+    def planned_action_sizes(cls, config: Any) -> tuple[int | None, int | None]:
+        """``(chunk_size, own_action_dim)`` of a policy of ``config``, without building it (``vla-rl
+        plan``'s traffic estimate); None for a size only the built policy knows. Default: the
+        config's ``chunk_size`` (1 without one) and its ``action_dim``.
+
+        Args:
+            config: an instance of ``config_class`` (its simulator-derived sizes filled in).
+        """
+        action_dim = getattr(config, "action_dim", None)
+        return int(getattr(config, "chunk_size", 1)), None if action_dim is None else int(action_dim)
+
+    @classmethod
+    def unscored_own_elements(cls, config: Any) -> str | None:
+        """Why some elements of this policy's own actions are never scored (their per-element
+        log-probs and entropies are always exactly 0), or None when every element is (the
+        default). Such zeros are exact in the sums of the ``action`` and ``chunk`` ratio
+        granularities but would count as units of a ``token``-level mean, so the planner refuses
+        that granularity for such a policy.
+
+        Args:
+            config: an instance of ``config_class``.
+
+        Returns:
+            a phrase that follows ``the <name> policy``, e.g. ``"scores only ... of its own actions"``.
+        """
+        return None
+
     @abc.abstractmethod
     def sample_actions(
         self,

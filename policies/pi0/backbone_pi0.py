@@ -152,6 +152,18 @@ class PaliGemmaWithExpert(nn.Module):
         """The PaliGemma language model (transformers ``GemmaModel``)."""
         return self.paligemma.model.language_model
 
+    def unused_parameters(self) -> list[nn.Parameter]:
+        """Parameters that never influence the actions: the PaliGemma language model's last
+        layer after its keys and values (``q_proj``, ``o_proj``, the MLP, the post-attention norm)
+        and its final norm. The suffix (action) tokens read the prefix only through each layer's
+        keys and values, so these only shape the prefix's own outputs, which π0 never reads
+        (their gradient is always exactly 0). Frozen by the RL policy, as the OpenVLA policies
+        freeze their towers' unused last block, so that data-parallel training sees no parameter
+        without a gradient."""
+        last = self.vlm.layers[-1]
+        modules = (last.self_attn.q_proj, last.self_attn.o_proj, last.mlp, last.post_attention_layernorm, self.vlm.norm)
+        return [parameter for module in modules for parameter in module.parameters()]
+
     def embed_images(self, images: Tensor) -> Tensor:
         """SigLIP patch features projected to the Gemma width, unscaled (openpi
         ``PaliGemmaWithExpertModel.embed_image``; its ``transformers_replace`` PaliGemma, like

@@ -310,7 +310,9 @@ class PI0PolicyConfig:
     """
 
     model_path: str | None = None
-    architecture: PI0ModelConfig | dict[str, Any] | str | None = None
+    # dict first: a template's mapping stays a dict (PI0ModelConfig's fields all have defaults, so
+    # pydantic would otherwise turn {preset: tiny, ...} into the full-size model, dropping 'preset').
+    architecture: dict[str, Any] | PI0ModelConfig | str | None = None
     tokenizer_path: str | None = None
     action_dim: int = 7
     proprio_dim: int | None = None

@@ -42,7 +42,7 @@ from policies import register_policy
 from policies.action_normalization import ActionStatistics, libero_gripper_postprocess
 from policies.base import Policy
 from policies.checkpoint_files import check_tokenizer, load_tokenizer
-from policies.pi0.checkpoint_pi0 import load_pi0_checkpoint
+from policies.pi0.checkpoint_pi0 import load_pi0_checkpoint, read_checkpoint_config
 from policies.pi0.configuration_pi0 import PI0ModelConfig, PI0PolicyConfig
 from policies.pi0.flow_sampling import (
     FlowNoiseSampler,
@@ -126,6 +126,8 @@ class PI0Policy(Policy):
                 torch.manual_seed(config.seed)
                 model = PI0Model(model_config).to(dtype)
         self._check_model(model.config, len(tokenizer))
+        for parameter in model.paligemma_with_expert.unused_parameters():
+            parameter.requires_grad_(False)  # never reaches the actions (their gradient is always 0)
         self.model = model
         self.tokenizer = tokenizer
         model_config = model.config
@@ -173,6 +175,25 @@ class PI0Policy(Policy):
         """``(num_steps + 1) * max_action_dim``: the whole denoising chain per chunk position (see
         the module docstring for the layout)."""
         return (self.num_steps + 1) * self.max_action_dim
+
+    @classmethod
+    def planned_action_sizes(cls, config: PI0PolicyConfig) -> tuple[int | None, int | None]:
+        """``(chunk_size, own_action_dim)`` of the config's architecture, or of the checkpoint's
+        config file with ``model_path`` (``(None, None)`` when it cannot be read)."""
+        model = config.model_config()
+        if model is None:
+            try:
+                model = read_checkpoint_config(config.model_path)
+            except (OSError, ValueError):
+                return None, None
+        num_steps = config.num_steps if config.num_steps is not None else model.num_steps
+        return model.chunk_size, (num_steps + 1) * model.max_action_dim
+
+    @classmethod
+    def unscored_own_elements(cls, config: PI0PolicyConfig) -> str | None:
+        """π0's own actions hold the initial noise block and the padded values, never scored."""
+        return ("scores only the executed values of the denoising steps of its own actions (the initial noise and "
+                "the padded values are always-zero elements)")
 
     @property
     def device(self) -> torch.device:

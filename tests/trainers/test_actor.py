@@ -15,6 +15,7 @@ from policies import available_policies, make_policy
 from policies.mlp import MLPPolicyConfig
 from policies.openvla import OpenVLAPolicyConfig
 from policies.openvla_oft import OpenVLAOFTPolicyConfig
+from policies.pi0 import PI0PolicyConfig
 from vla_rl.algorithms.policy_loss import POLICY_LOSSES
 from vla_rl.config import AlgorithmSection, TrainerSection
 from vla_rl.data import keys
@@ -30,6 +31,9 @@ TINY_CONFIGS = {
     "openvla": lambda: OpenVLAPolicyConfig(architecture={"preset": "tiny", "fused": False}, action_dim=ACT_DIM),
     "openvla_oft": lambda: OpenVLAOFTPolicyConfig(architecture={"preset": "tiny", "fused": False},
                                                   action_dim=ACT_DIM, chunk_size=3, proprio_dim=3),
+    # own actions: the denoising chains, (3 steps + 1) * 8 = 32 values per chunk position
+    "pi0": lambda: PI0PolicyConfig(architecture={"preset": "tiny", "max_action_dim": 8}, action_dim=ACT_DIM,
+                                   proprio_dim=3),
 }
 
 
@@ -83,14 +87,8 @@ class CameraRandomWalkPool(RandomWalkPool):
         return {**out, "obs": self._camera(out["obs"])}
 
 
-#: Registered policies the rollout and the trainer cannot drive yet: π0's own actions are its whole
-#: denoising chain, ``own_action_dim`` wide instead of ``action_dim``, which the rollout's stores do
-#: not hold yet (issue 19: the engine's integration comes next).
-NOT_YET_IN_THE_ENGINE = {"pi0"}
-
-
 def test_every_registered_policy_has_a_tiny_config():
-    assert sorted(TINY_CONFIGS) == sorted(set(available_policies()) - NOT_YET_IN_THE_ENGINE)
+    assert sorted(TINY_CONFIGS) == sorted(available_policies())
 
 
 def rollout_batch(policy) -> tuple:

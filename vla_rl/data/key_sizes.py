@@ -34,7 +34,10 @@ class StepShape:
         decisions: ``T``, decision steps per sample (embodied: ``ceil(horizon / chunk)``; text:
             ``text.max_response_length``, a response token being a one-dimension action).
         chunk: actions per decision (text: 1).
-        action_dim: values per action (text: 1); None when only the simulator knows.
+        action_dim: values per environment action (text: 1); None when only the simulator knows.
+        own_action_dim: values per chunk position of the policy's own actions (``actions``,
+            ``ref_log_probs``): ``action_dim`` for most policies, π0's whole denoising chain
+            (:meth:`policies.base.Policy.planned_action_sizes`; text: 1); None when unknown.
         obs: one time step of an observation, ``leaf -> (shape, dtype)`` (:func:`observation_leaves`):
             ``{"": ((obs_dim,), "float32")}`` for a flat state, ``{"state": ..., "<camera>_image":
             ..., "instruction": ...}`` with cameras; None when the state's size is unknown; empty
@@ -47,6 +50,7 @@ class StepShape:
     decisions: int
     chunk: int = 1
     action_dim: int | None = 1
+    own_action_dim: int | None = 1
     obs: Leaves | None = field(default_factory=dict)
     prompt_len: int = 0
 
@@ -64,10 +68,10 @@ def _per_decision(dtype: str) -> Callable[[StepShape], Leaves]:
     return lambda shape: {"": ((shape.decisions,), dtype)}
 
 
-def _per_action_value(shape: StepShape) -> Leaves | None:
-    if shape.action_dim is None:
+def _per_own_action_value(shape: StepShape) -> Leaves | None:
+    if shape.own_action_dim is None:
         return None
-    return {"": ((shape.decisions, shape.chunk, shape.action_dim), "float32")}
+    return {"": ((shape.decisions, shape.chunk, shape.own_action_dim), "float32")}
 
 
 def _observations(shape: StepShape) -> Leaves | None:
@@ -84,7 +88,7 @@ KEY_LAYOUTS: dict[str, Callable[[StepShape], Leaves | None]] = {
     keys.ATTENTION_MASK: lambda shape: {"": ((shape.prompt_len,), "int64")},
     keys.RESPONSES: _per_decision("int64"),
     keys.OBS: _observations,
-    keys.ACTIONS: _per_action_value,
+    keys.ACTIONS: _per_own_action_value,
     keys.OLD_LOG_PROBS: lambda shape: {"": ((shape.decisions, shape.chunk), "float32")},
     keys.RESPONSE_MASK: _per_decision("bool"),
     keys.SUCCESS: _scalar("bool"),
@@ -92,7 +96,7 @@ KEY_LAYOUTS: dict[str, Callable[[StepShape], Leaves | None]] = {
     keys.TRUNCATED: _scalar("bool"),
     keys.CHECKPOINT_INDEX: _scalar("int64"),
     keys.PROTOCOL_INDEX: _scalar("int64"),
-    keys.REF_LOG_PROBS: _per_action_value,
+    keys.REF_LOG_PROBS: _per_own_action_value,
     keys.VALUES: _per_decision("float32"),
     keys.REWARDS: _scalar("float32"),
     keys.TOKEN_LEVEL_REWARDS: _per_decision("float32"),

@@ -21,7 +21,8 @@ OBS_IMAGE_SUFFIX = "_image"  # "<camera>_image": (batch, horizon + 1, H, W, 3) u
 OBS_INSTRUCTION = "instruction"  # (batch, horizon + 1, INSTRUCTION_BYTES) uint8: the task's instruction, UTF-8, 0-padded
 # With a task set (simulator.tasks), OBS is a TensorDict (flat states too) that also holds:
 OBS_TASK_ID = "task_id"  # (batch, horizon + 1) int64: the episode's task, its position in simulator.tasks
-ACTIONS = "actions"  # (batch, horizon, chunk, action_dim) float32: sampled (unclipped) actions
+ACTIONS = "actions"  # (batch, horizon, chunk, own_action_dim) float32: the policy's own sampled (unclipped) actions
+# (own_action_dim = policy.own_action_dim: action_dim for most policies, π0's whole denoising chain)
 OLD_LOG_PROBS = "old_log_probs"  # (batch, horizon, chunk) float32: log-probs under the rollout policy
 RESPONSE_MASK = "response_mask"  # (batch, horizon) bool: True for steps the policy acted in
 SUCCESS = "success"  # (batch,) bool
@@ -31,10 +32,10 @@ TRUNCATED = "truncated"  # (batch,) bool: the episode hit its time limit without
 # Evaluation episodes (vla-rl eval).
 CHECKPOINT_INDEX = "checkpoint_index"  # (batch,) int64: position in eval.checkpoints
 PROTOCOL_INDEX = "protocol_index"  # (batch,) int64: position in the evaluation's protocols
-ENV_ACTIONS = "env_actions"  # (batch, horizon, chunk, action_dim) float32: what the simulator received
+ENV_ACTIONS = "env_actions"  # (batch, horizon, chunk, act_dim) float32: what the simulator received
 
 # Models other than the rollout policy.
-REF_LOG_PROBS = "ref_log_probs"  # (batch, horizon, chunk, action_dim) float32: per-dimension, under the reference
+REF_LOG_PROBS = "ref_log_probs"  # (batch, horizon, chunk, own_action_dim) float32: per element, under the reference
 VALUES = "values"  # (batch, horizon) float32: critic values V(obs[t]) at collection time
 
 # Rewards and advantages.

@@ -210,7 +210,8 @@ class EmbodiedEvaluation(EvaluationSession):
             attrs = {"task": spec.name, "simulator": spec.simulator, "env": spec.env}
             self._stores[spec.name] = open_rank_store(self.eval_dir, spec.name, self.res.rank, self.pool(task).spec(),
                                                       self.res.policy.chunk_size, attrs,
-                                                      self.res.policy.has_action_distribution)
+                                                      self.res.policy.has_action_distribution,
+                                                      self.res.policy.own_action_dim)
         append_episodes(self._stores[spec.name], episodes, self.step_of(target), p.greedy, p.temperature)
 
     # --------------------------------------------------------------------- videos

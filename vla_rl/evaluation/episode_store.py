@@ -4,8 +4,10 @@ are committed one by one, so an interrupted evaluation loses no finished episode
 
 Per decision step ``t < finish_step`` an episode stores ``obs`` (the observation before action
 ``t``), ``next_obs`` (after it; the last one is the terminal observation), ``actions``
-``(chunk, action_dim)`` float32 (the policy's own, as sampled: what the RL loss scores, e.g.
-OpenVLA-OFT's normalised values), ``env_actions`` ``(chunk, action_dim)`` float32 (what the
+``(chunk, own_action_dim)`` float32 (the policy's own, as sampled: what the RL loss scores, e.g.
+OpenVLA-OFT's normalised values, π0's whole denoising chain; ``own_action_dim`` is
+``policy.own_action_dim``, the simulator's ``act_dim`` for most policies), ``env_actions``
+``(chunk, act_dim)`` float32 (what the
 simulator received, ``policy.env_actions(actions)``: de-normalised, gripper post-processed; a
 replay executes these) and ``log_probs`` ``(chunk,)`` (not for a policy without an action
 distribution, whose log-probs are undefined); its scalars are the :class:`EpisodeKey` fields plus
@@ -76,12 +78,15 @@ def stored_keys(eval_dir: Path, task: str) -> set[EpisodeKey]:
 
 
 def open_rank_store(eval_dir: Path, task: str, rank: int, spec: dict, chunk: int, attrs: dict,
-                    log_probs: bool) -> TrajectoryStore:
+                    log_probs: bool, own_action_dim: int | None = None) -> TrajectoryStore:
     """This rank's store of ``task``, created on first use.
 
     Args:
         spec: the simulator's ``obs_dim``, ``act_dim``, ``horizon`` (control steps).
         chunk: the policy's action-chunk length.
+        own_action_dim: values per own action of the policy (``policy.own_action_dim``), the
+            width of the ``actions`` field; None: the simulator's ``act_dim`` (a policy whose own
+            actions are the environment's width).
         attrs: metadata kept with a new store (task, simulator, settings).
         log_probs: a new store has the ``log_probs`` field (the policy has an action distribution).
     """
@@ -90,10 +95,11 @@ def open_rank_store(eval_dir: Path, task: str, rank: int, spec: dict, chunk: int
         return TrajectoryStore.open(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     obs_dim, act_dim = int(spec["obs_dim"]), int(spec["act_dim"])
+    own_action_dim = act_dim if own_action_dim is None else int(own_action_dim)
     fields = {
         "obs": ((obs_dim,), np.float32),
         "next_obs": ((obs_dim,), np.float32),
-        "actions": ((chunk, act_dim), np.float32),
+        "actions": ((chunk, own_action_dim), np.float32),
         "env_actions": ((chunk, act_dim), np.float32),
     }
     if log_probs:

@@ -56,6 +56,11 @@ class ProtocolPolicy:
         return self.policy.chunk_size
 
     @property
+    def own_action_dim(self) -> int:
+        """Values per own action of the wrapped policy (``policy.own_action_dim``)."""
+        return self.policy.own_action_dim
+
+    @property
     def device(self):
         """The wrapped policy's device."""
         return self.policy.device
@@ -70,14 +75,14 @@ class ProtocolPolicy:
         return self.policy.env_actions(actions)
 
     def predict_action_chunk(self, obs: Tensor) -> Tensor:
-        """The wrapped policy's deterministic chunk ``(batch, chunk, action_dim)`` (the rollout
+        """The wrapped policy's deterministic chunk ``(batch, chunk, own_action_dim)`` (the rollout
         asks for it under the greedy protocol, from a policy without an action distribution)."""
         return self.policy.predict_action_chunk(obs)
 
     def sample_actions(self, obs: Tensor, greedy: bool = False,
                        generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """Observations (``(batch, obs_dim)`` or a camera TensorDict) -> actions ``(batch, chunk,
-        action_dim)`` and log-probs ``(batch, chunk)``."""
+        """Observations (``(batch, obs_dim)`` or a camera TensorDict) -> own actions ``(batch,
+        chunk, own_action_dim)`` and log-probs ``(batch, chunk)``."""
         if self.protocol.greedy:
             return self.policy.sample_actions(obs, greedy=True, generator=generator)
         return self.policy.sample_actions(obs, greedy=False, generator=generator,

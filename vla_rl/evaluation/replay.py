@@ -28,7 +28,7 @@ def replay_episodes(
         pool: a :class:`simulators.pool.SimulatorPool` with capacity ≥ n (with a render camera
             when ``render``).
         init_state_ids: ``(n,)`` int64 initial-state ids.
-        actions: ``n`` float32 arrays ``(T_i, chunk, action_dim)``: each episode's decisions in
+        actions: ``n`` float32 arrays ``(T_i, chunk, act_dim)``: each episode's decisions in
             the simulator's units (a store's ``env_actions``: :func:`episode_env_actions`).
         render: record a camera frame after every control step of every episode.
         task_ids: ``(n,)`` int64 tasks of a task-set pool; None: the pool's only task.
@@ -82,7 +82,8 @@ def episode_env_actions(store: TrajectoryStore, episode: dict, actions_are_env_a
             ``actions`` can stand in for the ``env_actions`` of a store written before that field.
 
     Returns:
-        ``(finish_step, chunk, action_dim)`` float32: the episode's ``env_actions``, or for a
+        ``(finish_step, chunk, act_dim)`` float32: the episode's ``env_actions`` (never a policy's own
+        actions wider than the simulator's, e.g. π0's denoising chains), or for a
         store without that field its ``actions`` when ``actions_are_env_actions``.
 
     Raises:

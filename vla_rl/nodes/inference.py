@@ -36,9 +36,10 @@ def build_reference(res):
 @register_node("reference", "model_inference", reads=scored_keys, writes=(keys.REF_LOG_PROBS,),
                resources=("reference",))
 def compute_ref_log_probs(ctx, batch) -> NodeOutput:
-    """Set ``ref_log_probs`` ``(n, T, chunk, action_dim)``: per-dimension log-probs of the taken
-    actions (or response tokens, chunk = action_dim = 1) under the reference policy (0 after each
-    episode's or response's end)."""
+    """Set ``ref_log_probs`` ``(n, T, chunk, own_action_dim)``: per-element log-probs of the taken
+    own actions (``policy.own_action_dim`` values each; response tokens: chunk = own_action_dim =
+    1) under the reference policy (0 after each episode's or response's end, and on the elements
+    the policy never scores)."""
     ref_log_probs = per_dim_log_probs(ctx.resources.reference, batch, ctx.resources.workflow.batch_forward)
     batch.set(keys.REF_LOG_PROBS, ref_log_probs.cpu())
     return NodeOutput(batch, {})

@@ -24,7 +24,27 @@ def _actor_reads(config, node_config) -> tuple[str, ...]:
     return (*reads, keys.REF_LOG_PROBS) if config.algorithm.use_kl_loss else reads
 
 
-@register_node("actor", "model_train", whole_groups=False, reads=_actor_reads, resources=("actor",))
+def _token_ratios_need_scored_elements(config, node_config, dp_size: int, world_size: int):
+    """Token-level ratios make every element of the own actions a unit of the loss's mean: a
+    policy whose own actions hold elements it never scores (π0: the initial noise and the padded
+    values of its denoising chains, log-probs exactly 0) would dilute that mean with them. The
+    ``action`` and ``chunk`` granularities sum over the elements, where the zeros are exact."""
+    if config.run.workflow != "embodied" or config.algorithm.ratio_granularity != "token":
+        return None
+    from policies import POLICIES
+
+    policy = config.policy
+    reason = POLICIES.get(policy.name).unscored_own_elements(policy.policy_config())
+    if reason is None:
+        return None
+    return "algorithm.ratio_granularity", (f"'token' makes every element of the policy's own actions a unit of the "
+                                           f"loss, and the {policy.name!r} policy (policy.name) {reason}; use "
+                                           "algorithm.ratio_granularity=action (the default) or chunk, which sum "
+                                           "the elements exactly")
+
+
+@register_node("actor", "model_train", whole_groups=False, reads=_actor_reads, resources=("actor",),
+               check=_token_ratios_need_scored_elements)
 def update_actor(ctx, batch) -> NodeOutput:
     """Policy-gradient epochs over the shard's episodes (``algorithm`` and ``trainer`` settings);
     returns the batch unchanged."""

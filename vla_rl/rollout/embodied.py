@@ -11,7 +11,9 @@ with cameras a ``TensorDict`` of the state, uint8 images and the encoded instruc
 ``sample_actions`` reads them as they are (a VLA's processor builds its inputs), and the pool
 receives ``policy.env_actions(actions)`` while the batch keeps the policy's own actions (the
 environment actions are returned beside it, :attr:`RolloutResult.env_actions`, so that stored
-episodes can be replayed exactly).
+episodes can be replayed exactly). Own actions are ``policy.own_action_dim`` values per chunk
+position (``action_dim`` for most policies; π0: its whole denoising chain), environment actions the
+simulator's ``act_dim``.
 
 A policy without an action distribution (``policy.has_action_distribution`` False: OpenVLA-OFT's
 L1-regression head) acts only greedily, through ``policy.predict_action_chunk``; its episodes
@@ -58,12 +60,13 @@ class RolloutResult:
         batch: one row per episode that was not lost, in the order of the requested initial
             states: ``obs`` ``(m, T + 1, obs_dim)`` (camera observations: a TensorDict of batch
             size ``(m, T + 1)``, see :mod:`vla_rl.data.keys`), ``actions``
-            ``(m, T, chunk, action_dim)``, ``old_log_probs`` ``(m, T, chunk)`` (only for a policy
+            ``(m, T, chunk, own_action_dim)`` (the policy's own actions, ``policy.own_action_dim``
+            values each), ``old_log_probs`` ``(m, T, chunk)`` (only for a policy
             with an action distribution), ``response_mask``
             ``(m, T)``, ``success`` ``(m,)``, ``truncated`` ``(m,)`` (ended by the time limit
             without success), ``finish_step`` ``(m,)`` (decision steps taken), ``init_state_id``
             ``(m,)``, where ``T = ceil(horizon / chunk)``.
-        env_actions: ``(m, T, chunk, action_dim)`` float32, the rows of ``batch``: what the pool
+        env_actions: ``(m, T, chunk, act_dim)`` float32, the rows of ``batch``: what the pool
             received, ``policy.env_actions(actions)`` in the simulator's units (zeros after
             ``finish_step``). Not in ``batch``: training does not read them.
         frames: for each rendered environment index whose episode was not lost, its frames
@@ -99,25 +102,31 @@ class EpisodeBook:
     Args:
         first_obs: the ``n`` initial observations, ``(n, obs_dim)`` float32 or a TensorDict of
             batch size ``(n,)`` (:func:`vla_rl.data.observations.to_torch` of the pool's reset).
+        decisions, chunk: decision steps and actions per chunk.
+        own_action_dim: values per own action of the policy (``policy.own_action_dim``).
+        act_dim: values per environment action (the simulator's ``act_dim``).
+        render_indices: environment indices whose frames are recorded.
+        log_probs: keep log-probs (False for a policy without an action distribution).
 
     Attributes:
         obs: ``(n, decisions + 1, obs_dim)`` (or a TensorDict of batch size ``(n, decisions + 1)``);
             ``obs[i, t]`` is what decision ``t`` saw, and ``obs[i, finish_step]`` the terminal
             observation.
-        actions: ``(n, decisions, chunk, act_dim)``, the policy's; env_actions: the same shape,
-            what the pool received; log_probs: ``(n, decisions, chunk)``;
+        actions: ``(n, decisions, chunk, own_action_dim)``, the policy's own actions;
+            env_actions: ``(n, decisions, chunk, act_dim)``, what the pool received; log_probs:
+            ``(n, decisions, chunk)``;
         mask: ``(n, decisions)`` bool, the decisions taken.
         success, truncated: ``(n,)`` bool; finish: ``(n,)`` int64, decisions taken.
         running: ``(n,)`` bool numpy, episodes still running; lost: ``(n,)`` bool numpy.
         policy_seconds, env_seconds, sim_seconds, sim_cpu_seconds: as in :class:`RolloutResult`.
     """
 
-    def __init__(self, first_obs: torch.Tensor | TensorDict, decisions: int, chunk: int, act_dim: int,
-                 render_indices: tuple[int, ...], log_probs: bool = True) -> None:
+    def __init__(self, first_obs: torch.Tensor | TensorDict, decisions: int, chunk: int, own_action_dim: int,
+                 act_dim: int, render_indices: tuple[int, ...], log_probs: bool = True) -> None:
         n = first_obs.shape[0]
         self.obs = _time_buffer(first_obs, decisions + 1)  # (n, T + 1, ...)
         self.obs[:, 0] = first_obs
-        self.actions = torch.zeros(n, decisions, chunk, act_dim)
+        self.actions = torch.zeros(n, decisions, chunk, own_action_dim)
         self.env_actions = torch.zeros(n, decisions, chunk, act_dim)
         self.log_probs = torch.zeros(n, decisions, chunk) if log_probs else None
         self.mask = torch.zeros(n, decisions, dtype=torch.bool)
@@ -132,9 +141,9 @@ class EpisodeBook:
 
     def record_decision(self, rows: np.ndarray, t: int, actions: torch.Tensor, env_actions: torch.Tensor,
                         log_probs: torch.Tensor | None) -> None:
-        """Decision ``t`` of episodes ``rows``: the policy's ``actions`` and the ``env_actions``
-        sent to the pool, each ``(k, chunk, act_dim)``, and ``log_probs`` ``(k, chunk)`` (None for
-        a book without log-probs)."""
+        """Decision ``t`` of episodes ``rows``: the policy's own ``actions`` ``(k, chunk,
+        own_action_dim)``, the ``env_actions`` sent to the pool ``(k, chunk, act_dim)``, and
+        ``log_probs`` ``(k, chunk)`` (None for a book without log-probs)."""
         idx = torch.as_tensor(rows)
         self.actions[idx, t] = actions
         self.env_actions[idx, t] = env_actions
@@ -231,7 +240,8 @@ def rollout_episodes(
     start = time.perf_counter()
     ids = np.asarray(init_state_ids, dtype=np.int64)
     first_obs = to_torch(pool.reset(ids) if task_ids is None else pool.reset(ids, np.asarray(task_ids, dtype=np.int64)))
-    book = EpisodeBook(first_obs, decisions, chunk, act_dim, tuple(render_indices), policy.has_action_distribution)
+    book = EpisodeBook(first_obs, decisions, chunk, int(policy.own_action_dim), act_dim, tuple(render_indices),
+                       policy.has_action_distribution)
     book.env_seconds += time.perf_counter() - start
     stages = np.array_split(np.arange(n), min(pipeline_stages, n))
     run_pipeline(policy, pool, book, stages, decisions, greedy, generator, tuple(render_indices))

@@ -55,15 +55,16 @@ def embodied_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
         model: called as ``model(obs, actions)`` -> per-dimension ``(log_probs, entropy)``.
         batch: ``obs`` ``(n, T + 1, obs_dim)`` (the last one is not used; camera observations: a
             TensorDict of batch size ``(n, T + 1)``, which the policy's processor reads),
-            ``actions`` ``(n, T, chunk, action_dim)``, ``response_mask`` ``(n, T)`` bool.
+            ``actions`` ``(n, T, chunk, own_action_dim)`` (the policy's own actions,
+            ``policy.own_action_dim`` values each), ``response_mask`` ``(n, T)`` bool.
 
     Returns:
-        ``log_probs`` and ``entropy``, each ``(n, T, chunk, action_dim)``, 0 at invalid steps.
+        ``log_probs`` and ``entropy``, each ``(n, T, chunk, own_action_dim)``, 0 at invalid steps.
     """
     obs, actions, valid = batch[keys.OBS], batch[keys.ACTIONS], batch[keys.RESPONSE_MASK]
     step_obs = obs[:, :-1][valid]  # (v, obs_dim), or a TensorDict of batch size (v,)
-    log_probs, entropy = model(step_obs, actions[valid])  # (v, C, A) each
-    full_log_probs = log_probs.new_zeros(actions.shape)  # (n, T, C, A)
+    log_probs, entropy = model(step_obs, actions[valid])  # (v, C, A_own) each
+    full_log_probs = log_probs.new_zeros(actions.shape)  # (n, T, C, A_own)
     full_entropy = entropy.new_zeros(actions.shape)
     full_log_probs[valid] = log_probs
     full_entropy[valid] = entropy
@@ -108,7 +109,7 @@ def per_dim_log_probs(policy, batch: TensorDict, forward=embodied_forward) -> Te
         forward: :func:`embodied_forward` or :func:`text_forward`.
 
     Returns:
-        ``(n, T, chunk, action_dim)`` float32 on the policy's device, 0 at invalid steps;
+        ``(n, T, chunk, own_action_dim)`` float32 on the policy's device, 0 at invalid steps;
         bit-identical to the rollout's values (the policy contract's batch invariance).
     """
     return forward(policy, batch.to(policy.device))[0]
@@ -162,9 +163,9 @@ class ActorTrainer:
 
         Args:
             batch: what ``forward`` reads (embodied: ``obs`` ``(n, T + 1, obs_dim)``, ``actions``
-                ``(n, T, chunk, action_dim)``; text: prompts and responses, chunk = action_dim = 1),
+                ``(n, T, chunk, own_action_dim)``; text: prompts and responses, chunk = action_dim = 1),
                 ``old_log_probs`` ``(n, T, chunk)`` (the rollout's), ``response_mask`` ``(n, T)``,
-                ``advantages`` ``(n, T)``, and ``ref_log_probs`` ``(n, T, chunk, action_dim)`` with
+                ``advantages`` ``(n, T)``, and ``ref_log_probs`` ``(n, T, chunk, own_action_dim)`` with
                 ``algorithm.use_kl_loss``.
             algorithm: the run's ``algorithm`` section: the objective (``policy_loss`` and its
                 settings), ``ratio_granularity``, ``loss_agg_mode``, ``entropy_coeff`` and the
@@ -294,7 +295,7 @@ class ActorTrainer:
         if granularity != "token":
             return reduce_per_action(rollout_log_probs, granularity), {}
         valid = batch[keys.RESPONSE_MASK]  # (n, T)
-        per_dim = per_dim_log_probs(self.policy, batch, self.forward)  # (n, T, C, A)
+        per_dim = per_dim_log_probs(self.policy, batch, self.forward)  # (n, T, C, A_own)
         gap = (per_dim.sum(dim=-1) - rollout_log_probs)[valid].abs()
         max_gap = float(gap.max()) if gap.numel() else 0.0
         return reduce_per_dim(per_dim, granularity), {"actor/old_log_prob_max_diff": max_gap}
@@ -327,12 +328,12 @@ class ActorTrainer:
         """The loss of minibatch (or micro-batch) ``mb`` and its terms and metrics."""
         granularity = algorithm.ratio_granularity
         agg_mode, agg_normalizer = algorithm.loss_agg_mode, algorithm.loss_agg_normalizer
-        log_probs, entropy = self.forward(self.ddp, mb)  # (b, T, C, A) each
-        chunk, act_dim = log_probs.shape[2:]
+        log_probs, entropy = self.forward(self.ddp, mb)  # (b, T, C, A_own) each
+        chunk, own_action_dim = log_probs.shape[2:]
         log_probs = reduce_per_dim(log_probs, granularity)  # (b, L)
         entropy = reduce_per_dim(entropy, granularity)  # (b, L)
-        mask = expand_per_step(mb[keys.RESPONSE_MASK], chunk, act_dim, granularity)  # (b, L)
-        advantages = expand_per_step(mb[keys.ADVANTAGES], chunk, act_dim, granularity)  # (b, L)
+        mask = expand_per_step(mb[keys.RESPONSE_MASK], chunk, own_action_dim, granularity)  # (b, L)
+        advantages = expand_per_step(mb[keys.ADVANTAGES], chunk, own_action_dim, granularity)  # (b, L)
 
         pg_loss, pg_metrics = loss_fn(log_probs, old_log_probs, advantages, mask, loss_options, agg_mode,
                                       agg_normalizer)

@@ -67,17 +67,23 @@ class EmbodiedWorkflow(Workflow):
 
     def step_shape(self, config) -> StepShape:
         """Episodes of ``ceil(horizon / chunk)`` decisions with the simulator's observations
-        (the sizes its config declares: ``state_dim``, ``action_dim``; unknown ones stay None)."""
+        (the sizes its config declares: ``state_dim``, ``action_dim``; unknown ones stay None) and
+        the policy's own actions (:meth:`policies.base.Policy.planned_action_sizes`)."""
+        from policies import POLICIES
         from vla_rl.data.observations import INSTRUCTION_BYTES
 
         env = config.simulator.env_config()
         state_dim, action_dim = getattr(env, "state_dim", None), getattr(env, "action_dim", None)
         sizes = {name: value for name, value in (("obs_dim", state_dim), ("action_dim", action_dim)) if value}
         policy = config.policy.policy_config(**sizes)
-        chunk = int(getattr(policy, "chunk_size", 1))
+        chunk, own_action_dim = POLICIES.get(config.policy.name).planned_action_sizes(policy)
+        if action_dim is None:  # the policy's sizes may derive from a placeholder action_dim, not the simulator's
+            own_action_dim = None
+        chunk = chunk or 1
         cameras = tuple(getattr(env, "cameras", ()))
         return StepShape(groups=config.data.init_states_per_step, group_size=config.data.group_size,
                          decisions=math.ceil(env.horizon / chunk), chunk=chunk, action_dim=action_dim,
+                         own_action_dim=own_action_dim,
                          obs=observation_leaves(state_dim, cameras, getattr(env, "camera_size", 0), INSTRUCTION_BYTES))
 
     def build_evaluation(self, res):

@@ -73,7 +73,7 @@ class TextWorkflow(Workflow):
         ``text.max_prompt_length`` tokens."""
         text = config.text
         return StepShape(groups=text.prompts_per_step, group_size=config.data.group_size,
-                         decisions=text.max_response_length, chunk=1, action_dim=1, obs={},
+                         decisions=text.max_response_length, chunk=1, action_dim=1, own_action_dim=1, obs={},
                          prompt_len=text.max_prompt_length)
 
     def build_evaluation(self, res):
