@@ -20,9 +20,33 @@ def _error(template: str, *overrides: str) -> TemplateError:
 @pytest.mark.parametrize("template", ["embodied_srpo", "embodied_grpo", "embodied_ppo", "embodied_dapo", "llm_grpo",
                                       "llm_dapo", "llm_gspo", "llm_cpgd", "llm_ppo", "llm_sft",
                                       "embodied_srpo_oft_lift", "embodied_grpo_oft_lift", "embodied_srpo_oft_libero",
-                                      "embodied_grpo_oft_libero", "embodied_srpo_mt10", "embodied_grpo_mt10"])
+                                      "embodied_grpo_oft_libero", "embodied_srpo_mt10", "embodied_grpo_mt10",
+                                      "embodied_srpo_pi0_lift", "embodied_grpo_pi0_lift"])
 def test_templates_resolve_every_name(template):
     plan(load_template(template))
+
+
+def test_pi0_templates_extend_the_srpo_workflow_with_the_tiny_pi0():
+    base = load_template("embodied_srpo")
+    lift = load_template("embodied_srpo_pi0_lift")
+    assert [n.id for n in lift.nodes] == [n.id for n in base.nodes]
+    assert lift.config.policy.name == "pi0" and lift.config.simulator.env["cameras"] == ["agentview"]
+    policy = lift.config.policy.policy_config(action_dim=7)
+    assert policy.is_tiny_preset and policy.sampler == "flow_sde" and policy.proprio_dim == 5
+    model = policy.model_config()
+    assert (model.chunk_size, model.max_action_dim, model.num_steps) == (8, 7, 3)
+    assert lift.config.warm_start.num_demos > 0 and lift.config.algorithm.ratio_granularity == "action"
+    assert load_template("embodied_grpo_pi0_lift").config.algorithm.reward == "success"
+
+
+@pytest.mark.parametrize("template", ["embodied_srpo_pi0_lift", "embodied_grpo_pi0_lift"])
+def test_token_ratios_are_refused_for_pi0_naming_both_fields(template):
+    """π0's own actions hold never-scored elements (initial noise, padded values): a token-level
+    mean would count them; action- and chunk-level ratios sum them exactly."""
+    err = _error(template, "algorithm.ratio_granularity=token")
+    assert err.field == "algorithm.ratio_granularity" and "policy.name" in str(err) and "'pi0'" in str(err)
+    plan(load_template(template, ["algorithm.ratio_granularity=chunk"]))
+    plan(load_template("embodied_grpo_oft_lift", ["algorithm.ratio_granularity=token"]))  # OFT scores every token
 
 
 def test_oft_templates_extend_the_srpo_workflow_with_a_camera_policy():

@@ -6,6 +6,8 @@ the suite chosen by override (skipped without the LIBERO extra)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from devices import device_overrides
@@ -81,3 +83,42 @@ def test_libero_templates_run_the_suite_given_by_override(ray_on_loopback, tmp_p
     step, run_dir = run(template, tmp_path, "simulator.env.suite=libero_goal", "simulator.env.horizon=16")
     assert step["rollout/env_steps_per_episode"] <= 16.0
     assert "suite: libero_goal" in (run_dir / "template.yaml").read_text()
+
+
+#: The π0 templates' tiny settings: TINY without the OpenVLA-OFT fields; chunks of 4 actions of the
+#: tiny π0 (its preset's 28 px images).
+TINY_PI0 = [override for override in TINY if not override.startswith("policy.config.")] + [
+    "policy.config.architecture.chunk_size=4",
+]
+
+
+def test_grpo_pi0_lift_runs_from_the_random_tiny_model(ray_on_loopback, tmp_path):
+    """The rollout stores π0's denoising chains (own actions of (3 + 1) * 7 values) and sends
+    their last state to the simulator; every group is kept (no success band: the random model
+    never succeeds), so the update recomputes the chains' log-probs from the re-sharded batch: with
+    all-zero advantages the weights do not move, and every ratio is 1 up to float rounding."""
+    step, run_dir = run_one_step("embodied_grpo_pi0_lift", TINY_PI0, tmp_path, "simulator.env.horizon=16",
+                                 "warm_start.num_demos=0", "algorithm.success_rate_band=null")
+    assert step["rollout/success_rate"] == 0.0 and step["rollout/env_steps_per_episode"] == 16.0
+    assert step["rollout/episode_length"] == 4.0  # 4 chunks of 4 actions
+    assert step["actor/num_updates"] >= 1.0
+    assert abs(step["actor/ratio_mean"] - 1.0) < 1e-4 and step["actor/pg_clipfrac"] == 0.0
+    assert "reward: success" in (run_dir / "template.yaml").read_text()
+    model = load_file(str(run_dir / "checkpoints" / "step_00000001" / "model.safetensors"))
+    assert model["model.action_in_proj.weight"].shape[1] == 7  # the template's max_action_dim
+    assert not bool(model["proprio_statistics_set"])  # no warm start
+
+
+@pytest.mark.slow
+def test_srpo_pi0_lift_warm_starts_on_camera_demonstrations(ray_on_loopback, tmp_path):
+    """Behaviour cloning (π0's flow-matching loss) on one camera demonstration before SRPO: the
+    checkpoint keeps the warm start's proprio statistics of the first 5 state features."""
+    step, run_dir = run_one_step("embodied_srpo_pi0_lift", TINY_PI0, tmp_path, "simulator.env.horizon=48",
+                                 "warm_start.num_demos=1", "warm_start.bc_steps=4", "warm_start.bc_batch_size=8")
+    assert 1 <= step["rollout/episode_length"] <= 12  # decisions of 4 actions within 48 control steps
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    warm = [r for r in records if "warm_start/bc_loss" in r]
+    assert len(warm) == 1 and np.isfinite(warm[0]["warm_start/bc_loss"]) and warm[0]["warm_start/transitions"] > 0
+    model = load_file(str(run_dir / "checkpoints" / "step_00000001" / "model.safetensors"))
+    assert bool(model["proprio_statistics_set"]) and model["proprio_q01"].shape == (5,)
+    assert (model["proprio_q99"] > model["proprio_q01"]).any()

@@ -32,7 +32,8 @@ def _tiny_text_hops(world: int = 2):
 
 def test_text_step_shape_and_key_sizes():
     shape, _ = _tiny_text_hops()
-    assert shape == StepShape(groups=4, group_size=2, decisions=4, chunk=1, action_dim=1, obs={}, prompt_len=8)
+    assert shape == StepShape(groups=4, group_size=2, decisions=4, chunk=1, action_dim=1, own_action_dim=1, obs={},
+                             prompt_len=8)
     assert shape.samples == 8
     assert sample_bytes("input_ids", shape) == 64 and sample_bytes("old_log_probs", shape) == 16
     assert sample_bytes("ref_log_probs", shape) == 16  # (T, chunk, action_dim) float32
@@ -86,6 +87,17 @@ def test_embodied_shape_from_the_simulator_config():
     camera = get_workflow("embodied").step_shape(load_template("embodied_srpo_oft_lift").config)
     assert (camera.decisions, camera.chunk) == (10, 8)  # ceil(80 / 8)
     assert sample_bytes("obs", camera) == 11 * (11 * 4 + 128 * 128 * 3 + 256)  # state, agentview, instruction
+    assert camera.own_action_dim == camera.action_dim == 7
+    assert sample_bytes("actions", camera) == 10 * 8 * 7 * 4
+
+
+def test_pi0_actions_are_its_denoising_chains():
+    """π0's own actions, and so ``actions`` and ``ref_log_probs``, are (num_steps + 1) *
+    max_action_dim values per chunk position: (3 + 1) * 7 with the tiny preset of the template."""
+    shape = get_workflow("embodied").step_shape(load_template("embodied_srpo_pi0_lift").config)
+    assert (shape.decisions, shape.chunk, shape.action_dim, shape.own_action_dim) == (10, 8, 7, 28)
+    assert sample_bytes("actions", shape) == sample_bytes("ref_log_probs", shape) == 10 * 8 * 28 * 4
+    assert sample_bytes("old_log_probs", shape) == 10 * 8 * 4
 
 
 @pytest.mark.parametrize("count, text", [(201, "201 B"), (1608, "1.57 KiB"), (3 * 2**20, "3 MiB")])

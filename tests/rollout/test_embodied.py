@@ -97,6 +97,7 @@ class ConstantPolicy(torch.nn.Module):
 
     device = torch.device("cpu")
     has_action_distribution = True
+    own_action_dim = ACT_DIM
 
     def __init__(self, chunk_size: int, events: list | None = None) -> None:
         super().__init__()
@@ -113,6 +114,51 @@ class ConstantPolicy(torch.nn.Module):
 
     def env_actions(self, actions):
         return 0.5 * actions
+
+
+class ChainPolicy(ConstantPolicy):
+    """Own actions wider than the simulator's (as π0's denoising chains): ``own_action_dim =
+    ACT_DIM + 4`` values per chunk position counting ``0, 1, ...``; the simulator gets the last
+    ``ACT_DIM``."""
+
+    own_action_dim = ACT_DIM + 4
+
+    def sample_actions(self, obs, greedy=False, generator=None):
+        self.seen.append(obs)
+        b = obs.shape[0]
+        own = torch.arange(self.own_action_dim, dtype=torch.float32).expand(b, self.chunk_size, -1)
+        return own.clone(), -torch.ones(b, self.chunk_size)
+
+    def env_actions(self, actions):
+        return actions[..., -ACT_DIM:]
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_own_actions_wider_than_the_simulators_are_stored_at_their_width(stages, tmp_path):
+    """The batch keeps the policy's own actions (own_action_dim wide), the pool and
+    ``env_actions`` get the simulator's act_dim; an evaluation store keeps both at their widths."""
+    from vla_rl.evaluation.episode_store import append_episodes, open_rank_store
+
+    pool = ScriptedPool(success_at=[3, 0], horizon=6)
+    policy = ChainPolicy(2)
+    result = rollout_episodes(policy, pool, np.array([7, 8]), pipeline_stages=stages)
+    batch = result.batch
+    assert batch["actions"].shape == (2, 3, 2, ACT_DIM + 4) and result.env_actions.shape == (2, 3, 2, ACT_DIM)
+    own = torch.arange(ACT_DIM + 4, dtype=torch.float32)
+    assert torch.equal(batch["actions"][0, :2], own.expand(2, 2, -1))  # success at step 3: decisions 0 and 1
+    assert not batch["actions"][0, 2].any() and not result.env_actions[0, 2].any()  # after the episode's end
+    assert torch.equal(result.env_actions[1], own[-ACT_DIM:].expand(3, 2, -1))
+    assert all(np.array_equal(a, np.broadcast_to(own[-ACT_DIM:].numpy(), a.shape)) for a in pool.submitted_actions)
+    spec = {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": 6}
+    store = open_rank_store(tmp_path, "task", 0, spec, 2, {"task": "task", "simulator": "s", "env": {}}, True,
+                            policy.own_action_dim)
+    assert store.fields["actions"][0] == (2, ACT_DIM + 4) and store.fields["env_actions"][0] == (2, ACT_DIM)
+    batch.set(keys.INIT_STATE_ID, torch.tensor([7, 8]))
+    batch.set(keys.ENV_ACTIONS, result.env_actions)
+    append_episodes(store, batch, 0, False, 1.0)
+    episode = store.read_episode(1)
+    assert np.array_equal(episode["actions"], batch["actions"][1].numpy())
+    assert np.array_equal(episode["env_actions"], result.env_actions[1].numpy())
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3])

@@ -43,7 +43,7 @@ class SignalAtCall:
 
     def __init__(self, policy, pool: SimulatorPool, slot: int, signum: int, at_call: int) -> None:
         self.policy, self.chunk_size, self.device = policy, policy.chunk_size, policy.device
-        self.has_action_distribution = policy.has_action_distribution
+        self.has_action_distribution, self.own_action_dim = policy.has_action_distribution, policy.own_action_dim
         self.pid = pool.actor_pids()[slot]
         self.signum, self.at_call, self.calls = signum, at_call, 0
 
