@@ -69,7 +69,9 @@ def check_experts(config, node_config, dp_size: int, world_size: int) -> tuple[s
 def load_demonstrations(ctx, batch) -> NodeOutput:
     """Returns the demonstrations' transitions: ``obs`` ``(N, obs_dim)`` (camera observations, or a
     task set's: a TensorDict of batch size ``(N,)``) and ``actions`` ``(N, chunk, act_dim)``, the
-    expert's next actions for the policy's chunk; empty without demonstrations."""
+    expert's next actions for the policy's chunk, in the simulator's units (not a policy's own
+    actions, which may be wider, e.g. π0's denoising chains: behaviour cloning maps them with
+    ``policy.actions_from_env``); empty without demonstrations."""
     from vla_rl.data.trajectory_store import TrajectoryStore
     from vla_rl.trainers.warm_start import demonstrations, ensure_demonstrations
 
