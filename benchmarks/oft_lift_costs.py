@@ -138,7 +138,7 @@ def main() -> None:
     with multiprocessing.get_context("spawn").Pool(1) as pool:  # a fresh process: its own RSS
         memory = pool.apply(camera_env_memory_mb, (args.memory_envs,))
     policy = policy_costs(args.batch, args.minibatch, args.repeats, args.threads)
-    baseline = cameras[128, 1] if (128, 1) in cameras else None
+    baseline = cameras.get((128, 1))
     result = {
         "lift_state_steps_per_s": state,
         "physics_ms_per_step": 1000 / state,
@@ -156,8 +156,9 @@ def main() -> None:
     rows = [("Lift, state only (one process)", f"{state:.1f} steps/s", f"{1000 / state:.1f} ms/step", "")]
     for entry in result["camera_steps_per_s"]:
         ratio = entry["vs_128_every_step"]
-        rows.append((f"Lift, agentview {entry['camera_size']}x{entry['camera_size']}, fast rendering, observed every "
-                     f"{entry['steps_per_observation']} step(s)", f"{entry['steps_per_s']:.1f} steps/s",
+        size, every = entry["camera_size"], entry["steps_per_observation"]
+        rows.append((f"Lift, agentview {size}x{size}, fast rendering, observed every {every} step(s)",
+                     f"{entry['steps_per_s']:.1f} steps/s",
                      f"{entry['rendering_ms_per_step']:.1f} ms/step rendering", f"{ratio:.2f}x" if ratio else ""))
     rows.append((f"Lift with a 128x128 camera: memory of {memory['environments']} environments in one process",
                  f"{memory['all_mb']:.0f} MiB", f"{memory['per_additional_env_mb']:.0f} MiB per additional env", ""))
