@@ -2,7 +2,8 @@
 process (no Ray, no engine): simulation without a camera, and with the agentview camera at each
 size rendered every control step (the baseline) or once per chunk (what the simulator workers do:
 ``step_unobserved`` between observations), the tiny policy's rollout forward, and its training
-forward + backward + Adam step. Prints a table (with each camera setting's speed against 128x128
+forward + backward + Adam step, and the memory of ``--memory-envs`` camera environments in one
+process. Prints a table (with each camera setting's speed against 128x128
 rendered every step) and writes JSON.
 
     flock /tmp/vla_heavy.lock python benchmarks/oft_lift_costs.py --out benchmarks/oft_lift_costs.json
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import time
 from pathlib import Path
 
@@ -45,6 +47,30 @@ def env_steps_per_s(config: dict, steps: int, observe_every: int = 1) -> float:
         return steps / elapsed
     finally:
         env.close()
+
+
+def camera_env_memory_mb(count: int) -> dict:
+    """Resident memory (MiB) of ``count`` Lift environments with the 128x128 agentview camera in
+    a fresh process, each reset and rendered once: after the first and after all, and the
+    increment per environment beyond the first (what one more environment in a simulator actor
+    costs; the first also brings the process's shared renderer)."""
+    import psutil
+
+    from simulators import make_env
+
+    process = psutil.Process()
+    start = process.memory_info().rss
+    envs, after = [], {}
+    for index in range(count):
+        env = make_env("robosuite_lift", {"horizon": 80, "cameras": ["agentview"], "camera_size": 128,
+                                          "fast_rendering": True})
+        env.reset(seed=index)
+        envs.append(env)
+        after[index + 1] = (process.memory_info().rss - start) / 2**20
+    for env in envs:
+        env.close()
+    return {"environments": count, "first_mb": after[1], "all_mb": after[count],
+            "per_additional_env_mb": (after[count] - after[1]) / max(count - 1, 1)}
 
 
 def policy_costs(batch: int, minibatch: int, repeats: int, threads: int) -> dict:
@@ -99,6 +125,7 @@ def main() -> None:
     parser.add_argument("--camera-sizes", type=int, nargs="+", default=[128, 64],
                         help="agentview sizes, pixels (128: the baseline, rendered every step)")
     parser.add_argument("--chunk", type=int, default=8, help="actions per chunk: steps per observation")
+    parser.add_argument("--memory-envs", type=int, default=16, help="camera environments in the memory measurement")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/oft_lift_costs.json"))
     args = parser.parse_args()
 
@@ -108,8 +135,10 @@ def main() -> None:
         for every in (1, args.chunk):
             cameras[size, every] = env_steps_per_s({"horizon": 10_000, "cameras": ["agentview"], "camera_size": size,
                                                     "fast_rendering": True}, args.env_steps, every)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:  # a fresh process: its own RSS
+        memory = pool.apply(camera_env_memory_mb, (args.memory_envs,))
     policy = policy_costs(args.batch, args.minibatch, args.repeats, args.threads)
-    baseline = cameras[128, 1] if (128, 1) in cameras else None
+    baseline = cameras.get((128, 1))
     result = {
         "lift_state_steps_per_s": state,
         "physics_ms_per_step": 1000 / state,
@@ -119,6 +148,7 @@ def main() -> None:
              "vs_128_every_step": rate / baseline if baseline else None}
             for (size, every), rate in cameras.items()
         ],
+        "camera_env_memory": memory,
         **{f"policy_{k}": v for k, v in policy.items()},
         "policy_sample_ms_per_observation": 1000 * policy["sample_s"] / args.batch,
         "settings": vars(args) | {"out": str(args.out)},
@@ -126,9 +156,12 @@ def main() -> None:
     rows = [("Lift, state only (one process)", f"{state:.1f} steps/s", f"{1000 / state:.1f} ms/step", "")]
     for entry in result["camera_steps_per_s"]:
         ratio = entry["vs_128_every_step"]
-        rows.append((f"Lift, agentview {entry['camera_size']}x{entry['camera_size']}, fast rendering, observed every "
-                     f"{entry['steps_per_observation']} step(s)", f"{entry['steps_per_s']:.1f} steps/s",
+        size, every = entry["camera_size"], entry["steps_per_observation"]
+        rows.append((f"Lift, agentview {size}x{size}, fast rendering, observed every {every} step(s)",
+                     f"{entry['steps_per_s']:.1f} steps/s",
                      f"{entry['rendering_ms_per_step']:.1f} ms/step rendering", f"{ratio:.2f}x" if ratio else ""))
+    rows.append((f"Lift with a 128x128 camera: memory of {memory['environments']} environments in one process",
+                 f"{memory['all_mb']:.0f} MiB", f"{memory['per_additional_env_mb']:.0f} MiB per additional env", ""))
     rows += [
         (f"tiny OFT ({policy['parameters']:,} params): sample a chunk for {args.batch} obs", "",
          f"{1000 * policy['sample_s']:.1f} ms ({result['policy_sample_ms_per_observation']:.1f} ms/obs)", ""),

@@ -39,6 +39,7 @@ from simulators.rendering import (
     setup_headless_rendering,
 )
 from simulators.robosuite_env import STATE_KEY_SIZES, camera_observation_space
+from simulators.stepping import checked_action
 
 SUITE_HORIZONS: dict[str, int] = {
     "libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400,
@@ -202,8 +203,9 @@ class LiberoEnv(gym.Env):
 
     Reward is 1.0 on success (LIBERO's goal predicates, ``env.check_success()``) and 0.0
     otherwise; an episode terminates on success and is truncated after ``config.horizon`` control
-    steps. The environment never resets itself. It is created once with ``hard_reset=False``;
-    ``reset`` restores one of the task's fixed initial states.
+    steps. The environment never resets itself. It is created once with ``hard_reset=False`` and
+    seeded with 0 (``env.seed(0)``, as OpenVLA-OFT's evaluation does once per task); ``reset``
+    restores one of the task's fixed initial states.
 
     Args:
         config: the environment's configuration.
@@ -237,6 +239,9 @@ class LiberoEnv(gym.Env):
         task, bddl_file, self._init_states = _load_task(config.suite, config.task_id)
         self._instruction = task.language
         self._env = _make_libero_env(config, bddl_file)
+        # run_libero_eval.get_libero_env: env.seed(0) once per task ("seed seems to affect object
+        # positions even when using fixed initial state")
+        self._env.seed(0)
         observation_spec = self._env.env.observation_spec()
         try:
             self._check_names(observation_spec)
@@ -331,15 +336,9 @@ class LiberoEnv(gym.Env):
             ValueError: if ``action`` does not have shape ``(act_dim,)`` or is not finite.
             RuntimeError: if no episode is running (before ``reset`` or after it ended).
         """
-        if self._episode_over:
-            raise RuntimeError("no episode is running: call reset() first (the environment never auto-resets)")
-        action = np.asarray(action, dtype=np.float64)
-        if action.shape != (self.act_dim,):
-            raise ValueError(f"action must have shape ({self.act_dim},), got {action.shape}")
-        if not np.all(np.isfinite(action)):
-            raise ValueError(f"action must be finite, got {action}")
+        action = checked_action(action, self.act_dim, self._episode_over)
         self._select_render_context()
-        raw_obs, _, _, _ = self._env.step(np.clip(action, -1.0, 1.0))
+        raw_obs, _, _, _ = self._env.step(action)
         self._episode_step += 1
         success = bool(self._env.check_success())
         truncated = self._episode_step >= self.config.horizon and not success

@@ -47,6 +47,7 @@ import numpy as np
 from simulators.registry import SIMULATORS
 from simulators.rendering import CameraRenderer, setup_headless_rendering
 from simulators.robosuite_env import camera_observation_space
+from simulators.stepping import UnobservedSteps, checked_action
 
 METAWORLD_V3_TASKS: tuple[str, ...] = (
     "assembly-v3", "basketball-v3", "bin-picking-v3", "box-close-v3", "button-press-topdown-v3",
@@ -258,7 +259,7 @@ class MetaWorldEnvConfig:
 
 
 @SIMULATORS.register("metaworld")
-class MetaWorldEnv(gym.Env):
+class MetaWorldEnv(UnobservedSteps, gym.Env):
     """One MetaWorld v3 task as a ``gymnasium.Env`` with MetaWorld's flat 39-value float32
     observation (or, with ``config.cameras``, a ``Dict`` of it and camera images; see the module
     docstring).
@@ -359,43 +360,18 @@ class MetaWorldEnv(gym.Env):
         self._episode_over = False
         return self.observe(), {"success": False, "episode_step": 0}
 
-    def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
-        """Apply one control action (12.5 ms of simulation).
+    def step_unobserved(self, action: np.ndarray) -> tuple[float, bool, bool, dict]:
+        """Apply one control action (12.5 ms of simulation), without building the observation.
 
         Args:
             action: ``(4,)`` values in [-1, 1] (clipped): xyz position delta in units of 0.01 m,
                 gripper effort.
 
-        Returns:
-            ``(obs, reward, terminated, truncated, info)``: obs as in :meth:`reset`; reward 1.0
-            on success else 0.0; terminated = success; truncated = horizon reached without
-            success; info ``{"success": bool, "episode_step": int}``.
-
-        Raises:
-            ValueError: if ``action`` does not have shape ``(4,)`` or is not finite.
-            RuntimeError: if no episode is running (before ``reset`` or after it ended).
+        Returns and raises: as :class:`simulators.stepping.UnobservedSteps` (``step`` is this,
+        then :meth:`observe`).
         """
-        reward, terminated, truncated, info = self.step_unobserved(action)
-        return self.observe(), reward, terminated, truncated, info
-
-    def step_unobserved(self, action: np.ndarray) -> tuple[float, bool, bool, dict]:
-        """:meth:`step` without building the observation: no camera is rendered. The simulator
-        workers step all but the last action of a chunk this way, then call :meth:`observe`.
-
-        Returns:
-            ``(reward, terminated, truncated, info)`` as :meth:`step`.
-
-        Raises:
-            ValueError, RuntimeError: as :meth:`step`.
-        """
-        if self._episode_over:
-            raise RuntimeError("no episode is running: call reset() first (the environment never auto-resets)")
-        action = np.asarray(action, dtype=np.float64)
-        if action.shape != (self.act_dim,):
-            raise ValueError(f"action must have shape ({self.act_dim},), got {action.shape}")
-        if not np.all(np.isfinite(action)):
-            raise ValueError(f"action must be finite, got {action}")
-        self._raw_obs, _, _, _, mw_info = self._env.step(np.clip(action, -1.0, 1.0))
+        action = checked_action(action, self.act_dim, self._episode_over)
+        self._raw_obs, _, _, _, mw_info = self._env.step(action)
         self._episode_step += 1
         success = bool(mw_info["success"])
         truncated = self._episode_step >= self.config.horizon and not success

@@ -16,10 +16,11 @@ A simulator is a ``gymnasium.Env`` subclass registered under a name. Its contrac
 - attributes ``horizon`` (int) and ``obs_layout`` (``{key: slice}`` into the observation), and
   ``render_mode`` (``"rgb_array"`` when ``render_frame() -> uint8 (H, W, 3)`` is available,
   else ``None``), and ``instruction`` (the task's language instruction);
-- optionally, ``step_unobserved(action) -> (reward, terminated, truncated, info)``, a ``step``
-  that does not build the observation, and ``observe()``, the current state's observation as
-  ``step`` would return it: the simulator workers then render cameras once per action chunk,
-  for its last observation (robosuite and MetaWorld have them; LIBERO steps as the reference);
+- optionally, the :class:`simulators.stepping.UnobservedSteps` mixin, with
+  ``step_unobserved(action) -> (reward, terminated, truncated, info)``, a ``step`` that does not
+  build the observation, and ``observe()``, the current state's observation as ``step`` would
+  return it: the simulator workers then render cameras once per action chunk, for its last
+  observation (robosuite and MetaWorld; LIBERO steps as its reference evaluation does);
 - optionally, a static ``unavailable_reason() -> str | None`` for simulators from optional extras
   (e.g. LIBERO): why the simulator cannot be created here, or ``None``;
 - optionally, a class attribute ``task_sets`` (``{name: (task, ...)}``): named task sets a run's

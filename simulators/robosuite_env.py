@@ -41,6 +41,7 @@ import numpy as np
 from simulators.registry import SIMULATORS
 from simulators.rendering import CameraRenderer, setup_headless_rendering
 from simulators.robosuite_lean import lean_task_class
+from simulators.stepping import UnobservedSteps, checked_action
 
 LIFT_STATE_KEYS: tuple[str, ...] = (
     "robot0_eef_pos",
@@ -231,7 +232,7 @@ class RobosuiteEnvConfig:
 
 @SIMULATORS.register("robosuite")
 @SIMULATORS.register("robosuite_lift")
-class RobosuiteEnv(gym.Env):
+class RobosuiteEnv(UnobservedSteps, gym.Env):
     """A robosuite task as a ``gymnasium.Env`` with a flat float32 state observation (or, with
     ``config.cameras``, a ``Dict`` of that state and camera images; see the module docstring).
 
@@ -332,42 +333,17 @@ class RobosuiteEnv(gym.Env):
         self._episode_over = False
         return self.observe(), {"success": False, "episode_step": 0}
 
-    def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
-        """Apply one control action for ``1 / control_freq`` seconds.
+    def step_unobserved(self, action: np.ndarray) -> tuple[float, bool, bool, dict]:
+        """Apply one control action for ``1 / control_freq`` seconds, without building the observation.
 
         Args:
             action: ``(act_dim,)`` values in [-1, 1] (clipped); see the module docstring.
 
-        Returns:
-            ``(obs, reward, terminated, truncated, info)``: obs as in :meth:`reset`; reward 1.0
-            on success else 0.0; terminated = success; truncated = horizon reached without
-            success; info ``{"success": bool, "episode_step": int}``.
-
-        Raises:
-            ValueError: if ``action`` does not have shape ``(act_dim,)`` or is not finite.
-            RuntimeError: if no episode is running (before ``reset`` or after it ended).
+        Returns and raises: as :class:`simulators.stepping.UnobservedSteps` (``step`` is this,
+        then :meth:`observe`).
         """
-        reward, terminated, truncated, info = self.step_unobserved(action)
-        return self.observe(), reward, terminated, truncated, info
-
-    def step_unobserved(self, action: np.ndarray) -> tuple[float, bool, bool, dict]:
-        """:meth:`step` without building the observation: no camera is rendered. The simulator
-        workers step all but the last action of a chunk this way, then call :meth:`observe`.
-
-        Returns:
-            ``(reward, terminated, truncated, info)`` as :meth:`step`.
-
-        Raises:
-            ValueError, RuntimeError: as :meth:`step`.
-        """
-        if self._episode_over:
-            raise RuntimeError("no episode is running: call reset() first (the environment never auto-resets)")
-        action = np.asarray(action, dtype=np.float64)
-        if action.shape != (self.act_dim,):
-            raise ValueError(f"action must have shape ({self.act_dim},), got {action.shape}")
-        if not np.all(np.isfinite(action)):
-            raise ValueError(f"action must be finite, got {action}")
-        self._raw_obs, _, _, _ = self._env.step(np.clip(action, -1.0, 1.0))
+        action = checked_action(action, self.act_dim, self._episode_over)
+        self._raw_obs, _, _, _ = self._env.step(action)
         self._episode_step += 1
         success = bool(self._env._check_success())  # robosuite's success test, as robomimic uses it
         truncated = self._episode_step >= self.config.horizon and not success

@@ -31,6 +31,7 @@ import numpy as np
 from simulators.experts import make_expert
 from simulators.registry import make_env
 from simulators.rendering import rendering_report
+from simulators.stepping import UnobservedSteps
 from vla_rl.data import keys
 from vla_rl.data.observations import Observations, observation, stack_observations
 
@@ -152,8 +153,8 @@ class SimulatorWorker:
         control step each, and stops early when its episode ends (``terminated`` or
         ``truncated``): a success in the middle of a chunk ends the episode and the rest of the
         chunk is not executed. The environments are stepped one after another. An environment
-        with ``step_unobserved`` / ``observe`` (see :mod:`simulators.registry`) builds only the
-        observation the chunk returns: its cameras render once per chunk, not once per action.
+        with ``step_unobserved`` / ``observe`` (:class:`simulators.stepping.UnobservedSteps`) builds
+        only the observation the chunk returns: its cameras render once per chunk, not once per action.
 
         Args:
             env_indices: ``n`` distinct environment indices with running episodes.
@@ -200,7 +201,7 @@ class SimulatorWorker:
         sim_seconds = sim_cpu_seconds = 0.0
         for row, index in enumerate(env_indices):
             env = self._env(index)
-            lazy = hasattr(env, "step_unobserved")  # renders its cameras only for the chunk's last observation
+            lazy = isinstance(env, UnobservedSteps)  # renders its cameras only for the chunk's last observation
             for action in actions[row]:
                 started, cpu_started = time.perf_counter(), time.process_time()
                 if lazy:

@@ -106,6 +106,7 @@ MT10_TINY = [
     "trainer.total_steps=1",
     "trainer.ppo_mini_batch_size=10",
     "trainer.ppo_epochs=1",
+    "data.init_states_per_step=10",  # one of each task
     "data.group_size=2",
     "simulator.env.horizon=120",  # MetaWorld's experts take 40-120 steps (a few longer)
     "warm_start.num_demos=1",

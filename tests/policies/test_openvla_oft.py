@@ -262,3 +262,26 @@ def test_each_libero_suite_acts_with_its_own_statistics(tokenizer, tmp_path):
     explicit.use_tasks("libero", [suite("libero_spatial")])
     explicit.use_tasks("libero", [suite("libero_goal")])
     assert explicit.unnorm_key == "libero_spatial_no_noops" and denormalized_zero(explicit) == 2.0  # the key wins
+
+
+def test_two_camera_inputs_are_agentview_then_wrist_with_the_8_value_proprio():
+    """run_libero_eval: num_images_in_input = 2 (full image, then wrist image), use_proprio = True:
+    the processor reads agentview first, robot0_eye_in_hand second, and the state's first 8 values."""
+    from tensordict import TensorDict
+
+    from vla_rl.data.observations import encode_instruction
+
+    policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture={"preset": "tiny", "image_size": 28},
+                                                     chunk_size=CHUNK, num_images=2, proprio_dim=PROPRIO_DIM))
+    assert policy.config.cameras == ("agentview", "robot0_eye_in_hand") and policy.config.proprio_dim == PROPRIO_DIM
+    state = torch.arange(2 * 10, dtype=torch.float32).reshape(2, 10)
+    code = torch.from_numpy(encode_instruction(INSTRUCTIONS[0]))
+    obs = TensorDict({"state": state, "instruction": code.expand(2, -1).clone(),
+                      "agentview_image": torch.full((2, 64, 64, 3), 40, dtype=torch.uint8),
+                      "robot0_eye_in_hand_image": torch.full((2, 64, 64, 3), 200, dtype=torch.uint8)},
+                     batch_size=[2])
+    inputs = policy.processor(obs)
+    images = inputs["images"].float()
+    assert images.shape[:2] == (2, 2)
+    assert (images[:, 0] - 40).abs().max() <= 1 and (images[:, 1] - 200).abs().max() <= 1  # uniform stays uniform
+    torch.testing.assert_close(inputs["proprio"], state[:, :PROPRIO_DIM])

@@ -65,7 +65,7 @@ class FakeControlEnv:
 
     def __init__(self, cameras, success_at=None):
         self.cameras, self.success_at = cameras, success_at
-        self.actions, self.init_states, self.t, self.state = [], [], 0, -1.0
+        self.actions, self.init_states, self.seeds, self.t, self.state = [], [], [], 0, -1.0
         self.env = SimpleNamespace(observation_spec=self._obs, action_dim=7)
         context = SimpleNamespace(gl_ctx=SimpleNamespace(make_current=lambda: None))
         self.sim = SimpleNamespace(model=SimpleNamespace(camera_names=["agentview", "robot0_eye_in_hand"]),
@@ -80,6 +80,9 @@ class FakeControlEnv:
     def reset(self):
         self.t = 0
         return self._obs()
+
+    def seed(self, seed):
+        self.seeds.append((seed, len(self.init_states)))
 
     def set_init_state(self, state):
         self.init_states.append(np.array(state))
@@ -147,6 +150,41 @@ def test_settling_steps_use_the_dummy_action_and_are_not_observed_or_counted(fak
     env2, fake2 = fake_libero(num_steps_wait=0)
     env2.reset(seed=0)
     assert fake2.actions == []
+
+
+def test_the_task_is_seeded_with_0_once_before_any_episode(fake_libero):
+    # run_libero_eval.get_libero_env: env = OffScreenRenderEnv(**env_args); env.seed(0)
+    env, fake = fake_libero()
+    env.reset(seed=1)
+    env.reset(seed=2)
+    assert fake.seeds == [(0, 0)]  # seed 0, before the first initial state was set
+
+
+def test_the_environment_is_built_without_hard_resets(monkeypatch):
+    """The reference's OffScreenRenderEnv hard-resets (rebuilds the model) at every reset; ours is
+    built once with hard_reset=False and each reset sets the initial state (a documented difference)."""
+    import sys
+
+    built = {}
+
+    class CapturingControlEnv:
+        def __init__(self, **kwargs):
+            built.update(kwargs)
+
+    wrapper = SimpleNamespace(ControlEnv=CapturingControlEnv)
+    for name in ("libero", "libero.libero", "libero.libero.envs"):
+        monkeypatch.setitem(sys.modules, name, SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "libero.libero.envs.env_wrapper", wrapper)
+    libero_env._make_libero_env(LiberoEnvConfig(cameras=("agentview",)), "task.bddl")
+    assert built["hard_reset"] is False and built["bddl_file_name"] == "task.bddl"
+
+
+def test_actions_reach_the_controller_clipped_to_the_unit_box(fake_libero):
+    # the reference passes actions unclipped; robosuite's OSC controller clips them to [-1, 1]
+    env, fake = fake_libero()
+    env.reset(seed=0)
+    env.step(np.array([2.0, -3.0, 0.5, 1.0, -1.0, 0.0, 7.0]))
+    np.testing.assert_array_equal(fake.actions[-1], [1.0, -1.0, 0.5, 1.0, -1.0, 0.0, 1.0])
 
 
 def test_success_mid_episode_terminates_with_reward_one(fake_libero):
