@@ -38,8 +38,10 @@ def checked_action(action: Any, act_dim: int, episode_over: bool) -> np.ndarray:
 class UnobservedSteps:
     """Mixin (before ``gymnasium.Env`` in the bases) of environments whose ``step`` is
     ``step_unobserved(action) -> (reward, terminated, truncated, info)`` followed by
-    ``observe() -> obs``; the simulator workers call the two themselves for action chunks (see
-    :mod:`simulators.registry`)."""
+    ``observe() -> obs``; the subclass defines both (``step_unobserved`` applies one control
+    action without building the observation, ``observe`` builds the current state's observation
+    as ``reset`` and ``step`` return it). The simulator workers call the two themselves for action
+    chunks (see :mod:`simulators.registry`)."""
 
     def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
         """Apply one control action, then build the observation.
@@ -55,11 +57,3 @@ class UnobservedSteps:
         """
         reward, terminated, truncated, info = self.step_unobserved(action)
         return self.observe(), reward, terminated, truncated, info
-
-    def step_unobserved(self, action: np.ndarray) -> tuple[float, bool, bool, dict]:
-        """Apply one control action without building the observation (no camera is rendered)."""
-        raise NotImplementedError
-
-    def observe(self) -> Any:
-        """The observation of the current state, as ``reset`` and ``step`` return it."""
-        raise NotImplementedError
