@@ -21,7 +21,7 @@ def _error(template: str, *overrides: str) -> TemplateError:
                                       "llm_dapo", "llm_gspo", "llm_cpgd", "llm_ppo", "llm_sft",
                                       "embodied_srpo_oft_lift", "embodied_grpo_oft_lift", "embodied_srpo_oft_libero",
                                       "embodied_grpo_oft_libero", "embodied_srpo_mt10", "embodied_grpo_mt10",
-                                      "embodied_srpo_pi0_lift", "embodied_grpo_pi0_lift"])
+                                      "embodied_srpo_pi0_lift", "embodied_grpo_pi0_lift", "embodied_ppo_pi0_lift"])
 def test_templates_resolve_every_name(template):
     plan(load_template(template))
 
@@ -39,7 +39,28 @@ def test_pi0_templates_extend_the_srpo_workflow_with_the_tiny_pi0():
     assert load_template("embodied_grpo_pi0_lift").config.algorithm.reward == "success"
 
 
-@pytest.mark.parametrize("template", ["embodied_srpo_pi0_lift", "embodied_grpo_pi0_lift"])
+def test_pi0_ppo_template_composes_the_ppo_workflow_with_the_pi0_lift_settings():
+    """embodied_ppo's nodes (the critic's, no group filter) with the settings the π0 Lift templates
+    share (bases/pi0_lift.yaml); the MLP PPO template still builds the MLP from its defaults."""
+    ppo, srpo = load_template("embodied_ppo"), load_template("embodied_srpo_pi0_lift")
+    assert ppo.config.policy.name == "mlp" and ppo.config.policy.config == {}
+    lift = load_template("embodied_ppo_pi0_lift")
+    assert [n.id for n in lift.nodes] == [n.id for n in ppo.nodes] and "group_filter" not in [n.id for n in lift.nodes]
+    for section in ("simulator", "data", "policy", "warm_start", "trainer", "eval"):
+        assert getattr(lift.config, section) == getattr(srpo.config, section), section
+    algorithm = lift.config.algorithm
+    assert (algorithm.reward, algorithm.adv_estimator, algorithm.ratio_granularity) == ("success", "gae", "action")
+    assert lift.config.critic == ppo.config.critic
+
+
+@pytest.mark.parametrize("template", ["embodied_ppo", "embodied_ppo_pi0_lift"])
+def test_critic_nodes_refuse_a_task_set(template):
+    """The value network reads the state vector alone, not the task id of a task set."""
+    err = _error(template, "simulator.tasks=[Lift]")
+    assert err.node == "values" and err.field == "simulator.tasks" and "algorithm.adv_estimator=grpo" in str(err)
+
+
+@pytest.mark.parametrize("template", ["embodied_srpo_pi0_lift", "embodied_grpo_pi0_lift", "embodied_ppo_pi0_lift"])
 def test_token_ratios_are_refused_for_pi0_naming_both_fields(template):
     """π0's own actions hold never-scored elements (initial noise, padded values): a token-level
     mean would count them; action- and chunk-level ratios sum them exactly."""

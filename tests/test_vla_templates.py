@@ -123,3 +123,25 @@ def test_srpo_pi0_lift_warm_starts_on_camera_demonstrations(ray_on_loopback, tmp
     model = load_file(str(run_dir / "checkpoints" / "step_00000001" / "model.safetensors"))
     assert bool(model["proprio_statistics_set"]) and model["proprio_q01"].shape == (5,)
     assert (model["proprio_q99"] > model["proprio_q01"]).any()
+
+
+def test_ppo_pi0_lift_trains_a_critic_on_the_state(ray_on_loopback, tmp_path):
+    """PPO with π0: the critic values the state of the camera observations (its head starts at
+    zero), regresses on GAE's returns beside the actor update, and normalises the state with the
+    statistics of the warm start's demonstration states (π0 has none of the whole state),
+    recomputed here from the run's store."""
+    step, run_dir = run_one_step("embodied_ppo_pi0_lift", TINY_PI0, tmp_path, "simulator.env.horizon=48",
+                                 "warm_start.num_demos=1", "warm_start.bc_steps=4", "warm_start.bc_batch_size=8",
+                                 "critic.hidden_sizes=[16]")
+    for key in ("timing/values", "timing/critic_update", "critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm",
+                "actor/pg_loss", "advantage/abs_mean"):
+        assert key in step and np.isfinite(step[key]), key
+    assert step["critic/values_mean"] == 0.0  # the value head starts at zero
+    assert step["critic/num_updates"] == step["actor/num_updates"] == 2.0  # 2 episodes per worker, minibatches of 2 over the 2 workers
+    assert step["critic/skipped_updates"] == 0.0
+    critic = load_file(str(run_dir / "checkpoints" / "step_00000001" / "critic.safetensors"))
+    store = TrajectoryStore.open(run_dir / "demos.zarr", read_only=True)
+    states = store.read_episode(0)["state"].astype(np.float64)  # (T, obs_dim)
+    np.testing.assert_allclose(critic["obs_mean"].numpy(), states.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(critic["obs_std"].numpy(), np.maximum(states.std(0), 0.01), rtol=1e-5, atol=1e-6)
+    assert critic["net.0.weight"].shape == (16, states.shape[1])

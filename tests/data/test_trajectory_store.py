@@ -205,3 +205,14 @@ def test_create_and_open_errors(store, tmp_path):
     zarr.open_group(tmp_path / "plain.zarr", mode="w")
     with pytest.raises(ValueError, match="plain.zarr is a zarr group but not a trajectory store"):
         TrajectoryStore.open(tmp_path / "plain.zarr")
+
+
+def test_read_episode_reads_only_the_fields_asked_for(store):
+    rng = np.random.default_rng(3)
+    episode = make_episode(rng, 4)
+    store.append_episode(episode, init_state_id=7)
+    read = store.read_episode(0, fields=["obs"])
+    assert set(read) == {"obs", "init_state_id", "length"} and read["length"] == 4
+    np.testing.assert_array_equal(read["obs"], episode["obs"])
+    with pytest.raises(KeyError, match="no field 'state'"):
+        store.read_episode(0, fields=["state"])

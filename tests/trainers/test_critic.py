@@ -29,3 +29,56 @@ def test_critic_starts_at_zero_and_regresses_on_returns(process_group, device):
     error_before = (returns[mask] ** 2).mean()
     error_after = ((trainer.values(batch) - returns)[mask] ** 2).mean()
     assert error_after < 0.1 * error_before
+
+
+def _camera_obs(state: torch.Tensor) -> TensorDict:
+    """Camera observations around ``state`` ``(n, T + 1, obs_dim)``: an image and an instruction
+    that the critic must not read."""
+    n, steps = state.shape[:2]
+    return TensorDict({
+        keys.OBS_STATE: state,
+        f"agentview{keys.OBS_IMAGE_SUFFIX}": torch.randint(0, 256, (n, steps, 8, 8, 3), dtype=torch.uint8),
+        keys.OBS_INSTRUCTION: torch.randint(0, 256, (n, steps, 16), dtype=torch.uint8),
+    }, batch_size=[n, steps])
+
+
+def test_critic_values_camera_observations_from_their_state_alone(process_group, device):
+    """With camera observations the value network reads ``obs/state`` before each decision:
+    the values equal the network's layers applied to the normalised state by hand, whatever the
+    image, and those of the same states given as flat observations."""
+    torch.manual_seed(0)
+    n, steps, obs_dim = 3, 4, 5
+    state = torch.randn(n, steps + 1, obs_dim)
+    mean, std = torch.randn(obs_dim), torch.rand(obs_dim) + 0.5
+    network = ValueNetwork(obs_dim, [6], mean, std)
+    torch.nn.init.normal_(network.net[2].weight)  # a non-zero head, so the values depend on the state
+    torch.nn.init.normal_(network.net[2].bias)
+    trainer = CriticTrainer(network.to(device), lr=1e-2)
+    hidden, head = network.net[0], network.net[2]
+    x = (state[:, :-1] - mean) / std  # (n, T, obs_dim)
+    by_hand = (torch.tanh(x @ hidden.weight.T.cpu() + hidden.bias.cpu()) @ head.weight.T.cpu()
+               + head.bias.cpu()).squeeze(-1)  # (n, T)
+    camera = TensorDict({keys.OBS: _camera_obs(state)}, batch_size=[n])
+    values = trainer.values(camera)
+    assert values.shape == (n, steps) and values.device.type == "cpu"
+    torch.testing.assert_close(values, by_hand)
+    other_images = TensorDict({keys.OBS: _camera_obs(state)}, batch_size=[n])
+    torch.testing.assert_close(trainer.values(other_images), values)
+    assert torch.equal(trainer.values(TensorDict({keys.OBS: state}, batch_size=[n])), values)
+
+
+def test_critic_regresses_on_returns_from_camera_observations(process_group, device):
+    torch.manual_seed(1)
+    n, steps, obs_dim = 16, 5, 4
+    state = torch.randn(n, steps + 1, obs_dim)
+    returns = state[:, :-1, 0] - 2.0 * state[:, :-1, 2]  # (n, T)
+    mask = torch.ones(n, steps, dtype=torch.bool)
+    trainer = CriticTrainer(ValueNetwork(obs_dim, [32], torch.zeros(obs_dim), torch.ones(obs_dim)).to(device), lr=1e-2)
+    batch = TensorDict({keys.OBS: _camera_obs(state), keys.RETURNS: returns, keys.RESPONSE_MASK: mask}, batch_size=[n])
+    batch.set(keys.VALUES, trainer.values(batch))
+    metrics = trainer.update(batch, CriticSection(cliprange_value=None, loss_agg_mode="token-mean"),
+                             TrainerSection(ppo_epochs=50, ppo_mini_batch_size=8, max_grad_norm=10.0),
+                             torch.Generator().manual_seed(0))
+    assert metrics["critic/num_updates"] == 100.0 and metrics["critic/skipped_updates"] == 0.0
+    error_after = ((trainer.values(batch) - returns) ** 2).mean()
+    assert error_after < 0.1 * (returns ** 2).mean()

@@ -8,7 +8,8 @@ composes templates: the ``config:`` sections are deep-merged (the extending file
 are merged by id: a node entry whose id the base already has overrides that node's fields
 (mappings such as the node's ``config:`` are deep-merged, other values replaced), a new id is
 appended after the base's nodes. A base may hold only nodes of some phases (the files of
-``dag_templates/phases/``: warm start and evaluation), so a workflow includes them by listing them.
+``dag_templates/phases/``: warm start and evaluation), so a workflow includes them by listing them,
+or only config (``dag_templates/bases/``: settings that templates of several workflows share).
 
 Overrides use OmegaConf's dotlist syntax. ``trainer.total_steps=5`` sets a key of ``config:``;
 ``nodes.<id>.<field>=value`` sets a field of the node with that id (``nodes.reward.dp_size=1``,

@@ -21,7 +21,7 @@ A store has a single writer at a time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,24 +218,31 @@ class TrajectoryStore:
         self._commit(index + 1, scalar_dtypes)
         return index
 
-    def read_episode(self, index: int) -> dict[str, Any]:
+    def read_episode(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
         """Read committed episode ``index`` (negative counts from the end).
 
+        Args:
+            index: the episode.
+            fields: the step fields to read (e.g. the state without the images); None: all.
+
         Returns:
-            one array ``(T, *step_shape)`` per field trimmed to the episode's length ``T``,
+            one array ``(T, *step_shape)`` per (read) field trimmed to the episode's length ``T``,
             one numpy scalar per per-episode scalar, and ``"length"``: ``T`` as an int.
 
         Raises:
             IndexError: ``index`` is not a committed episode.
+            KeyError: a name in ``fields`` is not a field of the store.
         """
         n = self._num_episodes
         if not -n <= index < n:
             raise IndexError(f"{self.path}: episode {index} out of range ({n} committed)")
         index %= n
         length = int(self._group[LENGTH_KEY][index])
-        out: dict[str, Any] = {
-            name: np.asarray(self._group[name][index, :length]) for name in self.fields
-        }
+        names = list(self.fields) if fields is None else list(fields)
+        unknown = [name for name in names if name not in self.fields]
+        if unknown:
+            raise KeyError(f"{self.path}: no field {unknown[0]!r}; fields: {', '.join(self.fields)}")
+        out: dict[str, Any] = {name: np.asarray(self._group[name][index, :length]) for name in names}
         for name in self.scalars:
             out[name] = np.asarray(self._group[name][index])[()]
         out[LENGTH_KEY] = length

@@ -26,6 +26,17 @@ def scored_keys(config, node_config) -> tuple[str, ...]:
     return (*get_workflow(config.run.workflow).policy_keys, keys.RESPONSE_MASK)
 
 
+def critic_needs_one_task(config, node_config, dp_size: int, world_size: int) -> tuple[str, str] | None:
+    """The planner's check of both critic nodes: the embodied value network reads the state
+    vector alone (the flat observation, or the ``state`` of camera observations), not a task
+    set's task id, so a task set is refused."""
+    if config.run.workflow != "embodied" or not config.simulator.multi_task:
+        return None
+    return "simulator.tasks", ("critic nodes do not support a task set: the value network reads the state vector "
+                               "alone, not the task; remove simulator.tasks, or the critic nodes (an advantage "
+                               "estimator without a critic, e.g. algorithm.adv_estimator=grpo)")
+
+
 @register_resource("reference", needs=("policy",), checkpoint=ModuleCheckpoint("reference", "reference"))
 def build_reference(res):
     """A frozen copy of the policy as it is when the training phase starts (the warm start);
@@ -45,7 +56,8 @@ def compute_ref_log_probs(ctx, batch) -> NodeOutput:
     return NodeOutput(batch, {})
 
 
-@register_node("critic", "model_inference", reads=scored_keys, writes=(keys.VALUES,), resources=("critic",))
+@register_node("critic", "model_inference", reads=scored_keys, writes=(keys.VALUES,), resources=("critic",),
+               check=critic_needs_one_task)
 def compute_values(ctx, batch) -> NodeOutput:
     """Set ``values`` ``(n, T)``: the critic's value of the state before each decision (text: before
     each response token). Metric ``critic/values_mean``: over the valid decision steps."""

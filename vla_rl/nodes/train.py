@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
-from vla_rl.nodes.inference import scored_keys
+from vla_rl.nodes.inference import critic_needs_one_task, scored_keys
 from vla_rl.trainers.actor import ActorTrainer
 from vla_rl.workers.checkpointing import ActorCheckpoint
 from vla_rl.workers.resources import register_resource
@@ -54,7 +54,7 @@ def update_actor(ctx, batch) -> NodeOutput:
 
 @register_node("critic", "model_train", whole_groups=False,
                reads=lambda config, node_config: (*scored_keys(config, node_config), keys.VALUES, keys.RETURNS),
-               resources=("critic",))
+               resources=("critic",), check=critic_needs_one_task)
 def update_critic(ctx, batch) -> NodeOutput:
     """Value-regression epochs on ``returns`` over the shard's episodes (``critic`` and ``trainer``
     settings); returns the batch unchanged."""

@@ -1,8 +1,10 @@
 """The critic of PPO with GAE: a value network over the state, and its data-parallel update.
 
 ``V(s_t)`` is predicted for the observation before each decision step (the state the policy
-acted in), normalised with the policy's observation statistics (set by the warm start). The
-update regresses it on the advantage node's ``returns`` with the clipped value loss of
+acted in): the flat state vector, or the ``state`` of camera observations (the images and the
+instruction are not read). The value network normalises it with fixed statistics chosen when the
+critic is built (:meth:`~vla_rl.workflows.embodied.EmbodiedWorkflow.build_critic`). The update
+regresses it on the advantage node's ``returns`` with the clipped value loss of
 :func:`vla_rl.algorithms.value_loss.compute_value_loss`, in DDP like the actor.
 """
 
@@ -13,7 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 from torch import Tensor, nn
 
 from vla_rl.algorithms.value_loss import compute_value_loss
@@ -27,7 +29,7 @@ class ValueNetwork(nn.Module):
     """``V(s) = MLP((s - obs_mean) / obs_std)``, tanh hidden layers, one output.
 
     Args:
-        obs_dim: features of the flat state observation.
+        obs_dim: features of the state vector.
         hidden_sizes: hidden layer widths.
         obs_mean: ``(obs_dim,)`` observation mean (buffer, saved with the weights).
         obs_std: ``(obs_dim,)`` observation scale, > 0.
@@ -53,8 +55,11 @@ class ValueNetwork(nn.Module):
 
 
 def embodied_values(model, batch: TensorDict) -> Tensor:
-    """Values of the observation before each decision: ``obs`` ``(n, T + 1, obs_dim)`` -> ``(n, T)``."""
-    states = batch[keys.OBS][:, :-1]  # (n, T, obs_dim)
+    """Values of the state before each decision: ``obs`` ``(n, T + 1, obs_dim)``, or camera
+    observations (a TensorDict of batch size ``(n, T + 1)``) whose ``state`` ``(n, T + 1, obs_dim)``
+    is read -> ``(n, T)``."""
+    obs = batch[keys.OBS]
+    states = (obs[keys.OBS_STATE] if isinstance(obs, TensorDictBase) else obs)[:, :-1]  # (n, T, obs_dim)
     return model(states.reshape(-1, states.shape[-1])).reshape(states.shape[:2])
 
 

@@ -23,6 +23,7 @@ import torch
 from ray.experimental import tqdm_ray
 from tensordict import TensorDict
 
+from vla_rl.data import keys
 from vla_rl.data.observations import Observations, empty_observations, to_torch
 from vla_rl.data.trajectory_store import TrajectoryStore
 
@@ -149,6 +150,14 @@ def initial_observations(pool, count: int, num_tasks: int | None = None) -> Obse
     return np.concatenate(batches)
 
 
+def _demo_indices(store: TrajectoryStore, num_demos: int) -> list[int]:
+    """Episodes of the first ``num_demos`` demonstrations (of every task, for a task set's store)."""
+    if TASK_SCALAR in store.scalars:
+        tasks = store.read_scalars()[TASK_SCALAR]
+        return [int(i) for task in sorted(set(tasks.tolist())) for i in np.flatnonzero(tasks == task)[:num_demos]]
+    return list(range(num_demos))
+
+
 def demonstrations(store: TrajectoryStore, num_demos: int, chunk_size: int) -> tuple[torch.Tensor | TensorDict,
                                                                                      torch.Tensor]:
     """Every step of the first ``num_demos`` demonstrations (of every task, for a task set's store)
@@ -158,12 +167,7 @@ def demonstrations(store: TrajectoryStore, num_demos: int, chunk_size: int) -> t
         observations: float32 ``(N, obs_dim)``, or a TensorDict of batch size ``(N,)`` of the
             stored dict observations; and actions ``(N, chunk_size, act_dim)`` float32.
     """
-    if TASK_SCALAR in store.scalars:
-        tasks = store.read_scalars()[TASK_SCALAR]
-        indices = [i for task in sorted(set(tasks.tolist())) for i in np.flatnonzero(tasks == task)[:num_demos]]
-    else:
-        indices = list(range(num_demos))
-    episodes = [store.read_episode(int(i)) for i in indices]
+    episodes = [store.read_episode(i) for i in _demo_indices(store, num_demos)]
     actions = torch.as_tensor(
         np.concatenate([action_chunks(e[ACTIONS_FIELD], chunk_size) for e in episodes]), dtype=torch.float32
     )  # (N, chunk, A)
@@ -172,6 +176,25 @@ def demonstrations(store: TrajectoryStore, num_demos: int, chunk_size: int) -> t
     obs_keys = [name for name in store.fields if name != ACTIONS_FIELD]
     obs = to_torch({key: np.concatenate([e[key] for e in episodes]) for key in obs_keys})
     return obs, actions
+
+
+def demonstration_states(store: TrajectoryStore, num_demos: int) -> torch.Tensor:
+    """The state vector of every step of the first ``num_demos`` demonstrations (those
+    :func:`demonstrations` returns), without reading the images.
+
+    Returns:
+        float32 ``(N, obs_dim)``: the flat observations, or the ``state`` of dict observations.
+    """
+    field = FLAT_OBS_FIELD if FLAT_OBS_FIELD in store.fields else keys.OBS_STATE
+    states = [store.read_episode(i, fields=[field])[field] for i in _demo_indices(store, num_demos)]
+    return torch.as_tensor(np.concatenate(states), dtype=torch.float32)
+
+
+def state_normalization(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-feature mean and standard deviation (population) of ``states`` ``(N, obs_dim)``, the
+    scale floored at :data:`OBS_STD_FLOOR` (a feature the states leave constant must not blow up):
+    two ``(obs_dim,)`` tensors."""
+    return states.mean(0), states.std(0, unbiased=False).clamp(min=OBS_STD_FLOOR)
 
 
 def behaviour_cloning(
@@ -207,7 +230,7 @@ def behaviour_cloning(
     else:
         norm_obs = obs if extra_norm_obs is None else torch.cat([obs, torch.as_tensor(extra_norm_obs, dtype=obs.dtype)])
         # Features constant over these observations get a floor on their scale (units of the obs).
-        policy.set_obs_normalization(norm_obs.mean(0), norm_obs.std(0, unbiased=False).clamp(min=OBS_STD_FLOOR))
+        policy.set_obs_normalization(*state_normalization(norm_obs))
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     loss = torch.zeros(())

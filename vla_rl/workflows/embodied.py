@@ -8,6 +8,7 @@ the policy is built from ``policy`` with the simulator's sizes.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from vla_rl.data import keys
 from vla_rl.data.key_sizes import StepShape, observation_leaves
@@ -15,6 +16,9 @@ from vla_rl.trainers.actor import embodied_forward
 from vla_rl.workers.resources import register_resource
 from vla_rl.workflows import WORKFLOWS
 from vla_rl.workflows.base import Workflow
+
+if TYPE_CHECKING:
+    import torch
 
 
 class EmbodiedWorkflow(Workflow):
@@ -43,21 +47,23 @@ class EmbodiedWorkflow(Workflow):
         return embodied_forward(model, batch)
 
     def build_critic(self, res):
-        """A value network over the flat state with the policy's observation normalisation.
+        """A value network over the state vector (the flat observation, or the ``state`` of camera
+        observations), normalised with :func:`critic_state_normalization`.
 
         Raises:
-            ValueError: camera observations or a task set, or a policy without state normalisation.
+            ValueError: a task set (``simulator.tasks``): a state's value depends on its task, which
+                the value network does not read.
         """
         from vla_rl.trainers.critic import CriticTrainer, ValueNetwork
 
         res.ensure(["env_spec"])
-        policy, critic = res.policy, res.config.critic
-        if "images" in res.env_spec or "num_tasks" in res.env_spec or not hasattr(policy, "obs_mean"):
-            raise ValueError("critic nodes need flat state observations of one task and a policy with state "
-                             "normalisation (the MLP): the value network reads the normalised state vector; remove "
-                             "the critic nodes, simulator.env.cameras or simulator.tasks")
-        network = ValueNetwork(res.env_spec["obs_dim"], critic.hidden_sizes, policy.obs_mean, policy.obs_std)
-        return CriticTrainer(network.to(res.device), critic.lr, group=res.group)
+        if "num_tasks" in res.env_spec:
+            raise ValueError("critic nodes do not support a task set (simulator.tasks): the value network reads the "
+                             "state vector alone, not the task; remove simulator.tasks, or the critic nodes (an "
+                             "advantage estimator without a critic, e.g. algorithm.adv_estimator=grpo)")
+        mean, std = critic_state_normalization(res)
+        network = ValueNetwork(res.env_spec["obs_dim"], res.config.critic.hidden_sizes, mean, std)
+        return CriticTrainer(network.to(res.device), res.config.critic.lr, group=res.group)
 
     def warm_starts(self, config) -> bool:
         return config.warm_start.num_demos > 0
@@ -113,6 +119,53 @@ def robot_policy(config, obs_dim: int, act_dim: int, num_tasks: int | None = Non
     policy = make_policy(config.policy.name, policy_config)
     use_run_tasks(policy, config)
     return policy
+
+
+def critic_state_normalization(res) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and scale, two float32 ``(obs_dim,)`` tensors, with which the critic normalises
+    the state (fixed for the run; buffers of the value network, so checkpoints restore them).
+
+    - A policy with its own state normalisation (``obs_mean``/``obs_std``: the MLP): its statistics,
+      which the warm start fitted.
+    - Any other policy (π0, OpenVLA-OFT: their statistics cover the proprio features at most): the
+      statistics the MLP's warm start would fit, computed the same way from the same states: the
+      per-feature mean and standard deviation, floored at
+      :data:`~vla_rl.trainers.warm_start.OBS_STD_FLOOR`, of every state of the first
+      ``warm_start.num_demos`` demonstrations of the run's store (the warm start wrote it before
+      the critic is built) and of the first observations of ``warm_start.norm_init_states``
+      training initial states. Every worker reads the same store and resets the same seeded
+      states, so the statistics agree across the workers, as DDP needs. Without either (no
+      demonstrations, ``norm_init_states: 0``): mean 0 and scale 1, the raw state (as an MLP that
+      was not warm-started).
+
+    Raises:
+        FileNotFoundError: ``warm_start.num_demos > 0`` but the demonstration store does not exist.
+    """
+    import torch
+
+    from vla_rl.nodes.warm_start import demo_store_path
+    from vla_rl.trainers.warm_start import demonstration_states, initial_observations, state_normalization
+
+    policy, ws, obs_dim = res.policy, res.config.warm_start, res.env_spec["obs_dim"]
+    if hasattr(policy, "obs_mean"):
+        return policy.obs_mean.detach().float().cpu(), policy.obs_std.detach().float().cpu()
+    states = []
+    if ws.num_demos > 0:
+        from vla_rl.data.trajectory_store import TrajectoryStore
+
+        path = demo_store_path(res.config, res.run_dir)
+        if not (path / "zarr.json").exists():
+            raise FileNotFoundError(f"{path} holds no demonstrations: the critic normalises the state with the "
+                                    "statistics of the warm start's demonstrations (warm_start.num_demos > 0), which "
+                                    "the warm_start phase writes there")
+        states.append(demonstration_states(TrajectoryStore.open(path, read_only=True), ws.num_demos))
+    if ws.norm_init_states > 0:
+        obs = initial_observations(res.simulator_pool, ws.norm_init_states)
+        state = obs[keys.OBS_STATE] if isinstance(obs, dict) else obs
+        states.append(torch.as_tensor(state, dtype=torch.float32))
+    if not states:
+        return torch.zeros(obs_dim), torch.ones(obs_dim)
+    return state_normalization(torch.cat(states))
 
 
 def simulator_sizes(config) -> dict[str, int]:
