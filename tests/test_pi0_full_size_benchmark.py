@@ -1,0 +1,67 @@
+"""benchmarks/pi0_full_size.py on the tiny preset (seconds, on the test device): it runs its three
+parts and writes finite, positive figures; and its builder makes the full-size π0 in bfloat16
+without a float32 copy (on the meta device: no memory)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def benchmark():
+    spec = importlib.util.spec_from_file_location("pi0_full_size", REPO_ROOT / "benchmarks" / "pi0_full_size.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_preset_writes_finite_positive_figures(benchmark, device, tmp_path, torch_one_thread):
+    out = tmp_path / "pi0.json"
+    benchmark.main(["--preset", "tiny", "--device", str(device), "--warmup", "1", "--repeats", "2", "--cameras", "2",
+                    "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["preset"] == "tiny" and result["dtype"] == "bfloat16" and result["device"] == str(device)
+    assert 0 < result["trainable_parameters"] < result["parameters"]  # the never-used VLM parameters are frozen
+    assert result["prefix_tokens"] == 2 * 4 + 8  # 2 cameras of 4 patches, 8 prompt tokens
+    assert set(result["parts"]) == {"sample", "bc", "rl"}
+    for part, entry in result["parts"].items():
+        keys = ["forward_s", "total_s", "peak_memory_gib"] + ([] if part == "sample" else ["backward_s"])
+        for key in keys:
+            assert math.isfinite(entry[key]) and entry[key] > 0, (part, key, entry[key])
+        assert len(entry["calls_s"]) == 2
+    assert "backward_s" not in result["parts"]["sample"]
+    assert torch.get_default_dtype() == torch.float32  # restored after the build
+
+
+def test_builder_makes_the_published_size_in_the_requested_dtype(benchmark):
+    from policies.pi0.configuration_pi0 import pi0_model_preset
+
+    model = benchmark.build_model(pi0_model_preset("pi0"), torch.device("meta"), torch.bfloat16)
+    parameters = list(model.parameters())
+    assert sum(p.numel() for p in parameters) == 3_238_048_528
+    assert {p.dtype for p in parameters} == {torch.bfloat16}
+    assert {p.device.type for p in parameters} == {"meta"}
+
+
+def test_a_part_out_of_memory_is_reported_and_other_errors_raise(benchmark):
+    model = torch.nn.Linear(2, 2)
+
+    def out_of_memory():
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried "
+                           "to allocate 4096 bytes")
+
+    def broken():
+        raise RuntimeError("shape mismatch")
+
+    entry = benchmark.measure_or_out_of_memory(out_of_memory, model, torch.device("cpu"), 0, 1)
+    assert entry["error"].startswith("out of memory:") and entry["peak_memory_gib"] > 0
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        benchmark.measure_or_out_of_memory(broken, model, torch.device("cpu"), 0, 1)
