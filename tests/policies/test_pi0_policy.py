@@ -281,6 +281,80 @@ def test_loads_a_checkpoint_directory_with_tokenizer_and_statistics(tmp_path):
         PI0Policy(PI0PolicyConfig(model_path=str(directory), action_dim=6))
 
 
+# --------------------------------------------------------------------------- LIBERO (embodied_*_pi0_libero)
+LIBERO_TEMPLATE = "embodied_srpo_pi0_libero"
+#: libero_10's longest instruction (66 tokens of the tiny tokenizer, within the template's 96).
+LIBERO_INSTRUCTION = "put the white mug on the left plate and put the yellow and white mug on the right plate"
+
+
+def libero_observations(env_config, batch: int, seed: int) -> TensorDict:
+    """Random observations of ``LiberoEnv``'s declared space (8-value state, one uint8 image per
+    camera), carried as the engine carries them (encoded instruction, stacked, TensorDict)."""
+    from simulators.robosuite_env import camera_observation_space
+    from vla_rl.data.observations import observation, stack_observations, to_torch
+
+    space = camera_observation_space(env_config.state_dim, env_config.cameras, env_config.camera_size)
+    space.seed(seed)
+    return to_torch(stack_observations([observation(space.sample(), LIBERO_INSTRUCTION) for _ in range(batch)]))
+
+
+def test_the_libero_templates_policy_reads_a_libero_observation():
+    """The template's tiny π0, built as a worker builds it, on LIBERO observations: agentview then
+    the wrist camera as images, the 8-value state, the whole instruction as the prompt, and the
+    model's 7 values as environment actions (no statistics, no gripper post-processing)."""
+    from simulators.libero_env import LiberoEnvConfig
+    from vla_rl.dag.loader import load_template
+    from vla_rl.workflows.embodied import robot_policy
+
+    config = load_template(LIBERO_TEMPLATE).config
+    env = LiberoEnvConfig(**config.simulator.env)
+    policy = robot_policy(config, obs_dim=env.state_dim, act_dim=env.action_dim)
+    obs = libero_observations(env, 2, 0)
+    assert obs["agentview_image"].shape == obs["robot0_eye_in_hand_image"].shape == (2, 128, 128, 3)
+    assert obs[keys.OBS_STATE].shape == (2, 8)
+    processed = policy.processor(obs)
+    images = processed[IMAGES]
+    assert images.shape == (2, 2, 3, 28, 28)
+    for slot, camera in enumerate(("agentview", "robot0_eye_in_hand")):  # openpi: base_0_rgb, left_wrist_0_rgb
+        torch.testing.assert_close(images[:, slot], resize_with_pad(obs[f"{camera}_image"], 28), rtol=0, atol=0)
+    inputs = policy.model_inputs(obs)
+    assert torch.equal(inputs.state, obs[keys.OBS_STATE])  # 8 of max_state_dim 8, raw: no statistics yet
+    ids = processed[LANG_TOKENS][0][processed[LANG_MASKS][0]].tolist()
+    assert policy.tokenizer.decode(ids, skip_special_tokens=True) == LIBERO_INSTRUCTION + "\n"  # not truncated
+    own, log_probs = policy.sample_actions(obs, generator=torch.Generator().manual_seed(0))
+    assert own.shape == (2, 5, (3 + 1) * 7) and log_probs.shape == (2, 5) and torch.isfinite(log_probs).all()
+    assert torch.equal(policy.env_actions(own), own[..., -7:])
+
+
+def test_the_libero_template_points_at_a_local_checkpoint(tmp_path, capsys):
+    """The documented override for a real checkpoint: ``architecture=null`` and ``model_path``; the
+    policy takes the checkpoint's chunk and the first 7 action / 8 state q01/q99 of its
+    ``norm_stats.json`` (openpi writes them unpadded), and ``vla-rl plan`` accepts it."""
+    from simulators.libero_env import LiberoEnvConfig
+    from vla_rl.cli import main
+    from vla_rl.dag.loader import load_template
+    from vla_rl.workflows.embodied import robot_policy
+
+    source = make_policy("pi0", PI0PolicyConfig(architecture={"preset": "tiny", "max_action_dim": 7, "max_state_dim": 8,
+                                                              "chunk_size": 6}, proprio_dim=8))
+    directory = save_pi0_checkpoint(source.model, tmp_path / "pi0-libero")
+    source.tokenizer.save_pretrained(str(directory))
+    actions = {"q01": [-1.0] * 6 + [-1.0], "q99": [1.0] * 6 + [1.0], "mean": [0.0] * 7, "std": [0.5] * 7}
+    state = {"q01": [0.0] * 8, "q99": [2.0] * 8, "mean": [1.0] * 8, "std": [0.5] * 8}
+    (directory / "norm_stats.json").write_text(json.dumps({"norm_stats": {"actions": actions, "state": state}}))
+    overrides = ["policy.config.architecture=null", f"policy.config.model_path={directory}",
+                 "simulator.env.camera_size=256"]
+    assert main(["plan", LIBERO_TEMPLATE, *overrides]) == 0
+    assert f"plan {LIBERO_TEMPLATE!r}" in capsys.readouterr().out
+    config = load_template(LIBERO_TEMPLATE, overrides).config
+    env = LiberoEnvConfig(**config.simulator.env)
+    policy = robot_policy(config, obs_dim=env.state_dim, act_dim=env.action_dim)
+    assert policy.chunk_size == 6 and policy.action_statistics.q99.tolist() == [1.0] * 7
+    assert policy.proprio_statistics.q99.tolist() == [2.0] * 8
+    own, _ = policy.sample_actions(libero_observations(env, 1, 1), generator=torch.Generator().manual_seed(1))
+    assert policy.env_actions(own).shape == (1, 6, 7)
+
+
 @pytest.mark.parametrize(("fields", "named"), [
     ({"sampler": "ode"}, "sampler"),
     ({"stochastic_steps": "one"}, "stochastic_steps"),
