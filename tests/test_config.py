@@ -43,7 +43,8 @@ def test_pi0_templates_extend_the_srpo_workflow_with_the_tiny_pi0():
 def test_pi0_libero_templates_follow_openpis_libero_protocol():
     """openpi's LIBERO example for π0 (examples/libero/main.py, libero_policy.py): agentview as the
     base image and the wrist camera as the wrist image, the 8-value state, the model's 7 action
-    values sent unchanged, 5 actions executed per decision (replan_steps), the task seeded with 7;
+    values sent unchanged, 5 actions executed per decision (replan_steps), mean/std normalisation, the task
+    seeded with 7;
     the suite's horizon and task by override; the π0 Lift template's workflow and sampler otherwise."""
     from simulators.libero_env import LiberoEnvConfig
 
@@ -59,6 +60,9 @@ def test_pi0_libero_templates_follow_openpis_libero_protocol():
     policy = config.policy.policy_config(action_dim=env.action_dim)
     assert config.policy.name == "pi0" and policy.is_tiny_preset and list(policy.cameras) == cameras
     assert (policy.proprio_dim, policy.action_dim, policy.gripper_postprocess) == (8, 7, "none")
+    # openpi's π0 normalises with mean/std; the tiny model acts absolutely on its whole chunk of 5
+    # (the header's checkpoint override adds executed_actions and the delta mask).
+    assert (policy.normalization, policy.delta_action_mask, policy.executed_actions) == ("mean_std", None, None)
     assert policy.sampler == lift.config.policy.policy_config(action_dim=7).sampler == "flow_sde"
     model = policy.model_config()
     assert (model.chunk_size, model.max_action_dim, model.max_state_dim) == (5, 7, 8)
