@@ -181,7 +181,7 @@ class RandomPolicy:
         actions = torch.rand(obs.shape[0], self.chunk_size, self.act_dim, generator=generator) * 2 - 1
         return actions, torch.zeros(obs.shape[0], self.chunk_size)
 
-    def env_actions(self, actions):
+    def env_actions(self, actions, obs=None):
         return actions
 
 

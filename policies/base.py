@@ -31,7 +31,8 @@ class Policy(torch.nn.Module, abc.ABC):
     :mod:`vla_rl.data.observations`), which their processor turns into model inputs.
 
     Actions: :meth:`sample_actions` returns the policy's own actions (what the RL loss scores);
-    :meth:`env_actions` maps them to the simulator's units (identity by default).
+    :meth:`env_actions` maps them to the simulator's units (identity by default), given the
+    observations they were sampled from (π0's state-relative actions add the state back).
 
     Deterministic policies: a policy whose config gives it no distribution over actions
     (:meth:`without_action_distribution`, e.g. OpenVLA-OFT's L1-regression head) acts only
@@ -165,6 +166,13 @@ class Policy(torch.nn.Module, abc.ABC):
         :meth:`env_actions` maps to ``action_dim`` values."""
         return self.action_dim
 
+    @property
+    def bc_chunk_size(self) -> int:
+        """Demonstrated actions per observation that :meth:`bc_loss` takes: ``chunk_size`` by
+        default; a policy that executes only a prefix of what it predicts fits the whole prediction
+        (π0 with ``executed_actions``: the model's chunk)."""
+        return self.chunk_size
+
     @classmethod
     def planned_action_sizes(cls, config: Any) -> tuple[int | None, int | None]:
         """``(chunk_size, own_action_dim)`` of a policy of ``config``, without building it (``vla-rl
@@ -261,12 +269,16 @@ class Policy(torch.nn.Module, abc.ABC):
         log_probs, entropy = self.log_prob_and_entropy_per_dim(obs, actions)
         return log_probs.sum(dim=-1), entropy.sum(dim=-1)
 
-    def env_actions(self, actions: Tensor) -> Tensor:
+    def env_actions(self, actions: Tensor, obs: Any = None) -> Tensor:
         """The simulator's actions for the policy's actions (identity: the MLP acts in the
         simulator's units; OpenVLA de-normalises its bin values).
 
         Args:
-            actions: ``(batch, chunk_size, action_dim)`` as returned by :meth:`sample_actions`.
+            actions: ``(batch, chunk_size, own_action_dim)`` as returned by :meth:`sample_actions`.
+            obs: the observations the actions were sampled from, batch ``batch`` (as
+                :meth:`sample_actions` took them), or None. Only a policy whose actions are
+                relative to the observation reads it (π0 with ``delta_action_mask``, which raises
+                without it); the engine always passes it.
 
         Returns:
             float32 ``(batch, chunk_size, action_dim)`` in the simulator's units.
@@ -280,12 +292,15 @@ class Policy(torch.nn.Module, abc.ABC):
         (OpenVLA, OpenVLA-OFT de-normalise), even where the override happens to change nothing."""
         return type(self).env_actions is Policy.env_actions
 
-    def actions_from_env(self, env_actions: Tensor) -> Tensor:
+    def actions_from_env(self, env_actions: Tensor, obs: Any = None) -> Tensor:
         """The policy's actions for demonstrated simulator actions (the inverse of
         :meth:`env_actions`, for behaviour cloning; identity by default).
 
         Args:
-            env_actions: ``(..., action_dim)`` in the simulator's units.
+            env_actions: ``(..., action_dim)`` in the simulator's units; ``(batch, chunk,
+                action_dim)`` from the warm start.
+            obs: the observations the actions were taken in, batch ``batch``, or None (read only by
+                a policy whose actions are relative to the observation; the warm start passes them).
 
         Returns:
             float32, same shape.

@@ -140,6 +140,11 @@ class LiberoEnvConfig:
     """Task index within the suite (0-9), in the suite's default task order."""
     horizon: int | None = None
     """Time limit in control steps; ``None``: the suite's :data:`SUITE_HORIZONS` entry."""
+    task_seed: int = 0
+    """Seed given once to LIBERO's ``env.seed`` when the task's environment is built, before any
+    episode ("seed seems to affect object positions even when using fixed initial state"):
+    OpenVLA-OFT's ``run_libero_eval.get_libero_env`` seeds 0; openpi's LIBERO example
+    (``examples/libero/main.py``, ``_get_libero_env``) seeds its ``--seed``, 7."""
     num_steps_wait: int = 10
     """Dummy-action control steps after each reset while objects settle, neither observed by the
     policy nor counted in ``horizon`` (``run_libero_eval.py``'s ``num_steps_wait``, 10)."""
@@ -181,6 +186,7 @@ class LiberoEnvConfig:
         if self.suite not in SUITE_HORIZONS:
             raise ValueError(f"suite must be one of {sorted(SUITE_HORIZONS)}, got {self.suite!r}")
         _require_int("task_id", self.task_id, 0)
+        _require_int("task_seed", self.task_seed, 0)
         if self.horizon is None:
             object.__setattr__(self, "horizon", SUITE_HORIZONS[self.suite])
         _require_int("horizon", self.horizon, 1)
@@ -204,8 +210,8 @@ class LiberoEnv(gym.Env):
     Reward is 1.0 on success (LIBERO's goal predicates, ``env.check_success()``) and 0.0
     otherwise; an episode terminates on success and is truncated after ``config.horizon`` control
     steps. The environment never resets itself. It is created once with ``hard_reset=False`` and
-    seeded with 0 (``env.seed(0)``, as OpenVLA-OFT's evaluation does once per task); ``reset``
-    restores one of the task's fixed initial states.
+    seeded once with ``config.task_seed`` (0 by default, as OpenVLA-OFT's evaluation; openpi's
+    LIBERO example seeds 7); ``reset`` restores one of the task's fixed initial states.
 
     Args:
         config: the environment's configuration.
@@ -240,8 +246,8 @@ class LiberoEnv(gym.Env):
         self._instruction = task.language
         self._env = _make_libero_env(config, bddl_file)
         # run_libero_eval.get_libero_env: env.seed(0) once per task ("seed seems to affect object
-        # positions even when using fixed initial state")
-        self._env.seed(0)
+        # positions even when using fixed initial state"); openpi's example: env.seed(7)
+        self._env.seed(config.task_seed)
         observation_spec = self._env.env.observation_spec()
         try:
             self._check_names(observation_spec)

@@ -21,7 +21,8 @@ def _error(template: str, *overrides: str) -> TemplateError:
                                       "llm_dapo", "llm_gspo", "llm_cpgd", "llm_ppo", "llm_sft",
                                       "embodied_srpo_oft_lift", "embodied_grpo_oft_lift", "embodied_srpo_oft_libero",
                                       "embodied_grpo_oft_libero", "embodied_srpo_mt10", "embodied_grpo_mt10",
-                                      "embodied_srpo_pi0_lift", "embodied_grpo_pi0_lift", "embodied_ppo_pi0_lift"])
+                                      "embodied_srpo_pi0_lift", "embodied_grpo_pi0_lift", "embodied_ppo_pi0_lift",
+                                      "embodied_srpo_pi0_libero", "embodied_grpo_pi0_libero"])
 def test_templates_resolve_every_name(template):
     plan(load_template(template))
 
@@ -37,6 +38,48 @@ def test_pi0_templates_extend_the_srpo_workflow_with_the_tiny_pi0():
     assert (model.chunk_size, model.max_action_dim, model.num_steps) == (8, 7, 3)
     assert lift.config.warm_start.num_demos > 0 and lift.config.algorithm.ratio_granularity == "action"
     assert load_template("embodied_grpo_pi0_lift").config.algorithm.reward == "success"
+
+
+def test_pi0_libero_templates_follow_openpis_libero_protocol():
+    """openpi's LIBERO example for π0 (examples/libero/main.py, libero_policy.py): agentview as the
+    base image and the wrist camera as the wrist image, the 8-value state, the model's 7 action
+    values sent unchanged, 5 actions executed per decision (replan_steps), mean/std normalisation, the task
+    seeded with 7;
+    the suite's horizon and task by override; the π0 Lift template's workflow and sampler otherwise."""
+    from simulators.libero_env import LiberoEnvConfig
+
+    srpo, lift = load_template("embodied_srpo_pi0_libero"), load_template("embodied_srpo_pi0_lift")
+    assert [n.id for n in srpo.nodes] == [n.id for n in lift.nodes]
+    config = srpo.config
+    assert config.simulator.name == "libero" and config.simulator.env["horizon"] is None
+    cameras = ["agentview", "robot0_eye_in_hand"]
+    assert config.simulator.env["cameras"] == cameras and config.warm_start.num_demos == 0
+    env = LiberoEnvConfig(**config.simulator.env)
+    assert (env.suite, env.task_id, env.horizon, env.state_dim, env.action_dim) == ("libero_spatial", 0, 220, 8, 7)
+    assert (env.task_seed, env.num_steps_wait) == (7, 10)  # main.py: args.seed, args.num_steps_wait
+    policy = config.policy.policy_config(action_dim=env.action_dim)
+    assert config.policy.name == "pi0" and policy.is_tiny_preset and list(policy.cameras) == cameras
+    assert (policy.proprio_dim, policy.action_dim, policy.gripper_postprocess) == (8, 7, "none")
+    # openpi's π0 normalises with mean/std; the tiny model acts absolutely on its whole chunk of 5
+    # (the header's checkpoint override adds executed_actions and the delta mask).
+    assert (policy.normalization, policy.delta_action_mask, policy.executed_actions) == ("mean_std", None, None)
+    assert policy.sampler == lift.config.policy.policy_config(action_dim=7).sampler == "flow_sde"
+    model = policy.model_config()
+    assert (model.chunk_size, model.max_action_dim, model.max_state_dim) == (5, 7, 8)
+    assert config.algorithm.ratio_granularity == "action" and config.algorithm.reward == "srpo"
+    grpo = load_template("embodied_grpo_pi0_libero", ["simulator.env.suite=libero_10", "simulator.env.task_id=9"])
+    assert grpo.config.algorithm.reward == "success" and grpo.config.policy == config.policy
+    assert LiberoEnvConfig(**grpo.config.simulator.env).horizon == 520 and grpo.config.simulator.env["task_id"] == 9
+
+
+@pytest.mark.parametrize("template", ["embodied_srpo_pi0_libero", "embodied_grpo_pi0_libero"])
+def test_vla_rl_plan_validates_the_pi0_libero_templates(template, capsys):
+    from vla_rl.cli import main
+
+    assert main(["plan", template, "simulator.env.suite=libero_goal"]) == 0
+    assert f"plan {template!r}" in capsys.readouterr().out
+    err = _error(template, "algorithm.ratio_granularity=token")  # as the π0 Lift templates
+    assert err.field == "algorithm.ratio_granularity"
 
 
 def test_pi0_ppo_template_composes_the_ppo_workflow_with_the_pi0_lift_settings():

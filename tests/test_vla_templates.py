@@ -1,8 +1,8 @@
 """The OpenVLA-OFT templates end to end with the tiny model, through the real engine (Ray on
 loopback, two DAG workers, gloo, simulator actors rendering cameras): camera observations from
 the simulator actors through the rollout, the re-shards and the reward node to the data-parallel
-update, a behaviour-cloning warm start on camera demonstrations, and the LIBERO templates with
-the suite chosen by override (skipped without the LIBERO extra)."""
+update, a behaviour-cloning warm start on camera demonstrations, and the LIBERO templates
+(OpenVLA-OFT's and π0's) with the suite chosen by override (skipped without the LIBERO extra)."""
 
 from __future__ import annotations
 
@@ -75,21 +75,24 @@ def test_grpo_oft_lift_runs_from_the_random_tiny_model(ray_on_loopback, tmp_path
     assert "reward: success" in (run_dir / "template.yaml").read_text()
 
 
-@pytest.mark.parametrize("template", ["embodied_srpo_oft_libero", "embodied_grpo_oft_libero"])
-def test_libero_templates_run_the_suite_given_by_override(ray_on_loopback, tmp_path, template):
-    reason = LiberoEnv.unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"LIBERO is not installed: {reason}")
-    step, run_dir = run(template, tmp_path, "simulator.env.suite=libero_goal", "simulator.env.horizon=16")
-    assert step["rollout/env_steps_per_episode"] <= 16.0
-    assert "suite: libero_goal" in (run_dir / "template.yaml").read_text()
-
-
 #: The π0 templates' tiny settings: TINY without the OpenVLA-OFT fields; chunks of 4 actions of the
 #: tiny π0 (its preset's 28 px images).
 TINY_PI0 = [override for override in TINY if not override.startswith("policy.config.")] + [
     "policy.config.architecture.chunk_size=4",
 ]
+
+
+@pytest.mark.parametrize(("template", "tiny"), [("embodied_srpo_oft_libero", TINY), ("embodied_grpo_oft_libero", TINY),
+                                                ("embodied_srpo_pi0_libero", TINY_PI0),
+                                                ("embodied_grpo_pi0_libero", TINY_PI0)])
+def test_libero_templates_run_the_suite_given_by_override(ray_on_loopback, tmp_path, template, tiny):
+    reason = LiberoEnv.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"LIBERO is not installed: {reason}")
+    step, run_dir = run_one_step(template, tiny, tmp_path, "simulator.env.suite=libero_goal",
+                                 "simulator.env.horizon=16")
+    assert step["rollout/env_steps_per_episode"] <= 16.0
+    assert "suite: libero_goal" in (run_dir / "template.yaml").read_text()
 
 
 def test_grpo_pi0_lift_runs_from_the_random_tiny_model(ray_on_loopback, tmp_path):

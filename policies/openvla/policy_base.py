@@ -239,8 +239,8 @@ class PrismaticPolicy(Policy, abstract=True):
                     for start in range(0, frames.shape[0], 256)]  # (b, embed_dim) each
         return torch.cat(features) if features else torch.zeros(0, self.vla.vision_backbone.embed_dim)
 
-    def env_actions(self, actions: Tensor) -> Tensor:
-        """Policy actions → environment actions.
+    def env_actions(self, actions: Tensor, obs: TensorDict | None = None) -> Tensor:
+        """Policy actions → environment actions (``obs`` is not read: absolute actions).
 
         Bin values decode as OpenVLA's ``predict_action`` (last bin → the centre before it), are
         de-normalised with the q01/q99 statistics (dimensions with ``mask`` False pass through),
@@ -265,11 +265,12 @@ class PrismaticPolicy(Policy, abstract=True):
         raw = normalized if self.action_statistics is None else self.action_statistics.denormalize(normalized)
         return libero_gripper_postprocess(raw) if self.config.gripper_postprocess == "libero" else raw
 
-    def actions_from_env(self, env_actions: Tensor) -> Tensor:
-        """Environment actions → normalised policy actions, for demonstrations: the LIBERO gripper
-        post-processing undone (``g = (1 - g_env) / 2``, back to the datasets' [0, 1] with 1 open)
-        with ``gripper_postprocess="libero"``, then ``ActionStatistics.normalize`` (bounds_q99)
-        when the policy has statistics. ``bc_loss`` tokenizes the result into bins.
+    def actions_from_env(self, env_actions: Tensor, obs: TensorDict | None = None) -> Tensor:
+        """Environment actions → normalised policy actions, for demonstrations (``obs`` is not
+        read): the LIBERO gripper post-processing undone (``g = (1 - g_env) / 2``, back to the
+        datasets' [0, 1] with 1 open) with ``gripper_postprocess="libero"``, then
+        ``ActionStatistics.normalize`` (bounds_q99) when the policy has statistics. ``bc_loss``
+        tokenizes the result into bins.
 
         Args:
             env_actions: ``(..., action_dim)`` in the environment's units.

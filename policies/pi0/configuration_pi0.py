@@ -256,6 +256,10 @@ STOCHASTIC_STEPS = ("all",)
 POLICY_DTYPES = ("float32", "bfloat16", "float16")
 #: Gripper post-processing of environment actions (as OpenVLA's policies).
 POLICY_GRIPPER_POSTPROCESS = ("none", "libero")
+#: Normalisation of the state and actions (see ``PI0PolicyConfig.normalization``).
+NORMALIZATIONS = ("bounds_q99", "mean_std")
+#: The statistics each normalisation reads (required keys; ``bounds_q99`` also takes a ``mask``).
+NORMALIZATION_FIELDS = {"bounds_q99": ("q01", "q99"), "mean_std": ("mean", "std")}
 #: Default prompt length of the ``"tiny"`` preset inside the policy (the model preset's 8 tokens are
 #: too few for a tokenised instruction).
 TINY_POLICY_PROMPT_TOKENS = 48
@@ -270,8 +274,9 @@ class PI0PolicyConfig:
     Attributes:
         model_path: a local π0 checkpoint directory (openpi's or LeRobot's PyTorch layout, read by
             :func:`policies.pi0.checkpoint_pi0.load_pi0_checkpoint`; never a hub id). Its
-            ``norm_stats.json`` (openpi's ``{"norm_stats": {"actions": {"q01", "q99"}, "state":
-            {...}}}``), when present, gives the statistics the config leaves unset.
+            ``norm_stats.json`` (openpi's ``{"norm_stats": {"actions": {"mean", "std", "q01",
+            "q99"}, "state": {...}}}``), when present, gives the statistics the config leaves unset
+            (those ``normalization`` reads).
         architecture: the model to build with random weights: a :class:`PI0ModelConfig`, its
             dict, a preset name of ``MODEL_PRESETS`` (``"tiny"``) or ``{"preset": name,
             <PI0ModelConfig field>: value, ...}``. The ``"tiny"`` preset brings the in-process
@@ -283,6 +288,11 @@ class PI0PolicyConfig:
             ``architecture`` needs it.
         action_dim: the environment's values per action (7 for LIBERO), the first ``action_dim``
             of the model's ``max_action_dim``; only these are executed and scored.
+        executed_actions: actions of the model's chunk executed per decision (openpi's LIBERO
+            ``replan_steps``: 5 of 50; RLinf's ``action_chunk`` / ``num_action_chunks``): the
+            policy's ``chunk_size``. The own actions still hold the whole model chunk's chains
+            (packed, see :mod:`policies.pi0.policy_pi0`); only the executed positions are scored.
+            Must divide the model's ``chunk_size``. None: the whole model chunk.
         proprio_dim: leading state features given to the model (normalised with the proprio
             statistics, zero-padded to ``max_state_dim``); None: the state token reads zeros.
         cameras: simulator cameras of the model's images, in order (``"<camera>_image"`` entries).
@@ -298,11 +308,24 @@ class PI0PolicyConfig:
         num_steps: denoising steps of every sampler; default the model's ``num_steps``.
         temperature: > 0, scales the std of every stochastic transition (means unchanged) when
             sampling and scoring; 1 is the sampler's own distribution.
-        action_statistics: ``{"q01", "q99", "mask"}`` lists of length ``action_dim``: actions are
-            normalised with OpenVLA's bounds_q99 (:class:`policies.action_normalization.ActionStatistics`);
-            None (and none in the checkpoint): actions stay in the simulator's units.
-        proprio_statistics: the same for the ``proprio_dim`` state features; None: unset until
-            the checkpoint's or ``fit_observation_normalization`` sets them (raw state until then).
+        normalization: one of ``NORMALIZATIONS``, of the state and the actions:
+            ``"bounds_q99"`` (OpenVLA's: ``clip(2 (x - q01) / (q99 - q01 + 1e-8) - 1, -1, 1)`` where
+            the action mask is True, :class:`policies.action_normalization.ActionStatistics`) or
+            ``"mean_std"`` (openpi's for π0: ``(x - mean) / (std + 1e-6)`` on every feature, no
+            clipping, :class:`policies.pi0.transforms_pi0.MeanStdStatistics`; openpi's π0
+            checkpoints need it).
+        action_statistics: the statistics ``normalization`` reads, lists of length ``action_dim``:
+            ``{"q01", "q99"}`` (and optionally ``"mask"``) for bounds_q99, ``{"mean", "std"}`` for
+            mean_std; None (and none in the checkpoint): actions stay in the simulator's units.
+        proprio_statistics: the same for the ``proprio_dim`` state features (no mask); None:
+            unset until the checkpoint's or ``fit_observation_normalization`` sets them (raw state
+            until then).
+        delta_action_mask: openpi's ``DeltaActions`` mask (``make_bool_mask(6, -1)`` is six true
+            then one false; ``pi0_libero``'s ``extra_delta_transform``): the model's action value
+            ``i < len(mask)`` with ``mask[i]`` True is relative to the raw state's value ``i`` (the
+            observation's first ``proprio_dim`` features, not normalised); ``env_actions`` adds the
+            state back after de-normalising, ``actions_from_env`` subtracts it before normalising.
+            Needs ``len(mask) <= action_dim`` and ``<= proprio_dim``. None: absolute actions.
         gripper_postprocess: one of ``POLICY_GRIPPER_POSTPROCESS`` (``"libero"``: OpenVLA's LIBERO
             gripper handling after de-normalisation; robosuite: ``"none"``).
         dtype: parameter dtype of the model (``POLICY_DTYPES``).
@@ -315,6 +338,7 @@ class PI0PolicyConfig:
     architecture: dict[str, Any] | PI0ModelConfig | str | None = None
     tokenizer_path: str | None = None
     action_dim: int = 7
+    executed_actions: int | None = None
     proprio_dim: int | None = None
     cameras: tuple[str, ...] = ("agentview",)
     sampler: str = "flow_sde"
@@ -325,8 +349,10 @@ class PI0PolicyConfig:
     noise_hidden_dims: tuple[int, ...] = (128, 64)
     num_steps: int | None = None
     temperature: float = 1.0
+    normalization: str = "bounds_q99"
     action_statistics: dict[str, list] | None = None
     proprio_statistics: dict[str, list] | None = None
+    delta_action_mask: tuple[bool, ...] | None = None
     gripper_postprocess: str = "none"
     dtype: str = "float32"
     seed: int = 0
@@ -384,15 +410,37 @@ class PI0PolicyConfig:
         self.noise_hidden_dims = tuple(self.noise_hidden_dims)
         if self.num_steps is not None:
             _check_positive_ints(owner, self, ("num_steps",))
+        if self.executed_actions is not None:
+            _check_positive_ints(owner, self, ("executed_actions",))
+            if model is not None and model.chunk_size % self.executed_actions:
+                raise ValueError(f"{owner}.executed_actions ({self.executed_actions}) must divide the model's chunk_size "
+                                 f"({model.chunk_size}): the own actions pack the model chunk's positions into "
+                                 "executed_actions slots")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"{owner}.normalization {self.normalization!r} is unknown; use one of {NORMALIZATIONS} "
+                             "(openpi's π0 checkpoints: mean_std)")
+        fields = NORMALIZATION_FIELDS[self.normalization]
         for name, length in (("action_statistics", self.action_dim), ("proprio_statistics", self.proprio_dim)):
             stats = getattr(self, name)
             if stats is None:
                 continue
             if length is None:
                 raise ValueError(f"{owner}.{name} needs proprio_dim (statistics of which features?)")
-            if not isinstance(stats, dict) or any(len(stats.get(key, ())) != length for key in ("q01", "q99")):
-                raise ValueError(f"{owner}.{name} must be a dict with q01 and q99 (and optionally mask) lists of "
-                                 f"length {length}, got {stats!r}")
+            if not isinstance(stats, dict) or any(len(stats.get(key, ())) != length for key in fields):
+                optional = " (and optionally mask)" if self.normalization == "bounds_q99" else ""
+                raise ValueError(f"{owner}.{name} must be a dict with {' and '.join(fields)}{optional} lists of "
+                                 f"length {length} (normalization: {self.normalization}), got {stats!r}")
+        if self.delta_action_mask is not None:
+            mask = self.delta_action_mask
+            if isinstance(mask, (str, bool)) or not isinstance(mask, (list, tuple)) or not mask \
+                    or not all(isinstance(flag, bool) for flag in mask):
+                raise ValueError(f"{owner}.delta_action_mask must be a non-empty list of booleans (openpi's "
+                                 f"make_bool_mask(6, -1): six true then false) or null, got {mask!r}")
+            if len(mask) > self.action_dim or self.proprio_dim is None or len(mask) > self.proprio_dim:
+                raise ValueError(f"{owner}.delta_action_mask has {len(mask)} values: it needs at most action_dim "
+                                 f"({self.action_dim}) and proprio_dim ({self.proprio_dim}) values (the actions are "
+                                 "relative to the state's first values)")
+            self.delta_action_mask = tuple(mask)
         if self.gripper_postprocess not in POLICY_GRIPPER_POSTPROCESS:
             raise ValueError(f"{owner}.gripper_postprocess must be one of {POLICY_GRIPPER_POSTPROCESS}, got "
                              f"{self.gripper_postprocess!r}")

@@ -2,22 +2,42 @@
 simulator camera observations, sampled by πRL's stochastic denoising chains
 (:mod:`policies.pi0.flow_sampling`) so that its actions have exact log-probabilities.
 
-Own actions (what :meth:`PI0Policy.sample_actions` returns, the rollout stores and the RL loss
-scores) are the whole denoising chain, not only the action chunk: a chain's log-density is the sum
-of its Gaussian transitions' log-densities, and recomputing them needs every state of the chain.
-Layout, float32 ``(batch, chunk_size, own_action_dim)`` with ``own_action_dim = (num_steps + 1) *
-max_action_dim``: at chunk position ``c``, block ``k`` (values ``k * max_action_dim .. (k + 1) *
-max_action_dim - 1``) is ``x`` at flow time ``t_k = 1 - k / num_steps`` (block 0 the initial noise,
-the last block the normalised, padded action), all ``max_action_dim`` values, because the padded
-values are inputs of the velocity at the next step and so of the recomputed log-densities.
-:meth:`PI0Policy.env_actions` reads the last block's first ``action_dim`` values and de-normalises
-them.
+Executed prefix: the model predicts ``P`` actions (its ``chunk_size``, openpi's ``action_horizon``
+50); the engine executes the first ``n = executed_actions`` of them (openpi's LIBERO
+``replan_steps`` 5) and asks again: the policy's :attr:`PI0Policy.chunk_size` is ``n`` (``P``
+without ``executed_actions``). ``n`` must divide ``P``; ``m = P / n``.
 
-Scored elements (RLinf keeps only the executed dimensions): the transition into block ``k >= 1``,
+Own actions (what :meth:`PI0Policy.sample_actions` returns, the rollout stores and the RL loss
+scores) are the whole denoising chain of every model position, not only the executed actions: a
+chain's log-density is the sum of its Gaussian transitions' log-densities, and recomputing the
+transitions of one position needs every position's state (the velocity at a position attends to
+all of them). Layout, float32 ``(batch, n, own_action_dim)`` with ``own_action_dim = m * (num_steps
++ 1) * max_action_dim``, strided packing: model position ``p = j * n + c`` goes to slot ``c``, group
+``j`` (values ``j * G .. (j + 1) * G - 1``, ``G = (num_steps + 1) * max_action_dim``), so slot
+``c``'s group 0 is the executed action ``c`` and its groups ``1 .. m - 1`` the positions ``c + n,
+c + 2 n, ...`` that are never executed. Inside a group, block ``k`` (``max_action_dim`` values) is
+``x`` at flow time ``t_k = 1 - k / num_steps`` (block 0 the initial noise, the last block the
+normalised, padded action), all ``max_action_dim`` values, because the padded values are inputs of
+the velocity at the next step and so of the recomputed log-densities. Without ``executed_actions``,
+``m = 1``: slot ``c`` is model position ``c``. :meth:`PI0Policy.env_actions` reads group 0's last
+block's first ``action_dim`` values, de-normalises them and (``delta_action_mask``) adds the state
+back.
+
+Scored elements (RLinf keeps only the executed positions and dimensions: ``log_probs[:, :,
+:action_chunk, :action_env_dim]`` in ``openpi_action_model.py``'s ``_sample_actions_with_prefix_cache``
+and ``default_forward``): the transition into block ``k >= 1`` of group 0 (the executed position),
 values ``0 .. action_dim - 1``. The initial noise block (a standard normal, independent of the
-policy) and the padded values contribute 0. :meth:`PI0Policy.log_prob_and_entropy_per_dim` returns
+policy), the padded values and the groups of the positions never executed contribute 0, so slot
+``c``'s log-prob is exactly the chain log-density of executed action ``c`` given the other
+positions' chains (not the marginal of the whole chain, which would also score the unexecuted
+positions: RLinf's choice, followed here). :meth:`PI0Policy.log_prob_and_entropy_per_dim` returns
 per-element values in the own layout with those zeros, so that its ``.sum(-1)`` is, operation for
 operation, the sum :meth:`PI0Policy.sample_actions` returns.
+
+Normalisation (``normalization``) and state-relative actions (``delta_action_mask``) mirror openpi's
+transforms (:mod:`policies.pi0.transforms_pi0`): environment action = ``AbsoluteActions(
+Unnormalize(model action), raw state)``, then the optional LIBERO gripper post-processing; the
+inverse (demonstrations) subtracts the raw state before normalising.
 
 Stochastic steps: every step (``stochastic_steps="all"``); RLinf's single drawn step is refused by
 the config, because the stored chain does not say which step was drawn.
@@ -30,9 +50,7 @@ that chain.
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import torch
 from tensordict import TensorDict
@@ -60,22 +78,35 @@ from policies.pi0.processor_pi0 import (
     PROPRIO,
     PI0ObservationProcessor,
 )
+from policies.pi0.transforms_pi0 import (
+    MeanStdStatistics,
+    buffered_statistics,
+    delta_offset,
+    fit_statistics,
+    load_statistics,
+    raw_state,
+    register_statistics,
+)
 
-#: openpi's normalisation statistics file in a checkpoint's assets (``{"norm_stats": {"actions":
-#: {"q01", "q99", ...}, "state": {...}}}``).
-NORM_STATS_FILE = "norm_stats.json"
+
+def chain_to_own(chain: Tensor, executed: int | None = None) -> Tensor:
+    """``(batch, num_steps + 1, P, D)`` chains of ``P`` model positions → own actions ``(batch, n,
+    m * (num_steps + 1) * D)`` of ``n = executed`` slots (default ``P``), ``m = P / n``: position
+    ``p = j * n + c`` is group ``j`` of slot ``c``, its block ``k`` the chain at ``t_k`` (module
+    docstring)."""
+    positions = chain.shape[2]
+    n = positions if executed is None else executed
+    per_position = chain.permute(0, 2, 1, 3)  # (B, P, N + 1, D)
+    grouped = per_position.unflatten(1, (positions // n, n))  # (B, m, n, N + 1, D): p = j n + c
+    return grouped.transpose(1, 2).flatten(2)  # (B, n, m (N + 1) D)
 
 
-def chain_to_own(chain: Tensor) -> Tensor:
-    """``(batch, num_steps + 1, chunk, max_action_dim)`` chain → own actions ``(batch, chunk,
-    (num_steps + 1) * max_action_dim)`` (block ``k`` of a position: the chain at ``t_k``)."""
-    return chain.permute(0, 2, 1, 3).flatten(2)
-
-
-def own_to_chain(own: Tensor, num_steps: int) -> Tensor:
-    """Inverse of :func:`chain_to_own`: ``(batch, chunk, (num_steps + 1) * D)`` → ``(batch,
-    num_steps + 1, chunk, D)``."""
-    return own.unflatten(2, (num_steps + 1, -1)).permute(0, 2, 1, 3)
+def own_to_chain(own: Tensor, num_steps: int, groups: int = 1) -> Tensor:
+    """Inverse of :func:`chain_to_own`: ``(batch, n, groups * (num_steps + 1) * D)`` → ``(batch,
+    num_steps + 1, groups * n, D)``."""
+    grouped = own.unflatten(2, (groups, num_steps + 1, -1))  # (B, n, m, N + 1, D)
+    per_position = grouped.transpose(1, 2).flatten(1, 2)  # (B, P, N + 1, D), p = j n + c
+    return per_position.permute(0, 2, 1, 3)  # (B, N + 1, P, D)
 
 
 @register_policy
@@ -89,6 +120,7 @@ class PI0Policy(Policy):
         sampler: the RL sampler (:class:`FlowSDESampler` or :class:`FlowNoiseSampler`, whose noise
             head trains with the policy).
         num_steps: denoising steps.
+        model_chunk_size: the model's chunk (``P``); :attr:`chunk_size` the executed prefix (``n``).
 
     Args:
         config: the policy's :class:`PI0PolicyConfig`.
@@ -96,7 +128,8 @@ class PI0Policy(Policy):
     Raises:
         TypeError: ``config`` is not a :class:`PI0PolicyConfig`.
         FileNotFoundError, ValueError: the checkpoint or tokenizer cannot be read, or the model
-            does not fit ``action_dim`` / ``proprio_dim`` / the tokenizer's vocabulary.
+            does not fit ``action_dim`` / ``proprio_dim`` / ``executed_actions`` / the tokenizer's
+            vocabulary.
     """
 
     name = "pi0"
@@ -142,23 +175,32 @@ class PI0Policy(Policy):
                                                 config.noise_hidden_dims, config.noise_min_std, config.noise_max_std))
             )  # fmt: skip
         self.ode = FlowODESampler()
-        # Statistics as buffers (training checkpoints keep them; every buffer stays finite).
-        self.register_buffer("action_q01", torch.zeros(config.action_dim))
-        self.register_buffer("action_q99", torch.zeros(config.action_dim))
-        self.register_buffer("action_mask", torch.ones(config.action_dim, dtype=torch.bool))
-        self.register_buffer("action_statistics_set", torch.tensor(False))
-        proprio_shape = (config.proprio_dim or 0,)
-        self.register_buffer("proprio_q01", torch.zeros(proprio_shape))
-        self.register_buffer("proprio_q99", torch.zeros(proprio_shape))
-        self.register_buffer("proprio_statistics_set", torch.tensor(False))
-        self._load_statistics()
+        register_statistics(self, config.normalization, config.action_dim, config.proprio_dim or 0)
+        load_statistics(self, config)
         self.eval()
 
     # ----------------------------------------------------------------------------- sizes
     @property
-    def chunk_size(self) -> int:
-        """Actions per observation (the model's ``chunk_size``)."""
+    def model_chunk_size(self) -> int:
+        """Actions the model predicts per observation (``P``, its ``chunk_size``)."""
         return self.model.config.chunk_size
+
+    @property
+    def chunk_size(self) -> int:
+        """Actions executed per observation (``n``): ``config.executed_actions``, default the model's
+        whole chunk."""
+        return self.config.executed_actions or self.model_chunk_size
+
+    @property
+    def chunk_groups(self) -> int:
+        """Model positions per own-action slot, ``m = P / n`` (module docstring)."""
+        return self.model_chunk_size // self.chunk_size
+
+    @property
+    def bc_chunk_size(self) -> int:
+        """The model's whole chunk: :meth:`bc_loss` fits all ``P`` predicted actions (openpi's
+        training), not only the executed prefix."""
+        return self.model_chunk_size
 
     @property
     def action_dim(self) -> int:
@@ -172,28 +214,34 @@ class PI0Policy(Policy):
 
     @property
     def own_action_dim(self) -> int:
-        """``(num_steps + 1) * max_action_dim``: the whole denoising chain per chunk position (see
-        the module docstring for the layout)."""
-        return (self.num_steps + 1) * self.max_action_dim
+        """``m * (num_steps + 1) * max_action_dim``: the whole denoising chains of the ``m`` model
+        positions packed in each executed slot (see the module docstring for the layout)."""
+        return self.chunk_groups * (self.num_steps + 1) * self.max_action_dim
 
     @classmethod
     def planned_action_sizes(cls, config: PI0PolicyConfig) -> tuple[int | None, int | None]:
-        """``(chunk_size, own_action_dim)`` of the config's architecture, or of the checkpoint's
-        config file with ``model_path`` (``(None, None)`` when it cannot be read)."""
+        """``(chunk_size, own_action_dim)``: the executed prefix ``n`` and ``(P / n) * (num_steps +
+        1) * max_action_dim`` of the config's architecture, or of the checkpoint's config file with
+        ``model_path`` (``(None, None)`` when it cannot be read or ``executed_actions`` does not
+        divide its chunk)."""
         model = config.model_config()
         if model is None:
             try:
                 model = read_checkpoint_config(config.model_path)
             except (OSError, ValueError):
                 return None, None
+        executed = config.executed_actions or model.chunk_size
+        if model.chunk_size % executed:
+            return None, None
         num_steps = config.num_steps if config.num_steps is not None else model.num_steps
-        return model.chunk_size, (num_steps + 1) * model.max_action_dim
+        return executed, model.chunk_size // executed * (num_steps + 1) * model.max_action_dim
 
     @classmethod
     def unscored_own_elements(cls, config: PI0PolicyConfig) -> str | None:
-        """π0's own actions hold the initial noise block and the padded values, never scored."""
-        return ("scores only the executed values of the denoising steps of its own actions (the initial noise and "
-                "the padded values are always-zero elements)")
+        """π0's own actions hold the initial noise block, the padded values and the positions past
+        the executed prefix, never scored."""
+        return ("scores only the executed values of the denoising steps of the executed positions in its own actions "
+                "(the initial noise, the padded values and the unexecuted positions are always-zero elements)")
 
     @property
     def device(self) -> torch.device:
@@ -203,7 +251,8 @@ class PI0Policy(Policy):
     def model_inputs(self, obs: TensorDict) -> PI0Inputs:
         """The model's inputs of simulator observations: the processor's images and prompts, and
         the state: the first ``proprio_dim`` features normalised with :attr:`proprio_statistics`
-        (when set) and zero-padded to ``max_state_dim`` (all zeros without ``proprio_dim``).
+        (when set; openpi normalises the state before padding it) and zero-padded to
+        ``max_state_dim`` (all zeros without ``proprio_dim``).
 
         Raises:
             ValueError: a malformed observation (see :class:`PI0ObservationProcessor`).
@@ -245,9 +294,9 @@ class PI0Policy(Policy):
                 and the returned log-probs); not used by the greedy chain itself.
 
         Returns:
-            own actions ``(batch, chunk_size, own_action_dim)`` float32 (the chains, module
-            docstring) and ``log_probs`` ``(batch, chunk_size)`` float32: per chunk position the
-            sum over steps and the first ``action_dim`` values of the transition log-densities.
+            own actions ``(batch, chunk_size, own_action_dim)`` float32 (the packed chains, module
+            docstring) and ``log_probs`` ``(batch, chunk_size)`` float32: per executed action the
+            sum over steps and the first ``action_dim`` values of its transition log-densities.
 
         Raises:
             ValueError: a malformed observation or temperature.
@@ -262,7 +311,7 @@ class PI0Policy(Policy):
             noise = self.model.sample_noise(inputs.batch_size, generator, self.device)
             flow = self.sampler.sample_chain(velocity, noise, self.num_steps, generator, temperature)
             chain, per_step = flow.chain, flow.log_probs
-        return chain_to_own(chain), self._own_layout(per_step).sum(dim=-1)
+        return chain_to_own(chain, self.chunk_size), self._own_layout(per_step).sum(dim=-1)
 
     @torch.no_grad()
     def predict_action_chunk(self, obs: TensorDict) -> Tensor:
@@ -272,11 +321,11 @@ class PI0Policy(Policy):
             own actions ``(batch, chunk_size, own_action_dim)`` float32 (feed :meth:`env_actions`).
         """
         inputs = self.model_inputs(obs)
-        return chain_to_own(self._ode_chain(self._velocity_fn(inputs), inputs.batch_size))
+        return chain_to_own(self._ode_chain(self._velocity_fn(inputs), inputs.batch_size), self.chunk_size)
 
     def _ode_chain(self, velocity, batch: int) -> Tensor:
-        """``(batch, num_steps + 1, chunk, max_action_dim)``: the ODE chain from zero noise."""
-        noise = torch.zeros(batch, self.chunk_size, self.max_action_dim, device=self.device)
+        """``(batch, num_steps + 1, P, max_action_dim)``: the ODE chain from zero noise."""
+        noise = torch.zeros(batch, self.model_chunk_size, self.max_action_dim, device=self.device)
         return self.ode.sample_chain(velocity, noise, self.num_steps).chain
 
     def log_prob_and_entropy_per_dim(self, obs: TensorDict, actions: Tensor,
@@ -291,9 +340,10 @@ class PI0Policy(Policy):
         Returns:
             ``log_probs`` and ``entropy``, each ``(batch, chunk_size, own_action_dim)`` float32,
             differentiable: the Gaussian log-density of each scored element (values ``0 ..
-            action_dim - 1`` of blocks ``1 .. num_steps``) and its entropy ``log(std) + log(2 pi
-            e) / 2`` (Flow-SDE: the fixed sigma's; Flow-Noise: the noise head's std); 0 on block 0
-            and on the padded values. ``log_probs.sum(-1)`` equals the sampled log-probs.
+            action_dim - 1`` of blocks ``1 .. num_steps`` of group 0, the executed position) and
+            its entropy ``log(std) + log(2 pi e) / 2`` (Flow-SDE: the fixed sigma's; Flow-Noise:
+            the noise head's std); 0 on block 0, on the padded values and on the groups of the
+            unexecuted positions. ``log_probs.sum(-1)`` equals the sampled log-probs.
 
         Raises:
             ValueError: malformed ``obs`` or ``actions``, or a bad temperature.
@@ -301,53 +351,78 @@ class PI0Policy(Policy):
         temperature = self._temperature(temperature)
         self._check_own_actions(actions, "actions", obs.batch_size[0] if isinstance(obs, TensorDict) else None)
         inputs = self.model_inputs(obs)
-        chain = own_to_chain(actions.to(self.device, torch.float32), self.num_steps)
+        chain = own_to_chain(actions.to(self.device, torch.float32), self.num_steps, self.chunk_groups)
         log_probs, entropy = self.sampler.log_prob_and_entropy_of_chain(self._velocity_fn(inputs), chain,
                                                                         temperature=temperature)
         return self._own_layout(log_probs), self._own_layout(entropy)
 
     def _own_layout(self, per_step: Tensor) -> Tensor:
-        """Per-step values ``(batch, num_steps, chunk, max_action_dim)`` → own layout ``(batch,
-        chunk, own_action_dim)``: the padded values zeroed, a zero block 0 in front."""
-        scored = torch.arange(self.max_action_dim, device=per_step.device) < self.action_dim  # (D,)
+        """Per-step values ``(batch, num_steps, P, max_action_dim)`` → own layout ``(batch, n,
+        own_action_dim)``: the padded values and the unexecuted positions zeroed, a zero block 0 in
+        front."""
+        device = per_step.device
+        executed = torch.arange(self.model_chunk_size, device=device) < self.chunk_size  # (P,)
+        values = torch.arange(self.max_action_dim, device=device) < self.action_dim  # (D,)
+        scored = executed[:, None] & values[None, :]  # (P, D)
         per_step = torch.where(scored, per_step, torch.zeros_like(per_step))
-        return chain_to_own(torch.cat([torch.zeros_like(per_step[:, :1]), per_step], dim=1))
+        return chain_to_own(torch.cat([torch.zeros_like(per_step[:, :1]), per_step], dim=1), self.chunk_size)
 
-    def env_actions(self, actions: Tensor) -> Tensor:
-        """Own actions → environment actions: the last block's first ``action_dim`` values,
-        de-normalised with the action statistics (when set; bounds_q99), then the LIBERO gripper
-        post-processing with ``gripper_postprocess="libero"``.
+    def env_actions(self, actions: Tensor, obs: TensorDict | None = None) -> Tensor:
+        """Own actions → environment actions: the executed positions' (group 0's) last block's
+        first ``action_dim`` values, de-normalised with the action statistics (when set;
+        ``normalization``), the state added back with ``delta_action_mask`` (openpi's
+        ``Unnormalize`` then ``AbsoluteActions``), then the LIBERO gripper post-processing with
+        ``gripper_postprocess="libero"``.
 
         Args:
             actions: ``(batch, chunk_size, own_action_dim)``.
+            obs: the observations the actions were sampled from, batch ``batch`` (needed with
+                ``delta_action_mask``: their raw ``state``).
 
         Returns:
             float32 ``(batch, chunk_size, action_dim)``.
 
         Raises:
-            ValueError: wrong shape.
+            ValueError: wrong shape, or no ``obs`` with ``delta_action_mask``.
         """
         self._check_own_actions(actions, "actions")
-        normalized = actions[..., -self.max_action_dim:][..., : self.action_dim].float()
+        last = self.num_steps * self.max_action_dim  # block num_steps of group 0
+        normalized = actions[..., last : last + self.action_dim].float()
         statistics = self.action_statistics
         raw = normalized if statistics is None else statistics.denormalize(normalized)
+        if self.config.delta_action_mask is not None:
+            state = raw_state(obs, len(self.config.delta_action_mask), actions.shape[0], "env_actions").to(raw.device)
+            raw = raw + delta_offset(state, self.config.delta_action_mask, self.action_dim)
         return libero_gripper_postprocess(raw) if self.config.gripper_postprocess == "libero" else raw
 
-    def actions_from_env(self, env_actions: Tensor) -> Tensor:
+    def actions_from_env(self, env_actions: Tensor, obs: TensorDict | None = None) -> Tensor:
         """Demonstrated environment actions → the normalised actions :meth:`bc_loss` takes (not own
         actions: a demonstration has no denoising chain): the LIBERO gripper post-processing undone
-        with ``gripper_postprocess="libero"``, then bounds_q99 when the action statistics are set.
+        with ``gripper_postprocess="libero"``, the raw state subtracted with ``delta_action_mask``
+        (openpi's ``DeltaActions``), then normalised when the action statistics are set.
 
         Args:
-            env_actions: ``(..., action_dim)``.
+            env_actions: ``(..., action_dim)``; ``(batch, chunk, action_dim)`` with
+                ``delta_action_mask``.
+            obs: the observations the actions were taken in, batch ``batch`` (needed with
+                ``delta_action_mask``).
 
         Returns:
             float32, same shape.
+
+        Raises:
+            ValueError: no ``obs`` (or a wrong shape) with ``delta_action_mask``.
         """
         raw = env_actions.float()
         if self.config.gripper_postprocess == "libero":
             raw = raw.clone()
             raw[..., -1] = (1 - raw[..., -1]) / 2
+        if self.config.delta_action_mask is not None:
+            if raw.ndim != 3:
+                raise ValueError(f"env_actions must be (batch, chunk, action_dim) with delta_action_mask, got "
+                                 f"{tuple(raw.shape)}")
+            state = raw_state(obs, len(self.config.delta_action_mask), raw.shape[0], "actions_from_env").to(raw.device)
+            raw = raw - delta_offset(state, self.config.delta_action_mask, self.action_dim)
         statistics = self.action_statistics
         return raw if statistics is None else statistics.normalize(raw)
 
@@ -358,8 +433,8 @@ class PI0Policy(Policy):
 
         Args:
             obs: simulator observations, batch ``batch``.
-            expert_actions: ``(batch, chunk_size, action_dim)`` normalised actions
-                (:meth:`actions_from_env`).
+            expert_actions: ``(batch, P, action_dim)`` normalised actions (:meth:`actions_from_env`)
+                of the model's whole chunk (:attr:`bc_chunk_size`).
             generator: random generator of the noise and flow times; the global one if None.
 
         Returns:
@@ -369,7 +444,7 @@ class PI0Policy(Policy):
             ValueError: malformed ``obs`` or ``expert_actions``.
         """
         batch = obs.batch_size[0] if isinstance(obs, TensorDict) else None
-        expected = (batch, self.chunk_size, self.action_dim)
+        expected = (batch, self.model_chunk_size, self.action_dim)
         if tuple(expert_actions.shape) != expected or not expert_actions.is_floating_point():
             raise ValueError(f"expert_actions must be floating {expected}, got {tuple(expert_actions.shape)} "
                              f"{expert_actions.dtype}")
@@ -380,55 +455,27 @@ class PI0Policy(Policy):
 
     # ----------------------------------------------------------------------------- statistics
     @property
-    def action_statistics(self) -> ActionStatistics | None:
-        """The action q01/q99/mask, or None: actions stay in the simulator's units."""
-        if not bool(self.action_statistics_set):
-            return None
-        return ActionStatistics(self.action_q01, self.action_q99, self.action_mask)
+    def action_statistics(self) -> ActionStatistics | MeanStdStatistics | None:
+        """The action statistics of ``normalization`` (q01/q99/mask or mean/std), or None: actions
+        stay in the simulator's units."""
+        return buffered_statistics(self, "action", self.config.normalization)
 
     @property
-    def proprio_statistics(self) -> ActionStatistics | None:
-        """The proprio q01/q99 (every feature normalised), or None: the state stays raw."""
-        if not bool(self.proprio_statistics_set) or self.proprio_q01.numel() == 0:
-            return None
-        return ActionStatistics(self.proprio_q01, self.proprio_q99, torch.ones_like(self.proprio_q01, dtype=torch.bool))
+    def proprio_statistics(self) -> ActionStatistics | MeanStdStatistics | None:
+        """The proprio statistics of ``normalization`` (every feature normalised), or None: the
+        state stays raw."""
+        return buffered_statistics(self, "proprio", self.config.normalization) if self.config.proprio_dim else None
 
     def fit_observation_normalization(self, obs: TensorDict) -> None:
-        """Set the proprio statistics to the 1st and 99th percentiles of the observations' proprio
-        (as OpenVLA-OFT); no-op without ``proprio_dim``.
+        """Set the proprio statistics from the observations' proprio (:func:`fit_statistics`:
+        1st / 99th percentiles for bounds_q99 as OpenVLA-OFT, mean / population std for mean_std);
+        no-op without ``proprio_dim``.
 
         Args:
             obs: simulator observations, batch size ``(batch,)``.
         """
-        if not self.config.proprio_dim:
-            return
-        proprio = self.processor(obs)[PROPRIO].float()  # (B, proprio_dim)
-        self.proprio_q01.copy_(torch.quantile(proprio, 0.01, dim=0))
-        self.proprio_q99.copy_(torch.quantile(proprio, 0.99, dim=0))
-        self.proprio_statistics_set.fill_(True)
-
-    def _load_statistics(self) -> None:
-        """The config's statistics, else the checkpoint's ``norm_stats.json`` (first ``action_dim``
-        / ``proprio_dim`` values of its ``actions`` / ``state`` q01 and q99)."""
-        config = self.config
-        checkpoint = _read_norm_stats(config.model_path) if config.model_path is not None else {}
-        action = config.action_statistics
-        if action is None and "actions" in checkpoint:
-            action = _truncate(checkpoint["actions"], config.action_dim, "actions")
-        if action is not None:
-            statistics = ActionStatistics.from_dict(action, "action statistics")
-            self.action_q01.copy_(statistics.q01)
-            self.action_q99.copy_(statistics.q99)
-            self.action_mask.copy_(statistics.mask)
-            self.action_statistics_set.fill_(True)
-        proprio = config.proprio_statistics
-        if proprio is None and config.proprio_dim and "state" in checkpoint:
-            proprio = _truncate(checkpoint["state"], config.proprio_dim, "state")
-        if proprio is not None:
-            statistics = ActionStatistics.from_dict(proprio, "proprio statistics")
-            self.proprio_q01.copy_(statistics.q01)
-            self.proprio_q99.copy_(statistics.q99)
-            self.proprio_statistics_set.fill_(True)
+        if self.config.proprio_dim:
+            fit_statistics(self, "proprio", self.processor(obs)[PROPRIO].float(), self.config.normalization)
 
     # ----------------------------------------------------------------------------- checks
     def _check_model(self, model: PI0ModelConfig, vocab: int) -> None:
@@ -439,6 +486,9 @@ class PI0Policy(Policy):
         if config.proprio_dim is not None and config.proprio_dim > model.max_state_dim:
             raise ValueError(f"PI0PolicyConfig.proprio_dim ({config.proprio_dim}) exceeds the model's max_state_dim "
                              f"({model.max_state_dim})")
+        if config.executed_actions is not None and model.chunk_size % config.executed_actions:
+            raise ValueError(f"PI0PolicyConfig.executed_actions ({config.executed_actions}) must divide the model's "
+                             f"chunk_size ({model.chunk_size})")
         if vocab > model.vocab_size:
             raise ValueError(f"the tokenizer has {vocab} tokens, more than the model's vocab_size {model.vocab_size}: "
                              "use the checkpoint's tokenizer (PI0PolicyConfig.tokenizer_path)")
@@ -455,8 +505,8 @@ class PI0Policy(Policy):
         expected = (actions.shape[0] if batch is None else batch, self.chunk_size, self.own_action_dim)
         if not isinstance(actions, Tensor) or tuple(actions.shape) != expected or not actions.is_floating_point():
             shape = tuple(actions.shape) if isinstance(actions, Tensor) else type(actions).__name__
-            raise ValueError(f"{what} must be floating own actions (batch, chunk_size, own_action_dim = (num_steps + 1)"
-                             f" * max_action_dim) = {expected}, got {shape}")
+            raise ValueError(f"{what} must be floating own actions (batch, chunk_size, own_action_dim = chunk_groups * "
+                             f"(num_steps + 1) * max_action_dim) = {expected}, got {shape}")
 
     @staticmethod
     def _load_tokenizer(directory: str):
@@ -464,22 +514,3 @@ class PI0Policy(Policy):
         check_tokenizer(tokenizer, directory, chat_template=False)
         return tokenizer
 
-
-def _read_norm_stats(model_path: str) -> dict:
-    """openpi's ``norm_stats.json`` of a checkpoint directory (``{"actions": ..., "state": ...}``),
-    or ``{}`` without one."""
-    path = Path(model_path) / NORM_STATS_FILE
-    if not path.is_file():
-        return {}
-    raw = json.loads(path.read_text())
-    stats = raw.get("norm_stats", raw) if isinstance(raw, dict) else None
-    if not isinstance(stats, dict):
-        raise ValueError(f"{path} must hold a JSON object {{'norm_stats': {{'actions': ..., 'state': ...}}}}")  # noqa: TRY004
-    return stats
-
-
-def _truncate(stats: dict, length: int, name: str) -> dict:
-    """The first ``length`` q01/q99 values of a ``norm_stats.json`` entry."""
-    if any(len(stats.get(key, ())) < length for key in ("q01", "q99")):
-        raise ValueError(f"{NORM_STATS_FILE}: {name} statistics need q01 and q99 of at least {length} values")
-    return {"q01": list(stats["q01"][:length]), "q99": list(stats["q99"][:length])}

@@ -98,6 +98,11 @@ def test_pi0_actions_are_its_denoising_chains():
     assert (shape.decisions, shape.chunk, shape.action_dim, shape.own_action_dim) == (10, 8, 7, 28)
     assert sample_bytes("actions", shape) == sample_bytes("ref_log_probs", shape) == 10 * 8 * 28 * 4
     assert sample_bytes("old_log_probs", shape) == 10 * 8 * 4
+    # Executing 2 of the 8 model actions: decisions every 2 steps, each slot packing 4 positions' chains.
+    prefix = get_workflow("embodied").step_shape(
+        load_template("embodied_srpo_pi0_lift", ["policy.config.executed_actions=2"]).config)
+    assert (prefix.decisions, prefix.chunk, prefix.own_action_dim) == (40, 2, 4 * 28)
+    assert sample_bytes("old_log_probs", prefix) == 40 * 2 * 4
 
 
 @pytest.mark.parametrize("count, text", [(201, "201 B"), (1608, "1.57 KiB"), (3 * 2**20, "3 MiB")])

@@ -87,13 +87,17 @@ def case(request, device):
 
 def test_sample_shapes_and_dtypes(case):
     policy, spec = case
-    actions, log_probs = policy.sample_actions(spec.obs(4, 0))
+    obs = spec.obs(4, 0)
+    actions, log_probs = policy.sample_actions(obs)
     assert actions.shape == (4, policy.chunk_size, policy.own_action_dim)
     assert log_probs.shape == (4, policy.chunk_size)
     assert actions.dtype == log_probs.dtype == torch.float32
     assert not actions.requires_grad and not log_probs.requires_grad
     env_actions = policy.env_actions(actions)
     assert env_actions.shape == (4, policy.chunk_size, policy.action_dim) and env_actions.dtype == torch.float32
+    # The rollout passes the observations the actions came from; these policies act absolutely.
+    assert torch.equal(policy.env_actions(actions, obs), env_actions)
+    assert policy.bc_chunk_size == policy.chunk_size
     if policy.actions_are_env_actions:  # then an older evaluation store's actions replay as they are
         assert torch.equal(env_actions, actions)
 

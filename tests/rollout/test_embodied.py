@@ -112,7 +112,7 @@ class ConstantPolicy(torch.nn.Module):
             self.events.append(("policy", tuple(int(x) for x in obs[:, 1] - 7)))  # ids are 7 + row
         return torch.ones(b, self.chunk_size, ACT_DIM), -torch.ones(b, self.chunk_size)
 
-    def env_actions(self, actions):
+    def env_actions(self, actions, obs=None):
         return 0.5 * actions
 
 
@@ -129,7 +129,7 @@ class ChainPolicy(ConstantPolicy):
         own = torch.arange(self.own_action_dim, dtype=torch.float32).expand(b, self.chunk_size, -1)
         return own.clone(), -torch.ones(b, self.chunk_size)
 
-    def env_actions(self, actions):
+    def env_actions(self, actions, obs=None):
         return actions[..., -ACT_DIM:]
 
 
@@ -346,6 +346,38 @@ def test_lost_episodes_are_dropped_from_camera_observations():
     assert isinstance(obs, TensorDict) and obs.batch_size == (2, 5)  # T + 1 = ceil(8 / 2) + 1
     assert obs["state"][:, 0, 1].tolist() == [4.0, 6.0]  # the initial-state ids of the kept episodes
     assert obs["agentview_image"][1, :, 0, 0, 0].tolist() == [0, 2, 3, 0, 0]  # success at step 3, then nothing
+
+
+@pytest.mark.parametrize("protocol_wrapper", [False, True])
+@pytest.mark.parametrize("stages", [1, 2])
+def test_env_actions_get_the_observations_their_actions_were_sampled_from(protocol_wrapper, stages, torch_one_thread):
+    """A π0 whose first two action values are relative to the state (openpi's delta actions), run
+    through the rollout (and the evaluation's protocol wrapper): what the pool receives at decision
+    t is the last denoising block of the executed positions plus decision t's own state, so the
+    loop hands env_actions the observations the actions came from. It executes 2 of its 4 actions."""
+    from policies.pi0 import PI0PolicyConfig
+    from vla_rl.evaluation.protocol import Protocol, ProtocolPolicy
+
+    policy = make_policy("pi0", PI0PolicyConfig(architecture="tiny", action_dim=ACT_DIM, proprio_dim=2,
+                                                executed_actions=2, delta_action_mask=(True, True)))
+    actor = ProtocolPolicy(policy, Protocol("sampled", False, 1.0)) if protocol_wrapper else policy
+    pool = CameraPool(success_at=[0, 0], horizon=6)
+    result = rollout_episodes(actor, pool, np.array([4, 5]), generator=torch.Generator().manual_seed(0),
+                              pipeline_stages=stages)
+    batch, received = result.batch, result.env_actions
+    assert batch["actions"].shape == (2, 3, 2, 2 * (3 + 1) * 5) and received.shape == (2, 3, 2, ACT_DIM)
+    last = policy.num_steps * policy.max_action_dim  # group 0's last block
+    for t in range(3):
+        state = batch["obs"]["state"][:, t]  # [control steps taken, initial-state id]
+        assert state[:, 0].tolist() == [2.0 * t] * 2  # decision t's own observation
+        model_actions = batch["actions"][:, t, :, last : last + ACT_DIM]  # no statistics: raw
+        torch.testing.assert_close(received[:, t, :, :2], model_actions[..., :2] + state[:, None, :2], rtol=0, atol=0)
+        assert torch.equal(received[:, t, :, 2], model_actions[..., 2])
+        torch.testing.assert_close(received[:, t], policy.env_actions(batch["actions"][:, t], batch["obs"][:, t]),
+                                   rtol=0, atol=0)
+    submitted = np.concatenate(pool.submitted_actions)  # in submission order: compare as sets of rows
+    assert sorted(map(tuple, submitted.reshape(-1, ACT_DIM).tolist())) == sorted(
+        map(tuple, received.reshape(-1, ACT_DIM).tolist()))
 
 
 # --------------------------------------------------------------------------- a policy without an action distribution

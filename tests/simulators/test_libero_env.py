@@ -39,7 +39,7 @@ def test_horizon_defaults_to_the_suite_eval_budget(suite, horizon):
 
 
 @pytest.mark.parametrize(("field", "value"), [("suite", "libero_100"), ("task_id", -1), ("horizon", 0),
-                                              ("num_steps_wait", -1), ("cameras", "agentview"),
+                                              ("num_steps_wait", -1), ("task_seed", -1), ("cameras", "agentview"),
                                               ("cameras", ("agentview", "agentview")), ("camera_size", 4),
                                               ("obs_keys", ()), ("fast_rendering", 1), ("render_camera", "")])
 def test_config_rejects_bad_values_naming_the_field(field, value):
@@ -158,6 +158,8 @@ def test_the_task_is_seeded_with_0_once_before_any_episode(fake_libero):
     env.reset(seed=1)
     env.reset(seed=2)
     assert fake.seeds == [(0, 0)]  # seed 0, before the first initial state was set
+    _, openpi = fake_libero(task_seed=7)  # openpi's examples/libero/main.py: env.seed(args.seed), 7
+    assert openpi.seeds == [(7, 0)]
 
 
 def test_the_environment_is_built_without_hard_resets(monkeypatch):
@@ -232,6 +234,32 @@ def test_camera_images_are_rotated_180_degrees(fake_libero):
         assert image[0, 0].tolist() == [7, 7, 10] and image[0, 7].tolist() == [7, 0, 10]
         assert image[7, 0].tolist() == [0, 7, 10] and image[2, 5].tolist() == [5, 2, 10]
     assert obs["state"].shape == (8,)
+
+
+def test_the_pi0_libero_templates_policy_acts_in_the_fake_task(fake_libero):
+    """embodied_srpo_pi0_libero's simulator and tiny π0 together (openpi's LIBERO protocol): the
+    task is seeded with openpi's 7, the environment observes the policy's two cameras, the 8-value
+    state and the task's instruction; the policy's 7 values reach the controller unchanged (no
+    gripper post-processing)."""
+    import torch
+
+    from vla_rl.dag.loader import load_template
+    from vla_rl.data.observations import observation, stack_observations, to_torch
+    from vla_rl.workflows.embodied import robot_policy
+
+    config = load_template("embodied_srpo_pi0_libero").config
+    env, fake = fake_libero(**{**config.simulator.env, "fast_rendering": False})  # the fake has no MuJoCo scene
+    policy = robot_policy(config, obs_dim=env.obs_dim, act_dim=env.act_dim)
+    raw, _ = env.reset(seed=0)
+    assert sorted(raw) == ["agentview_image", "robot0_eye_in_hand_image", "state"] and raw["state"].shape == (8,)
+    assert fake.seeds == [(7, 0)]  # openpi's env.seed(7), once, before the first initial state
+    obs = to_torch(stack_observations([observation(raw, env.instruction)]))
+    own, _ = policy.sample_actions(obs, generator=torch.Generator().manual_seed(0))
+    actions = policy.env_actions(own)[0].numpy()  # (chunk 5, 7)
+    assert actions.shape == (5, 7)
+    for action in actions:
+        env.step(action)
+    np.testing.assert_allclose(np.stack(fake.actions[-5:]), np.clip(actions, -1.0, 1.0), rtol=0, atol=1e-6)
 
 
 def test_the_reference_renders_256_pixel_cameras():

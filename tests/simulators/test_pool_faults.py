@@ -53,8 +53,8 @@ class SignalAtCall:
             os.kill(self.pid, self.signum)
         return self.policy.sample_actions(obs, greedy=greedy, generator=generator)
 
-    def env_actions(self, actions):
-        return self.policy.env_actions(actions)
+    def env_actions(self, actions, obs=None):
+        return self.policy.env_actions(actions, obs)
 
 
 def reference(policy, pool):

@@ -6,6 +6,7 @@ by ``ppo_mini_batch_size``; the KL and entropy terms; steps after an episode's e
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -170,6 +171,26 @@ def test_first_minibatch_ratio_is_exactly_one(process_group, device, monkeypatch
     assert first_metrics["pg_clipfrac"] == 0.0
     if granularity == "token":
         assert metrics["actor/old_log_prob_max_diff"] == 0.0
+
+
+@pytest.mark.parametrize("granularity", ["action", "chunk"])
+def test_first_minibatch_ratio_is_one_for_pi0_executing_a_prefix_of_state_relative_actions(process_group, device,
+                                                                                         monkeypatch, granularity):
+    """π0 executing 2 of its 4 actions, the first 3 values relative to the state: the rollout
+    stores every position's chains packed into 2 slots, and the trainer's recomputation of the
+    executed positions' log-probs gives ratio 1 (up to rounding: not batch-invariant)."""
+    torch.manual_seed(0)
+    config = dataclasses.replace(TINY_CONFIGS["pi0"](), executed_actions=2, delta_action_mask=(True, True, True))
+    policy = make_policy("pi0", config).to(device)
+    batch = rollout_batch(policy)
+    assert batch[keys.ACTIONS].shape[2:] == (2, 2 * 32) and batch[keys.OLD_LOG_PROBS].shape[2] == 2
+    calls = spy_on_losses(monkeypatch)
+    metrics = ActorTrainer(policy, lr=1e-2).update(batch, *update_config("ppo_clip", granularity),
+                                                   torch.Generator().manual_seed(2))
+    assert metrics["actor/num_updates"] == 2.0
+    log_probs, old_log_probs, mask, first_metrics = calls[0]
+    torch.testing.assert_close(log_probs[mask], old_log_probs[mask], rtol=0, atol=1e-4)
+    assert abs(first_metrics["ratio_mean"] - 1.0) < 1e-4 and first_metrics["pg_clipfrac"] == 0.0
 
 
 @pytest.mark.parametrize(("episodes", "mini_batch", "expected_updates"), [(12, 4, 3 * 2), (3, 4, 1 * 2), (5, 1, 5 * 2)])

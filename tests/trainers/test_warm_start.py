@@ -117,6 +117,40 @@ def test_camera_demonstrations_are_stored_per_key_and_cloned(tmp_path, torch_one
     assert float(policy.bc_loss(obs, actions).detach()) < before
 
 
+def test_behaviour_cloning_maps_the_expert_actions_with_their_observations(tmp_path, torch_one_thread):
+    """A π0 whose action values 1 and 2 are relative to the state (openpi's delta actions) and that
+    executes 2 of its 4 actions: the demonstrations come in windows of the model's whole chunk
+    (``bc_chunk_size``), ``actions_from_env`` gets the demonstrations' observations and subtracts
+    each one's state, and ``bc_loss`` clones those rows with their observations."""
+    from policies.pi0 import PI0Policy, PI0PolicyConfig
+
+    store = ensure_demonstrations(_CameraExpertPool(), tmp_path / "demos.zarr", num_demos=3, id_offset=100,
+                                  env_attrs={"name": "fake", "cameras": ["agentview"]})
+    policy = PI0Policy(PI0PolicyConfig(architecture={"preset": "tiny", "max_action_dim": 7}, action_dim=7, proprio_dim=3,
+                                       executed_actions=2, delta_action_mask=(False, True, True)))
+    assert (policy.chunk_size, policy.bc_chunk_size) == (2, 4)
+    obs, actions = demonstrations(store, 3, policy.bc_chunk_size)
+    assert actions.shape == (13, 4, 7)
+    seen_obs, cloned = [], []
+
+    def actions_from_env(env_actions, obs=None):
+        seen_obs.append(obs)
+        return PI0Policy.actions_from_env(policy, env_actions, obs)
+
+    def bc_loss(rows_obs, expert_actions):
+        cloned.append((rows_obs, expert_actions))
+        return PI0Policy.bc_loss(policy, rows_obs, expert_actions)
+
+    policy.actions_from_env, policy.bc_loss = actions_from_env, bc_loss
+    behaviour_cloning(policy, obs, actions, steps=2, lr=1e-3, batch_size=4, seed=0)
+    assert len(seen_obs) == 1 and seen_obs[0] is obs
+    by_hand = actions.clone()  # no statistics: only the state is subtracted, on every position of a window
+    by_hand[..., 1:3] -= obs["state"][:, None, 1:3]
+    for rows_obs, expert in cloned:
+        rows = [int(torch.nonzero((obs["state"] == state).all(dim=1))[0]) for state in rows_obs["state"]]
+        torch.testing.assert_close(expert, by_hand[rows], rtol=0, atol=0)
+
+
 class _TaskSetExpertPool:
     """Scripted demonstrations of a task set of 3 tasks: step ``t`` of task ``k``'s episode of id
     ``i`` has state ``[i, t, k]``; task 1's expert fails on odd ids. ``calls`` records (ids, task)."""

@@ -70,9 +70,9 @@ class ProtocolPolicy:
         """Whether the wrapped policy samples and scores actions."""
         return self.policy.has_action_distribution
 
-    def env_actions(self, actions: Tensor) -> Tensor:
-        """The wrapped policy's simulator actions."""
-        return self.policy.env_actions(actions)
+    def env_actions(self, actions: Tensor, obs=None) -> Tensor:
+        """The wrapped policy's simulator actions for ``actions`` sampled from ``obs``."""
+        return self.policy.env_actions(actions, obs)
 
     def predict_action_chunk(self, obs: Tensor) -> Tensor:
         """The wrapped policy's deterministic chunk ``(batch, chunk, own_action_dim)`` (the rollout

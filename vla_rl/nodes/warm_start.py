@@ -69,7 +69,8 @@ def check_experts(config, node_config, dp_size: int, world_size: int) -> tuple[s
 def load_demonstrations(ctx, batch) -> NodeOutput:
     """Returns the demonstrations' transitions: ``obs`` ``(N, obs_dim)`` (camera observations, or a
     task set's: a TensorDict of batch size ``(N,)``) and ``actions`` ``(N, chunk, act_dim)``, the
-    expert's next actions for the policy's chunk, in the simulator's units (not a policy's own
+    expert's next actions for the chunk the policy clones (``policy.bc_chunk_size``: π0's whole
+    model chunk even when it executes a prefix), in the simulator's units (not a policy's own
     actions, which may be wider, e.g. π0's denoising chains: behaviour cloning maps them with
     ``policy.actions_from_env``); empty without demonstrations."""
     from vla_rl.data.trajectory_store import TrajectoryStore
@@ -83,7 +84,7 @@ def load_demonstrations(ctx, batch) -> NodeOutput:
         ensure_demonstrations(ctx.resources.simulator_pool, store_path, ws.num_demos, ws.demo_init_state_offset,
                               demo_env_attrs(sim), num_tasks=len(sim.task_names()) if sim.multi_task else None)
     dist.barrier(group=ctx.group)
-    obs, actions = demonstrations(TrajectoryStore.open(store_path), ws.num_demos, ctx.resources.policy.chunk_size)
+    obs, actions = demonstrations(TrajectoryStore.open(store_path), ws.num_demos, ctx.resources.policy.bc_chunk_size)
     return NodeOutput(TensorDict({keys.OBS: obs, keys.ACTIONS: actions}, batch_size=[len(actions)]), {})
 
 

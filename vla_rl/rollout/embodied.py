@@ -9,11 +9,12 @@ is kept (``obs[:, finish_step]``). Finished environments are not stepped again.
 Observations are what the simulator gives (:mod:`vla_rl.data.observations`): a flat state, or
 with cameras a ``TensorDict`` of the state, uint8 images and the encoded instruction; the policy's
 ``sample_actions`` reads them as they are (a VLA's processor builds its inputs), and the pool
-receives ``policy.env_actions(actions)`` while the batch keeps the policy's own actions (the
-environment actions are returned beside it, :attr:`RolloutResult.env_actions`, so that stored
-episodes can be replayed exactly). Own actions are ``policy.own_action_dim`` values per chunk
-position (``action_dim`` for most policies; π0: its whole denoising chain), environment actions the
-simulator's ``act_dim``.
+receives ``policy.env_actions(actions, obs)``, given the observations the actions were sampled
+from (π0's state-relative actions add the state back), while the batch keeps the policy's own
+actions (the environment actions are returned beside it, :attr:`RolloutResult.env_actions`, so
+that stored episodes can be replayed exactly). Own actions are ``policy.own_action_dim`` values
+per chunk position (``action_dim`` for most policies; π0: its whole denoising chains), environment
+actions the simulator's ``act_dim``.
 
 A policy without an action distribution (``policy.has_action_distribution`` False: OpenVLA-OFT's
 L1-regression head) acts only greedily, through ``policy.predict_action_chunk``; its episodes
@@ -67,7 +68,7 @@ class RolloutResult:
             without success), ``finish_step`` ``(m,)`` (decision steps taken), ``init_state_id``
             ``(m,)``, where ``T = ceil(horizon / chunk)``.
         env_actions: ``(m, T, chunk, act_dim)`` float32, the rows of ``batch``: what the pool
-            received, ``policy.env_actions(actions)`` in the simulator's units (zeros after
+            received, ``policy.env_actions(actions, obs)`` in the simulator's units (zeros after
             ``finish_step``). Not in ``batch``: training does not read them.
         frames: for each rendered environment index whose episode was not lost, its frames
             ``(steps, H, W, 3)`` uint8, one after each control step.
@@ -211,7 +212,8 @@ def rollout_episodes(
         policy: a :class:`policies.base.Policy` (its ``sample_actions``, or its
             ``predict_action_chunk`` when it has no action distribution, is called on the running
             environments' observations, moved to its ``device``, one pipeline stage at a time, its
-            ``env_actions`` on the chosen actions). The returned batch is on the CPU.
+            ``env_actions`` on the chosen actions and those observations). The returned batch is on
+            the CPU.
         pool: a :class:`simulators.pool.SimulatorPool` with capacity ≥ n (or any object with
             its ``spec``, ``reset``, ``submit`` and ``collect``).
         task_ids: ``(n,)`` int64, each episode's task in the pool's task set (``None``: the
@@ -269,7 +271,7 @@ def run_pipeline(policy, pool, book: EpisodeBook, stages: list[np.ndarray], deci
             log_probs = log_probs.cpu()
         else:  # a deterministic policy's greedy chunk; its log-probs are undefined
             actions, log_probs = policy.predict_action_chunk(obs), None
-        env_actions = policy.env_actions(actions).cpu()  # (k, chunk, act_dim) in the simulator's units
+        env_actions = policy.env_actions(actions, obs).cpu()  # (k, chunk, act_dim) in the simulator's units
         actions = actions.cpu()  # the batch lives on the CPU between nodes
         book.policy_seconds += time.perf_counter() - start
         book.record_decision(rows, t, actions, env_actions, log_probs)

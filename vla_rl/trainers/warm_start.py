@@ -208,12 +208,14 @@ def behaviour_cloning(
     :func:`initial_observations`): for flat states the mean and standard deviation, each scale
     floored at :data:`OBS_STD_FLOOR`; for camera observations whatever the policy's
     ``fit_observation_normalization`` fits (OpenVLA-OFT: its proprio q01/q99). The expert's
-    actions become the policy's through ``policy.actions_from_env``.
+    actions become the policy's through ``policy.actions_from_env(actions, obs)`` (π0's
+    state-relative actions subtract each observation's state).
 
     Args:
         obs: float32 ``(N, obs_dim)``, or a TensorDict of batch size ``(N,)`` of camera
             observations (:func:`demonstrations`).
-        actions: ``(N, chunk_size, act_dim)`` float32, the expert's next actions.
+        actions: ``(N, chunk, act_dim)`` float32, the expert's next actions (``chunk``:
+            ``policy.bc_chunk_size``).
         steps: gradient steps; lr: Adam learning rate; batch_size: transitions per step.
         seed: seed of the minibatch draws.
         extra_norm_obs: ``(m, obs_dim)`` observations (or a dict of ``m``-row arrays) that count
@@ -223,7 +225,7 @@ def behaviour_cloning(
     Returns:
         ``warm_start/bc_loss`` (last minibatch) and ``warm_start/transitions``.
     """
-    actions = policy.actions_from_env(actions)
+    actions = policy.actions_from_env(actions, obs)
     if isinstance(obs, TensorDict):
         norm_obs = obs if extra_norm_obs is None else torch.cat([obs, to_torch(extra_norm_obs)])
         policy.fit_observation_normalization(norm_obs)

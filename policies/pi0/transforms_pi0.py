@@ -1,0 +1,264 @@
+"""openpi's data transforms that π0's checkpoints were trained with, mirrored for the RL policy:
+mean/std normalisation and state-relative ("delta") actions; the policy's statistics buffers and
+the ``norm_stats.json`` that fills them.
+
+Sources (Physical-Intelligence/openpi, read at ``15a9616``):
+
+- ``src/openpi/transforms.py`` ``Normalize._normalize`` (137–139): ``(x - mean) / (std + 1e-6)``,
+  ``Unnormalize._unnormalize`` (170–173): ``x * (std + 1e-6) + mean``, no clipping; the mean/std
+  (z-score) form is π0's (``src/openpi/training/config.py`` 187: ``use_quantile_norm =
+  model_type != PI0``), quantiles are for π0-FAST and π0.5;
+- ``DeltaActions`` / ``AbsoluteActions`` (204–244): ``actions[..., :dims] -= where(mask,
+  state[..., :dims], 0)`` on every position of the chunk (and ``+=`` back), ``dims`` the mask's
+  length; ``make_bool_mask(6, -1)`` (``config.py`` 339, ``pi0_libero``'s
+  ``extra_delta_transform``) is six True then one False;
+- the order (``src/openpi/policies/policy_config.py`` 77–88): inputs ``DeltaActions`` (a data
+  transform) before ``Normalize``, so the state it subtracts is the raw one; outputs
+  ``Unnormalize`` before ``AbsoluteActions``, which adds the state that ``Unnormalize`` restored
+  from the normalised input (the raw state up to float rounding; here the raw state itself).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor, nn
+
+from policies.action_normalization import ActionStatistics
+from policies.pi0.configuration_pi0 import NORMALIZATION_FIELDS, PI0PolicyConfig
+from vla_rl.data import keys
+
+#: openpi's normalisation statistics file in a checkpoint's assets (``{"norm_stats": {"actions":
+#: {"mean", "std", "q01", "q99"}, "state": {...}}}``).
+NORM_STATS_FILE = "norm_stats.json"
+#: Denominator guard of openpi's ``Normalize`` / ``Unnormalize`` (``transforms.py`` 139, 173).
+MEAN_STD_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class MeanStdStatistics:
+    """Per-feature mean and standard deviation, openpi's z-score normalisation (every feature, no
+    clipping, no mask).
+
+    Attributes:
+        mean, std: ``(dim,)`` float32, raw units.
+    """
+
+    mean: Tensor
+    std: Tensor
+
+    @classmethod
+    def from_dict(cls, stats: dict[str, Any], source: str) -> MeanStdStatistics:
+        """Read ``{"mean": [...], "std": [...]}``.
+
+        Raises:
+            ValueError: a field is missing or the lengths differ; the message names ``source``.
+        """
+        try:
+            mean = torch.tensor(stats["mean"], dtype=torch.float32)
+            std = torch.tensor(stats["std"], dtype=torch.float32)
+        except KeyError as missing:
+            raise ValueError(f"{source}: statistics have no {missing} field") from None
+        if mean.ndim != 1 or std.shape != mean.shape:
+            raise ValueError(f"{source}: mean and std must be equally long lists, got lengths {tuple(mean.shape)}, "
+                             f"{tuple(std.shape)}")
+        return cls(mean, std)
+
+    @property
+    def dim(self) -> int:
+        return self.mean.shape[0]
+
+    def normalize(self, x: Tensor) -> Tensor:
+        """Raw → normalised: ``(x - mean) / (std + 1e-6)``.
+
+        Args:
+            x: ``(..., dim)`` floating, raw units.
+
+        Returns:
+            float32, same shape.
+
+        Raises:
+            ValueError: the last dimension is not ``dim``.
+        """
+        self._check(x)
+        mean, std = self.mean.to(x.device), self.std.to(x.device)
+        return (x.float() - mean) / (std + MEAN_STD_EPS)
+
+    def denormalize(self, x: Tensor) -> Tensor:
+        """Normalised → raw: ``x * (std + 1e-6) + mean``.
+
+        Args:
+            x: ``(..., dim)`` floating, normalised units.
+
+        Returns:
+            float32, same shape.
+
+        Raises:
+            ValueError: the last dimension is not ``dim``.
+        """
+        self._check(x)
+        mean, std = self.mean.to(x.device), self.std.to(x.device)
+        return x.float() * (std + MEAN_STD_EPS) + mean
+
+    def _check(self, x: Tensor) -> None:
+        if x.shape[-1:] != (self.dim,) or not x.is_floating_point():
+            raise ValueError(f"values must be floating (..., {self.dim}), got {tuple(x.shape)} {x.dtype}")
+
+
+def delta_offset(state: Tensor, mask: tuple[bool, ...], action_dim: int) -> Tensor:
+    """What openpi's ``DeltaActions`` subtracts from (and ``AbsoluteActions`` adds to) every action
+    of a chunk: ``where(mask, state[..., :dims], 0)``, zero-padded to ``action_dim`` values.
+
+    Args:
+        state: ``(batch, >= len(mask))`` raw state.
+        mask: the delta mask (``dims = len(mask) <= action_dim``).
+        action_dim: values per action.
+
+    Returns:
+        float32 ``(batch, 1, action_dim)``, broadcasting over the chunk positions.
+    """
+    dims = len(mask)
+    flags = torch.tensor(mask, dtype=torch.bool, device=state.device)
+    offset = torch.zeros(state.shape[0], action_dim, device=state.device)
+    offset[:, :dims] = torch.where(flags, state[:, :dims].float(), torch.zeros((), device=state.device))
+    return offset[:, None]  # (B, 1, action_dim)
+
+
+def read_norm_stats(model_path: str) -> dict:
+    """openpi's ``norm_stats.json`` of a checkpoint directory (``{"actions": ..., "state": ...}``),
+    or ``{}`` without one: ``<model_path>/norm_stats.json``, else the only one under
+    ``<model_path>/assets/`` (openpi's ``convert_jax_model_to_pytorch.py`` copies the checkpoint's
+    ``assets/<asset_id>/norm_stats.json``, e.g. ``assets/physical-intelligence/libero/``).
+
+    Raises:
+        ValueError: the file is not a JSON object of statistics, or ``assets/`` holds several.
+    """
+    path = Path(model_path) / NORM_STATS_FILE
+    if not path.is_file():
+        found = sorted((Path(model_path) / "assets").glob(f"**/{NORM_STATS_FILE}"))
+        if len(found) > 1:
+            raise ValueError(f"{model_path}/assets holds several {NORM_STATS_FILE} ({[str(f) for f in found]}); copy the "
+                             f"checkpoint's own to {path}")
+        if not found:
+            return {}
+        path = found[0]
+    raw = json.loads(path.read_text())
+    stats = raw.get("norm_stats", raw) if isinstance(raw, dict) else None
+    if not isinstance(stats, dict):
+        raise ValueError(f"{path} must hold a JSON object {{'norm_stats': {{'actions': ..., 'state': ...}}}}")  # noqa: TRY004
+    return stats
+
+
+def truncate_norm_stats(stats: dict, fields: tuple[str, ...], length: int, name: str) -> dict:
+    """The first ``length`` values of ``fields`` of a ``norm_stats.json`` entry (openpi writes them
+    unpadded; its ``Normalize`` also cuts them to the data's width).
+
+    Raises:
+        ValueError: a field is missing or shorter than ``length``.
+    """
+    if any(len(stats.get(key, ())) < length for key in fields):
+        raise ValueError(f"{NORM_STATS_FILE}: {name} statistics need {' and '.join(fields)} of at least {length} "
+                         f"values, got fields {sorted(stats)}")
+    return {key: list(stats[key][:length]) for key in fields}
+
+
+def raw_state(obs: TensorDict | None, dims: int, batch: int, method: str) -> Tensor:
+    """The first ``dims`` raw ``state`` values of the observations that state-relative actions
+    refer to (openpi's ``DeltaActions`` runs before ``Normalize``).
+
+    Args:
+        obs: simulator observations, batch ``batch``.
+        dims: the delta mask's length.
+        batch: rows of the actions.
+        method: the policy method asking (for the error message).
+
+    Returns:
+        float32 ``(batch, dims)``.
+
+    Raises:
+        ValueError: ``obs`` is None, or has no ``state`` of that shape.
+    """
+    if obs is None:
+        raise ValueError(f"PI0Policy.{method} needs the observations of the actions (obs): delta_action_mask makes "
+                         f"the first {dims} action values relative to the state")
+    state = obs[keys.OBS_STATE] if isinstance(obs, TensorDict) and keys.OBS_STATE in obs.keys() else None  # noqa: SIM118
+    if state is None or state.ndim != 2 or state.shape[0] != batch or state.shape[1] < dims:
+        shape = None if state is None else tuple(state.shape)
+        raise ValueError(f"PI0Policy.{method}: obs must be a TensorDict with {keys.OBS_STATE!r} of shape ({batch}, "
+                         f">= {dims}) (the actions' observations), got {shape}")
+    return state[:, :dims].float()
+
+
+# --------------------------------------------------------------------------------- statistics buffers
+# A policy keeps the statistics of its ``normalization`` as buffers (training checkpoints keep them;
+# every buffer stays finite): ``<prefix>_q01``, ``<prefix>_q99`` (and ``action_mask``) for bounds_q99,
+# ``<prefix>_mean``, ``<prefix>_std`` for mean_std, and ``<prefix>_statistics_set``, for the prefixes
+# ``action`` and ``proprio``.
+
+
+def register_statistics(module: nn.Module, normalization: str, action_dim: int, proprio_dim: int) -> None:
+    """Register the unset statistics buffers of ``normalization`` on ``module`` (zeros; stds 1)."""
+    for field in NORMALIZATION_FIELDS[normalization]:
+        module.register_buffer(f"action_{field}", torch.full((action_dim,), float(field == "std")))
+        module.register_buffer(f"proprio_{field}", torch.full((proprio_dim,), float(field == "std")))
+    if normalization == "bounds_q99":
+        module.register_buffer("action_mask", torch.ones(action_dim, dtype=torch.bool))
+    module.register_buffer("action_statistics_set", torch.tensor(False))
+    module.register_buffer("proprio_statistics_set", torch.tensor(False))
+
+
+def buffered_statistics(module: nn.Module, prefix: str, normalization: str) -> ActionStatistics | MeanStdStatistics | None:
+    """The ``prefix`` statistics of ``module``'s buffers, or None while unset (the proprio's
+    bounds_q99 normalise every feature)."""
+    if not bool(getattr(module, f"{prefix}_statistics_set")):
+        return None
+    if normalization == "mean_std":
+        return MeanStdStatistics(getattr(module, f"{prefix}_mean"), getattr(module, f"{prefix}_std"))
+    q01, q99 = getattr(module, f"{prefix}_q01"), getattr(module, f"{prefix}_q99")
+    mask = module.action_mask if prefix == "action" else torch.ones_like(q01, dtype=torch.bool)
+    return ActionStatistics(q01, q99, mask)
+
+
+def fit_statistics(module: nn.Module, prefix: str, values: Tensor, normalization: str) -> None:
+    """Set ``module``'s ``prefix`` statistics from ``values`` ``(batch, dim)``: the 1st and 99th
+    percentiles (bounds_q99, as OpenVLA-OFT) or the mean and population standard deviation
+    (mean_std, as openpi's ``RunningStats``)."""
+    if normalization == "mean_std":
+        fitted = {"mean": values.mean(dim=0), "std": values.std(dim=0, unbiased=False)}
+    else:
+        fitted = {"q01": torch.quantile(values, 0.01, dim=0), "q99": torch.quantile(values, 0.99, dim=0)}
+    for name, value in fitted.items():
+        getattr(module, f"{prefix}_{name}").copy_(value)
+    getattr(module, f"{prefix}_statistics_set").fill_(True)
+
+
+def load_statistics(module: nn.Module, config: PI0PolicyConfig) -> None:
+    """Fill ``module``'s buffers with the config's statistics, else the checkpoint's
+    ``norm_stats.json`` (the first ``action_dim`` / ``proprio_dim`` values of the fields of its
+    ``actions`` / ``state`` entries that ``config.normalization`` reads).
+
+    Raises:
+        ValueError: malformed statistics.
+    """
+    fields = NORMALIZATION_FIELDS[config.normalization]
+    checkpoint = read_norm_stats(config.model_path) if config.model_path is not None else {}
+    for prefix, stats, length, entry in (("action", config.action_statistics, config.action_dim, "actions"),
+                                         ("proprio", config.proprio_statistics, config.proprio_dim, "state")):
+        if stats is None and length and entry in checkpoint:
+            stats = truncate_norm_stats(checkpoint[entry], fields, length, entry)
+        if stats is None:
+            continue
+        if config.normalization == "mean_std":
+            parsed = MeanStdStatistics.from_dict(stats, f"{prefix} statistics")
+            values = {"mean": parsed.mean, "std": parsed.std}
+        else:
+            parsed = ActionStatistics.from_dict(stats, f"{prefix} statistics")
+            values = {"q01": parsed.q01, "q99": parsed.q99, **({"mask": parsed.mask} if prefix == "action" else {})}
+        for name, value in values.items():
+            getattr(module, f"{prefix}_{name}").copy_(value)
+        getattr(module, f"{prefix}_statistics_set").fill_(True)
