@@ -76,9 +76,10 @@ def test_grpo_oft_lift_runs_from_the_random_tiny_model(ray_on_loopback, tmp_path
 
 
 #: The π0 templates' tiny settings: TINY without the OpenVLA-OFT fields; chunks of 4 actions of the
-#: tiny π0 (its preset's 28 px images).
+#: tiny π0 on 28 px images (the templates use 56).
 TINY_PI0 = [override for override in TINY if not override.startswith("policy.config.")] + [
     "policy.config.architecture.chunk_size=4",
+    "policy.config.architecture.vision.image_size=28",
 ]
 
 
