@@ -154,3 +154,40 @@ def test_openvla_oft_layout_keeps_heads_proprio_statistics_and_merged_lora(tmp_p
     loaded = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(out), chunk_size=2, proprio_dim=3))
     assert torch.equal(loaded.proprio_q01, policy.proprio_q01)
     torch.testing.assert_close(loaded.log_prob_and_entropy_per_dim(obs, actions)[0], before, rtol=0, atol=1e-5)
+
+
+def test_pi0_export_after_one_update_loads_as_model_path(process_group, tmp_path, monkeypatch):
+    """A tiny π0 (Flow-Noise) run of embodied_grpo_pi0_lift, its proprio statistics fitted and one
+    PPO update made: the export is a π0 checkpoint directory (LeRobot's layout, norm_stats.json,
+    tokenizer, noise head) that policy.config.model_path alone loads back with the same log-probs."""
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "trainers"))
+    from test_actor import ACT_DIM, OBS_DIM, rollout_batch, update_config
+
+    from policies.pi0.policy_pi0 import PI0Policy
+    from vla_rl.trainers.actor import ActorTrainer
+    from vla_rl.workflows import embodied
+
+    monkeypatch.setattr(embodied, "simulator_sizes", lambda config: {"obs_dim": OBS_DIM, "act_dim": ACT_DIM})
+    run_dir, config = make_run(tmp_path, "embodied_grpo_pi0_lift", "policy.config.sampler=flow_noise")
+    policy = get_workflow("embodied").standalone_policy(config, run_dir)
+    batch = rollout_batch(policy)
+    obs, actions = batch["obs"][:, 0], batch["actions"][:, 0]
+    policy.fit_observation_normalization(obs)
+    head = [tensor.clone() for tensor in policy.sampler.noise_head.state_dict().values()]
+    trainer = ActorTrainer(policy, lr=1e-2)
+    trainer.update(batch, *update_config("ppo_clip", "action"), torch.Generator().manual_seed(1))
+    assert any(not torch.equal(a, b) for a, b in zip(head, policy.sampler.noise_head.state_dict().values(), strict=True))
+    checkpoint = write_checkpoint(run_dir, 1, model=policy)
+
+    out = export_checkpoint(checkpoint, tmp_path / "pi0")
+    assert {"model.safetensors", "pi0_architecture.json", "norm_stats.json", "pi0_noise_head.safetensors",
+            "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    exported = PI0Policy(dataclasses.replace(policy.config, model_path=str(out), architecture=None))
+    assert torch.equal(exported.proprio_q99, policy.proprio_q99)
+    for got, want in zip(exported.log_prob_and_entropy_per_dim(obs, actions),
+                         policy.log_prob_and_entropy_per_dim(obs, actions), strict=True):
+        assert torch.equal(got, want)

@@ -13,6 +13,9 @@ LoRA adapters are merged into their base weights; then the policy writes its own
 - OpenVLA / OpenVLA-OFT: the published Prismatic layout (``config.json``, safetensors,
   ``dataset_statistics.json``, tokenizer; OFT's head modules as ``<module>--checkpoint.pt``),
   loadable as ``policy.config.model_path``;
+- π0: a π0 checkpoint directory (LeRobot's ``model.safetensors`` names, ``pi0_architecture.json``,
+  the statistics as openpi's ``norm_stats.json``, tokenizer; Flow-Noise's noise head as
+  ``pi0_noise_head.safetensors``), loadable as ``policy.config.model_path`` (π0 has no LoRA);
 - the MLP policy: ``config.json`` + ``model.safetensors``, loadable with ``MLPPolicy.from_pretrained``.
 """
 

@@ -29,6 +29,11 @@ builds other modules (file name → ours):
 Beside the weights, :func:`save_pi0_checkpoint` writes ``pi0_architecture.json`` (our
 :class:`PI0ModelConfig`); :func:`read_checkpoint_config` reads it, or else the ``config.json`` of a
 LeRobot (``"type": "pi0"``) or openpi (``action_horizon``, ``action_dim``) checkpoint.
+
+Flow-Noise's learned noise head (an RL sampler's, not the model's) is written, by
+:meth:`~policies.pi0.policy_pi0.PI0Policy.save_pretrained`, to a file of its own,
+``pi0_noise_head.safetensors`` (:func:`write_noise_head`, :func:`load_noise_head`): openpi and
+LeRobot never read it, and their strict loaders still accept ``model.safetensors``.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Literal
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import nn
 
 from policies.checkpoint_files import (
     SAFETENSORS_FILE,
@@ -58,6 +64,8 @@ from policies.pi0.modeling_pi0 import PI0Model
 Layout = Literal["lerobot", "openpi"]
 LAYOUTS = ("lerobot", "openpi")
 ARCHITECTURE_FILE = "pi0_architecture.json"
+#: Flow-Noise's learned noise head, beside the model (ours; not in openpi's or LeRobot's layout).
+NOISE_HEAD_FILE = "pi0_noise_head.safetensors"
 CONFIG_FILE = "config.json"
 #: Prefix of every name in the LeRobot layout.
 LEROBOT_PREFIX = "model."
@@ -143,16 +151,13 @@ def load_pi0_weights(model: PI0Model, directory: str | Path) -> Layout:
 
 def save_pi0_checkpoint(model: PI0Model, out_dir: str | Path, layout: Layout = "lerobot",
                         write_expert_head: bool = True) -> Path:
-    """Write ``model`` as a checkpoint directory in a published layout: ``model.safetensors``
-    (tensors in their own dtypes, on the CPU) and ``pi0_architecture.json``; atomically (a
-    half-written directory is never visible).
+    """Write ``model`` as a checkpoint directory in a published layout (:func:`write_pi0_checkpoint`),
+    atomically (a half-written directory is never visible).
 
     Args:
         model: the model.
         out_dir: a new directory.
-        layout: ``"lerobot"`` (names prefixed ``model.``) or ``"openpi"``.
-        write_expert_head: write the unused expert LM head as zeros (``(vocab_size, expert.width)``,
-            263M values at full size) so that strict loaders accept the file.
+        layout, write_expert_head: see :func:`write_pi0_checkpoint`.
 
     Returns:
         ``out_dir``.
@@ -163,16 +168,76 @@ def save_pi0_checkpoint(model: PI0Model, out_dir: str | Path, layout: Layout = "
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown π0 checkpoint layout {layout!r}; use one of {LAYOUTS}")
+    with staged_directory(out_dir) as staging:
+        write_pi0_checkpoint(model, staging, layout, write_expert_head)
+    return Path(out_dir)
+
+
+def write_pi0_checkpoint(model: PI0Model, directory: Path, layout: Layout = "lerobot",
+                         write_expert_head: bool = True) -> None:
+    """Write ``model``'s checkpoint files into the existing directory ``directory``:
+    ``model.safetensors`` (tensors in their own dtypes, on the CPU) and ``pi0_architecture.json``.
+
+    Args:
+        model: the model.
+        directory: an existing directory (e.g. a staging directory of :func:`staged_directory`).
+        layout: ``"lerobot"`` (names prefixed ``model.``) or ``"openpi"``.
+        write_expert_head: write the unused expert LM head as zeros (``(vocab_size, expert.width)``,
+            263M values at full size) so that strict loaders accept the file.
+
+    Raises:
+        ValueError: an unknown layout.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown π0 checkpoint layout {layout!r}; use one of {LAYOUTS}")
     tensors = {checkpoint_name(name, layout): tensor.detach().to("cpu").contiguous()
                for name, tensor in model.state_dict().items()}
     if write_expert_head:
         config = model.config
         dtype = model.action_out_proj.weight.dtype
         tensors[checkpoint_name(EXPERT_HEAD, layout)] = torch.zeros(config.vocab_size, config.expert.width, dtype=dtype)
-    with staged_directory(out_dir) as staging:
-        save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
-        (staging / ARCHITECTURE_FILE).write_text(json.dumps(dataclasses.asdict(model.config), indent=2) + "\n")
-    return Path(out_dir)
+    save_file(tensors, str(Path(directory) / SAFETENSORS_FILE), metadata={"format": "pt"})
+    (Path(directory) / ARCHITECTURE_FILE).write_text(json.dumps(dataclasses.asdict(model.config), indent=2) + "\n")
+
+
+def write_noise_head(head: nn.Module, directory: Path, min_std: float, max_std: float) -> None:
+    """Write Flow-Noise's noise head (not part of openpi's or LeRobot's layout) as
+    ``pi0_noise_head.safetensors`` in ``directory``: its state dict (CPU tensors) and, as
+    metadata, the std bounds it was trained with (not parameters, so not in the state dict)."""
+    tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in head.state_dict().items()}
+    save_file(tensors, str(Path(directory) / NOISE_HEAD_FILE),
+              metadata={"format": "pt", "noise_min_std": repr(float(min_std)), "noise_max_std": repr(float(max_std))})
+
+
+def load_noise_head(head: nn.Module, directory: str | Path, min_std: float, max_std: float) -> bool:
+    """Load ``<directory>/pi0_noise_head.safetensors`` (:func:`write_noise_head`) into ``head``.
+
+    Returns:
+        whether the file exists (without it ``head`` is unchanged).
+
+    Raises:
+        ValueError: its tensors do not fit ``head`` (another ``noise_hidden_dims`` or model width),
+            or it was trained with other std bounds than ``min_std`` / ``max_std``; the message
+            names the file and the settings to use.
+    """
+    path = Path(directory) / NOISE_HEAD_FILE
+    if not path.is_file():
+        return False
+    with safe_open(str(path), framework="pt", device="cpu") as file:
+        metadata = file.metadata() or {}
+        tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    mismatch = compare_shapes({name: tuple(t.shape) for name, t in head.state_dict().items()},
+                              {name: tuple(t.shape) for name, t in tensors.items()})
+    if mismatch:
+        raise ValueError(f"{path}: the noise head does not fit PI0PolicyConfig.noise_hidden_dims and the model's "
+                         f"widths: {mismatch.describe()}; set noise_hidden_dims to the exported policy's")
+    saved = tuple(float(metadata.get(key, "nan")) for key in ("noise_min_std", "noise_max_std"))
+    if saved != (float(min_std), float(max_std)):
+        raise ValueError(f"{path}: the noise head was trained with noise_min_std, noise_max_std = {saved}, the "
+                         f"config has {(min_std, max_std)}; set PI0PolicyConfig.noise_min_std / noise_max_std to "
+                         "the exported policy's")
+    head.load_state_dict(tensors)
+    return True
 
 
 def read_checkpoint_config(directory: str | Path) -> PI0ModelConfig:

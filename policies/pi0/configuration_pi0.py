@@ -276,7 +276,9 @@ class PI0PolicyConfig:
             :func:`policies.pi0.checkpoint_pi0.load_pi0_checkpoint`; never a hub id). Its
             ``norm_stats.json`` (openpi's ``{"norm_stats": {"actions": {"mean", "std", "q01",
             "q99"}, "state": {...}}}``), when present, gives the statistics the config leaves unset
-            (those ``normalization`` reads).
+            (those ``normalization`` reads); its ``pi0_noise_head.safetensors`` (written by
+            ``PI0Policy.save_pretrained`` / ``vla-rl export`` of a Flow-Noise policy), when
+            present, gives the noise head of ``sampler: flow_noise``.
         architecture: the model to build with random weights: a :class:`PI0ModelConfig`, its
             dict, a preset name of ``MODEL_PRESETS`` (``"tiny"``) or ``{"preset": name,
             <PI0ModelConfig field>: value, ...}``. The ``"tiny"`` preset brings the in-process

@@ -46,11 +46,18 @@ Greedy (:meth:`PI0Policy.predict_action_chunk`, ``sample_actions(greedy=True)``)
 from ``x_1 = 0``, the mode of the noise prior, so that it is deterministic (openpi's evaluation
 starts the ODE from random noise instead); its log-probs are the stochastic sampler's density of
 that chain.
+
+Export (:meth:`PI0Policy.save_pretrained`, what ``vla-rl export`` writes): a checkpoint directory
+that ``model_path`` loads back, in LeRobot's layout with ``pi0_architecture.json``, the set
+statistics as openpi's ``norm_stats.json``, the tokenizer's files and, with Flow-Noise, the noise
+head as ``pi0_noise_head.safetensors`` (read back when ``sampler: flow_noise``).
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 from tensordict import TensorDict
@@ -59,8 +66,15 @@ from torch import Tensor
 from policies import register_policy
 from policies.action_normalization import ActionStatistics, libero_gripper_postprocess
 from policies.base import Policy
-from policies.checkpoint_files import check_tokenizer, load_tokenizer
-from policies.pi0.checkpoint_pi0 import load_pi0_checkpoint, read_checkpoint_config
+from policies.checkpoint_files import check_tokenizer, load_tokenizer, staged_directory
+from policies.pi0.checkpoint_pi0 import (
+    Layout,
+    load_noise_head,
+    load_pi0_checkpoint,
+    read_checkpoint_config,
+    write_noise_head,
+    write_pi0_checkpoint,
+)
 from policies.pi0.configuration_pi0 import PI0ModelConfig, PI0PolicyConfig
 from policies.pi0.flow_sampling import (
     FlowNoiseSampler,
@@ -79,11 +93,13 @@ from policies.pi0.processor_pi0 import (
     PI0ObservationProcessor,
 )
 from policies.pi0.transforms_pi0 import (
+    NORM_STATS_FILE,
     MeanStdStatistics,
     buffered_statistics,
     delta_offset,
     fit_statistics,
     load_statistics,
+    norm_stats_of,
     raw_state,
     register_statistics,
 )
@@ -118,7 +134,8 @@ class PI0Policy(Policy):
         model: the :class:`PI0Model`.
         tokenizer, processor: the prompt tokenizer and the :class:`PI0ObservationProcessor`.
         sampler: the RL sampler (:class:`FlowSDESampler` or :class:`FlowNoiseSampler`, whose noise
-            head trains with the policy).
+            head trains with the policy; with ``model_path``, loaded from its
+            ``pi0_noise_head.safetensors`` when there is one, else newly initialised).
         num_steps: denoising steps.
         model_chunk_size: the model's chunk (``P``); :attr:`chunk_size` the executed prefix (``n``).
 
@@ -127,9 +144,9 @@ class PI0Policy(Policy):
 
     Raises:
         TypeError: ``config`` is not a :class:`PI0PolicyConfig`.
-        FileNotFoundError, ValueError: the checkpoint or tokenizer cannot be read, or the model
+        FileNotFoundError, ValueError: the checkpoint or tokenizer cannot be read, the model
             does not fit ``action_dim`` / ``proprio_dim`` / ``executed_actions`` / the tokenizer's
-            vocabulary.
+            vocabulary, or the checkpoint's noise head does not fit the Flow-Noise settings.
     """
 
     name = "pi0"
@@ -174,6 +191,8 @@ class PI0Policy(Policy):
                 else FlowNoiseSampler(NoiseHead(model_config.expert.width, model_config.max_action_dim,
                                                 config.noise_hidden_dims, config.noise_min_std, config.noise_max_std))
             )  # fmt: skip
+        if config.model_path is not None and isinstance(self.sampler, FlowNoiseSampler):
+            load_noise_head(self.sampler.noise_head, config.model_path, config.noise_min_std, config.noise_max_std)
         self.ode = FlowODESampler()
         register_statistics(self, config.normalization, config.action_dim, config.proprio_dim or 0)
         load_statistics(self, config)
@@ -476,6 +495,46 @@ class PI0Policy(Policy):
         """
         if self.config.proprio_dim:
             fit_statistics(self, "proprio", self.processor(obs)[PROPRIO].float(), self.config.normalization)
+
+    # ----------------------------------------------------------------------------- export
+    def save_pretrained(self, out_dir: str | Path, layout: Layout = "lerobot") -> Path:
+        """Write the policy as a checkpoint directory that ``model_path`` loads back (the other
+        settings, ``action_dim``, ``proprio_dim``, ``normalization``, ``sampler``, ..., come from
+        the loading config, as for any checkpoint), atomically (a half-written directory is never
+        visible):
+
+        - the model (:func:`~policies.pi0.checkpoint_pi0.write_pi0_checkpoint`: ``model.safetensors``
+          in ``layout``, LeRobot's by default, and ``pi0_architecture.json``);
+        - the set statistics as openpi's ``norm_stats.json`` (``{"norm_stats": {"actions": ...,
+          "state": ...}}``): the fields of ``normalization`` (``mean``/``std`` or ``q01``/``q99``
+          plus the action ``mask``), ``action_dim`` / ``proprio_dim`` values; no file when none is
+          set;
+        - the tokenizer's files (also the tiny in-process one, and the ``tokenizer_path`` one);
+        - with ``sampler: flow_noise``, the noise head as ``pi0_noise_head.safetensors``
+          (:func:`~policies.pi0.checkpoint_pi0.write_noise_head`; openpi and LeRobot ignore it).
+
+        π0 has no LoRA adapters: nothing to merge.
+
+        Args:
+            out_dir: a new directory.
+            layout: ``"lerobot"`` or ``"openpi"`` (names of ``model.safetensors``).
+
+        Returns:
+            ``out_dir``.
+
+        Raises:
+            FileExistsError: ``out_dir`` exists (nothing is written).
+            ValueError: an unknown layout.
+        """
+        with staged_directory(out_dir) as staging:
+            write_pi0_checkpoint(self.model, staging, layout)
+            stats = norm_stats_of(self, self.config.normalization)
+            if stats:
+                (staging / NORM_STATS_FILE).write_text(json.dumps({"norm_stats": stats}, indent=2) + "\n")
+            self.tokenizer.save_pretrained(str(staging))
+            if isinstance(self.sampler, FlowNoiseSampler):
+                write_noise_head(self.sampler.noise_head, staging, self.config.noise_min_std, self.config.noise_max_std)
+        return Path(out_dir)
 
     # ----------------------------------------------------------------------------- checks
     def _check_model(self, model: PI0ModelConfig, vocab: int) -> None:

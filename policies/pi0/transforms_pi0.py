@@ -1,6 +1,6 @@
 """openpi's data transforms that π0's checkpoints were trained with, mirrored for the RL policy:
 mean/std normalisation and state-relative ("delta") actions; the policy's statistics buffers and
-the ``norm_stats.json`` that fills them.
+the ``norm_stats.json`` that fills them (and that :func:`norm_stats_of` writes back).
 
 Sources (Physical-Intelligence/openpi, read at ``15a9616``):
 
@@ -154,17 +154,38 @@ def read_norm_stats(model_path: str) -> dict:
     return stats
 
 
-def truncate_norm_stats(stats: dict, fields: tuple[str, ...], length: int, name: str) -> dict:
+def truncate_norm_stats(stats: dict, fields: tuple[str, ...], length: int, name: str,
+                        optional: tuple[str, ...] = ()) -> dict:
     """The first ``length`` values of ``fields`` of a ``norm_stats.json`` entry (openpi writes them
-    unpadded; its ``Normalize`` also cuts them to the data's width).
+    unpadded; its ``Normalize`` also cuts them to the data's width), and of the ``optional`` fields
+    the entry has (bounds_q99's action ``mask``, which :func:`norm_stats_of` writes).
 
     Raises:
         ValueError: a field is missing or shorter than ``length``.
     """
-    if any(len(stats.get(key, ())) < length for key in fields):
-        raise ValueError(f"{NORM_STATS_FILE}: {name} statistics need {' and '.join(fields)} of at least {length} "
+    present = fields + tuple(key for key in optional if key in stats)
+    if any(len(stats.get(key, ())) < length for key in present):
+        raise ValueError(f"{NORM_STATS_FILE}: {name} statistics need {' and '.join(present)} of at least {length} "
                          f"values, got fields {sorted(stats)}")
-    return {key: list(stats[key][:length]) for key in fields}
+    return {key: list(stats[key][:length]) for key in present}
+
+
+def norm_stats_of(module: nn.Module, normalization: str) -> dict:
+    """``module``'s set statistics as the entries of openpi's ``norm_stats.json`` (``{"actions":
+    ..., "state": ...}``, an entry only where set): the fields ``normalization`` reads (``mean``,
+    ``std`` or ``q01``, ``q99``) and, for bounds_q99's actions, the ``mask`` (not an openpi field;
+    :func:`load_statistics` reads it back). float32 values written as JSON numbers read back
+    exactly."""
+    entries = {}
+    for prefix, entry in (("action", "actions"), ("proprio", "state")):
+        if not bool(getattr(module, f"{prefix}_statistics_set")):
+            continue
+        values = {field: getattr(module, f"{prefix}_{field}").float().tolist()
+                  for field in NORMALIZATION_FIELDS[normalization]}
+        if normalization == "bounds_q99" and prefix == "action":
+            values["mask"] = module.action_mask.tolist()
+        entries[entry] = values
+    return entries
 
 
 def raw_state(obs: TensorDict | None, dims: int, batch: int, method: str) -> Tensor:
@@ -240,7 +261,8 @@ def fit_statistics(module: nn.Module, prefix: str, values: Tensor, normalization
 def load_statistics(module: nn.Module, config: PI0PolicyConfig) -> None:
     """Fill ``module``'s buffers with the config's statistics, else the checkpoint's
     ``norm_stats.json`` (the first ``action_dim`` / ``proprio_dim`` values of the fields of its
-    ``actions`` / ``state`` entries that ``config.normalization`` reads).
+    ``actions`` / ``state`` entries that ``config.normalization`` reads, and bounds_q99's action
+    ``mask`` when the entry has one).
 
     Raises:
         ValueError: malformed statistics.
@@ -250,7 +272,8 @@ def load_statistics(module: nn.Module, config: PI0PolicyConfig) -> None:
     for prefix, stats, length, entry in (("action", config.action_statistics, config.action_dim, "actions"),
                                          ("proprio", config.proprio_statistics, config.proprio_dim, "state")):
         if stats is None and length and entry in checkpoint:
-            stats = truncate_norm_stats(checkpoint[entry], fields, length, entry)
+            mask = ("mask",) if config.normalization == "bounds_q99" and prefix == "action" else ()
+            stats = truncate_norm_stats(checkpoint[entry], fields, length, entry, optional=mask)
         if stats is None:
             continue
         if config.normalization == "mean_std":
