@@ -172,7 +172,8 @@ def test_pi0_export_after_one_update_loads_as_model_path(process_group, tmp_path
     from vla_rl.workflows import embodied
 
     monkeypatch.setattr(embodied, "simulator_sizes", lambda config: {"obs_dim": OBS_DIM, "act_dim": ACT_DIM})
-    run_dir, config = make_run(tmp_path, "embodied_grpo_pi0_lift", "policy.config.sampler=flow_noise")
+    run_dir, config = make_run(tmp_path, "embodied_grpo_pi0_lift", "policy.config.sampler=flow_noise",
+                               f"policy.config.proprio_dim={OBS_DIM}")  # test_actor's states
     policy = get_workflow("embodied").standalone_policy(config, run_dir)
     batch = rollout_batch(policy)
     obs, actions = batch["obs"][:, 0], batch["actions"][:, 0]

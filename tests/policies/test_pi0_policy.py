@@ -464,9 +464,9 @@ def test_the_libero_templates_policy_reads_a_libero_observation():
     assert obs[keys.OBS_STATE].shape == (2, 8)
     processed = policy.processor(obs)
     images = processed[IMAGES]
-    assert images.shape == (2, 2, 3, 28, 28)
+    assert images.shape == (2, 2, 3, 56, 56)  # the π0 Lift templates' 56 px SigLIP input
     for slot, camera in enumerate(("agentview", "robot0_eye_in_hand")):  # openpi: base_0_rgb, left_wrist_0_rgb
-        torch.testing.assert_close(images[:, slot], resize_with_pad(obs[f"{camera}_image"], 28), rtol=0, atol=0)
+        torch.testing.assert_close(images[:, slot], resize_with_pad(obs[f"{camera}_image"], 56), rtol=0, atol=0)
     inputs = policy.model_inputs(obs)
     assert torch.equal(inputs.state, obs[keys.OBS_STATE])  # 8 of max_state_dim 8, raw: no statistics yet
     ids = processed[LANG_TOKENS][0][processed[LANG_MASKS][0]].tolist()
