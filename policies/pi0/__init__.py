@@ -3,7 +3,8 @@
 The configs import without torch; the model (``PI0Model``, ``PI0Inputs``) and the RL policy
 (``PI0Policy``, registered as ``"pi0"``, :mod:`policies.pi0.policy_pi0`) are imported on first
 access. :mod:`policies.pi0.flow_sampling` holds the model-agnostic denoising samplers with exact
-per-step log-densities (πRL's Flow-SDE and Flow-Noise, and the deterministic ODE);
+per-step log-densities (πRL's Flow-SDE and the deterministic ODE; Flow-Noise's learned noise head
+and sampler in :mod:`policies.pi0.flow_noise`);
 :mod:`policies.pi0.transforms_pi0` openpi's mean/std normalisation and state-relative actions.
 """
 

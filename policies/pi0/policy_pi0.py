@@ -76,13 +76,8 @@ from policies.pi0.checkpoint_pi0 import (
     write_pi0_checkpoint,
 )
 from policies.pi0.configuration_pi0 import PI0ModelConfig, PI0PolicyConfig
-from policies.pi0.flow_sampling import (
-    FlowNoiseSampler,
-    FlowODESampler,
-    FlowSampler,
-    FlowSDESampler,
-    NoiseHead,
-)
+from policies.pi0.flow_noise import FlowNoiseSampler, NoiseHead
+from policies.pi0.flow_sampling import FlowODESampler, FlowSampler, FlowSDESampler
 from policies.pi0.modeling_pi0 import PI0Inputs, PI0Model
 from policies.pi0.processor_pi0 import (
     IMAGE_MASKS,

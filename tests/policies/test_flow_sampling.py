@@ -10,12 +10,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from policies.pi0.flow_noise import FlowNoiseSampler, NoiseHead
 from policies.pi0.flow_sampling import (
     FlowChain,
-    FlowNoiseSampler,
     FlowODESampler,
     FlowSDESampler,
-    NoiseHead,
     denoising_times,
     gaussian_log_density,
 )
