@@ -139,12 +139,26 @@ class Policy(torch.nn.Module, abc.ABC):
             ValueError: the policy cannot act in these tasks (the message says which setting to change).
         """
 
-    def fsdp_units(self) -> list[torch.nn.Module]:
+    def fsdp_units(self) -> list[torch.nn.Module | FSDPGroup]:
         """The blocks FSDP2 shards one by one (``fully_shard`` on each, then on the policy): their
-        parameters are all-gathered just before their forward and freed after it. Default: the
-        transformer blocks of the transformers models inside the policy
-        (:func:`transformer_blocks`); a policy of other modules overrides it."""
+        parameters are all-gathered just before their forward and freed after it, so every block
+        must be *called* (its ``forward``, or an :class:`FSDPGroup`'s forward method), never only
+        its submodules. Default: the transformer blocks of the transformers models inside the
+        policy (:func:`transformer_blocks`); a policy of other modules, or one that runs a
+        transformers block's submodules itself (π0's joint layers), overrides it."""
         return transformer_blocks(self)
+
+    def checkpoint_activations(self) -> int | None:
+        """Turn on activation checkpointing of the policy's own blocks, for a policy whose blocks
+        the generic way (transformers' ``gradient_checkpointing_enable``, or torch's
+        ``checkpoint_wrapper`` around :meth:`fsdp_units`) would miss because it never calls them
+        through their ``forward`` (π0). Default: None, the generic way applies.
+
+        Returns:
+            the number of blocks that now recompute their activations in the backward pass, or
+            None.
+        """
+        return None
 
     @property
     @abc.abstractmethod
@@ -338,6 +352,45 @@ class Policy(torch.nn.Module, abc.ABC):
         all-reduce for the backward pass.
         """
         return self.log_prob_and_entropy_per_dim(obs, actions)
+
+
+@dataclasses.dataclass(frozen=True)
+class FSDPGroup:
+    """Modules FSDP2 shards as one unit (``fully_shard(list(modules))``: one all-gather and one
+    reduce-scatter for all of them), for blocks a policy runs jointly instead of through each
+    module's ``forward``: the unit is entered through ``modules[0].<forward_method>``, which FSDP
+    registers as a forward (``torch.distributed.fsdp.register_fsdp_forward_method``) so that it
+    unshards the whole group before the method and reshards it after.
+
+    Attributes:
+        modules: the grouped modules, at least one.
+        forward_method: the name of the callable attribute of ``modules[0]`` the policy calls.
+    """
+
+    modules: tuple[torch.nn.Module, ...]
+    forward_method: str
+
+
+def enable_transformers_checkpointing(model: torch.nn.Module) -> int:
+    """Turn on a transformers model's own activation checkpointing (non-reentrant
+    ``torch.utils.checkpoint`` around each of its layers, run when the layer is called in
+    training mode).
+
+    Args:
+        model: a transformers ``PreTrainedModel`` with ``supports_gradient_checkpointing``.
+
+    Returns:
+        the number of its layers that now checkpoint.
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return sum(1 for module in model.modules()
+               if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing)
 
 
 def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:

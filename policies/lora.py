@@ -45,6 +45,7 @@ def inject_lora(model: nn.Module, rank: int, alpha: float | None, dropout: float
     """
     from peft import LoraConfig, inject_adapter_in_model
     from peft.tuners.lora import LoraLayer
+    from peft.tuners.tuners_utils import cast_adapter_dtype
 
     frozen = [name for name, module in model.named_modules()
               if name and any(True for _ in module.parameters(recurse=False))
@@ -61,6 +62,7 @@ def inject_lora(model: nn.Module, rank: int, alpha: float | None, dropout: float
         names = sorted({name.rpartition(".")[2] for name, module in model.named_modules() if isinstance(module, nn.Linear)})
         raise ValueError(f"no layer matches the LoRA target_modules {list(target_modules)}; the policy's linear layers "
                          f"are named {names}") from err
+    cast_adapter_dtype(model, "default")  # float32 adapters on a bfloat16 base: the optimizer's master weights
     return [name for name, module in model.named_modules() if isinstance(module, LoraLayer)]
 
 

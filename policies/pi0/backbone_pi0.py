@@ -15,11 +15,13 @@ transformer with two sets of weights").
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from transformers import (
     GemmaConfig,
     PaliGemmaConfig,
@@ -33,6 +35,10 @@ from transformers.models.gemma.modeling_gemma import (
 )
 
 from policies.pi0.configuration_pi0 import GemmaSpec, PI0ModelConfig
+
+#: The callable attribute of each VLM decoder layer that runs its depth of the joint stack (both
+#: streams' layers): what FSDP registers as the forward of the depth's unit.
+JOINT_FORWARD = "joint_forward"
 
 #: Additive attention bias of a masked pair (openpi ``_prepare_attention_masks_4d``): finite, so a
 #: query row with every key masked (a padded token) gets a uniform softmax instead of NaN.
@@ -146,6 +152,27 @@ class PaliGemmaWithExpert(nn.Module):
         self.config = config
         self.paligemma = _PaliGemma(config)
         self.gemma_expert = _Expert(config.expert, config.vocab_size)
+        #: Recompute each depth's activations in the backward pass (:meth:`checkpoint_layers`).
+        self.checkpointed = False
+        for vlm_layer, expert_layer in self.depth_layers():
+            setattr(vlm_layer, JOINT_FORWARD, functools.partial(_depth_forward, (vlm_layer, expert_layer)))
+
+    def depth_layers(self) -> list[tuple[GemmaDecoderLayer, GemmaDecoderLayer]]:
+        """Per depth, the VLM's and the action expert's decoder layers: the blocks FSDP shards
+        together and activation checkpointing recomputes together (they attend jointly, so
+        neither is ever called on its own)."""
+        return list(zip(self.vlm.layers, self.gemma_expert.model.layers, strict=True))
+
+    def checkpoint_layers(self) -> int:
+        """Recompute every depth of the joint stack in the backward pass (non-reentrant
+        ``torch.utils.checkpoint``, as openpi's and LeRobot's π0 checkpoint
+        ``compute_layer_complete``) instead of keeping its activations.
+
+        Returns:
+            the number of depths now checkpointed.
+        """
+        self.checkpointed = True
+        return len(self.vlm.layers)
 
     @property
     def vlm(self) -> nn.Module:
@@ -228,16 +255,36 @@ class PaliGemmaWithExpert(nn.Module):
         bias = attention_bias(allowed, dtype)  # (B, 1, T, S)
         keys: list[Tensor] = []
         values: list[Tensor] = []
-        for depth in range(self.config.vlm.depth):
-            layers = [stacks[index].layers[depth] for index in present]
+        for depth, (vlm_layer, _) in enumerate(self.depth_layers()):
             past = None if cache is None else (cache.keys[depth], cache.values[depth])
-            hidden_states, key, value = _joint_layer(layers, hidden_states, cos, sin, bias, past)
+            run_depth = getattr(vlm_layer, JOINT_FORWARD)  # FSDP's unshard/reshard around it when sharded
+            hidden_states, key, value = run_depth(present, hidden_states, cos, sin, bias, past, self.checkpointed)
             keys.append(key)
             values.append(value)
         outputs: list[Tensor | None] = [None, None]
         for index, hidden in zip(present, hidden_states, strict=True):
             outputs[index] = stacks[index].norm(hidden)
         return outputs[0], outputs[1], tuple(keys), tuple(values)
+
+
+def _depth_forward(
+    layers: tuple[GemmaDecoderLayer, GemmaDecoderLayer],
+    present: list[int],
+    hidden_states: list[Tensor],
+    cos: Tensor,
+    sin: Tensor,
+    bias: Tensor,
+    past: tuple[Tensor, Tensor] | None,
+    checkpointed: bool,
+) -> tuple[list[Tensor], Tensor, Tensor]:
+    """One depth of the joint stack (:func:`_joint_layer` over the layers of the ``present``
+    streams: 0 the prefix, 1 the suffix), recomputed in the backward pass when ``checkpointed``
+    and gradients are on. Bound to each depth's pair of layers as the VLM layer's
+    :data:`JOINT_FORWARD` attribute."""
+    chosen = [layers[index] for index in present]
+    if checkpointed and torch.is_grad_enabled():
+        return checkpoint(_joint_layer, chosen, hidden_states, cos, sin, bias, past, use_reentrant=False)
+    return _joint_layer(chosen, hidden_states, cos, sin, bias, past)
 
 
 def _joint_layer(

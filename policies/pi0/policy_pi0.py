@@ -65,7 +65,7 @@ from torch import Tensor
 
 from policies import register_policy
 from policies.action_normalization import ActionStatistics, libero_gripper_postprocess
-from policies.base import Policy
+from policies.base import FSDPGroup, Policy, enable_transformers_checkpointing, transformer_blocks
 from policies.checkpoint_files import check_tokenizer, load_tokenizer, staged_directory
 from policies.pi0.checkpoint_pi0 import (
     Layout,
@@ -78,6 +78,7 @@ from policies.pi0.checkpoint_pi0 import (
 from policies.pi0.configuration_pi0 import PI0ModelConfig, PI0PolicyConfig
 from policies.pi0.flow_noise import FlowNoiseSampler, NoiseHead
 from policies.pi0.flow_sampling import FlowODESampler, FlowSampler, FlowSDESampler
+from policies.pi0.backbone_pi0 import JOINT_FORWARD
 from policies.pi0.modeling_pi0 import PI0Inputs, PI0Model
 from policies.pi0.processor_pi0 import (
     IMAGE_MASKS,
@@ -260,6 +261,31 @@ class PI0Policy(Policy):
     @property
     def device(self) -> torch.device:
         return self.model.action_out_proj.weight.device
+
+    # ----------------------------------------------------------------------------- large-scale training
+    def fsdp_units(self) -> list[torch.nn.Module | FSDPGroup]:
+        """SigLIP's blocks (called through their ``forward``), and per depth of
+        the joint stack the VLM's and the action expert's decoder layers as one
+        :class:`~policies.base.FSDPGroup` entered through the depth's joint forward: the two
+        streams attend jointly, so the policy runs the layers' submodules itself and neither
+        layer's ``forward`` is ever called (a unit of its own would never be unsharded)."""
+        backbone = self.model.paligemma_with_expert
+        pairs = backbone.depth_layers()
+        # The projector (one linear layer) stays in the root unit: FSDP warns about its view output.
+        left_out = {id(layer) for pair in pairs for layer in pair} | {id(backbone.paligemma.model.multi_modal_projector)}
+        called = [block for block in transformer_blocks(self) if id(block) not in left_out]
+        return [*called, *(FSDPGroup(pair, JOINT_FORWARD) for pair in pairs)]
+
+    def checkpoint_activations(self) -> int:
+        """SigLIP's layers through transformers' own checkpointing, and every depth of the joint
+        stack (:meth:`~policies.pi0.backbone_pi0.PaliGemmaWithExpert.checkpoint_layers`).
+
+        Returns:
+            the number of checkpointed blocks (SigLIP layers + depths).
+        """
+        backbone = self.model.paligemma_with_expert
+        vision = enable_transformers_checkpointing(backbone.paligemma.model.vision_tower)
+        return vision + backbone.checkpoint_layers()
 
     # ----------------------------------------------------------------------------- inputs
     def model_inputs(self, obs: TensorDict) -> PI0Inputs:

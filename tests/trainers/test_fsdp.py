@@ -67,7 +67,8 @@ def _run(make_policy_fn, batch, algorithm, forward, steps: int = 2, lr: float = 
         if step == 0:
             handle.remove()
     return {"losses": losses, "norms": norms, "grads": first_grads, "weights": _weights(policy),
-            "trainable": sorted(n for n, p in policy.named_parameters() if p.requires_grad)}
+            "trainable": sorted(n for n, p in policy.named_parameters() if p.requires_grad),
+            "checkpointed_blocks": trainer.parallel.checkpointed_blocks}
 
 
 def _full_grads(module) -> dict[str, torch.Tensor]:
@@ -161,6 +162,8 @@ def _scenarios(rank: int, lm_dir: str, ckpt_root: str) -> dict:
 
     # ---------------------------------------------------------------- tiny OpenVLA-OFT with LoRA
     out["oft"] = _oft_lora(rank)
+    # ---------------------------------------------------------------- tiny π0 (joint layers)
+    out["pi0"] = _pi0(rank)
     return out
 
 
@@ -233,6 +236,43 @@ def _oft_lora(rank: int) -> dict:
 
     out["lora_in_unused_blocks"] = [name for name, module in policy.named_modules() if isinstance(module, LoraLayer)
                                     and any(id(p) in unused for p in module.get_base_layer().parameters())]
+    return out
+
+
+def _pi0(rank: int) -> dict:
+    """Tiny π0 under DDP and FSDP, each with and without activation checkpointing, counting the
+    joint-layer computations of the updates: π0 runs its decoder layers' submodules itself, so
+    FSDP units of single decoder layers were never unsharded ("mixed torch.Tensor and DTensor")
+    and transformers' checkpointing never recomputed them."""
+    import policies.pi0.backbone_pi0 as backbone
+    from test_actor import TINY_CONFIGS, rollout_batch, update_config
+
+    from policies import make_policy
+    from vla_rl.trainers.actor import embodied_forward
+
+    def fresh():
+        torch.manual_seed(0)
+        return make_policy("pi0", TINY_CONFIGS["pi0"]())
+
+    batch = rollout_batch(fresh())[4 * rank:4 * rank + 4]
+    algorithm, _ = update_config("ppo_clip", "action")
+    calls = {"joint_layer": 0}
+    original = backbone._joint_layer
+
+    def counted(*args, **kwargs):
+        calls["joint_layer"] += 1
+        return original(*args, **kwargs)
+
+    backbone._joint_layer = counted
+    out = {}
+    try:
+        for name, fields in {"ddp": {}, "fsdp": {"strategy": "fsdp"}, "ddp_gc": {"gradient_checkpointing": True},
+                             "fsdp_gc": {"strategy": "fsdp", "gradient_checkpointing": True}}.items():
+            calls["joint_layer"] = 0
+            out[name] = {**_run(fresh, batch, algorithm, embodied_forward, lr=1e-3, **fields),
+                         "joint_layer_calls": calls["joint_layer"]}
+    finally:
+        backbone._joint_layer = original
     return out
 
 
@@ -351,3 +391,27 @@ def test_lora_on_the_causal_lm_trains_only_adapters_under_fsdp(runs):
         assert fsdp["trainable"] and all("lora_" in name for name in fsdp["trainable"])
         assert _max_loss_gap(ddp, fsdp) < 1e-5
         assert _max_abs(ddp["weights"], fsdp["weights"]) < 1e-5
+
+
+def test_pi0_trains_under_fsdp_as_under_ddp(runs):
+    for rank in range(WORLD):
+        pi0 = runs[rank]["pi0"]
+        ddp, fsdp = pi0["ddp"], pi0["fsdp"]
+        assert _max_loss_gap(ddp, fsdp) < 1e-5
+        assert _max_abs(ddp["grads"], fsdp["grads"]) < 1e-5
+        assert _max_abs(ddp["weights"], fsdp["weights"]) < 1e-5
+    assert _max_abs(runs[0]["pi0"]["fsdp"]["weights"], runs[1]["pi0"]["fsdp"]["weights"]) == 0.0
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_pi0_gradient_checkpointing_recomputes_every_joint_layer(runs, strategy):
+    """Every joint-layer computation of the updates runs twice with checkpointing (forward and
+    recomputation in the backward pass), and the update is the same."""
+    for rank in range(WORLD):
+        plain, checkpointed = runs[rank]["pi0"][strategy], runs[rank]["pi0"][f"{strategy}_gc"]
+        assert plain["joint_layer_calls"] > 0
+        assert checkpointed["joint_layer_calls"] == 2 * plain["joint_layer_calls"]
+        # the tiny π0's 2 SigLIP layers and 2 depths of joint layers
+        assert (plain["checkpointed_blocks"], checkpointed["checkpointed_blocks"]) == (0, 4)
+        assert _max_loss_gap(plain, checkpointed) < 1e-6
+        assert _max_abs(plain["grads"], checkpointed["grads"]) < 1e-6

@@ -183,7 +183,9 @@ class ActorTrainer:
             ``actor/approx_kl``, ``actor/grad_norm``, ...; with micro-batches each minibatch's
             value is the micro-batches' weighted like their losses), ``actor/num_updates`` (0 when
             some worker's shard is empty: nobody updates) and ``actor/skipped_updates`` (updates
-            whose gradient norm was not finite, not applied: :mod:`vla_rl.trainers.guard`). At
+            whose gradient norm was not finite, not applied: :mod:`vla_rl.trainers.guard`);
+            with ``trainer.gradient_checkpointing``, ``actor/checkpointed_blocks`` (the blocks
+            that recompute their activations: 0 would mean checkpointing did nothing). At
             token granularity, ``actor/old_log_prob_max_diff``: the largest gap between the
             recomputed per-dimension log-probs (summed per action) and the rollout's, exactly 0
             for a conforming policy.
@@ -216,6 +218,8 @@ class ActorTrainer:
         metrics.update({name: total / updates for name, total in totals.items()})
         metrics["actor/num_updates"] = float(updates)
         metrics["actor/skipped_updates"] = float(skipped)
+        if self.parallel.checkpointed_blocks:
+            metrics["actor/checkpointed_blocks"] = float(self.parallel.checkpointed_blocks)
         return metrics
 
     def supervised_update(self, batch: TensorDict, epochs: int, mini_batch_size: int, max_grad_norm: float,

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from policies.base import FSDPGroup, enable_transformers_checkpointing
 from vla_rl.trainers.parallel import data_parallel
 
 logger = logging.getLogger(__name__)
@@ -77,13 +78,24 @@ class DDPStrategy:
         policy: the policy (its weights are broadcast from rank 0 by DDP at construction).
         group: the workers' process group.
         gradient_checkpointing: recompute the policy's blocks in the backward pass.
+
+    Raises:
+        ValueError: a trainable parameter is not float32 (a bfloat16 policy without LoRA: Adam
+            would update bfloat16 weights); see also :func:`enable_gradient_checkpointing`.
     """
 
     sharded = False
 
     def __init__(self, policy: nn.Module, group: dist.ProcessGroup | None, gradient_checkpointing: bool = False) -> None:
+        low = sorted({str(p.dtype).removeprefix("torch.") for p in policy.parameters()
+                      if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32})
+        if low:
+            raise ValueError(f"trainer.strategy ddp would run Adam on the policy's {'/'.join(low)} trainable parameters "
+                             "(no float32 master weights): use trainer.strategy=fsdp (float32 master weights, "
+                             "bfloat16 compute), LoRA (float32 adapters), or policy.config.dtype=float32")
+        self.checkpointed_blocks = enable_gradient_checkpointing(policy)[1] if gradient_checkpointing else 0
         if gradient_checkpointing:
-            enable_gradient_checkpointing(policy)
+            logger.info("DDP: %d blocks checkpointed", self.checkpointed_blocks)
         self.policy = policy
         self.trained = policy
         self.module = data_parallel(policy, group)
@@ -121,7 +133,7 @@ class FSDPStrategy:
             set_model_state_dict,
         )
         from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
         settings = trainer.fsdp
         device = next(policy.parameters()).device
@@ -134,14 +146,21 @@ class FSDPStrategy:
         broadcast_module(policy, group)  # rank 0's weights everywhere, as DDP starts
         trained = meta_copy(policy, master_dtype)
         units = list(trained.fsdp_units())
+        self.checkpointed_blocks = 0
         if trainer.gradient_checkpointing:
-            units = enable_gradient_checkpointing(trained, units)
+            units, self.checkpointed_blocks = enable_gradient_checkpointing(trained, units)
         mesh = DeviceMesh.from_group(group if group is not None else dist.group.WORLD, device_type=device.type)
         mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype,
                                          reduce_dtype=getattr(torch, settings.reduce_dtype) if param_dtype else None)
+        shard = functools.partial(fully_shard, mesh=mesh, mp_policy=mp_policy,
+                                  reshard_after_forward=settings.reshard_after_forward)
         for unit in _innermost_first(trained, units):
-            fully_shard(unit, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=settings.reshard_after_forward)
-        fully_shard(trained, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=settings.reshard_after_forward)
+            if isinstance(unit, FSDPGroup):
+                shard(list(unit.modules))
+                register_fsdp_forward_method(unit.modules[0], unit.forward_method)
+            else:
+                shard(unit)
+        shard(trained)
         trained.to_empty(device=device)
         set_model_state_dict(trained, policy.state_dict(), options=StateDictOptions(full_state_dict=True))
         buffers = dict(policy.named_buffers())
@@ -150,8 +169,9 @@ class FSDPStrategy:
                 buffer.copy_(buffers[name.replace(_CHECKPOINT_PREFIX, "")])
         self.trained = trained
         self.module = trained
-        logger.info("FSDP2 over %d workers: %d units + root, parameters and optimizer state in %s, computing in %s",
-                    mesh.size(), len(units), master_dtype, self.param_dtype)
+        logger.info("FSDP2 over %d workers: %d units + root, parameters and optimizer state in %s, computing in %s, "
+                    "%d blocks checkpointed", mesh.size(), len(units), master_dtype, self.param_dtype,
+                    self.checkpointed_blocks)
 
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
         """The context of one backward pass: with ``trainer.fsdp.sync_every_micro_batch`` every
@@ -225,17 +245,20 @@ def broadcast_module(module: nn.Module, group: dist.ProcessGroup | None) -> None
         dist.broadcast(tensor.data, src=source, group=group)
 
 
-def enable_gradient_checkpointing(module: nn.Module, units: list[nn.Module] | None = None) -> list[nn.Module]:
+def enable_gradient_checkpointing(module: nn.Module, units: list | None = None) -> tuple[list, int]:
     """Turn on activation checkpointing in ``module``.
 
-    Every outermost transformers model inside ``module`` that supports it gets its own
-    (non-reentrant ``torch.utils.checkpoint`` around each of its layers; transformers then drops
-    the KV cache in training forwards, which the causal-LM policy accounts for). Without any,
-    each of ``units`` (default: ``module.fsdp_units()``) is wrapped in torch's non-reentrant
-    ``checkpoint_wrapper`` (state-dict names are unchanged: the wrapper strips its prefix).
+    A policy that checkpoints its own blocks (:meth:`policies.base.Policy.checkpoint_activations`
+    returns a count: π0's joint layers) does so. Otherwise every outermost transformers model
+    inside ``module`` that supports it gets its own (non-reentrant ``torch.utils.checkpoint``
+    around each of its layers; transformers then drops the KV cache in training forwards, which
+    the causal-LM policy accounts for). Without any, each module of ``units`` (default:
+    ``module.fsdp_units()``) is wrapped in torch's non-reentrant ``checkpoint_wrapper``
+    (state-dict names are unchanged: the wrapper strips its prefix).
 
     Returns:
-        the units to shard afterwards (the wrappers in place of wrapped units).
+        the units to shard afterwards (the wrappers in place of wrapped units), and the number of
+        blocks that now recompute their activations (logged; > 0).
 
     Raises:
         ValueError: ``module`` holds no transformers model and no units.
@@ -243,17 +266,16 @@ def enable_gradient_checkpointing(module: nn.Module, units: list[nn.Module] | No
     from transformers import PreTrainedModel
 
     units = list(module.fsdp_units()) if units is None else units
+    own = getattr(module, "checkpoint_activations", None)
+    count = own() if own is not None else None
+    if count is not None:
+        return units, count
     models = [m for m in module.modules() if isinstance(m, PreTrainedModel) and m.supports_gradient_checkpointing]
     outermost = [m for m in models if not any(m is not other and _contains(other, m) for other in models)]
-    kwargs = {"use_reentrant": False}
-    for model in outermost:
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if outermost:
-        return units
-    if not units:
+        return units, sum(enable_transformers_checkpointing(model) for model in outermost)
+    modules = [unit for unit in units if isinstance(unit, nn.Module)]
+    if not modules:
         raise ValueError(f"trainer.gradient_checkpointing: {type(module).__name__} holds no transformers model and "
                          "declares no blocks to checkpoint (fsdp_units)")
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -263,19 +285,26 @@ def enable_gradient_checkpointing(module: nn.Module, units: list[nn.Module] | No
         checkpoint_wrapper,
     )
 
-    wanted = {id(unit) for unit in units}
+    wanted = {id(unit) for unit in modules}
     apply_activation_checkpointing(
         module, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
         check_fn=lambda submodule: id(submodule) in wanted)
-    return [m for m in module.modules() if isinstance(m, CheckpointWrapper) and id(m._checkpoint_wrapped_module) in wanted]
+    wrapped = [m for m in module.modules() if isinstance(m, CheckpointWrapper) and id(m._checkpoint_wrapped_module) in wanted]
+    return wrapped, len(wrapped)
 
 
 def _contains(outer: nn.Module, inner: nn.Module) -> bool:
     return any(m is inner for m in outer.modules())
 
 
-def _innermost_first(root: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
-    """``units`` ordered so that a unit comes after the units nested in it (FSDP2 shards inner
-    modules before the modules holding them); the root itself is left out."""
+def _innermost_first(root: nn.Module, units: list) -> list:
+    """``units`` (modules and :class:`~policies.base.FSDPGroup` s) ordered so that a unit comes
+    after the units nested in it (FSDP2 shards inner modules before the modules holding them); the
+    root itself is left out. A group sorts by its deepest module."""
     depth = {id(m): name.count(".") + 1 for name, m in root.named_modules() if name}
-    return sorted((u for u in units if id(u) in depth), key=lambda u: -depth[id(u)])
+
+    def deepest(unit) -> int:
+        modules = unit.modules if isinstance(unit, FSDPGroup) else (unit,)
+        return max(depth.get(id(m), 0) for m in modules)
+
+    return sorted((u for u in units if deepest(u) > 0), key=lambda u: -deepest(u))
