@@ -217,7 +217,7 @@ class MLPPolicy(Policy):
         Args:
             obs: TensorDict of batch size ``(batch,)`` with ``state`` ``(batch, obs_dim)``.
         """
-        state = obs[STATE_KEY].to(self.obs_mean.dtype)
+        state = obs[STATE_KEY].to(self.obs_mean.device, self.obs_mean.dtype)
         self.set_obs_normalization(state.mean(0), state.std(0, unbiased=False).clamp(min=STATE_STD_FLOOR))
 
     def action_mean(self, obs: Tensor | TensorDict) -> Tensor:
@@ -242,7 +242,7 @@ class MLPPolicy(Policy):
                 f"obs must be floating (batch, {self.config.obs_dim}), got "
                 f"{tuple(state.shape)} {state.dtype}"
             )
-        inputs = (state.to(self.obs_mean.dtype) - self.obs_mean) / self.obs_std
+        inputs = (state.to(self.obs_mean.device, self.obs_mean.dtype) - self.obs_mean) / self.obs_std
         if self.config.num_tasks:
             inputs = torch.cat([inputs, self._task_one_hot(obs, len(state)).to(inputs.dtype)], dim=-1)
         return self.mean_net(inputs)
@@ -317,7 +317,7 @@ class MLPPolicy(Policy):
         self._check_actions(actions, mean.shape[0], "actions")
         log_std = self.action_std().log()  # (A,)
         entropy = (0.5 + _LOG_SQRT_2PI + log_std).expand(mean.shape)  # (B, 1, A)
-        return self._log_prob_per_dim(actions.to(mean.dtype), mean, self.action_std()), entropy
+        return self._log_prob_per_dim(actions.to(mean.device, mean.dtype), mean, self.action_std()), entropy
 
     def bc_loss(self, obs: Tensor, expert_actions: Tensor) -> Tensor:
         """Mean squared error between the mean action and the expert's.
@@ -337,7 +337,7 @@ class MLPPolicy(Policy):
         """
         mean = self.action_mean(obs).unsqueeze(1)  # (B, 1, A)
         self._check_actions(expert_actions, mean.shape[0], "expert_actions")
-        return torch.mean((mean - expert_actions.to(mean.dtype)) ** 2)
+        return torch.mean((mean - expert_actions.to(mean.device, mean.dtype)) ** 2)
 
     @staticmethod
     def _log_prob_per_dim(actions: Tensor, mean: Tensor, std: Tensor) -> Tensor:

@@ -153,3 +153,22 @@ def test_invalid_inputs_raise():
     with pytest.raises(ValueError, match="NaN"):
         compute_srpo_rewards(torch.full((2, 3), float("nan")), torch.tensor([True, False]),
                              torch.zeros(2, dtype=torch.int64), config)
+
+
+class _EncodedOnCuda(torch.Tensor):
+    """CPU data that reports ``cuda:0`` as its device, as a GPU trajectory encoder's embeddings do:
+    anything placed on ``embeddings.device`` fails on a CPU-only torch."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+def test_rewards_follow_the_batch_device_not_the_encoders():
+    # The policy_backbone / vjepa2 encoders embed on the GPU; the rewards join the (CPU) batch.
+    embeddings = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 3.0]]).as_subclass(_EncodedOnCuda)
+    assert embeddings.device.type == "cuda"
+    success = torch.tensor([True, False, False])
+    rewards = compute_srpo_rewards(embeddings, success, torch.zeros(3, dtype=torch.int64), SRPORewardConfig())
+    assert rewards.device == success.device and type(rewards) is torch.Tensor
+    assert rewards[0] == 1.0 and 0.0 < rewards[2] < rewards[1] < 1.0

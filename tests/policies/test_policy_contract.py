@@ -171,3 +171,18 @@ def test_wrong_shapes_raise(case):
     short_batch = torch.zeros(3, policy.chunk_size, policy.action_dim, device=policy.device)
     with pytest.raises(ValueError, match="expert_actions"):
         policy.bc_loss(spec.obs(4, 6), short_batch)
+
+
+def test_mlp_takes_inputs_from_any_device():
+    # Behaviour cloning and the trainer hand CPU batches to the policy wherever it lives (its
+    # inputs go to policy.device). On the meta device any CPU tensor that reaches an op fails, as
+    # it would on a GPU.
+    policy = make_policy("mlp", CASES["mlp"].config()).to("meta")
+    obs, actions = state_obs(4, 0), torch.zeros(4, 1, 3)
+    sampled, log_probs = policy.sample_actions(obs, generator=torch.Generator().manual_seed(0))
+    assert sampled.device.type == log_probs.device.type == "meta"
+    assert policy.predict_action_chunk(obs).device.type == "meta"
+    per_dim, _ = policy.log_prob_and_entropy_per_dim(obs, actions)
+    assert per_dim.device.type == "meta"
+    policy.bc_loss(obs, actions).backward()
+    assert policy.mean_net[0].weight.grad.device.type == "meta"

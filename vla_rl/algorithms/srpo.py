@@ -250,7 +250,7 @@ def compute_srpo_rewards(
             batch is whole here.
 
     Returns:
-        (batch,) float32 on ``embeddings``' device: exactly 1.0 for successes; for failures a
+        (batch,) float32 on ``success``' device (the batch's; the encoder may run elsewhere): exactly 1.0 for successes; for failures a
         value strictly inside (0, 1), larger for failures nearer the task's successes; exactly
         0.0 for failures of a task without any success in the batch.
 
@@ -288,4 +288,4 @@ def compute_srpo_rewards(
         spans = shards.reduce_spans(spans)
     for task, task_distances in distances.items():
         rewards[~is_success & (tasks == task)] = progress_rewards(task_distances, config, spans[task])
-    return torch.from_numpy(rewards).to(dtype=torch.float32, device=embeddings.device)
+    return torch.from_numpy(rewards).to(dtype=torch.float32, device=success.device)
