@@ -25,10 +25,17 @@ def check_test_device() -> str | None:
 
 
 def device_under_test() -> torch.device:
-    """The device of the unit tests' policies and batches (bound as a DAG worker binds it)."""
+    """The device of the unit tests' policies and batches (bound as a DAG worker binds it), with
+    TF32 off again: a worker computes its float32 matrix products in TF32 (``bind_device``), but
+    the unit tests compare float32 results with each other and with hand computations to 1e-5,
+    below TF32's rounding (10 mantissa bits: differences of 1e-4 measured on an H200).
+    ``scripts/gpu_check.sh`` checks that workers have it on."""
     from vla_rl.utils.device import bind_device
 
-    return bind_device(TEST_DEVICE_KIND)
+    device = bind_device(TEST_DEVICE_KIND)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return device
 
 
 def process_group_backend() -> str:

@@ -334,3 +334,15 @@ def test_large_policy_settings_load():
     default = load_template("embodied_srpo").config.trainer
     assert (default.strategy, default.mixed_precision, default.micro_batch_size) == ("ddp", "auto", None)
     assert not default.gradient_checkpointing and load_template("embodied_srpo").config.policy.lora is None
+
+
+@pytest.mark.parametrize("backend", ["nccl", "hccl", "cuda:nccl", "cpu:nccl,cuda:nccl"])
+def test_a_collective_backend_without_gloo_for_cpu_tensors_is_refused(backend):
+    """NCCL alone would accept the run and fail at its first CPU-tensor collective (advantages,
+    group filters, evaluation, re-shards): refused when the config is read, naming the fix."""
+    from pydantic import ValidationError
+
+    from vla_rl.config import WorkersSection
+
+    with pytest.raises(ValidationError, match="cpu:gloo,cuda:nccl"):
+        WorkersSection(device="cuda", collective_backend=backend)

@@ -49,3 +49,27 @@ def test_an_object_over_the_capacity_falls_back_on_every_rank():
     results = _run(world, "large")
     expected = [_object(rank, "large") for rank in range(world)]
     assert [results[rank] for rank in range(world)] == [expected] * world
+
+
+def test_the_engine_waits_for_other_ranks_through_gloo_never_dist_barrier():
+    """``dist.barrier`` of a ``cpu:gloo,cuda:nccl`` group runs on NCCL, whose watchdog aborts the
+    workers after 10 minutes while rank 0 writes a 15-45 GB checkpoint or generates
+    demonstrations: the engine's barriers are ``cpu_barrier`` (an all-reduce of a CPU value)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "vla_rl"
+    offenders = [str(path.relative_to(root)) for path in root.rglob("*.py")
+                 if re.search(r"\bdist\.(monitored_)?barrier\(", path.read_text())]
+    assert offenders == []
+
+
+def test_cpu_barrier_reduces_a_cpu_tensor(monkeypatch):
+    import torch.distributed as dist
+
+    from vla_rl.utils.collectives import cpu_barrier
+
+    seen = []
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, group=None: seen.append((tensor.device.type, group)))
+    cpu_barrier("the group")
+    assert seen == [("cpu", "the group")]

@@ -1,5 +1,8 @@
-"""Where workers run: the device kind from the cluster's resources, each worker's bundle, and
-the refusal of NCCL ranks sharing one GPU (vla_rl/workers/placement.py)."""
+"""Where workers run: the device kind from the cluster's resources, each worker's bundle, the
+refusal of NCCL ranks sharing one GPU, the refusal of a cluster too small for the run (in one line
+naming what is missing), and a wait for placement that Ctrl-C ends (vla_rl/workers/placement.py).
+The same refusal and Ctrl-C through the command line on a `ray start` cluster:
+tests/test_ray_start_cluster.py."""
 
 from __future__ import annotations
 
@@ -7,11 +10,23 @@ import pytest
 from pydantic import ValidationError
 
 from vla_rl.config import WorkersSection
+from vla_rl.dag.loader import load_template
+from vla_rl.workers import placement
 from vla_rl.workers.placement import (
+    ClusterTooSmall,
+    Footprint,
+    busy_note,
     check_accelerator_sharing,
+    check_cluster_fits,
+    check_simulator_room,
     resolve_device,
+    run_footprint,
+    simulator_cpus_per_worker,
     worker_bundle,
 )
+
+ADDRESS = "127.0.0.1:6390"
+MAIN_JOB = Footprint(2, {"CPU": 1.0}, simulator_actors=1, cpus_per_simulator_actor=1.0)
 
 
 @pytest.mark.parametrize(("kind", "resources", "expected"), [
@@ -44,7 +59,7 @@ def test_nccl_ranks_sharing_a_gpu_are_refused_with_the_fields_to_change():
     check_accelerator_sharing(WorkersSection(gpus_per_worker=1.0), "cuda", world_size=8)
 
 
-@pytest.mark.parametrize("backend", ["gloo", "nccl", "cpu:gloo,cuda:nccl", "cpu:gloo,cuda:gloo", "cpu:gloo,npu:hccl"])
+@pytest.mark.parametrize("backend", ["gloo", "cpu:gloo,cuda:nccl", "cpu:gloo,cuda:gloo", "cpu:gloo,npu:hccl", "cuda:nccl,cpu:gloo"])
 def test_collective_backend_accepts_torch_backend_strings(backend):
     assert WorkersSection(collective_backend=backend).collective_backend == backend
 
@@ -53,3 +68,119 @@ def test_collective_backend_accepts_torch_backend_strings(backend):
 def test_collective_backend_refuses_anything_else(backend):
     with pytest.raises(ValidationError, match="collective_backend"):
         WorkersSection(collective_backend=backend)
+
+
+def test_the_footprint_counts_the_workers_and_the_simulator_actors_of_embodied_runs_only():
+    embodied = load_template("embodied_srpo", ["simulator.actors_per_worker=3", "simulator.num_cpus_per_actor=0.5"])
+    footprint = run_footprint(embodied.config, 2, "cuda")
+    assert footprint.total() == {"CPU": 2 * (1.0 + 3 * 0.5), "GPU": 2.0}
+    assert footprint.breakdown("CPU") == "2 DAG workers x 1 CPU + 6 simulator actors x 0.5 CPU"
+    assert run_footprint(embodied.config, 2, "cpu", pools_per_worker=2).total() == {"CPU": 2 * (1.0 + 6 * 0.5)}
+    assert simulator_cpus_per_worker(embodied.config) == 1.5
+    text = load_template("llm_grpo").config
+    assert run_footprint(text, 4, "cpu").total() == {"CPU": 4.0} and simulator_cpus_per_worker(text) == 0
+
+
+def test_a_cluster_with_too_few_cpus_is_refused_in_one_line_naming_what_is_missing():
+    with pytest.raises(ClusterTooSmall) as info:
+        check_cluster_fits(MAIN_JOB, [{"CPU": 2.0, "memory": 1e9}], ADDRESS, "PACK")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("the Ray cluster at 127.0.0.1:6390 has 2 CPUs in all; this run needs 4 (2 DAG workers "
+                              "x 1 CPU + 2 simulator actors x 1 CPU): give the nodes more (`ray start --num-cpus=N`")
+    assert "simulator.actors_per_worker" in message and "workers.num_workers" in message
+
+
+def test_a_cluster_without_the_accelerators_is_refused():
+    footprint = Footprint(2, {"CPU": 1.0, "GPU": 1.0})
+    with pytest.raises(ClusterTooSmall, match=r"has 1 GPU in all; this run needs 2 \(2 DAG workers x 1 GPU\)"):
+        check_cluster_fits(footprint, [{"CPU": 16.0, "GPU": 1.0}], ADDRESS, "PACK")
+    check_cluster_fits(footprint, [{"CPU": 16.0, "GPU": 1.0}] * 2, ADDRESS, "PACK")
+
+
+def test_nodes_too_small_for_a_worker_beside_its_simulators_are_refused():
+    """6 CPUs in all, but a worker and its simulator actor need 2 on one node: 3 nodes of 2 hold 3
+    workers, 2 nodes of 3 hold only 2."""
+    three = Footprint(3, {"CPU": 1.0}, 1, 1.0)
+    check_cluster_fits(three, [{"CPU": 2.0}] * 3, ADDRESS, "PACK")
+    with pytest.raises(ClusterTooSmall,
+                       match=r"need 2 CPUs on one node, and its nodes hold 2 such workers; this run has 3"):
+        check_cluster_fits(three, [{"CPU": 3.0}] * 2, ADDRESS, "PACK")
+
+
+@pytest.mark.parametrize(("strategy", "nodes", "message"), [
+    ("STRICT_SPREAD", [{"CPU": 8.0}], r"1 of its 1 nodes can hold one; STRICT_SPREAD puts each of the 2 workers"),
+    ("STRICT_PACK", [{"CPU": 2.0}] * 2, r"its largest node holds 1; STRICT_PACK puts all 2 workers on one node"),
+])
+def test_strict_strategies_need_the_nodes_they_name(strategy, nodes, message):
+    with pytest.raises(ClusterTooSmall, match=message):
+        check_cluster_fits(MAIN_JOB, nodes, ADDRESS, strategy)
+
+
+def test_a_cluster_that_holds_the_run_passes_and_a_busy_one_says_the_run_waits():
+    check_cluster_fits(MAIN_JOB, [{"CPU": 2.0}] * 2, ADDRESS, "SPREAD")
+    check_cluster_fits(MAIN_JOB, [{"CPU": 4.0}], ADDRESS, "STRICT_PACK")
+    assert busy_note(MAIN_JOB, {"CPU": 4.0}, ADDRESS) is None
+    assert busy_note(MAIN_JOB, {"CPU": 1.0}, ADDRESS) == (
+        "the Ray cluster at 127.0.0.1:6390 has 1 CPU free of the 4 this run needs (2 DAG workers x 1 CPU + 2 "
+        "simulator actors x 1 CPU); the run waits for other jobs to release them (Ctrl-C stops)")
+
+
+def test_a_node_given_more_workers_than_it_has_cpus_for_their_simulators_is_refused(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray.util, "placement_group_table", lambda group: {"bundles_to_node_id": {0: "a", 1: "a"}})
+    monkeypatch.setattr(ray, "nodes", lambda: [
+        {"NodeID": "a", "Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 3.0}},
+        {"NodeID": "b", "Alive": True, "NodeManagerAddress": "10.0.0.2", "Resources": {"CPU": 3.0}}])
+    with pytest.raises(ClusterTooSmall, match=r"placed DAG workers 0, 1 on node 10.0.0.1, which has 3 CPUs; .* need "
+                                              r"4: set workers.placement_strategy=SPREAD, or start that node with "
+                                              r"--num-cpus=4"):
+        check_simulator_room(object(), MAIN_JOB)
+    monkeypatch.setattr(ray.util, "placement_group_table", lambda group: {"bundles_to_node_id": {0: "a", 1: "b"}})
+    check_simulator_room(object(), MAIN_JOB)
+
+
+class NeverPlaced:
+    """A placement group Ray never places; ``interrupt_at``: the wait that Ctrl-C ends."""
+
+    def __init__(self, interrupt_at: int | None = None) -> None:
+        self.waits, self.interrupt_at = 0, interrupt_at
+
+    def wait(self, timeout_seconds: float) -> bool:
+        self.waits += 1
+        assert timeout_seconds <= placement.WAIT_POLL_S  # short waits: Python sees Ctrl-C between two
+        if self.waits == self.interrupt_at:
+            raise KeyboardInterrupt
+        return False
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    """Ray's cluster queries answered without a cluster; the placement groups removed are recorded."""
+    import ray
+
+    removed = []
+    monkeypatch.setattr(ray.util, "remove_placement_group", removed.append)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(ray, "available_resources", lambda: {})
+    monkeypatch.setattr(placement, "WAIT_POLL_S", 0.0)
+    return removed
+
+
+def test_ctrl_c_ends_the_wait_for_placement_and_removes_the_group(fake_ray):
+    group = NeverPlaced(interrupt_at=3)
+    with pytest.raises(KeyboardInterrupt):
+        placement._wait_for_placement(group, WorkersSection(), 2, {"CPU": 1.0})
+    assert fake_ray == [group] and group.waits == 3
+
+
+def test_a_placement_that_times_out_names_the_bundles_and_removes_the_group(fake_ray, monkeypatch, capsys):
+    monkeypatch.setattr(placement, "WAIT_NOTICE_S", 0.0)
+    group = NeverPlaced()
+    with pytest.raises(RuntimeError, match=r"could not place 2 workers of \{'CPU': 1.0\} with strategy PACK within "
+                                           r"0.05 s; the cluster has \{'CPU': 2.0\}"):
+        placement._wait_for_placement(group, WorkersSection(placement_timeout_s=0.05), 2, {"CPU": 1.0})
+    assert fake_ray == [group]
+    waiting = capsys.readouterr().err
+    assert "waiting for Ray to place 2 DAG workers of {'CPU': 1.0} (PACK); free now: {'CPU': 0.0}" in waiting

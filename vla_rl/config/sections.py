@@ -60,14 +60,22 @@ class WorkersSection(_Section):
     @field_validator("collective_backend")
     @classmethod
     def _known_backend(cls, value: str | None) -> str | None:
-        """'gloo', 'nccl', or per-device 'cpu:gloo,cuda:nccl' (torch.distributed's syntax)."""
+        """'gloo', or per-device 'cpu:gloo,cuda:nccl' (torch.distributed's syntax); CPU tensors must
+        have gloo: the engine's own collectives (advantages, group filters, evaluation, re-shards)
+        exchange CPU tensors, which NCCL and HCCL refuse."""
         if value is None:
             return value
+        backends: dict[str, str] = {}
         for part in value.split(","):
             device, _, backend = part.rpartition(":")
             if backend not in _COLLECTIVE_BACKENDS or device not in ("", "cpu", "cuda", "npu"):
                 raise ValueError(f"{value!r} is not a torch.distributed backend: use one of "
                                  f"{sorted(_COLLECTIVE_BACKENDS)}, or device:backend pairs such as 'cpu:gloo,cuda:nccl'")
+            backends[device or "cpu"] = backend
+        if backends.get("cpu") != "gloo":
+            raise ValueError(f"{value!r} leaves CPU tensors without gloo, and the engine's collectives (advantages, group "
+                             "filters, evaluation, re-shards) exchange CPU tensors: use 'cpu:gloo,cuda:nccl' (the default "
+                             "on CUDA), 'cpu:gloo,npu:hccl' (Ascend) or 'gloo'")
         return value
     max_restarts: int = Field(
         1, ge=0, description="Times a run restarts its workers after one died (killed, out of memory, crashed): "

@@ -24,12 +24,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from tensordict import TensorDict
 
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
 from vla_rl.nodes.text import SFT_KEYS
+from vla_rl.utils.collectives import cpu_barrier
 
 DEMO_KEYS = (keys.OBS, keys.ACTIONS)
 
@@ -83,7 +83,7 @@ def load_demonstrations(ctx, batch) -> NodeOutput:
     if ctx.rank == 0:
         ensure_demonstrations(ctx.resources.simulator_pool, store_path, ws.num_demos, ws.demo_init_state_offset,
                               demo_env_attrs(sim), num_tasks=len(sim.task_names()) if sim.multi_task else None)
-    dist.barrier(group=ctx.group)
+    cpu_barrier(ctx.group)
     obs, actions = demonstrations(TrajectoryStore.open(store_path), ws.num_demos, ctx.resources.policy.bc_chunk_size)
     return NodeOutput(TensorDict({keys.OBS: obs, keys.ACTIONS: actions}, batch_size=[len(actions)]), {})
 

@@ -218,6 +218,14 @@ def all_to_all_rows(recv: torch.Tensor, send: torch.Tensor, recv_counts: Sequenc
     COUNTERS.add(tag, sent, received)
 
 
+def cpu_barrier(group: dist.ProcessGroup | None = None) -> None:
+    """A barrier through gloo: an all-reduce of one CPU value. ``dist.barrier`` of an accelerator
+    group (``cpu:gloo,cuda:nccl``) runs on NCCL, whose watchdog aborts the process after 10
+    minutes, while the other ranks wait for one writing a large checkpoint or generating
+    demonstrations; gloo waits for the group's timeout (torch's default: 30 minutes)."""
+    dist.all_reduce(torch.zeros(1), group=group)
+
+
 def collective_device(group: dist.ProcessGroup | None) -> torch.device:
     """Where ``group``'s small collectives take their tensors: the CPU when the group has gloo
     (a CPU group, or an accelerator group created ``cpu:gloo,cuda:nccl``), else this process's

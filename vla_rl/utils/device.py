@@ -57,7 +57,9 @@ def collective_backend(kind: DeviceKind) -> str:
 
 
 def bind_device(kind: DeviceKind, local_index: int = 0) -> torch.device:
-    """Bind this process to its device and return it.
+    """Bind this process to its device and return it; on CUDA also turn on TF32 for float32
+    matrix products and convolutions (``torch.backends.cuda.matmul.allow_tf32``,
+    ``torch.backends.cudnn.allow_tf32``), as verl and torchtitan train.
 
     Args:
         kind: ``cpu``, ``cuda``, ``npu`` or ``auto`` (:func:`resolve_kind`).
@@ -74,6 +76,10 @@ def bind_device(kind: DeviceKind, local_index: int = 0) -> torch.device:
         if not torch.cuda.is_available():
             raise RuntimeError("workers.device=cuda but torch.cuda.is_available() is False")
         torch.cuda.set_device(local_index)
+        # TF32 tensor cores for the float32 matrix products and convolutions left (critics,
+        # float32 policies): 10 mantissa bits in the products, float32 accumulation.
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
         return torch.device("cuda", local_index)
     if kind == "npu":
         _import_torch_npu()

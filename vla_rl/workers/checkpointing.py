@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from vla_rl.errors import RunStopped
 from vla_rl.trainers import checkpoint, checkpoint_integrity
+from vla_rl.utils.collectives import cpu_barrier
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +60,13 @@ class WorkerCheckpointer:
             checkpoint.save_checkpoint(self.root, step, rank=res.rank, generator=res.generator, metadata=metadata)
         except Exception as err:  # noqa: BLE001 - every rank must learn of it before anyone publishes
             error = err
-        failed = torch.tensor([0 if error is None else 1], device=res.device)
+        # On the CPU (gloo): rank 0 may still be writing the whole model, longer than NCCL's watchdog waits.
+        failed = torch.tensor([0 if error is None else 1])
         dist.all_reduce(failed)  # also the barrier: every rank's files are staged
         if int(failed.item()):
             if res.rank == 0:
                 checkpoint.discard_staging(self.root, step)
-            dist.barrier()
+            cpu_barrier()
             if isinstance(error, checkpoint.NonFiniteTensorError):
                 latest = checkpoint.latest_checkpoint(self.root)
                 raise RunStopped(
@@ -76,7 +78,7 @@ class WorkerCheckpointer:
             return
         if res.rank == 0:
             checkpoint.finalize_checkpoint(self.root, step, keep_last=keep_last)
-        dist.barrier()
+        cpu_barrier()
 
     def latest(self) -> Path:
         """Collective (every rank, when a resume sets up): the newest checkpoint that verifies.

@@ -97,8 +97,9 @@ class DAGWorker:
     def init_process_group(self, host: str, port: int) -> None:
         """Join the workers' process group through the store rank 0 hosts at host:port (gloo on
         loopback when that is where the store is: a local run, or a cluster of loopback nodes)."""
-        if host == LOOPBACK:
+        if host == LOOPBACK:  # NCCL's bootstrap sockets too, else it picks the first interface
             os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
         if self.rank != 0:
             self._store = dist.TCPStore(host, port, self.world_size, is_master=False)
         backend = self.config.workers.collective_backend or collective_backend(self.config.workers.device)

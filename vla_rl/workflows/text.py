@@ -10,11 +10,10 @@ update nodes are the embodied ones.
 
 from __future__ import annotations
 
-import torch.distributed as dist
-
 from vla_rl.data import keys
 from vla_rl.data.key_sizes import StepShape
 from vla_rl.trainers.actor import text_forward
+from vla_rl.utils.collectives import cpu_barrier
 from vla_rl.workers.resources import register_resource
 from vla_rl.workflows import WORKFLOWS
 from vla_rl.workflows.base import Workflow
@@ -36,7 +35,7 @@ class TextWorkflow(Workflow):
 
         if res.rank == 0:
             ensure_text_assets(res.config, res.run_dir)
-        dist.barrier(group=res.group)
+        cpu_barrier(res.group)
 
     def build_policy(self, res):
         return causal_lm_policy(res.config, res.text_assets.model_path).to(res.device)
