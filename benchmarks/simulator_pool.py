@@ -171,7 +171,12 @@ class RandomPolicy:
         import torch
 
         self.act_dim, self.latency_s, self.chunk_size = act_dim, latency_s, chunk_size
+        self.own_action_dim = act_dim  # its actions are the simulator's
         self.device = torch.device("cpu")  # where the rollout puts its observations
+
+    def eval(self) -> RandomPolicy:
+        """No training mode to leave (the rollout puts every policy in eval mode)."""
+        return self
 
     def sample_actions(self, obs, greedy=False, generator=None):
         import torch

@@ -437,3 +437,18 @@ def test_l1_head_acts_greedily_with_its_regression_and_records_no_log_probs(prot
 def test_a_sampled_rollout_of_the_l1_head_is_refused():
     with pytest.raises(ValueError, match="sampled rollout needs a policy with an action distribution"):
         rollout_episodes(l1_policy(), CameraPool(success_at=[0], horizon=4), np.array([4]), greedy=False)
+
+
+class ModeRecordingPolicy(ConstantPolicy):
+    """Records whether it was in training mode at each call (dropout, e.g. LoRA's, is active then)."""
+
+    def sample_actions(self, obs, greedy=False, generator=None):
+        self.seen.append(self.training)
+        b = obs.shape[0]
+        return torch.ones(b, self.chunk_size, ACT_DIM), -torch.ones(b, self.chunk_size)
+
+
+def test_rollouts_act_in_eval_mode_after_an_update_left_the_policy_training():
+    policy = ModeRecordingPolicy(2).train()
+    rollout_episodes(policy, ScriptedPool([0, 4], 6), np.array([7, 8]))
+    assert policy.seen and not any(policy.seen)

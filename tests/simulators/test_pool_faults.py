@@ -56,6 +56,10 @@ class SignalAtCall:
     def env_actions(self, actions, obs=None):
         return self.policy.env_actions(actions, obs)
 
+    def eval(self):
+        self.policy.eval()
+        return self
+
 
 def reference(policy, pool):
     """A greedy rollout without faults."""

@@ -65,6 +65,11 @@ class ProtocolPolicy:
         """The wrapped policy's device."""
         return self.policy.device
 
+    def eval(self) -> ProtocolPolicy:
+        """Put the wrapped policy in eval mode (as the rollout does with any policy)."""
+        self.policy.eval()
+        return self
+
     @property
     def has_action_distribution(self) -> bool:
         """Whether the wrapped policy samples and scores actions."""

@@ -209,7 +209,7 @@ def rollout_episodes(
     """Run one episode per initial state in ``init_state_ids`` (shape ``(n,)``, int64).
 
     Args:
-        policy: a :class:`policies.base.Policy` (its ``sample_actions``, or its
+        policy: a :class:`policies.base.Policy`, put in eval mode (its ``sample_actions``, or its
             ``predict_action_chunk`` when it has no action distribution, is called on the running
             environments' observations, moved to its ``device``, one pipeline stage at a time, its
             ``env_actions`` on the chosen actions and those observations). The returned batch is on
@@ -234,6 +234,7 @@ def rollout_episodes(
     if not greedy and not policy.has_action_distribution:
         raise ValueError("a sampled rollout needs a policy with an action distribution; this policy has none "
                          "(it acts only greedily: pass greedy=True)")
+    policy.eval()  # the update leaves it in train mode: no dropout (LoRA's), and KV caches, while acting
     spec = pool.spec()
     horizon, act_dim = int(spec["horizon"]), int(spec["act_dim"])
     chunk = int(policy.chunk_size)
