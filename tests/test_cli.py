@@ -132,3 +132,36 @@ def test_train_refuses_a_task_before_ray_starts(tmp_path, capsys, monkeypatch, o
     assert status == 2
     assert message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("template", "args", "field"), [
+    ("embodied_srpo", ["--world-size", "3"], "data.init_states_per_step"),
+    ("embodied_srpo_oft_lift", ["--world-size", "8"], "data.init_states_per_step"),
+    ("llm_grpo", ["--world-size", "3"], "text.prompts_per_step"),
+])
+def test_plan_refuses_a_step_the_workers_cannot_split(capsys, template, args, field):
+    """``--world-size`` runs the checks the run would: 4 initial states over 8 workers (the 7.5 B
+    recipe's shape) is refused at plan time, naming the field, not after the models have loaded."""
+    assert main(["plan", template, *args]) == 2
+    err = capsys.readouterr().err
+    assert f"field '{field}'" in err and f"DP size {args[1]}" in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_refuses_a_step_the_workers_cannot_split_before_ray_starts(tmp_path, capsys, monkeypatch):
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started")
+
+    monkeypatch.setattr("vla_rl.driver.start_ray", no_ray)
+    assert main(["train", "embodied_srpo", f"run.output_dir={tmp_path}", "workers.num_workers=3"]) == 2
+    assert "data.init_states_per_step=8 must be a multiple of the data node's DP size 3" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("vla_rl.cli.preflight", interrupted)
+    assert main(["plan", "embodied_srpo"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted (Ctrl-C)" in err and "Traceback" not in err

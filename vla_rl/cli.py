@@ -47,6 +47,8 @@ USER_ERRORS: tuple[type[Exception], ...] = (TemplateError, ValidationError, Regi
 
 USER_ERROR_STATUS = 2
 RUN_STOPPED_STATUS = 1
+#: Exit status after Ctrl-C (the shell's 128 + SIGINT).
+INTERRUPTED_STATUS = 130
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -310,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunStopped as error:  # a run that cannot go on, with a message that says why
         print_error(error)
         return RUN_STOPPED_STATUS
+    except KeyboardInterrupt:  # Ctrl-C: the driver has already stopped the workers; no traceback
+        print_error(RunStopped("interrupted (Ctrl-C)"))
+        return INTERRUPTED_STATUS
 
 
 if __name__ == "__main__":

@@ -31,7 +31,17 @@ PROMPT_KEYS = (keys.INPUT_IDS, keys.ATTENTION_MASK, keys.UID)
 RESPONSE_KEYS = (keys.RESPONSES, keys.RESPONSE_MASK, keys.OLD_LOG_PROBS, keys.FINISH_STEP)
 
 
-@register_node("data", "data_load", name="text", writes=PROMPT_KEYS, resources=("policy", "prompt_loaders"))
+def _shards_divide_the_prompts(config, node_config, dp_size: int, world_size: int):
+    """Plan-time: every DP shard reads as many prompts per step (checked before any worker starts)."""
+    per_step = config.text.prompts_per_step
+    if per_step % dp_size:
+        return "text.prompts_per_step", (f"text.prompts_per_step={per_step} must be a multiple of the data node's DP "
+                                         f"size {dp_size} (with {world_size} workers): each worker reads its own prompts")
+    return None
+
+
+@register_node("data", "data_load", name="text", writes=PROMPT_KEYS, resources=("policy", "prompt_loaders"),
+               check=_shards_divide_the_prompts)
 def load_prompts(ctx, batch) -> NodeOutput:
     """Read shard ``ctx.dp_rank`` of the step's ``text.prompts_per_step`` prompts and encode them
     (in a refill round, :meth:`ShardedPromptLoader.rows_for_refill`).
@@ -168,7 +178,8 @@ def score_samples(ctx, batch: TensorDict) -> dict[str, float]:
 SFT_KEYS = (*PROMPT_KEYS, keys.RESPONSES, keys.RESPONSE_MASK)
 
 
-@register_node("data", "data_load", name="sft", writes=SFT_KEYS, resources=("policy", "prompt_loaders"))
+@register_node("data", "data_load", name="sft", writes=SFT_KEYS, resources=("policy", "prompt_loaders"),
+               check=_shards_divide_the_prompts)
 def load_sft_pairs(ctx, batch) -> NodeOutput:
     """This worker's prompt/target pairs of the step: ``text.prompts_per_step`` rows over all
     workers, targets from ``text.sft_response_column``.
