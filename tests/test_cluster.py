@@ -2,7 +2,7 @@
 each node its own raylet), the workers spread over both nodes (asserted from Ray's node ids),
 their simulator actors on their own node, the process group across them; the metrics equal a
 single-node run's at the same seed. In subprocesses: the cluster must be the only Ray of its
-process."""
+process. A cluster started with `ray start`, through the command line: tests/test_ray_start_cluster.py."""
 
 from __future__ import annotations
 
@@ -40,8 +40,15 @@ SCRIPT = textwrap.dedent("""
 
 
 def run(template: str, overrides: list[str], out, cluster: bool) -> tuple[dict, list[dict]]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    env.pop("RAY_ADDRESS", None)
+    """Train in a subprocess whose ``HOME`` holds a Ray token (``~/.ray/auth_token``, as any local
+    run leaves one) while the cluster has no authentication: the driver must not turn token mode on."""
+    home = out.parent / "home"
+    (home / ".ray").mkdir(parents=True, exist_ok=True)
+    (home / ".ray" / "auth_token").write_text("0123456789abcdef" * 4)
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))  # an offline kit's too
+    env = {**os.environ, "PYTHONPATH": python_path, "HOME": str(home)}
+    for key in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(key, None)
     done = subprocess.run([sys.executable, "-c", SCRIPT, template, str(out), "cluster" if cluster else "local",
                            *overrides], cwd=out.parent, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -14,9 +14,10 @@ import time
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
 from vla_rl.preflight import preflight
-from vla_rl.run_dir import RunDirectory
+from vla_rl.run_dir import RunDirectory, absolute_path_overrides
 from vla_rl.utils.code_location import code_root, code_version
 from vla_rl.workers.group import WorkerDiedError, WorkerGroup, start_ray
+from vla_rl.workers.placement import simulator_cpus_per_worker
 
 
 def prepare_run_dir(template_arg: str | None, overrides: list[str], resume: str | None
@@ -70,7 +71,8 @@ def train(template_arg: str | None, overrides: list[str], resume: str | None = N
     workers; a fresh group resumes from the newest checkpoint that verifies, up to
     ``workers.max_restarts`` times (:meth:`~vla_rl.run_loop.RunLoop.restart_after` says why the
     whole group). Then, or when no checkpoint exists yet, the run stops with one message naming
-    the rank, the error and the resume command.
+    the rank, the error and the resume command. Ctrl-C kills the workers at once (they may be
+    blocked waiting for resources or in a collective).
 
     Returns:
         The run summary (also written to ``<run_dir>/summary.json``).
@@ -84,7 +86,8 @@ def train(template_arg: str | None, overrides: list[str], resume: str | None = N
 
     console = console or Console()
     run, template, worker_overrides = prepare_run_dir(template_arg, overrides, resume)
-    run_dir = run.path
+    run_dir = run.path  # absolute, as every path the workers get (their working directory is not ours)
+    worker_overrides = [*worker_overrides, *absolute_path_overrides(template.config)]
     try:
         config = template.config
         the_plan = plan(template)
@@ -97,20 +100,23 @@ def train(template_arg: str | None, overrides: list[str], resume: str | None = N
         resuming, groups = resume is not None, []
         while True:  # one pass per group of workers: a worker's death restarts a fresh group
             workers = WorkerGroup.launch(world, str(run.template_path), worker_overrides, run_dir, config.workers,
-                                         device)
+                                         device, simulator_cpus_per_worker(config))
             groups.append(workers)
-            died = None
+            died, interrupted = None, False
             try:
                 worker_nodes = workers.node_ids()
                 workers.start_process_group()
                 summary = loop.run(workers, resume=resuming)
             except WorkerDiedError as error:
                 died = error
+            except KeyboardInterrupt:
+                interrupted = True
+                raise
             finally:
-                if died is None:
+                if died is None and not interrupted:
                     workers.shutdown()
-                else:  # the others may be blocked in a collective with the dead worker
-                    workers.kill()
+                else:  # at once: the others may be blocked in a collective with the dead worker, or
+                    workers.kill()  # waiting for their simulator actors (Ctrl-C)
             if died is None:
                 break
             loop.restart_after(died)  # or RunStopped, naming the rank and the resume command

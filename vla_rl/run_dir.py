@@ -11,6 +11,11 @@ The run's ``template.yaml`` is written once, when the run starts. A resume never
 overrides are validated first, then appended to ``resumes.jsonl`` (one JSON record per resume), and
 the effective template of a resumed run is ``template.yaml`` with every recorded resume's overrides
 applied in order.
+
+Paths are absolute before they reach the workers: a run directory's path is made absolute when
+it is opened, and the input paths a run reads (:data:`INPUT_PATH_FIELDS`) reach the workers as
+absolute overrides (:func:`absolute_path_overrides`). On a cluster started with ``ray start`` the
+workers' working directory is where ``ray start`` ran, not the driver's.
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ from vla_rl.evaluation.targets import RUN_TEMPLATE as RESOLVED_TEMPLATE
 RESUMES_FILE = "resumes.jsonl"
 LOCK_FILE = ".lock"
 
+INPUT_PATH_FIELDS = ("warm_start.demo_store", "text.model_path", "text.train_file", "text.test_file",
+                     "policy.config.model_path")
+"""The settings that name a file or directory the workers read (or create, for demonstrations)."""
+
 
 class RunDirError(TemplateError):
     """A run directory that cannot be used (exists, is not a run, or is in use); names it."""
@@ -37,8 +46,8 @@ class RunDirError(TemplateError):
 class RunDirectory:
     """An open run directory and the lock its owner holds (release it with :meth:`close`)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: str | Path) -> None:
+        self.path = absolute(path)
         self._lock = None
 
     # ------------------------------------------------------------------ opening
@@ -138,6 +147,39 @@ class RunDirectory:
         previous = path.read_text() if path.exists() else ""
         record = {"time": datetime.now().isoformat(timespec="seconds"), "overrides": list(overrides)}
         _write_atomic(path, previous + json.dumps(record) + "\n")
+
+
+def absolute(path: str | Path) -> Path:
+    """``path`` made absolute against the working directory, ``..`` folded, symbolic links kept
+    (a shared filesystem may be reached through a link of the same name on every node)."""
+    return Path(os.path.abspath(os.path.expanduser(path)))
+
+
+def absolute_path_overrides(config) -> list[str]:
+    """Overrides that give the workers the run's relative (or ``~``) input paths
+    (:data:`INPUT_PATH_FIELDS`) as absolute ones, resolved against the driver's working directory
+    and home; empty if all are absolute.
+
+    Args:
+        config: the run's effective config (``RunConfig``).
+    """
+    overrides = []
+    for field in INPUT_PATH_FIELDS:
+        value = _field_value(config, field)
+        if isinstance(value, str) and value and str(absolute(value)) != value:
+            quoted = json.dumps(str(absolute(value)), ensure_ascii=False)  # any character survives the override
+            overrides.append(f"{field}={quoted}")
+    return overrides
+
+
+def _field_value(config, field: str):
+    """The value of a dotted setting of ``config`` (None when unset); ``policy.config`` is a mapping."""
+    value = config
+    for part in field.split("."):
+        value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
+        if value is None:
+            return None
+    return value
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -1,10 +1,15 @@
-"""Starting Ray the project's way (vla_rl.utils.ray_utils)."""
+"""Starting Ray the project's way, and joining a cluster: the token authentication a driver
+uses and the one line a refused join gives (vla_rl.utils.ray_utils; end to end on a `ray start`
+cluster: tests/test_ray_start_cluster.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+import time
+
+import pytest
 
 START_ON_16_CORES = textwrap.dedent("""
     import multiprocessing
@@ -24,3 +29,44 @@ def test_ray_starts_on_a_machine_with_more_cores_than_the_run_reserves():
     done = subprocess.run([sys.executable, "-c", START_ON_16_CORES], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "CPU 5.0" in done.stdout
+
+
+def test_a_refused_token_is_reported_in_one_line_saying_where_the_token_comes_from(monkeypatch):
+    """Ray's ConnectionError names only the address; its cause holds the authentication error."""
+    from vla_rl.utils.ray_utils import join_error_message
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    try:
+        try:
+            raise RuntimeError("Failed to connect to GCS. Last connection error: ray.exceptions.AuthenticationError: "
+                               "RPC error: InvalidAuthToken: Authentication token is missing or incorrect.")
+        except RuntimeError as cause:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from cause
+    except ConnectionError as error:
+        message = join_error_message("10.0.0.1:6379", error)
+    assert "\n" not in message
+    assert message.startswith("the Ray cluster at 10.0.0.1:6379 refused this process's authentication token "
+                              "(RAY_AUTH_MODE=unset)")
+    assert "RAY_AUTH_TOKEN" in message and "ray get-auth-token" in message and "~/.ray/auth_token" in message
+    other = join_error_message("10.0.0.1:6379", ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379"))
+    assert other.startswith("cannot join the Ray cluster at 10.0.0.1:6379: Failed to connect")
+
+
+def test_token_mode_is_left_as_the_user_set_it_and_not_probed_for(monkeypatch):
+    from vla_rl.utils import ray_utils
+
+    monkeypatch.setattr(ray_utils, "cluster_requires_token", lambda address: pytest.fail("probed"))
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    assert ray_utils.use_token_auth_if_available("10.0.0.1:6379") is False
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    assert ray_utils.use_token_auth_if_available("10.0.0.1:6379") is True
+
+
+def test_only_a_reachable_host_port_is_probed_for_token_authentication():
+    from vla_rl.utils.ray_utils import cluster_requires_token, free_loopback_port
+
+    assert cluster_requires_token("auto") is False
+    assert cluster_requires_token("ray://10.0.0.1:10001") is False
+    started = time.monotonic()
+    assert cluster_requires_token(f"127.0.0.1:{free_loopback_port()}") is False  # nothing listens there
+    assert time.monotonic() - started < 5

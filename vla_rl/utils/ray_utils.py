@@ -4,12 +4,24 @@ Ray 2.60 listens on every interface by default, even with ``_node_ip_address="12
 measured on the project machine, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` in the environment before
 Ray starts keeps every listener on 127.0.0.1 (see ../shared/MACHINE_FACTS.md). Usage statistics
 are off and the dashboard is off unless asked for.
+
+A cluster started with ``ray start`` (or KubeRay) is joined at the address it was given; the
+driver attaches to whichever of its nodes runs on this machine, whatever address that node
+registered (``ray start --node-ip-address=127.0.0.1`` registers the machine's routable address
+on Linux). Token authentication (Ray >= 2.52; since 2.59 ``ray start --head`` turns it on when a
+token exists): the driver uses ``RAY_AUTH_MODE`` as set, and when it is unset but a token is found
+(``RAY_AUTH_TOKEN``, the file ``RAY_AUTH_TOKEN_PATH`` names, or ``~/.ray/auth_token``) and the
+cluster requires one, it turns token mode on (:func:`use_token_auth_if_available`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
+
+from vla_rl.errors import RunStopped
 
 LOOPBACK = "127.0.0.1"
 
@@ -55,9 +67,15 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
         include_dashboard: start the dashboard (on 127.0.0.1); off by default.
         address: a Ray cluster to join (``auto``, ``host:port``, ``ray://host:port``); its
             nodes' addresses are used, so the loopback settings do not apply (except to a
-            cluster on 127.0.0.1, such as the tests' nodes on one machine). The workers then get
-            ``VLA_RL_RAY_CLUSTER=1`` (:func:`joined_cluster`). Without it, a new local instance
-            starts even when another run's Ray is up on the machine.
+            cluster reached at 127.0.0.1, whose nodes all run on this machine, such as the
+            tests'). The driver attaches to the cluster's node on this machine, and uses token
+            authentication when the user has a token (:func:`use_token_auth_if_available`). The
+            workers then get ``VLA_RL_RAY_CLUSTER=1`` (:func:`joined_cluster`). Without it, a new
+            local instance starts even when another run's Ray is up on the machine.
+
+    Raises:
+        RunStopped: the cluster cannot be joined (one line: the address and Ray's reason; for a
+            refused authentication token, where the token comes from).
     """
     loopback = address is None or _is_loopback(address)
     if loopback:
@@ -78,10 +96,15 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
         ray_constants.ENABLE_RAY_CLUSTER = False
     if address is not None:
         env = worker_env if loopback else {k: v for k, v in worker_env.items() if k not in LOOPBACK_ONLY}
+        use_token_auth_if_available(address)
         os.environ["VLA_RL_RAY_CLUSTER"] = "1"
-        ray.init(address=address, _node_ip_address=LOOPBACK if loopback else None, log_to_driver=True,
-                 configure_logging=True, logging_level="WARNING",
-                 runtime_env={"env_vars": {**env, "VLA_RL_RAY_CLUSTER": "1"}})
+        try:
+            # No _node_ip_address: Ray finds the node of this machine in the cluster, whatever
+            # address it registered (a `ray start` node given 127.0.0.1 registers another one).
+            ray.init(address=address, log_to_driver=True, configure_logging=True, logging_level="WARNING",
+                     runtime_env={"env_vars": {**env, "VLA_RL_RAY_CLUSTER": "1"}})
+        except ConnectionError as error:
+            raise RunStopped(join_error_message(address, error)) from None
         return
     ray.init(
         address="local",  # a new instance, never another run's cluster found in /tmp/ray
@@ -94,6 +117,108 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
         logging_level="WARNING",
         runtime_env={"env_vars": worker_env},
     )
+
+
+AUTH_HELP = ("set RAY_AUTH_TOKEN to the cluster's token (`ray get-auth-token` on the head node prints it), or "
+             "put it in ~/.ray/auth_token or in the file RAY_AUTH_TOKEN_PATH names; docs/cluster.md")
+
+
+def use_token_auth_if_available(address: str) -> bool:
+    """Before joining the cluster at ``address``: turn Ray's token authentication on for this
+    process when ``RAY_AUTH_MODE`` is unset, the cluster requires a token
+    (:func:`cluster_requires_token`) and one is found (``RAY_AUTH_TOKEN``, the file
+    ``RAY_AUTH_TOKEN_PATH`` names, ``~/.ray/auth_token``). A head started with ``ray start --head``
+    where a token exists requires it (Ray >= 2.59) while ``ray.init(address=...)`` alone connects
+    without one and is refused; token mode is not turned on for a cluster without authentication,
+    whose processes would then be refused by this driver's own server. ``RAY_AUTH_MODE`` set
+    (``token`` or ``disabled``) is kept as it is.
+
+    Returns:
+        Whether this process uses token authentication.
+
+    Raises:
+        RunStopped: the cluster requires a token and this process has none (saying where it comes from).
+    """
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode:
+        return mode.lower() == "token"
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:  # a Ray without token authentication (< 2.52)
+        return False
+    if not cluster_requires_token(address):
+        return False
+    try:
+        found = AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True)
+    except Exception:  # noqa: BLE001  (RAY_AUTH_TOKEN_PATH names a missing file: ray.init says so)
+        return False
+    if not found:
+        raise RunStopped(token_refused_message(address))
+    os.environ["RAY_AUTH_MODE"] = "token"
+    Config.initialize("")  # Ray caches its config: let this process see token mode
+    return True
+
+
+def cluster_requires_token(address: str, connect_timeout_s: float = 3.0) -> bool:
+    """Whether the Ray cluster at ``host:port`` refuses a client without a token (a single GCS
+    request, without one). False for ``auto`` and ``ray://`` addresses (Ray applies its own rule),
+    and for a GCS that cannot be reached (``ray.init`` then says why)."""
+    import socket
+
+    if "://" in address or ":" not in address:
+        return False
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=connect_timeout_s).close()
+    except (OSError, ValueError):
+        return False
+    from ray._raylet import GcsClient
+    from ray.exceptions import AuthenticationError
+
+    try:
+        with _quiet_stderr():  # Ray's C++ client logs the refusal it is asked to provoke
+            GcsClient(address=address)
+    except AuthenticationError:
+        return True
+    except Exception:  # noqa: BLE001  (anything else: ray.init reports it)
+        return False
+    return False
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 sent to /dev/null for the block (C++ code writes there directly)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def token_refused_message(address: str) -> str:
+    """One line for a cluster that requires a token this process lacks (or has another of)."""
+    mode = os.environ.get("RAY_AUTH_MODE") or "unset"
+    return (f"the Ray cluster at {address} refused this process's authentication token (RAY_AUTH_MODE={mode}): it "
+            f"was started with token authentication and this process has no token or another one; {AUTH_HELP}")
+
+
+def join_error_message(address: str, error: BaseException) -> str:
+    """One line for a failed ``ray.init(address=...)``: an authentication failure says where
+    the token comes from; anything else names the address and Ray's reason."""
+    text, cause = str(error), error
+    for _ in range(8):  # Ray's reason is further down the chain
+        if (cause := cause.__cause__ or cause.__context__) is None:
+            break
+        text += f"\n{type(cause).__name__}: {cause}"
+    if "InvalidAuthToken" in text or "token is missing or incorrect" in text or "AuthenticationError" in text:
+        return token_refused_message(address)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    return (f"cannot join the Ray cluster at {address}: {first}; check that `ray start` runs there and the "
+            "address and port are those it printed (workers.ray_address or RAY_ADDRESS)")
 
 
 def _is_loopback(address: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -46,23 +47,36 @@ def start_ray(config, world_size: int, pools_per_worker: int = 1) -> str:
     The local instance reserves, per worker, its own CPUs (``workers.num_cpus_per_worker``) and its
     simulator actors' (``pools_per_worker`` pools of ``simulator.actors_per_worker`` actors of
     ``simulator.num_cpus_per_actor``), plus one for the driver (rounded up to a whole number by
-    :func:`~vla_rl.utils.ray_utils.init_ray`).
+    :func:`~vla_rl.utils.ray_utils.init_ray`). A joined cluster is checked first
+    (:func:`~vla_rl.workers.placement.check_cluster_fits`): one that can never hold the run is
+    refused; one whose resources other jobs hold is waited for, which stderr says.
 
     Raises:
         RunStopped: the working directory holds another copy of the project's code, which the
-            workers would import (:func:`~vla_rl.utils.code_location.check_launch_directory`).
+            workers would import (:func:`~vla_rl.utils.code_location.check_launch_directory`);
+            the cluster refused to be joined (address, authentication token).
+        ClusterTooSmall: the cluster joined cannot hold the run (one line naming what is missing).
     """
     import ray
 
     from vla_rl.utils.code_location import check_launch_directory
     from vla_rl.utils.ray_utils import cluster_address
-    from vla_rl.workers.placement import resolve_device
+    from vla_rl.workers.placement import busy_note, check_cluster_fits, resolve_device, run_footprint
 
     check_launch_directory()
     sim = config.simulator
     per_worker = config.workers.num_cpus_per_worker + pools_per_worker * sim.actors_per_worker * sim.num_cpus_per_actor
-    init_ray(num_cpus=world_size * per_worker + 1, address=cluster_address(config.workers.ray_address))
-    return resolve_device(config.workers.device, ray.cluster_resources())
+    address = cluster_address(config.workers.ray_address)
+    init_ray(num_cpus=world_size * per_worker + 1, address=address)
+    device = resolve_device(config.workers.device, ray.cluster_resources())
+    if address is not None:
+        footprint = run_footprint(config, world_size, device, pools_per_worker)
+        check_cluster_fits(footprint, [node["Resources"] for node in ray.nodes() if node.get("Alive")], address,
+                           config.workers.placement_strategy)
+        note = busy_note(footprint, ray.available_resources(), address)
+        if note:
+            print(note, file=sys.stderr, flush=True)
+    return device
 
 
 class PendingCall(NamedTuple):
@@ -89,7 +103,7 @@ class WorkerGroup:
 
     @classmethod
     def launch(cls, world_size: int, template: str, overrides: list[str], run_dir: Path, workers,
-               device: str) -> WorkerGroup:
+               device: str, simulator_cpus: float = 0.0) -> WorkerGroup:
         """Start one :class:`~vla_rl.workers.dag_worker.DAGWorker` actor per rank, each in its
         placement-group bundle with its CPUs and accelerator share (:mod:`vla_rl.workers.placement`).
 
@@ -100,11 +114,14 @@ class WorkerGroup:
             workers: the run's ``workers`` section.
             device: the run's device kind (resolved: ``cpu``, ``cuda`` or ``npu``); the workers
                 get it as the override ``workers.device``.
+            simulator_cpus: the CPUs of each worker's simulator actors, which must fit on its node
+                (:func:`~vla_rl.workers.placement.simulator_cpus_per_worker`; 0: not checked).
 
         Raises:
             ValueError: workers would share an accelerator under NCCL/HCCL
                 (:func:`~vla_rl.workers.placement.check_accelerator_sharing`).
             RuntimeError: Ray cannot place the workers in time.
+            ClusterTooSmall: a node got workers it has no CPUs for the simulator actors of.
         """
         import ray
 
@@ -117,7 +134,7 @@ class WorkerGroup:
 
         check_accelerator_sharing(workers, device, world_size)
         overrides = [*overrides, f"workers.device={device}"]
-        group, options = worker_actor_options(workers, device, world_size)
+        group, options = worker_actor_options(workers, device, world_size, simulator_cpus)
         actor_cls = ray.remote(max_restarts=0)(DAGWorker)
         return cls([actor_cls.options(**options[rank]).remote(rank, world_size, template, overrides, str(run_dir),
                                                               str(code_root()))

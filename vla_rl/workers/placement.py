@@ -7,12 +7,25 @@ workers on as many nodes as it can). Ray then sets ``CUDA_VISIBLE_DEVICES`` (or
 ``ASCEND_RT_VISIBLE_DEVICES``) in each worker to the device it granted, so every worker binds
 device 0 of what it sees and no two workers share a GPU unless ``workers.gpus_per_worker`` asks
 for a fraction. A worker's simulator actors are placed on its own node
-(:func:`same_node_strategy`).
+(:func:`same_node_strategy`), outside the placement group: a node must hold each of its workers'
+bundles *and* their simulator actors' CPUs.
+
+Before the driver waits for a cluster it joined, :func:`check_cluster_fits` compares what the run
+needs (:class:`Footprint`) with the nodes' resources and refuses, in one line, a cluster that can
+never hold it; after placement, :func:`check_simulator_room` refuses a node that received more
+workers than it has CPUs for their simulators. The wait for the placement group polls, so Ctrl-C
+stops it within a second.
 """
 
 from __future__ import annotations
 
+import math
+import sys
+import time
+from dataclasses import dataclass
 from typing import Any
+
+from vla_rl.errors import RunStopped
 
 #: The Ray resource an accelerator kind is requested by.
 ACCELERATOR_RESOURCES: dict[str, str] = {"cuda": "GPU", "npu": "NPU"}
@@ -53,12 +66,208 @@ def worker_bundle(workers, device: str) -> dict[str, float]:
     return bundle
 
 
-def worker_actor_options(workers, device: str, world_size: int) -> tuple[Any, list[dict[str, Any]]]:
+WAIT_POLL_S = 1.0
+"""How long one wait for the placement group blocks (Ray's wait does not see Ctrl-C; between two
+waits Python does)."""
+WAIT_NOTICE_S = 5.0
+"""After this long waiting for the placement group, say so (once) on stderr."""
+
+
+class ClusterTooSmall(RunStopped):
+    """The Ray cluster cannot hold the run: the message names what is missing and what to change."""
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a run asks of the Ray cluster.
+
+    Attributes:
+        world_size: DAG workers.
+        bundle: one worker's placement-group bundle (:func:`worker_bundle`).
+        simulator_actors: simulator actors per worker (on the worker's node, outside the bundle).
+        cpus_per_simulator_actor: Ray CPUs of each.
+    """
+
+    world_size: int
+    bundle: dict[str, float]
+    simulator_actors: int = 0
+    cpus_per_simulator_actor: float = 0.0
+
+    @property
+    def per_worker(self) -> dict[str, float]:
+        """What one worker needs on its node: its bundle plus its simulator actors' CPUs."""
+        needs = dict(self.bundle)
+        needs["CPU"] = needs.get("CPU", 0.0) + self.simulator_actors * self.cpus_per_simulator_actor
+        return needs
+
+    def total(self) -> dict[str, float]:
+        """What the whole run needs, by Ray resource."""
+        return {resource: amount * self.world_size for resource, amount in self.per_worker.items()}
+
+    def breakdown(self, resource: str) -> str:
+        """How the run's need of ``resource`` adds up, e.g. ``2 DAG workers x 1 CPU + 2 simulator
+        actors x 1 CPU``."""
+        parts = [f"{self.world_size} DAG workers x {self.bundle.get(resource, 0):g} {resource}"]
+        if resource == "CPU" and self.simulator_actors and self.cpus_per_simulator_actor:
+            parts.append(f"{self.world_size * self.simulator_actors} simulator actors x "
+                         f"{self.cpus_per_simulator_actor:g} CPU")
+        return " + ".join(parts)
+
+
+def run_footprint(config, world_size: int, device: str, pools_per_worker: int = 1) -> Footprint:
+    """The run's :class:`Footprint`: the workers' bundles and, for the embodied workflow (the one
+    with simulators), ``pools_per_worker`` pools of ``simulator.actors_per_worker`` actors per worker."""
+    sim = config.simulator
+    actors = pools_per_worker * sim.actors_per_worker if config.run.workflow == "embodied" else 0
+    return Footprint(world_size, worker_bundle(config.workers, device), actors, sim.num_cpus_per_actor)
+
+
+def simulator_cpus_per_worker(config, pools_per_worker: int = 1) -> float:
+    """The CPUs a worker's simulator actors take on its node (0 without simulators)."""
+    footprint = run_footprint(config, 1, "cpu", pools_per_worker)
+    return footprint.simulator_actors * footprint.cpus_per_simulator_actor
+
+
+def _amount(amount: float, resource: str) -> str:
+    """``4 CPUs``, ``1 GPU``, ``0.5 GPU``."""
+    return f"{amount:g} {resource}{'s' if amount > 1 else ''}"
+
+
+def _workers_fitting(node: dict[str, float], per_worker: dict[str, float]) -> int:
+    """How many workers (each with its simulator actors) one node's resources hold."""
+    counts = [math.floor(node.get(resource, 0.0) / amount + 1e-9) for resource, amount in per_worker.items()
+              if amount > 0]
+    return min(counts) if counts else 1_000_000
+
+
+def check_cluster_fits(footprint: Footprint, nodes: list[dict[str, float]], address: str, strategy: str) -> None:
+    """Refuse, in one line, a cluster whose nodes can never hold the run.
+
+    Args:
+        footprint: what the run needs.
+        nodes: each alive node's total resources (``ray.nodes()``'s ``Resources``).
+        address: the cluster's address, for the message.
+        strategy: ``workers.placement_strategy`` (``STRICT_SPREAD`` needs a node per worker,
+            ``STRICT_PACK`` one node for all).
+
+    Raises:
+        ClusterTooSmall: a resource the cluster has too little of in all (naming what the run
+            needs it for, and how to give it more), or nodes too small to hold a worker beside its
+            simulator actors, or too few nodes for the strategy.
+    """
+    fix = ("give the nodes more (`ray start --num-cpus=N`, `--num-gpus=N` on each) or ask for less "
+           "(workers.num_workers, workers.num_cpus_per_worker, workers.gpus_per_worker, simulator.actors_per_worker, "
+           "simulator.num_cpus_per_actor)")
+    total = footprint.total()
+    for resource, need in total.items():
+        have = sum(node.get(resource, 0.0) for node in nodes)
+        if need > 0 and have + 1e-9 < need:
+            raise ClusterTooSmall(f"the Ray cluster at {address} has {_amount(have, resource)} in all; this run "
+                                  f"needs {need:g} ({footprint.breakdown(resource)}): {fix}")
+    per_worker = footprint.per_worker
+    fitting = [_workers_fitting(node, per_worker) for node in nodes]
+    need_text = " + ".join(_amount(amount, resource) for resource, amount in per_worker.items() if amount > 0)
+    what = (f"a worker and its simulator actors need {need_text} on one node" if footprint.simulator_actors
+            else f"a worker needs {need_text} on one node")
+    if strategy == "STRICT_SPREAD":
+        hold, needed = sum(1 for n in fitting if n >= 1), footprint.world_size
+        problem = (f"{hold} of its {len(nodes)} nodes can hold one; STRICT_SPREAD puts each of the {needed} workers "
+                   "on its own node")
+    elif strategy == "STRICT_PACK":
+        hold, needed = max(fitting, default=0), footprint.world_size
+        problem = f"its largest node holds {hold}; STRICT_PACK puts all {needed} workers on one node"
+    else:
+        hold, needed = sum(fitting), footprint.world_size
+        problem = f"its nodes hold {hold} such workers; this run has {needed}"
+    if hold < needed:
+        raise ClusterTooSmall(f"the Ray cluster at {address} cannot hold this run: {what}, and {problem}: {fix}")
+
+
+def busy_note(footprint: Footprint, free: dict[str, float], address: str) -> str | None:
+    """One line saying that the cluster has less free than the run needs (other jobs hold the
+    rest, so the run waits for them), or None."""
+    short = [f"{_amount(free.get(resource, 0.0), resource)} free of the {need:g} this run needs "
+             f"({footprint.breakdown(resource)})"
+             for resource, need in footprint.total().items() if free.get(resource, 0.0) + 1e-9 < need]
+    if not short:
+        return None
+    return (f"the Ray cluster at {address} has {', '.join(short)}; the run waits for other jobs to release them "
+            f"(Ctrl-C stops)")
+
+
+def check_simulator_room(group, footprint: Footprint) -> None:
+    """After placement: refuse a node that received more workers than its CPUs can hold beside
+    their simulator actors (which run on their worker's node), instead of letting them wait forever.
+
+    Raises:
+        ClusterTooSmall: naming the node, its ranks, its CPUs and what they need.
+    """
+    import ray
+
+    if not footprint.simulator_actors or not footprint.cpus_per_simulator_actor:
+        return
+    ranks_by_node: dict[str, list[int]] = {}
+    for rank, node_id in ray.util.placement_group_table(group)["bundles_to_node_id"].items():
+        ranks_by_node.setdefault(node_id, []).append(int(rank))
+    nodes = {node["NodeID"]: node for node in ray.nodes() if node.get("Alive")}
+    per_worker = footprint.per_worker["CPU"]
+    for node_id, ranks in ranks_by_node.items():
+        node = nodes.get(node_id, {})
+        cpus = node.get("Resources", {}).get("CPU", 0.0)
+        if cpus + 1e-9 < per_worker * len(ranks):
+            raise ClusterTooSmall(
+                f"Ray placed DAG workers {', '.join(map(str, sorted(ranks)))} on node "
+                f"{node.get('NodeManagerAddress', node_id)}, which has {cpus:g} CPUs; with their simulator actors "
+                f"(on their worker's node) they need {per_worker * len(ranks):g}: set workers.placement_strategy="
+                f"SPREAD, or start that node with --num-cpus={math.ceil(per_worker * len(ranks))}")
+
+
+def _wait_for_placement(group, workers, world_size: int, bundle: dict[str, float]) -> None:
+    """Wait for the placement group, in short waits (Ctrl-C stops it between two), saying on
+    stderr once that it waits; the group is removed if the wait ends any other way than placed.
+
+    Raises:
+        RuntimeError: not placed within ``workers.placement_timeout_s`` (naming the bundles and
+            the cluster's resources).
+    """
+    import ray
+
+    started = time.monotonic()
+    announced = False
+    try:
+        while not group.wait(timeout_seconds=WAIT_POLL_S):
+            waited = time.monotonic() - started
+            if waited >= workers.placement_timeout_s:
+                raise RuntimeError(f"Ray could not place {world_size} workers of {bundle} with strategy "
+                                   f"{workers.placement_strategy} within {workers.placement_timeout_s} s; the "
+                                   f"cluster has {ray.cluster_resources()}, free {ray.available_resources()}")
+            if not announced and waited >= WAIT_NOTICE_S:
+                free = {resource: ray.available_resources().get(resource, 0.0) for resource in bundle}
+                print(f"waiting for Ray to place {world_size} DAG workers of {bundle} ({workers.placement_strategy}); "
+                      f"free now: {free}; up to workers.placement_timeout_s={workers.placement_timeout_s:g} s, "
+                      "Ctrl-C stops", file=sys.stderr, flush=True)
+                announced = True
+    except BaseException:
+        ray.util.remove_placement_group(group)
+        raise
+
+
+def worker_actor_options(workers, device: str, world_size: int, simulator_cpus: float = 0.0
+                         ) -> tuple[Any, list[dict[str, Any]]]:
     """A placement group for the workers (created and waited for here; remove it when they are
     done) and the Ray actor options of each rank's worker: its bundle's resources and the bundle.
 
+    Args:
+        workers: the run's ``workers`` section.
+        device: the run's device kind.
+        world_size: the number of workers.
+        simulator_cpus: the CPUs each worker's simulator actors take on its node
+            (:func:`simulator_cpus_per_worker`), checked once the workers are placed.
+
     Raises:
         RuntimeError: the cluster cannot hold the bundles (naming them and the cluster's resources).
+        ClusterTooSmall: a node got more workers than it has CPUs for their simulator actors.
+        KeyboardInterrupt: Ctrl-C while waiting (the placement group is removed).
     """
     import ray
     from ray.util.placement_group import placement_group
@@ -66,10 +275,12 @@ def worker_actor_options(workers, device: str, world_size: int) -> tuple[Any, li
 
     bundle = worker_bundle(workers, device)
     group = placement_group([dict(bundle) for _ in range(world_size)], strategy=workers.placement_strategy)
-    if not group.wait(timeout_seconds=workers.placement_timeout_s):
-        raise RuntimeError(f"Ray could not place {world_size} workers of {bundle} with strategy "
-                           f"{workers.placement_strategy} within {workers.placement_timeout_s} s; the cluster has "
-                           f"{ray.cluster_resources()}")
+    _wait_for_placement(group, workers, world_size, bundle)
+    try:
+        check_simulator_room(group, Footprint(world_size, bundle, 1 if simulator_cpus else 0, simulator_cpus))
+    except ClusterTooSmall:
+        ray.util.remove_placement_group(group)
+        raise
     options = []
     for rank in range(world_size):
         resources = {"num_cpus": bundle["CPU"]}
