@@ -27,7 +27,8 @@ of the preset's vocabulary (no padding), the images random pixels in [-1, 1] (ev
 present), the state random; the cost does not depend on the values. Every random tensor and the
 generator live on the device.
 
-Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` (and ``max_memory_reserved``) after
+Peak memory (benchmarks/device_measure.py, which also times the calls): on CUDA
+``torch.cuda.max_memory_allocated`` (and ``max_memory_reserved``) after
 ``reset_peak_memory_stats``; on CPU the peak resident set size (``resource.getrusage``), reset
 before each part through ``/proc/self/clear_refs`` where Linux allows it (otherwise the process's
 peak so far: the JSON says which). Both include the weights. Times are medians of ``--repeats``
@@ -41,13 +42,8 @@ calls after ``--warmup`` calls (CUDA synchronised).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import resource
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -56,6 +52,8 @@ from torch import Tensor
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.device_measure import (GIB, Step, add_measuring_arguments, device_name, measure_or_out_of_memory,
+                                       print_parts_table, record_part, synchronize, timed)
 from policies.pi0.configuration_pi0 import (
     MODEL_PRESETS,
     PI0ModelConfig,
@@ -66,7 +64,6 @@ from policies.pi0.modeling_pi0 import PI0Inputs, PI0Model
 
 PARTS = ("sample", "bc", "rl")
 DTYPES = ("bfloat16", "float16", "float32")
-GIB = 2**30
 
 
 def build_model(config: PI0ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> PI0Model:
@@ -114,97 +111,29 @@ def _release_grad(parameter: torch.nn.Parameter) -> None:
     parameter.grad = None
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _reset_peak(device: torch.device) -> bool:
-    """Reset the peak-memory counter; False when it cannot be (CPU outside Linux)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return True
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM, which getrusage's ru_maxrss reads
-    except OSError:
-        return False
-    return True
-
-
-def _peak_memory(device: torch.device) -> dict:
-    if device.type == "cuda":
-        return {"peak_memory_gib": torch.cuda.max_memory_allocated(device) / GIB,
-                "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB, "memory_kind": "cuda allocated"}
-    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"peak_memory_gib": max_rss * (1 if sys.platform == "darwin" else 1024) / GIB, "memory_kind": "peak RSS"}
-
-
-def measure(step: Callable[[], tuple[float, float | None]], device: torch.device, warmup: int,
-            repeats: int) -> dict:
-    """Median seconds of ``step`` (which returns its forward seconds and its backward seconds, None
-    without a backward) over ``repeats`` calls after ``warmup`` calls, and the peak memory over all
-    of them."""
-    reset = _reset_peak(device)
-    forward, backward = [], []
-    for call in range(warmup + repeats):
-        forward_s, backward_s = step()
-        if call >= warmup:
-            forward.append(forward_s)
-            backward.append(backward_s)
-    total = [f + (b or 0.0) for f, b in zip(forward, backward, strict=True)]
-    timing = {"forward_s": statistics.median(forward)}
-    if backward[0] is not None:
-        timing["backward_s"] = statistics.median(backward)
-    return {**timing, "total_s": statistics.median(total), "calls_s": total, **_peak_memory(device),
-            "peak_reset_before_part": reset}
-
-
-def measure_or_out_of_memory(step: Callable[[], tuple[float, float | None]], model: PI0Model, device: torch.device,
-                             warmup: int, repeats: int) -> dict:
-    """:func:`measure`, or ``{"error": ...}`` when the part runs out of memory (the gradients and
-    cached blocks are then freed, so that the next part may still fit)."""
-    try:
-        return measure(step, device, warmup, repeats)
-    except (MemoryError, RuntimeError) as error:  # torch.OutOfMemoryError is a RuntimeError
-        message = str(error)
-        if not isinstance(error, (MemoryError, torch.OutOfMemoryError)) and "can't allocate memory" not in message:
-            raise
-        model.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        return {"error": f"out of memory: {message.splitlines()[0][:300]}", **_peak_memory(device)}
-
-
-def _timed(device: torch.device, fn: Callable[[], object]) -> tuple[object, float]:
-    _synchronize(device)
-    start = time.perf_counter()
-    out = fn()
-    _synchronize(device)
-    return out, time.perf_counter() - start
-
-
 def make_steps(model: PI0Model, inputs: PI0Inputs, actions: Tensor, num_steps: int, action_dim: int,
-               generator: torch.Generator) -> dict[str, Callable[[], tuple[float, float | None]]]:
-    """The three measured calls; each returns ``(forward seconds, backward seconds or None)``."""
+               generator: torch.Generator) -> dict[str, Step]:
+    """The three measured calls (:func:`benchmarks.device_measure.measure`'s steps); each returns
+    its seconds by phase: ``forward_s``, and ``backward_s`` but for ``sample``."""
     device = generator.device
     sampler = FlowSDESampler(noise_level=0.5)
     chains: list[Tensor] = []  # the last sampled chain: what the RL step scores
 
-    def sample() -> tuple[float, None]:
+    def sample() -> dict[str, float]:
         noise = model.sample_noise(inputs.batch_size, generator, device)
         with torch.no_grad():
-            flow, seconds = _timed(device, lambda: sampler.sample_chain(velocity_fn(model, inputs), noise, num_steps,
-                                                                        generator))
+            flow, seconds = timed(device, lambda: sampler.sample_chain(velocity_fn(model, inputs), noise, num_steps,
+                                                                       generator))
         chains[:] = [flow.chain]  # (B, N + 1, chunk, max_action_dim)
-        return seconds, None
+        return {"forward_s": seconds}
 
-    def bc() -> tuple[float, float]:
-        loss, forward_s = _timed(device, lambda: model.flow_matching_loss(inputs, actions, generator=generator).mean())
-        _, backward_s = _timed(device, loss.backward)
+    def bc() -> dict[str, float]:
+        loss, forward_s = timed(device, lambda: model.flow_matching_loss(inputs, actions, generator=generator).mean())
+        _, backward_s = timed(device, loss.backward)
         model.zero_grad(set_to_none=True)
-        return forward_s, backward_s
+        return {"forward_s": forward_s, "backward_s": backward_s}
 
-    def rl() -> tuple[float, float]:
+    def rl() -> dict[str, float]:
         if not chains:
             sample()
 
@@ -212,53 +141,28 @@ def make_steps(model: PI0Model, inputs: PI0Inputs, actions: Tensor, num_steps: i
             log_probs, _ = sampler.log_prob_and_entropy_of_chain(velocity_fn(model, inputs), chains[0])
             return -log_probs[..., :action_dim].sum()  # (B, N, chunk, D) -> the scored values
 
-        loss, forward_s = _timed(device, forward)
-        _, backward_s = _timed(device, loss.backward)
+        loss, forward_s = timed(device, forward)
+        _, backward_s = timed(device, loss.backward)
         model.zero_grad(set_to_none=True)
-        return forward_s, backward_s
+        return {"forward_s": forward_s, "backward_s": backward_s}
 
     return {"sample": sample, "bc": bc, "rl": rl}
 
 
 # ------------------------------------------------------------------------------------ reporting
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def print_table(result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     what = {"sample": f"rollout: prefix cache + {result['num_steps']} Flow-SDE steps, no grad",
             "bc": "behaviour cloning: flow-matching loss fwd + bwd",
             "rl": f"RL: log-probs of a {result['num_steps']}-step chain fwd + bwd"}
-    table = Table(title=f"π0 preset {result['preset']!r}: {result['parameters']:,} parameters, {result['dtype']} on "
-                        f"{result['device']} ({result['device_name']}), batch {result['batch']}, "
-                        f"{result['cameras']} cameras of {result['image_size']}², {result['prompt_tokens']} prompt tokens")
-    for column in ("part", "what", "forward s", "backward s", "total s", "peak GiB"):
-        table.add_column(column, justify="left" if column in ("part", "what") else "right")
-    for part, entry in result["parts"].items():
-        if "error" in entry:
-            table.add_row(part, what[part], entry["error"][:60], "", "", f"{entry['peak_memory_gib']:.2f}")
-            continue
-        backward = f"{entry['backward_s']:.2f}" if "backward_s" in entry else ""
-        table.add_row(part, what[part], f"{entry['forward_s']:.2f}", backward, f"{entry['total_s']:.2f}",
-                      f"{entry['peak_memory_gib']:.2f}")
-    Console(width=160).print(table)
+    title = (f"π0 preset {result['preset']!r}: {result['parameters']:,} parameters, {result['dtype']} on "
+             f"{result['device']} ({result['device_name']}), batch {result['batch']}, "
+             f"{result['cameras']} cameras of {result['image_size']}², {result['prompt_tokens']} prompt tokens")
+    print_parts_table(title, result["parts"], what, ("forward_s", "backward_s"), decimals=2, width=160)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=MODEL_PRESETS, default="pi0")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="parameter dtype of the whole model")
     parser.add_argument("--batch", type=int, default=1, help="observations per call")
     parser.add_argument("--cameras", type=int, default=3, help="images per observation (openpi's π0: 3)")
@@ -266,10 +170,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-steps", type=int, default=None, help="denoising steps; default: the preset's")
     parser.add_argument("--action-dim", type=int, default=None,
                         help="scored action values; default 7 (LIBERO), at most the preset's max_action_dim")
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
-    parser.add_argument("--warmup", type=int, default=1, help="unmeasured calls per part first")
-    parser.add_argument("--repeats", type=int, default=3, help="measured calls per part (CPU at full size: 1)")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU); default torch's")
+    add_measuring_arguments(parser, PARTS, repeats_help="measured calls per part (CPU at full size: 1)")
     parser.add_argument("--release-grads", action="store_true",
                         help="drop each gradient once accumulated: the peak then excludes the gradient buffers")
     parser.add_argument("--seed", type=int, default=0)
@@ -298,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     start = time.perf_counter()
     model = build_model(config, device, dtype, args.seed)
-    _synchronize(device)
+    synchronize(device)
     build_s = time.perf_counter() - start
     model.train()
     if args.release_grads:
@@ -315,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
         "trainable_parameters": sum(p.numel() for p in trainable),
         "weights_gib": sum(p.numel() * p.element_size() for p in parameters) / GIB,
         "gradients_gib": sum(p.numel() * p.element_size() for p in trainable) / GIB,
-        "dtype": args.dtype, "device": str(device), "device_name": _device_name(device),
+        "dtype": args.dtype, "device": str(device), "device_name": device_name(device),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "batch": args.batch,
         "cameras": args.cameras, "image_size": config.vision.image_size, "prompt_tokens": prompt_tokens,
         "prefix_tokens": args.cameras * config.num_image_tokens + prompt_tokens, "chunk_size": config.chunk_size,
@@ -325,10 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for part in (p for p in PARTS if p in args.parts):  # sampling first: its peak has no gradients in it
-        result["parts"][part] = entry = measure_or_out_of_memory(steps[part], model, device, args.warmup, args.repeats)
-        print(f"{part}: " + (entry["error"] if "error" in entry else
-                             f"{entry['total_s']:.2f} s, peak {entry['peak_memory_gib']:.2f} GiB"), flush=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")  # what is measured survives a later failure
+        entry = measure_or_out_of_memory(steps[part], model, device, args.warmup, args.repeats)
+        record_part(result, part, entry, args.out, decimals=2)
     print_table(result)
     print(f"wrote {args.out}")
     return result

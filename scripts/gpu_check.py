@@ -1,0 +1,255 @@
+"""Is this GPU node ready for vla-rl? Runs each part below in its own process group with its own
+timeout (a hang costs that part only), then prints a pass/fail table and writes one JSON report.
+
+    bash scripts/gpu_check.sh                       # every part, report in outputs/gpu_check/
+    bash scripts/gpu_check.sh --parts egl suite     # some parts
+    bash scripts/gpu_check.sh --out /tmp/check      # report, logs and runs elsewhere
+
+Parts (seconds: each part's default timeout; the whole check is sized to end within 8 minutes):
+
+| part | what |
+| --- | --- |
+| ``env`` | torch, CUDA, the GPU's name and memory, TF32 flags |
+| ``egl`` | MuJoCo EGL rendering on the GPU (the GL renderer's name: the GPU's, not llvmpipe) and one robosuite Lift camera frame |
+| ``suite`` | the suite's unit tests with ``VLA_RL_TEST_DEVICE=cuda`` (pytest-xdist when installed) |
+| ``llm_grpo`` | ``vla-rl train llm_grpo`` for 2 steps with ``workers.device=cuda`` |
+| ``embodied_srpo`` | ``vla-rl train embodied_srpo`` for 2 steps with ``workers.device=cuda`` |
+| ``pi0_fsdp`` | tiny π0 SRPO, one step with FSDP and bf16 mixed precision, every group kept |
+| ``oft_backbone`` | tiny OpenVLA-OFT SRPO, one step with ``algorithm.trajectory_encoder=policy_backbone`` |
+| ``pi0_full_size`` | ``benchmarks/pi0_full_size.py --device cuda`` (3.2 B π0, bf16) |
+| ``oft_full_size`` | ``benchmarks/openvla_oft_full_size.py --device cuda`` (7.5 B OpenVLA-OFT LoRA update) |
+
+With one GPU the runs use one DAG worker (``workers.num_workers=1``); with more, two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_ENV_PY = r"""
+import json, torch
+info = {"torch": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available()}
+assert info["available"], f"torch.cuda.is_available() is False: {info}"
+from vla_rl.utils.device import bind_device
+bind_device("cuda")  # as a DAG worker binds its GPU
+p = torch.cuda.get_device_properties(0)
+info.update(devices=torch.cuda.device_count(), name=p.name, memory_gib=round(p.total_memory / 2**30, 1),
+            capability=f"{p.major}.{p.minor}", bf16=torch.cuda.is_bf16_supported(),
+            tf32_matmul=torch.backends.cuda.matmul.allow_tf32, tf32_cudnn=torch.backends.cudnn.allow_tf32)
+print(json.dumps(info))
+assert info["tf32_matmul"] and info["tf32_cudnn"], "a DAG worker's GPU should have TF32 on"
+"""
+
+_EGL_PY = r"""
+import json
+from simulators.rendering import probe_backend, rendering_report
+probe = probe_backend("egl", cuda=0)
+print("probe", json.dumps(probe))
+assert probe["ok"], probe["error"]
+report = rendering_report()
+print("rendering_report", json.dumps(report))
+import robosuite
+env = robosuite.make("Lift", robots="Panda", has_renderer=False, has_offscreen_renderer=True, use_camera_obs=True,
+                     camera_names=["agentview"], camera_heights=128, camera_widths=128)
+obs = env.reset()
+image = obs["agentview_image"]
+print("frame", image.shape, image.dtype, "mean", float(image.mean()))
+assert image.shape == (128, 128, 3) and image.std() > 0, "blank frame"
+renderer = probe["gl_renderer"] or ""
+assert "llvmpipe" not in renderer.lower(), f"EGL rendered on the CPU ({renderer})"
+"""
+
+
+@dataclass
+class Part:
+    """One check: a command, its timeout, extra environment, and for a training run the run
+    directory and the least value its metrics must reach (a step that updated nothing passes
+    silently otherwise: every group filtered, say)."""
+
+    name: str
+    command: list[str]
+    timeout_s: int
+    env: dict[str, str] = field(default_factory=dict)
+    run_dir: Path | None = None
+    expect: dict[str, float] = field(default_factory=dict)
+
+
+UPDATED = {"actor/num_updates": 1.0}
+
+
+def _train(name: str, template: str, workers: list[str], runs: Path, overrides: list[str], timeout_s: int,
+           expect: dict[str, float] = UPDATED) -> Part:
+    run_dir = runs / name
+    command = [sys.executable, "-m", "vla_rl.cli", "train", template, *workers, f"run.output_dir={run_dir}",
+               "workers.device=cuda", *overrides]
+    return Part(name, command, timeout_s, run_dir=run_dir, expect=expect)
+
+
+def unmet_expectations(part: Part) -> list[str]:
+    """What the part's run did not reach: each ``expect`` metric's largest value over the run's
+    ``metrics.jsonl`` against its least allowed value."""
+    files = sorted(part.run_dir.glob("*/metrics.jsonl")) if part.run_dir is not None else []
+    if part.expect and not files:
+        return [f"no metrics.jsonl under {part.run_dir}"]
+    best: dict[str, float] = {}
+    for line in (files[-1].read_text().splitlines() if files else []):
+        for key, value in json.loads(line).items():
+            if key in part.expect and isinstance(value, (int, float)):
+                best[key] = max(best.get(key, value), value)
+    return [f"{key}: {best.get(key)} (want >= {least})" for key, least in part.expect.items()
+            if best.get(key, float("-inf")) < least]
+
+
+def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
+    """The check's parts, in the order they run."""
+    runs = out / "runs"
+    workers = ["workers.num_workers=1"] if gpus < 2 else ["workers.num_workers=2"]
+    small_eval = ["eval.num_episodes=4", "eval.video_episodes=0"]
+    # 2 initial states x 4 rollouts a step, every group kept (no success-rate band, no zero-variance
+    # filter): the update runs whatever the rewards (checked in the run's metrics: actor/num_updates)
+    small_step = ["data.init_states_per_step=2", "data.group_size=4", "algorithm.success_rate_band=null",
+                  "algorithm.filter_zero_variance_groups=false"]
+    camera_warm_start = ["warm_start.num_demos=2", "warm_start.bc_steps=5"]
+    suite = [sys.executable, "-m", "pytest", "-q", "-rfE", "--timeout=300", f"--junitxml={out / 'suite.xml'}", "tests"]
+    if workers_xdist > 1:
+        suite[3:3] = ["-n", str(workers_xdist)]
+    return [
+        Part("env", [sys.executable, "-c", _ENV_PY], 60),
+        Part("egl", [sys.executable, "-c", _EGL_PY], 90),
+        Part("suite", suite, 300, {"VLA_RL_TEST_DEVICE": "cuda"}),
+        _train("llm_grpo", "llm_grpo", workers, runs, ["trainer.total_steps=2", "text.sft_steps=20",
+                                                        "eval.num_episodes=16",
+                                                        "algorithm.filter_zero_variance_groups=false"], 150),
+        _train("embodied_srpo", "embodied_srpo", workers, runs, ["trainer.total_steps=2", *small_step, *small_eval],
+               180),
+        _train("pi0_fsdp", "embodied_srpo_pi0_lift", workers, runs,
+               ["trainer.total_steps=1", "trainer.strategy=fsdp", "trainer.mixed_precision=bf16",
+                "trainer.gradient_checkpointing=true", *camera_warm_start, *small_step, *small_eval], 180,
+               expect={**UPDATED, "actor/checkpointed_blocks": 1.0}),
+        _train("oft_backbone", "embodied_srpo_oft_lift", workers, runs,
+               ["trainer.total_steps=1", "algorithm.trajectory_encoder=policy_backbone", *camera_warm_start,
+                *small_step, *small_eval], 180),
+        Part("pi0_full_size", [sys.executable, "benchmarks/pi0_full_size.py", "--device", "cuda",
+                               "--out", str(out / "pi0_full_size.json")], 150),
+        Part("oft_full_size", [sys.executable, "benchmarks/openvla_oft_full_size.py", "--device", "cuda",
+                               "--warmup", "1", "--repeats", "2", "--out", str(out / "openvla_oft_full_size.json")], 240),
+    ]
+
+
+def run_part(part: Part, log_dir: Path, timeout_s: float) -> dict:
+    """Run one part in its own session for at most ``timeout_s`` seconds; then kill its whole
+    process group (Ray's processes included)."""
+    log = log_dir / f"{part.name}.log"
+    start = time.monotonic()
+    with open(log, "w") as handle:
+        process = subprocess.Popen(part.command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **part.env}, start_new_session=True)
+        try:
+            returncode = process.wait(timeout=timeout_s)
+            status = "pass" if returncode == 0 else "fail"
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            returncode, status = None, "timeout"
+    seconds = round(time.monotonic() - start, 1)
+    tail = log.read_text(errors="replace").splitlines()[-25:]
+    if status == "pass" and (unmet := unmet_expectations(part)):
+        status, tail = "fail", [f"the run ended but did not do its job: {problem}" for problem in unmet]
+    return {"part": part.name, "status": status, "returncode": returncode, "seconds": seconds,
+            "timeout_s": round(timeout_s, 1), "log": str(log), "tail": tail}
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+def _has_xdist() -> bool:
+    try:
+        import xdist  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "gpu_check", help="report, logs and runs")
+    parser.add_argument("--parts", nargs="+", default=None, help="run only these parts (default: all)")
+    parser.add_argument("--skip", nargs="+", default=[], help="parts not to run")
+    parser.add_argument("--xdist", type=int, default=min(8, max(1, (os.cpu_count() or 2) // 2)),
+                        help="pytest-xdist processes for the suite (1: none)")
+    parser.add_argument("--suite-alongside", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the suite beside the other parts (default) instead of first")
+    parser.add_argument("--deadline", type=float, default=480.0,
+                        help="seconds for the whole check: each part's timeout is cut to what is left, and parts "
+                             "that would get under 20 s are reported as skipped")
+    args = parser.parse_args(argv)
+    out = args.out.resolve()
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    parts = build_parts(out, _gpu_count(), args.xdist if _has_xdist() else 1)
+    known = {part.name for part in parts}
+    for name in [*(args.parts or []), *args.skip]:
+        if name not in known:
+            parser.error(f"unknown part {name!r}; parts: {', '.join(sorted(known))}")
+    by_name = {part.name: part for part in parts}
+    chosen = [by_name[name] for name in (args.parts or by_name) if name not in args.skip]
+    results = []
+    ends = time.monotonic() + args.deadline
+    alongside = None
+    if args.suite_alongside and any(part.name == "suite" for part in chosen):
+        # The suite's xdist workers use CPU cores, the runs mostly the GPU: run it beside them.
+        suite = next(part for part in chosen if part.name == "suite")
+        chosen = [part for part in chosen if part is not suite]
+        print(f"[gpu_check] suite (timeout {suite.timeout_s} s) started beside the other parts", flush=True)
+        alongside = concurrent.futures.ThreadPoolExecutor(1).submit(
+            run_part, suite, out / "logs", min(suite.timeout_s, args.deadline))
+    for part in chosen:
+        timeout_s = min(part.timeout_s, ends - time.monotonic())
+        if timeout_s < 20:
+            results.append({"part": part.name, "status": "skipped", "returncode": None, "seconds": 0.0,
+                            "timeout_s": 0.0, "log": None, "tail": [f"less than 20 s left of --deadline {args.deadline}"]})
+            print(f"[gpu_check] {part.name}: skipped (deadline)", flush=True)
+            continue
+        print(f"[gpu_check] {part.name} (timeout {timeout_s:.0f} s) ...", flush=True)
+        result = run_part(part, out / "logs", timeout_s)
+        results.append(result)
+        print(f"[gpu_check] {part.name}: {result['status']} in {result['seconds']} s", flush=True)
+        if result["status"] != "pass":
+            print("\n".join("    " + line for line in result["tail"]), flush=True)
+        (out / "report.json").write_text(json.dumps({"results": results}, indent=2))
+    if alongside is not None:
+        result = alongside.result()
+        results.append(result)
+        print(f"[gpu_check] suite: {result['status']} in {result['seconds']} s", flush=True)
+        if result["status"] != "pass":
+            print("\n".join("    " + line for line in result["tail"]), flush=True)
+        (out / "report.json").write_text(json.dumps({"results": results}, indent=2))
+    print("\n| part | status | seconds |\n| --- | --- | --- |")
+    for result in results:
+        print(f"| {result['part']} | {result['status']} | {result['seconds']} |")
+    print(f"report: {out / 'report.json'}")
+    return 0 if all(r["status"] == "pass" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""scripts/gpu_check.py on the CPU: its parts' training commands plan, a hanging part is killed
+at its timeout with its whole process group, and the deadline skips what no longer fits."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vla_rl.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["gpu_check"]
+
+
+def test_every_training_part_plans(gpu_check, tmp_path, capsys):
+    parts = gpu_check.build_parts(tmp_path, gpus=1, workers_xdist=1)
+    trains = [p for p in parts if p.command[1:4] == ["-m", "vla_rl.cli", "train"]]
+    assert {p.name for p in trains} == {"llm_grpo", "embodied_srpo", "pi0_fsdp", "oft_backbone"}
+    for part in trains:
+        assert "workers.device=cuda" in part.command and "workers.num_workers=1" in part.command
+        assert main(["plan", *part.command[4:]]) == 0, (part.name, capsys.readouterr().err)
+    for part in parts:
+        scripts = [word for word in part.command if word.endswith(".py")]
+        assert all((ROOT / script).is_file() for script in scripts), part.name
+
+
+def test_a_hanging_part_is_killed_with_its_children_at_its_timeout(gpu_check, tmp_path):
+    marker = tmp_path / "child_alive"
+    child = f"import time, pathlib; time.sleep(3); pathlib.Path({str(marker)!r}).write_text('x')"
+    hang = gpu_check.Part("hang", [sys.executable, "-c",
+                                   f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); "
+                                   "time.sleep(60)"], 60)
+    start = time.monotonic()
+    result = gpu_check.run_part(hang, tmp_path, timeout_s=1.0)
+    assert result["status"] == "timeout" and time.monotonic() - start < 20
+    time.sleep(4)
+    assert not marker.exists()  # the grandchild went with the group
+
+
+def test_the_deadline_skips_parts_that_no_longer_fit(gpu_check, tmp_path, capsys):
+    assert gpu_check.main(["--parts", "env", "--deadline", "5", "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "env: skipped (deadline)" in out and "| env | skipped | 0.0 |" in out
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--parts", "no_such_part", "--out", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_the_training_parts_update_on_cpu_workers(gpu_check, tmp_path):
+    """The training parts as the check runs them, on CPU workers (bf16 refused there: none): every
+    run ends having updated its policy, and π0's update recomputes its checkpointed blocks."""
+    for part in gpu_check.build_parts(tmp_path, gpus=1, workers_xdist=1):
+        if part.run_dir is None:
+            continue
+        part.command = [{"workers.device=cuda": "workers.device=cpu",
+                         "trainer.mixed_precision=bf16": "trainer.mixed_precision=none"}.get(word, word)
+                        for word in part.command]
+        result = gpu_check.run_part(part, tmp_path, timeout_s=600)
+        assert result["status"] == "pass", (part.name, result["tail"])
