@@ -151,7 +151,7 @@ def test_greedy_matches_transformers_generate(policy, prompts):
     reference = policy.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
     reference = reference[:, input_ids.shape[1] :]
     width = reference.shape[1]
-    assert torch.equal(ours.responses[:, :width], reference)
+    assert torch.equal(ours.responses[:, :width].cpu(), reference.cpu())
 
 
 def test_padding_does_not_change_a_prompt_results(policy, prompts):

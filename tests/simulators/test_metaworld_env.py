@@ -294,17 +294,17 @@ def test_render_frame_without_camera_raises(env):
 
 
 @pytest.mark.parametrize(
-    "benchmark, tasks",
+    "benchmark_name, tasks",
     [("metaworld_mt10", MT10_TASKS), ("metaworld_ml10_train", ML10_TRAIN_TASKS),
      ("metaworld_ml10_test", ML10_TEST_TASKS)],
 )
-def test_benchmarks_list_the_task_sets_with_the_runs_settings(benchmark, tasks):
+def test_benchmarks_list_the_task_sets_with_the_runs_settings(benchmark_name, tasks):
     from simulators import build_env_config
     from vla_rl.evaluation.benchmarks import BENCHMARKS
 
     config = SimpleNamespace(simulator=SimpleNamespace(env={"task": "reach-v3", "horizon": 150,
                                                             "instruction": "reach", "goal_observable": True}))
-    eval_tasks = BENCHMARKS.get(benchmark)(config)
+    eval_tasks = BENCHMARKS.get(benchmark_name)(config)
     assert [t.name for t in eval_tasks] == list(tasks)
     for t in eval_tasks:
         assert t.simulator == "metaworld" and t.env == {"task": t.name, "horizon": 150, "goal_observable": True}
