@@ -1,6 +1,11 @@
-"""Checks of checkpoint files before (and while) they load: safetensors headers, pickle weights,
-GGUF magic bytes, tokenizer usability, and a checkpoint's tensor names and shapes against an
-architecture's.
+"""Checks of checkpoint files before (and while) they load: custom code a model directory names
+(``auto_map``), safetensors headers, pickle weights, GGUF headers, tokenizer usability, and a
+checkpoint's tensor names and shapes against an architecture's.
+
+No code from a model directory ever runs: every transformers ``from_pretrained`` of the project
+passes ``trust_remote_code=False``, and :func:`refuse_custom_code` refuses a directory whose
+configuration files map an Auto class to a module of its own (``auto_map``), which transformers
+would otherwise offer to import (asking on stdin when it is not told).
 
 Shared by the policies' loaders (at run time) and the run's pre-flight (:mod:`vla_rl.preflight`,
 before anything starts). Reading a safetensors header costs a few bytes of the file, never its
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import struct
@@ -28,6 +34,9 @@ PICKLE_FILE = "pytorch_model.bin"
 PICKLE_INDEX_FILE = "pytorch_model.bin.index.json"
 #: First four bytes of every GGUF file.
 GGUF_MAGIC = b"GGUF"
+#: Files through which transformers' Auto classes reach code in a model directory (their ``auto_map``).
+CUSTOM_CODE_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json",
+                     "video_preprocessor_config.json")
 #: Largest safetensors header the format allows (safetensors' ``MAX_HEADER_SIZE``).
 MAX_SAFETENSORS_HEADER = 100_000_000
 #: Text every usable tokenizer encodes to at least one known token.
@@ -181,13 +190,80 @@ def checkpoint_shapes(weights: WeightFiles) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_gguf_file(path: str | Path) -> None:
-    """A GGUF file exists and starts with the GGUF magic bytes.
+def custom_code_references(directory: str | Path, auto_classes: tuple[str, ...] | None = None
+                           ) -> list[tuple[Path, str, str]]:
+    """The custom code a model directory's configuration files name: ``(file, Auto class,
+    reference)`` for each ``auto_map`` entry of :data:`CUSTOM_CODE_FILES` (only those of
+    ``auto_classes`` when given), e.g. ``(dir/config.json, "AutoConfig",
+    "configuration_evil.EvilConfig")``. A file that is not JSON is skipped (its own check names
+    it); a tokenizer's legacy list-valued ``auto_map`` counts as ``AutoTokenizer``'s.
+    """
+    found = []
+    for name in CUSTOM_CODE_FILES:
+        path = Path(directory) / name
+        if not path.is_file():
+            continue
+        try:
+            auto_map = json.loads(path.read_text()).get("auto_map")
+        except (ValueError, UnicodeDecodeError, AttributeError):  # not JSON, or not an object
+            continue
+        if not auto_map:
+            continue
+        entries = auto_map.items() if isinstance(auto_map, dict) else [("AutoTokenizer", auto_map)]
+        for auto_class, reference in entries:
+            references = reference if isinstance(reference, (list, tuple)) else [reference]
+            if auto_classes is None or auto_class in auto_classes:
+                found += [(path, str(auto_class), str(ref)) for ref in references if ref is not None]
+    return found
+
+
+def refuse_custom_code(directory: str | Path, auto_classes: tuple[str, ...] | None = None) -> None:
+    """Refuse a model directory that names code of its own (see :func:`custom_code_references`).
 
     Raises:
-        FileNotFoundError: it does not exist (or is not a file).
-        ValueError: it does not start with ``GGUF``.
+        ValueError: the first file with an ``auto_map`` entry, naming the entry.
     """
+    found = custom_code_references(directory, auto_classes)
+    if not found:
+        return
+    path, auto_class, reference = found[0]
+    more = sum(1 for entry in found if entry[0] == path) - 1
+    raise ValueError(
+        f"{path}: auto_map names custom code ({auto_class} -> {reference}{f', and {more} more' if more else ''}); "
+        "vla-rl never runs code from a model directory: use a checkpoint of an architecture transformers ships "
+        "(if its model_type is one, delete the auto_map entry)"
+    )
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    """What a GGUF file declares, as ``gguf``'s reader reads it.
+
+    Attributes:
+        version: the format version (2 or 3).
+        metadata: the key-value section's scalar and string values (arrays are left out).
+        tensors: ``{name: (ggml type, shape)}`` (GGUF's dimension order, innermost first).
+        data_end: the byte at which the last tensor's data ends (at most the file's size).
+    """
+
+    version: int
+    metadata: dict[str, Any]
+    tensors: dict[str, tuple[int, tuple[int, ...]]]
+    data_end: int
+
+
+def read_gguf_header(path: str | Path) -> GGUFHeader:
+    """The header of a GGUF file, read by ``gguf``'s ``GGUFReader`` (which memory-maps the file
+    and views, never copies, its tensor data); any failure of the reader is reported against the
+    file.
+
+    Raises:
+        FileNotFoundError: the file does not exist (or is not a file).
+        ValueError: another format, an unsupported version, a damaged header or a truncated
+            file; the message names the file and what the reader found.
+    """
+    from gguf import GGUFReader, GGUFValueType
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {path} does not exist")
@@ -196,6 +272,42 @@ def check_gguf_file(path: str | Path) -> None:
     if magic != GGUF_MAGIC:
         raise ValueError(f"{path}: not a GGUF file: it starts with {magic!r}, not {GGUF_MAGIC!r} (truncated, or "
                          "another format)")
+    try:
+        reader = GGUFReader(path)
+        metadata = {name: field.contents() for name, field in reader.fields.items()
+                    if field.types and field.types[0] != GGUFValueType.ARRAY}
+        tensors = {tensor.name: (int(tensor.tensor_type), tuple(int(n) for n in tensor.shape))
+                   for tensor in reader.tensors}
+        data_end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except (ValueError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError) as error:
+        # The reader's messages ("cannot reshape array of size 454 into shape (284,64)") name no file.
+        raise ValueError(f"{path}: a damaged or truncated GGUF file (the gguf reader: {error}); copy or convert it "
+                         "again") from None
+    version = int(metadata.pop("GGUF.version"))
+    metadata.pop("GGUF.tensor_count", None), metadata.pop("GGUF.kv_count", None)
+    return GGUFHeader(version, metadata, tensors, data_end)
+
+
+def check_gguf_file(path: str | Path) -> GGUFHeader:
+    """A GGUF file whose header reads (see :func:`read_gguf_header`), with tensors and the
+    ``general.architecture`` that transformers builds the model from.
+
+    Returns:
+        Its header.
+
+    Raises:
+        FileNotFoundError: it does not exist (or is not a file).
+        ValueError: see :func:`read_gguf_header`; no tensors (a vocabulary-only file); no
+            architecture.
+    """
+    header = read_gguf_header(path)
+    if not header.tensors:
+        raise ValueError(f"{path}: the GGUF file holds no tensors (a vocabulary-only file?); give the model's "
+                         "weights")
+    if not isinstance(header.metadata.get("general.architecture"), str):
+        raise ValueError(f"{path}: the GGUF file has no general.architecture, which transformers builds the model "
+                         "from")
+    return header
 
 
 @dataclass(frozen=True)
@@ -249,17 +361,30 @@ def weight_mismatch_error(source: str | Path, mismatch: WeightMismatch) -> Value
 
 
 def load_tokenizer(directory: str | Path, gguf_file: str | None = None) -> Any:
-    """The tokenizer of a local model directory (or GGUF file), local files only.
+    """The tokenizer of a local model directory (or GGUF file), local files only, never with
+    code from the directory (``trust_remote_code=False``).
 
     Raises:
-        ValueError: transformers cannot build one (the message names the directory).
+        ValueError: the directory maps ``AutoTokenizer`` to code of its own (``auto_map``), or
+            transformers cannot build a tokenizer (the message names the directory or file).
     """
     from transformers import AutoTokenizer
 
+    refuse_custom_code(directory, ("AutoTokenizer",))
+    source = Path(directory) / gguf_file if gguf_file else directory
+    # AutoTokenizer reads config.json as a plain PretrainedConfig where its model_type is one
+    # transformers does not ship (a VLA's "openvla"), warning "You are using a model of type
+    # openvla to instantiate a model of type ``": true, and beside the point for a tokenizer.
+    config_logger = logging.getLogger("transformers.configuration_utils")
+    level = config_logger.level
+    config_logger.setLevel(logging.ERROR)
     try:
-        return AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file, local_files_only=True)
+        return AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file, local_files_only=True,
+                                             trust_remote_code=False)
     except Exception as error:  # transformers raises OSError, ValueError, KeyError, ... for bad files
-        raise ValueError(f"{directory}: no usable tokenizer ({type(error).__name__}: {error})") from None
+        raise ValueError(f"{source}: no usable tokenizer ({type(error).__name__}: {error})") from None
+    finally:
+        config_logger.setLevel(level)
 
 
 def check_tokenizer(tokenizer: Any, source: str | Path, chat_template: bool) -> None:

@@ -28,7 +28,7 @@ rotation up to 0.5 rad per control step), then the gripper (-1 open, +1 close); 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -38,7 +38,7 @@ from simulators.rendering import (
     disable_shadows_and_reflections,
     setup_headless_rendering,
 )
-from simulators.robosuite_env import STATE_KEY_SIZES, camera_observation_space
+from simulators.robosuite_env import STATE_KEY_SIZES, camera_observation_space, quiet_robosuite_imports
 from simulators.stepping import checked_action
 
 SUITE_HORIZONS: dict[str, int] = {
@@ -224,6 +224,8 @@ class LiberoEnv(gym.Env):
     """
 
     config_class = LiberoEnvConfig
+    video_camera: ClassVar[str] = "agentview"
+    """The camera evaluation videos are rendered from unless ``eval.video_camera`` is set."""
     metadata = {"render_modes": ["rgb_array"]}
 
     @staticmethod
@@ -415,6 +417,7 @@ def _load_task(suite: str, task_id: int) -> tuple[Any, str, np.ndarray]:
     Raises:
         ValueError: if ``task_id`` is out of range for ``suite``.
     """
+    quiet_robosuite_imports()  # LIBERO imports robosuite
     from libero.libero import benchmark
 
     task_suite = benchmark.get_benchmark_dict()[suite]()
@@ -430,6 +433,7 @@ def _make_libero_env(config: LiberoEnvConfig, bddl_file: str) -> Any:
     Raises:
         ValueError: if a camera of ``config.cameras`` does not exist in the scene.
     """
+    quiet_robosuite_imports()
     from libero.libero.envs.env_wrapper import ControlEnv
 
     renders = bool(config.cameras) or config.render_camera is not None

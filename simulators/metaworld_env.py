@@ -162,6 +162,9 @@ OBS_DIM = 39
 ACT_DIM = 4
 """Action length: xyz position delta and gripper effort."""
 
+ROBOT = "Sawyer"
+"""The robot arm of every MetaWorld task (``MetaWorldEnvConfig.robot``)."""
+
 MAX_PATH_LENGTH = 500
 """MetaWorld's own episode length (``SawyerXYZEnv.max_path_length``), control steps."""
 
@@ -219,6 +222,11 @@ class MetaWorldEnvConfig:
     def task_name(self) -> str:
         """The MetaWorld task (``task``, e.g. ``"reach-v3"``)."""
         return self.task
+
+    @property
+    def robot(self) -> str:
+        """The robot arm: MetaWorld's tasks all use a Sawyer (:data:`ROBOT`)."""
+        return ROBOT
 
     @property
     def state_dim(self) -> int:
@@ -281,6 +289,8 @@ class MetaWorldEnv(UnobservedSteps, gym.Env):
         "mt10": MT10_TASKS, "mt50": METAWORLD_V3_TASKS, "ml10_train": ML10_TRAIN_TASKS, "ml10_test": ML10_TEST_TASKS,
     }
     """Task sets ``simulator.tasks`` may name (MetaWorld's benchmark splits)."""
+    video_camera: ClassVar[str] = "corner"
+    """The camera evaluation videos are rendered from unless ``eval.video_camera`` is set."""
     metadata = {"render_modes": ["rgb_array"]}
 
     def __init__(self, config: MetaWorldEnvConfig) -> None:

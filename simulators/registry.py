@@ -25,7 +25,10 @@ A simulator is a ``gymnasium.Env`` subclass registered under a name. Its contrac
   (e.g. LIBERO): why the simulator cannot be created here, or ``None``;
 - optionally, a class attribute ``task_sets`` (``{name: (task, ...)}``): named task sets a run's
   ``simulator.tasks`` may name (MetaWorld's ``mt10``); a config with a ``task`` field can host
-  any list of its tasks.
+  any list of its tasks;
+- optionally, a class attribute ``video_camera``: the camera evaluation videos are rendered from
+  when the template does not set ``eval.video_camera`` (robosuite ``agentview``, MetaWorld
+  ``corner``).
 
 Registering never imports the simulator library itself; environments import it lazily in their
 constructor.

@@ -32,8 +32,12 @@ One control step lasts ``1 / control_freq`` seconds (50 ms at 20 Hz).
 from __future__ import annotations
 
 import functools
+import importlib.util
+import sys
+import types
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -81,6 +85,25 @@ SINGLE_ARM_TASKS: tuple[str, ...] = (
 )
 """robosuite 1.5.2's single-arm tasks (``robosuite.ALL_ENVIRONMENTS`` without the two-arm ones),
 listed here so that a config is checked without importing robosuite."""
+
+SINGLE_ARM_ROBOTS: tuple[str, ...] = (
+    "IIWA", "Jaco", "Kinova3", "Panda", "PandaDexLH", "PandaDexRH", "PandaOmron", "Sawyer", "SpotWithArm", "UR5e",
+    "XArm7",
+)
+"""robosuite 1.5.2's single-arm robots that :class:`RobosuiteEnv` drives (``robosuite.robots.ROBOT_CLASS_MAPPING``
+with a one-arm model, listed here so that a config is checked without importing robosuite; a test
+compares them). Left out: the two-arm robots (Baxter, Tiago, GR1*), whose observation keys are
+not ``robot0_*``, and ``SpotWithArmFloating``, which robosuite cannot build with an arm controller
+alone. The scripted experts act for the arms with a one-value gripper (:data:`GRIPPER_ARMS`)."""
+
+GRIPPER_ARMS: tuple[str, ...] = ("IIWA", "Jaco", "Kinova3", "Panda", "Sawyer", "UR5e", "XArm7")
+"""Fixed-base arms with a one-value gripper action: ``OSC_POSE`` takes 7 values (6 + gripper).
+The others take more (PandaDexLH/RH: a 6-value hand, PandaOmron: its base and torso, SpotWithArm:
+its legs)."""
+
+PANDA_STATE_ROBOTS: tuple[str, ...] = ("Panda", "Sawyer")
+"""Robots whose ``robot0_gripper_qpos`` has 2 values, as :data:`STATE_KEY_SIZES` counts (measured:
+the Lift state is 11 values with both, 15 with IIWA, Jaco, Kinova3, UR5e, XArm7)."""
 
 PART_CONTROLLERS: tuple[str, ...] = (
     "JOINT_VELOCITY",
@@ -137,7 +160,7 @@ class RobosuiteEnvConfig:
     task: str = "Lift"
     """robosuite environment name (one of ``robosuite.ALL_ENVIRONMENTS``)."""
     robot: str = "Panda"
-    """robosuite single-arm robot name."""
+    """robosuite single-arm robot name, one of :data:`SINGLE_ARM_ROBOTS`."""
     controller: str = "OSC_POSE"
     """Arm controller, one of :data:`PART_CONTROLLERS`; sets the action layout."""
     horizon: int = 100
@@ -170,15 +193,18 @@ class RobosuiteEnvConfig:
     @property
     def state_dim(self) -> int | None:
         """Length of the state vector, when every key of ``obs_keys`` is in :data:`STATE_KEY_SIZES`
-        (else None: only the environment knows)."""
-        if not all(key in STATE_KEY_SIZES for key in self.obs_keys):
+        and the robot is one of :data:`PANDA_STATE_ROBOTS` (else None: only the environment knows)."""
+        if self.robot not in PANDA_STATE_ROBOTS or not all(key in STATE_KEY_SIZES for key in self.obs_keys):
             return None
         return sum(STATE_KEY_SIZES[key] for key in self.obs_keys)
 
     @property
     def action_dim(self) -> int | None:
         """Action length (the arm's, plus one for the gripper) for the controllers of
-        :data:`_ARM_ACTION_SIZES` (a Panda's joint controllers: 7 + 1); else None."""
+        :data:`_ARM_ACTION_SIZES` on the arms of :data:`GRIPPER_ARMS` (a Panda's joint
+        controllers: 7 + 1); else None."""
+        if self.robot not in GRIPPER_ARMS:
+            return None
         if self.controller in _ARM_ACTION_SIZES:
             return _ARM_ACTION_SIZES[self.controller] + 1
         return 8 if self.robot == "Panda" else None
@@ -187,8 +213,9 @@ class RobosuiteEnvConfig:
         if self.task not in SINGLE_ARM_TASKS:
             raise ValueError(f"task must be a single-arm robosuite task, one of {', '.join(SINGLE_ARM_TASKS)}; "
                              f"got {self.task!r}")
-        if not isinstance(self.robot, str) or not self.robot:
-            raise ValueError(f"robot must be a non-empty robosuite robot name, got {self.robot!r}")
+        if self.robot not in SINGLE_ARM_ROBOTS:
+            raise ValueError(f"robot must be a single-arm robosuite robot, one of {', '.join(SINGLE_ARM_ROBOTS)}; "
+                             f"got {self.robot!r}")
         if self.controller not in PART_CONTROLLERS:
             raise ValueError(f"controller must be one of {PART_CONTROLLERS}, got {self.controller!r}")
         _require_int("horizon", self.horizon, 1)
@@ -250,6 +277,8 @@ class RobosuiteEnv(UnobservedSteps, gym.Env):
     """
 
     config_class = RobosuiteEnvConfig
+    video_camera: ClassVar[str] = "agentview"
+    """The camera evaluation videos are rendered from unless ``eval.video_camera`` is set."""
     metadata = {"render_modes": ["rgb_array"]}
 
     def __init__(self, config: RobosuiteEnvConfig) -> None:
@@ -405,6 +434,30 @@ def camera_observation_space(state_dim: int, cameras: tuple[str, ...], camera_si
     return gym.spaces.Dict({"state": state_space, **{f"{camera}_image": image_space for camera in cameras}})
 
 
+#: robosuite's console logging level in the simulator processes (its ``CONSOLE_LOGGING_LEVEL`` macro).
+ROBOSUITE_CONSOLE_LEVEL = "ERROR"
+
+
+def quiet_robosuite_imports() -> None:
+    """Before robosuite's first import in this process, set its console logger to
+    :data:`ROBOSUITE_CONSOLE_LEVEL`: importing it prints five warnings in every simulator process
+    (no private macro file, no ``robosuite_models``, no mink IK) and every environment an INFO line
+    per controller. robosuite reads its settings from ``robosuite/macros_private.py`` when there is
+    one; without one, this registers an in-memory ``robosuite.macros_private`` holding only the
+    level. A user's own ``macros_private.py`` decides instead, and a robosuite already imported is
+    left as it is."""
+    if "robosuite" in sys.modules or "robosuite.macros_private" in sys.modules:
+        return
+    spec = importlib.util.find_spec("robosuite")  # locates the package, imports nothing
+    if spec is None or not spec.submodule_search_locations:
+        return
+    if any((Path(location) / "macros_private.py").exists() for location in spec.submodule_search_locations):
+        return
+    macros = types.ModuleType("robosuite.macros_private")
+    macros.CONSOLE_LOGGING_LEVEL = ROBOSUITE_CONSOLE_LEVEL
+    sys.modules["robosuite.macros_private"] = macros
+
+
 def _make_robosuite_env(config: RobosuiteEnvConfig) -> Any:
     """Create the robosuite task (imports robosuite; call after ``setup_headless_rendering``).
 
@@ -412,6 +465,7 @@ def _make_robosuite_env(config: RobosuiteEnvConfig) -> Any:
     visual meshes and textures (:mod:`simulators.robosuite_lean`): a third of the memory, half
     the creation time, identical physics and observations.
     """
+    quiet_robosuite_imports()
     import robosuite
     from robosuite.controllers import load_part_controller_config
     from robosuite.controllers.composite.composite_controller_factory import (

@@ -12,6 +12,13 @@ def pytest_configure(config):
     problem = devices.check_test_device()
     if problem:
         raise pytest.UsageError(problem)
+    # transformers binds its handler to the sys.stderr of the moment it first logs: inside a test
+    # that captures stderr, a stream closed when that test ends, so that every later transformers
+    # warning prints "--- Logging error ---" and a traceback into another test's output. Without
+    # the handler, its warnings reach logging's last resort, which writes to the current stderr.
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_default_handler()
 
 
 def pytest_report_header(config):

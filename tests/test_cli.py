@@ -165,3 +165,13 @@ def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch):
     assert main(["plan", "embodied_srpo"]) == 130
     err = capsys.readouterr().err
     assert "interrupted (Ctrl-C)" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["train", "plan"])
+def test_help_lists_the_shipped_templates_with_their_descriptions(capsys, command):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert "shipped templates (dag_templates/):" in out
+    assert "embodied_srpo " in out and "SRPO progress rewards" in out and "llm_grpo " in out
+    assert "embodied_warm_start" not in out  # phases and bases are not runnable templates

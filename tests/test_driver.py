@@ -141,6 +141,9 @@ def test_resume_continues_exactly(srpo_run, ray_on_loopback, tmp_path, demo_stor
     train("embodied_srpo", [*common, "trainer.total_steps=2", "eval.num_episodes=0"])
     summary = train("ignored", ["trainer.total_steps=3", "eval.num_episodes=0"], resume=str(tmp_path / "cut"))
     assert summary["start_step"] == 2 and summary["steps_run"] == 1
+    # Recorded once the workers had loaded the checkpoint with them (a later resume applies them).
+    resumes = [json.loads(line) for line in (tmp_path / "cut" / "resumes.jsonl").read_text().splitlines()]
+    assert [r["overrides"] for r in resumes] == [["trainer.total_steps=3", "eval.num_episodes=0"]]
     records = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "rollout/success_rate" in r] == [1, 2, 3]
     # The environment-step count carries over the interruption.
@@ -151,6 +154,21 @@ def test_resume_continues_exactly(srpo_run, ray_on_loopback, tmp_path, demo_stor
     uninterrupted = load_file(str(full_dir / "checkpoints" / "step_00000003" / "model.safetensors"))
     for name, value in uninterrupted.items():
         torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_a_start_that_fails_in_the_workers_leaves_no_run_directory(ray_on_loopback, tmp_path, capsys):
+    """The workers' setup fails after the run directory exists (text.rollout_backend vllm without
+    the vllm package): nothing was written that a resume could use, so the directory goes and the
+    same command (the same run.name) is not refused (tests/test_run_dir.py runs it twice)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed: its rollout backend would start")
+    with pytest.raises(Exception, match="vllm"):
+        train("llm_grpo", ["text.sft_steps=0", "text.rollout_backend=vllm", "eval.num_episodes=0",
+                           f"run.output_dir={tmp_path}", "run.name=again", *device_overrides()])
+    assert not (tmp_path / "again").exists()
+    assert "removed the run directory" in " ".join(capsys.readouterr().out.split())
 
 
 def test_grpo_template_runs_until_the_env_step_budget(ray_on_loopback, tmp_path, demo_store):

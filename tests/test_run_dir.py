@@ -1,8 +1,11 @@
-"""Run directories owned by one run: unique names, a lock, resumes that validate first and never
-rewrite the run's template (vla_rl/run_dir.py, vla_rl/driver.py::prepare_run_dir)."""
+"""Run directories owned by one run: unique names, a lock, resumes that validate first, never
+rewrite the run's template and record their overrides once the workers loaded the checkpoint with
+them, and starts that fail before their first step leave no directory (vla_rl/run_dir.py,
+vla_rl/driver.py)."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 
 import pytest
@@ -11,6 +14,12 @@ import yaml
 from vla_rl.dag.errors import TemplateError
 from vla_rl.driver import prepare_run_dir
 from vla_rl.run_dir import RunDirectory, RunDirError
+
+
+def snapshot(directory):
+    """Every file below ``directory`` (the lock's text aside) and its bytes."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
 
 
 def _new_run(out, *overrides):
@@ -59,26 +68,134 @@ def test_a_run_directory_in_use_is_refused_with_the_owners_pid(tmp_path):
     assert queue.get(timeout=5) == "locked"
 
 
-def test_resume_validates_first_and_records_its_overrides(tmp_path):
+def _checkpoint(run_dir, step=2, ranks=2):
+    """A checkpoint's layout as the resume checks read it (the names of its files; no weights)."""
+    path = run_dir / "checkpoints" / f"step_{step:08d}"
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"step": step, "metadata": {}}))
+    for rank in range(ranks):
+        (path / f"rng_rank{rank}.safetensors").write_bytes(b"")
+    return path
+
+
+def test_resume_validates_first_and_changes_nothing(tmp_path):
     run, _, _ = _new_run(tmp_path, "run.name=r", "trainer.total_steps=2")
     run.close()
+    _checkpoint(run.path)
     template_before = (run.path / "template.yaml").read_bytes()
     with pytest.raises(TemplateError, match="trainer.total_step"):
         prepare_run_dir(None, ["trainer.total_step=6"], str(run.path))  # a typo: nothing written
-    assert sorted(p.name for p in run.path.iterdir()) == [".lock", "template.yaml"]
+    assert sorted(p.name for p in run.path.iterdir()) == [".lock", "checkpoints", "template.yaml"]
 
     resumed, template, worker_overrides = prepare_run_dir(None, ["trainer.total_steps=6"], str(run.path))
     resumed.close()
     assert template.config.trainer.total_steps == 6 and worker_overrides == ["trainer.total_steps=6"]
     assert (run.path / "template.yaml").read_bytes() == template_before  # never rewritten
     assert yaml.safe_load(template_before)["config"]["trainer"]["total_steps"] == 2
+    assert not (run.path / "resumes.jsonl").exists()  # recorded once the workers loaded the checkpoint
 
+
+def test_resume_applies_the_recorded_overrides(tmp_path):
+    run, _, _ = _new_run(tmp_path, "run.name=r", "trainer.total_steps=2")
+    run.close()
+    _checkpoint(run.path)
+    run.record_resume(["trainer.total_steps=6"])
     again, template, worker_overrides = prepare_run_dir(None, ["eval.num_episodes=4"], str(run.path))
     again.close()
     assert template.config.trainer.total_steps == 6 and template.config.eval.num_episodes == 4
     assert worker_overrides == ["trainer.total_steps=6", "eval.num_episodes=4"]
-    assert [r["overrides"] for r in map(yaml.safe_load, (run.path / "resumes.jsonl").read_text().splitlines())] == [
-        ["trainer.total_steps=6"], ["eval.num_episodes=4"]]
+
+
+class FakeWorkers:
+    """Stands in for the DAG workers of :func:`vla_rl.driver.train` (no Ray): ``setup`` replies
+    ``setup`` (rank 0's metrics) or raises it, every later call fails as a worker's error would."""
+
+    max_reply_bytes = 0
+
+    def __init__(self, setup) -> None:
+        self.setup = setup
+
+    def node_ids(self):
+        return ["node", "node"]
+
+    def start_process_group(self) -> None:
+        pass
+
+    def call(self, method, *args):
+        if method != "setup":
+            raise RuntimeError(f"worker failed in {method}")
+        if isinstance(self.setup, Exception):
+            raise self.setup
+        return [dict(self.setup), {}]
+
+    def submit(self, method, *args):
+        raise RuntimeError(f"worker failed in {method}")
+
+    def rendering(self):
+        return [[], []]
+
+    def shutdown(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_workers(monkeypatch):
+    """``set(setup)``: the next runs of ``train`` get :class:`FakeWorkers` (and start no Ray)."""
+    from vla_rl import driver
+
+    launched = []
+
+    def use(setup):
+        monkeypatch.setattr(driver, "start_ray", lambda config, world: "cpu")
+        monkeypatch.setattr(driver.WorkerGroup, "launch",
+                            lambda *args, **kwargs: launched.append(FakeWorkers(setup)) or launched[-1])
+        return launched
+
+    return use
+
+
+def test_a_resume_is_recorded_only_once_the_workers_loaded_the_checkpoint(tmp_path, fake_workers):
+    from vla_rl.driver import train
+
+    run, _, _ = _new_run(tmp_path, "run.name=r", "eval.num_episodes=0")
+    run.close()
+    _checkpoint(run.path)
+    fake_workers(RuntimeError("size mismatch for mean_net.0.weight"))  # the checkpoint does not load
+    before = snapshot(run.path)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        train(None, ["trainer.total_steps=9"], resume=str(run.path))
+    assert snapshot(run.path) == before  # no resumes.jsonl: the next resume does not inherit the override
+
+    fake_workers({"start_step": 2.0})  # loaded; the first step fails
+    with pytest.raises(RuntimeError, match="worker failed in run_step"):
+        train(None, ["trainer.total_steps=9"], resume=str(run.path))
+    records = [json.loads(line) for line in (run.path / "resumes.jsonl").read_text().splitlines()]
+    assert [record["overrides"] for record in records] == [["trainer.total_steps=9"]]
+
+
+def test_a_start_that_fails_before_its_first_step_leaves_nothing(tmp_path, fake_workers, capsys):
+    from vla_rl.driver import train
+
+    command = ["embodied_srpo", [f"run.output_dir={tmp_path}", "run.name=first"]]
+    fake_workers(RuntimeError("worker setup failed"))
+    for _ in range(2):  # the same command again: not refused for an existing run.name
+        with pytest.raises(RuntimeError, match="worker setup failed"):
+            train(*command)
+        assert not (tmp_path / "first").exists()
+        assert "removed the run directory" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_start_that_fails_after_step_0_wrote_metrics_keeps_its_directory(tmp_path, fake_workers):
+    from vla_rl.driver import train
+
+    fake_workers({"start_step": 0.0, "warm_start/bc_loss": 0.5})  # warm-started; the first evaluation fails
+    with pytest.raises(RuntimeError, match="worker failed in"):
+        train("embodied_srpo", [f"run.output_dir={tmp_path}", "run.name=kept"])
+    records = [json.loads(line) for line in (tmp_path / "kept" / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["step"] == 0 and records[0]["warm_start/bc_loss"] == 0.5
 
 
 def test_resume_of_something_that_is_not_a_run(tmp_path):

@@ -76,6 +76,23 @@ def add_template_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def shipped_templates() -> str:
+    """The runnable templates of ``dag_templates/`` (not the phases and bases they include), one
+    per line with its ``description`` (read as YAML text: no validation, nothing imported)."""
+    import yaml
+
+    from vla_rl.dag.loader import TEMPLATE_DIR
+
+    lines = []
+    for path in sorted(TEMPLATE_DIR.glob("*.yaml")):
+        try:
+            description = (yaml.safe_load(path.read_text()) or {}).get("description", "")
+        except (OSError, yaml.YAMLError):
+            description = "(unreadable)"
+        lines.append(f"  {path.stem:<28} {description}")
+    return "shipped templates (dag_templates/):\n" + "\n".join(lines)
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer of at least 1."""
     try:
@@ -93,6 +110,8 @@ def _add_plan_command(commands: argparse._SubParsersAction) -> None:
         help="print each worker's task chain and the DP-size hops of a template",
         description="Validate a template and print each worker's task chain and the hops between "
         "DP sizes, without starting anything.",
+        epilog=shipped_templates(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_template_arguments(parser)
     parser.add_argument(
@@ -173,6 +192,8 @@ def _add_train_command(commands: argparse._SubParsersAction) -> None:
         help="run a training workflow (Ray on loopback, one DAG worker per device slot)",
         description="Run a template's workflow. Writes a run directory with the resolved template, "
         "metrics (JSONL, tensorboard), checkpoints, a success plot, evaluation videos and a summary.",
+        epilog=shipped_templates(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("items", nargs="*", metavar="TEMPLATE|KEY=VALUE",
                         help="the template (a file, or a name in dag_templates/), then dotted overrides; with "
@@ -193,8 +214,13 @@ def _run_train(args: argparse.Namespace) -> int:
     names = [item for item in args.items if "=" not in item]
     overrides = [item for item in args.items if "=" in item]
     if args.resume:
-        if names and names != [_run_template_name(args.resume)]:
-            raise CommandLineError(f"with --resume the run's own template is used: remove {names[0]!r} (overrides "
+        from vla_rl.run_dir import RunDirectory
+
+        RunDirectory.reopen(args.resume)  # a missing directory or template.yaml first, named
+        own = _run_template_name(args.resume)  # None: an unreadable template.yaml, which train names
+        extra = names[1:] if own is None else [name for name in names if name != own]
+        if extra:
+            raise CommandLineError(f"with --resume the run's own template is used: remove {extra[0]!r} (overrides "
                                    "such as trainer.total_steps=40 apply on top of it)")
         train(None, overrides, resume=args.resume)
         return 0

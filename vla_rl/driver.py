@@ -14,7 +14,7 @@ import time
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
 from vla_rl.preflight import preflight
-from vla_rl.run_dir import RunDirectory, absolute_path_overrides
+from vla_rl.run_dir import RunDirectory, absolute_path_overrides, check_resume
 from vla_rl.utils.code_location import code_root, code_version
 from vla_rl.workers.group import WorkerDiedError, WorkerGroup, start_ray
 from vla_rl.workers.placement import simulator_cpus_per_worker
@@ -27,8 +27,9 @@ def prepare_run_dir(template_arg: str | None, overrides: list[str], resume: str 
     Nothing is created or changed on disk before the template, the overrides and the plan are
     accepted. A new run writes its resolved template; a resume applies the overrides of earlier
     resumes and ``overrides`` on top of the run's own ``template.yaml`` (e.g.
-    ``trainer.total_steps=40`` to train longer), and records ``overrides`` in ``resumes.jsonl``
-    without rewriting the template (:mod:`vla_rl.run_dir`).
+    ``trainer.total_steps=40`` to train longer), checks them against the run's newest checkpoint
+    (:func:`~vla_rl.run_dir.check_resume`) and changes nothing: :func:`train` records ``overrides``
+    in ``resumes.jsonl`` once the workers have loaded the checkpoint with them.
 
     Returns:
         (the locked run directory, the loaded template, the overrides the workers apply to the
@@ -36,7 +37,8 @@ def prepare_run_dir(template_arg: str | None, overrides: list[str], resume: str 
 
     Raises:
         TemplateError: a bad template, override or plan; RunDirError: a run directory that
-            exists (new run), is not a run (resume), or is in use.
+            exists (new run), is not a run, has no checkpoint the resume can continue exactly
+            (resume), or is in use.
     """
     if resume:
         run = RunDirectory.reopen(resume)
@@ -45,11 +47,11 @@ def prepare_run_dir(template_arg: str | None, overrides: list[str], resume: str 
     else:
         template = load_template(template_arg, overrides)
         worker_overrides = []
-    plan(template)  # reject a bad graph before anything is written
+    the_plan = plan(template)  # reject a bad graph before anything is written
     preflight(template)  # and unusable input files (prompts, checkpoints)
     if resume:
+        check_resume(run, template, list(overrides), the_plan.world_size)
         run.lock()
-        run.record_resume(list(overrides))
         return run, template, worker_overrides
     run = RunDirectory.create(template.config.run.output_dir, template.config.run.name, template.name)
     resolved = dict(template.raw)
@@ -74,6 +76,11 @@ def train(template_arg: str | None, overrides: list[str], resume: str | None = N
     the rank, the error and the resume command. Ctrl-C kills the workers at once (they may be
     blocked waiting for resources or in a collective).
 
+    A new run that fails (or is interrupted) before it wrote a metric or a checkpoint removes its
+    run directory: there is nothing to resume, and the same command (the same ``run.name``) can
+    run again. A resume records its overrides in ``resumes.jsonl`` once the workers have loaded
+    the checkpoint with them (:class:`RecordsResume`).
+
     Returns:
         The run summary (also written to ``<run_dir>/summary.json``).
 
@@ -82,47 +89,61 @@ def train(template_arg: str | None, overrides: list[str], resume: str | None = N
     """
     from rich.console import Console
 
-    from vla_rl.run_loop import RunLoop
-
     console = console or Console()
     run, template, worker_overrides = prepare_run_dir(template_arg, overrides, resume)
-    run_dir = run.path  # absolute, as every path the workers get (their working directory is not ours)
-    worker_overrides = [*worker_overrides, *absolute_path_overrides(template.config)]
     try:
-        config = template.config
-        the_plan = plan(template)
-        world = the_plan.world_size
-        device = start_ray(config, world)
-        console.print(f"[bold]run directory[/bold] {run_dir}")
-        console.print(f"code {code_version()} from {code_root()}; {world} workers on {device}")
-        started = time.perf_counter()
-        loop = RunLoop(template, the_plan, run_dir, console)
-        resuming, groups = resume is not None, []
-        while True:  # one pass per group of workers: a worker's death restarts a fresh group
-            workers = WorkerGroup.launch(world, str(run.template_path), worker_overrides, run_dir, config.workers,
-                                         device, simulator_cpus_per_worker(config))
-            groups.append(workers)
-            died, interrupted = None, False
-            try:
-                worker_nodes = workers.node_ids()
-                workers.start_process_group()
-                summary = loop.run(workers, resume=resuming)
-            except WorkerDiedError as error:
-                died = error
-            except KeyboardInterrupt:
-                interrupted = True
-                raise
-            finally:
-                if died is None and not interrupted:
-                    workers.shutdown()
-                else:  # at once: the others may be blocked in a collective with the dead worker, or
-                    workers.kill()  # waiting for their simulator actors (Ctrl-C)
-            if died is None:
-                break
-            loop.restart_after(died)  # or RunStopped, naming the rank and the resume command
-            resuming = True
+        return _run(run, template, worker_overrides, None if resume is None else list(overrides), console)
+    except BaseException:
+        if resume is None and not run.has_progress():  # nothing to resume: the same command may run again
+            run.remove()
+            console.print(f"removed the run directory {run.path}: the run failed before it wrote a metric or a "
+                          "checkpoint")
+        raise
     finally:
         run.close()
+
+
+def _run(run: RunDirectory, template, worker_overrides: list[str], resume_overrides: list[str] | None,
+         console) -> dict:
+    """Start Ray and the workers and run the loop (see :func:`train`); ``resume_overrides``: this
+    resume's own overrides, recorded once the first group of workers has set up (None: a new run)."""
+    from vla_rl.run_loop import RunLoop
+
+    run_dir = run.path  # absolute, as every path the workers get (their working directory is not ours)
+    worker_overrides = [*worker_overrides, *absolute_path_overrides(template.config)]
+    config = template.config
+    the_plan = plan(template)
+    world = the_plan.world_size
+    device = start_ray(config, world)
+    console.print(f"[bold]run directory[/bold] {run_dir}")
+    console.print(f"code {code_version()} from {code_root()}; {world} workers on {device}")
+    started = time.perf_counter()
+    loop = RunLoop(template, the_plan, run_dir, console)
+    resuming, groups = resume_overrides is not None, []
+    unrecorded = [] if resume_overrides is None else [resume_overrides]
+    while True:  # one pass per group of workers: a worker's death restarts a fresh group
+        workers = WorkerGroup.launch(world, str(run.template_path), worker_overrides, run_dir, config.workers,
+                                     device, simulator_cpus_per_worker(config))
+        groups.append(workers)
+        died, interrupted = None, False
+        try:
+            worker_nodes = workers.node_ids()
+            workers.start_process_group()
+            summary = loop.run(RecordsResume(workers, run, unrecorded), resume=resuming)
+        except WorkerDiedError as error:
+            died = error
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
+        finally:
+            if died is None and not interrupted:
+                workers.shutdown()
+            else:  # at once: the others may be blocked in a collective with the dead worker, or
+                workers.kill()  # waiting for their simulator actors (Ctrl-C)
+        if died is None:
+            break
+        loop.restart_after(died)  # or RunStopped, naming the rank and the resume command
+        resuming = True
     summary["code"] = {"version": code_version(), "location": str(code_root())}
     summary["worker_nodes"] = worker_nodes  # the Ray node of each rank
     summary["wall_time_s"] = time.perf_counter() - started
@@ -131,3 +152,28 @@ def train(template_arg: str | None, overrides: list[str], resume: str | None = N
     tmp.write_text(json.dumps(summary, indent=2))
     tmp.replace(run_dir / "summary.json")
     return summary
+
+
+class RecordsResume:
+    """A group of workers as the run loop sees it, which records a resume's overrides in the run's
+    ``resumes.jsonl`` once the workers' ``setup`` succeeded (they loaded the checkpoint with them):
+    a resume that fails there leaves no override behind for the next one.
+
+    Args:
+        group: the :class:`~vla_rl.workers.group.WorkerGroup`.
+        run: the run directory.
+        unrecorded: the resume's overrides while not yet recorded (one list, shared by the groups of
+            a run; emptied when recorded), else empty.
+    """
+
+    def __init__(self, group: WorkerGroup, run: RunDirectory, unrecorded: list[list[str]]) -> None:
+        self._group, self._run, self._unrecorded = group, run, unrecorded
+
+    def call(self, method: str, *args) -> list[dict]:
+        replies = self._group.call(method, *args)
+        if method == "setup" and self._unrecorded:
+            self._run.record_resume(self._unrecorded.pop())
+        return replies
+
+    def __getattr__(self, name: str):
+        return getattr(self._group, name)

@@ -12,11 +12,20 @@ architecture leave it randomly initialised). :func:`preflight` checks what the t
   ``text.sft_response_column`` for supervised warm starts), and every DP shard of each node that
   reads the training file holds at least ``text.prompts_per_step // dp_size`` rows (the test file:
   a row group per worker), from the parquet metadata alone;
+- **the rows of the prompt files the run reads**, streamed in batches: every row's
+  ``data_source`` has a verifier (where the rows are scored: a reward node, the evaluation), and
+  every prompt fits ``text.max_prompt_length`` tokens, encoded as the workers encode it (the
+  policy's processor renders the chat template, or the raw text, and the model's tokenizer, or the
+  generated tiny model's, counts the tokens). A prompt too long is refused, not truncated (TRL
+  truncates and logs a count): a truncated prompt loses its start, and the workers would refuse
+  it at their first step anyway;
 - **model checkpoints** (``text.model_path`` / ``text.gguf_file``; ``policy.config.model_path`` of
-  the policies that load one, e.g. OpenVLA and OpenVLA-OFT): ``config.json``, a usable tokenizer
-  (with a chat template for chat prompts), whole safetensors headers whose tensor names and shapes
-  match the architecture built on the ``meta`` device, no pickle weights unless allowed; a GGUF
-  file's magic bytes.
+  the policies that load one, e.g. OpenVLA and OpenVLA-OFT): no custom code named in the
+  configuration files (``auto_map``: nothing from a model directory ever runs), ``config.json``,
+  a usable tokenizer (with a chat template for chat prompts), whole safetensors headers whose
+  tensor names and shapes match the architecture built on the ``meta`` device, no pickle weights
+  unless allowed; a GGUF file's header (version, key-value metadata, tensor infos whose data lies
+  inside the file) and its tokenizer.
 
 A problem is a :class:`PreflightError` naming the config field and the file, which the command
 line prints as one line (exit status 2). The checks reuse the loaders' own code
@@ -26,7 +35,9 @@ the policies' ``check_pretrained``), so what passes here loads in the workers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import Template
@@ -34,6 +45,8 @@ from vla_rl.dag.planner import Plan, RunNode, plan
 
 #: The worker resource through which nodes read the training prompts, sharded at their DP size.
 PROMPT_LOADERS = "prompt_loaders"
+#: Prompt rows rendered and tokenised at a time by the length check.
+PROMPT_BATCH_ROWS = 1024
 
 
 class PreflightError(TemplateError):
@@ -56,16 +69,28 @@ def preflight(template: Template, world_size: int | None = None) -> None:
     config = template.config
     the_plan = plan(template, world_size)
     if config.run.workflow == "text":
-        _check_prompt_files(config, the_plan)
-        if config.text.model_path is not None:
-            _check_text_model(config)
+        read = _check_prompt_files(config, the_plan)
+        tokenizer = _check_text_model(config) if config.text.model_path is not None else None
+        if read:
+            _check_prompt_rows(config, read, tokenizer)
     else:
         _check_policy_checkpoint(config)
 
 
-def _check_prompt_files(config, the_plan: Plan) -> None:
+@dataclass(frozen=True)
+class _ReadPrompts:
+    """A prompt file whose rows the run encodes (``scored``: and scores with the verifiers):
+    those of ``rows`` (file positions), or all of them."""
+
+    file: Any  # vla_rl.data.prompt_dataset.PromptFile
+    field: str
+    scored: bool
+    rows: frozenset[int] | None = None
+
+
+def _check_prompt_files(config, the_plan: Plan) -> list[_ReadPrompts]:
     """``text.train_file`` in every layout a node reads it with, ``text.test_file`` in the
-    evaluation's (one shard per worker)."""
+    evaluation's (one shard per worker). Returns the given files whose rows the run reads."""
     text = config.text
     tasks = [task for phase in the_plan.phases.values() for task in phase.chains[0] if isinstance(task, RunNode)]
     layouts = {}  # dp_size -> the first node reading the training prompts at that size
@@ -73,19 +98,38 @@ def _check_prompt_files(config, the_plan: Plan) -> None:
         if PROMPT_LOADERS in task.resources:
             layouts.setdefault(task.dp_size, task.node_id)
     sft_targets = text.sft_steps > 0 or any(task.role == "data" and task.fn == "sft" for task in tasks)
+    scores_training_rows = any(task.role == "reward" and PROMPT_LOADERS in task.resources for task in tasks)
+    read = []
     if text.train_file is not None:
-        _check_prompt_file(text.train_file, "text.train_file", text.prompts_per_step, layouts,
-                           extra_columns=(text.sft_response_column,) if sft_targets else ())
+        file = _check_prompt_file(text.train_file, "text.train_file", text.prompts_per_step, layouts,
+                                  extra_columns=(text.sft_response_column,) if sft_targets else ())
+        if layouts:
+            read.append(_ReadPrompts(file, "text.train_file", scores_training_rows))
     evaluates = "evaluate" in the_plan.phases and config.eval.num_episodes > 0
     if text.test_file is not None:
-        _check_prompt_file(text.test_file, "text.test_file", the_plan.world_size,
-                           {the_plan.world_size: None} if evaluates else {})
+        file = _check_prompt_file(text.test_file, "text.test_file", the_plan.world_size,
+                                  {the_plan.world_size: None} if evaluates else {})
+        if evaluates:
+            read.append(_ReadPrompts(file, "text.test_file", True, _evaluated_rows(file, config.eval.num_episodes,
+                                                                                    the_plan.world_size)))
+    return read
+
+
+def _evaluated_rows(file, num_episodes: int, world_size: int) -> frozenset[int]:
+    """The rows of the test file that the evaluation reads: each worker's first quota of its
+    shard (:class:`~vla_rl.evaluation.text.TextEvaluation`)."""
+    from vla_rl.evaluation.text import eval_quotas
+
+    shards = [file.shard_row_indices(rank, world_size) for rank in range(world_size)]
+    quotas = eval_quotas(num_episodes, [len(shard) for shard in shards])
+    return frozenset(index for shard, quota in zip(shards, quotas) for index in shard[:quota])
 
 
 def _check_prompt_file(path: str, field: str, prompts_per_step: int, layouts: dict[int, str | None],
-                       extra_columns: tuple[str, ...] = ()) -> None:
+                       extra_columns: tuple[str, ...] = ()):
     """One prompt file: readable, with the columns, and ``prompts_per_step // dp_size`` rows in
-    every shard of each layout (``dp_size -> node``)."""
+    every shard of each layout (``dp_size -> node``). Returns its
+    :class:`~vla_rl.data.prompt_dataset.PromptFile`."""
     from vla_rl.data.prompt_dataset import PromptFile, shard_steps_per_epoch
 
     try:
@@ -98,17 +142,81 @@ def _check_prompt_file(path: str, field: str, prompts_per_step: int, layouts: di
             shard_steps_per_epoch(file, prompts_per_step, dp_size)
         except ValueError as error:
             raise PreflightError(str(error), node=node, field=field) from None
+    return file
 
 
-def _check_text_model(config) -> None:
-    """``text.model_path`` (and ``text.gguf_file``) as the text workflow will load it."""
+def _check_prompt_rows(config, read: list[_ReadPrompts], tokenizer) -> None:
+    """Every row of the files the run reads: a verifier for its ``data_source`` (scored files)
+    and a prompt of at most ``text.max_prompt_length`` tokens, rendered and tokenised as the
+    workers' :meth:`~policies.causal_lm.processor_causal_lm.CausalLMProcessor.encode_prompts`
+    does (``tokenizer``: the model's; ``None``: the generated tiny model's)."""
+    from policies.causal_lm.processor_causal_lm import CausalLMProcessor
+
+    if tokenizer is None:
+        from policies.causal_lm.tiny import TinyQwen2Spec, arithmetic_corpus, train_tokenizer
+
+        tokenizer = train_tokenizer(arithmetic_corpus(), TinyQwen2Spec().vocab_size)  # as the run generates it
+    processor = CausalLMProcessor(tokenizer, prompt_format=config.text.prompt_format)
+    for prompts in read:
+        try:
+            _check_rows_of(prompts, processor, config.text.max_prompt_length)
+        except ValueError as error:
+            raise PreflightError(str(error), field=prompts.field) from None
+
+
+def _check_rows_of(prompts: _ReadPrompts, processor, max_prompt_length: int) -> None:
+    """One file's rows (see :func:`_check_prompt_rows`).
+
+    Raises:
+        ValueError: the first row whose data source has no verifier or whose prompt does not
+            render; else the longest prompt over ``max_prompt_length``; naming the file.
+    """
+    from vla_rl.rewards.verifiers import known_data_sources, unknown_data_sources
+
+    path = prompts.file.path
+    how = "after the chat template" if processor.prompt_format == "chat" else "as raw text"
+    total, too_long, longest, longest_row = 0, 0, 0, None  # longest: tokens of the longest prompt over the limit
+    for rows in prompts.file.iter_rows(PROMPT_BATCH_ROWS):
+        if prompts.rows is not None:
+            rows = [row for row in rows if row.index in prompts.rows]
+        if not rows:
+            continue
+        unknown = unknown_data_sources([row.data_source for row in rows]) if prompts.scored else []
+        if unknown:
+            row = next(row for row in rows if row.data_source == unknown[0])
+            raise ValueError(f"{path}: row {row.index} has data_source {row.data_source!r}, which no verifier "
+                             f"serves (known: {', '.join(known_data_sources())}); fix the row, or register a verifier "
+                             "for it (vla_rl.rewards.verifiers.register_verifier, in a module of run.imports)")
+        texts = []
+        for row in rows:
+            try:
+                texts.append(processor.render_prompt(row.prompt))
+            except Exception as error:  # a chat template is user code: jinja raises its own errors
+                raise ValueError(f"{path}: row {row.index}: the chat template does not render its prompt "
+                                 f"({type(error).__name__}: {error})") from None
+        lengths = [len(ids) for ids in processor.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        total += len(rows)
+        for row, length in zip(rows, lengths):
+            if length > max_prompt_length:
+                too_long += 1
+                if length > longest:
+                    longest, longest_row = length, row.index
+    if too_long:
+        raise ValueError(f"{path}: {too_long} of {total} prompts are longer than text.max_prompt_length="
+                         f"{max_prompt_length} tokens {how}; the longest, row {longest_row}, has {longest}: raise "
+                         f"text.max_prompt_length to {longest} or filter the long prompts out of the file")
+
+
+def _check_text_model(config):
+    """``text.model_path`` (and ``text.gguf_file``) as the text workflow will load it; returns
+    its tokenizer."""
     from policies.causal_lm.loading import check_pretrained
 
     text = config.text
     field = "text.gguf_file" if text.gguf_file is not None and Path(text.model_path).is_dir() else "text.model_path"
     try:
-        check_pretrained(text.model_path, text.gguf_file, text.prompt_format, allow_pickle=text.allow_pickle,
-                         allow_partial_load=config.policy.allow_partial_load)
+        return check_pretrained(text.model_path, text.gguf_file, text.prompt_format, allow_pickle=text.allow_pickle,
+                                allow_partial_load=config.policy.allow_partial_load)
     except (OSError, ValueError) as error:
         raise PreflightError(_with_field_hint(str(error), "text.allow_pickle"), field=field) from None
 

@@ -8,9 +8,12 @@ whose text is the owner's pid: a second process is refused with that pid, and th
 with its process, however it ends.
 
 The run's ``template.yaml`` is written once, when the run starts. A resume never rewrites it: its
-overrides are validated first, then appended to ``resumes.jsonl`` (one JSON record per resume), and
-the effective template of a resumed run is ``template.yaml`` with every recorded resume's overrides
-applied in order.
+overrides are validated first (:func:`check_resume` holds them against the run's newest checkpoint
+before Ray starts), then appended to ``resumes.jsonl`` (one JSON record per resume) once the workers
+have loaded the checkpoint with them, and the effective template of a resumed run is
+``template.yaml`` with every recorded resume's overrides applied in order. A start that fails
+before the run wrote a metric or a checkpoint leaves no directory (:meth:`RunDirectory.remove`), so
+the same command can be run again.
 
 Paths are absolute before they reach the workers: a run directory's path is made absolute when
 it is opened, and the input paths a run reads (:data:`INPUT_PATH_FIELDS`) reach the workers as
@@ -23,6 +26,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
+import shutil
 from datetime import datetime
 from pathlib import Path
 
@@ -33,6 +38,12 @@ from vla_rl.evaluation.targets import RUN_TEMPLATE as RESOLVED_TEMPLATE
 
 RESUMES_FILE = "resumes.jsonl"
 LOCK_FILE = ".lock"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINTS_DIR = "checkpoints"
+
+POLICY_SETTINGS = ("policy", "text", "simulator", "run.workflow")
+"""The settings whose override may change the policy a resume builds (its tensor names and shapes):
+a resume that overrides one is checked against the checkpoint's tensors (:func:`check_resume`)."""
 
 INPUT_PATH_FIELDS = ("warm_start.demo_store", "text.model_path", "text.train_file", "text.test_file",
                      "policy.config.model_path")
@@ -89,9 +100,13 @@ class RunDirectory:
         """An existing run directory (``--resume``), not yet locked.
 
         Raises:
-            RunDirError: ``path`` is not a run directory (no ``template.yaml``).
+            RunDirError: ``path`` is not a run directory (no such directory, or no ``template.yaml``).
         """
         path = Path(path)
+        if not path.is_dir():
+            what = "it is a file" if path.exists() else "there is no such directory"
+            raise RunDirError(f"{path} is not a run directory: {what} (--resume takes the directory of an earlier "
+                              "run, e.g. outputs/<run.name>)")
         if not (path / RESOLVED_TEMPLATE).is_file():
             raise RunDirError(f"{path} is not a run directory: it has no {RESOLVED_TEMPLATE}")
         return cls(path)
@@ -124,6 +139,12 @@ class RunDirectory:
             self._lock.close()
             self._lock = None
 
+    def remove(self) -> None:
+        """Delete the run directory and release its lock: a new run that failed before it wrote
+        anything a resume or a reader could use (:meth:`has_progress`)."""
+        shutil.rmtree(self.path, ignore_errors=True)  # the lock is held until it is gone
+        self.close()
+
     # ------------------------------------------------------------------ contents
     @property
     def template_path(self) -> Path:
@@ -132,6 +153,13 @@ class RunDirectory:
     def write_template(self, resolved: dict) -> None:
         """Write the run's resolved template (once, when the run starts), atomically."""
         _write_atomic(self.template_path, yaml.safe_dump(resolved, sort_keys=False))
+
+    def has_progress(self) -> bool:
+        """Whether the run wrote a metrics record or a checkpoint (published, or being staged)."""
+        metrics = self.path / METRICS_FILE
+        checkpoints = self.path / CHECKPOINTS_DIR
+        return ((metrics.is_file() and metrics.stat().st_size > 0)
+                or (checkpoints.is_dir() and any(checkpoints.iterdir())))
 
     def recorded_overrides(self) -> list[str]:
         """The overrides of every earlier resume, in order."""
@@ -142,11 +170,133 @@ class RunDirectory:
                 for item in json.loads(line)["overrides"]]
 
     def record_resume(self, overrides: list[str]) -> None:
-        """Append a resume's overrides to ``resumes.jsonl`` (rewritten atomically)."""
+        """Append a resume's overrides to ``resumes.jsonl`` (rewritten atomically); the driver calls it
+        once the workers have loaded the checkpoint with them."""
         path = self.path / RESUMES_FILE
         previous = path.read_text() if path.exists() else ""
         record = {"time": datetime.now().isoformat(timespec="seconds"), "overrides": list(overrides)}
         _write_atomic(path, previous + json.dumps(record) + "\n")
+
+
+def check_resume(run: RunDirectory, template, overrides: list[str], world_size: int) -> None:
+    """Check, before Ray starts, that the workers can resume ``run`` exactly as ``template`` (the
+    run's template with the recorded and the new overrides) asks, against its newest complete
+    checkpoint; nothing is read but file names and headers.
+
+    - The run has a checkpoint.
+    - The same number of workers wrote it: each worker continues its own random streams
+      (``rng_rank<r>.safetensors``), so another number cannot resume exactly (the optimizer state
+      would load: DDP's is replicated, DCP reshards FSDP's; the random streams would not).
+    - The same ``trainer.strategy`` wrote it (DDP's ``optimizer.json`` or FSDP's ``actor_sharded/``).
+    - When ``overrides`` (this resume's own) set a :data:`POLICY_SETTINGS` key, the policy they
+      build (on the ``meta`` device: no weights, no memory) has the checkpoint's tensor names and
+      shapes. A policy that loads a pretrained checkpoint of its own (``policy.config.model_path``,
+      a GGUF ``text.gguf_file``) is not checked here: building it reads its weights.
+
+    Args:
+        run: the reopened run directory.
+        template: the effective template of the resume.
+        overrides: this resume's overrides.
+        world_size: the number of workers the resume would start.
+
+    Raises:
+        RunDirError: the first problem, naming the setting (or the overrides) and the checkpoint.
+    """
+    from vla_rl.trainers import checkpoint_integrity as integrity
+    from vla_rl.trainers.checkpoint import latest_checkpoint
+
+    config = template.config
+    checkpoint = latest_checkpoint(run.path / CHECKPOINTS_DIR)
+    if checkpoint is None:
+        raise RunDirError(f"{run.path} has no checkpoint to resume from: the run stopped before it wrote one "
+                          f"(trainer.save_every={config.trainer.save_every}); start a new run instead, e.g. "
+                          f"vla-rl train {shlex.quote(str(run.template_path))} run.name=NEW_NAME")
+    ranks = integrity.checkpoint_ranks(checkpoint)
+    if ranks and ranks != world_size:
+        raise RunDirError(f"the run's checkpoint {checkpoint} was written by {ranks} workers, this resume would start "
+                          f"{world_size}: each worker continues its own random streams (rng_rank<r>.safetensors), so "
+                          f"a resume needs the same number; resume with workers.num_workers={ranks}",
+                          field="workers.num_workers")
+    strategy = integrity.checkpoint_strategy(checkpoint)
+    if strategy is not None and strategy != config.trainer.strategy:
+        raise RunDirError(f"the run's checkpoint {checkpoint} holds the actor state of trainer.strategy {strategy}, "
+                          f"which trainer.strategy {config.trainer.strategy} cannot read; resume with "
+                          f"trainer.strategy={strategy}",
+                          field="trainer.strategy")
+    changed = [item for item in overrides if _sets(item.partition("=")[0], POLICY_SETTINGS)]
+    stored = integrity.stored_policy_shapes(checkpoint) if changed else None
+    policy = _meta_policy(config, run.path) if stored is not None else None
+    mismatch = None if policy is None else _policy_mismatch(policy, stored[1])
+    if mismatch:
+        these = "this override builds" if len(changed) == 1 else "these overrides build"
+        raise RunDirError(f"{' '.join(changed)}: the run's checkpoint {stored[0]} does not fit the policy {these}: "
+                          f"{mismatch.describe()}; resume without {'it' if len(changed) == 1 else 'them'}, or start a "
+                          "new run")
+
+
+def _sets(key: str, settings: tuple[str, ...]) -> bool:
+    """Whether the override key ``key`` sets one of ``settings`` or a key below one."""
+    return any(key == setting or key.startswith(setting + ".") for setting in settings)
+
+
+def _meta_policy(config, run_dir: Path):
+    """The policy the run's workers would build under ``config``, on the ``meta`` device, with its
+    LoRA adapters (``policy.lora``); None for a policy that loads a pretrained checkpoint of its own
+    (see :func:`check_resume`) or a text model that is not there yet."""
+    import torch
+
+    lora = config.policy.lora
+    if config.run.workflow == "text":
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from policies.causal_lm.configuration_causal_lm import CausalLMConfig
+        from policies.causal_lm.modeling_causal_lm import CausalLMPolicy
+        from policies.checkpoint_files import load_tokenizer, refuse_custom_code
+        from vla_rl.workflows.text_assets import TextAssets
+
+        model_path = TextAssets.resolve(config, run_dir).model_path
+        if config.text.gguf_file is not None or not (model_path / "config.json").is_file():
+            return None
+        refuse_custom_code(model_path)
+        architecture = AutoConfig.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
+        policy_config = CausalLMConfig(model_path=str(model_path), prompt_format=config.text.prompt_format)
+        with torch.device("meta"):
+            policy = CausalLMPolicy(AutoModelForCausalLM.from_config(architecture, trust_remote_code=False),
+                                    load_tokenizer(model_path), policy_config)
+    else:
+        from vla_rl.workflows.embodied import robot_policy, simulator_sizes
+
+        if getattr(config.policy.policy_config(), "model_path", None) is not None:
+            return None
+        env = config.simulator.env_config()
+        state_dim, action_dim = getattr(env, "state_dim", None), getattr(env, "action_dim", None)
+        if state_dim and action_dim and not config.simulator.multi_task:
+            sizes = {"obs_dim": state_dim, "act_dim": action_dim}
+        else:  # only the environment knows: make one, as vla-rl export does
+            sizes = simulator_sizes(config)
+        with torch.device("meta"):
+            policy = robot_policy(config, sizes["obs_dim"], sizes["act_dim"], sizes.get("num_tasks"))
+    if lora is not None:
+        with torch.device("meta"):
+            policy.apply_lora(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
+                              target_modules=tuple(lora.target_modules),
+                              trainable_modules=tuple(lora.trainable_modules))
+    return policy
+
+
+def _policy_mismatch(policy, stored: dict[str, tuple[int, ...]]):
+    """How a checkpoint's policy tensors (``stored``: name -> shape) differ from ``policy``'s state,
+    as a strict load sees it: a tensor tied to another (stored once) is not missing when one of
+    its names is there."""
+    from policies.checkpoint_files import WeightMismatch, compare_shapes
+
+    state = policy.state_dict(keep_vars=True)
+    mismatch = compare_shapes({name: tuple(tensor.shape) for name, tensor in state.items()}, stored)
+    names_of: dict[int, set[str]] = {}
+    for name, tensor in state.items():
+        names_of.setdefault(id(tensor), set()).add(name)
+    missing = tuple(name for name in mismatch.missing if not names_of[id(state[name])] & stored.keys())
+    return WeightMismatch(missing, mismatch.unexpected, mismatch.mismatched)
 
 
 def absolute(path: str | Path) -> Path:

@@ -10,6 +10,10 @@ Two layouts load:
   "quantizer" transformers attaches is then cleared: the weights are plain tensors, and a
   quantizer would make ``save_pretrained`` refuse and trainers treat the model as frozen.
 
+No code from the checkpoint runs: a directory whose configuration files map an Auto class to a
+module of its own (``auto_map``) is refused, and every transformers call passes
+``trust_remote_code=False``.
+
 Loading is strict: weights whose names or shapes do not match the architecture of ``config.json``
 are an error naming the first few (transformers would leave those parameters randomly
 initialised and only log a table), unless ``allow_partial_load``; a tokenizer that encodes text to
@@ -44,6 +48,7 @@ from policies.checkpoint_files import (
     find_weight_files,
     load_tokenizer,
     read_safetensors_header,
+    refuse_custom_code,
     weight_mismatch_error,
 )
 
@@ -112,17 +117,21 @@ def load_pretrained(
 
     Raises:
         FileNotFoundError: see :func:`resolve_checkpoint`; no weights.
-        ValueError: an unknown ``dtype``; pickle weights without ``allow_pickle``; a damaged
-            safetensors file; weights that do not match the architecture (without
-            ``allow_partial_load``); a tokenizer that encodes nothing, has no EOS token or (chat
-            prompts) no chat template. Messages name the file.
+        ValueError: an unknown ``dtype``; custom code named by the directory (``auto_map``);
+            pickle weights without ``allow_pickle``; a damaged safetensors or GGUF file; weights
+            that do not match the architecture (without ``allow_partial_load``); a tokenizer that
+            encodes nothing, has no EOS token or (chat prompts) no chat template. Messages name
+            the file.
     """
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
     directory, gguf_file = resolve_checkpoint(model_path, gguf_file)
+    refuse_custom_code(directory)
     source = directory / gguf_file if gguf_file else directory
     options = {}
-    if gguf_file is None:
+    if gguf_file is not None:
+        check_gguf_file(source)  # a damaged file is named here, not deep in the gguf reader
+    else:
         weights = find_weight_files(directory, allow_pickle)
         if weights.format == "safetensors":
             for file in weights.files:
@@ -134,6 +143,7 @@ def load_pretrained(
         dtype=_DTYPES[dtype],
         attn_implementation=attn_implementation,
         local_files_only=True,
+        trust_remote_code=False,
         output_loading_info=True,
         ignore_mismatched_sizes=True,  # mismatches are reported below, by name, not as transformers' error
         **options,
@@ -159,42 +169,52 @@ def check_pretrained(
     prompt_format: str = "chat",
     allow_pickle: bool = False,
     allow_partial_load: bool = False,
-) -> None:
+) -> PreTrainedTokenizerBase:
     """Check a checkpoint as :func:`load_pretrained` would, without loading any weights.
 
-    A directory: ``config.json`` parses and names a known architecture; the tokenizer loads and
-    is usable (see :func:`~policies.checkpoint_files.check_tokenizer`); the weight files exist,
-    their safetensors headers are whole and, unless ``allow_partial_load``, their tensor names
-    and shapes match the architecture (built from the config on the ``meta`` device: no memory,
-    no initialisation). A GGUF file: it exists and starts with the GGUF magic bytes.
+    A directory: it names no custom code (``auto_map``); ``config.json`` parses and names a
+    known architecture; the tokenizer loads and is usable (see
+    :func:`~policies.checkpoint_files.check_tokenizer`); the weight files exist, their
+    safetensors headers are whole and, unless ``allow_partial_load``, their tensor names and
+    shapes match the architecture (built from the config on the ``meta`` device: no memory, no
+    initialisation). A GGUF file: its header reads and fits the file's size
+    (:func:`~policies.checkpoint_files.check_gguf_file`), and its tokenizer is usable.
+
+    Returns:
+        The checkpoint's tokenizer.
 
     Raises:
         FileNotFoundError, ValueError: the first problem; the message names the file.
     """
     directory, gguf_file = resolve_checkpoint(model_path, gguf_file)
+    refuse_custom_code(directory)
     if gguf_file is not None:
         check_gguf_file(directory / gguf_file)
-        return
+        tokenizer = load_tokenizer(directory, gguf_file)
+        check_tokenizer(tokenizer, directory / gguf_file, chat_template=prompt_format == "chat")
+        return tokenizer
     config_path = directory / "config.json"
     try:
         json.loads(config_path.read_text())
     except (ValueError, UnicodeDecodeError) as error:
         raise ValueError(f"{config_path}: not valid JSON ({error})") from None
     try:
-        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        config = AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
     except Exception as error:  # transformers raises ValueError, KeyError, TypeError, ... for bad configs
         raise ValueError(f"{config_path}: not a usable model config ({type(error).__name__}: {error})") from None
     weights = find_weight_files(directory, allow_pickle)
     found = checkpoint_shapes(weights)
-    check_tokenizer(load_tokenizer(directory), directory, chat_template=prompt_format == "chat")
+    tokenizer = load_tokenizer(directory)
+    check_tokenizer(tokenizer, directory, chat_template=prompt_format == "chat")
     if allow_partial_load:
-        return
+        return tokenizer
     try:
         mismatch = architecture_mismatch(config, found)
     except ValueError as error:  # transformers has no causal LM for this config class
         raise ValueError(f"{config_path}: {error}") from None
     if mismatch:
         raise weight_mismatch_error(weights.files[0] if len(weights.files) == 1 else directory, mismatch)
+    return tokenizer
 
 
 def architecture_mismatch(config, found: dict[str, tuple[int, ...]]) -> WeightMismatch:
@@ -204,7 +224,7 @@ def architecture_mismatch(config, found: dict[str, tuple[int, ...]]) -> WeightMi
     left out. The model is built on the ``meta`` device.
     """
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
     renamed, converted = _model_keys(model, found, expected)
     mismatch = compare_shapes(expected, {name: shape for name, shape in renamed.items() if name not in converted}

@@ -6,13 +6,17 @@ from simulators.experts.metaworld import MetaWorldExpert
 from simulators.experts.pick_place_can import PickPlaceCanExpert
 from simulators.experts.registry import (
     EXPERTS,
+    ExpertSteps,
     NoExpertError,
     expert_class,
+    horizon_problem,
     make_expert,
+    measured_steps,
     register_expert,
     tasks_with_expert,
 )
 from simulators.experts.stack import StackExpert
 
-__all__ = ["EXPERTS", "DoorExpert", "LiftExpert", "MetaWorldExpert", "NoExpertError", "PickPlaceCanExpert",
-           "StackExpert", "expert_class", "make_expert", "register_expert", "tasks_with_expert"]
+__all__ = ["EXPERTS", "DoorExpert", "ExpertSteps", "LiftExpert", "MetaWorldExpert", "NoExpertError",
+           "PickPlaceCanExpert", "StackExpert", "expert_class", "horizon_problem", "make_expert", "measured_steps",
+           "register_expert", "tasks_with_expert"]

@@ -33,10 +33,12 @@ hinge. ``robot0_eef_quat`` gives the hand's orientation, steered in closed loop.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 
-from simulators.experts.registry import register_expert
+from simulators.experts.measured_steps import ROBOSUITE_STEPS
+from simulators.experts.registry import ExpertSteps, register_expert
 from simulators.experts.scripting import (
     CLOSE,
     OPEN,
@@ -128,6 +130,9 @@ class DoorExpert:
     Raises:
         ValueError: if a needed observation key is missing.
     """
+
+    measured_steps: ClassVar[dict[str, ExpertSteps]] = ROBOSUITE_STEPS["Door"]
+    """Control steps of its demonstrations per robot (:mod:`simulators.experts.measured_steps`)."""
 
     needed_keys = ("robot0_eef_pos", "robot0_eef_quat", "door_pos", "handle_pos", "handle_qpos")
 

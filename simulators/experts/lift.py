@@ -8,10 +8,12 @@ gripper after the grasp, it starts over from above the cube.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 
-from simulators.experts.registry import register_expert
+from simulators.experts.measured_steps import ROBOSUITE_STEPS
+from simulators.experts.registry import ExpertSteps, register_expert
 
 MAX_DELTA_M = 0.05
 """Position change commanded by an action of 1.0 (``OSC_POSE`` default output range), metres."""
@@ -43,6 +45,9 @@ class LiftExpert:
     Raises:
         ValueError: if a needed observation key is missing.
     """
+
+    measured_steps: ClassVar[dict[str, ExpertSteps]] = ROBOSUITE_STEPS["Lift"]
+    """Control steps of its demonstrations per robot (:mod:`simulators.experts.measured_steps`)."""
 
     needed_keys = ("robot0_eef_pos", "cube_pos")
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from simulators.experts.registry import register_expert
-from simulators.metaworld_env import METAWORLD_OBS_LAYOUT, METAWORLD_V3_TASKS, OBS_DIM
+from simulators.experts.measured_steps import METAWORLD_STEPS
+from simulators.experts.registry import ExpertSteps, register_expert
+from simulators.metaworld_env import METAWORLD_OBS_LAYOUT, METAWORLD_V3_TASKS, OBS_DIM, ROBOT
 from simulators.rendering import setup_headless_rendering
 
 TASKS_WITH_POLICY: tuple[str, ...] = METAWORLD_V3_TASKS
@@ -40,6 +41,9 @@ class MetaWorldExpert:
 
     task: str = ""
     """The MetaWorld task this expert solves (set by each registered subclass)."""
+    measured_steps: ClassVar[dict[str, ExpertSteps]] = {}
+    """Control steps of its demonstrations, keyed by MetaWorld's robot (``"Sawyer"``; set by each
+    registered subclass from :data:`simulators.experts.measured_steps.METAWORLD_STEPS`)."""
 
     def __init__(self, obs_layout: Mapping[str, slice]) -> None:
         if dict(obs_layout) != METAWORLD_OBS_LAYOUT:
@@ -83,6 +87,7 @@ EXPERT_CLASSES: dict[str, type[MetaWorldExpert]] = {}
 
 for _task in TASKS_WITH_POLICY:
     EXPERT_CLASSES[_task] = register_expert("metaworld", _task)(
-        type(_expert_class_name(_task), (MetaWorldExpert,), {"task": _task, "__module__": __name__})
+        type(_expert_class_name(_task), (MetaWorldExpert,),
+             {"task": _task, "measured_steps": {ROBOT: METAWORLD_STEPS[_task]}, "__module__": __name__})
     )
 del _task

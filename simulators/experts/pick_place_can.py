@@ -17,10 +17,12 @@ matter and the expert commands zero rotation.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 
-from simulators.experts.registry import register_expert
+from simulators.experts.measured_steps import ROBOSUITE_STEPS
+from simulators.experts.registry import ExpertSteps, register_expert
 from simulators.experts.scripting import CLOSE, OPEN, observation_slices, osc_action
 
 TARGET_XY_M = np.array([0.1975, 0.4025])
@@ -64,6 +66,9 @@ class PickPlaceCanExpert:
     Raises:
         ValueError: if a needed observation key is missing.
     """
+
+    measured_steps: ClassVar[dict[str, ExpertSteps]] = ROBOSUITE_STEPS["PickPlaceCan"]
+    """Control steps of its demonstrations per robot (:mod:`simulators.experts.measured_steps`)."""
 
     needed_keys = ("robot0_eef_pos", "Can_pos")
 

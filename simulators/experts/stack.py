@@ -16,10 +16,12 @@ position deltas only (zero rotation): the fingers square a rotated cube up as th
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 
-from simulators.experts.registry import register_expert
+from simulators.experts.measured_steps import ROBOSUITE_STEPS
+from simulators.experts.registry import ExpertSteps, register_expert
 from simulators.experts.scripting import CLOSE, OPEN, observation_slices, osc_action
 
 HOVER_HEIGHT_M = 0.08
@@ -59,6 +61,9 @@ class StackExpert:
     Raises:
         ValueError: if a needed observation key is missing.
     """
+
+    measured_steps: ClassVar[dict[str, ExpertSteps]] = ROBOSUITE_STEPS["Stack"]
+    """Control steps of its demonstrations per robot (:mod:`simulators.experts.measured_steps`)."""
 
     needed_keys = ("robot0_eef_pos", "cubeA_pos", "cubeB_pos")
 

@@ -75,3 +75,30 @@ def test_eval_command_again_redoes_nothing(evaluated, tiny_run):
 def test_eval_of_a_missing_step_is_a_one_line_error(tiny_run, capsys):
     assert main(["eval", str(tiny_run), "--steps", "7"]) == 2
     assert "no checkpoint of step(s) [7]" in capsys.readouterr().err
+
+
+def test_a_damaged_store_is_refused_then_set_aside_and_its_episodes_run_again(evaluated, tiny_run, tmp_path, capsys):
+    """A truncated chunk of an evaluated run's store: `vla-rl eval` refuses in one line naming the
+    store and the array, keeps the report; moved aside as the message says, the same command runs
+    the store's episodes again and reports the same figures."""
+    import shutil
+
+    run_dir = tmp_path / "tiny"
+    shutil.copytree(tiny_run, run_dir)
+    eval_dir, store = run_dir / "eval", run_dir / "eval" / "episodes" / "robosuite_lift" / "rank0.zarr"
+    chunk = store / "length" / "c" / "3"
+    chunk.write_bytes(chunk.read_bytes()[:8])
+    report = (eval_dir / "report.json").read_bytes(), (eval_dir / "report.md").read_bytes()
+    assert main(["eval", str(run_dir), *EVAL]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"evaluation store {store} is damaged: array 'length', episode 3 (chunk length/c/3)" in err
+    assert ((eval_dir / "report.json").read_bytes(), (eval_dir / "report.md").read_bytes()) == report
+    command = err[err.index("mv "):].split()
+    assert command == ["mv", str(store), f"{store}.damaged"]
+    store.rename(command[2])
+    assert main(["eval", str(run_dir), *EVAL]) == 0
+    assert len(TrajectoryStore.open(store, read_only=True)) == 8
+    rows = json.loads(report[0])["results"]
+    again = json.loads((eval_dir / "report.json").read_text())["results"]
+    assert [{k: r[k] for k in ("checkpoint_step", "protocol", "episodes")} for r in again] == [
+        {k: r[k] for k in ("checkpoint_step", "protocol", "episodes")} for r in rows]

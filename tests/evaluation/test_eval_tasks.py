@@ -1,8 +1,10 @@
 """`vla-rl eval` over several tasks, end to end (Ray on loopback, one DAG worker, simulator actors):
 a task-set checkpoint is evaluated on each of its tasks with the overall rate; an evaluation that
-crashes in its second task leaves the report of the first, and the same command then finishes
-without redoing it; a single-task Lift checkpoint on the robosuite benchmark reports the tasks
-whose observation layout it cannot read as skipped, with the reason, before any rollout."""
+crashes in its second task leaves the report of the first (the last one written before the crash,
+untouched by it), and the same command then finishes without redoing it; a single-task Lift
+checkpoint on the robosuite benchmark reports the tasks whose observation layout it cannot read as
+skipped, with the reason, before any rollout; a MetaWorld run's videos come from MetaWorld's
+camera."""
 
 from __future__ import annotations
 
@@ -58,6 +60,8 @@ def test_a_crash_in_a_task_keeps_the_finished_ones_then_the_evaluation_finishes(
     eval_dir = task_set_run / "eval"
     run_evaluation = group_module.run_evaluation
 
+    reports = []  # the report files as the crash found them
+
     def crash_in_the_third_pass(workers, step, tag, video, progress=None):
         passes = []
 
@@ -65,6 +69,7 @@ def test_a_crash_in_a_task_keeps_the_finished_ones_then_the_evaluation_finishes(
             progress(metrics)
             passes.append(metrics)
             if len(passes) == 3:
+                reports.append([(eval_dir / name).read_bytes() for name in ("report.json", "report.md")])
                 raise RuntimeError("injected crash in task push-v3")
 
         return run_evaluation(workers, step, tag, video, progress=watch)
@@ -72,6 +77,7 @@ def test_a_crash_in_a_task_keeps_the_finished_ones_then_the_evaluation_finishes(
     monkeypatch.setattr(group_module, "run_evaluation", crash_in_the_third_pass)
     with pytest.raises(RuntimeError, match="injected crash"):
         evaluate([str(task_set_run)], EVAL)
+    assert reports == [[(eval_dir / name).read_bytes() for name in ("report.json", "report.md")]]  # not rewritten
     report = json.loads((eval_dir / "report.json").read_text())
     assert report["task_status"] == {"reach-v3": "complete", "push-v3": "incomplete"}
     assert [(r["task"], r["protocol"], r["episodes"]) for r in report["results"]] == [
@@ -127,3 +133,40 @@ def test_a_lift_checkpoint_on_the_robosuite_benchmark_skips_the_tasks_it_cannot_
     assert "door_pos 3" in reasons["Door"] and "Can_pos 3" in reasons["PickPlaceCan"]
     assert sorted(p.name for p in (eval_dir / "episodes").iterdir()) == ["Lift"]  # nothing else was rolled out
     assert "## Skipped tasks" in (eval_dir / "report.md").read_text()
+
+
+def test_a_metaworld_run_is_evaluated_with_videos_from_metaworld_s_camera(ray_on_loopback, tmp_path):
+    """A run that sets no eval.video_camera: its videos come from the simulator's own camera
+    (MetaWorld's corner; robosuite's agentview is no MetaWorld camera), on the run's own task."""
+    run_dir = write_run(tmp_path, "embodied_srpo", ["simulator.name=metaworld", "simulator.env={horizon: 60}",
+                                                    "policy.config.hidden_sizes=[8]"],
+                        MLPPolicyConfig(obs_dim=39, action_dim=4, hidden_sizes=(8,)))
+    assert main(["eval", str(run_dir), *EVAL, "eval.video_episodes=1", "eval.video_size=32",
+                 "eval.protocols=[greedy]"]) == 0
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    assert report["task_status"] == {"metaworld": "complete"}
+    videos = report["videos"]
+    assert videos and all((run_dir / "eval" / v["file"]).stat().st_size > 0 for v in videos)
+
+
+@pytest.mark.parametrize(("run_overrides", "eval_overrides", "camera"), [
+    ([], [], "corner"),  # MetaWorld's own camera (eval.video_camera's default, agentview, is robosuite's)
+    (["eval.video_camera=corner2"], [], "corner2"),  # the run's camera
+    (["eval.video_camera=corner2"], ["eval.video_camera=topview"], "topview"),  # the evaluation's override
+])
+def test_the_video_camera_is_the_run_s_else_the_simulator_s(run_overrides, eval_overrides, camera, tmp_path):
+    from vla_rl.evaluation.video import video_camera
+
+    run_dir = write_run(tmp_path, "embodied_srpo", ["simulator.name=metaworld", "simulator.env={horizon: 60}",
+                                                    "policy.config.hidden_sizes=[8]", *run_overrides],
+                        MLPPolicyConfig(obs_dim=39, action_dim=4, hidden_sizes=(8,)))
+    _, loaded, _ = prepare_eval_dir([str(run_dir)], eval_overrides)
+    assert video_camera(loaded.config, "metaworld") == camera
+
+
+def test_a_robosuite_run_keeps_agentview():
+    from vla_rl.dag.loader import load_template
+    from vla_rl.evaluation.video import video_camera
+
+    assert video_camera(load_template("embodied_srpo").config, "robosuite_lift") == "agentview"
+    assert video_camera(load_template("embodied_srpo_mt10").config, "metaworld") == "corner"  # the template's

@@ -92,3 +92,79 @@ def test_expert_success_rate_over_50_initial_states(task_env):
     assert successes / len(results) >= MIN_SUCCESS_RATE, (
         f"{task}: {successes}/50 successes; failed from {[DEMO_OFFSET + i for i, r in enumerate(results) if not r[0]]}"
     )
+
+
+def test_every_expert_has_its_measured_steps():
+    """With every robosuite robot a config accepts, and for every MetaWorld task (robot Sawyer)."""
+    from simulators.experts import measured_steps
+    from simulators.experts.measured_steps import METAWORLD_STEPS
+    from simulators.metaworld_env import METAWORLD_V3_TASKS, MetaWorldEnvConfig
+    from simulators.robosuite_env import SINGLE_ARM_ROBOTS, RobosuiteEnvConfig
+
+    tables = [*(cls.measured_steps for cls in EXPERTS.values()),
+              *({"Sawyer": steps} for steps in METAWORLD_STEPS.values())]
+    for table in tables:
+        for steps in table.values():
+            assert steps.successes <= steps.episodes
+            assert steps.successes == 0 or 0 < steps.fewest <= steps.median <= steps.most
+    for task, cls in EXPERTS.items():
+        assert set(cls.measured_steps) == set(SINGLE_ARM_ROBOTS), task
+        assert measured_steps("robosuite", RobosuiteEnvConfig(task=task, robot="UR5e")) is cls.measured_steps["UR5e"]
+    assert set(METAWORLD_STEPS) == set(METAWORLD_V3_TASKS)
+    for task in METAWORLD_V3_TASKS:
+        assert measured_steps("metaworld", MetaWorldEnvConfig(task=task)) is METAWORLD_STEPS[task]
+
+
+@pytest.mark.parametrize(("simulator", "env"), [
+    ("robosuite", {"task": "Lift"}), ("robosuite", {"task": "Lift", "robot": "Sawyer"}),
+    ("metaworld", {"task": "reach-v3"})])
+def test_the_measured_steps_hold(simulator, env):
+    """The first two demonstration initial states again (the experts are deterministic)."""
+    from simulators.experts import measured_steps
+    from simulators.experts.measure import expert_episode_steps
+    from simulators.registry import build_env_config
+
+    steps = expert_episode_steps(simulator, {**env, "horizon": 200}, episodes=2)
+    measured = measured_steps(simulator, build_env_config(simulator, env))
+    assert all(measured.fewest <= s <= measured.most for s in steps if s is not None) and any(steps), steps
+
+
+@pytest.mark.parametrize(("simulator", "env", "expected"), [
+    ("robosuite", {"task": "PickPlaceCan", "horizon": 30}, ("simulator.env.horizon", "at least 131")),
+    ("robosuite", {"task": "PickPlaceCan", "horizon": 89}, None),  # the fewest measured: some demonstrations
+    ("robosuite", {"task": "Lift", "robot": "Sawyer", "horizon": 30}, ("simulator.env.horizon", "38-58 control steps")),
+    ("robosuite", {"task": "Lift", "robot": "Jaco"}, ("simulator.env.robot", "no success in 5 episodes")),
+    ("robosuite", {"task": "Lift", "robot": "PandaOmron"}, ("simulator.env.robot", "the PandaOmron takes 12")),
+    ("robosuite", {"task": "Door", "robot": "Jaco"}, None),
+    ("robosuite", {}, None),
+    ("metaworld", {"task": "shelf-place-v3", "horizon": 75}, ("simulator.env.horizon", "76-252 control steps")),
+    ("metaworld", {"task": "shelf-place-v3", "horizon": 150}, None),
+])
+def test_a_horizon_or_robot_the_expert_cannot_work_with_is_named(simulator, env, expected):
+    from simulators.experts import horizon_problem
+    from simulators.registry import build_env_config
+
+    problem = horizon_problem(simulator, build_env_config(simulator, env))
+    if expected is None:
+        assert problem is None
+    else:
+        assert problem[0] == expected[0] and expected[1] in problem[1] and "warm_start.num_demos=0" in problem[1]
+
+
+def test_an_expert_that_makes_too_few_demonstrations_names_the_horizon():
+    from vla_rl.dag.loader import load_template
+    from vla_rl.errors import RunStopped
+    from vla_rl.nodes.warm_start import too_few_demonstrations
+
+    for overrides, measured in [
+        (["simulator.env.task=PickPlaceCan", "simulator.env.horizon=95"], "PickPlaceCan: 89-131 control steps"),
+        (["simulator.tasks=[door-close-v3,shelf-place-v3]", "simulator.env.horizon=80"], "shelf-place-v3: 76-252"),
+    ]:
+        template = "embodied_srpo_mt10" if "tasks" in overrides[0] else "embodied_srpo"
+        sim = load_template(template, [*overrides, "data.init_states_per_step=2"]).config.simulator
+        error = too_few_demonstrations(RuntimeError("the scripted expert produced 0 of 2 demonstrations"), sim)
+        assert isinstance(error, RunStopped)
+        message = str(error)
+        assert message.startswith("the scripted expert produced 0 of 2 demonstrations: each expert episode ends after "
+                                  f"simulator.env.horizon={overrides[1].split('=')[1]} control steps")
+        assert measured in message and "warm_start.num_demos=0" in message

@@ -48,3 +48,49 @@ def test_task_names_are_robosuites_single_arm_tasks():
     assert set(SINGLE_ARM_TASKS) == {name for name in robosuite.ALL_ENVIRONMENTS if not name.startswith("TwoArm")}
     with pytest.raises(ValueError, match="task must be a single-arm robosuite task.*got 'Stak'"):
         RobosuiteEnvConfig(task="Stak")
+
+
+def test_robot_names_are_robosuites_single_arm_robots():
+    """Every registered one-arm robot except SpotWithArmFloating (robosuite cannot build it with
+    an arm controller alone: KeyError 'base'); an unknown name is refused when the config is made."""
+    from robosuite.models.robots.robot_model import REGISTERED_ROBOTS
+    from robosuite.robots import ROBOT_CLASS_MAPPING
+
+    from simulators.robosuite_env import SINGLE_ARM_ROBOTS
+
+    single_arm = {name for name in ROBOT_CLASS_MAPPING if REGISTERED_ROBOTS[name]().arm_type == "single"}
+    assert set(SINGLE_ARM_ROBOTS) == single_arm - {"SpotWithArmFloating"}
+    assert RobosuiteEnvConfig(robot="Sawyer").robot == "Sawyer"
+    for robot in ("NoSuchRobot", "Baxter", "SpotWithArmFloating"):
+        with pytest.raises(ValueError, match=f"must be a single-arm robosuite robot, one of IIWA, .*got '{robot}'"):
+            RobosuiteEnvConfig(robot=robot)
+
+
+@pytest.mark.parametrize(("robot", "state_dim", "action_dim"), [
+    ("Panda", 11, 7), ("Sawyer", 11, 7), ("UR5e", None, 7), ("PandaOmron", None, None)])
+def test_sizes_known_before_the_environment_follow_the_robot(robot, state_dim, action_dim):
+    """Measured with Lift: 11 state values with a Panda or a Sawyer (a 2-value gripper), 15 with the
+    other arms; 7 action values for the arms with a one-value gripper, 12 for the PandaOmron."""
+    config = RobosuiteEnvConfig(robot=robot)
+    assert (config.state_dim, config.action_dim) == (state_dim, action_dim)
+
+
+def test_robosuite_imports_quietly_in_simulator_processes():
+    """Its import printed five warnings in every simulator process (no private macro file, no
+    robosuite_models, no mink IK): they go below the console level; robosuite's errors still show."""
+    import subprocess
+    import sys
+
+    script = ("from simulators.robosuite_env import quiet_robosuite_imports\n"
+              "{}\n"
+              "import robosuite\n"
+              "from robosuite.utils.log_utils import ROBOSUITE_DEFAULT_LOGGER\n"
+              "ROBOSUITE_DEFAULT_LOGGER.error('an error still shows')\n")
+    quiet = subprocess.run([sys.executable, "-c", script.format("quiet_robosuite_imports()")], capture_output=True,
+                           text=True, timeout=120, check=True)
+    loud = subprocess.run([sys.executable, "-c", script.format("")], capture_output=True, text=True, timeout=120,
+                          check=True)
+    assert "No private macro file found" in loud.stdout + loud.stderr
+    output = quiet.stdout + quiet.stderr
+    assert "WARNING" not in output and "No private macro file" not in output
+    assert "an error still shows" in output

@@ -16,14 +16,15 @@ depends only on the file's metadata, so every worker computes it alone, without 
 
 :meth:`PromptFile.validate` and :func:`shard_steps_per_epoch` check a file before any worker reads
 it (the run's pre-flight, :mod:`vla_rl.preflight`): parquet from its footer and schema alone,
-JSONL line by line. Every error names the file (and the line or column).
+JSONL line by line; :meth:`PromptFile.iter_rows` then streams every row (the pre-flight's checks
+of data sources and prompt lengths). Every error names the file (and the line or column).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -219,6 +220,31 @@ class PromptFile:
         if self.num_rows == 0:
             raise ValueError(f"{self.path}: the file has no rows")
 
+    def iter_rows(self, batch_size: int = 1024) -> Iterator[list[PromptRow]]:
+        """Every row of the file, in file order, ``batch_size`` rows at a time (the last batch may
+        be shorter); parquet reads only the required columns, a record batch at a time.
+
+        Raises:
+            ValueError: an invalid row (see :class:`PromptRow`); the message names the file.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if self.is_parquet:
+            start = 0
+            for batch in self._parquet.iter_batches(batch_size=batch_size, columns=list(REQUIRED_COLUMNS)):
+                records = batch.to_pylist()
+                yield [_to_row(record, start + i, self.path, ()) for i, record in enumerate(records)]
+                start += len(records)
+            return
+        rows = []
+        for index, (line_number, line) in enumerate(self._jsonl_lines()):
+            rows.append(self._jsonl_row(index, line_number, line, ()))
+            if len(rows) == batch_size:
+                yield rows
+                rows = []
+        if rows:
+            yield rows
+
     def _jsonl_lines(self) -> Iterable[tuple[int, bytes]]:
         """``(1-based line number, line)`` of the file's non-blank lines."""
         with self.path.open("rb") as lines:
@@ -286,6 +312,20 @@ class PromptFile:
         """
         self.check_shards(num_shards)
         return [sum(self._units[shard::num_shards]) for shard in range(num_shards)]
+
+    def shard_row_indices(self, shard: int, num_shards: int) -> list[int]:
+        """The file positions (:attr:`PromptRow.index`) of the rows of shard ``shard`` of
+        ``num_shards``, in the order :meth:`read_shard` returns them, from metadata alone.
+
+        Raises:
+            ValueError: bad shard numbers, or too few read units.
+        """
+        if not 0 <= shard < num_shards:
+            raise ValueError(f"shard {shard} outside [0, {num_shards})")
+        self.check_shards(num_shards)
+        starts = np.concatenate([[0], np.cumsum(self._units)])
+        return [index for unit in range(shard, len(self._units), num_shards)
+                for index in range(int(starts[unit]), int(starts[unit + 1]))]
 
     def read_shard(self, shard: int, num_shards: int, extra_columns: Sequence[str] = ()) -> list[PromptRow]:
         """The rows of shard ``shard`` of ``num_shards``, in file order.

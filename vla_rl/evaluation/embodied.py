@@ -40,18 +40,20 @@ from vla_rl.evaluation.benchmarks import (
 )
 from vla_rl.evaluation.compatibility import incompatibility, one_hot_tasks, trained_on
 from vla_rl.evaluation.episode_store import (
+    STORE_PATTERN,
     VIDEOS_DIR,
     EpisodeKey,
     append_episodes,
     check_task_settings,
     open_rank_store,
+    reading_store,
     stored_keys,
     task_dir,
 )
 from vla_rl.evaluation.protocol import ProtocolPolicy
 from vla_rl.evaluation.replay import episode_env_actions, replay_episodes
 from vla_rl.evaluation.session import EvaluationSession
-from vla_rl.evaluation.video import record_video
+from vla_rl.evaluation.video import record_video, video_camera
 from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl.trainers import checkpoint as ckpt
 from vla_rl.utils.video import write_mp4
@@ -233,7 +235,7 @@ class EmbodiedEvaluation(EvaluationSession):
         from simulators.pool import SimulatorPool
 
         ev, sim = self.config.eval, self.config.simulator
-        render = {"render_camera": ev.video_camera, "render_size": ev.video_size}
+        render = {"render_camera": video_camera(self.config, sim.name), "render_size": ev.video_size}
         envs = [{**env, **render} for env in sim.task_envs()]
         pool = SimulatorPool(sim.name, envs if sim.multi_task else envs[0], num_actors=1,
                              envs_per_actor=ev.video_episodes, actor_options={"num_cpus": 0},
@@ -273,7 +275,7 @@ class EmbodiedEvaluation(EvaluationSession):
                 continue
             from simulators.pool import SimulatorPool
 
-            env = {**task.env, "render_camera": ev.video_camera, "render_size": ev.video_size}
+            env = {**task.env, "render_camera": video_camera(self.config, task.simulator), "render_size": ev.video_size}
             pool = SimulatorPool(task.simulator, env, num_actors=1, envs_per_actor=1, actor_options={"num_cpus": 0},
                                  step_timeout_s=self.config.simulator.step_timeout_s)
             try:  # one environment, one episode after the other: rendering dominates anyway
@@ -305,9 +307,10 @@ class EmbodiedEvaluation(EvaluationSession):
         """
         wanted = set(self.init_state_ids.tolist())
         candidates = []  # (protocol index, failed, init_state_id, store, episode index)
-        for path in sorted(task_dir(self.eval_dir, task.name).glob("rank*.zarr")):
-            store = TrajectoryStore.open(path, read_only=True)
-            data = store.read_all() if len(store) else {}
+        for path in sorted(task_dir(self.eval_dir, task.name).glob(STORE_PATTERN)):
+            with reading_store(path):
+                store = TrajectoryStore.open(path, read_only=True)
+                data = store.read_scalars() if len(store) else {}
             for i in range(len(store)):
                 if int(data["checkpoint_step"][i]) != step or int(data["init_state_id"][i]) not in wanted:
                     continue
@@ -320,7 +323,8 @@ class EmbodiedEvaluation(EvaluationSession):
             for failed in (False, True):
                 chosen = sorted((c for c in candidates if c[:2] == (p, failed)), key=lambda c: c[2])[:count]
                 for *_, store, i in chosen:
-                    episode = store.read_episode(i)
+                    with reading_store(store.path):
+                        episode = store.read_episode(i)
                     actions = episode_env_actions(store, episode, self.res.policy.actions_are_env_actions)
                     picked.append((protocol.label, episode, actions))
         return picked

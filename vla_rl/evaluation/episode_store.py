@@ -13,11 +13,20 @@ replay executes these) and ``log_probs`` ``(chunk,)`` (not for a policy without 
 distribution, whose log-probs are undefined); its scalars are the :class:`EpisodeKey` fields plus
 ``success``, ``truncated`` and ``finish_step``. Stores written before ``env_actions`` existed lack
 it (:func:`vla_rl.evaluation.replay.episode_env_actions` says when their ``actions`` can stand in).
+
+A store that cannot be read (a truncated ``zarr.json`` or chunk, a missing array: a disk that
+filled up, a copy cut short) is a :class:`DamagedStoreError` naming the store and the array, with
+the way out: move it aside (``mv STORE STORE.damaged``) and run the same command again, which
+re-runs the episodes it held (a set-aside store no longer matches ``rank*.zarr``).
+:func:`check_stores` reads every store of an evaluation directory before ``vla-rl eval`` writes
+anything; the reads of the driver and the workers go through :func:`reading_store`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,10 +34,145 @@ import numpy as np
 from tensordict import TensorDict
 
 from vla_rl.data import keys
-from vla_rl.data.trajectory_store import TrajectoryStore
+from vla_rl.data.trajectory_store import LENGTH_KEY, TrajectoryStore
+from vla_rl.errors import RunStopped
+from vla_rl.evaluation.targets import EvalInputError
 
 EPISODES_DIR = "episodes"
 VIDEOS_DIR = "videos"
+STORE_PATTERN = "rank*.zarr"
+"""The stores of a task directory (``rank<r>.zarr``); a store set aside as ``rank<r>.zarr.damaged``
+does not match."""
+SET_ASIDE_SUFFIX = ".damaged"
+"""What the message of a :class:`DamagedStoreError` says to append to the store's name."""
+_CHECK_BLOCK_BYTES = 64 << 20
+"""Most bytes of one array :func:`check_store` decompresses at once."""
+_BLOSC_HEADER_BYTES = 16
+"""A Blosc frame's header: version, flags, type size, then uncompressed, block and compressed
+sizes (4 bytes little-endian each; the compressed size, the frame's own, at bytes 12-15)."""
+
+
+class DamagedStoreError(EvalInputError, RunStopped):
+    """An evaluation store that cannot be read; the message names the store, the array and the
+    command that sets the store aside. An input error of ``vla-rl eval`` (one line, exit status 2),
+    found before anything is written, or, for a store damaged during the evaluation, by a worker
+    (a :class:`~vla_rl.errors.RunStopped`, which the driver re-raises without the Ray traceback)."""
+
+
+def damaged_store(path: Path, what: str, error: BaseException | str) -> DamagedStoreError:
+    """The error for store ``path`` whose ``what`` (``"array 'obs', episode 3 (chunk obs/c/3/0/0)"``)
+    cannot be read because of ``error``."""
+    cause = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    cause = " ".join(cause.split())
+    cause = cause if len(cause) <= 200 else cause[:197] + "..."
+    return DamagedStoreError(
+        f"evaluation store {path} is damaged: {what} cannot be read ({cause}); set it aside and run the same "
+        f"command again, which re-runs its episodes: mv {path} {path}{SET_ASIDE_SUFFIX}")
+
+
+def check_store(path: Path) -> None:
+    """Read all of the store at ``path``: its attributes, and every committed episode of every
+    array (fields, scalars, lengths; in blocks of at most 64 MiB), and compare each chunk file's
+    size with its Blosc header's, so that a damaged one is named before an evaluation starts. A
+    chunk that is missing reads as zeros, which only the lengths (at least 1 for an episode) reveal.
+
+    Raises:
+        DamagedStoreError: the first array (or the attributes) that cannot be read.
+    """
+    import zarr
+
+    path = Path(path)
+    try:
+        store = TrajectoryStore.open(path, read_only=True)
+        group = zarr.open_group(path, mode="r", zarr_format=3)
+    except Exception as err:  # JSON, zarr and OS errors alike: the store cannot be opened
+        raise damaged_store(path, "its attributes (zarr.json)", err) from None
+    n = len(store)
+    for name in (LENGTH_KEY, *store.scalars, *store.fields):
+        try:
+            array = group[name]
+        except Exception as err:
+            raise damaged_store(path, f"array {name!r} ({name}/zarr.json)", err) from None
+        if array.shape[0] < n:
+            raise damaged_store(path, f"array {name!r}", f"it holds {array.shape[0]} episodes, the store "
+                                f"committed {n}")
+        per_episode = max(1, int(np.prod(array.shape[1:], dtype=np.int64)) * array.dtype.itemsize)
+        block = max(1, _CHECK_BLOCK_BYTES // per_episode)
+        for start in range(0, n, block):
+            stop = min(n, start + block)
+            try:
+                values = np.asarray(array[start:stop])
+            except Exception as err:
+                episode = _first_unreadable(array, start, stop)
+                chunk = "/".join([name, "c", str(episode), *["0"] * (array.ndim - 1)])
+                raise damaged_store(path, f"array {name!r}, episode {episode} (chunk {chunk})", err) from None
+            if name == LENGTH_KEY:
+                bad = np.flatnonzero((values < 1) | (values > store.max_steps))
+                if len(bad):
+                    episode = start + int(bad[0])
+                    raise damaged_store(path, f"array {name!r}, episode {episode} (chunk {name}/c/{episode})",
+                                        f"length {int(values[bad[0]])} outside [1, {store.max_steps}]: its chunk "
+                                        "is missing or wrong")
+        _check_chunk_sizes(path, name, array, n)
+
+
+def _check_chunk_sizes(path: Path, name: str, array, n: int) -> None:
+    """Compare each committed episode's chunk file of a Blosc-compressed array with the size its
+    Blosc header states: Blosc decodes a truncated chunk of incompressible data (stored as is)
+    without an error, into garbage."""
+    from zarr.codecs import BloscCodec
+
+    if len(array.compressors) != 1 or not isinstance(array.compressors[0], BloscCodec) or array.filters:
+        return
+    for episode in range(n):
+        chunk = "/".join([name, "c", str(episode), *["0"] * (array.ndim - 1)])
+        file = path / chunk
+        try:
+            size = file.stat().st_size
+            with file.open("rb") as handle:
+                header = handle.read(_BLOSC_HEADER_BYTES)
+        except FileNotFoundError:
+            continue  # a chunk of fill values (zeros) is not written
+        except OSError as err:
+            raise damaged_store(path, f"array {name!r}, episode {episode} (chunk {chunk})", err) from None
+        stated = int.from_bytes(header[12:16], "little") if len(header) == _BLOSC_HEADER_BYTES else -1
+        if stated != size:
+            raise damaged_store(path, f"array {name!r}, episode {episode} (chunk {chunk})",
+                                f"the chunk file holds {size} bytes, its Blosc header {max(stated, 0)}: truncated")
+
+
+def _first_unreadable(array, start: int, stop: int) -> int:
+    """The first episode in ``[start, stop)`` of a zarr array whose chunk does not decode."""
+    for episode in range(start, stop):
+        try:
+            np.asarray(array[episode])
+        except Exception:
+            return episode
+    return start
+
+
+def check_stores(eval_dir: Path) -> None:
+    """:func:`check_store` on every store of the evaluation directory (``episodes/*/rank*.zarr``).
+
+    Raises:
+        DamagedStoreError: the first store that cannot be read.
+    """
+    for path in sorted(Path(eval_dir).glob(f"{EPISODES_DIR}/*/{STORE_PATTERN}")):
+        check_store(path)
+
+
+@contextmanager
+def reading_store(path: Path) -> Iterator[None]:
+    """Reads of the store at ``path``: an error raised by them becomes a :class:`DamagedStoreError`
+    naming the store and the damaged array when :func:`check_store` finds the store damaged (else
+    it propagates as it is)."""
+    try:
+        yield
+    except DamagedStoreError:
+        raise
+    except Exception:
+        check_store(path)  # raises the DamagedStoreError that names the array
+        raise
 
 
 @dataclass(frozen=True, order=True)
@@ -63,8 +207,9 @@ def check_task_settings(eval_dir: Path, task: str, simulator: str, env: dict) ->
         ValueError: a store holds episodes of other settings (naming the store and both settings).
     """
     expected = json.loads(json.dumps({"simulator": simulator, "env": env}))
-    for path in sorted(task_dir(eval_dir, task).glob("rank*.zarr")):
-        attrs = TrajectoryStore.open(path, read_only=True).attrs
+    for path in sorted(task_dir(eval_dir, task).glob(STORE_PATTERN)):
+        with reading_store(path):
+            attrs = TrajectoryStore.open(path, read_only=True).attrs
         found = {"simulator": attrs["simulator"], "env": attrs["env"]}
         if found != expected:
             raise ValueError(f"{path} holds episodes of task {task!r} with {found}, not {expected}; evaluate "
@@ -72,9 +217,16 @@ def check_task_settings(eval_dir: Path, task: str, simulator: str, env: dict) ->
 
 
 def stored_keys(eval_dir: Path, task: str) -> set[EpisodeKey]:
-    """Keys of every committed episode of ``task`` in all ranks' stores (read-only)."""
-    return {key for path in sorted(task_dir(eval_dir, task).glob("rank*.zarr"))
-            for key in episode_keys(TrajectoryStore.open(path, read_only=True))}
+    """Keys of every committed episode of ``task`` in all ranks' stores (read-only).
+
+    Raises:
+        DamagedStoreError: a store cannot be read.
+    """
+    keys_found: set[EpisodeKey] = set()
+    for path in sorted(task_dir(eval_dir, task).glob(STORE_PATTERN)):
+        with reading_store(path):
+            keys_found.update(episode_keys(TrajectoryStore.open(path, read_only=True)))
+    return keys_found
 
 
 def open_rank_store(eval_dir: Path, task: str, rank: int, spec: dict, chunk: int, attrs: dict,
@@ -92,7 +244,8 @@ def open_rank_store(eval_dir: Path, task: str, rank: int, spec: dict, chunk: int
     """
     path = task_dir(eval_dir, task) / f"rank{rank}.zarr"
     if path.exists():
-        return TrajectoryStore.open(path)
+        with reading_store(path):
+            return TrajectoryStore.open(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     obs_dim, act_dim = int(spec["obs_dim"]), int(spec["act_dim"])
     own_action_dim = act_dim if own_action_dim is None else int(own_action_dim)

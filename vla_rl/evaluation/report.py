@@ -6,8 +6,10 @@ planned episode counts once, whatever the stores hold.
 The driver writes it as the evaluation goes (:class:`ReportProgress`): whenever a task has all of
 its planned episodes stored, that task's figures go to ``results/<task>.json`` and the report is
 written again with every finished task, the tasks skipped before any rollout (with the reason)
-and the state of the others; so an evaluation that crashes in task ``k`` leaves the report of
-tasks ``1 .. k-1``.
+and the state of the others; it is written too when a task's state changes otherwise (its first
+episodes are stored). An evaluation that fails writes nothing more: it leaves the last report
+written, as of the last step that finished, so one that crashes in task ``k`` leaves the report of
+tasks ``1 .. k-1`` (task ``k`` ``incomplete`` if a step had stored some of its episodes).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import numpy as np
 
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.evaluation.episode_store import (
+    STORE_PATTERN,
     VIDEOS_DIR,
     EpisodeKey,
+    reading_store,
     stored_keys,
     task_dir,
 )
@@ -37,11 +41,10 @@ COMPLETE, INCOMPLETE, PENDING, SKIPPED = "complete", "incomplete", "pending", "s
 def _load_task(eval_dir: Path, task: str) -> dict[EpisodeKey, tuple[bool, int, bool]]:
     """``key -> (success, finish_step, truncated)`` of the committed episodes of a task (first copy kept)."""
     out: dict[EpisodeKey, tuple[bool, int, bool]] = {}
-    for path in sorted(task_dir(eval_dir, task).glob("rank*.zarr")):
-        store = TrajectoryStore.open(path, read_only=True)
-        if len(store) == 0:
-            continue
-        d = store.read_scalars()
+    for path in sorted(task_dir(eval_dir, task).glob(STORE_PATTERN)):
+        with reading_store(path):
+            store = TrajectoryStore.open(path, read_only=True)
+            d = store.read_scalars() if len(store) else {}
         for i in range(len(store)):
             key = EpisodeKey(int(d["checkpoint_step"][i]), bool(d["greedy"][i]), float(d["temperature"][i]),
                              int(d["init_state_id"][i]))
@@ -187,10 +190,13 @@ class ReportProgress:
         self.steps, self.protocols, self.init_state_ids = steps, protocols, init_state_ids
         self.planned = planned_keys(steps, protocols, init_state_ids)
         self.complete: list[str] = []
+        self._reported: dict[str, str] | None = None  # the task states of the report on disk
 
     def update(self) -> bool:
         """Record the tasks finished since the last call (tasks finish in work order); when one
-        did, write its ``results/<task>.json`` and the report. Returns whether one did."""
+        did, write its ``results/<task>.json``; write the report when one did or another task's
+        state changed since the last report (the first call takes the states it finds as the
+        report's). Returns whether a task finished."""
         changed = False
         for task in self.tasks[len(self.complete):]:
             if task_status(self.eval_dir, task.name, self.planned) != COMPLETE:
@@ -201,17 +207,30 @@ class ReportProgress:
                    json.dumps({"task": task.name, "simulator": task.simulator, "env": task.env, "results": rows},
                               indent=2))
             changed = True
-        if changed:
-            self.write()
+        status = self.status()
+        if self._reported is None and not changed:
+            self._reported = status
+        if changed or status != self._reported:
+            self.write(status)
         return changed
 
-    def write(self) -> dict:
-        """Write the report of the finished tasks (every task's state, the skipped ones with their
-        reason); returns it."""
-        done = [task for task in self.tasks if task.name in self.complete]
+    def status(self) -> dict[str, str]:
+        """Each task's state (:data:`COMPLETE`, ..., :data:`SKIPPED`), from the stores on disk."""
         status = {task.name: COMPLETE if task.name in self.complete
                   else task_status(self.eval_dir, task.name, self.planned) for task in self.tasks}
         status.update({s["task"]: SKIPPED for s in self.skipped})
+        return status
+
+    def write(self, status: dict[str, str] | None = None) -> dict:
+        """Write the report of the finished tasks (every task's state, the skipped ones with their
+        reason); returns it.
+
+        Args:
+            status: the tasks' states as :meth:`status` just found them (None: found now).
+        """
+        done = [task for task in self.tasks if task.name in self.complete]
+        status = self.status() if status is None else status
+        self._reported = status
         info = {**self.info, "tasks": self.info["tasks"] + [{"name": s["task"], "simulator": s["simulator"],
                                                              "env": s["env"]} for s in self.skipped]}
         rows = summarize(self.eval_dir, done, self.steps, self.protocols, self.init_state_ids) if done else []

@@ -2,13 +2,15 @@
 template, check every task against the checkpoints' observation and action layout (tasks that do
 not fit are skipped, with the reason, before any rollout), run the ``eval_rollout`` workflow on the
 DAG workers until every planned episode is stored, and write the report from the stores on disk
-as each task finishes (and once more at the end, or when the evaluation fails). The driver
-receives only counts.
+as each task finishes (and once more at the end; an evaluation that fails leaves the last report
+written, never a new one). The driver receives only counts.
 
 The evaluation directory (default ``<run_dir>/eval``) holds ``template.yaml``, the episode stores
 ``episodes/<task>/rank<r>.zarr``, ``videos/``, ``report.json``, ``report.md`` and
 ``success_vs_checkpoint.png``. Running the same command again continues an interrupted
-evaluation: episodes already stored are not run again.
+evaluation: episodes already stored are not run again. A store that cannot be read is refused
+before anything is written, naming the store, the array and how to set it aside
+(:class:`~vla_rl.evaluation.episode_store.DamagedStoreError`).
 """
 
 from __future__ import annotations
@@ -39,11 +41,14 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
         ``(evaluation directory, loaded template, run directory)``.
 
     Raises:
-        EvalInputError: bad targets, a text run, or an evaluation setting that does not resolve.
+        EvalInputError: bad targets, a text run, an evaluation setting that does not resolve, or
+            a damaged episode store in the evaluation directory (``DamagedStoreError``, before
+            anything is written).
         TemplateError: a bad template or override.
     """
     from vla_rl.dag.loader import load_template
     from vla_rl.dag.planner import plan
+    from vla_rl.evaluation.episode_store import check_stores
     from vla_rl.preflight import preflight
 
     run_dir, checkpoints = find_checkpoints(targets, steps)
@@ -61,13 +66,16 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     if run_config.simulator.multi_task:  # a step of a task set holds as many initial states of each task
         config.setdefault("data", {})["init_states_per_step"] = len(run_config.simulator.task_names())
     config.setdefault("eval", {})["checkpoints"] = [str(p) for p in checkpoints]
+    if "video_camera" in run_config.eval.model_fields_set:  # the run's camera (else the simulator's own)
+        config["eval"]["video_camera"] = run_config.eval.video_camera
     eval_dir = Path(output) if output else run_dir / EVAL_DIR
+    check_stores(eval_dir)  # a damaged episode store is refused before anything is written
     eval_dir.mkdir(parents=True, exist_ok=True)
     resolved = eval_dir / RUN_TEMPLATE
     _write_yaml(resolved, raw)  # then the overrides, so that their errors name this file
     loaded = load_template(resolved, overrides)
     plan(loaded)
-    resolve_tasks_or_fail(loaded.config)
+    check_video_camera(loaded.config, resolve_tasks_or_fail(loaded.config))
     _write_yaml(resolved, loaded.raw)
     return eval_dir, load_template(resolved), run_dir
 
@@ -99,6 +107,30 @@ def skip_incompatible_tasks(eval_dir: Path, loaded):
         _write_yaml(eval_dir / RUN_TEMPLATE, raw)
         loaded = load_template(eval_dir / RUN_TEMPLATE)
     return loaded, runs, skipped
+
+
+def check_video_camera(config, tasks) -> None:
+    """Check that every task can render its videos from its camera
+    (:func:`~vla_rl.evaluation.video.video_camera`), as far as the simulator's config checks camera
+    names (MetaWorld's does; robosuite's are checked when the environment is made).
+
+    Raises:
+        EvalInputError: naming ``eval.video_camera`` and the task.
+    """
+    from vla_rl.components import ComponentConfigError
+    from vla_rl.evaluation.benchmarks import EvalTask
+    from vla_rl.evaluation.video import video_camera
+
+    if config.eval.video_episodes == 0:
+        return
+    for task in tasks:
+        camera = video_camera(config, task.simulator)
+        try:
+            EvalTask(task.name, task.simulator, {**task.env, "render_camera": camera}).env_config()
+        except ComponentConfigError as err:
+            raise EvalInputError(f"eval.video_camera: task {task.name} cannot render videos from camera {camera!r} "
+                                 f"({err.message}); set eval.video_camera to one of its cameras, or "
+                                 "eval.video_episodes=0") from None
 
 
 def resolve_tasks_or_fail(config):
@@ -171,7 +203,7 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     progress = ReportProgress(eval_dir, info, tasks, skipped, ckpt_steps, protocols, ids)
     progress.update()  # tasks an interrupted evaluation finished
     workers = None
-    try:
+    try:  # a failure leaves the last report written (as of the last finished step), never a new one
         if tasks:
             world = plan(loaded).world_size
             total = len(tasks) * len(ckpt_steps) * len(protocols) * ev.num_episodes
@@ -189,10 +221,10 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     finally:
         if workers is not None:
             workers.shutdown()
-        info.update({"wall_time_s": time.perf_counter() - started,
-                     "driver_max_reply_bytes": workers.max_reply_bytes if workers is not None else 0})
-        progress.update()
-        report = progress.write()  # also after a failure: the finished tasks' figures
+    info.update({"wall_time_s": time.perf_counter() - started,
+                 "driver_max_reply_bytes": workers.max_reply_bytes if workers is not None else 0})
+    progress.update()
+    report = progress.write()
     console.print(markdown_table(report["results"]), soft_wrap=True)
     console.print(f"report {eval_dir / 'report.md'}; plot {eval_dir / 'success_vs_checkpoint.png'}")
     return report

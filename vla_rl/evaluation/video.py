@@ -1,4 +1,5 @@
-"""Videos of a live policy's greedy episodes (the held-out evaluations of a training run)."""
+"""Videos of a live policy's greedy episodes (the held-out evaluations of a training run), and
+the camera every evaluation video is rendered from (:func:`video_camera`)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,20 @@ def record_video(policy, pool, init_state_ids: np.ndarray, path: Path, fps: int,
     frames = np.concatenate([result.frames[i] for i in range(n) if i in result.frames])
     write_mp4(path, frames, fps)
     return {"video_successes": int(result.batch[keys.SUCCESS].sum()), "video_episodes": n}
+
+
+def video_camera(config, simulator: str) -> str:
+    """The camera the videos of ``simulator``'s tasks are rendered from: ``eval.video_camera``
+    where the template or an override sets it (``vla-rl eval`` copies a run's own), else the
+    simulator's (its class's ``video_camera``: robosuite's ``agentview``, MetaWorld's ``corner``),
+    else ``eval.video_camera``'s default.
+
+    Args:
+        config: the run config.
+        simulator: a registered simulator name.
+    """
+    from simulators.registry import SIMULATORS
+
+    if "video_camera" in config.eval.model_fields_set:
+        return config.eval.video_camera
+    return getattr(SIMULATORS.get(simulator), "video_camera", config.eval.video_camera)

@@ -9,7 +9,10 @@ without moving any.
 - ``(data, data_load, demonstrations)``: rank 0 makes sure the store holds
   ``warm_start.num_demos`` successful demonstrations of the simulator's scripted expert (of every
   task of a task set; zarr, reused by later runs), then every worker reads their transitions. A
-  task without a scripted expert is refused when the template is planned;
+  task without a scripted expert, a ``simulator.env.horizon`` shorter than its expert's measured
+  demonstrations, or a robot it made none with is refused when the template is planned
+  (:func:`simulators.experts.horizon_problem`); an expert that still makes too few names the
+  horizon and what the expert needs;
 - ``(actor, model_train, behaviour_cloning)``: the policy's observation normalisation and
   ``warm_start.bc_steps`` of behaviour cloning on them;
 - ``(data, data_load, sft_examples)``: every row of the training prompts with its target answer
@@ -28,6 +31,7 @@ from tensordict import TensorDict
 
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
+from vla_rl.errors import RunStopped
 from vla_rl.nodes.text import SFT_KEYS
 from vla_rl.utils.collectives import cpu_barrier
 
@@ -48,20 +52,59 @@ def demo_env_attrs(sim) -> dict:
     return attrs
 
 
+def task_configs(sim) -> list:
+    """The typed simulator config of each task of the ``simulator`` section (one without a task set)."""
+    from simulators.registry import SIMULATORS
+    from vla_rl.components import build_config
+
+    config_class = SIMULATORS.get(sim.name).config_class
+    return [build_config(config_class, env, "simulator.env") for env in sim.task_envs()]
+
+
 def check_experts(config, node_config, dp_size: int, world_size: int) -> tuple[str, str] | None:
     """The planner's check: with ``warm_start.num_demos > 0`` every task (of a task set) needs a
-    scripted expert; else ``("warm_start.num_demos", <which task has none, which tasks have one>)``."""
-    from simulators.experts import NoExpertError, expert_class
+    scripted expert (else ``("warm_start.num_demos", <which task has none, which tasks have one>)``)
+    that makes demonstrations within ``simulator.env.horizon`` with the robot, as far as its
+    measurements tell (else ``("simulator.env.horizon" or "simulator.env.robot", <what it needs>)``:
+    :func:`simulators.experts.horizon_problem`)."""
+    from simulators.experts import NoExpertError, expert_class, horizon_problem, measured_steps
 
     sim = config.simulator
     if config.warm_start.num_demos == 0:
         return None
-    for task in sim.task_names():
+    configs = task_configs(sim)
+    for task_config in configs:
         try:
-            expert_class(sim.name, task)
+            expert_class(sim.name, task_config.task_name)
         except NoExpertError as err:
             return "warm_start.num_demos", str(err)
+    for task_config in configs:
+        problem = horizon_problem(sim.name, task_config)
+        if problem is not None and problem[0] == "simulator.env.horizon" and sim.multi_task:
+            most, task = max((steps.most, c.task_name) for c in configs
+                             if (steps := measured_steps(sim.name, c)) is not None)
+            problem = (problem[0], f"{problem[1]} (all tasks of simulator.tasks: up to {most} control steps, "
+                                   f"{task})")
+        if problem is not None:
+            return problem
     return None
+
+
+def too_few_demonstrations(error: RuntimeError, sim) -> RunStopped:
+    """The error of an expert that made too few demonstrations, naming ``simulator.env.horizon``
+    and what each task's expert took where it was measured."""
+    from simulators.experts import measured_steps
+
+    configs = task_configs(sim)
+    measured = []
+    for task_config in configs:
+        steps = measured_steps(sim.name, task_config)
+        if steps is not None:
+            measured.append(f"{task_config.task_name}: {steps.describe()}")
+    needs = (f"; measured, with a long horizon: {'; '.join(measured)}" if measured
+             else "; how long its episodes take was not measured (python -m simulators.experts.measure)")
+    return RunStopped(f"{error}: each expert episode ends after simulator.env.horizon={configs[0].horizon} control "
+                      f"steps{needs}. Raise simulator.env.horizon, or set warm_start.num_demos=0")
 
 
 @register_node("data", "data_load", name="demonstrations", writes=DEMO_KEYS, resources=("policy", "simulator_pool"),
@@ -81,8 +124,13 @@ def load_demonstrations(ctx, batch) -> NodeOutput:
         return NodeOutput(TensorDict({}, batch_size=[0]), {})
     store_path = demo_store_path(ctx.config, ctx.resources.run_dir)
     if ctx.rank == 0:
-        ensure_demonstrations(ctx.resources.simulator_pool, store_path, ws.num_demos, ws.demo_init_state_offset,
-                              demo_env_attrs(sim), num_tasks=len(sim.task_names()) if sim.multi_task else None)
+        try:
+            ensure_demonstrations(ctx.resources.simulator_pool, store_path, ws.num_demos, ws.demo_init_state_offset,
+                                  demo_env_attrs(sim), num_tasks=len(sim.task_names()) if sim.multi_task else None)
+        except RuntimeError as err:
+            if type(err) is not RuntimeError or "scripted expert produced" not in str(err):
+                raise  # another failure (a Ray error carrying a simulator's exception, a store's)
+            raise too_few_demonstrations(err, sim) from None
     cpu_barrier(ctx.group)
     obs, actions = demonstrations(TrajectoryStore.open(store_path), ws.num_demos, ctx.resources.policy.bc_chunk_size)
     return NodeOutput(TensorDict({keys.OBS: obs, keys.ACTIONS: actions}, batch_size=[len(actions)]), {})

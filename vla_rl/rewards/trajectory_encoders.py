@@ -268,7 +268,8 @@ class VJEPA2TrajectoryEncoder:
         if not (Path(config.model_dir) / "config.json").is_file():
             raise FileNotFoundError(f"algorithm.vjepa2.model_dir {config.model_dir!r} has no config.json: save a "
                                     "VJEPA2Model there with save_pretrained")
-        self.model = VJEPA2Model.from_pretrained(config.model_dir).to(device).eval().requires_grad_(False)
+        model = VJEPA2Model.from_pretrained(config.model_dir, local_files_only=True, trust_remote_code=False)
+        self.model = model.to(device).eval().requires_grad_(False)
         self.device = torch.device(device)
         self.batch_size = config.batch_size
 

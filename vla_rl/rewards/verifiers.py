@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from vla_rl.rewards.math_answers import (
     answers_equal,
@@ -32,6 +31,9 @@ from vla_rl.rewards.math_answers import (
     extract_last_number,
 )
 from vla_rl.utils.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,17 @@ BOXED_ANSWER_VERIFIER = register_verifier(
 )
 
 
+def unknown_data_sources(data_sources: Sequence[str]) -> list[str]:
+    """The entries of ``data_sources`` that no verifier serves, in order, each once (the run's
+    pre-flight checks every prompt row's ``data_source`` with it)."""
+    return [source for source in dict.fromkeys(data_sources) if source not in VERIFIERS]
+
+
+def known_data_sources() -> list[str]:
+    """The data sources that have a verifier, sorted."""
+    return [str(name) for name in VERIFIERS.names()]
+
+
 def verify(data_source: str, response: str, ground_truth: str, flexible: bool = False) -> Verdict:
     """The verdict of ``data_source``'s verifier on one response (``flexible``: see the module
     docstring).
@@ -170,6 +183,8 @@ def score_responses(
         ValueError: the sequences differ in length.
         vla_rl.utils.registry.RegistryError: a data source has no verifier.
     """
+    import torch
+
     if not len(data_sources) == len(responses) == len(ground_truths):
         raise ValueError(
             f"score_responses needs one data_source and ground_truth per response, got "

@@ -12,6 +12,10 @@ verification, and the fallback to the newest checkpoint that verifies.
   and the newer ones it skipped, each with the reason (also logged); a resume continues from it
   and sets the skipped ones aside with :func:`reject_checkpoint` (renamed ``*.rejected``, never
   deleted, never read again).
+* **Layout.** :func:`checkpoint_ranks`, :func:`checkpoint_strategy` and :func:`stored_policy_shapes`
+  say what a checkpoint was written for, from file names and headers alone (no tensor is read):
+  the number of workers, the training strategy, the policy's tensor names and shapes. The driver
+  checks a resume against them before Ray starts (:func:`vla_rl.run_dir.check_resume`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
@@ -37,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 MANIFEST_FILE = "manifest.json"
 REJECTED_SUFFIX = ".rejected"
+_RNG_FILE_RE = re.compile(r"rng_rank(\d+)\.safetensors")
+#: The DCP directory of the actor under ``trainer.strategy: fsdp`` (:mod:`vla_rl.trainers.sharded_checkpoint`).
+_ACTOR_SHARDED_DIR = "actor_sharded"
 
 
 class CheckpointCorruptError(ValueError):
@@ -153,6 +161,54 @@ def reject_checkpoint(path: str | Path) -> Path:
     _fsync(path.parent)
     logger.warning("set checkpoint %s aside as %s", path, target.name)
     return target
+
+
+def checkpoint_ranks(path: str | Path) -> int:
+    """The number of workers that wrote checkpoint ``path``: every rank writes its own RNG states
+    (``rng_rank<r>.safetensors``, :func:`~vla_rl.trainers.checkpoint.save_rng`); 0 if it has none."""
+    return len({match.group(1) for file in Path(path).iterdir() if (match := _RNG_FILE_RE.fullmatch(file.name))})
+
+
+def checkpoint_strategy(path: str | Path) -> str | None:
+    """The ``trainer.strategy`` that wrote checkpoint ``path``: ``fsdp`` (the actor's sharded state,
+    ``actor_sharded/``), ``ddp`` (``optimizer.json``), or None (it holds no actor state)."""
+    path = Path(path)
+    if _is_sharded_dir(path / _ACTOR_SHARDED_DIR):
+        return "fsdp"
+    return "ddp" if (path / "optimizer.json").is_file() else None
+
+
+def stored_policy_shapes(path: str | Path) -> tuple[Path, dict[str, tuple[int, ...]]] | None:
+    """The policy's tensor names and shapes in checkpoint ``path``, without reading any tensor:
+    the header of ``model.safetensors`` (DDP; tied tensors are stored once, under one of their
+    names), or the ``model.<name>`` entries of the sharded actor state's DCP ``.metadata`` (FSDP).
+
+    Returns:
+        (the file read, name -> shape), or None: the checkpoint holds neither, or the file is
+        unreadable (a damaged checkpoint: the resume's verification reports it).
+    """
+    from policies.checkpoint_files import read_safetensors_header
+
+    path = Path(path)
+    model = path / "model.safetensors"
+    if model.is_file():
+        try:
+            return model, {name: tuple(shape) for name, (_, shape) in read_safetensors_header(model).items()}
+        except (OSError, ValueError):
+            return None
+    sharded = path / _ACTOR_SHARDED_DIR
+    if not _is_sharded_dir(sharded):
+        return None
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        metadata = FileSystemReader(str(sharded)).read_metadata()
+    except Exception:  # noqa: BLE001 - DCP raises many kinds for a damaged file; verification names it
+        return None
+    return sharded / ".metadata", {
+        name.removeprefix("model."): tuple(entry.size) for name, entry in metadata.state_dict_metadata.items()
+        if name.startswith("model.") and isinstance(entry, TensorStorageMetadata)}
 
 
 def _check_structure(path: Path) -> None:

@@ -1,0 +1,124 @@
+"""Resumes that cannot continue a run exactly, through ``vla-rl train --resume``: each is refused
+before Ray starts with one red line naming the setting (or the overrides, or the directory) and
+the checkpoint at fault, exit status 2, no traceback, and the run directory left byte for byte as
+it was (no ``resumes.jsonl`` record either). The checkpoints are written by the checkpoint code
+itself, from the runs' own policies, without running the workers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_malformed_inputs import snapshot
+
+from vla_rl import driver
+from vla_rl.cli import main
+from vla_rl.driver import prepare_run_dir
+from vla_rl.trainers import checkpoint
+
+#: (case, run directory (a key of the ``runs`` fixture), CLI arguments after ``train``, texts the
+#: error line must contain); ``{run}`` is the run directory, ``{other_lm}`` a model of another width.
+RESUME_CASES = [
+    ("a model of another shape", "text", ["--resume", "{run}", "text.model_path={other_lm}"],
+     ["text.model_path=", "does not fit the policy this override builds", "model.lm_head.weight: (", "step_00000002"]),
+    ("adapters the checkpoint lacks", "text", ["--resume", "{run}", "policy.lora.rank=4"],
+     ["policy.lora.rank=4: the run's checkpoint", "missing (model.model.layers.0.mlp.down_proj.base_layer.weight"]),
+    ("a policy of another width", "srpo", ["--resume", "{run}", "trainer.total_steps=9",
+                                           "policy.config.hidden_sizes=[64,64]"],
+     ["error: policy.config.hidden_sizes=[64,64]: the run's checkpoint", "this override builds",  # not total_steps
+      "mean_net.0.weight: (32, 11) in the checkpoint, (64, 11) in the model"]),
+    ("a sharded policy of another width", "fsdp", ["--resume", "{run}", "policy.config.hidden_sizes=[64,64]"],
+     ["actor_sharded/.metadata does not fit the policy this override builds",
+      "mean_net.0.weight: (32, 11) in the checkpoint, (64, 11) in the model"]),
+    ("no checkpoint", "empty", ["--resume", "{run}"],
+     ["has no checkpoint to resume from", "start a new run instead"]),
+    ("fewer workers", "srpo", ["--resume", "{run}", "workers.num_workers=1"],
+     ["field 'workers.num_workers'", "written by 2 workers, this resume would start 1",
+      "resume with workers.num_workers=2"]),
+    ("more workers", "srpo", ["--resume", "{run}", "workers.num_workers=4"],
+     ["field 'workers.num_workers'", "written by 2 workers, this resume would start 4"]),
+    ("another strategy", "srpo", ["--resume", "{run}", "trainer.strategy=fsdp"],
+     ["field 'trainer.strategy'", "resume with trainer.strategy=ddp"]),
+    ("no such run directory", "missing", ["llm_grpo", "--resume", "{run}"],
+     ["is not a run directory: there is no such directory"]),
+    ("no template.yaml", "bare", ["llm_grpo", "--resume", "{run}"],
+     ["is not a run directory: it has no template.yaml"]),
+]
+
+
+def write_checkpoint(run, policy, trainer, step: int = 2, ranks: int = 2) -> None:
+    """The checkpoint of ``step`` that ``ranks`` workers would write: the policy's weights and the
+    optimizer (rank 0's files under DDP; the sharded actor state under ``trainer.strategy:
+    fsdp``, here from a one-process group), every rank's RNG states, a manifest."""
+    from vla_rl.trainers.actor import ActorTrainer
+
+    root = run.path / "checkpoints"
+    sharded = trainer.strategy == "fsdp"
+    if sharded:
+        ActorTrainer(policy, lr=1e-3, trainer=trainer).save_sharded(checkpoint.staging_dir(root, step))
+    for rank in range(ranks):
+        checkpoint.save_checkpoint(root, step, rank=rank, model=policy if rank == 0 and not sharded else None,
+                                   optimizer=torch.optim.Adam(policy.parameters()) if rank == 0 and not sharded
+                                   else None, generator=torch.Generator(), metadata={})
+    checkpoint.finalize_checkpoint(root, step)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_lm_dir, process_group):
+    """Run directories as runs leave them: ``srpo`` (MLP of width 32, robosuite Lift, 2 workers),
+    ``fsdp`` (the same under trainer.strategy fsdp) and ``text`` (the tiny LM) with a checkpoint of
+    step 2, ``empty`` without one; ``missing`` does not exist, ``bare`` has no template.yaml;
+    ``other_lm`` is a tiny LM of another width."""
+    from policies.causal_lm.tiny import TinyQwen2Spec, write_tiny_checkpoint
+    from vla_rl.workflows.embodied import robot_policy
+    from vla_rl.workflows.text import causal_lm_policy
+
+    out = tmp_path_factory.mktemp("outputs")
+    paths = {}
+    for name, strategy in (("srpo", "ddp"), ("fsdp", "fsdp")):
+        run, template, _ = prepare_run_dir("embodied_srpo", [f"run.output_dir={out}", f"run.name={name}",
+                                                             "policy.config.hidden_sizes=[32,32]",
+                                                             f"trainer.strategy={strategy}"], None)
+        run.close()
+        config = template.config
+        write_checkpoint(run, robot_policy(config, 11, 7), config.trainer)  # Lift's state and action sizes
+    text, template, _ = prepare_run_dir("llm_grpo", [f"run.output_dir={out}", "run.name=text",
+                                                     f"text.model_path={tiny_lm_dir}"], None)
+    text.close()
+    write_checkpoint(text, causal_lm_policy(template.config, tiny_lm_dir), template.config.trainer)
+    empty, _, _ = prepare_run_dir("embodied_srpo", [f"run.output_dir={out}", "run.name=empty"], None)
+    empty.close()
+    (out / "bare").mkdir()
+    wide = TinyQwen2Spec(hidden_size=96, intermediate_size=192)
+    return {"srpo": out / "srpo", "fsdp": out / "fsdp", "text": text.path, "empty": empty.path,
+            "missing": out / "missing", "bare": out / "bare",
+            "other_lm": write_tiny_checkpoint(tmp_path_factory.mktemp("wide_lm"), wide)}
+
+
+@pytest.mark.parametrize(("case", "run", "args", "expected"), RESUME_CASES, ids=[c[0] for c in RESUME_CASES])
+def test_a_resume_that_cannot_continue_exactly_is_refused_before_ray(case, run, args, expected, runs, monkeypatch,
+                                                                      capsys):
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started")
+
+    monkeypatch.setattr(driver, "start_ray", no_ray)
+    path = runs[run]
+    before = snapshot(path) if path.exists() else None
+    status = main(["train", *(arg.format(run=path, **runs) for arg in args)])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    message = " ".join(err.split())
+    assert "Traceback" not in err and str(path) in message, err
+    for text in expected:
+        assert text in message, (text, message)
+    assert (snapshot(path) if path.exists() else None) == before  # nothing written, nothing created
+
+
+def test_a_resume_that_fits_its_checkpoint_is_accepted(runs, tiny_lm_dir):
+    """The same settings as the checkpoint's, given again, pass the checks (and record nothing yet)."""
+    for run, overrides in (("srpo", ["policy.config.hidden_sizes=[32,32]", "workers.num_workers=2"]),
+                           ("text", [f"text.model_path={tiny_lm_dir}", "text.temperature=0.5"])):
+        before = snapshot(runs[run])
+        resumed, _, _ = prepare_run_dir(None, overrides, str(runs[run]))
+        resumed.close()
+        assert snapshot(runs[run]) == before
