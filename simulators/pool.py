@@ -141,6 +141,9 @@ class SimulatorPool:
             ``runtime_env["env_vars"]`` is merged over :func:`worker_env_vars`.
         step_timeout_s: seconds :meth:`collect` waits for a chunk before it declares the actors
             that have not answered hung, kills and restarts them; ``None`` waits forever.
+        progress: show one progress bar (its first actor's) on the driver's console while the
+            environments are created; the pools of a DAG worker's peers pass ``False`` so that
+            a phase shows one bar, not one per worker.
 
     Raises:
         RuntimeError: if Ray is not initialised.
@@ -156,6 +159,7 @@ class SimulatorPool:
         envs_per_actor: int,
         actor_options: dict[str, Any] | None = None,
         step_timeout_s: float | None = 120.0,
+        progress: bool = True,
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("SimulatorPool needs Ray: call ray.init() in this process first")
@@ -178,7 +182,8 @@ class SimulatorPool:
         options["runtime_env"] = runtime_env
         self._env_name = env_name
         self._actor_args = (options, config, envs_per_actor)  # to start an actor again after a fault
-        self._actors = [self._start_actor() for _ in range(num_actors)]
+        bars = [num_actors if progress and slot == 0 else 0 for slot in range(num_actors)]  # one bar: actor 0's
+        self._actors = [self._start_actor(bar_for) for bar_for in bars]
         self._generations = [0] * num_actors
         self.capacity = num_actors * envs_per_actor  # total number of environments
         self.step_timeout_s = step_timeout_s
@@ -467,10 +472,13 @@ class SimulatorPool:
         return [int(g) // len(self._actors) for g in global_indices]
 
     # ------------------------------------------------------------------------------ faults
-    def _start_actor(self) -> Any:
+    def _start_actor(self, bar_for: int = 0) -> Any:
+        """A new simulator actor creating its environments in the background (later calls queue
+        behind it); ``bar_for`` > 0: it shows the pool's one progress bar, labelled for that many
+        actors (the first actor of a new pool does; a restarted one does not)."""
         options, config, envs_per_actor = self._actor_args
         actor = ray.remote(SimulatorWorker).options(**options).remote(self._env_name, config, envs_per_actor)
-        actor.make_envs.remote()  # in the background; later calls queue behind it
+        actor.make_envs.remote(progress=bar_for > 0, num_actors=max(bar_for, 1))
         return actor
 
     def _answer(self, call: _ActorCall, answered: bool) -> dict[str, Any] | None:

@@ -62,21 +62,30 @@ class SimulatorWorker:
         self._parked: OrderedDict[int, tuple[int, gym.Env]] = OrderedDict()  # key -> (task, env), oldest first
         self._parked_serial = 0
 
-    def make_envs(self) -> None:
-        """Create every hosted environment now (otherwise each is created at its first use),
-        with a progress bar that Ray shows on the driver's console. A task set's slots get their
-        task at their first reset: it creates one environment per task (:meth:`spec`)."""
+    def make_envs(self, progress: bool = False, num_actors: int = 1) -> None:
+        """Create every hosted environment now (otherwise each is created at its first use). A
+        task set's slots get their task at their first reset: it creates one environment per
+        task (:meth:`spec`).
+
+        Args:
+            progress: show a progress bar on the driver's console (Ray's ``tqdm_ray``); a pool
+                asks it of its first actor only, so that a phase shows one bar, not one per actor.
+            num_actors: the pool's actors, all creating theirs at the same time (for the bar's label).
+        """
         from ray.experimental import tqdm_ray
 
         if self._multi_task:
             self.spec()
             return
-
-        bar = tqdm_ray.tqdm(total=len(self._envs), desc=f"creating {self._env_name} environments", unit="env")
+        each = f" in each of {num_actors} simulator actors" if num_actors > 1 else ""
+        bar = tqdm_ray.tqdm(total=len(self._envs), desc=f"creating {self._env_name} environments{each}",
+                            unit="env") if progress else None
         for index in range(len(self._envs)):
             self._env(index)
-            bar.update(1)
-        bar.close()
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
 
     def spec(self) -> dict[str, Any]:
         """``{"obs_dim": int (state features), "act_dim": int, "horizon": int (control steps),

@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 from vla_rl.cli import main
+from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.registry import NodeOutput, register_node
+from vla_rl.errors import RunStopped
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLI_FN = "test_cli_dummy"
@@ -175,3 +177,42 @@ def test_help_lists_the_shipped_templates_with_their_descriptions(capsys, comman
     assert "shipped templates (dag_templates/):" in out
     assert "embodied_srpo " in out and "SRPO progress rewards" in out and "llm_grpo " in out
     assert "embodied_warm_start" not in out  # phases and bases are not runnable templates
+
+
+class _Ray:
+    """Stands in for the ray module: prints a worker's line when it shuts down (Ray's log thread)."""
+
+    def __init__(self, running: bool) -> None:
+        self.running, self.shutdowns = running, 0
+
+    def is_initialized(self) -> bool:
+        return self.running
+
+    def shutdown(self) -> None:
+        import sys
+
+        self.shutdowns += 1
+        self.running = False
+        print("(DAGWorker pid=1) a worker's last words", file=sys.stderr)
+
+
+@pytest.mark.parametrize("error", [RunStopped("the run stopped"), KeyboardInterrupt(), TemplateError("bad value")])
+@pytest.mark.parametrize("running_before", [False, True])
+def test_a_failure_ends_with_its_error_line(error, running_before, capsys, monkeypatch):
+    """Ray prints its workers' output until it shuts down: the Ray this command started is shut
+    down before the error line, so that the error is the console's last line; one it found
+    running (a notebook's, a test session's) is left running."""
+    import sys
+
+    ray = _Ray(running=running_before)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+
+    def fails(*args, **kwargs):
+        ray.running = True  # the command started (or kept using) Ray
+        raise error
+
+    monkeypatch.setattr("vla_rl.cli.preflight", fails)
+    assert main(["plan", "embodied_srpo"]) != 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("error: ")
+    assert ray.shutdowns == (0 if running_before else 1) and ray.running == running_before

@@ -40,3 +40,23 @@ def test_the_summary_lists_every_task_and_the_overall_rate():
     for task in ("reach-v3", "push-v3", "overall"):
         assert f"│ initial │ {task}" in text and f"│ final   │ {task}" in text
     assert "over the initial policy" in text and "warm_start" not in text
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_the_summary_never_cuts_a_task_name(width):
+    """80 columns is rich's width where stdout is not a terminal (a log file, CI)."""
+    from vla_rl.evaluation.benchmarks import resolve_tasks
+
+    console = Console(record=True, width=width)
+    run = loop("embodied_grpo_mt10", "warm_start.num_demos=0", console=console)
+    tasks = [task.name for task in resolve_tasks(run.config)]
+    assert max(map(len, tasks)) >= 20  # e.g. button-press-topdown-v3
+    figures = {"success_rate": 0.25, "ci_low": 0.1, "ci_high": 0.5, "episode_length": 90.0}
+    evaluation = {f"eval/{task}greedy/{name}": value for task in ("", *(f"{t}/" for t in tasks))
+                  for name, value in figures.items()}
+    run._print_summary({"initial_eval": evaluation, "final_eval": evaluation})
+    text = console.export_text()
+    assert "…" not in text
+    for task in tasks:
+        assert f" {task} " in text, task
+    assert "[10.0%, 50.0%]" in text

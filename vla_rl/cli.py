@@ -330,17 +330,35 @@ def main(argv: list[str] | None = None) -> int:
         if target is None or any(item.startswith("-") for item in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         setattr(args, target, [*getattr(args, target), *extra])
+    ray_before = _ray_running()
     try:
         return args.handler(args)
     except USER_ERRORS as error:
+        _stop_ray_started_since(ray_before)
         print_error(error)
         return USER_ERROR_STATUS
     except RunStopped as error:  # a run that cannot go on, with a message that says why
+        _stop_ray_started_since(ray_before)
         print_error(error)
         return RUN_STOPPED_STATUS
     except KeyboardInterrupt:  # Ctrl-C: the driver has already stopped the workers; no traceback
+        _stop_ray_started_since(ray_before)
         print_error(RunStopped("interrupted (Ctrl-C)"))
         return INTERRUPTED_STATUS
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+def _stop_ray_started_since(running_before: bool) -> None:
+    """Shut down the Ray instance this command started (never one it found running: a notebook's,
+    a test session's) before the error line is printed: Ray prints its workers' output on the
+    driver's console from a background thread until it shuts down, which otherwise comes after
+    the error (at interpreter exit) and leaves it buried."""
+    if not running_before and _ray_running():
+        sys.modules["ray"].shutdown()
 
 
 if __name__ == "__main__":

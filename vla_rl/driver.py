@@ -87,9 +87,9 @@ def train(template_arg: str | None, overrides: list[str], resume: str | None = N
     Raises:
         RunStopped: a worker died and the run cannot restart; a worker stopped the run.
     """
-    from rich.console import Console
+    from vla_rl.utils.console import driver_console
 
-    console = console or Console()
+    console = console or driver_console()
     run, template, worker_overrides = prepare_run_dir(template_arg, overrides, resume)
     try:
         return _run(run, template, worker_overrides, None if resume is None else list(overrides), console)

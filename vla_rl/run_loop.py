@@ -228,7 +228,12 @@ class RunLoop:
                       + (f" of {len(tasks)} tasks" if len(tasks) > 1 else "") + ")")
         columns = ("policy", "task", "protocol", "success", "95% CI (Wilson)", "mean length")
         for column in columns if len(tasks) > 1 else [c for c in columns if c != "task"]:
-            table.add_column(column)
+            # A narrow console (80 columns where stdout is not a terminal) folds a long task name
+            # onto more lines, never cuts it ("pick-place-w…"); the figures are never wrapped.
+            if column == "task":
+                table.add_column(column, overflow="fold", min_width=min(max(map(len, tasks)), 40))
+            else:
+                table.add_column(column, no_wrap=True)
         for tag in (f"{self.first_tag}_eval", "final_eval"):
             ev = summary.get(tag)
             if not ev:

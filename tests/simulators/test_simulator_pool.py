@@ -180,3 +180,46 @@ def test_pipelined_rollout_equals_the_lockstep_rollout(pool):
     assert pipelined.env_steps == lockstep.env_steps > 0
     for key in lockstep.batch.keys():
         assert torch.equal(pipelined.batch[key], lockstep.batch[key]), key
+
+
+@pytest.mark.parametrize(("progress", "num_actors", "bars"), [
+    (False, 1, []),
+    (True, 1, ["creating robosuite_lift environments"]),
+    (True, 3, ["creating robosuite_lift environments in each of 3 simulator actors"]),
+])
+def test_one_progress_bar_per_pool(progress, num_actors, bars, monkeypatch):
+    """A pool asks its first actor alone for a bar: a phase shows one bar, not one per actor."""
+    from ray.experimental import tqdm_ray
+
+    from simulators.registry import build_env_config
+    from simulators.worker import SimulatorWorker
+
+    shown = []
+
+    class Bar:
+        def __init__(self, total, desc, unit):
+            shown.append(desc)
+            self.total, self.n = total, 0
+
+        def update(self, n):
+            self.n += n
+
+        def close(self):
+            assert self.n == self.total
+
+    monkeypatch.setattr(tqdm_ray, "tqdm", Bar)
+    worker = SimulatorWorker("robosuite_lift", build_env_config("robosuite_lift", {"horizon": HORIZON}), 2)
+    worker.make_envs(progress=progress, num_actors=num_actors)
+    assert shown == bars
+    assert all(env is not None for env in worker._envs)
+
+
+@pytest.mark.parametrize(("progress", "bars"), [(True, [3, 0, 0]), (False, [0, 0, 0])])
+def test_a_pool_asks_one_actor_for_a_bar(progress, bars, monkeypatch):
+    """The first actor of a pool that shows progress draws the bar (labelled for the pool's 3
+    actors); a DAG worker's peers (rank > 0) build their pools with progress=False."""
+    asked = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(SimulatorPool, "_start_actor", lambda self, bar_for=0: asked.append(bar_for))
+    SimulatorPool("robosuite_lift", None, num_actors=3, envs_per_actor=2, progress=progress)
+    assert asked == bars

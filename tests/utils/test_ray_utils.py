@@ -31,6 +31,30 @@ def test_ray_starts_on_a_machine_with_more_cores_than_the_run_reserves():
     assert "CPU 5.0" in done.stdout
 
 
+START_LOCAL = textwrap.dedent("""
+    import ray
+    from vla_rl.utils.ray_utils import init_ray
+    init_ray(num_cpus=1)
+    print("CPU", ray.cluster_resources()["CPU"])
+    ray.shutdown()
+""")
+
+
+def test_a_local_run_where_a_token_exists_starts_without_rays_token_notice(tmp_path):
+    """A user who once ran ``ray get-auth-token --generate`` has ~/.ray/auth_token: Ray then turns
+    token authentication on for every local instance and warns about it on the console of a run
+    that listens on loopback only."""
+    import os
+
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("0123456789abcdef" * 4)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")} | {"HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", START_LOCAL], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "CPU 1.0" in done.stdout
+    assert "Token authentication" not in done.stderr, done.stderr
+
+
 def test_a_refused_token_is_reported_in_one_line_saying_where_the_token_comes_from(monkeypatch):
     """Ray's ConnectionError names only the address; its cause holds the authentication error."""
     from vla_rl.utils.ray_utils import join_error_message

@@ -147,7 +147,7 @@ class EmbodiedEvaluation(EvaluationSession):
             pool = SimulatorPool(spec.simulator, spec.env, num_actors=sim.actors_per_worker,
                                  envs_per_actor=math.ceil(per_worker / sim.actors_per_worker),
                                  actor_options={"num_cpus": sim.num_cpus_per_actor},
-                                 step_timeout_s=sim.step_timeout_s)
+                                 step_timeout_s=sim.step_timeout_s, progress=self.res.rank == 0)
         self._pool, self._pool_task = pool, task
         return pool
 

@@ -176,16 +176,16 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
         The JSON report (also ``<eval_dir>/report.json``).
     """
     import numpy as np
-    from rich.console import Console
     from tqdm import tqdm
 
     from vla_rl.dag.planner import plan
     from vla_rl.evaluation.embodied import checkpoint_step
     from vla_rl.evaluation.protocol import eval_protocols
     from vla_rl.evaluation.report import ReportProgress, markdown_table
+    from vla_rl.utils.console import driver_console
     from vla_rl.workers.group import WorkerGroup, run_evaluation, start_ray
 
-    console = console or Console()
+    console = console or driver_console()
     eval_dir, loaded, run_dir = prepare_eval_dir(targets, overrides, steps, output, template)
     config = loaded.config
     device = start_ray(config, plan(loaded).world_size, pools_per_worker=2)  # its own pool and one other task's

@@ -17,6 +17,7 @@ cluster requires one, it turns token mode on (:func:`use_token_auth_if_available
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import sys
@@ -106,6 +107,9 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
         except ConnectionError as error:
             raise RunStopped(join_error_message(address, error)) from None
         return
+    # A new local instance listening on loopback only: Ray's notice that it turned token
+    # authentication on (a token exists in ~/.ray) or left it off says nothing to act on here.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     ray.init(
         address="local",  # a new instance, never another run's cluster found in /tmp/ray
         _node_ip_address=LOOPBACK,

@@ -200,7 +200,7 @@ def build_simulator_pool(res):
     options = {"num_cpus": sim.num_cpus_per_actor, "scheduling_strategy": same_node_strategy()}
     return SimulatorPool(sim.name, sim.task_envs() if sim.multi_task else sim.env, num_actors=sim.actors_per_worker,
                          envs_per_actor=math.ceil(capacity / sim.actors_per_worker), actor_options=options,
-                         step_timeout_s=sim.step_timeout_s)
+                         step_timeout_s=sim.step_timeout_s, progress=res.rank == 0)
 
 
 @register_resource("env_spec", needs=("simulator_pool",))
