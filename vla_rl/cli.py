@@ -3,6 +3,7 @@
     vla-rl plan TEMPLATE [KEY=VALUE ...] [--world-size N]
     vla-rl train TEMPLATE [KEY=VALUE ...]
     vla-rl train --resume RUN_DIR [KEY=VALUE ...]
+    vla-rl train TEMPLATE --seeds 0,1,2 [KEY=VALUE ...]   (and --resume SWEEP_DIR)
     vla-rl eval RUN_DIR|CHECKPOINT_DIR ... [KEY=VALUE ...] [--steps 5,10] [--output DIR]
     vla-rl export CHECKPOINT_DIR OUT_DIR
 
@@ -30,15 +31,11 @@ from rich.text import Text
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import describe_plan, plan
-from vla_rl.errors import RunStopped
+from vla_rl.errors import CommandLineError, RunStopped
 from vla_rl.evaluation.targets import EvalInputError
 from vla_rl.export import ExportError
 from vla_rl.preflight import preflight
 from vla_rl.utils.registry import RegistryError
-
-
-class CommandLineError(ValueError):
-    """Arguments that do not make a command (reported in one line, exit 2)."""
 
 
 USER_ERRORS: tuple[type[Exception], ...] = (TemplateError, ValidationError, RegistryError, EvalInputError,
@@ -203,7 +200,16 @@ def _add_train_command(commands: argparse._SubParsersAction) -> None:
         metavar="RUN_DIR",
         default=None,
         help="continue RUN_DIR from its last complete checkpoint; overrides apply on top of the run's "
-        "template (and of earlier resumes'), e.g. trainer.total_steps=40",
+        "template (and of earlier resumes'), e.g. trainer.total_steps=40; a sweep directory (--seeds) "
+        "continues the sweep",
+    )
+    parser.add_argument(
+        "--seeds",
+        metavar="SEEDS",
+        default=None,
+        help="run the template once per seed (0,1,2 or 0-4), one after the other, each in its own run "
+        "directory under one sweep directory (run.output_dir/run.name), which gets report.md, report.json "
+        "and success_vs_env_steps.png: per-seed held-out figures and their mean with a 95%% t interval",
     )
     parser.set_defaults(handler=_run_train)
 
@@ -213,6 +219,10 @@ def _run_train(args: argparse.Namespace) -> int:
 
     names = [item for item in args.items if "=" not in item]
     overrides = [item for item in args.items if "=" in item]
+    from vla_rl.sweep import is_sweep
+
+    if args.seeds is not None or (args.resume and is_sweep(args.resume)):
+        return _run_sweep(args, names, overrides)
     if args.resume:
         from vla_rl.run_dir import RunDirectory
 
@@ -228,6 +238,27 @@ def _run_train(args: argparse.Namespace) -> int:
         raise CommandLineError("name one template (a file, or a name in dag_templates/) before the overrides, or "
                                f"continue a run with --resume RUN_DIR (got {names or 'none'})")
     train(names[0], overrides)
+    return 0
+
+
+def _run_sweep(args: argparse.Namespace, names: list[str], overrides: list[str]) -> int:
+    from vla_rl.sweep import parse_seeds, resume_sweep, run_sweep
+    from vla_rl.utils.console import driver_console
+
+    if args.resume:
+        if args.seeds is not None:
+            raise CommandLineError(f"{args.resume} is a sweep: --resume continues it with its own seeds; remove "
+                                   "--seeds")
+        if names or overrides:
+            raise CommandLineError(f"--resume of the sweep {args.resume} takes no template or override (got "
+                                   f"{(names + overrides)[0]!r}); resume one of its runs for that: --resume "
+                                   f"{args.resume}/seed_<S>")
+        resume_sweep(args.resume, console=driver_console())
+        return 0
+    seeds = parse_seeds(args.seeds)
+    if len(names) != 1:
+        raise CommandLineError(f"name one template before the overrides (got {names or 'none'})")
+    run_sweep(names[0], overrides, seeds, console=driver_console())
     return 0
 
 

@@ -10,3 +10,7 @@ from __future__ import annotations
 
 class RunStopped(RuntimeError):
     """The run stopped; the message says why and what to do."""
+
+
+class CommandLineError(ValueError):
+    """Arguments that do not make a command (reported in one line, exit 2)."""

@@ -86,3 +86,66 @@ def plot_success_vs_checkpoint(rows: list[dict], path: Path, title: str) -> None
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
     tmp.replace(path)
+
+
+def plot_success_vs_env_steps(runs: dict[int, list[dict]], path: Path, title: str) -> None:
+    """Training and held-out success of the runs of a seed sweep against environment steps: one
+    thin line per seed, their mean thick (training: each seed's curve interpolated on a common
+    grid over the environment steps every run covers; held-out: the mean of the evaluations that the seeds
+    share, at their mean environment steps). Runs without ``rollout/total_env_steps`` (text
+    runs) are drawn against training steps.
+
+    Args:
+        runs: ``{seed: metric records}`` (``metrics.jsonl`` of each run).
+        path: PNG file to write (atomically).
+        title: figure title.
+    """
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_env_steps = all(any("rollout/total_env_steps" in r for r in records) for records in runs.values())
+    fig, (train_ax, eval_ax) = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+    train_curves, evals = [], []
+    for seed, records in runs.items():
+        x_of_step = {0: 0.0}
+        for r in records:
+            if "rollout/total_env_steps" in r or not by_env_steps:
+                x_of_step[r["step"]] = float(r["rollout/total_env_steps"]) if by_env_steps else float(r["step"])
+        train = [(x_of_step[r["step"]], r["rollout/success_rate"]) for r in records
+                 if r.get("rollout/success_rate") is not None]
+        if train:
+            xs, ys = map(np.asarray, zip(*train))
+            line, = train_ax.plot(xs, ys, lw=0.8, alpha=0.6, label=f"seed {seed}")
+            train_curves.append((xs, ys))
+        points = {r["step"]: (x_of_step.get(r["step"]), r["eval/greedy/success_rate"]) for r in records
+                  if r.get("eval/greedy/success_rate") is not None and x_of_step.get(r["step"]) is not None}
+        if points:
+            xs, ys = zip(*points.values())
+            eval_ax.plot(xs, ys, "o-", lw=0.8, alpha=0.6, color=line.get_color() if train else None,
+                         label=f"seed {seed}")
+            evals.append(points)
+    if len(train_curves) > 1:
+        grid = np.linspace(max(xs[0] for xs, _ in train_curves), min(xs[-1] for xs, _ in train_curves), 200)
+        train_ax.plot(grid, np.mean([np.interp(grid, xs, ys) for xs, ys in train_curves], axis=0), "k-", lw=2.2,
+                      label="mean")
+    shared = sorted(set.intersection(*(set(points) for points in evals))) if len(evals) > 1 else []
+    if shared:
+        eval_ax.plot([np.mean([points[s][0] for points in evals]) for s in shared],
+                     [np.mean([points[s][1] for points in evals]) for s in shared], "ks-", lw=2.2, label="mean")
+    xlabel = "environment steps" if by_env_steps else "training step"
+    for ax, what in ((train_ax, "training rollouts (sampled)"), (eval_ax, "held-out evaluation (greedy)")):
+        ax.set_xlabel(xlabel)
+        ax.set_title(what)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    train_ax.set_ylabel("success rate")
+    fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)

@@ -1,0 +1,217 @@
+"""Seed sweeps (vla_rl.sweep, ``vla-rl train TEMPLATE --seeds``): the across-seed figures against
+hand-computed values, the report's files, an interrupted sweep resumed, the command line's
+refusals; ``-m slow``: a real two-seed sweep of the main job through the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from vla_rl.cli import main
+from vla_rl.errors import CommandLineError
+from vla_rl.sweep import (
+    PLOT_FILE,
+    REPORT_JSON,
+    REPORT_MD,
+    SWEEP_FILE,
+    parse_seeds,
+    resume_sweep,
+    run_sweep,
+    seed_run_dir,
+    write_report,
+)
+from vla_rl.utils.stats import mean_interval
+
+#: Student's t quantile t_{0.975, 2} (two-sided 95%, 2 degrees of freedom), from a table.
+T_975_2 = 4.302652729749464
+
+
+@pytest.mark.parametrize(("text", "seeds"), [("0,1,2", [0, 1, 2]), ("0-4", [0, 1, 2, 3, 4]), ("3", [3]),
+                                             ("0-2,7", [0, 1, 2, 7]), (" 1, 2 ", [1, 2])])
+def test_seed_lists(text, seeds):
+    assert parse_seeds(text) == seeds
+
+
+@pytest.mark.parametrize("text", ["", "a", "0,0", "0-2,1", "-1", "3-1", "1.5"])
+def test_bad_seed_lists(text):
+    with pytest.raises(CommandLineError, match="--seeds"):
+        parse_seeds(text)
+
+
+def test_mean_interval_is_students_t():
+    # The issue's three seeds of the main job: 40%, 82%, 30%.
+    # mean 0.50667; s = sqrt(((-.10667)^2 + .31333^2 + (-.20667)^2) / 2) = 0.275923; s/sqrt(3) = 0.159304
+    mean, low, high = mean_interval([0.40, 0.82, 0.30])
+    assert mean == pytest.approx(0.5066667, abs=1e-6)
+    assert (high - low) / 2 == pytest.approx(T_975_2 * 0.159304, abs=1e-5)
+    assert low == pytest.approx(0.5066667 - 0.685434, abs=1e-5) and high == pytest.approx(1.192101, abs=1e-5)
+    assert mean_interval([0.7]) == (0.7, None, None)
+    same = mean_interval([0.5, 0.5, 0.5])
+    assert same == (0.5, 0.5, 0.5)
+    with pytest.raises(ValueError):
+        mean_interval([])
+
+
+def fake_run(run_dir: Path, seed: int, first: float, final: float, steps: int = 3, per_step: int = 1000) -> None:
+    """A finished run's files as the driver writes them: summary.json and metrics.jsonl."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "template.yaml").write_text("name: embodied_srpo\n")
+
+    def evaluation(rate: float) -> dict:
+        return {f"eval/greedy/{k}": v for k, v in
+                {"success_rate": rate, "episodes": 50.0, "ci_low": rate - 0.1, "ci_high": rate + 0.1}.items()}
+
+    records = [{"step": 0, **evaluation(first)}]
+    for step in range(1, steps + 1):
+        records.append({"step": step, "rollout/success_rate": first + (final - first) * step / steps,
+                        "rollout/total_env_steps": float(step * per_step)})
+    records.append({"step": steps, **evaluation(final)})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = {"template": "embodied_srpo", "warm_start_eval": evaluation(first), "final_eval": evaluation(final),
+               "last_step": steps, "steps_run": steps, "wall_time_s": 600.0 + seed}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_the_report_of_three_seeds(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / SWEEP_FILE).write_text(json.dumps({"template": "embodied_srpo", "overrides": ["trainer.lr=1e-3"],
+                                                "seeds": [0, 1, 2, 3]}))
+    for seed, (first, final) in enumerate([(0.24, 0.40), (0.18, 0.82), (0.22, 0.30)]):
+        fake_run(seed_run_dir(sweep, seed), seed, first, final, per_step=1000 + seed)
+    report = write_report(sweep)
+    assert report["finished"] == [0, 1, 2] and report["seeds"] == [0, 1, 2, 3]  # seed 3 has not run
+    assert json.loads((sweep / REPORT_JSON).read_text()) == json.loads(json.dumps(report))
+    across = report["across_seeds"]
+    final = across["final"]["greedy"]
+    assert final["seeds"] == 3 and final["mean"] == pytest.approx(0.5066667, abs=1e-6)
+    assert (final["ci_low"], final["ci_high"]) == (0.0, 1.0)  # 0.5067 ± 0.6854, clipped to a rate's range
+    first_sd = math.sqrt(sum((r - 0.64 / 3) ** 2 for r in (0.24, 0.18, 0.22)) / 2)
+    assert across["first"]["greedy"]["ci_high"] == pytest.approx(0.64 / 3 + T_975_2 * first_sd / math.sqrt(3))
+    assert across["first"]["greedy"]["mean"] == pytest.approx((0.24 + 0.18 + 0.22) / 3)
+    gains = [0.40 - 0.24, 0.82 - 0.18, 0.30 - 0.22]
+    sd = math.sqrt(sum((g - sum(gains) / 3) ** 2 for g in gains) / 2)
+    assert across["gain"]["greedy"]["mean"] == pytest.approx(sum(gains) / 3)
+    assert across["gain"]["greedy"]["ci_low"] == pytest.approx(sum(gains) / 3 - T_975_2 * sd / math.sqrt(3))
+    assert across["env_steps"]["mean"] == pytest.approx((3000 + 3003 + 3006) / 3)
+    assert report["per_seed"]["1"]["final"]["greedy"] == {"success_rate": 0.82, "episodes": 50.0,
+                                                          "ci_low": pytest.approx(0.72), "ci_high": pytest.approx(0.92)}
+    assert report["per_seed"]["1"]["first_tag"] == "warm_start"
+    md = (sweep / REPORT_MD).read_text()
+    assert "| 1 | 18.0% [8.0%, 28.0%] | 82.0% [72.0%, 92.0%] | 3,003 | 10.0 |" in md
+    assert "| mean of 3 | 21.3% " in md and "50.7% [0.0%, 100.0%]" in md
+    assert "greedy: +29.3 points over the first evaluation" in md
+    assert (sweep / PLOT_FILE).stat().st_size > 10_000
+
+
+def test_a_report_before_any_seed_finished(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / SWEEP_FILE).write_text(json.dumps({"template": "t.yaml", "overrides": [], "seeds": [5]}))
+    report = write_report(sweep)
+    assert report["finished"] == [] and report["across_seeds"] is None and not (sweep / PLOT_FILE).exists()
+    assert "finished: none" in (sweep / REPORT_MD).read_text()
+
+
+class FakeTrain:
+    """Stands in for vla_rl.driver.train: records its calls, writes a finished run, and is
+    interrupted (Ctrl-C) in the run of ``interrupt_seed`` after it wrote a metric."""
+
+    def __init__(self, interrupt_seed: int | None = None) -> None:
+        self.calls: list[tuple] = []
+        self.interrupt_seed = interrupt_seed
+
+    def __call__(self, template, overrides, resume=None, console=None):
+        self.calls.append((template, tuple(overrides), resume))
+        if resume is not None:
+            run = Path(resume)
+            seed = int(run.name.removeprefix("seed_"))
+            (run / "metrics.jsonl").unlink()
+            (run / "template.yaml").unlink()
+            run.rmdir()
+        else:
+            values = dict(o.split("=", 1) for o in overrides)
+            seed = int(values["run.seed"])
+            run = Path(values["run.output_dir"]) / values["run.name"]
+            if seed == self.interrupt_seed:
+                self.interrupt_seed = None
+                run.mkdir()
+                (run / "template.yaml").write_text("name: x\n")
+                (run / "metrics.jsonl").write_text('{"step": 1}\n')
+                raise KeyboardInterrupt
+        fake_run(run, seed, 0.2, 0.5 + seed / 10)
+        return {}
+
+
+def test_an_interrupted_sweep_resumes_where_it_stopped(tmp_path, monkeypatch, capsys):
+    fake = FakeTrain(interrupt_seed=1)
+    monkeypatch.setattr("vla_rl.driver.train", fake)
+    out = tmp_path / "outputs"
+    args = ["train", "embodied_srpo", "--seeds", "0-2", "trainer.total_steps=3", f"run.output_dir={out}",
+            "run.name=three"]
+    assert main(args) == 130  # Ctrl-C during seed 1
+    sweep = out / "three"
+    assert json.loads((sweep / SWEEP_FILE).read_text()) == {
+        "template": "embodied_srpo", "overrides": ["trainer.total_steps=3"], "seeds": [0, 1, 2]}
+    assert [c[2] for c in fake.calls] == [None, None]
+    assert fake.calls[0][1] == ("trainer.total_steps=3", "run.seed=0", f"run.output_dir={sweep}", "run.name=seed_0")
+    assert json.loads((sweep / REPORT_JSON).read_text())["finished"] == [0]
+
+    assert main(["train", "--resume", str(sweep)]) == 0
+    # seed 0 kept; seed 1 resumed from its run directory; seed 2 started
+    assert [(c[0], c[2]) for c in fake.calls[2:]] == [(None, str(seed_run_dir(sweep, 1))), ("embodied_srpo", None)]
+    report = json.loads((sweep / REPORT_JSON).read_text())
+    assert report["finished"] == [0, 1, 2]
+    assert report["across_seeds"]["final"]["greedy"]["mean"] == pytest.approx(0.6)
+    assert "mean of 3" in capsys.readouterr().out
+    calls = len(fake.calls)
+    assert main(["train", "--resume", str(sweep)]) == 0 and len(fake.calls) == calls  # nothing left to run
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--seeds", "0,0"], "seeds are distinct"),
+    (["--seeds", "0,1", "run.seed=3"], "--seeds sets run.seed"),
+    (["--seeds", "0,1", "trainer.totl_steps=3"], "trainer.totl_steps"),
+])
+def test_the_command_line_refuses_a_bad_sweep_before_anything_is_written(args, message, tmp_path, capsys,
+                                                                         monkeypatch):
+    monkeypatch.setattr("vla_rl.driver.train", FakeTrain())
+    assert main(["train", "embodied_srpo", *args, f"run.output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resuming_a_sweep_takes_no_template_override_or_seeds(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("vla_rl.driver.train", FakeTrain())
+    run_sweep("embodied_srpo", [f"run.output_dir={tmp_path}", "run.name=s"], [0])
+    sweep = tmp_path / "s"
+    before = {p: p.stat().st_mtime_ns for p in sweep.rglob("*")}
+    for extra, message in ((["--seeds", "4"], "remove --seeds"), (["trainer.total_steps=9"], "takes no template"),
+                           (["embodied_srpo"], "takes no template")):
+        assert main(["train", "--resume", str(sweep), *extra]) == 2
+        assert message in capsys.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in sweep.rglob("*")} == before
+    with pytest.raises(Exception, match="not a sweep directory: it has no sweep.json"):
+        resume_sweep(seed_run_dir(sweep, 0))
+
+
+@pytest.mark.slow
+def test_a_two_seed_sweep_of_the_main_job(tmp_path, capsys):
+    """The real thing, shrunk: two seeds of the main job, one training step each."""
+    out = tmp_path / "outputs"
+    assert main(["train", "embodied_srpo", "--seeds", "0,1", "trainer.total_steps=1", "warm_start.num_demos=2",
+                 "warm_start.bc_steps=5", "eval.num_episodes=4", "eval.video_episodes=0", f"run.output_dir={out}",
+                 "run.name=two"]) == 0
+    report = json.loads((out / "two" / REPORT_JSON).read_text())
+    assert report["finished"] == [0, 1]
+    for seed in ("0", "1"):
+        figures = report["per_seed"][seed]
+        assert figures["final"]["greedy"]["episodes"] == 4 and figures["env_steps"] > 0
+    assert report["across_seeds"]["final"]["greedy"]["seeds"] == 2
+    templates = [(out / "two" / f"seed_{s}" / "template.yaml").read_text() for s in (0, 1)]
+    assert "seed: 0" in templates[0] and "seed: 1" in templates[1]
+    assert (out / "two" / PLOT_FILE).is_file()
