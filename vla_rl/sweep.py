@@ -302,7 +302,8 @@ def markdown_report(report: dict) -> str:
         lines += ["| " + " | ".join(row) + " |" for row in rows]
         gains = report["across_seeds"]["gain"]
         lines += [""] + [f"- {p}: {100 * g['mean']:+.1f} points over the first evaluation, 95% interval "
-                         f"{_gain_interval(g)} ({g['seeds']} seeds)" for p, g in gains.items()]
+                         f"{_gain_interval(g)} ({g['seeds']} seed{'s' if g['seeds'] > 1 else ''})"
+                         for p, g in gains.items()]
         lines += ["", "Per seed: held-out success with its Wilson 95% interval over the run's episodes. "
                   f"Mean: {_INTERVAL}. Plot: {PLOT_FILE}."]
     return "\n".join(lines) + "\n"
