@@ -12,7 +12,7 @@ from policies.mlp import MLPPolicyConfig
 from vla_rl.config import RunConfig
 from vla_rl.data import keys
 from vla_rl.data.task_loader import ShardedTaskLoader
-from vla_rl.nodes.group_filter import dynamic_sampling
+from vla_rl.nodes.group_filter import dynamic_sampling, filter_groups
 from vla_rl.nodes.reward import episode_rewards
 from vla_rl.nodes.rollout import rollout_groups
 from vla_rl.workers.context import NodeContext
@@ -107,3 +107,16 @@ def test_refills_until_full_keeping_only_varied_groups(process_group, max_refill
         assert rounds == 2 and kept_before_quota == 8 and len(groups) == 6
     if max_refill_rounds == 0:
         assert torch.equal(batch[keys.UID], first[keys.UID][torch.isin(first[keys.UID], groups)])
+
+
+def test_the_plain_filter_counts_the_groups_it_keeps(process_group):
+    """``filter_groups`` reports the kept groups (summed over the workers) beside the kept fraction."""
+    first, _ = step_batch(0)
+    config = RunConfig.model_validate({"algorithm": {"reward": "success", "filter_zero_variance_groups": True}})
+    ctx = NodeContext("group_filter", 0, 0, 1, 0, 1, config, None, Resources())
+    out = filter_groups(ctx, first)
+    uids, rewards = first[keys.UID], first[keys.REWARDS]
+    varied = [uid for uid in torch.unique(uids) if rewards[uids == uid].max() > rewards[uids == uid].min()]
+    assert out.metrics["filter/kept_groups"] == total(len(varied))
+    assert out.metrics["filter/kept_fraction"] == pytest.approx(4 * len(varied) / len(first))
+    assert 0 < len(varied) < 6  # the case tests something: some groups dropped, some kept

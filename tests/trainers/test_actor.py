@@ -104,7 +104,7 @@ def rollout_batch(policy) -> tuple:
     return batch
 
 
-TRAINER_FIELDS = ("ppo_epochs", "ppo_mini_batch_size", "max_grad_norm", "max_skipped_updates")
+TRAINER_FIELDS = ("ppo_epochs", "ppo_mini_batch_size", "ppo_num_mini_batches", "max_grad_norm", "max_skipped_updates")
 
 
 def update_config(loss_name: str, granularity: str, **overrides) -> tuple[AlgorithmSection, TrainerSection]:
@@ -204,6 +204,28 @@ def test_updates_per_epoch_follow_the_mini_batch_size(process_group, device, epi
     assert metrics["actor/num_updates"] == expected_updates
 
 
+@pytest.mark.parametrize(("episodes", "num_mini_batches", "expected_updates"), [(12, 4, 4 * 2), (3, 4, 3 * 2), (12, 1, 2)])
+def test_a_fixed_number_of_minibatches_whatever_the_batch_size(process_group, device, episodes, num_mini_batches,
+                                                               expected_updates, monkeypatch):
+    """``trainer.ppo_num_mini_batches`` replaces ``ppo_mini_batch_size``: as many updates per pass
+    whatever the batch's size (fewer only when the shard is smaller), equal shares of it."""
+    torch.manual_seed(0)
+    policy = make_policy("mlp", TINY_CONFIGS["mlp"]()).to(device)
+    batch = rollout_batch(policy)
+    batch = torch.cat([batch, batch])[:episodes]  # (episodes,)
+    config = update_config("ppo_clip", "action", ppo_epochs=2, ppo_mini_batch_size=1,
+                           ppo_num_mini_batches=num_mini_batches)
+    trainer = ActorTrainer(policy, lr=1e-3)
+    sizes = []
+    real_step = trainer._minibatch_step
+    monkeypatch.setattr(trainer, "_minibatch_step",
+                        lambda batch, micro_batches, *rest: sizes.append(sum(map(len, micro_batches)))
+                        or real_step(batch, micro_batches, *rest))
+    metrics = trainer.update(batch, *config, torch.Generator().manual_seed(1))
+    assert metrics["actor/num_updates"] == expected_updates
+    assert sum(sizes) == 2 * episodes and max(sizes) - min(sizes) <= 1
+
+
 def test_kl_loss_to_a_copy_of_the_policy_is_zero_at_the_first_minibatch(process_group, device, monkeypatch):
     torch.manual_seed(0)
     policy = make_policy("mlp", TINY_CONFIGS["mlp"]()).to(device)
@@ -232,9 +254,12 @@ def test_entropy_bonus_raises_the_policy_std(process_group, device):
     batch = rollout_batch(policy)
     batch.set(keys.ADVANTAGES, torch.zeros_like(batch[keys.ADVANTAGES]))  # only the entropy term acts
     before = policy.action_std().detach().clone()
-    ActorTrainer(policy, lr=1e-2).update(batch, *update_config("ppo_clip", "action", entropy_coeff=1.0),
-                                         torch.Generator().manual_seed(2))
+    metrics = ActorTrainer(policy, lr=1e-2).update(batch, *update_config("ppo_clip", "action", entropy_coeff=1.0),
+                                                   torch.Generator().manual_seed(2))
     assert (policy.action_std() > before).all()
+    # The reported std is the updated policy's, not the rollout's.
+    assert metrics["actor/action_std"] == pytest.approx(float(policy.action_std().detach().mean()), rel=1e-6)
+    assert metrics["actor/action_std"] > float(before.mean())
 
 
 @pytest.mark.parametrize("granularity", ["token", "action", "chunk"])

@@ -31,6 +31,18 @@ def test_critic_starts_at_zero_and_regresses_on_returns(process_group, device):
     assert error_after < 0.1 * error_before
 
 
+def test_critic_follows_a_fixed_number_of_minibatches(process_group, device):
+    """``trainer.ppo_num_mini_batches`` sets the critic's updates per epoch too."""
+    n, steps, obs_dim = 12, 3, 4
+    batch = TensorDict({keys.OBS: torch.randn(n, steps + 1, obs_dim), keys.RETURNS: torch.randn(n, steps),
+                        keys.RESPONSE_MASK: torch.ones(n, steps, dtype=torch.bool)}, batch_size=[n])
+    trainer = CriticTrainer(ValueNetwork(obs_dim, [8], torch.zeros(obs_dim), torch.ones(obs_dim)).to(device), lr=1e-3)
+    batch.set(keys.VALUES, trainer.values(batch))
+    settings = TrainerSection(ppo_epochs=2, ppo_mini_batch_size=1, ppo_num_mini_batches=3, max_grad_norm=1.0)
+    metrics = trainer.update(batch, CriticSection(), settings, torch.Generator().manual_seed(0))
+    assert metrics["critic/num_updates"] == 6.0  # not 2 x 12 (minibatches of one episode)
+
+
 def _camera_obs(state: torch.Tensor) -> TensorDict:
     """Camera observations around ``state`` ``(n, T + 1, obs_dim)``: an image and an instruction
     that the critic must not read."""

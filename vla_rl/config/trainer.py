@@ -47,6 +47,12 @@ class TrainerSection(_Section):
         description="Episodes per minibatch, summed over the workers (verl's ppo_mini_batch_size): a "
         "step whose filtered batch is small makes fewer updates instead of overfitting it.",
     )
+    ppo_num_mini_batches: int | None = Field(
+        None, ge=1,
+        description="Minibatches per pass, whatever the batch's size (CleanRL's num_minibatches; replaces "
+        "ppo_mini_batch_size when set): every step makes ppo_epochs x this many updates, each on an equal share of "
+        "the step's (filtered) batch, fewer only when a worker's shard has fewer episodes. null: ppo_mini_batch_size.",
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient-norm clip.")
     max_skipped_updates: int = Field(
         3, ge=1, description="An update whose gradient norm is not finite (a diverged loss) is skipped and "

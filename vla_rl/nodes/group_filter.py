@@ -21,7 +21,7 @@ from vla_rl.algorithms.group_filters import keep_groups
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data import keys
 from vla_rl.utils.collectives import all_gather_small_objects, all_reduce
-from vla_rl.workers.metrics import Metric, same
+from vla_rl.workers.metrics import Metric, same, total
 
 FILTER_READS = (keys.REWARDS, keys.SUCCESS, keys.UID)
 
@@ -50,10 +50,9 @@ def filter_groups(ctx, batch) -> NodeOutput:
       the band.
     """
     algo = ctx.config.algorithm
-    if not _filters_enabled(algo) or len(batch) == 0:
-        return NodeOutput(batch, {"filter/kept_fraction": 1.0})
-    keep = _keep_mask(algo, batch)
-    return NodeOutput(batch[keep], {"filter/kept_fraction": float(keep.float().mean())})
+    kept = batch[_keep_mask(algo, batch)] if _filters_enabled(algo) and len(batch) else batch
+    return NodeOutput(kept, {"filter/kept_fraction": len(kept) / len(batch) if len(batch) else 1.0,
+                             "filter/kept_groups": total(_num_groups(kept) if len(kept) else 0)})
 
 
 def _all_reduce(values: list[float], group) -> list[float]:

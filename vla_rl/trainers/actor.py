@@ -172,8 +172,9 @@ class ActorTrainer:
                 KL loss term.
             trainer: the run's ``trainer`` section: ``ppo_epochs``, ``ppo_mini_batch_size``
                 (episodes per minibatch summed over the workers; each pass makes
-                ``ceil(total episodes / ppo_mini_batch_size)`` minibatches, fewer if a worker's
-                shard has fewer episodes than that), ``micro_batch_size`` (gradient accumulation)
+                ``ceil(total episodes / ppo_mini_batch_size)`` minibatches, or
+                ``ppo_num_mini_batches`` when set, fewer if a worker's shard has fewer episodes than
+                that), ``micro_batch_size`` (gradient accumulation)
                 and ``max_grad_norm``.
             generator: shuffles the minibatches (seeded per worker, saved in checkpoints).
 
@@ -182,7 +183,9 @@ class ActorTrainer:
             metrics (``actor/pg_loss``, ``actor/entropy``, ``actor/kl_loss``, ``actor/pg_clipfrac``,
             ``actor/approx_kl``, ``actor/grad_norm``, ...; with micro-batches each minibatch's
             value is the micro-batches' weighted like their losses), ``actor/num_updates`` (0 when
-            some worker's shard is empty: nobody updates) and ``actor/skipped_updates`` (updates
+            some worker's shard is empty: nobody updates), ``actor/action_std`` (a policy with a
+            state-independent ``action_std()``, e.g. the MLP: its mean over the action dimensions
+            after the update, in action units) and ``actor/skipped_updates`` (updates
             whose gradient norm was not finite, not applied: :mod:`vla_rl.trainers.guard`);
             with ``trainer.gradient_checkpointing``, ``actor/checkpointed_blocks`` (the blocks
             that recompute their activations: 0 would mean checkpointing did nothing). At
@@ -204,7 +207,8 @@ class ActorTrainer:
         self.policy.train()
         self.parallel.trained.train()
         for micro_batches in minibatch_schedule(batch.batch_size[0], trainer.ppo_mini_batch_size, trainer.ppo_epochs,
-                                                generator, self.group, trainer.micro_batch_size):
+                                                generator, self.group, trainer.micro_batch_size,
+                                                trainer.ppo_num_mini_batches):
             step = self._minibatch_step(batch, micro_batches, old_log_probs, algorithm, trainer, loss_fn,
                                         loss_options)
             if step is None:
@@ -218,6 +222,8 @@ class ActorTrainer:
         metrics.update({name: total / updates for name, total in totals.items()})
         metrics["actor/num_updates"] = float(updates)
         metrics["actor/skipped_updates"] = float(skipped)
+        if callable(getattr(self.policy, "action_std", None)):  # a Gaussian policy's state-independent std
+            metrics["actor/action_std"] = float(self.policy.action_std().detach().mean())
         if self.parallel.checkpointed_blocks:
             metrics["actor/checkpointed_blocks"] = float(self.parallel.checkpointed_blocks)
         return metrics

@@ -125,7 +125,7 @@ class CriticTrainer:
         updates = skipped = 0
         self.network.train()
         for index in minibatch_indices(batch.batch_size[0], trainer.ppo_mini_batch_size, trainer.ppo_epochs,
-                                       generator, self.group):
+                                       generator, self.group, trainer.ppo_num_mini_batches):
             mb = batch[index]
             vpreds = self.forward(self.ddp, mb)  # (b, T)
             vf_loss, metrics = compute_value_loss(vpreds, mb[keys.RETURNS], mb[keys.VALUES], mb[keys.RESPONSE_MASK],

@@ -18,26 +18,32 @@ def minibatch_indices(
     epochs: int,
     generator: torch.Generator,
     group: dist.ProcessGroup | None = None,
+    num_mini_batches: int | None = None,
 ) -> Iterator[Tensor]:
     """Shuffled minibatch index tensors of this worker's shard, ``epochs`` passes over it.
 
     Each pass makes ``ceil(total samples over the workers / ppo_mini_batch_size)`` minibatches
     (verl's ``ppo_mini_batch_size``: a small filtered batch makes fewer updates instead of being
-    overfitted), fewer if some worker's shard has fewer samples than that: every worker runs the
-    same number of minibatches, so that the gradient all-reduces of their backward passes match.
-    When some shard is empty nobody updates.
+    overfitted), or ``num_mini_batches`` when given (CleanRL's ``num_minibatches``: as many
+    updates whatever the batch's size, each minibatch a fixed share of it), fewer if some worker's
+    shard has fewer samples than that: every worker runs the same number of minibatches, so that
+    the gradient all-reduces of their backward passes match. When some shard is empty nobody
+    updates.
 
     Args:
         num_samples: samples in this worker's shard.
-        ppo_mini_batch_size: samples per minibatch, summed over the workers.
+        ppo_mini_batch_size: samples per minibatch, summed over the workers (unused with
+            ``num_mini_batches``).
         epochs: passes over the shard.
         generator: shuffles the samples (seeded per worker, saved in checkpoints).
         group: the DAG workers' process group (None: the default group).
+        num_mini_batches: minibatches per pass (None: from ``ppo_mini_batch_size``).
 
     Yields:
         (minibatch size,) int64 indices into the shard, epoch after epoch.
     """
-    for micro_batches in minibatch_schedule(num_samples, ppo_mini_batch_size, epochs, generator, group):
+    for micro_batches in minibatch_schedule(num_samples, ppo_mini_batch_size, epochs, generator, group,
+                                            num_mini_batches=num_mini_batches):
         yield micro_batches[0]
 
 
@@ -48,6 +54,7 @@ def minibatch_schedule(
     generator: torch.Generator,
     group: dist.ProcessGroup | None = None,
     micro_batch_size: int | None = None,
+    num_mini_batches: int | None = None,
 ) -> Iterator[list[Tensor]]:
     """:func:`minibatch_indices`, each minibatch split into micro-batches (gradient accumulation).
 
@@ -59,7 +66,8 @@ def minibatch_schedule(
     so the minibatches, are those of :func:`minibatch_indices`.
 
     Args:
-        num_samples, ppo_mini_batch_size, epochs, generator, group: see :func:`minibatch_indices`.
+        num_samples, ppo_mini_batch_size, epochs, generator, group, num_mini_batches: see
+            :func:`minibatch_indices`.
         micro_batch_size: at most this many samples per micro-batch; None: one micro-batch, the
             whole minibatch.
 
@@ -68,7 +76,8 @@ def minibatch_schedule(
         that concatenate to the minibatch.
     """
     counts = all_gather_small_objects(num_samples, group)  # every worker's shard size, in one collective
-    count = min(math.ceil(sum(counts) / ppo_mini_batch_size), min(counts))
+    wanted = math.ceil(sum(counts) / ppo_mini_batch_size) if num_mini_batches is None else num_mini_batches
+    count = min(wanted, min(counts))
     if count == 0:
         return
     pieces = 1 if micro_batch_size is None else math.ceil(math.ceil(max(counts) / count) / micro_batch_size)
