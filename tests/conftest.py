@@ -92,3 +92,39 @@ def tiny_vjepa2_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("vjepa2")
     VJEPA2Model(config).save_pretrained(path)
     return path
+
+
+EVALUATED_LIFT_HORIZON = 30
+"""Control steps of :func:`evaluated_lift_run`'s episodes."""
+
+
+@pytest.fixture(scope="session")
+def evaluated_lift_run(tmp_path_factory, ray_on_loopback):
+    """A main-job (robosuite Lift) run directory with one checkpoint of a random MLP (hidden [16])
+    and ``vla-rl eval``'s greedy evaluation of it: 3 held-out episodes of 30 control steps,
+    stored under ``<run>/eval/``."""
+    import torch
+
+    from policies import make_policy
+    from policies.mlp import MLPPolicyConfig
+    from vla_rl.cli import main
+    from vla_rl.driver import prepare_run_dir
+    from vla_rl.trainers import checkpoint
+
+    horizon = EVALUATED_LIFT_HORIZON
+    out = tmp_path_factory.mktemp("evaluated")
+    run, _, _ = prepare_run_dir("embodied_srpo", [f"run.output_dir={out}", "run.name=evaluated",
+                                                  "policy.config.hidden_sizes=[16]", f"simulator.env.horizon={horizon}"],
+                                resume=None)
+    run.close()
+    policy = make_policy("mlp", MLPPolicyConfig(obs_dim=11, action_dim=7, hidden_sizes=(16,)))
+    torch.manual_seed(5)
+    for parameter in policy.parameters():
+        torch.nn.init.normal_(parameter, std=0.3)
+    checkpoint.save_checkpoint(run.path / "checkpoints", 1, rank=0, model=policy)
+    checkpoint.finalize_checkpoint(run.path / "checkpoints", 1)
+    overrides = [*devices.device_overrides(num_workers=1), "workers.num_workers=1", "eval.num_episodes=3",
+                 "eval.video_episodes=0", "eval.protocols=[greedy]", f"simulator.env.horizon={horizon}",
+                 "simulator.num_cpus_per_actor=0"]
+    assert main(["eval", str(run.path), *overrides]) == 0
+    return run.path

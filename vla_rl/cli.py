@@ -34,12 +34,15 @@ from vla_rl.dag.planner import describe_plan, plan
 from vla_rl.errors import CommandLineError, RunStopped
 from vla_rl.evaluation.targets import EvalInputError
 from vla_rl.export import ExportError
+from vla_rl.export_episodes import EpisodesExportError
 from vla_rl.preflight import preflight
+from vla_rl.serving import ServeError
 from vla_rl.utils.registry import RegistryError
 
 
 USER_ERRORS: tuple[type[Exception], ...] = (TemplateError, ValidationError, RegistryError, EvalInputError,
-                                            ExportError, CommandLineError)
+                                            ExportError, EpisodesExportError, ServeError,
+                                            CommandLineError)
 """Errors caused by the user's input: reported in one line, exit status 2, no traceback."""
 
 USER_ERROR_STATUS = 2
@@ -58,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_command(commands)
     _add_eval_command(commands)
     _add_export_command(commands)
+    _add_export_episodes_command(commands)
+    _add_serve_command(commands)
     return parser
 
 
@@ -338,6 +343,93 @@ def _run_export(args: argparse.Namespace) -> int:
     from vla_rl.export import export_checkpoint
 
     print(export_checkpoint(args.checkpoint, args.out))
+    return 0
+
+
+def _add_export_episodes_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "export-episodes",
+        help="write stored episodes (evaluations, demonstrations) as a LeRobot dataset (format v3.0)",
+        description="Replay the episodes of an evaluation directory (vla-rl eval), a run directory (its eval/) or "
+        "a demonstration store (demos.zarr) in the simulator, one control step at a time, and write them as a "
+        "LeRobot v3.0 dataset: observation.state, action, next.reward/done/success, and with --cameras "
+        "observation.images.<camera> videos (AV1, as LeRobot encodes). LeRobot's LeRobotDataset loads it.",
+    )
+    parser.add_argument("source", metavar="SOURCE", help="an evaluation directory, a run directory or a demos.zarr")
+    parser.add_argument("out", metavar="OUT", help="the dataset root to write (must not exist)")
+    parser.add_argument("--cameras", type=_names, default=(), metavar="C1,C2",
+                        help="cameras to render as videos (e.g. agentview,robot0_eye_in_hand); default: state only")
+    parser.add_argument("--camera-size", type=positive_int, default=None, help="square camera size in pixels")
+    parser.add_argument("--fps", type=float, default=None, help="frames per second (default: the control frequency)")
+    parser.add_argument("--greedy-only", action="store_true", help="only the greedy protocol's evaluation episodes")
+    parser.add_argument("--robot-type", default=None, help="LeRobot's robot_type (default: the simulator's robot)")
+    parser.set_defaults(handler=_run_export_episodes)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """argparse type: comma-separated non-empty names."""
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated names such as agentview,robot0_eye_in_hand, "
+                                         f"got {text!r}")
+    return names
+
+
+def _run_export_episodes(args: argparse.Namespace) -> int:
+    import logging
+
+    from vla_rl.export_episodes import export_episodes
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(export_episodes(args.source, args.out, cameras=args.cameras, camera_size=args.camera_size, fps=args.fps,
+                          greedy_only=args.greedy_only, robot_type=args.robot_type))
+    return 0
+
+
+def _add_serve_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "serve",
+        help="serve a trained policy to robots over openpi's websocket protocol (openpi-client drives it)",
+        description="Load a policy (a run directory's newest checkpoint, a checkpoint directory, or an export of "
+        "vla-rl export) and serve it over openpi's websocket protocol: metadata on connect, an observation dict "
+        "in, an action chunk out (greedy unless --sample or a request's 'sample': true). Concurrent clients share "
+        "forwards. Binds 127.0.0.1 unless --host says otherwise. README, 'Real robots'.",
+    )
+    parser.add_argument("target", metavar="CHECKPOINT_OR_EXPORT",
+                        help="a run directory, a checkpoint directory (<run>/checkpoints/step_*) or an export")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="dotted overrides of --template (the training settings of a π0/OpenVLA export)")
+    parser.add_argument("--template", default=None, metavar="TEMPLATE",
+                        help="the template a π0/OpenVLA(-OFT) export was trained with (checkpoints record their own)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: any free port)")
+    parser.add_argument("--token", default=None,
+                        help="shared secret clients must send (Authorization: Api-Key TOKEN; openpi-client's "
+                        "api_key); also read from VLA_RL_SERVE_TOKEN")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if present, else cpu)")
+    parser.add_argument("--sample", action="store_true", help="sample actions by default instead of the mode")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampled actions (default 0)")
+    parser.add_argument("--batch-window-ms", type=float, default=0.0,
+                        help="how long a batch waits for more requests after its first (default 0)")
+    parser.add_argument("--max-batch", type=positive_int, default=64, help="most requests per forward (default 64)")
+    parser.set_defaults(handler=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    from vla_rl.serving.policy import load_served_policy
+    from vla_rl.serving.server import PolicyServer
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    token = args.token if args.token is not None else os.environ.get("VLA_RL_SERVE_TOKEN")
+    served = load_served_policy(args.target, args.template, args.overrides, device=args.device,
+                                temperature=args.temperature, seed=args.seed)
+    server = PolicyServer(served, host=args.host, port=args.port, token=token, sample=args.sample,
+                          batch_window_ms=args.batch_window_ms, max_batch=args.max_batch)
+    server.serve_forever()
     return 0
 
 

@@ -46,6 +46,34 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
             (missing, truncated or altered files: the message names them), holds no policy
             weights, or ``out`` exists.
     """
+    out = Path(out)
+    if out.exists():
+        raise ExportError(f"{out} exists; export to a new directory")
+    policy, _ = load_checkpoint_policy(checkpoint)
+    if callable(getattr(policy, "merge_lora", None)):
+        merged = policy.merge_lora()
+        if merged:
+            logger.info("merged the LoRA adapters of %d layers", merged)
+    return Path(policy.save_pretrained(out))
+
+
+def load_checkpoint_policy(checkpoint: str | Path):
+    """The policy of training checkpoint ``checkpoint``, rebuilt on the CPU from its run's resolved
+    template (and the overrides of its resumes) with the checkpoint's weights loaded (``vla-rl
+    export`` and ``vla-rl serve``).
+
+    Args:
+        checkpoint: a checkpoint directory ``<run>/checkpoints/step_XXXXXXXX`` of ``vla-rl train``.
+
+    Returns:
+        ``(policy, config)``: the :class:`policies.base.Policy` (LoRA adapters not merged) and the
+        run's validated config.
+
+    Raises:
+        ExportError: ``checkpoint`` is not a checkpoint of a run directory, fails verification
+            (missing, truncated or altered files: the message names them), or holds no policy
+            weights.
+    """
     from vla_rl.dag.loader import load_template
     from vla_rl.run_dir import RunDirectory, RunDirError
     from vla_rl.trainers import checkpoint as ckpt
@@ -56,7 +84,6 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     from vla_rl.workflows import get_workflow
 
     path = Path(checkpoint).resolve()
-    out = Path(out)
     if not path.is_dir():
         raise ExportError(f"checkpoint {path} does not exist")
     if not (path / ckpt.TRAINER_STATE_FILE).is_file():
@@ -66,8 +93,6 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
         verify_checkpoint(path)
     except CheckpointCorruptError as err:
         raise ExportError(str(err)) from err
-    if out.exists():
-        raise ExportError(f"{out} exists; export to a new directory")
     run_dir = path.parent.parent
     try:
         run = RunDirectory.reopen(run_dir)
@@ -81,8 +106,4 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
         raise ExportError(f"{path} holds no policy weights: {err}") from err
     except RuntimeError as err:
         raise ExportError(f"{path}: {err}") from err
-    if callable(getattr(policy, "merge_lora", None)):
-        merged = policy.merge_lora()
-        if merged:
-            logger.info("merged the LoRA adapters of %d layers", merged)
-    return Path(policy.save_pretrained(out))
+    return policy, config

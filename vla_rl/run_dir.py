@@ -45,8 +45,8 @@ POLICY_SETTINGS = ("policy", "text", "simulator", "run.workflow")
 """The settings whose override may change the policy a resume builds (its tensor names and shapes):
 a resume that overrides one is checked against the checkpoint's tensors (:func:`check_resume`)."""
 
-INPUT_PATH_FIELDS = ("warm_start.demo_store", "text.model_path", "text.train_file", "text.test_file",
-                     "policy.config.model_path")
+INPUT_PATH_FIELDS = ("warm_start.demo_store", "warm_start.dataset", "text.model_path", "text.train_file",
+                     "text.test_file", "policy.config.model_path")
 """The settings that name a file or directory the workers read (or create, for demonstrations)."""
 
 

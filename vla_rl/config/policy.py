@@ -136,6 +136,15 @@ class WarmStartSection(_Section):
     demo_store: str | None = Field(
         None, description="zarr store of demonstrations (created if missing); default: in the run dir."
     )
+    dataset: str | None = Field(
+        None, description="A LeRobot dataset (format v3.0, a local root directory) whose first num_demos episodes "
+        "are cloned instead of the scripted expert's demonstrations (docs/datasets.md).",
+    )
+    dataset_keys: dict[str, str] = Field(
+        default_factory=lambda: {"observation.state": "state", "action": "actions"},
+        description="warm_start.dataset's features -> what the policy reads: 'state', 'actions', "
+        "'<camera>_image' (e.g. observation.images.agentview: agentview_image).",
+    )
 
 
 def _check_lora_support(policy_name: str) -> None:

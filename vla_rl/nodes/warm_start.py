@@ -6,7 +6,9 @@ Both run at DP size 1: every worker reads all of the (few) demonstrations or exa
 the same deterministic fit from the run's seed, so the workers start RL from identical weights
 without moving any.
 
-- ``(data, data_load, demonstrations)``: rank 0 makes sure the store holds
+- ``(data, data_load, demonstrations)``: with ``warm_start.dataset``, the first
+  ``warm_start.num_demos`` episodes of that LeRobot dataset (:mod:`vla_rl.data.lerobot_demonstrations`,
+  checked when the template is planned); otherwise rank 0 makes sure the store holds
   ``warm_start.num_demos`` successful demonstrations of the simulator's scripted expert (of every
   task of a task set; zarr, reused by later runs), then every worker reads their transitions. A
   task without a scripted expert, a ``simulator.env.horizon`` shorter than its expert's measured
@@ -69,9 +71,16 @@ def check_experts(config, node_config, dp_size: int, world_size: int) -> tuple[s
     :func:`simulators.experts.horizon_problem`)."""
     from simulators.experts import NoExpertError, expert_class, horizon_problem, measured_steps
 
-    sim = config.simulator
-    if config.warm_start.num_demos == 0:
+    sim, ws = config.simulator, config.warm_start
+    if ws.num_demos == 0:
         return None
+    if ws.dataset is not None:
+        from vla_rl.data.lerobot_demonstrations import check_dataset
+
+        if sim.multi_task:
+            return "warm_start.dataset", "cloning a dataset is not supported with a task set (simulator.tasks) yet"
+        problem = check_dataset(ws.dataset, ws.dataset_keys, ws.num_demos)
+        return None if problem is None else ("warm_start.dataset", problem)
     configs = task_configs(sim)
     for task_config in configs:
         try:
@@ -122,6 +131,16 @@ def load_demonstrations(ctx, batch) -> NodeOutput:
     ws, sim = ctx.config.warm_start, ctx.config.simulator
     if ws.num_demos == 0:
         return NodeOutput(TensorDict({}, batch_size=[0]), {})
+    if ws.dataset is not None:
+        from vla_rl.data.lerobot_demonstrations import dataset_episodes
+        from vla_rl.trainers.warm_start import episode_transitions
+
+        try:
+            episodes = dataset_episodes(ws.dataset, ws.dataset_keys, ws.num_demos, ctx.resources.simulator_pool.spec())
+        except ValueError as err:
+            raise RunStopped(str(err)) from None
+        obs, actions = episode_transitions(episodes, ctx.resources.policy.bc_chunk_size)
+        return NodeOutput(TensorDict({keys.OBS: obs, keys.ACTIONS: actions}, batch_size=[len(actions)]), {})
     store_path = demo_store_path(ctx.config, ctx.resources.run_dir)
     if ctx.rank == 0:
         try:

@@ -168,12 +168,24 @@ def demonstrations(store: TrajectoryStore, num_demos: int, chunk_size: int) -> t
             stored dict observations; and actions ``(N, chunk_size, act_dim)`` float32.
     """
     episodes = [store.read_episode(i) for i in _demo_indices(store, num_demos)]
+    return episode_transitions([{field: e[field] for field in store.fields} for e in episodes], chunk_size)
+
+
+def episode_transitions(episodes: list[dict[str, np.ndarray]], chunk_size: int) -> tuple[torch.Tensor | TensorDict,
+                                                                                        torch.Tensor]:
+    """Every step of demonstration episodes laid out as a store's (:func:`demo_fields`: ``obs``,
+    or the dict observation's keys, and ``actions`` ``(T, act_dim)``) with the next actions.
+
+    Returns:
+        observations: float32 ``(N, obs_dim)``, or a TensorDict of batch size ``(N,)``; and actions
+        ``(N, chunk_size, act_dim)`` float32.
+    """
     actions = torch.as_tensor(
         np.concatenate([action_chunks(e[ACTIONS_FIELD], chunk_size) for e in episodes]), dtype=torch.float32
     )  # (N, chunk, A)
-    if FLAT_OBS_FIELD in store.fields:
+    if FLAT_OBS_FIELD in episodes[0]:
         return torch.as_tensor(np.concatenate([e[FLAT_OBS_FIELD] for e in episodes]), dtype=torch.float32), actions
-    obs_keys = [name for name in store.fields if name != ACTIONS_FIELD]
+    obs_keys = [name for name in episodes[0] if name != ACTIONS_FIELD]
     obs = to_torch({key: np.concatenate([e[key] for e in episodes]) for key in obs_keys})
     return obs, actions
 

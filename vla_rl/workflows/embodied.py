@@ -150,7 +150,11 @@ def critic_state_normalization(res) -> tuple[torch.Tensor, torch.Tensor]:
     if hasattr(policy, "obs_mean"):
         return policy.obs_mean.detach().float().cpu(), policy.obs_std.detach().float().cpu()
     states = []
-    if ws.num_demos > 0:
+    if ws.num_demos > 0 and ws.dataset is not None:
+        from vla_rl.data.lerobot_demonstrations import dataset_states
+
+        states.append(torch.as_tensor(dataset_states(ws.dataset, ws.dataset_keys, ws.num_demos)))
+    elif ws.num_demos > 0:
         from vla_rl.data.trajectory_store import TrajectoryStore
 
         path = demo_store_path(res.config, res.run_dir)

@@ -1,0 +1,73 @@
+"""``warm_start.dataset``: a LeRobot dataset (here one LeRobot's own API wrote from the main job's
+two scripted Lift demonstrations) becomes exactly the behaviour-cloning batch the scripted
+demonstrations give; bad datasets and key maps are refused when the template is planned."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vla_rl.cli import main
+from vla_rl.data.lerobot_demonstrations import DEFAULT_DATASET_KEYS, check_dataset, dataset_episodes
+from vla_rl.data.observations import decode_instruction
+from vla_rl.data.trajectory_store import TrajectoryStore
+from vla_rl.trainers.warm_start import demo_fields, demonstrations, episode_transitions
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot"
+LIFT = FIXTURES / "lift_scripted_demos"
+SPEC = {"obs_dim": 11, "act_dim": 7, "horizon": 100}
+
+
+def test_the_dataset_gives_the_scripted_demonstrations_batch(tmp_path):
+    """The same transitions, bit for bit, as a demonstration store holding the same episodes."""
+    expected = np.load(FIXTURES / "lift_scripted_demos_expected.npz")
+    store = TrajectoryStore.create(tmp_path / "demos.zarr", fields=demo_fields(SPEC), max_steps=100,
+                                   attrs={"env": {"name": "robosuite_lift"}})
+    for episode in range(2):
+        store.append_episode({"obs": expected[f"episode_{episode}/observation.state"],
+                              "actions": expected[f"episode_{episode}/action"]}, init_state_id=np.int64(episode))
+    for chunk in (1, 4):
+        obs, actions = episode_transitions(dataset_episodes(LIFT, DEFAULT_DATASET_KEYS, 2, SPEC), chunk)
+        want_obs, want_actions = demonstrations(store, 2, chunk)
+        assert obs.shape == (58, 11) and actions.shape == (58, chunk, 7)
+        assert torch.equal(obs, want_obs) and torch.equal(actions, want_actions)
+
+
+def test_camera_features_map_onto_the_policys_images_and_the_task_is_the_instruction():
+    keys = {"observation.state": "state", "action": "actions", "observation.images.agentview": "agentview_image"}
+    spec = {"obs_dim": 2, "act_dim": 2, "images": {"agentview_image": [32, 32, 3]}}
+    obs, actions = episode_transitions(dataset_episodes(FIXTURES / "video_probe", keys, 2, spec), 1)
+    assert obs["agentview_image"].shape == (10, 32, 32, 3) and obs["agentview_image"].dtype == torch.uint8
+    assert [decode_instruction(code.numpy()) for code in obs["instruction"][[0, 5]]] == ["push the cube",
+                                                                                         "lift the cube"]
+    assert actions.shape == (10, 1, 2)
+    with pytest.raises(ValueError, match=r"reads camera images \['agentview_image'\]; map dataset features"):
+        dataset_episodes(FIXTURES / "video_probe", {"observation.state": "state", "action": "actions"}, 2, spec)
+
+
+def test_a_dataset_of_other_sizes_is_refused_naming_the_feature():
+    with pytest.raises(ValueError, match=r"feature 'observation.state' has shape \[11\], the simulator's 'state' "
+                                         r"has \[10\]"):
+        dataset_episodes(LIFT, DEFAULT_DATASET_KEYS, 2, {**SPEC, "obs_dim": 10})
+
+
+@pytest.mark.parametrize("keys, num_demos, message", [
+    (DEFAULT_DATASET_KEYS, 3, "holds 2 episodes, fewer than warm_start.num_demos=3"),
+    ({"observation.state": "state"}, 1, "exactly one feature to 'actions'"),
+    ({"observation.state": "state", "action": "actions", "x": "gripper"}, 1, "'gripper' is not a policy input"),
+    ({"observation.joints": "state", "action": "actions"}, 1, "has no feature 'observation.joints'"),
+    ({"observation.state": "agentview_image", "action": "actions", "next.reward": "state"}, 1,
+     "cannot be the policy's 'agentview_image'"),
+])
+def test_check_dataset_names_what_is_wrong(keys, num_demos, message):
+    assert message in check_dataset(LIFT, keys, num_demos)
+
+
+def test_the_planner_refuses_a_bad_dataset_before_anything_starts(tmp_path, capsys):
+    assert main(["plan", "embodied_srpo", f"warm_start.dataset={LIFT}"]) == 0
+    capsys.readouterr()
+    assert main(["plan", "embodied_srpo", f"warm_start.dataset={tmp_path}"]) == 2
+    assert "field 'warm_start.dataset'" in capsys.readouterr().err

@@ -1,0 +1,77 @@
+"""Client observation layouts (openpi's LIBERO, DROID and ALOHA clients, LeRobot's keys, the
+engine's own) map onto a served policy's inputs; anything else is one clear error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vla_rl.data.observations import decode_instruction
+from vla_rl.serving.inputs import ObservationError, ServedInputs
+
+CAMERAS = ServedInputs(8, {"agentview": (4, 6, 3), "robot0_eye_in_hand": (4, 6, 3)}, "lift the cube")
+rng = np.random.default_rng(0)
+STATE = rng.normal(size=8)
+FRONT = rng.integers(0, 255, size=(4, 6, 3), dtype=np.uint8)
+WRIST = rng.integers(0, 255, size=(4, 6, 3), dtype=np.uint8)
+
+
+def check(obs, prompt="lift the cube") -> None:
+    assert obs["state"].dtype == np.float32
+    np.testing.assert_array_equal(obs["state"], STATE.astype(np.float32))
+    np.testing.assert_array_equal(obs["agentview_image"], FRONT)
+    np.testing.assert_array_equal(obs["robot0_eye_in_hand_image"], WRIST)
+    assert decode_instruction(obs["instruction"]) == prompt
+
+
+@pytest.mark.parametrize("request_", [
+    {"state": STATE, "agentview_image": FRONT, "robot0_eye_in_hand_image": WRIST, "prompt": "stack it"},
+    {"observation/state": STATE, "observation/image": FRONT, "observation/wrist_image": WRIST, "prompt": "stack it"},
+    {"observation/joint_position": STATE[:7], "observation/gripper_position": STATE[7:],
+     "observation/exterior_image_1_left": FRONT, "observation/wrist_image_left": WRIST, "prompt": "stack it"},
+    {"state": STATE, "images": {"cam_high": np.moveaxis(FRONT, -1, 0), "cam_left_wrist": np.moveaxis(WRIST, -1, 0),
+                                "cam_low": FRONT}, "prompt": "stack it"},
+    {"observation.state": STATE, "observation.images.agentview": FRONT,
+     "observation.images.robot0_eye_in_hand": WRIST, "task": "stack it", "extra": 1},
+], ids=["engine", "libero", "droid", "aloha", "lerobot"])
+def test_every_documented_layout_maps_to_the_same_observation(request_):
+    check(CAMERAS.engine_observation(request_), "stack it")
+
+
+def test_the_training_instruction_is_the_default_prompt_and_a_flat_policy_takes_the_state_alone():
+    check(CAMERAS.engine_observation({"state": STATE, "observation/image": FRONT, "observation/wrist_image": WRIST}))
+    flat = ServedInputs(8).engine_observation({"state": list(STATE)})
+    assert isinstance(flat, np.ndarray) and flat.dtype == np.float32 and flat.shape == (8,)
+
+
+def test_a_task_set_policy_reads_the_task_id():
+    inputs = ServedInputs(8, num_tasks=10)
+    obs = inputs.engine_observation({"state": STATE, "task_id": np.int64(3)})
+    assert obs["task_id"] == 3 and obs["task_id"].dtype == np.int64
+    with pytest.raises(ObservationError, match=r"'task_id' must be an int in \[0, 10\).*got 10"):
+        inputs.engine_observation({"state": STATE, "task_id": 10})
+
+
+@pytest.mark.parametrize("request_, message", [
+    ([1, 2], "must be a dict, got list"),
+    ({"joints": STATE}, "has no state: send 8 float values under 'state'"),
+    ({"state": STATE[:5]}, r"state has shape \(5,\); the policy takes a state of shape \(8,\)"),
+    ({"state": ["a"] * 8}, "state must be numbers"),
+    ({"state": np.full(8, np.nan)}, "non-finite"),
+    ({"state": STATE, "observation/image": FRONT}, "no image of camera 'robot0_eye_in_hand'"),
+    ({"state": STATE, "observation/image": FRONT.astype(np.float32), "observation/wrist_image": WRIST},
+     "observation/image is a float32 array; images are uint8"),
+    ({"state": STATE, "observation/image": FRONT[:2], "observation/wrist_image": WRIST},
+     r"observation/image has shape \(2, 6, 3\); camera 'agentview' takes \(4, 6, 3\)"),
+    ({"state": STATE, "observation/image": FRONT, "observation/wrist_image": WRIST, "prompt": 3},
+     "prompt must be a string"),
+])
+def test_malformed_observations_are_one_line_naming_the_key(request_, message):
+    with pytest.raises(ObservationError, match=message):
+        CAMERAS.engine_observation(request_)
+
+
+def test_without_a_default_instruction_the_client_must_send_one():
+    inputs = ServedInputs(8, {"agentview": (4, 6, 3)})
+    with pytest.raises(ObservationError, match="no instruction: send it as a string under 'prompt'"):
+        inputs.engine_observation({"state": STATE, "agentview_image": FRONT})

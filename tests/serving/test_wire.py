@@ -1,0 +1,57 @@
+"""The wire format is openpi's: what ``openpi_client.msgpack_numpy`` packs, vla-rl reads, and back."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+from openpi_client import msgpack_numpy
+
+from vla_rl.serving import wire
+
+MESSAGE = {
+    "observation/state": np.arange(8, dtype=np.float64) / 3,
+    "observation/image": np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3),
+    "prompt": "pick up the black bowl",
+    "nested": {"ids": np.array([[1, -2], [3, 4]], dtype=np.int64), "flag": np.bool_(True), "x": np.float32(0.5)},
+    "plain": [1, 2.5, None, "s"],
+}
+
+
+def assert_same(got, want) -> None:
+    if isinstance(want, dict):
+        assert set(got) == set(want)
+        for key in want:
+            assert_same(got[key], want[key])
+    elif isinstance(want, np.ndarray):
+        assert isinstance(got, np.ndarray) and got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(got, want)
+    elif isinstance(want, np.generic):
+        assert type(got) is type(want) and got == want
+    else:
+        assert got == want
+
+
+def test_openpi_messages_read_as_sent_and_ours_read_by_openpi():
+    assert_same(wire.unpackb(msgpack_numpy.packb(MESSAGE)), MESSAGE)
+    assert_same(msgpack_numpy.unpackb(wire.packb(MESSAGE)), MESSAGE)
+    assert wire.packb(MESSAGE) == msgpack_numpy.packb(MESSAGE)  # byte for byte the same encoding
+
+
+def test_a_non_contiguous_array_travels_as_its_values():
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]
+    assert np.array_equal(msgpack_numpy.unpackb(wire.packb({"a": array}))["a"], array)
+
+
+@pytest.mark.parametrize("array", [np.array([object()]), np.zeros(2, dtype=np.complex64)])
+def test_object_and_complex_arrays_are_refused(array):
+    with pytest.raises(ValueError, match="cannot be sent"):
+        wire.packb({"a": array})
+
+
+@pytest.mark.parametrize("data", [b"\xc1", msgpack.packb({"a": 1}) + b"\x01",
+                                  msgpack.packb({b"__ndarray__": True, b"data": b"\0" * 3, b"dtype": "<f4",
+                                                 b"shape": [2]})])
+def test_malformed_messages_are_one_value_error(data):
+    with pytest.raises(ValueError, match="not a msgpack-numpy message"):
+        wire.unpackb(data)

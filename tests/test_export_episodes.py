@@ -1,0 +1,81 @@
+"""``vla-rl export-episodes``: the evaluation episodes of a run become a LeRobot dataset, one
+frame per control step, the replayed episode the stored one (states, actions and success), with
+camera videos on request; LeRobot's own reader loads it frame for frame (slow test)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vla_rl.cli import main
+from vla_rl.data.lerobot_format import LeRobotReader
+from vla_rl.data.trajectory_store import TrajectoryStore
+
+sys.path.insert(0, str(Path(__file__).parent / "data"))
+from test_lerobot_format import check_with_lerobot  # noqa: E402
+
+
+def stored_episodes(run_dir: Path) -> list[dict]:
+    store = TrajectoryStore.open(run_dir / "eval" / "episodes" / "robosuite_lift" / "rank0.zarr", read_only=True)
+    return [store.read_episode(i) for i in range(len(store))]
+
+
+@pytest.fixture(scope="module")
+def exported(evaluated_lift_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "lift"
+    assert main(["export-episodes", str(evaluated_lift_run), str(out), "--cameras", "agentview",
+                 "--camera-size", "32"]) == 0
+    return out
+
+
+def test_evaluation_episodes_export_as_the_stored_episodes(evaluated_lift_run, exported):
+    reader = LeRobotReader(exported)
+    episodes = stored_episodes(evaluated_lift_run)
+    assert reader.num_episodes == len(episodes) == 3 and reader.fps == 20
+    features = ["observation.state", "action", "next.success", "next.done", "next.reward",
+                "observation.images.agentview"]
+    for index, stored in enumerate(episodes):
+        frames = reader.episode(index, features)
+        steps = int(stored["finish_step"])
+        assert np.array_equal(frames["observation.state"], stored["obs"][:steps])
+        assert np.array_equal(frames["action"], stored["env_actions"][:steps, 0])
+        assert bool(frames["next.success"].any()) == bool(stored["success"])
+        assert frames["next.done"].reshape(-1).tolist() == [False] * (steps - 1) + [True]
+        video = frames["observation.images.agentview"]
+        assert video.shape == (steps, 32, 32, 3) and video.std() > 5  # rendered frames, not blanks
+        assert str(frames["task"]) == "lift the cube"
+    infos = [json.loads(line) for line in (exported / "meta/vla_rl_episodes.jsonl").read_text().splitlines()]
+    assert [(i["init_state_id"], i["success"], i["checkpoint_step"], i["greedy"]) for i in infos] == [
+        (int(e["init_state_id"]), bool(e["success"]), 1, True) for e in episodes]
+
+
+def test_export_episodes_errors_are_one_line(evaluated_lift_run, exported, tmp_path, capsys):
+    assert main(["export-episodes", str(evaluated_lift_run), str(exported)]) == 2
+    assert "exists; export to a new directory" in capsys.readouterr().err
+    assert main(["export-episodes", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["export-episodes", str(tmp_path), str(tmp_path / "out")]) == 2
+    assert "holds no episodes" in capsys.readouterr().err
+    assert main(["export-episodes", str(evaluated_lift_run), str(tmp_path / "out"), "--cameras", "nocam"]) == 2
+    assert "nocam" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_lerobot_itself_loads_the_exported_episodes(evaluated_lift_run, exported, tmp_path):
+    """The frames LeRobot decodes are those a second replay renders (not what our reader decodes)."""
+    from vla_rl.export_episodes import find_stores, replay_store
+
+    expected = {"fps": np.int64(20)}
+    replays = list(replay_store(find_stores(evaluated_lift_run)[0], ["agentview"], 32))
+    for index, (stored, replay) in enumerate(zip(stored_episodes(evaluated_lift_run), replays, strict=True)):
+        steps = int(stored["finish_step"])
+        expected[f"episode_{index}/observation.state"] = stored["obs"][:steps]
+        expected[f"episode_{index}/action"] = stored["env_actions"][:steps, 0]
+        expected[f"episode_{index}/observation.images.agentview"] = replay.frames["agentview"]
+        expected[f"episode_{index}/task"] = np.array("lift the cube")
+    summary = check_with_lerobot(exported, expected, tmp_path)
+    assert summary["ok"] and summary["episodes"] == 3

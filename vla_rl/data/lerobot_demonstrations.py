@@ -1,0 +1,112 @@
+"""Behaviour-cloning demonstrations from a LeRobot dataset (``warm_start.dataset``).
+
+``warm_start.dataset_keys`` maps the dataset's features onto what the policy reads: ``state``,
+``<camera>_image`` (a video feature, ``(H, W, 3)``) and ``actions`` (default:
+``observation.state`` → ``state``, ``action`` → ``actions``). The first ``warm_start.num_demos``
+episodes are cloned, every frame with the demonstrated next actions (chunks as for scripted
+demonstrations); a camera policy reads each episode's task string as its instruction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from vla_rl.data import keys
+from vla_rl.data.lerobot_format import LeRobotFormatError, LeRobotReader
+
+ACTIONS_ROLE = "actions"
+DEFAULT_DATASET_KEYS = {"observation.state": keys.OBS_STATE, "action": ACTIONS_ROLE}
+"""``warm_start.dataset_keys``' default: LeRobot's usual state and action features."""
+
+
+def check_dataset(root: str | Path, dataset_keys: Mapping[str, str], num_demos: int) -> str | None:
+    """The planner's check of ``warm_start.dataset``: what is wrong with it, in one phrase, or None.
+
+    Checks that ``root`` is a LeRobot v3 dataset with at least ``num_demos`` episodes, that every
+    feature ``dataset_keys`` names exists with a fitting dtype (numbers for ``state`` and
+    ``actions``, a video for ``<camera>_image``), and that ``state`` and ``actions`` are
+    mapped once each.
+    """
+    roles = list(dataset_keys.values())
+    for role in (keys.OBS_STATE, ACTIONS_ROLE):
+        if roles.count(role) != 1:
+            return f"warm_start.dataset_keys must map exactly one feature to {role!r}, got {dict(dataset_keys)}"
+    for role in roles:
+        if role not in (keys.OBS_STATE, ACTIONS_ROLE) and not role.endswith(keys.OBS_IMAGE_SUFFIX):
+            return (f"warm_start.dataset_keys: {role!r} is not a policy input ('state', 'actions' or "
+                    f"'<camera>{keys.OBS_IMAGE_SUFFIX}')")
+    try:
+        reader = LeRobotReader(root)
+    except LeRobotFormatError as err:
+        return str(err)
+    if reader.num_episodes < num_demos:
+        return f"{root} holds {reader.num_episodes} episodes, fewer than warm_start.num_demos={num_demos}"
+    for feature, role in dataset_keys.items():
+        spec = reader.features.get(feature)
+        if spec is None:
+            return (f"{root} has no feature {feature!r} (warm_start.dataset_keys maps it to {role!r}); its features: "
+                    f"{sorted(reader.features)}")
+        image = role.endswith(keys.OBS_IMAGE_SUFFIX)
+        if image != (spec["dtype"] == "video") or (not image and len(spec["shape"]) != 1):
+            return (f"{root}: feature {feature!r} is {spec['dtype']} {spec['shape']}, which cannot be the policy's "
+                    f"{role!r} ({'an (H, W, 3) video' if image else 'a vector of numbers'})")
+    return None
+
+
+def dataset_episodes(root: str | Path, dataset_keys: Mapping[str, str], num_demos: int,
+                     spec: Mapping) -> list[dict[str, np.ndarray]]:
+    """The first ``num_demos`` episodes, laid out as a demonstration store's episodes
+    (:func:`vla_rl.trainers.warm_start.demo_fields`): ``obs`` float32 ``(T, obs_dim)`` for a
+    state-only simulator, else ``state``, each ``<camera>_image`` uint8 ``(T, H, W, 3)`` and the
+    encoded ``instruction`` (each frame's task); and ``actions`` float32 ``(T, act_dim)``.
+
+    Args:
+        root: the dataset root.
+        dataset_keys: feature → policy input (module docstring).
+        num_demos: episodes to read.
+        spec: the simulator's spec (``obs_dim``, ``act_dim``, ``images``): the dataset must fit it.
+
+    Raises:
+        ValueError: the dataset's state, action or image sizes are not the simulator's, or a
+            camera the policy reads is not mapped (naming ``warm_start.dataset``);
+            :class:`LeRobotFormatError` (a ``ValueError``): the dataset cannot be read.
+    """
+    from vla_rl.data.observations import encode_instruction
+
+    reader = LeRobotReader(root)
+    by_role = {role: feature for feature, role in dataset_keys.items()}
+    images = dict(spec.get("images", {}))
+    missing = sorted(set(images) - set(by_role))
+    if missing:
+        raise ValueError(f"warm_start.dataset: the policy reads camera images {missing}; map dataset features to them "
+                         f"in warm_start.dataset_keys (e.g. observation.images.agentview: agentview_image)")
+    sizes = {keys.OBS_STATE: [int(spec["obs_dim"])], ACTIONS_ROLE: [int(spec["act_dim"])],
+             **{key: list(shape) for key, shape in images.items()}}
+    for role, feature in by_role.items():
+        if role in sizes and list(reader.features[feature]["shape"]) != sizes[role]:
+            raise ValueError(f"warm_start.dataset: feature {feature!r} has shape {reader.features[feature]['shape']}, "
+                             f"the simulator's {role!r} has {sizes[role]} ({root})")
+    episodes = []
+    for index in range(num_demos):
+        frames = reader.episode(index, [by_role[keys.OBS_STATE], by_role[ACTIONS_ROLE], *(by_role[k] for k in images)])
+        state = frames[by_role[keys.OBS_STATE]].astype(np.float32)
+        episode = {ACTIONS_ROLE: frames[by_role[ACTIONS_ROLE]].astype(np.float32)}
+        if not images:
+            episode[keys.OBS] = state
+        else:
+            episode[keys.OBS_STATE] = state
+            episode |= {key: frames[by_role[key]] for key in images}
+            episode[keys.OBS_INSTRUCTION] = np.repeat(encode_instruction(str(frames["task"]))[None], len(state), axis=0)
+        episodes.append(episode)
+    return episodes
+
+
+def dataset_states(root: str | Path, dataset_keys: Mapping[str, str], num_demos: int) -> np.ndarray:
+    """The state of every frame of the first ``num_demos`` episodes, float32 ``(N, obs_dim)``
+    (the critic's normalisation statistics)."""
+    reader = LeRobotReader(root)
+    feature = next(f for f, role in dataset_keys.items() if role == keys.OBS_STATE)
+    return np.concatenate([reader.episode(i, [feature])[feature] for i in range(num_demos)]).astype(np.float32)

@@ -1,0 +1,376 @@
+"""LeRobot datasets (format ``v3.0``, as ``lerobot`` 0.4.4 writes and reads them) without LeRobot.
+
+LeRobot's own packages (``lerobot``, ``lerobot-dataset``) pin ``torch < 2.11`` and
+``huggingface-hub < 0.36`` and cannot be installed beside this project, so the format is read and
+written here with pyarrow and FFmpeg (``imageio-ffmpeg``'s binary); compatibility is proven against
+LeRobot itself in a separate environment (``scripts/lerobot_reference_env.sh``): the reader reads
+datasets LeRobot's API wrote (``tests/fixtures/lerobot/``), and LeRobot's ``LeRobotDataset`` loads
+what the writer writes, frame for frame (``tests/fixtures/lerobot/check_with_lerobot.py``). The
+layout, field by field: ``tests/fixtures/lerobot/FORMAT.md``.
+
+A dataset root holds ``meta/info.json`` (version, fps, features), ``meta/tasks.parquet`` (task
+strings as the pandas index), ``meta/episodes/chunk-000/file-000.parquet`` (one row per
+episode), ``meta/stats.json``, ``data/chunk-000/file-000.parquet`` (one row per frame) and, per
+video feature, ``videos/<feature>/chunk-000/file-000.mp4`` (the episodes' frames back to back).
+The writer puts every episode in one data file and one video file per feature (LeRobot splits
+files at 100 / 200 MB; its reader reads any number of files, ours too).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+CODEBASE_VERSION = "v3.0"
+INFO_PATH, STATS_PATH, TASKS_PATH = "meta/info.json", "meta/stats.json", "meta/tasks.parquet"
+DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+DEFAULT_FEATURES = {
+    "timestamp": {"dtype": "float32", "shape": [1], "names": None},
+    "frame_index": {"dtype": "int64", "shape": [1], "names": None},
+    "episode_index": {"dtype": "int64", "shape": [1], "names": None},
+    "index": {"dtype": "int64", "shape": [1], "names": None},
+    "task_index": {"dtype": "int64", "shape": [1], "names": None},
+}
+"""The columns LeRobot adds to every dataset (``lerobot.datasets.utils.DEFAULT_FEATURES``)."""
+
+VIDEO_CODEC = "libsvtav1"
+"""LeRobot's default encoder (AV1), with its settings: yuv420p, crf 30, GOP 2, preset 12."""
+VIDEO_OPTIONS = ("-crf", "30", "-g", "2", "-preset", "12")
+QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
+
+
+class LeRobotFormatError(ValueError):
+    """A directory is not a LeRobot v3 dataset we can read, or a feature does not fit (one line)."""
+
+
+def _pandas_index_metadata() -> bytes:
+    """The ``pandas`` schema metadata that makes ``__index_level_0__`` the DataFrame's index
+    (LeRobot reads a frame's task as ``tasks.iloc[task_index].name``)."""
+    return json.dumps({
+        "index_columns": ["__index_level_0__"], "column_indexes": [],
+        "columns": [{"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
+                     "numpy_type": "int64", "metadata": None},
+                    {"name": None, "field_name": "__index_level_0__", "pandas_type": "unicode",
+                     "numpy_type": "object", "metadata": None}],
+    }).encode()
+
+
+class LeRobotWriter:
+    """Write a LeRobot v3.0 dataset, one episode at a time.
+
+    Args:
+        root: the dataset root, a new directory.
+        fps: frames per second (an integer, as LeRobot stores it).
+        robot_type: LeRobot's ``robot_type``.
+        features: ``{name: {"dtype", "shape", "names"}}`` in LeRobot's terms: ``dtype`` ``float32``,
+            ``float64``, ``int64``, ``bool`` or ``video`` (``shape`` ``[H, W, 3]``, uint8 frames,
+            even ``H`` and ``W``); names without ``/``; not the default columns.
+
+    Raises:
+        LeRobotFormatError: ``root`` exists, ``fps`` is not a positive integer, or a feature is
+            malformed.
+    """
+
+    def __init__(self, root: str | Path, fps: float, robot_type: str, features: Mapping[str, Mapping[str, Any]]) -> None:
+        self.root = Path(root)
+        if self.root.exists():
+            raise LeRobotFormatError(f"{self.root} exists; write a dataset into a new directory")
+        if not float(fps).is_integer() or fps <= 0:
+            raise LeRobotFormatError(f"LeRobot datasets have an integer fps, got {fps}")
+        for name, feature in features.items():
+            if "/" in name or name in DEFAULT_FEATURES:
+                raise LeRobotFormatError(f"feature {name!r}: names must not contain '/' nor be a default column")
+            if feature["dtype"] not in ("float32", "float64", "int64", "bool", "video"):
+                raise LeRobotFormatError(f"feature {name!r}: dtype {feature['dtype']!r} is not supported here")
+            if feature["dtype"] == "video" and (len(feature["shape"]) != 3 or feature["shape"][2] != 3
+                                                or feature["shape"][0] % 2 or feature["shape"][1] % 2):
+                raise LeRobotFormatError(f"video feature {name!r}: shape must be [H, W, 3] with even H and W "
+                                         f"(yuv420p), got {feature['shape']}")
+        self.fps = int(fps)
+        self.robot_type = robot_type
+        self.features = {name: {"dtype": f["dtype"], "shape": list(f["shape"]), "names": f.get("names")}
+                         for name, f in features.items()}
+        self.videos = [name for name, f in self.features.items() if f["dtype"] == "video"]
+        self.tasks: dict[str, int] = {}
+        self.episodes: list[dict[str, Any]] = []
+        self.columns: dict[str, list[np.ndarray]] = {name: [] for name in self.features if name not in self.videos}
+        self.stats_frames: dict[str, list[np.ndarray]] = {name: [] for name in self.features}
+        self.frames = 0
+        self._encoders: dict[str, Any] = {}
+        self.root.mkdir(parents=True)
+
+    def add_episode(self, frames: Mapping[str, np.ndarray], task: str) -> int:
+        """Append one episode: every feature's ``(T, *shape)`` array (uint8 ``(T, H, W, 3)`` for
+        videos), all with the same ``T`` >= 1, and the episode's task string.
+
+        Returns:
+            the episode index.
+
+        Raises:
+            LeRobotFormatError: a feature is missing or extra, or an array has the wrong shape or dtype.
+        """
+        if set(frames) != set(self.features):
+            raise LeRobotFormatError(f"episode features {sorted(frames)} are not the dataset's {sorted(self.features)}")
+        lengths = {len(array) for array in frames.values()}
+        if len(lengths) != 1 or 0 in lengths:
+            raise LeRobotFormatError(f"every feature of an episode needs the same number >= 1 of frames, got "
+                                     f"{ {name: len(a) for name, a in frames.items()} }")
+        length = lengths.pop()
+        episode = len(self.episodes)
+        row: dict[str, Any] = {"episode_index": episode, "tasks": [task], "length": length,
+                               "data/chunk_index": 0, "data/file_index": 0, "dataset_from_index": self.frames,
+                               "dataset_to_index": self.frames + length}
+        for name, feature in self.features.items():
+            array = np.asarray(frames[name])
+            shape = tuple(feature["shape"])
+            if array.shape[1:] != shape:
+                raise LeRobotFormatError(f"episode {episode}: {name} has frames of shape {array.shape[1:]}, the "
+                                         f"feature's is {shape}")
+            if feature["dtype"] == "video":
+                if array.dtype != np.uint8:
+                    raise LeRobotFormatError(f"episode {episode}: video {name} must be uint8, got {array.dtype}")
+                start = self._video_frames(name)
+                self._encode(name, array)
+                row |= {f"videos/{name}/chunk_index": 0, f"videos/{name}/file_index": 0,
+                        f"videos/{name}/from_timestamp": start / self.fps,
+                        f"videos/{name}/to_timestamp": (start + length) / self.fps}
+            else:
+                self.columns[name].append(array.astype(feature["dtype"]))
+            self.stats_frames[name].append(array)
+        task_index = self.tasks.setdefault(task, len(self.tasks))
+        index = np.arange(self.frames, self.frames + length, dtype=np.int64)
+        self.columns.setdefault("timestamp", []).append((np.arange(length) / self.fps).astype(np.float32))
+        self.columns.setdefault("frame_index", []).append(np.arange(length, dtype=np.int64))
+        self.columns.setdefault("episode_index", []).append(np.full(length, episode, dtype=np.int64))
+        self.columns.setdefault("index", []).append(index)
+        self.columns.setdefault("task_index", []).append(np.full(length, task_index, dtype=np.int64))
+        row |= {"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0}
+        self.episodes.append(row)
+        self.frames += length
+        return episode
+
+    def finalize(self) -> Path:
+        """Write the data, episode, task, stats and info files and close the videos.
+
+        Returns:
+            the dataset root.
+
+        Raises:
+            LeRobotFormatError: no episode was added.
+        """
+        if not self.episodes:
+            raise LeRobotFormatError("a LeRobot dataset needs at least one episode")
+        for name, encoder in self._encoders.items():
+            encoder.close()
+            (self.root / VIDEO_PATH.format(video_key=name, chunk_index=0, file_index=0)).chmod(0o644)
+        columns = {}
+        for name in [*[n for n in self.features if n not in self.videos], *DEFAULT_FEATURES]:
+            values = np.concatenate(self.columns[name])
+            columns[name] = _arrow_column(values)
+        _write_parquet(self.root / DATA_PATH.format(chunk_index=0, file_index=0), pa.table(columns))
+        _write_parquet(self.root / EPISODES_PATH.format(chunk_index=0, file_index=0),
+                       pa.Table.from_pylist(self.episodes))
+        tasks = sorted(self.tasks, key=self.tasks.get)
+        table = pa.table({"task_index": pa.array(range(len(tasks)), pa.int64()),
+                          "__index_level_0__": pa.array(tasks, pa.string())})
+        _write_parquet(self.root / TASKS_PATH, table.replace_schema_metadata({b"pandas": _pandas_index_metadata()}))
+        stats = {name: feature_stats(np.concatenate(self.stats_frames[name]), self.features[name]["dtype"])
+                 for name in self.features}
+        for name in DEFAULT_FEATURES:
+            stats[name] = feature_stats(np.concatenate(self.columns[name])[:, None], DEFAULT_FEATURES[name]["dtype"])
+        (self.root / STATS_PATH).write_text(json.dumps(stats, indent=4))
+        features = {name: dict(feature) for name, feature in self.features.items()}
+        for name in self.videos:
+            height, width, channels = features[name]["shape"]
+            features[name]["names"] = ["height", "width", "channels"]
+            features[name]["info"] = {"video.height": height, "video.width": width, "video.codec": "av1",
+                                      "video.pix_fmt": "yuv420p", "video.is_depth_map": False, "video.fps": self.fps,
+                                      "video.channels": channels, "has_audio": False}
+        info = {"codebase_version": CODEBASE_VERSION, "robot_type": self.robot_type,
+                "total_episodes": len(self.episodes), "total_frames": self.frames, "total_tasks": len(tasks),
+                "chunks_size": 1000, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200, "fps": self.fps,
+                "splits": {"train": f"0:{len(self.episodes)}"}, "data_path": DATA_PATH,
+                "video_path": VIDEO_PATH if self.videos else None, "features": {**features, **DEFAULT_FEATURES}}
+        (self.root / INFO_PATH).write_text(json.dumps(info, indent=4, ensure_ascii=False))
+        return self.root
+
+    def _video_frames(self, name: str) -> int:
+        return sum(len(frames) for frames in self.stats_frames[name])
+
+    def _encode(self, name: str, frames: np.ndarray) -> None:
+        import os
+
+        import imageio_ffmpeg
+
+        os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1's own banner and warnings on stderr: errors only
+        if name not in self._encoders:
+            path = self.root / VIDEO_PATH.format(video_key=name, chunk_index=0, file_index=0)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            height, width, _ = self.features[name]["shape"]
+            encoder = imageio_ffmpeg.write_frames(str(path), (width, height), fps=self.fps, codec=VIDEO_CODEC,
+                                                  pix_fmt_in="rgb24", pix_fmt_out="yuv420p", quality=None,
+                                                  macro_block_size=1, output_params=list(VIDEO_OPTIONS),
+                                                  ffmpeg_log_level="error")
+            encoder.send(None)  # start the generator
+            self._encoders[name] = encoder
+        for frame in frames:
+            self._encoders[name].send(np.ascontiguousarray(frame))
+
+
+def feature_stats(values: np.ndarray, dtype: str) -> dict[str, Any]:
+    """LeRobot's statistics of one feature over all frames (``meta/stats.json``): ``min``, ``max``,
+    ``mean``, ``std`` (population), ``count`` ``[frames]`` and the quantiles ``q01`` ... ``q99``,
+    per dimension; videos per channel in [0, 1], shaped ``(3, 1, 1)``. Quantiles are exact here
+    (LeRobot interpolates them from a 5000-bin histogram of each episode).
+
+    Args:
+        values: ``(frames, *shape)``.
+        dtype: the feature's LeRobot dtype.
+    """
+    if dtype == "video":
+        pixels = values.reshape(-1, 3).astype(np.float64) / 255.0
+        per_channel = {"min": pixels.min(0), "max": pixels.max(0), "mean": pixels.mean(0), "std": pixels.std(0)}
+        per_channel |= {name: np.quantile(pixels, q, axis=0) for name, q in QUANTILES.items()}
+        out = {name: value.reshape(3, 1, 1).tolist() for name, value in per_channel.items()}
+        return {**out, "count": [len(values)]}
+    flat = values.reshape(len(values), -1)
+    as_float = flat.astype(np.float64)
+    out = {"min": flat.min(0).tolist(), "max": flat.max(0).tolist(), "mean": as_float.mean(0).tolist(),
+           "std": as_float.std(0).tolist(), "count": [len(values)]}
+    out |= {name: np.quantile(as_float, q, axis=0).tolist() for name, q in QUANTILES.items()}
+    return out
+
+
+def _arrow_column(values: np.ndarray) -> pa.Array:
+    """A feature's column: a scalar column for one value per frame, else a fixed-size list."""
+    if values.ndim == 1 or (values.ndim == 2 and values.shape[1] == 1):
+        return pa.array(values.reshape(-1))
+    if values.ndim != 2:
+        raise LeRobotFormatError(f"only scalar and vector features are written as columns, got frames of shape "
+                                 f"{values.shape[1:]}")
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
+
+
+def _write_parquet(path: Path, table: pa.Table) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, compression="snappy")
+
+
+class LeRobotReader:
+    """Read a LeRobot v3 dataset from a local root (``LeRobotDataset(repo_id, root=...)``'s files).
+
+    Args:
+        root: the dataset root (``meta/info.json`` inside).
+
+    Raises:
+        LeRobotFormatError: ``root`` holds no ``meta/info.json``, another major version, or its
+            files cannot be read.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        info_path = self.root / INFO_PATH
+        if not info_path.is_file():
+            raise LeRobotFormatError(f"{self.root} is not a LeRobot dataset (no {INFO_PATH})")
+        try:
+            self.info = json.loads(info_path.read_text())
+        except (OSError, ValueError) as err:
+            raise LeRobotFormatError(f"{info_path} cannot be read: {err}") from None
+        version = str(self.info.get("codebase_version", "?"))
+        if not version.startswith("v3."):
+            raise LeRobotFormatError(f"{self.root} is a LeRobot dataset of format {version}; only v3.x is read here "
+                                     "(convert it with LeRobot's lerobot.datasets.v30 conversion script)")
+        self.features: dict[str, dict[str, Any]] = self.info["features"]
+        self.fps = int(self.info["fps"])
+        self._frames = _read_tables(sorted((self.root / "data").glob("*/*.parquet")), self.root / "data")
+        self._episodes = _read_tables(sorted((self.root / "meta" / "episodes").glob("*/*.parquet")),
+                                      self.root / "meta/episodes").to_pylist()
+        self._episode_of_frame = self._frames.column("episode_index").to_numpy()
+        tasks = pq.read_table(self.root / TASKS_PATH)
+        index_name = "__index_level_0__" if "__index_level_0__" in tasks.column_names else "task"
+        self.tasks = dict(zip(tasks.column("task_index").to_pylist(), tasks.column(index_name).to_pylist(), strict=True))
+        self._decoded: dict[Path, np.ndarray] = {}
+
+    @property
+    def num_episodes(self) -> int:
+        """Episodes in the dataset."""
+        return len(self._episodes)
+
+    def episode(self, index: int, features: Sequence[str]) -> dict[str, np.ndarray]:
+        """Frames ``features`` of episode ``index``, in frame order: ``(T, *shape)`` arrays (the
+        feature's dtype; uint8 ``(T, H, W, 3)`` for videos, decoded with FFmpeg), and ``task``
+        (the episode's first frame's task string).
+
+        Raises:
+            LeRobotFormatError: no such episode or feature, or a video cannot be decoded.
+        """
+        if not 0 <= index < self.num_episodes:
+            raise LeRobotFormatError(f"{self.root} has {self.num_episodes} episodes, not episode {index}")
+        rows = np.flatnonzero(self._episode_of_frame == self._episodes[index]["episode_index"])
+        table = self._frames.take(pa.array(rows))
+        order = np.argsort(table.column("frame_index").to_numpy(), kind="stable")
+        out: dict[str, np.ndarray] = {}
+        for name in features:
+            if name not in self.features:
+                raise LeRobotFormatError(f"{self.root} has no feature {name!r}; it has {sorted(self.features)}")
+            if self.features[name]["dtype"] == "image":
+                raise LeRobotFormatError(f"{self.root}: feature {name!r} holds PNG images in the parquet files, which "
+                                         "are not read here (only video features)")
+            if self.features[name]["dtype"] == "video":
+                timestamps = table.column("timestamp").to_numpy()[order].astype(np.float64)
+                out[name] = self._video(name, self._episodes[index], timestamps)
+            else:
+                out[name] = _numpy_column(table.column(name))[order].reshape(len(rows), *self.features[name]["shape"])
+        out["task"] = np.array(self.tasks[int(table.column("task_index")[int(order[0])].as_py())])
+        return out
+
+    def _video(self, name: str, episode: dict, timestamps: np.ndarray) -> np.ndarray:
+        import imageio_ffmpeg
+
+        path = self.root / self.info["video_path"].format(video_key=name, chunk_index=episode[f"videos/{name}/chunk_index"],
+                                                          file_index=episode[f"videos/{name}/file_index"])
+        if path not in self._decoded:
+            try:
+                reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24")
+                meta = next(reader)
+                width, height = meta["size"]
+                self._decoded[path] = np.stack([np.frombuffer(frame, np.uint8).reshape(height, width, 3)
+                                                for frame in reader])
+            except (OSError, RuntimeError, StopIteration) as err:
+                raise LeRobotFormatError(f"{path} cannot be decoded: {err}") from None
+        frames = self._decoded[path]
+        numbers = np.rint((episode[f"videos/{name}/from_timestamp"] + timestamps) * self.fps).astype(np.int64)
+        if numbers.max() >= len(frames):
+            raise LeRobotFormatError(f"{path} holds {len(frames)} frames; episode {episode['episode_index']} needs "
+                                     f"frame {numbers.max()}")
+        return frames[numbers]
+
+
+def _read_tables(paths: list[Path], where: Path) -> pa.Table:
+    if not paths:
+        raise LeRobotFormatError(f"{where} holds no parquet file")
+    try:
+        return pa.concat_tables([pq.read_table(path) for path in paths])
+    except (OSError, pa.ArrowInvalid) as err:
+        raise LeRobotFormatError(f"{where} cannot be read: {err}") from None
+
+
+def _numpy_column(column: pa.ChunkedArray) -> np.ndarray:
+    column = column.combine_chunks()
+    if pa.types.is_fixed_size_list(column.type):
+        return column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), column.type.list_size)
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        return np.stack([np.asarray(value, dtype=_numpy_dtype(column.type.value_type)) for value in column.to_pylist()])
+    return column.to_numpy(zero_copy_only=False)
+
+
+def _numpy_dtype(arrow_type: pa.DataType) -> np.dtype:
+    return np.dtype(arrow_type.to_pandas_dtype())

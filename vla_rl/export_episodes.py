@@ -1,0 +1,269 @@
+"""``vla-rl export-episodes SOURCE OUT``: stored episodes as a LeRobot dataset.
+
+Sources: an evaluation directory of ``vla-rl eval`` (its ``episodes/<task>/rank*.zarr``), a run
+directory (its ``eval/``), or a demonstration store (``demos.zarr``). Stores keep what the
+simulator received (``env_actions``, per decision) and the state at each decision; a LeRobot
+dataset holds one frame per control step, cameras included. So every episode is **replayed** in
+this process, in one environment made from the settings its store records (plus ``cameras``):
+reset from its initial-state id, its actions stepped one control step at a time. The replay
+retraces the episode (:mod:`vla_rl.evaluation.replay`); its success must be the stored one, or the
+export stops naming the episode.
+
+Each frame: ``observation.state`` float32 ``(obs_dim,)``, ``action`` float32 ``(act_dim,)`` (the
+action taken in that state, in the simulator's units), ``next.reward`` float32 ``(1,)``,
+``next.done`` and ``next.success`` bool ``(1,)`` (LeRobot's names for the step's outcome), and with
+cameras ``observation.images.<camera>`` (video, ``(H, W, 3)``); the task is the simulator's
+instruction. ``meta/vla_rl_episodes.jsonl`` (ignored by LeRobot) keeps each episode's source:
+store, initial-state id, success, and for evaluation episodes the checkpoint step and protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vla_rl.data import keys
+
+logger = logging.getLogger(__name__)
+
+EPISODE_INFO_FILE = "meta/vla_rl_episodes.jsonl"
+
+
+class EpisodesExportError(ValueError):
+    """What ``vla-rl export-episodes`` was given cannot be exported (one line, exit 2)."""
+
+
+@dataclass(frozen=True)
+class SourceStore:
+    """One store of episodes to export: its path, simulator name and settings, and whether it holds
+    evaluation episodes (decisions of ``chunk`` actions) or demonstrations (one action per step)."""
+
+    path: Path
+    simulator: str
+    env: dict[str, Any]
+    evaluation: bool
+
+
+def find_stores(source: str | Path) -> list[SourceStore]:
+    """The stores of ``source`` (module docstring), in a stable order.
+
+    Raises:
+        EpisodesExportError: ``source`` is none of these, or holds no episodes.
+    """
+    from vla_rl.data.trajectory_store import TrajectoryStore
+    from vla_rl.evaluation.episode_store import EPISODES_DIR, STORE_PATTERN
+
+    path = Path(source).resolve()
+    if not path.exists():
+        raise EpisodesExportError(f"{path} does not exist: name an evaluation directory, a run directory or a "
+                                  "demonstration store (demos.zarr)")
+    if (path / "eval" / EPISODES_DIR).is_dir() and not (path / EPISODES_DIR).is_dir():
+        path = path / "eval"
+    stores = []
+    if (path / EPISODES_DIR).is_dir():
+        for store_path in sorted((path / EPISODES_DIR).glob(f"*/{STORE_PATTERN}")):
+            attrs = TrajectoryStore.open(store_path, read_only=True).attrs
+            stores.append(SourceStore(store_path, attrs["simulator"], dict(attrs["env"]), evaluation=True))
+    elif path.suffix == ".zarr":
+        try:
+            attrs = TrajectoryStore.open(path, read_only=True).attrs
+        except Exception as err:  # zarr raises several kinds for a directory that is not a store
+            raise EpisodesExportError(f"{path} is not a trajectory store ({type(err).__name__}: {err})") from None
+        env = dict(attrs.get("env") or {})
+        if "name" not in env or "tasks" in env:
+            raise EpisodesExportError(f"{path} is not a single-task demonstration store of vla-rl train (its attrs "
+                                      f"record no simulator name, or a task set)")
+        stores.append(SourceStore(path, env.pop("name"), env, evaluation=False))
+    else:
+        raise EpisodesExportError(f"{path} holds no episodes: name an evaluation directory (with {EPISODES_DIR}/), a run "
+                                  "directory that was evaluated, or a demonstration store (demos.zarr)")
+    if not stores:
+        raise EpisodesExportError(f"{path}/{EPISODES_DIR} holds no episode store")
+    return stores
+
+
+@dataclass
+class ReplayedEpisode:
+    """One episode, one row per control step."""
+
+    states: np.ndarray  # float32 (T, obs_dim)
+    actions: np.ndarray  # float32 (T, act_dim)
+    frames: dict[str, np.ndarray]  # camera -> uint8 (T, H, W, 3)
+    rewards: np.ndarray  # float32 (T,), the simulator's reward of each step
+    step_success: np.ndarray  # bool (T,), the simulator's success after each step
+    dones: np.ndarray  # bool (T,), the episode ended with this step
+    success: bool
+    instruction: str
+    info: dict[str, Any]
+
+
+def replay_store(store: SourceStore, cameras: Sequence[str], camera_size: int | None,
+                 greedy_only: bool = False) -> Iterator[ReplayedEpisode]:
+    """Replay every episode of ``store`` (module docstring).
+
+    Raises:
+        EpisodesExportError: an episode's replayed success differs from the stored one, or the
+            simulator refuses ``cameras`` / ``camera_size``.
+    """
+    from simulators.registry import SIMULATORS, make_env
+    from vla_rl.components import ComponentConfigError, build_config
+    from vla_rl.data.trajectory_store import TrajectoryStore
+
+    env_settings = dict(store.env)
+    if cameras:
+        env_settings["cameras"] = list(cameras)
+        if camera_size is not None:
+            env_settings["camera_size"] = camera_size
+    try:
+        config = build_config(SIMULATORS.get(store.simulator).config_class, env_settings, "simulator.env")
+    except ComponentConfigError as err:
+        raise EpisodesExportError(f"{store.path}: {err}") from None
+    data = TrajectoryStore.open(store.path, read_only=True)
+    try:
+        env = make_env(store.simulator, config)
+    except ValueError as err:
+        raise EpisodesExportError(f"{store.path}: the {store.simulator} simulator refuses these settings: {err}") from None
+    try:
+        for index in range(len(data)):
+            episode = data.read_episode(index)
+            if store.evaluation and greedy_only and not bool(episode["greedy"]):
+                continue
+            yield _replay(env, episode, store, index, list(cameras))
+    finally:
+        env.close()
+
+
+def _replay(env, episode: dict, store: SourceStore, index: int, cameras: list[str]) -> ReplayedEpisode:
+    if store.evaluation:
+        decisions = episode["env_actions"][: int(episode["finish_step"])]  # (T, chunk, act_dim)
+        stored_success = bool(episode["success"])
+    else:
+        decisions = episode["actions"][:, None, :]  # a demonstration: one action per control step
+        stored_success = True  # the expert's store keeps successful episodes only
+    init_state_id = int(episode["init_state_id"])
+    obs, _ = env.reset(seed=init_state_id)
+    states, actions, frames = [], [], {camera: [] for camera in cameras}
+    rewards, step_success, dones = [], [], []
+    success = done = False
+    for chunk in decisions:
+        for action in chunk:
+            state = obs[keys.OBS_STATE] if isinstance(obs, dict) else obs
+            states.append(np.asarray(state, dtype=np.float32))
+            for camera in cameras:
+                frames[camera].append(obs[f"{camera}{keys.OBS_IMAGE_SUFFIX}"])
+            actions.append(np.asarray(action, dtype=np.float32))
+            obs, reward, terminated, truncated, info = env.step(action)
+            success, done = success or bool(info["success"]), terminated or truncated
+            rewards.append(reward)
+            step_success.append(bool(info["success"]))
+            dones.append(done)
+            if done:
+                break
+        if done:
+            break
+    if success != stored_success:
+        raise EpisodesExportError(f"{store.path} episode {index} (initial state {init_state_id}): the replay "
+                                  f"{'succeeded' if success else 'failed'}, the stored episode "
+                                  f"{'succeeded' if stored_success else 'failed'}; the simulator does not retrace it "
+                                  "(were its settings changed?)")
+    info: dict[str, Any] = {"store": str(store.path), "index": index, "init_state_id": init_state_id,
+                            "success": success, "steps": len(actions)}
+    if store.evaluation:
+        info |= {"checkpoint_step": int(episode["checkpoint_step"]), "greedy": bool(episode["greedy"]),
+                 "temperature": float(episode["temperature"])}
+    dones[-1] = True  # the stored actions ran out: the episode ends here
+    return ReplayedEpisode(np.stack(states), np.stack(actions), {c: np.stack(f) for c, f in frames.items()},
+                           np.asarray(rewards, dtype=np.float32), np.asarray(step_success), np.asarray(dones),
+                           success, env.instruction, info)
+
+
+def export_episodes(source: str | Path, out: str | Path, cameras: Sequence[str] = (), camera_size: int | None = None,
+                    fps: float | None = None, greedy_only: bool = False, robot_type: str | None = None) -> Path:
+    """Write the episodes of ``source`` as a LeRobot dataset in the new directory ``out``.
+
+    Args:
+        source: an evaluation directory, a run directory or a demonstration store.
+        out: the dataset root to create.
+        cameras: cameras to render into ``observation.images.<camera>`` videos (none: state only).
+        camera_size: their square size in pixels (the simulator's default without it).
+        fps: frames per second; default: the simulator's ``control_freq``.
+        greedy_only: evaluation episodes of the greedy protocol only.
+        robot_type: LeRobot's ``robot_type``; default: the simulator's ``robot`` setting, else its name.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        EpisodesExportError: ``out`` exists, ``source`` holds no episodes, the stores mix
+            simulators or settings, a replay does not retrace its episode, or no fps is known.
+    """
+    from vla_rl.data.lerobot_format import LeRobotFormatError, LeRobotWriter
+
+    out = Path(out)
+    if out.exists():
+        raise EpisodesExportError(f"{out} exists; export to a new directory")
+    stores = find_stores(source)
+    settings = {(store.simulator, json.dumps(store.env, sort_keys=True)) for store in stores}
+    if len(settings) > 1:
+        raise EpisodesExportError(f"the stores of {source} hold several simulators or settings "
+                                  f"({sorted(s for s, _ in settings)}); export each task's directory on its own")
+    first = stores[0]
+    fps = fps if fps is not None else first.env.get("control_freq", _default_control_freq(first.simulator))
+    if fps is None:
+        raise EpisodesExportError(f"the {first.simulator} simulator states no control frequency: give --fps")
+    robot = robot_type or str(first.env.get("robot", first.simulator))
+    writer, count = None, 0
+    info_lines = []
+    try:
+        for store in stores:
+            for episode in replay_store(store, cameras, camera_size, greedy_only):
+                if writer is None:
+                    writer = LeRobotWriter(out, fps=float(fps), robot_type=robot, features=_features(episode))
+                writer.add_episode(_frames(episode), episode.instruction)
+                info_lines.append(json.dumps(episode.info))
+                count += 1
+                logger.info("episode %d: %d steps, %s", count, len(episode.actions),
+                            "success" if episode.success else "failure")
+        if writer is None:
+            raise EpisodesExportError(f"{source} holds no episode to export"
+                                      + (" of the greedy protocol" if greedy_only else ""))
+        writer.finalize()
+    except LeRobotFormatError as err:
+        raise EpisodesExportError(str(err)) from None
+    (out / EPISODE_INFO_FILE).write_text("\n".join(info_lines) + "\n")
+    return out
+
+
+def _default_control_freq(simulator: str) -> float | None:
+    from simulators.registry import SIMULATORS
+
+    default = getattr(SIMULATORS.get(simulator).config_class, "control_freq", None)
+    return float(default) if isinstance(default, (int, float)) else None
+
+
+def _features(episode: ReplayedEpisode) -> dict[str, dict]:
+    features = {
+        "observation.state": {"dtype": "float32", "shape": [episode.states.shape[1]], "names": None},
+        "action": {"dtype": "float32", "shape": [episode.actions.shape[1]], "names": None},
+        "next.reward": {"dtype": "float32", "shape": [1], "names": None},
+        "next.done": {"dtype": "bool", "shape": [1], "names": None},
+        "next.success": {"dtype": "bool", "shape": [1], "names": None},
+    }
+    for camera, frames in episode.frames.items():
+        features[f"observation.images.{camera}"] = {"dtype": "video", "shape": list(frames.shape[1:]),
+                                                    "names": ["height", "width", "channels"]}
+    return features
+
+
+def _frames(episode: ReplayedEpisode) -> dict[str, np.ndarray]:
+    frames = {"observation.state": episode.states, "action": episode.actions,
+              "next.reward": episode.rewards[:, None], "next.done": episode.dones[:, None],
+              "next.success": episode.step_success[:, None]}
+    frames |= {f"observation.images.{camera}": images for camera, images in episode.frames.items()}
+    return frames

@@ -1,0 +1,8 @@
+"""Serving trained policies to robots: ``vla-rl serve`` (:mod:`vla_rl.serving.server`) speaks
+openpi's websocket protocol (:mod:`vla_rl.serving.wire`), maps the clients' observation layouts
+onto the policy's inputs (:mod:`vla_rl.serving.inputs`) and acts as the rollouts act
+(:mod:`vla_rl.serving.policy`)."""
+
+
+class ServeError(ValueError):
+    """What ``vla-rl serve`` was given cannot be served (reported in one line, exit 2)."""

@@ -1,0 +1,215 @@
+"""The policy behind ``vla-rl serve``: loaded from a training run, a checkpoint or an export, acting
+on batches of client observations exactly as the rollouts act (greedy, or sampled on request).
+
+What may be served (:func:`load_served_policy`):
+
+- a checkpoint directory ``<run>/checkpoints/step_*`` or a run directory (its newest complete
+  checkpoint): the run's policy rebuilt from its resolved template, weights verified and loaded
+  (:func:`vla_rl.export.load_checkpoint_policy`), LoRA merged;
+- an MLP export (``config.json`` + ``model.safetensors``, :meth:`MLPPolicy.from_pretrained`): it
+  takes its flat state;
+- any other export (π0, OpenVLA, OpenVLA-OFT, written by ``vla-rl export``) together with the
+  template that describes how it was trained (``--template embodied_srpo_pi0_lift`` plus
+  overrides): the template's policy section with ``policy.config.model_path`` set to the export.
+
+The inputs the policy takes come from one environment of the run's simulator made in this
+process (its observation space, image sizes and instruction), as ``vla-rl export`` reads its sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vla_rl.data.observations import stack_observations, to_torch
+from vla_rl.serving import ServeError
+from vla_rl.serving.inputs import ServedInputs
+
+logger = logging.getLogger(__name__)
+
+
+class ServedPolicy:
+    """A policy acting on batches of observations for the server.
+
+    Args:
+        policy: a :class:`policies.base.Policy`, on the device it acts on.
+        inputs: the observation it takes.
+        name: what the server calls it (metadata, logs).
+        temperature: > 0, the sampled requests' temperature (1.0: the trained distribution).
+        seed: seed of the sampled requests' random generator (on the policy's device).
+
+    Raises:
+        ServeError: ``temperature`` is not > 0.
+    """
+
+    def __init__(self, policy, inputs: ServedInputs, name: str, temperature: float = 1.0, seed: int = 0) -> None:
+        if not temperature > 0:
+            raise ServeError(f"--temperature must be > 0, got {temperature}")
+        self.policy = policy.eval()
+        self.inputs = inputs
+        self.name = name
+        self.temperature = float(temperature)
+        self.generator = torch.Generator(device=policy.device).manual_seed(seed)
+
+    @property
+    def can_sample(self) -> bool:
+        """Whether the policy has an action distribution (OpenVLA-OFT's L1 head acts greedily only)."""
+        return self.policy.has_action_distribution
+
+    def metadata(self) -> dict[str, Any]:
+        """What the server sends each client on connect (openpi's server metadata)."""
+        return {
+            "server": "vla-rl",
+            "policy": self.name,
+            "action_horizon": int(self.policy.chunk_size),
+            "action_dim": int(self.policy.action_dim),
+            "inputs": self.inputs.describe(),
+            "can_sample": self.can_sample,
+            "temperature": self.temperature,
+        }
+
+    @torch.no_grad()
+    def act(self, observations: Sequence[Any], sample: bool) -> np.ndarray:
+        """Action chunks for a batch of observations, as the rollout computes them.
+
+        Args:
+            observations: ``n`` observations of :meth:`ServedInputs.engine_observation`.
+            sample: sample at ``temperature`` instead of taking the mode.
+
+        Returns:
+            float32 ``(n, chunk_size, action_dim)``: the simulator's (robot's) actions,
+            ``policy.env_actions`` of the chosen actions.
+
+        Raises:
+            ValueError: ``sample`` for a policy without an action distribution.
+        """
+        policy = self.policy
+        obs = to_torch(stack_observations(list(observations))).to(policy.device)
+        if sample and not self.can_sample:
+            raise ValueError(f"the {self.name} policy has no action distribution: it acts greedily only")
+        if not policy.has_action_distribution:
+            actions = policy.predict_action_chunk(obs)
+        elif sample:
+            actions = policy.sample_actions(obs, greedy=False, generator=self.generator,
+                                            temperature=self.temperature)[0]
+        else:
+            actions = policy.sample_actions(obs, greedy=True)[0]
+        return policy.env_actions(actions, obs).float().cpu().numpy()
+
+
+def load_served_policy(target: str | Path, template: str | None = None, overrides: Sequence[str] = (),
+                       device: str | None = None, temperature: float = 1.0, seed: int = 0) -> ServedPolicy:
+    """The policy of ``target`` (module docstring) on ``device``, ready to serve.
+
+    Args:
+        target: a run directory, a checkpoint directory, or an export directory.
+        template: the training template of a non-MLP export (ignored otherwise: a run records its own).
+        overrides: dotted overrides of ``template`` (the export's training settings).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; None: the first CUDA device if there is
+            one, else the CPU.
+        temperature: the sampled requests' temperature.
+        seed: the sampled requests' seed.
+
+    Raises:
+        ServeError: ``target`` is none of these, fails verification, a non-MLP export comes
+            without ``template``, or the device does not exist.
+    """
+    from vla_rl.export import ExportError, load_checkpoint_policy
+    from vla_rl.trainers import checkpoint as ckpt
+
+    path = Path(target).resolve()
+    if not path.is_dir():
+        raise ServeError(f"{path} does not exist: name a run directory, a checkpoint directory or an export")
+    if (path / "checkpoints").is_dir():
+        latest = ckpt.latest_checkpoint(path / "checkpoints")
+        if latest is None:
+            raise ServeError(f"run {path} has no complete checkpoint to serve")
+        path = latest
+    if overrides and not template_export(path):
+        raise ServeError(f"overrides ({' '.join(overrides)}) apply to the --template of a π0/OpenVLA export; "
+                         f"{path.name} records its own settings")
+    if (path / ckpt.TRAINER_STATE_FILE).is_file():
+        try:
+            policy, config = load_checkpoint_policy(path)
+        except ExportError as err:
+            raise ServeError(str(err)) from err
+        if callable(getattr(policy, "merge_lora", None)):
+            policy.merge_lora()
+        inputs, name = simulator_inputs(config), f"{config.policy.name} ({path.parent.parent.name}/{path.name})"
+    elif _mlp_export(path):
+        from policies.mlp.modeling_mlp import MLPPolicy
+
+        policy = MLPPolicy.from_pretrained(path)
+        tasks = policy.config.num_tasks or None
+        inputs, name = ServedInputs(policy.config.obs_dim, num_tasks=tasks), f"mlp ({path.name})"
+    else:
+        if template is None:
+            raise ServeError(f"{path} is an export of a policy that needs its training settings: add --template "
+                             "TEMPLATE (the template it was trained with, e.g. embodied_srpo_pi0_lift) and its overrides")
+        policy, config = _export_policy(path, template, overrides)
+        inputs, name = simulator_inputs(config), f"{config.policy.name} ({path.name})"
+    return ServedPolicy(policy.to(_device(device)), inputs, name, temperature, seed)
+
+
+def simulator_inputs(config) -> ServedInputs:
+    """The inputs of a policy trained on ``config``'s simulator: one environment made (and closed)
+    in this process, read as a simulator worker reads it (its spec), with its instruction."""
+    from simulators.registry import make_env
+    from simulators.worker import SimulatorWorker
+
+    sim = config.simulator
+    env = make_env(sim.name, sim.env_config())  # a task set's first task: its tasks share one layout
+    try:
+        spec = SimulatorWorker._spec_of(env)
+        instruction = None if sim.multi_task else env.instruction
+    finally:
+        env.close()
+    if sim.multi_task:
+        spec["num_tasks"] = len(sim.task_names())
+    return ServedInputs.from_spec(spec, instruction)
+
+
+def template_export(path: Path) -> bool:
+    """Whether ``path`` is an export that needs its training template (not a checkpoint, not an MLP export)."""
+    from vla_rl.trainers import checkpoint as ckpt
+
+    return not (path / ckpt.TRAINER_STATE_FILE).is_file() and not _mlp_export(path)
+
+
+def _mlp_export(path: Path) -> bool:
+    from policies.mlp.modeling_mlp import MODEL_CONFIG_FILE
+
+    try:
+        return json.loads((path / MODEL_CONFIG_FILE).read_text()).get("policy") == "mlp"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _export_policy(path: Path, template: str, overrides: Sequence[str]):
+    from vla_rl.dag.loader import load_template
+    from vla_rl.workflows import get_workflow
+
+    overrides = [*overrides, f"policy.config.model_path={path}", "policy.config.architecture=null", "policy.lora=null"]
+    config = load_template(template, overrides).config
+    if config.run.workflow != "embodied":
+        raise ServeError(f"template {template} trains a {config.run.workflow} policy; vla-rl serve serves robot policies")
+    return get_workflow("embodied").standalone_policy(config, None), config
+
+
+def _device(device: str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as err:
+        raise ServeError(f"--device {device!r} is not a device ({err})") from None
+    if resolved.type == "cuda" and not (torch.cuda.is_available() and (resolved.index or 0) < torch.cuda.device_count()):
+        raise ServeError(f"--device {device}: no such CUDA device on this machine "
+                         f"({torch.cuda.device_count()} visible)")
+    return resolved

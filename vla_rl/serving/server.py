@@ -1,0 +1,298 @@
+"""``vla-rl serve``: a websocket policy server speaking openpi's protocol, batching concurrent clients.
+
+The protocol is openpi's (``openpi.serving.websocket_policy_server`` and the PyPI package
+``openpi-client``'s ``WebsocketClientPolicy``), so robot runtimes written for openpi drive a vla-rl
+policy unchanged:
+
+1. the client opens a websocket (``ws://HOST:PORT``; with a token, the header
+   ``Authorization: Api-Key TOKEN``, which ``WebsocketClientPolicy(api_key=TOKEN)`` sends);
+2. the server sends its metadata, one msgpack-numpy message (:meth:`ServedPolicy.metadata`:
+   ``action_horizon``, ``action_dim``, the inputs it takes);
+3. each binary message from the client is an observation dict (:mod:`vla_rl.serving.wire`); the
+   server answers ``{"actions": float32 (action_horizon, action_dim), "server_timing":
+   {"infer_ms", "batch_size"}}``: one action chunk in the robot's units
+   (``openpi_client.action_chunk_broker.ActionChunkBroker`` hands it out one action at a time).
+   A request may add ``"sample": true`` to sample from the policy instead of taking its mode
+   (the server's default, ``--sample``, otherwise).
+
+A request that cannot be served (not msgpack, a missing key, a wrong shape or dtype:
+:class:`~vla_rl.serving.inputs.ObservationError`) is answered with a text message, one line that
+says what to send; ``WebsocketClientPolicy.infer`` raises it as ``RuntimeError``. Unlike openpi's
+server, which closes the connection after an error, the connection stays open and the server
+keeps serving every client. ``GET /healthz`` answers 200 (openpi's health check).
+
+Batching: the requests of all connections go to one queue; the policy runs one forward per
+batch, on one thread, while the event loop goes on receiving. A batch is what is queued when the
+previous forward ends, plus what arrives within ``batch_window_ms`` of its first request, up to
+``max_batch`` (greedy and sampled requests in separate forwards). With one client a window only
+adds latency (default 0: no waiting; concurrent clients still share forwards whenever the policy
+is busy).
+
+The server binds 127.0.0.1 unless told otherwise; binding another address is logged as a warning
+(anyone who reaches the port can drive the robot: give ``--token``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hmac
+import http
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import websockets
+from websockets.asyncio.server import Request, Response, ServerConnection, serve
+
+from vla_rl.serving import ServeError, wire
+from vla_rl.serving.inputs import ObservationError
+from vla_rl.serving.policy import ServedPolicy
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+HEALTH_PATH = "/healthz"
+SAMPLE_KEY = "sample"
+"""Optional request key: ``True`` samples this request's actions, ``False`` takes the mode."""
+STATS_INTERVAL_S = 30.0
+
+
+@dataclass
+class _Pending:
+    obs: Any
+    sample: bool
+    future: asyncio.Future
+
+
+class PolicyServer:
+    """Serve ``served`` to websocket clients (module docstring).
+
+    Args:
+        served: the policy.
+        host: address to bind (127.0.0.1 by default; another address is logged as a warning).
+        port: TCP port; 0 picks a free one (:attr:`port` tells which, once started).
+        token: the shared secret a client must present (``Authorization: Api-Key TOKEN``); None:
+            no authentication.
+        sample: sample actions for requests that do not say (default: the mode).
+        batch_window_ms: how long a batch waits for more requests after its first, ms (>= 0).
+        max_batch: most requests in one forward (>= 1).
+
+    Raises:
+        ServeError: a bad setting, or ``sample`` for a policy without an action distribution.
+    """
+
+    def __init__(self, served: ServedPolicy, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
+                 sample: bool = False, batch_window_ms: float = 0.0, max_batch: int = 64) -> None:
+        if not 0 <= port <= 65535:
+            raise ServeError(f"--port must be in [0, 65535], got {port}")
+        if not batch_window_ms >= 0:
+            raise ServeError(f"--batch-window-ms must be >= 0, got {batch_window_ms}")
+        if max_batch < 1:
+            raise ServeError(f"--max-batch must be >= 1, got {max_batch}")
+        if token is not None and not token:
+            raise ServeError("--token must not be empty")
+        if sample and not served.can_sample:
+            raise ServeError(f"--sample: the {served.name} policy has no action distribution; it acts greedily only")
+        self.served = served
+        self.host, self.port = host, port
+        self.token = token
+        self.sample = sample
+        self.batch_window_s = batch_window_ms / 1000.0
+        self.max_batch = max_batch
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vla-rl-policy")
+        self._stats = {"requests": 0, "batches": 0, "errors": 0, "refused": 0}
+        self._metadata = wire.packb(served.metadata())
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counts since the start: ``requests`` served, ``batches`` (forwards), ``errors`` (requests
+        answered with an error), ``refused`` (connections without the token)."""
+        return dict(self._stats)
+
+    async def run(self, started: threading.Event | None = None, stop: asyncio.Event | None = None) -> None:
+        """Serve until ``stop`` is set (forever without one); ``started`` is set once listening."""
+        self._queue = asyncio.Queue()
+        batcher = asyncio.create_task(self._batches())
+        stats = asyncio.create_task(self._log_stats())
+        try:
+            try:
+                server = await serve(self._handle, self.host, self.port, compression=None, max_size=None,
+                                     process_request=self._process_request)
+            except OSError as err:
+                raise ServeError(f"cannot listen on {self.host}:{self.port}: {err.strerror or err}") from err
+            async with server:
+                self.port = server.sockets[0].getsockname()[1]
+                self._log_start()
+                if started is not None:
+                    started.set()
+                await (stop.wait() if stop is not None else asyncio.Future())
+        finally:
+            batcher.cancel()
+            stats.cancel()
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def serve_forever(self) -> None:
+        """Serve in this thread until interrupted (Ctrl-C)."""
+        asyncio.run(self.run())
+
+    # ------------------------------------------------------------------ connections
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        if request.path == HEALTH_PATH:
+            return connection.respond(http.HTTPStatus.OK, "OK\n")
+        if self.token is not None:
+            sent = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(sent.encode(), f"Api-Key {self.token}".encode()):
+                self._stats["refused"] += 1
+                logger.warning("refused a connection from %s: %s", _address(connection),
+                               "wrong token" if sent else "no token")
+                return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong token "
+                                          "(send the header Authorization: Api-Key TOKEN)\n")
+        return None
+
+    async def _handle(self, websocket: ServerConnection) -> None:
+        address = _address(websocket)
+        logger.info("client %s connected", address)
+        try:
+            await websocket.send(self._metadata)
+            async for message in websocket:
+                start = time.perf_counter()
+                try:
+                    obs, sample = self._request(message)
+                except (ObservationError, ValueError) as err:
+                    self._stats["errors"] += 1
+                    logger.warning("client %s: refused a request: %s", address, err)
+                    await websocket.send(f"vla-rl serve: {err}")
+                    continue
+                future = asyncio.get_running_loop().create_future()
+                self._queue.put_nowait(_Pending(obs, sample, future))
+                try:
+                    actions, batch_size, infer_s = await future
+                except Exception as err:  # the forward failed: tell this client, keep serving
+                    self._stats["errors"] += 1
+                    logger.exception("client %s: the policy failed on a batch", address)
+                    await websocket.send(f"vla-rl serve: the policy failed on this request's batch: "
+                                         f"{type(err).__name__}: {err}")
+                    continue
+                response = {"actions": actions, "server_timing": {
+                    "infer_ms": infer_s * 1000.0, "batch_size": batch_size,
+                    "total_ms": (time.perf_counter() - start) * 1000.0}}
+                await websocket.send(wire.packb(response))
+        except websockets.ConnectionClosed:
+            pass
+        logger.info("client %s disconnected", address)
+
+    def _request(self, message: str | bytes) -> tuple[Any, bool]:
+        if isinstance(message, str):
+            raise ValueError("requests are binary msgpack-numpy messages (openpi_client.msgpack_numpy), not text")
+        request = wire.unpackb(message)
+        sample = request.get(SAMPLE_KEY, self.sample) if isinstance(request, dict) else self.sample
+        if not isinstance(sample, (bool, np.bool_)):
+            raise ValueError(f"{SAMPLE_KEY!r} must be true or false, got {sample!r}")
+        if sample and not self.served.can_sample:
+            raise ValueError(f"{SAMPLE_KEY!r}: the {self.served.name} policy has no action distribution; it acts "
+                             "greedily only")
+        return self.served.inputs.engine_observation(request), bool(sample)
+
+    # ------------------------------------------------------------------ batching
+    async def _batches(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            deadline = loop.time() + self.batch_window_s
+            while len(batch) < self.max_batch:
+                if not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
+                    continue
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                except TimeoutError:
+                    break
+            for sample in (False, True):
+                group = [item for item in batch if item.sample == sample]
+                if group:
+                    await self._forward(loop, group, sample)
+
+    async def _forward(self, loop: asyncio.AbstractEventLoop, group: list[_Pending], sample: bool) -> None:
+        start = time.perf_counter()
+        try:
+            actions = await loop.run_in_executor(self._executor, self.served.act, [item.obs for item in group], sample)
+        except Exception as err:  # every request of the batch gets the error
+            for item in group:
+                if not item.future.done():
+                    item.future.set_exception(err)
+            return
+        infer_s = time.perf_counter() - start
+        self._stats["requests"] += len(group)
+        self._stats["batches"] += 1
+        for item, chunk in zip(group, actions, strict=True):
+            if not item.future.done():  # the client may have gone
+                item.future.set_result((chunk, len(group), infer_s))
+
+    # ------------------------------------------------------------------ logs
+    def _log_start(self) -> None:
+        logger.info("serving %s on ws://%s:%d (%s by default; %s; batches of up to %d, window %.1f ms)",
+                    self.served.name, self.host, self.port, "sampled" if self.sample else "greedy",
+                    "token required" if self.token else "no token", self.max_batch, self.batch_window_s * 1000)
+        if self.host not in LOOPBACK:
+            logger.warning("bound to %s, not loopback: other machines can reach this policy server%s", self.host,
+                           "" if self.token else " and no token is required (add --token)")
+
+    async def _log_stats(self) -> None:
+        last = dict(self._stats)
+        while True:
+            await asyncio.sleep(STATS_INTERVAL_S)
+            now = dict(self._stats)
+            requests, batches = now["requests"] - last["requests"], now["batches"] - last["batches"]
+            if requests or now["errors"] != last["errors"] or now["refused"] != last["refused"]:
+                logger.info("last %.0f s: %d requests (%.1f/s) in %d forwards (mean batch %.1f), %d refused "
+                            "requests, %d refused connections", STATS_INTERVAL_S, requests,
+                            requests / STATS_INTERVAL_S, batches, requests / max(batches, 1),
+                            now["errors"] - last["errors"], now["refused"] - last["refused"])
+            last = now
+
+
+@contextmanager
+def server_thread(server: PolicyServer, timeout_s: float = 30.0) -> Iterator[PolicyServer]:
+    """Run ``server`` on an event loop in a background thread (tests, benchmarks, notebooks);
+    yields it once it listens (``server.port`` set) and stops it on exit.
+
+    Raises:
+        RuntimeError: it did not start within ``timeout_s`` (e.g. the port is taken).
+    """
+    started, errors = threading.Event(), []
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    def main() -> None:
+        try:
+            loop.run_until_complete(server.run(started, stop))
+        except BaseException as err:  # reported to the caller below
+            errors.append(err)
+            started.set()
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=main, name="vla-rl-serve", daemon=True)
+    thread.start()
+    if not started.wait(timeout_s) or errors:
+        raise RuntimeError(f"the policy server did not start: {errors[0] if errors else 'timed out'}")
+    try:
+        yield server
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout_s)
+
+
+def _address(connection: ServerConnection) -> str:
+    address = connection.remote_address
+    return f"{address[0]}:{address[1]}" if address else "?"

@@ -1,0 +1,66 @@
+"""openpi's wire format: msgpack with numpy arrays, as ``openpi_client.msgpack_numpy`` packs them.
+
+An array travels as the map ``{"__ndarray__": True, "data": <raw bytes>, "dtype": <dtype.str>,
+"shape": [...]}`` and a numpy scalar as ``{"__npgeneric__": True, "data": <item>, "dtype": ...}``
+(map keys as msgpack binaries); object, void and complex arrays are refused (openpi refuses them so
+that nothing falls back to pickle). Written here rather than imported from ``openpi-client``, whose
+package pins ``numpy < 2``; tests/serving/test_wire.py checks both directions against
+``openpi_client.msgpack_numpy`` itself.
+
+Source: Physical-Intelligence/openpi, ``packages/openpi-client/src/openpi_client/msgpack_numpy.py``
+(adapted there from lebedov/msgpack-numpy).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+
+_REFUSED_KINDS = ("V", "O", "c")
+
+
+def _pack_array(obj: Any) -> Any:
+    if isinstance(obj, (np.ndarray, np.generic)) and obj.dtype.kind in _REFUSED_KINDS:
+        raise ValueError(f"arrays of dtype {obj.dtype} cannot be sent (object, void and complex dtypes are refused)")
+    if isinstance(obj, np.ndarray):
+        return {b"__ndarray__": True, b"data": np.ascontiguousarray(obj).tobytes(), b"dtype": obj.dtype.str,
+                b"shape": obj.shape}
+    if isinstance(obj, np.generic):
+        return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
+    return obj
+
+
+def _unpack_array(obj: dict) -> Any:
+    if b"__ndarray__" in obj:
+        dtype = np.dtype(obj[b"dtype"])
+        if dtype.kind in _REFUSED_KINDS:
+            raise ValueError(f"arrays of dtype {dtype} are refused")
+        return np.ndarray(buffer=obj[b"data"], dtype=dtype, shape=obj[b"shape"])
+    if b"__npgeneric__" in obj:
+        return np.dtype(obj[b"dtype"]).type(obj[b"data"])
+    return obj
+
+
+def packb(obj: Any) -> bytes:
+    """``obj`` (dicts, lists, numbers, strings, numpy arrays and scalars) as one msgpack message.
+
+    Raises:
+        ValueError: an object, void or complex array.
+        TypeError: a value msgpack cannot encode.
+    """
+    return msgpack.packb(obj, default=_pack_array)
+
+
+def unpackb(data: bytes) -> Any:
+    """One msgpack message as Python objects, arrays as read-only numpy arrays over the message.
+
+    Raises:
+        ValueError: the bytes are not one msgpack message, or an array in it is malformed (its
+            data does not fill its shape, a refused dtype).
+    """
+    try:
+        return msgpack.unpackb(data, object_hook=_unpack_array)
+    except (ValueError, TypeError, msgpack.UnpackException) as err:
+        raise ValueError(f"not a msgpack-numpy message ({type(err).__name__}: {err})") from err
