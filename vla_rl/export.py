@@ -35,7 +35,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
     """Write the policy of training checkpoint ``checkpoint`` to the new directory ``out``.
 
     Args:
-        checkpoint: a checkpoint directory ``<run>/checkpoints/step_<8-digit step>`` of ``vla-rl train`` (e.g. ``step_00000010``).
+        checkpoint: a checkpoint directory ``<run>/checkpoints/step_<8-digit step>`` of
+            ``vla-rl train`` (e.g. ``step_00000010``).
         out: the directory to create.
 
     Returns:
@@ -63,7 +64,8 @@ def load_checkpoint_policy(checkpoint: str | Path):
     export`` and ``vla-rl serve``).
 
     Args:
-        checkpoint: a checkpoint directory ``<run>/checkpoints/step_<8-digit step>`` of ``vla-rl train`` (e.g. ``step_00000010``).
+        checkpoint: a checkpoint directory ``<run>/checkpoints/step_<8-digit step>`` of
+            ``vla-rl train`` (e.g. ``step_00000010``).
 
     Returns:
         ``(policy, config)``: the :class:`policies.base.Policy` (LoRA adapters not merged) and the
