@@ -31,8 +31,9 @@ GROUP_SIZE, HORIZON, EPOCHS, MINIBATCHES = 8, 100, 4, 4
 LR, CLIP_LOW, CLIP_HIGH, MAX_GRAD_NORM = 3e-4, 0.2, 0.28, 1.0
 
 
-def warm_start(demos: Path, seed: int):
-    """The engine's warm start: an MLP policy cloned on the store's first 2 demonstrations."""
+def warm_start(demos: Path, seed: int, obs_std_floor: float):
+    """The engine's warm start: an MLP policy cloned on the store's first 2 demonstrations, each
+    state feature's scale floored at ``obs_std_floor`` (``warm_start.obs_std_floor``)."""
     from policies.mlp import MLPPolicy, MLPPolicyConfig
     from vla_rl.data.trajectory_store import TrajectoryStore
     from vla_rl.trainers.warm_start import behaviour_cloning, demonstrations
@@ -40,7 +41,8 @@ def warm_start(demos: Path, seed: int):
     obs, actions = demonstrations(TrajectoryStore.open(demos, read_only=True), 2, 1)
     torch.manual_seed(seed)
     policy = MLPPolicy(MLPPolicyConfig(obs_dim=obs.shape[1], action_dim=actions.shape[-1]))
-    behaviour_cloning(policy, obs, actions, steps=1500, lr=1e-3, batch_size=256, seed=seed)
+    behaviour_cloning(policy, obs, actions, steps=1500, lr=1e-3, batch_size=256, seed=seed,
+                      obs_std_floor=obs_std_floor)
     return policy
 
 
@@ -106,6 +108,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--states", type=int, default=8, help="initial states per step")
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--obs-std-floor", type=float, default=0.1, help="warm_start.obs_std_floor")
     parser.add_argument("--fixed-states", action="store_true", help="the same initial states every step")
     parser.add_argument("--init-std", default=None,
                         help="comma-separated initial std per action dimension (default: the policy's 0.2 each)")
@@ -115,7 +118,7 @@ def main() -> None:
     from simulators.robosuite_env import RobosuiteEnv, RobosuiteEnvConfig
 
     torch.set_num_threads(1)
-    policy = warm_start(args.demos, args.seed)
+    policy = warm_start(args.demos, args.seed, args.obs_std_floor)
     if args.init_std is not None:
         with torch.no_grad():
             policy.log_std.copy_(torch.tensor([float(v) for v in args.init_std.split(",")]).log())

@@ -52,11 +52,16 @@ LIFT_STATE_KEYS: tuple[str, ...] = (
     "robot0_gripper_qpos",
     "cube_pos",
     "gripper_to_cube_pos",
+    "robot0_eef_quat",
 )
-"""The compact Lift state (11 values), in observation order. Orientations are left out: the
-cube's yaw and the hand's small tilt vary between initial states but do not matter for the task,
-and a policy cloned from one or two demonstrations extrapolates badly along such features
-(measured: 0/20 held-out successes with them, 10/20 without, from two demonstrations)."""
+"""The Lift state (15 values), in observation order: the hand's position and fingers, the cube's
+position, the hand-to-cube vector, and last the hand's orientation (quaternion (x, y, z, w)), so
+that policies reading the leading proprio features (OpenVLA-OFT's 5, π0's 11) read what they
+did without it. The actions turn the hand (OSC pose); without its orientation in the state, SRPO
+from a two-demonstration warm start was a lottery over seeds (held-out greedy 40%, 82%, 30% on
+seeds 0-2), and RL on 8 fixed initial states did not improve on them; with it and the warm
+start's ``obs_std_floor`` of 0.1 it did (docs/seeds/embodied_srpo/diagnosis.md has the runs and
+the sweep). The cube's orientation stays out (its yaw does not matter for lifting)."""
 
 _PROPRIO_KEYS: tuple[str, ...] = ("robot0_eef_pos", "robot0_gripper_qpos")
 

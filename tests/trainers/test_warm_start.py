@@ -12,7 +12,6 @@ from policies.openvla_oft import OpenVLAOFTPolicy, OpenVLAOFTPolicyConfig
 from vla_rl.data.observations import decode_instruction, encode_instruction
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.trainers.warm_start import (
-    OBS_STD_FLOOR,
     action_chunks,
     behaviour_cloning,
     demonstrations,
@@ -38,10 +37,11 @@ def test_normalisation_counts_the_extra_observations(tmp_path):
     floor; with two initial observations at 0 and 1 its scale is their spread over all 6 rows."""
     demo = np.array([[0.0, 0.5], [1.0, 0.5], [2.0, 0.5], [3.0, 0.5]], dtype=np.float32)
     extra = np.array([[0.0, 0.0], [3.0, 1.0]], dtype=np.float32)
-    for extra_obs, mean_1, std_1 in [(None, 0.5, OBS_STD_FLOOR), (extra, 0.5, np.std([0.5] * 4 + [0.0, 1.0]))]:
+    for extra_obs, mean_1, std_1 in [(None, 0.5, 0.25), (extra, 0.5, np.std([0.5] * 4 + [0.0, 1.0]))]:
         policy = MLPPolicy(MLPPolicyConfig(obs_dim=2, action_dim=1, hidden_sizes=(4,)))
         obs, actions = demonstrations(_store(tmp_path / str(extra_obs is None), demo), 1, policy.chunk_size)
-        behaviour_cloning(policy, obs, actions, steps=1, lr=1e-3, batch_size=4, seed=0, extra_norm_obs=extra_obs)
+        behaviour_cloning(policy, obs, actions, steps=1, lr=1e-3, batch_size=4, seed=0, obs_std_floor=0.25,
+                          extra_norm_obs=extra_obs)
         rows = demo if extra_obs is None else np.concatenate([demo, extra_obs])
         torch.testing.assert_close(policy.obs_mean, torch.tensor([rows[:, 0].mean(), mean_1]))
         torch.testing.assert_close(policy.obs_std, torch.tensor([rows[:, 0].std(), std_1], dtype=torch.float32))
@@ -107,7 +107,7 @@ def test_camera_demonstrations_are_stored_per_key_and_cloned(tmp_path, torch_one
                                                      proprio_dim=2))
     assert policy.proprio_statistics is None  # proprio stays raw until statistics are fitted or loaded
     before = float(policy.bc_loss(obs, actions).detach())
-    metrics = behaviour_cloning(policy, obs, actions, steps=40, lr=3e-3, batch_size=8, seed=0)
+    metrics = behaviour_cloning(policy, obs, actions, steps=40, lr=3e-3, batch_size=8, seed=0, obs_std_floor=0.1)
     assert metrics["warm_start/transitions"] == 13.0
     # OFT's proprio statistics: q01/q99 of the demonstrations' first two state features.
     torch.testing.assert_close(policy.proprio_q01, torch.quantile(obs["state"][:, :2], 0.01, dim=0))
@@ -142,7 +142,7 @@ def test_behaviour_cloning_maps_the_expert_actions_with_their_observations(tmp_p
         return PI0Policy.bc_loss(policy, rows_obs, expert_actions)
 
     policy.actions_from_env, policy.bc_loss = actions_from_env, bc_loss
-    behaviour_cloning(policy, obs, actions, steps=2, lr=1e-3, batch_size=4, seed=0)
+    behaviour_cloning(policy, obs, actions, steps=2, lr=1e-3, batch_size=4, seed=0, obs_std_floor=0.1)
     assert len(seen_obs) == 1 and seen_obs[0] is obs
     by_hand = actions.clone()  # no statistics: only the state is subtracted, on every position of a window
     by_hand[..., 1:3] -= obs["state"][:, None, 1:3]
@@ -197,7 +197,8 @@ def test_a_task_set_gets_demonstrations_of_every_task_and_clones_them(tmp_path, 
     policy = MLPPolicy(MLPPolicyConfig(obs_dim=3, action_dim=2, hidden_sizes=(8,), num_tasks=3))
     init_obs = initial_observations(pool, 5, num_tasks=3)
     assert init_obs["task_id"].tolist() == [0, 1, 2, 0, 1]
-    behaviour_cloning(policy, obs, actions, steps=300, lr=1e-2, batch_size=18, seed=0, extra_norm_obs=init_obs)
+    behaviour_cloning(policy, obs, actions, steps=300, lr=1e-2, batch_size=18, seed=0, obs_std_floor=0.1,
+                      extra_norm_obs=init_obs)
     states = torch.cat([obs["state"], torch.as_tensor(init_obs["state"])])
     torch.testing.assert_close(policy.obs_mean, states.mean(0))
     # one policy, one action per task: the one-hot tells them apart

@@ -133,6 +133,13 @@ class WarmStartSection(_Section):
         "in the observation-normalisation statistics (0: demonstrations only), so that features a "
         "few demonstrations leave nearly constant (e.g. the cube's y) get the scale they vary by.",
     )
+    obs_std_floor: float = Field(
+        0.1, gt=0,
+        description="Smallest per-feature scale of the flat-state normalisation (units of the state: metres, "
+        "unitless for quaternions), for the MLP's warm start and the critic. Features two demonstrations "
+        "leave nearly constant (the hand's orientation, the cube's y) are scaled by at most 1/floor; 0.01 "
+        "made them 10x more sensitive and left RL on Lift a lottery over seeds (docs/seeds/embodied_srpo).",
+    )
     demo_store: str | None = Field(
         None, description="zarr store of demonstrations (created if missing); default: in the run dir."
     )

@@ -168,7 +168,7 @@ def clone_behaviour(ctx, batch) -> NodeOutput:
                                     len(sim.task_names()) if sim.multi_task else None)
     metrics = behaviour_cloning(ctx.resources.policy, batch[keys.OBS], batch[keys.ACTIONS], ws.bc_steps, ws.bc_lr,
                                 ws.bc_batch_size, seed=ctx.config.run.seed, extra_norm_obs=init_obs,
-                                progress=ctx.rank == 0)
+                                progress=ctx.rank == 0, obs_std_floor=ws.obs_std_floor)
     return NodeOutput(None, metrics)
 
 

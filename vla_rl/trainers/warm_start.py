@@ -27,9 +27,6 @@ from vla_rl.data import keys
 from vla_rl.data.observations import Observations, empty_observations, to_torch
 from vla_rl.data.trajectory_store import TrajectoryStore
 
-#: Smallest observation scale used for normalisation (metres for positions, unitless for
-#: quaternions): a feature that one demonstration leaves constant must not blow up.
-OBS_STD_FLOOR = 0.01
 #: Field of the demonstrated actions; flat-state stores keep observations in ``obs``.
 ACTIONS_FIELD, FLAT_OBS_FIELD = "actions", "obs"
 #: Per-episode scalar of a task set's demonstrations: the episode's task id.
@@ -202,23 +199,23 @@ def demonstration_states(store: TrajectoryStore, num_demos: int) -> torch.Tensor
     return torch.as_tensor(np.concatenate(states), dtype=torch.float32)
 
 
-def state_normalization(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def state_normalization(states: torch.Tensor, std_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-feature mean and standard deviation (population) of ``states`` ``(N, obs_dim)``, the
-    scale floored at :data:`OBS_STD_FLOOR` (a feature the states leave constant must not blow up):
-    two ``(obs_dim,)`` tensors."""
-    return states.mean(0), states.std(0, unbiased=False).clamp(min=OBS_STD_FLOOR)
+    scale floored at ``std_floor`` (units of the state; ``warm_start.obs_std_floor``: a feature the
+    states leave constant must not blow up): two ``(obs_dim,)`` tensors."""
+    return states.mean(0), states.std(0, unbiased=False).clamp(min=std_floor)
 
 
 def behaviour_cloning(
     policy, obs: torch.Tensor | TensorDict, actions: torch.Tensor, steps: int, lr: float, batch_size: int, seed: int,
-    extra_norm_obs: Observations | None = None, progress: bool = False,
+    *, obs_std_floor: float, extra_norm_obs: Observations | None = None, progress: bool = False,
 ) -> dict[str, float]:
     """Fit the policy to demonstrated transitions with ``policy.bc_loss``.
 
     Also sets the policy's observation normalisation from the demonstrations' observations
     together with ``extra_norm_obs`` (e.g. initial observations of training states, see
     :func:`initial_observations`): for flat states the mean and standard deviation, each scale
-    floored at :data:`OBS_STD_FLOOR`; for camera observations whatever the policy's
+    floored at ``obs_std_floor``; for camera observations whatever the policy's
     ``fit_observation_normalization`` fits (OpenVLA-OFT: its proprio q01/q99). The expert's
     actions become the policy's through ``policy.actions_from_env(actions, obs)`` (π0's
     state-relative actions subtract each observation's state).
@@ -233,6 +230,7 @@ def behaviour_cloning(
         extra_norm_obs: ``(m, obs_dim)`` observations (or a dict of ``m``-row arrays) that count
             in the statistics only.
         progress: show a progress bar of the gradient steps (Ray reports it on the driver).
+        obs_std_floor: smallest scale of a flat state's feature (``warm_start.obs_std_floor``).
 
     Returns:
         ``warm_start/bc_loss`` (last minibatch) and ``warm_start/transitions``.
@@ -244,7 +242,7 @@ def behaviour_cloning(
     else:
         norm_obs = obs if extra_norm_obs is None else torch.cat([obs, torch.as_tensor(extra_norm_obs, dtype=obs.dtype)])
         # Features constant over these observations get a floor on their scale (units of the obs).
-        policy.set_obs_normalization(*state_normalization(norm_obs))
+        policy.set_obs_normalization(*state_normalization(norm_obs, obs_std_floor))
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     loss = torch.zeros(())

@@ -129,10 +129,9 @@ def critic_state_normalization(res) -> tuple[torch.Tensor, torch.Tensor]:
       which the warm start fitted.
     - Any other policy (π0, OpenVLA-OFT: their statistics cover the proprio features at most): the
       statistics the MLP's warm start would fit, computed the same way from the same states: the
-      per-feature mean and standard deviation, floored at
-      :data:`~vla_rl.trainers.warm_start.OBS_STD_FLOOR`, of every state of the first
-      ``warm_start.num_demos`` demonstrations of the run's store (the warm start wrote it before
-      the critic is built) and of the first observations of ``warm_start.norm_init_states``
+      per-feature mean and standard deviation, floored at ``warm_start.obs_std_floor``, of every
+      state of the first ``warm_start.num_demos`` demonstrations of the run's store (the warm
+      start wrote it before the critic is built) and of the first observations of ``warm_start.norm_init_states``
       training initial states. Every worker reads the same store and resets the same seeded
       states, so the statistics agree across the workers, as DDP needs. Without either (no
       demonstrations, ``norm_init_states: 0``): mean 0 and scale 1, the raw state (as an MLP that
@@ -169,7 +168,7 @@ def critic_state_normalization(res) -> tuple[torch.Tensor, torch.Tensor]:
         states.append(torch.as_tensor(state, dtype=torch.float32))
     if not states:
         return torch.zeros(obs_dim), torch.ones(obs_dim)
-    return state_normalization(torch.cat(states))
+    return state_normalization(torch.cat(states), ws.obs_std_floor)
 
 
 def simulator_sizes(config) -> dict[str, int]:
