@@ -226,6 +226,27 @@ def test_a_fixed_number_of_minibatches_whatever_the_batch_size(process_group, de
     assert sum(sizes) == 2 * episodes and max(sizes) - min(sizes) <= 1
 
 
+@pytest.mark.parametrize("name", ["mlp", "openvla_oft", "pi0"])
+def test_no_grad_scoring_runs_micro_batches_of_rows_and_gives_the_whole_batchs_values(name):
+    """``per_dim_log_probs(..., micro_batch_size=3)`` (the reference's and the token-level old
+    log-probs) forwards at most 3 of the 8 episodes at once and returns what one forward of all 8
+    returns (batch invariance: equal, not close, for the MLP)."""
+    policy = make_policy(name, TINY_CONFIGS[name]()).eval()
+    batch = rollout_batch(policy)
+    whole = per_dim_log_probs(policy, batch)
+    rows = []
+
+    def counted(model, mb):
+        rows.append(mb.batch_size[0])
+        return actor_module.embodied_forward(model, mb)
+
+    chunked = per_dim_log_probs(policy, batch, counted, micro_batch_size=3)
+    assert rows == [3, 3, 2] and chunked.shape == whole.shape == (8, *whole.shape[1:])
+    if name == "mlp":
+        assert torch.equal(chunked, whole)
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-5)
+
+
 def test_kl_loss_to_a_copy_of_the_policy_is_zero_at_the_first_minibatch(process_group, device, monkeypatch):
     torch.manual_seed(0)
     policy = make_policy("mlp", TINY_CONFIGS["mlp"]()).to(device)

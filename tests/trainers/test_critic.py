@@ -7,7 +7,7 @@ from tensordict import TensorDict
 
 from vla_rl.config import CriticSection, TrainerSection
 from vla_rl.data import keys
-from vla_rl.trainers.critic import CriticTrainer, ValueNetwork
+from vla_rl.trainers.critic import CriticTrainer, ValueNetwork, embodied_values
 
 
 def test_critic_starts_at_zero_and_regresses_on_returns(process_group, device):
@@ -94,3 +94,22 @@ def test_critic_regresses_on_returns_from_camera_observations(process_group, dev
     assert metrics["critic/num_updates"] == 100.0 and metrics["critic/skipped_updates"] == 0.0
     error_after = ((trainer.values(batch) - returns) ** 2).mean()
     assert error_after < 0.1 * (returns ** 2).mean()
+
+
+def test_critic_values_run_micro_batches_of_rows(process_group):
+    """``values(batch, micro_batch_size=2)``: at most 2 of the 5 rows per forward, the same values."""
+    torch.manual_seed(0)
+    network = ValueNetwork(3, [8], torch.zeros(3), torch.ones(3))
+    torch.nn.init.normal_(network.net[-1].weight)  # not the zero head: values that differ per state
+    rows = []
+
+    def forward(net, mb):
+        rows.append(mb.batch_size[0])
+        return embodied_values(net, mb)
+
+    trainer = CriticTrainer(network, lr=1e-3, forward=forward)
+    batch = TensorDict({keys.OBS: torch.randn(5, 4, 3)}, batch_size=[5])
+    whole = trainer.values(batch)
+    assert rows == [5]
+    torch.testing.assert_close(trainer.values(batch, micro_batch_size=2), whole, rtol=0, atol=1e-6)
+    assert rows == [5, 2, 2, 1] and whole.shape == (5, 3) and whole.std() > 0

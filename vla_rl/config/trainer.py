@@ -77,5 +77,7 @@ class TrainerSection(_Section):
     micro_batch_size: int | None = Field(
         None, ge=1, description="Samples per forward/backward pass on a worker (gradient accumulation): each "
         "minibatch's gradient is accumulated over micro-batches of at most this many samples, scaled so that the "
-        "update equals the whole minibatch's (exact for every loss_agg_mode). null: the whole minibatch at once.")
+        "update equals the whole minibatch's (exact for every loss_agg_mode); the no-grad scoring passes (reference "
+        "log-probs, critic values, token-level old log-probs) also run this many rows at a time. null: the whole "
+        "minibatch (shard) at once.")
     fsdp: FSDPSection = Field(default_factory=lambda: FSDPSection())

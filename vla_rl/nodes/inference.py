@@ -50,8 +50,9 @@ def compute_ref_log_probs(ctx, batch) -> NodeOutput:
     """Set ``ref_log_probs`` ``(n, T, chunk, own_action_dim)``: per-element log-probs of the taken
     own actions (``policy.own_action_dim`` values each; response tokens: chunk = own_action_dim =
     1) under the reference policy (0 after each episode's or response's end, and on the elements
-    the policy never scores)."""
-    ref_log_probs = per_dim_log_probs(ctx.resources.reference, batch, ctx.resources.workflow.batch_forward)
+    the policy never scores), scored ``trainer.micro_batch_size`` rows at a time."""
+    ref_log_probs = per_dim_log_probs(ctx.resources.reference, batch, ctx.resources.workflow.batch_forward,
+                                      ctx.config.trainer.micro_batch_size)
     batch.set(keys.REF_LOG_PROBS, ref_log_probs.cpu())
     return NodeOutput(batch, {})
 
@@ -61,7 +62,7 @@ def compute_ref_log_probs(ctx, batch) -> NodeOutput:
 def compute_values(ctx, batch) -> NodeOutput:
     """Set ``values`` ``(n, T)``: the critic's value of the state before each decision (text: before
     each response token). Metric ``critic/values_mean``: over the valid decision steps."""
-    values = ctx.resources.critic.values(batch)
+    values = ctx.resources.critic.values(batch, ctx.config.trainer.micro_batch_size)
     batch.set(keys.VALUES, values)
     valid = batch[keys.RESPONSE_MASK]
     count = int(valid.sum())

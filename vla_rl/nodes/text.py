@@ -120,7 +120,8 @@ def sample_groups(resources, group_size: int, prompts: TensorDict) -> tuple[Tens
     if rollout.exact_log_probs:
         return samples, {}
     policy = resources.policy.eval()
-    trainer_log_probs = per_dim_log_probs(policy, samples, text_forward)[..., 0].cpu()  # (n, R, 1)
+    trainer_log_probs = per_dim_log_probs(policy, samples, text_forward,  # (n, R, 1)
+                                          resources.config.trainer.micro_batch_size)[..., 0].cpu()
     gap = (trainer_log_probs - samples[keys.OLD_LOG_PROBS])[samples[keys.RESPONSE_MASK]].abs()  # (valid, 1)
     samples.set(keys.OLD_LOG_PROBS, trainer_log_probs)
     has_tokens = gap.numel() > 0

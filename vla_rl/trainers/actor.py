@@ -100,19 +100,29 @@ def text_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def per_dim_log_probs(policy, batch: TensorDict, forward=embodied_forward) -> Tensor:
-    """Log-probs of every action dimension of whole episodes (or responses), without gradients.
+def per_dim_log_probs(policy, batch: TensorDict, forward=embodied_forward, micro_batch_size: int | None = None
+                      ) -> Tensor:
+    """Log-probs of every action dimension of whole episodes (or responses), without gradients,
+    scored ``micro_batch_size`` rows at a time (``trainer.micro_batch_size``): only those rows are
+    on the policy's device at once, and only their activations (an LLM's ``(rows, R, V)`` logits)
+    exist at once.
 
     Args:
         policy: a :class:`policies.base.Policy` or a causal LM policy.
-        batch: what ``forward`` reads.
+        batch: what ``forward`` reads, ``n`` rows.
         forward: :func:`embodied_forward` or :func:`text_forward`.
+        micro_batch_size: rows per forward pass; None: all ``n`` in one.
 
     Returns:
         ``(n, T, chunk, own_action_dim)`` float32 on the policy's device, 0 at invalid steps;
-        bit-identical to the rollout's values (the policy contract's batch invariance).
+        bit-identical to the rollout's values whatever the micro-batch size (the policy
+        contract's batch invariance).
     """
-    return forward(policy, batch.to(policy.device))[0]
+    rows = batch.batch_size[0]
+    if micro_batch_size is None or rows <= micro_batch_size:
+        return forward(policy, batch.to(policy.device))[0]
+    return torch.cat([forward(policy, batch[start:start + micro_batch_size].to(policy.device))[0]
+                      for start in range(0, rows, micro_batch_size)])
 
 
 class ActorTrainer:
@@ -199,7 +209,8 @@ class ActorTrainer:
                 built in (see :func:`~vla_rl.algorithms.aggregation.aggregation_weight`).
         """
         batch = batch.to(self.policy.device)  # once, at the node boundary
-        old_log_probs, metrics = self._old_log_probs(batch, algorithm.ratio_granularity)  # (n, L)
+        old_log_probs, metrics = self._old_log_probs(batch, algorithm.ratio_granularity,
+                                                     trainer.micro_batch_size)  # (n, L)
         loss_fn = POLICY_LOSSES.get(algorithm.policy_loss)
         loss_options = algorithm.options("policy_loss")
         totals: dict[str, float] = {}
@@ -294,7 +305,8 @@ class ActorTrainer:
             else:
                 yield index, aggregation_weight(mask[index], agg_mode) / total if total > 0 else 0.0, sync
 
-    def _old_log_probs(self, batch: TensorDict, granularity: str) -> tuple[Tensor, dict[str, float]]:
+    def _old_log_probs(self, batch: TensorDict, granularity: str, micro_batch_size: int | None
+                       ) -> tuple[Tensor, dict[str, float]]:
         """The rollout policy's log-probs at ``granularity``: (n, L).
 
         Action and chunk level come from the rollout's per-action log-probs; token level needs
@@ -305,7 +317,7 @@ class ActorTrainer:
         if granularity != "token":
             return reduce_per_action(rollout_log_probs, granularity), {}
         valid = batch[keys.RESPONSE_MASK]  # (n, T)
-        per_dim = per_dim_log_probs(self.policy, batch, self.forward)  # (n, T, C, A_own)
+        per_dim = per_dim_log_probs(self.policy, batch, self.forward, micro_batch_size)  # (n, T, C, A_own)
         gap = (per_dim.sum(dim=-1) - rollout_log_probs)[valid].abs()
         max_gap = float(gap.max()) if gap.numel() else 0.0
         return reduce_per_dim(per_dim, granularity), {"actor/old_log_prob_max_diff": max_gap}

@@ -95,10 +95,16 @@ class CriticTrainer:
         return next(self.network.parameters()).device
 
     @torch.no_grad()
-    def values(self, batch: TensorDict) -> Tensor:
+    def values(self, batch: TensorDict, micro_batch_size: int | None = None) -> Tensor:
         """``(n, T)`` float32 values of the state before each decision of ``batch`` (what
-        ``forward`` reads; steps after an episode's end hold the value of padding or 0), on the CPU."""
-        return self.forward(self.network, batch.to(self.device)).cpu()
+        ``forward`` reads; steps after an episode's end hold the value of padding or 0), on the CPU,
+        computed ``micro_batch_size`` rows at a time (None: all at once)."""
+        rows = batch.batch_size[0]
+        step = rows if micro_batch_size is None else micro_batch_size
+        if rows <= step:
+            return self.forward(self.network, batch.to(self.device)).cpu()
+        return torch.cat([self.forward(self.network, batch[start:start + step].to(self.device)).cpu()
+                          for start in range(0, rows, step)])
 
     def update(self, batch: TensorDict, critic, trainer, generator: torch.Generator) -> dict[str, float]:
         """Regress the values on ``returns`` over this worker's shard.
