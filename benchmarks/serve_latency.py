@@ -1,6 +1,6 @@
 """Latency and throughput of ``vla-rl serve`` against calling the policy in-process.
 
-For each policy of ``--policies`` (``mlp``: the main job's MLP, 11-value state, hidden [256, 256];
+For each policy of ``--policies`` (``mlp``: the main job's MLP, 15-value state, hidden [256, 256];
 ``pi0`` and ``oft``: the tiny π0 and OpenVLA-OFT of ``embodied_srpo_pi0_lift`` /
 ``embodied_srpo_oft_lift``, one 128x128 camera, state and instruction), random weights, greedy:
 
@@ -45,9 +45,9 @@ def build(name: str):
         from policies.mlp.configuration_mlp import MLPPolicyConfig
         from policies.mlp.modeling_mlp import MLPPolicy
 
-        policy = MLPPolicy(MLPPolicyConfig(obs_dim=11, action_dim=7))
-        inputs = ServedInputs(11)
-        return ServedPolicy(policy, inputs, name), {"observation/state": rng.normal(size=11).astype(np.float32)}
+        policy = MLPPolicy(MLPPolicyConfig(obs_dim=15, action_dim=7))
+        inputs = ServedInputs(15)
+        return ServedPolicy(policy, inputs, name), {"observation/state": rng.normal(size=15).astype(np.float32)}
     from vla_rl.dag.loader import load_template
     from vla_rl.serving.policy import simulator_inputs
     from vla_rl.workflows import get_workflow

@@ -3,7 +3,8 @@
 
 Throughput, for each of ``--simulators`` (``lift``: robosuite Lift, Panda, OSC_POSE; ``metaworld``:
 the MetaWorld task ``--metaworld-task``, reach-v3 by default), random actions in [-1, 1]; ``state``:
-the state observation (Lift's compact 11 values, MetaWorld's 39); ``camera``: plus one 128x128 frame
+the state observation (Lift's 11 values when it was measured, 15 since the hand's orientation joined it;
+MetaWorld's 39); ``camera``: plus one 128x128 frame
 (Lift's ``agentview``, MetaWorld's ``corner``) rendered after every step and returned to the caller.
 Rows:
 

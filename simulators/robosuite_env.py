@@ -108,7 +108,7 @@ its legs)."""
 
 PANDA_STATE_ROBOTS: tuple[str, ...] = ("Panda", "Sawyer")
 """Robots whose ``robot0_gripper_qpos`` has 2 values, as :data:`STATE_KEY_SIZES` counts (measured:
-the Lift state is 11 values with both, 15 with IIWA, Jaco, Kinova3, UR5e, XArm7)."""
+the Lift state is 15 values with both, 19 with IIWA, Jaco, Kinova3, UR5e, XArm7)."""
 
 PART_CONTROLLERS: tuple[str, ...] = (
     "JOINT_VELOCITY",

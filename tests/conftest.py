@@ -117,7 +117,7 @@ def evaluated_lift_run(tmp_path_factory, ray_on_loopback):
                                                   "policy.config.hidden_sizes=[16]", f"simulator.env.horizon={horizon}"],
                                 resume=None)
     run.close()
-    policy = make_policy("mlp", MLPPolicyConfig(obs_dim=11, action_dim=7, hidden_sizes=(16,)))
+    policy = make_policy("mlp", MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(16,)))
     torch.manual_seed(5)
     for parameter in policy.parameters():
         torch.nn.init.normal_(parameter, std=0.3)

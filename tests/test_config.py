@@ -34,7 +34,7 @@ def test_pi0_templates_extend_the_srpo_workflow_with_the_tiny_pi0():
     assert lift.config.policy.name == "pi0" and lift.config.simulator.env["cameras"] == ["agentview"]
     policy = lift.config.policy.policy_config(action_dim=7)
     assert policy.is_tiny_preset and policy.sampler == "flow_sde" and policy.noise_level == 0.3
-    assert policy.proprio_dim == 11  # the whole Lift state (robosuite_env.LIFT_STATE_KEYS)
+    assert policy.proprio_dim == 11  # the first 11 Lift state values (robosuite_env.LIFT_STATE_KEYS, no orientation)
     model = policy.model_config()
     assert (model.chunk_size, model.max_action_dim, model.max_state_dim, model.num_steps) == (8, 7, 11, 3)
     assert model.vision.image_size == 56

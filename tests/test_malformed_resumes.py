@@ -25,10 +25,10 @@ RESUME_CASES = [
     ("a policy of another width", "srpo", ["--resume", "{run}", "trainer.total_steps=9",
                                            "policy.config.hidden_sizes=[64,64]"],
      ["error: policy.config.hidden_sizes=[64,64]: the run's checkpoint", "this override builds",  # not total_steps
-      "mean_net.0.weight: (32, 11) in the checkpoint, (64, 11) in the model"]),
+      "mean_net.0.weight: (32, 15) in the checkpoint, (64, 15) in the model"]),
     ("a sharded policy of another width", "fsdp", ["--resume", "{run}", "policy.config.hidden_sizes=[64,64]"],
      ["actor_sharded/.metadata does not fit the policy this override builds",
-      "mean_net.0.weight: (32, 11) in the checkpoint, (64, 11) in the model"]),
+      "mean_net.0.weight: (32, 15) in the checkpoint, (64, 15) in the model"]),
     ("no checkpoint", "empty", ["--resume", "{run}"],
      ["has no checkpoint to resume from", "start a new run instead"]),
     ("fewer workers", "srpo", ["--resume", "{run}", "workers.num_workers=1"],
@@ -80,7 +80,7 @@ def runs(tmp_path_factory, tiny_lm_dir, process_group):
                                                              f"trainer.strategy={strategy}"], None)
         run.close()
         config = template.config
-        write_checkpoint(run, robot_policy(config, 11, 7), config.trainer)  # Lift's state and action sizes
+        write_checkpoint(run, robot_policy(config, 15, 7), config.trainer)  # Lift's state and action sizes
     text, template, _ = prepare_run_dir("llm_grpo", [f"run.output_dir={out}", "run.name=text",
                                                      f"text.model_path={tiny_lm_dir}"], None)
     text.close()

@@ -89,14 +89,14 @@ def evaluated_run(tmp_path_factory):
     run, _, _ = prepare_run_dir("embodied_srpo", [f"run.output_dir={out}", "run.name=run",
                                                   "policy.config.hidden_sizes=[8]"], resume=None)
     run.close()
-    policy = make_policy("mlp", MLPPolicyConfig(obs_dim=11, action_dim=7, hidden_sizes=(8,)))
+    policy = make_policy("mlp", MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
     checkpoint.save_checkpoint(run.path / "checkpoints", 1, rank=0, model=policy)
     checkpoint.finalize_checkpoint(run.path / "checkpoints", 1)
-    store = open_rank_store(run.path / "eval", "robosuite_lift", 0, {"obs_dim": 11, "act_dim": 7, "horizon": 8}, 1,
+    store = open_rank_store(run.path / "eval", "robosuite_lift", 0, {"obs_dim": 15, "act_dim": 7, "horizon": 8}, 1,
                             {"task": "robosuite_lift", "simulator": "robosuite_lift", "env": {"horizon": 8}}, True)
     n, horizon = 3, 8
     append_episodes(store, TensorDict({
-        keys.OBS: torch.randn(n, horizon + 1, 11), keys.ACTIONS: torch.randn(n, horizon, 1, 7),
+        keys.OBS: torch.randn(n, horizon + 1, 15), keys.ACTIONS: torch.randn(n, horizon, 1, 7),
         keys.ENV_ACTIONS: torch.randn(n, horizon, 1, 7), keys.OLD_LOG_PROBS: torch.randn(n, horizon, 1),
         keys.FINISH_STEP: torch.tensor([8, 5, 8]), keys.SUCCESS: torch.tensor([False, True, False]),
         keys.TRUNCATED: torch.tensor([True, False, True]),

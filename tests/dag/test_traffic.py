@@ -82,11 +82,11 @@ def test_embodied_shape_from_the_simulator_config():
     template = load_template("embodied_srpo")
     shape = get_workflow("embodied").step_shape(template.config)
     assert (shape.decisions, shape.chunk, shape.action_dim) == (100, 1, 7)
-    assert shape.obs == observation_leaves(11) == {"": ((11,), "float32")}
-    assert sample_bytes("obs", shape) == 101 * 11 * 4
+    assert shape.obs == observation_leaves(15) == {"": ((15,), "float32")}
+    assert sample_bytes("obs", shape) == 101 * 15 * 4
     camera = get_workflow("embodied").step_shape(load_template("embodied_srpo_oft_lift").config)
     assert (camera.decisions, camera.chunk) == (10, 8)  # ceil(80 / 8)
-    assert sample_bytes("obs", camera) == 11 * (11 * 4 + 128 * 128 * 3 + 256)  # state, agentview, instruction
+    assert sample_bytes("obs", camera) == 11 * (15 * 4 + 128 * 128 * 3 + 256)  # state, agentview, instruction
     assert camera.own_action_dim == camera.action_dim == 7
     assert sample_bytes("actions", camera) == 10 * 8 * 7 * 4
 

@@ -67,7 +67,13 @@ def test_check_dataset_names_what_is_wrong(keys, num_demos, message):
 
 
 def test_the_planner_refuses_a_bad_dataset_before_anything_starts(tmp_path, capsys):
-    assert main(["plan", "embodied_srpo", f"warm_start.dataset={LIFT}"]) == 0
+    """The fixture holds the 11-value Lift state recorded before the hand's orientation joined it:
+    planned with those observation keys it is accepted, with the default 15-value state refused."""
+    compact = "simulator.env.obs_keys=[robot0_eef_pos,robot0_gripper_qpos,cube_pos,gripper_to_cube_pos]"
+    assert main(["plan", "embodied_srpo", f"warm_start.dataset={LIFT}", compact]) == 0
     capsys.readouterr()
+    assert main(["plan", "embodied_srpo", f"warm_start.dataset={LIFT}"]) == 2
+    assert ("field 'warm_start.dataset'" in (err := capsys.readouterr().err)
+            and "feature 'observation.state' has shape [11], the simulator's 'state' has 15 values" in err)
     assert main(["plan", "embodied_srpo", f"warm_start.dataset={tmp_path}"]) == 2
     assert "field 'warm_start.dataset'" in capsys.readouterr().err

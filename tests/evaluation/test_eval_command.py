@@ -28,7 +28,7 @@ def tiny_run(tmp_path_factory):
                                                   "policy.config.hidden_sizes=[8]"], resume=None)
     run.close()
     run_dir = run.path
-    policy = make_policy("mlp", MLPPolicyConfig(obs_dim=11, action_dim=7, hidden_sizes=(8,)))
+    policy = make_policy("mlp", MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
     for step in (1, 2):
         torch.manual_seed(step)
         for parameter in policy.parameters():

@@ -117,7 +117,7 @@ def test_an_mt10_run_prepares_its_evaluation_of_every_task(tmp_path):
 @pytest.fixture(scope="module")
 def lift_run(tmp_path_factory):
     return write_run(tmp_path_factory.mktemp("outputs"), "embodied_srpo", ["policy.config.hidden_sizes=[8]"],
-                     MLPPolicyConfig(obs_dim=11, action_dim=7, hidden_sizes=(8,)))
+                     MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
 
 
 def test_a_lift_checkpoint_on_the_robosuite_benchmark_skips_the_tasks_it_cannot_read(ray_on_loopback, lift_run):
@@ -129,7 +129,7 @@ def test_a_lift_checkpoint_on_the_robosuite_benchmark_skips_the_tasks_it_cannot_
     assert [(r["task"], r["episodes"]) for r in report["results"]] == [("Lift", 2)]
     reasons = {s["task"]: s["reason"] for s in report["skipped"]}
     assert "(20 values) is not the policy's [robot0_eef_pos 3, robot0_gripper_qpos 2, cube_pos 3, " \
-           "gripper_to_cube_pos 3] (11 values)" in reasons["Stack"]
+           "gripper_to_cube_pos 3, robot0_eef_quat 4] (15 values)" in reasons["Stack"]
     assert "door_pos 3" in reasons["Door"] and "Can_pos 3" in reasons["PickPlaceCan"]
     assert sorted(p.name for p in (eval_dir / "episodes").iterdir()) == ["Lift"]  # nothing else was rolled out
     assert "## Skipped tasks" in (eval_dir / "report.md").read_text()

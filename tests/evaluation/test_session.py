@@ -44,13 +44,13 @@ def make_config(checkpoints=(), **eval_fields) -> RunConfig:
 
 @pytest.fixture(scope="module")
 def checkpoints(ray_on_loopback, process_group, torch_one_thread, tmp_path_factory):
-    """Two checkpoints (steps 1 and 2, different weights) of the tiny Lift policy (11 observation
+    """Two checkpoints (steps 1 and 2, different weights) of the tiny Lift policy (15 observation
     values, 7 actions), written like training's."""
     from policies import make_policy
     from policies.mlp import MLPPolicyConfig
 
     root = tmp_path_factory.mktemp("run") / "checkpoints"
-    policy = make_policy("mlp", MLPPolicyConfig(obs_dim=11, action_dim=7, hidden_sizes=(8,)))
+    policy = make_policy("mlp", MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
     for step in (1, 2):
         torch.manual_seed(step)
         for parameter in policy.parameters():
@@ -136,7 +136,7 @@ def test_checkpoint_that_does_not_fit_the_task_is_refused(checkpoints, tmp_path)
     try:
         with pytest.raises(ValueError, match=r"task 'Stack' cannot be evaluated with checkpoint .*step_00000001: its "
                                              r"observation \[robot0_eef_pos 3, .*\(20 values\) is not the policy's "
-                                             r"\[robot0_eef_pos 3, .*\(11 values\) \(trained on robosuite_lift\)"):
+                                             r"\[robot0_eef_pos 3, .*\(15 values\) \(trained on robosuite_lift\)"):
             run_step(resources, 0)
         assert not task_dir(tmp_path, "Stack").exists()  # no episode was run
     finally:

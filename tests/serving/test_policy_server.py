@@ -37,7 +37,7 @@ def mlp_run(tmp_path_factory):
     with torch.no_grad():
         for parameter in policy.parameters():
             parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
-    policy.set_obs_normalization(torch.randn(11, generator=generator), torch.rand(11, generator=generator) + 0.5)
+    policy.set_obs_normalization(torch.randn(15, generator=generator), torch.rand(15, generator=generator) + 0.5)
     write_checkpoint(run_dir, 2, model=policy)
     return run_dir, policy.eval()
 
@@ -50,7 +50,7 @@ def mlp_server(mlp_run):
 
 
 def states(n: int, seed: int = 1) -> np.ndarray:
-    return np.random.default_rng(seed).normal(size=(n, 11)).astype(np.float32)
+    return np.random.default_rng(seed).normal(size=(n, 15)).astype(np.float32)
 
 
 def greedy(policy, obs) -> np.ndarray:
@@ -63,7 +63,7 @@ def test_openpi_client_gets_the_checkpoints_greedy_actions(mlp_run, mlp_server):
     client = WebsocketClientPolicy("127.0.0.1", mlp_server.port)
     metadata = client.get_server_metadata()
     assert metadata["action_horizon"] == 1 and metadata["action_dim"] == 7
-    assert metadata["inputs"] == {"state": [11]} and metadata["policy"] == "mlp (run/step_00000002)"
+    assert metadata["inputs"] == {"state": [15]} and metadata["policy"] == "mlp (run/step_00000002)"
     obs = states(5)
     served = np.stack([client.infer({"state": row})["actions"] for row in obs])
     assert served.dtype == np.float32 and served.shape == (5, 1, 7)
@@ -74,7 +74,7 @@ def test_openpi_client_gets_the_checkpoints_greedy_actions(mlp_run, mlp_server):
 
 def test_a_malformed_request_gets_an_error_and_the_server_keeps_serving(mlp_run, mlp_server):
     client = WebsocketClientPolicy("127.0.0.1", mlp_server.port)
-    with pytest.raises(RuntimeError, match=r"state has shape \(3,\); the policy takes a state of shape \(11,\)"):
+    with pytest.raises(RuntimeError, match=r"state has shape \(3,\); the policy takes a state of shape \(15,\)"):
         client.infer({"state": np.zeros(3, dtype=np.float32)})
     with pytest.raises(RuntimeError, match="has no state"):
         client.infer({"image": np.zeros((2, 2, 3), dtype=np.uint8)})
@@ -87,8 +87,8 @@ def test_a_malformed_request_gets_an_error_and_the_server_keeps_serving(mlp_run,
 
 
 def test_concurrent_clients_share_forwards_and_each_gets_its_own_rows(mlp_run, mlp_server):
-    obs = states(8 * 6, seed=2).reshape(8, 6, 11)
-    want = greedy(mlp_run[1], obs.reshape(-1, 11)).reshape(8, 6, 1, 7)
+    obs = states(8 * 6, seed=2).reshape(8, 6, 15)
+    want = greedy(mlp_run[1], obs.reshape(-1, 15)).reshape(8, 6, 1, 7)
 
     def episode(i):
         client = WebsocketClientPolicy("127.0.0.1", mlp_server.port)
@@ -139,7 +139,7 @@ def test_a_tiny_pi0_export_is_served_with_its_template(tmp_path):
     assert dict(inputs.images) == {"agentview": (128, 128, 3)} and inputs.instruction == "lift the cube"
     policy = get_workflow("embodied").standalone_policy(config, None)
     rng = np.random.default_rng(0)
-    obs = {"state": rng.normal(size=(3, 11)).astype(np.float32),
+    obs = {"state": rng.normal(size=(3, 15)).astype(np.float32),
            "agentview_image": rng.integers(0, 255, size=(3, 128, 128, 3), dtype=np.uint8),
            "instruction": np.stack([encode_instruction("lift the cube")] * 3)}
     policy.fit_observation_normalization(to_torch(obs))

@@ -12,7 +12,7 @@ from simulators.rendering import egl_unavailable_reason
 from vla_rl.data import keys
 from vla_rl.data.observations import INSTRUCTION_BYTES, decode_instruction
 
-SIZE, OBS_DIM, ACT_DIM, HORIZON = 32, 11, 7, 40
+SIZE, OBS_DIM, ACT_DIM, HORIZON = 32, 15, 7, 40
 IMAGE = "agentview_image"
 
 

@@ -34,7 +34,7 @@ def pool(ray_on_loopback):
 @pytest.fixture(scope="module")
 def policy():
     torch.manual_seed(0)
-    return make_policy("mlp", MLPPolicyConfig(obs_dim=11, action_dim=7, hidden_sizes=(16,)))
+    return make_policy("mlp", MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(16,)))
 
 
 class SignalAtCall:
@@ -123,4 +123,4 @@ def test_step_reports_a_lost_environment(pool):
     with pytest.raises(SimulatorLostError, match=r"environments \[1, 3\]"):
         pool.step(np.zeros((4, 7), dtype=np.float32), np.ones(4, dtype=bool))
     pool.reset(IDS)
-    assert pool.step(np.zeros((4, 7), dtype=np.float32), np.ones(4, dtype=bool))["obs"].shape == (4, 11)
+    assert pool.step(np.zeros((4, 7), dtype=np.float32), np.ones(4, dtype=bool))["obs"].shape == (4, 15)

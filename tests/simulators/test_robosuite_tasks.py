@@ -67,9 +67,9 @@ def test_robot_names_are_robosuites_single_arm_robots():
 
 
 @pytest.mark.parametrize(("robot", "state_dim", "action_dim"), [
-    ("Panda", 11, 7), ("Sawyer", 11, 7), ("UR5e", None, 7), ("PandaOmron", None, None)])
+    ("Panda", 15, 7), ("Sawyer", 15, 7), ("UR5e", None, 7), ("PandaOmron", None, None)])
 def test_sizes_known_before_the_environment_follow_the_robot(robot, state_dim, action_dim):
-    """Measured with Lift: 11 state values with a Panda or a Sawyer (a 2-value gripper), 15 with the
+    """Measured with Lift: 15 state values with a Panda or a Sawyer (a 2-value gripper), 19 with the
     other arms; 7 action values for the arms with a one-value gripper, 12 for the PandaOmron."""
     config = RobosuiteEnvConfig(robot=robot)
     assert (config.state_dim, config.action_dim) == (state_dim, action_dim)

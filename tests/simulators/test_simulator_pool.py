@@ -16,9 +16,9 @@ from simulators.rendering import (
 )
 
 HORIZON = 40
-OBS_DIM, ACT_DIM = 11, 7
+OBS_DIM, ACT_DIM = 15, 7
 LIFT_LAYOUT = {"robot0_eef_pos": [0, 3], "robot0_gripper_qpos": [3, 5], "cube_pos": [5, 8],
-               "gripper_to_cube_pos": [8, 11]}
+               "gripper_to_cube_pos": [8, 11], "robot0_eef_quat": [11, 15]}
 
 
 def test_pool_needs_ray_initialised():

@@ -77,7 +77,7 @@ def test_a_slot_that_changes_task_reuses_parked_environments(counted_envs):
 
 
 def test_tasks_of_a_set_must_share_their_layout():
-    """robosuite Lift observes 11 values, Stack 20: not one task set."""
+    """robosuite Lift observes 15 values, Stack 20: not one task set."""
     worker = SimulatorWorker("robosuite", configs(["Lift", "Stack"], "robosuite"), 1)
     try:
         with pytest.raises(ValueError, match=r"'Stack' differs from 'Lift' in \['obs_dim', 'obs_layout'\]"):

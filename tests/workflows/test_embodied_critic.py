@@ -65,8 +65,9 @@ def resources(tmp_path, *overrides, policy=None, spec=CAMERA_SPEC, device="cpu")
 
 def test_critic_statistics_are_those_of_the_demonstration_and_initial_states(tmp_path):
     """Without statistics of its own (π0), the critic's are the mean and the standard deviation
-    (population, floored at 0.01) of the first warm_start.num_demos demonstrations' states and the
-    first states of warm_start.norm_init_states training initial states, computed here with numpy."""
+    (population, floored at warm_start.obs_std_floor, 0.1) of the first warm_start.num_demos
+    demonstrations' states and the first states of warm_start.norm_init_states training initial
+    states, computed here with numpy."""
     demo_states = write_demos(tmp_path / "demos.zarr", [3, 5, 2])
     res = resources(tmp_path, "warm_start.num_demos=2", "warm_start.norm_init_states=3")
     mean, std = critic_state_normalization(res)
@@ -74,8 +75,8 @@ def test_critic_statistics_are_those_of_the_demonstration_and_initial_states(tmp
     assert len(states) == 11 and res.simulator_pool.resets == [[0, 1], [2]]
     assert mean.dtype == std.dtype == torch.float32 and mean.shape == std.shape == (OBS_DIM,)
     np.testing.assert_allclose(mean.numpy(), states.mean(0), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(std.numpy(), np.maximum(states.std(0), 0.01), rtol=1e-5, atol=1e-6)
-    assert std[3] == pytest.approx(0.01) and (std[:3] > 0.5).all()
+    np.testing.assert_allclose(std.numpy(), np.maximum(states.std(0), 0.1), rtol=1e-5, atol=1e-6)
+    assert std[3] == pytest.approx(0.1) and (std[:3] > 0.5).all()
 
 
 def test_critic_statistics_without_warm_start_leave_the_state_raw(tmp_path):
@@ -88,7 +89,7 @@ def test_critic_statistics_without_demonstrations_use_the_initial_states(tmp_pat
                                                      "warm_start.norm_init_states=4"))
     states = initial_state(np.arange(4)).astype(np.float64)
     np.testing.assert_allclose(mean.numpy(), states.mean(0), rtol=1e-6)
-    np.testing.assert_allclose(std.numpy(), np.maximum(states.std(0), 0.01), rtol=1e-6)
+    np.testing.assert_allclose(std.numpy(), np.maximum(states.std(0), 0.1), rtol=1e-6)
 
 
 def test_critic_statistics_of_a_policy_with_its_own_are_the_policy_s(tmp_path):

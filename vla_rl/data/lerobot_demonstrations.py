@@ -22,13 +22,16 @@ DEFAULT_DATASET_KEYS = {"observation.state": keys.OBS_STATE, "action": ACTIONS_R
 """``warm_start.dataset_keys``' default: LeRobot's usual state and action features."""
 
 
-def check_dataset(root: str | Path, dataset_keys: Mapping[str, str], num_demos: int) -> str | None:
+def check_dataset(root: str | Path, dataset_keys: Mapping[str, str], num_demos: int,
+                  sizes: Mapping[str, int] | None = None) -> str | None:
     """The planner's check of ``warm_start.dataset``: what is wrong with it, in one phrase, or None.
 
     Checks that ``root`` is a LeRobot v3 dataset with at least ``num_demos`` episodes, that every
     feature ``dataset_keys`` names exists with a fitting dtype (numbers for ``state`` and
-    ``actions``, a video for ``<camera>_image``), and that ``state`` and ``actions`` are
-    mapped once each.
+    ``actions``, a video for ``<camera>_image``), that ``state`` and ``actions`` are mapped once
+    each, and that their sizes are those in ``sizes`` (``state`` / ``actions`` → values; the
+    sizes the simulator's config declares before any environment exists; a role left out is
+    checked when the demonstrations are read).
     """
     roles = list(dataset_keys.values())
     for role in (keys.OBS_STATE, ACTIONS_ROLE):
@@ -53,6 +56,9 @@ def check_dataset(root: str | Path, dataset_keys: Mapping[str, str], num_demos: 
         if image != (spec["dtype"] == "video") or (not image and len(spec["shape"]) != 1):
             return (f"{root}: feature {feature!r} is {spec['dtype']} {spec['shape']}, which cannot be the policy's "
                     f"{role!r} ({'an (H, W, 3) video' if image else 'a vector of numbers'})")
+        if not image and sizes and sizes.get(role) and list(spec["shape"]) != [sizes[role]]:
+            return (f"{root}: feature {feature!r} has shape {spec['shape']}, the simulator's {role!r} has "
+                    f"{sizes[role]} values")
     return None
 
 

@@ -75,11 +75,13 @@ def check_experts(config, node_config, dp_size: int, world_size: int) -> tuple[s
     if ws.num_demos == 0:
         return None
     if ws.dataset is not None:
-        from vla_rl.data.lerobot_demonstrations import check_dataset
+        from vla_rl.data.lerobot_demonstrations import ACTIONS_ROLE, check_dataset
 
         if sim.multi_task:
             return "warm_start.dataset", "cloning a dataset is not supported with a task set (simulator.tasks) yet"
-        problem = check_dataset(ws.dataset, ws.dataset_keys, ws.num_demos)
+        env = sim.env_config()  # the sizes its config declares (unknown ones: None)
+        sizes = {keys.OBS_STATE: getattr(env, "state_dim", None), ACTIONS_ROLE: getattr(env, "action_dim", None)}
+        problem = check_dataset(ws.dataset, ws.dataset_keys, ws.num_demos, sizes)
         return None if problem is None else ("warm_start.dataset", problem)
     configs = task_configs(sim)
     for task_config in configs:
