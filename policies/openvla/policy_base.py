@@ -6,10 +6,13 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import init_empty_weights
+from accelerate.utils import set_module_tensor_to_device
 from tensordict import TensorDict
 from torch import Tensor
 
@@ -104,7 +107,12 @@ class PrismaticPolicy(Policy, abstract=True):
 
                 options = {key: value for key, value in architecture.items() if key != "preset"}
                 architecture, tokenizer = tiny_preset(**options)
-        with torch.random.fork_rng(devices=[]):
+        # With a checkpoint, the parameters are built on the meta device and the checkpoint's
+        # tensors become them (no random initialisation of 7.5 B float32 values in host memory);
+        # buffers are built as usual (rotary frequencies). allow_partial_load keeps the
+        # initialisation of what the checkpoint lacks, so it builds everything.
+        empty = weights is not None and not config.allow_partial_load
+        with torch.random.fork_rng(devices=[]), (init_empty_weights(include_buffers=False) if empty else nullcontext()):
             torch.manual_seed(config.seed)
             self.vla = PrismaticVLM(architecture, config.attn_implementation)
         if weights is not None:
@@ -364,6 +372,8 @@ class PrismaticPolicy(Policy, abstract=True):
     def _load_vla_weights(self, weights: dict[str, Tensor], source: str) -> None:
         """Load the checkpoint's (our-named) weights, strictly unless ``config.allow_partial_load``
         (then only the tensors whose names and shapes fit; the rest keep their initialisation).
+        Parameters on the meta device take the checkpoint's tensors themselves (their dtype, no
+        copy); the ones Prismatic checkpoints never hold (:data:`_UNUSED_PARAMETERS`) become zeros.
 
         Raises:
             ValueError: names or shapes that do not fit; the message names ``source`` and the
@@ -376,7 +386,12 @@ class PrismaticPolicy(Policy, abstract=True):
             logger.warning("%s: loading only the weights that fit (allow_partial_load): %s", source, mismatch.describe())
             skipped = {name for name, _, _ in mismatch.mismatched}
             weights = {name: tensor for name, tensor in weights.items() if name not in skipped}
-        self.vla.load_state_dict(weights, strict=False)
+        on_meta = any(parameter.is_meta for parameter in self.vla.parameters())
+        self.vla.load_state_dict(weights, strict=False, assign=on_meta)
+        for name, parameter in list(self.vla.named_parameters()):
+            if parameter.is_meta:  # only unused ones: the mismatch check above covers the others
+                set_module_tensor_to_device(self.vla, name, "cpu", value=torch.zeros(parameter.shape,
+                                                                                     dtype=parameter.dtype))
 
     @staticmethod
     def _load_tokenizer(model_path: str | None):

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from accelerate import init_empty_weights
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
@@ -99,13 +100,16 @@ def detect_layout(names: Iterable[str]) -> Layout:
     return "lerobot" if any(name.startswith(LEROBOT_PREFIX + "paligemma_with_expert.") for name in names) else "openpi"
 
 
-def load_pi0_weights(model: PI0Model, directory: str | Path) -> Layout:
-    """Copy a checkpoint's tensors into ``model`` (cast to each parameter's dtype), after checking
-    from the safetensors headers alone that every parameter is there with its shape.
+def load_pi0_weights(model: PI0Model, directory: str | Path, dtype: torch.dtype | None = None) -> Layout:
+    """Load a checkpoint's tensors into ``model``, after checking from the safetensors headers
+    alone that every parameter is there with its shape: copied into a materialised model (cast to
+    each parameter's dtype), or, for a model whose parameters are on the meta device
+    (:func:`load_pi0_checkpoint`), cast to ``dtype`` (default: the parameter's) and assigned.
 
     Args:
-        model: a materialised model of the checkpoint's architecture.
+        model: a model of the checkpoint's architecture.
         directory: holds ``model.safetensors`` (or its shards and index) in either layout.
+        dtype: the dtype the loaded parameters of a meta-device model take.
 
     Returns:
         the layout found.
@@ -140,12 +144,21 @@ def load_pi0_weights(model: PI0Model, directory: str | Path) -> Layout:
                          "says which), or give the matching PI0ModelConfig")
     wanted = {file_name: name for name, file_name in sources.items()}
     state = model.state_dict()
+    on_meta = any(tensor.is_meta for tensor in state.values())
+    loaded = {}
     with torch.no_grad():
         for path in weights.files:
             with safe_open(str(path), framework="pt", device="cpu") as file:
                 for file_name in file.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    if file_name in wanted:
-                        state[wanted[file_name]].copy_(file.get_tensor(file_name))
+                    if file_name not in wanted:
+                        continue
+                    target = state[wanted[file_name]]
+                    if on_meta:
+                        loaded[wanted[file_name]] = file.get_tensor(file_name).to(dtype or target.dtype)
+                    else:
+                        target.copy_(file.get_tensor(file_name))
+    if on_meta:
+        model.load_state_dict(loaded, strict=True, assign=True)
     return detect_layout(found)
 
 
@@ -286,7 +299,9 @@ def read_checkpoint_config(directory: str | Path) -> PI0ModelConfig:
 
 def load_pi0_checkpoint(directory: str | Path, config: PI0ModelConfig | None = None,
                         dtype: torch.dtype | None = None) -> PI0Model:
-    """Build a π0 model and load a local checkpoint directory into it (no hub access).
+    """Build a π0 model and load a local checkpoint directory into it (no hub access). The
+    parameters are built on the meta device and become the checkpoint's tensors, cast once to
+    ``dtype``: no random float32 initialisation of the 3.2 B parameters first.
 
     Args:
         directory: a checkpoint directory in either layout.
@@ -297,6 +312,7 @@ def load_pi0_checkpoint(directory: str | Path, config: PI0ModelConfig | None = N
         see :func:`read_checkpoint_config` and :func:`load_pi0_weights`.
     """
     config = read_checkpoint_config(directory) if config is None else config
-    model = PI0Model(config)
-    load_pi0_weights(model, directory)
+    with init_empty_weights(include_buffers=False):  # the checkpoint's tensors become the parameters
+        model = PI0Model(config)
+    load_pi0_weights(model, directory, dtype)
     return model.to(dtype) if dtype is not None else model

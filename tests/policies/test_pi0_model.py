@@ -230,6 +230,28 @@ def test_checkpoint_round_trip(model, config, layout, tmp_path):
         assert torch.equal(loaded.sample_actions_ode(inputs, noise=noise), model.sample_actions_ode(inputs, noise=noise))
 
 
+def test_a_checkpoint_is_loaded_into_parameters_built_on_the_meta_device(model, config, tmp_path, monkeypatch):
+    """No random float32 initialisation before loading (3.2 B parameters: 13 GB of host memory per
+    worker): the model is built with its parameters on ``meta`` and the checkpoint's tensors,
+    cast once to the requested dtype, become them."""
+    from policies.pi0 import checkpoint_pi0
+
+    directory = save_pi0_checkpoint(model, tmp_path / "ckpt")
+    built_on = []
+
+    class Recorded(checkpoint_pi0.PI0Model):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built_on.append({parameter.device.type for parameter in self.parameters()})
+
+    monkeypatch.setattr(checkpoint_pi0, "PI0Model", Recorded)
+    loaded = load_pi0_checkpoint(directory, dtype=torch.bfloat16)
+    assert built_on == [{"meta"}]
+    assert {(p.device.type, p.dtype) for p in loaded.parameters()} == {("cpu", torch.bfloat16)}
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor.to(torch.bfloat16)), name
+
+
 def test_checkpoint_errors_name_the_file_and_the_tensors(model, config, tmp_path):
     directory = save_pi0_checkpoint(model, tmp_path / "ckpt")
     tensors = load_file(directory / "model.safetensors")
