@@ -7,6 +7,7 @@ library (robosuite, mujoco, MetaWorld and LIBERO are imported inside environment
 from simulators.libero_env import LiberoEnv, LiberoEnvConfig
 from simulators.metaworld_env import MetaWorldEnv, MetaWorldEnvConfig
 from simulators.registry import SIMULATORS, build_env_config, make_env
+from simulators.remote_env import RemoteEnv, RemoteEnvConfig
 from simulators.robosuite_env import RobosuiteEnv, RobosuiteEnvConfig
 
 __all__ = [
@@ -15,6 +16,8 @@ __all__ = [
     "LiberoEnvConfig",
     "MetaWorldEnv",
     "MetaWorldEnvConfig",
+    "RemoteEnv",
+    "RemoteEnvConfig",
     "RobosuiteEnv",
     "RobosuiteEnvConfig",
     "build_env_config",

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from simulators.registry import build_env_config
+from simulators.registry import SIMULATORS, build_env_config
 from simulators.rendering import (
     RENDER_GPU_HINT_VAR,
     current_render_gpu,
@@ -170,17 +170,22 @@ class SimulatorPool:
             raise ValueError(f"step_timeout_s must be a positive number of seconds or None, got {step_timeout_s!r}")
         self.num_tasks = len(env_config) if isinstance(env_config, (list, tuple)) else 1
         # fail here, not inside the actors
+        self._services: Any = None  # what the simulator's start_services started (a handle)
         if isinstance(env_config, (list, tuple)):
             if not env_config:
                 raise ValueError("a task set (a list of env configs) needs at least one task")
             config: Any = [build_env_config(env_name, c) for c in env_config]
         else:
             config = build_env_config(env_name, env_config)
+            start_services = getattr(SIMULATORS.get(env_name), "start_services", None)
+            if start_services is not None:  # e.g. the remote environments' hub (kept alive by its handle)
+                config, self._services = start_services(config)
         options: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0, **(actor_options or {})}
         runtime_env = dict(options.get("runtime_env") or {})
         runtime_env["env_vars"] = {**worker_env_vars(), **runtime_env.get("env_vars", {})}
         options["runtime_env"] = runtime_env
         self._env_name = env_name
+        self.env_config = config  # as the environments get it (start_services may have set fields)
         self._actor_args = (options, config, envs_per_actor)  # to start an actor again after a fault
         bars = [num_actors if progress and slot == 0 else 0 for slot in range(num_actors)]  # one bar: actor 0's
         self._actors = [self._start_actor(bar_for) for bar_for in bars]
@@ -299,8 +304,8 @@ class SimulatorPool:
         out = self.collect(self.submit(rows, actions[rows, None], render_indices))
         if out["lost"].any():
             raise SimulatorLostError(
-                f"environments {rows[out['lost']].tolist()} lost their episodes: their simulator actor died or hung "
-                "and was restarted; call reset() before stepping again"
+                f"environments {rows[out['lost']].tolist()} lost their episodes (their simulator actor died or hung "
+                "and was restarted, or the environment lost the episode); call reset() before stepping again"
             )
         set_rows(result["obs"], rows, out["obs"])
         for key in _PER_ENV_DTYPES:
@@ -402,6 +407,7 @@ class SimulatorPool:
             set_rows(result["obs"], call.rows, out["obs"])
             for key in (*_PER_ENV_DTYPES, "steps"):
                 result[key][call.rows] = out[key]
+            result["lost"][call.rows] |= out["lost"]  # an environment lost its episode (EpisodeLost)
             result["frames"].update(zip(call.rendered, out["frames"]))
             result["sim_seconds"] += out["sim_seconds"]
             result["sim_cpu_seconds"] += out["sim_cpu_seconds"]

@@ -26,6 +26,15 @@ A simulator is a ``gymnasium.Env`` subclass registered under a name. Its contrac
 - optionally, a class attribute ``task_sets`` (``{name: (task, ...)}``): named task sets a run's
   ``simulator.tasks`` may name (MetaWorld's ``mt10``); a config with a ``task`` field can host
   any list of its tasks;
+- optionally, the :class:`simulators.stepping.ChunkedSteps` mixin, with ``send_actions(actions)``
+  and ``receive_outcome()`` executing a whole chunk elsewhere (a remote environment: one round trip
+  per chunk, all of a worker's environments at once); any
+  environment may raise :class:`simulators.stepping.EpisodeLost` from ``step`` / ``step_actions``
+  to lose an episode (not scored, counted as lost);
+- optionally, a class method ``start_services(config) -> (config, handle)``, which a
+  :class:`simulators.pool.SimulatorPool` calls in its own process before starting its actors
+  (the remote environments' hub): the environments get the returned config, and the pool keeps
+  the handle (a Ray actor lives while a handle does);
 - optionally, a class attribute ``video_camera``: the camera evaluation videos are rendered from
   when the template does not set ``eval.video_camera`` (robosuite ``agentview``, MetaWorld
   ``corner``).

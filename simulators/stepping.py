@@ -57,3 +57,49 @@ class UnobservedSteps:
         """
         reward, terminated, truncated, info = self.step_unobserved(action)
         return self.observe(), reward, terminated, truncated, info
+
+
+class EpisodeLost(RuntimeError):
+    """An episode that ended without an outcome to score: the environment lost it (a remote
+    environment disconnected or did not answer in time, or its side marked the episode invalid,
+    e.g. a person stopped the robot). The simulator workers report its row as lost, as they do
+    for a simulator actor that died: counted, never scored as a failure. The environment needs
+    a ``reset`` before it steps again."""
+
+
+class ChunkedSteps:
+    """Mixin (before ``gymnasium.Env`` in the bases) of environments that execute a whole action
+    chunk themselves, elsewhere (a remote environment: one round trip per chunk, not per action).
+    The subclass defines ``send_actions(actions)``, which hands the chunk over and returns at
+    once, and ``receive_outcome()``, which waits for its outcome: the simulator workers send the
+    chunks of all their environments before waiting for any, so that remote environments run
+    their chunks at the same time (see :mod:`simulators.registry`)."""
+
+    def send_actions(self, actions: np.ndarray) -> None:
+        """Hand over ``actions`` ``(chunk, act_dim)``, to run one control step each until the
+        episode ends; returns without waiting."""
+        raise NotImplementedError
+
+    def receive_outcome(self) -> tuple[Any, float, bool, bool, dict, int]:
+        """Wait for the outcome of the chunk :meth:`send_actions` handed over.
+
+        Returns:
+            ``(obs, reward, terminated, truncated, info, steps)``: the observation after the last
+            executed step, the reward summed over the executed steps, ``terminated`` /
+            ``truncated`` of the last one, info ``{"success": bool}`` (any executed step
+            succeeded) and the number of executed steps (1..chunk).
+
+        Raises:
+            EpisodeLost: the episode was lost (it has no outcome to score).
+        """
+        raise NotImplementedError
+
+    def step_actions(self, actions: np.ndarray) -> tuple[Any, float, bool, bool, dict, int]:
+        """:meth:`send_actions`, then :meth:`receive_outcome`."""
+        self.send_actions(actions)
+        return self.receive_outcome()
+
+    def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
+        """One control step: a chunk of one action."""
+        obs, reward, terminated, truncated, info, _ = self.step_actions(np.asarray(action)[None])
+        return obs, reward, terminated, truncated, info

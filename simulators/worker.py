@@ -19,6 +19,7 @@ closed).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import OrderedDict
@@ -31,9 +32,11 @@ import numpy as np
 from simulators.experts import make_expert
 from simulators.registry import make_env
 from simulators.rendering import rendering_report
-from simulators.stepping import UnobservedSteps
+from simulators.stepping import ChunkedSteps, EpisodeLost, UnobservedSteps
 from vla_rl.data import keys
 from vla_rl.data.observations import Observations, observation, stack_observations
+
+logger = logging.getLogger(__name__)
 
 
 class SimulatorWorker:
@@ -164,6 +167,10 @@ class SimulatorWorker:
         chunk is not executed. The environments are stepped one after another. An environment
         with ``step_unobserved`` / ``observe`` (:class:`simulators.stepping.UnobservedSteps`) builds
         only the observation the chunk returns: its cameras render once per chunk, not once per action.
+        An environment that executes chunks itself (:class:`simulators.stepping.ChunkedSteps`, a
+        remote one) gets its chunk before any environment is waited for, so that they run at the
+        same time. An environment that raises :class:`~simulators.stepping.EpisodeLost`
+        loses its episode: its row is ``lost`` (zeros elsewhere, a zero observation).
 
         Args:
             env_indices: ``n`` distinct environment indices with running episodes.
@@ -177,7 +184,8 @@ class SimulatorWorker:
             ``n``-row arrays, as from :meth:`reset`), ``"reward": float32 (n,)`` summed
             over the executed steps, ``"terminated", "truncated": bool (n,)`` of the last executed
             step, ``"success": bool (n,)`` whether any executed step reported success,
-            ``"steps": int64 (n,)`` control steps executed (1..chunk), ``"frames"``: one uint8
+            ``"steps": int64 (n,)`` control steps executed (1..chunk), ``"lost": bool (n,)`` the
+            episode was lost (:class:`~simulators.stepping.EpisodeLost`), ``"frames"``: one uint8
             ``(steps, H, W, 3)`` array per entry of ``render_indices``, in its order, and
             ``"sim_seconds": float`` the wall time spent inside the environments' ``step`` and
             ``render_frame`` during this call, and ``"sim_cpu_seconds": float`` the CPU time this
@@ -205,39 +213,68 @@ class SimulatorWorker:
             "truncated": np.zeros(n, dtype=bool),
             "success": np.zeros(n, dtype=bool),
             "steps": np.zeros(n, dtype=np.int64),
+            "lost": np.zeros(n, dtype=bool),
         }
         rendered = {int(i): [] for i in render_indices}
         sim_seconds = sim_cpu_seconds = 0.0
+        sent = set()  # rows whose chunk runs elsewhere, sent before any is waited for
         for row, index in enumerate(env_indices):
             env = self._env(index)
-            lazy = isinstance(env, UnobservedSteps)  # renders its cameras only for the chunk's last observation
-            for action in actions[row]:
-                started, cpu_started = time.perf_counter(), time.process_time()
-                if lazy:
-                    reward, terminated, truncated, info = env.step_unobserved(action)
+            if isinstance(env, ChunkedSteps):
+                env.send_actions(actions[row])
+                sent.add(row)
+        for row, index in enumerate(env_indices):
+            env = self._env(index)
+            started, cpu_started = time.perf_counter(), time.process_time()
+            try:
+                if row in sent:
+                    obs = self._outcome(env.receive_outcome(), row, result)
                 else:
-                    obs, reward, terminated, truncated, info = env.step(action)
-                if index in rendered:
-                    rendered[index].append(env.render_frame())
-                sim_seconds += time.perf_counter() - started
-                sim_cpu_seconds += time.process_time() - cpu_started
-                result["reward"][row] += reward
-                result["terminated"][row] = terminated
-                result["truncated"][row] = truncated
-                result["success"][row] |= info["success"]
-                result["steps"][row] += 1
-                if terminated or truncated:
-                    break
-            if lazy:
-                started, cpu_started = time.perf_counter(), time.process_time()
-                obs = env.observe()
-                sim_seconds += time.perf_counter() - started
-                sim_cpu_seconds += time.process_time() - cpu_started
+                    obs = self._step_env(env, actions[row], row, result, rendered.get(int(index)))
+            except EpisodeLost as err:
+                logger.warning("environment %d lost its episode: %s", index, err)
+                for key in ("reward", "terminated", "truncated", "success", "steps"):
+                    result[key][row] = 0
+                result["lost"][row] = True
+                rendered.get(int(index), []).clear()
+                obs = _zero_observation(env.observation_space)
+            sim_seconds += time.perf_counter() - started
+            sim_cpu_seconds += time.process_time() - cpu_started
             observations.append(self._observation(index, obs))
         result["obs"] = stack_observations(observations)
         result["frames"] = [np.stack(rendered[int(i)]) for i in render_indices]
         result["sim_seconds"], result["sim_cpu_seconds"] = sim_seconds, sim_cpu_seconds
         return result
+
+    @staticmethod
+    def _outcome(outcome: tuple, row: int, result: dict[str, Any]) -> Any:
+        """A chunked environment's outcome (:meth:`ChunkedSteps.receive_outcome`) into row ``row``
+        of ``result``; returns its observation."""
+        obs, reward, terminated, truncated, info, steps = outcome
+        result["reward"][row], result["terminated"][row], result["truncated"][row] = reward, terminated, truncated
+        result["success"][row], result["steps"][row] = info["success"], steps
+        return obs
+
+    @staticmethod
+    def _step_env(env: gym.Env, actions: np.ndarray, row: int, result: dict[str, Any], frames: list | None) -> Any:
+        """Execute one environment's chunk into row ``row`` of ``result`` (appending rendered
+        frames to ``frames``); returns the observation after its last executed step."""
+        lazy = isinstance(env, UnobservedSteps)  # renders its cameras only for the chunk's last observation
+        for action in actions:
+            if lazy:
+                reward, terminated, truncated, info = env.step_unobserved(action)
+            else:
+                obs, reward, terminated, truncated, info = env.step(action)
+            if frames is not None:
+                frames.append(env.render_frame())
+            result["reward"][row] += reward
+            result["terminated"][row] = terminated
+            result["truncated"][row] = truncated
+            result["success"][row] |= info["success"]
+            result["steps"][row] += 1
+            if terminated or truncated:
+                break
+        return env.observe() if lazy else obs
 
     def pid(self) -> int:
         """The id of this worker's process."""
@@ -352,3 +389,11 @@ class SimulatorWorker:
         bad = [i for i in env_indices if not 0 <= i < len(self._envs)]
         if bad:
             raise ValueError(f"env_indices {bad} are out of range [0, {len(self._envs)})")
+
+
+def _zero_observation(space: gym.Space) -> Any:
+    """An observation of ``space`` (a ``Box``, or a ``Dict`` of them) that is all zeros: a lost
+    episode's row."""
+    if isinstance(space, gym.spaces.Dict):
+        return {key: np.zeros(sub.shape, dtype=sub.dtype) for key, sub in space.spaces.items()}
+    return np.zeros(space.shape, dtype=space.dtype)

@@ -113,7 +113,7 @@ def test_a_report_before_any_seed_finished(tmp_path):
     (sweep / SWEEP_FILE).write_text(json.dumps({"template": "t.yaml", "overrides": [], "seeds": [5]}))
     report = write_report(sweep)
     assert report["finished"] == [] and report["across_seeds"] is None and not (sweep / PLOT_FILE).exists()
-    assert "finished: none" in (sweep / REPORT_MD).read_text()
+    assert "seeds finished: none" in (sweep / REPORT_MD).read_text()
 
 
 class FakeTrain:

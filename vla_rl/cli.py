@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export_command(commands)
     _add_export_episodes_command(commands)
     _add_serve_command(commands)
+    _add_remote_env_command(commands)
     return parser
 
 
@@ -430,6 +431,62 @@ def _run_serve(args: argparse.Namespace) -> int:
     server = PolicyServer(served, host=args.host, port=args.port, token=token, sample=args.sample,
                           batch_window_ms=args.batch_window_ms, max_batch=args.max_batch)
     server.serve_forever()
+    return 0
+
+
+def _add_remote_env_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "remote-env",
+        help="run environments of a simulator for a run on another machine (simulator.name: remote)",
+        description="Create --num-envs environments of SIMULATOR (its config from KEY=VALUE, e.g. horizon=100) "
+        "and connect each to a run's remote environment hub (vla_rl.remote.RobotClient, one thread each) until "
+        "Ctrl-C; a dropped connection is made again. docs/remote.md.",
+    )
+    parser.add_argument("simulator", help="a registered simulator, e.g. robosuite_lift")
+    parser.add_argument("fields", nargs="*", metavar="KEY=VALUE", help="the simulator's config fields (YAML values)")
+    parser.add_argument("--connect", default="ws://127.0.0.1:8765", metavar="URI",
+                        help="the hub: ws://HOST:PORT of the run's simulator.env (default ws://127.0.0.1:8765)")
+    parser.add_argument("--num-envs", type=positive_int, default=1, help="environments (connections), default 1")
+    parser.add_argument("--token", default=None, help="the run's token; also read from VLA_RL_REMOTE_TOKEN")
+    parser.set_defaults(handler=_run_remote_env)
+
+
+def _run_remote_env(args: argparse.Namespace) -> int:
+    import logging
+    import os
+    import threading
+
+    import yaml
+
+    from simulators import make_env
+    from vla_rl.remote import serve_envs
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    fields = {}
+    for item in args.fields:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CommandLineError(f"{item!r}: simulator config fields are KEY=VALUE")
+        fields[key] = yaml.safe_load(value)
+    try:
+        envs = [make_env(args.simulator, fields) for _ in range(args.num_envs)]
+    except (ValueError, TypeError) as err:
+        raise CommandLineError(f"{args.simulator}: {err}") from None
+    stop = threading.Event()
+    token = args.token if args.token is not None else os.environ.get("VLA_RL_REMOTE_TOKEN")
+    clients = serve_envs(envs, args.connect, token, stop)
+    try:
+        while all(client.thread.is_alive() for client in clients):
+            clients[0].thread.join(0.5)
+    finally:
+        stop.set()
+        for client in clients:
+            client.thread.join(5.0)
+        for env in envs:
+            env.close()
+    errors = [client.error for client in clients if client.error is not None]
+    if errors:
+        raise RunStopped(str(errors[0]))
     return 0
 
 

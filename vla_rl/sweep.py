@@ -294,7 +294,7 @@ def markdown_report(report: dict) -> str:
     """``report.md``: what ran, the per-seed and mean table, and how the intervals are computed."""
     lines = [f"# Seed sweep: {Path(report['template']).stem}", "",
              f"Template `{report['template']}`, overrides `{' '.join(report['overrides']) or 'none'}`, "
-             f"seeds {', '.join(map(str, report['seeds']))}; finished: "
+             f"seeds {', '.join(map(str, report['seeds']))}; seeds finished: "
              f"{', '.join(map(str, report['finished'])) or 'none'}.", ""]
     header, rows = report_rows(report)
     if rows:

@@ -106,7 +106,8 @@ def test_inexact_sampler_log_probs_are_recomputed_by_the_trainer(policy, prompts
     prompt_batch = TensorDict({keys.INPUT_IDS: input_ids, keys.ATTENTION_MASK: attention_mask,
                                keys.UID: torch.arange(2)}, batch_size=[2])
     resources = SimpleNamespace(text_rollout=_OffsetRollout(policy, 0.25), policy=policy,
-                                generator=torch.Generator().manual_seed(0))
+                                generator=torch.Generator().manual_seed(0),
+                                config=SimpleNamespace(trainer=SimpleNamespace(micro_batch_size=3)))  # 3 + 1 rows
     samples, metrics = sample_groups(resources, 2, prompt_batch)
     mask = samples[keys.RESPONSE_MASK]
     trainer = policy.log_probs(samples[keys.INPUT_IDS], samples[keys.ATTENTION_MASK], samples[keys.RESPONSES], mask)

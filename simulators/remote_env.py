@@ -1,0 +1,510 @@
+"""Remote environments (``simulator.name: remote``): episodes that run in processes which connect
+to the trainer, a robot workstation or a simulator on another host.
+
+The trainer side is a **hub**: one websocket server per run (a Ray actor named after its port,
+started by the first simulator pool that needs it, :meth:`RemoteEnv.start_services`), bound to
+``host:port`` (127.0.0.1 unless ``host`` says otherwise; another address is logged as a warning).
+Each process that connects (:class:`vla_rl.remote.RobotClient` wraps any gymnasium environment) is
+one environment. A :class:`RemoteEnv` in a simulator actor claims a connected one at its first
+reset and keeps it while it answers.
+
+The protocol is msgpack with numpy arrays (:mod:`vla_rl.serving.wire`, the format of openpi's
+policy server), one binary message per request and per answer:
+
+1. the client opens ``ws://HOST:PORT`` with the header ``Authorization: Api-Key TOKEN`` when the
+   run has a token (``token_env``, default ``VLA_RL_REMOTE_TOKEN``, read where the pool starts);
+   without the right one the hub answers 401 and logs it;
+2. client: ``{"type": "hello", "name": str, "state_dim": int, "action_dim": int, "images":
+   {"<camera>_image": [H, W, 3]}}``; hub: ``{"type": "welcome", "task": str, "horizon": int}``,
+   or a text message saying what does not fit this run, and it closes the connection;
+3. hub: ``{"type": "reset", "init_state_id": int, "task": str}``; client: ``{"obs": {"state":
+   float32 (state_dim,), "<camera>_image": uint8 (H, W, 3), ...}}``;
+4. hub: ``{"type": "step", "actions": float32 (chunk, action_dim)}``, the action chunk the policy
+   chose (cut at the horizon); the client executes it until its episode ends and answers
+   ``{"obs", "reward": float (summed), "terminated": bool, "truncated": bool, "success": bool,
+   "steps": int (executed, 1..chunk), "invalid": bool}``. ``invalid: true`` marks an episode
+   that must not be scored (a person stopped the robot); a text message is an error on the
+   client's side.
+
+An episode is **lost** (counted in ``rollout/lost_episodes``, never scored as a failure:
+:class:`~simulators.stepping.EpisodeLost`) when its client disconnects, does not answer within
+``step_timeout_s``, reports an error, or marks it invalid. A client that disconnects may connect
+again: it is claimed at a later reset. A reset waits up to ``connect_timeout_s`` for a client
+(then the run stops with one line saying where to connect): connect at least as many clients as
+the run has environments rolling out at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import http
+import itertools
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+from simulators.registry import SIMULATORS
+from simulators.stepping import ChunkedSteps, EpisodeLost
+from vla_rl.data import keys
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+HUB_NAME = "vla_rl_remote_hub_{port}"
+"""Ray actor name of the hub listening on a port."""
+HANDSHAKE_TIMEOUT_S = 30.0
+"""Seconds a connecting client has to send its hello."""
+LOST = "lost"
+"""Key of the hub's answer when the episode was lost (its value says why)."""
+
+
+@dataclass(frozen=True)
+class RemoteEnvConfig:
+    """Configuration of :class:`RemoteEnv` (``simulator.env`` of ``simulator.name: remote``).
+
+    Raises:
+        ValueError: from ``__post_init__``, naming the field.
+    """
+
+    state_dim: int = 0
+    """Values of the state the clients send (required, > 0)."""
+    action_dim: int = 0
+    """Values of one action (required, > 0)."""
+    task: str = "remote"
+    """The task's name (evaluation reports, the clients' reset requests)."""
+    instruction: str | None = None
+    """Language instruction of the task (VLA policies); None: the task's name."""
+    horizon: int = 100
+    """Control steps after which the trainer ends an episode (``truncated``)."""
+    cameras: tuple[str, ...] = ()
+    """Cameras whose images the clients send (``<camera>_image`` uint8 (camera_size, camera_size, 3))."""
+    camera_size: int = 128
+    """Height and width of camera images, pixels."""
+    host: str = "127.0.0.1"
+    """Address the hub binds (another than loopback lets other machines connect: give a token)."""
+    port: int = 8765
+    """TCP port of the hub (0: a free one, for a single pool, e.g. in tests)."""
+    token_env: str = "VLA_RL_REMOTE_TOKEN"
+    """Environment variable holding the shared token clients must present (unset: no token)."""
+    connect_timeout_s: float = 300.0
+    """Seconds a reset waits for a client to be free."""
+    step_timeout_s: float = 60.0
+    """Seconds the trainer waits for a client's answer to a reset or an action chunk."""
+    hub: str | None = None
+    """Ray actor name of the hub; set by :meth:`RemoteEnv.start_services` (leave unset)."""
+
+    def __post_init__(self) -> None:
+        for name in ("state_dim", "action_dim", "horizon", "camera_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"simulator.env.{name} must be a positive integer (the remote environments' "
+                                 f"{name.replace('_', ' ')}), got {value!r}")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"simulator.env.port must be in [0, 65535], got {self.port!r}")
+        for name in ("connect_timeout_s", "step_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"simulator.env.{name} must be a positive number of seconds, got {getattr(self, name)!r}")
+        if not self.task:
+            raise ValueError("simulator.env.task must name the task")
+        object.__setattr__(self, "cameras", tuple(self.cameras))  # YAML gives lists
+
+    @property
+    def task_name(self) -> str:
+        """The task (``task``)."""
+        return self.task
+
+    @property
+    def image_shapes(self) -> dict[str, list[int]]:
+        """``{"<camera>_image": [H, W, 3]}`` of the cameras."""
+        return {f"{camera}{keys.OBS_IMAGE_SUFFIX}": [self.camera_size, self.camera_size, 3] for camera in self.cameras}
+
+    def fit_problem(self, hello: Any) -> str | None:
+        """What in a client's hello does not fit this run, or None."""
+        if not isinstance(hello, dict) or hello.get("type") != "hello":
+            return "the first message must be a hello: {'type': 'hello', 'state_dim', 'action_dim', 'images'}"
+        wanted = {"state_dim": self.state_dim, "action_dim": self.action_dim, "images": self.image_shapes}
+        got = {key: hello.get(key) for key in wanted}
+        got["images"] = {key: list(shape) for key, shape in (got["images"] or {}).items()}
+        differs = [f"{key} {got[key]} (this run: {wanted[key]})" for key in wanted if got[key] != wanted[key]]
+        return f"the environment does not fit this run: {', '.join(differs)}" if differs else None
+
+
+@SIMULATORS.register("remote")
+class RemoteEnv(ChunkedSteps, gym.Env):
+    """One environment of a remote client, claimed from the hub at the first reset (module docstring).
+
+    Creating it contacts nothing; :meth:`reset` finds the hub (Ray actor ``config.hub``).
+
+    Args:
+        config: the run's :class:`RemoteEnvConfig` as the pool passes it (``hub`` set).
+    """
+
+    config_class: ClassVar[type] = RemoteEnvConfig
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self, config: RemoteEnvConfig) -> None:
+        self.config = config
+        state = gym.spaces.Box(-np.inf, np.inf, (config.state_dim,), np.float32)
+        if config.cameras:
+            images = {key: gym.spaces.Box(0, 255, tuple(shape), np.uint8) for key, shape in config.image_shapes.items()}
+            self.observation_space = gym.spaces.Dict({keys.OBS_STATE: state, **images})
+        else:
+            self.observation_space = state
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (config.action_dim,), np.float32)
+        self.horizon = config.horizon
+        self.obs_layout = {keys.OBS_STATE: slice(0, config.state_dim)}
+        self.render_mode = None
+        self.instruction = config.instruction or config.task
+        self._hub: Any = None
+        self._client: int | None = None
+        self._episode_step: int | None = None  # None: no running episode
+        self._pending: tuple[int, Any] | None = None  # actions sent, the hub's answer (an object reference)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        """Start an episode on this environment's client (claiming one if it has none).
+
+        Raises:
+            RuntimeError: no client was free within ``connect_timeout_s``.
+        """
+        super().reset(seed=seed)
+        deadline = time.monotonic() + self.config.connect_timeout_s
+        request = {"type": "reset", "init_state_id": int(seed or 0), "task": self.config.task}
+        while True:
+            if self._client is None:
+                self._client = self._call("claim", max(deadline - time.monotonic(), 0.0))
+                if self._client is None:
+                    raise RuntimeError(
+                        f"no remote environment was free within simulator.env.connect_timeout_s="
+                        f"{self.config.connect_timeout_s:g} s: connect clients (vla_rl.remote.RobotClient) to "
+                        f"ws://{self.config.host}:{self.config.port}, at least as many as the episodes rolled out "
+                        "at once")
+            answer = self._call("request", self._client, request, self.config.step_timeout_s)
+            if LOST not in answer:
+                self._episode_step = 0
+                return self._observation(answer.get("obs")), {}
+            logger.warning("remote environment %d did not reset (%s); claiming another", self._client, answer[LOST])
+            self._client = None
+
+    def send_actions(self, actions: np.ndarray) -> None:
+        """Send the chunk (cut at the horizon) to the client without waiting
+        (:meth:`ChunkedSteps.send_actions`).
+
+        Raises:
+            RuntimeError: no running episode. ValueError: ``actions`` not ``(chunk, action_dim)``.
+        """
+        if self._episode_step is None:
+            raise RuntimeError("no episode is running: call reset() first (the environment never auto-resets)")
+        actions = np.asarray(actions, dtype=np.float32)
+        if actions.ndim != 2 or actions.shape[1] != self.config.action_dim or len(actions) < 1:
+            raise ValueError(f"actions must have shape (chunk, {self.config.action_dim}), got {actions.shape}")
+        actions = actions[: self.horizon - self._episode_step]
+        self._pending = (len(actions), self._submit("request", self._client, {"type": "step", "actions": actions},
+                                                    self.config.step_timeout_s))
+
+    def receive_outcome(self) -> tuple[Any, float, bool, bool, dict, int]:
+        """The client's outcome of the sent chunk (:meth:`ChunkedSteps.receive_outcome`); the
+        trainer truncates at ``horizon``.
+
+        Raises:
+            RuntimeError: no chunk was sent. ValueError: an answer that breaks the protocol
+                (naming the field).
+            EpisodeLost: the client disconnected, did not answer, failed, or marked the episode invalid.
+        """
+        import ray
+
+        if self._pending is None:
+            raise RuntimeError("no chunk was sent: call send_actions() first")
+        (sent, ref), self._pending = self._pending, None
+        answer = ray.get(ref)
+        if LOST in answer or answer.get("invalid"):
+            self._episode_step = None
+            if LOST in answer:
+                self._client = None  # the hub dropped it, or freed it; a later reset claims a client
+            raise EpisodeLost(answer.get(LOST, "the remote side marked the episode invalid"))
+        steps = answer.get("steps")
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= sent:
+            raise ValueError(f"remote environment {self._client}: 'steps' must be 1..{sent} (the actions sent), got "
+                             f"{steps!r}")
+        self._episode_step += int(steps)
+        terminated = bool(answer.get("terminated"))
+        truncated = not terminated and (bool(answer.get("truncated")) or self._episode_step >= self.horizon)
+        if terminated or truncated:
+            self._episode_step = None
+        return (self._observation(answer.get("obs")), float(answer.get("reward", 0.0)), terminated, truncated,
+                {"success": bool(answer.get("success"))}, int(steps))
+
+    def close(self) -> None:
+        """Give the client back to the hub."""
+        if self._client is not None and self._hub is not None:
+            self._hub.release.remote(self._client)
+        self._client = None
+
+    @classmethod
+    def start_services(cls, config: RemoteEnvConfig) -> tuple[RemoteEnvConfig, Any]:
+        """Start the run's hub (or find the one listening on ``config.port``), in the pool's
+        process; returns the config its environments get (``hub`` named, ``port`` resolved) and
+        the hub's actor handle (the hub lives while a handle does).
+
+        Raises:
+            RuntimeError: the hub cannot listen there, or one already listens there for
+                another configuration.
+        """
+        import ray
+
+        token = os.environ.get(config.token_env) or None
+        if config.port == 0:
+            name = HUB_NAME.format(port=f"auto_{os.getpid()}_{next(_SERIAL)}")
+        else:
+            name = HUB_NAME.format(port=config.port)
+        options = {"name": name, "get_if_exists": True, "num_cpus": 0, "max_concurrency": 1024}
+        hub = ray.remote(RemoteHub).options(**options).remote(config, token)
+        try:
+            port, served = ray.get(hub.describe.remote())
+        except ray.exceptions.RayActorError as err:
+            raise RuntimeError(f"the remote environment hub could not start on {config.host}:{config.port}: "
+                               f"{err}") from None
+        if dataclasses.replace(served, hub=None, port=0) != dataclasses.replace(config, hub=None, port=0):
+            raise RuntimeError(f"a remote environment hub already listens on port {port} for another configuration "
+                               "(simulator.env); give this run another simulator.env.port")
+        return dataclasses.replace(config, port=port, hub=name), hub
+
+    # ------------------------------------------------------------------ helpers
+    def _submit(self, method: str, *args: Any) -> Any:
+        """Call the hub's ``method`` without waiting: its Ray object reference."""
+        import ray
+
+        if self._hub is None:
+            if self.config.hub is None:
+                raise RuntimeError("simulator.env.hub is not set: remote environments run in a SimulatorPool, which "
+                                   "starts their hub")
+            self._hub = ray.get_actor(self.config.hub)
+        return getattr(self._hub, method).remote(*args)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """Call the hub's ``method`` and wait for its answer."""
+        import ray
+
+        return ray.get(self._submit(method, *args))
+
+    def _observation(self, obs: Any) -> Any:
+        """The client's observation as the simulator contract lays it out (checked)."""
+        if not isinstance(obs, dict) or keys.OBS_STATE not in obs:
+            raise ValueError(f"remote environment {self._client}: 'obs' must be a dict with 'state', got "
+                             f"{type(obs).__name__}")
+        state = np.asarray(obs[keys.OBS_STATE], dtype=np.float32)
+        if state.shape != (self.config.state_dim,):
+            raise ValueError(f"remote environment {self._client}: obs['state'] has shape {state.shape}, this run "
+                             f"takes ({self.config.state_dim},)")
+        if not self.config.cameras:
+            return state
+        out = {keys.OBS_STATE: state}
+        for key, shape in self.config.image_shapes.items():
+            image = np.asarray(obs.get(key))
+            if image.shape != tuple(shape) or image.dtype != np.uint8:
+                raise ValueError(f"remote environment {self._client}: obs[{key!r}] must be uint8 {tuple(shape)}, "
+                                 f"got {image.dtype} {image.shape}")
+            out[key] = image
+        return out
+
+
+_SERIAL = itertools.count()
+
+
+@dataclass
+class _Client:
+    """A connected remote environment."""
+
+    id: int
+    name: str
+    websocket: Any
+    lock: asyncio.Lock
+    closed: bool = False
+
+
+class RemoteHub:
+    """The run's websocket server for remote environments (module docstring), as a Ray actor
+    with blocking methods (Ray runs them on threads); the server runs on an event loop in a thread
+    of its own (:class:`_HubServer`).
+
+    Args:
+        config: the run's remote environment config.
+        token: the shared token clients must present (None: none).
+
+    Raises:
+        OSError: it cannot listen on ``config.host:config.port``.
+    """
+
+    def __init__(self, config: RemoteEnvConfig, token: str | None) -> None:
+        self._server = _HubServer(config, token)
+        self._loop = asyncio.new_event_loop()
+        started, errors = threading.Event(), []
+
+        def main() -> None:
+            try:
+                self._loop.run_until_complete(self._server.serve(started))
+            except BaseException as err:  # reported to the constructor below
+                errors.append(err)
+                started.set()
+
+        threading.Thread(target=main, name="vla-rl-remote-hub", daemon=True).start()
+        started.wait()
+        if errors:
+            raise errors[0]
+
+    def describe(self) -> tuple[int, RemoteEnvConfig]:
+        """The port it listens on and the config it serves."""
+        return self._server.port, self._server.config
+
+    def claim(self, timeout_s: float) -> int | None:
+        """A free client's id (now claimed), or None when none is free within ``timeout_s``."""
+        return self._run(self._server.claim(timeout_s), timeout_s + 5.0)
+
+    def request(self, client_id: int, message: dict, timeout_s: float) -> dict:
+        """Send ``message`` to the client and return its answer, or ``{"lost": why}`` when it
+        disconnected, did not answer within ``timeout_s`` (it is then disconnected: its state is
+        unknown), or answered with an error (it is then free again)."""
+        return self._run(self._server.request(client_id, message, timeout_s), timeout_s + 5.0)
+
+    def release(self, client_id: int) -> None:
+        """Make a claimed client free again."""
+        self._loop.call_soon_threadsafe(self._server.release, client_id)
+
+    def stats(self) -> dict[str, int]:
+        """Counts since the start: ``connected`` clients (hellos accepted), ``refused``
+        connections (token, or an environment that does not fit), ``lost`` episodes (disconnects,
+        timeouts, errors) and ``invalid`` ones (marked by the client); ``clients`` connected now."""
+        return self._run(self._server.stats(), 5.0)
+
+    def _run(self, coroutine, timeout_s: float) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
+
+
+class _HubServer:
+    """The hub's websocket server and its clients, on one event loop (:class:`RemoteHub`)."""
+
+    def __init__(self, config: RemoteEnvConfig, token: str | None) -> None:
+        self.config, self.token = config, token
+        self.port = config.port
+        self._clients: dict[int, _Client] = {}
+        self._ids = itertools.count()
+        self._counts = {"connected": 0, "refused": 0, "lost": 0, "invalid": 0}
+        self._idle: asyncio.Queue[_Client] | None = None
+
+    async def serve(self, started: threading.Event) -> None:
+        from websockets.asyncio.server import serve
+
+        self._idle = asyncio.Queue()
+        async with serve(self._handle, self.config.host, self.config.port, compression=None, max_size=None,
+                         process_request=self._process_request) as server:
+            self.port = server.sockets[0].getsockname()[1]
+            logger.info("remote environments connect to ws://%s:%d (%s)", self.config.host, self.port,
+                        "token required" if self.token else "no token")
+            if self.config.host not in LOOPBACK:
+                logger.warning("the remote environment hub is bound to %s, not loopback: other machines can connect%s",
+                               self.config.host, "" if self.token else f" and no token is required (set "
+                               f"{self.config.token_env})")
+            started.set()
+            await asyncio.Future()  # until the process ends
+
+    async def stats(self) -> dict[str, int]:
+        return {**self._counts, "clients": len(self._clients)}
+
+    def _process_request(self, connection, request):
+        if self.token is None:
+            return None
+        sent = request.headers.get("Authorization", "")
+        if hmac.compare_digest(sent.encode(), f"Api-Key {self.token}".encode()):
+            return None
+        self._counts["refused"] += 1
+        logger.warning("refused a remote environment from %s: %s", _address(connection),
+                       "wrong token" if sent else "no token")
+        return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong token (send the header "
+                                  "Authorization: Api-Key TOKEN)\n")
+
+    async def _handle(self, websocket) -> None:
+        from vla_rl.serving import wire
+
+        address = _address(websocket)
+        try:
+            hello = wire.unpackb(await asyncio.wait_for(websocket.recv(), HANDSHAKE_TIMEOUT_S))
+        except Exception as err:  # noqa: BLE001 (a client that cannot say hello is refused, whatever it sent)
+            hello, problem = None, f"no hello ({type(err).__name__}: {err})"
+        else:
+            problem = self.config.fit_problem(hello)
+        if problem is not None:
+            self._counts["refused"] += 1
+            logger.warning("refused a remote environment from %s: %s", address, problem)
+            await websocket.send(f"vla-rl remote: {problem}")
+            await websocket.close(1008, "does not fit this run")
+            return
+        client = _Client(next(self._ids), str(hello.get("name") or address), websocket, asyncio.Lock())
+        await websocket.send(wire.packb({"type": "welcome", "task": self.config.task, "horizon": self.config.horizon}))
+        self._clients[client.id] = client
+        self._counts["connected"] += 1
+        logger.info("remote environment %d (%s, %s) connected", client.id, client.name, address)
+        self._idle.put_nowait(client)
+        await websocket.wait_closed()
+        client.closed = True
+        self._clients.pop(client.id, None)
+        logger.info("remote environment %d (%s) disconnected", client.id, client.name)
+
+    async def claim(self, timeout_s: float) -> int | None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            try:
+                client = await asyncio.wait_for(self._idle.get(), max(deadline - asyncio.get_running_loop().time(), 0))
+            except TimeoutError:
+                return None
+            if not client.closed:
+                return client.id
+
+    def release(self, client_id: int) -> None:
+        client = self._clients.get(client_id)
+        if client is not None and not client.closed:
+            self._idle.put_nowait(client)
+
+    async def request(self, client_id: int, message: dict, timeout_s: float) -> dict:
+        from websockets.exceptions import ConnectionClosed
+
+        from vla_rl.serving import wire
+
+        client = self._clients.get(client_id)
+        if client is None or client.closed:
+            return self._lost(client_id, "it disconnected")
+        async with client.lock:
+            try:
+                await client.websocket.send(wire.packb(message))
+                answer = await asyncio.wait_for(client.websocket.recv(), timeout_s)
+            except ConnectionClosed:
+                return self._lost(client_id, "it disconnected")
+            except TimeoutError:
+                await client.websocket.close(1011, "no answer in time")
+                return self._lost(client_id, f"no answer within simulator.env.step_timeout_s={timeout_s:g} s")
+        if isinstance(answer, str):
+            self.release(client_id)  # still connected: free for another episode
+            return self._lost(client_id, f"it reported an error: {answer}")
+        answer = wire.unpackb(answer)
+        if not isinstance(answer, dict):
+            self.release(client_id)
+            return self._lost(client_id, f"it answered {type(answer).__name__}, not a dict")
+        if answer.get("invalid"):
+            self._counts["invalid"] += 1
+        return answer
+
+    def _lost(self, client_id: int, why: str) -> dict:
+        self._counts["lost"] += 1
+        logger.warning("remote environment %d lost its episode: %s", client_id, why)
+        return {LOST: f"remote environment {client_id}: {why}"}
+
+
+def _address(connection: Any) -> str:
+    address = getattr(connection, "remote_address", None)
+    return f"{address[0]}:{address[1]}" if address else "?"

@@ -1,0 +1,164 @@
+"""Remote environments (simulators/remote_env.py, vla_rl/remote.py): a simulator pool of
+``simulator.name: remote`` whose episodes run in RobotClients connected over websockets, on
+loopback. The environments here are a small deterministic gymnasium environment (the protocol is
+under test; tests/test_remote_training.py runs robosuite Lift this way)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from simulators.pool import SimulatorPool
+from simulators.remote_env import RemoteEnv, RemoteEnvConfig
+from vla_rl.remote import RemoteRefused, RobotClient, serve_envs
+
+TARGET = 4  # the walk succeeds when its position reaches TARGET
+
+
+class WalkEnv(gym.Env):
+    """State ``[position, seed]``; each action adds its sign to the position; success at TARGET.
+    ``info["invalid"]`` when an action is exactly 9 (a person stopped the robot); an action of 7
+    raises; an action of 5 takes ``slow_s`` seconds."""
+
+    def __init__(self, state_dim: int = 2, slow_s: float = 0.0) -> None:
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (state_dim,), np.float32)
+        self.action_space = gym.spaces.Box(-10.0, 10.0, (1,), np.float32)
+        self.slow_s, self.position, self.seed_ = slow_s, 0, 0
+        self.slow_steps: list[tuple[float, float]] = []  # (start, end) of each slow step
+
+    def _obs(self) -> np.ndarray:
+        obs = np.zeros(self.observation_space.shape, np.float32)
+        obs[:2] = [self.position, self.seed_]
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        self.position, self.seed_ = int(seed) % 3, int(seed)
+        return self._obs(), {}
+
+    def step(self, action):
+        value = float(action[0])
+        if value == 7:
+            raise RuntimeError("the gripper jammed")
+        if value == 5:
+            started = time.monotonic()
+            time.sleep(self.slow_s)
+            self.slow_steps.append((started, time.monotonic()))
+        self.position += int(np.sign(value))
+        success = self.position >= TARGET
+        return self._obs(), float(success), success, False, {"success": success, "invalid": value == 9}
+
+
+def config(**fields) -> dict:
+    return {"state_dim": 2, "action_dim": 1, "horizon": 6, "port": 0, "step_timeout_s": 2.0,
+            "connect_timeout_s": 20.0, **fields}
+
+
+@pytest.fixture()
+def stop():
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def uri(pool: SimulatorPool) -> str:
+    return f"ws://127.0.0.1:{pool.env_config.port}"
+
+
+def test_a_remote_episode_is_the_environments_own(ray_on_loopback, stop):
+    """Chunks go to the clients, which step their environment until the episode ends; the pool
+    returns what stepping the environment here gives (observations, summed rewards, success,
+    executed steps), and the trainer truncates at the horizon."""
+    with SimulatorPool("remote", config(), num_actors=1, envs_per_actor=2) as pool:
+        clients = serve_envs([WalkEnv(), WalkEnv()], uri(pool), stop=stop, retry_s=0.1)
+        assert pool.spec()["obs_dim"] == 2 and pool.spec()["act_dim"] == 1
+        obs = pool.reset(np.array([4, 2]))
+        np.testing.assert_array_equal(obs, [[1, 4], [2, 2]])
+        out = pool.collect(pool.submit(np.arange(2), np.array([[[1], [1], [1], [1]], [[-1], [-1], [-1], [-1]]],
+                                                              np.float32)))
+        local = WalkEnv()
+        local.reset(seed=4)
+        for _ in range(3):
+            expected = local.step([1.0])
+        np.testing.assert_array_equal(out["obs"][0], expected[0])  # succeeded after 3 of the 4 actions
+        assert out["success"].tolist() == [True, False] and out["steps"].tolist() == [3, 4]
+        assert out["reward"].tolist() == [1.0, 0.0] and out["terminated"].tolist() == [True, False]
+        assert not out["lost"].any() and out["truncated"].tolist() == [False, False]
+        # two more steps reach the horizon (6): the trainer truncates; only 2 of 4 actions are sent
+        out = pool.collect(pool.submit(np.array([1]), np.full((1, 4, 1), -1, np.float32)))
+        assert out["truncated"].tolist() == [True] and out["steps"].tolist() == [2]
+        assert sum(client.episodes for client in clients) == 2
+
+
+def test_the_environments_of_one_actor_run_their_chunks_at_the_same_time(ray_on_loopback, stop):
+    """A simulator actor sends every remote environment its chunk before waiting for any: two
+    half-second steps on two clients of one actor overlap in time (stepped one after the other,
+    the second would start when the first ended)."""
+    envs = [WalkEnv(slow_s=0.5), WalkEnv(slow_s=0.5)]
+    with SimulatorPool("remote", config(), num_actors=1, envs_per_actor=2) as pool:
+        serve_envs(envs, uri(pool), stop=stop, retry_s=0.1)
+        pool.reset(np.arange(2))
+        out = pool.collect(pool.submit(np.arange(2), np.full((2, 1, 1), 5, np.float32)))
+    assert out["steps"].tolist() == [1, 1]
+    (start_a, end_a), (start_b, end_b) = envs[0].slow_steps[0], envs[1].slow_steps[0]
+    assert max(start_a, start_b) < min(end_a, end_b)
+
+
+def test_lost_episodes_are_reported_and_the_clients_serve_again(ray_on_loopback, stop):
+    """A client that errs, marks its episode invalid or does not answer in time loses that
+    episode (``lost``, not a failure); the others go on, and every client serves the next reset
+    (the one cut off for its silence connects again)."""
+    with SimulatorPool("remote", config(step_timeout_s=1.0), num_actors=1, envs_per_actor=4) as pool:
+        clients = serve_envs([WalkEnv(slow_s=3.0) for _ in range(4)], uri(pool), stop=stop, retry_s=0.1)
+        pool.reset(np.arange(4))
+        actions = np.array([[[1]], [[7]], [[9]], [[5]]], np.float32)  # fine, raises, invalid, too slow
+        out = pool.collect(pool.submit(np.arange(4), actions))
+        assert out["lost"].tolist() == [False, True, True, True]
+        assert out["steps"].tolist() == [1, 0, 0, 0] and not out["success"].any()
+        stats = hub_stats(pool)
+        assert (stats["lost"], stats["invalid"]) == (2, 1)  # the error and the silence; the invalid one
+        time.sleep(3.5)  # the slow client finishes its step, finds its connection closed, connects again
+        obs = pool.reset(np.arange(4) + 10)
+        assert obs[:, 1].tolist() == [10, 11, 12, 13]
+        assert hub_stats(pool)["connected"] == 5 and all(client.error is None for client in clients)
+
+
+def test_clients_without_the_token_or_that_do_not_fit_are_refused(ray_on_loopback, stop, monkeypatch, caplog):
+    monkeypatch.setenv("VLA_RL_REMOTE_TOKEN", "s3cret")
+    with SimulatorPool("remote", config(), num_actors=1, envs_per_actor=1) as pool:
+        with pytest.raises(RemoteRefused, match="refused the token"):
+            RobotClient(WalkEnv(), uri(pool)).run(stop)
+        with pytest.raises(RemoteRefused, match="refused the token"):
+            RobotClient(WalkEnv(), uri(pool), token="guess").run(stop)
+        with pytest.raises(RemoteRefused, match=r"does not fit this run: state_dim 3 \(this run: 2\)"):
+            RobotClient(WalkEnv(state_dim=3), uri(pool), token="s3cret").run(stop)
+        client = RobotClient(WalkEnv(), uri(pool), token="s3cret", retry_s=0.1)
+        client.start(stop)
+        np.testing.assert_array_equal(pool.reset(np.array([5])), [[2, 5]])
+        assert hub_stats(pool)["refused"] == 3 and client.error is None
+
+
+def test_a_reset_without_clients_says_where_to_connect(ray_on_loopback):
+    with SimulatorPool("remote", config(connect_timeout_s=0.5), num_actors=1, envs_per_actor=1) as pool:
+        with pytest.raises(RuntimeError, match=r"no remote environment was free within simulator.env.connect_"
+                                               r"timeout_s=0.5 s: connect clients .* to ws://127.0.0.1:\d+"):
+            pool.reset(np.array([0]))
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="simulator.env.state_dim must be a positive integer"):
+        RemoteEnvConfig(action_dim=1)
+    with pytest.raises(ValueError, match="simulator.env.port must be in"):
+        RemoteEnvConfig(state_dim=2, action_dim=1, port=70000)
+    env = RemoteEnv(RemoteEnvConfig(state_dim=3, action_dim=2, cameras=["front"], camera_size=8))
+    assert env.observation_space["front_image"].shape == (8, 8, 3) and env.action_space.shape == (2,)
+
+
+def hub_stats(pool: SimulatorPool) -> dict[str, int]:
+    """The counts of the pool's hub (RemoteHub.stats)."""
+    import ray
+
+    return ray.get(ray.get_actor(pool.env_config.hub).stats.remote())
