@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import http
 import itertools
 import logging
@@ -418,16 +417,14 @@ class _HubServer:
         return {**self._counts, "clients": len(self._clients)}
 
     def _process_request(self, connection, request):
-        if self.token is None:
-            return None
-        sent = request.headers.get("Authorization", "")
-        if hmac.compare_digest(sent.encode(), f"Api-Key {self.token}".encode()):
+        from vla_rl.serving.auth import REFUSAL, token_problem
+
+        problem = token_problem(request, self.token)
+        if problem is None:
             return None
         self._counts["refused"] += 1
-        logger.warning("refused a remote environment from %s: %s", _address(connection),
-                       "wrong token" if sent else "no token")
-        return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong token (send the header "
-                                  "Authorization: Api-Key TOKEN)\n")
+        logger.warning("refused a remote environment from %s: %s", _address(connection), problem)
+        return connection.respond(http.HTTPStatus.UNAUTHORIZED, REFUSAL)
 
     async def _handle(self, websocket) -> None:
         from vla_rl.serving import wire

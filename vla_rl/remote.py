@@ -32,6 +32,7 @@ import gymnasium as gym
 import numpy as np
 
 from vla_rl.serving import wire
+from vla_rl.serving.auth import api_key_headers
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class RobotClient:
         from websockets.sync.client import connect
 
         stop = stop or threading.Event()
-        headers = {"Authorization": f"Api-Key {self.token}"} if self.token else None
+        headers = api_key_headers(self.token)
         while not stop.is_set():
             try:
                 with connect(self.uri, additional_headers=headers, compression=None, max_size=None,

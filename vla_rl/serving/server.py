@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hmac
 import http
 import logging
 import threading
@@ -51,6 +50,7 @@ import websockets
 from websockets.asyncio.server import Request, Response, ServerConnection, serve
 
 from vla_rl.serving import ServeError, wire
+from vla_rl.serving.auth import REFUSAL, token_problem
 from vla_rl.serving.inputs import ObservationError
 from vla_rl.serving.policy import ServedPolicy
 
@@ -146,14 +146,11 @@ class PolicyServer:
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         if request.path == HEALTH_PATH:
             return connection.respond(http.HTTPStatus.OK, "OK\n")
-        if self.token is not None:
-            sent = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(sent.encode(), f"Api-Key {self.token}".encode()):
-                self._stats["refused"] += 1
-                logger.warning("refused a connection from %s: %s", _address(connection),
-                               "wrong token" if sent else "no token")
-                return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong token "
-                                          "(send the header Authorization: Api-Key TOKEN)\n")
+        problem = token_problem(request, self.token)
+        if problem is not None:
+            self._stats["refused"] += 1
+            logger.warning("refused a connection from %s: %s", _address(connection), problem)
+            return connection.respond(http.HTTPStatus.UNAUTHORIZED, REFUSAL)
         return None
 
     async def _handle(self, websocket: ServerConnection) -> None:
