@@ -12,7 +12,7 @@ The protocol is msgpack with numpy arrays (:mod:`vla_rl.serving.wire`, the forma
 policy server), one binary message per request and per answer:
 
 1. the client opens ``ws://HOST:PORT`` with the header ``Authorization: Api-Key TOKEN`` when the
-   run has a token (``token_env``, default ``VLA_RL_REMOTE_TOKEN``, read where the pool starts);
+   run has a token (``VLA_RL_REMOTE_TOKEN`` in the driver's environment);
    without the right one the hub answers 401 and logs it;
 2. client: ``{"type": "hello", "name": str, "state_dim": int, "action_dim": int, "images":
    {"<camera>_image": [H, W, 3]}}``; hub: ``{"type": "welcome", "task": str, "horizon": int}``,
@@ -91,8 +91,6 @@ class RemoteEnvConfig:
     """Address the hub binds (another than loopback lets other machines connect: give a token)."""
     port: int = 8765
     """TCP port of the hub (0: a free one, for a single pool, e.g. in tests)."""
-    token_env: str = "VLA_RL_REMOTE_TOKEN"
-    """Environment variable holding the shared token clients must present (unset: no token)."""
     connect_timeout_s: float = 300.0
     """Seconds a reset waits for a client to be free."""
     step_timeout_s: float = 60.0
@@ -258,7 +256,9 @@ class RemoteEnv(ChunkedSteps, gym.Env):
         """
         import ray
 
-        token = os.environ.get(config.token_env) or None
+        from vla_rl.serving.auth import REMOTE_TOKEN_ENV
+
+        token = os.environ.get(REMOTE_TOKEN_ENV) or None
         if config.port == 0:
             name = HUB_NAME.format(port=f"auto_{os.getpid()}_{next(_SERIAL)}")
         else:
@@ -408,8 +408,8 @@ class _HubServer:
                         "token required" if self.token else "no token")
             if self.config.host not in LOOPBACK:
                 logger.warning("the remote environment hub is bound to %s, not loopback: other machines can connect%s",
-                               self.config.host, "" if self.token else f" and no token is required (set "
-                               f"{self.config.token_env})")
+                               self.config.host, "" if self.token else " and no token is required (set "
+                               "VLA_RL_REMOTE_TOKEN)")
             started.set()
             await asyncio.Future()  # until the process ends
 

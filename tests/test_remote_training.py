@@ -1,42 +1,37 @@
-"""RL on remote environments through the CLI: ``vla-rl train embodied_srpo simulator.name=remote``
-with robosuite Lift environments served by RobotClients on loopback (as ``vla-rl remote-env
-robosuite_lift`` serves them on another machine), a token, and one client that stalls once: its
-episode is lost (counted, not scored), it connects again, and the run finishes its 3 steps."""
+"""RL on remote environments through the CLI, on loopback: ``vla-rl train embodied_srpo
+simulator.name=remote`` with robosuite Lift environments in two client processes
+(``vla-rl remote-env robosuite_lift``) presenting the run's token.
+
+- 3 SRPO steps on remote environments give the metrics the local simulator pool gives at the
+  same seed (the environments are the same; only where they run differs);
+- a client process that ends mid-step (tests/remote_dying_client.py: ``os._exit``, as ``kill -9``)
+  loses its running episodes, which are counted, and the run goes on with the other process;
+- a client with a wrong token is refused (it exits with one line).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
-import time
+from pathlib import Path
 
-import gymnasium as gym
 import pytest
 
-from simulators import make_env
 from vla_rl.cli import main
-from vla_rl.remote import serve_envs
 
-HORIZON, STALL_S, STEP_TIMEOUT_S = 20, 4.0, 2.0
-
-
-class StallOnce(gym.Wrapper):
-    """Lift, but the first training episode any of these environments starts stalls at its first
-    step for longer than the trainer waits (evaluation episodes start at ids >= 1e9)."""
-
-    stalled = threading.Event()
-
-    def reset(self, *, seed=None, options=None):
-        self.stall = seed < 1_000_000_000 and not StallOnce.stalled.is_set()
-        if self.stall:
-            StallOnce.stalled.set()
-        return self.env.reset(seed=seed, options=options)
-
-    def step(self, action):
-        if self.stall:
-            self.stall = False
-            time.sleep(STALL_S)
-        return self.env.step(action)
+HORIZON, TOKEN = 20, "s3cret"
+COMPACT_STATE = "[robot0_eef_pos,robot0_gripper_qpos,cube_pos,gripper_to_cube_pos]"
+DATASET = Path(__file__).parent / "fixtures" / "lerobot" / "lift_scripted_demos"  # 2 demos, that 11-value state
+COMPARED = {"rollout/success_rate", "rollout/env_steps", "rollout/total_env_steps", "rollout/episode_length",
+            "rollout/lost_episodes", "rollout/group_success_any"}
+COMPARED_PREFIXES = ("reward/", "filter/", "advantage/", "actor/", "eval/greedy", "eval/sampled")
+"""Metrics that depend on the episodes and the updates, not on where or how fast they ran."""
+DYING_CLIENT = Path(__file__).with_name("remote_dying_client.py")
 
 
 def free_port() -> int:
@@ -45,34 +40,110 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def remote_overrides(port: int, out) -> list[str]:
-    return ["simulator.name=remote", "simulator.env.state_dim=15", "simulator.env.action_dim=7",
-            f"simulator.env.horizon={HORIZON}", f"simulator.env.port={port}", "simulator.env.task=Lift",
-            f"simulator.env.step_timeout_s={STEP_TIMEOUT_S}", "warm_start.num_demos=0", "workers.num_workers=1",
-            "data.init_states_per_step=2", "data.group_size=2", "eval.num_episodes=2", "eval.video_episodes=0",
-            f"run.output_dir={out}", "run.name=remote"]
+def overrides(out: Path, name: str, horizon: int = HORIZON) -> list[str]:
+    return ["trainer.total_steps=3", "workers.num_workers=1", "data.init_states_per_step=2", "data.group_size=2",
+            "eval.num_episodes=2", "eval.video_episodes=0", f"simulator.env.horizon={horizon}",
+            f"run.output_dir={out}", f"run.name={name}"]
 
 
-def test_srpo_trains_three_steps_on_remote_lift_environments(tmp_path, monkeypatch):
-    monkeypatch.setenv("VLA_RL_REMOTE_TOKEN", "s3cret")
-    port, stop = free_port(), threading.Event()
-    envs = [StallOnce(make_env("robosuite_lift", {"horizon": HORIZON})) for _ in range(4)]
-    clients = serve_envs(envs, f"ws://127.0.0.1:{port}", token="s3cret", stop=stop, retry_s=0.2)
+def cloned(horizon: int) -> list[str]:
+    """A warm start that succeeds now and then: the LeRobot fixture's two demonstrations (of the
+    11-value state, which the local pool's and the clients' Lift then observe)."""
+    return [f"warm_start.dataset={DATASET}", f"simulator.env.horizon={horizon}"]
+
+
+def remote(port: int, state_dim: int = 15) -> list[str]:
+    return ["simulator.name=remote", f"simulator.env.state_dim={state_dim}", "simulator.env.action_dim=7",
+            f"simulator.env.port={port}", "simulator.env.task=Lift", "simulator.env.step_timeout_s=30",
+            "simulator.env.connect_timeout_s=90"]
+
+
+def client(port: int, *args: str, token: str = TOKEN, horizon: int = HORIZON) -> subprocess.Popen:
+    """``vla-rl remote-env robosuite_lift horizon=H [args] --connect ... --token ...`` (args: more
+    fields, or options)."""
+    return subprocess.Popen([sys.executable, "-m", "vla_rl.cli", "remote-env", "robosuite_lift", f"horizon={horizon}",
+                             *args, "--connect", f"ws://127.0.0.1:{port}", "--token", token],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def stop(process: subprocess.Popen) -> str:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
     try:
-        assert main(["train", "embodied_srpo", *remote_overrides(port, tmp_path), "trainer.total_steps=3"]) == 0
+        _, err = process.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        _, err = process.communicate()
+    return err
+
+
+def step_metrics(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k == "step" or k in COMPARED or k.startswith(COMPARED_PREFIXES)}
+            for row in rows]
+
+
+CLONED_HORIZON = 60
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("local")
+    assert main(["train", "embodied_srpo", *overrides(out, "local"), *cloned(CLONED_HORIZON),
+                 f"simulator.env.obs_keys={COMPACT_STATE}"]) == 0
+    return out / "local"
+
+
+def test_remote_environments_train_as_the_local_pool_and_a_wrong_token_is_refused(local_run, tmp_path,
+                                                                                  monkeypatch):
+    """The same run (seed 0, warm-started from the LeRobot fixture) with its four environments in
+    two client processes: every step's and evaluation's metrics equal the local pool's."""
+    monkeypatch.setenv("VLA_RL_REMOTE_TOKEN", TOKEN)
+    port = free_port()
+    fields = (f"obs_keys={COMPACT_STATE}", "--num-envs", "2")  # fields, then options
+    clients = [client(port, *fields, horizon=CLONED_HORIZON) for _ in range(2)]
+    intruder = client(port, token="guess")
+    try:
+        assert main(["train", "embodied_srpo", *overrides(tmp_path, "remote"), *cloned(CLONED_HORIZON),
+                     *remote(port, state_dim=11)]) == 0
+        assert intruder.wait(timeout=60) == 1
     finally:
-        stop.set()
-    metrics = [json.loads(line) for line in (tmp_path / "remote" / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in metrics if "rollout/lost_episodes" in m]
-    assert [m["step"] for m in steps] == [1, 2, 3]
-    assert sum(m["rollout/lost_episodes"] for m in steps) == 1  # the stalled episode, not scored
-    assert StallOnce.stalled.is_set() and all(client.error is None for client in clients)
-    # every rollout and evaluation episode ran on the clients: 3 steps x 4 + 2 evaluations x 4
-    assert sum(client.episodes for client in clients) == 20
+        errors = [stop(process) for process in (*clients, intruder)]
+    assert "refused the token" in errors[2] and "Traceback" not in errors[2]
+    local, remote_metrics = step_metrics(local_run), step_metrics(tmp_path / "remote")
+    assert any(row.get("rollout/success_rate", 0) > 0 for row in local)  # not all-zero metrics
+    assert len(local) == len(remote_metrics) and any(row.get("step") == 3 for row in local)
+    for mine, theirs in zip(remote_metrics, local, strict=True):
+        assert mine.keys() == theirs.keys() and mine == pytest.approx(theirs, rel=0, abs=1e-6), mine.get("step")
+
+
+def test_a_client_process_that_dies_mid_step_loses_its_episodes_and_the_run_goes_on(tmp_path, monkeypatch):
+    """The run's four environments are first one process's; it ends itself at its 30th training
+    chunk (step 1, four episodes running); a second process connects once it has died, and the
+    run goes on with it."""
+    monkeypatch.setenv("VLA_RL_REMOTE_TOKEN", TOKEN)
+    port = free_port()
+    dying = subprocess.Popen([sys.executable, "-P", str(DYING_CLIENT), f"ws://127.0.0.1:{port}", TOKEN, "--num-envs", "4",
+                              "--horizon", str(HORIZON), "--die-after", "30"], start_new_session=True,
+                             stderr=subprocess.PIPE, text=True)
+    healthy = []
+    watcher = threading.Thread(target=lambda: dying.wait() == 3 and healthy.append(client(port, "--num-envs", "4")))
+    watcher.start()
+    try:
+        assert main(["train", "embodied_srpo", *overrides(tmp_path, "remote"), "warm_start.num_demos=0",
+                     *remote(port)]) == 0
+    finally:
+        watcher.join(timeout=60)
+        for process in (dying, *healthy):
+            stop(process)
+    assert dying.returncode == 3 and healthy  # it ended itself, mid-step; the other one took over
+    steps = [row for row in step_metrics(tmp_path / "remote") if "rollout/lost_episodes" in row]
+    assert [row["step"] for row in steps] == [1, 2, 3]
+    assert steps[0]["rollout/lost_episodes"] >= 1 and steps[1]["rollout/lost_episodes"] == 0  # counted, not scored
 
 
 def test_planning_a_remote_run_refuses_scripted_demonstrations(capsys):
-    assert main(["plan", "embodied_srpo", *remote_overrides(8765, "/tmp"), "warm_start.num_demos=2"]) == 2
+    assert main(["plan", "embodied_srpo", *remote(8765), "warm_start.num_demos=2"]) == 2
     assert "warm_start.num_demos" in capsys.readouterr().err
 
 

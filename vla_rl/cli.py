@@ -443,7 +443,7 @@ def _add_remote_env_command(commands: argparse._SubParsersAction) -> None:
         "Ctrl-C; a dropped connection is made again. docs/remote.md.",
     )
     parser.add_argument("simulator", help="a registered simulator, e.g. robosuite_lift")
-    parser.add_argument("fields", nargs="*", metavar="KEY=VALUE", help="the simulator's config fields (YAML values)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="the simulator's config fields (YAML values)")
     parser.add_argument("--connect", default="ws://127.0.0.1:8765", metavar="URI",
                         help="the hub: ws://HOST:PORT of the run's simulator.env (default ws://127.0.0.1:8765)")
     parser.add_argument("--num-envs", type=positive_int, default=1, help="environments (connections), default 1")
@@ -463,7 +463,7 @@ def _run_remote_env(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     fields = {}
-    for item in args.fields:
+    for item in args.overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise CommandLineError(f"{item!r}: simulator config fields are KEY=VALUE")

@@ -8,6 +8,10 @@ import hmac
 from typing import Any
 
 AUTHORIZATION = "Authorization"
+REMOTE_TOKEN_ENV = "VLA_RL_REMOTE_TOKEN"
+"""The environment variable holding a run's remote-environment token (``simulator.name: remote``):
+read in the driver, which hands it to its DAG workers (a Ray started earlier in the same process
+would otherwise give them the environment of that time)."""
 REFUSAL = "missing or wrong token (send the header Authorization: Api-Key TOKEN)\n"
 """The body of the 401 answer."""
 

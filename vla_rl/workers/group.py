@@ -7,6 +7,7 @@ workers with :meth:`WorkerGroup.launch`, then call worker methods on all of them
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from vla_rl.errors import RunStopped
+from vla_rl.serving.auth import REMOTE_TOKEN_ENV
 from vla_rl.utils.ray_utils import init_ray
 
 DEATH_GRACE_S = 5.0
@@ -136,7 +138,9 @@ class WorkerGroup:
         overrides = [*overrides, f"workers.device={device}"]
         group, options = worker_actor_options(workers, device, world_size, simulator_cpus)
         actor_cls = ray.remote(max_restarts=0)(DAGWorker)
-        return cls([actor_cls.options(**options[rank]).remote(rank, world_size, template, overrides, str(run_dir),
+        # the driver's token, never the one of the environment Ray started in (merged with the job's env_vars)
+        tokens = {"runtime_env": {"env_vars": {REMOTE_TOKEN_ENV: os.environ.get(REMOTE_TOKEN_ENV, "")}}}
+        return cls([actor_cls.options(**options[rank], **tokens).remote(rank, world_size, template, overrides, str(run_dir),
                                                               str(code_root()))
                     for rank in range(world_size)], group)
 
