@@ -108,7 +108,8 @@ class RemoteEnvConfig:
             raise ValueError(f"simulator.env.port must be in [0, 65535], got {self.port!r}")
         for name in ("connect_timeout_s", "step_timeout_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"simulator.env.{name} must be a positive number of seconds, got {getattr(self, name)!r}")
+                raise ValueError(f"simulator.env.{name} must be a positive number of seconds, got "
+                                 f"{getattr(self, name)!r}")
         if not self.task:
             raise ValueError("simulator.env.task must name the task")
         object.__setattr__(self, "cameras", tuple(self.cameras))  # YAML gives lists

@@ -242,7 +242,8 @@ class SimulatorWorker:
             sim_cpu_seconds += time.process_time() - cpu_started
             observations.append(self._observation(index, obs))
         result["obs"] = stack_observations(observations)
-        result["frames"] = [np.stack(rendered[int(i)]) for i in render_indices]
+        result["frames"] = [np.stack(rendered[int(i)]) if rendered[int(i)] else np.zeros((0, 0, 0, 3), np.uint8)
+                            for i in render_indices]  # a lost episode's: none (the pool drops them)
         result["sim_seconds"], result["sim_cpu_seconds"] = sim_seconds, sim_cpu_seconds
         return result
 

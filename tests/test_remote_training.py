@@ -123,9 +123,9 @@ def test_a_client_process_that_dies_mid_step_loses_its_episodes_and_the_run_goes
     run goes on with it."""
     monkeypatch.setenv("VLA_RL_REMOTE_TOKEN", TOKEN)
     port = free_port()
-    dying = subprocess.Popen([sys.executable, "-P", str(DYING_CLIENT), f"ws://127.0.0.1:{port}", TOKEN, "--num-envs", "4",
-                              "--horizon", str(HORIZON), "--die-after", "30"], start_new_session=True,
-                             stderr=subprocess.PIPE, text=True)
+    dying = subprocess.Popen([sys.executable, "-P", str(DYING_CLIENT), f"ws://127.0.0.1:{port}", TOKEN,
+                              "--num-envs", "4", "--horizon", str(HORIZON), "--die-after", "30"],
+                             start_new_session=True, stderr=subprocess.PIPE, text=True)
     healthy = []
     watcher = threading.Thread(target=lambda: dying.wait() == 3 and healthy.append(client(port, "--num-envs", "4")))
     watcher.start()

@@ -140,8 +140,8 @@ class WorkerGroup:
         actor_cls = ray.remote(max_restarts=0)(DAGWorker)
         # the driver's token, never the one of the environment Ray started in (merged with the job's env_vars)
         tokens = {"runtime_env": {"env_vars": {REMOTE_TOKEN_ENV: os.environ.get(REMOTE_TOKEN_ENV, "")}}}
-        return cls([actor_cls.options(**options[rank], **tokens).remote(rank, world_size, template, overrides, str(run_dir),
-                                                              str(code_root()))
+        return cls([actor_cls.options(**options[rank], **tokens).remote(rank, world_size, template, overrides,
+                                                                        str(run_dir), str(code_root()))
                     for rank in range(world_size)], group)
 
     def node_ids(self) -> list[str]:
