@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import logging
 import os
 import threading
 
@@ -53,6 +54,7 @@ def main() -> None:
     parser.add_argument("--horizon", type=int, default=20)
     parser.add_argument("--die-after", type=int, default=12)
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # "connected to ..." once per environment
     envs = [DieAfter(make_env("robosuite_lift", {"horizon": args.horizon}), args.die_after)
             for _ in range(args.num_envs)]
     clients = serve_envs(envs, args.uri, args.token, retry_s=0.2)

@@ -118,25 +118,38 @@ def test_remote_environments_train_as_the_local_pool_and_a_wrong_token_is_refuse
 
 
 def test_a_client_process_that_dies_mid_step_loses_its_episodes_and_the_run_goes_on(tmp_path, monkeypatch):
-    """The run's four environments are first one process's; it ends itself at its 30th training
-    chunk (step 1, four episodes running); a second process connects once it has died, and the
-    run goes on with it."""
+    """Two client processes of four Lift environments each; the run's four environments are the
+    first one's (it connected first), which ends itself at its 30th training chunk (step 1,
+    episodes running): those episodes are lost and counted, and the run goes on with the other."""
     monkeypatch.setenv("VLA_RL_REMOTE_TOKEN", TOKEN)
     port = free_port()
     dying = subprocess.Popen([sys.executable, "-P", str(DYING_CLIENT), f"ws://127.0.0.1:{port}", TOKEN,
                               "--num-envs", "4", "--horizon", str(HORIZON), "--die-after", "30"],
                              start_new_session=True, stderr=subprocess.PIPE, text=True)
     healthy = []
-    watcher = threading.Thread(target=lambda: dying.wait() == 3 and healthy.append(client(port, "--num-envs", "4")))
+
+    def start_the_other_once_the_first_is_connected() -> None:
+        connected = 0
+        for line in dying.stderr:
+            connected += line.startswith("connected to")
+            if connected == 4:
+                healthy.append(client(port, "--num-envs", "4"))
+                break
+        dying.stderr.read()  # drain until it ends
+
+    watcher = threading.Thread(target=start_the_other_once_the_first_is_connected)
     watcher.start()
     try:
         assert main(["train", "embodied_srpo", *overrides(tmp_path, "remote"), "warm_start.num_demos=0",
                      *remote(port)]) == 0
     finally:
+        if dying.poll() is None:  # its stderr is the watcher's to read
+            os.killpg(dying.pid, signal.SIGKILL)
+        dying.wait()
         watcher.join(timeout=60)
-        for process in (dying, *healthy):
+        for process in healthy:
             stop(process)
-    assert dying.returncode == 3 and healthy  # it ended itself, mid-step; the other one took over
+    assert dying.returncode == 3 and healthy  # it ended itself, mid-step; the other one went on
     steps = [row for row in step_metrics(tmp_path / "remote") if "rollout/lost_episodes" in row]
     assert [row["step"] for row in steps] == [1, 2, 3]
     assert steps[0]["rollout/lost_episodes"] >= 1 and steps[1]["rollout/lost_episodes"] == 0  # counted, not scored
