@@ -132,11 +132,12 @@ def test_srpo_pi0_lift_warm_starts_on_camera_demonstrations(ray_on_loopback, tmp
 def test_ppo_pi0_lift_trains_a_critic_on_the_state(ray_on_loopback, tmp_path):
     """PPO with π0: the critic values the state of the camera observations (its head starts at
     zero), regresses on GAE's returns beside the actor update, and normalises the state with the
-    statistics of the warm start's demonstration states (π0 has none of the whole state),
-    recomputed here from the run's store."""
+    statistics of the warm start's demonstration states (π0 has none of the whole state), each
+    scale floored at warm_start.obs_std_floor, recomputed here from the run's store."""
     step, run_dir = run_one_step("embodied_ppo_pi0_lift", TINY_PI0, tmp_path, "simulator.env.horizon=48",
                                  "warm_start.num_demos=1", "warm_start.bc_steps=4", "warm_start.bc_batch_size=8",
-                                 "critic.hidden_sizes=[16]")
+                                 "critic.hidden_sizes=[16]",
+                                 "warm_start.obs_std_floor=0.01")  # below most features' spread: the floor shows
     for key in ("timing/values", "timing/critic_update", "critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm",
                 "actor/pg_loss", "advantage/abs_mean"):
         assert key in step and np.isfinite(step[key]), key
