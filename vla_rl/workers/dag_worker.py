@@ -60,8 +60,15 @@ class DAGWorker:
     """
 
     def __init__(self, rank: int, world_size: int, template: str, overrides: list[str], run_dir: str,
-                 driver_code_root: str) -> None:
+                 driver_code_root: str, driver_env: dict[str, str] | None = None) -> None:
         check_same_code(driver_code_root)
+        # the driver's values of variables read in this process (VLA_RL_REMOTE_TOKEN), never the
+        # ones of the environment the Ray it joined started in; "" unsets
+        for name, value in (driver_env or {}).items():
+            if value:
+                os.environ[name] = value
+            else:
+                os.environ.pop(name, None)
         self.rank = rank
         self.world_size = world_size
         self.template = load_template(template, overrides)

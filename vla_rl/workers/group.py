@@ -138,10 +138,9 @@ class WorkerGroup:
         overrides = [*overrides, f"workers.device={device}"]
         group, options = worker_actor_options(workers, device, world_size, simulator_cpus)
         actor_cls = ray.remote(max_restarts=0)(DAGWorker)
-        # the driver's token, never the one of the environment Ray started in (merged with the job's env_vars)
-        tokens = {"runtime_env": {"env_vars": {REMOTE_TOKEN_ENV: os.environ.get(REMOTE_TOKEN_ENV, "")}}}
-        return cls([actor_cls.options(**options[rank], **tokens).remote(rank, world_size, template, overrides,
-                                                                        str(run_dir), str(code_root()))
+        driver_env = {REMOTE_TOKEN_ENV: os.environ.get(REMOTE_TOKEN_ENV, "")}  # passed in memory, never written
+        return cls([actor_cls.options(**options[rank]).remote(rank, world_size, template, overrides, str(run_dir),
+                                                              str(code_root()), driver_env)
                     for rank in range(world_size)], group)
 
     def node_ids(self) -> list[str]:
