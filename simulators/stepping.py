@@ -70,29 +70,15 @@ class EpisodeLost(RuntimeError):
 class ChunkedSteps:
     """Mixin (before ``gymnasium.Env`` in the bases) of environments that execute a whole action
     chunk themselves, elsewhere (a remote environment: one round trip per chunk, not per action).
-    The subclass defines ``send_actions(actions)``, which hands the chunk over and returns at
-    once, and ``receive_outcome()``, which waits for its outcome: the simulator workers send the
-    chunks of all their environments before waiting for any, so that remote environments run
-    their chunks at the same time (see :mod:`simulators.registry`)."""
-
-    def send_actions(self, actions: np.ndarray) -> None:
-        """Hand over ``actions`` ``(chunk, act_dim)``, to run one control step each until the
-        episode ends; returns without waiting."""
-        raise NotImplementedError
-
-    def receive_outcome(self) -> tuple[Any, float, bool, bool, dict, int]:
-        """Wait for the outcome of the chunk :meth:`send_actions` handed over.
-
-        Returns:
-            ``(obs, reward, terminated, truncated, info, steps)``: the observation after the last
-            executed step, the reward summed over the executed steps, ``terminated`` /
-            ``truncated`` of the last one, info ``{"success": bool}`` (any executed step
-            succeeded) and the number of executed steps (1..chunk).
-
-        Raises:
-            EpisodeLost: the episode was lost (it has no outcome to score).
-        """
-        raise NotImplementedError
+    The subclass defines ``send_actions(actions)``, which hands over ``actions`` ``(chunk,
+    act_dim)`` (one control step each, until the episode ends) and returns at once, and
+    ``receive_outcome() -> (obs, reward, terminated, truncated, info, steps)``, which waits for
+    its outcome: the observation after the last executed step, the reward summed over the
+    executed steps, ``terminated`` / ``truncated`` of the last one, info ``{"success": bool}``
+    (any executed step succeeded) and the executed steps (1..chunk), or raises
+    :class:`EpisodeLost`. The simulator workers send the chunks of all their environments before
+    waiting for any, so that remote environments run their chunks at the same time (see
+    :mod:`simulators.registry`)."""
 
     def step_actions(self, actions: np.ndarray) -> tuple[Any, float, bool, bool, dict, int]:
         """:meth:`send_actions`, then :meth:`receive_outcome`."""
