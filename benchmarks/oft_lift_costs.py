@@ -80,7 +80,7 @@ def policy_costs(batch: int, minibatch: int, repeats: int, threads: int) -> dict
     from tensordict import TensorDict
 
     from policies.openvla_oft import OpenVLAOFTPolicy, OpenVLAOFTPolicyConfig
-    from vla_rl.data.observations import encode_instruction
+    from vla_rl_core.observations import encode_instruction
 
     def camera_obs(n: int) -> TensorDict:  # simulator observations, random pixels and state
         code = torch.from_numpy(encode_instruction("lift the cube"))

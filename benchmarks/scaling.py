@@ -77,11 +77,11 @@ def planned(template_name: str, overrides: list[str], workers: int) -> dict:
     """``vla-rl plan``'s estimate for the training step's data hops (per worker, per step)."""
     from vla_rl.dag.loader import load_template
     from vla_rl.dag.planner import plan
+    from vla_rl.dag.registry import WORKFLOWS
     from vla_rl.dag.traffic import estimate_traffic
-    from vla_rl.workflows import get_workflow
 
     template = load_template(template_name, overrides)
-    shape = get_workflow(template.config.run.workflow).step_shape(template.config)
+    shape = WORKFLOWS.get(template.config.run.workflow).step_shape(template.config)
     hops = estimate_traffic(plan(template, workers), shape)
     return {
         "hops": [{"src": h.src, "dst": h.dst, "dp": [h.src_dp_size, h.dst_dp_size], "rebalance": h.rebalance,

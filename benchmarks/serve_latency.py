@@ -49,12 +49,12 @@ def build(name: str):
         inputs = ServedInputs(15)
         return ServedPolicy(policy, inputs, name), {"observation/state": rng.normal(size=15).astype(np.float32)}
     from vla_rl.dag.loader import load_template
+    from vla_rl.dag.registry import WORKFLOWS
     from vla_rl.serving.policy import simulator_inputs
-    from vla_rl.workflows import get_workflow
 
     config = load_template(TEMPLATES[name]).config
     inputs = simulator_inputs(config)
-    policy = get_workflow("embodied").standalone_policy(config, None)
+    policy = WORKFLOWS.get("embodied").standalone_policy(config, None)
     camera, shape = next(iter(inputs.images.items()))
     obs = {"observation/state": rng.normal(size=inputs.state_dim).astype(np.float32),
            "observation/image": rng.integers(0, 255, size=shape, dtype=np.uint8), "prompt": inputs.instruction}

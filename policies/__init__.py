@@ -1,51 +1,41 @@
 """Policies: one folder per policy (``configuration_<name>.py``, ``modeling_<name>.py``), a
 registry of policy classes and the factory :func:`make_policy`.
 
-Importing this package stays light (no torch): built-in policy modules are imported on the first
-call to :func:`make_policy` or :func:`available_policies`.
+Importing this package stays light (no torch): the registry imports the built-in policy modules
+on its first lookup (:class:`vla_rl_core.registry.Registry`, ``builtins``).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from vla_rl.utils.registry import Registry
+from vla_rl_core.registry import Registry
 
 if TYPE_CHECKING:
     from policies.base import Policy
 
 PolicyT = TypeVar("PolicyT", bound="type[Policy]")
 
-POLICIES: Registry[type[Policy]] = Registry("policy")
-
-# Modules whose import registers the built-in policies.
-_BUILTIN_POLICY_MODULES = (
+POLICIES: Registry[type[Policy]] = Registry("policy", builtins=(
     "policies.mlp.modeling_mlp",
     "policies.openvla.modeling_openvla",
     "policies.openvla_oft.modeling_openvla_oft",
     "policies.pi0.policy_pi0",
-)
+))
 
 
 def register_policy(cls: PolicyT) -> PolicyT:
     """Class decorator registering a :class:`~policies.base.Policy` subclass under ``cls.name``.
 
     Raises:
-        vla_rl.utils.registry.RegistryError: the name is already registered.
+        vla_rl_core.registry.RegistryError: the name is already registered.
     """
     POLICIES.register(cls.name)(cls)
     return cls
 
 
-def _import_builtin_policies() -> None:
-    for module in _BUILTIN_POLICY_MODULES:
-        importlib.import_module(module)
-
-
 def available_policies() -> list[str]:
     """Names of the registered policies (built-ins included), sorted."""
-    _import_builtin_policies()
     return [str(name) for name in POLICIES.names()]
 
 
@@ -57,10 +47,9 @@ def make_policy(name: str, config: Any) -> Policy:
         config: an instance of that policy's ``config_class``.
 
     Raises:
-        vla_rl.utils.registry.RegistryError: ``name`` is unknown; the message lists the known names.
+        vla_rl_core.registry.RegistryError: ``name`` is unknown; the message lists the known names.
         TypeError: ``config`` is not an instance of the policy's ``config_class``.
     """
-    _import_builtin_policies()
     cls = POLICIES.get(name)
     if not isinstance(config, cls.config_class):
         raise TypeError(

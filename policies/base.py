@@ -28,7 +28,7 @@ class Policy(torch.nn.Module, abc.ABC):
     ``chunk_size`` steps of ``action_dim`` values. Policies of camera observations (OpenVLA,
     OpenVLA-OFT) take a ``tensordict.TensorDict`` of batch size ``(batch,)`` instead of the flat
     tensor: the simulator's observation (state, uint8 camera images, encoded instruction; see
-    :mod:`vla_rl.data.observations`), which their processor turns into model inputs.
+    :mod:`vla_rl_core.observations`), which their processor turns into model inputs.
 
     Actions: :meth:`sample_actions` returns the policy's own actions (what the RL loss scores);
     :meth:`env_actions` maps them to the simulator's units (identity by default), given the

@@ -38,7 +38,11 @@ from simulators.rendering import (
     disable_shadows_and_reflections,
     setup_headless_rendering,
 )
-from simulators.robosuite_env import STATE_KEY_SIZES, camera_observation_space, quiet_robosuite_imports
+from simulators.robosuite_env import (
+    STATE_KEY_SIZES,
+    camera_observation_space,
+    quiet_robosuite_imports,
+)
 from simulators.stepping import checked_action
 
 SUITE_HORIZONS: dict[str, int] = {

@@ -43,7 +43,7 @@ from simulators.rendering import (
     user_rendering_env_vars,
 )
 from simulators.worker import SimulatorWorker
-from vla_rl.data.observations import Observations, empty_observations, set_rows
+from vla_rl_core.observations import Observations, empty_observations, set_rows
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ class SimulatorPool:
 
         Returns:
             float32 ``(n, obs_dim)`` initial observations; row ``g`` is environment ``g``. Camera
-            observations, or a task set's: a dict of ``n``-row arrays (:mod:`vla_rl.data.observations`).
+            observations, or a task set's: a dict of ``n``-row arrays (:mod:`vla_rl_core.observations`).
 
         Raises:
             ValueError: if ids are not a 1-D integer array of length 1..capacity, or task ids do not

@@ -51,9 +51,10 @@ from typing import Any
 
 import gymnasium as gym
 
-from vla_rl.utils.registry import Registry
+from vla_rl_core.registry import Registry
 
-SIMULATORS: Registry[type[gym.Env]] = Registry("simulator")
+SIMULATORS: Registry[type[gym.Env]] = Registry("simulator", builtins=(
+    "simulators.robosuite_env", "simulators.metaworld_env", "simulators.libero_env", "simulators.remote_env"))
 
 
 def build_env_config(name: str, config: Any = None) -> Any:

@@ -8,7 +8,7 @@ Each process that connects (:class:`vla_rl.remote.RobotClient` wraps any gymnasi
 one environment. A :class:`RemoteEnv` in a simulator actor claims a connected one at its first
 reset and keeps it while it answers.
 
-The protocol is msgpack with numpy arrays (:mod:`vla_rl.serving.wire`, the format of openpi's
+The protocol is msgpack with numpy arrays (:mod:`vla_rl_core.wire`, the format of openpi's
 policy server), one binary message per request and per answer:
 
 1. the client opens ``ws://HOST:PORT`` with the header ``Authorization: Api-Key TOKEN`` when the
@@ -52,7 +52,7 @@ import numpy as np
 
 from simulators.registry import SIMULATORS
 from simulators.stepping import ChunkedSteps, EpisodeLost
-from vla_rl.data import keys
+from vla_rl_core import keys
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +257,7 @@ class RemoteEnv(ChunkedSteps, gym.Env):
         """
         import ray
 
-        from vla_rl.serving.auth import REMOTE_TOKEN_ENV
+        from vla_rl_core.auth import REMOTE_TOKEN_ENV
 
         token = os.environ.get(REMOTE_TOKEN_ENV) or None
         if config.port == 0:
@@ -418,7 +418,7 @@ class _HubServer:
         return {**self._counts, "clients": len(self._clients)}
 
     def _process_request(self, connection, request):
-        from vla_rl.serving.auth import REFUSAL, token_problem
+        from vla_rl_core.auth import REFUSAL, token_problem
 
         problem = token_problem(request, self.token)
         if problem is None:
@@ -428,7 +428,7 @@ class _HubServer:
         return connection.respond(http.HTTPStatus.UNAUTHORIZED, REFUSAL)
 
     async def _handle(self, websocket) -> None:
-        from vla_rl.serving import wire
+        from vla_rl_core import wire
 
         address = _address(websocket)
         try:
@@ -472,7 +472,7 @@ class _HubServer:
     async def request(self, client_id: int, message: dict, timeout_s: float) -> dict:
         from websockets.exceptions import ConnectionClosed
 
-        from vla_rl.serving import wire
+        from vla_rl_core import wire
 
         client = self._clients.get(client_id)
         if client is None or client.closed:

@@ -107,9 +107,9 @@ def evaluated_lift_run(tmp_path_factory, ray_on_loopback):
 
     from policies import make_policy
     from policies.mlp import MLPPolicyConfig
+    from vla_rl.checkpoints import files as checkpoint
     from vla_rl.cli import main
     from vla_rl.driver import prepare_run_dir
-    from vla_rl.trainers import checkpoint
 
     horizon = EVALUATED_LIFT_HORIZON
     out = tmp_path_factory.mktemp("evaluated")

@@ -9,12 +9,12 @@ import types
 import pytest
 import torch
 
+from vla_rl.checkpoints import files as ckpt
 from vla_rl.cli import main
 from vla_rl.dag.loader import load_template
+from vla_rl.dag.registry import WORKFLOWS
 from vla_rl.export import ExportError, export_checkpoint
 from vla_rl.run_dir import RunDirectory
-from vla_rl.trainers import checkpoint as ckpt
-from vla_rl.workflows import get_workflow
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -57,7 +57,7 @@ def lm_scores(policy):
 def lora_lm_run(tmp_path, tiny_lm_dir):
     run_dir, config = make_run(tmp_path, "llm_grpo", f"text.model_path={tiny_lm_dir}", "policy.lora.rank=4",
                                "policy.lora.alpha=8")
-    policy = get_workflow("text").standalone_policy(config, run_dir)
+    policy = WORKFLOWS.get("text").standalone_policy(config, run_dir)
     perturb_adapters(policy)
     return run_dir, policy, write_checkpoint(run_dir, 3, model=policy)
 
@@ -71,7 +71,7 @@ def test_export_merges_lora_into_a_hugging_face_directory(lora_lm_run, tmp_path)
     exported = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(out), max_prompt_length=32))
     assert not any("lora_" in name for name in exported.state_dict())
     torch.testing.assert_close(lm_scores(exported), lm_scores(policy), rtol=0, atol=1e-5)
-    assert (lm_scores(exported) - lm_scores(get_workflow("text").standalone_policy(
+    assert (lm_scores(exported) - lm_scores(WORKFLOWS.get("text").standalone_policy(
         load_template(checkpoint.parent.parent / "template.yaml").config, checkpoint.parent.parent))).abs().max() > 1e-4
 
 
@@ -112,7 +112,7 @@ def test_export_reads_the_sharded_state_of_an_fsdp_checkpoint(process_group, tmp
     run_dir, config = make_run(tmp_path, "embodied_grpo", "policy.config.hidden_sizes=[16,16]",
                                "trainer.strategy=fsdp")
     torch.manual_seed(0)
-    policy = get_workflow("embodied").standalone_policy(config, run_dir)
+    policy = WORKFLOWS.get("embodied").standalone_policy(config, run_dir)
     batch = rollout_batch(policy)
     algorithm, section = update_config("ppo_clip", "action")
     section = section.model_copy(update={"strategy": "fsdp"})
@@ -121,7 +121,7 @@ def test_export_reads_the_sharded_state_of_an_fsdp_checkpoint(process_group, tmp
     checkpoint = write_checkpoint(run_dir, 1, before_finalize=trainer.save_sharded)
     assert not (checkpoint / "model.safetensors").exists() and (checkpoint / "actor_sharded" / ".metadata").is_file()
 
-    ddp = ActorTrainer(get_workflow("embodied").standalone_policy(config, run_dir), lr=1e-2)
+    ddp = ActorTrainer(WORKFLOWS.get("embodied").standalone_policy(config, run_dir), lr=1e-2)
     with pytest.raises(FileNotFoundError, match="written with trainer.strategy fsdp"):
         ActorCheckpoint().load(types.SimpleNamespace(actor=ddp, rank=0), checkpoint, {})
 
@@ -174,7 +174,7 @@ def test_pi0_export_after_one_update_loads_as_model_path(process_group, tmp_path
     monkeypatch.setattr(embodied, "simulator_sizes", lambda config: {"obs_dim": OBS_DIM, "act_dim": ACT_DIM})
     run_dir, config = make_run(tmp_path, "embodied_grpo_pi0_lift", "policy.config.sampler=flow_noise",
                                f"policy.config.proprio_dim={OBS_DIM}")  # test_actor's states
-    policy = get_workflow("embodied").standalone_policy(config, run_dir)
+    policy = WORKFLOWS.get("embodied").standalone_policy(config, run_dir)
     batch = rollout_batch(policy)
     obs, actions = batch["obs"][:, 0], batch["actions"][:, 0]
     policy.fit_observation_normalization(obs)

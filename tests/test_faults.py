@@ -13,10 +13,11 @@ import threading
 import pytest
 from devices import device_overrides
 
+from vla_rl.checkpoints import integrity as checkpoint_integrity
+from vla_rl.checkpoints.layout import CheckpointCorruptError
 from vla_rl.cli import main
 from vla_rl.driver import train
 from vla_rl.errors import RunStopped
-from vla_rl.trainers import checkpoint_integrity
 from vla_rl.workers.group import WorkerGroup
 
 TINY = [
@@ -107,7 +108,7 @@ def test_death_without_restarts_names_rank_and_resume_command(uninterrupted, tmp
     latest = run_dir / "checkpoints" / "step_00000002"
     data = (latest / "model.safetensors").read_bytes()
     (latest / "model.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(checkpoint_integrity.CheckpointCorruptError, match=f"{latest / 'model.safetensors'} has"):
+    with pytest.raises(CheckpointCorruptError, match=f"{latest / 'model.safetensors'} has"):
         checkpoint_integrity.verify_checkpoint(latest)
 
     command = shlex.split(re.search(r"Resume it with: (.*)$", message).group(1))

@@ -134,7 +134,7 @@ def fsdp_run(ray_on_loopback, tmp_path_factory, tiny_lm_dir, arithmetic_files):
 def test_grpo_template_trains_with_fsdp_and_checkpoints_sharded(fsdp_run):
     """Through the engine: the step trains, its checkpoint holds the sharded actor state under
     the manifest, and no model.safetensors (the sharded state holds the weights)."""
-    from vla_rl.trainers.checkpoint_integrity import verify_checkpoint
+    from vla_rl.checkpoints.integrity import verify_checkpoint
 
     step, run_dir = fsdp_run
     assert step["actor/num_updates"] == 4.0 and "actor/grad_norm" in step

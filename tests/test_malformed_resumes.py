@@ -11,9 +11,9 @@ import torch
 from test_malformed_inputs import snapshot
 
 from vla_rl import driver
+from vla_rl.checkpoints import files as checkpoint
 from vla_rl.cli import main
 from vla_rl.driver import prepare_run_dir
-from vla_rl.trainers import checkpoint
 
 #: (case, run directory (a key of the ``runs`` fixture), CLI arguments after ``train``, texts the
 #: error line must contain); ``{run}`` is the run directory, ``{other_lm}`` a model of another width.

@@ -18,11 +18,10 @@ from test_malformed_inputs import refused
 
 from policies import make_policy
 from policies.mlp import MLPPolicyConfig
-from vla_rl.cli import main
-from vla_rl.data import keys
+from vla_rl.checkpoints import files as checkpoint
 from vla_rl.driver import prepare_run_dir
 from vla_rl.evaluation.episode_store import append_episodes, open_rank_store
-from vla_rl.trainers import checkpoint
+from vla_rl_core import keys
 
 #: (case, CLI arguments (``{out}``: an empty directory), text the error line must contain)
 PLAN_CASES = [

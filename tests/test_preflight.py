@@ -472,7 +472,7 @@ def test_safetensors_header_length_is_checked(tmp_path):
 def test_eval_of_a_run_whose_pretrained_checkpoint_went_bad(assets, tmp_path, capsys):
     import yaml
 
-    from vla_rl.trainers.checkpoint import TRAINER_STATE_FILE
+    from vla_rl.checkpoints.layout import TRAINER_STATE_FILE
 
     broken = copy_dir(assets.vla, tmp_path / "vla")
     truncate(broken / "model.safetensors", 0.3)

@@ -37,8 +37,7 @@ from vla_rl.export import ExportError
 from vla_rl.export_episodes import EpisodesExportError
 from vla_rl.preflight import preflight
 from vla_rl.serving import ServeError
-from vla_rl.utils.registry import RegistryError
-
+from vla_rl_core.registry import RegistryError
 
 USER_ERRORS: tuple[type[Exception], ...] = (TemplateError, ValidationError, RegistryError, EvalInputError,
                                             ExportError, EpisodesExportError, ServeError,
@@ -138,11 +137,11 @@ def print_traffic(template, the_plan, console: Console) -> None:
     from rich import box
     from rich.table import Table
 
+    from vla_rl.dag.registry import WORKFLOWS
     from vla_rl.dag.traffic import estimate_traffic, format_bytes
-    from vla_rl.workflows import get_workflow
 
     config = template.config
-    shape = get_workflow(config.run.workflow).step_shape(config)
+    shape = WORKFLOWS.get(config.run.workflow).step_shape(config)
     world = the_plan.world_size
     if shape is None:
         console.print(f"data hops: workflow {config.run.workflow!r} gives no batch sizes to estimate bytes from")
@@ -272,10 +271,10 @@ def _run_template_name(run_dir: str) -> str | None:
     """The template name a run directory was trained with (None if it has no readable template)."""
     import yaml
 
-    from vla_rl.run_dir import RESOLVED_TEMPLATE
+    from vla_rl_core.run_layout import RUN_TEMPLATE
 
     try:
-        return yaml.safe_load((Path(run_dir) / RESOLVED_TEMPLATE).read_text()).get("name")
+        return yaml.safe_load((Path(run_dir) / RUN_TEMPLATE).read_text()).get("name")
     except (OSError, yaml.YAMLError, AttributeError):
         return None
 
@@ -316,7 +315,7 @@ def _steps(text: str) -> list[int]:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from vla_rl.evaluation.runner import evaluate
+    from vla_rl.eval_driver import evaluate
 
     targets = [item for item in args.items if "=" not in item]
     overrides = [item for item in args.items if "=" in item]

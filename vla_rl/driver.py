@@ -18,6 +18,7 @@ from vla_rl.run_dir import RunDirectory, absolute_path_overrides, check_resume
 from vla_rl.utils.code_location import code_root, code_version
 from vla_rl.workers.group import WorkerDiedError, WorkerGroup, start_ray
 from vla_rl.workers.placement import simulator_cpus_per_worker
+from vla_rl_core.run_layout import SUMMARY_FILE
 
 
 def prepare_run_dir(template_arg: str | None, overrides: list[str], resume: str | None
@@ -148,9 +149,9 @@ def _run(run: RunDirectory, template, worker_overrides: list[str], resume_overri
     summary["worker_nodes"] = worker_nodes  # the Ray node of each rank
     summary["wall_time_s"] = time.perf_counter() - started
     summary["driver_max_reply_bytes"] = max(group.max_reply_bytes for group in groups)
-    tmp = run_dir / "summary.json.tmp"
+    tmp = run_dir / f"{SUMMARY_FILE}.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(run_dir / "summary.json")
+    tmp.replace(run_dir / SUMMARY_FILE)
     return summary
 
 

@@ -1,6 +1,6 @@
 """``vla-rl export CHECKPOINT OUT``: a training checkpoint as the policy's own model directory.
 
-The checkpoint is verified against its manifest first (:func:`~vla_rl.trainers.checkpoint_integrity.verify_checkpoint`).
+The checkpoint is verified against its manifest first (:func:`~vla_rl.checkpoints.integrity.verify_checkpoint`).
 The run's policy is rebuilt in this process from the run's resolved template (and the overrides
 of its resumes), on the CPU, without Ray, workers or simulator actors (an embodied run's
 observation and action sizes come from one environment of its simulator); the checkpoint's
@@ -76,20 +76,18 @@ def load_checkpoint_policy(checkpoint: str | Path):
             (missing, truncated or altered files: the message names them), or holds no policy
             weights.
     """
+    from vla_rl.checkpoints import files as ckpt
+    from vla_rl.checkpoints.integrity import verify_checkpoint
+    from vla_rl.checkpoints.layout import TRAINER_STATE_FILE, CheckpointCorruptError
     from vla_rl.dag.loader import load_template
+    from vla_rl.dag.registry import WORKFLOWS
     from vla_rl.run_dir import RunDirectory, RunDirError
-    from vla_rl.trainers import checkpoint as ckpt
-    from vla_rl.trainers.checkpoint_integrity import (
-        CheckpointCorruptError,
-        verify_checkpoint,
-    )
-    from vla_rl.workflows import get_workflow
 
     path = Path(checkpoint).resolve()
     if not path.is_dir():
         raise ExportError(f"checkpoint {path} does not exist")
-    if not (path / ckpt.TRAINER_STATE_FILE).is_file():
-        raise ExportError(f"{path} is not a complete checkpoint directory (no {ckpt.TRAINER_STATE_FILE}); name one "
+    if not (path / TRAINER_STATE_FILE).is_file():
+        raise ExportError(f"{path} is not a complete checkpoint directory (no {TRAINER_STATE_FILE}); name one "
                           "such as outputs/<run>/checkpoints/step_00000010")
     try:
         verify_checkpoint(path)
@@ -101,7 +99,7 @@ def load_checkpoint_policy(checkpoint: str | Path):
     except RunDirError as err:
         raise ExportError(f"{path} does not sit in a run directory written by vla-rl train ({err})") from err
     config = load_template(run.template_path, run.recorded_overrides()).config
-    policy = get_workflow(config.run.workflow).standalone_policy(config, run_dir)
+    policy = WORKFLOWS.get(config.run.workflow).standalone_policy(config, run_dir)
     try:
         ckpt.load_policy_weights(path, policy)
     except FileNotFoundError as err:

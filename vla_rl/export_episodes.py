@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from vla_rl.data import keys
+from vla_rl_core import keys
+from vla_rl_core.run_layout import EVAL_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -57,14 +58,15 @@ def find_stores(source: str | Path) -> list[SourceStore]:
         EpisodesExportError: ``source`` is none of these, or holds no episodes.
     """
     from vla_rl.data.trajectory_store import TrajectoryStore
-    from vla_rl.evaluation.episode_store import EPISODES_DIR, STORE_PATTERN
+    from vla_rl.evaluation.episode_store import STORE_PATTERN
+    from vla_rl_core.run_layout import EPISODES_DIR
 
     path = Path(source).resolve()
     if not path.exists():
         raise EpisodesExportError(f"{path} does not exist: name an evaluation directory, a run directory or a "
                                   "demonstration store (demos.zarr)")
-    if (path / "eval" / EPISODES_DIR).is_dir() and not (path / EPISODES_DIR).is_dir():
-        path = path / "eval"
+    if (path / EVAL_DIR / EPISODES_DIR).is_dir() and not (path / EPISODES_DIR).is_dir():
+        path = path / EVAL_DIR
     stores = []
     if (path / EPISODES_DIR).is_dir():
         for store_path in sorted((path / EPISODES_DIR).glob(f"*/{STORE_PATTERN}")):

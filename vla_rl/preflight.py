@@ -153,7 +153,11 @@ def _check_prompt_rows(config, read: list[_ReadPrompts], tokenizer) -> None:
     from policies.causal_lm.processor_causal_lm import CausalLMProcessor
 
     if tokenizer is None:
-        from policies.causal_lm.tiny import TinyQwen2Spec, arithmetic_corpus, train_tokenizer
+        from policies.causal_lm.tiny import (
+            TinyQwen2Spec,
+            arithmetic_corpus,
+            train_tokenizer,
+        )
 
         tokenizer = train_tokenizer(arithmetic_corpus(), TinyQwen2Spec().vocab_size)  # as the run generates it
     processor = CausalLMProcessor(tokenizer, prompt_format=config.text.prompt_format)

@@ -31,8 +31,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from vla_rl.serving import wire
-from vla_rl.serving.auth import api_key_headers
+from vla_rl_core import wire
+from vla_rl_core.auth import api_key_headers
 
 logger = logging.getLogger(__name__)
 

@@ -34,12 +34,13 @@ from pathlib import Path
 import yaml
 
 from vla_rl.dag.errors import TemplateError
-from vla_rl.evaluation.targets import RUN_TEMPLATE as RESOLVED_TEMPLATE
-
-RESUMES_FILE = "resumes.jsonl"
-LOCK_FILE = ".lock"
-METRICS_FILE = "metrics.jsonl"
-CHECKPOINTS_DIR = "checkpoints"
+from vla_rl_core.run_layout import (
+    CHECKPOINTS_DIR,
+    LOCK_FILE,
+    METRICS_FILE,
+    RESUMES_FILE,
+    RUN_TEMPLATE,
+)
 
 POLICY_SETTINGS = ("policy", "text", "simulator", "run.workflow")
 """The settings whose override may change the policy a resume builds (its tensor names and shapes):
@@ -107,8 +108,8 @@ class RunDirectory:
             what = "it is a file" if path.exists() else "there is no such directory"
             raise RunDirError(f"{path} is not a run directory: {what} (--resume takes the directory of an earlier "
                               "run, e.g. outputs/<run.name>)")
-        if not (path / RESOLVED_TEMPLATE).is_file():
-            raise RunDirError(f"{path} is not a run directory: it has no {RESOLVED_TEMPLATE}")
+        if not (path / RUN_TEMPLATE).is_file():
+            raise RunDirError(f"{path} is not a run directory: it has no {RUN_TEMPLATE}")
         return cls(path)
 
     def lock(self) -> None:
@@ -148,7 +149,7 @@ class RunDirectory:
     # ------------------------------------------------------------------ contents
     @property
     def template_path(self) -> Path:
-        return self.path / RESOLVED_TEMPLATE
+        return self.path / RUN_TEMPLATE
 
     def write_template(self, resolved: dict) -> None:
         """Write the run's resolved template (once, when the run starts), atomically."""
@@ -202,8 +203,8 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
     Raises:
         RunDirError: the first problem, naming the setting (or the overrides) and the checkpoint.
     """
-    from vla_rl.trainers import checkpoint_integrity as integrity
-    from vla_rl.trainers.checkpoint import latest_checkpoint
+    from vla_rl.checkpoints import integrity
+    from vla_rl.checkpoints.files import latest_checkpoint
 
     config = template.config
     checkpoint = latest_checkpoint(run.path / CHECKPOINTS_DIR)

@@ -15,11 +15,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from vla_rl.checkpoints.files import latest_checkpoint
 from vla_rl.errors import RunStopped
-from vla_rl.trainers.checkpoint import latest_checkpoint
 from vla_rl.utils.plotting import plot_success_curve
 from vla_rl.utils.tracking import MetricsLogger, read_metrics
 from vla_rl.workers.group import WorkerDiedError, run_evaluation
+from vla_rl_core.run_layout import CHECKPOINTS_DIR, METRICS_FILE, SUCCESS_PLOT
 
 TOTAL_ENV_STEPS = "rollout/total_env_steps"
 """Metric: control steps simulated since the start of training (all workers, refills included)."""
@@ -49,7 +50,7 @@ class RunLoop:
         self.run_dir = run_dir
         self.console = console
         self.evaluates = "evaluate" in plan.phases and self.config.eval.num_episodes > 0
-        from vla_rl.workflows import WORKFLOWS
+        from vla_rl.dag.registry import WORKFLOWS
 
         warm = "warm_start" in plan.phases and WORKFLOWS.get(self.config.run.workflow).warm_starts(self.config)
         self.first_tag = "warm_start" if warm else "initial"
@@ -116,8 +117,8 @@ class RunLoop:
                 key = f"eval/{protocol}/success_rate"
                 gain = summary["final_eval"][key] - summary[first][key]
                 summary[f"improvement_points/{protocol}"] = 100 * gain
-        records = read_metrics(self.run_dir / "metrics.jsonl")
-        plot_success_curve(records, self.run_dir / "success_rate.png", f"{self.name}: success rate")
+        records = read_metrics(self.run_dir / METRICS_FILE)
+        plot_success_curve(records, self.run_dir / SUCCESS_PLOT, f"{self.name}: success rate")
         self._print_summary(summary)
         return summary
 
@@ -137,7 +138,7 @@ class RunLoop:
                 yet; the message names the rank, the error and the command that resumes the run.
         """
         max_restarts = self.config.workers.max_restarts
-        checkpoint = latest_checkpoint(self.run_dir / "checkpoints")
+        checkpoint = latest_checkpoint(self.run_dir / CHECKPOINTS_DIR)
         if checkpoint is not None and self.restarts < max_restarts:
             self.restarts += 1
             self.console.print(f"[bold yellow]{died}[/bold yellow]\nrestarting the workers from the last checkpoint "
@@ -154,7 +155,7 @@ class RunLoop:
 
     def _env_steps_before(self, start: int) -> float:
         """Environment steps simulated by the first ``start`` steps of a resumed run (from its metrics)."""
-        records = [r for r in read_metrics(self.run_dir / "metrics.jsonl")
+        records = [r for r in read_metrics(self.run_dir / METRICS_FILE)
                    if r.get("step", 0) <= start and TOTAL_ENV_STEPS in r]
         return float(records[-1][TOTAL_ENV_STEPS]) if records else 0.0
 

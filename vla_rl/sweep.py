@@ -32,6 +32,7 @@ from vla_rl.preflight import preflight
 from vla_rl.run_dir import RunDirectory, RunDirError
 from vla_rl.utils.stats import mean_interval
 from vla_rl.utils.tracking import read_metrics
+from vla_rl_core.run_layout import METRICS_FILE, SUMMARY_FILE
 
 #: The sweep's own file: what it runs (``template``, ``overrides``, ``seeds``).
 SWEEP_FILE = "sweep.json"
@@ -149,7 +150,7 @@ def _run_seeds(sweep_dir: Path, spec: dict, console) -> dict:
     seeds = spec["seeds"]
     for index, seed in enumerate(seeds, start=1):
         run = seed_run_dir(sweep_dir, seed)
-        if (run / "summary.json").is_file():
+        if (run / SUMMARY_FILE).is_file():
             continue
         if console is not None:
             console.print(f"[bold]seed {seed}[/bold] ({index} of {len(seeds)}) in {run}")
@@ -178,7 +179,7 @@ def seed_figures(run_dir: Path) -> dict[str, Any]:
     """One finished run's figures: ``{"first": {protocol: figures}, "final": {...}, "first_tag",
     "env_steps", "steps", "wall_time_s"}`` where figures are ``success_rate``, ``episodes``,
     ``ci_low``, ``ci_high`` as the run's summary holds them (Wilson 95%)."""
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     first_tag = next((key for key in summary if key.endswith("_eval") and key != "final_eval"), None)
     figures: dict[str, Any] = {"first_tag": first_tag and first_tag.removesuffix("_eval")}
     for name, tag in (("first", first_tag), ("final", "final_eval")):
@@ -187,7 +188,7 @@ def seed_figures(run_dir: Path) -> dict[str, Any]:
                             and key.endswith("/success_rate")})
         figures[name] = {p: {field: float(evaluation[f"eval/{p}/{field}"])
                              for field in ("success_rate", "episodes", "ci_low", "ci_high")} for p in protocols}
-    records = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+    records = read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).is_file() else []
     totals = [r["rollout/total_env_steps"] for r in records if "rollout/total_env_steps" in r]
     figures["env_steps"] = float(totals[-1]) if totals else None
     figures["steps"] = int(summary.get("last_step", summary.get("steps_run", 0)))
@@ -228,7 +229,7 @@ def write_report(sweep_dir: Path) -> dict:
     """Read the sweep's finished runs; write ``report.json``, ``report.md`` and the plot; return
     the report (``seeds`` asked, ``finished`` seeds, ``per_seed``, ``across_seeds``)."""
     spec = read_sweep(sweep_dir)
-    finished = [s for s in spec["seeds"] if (seed_run_dir(sweep_dir, s) / "summary.json").is_file()]
+    finished = [s for s in spec["seeds"] if (seed_run_dir(sweep_dir, s) / SUMMARY_FILE).is_file()]
     per_seed = {seed: seed_figures(seed_run_dir(sweep_dir, seed)) for seed in finished}
     report = {"template": spec["template"], "overrides": spec["overrides"], "seeds": spec["seeds"],
               "finished": finished, "per_seed": {str(s): f for s, f in per_seed.items()},
@@ -238,7 +239,7 @@ def write_report(sweep_dir: Path) -> dict:
     if per_seed:
         from vla_rl.utils.plotting import plot_success_vs_env_steps
 
-        runs = {seed: read_metrics(seed_run_dir(sweep_dir, seed) / "metrics.jsonl") for seed in finished}
+        runs = {seed: read_metrics(seed_run_dir(sweep_dir, seed) / METRICS_FILE) for seed in finished}
         plot_success_vs_env_steps(runs, sweep_dir / PLOT_FILE, f"{Path(spec['template']).stem}: "
                                   f"{len(finished)} seed(s)")
     return report

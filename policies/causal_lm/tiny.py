@@ -18,7 +18,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
 from policies.causal_lm.loading import save_pretrained
-from vla_rl.data.arithmetic import sample_problems
+from vla_rl_core.arithmetic import sample_problems
 
 PAD_TOKEN = "<|endoftext|>"
 BOS_OF_TURN = "<|im_start|>"

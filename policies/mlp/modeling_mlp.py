@@ -31,7 +31,7 @@ from policies.checkpoint_files import staged_directory
 from policies.mlp.configuration_mlp import MLPPolicyConfig
 from policies.sampling import draw
 
-#: Observation keys of task-set runs (those of :mod:`vla_rl.data.keys`; policies do not import the engine).
+#: Observation keys of task-set runs (those of :mod:`vla_rl_core.keys`; policies do not import the engine).
 STATE_KEY, TASK_ID_KEY = "state", "task_id"
 #: Smallest state scale :meth:`MLPPolicy.fit_observation_normalization` sets (units of the state),
 #: as the flat-state warm start does: a feature the demonstrations leave constant must not blow up.

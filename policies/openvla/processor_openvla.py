@@ -17,7 +17,7 @@ the tokenizer has it.
 
 :class:`SimulatorObservationProcessor` builds these inputs from what the engine's simulators give
 (a TensorDict of ``state``, ``<camera>_image`` uint8 and the UTF-8 encoded ``instruction``, see
-:mod:`vla_rl.data.observations`): camera images in the configured order, the prompt of each
+:mod:`vla_rl_core.observations`): camera images in the configured order, the prompt of each
 distinct instruction tokenized once and cached, and the first ``proprio_dim`` state features as
 proprio. Camera images may first be resized and centre-cropped as OpenVLA-OFT's
 ``prepare_images_for_vla`` does (``experiments/robot/openvla_utils.py``; see
@@ -33,8 +33,8 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from policies.openvla.image_preprocessing import center_crop, resize_image_for_policy
-from vla_rl.data import keys
-from vla_rl.data.observations import decode_instruction
+from vla_rl_core import keys
+from vla_rl_core.observations import decode_instruction
 
 IMAGES = "images"
 INPUT_IDS = "input_ids"

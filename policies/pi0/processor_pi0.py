@@ -2,7 +2,7 @@
 
 The engine's simulators give a TensorDict of ``state`` float ``(batch, obs_dim)``,
 ``<camera>_image`` uint8 ``(batch, H, W, 3)`` and the UTF-8 encoded ``instruction`` uint8
-``(batch, INSTRUCTION_BYTES)`` (:mod:`vla_rl.data.observations`). π0 reads, as openpi prepares
+``(batch, INSTRUCTION_BYTES)`` (:mod:`vla_rl_core.observations`). π0 reads, as openpi prepares
 them (``src/openpi/models/model.py``, ``preprocess_observation``; ``src/openpi/shared/image_tools.py``,
 ``resize_with_pad``; ``src/openpi/models/tokenizer.py``, ``PaligemmaTokenizer.tokenize``):
 
@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import Tensor
 
-from vla_rl.data import keys
-from vla_rl.data.observations import decode_instruction
+from vla_rl_core import keys
+from vla_rl_core.observations import decode_instruction
 
 logger = logging.getLogger(__name__)
 

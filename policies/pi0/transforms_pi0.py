@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from policies.action_normalization import ActionStatistics
 from policies.pi0.configuration_pi0 import NORMALIZATION_FIELDS, PI0PolicyConfig
-from vla_rl.data import keys
+from vla_rl_core import keys
 
 #: openpi's normalisation statistics file in a checkpoint's assets (``{"norm_stats": {"actions":
 #: {"mean", "std", "q01", "q99"}, "state": {...}}}``).

@@ -19,7 +19,12 @@ import numpy as np
 
 from simulators.experts.measured_steps import METAWORLD_STEPS
 from simulators.experts.registry import ExpertSteps, register_expert
-from simulators.metaworld_env import METAWORLD_OBS_LAYOUT, METAWORLD_V3_TASKS, OBS_DIM, ROBOT
+from simulators.metaworld_env import (
+    METAWORLD_OBS_LAYOUT,
+    METAWORLD_V3_TASKS,
+    OBS_DIM,
+    ROBOT,
+)
 from simulators.rendering import setup_headless_rendering
 
 TASKS_WITH_POLICY: tuple[str, ...] = METAWORLD_V3_TASKS

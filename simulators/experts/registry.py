@@ -21,9 +21,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vla_rl.utils.registry import Registry
+from vla_rl_core.registry import Registry
 
-EXPERTS: Registry[type] = Registry("scripted expert")
+EXPERTS: Registry[type] = Registry("scripted expert", builtins=(
+    "simulators.experts.door", "simulators.experts.lift", "simulators.experts.metaworld",
+    "simulators.experts.pick_place_can", "simulators.experts.stack"))
 """Expert classes keyed by ``(simulator name, task name)``."""
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vla_rl.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss, masked_mean
-from vla_rl.utils.registry import RegistryError
+from vla_rl_core.registry import RegistryError
 
 NAN = float("nan")
 INF = float("inf")

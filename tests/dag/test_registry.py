@@ -11,7 +11,7 @@ from vla_rl.dag.registry import (
     get_node_function,
     register_node,
 )
-from vla_rl.utils.registry import RegistryError
+from vla_rl_core.registry import RegistryError
 
 from .helpers import DUMMY, DUMMY_WITH_CONFIG, DummyRewardConfig
 

@@ -9,9 +9,9 @@ import vla_rl.nodes  # noqa: F401  (the built-in node functions: the DAG tests' 
 from vla_rl.cli import main
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
+from vla_rl.dag.registry import WORKFLOWS
 from vla_rl.dag.traffic import estimate_traffic, format_bytes
 from vla_rl.data.key_sizes import StepShape, observation_leaves, sample_bytes
-from vla_rl.workflows import get_workflow
 
 # 4 prompts x 2 responses, prompts of 8 tokens, responses of 4 tokens, 2 workers.
 TINY_TEXT = ["text.prompts_per_step=4", "data.group_size=2", "text.max_prompt_length=8",
@@ -26,7 +26,7 @@ ADVANTAGE_ROW = REWARD_ROW + 3 * 16  # + token_level_rewards, advantages, return
 
 def _tiny_text_hops(world: int = 2):
     template = load_template("llm_grpo", TINY_TEXT)
-    shape = get_workflow("text").step_shape(template.config)
+    shape = WORKFLOWS.get("text").step_shape(template.config)
     return shape, estimate_traffic(plan(template, world), shape)
 
 
@@ -71,7 +71,7 @@ def test_hops_of_a_tiny_text_step_match_hand_computed_bytes():
 def test_full_dp_template_moves_no_rows_and_metadata_is_small_at_any_world_size():
     for world in (2, 8, 1024):
         template = load_template("llm_grpo", [f"text.prompts_per_step={2 * world}"])  # 2 prompts per worker
-        shape = get_workflow("text").step_shape(template.config)
+        shape = WORKFLOWS.get("text").step_shape(template.config)
         hops = estimate_traffic(plan(template, world), shape)
         assert [(h.src, h.dst, h.rebalance) for h in hops] == [("group_filter", "actor_update", True)]
         assert hops[0].total_bytes == 0
@@ -80,11 +80,11 @@ def test_full_dp_template_moves_no_rows_and_metadata_is_small_at_any_world_size(
 
 def test_embodied_shape_from_the_simulator_config():
     template = load_template("embodied_srpo")
-    shape = get_workflow("embodied").step_shape(template.config)
+    shape = WORKFLOWS.get("embodied").step_shape(template.config)
     assert (shape.decisions, shape.chunk, shape.action_dim) == (100, 1, 7)
     assert shape.obs == observation_leaves(15) == {"": ((15,), "float32")}
     assert sample_bytes("obs", shape) == 101 * 15 * 4
-    camera = get_workflow("embodied").step_shape(load_template("embodied_srpo_oft_lift").config)
+    camera = WORKFLOWS.get("embodied").step_shape(load_template("embodied_srpo_oft_lift").config)
     assert (camera.decisions, camera.chunk) == (10, 8)  # ceil(80 / 8)
     assert sample_bytes("obs", camera) == 11 * (15 * 4 + 128 * 128 * 3 + 256)  # state, agentview, instruction
     assert camera.own_action_dim == camera.action_dim == 7
@@ -94,12 +94,12 @@ def test_embodied_shape_from_the_simulator_config():
 def test_pi0_actions_are_its_denoising_chains():
     """π0's own actions, and so ``actions`` and ``ref_log_probs``, are (num_steps + 1) *
     max_action_dim values per chunk position: (3 + 1) * 7 with the tiny preset of the template."""
-    shape = get_workflow("embodied").step_shape(load_template("embodied_srpo_pi0_lift").config)
+    shape = WORKFLOWS.get("embodied").step_shape(load_template("embodied_srpo_pi0_lift").config)
     assert (shape.decisions, shape.chunk, shape.action_dim, shape.own_action_dim) == (10, 8, 7, 28)
     assert sample_bytes("actions", shape) == sample_bytes("ref_log_probs", shape) == 10 * 8 * 28 * 4
     assert sample_bytes("old_log_probs", shape) == 10 * 8 * 4
     # Executing 2 of the 8 model actions: decisions every 2 steps, each slot packing 4 positions' chains.
-    prefix = get_workflow("embodied").step_shape(
+    prefix = WORKFLOWS.get("embodied").step_shape(
         load_template("embodied_srpo_pi0_lift", ["policy.config.executed_actions=2"]).config)
     assert (prefix.decisions, prefix.chunk, prefix.own_action_dim) == (40, 2, 4 * 28)
     assert sample_bytes("old_log_probs", prefix) == 40 * 2 * 4

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from vla_rl.data.arithmetic import (
-    DATA_SOURCE,
-    LEVELS,
-    Level,
-    sample_problems,
-    write_arithmetic_dataset,
-)
+from vla_rl.data.arithmetic import DATA_SOURCE, write_arithmetic_dataset
 from vla_rl.data.prompt_dataset import PromptFile
 from vla_rl.rewards.verifiers import verify
+from vla_rl_core.arithmetic import LEVELS, Level, sample_problems
 
 
 def test_problems_are_distinct_reproducible_and_cover_the_levels():

@@ -11,10 +11,14 @@ import pytest
 import torch
 
 from vla_rl.cli import main
-from vla_rl.data.lerobot_demonstrations import DEFAULT_DATASET_KEYS, check_dataset, dataset_episodes
-from vla_rl.data.observations import decode_instruction
+from vla_rl.data.lerobot_demonstrations import (
+    DEFAULT_DATASET_KEYS,
+    check_dataset,
+    dataset_episodes,
+)
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.trainers.warm_start import demo_fields, demonstrations, episode_transitions
+from vla_rl_core.observations import decode_instruction
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot"
 LIFT = FIXTURES / "lift_scripted_demos"

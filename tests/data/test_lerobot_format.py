@@ -14,7 +14,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from vla_rl.data.lerobot_format import LeRobotFormatError, LeRobotReader, LeRobotWriter, feature_stats
+from vla_rl.data.lerobot_format import (
+    LeRobotFormatError,
+    LeRobotReader,
+    LeRobotWriter,
+    feature_stats,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot"
 REPO = FIXTURES.parents[2]

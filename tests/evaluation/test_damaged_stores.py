@@ -12,7 +12,6 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from vla_rl.data import keys
 from vla_rl.errors import RunStopped
 from vla_rl.evaluation.benchmarks import EvalTask
 from vla_rl.evaluation.episode_store import (
@@ -26,6 +25,7 @@ from vla_rl.evaluation.episode_store import (
 from vla_rl.evaluation.protocol import Protocol
 from vla_rl.evaluation.report import summarize
 from vla_rl.evaluation.targets import EvalInputError
+from vla_rl_core import keys
 
 SPEC = {"obs_dim": 3, "act_dim": 2, "horizon": 6}
 

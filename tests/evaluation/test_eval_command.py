@@ -11,10 +11,10 @@ from devices import device_overrides
 
 from policies import make_policy
 from policies.mlp import MLPPolicyConfig
+from vla_rl.checkpoints import files as checkpoint
 from vla_rl.cli import main
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.driver import prepare_run_dir
-from vla_rl.trainers import checkpoint
 
 EVAL = [*device_overrides(num_workers=1), "workers.num_workers=1", "eval.num_episodes=2", "eval.video_episodes=1", "eval.video_size=32",
         "simulator.env.horizon=8", "simulator.num_cpus_per_actor=0"]

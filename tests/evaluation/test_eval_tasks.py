@@ -17,11 +17,11 @@ from devices import device_overrides
 import vla_rl.workers.group as group_module
 from policies import make_policy
 from policies.mlp import MLPPolicyConfig
+from vla_rl.checkpoints import files as checkpoint
 from vla_rl.cli import main
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.driver import prepare_run_dir
-from vla_rl.evaluation.runner import evaluate, prepare_eval_dir
-from vla_rl.trainers import checkpoint
+from vla_rl.eval_driver import evaluate, prepare_eval_dir
 
 EVAL = [*device_overrides(num_workers=1), "workers.num_workers=1", "eval.num_episodes=2", "eval.video_episodes=0",
         "simulator.env.horizon=6", "simulator.num_cpus_per_actor=0"]

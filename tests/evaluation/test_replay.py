@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from vla_rl.data import keys
-from vla_rl.data.observations import encode_instruction
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.evaluation.episode_store import append_episodes, open_rank_store
 from vla_rl.evaluation.replay import episode_env_actions, replay_episodes, rescore_store
 from vla_rl.rollout.embodied import rollout_episodes
+from vla_rl_core import keys
+from vla_rl_core.observations import encode_instruction
 
 OBS_DIM, ACT_DIM, CHUNK = 2, 3, 2
 Q01, Q99 = [-0.5, 0.0, 0.0], [0.5, 4.0, 1.0]

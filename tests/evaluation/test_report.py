@@ -11,7 +11,6 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from vla_rl.data import keys
 from vla_rl.evaluation.benchmarks import EvalTask
 from vla_rl.evaluation.episode_store import (
     append_episodes,
@@ -20,6 +19,7 @@ from vla_rl.evaluation.episode_store import (
 )
 from vla_rl.evaluation.protocol import Protocol
 from vla_rl.evaluation.report import OVERALL, ReportProgress, summarize, write_report
+from vla_rl_core import keys
 
 SPEC = {"obs_dim": 3, "act_dim": 2, "horizon": 6}
 GREEDY = Protocol("greedy", True, 0.0)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from vla_rl.checkpoints import files as checkpoint
 from vla_rl.config import RunConfig
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.evaluation.episode_store import episode_keys, task_dir
@@ -21,7 +22,6 @@ from vla_rl.nodes.evaluation import (
     record_eval_episodes,
     rollout_eval_episodes,
 )
-from vla_rl.trainers import checkpoint
 from vla_rl.workers.context import NodeContext
 from vla_rl.workers.metrics import Metric
 from vla_rl.workers.resources import Resources

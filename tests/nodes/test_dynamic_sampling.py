@@ -10,14 +10,14 @@ from devices import device_under_test
 from policies import make_policy
 from policies.mlp import MLPPolicyConfig
 from vla_rl.config import RunConfig
-from vla_rl.data import keys
+from vla_rl.dag.registry import WORKFLOWS
 from vla_rl.data.task_loader import ShardedTaskLoader
 from vla_rl.nodes.group_filter import dynamic_sampling, filter_groups
 from vla_rl.nodes.reward import episode_rewards
 from vla_rl.nodes.rollout import rollout_groups
 from vla_rl.workers.context import NodeContext
 from vla_rl.workers.metrics import Metric, total
-from vla_rl.workflows import get_workflow
+from vla_rl_core import keys
 
 OBS_DIM, ACT_DIM = 3, 2
 
@@ -59,7 +59,7 @@ class Resources:
                                                           hidden_sizes=(4,))).to(device_under_test())
         self.simulator_pool = ParityPool(seed)
         self.generator = torch.Generator().manual_seed(0)
-        self.workflow = get_workflow("embodied")
+        self.workflow = WORKFLOWS.get("embodied")
 
 
 def step_batch(max_refill_rounds: int, seed: int = 0):

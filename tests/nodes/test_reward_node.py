@@ -14,10 +14,10 @@ import torch.distributed as dist
 from tensordict import TensorDict
 
 from vla_rl.config import RunConfig
-from vla_rl.data import keys
 from vla_rl.nodes.reward import episode_rewards, step_reference, trajectory_embeddings
 from vla_rl.rewards.trajectory_encoders import encode_state_trajectories
 from vla_rl.workers.resources import Resources
+from vla_rl_core import keys
 
 N, T, STATE_DIM, SIZE = 6, 5, 3, 8
 

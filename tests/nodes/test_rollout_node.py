@@ -12,12 +12,12 @@ from tensordict import TensorDict
 from policies import make_policy
 from policies.mlp import MLPPolicyConfig
 from vla_rl.config import RunConfig
-from vla_rl.data import keys
 from vla_rl.nodes.advantage import compute_advantages
 from vla_rl.nodes.reward import compute_rewards
 from vla_rl.nodes.rollout import RolloutNodeConfig, interact
 from vla_rl.workers.context import NodeContext
 from vla_rl.workers.metrics import Metric
+from vla_rl_core import keys
 
 OBS_DIM, ACT_DIM = 3, 2
 

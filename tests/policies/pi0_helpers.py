@@ -7,8 +7,8 @@ import torch
 from tensordict import TensorDict
 
 from policies.pi0 import PI0PolicyConfig
-from vla_rl.data import keys
-from vla_rl.data.observations import encode_instruction
+from vla_rl_core import keys
+from vla_rl_core.observations import encode_instruction
 
 ACTION_DIM, PROPRIO_DIM = 3, 4  # the tiny model pads to max_action_dim 5, max_state_dim 6
 INSTRUCTIONS = ("lift the cube", "open the top drawer of the cabinet")

@@ -13,7 +13,7 @@ import pytest
 from policies import available_policies, make_policy
 from policies.base import Policy
 from policies.mlp import MLPPolicy, MLPPolicyConfig
-from vla_rl.utils.registry import RegistryError
+from vla_rl_core.registry import RegistryError
 
 
 @dataclasses.dataclass

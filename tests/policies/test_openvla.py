@@ -362,7 +362,7 @@ def test_architecture_presets_and_cameras_are_validated():
 
 
 def test_tiny_preset_reads_simulator_observations_with_its_own_tokenizer():
-    from vla_rl.data.observations import encode_instruction
+    from vla_rl_core.observations import encode_instruction
 
     policy = OpenVLAPolicy(OpenVLAPolicyConfig(architecture={"preset": "tiny", "image_size": 28, "fused": False}))
     assert policy.vla.vision_backbone.fused_featurizer is None  # DINOv2 alone

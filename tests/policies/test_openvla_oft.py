@@ -187,7 +187,7 @@ def test_defaults_follow_the_reference_libero_evaluation():
 def simulator_observation(images):
     from tensordict import TensorDict
 
-    from vla_rl.data.observations import encode_instruction
+    from vla_rl_core.observations import encode_instruction
 
     codes = torch.from_numpy(np.stack([encode_instruction("put the bowl on the plate")] * images.shape[0]))
     return TensorDict({"agentview_image": images, "instruction": codes}, batch_size=[images.shape[0]])
@@ -269,7 +269,7 @@ def test_two_camera_inputs_are_agentview_then_wrist_with_the_8_value_proprio():
     the processor reads agentview first, robot0_eye_in_hand second, and the state's first 8 values."""
     from tensordict import TensorDict
 
-    from vla_rl.data.observations import encode_instruction
+    from vla_rl_core.observations import encode_instruction
 
     policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture={"preset": "tiny", "image_size": 28},
                                                      chunk_size=CHUNK, num_images=2, proprio_dim=PROPRIO_DIM))

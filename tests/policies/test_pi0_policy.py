@@ -33,7 +33,7 @@ from tests.policies.pi0_helpers import (
     camera_obs,
     tiny_config,
 )
-from vla_rl.data import keys
+from vla_rl_core import keys
 
 LOG_2PI_E_HALF = 0.5 * math.log(2 * math.pi * math.e)
 
@@ -429,7 +429,7 @@ def libero_observations(env_config, batch: int, seed: int) -> TensorDict:
     """Random observations of ``LiberoEnv``'s declared space (8-value state, one uint8 image per
     camera), carried as the engine carries them (encoded instruction, stacked, TensorDict)."""
     from simulators.robosuite_env import camera_observation_space
-    from vla_rl.data.observations import observation, stack_observations, to_torch
+    from vla_rl_core.observations import observation, stack_observations, to_torch
 
     space = camera_observation_space(env_config.state_dim, env_config.cameras, env_config.camera_size)
     space.seed(seed)

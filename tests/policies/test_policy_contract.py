@@ -19,8 +19,8 @@ from policies.mlp import MLPPolicyConfig
 from policies.openvla import OpenVLAPolicyConfig
 from policies.openvla_oft import OpenVLAOFTPolicyConfig
 from policies.pi0 import PI0PolicyConfig
-from vla_rl.data import keys
-from vla_rl.data.observations import encode_instruction
+from vla_rl_core import keys
+from vla_rl_core.observations import encode_instruction
 
 OBS_DIM = 5
 IMAGE_SIZE = 32

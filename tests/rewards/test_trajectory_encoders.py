@@ -18,7 +18,7 @@ from vla_rl.rewards.trajectory_encoders import (
     sample_frames,
     srpo_frame_indices,
 )
-from vla_rl.utils.registry import RegistryError
+from vla_rl_core.registry import RegistryError
 
 NAN = float("nan")
 

@@ -16,7 +16,7 @@ from vla_rl.rewards.verifiers import (
     score_responses,
     verify,
 )
-from vla_rl.utils.registry import RegistryError
+from vla_rl_core.registry import RegistryError
 
 GSM8K_SOLUTION = "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether.\n#### 72"
 

@@ -11,9 +11,9 @@ from tensordict import TensorDict
 
 from policies import make_policy
 from policies.mlp import MLPPolicyConfig
-from vla_rl.data import keys
-from vla_rl.data.observations import INSTRUCTION_BYTES, encode_instruction
 from vla_rl.rollout.embodied import rollout_episodes
+from vla_rl_core import keys
+from vla_rl_core.observations import INSTRUCTION_BYTES, encode_instruction
 
 OBS_DIM, ACT_DIM = 2, 3
 

@@ -12,10 +12,10 @@ from tensordict import TensorDict
 
 from policies.causal_lm import CausalLMConfig, CausalLMPolicy
 from policies.causal_lm.modeling_causal_lm import Generation
-from vla_rl.data import keys
 from vla_rl.nodes.text import sample_groups
 from vla_rl.rollout.text_backends import PolicyTextRollout, make_text_rollout
 from vla_rl.rollout.token_lists import generation_from_token_lists, unpad_prompts
+from vla_rl_core import keys
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

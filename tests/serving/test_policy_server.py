@@ -14,15 +14,14 @@ import torch
 import websockets
 from openpi_client.action_chunk_broker import ActionChunkBroker
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
+from test_export import make_run, write_checkpoint
 
 from vla_rl.cli import main
-from vla_rl.data.observations import encode_instruction, to_torch
+from vla_rl.dag.registry import WORKFLOWS
 from vla_rl.serving import ServeError
 from vla_rl.serving.policy import load_served_policy
 from vla_rl.serving.server import PolicyServer, server_thread
-from vla_rl.workflows import get_workflow
-
-from test_export import make_run, write_checkpoint
+from vla_rl_core.observations import encode_instruction, to_torch
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -32,7 +31,7 @@ def mlp_run(tmp_path_factory):
     """A Lift run directory of the main job with one checkpoint of a non-trivial MLP (random
     weights, state statistics set) and that policy."""
     run_dir, config = make_run(tmp_path_factory.mktemp("serve"), "embodied_srpo", "policy.config.hidden_sizes=[32]")
-    policy = get_workflow("embodied").standalone_policy(config, run_dir)
+    policy = WORKFLOWS.get("embodied").standalone_policy(config, run_dir)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for parameter in policy.parameters():
@@ -137,7 +136,7 @@ def test_a_tiny_pi0_export_is_served_with_its_template(tmp_path):
     config = load_template("embodied_srpo_pi0_lift").config
     inputs = simulator_inputs(config)
     assert dict(inputs.images) == {"agentview": (128, 128, 3)} and inputs.instruction == "lift the cube"
-    policy = get_workflow("embodied").standalone_policy(config, None)
+    policy = WORKFLOWS.get("embodied").standalone_policy(config, None)
     rng = np.random.default_rng(0)
     obs = {"state": rng.normal(size=(3, 15)).astype(np.float32),
            "agentview_image": rng.integers(0, 255, size=(3, 128, 128, 3), dtype=np.uint8),

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vla_rl.data.observations import decode_instruction
 from vla_rl.serving.inputs import ObservationError, ServedInputs
+from vla_rl_core.observations import decode_instruction
 
 CAMERAS = ServedInputs(8, {"agentview": (4, 6, 3), "robot0_eye_in_hand": (4, 6, 3)}, "lift the cube")
 rng = np.random.default_rng(0)

@@ -9,8 +9,8 @@ import pytest
 
 from simulators.pool import SimulatorPool
 from simulators.rendering import egl_unavailable_reason
-from vla_rl.data import keys
-from vla_rl.data.observations import INSTRUCTION_BYTES, decode_instruction
+from vla_rl_core import keys
+from vla_rl_core.observations import INSTRUCTION_BYTES, decode_instruction
 
 SIZE, OBS_DIM, ACT_DIM, HORIZON = 32, 15, 7, 40
 IMAGE = "agentview_image"

@@ -244,8 +244,8 @@ def test_the_pi0_libero_templates_policy_acts_in_the_fake_task(fake_libero):
     import torch
 
     from vla_rl.dag.loader import load_template
-    from vla_rl.data.observations import observation, stack_observations, to_torch
     from vla_rl.workflows.embodied import robot_policy
+    from vla_rl_core.observations import observation, stack_observations, to_torch
 
     config = load_template("embodied_srpo_pi0_libero").config
     env, fake = fake_libero(**{**config.simulator.env, "fast_rendering": False})  # the fake has no MuJoCo scene

@@ -211,7 +211,7 @@ def test_one_progress_bar_per_pool(progress, num_actors, bars, monkeypatch):
     worker = SimulatorWorker("robosuite_lift", build_env_config("robosuite_lift", {"horizon": HORIZON}), 2)
     worker.make_envs(progress=progress, num_actors=num_actors)
     assert shown == bars
-    assert all(env is not None for env in worker._envs)
+    assert all(env is not None for env in worker._sim._envs)
 
 
 @pytest.mark.parametrize(("progress", "bars"), [(True, [3, 0, 0]), (False, [0, 0, 0])])

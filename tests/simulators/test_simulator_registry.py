@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from simulators import SIMULATORS, RobosuiteEnvConfig, build_env_config, make_env
-from vla_rl.utils.registry import RegistryError
+from vla_rl_core.registry import RegistryError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import simulators.worker as worker_module
 from simulators import make_env
 from simulators.registry import build_env_config
 from simulators.worker import SimulatorWorker
-from vla_rl.data import keys
+from vla_rl_core import keys
 
 TASKS = ["reach-v3", "push-v3", "drawer-close-v3"]
 HORIZON = 50
@@ -117,7 +117,7 @@ def test_a_task_set_pool_over_actors(ray_on_loopback):
 
 def test_camera_observations_of_a_task_set_carry_each_tasks_instruction(egl_or_skip):
     """What a VLA policy reads: each environment's own instruction, beside the task id."""
-    from vla_rl.data.observations import decode_instruction
+    from vla_rl_core.observations import decode_instruction
 
     worker = SimulatorWorker("metaworld", configs(TASKS[:2], cameras=("corner",), camera_size=16), 2)
     try:

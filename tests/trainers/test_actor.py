@@ -19,12 +19,12 @@ from policies.openvla_oft import OpenVLAOFTPolicyConfig
 from policies.pi0 import PI0PolicyConfig
 from vla_rl.algorithms.policy_loss import POLICY_LOSSES
 from vla_rl.config import AlgorithmSection, TrainerSection
-from vla_rl.data import keys
-from vla_rl.data.observations import encode_instruction
 from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl.trainers import actor as actor_module
 from vla_rl.trainers.actor import ActorTrainer, per_dim_log_probs
-from vla_rl.utils.registry import Registry
+from vla_rl_core import keys
+from vla_rl_core.observations import encode_instruction
+from vla_rl_core.registry import Registry
 
 OBS_DIM, ACT_DIM, HORIZON = 5, 7, 12
 TINY_CONFIGS = {

@@ -6,8 +6,8 @@ import torch
 from tensordict import TensorDict
 
 from vla_rl.config import CriticSection, TrainerSection
-from vla_rl.data import keys
 from vla_rl.trainers.critic import CriticTrainer, ValueNetwork, embodied_values
+from vla_rl_core import keys
 
 
 def test_critic_starts_at_zero_and_regresses_on_returns(process_group, device):

@@ -102,7 +102,7 @@ def _mlp_setup(rank: int):
 
 def _text_batch(policy, rank: int) -> TensorDict:
     """Two prompts per worker, two sampled responses each, with fixed advantages."""
-    from vla_rl.data import keys
+    from vla_rl_core import keys
 
     prompts = [[{"role": "user", "content": f"What is {i} + {2 * i + 1}?"}] for i in range(2 * rank, 2 * rank + 2)]
     ids, mask = policy.processor.encode_prompts(prompts, max_length=32)
@@ -171,9 +171,10 @@ def _resume(fresh, batch, algorithm, ckpt_root: str, rank: int) -> dict:
     """FSDP: two updates straight through, against one update, a sharded checkpoint (staged,
     manifest, atomic publish), a fresh policy and trainer restored from it as a resume restores
     them, and the second update."""
-    from vla_rl.trainers import checkpoint as ckpt
+    from vla_rl.checkpoints import files as ckpt
+    from vla_rl.checkpoints.integrity import verify_checkpoint
+    from vla_rl.checkpoints.layout import MANIFEST_FILE
     from vla_rl.trainers.actor import ActorTrainer
-    from vla_rl.trainers.checkpoint_integrity import MANIFEST_FILE, verify_checkpoint
 
     section = _trainer_section(strategy="fsdp")
 
@@ -244,9 +245,9 @@ def _pi0(rank: int) -> dict:
     joint-layer computations of the updates: π0 runs its decoder layers' submodules itself, so
     FSDP units of single decoder layers were never unsharded ("mixed torch.Tensor and DTensor")
     and transformers' checkpointing never recomputed them."""
-    import policies.pi0.backbone_pi0 as backbone
     from test_actor import TINY_CONFIGS, rollout_batch, update_config
 
+    import policies.pi0.backbone_pi0 as backbone
     from policies import make_policy
     from vla_rl.trainers.actor import embodied_forward
 

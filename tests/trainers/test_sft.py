@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from policies.causal_lm import CausalLMConfig, CausalLMPolicy
-from vla_rl.data.arithmetic import LEVELS, write_arithmetic_dataset
+from vla_rl.data.arithmetic import write_arithmetic_dataset
 from vla_rl.data.prompt_dataset import PromptFile, PromptRow
 from vla_rl.rewards.verifiers import score_responses
 from vla_rl.trainers.sft import (
@@ -15,6 +15,7 @@ from vla_rl.trainers.sft import (
     encode_sft_examples,
     supervised_fine_tune,
 )
+from vla_rl_core.arithmetic import LEVELS
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

@@ -9,7 +9,6 @@ from tensordict import TensorDict
 
 from policies.mlp import MLPPolicy, MLPPolicyConfig
 from policies.openvla_oft import OpenVLAOFTPolicy, OpenVLAOFTPolicyConfig
-from vla_rl.data.observations import decode_instruction, encode_instruction
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.trainers.warm_start import (
     action_chunks,
@@ -18,6 +17,7 @@ from vla_rl.trainers.warm_start import (
     ensure_demonstrations,
     initial_observations,
 )
+from vla_rl_core.observations import decode_instruction, encode_instruction
 
 
 def test_action_chunks_repeat_the_last_action_past_the_end():

@@ -14,7 +14,6 @@ import torch.multiprocessing as mp
 from tensordict import TensorDict
 
 from vla_rl.config import RunConfig
-from vla_rl.data import keys
 from vla_rl.nodes.advantage import compute_advantages
 from vla_rl.nodes.group_filter import filter_groups
 from vla_rl.nodes.reward import compute_rewards
@@ -28,6 +27,7 @@ from vla_rl.workers.metrics import (
     same,
     total,
 )
+from vla_rl_core import keys
 
 
 def test_rules_on_one_worker(process_group):

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from vla_rl.dag.loader import load_template
-from vla_rl.data import keys
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.trainers.critic import CriticTrainer
 from vla_rl.workflows.embodied import EmbodiedWorkflow, critic_state_normalization
+from vla_rl_core import keys
 
 OBS_DIM, IMAGE = 4, f"agentview{keys.OBS_IMAGE_SUFFIX}"
 CAMERA_SPEC = {"obs_dim": OBS_DIM, "act_dim": 7, "horizon": 6, "images": {IMAGE: [4, 4, 3]}}

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vla_rl.utils.registry import Registry
+from vla_rl_core.registry import Registry
 
 AdvantageEstimator = Callable[..., tuple[Tensor, Tensor]]
 

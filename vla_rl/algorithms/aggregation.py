@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from vla_rl.utils.registry import Registry
+from vla_rl_core.registry import Registry
 
 LossAggregator = Callable[[Tensor, Tensor, float | None], Tensor]
 

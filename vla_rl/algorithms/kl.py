@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from vla_rl.utils.registry import Registry
+from vla_rl_core.registry import Registry
 
 KLEstimator = Callable[[Tensor, Tensor], Tensor]
 

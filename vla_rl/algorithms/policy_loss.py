@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from vla_rl.algorithms.aggregation import aggregate_loss, masked_mean
-from vla_rl.utils.registry import Registry
+from vla_rl_core.registry import Registry
 
 PolicyLoss = Callable[..., tuple[Tensor, dict[str, float]]]
 

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from vla_rl.algorithms.srpo import SRPORewardConfig, SRPOShards, compute_srpo_rewards
-from vla_rl.utils.registry import Registry
+from vla_rl_core.registry import Registry
 
 EMBODIED_REWARDS: Registry[Callable[..., Tensor]] = Registry("embodied reward")
 

@@ -87,10 +87,9 @@ class PolicySection(_Section):
             ComponentConfigError: an unknown policy, an ``env``-derived field set in ``config``,
                 or a ``config`` the config class rejects (the error names the field).
         """
-        from policies import POLICIES, available_policies
+        from policies import POLICIES
         from vla_rl.components import config_fields
 
-        available_policies()  # registers the built-in policies
         _check_name(POLICIES, self.name, "policy.name")
         config_class = POLICIES.get(self.name).config_class
         declared = config_fields(config_class)
@@ -156,9 +155,8 @@ class WarmStartSection(_Section):
 
 def _check_lora_support(policy_name: str) -> None:
     """Raise naming ``policy.lora`` when the embodied policy ``policy_name`` cannot take LoRA adapters."""
-    from policies import POLICIES, available_policies
+    from policies import POLICIES
 
-    available_policies()
     cls = POLICIES.get(policy_name)
     if not callable(getattr(cls, "apply_lora", None)):
         supported = sorted(name for name in POLICIES.names() if callable(getattr(POLICIES.get(name), "apply_lora", None)))

@@ -40,7 +40,7 @@ class TextSection(_Section):
     num_generated_train: int = Field(4000, ge=1, description="Rows of the generated arithmetic train split.")
     num_generated_test: int = Field(256, ge=1, description="Rows of the generated arithmetic test split.")
     arithmetic_levels: list[Literal["add_small", "add_2x1digit", "add_2digit", "sub_2digit"]] | None = Field(
-        None, description="Levels of vla_rl.data.arithmetic.LEVELS the generated splits draw from (null: all "
+        None, description="Levels of vla_rl_core.arithmetic.LEVELS the generated splits draw from (null: all "
         "four); e.g. [add_small] (sums up to 20 + 9, 210 problems) for a model that misses the harder ones."
     )
     prompts_per_step: int = Field(16, ge=1, description="Prompts per step over all workers (groups per step).")

@@ -48,7 +48,7 @@ from vla_rl.dag.registry import (
     resolve,
 )
 from vla_rl.dag.schema import PHASES, NodeSpec
-from vla_rl.utils.registry import RegistryError
+from vla_rl_core.registry import RegistryError
 
 
 @dataclass(frozen=True)

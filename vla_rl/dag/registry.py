@@ -21,7 +21,8 @@ error naming both) and from which each worker builds exactly the resources its c
 ``values`` only under GAE). A node whose layout has rules of its own declares a ``check``
 ``(run_config, node_config, dp_size, world_size) -> (field, message) | None`` the planner calls.
 
-The built-in functions live in :mod:`vla_rl.nodes`; :func:`load_builtin_nodes` imports it.
+The built-in functions live in :mod:`vla_rl.nodes`; :func:`load_builtin_nodes` imports it. The
+workflow kits are registered here too (:data:`WORKFLOWS`).
 """
 
 from __future__ import annotations
@@ -35,12 +36,17 @@ from typing import TYPE_CHECKING, Any, Union
 from pydantic import BaseModel
 
 from vla_rl.dag.schema import NODE_TYPES, ROLES
-from vla_rl.utils.registry import Registry, RegistryError
+from vla_rl_core.registry import Registry, RegistryError
 
 if TYPE_CHECKING:  # tensordict pulls in torch; the planner and the CLI do not need it.
     from tensordict import TensorDict
 
 BUILTIN_NODES_PACKAGE = "vla_rl.nodes"
+
+WORKFLOWS: Registry = Registry("workflow", builtins=("vla_rl.workflows.embodied", "vla_rl.workflows.text"))
+"""The workflow kits (:mod:`vla_rl.workflows`) by ``run.workflow`` name. The registry sits here,
+beside the node functions' (both are what a template names), so that the DAG worker and its
+resources find a kit by name without importing the workflows, which stand on them."""
 
 
 Declared = Union[tuple[str, ...], Callable[[Any, Any], Iterable[str]]]

@@ -1,4 +1,4 @@
-"""Per-sample sizes of the declared batch keys (:mod:`vla_rl.data.keys`), as functions of a step's
+"""Per-sample sizes of the declared batch keys (:mod:`vla_rl_core.keys`), as functions of a step's
 shape: what ``vla-rl plan`` needs to estimate the bytes a re-shard moves before anything runs
 (:mod:`vla_rl.dag.traffic`).
 
@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vla_rl.data import keys
+from vla_rl_core import keys
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "int64": 8, "bool": 1, "uint8": 1}
 """Bytes of one element of each dtype the keys use."""
@@ -119,7 +119,7 @@ def sample_bytes(key: str, shape: StepShape) -> int | None:
 
 def observation_leaves(state_dim: int | None, cameras: tuple[str, ...] = (), camera_size: int = 0,
                        instruction_bytes: int = 0) -> Leaves | None:
-    """One time step of an embodied observation (:mod:`vla_rl.data.observations`): the flat float32
+    """One time step of an embodied observation (:mod:`vla_rl_core.observations`): the flat float32
     state, or with cameras the state, a uint8 ``(camera_size, camera_size, 3)`` image per camera
     and the uint8 instruction; None when the state's size is unknown."""
     if state_dim is None:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vla_rl.data import keys
 from vla_rl.data.lerobot_format import LeRobotFormatError, LeRobotReader
+from vla_rl_core import keys
 
 ACTIONS_ROLE = "actions"
 DEFAULT_DATASET_KEYS = {"observation.state": keys.OBS_STATE, "action": ACTIONS_ROLE}
@@ -80,7 +80,7 @@ def dataset_episodes(root: str | Path, dataset_keys: Mapping[str, str], num_demo
             camera the policy reads is not mapped (naming ``warm_start.dataset``);
             :class:`LeRobotFormatError` (a ``ValueError``): the dataset cannot be read.
     """
-    from vla_rl.data.observations import encode_instruction
+    from vla_rl_core.observations import encode_instruction
 
     reader = LeRobotReader(root)
     by_role = {role: feature for feature, role in dataset_keys.items()}

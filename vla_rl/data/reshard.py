@@ -38,7 +38,6 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
-from vla_rl.data import keys
 from vla_rl.utils.collectives import (
     all_gather_cost,
     all_gather_into_one,
@@ -46,6 +45,7 @@ from vla_rl.utils.collectives import (
     all_to_all_rows,
     collective_device,
 )
+from vla_rl_core import keys
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from vla_rl.data import keys
+from vla_rl_core import keys
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vla_rl.utils.registry import Registry
+from vla_rl_core.registry import Registry
 
 
 @dataclass(frozen=True)

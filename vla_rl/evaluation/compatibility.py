@@ -28,12 +28,11 @@ class TaskVerdict:
 def one_hot_tasks(config) -> list[str] | None:
     """The tasks the run's policy takes a one-hot of (its task set, when the policy's config
     declares ``num_tasks``), or None for a policy that is not conditioned on a task index."""
-    from policies import POLICIES, available_policies
+    from policies import POLICIES
     from vla_rl.components import config_fields
 
     if not config.simulator.multi_task:
         return None
-    available_policies()
     if "num_tasks" not in config_fields(POLICIES.get(config.policy.name).config_class):
         return None
     return config.simulator.task_names()

@@ -30,7 +30,7 @@ import torch
 from ray.experimental import tqdm_ray
 from tensordict import TensorDict
 
-from vla_rl.data import keys
+from vla_rl.checkpoints import files as ckpt
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.evaluation.benchmarks import (
     EvalTask,
@@ -41,7 +41,6 @@ from vla_rl.evaluation.benchmarks import (
 from vla_rl.evaluation.compatibility import incompatibility, one_hot_tasks, trained_on
 from vla_rl.evaluation.episode_store import (
     STORE_PATTERN,
-    VIDEOS_DIR,
     EpisodeKey,
     append_episodes,
     check_task_settings,
@@ -55,8 +54,9 @@ from vla_rl.evaluation.replay import episode_env_actions, replay_episodes
 from vla_rl.evaluation.session import EvaluationSession
 from vla_rl.evaluation.video import record_video, video_camera
 from vla_rl.rollout.embodied import rollout_episodes
-from vla_rl.trainers import checkpoint as ckpt
 from vla_rl.utils.video import write_mp4
+from vla_rl_core import keys
+from vla_rl_core.run_layout import VIDEOS_DIR
 
 
 def checkpoint_step(path: Path) -> int:

@@ -33,13 +33,12 @@ from pathlib import Path
 import numpy as np
 from tensordict import TensorDict
 
-from vla_rl.data import keys
 from vla_rl.data.trajectory_store import LENGTH_KEY, TrajectoryStore
 from vla_rl.errors import RunStopped
 from vla_rl.evaluation.targets import EvalInputError
+from vla_rl_core import keys
+from vla_rl_core.run_layout import EPISODES_DIR
 
-EPISODES_DIR = "episodes"
-VIDEOS_DIR = "videos"
 STORE_PATTERN = "rank*.zarr"
 """The stores of a task directory (``rank<r>.zarr``); a store set aside as ``rank<r>.zarr.damaged``
 does not match."""

@@ -22,7 +22,6 @@ import numpy as np
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.evaluation.episode_store import (
     STORE_PATTERN,
-    VIDEOS_DIR,
     EpisodeKey,
     reading_store,
     stored_keys,
@@ -30,9 +29,9 @@ from vla_rl.evaluation.episode_store import (
 )
 from vla_rl.utils.plotting import plot_success_vs_checkpoint
 from vla_rl.utils.stats import wilson_interval
+from vla_rl_core.run_layout import RESULTS_DIR, VIDEOS_DIR
 
 OVERALL = "overall"
-RESULTS_DIR = "results"
 
 #: A task's state in the report: all planned episodes stored, some, none yet, or not run at all.
 COMPLETE, INCOMPLETE, PENDING, SKIPPED = "complete", "incomplete", "pending", "skipped"

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from vla_rl.data import keys
 from vla_rl.evaluation.episode_store import EpisodeKey
 from vla_rl.evaluation.protocol import Protocol, eval_protocols
 from vla_rl.utils.stats import wilson_interval
+from vla_rl_core import keys
 
 #: Columns of the per-group counts: successes, episodes, sum of episode lengths (decision steps).
 SUCCESSES, EPISODES, LENGTH_SUM = range(3)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-RUN_TEMPLATE = "template.yaml"
+from vla_rl_core.run_layout import CHECKPOINTS_DIR, RUN_TEMPLATE
+
 """The resolved template a training run writes into its run directory (``vla_rl.run_dir``), and
 an evaluation into its evaluation directory."""
 
@@ -31,7 +32,8 @@ def find_checkpoints(targets: list[str], steps: list[int] | None = None) -> tupl
         EvalInputError: a target is neither, a run has no complete checkpoint, the targets span
             several runs, the run has no resolved ``template.yaml``, or a selected step is missing.
     """
-    from vla_rl.trainers.checkpoint import TRAINER_STATE_FILE, complete_checkpoints
+    from vla_rl.checkpoints.files import complete_checkpoints
+    from vla_rl.checkpoints.layout import TRAINER_STATE_FILE
 
     run_dirs, found = set(), []
     for target in targets:
@@ -39,8 +41,8 @@ def find_checkpoints(targets: list[str], steps: list[int] | None = None) -> tupl
         if (path / TRAINER_STATE_FILE).is_file():
             run_dirs.add(path.parent.parent)
             found.append(path)
-        elif (path / "checkpoints").is_dir():
-            run_checkpoints = complete_checkpoints(path / "checkpoints")
+        elif (path / CHECKPOINTS_DIR).is_dir():
+            run_checkpoints = complete_checkpoints(path / CHECKPOINTS_DIR)
             if not run_checkpoints:
                 raise EvalInputError(f"{path} has no complete checkpoint under checkpoints/")
             run_dirs.add(path)

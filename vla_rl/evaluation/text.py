@@ -12,11 +12,11 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from vla_rl.data import keys
 from vla_rl.data.prompt_dataset import PromptFile
 from vla_rl.evaluation.session import EvaluationSession
 from vla_rl.rewards.verifiers import verify
 from vla_rl.utils.collectives import all_gather_small_objects
+from vla_rl_core import keys
 
 #: Prompts decoded together during evaluation (bounds the KV cache).
 EVAL_BATCH_SIZE = 64

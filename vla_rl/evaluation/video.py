@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vla_rl.data import keys
 from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl.utils.video import write_mp4
+from vla_rl_core import keys
 
 
 def record_video(policy, pool, init_state_ids: np.ndarray, path: Path, fps: int, generator: torch.Generator,

@@ -12,10 +12,10 @@ from vla_rl.algorithms.granularity import reduce_per_action, reduce_per_dim
 from vla_rl.algorithms.kl import kl_penalty, make_kl_controller
 from vla_rl.algorithms.rewards import outcome_to_token_rewards
 from vla_rl.dag.registry import NodeOutput, register_node
-from vla_rl.data import keys
 from vla_rl.utils.collectives import all_reduce
 from vla_rl.workers.metrics import mean
 from vla_rl.workers.resources import register_resource
+from vla_rl_core import keys
 
 
 class KLCoefficientCheckpoint:

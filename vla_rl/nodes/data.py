@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from vla_rl.dag.registry import NodeOutput, register_node
-from vla_rl.data import keys
 from vla_rl.data.task_loader import ShardedTaskLoader
+from vla_rl_core import keys
 
 
 def task_loader(config, dp_rank: int, dp_size: int) -> ShardedTaskLoader:

@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 
 from vla_rl.dag.registry import NodeOutput, register_node
-from vla_rl.data import keys
 from vla_rl.utils.collectives import all_reduce
 from vla_rl.workers.metrics import mean, same
+from vla_rl_core import keys
 
 GROUP_KEYS = (keys.TASK_ID, keys.CHECKPOINT_INDEX, keys.PROTOCOL_INDEX)
 

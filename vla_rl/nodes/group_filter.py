@@ -19,9 +19,9 @@ from tensordict import TensorDict
 
 from vla_rl.algorithms.group_filters import keep_groups
 from vla_rl.dag.registry import NodeOutput, register_node
-from vla_rl.data import keys
 from vla_rl.utils.collectives import all_gather_small_objects, all_reduce
 from vla_rl.workers.metrics import Metric, same, total
+from vla_rl_core import keys
 
 FILTER_READS = (keys.REWARDS, keys.SUCCESS, keys.UID)
 

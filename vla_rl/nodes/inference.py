@@ -11,19 +11,19 @@ from __future__ import annotations
 import copy
 
 from vla_rl.dag.registry import NodeOutput, register_node
-from vla_rl.data import keys
 from vla_rl.trainers.actor import per_dim_log_probs
 from vla_rl.workers.checkpointing import ModuleCheckpoint
 from vla_rl.workers.metrics import mean
 from vla_rl.workers.resources import register_resource
+from vla_rl_core import keys
 
 
 def scored_keys(config, node_config) -> tuple[str, ...]:
     """What scoring a batch with the policy (or a model of its family) reads: the workflow's
     policy inputs and ``response_mask``."""
-    from vla_rl.workflows import get_workflow
+    from vla_rl.dag.registry import WORKFLOWS
 
-    return (*get_workflow(config.run.workflow).policy_keys, keys.RESPONSE_MASK)
+    return (*WORKFLOWS.get(config.run.workflow).policy_keys, keys.RESPONSE_MASK)
 
 
 def critic_needs_one_task(config, node_config, dp_size: int, world_size: int) -> tuple[str, str] | None:

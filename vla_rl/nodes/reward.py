@@ -12,10 +12,10 @@ from torch import Tensor
 from vla_rl.algorithms.rewards import EMBODIED_REWARDS, overlong_penalty
 from vla_rl.algorithms.srpo import SRPOShards
 from vla_rl.dag.registry import NodeOutput, register_node
-from vla_rl.data import keys
 from vla_rl.utils.collectives import all_gather_objects, all_gather_small_objects
 from vla_rl.workers.metrics import mean
 from vla_rl.workers.resources import register_resource
+from vla_rl_core import keys
 
 
 def embeds_trajectories(config) -> bool:

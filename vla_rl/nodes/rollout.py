@@ -12,9 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from tensordict import TensorDict
 
 from vla_rl.dag.registry import NodeOutput, register_node
-from vla_rl.data import keys
 from vla_rl.rollout.embodied import RolloutResult, rollout_episodes
 from vla_rl.workers.metrics import mean, total
+from vla_rl_core import keys
 
 logger = logging.getLogger(__name__)
 

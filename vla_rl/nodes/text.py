@@ -22,10 +22,10 @@ from tensordict import TensorDict
 
 from vla_rl.algorithms.rewards import overlong_penalty
 from vla_rl.dag.registry import NodeOutput, register_node
-from vla_rl.data import keys
 from vla_rl.data.prompt_dataset import PromptRow
 from vla_rl.rewards.verifiers import RuleRewardConfig, score_responses, verify
 from vla_rl.trainers.actor import per_dim_log_probs, text_forward
+from vla_rl_core import keys
 
 PROMPT_KEYS = (keys.INPUT_IDS, keys.ATTENTION_MASK, keys.UID)
 RESPONSE_KEYS = (keys.RESPONSES, keys.RESPONSE_MASK, keys.OLD_LOG_PROBS, keys.FINISH_STEP)

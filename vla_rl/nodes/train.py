@@ -4,11 +4,11 @@ worker's shard, and the ``actor`` resource (the policy in DDP or FSDP2, and its 
 from __future__ import annotations
 
 from vla_rl.dag.registry import NodeOutput, register_node
-from vla_rl.data import keys
 from vla_rl.nodes.inference import critic_needs_one_task, scored_keys
 from vla_rl.trainers.actor import ActorTrainer
 from vla_rl.workers.checkpointing import ActorCheckpoint
 from vla_rl.workers.resources import register_resource
+from vla_rl_core import keys
 
 
 @register_resource("actor", needs=("policy",), checkpoint=ActorCheckpoint())

@@ -26,24 +26,17 @@ With ``warm_start.num_demos: 0`` (or ``text.sft_steps: 0``) they do nothing.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from tensordict import TensorDict
 
 from vla_rl.dag.registry import NodeOutput, register_node
-from vla_rl.data import keys
 from vla_rl.errors import RunStopped
 from vla_rl.nodes.text import SFT_KEYS
 from vla_rl.utils.collectives import cpu_barrier
+from vla_rl_core import keys
+from vla_rl_core.run_layout import demo_store_path
 
 DEMO_KEYS = (keys.OBS, keys.ACTIONS)
-
-
-def demo_store_path(config, run_dir: Path) -> Path:
-    """Where the run's demonstrations live: ``warm_start.demo_store``, or ``<run_dir>/demos.zarr``."""
-    store = config.warm_start.demo_store
-    return Path(store) if store else run_dir / "demos.zarr"
 
 
 def demo_env_attrs(sim) -> dict:
@@ -69,7 +62,12 @@ def check_experts(config, node_config, dp_size: int, world_size: int) -> tuple[s
     that makes demonstrations within ``simulator.env.horizon`` with the robot, as far as its
     measurements tell (else ``("simulator.env.horizon" or "simulator.env.robot", <what it needs>)``:
     :func:`simulators.experts.horizon_problem`)."""
-    from simulators.experts import NoExpertError, expert_class, horizon_problem, measured_steps
+    from simulators.experts import (
+        NoExpertError,
+        expert_class,
+        horizon_problem,
+        measured_steps,
+    )
 
     sim, ws = config.simulator, config.warm_start
     if ws.num_demos == 0:
@@ -143,7 +141,7 @@ def load_demonstrations(ctx, batch) -> NodeOutput:
             raise RunStopped(str(err)) from None
         obs, actions = episode_transitions(episodes, ctx.resources.policy.bc_chunk_size)
         return NodeOutput(TensorDict({keys.OBS: obs, keys.ACTIONS: actions}, batch_size=[len(actions)]), {})
-    store_path = demo_store_path(ctx.config, ctx.resources.run_dir)
+    store_path = demo_store_path(ctx.config.warm_start.demo_store, ctx.resources.run_dir)
     if ctx.rank == 0:
         try:
             ensure_demonstrations(ctx.resources.simulator_pool, store_path, ws.num_demos, ws.demo_init_state_offset,

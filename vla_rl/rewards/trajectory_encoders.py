@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vla_rl.utils.registry import Registry
+from vla_rl_core.registry import Registry
 
 TRAJECTORY_ENCODERS: Registry[Callable[..., Any]] = Registry("trajectory encoder")
 """Encoder functions ``(trajectories, lengths, num_points) -> (batch, dim)``, or classes whose

@@ -30,7 +30,7 @@ from vla_rl.rewards.math_answers import (
     extract_hash_answer,
     extract_last_number,
 )
-from vla_rl.utils.registry import Registry
+from vla_rl_core.registry import Registry
 
 if TYPE_CHECKING:
     import torch
@@ -96,7 +96,7 @@ def register_verifier(verifier: Verifier, *data_sources: str) -> Verifier:
     """Register ``verifier`` for each of ``data_sources``; returns it.
 
     Raises:
-        vla_rl.utils.registry.RegistryError: a data source already has a verifier.
+        vla_rl_core.registry.RegistryError: a data source already has a verifier.
         ValueError: no data source given.
     """
     if not data_sources:
@@ -132,7 +132,7 @@ def verify(data_source: str, response: str, ground_truth: str, flexible: bool = 
     docstring).
 
     Raises:
-        vla_rl.utils.registry.RegistryError: no verifier serves ``data_source``; the message
+        vla_rl_core.registry.RegistryError: no verifier serves ``data_source``; the message
             lists the known data sources.
     """
     return VERIFIERS.get(data_source)(response, ground_truth, flexible)
@@ -142,7 +142,7 @@ def format_reward(data_source: str, response: str) -> float:
     """1.0 if the response gives a final answer in ``data_source``'s format, else 0.0.
 
     Raises:
-        vla_rl.utils.registry.RegistryError: no verifier serves ``data_source``.
+        vla_rl_core.registry.RegistryError: no verifier serves ``data_source``.
     """
     return float(VERIFIERS.get(data_source).formatted(response))
 
@@ -181,7 +181,7 @@ def score_responses(
 
     Raises:
         ValueError: the sequences differ in length.
-        vla_rl.utils.registry.RegistryError: a data source has no verifier.
+        vla_rl_core.registry.RegistryError: a data source has no verifier.
     """
     import torch
 

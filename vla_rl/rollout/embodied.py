@@ -6,7 +6,7 @@ pool executes the chunk's actions one control step at a time. An environment sto
 ends the episode as a success and the rest of that chunk is not executed. The terminal observation
 is kept (``obs[:, finish_step]``). Finished environments are not stepped again.
 
-Observations are what the simulator gives (:mod:`vla_rl.data.observations`): a flat state, or
+Observations are what the simulator gives (:mod:`vla_rl_core.observations`): a flat state, or
 with cameras a ``TensorDict`` of the state, uint8 images and the encoded instruction; the policy's
 ``sample_actions`` reads them as they are (a VLA's processor builds its inputs), and the pool
 receives ``policy.env_actions(actions, obs)``, given the observations the actions were sampled
@@ -49,8 +49,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from vla_rl.data import keys
-from vla_rl.data.observations import to_torch
+from vla_rl_core import keys
+from vla_rl_core.observations import to_torch
 
 
 @dataclass
@@ -60,7 +60,7 @@ class RolloutResult:
     Attributes:
         batch: one row per episode that was not lost, in the order of the requested initial
             states: ``obs`` ``(m, T + 1, obs_dim)`` (camera observations: a TensorDict of batch
-            size ``(m, T + 1)``, see :mod:`vla_rl.data.keys`), ``actions``
+            size ``(m, T + 1)``, see :mod:`vla_rl_core.keys`), ``actions``
             ``(m, T, chunk, own_action_dim)`` (the policy's own actions, ``policy.own_action_dim``
             values each), ``old_log_probs`` ``(m, T, chunk)`` (only for a policy
             with an action distribution), ``response_mask``
@@ -102,7 +102,7 @@ class EpisodeBook:
 
     Args:
         first_obs: the ``n`` initial observations, ``(n, obs_dim)`` float32 or a TensorDict of
-            batch size ``(n,)`` (:func:`vla_rl.data.observations.to_torch` of the pool's reset).
+            batch size ``(n,)`` (:func:`vla_rl_core.observations.to_torch` of the pool's reset).
         decisions, chunk: decision steps and actions per chunk.
         own_action_dim: values per own action of the policy (``policy.own_action_dim``).
         act_dim: values per environment action (the simulator's ``act_dim``).

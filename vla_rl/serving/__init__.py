@@ -1,5 +1,5 @@
 """Serving trained policies to robots: ``vla-rl serve`` (:mod:`vla_rl.serving.server`) speaks
-openpi's websocket protocol (:mod:`vla_rl.serving.wire`), maps the clients' observation layouts
+openpi's websocket protocol (:mod:`vla_rl_core.wire`), maps the clients' observation layouts
 onto the policy's inputs (:mod:`vla_rl.serving.inputs`) and acts as the rollouts act
 (:mod:`vla_rl.serving.policy`)."""
 

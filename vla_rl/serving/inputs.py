@@ -1,7 +1,7 @@
 """What a served policy reads, and how a client's observation dict maps onto it.
 
 A served policy takes the observations its simulator gave it in training
-(:mod:`vla_rl.data.observations`): a float32 state ``(state_dim,)``, and for camera policies uint8
+(:mod:`vla_rl_core.observations`): a float32 state ``(state_dim,)``, and for camera policies uint8
 ``(H, W, 3)`` images of named cameras plus the task's instruction; a task set's policy also the
 task id. :class:`ServedInputs` describes that; :meth:`ServedInputs.engine_observation` builds one
 such observation from what a robot runtime sends, accepting the key layouts openpi's and
@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from vla_rl.data import keys
-from vla_rl.data.observations import encode_instruction
+from vla_rl_core import keys
+from vla_rl_core.observations import encode_instruction
 
 STATE_KEYS = ("state", "observation/state", "observation.state")
 """Keys a client's state may come under, in the order they are looked up."""
@@ -113,7 +113,7 @@ class ServedInputs:
         Returns:
             float32 ``(state_dim,)`` for a flat policy; else a dict with ``state``, each camera's
             ``<camera>_image`` uint8 ``(H, W, 3)``, ``instruction`` (encoded) for camera policies and
-            ``task_id`` for a task set (:mod:`vla_rl.data.observations`).
+            ``task_id`` for a task set (:mod:`vla_rl_core.observations`).
 
         Raises:
             ObservationError: the request is not a dict, or a required entry is missing or has the

@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from vla_rl.data.observations import stack_observations, to_torch
 from vla_rl.serving import ServeError
 from vla_rl.serving.inputs import ServedInputs
+from vla_rl_core.observations import stack_observations, to_torch
+from vla_rl_core.run_layout import CHECKPOINTS_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -120,21 +121,22 @@ def load_served_policy(target: str | Path, template: str | None = None, override
         ServeError: ``target`` is none of these, fails verification, a non-MLP export comes
             without ``template``, or the device does not exist.
     """
+    from vla_rl.checkpoints import files as ckpt
+    from vla_rl.checkpoints.layout import TRAINER_STATE_FILE
     from vla_rl.export import ExportError, load_checkpoint_policy
-    from vla_rl.trainers import checkpoint as ckpt
 
     path = Path(target).resolve()
     if not path.is_dir():
         raise ServeError(f"{path} does not exist: name a run directory, a checkpoint directory or an export")
-    if (path / "checkpoints").is_dir():
-        latest = ckpt.latest_checkpoint(path / "checkpoints")
+    if (path / CHECKPOINTS_DIR).is_dir():
+        latest = ckpt.latest_checkpoint(path / CHECKPOINTS_DIR)
         if latest is None:
             raise ServeError(f"run {path} has no complete checkpoint to serve")
         path = latest
     if overrides and not template_export(path):
         raise ServeError(f"overrides ({' '.join(overrides)}) apply to the --template of a π0/OpenVLA export; "
                          f"{path.name} records its own settings")
-    if (path / ckpt.TRAINER_STATE_FILE).is_file():
+    if (path / TRAINER_STATE_FILE).is_file():
         try:
             policy, config = load_checkpoint_policy(path)
         except ExportError as err:
@@ -160,13 +162,13 @@ def load_served_policy(target: str | Path, template: str | None = None, override
 def simulator_inputs(config) -> ServedInputs:
     """The inputs of a policy trained on ``config``'s simulator: one environment made (and closed)
     in this process, read as a simulator worker reads it (its spec), with its instruction."""
+    from simulators.gym_vector import GymVector
     from simulators.registry import make_env
-    from simulators.worker import SimulatorWorker
 
     sim = config.simulator
     env = make_env(sim.name, sim.env_config())  # a task set's first task: its tasks share one layout
     try:
-        spec = SimulatorWorker._spec_of(env)
+        spec = GymVector._spec_of(env)
         instruction = None if sim.multi_task else env.instruction
     finally:
         env.close()
@@ -177,9 +179,9 @@ def simulator_inputs(config) -> ServedInputs:
 
 def template_export(path: Path) -> bool:
     """Whether ``path`` is an export that needs its training template (not a checkpoint, not an MLP export)."""
-    from vla_rl.trainers import checkpoint as ckpt
+    from vla_rl.checkpoints.layout import TRAINER_STATE_FILE
 
-    return not (path / ckpt.TRAINER_STATE_FILE).is_file() and not _mlp_export(path)
+    return not (path / TRAINER_STATE_FILE).is_file() and not _mlp_export(path)
 
 
 def _mlp_export(path: Path) -> bool:
@@ -193,13 +195,13 @@ def _mlp_export(path: Path) -> bool:
 
 def _export_policy(path: Path, template: str, overrides: Sequence[str]):
     from vla_rl.dag.loader import load_template
-    from vla_rl.workflows import get_workflow
+    from vla_rl.dag.registry import WORKFLOWS
 
     overrides = [*overrides, f"policy.config.model_path={path}", "policy.config.architecture=null", "policy.lora=null"]
     config = load_template(template, overrides).config
     if config.run.workflow != "embodied":
         raise ServeError(f"template {template} trains a {config.run.workflow} policy; vla-rl serve serves robot policies")
-    return get_workflow("embodied").standalone_policy(config, None), config
+    return WORKFLOWS.get("embodied").standalone_policy(config, None), config
 
 
 def _device(device: str | None) -> torch.device:

@@ -8,7 +8,7 @@ policy unchanged:
    ``Authorization: Api-Key TOKEN``, which ``WebsocketClientPolicy(api_key=TOKEN)`` sends);
 2. the server sends its metadata, one msgpack-numpy message (:meth:`ServedPolicy.metadata`:
    ``action_horizon``, ``action_dim``, the inputs it takes);
-3. each binary message from the client is an observation dict (:mod:`vla_rl.serving.wire`); the
+3. each binary message from the client is an observation dict (:mod:`vla_rl_core.wire`); the
    server answers ``{"actions": float32 (action_horizon, action_dim), "server_timing":
    {"infer_ms", "batch_size"}}``: one action chunk in the robot's units
    (``openpi_client.action_chunk_broker.ActionChunkBroker`` hands it out one action at a time).
@@ -49,10 +49,11 @@ import numpy as np
 import websockets
 from websockets.asyncio.server import Request, Response, ServerConnection, serve
 
-from vla_rl.serving import ServeError, wire
-from vla_rl.serving.auth import REFUSAL, token_problem
+from vla_rl.serving import ServeError
 from vla_rl.serving.inputs import ObservationError
 from vla_rl.serving.policy import ServedPolicy
+from vla_rl_core import wire
+from vla_rl_core.auth import REFUSAL, token_problem
 
 logger = logging.getLogger(__name__)
 

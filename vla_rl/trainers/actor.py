@@ -37,10 +37,10 @@ from vla_rl.algorithms.granularity import (
 )
 from vla_rl.algorithms.kl import kl_penalty
 from vla_rl.algorithms.policy_loss import POLICY_LOSSES
-from vla_rl.data import keys
 from vla_rl.trainers.guard import GuardedStep, clip_grad_norm
 from vla_rl.trainers.minibatches import minibatch_schedule
 from vla_rl.trainers.strategy import make_strategy
+from vla_rl_core import keys
 
 
 def embodied_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
@@ -165,7 +165,7 @@ class ActorTrainer:
     @property
     def sharded(self) -> bool:
         """Whether the trained state is sharded over the workers (FSDP: checkpoints with
-        torch.distributed.checkpoint, :mod:`vla_rl.trainers.sharded_checkpoint`)."""
+        torch.distributed.checkpoint, :mod:`vla_rl.checkpoints.sharded`)."""
         return self.parallel.sharded
 
     def update(self, batch: TensorDict, algorithm, trainer, generator: torch.Generator) -> dict[str, float]:
@@ -374,14 +374,14 @@ class ActorTrainer:
     # ------------------------------------------------------------------ checkpoints
     def save_sharded(self, directory) -> None:
         """Collective (FSDP): write the training copy's weights and the optimizer's state, sharded,
-        into ``directory`` (:func:`~vla_rl.trainers.sharded_checkpoint.save_sharded`)."""
-        from vla_rl.trainers.sharded_checkpoint import save_sharded
+        into ``directory`` (:func:`~vla_rl.checkpoints.sharded.save_sharded`)."""
+        from vla_rl.checkpoints.sharded import save_sharded
 
         save_sharded(directory, self.parallel.trained, self.optimizer, self.group)
 
     def load_sharded(self, directory) -> None:
         """Collective (FSDP): restore what :meth:`save_sharded` wrote, then refresh the policy."""
-        from vla_rl.trainers.sharded_checkpoint import load_sharded
+        from vla_rl.checkpoints.sharded import load_sharded
 
         load_sharded(directory, self.parallel.trained, self.optimizer, self.group)
         self.parallel.after_update()

@@ -19,10 +19,10 @@ from tensordict import TensorDict, TensorDictBase
 from torch import Tensor, nn
 
 from vla_rl.algorithms.value_loss import compute_value_loss
-from vla_rl.data import keys
 from vla_rl.trainers.guard import GuardedStep
 from vla_rl.trainers.minibatches import minibatch_indices
 from vla_rl.trainers.parallel import data_parallel
+from vla_rl_core import keys
 
 
 class ValueNetwork(nn.Module):

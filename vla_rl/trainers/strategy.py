@@ -133,7 +133,11 @@ class FSDPStrategy:
             set_model_state_dict,
         )
         from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+        from torch.distributed.fsdp import (
+            MixedPrecisionPolicy,
+            fully_shard,
+            register_fsdp_forward_method,
+        )
 
         settings = trainer.fsdp
         device = next(policy.parameters()).device

@@ -23,9 +23,9 @@ import torch
 from ray.experimental import tqdm_ray
 from tensordict import TensorDict
 
-from vla_rl.data import keys
-from vla_rl.data.observations import Observations, empty_observations, to_torch
 from vla_rl.data.trajectory_store import TrajectoryStore
+from vla_rl_core import keys
+from vla_rl_core.observations import Observations, empty_observations, to_torch
 
 #: Field of the demonstrated actions; flat-state stores keep observations in ``obs``.
 ACTIONS_FIELD, FLAT_OBS_FIELD = "actions", "obs"

@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+from vla_rl_core.run_layout import METRICS_FILE, TENSORBOARD_DIR
+
 
 class MetricsLogger:
     """Appends step metrics to ``<run_dir>/metrics.jsonl`` and ``<run_dir>/tensorboard/``.
@@ -19,7 +21,7 @@ class MetricsLogger:
     def __init__(self, run_dir: Path, resume_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / METRICS_FILE
         if resume_step is not None and self.path.exists():
             kept = [line for line in self.path.read_text().splitlines()
                     if line.strip() and json.loads(line)["step"] <= resume_step]
@@ -27,7 +29,7 @@ class MetricsLogger:
             tmp.write_text("".join(line + "\n" for line in kept))
             tmp.replace(self.path)
         self._file = self.path.open("a")
-        self._writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=None if resume_step is None else resume_step + 1)
+        self._writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=None if resume_step is None else resume_step + 1)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Write one record ``{"step": step, **metrics}`` (non-finite values are written as null)."""

@@ -1,4 +1,4 @@
-"""A worker's side of saving and restoring checkpoints (atomic; see :mod:`vla_rl.trainers.checkpoint`).
+"""A worker's side of saving and restoring checkpoints (atomic; see :mod:`vla_rl.checkpoints.files`).
 
 Every built resource that holds training state writes it through its registered
 :class:`~vla_rl.workers.resources.ResourceCheckpoint` (rank 0 writes what the workers share: the
@@ -22,8 +22,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vla_rl.checkpoints import files as checkpoint
+from vla_rl.checkpoints import integrity as checkpoint_integrity
+from vla_rl.checkpoints.layout import NonFiniteTensorError
 from vla_rl.errors import RunStopped
-from vla_rl.trainers import checkpoint, checkpoint_integrity
 from vla_rl.utils.collectives import cpu_barrier
 
 logger = logging.getLogger(__name__)
@@ -67,7 +69,7 @@ class WorkerCheckpointer:
             if res.rank == 0:
                 checkpoint.discard_staging(self.root, step)
             cpu_barrier()
-            if isinstance(error, checkpoint.NonFiniteTensorError):
+            if isinstance(error, NonFiniteTensorError):
                 latest = checkpoint.latest_checkpoint(self.root)
                 raise RunStopped(
                     f"checkpoint of step {step} not written: {error}. Nothing was saved; the last checkpoint is still "
@@ -84,7 +86,7 @@ class WorkerCheckpointer:
         """Collective (every rank, when a resume sets up): the newest checkpoint that verifies.
 
         Rank 0 verifies the checkpoints newest first (sizes and sha256 against each manifest,
-        :func:`~vla_rl.trainers.checkpoint_integrity.latest_verified_checkpoint`), logs every one it skips
+        :func:`~vla_rl.checkpoints.integrity.latest_verified_checkpoint`), logs every one it skips
         and why, sets the skipped ones aside as ``step_*.rejected`` (their steps are trained
         and saved again), points ``latest`` at the chosen one, removes leftover staging
         directories, and tells the other ranks its choice (one hash of each file, and every rank
@@ -184,7 +186,7 @@ class ActorCheckpoint:
     DDP: rank 0 writes the optimizer as ``optimizer.safetensors`` + ``optimizer.json`` (the policy's
     weights are the ``policy`` resource's ``model.safetensors``). FSDP: every worker writes its
     shards of the weights and of the optimizer state into ``actor_sharded/``
-    (:mod:`vla_rl.trainers.sharded_checkpoint`; no ``model.safetensors``). ``collective``: the
+    (:mod:`vla_rl.checkpoints.sharded`; no ``model.safetensors``). ``collective``: the
     workers save it before the other resources, so that one worker's failure elsewhere cannot
     leave the others waiting in its collectives.
     """
@@ -200,7 +202,7 @@ class ActorCheckpoint:
         return {}
 
     def load(self, resources, directory: Path, metadata: dict[str, Any]) -> None:
-        from vla_rl.trainers.sharded_checkpoint import ACTOR_SHARDED_DIR
+        from vla_rl.checkpoints.layout import ACTOR_SHARDED_DIR
 
         trainer = resources.actor
         if trainer.sharded:

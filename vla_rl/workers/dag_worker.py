@@ -27,7 +27,6 @@ from vla_rl.config import RunConfig
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import Reshard, RunNode, Task, plan
 from vla_rl.dag.registry import get_node_function
-from vla_rl.data import keys
 from vla_rl.data.reshard import reshard
 from vla_rl.utils.code_location import check_same_code
 from vla_rl.utils.collectives import COUNTERS, CommCounters, TagCounts
@@ -44,6 +43,8 @@ from vla_rl.workers.metrics import (
     reduction_cost,
 )
 from vla_rl.workers.resources import Resources
+from vla_rl_core import keys
+from vla_rl_core.run_layout import CHECKPOINTS_DIR
 
 
 class DAGWorker:
@@ -128,7 +129,7 @@ class DAGWorker:
         rollout_dp = next((t.dp_size for t in self.plan.phase("train").chains[self.rank]
                            if isinstance(t, RunNode) and t.type == "env_interact"), self.world_size)
         self.resources = Resources(self.config, self.rank, self.world_size, self.run_dir, self.device, rollout_dp)
-        self.checkpointer = WorkerCheckpointer(self.run_dir / "checkpoints", self.resources)
+        self.checkpointer = WorkerCheckpointer(self.run_dir / CHECKPOINTS_DIR, self.resources)
         self.resources.workflow.prepare(self.resources)
         metrics: dict[str, float] = {}
         if resume:

@@ -1,7 +1,7 @@
 """The DAG worker actors seen from the driver: launched together, called together, replies checked.
 
 Both entry points that run a template on the workers — training (:mod:`vla_rl.driver`) and
-``vla-rl eval`` (:mod:`vla_rl.evaluation.runner`) — start Ray with :func:`start_ray` and the
+``vla-rl eval`` (:mod:`vla_rl.eval_driver`) — start Ray with :func:`start_ray` and the
 workers with :meth:`WorkerGroup.launch`, then call worker methods on all of them at once.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from vla_rl.errors import RunStopped
-from vla_rl.serving.auth import REMOTE_TOKEN_ENV
 from vla_rl.utils.ray_utils import init_ray
+from vla_rl_core.auth import REMOTE_TOKEN_ENV
 
 DEATH_GRACE_S = 5.0
 """When a worker raises, how long :meth:`WorkerGroup.collect` waits for the others' replies to
@@ -63,7 +63,12 @@ def start_ray(config, world_size: int, pools_per_worker: int = 1) -> str:
 
     from vla_rl.utils.code_location import check_launch_directory
     from vla_rl.utils.ray_utils import cluster_address
-    from vla_rl.workers.placement import busy_note, check_cluster_fits, resolve_device, run_footprint
+    from vla_rl.workers.placement import (
+        busy_note,
+        check_cluster_fits,
+        resolve_device,
+        run_footprint,
+    )
 
     check_launch_directory()
     sim = config.simulator

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from vla_rl.config import RunConfig
-from vla_rl.utils.registry import Registry
+from vla_rl_core.registry import Registry
 
 
 class ResourceError(RuntimeError):
@@ -107,7 +107,7 @@ class Resources:
 
     def __init__(self, config: RunConfig, rank: int, world_size: int, run_dir: Path, device: torch.device,
                  rollout_dp_size: int, group: dist.ProcessGroup | None = None) -> None:
-        from vla_rl.workflows import get_workflow
+        from vla_rl.dag.registry import WORKFLOWS
 
         self.config = config
         self.rank = rank
@@ -117,7 +117,7 @@ class Resources:
         self.rollout_dp_size = rollout_dp_size
         self.group = group
         self.generator = torch.Generator().manual_seed(config.run.seed * 1_000_003 + rank)
-        self.workflow = get_workflow(config.run.workflow)
+        self.workflow = WORKFLOWS.get(config.run.workflow)
         self._built: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ facts builders share

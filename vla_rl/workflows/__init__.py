@@ -6,27 +6,6 @@ is scored (the batch forward and the keys it reads), refills dynamic sampling, b
 held-out evaluation and adds to checkpoints. The DAG worker and the shared nodes (advantages,
 filters, reference, actor and critic updates) never branch on the workflow: a third one (multi-turn
 text, another simulator family) is a new module registering a new kit, plus its own node
-functions, without editing them.
+functions, without editing them. Kits register in
+:data:`vla_rl.dag.registry.WORKFLOWS` (``WORKFLOWS.get(run.workflow)``).
 """
-
-from __future__ import annotations
-
-import importlib
-
-from vla_rl.utils.registry import Registry
-
-WORKFLOWS: Registry = Registry("workflow")
-"""Workflow kits by ``run.workflow`` name."""
-
-_BUILTIN_WORKFLOW_MODULES = ("vla_rl.workflows.embodied", "vla_rl.workflows.text")
-
-
-def get_workflow(name: str):
-    """The workflow kit registered as ``name`` (built-ins are imported on first use).
-
-    Raises:
-        RegistryError: unknown name (the message lists the known ones).
-    """
-    for module in _BUILTIN_WORKFLOW_MODULES:
-        importlib.import_module(module)
-    return WORKFLOWS.get(name)

@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 from tensordict import TensorDict
 from torch import Tensor
 
+from vla_rl.checkpoints import files as checkpoint
 from vla_rl.data.key_sizes import StepShape
-from vla_rl.trainers import checkpoint
 from vla_rl.workers.checkpointing import OptimizerCheckpoint
 from vla_rl.workers.resources import register_resource
 
@@ -79,7 +79,7 @@ class Workflow(ABC):
 class PolicyCheckpoint:
     """The policy's weights in checkpoints, written as its workflow writes them; under
     ``trainer.strategy: fsdp`` the actor's sharded state holds them instead (nothing written here),
-    and loading reads them from there (:func:`~vla_rl.trainers.checkpoint.load_policy_weights`)."""
+    and loading reads them from there (:func:`~vla_rl.checkpoints.files.load_policy_weights`)."""
 
     def save(self, res, directory: Path) -> dict[str, Any]:
         if "actor" in res.built() and res.actor.sharded:

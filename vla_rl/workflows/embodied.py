@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from vla_rl.data import keys
+from vla_rl.dag.registry import WORKFLOWS
 from vla_rl.data.key_sizes import StepShape, observation_leaves
 from vla_rl.trainers.actor import embodied_forward
 from vla_rl.workers.resources import register_resource
-from vla_rl.workflows import WORKFLOWS
 from vla_rl.workflows.base import Workflow
+from vla_rl_core import keys
 
 if TYPE_CHECKING:
     import torch
@@ -76,7 +76,7 @@ class EmbodiedWorkflow(Workflow):
         (the sizes its config declares: ``state_dim``, ``action_dim``; unknown ones stay None) and
         the policy's own actions (:meth:`policies.base.Policy.planned_action_sizes`)."""
         from policies import POLICIES
-        from vla_rl.data.observations import INSTRUCTION_BYTES
+        from vla_rl_core.observations import INSTRUCTION_BYTES
 
         env = config.simulator.env_config()
         state_dim, action_dim = getattr(env, "state_dim", None), getattr(env, "action_dim", None)
@@ -142,8 +142,12 @@ def critic_state_normalization(res) -> tuple[torch.Tensor, torch.Tensor]:
     """
     import torch
 
-    from vla_rl.nodes.warm_start import demo_store_path
-    from vla_rl.trainers.warm_start import demonstration_states, initial_observations, state_normalization
+    from vla_rl.trainers.warm_start import (
+        demonstration_states,
+        initial_observations,
+        state_normalization,
+    )
+    from vla_rl_core.run_layout import demo_store_path
 
     policy, ws, obs_dim = res.policy, res.config.warm_start, res.env_spec["obs_dim"]
     if hasattr(policy, "obs_mean"):
@@ -156,7 +160,7 @@ def critic_state_normalization(res) -> tuple[torch.Tensor, torch.Tensor]:
     elif ws.num_demos > 0:
         from vla_rl.data.trajectory_store import TrajectoryStore
 
-        path = demo_store_path(res.config, res.run_dir)
+        path = demo_store_path(res.config.warm_start.demo_store, res.run_dir)
         if not (path / "zarr.json").exists():
             raise FileNotFoundError(f"{path} holds no demonstrations: the critic normalises the state with the "
                                     "statistics of the warm start's demonstrations (warm_start.num_demos > 0), which "
@@ -172,23 +176,21 @@ def critic_state_normalization(res) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def simulator_sizes(config) -> dict[str, int]:
-    """``obs_dim`` (state features) and ``act_dim`` of the run's simulator, from one environment
-    made and closed in this process (seconds: the simulator loads its assets); ``num_tasks`` too
-    with a task set (``simulator.tasks``: its tasks share one layout)."""
-    import gymnasium as gym
+    """``obs_dim`` (state features) and ``act_dim`` of the run's simulator, from its spec as a
+    simulator worker of one environment made and closed in this process reads it (seconds: the
+    simulator loads its assets); ``num_tasks`` too with a task set (``simulator.tasks``: its
+    tasks share one layout)."""
+    from simulators.worker import SimulatorWorker
 
-    from simulators.registry import make_env
-
-    env = make_env(config.simulator.name, config.simulator.env_config())
+    worker = SimulatorWorker(config.simulator.name, config.simulator.env_config(), 1)
     try:
-        space = env.observation_space
-        state = space[keys.OBS_STATE] if isinstance(space, gym.spaces.Dict) else space
-        sizes = {"obs_dim": int(state.shape[0]), "act_dim": int(env.action_space.shape[0])}
-        if config.simulator.multi_task:
-            sizes["num_tasks"] = len(config.simulator.task_names())
-        return sizes
+        spec = worker.spec()
     finally:
-        env.close()
+        worker.close()
+    sizes = {"obs_dim": int(spec["obs_dim"]), "act_dim": int(spec["act_dim"])}
+    if config.simulator.multi_task:
+        sizes["num_tasks"] = len(config.simulator.task_names())
+    return sizes
 
 
 @register_resource("simulator_pool", close=lambda pool: pool.close())

@@ -10,13 +10,13 @@ update nodes are the embodied ones.
 
 from __future__ import annotations
 
-from vla_rl.data import keys
+from vla_rl.dag.registry import WORKFLOWS
 from vla_rl.data.key_sizes import StepShape
 from vla_rl.trainers.actor import text_forward
 from vla_rl.utils.collectives import cpu_barrier
 from vla_rl.workers.resources import register_resource
-from vla_rl.workflows import WORKFLOWS
 from vla_rl.workflows.base import Workflow
+from vla_rl_core import keys
 
 #: Directory of a text run's checkpoint holding the policy as a Hugging Face model.
 HF_MODEL_DIR = "hf_model"

@@ -54,7 +54,8 @@ def ensure_text_assets(config: RunConfig, run_dir: Path) -> TextAssets:
         FileNotFoundError: a configured model or prompt file is missing (names the field).
     """
     from policies.causal_lm.tiny import TinyQwen2Spec, write_tiny_checkpoint
-    from vla_rl.data.arithmetic import LEVELS, write_arithmetic_dataset
+    from vla_rl.data.arithmetic import write_arithmetic_dataset
+    from vla_rl_core.arithmetic import LEVELS
 
     text = config.text
     assets = TextAssets.resolve(config, run_dir)

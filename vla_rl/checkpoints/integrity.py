@@ -1,9 +1,9 @@
-"""Integrity of training checkpoints (:mod:`vla_rl.trainers.checkpoint`): sha256 manifests, their
+"""Integrity of training checkpoints (:mod:`vla_rl.checkpoints.files`): sha256 manifests, their
 verification, and the fallback to the newest checkpoint that verifies.
 
 * **Checksums.** :func:`write_manifest` records the size and sha256 of every file of a staged
   checkpoint as ``manifest.json`` (written last, by
-  :func:`~vla_rl.trainers.checkpoint.finalize_checkpoint`). :func:`verify_checkpoint` checks each
+  :func:`~vla_rl.checkpoints.files.finalize_checkpoint`). :func:`verify_checkpoint` checks each
   file against the manifest (size, then sha256) and raises :class:`CheckpointCorruptError` naming
   every file that is missing, truncated or altered; the loaders name the file they could not read
   too. A checkpoint written before manifests existed has none: it is checked by opening its files
@@ -29,34 +29,23 @@ from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
-from vla_rl.trainers.checkpoint import (
-    _STEP_DIR_RE,
+from vla_rl.checkpoints.layout import (
+    ACTOR_SHARDED_DIR,
     FORMAT_VERSION,
+    MANIFEST_FILE,
+    REJECTED_SUFFIX,
+    STEP_DIR_RE,
     TRAINER_STATE_FILE,
-    _fsync,
-    _is_sharded_dir,
-    _write_json,
+    CheckpointCorruptError,
+    fsync,
+    is_sharded_dir,
+    write_json,
 )
 
-logger = logging.getLogger(__name__)
-
-MANIFEST_FILE = "manifest.json"
-REJECTED_SUFFIX = ".rejected"
 _RNG_FILE_RE = re.compile(r"rng_rank(\d+)\.safetensors")
-#: The DCP directory of the actor under ``trainer.strategy: fsdp`` (:mod:`vla_rl.trainers.sharded_checkpoint`).
-_ACTOR_SHARDED_DIR = "actor_sharded"
 
 
-class CheckpointCorruptError(ValueError):
-    """A checkpoint file that is missing, truncated or altered; the message names every such file.
-
-    Attributes:
-        files: the offending files.
-    """
-
-    def __init__(self, message: str, files: list[Path]) -> None:
-        super().__init__(message)
-        self.files = files
+logger = logging.getLogger(__name__)
 
 
 def write_manifest(directory: str | Path) -> Path:
@@ -64,7 +53,7 @@ def write_manifest(directory: str | Path) -> Path:
     every file of its sharded-state directories (torch.distributed.checkpoint directories, e.g.
     ``actor_sharded/__0_0.distcp``, named by their relative path).
 
-    Rank 0 calls it (from :func:`~vla_rl.trainers.checkpoint.finalize_checkpoint`) once every rank's files
+    Rank 0 calls it (from :func:`~vla_rl.checkpoints.files.finalize_checkpoint`) once every rank's files
     are staged.
 
     Returns:
@@ -74,7 +63,7 @@ def write_manifest(directory: str | Path) -> Path:
     files = {path.relative_to(directory).as_posix(): {"size": path.stat().st_size, "sha256": _sha256(path)}
              for path in _checkpoint_files(directory) if path.name != MANIFEST_FILE}
     manifest = directory / MANIFEST_FILE
-    _write_json(manifest, {"format_version": FORMAT_VERSION, "files": files})
+    write_json(manifest, {"format_version": FORMAT_VERSION, "files": files})
     return manifest
 
 
@@ -132,7 +121,7 @@ def latest_verified_checkpoint(root: str | Path) -> tuple[Path | None, list[tupl
     root = Path(root)
     steps = {} if not root.is_dir() else {
         int(match.group(1)): path for path in root.iterdir()
-        if path.is_dir() and (match := _STEP_DIR_RE.fullmatch(path.name))}
+        if path.is_dir() and (match := STEP_DIR_RE.fullmatch(path.name))}
     skipped: list[tuple[Path, str]] = []
     for candidate in (steps[step] for step in sorted(steps, reverse=True)):
         try:
@@ -158,14 +147,14 @@ def reject_checkpoint(path: str | Path) -> Path:
         n += 1
         target = path.with_name(f"{path.name}{REJECTED_SUFFIX}.{n}")
     os.replace(path, target)
-    _fsync(path.parent)
+    fsync(path.parent)
     logger.warning("set checkpoint %s aside as %s", path, target.name)
     return target
 
 
 def checkpoint_ranks(path: str | Path) -> int:
     """The number of workers that wrote checkpoint ``path``: every rank writes its own RNG states
-    (``rng_rank<r>.safetensors``, :func:`~vla_rl.trainers.checkpoint.save_rng`); 0 if it has none."""
+    (``rng_rank<r>.safetensors``, :func:`~vla_rl.checkpoints.files.save_rng`); 0 if it has none."""
     return len({match.group(1) for file in Path(path).iterdir() if (match := _RNG_FILE_RE.fullmatch(file.name))})
 
 
@@ -173,7 +162,7 @@ def checkpoint_strategy(path: str | Path) -> str | None:
     """The ``trainer.strategy`` that wrote checkpoint ``path``: ``fsdp`` (the actor's sharded state,
     ``actor_sharded/``), ``ddp`` (``optimizer.json``), or None (it holds no actor state)."""
     path = Path(path)
-    if _is_sharded_dir(path / _ACTOR_SHARDED_DIR):
+    if is_sharded_dir(path / ACTOR_SHARDED_DIR):
         return "fsdp"
     return "ddp" if (path / "optimizer.json").is_file() else None
 
@@ -196,8 +185,8 @@ def stored_policy_shapes(path: str | Path) -> tuple[Path, dict[str, tuple[int, .
             return model, {name: tuple(shape) for name, (_, shape) in read_safetensors_header(model).items()}
         except (OSError, ValueError):
             return None
-    sharded = path / _ACTOR_SHARDED_DIR
-    if not _is_sharded_dir(sharded):
+    sharded = path / ACTOR_SHARDED_DIR
+    if not is_sharded_dir(sharded):
         return None
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -238,7 +227,7 @@ def _checkpoint_files(directory: Path) -> list[Path]:
     for path in sorted(directory.iterdir()):
         if path.is_file():
             files.append(path)
-        elif path.is_dir() and _is_sharded_dir(path):
+        elif path.is_dir() and is_sharded_dir(path):
             files += sorted(file for file in path.iterdir() if file.is_file())
     return files
 

@@ -1,4 +1,4 @@
-"""Tests for vla_rl.trainers.checkpoint and vla_rl.trainers.checkpoint_integrity."""
+"""Tests for vla_rl.checkpoints.files and vla_rl.checkpoints.integrity."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from vla_rl.checkpoints import files as ckpt
+from vla_rl.checkpoints import integrity
+from vla_rl.checkpoints.layout import CheckpointCorruptError, NonFiniteTensorError
 from vla_rl.errors import RunStopped
-from vla_rl.trainers import checkpoint as ckpt
-from vla_rl.trainers import checkpoint_integrity as integrity
 from vla_rl.workers.checkpointing import WorkerCheckpointer
 
 
@@ -212,7 +213,7 @@ def test_verification_names_the_damaged_file(tmp_path, name, damage, why):
     three_checkpoints(tmp_path)
     path = tmp_path / "step_00000003"
     damage(path / name)
-    with pytest.raises(integrity.CheckpointCorruptError, match=why) as err:
+    with pytest.raises(CheckpointCorruptError, match=why) as err:
         integrity.verify_checkpoint(path)
     assert str(path / name) in str(err.value) and err.value.files == [path / name]
 
@@ -223,18 +224,18 @@ def test_loaders_name_the_corrupted_file(tmp_path):
     truncate(path / "model.safetensors")
     truncate(path / "optimizer.safetensors", keep=0.9)
     truncate(path / "rng_rank0.json")
-    with pytest.raises(integrity.CheckpointCorruptError, match=f"{path / 'model.safetensors'} is corrupted or truncated"):
+    with pytest.raises(CheckpointCorruptError, match=f"{path / 'model.safetensors'} is corrupted or truncated"):
         ckpt.load_model(path, model)
-    with pytest.raises(integrity.CheckpointCorruptError, match="optimizer.safetensors is corrupted or truncated"):
+    with pytest.raises(CheckpointCorruptError, match="optimizer.safetensors is corrupted or truncated"):
         ckpt.load_optimizer(path, optimizer)
-    with pytest.raises(integrity.CheckpointCorruptError, match="rng_rank0.json is not valid JSON"):
+    with pytest.raises(CheckpointCorruptError, match="rng_rank0.json is not valid JSON"):
         ckpt.load_rng(path, rank=0)
 
 
 def test_latest_verified_skips_corrupted_checkpoints_and_logs_why(tmp_path, caplog):
     three_checkpoints(tmp_path)
     truncate(tmp_path / "step_00000003" / "model.safetensors")
-    with caplog.at_level(logging.WARNING, logger="vla_rl.trainers.checkpoint_integrity"):
+    with caplog.at_level(logging.WARNING, logger="vla_rl.checkpoints.integrity"):
         path, skipped = integrity.latest_verified_checkpoint(tmp_path)
     assert path == tmp_path / "step_00000002"
     assert [p.name for p, _ in skipped] == ["step_00000003"] and "model.safetensors" in skipped[0][1]
@@ -276,7 +277,7 @@ def test_checkpoint_without_manifest_still_loads(tmp_path):
     for name, value in model.state_dict().items():
         torch.testing.assert_close(restored.state_dict()[name], value, rtol=0, atol=0)
     truncate(path / "optimizer.safetensors")  # a truncated file is still seen (its header's extent)
-    with pytest.raises(integrity.CheckpointCorruptError, match="no manifest.*optimizer.safetensors is unreadable"):
+    with pytest.raises(CheckpointCorruptError, match="no manifest.*optimizer.safetensors is unreadable"):
         integrity.verify_checkpoint(path)
 
 
@@ -284,7 +285,7 @@ def test_unreadable_manifest_fails_verification(tmp_path):
     three_checkpoints(tmp_path)
     manifest = tmp_path / "step_00000003" / "manifest.json"
     truncate(manifest)
-    with pytest.raises(integrity.CheckpointCorruptError, match=f"its manifest {manifest} is unreadable"):
+    with pytest.raises(CheckpointCorruptError, match=f"its manifest {manifest} is unreadable"):
         integrity.verify_checkpoint(manifest.parent)
 
 
@@ -295,7 +296,7 @@ def test_non_finite_model_is_refused_before_it_is_written(tmp_path):
     with torch.no_grad():
         model[2].weight[0, 3] = float("inf")
         model[2].bias[1] = float("nan")
-    with pytest.raises(ckpt.NonFiniteTensorError,
+    with pytest.raises(NonFiniteTensorError,
                        match=r"refusing to write .*step_00000002.tmp/model.safetensors: tensor '2.weight' \(2, 8\) "
                              r"holds 1 non-finite values \(inf/NaN\) of 16 \(and 1 more tensors\)"):
         ckpt.save_checkpoint(tmp_path, 2, model=model, optimizer=optimizer)
@@ -308,7 +309,7 @@ def test_non_finite_optimizer_state_is_refused(tmp_path):
     model, optimizer = make_model_and_optimizer(0)
     train_step(model, optimizer, 0)
     optimizer.state[model[0].weight]["exp_avg_sq"][0, 0] = float("nan")
-    with pytest.raises(ckpt.NonFiniteTensorError,
+    with pytest.raises(NonFiniteTensorError,
                        match=r"optimizer.safetensors: tensor 'state_dict.state.0.exp_avg_sq'"):
         ckpt.save_optimizer(tmp_path, optimizer)
     assert not list(tmp_path.iterdir())

@@ -1,20 +1,5 @@
-"""Atomic training checkpoints: model and optimizer in safetensors, RNG states per rank.
-
-A checkpoint is a directory ``<root>/step_{step:08d}/`` holding::
-
-    model.safetensors                     module state dict (parameters and persistent buffers)
-    actor_sharded/                        instead of model.safetensors and optimizer.* under
-                                          trainer.strategy fsdp: the actor's weights and optimizer
-                                          state, sharded (torch.distributed.checkpoint;
-                                          vla_rl.trainers.sharded_checkpoint)
-    optimizer.safetensors, optimizer.json torch optimizer state dict: its tensors, and the JSON-able
-                                          rest with references to them (reassembled exactly)
-    <name>.safetensors (+ .json)          further modules and optimizers saved under their own name
-                                          (e.g. ``critic``, ``critic_optimizer``, ``reference``)
-    rng_rank{r}.safetensors, .json        per rank: torch CPU RNG state, a torch.Generator state,
-                                          a numpy Generator's bit-generator state
-    trainer_state.json                    {"step": step, "metadata": {...}}
-    manifest.json                         every other file's size and sha256 (written last)
+"""Atomic training checkpoints: saving, publishing and loading model and optimizer state in
+safetensors and RNG states per rank (the layout: :mod:`vla_rl.checkpoints.layout`).
 
 Protocol for several ranks: every rank writes its files into ``<root>/.step_{step:08d}.tmp/``
 (:func:`save_checkpoint`; rank 0 also writes the model, optimizer and trainer state of a
@@ -27,49 +12,50 @@ are never read.
 Nothing lost, nothing silent:
 
 * **No non-finite state.** :func:`save_model` and :func:`save_optimizer` check every floating
-  tensor before they write their file and raise :class:`NonFiniteTensorError` naming the file and
-  the tensor (weights full of inf/NaN from a diverged update are never published as ``latest``).
-* **Checksums and fallback** (:mod:`vla_rl.trainers.checkpoint_integrity`): the manifest is
-  written and verified there, a corrupted checkpoint is set aside there, and a resume continues
-  from the newest checkpoint that verifies; the loaders here raise its
-  :class:`~vla_rl.trainers.checkpoint_integrity.CheckpointCorruptError`, naming the file they
-  could not read.
-
-:mod:`vla_rl.trainers.checkpoint_integrity` imports this module's layout, so this module imports
-it inside the functions that need it.
+  tensor before they write their file and raise
+  :class:`~vla_rl.checkpoints.layout.NonFiniteTensorError` naming the file and the tensor
+  (weights full of inf/NaN from a diverged update are never published as ``latest``).
+* **Checksums and fallback** (:mod:`vla_rl.checkpoints.integrity`): the manifest is written and
+  verified there, a corrupted checkpoint is set aside there, and a resume continues from the
+  newest checkpoint that verifies; the loaders here raise
+  :class:`~vla_rl.checkpoints.layout.CheckpointCorruptError`, naming the file they could not read.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from safetensors.torch import load_model as _load_model_file
+from safetensors.torch import save_file
 from safetensors.torch import save_model as _save_model_file
 
-if TYPE_CHECKING:
-    from vla_rl.trainers.checkpoint_integrity import CheckpointCorruptError
+from vla_rl.checkpoints.integrity import write_manifest
+from vla_rl.checkpoints.layout import (
+    ACTOR_SHARDED_DIR,
+    FORMAT_VERSION,
+    LATEST_FILE,
+    STAGING_RE,
+    STEP_DIR_RE,
+    TRAINER_STATE_FILE,
+    check_finite,
+    existing_file,
+    fsync,
+    is_sharded_dir,
+    load_tensors,
+    read_json,
+    unreadable,
+    write_json,
+)
+from vla_rl.checkpoints.sharded import load_sharded_model
 
-FORMAT_VERSION = 1
-LATEST_FILE = "latest"
-TRAINER_STATE_FILE = "trainer_state.json"
-_STEP_DIR_RE = re.compile(r"step_(\d{8,})")
-_STAGING_RE = re.compile(r"\.step_(\d{8,})\.tmp")
 # Markers of the JSON encoding of nested state; plain dicts never have keys starting with "__".
 _TENSOR, _TUPLE, _DICT, _NDARRAY = "__tensor__", "__tuple__", "__dict__", "__ndarray__"
-
-
-class NonFiniteTensorError(ValueError):
-    """A tensor about to be saved holds inf or NaN; the message names the file and the tensor."""
 
 
 def checkpoint_dir(root: str | Path, step: int) -> Path:
@@ -117,45 +103,7 @@ def save_optimizer(directory: str | Path, optimizer: torch.optim.Optimizer, name
     file = directory / f"{name}.safetensors"
     check_finite({key.partition(":")[2]: value for key, value in tensors.items()}, file)
     save_file(tensors, str(file))
-    _write_json(json_path, {"format_version": FORMAT_VERSION, "state_dict": encoded})
-
-
-def check_finite(tensors: Mapping[str, torch.Tensor], file: Path) -> None:
-    """Check that every floating (and complex) tensor of ``tensors`` is finite.
-
-    Args:
-        tensors: name to tensor (any shape, any device).
-        file: the file they are about to be written to (for the message).
-
-    Raises:
-        NonFiniteTensorError: naming ``file``, the first non-finite tensor, its shape and how many
-            of its values are inf or NaN, and how many tensors are affected in all.
-    """
-    bad = [name for name, value in tensors.items() if not _all_finite(value)]
-    if bad:
-        value = tensors[bad[0]]
-        count = int((~torch.isfinite(value)).sum())
-        others = f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
-        raise NonFiniteTensorError(
-            f"refusing to write {file}: tensor {bad[0]!r} {tuple(value.shape)} holds {count} non-finite values "
-            f"(inf/NaN) of {value.numel()}{others}; the training state diverged")
-
-
-def _all_finite(value: torch.Tensor) -> bool:
-    """Whether every value of a floating or complex tensor is finite (other dtypes always are).
-
-    One ``aminmax`` pass (NaN propagates into both, inf into one) is about 40x faster on the CPU
-    than ``isfinite(value).all()``, which materialises a boolean tensor the size of ``value``.
-    """
-    if not (value.is_floating_point() or value.is_complex()) or value.numel() == 0:
-        return True
-    if value.is_complex():
-        return bool(torch.isfinite(value).all())
-    try:
-        low, high = torch.aminmax(value.detach())
-    except (RuntimeError, NotImplementedError):  # a dtype without aminmax on this device
-        return bool(torch.isfinite(value).all())
-    return bool(torch.isfinite(low) & torch.isfinite(high))
+    write_json(json_path, {"format_version": FORMAT_VERSION, "state_dict": encoded})
 
 
 def save_rng(
@@ -178,7 +126,7 @@ def save_rng(
     if np_rng is not None:
         numpy_state = _encode(np_rng.bit_generator.state, {}, "numpy", json_path)
     save_file(tensors, str(directory / f"rng_rank{rank}.safetensors"))
-    _write_json(json_path, {"format_version": FORMAT_VERSION, "numpy": numpy_state})
+    write_json(json_path, {"format_version": FORMAT_VERSION, "numpy": numpy_state})
 
 
 def save_trainer_state(
@@ -189,7 +137,7 @@ def save_trainer_state(
     Raises:
         TypeError: ``metadata`` is not JSON-serialisable.
     """
-    _write_json(Path(directory) / TRAINER_STATE_FILE, {"step": step, "metadata": metadata or {}})
+    write_json(Path(directory) / TRAINER_STATE_FILE, {"step": step, "metadata": metadata or {}})
 
 
 def save_checkpoint(
@@ -233,7 +181,7 @@ def finalize_checkpoint(root: str | Path, step: int, keep_last: int | None = Non
     """Publish the staged checkpoint of ``step`` (rank 0, after every rank saved and a barrier).
 
     Writes ``manifest.json`` (size and sha256 of every staged file,
-    :func:`~vla_rl.trainers.checkpoint_integrity.write_manifest`), fsyncs the staged files, renames
+    :func:`~vla_rl.checkpoints.integrity.write_manifest`), fsyncs the staged files, renames
     the staging directory to ``step_{step:08d}``, rewrites ``<root>/latest`` atomically, then, if
     ``keep_last`` is given, removes all but the newest ``keep_last`` checkpoints and the staging
     directories of earlier steps.
@@ -246,8 +194,6 @@ def finalize_checkpoint(root: str | Path, step: int, keep_last: int | None = Non
         FileExistsError: the final directory already exists.
         ValueError: ``keep_last`` is not a positive int.
     """
-    from vla_rl.trainers.checkpoint_integrity import write_manifest
-
     if keep_last is not None and (
         isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
     ):
@@ -263,13 +209,13 @@ def finalize_checkpoint(root: str | Path, step: int, keep_last: int | None = Non
         raise FileExistsError(f"checkpoint {final} already exists")
     write_manifest(staged)
     for path in staged.iterdir():
-        if path.is_dir() and _is_sharded_dir(path):
+        if path.is_dir() and is_sharded_dir(path):
             for file in path.iterdir():
-                _fsync(file)
-        _fsync(path)
-    _fsync(staged)
+                fsync(file)
+        fsync(path)
+    fsync(staged)
     os.replace(staged, final)
-    _fsync(root)
+    fsync(root)
     point_latest(root, final)
     if keep_last is not None:
         _prune(root, keep_last, step)
@@ -285,7 +231,7 @@ def point_latest(root: str | Path, checkpoint: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(latest_tmp, root / LATEST_FILE)
-    _fsync(root)
+    fsync(root)
 
 
 def discard_staging(root: str | Path, step: int | None = None) -> None:
@@ -294,7 +240,7 @@ def discard_staging(root: str | Path, step: int | None = None) -> None:
     if not root.is_dir():
         return
     for path in root.iterdir():
-        match = _STAGING_RE.fullmatch(path.name)
+        match = STAGING_RE.fullmatch(path.name)
         if match and (step is None or int(match.group(1)) == step):
             shutil.rmtree(path)
 
@@ -336,11 +282,11 @@ def load_model(path: str | Path, module: torch.nn.Module, strict: bool = True, n
             message names the file.
         CheckpointCorruptError: the file is truncated or its header unreadable.
     """
-    file = _existing(Path(path) / f"{name}.safetensors")
+    file = existing_file(Path(path) / f"{name}.safetensors")
     try:
         _load_model_file(module, str(file), strict=strict)
     except SafetensorError as err:
-        raise _unreadable(file, err) from err
+        raise unreadable(file, err) from err
     except RuntimeError as err:
         raise RuntimeError(f"{file}: {err}") from err
 
@@ -348,7 +294,7 @@ def load_model(path: str | Path, module: torch.nn.Module, strict: bool = True, n
 def load_policy_weights(path: str | Path, module: torch.nn.Module) -> None:
     """Load a checkpoint's policy weights into ``module``, whatever strategy wrote them:
     ``model.safetensors`` (DDP: :func:`load_model`) or, without it, the weights of the sharded
-    actor state (FSDP: :func:`vla_rl.trainers.sharded_checkpoint.load_sharded_model`, cast to
+    actor state (FSDP: :func:`vla_rl.checkpoints.sharded.load_sharded_model`, cast to
     ``module``'s dtypes).
 
     Raises:
@@ -356,8 +302,6 @@ def load_policy_weights(path: str | Path, module: torch.nn.Module) -> None:
         RuntimeError: missing or unexpected names or mismatched shapes; the message names the file.
         CheckpointCorruptError: a file is truncated or unreadable.
     """
-    from vla_rl.trainers.sharded_checkpoint import ACTOR_SHARDED_DIR, load_sharded_model
-
     path = Path(path)
     if not (path / "model.safetensors").is_file() and (path / ACTOR_SHARDED_DIR).is_dir():
         load_sharded_model(path, module)
@@ -373,9 +317,9 @@ def load_optimizer(path: str | Path, optimizer: torch.optim.Optimizer, name: str
         ValueError: the files are inconsistent or do not match the optimizer's parameter groups;
             the message names the file (:class:`CheckpointCorruptError`: a truncated or unreadable file).
     """
-    json_file = _existing(Path(path) / f"{name}.json")
-    tensors = _load_tensors(Path(path) / f"{name}.safetensors")
-    state_dict = _decode(_read_json(json_file)["state_dict"], tensors, json_file)
+    json_file = existing_file(Path(path) / f"{name}.json")
+    tensors = load_tensors(Path(path) / f"{name}.safetensors")
+    state_dict = _decode(read_json(json_file)["state_dict"], tensors, json_file)
     try:
         optimizer.load_state_dict(state_dict)
     except (ValueError, KeyError) as err:
@@ -392,9 +336,9 @@ def load_rng(path: str | Path, rank: int) -> dict[str, Any]:
     Raises:
         FileNotFoundError: the rank's files are missing (saved with another world size?).
     """
-    json_file = _existing(Path(path) / f"rng_rank{rank}.json")
-    tensors = _load_tensors(Path(path) / f"rng_rank{rank}.safetensors")
-    numpy_state = _read_json(json_file)["numpy"]
+    json_file = existing_file(Path(path) / f"rng_rank{rank}.json")
+    tensors = load_tensors(Path(path) / f"rng_rank{rank}.safetensors")
+    numpy_state = read_json(json_file)["numpy"]
     return {
         "torch_cpu": tensors["torch_cpu"],
         "torch_generator": tensors.get("torch_generator"),
@@ -432,11 +376,11 @@ def load_trainer_state(path: str | Path) -> dict[str, Any]:
     Raises:
         FileNotFoundError: the file is missing.
     """
-    return _read_json(_existing(Path(path) / TRAINER_STATE_FILE))
+    return read_json(existing_file(Path(path) / TRAINER_STATE_FILE))
 
 
 def _complete_step(path: Path) -> int | None:
-    match = _STEP_DIR_RE.fullmatch(path.name)
+    match = STEP_DIR_RE.fullmatch(path.name)
     if match is None or not (path / TRAINER_STATE_FILE).is_file():
         return None
     return int(match.group(1))
@@ -454,7 +398,7 @@ def _prune(root: Path, keep_last: int, step: int) -> None:
         os.replace(path, hidden)
         shutil.rmtree(hidden)
     for path in root.iterdir():
-        match = _STAGING_RE.fullmatch(path.name)
+        match = STAGING_RE.fullmatch(path.name)
         if (match and int(match.group(1)) < step) or path.name.endswith(".deleting"):
             shutil.rmtree(path)
 
@@ -500,54 +444,3 @@ def _decode(obj: Any, tensors: dict[str, torch.Tensor], file: Path) -> Any:
     if _NDARRAY in obj:
         return np.array(obj[_NDARRAY], dtype=np.dtype(obj["dtype"]))
     return {k: _decode(v, tensors, file) for k, v in obj.items()}
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    try:
-        text = json.dumps(obj, indent=1)
-    except TypeError as err:
-        raise TypeError(f"{path}: {err}") from err
-    path.write_text(text, encoding="utf-8")
-
-
-def _read_json(path: Path) -> Any:
-    from vla_rl.trainers.checkpoint_integrity import CheckpointCorruptError
-
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointCorruptError(f"{path} is not valid JSON (corrupted or truncated?): {err}", [path]) from err
-
-
-def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
-    """``load_file`` of a checkpoint file, naming the file when it is missing or unreadable."""
-    try:
-        return load_file(str(_existing(file)))
-    except SafetensorError as err:
-        raise _unreadable(file, err) from err
-
-
-def _unreadable(file: Path, err: Exception) -> CheckpointCorruptError:
-    from vla_rl.trainers.checkpoint_integrity import CheckpointCorruptError
-
-    return CheckpointCorruptError(f"{file} is corrupted or truncated: {err}", [file])
-
-
-def _is_sharded_dir(path: Path) -> bool:
-    """Whether ``path`` is a torch.distributed.checkpoint directory (it holds ``.metadata``)."""
-    return (path / ".metadata").is_file()
-
-
-def _existing(path: Path) -> Path:
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint file {path} is missing")
-    return path
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file's or directory's contents (directory entries) to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

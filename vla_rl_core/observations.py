@@ -14,8 +14,8 @@ A simulator worker hosting a task set (``simulator.tasks``) adds each observatio
 for flat states (``{"state", "task_id"}``): a policy conditioned on the task reads it there, as a
 VLA reads the instruction.
 
-Key names: :data:`vla_rl.data.keys.OBS_STATE`, ``<camera>`` + :data:`~vla_rl.data.keys.OBS_IMAGE_SUFFIX`,
-:data:`~vla_rl.data.keys.OBS_INSTRUCTION`, :data:`~vla_rl.data.keys.OBS_TASK_ID`. This module imports
+Key names: :data:`vla_rl_core.keys.OBS_STATE`, ``<camera>`` + :data:`~vla_rl_core.keys.OBS_IMAGE_SUFFIX`,
+:data:`~vla_rl_core.keys.OBS_INSTRUCTION`, :data:`~vla_rl_core.keys.OBS_TASK_ID`. This module imports
 numpy only (simulator workers use it).
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from vla_rl.data import keys
+from vla_rl_core import keys
 
 INSTRUCTION_BYTES = 256
 """Bytes reserved for an instruction (LIBERO's longest is about 100 characters)."""

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from openpi_client import msgpack_numpy
 
-from vla_rl.serving import wire
+from vla_rl_core import wire
 
 MESSAGE = {
     "observation/state": np.arange(8, dtype=np.float64) / 3,

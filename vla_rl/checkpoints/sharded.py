@@ -1,6 +1,6 @@
 """Sharded training state with ``torch.distributed.checkpoint`` (DCP), for ``trainer.strategy: fsdp``.
 
-Inside a checkpoint directory (:mod:`vla_rl.trainers.checkpoint`) the actor's state is one DCP
+Inside a checkpoint directory (:mod:`vla_rl.checkpoints.files`) the actor's state is one DCP
 directory::
 
     actor_sharded/.metadata          the global layout (written by the group's rank 0)
@@ -12,7 +12,7 @@ written with ``get_state_dict`` / ``dcp.save`` and read with ``dcp.load`` / ``se
 (``torch.distributed.checkpoint.state_dict``, as torchtitan's ``CheckpointManager`` and verl's
 ``FSDPCheckpointManager`` do). The files sit in the checkpoint's staging directory like every
 other file, so the manifest (size and sha256 of every file,
-:func:`~vla_rl.trainers.checkpoint_integrity.write_manifest`) and the atomic rename cover them. DCP
+:func:`~vla_rl.checkpoints.integrity.write_manifest`) and the atomic rename cover them. DCP
 reshards on load: the weights alone load into an unsharded module on any number of processes
 (:func:`load_sharded_model`), which is how evaluation, a resume's policy and ``vla-rl export`` read
 them.
@@ -26,17 +26,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vla_rl.trainers.checkpoint import NonFiniteTensorError, _all_finite
-
-#: The DCP directory of the actor inside a checkpoint.
-ACTOR_SHARDED_DIR = "actor_sharded"
-#: The file DCP's coordinator writes last; a directory holding it is a complete DCP checkpoint.
-DCP_METADATA = ".metadata"
-
-
-def is_sharded_state(path: str | Path) -> bool:
-    """Whether ``path`` is a DCP directory (it holds DCP's ``.metadata``)."""
-    return (Path(path) / DCP_METADATA).is_file()
+from vla_rl.checkpoints.layout import (
+    ACTOR_SHARDED_DIR,
+    DCP_METADATA,
+    NonFiniteTensorError,
+    all_finite,
+    is_sharded_dir,
+)
 
 
 def save_sharded(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -85,7 +81,7 @@ def load_sharded(directory: str | Path, model: nn.Module, optimizer: torch.optim
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     source = Path(directory) / ACTOR_SHARDED_DIR
-    if not is_sharded_state(source):
+    if not is_sharded_dir(source):
         raise FileNotFoundError(f"{directory} holds no sharded actor state ({ACTOR_SHARDED_DIR}/): it was written with "
                                 "trainer.strategy ddp; resume with trainer.strategy=ddp, or start a new run from its "
                                 "weights (vla-rl export)")
@@ -108,7 +104,7 @@ def load_sharded_model(directory: str | Path, module: nn.Module) -> None:
     import torch.distributed.checkpoint as dcp
 
     source = Path(directory) / ACTOR_SHARDED_DIR
-    if not is_sharded_state(source):
+    if not is_sharded_dir(source):
         raise FileNotFoundError(f"checkpoint file {source / DCP_METADATA} is missing")
     state = {"model": module.state_dict()}  # views of the module's tensors: DCP copies into them
     try:
@@ -131,6 +127,6 @@ def _first_non_finite(state: dict) -> str | None:
             stack.extend((f"{prefix}.{i}", item) for i, item in enumerate(value))
         elif isinstance(value, torch.Tensor):
             local = value.to_local() if isinstance(value, DTensor) else value
-            if not _all_finite(local):
+            if not all_finite(local):
                 return prefix
     return None

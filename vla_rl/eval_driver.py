@@ -22,10 +22,10 @@ from pathlib import Path
 import yaml
 from rich.markup import escape
 
-from vla_rl.evaluation.targets import RUN_TEMPLATE, EvalInputError, find_checkpoints
+from vla_rl.evaluation.targets import EvalInputError, find_checkpoints
+from vla_rl_core.run_layout import EVAL_DIR, RUN_TEMPLATE
 
 EVAL_TEMPLATE = "eval_rollout"
-EVAL_DIR = "eval"
 
 
 def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] | None = None,

@@ -19,7 +19,8 @@ model, validated when a template loads: :mod:`vla_rl.components`)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+import importlib
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -37,13 +38,33 @@ class Registry(Generic[T]):
 
     Args:
         kind: what is registered, used in error messages (e.g. ``"policy"``).
+        builtins: modules whose import registers the built-in entries (e.g.
+            ``("policies.mlp.modeling_mlp",)``). They are imported on the first lookup (:meth:`get`,
+            ``in``, iteration, :meth:`metadata`, :meth:`config_class`), never by :meth:`register`, so
+            that the module defining a registry does not import its implementations: a family's
+            registry can sit on a low floor while its built-ins live above it.
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, builtins: Sequence[str] = ()) -> None:
         self.kind = kind
+        self.builtins = tuple(builtins)
+        self._builtins_loaded = not self.builtins
         self._entries: dict[Hashable, T] = {}
         self._configs: dict[Hashable, type] = {}
         self._metadata: dict[Hashable, dict[str, Any]] = {}
+
+    def load_builtins(self) -> None:
+        """Import the :attr:`builtins` modules (once; a lookup while they import sees what is
+        registered so far). An import that fails is raised, and retried at the next lookup."""
+        if self._builtins_loaded:
+            return
+        self._builtins_loaded = True
+        try:
+            for module in self.builtins:
+                importlib.import_module(module)
+        except BaseException:
+            self._builtins_loaded = False
+            raise
 
     def register(self, name: Hashable, config: type | None = None, **metadata: Any) -> Callable[[T], T]:
         """Decorator registering the decorated object under ``name``.
@@ -94,6 +115,7 @@ class Registry(Generic[T]):
         Raises:
             RegistryError: if ``name`` is unknown; the message lists the known names.
         """
+        self.load_builtins()
         try:
             return self._entries[name]
         except KeyError:
@@ -101,9 +123,11 @@ class Registry(Generic[T]):
             raise RegistryError(f"unknown {self.kind} {name!r}; known: {known}") from None
 
     def __contains__(self, name: Hashable) -> bool:
+        self.load_builtins()
         return name in self._entries
 
     def __iter__(self) -> Iterator[Hashable]:
+        self.load_builtins()
         return iter(sorted(self._entries, key=str))
 
     def names(self) -> list[Hashable]:

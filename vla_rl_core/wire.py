@@ -4,7 +4,7 @@ An array travels as the map ``{"__ndarray__": True, "data": <raw bytes>, "dtype"
 "shape": [...]}`` and a numpy scalar as ``{"__npgeneric__": True, "data": <item>, "dtype": ...}``
 (map keys as msgpack binaries); object, void and complex arrays are refused (openpi refuses them so
 that nothing falls back to pickle). Written here rather than imported from ``openpi-client``, whose
-package pins ``numpy < 2``; tests/serving/test_wire.py checks both directions against
+package pins ``numpy < 2``; tests/vla_rl_core/test_wire.py checks both directions against
 ``openpi_client.msgpack_numpy`` itself.
 
 Source: Physical-Intelligence/openpi, ``packages/openpi-client/src/openpi_client/msgpack_numpy.py``

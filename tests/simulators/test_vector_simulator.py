@@ -1,0 +1,129 @@
+"""The vectorised simulator contract (simulators/vector.py): docs/extending.md's batched point-mass
+reach, written out as the doc gives it, is driven by the simulator worker as the gym adapters are,
+and trains one SRPO step end to end through the unchanged engine (``vla-rl train``, Ray workers,
+simulator actors), in a subprocess so that it never enters this process's registries for good."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from devices import device_overrides
+from test_extending import write_doc_files
+
+from simulators.experts import NoExpertError
+from simulators.registry import SIMULATORS
+from simulators.vector import ChunkResult, VectorSimulator
+from simulators.worker import SimulatorWorker
+from vla_rl.dag.loader import REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def doc_files(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("doc")
+    assert "point_mass.py" in write_doc_files(directory)
+    return directory
+
+
+@pytest.fixture
+def point_mass(doc_files, monkeypatch):
+    """The doc's module, imported with this test's copy of the simulator registry (restored after)."""
+    monkeypatch.setattr(SIMULATORS, "_entries", dict(SIMULATORS._entries))
+    monkeypatch.setattr(SIMULATORS, "_configs", dict(SIMULATORS._configs))
+    monkeypatch.setattr(SIMULATORS, "_metadata", dict(SIMULATORS._metadata))
+    spec = importlib.util.spec_from_file_location("point_mass_doc", doc_files / "point_mass.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def toward_target(obs: np.ndarray, chunk: int) -> np.ndarray:
+    """``(n, chunk, 2)`` actions that move each point straight at its target at full speed."""
+    direction = obs[:, 2:] - obs[:, :2]
+    step = direction / np.maximum(np.abs(direction).max(axis=1, keepdims=True), 1e-6)
+    return np.repeat(step[:, None, :], chunk, axis=1).astype(np.float32)
+
+
+def test_the_worker_drives_a_batch_of_environments_through_the_contract(point_mass):
+    worker = SimulatorWorker("point_mass", point_mass.PointMassConfig(horizon=12), 4)
+    assert isinstance(worker._sim, VectorSimulator)
+    assert worker.spec() == {"obs_dim": 4, "act_dim": 2, "horizon": 12,
+                             "obs_layout": {"position": [0, 2], "target": [2, 4]}}
+    obs = worker.reset([3, 1], [7, 8])
+    assert obs.shape == (2, 4) and obs.dtype == np.float32
+    np.testing.assert_array_equal(obs, worker.reset([0, 2], [7, 8]))  # an id is a state, in any slot
+    start = np.random.default_rng(7).uniform(-1, 1, (2, 2))
+    np.testing.assert_allclose(obs[0], start.reshape(-1), rtol=1e-6)
+
+    # Row 0 heads for its target, row 1 stands still: only row 0 moves, by speed per step.
+    actions = np.zeros((2, 3, 2), np.float32)
+    actions[0] = toward_target(obs, 3)[0]
+    result = worker.step_chunk([3, 1], actions)
+    assert set(result) >= {"obs", "reward", "terminated", "truncated", "success", "steps", "lost", "frames",
+                           "sim_seconds", "sim_cpu_seconds"}
+    moved = np.linalg.norm(result["obs"][:, :2] - obs[:, :2], axis=1)
+    np.testing.assert_allclose(moved[1], 0.0, atol=1e-7)
+    assert 0.0 < moved[0] <= 3 * 0.1 * np.sqrt(2) + 1e-6
+    np.testing.assert_array_equal(result["steps"], [3, 3])
+
+    # Full speed at the target: success mid-chunk ends the episode (fewer steps than the chunk).
+    far = worker.reset([0], [7])
+    done = worker.step_chunk([0], toward_target(far, 40))
+    distance = np.linalg.norm(far[0, 2:] - far[0, :2])
+    assert done["success"][0] and done["terminated"][0] and not done["truncated"][0]
+    assert done["reward"][0] == 1.0 and 1 <= done["steps"][0] < 40
+    assert done["steps"][0] <= int(np.ceil((distance - 0.15) / 0.1)) + 1
+    with pytest.raises(RuntimeError, match="reset it first"):
+        worker.step_chunk([0], np.zeros((1, 1, 2), np.float32))
+
+    # Standing still until the horizon: truncated, never successful.
+    worker.reset([2], [8])
+    idle = worker.step_chunk([2], np.zeros((1, 20, 2), np.float32))
+    assert idle["truncated"][0] and not idle["success"][0] and idle["steps"][0] == 12
+
+    with pytest.raises(ValueError, match=r"out of range \[0, 4\)"):
+        worker.step_chunk([4], np.zeros((1, 1, 2), np.float32))
+    with pytest.raises(ValueError, match=r"actions must have shape \(2, chunk, act_dim\)"):
+        worker.step_chunk([1, 3], np.zeros((1, 1, 2), np.float32))
+    with pytest.raises(RuntimeError, match="renders no frames"):
+        worker.step_chunk([1], np.zeros((1, 1, 2), np.float32), render_indices=[1])
+    with pytest.raises(NoExpertError, match="warm_start.num_demos=0"):
+        worker.run_expert([0])
+    with pytest.raises(ValueError, match="cannot host a task set"):
+        SimulatorWorker("point_mass", [point_mass.PointMassConfig()] * 2, 1)
+
+
+def test_a_chunk_result_refuses_rows_of_another_length_or_dtype():
+    good = {"reward": np.zeros(2, np.float32), "terminated": np.zeros(2, bool), "truncated": np.zeros(2, bool),
+            "success": np.zeros(2, bool), "steps": np.ones(2, np.int64), "lost": np.zeros(2, bool)}
+    ChunkResult(obs=np.zeros((2, 4), np.float32), **good)
+    with pytest.raises(ValueError, match=r"ChunkResult.steps must be a int64 array of shape \(2,\)"):
+        ChunkResult(obs=np.zeros((2, 4), np.float32), **{**good, "steps": np.ones(3, np.int64)})
+    with pytest.raises(ValueError, match="ChunkResult.success must be a bool array"):
+        ChunkResult(obs=np.zeros((2, 4), np.float32), **{**good, "success": np.zeros(2, np.float32)})
+
+
+def test_srpo_trains_a_step_on_the_batched_simulator_through_the_engine(doc_files, tmp_path):
+    out = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(doc_files), str(REPO_ROOT)])}
+    args = ["train", "embodied_srpo", "run.imports=[point_mass]", "simulator.name=point_mass",
+            "simulator.env.horizon=20", "warm_start.num_demos=0", "eval.num_episodes=0",
+            "trainer.total_steps=1", "trainer.ppo_epochs=1", "trainer.ppo_mini_batch_size=4",
+            "data.init_states_per_step=2", "data.group_size=4", "algorithm.success_rate_band=null",
+            "algorithm.filter_zero_variance_groups=false", "policy.config.hidden_sizes=[16]",
+            *device_overrides(), f"run.output_dir={out}", "run.name=point_mass"]
+    trained = subprocess.run([sys.executable, "-m", "vla_rl.cli", *args], cwd=doc_files, env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "point_mass" / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in records if "rollout/success_rate" in r)
+    assert step["step"] == 1 and step["actor/num_updates"] >= 1.0
+    # 2 initial states (one per worker) x 4 rollouts, each episode 1 to 20 control steps
+    assert 8 <= step["rollout/total_env_steps"] <= 8 * 20
+    assert (out / "point_mass" / "checkpoints" / "latest").is_file()
