@@ -52,17 +52,8 @@ from torch import Tensor
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.device_measure import (
-    GIB,
-    Step,
-    add_measuring_arguments,
-    device_name,
-    measure_or_out_of_memory,
-    print_parts_table,
-    record_part,
-    synchronize,
-    timed,
-)
+from benchmarks.device_measure import (GIB, Step, add_measuring_arguments, device_name, measure_or_out_of_memory,
+                                       print_parts_table, record_part, synchronize, timed)
 from policies.pi0.configuration_pi0 import (
     MODEL_PRESETS,
     PI0ModelConfig,

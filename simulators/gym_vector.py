@@ -30,7 +30,7 @@ import numpy as np
 from simulators.experts import make_expert
 from simulators.registry import make_env
 from simulators.stepping import ChunkedSteps, EpisodeLost, UnobservedSteps
-from simulators.vector import ChunkResult, check_chunk_call
+from simulators.vector import ChunkResult
 from vla_rl_core import keys
 from vla_rl_core.observations import Observations, observation, stack_observations
 
@@ -128,23 +128,17 @@ class GymVector:
 
     def reset(self, env_indices: Sequence[int], init_state_ids: Sequence[int],
               task_ids: Sequence[int] | None = None) -> Observations:
-        """Reset the given environments to the given initial states.
-
-        Args:
-            env_indices: ``n`` distinct environment indices in ``[0, num_envs)``.
-            init_state_ids: ``n`` non-negative initial-state ids (the reset seeds).
-            task_ids: ``n`` tasks of a task set (positions in its configs); ``None``: task 0.
+        """Reset environments ``env_indices`` to initial states ``init_state_ids`` (the reset seeds),
+        each into its task of a task set (``task_ids``, positions in its configs; None: task 0); the
+        indices and lengths are checked by the caller (:meth:`simulators.worker.SimulatorWorker.reset`).
 
         Returns:
             float32 ``(n, obs_dim)`` initial observations (camera observations, or a task set's:
             a dict of ``n``-row arrays, see the module docstring).
 
         Raises:
-            ValueError: on bad or repeated indices, lengths that differ, or a task outside the set.
+            ValueError: ``task_ids`` of another length, or a task outside the set.
         """
-        check_chunk_call(len(self._envs), env_indices)
-        if len(init_state_ids) != len(env_indices):
-            raise ValueError(f"got {len(init_state_ids)} init_state_ids for {len(env_indices)} environments")
         tasks = [0] * len(env_indices) if task_ids is None else [int(t) for t in task_ids]
         if len(tasks) != len(env_indices):
             raise ValueError(f"got {len(tasks)} task_ids for {len(env_indices)} environments")
@@ -172,8 +166,9 @@ class GymVector:
         loses its episode: its row is ``lost`` (zeros elsewhere, a zero observation).
 
         Args:
-            env_indices: ``n`` distinct environment indices with running episodes.
-            actions: ``(n, chunk, act_dim)`` actions, row ``k`` for ``env_indices[k]``.
+            env_indices: ``n`` distinct environment indices with running episodes (checked, with
+                the shape of ``actions``, by :meth:`simulators.worker.SimulatorWorker.step_chunk`).
+            actions: float32 ``(n, chunk, act_dim)`` actions, row ``k`` for ``env_indices[k]``.
             render_indices: environments (a subset of ``env_indices``) to render after every
                 control step they execute.
 
@@ -183,12 +178,10 @@ class GymVector:
             entry of ``render_indices``, in its order (none for a lost episode).
 
         Raises:
-            ValueError: on bad indices, an ``actions`` shape that does not match, or render
-                indices outside ``env_indices``.
+            ValueError: render indices outside ``env_indices``.
             RuntimeError: if an environment has no running episode, or if ``render_indices`` is not
                 empty and the simulator has no render camera (checked before stepping).
         """
-        check_chunk_call(len(self._envs), env_indices, actions)
         if not set(render_indices) <= set(env_indices):
             raise ValueError(f"render_indices {list(render_indices)} must be among the stepped {list(env_indices)}")
         if any(self._env(i).render_mode is None for i in render_indices):
