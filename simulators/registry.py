@@ -46,6 +46,7 @@ constructor.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -91,6 +92,36 @@ def build_env_config(name: str, config: Any = None) -> Any:
         f"config for simulator {name!r} must be None, a mapping or a {config_class.__name__}, "
         f"got {type(config).__name__}"
     )
+
+
+SETTINGS_FORMAT = 1
+"""The version of :func:`canonical_env`'s form. Stores record it beside the settings (as
+``settings_format``), so that a reader can tell a form it does not know from other settings."""
+
+
+def canonical_env(name: str, config: Any = None) -> dict[str, Any]:
+    """The settings of simulator ``name`` as stores record and compare them: every field of its
+    config built from ``config`` (:func:`build_env_config`), defaults included, as JSON holds them
+    (tuples as lists). Two configs that build the same simulator give the same dict: writing a
+    default out changes nothing, and a store that recorded its settings this way keeps the
+    defaults of its time, so that a changed default is told apart.
+
+    Raises:
+        RegistryError, ValueError, TypeError: as :func:`build_env_config`.
+    """
+    return json.loads(json.dumps(dataclasses.asdict(build_env_config(name, config))))
+
+
+def same_env(name: str, config: Any, other_name: str, other_config: Any) -> bool:
+    """Whether two simulators with their settings (mappings, as templates and stores hold them, or
+    typed configs) are the same: the same name and :func:`canonical_env`. A recorded setting that
+    the config class no longer accepts makes them differ."""
+    if name != other_name:
+        return False
+    try:
+        return canonical_env(name, config) == canonical_env(other_name, other_config)
+    except (ValueError, TypeError):
+        return False
 
 
 def task_name(name: str, config: Any = None) -> str:

@@ -84,3 +84,21 @@ def test_headless_rendering_defaults_to_egl_and_keeps_user_choice():
     base_env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
     assert _run_python(code, base_env) == "egl egl egl"
     assert _run_python(code, {**base_env, "MUJOCO_GL": "osmesa"}) == "osmesa osmesa osmesa"
+
+
+def test_canonical_settings_hold_every_field_with_its_default():
+    from simulators.registry import canonical_env, same_env
+
+    settings = canonical_env("robosuite_lift", {"horizon": 40})
+    assert settings["horizon"] == 40 and settings["control_freq"] == 20.0 and settings["robot"] == "Panda"
+    assert settings["cameras"] == []  # JSON's form of the tuple, as a store reads it back
+    assert settings == canonical_env("robosuite_lift", RobosuiteEnvConfig(horizon=40))
+    # writing a default out is the same simulator; another value, another simulator, another name too
+    assert same_env("robosuite_lift", {}, "robosuite_lift", {"horizon": RobosuiteEnvConfig().horizon})
+    assert not same_env("robosuite_lift", {}, "robosuite_lift", {"horizon": 7})
+    assert not same_env("robosuite_lift", {}, "robosuite", {})
+    # a store that recorded the defaults of its time: a default that changed since tells them apart
+    older = {**canonical_env("robosuite_lift", {}), "control_freq": 10.0}
+    assert not same_env("robosuite_lift", older, "robosuite_lift", {})
+    # a recorded setting the config no longer has: different, not an error
+    assert not same_env("robosuite_lift", {"gone": 1}, "robosuite_lift", {})

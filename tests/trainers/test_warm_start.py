@@ -203,3 +203,24 @@ def test_a_task_set_gets_demonstrations_of_every_task_and_clones_them(tmp_path, 
     torch.testing.assert_close(policy.obs_mean, states.mean(0))
     # one policy, one action per task: the one-hot tells them apart
     torch.testing.assert_close(policy.action_mean(obs)[:, 0], obs["task_id"].float() / 10, atol=0.02, rtol=0)
+
+
+def test_a_demonstration_store_is_matched_by_its_whole_settings():
+    from simulators.registry import canonical_env
+    from vla_rl.config.simulator import SimulatorSection
+    from vla_rl.nodes.warm_start import demo_env_attrs
+    from vla_rl.trainers.warm_start import same_demonstration_settings
+
+    current = demo_env_attrs(SimulatorSection(name="robosuite_lift", env={"horizon": 40}))
+    assert current == {"name": "robosuite_lift", **canonical_env("robosuite_lift", {"horizon": 40})}
+    # an earlier store recorded the template's own settings: completed with today's defaults
+    assert same_demonstration_settings({"name": "robosuite_lift", "horizon": 40}, current)
+    assert same_demonstration_settings({"name": "robosuite_lift", "horizon": 40, "control_freq": 20.0}, current)
+    assert not same_demonstration_settings({"name": "robosuite_lift", "horizon": 50}, current)
+    assert not same_demonstration_settings({**current, "control_freq": 10.0}, current)  # a default that changed
+    assert not same_demonstration_settings({**current, "tasks": ["Lift"]}, current)
+    assert not same_demonstration_settings({**current, "name": "robosuite"}, current)
+    assert not same_demonstration_settings(None, current)
+    task_set = demo_env_attrs(SimulatorSection(name="metaworld", env={"horizon": 30}, tasks=["reach-v3", "push-v3"]))
+    assert task_set["tasks"] == ["reach-v3", "push-v3"] and "task" not in task_set
+    assert same_demonstration_settings({"name": "metaworld", "horizon": 30, "tasks": ["reach-v3", "push-v3"]}, task_set)

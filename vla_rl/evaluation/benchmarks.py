@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from simulators.registry import same_env
 from vla_rl_core.registry import Registry
 
 
@@ -145,7 +146,7 @@ def run_task_index(config, task: EvalTask) -> int | None:
     """The position of ``task`` among the run's own tasks (:func:`run_tasks`: same simulator and
     settings), or None when the run has no such task."""
     for index, own in enumerate(run_tasks(config)):
-        if own.simulator == task.simulator and own.env == task.env:
+        if same_env(own.simulator, own.env, task.simulator, task.env):
             return index
     return None
 

@@ -30,6 +30,7 @@ import torch
 from ray.experimental import tqdm_ray
 from tensordict import TensorDict
 
+from simulators.registry import SETTINGS_FORMAT, canonical_env
 from vla_rl.checkpoints import files as ckpt
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.evaluation.benchmarks import (
@@ -209,7 +210,8 @@ class EmbodiedEvaluation(EvaluationSession):
             return
         spec, p = self.tasks[task], self.protocols[protocol]
         if spec.name not in self._stores:
-            attrs = {"task": spec.name, "simulator": spec.simulator, "env": spec.env}
+            attrs = {"task": spec.name, "simulator": spec.simulator, "env": canonical_env(spec.simulator, spec.env),
+                     "settings_format": SETTINGS_FORMAT}
             self._stores[spec.name] = open_rank_store(self.eval_dir, spec.name, self.res.rank, self.pool(task).spec(),
                                                       self.res.policy.chunk_size, attrs,
                                                       self.res.policy.has_action_distribution,

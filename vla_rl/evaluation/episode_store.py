@@ -24,7 +24,6 @@ anything; the reads of the driver and the workers go through :func:`reading_stor
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 from tensordict import TensorDict
 
+from simulators.registry import SETTINGS_FORMAT, canonical_env, same_env
 from vla_rl.data.trajectory_store import LENGTH_KEY, TrajectoryStore
 from vla_rl.errors import RunStopped
 from vla_rl.evaluation.targets import EvalInputError
@@ -200,17 +200,25 @@ def episode_keys(store: TrajectoryStore) -> list[EpisodeKey]:
 
 
 def check_task_settings(eval_dir: Path, task: str, simulator: str, env: dict) -> None:
-    """Check that the task's existing stores were written with this simulator and settings.
+    """Check that the task's existing stores were written with this simulator and settings, as
+    :func:`simulators.registry.same_env` compares them (every field of the validated config,
+    defaults included: a store recorded them all, ``settings_format`` 1; an earlier store's own
+    settings are completed with today's defaults).
 
     Raises:
-        ValueError: a store holds episodes of other settings (naming the store and both settings).
+        ValueError: a store holds episodes of other settings (naming the store and both settings),
+            or records them in a form newer than this version knows.
     """
-    expected = json.loads(json.dumps({"simulator": simulator, "env": env}))
     for path in sorted(task_dir(eval_dir, task).glob(STORE_PATTERN)):
         with reading_store(path):
             attrs = TrajectoryStore.open(path, read_only=True).attrs
-        found = {"simulator": attrs["simulator"], "env": attrs["env"]}
-        if found != expected:
+        if int(attrs.get("settings_format", 0)) > SETTINGS_FORMAT:
+            raise ValueError(f"{path} records its settings in form {attrs['settings_format']}, newer than this "
+                             f"vla-rl's {SETTINGS_FORMAT}: evaluate with the version that wrote it, or into another "
+                             "directory (--output)")
+        if not same_env(attrs["simulator"], attrs["env"], simulator, env):
+            found = {"simulator": attrs["simulator"], "env": attrs["env"]}
+            expected = {"simulator": simulator, "env": canonical_env(simulator, env)}
             raise ValueError(f"{path} holds episodes of task {task!r} with {found}, not {expected}; evaluate "
                              "into another directory (--output) to change the task's settings")
 

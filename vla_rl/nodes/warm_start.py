@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
+from simulators.registry import canonical_env
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.errors import RunStopped
 from vla_rl.nodes.text import SFT_KEYS
@@ -40,11 +41,14 @@ DEMO_KEYS = (keys.OBS, keys.ACTIONS)
 
 
 def demo_env_attrs(sim) -> dict:
-    """What a demonstration store records of the simulator (its settings, and a task set's tasks)."""
-    attrs = {"name": sim.name, **sim.env}
+    """What a demonstration store records of the simulator: its name, every setting of its
+    validated config, defaults included (:func:`simulators.registry.canonical_env`; a task set's
+    without ``task``), and a task set's tasks."""
+    env = canonical_env(sim.name, sim.env)
     if sim.multi_task:
-        attrs["tasks"] = sim.task_names()
-    return attrs
+        env.pop("task", None)
+        return {"name": sim.name, **env, "tasks": sim.task_names()}
+    return {"name": sim.name, **env}
 
 
 def task_configs(sim) -> list:

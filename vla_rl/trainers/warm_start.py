@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from ray.experimental import tqdm_ray
 from tensordict import TensorDict
 
+from simulators.registry import SETTINGS_FORMAT, same_env
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl_core import keys
 from vla_rl_core.observations import Observations, empty_observations, to_torch
@@ -44,6 +46,20 @@ def demo_fields(spec: dict) -> dict[str, tuple[tuple[int, ...], type]]:
         return {FLAT_OBS_FIELD: ((spec["obs_dim"],), np.float32), **actions}
     empty = empty_observations(spec, 1)
     return {key: (value.shape[1:], value.dtype.type) for key, value in empty.items()} | actions
+
+
+def same_demonstration_settings(stored: Any, current: Mapping[str, Any]) -> bool:
+    """Whether a demonstration store's recorded simulator (``stored``: ``{"name", <settings>,
+    "tasks"?}``, :func:`vla_rl.nodes.warm_start.demo_env_attrs`) is ``current``: the same name and
+    tasks, and the same settings as :func:`simulators.registry.same_env` compares them (a store
+    written before settings were recorded whole is completed with today's defaults)."""
+    if not isinstance(stored, Mapping) or stored.get("name") != current["name"]:
+        return False
+    if stored.get("tasks") != current.get("tasks"):
+        return False
+    settings = [{key: value for key, value in attrs.items() if key not in ("name", "tasks")}
+                for attrs in (stored, current)]
+    return same_env(stored["name"], settings[0], current["name"], settings[1])
 
 
 def ensure_demonstrations(
@@ -68,14 +84,17 @@ def ensure_demonstrations(
     spec = pool.spec()
     if (store_path / "zarr.json").exists():
         store = TrajectoryStore.open(store_path)
-        if store.attrs.get("env") != env_attrs:
+        if int(store.attrs.get("settings_format", 0)) > SETTINGS_FORMAT:
+            raise ValueError(f"{store_path} records its settings in form {store.attrs['settings_format']}, newer "
+                             f"than this vla-rl's {SETTINGS_FORMAT}; set warm_start.demo_store to another path")
+        if not same_demonstration_settings(store.attrs.get("env"), env_attrs):
             raise ValueError(
                 f"{store_path} holds demonstrations of {store.attrs.get('env')}, not {env_attrs}; "
                 "set warm_start.demo_store to another path"
             )
     else:
         store = TrajectoryStore.create(store_path, fields=demo_fields(spec), max_steps=int(spec["horizon"]),
-                                       attrs={"env": env_attrs})
+                                       attrs={"env": env_attrs, "settings_format": SETTINGS_FORMAT})
     for task in range(num_tasks or 1):
         count, start = _stored(store, None if num_tasks is None else task, id_offset)
         for _ in range(max_attempts):

@@ -1,0 +1,43 @@
+"""An evaluation's episode stores are matched to its tasks by their whole settings (every field of
+the simulator's validated config, defaults included), with the form of the record versioned."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulators.registry import SETTINGS_FORMAT, canonical_env
+from vla_rl.data.trajectory_store import TrajectoryStore
+from vla_rl.evaluation.episode_store import check_task_settings, task_dir
+
+
+def write_store(eval_dir, attrs: dict) -> None:
+    path = task_dir(eval_dir, "lift") / "rank0.zarr"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    TrajectoryStore.create(path, {"obs": ((3,), np.float32)}, max_steps=4, attrs={"task": "lift", **attrs})
+
+
+def test_a_store_of_the_same_settings_is_continued_written_out_or_not(tmp_path):
+    write_store(tmp_path, {"simulator": "robosuite_lift", "env": canonical_env("robosuite_lift", {"horizon": 40}),
+                           "settings_format": SETTINGS_FORMAT})
+    check_task_settings(tmp_path, "lift", "robosuite_lift", {"horizon": 40})
+    check_task_settings(tmp_path, "lift", "robosuite_lift", {"horizon": 40, "control_freq": 20.0})
+
+
+def test_an_earlier_store_is_completed_with_todays_defaults(tmp_path):
+    write_store(tmp_path, {"simulator": "robosuite_lift", "env": {"horizon": 40}})  # no settings_format
+    check_task_settings(tmp_path, "lift", "robosuite_lift", {"horizon": 40, "robot": "Panda"})
+
+
+@pytest.mark.parametrize(("recorded", "message"), [
+    ({"env": {"horizon": 40}, "simulator": "robosuite"}, "holds episodes of task 'lift'"),
+    ({"env": {**canonical_env("robosuite_lift", {"horizon": 40}), "control_freq": 10.0},  # a default since changed
+      "simulator": "robosuite_lift"}, "holds episodes of task 'lift'"),
+    ({"env": {"horizon": 40}, "simulator": "robosuite_lift", "settings_format": SETTINGS_FORMAT + 1},
+     "newer than this vla-rl's"),
+])
+def test_a_store_of_other_settings_is_refused_naming_both(tmp_path, recorded, message):
+    write_store(tmp_path, recorded)
+    with pytest.raises(ValueError, match=message) as error:
+        check_task_settings(tmp_path, "lift", "robosuite_lift", {"horizon": 40})
+    assert "rank0.zarr" in str(error.value)
