@@ -125,7 +125,7 @@ def test_a_chunk_renders_the_cameras_once(camera_env):
     worker = SimulatorWorker("robosuite_lift", {"cameras": ["agentview"], "camera_size": SIZE, "horizon": 10}, 1)
     try:
         worker.reset([0], [4])
-        env = worker._env(0)
+        env = worker._sim._env(0)
         renders = []
         render = env._render
         env._render = lambda *args: renders.append(args) or render(*args)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import simulators.worker as worker_module
+import simulators.gym_vector as gym_vector_module
 from simulators import make_env
 from simulators.registry import build_env_config
 from simulators.worker import SimulatorWorker
@@ -39,7 +39,7 @@ def counted_envs(monkeypatch):
         made.append(config.task)
         return make_env(name, config)
 
-    monkeypatch.setattr(worker_module, "make_env", make)
+    monkeypatch.setattr(gym_vector_module, "make_env", make)
     return made
 
 
@@ -71,7 +71,7 @@ def test_a_slot_that_changes_task_reuses_parked_environments(counted_envs):
         assert sorted(counted_envs) == sorted(["reach-v3", "push-v3", "drawer-close-v3", "reach-v3"])
         np.testing.assert_array_equal(worker.reset([0], [4], [2])[keys.OBS_STATE][0],
                                       single_task_reset("drawer-close-v3", 4))
-        assert len(worker._parked) <= max(2, len(TASKS))  # never more parked than slots (or tasks)
+        assert len(worker._sim._parked) <= max(2, len(TASKS))  # never more parked than slots (or tasks)
     finally:
         worker.close()
 
