@@ -23,6 +23,8 @@ import importlib
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
 T = TypeVar("T")
 
 
@@ -40,18 +42,21 @@ class Registry(Generic[T]):
         kind: what is registered, used in error messages (e.g. ``"policy"``).
         builtins: modules whose import registers the built-in entries (e.g.
             ``("policies.mlp.modeling_mlp",)``). They are imported on the first lookup (:meth:`get`,
-            ``in``, iteration, :meth:`metadata`, :meth:`config_class`), never by :meth:`register`, so
+            ``in``, iteration, :meth:`traits`, :meth:`config_class`), never by :meth:`register`, so
             that the module defining a registry does not import its implementations: a family's
             registry can sit on a low floor while its built-ins live above it.
+        traits: the pydantic model of what each entry declares to the engine when it registers
+            (e.g. an advantage estimator's ``reads`` and ``groups``); None: entries declare nothing.
     """
 
-    def __init__(self, kind: str, builtins: Sequence[str] = ()) -> None:
+    def __init__(self, kind: str, builtins: Sequence[str] = (), traits: type[BaseModel] | None = None) -> None:
         self.kind = kind
         self.builtins = tuple(builtins)
+        self.traits_model = traits
         self._builtins_loaded = not self.builtins
         self._entries: dict[Hashable, T] = {}
         self._configs: dict[Hashable, type] = {}
-        self._metadata: dict[Hashable, dict[str, Any]] = {}
+        self._traits: dict[Hashable, BaseModel] = {}
 
     def load_builtins(self) -> None:
         """Import the :attr:`builtins` modules (once; a lookup while they import sees what is
@@ -66,19 +71,23 @@ class Registry(Generic[T]):
             self._builtins_loaded = False
             raise
 
-    def register(self, name: Hashable, config: type | None = None, **metadata: Any) -> Callable[[T], T]:
+    def register(self, name: Hashable, config: type | None = None, **traits: Any) -> Callable[[T], T]:
         """Decorator registering the decorated object under ``name``.
 
         Args:
             name: the name templates and code select it by.
             config: the typed config class of its settings (None: it takes none).
-            metadata: what the component declares to the engine, by convention of its registry
-                (e.g. ``reads=("values",)``: the batch keys an advantage estimator reads beyond
-                the common ones; ``resources=("trajectory_encoder",)``: what a reward needs).
+            traits: what the component declares to the engine, validated by the registry's
+                traits model (e.g. ``reads=("values",)``: the batch keys an advantage estimator
+                reads beyond the common ones), so that a misspelt or mistyped trait is an error
+                when the registering module is imported, never a check silently skipped.
 
         Raises:
             RegistryError: if ``name`` is already registered.
+            TypeError: traits the registry's model refuses (an unknown name, a wrong type; the
+                message names the component and the trait), or any trait for a registry without one.
         """
+        declared = self._validated_traits(name, traits)
 
         def decorator(obj: T) -> T:
             if name in self._entries:
@@ -86,19 +95,37 @@ class Registry(Generic[T]):
             self._entries[name] = obj
             if config is not None:
                 self._configs[name] = config
-            self._metadata[name] = dict(metadata)
+            if declared is not None:
+                self._traits[name] = declared
             return obj
 
         return decorator
 
-    def metadata(self, name: Hashable) -> dict[str, Any]:
-        """What ``name`` declared when it was registered (see :meth:`register`).
+    def traits(self, name: Hashable) -> BaseModel:
+        """What ``name`` declared when it was registered: an instance of the registry's traits
+        model (its defaults where the entry declared nothing).
 
         Raises:
             RegistryError: if ``name`` is unknown.
+            TypeError: if the registry has no traits model.
         """
         self.get(name)
-        return dict(self._metadata.get(name, {}))
+        if self.traits_model is None:
+            raise TypeError(f"the {self.kind} registry declares no traits")
+        return self._traits.get(name) or self.traits_model()
+
+    def _validated_traits(self, name: Hashable, traits: dict[str, Any]) -> BaseModel | None:
+        if self.traits_model is None:
+            if traits:
+                raise TypeError(f"{self.kind} {name!r}: the {self.kind} registry takes no traits, got "
+                                f"{sorted(traits)}")
+            return None
+        try:
+            return self.traits_model(**traits)
+        except ValidationError as err:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+            raise TypeError(f"{self.kind} {name!r} declares invalid traits ({self.traits_model.__name__}): "
+                            f"{problems}") from None
 
     def config_class(self, name: Hashable) -> type | None:
         """The config class registered with ``name`` (None if it takes no settings).

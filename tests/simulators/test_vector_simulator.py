@@ -36,7 +36,7 @@ def point_mass(doc_files, monkeypatch):
     """The doc's module, imported with this test's copy of the simulator registry (restored after)."""
     monkeypatch.setattr(SIMULATORS, "_entries", dict(SIMULATORS._entries))
     monkeypatch.setattr(SIMULATORS, "_configs", dict(SIMULATORS._configs))
-    monkeypatch.setattr(SIMULATORS, "_metadata", dict(SIMULATORS._metadata))
+    monkeypatch.setattr(SIMULATORS, "_traits", dict(SIMULATORS._traits))
     spec = importlib.util.spec_from_file_location("point_mass_doc", doc_files / "point_mass.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

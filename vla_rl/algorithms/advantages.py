@@ -51,13 +51,34 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
 from vla_rl_core.registry import Registry
 
 AdvantageEstimator = Callable[..., tuple[Tensor, Tensor]]
 
-ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
+
+
+class EstimatorTraits(BaseModel):
+    """What an advantage estimator declares when it registers (checked then, by pydantic).
+
+    Attributes:
+        reads: batch keys it reads beyond rewards, mask and groups (``("values",)`` for GAE): the
+            planner checks that a node before it writes them.
+        groups: it compares the samples of a group, so a group size below 2 is refused at plan time.
+        batch_statistics: it takes statistics over the whole batch and accepts ``reduce`` (a
+            :data:`ShardReduce`), so that it can run on the batch's DP shards.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reads: tuple[str, ...] = ()
+    groups: bool = False
+    batch_statistics: bool = False
+
+
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", traits=EstimatorTraits)
 
 
 def _check_unit_interval(**values: float) -> None:

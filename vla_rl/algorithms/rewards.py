@@ -24,12 +24,31 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
 from vla_rl.algorithms.srpo import SRPORewardConfig, SRPOShards, compute_srpo_rewards
 from vla_rl_core.registry import Registry
 
-EMBODIED_REWARDS: Registry[Callable[..., Tensor]] = Registry("embodied reward")
+
+
+class RewardTraits(BaseModel):
+    """What an embodied reward declares when it registers (checked then, by pydantic).
+
+    Attributes:
+        embeddings: it scores the episodes' trajectory embeddings (the reward node builds the
+            run's ``algorithm.trajectory_encoder`` and passes them).
+        step_reference: its reference set may span the whole step (``algorithm.srpo_reference_set:
+            step``): the reward node's DP shards exchange what it needs (:class:`SRPOShards`).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    embeddings: bool = False
+    step_reference: bool = False
+
+
+EMBODIED_REWARDS: Registry[Callable[..., Tensor]] = Registry("embodied reward", traits=RewardTraits)
 
 
 @EMBODIED_REWARDS.register("success")

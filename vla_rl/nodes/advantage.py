@@ -38,14 +38,14 @@ def build_kl_controller(res):
 def _advantage_reads(config, node_config) -> tuple[str, ...]:
     algo = config.algorithm
     reads = (keys.RESPONSE_MASK, keys.REWARDS, keys.UID,
-             *ADVANTAGE_ESTIMATORS.metadata(algo.adv_estimator).get("reads", ()))
+             *ADVANTAGE_ESTIMATORS.traits(algo.adv_estimator).reads)
     return (*reads, keys.OLD_LOG_PROBS, keys.REF_LOG_PROBS) if algo.use_kl_in_reward else reads
 
 
 def _groups_of_two(config, node_config, dp_size: int, world_size: int):
     """A group-relative estimator compares each sample with its group: a group of one gets advantage 0."""
     estimator = config.algorithm.adv_estimator
-    if ADVANTAGE_ESTIMATORS.metadata(estimator).get("groups") and config.data.group_size < 2:
+    if ADVANTAGE_ESTIMATORS.traits(estimator).groups and config.data.group_size < 2:
         return "data.group_size", (f"advantage estimator {estimator!r} compares the samples of a group, so data.group_size "
                                    f"must be at least 2 (got {config.data.group_size}: every advantage would be 0 and "
                                    "nothing would train)")
@@ -74,7 +74,7 @@ def compute_advantages(ctx, batch) -> NodeOutput:
     estimator = ADVANTAGE_ESTIMATORS.get(algo.adv_estimator)
     values = batch.get(keys.VALUES, None)
     extra = {}
-    if ADVANTAGE_ESTIMATORS.metadata(algo.adv_estimator).get("batch_statistics") and ctx.dp_size > 1:
+    if ADVANTAGE_ESTIMATORS.traits(algo.adv_estimator).batch_statistics and ctx.dp_size > 1:
         extra["reduce"] = shard_reduce(ctx)  # batch-wide statistics over every shard of the step
     advantages, returns = estimator(token_level_rewards, mask, batch[keys.UID], algo.options("adv_estimator"),
                                     values=values, **extra)

@@ -20,28 +20,30 @@ from vla_rl_core import keys
 
 def embeds_trajectories(config) -> bool:
     """Whether the run's reward scores trajectory embeddings (``embeddings=True`` in its registry)."""
-    return bool(EMBODIED_REWARDS.metadata(config.algorithm.reward).get("embeddings", False))
+    return EMBODIED_REWARDS.traits(config.algorithm.reward).embeddings
 
 
 @register_resource("trajectory_encoder", needs=("policy",))
 def build_trajectory_encoder_resource(res):
-    """The trajectory encoder of ``algorithm.trajectory_encoder`` with its settings, built once:
-    ``policy_backbone`` reads the live policy's vision backbone (its ``frame_features``),
-    ``vjepa2`` loads its model on this worker's device.
+    """The trajectory encoder of ``algorithm.trajectory_encoder`` with its settings, built once,
+    given what its registered traits ask of the worker (:class:`~vla_rl.rewards.trajectory_encoders.EncoderTraits`:
+    the live policy's vision backbone, ``frame_features``, for ``policy_backbone``; this worker's
+    device for ``vjepa2``, which loads its model there).
 
     Raises:
-        ValueError: ``policy_backbone`` with a policy without a vision backbone.
+        ValueError: an encoder that reads the policy's vision backbone, with a policy without one.
     """
-    from vla_rl.rewards.trajectory_encoders import build_trajectory_encoder
+    from vla_rl.rewards.trajectory_encoders import TRAJECTORY_ENCODERS, build_trajectory_encoder
 
     algo = res.config.algorithm
+    wants = TRAJECTORY_ENCODERS.traits(algo.trajectory_encoder).runtime
     runtime = {}
-    if algo.trajectory_encoder == "policy_backbone":
+    if "frame_features" in wants:
         if not hasattr(res.policy, "frame_features"):
-            raise ValueError(f"algorithm.trajectory_encoder 'policy_backbone' needs a policy with a vision "
+            raise ValueError(f"algorithm.trajectory_encoder {algo.trajectory_encoder!r} needs a policy with a vision "
                              f"backbone (frame_features); policy {res.config.policy.name!r} has none")
         runtime["frame_features"] = res.policy.frame_features
-    elif algo.trajectory_encoder == "vjepa2":
+    if "device" in wants:
         runtime["device"] = res.device
     return build_trajectory_encoder(algo.trajectory_encoder, algo.options("trajectory_encoder"), **runtime)
 
@@ -67,7 +69,7 @@ def compute_rewards(ctx, batch) -> NodeOutput:
     """
     algo = ctx.config.algorithm
     encoder = ctx.resources.trajectory_encoder if embeds_trajectories(ctx.config) else None
-    step_wide = EMBODIED_REWARDS.metadata(algo.reward).get("step_reference", False)
+    step_wide = EMBODIED_REWARDS.traits(algo.reward).step_reference
     shards = step_reference(ctx) if step_wide and algo.srpo_reference_set == "step" and ctx.dp_size > 1 else None
     rewards, metrics = episode_rewards(algo, batch, encoder, shards)
     batch.set(keys.REWARDS, rewards)

@@ -29,14 +29,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
 from vla_rl_core.registry import Registry
 
-TRAJECTORY_ENCODERS: Registry[Callable[..., Any]] = Registry("trajectory encoder")
+
+
+class EncoderTraits(BaseModel):
+    """What a trajectory encoder declares when it registers (checked then, by pydantic).
+
+    Attributes:
+        runtime: what its builder takes from the worker beside its settings:
+            ``"frame_features"`` (the live policy's vision backbone), ``"device"`` (the worker's
+            device, for a model of its own).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    runtime: tuple[Literal["frame_features", "device"], ...] = ()
+
+
+TRAJECTORY_ENCODERS: Registry[Callable[..., Any]] = Registry("trajectory encoder", traits=EncoderTraits)
 """Encoder functions ``(trajectories, lengths, num_points) -> (batch, dim)``, or classes whose
 instances are such functions (build them with :func:`build_trajectory_encoder`)."""
 
@@ -238,7 +255,7 @@ def encode_state_trajectories(states: Tensor, lengths: Tensor, num_points: int =
     return resampled.reshape(batch, num_points * state_dim)  # (B, P * D)
 
 
-@TRAJECTORY_ENCODERS.register("vjepa2", config=VJEPA2EncoderConfig)
+@TRAJECTORY_ENCODERS.register("vjepa2", config=VJEPA2EncoderConfig, runtime=("device",))
 class VJEPA2TrajectoryEncoder:
     """SRPO's world-model trajectory embedding with a frozen V-JEPA 2 encoder.
 
@@ -338,7 +355,7 @@ class VJEPA2TrajectoryEncoder:
         return torch.cat(embeddings)  # (B, hidden)
 
 
-@TRAJECTORY_ENCODERS.register("policy_backbone", config=FrameEncoderConfig)
+@TRAJECTORY_ENCODERS.register("policy_backbone", config=FrameEncoderConfig, runtime=("frame_features",))
 class BackboneTrajectoryEncoder:
     """Trajectory embedding from the policy's own vision backbone.
 
