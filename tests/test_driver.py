@@ -99,9 +99,10 @@ def test_run_leaves_every_artifact(srpo_run):
     step = next(r for r in records if "rollout/success_rate" in r)
     # Every node ran, the kept episodes were rebalanced before the update (the only re-shard: every
     # node runs at DP 2), and the rollout really stepped the simulator.
-    for key in ("timing/tasks", "timing/rollout", "timing/reward", "timing/advantage", "timing/group_filter",
-                "timing/actor_update", "timing/reshard_group_filter_to_actor_update"):
+    for key in ("timing/tasks", "timing/rollout", "timing/env_interact", "timing/reward", "timing/advantage",
+                "timing/group_filter", "timing/actor_update", "timing/reshard_group_filter_to_actor_update"):
         assert key in step, key
+    assert step["rollout/env_steps_per_s"] == pytest.approx(step["rollout/env_steps"] / step["timing/env_interact"])
     assert not [key for key in step if key.startswith("timing/reshard_") and "actor_update" not in key]
     # What the step's collectives moved (the SRPO reference set among them) and what reached the driver.
     assert step["comm/collectives"] >= 5 and step["comm/srpo_reference/collectives"] == 3

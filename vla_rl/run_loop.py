@@ -19,6 +19,7 @@ from vla_rl.checkpoints.files import latest_checkpoint
 from vla_rl.errors import RunStopped
 from vla_rl.utils.plotting import plot_success_curve
 from vla_rl.utils.tracking import MetricsLogger, read_metrics
+from vla_rl.workers.dag_worker import ROLLOUT_TIMING
 from vla_rl.workers.group import WorkerDiedError, run_evaluation
 from vla_rl_core.run_layout import CHECKPOINTS_DIR, METRICS_FILE, SUCCESS_PLOT
 
@@ -180,12 +181,12 @@ class RunLoop:
                 metrics[DRIVER_BYTES] = float(self.workers.last_reply_bytes)
                 pending = None
                 step_env_steps = metrics.get("rollout/env_steps", 0.0)
-                if metrics.get("timing/rollout"):
-                    metrics["rollout/env_steps_per_s"] = step_env_steps / metrics["timing/rollout"]
+                if metrics.get(ROLLOUT_TIMING):
+                    metrics["rollout/env_steps_per_s"] = step_env_steps / metrics[ROLLOUT_TIMING]
                 step_env_steps += metrics.get("filter/refill_env_steps", 0.0)  # + dynamic sampling's rounds
                 env_steps += step_env_steps
                 session_env_steps += step_env_steps
-                rollout_time += metrics.get("timing/rollout", 0.0)
+                rollout_time += metrics.get(ROLLOUT_TIMING, 0.0)
                 metrics[TOTAL_ENV_STEPS] = env_steps
                 last_step = step + 1
                 out_of_budget = budget is not None and env_steps >= budget

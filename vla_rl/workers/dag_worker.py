@@ -46,6 +46,10 @@ from vla_rl.workers.resources import Resources
 from vla_rl_core import keys
 from vla_rl_core.run_layout import CHECKPOINTS_DIR
 
+ROLLOUT_TIMING = "timing/env_interact"
+"""Seconds this step's rollout nodes (type ``env_interact``) took, whatever their ids: the run loop
+divides the step's environment steps by it."""
+
 
 class DAGWorker:
     """Executes one rank's task chains.
@@ -226,7 +230,10 @@ class DAGWorker:
             weighed = batch if batch is not None else result.batch
             size = len(weighed) if weighed is not None else 1
             local.extend((name, as_metric(value, size), ctx.replicas) for name, value in result.metrics.items())
-            timings[f"timing/{task.node_id}"] = time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            timings[f"timing/{task.node_id}"] = elapsed
+            if task.type == "env_interact":  # every rollout node's, whatever its id (the run loop's env steps/s)
+                timings[ROLLOUT_TIMING] = timings.get(ROLLOUT_TIMING, 0.0) + elapsed
         return outputs, edge_inputs, local, timings
 
     def _rerun_upstream(self, chain: tuple[Task, ...], node: RunNode, step: int, tag: str, video: bool):
