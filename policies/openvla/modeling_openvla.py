@@ -48,7 +48,7 @@ class OpenVLAPolicy(PrismaticPolicy):
     config_class = OpenVLAPolicyConfig
 
     def __init__(self, config: OpenVLAPolicyConfig) -> None:
-        if not isinstance(config, OpenVLAPolicyConfig):
+        if type(config) is not OpenVLAPolicyConfig:  # an OpenVLA-OFT config (a subclass) builds OpenVLAOFTPolicy
             raise TypeError(f"OpenVLAPolicy needs an OpenVLAPolicyConfig, got {type(config).__name__}")
         super().__init__(config)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from policies.openvla.configuration_openvla import (
-    PrismaticArchitecture,
+    OpenVLAPolicyConfig,
     resolve_cameras,
     validate_common_fields,
 )
@@ -19,26 +19,18 @@ def _is_int(value: object) -> bool:
 
 
 @dataclass
-class OpenVLAOFTPolicyConfig:
-    """Settings of :class:`policies.openvla_oft.modeling_openvla_oft.OpenVLAOFTPolicy`.
-
-    Give exactly one of ``model_path`` and ``architecture``.
+class OpenVLAOFTPolicyConfig(OpenVLAPolicyConfig):
+    """Settings of :class:`policies.openvla_oft.modeling_openvla_oft.OpenVLAOFTPolicy`: those of
+    :class:`~policies.openvla.configuration_openvla.OpenVLAPolicyConfig` (give exactly one of
+    ``model_path`` and ``architecture``; ``unnorm_key``, ``action_statistics``, ``temperature``,
+    ``gripper_postprocess``, ``dtype``, ``attn_implementation``, ``seed``, ``action_dim``,
+    ``allow_pickle``, ``allow_partial_load`` mean what they mean there), with OpenVLA-OFT's
+    defaults where they differ and its own fields.
 
     Attributes:
         model_path: a local OpenVLA-OFT checkpoint directory in the published layout (plus
-            ``action_head--*checkpoint.pt`` / ``proprio_projector--*checkpoint.pt`` when used).
-        architecture: the model to build with random weights (a :class:`PrismaticArchitecture`,
-            its dict, or a preset such as ``"tiny"``; see ``OpenVLAPolicyConfig``).
-        unnorm_key: dataset whose statistics de-normalise actions and normalise the proprio;
-            None: the checkpoint's only dataset, or on LIBERO the suite's (``<suite>``, else
-            ``<suite>_no_noops``, as ``run_libero_eval.py``'s ``check_unnorm_key``).
-        action_statistics: ``{"q01", "q99", "mask"}`` lists for an ``architecture`` model.
-        temperature: sampling temperature; the RL log-probs use the same one.
-        gripper_postprocess: ``"libero"`` or ``"none"`` (see :meth:`env_actions`).
-        dtype: parameter dtype (``"float32"``, ``"bfloat16"``, ``"float16"``).
-        attn_implementation: ``"sdpa"`` or ``"eager"``.
-        seed: seed of the random initialisation (model and heads).
-        action_dim: values per action (7 for LIBERO).
+            ``action_head--*checkpoint.pt`` / ``proprio_projector--*checkpoint.pt`` when used; those
+            are read with torch's weights-only unpickler whatever ``allow_pickle`` says).
         chunk_size: actions decoded per forward pass (OFT's ``NUM_ACTIONS_CHUNK``: 8 for LIBERO).
         num_images: camera images per observation (OFT's ``num_images_in_input``: 1 third-person
             view, 2 with the wrist camera).
@@ -54,39 +46,19 @@ class OpenVLAOFTPolicyConfig:
             Llama's ``</s>`` = 2).
         cameras: simulator cameras of the ``num_images`` images, in order (``"<camera>_image"``
             entries of simulator observations); default ``("agentview", "robot0_eye_in_hand")[:num_images]``.
-        image_resize: how simulator images that are not the vision tower's size are resized
-            (``IMAGE_RESIZES``); default ``"jpeg_lanczos3"``, OpenVLA-OFT's
-            ``resize_image_for_policy`` (``experiments/robot/openvla_utils.py``).
-        center_crop: crop the centred 90% of each simulator image's area and resize it back
-            (``center_crop_image``); default on, as ``run_libero_eval.py``'s ``center_crop`` for the
-            published checkpoints (trained with random-crop augmentation).
-        allow_pickle: accept ``pytorch_model.bin`` VLA weights when ``model_path`` has no
-            safetensors (OFT's ``*--checkpoint.pt`` head modules are read with torch's
-            weights-only unpickler whatever it is).
-        allow_partial_load: accept ``model_path`` weights that do not match the architecture (see
-            ``OpenVLAPolicyConfig``; templates set it with ``policy.allow_partial_load``).
+        image_resize: default ``"jpeg_lanczos3"``, OpenVLA-OFT's ``resize_image_for_policy``
+            (``experiments/robot/openvla_utils.py``).
+        center_crop: default on, as ``run_libero_eval.py``'s ``center_crop`` for the published
+            checkpoints (trained with random-crop augmentation).
     """
 
-    model_path: str | None = None
-    architecture: PrismaticArchitecture | dict | str | None = None
-    unnorm_key: str | None = None
-    action_statistics: dict[str, list] | None = None
-    temperature: float = 1.0
-    gripper_postprocess: str = "none"
-    dtype: str = "float32"
-    attn_implementation: str = "sdpa"
-    seed: int = 0
-    action_dim: int = 7
+    image_resize: str = "jpeg_lanczos3"
+    center_crop: bool = True
     chunk_size: int = 8
     num_images: int = 1
     proprio_dim: int | None = None
     action_head: str = "discrete"
     stop_token_id: int = 2
-    cameras: tuple[str, ...] | None = None
-    image_resize: str = "jpeg_lanczos3"
-    center_crop: bool = True
-    allow_pickle: bool = False
-    allow_partial_load: bool = False
 
     def __post_init__(self) -> None:
         """Validate the fields.

@@ -285,3 +285,20 @@ def test_two_camera_inputs_are_agentview_then_wrist_with_the_8_value_proprio():
     assert images.shape[:2] == (2, 2)
     assert (images[:, 0] - 40).abs().max() <= 1 and (images[:, 1] - 200).abs().max() <= 1  # uniform stays uniform
     torch.testing.assert_close(inputs["proprio"], state[:, :PROPRIO_DIM])
+
+
+def test_the_oft_config_is_openvlas_with_oft_defaults_and_fields():
+    import dataclasses
+
+    from policies import make_policy
+    from policies.openvla.configuration_openvla import OpenVLAPolicyConfig
+
+    oft, openvla = OpenVLAOFTPolicyConfig(architecture="tiny"), OpenVLAPolicyConfig(architecture="tiny")
+    own = {f.name for f in dataclasses.fields(OpenVLAOFTPolicyConfig)} - {f.name for f in dataclasses.fields(openvla)}
+    assert own == {"chunk_size", "num_images", "proprio_dim", "action_head", "stop_token_id"}
+    assert (oft.image_resize, oft.center_crop) == ("jpeg_lanczos3", True)  # OFT's LIBERO preprocessing
+    assert (openvla.image_resize, openvla.center_crop) == ("tower", False)
+    with pytest.raises(ValueError, match="OpenVLAOFTPolicyConfig.temperature"):  # the shared checks name the class
+        OpenVLAOFTPolicyConfig(architecture="tiny", temperature=0)
+    with pytest.raises(TypeError, match="OpenVLAPolicy needs an OpenVLAPolicyConfig, got OpenVLAOFTPolicyConfig"):
+        make_policy("openvla", oft)
