@@ -28,11 +28,11 @@ rotation up to 0.5 rad per control step), then the gripper (-1 open, +1 close); 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
+from simulators.base import SingleEnv, require_int
 from simulators.registry import SIMULATORS
 from simulators.rendering import (
     disable_shadows_and_reflections,
@@ -40,10 +40,8 @@ from simulators.rendering import (
 )
 from simulators.robosuite_env import (
     STATE_KEY_SIZES,
-    camera_observation_space,
     quiet_robosuite_imports,
 )
-from simulators.stepping import checked_action
 
 SUITE_HORIZONS: dict[str, int] = {
     "libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400,
@@ -116,11 +114,6 @@ def init_state_index(init_state_id: int, num_init_states: int) -> int:
     return int(init_state_id) % int(num_init_states)
 
 
-def _require_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
 def _require_names(name: str, value: Any, allow_empty: bool) -> tuple[str, ...]:
     if isinstance(value, str) or not all(isinstance(item, str) and item for item in value):
         raise ValueError(f"{name} must be a sequence of names, got {value!r}")
@@ -189,26 +182,26 @@ class LiberoEnvConfig:
     def __post_init__(self) -> None:
         if self.suite not in SUITE_HORIZONS:
             raise ValueError(f"suite must be one of {sorted(SUITE_HORIZONS)}, got {self.suite!r}")
-        _require_int("task_id", self.task_id, 0)
-        _require_int("task_seed", self.task_seed, 0)
+        require_int("task_id", self.task_id, 0)
+        require_int("task_seed", self.task_seed, 0)
         if self.horizon is None:
             object.__setattr__(self, "horizon", SUITE_HORIZONS[self.suite])
-        _require_int("horizon", self.horizon, 1)
-        _require_int("num_steps_wait", self.num_steps_wait, 0)
+        require_int("horizon", self.horizon, 1)
+        require_int("num_steps_wait", self.num_steps_wait, 0)
         object.__setattr__(self, "obs_keys", _require_names("obs_keys", self.obs_keys, allow_empty=False))
         object.__setattr__(self, "cameras", _require_names("cameras", self.cameras, allow_empty=True))
-        _require_int("camera_size", self.camera_size, 8)
+        require_int("camera_size", self.camera_size, 8)
         if not isinstance(self.fast_rendering, bool):
             raise ValueError(f"fast_rendering must be true or false, got {self.fast_rendering!r}")
         if self.render_camera is not None and (not isinstance(self.render_camera, str) or not self.render_camera):
             raise ValueError(
                 f"render_camera must be a camera name such as 'agentview' or None, got {self.render_camera!r}"
             )
-        _require_int("render_size", self.render_size, 8)
+        require_int("render_size", self.render_size, 8)
 
 
 @SIMULATORS.register("libero")
-class LiberoEnv(gym.Env):
+class LiberoEnv(SingleEnv):
     """One LIBERO task as a ``gymnasium.Env``.
 
     Reward is 1.0 on success (LIBERO's goal predicates, ``env.check_success()``) and 0.0
@@ -228,9 +221,6 @@ class LiberoEnv(gym.Env):
     """
 
     config_class = LiberoEnvConfig
-    video_camera: ClassVar[str] = "agentview"
-    """The camera evaluation videos are rendered from unless ``eval.video_camera`` is set."""
-    metadata = {"render_modes": ["rgb_array"]}
 
     @staticmethod
     def unavailable_reason() -> str | None:
@@ -265,12 +255,7 @@ class LiberoEnv(gym.Env):
         sizes = [3 if key == AXIS_ANGLE_KEY else int(np.size(observation_spec[key])) for key in config.obs_keys]
         starts = np.cumsum([0, *sizes])
         self._obs_layout = {key: slice(int(starts[i]), int(starts[i + 1])) for i, key in enumerate(config.obs_keys)}
-        self.obs_dim = int(starts[-1])
-        self.act_dim = int(self._env.env.action_dim)
-        self.observation_space = camera_observation_space(self.obs_dim, config.cameras, config.camera_size)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.act_dim,), dtype=np.float32)
-        self._episode_step = 0
-        self._episode_over = True  # until the first reset
+        self._init_spaces(int(starts[-1]), int(self._env.env.action_dim))
 
     @property
     def instruction(self) -> str:
@@ -282,21 +267,6 @@ class LiberoEnv(gym.Env):
     def num_init_states(self) -> int:
         """Fixed initial states of this task (50, :data:`NUM_TRIALS_PER_TASK`, for every suite)."""
         return len(self._init_states)
-
-    @property
-    def obs_layout(self) -> dict[str, slice]:
-        """Where each observation key lies in the state vector: ``{key: slice}``."""
-        return dict(self._obs_layout)
-
-    @property
-    def horizon(self) -> int:
-        """Time limit, control steps."""
-        return self.config.horizon
-
-    @property
-    def episode_step(self) -> int:
-        """Control steps taken since the last reset (settling steps excluded)."""
-        return self._episode_step
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
         """Start an episode from a fixed initial state of the task.
@@ -315,11 +285,8 @@ class LiberoEnv(gym.Env):
         Raises:
             ValueError: if ``seed`` is not a non-negative integer or ``options`` is given.
         """
-        if options is not None:
-            raise ValueError(f"LiberoEnv.reset takes no options, got {options!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-            raise ValueError(f"seed must be a non-negative integer (an initial-state id), got {seed!r}")
-        super().reset(seed=None if seed is None else int(seed))
+        seed = self._checked_seed(seed, options)
+        super().reset(seed=seed)
         if seed is None:
             index = int(self.np_random.integers(self.num_init_states))
         else:
@@ -348,15 +315,11 @@ class LiberoEnv(gym.Env):
             ValueError: if ``action`` does not have shape ``(act_dim,)`` or is not finite.
             RuntimeError: if no episode is running (before ``reset`` or after it ended).
         """
-        action = checked_action(action, self.act_dim, self._episode_over)
+        action = self._checked_action(action)
         self._select_render_context()
         raw_obs, _, _, _ = self._env.step(action)
-        self._episode_step += 1
-        success = bool(self._env.check_success())
-        truncated = self._episode_step >= self.config.horizon and not success
-        self._episode_over = success or truncated
-        info = {"success": success, "episode_step": self._episode_step}
-        return self._observation(raw_obs), float(success), success, truncated, info
+        reward, terminated, truncated, info = self._end_of_step(bool(self._env.check_success()))
+        return self._observation(raw_obs), reward, terminated, truncated, info
 
     def render_frame(self) -> np.ndarray:
         """Render the current state from ``config.render_camera``.
@@ -367,20 +330,11 @@ class LiberoEnv(gym.Env):
         Raises:
             RuntimeError: if the environment was created without a ``render_camera``.
         """
-        if self.config.render_camera is None:
-            raise RuntimeError("render_frame needs a render_camera in LiberoEnvConfig (e.g. 'agentview')")
+        self._require_render_camera()
         size = self.config.render_size
         self._env.sim._render_context_offscreen.gl_ctx.make_current()
         image = self._env.sim.render(width=size, height=size, camera_name=self.config.render_camera)
         return np.ascontiguousarray(image[::-1, ::-1])
-
-    def render(self) -> np.ndarray:
-        """gymnasium's ``rgb_array`` render: same as :meth:`render_frame`."""
-        return self.render_frame()
-
-    def close(self) -> None:
-        """Free the simulator and its renderer."""
-        self._env.close()
 
     @property
     def _renders(self) -> bool:

@@ -41,13 +41,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import gymnasium as gym
 import numpy as np
 
+from simulators.base import SingleEnv, require_int
 from simulators.registry import SIMULATORS
 from simulators.rendering import CameraRenderer, setup_headless_rendering
-from simulators.robosuite_env import camera_observation_space
-from simulators.stepping import UnobservedSteps, checked_action
+from simulators.stepping import UnobservedSteps
 
 METAWORLD_V3_TASKS: tuple[str, ...] = (
     "assembly-v3", "basketball-v3", "bin-picking-v3", "box-close-v3", "button-press-topdown-v3",
@@ -177,11 +176,6 @@ UPSIDE_DOWN_CAMERAS: frozenset[str] = frozenset({"corner", "corner2", "corner3",
 """Cameras whose up axis points downwards in the world: their images are rotated by 180 degrees."""
 
 
-def _require_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
 def _require_camera(name: str, value: Any) -> None:
     if value not in METAWORLD_CAMERAS:
         raise ValueError(f"{name} must be a MetaWorld camera, one of {METAWORLD_CAMERAS}; got {value!r}")
@@ -244,12 +238,12 @@ class MetaWorldEnvConfig:
             hint = f" (similar: {', '.join(close)})" if close else ""
             raise ValueError(f"task must be a MetaWorld v3 task name such as 'reach-v3', got {self.task!r}{hint}; "
                              f"all tasks: {', '.join(METAWORLD_V3_TASKS)}")
-        _require_int("horizon", self.horizon, 1)
+        require_int("horizon", self.horizon, 1)
         if not isinstance(self.goal_observable, bool):
             raise ValueError(f"goal_observable must be true or false, got {self.goal_observable!r}")
         if self.render_camera is not None:
             _require_camera("render_camera", self.render_camera)
-        _require_int("render_size", self.render_size, 8)
+        require_int("render_size", self.render_size, 8)
         if isinstance(self.cameras, str) or not all(isinstance(c, str) for c in self.cameras):
             raise ValueError(f"cameras must be a sequence of camera names such as ('corner',), got {self.cameras!r}")
         object.__setattr__(self, "cameras", tuple(self.cameras))  # YAML gives lists
@@ -257,7 +251,7 @@ class MetaWorldEnvConfig:
             _require_camera("cameras", camera)
         if len(set(self.cameras)) != len(self.cameras):
             raise ValueError(f"cameras must not repeat a camera, got {self.cameras!r}")
-        _require_int("camera_size", self.camera_size, 8)
+        require_int("camera_size", self.camera_size, 8)
         if not isinstance(self.fast_rendering, bool):
             raise ValueError(f"fast_rendering must be true or false, got {self.fast_rendering!r}")
         if self.instruction is None:
@@ -267,7 +261,7 @@ class MetaWorldEnvConfig:
 
 
 @SIMULATORS.register("metaworld")
-class MetaWorldEnv(UnobservedSteps, gym.Env):
+class MetaWorldEnv(UnobservedSteps, SingleEnv):
     """One MetaWorld v3 task as a ``gymnasium.Env`` with MetaWorld's flat 39-value float32
     observation (or, with ``config.cameras``, a ``Dict`` of it and camera images; see the module
     docstring).
@@ -291,7 +285,6 @@ class MetaWorldEnv(UnobservedSteps, gym.Env):
     """Task sets ``simulator.tasks`` may name (MetaWorld's benchmark splits)."""
     video_camera: ClassVar[str] = "corner"
     """The camera evaluation videos are rendered from unless ``eval.video_camera`` is set."""
-    metadata = {"render_modes": ["rgb_array"]}
 
     def __init__(self, config: MetaWorldEnvConfig) -> None:
         if not isinstance(config, MetaWorldEnvConfig):
@@ -302,33 +295,8 @@ class MetaWorldEnv(UnobservedSteps, gym.Env):
         self._env = _make_metaworld_env(config)
         self._renderer = CameraRenderer(self._env.model, self._env.data, fast=config.fast_rendering)
         self._obs_layout = _layout("goal_pos" if config.goal_observable else "goal_pos_hidden")
-        self.obs_dim = OBS_DIM
-        self.act_dim = ACT_DIM
-        self.observation_space = camera_observation_space(self.obs_dim, config.cameras, config.camera_size)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.act_dim,), dtype=np.float32)
-        self._episode_step = 0
-        self._episode_over = True  # until the first reset
+        self._init_spaces(OBS_DIM, ACT_DIM)
         self._raw_obs = np.zeros(self.obs_dim)  # MetaWorld's observation of the current state
-
-    @property
-    def obs_layout(self) -> dict[str, slice]:
-        """Where each part lies in the 39-value observation: ``{key: slice}``."""
-        return dict(self._obs_layout)
-
-    @property
-    def horizon(self) -> int:
-        """Time limit, control steps."""
-        return self.config.horizon
-
-    @property
-    def instruction(self) -> str:
-        """The task's language instruction (e.g. ``"reach the goal position"``)."""
-        return self.config.instruction
-
-    @property
-    def episode_step(self) -> int:
-        """Control steps taken since the last reset."""
-        return self._episode_step
 
     @property
     def variation(self) -> np.ndarray:
@@ -354,12 +322,7 @@ class MetaWorldEnv(UnobservedSteps, gym.Env):
         Raises:
             ValueError: if ``seed`` is not a non-negative integer or ``options`` is given.
         """
-        if options is not None:
-            raise ValueError(f"MetaWorldEnv.reset takes no options, got {options!r}")
-        if seed is not None:
-            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-                raise ValueError(f"seed must be a non-negative integer (an initial-state id), got {seed!r}")
-            seed = int(seed)
+        seed = self._checked_seed(seed, options)
         super().reset(seed=seed)
         if seed is not None:
             # MetaWorld's seeded variations: with seeded_rand_vec, _get_state_rand_vec draws from
@@ -380,44 +343,13 @@ class MetaWorldEnv(UnobservedSteps, gym.Env):
         Returns and raises: as :class:`simulators.stepping.UnobservedSteps` (``step`` is this,
         then :meth:`observe`).
         """
-        action = checked_action(action, self.act_dim, self._episode_over)
-        self._raw_obs, _, _, _, mw_info = self._env.step(action)
-        self._episode_step += 1
-        success = bool(mw_info["success"])
-        truncated = self._episode_step >= self.config.horizon and not success
-        self._episode_over = success or truncated
-        return float(success), success, truncated, {"success": success, "episode_step": self._episode_step}
+        self._raw_obs, _, _, _, mw_info = self._env.step(self._checked_action(action))
+        return self._end_of_step(bool(mw_info["success"]))
 
     def observe(self) -> Any:
         """The observation of the current state, as :meth:`reset` and :meth:`step` return it
         (camera images rendered now, from the state the last reset or step left)."""
-        state = np.asarray(self._raw_obs, dtype=np.float32)
-        if not self.config.cameras:
-            return state
-        size = self.config.camera_size
-        images = {f"{camera}_image": self._render(camera, size) for camera in self.config.cameras}
-        return {"state": state, **images}
-
-    def render_frame(self) -> np.ndarray:
-        """Render the current state from ``config.render_camera``.
-
-        Returns:
-            uint8 ``(render_size, render_size, 3)`` RGB image, upright.
-
-        Raises:
-            RuntimeError: if the environment was created without a ``render_camera``.
-        """
-        if self.config.render_camera is None:
-            raise RuntimeError("render_frame needs a render_camera in MetaWorldEnvConfig (e.g. 'corner')")
-        return self._render(self.config.render_camera, self.config.render_size)
-
-    def render(self) -> np.ndarray:
-        """gymnasium's ``rgb_array`` render: same as :meth:`render_frame`."""
-        return self.render_frame()
-
-    def close(self) -> None:
-        """Free the simulator (the process's shared renderers stay)."""
-        self._env.close()
+        return self._camera_observation(np.asarray(self._raw_obs, dtype=np.float32))
 
     def _render(self, camera: str, size: int) -> np.ndarray:
         image = self._renderer.render(camera, size)  # the process's shared renderer; rows top-down

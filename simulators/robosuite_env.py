@@ -37,15 +37,15 @@ import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
+from simulators.base import SingleEnv, require_int
 from simulators.registry import SIMULATORS
 from simulators.rendering import CameraRenderer, setup_headless_rendering
 from simulators.robosuite_lean import lean_task_class
-from simulators.stepping import UnobservedSteps, checked_action
+from simulators.stepping import UnobservedSteps
 
 LIFT_STATE_KEYS: tuple[str, ...] = (
     "robot0_eef_pos",
@@ -149,11 +149,6 @@ MODEL_SEED = 0
 builds the same model; per-episode randomness is seeded in :meth:`RobosuiteEnv.reset`."""
 
 
-def _require_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
 @dataclass(frozen=True)
 class RobosuiteEnvConfig:
     """Configuration of :class:`RobosuiteEnv`.
@@ -223,7 +218,7 @@ class RobosuiteEnvConfig:
                              f"got {self.robot!r}")
         if self.controller not in PART_CONTROLLERS:
             raise ValueError(f"controller must be one of {PART_CONTROLLERS}, got {self.controller!r}")
-        _require_int("horizon", self.horizon, 1)
+        require_int("horizon", self.horizon, 1)
         if isinstance(self.control_freq, bool) or not isinstance(self.control_freq, (int, float)) or not (
             self.control_freq > 0
         ):
@@ -242,13 +237,13 @@ class RobosuiteEnvConfig:
             raise ValueError(
                 f"render_camera must be a camera name such as 'agentview' or None, got {self.render_camera!r}"
             )
-        _require_int("render_size", self.render_size, 8)
+        require_int("render_size", self.render_size, 8)
         if isinstance(self.cameras, str) or not all(isinstance(c, str) and c for c in self.cameras):
             raise ValueError(f"cameras must be a sequence of camera names such as ('agentview',), got {self.cameras!r}")
         object.__setattr__(self, "cameras", tuple(self.cameras))  # YAML gives lists
         if len(set(self.cameras)) != len(self.cameras):
             raise ValueError(f"cameras must not repeat a camera, got {self.cameras!r}")
-        _require_int("camera_size", self.camera_size, 8)
+        require_int("camera_size", self.camera_size, 8)
         if not isinstance(self.fast_rendering, bool):
             raise ValueError(f"fast_rendering must be true or false, got {self.fast_rendering!r}")
         if self.instruction is None:
@@ -264,7 +259,7 @@ class RobosuiteEnvConfig:
 
 @SIMULATORS.register("robosuite")
 @SIMULATORS.register("robosuite_lift")
-class RobosuiteEnv(UnobservedSteps, gym.Env):
+class RobosuiteEnv(UnobservedSteps, SingleEnv):
     """A robosuite task as a ``gymnasium.Env`` with a flat float32 state observation (or, with
     ``config.cameras``, a ``Dict`` of that state and camera images; see the module docstring).
 
@@ -282,9 +277,6 @@ class RobosuiteEnv(UnobservedSteps, gym.Env):
     """
 
     config_class = RobosuiteEnvConfig
-    video_camera: ClassVar[str] = "agentview"
-    """The camera evaluation videos are rendered from unless ``eval.video_camera`` is set."""
-    metadata = {"render_modes": ["rgb_array"]}
 
     def __init__(self, config: RobosuiteEnvConfig) -> None:
         if not isinstance(config, RobosuiteEnvConfig):
@@ -307,33 +299,8 @@ class RobosuiteEnv(UnobservedSteps, gym.Env):
         # robosuite's own renderer hides the collision meshes (geom group 0) by default
         self._renderer = CameraRenderer(self._env.sim.model._model, self._env.sim.data._data,
                                         fast=config.fast_rendering, hidden_geom_groups=(0,)) if renders else None
-        self.obs_dim = sum(s.stop - s.start for s in self._obs_layout.values())
-        self.act_dim = int(self._env.action_dim)
-        self.observation_space = camera_observation_space(self.obs_dim, config.cameras, config.camera_size)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.act_dim,), dtype=np.float32)
-        self._episode_step = 0
-        self._episode_over = True  # until the first reset
+        self._init_spaces(sum(s.stop - s.start for s in self._obs_layout.values()), int(self._env.action_dim))
         self._raw_obs: dict[str, np.ndarray] = {}  # robosuite's observation of the current state
-
-    @property
-    def obs_layout(self) -> dict[str, slice]:
-        """Where each observation key lies in the flat observation: ``{key: slice}``."""
-        return dict(self._obs_layout)
-
-    @property
-    def horizon(self) -> int:
-        """Time limit, control steps."""
-        return self.config.horizon
-
-    @property
-    def instruction(self) -> str:
-        """The task's language instruction (e.g. ``"lift the cube"``)."""
-        return self.config.instruction
-
-    @property
-    def episode_step(self) -> int:
-        """Control steps taken since the last reset."""
-        return self._episode_step
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
         """Start an episode.
@@ -351,12 +318,7 @@ class RobosuiteEnv(UnobservedSteps, gym.Env):
         Raises:
             ValueError: if ``seed`` is not a non-negative integer or ``options`` is given.
         """
-        if options is not None:
-            raise ValueError(f"RobosuiteEnv.reset takes no options, got {options!r}")
-        if seed is not None:
-            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-                raise ValueError(f"seed must be a non-negative integer (an initial-state id), got {seed!r}")
-            seed = int(seed)
+        seed = self._checked_seed(seed, options)
         super().reset(seed=seed)
         if seed is not None:
             rng = np.random.default_rng(seed)
@@ -376,67 +338,19 @@ class RobosuiteEnv(UnobservedSteps, gym.Env):
         Returns and raises: as :class:`simulators.stepping.UnobservedSteps` (``step`` is this,
         then :meth:`observe`).
         """
-        action = checked_action(action, self.act_dim, self._episode_over)
-        self._raw_obs, _, _, _ = self._env.step(action)
-        self._episode_step += 1
-        success = bool(self._env._check_success())  # robosuite's success test, as robomimic uses it
-        truncated = self._episode_step >= self.config.horizon and not success
-        self._episode_over = success or truncated
-        return float(success), success, truncated, {"success": success, "episode_step": self._episode_step}
+        self._raw_obs, _, _, _ = self._env.step(self._checked_action(action))
+        return self._end_of_step(bool(self._env._check_success()))  # robosuite's success test, as robomimic's
 
     def observe(self) -> Any:
         """The observation of the current state, as :meth:`reset` and :meth:`step` return it
         (camera images rendered now, from the state the last reset or step left)."""
         state = np.concatenate([np.ravel(self._raw_obs[key]) for key in self.config.obs_keys]).astype(np.float32)
-        if not self.config.cameras:
-            return state
-        images = {f"{camera}_image": self._render(camera, self.config.camera_size) for camera in self.config.cameras}
-        return {"state": state, **images}
-
-    def render_frame(self) -> np.ndarray:
-        """Render the current state from ``config.render_camera``.
-
-        Returns:
-            uint8 ``(render_size, render_size, 3)`` RGB image, upright.
-
-        Raises:
-            RuntimeError: if the environment was created without a ``render_camera``.
-        """
-        if self.config.render_camera is None:
-            raise RuntimeError("render_frame needs a render_camera in RobosuiteEnvConfig (e.g. 'agentview')")
-        return self._render(self.config.render_camera, self.config.render_size)
-
-    def render(self) -> np.ndarray:
-        """gymnasium's ``rgb_array`` render: same as :meth:`render_frame`."""
-        return self.render_frame()
-
-    def close(self) -> None:
-        """Free the simulator and its renderer."""
-        self._env.close()
+        return self._camera_observation(state)
 
     def _render(self, camera: str, size: int) -> np.ndarray:
         """uint8 ``(size, size, 3)``: ``camera``'s view of the current state, upright (through the
         process's shared renderer: :class:`simulators.rendering.CameraRenderer`)."""
         return self._renderer.render(camera, size)
-
-
-def camera_observation_space(state_dim: int, cameras: tuple[str, ...], camera_size: int) -> gym.spaces.Space:
-    """The observation space of a state vector plus square RGB camera images.
-
-    Args:
-        state_dim: length of the float32 state vector.
-        cameras: camera names; empty gives the flat state ``Box``.
-        camera_size: image height and width, pixels.
-
-    Returns:
-        ``Box(float32, (state_dim,))`` without cameras, else ``Dict({"state": that Box,
-        "<camera>_image": Box(uint8, (camera_size, camera_size, 3)), ...})``.
-    """
-    state_space = gym.spaces.Box(-np.inf, np.inf, shape=(state_dim,), dtype=np.float32)
-    if not cameras:
-        return state_space
-    image_space = gym.spaces.Box(0, 255, shape=(camera_size, camera_size, 3), dtype=np.uint8)
-    return gym.spaces.Dict({"state": state_space, **{f"{camera}_image": image_space for camera in cameras}})
 
 
 #: robosuite's console logging level in the simulator processes (its ``CONSOLE_LOGGING_LEVEL`` macro).

@@ -428,7 +428,7 @@ LIBERO_INSTRUCTION = "put the white mug on the left plate and put the yellow and
 def libero_observations(env_config, batch: int, seed: int) -> TensorDict:
     """Random observations of ``LiberoEnv``'s declared space (8-value state, one uint8 image per
     camera), carried as the engine carries them (encoded instruction, stacked, TensorDict)."""
-    from simulators.robosuite_env import camera_observation_space
+    from simulators.base import camera_observation_space
     from vla_rl_core.observations import observation, stack_observations, to_torch
 
     space = camera_observation_space(env_config.state_dim, env_config.cameras, env_config.camera_size)
