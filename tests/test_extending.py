@@ -50,7 +50,7 @@ def cli(args: list[str], directory: Path, timeout: int) -> subprocess.CompletedP
 
 
 def test_the_documented_components_plug_in_and_train(tmp_path):
-    assert write_doc_files(tmp_path) == [*(f"{name}.py" for name in TOY_MODULES), "point_mass.py"]
+    assert write_doc_files(tmp_path) == [*(f"{name}.py" for name in TOY_MODULES), "point_mass.py", "linear_gaussian.py"]
 
     planned = cli(["plan", "embodied_grpo", *TOY], tmp_path, timeout=300)
     assert planned.returncode == 0, planned.stderr[-2000:]
