@@ -52,6 +52,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from vla_rl_core.components import build_config
 from vla_rl_core.registry import Registry
 
 SIMULATORS: Registry[type[gym.Env]] = Registry("simulator", builtins=(
@@ -71,7 +72,9 @@ def build_env_config(name: str, config: Any = None) -> Any:
 
     Raises:
         RegistryError: if ``name`` is unknown (the message lists the known simulators).
-        ValueError: if the mapping has keys that are not config fields, or a value is invalid.
+        ComponentConfigError: (a ValueError) the mapping has a key that is not a config field, or
+            a value is invalid; the message names the field (``simulator.env.<field>``), as
+            :func:`vla_rl_core.components.build_config` does for templates.
         TypeError: if ``config`` is of another type.
     """
     config_class = SIMULATORS.get(name).config_class
@@ -80,14 +83,7 @@ def build_env_config(name: str, config: Any = None) -> Any:
     if isinstance(config, config_class):
         return config
     if isinstance(config, Mapping):
-        fields = {field.name for field in dataclasses.fields(config_class)}
-        unknown = sorted(set(config) - fields)
-        if unknown:
-            raise ValueError(
-                f"unknown {config_class.__name__} field(s) {unknown} for simulator {name!r}; "
-                f"valid fields: {sorted(fields)}"
-            )
-        return config_class(**config)
+        return build_config(config_class, config, "simulator.env")
     raise TypeError(
         f"config for simulator {name!r} must be None, a mapping or a {config_class.__name__}, "
         f"got {type(config).__name__}"

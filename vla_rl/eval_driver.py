@@ -117,9 +117,9 @@ def check_video_camera(config, tasks) -> None:
     Raises:
         EvalInputError: naming ``eval.video_camera`` and the task.
     """
-    from vla_rl.components import ComponentConfigError
     from vla_rl.evaluation.benchmarks import EvalTask
     from vla_rl.evaluation.video import video_camera
+    from vla_rl_core.components import ComponentConfigError
 
     if config.eval.video_episodes == 0:
         return

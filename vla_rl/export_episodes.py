@@ -114,8 +114,8 @@ def replay_store(store: SourceStore, cameras: Sequence[str], camera_size: int | 
             simulator refuses ``cameras`` / ``camera_size``.
     """
     from simulators.registry import SIMULATORS, make_env
-    from vla_rl.components import ComponentConfigError, build_config
     from vla_rl.data.trajectory_store import TrajectoryStore
+    from vla_rl_core.components import ComponentConfigError, build_config
 
     env_settings = dict(store.env)
     if cameras:

@@ -11,7 +11,7 @@ Usage, as verl does for its advantage estimators::
     fn = ADVANTAGE_ESTIMATORS.get("grpo")
 
 A component with settings registers its typed config class with it (a dataclass or a pydantic
-model, validated when a template loads: :mod:`vla_rl.components`)::
+model, validated when a template loads: :mod:`vla_rl_core.components`)::
 
     @ADVANTAGE_ESTIMATORS.register("gae", config=GAEConfig)
     def compute_gae_advantage_return(..., config: GAEConfig, ...): ...

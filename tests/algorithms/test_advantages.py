@@ -12,7 +12,7 @@ from vla_rl.algorithms.advantages import (
     GRPOConfig,
     masked_whiten,
 )
-from vla_rl.components import config_fields
+from vla_rl_core.components import config_fields
 
 NAN = float("nan")
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")

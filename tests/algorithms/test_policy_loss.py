@@ -13,7 +13,7 @@ from vla_rl.algorithms.policy_loss import (
     GSPOConfig,
     PPOClipConfig,
 )
-from vla_rl.components import config_fields
+from vla_rl_core.components import config_fields
 
 NAN = float("nan")
 INF = float("inf")

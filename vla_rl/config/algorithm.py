@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from vla_rl.components import ComponentConfigError, build_config
 from vla_rl.config.base import _check_name, _Section
+from vla_rl_core.components import ComponentConfigError, build_config
 
 
 class KLControlSection(_Section):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from vla_rl.components import ComponentConfigError
+from vla_rl_core.components import ComponentConfigError
 
 
 class _Section(BaseModel):

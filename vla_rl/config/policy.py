@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from vla_rl.components import ComponentConfigError, build_config
 from vla_rl.config.base import _check_name, _Section
+from vla_rl_core.components import ComponentConfigError, build_config
 
 ENV_DERIVED_POLICY_FIELDS: tuple[str, ...] = ("obs_dim", "action_dim", "num_tasks")
 """Policy config fields set from the simulator: its observation and action spaces, and the number
@@ -88,7 +88,7 @@ class PolicySection(_Section):
                 or a ``config`` the config class rejects (the error names the field).
         """
         from policies import POLICIES
-        from vla_rl.components import config_fields
+        from vla_rl_core.components import config_fields
 
         _check_name(POLICIES, self.name, "policy.name")
         config_class = POLICIES.get(self.name).config_class

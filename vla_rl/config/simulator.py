@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from vla_rl.components import ComponentConfigError, build_config
 from vla_rl.config.base import _check_name, _Section
+from vla_rl_core.components import ComponentConfigError, build_config
 
 
 class SimulatorSection(_Section):
@@ -82,7 +82,7 @@ class SimulatorSection(_Section):
         if self.tasks is None:
             return [dict(self.env)]
         from simulators.registry import SIMULATORS
-        from vla_rl.components import config_fields
+        from vla_rl_core.components import config_fields
 
         config_class = SIMULATORS.get(self.name).config_class
         if "task" not in config_fields(config_class):

@@ -93,7 +93,7 @@ def from_validation_error(
         prefix: prepended to the error location to form the field path (e.g. ``("config",)`` for
             a node's ``config:`` mapping).
     """
-    from vla_rl.components import ComponentConfigError
+    from vla_rl_core.components import ComponentConfigError
 
     errors = exc.errors()
     first = errors[0]

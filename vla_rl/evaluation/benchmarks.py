@@ -43,7 +43,7 @@ class EvalTask:
             ComponentConfigError: an unknown simulator or settings its config rejects.
         """
         from simulators.registry import SIMULATORS
-        from vla_rl.components import build_config
+        from vla_rl_core.components import build_config
 
         return build_config(SIMULATORS.get(self.simulator).config_class, self.env, f"the env of task {self.name}")
 

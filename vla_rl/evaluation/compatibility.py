@@ -29,7 +29,7 @@ def one_hot_tasks(config) -> list[str] | None:
     """The tasks the run's policy takes a one-hot of (its task set, when the policy's config
     declares ``num_tasks``), or None for a policy that is not conditioned on a task index."""
     from policies import POLICIES
-    from vla_rl.components import config_fields
+    from vla_rl_core.components import config_fields
 
     if not config.simulator.multi_task:
         return None

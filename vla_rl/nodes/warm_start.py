@@ -54,7 +54,7 @@ def demo_env_attrs(sim) -> dict:
 def task_configs(sim) -> list:
     """The typed simulator config of each task of the ``simulator`` section (one without a task set)."""
     from simulators.registry import SIMULATORS
-    from vla_rl.components import build_config
+    from vla_rl_core.components import build_config
 
     config_class = SIMULATORS.get(sim.name).config_class
     return [build_config(config_class, env, "simulator.env") for env in sim.task_envs()]
