@@ -110,13 +110,17 @@ def canonical_env(name: str, config: Any = None) -> dict[str, Any]:
 
 def same_env(name: str, config: Any, other_name: str, other_config: Any) -> bool:
     """Whether two simulators with their settings (mappings, as templates and stores hold them, or
-    typed configs) are the same: the same name and :func:`canonical_env`. A recorded setting that
-    the config class no longer accepts makes them differ."""
+    typed configs) are the same: the same name and settings equal as given, or else equal as
+    :func:`canonical_env` completes them. A recorded setting that the config class no longer
+    accepts, or a simulator this process does not know, makes settings that differ as given
+    differ."""
     if name != other_name:
         return False
+    if config == other_config:
+        return True
     try:
         return canonical_env(name, config) == canonical_env(other_name, other_config)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, KeyError):  # KeyError: RegistryError, an unknown simulator
         return False
 
 

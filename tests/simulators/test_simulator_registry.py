@@ -102,3 +102,6 @@ def test_canonical_settings_hold_every_field_with_its_default():
     assert not same_env("robosuite_lift", older, "robosuite_lift", {})
     # a recorded setting the config no longer has: different, not an error
     assert not same_env("robosuite_lift", {"gone": 1}, "robosuite_lift", {})
+    # a simulator this process does not know: equal as recorded, or different
+    assert same_env("elsewhere", {"a": 1}, "elsewhere", {"a": 1})
+    assert not same_env("elsewhere", {"a": 1}, "elsewhere", {"a": 2})

@@ -53,6 +53,8 @@ def same_demonstration_settings(stored: Any, current: Mapping[str, Any]) -> bool
     "tasks"?}``, :func:`vla_rl.nodes.warm_start.demo_env_attrs`) is ``current``: the same name and
     tasks, and the same settings as :func:`simulators.registry.same_env` compares them (a store
     written before settings were recorded whole is completed with today's defaults)."""
+    if stored == current:
+        return True
     if not isinstance(stored, Mapping) or stored.get("name") != current["name"]:
         return False
     if stored.get("tasks") != current.get("tasks"):
