@@ -216,3 +216,25 @@ def test_a_failure_ends_with_its_error_line(error, running_before, capsys, monke
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[-1].startswith("error: ")
     assert ray.shutdowns == (0 if running_before else 1) and ray.running == running_before
+
+
+def test_ctrl_c_waits_for_rays_shutdown_only_so_long(monkeypatch):
+    """On Ctrl-C the command stops the Ray it started, but a shutdown that hangs is left behind
+    after the timeout (the command then leaves without it) instead of holding the process."""
+    import threading
+    import types
+
+    from vla_rl import cli
+
+    release = threading.Event()
+    hanging = types.SimpleNamespace(is_initialized=lambda: True, shutdown=lambda: release.wait(60))
+    monkeypatch.setitem(sys.modules, "ray", hanging)
+    try:
+        assert cli._stop_ray_started_since(False, timeout_s=0.2) is False
+    finally:
+        release.set()
+    calls = []
+    quick = types.SimpleNamespace(is_initialized=lambda: True, shutdown=lambda: calls.append(1))
+    monkeypatch.setitem(sys.modules, "ray", quick)
+    assert cli._stop_ray_started_since(False, timeout_s=5) is True and calls == [1]
+    assert cli._stop_ray_started_since(True, timeout_s=5) is True and calls == [1]  # a Ray it found: left alone

@@ -21,6 +21,7 @@ importing this module imports no Ray, simulator or model code.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -521,23 +522,50 @@ def main(argv: list[str] | None = None) -> int:
         print_error(error)
         return RUN_STOPPED_STATUS
     except KeyboardInterrupt:  # Ctrl-C: the driver has already stopped the workers; no traceback
-        _stop_ray_started_since(ray_before)
-        print_error(RunStopped("interrupted (Ctrl-C)"))
+        stopped = _stop_ray_started_since(ray_before, timeout_s=CTRL_C_SHUTDOWN_S)
+        print_error(RunStopped("interrupted (Ctrl-C)" if stopped else
+                               f"interrupted (Ctrl-C); Ray did not shut down within {CTRL_C_SHUTDOWN_S:g} s, "
+                               "leaving without it"))
+        if not stopped:  # Ray's own exit hook would wait on it again: Ctrl-C must end the process
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(INTERRUPTED_STATUS)
         return INTERRUPTED_STATUS
 
+
+CTRL_C_SHUTDOWN_S = 10.0
+"""How long a Ctrl-C'd command waits for Ray to shut down before it leaves without it."""
 
 def _ray_running() -> bool:
     ray = sys.modules.get("ray")
     return ray is not None and ray.is_initialized()
 
 
-def _stop_ray_started_since(running_before: bool) -> None:
+def _stop_ray_started_since(running_before: bool, timeout_s: float | None = None) -> bool:
     """Shut down the Ray instance this command started (never one it found running: a notebook's,
     a test session's) before the error line is printed: Ray prints its workers' output on the
     driver's console from a background thread until it shuts down, which otherwise comes after
-    the error (at interpreter exit) and leaves it buried."""
-    if not running_before and _ray_running():
+    the error (at interpreter exit) and leaves it buried.
+
+    Args:
+        running_before: whether Ray was initialised before the command (then it is left alone).
+        timeout_s: give up waiting after this long (the shutdown goes on in a daemon thread);
+            None: wait for it.
+
+    Returns:
+        False if the shutdown did not finish within ``timeout_s``, else True.
+    """
+    if running_before or not _ray_running():
+        return True
+    if timeout_s is None:
         sys.modules["ray"].shutdown()
+        return True
+    import threading
+
+    stopper = threading.Thread(target=sys.modules["ray"].shutdown, name="ray-shutdown", daemon=True)
+    stopper.start()
+    stopper.join(timeout_s)
+    return not stopper.is_alive()
 
 
 if __name__ == "__main__":
