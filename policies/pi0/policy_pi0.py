@@ -65,14 +65,8 @@ from torch import Tensor
 
 from policies import register_policy
 from policies.action_normalization import ActionStatistics, libero_gripper_postprocess
-from policies.base import (
-    FSDPGroup,
-    Policy,
-    enable_transformers_checkpointing,
-    transformer_blocks,
-)
+from policies.base import FSDPGroup, Policy, enable_transformers_checkpointing, transformer_blocks
 from policies.checkpoint_files import check_tokenizer, load_tokenizer, staged_directory
-from policies.pi0.backbone_pi0 import JOINT_FORWARD
 from policies.pi0.checkpoint_pi0 import (
     Layout,
     load_noise_head,
@@ -84,6 +78,7 @@ from policies.pi0.checkpoint_pi0 import (
 from policies.pi0.configuration_pi0 import PI0ModelConfig, PI0PolicyConfig
 from policies.pi0.flow_noise import FlowNoiseSampler, NoiseHead
 from policies.pi0.flow_sampling import FlowODESampler, FlowSampler, FlowSDESampler
+from policies.pi0.backbone_pi0 import JOINT_FORWARD
 from policies.pi0.modeling_pi0 import PI0Inputs, PI0Model
 from policies.pi0.processor_pi0 import (
     IMAGE_MASKS,
