@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -118,20 +119,20 @@ def test_a_report_before_any_seed_finished(tmp_path):
 
 class FakeTrain:
     """Stands in for vla_rl.driver.train: records its calls, writes a finished run, and is
-    interrupted (Ctrl-C) in the run of ``interrupt_seed`` after it wrote a metric."""
+    interrupted (Ctrl-C) in the run of ``interrupt_seed`` after it wrote a metric (and, with
+    ``checkpoint``, a complete checkpoint of step 5)."""
 
-    def __init__(self, interrupt_seed: int | None = None) -> None:
+    def __init__(self, interrupt_seed: int | None = None, checkpoint: bool = True) -> None:
         self.calls: list[tuple] = []
         self.interrupt_seed = interrupt_seed
+        self.checkpoint = checkpoint
 
     def __call__(self, template, overrides, resume=None, console=None):
         self.calls.append((template, tuple(overrides), resume))
         if resume is not None:
             run = Path(resume)
             seed = int(run.name.removeprefix("seed_"))
-            (run / "metrics.jsonl").unlink()
-            (run / "template.yaml").unlink()
-            run.rmdir()
+            shutil.rmtree(run)
         else:
             values = dict(o.split("=", 1) for o in overrides)
             seed = int(values["run.seed"])
@@ -141,6 +142,9 @@ class FakeTrain:
                 run.mkdir()
                 (run / "template.yaml").write_text("name: x\n")
                 (run / "metrics.jsonl").write_text('{"step": 1}\n')
+                if self.checkpoint:
+                    (run / "checkpoints" / "step_00000005").mkdir(parents=True)
+                    (run / "checkpoints" / "step_00000005" / "trainer_state.json").write_text("{}")
                 raise KeyboardInterrupt
         fake_run(run, seed, 0.2, 0.5 + seed / 10)
         return {}
@@ -169,6 +173,23 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(tmp_path, monkeypatch, ca
     assert "mean of 3" in capsys.readouterr().out
     calls = len(fake.calls)
     assert main(["train", "--resume", str(sweep)]) == 0 and len(fake.calls) == calls  # nothing left to run
+
+
+def test_a_seed_stopped_before_its_first_checkpoint_starts_again(tmp_path, monkeypatch, capsys):
+    fake = FakeTrain(interrupt_seed=1, checkpoint=False)
+    monkeypatch.setattr("vla_rl.driver.train", fake)
+    out = tmp_path / "outputs"
+    assert main(["train", "embodied_srpo", "--seeds", "0,1", f"run.output_dir={out}", "run.name=two"]) == 130
+    sweep = out / "two"
+    (sweep / "seed_1.stopped").mkdir()  # an earlier set-aside: the next name is taken
+    assert main(["train", "--resume", str(sweep)]) == 0
+    # seed 1 started again, not resumed: resuming needs a checkpoint
+    assert [(c[0], c[2]) for c in fake.calls[2:]] == [("embodied_srpo", None)]
+    assert fake.calls[2][1][-1] == "run.name=seed_1"
+    kept = sweep / "seed_1.stopped-2"
+    assert (kept / "metrics.jsonl").read_text() == '{"step": 1}\n'  # what it wrote is kept
+    assert "seed_1 stopped before its first checkpoint: kept as seed_1.stopped-2" in capsys.readouterr().out
+    assert json.loads((sweep / REPORT_JSON).read_text())["finished"] == [0, 1]
 
 
 @pytest.mark.parametrize(("args", "message"), [

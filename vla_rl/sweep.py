@@ -17,6 +17,8 @@ the sweep's report:
 
 ``vla-rl train --resume SWEEP`` continues an interrupted sweep: finished runs (those with a
 ``summary.json``) are kept, an interrupted one resumes from its last checkpoint, the others start.
+A run that stopped before its first checkpoint cannot resume: its directory is kept, renamed
+``seed_<S>.stopped`` (``.stopped-2``, ... when that exists), and the seed starts again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vla_rl.checkpoints.files import latest_checkpoint
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
 from vla_rl.errors import CommandLineError
@@ -32,7 +35,7 @@ from vla_rl.preflight import preflight
 from vla_rl.run_dir import RunDirectory, RunDirError
 from vla_rl.utils.stats import mean_interval
 from vla_rl.utils.tracking import read_metrics
-from vla_rl_core.run_layout import METRICS_FILE, SUMMARY_FILE
+from vla_rl_core.run_layout import CHECKPOINTS_DIR, METRICS_FILE, SUMMARY_FILE
 
 #: The sweep's own file: what it runs (``template``, ``overrides``, ``seeds``).
 SWEEP_FILE = "sweep.json"
@@ -154,6 +157,10 @@ def _run_seeds(sweep_dir: Path, spec: dict, console) -> dict:
             continue
         if console is not None:
             console.print(f"[bold]seed {seed}[/bold] ({index} of {len(seeds)}) in {run}")
+        if run.exists() and latest_checkpoint(run / CHECKPOINTS_DIR) is None:
+            kept = _set_aside(run)
+            if console is not None:
+                console.print(f"{run.name} stopped before its first checkpoint: kept as {kept.name}, started again")
         if run.exists():
             train(None, [], resume=str(run), console=console)
         else:
@@ -165,6 +172,24 @@ def _run_seeds(sweep_dir: Path, spec: dict, console) -> dict:
     if console is not None:
         print_report(report, console)
     return report
+
+
+def _set_aside(run: Path) -> Path:
+    """Rename ``run`` to the first free ``<run>.stopped[-N]`` beside it, holding its lock; the new path.
+
+    Raises:
+        RunDirError: another process holds the run's lock.
+    """
+    kept, number = run.with_name(f"{run.name}.stopped"), 1
+    while kept.exists():
+        number += 1
+        kept = run.with_name(f"{run.name}.stopped-{number}")
+    directory = RunDirectory(run)
+    directory.lock()
+    try:
+        return run.rename(kept)
+    finally:
+        directory.close()
 
 
 def _stop_ray() -> None:
