@@ -35,7 +35,7 @@ def env_steps_per_s(config: dict, steps: int, observe_every: int = 1) -> float:
         env.reset(seed=0)
         elapsed = 0.0
         for step in range(steps):
-            action = rng.uniform(-1, 1, env.act_dim)
+            action = rng.uniform(-1, 1, env.action_dim)
             start = time.perf_counter()
             if (step + 1) % observe_every == 0:
                 _, _, terminated, truncated, _ = env.step(action)

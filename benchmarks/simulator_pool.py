@@ -88,7 +88,7 @@ def part_steps(simulator: str, obs: str, args) -> int:
 
 class EnvBatch(gym.Env):
     """``count`` environments of ``simulator`` stepped in turn, as one gymnasium environment for
-    ``AsyncVectorEnv``: actions ``(count, act_dim)``, observations stacked (states, or the camera
+    ``AsyncVectorEnv``: actions ``(count, action_dim)``, observations stacked (states, or the camera
     frames). Environments whose episode ends are reset inside; the batch itself never ends."""
 
     def __init__(self, simulator: str, config: dict, count: int) -> None:
@@ -97,7 +97,7 @@ class EnvBatch(gym.Env):
         self.envs = [make_env(simulator, config) for _ in range(count)]
         self.render_frames = config.get("render_camera") is not None
         env = self.envs[0]
-        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(count, env.act_dim), dtype=np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(count, env.action_dim), dtype=np.float32)
         if self.render_frames:
             size = config["render_size"]
             self.observation_space = gym.spaces.Box(0, 255, shape=(count, size, size, 3), dtype=np.uint8)
@@ -168,11 +168,11 @@ class RandomPolicy:
 
     has_action_distribution = True
 
-    def __init__(self, act_dim: int, latency_s: float, chunk_size: int = 1) -> None:
+    def __init__(self, action_dim: int, latency_s: float, chunk_size: int = 1) -> None:
         import torch
 
-        self.act_dim, self.latency_s, self.chunk_size = act_dim, latency_s, chunk_size
-        self.own_action_dim = act_dim  # its actions are the simulator's
+        self.action_dim, self.latency_s, self.chunk_size = action_dim, latency_s, chunk_size
+        self.own_action_dim = action_dim  # its actions are the simulator's
         self.device = torch.device("cpu")  # where the rollout puts its observations
 
     def eval(self) -> RandomPolicy:
@@ -184,7 +184,7 @@ class RandomPolicy:
 
         if self.latency_s:
             time.sleep(self.latency_s)
-        actions = torch.rand(obs.shape[0], self.chunk_size, self.act_dim, generator=generator) * 2 - 1
+        actions = torch.rand(obs.shape[0], self.chunk_size, self.action_dim, generator=generator) * 2 - 1
         return actions, torch.zeros(obs.shape[0], self.chunk_size)
 
     def env_actions(self, actions, obs=None):
@@ -196,7 +196,7 @@ def pool_run(pool, n: int, render: tuple[int, ...], stages: int, latency_ms: flo
     """One rollout of ``n`` episodes (of ``horizon`` steps) of the random policy in ``pool``."""
     from vla_rl.rollout.embodied import rollout_episodes
 
-    policy = RandomPolicy(pool.spec()["act_dim"], latency_ms / 1000, chunk_size)
+    policy = RandomPolicy(pool.spec().action_dim, latency_ms / 1000, chunk_size)
     start = time.perf_counter()
     result = rollout_episodes(policy, pool, np.arange(n), generator=generator, render_indices=render,
                               pipeline_stages=stages)

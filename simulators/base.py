@@ -67,12 +67,12 @@ class SingleEnv(gym.Env):
     """The camera evaluation videos are rendered from unless ``eval.video_camera`` is set."""
     metadata = {"render_modes": ["rgb_array"]}
 
-    def _init_spaces(self, obs_dim: int, act_dim: int) -> None:
+    def _init_spaces(self, obs_dim: int, action_dim: int) -> None:
         """Set the sizes, the spaces and an episode not yet started (called once by ``__init__``)."""
         self.obs_dim = obs_dim
-        self.act_dim = act_dim
+        self.action_dim = action_dim
         self.observation_space = camera_observation_space(obs_dim, self.config.cameras, self.config.camera_size)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(act_dim,), dtype=np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(action_dim,), dtype=np.float32)
         self._episode_step = 0
         self._episode_over = True  # until the first reset
 
@@ -111,9 +111,9 @@ class SingleEnv(gym.Env):
         return int(seed)
 
     def _checked_action(self, action: Any) -> np.ndarray:
-        """``action`` as float64 ``(act_dim,)`` clipped to [-1, 1], for a running episode
+        """``action`` as float64 ``(action_dim,)`` clipped to [-1, 1], for a running episode
         (:func:`simulators.stepping.checked_action`)."""
-        return checked_action(action, self.act_dim, self._episode_over)
+        return checked_action(action, self.action_dim, self._episode_over)
 
     def _end_of_step(self, success: bool) -> tuple[float, bool, bool, dict]:
         """Count a control step whose success test gave ``success``; returns ``(reward, terminated,

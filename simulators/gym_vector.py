@@ -32,9 +32,25 @@ from simulators.registry import make_env
 from simulators.stepping import ChunkedSteps, EpisodeLost, UnobservedSteps
 from simulators.vector import ChunkResult
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import Observations, observation, stack_observations
 
 logger = logging.getLogger(__name__)
+
+
+def env_spec(env: gym.Env) -> EnvSpec:
+    """The :class:`~vla_rl_core.env_spec.EnvSpec` of one gymnasium environment of the simulator
+    contract: its state size (the ``Box`` observation, or the ``state`` of a ``Dict``), action size,
+    ``horizon``, ``obs_layout`` (``{key: slice}``) and, for a ``Dict`` observation, its
+    ``<camera>_image`` shapes."""
+    space = env.observation_space
+    dict_space = isinstance(space, gym.spaces.Dict)
+    state_space = space[keys.OBS_STATE] if dict_space else space
+    images = ({key: sub.shape for key, sub in space.spaces.items() if key.endswith(keys.OBS_IMAGE_SUFFIX)}
+              if dict_space else None)
+    return EnvSpec(obs_dim=int(state_space.shape[0]), action_dim=int(env.action_space.shape[0]),
+                   horizon=int(env.horizon),
+                   obs_layout={key: (part.start, part.stop) for key, part in env.obs_layout.items()}, images=images)
 
 
 class GymVector:
@@ -89,42 +105,25 @@ class GymVector:
         if bar is not None:
             bar.close()
 
-    def spec(self) -> dict[str, Any]:
-        """``{"obs_dim": int (state features), "act_dim": int, "horizon": int (control steps),
-        "obs_layout": {key: [start, stop]}}`` (where each named part lies in the state), plus
-        ``"images": {"<camera>_image": [H, W, 3]}`` for camera observations and ``"num_tasks"``
-        for a task set; creates env 0 (for a task set, one environment per task).
+    def spec(self) -> EnvSpec:
+        """The environments' :class:`~vla_rl_core.env_spec.EnvSpec` (``num_tasks`` set for a task
+        set); creates env 0 (for a task set, one environment per task).
 
         Raises:
             ValueError: the tasks of a task set differ in a part of their spec (naming both).
         """
         if not self._multi_task:
-            return self._spec_of(self._env(0))
-        specs = [self._spec_of(self._any_env(task)) for task in range(len(self._configs))]
+            return env_spec(self._env(0))
+        specs = [env_spec(self._any_env(task)) for task in range(len(self._configs))]
         for task, other in enumerate(specs[1:], start=1):
-            differs = [key for key in specs[0] if specs[0][key] != other[key]]
+            differs = specs[0].differences(other)
             if differs:
                 names = [getattr(config, "task_name", str(config)) for config in self._configs]
                 raise ValueError(
                     f"the tasks of a task set must share their observation and action layout and horizon, but "
                     f"{names[task]!r} differs from {names[0]!r} in {differs}: "
-                    + "; ".join(f"{key}: {other[key]} vs {specs[0][key]}" for key in differs))
-        return {**specs[0], "num_tasks": len(self._configs)}
-
-    @staticmethod
-    def _spec_of(env: gym.Env) -> dict[str, Any]:
-        space = env.observation_space
-        state_space = space[keys.OBS_STATE] if isinstance(space, gym.spaces.Dict) else space
-        spec: dict[str, Any] = {
-            "obs_dim": int(state_space.shape[0]),
-            "act_dim": int(env.action_space.shape[0]),
-            "horizon": int(env.horizon),
-            "obs_layout": {key: [int(part.start), int(part.stop)] for key, part in env.obs_layout.items()},
-        }
-        if isinstance(space, gym.spaces.Dict):
-            spec["images"] = {key: list(sub.shape) for key, sub in space.spaces.items()
-                              if key.endswith(keys.OBS_IMAGE_SUFFIX)}
-        return spec
+                    + "; ".join(f"{key}: {getattr(other, key)} vs {getattr(specs[0], key)}" for key in differs))
+        return specs[0].with_tasks(len(self._configs))
 
     def reset(self, env_indices: Sequence[int], init_state_ids: Sequence[int],
               task_ids: Sequence[int] | None = None) -> Observations:
@@ -168,7 +167,7 @@ class GymVector:
         Args:
             env_indices: ``n`` distinct environment indices with running episodes (checked, with
                 the shape of ``actions``, by :meth:`simulators.worker.SimulatorWorker.step_chunk`).
-            actions: float32 ``(n, chunk, act_dim)`` actions, row ``k`` for ``env_indices[k]``.
+            actions: float32 ``(n, chunk, action_dim)`` actions, row ``k`` for ``env_indices[k]``.
             render_indices: environments (a subset of ``env_indices``) to render after every
                 control step they execute.
 
@@ -264,7 +263,7 @@ class GymVector:
         Returns:
             One dict per id, in order: ``{"obs": float32 (T, obs_dim)`` (the observation before
             each action; camera observations, or a task set's: a dict of ``T``-row arrays),
-            ``"actions": float32 (T, act_dim), "success": bool, "init_state_id": int}``. The
+            ``"actions": float32 (T, action_dim), "success": bool, "init_state_id": int}``. The
             expert reads the state.
 
         Raises:

@@ -304,7 +304,7 @@ class LiberoEnv(SingleEnv):
         """Apply one control action for 50 ms.
 
         Args:
-            action: ``(act_dim,)`` values in [-1, 1] (clipped); see the module docstring.
+            action: ``(action_dim,)`` values in [-1, 1] (clipped); see the module docstring.
 
         Returns:
             ``(obs, reward, terminated, truncated, info)``: obs as in :meth:`reset`; reward 1.0 on
@@ -312,7 +312,7 @@ class LiberoEnv(SingleEnv):
             info ``{"success": bool, "episode_step": int}``.
 
         Raises:
-            ValueError: if ``action`` does not have shape ``(act_dim,)`` or is not finite.
+            ValueError: if ``action`` does not have shape ``(action_dim,)`` or is not finite.
             RuntimeError: if no episode is running (before ``reset`` or after it ended).
         """
         action = self._checked_action(action)

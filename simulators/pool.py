@@ -43,6 +43,7 @@ from simulators.rendering import (
     user_rendering_env_vars,
 )
 from simulators.worker import SimulatorWorker
+from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import Observations, empty_observations, set_rows
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ _CHUNK_DTYPES = {**_PER_ENV_DTYPES, "steps": np.int64, "lost": bool}
 """The per-environment scalars that ``collect`` returns besides ``obs`` and ``frames``."""
 
 
-def _probe(env_name: str, env_config: Any) -> dict[str, Any]:
+def _probe(env_name: str, env_config: Any) -> EnvSpec:
     worker = SimulatorWorker(env_name, env_config, 1)
     try:
         return worker.spec()
@@ -82,7 +83,7 @@ def _probe(env_name: str, env_config: Any) -> dict[str, Any]:
         worker.close()
 
 
-def probe_specs(requests: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
+def probe_specs(requests: Sequence[tuple[str, Any]]) -> list[EnvSpec]:
     """The :meth:`SimulatorPool.spec` of each ``(simulator name, env config)`` (a config, or a
     task set's list of configs), without a pool: each environment is created in a Ray task of its
     own (in parallel, in processes set up as the pool's actors), asked for its spaces, and closed.
@@ -193,7 +194,7 @@ class SimulatorPool:
         self.capacity = num_actors * envs_per_actor  # total number of environments
         self.step_timeout_s = step_timeout_s
         self.restarts = 0  # actors restarted after a fault, since the pool was created
-        self._spec: dict[str, Any] | None = None
+        self._spec: EnvSpec | None = None
         self._batch_size: int | None = None
         self._lost: set[int] = set()  # environments of the current batch whose actor was restarted
 
@@ -202,13 +203,12 @@ class SimulatorPool:
         """Number of worker actors (processes)."""
         return len(self._live_actors())
 
-    def spec(self) -> dict[str, Any]:
-        """``{"obs_dim": int, "act_dim": int, "horizon": int (control steps), "obs_layout": {key:
-        [start, stop]}}``, plus ``"images": {"<camera>_image": [H, W, 3]}`` for camera observations
-        and ``"num_tasks"`` for a task set (see :meth:`SimulatorWorker.spec`)."""
+    def spec(self) -> EnvSpec:
+        """The simulator's :class:`~vla_rl_core.env_spec.EnvSpec` (``num_tasks`` set for a task
+        set; see :meth:`SimulatorWorker.spec`), asked of one actor once."""
         if self._spec is None:
             self._spec = ray.get(self._live_actors()[0].spec.remote())
-        return dict(self._spec)
+        return self._spec
 
     def reset(self, init_state_ids: np.ndarray | Sequence[int],
               task_ids: np.ndarray | Sequence[int] | None = None) -> Observations:
@@ -267,7 +267,7 @@ class SimulatorPool:
         """Step the active environments of the current batch once each.
 
         Args:
-            actions: ``(n, act_dim)``, ``n`` the batch size of the last :meth:`reset`.
+            actions: ``(n, action_dim)``, ``n`` the batch size of the last :meth:`reset`.
             active: bool ``(n,)``; inactive environments are not stepped.
             render_indices: active environments (in ``[0, n)``) to render after the step.
 
@@ -289,7 +289,7 @@ class SimulatorPool:
         actions = np.asarray(actions, dtype=np.float32)
         active = np.asarray(active)
         if actions.ndim != 2 or actions.shape[0] != n:
-            raise ValueError(f"actions must have shape ({n}, act_dim) for the batch of {n}, got {actions.shape}")
+            raise ValueError(f"actions must have shape ({n}, action_dim) for the batch of {n}, got {actions.shape}")
         if active.shape != (n,) or active.dtype != bool:
             raise ValueError(f"active must be a bool array of shape ({n},), got {active.dtype} {active.shape}")
         render_indices = [int(g) for g in render_indices]
@@ -327,7 +327,7 @@ class SimulatorPool:
         Args:
             env_indices: ``(k,)`` distinct environment indices in ``[0, n)``, ``n`` the batch size
                 of the last :meth:`reset`, with running episodes.
-            actions: ``(k, chunk, act_dim)``; row ``i`` for ``env_indices[i]``.
+            actions: ``(k, chunk, action_dim)``; row ``i`` for ``env_indices[i]``.
             render_indices: environments among ``env_indices`` to render after every control step.
 
         Returns:
@@ -349,7 +349,7 @@ class SimulatorPool:
         if len(np.unique(env_indices)) != len(env_indices):
             raise ValueError(f"env_indices must be distinct, got {env_indices.tolist()}")
         if actions.ndim != 3 or actions.shape[0] != len(env_indices):
-            raise ValueError(f"actions must have shape ({len(env_indices)}, chunk, act_dim), got {actions.shape}")
+            raise ValueError(f"actions must have shape ({len(env_indices)}, chunk, action_dim), got {actions.shape}")
         render_indices = [int(g) for g in render_indices]
         outside = sorted(set(render_indices) - set(env_indices.tolist()))
         if outside:
@@ -429,7 +429,7 @@ class SimulatorPool:
         Returns:
             ``m`` episode dicts in the order of ``init_state_ids``: ``{"obs": float32 (T, obs_dim)
             (camera observations, or a task set's: a dict of T-row arrays),
-            "actions": float32 (T, act_dim), "success": bool, "init_state_id": int}``.
+            "actions": float32 (T, action_dim), "success": bool, "init_state_id": int}``.
 
         Raises:
             RegistryError: (from a worker) if the simulator has no scripted expert.

@@ -333,7 +333,7 @@ class RobosuiteEnv(UnobservedSteps, SingleEnv):
         """Apply one control action for ``1 / control_freq`` seconds, without building the observation.
 
         Args:
-            action: ``(act_dim,)`` values in [-1, 1] (clipped); see the module docstring.
+            action: ``(action_dim,)`` values in [-1, 1] (clipped); see the module docstring.
 
         Returns and raises: as :class:`simulators.stepping.UnobservedSteps` (``step`` is this,
         then :meth:`observe`).

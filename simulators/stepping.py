@@ -10,26 +10,26 @@ from typing import Any
 import numpy as np
 
 
-def checked_action(action: Any, act_dim: int, episode_over: bool) -> np.ndarray:
+def checked_action(action: Any, action_dim: int, episode_over: bool) -> np.ndarray:
     """``action`` as float64, clipped to [-1, 1], once checked.
 
     Args:
-        action: ``(act_dim,)`` values.
-        act_dim: the environment's action length.
+        action: ``(action_dim,)`` values.
+        action_dim: the environment's action length.
         episode_over: whether the environment has no running episode.
 
     Returns:
-        float64 ``(act_dim,)`` in [-1, 1].
+        float64 ``(action_dim,)`` in [-1, 1].
 
     Raises:
         RuntimeError: if ``episode_over`` (before ``reset`` or after the episode ended).
-        ValueError: if ``action`` does not have shape ``(act_dim,)`` or is not finite.
+        ValueError: if ``action`` does not have shape ``(action_dim,)`` or is not finite.
     """
     if episode_over:
         raise RuntimeError("no episode is running: call reset() first (the environment never auto-resets)")
     action = np.asarray(action, dtype=np.float64)
-    if action.shape != (act_dim,):
-        raise ValueError(f"action must have shape ({act_dim},), got {action.shape}")
+    if action.shape != (action_dim,):
+        raise ValueError(f"action must have shape ({action_dim},), got {action.shape}")
     if not np.all(np.isfinite(action)):
         raise ValueError(f"action must be finite, got {action}")
     return np.clip(action, -1.0, 1.0)
@@ -71,7 +71,7 @@ class ChunkedSteps:
     """Mixin (before ``gymnasium.Env`` in the bases) of environments that execute a whole action
     chunk themselves, elsewhere (a remote environment: one round trip per chunk, not per action).
     The subclass defines ``send_actions(actions)``, which hands over ``actions`` ``(chunk,
-    act_dim)`` (one control step each, until the episode ends) and returns at once, and
+    action_dim)`` (one control step each, until the episode ends) and returns at once, and
     ``receive_outcome() -> (obs, reward, terminated, truncated, info, steps)``, which waits for
     its outcome: the observation after the last executed step, the reward summed over the
     executed steps, ``terminated`` / ``truncated`` of the last one, info ``{"success": bool}``

@@ -36,6 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import Observations
 
 
@@ -97,10 +98,9 @@ class VectorSimulator(Protocol):
     :meth:`reset`.
     """
 
-    def spec(self) -> dict[str, Any]:
-        """``{"obs_dim": int, "act_dim": int, "horizon": int (control steps), "obs_layout": {key:
-        [start, stop]}}`` (named parts of the state vector; may be empty), plus ``"images":
-        {"<camera>_image": [H, W, 3]}`` for camera observations."""
+    def spec(self) -> EnvSpec:
+        """The environments' observation and action layout and horizon
+        (:class:`~vla_rl_core.env_spec.EnvSpec`; ``num_tasks`` set for a task set)."""
 
     def reset(self, env_indices: Sequence[int], init_state_ids: Sequence[int],
               task_ids: Sequence[int] | None = None) -> Observations:
@@ -110,7 +110,7 @@ class VectorSimulator(Protocol):
 
     def step_chunk(self, env_indices: Sequence[int], actions: np.ndarray,
                    render_indices: Sequence[int] = ()) -> ChunkResult:
-        """Execute ``actions`` float32 ``(n, chunk, act_dim)``: environment ``env_indices[k]`` takes
+        """Execute ``actions`` float32 ``(n, chunk, action_dim)``: environment ``env_indices[k]`` takes
         ``actions[k, 0], actions[k, 1], ...``, one control step each, until its episode ends.
         ``render_indices``: environments (among ``env_indices``) whose frames to return."""
 
@@ -119,7 +119,7 @@ class VectorSimulator(Protocol):
 
 
 def check_chunk_call(num_envs: int, env_indices: Sequence[int], actions: np.ndarray | None = None) -> None:
-    """Check a call's ``env_indices`` (and ``actions`` float32 ``(n, chunk, act_dim)``) against a
+    """Check a call's ``env_indices`` (and ``actions`` float32 ``(n, chunk, action_dim)``) against a
     simulator of ``num_envs`` environments.
 
     Raises:
@@ -134,4 +134,4 @@ def check_chunk_call(num_envs: int, env_indices: Sequence[int], actions: np.ndar
     if bad:
         raise ValueError(f"env_indices {bad} are out of range [0, {num_envs})")
     if actions is not None and (actions.ndim != 3 or actions.shape[0] != len(env_indices) or actions.shape[1] < 1):
-        raise ValueError(f"actions must have shape ({len(env_indices)}, chunk, act_dim), got {actions.shape}")
+        raise ValueError(f"actions must have shape ({len(env_indices)}, chunk, action_dim), got {actions.shape}")

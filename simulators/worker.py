@@ -29,6 +29,7 @@ from simulators.gym_vector import GymVector
 from simulators.registry import SIMULATORS
 from simulators.rendering import rendering_report
 from simulators.vector import ChunkResult, VectorSimulator, check_chunk_call
+from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import Observations
 
 
@@ -78,16 +79,18 @@ class SimulatorWorker:
         if make_envs is not None:
             make_envs(progress=progress, num_actors=num_actors)
 
-    def spec(self) -> dict[str, Any]:
-        """``{"obs_dim": int (state features), "act_dim": int, "horizon": int (control steps),
-        "obs_layout": {key: [start, stop]}}`` (where each named part lies in the state), plus
-        ``"images": {"<camera>_image": [H, W, 3]}`` for camera observations and ``"num_tasks"``
-        for a task set.
+    def spec(self) -> EnvSpec:
+        """The simulator's :class:`~vla_rl_core.env_spec.EnvSpec` (``num_tasks`` set for a task set).
 
         Raises:
             ValueError: the tasks of a task set differ in a part of their spec (naming both).
+            TypeError: the simulator's ``spec()`` is not an ``EnvSpec`` (naming the simulator).
         """
-        return self._sim.spec()
+        spec = self._sim.spec()
+        if not isinstance(spec, EnvSpec):
+            raise TypeError(f"simulator {self._env_name!r}: spec() must return a vla_rl_core.env_spec.EnvSpec, "
+                            f"got {type(spec).__name__}")
+        return spec
 
     def reset(self, env_indices: Sequence[int], init_state_ids: Sequence[int],
               task_ids: Sequence[int] | None = None) -> Observations:
@@ -119,7 +122,7 @@ class SimulatorWorker:
 
         Args:
             env_indices: ``n`` distinct environment indices with running episodes.
-            actions: ``(n, chunk, act_dim)`` actions, row ``k`` for ``env_indices[k]``.
+            actions: ``(n, chunk, action_dim)`` actions, row ``k`` for ``env_indices[k]``.
             render_indices: environments (a subset of ``env_indices``) to render after every
                 control step they execute.
 

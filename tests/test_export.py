@@ -15,6 +15,7 @@ from vla_rl.dag.loader import load_template
 from vla_rl.dag.registry import WORKFLOWS
 from vla_rl.export import ExportError, export_checkpoint
 from vla_rl.run_dir import RunDirectory
+from vla_rl_core.env_spec import EnvSpec
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -108,7 +109,7 @@ def test_export_reads_the_sharded_state_of_an_fsdp_checkpoint(process_group, tmp
     from vla_rl.workers.checkpointing import ActorCheckpoint
     from vla_rl.workflows import embodied
 
-    monkeypatch.setattr(embodied, "simulator_sizes", lambda config: {"obs_dim": OBS_DIM, "act_dim": ACT_DIM})
+    monkeypatch.setattr(embodied, "simulator_spec", lambda config: EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=8))
     run_dir, config = make_run(tmp_path, "embodied_grpo", "policy.config.hidden_sizes=[16,16]",
                                "trainer.strategy=fsdp")
     torch.manual_seed(0)
@@ -171,7 +172,7 @@ def test_pi0_export_after_one_update_loads_as_model_path(process_group, tmp_path
     from vla_rl.trainers.actor import ActorTrainer
     from vla_rl.workflows import embodied
 
-    monkeypatch.setattr(embodied, "simulator_sizes", lambda config: {"obs_dim": OBS_DIM, "act_dim": ACT_DIM})
+    monkeypatch.setattr(embodied, "simulator_spec", lambda config: EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=8))
     run_dir, config = make_run(tmp_path, "embodied_grpo_pi0_lift", "policy.config.sampler=flow_noise",
                                f"policy.config.proprio_dim={OBS_DIM}")  # test_actor's states
     policy = WORKFLOWS.get("embodied").standalone_policy(config, run_dir)

@@ -14,6 +14,7 @@ from vla_rl import driver
 from vla_rl.checkpoints import files as checkpoint
 from vla_rl.cli import main
 from vla_rl.driver import prepare_run_dir
+from vla_rl_core.env_spec import EnvSpec
 
 #: (case, run directory (a key of the ``runs`` fixture), CLI arguments after ``train``, texts the
 #: error line must contain); ``{run}`` is the run directory, ``{other_lm}`` a model of another width.
@@ -80,7 +81,8 @@ def runs(tmp_path_factory, tiny_lm_dir, process_group):
                                                              f"trainer.strategy={strategy}"], None)
         run.close()
         config = template.config
-        write_checkpoint(run, robot_policy(config, 15, 7), config.trainer)  # Lift's state and action sizes
+        lift = EnvSpec(obs_dim=15, action_dim=7, horizon=50)  # Lift's state and action sizes
+        write_checkpoint(run, robot_policy(config, lift), config.trainer)
     text, template, _ = prepare_run_dir("llm_grpo", [f"run.output_dir={out}", "run.name=text",
                                                      f"text.model_path={tiny_lm_dir}"], None)
     text.close()

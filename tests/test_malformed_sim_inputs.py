@@ -22,6 +22,7 @@ from vla_rl.checkpoints import files as checkpoint
 from vla_rl.driver import prepare_run_dir
 from vla_rl.evaluation.episode_store import append_episodes, open_rank_store
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 
 #: (case, CLI arguments (``{out}``: an empty directory), text the error line must contain)
 PLAN_CASES = [
@@ -91,7 +92,7 @@ def evaluated_run(tmp_path_factory):
     policy = make_policy("mlp", MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
     checkpoint.save_checkpoint(run.path / "checkpoints", 1, rank=0, model=policy)
     checkpoint.finalize_checkpoint(run.path / "checkpoints", 1)
-    store = open_rank_store(run.path / "eval", "robosuite_lift", 0, {"obs_dim": 15, "act_dim": 7, "horizon": 8}, 1,
+    store = open_rank_store(run.path / "eval", "robosuite_lift", 0, EnvSpec(obs_dim=15, action_dim=7, horizon=8), 1,
                             {"task": "robosuite_lift", "simulator": "robosuite_lift", "env": {"horizon": 8}}, True)
     n, horizon = 3, 8
     append_episodes(store, TensorDict({

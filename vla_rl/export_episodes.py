@@ -9,7 +9,7 @@ reset from its initial-state id, its actions stepped one control step at a time.
 retraces the episode (:mod:`vla_rl.evaluation.replay`); its success must be the stored one, or the
 export stops naming the episode.
 
-Each frame: ``observation.state`` float32 ``(obs_dim,)``, ``action`` float32 ``(act_dim,)`` (the
+Each frame: ``observation.state`` float32 ``(obs_dim,)``, ``action`` float32 ``(action_dim,)`` (the
 action taken in that state, in the simulator's units), ``next.reward`` float32 ``(1,)``,
 ``next.done`` and ``next.success`` bool ``(1,)`` (LeRobot's names for the step's outcome), and with
 cameras ``observation.images.<camera>`` (video, ``(H, W, 3)``); the task is the simulator's
@@ -95,7 +95,7 @@ class ReplayedEpisode:
     """One episode, one row per control step."""
 
     states: np.ndarray  # float32 (T, obs_dim)
-    actions: np.ndarray  # float32 (T, act_dim)
+    actions: np.ndarray  # float32 (T, action_dim)
     frames: dict[str, np.ndarray]  # camera -> uint8 (T, H, W, 3)
     rewards: np.ndarray  # float32 (T,), the simulator's reward of each step
     step_success: np.ndarray  # bool (T,), the simulator's success after each step
@@ -143,7 +143,7 @@ def replay_store(store: SourceStore, cameras: Sequence[str], camera_size: int | 
 
 def _replay(env, episode: dict, store: SourceStore, index: int, cameras: list[str]) -> ReplayedEpisode:
     if store.evaluation:
-        decisions = episode["env_actions"][: int(episode["finish_step"])]  # (T, chunk, act_dim)
+        decisions = episode["env_actions"][: int(episode["finish_step"])]  # (T, chunk, action_dim)
         stored_success = bool(episode["success"])
     else:
         decisions = episode["actions"][:, None, :]  # a demonstration: one action per control step

@@ -265,18 +265,19 @@ def _meta_policy(config, run_dir: Path):
             policy = CausalLMPolicy(AutoModelForCausalLM.from_config(architecture, trust_remote_code=False),
                                     load_tokenizer(model_path), policy_config)
     else:
-        from vla_rl.workflows.embodied import robot_policy, simulator_sizes
+        from vla_rl.workflows.embodied import robot_policy, simulator_spec
+        from vla_rl_core.env_spec import EnvSpec
 
         if getattr(config.policy.policy_config(), "model_path", None) is not None:
             return None
         env = config.simulator.env_config()
         state_dim, action_dim = getattr(env, "state_dim", None), getattr(env, "action_dim", None)
-        if state_dim and action_dim and not config.simulator.multi_task:
-            sizes = {"obs_dim": state_dim, "act_dim": action_dim}
+        if state_dim and action_dim and not config.simulator.multi_task:  # the policy reads no more of it
+            spec = EnvSpec(obs_dim=state_dim, action_dim=action_dim, horizon=env.horizon)
         else:  # only the environment knows: make one, as vla-rl export does
-            sizes = simulator_sizes(config)
+            spec = simulator_spec(config)
         with torch.device("meta"):
-            policy = robot_policy(config, sizes["obs_dim"], sizes["act_dim"], sizes.get("num_tasks"))
+            policy = robot_policy(config, spec)
     if lora is not None:
         with torch.device("meta"):
             policy.apply_lora(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,

@@ -32,7 +32,7 @@ TRUNCATED = "truncated"  # (batch,) bool: the episode hit its time limit without
 # Evaluation episodes (vla-rl eval).
 CHECKPOINT_INDEX = "checkpoint_index"  # (batch,) int64: position in eval.checkpoints
 PROTOCOL_INDEX = "protocol_index"  # (batch,) int64: position in the evaluation's protocols
-ENV_ACTIONS = "env_actions"  # (batch, horizon, chunk, act_dim) float32: what the simulator received
+ENV_ACTIONS = "env_actions"  # (batch, horizon, chunk, action_dim) float32: what the simulator received
 
 # Models other than the rollout policy.
 REF_LOG_PROBS = "ref_log_probs"  # (batch, horizon, chunk, own_action_dim) float32: per element, under the reference

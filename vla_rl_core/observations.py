@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 
 INSTRUCTION_BYTES = 256
 """Bytes reserved for an instruction (LIBERO's longest is about 100 characters)."""
@@ -91,18 +92,19 @@ def stack_observations(observations: Sequence[Any]) -> Observations:
     return np.stack(observations).astype(np.float32, copy=False)
 
 
-def empty_observations(spec: Mapping[str, Any], n: int) -> Observations:
-    """Zero observations for ``n`` environments of a simulator with ``spec`` (a pool's
-    ``spec()``: ``obs_dim``, ``images`` ``{"<camera>_image": [H, W, 3]}`` for camera
-    observations, ``num_tasks`` for a task set), laid out as the simulator workers return them."""
-    state = np.zeros((n, int(spec["obs_dim"])), dtype=np.float32)
-    if "images" not in spec and "num_tasks" not in spec:
+def empty_observations(spec: EnvSpec, n: int) -> Observations:
+    """Zero observations for ``n`` environments of a simulator with ``spec``, laid out as the
+    simulator workers return them: float32 ``(n, obs_dim)``, or a dict of it (``state``), the
+    camera images (uint8 ``(n, H, W, 3)``) and the encoded instruction (uint8 ``(n,
+    INSTRUCTION_BYTES)``) when ``spec.images`` is set, and ``task_id`` (int64 ``(n,)``) for a task set."""
+    state = np.zeros((n, spec.obs_dim), dtype=np.float32)
+    if not spec.dict_observations:
         return state
     out: dict[str, np.ndarray] = {keys.OBS_STATE: state}
-    if "images" in spec:
-        out.update({key: np.zeros((n, *shape), dtype=np.uint8) for key, shape in spec["images"].items()})
+    if spec.images is not None:
+        out.update({key: np.zeros((n, *shape), dtype=np.uint8) for key, shape in spec.images.items()})
         out[keys.OBS_INSTRUCTION] = np.zeros((n, INSTRUCTION_BYTES), dtype=np.uint8)
-    if "num_tasks" in spec:
+    if spec.num_tasks is not None:
         out[keys.OBS_TASK_ID] = np.zeros(n, dtype=np.int64)
     return out
 

@@ -1,7 +1,7 @@
 """The scripted-expert registry, keyed by ``(simulator, task)``.
 
 An expert class is constructed from the environment's ``obs_layout`` (``{key: slice}``) and has
-``reset()`` and ``act(obs (obs_dim,)) -> action (act_dim,) float32``; it reads the flat state.
+``reset()`` and ``act(obs (obs_dim,)) -> action (action_dim,) float32``; it reads the flat state.
 A task is named as the simulator's config names it (:func:`simulators.registry.task_name`:
 ``"Lift"``, ``"Stack"`` for robosuite), so one expert class serves every simulator name that
 hosts its task::

@@ -4,6 +4,8 @@ demonstrations give; bad datasets and key maps are refused when the template is 
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +20,12 @@ from vla_rl.data.lerobot_demonstrations import (
 )
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.trainers.warm_start import demo_fields, demonstrations, episode_transitions
+from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import decode_instruction
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot"
 LIFT = FIXTURES / "lift_scripted_demos"
-SPEC = {"obs_dim": 11, "act_dim": 7, "horizon": 100}
+SPEC = EnvSpec(obs_dim=11, action_dim=7, horizon=100)
 
 
 def test_the_dataset_gives_the_scripted_demonstrations_batch(tmp_path):
@@ -42,7 +45,7 @@ def test_the_dataset_gives_the_scripted_demonstrations_batch(tmp_path):
 
 def test_camera_features_map_onto_the_policys_images_and_the_task_is_the_instruction():
     keys = {"observation.state": "state", "action": "actions", "observation.images.agentview": "agentview_image"}
-    spec = {"obs_dim": 2, "act_dim": 2, "images": {"agentview_image": [32, 32, 3]}}
+    spec = EnvSpec(obs_dim=2, action_dim=2, horizon=10, images={"agentview_image": (32, 32, 3)})
     obs, actions = episode_transitions(dataset_episodes(FIXTURES / "video_probe", keys, 2, spec), 1)
     assert obs["agentview_image"].shape == (10, 32, 32, 3) and obs["agentview_image"].dtype == torch.uint8
     assert [decode_instruction(code.numpy()) for code in obs["instruction"][[0, 5]]] == ["push the cube",
@@ -55,7 +58,7 @@ def test_camera_features_map_onto_the_policys_images_and_the_task_is_the_instruc
 def test_a_dataset_of_other_sizes_is_refused_naming_the_feature():
     with pytest.raises(ValueError, match=r"feature 'observation.state' has shape \[11\], the simulator's 'state' "
                                          r"has \[10\]"):
-        dataset_episodes(LIFT, DEFAULT_DATASET_KEYS, 2, {**SPEC, "obs_dim": 10})
+        dataset_episodes(LIFT, DEFAULT_DATASET_KEYS, 2, dataclasses.replace(SPEC, obs_dim=10))
 
 
 @pytest.mark.parametrize("keys, num_demos, message", [

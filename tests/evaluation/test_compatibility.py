@@ -3,6 +3,8 @@ policy conditioned on a task one-hot, its membership of the policy's task set.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from simulators.registry import build_env_config
@@ -15,9 +17,10 @@ from vla_rl.evaluation.benchmarks import (
     run_tasks,
 )
 from vla_rl.evaluation.compatibility import incompatibility, one_hot_tasks, trained_on
+from vla_rl_core.env_spec import EnvSpec
 
 
-def robosuite_spec(task: str) -> dict:
+def robosuite_spec(task: str) -> EnvSpec:
     worker = SimulatorWorker("robosuite", build_env_config("robosuite", {"task": task}), 1)
     try:
         return worker.spec()
@@ -33,7 +36,7 @@ def specs():
 def test_same_size_but_another_layout_does_not_fit(specs):
     """Stack and Door both observe 20 values, but not the same ones."""
     door, stack = specs["Door"], specs["Stack"]
-    assert door["obs_dim"] == stack["obs_dim"] == 20
+    assert door.obs_dim == stack.obs_dim == 20
     reason = incompatibility(EvalTask("Door", "robosuite"), door, stack, "robosuite", None, False)
     assert reason.startswith("its observation [robot0_eef_pos 3, robot0_gripper_qpos 2, robot0_eef_quat 4, door_pos 3")
     assert "is not the policy's [robot0_eef_pos 3, robot0_gripper_qpos 2, cubeA_pos 3" in reason
@@ -46,8 +49,8 @@ def test_same_size_but_another_layout_does_not_fit(specs):
 def test_action_size_and_images_must_match(specs):
     lift = specs["Lift"]
     assert "its actions have 4 values, the policy's 7" in incompatibility(
-        EvalTask("x", "sim"), {**lift, "act_dim": 4}, lift, "robosuite_lift", None, False)
-    camera = {**lift, "images": {"agentview_image": [128, 128, 3]}}
+        EvalTask("x", "sim"), dataclasses.replace(lift, action_dim=4), lift, "robosuite_lift", None, False)
+    camera = dataclasses.replace(lift, images={"agentview_image": (128, 128, 3)})
     assert "camera images none are not the policy's {'agentview_image'" in incompatibility(
         EvalTask("x", "sim"), lift, camera, "robosuite_lift", None, False)
 

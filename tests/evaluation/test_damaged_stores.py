@@ -26,8 +26,9 @@ from vla_rl.evaluation.protocol import Protocol
 from vla_rl.evaluation.report import summarize
 from vla_rl.evaluation.targets import EvalInputError
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 
-SPEC = {"obs_dim": 3, "act_dim": 2, "horizon": 6}
+SPEC = EnvSpec(obs_dim=3, action_dim=2, horizon=6)
 
 
 def truncate(path) -> None:
@@ -58,7 +59,7 @@ DAMAGES = [
 def store(tmp_path):
     """A store of 3 episodes (random, incompressible actions; compressible observations)."""
     rank0 = open_rank_store(tmp_path, "Lift", 0, SPEC, 1, {"task": "Lift", "simulator": "s", "env": {}}, True)
-    n, horizon = 3, SPEC["horizon"]
+    n, horizon = 3, SPEC.horizon
     append_episodes(rank0, TensorDict({
         keys.OBS: torch.arange(n * (horizon + 1) * 3, dtype=torch.float32).reshape(n, horizon + 1, 3),
         keys.ACTIONS: torch.randn(n, horizon, 1, 2), keys.ENV_ACTIONS: torch.randn(n, horizon, 1, 2),

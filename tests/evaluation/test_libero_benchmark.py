@@ -8,6 +8,7 @@ import pytest
 from simulators.libero_env import SUITE_NUM_TASKS, LiberoEnvConfig
 from vla_rl.dag.loader import load_template
 from vla_rl.evaluation.benchmarks import BENCHMARKS, resolve_tasks
+from vla_rl_core.env_spec import EnvSpec
 
 
 @pytest.mark.parametrize(("suite", "num_tasks", "horizon"), [
@@ -54,7 +55,7 @@ def test_a_libero_run_and_each_evaluated_suite_pick_their_statistics(tmp_path):
     config = load_template("embodied_grpo_oft_libero", ["policy.config.architecture=null",
                                                          f"policy.config.model_path={out}",
                                                          "simulator.env.suite=libero_goal"]).config
-    policy = robot_policy(config, obs_dim=8, act_dim=7)
+    policy = robot_policy(config, EnvSpec(obs_dim=8, action_dim=7, horizon=520))
     zero = torch.zeros(1, 8, 7)
     assert policy.unnorm_key == "libero_goal" and policy.action_statistics.q01[0].item() == 1.0
     task = BENCHMARKS.get("libero_spatial")(config)[0]

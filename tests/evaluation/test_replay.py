@@ -17,6 +17,7 @@ from vla_rl.evaluation.episode_store import append_episodes, open_rank_store
 from vla_rl.evaluation.replay import episode_env_actions, replay_episodes, rescore_store
 from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import encode_instruction
 
 OBS_DIM, ACT_DIM, CHUNK = 2, 3, 2
@@ -38,8 +39,8 @@ class GripperPool:
         self.horizon = horizon
 
     def spec(self):
-        return {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": self.horizon,
-                "images": {"agentview_image": [4, 4, 3]}}
+        return EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=self.horizon,
+                images={"agentview_image": [4, 4, 3]})
 
     def _obs(self, rows) -> dict:
         state = np.stack([self.steps[rows].astype(np.float32), self.ids[rows]], axis=1)  # (k, 2)
@@ -130,7 +131,7 @@ def test_the_store_keeps_the_actions_the_simulator_received(oft_policy, stored):
     assert result.batch[keys.FINISH_STEP].tolist() == [2, 3]  # success mid-chunk: 2 decisions
     for i in range(2):
         episode = store.read_episode(i)
-        received = np.stack(pool.chunks[i])  # (finish_step, chunk, act_dim), as submitted
+        received = np.stack(pool.chunks[i])  # (finish_step, chunk, action_dim), as submitted
         assert episode["env_actions"].dtype == np.float32
         assert np.array_equal(episode["env_actions"], received)
         expected = oft_policy.env_actions(torch.as_tensor(episode["actions"])).numpy()

@@ -20,14 +20,15 @@ from vla_rl.evaluation.episode_store import (
 from vla_rl.evaluation.protocol import Protocol
 from vla_rl.evaluation.report import OVERALL, ReportProgress, summarize, write_report
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 
-SPEC = {"obs_dim": 3, "act_dim": 2, "horizon": 6}
+SPEC = EnvSpec(obs_dim=3, action_dim=2, horizon=6)
 GREEDY = Protocol("greedy", True, 0.0)
 SAMPLED = Protocol("sampled", False, 0.5)
 
 
 def episodes(ids, success, lengths) -> TensorDict:
-    n, horizon = len(ids), SPEC["horizon"]
+    n, horizon = len(ids), SPEC.horizon
     success = torch.tensor(success)
     finish = torch.tensor(lengths)
     return TensorDict({

@@ -18,6 +18,7 @@ from vla_rl.nodes.rollout import rollout_groups
 from vla_rl.workers.context import NodeContext
 from vla_rl.workers.metrics import Metric, total
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 
 OBS_DIM, ACT_DIM = 3, 2
 
@@ -30,7 +31,7 @@ class ParityPool:
         self.rng = np.random.default_rng(seed)
 
     def spec(self):
-        return {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": 4}
+        return EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=4)
 
     def reset(self, ids):
         ids = np.asarray(ids)

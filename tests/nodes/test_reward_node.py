@@ -18,6 +18,7 @@ from vla_rl.nodes.reward import episode_rewards, step_reference, trajectory_embe
 from vla_rl.rewards.trajectory_encoders import encode_state_trajectories
 from vla_rl.workers.resources import Resources
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 
 N, T, STATE_DIM, SIZE = 6, 5, 3, 8
 
@@ -80,8 +81,8 @@ def resources(tmp_path: Path, policy_name: str, policy_config: dict, **algo) -> 
     """A worker's resources with its ``trajectory_encoder`` built (and the policy it needs)."""
     config = RunConfig.model_validate({"policy": {"name": policy_name, "config": policy_config}, "algorithm": algo})
     res = Resources(config, rank=0, world_size=1, run_dir=tmp_path, device=torch.device("cpu"), rollout_dp_size=1)
-    res.provide("env_spec", {"obs_dim": STATE_DIM, "act_dim": 7, "horizon": 10,
-                             "images": {"agentview_image": [SIZE, SIZE, 3]}})  # no simulator needed
+    res.provide("env_spec", EnvSpec(obs_dim=STATE_DIM, action_dim=7, horizon=10,
+                             images={"agentview_image": [SIZE, SIZE, 3]}))  # no simulator needed
     res.ensure(["trajectory_encoder"])
     return res
 

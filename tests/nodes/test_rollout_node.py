@@ -18,6 +18,7 @@ from vla_rl.nodes.rollout import RolloutNodeConfig, interact
 from vla_rl.workers.context import NodeContext
 from vla_rl.workers.metrics import Metric
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 
 OBS_DIM, ACT_DIM = 3, 2
 
@@ -32,7 +33,7 @@ class LosingPool:
         self.succeeds, self.lost = np.asarray(succeeds), lost
 
     def spec(self):
-        return {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": 2}
+        return EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=2)
 
     def reset(self, ids):
         self.steps = np.zeros(len(ids), dtype=np.int64)

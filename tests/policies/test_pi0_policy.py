@@ -34,6 +34,7 @@ from tests.policies.pi0_helpers import (
     tiny_config,
 )
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 
 LOG_2PI_E_HALF = 0.5 * math.log(2 * math.pi * math.e)
 
@@ -446,7 +447,7 @@ def test_the_libero_templates_policy_reads_a_libero_observation():
 
     config = load_template(LIBERO_TEMPLATE).config
     env = LiberoEnvConfig(**config.simulator.env)
-    policy = robot_policy(config, obs_dim=env.state_dim, act_dim=env.action_dim)
+    policy = robot_policy(config, EnvSpec(obs_dim=env.state_dim, action_dim=env.action_dim, horizon=env.horizon))
     obs = libero_observations(env, 2, 0)
     assert obs["agentview_image"].shape == obs["robot0_eye_in_hand_image"].shape == (2, 128, 128, 3)
     assert obs[keys.OBS_STATE].shape == (2, 8)
@@ -507,7 +508,7 @@ def test_the_libero_template_header_runs_openpis_checkpoint(tmp_path, capsys):
     config = load_template(LIBERO_TEMPLATE, overrides).config
     env = LiberoEnvConfig(**config.simulator.env)
     assert env.camera_size == 256
-    policy = robot_policy(config, obs_dim=env.state_dim, act_dim=env.action_dim)
+    policy = robot_policy(config, EnvSpec(obs_dim=env.state_dim, action_dim=env.action_dim, horizon=env.horizon))
     assert (policy.chunk_size, policy.model_chunk_size, policy.own_action_dim) == (5, 10, 2 * (3 + 1) * 7)
     assert PI0Policy.planned_action_sizes(policy.config) == (5, 2 * (3 + 1) * 7)
     assert isinstance(policy.action_statistics, MeanStdStatistics)

@@ -3,6 +3,8 @@ state and camera observations)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,7 @@ from policies import make_policy
 from policies.mlp import MLPPolicyConfig
 from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import INSTRUCTION_BYTES, encode_instruction
 
 OBS_DIM, ACT_DIM = 2, 3
@@ -39,7 +42,7 @@ class ScriptedPool:
         self.resets = 0
 
     def spec(self):
-        return {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": self.horizon}
+        return EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=self.horizon)
 
     def reset(self, ids):
         self.resets += 1
@@ -136,7 +139,7 @@ class ChainPolicy(ConstantPolicy):
 @pytest.mark.parametrize("stages", [1, 2])
 def test_own_actions_wider_than_the_simulators_are_stored_at_their_width(stages, tmp_path):
     """The batch keeps the policy's own actions (own_action_dim wide), the pool and
-    ``env_actions`` get the simulator's act_dim; an evaluation store keeps both at their widths."""
+    ``env_actions`` get the simulator's action_dim; an evaluation store keeps both at their widths."""
     from vla_rl.evaluation.episode_store import append_episodes, open_rank_store
 
     pool = ScriptedPool(success_at=[3, 0], horizon=6)
@@ -149,7 +152,7 @@ def test_own_actions_wider_than_the_simulators_are_stored_at_their_width(stages,
     assert not batch["actions"][0, 2].any() and not result.env_actions[0, 2].any()  # after the episode's end
     assert torch.equal(result.env_actions[1], own[-ACT_DIM:].expand(3, 2, -1))
     assert all(np.array_equal(a, np.broadcast_to(own[-ACT_DIM:].numpy(), a.shape)) for a in pool.submitted_actions)
-    spec = {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": 6}
+    spec = EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=6)
     store = open_rank_store(tmp_path, "task", 0, spec, 2, {"task": "task", "simulator": "s", "env": {}}, True,
                             policy.own_action_dim)
     assert store.fields["actions"][0] == (2, ACT_DIM + 4) and store.fields["env_actions"][0] == (2, ACT_DIM)
@@ -302,7 +305,7 @@ class CameraPool(ScriptedPool):
     the step count, and the instruction."""
 
     def spec(self):
-        return {**super().spec(), "images": {"agentview_image": [4, 4, 3]}}
+        return dataclasses.replace(super().spec(), images={"agentview_image": (4, 4, 3)})
 
     def _camera(self, state):
         n = len(state)
@@ -421,7 +424,7 @@ def test_l1_head_acts_greedily_with_its_regression_and_records_no_log_probs(prot
         torch.testing.assert_close(torch.as_tensor(pool.submitted_actions[t]), by_hand)
         assert np.array_equal(result.env_actions[:, t].numpy(), pool.submitted_actions[t])
     assert len({tuple(batch["actions"][0, t].flatten().tolist()) for t in range(2)}) == 2  # regression differs by step
-    spec = {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": 4}
+    spec = EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=4)
     store = open_rank_store(tmp_path, "task", 0, spec, 2, {"task": "task", "simulator": "s", "env": {}},
                             policy.has_action_distribution)
     batch.set(keys.INIT_STATE_ID, torch.tensor([4, 5]))

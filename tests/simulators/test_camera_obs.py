@@ -46,7 +46,7 @@ def test_dict_observation_layout_and_state_matches_the_state_env(camera_env, sta
     space = camera_env.observation_space
     assert isinstance(space, gym.spaces.Dict)
     assert set(space.spaces) == {"state", "agentview_image", "robot0_eye_in_hand_image"}
-    actions = np.random.default_rng(0).uniform(-1, 1, size=(3, camera_env.act_dim))
+    actions = np.random.default_rng(0).uniform(-1, 1, size=(3, camera_env.action_dim))
     obs, _ = camera_env.reset(seed=5)
     state, _ = state_env.reset(seed=5)
     for action in actions:
@@ -98,7 +98,7 @@ def test_fast_rendering_changes_only_the_shading(camera_env):
 
 
 def test_step_unobserved_renders_nothing_and_observe_gives_steps_observation(camera_env):
-    actions = np.random.default_rng(1).uniform(-1, 1, size=(4, camera_env.act_dim))
+    actions = np.random.default_rng(1).uniform(-1, 1, size=(4, camera_env.action_dim))
     camera_env.reset(seed=3)
     for action in actions:
         stepped, *outcome = camera_env.step(action)
@@ -129,7 +129,7 @@ def test_a_chunk_renders_the_cameras_once(camera_env):
         renders = []
         render = env._render
         env._render = lambda *args: renders.append(args) or render(*args)
-        out = worker.step_chunk([0], np.zeros((1, 5, env.act_dim), dtype=np.float32))
+        out = worker.step_chunk([0], np.zeros((1, 5, env.action_dim), dtype=np.float32))
         assert out["steps"].tolist() == [5] and renders == [("agentview", SIZE)]
         np.testing.assert_array_equal(out["obs"]["agentview_image"][0], render("agentview", SIZE))
     finally:

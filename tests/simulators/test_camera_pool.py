@@ -4,12 +4,15 @@ chunks (submit / collect), and the scripted expert (skipped where EGL is unavail
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from simulators.pool import SimulatorPool
 from simulators.rendering import egl_unavailable_reason
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import INSTRUCTION_BYTES, decode_instruction
 
 SIZE, OBS_DIM, ACT_DIM, HORIZON = 32, 15, 7, 40
@@ -36,8 +39,9 @@ def check_layout(obs: dict, n: int) -> None:
 
 def test_spec_lists_the_images(camera_pool):
     spec = camera_pool.spec()
-    assert spec.pop("obs_layout")["cube_pos"] == [5, 8]
-    assert spec == {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": HORIZON, "images": {IMAGE: [SIZE, SIZE, 3]}}
+    assert spec.obs_layout["cube_pos"] == (5, 8)
+    assert dataclasses.replace(spec, obs_layout={}) == EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=HORIZON,
+                                                               images={IMAGE: (SIZE, SIZE, 3)})
 
 
 def test_reset_and_step_give_dict_observations(camera_pool):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from simulators import SIMULATORS, libero_env, libero_offline, make_env
+from simulators.gym_vector import env_spec
 from simulators.libero_env import (
     NOOP_ACTION,
     SUITE_HORIZONS,
@@ -249,7 +250,7 @@ def test_the_pi0_libero_templates_policy_acts_in_the_fake_task(fake_libero):
 
     config = load_template("embodied_srpo_pi0_libero").config
     env, fake = fake_libero(**{**config.simulator.env, "fast_rendering": False})  # the fake has no MuJoCo scene
-    policy = robot_policy(config, obs_dim=env.obs_dim, act_dim=env.act_dim)
+    policy = robot_policy(config, env_spec(env))
     raw, _ = env.reset(seed=0)
     assert sorted(raw) == ["agentview_image", "robot0_eye_in_hand_image", "state"] and raw["state"].shape == (8,)
     assert fake.seeds == [(7, 0)]  # openpi's env.seed(7), once, before the first initial state
@@ -276,7 +277,7 @@ def state_env():
 @needs_libero
 def test_state_env_spaces_instruction_and_initial_states(state_env):
     assert isinstance(state_env.observation_space, gym.spaces.Box) and state_env.observation_space.shape == (8,)
-    assert state_env.act_dim == 7 and state_env.num_init_states == 50
+    assert state_env.action_dim == 7 and state_env.num_init_states == 50
     assert state_env.instruction == "pick up the black bowl between the plate and the ramekin and place it on the plate"
     first, info = state_env.reset(seed=3)
     assert info == {"success": False, "episode_step": 0} and first.dtype == np.float32

@@ -25,6 +25,7 @@ from simulators.metaworld_env import (
     TASK_INSTRUCTIONS,
 )
 from simulators.rendering import egl_unavailable_reason, setup_headless_rendering
+from vla_rl_core.env_spec import EnvSpec
 
 setup_headless_rendering()  # before a test imports metaworld (and mujoco) directly
 
@@ -320,8 +321,8 @@ def test_simulator_pool_with_a_metaworld_task(ray_on_loopback):
     horizon = 100
     with SimulatorPool("metaworld", {"task": "reach-v3", "horizon": horizon}, num_actors=2, envs_per_actor=2,
                        actor_options={"num_cpus": 0}) as pool:
-        assert pool.spec() == {"obs_dim": 39, "act_dim": 4, "horizon": horizon,
-                               "obs_layout": {key: [part.start, part.stop] for key, part in METAWORLD_OBS_LAYOUT.items()}}
+        assert pool.spec() == EnvSpec(obs_dim=39, action_dim=4, horizon=horizon,
+                               obs_layout={key: [part.start, part.stop] for key, part in METAWORLD_OBS_LAYOUT.items()})
         obs = pool.reset(np.array([7, 7, 8]))  # envs 0 and 2 on actor 0, env 1 on actor 1
         assert obs.shape == (3, 39) and obs.dtype == np.float32
         np.testing.assert_array_equal(obs[0], obs[1])

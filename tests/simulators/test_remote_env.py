@@ -74,7 +74,7 @@ def test_a_remote_episode_is_the_environments_own(ray_on_loopback, stop):
     executed steps), and the trainer truncates at the horizon."""
     with SimulatorPool("remote", config(), num_actors=1, envs_per_actor=2) as pool:
         clients = serve_envs([WalkEnv(), WalkEnv()], uri(pool), stop=stop, retry_s=0.1)
-        assert pool.spec()["obs_dim"] == 2 and pool.spec()["act_dim"] == 1
+        assert pool.spec().obs_dim == 2 and pool.spec().action_dim == 1
         obs = pool.reset(np.array([4, 2]))
         np.testing.assert_array_equal(obs, [[1, 4], [2, 2]])
         out = pool.collect(pool.submit(np.arange(2), np.array([[[1], [1], [1], [1]], [[-1], [-1], [-1], [-1]]],

@@ -40,13 +40,13 @@ def test_spaces_and_reset_observation(env):
     obs, info = env.reset(seed=0)
     assert obs.dtype == np.float32 and obs.shape == env.observation_space.shape
     assert env.observation_space.contains(obs)
-    assert env.action_space.shape == (env.act_dim,) and env.action_space.dtype == np.float32
+    assert env.action_space.shape == (env.action_dim,) and env.action_space.dtype == np.float32
     assert info == {"success": False, "episode_step": 0}
     assert sum(s.stop - s.start for s in env.obs_layout.values()) == obs.shape[0]
 
 
 def test_same_seed_same_trajectory_after_another_episode(env):
-    actions = np.random.default_rng(0).uniform(-1, 1, size=(8, env.act_dim))
+    actions = np.random.default_rng(0).uniform(-1, 1, size=(8, env.action_dim))
     first = _rollout(env, seed=11, actions=actions)
     other = _rollout(env, seed=12, actions=actions)
     again = _rollout(env, seed=11, actions=actions)
@@ -71,15 +71,15 @@ def test_step_rejects_wrong_action_shape(env, bad_shape):
 def test_step_rejects_non_finite_actions_and_clips_large_ones(env):
     env.reset(seed=0)
     with pytest.raises(ValueError, match="finite"):
-        env.step(np.full(env.act_dim, np.nan))
-    big = _rollout(env, seed=3, actions=np.full((2, env.act_dim), 5.0))
-    unit = _rollout(env, seed=3, actions=np.full((2, env.act_dim), 1.0))
+        env.step(np.full(env.action_dim, np.nan))
+    big = _rollout(env, seed=3, actions=np.full((2, env.action_dim), 5.0))
+    unit = _rollout(env, seed=3, actions=np.full((2, env.action_dim), 1.0))
     np.testing.assert_array_equal(big, unit)
 
 
 def test_truncated_at_horizon_and_no_auto_reset(env):
     env.reset(seed=1)
-    zero = np.zeros(env.act_dim)
+    zero = np.zeros(env.action_dim)
     for t in range(1, env.horizon):
         obs, reward, terminated, truncated, info = env.step(zero)
         assert (reward, terminated, truncated) == (0.0, False, False), t
@@ -104,13 +104,13 @@ def test_scripted_expert_succeeds_and_terminates(env, seed):
     done = False
     while not done:
         action = expert.act(obs)
-        assert action.shape == (env.act_dim,) and action.dtype == np.float32
+        assert action.shape == (env.action_dim,) and action.dtype == np.float32
         obs, reward, terminated, truncated, info = env.step(action)
         done = terminated or truncated
     assert (reward, terminated, truncated, info["success"]) == (1.0, True, False, True)
     assert info["episode_step"] < env.horizon
     with pytest.raises(RuntimeError, match="reset"):
-        env.step(np.zeros(env.act_dim))
+        env.step(np.zeros(env.action_dim))
 
 
 def test_render_frame_without_camera_raises(env):

@@ -14,6 +14,7 @@ from simulators.rendering import (
     egl_unavailable_reason,
     user_rendering_env_vars,
 )
+from vla_rl_core.env_spec import EnvSpec
 
 HORIZON = 40
 OBS_DIM, ACT_DIM = 15, 7
@@ -54,7 +55,7 @@ def pool(ray_cluster, render_camera):
 
 
 def test_spec(pool):
-    assert pool.spec() == {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": HORIZON, "obs_layout": LIFT_LAYOUT}
+    assert pool.spec() == EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=HORIZON, obs_layout=LIFT_LAYOUT)
     assert pool.capacity == 4
 
 
@@ -159,7 +160,7 @@ def test_submit_validates_its_arguments(pool):
         pool.submit(np.array([3]), np.zeros((1, 1, ACT_DIM)))
     with pytest.raises(ValueError, match="distinct"):
         pool.submit(np.array([1, 1]), np.zeros((2, 1, ACT_DIM)))
-    with pytest.raises(ValueError, match="chunk, act_dim"):
+    with pytest.raises(ValueError, match="chunk, action_dim"):
         pool.submit(np.array([1, 2]), np.zeros((2, ACT_DIM)))
     with pytest.raises(ValueError, match="render_indices"):
         pool.submit(np.array([1]), np.zeros((1, 1, ACT_DIM)), render_indices=[2])

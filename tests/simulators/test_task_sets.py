@@ -47,7 +47,7 @@ def test_each_environment_resets_into_its_task_and_says_which(counted_envs):
     worker = SimulatorWorker("metaworld", configs(), 4)
     try:
         spec = worker.spec()
-        assert spec["num_tasks"] == 3 and spec["obs_dim"] == 39 and spec["obs_layout"]["goal_pos"] == [36, 39]
+        assert spec.num_tasks == 3 and spec.obs_dim == 39 and spec.obs_layout["goal_pos"] == (36, 39)
         obs = worker.reset([0, 1, 2, 3], [5, 5, 5, 6], [0, 1, 2, 1])
         assert set(obs) == {keys.OBS_STATE, keys.OBS_TASK_ID} and obs[keys.OBS_TASK_ID].tolist() == [0, 1, 2, 1]
         for row, (task, seed) in enumerate([(0, 5), (1, 5), (2, 5), (1, 6)]):
@@ -104,7 +104,7 @@ def test_a_task_set_pool_over_actors(ray_on_loopback):
 
     with SimulatorPool("metaworld", [{"task": task, "horizon": HORIZON} for task in TASKS], num_actors=2,
                        envs_per_actor=2, actor_options={"num_cpus": 0}) as pool:
-        assert pool.num_tasks == 3 and pool.spec()["num_tasks"] == 3
+        assert pool.num_tasks == 3 and pool.spec().num_tasks == 3
         obs = pool.reset(np.array([5, 5, 5]), np.array([2, 0, 2]))  # envs 0 and 2 on actor 0
         assert obs[keys.OBS_TASK_ID].tolist() == [2, 0, 2]
         np.testing.assert_array_equal(obs[keys.OBS_STATE][0], obs[keys.OBS_STATE][2])

@@ -22,6 +22,7 @@ from simulators.registry import SIMULATORS
 from simulators.vector import ChunkResult, VectorSimulator
 from simulators.worker import SimulatorWorker
 from vla_rl.dag.loader import REPO_ROOT
+from vla_rl_core.env_spec import EnvSpec
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +54,8 @@ def toward_target(obs: np.ndarray, chunk: int) -> np.ndarray:
 def test_the_worker_drives_a_batch_of_environments_through_the_contract(point_mass):
     worker = SimulatorWorker("point_mass", point_mass.PointMassConfig(horizon=12), 4)
     assert isinstance(worker._sim, VectorSimulator)
-    assert worker.spec() == {"obs_dim": 4, "act_dim": 2, "horizon": 12,
-                             "obs_layout": {"position": [0, 2], "target": [2, 4]}}
+    assert worker.spec() == EnvSpec(obs_dim=4, action_dim=2, horizon=12,
+                                    obs_layout={"position": (0, 2), "target": (2, 4)})
     obs = worker.reset([3, 1], [7, 8])
     assert obs.shape == (2, 4) and obs.dtype == np.float32
     np.testing.assert_array_equal(obs, worker.reset([0, 2], [7, 8]))  # an id is a state, in any slot
@@ -89,7 +90,7 @@ def test_the_worker_drives_a_batch_of_environments_through_the_contract(point_ma
 
     with pytest.raises(ValueError, match=r"out of range \[0, 4\)"):
         worker.step_chunk([4], np.zeros((1, 1, 2), np.float32))
-    with pytest.raises(ValueError, match=r"actions must have shape \(2, chunk, act_dim\)"):
+    with pytest.raises(ValueError, match=r"actions must have shape \(2, chunk, action_dim\)"):
         worker.step_chunk([1, 3], np.zeros((1, 1, 2), np.float32))
     with pytest.raises(RuntimeError, match="renders no frames"):
         worker.step_chunk([1], np.zeros((1, 1, 2), np.float32), render_indices=[1])
@@ -97,6 +98,14 @@ def test_the_worker_drives_a_batch_of_environments_through_the_contract(point_ma
         worker.run_expert([0])
     with pytest.raises(ValueError, match="cannot host a task set"):
         SimulatorWorker("point_mass", [point_mass.PointMassConfig()] * 2, 1)
+
+
+def test_a_spec_that_is_not_an_env_spec_is_refused_naming_the_simulator(point_mass, monkeypatch):
+    worker = SimulatorWorker("point_mass", point_mass.PointMassConfig(), 1)
+    monkeypatch.setattr(worker._sim, "spec", lambda: {"obs_dim": 4, "action_dim": 2, "horizon": 40})
+    with pytest.raises(TypeError, match="simulator 'point_mass': spec\\(\\) must return a vla_rl_core.env_spec.EnvSpec, "
+                                        "got dict"):
+        worker.spec()
 
 
 def test_a_chunk_result_refuses_rows_of_another_length_or_dtype():

@@ -23,6 +23,7 @@ from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl.trainers import actor as actor_module
 from vla_rl.trainers.actor import ActorTrainer, per_dim_log_probs
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import encode_instruction
 from vla_rl_core.registry import Registry
 
@@ -48,7 +49,7 @@ class RandomWalkPool:
         self.rng = np.random.default_rng(0)
 
     def spec(self):
-        return {"obs_dim": OBS_DIM, "act_dim": ACT_DIM, "horizon": HORIZON}
+        return EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=HORIZON)
 
     def reset(self, ids):
         self.steps = np.zeros(len(ids), dtype=np.int64)
@@ -73,7 +74,7 @@ class CameraRandomWalkPool(RandomWalkPool):
     the instruction."""
 
     def spec(self):
-        return {**super().spec(), "images": {"agentview_image": [16, 16, 3]}}
+        return dataclasses.replace(super().spec(), images={"agentview_image": (16, 16, 3)})
 
     def _camera(self, state):
         n = len(state)

@@ -17,6 +17,7 @@ from vla_rl.trainers.warm_start import (
     ensure_demonstrations,
     initial_observations,
 )
+from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import decode_instruction, encode_instruction
 
 
@@ -59,8 +60,8 @@ class _CountingPool:
         self.batches.append(ids.tolist())
         return np.stack([ids, -ids], axis=1).astype(np.float32)
 
-    def spec(self) -> dict[str, int]:
-        return {"obs_dim": 2}
+    def spec(self) -> EnvSpec:
+        return EnvSpec(obs_dim=2, action_dim=1, horizon=4)
 
 
 def test_initial_observations_reset_training_states_in_pool_sized_batches():
@@ -78,7 +79,7 @@ class _CameraExpertPool:
     capacity = 2
 
     def spec(self) -> dict:
-        return {"obs_dim": 3, "act_dim": 7, "horizon": 6, "images": {"agentview_image": [8, 8, 3]}}
+        return EnvSpec(obs_dim=3, action_dim=7, horizon=6, images={"agentview_image": [8, 8, 3]})
 
     def run_expert(self, ids) -> list[dict]:
         episodes = []
@@ -161,7 +162,7 @@ class _TaskSetExpertPool:
         self.calls: list[tuple[list[int], int]] = []
 
     def spec(self) -> dict:
-        return {"obs_dim": 3, "act_dim": 2, "horizon": 8, "num_tasks": 3}
+        return EnvSpec(obs_dim=3, action_dim=2, horizon=8, num_tasks=3)
 
     def run_expert(self, ids, task_id) -> list[dict]:
         self.calls.append((list(ids), task_id))

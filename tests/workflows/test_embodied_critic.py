@@ -15,9 +15,10 @@ from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.trainers.critic import CriticTrainer
 from vla_rl.workflows.embodied import EmbodiedWorkflow, critic_state_normalization
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 
 OBS_DIM, IMAGE = 4, f"agentview{keys.OBS_IMAGE_SUFFIX}"
-CAMERA_SPEC = {"obs_dim": OBS_DIM, "act_dim": 7, "horizon": 6, "images": {IMAGE: [4, 4, 3]}}
+CAMERA_SPEC = EnvSpec(obs_dim=OBS_DIM, action_dim=7, horizon=6, images={IMAGE: [4, 4, 3]})
 
 
 def initial_state(ids: np.ndarray) -> np.ndarray:
@@ -59,7 +60,7 @@ def resources(tmp_path, *overrides, policy=None, spec=CAMERA_SPEC, device="cpu")
     config = load_template("embodied_ppo_pi0_lift", [f"warm_start.demo_store={tmp_path / 'demos.zarr'}",
                                                      *overrides]).config
     return SimpleNamespace(config=config, run_dir=tmp_path, policy=torch.nn.Linear(1, 1) if policy is None else policy,
-                           env_spec=dict(spec), simulator_pool=FakePool(), ensure=lambda names: None,
+                           env_spec=spec, simulator_pool=FakePool(), ensure=lambda names: None,
                            device=torch.device(device), group=None)
 
 
@@ -118,6 +119,6 @@ def test_critic_builds_over_the_state_of_camera_observations(tmp_path, process_g
 
 
 def test_critic_refuses_a_task_set(tmp_path):
-    res = resources(tmp_path, "warm_start.num_demos=0", spec={**CAMERA_SPEC, "num_tasks": 2})
+    res = resources(tmp_path, "warm_start.num_demos=0", spec=CAMERA_SPEC.with_tasks(2))
     with pytest.raises(ValueError, match=r"task set \(simulator.tasks\)"):
         EmbodiedWorkflow().build_critic(res)

@@ -16,6 +16,7 @@ import numpy as np
 
 from vla_rl.data.lerobot_format import LeRobotFormatError, LeRobotReader
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 
 ACTIONS_ROLE = "actions"
 DEFAULT_DATASET_KEYS = {"observation.state": keys.OBS_STATE, "action": ACTIONS_ROLE}
@@ -63,17 +64,17 @@ def check_dataset(root: str | Path, dataset_keys: Mapping[str, str], num_demos: 
 
 
 def dataset_episodes(root: str | Path, dataset_keys: Mapping[str, str], num_demos: int,
-                     spec: Mapping) -> list[dict[str, np.ndarray]]:
+                     spec: EnvSpec) -> list[dict[str, np.ndarray]]:
     """The first ``num_demos`` episodes, laid out as a demonstration store's episodes
     (:func:`vla_rl.trainers.warm_start.demo_fields`): ``obs`` float32 ``(T, obs_dim)`` for a
     state-only simulator, else ``state``, each ``<camera>_image`` uint8 ``(T, H, W, 3)`` and the
-    encoded ``instruction`` (each frame's task); and ``actions`` float32 ``(T, act_dim)``.
+    encoded ``instruction`` (each frame's task); and ``actions`` float32 ``(T, action_dim)``.
 
     Args:
         root: the dataset root.
         dataset_keys: feature → policy input (module docstring).
         num_demos: episodes to read.
-        spec: the simulator's spec (``obs_dim``, ``act_dim``, ``images``): the dataset must fit it.
+        spec: the simulator's spec (``obs_dim``, ``action_dim``, ``images``): the dataset must fit it.
 
     Raises:
         ValueError: the dataset's state, action or image sizes are not the simulator's, or a
@@ -84,12 +85,12 @@ def dataset_episodes(root: str | Path, dataset_keys: Mapping[str, str], num_demo
 
     reader = LeRobotReader(root)
     by_role = {role: feature for feature, role in dataset_keys.items()}
-    images = dict(spec.get("images", {}))
+    images = dict(spec.images or {})
     missing = sorted(set(images) - set(by_role))
     if missing:
         raise ValueError(f"warm_start.dataset: the policy reads camera images {missing}; map dataset features to them "
                          f"in warm_start.dataset_keys (e.g. observation.images.agentview: agentview_image)")
-    sizes = {keys.OBS_STATE: [int(spec["obs_dim"])], ACTIONS_ROLE: [int(spec["act_dim"])],
+    sizes = {keys.OBS_STATE: [spec.obs_dim], ACTIONS_ROLE: [spec.action_dim],
              **{key: list(shape) for key, shape in images.items()}}
     for role, feature in by_role.items():
         if role in sizes and list(reader.features[feature]["shape"]) != sizes[role]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vla_rl.evaluation.benchmarks import EvalTask, run_task_index, run_tasks
+from vla_rl_core.env_spec import EnvSpec
 
 
 @dataclass(frozen=True)
@@ -47,20 +48,24 @@ def trained_on(config) -> str:
     return f"{config.simulator.name} task{'s' if len(names) > 1 else ''} {', '.join(names)}"
 
 
-def _layout(spec: dict) -> str:
-    parts = ", ".join(f"{key} {stop - start}" for key, (start, stop) in spec["obs_layout"].items())
-    return f"[{parts}] ({spec['obs_dim']} values)"
+def _layout(spec: EnvSpec) -> str:
+    parts = ", ".join(f"{key} {stop - start}" for key, (start, stop) in spec.obs_layout.items())
+    return f"[{parts}] ({spec.obs_dim} values)"
 
 
-def incompatibility(task: EvalTask, task_spec: dict | None, policy_spec: dict, trained_on: str,
+def _images(spec: EnvSpec) -> str:
+    return str({key: list(shape) for key, shape in spec.images.items()}) if spec.images else "none"
+
+
+def incompatibility(task: EvalTask, task_spec: EnvSpec | None, policy_spec: EnvSpec | None, trained_on: str,
                     one_hot: list[str] | None, in_task_set: bool) -> str | None:
     """Why ``task`` cannot be evaluated with the policy, or None.
 
     Args:
         task: the evaluation task.
-        task_spec: its simulator's ``spec()`` (``obs_dim``, ``act_dim``, ``obs_layout``, and
-            ``images``); None for a task of the run's own task set (it shares the policy's spec).
-        policy_spec: the spec of the simulator the policy was built for.
+        task_spec: its simulator's ``spec()``; None for a task of the run's own task set (it
+            shares the policy's spec).
+        policy_spec: the spec of the simulator the policy was built for (read only with a ``task_spec``).
         trained_on: that simulator's name, for the message.
         one_hot: the tasks of the policy's task one-hot (:func:`one_hot_tasks`), or None.
         in_task_set: whether ``task`` is one of the run's own tasks (:func:`run_task_index`).
@@ -68,17 +73,17 @@ def incompatibility(task: EvalTask, task_spec: dict | None, policy_spec: dict, t
     if one_hot is not None and not in_task_set:
         return (f"the policy takes a one-hot of its {len(one_hot)} training tasks ({', '.join(one_hot)}); "
                 f"task {task.name!r} ({task.simulator} with these settings) is not one of them")
-    if task_spec is None:
+    if task_spec is None or policy_spec is None:
         return None
-    if task_spec["act_dim"] != policy_spec["act_dim"]:
-        return (f"its actions have {task_spec['act_dim']} values, the policy's {policy_spec['act_dim']} "
+    if task_spec.action_dim != policy_spec.action_dim:
+        return (f"its actions have {task_spec.action_dim} values, the policy's {policy_spec.action_dim} "
                 f"(trained on {trained_on})")
-    if task_spec["obs_layout"] != policy_spec["obs_layout"] or task_spec["obs_dim"] != policy_spec["obs_dim"]:
+    if task_spec.obs_layout != policy_spec.obs_layout or task_spec.obs_dim != policy_spec.obs_dim:
         return (f"its observation {_layout(task_spec)} is not the policy's {_layout(policy_spec)} "
                 f"(trained on {trained_on})")
-    if task_spec.get("images") != policy_spec.get("images"):
-        return (f"its camera images {task_spec.get('images') or 'none'} are not the policy's "
-                f"{policy_spec.get('images') or 'none'} (trained on {trained_on})")
+    if task_spec.images != policy_spec.images:
+        return (f"its camera images {_images(task_spec)} are not the policy's {_images(policy_spec)} "
+                f"(trained on {trained_on})")
     return None
 
 
@@ -92,8 +97,8 @@ def check_tasks(config, tasks: list[EvalTask]) -> list[TaskVerdict]:
     one_hot = one_hot_tasks(config)
     own = [run_task_index(config, task) is not None for task in tasks]
     probed = [task for task, mine in zip(tasks, own) if not mine and one_hot is None]
-    specs: dict[str, dict] = {}
-    policy_spec: dict = {}
+    specs: dict[str, EnvSpec] = {}
+    policy_spec: EnvSpec | None = None
     if probed:
         trained = run_tasks(config)[0]  # a task set's tasks share their spec (its pool checks it)
         policy_spec, *answers = probe_specs([(trained.simulator, trained.env), *((t.simulator, t.env) for t in probed)])

@@ -6,8 +6,8 @@ Per decision step ``t < finish_step`` an episode stores ``obs`` (the observation
 ``t``), ``next_obs`` (after it; the last one is the terminal observation), ``actions``
 ``(chunk, own_action_dim)`` float32 (the policy's own, as sampled: what the RL loss scores, e.g.
 OpenVLA-OFT's normalised values, π0's whole denoising chain; ``own_action_dim`` is
-``policy.own_action_dim``, the simulator's ``act_dim`` for most policies), ``env_actions``
-``(chunk, act_dim)`` float32 (what the
+``policy.own_action_dim``, the simulator's ``action_dim`` for most policies), ``env_actions``
+``(chunk, action_dim)`` float32 (what the
 simulator received, ``policy.env_actions(actions)``: de-normalised, gripper post-processed; a
 replay executes these) and ``log_probs`` ``(chunk,)`` (not for a policy without an action
 distribution, whose log-probs are undefined); its scalars are the :class:`EpisodeKey` fields plus
@@ -37,6 +37,7 @@ from vla_rl.data.trajectory_store import LENGTH_KEY, TrajectoryStore
 from vla_rl.errors import RunStopped
 from vla_rl.evaluation.targets import EvalInputError
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.run_layout import EPISODES_DIR
 
 STORE_PATTERN = "rank*.zarr"
@@ -236,15 +237,15 @@ def stored_keys(eval_dir: Path, task: str) -> set[EpisodeKey]:
     return keys_found
 
 
-def open_rank_store(eval_dir: Path, task: str, rank: int, spec: dict, chunk: int, attrs: dict,
+def open_rank_store(eval_dir: Path, task: str, rank: int, spec: EnvSpec, chunk: int, attrs: dict,
                     log_probs: bool, own_action_dim: int | None = None) -> TrajectoryStore:
     """This rank's store of ``task``, created on first use.
 
     Args:
-        spec: the simulator's ``obs_dim``, ``act_dim``, ``horizon`` (control steps).
+        spec: the simulator's spec (its ``obs_dim``, ``action_dim`` and ``horizon`` size the fields).
         chunk: the policy's action-chunk length.
         own_action_dim: values per own action of the policy (``policy.own_action_dim``), the
-            width of the ``actions`` field; None: the simulator's ``act_dim`` (a policy whose own
+            width of the ``actions`` field; None: the simulator's ``action_dim`` (a policy whose own
             actions are the environment's width).
         attrs: metadata kept with a new store (task, simulator, settings).
         log_probs: a new store has the ``log_probs`` field (the policy has an action distribution).
@@ -254,17 +255,17 @@ def open_rank_store(eval_dir: Path, task: str, rank: int, spec: dict, chunk: int
         with reading_store(path):
             return TrajectoryStore.open(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    obs_dim, act_dim = int(spec["obs_dim"]), int(spec["act_dim"])
-    own_action_dim = act_dim if own_action_dim is None else int(own_action_dim)
+    obs_dim, action_dim = spec.obs_dim, spec.action_dim
+    own_action_dim = action_dim if own_action_dim is None else int(own_action_dim)
     fields = {
         "obs": ((obs_dim,), np.float32),
         "next_obs": ((obs_dim,), np.float32),
         "actions": ((chunk, own_action_dim), np.float32),
-        "env_actions": ((chunk, act_dim), np.float32),
+        "env_actions": ((chunk, action_dim), np.float32),
     }
     if log_probs:
         fields["log_probs"] = ((chunk,), np.float32)
-    return TrajectoryStore.create(path, fields, max_steps=-(-int(spec["horizon"]) // chunk), attrs=attrs)
+    return TrajectoryStore.create(path, fields, max_steps=-(-spec.horizon // chunk), attrs=attrs)
 
 
 def append_episodes(store: TrajectoryStore, episodes: TensorDict, checkpoint_step: int, greedy: bool,

@@ -28,7 +28,7 @@ def replay_episodes(
         pool: a :class:`simulators.pool.SimulatorPool` with capacity ≥ n (with a render camera
             when ``render``).
         init_state_ids: ``(n,)`` int64 initial-state ids.
-        actions: ``n`` float32 arrays ``(T_i, chunk, act_dim)``: each episode's decisions in
+        actions: ``n`` float32 arrays ``(T_i, chunk, action_dim)``: each episode's decisions in
             the simulator's units (a store's ``env_actions``: :func:`episode_env_actions`).
         render: record a camera frame after every control step of every episode.
         task_ids: ``(n,)`` int64 tasks of a task-set pool; None: the pool's only task.
@@ -44,7 +44,7 @@ def replay_episodes(
     if len(actions) != n:
         raise ValueError(f"got {len(actions)} action sequences for {n} initial states")
     lengths = np.array([len(a) for a in actions])
-    chunk, act_dim = actions[0].shape[1:]
+    chunk, action_dim = actions[0].shape[1:]
     ids = np.asarray(init_state_ids, dtype=np.int64)
     if task_ids is None:
         pool.reset(ids)
@@ -58,7 +58,7 @@ def replay_episodes(
         for j in range(chunk):
             if not active.any():
                 break
-            step_actions = np.zeros((n, act_dim), dtype=np.float32)
+            step_actions = np.zeros((n, action_dim), dtype=np.float32)
             for i in np.flatnonzero(active):
                 step_actions[i] = actions[i][t, j]
             rendered = tuple(np.flatnonzero(active)) if render else ()
@@ -82,7 +82,7 @@ def episode_env_actions(store: TrajectoryStore, episode: dict, actions_are_env_a
             ``actions`` can stand in for the ``env_actions`` of a store written before that field.
 
     Returns:
-        ``(finish_step, chunk, act_dim)`` float32: the episode's ``env_actions`` (never a policy's own
+        ``(finish_step, chunk, action_dim)`` float32: the episode's ``env_actions`` (never a policy's own
         actions wider than the simulator's, e.g. π0's denoising chains), or for a
         store without that field its ``actions`` when ``actions_are_env_actions``.
 

@@ -124,7 +124,7 @@ def too_few_demonstrations(error: RuntimeError, sim) -> RunStopped:
                check=check_experts)
 def load_demonstrations(ctx, batch) -> NodeOutput:
     """Returns the demonstrations' transitions: ``obs`` ``(N, obs_dim)`` (camera observations, or a
-    task set's: a TensorDict of batch size ``(N,)``) and ``actions`` ``(N, chunk, act_dim)``, the
+    task set's: a TensorDict of batch size ``(N,)``) and ``actions`` ``(N, chunk, action_dim)``, the
     expert's next actions for the chunk the policy clones (``policy.bc_chunk_size``: π0's whole
     model chunk even when it executes a prefix), in the simulator's units (not a policy's own
     actions, which may be wider, e.g. π0's denoising chains: behaviour cloning maps them with

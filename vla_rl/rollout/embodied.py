@@ -14,7 +14,7 @@ from (π0's state-relative actions add the state back), while the batch keeps th
 actions (the environment actions are returned beside it, :attr:`RolloutResult.env_actions`, so
 that stored episodes can be replayed exactly). Own actions are ``policy.own_action_dim`` values
 per chunk position (``action_dim`` for most policies; π0: its whole denoising chains), environment
-actions the simulator's ``act_dim``.
+actions the simulator's ``action_dim``.
 
 A policy without an action distribution (``policy.has_action_distribution`` False: OpenVLA-OFT's
 L1-regression head) acts only greedily, through ``policy.predict_action_chunk``; its episodes
@@ -67,7 +67,7 @@ class RolloutResult:
             ``(m, T)``, ``success`` ``(m,)``, ``truncated`` ``(m,)`` (ended by the time limit
             without success), ``finish_step`` ``(m,)`` (decision steps taken), ``init_state_id``
             ``(m,)``, where ``T = ceil(horizon / chunk)``.
-        env_actions: ``(m, T, chunk, act_dim)`` float32, the rows of ``batch``: what the pool
+        env_actions: ``(m, T, chunk, action_dim)`` float32, the rows of ``batch``: what the pool
             received, ``policy.env_actions(actions, obs)`` in the simulator's units (zeros after
             ``finish_step``). Not in ``batch``: training does not read them.
         frames: for each rendered environment index whose episode was not lost, its frames
@@ -105,7 +105,7 @@ class EpisodeBook:
             batch size ``(n,)`` (:func:`vla_rl_core.observations.to_torch` of the pool's reset).
         decisions, chunk: decision steps and actions per chunk.
         own_action_dim: values per own action of the policy (``policy.own_action_dim``).
-        act_dim: values per environment action (the simulator's ``act_dim``).
+        action_dim: values per environment action (the simulator's ``action_dim``).
         render_indices: environment indices whose frames are recorded.
         log_probs: keep log-probs (False for a policy without an action distribution).
 
@@ -114,7 +114,7 @@ class EpisodeBook:
             ``obs[i, t]`` is what decision ``t`` saw, and ``obs[i, finish_step]`` the terminal
             observation.
         actions: ``(n, decisions, chunk, own_action_dim)``, the policy's own actions;
-            env_actions: ``(n, decisions, chunk, act_dim)``, what the pool received; log_probs:
+            env_actions: ``(n, decisions, chunk, action_dim)``, what the pool received; log_probs:
             ``(n, decisions, chunk)``;
         mask: ``(n, decisions)`` bool, the decisions taken.
         success, truncated: ``(n,)`` bool; finish: ``(n,)`` int64, decisions taken.
@@ -123,12 +123,12 @@ class EpisodeBook:
     """
 
     def __init__(self, first_obs: torch.Tensor | TensorDict, decisions: int, chunk: int, own_action_dim: int,
-                 act_dim: int, render_indices: tuple[int, ...], log_probs: bool = True) -> None:
+                 action_dim: int, render_indices: tuple[int, ...], log_probs: bool = True) -> None:
         n = first_obs.shape[0]
         self.obs = _time_buffer(first_obs, decisions + 1)  # (n, T + 1, ...)
         self.obs[:, 0] = first_obs
         self.actions = torch.zeros(n, decisions, chunk, own_action_dim)
-        self.env_actions = torch.zeros(n, decisions, chunk, act_dim)
+        self.env_actions = torch.zeros(n, decisions, chunk, action_dim)
         self.log_probs = torch.zeros(n, decisions, chunk) if log_probs else None
         self.mask = torch.zeros(n, decisions, dtype=torch.bool)
         self.success = torch.zeros(n, dtype=torch.bool)
@@ -143,7 +143,7 @@ class EpisodeBook:
     def record_decision(self, rows: np.ndarray, t: int, actions: torch.Tensor, env_actions: torch.Tensor,
                         log_probs: torch.Tensor | None) -> None:
         """Decision ``t`` of episodes ``rows``: the policy's own ``actions`` ``(k, chunk,
-        own_action_dim)``, the ``env_actions`` sent to the pool ``(k, chunk, act_dim)``, and
+        own_action_dim)``, the ``env_actions`` sent to the pool ``(k, chunk, action_dim)``, and
         ``log_probs`` ``(k, chunk)`` (None for a book without log-probs)."""
         idx = torch.as_tensor(rows)
         self.actions[idx, t] = actions
@@ -236,14 +236,14 @@ def rollout_episodes(
                          "(it acts only greedily: pass greedy=True)")
     policy.eval()  # the update leaves it in train mode: no dropout (LoRA's), and KV caches, while acting
     spec = pool.spec()
-    horizon, act_dim = int(spec["horizon"]), int(spec["act_dim"])
+    horizon, action_dim = spec.horizon, spec.action_dim
     chunk = int(policy.chunk_size)
     n = len(init_state_ids)
     decisions = math.ceil(horizon / chunk)
     start = time.perf_counter()
     ids = np.asarray(init_state_ids, dtype=np.int64)
     first_obs = to_torch(pool.reset(ids) if task_ids is None else pool.reset(ids, np.asarray(task_ids, dtype=np.int64)))
-    book = EpisodeBook(first_obs, decisions, chunk, int(policy.own_action_dim), act_dim, tuple(render_indices),
+    book = EpisodeBook(first_obs, decisions, chunk, int(policy.own_action_dim), action_dim, tuple(render_indices),
                        policy.has_action_distribution)
     book.env_seconds += time.perf_counter() - start
     stages = np.array_split(np.arange(n), min(pipeline_stages, n))
@@ -272,7 +272,7 @@ def run_pipeline(policy, pool, book: EpisodeBook, stages: list[np.ndarray], deci
             log_probs = log_probs.cpu()
         else:  # a deterministic policy's greedy chunk; its log-probs are undefined
             actions, log_probs = policy.predict_action_chunk(obs), None
-        env_actions = policy.env_actions(actions, obs).cpu()  # (k, chunk, act_dim) in the simulator's units
+        env_actions = policy.env_actions(actions, obs).cpu()  # (k, chunk, action_dim) in the simulator's units
         actions = actions.cpu()  # the batch lives on the CPU between nodes
         book.policy_seconds += time.perf_counter() - start
         book.record_decision(rows, t, actions, env_actions, log_probs)

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import encode_instruction
 
 STATE_KEYS = ("state", "observation/state", "observation.state")
@@ -85,12 +86,10 @@ class ServedInputs:
     num_tasks: int | None = None
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any], instruction: str | None = None) -> ServedInputs:
-        """From a simulator's spec (:meth:`simulators.worker.SimulatorWorker.spec`: ``obs_dim``,
-        ``images`` ``{"<camera>_image": [H, W, 3]}``, ``num_tasks``)."""
-        images = {key.removesuffix(keys.OBS_IMAGE_SUFFIX): tuple(int(n) for n in shape)
-                  for key, shape in spec.get("images", {}).items()}
-        return cls(int(spec["obs_dim"]), images, instruction if images else None, spec.get("num_tasks"))
+    def from_spec(cls, spec: EnvSpec, instruction: str | None = None) -> ServedInputs:
+        """From a simulator's spec (:meth:`simulators.worker.SimulatorWorker.spec`)."""
+        images = {key.removesuffix(keys.OBS_IMAGE_SUFFIX): shape for key, shape in (spec.images or {}).items()}
+        return cls(spec.obs_dim, images, instruction if images else None, spec.num_tasks)
 
     @property
     def flat(self) -> bool:

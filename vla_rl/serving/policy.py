@@ -162,18 +162,18 @@ def load_served_policy(target: str | Path, template: str | None = None, override
 def simulator_inputs(config) -> ServedInputs:
     """The inputs of a policy trained on ``config``'s simulator: one environment made (and closed)
     in this process, read as a simulator worker reads it (its spec), with its instruction."""
-    from simulators.gym_vector import GymVector
+    from simulators.gym_vector import env_spec
     from simulators.registry import make_env
 
     sim = config.simulator
     env = make_env(sim.name, sim.env_config())  # a task set's first task: its tasks share one layout
     try:
-        spec = GymVector._spec_of(env)
+        spec = env_spec(env)
         instruction = None if sim.multi_task else env.instruction
     finally:
         env.close()
     if sim.multi_task:
-        spec["num_tasks"] = len(sim.task_names())
+        spec = spec.with_tasks(len(sim.task_names()))
     return ServedInputs.from_spec(spec, instruction)
 
 

@@ -27,6 +27,7 @@ from tensordict import TensorDict
 from simulators.registry import SETTINGS_FORMAT, same_env
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import Observations, empty_observations, to_torch
 
 #: Field of the demonstrated actions; flat-state stores keep observations in ``obs``.
@@ -35,15 +36,15 @@ ACTIONS_FIELD, FLAT_OBS_FIELD = "actions", "obs"
 TASK_SCALAR = "task"
 
 
-def demo_fields(spec: dict) -> dict[str, tuple[tuple[int, ...], type]]:
+def demo_fields(spec: EnvSpec) -> dict[str, tuple[tuple[int, ...], type]]:
     """Store fields of a simulator's demonstrations (see the module docstring).
 
     Args:
-        spec: the pool's ``spec()`` (``obs_dim``, ``act_dim``, and ``images`` for cameras).
+        spec: the pool's ``spec()``.
     """
-    actions = {ACTIONS_FIELD: ((spec["act_dim"],), np.float32)}
-    if "images" not in spec and "num_tasks" not in spec:
-        return {FLAT_OBS_FIELD: ((spec["obs_dim"],), np.float32), **actions}
+    actions = {ACTIONS_FIELD: ((spec.action_dim,), np.float32)}
+    if not spec.dict_observations:
+        return {FLAT_OBS_FIELD: ((spec.obs_dim,), np.float32), **actions}
     empty = empty_observations(spec, 1)
     return {key: (value.shape[1:], value.dtype.type) for key, value in empty.items()} | actions
 
@@ -95,7 +96,7 @@ def ensure_demonstrations(
                 "set warm_start.demo_store to another path"
             )
     else:
-        store = TrajectoryStore.create(store_path, fields=demo_fields(spec), max_steps=int(spec["horizon"]),
+        store = TrajectoryStore.create(store_path, fields=demo_fields(spec), max_steps=spec.horizon,
                                        attrs={"env": env_attrs, "settings_format": SETTINGS_FORMAT})
     for task in range(num_tasks or 1):
         count, start = _stored(store, None if num_tasks is None else task, id_offset)
@@ -183,7 +184,7 @@ def demonstrations(store: TrajectoryStore, num_demos: int, chunk_size: int) -> t
 
     Returns:
         observations: float32 ``(N, obs_dim)``, or a TensorDict of batch size ``(N,)`` of the
-            stored dict observations; and actions ``(N, chunk_size, act_dim)`` float32.
+            stored dict observations; and actions ``(N, chunk_size, action_dim)`` float32.
     """
     episodes = [store.read_episode(i) for i in _demo_indices(store, num_demos)]
     return episode_transitions([{field: e[field] for field in store.fields} for e in episodes], chunk_size)
@@ -192,11 +193,11 @@ def demonstrations(store: TrajectoryStore, num_demos: int, chunk_size: int) -> t
 def episode_transitions(episodes: list[dict[str, np.ndarray]], chunk_size: int) -> tuple[torch.Tensor | TensorDict,
                                                                                         torch.Tensor]:
     """Every step of demonstration episodes laid out as a store's (:func:`demo_fields`: ``obs``,
-    or the dict observation's keys, and ``actions`` ``(T, act_dim)``) with the next actions.
+    or the dict observation's keys, and ``actions`` ``(T, action_dim)``) with the next actions.
 
     Returns:
         observations: float32 ``(N, obs_dim)``, or a TensorDict of batch size ``(N,)``; and actions
-        ``(N, chunk_size, act_dim)`` float32.
+        ``(N, chunk_size, action_dim)`` float32.
     """
     actions = torch.as_tensor(
         np.concatenate([action_chunks(e[ACTIONS_FIELD], chunk_size) for e in episodes]), dtype=torch.float32
@@ -244,7 +245,7 @@ def behaviour_cloning(
     Args:
         obs: float32 ``(N, obs_dim)``, or a TensorDict of batch size ``(N,)`` of camera
             observations (:func:`demonstrations`).
-        actions: ``(N, chunk, act_dim)`` float32, the expert's next actions (``chunk``:
+        actions: ``(N, chunk, action_dim)`` float32, the expert's next actions (``chunk``:
             ``policy.bc_chunk_size``).
         steps: gradient steps; lr: Adam learning rate; batch_size: transitions per step.
         seed: seed of the minibatch draws.

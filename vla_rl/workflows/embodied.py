@@ -1,7 +1,7 @@
 """The embodied workflow: a robot policy acting in simulator pools (``run.workflow: embodied``).
 
 Resources: ``simulator_pool`` (the worker's Ray simulator actors, sized for its training and
-evaluation episodes) and ``env_spec`` (the simulator's ``obs_dim``, ``act_dim``, ``horizon``);
+evaluation episodes) and ``env_spec`` (the simulator's :class:`~vla_rl_core.env_spec.EnvSpec`);
 the policy is built from ``policy`` with the simulator's sizes.
 """
 
@@ -16,6 +16,7 @@ from vla_rl.trainers.actor import embodied_forward
 from vla_rl.workers.resources import register_resource
 from vla_rl.workflows.base import Workflow
 from vla_rl_core import keys
+from vla_rl_core.env_spec import EnvSpec
 
 if TYPE_CHECKING:
     import torch
@@ -29,16 +30,14 @@ class EmbodiedWorkflow(Workflow):
     policy_needs = ("env_spec",)
 
     def build_policy(self, res):
-        spec = res.env_spec
-        return robot_policy(res.config, spec["obs_dim"], spec["act_dim"], spec.get("num_tasks")).to(res.device)
+        return robot_policy(res.config, res.env_spec).to(res.device)
 
     def standalone_policy(self, config, run_dir):
         """The policy, its observation and action sizes read from one environment of the run's
         simulator made in this process (as a simulator actor would)."""
         from vla_rl.workflows.base import apply_lora
 
-        spec = simulator_sizes(config)
-        policy = robot_policy(config, spec["obs_dim"], spec["act_dim"], spec.get("num_tasks"))
+        policy = robot_policy(config, simulator_spec(config))
         if config.policy.lora is not None:
             apply_lora(policy, config.policy.lora, config.run.seed)
         return policy
@@ -57,12 +56,12 @@ class EmbodiedWorkflow(Workflow):
         from vla_rl.trainers.critic import CriticTrainer, ValueNetwork
 
         res.ensure(["env_spec"])
-        if "num_tasks" in res.env_spec:
+        if res.env_spec.num_tasks is not None:
             raise ValueError("critic nodes do not support a task set (simulator.tasks): the value network reads the "
                              "state vector alone, not the task; remove simulator.tasks, or the critic nodes (an "
                              "advantage estimator without a critic, e.g. algorithm.adv_estimator=grpo)")
         mean, std = critic_state_normalization(res)
-        network = ValueNetwork(res.env_spec["obs_dim"], res.config.critic.hidden_sizes, mean, std)
+        network = ValueNetwork(res.env_spec.obs_dim, res.config.critic.hidden_sizes, mean, std)
         return CriticTrainer(network.to(res.device), res.config.critic.lr, group=res.group)
 
     def warm_starts(self, config) -> bool:
@@ -102,17 +101,17 @@ class EmbodiedWorkflow(Workflow):
 WORKFLOWS.register("embodied")(EmbodiedWorkflow())
 
 
-def robot_policy(config, obs_dim: int, act_dim: int, num_tasks: int | None = None):
-    """The ``policy`` section's policy for a simulator of these sizes, on the CPU, prepared for the
-    run's own tasks (:func:`~vla_rl.evaluation.benchmarks.use_run_tasks`: e.g. the LIBERO suite's
-    dataset statistics); ``num_tasks`` for a task set (the policies that declare ``num_tasks``
-    condition on the task id)."""
+def robot_policy(config, spec: EnvSpec):
+    """The ``policy`` section's policy for a simulator of ``spec``'s sizes (``obs_dim``,
+    ``action_dim``, and ``num_tasks`` for a task set: the policies that declare ``num_tasks``
+    condition on the task id), on the CPU, prepared for the run's own tasks
+    (:func:`~vla_rl.evaluation.benchmarks.use_run_tasks`: e.g. the LIBERO suite's dataset statistics)."""
     from policies import make_policy
     from vla_rl.evaluation.benchmarks import use_run_tasks
 
-    sizes = {"obs_dim": obs_dim, "action_dim": act_dim}
-    if num_tasks is not None:
-        sizes["num_tasks"] = num_tasks
+    sizes = {"obs_dim": spec.obs_dim, "action_dim": spec.action_dim}
+    if spec.num_tasks is not None:
+        sizes["num_tasks"] = spec.num_tasks
     policy_config = config.policy.policy_config(**sizes)
     if config.policy.allow_partial_load and hasattr(policy_config, "allow_partial_load"):
         policy_config.allow_partial_load = True  # the policies that load a pretrained checkpoint declare the field
@@ -149,7 +148,7 @@ def critic_state_normalization(res) -> tuple[torch.Tensor, torch.Tensor]:
     )
     from vla_rl_core.run_layout import demo_store_path
 
-    policy, ws, obs_dim = res.policy, res.config.warm_start, res.env_spec["obs_dim"]
+    policy, ws, obs_dim = res.policy, res.config.warm_start, res.env_spec.obs_dim
     if hasattr(policy, "obs_mean"):
         return policy.obs_mean.detach().float().cpu(), policy.obs_std.detach().float().cpu()
     states = []
@@ -175,11 +174,10 @@ def critic_state_normalization(res) -> tuple[torch.Tensor, torch.Tensor]:
     return state_normalization(torch.cat(states), ws.obs_std_floor)
 
 
-def simulator_sizes(config) -> dict[str, int]:
-    """``obs_dim`` (state features) and ``act_dim`` of the run's simulator, from its spec as a
-    simulator worker of one environment made and closed in this process reads it (seconds: the
-    simulator loads its assets); ``num_tasks`` too with a task set (``simulator.tasks``: its
-    tasks share one layout)."""
+def simulator_spec(config) -> EnvSpec:
+    """The spec of the run's simulator as a simulator worker of one environment made and closed in
+    this process reads it (seconds: the simulator loads its assets); with a task set
+    (``simulator.tasks``: its tasks share one layout), its first task's, with ``num_tasks``."""
     from simulators.worker import SimulatorWorker
 
     worker = SimulatorWorker(config.simulator.name, config.simulator.env_config(), 1)
@@ -187,10 +185,7 @@ def simulator_sizes(config) -> dict[str, int]:
         spec = worker.spec()
     finally:
         worker.close()
-    sizes = {"obs_dim": int(spec["obs_dim"]), "act_dim": int(spec["act_dim"])}
-    if config.simulator.multi_task:
-        sizes["num_tasks"] = len(config.simulator.task_names())
-    return sizes
+    return spec.with_tasks(len(config.simulator.task_names())) if config.simulator.multi_task else spec
 
 
 @register_resource("simulator_pool", close=lambda pool: pool.close())
@@ -209,6 +204,6 @@ def build_simulator_pool(res):
 
 
 @register_resource("env_spec", needs=("simulator_pool",))
-def build_env_spec(res) -> dict:
-    """``obs_dim``, ``act_dim`` and ``horizon`` of the simulator (and ``images`` with cameras)."""
+def build_env_spec(res) -> EnvSpec:
+    """The simulator's spec, as its pool states it."""
     return res.simulator_pool.spec()
