@@ -31,7 +31,7 @@ def run_project(model_dir: Path, files: dict, args, out_dir: Path, name: str) ->
         f"data.group_size={args.group_size}", f"text.max_response_length={args.response_length}",
         f"trainer.total_steps={args.steps}", "trainer.ppo_epochs=1",
         f"trainer.ppo_mini_batch_size={args.prompts * args.group_size}", f"trainer.lr={args.lr}",
-        "algorithm.filter_zero_variance_groups=false", f"workers.num_workers={args.workers}",
+        "algorithm.filter_groups.zero_variance=false", f"workers.num_workers={args.workers}",
         f"workers.torch_threads={args.threads_per_worker}", f"trainer.save_every={args.steps}",
         f"run.output_dir={out_dir}", f"run.name={name}",
     ]

@@ -57,8 +57,8 @@ def overrides_for(workload: str, workers: int, args, work: Path) -> list[str]:
               f"trainer.save_every={args.steps}", "eval.num_episodes=0", f"run.output_dir={work}",
               f"run.name={workload}_w{workers}", f"run.seed={args.seed}"]
     if args.keep_all_groups:
-        common.append("algorithm.filter_zero_variance_groups=false" if template == "llm_grpo"
-                      else "algorithm.success_rate_band=null")
+        common.append("algorithm.filter_groups.zero_variance=false" if template == "llm_grpo"
+                      else "algorithm.filter_groups.success_rate_band=null")
     if template == "llm_grpo":
         prompts = args.prompts_per_worker * workers
         return [*common, f"text.prompts_per_step={prompts}", f"data.group_size={args.text_group_size}",

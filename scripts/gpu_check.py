@@ -118,8 +118,8 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
     small_eval = ["eval.num_episodes=4", "eval.video_episodes=0"]
     # 2 initial states x 4 rollouts a step, every group kept (no success-rate band, no zero-variance
     # filter): the update runs whatever the rewards (checked in the run's metrics: actor/num_updates)
-    small_step = ["data.init_states_per_step=2", "data.group_size=4", "algorithm.success_rate_band=null",
-                  "algorithm.filter_zero_variance_groups=false"]
+    small_step = ["data.init_states_per_step=2", "data.group_size=4", "algorithm.filter_groups.success_rate_band=null",
+                  "algorithm.filter_groups.zero_variance=false"]
     camera_warm_start = ["warm_start.num_demos=2", "warm_start.bc_steps=5"]
     suite = [sys.executable, "-m", "pytest", "-q", "-rfE", "--timeout=300", f"--junitxml={out / 'suite.xml'}", "tests"]
     if workers_xdist > 1:
@@ -130,7 +130,7 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
         Part("suite", suite, 300, {"VLA_RL_TEST_DEVICE": "cuda"}),
         _train("llm_grpo", "llm_grpo", workers, runs, ["trainer.total_steps=2", "text.sft_steps=20",
                                                         "eval.num_episodes=16",
-                                                        "algorithm.filter_zero_variance_groups=false"], 150),
+                                                        "algorithm.filter_groups.zero_variance=false"], 150),
         _train("embodied_srpo", "embodied_srpo", workers, runs, ["trainer.total_steps=2", *small_step, *small_eval],
                180),
         _train("pi0_fsdp", "embodied_srpo_pi0_lift", workers, runs,

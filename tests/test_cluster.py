@@ -22,7 +22,7 @@ EMBODIED = ["trainer.total_steps=2", "trainer.ppo_mini_batch_size=3", "trainer.p
 TEXT = ["trainer.total_steps=2", "trainer.ppo_mini_batch_size=8", "trainer.ppo_epochs=1", "text.prompts_per_step=4",
         "data.group_size=4", "text.max_response_length=24", "text.sft_steps=10", "text.num_generated_train=256",
         "text.num_generated_test=16", "text.tiny_hidden_size=32", "eval.num_episodes=0",
-        "algorithm.filter_zero_variance_groups=false"]
+        "algorithm.filter_groups.zero_variance=false"]
 
 SCRIPT = textwrap.dedent("""
     import json, sys

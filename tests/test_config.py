@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from vla_rl.config import RunConfig
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
@@ -122,7 +123,7 @@ def test_oft_templates_extend_the_srpo_workflow_with_a_camera_policy():
     assert base.config.policy.name == "mlp" and base.config.policy.config == {}
     lift = load_template("embodied_srpo_oft_lift")
     assert [n.id for n in lift.nodes] == [n.id for n in base.nodes]
-    assert lift.config.algorithm.success_rate_band == base.config.algorithm.success_rate_band
+    assert lift.config.algorithm.filter_groups.success_rate_band == base.config.algorithm.filter_groups.success_rate_band
     assert lift.config.policy.name == "openvla_oft" and lift.config.simulator.env["cameras"] == ["agentview"]
     assert lift.config.policy.config["proprio_dim"] == 5
     assert load_template("embodied_grpo_oft_lift").config.algorithm.reward == "success"
@@ -152,7 +153,7 @@ def test_unknown_names_are_errors_naming_the_field(overrides, field, message):
         (["algorithm.cpgd.dual_clip_c=3.0"], "unknown key for CPGDConfig"),
         (["algorithm.ppo_clip.dual_clip_c=1.0"], "dual_clip_c must be > 1"),
         (["algorithm.loss_agg_normalizer=100"], "loss_agg_normalizer is the constant"),
-        (["algorithm.success_rate_band=[0.9,0.1]"], "low <= high"),
+        (["algorithm.filter_groups.success_rate_band=[0.9,0.1]"], "low <= high"),
         (["algorithm.ratio_granularity=step"], "'token', 'action' or 'chunk'"),
         (["algorithm.kl_ctrl.type=pid"], "'fixed' or 'adaptive'"),
         (["algorithm.ppo_clip.clip_ratio_low=1.0"], "clip_ratio_low must be in [0, 1)"),
@@ -244,7 +245,7 @@ def test_vllm_rollout_must_run_on_every_worker():
 def test_dynamic_sampling_layout_is_checked_at_plan_time():
     err = _error("embodied_dapo", "nodes.group_filter.dp_size=1")
     assert err.node == "group_filter" and err.field == "dp_size"
-    err = _error("embodied_dapo", "algorithm.filter_zero_variance_groups=false")
+    err = _error("embodied_dapo", "algorithm.filter_groups.zero_variance=false")
     assert err.node == "group_filter" and "needs a group filter" in str(err)
 
 
@@ -346,3 +347,28 @@ def test_a_collective_backend_without_gloo_for_cpu_tensors_is_refused(backend):
 
     with pytest.raises(ValidationError, match="cpu:gloo,cuda:nccl"):
         WorkersSection(device="cuda", collective_backend=backend)
+
+
+@pytest.mark.parametrize(("flat", "section", "key", "value"), [
+    ("filter_zero_variance_groups", "filter_groups", "zero_variance", False),
+    ("success_rate_band", "filter_groups", "success_rate_band", (0.2, 0.8)),
+    ("max_refill_rounds", "filter_groups", "max_refill_rounds", 1),
+    ("overlong_buffer_len", "overlong_buffer", "len", 4),
+    ("overlong_penalty_factor", "overlong_buffer", "penalty_factor", 0.5),
+])
+def test_a_flat_key_of_earlier_versions_is_read_into_its_section(flat, section, key, value):
+    with pytest.warns(FutureWarning, match=f"algorithm.{flat} is now algorithm.{section}.{key}"):
+        config = RunConfig.model_validate({"algorithm": {flat: list(value) if isinstance(value, tuple) else value}})
+    assert getattr(getattr(config.algorithm, section), key) == value
+    with pytest.raises(ValueError, match=f"algorithm.{flat}: moved to algorithm.{section}.{key}, which is also set"):
+        RunConfig.model_validate({"algorithm": {flat: value, section: {key: value}}})
+
+
+def test_srpo_reference_set_lives_with_the_srpo_reward():
+    with pytest.warns(FutureWarning, match="algorithm.srpo_reference_set is now algorithm.srpo.reference_set"):
+        config = RunConfig.model_validate({"algorithm": {"srpo_reference_set": "step", "srpo": {"dbscan_eps": 0.4}}})
+    assert config.algorithm.options("reward").reference_set == "step"
+    assert config.algorithm.options("reward").dbscan_eps == 0.4
+    assert RunConfig.model_validate({}).algorithm.options("reward").reference_set == "local"
+    with pytest.raises(ValueError, match="algorithm.srpo.reference_set"):
+        RunConfig.model_validate({"algorithm": {"srpo": {"reference_set": "global"}}})

@@ -24,7 +24,7 @@ TOY = [
     "algorithm.adv_estimator=scaled_return", "algorithm.scaled_return.scale=0.5",
     "algorithm.policy_loss=clipped_reinforce", "algorithm.clipped_reinforce.advantage_clip=2",
     "algorithm.reward=proximity", "algorithm.trajectory_encoder=final_state", "algorithm.proximity.scale=0.3",
-    "algorithm.filter_zero_variance_groups=false", "algorithm.success_rate_band=null",
+    "algorithm.filter_groups.zero_variance=false", "algorithm.filter_groups.success_rate_band=null",
 ]
 TINY = ["trainer.total_steps=1", "trainer.ppo_epochs=1", "trainer.ppo_mini_batch_size=6", "data.init_states_per_step=2",
         "data.group_size=3", "simulator.env.horizon=30", "eval.num_episodes=0", "warm_start.bc_steps=20",

@@ -46,7 +46,7 @@ def given_files(tiny_lm_dir, files) -> list[str]:
 def test_grpo_template_builds_its_model_and_data(ray_on_loopback, tmp_path):
     # 18 test rows in row groups of 16: shards of 16 and 2 rows, still 10 held-out prompts in all
     step, run_dir = run("llm_grpo", tmp_path, "text.num_generated_train=256", "text.num_generated_test=18",
-                        "text.tiny_hidden_size=32", "algorithm.filter_zero_variance_groups=false",
+                        "text.tiny_hidden_size=32", "algorithm.filter_groups.zero_variance=false",
                         "eval.num_episodes=10")
     assert (run_dir / "tiny_model" / "config.json").exists()
     assert (run_dir / "arithmetic" / "train.parquet").exists()
@@ -69,7 +69,7 @@ def test_grpo_template_builds_its_model_and_data(ray_on_loopback, tmp_path):
 @pytest.mark.parametrize("template, loss", [("llm_gspo", "gspo"), ("llm_cpgd", "cpgd")])
 def test_policy_objective_templates(ray_on_loopback, tmp_path, tiny_lm_dir, arithmetic_files, template, loss):
     step, run_dir = run(template, tmp_path, *given_files(tiny_lm_dir, arithmetic_files),
-                        "algorithm.filter_zero_variance_groups=false")
+                        "algorithm.filter_groups.zero_variance=false")
     resolved = (run_dir / "template.yaml").read_text()
     assert f"policy_loss: {loss}" in resolved
     assert step["actor/num_updates"] == 4.0 and "actor/pg_loss" in step
@@ -77,7 +77,7 @@ def test_policy_objective_templates(ray_on_loopback, tmp_path, tiny_lm_dir, arit
 
 
 def test_dapo_template_refills_and_shapes_length(ray_on_loopback, tmp_path, tiny_lm_dir, arithmetic_files):
-    step, _ = run("llm_dapo", tmp_path, *given_files(tiny_lm_dir, arithmetic_files), "algorithm.max_refill_rounds=2")
+    step, _ = run("llm_dapo", tmp_path, *given_files(tiny_lm_dir, arithmetic_files), "algorithm.filter_groups.max_refill_rounds=2")
     assert 0 <= step["filter/refill_rounds"] <= 2
     assert step["filter/kept_groups"] <= 4 and "reward/overlong_penalty" in step
     assert step["reward/overlong_penalty"] <= 0.0
@@ -112,7 +112,7 @@ def test_sft_template_fits_targets_and_exports_a_model(ray_on_loopback, tmp_path
 def test_periodic_evaluation_draws_a_held_out_curve(ray_on_loopback, tmp_path, tiny_lm_dir, arithmetic_files):
     summary = train("llm_grpo", [*TINY, *given_files(tiny_lm_dir, arithmetic_files), f"run.output_dir={tmp_path}",
                                  "run.name=run", "trainer.total_steps=3", "eval.every_steps=1",
-                                 "eval.num_episodes=8", "algorithm.filter_zero_variance_groups=false"])
+                                 "eval.num_episodes=8", "algorithm.filter_groups.zero_variance=false"])
     assert summary["steps_run"] == 3
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval/greedy/success_rate" in r]
@@ -128,7 +128,7 @@ def fsdp_run(ray_on_loopback, tmp_path_factory, tiny_lm_dir, arithmetic_files):
     """One llm_grpo step with trainer.strategy=fsdp, micro-batches and gradient checkpointing."""
     fsdp = ["trainer.strategy=fsdp", "trainer.micro_batch_size=3", "trainer.gradient_checkpointing=true"]
     return run("llm_grpo", tmp_path_factory.mktemp("fsdp"), *given_files(tiny_lm_dir, arithmetic_files), *fsdp,
-               "algorithm.filter_zero_variance_groups=false")
+               "algorithm.filter_groups.zero_variance=false")
 
 
 def test_grpo_template_trains_with_fsdp_and_checkpoints_sharded(fsdp_run):

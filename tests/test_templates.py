@@ -54,7 +54,7 @@ def test_ppo_template_trains_a_critic(ray_on_loopback, tmp_path, demo_store):
 
 
 def test_dapo_template_refills_with_dynamic_sampling(ray_on_loopback, tmp_path, demo_store):
-    step, _ = run("embodied_dapo", tmp_path, demo_store, "algorithm.max_refill_rounds=1")
+    step, _ = run("embodied_dapo", tmp_path, demo_store, "algorithm.filter_groups.max_refill_rounds=1")
     assert 0 <= step["filter/refill_rounds"] <= 1
     assert 0.0 <= step["filter/kept_fraction"] <= 1.0
     assert step["filter/kept_groups"] <= 2
@@ -73,8 +73,7 @@ def test_kl_to_a_frozen_reference(ray_on_loopback, tmp_path, demo_store):
         extends: {TEMPLATE_DIR / "embodied_grpo.yaml"}
         config:
           algorithm:
-            filter_zero_variance_groups: false
-            success_rate_band: null
+            filter_groups: {{zero_variance: false, success_rate_band: null}}
             entropy_coeff: 0.01
             policy_loss: gspo_token
             ratio_granularity: token
@@ -116,8 +115,8 @@ MT10_TINY = [
     "eval.protocols=[greedy]",
     "eval.video_episodes=2",
     "eval.video_size=32",
-    "algorithm.success_rate_band=null",
-    "algorithm.filter_zero_variance_groups=false",
+    "algorithm.filter_groups.success_rate_band=null",
+    "algorithm.filter_groups.zero_variance=false",
     *device_overrides(),
 ]
 

@@ -102,8 +102,8 @@ def test_grpo_pi0_lift_runs_from_the_random_tiny_model(ray_on_loopback, tmp_path
     never succeeds), so the update recomputes the chains' log-probs from the re-sharded batch: with
     all-zero advantages the weights do not move, and every ratio is 1 up to float rounding."""
     step, run_dir = run_one_step("embodied_grpo_pi0_lift", TINY_PI0, tmp_path, "simulator.env.horizon=16",
-                                 "warm_start.num_demos=0", "algorithm.success_rate_band=null",
-                                 "algorithm.filter_zero_variance_groups=false")
+                                 "warm_start.num_demos=0", "algorithm.filter_groups.success_rate_band=null",
+                                 "algorithm.filter_groups.zero_variance=false")
     assert step["rollout/success_rate"] == 0.0 and step["rollout/env_steps_per_episode"] == 16.0
     assert step["rollout/episode_length"] == 4.0  # 4 chunks of 4 actions
     assert step["actor/num_updates"] >= 1.0

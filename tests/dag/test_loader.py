@@ -202,6 +202,6 @@ def test_raw_round_trips(write_template, tmp_path):
 
 
 def test_inverted_success_rate_band_is_rejected_naming_the_field(write_template):
-    err = _error(write_template(nodes=pipeline()), ["algorithm.success_rate_band=[0.9,0.1]"])
-    assert (err.node, err.field) == (None, "algorithm.success_rate_band")
+    err = _error(write_template(nodes=pipeline()), ["algorithm.filter_groups.success_rate_band=[0.9,0.1]"])
+    assert (err.node, err.field) == (None, "algorithm.filter_groups.success_rate_band")
     assert "low <= high" in err.message

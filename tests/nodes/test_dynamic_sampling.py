@@ -66,7 +66,7 @@ class Resources:
 def step_batch(max_refill_rounds: int, seed: int = 0):
     config = RunConfig.model_validate({
         "data": {"num_train_init_states": 1000, "init_states_per_step": 6, "group_size": 4},
-        "algorithm": {"reward": "success", "filter_zero_variance_groups": True, "max_refill_rounds": max_refill_rounds},
+        "algorithm": {"reward": "success", "filter_groups": {"zero_variance": True, "max_refill_rounds": max_refill_rounds}},
     })
     resources = Resources(seed)
     loader = ShardedTaskLoader(1000, 6, dp_rank=0, dp_size=1, seed=0)
@@ -113,7 +113,7 @@ def test_refills_until_full_keeping_only_varied_groups(process_group, max_refill
 def test_the_plain_filter_counts_the_groups_it_keeps(process_group):
     """``filter_groups`` reports the kept groups (summed over the workers) beside the kept fraction."""
     first, _ = step_batch(0)
-    config = RunConfig.model_validate({"algorithm": {"reward": "success", "filter_zero_variance_groups": True}})
+    config = RunConfig.model_validate({"algorithm": {"reward": "success", "filter_groups": {"zero_variance": True}}})
     ctx = NodeContext("group_filter", 0, 0, 1, 0, 1, config, None, Resources())
     out = filter_groups(ctx, first)
     uids, rewards = first[keys.UID], first[keys.REWARDS]

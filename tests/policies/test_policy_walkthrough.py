@@ -57,8 +57,8 @@ def test_the_documented_policy_trains_a_step_on_the_documented_simulator(doc_fil
     args = ["train", "embodied_srpo", "run.imports=[point_mass,linear_gaussian]", "simulator.name=point_mass",
             "policy.name=linear_gaussian", "simulator.env.horizon=20", "warm_start.num_demos=0",
             "eval.num_episodes=0", "trainer.total_steps=1", "trainer.ppo_epochs=1", "trainer.ppo_mini_batch_size=4",
-            "data.init_states_per_step=2", "data.group_size=4", "algorithm.success_rate_band=null",
-            "algorithm.filter_zero_variance_groups=false", *device_overrides(), f"run.output_dir={out}",
+            "data.init_states_per_step=2", "data.group_size=4", "algorithm.filter_groups.success_rate_band=null",
+            "algorithm.filter_groups.zero_variance=false", *device_overrides(), f"run.output_dir={out}",
             "run.name=linear"]
     trained = subprocess.run([sys.executable, "-m", "vla_rl.cli", *args], cwd=doc_files, env=env,
                              capture_output=True, text=True, timeout=600)

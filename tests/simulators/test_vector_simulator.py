@@ -124,8 +124,8 @@ def test_srpo_trains_a_step_on_the_batched_simulator_through_the_engine(doc_file
     args = ["train", "embodied_srpo", "run.imports=[point_mass]", "simulator.name=point_mass",
             "simulator.env.horizon=20", "warm_start.num_demos=0", "eval.num_episodes=0",
             "trainer.total_steps=1", "trainer.ppo_epochs=1", "trainer.ppo_mini_batch_size=4",
-            "data.init_states_per_step=2", "data.group_size=4", "algorithm.success_rate_band=null",
-            "algorithm.filter_zero_variance_groups=false", "policy.config.hidden_sizes=[16]",
+            "data.init_states_per_step=2", "data.group_size=4", "algorithm.filter_groups.success_rate_band=null",
+            "algorithm.filter_groups.zero_variance=false", "policy.config.hidden_sizes=[16]",
             *device_overrides(), f"run.output_dir={out}", "run.name=point_mass"]
     trained = subprocess.run([sys.executable, "-m", "vla_rl.cli", *args], cwd=doc_files, env=env,
                              capture_output=True, text=True, timeout=600)

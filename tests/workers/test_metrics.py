@@ -58,7 +58,7 @@ def step_batch() -> TensorDict:
 def _chain_metrics(rank: int, world: int, dp_size: int) -> dict[str, float]:
     """The reward, advantage and filter nodes on this rank's shard, reduced as the worker does."""
     config = RunConfig.model_validate({"algorithm": {"reward": "success", "adv_estimator": "grpo",
-                                                     "filter_zero_variance_groups": True}})
+                                                     "filter_groups": {"zero_variance": True}}})
     batch = step_batch()
     dp_rank = rank // (world // dp_size)
     shard = batch[dp_rank * 12 // dp_size:(dp_rank + 1) * 12 // dp_size]  # whole groups

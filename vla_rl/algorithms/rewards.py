@@ -38,8 +38,9 @@ class RewardTraits(BaseModel):
     Attributes:
         embeddings: it scores the episodes' trajectory embeddings (the reward node builds the
             run's ``algorithm.trajectory_encoder`` and passes them).
-        step_reference: its reference set may span the whole step (``algorithm.srpo_reference_set:
-            step``): the reward node's DP shards exchange what it needs (:class:`SRPOShards`).
+        step_reference: its reference set may span the whole step (its config's ``reference_set:
+            step``, e.g. ``algorithm.srpo.reference_set``): the reward node's DP shards exchange
+            what it needs (:class:`SRPOShards`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -66,6 +67,11 @@ class SRPORewardConfig:
             failure always earns less than a success.
         degenerate_range_tolerance: when the failures' distances span less than this (in raw
             embedding units), every failure gets normalised distance 0.5; >= 0.
+        reference_set: the successes a failure is compared with: ``"local"``, those of the reward
+            node's own shard (at DP size 1 already the whole step, gathered by the re-shard);
+            ``"step"``, those of every shard, their embeddings gathered worker to worker
+            (all_gather) when the reward node runs at DP size > 1 (the reward node reads it; the
+            reward function itself scores whatever reference it is given).
 
     Raises:
         ValueError: from ``__post_init__`` when a field is out of range, or when the settings
@@ -79,6 +85,7 @@ class SRPORewardConfig:
     sigmoid_offset: float = 0.5
     failure_reward_scale: float = 0.6
     degenerate_range_tolerance: float = 1e-6
+    reference_set: Literal["local", "step"] = "local"
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.dbscan_eps) and self.dbscan_eps > 0):

@@ -1,11 +1,13 @@
 """The algorithm sections of the run config: rewards, advantages, filters and the policy objective
-(``algorithm``, with the settings of its selected components), the KL coefficient controller
-(``algorithm.kl_ctrl``) and the value network (``critic``). The component registries are imported
-lazily, when a section is validated."""
+(``algorithm``, with the settings of its selected components), the group filters
+(``algorithm.filter_groups``), DAPO's overlong shaping (``algorithm.overlong_buffer``), the KL
+coefficient controller (``algorithm.kl_ctrl``) and the value network (``critic``). The component
+registries are imported lazily, when a section is validated."""
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -21,6 +23,57 @@ class KLControlSection(_Section):
     kl_coef: float = Field(0.001, ge=0, description="The (initial) coefficient beta.")
     target_kl: float = Field(0.1, gt=0, description="KL the adaptive controller steers towards.")
     horizon: int = Field(10_000, gt=0, description="Samples over which the adaptive controller corrects fully.")
+
+
+class GroupFilterSection(_Section):
+    """The filters of the group filter node (``algorithm.filter_groups``; verl's
+    ``algorithm.filter_groups``): which groups of a step carry a learning signal, and how many
+    extra rollout rounds dynamic sampling may run to find enough of them."""
+
+    zero_variance: bool = Field(
+        True, description="Drop groups whose rewards are all equal (they carry no advantage; DAPO, Yu et al. "
+        "2025, §3.2, eq. 11).")
+    success_rate_band: tuple[float, float] | None = Field(
+        None,
+        description="Keep only groups whose success rate lies in [low, high] (SimpleVLA-RL's and "
+        "the SRPO recipe's accuracy filter, e.g. [0.1, 0.9]); None keeps every group.",
+    )
+    max_refill_rounds: int = Field(
+        3, ge=0, description="Dynamic sampling: extra rollout rounds per step while too few groups are kept."
+    )
+
+    @field_validator("success_rate_band")
+    @classmethod
+    def _check_band(cls, band: tuple[float, float] | None) -> tuple[float, float] | None:
+        if band is not None and not 0.0 <= band[0] <= band[1] <= 1.0:
+            raise ValueError(f"must satisfy 0 <= low <= high <= 1, got [{band[0]}, {band[1]}]")
+        return band
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any filter is on."""
+        return self.zero_variance or self.success_rate_band is not None
+
+
+class OverlongBufferSection(_Section):
+    """DAPO's soft overlong punishment (``algorithm.overlong_buffer``; Yu et al. 2025, §3.4,
+    eq. 13; verl's ``reward_model.overlong_buffer``): a penalty that ramps linearly over the last
+    ``len`` decision steps of the budget to ``-penalty_factor`` at it."""
+
+    len: int = Field(0, ge=0, description="Decision steps before the budget where the penalty ramps (0: off).")
+    penalty_factor: float = Field(1.0, ge=0, description="The penalty at the budget.")
+
+
+#: Flat ``algorithm`` keys of earlier versions and where each setting lives now: a run directory
+#: written before the move still loads (with a FutureWarning naming the new key).
+MOVED_ALGORITHM_KEYS: dict[str, tuple[str, str]] = {
+    "filter_zero_variance_groups": ("filter_groups", "zero_variance"),
+    "success_rate_band": ("filter_groups", "success_rate_band"),
+    "max_refill_rounds": ("filter_groups", "max_refill_rounds"),
+    "overlong_buffer_len": ("overlong_buffer", "len"),
+    "overlong_penalty_factor": ("overlong_buffer", "penalty_factor"),
+    "srpo_reference_set": ("srpo", "reference_set"),
+}
 
 
 #: The ``algorithm`` fields that select a registered component, and where its registry lives.
@@ -59,28 +112,9 @@ class AlgorithmSection(_Section):
         "state), 'policy_backbone' (the policy's own vision backbone on camera frames) or 'vjepa2' (a V-JEPA 2 "
         "video model from a local directory: algorithm.vjepa2.model_dir).",
     )
-    srpo_reference_set: Literal["local", "step"] = Field(
-        "local",
-        description="SRPO's reference successes: 'local', the reward node's own shard (at dp_size 1 already the "
-        "whole step, gathered by the re-shard); 'step', every shard's trajectories, embeddings gathered worker to "
-        "worker (all_gather) when the reward node runs at dp_size > 1.",
-    )
-    overlong_buffer_len: int = Field(
-        0, ge=0, description="DAPO overlong shaping: decision steps before the budget where the penalty ramps (0: off)."
-    )
-    overlong_penalty_factor: float = Field(1.0, ge=0, description="DAPO overlong shaping: penalty at the budget.")
+    overlong_buffer: OverlongBufferSection = Field(default_factory=OverlongBufferSection)
     adv_estimator: str = Field("grpo", description="Registered advantage estimator.")
-    filter_zero_variance_groups: bool = Field(
-        True, description="Drop groups whose rewards are all equal (they carry no advantage)."
-    )
-    success_rate_band: tuple[float, float] | None = Field(
-        None,
-        description="Keep only groups whose success rate lies in [low, high] (SimpleVLA-RL's and "
-        "the SRPO recipe's accuracy filter, e.g. [0.1, 0.9]); None keeps every group.",
-    )
-    max_refill_rounds: int = Field(
-        3, ge=0, description="Dynamic sampling: extra rollout rounds per step while too few groups are kept."
-    )
+    filter_groups: GroupFilterSection = Field(default_factory=GroupFilterSection)
     policy_loss: str = Field("ppo_clip", description="Registered policy objective.")
     ratio_granularity: Literal["token", "action", "chunk"] = Field(
         "action", description="One importance ratio per action dimension, per action, or per chunk."
@@ -97,12 +131,25 @@ class AlgorithmSection(_Section):
     kl_penalty: str = Field("k1", description="KL estimator of the reward penalty (k1, abs, k2, k3).")
     kl_ctrl: KLControlSection = Field(default_factory=KLControlSection)
 
-    @field_validator("success_rate_band")
+    @model_validator(mode="before")
     @classmethod
-    def _check_band(cls, band: tuple[float, float] | None) -> tuple[float, float] | None:
-        if band is not None and not 0.0 <= band[0] <= band[1] <= 1.0:
-            raise ValueError(f"must satisfy 0 <= low <= high <= 1, got [{band[0]}, {band[1]}]")
-        return band
+    def _move_flat_keys(cls, data: Any) -> Any:
+        """Read the flat keys of earlier versions (:data:`MOVED_ALGORITHM_KEYS`) into their sections."""
+        if not isinstance(data, dict) or not any(key in data for key in MOVED_ALGORITHM_KEYS):
+            return data
+        data = dict(data)
+        for old, (section, key) in MOVED_ALGORITHM_KEYS.items():
+            if old not in data:
+                continue
+            target = data.get(section) or {}
+            if not isinstance(target, dict):
+                continue  # the section's own validation names the problem
+            if key in target:
+                raise ComponentConfigError(f"algorithm.{old}", f"moved to algorithm.{section}.{key}, which is also "
+                                           f"set; set only algorithm.{section}.{key}")
+            warnings.warn(f"algorithm.{old} is now algorithm.{section}.{key}", FutureWarning, stacklevel=2)
+            data[section] = {**target, key: data.pop(old)}
+        return data
 
     @model_validator(mode="after")
     def _check_components(self) -> AlgorithmSection:

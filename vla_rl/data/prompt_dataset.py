@@ -432,7 +432,7 @@ class ShardedPromptLoader:
         if len(picked) < self.per_shard:
             raise ValueError(
                 f"{self.file.path}: shard {self.dp_rank} has {len(self.rows)} rows, too few for refill round "
-                f"{refill_round} of {self.per_shard} prompts; lower algorithm.max_refill_rounds or add rows"
+                f"{refill_round} of {self.per_shard} prompts; lower algorithm.filter_groups.max_refill_rounds or add rows"
             )
         return [fresh[i] for i in picked]
 

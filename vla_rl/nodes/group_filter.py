@@ -1,6 +1,6 @@
 """``(filter, compute)``: drop the groups that carry no learning signal, with the filters of
-:mod:`vla_rl.algorithms.group_filters` that ``algorithm.filter_zero_variance_groups`` and
-``algorithm.success_rate_band`` enable.
+:mod:`vla_rl.algorithms.group_filters` that ``algorithm.filter_groups.zero_variance`` and
+``algorithm.filter_groups.success_rate_band`` enable.
 
 - ``default``: one pass over the node's shard.
 - ``dynamic_sampling``: DAPO's dynamic sampling (Yu et al. 2025, §3.2): filter, and while fewer
@@ -8,7 +8,7 @@
   text ``text.prompts_per_step``) are kept over all workers, every worker re-runs the template's
   own nodes upstream of the filter for another round — its data node loads a fresh shard of
   initial states (text: fresh prompts of its own rows), its rollout and reward nodes run on
-  them — up to ``algorithm.max_refill_rounds`` rounds. Only the kept-group counts cross the
+  them — up to ``algorithm.filter_groups.max_refill_rounds`` rounds. Only the kept-group counts cross the
   workers (all-reduce / all-gather); batch data never leaves its worker.
 """
 
@@ -28,12 +28,9 @@ FILTER_READS = (keys.REWARDS, keys.SUCCESS, keys.UID)
 
 def _keep_mask(algo, batch: TensorDict) -> torch.Tensor:
     """(n,) bool: the samples of the groups the enabled filters keep."""
-    return keep_groups(batch[keys.REWARDS], batch[keys.SUCCESS], batch[keys.UID],
-                       algo.filter_zero_variance_groups, algo.success_rate_band)
-
-
-def _filters_enabled(algo) -> bool:
-    return algo.filter_zero_variance_groups or algo.success_rate_band is not None
+    filters = algo.filter_groups
+    return keep_groups(batch[keys.REWARDS], batch[keys.SUCCESS], batch[keys.UID], filters.zero_variance,
+                       filters.success_rate_band)
 
 
 def _num_groups(batch: TensorDict) -> int:
@@ -44,13 +41,13 @@ def _num_groups(batch: TensorDict) -> int:
 def filter_groups(ctx, batch) -> NodeOutput:
     """Keep the groups that carry signal.
 
-    - ``algorithm.filter_zero_variance_groups``: drop groups whose rewards are all equal (their
+    - ``algorithm.filter_groups.zero_variance``: drop groups whose rewards are all equal (their
       GRPO advantage is 0 and they would only dilute a per-episode mean);
-    - ``algorithm.success_rate_band = [low, high]``: keep only groups whose success rate lies in
-      the band.
+    - ``algorithm.filter_groups.success_rate_band = [low, high]``: keep only groups whose success
+      rate lies in the band.
     """
     algo = ctx.config.algorithm
-    kept = batch[_keep_mask(algo, batch)] if _filters_enabled(algo) and len(batch) else batch
+    kept = batch[_keep_mask(algo, batch)] if algo.filter_groups.enabled and len(batch) else batch
     return NodeOutput(kept, {"filter/kept_fraction": len(kept) / len(batch) if len(batch) else 1.0,
                              "filter/kept_groups": total(_num_groups(kept) if len(kept) else 0)})
 
@@ -79,9 +76,9 @@ def _refills_its_own_shard(config, node_config, dp_size: int, world_size: int):
     if dp_size != world_size:
         return "dp_size", (f"dynamic sampling runs on every worker (each refills its own shard): dp_size {dp_size} != "
                            f"workers.num_workers ({world_size}); remove its dp_size")
-    if not _filters_enabled(algo):
-        return "fn", ("dynamic sampling needs a group filter: set algorithm.filter_zero_variance_groups or "
-                      "algorithm.success_rate_band")
+    if not algo.filter_groups.enabled:
+        return "fn", ("dynamic sampling needs a group filter: set algorithm.filter_groups.zero_variance or "
+                      "algorithm.filter_groups.success_rate_band")
     return None
 
 
@@ -91,7 +88,7 @@ def dynamic_sampling(ctx, batch) -> NodeOutput:
 
     Every worker keeps the groups of its shard that the enabled filters accept; the kept counts
     are all-reduced; while the total is below the workflow's groups per step and fewer than
-    ``algorithm.max_refill_rounds`` extra rounds ran, every worker re-runs the nodes upstream of
+    ``algorithm.filter_groups.max_refill_rounds`` extra rounds ran, every worker re-runs the nodes upstream of
     this one for a refill round (``ctx.rerun_upstream``: fresh initial states or prompts of its
     own shard, rolled out and scored by the template's own rollout and reward nodes) and filters
     them. Surplus groups are dropped so that exactly the step's groups remain over all workers
@@ -106,7 +103,7 @@ def dynamic_sampling(ctx, batch) -> NodeOutput:
     generated, refill_env_steps, rounds = _num_groups(batch), 0, 0
     while True:
         total_kept = _all_reduce([float(sum(_num_groups(part) for part in kept))], ctx.group)[0]
-        if total_kept >= groups_per_step or rounds == algo.max_refill_rounds:
+        if total_kept >= groups_per_step or rounds == algo.filter_groups.max_refill_rounds:
             break
         rounds += 1
         episodes, rerun_metrics = ctx.rerun_upstream(rounds)

@@ -60,17 +60,17 @@ def _reward_resources(config, node_config) -> tuple[str, ...]:
 @register_node("reward", "compute", reads=_reward_reads, writes=(keys.REWARDS,), resources=_reward_resources)
 def compute_rewards(ctx, batch) -> NodeOutput:
     """Set ``rewards`` ``(n,)`` float32 from ``algorithm.reward``, plus DAPO's overlong penalty
-    when ``algorithm.overlong_buffer_len > 0``.
+    when ``algorithm.overlong_buffer.len > 0``.
 
-    With SRPO the reference successes are, by ``algorithm.srpo_reference_set``, every success of
+    With SRPO the reference successes are, by ``algorithm.srpo.reference_set``, every success of
     the step (``step``: at DP size > 1 the shards exchange their successes' embeddings and a few
     distances, :func:`step_reference`, and score their failures as the whole step would) or only
     this node's shard's (``local``).
     """
     algo = ctx.config.algorithm
     encoder = ctx.resources.trajectory_encoder if embeds_trajectories(ctx.config) else None
-    step_wide = EMBODIED_REWARDS.traits(algo.reward).step_reference
-    shards = step_reference(ctx) if step_wide and algo.srpo_reference_set == "step" and ctx.dp_size > 1 else None
+    step_wide = EMBODIED_REWARDS.traits(algo.reward).step_reference and algo.options("reward").reference_set == "step"
+    shards = step_reference(ctx) if step_wide and ctx.dp_size > 1 else None
     rewards, metrics = episode_rewards(algo, batch, encoder, shards)
     batch.set(keys.REWARDS, rewards)
     return NodeOutput(batch, metrics)
@@ -153,9 +153,9 @@ def episode_rewards(algo, batch: TensorDict, encoder=None, shards: SRPOShards | 
     metrics = {}
     if failures.any():
         metrics["reward/failure_mean"] = mean(rewards[failures].mean(), int(failures.sum()))
-    if algo.overlong_buffer_len > 0:
+    if algo.overlong_buffer.len > 0:
         penalty = overlong_penalty(batch[keys.FINISH_STEP], batch[keys.RESPONSE_MASK].shape[1],
-                                   algo.overlong_buffer_len, algo.overlong_penalty_factor)
+                                   algo.overlong_buffer.len, algo.overlong_buffer.penalty_factor)
         rewards = rewards + penalty
         metrics["reward/overlong_penalty"] = float(penalty.mean())
     metrics["reward/mean"] = float(rewards.mean())

@@ -133,7 +133,7 @@ def sample_groups(resources, group_size: int, prompts: TensorDict) -> tuple[Tens
                resources=("policy", "prompt_loaders"))
 def score(ctx, batch) -> NodeOutput:
     """Set ``rewards`` ``(n,)`` float32 (``text.correct_score`` and ``text.format_score`` weights,
-    plus DAPO's overlong penalty when ``algorithm.overlong_buffer_len > 0``) and ``success``
+    plus DAPO's overlong penalty when ``algorithm.overlong_buffer.len > 0``) and ``success``
     ``(n,)`` bool (the final answer is correct).
 
     Metrics: ``reward/accuracy``, ``reward/format_rate``, ``reward/mean`` and
@@ -164,9 +164,9 @@ def score_samples(ctx, batch: TensorDict) -> dict[str, float]:
                                        RuleRewardConfig(text.correct_score, text.format_score, flexible))
     success = torch.tensor([verify(*entry, flexible).correct for entry in zip(sources, texts, truths)],
                            dtype=torch.bool)
-    if algo.overlong_buffer_len > 0:
-        penalty = overlong_penalty(batch[keys.FINISH_STEP], text.max_response_length, algo.overlong_buffer_len,
-                                   algo.overlong_penalty_factor)
+    if algo.overlong_buffer.len > 0:
+        penalty = overlong_penalty(batch[keys.FINISH_STEP], text.max_response_length, algo.overlong_buffer.len,
+                                   algo.overlong_buffer.penalty_factor)
         rewards = rewards + penalty
         metrics["reward/overlong_penalty"] = float(penalty.mean())
     batch.set(keys.REWARDS, rewards)
