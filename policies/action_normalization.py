@@ -1,105 +1,22 @@
-"""OpenVLA's action normalisation (``bounds_q99``) and the LIBERO gripper post-processing.
+"""OpenVLA's dataset statistics (``norm_stats`` / ``dataset_statistics.json``: which dataset's
+action statistics de-normalise a task's actions) and the LIBERO gripper post-processing; the
+``bounds_q99`` formula itself is :class:`policies.normalization.ActionStatistics`.
 
-Sources (openvla/openvla): ``prismatic/vla/datasets/rlds/utils/data_utils.py``
-(``normalize_action_and_proprio``, ``NormalizationType.BOUNDS_Q99``:
-``clip(2 (x - q01) / (q99 - q01 + 1e-8) - 1, -1, 1)`` where ``mask``, ``x`` elsewhere),
-``prismatic/extern/hf/modeling_prismatic.py`` (``predict_action``:
-``0.5 (a + 1) (q99 - q01) + q01`` where ``mask``) and ``experiments/robot/robot_utils.py``
-(``normalize_gripper_action(binarize=True)``: ``sign(2 g - 1)``; ``invert_gripper_action``:
-``-g``), which the LIBERO evaluation applies in that order.
+Source of the gripper handling (openvla/openvla ``experiments/robot/robot_utils.py``):
+``normalize_gripper_action(binarize=True)``: ``sign(2 g - 1)``; ``invert_gripper_action``:
+``-g``, which the LIBERO evaluation applies in that order.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-#: Denominator guard of OpenVLA's bounds_q99 normalisation.
-_EPS = 1e-8
-
-
-@dataclass(frozen=True)
-class ActionStatistics:
-    """Per-dimension action statistics of one dataset (one ``unnorm_key``).
-
-    Attributes:
-        q01, q99: ``(action_dim,)`` float32 1st and 99th percentiles, raw action units.
-        mask: ``(action_dim,)`` bool; False on dimensions left unnormalised (the gripper).
-    """
-
-    q01: Tensor
-    q99: Tensor
-    mask: Tensor
-
-    @classmethod
-    def from_dict(cls, stats: dict[str, Any], source: str) -> ActionStatistics:
-        """Read the ``"action"`` entry of a dataset's statistics (``q01``, ``q99``, optional
-        ``mask``, default all True).
-
-        Raises:
-            ValueError: a field is missing or the lengths differ; the message names ``source``.
-        """
-        try:
-            q01 = torch.tensor(stats["q01"], dtype=torch.float32)
-            q99 = torch.tensor(stats["q99"], dtype=torch.float32)
-        except KeyError as missing:
-            raise ValueError(f"{source}: action statistics have no {missing} field") from None
-        mask = torch.tensor(stats.get("mask", [True] * len(q01)), dtype=torch.bool)
-        if q01.ndim != 1 or q99.shape != q01.shape or mask.shape != q01.shape:
-            raise ValueError(
-                f"{source}: q01, q99 and mask must be equally long lists, got lengths "
-                f"{tuple(q01.shape)}, {tuple(q99.shape)}, {tuple(mask.shape)}"
-            )
-        return cls(q01, q99, mask)
-
-    @property
-    def action_dim(self) -> int:
-        return self.q01.shape[0]
-
-    def normalize(self, actions: Tensor) -> Tensor:
-        """Raw actions → normalised ``[-1, 1]`` (bounds_q99, see the module docstring).
-
-        Args:
-            actions: ``(..., action_dim)`` floating, raw units.
-
-        Returns:
-            float32, same shape.
-
-        Raises:
-            ValueError: the last dimension is not ``action_dim``.
-        """
-        self._check(actions)
-        q01, q99, mask = (t.to(actions.device) for t in (self.q01, self.q99, self.mask))
-        scaled = (2 * (actions.float() - q01) / (q99 - q01 + _EPS) - 1).clamp(-1.0, 1.0)
-        return torch.where(mask, scaled, actions.float())
-
-    def denormalize(self, actions: Tensor) -> Tensor:
-        """Normalised actions → raw units: ``0.5 (a + 1) (q99 - q01) + q01`` where ``mask``.
-
-        Args:
-            actions: ``(..., action_dim)`` floating, normalised units.
-
-        Returns:
-            float32, same shape.
-
-        Raises:
-            ValueError: the last dimension is not ``action_dim``.
-        """
-        self._check(actions)
-        q01, q99, mask = (t.to(actions.device) for t in (self.q01, self.q99, self.mask))
-        raw = 0.5 * (actions.float() + 1) * (q99 - q01) + q01
-        return torch.where(mask, raw, actions.float())
-
-    def _check(self, actions: Tensor) -> None:
-        if actions.shape[-1:] != (self.action_dim,) or not actions.is_floating_point():
-            raise ValueError(
-                f"actions must be floating (..., {self.action_dim}), got {tuple(actions.shape)} {actions.dtype}"
-            )
+from policies.normalization import ActionStatistics
 
 
 def load_action_statistics(

@@ -29,6 +29,7 @@ from policies import register_policy
 from policies.base import Policy
 from policies.checkpoint_files import staged_directory
 from policies.mlp.configuration_mlp import MLPPolicyConfig
+from policies.normalization import fit_mean_std, mean_std_normalize
 from policies.sampling import draw
 
 #: Observation keys of task-set runs (those of :mod:`vla_rl_core.keys`; policies do not import the engine).
@@ -218,7 +219,7 @@ class MLPPolicy(Policy):
             obs: TensorDict of batch size ``(batch,)`` with ``state`` ``(batch, obs_dim)``.
         """
         state = obs[STATE_KEY].to(self.obs_mean.device, self.obs_mean.dtype)
-        self.set_obs_normalization(state.mean(0), state.std(0, unbiased=False).clamp(min=STATE_STD_FLOOR))
+        self.set_obs_normalization(*fit_mean_std(state, STATE_STD_FLOOR))
 
     def action_mean(self, obs: Tensor | TensorDict) -> Tensor:
         """Mean action of each observation.
@@ -242,7 +243,7 @@ class MLPPolicy(Policy):
                 f"obs must be floating (batch, {self.config.obs_dim}), got "
                 f"{tuple(state.shape)} {state.dtype}"
             )
-        inputs = (state.to(self.obs_mean.device, self.obs_mean.dtype) - self.obs_mean) / self.obs_std
+        inputs = mean_std_normalize(state.to(self.obs_mean.device, self.obs_mean.dtype), self.obs_mean, self.obs_std)
         if self.config.num_tasks:
             inputs = torch.cat([inputs, self._task_one_hot(obs, len(state)).to(inputs.dtype)], dim=-1)
         return self.mean_net(inputs)

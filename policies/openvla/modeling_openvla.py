@@ -169,7 +169,7 @@ class OpenVLAPolicy(PrismaticPolicy):
         Args:
             obs: observation TensorDict.
             expert_actions: ``(batch, 1, action_dim)`` normalised actions in [-1, 1] (see
-                :meth:`policies.action_normalization.ActionStatistics.normalize`).
+                :meth:`policies.normalization.ActionStatistics.normalize`).
 
         Returns:
             a differentiable scalar.

@@ -17,7 +17,6 @@ from tensordict import TensorDict
 from torch import Tensor
 
 from policies.action_normalization import (
-    ActionStatistics,
     libero_gripper_postprocess,
     libero_unnorm_key,
     load_action_statistics,
@@ -32,6 +31,7 @@ from policies.checkpoint_files import (
     load_tokenizer,
     weight_mismatch_error,
 )
+from policies.normalization import ActionStatistics
 from policies.openvla.checkpoint_prismatic import (
     CONFIG_FILE,
     architecture_from_config,

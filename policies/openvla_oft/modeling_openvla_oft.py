@@ -28,8 +28,8 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from policies import register_policy
-from policies.action_normalization import ActionStatistics
 from policies.action_tokenizer import bin_log_softmax
+from policies.normalization import ActionStatistics, fit_bounds_q99
 from policies.openvla.policy_base import PrismaticPolicy, position_ids_from_mask
 from policies.openvla.processor_openvla import PROPRIO, check_observation
 from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
@@ -345,8 +345,9 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
         if self.proprio_projector is None:
             return
         proprio = self.model_inputs(obs)[PROPRIO].float()  # (B, proprio_dim)
-        self.proprio_q01.copy_(torch.quantile(proprio, 0.01, dim=0))
-        self.proprio_q99.copy_(torch.quantile(proprio, 0.99, dim=0))
+        q01, q99 = fit_bounds_q99(proprio)
+        self.proprio_q01.copy_(q01)
+        self.proprio_q99.copy_(q99)
         self.proprio_statistics_set.fill_(True)
 
     def _require_discrete(self, method: str) -> None:

@@ -312,9 +312,9 @@ class PI0PolicyConfig:
             sampling and scoring; 1 is the sampler's own distribution.
         normalization: one of ``NORMALIZATIONS``, of the state and the actions:
             ``"bounds_q99"`` (OpenVLA's: ``clip(2 (x - q01) / (q99 - q01 + 1e-8) - 1, -1, 1)`` where
-            the action mask is True, :class:`policies.action_normalization.ActionStatistics`) or
+            the action mask is True, :class:`policies.normalization.ActionStatistics`) or
             ``"mean_std"`` (openpi's for π0: ``(x - mean) / (std + 1e-6)`` on every feature, no
-            clipping, :class:`policies.pi0.transforms_pi0.MeanStdStatistics`; openpi's π0
+            clipping, :class:`policies.normalization.MeanStdStatistics`; openpi's π0
             checkpoints need it).
         action_statistics: the statistics ``normalization`` reads, lists of length ``action_dim``:
             ``{"q01", "q99"}`` (and optionally ``"mask"``) for bounds_q99, ``{"mean", "std"}`` for

@@ -64,9 +64,11 @@ from tensordict import TensorDict
 from torch import Tensor
 
 from policies import register_policy
-from policies.action_normalization import ActionStatistics, libero_gripper_postprocess
+from policies.action_normalization import libero_gripper_postprocess
 from policies.base import FSDPGroup, Policy, enable_transformers_checkpointing, transformer_blocks
 from policies.checkpoint_files import check_tokenizer, load_tokenizer, staged_directory
+from policies.normalization import ActionStatistics, MeanStdStatistics
+from policies.pi0.backbone_pi0 import JOINT_FORWARD
 from policies.pi0.checkpoint_pi0 import (
     Layout,
     load_noise_head,
@@ -78,7 +80,6 @@ from policies.pi0.checkpoint_pi0 import (
 from policies.pi0.configuration_pi0 import PI0ModelConfig, PI0PolicyConfig
 from policies.pi0.flow_noise import FlowNoiseSampler, NoiseHead
 from policies.pi0.flow_sampling import FlowODESampler, FlowSampler, FlowSDESampler
-from policies.pi0.backbone_pi0 import JOINT_FORWARD
 from policies.pi0.modeling_pi0 import PI0Inputs, PI0Model
 from policies.pi0.processor_pi0 import (
     IMAGE_MASKS,
@@ -90,7 +91,6 @@ from policies.pi0.processor_pi0 import (
 )
 from policies.pi0.transforms_pi0 import (
     NORM_STATS_FILE,
-    MeanStdStatistics,
     buffered_statistics,
     delta_offset,
     fit_statistics,

@@ -1,13 +1,13 @@
 """openpi's data transforms that π0's checkpoints were trained with, mirrored for the RL policy:
-mean/std normalisation and state-relative ("delta") actions; the policy's statistics buffers and
-the ``norm_stats.json`` that fills them (and that :func:`norm_stats_of` writes back).
+state-relative ("delta") actions; the policy's statistics buffers and the ``norm_stats.json``
+that fills them (and that :func:`norm_stats_of` writes back). The normalisation formulas are
+:mod:`policies.normalization`'s (:class:`~policies.normalization.MeanStdStatistics`,
+:class:`~policies.normalization.ActionStatistics`).
 
 Sources (Physical-Intelligence/openpi, read at ``15a9616``):
 
-- ``src/openpi/transforms.py`` ``Normalize._normalize`` (137–139): ``(x - mean) / (std + 1e-6)``,
-  ``Unnormalize._unnormalize`` (170–173): ``x * (std + 1e-6) + mean``, no clipping; the mean/std
-  (z-score) form is π0's (``src/openpi/training/config.py`` 187: ``use_quantile_norm =
-  model_type != PI0``), quantiles are for π0-FAST and π0.5;
+- the mean/std (z-score) form is π0's (``src/openpi/training/config.py`` 187:
+  ``use_quantile_norm = model_type != PI0``), quantiles are for π0-FAST and π0.5;
 - ``DeltaActions`` / ``AbsoluteActions`` (204–244): ``actions[..., :dims] -= where(mask,
   state[..., :dims], 0)`` on every position of the chunk (and ``+=`` back), ``dims`` the mask's
   length; ``make_bool_mask(6, -1)`` (``config.py`` 339, ``pi0_libero``'s
@@ -21,95 +21,19 @@ Sources (Physical-Intelligence/openpi, read at ``15a9616``):
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from tensordict import TensorDict
 from torch import Tensor, nn
 
-from policies.action_normalization import ActionStatistics
+from policies.normalization import ActionStatistics, MeanStdStatistics, fit_bounds_q99, fit_mean_std
 from policies.pi0.configuration_pi0 import NORMALIZATION_FIELDS, PI0PolicyConfig
 from vla_rl_core import keys
 
 #: openpi's normalisation statistics file in a checkpoint's assets (``{"norm_stats": {"actions":
 #: {"mean", "std", "q01", "q99"}, "state": {...}}}``).
 NORM_STATS_FILE = "norm_stats.json"
-#: Denominator guard of openpi's ``Normalize`` / ``Unnormalize`` (``transforms.py`` 139, 173).
-MEAN_STD_EPS = 1e-6
-
-
-@dataclass(frozen=True)
-class MeanStdStatistics:
-    """Per-feature mean and standard deviation, openpi's z-score normalisation (every feature, no
-    clipping, no mask).
-
-    Attributes:
-        mean, std: ``(dim,)`` float32, raw units.
-    """
-
-    mean: Tensor
-    std: Tensor
-
-    @classmethod
-    def from_dict(cls, stats: dict[str, Any], source: str) -> MeanStdStatistics:
-        """Read ``{"mean": [...], "std": [...]}``.
-
-        Raises:
-            ValueError: a field is missing or the lengths differ; the message names ``source``.
-        """
-        try:
-            mean = torch.tensor(stats["mean"], dtype=torch.float32)
-            std = torch.tensor(stats["std"], dtype=torch.float32)
-        except KeyError as missing:
-            raise ValueError(f"{source}: statistics have no {missing} field") from None
-        if mean.ndim != 1 or std.shape != mean.shape:
-            raise ValueError(f"{source}: mean and std must be equally long lists, got lengths {tuple(mean.shape)}, "
-                             f"{tuple(std.shape)}")
-        return cls(mean, std)
-
-    @property
-    def dim(self) -> int:
-        return self.mean.shape[0]
-
-    def normalize(self, x: Tensor) -> Tensor:
-        """Raw → normalised: ``(x - mean) / (std + 1e-6)``.
-
-        Args:
-            x: ``(..., dim)`` floating, raw units.
-
-        Returns:
-            float32, same shape.
-
-        Raises:
-            ValueError: the last dimension is not ``dim``.
-        """
-        self._check(x)
-        mean, std = self.mean.to(x.device), self.std.to(x.device)
-        return (x.float() - mean) / (std + MEAN_STD_EPS)
-
-    def denormalize(self, x: Tensor) -> Tensor:
-        """Normalised → raw: ``x * (std + 1e-6) + mean``.
-
-        Args:
-            x: ``(..., dim)`` floating, normalised units.
-
-        Returns:
-            float32, same shape.
-
-        Raises:
-            ValueError: the last dimension is not ``dim``.
-        """
-        self._check(x)
-        mean, std = self.mean.to(x.device), self.std.to(x.device)
-        return x.float() * (std + MEAN_STD_EPS) + mean
-
-    def _check(self, x: Tensor) -> None:
-        if x.shape[-1:] != (self.dim,) or not x.is_floating_point():
-            raise ValueError(f"values must be floating (..., {self.dim}), got {tuple(x.shape)} {x.dtype}")
-
-
 def delta_offset(state: Tensor, mask: tuple[bool, ...], action_dim: int) -> Tensor:
     """What openpi's ``DeltaActions`` subtracts from (and ``AbsoluteActions`` adds to) every action
     of a chunk: ``where(mask, state[..., :dims], 0)``, zero-padded to ``action_dim`` values.
@@ -250,9 +174,9 @@ def fit_statistics(module: nn.Module, prefix: str, values: Tensor, normalization
     percentiles (bounds_q99, as OpenVLA-OFT) or the mean and population standard deviation
     (mean_std, as openpi's ``RunningStats``)."""
     if normalization == "mean_std":
-        fitted = {"mean": values.mean(dim=0), "std": values.std(dim=0, unbiased=False)}
+        fitted = dict(zip(("mean", "std"), fit_mean_std(values)))
     else:
-        fitted = {"q01": torch.quantile(values, 0.01, dim=0), "q99": torch.quantile(values, 0.99, dim=0)}
+        fitted = dict(zip(("q01", "q99"), fit_bounds_q99(values)))
     for name, value in fitted.items():
         getattr(module, f"{prefix}_{name}").copy_(value)
     getattr(module, f"{prefix}_statistics_set").fill_(True)

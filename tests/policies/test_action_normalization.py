@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from policies.action_normalization import (
-    ActionStatistics,
     libero_gripper_postprocess,
     libero_unnorm_key,
     load_action_statistics,
 )
+from policies.normalization import ActionStatistics
 
 STATS = {"q01": [-0.5, 0.0, -2.0], "q99": [0.5, 4.0, 2.0], "mask": [True, True, False]}
 

@@ -17,13 +17,12 @@ import torch
 from tensordict import TensorDict
 
 from policies import make_policy
-from policies.action_normalization import ActionStatistics
+from policies.normalization import ActionStatistics, MeanStdStatistics
 from policies.pi0 import PI0PolicyConfig
 from policies.pi0.checkpoint_pi0 import save_pi0_checkpoint
 from policies.pi0.flow_sampling import denoising_times
 from policies.pi0.policy_pi0 import PI0Policy, chain_to_own, own_to_chain
 from policies.pi0.processor_pi0 import IMAGES, LANG_MASKS, LANG_TOKENS, resize_with_pad
-from policies.pi0.transforms_pi0 import MeanStdStatistics
 from tests.policies.pi0_helpers import (
     ACTION_DIM,
     INSTRUCTIONS,

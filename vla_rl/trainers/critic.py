@@ -18,6 +18,7 @@ import torch.distributed as dist
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor, nn
 
+from policies.normalization import mean_std_normalize
 from vla_rl.algorithms.value_loss import compute_value_loss
 from vla_rl.trainers.guard import GuardedStep
 from vla_rl.trainers.minibatches import minibatch_indices
@@ -51,7 +52,7 @@ class ValueNetwork(nn.Module):
 
     def forward(self, obs: Tensor) -> Tensor:
         """``(batch, obs_dim)`` observations -> ``(batch,)`` values."""
-        return self.net((obs - self.obs_mean) / self.obs_std).squeeze(-1)
+        return self.net(mean_std_normalize(obs, self.obs_mean, self.obs_std)).squeeze(-1)
 
 
 def embodied_values(model, batch: TensorDict) -> Tensor:

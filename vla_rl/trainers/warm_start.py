@@ -24,6 +24,7 @@ import torch
 from ray.experimental import tqdm_ray
 from tensordict import TensorDict
 
+from policies.normalization import fit_mean_std
 from simulators.registry import SETTINGS_FORMAT, same_env
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl_core import keys
@@ -221,13 +222,6 @@ def demonstration_states(store: TrajectoryStore, num_demos: int) -> torch.Tensor
     return torch.as_tensor(np.concatenate(states), dtype=torch.float32)
 
 
-def state_normalization(states: torch.Tensor, std_floor: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-feature mean and standard deviation (population) of ``states`` ``(N, obs_dim)``, the
-    scale floored at ``std_floor`` (units of the state; ``warm_start.obs_std_floor``: a feature the
-    states leave constant must not blow up): two ``(obs_dim,)`` tensors."""
-    return states.mean(0), states.std(0, unbiased=False).clamp(min=std_floor)
-
-
 def behaviour_cloning(
     policy, obs: torch.Tensor | TensorDict, actions: torch.Tensor, steps: int, lr: float, batch_size: int, seed: int,
     *, obs_std_floor: float, extra_norm_obs: Observations | None = None, progress: bool = False,
@@ -264,7 +258,7 @@ def behaviour_cloning(
     else:
         norm_obs = obs if extra_norm_obs is None else torch.cat([obs, torch.as_tensor(extra_norm_obs, dtype=obs.dtype)])
         # Features constant over these observations get a floor on their scale (units of the obs).
-        policy.set_obs_normalization(*state_normalization(norm_obs, obs_std_floor))
+        policy.set_obs_normalization(*fit_mean_std(norm_obs, obs_std_floor))
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     loss = torch.zeros(())

@@ -141,11 +141,8 @@ def critic_state_normalization(res) -> tuple[torch.Tensor, torch.Tensor]:
     """
     import torch
 
-    from vla_rl.trainers.warm_start import (
-        demonstration_states,
-        initial_observations,
-        state_normalization,
-    )
+    from policies.normalization import fit_mean_std
+    from vla_rl.trainers.warm_start import demonstration_states, initial_observations
     from vla_rl_core.run_layout import demo_store_path
 
     policy, ws, obs_dim = res.policy, res.config.warm_start, res.env_spec.obs_dim
@@ -171,7 +168,7 @@ def critic_state_normalization(res) -> tuple[torch.Tensor, torch.Tensor]:
         states.append(torch.as_tensor(state, dtype=torch.float32))
     if not states:
         return torch.zeros(obs_dim), torch.ones(obs_dim)
-    return state_normalization(torch.cat(states), ws.obs_std_floor)
+    return fit_mean_std(torch.cat(states), ws.obs_std_floor)
 
 
 def simulator_spec(config) -> EnvSpec:
