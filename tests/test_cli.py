@@ -13,7 +13,7 @@ import yaml
 
 from vla_rl.cli import main
 from vla_rl.dag.errors import TemplateError
-from vla_rl.dag.registry import NodeOutput, register_node
+from vla_rl.dag.registry import NODE_FUNCTIONS, NodeOutput, register_node
 from vla_rl.errors import RunStopped
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 @pytest.fixture
 def no_builtin_nodes(monkeypatch):
     """Plan with the test's own functions, without importing vla_rl.nodes (torch)."""
-    monkeypatch.setattr("vla_rl.dag.planner.load_builtin_nodes", lambda: None)
+    monkeypatch.setattr(NODE_FUNCTIONS, "load_builtins", lambda: None)
 
 
 def test_help(capsys):

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
+from vla_rl.dag.registry import NODE_FUNCTIONS
+
 from . import helpers  # noqa: F401  (registers the dummy node functions)
 
 
@@ -43,5 +45,5 @@ def no_builtin_nodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Keep the planner from importing :mod:`vla_rl.nodes` (torch, simulators): the DAG tests use
     the dummy functions only. Returns a list that grows by one entry per skipped import."""
     calls: list[int] = []
-    monkeypatch.setattr("vla_rl.dag.planner.load_builtin_nodes", lambda: calls.append(1))
+    monkeypatch.setattr(NODE_FUNCTIONS, "load_builtins", lambda: calls.append(1))
     return calls

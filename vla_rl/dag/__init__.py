@@ -25,7 +25,6 @@ from vla_rl.dag.registry import (
     NodeFunction,
     NodeOutput,
     get_node_function,
-    load_builtin_nodes,
     register_node,
 )
 from vla_rl.dag.schema import NodeSpec, TemplateSpec
@@ -45,7 +44,6 @@ __all__ = [
     "TemplateSpec",
     "describe_plan",
     "get_node_function",
-    "load_builtin_nodes",
     "load_template",
     "plan",
     "register_node",

@@ -44,7 +44,6 @@ from vla_rl.dag.loader import Template
 from vla_rl.dag.registry import (
     NODE_FUNCTIONS,
     get_node_function,
-    load_builtin_nodes,
     resolve,
 )
 from vla_rl.dag.schema import PHASES, NodeSpec
@@ -200,7 +199,6 @@ def plan(template: Template, world_size: int | None = None) -> Plan:
         raise ValueError(f"world size must be at least 1 (got {world_size})")
     file = template.path
     _check_deps(template.nodes, file)
-    load_builtin_nodes()
     node_configs = {node.id: _node_config(node, file) for node in template.nodes}
     phases = {}
     for phase in PHASES:

@@ -21,13 +21,14 @@ error naming both) and from which each worker builds exactly the resources its c
 ``values`` only under GAE). A node whose layout has rules of its own declares a ``check``
 ``(run_config, node_config, dp_size, world_size) -> (field, message) | None`` the planner calls.
 
-The built-in functions live in :mod:`vla_rl.nodes`; :func:`load_builtin_nodes` imports it. The
-workflow kits are registered here too (:data:`WORKFLOWS`).
+The built-in functions live in :mod:`vla_rl.nodes`, which :data:`NODE_FUNCTIONS` imports by
+name at its first lookup, as every registry loads its built-ins
+(:class:`vla_rl_core.registry.Registry`). The workflow kits are registered here too
+(:data:`WORKFLOWS`).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -108,8 +109,8 @@ class NodeFunction:
     check: LayoutCheck | None = None
 
 
-NODE_FUNCTIONS: Registry[NodeFunction] = Registry("node function")
-"""All node functions, keyed by ``(role, type, name)``."""
+NODE_FUNCTIONS: Registry[NodeFunction] = Registry("node function", builtins=(BUILTIN_NODES_PACKAGE,))
+"""All node functions, keyed by ``(role, type, name)``; the built-ins load at the first lookup."""
 
 
 def register_node(
@@ -165,7 +166,3 @@ def get_node_function(role: str, type: str, name: str = "default") -> NodeFuncti
         known = f"none registered for ({role}, {type}); registered: {', '.join(every) or 'none'}"
     raise RegistryError(f"no node function {name!r} for role {role!r}, type {type!r}; {known}")
 
-
-def load_builtin_nodes() -> None:
-    """Import :mod:`vla_rl.nodes`, whose modules register the built-in node functions."""
-    importlib.import_module(BUILTIN_NODES_PACKAGE)
