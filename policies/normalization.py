@@ -80,11 +80,7 @@ class ActionStatistics:
         Raises:
             ValueError: a field is missing or the lengths differ; the message names ``source``.
         """
-        try:
-            q01 = torch.tensor(stats["q01"], dtype=torch.float32)
-            q99 = torch.tensor(stats["q99"], dtype=torch.float32)
-        except KeyError as missing:
-            raise ValueError(f"{source}: action statistics have no {missing} field") from None
+        q01, q99 = _float_fields(stats, ("q01", "q99"), f"{source}: action statistics")
         mask = torch.tensor(stats.get("mask", [True] * len(q01)), dtype=torch.bool)
         if q01.ndim != 1 or q99.shape != q01.shape or mask.shape != q01.shape:
             raise ValueError(
@@ -132,10 +128,7 @@ class ActionStatistics:
         return torch.where(mask, raw, actions.float())
 
     def _check(self, actions: Tensor) -> None:
-        if actions.shape[-1:] != (self.action_dim,) or not actions.is_floating_point():
-            raise ValueError(
-                f"actions must be floating (..., {self.action_dim}), got {tuple(actions.shape)} {actions.dtype}"
-            )
+        _check_features(actions, self.action_dim, "actions")
 
 
 #: Denominator guard of openpi's ``Normalize`` / ``Unnormalize`` (``transforms.py`` 139, 173).
@@ -161,11 +154,7 @@ class MeanStdStatistics:
         Raises:
             ValueError: a field is missing or the lengths differ; the message names ``source``.
         """
-        try:
-            mean = torch.tensor(stats["mean"], dtype=torch.float32)
-            std = torch.tensor(stats["std"], dtype=torch.float32)
-        except KeyError as missing:
-            raise ValueError(f"{source}: statistics have no {missing} field") from None
+        mean, std = _float_fields(stats, ("mean", "std"), f"{source}: statistics")
         if mean.ndim != 1 or std.shape != mean.shape:
             raise ValueError(f"{source}: mean and std must be equally long lists, got lengths {tuple(mean.shape)}, "
                              f"{tuple(std.shape)}")
@@ -206,5 +195,22 @@ class MeanStdStatistics:
         return mean_std_denormalize(x.float(), self.mean.to(x.device), self.std.to(x.device), MEAN_STD_EPS)
 
     def _check(self, x: Tensor) -> None:
-        if x.shape[-1:] != (self.dim,) or not x.is_floating_point():
-            raise ValueError(f"values must be floating (..., {self.dim}), got {tuple(x.shape)} {x.dtype}")
+        _check_features(x, self.dim, "values")
+
+
+def _float_fields(stats: dict[str, Any], names: tuple[str, ...], what: str) -> list[Tensor]:
+    """``stats[name]`` as float32 tensors, in ``names``' order.
+
+    Raises:
+        ValueError: a field is missing (``"<what> have no '<name>' field"``).
+    """
+    try:
+        return [torch.tensor(stats[name], dtype=torch.float32) for name in names]
+    except KeyError as missing:
+        raise ValueError(f"{what} have no {missing} field") from None
+
+
+def _check_features(x: Tensor, dim: int, what: str) -> None:
+    """Raise ValueError unless ``x`` is floating with ``dim`` features in its last dimension."""
+    if x.shape[-1:] != (dim,) or not x.is_floating_point():
+        raise ValueError(f"{what} must be floating (..., {dim}), got {tuple(x.shape)} {x.dtype}")
