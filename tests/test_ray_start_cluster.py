@@ -212,23 +212,27 @@ def test_ctrl_c_stops_a_run_waiting_for_resources_within_seconds(cluster):
                               cwd=cluster.driver_dir, env=cluster.env, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        driver = subprocess.Popen([VLA_RL, *train_args(cluster.address, *TINY, "run.output_dir=runs")],
-                                  cwd=cluster.driver_dir, env=cluster.env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # The driver writes to files, not pipes: a pipe nobody reads fills up (Ray's warnings while
+        # it waits) and blocks the driver's next write, its Ctrl-C message included.
+        out, err = Path(cluster.driver_dir) / "ctrl_c.out", Path(cluster.driver_dir) / "ctrl_c.err"
+        with out.open("w") as stdout, err.open("w") as stderr:
+            driver = subprocess.Popen([VLA_RL, *train_args(cluster.address, *TINY, "run.output_dir=runs")],
+                                      cwd=cluster.driver_dir, env=cluster.env, stdout=stdout, stderr=stderr)
         try:
-            waiting = ""
             deadline = time.monotonic() + 180
-            while "waits for other jobs" not in waiting and time.monotonic() < deadline:
-                line = driver.stderr.readline()
-                if not line and driver.poll() is not None:
+            while "waits for other jobs" not in err.read_text() and time.monotonic() < deadline:
+                if driver.poll() is not None:
                     break
-                waiting += line
-            assert "waits for other jobs to release them (Ctrl-C stops)" in waiting, waiting[-3000:]
+                time.sleep(0.5)
+            assert "waits for other jobs to release them (Ctrl-C stops)" in err.read_text(), err.read_text()[-3000:]
             time.sleep(3)  # into the placement group's wait
             interrupted = time.monotonic()
             driver.send_signal(signal.SIGINT)
-            driver.wait(timeout=30)
-            assert time.monotonic() - interrupted < 10
+            try:
+                driver.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the driver still runs 30 s after SIGINT; its stderr ends: {err.read_text()[-3000:]}")
+            assert time.monotonic() - interrupted < 10, err.read_text()[-3000:]
             assert driver.returncode != 0
         finally:
             if driver.poll() is None:
