@@ -4,6 +4,7 @@
     vla-rl train TEMPLATE [KEY=VALUE ...]
     vla-rl train --resume RUN_DIR [KEY=VALUE ...]
     vla-rl train TEMPLATE --seeds 0,1,2 [KEY=VALUE ...]   (and --resume SWEEP_DIR)
+    vla-rl compare SWEEP_A SWEEP_B [--output DIR]
     vla-rl eval RUN_DIR|CHECKPOINT_DIR ... [KEY=VALUE ...] [--steps 5,10] [--output DIR]
     vla-rl export CHECKPOINT_DIR OUT_DIR
 
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_plan_command(commands)
     _add_train_command(commands)
+    _add_compare_command(commands)
     _add_eval_command(commands)
     _add_export_command(commands)
     _add_export_episodes_command(commands)
@@ -323,6 +325,36 @@ def _run_eval(args: argparse.Namespace) -> int:
     if not targets:
         raise EvalInputError("name a run directory or checkpoint directory to evaluate")
     evaluate(targets, overrides, steps=args.steps, output=args.output, template=args.template)
+    return 0
+
+
+def _add_compare_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "compare",
+        help="compare two seed sweeps seed by seed (e.g. SRPO vs GRPO at equal environment steps)",
+        description="Pair the runs of two seed sweeps (vla-rl train TEMPLATE --seeds ...) by seed and report, per "
+        "held-out protocol, each seed's final success in both and the difference B - A, with the mean difference "
+        "over the seeds and its 95%% Student t interval; and whether the runs cost the same (each seed's "
+        "environment steps, and whether both sweeps set the same trainer.total_env_steps). Writes compare.md, "
+        "compare.json and compare.png.",
+    )
+    parser.add_argument("sweep_a", metavar="SWEEP_A", help="a sweep directory (or its report.json): the baseline")
+    parser.add_argument("sweep_b", metavar="SWEEP_B", help="the sweep compared with it")
+    parser.add_argument("--output", default=None, metavar="DIR",
+                        help="where to write the comparison (default: compare_<A>_vs_<B> beside SWEEP_A)")
+    parser.set_defaults(handler=_run_compare)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from vla_rl.sweep_compare import COMPARE_MD, compare_sweeps
+
+    a, b = Path(args.sweep_a), Path(args.sweep_b)
+    names = [(path.parent if path.is_file() else path).resolve().name for path in (a, b)]
+    out = Path(args.output) if args.output else (a.parent if a.is_file() else a).resolve().parent / (
+        f"compare_{names[0]}_vs_{names[1]}")
+    compare_sweeps(a, b, out)
+    print((out / COMPARE_MD).read_text(), end="")
+    print(f"written to {out}")
     return 0
 
 

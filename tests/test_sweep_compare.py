@@ -1,0 +1,81 @@
+"""Two seed sweeps compared seed by seed (vla_rl.sweep_compare, ``vla-rl compare``): the paired
+differences and their interval against hand-computed values, the cost check, the refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from vla_rl.cli import main
+from vla_rl.errors import CommandLineError
+from vla_rl.sweep import REPORT_JSON
+from vla_rl.sweep_compare import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, compare, compare_sweeps
+
+#: Student's t quantile t_{0.975, 2} (two-sided 95%, 2 degrees of freedom), from a table.
+T_975_2 = 4.302652729749464
+
+
+def figures(rate: float) -> dict:
+    return {"success_rate": rate, "episodes": 50.0, "ci_low": rate - 0.1, "ci_high": rate + 0.1}
+
+
+def report(template: str, overrides: list[str], finals: dict[str, float], env_steps: float, first: float = 0.2):
+    return {"template": template, "overrides": overrides, "seeds": [int(s) for s in finals],
+            "per_seed": {seed: {"first_tag": "warm_start", "first": {"greedy": figures(first)},
+                                "final": {"greedy": figures(rate)}, "env_steps": env_steps, "steps": 40,
+                                "wall_time_s": 600.0} for seed, rate in finals.items()}}
+
+
+GRPO = report("embodied_grpo", ["trainer.total_env_steps=80000"], {"0": 0.98, "1": 0.90, "2": 0.92}, 80_500)
+SRPO = report("embodied_srpo", ["trainer.total_env_steps=80000"], {"0": 0.92, "1": 1.00, "2": 0.96, "3": 0.5},
+              82_110)
+
+
+def test_paired_differences_and_their_student_t_interval():
+    result = compare(GRPO, SRPO)
+    assert result["seeds"] == ["0", "1", "2"]  # seed 3 is only in B: not paired
+    assert result["equal_budget"] and result["a"]["budget"] == result["b"]["budget"] == 80_000
+    diffs = [-0.06, 0.10, 0.04]
+    assert [result["per_seed"][s]["greedy"]["difference"] for s in ("0", "1", "2")] == pytest.approx(diffs)
+    mean = sum(diffs) / 3
+    half = T_975_2 * math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2) / math.sqrt(3)
+    difference = result["across_seeds"]["greedy"]["difference"]
+    assert difference["mean"] == pytest.approx(mean) and difference["seeds"] == 3
+    assert (difference["ci_low"], difference["ci_high"]) == pytest.approx((mean - half, mean + half))
+    assert result["across_seeds"]["greedy"]["gain_b"]["mean"] == pytest.approx((0.72 + 0.80 + 0.76) / 3)
+    assert result["per_seed"]["1"]["env_steps"] == {"a": 80_500, "b": 82_110, "ratio": pytest.approx(82_110 / 80_500)}
+
+
+def test_the_report_says_when_the_budgets_differ(tmp_path):
+    other = report("embodied_srpo", [], {"0": 0.5, "1": 0.6}, 180_000)
+    result = compare(GRPO, other)
+    assert not result["equal_budget"] and result["b"]["budget"] is None  # the template sets none
+    for name, data in (("a", GRPO), ("b", other)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / REPORT_JSON).write_text(json.dumps(data))
+    compare_sweeps(tmp_path / "a", tmp_path / "b", tmp_path / "out")
+    text = (tmp_path / "out" / COMPARE_MD).read_text()
+    assert "do not stop at the same trainer.total_env_steps (A: 80,000, B: n/a)" in text
+    assert "| 1 | 90.0% [80.0, 100.0] | 60.0% [50.0, 70.0] | -30.0 |" in text
+    assert json.loads((tmp_path / "out" / COMPARE_JSON).read_text())["seeds"] == ["0", "1"]
+    assert (tmp_path / "out" / COMPARE_PLOT).stat().st_size > 10_000
+
+
+def test_the_command_line_writes_the_comparison_beside_the_baseline(tmp_path, capsys):
+    for name, data in (("grpo_sweep", GRPO), ("srpo_sweep", SRPO)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / REPORT_JSON).write_text(json.dumps(data))
+    assert main(["compare", str(tmp_path / "grpo_sweep"), str(tmp_path / "srpo_sweep")]) == 0
+    out = capsys.readouterr().out
+    assert "Both sweeps stop at the same environment-step budget (trainer.total_env_steps=80,000)" in out
+    assert "B - A: +2.7 points, 95% interval [-17.4, +22.7] (3 seeds, paired)" in out
+    assert (tmp_path / "compare_grpo_sweep_vs_srpo_sweep" / COMPARE_MD).is_file()
+
+
+def test_sweeps_without_a_shared_seed_or_report_are_refused(tmp_path, capsys):
+    with pytest.raises(CommandLineError, match="the sweeps share no finished seed"):
+        compare(GRPO, report("embodied_srpo", [], {"7": 0.5}, 1.0))
+    assert main(["compare", str(tmp_path), str(tmp_path)]) == 2
+    assert "holds no seed sweep report (report.json)" in capsys.readouterr().err

@@ -1,0 +1,224 @@
+"""Two seed sweeps compared seed by seed: ``vla-rl compare SWEEP_A SWEEP_B``.
+
+An algorithm beats another only over seeds, and only at equal cost. The comparison pairs the runs
+of the two sweeps by seed (the seeds both finished), and for each held-out protocol gives, per
+seed, each run's final success rate (Wilson 95%, as the run measured it) and the difference B - A;
+across the seeds, the mean difference with a two-sided 95% Student t interval over the paired
+differences (n - 1 degrees of freedom; :func:`~vla_rl.utils.stats.mean_interval`), and the same for
+each sweep's own gain over its first evaluation. It also says whether the runs are comparable in
+cost: each seed's environment steps in both sweeps and their ratio, and whether both sweeps set
+the same ``trainer.total_env_steps`` budget.
+
+It reads each sweep's ``report.json`` (written by :func:`vla_rl.sweep.write_report`), so committed
+reports compare as well as live sweep directories; it writes ``compare.json``, ``compare.md`` and
+``compare.png`` (each seed's final success in A and in B, per protocol).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from vla_rl.dag.errors import TemplateError
+from vla_rl.dag.loader import load_template
+from vla_rl.errors import CommandLineError
+from vla_rl.sweep import REPORT_JSON
+from vla_rl.utils.stats import mean_interval
+
+COMPARE_JSON, COMPARE_MD, COMPARE_PLOT = "compare.json", "compare.md", "compare.png"
+_BUDGET_KEY = "trainer.total_env_steps"
+
+
+def read_report(path: str | Path) -> dict[str, Any]:
+    """A sweep's report: ``path`` is a sweep directory or its ``report.json``.
+
+    Raises:
+        CommandLineError: no report there, or it is not a sweep's report (naming the path).
+    """
+    path = Path(path)
+    file = path / REPORT_JSON if path.is_dir() else path
+    if not file.is_file():
+        raise CommandLineError(f"{path} holds no seed sweep report ({REPORT_JSON}): compare takes the directories "
+                               "of two `vla-rl train TEMPLATE --seeds ...` sweeps")
+    try:
+        report = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise CommandLineError(f"{file} is not JSON ({err})") from None
+    if not isinstance(report, dict) or not {"template", "overrides", "per_seed"} <= set(report):
+        raise CommandLineError(f"{file} is not a seed sweep's report (it lacks template, overrides or per_seed)")
+    return report
+
+
+def budget(report: dict[str, Any]) -> int | None:
+    """The ``trainer.total_env_steps`` of a sweep's runs (its template with its overrides), or
+    None: no budget, or the template cannot be loaded here (then only an override counts)."""
+    try:
+        return load_template(report["template"], list(report["overrides"])).config.trainer.total_env_steps
+    except TemplateError:
+        values = [item.partition("=")[2] for item in report["overrides"] if item.partition("=")[0] == _BUDGET_KEY]
+        return int(values[-1]) if values and values[-1] not in ("null", "None", "~") else None
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """The paired comparison of two sweep reports (see the module docstring).
+
+    Returns:
+        ``{"a", "b": {"template", "overrides", "budget"}, "seeds": [...], "equal_budget": bool,
+        "per_seed": {seed: {"env_steps": {"a", "b", "ratio"}, protocol: {"a", "b", "difference"}}},
+        "across_seeds": {protocol: {"difference", "gain_a", "gain_b": {"mean", "ci_low", "ci_high",
+        "seeds"}}}}``; rates in [0, 1], ``ratio`` B's environment steps over A's.
+
+    Raises:
+        CommandLineError: the sweeps share no finished seed.
+    """
+    seeds = [s for s in a["per_seed"] if s in b["per_seed"]]
+    if not seeds:
+        raise CommandLineError(f"the sweeps share no finished seed (A: {', '.join(a['per_seed']) or 'none'}; "
+                               f"B: {', '.join(b['per_seed']) or 'none'}): a comparison pairs the runs seed by seed")
+    protocols = sorted(set.intersection(*({p for s in seeds for p in r["per_seed"][s]["final"]} for r in (a, b))))
+    per_seed: dict[str, Any] = {}
+    for seed in seeds:
+        fa, fb = a["per_seed"][seed], b["per_seed"][seed]
+        steps_a, steps_b = fa.get("env_steps"), fb.get("env_steps")
+        row: dict[str, Any] = {"env_steps": {"a": steps_a, "b": steps_b,
+                                             "ratio": steps_b / steps_a if steps_a and steps_b else None}}
+        for p in protocols:
+            ra, rb = fa["final"].get(p), fb["final"].get(p)
+            if ra is not None and rb is not None:
+                row[p] = {"a": ra, "b": rb, "difference": rb["success_rate"] - ra["success_rate"]}
+        per_seed[seed] = row
+    across: dict[str, Any] = {}
+    for p in protocols:
+        rows = [per_seed[s] for s in seeds if p in per_seed[s]]
+        across[p] = {"difference": _summary([row[p]["difference"] for row in rows]),
+                     "gain_a": _summary(_gains(a, seeds, p)), "gain_b": _summary(_gains(b, seeds, p))}
+    sides = {name: {"template": r["template"], "overrides": r["overrides"], "budget": budget(r)}
+             for name, r in (("a", a), ("b", b))}
+    return {**sides, "seeds": seeds, "equal_budget": sides["a"]["budget"] is not None
+            and sides["a"]["budget"] == sides["b"]["budget"], "per_seed": per_seed, "across_seeds": across}
+
+
+def _gains(report: dict[str, Any], seeds: list[str], protocol: str) -> list[float]:
+    gains = []
+    for seed in seeds:
+        figures = report["per_seed"][seed]
+        first, final = figures["first"].get(protocol), figures["final"].get(protocol)
+        if first is not None and final is not None:
+            gains.append(final["success_rate"] - first["success_rate"])
+    return gains
+
+
+def _summary(values: list[float]) -> dict[str, Any] | None:
+    if not values:
+        return None
+    mean, low, high = mean_interval(values)
+    return {"mean": mean, "ci_low": low, "ci_high": high, "seeds": len(values)}
+
+
+def _points(value: float) -> str:
+    return f"{100 * value:+.1f}"
+
+
+def _interval(summary: dict[str, Any]) -> str:
+    if summary["ci_low"] is None:
+        return "n/a (one seed)"
+    return f"[{_points(summary['ci_low'])}, {_points(summary['ci_high'])}]"
+
+
+def _name(side: dict[str, Any]) -> str:
+    return f"{Path(side['template']).stem} ({' '.join(side['overrides']) or 'no overrides'})"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """``compare.md``: what is compared, the cost check, a table per protocol, the mean differences."""
+    a, b = result["a"], result["b"]
+    lines = [f"# {Path(b['template']).stem} vs {Path(a['template']).stem} over seeds", "",
+             f"- A: {_name(a)}", f"- B: {_name(b)}",
+             f"- seeds both finished: {', '.join(result['seeds'])}", ""]
+    if result["equal_budget"]:
+        lines.append(f"Both sweeps stop at the same environment-step budget ({_BUDGET_KEY}={a['budget']:,}); "
+                     "each run ends with the training step that reaches it.")
+    else:
+        budgets = ("neither sets one" if a["budget"] is None and b["budget"] is None
+                   else f"A: {_count(a['budget'])}, B: {_count(b['budget'])}")
+        lines.append(f"The sweeps do not stop at the same {_BUDGET_KEY} ({budgets}): their runs are compared at "
+                     "the environment steps each took, listed below.")
+    lines += ["", "| seed | env steps A | env steps B | B / A |", "|---|---|---|---|"]
+    for seed, row in result["per_seed"].items():
+        steps = row["env_steps"]
+        ratio = "n/a" if steps["ratio"] is None else f"{steps['ratio']:.3f}"
+        lines.append(f"| {seed} | {_count(steps['a'])} | {_count(steps['b'])} | {ratio} |")
+    for p, across in result["across_seeds"].items():
+        lines += ["", f"## {p}", "", "| seed | A final | B final | B - A (points) |", "|---|---|---|---|"]
+        for seed, row in result["per_seed"].items():
+            if p in row:
+                lines.append(f"| {seed} | {_rate(row[p]['a'])} | {_rate(row[p]['b'])} | "
+                             f"{_points(row[p]['difference'])} |")
+        diff = across["difference"]
+        lines += ["", f"- B - A: {_points(diff['mean'])} points, 95% interval {_interval(diff)} "
+                  f"({diff['seeds']} seeds, paired)"]
+        for side in ("a", "b"):
+            gain = across[f"gain_{side}"]
+            if gain is not None:
+                lines.append(f"- {side.upper()} over its first evaluation: {_points(gain['mean'])} points, 95% "
+                             f"interval {_interval(gain)}")
+    lines += ["", "Per seed: final held-out success with its Wilson 95% interval over the run's episodes. Across "
+              "seeds: mean of the per-seed differences with a two-sided 95% Student t interval (n - 1 degrees "
+              f"of freedom). Plot: {COMPARE_PLOT}."]
+    return "\n".join(lines) + "\n"
+
+
+def _count(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
+
+
+def _rate(figures: dict[str, Any]) -> str:
+    return (f"{100 * figures['success_rate']:.1f}% [{100 * figures['ci_low']:.1f}, "
+            f"{100 * figures['ci_high']:.1f}]")
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Each seed's final success in A and in B (a line per seed), one panel per protocol."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    protocols = list(result["across_seeds"])
+    fig, axes = plt.subplots(1, len(protocols), figsize=(4.5 * len(protocols), 4), sharey=True, squeeze=False)
+    labels = [Path(result[side]["template"]).stem + f" ({side.upper()})" for side in ("a", "b")]
+    for ax, p in zip(axes[0], protocols):
+        for seed, row in result["per_seed"].items():
+            if p in row:
+                ax.plot([0, 1], [row[p]["a"]["success_rate"], row[p]["b"]["success_rate"]], "o-", alpha=0.7,
+                        label=f"seed {seed}")
+        diff = result["across_seeds"][p]["difference"]
+        ax.set_title(f"{p}: B - A {_points(diff['mean'])} points ({diff['seeds']} seeds)")
+        ax.set_xticks([0, 1], labels)
+        ax.set_xlim(-0.3, 1.3)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("final held-out success rate")
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def compare_sweeps(a: str | Path, b: str | Path, out: str | Path) -> dict[str, Any]:
+    """Compare the sweeps ``a`` and ``b`` and write ``compare.json``, ``compare.md`` and
+    ``compare.png`` into ``out`` (created); return the comparison.
+
+    Raises:
+        CommandLineError: a path holds no sweep report, or the sweeps share no finished seed.
+    """
+    result = compare(read_report(a), read_report(b))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / COMPARE_JSON).write_text(json.dumps(result, indent=2) + "\n")
+    (out / COMPARE_MD).write_text(markdown(result))
+    plot(result, out / COMPARE_PLOT)
+    return result
