@@ -1,11 +1,13 @@
 """OpenVLA policy: one action of ``action_dim`` tokens decoded autoregressively, each a
 categorical over the 256 action bins only, at the sampling temperature.
 
-Sampling decodes with a KV cache; the returned log-probs come from the teacher-forced pass of
-:meth:`OpenVLAPolicy.log_prob_and_entropy_per_dim` over the sampled tokens (one extra
-forward), so they equal the recomputed ones bit for bit for the same batch and the PPO ratio is
-1 on-policy. The tokens themselves were drawn from the cached pass, whose probabilities differ
-from the teacher-forced ones only by float rounding.
+Sampling decodes with a KV cache and returns the log-probs of the drawn tokens from that same
+pass: no second forward (the rollout's cost is the decoding alone). The training forward
+(:meth:`OpenVLAPolicy.log_prob_and_entropy_per_dim`) is teacher-forced over the sampled tokens,
+without a cache; the two passes differ only by float rounding (cached attention over the same
+keys), so the PPO ratio on-policy is 1 up to that rounding (about 1e-6 relative in float32 on
+the tiny model; bf16 weights give more), as with verl and RLinf, whose rollouts also score their
+own samples.
 
 Not batch-invariant: transformers' CPU/GPU kernels pick other summation orders for other batch
 shapes, so a row's log-probs can change in the last bits when the batch around it changes;
@@ -96,7 +98,8 @@ class OpenVLAPolicy(PrismaticPolicy):
 
         Returns:
             ``actions`` ``(batch, 1, action_dim)`` float32 bin values and ``log_probs``
-            ``(batch, 1)`` float32 (summed over dimensions).
+            ``(batch, 1)`` float32 (summed over dimensions), those of the decoding pass (see the
+            module docstring).
 
         Raises:
             ValueError: a malformed observation (the message names the key) or temperature.
@@ -114,12 +117,14 @@ class OpenVLAPolicy(PrismaticPolicy):
         ).last_hidden_state[:, -1]
         next_position = positions[:, -1:] + 1  # (B, 1)
         bins = torch.empty((batch, self.action_dim), dtype=torch.long, device=prefix.device)
+        chosen = torch.empty((batch, self.action_dim), dtype=torch.float32, device=prefix.device)
         for dim in range(self.action_dim):
             log_probs = bin_log_softmax(self.action_tokenizer.bin_logits(language_model.lm_head(hidden)), temperature)
             if greedy:
                 bins[:, dim] = log_probs.argmax(-1)
             else:
                 bins[:, dim] = sample_categorical(log_probs.exp(), generator)
+            chosen[:, dim] = log_probs.gather(-1, bins[:, dim : dim + 1]).squeeze(-1)
             if dim == self.action_dim - 1:
                 break
             tokens = self.action_tokenizer.tokens_from_bins(bins[:, dim : dim + 1])  # (B, 1)
@@ -130,8 +135,7 @@ class OpenVLAPolicy(PrismaticPolicy):
             ).last_hidden_state[:, -1]  # fmt: skip
             next_position = next_position + 1
         actions = self.action_tokenizer.actions_from_bins(bins)[:, None]  # (B, 1, A)
-        log_probs, _ = self.log_prob_and_entropy_per_dim(obs, actions, temperature)
-        return actions, log_probs.sum(-1)
+        return actions, chosen.sum(-1, keepdim=True)
 
     def log_prob_and_entropy_per_dim(
         self, obs: TensorDict, actions: Tensor, temperature: float | None = None
