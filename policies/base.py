@@ -47,7 +47,10 @@ class Policy(torch.nn.Module, abc.ABC):
 
     - sampling and :meth:`log_prob_and_entropy_per_dim` use the same distribution, and the
       log-probs :meth:`sample_actions` returns equal ``log_prob_and_entropy_per_dim(obs,
-      actions)[0].sum(-1)`` bit for bit;
+      actions)[0].sum(-1)`` bit for bit; a policy whose sampling pass is computed otherwise than
+      its training forward (OpenVLA decodes with a KV cache and scores its tokens in that pass,
+      sparing a second forward) declares ``sampled_log_probs_recomputed = False``: equal up to
+      float rounding;
     - every sample's values are batch-invariant: they do not depend on which other samples share
       its batch, so the rollout (a few running environments per call) and the trainer
       (minibatches of whole episodes) compute identical numbers. BLAS libraries choose kernels
@@ -62,6 +65,8 @@ class Policy(torch.nn.Module, abc.ABC):
     config_class: ClassVar[type]
     #: Whether each row's log-probs are bit-identical whatever else shares its batch.
     batch_invariant: ClassVar[bool] = True
+    #: Whether :meth:`sample_actions`'s log-probs are bit-identical to the training forward's.
+    sampled_log_probs_recomputed: ClassVar[bool] = True
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         """Check the required class attributes.

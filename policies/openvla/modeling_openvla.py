@@ -48,6 +48,7 @@ class OpenVLAPolicy(PrismaticPolicy):
 
     name = "openvla"
     config_class = OpenVLAPolicyConfig
+    sampled_log_probs_recomputed = False  # scored in the cached decoding pass (module docstring)
 
     def __init__(self, config: OpenVLAPolicyConfig) -> None:
         if type(config) is not OpenVLAPolicyConfig:  # an OpenVLA-OFT config (a subclass) builds OpenVLAOFTPolicy
