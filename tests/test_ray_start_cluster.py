@@ -213,11 +213,15 @@ def test_ctrl_c_stops_a_run_waiting_for_resources_within_seconds(cluster):
     try:
         assert holder.stdout.readline().strip() == "held"
         # The driver writes to files, not pipes: a pipe nobody reads fills up (Ray's warnings while
-        # it waits) and blocks the driver's next write, its Ctrl-C message included.
+        # it waits) and blocks the driver's next write, its Ctrl-C message included. It starts
+        # with SIGINT unblocked and at its default, as from a terminal: a child inherits its
+        # parent's signal mask and ignored signals, and earlier tests in this pytest process may
+        # leave SIGINT blocked (Ray blocks it in the processes it starts).
         out, err = Path(cluster.driver_dir) / "ctrl_c.out", Path(cluster.driver_dir) / "ctrl_c.err"
         with out.open("w") as stdout, err.open("w") as stderr:
             driver = subprocess.Popen([VLA_RL, *train_args(cluster.address, *TINY, "run.output_dir=runs")],
-                                      cwd=cluster.driver_dir, env=cluster.env, stdout=stdout, stderr=stderr)
+                                      cwd=cluster.driver_dir, env=cluster.env, stdout=stdout, stderr=stderr,
+                                      preexec_fn=_as_from_a_terminal)
         try:
             deadline = time.monotonic() + 180
             while "waits for other jobs" not in err.read_text() and time.monotonic() < deadline:
@@ -226,12 +230,14 @@ def test_ctrl_c_stops_a_run_waiting_for_resources_within_seconds(cluster):
                 time.sleep(0.5)
             assert "waits for other jobs to release them (Ctrl-C stops)" in err.read_text(), err.read_text()[-3000:]
             time.sleep(3)  # into the placement group's wait
+            signals = _signal_state(driver.pid)
             interrupted = time.monotonic()
             driver.send_signal(signal.SIGINT)
             try:
                 driver.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                pytest.fail(f"the driver still runs 30 s after SIGINT; its stderr ends: {err.read_text()[-3000:]}")
+                pytest.fail(f"the driver still runs 30 s after SIGINT ({signals}); its stderr ends: "
+                            f"{err.read_text()[-3000:]}")
             assert time.monotonic() - interrupted < 10, err.read_text()[-3000:]
             assert driver.returncode != 0
         finally:
@@ -240,6 +246,20 @@ def test_ctrl_c_stops_a_run_waiting_for_resources_within_seconds(cluster):
     finally:
         holder.kill()
         holder.wait()
+
+
+def _as_from_a_terminal() -> None:
+    """In the child before exec: SIGINT unblocked and at its default action."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _signal_state(pid: int) -> str:
+    """Whether ``pid`` blocks or ignores SIGINT, from /proc (for a failure's message)."""
+    fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if line.startswith(("SigBlk", "SigIgn")))
+    bit = 1 << (signal.SIGINT - 1)
+    return ", ".join(f"{name} {'has' if int(value, 16) & bit else 'lacks'} SIGINT" for name, value in fields.items())
 
 
 def _doc_commands() -> list[list[str]]:
