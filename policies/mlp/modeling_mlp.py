@@ -246,7 +246,7 @@ class MLPPolicy(Policy):
         inputs = mean_std_normalize(state.to(self.obs_mean.device, self.obs_mean.dtype), self.obs_mean, self.obs_std)
         if self.config.num_tasks:
             inputs = torch.cat([inputs, self._task_one_hot(obs, len(state)).to(inputs.dtype)], dim=-1)
-        return self.mean_net(inputs)
+        return self.mean_net(inputs.to(self.mean_net[0].weight.dtype))  # a bfloat16 network's too
 
     def _task_one_hot(self, obs: Tensor | TensorDict, batch: int) -> Tensor:
         """``(batch, num_tasks)`` one-hot of the observations' task ids."""
@@ -287,8 +287,8 @@ class MLPPolicy(Policy):
         """
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature!r}")
-        mean = self.action_mean(obs)  # (B, A)
-        std = temperature * self.action_std()  # (A,); exact at temperature 1
+        mean = self.action_mean(obs).float()  # (B, A)
+        std = temperature * self.action_std().float()  # (A,); exact at temperature 1
         if greedy:
             actions = mean
         else:
@@ -309,16 +309,16 @@ class MLPPolicy(Policy):
             actions: ``(batch, 1, action_dim)`` unclipped actions.
 
         Returns:
-            ``log_probs`` and ``entropy``, each ``(batch, 1, action_dim)``, differentiable.
+            ``log_probs`` and ``entropy``, each ``(batch, 1, action_dim)`` float32, differentiable.
 
         Raises:
             ValueError: ``obs`` or ``actions`` has the wrong shape.
         """
         mean = self.action_mean(obs).unsqueeze(1)  # (B, 1, A)
         self._check_actions(actions, mean.shape[0], "actions")
-        log_std = self.action_std().log()  # (A,)
-        entropy = (0.5 + _LOG_SQRT_2PI + log_std).expand(mean.shape)  # (B, 1, A)
-        return self._log_prob_per_dim(actions.to(mean.device, mean.dtype), mean, self.action_std()), entropy
+        std = self.action_std().float()  # (A,)
+        entropy = (0.5 + _LOG_SQRT_2PI + std.log()).expand(mean.shape)  # (B, 1, A)
+        return self._log_prob_per_dim(actions.to(mean.device, torch.float32), mean.float(), std), entropy
 
     def bc_loss(self, obs: Tensor, expert_actions: Tensor) -> Tensor:
         """Mean squared error between the mean action and the expert's.
@@ -342,7 +342,9 @@ class MLPPolicy(Policy):
 
     @staticmethod
     def _log_prob_per_dim(actions: Tensor, mean: Tensor, std: Tensor) -> Tensor:
-        """``(B, 1, A)`` actions and means, ``(A,)`` std -> ``(B, 1, A)`` Gaussian log-densities."""
+        """``(B, 1, A)`` actions and means, ``(A,)`` std, float32 (whatever dtype the network
+        computed the mean in: under bfloat16 mixed precision too) -> ``(B, 1, A)`` Gaussian
+        log-densities."""
         z = (actions - mean) / std
         return -0.5 * z**2 - std.log() - _LOG_SQRT_2PI
 

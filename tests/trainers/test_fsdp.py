@@ -164,6 +164,8 @@ def _scenarios(rank: int, lm_dir: str, ckpt_root: str) -> dict:
     out["oft"] = _oft_lora(rank)
     # ---------------------------------------------------------------- tiny π0 (joint layers)
     out["pi0"] = _pi0(rank)
+    # ---------------------------------------------------------------- the first ratio in bf16
+    out["first_ratio"] = _first_ratios(rank, lm_dir)
     return out
 
 
@@ -274,6 +276,78 @@ def _pi0(rank: int) -> dict:
                          "joint_layer_calls": calls["joint_layer"]}
     finally:
         backbone._joint_layer = original
+    return out
+
+
+class _Patch:
+    """``monkeypatch.setattr`` for the spawned workers, undone by :meth:`undo`."""
+
+    def __init__(self) -> None:
+        self.saved: list = []
+
+    def setattr(self, target, name, value) -> None:
+        self.saved.append((target, name, getattr(target, name)))
+        setattr(target, name, value)
+
+    def undo(self) -> None:
+        for target, name, value in reversed(self.saved):
+            setattr(target, name, value)
+        self.saved.clear()
+
+
+def _first_ratios(rank: int, lm_dir: str) -> dict:
+    """One FSDP update per case whose training copy computes in other dtypes than the float32
+    policy the rollout sampled with: bfloat16 mixed precision (CPU admitted as an accelerator:
+    the bf16 emulation of a CUDA run's ``mixed_precision: auto``) and bfloat16 master weights
+    (a configuration a CPU run can take). Records the first minibatch's log-probs against the
+    old ones the loss got, and ``actor/old_log_prob_max_diff`` (the rollout's gap)."""
+    from test_actor import TINY_CONFIGS, rollout_batch, spy_on_losses, update_config
+
+    import vla_rl.trainers.strategy as strategy
+    from policies import make_policy
+    from vla_rl.config import AlgorithmSection
+    from vla_rl.trainers.actor import ActorTrainer, embodied_forward, text_forward
+
+    def embodied(name: str, split: tuple[int, int]):
+        def fresh():
+            torch.manual_seed(0)
+            return make_policy(name, TINY_CONFIGS[name]())
+        start = sum(split[:rank])
+        return fresh, rollout_batch(fresh())[start:start + split[rank]], embodied_forward
+
+    def text():
+        from policies.causal_lm import CausalLMConfig, CausalLMPolicy
+
+        def fresh():
+            torch.manual_seed(0)
+            return CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=lm_dir, max_prompt_length=32,
+                                                                 max_response_length=8))
+        return fresh, _text_batch(fresh(), rank), text_forward
+
+    mlp = embodied("mlp", MLP_SPLIT)
+    cases = {"mlp": (mlp, {}), "mlp_micro": (mlp, {"micro_batch_size": 2}),
+             "pi0": (embodied("pi0", (4, 4)), {}), "openvla_oft": (embodied("openvla_oft", (4, 4)), {}),
+             "lm": (text(), {}), "mlp_bf16_master": (mlp, {"fsdp": {"master_dtype": "bfloat16"}})}
+    out = {}
+    for name, ((fresh, batch, forward), fields) in cases.items():
+        patch = _Patch()
+        if "master" not in name:
+            patch.setattr(strategy, "ACCELERATORS", (*strategy.ACCELERATORS, "cpu"))
+        calls = spy_on_losses(patch)
+        try:
+            algorithm = update_config("ppo_clip", "action")[0]
+            if forward is text_forward:
+                algorithm = AlgorithmSection(policy_loss="ppo_clip", ratio_granularity="action",
+                                             loss_agg_mode="token-mean")
+            section = _trainer_section(strategy="fsdp", **fields)
+            trainer = ActorTrainer(fresh(), lr=1e-3, forward=forward, trainer=section)
+            metrics = trainer.update(batch, algorithm, section, torch.Generator().manual_seed(10))
+        finally:
+            patch.undo()
+        log_probs, old_log_probs, mask, first = calls[0]
+        out[name] = {"recomputes": trainer.parallel.recomputes_old_log_probs, "log_probs": log_probs[mask],
+                     "old_log_probs": old_log_probs[mask], "ratio_mean": first["ratio_mean"],
+                     "rollout_gap": metrics["actor/old_log_prob_max_diff"], "dtype": log_probs.dtype}
     return out
 
 
@@ -402,6 +476,36 @@ def test_pi0_trains_under_fsdp_as_under_ddp(runs):
         assert _max_abs(ddp["grads"], fsdp["grads"]) < 1e-5
         assert _max_abs(ddp["weights"], fsdp["weights"]) < 1e-5
     assert _max_abs(runs[0]["pi0"]["fsdp"]["weights"], runs[1]["pi0"]["fsdp"]["weights"]) == 0.0
+
+
+@pytest.mark.parametrize("case", ["mlp", "mlp_micro", "pi0", "openvla_oft", "lm", "mlp_bf16_master"])
+def test_the_first_ratio_is_one_when_fsdp_computes_in_bfloat16(runs, case):
+    """Regression: FSDP computed the update in bfloat16 while the rollout's log-probs were the
+    float32 policy's, so the first minibatch's ratio was not 1 (max |log-ratio| 0.048 on the MLP,
+    0.11 on π0 in the CPU bf16 emulation). The trainer now scores the rollout's actions with its
+    training copy first; the gap to the rollout's log-probs is reported, not trained on."""
+    for rank in range(WORLD):
+        record = runs[rank]["first_ratio"][case]
+        assert record["recomputes"] is True
+        assert record["rollout_gap"] > 1e-4  # the float32 rollout's log-probs are not the trainer's
+        assert record["dtype"] == torch.float32
+        assert torch.equal(record["log_probs"], record["old_log_probs"])
+        assert record["ratio_mean"] == 1.0
+
+
+def test_fsdp_in_the_policys_own_dtypes_keeps_the_rollouts_log_probs():
+    """float32 FSDP computes as the float32 rollout: no second scoring pass."""
+    from test_actor import TINY_CONFIGS
+
+    from policies import make_policy
+    from vla_rl.trainers.strategy import computes_differently
+
+    policy = make_policy("mlp", TINY_CONFIGS["mlp"]())
+    assert not computes_differently(policy, None, torch.float32)
+    assert computes_differently(policy, torch.bfloat16, torch.float32)
+    assert computes_differently(policy, None, torch.bfloat16)
+    policy.requires_grad_(False)  # frozen parameters keep their dtype without mixed precision
+    assert not computes_differently(policy, None, torch.bfloat16)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

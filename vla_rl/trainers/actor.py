@@ -40,6 +40,7 @@ from vla_rl.algorithms.policy_loss import POLICY_LOSSES
 from vla_rl.trainers.guard import GuardedStep, clip_grad_norm
 from vla_rl.trainers.minibatches import minibatch_schedule
 from vla_rl.trainers.strategy import make_strategy
+from vla_rl.utils.collectives import all_gather_small_objects
 from vla_rl_core import keys
 
 
@@ -201,7 +202,9 @@ class ActorTrainer:
             that recompute their activations: 0 would mean checkpointing did nothing). At
             token granularity, ``actor/old_log_prob_max_diff``: the largest gap between the
             recomputed per-dimension log-probs (summed per action) and the rollout's, exactly 0
-            for a conforming policy.
+            for a conforming policy; also at every granularity when the training module
+            rescores the rollout's actions (bfloat16 FSDP over a float32 policy), then the
+            rollout/trainer mismatch.
 
         Raises:
             RunStopped: ``trainer.max_skipped_updates`` skipped updates in a row.
@@ -307,20 +310,51 @@ class ActorTrainer:
 
     def _old_log_probs(self, batch: TensorDict, granularity: str, micro_batch_size: int | None
                        ) -> tuple[Tensor, dict[str, float]]:
-        """The rollout policy's log-probs at ``granularity``: (n, L).
+        """The old policy's log-probs at ``granularity``: (n, L).
 
         Action and chunk level come from the rollout's per-action log-probs; token level needs
         one per action dimension, recomputed here before any update (the weights are still the
-        rollout's) and checked against the rollout's sums.
+        rollout's) and checked against the rollout's sums. When the strategy trains in other
+        dtypes than the policy the rollout sampled with (FSDP's bfloat16 mixed precision over a
+        float32 policy: :attr:`~vla_rl.trainers.strategy.FSDPStrategy.recomputes_old_log_probs`),
+        the training module scores the rollout's actions instead, at every granularity (verl's
+        ``actor.compute_log_prob``): the first minibatch's ratio is then 1 in the trainer's own
+        arithmetic, and ``actor/old_log_prob_max_diff`` is the largest gap between the rollout's
+        log-probs and the trainer's.
         """
         rollout_log_probs = batch[keys.OLD_LOG_PROBS]  # (n, T, chunk)
-        if granularity != "token":
-            return reduce_per_action(rollout_log_probs, granularity), {}
+        per_dim = self._trainer_log_probs(batch, micro_batch_size) if self.parallel.recomputes_old_log_probs else None
+        if per_dim is None:
+            if granularity != "token":
+                return reduce_per_action(rollout_log_probs, granularity), {}
+            per_dim = per_dim_log_probs(self.policy, batch, self.forward, micro_batch_size)  # (n, T, C, A_own)
         valid = batch[keys.RESPONSE_MASK]  # (n, T)
-        per_dim = per_dim_log_probs(self.policy, batch, self.forward, micro_batch_size)  # (n, T, C, A_own)
         gap = (per_dim.sum(dim=-1) - rollout_log_probs)[valid].abs()
         max_gap = float(gap.max()) if gap.numel() else 0.0
         return reduce_per_dim(per_dim, granularity), {"actor/old_log_prob_max_diff": max_gap}
+
+    @torch.no_grad()
+    def _trainer_log_probs(self, batch: TensorDict, micro_batch_size: int | None) -> Tensor | None:
+        """Per-dimension log-probs ``(n, T, chunk, own_action_dim)`` float32 of the batch's actions
+        under the training module in eval mode, as the rollout scored them, before any update.
+
+        Collective (FSDP gathers parameters in every pass): every worker runs the same number of
+        passes of at most ``micro_batch_size`` rows, a worker with fewer rows repeating its first
+        row in a pass whose result it drops. None when some worker's shard is empty (no worker
+        updates then, :func:`~vla_rl.trainers.minibatches.minibatch_schedule`).
+        """
+        counts = all_gather_small_objects(batch.batch_size[0], self.group)
+        if min(counts) == 0:
+            return None
+        size = micro_batch_size or max(counts)
+        module = self.parallel.module.eval()
+        scored = []
+        for start in range(0, max(counts), size):
+            part = batch[start:start + size]
+            log_probs = self.forward(module, part if len(part) else batch[:1])[0]
+            if len(part):
+                scored.append(log_probs.float())
+        return torch.cat(scored)
 
     def _minibatch_step(self, batch: TensorDict, micro_batches: list[Tensor], old_log_probs: Tensor, algorithm,
                         trainer, loss_fn, loss_options) -> dict[str, float] | None:

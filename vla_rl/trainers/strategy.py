@@ -19,7 +19,9 @@ the strategy.
   verl's rollout engines hold their own weights: :meth:`FSDPStrategy.after_update` copies the
   trained parameters into it after every update (an all-gather of the trainable parameters, one
   tensor at a time), so nothing outside the trainer ever meets a DTensor or an FSDP collective
-  whose count differs between workers (the rollout's forward passes do).
+  whose count differs between workers (the rollout's forward passes do). When the copy computes
+  in other dtypes than the policy (bfloat16 mixed precision over a float32 policy), the actor
+  takes the old log-probs from the copy, not the rollout (:attr:`FSDPStrategy.recomputes_old_log_probs`).
 
 The training copy is built without materialising a second full model: parameters are copied
 as ``meta`` tensors, sharded, materialised shard by shard (``to_empty``) and filled from the
@@ -85,6 +87,9 @@ class DDPStrategy:
     """
 
     sharded = False
+    #: The trained module is the policy the rollout samples with: the rollout's log-probs are the
+    #: trainer's (see :attr:`FSDPStrategy.recomputes_old_log_probs`).
+    recomputes_old_log_probs = False
 
     def __init__(self, policy: nn.Module, group: dist.ProcessGroup | None, gradient_checkpointing: bool = False) -> None:
         low = sorted({str(p.dtype).removeprefix("torch.") for p in policy.parameters()
@@ -120,6 +125,14 @@ class FSDPStrategy:
             ``fsdp.master_dtype``, ``fsdp.reduce_dtype``, ``fsdp.reshard_after_forward``,
             ``fsdp.sync_every_micro_batch``.
 
+    Attributes:
+        recomputes_old_log_probs: the training copy computes in other dtypes than the policy the
+            rollout samples with (bfloat16 mixed precision over a float32 policy, or
+            ``trainer.fsdp.master_dtype`` unlike the policy's trainable parameters): the rollout's
+            log-probs are not the trainer's, so the actor scores the rollout's actions with the
+            training copy before its first update (verl's ``actor.compute_log_prob``) and the
+            first minibatch's ratio is 1 (:func:`computes_differently`).
+
     Raises:
         ValueError: ``mixed_precision: bf16`` on a CPU worker; see also
             :func:`enable_gradient_checkpointing`.
@@ -147,6 +160,7 @@ class FSDPStrategy:
         self.group = group
         self.sync_every_micro_batch = settings.sync_every_micro_batch
         self.param_dtype = param_dtype or master_dtype
+        self.recomputes_old_log_probs = computes_differently(policy, param_dtype, master_dtype)
         broadcast_module(policy, group)  # rank 0's weights everywhere, as DDP starts
         trained = meta_copy(policy, master_dtype)
         units = list(trained.fsdp_units())
@@ -224,6 +238,20 @@ def compute_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | N
     if mixed_precision == "bf16" or (mixed_precision == "auto" and accelerator):
         return torch.bfloat16
     return None
+
+
+def computes_differently(policy: nn.Module, param_dtype: torch.dtype | None, master_dtype: torch.dtype) -> bool:
+    """Whether FSDP's training copy of ``policy`` computes any parameter in another dtype than
+    ``policy`` holds it: under mixed precision (``param_dtype``) every floating parameter is
+    all-gathered in ``param_dtype``; without, trainable ones are the ``master_dtype`` master
+    weights and frozen ones keep their dtype (:func:`meta_copy`)."""
+    for parameter in policy.parameters():
+        if not parameter.is_floating_point():
+            continue
+        trained_dtype = param_dtype or (master_dtype if parameter.requires_grad else parameter.dtype)
+        if trained_dtype != parameter.dtype:
+            return True
+    return False
 
 
 def meta_copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
