@@ -347,8 +347,23 @@ def _first_ratios(rank: int, lm_dir: str) -> dict:
         log_probs, old_log_probs, mask, first = calls[0]
         out[name] = {"recomputes": trainer.parallel.recomputes_old_log_probs, "log_probs": log_probs[mask],
                      "old_log_probs": old_log_probs[mask], "ratio_mean": first["ratio_mean"],
-                     "rollout_gap": metrics["actor/old_log_prob_max_diff"], "dtype": log_probs.dtype}
+                     "rollout_gap": metrics["actor/old_log_prob_max_diff"], "dtype": log_probs.dtype,
+                     "policy_dtypes": {p.dtype for p in trainer.policy.parameters() if p.is_floating_point()},
+                     "buffer_dtypes": {b.dtype for b in trainer.policy.buffers() if b.is_floating_point()},
+                     "rolls_out": _rolls_out(trainer.policy, forward)}
     return out
+
+
+def _rolls_out(policy, forward) -> bool:
+    """Whether ``policy`` (the rollout's, after the update) samples with float32 log-probs."""
+    from test_actor import rollout_batch
+
+    from vla_rl_core import keys
+
+    if forward.__name__ == "text_forward":
+        ids, mask = policy.processor.encode_prompts([[{"role": "user", "content": "What is 1 + 2?"}]], max_length=32)
+        return policy.generate(ids, mask, max_new_tokens=4).log_probs.dtype == torch.float32
+    return rollout_batch(policy)[keys.OLD_LOG_PROBS].dtype == torch.float32
 
 
 def _towers(policy):
@@ -491,10 +506,15 @@ def test_the_first_ratio_is_one_when_fsdp_computes_in_bfloat16(runs, case):
         assert record["dtype"] == torch.float32
         assert torch.equal(record["log_probs"], record["old_log_probs"])
         assert record["ratio_mean"] == 1.0
+        # bfloat16 rollouts under mixed precision (the float32 master weights are the copy's)
+        expected = {torch.float32} if case == "mlp_bf16_master" else {torch.bfloat16}
+        assert record["policy_dtypes"] == expected and record["rolls_out"] is True
+        if case in ("mlp", "pi0"):
+            assert record["buffer_dtypes"] == {torch.float32}  # buffers keep their dtype, as under FSDP
 
 
 def test_fsdp_in_the_policys_own_dtypes_keeps_the_rollouts_log_probs():
-    """float32 FSDP computes as the float32 rollout: no second scoring pass."""
+    """FSDP in the policy's own dtypes computes as the rollout: no second scoring pass."""
     from test_actor import TINY_CONFIGS
 
     from policies import make_policy
@@ -502,10 +522,11 @@ def test_fsdp_in_the_policys_own_dtypes_keeps_the_rollouts_log_probs():
 
     policy = make_policy("mlp", TINY_CONFIGS["mlp"]())
     assert not computes_differently(policy, None, torch.float32)
-    assert computes_differently(policy, torch.bfloat16, torch.float32)
     assert computes_differently(policy, None, torch.bfloat16)
     policy.requires_grad_(False)  # frozen parameters keep their dtype without mixed precision
     assert not computes_differently(policy, None, torch.bfloat16)
+    # mixed precision casts each unit's inputs, which the plain policy does not, whatever its dtype
+    assert computes_differently(policy.to(torch.bfloat16), torch.bfloat16, torch.float32)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

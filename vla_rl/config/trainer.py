@@ -68,8 +68,9 @@ class TrainerSection(_Section):
     mixed_precision: Literal["auto", "bf16", "none"] = Field(
         "auto", description="fsdp only: the dtype the blocks compute in. 'bf16': parameters all-gathered and computed "
         "in bfloat16, sharded master weights and optimizer state in trainer.fsdp.master_dtype, gradients reduced in "
-        "trainer.fsdp.reduce_dtype; needs an accelerator (refused on CPU workers). 'none': the master dtype throughout. "
-        "'auto': bf16 on CUDA/NPU workers, none on the CPU.")
+        "trainer.fsdp.reduce_dtype, the rollout's policy in bfloat16 too and the old log-probs rescored by the "
+        "training copy (the first ratio is 1); needs an accelerator (refused on CPU workers). 'none': the master "
+        "dtype throughout. 'auto': bf16 on CUDA/NPU workers, none on the CPU.")
     gradient_checkpointing: bool = Field(
         False, description="Recompute the policy's blocks' activations in the backward pass instead of keeping them "
         "(transformers' gradient checkpointing for Hugging Face models, torch.utils.checkpoint around the policy's "

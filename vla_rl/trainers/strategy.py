@@ -19,9 +19,9 @@ the strategy.
   verl's rollout engines hold their own weights: :meth:`FSDPStrategy.after_update` copies the
   trained parameters into it after every update (an all-gather of the trainable parameters, one
   tensor at a time), so nothing outside the trainer ever meets a DTensor or an FSDP collective
-  whose count differs between workers (the rollout's forward passes do). When the copy computes
-  in other dtypes than the policy (bfloat16 mixed precision over a float32 policy), the actor
-  takes the old log-probs from the copy, not the rollout (:attr:`FSDPStrategy.recomputes_old_log_probs`).
+  whose count differs between workers (the rollout's forward passes do). Under mixed precision
+  that policy's parameters are bfloat16 too (bfloat16 rollouts), and the actor takes the old
+  log-probs from the copy, not the rollout (:attr:`FSDPStrategy.recomputes_old_log_probs`).
 
 The training copy is built without materialising a second full model: parameters are copied
 as ``meta`` tensors, sharded, materialised shard by shard (``to_empty``) and filled from the
@@ -126,12 +126,16 @@ class FSDPStrategy:
             ``fsdp.sync_every_micro_batch``.
 
     Attributes:
-        recomputes_old_log_probs: the training copy computes in other dtypes than the policy the
-            rollout samples with (bfloat16 mixed precision over a float32 policy, or
-            ``trainer.fsdp.master_dtype`` unlike the policy's trainable parameters): the rollout's
-            log-probs are not the trainer's, so the actor scores the rollout's actions with the
-            training copy before its first update (verl's ``actor.compute_log_prob``) and the
-            first minibatch's ratio is 1 (:func:`computes_differently`).
+        recomputes_old_log_probs: the training copy may compute other log-probs than the policy
+            the rollout samples with (bfloat16 mixed precision, or ``trainer.fsdp.master_dtype``
+            unlike the policy's trainable parameters: :func:`computes_differently`), so the actor
+            scores the rollout's actions with the training copy before its first update (verl's
+            ``actor.compute_log_prob``) and the first minibatch's ratio is 1.
+
+    Under mixed precision the policy's floating parameters are cast to bfloat16 once the copy
+    holds them (:func:`cast_parameters`): rollouts, the reference and evaluations compute in
+    bfloat16 and the policy takes half the memory; the float32 master weights are the copy's,
+    and checkpoints save those.
 
     Raises:
         ValueError: ``mixed_precision: bf16`` on a CPU worker; see also
@@ -185,6 +189,8 @@ class FSDPStrategy:
         with torch.no_grad():  # non-persistent buffers (rotary frequencies, pixel statistics) too
             for name, buffer in trained.named_buffers():
                 buffer.copy_(buffers[name.replace(_CHECKPOINT_PREFIX, "")])
+        if param_dtype is not None:  # the rollout computes in the update's dtype: bfloat16 rollouts
+            cast_parameters(policy, param_dtype)
         self.trained = trained
         self.module = trained
         logger.info("FSDP2 over %d workers: %d units + root, parameters and optimizer state in %s, computing in %s, "
@@ -241,17 +247,25 @@ def compute_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | N
 
 
 def computes_differently(policy: nn.Module, param_dtype: torch.dtype | None, master_dtype: torch.dtype) -> bool:
-    """Whether FSDP's training copy of ``policy`` computes any parameter in another dtype than
-    ``policy`` holds it: under mixed precision (``param_dtype``) every floating parameter is
-    all-gathered in ``param_dtype``; without, trainable ones are the ``master_dtype`` master
-    weights and frozen ones keep their dtype (:func:`meta_copy`)."""
-    for parameter in policy.parameters():
-        if not parameter.is_floating_point():
-            continue
-        trained_dtype = param_dtype or (master_dtype if parameter.requires_grad else parameter.dtype)
-        if trained_dtype != parameter.dtype:
-            return True
-    return False
+    """Whether FSDP's training copy of ``policy`` may compute other log-probs than ``policy``
+    itself: always under mixed precision (``param_dtype``: the copy's units all-gather their
+    parameters in it and cast their floating inputs to it, which a plain module does not), and
+    without it when a trainable parameter's master dtype is not the policy's (frozen parameters
+    keep their dtype in the copy: :func:`meta_copy`)."""
+    if param_dtype is not None:
+        return True
+    return any(parameter.requires_grad and parameter.is_floating_point() and parameter.dtype != master_dtype
+               for parameter in policy.parameters())
+
+
+@torch.no_grad()
+def cast_parameters(module: nn.Module, dtype: torch.dtype) -> None:
+    """Cast ``module``'s floating parameters to ``dtype`` in place (the same ``nn.Parameter``
+    objects, so hooks and references to them stay valid); buffers keep their dtype, as under
+    FSDP's mixed precision."""
+    for parameter in module.parameters():
+        if parameter.is_floating_point() and parameter.dtype != dtype:
+            parameter.data = parameter.data.to(dtype)
 
 
 def meta_copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
