@@ -163,7 +163,7 @@ def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("vla_rl.cli.preflight", interrupted)
+    monkeypatch.setattr("vla_rl.cli.plan.preflight", interrupted)
     assert main(["plan", "embodied_srpo"]) == 130
     err = capsys.readouterr().err
     assert "interrupted (Ctrl-C)" in err and "Traceback" not in err
@@ -211,7 +211,7 @@ def test_a_failure_ends_with_its_error_line(error, running_before, capsys, monke
         ray.running = True  # the command started (or kept using) Ray
         raise error
 
-    monkeypatch.setattr("vla_rl.cli.preflight", fails)
+    monkeypatch.setattr("vla_rl.cli.plan.preflight", fails)
     assert main(["plan", "embodied_srpo"]) != 0
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[-1].startswith("error: ")

@@ -1,0 +1,46 @@
+"""Argument helpers the ``vla-rl`` commands share: a template and its overrides, the shipped
+templates' list for ``--help``, positive integers."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_template_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``TEMPLATE`` and ``KEY=VALUE`` overrides positionals shared by the commands that
+    run a template."""
+    parser.add_argument("template", metavar="TEMPLATE", help="template file, or a name in dag_templates/")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotted overrides: trainer.total_steps=5 (config), nodes.reward.dp_size=1 (a node's field)",
+    )
+
+
+def shipped_templates() -> str:
+    """The runnable templates of ``dag_templates/`` (not the phases and bases they include), one
+    per line with its ``description`` (read as YAML text: no validation, nothing imported)."""
+    import yaml
+
+    from vla_rl.dag.loader import TEMPLATE_DIR
+
+    lines = []
+    for path in sorted(TEMPLATE_DIR.glob("*.yaml")):
+        try:
+            description = (yaml.safe_load(path.read_text()) or {}).get("description", "")
+        except (OSError, yaml.YAMLError):
+            description = "(unreadable)"
+        lines.append(f"  {path.stem:<28} {description}")
+    return "shipped templates (dag_templates/):\n" + "\n".join(lines)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
