@@ -134,6 +134,44 @@ def test_export_reads_the_sharded_state_of_an_fsdp_checkpoint(process_group, tmp
         assert torch.equal(got, want)
 
 
+def test_under_fsdp_mixed_precision_the_checkpoint_holds_the_float32_master_weights(process_group, tmp_path,
+                                                                                    monkeypatch):
+    """bfloat16 mixed precision (the CPU admitted as an accelerator, as ``auto`` on a GPU): the
+    policy the rollout uses holds bfloat16 parameters after the update, the checkpoint and its
+    export the float32 master weights, whose bfloat16 rounding the policy holds."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "trainers"))
+    from test_actor import ACT_DIM, OBS_DIM, rollout_batch, update_config
+
+    import vla_rl.trainers.strategy as strategy
+    from policies.mlp.modeling_mlp import MLPPolicy
+    from vla_rl.trainers.actor import ActorTrainer
+    from vla_rl.workflows import embodied
+
+    monkeypatch.setattr(strategy, "ACCELERATORS", (*strategy.ACCELERATORS, "cpu"))
+    monkeypatch.setattr(embodied, "simulator_spec", lambda config: EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=8))
+    run_dir, config = make_run(tmp_path, "embodied_grpo", "policy.config.hidden_sizes=[16,16]",
+                               "trainer.strategy=fsdp")
+    torch.manual_seed(0)
+    policy = WORKFLOWS.get("embodied").standalone_policy(config, run_dir)
+    batch = rollout_batch(policy)
+    algorithm, section = update_config("ppo_clip", "action")
+    section = section.model_copy(update={"strategy": "fsdp", "mixed_precision": "auto"})
+    trainer = ActorTrainer(policy, lr=1e-2, trainer=section)
+    trainer.update(batch, algorithm, section, torch.Generator().manual_seed(1))
+    checkpoint = write_checkpoint(run_dir, 1, before_finalize=trainer.save_sharded)
+    exported = dict(MLPPolicy.from_pretrained(export_checkpoint(checkpoint, tmp_path / "mlp")).named_parameters())
+    master = {name: parameter.full_tensor() for name, parameter in trainer.parallel.trained.named_parameters()}
+    assert {p.dtype for p in exported.values()} == {torch.float32}
+    for name, parameter in policy.named_parameters():
+        assert parameter.dtype == torch.bfloat16
+        assert torch.equal(exported[name], master[name])
+        assert torch.equal(parameter, master[name].to(torch.bfloat16))
+    assert any(not torch.equal(exported[name], exported[name].to(torch.bfloat16).float()) for name in exported)
+
+
 def test_openvla_oft_layout_keeps_heads_proprio_statistics_and_merged_lora(tmp_path):
     """What the export writes for OpenVLA-OFT: the VLA with LoRA merged, the proprio projector
     and the proprio statistics; loading it as policy.config.model_path gives the same log-probs."""
