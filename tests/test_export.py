@@ -151,7 +151,8 @@ def test_under_fsdp_mixed_precision_the_checkpoint_holds_the_float32_master_weig
     from vla_rl.workflows import embodied
 
     monkeypatch.setattr(strategy, "ACCELERATORS", (*strategy.ACCELERATORS, "cpu"))
-    monkeypatch.setattr(embodied, "simulator_spec", lambda config: EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=8))
+    spec = EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=8)
+    monkeypatch.setattr(embodied, "simulator_spec", lambda config: spec)
     run_dir, config = make_run(tmp_path, "embodied_grpo", "policy.config.hidden_sizes=[16,16]",
                                "trainer.strategy=fsdp")
     torch.manual_seed(0)
