@@ -42,7 +42,7 @@ from simulators.experts.registry import ExpertSteps, register_expert
 from simulators.experts.scripting import (
     CLOSE,
     OPEN,
-    observation_slices,
+    PhasedExpert,
     osc_action,
     quat_to_matrix,
     rotation_error,
@@ -119,7 +119,7 @@ class _DoorFrame:
 
 
 @register_expert(("robosuite", "robosuite_lift"), "Door")
-class DoorExpert:
+class DoorExpert(PhasedExpert):
     """Scripted Door expert; keep one per environment and call :meth:`reset` at each episode start.
 
     Args:
@@ -137,17 +137,8 @@ class DoorExpert:
     needed_keys = ("robot0_eef_pos", "robot0_eef_quat", "door_pos", "handle_pos", "handle_qpos")
 
     def __init__(self, obs_layout: Mapping[str, slice]) -> None:
-        self._eef, self._quat, self._door, self._handle, self._lever = observation_slices(
-            "DoorExpert", self.needed_keys, obs_layout)
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget the current episode's progress."""
-        self._phase = _APPROACH
-        self._phase_steps = 0
-
-    def _enter(self, phase: int) -> None:
-        self._phase, self._phase_steps = phase, 0
+        super().__init__(obs_layout)
+        self._eef, self._quat, self._door, self._handle, self._lever = self.slices
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Action for the current observation.

@@ -23,7 +23,7 @@ import numpy as np
 
 from simulators.experts.measured_steps import ROBOSUITE_STEPS
 from simulators.experts.registry import ExpertSteps, register_expert
-from simulators.experts.scripting import CLOSE, OPEN, observation_slices, osc_action
+from simulators.experts.scripting import CLOSE, OPEN, PhasedExpert, osc_action
 
 TARGET_XY_M = np.array([0.1975, 0.4025])
 """Centre of the can's quarter of the right bin (robosuite's ``target_bin_placements`` for the
@@ -56,7 +56,7 @@ _APPROACH, _DESCEND, _GRASP, _LIFT, _CARRY, _LOWER, _RELEASE, _RETREAT = range(8
 
 
 @register_expert(("robosuite", "robosuite_lift"), "PickPlaceCan")
-class PickPlaceCanExpert:
+class PickPlaceCanExpert(PhasedExpert):
     """Scripted PickPlaceCan expert; keep one per environment and call :meth:`reset` at each episode start.
 
     Args:
@@ -73,17 +73,13 @@ class PickPlaceCanExpert:
     needed_keys = ("robot0_eef_pos", "Can_pos")
 
     def __init__(self, obs_layout: Mapping[str, slice]) -> None:
-        self._eef, self._can = observation_slices("PickPlaceCanExpert", self.needed_keys, obs_layout)
-        self.reset()
+        super().__init__(obs_layout)
+        self._eef, self._can = self.slices
 
     def reset(self) -> None:
         """Forget the current episode's progress."""
-        self._phase = _APPROACH
-        self._phase_steps = 0
+        super().reset()
         self._retreat_z = 0.0
-
-    def _enter(self, phase: int) -> None:
-        self._phase, self._phase_steps = phase, 0
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Action for the current observation.

@@ -1,4 +1,5 @@
-"""Shared pieces of the scripted robosuite experts: the ``OSC_POSE`` action and the observation check.
+"""Shared pieces of the scripted robosuite experts: the ``OSC_POSE`` action, the observation check
+and the phase machine (:class:`PhasedExpert`).
 
 An action is 7 values in [-1, 1]: a position delta (3), an axis-angle rotation delta (3), both in
 the robot base frame (aligned with the world frame for the Panda in the shipped tasks), and the
@@ -10,6 +11,7 @@ goal is updated from the *achieved* pose, so a zero rotation holds the current o
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import numpy as np
 
@@ -75,3 +77,32 @@ def rotation_error(target: np.ndarray, current: np.ndarray) -> np.ndarray:
     if norm < 1e-9:  # no rotation, or a half turn (not met by the experts: they never ask for one)
         return np.zeros(3)
     return angle * axis / norm
+
+
+class PhasedExpert:
+    """A scripted expert that runs through numbered phases (0 first) on the flat state
+    observation; keep one per environment and call :meth:`reset` at each episode start.
+
+    Subclasses name the observation keys they read (``needed_keys``, whose slices
+    :attr:`slices` holds in that order) and implement ``act(obs) -> (7,) float32 action``.
+
+    Args:
+        obs_layout: where each key lies in the flat observation (``RobosuiteEnv.obs_layout``).
+
+    Raises:
+        ValueError: a needed observation key is missing (the message names the expert).
+    """
+
+    needed_keys: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, obs_layout: Mapping[str, slice]) -> None:
+        self.slices = observation_slices(type(self).__name__, self.needed_keys, obs_layout)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the current episode's progress: back to phase 0."""
+        self._phase = 0
+        self._phase_steps = 0
+
+    def _enter(self, phase: int) -> None:
+        self._phase, self._phase_steps = phase, 0

@@ -22,7 +22,7 @@ import numpy as np
 
 from simulators.experts.measured_steps import ROBOSUITE_STEPS
 from simulators.experts.registry import ExpertSteps, register_expert
-from simulators.experts.scripting import CLOSE, OPEN, observation_slices, osc_action
+from simulators.experts.scripting import CLOSE, OPEN, PhasedExpert, osc_action
 
 HOVER_HEIGHT_M = 0.08
 """Height above cube A's centre from which to descend, metres."""
@@ -51,7 +51,7 @@ _APPROACH, _DESCEND, _GRASP, _LIFT, _CARRY, _LOWER, _RELEASE, _RETREAT = range(8
 
 
 @register_expert(("robosuite", "robosuite_lift"), "Stack")
-class StackExpert:
+class StackExpert(PhasedExpert):
     """Scripted Stack expert; keep one per environment and call :meth:`reset` at each episode start.
 
     Args:
@@ -68,17 +68,13 @@ class StackExpert:
     needed_keys = ("robot0_eef_pos", "cubeA_pos", "cubeB_pos")
 
     def __init__(self, obs_layout: Mapping[str, slice]) -> None:
-        self._eef, self._cube_a, self._cube_b = observation_slices("StackExpert", self.needed_keys, obs_layout)
-        self.reset()
+        super().__init__(obs_layout)
+        self._eef, self._cube_a, self._cube_b = self.slices
 
     def reset(self) -> None:
         """Forget the current episode's progress."""
-        self._phase = _APPROACH
-        self._phase_steps = 0
+        super().reset()
         self._retreat_z = 0.0
-
-    def _enter(self, phase: int) -> None:
-        self._phase, self._phase_steps = phase, 0
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Action for the current observation.
