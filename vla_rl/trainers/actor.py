@@ -203,8 +203,8 @@ class ActorTrainer:
             token granularity, ``actor/old_log_prob_max_diff``: the largest gap between the
             recomputed per-dimension log-probs (summed per action) and the rollout's, exactly 0
             for a conforming policy; also at every granularity when the training module
-            rescores the rollout's actions (bfloat16 FSDP over a float32 policy), then the
-            rollout/trainer mismatch.
+            rescores the rollout's actions (FSDP's mixed precision, bfloat16 master weights), then
+            the rollout/trainer mismatch.
 
         Raises:
             RunStopped: ``trainer.max_skipped_updates`` skipped updates in a row.
@@ -314,9 +314,10 @@ class ActorTrainer:
 
         Action and chunk level come from the rollout's per-action log-probs; token level needs
         one per action dimension, recomputed here before any update (the weights are still the
-        rollout's) and checked against the rollout's sums. When the strategy trains in other
-        dtypes than the policy the rollout sampled with (FSDP's bfloat16 mixed precision over a
-        float32 policy: :attr:`~vla_rl.trainers.strategy.FSDPStrategy.recomputes_old_log_probs`),
+        rollout's) and checked against the rollout's sums. When the strategy's training copy may
+        compute otherwise than the policy the rollout sampled with (FSDP's bfloat16 mixed
+        precision, or bfloat16 master weights over float32 trainable parameters:
+        :attr:`~vla_rl.trainers.strategy.FSDPStrategy.recomputes_old_log_probs`),
         the training module scores the rollout's actions instead, at every granularity (verl's
         ``actor.compute_log_prob``): the first minibatch's ratio is then 1 in the trainer's own
         arithmetic, and ``actor/old_log_prob_max_diff`` is the largest gap between the rollout's
