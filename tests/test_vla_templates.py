@@ -65,7 +65,7 @@ def test_srpo_oft_lift_warm_starts_on_camera_demonstrations(ray_on_loopback, tmp
     store = TrajectoryStore.open(run_dir / "demos.zarr", read_only=True)
     assert store.fields["agentview_image"] == ((32, 32, 3), np.dtype(np.uint8))
     model = load_file(str(run_dir / "checkpoints" / "step_00000001" / "model.safetensors"))
-    assert bool(model["proprio_statistics_set"]) and model["proprio_q01"].shape == (5,)
+    assert bool(model["proprio_statistics_set"]) and model["proprio_q01"].shape == (11,)
     assert (model["proprio_q99"] > model["proprio_q01"]).any()
 
 
@@ -117,7 +117,9 @@ def test_grpo_pi0_lift_runs_from_the_random_tiny_model(ray_on_loopback, tmp_path
 @pytest.mark.slow
 def test_srpo_pi0_lift_warm_starts_on_camera_demonstrations(ray_on_loopback, tmp_path):
     """Behaviour cloning (π0's flow-matching loss) on one camera demonstration before SRPO: the
-    checkpoint keeps the warm start's proprio statistics of the first 5 state features."""
+    checkpoint keeps the warm start's proprio statistics of the first 11 state features (the
+    template's ``policy.config.proprio_dim``; the 15-value Lift state without the hand's
+    orientation)."""
     step, run_dir = run_one_step("embodied_srpo_pi0_lift", TINY_PI0, tmp_path, "simulator.env.horizon=48",
                                  "warm_start.num_demos=1", "warm_start.bc_steps=4", "warm_start.bc_batch_size=8")
     assert 1 <= step["rollout/episode_length"] <= 12  # decisions of 4 actions within 48 control steps
@@ -125,7 +127,7 @@ def test_srpo_pi0_lift_warm_starts_on_camera_demonstrations(ray_on_loopback, tmp
     warm = [r for r in records if "warm_start/bc_loss" in r]
     assert len(warm) == 1 and np.isfinite(warm[0]["warm_start/bc_loss"]) and warm[0]["warm_start/transitions"] > 0
     model = load_file(str(run_dir / "checkpoints" / "step_00000001" / "model.safetensors"))
-    assert bool(model["proprio_statistics_set"]) and model["proprio_q01"].shape == (5,)
+    assert bool(model["proprio_statistics_set"]) and model["proprio_q01"].shape == (11,)
     assert (model["proprio_q99"] > model["proprio_q01"]).any()
 
 
