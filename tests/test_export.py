@@ -95,31 +95,42 @@ def test_the_export_command_and_its_errors(lora_lm_run, tmp_path, capsys):
     assert not (tmp_path / "b").exists()
 
 
-def test_export_reads_the_sharded_state_of_an_fsdp_checkpoint(process_group, tmp_path, monkeypatch):
-    """An MLP trained with trainer.strategy fsdp (one worker): its checkpoint holds only the
-    sharded actor state; the export consolidates it into the MLP's config.json + safetensors."""
+def _fsdp_mlp_checkpoint(tmp_path, monkeypatch, **trainer_updates):
+    """A tiny MLP run of ``embodied_grpo`` with ``trainer.strategy fsdp`` (one worker), one update
+    with ``trainer_updates`` on the trainer section, and its checkpoint: ``(run_dir, config,
+    policy, batch, trainer, checkpoint)``."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent / "trainers"))
     from test_actor import ACT_DIM, OBS_DIM, rollout_batch, update_config
 
-    from policies.mlp.modeling_mlp import MLPPolicy
     from vla_rl.trainers.actor import ActorTrainer
-    from vla_rl.workers.checkpointing import ActorCheckpoint
     from vla_rl.workflows import embodied
 
-    monkeypatch.setattr(embodied, "simulator_spec", lambda config: EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=8))
+    spec = EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=8)
+    monkeypatch.setattr(embodied, "simulator_spec", lambda config: spec)
     run_dir, config = make_run(tmp_path, "embodied_grpo", "policy.config.hidden_sizes=[16,16]",
                                "trainer.strategy=fsdp")
     torch.manual_seed(0)
     policy = WORKFLOWS.get("embodied").standalone_policy(config, run_dir)
     batch = rollout_batch(policy)
     algorithm, section = update_config("ppo_clip", "action")
-    section = section.model_copy(update={"strategy": "fsdp"})
+    section = section.model_copy(update={"strategy": "fsdp", **trainer_updates})
     trainer = ActorTrainer(policy, lr=1e-2, trainer=section)
     trainer.update(batch, algorithm, section, torch.Generator().manual_seed(1))
     checkpoint = write_checkpoint(run_dir, 1, before_finalize=trainer.save_sharded)
+    return run_dir, config, policy, batch, trainer, checkpoint
+
+
+def test_export_reads_the_sharded_state_of_an_fsdp_checkpoint(process_group, tmp_path, monkeypatch):
+    """An MLP trained with trainer.strategy fsdp (one worker): its checkpoint holds only the
+    sharded actor state; the export consolidates it into the MLP's config.json + safetensors."""
+    from policies.mlp.modeling_mlp import MLPPolicy
+    from vla_rl.trainers.actor import ActorTrainer
+    from vla_rl.workers.checkpointing import ActorCheckpoint
+
+    run_dir, config, policy, batch, _, checkpoint = _fsdp_mlp_checkpoint(tmp_path, monkeypatch)
     assert not (checkpoint / "model.safetensors").exists() and (checkpoint / "actor_sharded" / ".metadata").is_file()
 
     ddp = ActorTrainer(WORKFLOWS.get("embodied").standalone_policy(config, run_dir), lr=1e-2)
@@ -139,30 +150,11 @@ def test_under_fsdp_mixed_precision_the_checkpoint_holds_the_float32_master_weig
     """bfloat16 mixed precision (the CPU admitted as an accelerator, as ``auto`` on a GPU): the
     policy the rollout uses holds bfloat16 parameters after the update, the checkpoint and its
     export the float32 master weights, whose bfloat16 rounding the policy holds."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent / "trainers"))
-    from test_actor import ACT_DIM, OBS_DIM, rollout_batch, update_config
-
     import vla_rl.trainers.strategy as strategy
     from policies.mlp.modeling_mlp import MLPPolicy
-    from vla_rl.trainers.actor import ActorTrainer
-    from vla_rl.workflows import embodied
 
     monkeypatch.setattr(strategy, "ACCELERATORS", (*strategy.ACCELERATORS, "cpu"))
-    spec = EnvSpec(obs_dim=OBS_DIM, action_dim=ACT_DIM, horizon=8)
-    monkeypatch.setattr(embodied, "simulator_spec", lambda config: spec)
-    run_dir, config = make_run(tmp_path, "embodied_grpo", "policy.config.hidden_sizes=[16,16]",
-                               "trainer.strategy=fsdp")
-    torch.manual_seed(0)
-    policy = WORKFLOWS.get("embodied").standalone_policy(config, run_dir)
-    batch = rollout_batch(policy)
-    algorithm, section = update_config("ppo_clip", "action")
-    section = section.model_copy(update={"strategy": "fsdp", "mixed_precision": "auto"})
-    trainer = ActorTrainer(policy, lr=1e-2, trainer=section)
-    trainer.update(batch, algorithm, section, torch.Generator().manual_seed(1))
-    checkpoint = write_checkpoint(run_dir, 1, before_finalize=trainer.save_sharded)
+    _, _, policy, _, trainer, checkpoint = _fsdp_mlp_checkpoint(tmp_path, monkeypatch, mixed_precision="auto")
     exported = dict(MLPPolicy.from_pretrained(export_checkpoint(checkpoint, tmp_path / "mlp")).named_parameters())
     master = {name: parameter.full_tensor() for name, parameter in trainer.parallel.trained.named_parameters()}
     assert {p.dtype for p in exported.values()} == {torch.float32}
