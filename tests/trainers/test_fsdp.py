@@ -41,7 +41,7 @@ def _trainer_section(**fields):
     from vla_rl.config import TrainerSection
 
     fsdp = fields.pop("fsdp", {})
-    return TrainerSection(ppo_epochs=1, ppo_mini_batch_size=4, max_grad_norm=1.0, **fields, fsdp=fsdp)
+    return TrainerSection(**{"ppo_epochs": 1, "ppo_mini_batch_size": 4, "max_grad_norm": 1.0, **fields}, fsdp=fsdp)
 
 
 def _run(make_policy_fn, batch, algorithm, forward, steps: int = 2, lr: float = 1e-2, **trainer_fields):
@@ -166,6 +166,7 @@ def _scenarios(rank: int, lm_dir: str, ckpt_root: str) -> dict:
     out["pi0"] = _pi0(rank)
     # ---------------------------------------------------------------- the first ratio in bf16
     out["first_ratio"] = _first_ratios(rank, lm_dir)
+    out["bf16_rollout"] = _bf16_rollouts(rank)
     return out
 
 
@@ -354,6 +355,50 @@ def _first_ratios(rank: int, lm_dir: str) -> dict:
     return out
 
 
+def _bf16_rollouts(rank: int) -> dict:
+    """In the bf16 emulation, per policy: references built before and after the actor (which
+    casts the policy to bfloat16), then one FSDP update with the KL loss term on the episodes the
+    bfloat16 policy rolled out, scored by the reference built first. One minibatch per worker,
+    so ``actor/kl_loss`` is the first minibatch's."""
+    from types import SimpleNamespace
+
+    from test_actor import TINY_CONFIGS, rollout_batch, update_config
+
+    import vla_rl.trainers.strategy as strategy
+    from policies import make_policy
+    from vla_rl.nodes.inference import build_reference
+    from vla_rl.trainers.actor import ActorTrainer, per_dim_log_probs
+    from vla_rl_core import keys
+
+    out = {}
+    for name, split in {"mlp": MLP_SPLIT, "pi0": (4, 4), "openvla_oft": (4, 4)}.items():
+        patch = _Patch()
+        patch.setattr(strategy, "ACCELERATORS", (*strategy.ACCELERATORS, "cpu"))
+        try:
+            torch.manual_seed(0)
+            policy = make_policy(name, TINY_CONFIGS[name]())
+            section = _trainer_section(strategy="fsdp", ppo_mini_batch_size=8)
+            resources = SimpleNamespace(policy=policy, config=SimpleNamespace(trainer=section),
+                                        device=torch.device("cpu"))
+            reference_first = build_reference(resources)
+            trainer = ActorTrainer(policy, lr=1e-3, trainer=section)
+            reference_later = build_reference(resources)
+            start = sum(split[:rank])
+            batch = rollout_batch(policy)[start:start + split[rank]]  # sampled by the bfloat16 policy
+            batch.set(keys.REF_LOG_PROBS, per_dim_log_probs(reference_first, batch))
+            algorithm = update_config("ppo_clip", "action", use_kl_loss=True, kl_loss_coef=0.1)[0]
+            metrics = trainer.update(batch, algorithm, section, torch.Generator().manual_seed(10))
+        finally:
+            patch.undo()
+        out[name] = {"rollout_gap": metrics["actor/old_log_prob_max_diff"], "kl_loss": metrics["actor/kl_loss"],
+                     "num_updates": metrics["actor/num_updates"],
+                     "reference_dtypes": [{p.dtype for p in ref.parameters() if p.is_floating_point()}
+                                          for ref in (reference_first, reference_later)],
+                     "references_equal": all(torch.equal(a, b) for a, b in zip(
+                         reference_first.state_dict().values(), reference_later.state_dict().values()))}
+    return out
+
+
 def _rolls_out(policy, forward) -> bool:
     """Whether ``policy`` (the rollout's, after the update) samples with float32 log-probs."""
     from test_actor import rollout_batch
@@ -513,6 +558,23 @@ def test_the_first_ratio_is_one_when_fsdp_computes_in_bfloat16(runs, case):
             assert record["buffer_dtypes"] == {torch.float32}  # buffers keep their dtype, as under FSDP
 
 
+@pytest.mark.parametrize("case", ["mlp", "pi0", "openvla_oft"])
+def test_under_fsdp_mixed_precision_the_trainer_and_the_reference_score_as_the_bfloat16_rollout(runs, case):
+    """Regressions, in the bf16 emulation: FSDP's root cast the policy's inputs to bfloat16, so
+    the trainer scored the rollout's continuous actions rounded to bfloat16, actions never taken
+    (a gap of 0.020 nats on the MLP, 0.11 on π0 against the bfloat16 rollout's own log-probs);
+    and a reference built before the actor stayed float32, so the KL term of the first
+    minibatch was the float32/bfloat16 gap. Now the training copy computes exactly what the
+    bfloat16 policy computes, and the reference is bfloat16 whenever it is built."""
+    for rank in range(WORLD):
+        record = runs[rank]["bf16_rollout"][case]
+        assert record["num_updates"] == 1.0
+        assert record["rollout_gap"] == 0.0
+        assert record["reference_dtypes"] == [{torch.bfloat16}, {torch.bfloat16}]
+        assert record["references_equal"]
+        assert record["kl_loss"] == 0.0
+
+
 def test_fsdp_in_the_policys_own_dtypes_keeps_the_rollouts_log_probs():
     """FSDP in the policy's own dtypes computes as the rollout: no second scoring pass."""
     from test_actor import TINY_CONFIGS
@@ -525,7 +587,8 @@ def test_fsdp_in_the_policys_own_dtypes_keeps_the_rollouts_log_probs():
     assert computes_differently(policy, None, torch.bfloat16)
     policy.requires_grad_(False)  # frozen parameters keep their dtype without mixed precision
     assert not computes_differently(policy, None, torch.bfloat16)
-    # mixed precision casts each unit's inputs, which the plain policy does not, whatever its dtype
+    # mixed precision casts each unit's inputs, which the plain policy does not, whatever its dtype,
+    # and an accelerator's kernels may round otherwise for other batch shapes
     assert computes_differently(policy.to(torch.bfloat16), torch.bfloat16, torch.float32)
 
 

@@ -12,6 +12,7 @@ import copy
 
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.trainers.actor import per_dim_log_probs
+from vla_rl.trainers.strategy import cast_parameters, policy_dtype
 from vla_rl.workers.checkpointing import ModuleCheckpoint
 from vla_rl.workers.metrics import mean
 from vla_rl.workers.resources import register_resource
@@ -40,8 +41,15 @@ def critic_needs_one_task(config, node_config, dp_size: int, world_size: int) ->
 @register_resource("reference", needs=("policy",), checkpoint=ModuleCheckpoint("reference", "reference"))
 def build_reference(res):
     """A frozen copy of the policy as it is when the training phase starts (the warm start);
-    restored from checkpoints on resume."""
-    return copy.deepcopy(res.policy).requires_grad_(False).eval()
+    restored from checkpoints on resume. Its floating parameters take the dtype the policy's
+    take under the run's strategy (:func:`~vla_rl.trainers.strategy.policy_dtype`: bfloat16
+    under FSDP's mixed precision), whether it is built before the actor casts the policy or
+    after: the KL term of the first minibatch is then 0, not the float32/bfloat16 gap."""
+    reference = copy.deepcopy(res.policy).requires_grad_(False).eval()
+    dtype = policy_dtype(res.config.trainer, res.device)
+    if dtype is not None:
+        cast_parameters(reference, dtype)
+    return reference
 
 
 @register_node("reference", "model_inference", reads=scored_keys, writes=(keys.REF_LOG_PROBS,),

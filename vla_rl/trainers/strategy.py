@@ -158,7 +158,7 @@ class FSDPStrategy:
 
         settings = trainer.fsdp
         device = next(policy.parameters()).device
-        param_dtype = compute_dtype(trainer.mixed_precision, device)
+        param_dtype = policy_dtype(trainer, device)
         master_dtype = getattr(torch, settings.master_dtype)
         self.policy = policy
         self.group = group
@@ -172,17 +172,20 @@ class FSDPStrategy:
         if trainer.gradient_checkpointing:
             units, self.checkpointed_blocks = enable_gradient_checkpointing(trained, units)
         mesh = DeviceMesh.from_group(group if group is not None else dist.group.WORLD, device_type=device.type)
-        mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype,
-                                         reduce_dtype=getattr(torch, settings.reduce_dtype) if param_dtype else None)
-        shard = functools.partial(fully_shard, mesh=mesh, mp_policy=mp_policy,
-                                  reshard_after_forward=settings.reshard_after_forward)
+        reduce_dtype = getattr(torch, settings.reduce_dtype) if param_dtype else None
+        shard = functools.partial(fully_shard, mesh=mesh, reshard_after_forward=settings.reshard_after_forward,
+                                  mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype))
         for unit in _innermost_first(trained, units):
             if isinstance(unit, FSDPGroup):
                 shard(list(unit.modules))
                 register_fsdp_forward_method(unit.modules[0], unit.forward_method)
             else:
                 shard(unit)
-        shard(trained)
+        # The root takes its inputs as they are: FSDP would round the rollout's continuous actions
+        # to bfloat16 and score actions that were never taken; the policy casts what its layers
+        # read, as in a bfloat16 rollout, so both compute the same log-probs.
+        shard(trained, mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                                      cast_forward_inputs=False))
         trained.to_empty(device=device)
         set_model_state_dict(trained, policy.state_dict(), options=StateDictOptions(full_state_dict=True))
         buffers = dict(policy.named_buffers())
@@ -246,12 +249,24 @@ def compute_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | N
     return None
 
 
+def policy_dtype(trainer, device: torch.device) -> torch.dtype | None:
+    """The dtype of the policy's floating parameters outside the trainer (rollouts, the reference,
+    evaluations) under the run's ``trainer`` section on ``device``: bfloat16 under FSDP's mixed
+    precision (:class:`FSDPStrategy` casts the policy, and the reference is cast alike so that
+    its log-probs are computed as the trainer's are); None, the policy's own, otherwise.
+
+    Raises:
+        ValueError: see :func:`compute_dtype`.
+    """
+    return compute_dtype(trainer.mixed_precision, device) if trainer.strategy == "fsdp" else None
+
+
 def computes_differently(policy: nn.Module, param_dtype: torch.dtype | None, master_dtype: torch.dtype) -> bool:
     """Whether FSDP's training copy of ``policy`` may compute other log-probs than ``policy``
-    itself: always under mixed precision (``param_dtype``: the copy's units all-gather their
-    parameters in it and cast their floating inputs to it, which a plain module does not), and
-    without it when a trainable parameter's master dtype is not the policy's (frozen parameters
-    keep their dtype in the copy: :func:`meta_copy`)."""
+    itself: always under mixed precision (``param_dtype``: the rollout's policy is cast to it too,
+    but the copy's units cast their floating inputs, and an accelerator's kernels may round
+    otherwise for other batch shapes), and without it when a trainable parameter's master dtype is
+    not the policy's (frozen parameters keep their dtype in the copy: :func:`meta_copy`)."""
     if param_dtype is not None:
         return True
     return any(parameter.requires_grad and parameter.is_floating_point() and parameter.dtype != master_dtype
