@@ -92,6 +92,27 @@ def test_ppo_template_trains_an_lm_value_model(ray_on_loopback, tmp_path, tiny_l
     assert {"critic.safetensors", "critic_optimizer.safetensors"} <= {p.name for p in checkpoint.iterdir()}
 
 
+def test_ppo_template_trains_and_resumes_its_critic_sharded_under_fsdp(ray_on_loopback, tmp_path, tiny_lm_dir,
+                                                                       arithmetic_files):
+    """The critic follows trainer.strategy (it trained in DDP whatever the strategy said): with
+    FSDP and micro-batches both updates run, the checkpoint holds the critic's sharded state
+    under the manifest (no critic.safetensors), and a resume restores it."""
+    from vla_rl.checkpoints.integrity import verify_checkpoint
+
+    fsdp = ["trainer.strategy=fsdp", "trainer.micro_batch_size=3"]
+    step, run_dir = run("llm_ppo", tmp_path, *given_files(tiny_lm_dir, arithmetic_files), *fsdp)
+    assert step["critic/num_updates"] == step["actor/num_updates"] == 4.0
+    first = run_dir / "checkpoints" / "step_00000001"
+    names = {p.name for p in first.iterdir()}
+    assert {"actor_sharded", "critic_sharded"} <= names
+    assert not names & {"critic.safetensors", "critic_optimizer.json", "model.safetensors"}
+    assert verify_checkpoint(first)
+    summary = train(None, ["trainer.total_steps=2"], resume=str(run_dir))
+    assert summary["steps_run"] == 1
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["critic/num_updates"] for r in records if "critic/num_updates" in r] == [4.0, 4.0]
+
+
 def test_sft_template_fits_targets_and_exports_a_model(ray_on_loopback, tmp_path, tiny_lm_dir, arithmetic_files):
     summary = train("llm_sft", [*device_overrides(), *given_files(tiny_lm_dir, arithmetic_files),
                                 f"run.output_dir={tmp_path}",

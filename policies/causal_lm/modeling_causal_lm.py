@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from policies.causal_lm.configuration_causal_lm import CausalLMConfig
@@ -355,7 +356,8 @@ class CausalLMPolicy(nn.Module):
 
         When some prompt repeats in the batch (a group's responses), each distinct prompt is
         encoded once (:meth:`_forward_prompts`) and the responses then run on its cache;
-        otherwise one forward pass covers prompts and responses.
+        otherwise, under gradient checkpointing and in FSDP2's training copy, one forward pass
+        covers prompts and responses.
 
         Returns:
             ``log_softmax(logits / temperature)`` ``(batch, kept, vocab)`` float32 of the first
@@ -380,7 +382,11 @@ class CausalLMPolicy(nn.Module):
         # would write it twice), so the shared-prompt path would lose the prompts: one pass instead.
         checkpointing = (self.model.training and torch.is_grad_enabled()
                          and any(getattr(module, "gradient_checkpointing", False) for module in self.model.modules()))
-        if len(distinct.input_ids) < len(prompt_ids) and kept > 0 and not checkpointing:
+        # FSDP2's training copy all-gathers its blocks in every pass, so every worker must make
+        # the same passes: whether a worker's rows repeat a prompt is its data's business, so one
+        # pass (two passes on one worker and one on another mismatched the collectives).
+        sharded = isinstance(self, FSDPModule)
+        if len(distinct.input_ids) < len(prompt_ids) and kept > 0 and not checkpointing and not sharded:
             cache = DynamicCache(config=self.model.config)
             first = self._forward_prompts(distinct, cache)[:, None, :]  # (B, 1, V)
             if kept == 1:

@@ -14,6 +14,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from policies.base import transformer_blocks
 from policies.causal_lm.modeling_causal_lm import CausalLMPolicy, position_ids_from_mask
 
 
@@ -31,6 +32,10 @@ class CausalLMValueModel(nn.Module):
         self.head = nn.Linear(policy.model.config.hidden_size, 1)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """The body's transformer blocks (FSDP2 shards each; the head stays with the root)."""
+        return transformer_blocks(self)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, responses: Tensor, response_mask: Tensor) -> Tensor:
         """Values of the state before each response token.

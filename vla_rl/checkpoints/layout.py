@@ -12,6 +12,8 @@ A checkpoint is a directory ``<root>/step_{step:08d}/`` holding::
                                           rest with references to them (reassembled exactly)
     <name>.safetensors (+ .json)          further modules and optimizers saved under their own name
                                           (e.g. ``critic``, ``critic_optimizer``, ``reference``)
+    critic_sharded/                       instead of critic.* and critic_optimizer.* under
+                                          trainer.strategy fsdp (PPO with GAE), as actor_sharded/
     rng_rank{r}.safetensors, .json        per rank: torch CPU RNG state, a torch.Generator state,
                                           a numpy Generator's bit-generator state
     trainer_state.json                    {"step": step, "metadata": {...}}
@@ -43,6 +45,8 @@ MANIFEST_FILE = "manifest.json"
 REJECTED_SUFFIX = ".rejected"
 #: The DCP directory of the actor inside a checkpoint.
 ACTOR_SHARDED_DIR = "actor_sharded"
+#: The DCP directory of the critic (PPO with GAE) inside a checkpoint, in the same form.
+CRITIC_SHARDED_DIR = "critic_sharded"
 #: The file DCP's coordinator writes last; a directory holding it is a complete DCP checkpoint.
 DCP_METADATA = ".metadata"
 STEP_DIR_RE = re.compile(r"step_(\d{8,})")

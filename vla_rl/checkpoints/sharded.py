@@ -15,7 +15,8 @@ other file, so the manifest (size and sha256 of every file,
 :func:`~vla_rl.checkpoints.integrity.write_manifest`) and the atomic rename cover them. DCP
 reshards on load: the weights alone load into an unsharded module on any number of processes
 (:func:`load_sharded_model`), which is how evaluation, a resume's policy and ``vla-rl export`` read
-them.
+them. The critic of PPO with GAE, under FSDP too, has its own DCP directory of the same form,
+``critic_sharded/`` (``model.<name>``: the value model's weights).
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from vla_rl.checkpoints.layout import (
 
 
 def save_sharded(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 group: dist.ProcessGroup | None = None) -> Path:
+                 group: dist.ProcessGroup | None = None, name: str = ACTOR_SHARDED_DIR) -> Path:
     """Collective: write ``model``'s (sharded) weights and ``optimizer``'s state into
-    ``<directory>/actor_sharded``.
+    ``<directory>/<name>`` (``actor_sharded``, or ``critic_sharded`` for the critic).
 
     Every worker first checks its own shards; the workers agree (one all-reduce) before anything
     is written, so that either all write or all raise.
@@ -53,7 +54,7 @@ def save_sharded(directory: str | Path, model: nn.Module, optimizer: torch.optim
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    target = Path(directory) / ACTOR_SHARDED_DIR
+    target = Path(directory) / name
     model_state, optimizer_state = get_state_dict(model, optimizer)
     bad = _first_non_finite({"model": model_state, "optimizer": optimizer_state})
     device = next(model.parameters()).device
@@ -68,23 +69,23 @@ def save_sharded(directory: str | Path, model: nn.Module, optimizer: torch.optim
 
 
 def load_sharded(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 group: dist.ProcessGroup | None = None) -> None:
-    """Collective: restore what :func:`save_sharded` wrote into ``model`` and ``optimizer``
-    (sharded as they are now; DCP reshards if the checkpoint was written by another number of
-    workers).
+                 group: dist.ProcessGroup | None = None, name: str = ACTOR_SHARDED_DIR) -> None:
+    """Collective: restore what :func:`save_sharded` wrote into ``<directory>/<name>`` into
+    ``model`` and ``optimizer`` (sharded as they are now; DCP reshards if the checkpoint was
+    written by another number of workers).
 
     Raises:
-        FileNotFoundError: ``directory`` holds no ``actor_sharded`` checkpoint (e.g. it was
-            written with ``trainer.strategy: ddp``: resume with the strategy that wrote it).
+        FileNotFoundError: ``directory`` holds no ``<name>`` checkpoint (e.g. it was written with
+            ``trainer.strategy: ddp``: resume with the strategy that wrote it).
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    source = Path(directory) / ACTOR_SHARDED_DIR
+    source = Path(directory) / name
     if not is_sharded_dir(source):
-        raise FileNotFoundError(f"{directory} holds no sharded actor state ({ACTOR_SHARDED_DIR}/): it was written with "
-                                "trainer.strategy ddp; resume with trainer.strategy=ddp, or start a new run from its "
-                                "weights (vla-rl export)")
+        raise FileNotFoundError(f"{directory} holds no sharded {name.removesuffix('_sharded')} state ({name}/): it was "
+                                "written with trainer.strategy ddp; resume with trainer.strategy=ddp, or start a new "
+                                "run from its weights (vla-rl export)")
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=str(source), process_group=group)

@@ -29,7 +29,7 @@ from tensordict import TensorDict
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from vla_rl.algorithms.aggregation import aggregate_loss, aggregation_weight
+from vla_rl.algorithms.aggregation import aggregate_loss
 from vla_rl.algorithms.granularity import (
     expand_per_step,
     reduce_per_action,
@@ -38,7 +38,7 @@ from vla_rl.algorithms.granularity import (
 from vla_rl.algorithms.kl import kl_penalty
 from vla_rl.algorithms.policy_loss import POLICY_LOSSES
 from vla_rl.trainers.guard import GuardedStep, clip_grad_norm
-from vla_rl.trainers.minibatches import minibatch_schedule
+from vla_rl.trainers.minibatches import micro_batch_passes, minibatch_schedule
 from vla_rl.trainers.strategy import make_strategy
 from vla_rl.utils.collectives import all_gather_small_objects
 from vla_rl_core import keys
@@ -268,7 +268,7 @@ class ActorTrainer:
                                                 micro_batch_size):
             self.optimizer.zero_grad(set_to_none=True)
             loss_value = 0.0
-            for index, scale, sync in self._micro_batches(batch, micro_batches, "token-mean"):
+            for index, scale, sync in micro_batch_passes(batch[keys.RESPONSE_MASK], micro_batches, "token-mean"):
                 mb = batch[index]
                 log_probs = self.forward(self.ddp, mb)[0].flatten(start_dim=2).sum(-1)  # (b, T)
                 loss = -aggregate_loss(log_probs, mb[keys.RESPONSE_MASK], "token-mean")
@@ -285,28 +285,6 @@ class ActorTrainer:
         metrics = {name: total / max(updates, 1) for name, total in totals.items()}
         metrics["sft/num_updates"] = float(updates)
         return metrics
-
-    def _micro_batches(self, batch: TensorDict, micro_batches: list[Tensor], agg_mode: str):
-        """The passes of one minibatch: ``(indices, scale, sync)`` per micro-batch.
-
-        ``scale`` is the micro-batch's share of the minibatch's aggregation denominator (None for
-        a minibatch in one piece: its loss is used as it is, bit for bit); ``sync`` is True for the
-        last pass, whose backward reduces the accumulated gradients. An empty micro-batch (this
-        worker's minibatch is smaller than another's) becomes the minibatch's first sample with
-        scale 0: a pass that changes no gradient but keeps the workers' collectives in step.
-        """
-        if len(micro_batches) == 1:
-            yield micro_batches[0], None, True
-            return
-        whole = torch.cat(micro_batches)
-        mask = batch[keys.RESPONSE_MASK]
-        total = aggregation_weight(mask[whole], agg_mode)
-        for i, index in enumerate(micro_batches):
-            sync = i == len(micro_batches) - 1
-            if len(index) == 0:
-                yield whole[:1], 0.0, sync
-            else:
-                yield index, aggregation_weight(mask[index], agg_mode) / total if total > 0 else 0.0, sync
 
     def _old_log_probs(self, batch: TensorDict, granularity: str, micro_batch_size: int | None
                        ) -> tuple[Tensor, dict[str, float]]:
@@ -364,7 +342,8 @@ class ActorTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         out: dict[str, float] = {}
         loss = None
-        for index, scale, sync in self._micro_batches(batch, micro_batches, algorithm.loss_agg_mode):
+        for index, scale, sync in micro_batch_passes(batch[keys.RESPONSE_MASK], micro_batches,
+                                                     algorithm.loss_agg_mode):
             loss, terms = self._loss(batch[index], old_log_probs[index], algorithm, loss_fn, loss_options)
             with self.parallel.gradient_sync(sync):
                 (loss if scale is None else loss * scale).backward()

@@ -5,7 +5,10 @@ acted in): the flat state vector, or the ``state`` of camera observations (the i
 instruction are not read). The value network normalises it with fixed statistics chosen when the
 critic is built (:meth:`~vla_rl.workflows.embodied.EmbodiedWorkflow.build_critic`). The update
 regresses it on the advantage node's ``returns`` with the clipped value loss of
-:func:`vla_rl.algorithms.value_loss.compute_value_loss`, in DDP like the actor.
+:func:`vla_rl.algorithms.value_loss.compute_value_loss`, with the actor's strategy
+(``trainer.strategy``: DDP, or an FSDP2 training copy whose weights go back into the value
+network after each update; :mod:`vla_rl.trainers.strategy`), its micro-batches
+(``trainer.micro_batch_size``) and its activation checkpointing.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from torch import Tensor, nn
 from policies.normalization import mean_std_normalize
 from vla_rl.algorithms.value_loss import compute_value_loss
 from vla_rl.trainers.guard import GuardedStep
-from vla_rl.trainers.minibatches import minibatch_indices
-from vla_rl.trainers.parallel import data_parallel
+from vla_rl.trainers.minibatches import micro_batch_passes, minibatch_schedule
+from vla_rl.trainers.strategy import make_strategy
 from vla_rl_core import keys
 
 
@@ -51,8 +54,14 @@ class ValueNetwork(nn.Module):
         self.register_buffer("obs_std", obs_std.detach().clone())
 
     def forward(self, obs: Tensor) -> Tensor:
-        """``(batch, obs_dim)`` observations -> ``(batch,)`` values."""
-        return self.net(mean_std_normalize(obs, self.obs_mean, self.obs_std)).squeeze(-1)
+        """``(batch, obs_dim)`` observations -> ``(batch,)`` float32 values (the layers compute in
+        their weights' dtype: bfloat16 under FSDP's mixed precision)."""
+        normalized = mean_std_normalize(obs, self.obs_mean, self.obs_std)
+        return self.net(normalized.to(self.net[0].weight.dtype)).squeeze(-1).float()
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """The linear layers (FSDP2 shards each; see :meth:`policies.base.Policy.fsdp_units`)."""
+        return [layer for layer in self.net if isinstance(layer, nn.Linear)]
 
 
 def embodied_values(model, batch: TensorDict) -> Tensor:
@@ -71,29 +80,42 @@ def text_values(model, batch: TensorDict) -> Tensor:
 
 
 class CriticTrainer:
-    """Owns the DDP-wrapped value network and its Adam optimizer on one worker.
+    """Owns the data-parallel value network (DDP or FSDP2) and its Adam optimizer on one worker.
 
     Args:
-        network: the value network (same initial weights on every worker).
+        network: the value network (same initial weights on every worker, or broadcast from rank
+            0 at construction), with ``fsdp_units()`` for FSDP. Under FSDP it stays the plain
+            module :meth:`values` uses, refreshed from the sharded training copy after each update.
         lr: Adam learning rate.
         group: the DAG workers' process group (None: the default group).
         forward: how a batch becomes ``(n, T)`` values (:func:`embodied_values`, the default, or
             :func:`text_values`).
+        trainer: the run's ``trainer`` section, for ``strategy``, ``mixed_precision``,
+            ``gradient_checkpointing`` and ``fsdp`` (None: DDP without activation checkpointing).
+
+    Raises:
+        ValueError: see :func:`~vla_rl.trainers.strategy.make_strategy`.
     """
 
     def __init__(self, network: nn.Module, lr: float, group: dist.ProcessGroup | None = None,
-                 forward: Callable[[Any, TensorDict], Tensor] | None = None) -> None:
+                 forward: Callable[[Any, TensorDict], Tensor] | None = None, trainer=None) -> None:
         self.network = network
         self.group = group
         self.forward = embodied_values if forward is None else forward
-        self.ddp = data_parallel(network, group)
-        self.optimizer = torch.optim.Adam(network.parameters(), lr=lr)
+        self.parallel = make_strategy(network, group, trainer)
+        self.optimizer = torch.optim.Adam(self.parallel.trained.parameters(), lr=lr)
         self.guarded_step = GuardedStep("critic")
 
     @property
     def device(self) -> torch.device:
         """The device of the value network."""
         return next(self.network.parameters()).device
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the trained state is sharded over the workers (FSDP: ``critic_sharded/`` in
+        checkpoints)."""
+        return self.parallel.sharded
 
     @torch.no_grad()
     def values(self, batch: TensorDict, micro_batch_size: int | None = None) -> Tensor:
@@ -116,13 +138,15 @@ class CriticTrainer:
             critic: the run's ``critic`` section (``cliprange_value``: value clipping, None for the
                 plain squared error; ``loss_agg_mode``).
             trainer: the run's ``trainer`` section (``ppo_epochs``, ``ppo_mini_batch_size``:
-                episodes per minibatch summed over the workers, ``max_grad_norm``).
+                episodes per minibatch summed over the workers, ``ppo_num_mini_batches``,
+                ``micro_batch_size``: gradient accumulation as the actor's, ``max_grad_norm``).
             generator: shuffles the minibatches.
 
         Returns:
             Means over the applied minibatch updates of ``critic/vf_loss``, ``critic/vf_clipfrac``,
             ``critic/vpred_mean``, ``critic/grad_norm``, ``critic/num_updates``, and
-            ``critic/skipped_updates`` (non-finite gradient norms, not applied).
+            ``critic/skipped_updates`` (non-finite gradient norms, not applied); with
+            micro-batches each minibatch's value is the micro-batches' weighted like their losses.
 
         Raises:
             RunStopped: ``trainer.max_skipped_updates`` skipped updates in a row.
@@ -131,24 +155,58 @@ class CriticTrainer:
         totals: dict[str, float] = {}
         updates = skipped = 0
         self.network.train()
-        for index in minibatch_indices(batch.batch_size[0], trainer.ppo_mini_batch_size, trainer.ppo_epochs,
-                                       generator, self.group, trainer.ppo_num_mini_batches):
-            mb = batch[index]
-            vpreds = self.forward(self.ddp, mb)  # (b, T)
-            vf_loss, metrics = compute_value_loss(vpreds, mb[keys.RETURNS], mb[keys.VALUES], mb[keys.RESPONSE_MASK],
-                                                  critic.cliprange_value, critic.loss_agg_mode)
+        self.parallel.trained.train()
+        mask = batch[keys.RESPONSE_MASK]
+        for micro_batches in minibatch_schedule(batch.batch_size[0], trainer.ppo_mini_batch_size, trainer.ppo_epochs,
+                                                generator, self.group, trainer.micro_batch_size,
+                                                trainer.ppo_num_mini_batches):
             self.optimizer.zero_grad(set_to_none=True)
-            vf_loss.backward()
-            grad_norm, applied = self.guarded_step(self.network.parameters(), self.optimizer, trainer.max_grad_norm,
-                                                   trainer.max_skipped_updates, vf_loss)
+            metrics: dict[str, float] = {}
+            vf_loss = None
+            for index, scale, sync in micro_batch_passes(mask, micro_batches, critic.loss_agg_mode):
+                mb = batch[index]
+                vpreds = self.forward(self.parallel.module, mb)  # (b, T)
+                vf_loss, terms = compute_value_loss(vpreds, mb[keys.RETURNS], mb[keys.VALUES], mb[keys.RESPONSE_MASK],
+                                                    critic.cliprange_value, critic.loss_agg_mode)
+                with self.parallel.gradient_sync(sync):
+                    (vf_loss if scale is None else vf_loss * scale).backward()
+                terms["vf_loss"] = float(vf_loss.detach())
+                for name, value in terms.items():
+                    metrics[name] = metrics.get(name, 0.0) + value * (1.0 if scale is None else scale)
+            grad_norm, applied = self.guarded_step(self.parallel.trained.parameters(), self.optimizer,
+                                                   trainer.max_grad_norm, trainer.max_skipped_updates, vf_loss)
             if not applied:
                 skipped += 1
                 continue
-            metrics.update({"vf_loss": float(vf_loss.detach()), "grad_norm": grad_norm})
+            metrics["grad_norm"] = grad_norm
             for name, value in metrics.items():
                 totals[f"critic/{name}"] = totals.get(f"critic/{name}", 0.0) + value
             updates += 1
+        if updates:
+            self.parallel.after_update()
         out = {name: total / updates for name, total in totals.items()}
         out["critic/num_updates"] = float(updates)
         out["critic/skipped_updates"] = float(skipped)
         return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_sharded(self, directory) -> None:
+        """Collective (FSDP): write the training copy's weights and the optimizer's state, sharded,
+        into ``<directory>/critic_sharded`` (:func:`~vla_rl.checkpoints.sharded.save_sharded`)."""
+        from vla_rl.checkpoints.layout import CRITIC_SHARDED_DIR
+        from vla_rl.checkpoints.sharded import save_sharded
+
+        save_sharded(directory, self.parallel.trained, self.optimizer, self.group, name=CRITIC_SHARDED_DIR)
+
+    def load_sharded(self, directory) -> None:
+        """Collective (FSDP): restore what :meth:`save_sharded` wrote, then refresh the value
+        network (its weights, and its buffers: the state normalisation)."""
+        from vla_rl.checkpoints.layout import CRITIC_SHARDED_DIR
+        from vla_rl.checkpoints.sharded import load_sharded
+
+        load_sharded(directory, self.parallel.trained, self.optimizer, self.group, name=CRITIC_SHARDED_DIR)
+        self.parallel.after_update()
+        buffers = dict(self.parallel.trained.named_buffers())
+        with torch.no_grad():
+            for name, buffer in self.network.named_buffers():
+                buffer.copy_(buffers[name])

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from vla_rl.algorithms.aggregation import aggregation_weight
 from vla_rl.utils.collectives import all_gather_small_objects
 
 
@@ -84,3 +85,36 @@ def minibatch_schedule(
     for _ in range(epochs):
         for minibatch in torch.tensor_split(torch.randperm(num_samples, generator=generator), count):
             yield [minibatch] if pieces == 1 else list(torch.tensor_split(minibatch, pieces))
+
+
+def micro_batch_passes(mask: Tensor, micro_batches: list[Tensor], agg_mode: str
+                       ) -> Iterator[tuple[Tensor, float | None, bool]]:
+    """The forward/backward passes of one minibatch of :func:`minibatch_schedule`:
+    ``(indices, scale, sync)`` per micro-batch.
+
+    ``scale`` is the micro-batch's share of the minibatch's aggregation denominator
+    (:func:`~vla_rl.algorithms.aggregation.aggregation_weight`; None for a minibatch in one piece:
+    its loss is used as it is, bit for bit), so that the accumulated gradient is the minibatch's;
+    ``sync`` is True for the last pass, whose backward reduces the accumulated gradients. An empty
+    micro-batch (this worker's minibatch is smaller than another's) becomes the minibatch's first
+    sample with scale 0: a pass that changes no gradient but keeps the workers' collectives in step.
+
+    Args:
+        mask: ``(n, T)`` the shard's ``response_mask``.
+        micro_batches: index tensors into the shard (one minibatch).
+        agg_mode: the loss aggregation mode.
+
+    Raises:
+        ValueError: more than one micro-batch with a mode that is not built in.
+    """
+    if len(micro_batches) == 1:
+        yield micro_batches[0], None, True
+        return
+    whole = torch.cat(micro_batches)
+    total = aggregation_weight(mask[whole], agg_mode)
+    for i, index in enumerate(micro_batches):
+        sync = i == len(micro_batches) - 1
+        if len(index) == 0:
+            yield whole[:1], 0.0, sync
+        else:
+            yield index, aggregation_weight(mask[index], agg_mode) / total if total > 0 else 0.0, sync

@@ -155,31 +155,6 @@ class ModuleCheckpoint:
         checkpoint.load_model(directory, self._module(resources), name=self.file)
 
 
-@dataclass(frozen=True)
-class OptimizerCheckpoint:
-    """Checkpoints the ``optimizer`` of a trainer resource as ``<file>.safetensors`` (+ ``.json``),
-    and its module as ``<module_file>.safetensors`` when ``module_file`` is set."""
-
-    resource: str
-    file: str
-    module_attribute: str | None = None
-    module_file: str | None = None
-
-    def save(self, resources, directory: Path) -> dict[str, Any]:
-        trainer = getattr(resources, self.resource)
-        if resources.rank == 0:
-            if self.module_file is not None:
-                checkpoint.save_model(directory, getattr(trainer, self.module_attribute), name=self.module_file)
-            checkpoint.save_optimizer(directory, trainer.optimizer, name=self.file)
-        return {}
-
-    def load(self, resources, directory: Path, metadata: dict[str, Any]) -> None:
-        trainer = getattr(resources, self.resource)
-        if self.module_file is not None:
-            checkpoint.load_model(directory, getattr(trainer, self.module_attribute), name=self.module_file)
-        checkpoint.load_optimizer(directory, trainer.optimizer, name=self.file)
-
-
 class ActorCheckpoint:
     """Checkpoints the ``actor`` resource (:class:`~vla_rl.trainers.actor.ActorTrainer`).
 
@@ -212,3 +187,37 @@ class ActorCheckpoint:
             raise FileNotFoundError(f"{directory} was written with trainer.strategy fsdp (sharded actor state, no "
                                     "optimizer.json); resume with trainer.strategy=fsdp")
         checkpoint.load_optimizer(directory, trainer.optimizer, name="optimizer")
+
+
+class CriticCheckpoint:
+    """Checkpoints the ``critic`` resource (:class:`~vla_rl.trainers.critic.CriticTrainer`).
+
+    DDP: rank 0 writes the value network as ``critic.safetensors`` and its optimizer as
+    ``critic_optimizer.safetensors`` + ``critic_optimizer.json``. FSDP: every worker writes its
+    shards of both into ``critic_sharded/`` (:mod:`vla_rl.checkpoints.sharded`). ``collective``:
+    saved before the other resources, as :class:`ActorCheckpoint`.
+    """
+
+    collective = True
+
+    def save(self, resources, directory: Path) -> dict[str, Any]:
+        trainer = resources.critic
+        if trainer.sharded:
+            trainer.save_sharded(directory)
+        elif resources.rank == 0:
+            checkpoint.save_model(directory, trainer.network, name="critic")
+            checkpoint.save_optimizer(directory, trainer.optimizer, name="critic_optimizer")
+        return {}
+
+    def load(self, resources, directory: Path, metadata: dict[str, Any]) -> None:
+        from vla_rl.checkpoints.layout import CRITIC_SHARDED_DIR
+
+        trainer = resources.critic
+        if trainer.sharded:
+            trainer.load_sharded(directory)
+            return
+        if not (directory / "critic_optimizer.json").is_file() and (directory / CRITIC_SHARDED_DIR).is_dir():
+            raise FileNotFoundError(f"{directory} was written with trainer.strategy fsdp (sharded critic state, no "
+                                    "critic_optimizer.json); resume with trainer.strategy=fsdp")
+        checkpoint.load_model(directory, trainer.network, name="critic")
+        checkpoint.load_optimizer(directory, trainer.optimizer, name="critic_optimizer")

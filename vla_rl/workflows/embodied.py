@@ -62,7 +62,7 @@ class EmbodiedWorkflow(Workflow):
                              "advantage estimator without a critic, e.g. algorithm.adv_estimator=grpo)")
         mean, std = critic_state_normalization(res)
         network = ValueNetwork(res.env_spec.obs_dim, res.config.critic.hidden_sizes, mean, std)
-        return CriticTrainer(network.to(res.device), res.config.critic.lr, group=res.group)
+        return CriticTrainer(network.to(res.device), res.config.critic.lr, group=res.group, trainer=res.config.trainer)
 
     def warm_starts(self, config) -> bool:
         return config.warm_start.num_demos > 0

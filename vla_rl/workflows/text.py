@@ -59,7 +59,7 @@ class TextWorkflow(Workflow):
         from vla_rl.trainers.critic import CriticTrainer, text_values
 
         return CriticTrainer(CausalLMValueModel(res.policy).to(res.device), res.config.critic.lr, group=res.group,
-                             forward=text_values)
+                             forward=text_values, trainer=res.config.trainer)
 
     def warm_starts(self, config) -> bool:
         return config.text.sft_steps > 0
