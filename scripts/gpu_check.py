@@ -18,6 +18,7 @@ Parts (seconds: each part's default timeout; the whole check is sized to end wit
 | ``oft_backbone`` | tiny OpenVLA-OFT SRPO, one step with ``algorithm.trajectory_encoder=policy_backbone`` |
 | ``pi0_full_size`` | ``benchmarks/pi0_full_size.py --device cuda`` (3.2 B π0, bf16) |
 | ``oft_full_size`` | ``benchmarks/openvla_oft_full_size.py --device cuda`` (7.5 B OpenVLA-OFT LoRA update) |
+| ``llm_ppo_fsdp`` | ``llm_ppo``, one step with FSDP, bf16 and micro-batches: the critic sharded too (last: the deadline cuts it first) |
 
 With one GPU the runs use one DAG worker (``workers.num_workers=1``); with more, two.
 """
@@ -145,6 +146,10 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
                                "--out", str(out / "pi0_full_size.json")], 150),
         Part("oft_full_size", [sys.executable, "benchmarks/openvla_oft_full_size.py", "--device", "cuda",
                                "--warmup", "1", "--repeats", "2", "--out", str(out / "openvla_oft_full_size.json")], 240),
+        _train("llm_ppo_fsdp", "llm_ppo", workers, runs,
+               ["trainer.total_steps=1", "text.sft_steps=20", "eval.num_episodes=0", "trainer.strategy=fsdp",
+                "trainer.mixed_precision=bf16", "trainer.micro_batch_size=8"], 150,
+               expect={**UPDATED, "critic/num_updates": 1.0, "actor/old_log_prob_max_diff": 0.0}),
     ]
 
 

@@ -28,7 +28,7 @@ def gpu_check():
 def test_every_training_part_plans(gpu_check, tmp_path, capsys):
     parts = gpu_check.build_parts(tmp_path, gpus=1, workers_xdist=1)
     trains = [p for p in parts if p.command[1:4] == ["-m", "vla_rl.cli", "train"]]
-    assert {p.name for p in trains} == {"llm_grpo", "embodied_srpo", "pi0_fsdp", "oft_backbone"}
+    assert {p.name for p in trains} == {"llm_grpo", "embodied_srpo", "pi0_fsdp", "oft_backbone", "llm_ppo_fsdp"}
     for part in trains:
         assert "workers.device=cuda" in part.command and "workers.num_workers=1" in part.command
         assert main(["plan", *part.command[4:]]) == 0, (part.name, capsys.readouterr().err)
