@@ -128,14 +128,14 @@ def test_export_reads_the_sharded_state_of_an_fsdp_checkpoint(process_group, tmp
     sharded actor state; the export consolidates it into the MLP's config.json + safetensors."""
     from policies.mlp.modeling_mlp import MLPPolicy
     from vla_rl.trainers.actor import ActorTrainer
-    from vla_rl.workers.checkpointing import ActorCheckpoint
+    from vla_rl.workers.checkpointing import ACTOR_CHECKPOINT
 
     run_dir, config, policy, batch, _, checkpoint = _fsdp_mlp_checkpoint(tmp_path, monkeypatch)
     assert not (checkpoint / "model.safetensors").exists() and (checkpoint / "actor_sharded" / ".metadata").is_file()
 
     ddp = ActorTrainer(WORKFLOWS.get("embodied").standalone_policy(config, run_dir), lr=1e-2)
     with pytest.raises(FileNotFoundError, match="written with trainer.strategy fsdp"):
-        ActorCheckpoint().load(types.SimpleNamespace(actor=ddp, rank=0), checkpoint, {})
+        ACTOR_CHECKPOINT.load(types.SimpleNamespace(actor=ddp, rank=0), checkpoint, {})
 
     out = export_checkpoint(checkpoint, tmp_path / "mlp")
     exported = MLPPolicy.from_pretrained(out)

@@ -6,12 +6,12 @@ from __future__ import annotations
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.nodes.inference import critic_needs_one_task, scored_keys
 from vla_rl.trainers.actor import ActorTrainer
-from vla_rl.workers.checkpointing import ActorCheckpoint
+from vla_rl.workers.checkpointing import ACTOR_CHECKPOINT
 from vla_rl.workers.resources import register_resource
 from vla_rl_core import keys
 
 
-@register_resource("actor", needs=("policy",), checkpoint=ActorCheckpoint())
+@register_resource("actor", needs=("policy",), checkpoint=ACTOR_CHECKPOINT)
 def build_actor(res):
     """The policy set up for data-parallel training (``trainer.strategy``: DDP, or a sharded FSDP2
     copy), with its Adam optimizer (``trainer.lr``)."""

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from vla_rl.checkpoints import files as checkpoint
 from vla_rl.checkpoints import integrity as checkpoint_integrity
-from vla_rl.checkpoints.layout import NonFiniteTensorError
+from vla_rl.checkpoints.layout import ACTOR_SHARDED_DIR, CRITIC_SHARDED_DIR, NonFiniteTensorError
 from vla_rl.errors import RunStopped
 from vla_rl.utils.collectives import cpu_barrier
 
@@ -155,69 +155,57 @@ class ModuleCheckpoint:
         checkpoint.load_model(directory, self._module(resources), name=self.file)
 
 
-class ActorCheckpoint:
-    """Checkpoints the ``actor`` resource (:class:`~vla_rl.trainers.actor.ActorTrainer`).
+@dataclass(frozen=True)
+class TrainerCheckpoint:
+    """Checkpoints a trainer resource (the ``actor``'s :class:`~vla_rl.trainers.actor.ActorTrainer`,
+    the ``critic``'s :class:`~vla_rl.trainers.critic.CriticTrainer`).
 
-    DDP: rank 0 writes the optimizer as ``optimizer.safetensors`` + ``optimizer.json`` (the policy's
-    weights are the ``policy`` resource's ``model.safetensors``). FSDP: every worker writes its
-    shards of the weights and of the optimizer state into ``actor_sharded/``
-    (:mod:`vla_rl.checkpoints.sharded`; no ``model.safetensors``). ``collective``: the
-    workers save it before the other resources, so that one worker's failure elsewhere cannot
-    leave the others waiting in its collectives.
+    DDP: rank 0 writes the optimizer as ``<optimizer_file>.safetensors`` + ``.json``, and the
+    trained module as ``<module_file>.safetensors`` when set (the actor's policy is the ``policy``
+    resource's ``model.safetensors``). FSDP: every worker writes its shards of the weights and of
+    the optimizer state into ``<sharded_dir>/`` (:mod:`vla_rl.checkpoints.sharded`; no
+    safetensors of either). ``collective``: the workers save it before the other resources, so
+    that one worker's failure elsewhere cannot leave the others waiting in its collectives.
+
+    Attributes:
+        resource: the resource's name.
+        optimizer_file: the optimizer's file stem.
+        sharded_dir: the DCP directory's name.
+        module_attribute, module_file: the trained module's attribute and file stem (None: not saved).
     """
 
+    resource: str
+    optimizer_file: str
+    sharded_dir: str
+    module_attribute: str | None = None
+    module_file: str | None = None
     collective = True
 
     def save(self, resources, directory: Path) -> dict[str, Any]:
-        trainer = resources.actor
+        trainer = getattr(resources, self.resource)
         if trainer.sharded:
             trainer.save_sharded(directory)
         elif resources.rank == 0:
-            checkpoint.save_optimizer(directory, trainer.optimizer, name="optimizer")
+            if self.module_file is not None:
+                checkpoint.save_model(directory, getattr(trainer, self.module_attribute), name=self.module_file)
+            checkpoint.save_optimizer(directory, trainer.optimizer, name=self.optimizer_file)
         return {}
 
     def load(self, resources, directory: Path, metadata: dict[str, Any]) -> None:
-        from vla_rl.checkpoints.layout import ACTOR_SHARDED_DIR
-
-        trainer = resources.actor
+        trainer = getattr(resources, self.resource)
         if trainer.sharded:
             trainer.load_sharded(directory)
             return
-        if not (directory / "optimizer.json").is_file() and (directory / ACTOR_SHARDED_DIR).is_dir():
-            raise FileNotFoundError(f"{directory} was written with trainer.strategy fsdp (sharded actor state, no "
-                                    "optimizer.json); resume with trainer.strategy=fsdp")
-        checkpoint.load_optimizer(directory, trainer.optimizer, name="optimizer")
+        if not (directory / f"{self.optimizer_file}.json").is_file() and (directory / self.sharded_dir).is_dir():
+            raise FileNotFoundError(f"{directory} was written with trainer.strategy fsdp (sharded {self.resource} "
+                                    f"state, no {self.optimizer_file}.json); resume with trainer.strategy=fsdp")
+        if self.module_file is not None:
+            checkpoint.load_model(directory, getattr(trainer, self.module_attribute), name=self.module_file)
+        checkpoint.load_optimizer(directory, trainer.optimizer, name=self.optimizer_file)
 
 
-class CriticCheckpoint:
-    """Checkpoints the ``critic`` resource (:class:`~vla_rl.trainers.critic.CriticTrainer`).
-
-    DDP: rank 0 writes the value network as ``critic.safetensors`` and its optimizer as
-    ``critic_optimizer.safetensors`` + ``critic_optimizer.json``. FSDP: every worker writes its
-    shards of both into ``critic_sharded/`` (:mod:`vla_rl.checkpoints.sharded`). ``collective``:
-    saved before the other resources, as :class:`ActorCheckpoint`.
-    """
-
-    collective = True
-
-    def save(self, resources, directory: Path) -> dict[str, Any]:
-        trainer = resources.critic
-        if trainer.sharded:
-            trainer.save_sharded(directory)
-        elif resources.rank == 0:
-            checkpoint.save_model(directory, trainer.network, name="critic")
-            checkpoint.save_optimizer(directory, trainer.optimizer, name="critic_optimizer")
-        return {}
-
-    def load(self, resources, directory: Path, metadata: dict[str, Any]) -> None:
-        from vla_rl.checkpoints.layout import CRITIC_SHARDED_DIR
-
-        trainer = resources.critic
-        if trainer.sharded:
-            trainer.load_sharded(directory)
-            return
-        if not (directory / "critic_optimizer.json").is_file() and (directory / CRITIC_SHARDED_DIR).is_dir():
-            raise FileNotFoundError(f"{directory} was written with trainer.strategy fsdp (sharded critic state, no "
-                                    "critic_optimizer.json); resume with trainer.strategy=fsdp")
-        checkpoint.load_model(directory, trainer.network, name="critic")
-        checkpoint.load_optimizer(directory, trainer.optimizer, name="critic_optimizer")
+#: The ``actor`` resource's checkpoint: ``optimizer.*`` (DDP) or ``actor_sharded/`` (FSDP).
+ACTOR_CHECKPOINT = TrainerCheckpoint("actor", "optimizer", ACTOR_SHARDED_DIR)
+#: The ``critic`` resource's checkpoint: ``critic.safetensors`` and ``critic_optimizer.*`` (DDP),
+#: or ``critic_sharded/`` (FSDP).
+CRITIC_CHECKPOINT = TrainerCheckpoint("critic", "critic_optimizer", CRITIC_SHARDED_DIR, "network", "critic")

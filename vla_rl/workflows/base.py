@@ -12,7 +12,7 @@ from torch import Tensor
 
 from vla_rl.checkpoints import files as checkpoint
 from vla_rl.data.key_sizes import StepShape
-from vla_rl.workers.checkpointing import CriticCheckpoint
+from vla_rl.workers.checkpointing import CRITIC_CHECKPOINT
 from vla_rl.workers.resources import register_resource
 
 
@@ -135,7 +135,7 @@ def apply_lora(policy, lora, seed: int) -> list[str]:
             raise ValueError(f"policy.lora: {err}") from err
 
 
-@register_resource("critic", needs=("policy",), checkpoint=CriticCheckpoint())
+@register_resource("critic", needs=("policy",), checkpoint=CRITIC_CHECKPOINT)
 def build_critic(res):
     """The critic of PPO with GAE, built by the run's workflow from the warm-started policy."""
     return res.workflow.build_critic(res)
