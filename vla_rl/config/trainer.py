@@ -63,8 +63,8 @@ class TrainerSection(_Section):
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="How the actor (and the critic, with PPO's GAE) trains over the workers: 'ddp', the whole "
         "policy and its optimizer on every worker, gradients all-reduced; 'fsdp', torch FSDP2 (fully_shard): "
-        "parameters, gradients and optimizer state sharded over the workers, the policy's blocks all-gathered one at a time, sharded checkpoints "
-        "(torch.distributed.checkpoint). docs/large_policies.md.")
+        "parameters, gradients and optimizer state sharded over the workers, the policy's blocks all-gathered one at "
+        "a time, sharded checkpoints (torch.distributed.checkpoint). docs/large_policies.md.")
     mixed_precision: Literal["auto", "bf16", "none"] = Field(
         "auto", description="fsdp only: the dtype the blocks compute in. 'bf16': parameters all-gathered and computed "
         "in bfloat16, sharded master weights and optimizer state in trainer.fsdp.master_dtype, gradients reduced in "
@@ -78,7 +78,8 @@ class TrainerSection(_Section):
     micro_batch_size: int | None = Field(
         None, ge=1, description="Samples per forward/backward pass on a worker (gradient accumulation; the actor's "
         "and the critic's updates): each minibatch's gradient is accumulated over micro-batches of at most this many "
-        "samples, scaled so that the update equals the whole minibatch's (exact for every loss_agg_mode); the no-grad scoring passes (reference "
-        "log-probs, critic values, token-level old log-probs) also run this many rows at a time. null: the whole "
+        "samples, scaled so that the update equals the whole minibatch's (exact for every loss_agg_mode); the "
+        "no-grad scoring passes (reference log-probs, critic values, token-level old log-probs) also run this many "
+        "rows at a time. null: the whole "
         "minibatch (shard) at once.")
     fsdp: FSDPSection = Field(default_factory=lambda: FSDPSection())

@@ -97,7 +97,8 @@ class DDPStrategy:
         if low:
             raise ValueError(f"trainer.strategy ddp would run Adam on the {type(policy).__name__}'s {'/'.join(low)} "
                              "trainable parameters (no float32 master weights): use trainer.strategy=fsdp (float32 "
-                             "master weights, bfloat16 compute), LoRA (float32 adapters), or policy.config.dtype=float32")
+                             "master weights, bfloat16 compute), LoRA (float32 adapters), or "
+                             "policy.config.dtype=float32")
         self.checkpointed_blocks = enable_gradient_checkpointing(policy)[1] if gradient_checkpointing else 0
         if gradient_checkpointing:
             logger.info("DDP: %d blocks checkpointed", self.checkpointed_blocks)
