@@ -87,6 +87,8 @@ class Part:
 
 
 UPDATED = {"actor/num_updates": 1.0}
+#: ... and the trainer rescored the rollout's log-probs: DDP's bfloat16 autocast ran (``mixed_precision: auto``).
+DDP_AUTOCAST = {**UPDATED, "actor/old_log_prob_max_diff": 0.0}
 
 
 def _train(name: str, template: str, workers: list[str], runs: Path, overrides: list[str], timeout_s: int,
@@ -94,7 +96,7 @@ def _train(name: str, template: str, workers: list[str], runs: Path, overrides: 
     run_dir = runs / name
     command = [sys.executable, "-m", "vla_rl.cli", "train", template, *workers, f"run.output_dir={run_dir}",
                "workers.device=cuda", *overrides]
-    return Part(name, command, timeout_s, run_dir=run_dir, expect=expect)
+    return Part(name, command, timeout_s, run_dir=run_dir, expect=dict(expect))
 
 
 def unmet_expectations(part: Part) -> list[str]:
@@ -129,11 +131,14 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
         Part("env", [sys.executable, "-c", _ENV_PY], 60),
         Part("egl", [sys.executable, "-c", _EGL_PY], 90),
         Part("suite", suite, 300, {"VLA_RL_TEST_DEVICE": "cuda"}),
+        # DDP (the default strategy) under mixed_precision auto: bfloat16 autocast, the old log-probs
+        # rescored by the trainer (the metric exists only then)
         _train("llm_grpo", "llm_grpo", workers, runs, ["trainer.total_steps=2", "text.sft_steps=20",
                                                         "eval.num_episodes=16",
-                                                        "algorithm.filter_groups.zero_variance=false"], 150),
+                                                        "algorithm.filter_groups.zero_variance=false"], 150,
+               expect=DDP_AUTOCAST),
         _train("embodied_srpo", "embodied_srpo", workers, runs, ["trainer.total_steps=2", *small_step, *small_eval],
-               180),
+               180, expect=DDP_AUTOCAST),
         _train("pi0_fsdp", "embodied_srpo_pi0_lift", workers, runs,
                ["trainer.total_steps=1", "trainer.strategy=fsdp", "trainer.mixed_precision=bf16",
                 "trainer.gradient_checkpointing=true", *camera_warm_start, *small_step, *small_eval], 180,
@@ -141,7 +146,7 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
                expect={**UPDATED, "actor/checkpointed_blocks": 1.0, "actor/old_log_prob_max_diff": 0.0}),
         _train("oft_backbone", "embodied_srpo_oft_lift", workers, runs,
                ["trainer.total_steps=1", "algorithm.trajectory_encoder=policy_backbone", *camera_warm_start,
-                *small_step, *small_eval], 180),
+                *small_step, *small_eval], 180, expect=DDP_AUTOCAST),
         Part("pi0_full_size", [sys.executable, "benchmarks/pi0_full_size.py", "--device", "cuda",
                                "--out", str(out / "pi0_full_size.json")], 150),
         Part("oft_full_size", [sys.executable, "benchmarks/openvla_oft_full_size.py", "--device", "cuda",

@@ -305,7 +305,7 @@ def test_a_warm_start_without_an_expert_is_refused_at_plan_time():
     ("template", "overrides", "message"),
     [
         ("llm_grpo", ["trainer.strategy=zero3"], "'ddp' or 'fsdp'"),
-        ("llm_grpo", ["trainer.mixed_precision=bf16"], "trainer.mixed_precision bf16 needs trainer.strategy fsdp"),
+        ("llm_grpo", ["trainer.mixed_precision=bf16"], "trainer.mixed_precision bf16 needs accelerator workers"),
         ("llm_grpo", ["trainer.strategy=fsdp", "trainer.mixed_precision=bf16"],
          "trainer.mixed_precision bf16 needs accelerator workers"),
         ("llm_grpo", ["trainer.mixed_precision=fp8"], "trainer.mixed_precision"),
@@ -332,6 +332,8 @@ def test_large_policy_settings_load():
     assert config.trainer.strategy == "fsdp" and config.trainer.micro_batch_size == 2
     assert config.policy.lora.rank == 32 and config.policy.lora.trainable_modules == ["proprio_projector"]
     assert config.policy.lora.alpha is None and "q_proj" in config.policy.lora.target_modules
+    ddp = load_template("embodied_srpo", ["workers.device=cuda", "trainer.mixed_precision=bf16"]).config.trainer
+    assert (ddp.strategy, ddp.mixed_precision) == ("ddp", "bf16")  # DDP's bfloat16 autocast
     default = load_template("embodied_srpo").config.trainer
     assert (default.strategy, default.mixed_precision, default.micro_batch_size) == ("ddp", "auto", None)
     assert not default.gradient_checkpointing and load_template("embodied_srpo").config.policy.lora is None

@@ -14,6 +14,7 @@ other summation orders, for other batch sizes, and even a row's position in the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -57,18 +58,30 @@ class _RowwiseLinearFunction(torch.autograd.Function):
     row comes from the same computation whatever the batch holds. The backward needs no such
     guarantee and uses plain matrix products (a batched backward would materialise one weight
     gradient per row).
+
+    Under ``torch.autocast`` the product runs in autocast's dtype, as ``nn.Linear``'s would, and
+    the backward pass in that dtype too (autocast is not active in the backward pass: torch's
+    ``custom_fwd``/``custom_bwd`` recipe); the gradients are returned in the dtypes of ``x``,
+    ``weight`` and ``bias`` (float32 master weights under mixed precision).
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        device_type = x.device.type
+        autocasting = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+        if autocasting:
+            dtype = torch.get_autocast_dtype(device_type)
+            x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
         ctx.save_for_backward(x, weight)
         rows = x.shape[0]
-        out = torch.baddbmm(bias.expand(rows, 1, -1), x.unsqueeze(1), weight.t().expand(rows, -1, -1))
+        with torch.autocast(device_type, enabled=False) if autocasting else contextlib.nullcontext():
+            out = torch.baddbmm(bias.expand(rows, 1, -1), x.unsqueeze(1), weight.t().expand(rows, -1, -1))
         return out.squeeze(1)  # (B, out)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x, weight = ctx.saved_tensors
+        grad_out = grad_out.to(x.dtype)  # autograd casts each gradient back to its input's dtype
         return grad_out @ weight, grad_out.t() @ x, grad_out.sum(dim=0)
 
 

@@ -61,6 +61,8 @@ class Resources:
         self.simulator_pool = ParityPool(seed)
         self.generator = torch.Generator().manual_seed(0)
         self.workflow = WORKFLOWS.get("embodied")
+        self.config = RunConfig()  # a worker's resources hold the run's config and device
+        self.device = self.policy.device
 
 
 def step_batch(max_refill_rounds: int, seed: int = 0):

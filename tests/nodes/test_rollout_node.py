@@ -60,6 +60,8 @@ class Resources:
                                                           hidden_sizes=(4,))).to(device_under_test())
         self.simulator_pool = pool
         self.generator = torch.Generator().manual_seed(0)
+        self.config = RunConfig()  # a worker's resources hold the run's config and device
+        self.device = self.policy.device
 
 
 @pytest.mark.parametrize("stages", [1, 2])

@@ -12,6 +12,7 @@ from tensordict import TensorDict
 
 from policies.causal_lm import CausalLMConfig, CausalLMPolicy
 from policies.causal_lm.modeling_causal_lm import Generation
+from vla_rl.config import TrainerSection
 from vla_rl.nodes.text import sample_groups
 from vla_rl.rollout.text_backends import PolicyTextRollout, make_text_rollout
 from vla_rl.rollout.token_lists import generation_from_token_lists, unpad_prompts
@@ -106,8 +107,8 @@ def test_inexact_sampler_log_probs_are_recomputed_by_the_trainer(policy, prompts
     prompt_batch = TensorDict({keys.INPUT_IDS: input_ids, keys.ATTENTION_MASK: attention_mask,
                                keys.UID: torch.arange(2)}, batch_size=[2])
     resources = SimpleNamespace(text_rollout=_OffsetRollout(policy, 0.25), policy=policy,
-                                generator=torch.Generator().manual_seed(0),
-                                config=SimpleNamespace(trainer=SimpleNamespace(micro_batch_size=3)))  # 3 + 1 rows
+                                generator=torch.Generator().manual_seed(0), device=policy.device,
+                                config=SimpleNamespace(trainer=TrainerSection(micro_batch_size=3)))  # 3 + 1 rows
     samples, metrics = sample_groups(resources, 2, prompt_batch)
     mask = samples[keys.RESPONSE_MASK]
     trainer = policy.log_probs(samples[keys.INPUT_IDS], samples[keys.ATTENTION_MASK], samples[keys.RESPONSES], mask)

@@ -76,9 +76,6 @@ class RunConfig(_Section):
             raise ValueError(f"data.init_states_per_step ({self.data.init_states_per_step}) must be a multiple of the "
                              f"{num_tasks} tasks of simulator.tasks: every step draws as many initial states of each task")
         trainer = self.trainer
-        if trainer.mixed_precision == "bf16" and trainer.strategy != "fsdp":
-            raise ValueError("trainer.mixed_precision bf16 needs trainer.strategy fsdp (DDP trains in the policy's own "
-                             "dtype); use trainer.mixed_precision=auto")
         if trainer.mixed_precision == "bf16" and self.workers.device == "cpu":
             raise ValueError("trainer.mixed_precision bf16 needs accelerator workers (workers.device cuda, npu or auto): "
                              "CPU workers train in float32; use trainer.mixed_precision=auto, which picks bf16 on "

@@ -66,11 +66,13 @@ class TrainerSection(_Section):
         "parameters, gradients and optimizer state sharded over the workers, the policy's blocks all-gathered one at "
         "a time, sharded checkpoints (torch.distributed.checkpoint). docs/large_policies.md.")
     mixed_precision: Literal["auto", "bf16", "none"] = Field(
-        "auto", description="fsdp only: the dtype the blocks compute in. 'bf16': parameters all-gathered and computed "
-        "in bfloat16, sharded master weights and optimizer state in trainer.fsdp.master_dtype, gradients reduced in "
-        "trainer.fsdp.reduce_dtype, the rollout's policy in bfloat16 too and the old log-probs rescored by the "
-        "training copy (the first ratio is 1); needs an accelerator (refused on CPU workers). 'none': the master "
-        "dtype throughout. 'auto': bf16 on CUDA/NPU workers, none on the CPU.")
+        "auto", description="The dtype the policy (and the reference, the critic) computes in. 'bf16' under fsdp: "
+        "parameters all-gathered and computed in bfloat16, sharded master weights and optimizer state in "
+        "trainer.fsdp.master_dtype, gradients reduced in trainer.fsdp.reduce_dtype, the rollout's policy cast to "
+        "bfloat16; under ddp: float32 weights and optimizer state, every forward pass (rollout, evaluation, "
+        "reference, critic, update) in torch.autocast(bfloat16). Either way the old log-probs are rescored by the "
+        "trainer (the first ratio is 1); needs an accelerator (refused on CPU workers). 'none': the policy's own "
+        "dtypes throughout (fsdp: the master dtype). 'auto': bf16 on CUDA/NPU workers, none on the CPU.")
     gradient_checkpointing: bool = Field(
         False, description="Recompute the policy's blocks' activations in the backward pass instead of keeping them "
         "(transformers' gradient checkpointing for Hugging Face models, torch.utils.checkpoint around the policy's "

@@ -55,6 +55,7 @@ from vla_rl.evaluation.replay import episode_env_actions, replay_episodes
 from vla_rl.evaluation.session import EvaluationSession
 from vla_rl.evaluation.video import record_video, video_camera
 from vla_rl.rollout.embodied import rollout_episodes
+from vla_rl.trainers.strategy import autocast
 from vla_rl.utils.video import write_mp4
 from vla_rl_core import keys
 from vla_rl_core.run_layout import VIDEOS_DIR
@@ -192,9 +193,10 @@ class EmbodiedEvaluation(EvaluationSession):
         spec, protocol = self.tasks[t], self.protocols[p]
         policy.use_tasks(spec.simulator, [spec.env_config()])
         try:
-            result = rollout_episodes(ProtocolPolicy(policy, protocol), pool, ids, task_ids=task_ids,
-                                      greedy=protocol.greedy, generator=generator,
-                                      pipeline_stages=self.config.simulator.pipeline_stages)
+            with autocast(self.config.trainer, self.res.device):  # the policy computes as in training
+                result = rollout_episodes(ProtocolPolicy(policy, protocol), pool, ids, task_ids=task_ids,
+                                          greedy=protocol.greedy, generator=generator,
+                                          pipeline_stages=self.config.simulator.pipeline_stages)
         finally:  # a training run's live policy goes on acting in its own tasks
             use_run_tasks(policy, self.config)
         episodes = result.batch
@@ -246,8 +248,9 @@ class EmbodiedEvaluation(EvaluationSession):
             ids = ev.init_state_offset + np.arange(ev.video_episodes, dtype=np.int64)
             # a task set's video: episode i in task i mod the number of tasks
             task_ids = np.arange(ev.video_episodes, dtype=np.int64) % len(envs) if sim.multi_task else None
-            out = record_video(self.res.policy, pool, ids, self.eval_dir / VIDEOS_DIR / f"{self.tag}.mp4",
-                               ev.video_fps, self.res.generator, task_ids=task_ids)
+            with autocast(self.config.trainer, self.res.device):
+                out = record_video(self.res.policy, pool, ids, self.eval_dir / VIDEOS_DIR / f"{self.tag}.mp4",
+                                   ev.video_fps, self.res.generator, task_ids=task_ids)
         finally:
             pool.close()
         return {f"video/{self.tag}_successes": float(out["video_successes"])}

@@ -15,6 +15,7 @@ from tensordict import TensorDict
 from vla_rl.data.prompt_dataset import PromptFile
 from vla_rl.evaluation.session import EvaluationSession
 from vla_rl.rewards.verifiers import verify
+from vla_rl.trainers.strategy import autocast
 from vla_rl.utils.collectives import all_gather_small_objects
 from vla_rl_core import keys
 
@@ -74,7 +75,8 @@ class TextEvaluation(EvaluationSession):
             chunk = rows[start : start + EVAL_BATCH_SIZE]
             input_ids, attention_mask = policy.processor.encode_prompts([r.prompt for r in chunk],
                                                                         policy.config.max_prompt_length)
-            generation = policy.generate(input_ids, attention_mask, greedy=greedy, generator=self.res.generator)
+            with autocast(self.res.config.trainer, self.res.device):  # the policy computes as in training
+                generation = policy.generate(input_ids, attention_mask, greedy=greedy, generator=self.res.generator)
             texts = policy.processor.decode_responses(generation.responses, generation.response_mask)
             success += [verify(r.data_source, text, r.ground_truth, self.flexible).correct for r, text in zip(chunk, texts)]
             lengths.append(generation.response_mask.sum(-1).cpu())

@@ -12,7 +12,7 @@ import copy
 
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.trainers.actor import per_dim_log_probs
-from vla_rl.trainers.strategy import cast_parameters, policy_dtype
+from vla_rl.trainers.strategy import autocast, cast_parameters, policy_dtype
 from vla_rl.workers.checkpointing import ModuleCheckpoint
 from vla_rl.workers.metrics import mean
 from vla_rl.workers.resources import register_resource
@@ -58,9 +58,11 @@ def compute_ref_log_probs(ctx, batch) -> NodeOutput:
     """Set ``ref_log_probs`` ``(n, T, chunk, own_action_dim)``: per-element log-probs of the taken
     own actions (``policy.own_action_dim`` values each; response tokens: chunk = own_action_dim =
     1) under the reference policy (0 after each episode's or response's end, and on the elements
-    the policy never scores), scored ``trainer.micro_batch_size`` rows at a time."""
-    ref_log_probs = per_dim_log_probs(ctx.resources.reference, batch, ctx.resources.workflow.batch_forward,
-                                      ctx.config.trainer.micro_batch_size)
+    the policy never scores), scored ``trainer.micro_batch_size`` rows at a time, in the trainer's
+    autocast context (:func:`~vla_rl.trainers.strategy.autocast`)."""
+    with autocast(ctx.config.trainer, ctx.resources.device):
+        ref_log_probs = per_dim_log_probs(ctx.resources.reference, batch, ctx.resources.workflow.batch_forward,
+                                          ctx.config.trainer.micro_batch_size)
     batch.set(keys.REF_LOG_PROBS, ref_log_probs.cpu())
     return NodeOutput(batch, {})
 
@@ -69,8 +71,10 @@ def compute_ref_log_probs(ctx, batch) -> NodeOutput:
                check=critic_needs_one_task)
 def compute_values(ctx, batch) -> NodeOutput:
     """Set ``values`` ``(n, T)``: the critic's value of the state before each decision (text: before
-    each response token). Metric ``critic/values_mean``: over the valid decision steps."""
-    values = ctx.resources.critic.values(batch, ctx.config.trainer.micro_batch_size)
+    each response token), in the trainer's autocast context (:func:`~vla_rl.trainers.strategy.autocast`).
+    Metric ``critic/values_mean``: over the valid decision steps."""
+    with autocast(ctx.config.trainer, ctx.resources.device):
+        values = ctx.resources.critic.values(batch, ctx.config.trainer.micro_batch_size)
     batch.set(keys.VALUES, values)
     valid = batch[keys.RESPONSE_MASK]
     count = int(valid.sum())

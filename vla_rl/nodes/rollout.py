@@ -13,6 +13,7 @@ from tensordict import TensorDict
 
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.rollout.embodied import RolloutResult, rollout_episodes
+from vla_rl.trainers.strategy import autocast
 from vla_rl.workers.metrics import mean, total
 from vla_rl_core import keys
 
@@ -108,7 +109,9 @@ def per_task_metrics(episodes: TensorDict, task_names: list[str]) -> dict:
 
 def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool,
                    pipeline_stages: int, task_set: bool = False) -> tuple[TensorDict, RolloutResult]:
-    """Run ``group_size`` episodes from each initial state of ``tasks`` in the worker's pool.
+    """Run ``group_size`` episodes from each initial state of ``tasks`` in the worker's pool, the
+    policy's forward passes in the trainer's autocast context
+    (:func:`~vla_rl.trainers.strategy.autocast`: bfloat16 under DDP's mixed precision).
 
     An episode lost to a simulator fault is dropped from its group; the rest of the group is
     kept (group advantage estimators normalise over the episodes a group has, so a lost episode
@@ -130,15 +133,16 @@ def rollout_groups(resources, group_size: int, tasks: TensorDict, greedy: bool,
         episodes; time in the policy and in the simulators).
     """
     repeated = tasks.repeat_interleave(group_size, dim=0)
-    result = rollout_episodes(
-        resources.policy,
-        resources.simulator_pool,
-        repeated[keys.INIT_STATE_ID].numpy(),
-        task_ids=repeated[keys.TASK_ID].numpy() if task_set else None,
-        greedy=greedy,
-        generator=resources.generator,
-        pipeline_stages=pipeline_stages,
-    )
+    with autocast(resources.config.trainer, resources.device):  # the policy computes as in the trainer
+        result = rollout_episodes(
+            resources.policy,
+            resources.simulator_pool,
+            repeated[keys.INIT_STATE_ID].numpy(),
+            task_ids=repeated[keys.TASK_ID].numpy() if task_set else None,
+            greedy=greedy,
+            generator=resources.generator,
+            pipeline_stages=pipeline_stages,
+        )
     kept = torch.as_tensor(~result.lost)
     episodes = result.batch
     episodes.set(keys.UID, repeated[keys.UID][kept])

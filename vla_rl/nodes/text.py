@@ -25,6 +25,7 @@ from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.data.prompt_dataset import PromptRow
 from vla_rl.rewards.verifiers import RuleRewardConfig, score_responses, verify
 from vla_rl.trainers.actor import per_dim_log_probs, text_forward
+from vla_rl.trainers.strategy import autocast
 from vla_rl_core import keys
 
 PROMPT_KEYS = (keys.INPUT_IDS, keys.ATTENTION_MASK, keys.UID)
@@ -110,8 +111,9 @@ def sample_groups(resources, group_size: int, prompts: TensorDict) -> tuple[Tens
     absolute gap to the sampler's over the valid tokens.
     """
     rollout = resources.text_rollout
-    generation = rollout.sample(prompts[keys.INPUT_IDS], prompts[keys.ATTENTION_MASK], group_size,
-                                resources.generator)
+    with autocast(resources.config.trainer, resources.device):  # the policy computes as in the trainer
+        generation = rollout.sample(prompts[keys.INPUT_IDS], prompts[keys.ATTENTION_MASK], group_size,
+                                    resources.generator)
     samples = prompts.repeat_interleave(group_size, dim=0)
     samples.set(keys.RESPONSES, generation.responses.cpu())
     samples.set(keys.RESPONSE_MASK, generation.response_mask.cpu())
@@ -120,8 +122,9 @@ def sample_groups(resources, group_size: int, prompts: TensorDict) -> tuple[Tens
     if rollout.exact_log_probs:
         return samples, {}
     policy = resources.policy.eval()
-    trainer_log_probs = per_dim_log_probs(policy, samples, text_forward,  # (n, R, 1)
-                                          resources.config.trainer.micro_batch_size)[..., 0].cpu()
+    with autocast(resources.config.trainer, resources.device):
+        trainer_log_probs = per_dim_log_probs(policy, samples, text_forward,  # (n, R, 1)
+                                              resources.config.trainer.micro_batch_size)[..., 0].cpu()
     gap = (trainer_log_probs - samples[keys.OLD_LOG_PROBS])[samples[keys.RESPONSE_MASK]].abs()  # (valid, 1)
     samples.set(keys.OLD_LOG_PROBS, trainer_log_probs)
     has_tokens = gap.numel() > 0

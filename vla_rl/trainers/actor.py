@@ -270,7 +270,8 @@ class ActorTrainer:
             loss_value = 0.0
             for index, scale, sync in micro_batch_passes(batch[keys.RESPONSE_MASK], micro_batches, "token-mean"):
                 mb = batch[index]
-                log_probs = self.forward(self.ddp, mb)[0].flatten(start_dim=2).sum(-1)  # (b, T)
+                with self.parallel.autocast():
+                    log_probs = self.forward(self.ddp, mb)[0].flatten(start_dim=2).sum(-1)  # (b, T)
                 loss = -aggregate_loss(log_probs, mb[keys.RESPONSE_MASK], "token-mean")
                 with self.parallel.gradient_sync(sync):
                     (loss if scale is None else loss * scale).backward()
@@ -293,8 +294,8 @@ class ActorTrainer:
         Action and chunk level come from the rollout's per-action log-probs; token level needs
         one per action dimension, recomputed here before any update (the weights are still the
         rollout's) and checked against the rollout's sums. When the strategy's training copy may
-        compute otherwise than the policy the rollout sampled with (FSDP's bfloat16 mixed
-        precision, or bfloat16 master weights over float32 trainable parameters:
+        compute otherwise than the policy the rollout sampled with (bfloat16 mixed precision, or
+        FSDP's bfloat16 master weights over float32 trainable parameters:
         :attr:`~vla_rl.trainers.strategy.FSDPStrategy.recomputes_old_log_probs`),
         the training module scores the rollout's actions instead, at every granularity (verl's
         ``actor.compute_log_prob``): the first minibatch's ratio is then 1 in the trainer's own
@@ -330,7 +331,8 @@ class ActorTrainer:
         scored = []
         for start in range(0, max(counts), size):
             part = batch[start:start + size]
-            log_probs = self.forward(module, part if len(part) else batch[:1])[0]
+            with self.parallel.autocast():
+                log_probs = self.forward(module, part if len(part) else batch[:1])[0]
             if len(part):
                 scored.append(log_probs.float())
         return torch.cat(scored)
@@ -364,7 +366,8 @@ class ActorTrainer:
         """The loss of minibatch (or micro-batch) ``mb`` and its terms and metrics."""
         granularity = algorithm.ratio_granularity
         agg_mode, agg_normalizer = algorithm.loss_agg_mode, algorithm.loss_agg_normalizer
-        log_probs, entropy = self.forward(self.ddp, mb)  # (b, T, C, A_own) each
+        with self.parallel.autocast():
+            log_probs, entropy = self.forward(self.ddp, mb)  # (b, T, C, A_own) each
         chunk, own_action_dim = log_probs.shape[2:]
         log_probs = reduce_per_dim(log_probs, granularity)  # (b, L)
         entropy = reduce_per_dim(entropy, granularity)  # (b, L)

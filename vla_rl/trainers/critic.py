@@ -165,7 +165,8 @@ class CriticTrainer:
             vf_loss = None
             for index, scale, sync in micro_batch_passes(mask, micro_batches, critic.loss_agg_mode):
                 mb = batch[index]
-                vpreds = self.forward(self.parallel.module, mb)  # (b, T)
+                with self.parallel.autocast():
+                    vpreds = self.forward(self.parallel.module, mb)  # (b, T)
                 vf_loss, terms = compute_value_loss(vpreds, mb[keys.RETURNS], mb[keys.VALUES], mb[keys.RESPONSE_MASK],
                                                     critic.cliprange_value, critic.loss_agg_mode)
                 with self.parallel.gradient_sync(sync):

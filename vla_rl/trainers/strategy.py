@@ -6,7 +6,14 @@ calls), ``trained`` (the module whose parameters the optimizer updates), ``gradi
 the strategy.
 
 - :class:`DDPStrategy` (default): ``torch.nn.parallel.DistributedDataParallel`` around the policy
-  itself; gradients are all-reduced in the backward pass. ``trained`` is the policy.
+  itself; gradients are all-reduced in the backward pass. ``trained`` is the policy. Under mixed
+  precision (``trainer.mixed_precision``: ``auto`` on CUDA/NPU, or ``bf16``) the policy keeps its
+  float32 weights (Adam's master weights) and every forward pass of the policy, the reference
+  and the critic runs in ``torch.autocast(device, bfloat16)`` (:func:`autocast`): matrix
+  products in bfloat16, the ops autocast lists in float32, the backward pass in the dtypes the
+  forward chose (torch's automatic mixed precision, as accelerate's ``mixed_precision="bf16"``
+  for DDP, used by TRL); the rollout samples in the same context, and the actor rescores the
+  old log-probs in the trainer's (:attr:`DDPStrategy.recomputes_old_log_probs`).
 - :class:`FSDPStrategy`: torch FSDP2 (``torch.distributed.fsdp.fully_shard``, the per-parameter
   DTensor sharding of Zhao et al. 2023 and the torchtitan recipe) on a *training copy* of the
   policy: each block the policy names (:meth:`policies.base.Policy.fsdp_units`: transformer
@@ -68,8 +75,11 @@ def make_strategy(policy: nn.Module, group: dist.ProcessGroup | None, trainer=No
     Raises:
         ValueError: see :class:`FSDPStrategy` and :func:`enable_gradient_checkpointing`.
     """
-    if trainer is None or trainer.strategy == "ddp":
-        return DDPStrategy(policy, group, gradient_checkpointing=trainer is not None and trainer.gradient_checkpointing)
+    if trainer is None:
+        return DDPStrategy(policy, group)
+    if trainer.strategy == "ddp":
+        return DDPStrategy(policy, group, gradient_checkpointing=trainer.gradient_checkpointing,
+                           autocast_dtype=autocast_dtype(trainer, next(policy.parameters()).device))
     return FSDPStrategy(policy, group, trainer)
 
 
@@ -80,6 +90,16 @@ class DDPStrategy:
         policy: the policy (its weights are broadcast from rank 0 by DDP at construction).
         group: the workers' process group.
         gradient_checkpointing: recompute the policy's blocks in the backward pass.
+        autocast_dtype: the dtype of the training forward's ``torch.autocast`` (bfloat16 under
+            mixed precision: :func:`autocast_dtype`), or None (the policy's own dtypes).
+
+    Attributes:
+        recomputes_old_log_probs: under autocast, True: the rollout sampled in the same context
+            with the same weights, but bfloat16 kernels may round otherwise for other batch
+            shapes, so the actor scores the rollout's actions with the training module before its
+            first update (as :attr:`FSDPStrategy.recomputes_old_log_probs`) and the first
+            minibatch's ratio is 1. Without, False: the trained module is the policy the rollout
+            samples with, in the same dtypes, and the rollout's log-probs are the trainer's.
 
     Raises:
         ValueError: a trainable parameter is not float32 (a bfloat16 policy without LoRA: Adam
@@ -87,11 +107,9 @@ class DDPStrategy:
     """
 
     sharded = False
-    #: The trained module is the policy the rollout samples with: the rollout's log-probs are the
-    #: trainer's (see :attr:`FSDPStrategy.recomputes_old_log_probs`).
-    recomputes_old_log_probs = False
 
-    def __init__(self, policy: nn.Module, group: dist.ProcessGroup | None, gradient_checkpointing: bool = False) -> None:
+    def __init__(self, policy: nn.Module, group: dist.ProcessGroup | None, gradient_checkpointing: bool = False,
+                 autocast_dtype: torch.dtype | None = None) -> None:
         low = sorted({str(p.dtype).removeprefix("torch.") for p in policy.parameters()
                       if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32})
         if low:
@@ -105,6 +123,17 @@ class DDPStrategy:
         self.policy = policy
         self.trained = policy
         self.module = data_parallel(policy, group)
+        self.autocast_dtype = autocast_dtype
+        self.recomputes_old_log_probs = autocast_dtype is not None
+        if autocast_dtype is not None:
+            logger.info("DDP: float32 weights, forward passes in torch.autocast(%s)", autocast_dtype)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context of the training module's forward passes (not of the backward pass):
+        ``torch.autocast`` under mixed precision, else nothing."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(next(self.policy.parameters()).device.type, dtype=self.autocast_dtype)
 
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
         """The context of one backward pass: DDP's ``no_sync()`` (gradients accumulate locally)
@@ -201,6 +230,10 @@ class FSDPStrategy:
                     "%d blocks checkpointed", mesh.size(), len(units), master_dtype, self.param_dtype,
                     self.checkpointed_blocks)
 
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Nothing: FSDP's mixed precision casts the parameters it gathers (``MixedPrecisionPolicy``)."""
+        return contextlib.nullcontext()
+
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
         """The context of one backward pass: with ``trainer.fsdp.sync_every_micro_batch`` every
         backward reduce-scatters (sharded gradients accumulate); otherwise gradients accumulate
@@ -232,7 +265,8 @@ def _no_gradient_sync(module) -> Iterator[None]:
 
 
 def compute_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | None:
-    """The dtype FSDP computes in for ``trainer.mixed_precision`` on ``device``.
+    """The dtype the policy computes in for ``trainer.mixed_precision`` on ``device`` (FSDP: its
+    parameters' in the forward pass; DDP: ``torch.autocast``'s).
 
     Returns:
         ``torch.bfloat16`` for ``bf16``, and for ``auto`` on an accelerator; None (the master
@@ -260,6 +294,32 @@ def policy_dtype(trainer, device: torch.device) -> torch.dtype | None:
         ValueError: see :func:`compute_dtype`.
     """
     return compute_dtype(trainer.mixed_precision, device) if trainer.strategy == "fsdp" else None
+
+
+def autocast_dtype(trainer, device: torch.device) -> torch.dtype | None:
+    """The dtype of the ``torch.autocast`` context the policy, the reference and the critic run
+    their forward passes in under the run's ``trainer`` section on ``device``: bfloat16 under
+    DDP's mixed precision (``auto`` on CUDA/NPU, ``bf16``), the weights staying float32; None
+    under FSDP (its parameters are cast: :func:`policy_dtype`) and without mixed precision.
+
+    Raises:
+        ValueError: see :func:`compute_dtype`.
+    """
+    return compute_dtype(trainer.mixed_precision, device) if trainer.strategy == "ddp" else None
+
+
+def autocast(trainer, device: torch.device) -> contextlib.AbstractContextManager:
+    """The context of the forward passes of the policy, the reference and the critic outside the
+    trainers (rollouts, evaluations, reference log-probs, values) on ``device``:
+    ``torch.autocast(device.type, bfloat16)`` under DDP's mixed precision (:func:`autocast_dtype`),
+    so that they compute as the trainer's forward does (:meth:`DDPStrategy.autocast`); nothing
+    otherwise. Wrap forward passes only, not backward passes (torch's AMP recipe).
+
+    Raises:
+        ValueError: see :func:`compute_dtype`.
+    """
+    dtype = autocast_dtype(trainer, device)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
 def computes_differently(policy: nn.Module, param_dtype: torch.dtype | None, master_dtype: torch.dtype) -> bool:
