@@ -92,10 +92,12 @@ class PI0ObservationProcessor:
                 ``<camera>_image`` and, with ``proprio_dim``, ``state``.
 
         Returns:
-            TensorDict of batch size ``(batch,)`` on the CPU: ``images`` float32 ``(batch,
-            num_cameras, 3, S, S)``, ``image_masks`` bool ``(batch, num_cameras)``, ``lang_tokens``
-            int64 / ``lang_masks`` bool ``(batch, max_length)`` and, with ``proprio_dim``,
-            ``proprio`` float32 ``(batch, proprio_dim)``.
+            TensorDict of batch size ``(batch,)``: ``images`` float32 ``(batch, num_cameras, 3, S,
+            S)`` on the device of the observation's images (resized there: on a GPU worker, whose
+            rollout and update move observations to the GPU, not on its CPU), and on the CPU
+            ``image_masks`` bool ``(batch, num_cameras)``, ``lang_tokens`` int64 / ``lang_masks``
+            bool ``(batch, max_length)`` and, with ``proprio_dim``, ``proprio`` float32 ``(batch,
+            proprio_dim)``.
 
         Raises:
             ValueError: ``obs`` is not a TensorDict of batch size ``(batch,)``, a key is missing
@@ -116,7 +118,7 @@ class PI0ObservationProcessor:
             image = obs[key]
             if image.dtype != torch.uint8 or image.ndim != 4 or image.shape[-1] != 3:
                 raise ValueError(f"obs[{key!r}] must be uint8 (batch, H, W, 3), got {tuple(image.shape)} {image.dtype}")
-            images.append(resize_with_pad(image.cpu(), self.image_size))
+            images.append(resize_with_pad(image, self.image_size))  # where the frames are: a GPU worker's GPU
         data = {
             IMAGES: torch.stack(images, dim=1),  # (B, C, 3, S, S)
             IMAGE_MASKS: torch.ones(batch, len(self.cameras), dtype=torch.bool),

@@ -228,6 +228,17 @@ def test_behaviour_cloning_lowers_the_flow_matching_loss():
     assert fixed_loss() < 0.8 * before  # the flow-matching loss has an irreducible part
 
 
+def test_the_processor_resizes_the_frames_where_they_are():
+    """Regression: the processor copied every frame to the CPU to resize it, in every forward pass
+    (the rollout's and each epoch's), so a GPU worker resized its frames on its CPU. Frames on the
+    ``meta`` device fail any copy to the CPU ("Cannot copy out of meta tensor")."""
+    policy = make_policy("pi0", tiny_config())
+    obs = camera_obs(2, 8, height=20, width=40)
+    obs.set(f"{policy.config.cameras[0]}_image", obs[f"{policy.config.cameras[0]}_image"].to("meta"))
+    images = policy.processor(obs)[IMAGES]
+    assert images.device.type == "meta" and images.shape == (2, 1, 3, 28, 28)
+
+
 def test_processor_images_prompts_and_state():
     policy = make_policy("pi0", tiny_config(proprio_statistics={"q01": [-1.0] * 4, "q99": [1.0] * 4}))
     obs = camera_obs(2, 8, height=20, width=40)
