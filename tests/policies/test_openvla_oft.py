@@ -3,6 +3,8 @@ built reference, exact log-probs, greedy decoding, the L1 head, proprio and chec
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -214,6 +216,36 @@ def test_simulator_images_are_resized_and_cropped_as_prepare_images_for_vla():
     plain = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture=tiny, chunk_size=2, image_resize="tower",
                                                     center_crop=False))
     assert torch.equal(plain.model_inputs(simulator_observation(images))["images"][:, 0], images)
+
+
+def test_each_distinct_frame_is_prepared_once(monkeypatch):
+    """The JPEG round trip, Lanczos-3 resize and centre crop ran in every forward pass that read
+    a frame (the rollout's, the rescoring's, each epoch's, the reference's); now once per distinct
+    frame and settings, least recently used first out, with the same bytes."""
+    import policies.openvla.processor_openvla as processor
+    from policies.openvla.image_preprocessing import center_crop, resize_image_for_policy
+
+    frames = processor.PreparedFrames(capacity=3)
+    monkeypatch.setattr(processor, "PREPARED_FRAMES", frames)
+    images = torch.randint(0, 256, (4, 40, 40, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    tiny = {"preset": "tiny", "image_size": 28, "fused": False}
+    policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture=tiny, chunk_size=2))
+    reference = copy.deepcopy(policy)  # the KL reference: another processor, the same frames
+    first = policy.model_inputs(simulator_observation(images[[0, 1, 0]]))["images"]
+    assert frames.prepared == 2  # frame 0 twice in the batch, prepared once
+    again = reference.model_inputs(simulator_observation(images[[1, 0]]))["images"]
+    assert frames.prepared == 2 and torch.equal(again, first[[1, 0]])
+    for b in range(2):
+        assert np.array_equal(first[b, 0].numpy(), center_crop(resize_image_for_policy(images[b].numpy(), 28)))
+    policy.model_inputs(simulator_observation(images[2:]))  # frames 2 and 3: frame 1 (least recent) leaves
+    assert frames.prepared == 4 and len(frames.frames) == 3
+    policy.model_inputs(simulator_observation(images[[0]]))
+    assert frames.prepared == 4
+    policy.model_inputs(simulator_observation(images[[1]]))
+    assert frames.prepared == 5
+    uncropped = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture=tiny, chunk_size=2, center_crop=False))
+    plain = uncropped.model_inputs(simulator_observation(images[[0]]))["images"][0, 0].numpy()
+    assert frames.prepared == 6 and np.array_equal(plain, resize_image_for_policy(images[0].numpy(), 28))
 
 
 # --------------------------------------------------------------------------- LIBERO: the suite picks the statistics
