@@ -1,7 +1,7 @@
 """The critic (PPO with GAE) under each ``trainer.strategy``, with micro-batches and activation
 checkpointing, on two gloo workers (spawned processes, loopback) with shards of 5 and 3 episodes,
 and its sharded checkpoint (``critic_sharded/``) resumed: the harness and helpers of
-tests/trainers/test_fsdp.py, one spawn for every scenario here."""
+tests/trainers/fsdp_harness.py, one spawn for every scenario here."""
 
 from __future__ import annotations
 
@@ -10,21 +10,17 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from fsdp_harness import (
+    MLP_SPLIT,
+    WORLD,
+    _max_abs,
+    _max_loss_gap,
+    _text_batch,
+    _trainer_section,
+    _weights,
+    spawn_workers,
+)
 from tensordict import TensorDict
-from test_fsdp import MLP_SPLIT, WORLD, _max_abs, _max_loss_gap, _text_batch, _trainer_section, _weights
-
-from vla_rl.utils.ray_utils import free_loopback_port
-
-
-def _entry(rank: int, port: int, lm_dir: str, ckpt_root: str, results) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
-        results[rank] = _critics(rank, lm_dir, ckpt_root)
-    finally:
-        dist.destroy_process_group()
 
 
 def _critics(rank: int, lm_dir: str, ckpt_root: str) -> dict:
@@ -96,10 +92,7 @@ def _critics(rank: int, lm_dir: str, ckpt_root: str) -> dict:
 @pytest.fixture(scope="module")
 def runs(tiny_lm_dir, tmp_path_factory):
     """Every scenario's records, by worker: ``runs[rank][scenario]``."""
-    results = mp.Manager().dict()
-    root = tmp_path_factory.mktemp("critic_checkpoints")
-    mp.spawn(_entry, args=(free_loopback_port(), str(tiny_lm_dir), str(root), results), nprocs=WORLD, join=True)
-    return {rank: results[rank] for rank in range(WORLD)}
+    return spawn_workers(_critics, tiny_lm_dir, tmp_path_factory.mktemp("critic_checkpoints"))
 
 
 @pytest.mark.parametrize("case", ["ddp_micro", "fsdp", "fsdp_micro", "ddp_gc", "fsdp_gc"])

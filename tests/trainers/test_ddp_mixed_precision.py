@@ -73,7 +73,7 @@ def _embodied(name: str, lora: bool = False):
 
 
 def _text(lm_dir):
-    from test_fsdp import _text_batch
+    from fsdp_harness import _text_batch
 
     from policies.causal_lm import CausalLMConfig, CausalLMPolicy
 
