@@ -11,8 +11,9 @@ refuses on the second minibatch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+import torch
 from torch import nn
 
 #: Marker of LoRA parameters in names (peft's ``lora_A`` / ``lora_B``).
@@ -114,6 +115,37 @@ def merge_lora(model: nn.Module) -> int:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, module.get_base_layer())
     return len(merged)
+
+
+@torch.no_grad()
+def merged_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``model``'s state dict with its LoRA adapters folded into their base layers, the model
+    left as it is: what :func:`merge_lora` would leave, without changing ``model``. An adapted
+    layer's ``weight`` is ``W + alpha / r * B A`` (peft's ``get_delta_weight``), computed in the
+    adapters' float32 and cast to ``W``'s dtype, bit for bit what peft's ``LoraLayer.merge`` writes;
+    its ``base_layer.`` names lose that component, the adapters' ``lora_`` entries are dropped.
+    A model without adapters yields its state dict. Lazy: one merged weight at a time (TRL
+    instead merges the adapters in place and unmerges them afterwards, which rounds a bfloat16
+    base twice).
+
+    Yields:
+        ``(name, tensor)`` with the names of the model without adapters; tensors on the model's
+        devices, in its dtypes.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    layers = {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+    for name, tensor in model.state_dict().items():
+        if LORA_MARKER in name:
+            continue
+        prefix, _, leaf = name.rpartition(".")
+        owner = prefix.removesuffix(".base_layer")
+        if owner == prefix or owner not in layers:
+            yield name, tensor
+            continue
+        if leaf == "weight":
+            tensor = (tensor + layers[owner].get_delta_weight("default")).to(tensor.dtype)
+        yield f"{owner}.{leaf}", tensor
 
 
 def has_lora(model: nn.Module) -> bool:

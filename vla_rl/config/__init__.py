@@ -82,9 +82,6 @@ class RunConfig(_Section):
                              "accelerators and float32 on the CPU")
         if self.policy.lora is not None and self.run.workflow == "embodied":
             _check_lora_support(self.policy.name)
-        if self.policy.lora is not None and self.run.workflow == "text" and self.text.rollout_backend == "vllm":
-            raise ValueError("policy.lora with text.rollout_backend vllm: the vLLM engine loads the policy's weights by "
-                             "name and knows no LoRA adapters; use text.rollout_backend=hf with LoRA")
         if self.data.num_train_init_states < self.data.init_states_per_step:
             raise ValueError(
                 "data.num_train_init_states must be at least data.init_states_per_step "

@@ -19,7 +19,9 @@ worker's process, beside the trainer, on the same device.
   from the policy's ``state_dict`` (Hugging Face names, checkpoint format) with the worker's
   ``reload_weights`` RPC (``LLM.collective_rpc``; vLLM 0.32's layerwise reload, which maps
   the names onto vLLM's fused layers and redoes the kernel-specific weight processing that a
-  bare ``model.load_weights`` after start-up would skip — on CPU that fails).
+  bare ``model.load_weights`` after start-up would skip — on CPU that fails). Under LoRA
+  (``policy.lora``) the engine loads the merged weights, ``W + alpha / r * B A`` under the base
+  layers' names, computed out of place (TRL also hands vLLM merged weights, merging in place).
 
 vLLM's kernels differ numerically from the trainer's forward, so its log-probs are close to but
 not exactly the trainer's: ``exact_log_probs`` is False and the rollout node recomputes
@@ -134,8 +136,12 @@ class VLLMTextRollout:
 
     @torch.no_grad()
     def sync_weights(self) -> None:
-        """Load the policy's current parameters into the engine's model, in place."""
-        weights = [(name, tensor.detach()) for name, tensor in self.policy.model.state_dict().items()]
+        """Load the policy's current parameters into the engine's model, in place; LoRA adapters
+        folded into their base weights (:func:`policies.lora.merged_weights`: the engine's model
+        has no adapters), one merged weight at a time."""
+        from policies.lora import merged_weights
+
+        weights = merged_weights(self.policy.model)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.stale = False
 
