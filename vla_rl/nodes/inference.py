@@ -1,8 +1,8 @@
 """Forward passes of the models other than the rollout policy, on this worker's shard:
 
 - ``(reference, model_inference)``: ``ref_log_probs`` under the frozen reference policy (a copy
-  of the warm-start policy, the ``reference`` resource), for the KL loss term or the KL penalty
-  in the reward;
+  of the warm-start policy sharing its frozen parameters, the ``reference`` resource), for the
+  KL loss term or the KL penalty in the reward;
 - ``(critic, model_inference)``: ``values``, the critic's V(s_t) before each decision, for GAE.
 """
 
@@ -41,11 +41,17 @@ def critic_needs_one_task(config, node_config, dp_size: int, world_size: int) ->
 @register_resource("reference", needs=("policy",), checkpoint=ModuleCheckpoint("reference", "reference"))
 def build_reference(res):
     """A frozen copy of the policy as it is when the training phase starts (the warm start);
-    restored from checkpoints on resume. Its floating parameters take the dtype the policy's
-    take under the run's strategy (:func:`~vla_rl.trainers.strategy.policy_dtype`: bfloat16
-    under FSDP's mixed precision), whether it is built before the actor casts the policy or
-    after: the KL term of the first minibatch is then 0, not the float32/bfloat16 gap."""
-    reference = copy.deepcopy(res.policy).requires_grad_(False).eval()
+    restored from checkpoints on resume. Only the policy's trainable parameters are copied: its
+    frozen ones (a LoRA run's whole base model, the layers a policy freezes itself) never change
+    in training, so the reference shares them, and under LoRA costs the adapters' memory, not a
+    second model (verl reaches the same by scoring with the adapters disabled, which is the
+    reference only while no warm start trained them). Its floating parameters take the dtype
+    the policy's take under the run's strategy (:func:`~vla_rl.trainers.strategy.policy_dtype`:
+    bfloat16 under FSDP's mixed precision, which the actor then gives the policy's too), whether
+    it is built before the actor casts the policy or after: the KL term of the first minibatch
+    is then 0, not the float32/bfloat16 gap."""
+    frozen = {id(parameter): parameter for parameter in res.policy.parameters() if not parameter.requires_grad}
+    reference = copy.deepcopy(res.policy, frozen).requires_grad_(False).eval()
     dtype = policy_dtype(res.config.trainer, res.device)
     if dtype is not None:
         cast_parameters(reference, dtype)
