@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from vla_rl_core.registry import Registry
 
 if TYPE_CHECKING:
+    import torch
+
     from policies.base import Policy
 
 PolicyT = TypeVar("PolicyT", bound="type[Policy]")
@@ -39,12 +41,15 @@ def available_policies() -> list[str]:
     return [str(name) for name in POLICIES.names()]
 
 
-def make_policy(name: str, config: Any) -> Policy:
+def make_policy(name: str, config: Any, device: torch.device | str | None = None) -> Policy:
     """Build the policy registered as ``name`` from its config.
 
     Args:
         name: registered policy name: ``"mlp"``, ``"openvla"``, ``"openvla_oft"``, ``"pi0"``.
         config: an instance of that policy's ``config_class``.
+        device: where the policy is put (None: the CPU). A policy that ``builds_on_device``
+            (OpenVLA, OpenVLA-OFT, π0) reads a checkpoint's weights straight onto it; any other
+            is built on the CPU and moved.
 
     Raises:
         vla_rl_core.registry.RegistryError: ``name`` is unknown; the message lists the known names.
@@ -55,4 +60,6 @@ def make_policy(name: str, config: Any) -> Policy:
         raise TypeError(
             f"policy {name!r} needs a {cls.config_class.__name__}, got {type(config).__name__}"
         )
-    return cls(config)
+    if device is None:
+        return cls(config)
+    return cls(config, device=device) if cls.builds_on_device else cls(config).to(device)

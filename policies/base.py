@@ -67,6 +67,9 @@ class Policy(torch.nn.Module, abc.ABC):
     batch_invariant: ClassVar[bool] = True
     #: Whether :meth:`sample_actions`'s log-probs are bit-identical to the training forward's.
     sampled_log_probs_recomputed: ClassVar[bool] = True
+    #: Whether the constructor takes ``device`` and reads a checkpoint's weights straight onto
+    #: it (:func:`policies.make_policy`); otherwise the policy is built on the CPU and moved.
+    builds_on_device: ClassVar[bool] = False
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         """Check the required class attributes.

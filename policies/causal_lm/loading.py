@@ -99,6 +99,7 @@ def load_pretrained(
     prompt_format: str = "chat",
     allow_pickle: bool = False,
     allow_partial_load: bool = False,
+    device: torch.device | str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from a local checkpoint.
 
@@ -111,9 +112,11 @@ def load_pretrained(
         allow_pickle: accept ``pytorch_model.bin`` weights when there are no safetensors.
         allow_partial_load: accept weights that do not match the architecture (the parameters
             they do not cover keep their initialisation; logged as a warning).
+        device: where the weights are loaded (transformers' single-device ``device_map``: read
+            straight onto it, no dispatch hooks); None: the CPU.
 
     Returns:
-        The model (in eval mode, on CPU) and its tokenizer.
+        The model (in eval mode, on ``device``) and its tokenizer.
 
     Raises:
         FileNotFoundError: see :func:`resolve_checkpoint`; no weights.
@@ -146,6 +149,7 @@ def load_pretrained(
         trust_remote_code=False,
         output_loading_info=True,
         ignore_mismatched_sizes=True,  # mismatches are reported below, by name, not as transformers' error
+        device_map=None if device is None else {"": str(device)},
         **options,
     )
     mismatch = WeightMismatch(tuple(sorted(info["missing_keys"])), tuple(sorted(info["unexpected_keys"])),

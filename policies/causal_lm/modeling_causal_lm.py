@@ -161,15 +161,16 @@ class CausalLMPolicy(nn.Module):
         self.train(model.training)  # the wrapper's mode mirrors the model's (eval after loading)
 
     @classmethod
-    def from_pretrained(cls, config: CausalLMConfig) -> CausalLMPolicy:
-        """Load ``config.model_path`` (a local directory or GGUF file) as a policy.
+    def from_pretrained(cls, config: CausalLMConfig, device: torch.device | str | None = None) -> CausalLMPolicy:
+        """Load ``config.model_path`` (a local directory or GGUF file) as a policy, its weights
+        read straight onto ``device`` (None: the CPU).
 
         Raises:
             FileNotFoundError, ValueError: see :func:`policies.causal_lm.loading.load_pretrained`.
         """
         model, tokenizer = load_pretrained(
             config.model_path, config.gguf_file, config.dtype, config.attn_implementation, config.prompt_format,
-            allow_pickle=config.allow_pickle, allow_partial_load=config.allow_partial_load,
+            allow_pickle=config.allow_pickle, allow_partial_load=config.allow_partial_load, device=device,
         )
         return cls(model, tokenizer, config)
 

@@ -52,7 +52,8 @@ from typing import Any
 
 import torch
 from huggingface_hub import split_torch_state_dict_into_shards
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor
 from transformers import (
     Dinov2WithRegistersConfig,
@@ -271,23 +272,34 @@ def _to_timm_local(family: str, local: str) -> str:
     raise ValueError(f"{family} tower parameter {local} has no timm name")
 
 
-def read_safetensors_dir(directory: Path, allow_pickle: bool = False) -> dict[str, Tensor]:
+def read_safetensors_dir(directory: Path, allow_pickle: bool = False,
+                         device: torch.device | str | None = None) -> dict[str, Tensor]:
     """All tensors of ``model.safetensors`` or of the shards in ``model.safetensors.index.json``
     (with ``allow_pickle``, else of ``pytorch_model.bin``, read with torch's weights-only
     unpickler). Safetensors headers are checked first, so a truncated file is named.
+
+    Args:
+        directory: the checkpoint directory.
+        allow_pickle: accept ``pytorch_model.bin`` weights when there are no safetensors.
+        device: where the tensors are put (None: the CPU). Safetensors are read one tensor at a
+            time and moved at once, so the host never holds more than one tensor of a GPU
+            worker's weights; pickle files are mapped onto ``device`` by torch.
 
     Raises:
         FileNotFoundError: no weights, or a listed shard is missing.
         ValueError: a damaged file, or pickle weights without ``allow_pickle`` (named).
     """
     weights = find_weight_files(directory, allow_pickle)
+    device = torch.device("cpu") if device is None else torch.device(device)
     tensors: dict[str, Tensor] = {}
     for path in weights.files:
         if weights.format == "safetensors":
             read_safetensors_header(path)
-            tensors.update(load_file(path))
+            with safe_open(str(path), framework="pt", device="cpu") as file:
+                for name in file.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    tensors[name] = file.get_tensor(name).to(device)
         else:
-            tensors.update(torch.load(path, map_location="cpu", weights_only=True))
+            tensors.update(torch.load(path, map_location=device, weights_only=True))
     return tensors
 
 
@@ -367,7 +379,7 @@ def architecture_from_config(config: dict[str, Any], source: str) -> PrismaticAr
     )
 
 
-def read_checkpoint(directory: str | Path, allow_pickle: bool = False,
+def read_checkpoint(directory: str | Path, allow_pickle: bool = False, device: torch.device | str | None = None,
                     ) -> tuple[PrismaticArchitecture, dict[str, Tensor], dict[str, Any]]:
     """Architecture, our-named weights and ``norm_stats`` of a published checkpoint directory.
 
@@ -376,6 +388,7 @@ def read_checkpoint(directory: str | Path, allow_pickle: bool = False,
     Args:
         directory: the checkpoint directory.
         allow_pickle: accept ``pytorch_model.bin`` weights when there are no safetensors.
+        device: where the weights are read to (:func:`read_safetensors_dir`; None: the CPU).
 
     Raises:
         FileNotFoundError: the directory, ``config.json`` or weights are missing.
@@ -386,7 +399,7 @@ def read_checkpoint(directory: str | Path, allow_pickle: bool = False,
     directory = Path(directory)
     config = read_config(directory)
     architecture = architecture_from_config(config, str(directory / CONFIG_FILE))
-    weights = timm_to_transformers(read_safetensors_dir(directory, allow_pickle), architecture)
+    weights = timm_to_transformers(read_safetensors_dir(directory, allow_pickle, device), architecture)
     statistics_path = directory / STATISTICS_FILE
     if statistics_path.is_file():
         norm_stats = json.loads(statistics_path.read_text())

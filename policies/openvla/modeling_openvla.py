@@ -50,10 +50,11 @@ class OpenVLAPolicy(PrismaticPolicy):
     config_class = OpenVLAPolicyConfig
     sampled_log_probs_recomputed = False  # scored in the cached decoding pass (module docstring)
 
-    def __init__(self, config: OpenVLAPolicyConfig) -> None:
+    def __init__(self, config: OpenVLAPolicyConfig, device: torch.device | str | None = None) -> None:
         if type(config) is not OpenVLAPolicyConfig:  # an OpenVLA-OFT config (a subclass) builds OpenVLAOFTPolicy
             raise TypeError(f"OpenVLAPolicy needs an OpenVLAPolicyConfig, got {type(config).__name__}")
-        super().__init__(config)
+        super().__init__(config, device)
+        self.to(device)
 
     @property
     def chunk_size(self) -> int:

@@ -82,6 +82,9 @@ class PrismaticPolicy(Policy, abstract=True):
 
     Args:
         config: an ``OpenVLAPolicyConfig`` or ``OpenVLAOFTPolicyConfig``.
+        device: where the policy is built (None: the CPU): a checkpoint's weights are read
+            straight onto it, one tensor at a time (a GPU worker's host never holds the model);
+            what is initialised instead is built on the CPU and moved.
 
     Raises:
         FileNotFoundError, ValueError: the checkpoint cannot be read (see
@@ -91,13 +94,14 @@ class PrismaticPolicy(Policy, abstract=True):
     """
 
     batch_invariant = False  # transformers kernels: see docs/vla_policies.md
+    builds_on_device = True
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.config = config
         tokenizer = None
         if config.model_path is not None:
-            architecture, weights, norm_stats = read_checkpoint(config.model_path, config.allow_pickle)
+            architecture, weights, norm_stats = read_checkpoint(config.model_path, config.allow_pickle, device)
             source = str(Path(config.model_path) / CONFIG_FILE)
         else:
             architecture, weights, source = config.architecture, None, "config.action_statistics"
@@ -117,7 +121,7 @@ class PrismaticPolicy(Policy, abstract=True):
             self.vla = PrismaticVLM(architecture, config.attn_implementation)
         if weights is not None:
             self._load_vla_weights(weights, source)
-        self.vla.to(getattr(torch, config.dtype))
+        self.vla.to(device=device, dtype=getattr(torch, config.dtype))
         self.architecture = architecture
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer(config.model_path)
         self.processor = (
@@ -388,10 +392,11 @@ class PrismaticPolicy(Policy, abstract=True):
             weights = {name: tensor for name, tensor in weights.items() if name not in skipped}
         on_meta = any(parameter.is_meta for parameter in self.vla.parameters())
         self.vla.load_state_dict(weights, strict=False, assign=on_meta)
+        device = next(iter(weights.values())).device if weights else torch.device("cpu")
         for name, parameter in list(self.vla.named_parameters()):
             if parameter.is_meta:  # only unused ones: the mismatch check above covers the others
-                set_module_tensor_to_device(self.vla, name, "cpu", value=torch.zeros(parameter.shape,
-                                                                                     dtype=parameter.dtype))
+                set_module_tensor_to_device(self.vla, name, device, value=torch.zeros(parameter.shape,
+                                                                                      dtype=parameter.dtype))
 
     @staticmethod
     def _load_tokenizer(model_path: str | None):

@@ -85,10 +85,10 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
     name = "openvla_oft"
     config_class = OpenVLAOFTPolicyConfig
 
-    def __init__(self, config: OpenVLAOFTPolicyConfig) -> None:
+    def __init__(self, config: OpenVLAOFTPolicyConfig, device: torch.device | str | None = None) -> None:
         if not isinstance(config, OpenVLAOFTPolicyConfig):
             raise TypeError(f"OpenVLAOFTPolicy needs an OpenVLAOFTPolicyConfig, got {type(config).__name__}")
-        super().__init__(config)
+        super().__init__(config, device)
         llm_dim = self.architecture.llm_dim
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed + 1)
@@ -111,7 +111,8 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
         dtype = getattr(torch, config.dtype)
         for module in (self.action_head, self.proprio_projector):
             if module is not None:
-                module.to(device=self.device, dtype=dtype)
+                module.to(dtype=dtype)
+        self.to(device)
         self.eval()
 
     @property

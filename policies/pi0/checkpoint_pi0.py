@@ -100,16 +100,19 @@ def detect_layout(names: Iterable[str]) -> Layout:
     return "lerobot" if any(name.startswith(LEROBOT_PREFIX + "paligemma_with_expert.") for name in names) else "openpi"
 
 
-def load_pi0_weights(model: PI0Model, directory: str | Path, dtype: torch.dtype | None = None) -> Layout:
+def load_pi0_weights(model: PI0Model, directory: str | Path, dtype: torch.dtype | None = None,
+                     device: torch.device | str | None = None) -> Layout:
     """Load a checkpoint's tensors into ``model``, after checking from the safetensors headers
     alone that every parameter is there with its shape: copied into a materialised model (cast to
     each parameter's dtype), or, for a model whose parameters are on the meta device
-    (:func:`load_pi0_checkpoint`), cast to ``dtype`` (default: the parameter's) and assigned.
+    (:func:`load_pi0_checkpoint`), moved to ``device`` and cast to ``dtype`` (default: the
+    parameter's) one tensor at a time, and assigned.
 
     Args:
         model: a model of the checkpoint's architecture.
         directory: holds ``model.safetensors`` (or its shards and index) in either layout.
         dtype: the dtype the loaded parameters of a meta-device model take.
+        device: where the loaded parameters of a meta-device model go (None: the CPU).
 
     Returns:
         the layout found.
@@ -154,7 +157,7 @@ def load_pi0_weights(model: PI0Model, directory: str | Path, dtype: torch.dtype 
                         continue
                     target = state[wanted[file_name]]
                     if on_meta:
-                        loaded[wanted[file_name]] = file.get_tensor(file_name).to(dtype or target.dtype)
+                        loaded[wanted[file_name]] = file.get_tensor(file_name).to(device, dtype or target.dtype)
                     else:
                         target.copy_(file.get_tensor(file_name))
     if on_meta:
@@ -298,15 +301,17 @@ def read_checkpoint_config(directory: str | Path) -> PI0ModelConfig:
 
 
 def load_pi0_checkpoint(directory: str | Path, config: PI0ModelConfig | None = None,
-                        dtype: torch.dtype | None = None) -> PI0Model:
+                        dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> PI0Model:
     """Build a π0 model and load a local checkpoint directory into it (no hub access). The
-    parameters are built on the meta device and become the checkpoint's tensors, cast once to
-    ``dtype``: no random float32 initialisation of the 3.2 B parameters first.
+    parameters are built on the meta device and become the checkpoint's tensors, read onto
+    ``device`` and cast to ``dtype`` one at a time: no random float32 initialisation of the
+    3.2 B parameters first, and no copy of the model in host memory for a GPU worker.
 
     Args:
         directory: a checkpoint directory in either layout.
         config: its architecture; default :func:`read_checkpoint_config`.
         dtype: cast the model to this dtype after loading; default float32.
+        device: where the model is (None: the CPU); its buffers are moved there.
 
     Raises:
         see :func:`read_checkpoint_config` and :func:`load_pi0_weights`.
@@ -314,5 +319,5 @@ def load_pi0_checkpoint(directory: str | Path, config: PI0ModelConfig | None = N
     config = read_checkpoint_config(directory) if config is None else config
     with init_empty_weights(include_buffers=False):  # the checkpoint's tensors become the parameters
         model = PI0Model(config)
-    load_pi0_weights(model, directory, dtype)
-    return model.to(dtype) if dtype is not None else model
+    load_pi0_weights(model, directory, dtype, device)
+    return model.to(device=device, dtype=dtype)

@@ -137,6 +137,9 @@ class PI0Policy(Policy):
 
     Args:
         config: the policy's :class:`PI0PolicyConfig`.
+        device: where the policy is built (None: the CPU): a checkpoint's weights are read
+            straight onto it, one tensor at a time (a GPU worker's host never holds the model);
+            what is initialised instead is built on the CPU and moved.
 
     Raises:
         TypeError: ``config`` is not a :class:`PI0PolicyConfig`.
@@ -148,8 +151,9 @@ class PI0Policy(Policy):
     name = "pi0"
     config_class = PI0PolicyConfig
     batch_invariant = False  # transformers kernels, as the OpenVLA policies
+    builds_on_device = True
 
-    def __init__(self, config: PI0PolicyConfig) -> None:
+    def __init__(self, config: PI0PolicyConfig, device: torch.device | str | None = None) -> None:
         if not isinstance(config, PI0PolicyConfig):
             raise TypeError(f"PI0Policy needs a PI0PolicyConfig, got {type(config).__name__}")
         super().__init__()
@@ -159,7 +163,7 @@ class PI0Policy(Policy):
             tokenizer = self._load_tokenizer(config.tokenizer_path or config.model_path)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config.seed)
-                model = load_pi0_checkpoint(config.model_path, dtype=dtype)
+                model = load_pi0_checkpoint(config.model_path, dtype=dtype, device=device)
         else:
             if config.is_tiny_preset:
                 from policies.openvla.tiny import build_tiny_tokenizer
@@ -192,6 +196,7 @@ class PI0Policy(Policy):
         self.ode = FlowODESampler()
         register_statistics(self, config.normalization, config.action_dim, config.proprio_dim or 0)
         load_statistics(self, config)
+        self.to(device)
         self.eval()
 
     # ----------------------------------------------------------------------------- sizes

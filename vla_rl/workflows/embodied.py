@@ -30,7 +30,7 @@ class EmbodiedWorkflow(Workflow):
     policy_needs = ("env_spec",)
 
     def build_policy(self, res):
-        return robot_policy(res.config, res.env_spec).to(res.device)
+        return robot_policy(res.config, res.env_spec, res.device).to(res.device)
 
     def standalone_policy(self, config, run_dir):
         """The policy, its observation and action sizes read from one environment of the run's
@@ -101,10 +101,11 @@ class EmbodiedWorkflow(Workflow):
 WORKFLOWS.register("embodied")(EmbodiedWorkflow())
 
 
-def robot_policy(config, spec: EnvSpec):
+def robot_policy(config, spec: EnvSpec, device: torch.device | None = None):
     """The ``policy`` section's policy for a simulator of ``spec``'s sizes (``obs_dim``,
     ``action_dim``, and ``num_tasks`` for a task set: the policies that declare ``num_tasks``
-    condition on the task id), on the CPU, prepared for the run's own tasks
+    condition on the task id), built on ``device`` (None: the CPU; a checkpoint's weights are
+    read straight onto it), prepared for the run's own tasks
     (:func:`~vla_rl.evaluation.benchmarks.use_run_tasks`: e.g. the LIBERO suite's dataset statistics)."""
     from policies import make_policy
     from vla_rl.evaluation.benchmarks import use_run_tasks
@@ -115,7 +116,7 @@ def robot_policy(config, spec: EnvSpec):
     policy_config = config.policy.policy_config(**sizes)
     if config.policy.allow_partial_load and hasattr(policy_config, "allow_partial_load"):
         policy_config.allow_partial_load = True  # the policies that load a pretrained checkpoint declare the field
-    policy = make_policy(config.policy.name, policy_config)
+    policy = make_policy(config.policy.name, policy_config, device)
     use_run_tasks(policy, config)
     return policy
 

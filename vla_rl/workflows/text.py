@@ -38,7 +38,7 @@ class TextWorkflow(Workflow):
         cpu_barrier(res.group)
 
     def build_policy(self, res):
-        return causal_lm_policy(res.config, res.text_assets.model_path).to(res.device)
+        return causal_lm_policy(res.config, res.text_assets.model_path, res.device).to(res.device)
 
     def standalone_policy(self, config, run_dir):
         from vla_rl.workflows.base import apply_lora
@@ -94,9 +94,9 @@ class TextWorkflow(Workflow):
 WORKFLOWS.register("text")(TextWorkflow())
 
 
-def causal_lm_policy(config, model_path):
+def causal_lm_policy(config, model_path, device=None):
     """The :class:`~policies.causal_lm.modeling_causal_lm.CausalLMPolicy` of a text run's ``text``
-    settings, loaded from ``model_path``, on the CPU."""
+    settings, loaded from ``model_path`` onto ``device`` (None: the CPU)."""
     from policies.causal_lm.configuration_causal_lm import CausalLMConfig
     from policies.causal_lm.modeling_causal_lm import CausalLMPolicy
 
@@ -106,7 +106,7 @@ def causal_lm_policy(config, model_path):
         max_prompt_length=text.max_prompt_length, max_response_length=text.max_response_length,
         temperature=text.temperature, prompt_format=text.prompt_format, allow_pickle=text.allow_pickle,
         allow_partial_load=config.policy.allow_partial_load)
-    return CausalLMPolicy.from_pretrained(policy_config)
+    return CausalLMPolicy.from_pretrained(policy_config, device)
 
 
 @register_resource("text_assets")
