@@ -1,5 +1,6 @@
 """The ``reference`` resource: a frozen copy of the policy at the start of training that shares
-the policy's frozen parameters (a LoRA run's base model) instead of copying them."""
+the policy's frozen parameters (a LoRA run's base model) instead of copying them, in memory and
+in its checkpoint file."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from policies.causal_lm import CausalLMConfig, CausalLMPolicy
 from policies.mlp import MLPPolicyConfig
 from vla_rl.config.trainer import TrainerSection
 from vla_rl.nodes.inference import build_reference
+from vla_rl.workers.checkpointing import SharedModuleCheckpoint
 
 PROMPTS = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "What is 41 - 17?"}]]
 
@@ -89,3 +91,90 @@ def test_without_frozen_parameters_the_reference_is_a_full_copy():
     assert not _storages(reference) & _storages(policy)
     assert all(not p.requires_grad for p in reference.parameters())
     assert all(p.requires_grad for p in policy.parameters())
+
+
+def _checkpoint_resources(policy, reference) -> SimpleNamespace:
+    return SimpleNamespace(rank=0, policy=policy, reference=reference)
+
+
+def test_the_reference_checkpoint_holds_the_adapters_and_restores_them(lora_policy, tmp_path):
+    """Under LoRA, reference.safetensors holds the reference's own tensors (the adapters), not
+    the base model it shares with the policy, whose checkpoint restores that."""
+    from safetensors.torch import load_file
+
+    policy = lora_policy
+    reference = build_reference(_resources(policy))
+    saver = SharedModuleCheckpoint("reference", "reference", owner="policy")
+    resources = _checkpoint_resources(policy, reference)
+    saver.save(resources, tmp_path)
+    written = load_file(tmp_path / "reference.safetensors")
+    adapters = {name for name, p in reference.named_parameters() if p is not policy.get_parameter(name)}
+    buffers = set(reference.state_dict()) - {name for name, _ in reference.named_parameters(remove_duplicate=False)}
+    assert adapters and set(written) == adapters | buffers
+    saved = {name: tensor.clone() for name, tensor in reference.state_dict().items()}
+    base = {name: p.clone() for name, p in policy.named_parameters() if not p.requires_grad}
+    with torch.no_grad():
+        for name in adapters:
+            reference.get_parameter(name).zero_()
+    saver.load(resources, tmp_path, {})
+    assert all(torch.equal(tensor, saved[name]) for name, tensor in reference.state_dict().items())
+    assert all(torch.equal(policy.get_parameter(name), tensor) for name, tensor in base.items())
+
+
+def test_a_reference_checkpoint_written_whole_still_loads(lora_policy, tmp_path):
+    """Checkpoints from before the reference shared the policy's parameters hold all of it: the
+    reference's own tensors are read, the shared ones left to the policy's checkpoint."""
+    from vla_rl.checkpoints.files import save_model
+
+    policy = lora_policy
+    reference = build_reference(_resources(policy))
+    save_model(tmp_path, reference, name="reference")
+    before = {name: tensor.clone() for name, tensor in reference.state_dict().items()}
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            if not parameter.requires_grad:  # what the policy's own checkpoint would have restored
+                parameter.add_(1.0)
+        for name, parameter in reference.named_parameters():
+            if "lora_" in name:
+                parameter.zero_()
+    SharedModuleCheckpoint("reference", "reference", owner="policy").load(
+        _checkpoint_resources(policy, reference), tmp_path, {})
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(tensor, before[name]) is ("lora_" in name), name
+
+
+def test_a_reference_checkpoint_that_misses_a_tensor_is_refused(lora_policy, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    policy = lora_policy
+    reference = build_reference(_resources(policy))
+    resources = _checkpoint_resources(policy, reference)
+    saver = SharedModuleCheckpoint("reference", "reference", owner="policy")
+    saver.save(resources, tmp_path)
+    file = tmp_path / "reference.safetensors"
+    tensors = load_file(file)
+    dropped = sorted(tensors)[0]
+    save_file({name: tensor for name, tensor in tensors.items() if name != dropped}, str(file))
+    with pytest.raises(RuntimeError, match=rf"reference.safetensors: .*missing \['{dropped}'\]"):
+        saver.load(resources, tmp_path, {})
+
+
+def test_a_full_copy_with_tied_embeddings_round_trips(tiny_lm_dir, tmp_path):
+    """Without frozen parameters nothing is shared: the whole reference is written, its tied
+    input and output embeddings once."""
+    from safetensors.torch import load_file
+
+    policy = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(tiny_lm_dir)))
+    reference = build_reference(_resources(policy))
+    saver = SharedModuleCheckpoint("reference", "reference", owner="policy")
+    resources = _checkpoint_resources(policy, reference)
+    saver.save(resources, tmp_path)
+    names = set(load_file(tmp_path / "reference.safetensors"))
+    state = reference.state_dict()
+    assert len(names) == len(state) - 1 and set(state) - names <= {"model.lm_head.weight"}
+    saved = {name: tensor.clone() for name, tensor in state.items()}
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.zero_()
+    saver.load(resources, tmp_path, {})
+    assert all(torch.equal(tensor, saved[name]) for name, tensor in reference.state_dict().items())

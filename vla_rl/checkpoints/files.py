@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from safetensors.torch import load_model as _load_model_file
-from safetensors.torch import save_file
 from safetensors.torch import save_model as _save_model_file
 
 from vla_rl.checkpoints.integrity import write_manifest
@@ -86,6 +87,28 @@ def save_model(directory: str | Path, module: torch.nn.Module, name: str = "mode
     file = Path(directory) / f"{name}.safetensors"
     check_finite(module.state_dict(), file)
     _save_model_file(module, str(file))
+
+
+def save_module_part(directory: str | Path, module: torch.nn.Module, exclude: Collection[str],
+                     name: str) -> None:
+    """Write ``module``'s state dict but the entries named in ``exclude`` (tensors another
+    checkpointed module holds: the reference's share of the policy's frozen parameters) to
+    ``<directory>/<name>.safetensors``; a tensor under several names (tied weights) once, under
+    its first. Read back by :func:`load_module_part`.
+
+    Raises:
+        NonFiniteTensorError: a floating tensor written holds inf or NaN (checked before
+            anything is written).
+    """
+    file = Path(directory) / f"{name}.safetensors"
+    tensors: dict[str, torch.Tensor] = {}
+    written: set[int] = set()
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        if key not in exclude and id(tensor) not in written:
+            written.add(id(tensor))
+            tensors[key] = tensor.detach().contiguous()
+    check_finite(tensors, file)
+    save_file(tensors, str(file))
 
 
 def save_optimizer(directory: str | Path, optimizer: torch.optim.Optimizer, name: str = "optimizer") -> None:
@@ -287,6 +310,37 @@ def load_model(path: str | Path, module: torch.nn.Module, strict: bool = True, n
         _load_model_file(module, str(file), strict=strict)
     except SafetensorError as err:
         raise unreadable(file, err) from err
+    except RuntimeError as err:
+        raise RuntimeError(f"{file}: {err}") from err
+
+
+def load_module_part(path: str | Path, module: torch.nn.Module, exclude: Collection[str], name: str) -> None:
+    """Load ``<path>/<name>.safetensors`` written by :func:`save_module_part` into ``module``:
+    every entry of its state dict but those in ``exclude`` (which are left as they are, also
+    when the file holds them: a checkpoint written whole), and but the second names of tied
+    tensors.
+
+    Raises:
+        FileNotFoundError: the file is missing.
+        RuntimeError: entries missing from the file, or in it but not in ``module``, or of
+            another shape; the message names the file and the entries.
+        CheckpointCorruptError: the file is truncated or its header unreadable.
+    """
+    file = existing_file(Path(path) / f"{name}.safetensors")
+    try:
+        tensors = load_file(str(file))
+    except SafetensorError as err:
+        raise unreadable(file, err) from err
+    state = module.state_dict(keep_vars=True)
+    present = {id(state[key]) for key in tensors if key in state}
+    missing = sorted(key for key, tensor in state.items()
+                     if key not in exclude and key not in tensors and id(tensor) not in present)
+    unexpected = sorted(set(tensors) - set(state))
+    if missing or unexpected:
+        raise RuntimeError(f"{file}: does not fit the {type(module).__name__}: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}")
+    try:
+        module.load_state_dict({key: tensor for key, tensor in tensors.items() if key not in exclude}, strict=False)
     except RuntimeError as err:
         raise RuntimeError(f"{file}: {err}") from err
 

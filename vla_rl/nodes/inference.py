@@ -13,7 +13,7 @@ import copy
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.trainers.actor import per_dim_log_probs
 from vla_rl.trainers.strategy import autocast, cast_parameters, policy_dtype
-from vla_rl.workers.checkpointing import ModuleCheckpoint
+from vla_rl.workers.checkpointing import SharedModuleCheckpoint
 from vla_rl.workers.metrics import mean
 from vla_rl.workers.resources import register_resource
 from vla_rl_core import keys
@@ -38,18 +38,20 @@ def critic_needs_one_task(config, node_config, dp_size: int, world_size: int) ->
                                "estimator without a critic, e.g. algorithm.adv_estimator=grpo)")
 
 
-@register_resource("reference", needs=("policy",), checkpoint=ModuleCheckpoint("reference", "reference"))
+@register_resource("reference", needs=("policy",),
+                   checkpoint=SharedModuleCheckpoint("reference", "reference", owner="policy"))
 def build_reference(res):
     """A frozen copy of the policy as it is when the training phase starts (the warm start);
     restored from checkpoints on resume. Only the policy's trainable parameters are copied: its
     frozen ones (a LoRA run's whole base model, the layers a policy freezes itself) never change
-    in training, so the reference shares them, and under LoRA costs the adapters' memory, not a
-    second model (verl reaches the same by scoring with the adapters disabled, which is the
-    reference only while no warm start trained them). Its floating parameters take the dtype
-    the policy's take under the run's strategy (:func:`~vla_rl.trainers.strategy.policy_dtype`:
-    bfloat16 under FSDP's mixed precision, which the actor then gives the policy's too), whether
-    it is built before the actor casts the policy or after: the KL term of the first minibatch
-    is then 0, not the float32/bfloat16 gap."""
+    in training, so the reference shares them, and under LoRA costs the adapters, not a second
+    model, in memory and in checkpoints (:class:`~vla_rl.workers.checkpointing.SharedModuleCheckpoint`).
+    verl reaches the same by scoring with the adapters disabled, which is the reference only
+    while no warm start trained them. Its floating parameters take the dtype the policy's take
+    under the run's strategy (:func:`~vla_rl.trainers.strategy.policy_dtype`: bfloat16 under
+    FSDP's mixed precision, which the actor then gives the policy's too), whether it is built
+    before the actor casts the policy or after: the KL term of the first minibatch is then 0,
+    not the float32/bfloat16 gap."""
     frozen = {id(parameter): parameter for parameter in res.policy.parameters() if not parameter.requires_grad}
     reference = copy.deepcopy(res.policy, frozen).requires_grad_(False).eval()
     dtype = policy_dtype(res.config.trainer, res.device)

@@ -156,6 +156,40 @@ class ModuleCheckpoint:
 
 
 @dataclass(frozen=True)
+class SharedModuleCheckpoint:
+    """Checkpoints a module-valued resource that shares parameters with another resource's
+    module (the ``reference`` shares the ``policy``'s frozen parameters) as
+    ``<file>.safetensors`` holding only its own tensors: the shared ones are the other
+    resource's to save and restore. Under LoRA the file holds the adapters, not a second model.
+    A file written whole (before the reference shared anything) loads too.
+
+    Attributes:
+        resource: the resource's name.
+        file: the file stem.
+        owner: the resource whose module holds the shared parameters.
+    """
+
+    resource: str
+    file: str
+    owner: str
+
+    def _shared(self, resources) -> tuple[Any, set[str]]:
+        module = getattr(resources, self.resource)
+        owned = {id(parameter) for parameter in getattr(resources, self.owner).parameters()}
+        return module, {key for key, tensor in module.state_dict(keep_vars=True).items() if id(tensor) in owned}
+
+    def save(self, resources, directory: Path) -> dict[str, Any]:
+        if resources.rank == 0:
+            module, shared = self._shared(resources)
+            checkpoint.save_module_part(directory, module, shared, name=self.file)
+        return {}
+
+    def load(self, resources, directory: Path, metadata: dict[str, Any]) -> None:
+        module, shared = self._shared(resources)
+        checkpoint.load_module_part(directory, module, shared, name=self.file)
+
+
+@dataclass(frozen=True)
 class TrainerCheckpoint:
     """Checkpoints a trainer resource (the ``actor``'s :class:`~vla_rl.trainers.actor.ActorTrainer`,
     the ``critic``'s :class:`~vla_rl.trainers.critic.CriticTrainer`).
