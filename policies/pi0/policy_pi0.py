@@ -8,31 +8,8 @@ Executed prefix: the model predicts ``P`` actions (its ``chunk_size``, openpi's 
 without ``executed_actions``). ``n`` must divide ``P``; ``m = P / n``.
 
 Own actions (what :meth:`PI0Policy.sample_actions` returns, the rollout stores and the RL loss
-scores) are the whole denoising chain of every model position, not only the executed actions: a
-chain's log-density is the sum of its Gaussian transitions' log-densities, and recomputing the
-transitions of one position needs every position's state (the velocity at a position attends to
-all of them). Layout, float32 ``(batch, n, own_action_dim)`` with ``own_action_dim = m * (num_steps
-+ 1) * max_action_dim``, strided packing: model position ``p = j * n + c`` goes to slot ``c``, group
-``j`` (values ``j * G .. (j + 1) * G - 1``, ``G = (num_steps + 1) * max_action_dim``), so slot
-``c``'s group 0 is the executed action ``c`` and its groups ``1 .. m - 1`` the positions ``c + n,
-c + 2 n, ...`` that are never executed. Inside a group, block ``k`` (``max_action_dim`` values) is
-``x`` at flow time ``t_k = 1 - k / num_steps`` (block 0 the initial noise, the last block the
-normalised, padded action), all ``max_action_dim`` values, because the padded values are inputs of
-the velocity at the next step and so of the recomputed log-densities. Without ``executed_actions``,
-``m = 1``: slot ``c`` is model position ``c``. :meth:`PI0Policy.env_actions` reads group 0's last
-block's first ``action_dim`` values, de-normalises them and (``delta_action_mask``) adds the state
-back.
-
-Scored elements (RLinf keeps only the executed positions and dimensions: ``log_probs[:, :,
-:action_chunk, :action_env_dim]`` in ``openpi_action_model.py``'s ``_sample_actions_with_prefix_cache``
-and ``default_forward``): the transition into block ``k >= 1`` of group 0 (the executed position),
-values ``0 .. action_dim - 1``. The initial noise block (a standard normal, independent of the
-policy), the padded values and the groups of the positions never executed contribute 0, so slot
-``c``'s log-prob is exactly the chain log-density of executed action ``c`` given the other
-positions' chains (not the marginal of the whole chain, which would also score the unexecuted
-positions: RLinf's choice, followed here). :meth:`PI0Policy.log_prob_and_entropy_per_dim` returns
-per-element values in the own layout with those zeros, so that its ``.sum(-1)`` is, operation for
-operation, the sum :meth:`PI0Policy.sample_actions` returns.
+scores) are the whole denoising chain of every model position, packed and scored as
+:mod:`policies.pi0.own_actions` describes.
 
 Normalisation (``normalization``) and state-relative actions (``delta_action_mask``) mirror openpi's
 transforms (:mod:`policies.pi0.transforms_pi0`): environment action = ``AbsoluteActions(
@@ -81,6 +58,7 @@ from policies.pi0.configuration_pi0 import PI0ModelConfig, PI0PolicyConfig
 from policies.pi0.flow_noise import FlowNoiseSampler, NoiseHead
 from policies.pi0.flow_sampling import FlowODESampler, FlowSampler, FlowSDESampler
 from policies.pi0.modeling_pi0 import PI0Inputs, PI0Model
+from policies.pi0.own_actions import chain_to_own, own_to_chain
 from policies.pi0.processor_pi0 import (
     IMAGE_MASKS,
     IMAGES,
@@ -101,30 +79,11 @@ from policies.pi0.transforms_pi0 import (
 )
 
 
-def chain_to_own(chain: Tensor, executed: int | None = None) -> Tensor:
-    """``(batch, num_steps + 1, P, D)`` chains of ``P`` model positions → own actions ``(batch, n,
-    m * (num_steps + 1) * D)`` of ``n = executed`` slots (default ``P``), ``m = P / n``: position
-    ``p = j * n + c`` is group ``j`` of slot ``c``, its block ``k`` the chain at ``t_k`` (module
-    docstring)."""
-    positions = chain.shape[2]
-    n = positions if executed is None else executed
-    per_position = chain.permute(0, 2, 1, 3)  # (B, P, N + 1, D)
-    grouped = per_position.unflatten(1, (positions // n, n))  # (B, m, n, N + 1, D): p = j n + c
-    return grouped.transpose(1, 2).flatten(2)  # (B, n, m (N + 1) D)
-
-
-def own_to_chain(own: Tensor, num_steps: int, groups: int = 1) -> Tensor:
-    """Inverse of :func:`chain_to_own`: ``(batch, n, groups * (num_steps + 1) * D)`` → ``(batch,
-    num_steps + 1, groups * n, D)``."""
-    grouped = own.unflatten(2, (groups, num_steps + 1, -1))  # (B, n, m, N + 1, D)
-    per_position = grouped.transpose(1, 2).flatten(1, 2)  # (B, P, N + 1, D), p = j n + c
-    return per_position.permute(0, 2, 1, 3)  # (B, N + 1, P, D)
-
-
 @register_policy
 class PI0Policy(Policy):
     """π0 (Black et al. 2024, arXiv 2410.24164) fine-tuned by RL as in πRL (arXiv 2510.25889): see
-    the module docstring for the own actions, the scored elements and the greedy protocol.
+    the module docstring for the greedy protocol, :mod:`policies.pi0.own_actions` for the own
+    actions and the scored elements.
 
     Attributes:
         model: the :class:`PI0Model`.
@@ -213,7 +172,7 @@ class PI0Policy(Policy):
 
     @property
     def chunk_groups(self) -> int:
-        """Model positions per own-action slot, ``m = P / n`` (module docstring)."""
+        """Model positions per own-action slot, ``m = P / n`` (:mod:`policies.pi0.own_actions`)."""
         return self.model_chunk_size // self.chunk_size
 
     @property
@@ -235,7 +194,7 @@ class PI0Policy(Policy):
     @property
     def own_action_dim(self) -> int:
         """``m * (num_steps + 1) * max_action_dim``: the whole denoising chains of the ``m`` model
-        positions packed in each executed slot (see the module docstring for the layout)."""
+        positions packed in each executed slot (the layout: :mod:`policies.pi0.own_actions`)."""
         return self.chunk_groups * (self.num_steps + 1) * self.max_action_dim
 
     @classmethod

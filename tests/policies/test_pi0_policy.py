@@ -21,7 +21,8 @@ from policies.normalization import ActionStatistics, MeanStdStatistics
 from policies.pi0 import PI0PolicyConfig
 from policies.pi0.checkpoint_pi0 import save_pi0_checkpoint
 from policies.pi0.flow_sampling import denoising_times
-from policies.pi0.policy_pi0 import PI0Policy, chain_to_own, own_to_chain
+from policies.pi0.own_actions import chain_to_own, own_to_chain
+from policies.pi0.policy_pi0 import PI0Policy
 from policies.pi0.processor_pi0 import IMAGES, LANG_MASKS, LANG_TOKENS, resize_with_pad
 from tests.policies.pi0_helpers import (
     ACTION_DIM,
