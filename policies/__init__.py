@@ -1,8 +1,9 @@
 """Policies: one folder per policy (``configuration_<name>.py``, ``modeling_<name>.py``), a
 registry of policy classes and the factory :func:`make_policy`.
 
-Importing this package stays light (no torch): the registry imports the built-in policy modules
-on its first lookup (:class:`vla_rl_core.registry.Registry`, ``builtins``).
+Importing this package stays light (no torch): the registry imports a built-in policy's module
+when a lookup first names it, and all of them for a listing or an unknown name
+(:class:`vla_rl_core.registry.Registry`, ``builtins``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ if TYPE_CHECKING:
 
 PolicyT = TypeVar("PolicyT", bound="type[Policy]")
 
-POLICIES: Registry[type[Policy]] = Registry("policy", builtins=(
-    "policies.mlp.modeling_mlp",
-    "policies.openvla.modeling_openvla",
-    "policies.openvla_oft.modeling_openvla_oft",
-    "policies.pi0.policy_pi0",
-))
+#: Each built-in policy's module, imported when a lookup first names it (an MLP run never imports
+#: transformers for the VLA policies).
+POLICIES: Registry[type[Policy]] = Registry("policy", builtins={
+    "mlp": "policies.mlp.modeling_mlp",
+    "openvla": "policies.openvla.modeling_openvla",
+    "openvla_oft": "policies.openvla_oft.modeling_openvla_oft",
+    "pi0": "policies.pi0.policy_pi0",
+})
 
 
 def register_policy(cls: PolicyT) -> PolicyT:

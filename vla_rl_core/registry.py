@@ -20,7 +20,7 @@ model, validated when a template loads: :mod:`vla_rl_core.components`)::
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -41,17 +41,25 @@ class Registry(Generic[T]):
     Args:
         kind: what is registered, used in error messages (e.g. ``"policy"``).
         builtins: modules whose import registers the built-in entries (e.g.
-            ``("policies.mlp.modeling_mlp",)``). They are imported on the first lookup (:meth:`get`,
-            ``in``, iteration, :meth:`traits`, :meth:`config_class`), never by :meth:`register`, so
-            that the module defining a registry does not import its implementations: a family's
-            registry can sit on a low floor while its built-ins live above it.
+            ``("policies.mlp.modeling_mlp",)``), or a mapping of each built-in name to its module
+            (e.g. ``{"mlp": "policies.mlp.modeling_mlp"}``). They are imported on the first lookup
+            (:meth:`get`, ``in``, iteration, :meth:`traits`, :meth:`config_class`), never by
+            :meth:`register`, so that the module defining a registry does not import its
+            implementations: a family's registry can sit on a low floor while its built-ins live
+            above it. With a mapping, a lookup of a built-in name imports its own module only (a
+            template of the MLP policy does not import transformers for the VLA policies: 1.8 s of
+            every process that loads it, on this project's CPU machine); iteration and a lookup of
+            any other name import them all. :meth:`check_builtins` checks the mapping.
         traits: the pydantic model of what each entry declares to the engine when it registers
             (e.g. an advantage estimator's ``reads`` and ``groups``); None: entries declare nothing.
     """
 
-    def __init__(self, kind: str, builtins: Sequence[str] = (), traits: type[BaseModel] | None = None) -> None:
+    def __init__(self, kind: str, builtins: Sequence[str] | Mapping[Hashable, str] = (),
+                 traits: type[BaseModel] | None = None) -> None:
         self.kind = kind
-        self.builtins = tuple(builtins)
+        self.builtin_modules: dict[Hashable, str] = dict(builtins) if isinstance(builtins, Mapping) else {}
+        modules = self.builtin_modules.values() if isinstance(builtins, Mapping) else builtins
+        self.builtins = tuple(dict.fromkeys(modules))
         self.traits_model = traits
         self._builtins_loaded = not self.builtins
         self._entries: dict[Hashable, T] = {}
@@ -70,6 +78,36 @@ class Registry(Generic[T]):
         except BaseException:
             self._builtins_loaded = False
             raise
+
+    def _load_for(self, name: Hashable) -> None:
+        """Make ``name`` registered if it is a built-in: import its own module when the built-ins
+        map names to modules, else all of them."""
+        module = None if self._builtins_loaded else self.builtin_modules.get(name)
+        if module is None:
+            self.load_builtins()
+        else:
+            importlib.import_module(module)
+
+    def check_builtins(self) -> None:
+        """Check that each name of the built-ins' mapping is registered by the module it names
+        and that no built-in module registers a name the mapping lacks (a lookup of that name
+        would import every built-in module).
+
+        Raises:
+            RegistryError: naming each name whose module differs or is missing from the mapping.
+        """
+        self.load_builtins()
+        if not self.builtin_modules:
+            return
+        problems = []
+        for name, entry in self._entries.items():
+            module = getattr(entry, "__module__", None)
+            if module in self.builtins and self.builtin_modules.get(name) != module:
+                problems.append(f"{name!r} is registered by {module}, mapped to {self.builtin_modules.get(name)}")
+        problems += [f"{name!r} (mapped to {module}) is not registered" for name, module in self.builtin_modules.items()
+                     if name not in self._entries]
+        if problems:
+            raise RegistryError(f"the {self.kind} registry's built-ins: {'; '.join(problems)}")
 
     def register(self, name: Hashable, config: type | None = None, **traits: Any) -> Callable[[T], T]:
         """Decorator registering the decorated object under ``name``.
@@ -142,7 +180,7 @@ class Registry(Generic[T]):
         Raises:
             RegistryError: if ``name`` is unknown; the message lists the known names.
         """
-        self.load_builtins()
+        self._load_for(name)
         try:
             return self._entries[name]
         except KeyError:
@@ -150,7 +188,7 @@ class Registry(Generic[T]):
             raise RegistryError(f"unknown {self.kind} {name!r}; known: {known}") from None
 
     def __contains__(self, name: Hashable) -> bool:
-        self.load_builtins()
+        self._load_for(name)
         return name in self._entries
 
     def __iter__(self) -> Iterator[Hashable]:

@@ -38,6 +38,78 @@ def test_builtins_load_on_the_first_lookup_once(tmp_path, monkeypatch):
     sys.modules.pop("toy_builtins")
 
 
+def _toy_modules(tmp_path, monkeypatch, builtins, sources):
+    """A registry in module ``toy_holder`` with built-in modules ``sources`` ({module: code})."""
+    import types
+
+    holder = types.ModuleType("toy_holder")
+    holder.registry = Registry("toy", builtins=builtins)
+    monkeypatch.setitem(sys.modules, "toy_holder", holder)
+    for module, code in sources.items():
+        (tmp_path / f"{module}.py").write_text(f"import toy_holder\n{code}")
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return holder.registry
+
+
+def _registers(*names):
+    return "".join(f"toy_holder.registry.register({name!r})(type({name!r}, (), {{}}))\n" for name in names)
+
+
+def test_a_mapped_builtin_imports_its_own_module_only(tmp_path, monkeypatch):
+    registry = _toy_modules(tmp_path, monkeypatch, {"small": "toy_small", "large": "toy_large"},
+                            {"toy_small": _registers("small"), "toy_large": _registers("large")})
+    assert "small" in registry and registry.get("small").__name__ == "small"
+    assert registry.config_class("small") is None
+    assert "toy_small" in sys.modules and "toy_large" not in sys.modules
+    # any other name (the message lists every name), or a listing, imports them all
+    with pytest.raises(RegistryError, match="unknown toy 'nope'; known: large, small"):
+        registry.get("nope")
+    assert "toy_large" in sys.modules and registry.names() == ["large", "small"]
+
+
+def test_a_listing_imports_every_mapped_builtin(tmp_path, monkeypatch):
+    registry = _toy_modules(tmp_path, monkeypatch, {"small": "toy_small", "large": "toy_large"},
+                            {"toy_small": _registers("small"), "toy_large": _registers("large")})
+    registry.register("own")(int)
+    assert registry.names() == ["large", "own", "small"] and "toy_large" in sys.modules
+
+
+def test_check_builtins_finds_a_mapping_that_does_not_match_the_modules(tmp_path, monkeypatch):
+    registry = _toy_modules(tmp_path, monkeypatch, {"a": "toy_a", "b": "toy_a", "c": "toy_c"},
+                            {"toy_a": _registers("a"), "toy_c": _registers("c", "d")})
+    registry.register("own")(int)  # the user's entries are not the mapping's business
+    with pytest.raises(RegistryError) as info:
+        registry.check_builtins()
+    message = str(info.value)
+    assert message.startswith("the toy registry's built-ins: ")
+    assert "'d' is registered by toy_c, mapped to None" in message
+    assert "'b' (mapped to toy_a) is not registered" in message
+    assert "'a'" not in message and "'c'" not in message and "own" not in message
+
+
+def test_the_policy_registry_maps_each_builtin_to_its_module():
+    from policies import POLICIES
+
+    POLICIES.check_builtins()
+    assert sorted(POLICIES.builtin_modules) == ["mlp", "openvla", "openvla_oft", "pi0"]
+
+
+def test_a_template_of_the_mlp_policy_loads_and_plans_without_the_vla_policies(tmp_path):
+    """What every DAG worker and the driver do first: load the template, plan it. The MLP's
+    never imports transformers (1.8 s per process when the registry imported every policy)."""
+    import subprocess
+
+    code = ("import sys\n"
+            "from vla_rl.dag.loader import load_template\n"
+            "from vla_rl.dag.planner import plan\n"
+            "plan(load_template('embodied_srpo'))\n"
+            "print(sorted(m for m in sys.modules if m == 'transformers' or m.startswith('policies.open')"
+            " or m.startswith('policies.pi0')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_a_builtin_module_that_fails_to_import_is_retried():
     registry = Registry("toy", builtins=("no_such_module_here",))
     for _ in range(2):
