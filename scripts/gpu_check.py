@@ -11,7 +11,7 @@ Parts (seconds: each part's default timeout; the whole check is sized to end wit
 | --- | --- |
 | ``env`` | torch, CUDA, the GPU's name and memory, TF32 flags |
 | ``egl`` | MuJoCo EGL rendering on the GPU (the GL renderer's name: the GPU's, not llvmpipe) and one robosuite Lift camera frame |
-| ``suite`` | the suite's unit tests with ``VLA_RL_TEST_DEVICE=cuda`` (pytest-xdist when installed) |
+| ``suite`` | the suite's tests that run on the test device (``--device-tests-only``; the others check the same on every device) with ``VLA_RL_TEST_DEVICE=cuda`` (pytest-xdist when installed) |
 | ``llm_grpo`` | ``vla-rl train llm_grpo`` for 2 steps with ``workers.device=cuda`` |
 | ``embodied_srpo`` | ``vla-rl train embodied_srpo`` for 2 steps with ``workers.device=cuda`` |
 | ``pi0_fsdp`` | tiny π0 SRPO, one step with FSDP and bf16 mixed precision, every group kept |
@@ -124,7 +124,8 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
     small_step = ["data.init_states_per_step=2", "data.group_size=4", "algorithm.filter_groups.success_rate_band=null",
                   "algorithm.filter_groups.zero_variance=false"]
     camera_warm_start = ["warm_start.num_demos=2", "warm_start.bc_steps=5"]
-    suite = [sys.executable, "-m", "pytest", "-q", "-rfE", "--timeout=300", f"--junitxml={out / 'suite.xml'}", "tests"]
+    suite = [sys.executable, "-m", "pytest", "-q", "-rfE", "--timeout=300", "--device-tests-only",
+             f"--junitxml={out / 'suite.xml'}", "tests"]
     if workers_xdist > 1:
         suite[3:3] = ["-n", str(workers_xdist)]
     return [

@@ -25,6 +25,36 @@ def pytest_report_header(config):
     return f"vla-rl test device: {devices.TEST_DEVICE_KIND} (VLA_RL_TEST_DEVICE)"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device-tests-only", action="store_true",
+                     help="run only the tests that put something on VLA_RL_TEST_DEVICE (the others run the same on "
+                          "every device: on a GPU they repeat the CPU run's checks); scripts/gpu_check.sh uses it")
+
+
+#: Fixtures that hand a test the test device, or run on it.
+DEVICE_FIXTURES = frozenset({"device", "process_group", "evaluated_lift_run"})
+#: tests/devices.py's helpers: a test module that imports one runs its policies or DAG workers on the test device.
+DEVICE_HELPERS = ("device_overrides", "device_under_test", "process_group_backend", "accelerator_count")
+
+
+def uses_test_device(item) -> bool:
+    """Whether a collected test puts something on ``VLA_RL_TEST_DEVICE``: it takes a fixture of
+    :data:`DEVICE_FIXTURES`, or its module imports :data:`DEVICE_HELPERS` or tests/devices.py."""
+    if DEVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    module = getattr(item, "module", None)
+    return getattr(module, "devices", None) is devices or any(
+        getattr(module, name, None) is getattr(devices, name) for name in DEVICE_HELPERS)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--device-tests-only"):
+        return
+    kept = [item for item in items if uses_test_device(item)]
+    config.hook.pytest_deselected(items=[item for item in items if not uses_test_device(item)])
+    items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def device():
     """The torch device of the unit tests' policies and batches (``VLA_RL_TEST_DEVICE``)."""

@@ -37,6 +37,30 @@ def test_every_training_part_plans(gpu_check, tmp_path, capsys):
         assert all((ROOT / script).is_file() for script in scripts), part.name
 
 
+def test_the_suite_part_runs_the_tests_of_the_test_device(gpu_check, tmp_path):
+    """The suite part runs the tests that put something on VLA_RL_TEST_DEVICE (tests/conftest.py,
+    ``--device-tests-only``): a unit test taking the ``device`` fixture and an end-to-end run with
+    ``device_overrides`` are collected; a test of the CLI's messages and one of the cluster, which
+    run on CPU workers whatever the device, are not."""
+    import subprocess
+
+    suite = next(part for part in gpu_check.build_parts(tmp_path, gpus=1, workers_xdist=1) if part.name == "suite")
+    assert "--device-tests-only" in suite.command and suite.env == {"VLA_RL_TEST_DEVICE": "cuda"}
+    files = ["tests/trainers/test_actor.py", "tests/test_templates.py", "tests/test_cli.py", "tests/test_cluster.py"]
+
+    def collected(*options: str) -> list[str]:
+        listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                 *options, *files], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        return [line for line in listed.stdout.splitlines() if "::" in line]
+
+    every, on_device = collected(), collected("--device-tests-only")
+    assert {line.split("::")[0] for line in on_device} == {"tests/trainers/test_actor.py", "tests/test_templates.py"}
+    # per test, not per module: the actor's tests without the device fixture are left out
+    actor = [line for line in every if line.startswith("tests/trainers/test_actor.py::")]
+    assert 0 < sum(line in actor for line in on_device) < len(actor) and set(on_device) < set(every)
+
+
 def test_a_hanging_part_is_killed_with_its_children_at_its_timeout(gpu_check, tmp_path):
     marker = tmp_path / "child_alive"
     child = f"import time, pathlib; time.sleep(3); pathlib.Path({str(marker)!r}).write_text('x')"
