@@ -58,14 +58,14 @@ def test_srpo_oft_lift_runs_with_the_policy_backbone_encoder(ray_on_loopback, tm
 def test_srpo_oft_lift_warm_starts_on_camera_demonstrations(ray_on_loopback, tmp_path):
     """Behaviour cloning on one camera demonstration (horizon 48: the scripted expert needs about
     40 steps) before SRPO: the demonstration store holds uint8 images and the checkpoint keeps the
-    warm start's proprio statistics."""
+    warm start's proprio statistics of the template's ``proprio_dim`` (5) state features."""
     step, run_dir = run("embodied_srpo_oft_lift", tmp_path, "simulator.env.horizon=48", "warm_start.num_demos=1",
                         "warm_start.bc_steps=4", "warm_start.bc_batch_size=8")
     assert 1 <= step["rollout/episode_length"] <= 12  # decisions of 4 actions within 48 control steps
     store = TrajectoryStore.open(run_dir / "demos.zarr", read_only=True)
     assert store.fields["agentview_image"] == ((32, 32, 3), np.dtype(np.uint8))
     model = load_file(str(run_dir / "checkpoints" / "step_00000001" / "model.safetensors"))
-    assert bool(model["proprio_statistics_set"]) and model["proprio_q01"].shape == (11,)
+    assert bool(model["proprio_statistics_set"]) and model["proprio_q01"].shape == (5,)
     assert (model["proprio_q99"] > model["proprio_q01"]).any()
 
 
