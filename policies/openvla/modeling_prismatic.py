@@ -28,6 +28,7 @@ from transformers import (
     SiglipVisionModel,
 )
 
+from policies.image_resize import resize_uint8
 from policies.openvla.configuration_openvla import (
     PrismaticArchitecture,
     VisionTowerConfig,
@@ -92,13 +93,19 @@ class VisionTower(nn.Module):
 
     def preprocess(self, images: Tensor) -> Tensor:
         """uint8 ``(batch, H, W, 3)`` RGB → normalised ``(batch, 3, S, S)`` pixels (``S =
-        image_size``; bicubic antialiased resize when ``H, W != S``, like the PIL resize of
-        OpenVLA's processor), in the tower's dtype."""
-        pixels = images.permute(0, 3, 1, 2).float() / 255.0  # (B, 3, H, W)
+        image_size``): :meth:`resize` then :meth:`normalize`."""
+        return self.normalize(self.resize(images))
+
+    def resize(self, images: Tensor) -> Tensor:
+        """uint8 ``(batch, H, W, 3)`` → uint8 ``(batch, 3, S, S)``: PIL's bicubic resize of 8-bit
+        images when ``H, W != S``, as OpenVLA's processor resizes its PIL images
+        (:func:`policies.image_resize.resize_uint8`, on the images' device)."""
         size = self.config.image_size
-        if pixels.shape[-2:] != (size, size):
-            pixels = F.interpolate(pixels, size=(size, size), mode="bicubic", antialias=True).clamp(0.0, 1.0)
-        pixels = (pixels - self.mean) / self.std
+        return resize_uint8(images.permute(0, 3, 1, 2), size, size, "bicubic")
+
+    def normalize(self, frames: Tensor) -> Tensor:
+        """uint8 ``(batch, 3, S, S)`` → ``(x / 255 - mean) / std`` in the tower's dtype."""
+        pixels = (frames.float() / 255.0 - self.mean) / self.std
         return pixels.to(self.model.dtype)
 
     def forward(self, pixel_values: Tensor) -> Tensor:
@@ -118,11 +125,15 @@ class PrismaticVisionBackbone(nn.Module):
         self.embed_dim = sum(tower.hidden_size for tower in towers)
 
     def forward(self, images: Tensor) -> Tensor:
-        """uint8 ``(batch, H, W, 3)`` images → ``(batch, num_patches, embed_dim)`` features."""
-        patches = self.featurizer(self.featurizer.preprocess(images))
+        """uint8 ``(batch, H, W, 3)`` images → ``(batch, num_patches, embed_dim)`` features (the
+        images resized once when both towers take the same size, as OpenVLA's published ones)."""
+        frames = self.featurizer.resize(images)
+        patches = self.featurizer(self.featurizer.normalize(frames))
         if self.fused_featurizer is None:
             return patches
-        fused = self.fused_featurizer(self.fused_featurizer.preprocess(images))
+        if self.fused_featurizer.config.image_size != self.featurizer.config.image_size:
+            frames = self.fused_featurizer.resize(images)
+        fused = self.fused_featurizer(self.fused_featurizer.normalize(frames))
         return torch.cat([patches, fused], dim=2)
 
 

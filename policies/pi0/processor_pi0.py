@@ -6,9 +6,10 @@ The engine's simulators give a TensorDict of ``state`` float ``(batch, obs_dim)`
 them (``src/openpi/models/model.py``, ``preprocess_observation``; ``src/openpi/shared/image_tools.py``,
 ``resize_with_pad``; ``src/openpi/models/tokenizer.py``, ``PaligemmaTokenizer.tokenize``):
 
-- each camera image resized to the SigLIP input side keeping its aspect ratio, padded evenly
-  with black, and scaled from ``[0, 255]`` to ``[-1, 1]`` (``x / 255 * 2 - 1``); the resize here
-  is torch's antialiased bilinear (openpi: PIL's bilinear), so pixels differ by rounding;
+- each camera image resized to the SigLIP input side keeping its aspect ratio and padded evenly
+  with black, in 8 bits as openpi's clients do before they send it (``openpi_client/image_tools.py``,
+  ``resize_with_pad``: PIL's bilinear; here :func:`policies.image_resize.resize_uint8`, at most 2
+  of 255 from PIL), then scaled from ``[0, 255]`` to ``[-1, 1]`` (``x / 255 * 2 - 1``);
 - the instruction cleaned (``strip``, ``_`` and newlines → spaces), tokenised with BOS and a
   final ``"\\n"``, truncated to ``max_length`` tokens and right-padded (mask False on padding);
 - the first ``proprio_dim`` state features, raw (the policy normalises and pads them).
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import Tensor
 
+from policies.image_resize import resize_uint8
 from vla_rl_core import keys
 from vla_rl_core.observations import decode_instruction
 
@@ -43,25 +45,25 @@ def clean_instruction(instruction: str) -> str:
 
 def resize_with_pad(images: Tensor, side: int) -> Tensor:
     """Resize to ``side`` x ``side`` keeping the aspect ratio, padding evenly with black (openpi's
-    ``resize_with_pad``), and scale to ``[-1, 1]``.
+    ``resize_with_pad``: the resize in 8 bits, :func:`~policies.image_resize.resize_uint8`), and
+    scale to ``[-1, 1]``.
 
     Args:
-        images: uint8 ``(n, H, W, 3)``.
+        images: uint8 ``(n, H, W, 3)``, on any device (resized there).
         side: the output side.
 
     Returns:
         float32 ``(n, 3, side, side)`` in ``[-1, 1]`` (padding -1).
     """
-    pixels = images.permute(0, 3, 1, 2).float() / 255.0  # (n, 3, H, W) in [0, 1]
-    height, width = pixels.shape[-2:]
+    frames = images.permute(0, 3, 1, 2)  # (n, 3, H, W) uint8
+    height, width = frames.shape[-2:]
     if (height, width) != (side, side):
         ratio = max(height / side, width / side)
         new_h, new_w = int(height / ratio), int(width / ratio)
-        pixels = F.interpolate(pixels, size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True)
-        pixels = pixels.clamp(0.0, 1.0)
+        frames = resize_uint8(frames, new_h, new_w, "bilinear")
         pad_h, pad_w = side - new_h, side - new_w
-        pixels = F.pad(pixels, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2), value=0.0)
-    return pixels * 2.0 - 1.0
+        frames = F.pad(frames, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2), value=0)
+    return frames.float() / 255.0 * 2.0 - 1.0
 
 
 class PI0ObservationProcessor:

@@ -9,10 +9,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from safetensors import safe_open
 from tensordict import TensorDict
 from torch.nn import functional as F
 
+from policies.image_resize import resize_uint8
 from policies.openvla.checkpoint_prismatic import (
     architecture_from_config,
     write_checkpoint,
@@ -248,6 +250,28 @@ def test_checkpoint_round_trip_in_the_published_layout(policy, obs, tokenizer, t
     assert torch.equal(policy._bin_logits(obs, bins)[0], loaded._bin_logits(obs, bins)[0])
     assert torch.equal(loaded.env_actions(actions), policy.env_actions(actions))
     assert torch.equal(loaded.encode_instructions(INSTRUCTIONS)[0], obs["input_ids"])
+
+
+def test_the_towers_resize_as_openvlas_processor_and_once_for_both(policy, monkeypatch):
+    """Each tower's pixels are OpenVLA's processor's: PIL's bicubic resize of the 8-bit image (at
+    most 2 of 255 away here), then ``(x / 255 - mean) / std``; the fused backbone resizes the
+    frames once for its two towers of the same size."""
+    import policies.openvla.modeling_prismatic as prismatic
+
+    backbone = policy.vla.vision_backbone
+    images = torch.randint(0, 256, (3, 40, 36, 3), generator=torch.Generator().manual_seed(2), dtype=torch.uint8)
+    for tower in (backbone.featurizer, backbone.fused_featurizer):
+        size = tower.config.image_size
+        resized = np.stack([np.asarray(Image.fromarray(image).resize((size, size), resample=Image.BICUBIC))
+                            for image in images.numpy()])
+        expected = (torch.from_numpy(resized).permute(0, 3, 1, 2).float() / 255 - tower.mean) / tower.std
+        difference = (tower.preprocess(images) - expected).abs() * tower.std * 255  # in units of 1/255
+        assert difference.max() <= 2 + 1e-3 and difference.mean() < 0.15
+    calls = []
+    monkeypatch.setattr(prismatic, "resize_uint8", lambda *args: calls.append(args[1:]) or resize_uint8(*args))
+    with torch.no_grad():
+        backbone(images)
+    assert calls == [(28, 28, "bicubic")]
 
 
 def test_a_checkpoint_is_loaded_into_parameters_built_on_the_meta_device(policy, obs, tmp_path, monkeypatch):

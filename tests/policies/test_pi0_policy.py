@@ -12,8 +12,10 @@ import json
 import math
 import shlex
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from tensordict import TensorDict
 
 from policies import make_policy
@@ -238,6 +240,32 @@ def test_the_processor_resizes_the_frames_where_they_are():
     obs.set(f"{policy.config.cameras[0]}_image", obs[f"{policy.config.cameras[0]}_image"].to("meta"))
     images = policy.processor(obs)[IMAGES]
     assert images.device.type == "meta" and images.shape == (2, 1, 3, 28, 28)
+
+
+def openpi_client_resize_with_pad(image: np.ndarray, side: int) -> np.ndarray:
+    """openpi's client-side ``resize_with_pad`` (``openpi_client/image_tools.py``): PIL bilinear
+    to the aspect-preserving size, pasted on a black ``side`` square at the floor of half the
+    margin; uint8 ``(side, side, 3)``."""
+    height, width = image.shape[:2]
+    ratio = max(width / side, height / side)
+    new_h, new_w = int(height / ratio), int(width / ratio)
+    resized = Image.fromarray(image).resize((new_w, new_h), resample=Image.BILINEAR)
+    canvas = Image.new(resized.mode, (side, side), 0)
+    canvas.paste(resized, (int((side - new_w) / 2), int((side - new_h) / 2)))
+    return np.asarray(canvas)
+
+
+@pytest.mark.parametrize("height, width, side", [(128, 128, 56), (20, 40, 28), (96, 128, 56), (40, 20, 56)])
+def test_images_are_resized_with_padding_as_openpis_client_sends_them(height, width, side):
+    """π0's frames are what openpi's clients send: PIL's 8-bit bilinear resize with black padding
+    (here at most 2 of 255 away), scaled to [-1, 1]."""
+    images = torch.randint(0, 256, (3, height, width, 3), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+    expected = np.stack([openpi_client_resize_with_pad(image, side) for image in images.numpy()])
+    pixels = resize_with_pad(images, side)  # (3, 3, side, side) in [-1, 1]
+    as_uint8 = (pixels + 1) / 2 * 255  # back to [0, 255]: integers up to float rounding
+    torch.testing.assert_close(as_uint8, as_uint8.round(), rtol=0, atol=1e-4)
+    difference = (as_uint8.round().permute(0, 2, 3, 1) - torch.from_numpy(expected).float()).abs()
+    assert difference.max() <= 2 and difference.mean() < 0.2
 
 
 def test_processor_images_prompts_and_state():
