@@ -70,3 +70,14 @@ def test_frames_are_resized_on_their_device_and_kept_when_already_that_size():
 def test_bad_input_is_refused(images, mode, size, message):
     with pytest.raises(ValueError, match=message):
         resize_uint8(images, size, size, mode)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_frames_on_the_test_device_are_resized_there_as_pil(mode, device):
+    """On the test device (``VLA_RL_TEST_DEVICE``): the CPU's kernel, or an accelerator's float
+    passes, which no other test runs there."""
+    images = frames("smooth")
+    out = resize_uint8(torch.from_numpy(images).permute(0, 3, 1, 2).to(device), 100, 75, mode)
+    assert out.device == device and out.dtype == torch.uint8
+    difference = np.abs(out.cpu().permute(0, 2, 3, 1).numpy().astype(int) - pil_resize(images, 100, 75, mode))
+    assert difference.max() <= 2 and difference.mean() < 0.15
