@@ -124,14 +124,17 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
     small_step = ["data.init_states_per_step=2", "data.group_size=4", "algorithm.filter_groups.success_rate_band=null",
                   "algorithm.filter_groups.zero_variance=false"]
     camera_warm_start = ["warm_start.num_demos=2", "warm_start.bc_steps=5"]
-    suite = [sys.executable, "-m", "pytest", "-q", "-rfE", "--timeout=300", "--device-tests-only",
+    # -v: each test's result in the log as it ends, so that a suite cut by its timeout still says
+    # which tests passed and failed (the JUnit XML is written only when pytest finishes)
+    suite = [sys.executable, "-m", "pytest", "-v", "-rfE", "--timeout=300", "--device-tests-only",
              f"--junitxml={out / 'suite.xml'}", "tests"]
     if workers_xdist > 1:
         suite[3:3] = ["-n", str(workers_xdist)]
     return [
         Part("env", [sys.executable, "-c", _ENV_PY], 60),
         Part("egl", [sys.executable, "-c", _EGL_PY], 90),
-        Part("suite", suite, 300, {"VLA_RL_TEST_DEVICE": "cuda"}),
+        # beside the other parts: it may take the whole deadline without lengthening the check
+        Part("suite", suite, 480, {"VLA_RL_TEST_DEVICE": "cuda"}),
         # DDP (the default strategy) under mixed_precision auto: bfloat16 autocast, the old log-probs
         # rescored by the trainer (the metric exists only then)
         _train("llm_grpo", "llm_grpo", workers, runs, ["trainer.total_steps=2", "text.sft_steps=20",
