@@ -4,13 +4,13 @@ OpenVLA's image processor resizes the PIL image (``Image.resize(..., BICUBIC)`` 
 torchvision's ``Resize``) before it converts it to float; openpi's clients resize with padding
 in PIL (``openpi_client/image_tools.py``: ``resize_with_pad``, ``Image.BILINEAR``) and send uint8
 frames. PIL's resampling of an 8-bit image is antialiased (the filter's support scales with the
-reduction), separable (rows first, then columns) and rounds and clips to 8 bits after each pass
-(``libImaging/Resample.c``). :func:`resize_uint8` gives the same result:
+reduction), separable (a horizontal pass, then a vertical one) and rounds and clips to 8 bits
+after each pass (``libImaging/Resample.c``). :func:`resize_uint8` gives the same result:
 
 - on the CPU, torch's uint8 kernel of ``F.interpolate(..., antialias=True)`` on channels-last
   frames (torchvision's PIL-matching path; measured here against PIL on noise and smooth images
-  from 128 px to 42-224 px: at most 2 of 255 apart, on average 0.08), 15 times faster on one
-  thread than the same interpolation in float32;
+  from 128 px to 42-224 px: at most 2 of 255 apart, on average 0.08), 11 to 15 times faster on
+  one thread than the same interpolation in float32;
 - on an accelerator, whose kernels have no uint8 variant (CUDA's ``_upsample_*2d_aa`` dispatches
   floating types only), the two passes in float32 with PIL's rounding and clipping after each
   (also at most 2 of 255 from PIL; at most 2 from the CPU kernel). Without that rounding a float
@@ -62,7 +62,7 @@ def resize_uint8(images: Tensor, height: int, width: int, mode: str) -> Tensor:
 
 def resize_uint8_in_float(images: Tensor, height: int, width: int, mode: str) -> Tensor:
     """:func:`resize_uint8`'s path on accelerators (their interpolation kernels take floating
-    types only): PIL's two passes, rows then columns, in float32, each rounded and clipped to
+    types only): PIL's two passes, horizontal then vertical, in float32, each rounded and clipped to
     8 bits. Arguments and result as :func:`resize_uint8` (not checked here)."""
     pixels = images.float()
     pixels = F.interpolate(pixels, size=(pixels.shape[-2], width), mode=mode, antialias=True, align_corners=False)
