@@ -22,9 +22,7 @@ not timed here.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -39,6 +37,11 @@ from policies.image_resize import resize_uint8
 from policies.pi0 import PI0PolicyConfig
 from vla_rl_core import keys
 from vla_rl_core.observations import encode_instruction
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.baseline_table import report  # noqa: E402  (after the path above)
 
 #: The π0 Lift templates' tiny π0 (dag_templates/bases/pi0_lift.yaml).
 PI0_LIFT = {"preset": "tiny", "max_action_dim": 7, "max_state_dim": 11, "chunk_size": 8,
@@ -134,27 +137,9 @@ def main(argv: list[str] | None = None) -> dict:
                                       "uint8": seconds(lambda: uint8_tower_frames(large, 224), args.repeats)},
         "pi0_lift_update_pass": pi0_update_pass(n, args.repeats),
     }
-    result = {"settings": {**vars(args), "out": str(args.out) if args.out else None},
-              "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                          "torch": torch.__version__, "torch_threads": torch.get_num_threads()},
-              "parts": {}}
-    print(f"Camera resize per forward pass, {n} observations of one camera, median of {args.repeats} calls, "
-          f"{torch.get_num_threads()} torch thread(s)")
-    print("| part | resize | median s | min s | max s | speed-up over float32 |")
-    print("|---|---|---|---|---|---|")
-    for part, rows in parts.items():
-        baseline = statistics.median(rows["float32"])
-        result["parts"][part] = {}
-        for name, values in rows.items():
-            median = statistics.median(values)
-            record = {"median_s": median, "min_s": min(values), "max_s": max(values), "seconds": values,
-                      "speedup_over_float32": baseline / median}
-            result["parts"][part][name] = record
-            print(f"| {part} | {name} | {median:.4f} | {min(values):.4f} | {max(values):.4f} | "
-                  f"{record['speedup_over_float32']:.2f}x |")
-    if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return report(parts, "float32", "resize",
+                  f"Camera resize per forward pass, {n} observations of one camera, median of {args.repeats} "
+                  f"calls, {torch.get_num_threads()} torch thread(s)", args)
 
 
 if __name__ == "__main__":

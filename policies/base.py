@@ -291,6 +291,27 @@ class Policy(torch.nn.Module, abc.ABC):
         log_probs, entropy = self.log_prob_and_entropy_per_dim(obs, actions)
         return log_probs.sum(dim=-1), entropy.sum(dim=-1)
 
+    def model_ready_observations(self, obs: Any, mask: Tensor | None = None) -> Any:
+        """Observations with their per-observation preprocessing done once, for several passes
+        over them (an update's epochs, behaviour cloning's steps): every method that reads
+        observations reads the result as it reads ``obs``, with bit-identical outputs.
+
+        Camera policies resize each configured ``<camera>_image`` frame to their vision input
+        (π0, OpenVLA) and return it as ``<camera>_model_image`` in place of the frame; the
+        default (state vectors) returns ``obs`` itself.
+
+        Args:
+            obs: observations as the policy reads them (a TensorDict of camera observations of
+                any batch shape, e.g. ``(n, T + 1)``, or a flat tensor).
+            mask: optional bool of ``obs``' batch shape: only those observations are prepared
+                (the others' model frames are 0 and must not be read).
+
+        Returns:
+            A new TensorDict (``obs`` is not modified), or ``obs`` itself when there is nothing
+            to prepare.
+        """
+        return obs
+
     def env_actions(self, actions: Tensor, obs: Any = None) -> Tensor:
         """The simulator's actions for the policy's actions (identity: the MLP acts in the
         simulator's units; OpenVLA de-normalises its bin values).

@@ -18,6 +18,10 @@ OBS = "obs"  # (batch, horizon + 1, obs_dim) float32: obs[t] is seen before acti
 # With camera observations, OBS is a TensorDict of batch size (batch, horizon + 1) holding:
 OBS_STATE = "state"  # (batch, horizon + 1, obs_dim) float32: the simulator's state vector
 OBS_IMAGE_SUFFIX = "_image"  # "<camera>_image": (batch, horizon + 1, H, W, 3) uint8 RGB, e.g. "agentview_image"
+# "<camera>_model_image": (..., S, S, 3) uint8 RGB, the frame as the policy's model reads it (resized,
+# padded or cropped to its vision input): made on a worker by policy.model_ready_observations for the
+# passes that follow (the update's epochs, behaviour cloning's steps), never sent between workers.
+OBS_MODEL_IMAGE_SUFFIX = "_model_image"
 OBS_INSTRUCTION = "instruction"  # (batch, horizon + 1, INSTRUCTION_BYTES) uint8: the task's instruction, UTF-8, 0-padded
 # With a task set (simulator.tasks), OBS is a TensorDict (flat states too) that also holds:
 OBS_TASK_ID = "task_id"  # (batch, horizon + 1) int64: the episode's task, its position in simulator.tasks

@@ -104,9 +104,11 @@ class VisionTower(nn.Module):
         return resize_uint8(images.permute(0, 3, 1, 2), size, size, "bicubic")
 
     def normalize(self, frames: Tensor) -> Tensor:
-        """uint8 ``(batch, 3, S, S)`` → ``(x / 255 - mean) / std`` in the tower's dtype."""
+        """uint8 ``(batch, 3, S, S)`` (any memory layout) → ``(x / 255 - mean) / std`` in the
+        tower's dtype, contiguous (the patch convolution sees one layout whichever way the frames
+        were resized: the same values from a model frame as from the raw one)."""
         pixels = (frames.float() / 255.0 - self.mean) / self.std
-        return pixels.to(self.model.dtype)
+        return pixels.to(self.model.dtype).contiguous()
 
     def forward(self, pixel_values: Tensor) -> Tensor:
         """``(batch, 3, S, S)`` pixels → ``(batch, num_patches, hidden_size)``: the output of the
@@ -124,6 +126,14 @@ class PrismaticVisionBackbone(nn.Module):
         self.fused_featurizer = VisionTower(towers[1], attn_implementation) if len(towers) == 2 else None
         self.embed_dim = sum(tower.hidden_size for tower in towers)
 
+    @property
+    def image_size(self) -> int | None:
+        """The towers' common input side; None when the fused towers take different sizes."""
+        sizes = {self.featurizer.config.image_size}
+        if self.fused_featurizer is not None:
+            sizes.add(self.fused_featurizer.config.image_size)
+        return sizes.pop() if len(sizes) == 1 else None
+
     def forward(self, images: Tensor) -> Tensor:
         """uint8 ``(batch, H, W, 3)`` images → ``(batch, num_patches, embed_dim)`` features (the
         images resized once when both towers take the same size, as OpenVLA's published ones)."""
@@ -131,7 +141,7 @@ class PrismaticVisionBackbone(nn.Module):
         patches = self.featurizer(self.featurizer.normalize(frames))
         if self.fused_featurizer is None:
             return patches
-        if self.fused_featurizer.config.image_size != self.featurizer.config.image_size:
+        if self.image_size is None:
             frames = self.fused_featurizer.resize(images)
         fused = self.fused_featurizer(self.fused_featurizer.normalize(frames))
         return torch.cat([patches, fused], dim=2)

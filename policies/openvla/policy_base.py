@@ -31,6 +31,7 @@ from policies.checkpoint_files import (
     load_tokenizer,
     weight_mismatch_error,
 )
+from policies.image_resize import with_model_frames
 from policies.normalization import ActionStatistics
 from policies.openvla.checkpoint_prismatic import (
     CONFIG_FILE,
@@ -235,6 +236,24 @@ class PrismaticPolicy(Policy, abstract=True):
             raise ValueError("this policy has no tokenizer (built from an architecture): give it model inputs, "
                              "or use a checkpoint or the 'tiny' preset to read simulator observations")
         return self.processor(obs)
+
+    def model_ready_observations(self, obs: TensorDict, mask: Tensor | None = None) -> TensorDict:
+        """``obs`` with each camera's frames prepared once as the model reads them: OpenVLA-OFT's
+        preparation (the processor's, memoised), then, when the towers take one size, the towers'
+        8-bit resize on the policy's device, as the forward pass resizes them; see
+        ``Policy.model_ready_observations``. ``obs`` itself for model inputs or without a
+        processor."""
+        if not isinstance(obs, TensorDict) or self.processor is None or INPUT_IDS in obs.keys():
+            return obs
+        backbone = self.vla.vision_backbone
+
+        def prepare(frames: Tensor) -> Tensor:  # uint8 (n, H, W, 3) -> (n, S, S, 3)
+            frames = self.processor.preprocess_images(frames[:, None])[:, 0]
+            if backbone.image_size is None:  # towers of different sizes: each resizes in the forward
+                return frames
+            return backbone.featurizer.resize(frames.to(self.device)).permute(0, 2, 3, 1).contiguous()
+
+        return with_model_frames(obs, self.processor.cameras, prepare, mask)
 
     @torch.no_grad()
     def frame_features(self, frames: Tensor) -> Tensor:

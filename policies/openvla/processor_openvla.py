@@ -36,6 +36,7 @@ from tensordict import TensorDict
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
+from policies.image_resize import frame_keys
 from policies.openvla.image_preprocessing import center_crop, resize_image_for_policy
 from vla_rl_core import keys
 from vla_rl_core.observations import decode_instruction
@@ -231,34 +232,50 @@ class SimulatorObservationProcessor:
         Args:
             obs: TensorDict of batch size ``(batch,)`` with ``instruction`` uint8 ``(batch,
                 INSTRUCTION_BYTES)``, ``<camera>_image`` uint8 ``(batch, H, W, 3)`` for every
-                configured camera and, with ``proprio_dim``, ``state`` float ``(batch, >= proprio_dim)``.
+                configured camera (or, prepared by the policy's ``model_ready_observations``,
+                ``<camera>_model_image``, read as they are) and, with ``proprio_dim``, ``state``
+                float ``(batch, >= proprio_dim)``.
 
         Returns:
             ``images`` uint8 ``(batch, len(cameras), H, W, 3)``, ``input_ids``/``attention_mask``
             int64 ``(batch, prompt_len)`` and, with ``proprio_dim``, ``proprio`` float32.
 
         Raises:
-            ValueError: a key is missing (the message lists the observation's keys), or the state
-                has fewer than ``proprio_dim`` features.
+            ValueError: a key is missing (the message lists the observation's keys), only some
+                cameras have model frames, or the state has fewer than ``proprio_dim`` features.
         """
-        image_keys = [f"{camera}{keys.OBS_IMAGE_SUFFIX}" for camera in self.cameras]
+        present = set(obs.keys())
+        image_keys = frame_keys(present, self.cameras)
         needed = [keys.OBS_INSTRUCTION, *image_keys, *([keys.OBS_STATE] if self.proprio_dim else [])]
-        missing = [key for key in needed if key not in obs.keys()]
+        missing = [key for key in needed if key not in present]
         if missing:
             raise ValueError(
-                f"the simulator observation has no {missing} entries (keys: {sorted(obs.keys())}); set the "
+                f"the simulator observation has no {missing} entries (keys: {sorted(present)}); set the "
                 "simulator's cameras to the policy's cameras (simulator.env.cameras, policy.config.cameras)"
             )
-        images = self.preprocess_images(torch.stack([obs[key] for key in image_keys], dim=1))  # (B, I, H, W, 3)
+        prepared = [key == f"{camera}{keys.OBS_MODEL_IMAGE_SUFFIX}" for camera, key in zip(self.cameras, image_keys,
+                                                                                            strict=True)]
+        if any(prepared) and not all(prepared):
+            raise ValueError(f"the observation holds model frames of some cameras only ({image_keys}): prepare all "
+                             "of them with the policy's model_ready_observations")
+        images = torch.stack([obs[key] for key in image_keys], dim=1)  # (B, I, H, W, 3)
+        if not all(prepared):
+            images = self.preprocess_images(images)
         input_ids, attention_mask = self.encode_instructions(obs[keys.OBS_INSTRUCTION])
-        proprio = None
-        if self.proprio_dim:
-            state = obs[keys.OBS_STATE]
-            if state.shape[-1] < self.proprio_dim:
-                raise ValueError(f"obs[{keys.OBS_STATE!r}] has {state.shape[-1]} features, fewer than the policy's "
-                                 f"proprio_dim {self.proprio_dim}")
-            proprio = state[:, : self.proprio_dim].float()
+        proprio = self.proprio(obs) if self.proprio_dim else None
         return make_observation(images, input_ids, attention_mask, proprio)
+
+    def proprio(self, obs: TensorDict) -> Tensor:
+        """The first ``proprio_dim`` state features: float32 ``(batch, proprio_dim)``.
+
+        Raises:
+            ValueError: the state has fewer than ``proprio_dim`` features.
+        """
+        state = obs[keys.OBS_STATE]
+        if state.shape[-1] < self.proprio_dim:
+            raise ValueError(f"obs[{keys.OBS_STATE!r}] has {state.shape[-1]} features, fewer than the policy's "
+                             f"proprio_dim {self.proprio_dim}")
+        return state[:, : self.proprio_dim].float()
 
     def preprocess_images(self, images: Tensor) -> Tensor:
         """OpenVLA-OFT's ``prepare_images_for_vla`` on simulator images: each image that is not

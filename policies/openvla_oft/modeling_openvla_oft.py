@@ -345,7 +345,9 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
         """
         if self.proprio_projector is None:
             return
-        proprio = self.model_inputs(obs)[PROPRIO].float()  # (B, proprio_dim)
+        # (B, proprio_dim): of simulator observations the state alone (not the frames' preparation)
+        simulator_obs = PROPRIO not in obs.keys() and self.processor is not None
+        proprio = (self.processor.proprio(obs) if simulator_obs else obs[PROPRIO]).float()
         q01, q99 = fit_bounds_q99(proprio)
         self.proprio_q01.copy_(q01)
         self.proprio_q99.copy_(q99)

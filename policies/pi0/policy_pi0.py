@@ -273,6 +273,11 @@ class PI0Policy(Policy):
                          lang_tokens=processed[LANG_TOKENS].to(device), lang_masks=processed[LANG_MASKS].to(device),
                          state=state.to(device))
 
+    def model_ready_observations(self, obs: TensorDict, mask: Tensor | None = None) -> TensorDict:
+        """``obs`` with each camera's frames resized and padded to SigLIP's input once
+        (:meth:`PI0ObservationProcessor.model_ready`); see ``Policy.model_ready_observations``."""
+        return self.processor.model_ready(obs, mask)
+
     def _velocity_fn(self, inputs: PI0Inputs):
         """The velocity function of the samplers on one prefix cache: ``(x_t, t) -> (velocity,
         expert features)``."""
@@ -479,7 +484,7 @@ class PI0Policy(Policy):
             obs: simulator observations, batch size ``(batch,)``.
         """
         if self.config.proprio_dim:
-            fit_statistics(self, "proprio", self.processor(obs)[PROPRIO].float(), self.config.normalization)
+            fit_statistics(self, "proprio", self.processor.proprio(obs), self.config.normalization)
 
     # ----------------------------------------------------------------------------- export
     def save_pretrained(self, out_dir: str | Path, layout: Layout = "lerobot") -> Path:

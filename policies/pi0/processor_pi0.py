@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import Tensor
 
-from policies.image_resize import resize_uint8
+from policies.image_resize import frame_keys, resize_uint8, with_model_frames
 from vla_rl_core import keys
 from vla_rl_core.observations import decode_instruction
 
@@ -43,17 +43,16 @@ def clean_instruction(instruction: str) -> str:
     return instruction.strip().replace("_", " ").replace("\n", " ")
 
 
-def resize_with_pad(images: Tensor, side: int) -> Tensor:
-    """Resize to ``side`` x ``side`` keeping the aspect ratio, padding evenly with black (openpi's
-    ``resize_with_pad``: the resize in 8 bits, :func:`~policies.image_resize.resize_uint8`), and
-    scale to ``[-1, 1]``.
+def resize_with_pad_uint8(images: Tensor, side: int) -> Tensor:
+    """Resize to ``side`` x ``side`` keeping the aspect ratio and pad evenly with black, in 8 bits
+    (openpi's client ``resize_with_pad``; the resize: :func:`~policies.image_resize.resize_uint8`).
 
     Args:
         images: uint8 ``(n, H, W, 3)``, on any device (resized there).
         side: the output side.
 
     Returns:
-        float32 ``(n, 3, side, side)`` in ``[-1, 1]`` (padding -1).
+        uint8 ``(n, side, side, 3)``, contiguous (``images``' values when already that size).
     """
     frames = images.permute(0, 3, 1, 2)  # (n, 3, H, W) uint8
     height, width = frames.shape[-2:]
@@ -63,7 +62,20 @@ def resize_with_pad(images: Tensor, side: int) -> Tensor:
         frames = resize_uint8(frames, new_h, new_w, "bilinear")
         pad_h, pad_w = side - new_h, side - new_w
         frames = F.pad(frames, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2), value=0)
-    return frames.float() / 255.0 * 2.0 - 1.0
+    return frames.permute(0, 2, 3, 1).contiguous()
+
+
+def resize_with_pad(images: Tensor, side: int) -> Tensor:
+    """:func:`resize_with_pad_uint8`, then scaled from ``[0, 255]`` to ``[-1, 1]``.
+
+    Args:
+        images: uint8 ``(n, H, W, 3)``, on any device (resized there).
+        side: the output side.
+
+    Returns:
+        float32 ``(n, 3, side, side)`` in ``[-1, 1]`` (padding -1).
+    """
+    return resize_with_pad_uint8(images, side).permute(0, 3, 1, 2).float() / 255.0 * 2.0 - 1.0
 
 
 class PI0ObservationProcessor:
@@ -91,7 +103,8 @@ class PI0ObservationProcessor:
 
         Args:
             obs: TensorDict of batch size ``(batch,)`` with ``instruction``, every configured
-                ``<camera>_image`` and, with ``proprio_dim``, ``state``.
+                ``<camera>_image`` (or its ``<camera>_model_image``, :meth:`model_ready`) and,
+                with ``proprio_dim``, ``state``.
 
         Returns:
             TensorDict of batch size ``(batch,)``: ``images`` float32 ``(batch, num_cameras, 3, S,
@@ -108,11 +121,12 @@ class PI0ObservationProcessor:
         if not isinstance(obs, TensorDict) or len(obs.batch_size) != 1:
             raise ValueError(f"obs must be a TensorDict of simulator observations with batch size (batch,), got "
                              f"{type(obs).__name__}")
-        image_keys = [f"{camera}{keys.OBS_IMAGE_SUFFIX}" for camera in self.cameras]
+        present = set(obs.keys())
+        image_keys = frame_keys(present, self.cameras)
         needed = [keys.OBS_INSTRUCTION, *image_keys, *([keys.OBS_STATE] if self.proprio_dim else [])]
-        missing = [key for key in needed if key not in obs.keys()]  # noqa: SIM118 (TensorDict)
+        missing = [key for key in needed if key not in present]
         if missing:
-            raise ValueError(f"the simulator observation has no {missing} entries (keys: {sorted(obs.keys())}); set "
+            raise ValueError(f"the simulator observation has no {missing} entries (keys: {sorted(present)}); set "
                              "the simulator's cameras to the policy's (simulator.env.cameras, policy.config.cameras)")
         batch = obs.batch_size[0]
         images = []
@@ -120,19 +134,44 @@ class PI0ObservationProcessor:
             image = obs[key]
             if image.dtype != torch.uint8 or image.ndim != 4 or image.shape[-1] != 3:
                 raise ValueError(f"obs[{key!r}] must be uint8 (batch, H, W, 3), got {tuple(image.shape)} {image.dtype}")
-            images.append(resize_with_pad(image, self.image_size))  # where the frames are: a GPU worker's GPU
+            # Resized where the frames are (a GPU worker's GPU); a model frame is already the right size.
+            images.append(resize_with_pad(image, self.image_size))
         data = {
             IMAGES: torch.stack(images, dim=1),  # (B, C, 3, S, S)
             IMAGE_MASKS: torch.ones(batch, len(self.cameras), dtype=torch.bool),
         }
         data[LANG_TOKENS], data[LANG_MASKS] = self.encode_instructions(obs[keys.OBS_INSTRUCTION])
         if self.proprio_dim:
-            state = obs[keys.OBS_STATE]
-            if state.ndim != 2 or state.shape[-1] < self.proprio_dim:
-                raise ValueError(f"obs[{keys.OBS_STATE!r}] must be (batch, >= proprio_dim={self.proprio_dim}), got "
-                                 f"{tuple(state.shape)}")
-            data[PROPRIO] = state[:, : self.proprio_dim].float().cpu()
+            data[PROPRIO] = self.proprio(obs)
         return TensorDict(data, batch_size=[batch])
+
+    def proprio(self, obs: TensorDict) -> Tensor:
+        """The first ``proprio_dim`` state features, raw: float32 ``(batch, proprio_dim)`` on the CPU.
+
+        Raises:
+            ValueError: ``obs`` has no state, or one with fewer features.
+        """
+        state = obs.get(keys.OBS_STATE, None)
+        if state is None or state.ndim != 2 or state.shape[-1] < self.proprio_dim:
+            raise ValueError(f"obs[{keys.OBS_STATE!r}] must be (batch, >= proprio_dim={self.proprio_dim}), got "
+                             f"{None if state is None else tuple(state.shape)}")
+        return state[:, : self.proprio_dim].float().cpu()
+
+    def model_ready(self, obs: TensorDict, mask: Tensor | None = None) -> TensorDict:
+        """``obs`` with each camera's frames resized and padded once (:func:`resize_with_pad_uint8`,
+        where the frames are, as :meth:`__call__` resizes them) as ``<camera>_model_image`` uint8
+        ``(..., S, S, 3)`` in place of ``<camera>_image``; :meth:`__call__` reads them as it reads
+        the frames, with the same result (see ``Policy.model_ready_observations``).
+
+        Args:
+            obs: TensorDict of any batch shape.
+            mask: optional bool of ``obs``' batch shape: the observations to prepare.
+
+        Returns:
+            A new TensorDict (``obs`` is not modified); cameras without frames in ``obs`` are left
+            as they are.
+        """
+        return with_model_frames(obs, self.cameras, lambda frames: resize_with_pad_uint8(frames, self.image_size), mask)
 
     def prompt_ids(self, instruction: str) -> list[int]:
         """Token ids of one instruction: BOS, the cleaned text, ``"\\n"``; at most ``max_length``."""

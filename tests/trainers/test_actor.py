@@ -194,6 +194,26 @@ def test_first_minibatch_ratio_is_one_for_pi0_executing_a_prefix_of_state_relati
     assert abs(first_metrics["ratio_mean"] - 1.0) < 1e-4 and first_metrics["pg_clipfrac"] == 0.0
 
 
+@pytest.mark.parametrize("policy_name", ["openvla", "pi0"])
+def test_the_update_resizes_each_decision_steps_frames_once(process_group, monkeypatch, policy_name):
+    """Camera frames are prepared once per update (``Policy.model_ready_observations``), not in
+    each of its passes: with token ratios (the old log-probs are rescored first) and three
+    epochs, each decision step's frame is resized once; the batch handed in is not modified
+    (other nodes of the worker may read it)."""
+    from tests.policies.test_model_ready_observations import resized_frames
+
+    torch.manual_seed(0)
+    policy = make_policy(policy_name, TINY_CONFIGS[policy_name]())
+    batch = rollout_batch(policy)
+    obs_keys = sorted(batch[keys.OBS].keys())
+    counts = resized_frames(monkeypatch)
+    metrics = ActorTrainer(policy, lr=1e-2).update(batch, *update_config("ppo_clip", "token", ppo_epochs=3),
+                                                   torch.Generator().manual_seed(2))
+    assert metrics["actor/num_updates"] == 6.0
+    assert sum(counts) == int(batch[keys.RESPONSE_MASK].sum()) > 0  # the passes read each of them 4 times
+    assert sorted(batch[keys.OBS].keys()) == obs_keys
+
+
 @pytest.mark.parametrize(("episodes", "mini_batch", "expected_updates"), [(12, 4, 3 * 2), (3, 4, 1 * 2), (5, 1, 5 * 2)])
 def test_updates_per_epoch_follow_the_mini_batch_size(process_group, device, episodes, mini_batch, expected_updates):
     torch.manual_seed(0)

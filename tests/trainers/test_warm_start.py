@@ -152,6 +152,23 @@ def test_behaviour_cloning_maps_the_expert_actions_with_their_observations(tmp_p
         torch.testing.assert_close(expert, by_hand[rows], rtol=0, atol=0)
 
 
+def test_behaviour_cloning_resizes_each_demonstrated_frame_once(tmp_path, torch_one_thread, monkeypatch):
+    """π0's camera frames are resized and padded once before the gradient steps
+    (``Policy.model_ready_observations``), not in every step's ``bc_loss``."""
+    from policies.pi0 import PI0Policy, PI0PolicyConfig
+    from tests.policies.test_model_ready_observations import resized_frames
+
+    store = ensure_demonstrations(_CameraExpertPool(), tmp_path / "demos.zarr", num_demos=3, id_offset=100,
+                                  env_attrs={"name": "fake", "cameras": ["agentview"]})
+    policy = PI0Policy(PI0PolicyConfig(architecture={"preset": "tiny", "max_action_dim": 7}, action_dim=7,
+                                       proprio_dim=3))
+    obs, actions = demonstrations(store, 3, policy.bc_chunk_size)
+    counts = resized_frames(monkeypatch)
+    behaviour_cloning(policy, obs, actions, steps=20, lr=1e-3, batch_size=4, seed=0, obs_std_floor=0.1)
+    assert sum(counts) == len(obs) == 13  # 80 frames read by the steps
+    assert "agentview_image" in obs.keys()  # the caller's observations are kept as they were
+
+
 class _TaskSetExpertPool:
     """Scripted demonstrations of a task set of 3 tasks: step ``t`` of task ``k``'s episode of id
     ``i`` has state ``[i, t, k]``; task 1's expert fails on odd ids. ``calls`` records (ids, task)."""

@@ -100,6 +100,35 @@ def text_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
     return log_probs[..., None, None], entropy[..., None, None]
 
 
+def with_model_ready_observations(policy, batch: TensorDict) -> TensorDict:
+    """The batch with its camera observations prepared once for the update's passes (the
+    old-log-prob rescoring, every epoch's minibatches): ``policy.model_ready_observations`` of the
+    decision steps, those :func:`embodied_forward` reads (not the final observation, not the
+    steps after an episode's end).
+
+    Args:
+        policy: the worker's policy.
+        batch: an embodied batch (``obs`` a TensorDict of batch size ``(n, T + 1)`` and
+            ``response_mask`` ``(n, T)``), or any other (flat states, text: returned as it is).
+
+    Returns:
+        A new TensorDict with the prepared ``obs`` (``batch`` is not modified: other nodes on the
+        worker may read it), or ``batch`` itself when the policy prepares nothing.
+    """
+    obs = batch.get(keys.OBS, None)
+    if not isinstance(obs, TensorDict):
+        return batch
+    response_mask = batch[keys.RESPONSE_MASK]  # (n, T)
+    steps = torch.zeros(obs.batch_size, dtype=torch.bool, device=response_mask.device)  # (n, T + 1)
+    steps[:, :-1] = response_mask
+    ready = policy.model_ready_observations(obs, steps)
+    if ready is obs:
+        return batch
+    batch = batch.copy()
+    batch[keys.OBS] = ready
+    return batch
+
+
 @torch.no_grad()
 def per_dim_log_probs(policy, batch: TensorDict, forward=embodied_forward, micro_batch_size: int | None = None
                       ) -> Tensor:
@@ -211,7 +240,7 @@ class ActorTrainer:
             ValueError: ``trainer.micro_batch_size`` with a loss aggregation mode that is not
                 built in (see :func:`~vla_rl.algorithms.aggregation.aggregation_weight`).
         """
-        batch = batch.to(self.policy.device)  # once, at the node boundary
+        batch = with_model_ready_observations(self.policy, batch.to(self.policy.device))  # once, at the node boundary
         old_log_probs, metrics = self._old_log_probs(batch, algorithm.ratio_granularity,
                                                      trainer.micro_batch_size)  # (n, L)
         loss_fn = POLICY_LOSSES.get(algorithm.policy_loss)

@@ -259,6 +259,7 @@ def behaviour_cloning(
         norm_obs = obs if extra_norm_obs is None else torch.cat([obs, torch.as_tensor(extra_norm_obs, dtype=obs.dtype)])
         # Features constant over these observations get a floor on their scale (units of the obs).
         policy.set_obs_normalization(*fit_mean_std(norm_obs, obs_std_floor))
+    obs = policy.model_ready_observations(obs)  # camera frames resized once, not in every step
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     loss = torch.zeros(())
