@@ -214,6 +214,30 @@ def test_the_update_resizes_each_decision_steps_frames_once(process_group, monke
     assert sorted(batch[keys.OBS].keys()) == obs_keys
 
 
+def test_the_update_on_prepared_frames_is_the_update_on_the_simulators_frames(process_group, monkeypatch):
+    """π0 over two epochs with micro-batches of 2 episodes: the same metrics and the same weights,
+    value for value, whether the update prepares the frames once or resizes them in every pass."""
+    from policies.base import Policy
+    from policies.pi0.policy_pi0 import PI0Policy
+
+    torch.manual_seed(0)
+    policy = make_policy("pi0", TINY_CONFIGS["pi0"]())
+    batch = rollout_batch(policy)
+    config = update_config("ppo_clip", "action", ppo_epochs=2)
+    trainer_section = config[1].model_copy(update={"micro_batch_size": 2})
+    results = []
+    for prepare in (True, False):
+        if not prepare:
+            monkeypatch.setattr(PI0Policy, "model_ready_observations", Policy.model_ready_observations)
+        copy_of_policy = copy.deepcopy(policy)
+        metrics = ActorTrainer(copy_of_policy, lr=1e-2).update(batch, config[0], trainer_section,
+                                                               torch.Generator().manual_seed(2))
+        results.append((metrics, copy_of_policy.state_dict()))
+    (prepared, prepared_weights), (every_pass, every_pass_weights) = results
+    assert prepared == every_pass and prepared["actor/num_updates"] == 4.0
+    assert all(torch.equal(prepared_weights[name], every_pass_weights[name]) for name in every_pass_weights)
+
+
 @pytest.mark.parametrize(("episodes", "mini_batch", "expected_updates"), [(12, 4, 3 * 2), (3, 4, 1 * 2), (5, 1, 5 * 2)])
 def test_updates_per_epoch_follow_the_mini_batch_size(process_group, device, episodes, mini_batch, expected_updates):
     torch.manual_seed(0)
