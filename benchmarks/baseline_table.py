@@ -1,5 +1,6 @@
-"""The report of the benchmarks that time each part two ways in one run, a baseline and a change:
-a Markdown table with each row's speed-up over its part's baseline row, and the JSON record."""
+"""What the benchmarks that time each part two ways in one run (a baseline and a change) share:
+the timing of calls, and the report: a Markdown table with each row's speed-up over its part's
+baseline row, and the JSON record."""
 
 from __future__ import annotations
 
@@ -7,8 +8,20 @@ import argparse
 import json
 import platform
 import statistics
+import time
 
 import torch
+
+
+def seconds(call, repeats: int) -> list[float]:
+    """Wall-clock seconds of ``repeats`` calls of ``call``, after one untimed warm-up call."""
+    call()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        out.append(time.perf_counter() - start)
+    return out
 
 
 def report(parts: dict[str, dict[str, list[float]]], baseline: str, column: str, title: str,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +40,7 @@ from vla_rl_core.observations import encode_instruction
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.baseline_table import report  # noqa: E402  (after the path above)
+from benchmarks.baseline_table import report, seconds  # noqa: E402  (after the path above)
 
 #: The π0 Lift templates' tiny π0 (dag_templates/bases/pi0_lift.yaml).
 PI0_LIFT = {"preset": "tiny", "max_action_dim": 7, "max_state_dim": 11, "chunk_size": 8,
@@ -73,16 +72,6 @@ def float32_tower_frames(images: torch.Tensor, side: int, towers: int) -> list[t
 def uint8_tower_frames(images: torch.Tensor, side: int) -> torch.Tensor:
     """Now: one 8-bit resize for both towers, then the float conversion each tower normalises."""
     return resize_uint8(images.permute(0, 3, 1, 2), side, side, "bicubic").float() / 255.0
-
-
-def seconds(call, repeats: int) -> list[float]:
-    call()  # warm-up
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        out.append(time.perf_counter() - start)
-    return out
 
 
 def frames(count: int, size: int) -> torch.Tensor:

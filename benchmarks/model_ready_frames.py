@@ -4,7 +4,7 @@ and padded in every pass that reads them (the policy's ``model_ready_observation
 the identity, as before).
 
 Parts (the tiny π0 of the π0 Lift templates, ``dag_templates/bases/pi0_lift.yaml``; one camera;
-each the median of ``--repeats`` calls):
+each the median of ``--repeats`` calls after one untimed call):
 
 - ``pi0_lift_behaviour_cloning``: ``behaviour_cloning`` on ``--transitions`` demonstrated
   transitions of 128 px frames (the template: about 450), ``--bc-steps`` steps of 32 (the
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +43,7 @@ from vla_rl_core.observations import encode_instruction
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.baseline_table import report  # noqa: E402  (after the path above)
+from benchmarks.baseline_table import report, seconds  # noqa: E402  (after the path above)
 
 #: The π0 Lift templates' tiny π0 (dag_templates/bases/pi0_lift.yaml); ``image_size`` per part.
 VISION = {"patch_size": 14, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64}
@@ -80,22 +79,12 @@ def update_batch(policy: PI0Policy, episodes: int, decisions: int, size: int) ->
                        keys.UID: torch.arange(episodes) // 4}, batch_size=[episodes])
 
 
-def seconds(call, repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        out.append(time.perf_counter() - start)
-    return out
-
-
 def both(call, repeats: int) -> dict[str, list[float]]:
     """``call`` timed with the frames resized in every pass (baseline), then prepared once."""
     out = {}
     prepared = PI0Policy.model_ready_observations
     try:
         PI0Policy.model_ready_observations = Policy.model_ready_observations  # the identity
-        call()  # warm-up
         out["every_pass"] = seconds(call, repeats)
     finally:
         PI0Policy.model_ready_observations = prepared
