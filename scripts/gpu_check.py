@@ -11,7 +11,7 @@ Parts (seconds: each part's default timeout; the whole check is sized to end wit
 | --- | --- |
 | ``env`` | torch, CUDA, the GPU's name and memory, TF32 flags |
 | ``egl`` | MuJoCo EGL rendering on the GPU (the GL renderer's name: the GPU's, not llvmpipe) and one robosuite Lift camera frame |
-| ``suite`` | the suite's tests that run on the test device (``--device-tests-only``; the others check the same on every device) with ``VLA_RL_TEST_DEVICE=cuda`` (pytest-xdist when installed) |
+| ``suite`` | the suite's tests that run on the test device, end-to-end runs included (``-m 'not slow' --device-tests-only``; the others check the same on every device) with ``VLA_RL_TEST_DEVICE=cuda`` (pytest-xdist when installed) |
 | ``llm_grpo`` | ``vla-rl train llm_grpo`` for 2 steps with ``workers.device=cuda`` |
 | ``embodied_srpo`` | ``vla-rl train embodied_srpo`` for 2 steps with ``workers.device=cuda`` |
 | ``pi0_fsdp`` | tiny π0 SRPO, one step with FSDP and bf16 mixed precision, every group kept |
@@ -126,7 +126,8 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
     camera_warm_start = ["warm_start.num_demos=2", "warm_start.bc_steps=5"]
     # -v: each test's result in the log as it ends, so that a suite cut by its timeout still says
     # which tests passed and failed (the JUnit XML is written only when pytest finishes)
-    suite = [sys.executable, "-m", "pytest", "-v", "-rfE", "--timeout=300", "--device-tests-only",
+    # -m 'not slow': the device's end-to-end runs too (the default run leaves out the e2e ones)
+    suite = [sys.executable, "-m", "pytest", "-v", "-rfE", "--timeout=300", "-m", "not slow", "--device-tests-only",
              f"--junitxml={out / 'suite.xml'}", "tests"]
     if workers_xdist > 1:
         suite[3:3] = ["-n", str(workers_xdist)]

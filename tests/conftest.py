@@ -47,7 +47,25 @@ def uses_test_device(item) -> bool:
         getattr(module, name, None) is getattr(devices, name) for name in DEVICE_HELPERS)
 
 
+#: Fixtures that run on the engine's Ray: a test taking one is an end-to-end test (marked ``e2e``).
+ENGINE_FIXTURES = frozenset({"ray_on_loopback", "evaluated_lift_run"})
+
+
+def mark_end_to_end(items) -> None:
+    """Mark ``e2e`` the tests that take an :data:`ENGINE_FIXTURES` fixture and are not ``slow``:
+    the default run (``-m 'not slow and not e2e'``), ``-m e2e`` and ``-m slow`` split the suite in
+    three. A test marked both is refused (``-m e2e`` would run a slow test)."""
+    for item in items:
+        marks = {mark.name for mark in item.iter_markers()}
+        if {"slow", "e2e"} <= marks:
+            raise pytest.UsageError(f"{item.nodeid} is marked both slow and e2e: mark it one of them")
+        if "slow" not in marks and ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's -m deselects by the marks
 def pytest_collection_modifyitems(config, items):
+    mark_end_to_end(items)
     if not config.getoption("--device-tests-only"):
         return
     kept = [item for item in items if uses_test_device(item)]

@@ -16,6 +16,8 @@ import pytest
 
 from vla_rl.dag.loader import REPO_ROOT
 
+pytestmark = pytest.mark.e2e
+
 EMBODIED = ["trainer.total_steps=2", "trainer.ppo_mini_batch_size=3", "trainer.ppo_epochs=1", "data.init_states_per_step=2",
             "data.group_size=3", "simulator.env.horizon=40", "eval.num_episodes=0", "warm_start.num_demos=1",
             "warm_start.bc_steps=10", "policy.config.hidden_sizes=[16]"]

@@ -13,9 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from devices import device_overrides
 
 from vla_rl.dag.loader import REPO_ROOT
+
+pytestmark = pytest.mark.e2e
 
 DOC = REPO_ROOT / "docs" / "extending.md"
 TOY_MODULES = ["toy_estimators", "toy_losses", "toy_encoder", "toy_reward"]

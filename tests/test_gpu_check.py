@@ -54,7 +54,9 @@ def test_the_suite_part_runs_the_tests_of_the_test_device(gpu_check, tmp_path):
         assert listed.returncode == 0, listed.stdout + listed.stderr
         return [line for line in listed.stdout.splitlines() if "::" in line]
 
-    every, on_device = collected(), collected("--device-tests-only")
+    options = suite.command[suite.command.index("pytest") + 1:]
+    assert options[options.index("-m") + 1] == "not slow"  # the end-to-end runs on the device too
+    every, on_device = collected("-m", "not slow"), collected("-m", "not slow", "--device-tests-only")
     assert {line.split("::")[0] for line in on_device} == {"tests/trainers/test_actor.py", "tests/test_templates.py"}
     # per test, not per module: the actor's tests without the device fixture are left out
     actor = [line for line in every if line.startswith("tests/trainers/test_actor.py::")]

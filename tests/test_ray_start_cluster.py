@@ -34,6 +34,8 @@ import pytest
 
 from vla_rl.dag.loader import REPO_ROOT
 
+pytestmark = pytest.mark.e2e
+
 BIN = Path(sys.executable).parent
 RAY, VLA_RL = str(BIN / "ray"), str(BIN / "vla-rl")
 CPUS_PER_NODE = 2  # one DAG worker (1 CPU) and its simulator actor (1 CPU) per node

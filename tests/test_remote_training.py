@@ -24,6 +24,8 @@ import pytest
 
 from vla_rl.cli import main
 
+pytestmark = pytest.mark.e2e
+
 HORIZON, TOKEN = 20, "s3cret"
 COMPACT_STATE = "[robot0_eef_pos,robot0_gripper_qpos,cube_pos,gripper_to_cube_pos]"
 DATASET = Path(__file__).parent / "fixtures" / "lerobot" / "lift_scripted_demos"  # 2 demos, that 11-value state

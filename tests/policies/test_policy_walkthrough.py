@@ -51,6 +51,7 @@ def test_the_documented_policy_scores_its_own_samples(doc_files, monkeypatch):
     assert policy.bc_loss(obs, greedy).item() == 0.0
 
 
+@pytest.mark.e2e
 def test_the_documented_policy_trains_a_step_on_the_documented_simulator(doc_files, tmp_path):
     out = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(doc_files), str(REPO_ROOT)])}

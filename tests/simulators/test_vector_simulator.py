@@ -118,6 +118,7 @@ def test_a_chunk_result_refuses_rows_of_another_length_or_dtype():
         ChunkResult(obs=np.zeros((2, 4), np.float32), **{**good, "success": np.zeros(2, np.float32)})
 
 
+@pytest.mark.e2e
 def test_srpo_trains_a_step_on_the_batched_simulator_through_the_engine(doc_files, tmp_path):
     out = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(doc_files), str(REPO_ROOT)])}
