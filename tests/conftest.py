@@ -66,11 +66,29 @@ def mark_end_to_end(items) -> None:
 @pytest.hookimpl(tryfirst=True)  # before pytest's -m deselects by the marks
 def pytest_collection_modifyitems(config, items):
     mark_end_to_end(items)
-    if not config.getoption("--device-tests-only"):
-        return
-    kept = [item for item in items if uses_test_device(item)]
-    config.hook.pytest_deselected(items=[item for item in items if not uses_test_device(item)])
-    items[:] = kept
+    if config.getoption("--device-tests-only"):
+        kept = [item for item in items if uses_test_device(item)]
+        config.hook.pytest_deselected(items=[item for item in items if not uses_test_device(item)])
+        items[:] = kept
+    config.stash[END_TO_END_COLLECTED] = sum(item.get_closest_marker("e2e") is not None for item in items)
+
+
+#: End-to-end tests collected (after ``--device-tests-only``), and those the run's marks left out.
+END_TO_END_COLLECTED, END_TO_END_LEFT_OUT = pytest.StashKey[int](), pytest.StashKey[int]()
+
+
+def pytest_collection_finish(session):
+    selected = sum(item.get_closest_marker("e2e") is not None for item in session.items)
+    session.config.stash[END_TO_END_LEFT_OUT] = session.config.stash.get(END_TO_END_COLLECTED, 0) - selected
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """One line on the end-to-end tests the marks left out (the default run leaves them all out:
+    ``pytest tests/test_driver.py`` alone would otherwise just say "deselected")."""
+    left_out = config.stash.get(END_TO_END_LEFT_OUT, 0)
+    if left_out:
+        terminalreporter.write_line(f"{left_out} end-to-end tests not run (marked e2e): add -m e2e, or -m 'not slow' "
+                                    "for every test but the slow ones")
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,10 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from conftest import mark_end_to_end
+from conftest import mark_end_to_end, pytest_collection_finish, pytest_collection_modifyitems, pytest_terminal_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,6 +60,9 @@ class _Item:
     def add_marker(self, marker):
         self.marks.append(marker.name)
 
+    def get_closest_marker(self, name: str):
+        return getattr(pytest.mark, name).mark if name in self.marks else None
+
 
 def test_engine_fixtures_mark_e2e_and_a_test_marked_slow_and_e2e_is_refused():
     engine, unit = _Item("a", ("ray_on_loopback",)), _Item("b", ("device",))
@@ -67,3 +71,18 @@ def test_engine_fixtures_mark_e2e_and_a_test_marked_slow_and_e2e_is_refused():
     assert (engine.marks, unit.marks, slow.marks) == (["e2e"], [], ["slow"])
     with pytest.raises(pytest.UsageError, match="tests/x.py::t is marked both slow and e2e"):
         mark_end_to_end([_Item("tests/x.py::t", (), ("slow", "e2e"))])
+
+
+def test_a_run_that_leaves_out_end_to_end_tests_says_how_to_run_them():
+    items = [_Item("a", ("ray_on_loopback",)), _Item("b", ("ray_on_loopback",)), _Item("c", ())]
+    config = SimpleNamespace(stash=pytest.Stash(), getoption=lambda name: False)
+    pytest_collection_modifyitems(config, items)
+    lines: list[str] = []
+    reporter = SimpleNamespace(write_line=lines.append)
+    pytest_collection_finish(SimpleNamespace(items=[items[1], items[2]], config=config))  # "a" deselected
+    pytest_terminal_summary(reporter, config)
+    assert lines == ["1 end-to-end tests not run (marked e2e): add -m e2e, or -m 'not slow' for every test but the "
+                     "slow ones"]
+    pytest_collection_finish(SimpleNamespace(items=items, config=config))  # every one selected: nothing said
+    pytest_terminal_summary(reporter, config)
+    assert len(lines) == 1
