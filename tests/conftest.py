@@ -86,7 +86,7 @@ def pytest_terminal_summary(terminalreporter, config):
     """One line on the end-to-end tests the marks left out (the default run leaves them all out:
     ``pytest tests/test_driver.py`` alone would otherwise just say "deselected")."""
     left_out = config.stash.get(END_TO_END_LEFT_OUT, 0)
-    if left_out:
+    if left_out and "not e2e" in config.option.markexpr:  # left out by -m, not by -k alone
         terminalreporter.write_line(f"{left_out} end-to-end tests not run (marked e2e): add -m e2e, or -m 'not slow' "
                                     "for every test but the slow ones")
 

@@ -75,7 +75,8 @@ def test_engine_fixtures_mark_e2e_and_a_test_marked_slow_and_e2e_is_refused():
 
 def test_a_run_that_leaves_out_end_to_end_tests_says_how_to_run_them():
     items = [_Item("a", ("ray_on_loopback",)), _Item("b", ("ray_on_loopback",)), _Item("c", ())]
-    config = SimpleNamespace(stash=pytest.Stash(), getoption=lambda name: False)
+    config = SimpleNamespace(stash=pytest.Stash(), getoption=lambda name: False,
+                             option=SimpleNamespace(markexpr="not slow and not e2e"))
     pytest_collection_modifyitems(config, items)
     lines: list[str] = []
     reporter = SimpleNamespace(write_line=lines.append)
@@ -84,5 +85,9 @@ def test_a_run_that_leaves_out_end_to_end_tests_says_how_to_run_them():
     assert lines == ["1 end-to-end tests not run (marked e2e): add -m e2e, or -m 'not slow' for every test but the "
                      "slow ones"]
     pytest_collection_finish(SimpleNamespace(items=items, config=config))  # every one selected: nothing said
+    pytest_terminal_summary(reporter, config)
+    assert len(lines) == 1
+    config.option.markexpr = "e2e"  # -m e2e -k ...: left out by -k, nothing to add
+    pytest_collection_finish(SimpleNamespace(items=[items[1]], config=config))
     pytest_terminal_summary(reporter, config)
     assert len(lines) == 1
