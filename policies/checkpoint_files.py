@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from vla_rl_core.file_modes import apply_default_modes
+
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
 PICKLE_FILE = "pytorch_model.bin"
@@ -64,7 +66,9 @@ class WeightFiles:
 def staged_directory(out_dir: str | Path) -> Iterator[Path]:
     """Write a model directory atomically: yields a private staging directory beside ``out_dir``
     and renames it to ``out_dir`` when the block ends without an error (removed otherwise), so a
-    reader never sees a half-written directory.
+    reader never sees a half-written directory. Before the rename, the directory and everything
+    in it get the permissions the umask gives a new file or directory
+    (:func:`vla_rl_core.file_modes.apply_default_modes`: safetensors writes its files 0600).
 
     Raises:
         FileExistsError: ``out_dir`` exists (nothing is written).
@@ -76,7 +80,7 @@ def staged_directory(out_dir: str | Path) -> Iterator[Path]:
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         yield staging
-        os.chmod(staging, 0o755)  # mkdtemp creates it private
+        apply_default_modes(staging)  # mkdtemp's directory is private, safetensors' files too
         os.replace(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -51,6 +51,7 @@ from policies.checkpoint_files import (
     refuse_custom_code,
     weight_mismatch_error,
 )
+from vla_rl_core.file_modes import apply_default_modes
 
 logger = logging.getLogger(__name__)
 
@@ -277,7 +278,9 @@ def _pattern(patterns: Iterable[str]):
 
 
 def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
-    """Write ``model`` (safetensors) and ``tokenizer`` as a Hugging Face directory.
+    """Write ``model`` (safetensors) and ``tokenizer`` as a Hugging Face directory; the weight files
+    get the permissions the umask gives a new file, as the JSON files beside them have
+    (transformers writes them through safetensors, which creates them 0600).
 
     Returns:
         ``out_dir`` as a :class:`~pathlib.Path`, loadable with :func:`load_pretrained`.
@@ -285,6 +288,8 @@ def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    for weights in out_dir.glob("*.safetensors"):
+        apply_default_modes(weights)
     return out_dir
 
 

@@ -54,6 +54,7 @@ from vla_rl.checkpoints.layout import (
     write_json,
 )
 from vla_rl.checkpoints.sharded import load_sharded_model
+from vla_rl_core.file_modes import apply_default_modes
 
 # Markers of the JSON encoding of nested state; plain dicts never have keys starting with "__".
 _TENSOR, _TUPLE, _DICT, _NDARRAY = "__tensor__", "__tuple__", "__dict__", "__ndarray__"
@@ -203,9 +204,11 @@ def save_checkpoint(
 def finalize_checkpoint(root: str | Path, step: int, keep_last: int | None = None) -> Path:
     """Publish the staged checkpoint of ``step`` (rank 0, after every rank saved and a barrier).
 
-    Writes ``manifest.json`` (size and sha256 of every staged file,
-    :func:`~vla_rl.checkpoints.integrity.write_manifest`), fsyncs the staged files, renames
-    the staging directory to ``step_{step:08d}``, rewrites ``<root>/latest`` atomically, then, if
+    Gives the staged files and directories the permissions the umask gives new ones
+    (:func:`vla_rl_core.file_modes.apply_default_modes`: safetensors writes its files 0600, which
+    a server or teammate running as another user cannot read), writes ``manifest.json`` (size
+    and sha256 of every staged file, :func:`~vla_rl.checkpoints.integrity.write_manifest`),
+    fsyncs the staged files, renames the staging directory to ``step_{step:08d}``, rewrites ``<root>/latest`` atomically, then, if
     ``keep_last`` is given, removes all but the newest ``keep_last`` checkpoints and the staging
     directories of earlier steps.
 
@@ -230,6 +233,7 @@ def finalize_checkpoint(root: str | Path, step: int, keep_last: int | None = Non
         raise FileNotFoundError(f"{staged / TRAINER_STATE_FILE} is missing: rank 0 saves it")
     if final.exists():
         raise FileExistsError(f"checkpoint {final} already exists")
+    apply_default_modes(staged)
     write_manifest(staged)
     for path in staged.iterdir():
         if path.is_dir() and is_sharded_dir(path):
