@@ -46,3 +46,15 @@ def test_each_line_is_written_with_rays_bars_cleared(running, capsys, monkeypatc
         assert events.count("hide") == events.count("draw")
     else:
         assert set(events) == {"write"}  # no Ray: no bars to clear
+
+
+def test_a_long_path_stays_on_one_line_in_a_log_file(capsys, monkeypatch):
+    from vla_rl.utils.console import driver_console
+
+    monkeypatch.setenv("COLUMNS", "80")  # a log file's width (rich's default off a terminal)
+    plot = "/home/someone/projects/robot-learning/vla-rl/outputs/embodied_srpo_20261201_175500/success_rate.png"
+    console = driver_console()
+    assert console.width == 80
+    console.print(f"steps run 1, training time 31 s, 197 env steps/s during rollouts; plot {plot}")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"steps run 1, training time 31 s, 197 env steps/s during rollouts; plot {plot}"]

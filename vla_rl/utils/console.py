@@ -46,5 +46,8 @@ class BelowRayBars(io.TextIOBase):
 
 
 def driver_console() -> Console:
-    """A rich console on :class:`BelowRayBars` (colour and width as for ``sys.stdout``)."""
-    return Console(file=BelowRayBars())
+    """A rich console on :class:`BelowRayBars` (colour and width as for ``sys.stdout``). Lines are
+    not wrapped (``soft_wrap``): rich would otherwise fold a path at the console's width (80
+    columns in a log file: nohup, SLURM, a Ray job's log), and a run directory, plot or resume
+    command could no longer be copied; tables still fit the width."""
+    return Console(file=BelowRayBars(), soft_wrap=True)
