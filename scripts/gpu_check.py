@@ -20,7 +20,11 @@ Parts (seconds: each part's default timeout; the whole check is sized to end wit
 | ``oft_full_size`` | ``benchmarks/openvla_oft_full_size.py --device cuda`` (7.5 B OpenVLA-OFT LoRA update) |
 | ``llm_ppo_fsdp`` | ``llm_ppo``, one step with FSDP, bf16 and micro-batches: the critic sharded too (last: the deadline cuts it first) |
 
-With one GPU the runs use one DAG worker (``workers.num_workers=1``); with more, two.
+With one GPU the runs use one DAG worker (``workers.num_workers=1``); with more, two. Before the
+parts, the check names the project's requirements this interpreter cannot import
+(:func:`missing_requirements`, also ``missing_requirements`` in the report): the H200 image lacks
+websockets and openpi-client, whose tests are then skipped (``scripts/gpu_kit_wheels.sh`` adds
+their wheels to the offline kit).
 """
 
 from __future__ import annotations
@@ -127,8 +131,10 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
     # -v: each test's result in the log as it ends, so that a suite cut by its timeout still says
     # which tests passed and failed (the JUnit XML is written only when pytest finishes)
     # -m 'not slow': the device's end-to-end runs too (the default run leaves out the e2e ones)
+    # --continue-on-collection-errors: a test module this host cannot import (a package it lacks) is
+    # reported as an error, and the other tests still run (pytest would otherwise run none of them)
     suite = [sys.executable, "-m", "pytest", "-v", "-rfE", "--timeout=300", "-m", "not slow", "--device-tests-only",
-             f"--junitxml={out / 'suite.xml'}", "tests"]
+             "--continue-on-collection-errors", f"--junitxml={out / 'suite.xml'}", "tests"]
     if workers_xdist > 1:
         suite[3:3] = ["-n", str(workers_xdist)]
     return [
@@ -190,6 +196,34 @@ def run_part(part: Part, log_dir: Path, timeout_s: float) -> dict:
             "timeout_s": round(timeout_s, 1), "log": str(log), "tail": tail}
 
 
+#: Import names of the project's requirements whose module is not named after the distribution.
+_MODULES = {"pyyaml": "yaml", "import-linter": "importlinter", "openpi-client": "openpi_client"}
+
+
+def missing_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
+    """The distributions of pyproject.toml's ``dependencies`` and ``test`` extra that this
+    interpreter cannot import (neither installed metadata nor a module found): on an offline host
+    they are what to carry (``bash scripts/gpu_kit_wheels.sh``). Versions are not compared: a GPU
+    image's own numpy 2 and torch stand in for CI's pins."""
+    import importlib.metadata
+    import importlib.util
+    import re
+    import tomllib
+
+    project = tomllib.loads(pyproject.read_text())["project"]
+    missing = []
+    for requirement in [*project["dependencies"], *project["optional-dependencies"]["test"]]:
+        name = re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower()
+        try:
+            importlib.metadata.distribution(name)
+            continue
+        except importlib.metadata.PackageNotFoundError:
+            pass
+        if importlib.util.find_spec(_MODULES.get(name, name.replace("-", "_"))) is None:
+            missing.append(name)
+    return missing
+
+
 def _gpu_count() -> int:
     try:
         import torch
@@ -229,7 +263,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown part {name!r}; parts: {', '.join(sorted(known))}")
     by_name = {part.name: part for part in parts}
     chosen = [by_name[name] for name in (args.parts or by_name) if name not in args.skip]
+    missing = missing_requirements()
+    if missing:
+        print(f"[gpu_check] not installed here: {', '.join(missing)} (their tests are skipped; "
+              "offline hosts: bash scripts/gpu_kit_wheels.sh, then .gpu/setup.sh again)", flush=True)
     results = []
+
+    def write_report() -> None:  # after each part, so that a check cut short still leaves one
+        (out / "report.json").write_text(json.dumps({"missing_requirements": missing, "results": results}, indent=2))
+
     ends = time.monotonic() + args.deadline
     alongside = None
     if args.suite_alongside and any(part.name == "suite" for part in chosen):
@@ -252,14 +294,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[gpu_check] {part.name}: {result['status']} in {result['seconds']} s", flush=True)
         if result["status"] != "pass":
             print("\n".join("    " + line for line in result["tail"]), flush=True)
-        (out / "report.json").write_text(json.dumps({"results": results}, indent=2))
+        write_report()
     if alongside is not None:
         result = alongside.result()
         results.append(result)
         print(f"[gpu_check] suite: {result['status']} in {result['seconds']} s", flush=True)
         if result["status"] != "pass":
             print("\n".join("    " + line for line in result["tail"]), flush=True)
-        (out / "report.json").write_text(json.dumps({"results": results}, indent=2))
+        write_report()
+    write_report()
     print("\n| part | status | seconds |\n| --- | --- | --- |")
     for result in results:
         print(f"| {result['part']} | {result['status']} | {result['seconds']} |")

@@ -1,9 +1,12 @@
-"""scripts/gpu_check.py on the CPU: its parts' training commands plan, a hanging part is killed
-at its timeout with its whole process group, and the deadline skips what no longer fits."""
+"""scripts/gpu_check.py on the CPU: its parts' training commands plan, the suite part collects on
+a host without the packages the GPU image lacks (and the check names them), a hanging part is
+killed at its timeout with its whole process group, and the deadline skips what no longer fits;
+scripts/gpu_kit_wheels.sh fetches those packages' wheels for the offline kit."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import time
 from pathlib import Path
@@ -63,6 +66,49 @@ def test_the_suite_part_runs_the_tests_of_the_test_device(gpu_check, tmp_path):
     assert 0 < sum(line in actor for line in on_device) < len(actor) and set(on_device) < set(every)
 
 
+#: Packages of the project (dependencies, extras) that the H200 image (/opt/torch/.venv, 2026-11) and
+#: the offline kit of ../shared/gpu lack, and what they bring in (openpi-client's dm-tree, import-linter's grimp).
+GPU_IMAGE_LACKS = ("websockets", "openpi_client", "tree", "importlinter", "grimp", "trl", "datasets", "vllm",
+                   "lerobot", "libero")
+
+
+def test_the_suite_part_collects_on_a_host_without_the_optional_packages(gpu_check, tmp_path):
+    """On the GPU image (no websockets, no openpi-client) the suite part's collection must not stop
+    at the modules that import them: before, three modules' ImportErrors interrupted the collection
+    and the part ran no test at all. Each such module is skipped, naming the package."""
+    import os
+    import subprocess
+
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    for module in GPU_IMAGE_LACKS:  # shadows the installed package: importing it fails as on the host
+        (blocked / f"{module}.py").write_text(f"raise ModuleNotFoundError({module!r}, name={module!r})\n")
+    suite = next(part for part in gpu_check.build_parts(tmp_path, gpus=1, workers_xdist=1) if part.name == "suite")
+    assert "--continue-on-collection-errors" in suite.command  # a future import error costs its module only
+    options = [word for word in suite.command[suite.command.index("pytest") + 1:]
+               if word not in ("-v", "--continue-on-collection-errors") and not word.startswith("--junitxml")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocked), os.environ.get("PYTHONPATH", "")])}
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             *options, "-rs"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    output = listed.stdout + listed.stderr
+    assert listed.returncode == 0 and "ERROR collecting" not in output, output[-3000:]
+    skipped = [line for line in output.splitlines() if line.startswith("SKIPPED")]
+    assert any("test_served_lift_episode.py" in line and "websockets is not installed" in line for line in skipped)
+    assert any("test_wire.py" in line and "openpi-client is not installed" in line for line in skipped), skipped
+    assert sum("::" in line for line in output.splitlines()) > 100  # the rest of the device's tests are there
+
+
+def test_the_missing_requirements_are_named(gpu_check, tmp_path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('''[project]
+dependencies = ["torch>=2.11,<2.14", "pyyaml>=6", "imageio-ffmpeg>=0.5,<0.9", "no-such-distribution-vla==1.0"]
+[project.optional-dependencies]
+test = ["pytest>=8", "openpi-client==0.1.2", "also-missing-vla[extra]; python_version >= '3.8'"]
+''')
+    assert gpu_check.missing_requirements(pyproject) == ["no-such-distribution-vla", "also-missing-vla"]
+    assert gpu_check.missing_requirements() == []  # the project's own, in this environment
+
+
 def test_a_hanging_part_is_killed_with_its_children_at_its_timeout(gpu_check, tmp_path):
     marker = tmp_path / "child_alive"
     child = f"import time, pathlib; time.sleep(3); pathlib.Path({str(marker)!r}).write_text('x')"
@@ -80,6 +126,8 @@ def test_the_deadline_skips_parts_that_no_longer_fit(gpu_check, tmp_path, capsys
     assert gpu_check.main(["--parts", "env", "--deadline", "5", "--out", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "env: skipped (deadline)" in out and "| env | skipped | 0.0 |" in out
+    report = json.loads((tmp_path / "report.json").read_text())  # written even when no part ran
+    assert [r["status"] for r in report["results"]] == ["skipped"] and report["missing_requirements"] == []
     with pytest.raises(SystemExit):
         gpu_check.main(["--parts", "no_such_part", "--out", str(tmp_path)])
 
@@ -98,3 +146,28 @@ def test_the_training_parts_update_on_cpu_workers(gpu_check, tmp_path):
         part.expect.pop("actor/old_log_prob_max_diff", None)
         result = gpu_check.run_part(part, tmp_path, timeout_s=600)
         assert result["status"] == "pass", (part.name, result["tail"])
+
+
+def test_the_kit_wheels_need_a_kit(tmp_path):
+    import subprocess
+
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_kit_wheels.sh"), str(tmp_path / "no_kit")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "build the kit first (bash ../shared/gpu/pack.sh .)" in done.stderr
+    assert not (tmp_path / "no_kit").exists()
+
+
+@pytest.mark.slow
+def test_the_kit_wheels_are_the_hosts_and_the_projects_versions(tmp_path):
+    """Against the real package index: the three wheels for CPython 3.12 on x86-64 Linux, at the
+    versions CI installs (websockets from scripts/constraints-cpu.txt, openpi-client from the test
+    extra)."""
+    import subprocess
+
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_kit_wheels.sh"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    wheels = sorted(path.name for path in (tmp_path / "wheels").glob("*.whl"))
+    assert [name.split("-")[:2] for name in wheels] == [["dm_tree", "0.1.10"], ["openpi_client", "0.1.2"],
+                                                        ["websockets", "16.1.1"]]
+    assert all("-cp312-" in name or name.endswith("-py3-none-any.whl") for name in wheels), wheels
