@@ -11,6 +11,7 @@ refuses on the second minibatch.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -122,7 +123,8 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """``model``'s state dict with its LoRA adapters folded into their base layers, the model
     left as it is: what :func:`merge_lora` would leave, without changing ``model``. An adapted
     layer's ``weight`` is ``W + alpha / r * B A`` (peft's ``get_delta_weight``), computed in the
-    adapters' float32 and cast to ``W``'s dtype, bit for bit what peft's ``LoraLayer.merge`` writes;
+    adapters' float32 (autocast off, whatever context the caller runs in) and cast to ``W``'s
+    dtype, bit for bit what peft's ``LoraLayer.merge`` writes;
     its ``base_layer.`` names lose that component, the adapters' ``lora_`` entries are dropped.
     A model without adapters yields its state dict. Lazy: one merged weight at a time (TRL
     instead merges the adapters in place and unmerges them afterwards, which rounds a bfloat16
@@ -144,8 +146,19 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, tensor
             continue
         if leaf == "weight":
-            tensor = (tensor + layers[owner].get_delta_weight("default")).to(tensor.dtype)
+            with _no_autocast(tensor.device.type):
+                delta = layers[owner].get_delta_weight("default")
+            tensor = (tensor + delta).to(tensor.dtype)
         yield f"{owner}.{leaf}", tensor
+
+
+def _no_autocast(device_type: str) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` off on ``device_type``: ``B @ A`` in the adapters' own dtype even when the
+    caller runs under mixed precision (the vLLM weight sync runs inside the rollout's bfloat16
+    autocast, which would round the delta to bfloat16 before it is added)."""
+    if not torch.amp.is_autocast_available(device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, enabled=False)
 
 
 def has_lora(model: nn.Module) -> bool:

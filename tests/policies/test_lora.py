@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -36,10 +37,13 @@ def test_adapters_on_a_bfloat16_base_are_float32_and_the_output_keeps_the_base_d
     torch.testing.assert_close(model.q_proj(x), adapted, rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_merged_weights_are_what_merging_writes_and_leave_the_model_adapted(tmp_path, dtype):
+@pytest.mark.parametrize(("dtype", "under_autocast"), [(torch.float32, False), (torch.bfloat16, False),
+                                                       (torch.float32, True)])
+def test_merged_weights_are_what_merging_writes_and_leave_the_model_adapted(tmp_path, dtype, under_autocast):
     """What the vLLM rollout engine loads under LoRA (text.rollout_backend=vllm): the weights of
-    the model without adapters, equal bit for bit to peft's merge, the model untouched."""
+    the model without adapters, equal bit for bit to peft's merge, the model untouched; also when
+    taken inside bfloat16 autocast, as the weight sync is (inside the rollout's context under DDP's
+    mixed precision: before, ``B @ A`` was then rounded to bfloat16)."""
     from policies.causal_lm import CausalLMConfig, CausalLMPolicy
     from policies.causal_lm.tiny import TinyQwen2Spec, write_tiny_checkpoint
 
@@ -54,7 +58,9 @@ def test_merged_weights_are_what_merging_writes_and_leave_the_model_adapted(tmp_
                 parameter.normal_(0.0, 0.1)
     before = {name: tensor.clone() for name, tensor in policy.model.state_dict().items()}
 
-    merged = dict(merged_weights(policy.model))
+    context = torch.autocast("cpu", dtype=torch.bfloat16) if under_autocast else contextlib.nullcontext()
+    with context:
+        merged = dict(merged_weights(policy.model))
 
     assert list(merged) == list(plain.model.state_dict())
     after = policy.model.state_dict()
