@@ -116,3 +116,45 @@ def test_inexact_sampler_log_probs_are_recomputed_by_the_trainer(policy, prompts
     assert metrics["rollout/log_prob_max_diff"] == pytest.approx(0.25, abs=1e-5)
     assert metrics["rollout/log_prob_mean_diff"] == pytest.approx(0.25, abs=1e-5)
     assert samples[keys.UID].tolist() == [0, 0, 1, 1]
+
+
+class _RecordingEngine:
+    """Stands in for ``vllm.LLM``: records whether CPU autocast is on when the engine is asked to
+    reload its weights (consuming them) and to generate, and answers with fixed completions."""
+
+    def __init__(self) -> None:
+        self.autocast_on: dict[str, bool] = {}
+
+    def collective_rpc(self, method, kwargs):
+        self.autocast_on[method] = torch.is_autocast_enabled("cpu")
+        list(kwargs["weights_iterator"])
+
+    def generate(self, requests, params, use_tqdm):
+        self.autocast_on["generate"] = torch.is_autocast_enabled("cpu")
+        completion = SimpleNamespace(token_ids=[5, 6], logprobs=[{5: SimpleNamespace(logprob=-0.5)},
+                                                                 {6: SimpleNamespace(logprob=-1.0)}])
+        return [SimpleNamespace(outputs=[completion] * param["n"]) for param in params]
+
+
+def test_the_vllm_engine_computes_outside_the_trainers_autocast(policy, prompts, monkeypatch):
+    """Under DDP's mixed precision the rollout node samples inside ``torch.autocast(bfloat16)``; vLLM's
+    in-process engine must neither generate nor reload its weights in it (its own ``text.dtype``).
+    Shown in the CPU bf16 emulation (the CPU admitted as an accelerator), with a stand-in engine."""
+    from vla_rl.rollout.vllm_backend import VLLMTextRollout
+    from vla_rl.trainers import strategy
+
+    monkeypatch.setattr(strategy, "ACCELERATORS", (*strategy.ACCELERATORS, "cpu"))
+    rollout = VLLMTextRollout.__new__(VLLMTextRollout)  # no vllm here: the engine is the stand-in
+    rollout.policy, rollout.llm, rollout.stale = policy, _RecordingEngine(), True
+    rollout.temperature, rollout.max_response_length = 1.0, 8
+    rollout._sampling_params, rollout._tokens_prompt = dict, dict
+    input_ids, attention_mask = prompts
+    prompt_batch = TensorDict({keys.INPUT_IDS: input_ids, keys.ATTENTION_MASK: attention_mask,
+                               keys.UID: torch.arange(2)}, batch_size=[2])
+    resources = SimpleNamespace(text_rollout=rollout, policy=policy, generator=torch.Generator().manual_seed(0),
+                                device=policy.device, config=SimpleNamespace(trainer=TrainerSection()))
+    with strategy.autocast(resources.config.trainer, policy.device):
+        assert torch.is_autocast_enabled("cpu")  # the emulation puts the node's sampling in bfloat16 autocast
+    samples, _ = sample_groups(resources, 3, prompt_batch)
+    assert rollout.llm.autocast_on == {"reload_weights": False, "generate": False}
+    assert samples[keys.RESPONSES].shape == (6, 8) and not rollout.stale

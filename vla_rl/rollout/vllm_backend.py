@@ -23,6 +23,12 @@ worker's process, beside the trainer, on the same device.
   (``policy.lora``) the engine loads the merged weights, ``W + alpha / r * B A`` under the base
   layers' names, computed out of place (TRL also hands vLLM merged weights, merging in place).
 
+- **Precision**: the engine computes in its own dtype (``text.dtype``), as an engine in another
+  process would: the rollout node calls :meth:`VLLMTextRollout.sample` inside the trainer's
+  ``torch.autocast`` (bfloat16 under DDP's mixed precision on GPUs), and since the engine core runs
+  in the caller's thread, that context would otherwise reach vLLM's own linear layers (bfloat16
+  outputs into its float32 layers and kernels) and the weight sync. ``sample`` turns autocast off.
+
 vLLM's kernels differ numerically from the trainer's forward, so its log-probs are close to but
 not exactly the trainer's: ``exact_log_probs`` is False and the rollout node recomputes
 ``old_log_probs`` with the trainer's policy (as verl's ``actor.compute_log_prob`` does).
@@ -163,6 +169,11 @@ class VLLMTextRollout:
             :class:`Generation` of ``g * group_size`` rows (groups contiguous), ``(n, R)`` with
             ``R = text.max_response_length``; ``log_probs`` are vLLM's.
         """
+        with torch.autocast(self.policy.device.type, enabled=False):  # the engine's own dtype (module docstring)
+            return self._sample(input_ids, attention_mask, group_size, generator)
+
+    def _sample(self, input_ids: Tensor, attention_mask: Tensor, group_size: int,
+                generator: torch.Generator) -> Generation:
         if self.stale:
             self.sync_weights()
         prompts = unpad_prompts(input_ids, attention_mask)
