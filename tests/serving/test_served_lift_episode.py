@@ -1,7 +1,9 @@
 """A robosuite Lift episode run through PyPI's ``openpi-client`` against ``vla-rl serve`` is the
 episode ``vla-rl eval`` runs on the same initial state: the same actions, step for step, and the
 same success (the engine's evaluation through Ray, a DAG worker and simulator actors on one side;
-a plain gymnasium loop with openpi's ``ActionChunkBroker`` on the other)."""
+a plain gymnasium loop with openpi's ``ActionChunkBroker`` on the other). The policy is served on
+the device the evaluation ran on (``VLA_RL_TEST_DEVICE``), where both compute as the run's
+rollouts do (on CUDA: bfloat16 autocast)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ pytest.importorskip("openpi_client", reason="openpi-client is not installed (the
 from openpi_client.action_chunk_broker import ActionChunkBroker
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
+from devices import device_under_test
 from simulators.registry import make_env
 from vla_rl.dag.loader import load_template
 from vla_rl.data.trajectory_store import TrajectoryStore
@@ -25,7 +28,7 @@ def test_a_served_lift_episode_is_the_evaluated_one(evaluated_lift_run):
     store_path = evaluated_lift_run / "eval" / "episodes" / "robosuite_lift" / "rank0.zarr"
     store = TrajectoryStore.open(store_path, read_only=True)
     config = load_template(evaluated_lift_run / "template.yaml").config
-    served = load_served_policy(evaluated_lift_run, device="cpu")
+    served = load_served_policy(evaluated_lift_run, device=str(device_under_test()))
     env = make_env(config.simulator.name, config.simulator.env_config())
     try:
         with server_thread(PolicyServer(served, port=0)) as server:

@@ -14,10 +14,19 @@ What may be served (:func:`load_served_policy`):
 
 The inputs the policy takes come from one environment of the run's simulator made in this
 process (its observation space, image sizes and instruction), as ``vla-rl export`` reads its sizes.
+
+Precision: a checkpoint or a template export is served as the run's rollouts computed on the
+serving device (its ``trainer`` section, :func:`vla_rl.trainers.strategy.autocast` and
+:func:`~vla_rl.trainers.strategy.policy_dtype`): on CUDA/NPU under ``trainer.mixed_precision:
+auto`` (or ``bf16``) a DDP run's policy keeps its float32 weights and acts in
+``torch.autocast(bfloat16)``, an FSDP run's acts with bfloat16 parameters; on the CPU it acts in
+float32 (a ``bf16`` run served on a CPU included). An MLP export records no training settings and
+acts in its own dtype.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -44,12 +53,17 @@ class ServedPolicy:
         name: what the server calls it (metadata, logs).
         temperature: > 0, the sampled requests' temperature (1.0: the trained distribution).
         seed: seed of the sampled requests' random generator (on the policy's device).
+        trainer: the ``trainer`` section of the run the policy comes from: the policy then computes
+            as that run's rollouts did on this device (module docstring); None: in its own dtypes.
 
     Raises:
         ServeError: ``temperature`` is not > 0.
     """
 
-    def __init__(self, policy, inputs: ServedInputs, name: str, temperature: float = 1.0, seed: int = 0) -> None:
+    def __init__(self, policy, inputs: ServedInputs, name: str, temperature: float = 1.0, seed: int = 0,
+                 trainer=None) -> None:
+        from vla_rl.trainers.strategy import ACCELERATORS, cast_parameters, policy_dtype
+
         if not temperature > 0:
             raise ServeError(f"--temperature must be > 0, got {temperature}")
         self.policy = policy.eval()
@@ -57,6 +71,18 @@ class ServedPolicy:
         self.name = name
         self.temperature = float(temperature)
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
+        if trainer is not None and trainer.mixed_precision == "bf16" and policy.device.type not in ACCELERATORS:
+            trainer = trainer.model_copy(update={"mixed_precision": "auto"})  # float32 on the CPU, not refused
+        self.trainer = trainer
+        if trainer is not None and (dtype := policy_dtype(trainer, policy.device)) is not None:
+            cast_parameters(self.policy, dtype)  # FSDP's mixed precision: its rollouts' bfloat16 parameters
+
+    def precision(self) -> contextlib.AbstractContextManager:
+        """The context of the policy's forward passes: the run's rollouts' ``torch.autocast``
+        (DDP's mixed precision on an accelerator), else nothing."""
+        from vla_rl.trainers.strategy import autocast
+
+        return contextlib.nullcontext() if self.trainer is None else autocast(self.trainer, self.policy.device)
 
     @property
     def can_sample(self) -> bool:
@@ -94,13 +120,14 @@ class ServedPolicy:
         obs = to_torch(stack_observations(list(observations))).to(policy.device)
         if sample and not self.can_sample:
             raise ValueError(f"the {self.name} policy has no action distribution: it acts greedily only")
-        if not policy.has_action_distribution:
-            actions = policy.predict_action_chunk(obs)
-        elif sample:
-            actions = policy.sample_actions(obs, greedy=False, generator=self.generator,
-                                            temperature=self.temperature)[0]
-        else:
-            actions = policy.sample_actions(obs, greedy=True)[0]
+        with self.precision():
+            if not policy.has_action_distribution:
+                actions = policy.predict_action_chunk(obs)
+            elif sample:
+                actions = policy.sample_actions(obs, greedy=False, generator=self.generator,
+                                                temperature=self.temperature)[0]
+            else:
+                actions = policy.sample_actions(obs, greedy=True)[0]
         return policy.env_actions(actions, obs).float().cpu().numpy()
 
 
@@ -144,19 +171,22 @@ def load_served_policy(target: str | Path, template: str | None = None, override
         if callable(getattr(policy, "merge_lora", None)):
             policy.merge_lora()
         inputs, name = simulator_inputs(config), f"{config.policy.name} ({path.parent.parent.name}/{path.name})"
+        trainer = config.trainer
     elif _mlp_export(path):
         from policies.mlp.modeling_mlp import MLPPolicy
 
         policy = MLPPolicy.from_pretrained(path)
         tasks = policy.config.num_tasks or None
         inputs, name = ServedInputs(policy.config.obs_dim, num_tasks=tasks), f"mlp ({path.name})"
+        trainer = None
     else:
         if template is None:
             raise ServeError(f"{path} is an export of a policy that needs its training settings: add --template "
                              "TEMPLATE (the template it was trained with, e.g. embodied_srpo_pi0_lift) and its overrides")
         policy, config = _export_policy(path, template, overrides)
         inputs, name = simulator_inputs(config), f"{config.policy.name} ({path.name})"
-    return ServedPolicy(policy.to(_device(device)), inputs, name, temperature, seed)
+        trainer = config.trainer
+    return ServedPolicy(policy.to(_device(device)), inputs, name, temperature, seed, trainer=trainer)
 
 
 def simulator_inputs(config) -> ServedInputs:
