@@ -123,9 +123,9 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """``model``'s state dict with its LoRA adapters folded into their base layers, the model
     left as it is: what :func:`merge_lora` would leave, without changing ``model``. An adapted
     layer's ``weight`` is ``W + alpha / r * B A`` (peft's ``get_delta_weight``), computed in the
-    adapters' float32 (autocast off, whatever context the caller runs in) and cast to ``W``'s
-    dtype, bit for bit what peft's ``LoraLayer.merge`` writes;
-    its ``base_layer.`` names lose that component, the adapters' ``lora_`` entries are dropped.
+    adapters' own dtype (float32, bfloat16 under FSDP's mixed precision; autocast off, whatever
+    context the caller runs in) and cast to ``W``'s dtype, bit for bit what peft's
+    ``LoraLayer.merge`` writes; its ``base_layer.`` names lose that component, the adapters' ``lora_`` entries are dropped.
     A model without adapters yields its state dict. Lazy: one merged weight at a time (TRL
     instead merges the adapters in place and unmerges them afterwards, which rounds a bfloat16
     base twice).

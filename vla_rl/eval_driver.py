@@ -34,8 +34,11 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
 
     The evaluation template's ``config`` takes the run's ``policy`` and ``simulator`` sections (the
     checkpoints' architecture and tasks; with a task set, one initial state of each task per
-    ``data`` step, a setting the evaluation does not read), the checkpoints (``eval.checkpoints``),
-    then ``overrides``.
+    ``data`` step, a setting the evaluation does not read), the run's ``trainer.strategy`` and
+    ``trainer.mixed_precision`` (the checkpoints act in the precision the run's rollouts had:
+    bfloat16 autocast or bfloat16 parameters on accelerators, float32 with ``none``; the run's
+    ``bf16`` becomes ``auto``, the same on accelerators and float32 on CPU workers), the
+    checkpoints (``eval.checkpoints``), then ``overrides``.
 
     Returns:
         ``(evaluation directory, loaded template, run directory)``.
@@ -63,6 +66,9 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     config = raw.setdefault("config", {})
     config["policy"] = run_config.policy.model_dump(mode="json")
     config["simulator"] = run_config.simulator.model_dump(mode="json")
+    precision = run_config.trainer.mixed_precision
+    config.setdefault("trainer", {}).update(strategy=run_config.trainer.strategy,
+                                            mixed_precision="auto" if precision == "bf16" else precision)
     if run_config.simulator.multi_task:  # a step of a task set holds as many initial states of each task
         config.setdefault("data", {})["init_states_per_step"] = len(run_config.simulator.task_names())
     config.setdefault("eval", {})["checkpoints"] = [str(p) for p in checkpoints]

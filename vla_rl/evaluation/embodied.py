@@ -55,7 +55,7 @@ from vla_rl.evaluation.replay import episode_env_actions, replay_episodes
 from vla_rl.evaluation.session import EvaluationSession
 from vla_rl.evaluation.video import record_video, video_camera
 from vla_rl.rollout.embodied import rollout_episodes
-from vla_rl.trainers.strategy import autocast
+from vla_rl.trainers.strategy import autocast, cast_parameters, policy_dtype
 from vla_rl.utils.video import write_mp4
 from vla_rl_core import keys
 from vla_rl_core.run_layout import VIDEOS_DIR
@@ -155,7 +155,9 @@ class EmbodiedEvaluation(EvaluationSession):
 
     def policy(self, task: int, target: int):
         """The policy of target ``target`` (a checkpoint's weights are loaded into the worker's
-        policy), checked against task ``task``.
+        policy), checked against task ``task``, in the dtype the run's rollouts had: under FSDP's
+        mixed precision bfloat16 parameters (a training run's policy already has them; ``vla-rl
+        eval`` takes the run's ``trainer.strategy`` and ``mixed_precision``), its own otherwise.
 
         Raises:
             ValueError: the task's observation layout or action size differs from the policy's,
@@ -178,6 +180,8 @@ class EmbodiedEvaluation(EvaluationSession):
                 raise ValueError(f"checkpoint {path} does not fit the run's policy for task {spec.name!r}: "
                                  f"{err}") from err
             self._loaded = target
+        if (dtype := policy_dtype(self.config.trainer, res.device)) is not None:
+            cast_parameters(res.policy, dtype)  # FSDP's mixed precision: its rollouts' bfloat16 parameters
         return res.policy.eval()
 
     def rollout(self, batch: TensorDict) -> tuple[TensorDict, int]:
