@@ -66,9 +66,8 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     config = raw.setdefault("config", {})
     config["policy"] = run_config.policy.model_dump(mode="json")
     config["simulator"] = run_config.simulator.model_dump(mode="json")
-    precision = run_config.trainer.mixed_precision
-    config.setdefault("trainer", {}).update(strategy=run_config.trainer.strategy,
-                                            mixed_precision="auto" if precision == "bf16" else precision)
+    trainer = run_config.trainer.portable()
+    config.setdefault("trainer", {}).update(strategy=trainer.strategy, mixed_precision=trainer.mixed_precision)
     if run_config.simulator.multi_task:  # a step of a task set holds as many initial states of each task
         config.setdefault("data", {})["init_states_per_step"] = len(run_config.simulator.task_names())
     config.setdefault("eval", {})["checkpoints"] = [str(p) for p in checkpoints]

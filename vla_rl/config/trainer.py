@@ -85,3 +85,9 @@ class TrainerSection(_Section):
         "rows at a time. null: the whole "
         "minibatch (shard) at once.")
     fsdp: FSDPSection = Field(default_factory=lambda: FSDPSection())
+
+    def portable(self) -> TrainerSection:
+        """This section for the run's policy acting on any device outside its training workers
+        (``vla-rl eval``, ``vla-rl serve``): ``mixed_precision: bf16`` becomes ``auto``, the same
+        bfloat16 on an accelerator and float32 on a CPU instead of refused there."""
+        return self.model_copy(update={"mixed_precision": "auto"}) if self.mixed_precision == "bf16" else self

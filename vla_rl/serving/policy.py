@@ -62,7 +62,7 @@ class ServedPolicy:
 
     def __init__(self, policy, inputs: ServedInputs, name: str, temperature: float = 1.0, seed: int = 0,
                  trainer=None) -> None:
-        from vla_rl.trainers.strategy import ACCELERATORS, cast_parameters, policy_dtype
+        from vla_rl.trainers.strategy import cast_parameters, policy_dtype
 
         if not temperature > 0:
             raise ServeError(f"--temperature must be > 0, got {temperature}")
@@ -71,8 +71,7 @@ class ServedPolicy:
         self.name = name
         self.temperature = float(temperature)
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
-        if trainer is not None and trainer.mixed_precision == "bf16" and policy.device.type not in ACCELERATORS:
-            trainer = trainer.model_copy(update={"mixed_precision": "auto"})  # float32 on the CPU, not refused
+        trainer = None if trainer is None else trainer.portable()  # a bf16 run on a CPU: float32, not refused
         self.trainer = trainer
         if trainer is not None and (dtype := policy_dtype(trainer, policy.device)) is not None:
             cast_parameters(self.policy, dtype)  # FSDP's mixed precision: its rollouts' bfloat16 parameters
