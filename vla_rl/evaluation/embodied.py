@@ -55,7 +55,7 @@ from vla_rl.evaluation.replay import episode_env_actions, replay_episodes
 from vla_rl.evaluation.session import EvaluationSession
 from vla_rl.evaluation.video import record_video, video_camera
 from vla_rl.rollout.embodied import rollout_episodes
-from vla_rl.trainers.strategy import autocast, cast_parameters, policy_dtype
+from vla_rl.trainers.strategy import autocast, cast_for_rollouts
 from vla_rl.utils.video import write_mp4
 from vla_rl_core import keys
 from vla_rl_core.run_layout import VIDEOS_DIR
@@ -180,8 +180,7 @@ class EmbodiedEvaluation(EvaluationSession):
                 raise ValueError(f"checkpoint {path} does not fit the run's policy for task {spec.name!r}: "
                                  f"{err}") from err
             self._loaded = target
-        if (dtype := policy_dtype(self.config.trainer, res.device)) is not None:
-            cast_parameters(res.policy, dtype)  # FSDP's mixed precision: its rollouts' bfloat16 parameters
+        cast_for_rollouts(res.policy, self.config.trainer, res.device)  # FSDP mixed precision: bfloat16
         return res.policy.eval()
 
     def rollout(self, batch: TensorDict) -> tuple[TensorDict, int]:

@@ -12,7 +12,7 @@ import copy
 
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.trainers.actor import per_dim_log_probs
-from vla_rl.trainers.strategy import autocast, cast_parameters, policy_dtype
+from vla_rl.trainers.strategy import autocast, cast_for_rollouts
 from vla_rl.workers.checkpointing import SharedModuleCheckpoint
 from vla_rl.workers.metrics import mean
 from vla_rl.workers.resources import register_resource
@@ -54,9 +54,7 @@ def build_reference(res):
     not the float32/bfloat16 gap."""
     frozen = {id(parameter): parameter for parameter in res.policy.parameters() if not parameter.requires_grad}
     reference = copy.deepcopy(res.policy, frozen).requires_grad_(False).eval()
-    dtype = policy_dtype(res.config.trainer, res.device)
-    if dtype is not None:
-        cast_parameters(reference, dtype)
+    cast_for_rollouts(reference, res.config.trainer, res.device)
     return reference
 
 

@@ -62,7 +62,7 @@ class ServedPolicy:
 
     def __init__(self, policy, inputs: ServedInputs, name: str, temperature: float = 1.0, seed: int = 0,
                  trainer=None) -> None:
-        from vla_rl.trainers.strategy import cast_parameters, policy_dtype
+        from vla_rl.trainers.strategy import cast_for_rollouts
 
         if not temperature > 0:
             raise ServeError(f"--temperature must be > 0, got {temperature}")
@@ -73,8 +73,8 @@ class ServedPolicy:
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
         trainer = None if trainer is None else trainer.portable()  # a bf16 run on a CPU: float32, not refused
         self.trainer = trainer
-        if trainer is not None and (dtype := policy_dtype(trainer, policy.device)) is not None:
-            cast_parameters(self.policy, dtype)  # FSDP's mixed precision: its rollouts' bfloat16 parameters
+        if trainer is not None:
+            cast_for_rollouts(self.policy, trainer, policy.device)  # FSDP mixed precision: bfloat16
 
     def precision(self) -> contextlib.AbstractContextManager:
         """The context of the policy's forward passes: the run's rollouts' ``torch.autocast``

@@ -335,6 +335,20 @@ def computes_differently(policy: nn.Module, param_dtype: torch.dtype | None, mas
 
 
 @torch.no_grad()
+def cast_for_rollouts(module: nn.Module, trainer, device: torch.device) -> None:
+    """Give ``module``'s floating parameters, in place, the dtype the run's rollouts compute with
+    on ``device`` (:func:`policy_dtype`: bfloat16 under FSDP's mixed precision, as
+    :class:`FSDPStrategy` casts the policy); nothing otherwise. For what acts or scores outside
+    the trainer: the reference, ``vla-rl eval``'s policy, ``vla-rl serve``'s.
+
+    Raises:
+        ValueError: see :func:`compute_dtype`.
+    """
+    dtype = policy_dtype(trainer, device)
+    if dtype is not None:
+        cast_parameters(module, dtype)
+
+
 def cast_parameters(module: nn.Module, dtype: torch.dtype) -> None:
     """Cast ``module``'s floating parameters to ``dtype`` in place (the same ``nn.Parameter``
     objects, so hooks and references to them stay valid); buffers keep their dtype, as under
