@@ -10,6 +10,7 @@ advantages are the plain GAE of the rewards.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
@@ -24,11 +25,23 @@ class CausalLMValueModel(nn.Module):
     Args:
         policy: the policy whose transformer body (``policy.model.model``, weights copied) the
             value model starts from.
+        weights: ``(name, tensor)`` of the policy's parameters, named as in ``policy``, to start
+            the body from instead of the policy's own (the actor's float32 master weights once
+            FSDP's mixed precision has cast the policy to bfloat16:
+            :meth:`~vla_rl.trainers.strategy.FSDPStrategy.master_parameters`); the body's
+            parameters take their dtype. None: the policy's.
+
+    Raises:
+        ValueError: ``weights`` lacks one of the body's parameters (named).
     """
 
-    def __init__(self, policy: CausalLMPolicy) -> None:
+    def __init__(self, policy: CausalLMPolicy, weights: Iterable[tuple[str, Tensor]] | None = None) -> None:
         super().__init__()
-        self.body = copy.deepcopy(policy.model.get_decoder()).requires_grad_(True)
+        decoder = policy.model.get_decoder()
+        self.body = copy.deepcopy(decoder)
+        if weights is not None:
+            _load_parameters(self.body, weights, prefix=_module_name(policy, decoder))
+        self.body.requires_grad_(True)
         self.head = nn.Linear(policy.model.config.hidden_size, 1)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
@@ -60,3 +73,26 @@ class CausalLMValueModel(nn.Module):
         prompt_len = prompt_ids.shape[1]
         states = hidden[:, prompt_len - 1 : prompt_len - 1 + responses.shape[1]]  # (n, R, H): predict token t
         return self.head(states).squeeze(-1).float().masked_fill(~mask, 0.0)
+
+
+def _module_name(root: nn.Module, module: nn.Module) -> str:
+    """The qualified name of ``module`` inside ``root``, with a trailing dot ('' for ``root``)."""
+    name = next(name for name, candidate in root.named_modules() if candidate is module)
+    return f"{name}." if name else ""
+
+
+@torch.no_grad()
+def _load_parameters(module: nn.Module, weights: Iterable[tuple[str, Tensor]], prefix: str) -> None:
+    """Replace each parameter of ``module`` by a copy of the tensor ``weights`` names
+    ``prefix + name`` (its dtype too); the other tensors are read and passed over."""
+    own = dict(module.named_parameters())
+    loaded = set()
+    for name, tensor in weights:
+        local = name.removeprefix(prefix) if name.startswith(prefix) else None
+        if local in own:
+            own[local].data = tensor.detach().to(own[local].device, copy=True)
+            loaded.add(local)
+    missing = sorted(set(own) - loaded)
+    if missing:
+        raise ValueError(f"the value model's weights lack {len(missing)} of the body's parameters, "
+                         f"first {prefix}{missing[0]}")

@@ -15,6 +15,7 @@ from fsdp_harness import (
     WORLD,
     _max_abs,
     _max_loss_gap,
+    _Patch,
     _text_batch,
     _trainer_section,
     _weights,
@@ -86,7 +87,45 @@ def _critics(rank: int, lm_dir: str, ckpt_root: str) -> dict:
         torch.manual_seed(2)
         trainer = CriticTrainer(CausalLMValueModel(lm), lr=1e-3, forward=text_values, trainer=section)
         out[name] = train(trainer, section, text_batch)
+    out["lm_after_actor"] = _text_critic_after_the_actor(lm_dir)
     return out
+
+
+def _text_critic_after_the_actor(lm_dir: str) -> dict:
+    """The text workflow's critic built after an FSDP actor in the bf16 emulation (the CPU
+    admitted as an accelerator), as the vLLM rollout orders them: the actor has cast the policy
+    to bfloat16. Records the critic's master weights against the float32 body it should start
+    from, and what a copy of the cast policy would have started from."""
+    from types import SimpleNamespace
+
+    import vla_rl.trainers.strategy as strategy
+    from policies.causal_lm import CausalLMConfig, CausalLMPolicy
+    from policies.causal_lm.value_causal_lm import CausalLMValueModel
+    from vla_rl.config import CriticSection
+    from vla_rl.trainers.actor import ActorTrainer, text_forward
+    from vla_rl.workflows.text import TextWorkflow
+
+    def body(named) -> dict[str, torch.Tensor]:
+        return {name.removeprefix("body."): tensor.detach().float().clone() for name, tensor in named
+                if name.startswith("body.")}
+
+    lm = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=lm_dir, max_prompt_length=32, max_response_length=8))
+    float32_body = {name: tensor.detach().clone() for name, tensor in lm.model.get_decoder().named_parameters()}
+    patch = _Patch()
+    patch.setattr(strategy, "ACCELERATORS", (*strategy.ACCELERATORS, "cpu"))
+    try:
+        section = _trainer_section(strategy="fsdp")
+        actor = ActorTrainer(lm, lr=1e-3, forward=text_forward, trainer=section)
+        res = SimpleNamespace(policy=lm, actor=actor, device=torch.device("cpu"), group=None,
+                              config=SimpleNamespace(critic=CriticSection(lr=1e-3), trainer=section),
+                              built=lambda: ["policy", "actor"])
+        critic = TextWorkflow().build_critic(res)
+        masters = body(critic.parallel.master_parameters())
+    finally:
+        patch.undo()
+    return {"masters": masters, "float32_body": float32_body,
+            "policy_dtypes": {p.dtype for p in lm.parameters()},
+            "copy_of_the_cast_policy": body(CausalLMValueModel(lm).named_parameters())}
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +163,13 @@ def test_a_sharded_critic_checkpoint_resumes_bit_identically(runs):
         assert ".metadata" in record["files"] and any(f.endswith(".distcp") for f in record["files"])
         assert record["resumed"]["losses"] == record["straight"]["losses"]
         assert _max_abs(record["resumed"]["weights"], record["straight"]["weights"]) == 0.0
+
+
+def test_the_text_critic_built_after_the_actor_starts_from_its_float32_master_weights(runs):
+    """With the vLLM rollout the actor is built first; under FSDP's mixed precision it casts the
+    policy to bfloat16, and the critic copied that rounded body into its float32 masters."""
+    for rank in range(WORLD):
+        record = runs[rank]["lm_after_actor"]
+        assert record["policy_dtypes"] == {torch.bfloat16}  # the actor did cast the policy
+        assert _max_abs(record["copy_of_the_cast_policy"], record["float32_body"]) > 1e-4  # what it would start from
+        assert _max_abs(record["masters"], record["float32_body"]) == 0.0

@@ -3,7 +3,8 @@
 Both strategies give the trainer the same four things: ``module`` (what the training forward
 calls), ``trained`` (the module whose parameters the optimizer updates), ``gradient_sync(enabled)``
 (a context for gradient accumulation) and ``after_update()``; the update loop does not branch on
-the strategy.
+the strategy. ``master_parameters()`` gives the policy's weights at full precision to what starts
+from them after the actor is built (the text critic's body).
 
 - :class:`DDPStrategy` (default): ``torch.nn.parallel.DistributedDataParallel`` around the policy
   itself; gradients are all-reduced in the backward pass. ``trained`` is the policy. Under mixed
@@ -143,6 +144,11 @@ class DDPStrategy:
     def after_update(self) -> None:
         """Nothing to do: the trained module is the policy."""
 
+    def master_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` of every parameter of the policy (its own: the policy holds the
+        master weights)."""
+        yield from self.policy.named_parameters()
+
 
 class FSDPStrategy:
     """A sharded training copy of the policy (see the module docstring).
@@ -246,13 +252,26 @@ class FSDPStrategy:
     def after_update(self) -> None:
         """Copy the trained parameters into the policy (collective: every worker, same order),
         cast to the policy's dtypes; frozen parameters never change and are not copied."""
+        targets = dict(self.policy.named_parameters())
+        for name, full in self._full_parameters(trainable_only=True):
+            targets[name].copy_(full)
+
+    def master_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` of every parameter of the policy, in the training copy's
+        ``trainer.fsdp.master_dtype`` (float32 by default), named as in the policy: what the
+        policy held before mixed precision cast it to bfloat16, as trained since. Collective
+        (every worker, same order): each parameter is all-gathered in turn, so a worker holds one
+        whole parameter at a time beyond what it keeps."""
+        yield from self._full_parameters(trainable_only=False)
+
+    @torch.no_grad()
+    def _full_parameters(self, trainable_only: bool) -> Iterator[tuple[str, torch.Tensor]]:
         from torch.distributed.tensor import DTensor
 
-        targets = dict(self.policy.named_parameters())
         for name, parameter in self.trained.named_parameters():
-            if parameter.requires_grad:
+            if parameter.requires_grad or not trainable_only:
                 full = parameter.full_tensor() if isinstance(parameter, DTensor) else parameter
-                targets[name.replace(_CHECKPOINT_PREFIX, "")].copy_(full)
+                yield name.replace(_CHECKPOINT_PREFIX, ""), full
 
 
 @contextlib.contextmanager

@@ -54,12 +54,16 @@ class TextWorkflow(Workflow):
 
     def build_critic(self, res):
         """A copy of the warm-started LM body with a zero value head (DDP starts every worker from
-        rank 0's initial weights)."""
+        rank 0's initial weights). Built after the actor (the vLLM rollout needs the actor
+        first), it copies the actor's master weights (collective): FSDP's mixed precision has
+        cast the policy to bfloat16 by then, and the critic's float32 weights would start
+        rounded."""
         from policies.causal_lm.value_causal_lm import CausalLMValueModel
         from vla_rl.trainers.critic import CriticTrainer, text_values
 
-        return CriticTrainer(CausalLMValueModel(res.policy).to(res.device), res.config.critic.lr, group=res.group,
-                             forward=text_values, trainer=res.config.trainer)
+        weights = res.actor.parallel.master_parameters() if "actor" in res.built() else None
+        return CriticTrainer(CausalLMValueModel(res.policy, weights).to(res.device), res.config.critic.lr,
+                             group=res.group, forward=text_values, trainer=res.config.trainer)
 
     def warm_starts(self, config) -> bool:
         return config.text.sft_steps > 0
