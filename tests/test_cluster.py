@@ -7,12 +7,12 @@ process. A cluster started with `ray start`, through the command line: tests/tes
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from child_env import child_env
 
 from vla_rl.dag.loader import REPO_ROOT
 
@@ -47,8 +47,7 @@ def run(template: str, overrides: list[str], out, cluster: bool) -> tuple[dict, 
     home = out.parent / "home"
     (home / ".ray").mkdir(parents=True, exist_ok=True)
     (home / ".ray" / "auth_token").write_text("0123456789abcdef" * 4)
-    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))  # an offline kit's too
-    env = {**os.environ, "PYTHONPATH": python_path, "HOME": str(home)}
+    env = child_env(REPO_ROOT, HOME=str(home))
     for key in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         env.pop(key, None)
     done = subprocess.run([sys.executable, "-c", SCRIPT, template, str(out), "cluster" if cluster else "local",

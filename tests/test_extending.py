@@ -7,13 +7,13 @@ In a subprocess, so that the toy components never enter this process's registrie
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from child_env import child_env
 from devices import device_overrides
 
 from vla_rl.dag.loader import REPO_ROOT
@@ -47,9 +47,8 @@ def write_doc_files(directory: Path) -> list[str]:
 
 
 def cli(args: list[str], directory: Path, timeout: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(directory), str(REPO_ROOT)])}
-    return subprocess.run([sys.executable, "-m", "vla_rl.cli", *args], cwd=directory, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "vla_rl.cli", *args], cwd=directory,
+                          env=child_env(directory, REPO_ROOT), capture_output=True, text=True, timeout=timeout)
 
 
 def test_the_documented_components_plug_in_and_train(tmp_path):

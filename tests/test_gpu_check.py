@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from child_env import child_env
 
 from vla_rl.cli import main
 
@@ -76,7 +77,6 @@ def test_the_suite_part_collects_on_a_host_without_the_optional_packages(gpu_che
     """On the GPU image (no websockets, no openpi-client) the suite part's collection must not stop
     at the modules that import them: before, three modules' ImportErrors interrupted the collection
     and the part ran no test at all. Each such module is skipped, naming the package."""
-    import os
     import subprocess
 
     blocked = tmp_path / "blocked"
@@ -87,7 +87,7 @@ def test_the_suite_part_collects_on_a_host_without_the_optional_packages(gpu_che
     assert "--continue-on-collection-errors" in suite.command  # a future import error costs its module only
     options = [word for word in suite.command[suite.command.index("pytest") + 1:]
                if word not in ("-v", "--continue-on-collection-errors") and not word.startswith("--junitxml")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocked), os.environ.get("PYTHONPATH", "")])}
+    env = child_env(blocked)
     listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                              *options, "-rs"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     output = listed.stdout + listed.stderr

@@ -4,7 +4,6 @@ training runs through the command line) and ``-m slow`` hold each test exactly o
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from child_env import child_env
 from conftest import mark_end_to_end, pytest_collection_finish, pytest_collection_modifyitems, pytest_terminal_summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ def test_each_test_is_in_one_run(tmp_path):
     out = tmp_path / "marks.json"
     listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "", "-p", "tiers_probe",
                              *files], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": str(tmp_path), "TIERS_PROBE_OUT": str(out)})
+                            env=child_env(tmp_path, TIERS_PROBE_OUT=str(out)))
     assert listed.returncode == 0, listed.stdout + listed.stderr
     marks = json.loads(out.read_text())
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from child_env import child_env
 
 from policies import available_policies, make_policy
 from policies.base import Policy
@@ -73,6 +73,4 @@ def test_importing_configs_does_not_import_torch():
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     repo_root = str(Path(__file__).resolve().parents[2])
-    python_path = os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": python_path}
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=repo_root, env=env)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=repo_root, env=child_env(repo_root))

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from child_env import child_env
 from devices import device_overrides
 from test_extending import write_doc_files
 
@@ -121,7 +121,7 @@ def test_a_chunk_result_refuses_rows_of_another_length_or_dtype():
 @pytest.mark.e2e
 def test_srpo_trains_a_step_on_the_batched_simulator_through_the_engine(doc_files, tmp_path):
     out = tmp_path / "runs"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(doc_files), str(REPO_ROOT)])}
+    env = child_env(doc_files, REPO_ROOT)
     args = ["train", "embodied_srpo", "run.imports=[point_mass]", "simulator.name=point_mass",
             "simulator.env.horizon=20", "warm_start.num_demos=0", "eval.num_episodes=0",
             "trainer.total_steps=1", "trainer.ppo_epochs=1", "trainer.ppo_mini_batch_size=4",
