@@ -100,13 +100,16 @@ def test_grpo_pi0_lift_runs_from_the_random_tiny_model(ray_on_loopback, tmp_path
     """The rollout stores π0's denoising chains (own actions of (3 + 1) * 7 values) and sends
     their last state to the simulator. Without group filters every group is kept (the random model
     never succeeds), so the update recomputes the chains' log-probs from the re-sharded batch: with
-    all-zero advantages the weights do not move, and every ratio is 1 up to float rounding."""
+    all-zero advantages the weights do not move, and every ratio is 1 up to float rounding. Each
+    worker's minibatch is its whole shard of 2 episodes: on an accelerator (bfloat16 autocast) the
+    old log-probs are the trainer's rescoring of the shard in one pass, and a minibatch of another
+    batch shape could round otherwise there (the ratio then 1 only within bfloat16's rounding)."""
     step, run_dir = run_one_step("embodied_grpo_pi0_lift", TINY_PI0, tmp_path, "simulator.env.horizon=16",
                                  "warm_start.num_demos=0", "algorithm.filter_groups.success_rate_band=null",
-                                 "algorithm.filter_groups.zero_variance=false")
+                                 "algorithm.filter_groups.zero_variance=false", "trainer.ppo_mini_batch_size=4")
     assert step["rollout/success_rate"] == 0.0 and step["rollout/env_steps_per_episode"] == 16.0
     assert step["rollout/episode_length"] == 4.0  # 4 chunks of 4 actions
-    assert step["actor/num_updates"] >= 1.0
+    assert step["actor/num_updates"] == 1.0  # one minibatch: 4 episodes over the 2 workers
     assert abs(step["actor/ratio_mean"] - 1.0) < 1e-4 and step["actor/pg_clipfrac"] == 0.0
     assert "reward: success" in (run_dir / "template.yaml").read_text()
     model = load_file(str(run_dir / "checkpoints" / "step_00000001" / "model.safetensors"))

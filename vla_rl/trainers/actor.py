@@ -328,7 +328,8 @@ class ActorTrainer:
         :attr:`~vla_rl.trainers.strategy.FSDPStrategy.recomputes_old_log_probs`),
         the training module scores the rollout's actions instead, at every granularity (verl's
         ``actor.compute_log_prob``): the first minibatch's ratio is then 1 in the trainer's own
-        arithmetic, and ``actor/old_log_prob_max_diff`` is the largest gap between the rollout's
+        arithmetic (bit for bit where the minibatch's passes have the rescoring's batch shape; on
+        an accelerator's bfloat16 kernels other shapes may round otherwise), and ``actor/old_log_prob_max_diff`` is the largest gap between the rollout's
         log-probs and the trainer's.
         """
         rollout_log_probs = batch[keys.OLD_LOG_PROBS]  # (n, T, chunk)

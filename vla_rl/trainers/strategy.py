@@ -99,7 +99,10 @@ class DDPStrategy:
             with the same weights, but bfloat16 kernels may round otherwise for other batch
             shapes, so the actor scores the rollout's actions with the training module before its
             first update (as :attr:`FSDPStrategy.recomputes_old_log_probs`) and the first
-            minibatch's ratio is 1. Without, False: the trained module is the policy the rollout
+            minibatch's ratio is 1 (exactly when the minibatch has the shape of the rescoring
+            pass, ``trainer.micro_batch_size`` rows or the worker's shard; otherwise within
+            bfloat16's rounding, as in verl, whose ``compute_log_prob`` micro-batches differ from
+            the update's too). Without, False: the trained module is the policy the rollout
             samples with, in the same dtypes, and the rollout's log-probs are the trainer's.
 
     Raises:
