@@ -96,11 +96,13 @@ def test_critic_regresses_on_returns_from_camera_observations(process_group, dev
     assert error_after < 0.1 * (returns ** 2).mean()
 
 
-def test_critic_values_run_micro_batches_of_rows(process_group):
-    """``values(batch, micro_batch_size=2)``: at most 2 of the 5 rows per forward, the same values."""
+def test_critic_values_run_micro_batches_of_rows(process_group, device):
+    """``values(batch, micro_batch_size=2)``: at most 2 of the 5 rows per forward, the same values,
+    on the CPU (the network on the test device: each micro-batch moves there and back)."""
     torch.manual_seed(0)
     network = ValueNetwork(3, [8], torch.zeros(3), torch.ones(3))
     torch.nn.init.normal_(network.net[-1].weight)  # not the zero head: values that differ per state
+    network.to(device)
     rows = []
 
     def forward(net, mb):
@@ -112,4 +114,4 @@ def test_critic_values_run_micro_batches_of_rows(process_group):
     whole = trainer.values(batch)
     assert rows == [5]
     torch.testing.assert_close(trainer.values(batch, micro_batch_size=2), whole, rtol=0, atol=1e-6)
-    assert rows == [5, 2, 2, 1] and whole.shape == (5, 3) and whole.std() > 0
+    assert rows == [5, 2, 2, 1] and whole.shape == (5, 3) and whole.std() > 0 and whole.device.type == "cpu"
