@@ -260,8 +260,9 @@ class FSDPStrategy:
             targets[name].copy_(full)
 
     def master_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, tensor)`` of every parameter of the policy, in the training copy's
-        ``trainer.fsdp.master_dtype`` (float32 by default), named as in the policy: what the
+        """``(name, tensor)`` of every parameter of the policy as the training copy holds it,
+        named as in the policy: trainable ones in ``trainer.fsdp.master_dtype`` (float32 by
+        default), frozen ones in the dtype the policy gave them (:func:`meta_copy`), so what the
         policy held before mixed precision cast it to bfloat16, as trained since. Collective
         (every worker, same order): each parameter is all-gathered in turn, so a worker holds one
         whole parameter at a time beyond what it keeps."""
