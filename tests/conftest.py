@@ -97,6 +97,18 @@ def device():
     return devices.device_under_test()
 
 
+@pytest.fixture
+def bf16_device(device, monkeypatch):
+    """A device where ``trainer.mixed_precision: auto`` means bfloat16: the test device when it is
+    an accelerator (CUDA, NPU), else the CPU admitted as one (the bf16 emulation: CPU autocast's
+    bfloat16 kernels)."""
+    from vla_rl.trainers import strategy
+
+    if device.type not in strategy.ACCELERATORS:
+        monkeypatch.setattr(strategy, "ACCELERATORS", (*strategy.ACCELERATORS, device.type))
+    return device
+
+
 @pytest.fixture(scope="session")
 def ray_on_loopback():
     """Ray started the way the project starts it (every listener on 127.0.0.1)."""

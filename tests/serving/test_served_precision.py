@@ -1,8 +1,9 @@
 """``vla-rl serve`` computes as the run's rollouts did on the serving device (vla_rl/serving/policy.py,
-"Precision"), shown on the CPU in the bf16 emulation of the trainer tests (the CPU admitted as an
-accelerator, CPU autocast's bfloat16 kernels): a DDP run's float32 policy acts in
-``torch.autocast(bfloat16)``, an FSDP run's with bfloat16 parameters; a ``bf16`` run served on a
-real CPU acts in float32; an MLP export, which records no training settings, in its own dtype."""
+"Precision"), on the test device when it is an accelerator, else on the CPU in the bf16 emulation
+of the trainer tests (the CPU admitted as an accelerator, CPU autocast's bfloat16 kernels): a DDP
+run's float32 policy acts in ``torch.autocast(bfloat16)``, an FSDP run's with bfloat16
+parameters; a ``bf16`` run served on a real CPU acts in float32; an MLP export, which records no
+training settings, in its own dtype."""
 
 from __future__ import annotations
 
@@ -17,11 +18,6 @@ from vla_rl.trainers import strategy
 from vla_rl_core.observations import to_torch
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
-
-
-@pytest.fixture
-def bf16_emulation(monkeypatch):
-    monkeypatch.setattr(strategy, "ACCELERATORS", (*strategy.ACCELERATORS, "cpu"))
 
 
 def trained_run(tmp_path, *overrides: str):
@@ -54,13 +50,14 @@ def rollout_greedy(policy, trainer, obs: np.ndarray) -> np.ndarray:
     tensors = to_torch(obs)
     with torch.no_grad(), strategy.autocast(trainer, policy.device):
         actions = policy.sample_actions(tensors, greedy=True)[0]
-    return policy.env_actions(actions, tensors).float().numpy()
+    return policy.env_actions(actions, tensors).float().cpu().numpy()
 
 
-def test_a_ddp_run_is_served_in_its_rollouts_autocast(tmp_path, bf16_emulation):
+def test_a_ddp_run_is_served_in_its_rollouts_autocast(tmp_path, bf16_device):
     run_dir, config, trained = trained_run(tmp_path)
     assert (config.trainer.strategy, config.trainer.mixed_precision) == ("ddp", "auto")
-    served = load_served_policy(run_dir, device="cpu")
+    served = load_served_policy(run_dir, device=str(bf16_device))
+    trained.to(bf16_device)
     seen, handles = linear_output_dtypes(served.policy)
     actions = served.act(list(states()), sample=False)
     for handle in handles:
@@ -69,12 +66,13 @@ def test_a_ddp_run_is_served_in_its_rollouts_autocast(tmp_path, bf16_emulation):
     assert {p.dtype for p in served.policy.parameters()} == {torch.float32}  # ... on float32 weights
     np.testing.assert_array_equal(actions, rollout_greedy(trained, config.trainer, states()))
     float32 = trained.env_actions(trained.sample_actions(to_torch(states()), greedy=True)[0], to_torch(states()))
-    assert not np.array_equal(actions, float32.numpy())  # the emulation changed something
+    assert not np.array_equal(actions, float32.cpu().numpy())  # bfloat16 changed something
 
 
-def test_an_fsdp_run_is_served_with_its_rollouts_bfloat16_parameters(tmp_path, bf16_emulation):
+def test_an_fsdp_run_is_served_with_its_rollouts_bfloat16_parameters(tmp_path, bf16_device):
     run_dir, _, _ = trained_run(tmp_path, "trainer.strategy=fsdp")
-    served = load_served_policy(run_dir, device="cpu")
+    served = load_served_policy(run_dir, device=str(bf16_device))
+    assert served.policy.device.type == bf16_device.type
     assert {p.dtype for p in served.policy.parameters()} == {torch.bfloat16}
     seen, handles = linear_output_dtypes(served.policy)
     actions = served.act(list(states()), sample=True)
@@ -98,10 +96,10 @@ def test_on_a_real_cpu_every_run_is_served_in_float32(tmp_path):
         np.testing.assert_array_equal(actions, expected.numpy())
 
 
-def test_an_mlp_export_is_served_in_its_own_dtype(tmp_path, bf16_emulation):
+def test_an_mlp_export_is_served_in_its_own_dtype(tmp_path, bf16_device):
     _, _, trained = trained_run(tmp_path)
     export = trained.save_pretrained(tmp_path / "export")
-    served = load_served_policy(export, device="cpu")
+    served = load_served_policy(export, device=str(bf16_device))
     assert served.trainer is None
     seen, handles = linear_output_dtypes(served.policy)
     served.act(list(states()), sample=False)

@@ -3,11 +3,12 @@ weights and Adam state, every forward pass of the policy, the reference and the 
 ``torch.autocast(bfloat16)``, the old log-probs rescored by the trainer so that the first ratio
 is 1.
 
-"bf16 emulation": the CPU admitted as an accelerator (``strategy.ACCELERATORS`` patched), so
-that ``auto`` resolves to bfloat16 as on a CUDA worker and CPU autocast runs the bfloat16
-kernels. CUDA's autocast casts more ops to float32 than the CPU's (softmax, layer norms,
-reductions), so these tests cover the dtype flow of the backward pass and the contexts' reach,
-not CUDA's op lists.
+On an accelerator test device (``VLA_RL_TEST_DEVICE=cuda``) the tests run there, as a CUDA
+worker computes. On the CPU they run in the "bf16 emulation" (the ``bf16_device`` fixture): the
+CPU admitted as an accelerator (``strategy.ACCELERATORS`` patched), so that ``auto`` resolves to
+bfloat16 as on a CUDA worker and CPU autocast runs the bfloat16 kernels. CUDA's autocast casts
+more ops to float32 than the CPU's (softmax, layer norms, reductions), so on the CPU these tests
+cover the dtype flow of the backward pass and the contexts' reach, not CUDA's op lists.
 """
 
 from __future__ import annotations
@@ -35,11 +36,6 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread(torch_one_thread):
     """Small models on the shared machines run fastest on one thread."""
-
-
-@pytest.fixture
-def bf16_emulation(monkeypatch):
-    monkeypatch.setattr(strategy, "ACCELERATORS", (*strategy.ACCELERATORS, "cpu"))
 
 
 class LinearDtypes:
@@ -92,7 +88,7 @@ CASES = {"mlp": ("mlp", {}), "pi0": ("pi0", {}), "openvla_oft": ("openvla_oft", 
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_ddp_mixed_precision_keeps_float32_weights_and_computes_in_bfloat16(process_group, bf16_emulation,
+def test_ddp_mixed_precision_keeps_float32_weights_and_computes_in_bfloat16(process_group, bf16_device,
                                                                            monkeypatch, tiny_lm_dir, case):
     """In the bf16 emulation: the rollout and the update compute in bfloat16 (every linear layer's
     output), the weights, their gradients and Adam's state stay float32, and the first
@@ -102,9 +98,10 @@ def test_ddp_mixed_precision_keeps_float32_weights_and_computes_in_bfloat16(proc
     ("expected m1 and m2 to have the same dtype")."""
     name, fields = CASES[case]
     policy, roll_out, forward, algorithm = _text(tiny_lm_dir) if name == "lm" else _embodied(name, "lora" in case)
+    policy.to(bf16_device)
     section = _section(**fields)
     linear = LinearDtypes(policy)
-    with autocast(section, CPU):  # as the rollout node runs it
+    with autocast(section, bf16_device):  # as the rollout node runs it
         batch = roll_out()
     assert linear.take() == {torch.bfloat16}
     trainer = ActorTrainer(policy, lr=1e-3, forward=forward, trainer=section)
@@ -117,11 +114,19 @@ def test_ddp_mixed_precision_keeps_float32_weights_and_computes_in_bfloat16(proc
     assert metrics["actor/num_updates"] == 1.0 and metrics["actor/skipped_updates"] == 0.0
     log_probs, old_log_probs, mask, first = calls[0]
     assert log_probs.dtype == torch.float32
-    assert torch.equal(log_probs[mask], old_log_probs[mask]) and first["ratio_mean"] == 1.0
+    if bf16_device.type == "cpu" or section.micro_batch_size is None:
+        # the minibatch is the batch rescored, in another row order: the same shapes
+        assert torch.equal(log_probs[mask], old_log_probs[mask]) and first["ratio_mean"] == 1.0
+    else:  # micro-batches of other rows than the rescoring's: a causal LM trims other padding
+        # columns, and an accelerator's bfloat16 kernels may round otherwise for other shapes
+        torch.testing.assert_close(log_probs[mask], old_log_probs[mask], rtol=0, atol=5e-2)
+        assert abs(first["ratio_mean"] - 1.0) < 1e-2
     # the rollout computed in the same context: its log-probs are the trainer's up to bfloat16
-    # kernels choosing otherwise for other batch shapes (the MLP is batch-invariant: exactly)
+    # kernels choosing otherwise for other batch shapes (the MLP is batch-invariant: exactly;
+    # the CPU's bfloat16 kernels are row by row: 0 for every policy here). On an accelerator a
+    # π0 chain's log-prob sums 28 Gaussian terms whose means bfloat16 rounds: a looser bound.
     gap = metrics["actor/old_log_prob_max_diff"]
-    assert gap == 0.0 if case == "mlp" else gap < 0.05
+    assert gap == 0.0 if case == "mlp" else gap < (0.05 if bf16_device.type == "cpu" else 1.0)
     trainable = [p for p in policy.parameters() if p.requires_grad]
     assert {p.dtype for p in trainable} == {torch.float32}
     assert {p.grad.dtype for p in trainable if p.grad is not None} == {torch.float32}
@@ -149,29 +154,30 @@ def test_on_the_cpu_or_without_mixed_precision_ddp_computes_in_the_policys_dtype
     assert strategy.autocast_dtype(_section(), torch.device("meta")) is None  # not an accelerator
 
 
-def test_the_rollout_reference_and_critic_nodes_compute_in_the_trainers_context(process_group, bf16_emulation):
+def test_the_rollout_reference_and_critic_nodes_compute_in_the_trainers_context(process_group, bf16_device):
     """The nodes outside the trainers enter the trainer's autocast context: the rollout samples,
     the reference scores and the critic values in bfloat16, the critic's weights stay float32 and
     its update computes in bfloat16 too."""
     policy, _, _, _ = _embodied("mlp")
+    policy.to(bf16_device)
     section = _section()
     config = SimpleNamespace(trainer=section)
     linear = LinearDtypes(policy)
     tasks = TensorDict({keys.INIT_STATE_ID: torch.arange(4), keys.TASK_ID: torch.zeros(4, dtype=torch.long),
                         keys.UID: torch.arange(4)}, batch_size=[4])
     resources = SimpleNamespace(policy=policy, simulator_pool=RandomWalkPool([3, 5, 2, 4, 1, 6, 2, 3]),
-                                generator=torch.Generator().manual_seed(0), config=config, device=CPU)
+                                generator=torch.Generator().manual_seed(0), config=config, device=bf16_device)
     episodes, _ = rollout_groups(resources, 2, tasks, greedy=False, pipeline_stages=1)
     assert len(episodes) == 8 and linear.take() == {torch.bfloat16}
 
     workflow = SimpleNamespace(batch_forward=embodied_forward)
     ctx = SimpleNamespace(config=SimpleNamespace(trainer=section),
-                          resources=SimpleNamespace(reference=policy, workflow=workflow, device=CPU))
+                          resources=SimpleNamespace(reference=policy, workflow=workflow, device=bf16_device))
     ref_log_probs = compute_ref_log_probs(ctx, episodes).batch[keys.REF_LOG_PROBS]
     assert ref_log_probs.dtype == torch.float32 and linear.take() == {torch.bfloat16}
 
     obs_dim = episodes[keys.OBS].shape[-1]
-    network = ValueNetwork(obs_dim, [8], torch.zeros(obs_dim), torch.ones(obs_dim))
+    network = ValueNetwork(obs_dim, [8], torch.zeros(obs_dim), torch.ones(obs_dim)).to(bf16_device)
     critic = CriticTrainer(network, lr=1e-2, trainer=section)
     critic_linear = LinearDtypes(network)
     ctx.resources.critic = critic
