@@ -90,9 +90,10 @@ CASES = {"mlp": ("mlp", {}), "pi0": ("pi0", {}), "openvla_oft": ("openvla_oft", 
 @pytest.mark.parametrize("case", list(CASES))
 def test_ddp_mixed_precision_keeps_float32_weights_and_computes_in_bfloat16(process_group, bf16_device,
                                                                            monkeypatch, tiny_lm_dir, case):
-    """In the bf16 emulation: the rollout and the update compute in bfloat16 (every linear layer's
-    output), the weights, their gradients and Adam's state stay float32, and the first
-    minibatch's ratio is exactly 1 (the trainer rescored the rollout's actions).
+    """Under bfloat16 mixed precision (on the accelerator, or in the emulation): the rollout and
+    the update compute in bfloat16 (every linear layer's output), the weights, their gradients and
+    Adam's state stay float32, and the first minibatch's ratio is exactly 1 (the trainer rescored
+    the rollout's actions; on an accelerator, within bfloat16's rounding for micro-batches).
     Regression: the MLP's batch-invariant linear layer (a custom autograd function) returned
     bfloat16 outputs under autocast and its backward multiplied them with the float32 weight
     ("expected m1 and m2 to have the same dtype")."""
