@@ -43,8 +43,16 @@ def uses_test_device(item) -> bool:
     if DEVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
         return True
     module = getattr(item, "module", None)
-    return getattr(module, "devices", None) is devices or any(
-        getattr(module, name, None) is getattr(devices, name) for name in DEVICE_HELPERS)
+    return any(_is_devices_module_or_helper(value) for value in vars(module).values()) if module else False
+
+
+def _is_devices_module_or_helper(value) -> bool:
+    """tests/devices.py or one of its :data:`DEVICE_HELPERS`, by file: ``import devices`` and
+    ``import tests.devices`` load two module objects of one file."""
+    if getattr(value, "__file__", None) == devices.__file__:
+        return True
+    code = getattr(value, "__code__", None)
+    return code is not None and code.co_filename == devices.__file__ and value.__name__ in DEVICE_HELPERS
 
 
 #: Fixtures that run on the engine's Ray: a test taking one is an end-to-end test (marked ``e2e``).

@@ -67,6 +67,28 @@ def test_the_suite_part_runs_the_tests_of_the_test_device(gpu_check, tmp_path):
     assert 0 < sum(line in actor for line in on_device) < len(actor) and set(on_device) < set(every)
 
 
+def test_a_module_using_the_test_device_by_any_import_is_a_device_test():
+    """``from tests.devices import ...`` loads a second module object of tests/devices.py: its
+    helpers count as ``from devices import ...``'s do (tests/policies/test_flow_sampling.py's
+    tests were left out of the GPU check so), and a module without them does not."""
+    import importlib
+    import types
+
+    import conftest
+
+    def item(**attributes):
+        module = types.ModuleType("probe")
+        vars(module).update(attributes)
+        return types.SimpleNamespace(fixturenames=("tmp_path",), module=module)
+
+    other_copy = importlib.import_module("tests.devices")
+    assert conftest.uses_test_device(item(device_under_test=other_copy.device_under_test))
+    assert conftest.uses_test_device(item(devices=other_copy))
+    assert conftest.uses_test_device(item(device_overrides=importlib.import_module("devices").device_overrides))
+    assert not conftest.uses_test_device(item(TEST_DEVICE_KIND=other_copy.TEST_DEVICE_KIND, json=importlib))
+    assert conftest.uses_test_device(types.SimpleNamespace(fixturenames=("device",), module=None))
+
+
 #: Packages of the project (dependencies, extras) that the H200 image (/opt/torch/.venv, 2026-11) and
 #: the offline kit of ../shared/gpu lack, and what they bring in (openpi-client's dm-tree, import-linter's grimp).
 GPU_IMAGE_LACKS = ("websockets", "openpi_client", "tree", "importlinter", "grimp", "trl", "datasets", "vllm",

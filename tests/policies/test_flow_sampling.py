@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from devices import device_under_test
 from torch import Tensor, nn
 
 from policies.pi0.flow_noise import FlowNoiseSampler, NoiseHead
@@ -18,7 +19,6 @@ from policies.pi0.flow_sampling import (
     denoising_times,
     gaussian_log_density,
 )
-from tests.devices import device_under_test
 
 CHUNK, ACTION_DIM, FEATURES = 3, 2, 8
 

@@ -102,6 +102,21 @@ def test_sample_shapes_and_dtypes(case):
         assert torch.equal(env_actions, actions)
 
 
+@pytest.mark.parametrize("greedy", [False, True])
+def test_actions_stay_float32_under_bfloat16_autocast(case, greedy):
+    """A CUDA worker's rollout samples in ``torch.autocast(bfloat16)`` (``trainer.mixed_precision:
+    auto``): actions, log-probs and environment actions must still be float32 (the rollout hands
+    the environment actions to numpy, which has no bfloat16, and stores the actions for the
+    update to rescore)."""
+    policy, spec = case
+    obs = spec.obs(4, 0)
+    with torch.no_grad(), torch.autocast(policy.device.type, dtype=torch.bfloat16):
+        actions, log_probs = policy.sample_actions(obs, greedy=greedy, generator=torch.Generator().manual_seed(0))
+        env_actions = policy.env_actions(actions, obs)
+    assert actions.dtype == log_probs.dtype == env_actions.dtype == torch.float32
+    assert torch.isfinite(actions).all() and torch.isfinite(log_probs).all()
+
+
 def assert_sampled_log_probs(policy, recomputed: torch.Tensor, sampled: torch.Tensor) -> None:
     """Bit for bit, or up to float rounding for a policy that declares its sampling pass is
     computed otherwise (``sampled_log_probs_recomputed = False``: OpenVLA's cached decoding)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from child_env import child_env
-from devices import device_overrides
+from devices import device_overrides, device_under_test
 from test_extending import write_doc_files
 
 from policies import POLICIES, make_policy
@@ -49,6 +49,12 @@ def test_the_documented_policy_scores_its_own_samples(doc_files, monkeypatch):
     greedy, _ = policy.sample_actions(obs, greedy=True)
     torch.testing.assert_close(greedy[:, 0], policy.mean(obs))
     assert policy.bc_loss(obs, greedy).item() == 0.0
+    # as a CUDA worker's rollout samples: in bfloat16 autocast, with the worker's CPU generator
+    policy.to(device_under_test())
+    for greedy in (False, True):
+        with torch.no_grad(), torch.autocast(policy.mean.weight.device.type, dtype=torch.bfloat16):
+            actions, log_probs = policy.sample_actions(obs, greedy=greedy, generator=torch.Generator().manual_seed(1))
+        assert actions.dtype == log_probs.dtype == torch.float32 and actions.device == policy.mean.weight.device
 
 
 @pytest.mark.e2e
