@@ -329,8 +329,9 @@ class ActorTrainer:
         the training module scores the rollout's actions instead, at every granularity (verl's
         ``actor.compute_log_prob``): the first minibatch's ratio is then 1 in the trainer's own
         arithmetic (bit for bit where the minibatch's passes have the rescoring's batch shape; on
-        an accelerator's bfloat16 kernels other shapes may round otherwise), and ``actor/old_log_prob_max_diff`` is the largest gap between the rollout's
-        log-probs and the trainer's.
+        an accelerator's bfloat16 kernels other shapes may round otherwise), and
+        ``actor/old_log_prob_max_diff`` is the largest gap between the rollout's log-probs and the
+        trainer's.
         """
         rollout_log_probs = batch[keys.OLD_LOG_PROBS]  # (n, T, chunk)
         per_dim = self._trainer_log_probs(batch, micro_batch_size) if self.parallel.recomputes_old_log_probs else None
