@@ -87,6 +87,29 @@ def staged_directory(out_dir: str | Path) -> Iterator[Path]:
         raise
 
 
+class FieldError(ValueError):
+    """A checkpoint check's error about another config field than the checkpoint's own path
+    (``field``, e.g. ``"tokenizer_path"``), so that the pre-flight names that field."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def read_json_file(path: str | Path) -> Any:
+    """The JSON value in ``path`` (a checkpoint's configuration or statistics file).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not valid JSON (not UTF-8, truncated, ...); the message names the file.
+    """
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+
+
 def find_weight_files(directory: str | Path, allow_pickle: bool = False) -> WeightFiles:
     """The weights of a Hugging Face-layout directory: ``model.safetensors``, or the shards of
     ``model.safetensors.index.json``; with ``allow_pickle``, else ``pytorch_model.bin`` (or its
@@ -369,11 +392,15 @@ def load_tokenizer(directory: str | Path, gguf_file: str | None = None) -> Any:
     code from the directory (``trust_remote_code=False``).
 
     Raises:
+        FileNotFoundError: ``directory`` is not a directory.
         ValueError: the directory maps ``AutoTokenizer`` to code of its own (``auto_map``), or
             transformers cannot build a tokenizer (the message names the directory or file).
     """
     from transformers import AutoTokenizer
 
+    if not Path(directory).is_dir():  # transformers would take the path for a hub id and say so
+        raise FileNotFoundError(f"{directory}: the tokenizer directory does not exist (tokenizers load from local "
+                                "paths only)")
     refuse_custom_code(directory, ("AutoTokenizer",))
     source = Path(directory) / gguf_file if gguf_file else directory
     # AutoTokenizer reads config.json as a plain PretrainedConfig where its model_type is one
@@ -386,7 +413,8 @@ def load_tokenizer(directory: str | Path, gguf_file: str | None = None) -> Any:
         return AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file, local_files_only=True,
                                              trust_remote_code=False)
     except Exception as error:  # transformers raises OSError, ValueError, KeyError, ... for bad files
-        raise ValueError(f"{source}: no usable tokenizer ({type(error).__name__}: {error})") from None
+        reason = " ".join(str(error).split())  # one line: some of transformers' messages span several
+        raise ValueError(f"{source}: no usable tokenizer ({type(error).__name__}: {reason})") from None
     finally:
         config_logger.setLevel(level)
 

@@ -1,7 +1,10 @@
-"""The `vla-rl train` commands the GPU and cluster pages give plan as written: each is run through
-`vla-rl plan` with the world size it names (`workers.num_workers`), a model directory it names
-replaced by a tiny checkpoint in the same layout (no 7 B model here). A recipe that the engine would
-refuse after its workers had loaded eight 7 B models fails here instead."""
+"""The `vla-rl train` commands of README.md and of every page under docs/ plan as written: each is
+run through `vla-rl plan` with the world size it names (`workers.num_workers`), a model directory
+it names (under /data or /models) replaced by a tiny checkpoint of its template's policy in the same
+layout (no 7 B model here). A recipe that the engine would refuse after its workers had loaded
+eight 7 B models fails here instead. Left out: commands that warm-start from a user's own dataset
+(`warm_start.dataset=/data/...`, which no fixture stands for) and `--resume` commands (no run to
+resume)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,10 @@ import pytest
 from vla_rl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = ("docs/large_policies.md", "docs/cluster.md")
+PAGES = ("README.md", *sorted(str(page.relative_to(ROOT)) for page in (ROOT / "docs").glob("*.md")))
+#: A model directory a page names: a placeholder for the user's own checkpoint.
+USER_MODEL = re.compile(r"^policy\.config\.model_path=/(data|models)/\S+$")
+USER_DATASET = re.compile(r"^warm_start\.dataset=/data/")
 
 
 def train_commands(page: str) -> list[list[str]]:
@@ -32,29 +38,47 @@ def train_commands(page: str) -> list[list[str]]:
 
 
 @pytest.fixture(scope="module")
-def tiny_oft_checkpoint(tmp_path_factory):
-    """A tiny OpenVLA-OFT saved in the published layout (what `policy.config.model_path` reads)."""
-    import torch
+def tiny_checkpoint(tmp_path_factory):
+    """``checkpoint(template)``: a tiny checkpoint of the template's policy (its own tiny
+    architecture, with action statistics), saved in the policy's published layout, what
+    `policy.config.model_path` reads; one per template."""
+    from policies import POLICIES
+    from vla_rl.dag.loader import load_template
 
-    from policies.openvla_oft import OpenVLAOFTPolicy, OpenVLAOFTPolicyConfig
+    made: dict[str, Path] = {}
 
-    torch.manual_seed(0)
-    policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture={"preset": "tiny", "fused": False}, chunk_size=8,
-                                                     proprio_dim=8))
-    return policy.save_pretrained(tmp_path_factory.mktemp("oft") / "oft")
+    def checkpoint(template: str) -> Path:
+        if template not in made:
+            import torch
+
+            policy = load_template(template).config.policy
+            config = policy.policy_config()
+            low, high = ("mean", "std") if getattr(config, "normalization", None) == "mean_std" else ("q01", "q99")
+            config.action_statistics = {low: [-1.0 if low == "q01" else 0.0] * config.action_dim,
+                                        high: [1.0] * config.action_dim}
+            torch.manual_seed(0)
+            directory = tmp_path_factory.mktemp("model") / template
+            made[template] = POLICIES.get(policy.name)(config).save_pretrained(directory)
+        return made[template]
+
+    return checkpoint
 
 
 def test_the_pages_hold_train_commands():
-    assert len(train_commands("docs/large_policies.md")) >= 1
-    assert len(train_commands("docs/cluster.md")) >= 1
+    for page in ("README.md", "docs/large_policies.md", "docs/cluster.md", "docs/vla_policies.md"):
+        assert len(train_commands(page)) >= 1, page
+    assert sum(len(train_commands(page)) for page in PAGES) >= 20
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_every_train_command_of_the_page_plans(page, tiny_oft_checkpoint, capsys):
+def test_every_train_command_of_the_page_plans(page, tiny_checkpoint, capsys):
     for command in train_commands(page):
-        template, overrides = command[0], [word for word in command[1:] if "=" in word]
+        if command[0].startswith("-") or any(USER_DATASET.match(word) for word in command):
+            continue  # --resume RUN_DIR, or the user's own dataset
+        template = command[0]
+        overrides = [word for word in command[1:] if "=" in word and not word.startswith("-")]
         workers = [o.split("=", 1)[1] for o in overrides if o.startswith("workers.num_workers=")]
-        overrides = [re.sub(r"=/models/\S+", f"={tiny_oft_checkpoint}", o) for o in overrides
-                     if not o.startswith(("workers.ray_address=", "run.output_dir="))]
+        overrides = [f"policy.config.model_path={tiny_checkpoint(template)}" if USER_MODEL.match(o) else o
+                     for o in overrides if not o.startswith(("workers.ray_address=", "run.output_dir="))]
         status = main(["plan", template, *overrides, "--world-size", workers[-1] if workers else "2"])
         assert status == 0, f"{page}: vla-rl train {shlex.join(command)}\n{capsys.readouterr().err}"

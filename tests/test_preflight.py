@@ -26,6 +26,9 @@ TEXT = "llm_grpo"
 VLA = "embodied_grpo_oft_lift"
 #: The OFT template's policy, loaded from a checkpoint directory instead of the tiny preset.
 VLA_FROM_DIR = ["policy.config.architecture=null", "policy.config.proprio_dim=null"]
+PI0 = "embodied_grpo_pi0_lift"
+#: The π0 template's policy, loaded from a checkpoint directory (its architecture, saved) instead.
+PI0_FROM_DIR = ["policy.config.architecture=null"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,12 +44,14 @@ class Assets:
     test: Path
     lm: Path  # tiny Qwen2 checkpoint
     vla: Path  # tiny OpenVLA-OFT checkpoint (no proprio projector)
+    pi0: Path  # tiny π0 checkpoint of the π0 template's architecture, with norm_stats.json
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory, tiny_lm_dir) -> Assets:
     from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
     from policies.openvla_oft.modeling_openvla_oft import OpenVLAOFTPolicy
+    from policies.pi0.policy_pi0 import PI0Policy
     from vla_rl.data.arithmetic import write_arithmetic_dataset
 
     root = tmp_path_factory.mktemp("preflight_assets")
@@ -54,7 +59,10 @@ def assets(tmp_path_factory, tiny_lm_dir) -> Assets:
     policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture={"preset": "tiny", "image_size": 56},
                                                      cameras=["agentview"]))
     vla = policy.save_pretrained(root / "vla")
-    return Assets(files["train"], files["test"], Path(tiny_lm_dir), vla)
+    pi0_config = load_template(PI0).config.policy.policy_config()
+    pi0_config.action_statistics = {"q01": [-1.0] * pi0_config.action_dim, "q99": [1.0] * pi0_config.action_dim}
+    pi0 = PI0Policy(pi0_config).save_pretrained(root / "pi0")
+    return Assets(files["train"], files["test"], Path(tiny_lm_dir), vla, pi0)
 
 
 # ---------------------------------------------------------------- helpers that damage inputs
@@ -161,6 +169,24 @@ def vla_dir(damage: Callable[[Path], Path | None], *extra: str):
         directory = copy_dir(assets.vla, tmp / "vla")
         return [*VLA_FROM_DIR, f"policy.config.model_path={directory}", *extra], damage(directory) or directory
     return make
+
+
+def pi0_dir(damage: Callable[[Path], Path | None], *extra: str):
+    def make(tmp: Path, assets: Assets):
+        directory = copy_dir(assets.pi0, tmp / "pi0")
+        return [*PI0_FROM_DIR, f"policy.config.model_path={directory}", *extra], damage(directory) or directory
+    return make
+
+
+def _missing_tokenizer_path(tmp: Path, assets: Assets):
+    directory = copy_dir(assets.pi0, tmp / "pi0")
+    return [*PI0_FROM_DIR, f"policy.config.model_path={directory}", f"policy.config.tokenizer_path={tmp / 'none'}"], \
+        tmp / "none"
+
+
+def _foreign_noise_head(directory: Path) -> Path:
+    save_file({"mlp.0.weight": torch.zeros(3, 3)}, directory / "pi0_noise_head.safetensors")
+    return directory / "pi0_noise_head.safetensors"
 
 
 def _unlink(*names: str) -> Callable[[Path], None]:
@@ -330,6 +356,33 @@ CASES = [
          "pickle weights are refused.*policy.config.allow_pickle: true", template=VLA),
     Case("VLA missing proprio projector", vla_dir(lambda d: None, "policy.config.proprio_dim=5"),
          "policy.config.model_path", r"needs one proprio_projector--\*checkpoint\.pt", template=VLA),
+    # π0 checkpoints (policy.config.model_path, policy.config.tokenizer_path)
+    Case("missing π0 dir", lambda t, a: ([*PI0_FROM_DIR, f"policy.config.model_path={t / 'none'}"], t / "none"),
+         "policy.config.model_path", "the model directory does not exist", template=PI0),
+    Case("π0 without architecture file", pi0_dir(_unlink("pi0_architecture.json")), "policy.config.model_path",
+         "has neither pi0_architecture.json nor config.json", template=PI0),
+    Case("π0 corrupt pi0_architecture.json", pi0_dir(_write("pi0_architecture.json", b"{")),
+         "policy.config.model_path", "pi0_architecture.json: not valid JSON", template=PI0),
+    Case("π0 unknown architecture field", pi0_dir(_write("pi0_architecture.json", b'{"bogus": 1}')),
+         "policy.config.model_path", "not a usable π0 architecture .*unexpected keyword argument 'bogus'",
+         template=PI0),
+    Case("π0 truncated safetensors", pi0_dir(lambda d: truncate(d / "model.safetensors", 0.3)),
+         "policy.config.model_path", "truncated", template=PI0),
+    Case("π0 wrong tensor names", pi0_dir(lambda d: rewrite_weights(d, lambda s: {
+        k.replace("action_out_proj", "action_out"): v for k, v in s.items()})), "policy.config.model_path",
+        r"2 missing \(model\.action_out_proj\.bias, model\.action_out_proj\.weight\); 2 unexpected", template=PI0),
+    Case("π0 pickle weights", pi0_dir(to_pickle), "policy.config.model_path",
+         "pickle weights are refused .*convert them to safetensors", template=PI0),
+    Case("π0 without tokenizer", pi0_dir(_unlink("tokenizer.json", "tokenizer_config.json")),
+         "policy.config.model_path", "no usable tokenizer", template=PI0),
+    Case("π0 missing tokenizer_path", _missing_tokenizer_path, "policy.config.tokenizer_path",
+         "the tokenizer directory does not exist", template=PI0),
+    Case("π0 malformed norm_stats.json", pi0_dir(_write("norm_stats.json", b'{"norm_stats": {"actions": {}}}')),
+         "policy.config.model_path", "actions statistics need q01 and q99", template=PI0),
+    Case("π0 noise head of another shape", pi0_dir(_foreign_noise_head, "policy.config.sampler=flow_noise"),
+         "policy.config.model_path", "the noise head does not fit", template=PI0),
+    Case("π0 executed_actions not dividing the chunk", pi0_dir(lambda d: None, "policy.config.executed_actions=3"),
+         "policy.config.model_path", r"executed_actions \(3\) must divide the model's chunk_size \(8\)", template=PI0),
 ]
 
 
@@ -392,6 +445,18 @@ def test_good_vla_checkpoint_passes(assets, capsys):
     preflight(load_template(VLA, [*VLA_FROM_DIR, f"policy.config.model_path={assets.vla}"]))
     assert main(["plan", VLA, *VLA_FROM_DIR, f"policy.config.model_path={assets.vla}"]) == 0
     assert "plan 'embodied_grpo_oft_lift'" in capsys.readouterr().out
+
+
+def test_good_pi0_checkpoint_passes_and_loads(assets, capsys):
+    from policies.pi0.policy_pi0 import PI0Policy
+
+    overrides = [*PI0_FROM_DIR, f"policy.config.model_path={assets.pi0}"]
+    for extra in ([], [f"policy.config.tokenizer_path={assets.pi0}"]):
+        preflight(load_template(PI0, [*overrides, *extra]))
+    assert main(["plan", PI0, *overrides]) == 0
+    assert "plan 'embodied_grpo_pi0_lift'" in capsys.readouterr().out
+    policy = PI0Policy(load_template(PI0, overrides).config.policy.policy_config())  # what passed loads
+    assert policy.action_statistics is not None  # from the checkpoint's norm_stats.json
 
 
 # ------------------------------------------------------------------ strict loading at run time

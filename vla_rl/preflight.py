@@ -20,12 +20,14 @@ architecture leave it randomly initialised). :func:`preflight` checks what the t
   truncates and logs a count): a truncated prompt loses its start, and the workers would refuse
   it at their first step anyway;
 - **model checkpoints** (``text.model_path`` / ``text.gguf_file``; ``policy.config.model_path`` of
-  the policies that load one, e.g. OpenVLA and OpenVLA-OFT): no custom code named in the
-  configuration files (``auto_map``: nothing from a model directory ever runs), ``config.json``,
-  a usable tokenizer (with a chat template for chat prompts), whole safetensors headers whose
-  tensor names and shapes match the architecture built on the ``meta`` device, no pickle weights
-  unless allowed; a GGUF file's header (version, key-value metadata, tensor infos whose data lies
-  inside the file) and its tokenizer.
+  the policies that load one, OpenVLA, OpenVLA-OFT and π0, and π0's ``policy.config.tokenizer_path``):
+  no custom code named in the configuration files (``auto_map``: nothing from a model directory
+  ever runs), the architecture's file (``config.json``; π0's ``pi0_architecture.json`` or
+  ``config.json``), a usable tokenizer (with a chat template for chat prompts), whole safetensors
+  headers whose tensor names and shapes match the architecture built on the ``meta`` device, no
+  pickle weights unless allowed, and the files beside them that the policy reads (OFT's head
+  modules; π0's ``norm_stats.json`` and Flow-Noise head); a GGUF file's header (version, key-value
+  metadata, tensor infos whose data lies inside the file) and its tokenizer.
 
 A problem is a :class:`PreflightError` naming the config field and the file, which the command
 line prints as one line (exit status 2). The checks reuse the loaders' own code
@@ -229,18 +231,20 @@ def _check_policy_checkpoint(config) -> None:
     """``policy.config.model_path`` of a policy that loads a pretrained checkpoint (its class
     defines ``check_pretrained``, as :class:`~policies.openvla.policy_base.PrismaticPolicy` does)."""
     from policies import POLICIES
+    from policies.checkpoint_files import FieldError
 
     policy_config = config.policy.policy_config()
     check = getattr(POLICIES.get(config.policy.name), "check_pretrained", None)
-    if check is None or getattr(policy_config, "model_path", None) is None:
+    if check is None or all(getattr(policy_config, name, None) is None for name in ("model_path", "tokenizer_path")):
         return
     if config.policy.allow_partial_load and hasattr(policy_config, "allow_partial_load"):
         policy_config.allow_partial_load = True  # as the embodied workflow builds it
     try:
         check(policy_config)
     except (OSError, ValueError) as error:
+        field = error.field if isinstance(error, FieldError) else "model_path"
         raise PreflightError(_with_field_hint(str(error), "policy.config.allow_pickle"),
-                             field="policy.config.model_path") from None
+                             field=f"policy.config.{field}") from None
 
 
 def _with_field_hint(message: str, pickle_field: str) -> str:

@@ -25,7 +25,6 @@ pre-flight of a run, :mod:`vla_rl.preflight`).
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import re
 from collections.abc import Iterable
@@ -47,6 +46,7 @@ from policies.checkpoint_files import (
     compare_shapes,
     find_weight_files,
     load_tokenizer,
+    read_json_file,
     read_safetensors_header,
     refuse_custom_code,
     weight_mismatch_error,
@@ -199,10 +199,7 @@ def check_pretrained(
         check_tokenizer(tokenizer, directory / gguf_file, chat_template=prompt_format == "chat")
         return tokenizer
     config_path = directory / "config.json"
-    try:
-        json.loads(config_path.read_text())
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{config_path}: not valid JSON ({error})") from None
+    read_json_file(config_path)
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
     except Exception as error:  # transformers raises ValueError, KeyError, TypeError, ... for bad configs

@@ -66,6 +66,7 @@ from policies.checkpoint_files import (
     SAFETENSORS_INDEX_FILE,
     checkpoint_shapes,
     find_weight_files,
+    read_json_file,
     read_safetensors_header,
     staged_directory,
 )
@@ -329,10 +330,7 @@ def read_config(directory: Path) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{config_path} does not exist: model_path must be a local OpenVLA checkpoint directory"
         )
-    try:
-        config = json.loads(config_path.read_text())
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{config_path}: not valid JSON ({error})") from None
+    config = read_json_file(config_path)
     if not isinstance(config, dict):
         raise ValueError(f"{config_path}: not a JSON object")
     return config
@@ -402,7 +400,7 @@ def read_checkpoint(directory: str | Path, allow_pickle: bool = False, device: t
     weights = timm_to_transformers(read_safetensors_dir(directory, allow_pickle, device), architecture)
     statistics_path = directory / STATISTICS_FILE
     if statistics_path.is_file():
-        norm_stats = json.loads(statistics_path.read_text())
+        norm_stats = read_json_file(statistics_path)
     else:
         norm_stats = config.get("norm_stats") or {}
     return architecture, weights, norm_stats

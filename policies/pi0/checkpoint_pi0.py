@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Literal
 
@@ -53,10 +53,13 @@ from torch import nn
 
 from policies.checkpoint_files import (
     SAFETENSORS_FILE,
+    WeightFiles,
     WeightMismatch,
     checkpoint_shapes,
     compare_shapes,
     find_weight_files,
+    read_json_file,
+    read_safetensors_header,
     staged_directory,
 )
 from policies.pi0.configuration_pi0 import PI0ModelConfig, SiglipSpec
@@ -122,7 +125,45 @@ def load_pi0_weights(model: PI0Model, directory: str | Path, dtype: torch.dtype 
         ValueError: pickle-only weights, or tensors missing, unexpected or of another shape
             (the message names the file and the first names of each kind).
     """
-    weights = find_weight_files(directory)
+    weights, sources = check_pi0_weights(model, directory)
+    wanted = {file_name: name for name, file_name in sources.items()}
+    state = model.state_dict()
+    on_meta = any(tensor.is_meta for tensor in state.values())
+    loaded = {}
+    with torch.no_grad():
+        for path in weights.files:
+            with safe_open(str(path), framework="pt", device="cpu") as file:
+                for file_name in file.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    if file_name not in wanted:
+                        continue
+                    target = state[wanted[file_name]]
+                    if on_meta:
+                        loaded[wanted[file_name]] = file.get_tensor(file_name).to(device, dtype or target.dtype)
+                    else:
+                        target.copy_(file.get_tensor(file_name))
+    if on_meta:
+        model.load_state_dict(loaded, strict=True, assign=True)
+    return detect_layout(sources.values())
+
+
+def check_pi0_weights(model: PI0Model, directory: str | Path) -> tuple[WeightFiles, dict[str, str]]:
+    """Check from the safetensors headers alone (no tensor is read) that a checkpoint directory
+    holds every parameter and buffer of ``model`` (which may be on the meta device) with its
+    shape, and nothing else but the expert's unused LM head.
+
+    Returns:
+        the weight files, and the file's name of each of ``model``'s state-dict entries.
+
+    Raises:
+        FileNotFoundError: no weights in ``directory``.
+        ValueError: pickle-only weights, unreadable or truncated files, or tensors missing,
+            unexpected or of another shape (the message names the file and the first names of
+            each kind).
+    """
+    weights = find_weight_files(directory, allow_pickle=True)
+    if weights.format == "pickle":  # find_weight_files' advice, allow_pickle, is not a π0 setting
+        raise ValueError(f"{weights.files[0]}: pickle weights are refused (loading a pickle file can run arbitrary "
+                         "code); convert them to safetensors (openpi's and LeRobot's π0 checkpoints are safetensors)")
     found = checkpoint_shapes(weights)  # file name -> shape, from the headers
     sources: dict[str, str] = {}  # our name -> file name
     for file_name in found:
@@ -145,24 +186,7 @@ def load_pi0_weights(model: PI0Model, directory: str | Path, dtype: torch.dtype 
         raise ValueError(f"{source}: the weights do not fit this π0 architecture: {mismatch.describe()}; load a "
                          "checkpoint of this architecture (pi0_architecture.json or config.json in the directory "
                          "says which), or give the matching PI0ModelConfig")
-    wanted = {file_name: name for name, file_name in sources.items()}
-    state = model.state_dict()
-    on_meta = any(tensor.is_meta for tensor in state.values())
-    loaded = {}
-    with torch.no_grad():
-        for path in weights.files:
-            with safe_open(str(path), framework="pt", device="cpu") as file:
-                for file_name in file.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    if file_name not in wanted:
-                        continue
-                    target = state[wanted[file_name]]
-                    if on_meta:
-                        loaded[wanted[file_name]] = file.get_tensor(file_name).to(device, dtype or target.dtype)
-                    else:
-                        target.copy_(file.get_tensor(file_name))
-    if on_meta:
-        model.load_state_dict(loaded, strict=True, assign=True)
-    return detect_layout(found)
+    return weights, sources
 
 
 def save_pi0_checkpoint(model: PI0Model, out_dir: str | Path, layout: Layout = "lerobot",
@@ -232,21 +256,21 @@ def load_noise_head(head: nn.Module, directory: str | Path, min_std: float, max_
         whether the file exists (without it ``head`` is unchanged).
 
     Raises:
-        ValueError: its tensors do not fit ``head`` (another ``noise_hidden_dims`` or model width),
-            or it was trained with other std bounds than ``min_std`` / ``max_std``; the message
-            names the file and the settings to use.
+        ValueError: not a whole safetensors file, its tensors do not fit ``head`` (another
+            ``noise_hidden_dims`` or model width), or it was trained with other std bounds than
+            ``min_std`` / ``max_std``; the message names the file and the settings to use.
     """
     path = Path(directory) / NOISE_HEAD_FILE
     if not path.is_file():
         return False
-    with safe_open(str(path), framework="pt", device="cpu") as file:
-        metadata = file.metadata() or {}
-        tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (safe_open is not a dict)
-    mismatch = compare_shapes({name: tuple(t.shape) for name, t in head.state_dict().items()},
-                              {name: tuple(t.shape) for name, t in tensors.items()})
+    shapes = {name: shape for name, (_, shape) in read_safetensors_header(path).items()}  # checks the file
+    mismatch = compare_shapes({name: tuple(t.shape) for name, t in head.state_dict().items()}, shapes)
     if mismatch:
         raise ValueError(f"{path}: the noise head does not fit PI0PolicyConfig.noise_hidden_dims and the model's "
                          f"widths: {mismatch.describe()}; set noise_hidden_dims to the exported policy's")
+    with safe_open(str(path), framework="pt", device="cpu") as file:
+        metadata = file.metadata() or {}
+        tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (safe_open is not a dict)
     saved = tuple(float(metadata.get(key, "nan")) for key in ("noise_min_std", "noise_max_std"))
     if saved != (float(min_std), float(max_std)):
         raise ValueError(f"{path}: the noise head was trained with noise_min_std, noise_max_std = {saved}, the "
@@ -270,12 +294,34 @@ def read_checkpoint_config(directory: str | Path) -> PI0ModelConfig:
     """
     directory = Path(directory)
     if (directory / ARCHITECTURE_FILE).is_file():
-        return PI0ModelConfig(**json.loads((directory / ARCHITECTURE_FILE).read_text()))
+        path = directory / ARCHITECTURE_FILE
+        fields = read_json_file(path)
+        if not isinstance(fields, dict):
+            raise ValueError(f"{path}: not a JSON object of PI0ModelConfig fields")
+        return _usable(path, lambda: PI0ModelConfig(**fields))
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{directory} has neither {ARCHITECTURE_FILE} nor {CONFIG_FILE}: give the "
                                 "PI0ModelConfig of its weights")
-    raw = json.loads(path.read_text())
+    raw = read_json_file(path)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return _usable(path, lambda: _published_architecture(path, raw))
+
+
+def _usable(path: Path, build: Callable[[], PI0ModelConfig]) -> PI0ModelConfig:
+    """``build()``, its errors (an unknown field, a value of the wrong type, a setting the model
+    cannot take) as one ``ValueError`` naming ``path``."""
+    try:
+        return build()
+    except (TypeError, ValueError, KeyError, IndexError) as error:
+        message = str(error)
+        raise ValueError(message if message.startswith(str(path)) else
+                         f"{path}: not a usable π0 architecture ({type(error).__name__}: {message})") from None
+
+
+def _published_architecture(path: Path, raw: dict) -> PI0ModelConfig:
+    """The architecture of a LeRobot or openpi ``config.json`` (see :func:`read_checkpoint_config`)."""
     if raw.get("type") == "pi0":
         if raw.get("time_sampling_beta_beta", 1.0) != 1.0:
             raise ValueError(f"{path}: time_sampling_beta_beta {raw['time_sampling_beta_beta']} is not 1: "

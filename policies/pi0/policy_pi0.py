@@ -37,17 +37,19 @@ import math
 from pathlib import Path
 
 import torch
+from accelerate import init_empty_weights
 from tensordict import TensorDict
 from torch import Tensor
 
 from policies import register_policy
 from policies.action_normalization import libero_gripper_postprocess
 from policies.base import FSDPGroup, Policy, enable_transformers_checkpointing, transformer_blocks
-from policies.checkpoint_files import check_tokenizer, load_tokenizer, staged_directory
+from policies.checkpoint_files import FieldError, check_tokenizer, load_tokenizer, staged_directory
 from policies.normalization import ActionStatistics, MeanStdStatistics
 from policies.pi0.backbone_pi0 import JOINT_FORWARD
 from policies.pi0.checkpoint_pi0 import (
     Layout,
+    check_pi0_weights,
     load_noise_head,
     load_pi0_checkpoint,
     read_checkpoint_config,
@@ -134,7 +136,7 @@ class PI0Policy(Policy):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config.seed)
                 model = PI0Model(model_config).to(dtype)
-        self._check_model(model.config, len(tokenizer))
+        self._check_fit(config, model.config, len(tokenizer))
         for parameter in model.paligemma_with_expert.unused_parameters():
             parameter.requires_grad_(False)  # never reaches the actions (their gradient is always 0)
         self.model = model
@@ -527,8 +529,60 @@ class PI0Policy(Policy):
         return Path(out_dir)
 
     # ----------------------------------------------------------------------------- checks
-    def _check_model(self, model: PI0ModelConfig, vocab: int) -> None:
-        config = self.config
+    @classmethod
+    def check_pretrained(cls, config: PI0PolicyConfig) -> None:
+        """Check ``config.model_path`` and ``config.tokenizer_path`` as the constructor would load
+        them, without reading the model's weights: the directories exist; the architecture
+        (:func:`~policies.pi0.checkpoint_pi0.read_checkpoint_config`) parses; the weight files'
+        safetensors headers are whole and hold every tensor of that architecture, built on the
+        ``meta`` device, with its shape; the tokenizer is usable; the model fits ``action_dim``,
+        ``proprio_dim``, ``executed_actions`` and the tokenizer's vocabulary; ``norm_stats.json``
+        gives the statistics ``normalization`` reads; and, with ``sampler: flow_noise``, a
+        ``pi0_noise_head.safetensors`` fits the noise-head settings. Used by the run's pre-flight
+        (``vla_rl/preflight.py``), before anything starts.
+
+        Raises:
+            FileNotFoundError, ValueError: the first problem; the message names the directory or
+                file. A problem of ``tokenizer_path``'s directory is a
+                :class:`~policies.checkpoint_files.FieldError` with ``field="tokenizer_path"``.
+        """
+        tokenizer = None
+        if config.tokenizer_path is not None:
+            try:
+                tokenizer = cls._load_tokenizer(config.tokenizer_path)
+            except (OSError, ValueError) as error:
+                raise FieldError(str(error), "tokenizer_path") from None
+        if config.model_path is None:
+            if tokenizer is not None:
+                try:
+                    cls._check_fit(config, config.model_config(len(tokenizer)), len(tokenizer))
+                except ValueError as error:
+                    raise FieldError(f"{config.tokenizer_path}: {error}", "tokenizer_path") from None
+            return
+        directory = Path(config.model_path)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"{directory}: the model directory does not exist (models load from local "
+                                    "paths only)")
+        model_config = read_checkpoint_config(directory)
+        with init_empty_weights(include_buffers=False):  # as load_pi0_checkpoint builds it
+            check_pi0_weights(PI0Model(model_config), directory)
+        tokenizer = tokenizer if tokenizer is not None else cls._load_tokenizer(str(directory))
+        try:
+            cls._check_fit(config, model_config, len(tokenizer))
+            statistics = torch.nn.Module()  # the buffers the constructor fills, on a module of their own
+            register_statistics(statistics, config.normalization, config.action_dim, config.proprio_dim or 0)
+            load_statistics(statistics, config)
+        except ValueError as error:
+            message = str(error)
+            raise ValueError(message if message.startswith(str(directory)) else f"{directory}: {message}") from None
+        if config.sampler == "flow_noise":
+            head = NoiseHead(model_config.expert.width, model_config.max_action_dim, config.noise_hidden_dims,
+                             config.noise_min_std, config.noise_max_std)
+            load_noise_head(head, directory, config.noise_min_std, config.noise_max_std)
+
+    @staticmethod
+    def _check_fit(config: PI0PolicyConfig, model: PI0ModelConfig, vocab: int) -> None:
+        """The model of ``config`` fits its action and proprio sizes, executed prefix and tokenizer."""
         if config.action_dim > model.max_action_dim:
             raise ValueError(f"PI0PolicyConfig.action_dim ({config.action_dim}) exceeds the model's max_action_dim "
                              f"({model.max_action_dim})")

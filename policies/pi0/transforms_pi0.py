@@ -20,13 +20,13 @@ Sources (Physical-Intelligence/openpi, read at ``15a9616``):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from tensordict import TensorDict
 from torch import Tensor, nn
 
+from policies.checkpoint_files import read_json_file
 from policies.normalization import ActionStatistics, MeanStdStatistics, fit_bounds_q99, fit_mean_std
 from policies.pi0.configuration_pi0 import NORMALIZATION_FIELDS, PI0PolicyConfig
 from vla_rl_core import keys
@@ -53,25 +53,33 @@ def delta_offset(state: Tensor, mask: tuple[bool, ...], action_dim: int) -> Tens
     return offset[:, None]  # (B, 1, action_dim)
 
 
-def read_norm_stats(model_path: str) -> dict:
-    """openpi's ``norm_stats.json`` of a checkpoint directory (``{"actions": ..., "state": ...}``),
-    or ``{}`` without one: ``<model_path>/norm_stats.json``, else the only one under
-    ``<model_path>/assets/`` (openpi's ``convert_jax_model_to_pytorch.py`` copies the checkpoint's
-    ``assets/<asset_id>/norm_stats.json``, e.g. ``assets/physical-intelligence/libero/``).
+def norm_stats_file(model_path: str) -> Path | None:
+    """openpi's ``norm_stats.json`` of a checkpoint directory, or None without one:
+    ``<model_path>/norm_stats.json``, else the only one under ``<model_path>/assets/`` (openpi's
+    ``convert_jax_model_to_pytorch.py`` copies the checkpoint's ``assets/<asset_id>/norm_stats.json``,
+    e.g. ``assets/physical-intelligence/libero/``).
 
     Raises:
-        ValueError: the file is not a JSON object of statistics, or ``assets/`` holds several.
+        ValueError: ``assets/`` holds several.
     """
     path = Path(model_path) / NORM_STATS_FILE
-    if not path.is_file():
-        found = sorted((Path(model_path) / "assets").glob(f"**/{NORM_STATS_FILE}"))
-        if len(found) > 1:
-            raise ValueError(f"{model_path}/assets holds several {NORM_STATS_FILE} ({[str(f) for f in found]}); copy the "
-                             f"checkpoint's own to {path}")
-        if not found:
-            return {}
-        path = found[0]
-    raw = json.loads(path.read_text())
+    if path.is_file():
+        return path
+    found = sorted((Path(model_path) / "assets").glob(f"**/{NORM_STATS_FILE}"))
+    if len(found) > 1:
+        raise ValueError(f"{model_path}/assets holds several {NORM_STATS_FILE} ({[str(f) for f in found]}); copy the "
+                         f"checkpoint's own to {path}")
+    return found[0] if found else None
+
+
+def read_norm_stats(path: Path) -> dict:
+    """The statistics of an openpi ``norm_stats.json`` (:func:`norm_stats_file`): ``{"actions":
+    ..., "state": ...}``.
+
+    Raises:
+        ValueError: the file is not a JSON object of statistics (the message names it).
+    """
+    raw = read_json_file(path)
     stats = raw.get("norm_stats", raw) if isinstance(raw, dict) else None
     if not isinstance(stats, dict):
         raise ValueError(f"{path} must hold a JSON object {{'norm_stats': {{'actions': ..., 'state': ...}}}}")  # noqa: TRY004
@@ -79,17 +87,18 @@ def read_norm_stats(model_path: str) -> dict:
 
 
 def truncate_norm_stats(stats: dict, fields: tuple[str, ...], length: int, name: str,
-                        optional: tuple[str, ...] = ()) -> dict:
+                        optional: tuple[str, ...] = (), source: str | Path = NORM_STATS_FILE) -> dict:
     """The first ``length`` values of ``fields`` of a ``norm_stats.json`` entry (openpi writes them
     unpadded; its ``Normalize`` also cuts them to the data's width), and of the ``optional`` fields
     the entry has (bounds_q99's action ``mask``, which :func:`norm_stats_of` writes).
 
     Raises:
-        ValueError: a field is missing or shorter than ``length``.
+        ValueError: a field is missing or shorter than ``length`` (the message names ``source``,
+            the file, and the entry ``name``).
     """
     present = fields + tuple(key for key in optional if key in stats)
     if any(len(stats.get(key, ())) < length for key in present):
-        raise ValueError(f"{NORM_STATS_FILE}: {name} statistics need {' and '.join(present)} of at least {length} "
+        raise ValueError(f"{source}: {name} statistics need {' and '.join(present)} of at least {length} "
                          f"values, got fields {sorted(stats)}")
     return {key: list(stats[key][:length]) for key in present}
 
@@ -189,22 +198,25 @@ def load_statistics(module: nn.Module, config: PI0PolicyConfig) -> None:
     ``mask`` when the entry has one).
 
     Raises:
-        ValueError: malformed statistics.
+        ValueError: malformed statistics (those of the checkpoint: the message names its file).
     """
     fields = NORMALIZATION_FIELDS[config.normalization]
-    checkpoint = read_norm_stats(config.model_path) if config.model_path is not None else {}
+    path = norm_stats_file(config.model_path) if config.model_path is not None else None
+    checkpoint = read_norm_stats(path) if path is not None else {}
     for prefix, stats, length, entry in (("action", config.action_statistics, config.action_dim, "actions"),
                                          ("proprio", config.proprio_statistics, config.proprio_dim, "state")):
+        what = f"{prefix} statistics"
         if stats is None and length and entry in checkpoint:
             mask = ("mask",) if config.normalization == "bounds_q99" and prefix == "action" else ()
-            stats = truncate_norm_stats(checkpoint[entry], fields, length, entry, optional=mask)
+            stats = truncate_norm_stats(checkpoint[entry], fields, length, entry, optional=mask, source=path)
+            what = f"{path}: {entry} statistics"
         if stats is None:
             continue
         if config.normalization == "mean_std":
-            parsed = MeanStdStatistics.from_dict(stats, f"{prefix} statistics")
+            parsed = MeanStdStatistics.from_dict(stats, what)
             values = {"mean": parsed.mean, "std": parsed.std}
         else:
-            parsed = ActionStatistics.from_dict(stats, f"{prefix} statistics")
+            parsed = ActionStatistics.from_dict(stats, what)
             values = {"q01": parsed.q01, "q99": parsed.q99, **({"mask": parsed.mask} if prefix == "action" else {})}
         for name, value in values.items():
             getattr(module, f"{prefix}_{name}").copy_(value)
