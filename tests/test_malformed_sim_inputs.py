@@ -41,6 +41,15 @@ PLAN_CASES = [
     ("robot the expert makes no demonstration with",
      ["train", "embodied_srpo", "simulator.env.robot=Jaco", "run.output_dir={out}"],
      "the scripted expert of Lift made no demonstration with robot Jaco"),
+    # A camera the policy reads and the simulator does not render: found at the first rollout,
+    # 2.6 minutes into embodied_srpo_pi0_lift on this machine, before this check.
+    ("π0 camera the simulator does not render",
+     ["train", "embodied_srpo_pi0_lift", "policy.config.cameras=[agentview,robot0_eye_in_hand]", "run.output_dir={out}"],
+     "field 'policy.config.cameras': the policy reads ['robot0_eye_in_hand'], which the simulator does not render "
+     "(simulator.env.cameras: ['agentview'])"),
+    ("OFT camera and no camera rendered",
+     ["train", "embodied_srpo_oft_lift", "simulator.env.cameras=[]", "run.output_dir={out}"],
+     "field 'policy.config.cameras': the policy reads ['agentview'], which the simulator does not render"),
 ]
 
 

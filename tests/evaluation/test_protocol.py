@@ -39,12 +39,14 @@ def test_the_sampled_protocol_of_an_l1_head_policy_is_refused_at_plan_time():
     from vla_rl.dag.loader import load_template
     from vla_rl.dag.planner import plan
 
-    oft = ["policy.name=openvla_oft", "policy.config={architecture: tiny, action_head: l1_regression}"]
+    oft = ["policy.name=openvla_oft", "policy.config={architecture: tiny, action_head: l1_regression}",
+           "simulator.env.cameras=[agentview]"]  # the camera the policy reads
     with pytest.raises(TemplateError, match=r"eval\.protocols.*policy\.config\.action_head 'l1_regression'.*"
                                             r"eval\.protocols=\[greedy\]"):
         plan(load_template("eval_rollout", [*oft, "eval.protocols=[greedy,sampled]"]))
     plan(load_template("eval_rollout", [*oft, "eval.protocols=[greedy]"]))  # greedy: its regression
     plan(load_template("eval_rollout", ["policy.name=openvla_oft", "policy.config={architecture: tiny}",
+                                        "simulator.env.cameras=[agentview]",
                                         "eval.protocols=[greedy,sampled]"]))  # the discrete head samples
 
 

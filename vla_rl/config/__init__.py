@@ -41,6 +41,7 @@ from vla_rl.config.sections import DataSection, EvalSection, RunSection, Workers
 from vla_rl.config.simulator import SimulatorSection
 from vla_rl.config.text import TextSection
 from vla_rl.config.trainer import FSDPSection, TrainerSection
+from vla_rl_core.components import ComponentConfigError
 
 __all__ = [
     "ALGORITHM_COMPONENTS", "DEFAULT_LORA_TARGETS", "ENV_DERIVED_POLICY_FIELDS", "AlgorithmSection", "CriticSection",
@@ -87,4 +88,20 @@ class RunConfig(_Section):
                 "data.num_train_init_states must be at least data.init_states_per_step "
                 f"({self.data.num_train_init_states} < {self.data.init_states_per_step})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_cameras(self) -> RunConfig:
+        """An embodied policy's cameras (``policy.config.cameras``: it reads ``<camera>_image`` of
+        each) are among those the simulator renders (``simulator.env.cameras``); without this the
+        workers would find out at their first rollout, after building their simulators."""
+        if self.run.workflow != "embodied":
+            return self
+        wanted = tuple(getattr(self.policy.policy_config(), "cameras", None) or ())
+        rendered = tuple(getattr(self.simulator.env_config(), "cameras", None) or ())
+        missing = [camera for camera in wanted if camera not in rendered]
+        if missing:
+            raise ComponentConfigError("policy.config.cameras", f"the policy reads {missing}, which the simulator "
+                                       f"does not render (simulator.env.cameras: {list(rendered)}); add them to "
+                                       "simulator.env.cameras, or give the policy the simulator's cameras")
         return self
