@@ -183,6 +183,9 @@ class LiberoEnvConfig:
         if self.suite not in SUITE_HORIZONS:
             raise ValueError(f"suite must be one of {sorted(SUITE_HORIZONS)}, got {self.suite!r}")
         require_int("task_id", self.task_id, 0)
+        if self.task_id >= SUITE_NUM_TASKS[self.suite]:  # known without LIBERO: found at plan time
+            raise ValueError(f"task_id must be in [0, {SUITE_NUM_TASKS[self.suite] - 1}] for {self.suite}, "
+                             f"got {self.task_id}")
         require_int("task_seed", self.task_seed, 0)
         if self.horizon is None:
             object.__setattr__(self, "horizon", SUITE_HORIZONS[self.suite])

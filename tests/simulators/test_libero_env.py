@@ -39,7 +39,7 @@ def test_horizon_defaults_to_the_suite_eval_budget(suite, horizon):
     assert LiberoEnvConfig(suite=suite, horizon=50).horizon == 50
 
 
-@pytest.mark.parametrize(("field", "value"), [("suite", "libero_100"), ("task_id", -1), ("horizon", 0),
+@pytest.mark.parametrize(("field", "value"), [("suite", "libero_100"), ("task_id", -1), ("task_id", 10), ("horizon", 0),
                                               ("num_steps_wait", -1), ("task_seed", -1), ("cameras", "agentview"),
                                               ("cameras", ("agentview", "agentview")), ("camera_size", 4),
                                               ("obs_keys", ()), ("fast_rendering", 1), ("render_camera", "")])
