@@ -44,7 +44,8 @@ PLAN_CASES = [
     # A camera the policy reads and the simulator does not render: found at the first rollout,
     # 2.6 minutes into embodied_srpo_pi0_lift on this machine, before this check.
     ("π0 camera the simulator does not render",
-     ["train", "embodied_srpo_pi0_lift", "policy.config.cameras=[agentview,robot0_eye_in_hand]", "run.output_dir={out}"],
+     ["train", "embodied_srpo_pi0_lift", "policy.config.cameras=[agentview,robot0_eye_in_hand]",
+      "run.output_dir={out}"],
      "field 'policy.config.cameras': the policy reads ['robot0_eye_in_hand'], which the simulator does not render "
      "(simulator.env.cameras: ['agentview'])"),
     ("OFT camera and no camera rendered",

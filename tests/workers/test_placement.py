@@ -98,6 +98,35 @@ def test_a_cluster_without_the_accelerators_is_refused():
     check_cluster_fits(footprint, [{"CPU": 16.0, "GPU": 1.0}] * 2, ADDRESS, "PACK")
 
 
+def test_the_local_instance_without_the_accelerators_is_refused_with_the_ways_out():
+    """The Ray instance the driver starts on its own machine: no node ever joins it, so a missing
+    accelerator is refused at once instead of waited for (workers.placement_timeout_s)."""
+    footprint = Footprint(2, {"CPU": 1.0, "GPU": 1.0})
+    with pytest.raises(ClusterTooSmall) as info:
+        check_cluster_fits(footprint, [{"CPU": 5.0, "GPU": 0.0}], None, "PACK")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("the Ray instance started on this machine has 0 GPUs in all; this run needs 2 (2 DAG "
+                              "workers x 1 GPU): run it where they are")
+    assert "workers.ray_address" in message and "workers.device=cpu" in message and "CUDA_VISIBLE_DEVICES" in message
+    check_cluster_fits(footprint, [{"CPU": 5.0, "GPU": 2.0}], None, "PACK")
+
+
+@pytest.mark.e2e
+def test_a_run_asking_for_accelerators_this_machine_lacks_is_refused_in_seconds(tmp_path, capsys):
+    """Through the command line, on the Ray instance the driver starts: ``workers.device=npu`` (no
+    machine of the suite has an NPU) used to wait ``workers.placement_timeout_s`` (300 s) for a
+    placement that could never come, the same as ``workers.device=cuda`` on a machine without GPUs."""
+    from vla_rl.cli import main
+
+    out = tmp_path / "runs"
+    assert main(["train", "embodied_srpo", "workers.device=npu", f"run.output_dir={out}"]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert errors == [errors[0]] and errors[0].startswith(
+        "error: the Ray instance started on this machine has 0 NPUs in all; this run needs 2 (2 DAG workers x 1 NPU)")
+    assert not any(out.iterdir())  # the run directory was removed: nothing ran
+
+
 def test_nodes_too_small_for_a_worker_beside_its_simulators_are_refused():
     """6 CPUs in all, but a worker and its simulator actor need 2 on one node: 3 nodes of 2 hold 3
     workers, 2 nodes of 3 hold only 2."""

@@ -49,15 +49,17 @@ def start_ray(config, world_size: int, pools_per_worker: int = 1) -> str:
     The local instance reserves, per worker, its own CPUs (``workers.num_cpus_per_worker``) and its
     simulator actors' (``pools_per_worker`` pools of ``simulator.actors_per_worker`` actors of
     ``simulator.num_cpus_per_actor``), plus one for the driver (rounded up to a whole number by
-    :func:`~vla_rl.utils.ray_utils.init_ray`). A joined cluster is checked first
-    (:func:`~vla_rl.workers.placement.check_cluster_fits`): one that can never hold the run is
-    refused; one whose resources other jobs hold is waited for, which stderr says.
+    :func:`~vla_rl.utils.ray_utils.init_ray`). Either is checked first
+    (:func:`~vla_rl.workers.placement.check_cluster_fits`): one that can never hold the run (a
+    local instance without the GPUs ``workers.device=cuda`` asks for) is refused; a joined cluster
+    whose resources other jobs hold is waited for, which stderr says.
 
     Raises:
         RunStopped: the working directory holds another copy of the project's code, which the
             workers would import (:func:`~vla_rl.utils.code_location.check_launch_directory`);
             the cluster refused to be joined (address, authentication token).
-        ClusterTooSmall: the cluster joined cannot hold the run (one line naming what is missing).
+        ClusterTooSmall: the cluster joined, or the local instance, cannot hold the run (one line
+            naming what is missing).
     """
     import ray
 
@@ -76,10 +78,10 @@ def start_ray(config, world_size: int, pools_per_worker: int = 1) -> str:
     address = cluster_address(config.workers.ray_address)
     init_ray(num_cpus=world_size * per_worker + 1, address=address)
     device = resolve_device(config.workers.device, ray.cluster_resources())
+    footprint = run_footprint(config, world_size, device, pools_per_worker)
+    check_cluster_fits(footprint, [node["Resources"] for node in ray.nodes() if node.get("Alive")], address,
+                       config.workers.placement_strategy)
     if address is not None:
-        footprint = run_footprint(config, world_size, device, pools_per_worker)
-        check_cluster_fits(footprint, [node["Resources"] for node in ray.nodes() if node.get("Alive")], address,
-                           config.workers.placement_strategy)
         note = busy_note(footprint, ray.available_resources(), address)
         if note:
             print(note, file=sys.stderr, flush=True)

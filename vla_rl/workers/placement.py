@@ -10,9 +10,10 @@ for a fraction. A worker's simulator actors are placed on its own node
 (:func:`same_node_strategy`), outside the placement group: a node must hold each of its workers'
 bundles *and* their simulator actors' CPUs.
 
-Before the driver waits for a cluster it joined, :func:`check_cluster_fits` compares what the run
-needs (:class:`Footprint`) with the nodes' resources and refuses, in one line, a cluster that can
-never hold it; after placement, :func:`check_simulator_room` refuses a node that received more
+Before the driver waits for the cluster it joined, or the Ray instance it started on its own
+machine (where what is missing never comes: no node joins it), :func:`check_cluster_fits` compares
+what the run needs (:class:`Footprint`) with the nodes' resources and refuses, in one line, a
+cluster that can never hold it; after placement, :func:`check_simulator_room` refuses a node that received more
 workers than it has CPUs for their simulators. The wait for the placement group polls, so Ctrl-C
 stops it within a second.
 """
@@ -130,7 +131,7 @@ def simulator_cpus_per_worker(config, pools_per_worker: int = 1) -> float:
 
 def _amount(amount: float, resource: str) -> str:
     """``4 CPUs``, ``1 GPU``, ``0.5 GPU``."""
-    return f"{amount:g} {resource}{'s' if amount > 1 else ''}"
+    return f"{amount:g} {resource}{'s' if amount > 1 or amount == 0 else ''}"
 
 
 def _workers_fitting(node: dict[str, float], per_worker: dict[str, float]) -> int:
@@ -140,13 +141,16 @@ def _workers_fitting(node: dict[str, float], per_worker: dict[str, float]) -> in
     return min(counts) if counts else 1_000_000
 
 
-def check_cluster_fits(footprint: Footprint, nodes: list[dict[str, float]], address: str, strategy: str) -> None:
+def check_cluster_fits(footprint: Footprint, nodes: list[dict[str, float]], address: str | None,
+                       strategy: str) -> None:
     """Refuse, in one line, a cluster whose nodes can never hold the run.
 
     Args:
         footprint: what the run needs.
         nodes: each alive node's total resources (``ray.nodes()``'s ``Resources``).
-        address: the cluster's address, for the message.
+        address: the cluster's address, for the message; None for the Ray instance the driver
+            started on its own machine (no other node can join it, so what it lacks never comes:
+            e.g. ``workers.device=cuda`` where Ray sees no GPU).
         strategy: ``workers.placement_strategy`` (``STRICT_SPREAD`` needs a node per worker,
             ``STRICT_PACK`` one node for all).
 
@@ -155,15 +159,23 @@ def check_cluster_fits(footprint: Footprint, nodes: list[dict[str, float]], addr
             needs it for, and how to give it more), or nodes too small to hold a worker beside its
             simulator actors, or too few nodes for the strategy.
     """
-    fix = ("give the nodes more (`ray start --num-cpus=N`, `--num-gpus=N` on each) or ask for less "
-           "(workers.num_workers, workers.num_cpus_per_worker, workers.gpus_per_worker, simulator.actors_per_worker, "
-           "simulator.num_cpus_per_actor)")
+    if address is None:
+        where = "the Ray instance started on this machine"
+        fix = ("run it where they are (a machine or a cluster that has them: workers.ray_address; "
+               "CUDA_VISIBLE_DEVICES or ASCEND_RT_VISIBLE_DEVICES decide which accelerators Ray sees here) or ask "
+               "for less (workers.device=cpu, or auto, which takes an accelerator only where there is one; "
+               "workers.num_workers, workers.gpus_per_worker)")
+    else:
+        where = f"the Ray cluster at {address}"
+        fix = ("give the nodes more (`ray start --num-cpus=N`, `--num-gpus=N` on each) or ask for less "
+               "(workers.num_workers, workers.num_cpus_per_worker, workers.gpus_per_worker, "
+               "simulator.actors_per_worker, simulator.num_cpus_per_actor)")
     total = footprint.total()
     for resource, need in total.items():
         have = sum(node.get(resource, 0.0) for node in nodes)
         if need > 0 and have + 1e-9 < need:
-            raise ClusterTooSmall(f"the Ray cluster at {address} has {_amount(have, resource)} in all; this run "
-                                  f"needs {need:g} ({footprint.breakdown(resource)}): {fix}")
+            raise ClusterTooSmall(f"{where} has {_amount(have, resource)} in all; this run needs {need:g} "
+                                  f"({footprint.breakdown(resource)}): {fix}")
     per_worker = footprint.per_worker
     fitting = [_workers_fitting(node, per_worker) for node in nodes]
     need_text = " + ".join(_amount(amount, resource) for resource, amount in per_worker.items() if amount > 0)
@@ -180,7 +192,7 @@ def check_cluster_fits(footprint: Footprint, nodes: list[dict[str, float]], addr
         hold, needed = sum(fitting), footprint.world_size
         problem = f"its nodes hold {hold} such workers; this run has {needed}"
     if hold < needed:
-        raise ClusterTooSmall(f"the Ray cluster at {address} cannot hold this run: {what}, and {problem}: {fix}")
+        raise ClusterTooSmall(f"{where} cannot hold this run: {what}, and {problem}: {fix}")
 
 
 def busy_note(footprint: Footprint, free: dict[str, float], address: str) -> str | None:
