@@ -158,16 +158,13 @@ def test_resume_continues_exactly(srpo_run, ray_on_loopback, tmp_path, demo_stor
 
 
 def test_a_start_that_fails_in_the_workers_leaves_no_run_directory(ray_on_loopback, tmp_path, capsys):
-    """The workers' setup fails after the run directory exists (text.rollout_backend vllm without
-    the vllm package): nothing was written that a resume could use, so the directory goes and the
-    same command (the same run.name) is not refused (tests/test_run_dir.py runs it twice)."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm is installed: its rollout backend would start")
-    with pytest.raises(Exception, match="vllm"):
-        train("llm_grpo", ["text.sft_steps=0", "text.rollout_backend=vllm", "eval.num_episodes=0",
-                           f"run.output_dir={tmp_path}", "run.name=again", *device_overrides()])
+    """The workers' setup fails after the run directory exists (a robosuite observation key that
+    does not exist, found when the simulator builds its environments): nothing was written that a
+    resume could use, so the directory goes and the same command (the same run.name) is not
+    refused (tests/test_run_dir.py runs it twice)."""
+    with pytest.raises(Exception, match=r"observation keys \['no_such_key'\] do not exist"):
+        train("embodied_srpo", [*TINY, "simulator.env.obs_keys=[no_such_key]", f"run.output_dir={tmp_path}",
+                                "run.name=again", *device_overrides()])
     assert not (tmp_path / "again").exists()
     assert "removed the run directory" in " ".join(capsys.readouterr().out.split())
 

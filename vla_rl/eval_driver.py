@@ -52,7 +52,7 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     from vla_rl.dag.loader import load_template
     from vla_rl.dag.planner import plan
     from vla_rl.evaluation.episode_store import check_stores
-    from vla_rl.preflight import preflight
+    from vla_rl.preflight import check_local_packages, preflight
 
     run_dir, checkpoints = find_checkpoints(targets, steps)
     from vla_rl.run_dir import RunDirectory
@@ -62,6 +62,7 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     if run_config.run.workflow != "embodied":
         raise EvalInputError(f"{run_dir} is a text run; vla-rl eval evaluates embodied policies")
     preflight(load_template(run_dir / RUN_TEMPLATE))  # the policy's pretrained checkpoint, before eval_dir exists
+    check_local_packages(run_config)  # the simulator's optional extra
     raw = copy.deepcopy(load_template(template).raw)
     config = raw.setdefault("config", {})
     config["policy"] = run_config.policy.model_dump(mode="json")

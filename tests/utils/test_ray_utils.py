@@ -76,6 +76,25 @@ def test_a_refused_token_is_reported_in_one_line_saying_where_the_token_comes_fr
     assert other.startswith("cannot join the Ray cluster at 10.0.0.1:6379: Failed to connect")
 
 
+def test_an_address_where_nothing_listens_is_refused_at_once_naming_it(monkeypatch):
+    """Ray's own join retried for 5.5 min and then ended the process with status 15, no message."""
+    import ray
+
+    from vla_rl.errors import RunStopped
+    from vla_rl.utils.ray_utils import check_reachable, free_loopback_port, init_ray
+
+    port = free_loopback_port()  # nothing listens there
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # whatever Ray another test started
+    monkeypatch.setattr(ray, "init", lambda **kwargs: pytest.fail("ray.init was called"))
+    started = time.monotonic()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(RunStopped, match=rf"cannot join the Ray cluster at {address}: nothing accepts connections "
+                                             r"there \(ConnectionRefusedError: .*check that `ray start` runs there"):
+            init_ray(address=address)
+    assert time.monotonic() - started < 5
+    check_reachable("auto")  # left to Ray
+
+
 def test_token_mode_is_left_as_the_user_set_it_and_not_probed_for(monkeypatch):
     from vla_rl.utils import ray_utils
 

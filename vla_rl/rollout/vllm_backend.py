@@ -50,6 +50,12 @@ from vla_rl.rollout.token_lists import generation_from_token_lists, unpad_prompt
 GiB = 1 << 30
 
 
+def vllm_missing_message(error: object) -> str:
+    """What to do when ``text.rollout_backend: vllm`` finds no vllm package (``error``: why)."""
+    return (f"text.rollout_backend is 'vllm' but the vllm package cannot be imported ({error}); install it as "
+            "docs/llm.md ('vLLM rollout') says, or set text.rollout_backend=hf")
+
+
 def import_vllm() -> Any:
     """The ``vllm`` module, in-process engine mode set.
 
@@ -60,10 +66,7 @@ def import_vllm() -> Any:
     try:
         import vllm
     except ImportError as error:
-        raise ModuleNotFoundError(
-            "text.rollout_backend is 'vllm' but the vllm package cannot be imported "
-            f"({error}); install it as docs/llm.md ('vLLM rollout') says, or set text.rollout_backend=hf"
-        ) from error
+        raise ModuleNotFoundError(vllm_missing_message(error)) from error
     return vllm
 
 

@@ -97,6 +97,7 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
         ray_constants.ENABLE_RAY_CLUSTER = False
     if address is not None:
         env = worker_env if loopback else {k: v for k, v in worker_env.items() if k not in LOOPBACK_ONLY}
+        check_reachable(address)
         use_token_auth_if_available(address)
         os.environ["VLA_RL_RAY_CLUSTER"] = "1"
         try:
@@ -106,6 +107,9 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
                      runtime_env={"env_vars": {**env, "VLA_RL_RAY_CLUSTER": "1"}})
         except ConnectionError as error:
             raise RunStopped(join_error_message(address, error)) from None
+        except SystemExit as error:  # Ray's driver exits when it loses the cluster's GCS while joining
+            raise RunStopped(f"cannot join the Ray cluster at {address}: Ray gave up reaching it (it would have ended "
+                             f"this process with status {error.code}); {JOIN_HELP}") from None
         return
     # A new local instance listening on loopback only: Ray's notice that it turned token
     # authentication on (a token exists in ~/.ray) or left it off says nothing to act on here.
@@ -167,14 +171,8 @@ def cluster_requires_token(address: str, connect_timeout_s: float = 3.0) -> bool
     """Whether the Ray cluster at ``host:port`` refuses a client without a token (a single GCS
     request, without one). False for ``auto`` and ``ray://`` addresses (Ray applies its own rule),
     and for a GCS that cannot be reached (``ray.init`` then says why)."""
-    import socket
-
-    if "://" in address or ":" not in address:
-        return False
-    host, port = address.rsplit(":", 1)
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=connect_timeout_s).close()
-    except (OSError, ValueError):
+    target = None if "://" in address else _host_port(address)
+    if target is None or _connection_error(*target, connect_timeout_s) is not None:
         return False
     from ray._raylet import GcsClient
     from ray.exceptions import AuthenticationError
@@ -210,6 +208,47 @@ def token_refused_message(address: str) -> str:
             f"was started with token authentication and this process has no token or another one; {AUTH_HELP}")
 
 
+JOIN_HELP = ("check that `ray start` runs there and the address and port are those it printed (workers.ray_address "
+             "or RAY_ADDRESS)")
+#: Seconds :func:`check_reachable` waits for a TCP connection.
+REACHABLE_TIMEOUT_S = 10.0
+
+
+def check_reachable(address: str, timeout_s: float = REACHABLE_TIMEOUT_S) -> None:
+    """Refuse a cluster address where nothing accepts a TCP connection, at once: Ray's own join
+    retries for minutes (5.5 min measured with Ray 2.60, logging "Failed to connect to GCS" every
+    few seconds) and then ends the process with status 15 and no message. ``auto`` and addresses
+    without a port are left to Ray.
+
+    Raises:
+        RunStopped: the connection failed (refused, unreachable, unknown host, timed out); the
+            message names the address and Ray's ``ray start``.
+    """
+    target = _host_port(address)
+    error = None if target is None else _connection_error(*target, timeout_s)
+    if error is not None:
+        raise RunStopped(f"cannot join the Ray cluster at {address}: nothing accepts connections there "
+                         f"({type(error).__name__}: {error}); {JOIN_HELP}")
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``host:port`` (or ``ray://host:port``) address; None for ``auto`` and
+    addresses without a port."""
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    return (host.strip("[]"), int(port)) if host and port.isdigit() else None
+
+
+def _connection_error(host: str, port: int, timeout_s: float) -> OSError | None:
+    """Why a TCP connection to ``host:port`` failed within ``timeout_s``, or None if it was accepted."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as error:
+        return error
+    return None
+
+
 def join_error_message(address: str, error: BaseException) -> str:
     """One line for a failed ``ray.init(address=...)``: an authentication failure says where
     the token comes from; anything else names the address and Ray's reason."""
@@ -221,8 +260,7 @@ def join_error_message(address: str, error: BaseException) -> str:
     if "InvalidAuthToken" in text or "token is missing or incorrect" in text or "AuthenticationError" in text:
         return token_refused_message(address)
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
-    return (f"cannot join the Ray cluster at {address}: {first}; check that `ray start` runs there and the "
-            "address and port are those it printed (workers.ray_address or RAY_ADDRESS)")
+    return f"cannot join the Ray cluster at {address}: {first}; {JOIN_HELP}"
 
 
 def _is_loopback(address: str) -> bool:
