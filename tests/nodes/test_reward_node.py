@@ -79,7 +79,8 @@ def test_frame_encoders_read_the_configured_camera():
 
 def resources(tmp_path: Path, policy_name: str, policy_config: dict, **algo) -> Resources:
     """A worker's resources with its ``trajectory_encoder`` built (and the policy it needs)."""
-    config = RunConfig.model_validate({"policy": {"name": policy_name, "config": policy_config}, "algorithm": algo})
+    config = RunConfig.model_validate({"policy": {"name": policy_name, "config": policy_config}, "algorithm": algo,
+                                       "simulator": {"env": {"cameras": ["agentview"]}}})  # what the spec below has
     res = Resources(config, rank=0, world_size=1, run_dir=tmp_path, device=torch.device("cpu"), rollout_dp_size=1)
     res.provide("env_spec", EnvSpec(obs_dim=STATE_DIM, action_dim=7, horizon=10,
                              images={"agentview_image": [SIZE, SIZE, 3]}))  # no simulator needed
