@@ -77,7 +77,8 @@ def test_a_refused_token_is_reported_in_one_line_saying_where_the_token_comes_fr
 
 
 def test_an_address_where_nothing_listens_is_refused_at_once_naming_it(monkeypatch):
-    """Ray's own join retried for 5.5 min and then ended the process with status 15, no message."""
+    """Ray's own join retried for minutes (327 s measured) and then ended the process with status
+    15, no message."""
     import ray
 
     from vla_rl.errors import RunStopped
