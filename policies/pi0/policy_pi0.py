@@ -37,26 +37,25 @@ import math
 from pathlib import Path
 
 import torch
-from accelerate import init_empty_weights
 from tensordict import TensorDict
 from torch import Tensor
 
 from policies import register_policy
 from policies.action_normalization import libero_gripper_postprocess
 from policies.base import FSDPGroup, Policy, enable_transformers_checkpointing, transformer_blocks
-from policies.checkpoint_files import FieldError, check_tokenizer, load_tokenizer, staged_directory
+from policies.checkpoint_files import staged_directory
 from policies.normalization import ActionStatistics, MeanStdStatistics
 from policies.pi0.backbone_pi0 import JOINT_FORWARD
 from policies.pi0.checkpoint_pi0 import (
     Layout,
-    check_pi0_weights,
     load_noise_head,
     load_pi0_checkpoint,
     read_checkpoint_config,
     write_noise_head,
     write_pi0_checkpoint,
 )
-from policies.pi0.configuration_pi0 import PI0ModelConfig, PI0PolicyConfig
+from policies.pi0.checks_pi0 import check_fit, check_pretrained, load_checked_tokenizer
+from policies.pi0.configuration_pi0 import PI0PolicyConfig
 from policies.pi0.flow_noise import FlowNoiseSampler, NoiseHead
 from policies.pi0.flow_sampling import FlowODESampler, FlowSampler, FlowSDESampler
 from policies.pi0.modeling_pi0 import PI0Inputs, PI0Model
@@ -121,7 +120,7 @@ class PI0Policy(Policy):
         self.config = config
         dtype = getattr(torch, config.dtype)
         if config.model_path is not None:
-            tokenizer = self._load_tokenizer(config.tokenizer_path or config.model_path)
+            tokenizer = load_checked_tokenizer(config.tokenizer_path or config.model_path)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config.seed)
                 model = load_pi0_checkpoint(config.model_path, dtype=dtype, device=device)
@@ -131,12 +130,12 @@ class PI0Policy(Policy):
 
                 tokenizer = build_tiny_tokenizer()
             else:
-                tokenizer = self._load_tokenizer(config.tokenizer_path)
+                tokenizer = load_checked_tokenizer(config.tokenizer_path)
             model_config = config.model_config(len(tokenizer))
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config.seed)
                 model = PI0Model(model_config).to(dtype)
-        self._check_fit(config, model.config, len(tokenizer))
+        check_fit(config, model.config, len(tokenizer))
         for parameter in model.paligemma_with_expert.unused_parameters():
             parameter.requires_grad_(False)  # never reaches the actions (their gradient is always 0)
         self.model = model
@@ -531,70 +530,9 @@ class PI0Policy(Policy):
     # ----------------------------------------------------------------------------- checks
     @classmethod
     def check_pretrained(cls, config: PI0PolicyConfig) -> None:
-        """Check ``config.model_path`` and ``config.tokenizer_path`` as the constructor would load
-        them, without reading the model's weights: the directories exist; the architecture
-        (:func:`~policies.pi0.checkpoint_pi0.read_checkpoint_config`) parses; the weight files'
-        safetensors headers are whole and hold every tensor of that architecture, built on the
-        ``meta`` device, with its shape; the tokenizer is usable; the model fits ``action_dim``,
-        ``proprio_dim``, ``executed_actions`` and the tokenizer's vocabulary; ``norm_stats.json``
-        gives the statistics ``normalization`` reads; and, with ``sampler: flow_noise``, a
-        ``pi0_noise_head.safetensors`` fits the noise-head settings. Used by the run's pre-flight
-        (``vla_rl/preflight.py``), before anything starts.
-
-        Raises:
-            FileNotFoundError, ValueError: the first problem; the message names the directory or
-                file. A problem of ``tokenizer_path``'s directory is a
-                :class:`~policies.checkpoint_files.FieldError` with ``field="tokenizer_path"``.
-        """
-        tokenizer = None
-        if config.tokenizer_path is not None:
-            try:
-                tokenizer = cls._load_tokenizer(config.tokenizer_path)
-            except (OSError, ValueError) as error:
-                raise FieldError(str(error), "tokenizer_path") from None
-        if config.model_path is None:
-            if tokenizer is not None:
-                try:
-                    cls._check_fit(config, config.model_config(len(tokenizer)), len(tokenizer))
-                except ValueError as error:
-                    raise FieldError(f"{config.tokenizer_path}: {error}", "tokenizer_path") from None
-            return
-        directory = Path(config.model_path)
-        if not directory.is_dir():
-            raise FileNotFoundError(f"{directory}: the model directory does not exist (models load from local "
-                                    "paths only)")
-        model_config = read_checkpoint_config(directory)
-        with init_empty_weights(include_buffers=False):  # as load_pi0_checkpoint builds it
-            check_pi0_weights(PI0Model(model_config), directory)
-        tokenizer = tokenizer if tokenizer is not None else cls._load_tokenizer(str(directory))
-        try:
-            cls._check_fit(config, model_config, len(tokenizer))
-            statistics = torch.nn.Module()  # the buffers the constructor fills, on a module of their own
-            register_statistics(statistics, config.normalization, config.action_dim, config.proprio_dim or 0)
-            load_statistics(statistics, config)
-        except ValueError as error:
-            message = str(error)
-            raise ValueError(message if message.startswith(str(directory)) else f"{directory}: {message}") from None
-        if config.sampler == "flow_noise":
-            head = NoiseHead(model_config.expert.width, model_config.max_action_dim, config.noise_hidden_dims,
-                             config.noise_min_std, config.noise_max_std)
-            load_noise_head(head, directory, config.noise_min_std, config.noise_max_std)
-
-    @staticmethod
-    def _check_fit(config: PI0PolicyConfig, model: PI0ModelConfig, vocab: int) -> None:
-        """The model of ``config`` fits its action and proprio sizes, executed prefix and tokenizer."""
-        if config.action_dim > model.max_action_dim:
-            raise ValueError(f"PI0PolicyConfig.action_dim ({config.action_dim}) exceeds the model's max_action_dim "
-                             f"({model.max_action_dim})")
-        if config.proprio_dim is not None and config.proprio_dim > model.max_state_dim:
-            raise ValueError(f"PI0PolicyConfig.proprio_dim ({config.proprio_dim}) exceeds the model's max_state_dim "
-                             f"({model.max_state_dim})")
-        if config.executed_actions is not None and model.chunk_size % config.executed_actions:
-            raise ValueError(f"PI0PolicyConfig.executed_actions ({config.executed_actions}) must divide the model's "
-                             f"chunk_size ({model.chunk_size})")
-        if vocab > model.vocab_size:
-            raise ValueError(f"the tokenizer has {vocab} tokens, more than the model's vocab_size {model.vocab_size}: "
-                             "use the checkpoint's tokenizer (PI0PolicyConfig.tokenizer_path)")
+        """:func:`policies.pi0.checks_pi0.check_pretrained`: ``model_path`` and ``tokenizer_path``
+        checked as this constructor loads them, without reading weights (the run's pre-flight)."""
+        check_pretrained(config)
 
     def _temperature(self, temperature: float | None) -> float:
         temperature = self.config.temperature if temperature is None else temperature
@@ -610,10 +548,3 @@ class PI0Policy(Policy):
             shape = tuple(actions.shape) if isinstance(actions, Tensor) else type(actions).__name__
             raise ValueError(f"{what} must be floating own actions (batch, chunk_size, own_action_dim = chunk_groups * "
                              f"(num_steps + 1) * max_action_dim) = {expected}, got {shape}")
-
-    @staticmethod
-    def _load_tokenizer(directory: str):
-        tokenizer = load_tokenizer(directory)
-        check_tokenizer(tokenizer, directory, chat_template=False)
-        return tokenizer
-
