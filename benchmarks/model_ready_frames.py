@@ -68,13 +68,15 @@ def observations(shape: tuple[int, ...], size: int) -> TensorDict:
 
 
 def update_batch(policy: PI0Policy, episodes: int, decisions: int, size: int) -> TensorDict:
-    """A rollout's batch: every episode runs all ``decisions`` (the response mask all True)."""
+    """A rollout's batch: every episode runs all ``decisions`` (the response mask all True) and
+    every action of them."""
     obs = observations((episodes, decisions + 1), size)
     with torch.no_grad():
         actions, log_probs = policy.sample_actions(obs[:, :-1].reshape(-1), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(episodes, decisions, dtype=torch.bool)
     return TensorDict({keys.OBS: obs, keys.ACTIONS: actions.unflatten(0, (episodes, decisions)),
                        keys.OLD_LOG_PROBS: log_probs.unflatten(0, (episodes, decisions)), keys.RESPONSE_MASK: mask,
+                       keys.CONTROL_STEPS: torch.full((episodes,), decisions * policy.chunk_size),
                        keys.ADVANTAGES: torch.randn(episodes, decisions, generator=torch.Generator().manual_seed(2)),
                        keys.UID: torch.arange(episodes) // 4}, batch_size=[episodes])
 

@@ -30,7 +30,9 @@ ACTIONS = "actions"  # (batch, horizon, chunk, own_action_dim) float32: the poli
 OLD_LOG_PROBS = "old_log_probs"  # (batch, horizon, chunk) float32: log-probs under the rollout policy
 RESPONSE_MASK = "response_mask"  # (batch, horizon) bool: True for steps the policy acted in
 SUCCESS = "success"  # (batch,) bool
-FINISH_STEP = "finish_step"  # (batch,) int64: number of actions taken (episode length)
+FINISH_STEP = "finish_step"  # (batch,) int64: decision steps taken (action chunks; the episode length)
+CONTROL_STEPS = "control_steps"  # (batch,) int64: actions executed (control steps); an episode that ends inside a
+# chunk (a success, the time limit) never executes the rest of it, and those actions are no unit of the loss
 TRUNCATED = "truncated"  # (batch,) bool: the episode hit its time limit without success
 
 # Evaluation episodes (vla-rl eval).

@@ -4,9 +4,11 @@ import pytest
 import torch
 
 from vla_rl.algorithms.granularity import (
+    executed_actions,
     expand_per_step,
     reduce_per_action,
     reduce_per_dim,
+    unit_mask,
 )
 
 # One episode, T = 2 decisions, chunks of C = 2 actions of A = 3 dimensions; value = 100t + 10c + d.
@@ -45,3 +47,27 @@ def test_expand_per_step_repeats_each_decision_over_its_units():
 def test_unknown_granularity_raises():
     with pytest.raises(ValueError, match="known: token, action, chunk"):
         reduce_per_dim(PER_DIM, "step")
+
+
+def test_executed_actions_end_inside_the_last_chunk():
+    # Chunks of 3: episode 0 took 2 decisions and ran 4 actions (it ended at the 1st of its 2nd
+    # chunk), episode 1 took 1 decision and ran all 3, episode 2 took none.
+    mask = torch.tensor([[True, True, False], [True, False, False], [False, False, False]])
+    executed = executed_actions(mask, torch.tensor([4, 3, 0]), 3)
+    assert executed.tolist() == [[[True] * 3, [True, False, False], [False] * 3],
+                                 [[True] * 3, [False] * 3, [False] * 3],
+                                 [[False] * 3] * 3]
+    with pytest.raises(ValueError, match="control_steps"):
+        executed_actions(mask, torch.tensor([4, 3]), 3)
+
+
+def test_unit_mask_keeps_exactly_the_executed_actions_at_every_granularity():
+    executed = torch.tensor([[[True, True], [True, False]]])  # T = 2 decisions of C = 2 actions; 3 ran
+    assert unit_mask(executed, 3, "token").tolist() == [[True] * 9 + [False] * 3]
+    assert unit_mask(executed, 3, "action").tolist() == [[True, True, True, False]]
+    assert unit_mask(executed, 3, "chunk").tolist() == [[True, True]]
+    # Without an early end the mask is the response mask spread over the units (expand_per_step's).
+    whole = torch.ones(1, 2, 2, dtype=torch.bool)
+    for granularity in ("token", "action", "chunk"):
+        assert torch.equal(unit_mask(whole, 3, granularity),
+                           expand_per_step(torch.ones(1, 2, dtype=torch.bool), 2, 3, granularity))

@@ -185,8 +185,12 @@ def test_success_mid_chunk_ends_the_episode_as_success(chunk, stages):
         assert batch["obs"][i, finish, 0].item() == pool.steps_taken[i]
         assert batch["obs"][i, 0].tolist() == [0.0, 7.0 + i]
     assert batch["actions"].shape == (3, int(np.ceil(10 / chunk)), chunk, 3)
-    assert torch.all(batch["old_log_probs"][batch["response_mask"]] == -1)
-    assert torch.all(batch["old_log_probs"][~batch["response_mask"]] == 0)
+    # Actions executed: 6 of env 0's 8 (it succeeded at the 2nd action of its 2nd chunk of 4), 10 of env
+    # 1's 12 (the horizon cut its 3rd chunk), 1 of env 2's 4; the rest never ran and has log-prob 0.
+    assert batch["control_steps"].tolist() == [6, 10, 1]
+    executed = torch.arange(batch["old_log_probs"][0].numel()).view(-1, chunk) < batch["control_steps"][:, None, None]
+    assert torch.all(batch["old_log_probs"][executed] == -1)
+    assert torch.all(batch["old_log_probs"][~executed] == 0)
 
 
 def test_a_chunk_of_8_runs_open_loop_before_the_policy_is_asked_again():

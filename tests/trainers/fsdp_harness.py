@@ -47,14 +47,15 @@ def _trainer_section(**fields):
     return TrainerSection(**{"ppo_epochs": 1, "ppo_mini_batch_size": 4, "max_grad_norm": 1.0, **fields}, fsdp=fsdp)
 
 
-def _run(make_policy_fn, batch, algorithm, forward, steps: int = 2, lr: float = 1e-2, **trainer_fields):
-    """Train a fresh policy for ``steps`` updates; its per-update losses and grad norms, the first
-    minibatch's whole gradient, and the policy's final weights."""
+def _run(make_policy_fn, batch, algorithm, forward, steps: int = 2, lr: float = 1e-2, group=None, **trainer_fields):
+    """Train a fresh policy for ``steps`` updates (over ``group``, default: both workers); its
+    per-update losses and grad norms, the first minibatch's whole gradient, and the policy's final
+    weights."""
     from vla_rl.trainers.actor import ActorTrainer
 
     policy = make_policy_fn()
     section = _trainer_section(**trainer_fields)
-    trainer = ActorTrainer(policy, lr=lr, forward=forward, trainer=section)
+    trainer = ActorTrainer(policy, lr=lr, group=group, forward=forward, trainer=section)
     first_grads: dict[str, torch.Tensor] = {}
 
     def record(optimizer, args, kwargs):

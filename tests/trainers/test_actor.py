@@ -17,6 +17,7 @@ from policies.mlp import MLPPolicyConfig
 from policies.openvla import OpenVLAPolicyConfig
 from policies.openvla_oft import OpenVLAOFTPolicyConfig
 from policies.pi0 import PI0PolicyConfig
+from vla_rl.algorithms.granularity import executed_actions
 from vla_rl.algorithms.policy_loss import POLICY_LOSSES
 from vla_rl.config import AlgorithmSection, TrainerSection
 from vla_rl.rollout.embodied import rollout_episodes
@@ -358,6 +359,34 @@ def test_steps_after_the_episode_end_never_reach_the_update(process_group, devic
     (clean_metrics, clean_params), (dirty_metrics, dirty_params) = results
     assert dirty_metrics == clean_metrics
     assert all(torch.equal(c, d) for c, d in zip(clean_params, dirty_params))
+
+
+@pytest.mark.parametrize("granularity", ["token", "action", "chunk"])
+def test_actions_that_never_ran_are_no_units_of_the_update(process_group, device, monkeypatch, granularity):
+    """OpenVLA-OFT, chunks of 3: 4 of the 8 episodes end inside their last chunk, leaving 6 actions
+    sampled and never executed. The loss counts exactly the executed actions (SimpleVLA-RL's and
+    RLinf's per-action masks), and the update is bit-identical whatever those 6 actions hold."""
+    calls = spy_on_losses(monkeypatch)
+    results = []
+    for shuffled in (False, True):
+        calls.clear()
+        torch.manual_seed(0)
+        policy = make_policy("openvla_oft", TINY_CONFIGS["openvla_oft"]()).to(device)
+        batch = rollout_batch(policy)  # episodes of 12, 1, 7, 3, 12, 2, 9, 5 control steps
+        assert batch[keys.CONTROL_STEPS].tolist() == [12, 1, 7, 3, 12, 2, 9, 5]
+        never_ran = batch[keys.RESPONSE_MASK][..., None] & ~executed_actions(
+            batch[keys.RESPONSE_MASK], batch[keys.CONTROL_STEPS], 3)  # (n, T, C)
+        assert int(never_ran.sum()) == 6 and torch.all(batch[keys.OLD_LOG_PROBS][never_ran] == 0)
+        if shuffled:  # other valid actions where none was executed
+            batch[keys.ACTIONS][never_ran] = batch[keys.ACTIONS][never_ran].flip(-1)
+        config = update_config("ppo_clip", granularity, ppo_mini_batch_size=8, entropy_coeff=0.01)
+        metrics = ActorTrainer(policy, lr=1e-2).update(batch, *config, torch.Generator().manual_seed(2))
+        results.append((metrics, [p.detach().clone() for p in policy.parameters()]))
+    units = {"token": ACT_DIM * 51, "action": 51, "chunk": 19}[granularity]  # 51 actions ran, in 19 decisions
+    assert int(calls[0][2].sum()) == units
+    (metrics, params), (shuffled_metrics, shuffled_params) = results
+    assert shuffled_metrics == metrics
+    assert all(torch.equal(a, b) for a, b in zip(params, shuffled_params))
 
 
 def test_a_diverged_update_is_skipped_and_stops_the_run_after_k_in_a_row(process_group, device):

@@ -62,6 +62,17 @@ def _critics(rank: int, lm_dir: str, ckpt_root: str) -> dict:
         section = _trainer_section(**fields)
         out[name] = train(CriticTrainer(fresh_network(), lr=1e-2, trainer=section), section, shard)
 
+    # One minibatch of all 8 episodes (31 decision steps: 20 on worker 0, 11 on worker 1), and on
+    # worker 0 alone in a process group of its own, the whole of it.
+    alone = [dist.new_group([r]) for r in range(WORLD)]  # collective: every worker makes both
+    for name, fields in {"global_ddp": {}, "global_fsdp_micro": {"strategy": "fsdp", "micro_batch_size": 2}}.items():
+        section = _trainer_section(ppo_mini_batch_size=8, **fields)
+        out[name] = train(CriticTrainer(fresh_network(), lr=1e-2, trainer=section), section, shard, updates=1)
+    if rank == 0:
+        section = _trainer_section(ppo_mini_batch_size=8)
+        out["global_one_worker"] = train(CriticTrainer(fresh_network(), lr=1e-2, group=alone[0], trainer=section),
+                                         section, batch, updates=1)
+
     section = _trainer_section(strategy="fsdp")
     straight = CriticTrainer(fresh_network(), lr=1e-2, trainer=section)
     train(straight, section, shard, updates=1)
@@ -173,3 +184,15 @@ def test_the_text_critic_built_after_the_actor_starts_from_its_float32_master_we
         assert record["policy_dtypes"] == {torch.bfloat16}  # the actor did cast the policy
         assert _max_abs(record["copy_of_the_cast_policy"], record["float32_body"]) > 1e-4  # what it would start from
         assert _max_abs(record["masters"], record["float32_body"]) == 0.0
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp_micro"])
+def test_two_critic_workers_update_as_one_on_the_whole_minibatch(runs, strategy):
+    """The value loss is normalised by the global minibatch (20 + 11 decision steps), as the
+    actor's: the same loss and weights as one worker holding all 31."""
+    whole = runs[0]["global_one_worker"]
+    for rank in range(WORLD):
+        split = runs[rank][f"global_{strategy}"]
+        assert _max_loss_gap(split, whole) < 1e-6
+        assert _max_abs(split["weights"], whole["weights"]) < 1e-6
+

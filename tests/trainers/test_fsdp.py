@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from fsdp_harness import (
     WORLD,
+    _full_grads,
     _max_abs,
     _max_loss_gap,
     _mlp_setup,
@@ -28,6 +29,7 @@ from fsdp_harness import (
     _weights,
     spawn_workers,
 )
+from tensordict import TensorDict
 
 
 def _scenarios(rank: int, lm_dir: str, ckpt_root: str) -> dict:
@@ -50,6 +52,7 @@ def _scenarios(rank: int, lm_dir: str, ckpt_root: str) -> dict:
                          "fsdp_gc": {"strategy": "fsdp", "gradient_checkpointing": True}}.items():
         out[f"mlp/token-mean/{name}"] = _run(fresh_mlp, mlp_batch, algorithm, embodied_forward, **fields)
     out["resume"] = _resume(fresh_mlp, mlp_batch, algorithm, ckpt_root, rank)
+    out["global"] = _global_minibatch(rank, fresh_mlp, mlp_batch, update_config)
 
     # ---------------------------------------------------------------- the tiny causal LM
     from policies.causal_lm import CausalLMConfig, CausalLMPolicy
@@ -80,10 +83,62 @@ def _scenarios(rank: int, lm_dir: str, ckpt_root: str) -> dict:
         out[f"lm/{name}_mixed_prompts"] = _run(fresh_lm, mixed, algorithm, text_forward, lr=1e-3,
                                                ppo_mini_batch_size=8, **fields)
 
+    out["lm/sft_global"] = _sft_global_minibatch(rank, fresh_lm)
+
     # ---------------------------------------------------------------- tiny OpenVLA-OFT with LoRA
     out["oft"] = _oft_lora(rank)
     # ---------------------------------------------------------------- tiny π0 (joint layers)
     out["pi0"] = _pi0(rank)
+    return out
+
+
+def _global_minibatch(rank: int, fresh, shard, update_config) -> dict:
+    """One minibatch of all 8 episodes: split 5 / 3 over the two workers (35 and 16 decision
+    steps), with DDP and with FSDP in micro-batches of 2; and on worker 0 alone, whole, in a
+    process group of its own."""
+    from test_actor import rollout_batch
+
+    from vla_rl.trainers.actor import embodied_forward
+
+    alone = [dist.new_group([r]) for r in range(WORLD)]  # collective: every worker makes both
+    out = {}
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        algorithm, _ = update_config("ppo_clip", "action", loss_agg_mode=mode)
+        for name, fields in {"ddp": {}, "fsdp_micro": {"strategy": "fsdp", "micro_batch_size": 2}}.items():
+            out[f"{mode}/{name}"] = _run(fresh, shard, algorithm, embodied_forward, steps=1, ppo_mini_batch_size=8,
+                                         **fields)
+        if rank == 0:
+            out[f"{mode}/one_worker"] = _run(fresh, rollout_batch(fresh()), algorithm, embodied_forward, steps=1,
+                                             ppo_mini_batch_size=8, group=alone[0])
+    return out
+
+
+def _sft_global_minibatch(rank: int, fresh_lm) -> dict:
+    """Supervised fine-tuning, one minibatch of 8 targets: 32 target tokens on worker 0, 14 on
+    worker 1 (DDP; FSDP in micro-batches of 3), and on worker 0 alone the whole of it."""
+    from vla_rl.trainers.actor import ActorTrainer, text_forward
+    from vla_rl_core import keys
+
+    def targets(r: int) -> TensorDict:
+        batch = _text_batch(fresh_lm(), r)
+        lengths = torch.tensor([8, 8, 8, 8] if r == 0 else [8, 3, 1, 2])
+        batch[keys.RESPONSE_MASK] = torch.arange(8)[None, :] < lengths[:, None]
+        return batch
+
+    def sft(batch, group=None, **fields) -> dict:
+        policy = fresh_lm()
+        section = _trainer_section(**fields)
+        trainer = ActorTrainer(policy, lr=1e-3, group=group, forward=text_forward, trainer=section)
+        grads: dict[str, torch.Tensor] = {}
+        trainer.optimizer.register_step_pre_hook(lambda *_: grads.update(_full_grads(trainer.parallel.trained)))
+        metrics = trainer.supervised_update(batch, 1, 8, 1.0, torch.Generator().manual_seed(3),
+                                            section.micro_batch_size)
+        return {"losses": [metrics["sft/loss"]], "grads": grads}
+
+    alone = [dist.new_group([r]) for r in range(WORLD)]  # collective: every worker makes both
+    out = {"ddp": sft(targets(rank)), "fsdp_micro": sft(targets(rank), strategy="fsdp", micro_batch_size=3)}
+    if rank == 0:
+        out["one_worker"] = sft(torch.cat([targets(0), targets(1)]), group=alone[0])
     return out
 
 
@@ -216,6 +271,31 @@ def test_fsdp_matches_ddp_on_the_mlp(runs, mode):
         assert _max_abs(ddp["grads"], fsdp["grads"]) < 1e-6
         assert _max_abs(ddp["weights"], fsdp["weights"]) < 1e-5
         assert max(abs(x - y) for x, y in zip(ddp["norms"], fsdp["norms"], strict=True)) < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp_micro"])
+def test_two_workers_update_as_one_worker_on_the_whole_minibatch(runs, mode, strategy):
+    """The loss is normalised by the global minibatch (verl's global-batch ``agg_loss``): two
+    workers holding 35 and 16 decision steps of one minibatch compute the gradient, the loss and
+    the update of one worker holding all 51 (each worker normalising its own minibatch would weigh
+    worker 1's steps twice as much under token-mean)."""
+    whole = runs[0]["global"][f"{mode}/one_worker"]
+    for rank in range(WORLD):
+        split = runs[rank]["global"][f"{mode}/{strategy}"]
+        assert _max_abs(split["grads"], whole["grads"]) < 1e-6
+        assert _max_loss_gap(split, whole) < 1e-6
+        assert _max_abs(split["weights"], whole["weights"]) < 1e-6
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp_micro"])
+def test_two_workers_fine_tune_as_one_worker_on_the_whole_minibatch(runs, strategy):
+    """Supervised fine-tuning's token mean is the global minibatch's too (32 + 14 target tokens)."""
+    whole = runs[0]["lm/sft_global"]["one_worker"]
+    for rank in range(WORLD):
+        split = runs[rank]["lm/sft_global"][strategy]
+        assert _max_loss_gap(split, whole) < 1e-6
+        assert _max_abs(split["grads"], whole["grads"]) < 1e-6
 
 
 def test_fsdp_matches_ddp_on_the_causal_lm(runs):

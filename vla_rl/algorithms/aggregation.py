@@ -207,7 +207,7 @@ def aggregate_loss(loss_mat: Tensor, mask: Tensor, mode: str, normalizer: float 
 
 
 #: What each built-in mode divides by: valid tokens, or rows holding at least one valid token.
-_DENOMINATORS = {"token-mean": "tokens", "seq-mean-token-mean": "rows", "seq-mean-token-sum": "rows",
+AGGREGATION_DENOMINATORS = {"token-mean": "tokens", "seq-mean-token-mean": "rows", "seq-mean-token-sum": "rows",
                  "seq-mean-token-sum-norm": "rows"}
 
 
@@ -218,12 +218,13 @@ def aggregation_weight(mask: Tensor, mode: str) -> float:
     Gradient accumulation splits a minibatch into micro-batches of whole rows; with ``w_i`` the
     weight of micro-batch ``i`` and ``W`` the minibatch's, ``sum_i (w_i / W) * aggregate(micro_i)
     == aggregate(minibatch)`` for every built-in mode (the token sums and row means of one row
-    never straddle micro-batches), so the accumulated gradient is the minibatch's. The count is
-    the same at every ratio granularity up to a constant factor (chunk x action_dim), which
-    cancels in ``w_i / W``: pass the ``(batch, T)`` decision-step mask.
+    never straddle micro-batches), so the accumulated gradient is the minibatch's. Pass the loss's
+    unit mask, or any mask whose rows count the same units up to a factor shared by every row
+    (which cancels in ``w_i / W``): the executed actions for the ``action`` and ``token``
+    granularities (an action's dimensions are a constant factor), the decision steps for ``chunk``.
 
     Args:
-        mask: ``(batch, T)`` bool, or 0/1.
+        mask: ``(batch, L)`` bool, or 0/1.
         mode: a built-in mode.
 
     Returns:
@@ -233,10 +234,10 @@ def aggregation_weight(mask: Tensor, mode: str) -> float:
         ValueError: ``mode`` is not a built-in mode (a mode registered elsewhere does not say what
             it divides by: train it without ``trainer.micro_batch_size``).
     """
-    if mode not in _DENOMINATORS:
+    if mode not in AGGREGATION_DENOMINATORS:
         raise ValueError(f"loss aggregation {mode!r} has no known denominator, so trainer.micro_batch_size cannot "
-                         f"split its minibatches exactly; use one of {sorted(_DENOMINATORS)} or no micro_batch_size")
+                         f"split its minibatches exactly; use one of {sorted(AGGREGATION_DENOMINATORS)} or no micro_batch_size")
     valid = mask.bool()
-    if _DENOMINATORS[mode] == "tokens":
+    if AGGREGATION_DENOMINATORS[mode] == "tokens":
         return float(valid.sum())
     return float(valid.reshape(valid.shape[0], -1).any(dim=1).sum())

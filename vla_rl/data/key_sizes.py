@@ -93,6 +93,7 @@ KEY_LAYOUTS: dict[str, Callable[[StepShape], Leaves | None]] = {
     keys.RESPONSE_MASK: _per_decision("bool"),
     keys.SUCCESS: _scalar("bool"),
     keys.FINISH_STEP: _scalar("int64"),
+    keys.CONTROL_STEPS: _scalar("int64"),
     keys.TRUNCATED: _scalar("bool"),
     keys.CHECKPOINT_INDEX: _scalar("int64"),
     keys.PROTOCOL_INDEX: _scalar("int64"),

@@ -28,7 +28,7 @@ class RolloutNodeConfig(BaseModel):
 
 
 ROLLOUT_KEYS: tuple[str, ...] = (keys.OBS, keys.ACTIONS, keys.OLD_LOG_PROBS, keys.RESPONSE_MASK, keys.SUCCESS,
-                                 keys.TRUNCATED, keys.FINISH_STEP)
+                                 keys.TRUNCATED, keys.FINISH_STEP, keys.CONTROL_STEPS)
 """The keys of a rollout's episodes (:func:`vla_rl.rollout.embodied.rollout_episodes`)."""
 
 

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from vla_rl.algorithms.granularity import executed_actions
 from vla_rl_core import keys
 from vla_rl_core.observations import to_torch
 
@@ -65,7 +66,9 @@ class RolloutResult:
             values each), ``old_log_probs`` ``(m, T, chunk)`` (only for a policy
             with an action distribution), ``response_mask``
             ``(m, T)``, ``success`` ``(m,)``, ``truncated`` ``(m,)`` (ended by the time limit
-            without success), ``finish_step`` ``(m,)`` (decision steps taken), ``init_state_id``
+            without success), ``finish_step`` ``(m,)`` (decision steps taken), ``control_steps``
+            ``(m,)`` (actions executed: the last chunk may end early, and its actions that never
+            ran have log-prob 0, :mod:`vla_rl.algorithms.granularity`), ``init_state_id``
             ``(m,)``, where ``T = ceil(horizon / chunk)``.
         env_actions: ``(m, T, chunk, action_dim)`` float32, the rows of ``batch``: what the pool
             received, ``policy.env_actions(actions, obs)`` in the simulator's units (zeros after
@@ -117,7 +120,8 @@ class EpisodeBook:
             env_actions: ``(n, decisions, chunk, action_dim)``, what the pool received; log_probs:
             ``(n, decisions, chunk)``;
         mask: ``(n, decisions)`` bool, the decisions taken.
-        success, truncated: ``(n,)`` bool; finish: ``(n,)`` int64, decisions taken.
+        success, truncated: ``(n,)`` bool; finish: ``(n,)`` int64, decisions taken;
+        control_steps: ``(n,)`` int64, actions executed.
         running: ``(n,)`` bool numpy, episodes still running; lost: ``(n,)`` bool numpy.
         policy_seconds, env_seconds, sim_seconds, sim_cpu_seconds: as in :class:`RolloutResult`.
     """
@@ -134,6 +138,8 @@ class EpisodeBook:
         self.success = torch.zeros(n, dtype=torch.bool)
         self.truncated = torch.zeros(n, dtype=torch.bool)
         self.finish = torch.zeros(n, dtype=torch.int64)
+        self.control_steps = torch.zeros(n, dtype=torch.int64)
+        self.chunk = chunk
         self.running = np.ones(n, dtype=bool)
         self.lost = np.zeros(n, dtype=bool)
         self.frames: dict[int, list[np.ndarray]] = {int(i): [] for i in render_indices}
@@ -166,6 +172,7 @@ class EpisodeBook:
         self.running[done[out["terminated"][kept] | out["truncated"][kept]]] = False
         self.running[rows[lost]] = False
         self.lost[rows[lost]] = True
+        self.control_steps[idx] += torch.as_tensor(out["steps"][kept], dtype=torch.int64)
         self.env_steps += int(out["steps"][kept].sum())
         self.sim_seconds += float(out["sim_seconds"])
         self.sim_cpu_seconds += float(out["sim_cpu_seconds"])
@@ -173,7 +180,8 @@ class EpisodeBook:
             self.frames[int(i)].append(frames)
 
     def result(self, init_state_ids: np.ndarray) -> RolloutResult:
-        """The episodes not lost, as a :class:`RolloutResult`."""
+        """The episodes not lost, as a :class:`RolloutResult` (the log-probs of the actions that
+        never ran, after an episode's end inside its last chunk, set to 0)."""
         kept = torch.as_tensor(~self.lost)
         batch = TensorDict(
             {
@@ -183,12 +191,14 @@ class EpisodeBook:
                 keys.SUCCESS: self.success[kept],
                 keys.TRUNCATED: self.truncated[kept],
                 keys.FINISH_STEP: self.finish[kept],
+                keys.CONTROL_STEPS: self.control_steps[kept],
                 keys.INIT_STATE_ID: torch.as_tensor(np.asarray(init_state_ids), dtype=torch.int64)[kept],
             },
             batch_size=[int(kept.sum())],
         )
         if self.log_probs is not None:
-            batch.set(keys.OLD_LOG_PROBS, self.log_probs[kept])
+            executed = executed_actions(self.mask[kept], self.control_steps[kept], self.chunk)  # (m, T, C)
+            batch.set(keys.OLD_LOG_PROBS, torch.where(executed, self.log_probs[kept], 0.0))
         frames = {i: np.concatenate(f) for i, f in self.frames.items() if f and not self.lost[i]}
         return RolloutResult(batch, self.env_actions[kept], frames, self.env_steps, self.lost.copy(),
                              self.policy_seconds, self.env_seconds, self.sim_seconds, self.sim_cpu_seconds)

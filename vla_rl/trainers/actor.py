@@ -12,10 +12,14 @@ The loss of a minibatch, at the configured ratio granularity (token, action or c
 
     loss = policy_objective - entropy_coeff * aggregate(entropy) + kl_loss_coef * aggregate(KL(pi || ref))
 
-with the objective from ``POLICY_LOSSES`` and every term aggregated with the same mode. With
-micro-batches, each one's loss is scaled by its share of the mode's denominator
-(:func:`~vla_rl.algorithms.aggregation.aggregation_weight`: valid tokens, or rows) before its
-backward pass, so the accumulated gradient is the whole minibatch's.
+with the objective from ``POLICY_LOSSES`` and every term aggregated with the same mode over the
+loss's units: the executed actions (an episode that ends inside a chunk never runs the rest of it,
+:mod:`vla_rl.algorithms.granularity`). The denominator is the global minibatch's, the union of
+the workers' minibatches of the same position (verl's global-batch ``agg_loss``): each pass's
+loss is scaled by its share of it (:func:`~vla_rl.trainers.minibatches.micro_batch_passes`) times
+the world size, so that the gradient DDP or FSDP averages over the workers is that of the global
+minibatch aggregated as one, whatever the number of workers, their split of the rows, or the
+micro-batches; the reported loss terms are the global minibatch's too.
 """
 
 from __future__ import annotations
@@ -31,36 +35,41 @@ from torch.nn.parallel import DistributedDataParallel
 
 from vla_rl.algorithms.aggregation import aggregate_loss
 from vla_rl.algorithms.granularity import (
+    executed_actions,
     expand_per_step,
     reduce_per_action,
     reduce_per_dim,
+    unit_mask,
 )
 from vla_rl.algorithms.kl import kl_penalty
 from vla_rl.algorithms.policy_loss import POLICY_LOSSES
 from vla_rl.trainers.guard import GuardedStep, clip_grad_norm
-from vla_rl.trainers.minibatches import micro_batch_passes, minibatch_schedule
+from vla_rl.trainers.minibatches import global_weights, micro_batch_passes, minibatch_schedule, sum_over_workers
 from vla_rl.trainers.strategy import make_strategy
 from vla_rl.utils.collectives import all_gather_small_objects
 from vla_rl_core import keys
 
 
 def embodied_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
-    """Per-dimension log-probs and entropies of the valid decision steps of whole episodes.
+    """Per-dimension log-probs and entropies of the executed actions of whole episodes.
 
     Only the valid steps go through ``model`` (the policy, or its DDP wrapper): steps after an
     episode's end cost nothing and whatever they hold never reaches the outputs nor the
     gradients. Batch invariance makes each step's values independent of which others share the
-    forward.
+    forward. The actions of an episode's last chunk that never ran (it ended inside the chunk)
+    get 0, as the rollout's ``old_log_probs`` (:func:`~vla_rl.algorithms.granularity.executed_actions`).
 
     Args:
         model: called as ``model(obs, actions)`` -> per-dimension ``(log_probs, entropy)``.
         batch: ``obs`` ``(n, T + 1, obs_dim)`` (the last one is not used; camera observations: a
             TensorDict of batch size ``(n, T + 1)``, which the policy's processor reads),
             ``actions`` ``(n, T, chunk, own_action_dim)`` (the policy's own actions,
-            ``policy.own_action_dim`` values each), ``response_mask`` ``(n, T)`` bool.
+            ``policy.own_action_dim`` values each), ``response_mask`` ``(n, T)`` bool,
+            ``control_steps`` ``(n,)`` int64.
 
     Returns:
-        ``log_probs`` and ``entropy``, each ``(n, T, chunk, own_action_dim)``, 0 at invalid steps.
+        ``log_probs`` and ``entropy``, each ``(n, T, chunk, own_action_dim)``, 0 at invalid steps
+        and at the actions that never ran.
     """
     obs, actions, valid = batch[keys.OBS], batch[keys.ACTIONS], batch[keys.RESPONSE_MASK]
     step_obs = obs[:, :-1][valid]  # (v, obs_dim), or a TensorDict of batch size (v,)
@@ -69,7 +78,29 @@ def embodied_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
     full_entropy = entropy.new_zeros(actions.shape)
     full_log_probs[valid] = log_probs
     full_entropy[valid] = entropy
-    return full_log_probs, full_entropy
+    executed = executed_actions(valid, batch[keys.CONTROL_STEPS], actions.shape[2])[..., None]  # (n, T, C, 1)
+    return torch.where(executed, full_log_probs, 0.0), torch.where(executed, full_entropy, 0.0)
+
+
+def loss_actions(batch: TensorDict, chunk_size: int) -> Tensor:
+    """``(n, T, chunk)`` bool: the actions that are units of the loss. Embodied episodes: the
+    executed ones (:func:`~vla_rl.algorithms.granularity.executed_actions` of ``control_steps``);
+    text responses (no ``control_steps``; a decision is one token): every response token."""
+    mask = batch[keys.RESPONSE_MASK]  # (n, T)
+    if keys.CONTROL_STEPS in batch.keys():
+        return executed_actions(mask, batch[keys.CONTROL_STEPS], chunk_size)
+    return mask.bool()[..., None].expand(*mask.shape, chunk_size)
+
+
+def weight_units(batch: TensorDict, granularity: str) -> Tensor:
+    """``(n, L)`` bool whose rows count the loss's units at ``granularity`` up to a factor shared
+    by every row (what :func:`~vla_rl.algorithms.aggregation.aggregation_weight` counts): the
+    decisions for ``chunk``, the executed actions for ``action`` and ``token`` (a text response's
+    tokens)."""
+    if granularity == "chunk" or keys.CONTROL_STEPS not in batch.keys():
+        return batch[keys.RESPONSE_MASK]
+    return executed_actions(batch[keys.RESPONSE_MASK], batch[keys.CONTROL_STEPS],
+                            batch[keys.ACTIONS].shape[2]).flatten(start_dim=1)  # (n, T * C)
 
 
 def text_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
@@ -221,8 +252,9 @@ class ActorTrainer:
         Returns:
             Means over the applied minibatch updates of the loss terms and the objective's
             metrics (``actor/pg_loss``, ``actor/entropy``, ``actor/kl_loss``, ``actor/pg_clipfrac``,
-            ``actor/approx_kl``, ``actor/grad_norm``, ...; with micro-batches each minibatch's
-            value is the micro-batches' weighted like their losses), ``actor/num_updates`` (0 when
+            ``actor/approx_kl``, ``actor/grad_norm``, ...; each minibatch's value is the global
+            minibatch's, its passes on every worker weighted like their losses: identical on
+            every worker), ``actor/num_updates`` (0 when
             some worker's shard is empty: nobody updates), ``actor/action_std`` (a policy with a
             state-independent ``action_std()``, e.g. the MLP: its mean over the action dimensions
             after the update, in action units) and ``actor/skipped_updates`` (updates
@@ -249,11 +281,14 @@ class ActorTrainer:
         updates = skipped = 0
         self.policy.train()
         self.parallel.trained.train()
-        for micro_batches in minibatch_schedule(batch.batch_size[0], trainer.ppo_mini_batch_size, trainer.ppo_epochs,
-                                                generator, self.group, trainer.micro_batch_size,
-                                                trainer.ppo_num_mini_batches):
-            step = self._minibatch_step(batch, micro_batches, old_log_probs, algorithm, trainer, loss_fn,
-                                        loss_options)
+        schedule = list(minibatch_schedule(batch.batch_size[0], trainer.ppo_mini_batch_size, trainer.ppo_epochs,
+                                           generator, self.group, trainer.micro_batch_size,
+                                           trainer.ppo_num_mini_batches))
+        units = weight_units(batch, algorithm.ratio_granularity)  # (n, L)
+        weights = global_weights(units, schedule, algorithm.loss_agg_mode, self.group)
+        for i, micro_batches in enumerate(schedule):
+            step = self._minibatch_step(batch, micro_batches, units, None if weights is None else weights[i],
+                                        old_log_probs, algorithm, trainer, loss_fn, loss_options)
             if step is None:
                 skipped += 1
                 continue
@@ -262,7 +297,11 @@ class ActorTrainer:
             updates += 1
         if updates:
             self.parallel.after_update()
-        metrics.update({name: total / updates for name, total in totals.items()})
+        grad_norm = totals.pop("actor/grad_norm", None)
+        means = {name: total / updates for name, total in totals.items()}
+        metrics.update(sum_over_workers(means, self.group) if weights is not None else means)
+        if grad_norm is not None:  # the same on every worker (the norm of the averaged gradient)
+            metrics["actor/grad_norm"] = grad_norm / updates
         metrics["actor/num_updates"] = float(updates)
         metrics["actor/skipped_updates"] = float(skipped)
         if callable(getattr(self.policy, "action_std", None)):  # a Gaussian policy's state-independent std
@@ -286,25 +325,31 @@ class ActorTrainer:
             micro_batch_size: samples per forward/backward pass (None: the whole minibatch).
 
         Returns:
-            ``sft/loss`` and ``sft/grad_norm`` (means over minibatches), ``sft/num_updates``.
+            ``sft/loss`` (the global minibatches' token mean, as the actor's loss terms) and
+            ``sft/grad_norm`` (means over minibatches), ``sft/num_updates``.
         """
         batch = batch.to(self.policy.device)
         totals = {"sft/loss": 0.0, "sft/grad_norm": 0.0}
         updates = 0
         self.policy.train()
         self.parallel.trained.train()
-        for micro_batches in minibatch_schedule(batch.batch_size[0], mini_batch_size, epochs, generator, self.group,
-                                                micro_batch_size):
+        mask = batch[keys.RESPONSE_MASK]
+        schedule = list(minibatch_schedule(batch.batch_size[0], mini_batch_size, epochs, generator, self.group,
+                                           micro_batch_size))
+        weights = global_weights(mask, schedule, "token-mean", self.group)
+        world = dist.get_world_size(self.group)
+        for i, micro_batches in enumerate(schedule):
             self.optimizer.zero_grad(set_to_none=True)
             loss_value = 0.0
-            for index, scale, sync in micro_batch_passes(batch[keys.RESPONSE_MASK], micro_batches, "token-mean"):
+            for index, scale, share, sync in micro_batch_passes(mask, micro_batches, "token-mean",
+                                                                None if weights is None else weights[i], world):
                 mb = batch[index]
                 with self.parallel.autocast():
                     log_probs = self.forward(self.ddp, mb)[0].flatten(start_dim=2).sum(-1)  # (b, T)
                 loss = -aggregate_loss(log_probs, mb[keys.RESPONSE_MASK], "token-mean")
                 with self.parallel.gradient_sync(sync):
                     (loss if scale is None else loss * scale).backward()
-                loss_value += float(loss.detach()) * (1.0 if scale is None else scale)
+                loss_value += float(loss.detach()) * share
             grad_norm = clip_grad_norm(self.parallel.trained.parameters(), max_grad_norm)
             self.optimizer.step()
             totals["sft/loss"] += loss_value
@@ -313,6 +358,8 @@ class ActorTrainer:
         if updates:
             self.parallel.after_update()
         metrics = {name: total / max(updates, 1) for name, total in totals.items()}
+        if weights is not None:  # each worker's share of the global minibatches' loss
+            metrics.update(sum_over_workers({"sft/loss": metrics["sft/loss"]}, self.group))
         metrics["sft/num_updates"] = float(updates)
         return metrics
 
@@ -368,15 +415,19 @@ class ActorTrainer:
                 scored.append(log_probs.float())
         return torch.cat(scored)
 
-    def _minibatch_step(self, batch: TensorDict, micro_batches: list[Tensor], old_log_probs: Tensor, algorithm,
-                        trainer, loss_fn, loss_options) -> dict[str, float] | None:
+    def _minibatch_step(self, batch: TensorDict, micro_batches: list[Tensor], units: Tensor,
+                        global_weight: float | None, old_log_probs: Tensor, algorithm, trainer, loss_fn,
+                        loss_options) -> dict[str, float] | None:
         """One minibatch update, its gradient accumulated over ``micro_batches`` (index tensors
-        into ``batch``); its metrics, or None when its gradient was not finite (skipped)."""
+        into ``batch``) and normalised by ``global_weight`` (:func:`~vla_rl.trainers.minibatches.global_weights`;
+        None: by this worker's minibatch); its metrics (the loss terms' shares of the minibatch,
+        :class:`~vla_rl.trainers.minibatches.Pass`), or None when its gradient was not finite (skipped)."""
         self.optimizer.zero_grad(set_to_none=True)
         out: dict[str, float] = {}
         loss = None
-        for index, scale, sync in micro_batch_passes(batch[keys.RESPONSE_MASK], micro_batches,
-                                                     algorithm.loss_agg_mode):
+        world = dist.get_world_size(self.group)
+        for index, scale, share, sync in micro_batch_passes(units, micro_batches, algorithm.loss_agg_mode,
+                                                            global_weight, world):
             loss, terms = self._loss(batch[index], old_log_probs[index], algorithm, loss_fn, loss_options)
             with self.parallel.gradient_sync(sync):
                 (loss if scale is None else loss * scale).backward()
@@ -384,7 +435,7 @@ class ActorTrainer:
                 out.update(terms)
                 continue
             for name, value in terms.items():
-                out[name] = out.get(name, 0.0) + value * scale
+                out[name] = out.get(name, 0.0) + value * share
         grad_norm, applied = self.guarded_step(self.parallel.trained.parameters(), self.optimizer,
                                                trainer.max_grad_norm, trainer.max_skipped_updates, loss)
         if not applied:
@@ -402,7 +453,7 @@ class ActorTrainer:
         chunk, own_action_dim = log_probs.shape[2:]
         log_probs = reduce_per_dim(log_probs, granularity)  # (b, L)
         entropy = reduce_per_dim(entropy, granularity)  # (b, L)
-        mask = expand_per_step(mb[keys.RESPONSE_MASK], chunk, own_action_dim, granularity)  # (b, L)
+        mask = unit_mask(loss_actions(mb, chunk), own_action_dim, granularity)  # (b, L)
         advantages = expand_per_step(mb[keys.ADVANTAGES], chunk, own_action_dim, granularity)  # (b, L)
 
         pg_loss, pg_metrics = loss_fn(log_probs, old_log_probs, advantages, mask, loss_options, agg_mode,

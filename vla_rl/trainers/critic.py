@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from policies.normalization import mean_std_normalize
 from vla_rl.algorithms.value_loss import compute_value_loss
 from vla_rl.trainers.guard import GuardedStep
-from vla_rl.trainers.minibatches import micro_batch_passes, minibatch_schedule
+from vla_rl.trainers.minibatches import global_weights, micro_batch_passes, minibatch_schedule, sum_over_workers
 from vla_rl.trainers.strategy import make_strategy
 from vla_rl_core import keys
 
@@ -145,8 +145,10 @@ class CriticTrainer:
         Returns:
             Means over the applied minibatch updates of ``critic/vf_loss``, ``critic/vf_clipfrac``,
             ``critic/vpred_mean``, ``critic/grad_norm``, ``critic/num_updates``, and
-            ``critic/skipped_updates`` (non-finite gradient norms, not applied); with
-            micro-batches each minibatch's value is the micro-batches' weighted like their losses.
+            ``critic/skipped_updates`` (non-finite gradient norms, not applied); each
+            minibatch's value is the global minibatch's (the workers' passes weighted like their
+            losses), whose denominator also normalises the loss, as the actor's
+            (:func:`~vla_rl.trainers.minibatches.global_weights`).
 
         Raises:
             RunStopped: ``trainer.max_skipped_updates`` skipped updates in a row.
@@ -157,13 +159,17 @@ class CriticTrainer:
         self.network.train()
         self.parallel.trained.train()
         mask = batch[keys.RESPONSE_MASK]
-        for micro_batches in minibatch_schedule(batch.batch_size[0], trainer.ppo_mini_batch_size, trainer.ppo_epochs,
-                                                generator, self.group, trainer.micro_batch_size,
-                                                trainer.ppo_num_mini_batches):
+        schedule = list(minibatch_schedule(batch.batch_size[0], trainer.ppo_mini_batch_size, trainer.ppo_epochs,
+                                           generator, self.group, trainer.micro_batch_size,
+                                           trainer.ppo_num_mini_batches))
+        weights = global_weights(mask, schedule, critic.loss_agg_mode, self.group)
+        world = dist.get_world_size(self.group)
+        for i, micro_batches in enumerate(schedule):
             self.optimizer.zero_grad(set_to_none=True)
             metrics: dict[str, float] = {}
             vf_loss = None
-            for index, scale, sync in micro_batch_passes(mask, micro_batches, critic.loss_agg_mode):
+            for index, scale, share, sync in micro_batch_passes(mask, micro_batches, critic.loss_agg_mode,
+                                                                None if weights is None else weights[i], world):
                 mb = batch[index]
                 with self.parallel.autocast():
                     vpreds = self.forward(self.parallel.module, mb)  # (b, T)
@@ -173,7 +179,7 @@ class CriticTrainer:
                     (vf_loss if scale is None else vf_loss * scale).backward()
                 terms["vf_loss"] = float(vf_loss.detach())
                 for name, value in terms.items():
-                    metrics[name] = metrics.get(name, 0.0) + value * (1.0 if scale is None else scale)
+                    metrics[name] = metrics.get(name, 0.0) + value * share
             grad_norm, applied = self.guarded_step(self.parallel.trained.parameters(), self.optimizer,
                                                    trainer.max_grad_norm, trainer.max_skipped_updates, vf_loss)
             if not applied:
@@ -185,7 +191,12 @@ class CriticTrainer:
             updates += 1
         if updates:
             self.parallel.after_update()
+        grad_norm = totals.pop("critic/grad_norm", None)
         out = {name: total / updates for name, total in totals.items()}
+        if weights is not None:  # each worker's share of the global minibatches' values
+            out = sum_over_workers(out, self.group)
+        if grad_norm is not None:  # the same on every worker
+            out["critic/grad_norm"] = grad_norm / updates
         out["critic/num_updates"] = float(updates)
         out["critic/skipped_updates"] = float(skipped)
         return out

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from vla_rl.algorithms.aggregation import aggregation_weight
-from vla_rl.utils.collectives import all_gather_small_objects
+from vla_rl.algorithms.aggregation import AGGREGATION_DENOMINATORS, aggregation_weight
+from vla_rl.utils.collectives import all_gather_small_objects, all_reduce, collective_device
 
 
 def minibatch_indices(
@@ -87,15 +88,68 @@ def minibatch_schedule(
             yield [minibatch] if pieces == 1 else list(torch.tensor_split(minibatch, pieces))
 
 
-def micro_batch_passes(mask: Tensor, micro_batches: list[Tensor], agg_mode: str
-                       ) -> Iterator[tuple[Tensor, float | None, bool]]:
-    """The forward/backward passes of one minibatch of :func:`minibatch_schedule`:
-    ``(indices, scale, sync)`` per micro-batch.
+def global_weights(mask: Tensor, schedule: list[list[Tensor]], agg_mode: str,
+                   group: dist.ProcessGroup | None = None) -> list[float] | None:
+    """Each minibatch's aggregation denominator summed over the workers: the valid tokens (or
+    rows) of the global minibatch, the union of every worker's minibatch of the same position.
 
-    ``scale`` is the micro-batch's share of the minibatch's aggregation denominator
-    (:func:`~vla_rl.algorithms.aggregation.aggregation_weight`; None for a minibatch in one piece:
-    its loss is used as it is, bit for bit), so that the accumulated gradient is the minibatch's;
-    ``sync`` is True for the last pass, whose backward reduces the accumulated gradients. An empty
+    Dividing by it (:func:`micro_batch_passes`) makes the update's gradient that of the global
+    minibatch aggregated as one, whatever the number of workers and however its rows are split
+    between them: verl's global-batch normalisation (``agg_loss(..., dp_size, batch_num_tokens,
+    global_batch_size)``, ``verl/trainer/ppo/core_algos.py``). Each worker normalising its own
+    minibatch instead weighs a token by the inverse of its own worker's count, so workers
+    holding fewer valid tokens (shorter episodes: successes end early) would count more.
+
+    Collective: one all-reduce for the whole update (none on one worker). Called by every worker
+    with the same number of minibatches (:func:`minibatch_schedule` guarantees it).
+
+    Args:
+        mask: ``(n, T)`` this worker's shard's ``response_mask`` (or the loss's unit mask).
+        schedule: :func:`minibatch_schedule`'s minibatches, each a list of micro-batch indices.
+        agg_mode: the loss aggregation mode.
+        group: the workers' process group.
+
+    Returns:
+        One float per minibatch, or None on one worker (the local count is the global one) and
+        for a mode that is not built in (its denominator is unknown: each worker normalises its
+        own minibatch).
+    """
+    if dist.get_world_size(group) == 1 or agg_mode not in AGGREGATION_DENOMINATORS:
+        return None
+    local = [aggregation_weight(mask[torch.cat(minibatch)], agg_mode) for minibatch in schedule]
+    totals = torch.tensor(local, dtype=torch.float64, device=collective_device(group))
+    all_reduce(totals, "sum", group, tag="loss_normalisation")
+    return totals.cpu().tolist()
+
+
+class Pass(NamedTuple):
+    """One forward/backward pass of a minibatch (:func:`micro_batch_passes`).
+
+    Attributes:
+        index: ``(b,)`` int64 rows of the shard.
+        scale: what the pass's loss is multiplied by before its backward pass (None: used as
+            it is, bit for bit: the whole minibatch of the only worker).
+        share: the pass's share of the minibatch's loss, for its metrics: summed over the passes
+            of every worker it gives the global minibatch's value (1.0 when ``scale`` is None).
+        sync: True for the last pass, whose backward reduces the accumulated gradients.
+    """
+
+    index: Tensor
+    scale: float | None
+    share: float
+    sync: bool
+
+
+def micro_batch_passes(mask: Tensor, micro_batches: list[Tensor], agg_mode: str, global_weight: float | None = None,
+                       world_size: int = 1) -> Iterator[Pass]:
+    """The forward/backward passes of one minibatch of :func:`minibatch_schedule`.
+
+    Each pass's loss is scaled by its share of the minibatch's aggregation denominator
+    (:func:`~vla_rl.algorithms.aggregation.aggregation_weight`), so that the accumulated gradient
+    is the minibatch's. With ``global_weight`` (:func:`global_weights`) the denominator is the
+    global minibatch's and the scale is multiplied by ``world_size``: DDP and FSDP average the
+    workers' gradients, and the average is then the global minibatch's gradient, as if one worker
+    had aggregated every worker's rows (verl's ``agg_loss`` with ``dp_size``). An empty
     micro-batch (this worker's minibatch is smaller than another's) becomes the minibatch's first
     sample with scale 0: a pass that changes no gradient but keeps the workers' collectives in step.
 
@@ -103,18 +157,36 @@ def micro_batch_passes(mask: Tensor, micro_batches: list[Tensor], agg_mode: str
         mask: ``(n, T)`` the shard's ``response_mask``.
         micro_batches: index tensors into the shard (one minibatch).
         agg_mode: the loss aggregation mode.
+        global_weight: the global minibatch's denominator; None: this worker's own minibatch's.
+        world_size: the workers whose gradients are averaged (with ``global_weight``).
 
     Raises:
-        ValueError: more than one micro-batch with a mode that is not built in.
+        ValueError: more than one micro-batch, or a ``global_weight``, with a mode that is not
+            built in.
     """
-    if len(micro_batches) == 1:
-        yield micro_batches[0], None, True
+    if global_weight is None and len(micro_batches) == 1:
+        yield Pass(micro_batches[0], None, 1.0, True)
         return
     whole = torch.cat(micro_batches)
-    total = aggregation_weight(mask[whole], agg_mode)
+    total = aggregation_weight(mask[whole], agg_mode) if global_weight is None else global_weight
+    workers = 1 if global_weight is None else world_size
     for i, index in enumerate(micro_batches):
         sync = i == len(micro_batches) - 1
         if len(index) == 0:
-            yield whole[:1], 0.0, sync
-        else:
-            yield index, aggregation_weight(mask[index], agg_mode) / total if total > 0 else 0.0, sync
+            yield Pass(whole[:1], 0.0, 0.0, sync)
+            continue
+        share = aggregation_weight(mask[index], agg_mode) / total if total > 0 else 0.0
+        yield Pass(index, share * workers, share, sync)
+
+
+def sum_over_workers(metrics: dict[str, float], group: dist.ProcessGroup | None = None) -> dict[str, float]:
+    """Collective: ``metrics`` summed over the workers (one all-reduce), e.g. the loss terms'
+    shares of the global minibatches (:class:`Pass`), which add up to the global values.
+
+    Every worker must pass the same names in the same order.
+    """
+    if not metrics:
+        return {}
+    values = torch.tensor(list(metrics.values()), dtype=torch.float64, device=collective_device(group))
+    all_reduce(values, "sum", group, tag="update_metrics")
+    return dict(zip(metrics, values.cpu().tolist()))

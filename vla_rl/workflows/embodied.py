@@ -26,7 +26,7 @@ class EmbodiedWorkflow(Workflow):
     """Robot policies on simulators (see the module docstring)."""
 
     name = "embodied"
-    policy_keys = (keys.OBS, keys.ACTIONS)
+    policy_keys = (keys.OBS, keys.ACTIONS, keys.CONTROL_STEPS)
     policy_needs = ("env_spec",)
 
     def build_policy(self, res):
