@@ -71,3 +71,12 @@ def test_unit_mask_keeps_exactly_the_executed_actions_at_every_granularity():
     for granularity in ("token", "action", "chunk"):
         assert torch.equal(unit_mask(whole, 3, granularity),
                            expand_per_step(torch.ones(1, 2, dtype=torch.bool), 2, 3, granularity))
+
+
+def test_executed_actions_are_computed_on_the_masks_device():
+    # The trainer's batch is on the policy's device, a rollout's control steps may still be on the
+    # CPU: on the meta device any CPU tensor that reaches an op fails, as it would on a GPU.
+    mask = torch.ones(2, 3, dtype=torch.bool, device="meta")
+    executed = executed_actions(mask, torch.tensor([4, 3]), 3)
+    assert executed.device.type == "meta" and executed.shape == (2, 3, 3)
+    assert unit_mask(executed, 7, "token").device.type == "meta"

@@ -155,6 +155,37 @@ def test_on_the_cpu_or_without_mixed_precision_ddp_computes_in_the_policys_dtype
     assert strategy.autocast_dtype(_section(), torch.device("meta")) is None  # not an accelerator
 
 
+def test_bfloat16_weights_without_autocast_rescore_the_rollouts_tokens(process_group, monkeypatch, tiny_lm_dir):
+    """A LoRA causal LM over bfloat16 weights under DDP without mixed precision (the CPU's
+    ``auto``; ``text.dtype: bfloat16``): its token-by-token decoding rounds otherwise than the
+    trainer's one forward pass, so the trainer rescores the rollout's tokens before its first
+    update (verl's ``compute_log_prob``) and the first minibatch's ratio is exactly 1."""
+    from policies.causal_lm import CausalLMConfig, CausalLMPolicy
+
+    torch.manual_seed(0)
+    policy = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(tiny_lm_dir), dtype="bfloat16",
+                                                           max_prompt_length=32, max_response_length=16))
+    policy.apply_lora(rank=4)  # float32 adapters: DDP trains them
+    prompts = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "What is 12 + 39 - 7?"}]]
+    ids, mask = policy.processor.encode_prompts(prompts, max_length=32)
+    ids, mask = ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)
+    generation = policy.generate(ids, mask, generator=torch.Generator().manual_seed(0))  # 16 tokens at most
+    advantages = torch.linspace(-1.0, 1.0, 8)[:, None] * generation.response_mask
+    batch = TensorDict({keys.INPUT_IDS: ids, keys.ATTENTION_MASK: mask, keys.RESPONSES: generation.responses,
+                        keys.RESPONSE_MASK: generation.response_mask,
+                        keys.OLD_LOG_PROBS: generation.log_probs[..., None], keys.ADVANTAGES: advantages},
+                       batch_size=[8])
+    section = _section(mixed_precision="none")
+    trainer = ActorTrainer(policy, lr=1e-3, forward=text_forward, trainer=section)
+    assert trainer.parallel.autocast_dtype is None and trainer.parallel.recomputes_old_log_probs
+    calls = spy_on_losses(monkeypatch)
+    algorithm = AlgorithmSection(policy_loss="ppo_clip", ratio_granularity="action", loss_agg_mode="token-mean")
+    metrics = trainer.update(batch, algorithm, section, torch.Generator().manual_seed(10))
+    log_probs, old_log_probs, mask, first = calls[0]
+    assert torch.equal(log_probs[mask], old_log_probs[mask]) and first["ratio_mean"] == 1.0
+    assert metrics["actor/old_log_prob_max_diff"] > 1e-4  # the decoding's log-probs really differ
+
+
 def test_the_rollout_reference_and_critic_nodes_compute_in_the_trainers_context(process_group, bf16_device):
     """The nodes outside the trainers enter the trainer's autocast context: the rollout samples,
     the reference scores and the critic values in bfloat16, the critic's weights stay float32 and

@@ -134,8 +134,8 @@ def seq_mean_token_mean(loss_mat: Tensor, mask: Tensor, normalizer: float | None
 def seq_mean_token_sum(loss_mat: Tensor, mask: Tensor, normalizer: float | None = None) -> Tensor:
     """Token sum within each sequence, then mean over the sequences with >= 1 valid token.
 
-    verl averages this over all rows (an empty row counting as 0); here empty rows are left out
-    of the mean, like in ``"seq-mean-token-mean"``.
+    Rows without a valid token are left out of the mean, as in ``"seq-mean-token-mean"`` and in
+    verl's ``agg_loss`` (its ``seq_mask`` excludes fully masked sequences).
 
     Args:
         loss_mat: (batch, seq_len) float.

@@ -57,7 +57,8 @@ class ClipConfig:
             (CPGD: the log-ratio at log(1 - epsilon_low)).
         clip_ratio_high: epsilon_high >= 0; the ratio is clipped above at 1 + epsilon_high
             (DAPO's clip-higher: 0.28 with epsilon_low 0.2).
-        log_ratio_clamp: > 0; log-ratios are clamped to +-this before ``exp`` (20 as verl).
+        log_ratio_clamp: > 0; log-ratios are clamped to +-this before ``exp`` (20, verl's PPO
+            clamp; verl's GSPO clamps its sequence log-ratio at 10).
 
     Raises:
         ValueError: from ``__post_init__`` when a field is out of range.

@@ -95,15 +95,18 @@ class DDPStrategy:
             mixed precision: :func:`autocast_dtype`), or None (the policy's own dtypes).
 
     Attributes:
-        recomputes_old_log_probs: under autocast, True: the rollout sampled in the same context
-            with the same weights, but bfloat16 kernels may round otherwise for other batch
-            shapes, so the actor scores the rollout's actions with the training module before its
-            first update (as :attr:`FSDPStrategy.recomputes_old_log_probs`) and the first
-            minibatch's ratio is 1 (exactly when the minibatch has the shape of the rescoring
-            pass, ``trainer.micro_batch_size`` rows or the worker's shard; otherwise within
-            bfloat16's rounding, as in verl, whose ``compute_log_prob`` micro-batches differ from
-            the update's too). Without, False: the trained module is the policy the rollout
-            samples with, in the same dtypes, and the rollout's log-probs are the trainer's.
+        recomputes_old_log_probs: under autocast, or when the policy holds bfloat16 (any
+            non-float32) parameters (a LoRA model's frozen base, ``text.dtype: bfloat16``), True:
+            the rollout sampled with the same weights, but bfloat16 kernels may round otherwise
+            for other batch shapes (and a causal LM's token-by-token decoding otherwise than one
+            forward pass: up to 2e-3 per token on the tiny LM), so the actor scores the rollout's
+            actions with the training module before its first update (as
+            :attr:`FSDPStrategy.recomputes_old_log_probs`) and the first minibatch's ratio is 1
+            (exactly when the minibatch has the shape of the rescoring pass,
+            ``trainer.micro_batch_size`` rows or the worker's shard; otherwise within bfloat16's
+            rounding, as in verl, whose ``compute_log_prob`` micro-batches differ from the
+            update's too). Otherwise False: the trained module is the float32 policy the rollout
+            samples with, and the rollout's log-probs are the trainer's.
 
     Raises:
         ValueError: a trainable parameter is not float32 (a bfloat16 policy without LoRA: Adam
@@ -128,7 +131,10 @@ class DDPStrategy:
         self.trained = policy
         self.module = data_parallel(policy, group)
         self.autocast_dtype = autocast_dtype
-        self.recomputes_old_log_probs = autocast_dtype is not None
+        # bfloat16 (or other low-precision) weights round otherwise in the rollout's passes (a
+        # causal LM's token-by-token decoding, other batch shapes) than in the trainer's
+        self.recomputes_old_log_probs = autocast_dtype is not None or any(
+            p.is_floating_point() and p.dtype != torch.float32 for p in policy.parameters())
         if autocast_dtype is not None:
             logger.info("DDP: float32 weights, forward passes in torch.autocast(%s)", autocast_dtype)
 
