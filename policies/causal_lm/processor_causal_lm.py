@@ -58,6 +58,28 @@ class CausalLMProcessor:
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in ids))
         #: Id written in padded positions (never attended to, never scored).
         self.pad_token_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        #: Id that ends a supervised target (:meth:`encode_responses`): the token the chat template
+        #: closes an assistant turn with when it is one of ``eos_token_ids`` (Gemma's
+        #: ``<end_of_turn>``, ChatML's ``<|im_end|>``), else the first of ``eos_token_ids``.
+        self.end_of_turn_id: int = self._end_of_turn_id()
+
+    def _end_of_turn_id(self) -> int:
+        """The first token the chat template writes after an assistant message's content, if it
+        ends a response; else ``eos_token_ids[0]`` (raw prompts, templates without assistant
+        turns). TRL's SFT trains on the template's rendering of the assistant turn, which ends so."""
+        from jinja2 import TemplateError
+
+        if self.prompt_format != "chat":
+            return self.eos_token_ids[0]
+        probe = "vla-rl-end-of-turn-probe"
+        try:
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": "?"},
+                                                       {"role": "assistant", "content": probe}], tokenize=False)
+        except TemplateError:
+            return self.eos_token_ids[0]
+        after = text.split(probe, 1)[1] if probe in text else ""
+        ids = self.tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+        return ids[0] if ids and ids[0] in self.eos_token_ids else self.eos_token_ids[0]
 
     def render_prompt(self, messages: Messages) -> str:
         """The prompt text: the chat template applied with the generation prompt appended, or
@@ -101,7 +123,9 @@ class CausalLMProcessor:
         return input_ids, attention_mask
 
     def encode_responses(self, texts: Sequence[str], max_length: int) -> tuple[Tensor, Tensor]:
-        """Tokenize target responses and end each with the EOS token, right-padding to ``max_length``.
+        """Tokenize target responses and end each with :attr:`end_of_turn_id` (the token the chat
+        template closes the assistant's turn with, when it ends a response; else the EOS),
+        right-padding to ``max_length``.
 
         Used for supervised targets: the result has the layout of sampled responses.
 
@@ -120,7 +144,7 @@ class CausalLMProcessor:
         response_mask = torch.zeros((len(texts), max_length), dtype=torch.bool)
         encoded = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
         for row, text_ids in enumerate(encoded):
-            ids = [*text_ids, self.eos_token_ids[0]]
+            ids = [*text_ids, self.end_of_turn_id]
             if len(ids) > max_length:
                 raise ValueError(
                     f"response {row} has {len(ids)} tokens with its EOS, more than max_response_length={max_length}"

@@ -69,6 +69,31 @@ def test_encode_responses_appends_eos_and_decodes_back(policy):
         processor.encode_responses(["2 + 3 = 5"], max_length=4)
 
 
+def test_supervised_targets_end_as_the_chat_template_ends_the_assistants_turn(policy):
+    """ChatML (the tiny tokenizer): ``<|im_end|>``, its EOS. A Gemma-style template closes turns
+    with ``<end_of_turn>``, which the model stops on beside the tokenizer's ``<eos>``: supervised
+    targets end with it, as the template renders the assistant's turn (TRL's SFT), not with
+    ``<eos>``, which the model would otherwise learn to end its turns with."""
+    import copy
+
+    from policies.causal_lm.processor_causal_lm import CausalLMProcessor
+
+    chatml = policy.processor
+    assert chatml.tokenizer.convert_ids_to_tokens(chatml.end_of_turn_id) == "<|im_end|>"
+    tokenizer = copy.deepcopy(policy.tokenizer)
+    tokenizer.add_special_tokens({"eos_token": "<eos>", "additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    tokenizer.chat_template = ("{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else "
+                               "m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+                               "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    gemma = CausalLMProcessor(tokenizer, [tokenizer.eos_token_id, end_of_turn])
+    responses, mask = gemma.encode_responses(["2 + 3 = 5"], max_length=16)
+    assert responses[0, int(mask.sum()) - 1] == end_of_turn == gemma.end_of_turn_id
+    # the model does not stop on <end_of_turn> (not an EOS id): the EOS ends targets
+    assert CausalLMProcessor(tokenizer).end_of_turn_id == tokenizer.eos_token_id
+    assert CausalLMProcessor(tokenizer, prompt_format="raw").end_of_turn_id == tokenizer.eos_token_id
+
+
 def test_generate_shapes_and_masks(policy, prompts):
     out = policy.generate(*prompts, generator=torch.Generator().manual_seed(0))
     assert out.responses.shape == out.response_mask.shape == out.log_probs.shape == (3, 12)
