@@ -67,10 +67,10 @@ class CausalLMProcessor:
         """The first token the chat template writes after an assistant message's content, if it
         ends a response; else ``eos_token_ids[0]`` (raw prompts, templates without assistant
         turns). TRL's SFT trains on the template's rendering of the assistant turn, which ends so."""
-        from jinja2 import TemplateError
-
         if self.prompt_format != "chat":
             return self.eos_token_ids[0]
+        from jinja2 import TemplateError  # transformers renders chat templates with jinja2
+
         probe = "vla-rl-end-of-turn-probe"
         try:
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": "?"},
