@@ -81,7 +81,8 @@ def test_supervised_targets_end_as_the_chat_template_ends_the_assistants_turn(po
     chatml = policy.processor
     assert chatml.tokenizer.convert_ids_to_tokens(chatml.end_of_turn_id) == "<|im_end|>"
     tokenizer = copy.deepcopy(policy.tokenizer)
-    tokenizer.add_special_tokens({"eos_token": "<eos>", "additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    tokenizer.add_special_tokens({"eos_token": "<eos>",
+                                  "additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
     tokenizer.chat_template = ("{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else "
                                "m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
                                "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")

@@ -208,7 +208,7 @@ def aggregate_loss(loss_mat: Tensor, mask: Tensor, mode: str, normalizer: float 
 
 #: What each built-in mode divides by: valid tokens, or rows holding at least one valid token.
 AGGREGATION_DENOMINATORS = {"token-mean": "tokens", "seq-mean-token-mean": "rows", "seq-mean-token-sum": "rows",
-                 "seq-mean-token-sum-norm": "rows"}
+                            "seq-mean-token-sum-norm": "rows"}
 
 
 def aggregation_weight(mask: Tensor, mode: str) -> float:
@@ -236,7 +236,8 @@ def aggregation_weight(mask: Tensor, mode: str) -> float:
     """
     if mode not in AGGREGATION_DENOMINATORS:
         raise ValueError(f"loss aggregation {mode!r} has no known denominator, so trainer.micro_batch_size cannot "
-                         f"split its minibatches exactly; use one of {sorted(AGGREGATION_DENOMINATORS)} or no micro_batch_size")
+                         f"split its minibatches exactly; use one of {sorted(AGGREGATION_DENOMINATORS)} or no "
+                         "micro_batch_size")
     valid = mask.bool()
     if AGGREGATION_DENOMINATORS[mode] == "tokens":
         return float(valid.sum())

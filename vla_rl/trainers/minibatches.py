@@ -104,7 +104,7 @@ def global_weights(mask: Tensor, schedule: list[list[Tensor]], agg_mode: str,
     with the same number of minibatches (:func:`minibatch_schedule` guarantees it).
 
     Args:
-        mask: ``(n, T)`` this worker's shard's ``response_mask`` (or the loss's unit mask).
+        mask: ``(n, L)`` this worker's shard's loss units, as :func:`micro_batch_passes` takes them.
         schedule: :func:`minibatch_schedule`'s minibatches, each a list of micro-batch indices.
         agg_mode: the loss aggregation mode.
         group: the workers' process group.
@@ -154,7 +154,8 @@ def micro_batch_passes(mask: Tensor, micro_batches: list[Tensor], agg_mode: str,
     sample with scale 0: a pass that changes no gradient but keeps the workers' collectives in step.
 
     Args:
-        mask: ``(n, T)`` the shard's ``response_mask``.
+        mask: ``(n, L)`` the shard's loss units (or what counts them up to a factor shared by
+            every row: :func:`~vla_rl.algorithms.aggregation.aggregation_weight`).
         micro_batches: index tensors into the shard (one minibatch).
         agg_mode: the loss aggregation mode.
         global_weight: the global minibatch's denominator; None: this worker's own minibatch's.
@@ -183,7 +184,8 @@ def sum_over_workers(metrics: dict[str, float], group: dist.ProcessGroup | None 
     """Collective: ``metrics`` summed over the workers (one all-reduce), e.g. the loss terms'
     shares of the global minibatches (:class:`Pass`), which add up to the global values.
 
-    Every worker must pass the same names in the same order.
+    Every worker must pass the same names in the same order (an empty dict on every worker:
+    nothing to reduce, no collective).
     """
     if not metrics:
         return {}
