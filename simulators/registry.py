@@ -23,6 +23,10 @@ A simulator is a ``gymnasium.Env`` subclass registered under a name. Its contrac
   observation (robosuite and MetaWorld; LIBERO steps as its reference evaluation does);
 - optionally, a static ``unavailable_reason() -> str | None`` for simulators from optional extras
   (e.g. LIBERO): why the simulator cannot be created here, or ``None``;
+- optionally, a static ``check_config(config)`` raising
+  :class:`~vla_rl_core.components.ComponentConfigError` for settings only the simulator library
+  can check (robosuite's observation keys and camera names), which :func:`check_env` runs on the
+  driver before any worker starts;
 - optionally, a class attribute ``task_sets`` (``{name: (task, ...)}``): named task sets a run's
   ``simulator.tasks`` may name (MetaWorld's ``mt10``); a config with a ``task`` field can host
   any list of its tasks;
@@ -52,7 +56,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from vla_rl_core.components import build_config
+from vla_rl_core.components import ComponentConfigError, build_config
 from vla_rl_core.registry import Registry
 
 SIMULATORS: Registry[type[gym.Env]] = Registry("simulator", builtins=(
@@ -147,3 +151,23 @@ def make_env(name: str, config: Any = None) -> gym.Env:
         RegistryError, ValueError, TypeError: as :func:`build_env_config`.
     """
     return SIMULATORS.get(name)(build_env_config(name, config))
+
+
+def check_env(name: str, config: Any = None) -> None:
+    """Check simulator ``name``'s settings as far as can be done without its workers: its config
+    (:func:`build_env_config`) and, where the class has one, its ``check_config`` (which may import
+    the simulator library and build the task once, e.g. robosuite's for observation keys that
+    are not the task's defaults).
+
+    Raises:
+        RegistryError, ValueError, TypeError: as :func:`build_env_config`.
+        ComponentConfigError: from ``check_config``, naming the setting
+            (``simulator.env.obs_keys``, ``simulator.env.cameras``).
+    """
+    config = build_env_config(name, config)
+    check = getattr(SIMULATORS.get(name), "check_config", None)
+    if check is not None:
+        try:
+            check(config)
+        except ComponentConfigError as err:
+            raise ComponentConfigError(f"simulator.env.{err.field}", err.message) from None

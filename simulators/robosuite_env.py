@@ -31,6 +31,7 @@ One control step lasts ``1 / control_freq`` seconds (50 ms at 20 Hz).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import sys
@@ -46,6 +47,7 @@ from simulators.registry import SIMULATORS
 from simulators.rendering import CameraRenderer, setup_headless_rendering
 from simulators.robosuite_lean import lean_task_class
 from simulators.stepping import UnobservedSteps
+from vla_rl_core.components import ComponentConfigError
 
 LIFT_STATE_KEYS: tuple[str, ...] = (
     "robot0_eef_pos",
@@ -105,6 +107,10 @@ GRIPPER_ARMS: tuple[str, ...] = ("IIWA", "Jaco", "Kinova3", "Panda", "Sawyer", "
 """Fixed-base arms with a one-value gripper action: ``OSC_POSE`` takes 7 values (6 + gripper).
 The others take more (PandaDexLH/RH: a 6-value hand, PandaOmron: its base and torso, SpotWithArm:
 its legs)."""
+
+EVERY_TASK_CAMERAS: tuple[str, ...] = ("agentview", "birdview", "frontview", "robot0_eye_in_hand", "robot0_robotview")
+"""The cameras of every task of :data:`SINGLE_ARM_TASKS` with a one-arm robot (robosuite 1.5.2;
+``sideview`` is not among them: the PickPlace tasks lack it). A test compares them."""
 
 PANDA_STATE_ROBOTS: tuple[str, ...] = ("Panda", "Sawyer")
 """Robots whose ``robot0_gripper_qpos`` has 2 values, as :data:`STATE_KEY_SIZES` counts (measured:
@@ -272,11 +278,34 @@ class RobosuiteEnv(UnobservedSteps, SingleEnv):
 
     Raises:
         TypeError: if ``config`` is not a :class:`RobosuiteEnvConfig`.
-        ValueError: if an observation key, the render camera or one of ``cameras`` does not exist
-            in the task (the message lists the available ones).
+        ComponentConfigError: (a ValueError) if an observation key, the render camera or one of
+            ``cameras`` does not exist in the task (the message names the field and lists the
+            available ones).
     """
 
     config_class = RobosuiteEnvConfig
+
+    @staticmethod
+    def check_config(config: RobosuiteEnvConfig) -> None:
+        """Check the names only robosuite knows, before any worker builds the task: ``obs_keys``
+        must be observations of the task and ``render_camera`` and ``cameras`` its cameras.
+        Instant for the task's default keys (:data:`TASK_STATE_KEYS`) and the cameras of
+        :data:`EVERY_TASK_CAMERAS` on an arm of :data:`GRIPPER_ARMS`; else it imports robosuite
+        and builds the task without renderers (about 3 s on one core).
+
+        Raises:
+            ComponentConfigError: (a ValueError) naming the field (``obs_keys``, ``render_camera``,
+                ``cameras``), the names that do not exist and the available ones.
+        """
+        if (config.robot in GRIPPER_ARMS and config.obs_keys == TASK_STATE_KEYS.get(config.task)
+                and {config.render_camera, *config.cameras} <= {None, *EVERY_TASK_CAMERAS}):
+            return
+        setup_headless_rendering()
+        env = _make_robosuite_env(dataclasses.replace(config, render_camera=None, cameras=()))
+        try:
+            _check_names(env, config)
+        finally:
+            env.close()
 
     def __init__(self, config: RobosuiteEnvConfig) -> None:
         if not isinstance(config, RobosuiteEnvConfig):
@@ -286,12 +315,7 @@ class RobosuiteEnv(UnobservedSteps, SingleEnv):
         setup_headless_rendering()
         self._env = _make_robosuite_env(config)
         try:
-            self._obs_layout = _obs_layout(self._env.observation_spec(), config.obs_keys)
-            cameras = list(self._env.sim.model.camera_names)
-            for field, names in (("render_camera", [config.render_camera]), ("cameras", config.cameras)):
-                unknown = [name for name in names if name is not None and name not in cameras]
-                if unknown:
-                    raise ValueError(f"{field}: {unknown} not a camera of {config.task}; available: {cameras}")
+            self._obs_layout = _check_names(self._env, config)
         except ValueError:
             self._env.close()
             raise
@@ -421,15 +445,33 @@ def _seed_placement(sampler: Any, rng: np.random.Generator) -> None:
         _seed_placement(child, rng)
 
 
-def _obs_layout(observation_spec: dict[str, np.ndarray], obs_keys: tuple[str, ...]) -> dict[str, slice]:
+def _check_names(env: Any, config: RobosuiteEnvConfig) -> dict[str, slice]:
+    """The observation layout of ``config.obs_keys`` in robosuite task ``env``, after checking that
+    they and the cameras ``config`` names exist in it.
+
+    Raises:
+        ComponentConfigError: naming the field, the missing names and the available ones.
+    """
+    layout = _obs_layout(env.observation_spec(), config.obs_keys, config.task)
+    cameras = list(env.sim.model.camera_names)
+    for field, names in (("render_camera", [config.render_camera]), ("cameras", config.cameras)):
+        unknown = [name for name in names if name is not None and name not in cameras]
+        if unknown:
+            raise ComponentConfigError(field, f"{unknown} not a camera of {config.task}; available: {cameras}")
+    return layout
+
+
+def _obs_layout(observation_spec: dict[str, np.ndarray], obs_keys: tuple[str, ...], task: str) -> dict[str, slice]:
     """Slices of each key in the flat observation.
 
     Raises:
-        ValueError: if a key is missing (the message lists the available keys).
+        ComponentConfigError: (field ``obs_keys``) if a key is missing (the message lists the
+            available keys).
     """
     missing = [key for key in obs_keys if key not in observation_spec]
     if missing:
-        raise ValueError(f"observation keys {missing} do not exist; available: {sorted(observation_spec)}")
+        raise ComponentConfigError("obs_keys", f"{missing} not an observation of {task}; available: "
+                                   f"{sorted(observation_spec)}")
     layout, start = {}, 0
     for key in obs_keys:
         size = int(np.size(observation_spec[key]))

@@ -13,7 +13,7 @@ import time
 
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
-from vla_rl.preflight import check_local_packages, preflight
+from vla_rl.preflight import check_local_packages, check_simulator, preflight
 from vla_rl.run_dir import RunDirectory, absolute_path_overrides, check_resume
 from vla_rl.utils.code_location import code_root, code_version
 from vla_rl.workers.group import WorkerDiedError, WorkerGroup, start_ray
@@ -51,6 +51,7 @@ def prepare_run_dir(template_arg: str | None, overrides: list[str], resume: str 
     the_plan = plan(template)  # reject a bad graph before anything is written
     preflight(template)  # and unusable input files (prompts, checkpoints)
     check_local_packages(template.config)  # and optional packages a local run's workers would lack
+    check_simulator(template.config)  # and simulator settings only the simulator library knows
     if resume:
         check_resume(run, template, list(overrides), the_plan.world_size)
         run.lock()

@@ -117,22 +117,28 @@ def skip_incompatible_tasks(eval_dir: Path, loaded):
 
 def check_video_camera(config, tasks) -> None:
     """Check that every task can render its videos from its camera
-    (:func:`~vla_rl.evaluation.video.video_camera`), as far as the simulator's config checks camera
-    names (MetaWorld's does; robosuite's are checked when the environment is made).
+    (:func:`~vla_rl.evaluation.video.video_camera`): the simulator's config checks the name
+    (MetaWorld's does), and for a local evaluation the simulator's ``check_config`` too
+    (:func:`simulators.registry.check_env`: robosuite's cameras).
 
     Raises:
         EvalInputError: naming ``eval.video_camera`` and the task.
     """
+    from simulators.registry import check_env
     from vla_rl.evaluation.benchmarks import EvalTask
     from vla_rl.evaluation.video import video_camera
+    from vla_rl.utils.ray_utils import cluster_address
     from vla_rl_core.components import ComponentConfigError
 
     if config.eval.video_episodes == 0:
         return
+    local = cluster_address(config.workers.ray_address) is None
     for task in tasks:
         camera = video_camera(config, task.simulator)
         try:
             EvalTask(task.name, task.simulator, {**task.env, "render_camera": camera}).env_config()
+            if local:  # the driver has the simulator library that the workers import
+                check_env(task.simulator, {**task.env, "render_camera": camera})
         except ComponentConfigError as err:
             raise EvalInputError(f"eval.video_camera: task {task.name} cannot render videos from camera {camera!r} "
                                  f"({err.message}); set eval.video_camera to one of its cameras, or "

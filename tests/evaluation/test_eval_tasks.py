@@ -170,3 +170,16 @@ def test_a_robosuite_run_keeps_agentview():
 
     assert video_camera(load_template("embodied_srpo").config, "robosuite_lift") == "agentview"
     assert video_camera(load_template("embodied_srpo_mt10").config, "metaworld") == "corner"  # the template's
+
+
+def test_an_evaluation_from_a_camera_robosuite_lacks_is_refused_before_it_starts(tmp_path, capsys):
+    """robosuite's config does not know its cameras: the camera was found by the simulator actors
+    at the first video before; now the driver asks robosuite (its ``check_config``) and the
+    command is one line naming eval.video_camera, exit status 2, nothing evaluated."""
+    run_dir = write_run(tmp_path, "embodied_srpo", ["policy.config.hidden_sizes=[8]"],
+                        MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
+    assert main(["eval", str(run_dir), *EVAL, "eval.video_episodes=1", "eval.video_camera=sideveiw"]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert ("eval.video_camera: task robosuite_lift cannot render videos from camera 'sideveiw' "
+            "(['sideveiw'] not a camera of Lift; available: ['frontview',") in error
+    assert not (run_dir / "eval" / "report.json").exists()

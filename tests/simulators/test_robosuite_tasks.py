@@ -94,3 +94,58 @@ def test_robosuite_imports_quietly_in_simulator_processes():
     output = quiet.stdout + quiet.stderr
     assert "WARNING" not in output and "No private macro file" not in output
     assert "an error still shows" in output
+
+
+def test_names_only_robosuite_knows_are_checked_before_any_worker():
+    """``RobosuiteEnv.check_config`` (run by the driver's pre-flight): a typo in ``obs_keys`` or a
+    camera name is refused naming the field and the task's names; keys beside the defaults are
+    checked against the task itself (cube_quat is Lift's, cube_pos is not Stack's)."""
+    from simulators.robosuite_env import RobosuiteEnv
+    from vla_rl_core.components import ComponentConfigError
+
+    RobosuiteEnv.check_config(RobosuiteEnvConfig(obs_keys=[*TASK_STATE_KEYS["Lift"], "cube_quat"]))
+    RobosuiteEnv.check_config(RobosuiteEnvConfig(cameras=["sideview"], render_camera="frontview"))
+    for config, field, wrong in [
+        (RobosuiteEnvConfig(obs_keys=["robot0_eef_pos", "cube_poss"]), "obs_keys", "cube_poss"),
+        (RobosuiteEnvConfig(task="Stack", obs_keys=["cube_pos"]), "obs_keys", "cube_pos"),
+        (RobosuiteEnvConfig(cameras=["agentview", "eye"]), "cameras", "eye"),
+        (RobosuiteEnvConfig(task="PickPlaceCan", render_camera="sideview"), "render_camera", "sideview"),
+    ]:
+        pattern = rf"\['{wrong}'\] not an? .* of {config.task}; available: "
+        with pytest.raises(ComponentConfigError, match=pattern) as err:
+            RobosuiteEnv.check_config(config)
+        assert err.value.field == field
+
+
+def test_the_checks_shortcut_holds_for_the_default_keys_and_the_common_cameras():
+    """``check_config`` builds nothing for a task's default keys with the cameras of
+    EVERY_TASK_CAMERAS: that shortcut must agree with the task itself (built without renderers),
+    here for the tasks with default keys on two arms."""
+    from simulators.robosuite_env import EVERY_TASK_CAMERAS, _check_names, _make_robosuite_env
+
+    for task in TASK_STATE_KEYS:
+        for robot in ("Panda", "IIWA"):
+            config = RobosuiteEnvConfig(task=task, robot=robot, cameras=EVERY_TASK_CAMERAS[1:],
+                                        render_camera=EVERY_TASK_CAMERAS[0])
+            env = _make_robosuite_env(RobosuiteEnvConfig(task=task, robot=robot))
+            try:
+                _check_names(env, config)
+            finally:
+                env.close()
+
+
+@pytest.mark.slow
+def test_every_task_cameras_are_the_cameras_of_every_single_arm_task():
+    """The cameras every single-arm task has (built without visual meshes, as check_config builds
+    them): 15 tasks, about 40 s on the 2-core machine."""
+    from simulators.robosuite_env import EVERY_TASK_CAMERAS, SINGLE_ARM_TASKS
+    from simulators.robosuite_lean import lean_task_class
+
+    common = None
+    for task in SINGLE_ARM_TASKS:
+        env = lean_task_class(task)(robots="Panda", has_renderer=False, has_offscreen_renderer=False,
+                                    use_camera_obs=False, ignore_done=True)
+        cameras = set(env.sim.model.camera_names)
+        env.close()
+        common = cameras if common is None else common & cameras
+    assert common == set(EVERY_TASK_CAMERAS)
