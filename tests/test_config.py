@@ -251,6 +251,15 @@ def test_dynamic_sampling_layout_is_checked_at_plan_time():
     assert err.node == "group_filter" and "needs a group filter" in str(err)
 
 
+def test_the_dapo_templates_filter_on_accuracy_as_dapo_does():
+    """DAPO's dynamic sampling keeps groups with 0 < correct < G (verl's recipe: metric=acc), not
+    groups whose overlong-shaped rewards differ; the other templates compare rewards."""
+    for name in ("llm_dapo", "embodied_dapo"):
+        assert load_template(name).config.algorithm.filter_groups.metric == "success", name
+    assert load_template("llm_grpo").config.algorithm.filter_groups.metric == "rewards"
+    assert _error("llm_dapo", "algorithm.filter_groups.metric=acc").field == "algorithm.filter_groups.metric"
+
+
 
 # --- task sets and warm starts --------------------------------------------------------------------
 

@@ -64,3 +64,17 @@ def test_invalid_inputs_raise():
         zero_variance_groups(torch.zeros(2), torch.zeros(2, dtype=torch.int32))
     with pytest.raises(ValueError, match="success"):
         in_success_rate_band(torch.zeros(2), torch.zeros(2, dtype=torch.int64), 0.1, 0.9)
+
+
+def test_the_zero_variance_filter_on_success_is_dapos_accuracy_filter():
+    """DAPO keeps a prompt when 0 < correct < G (eq. 11; verl's filter_groups.metric=acc). With its
+    overlong penalty, an all-wrong group of different lengths (group 0) and an all-right group
+    with one long answer (group 1) have rewards that differ: the rewards metric keeps them, the
+    success metric drops them; a mixed group (2) passes both."""
+    rewards = torch.tensor([0.0, -0.5, -1.0, 1.0, 1.0, 0.75, 1.0, 0.0, -0.25])
+    success = torch.tensor([False, False, False, True, True, True, True, False, False])
+    uids = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])
+    assert keep_groups(rewards, success, uids, True, None, "rewards").tolist() == [True] * 9
+    assert keep_groups(rewards, success, uids, True, None, "success").tolist() == [False] * 6 + [True] * 3
+    with pytest.raises(ValueError, match="zero_variance_metric must be 'rewards' or 'success', got 'acc'"):
+        keep_groups(rewards, success, uids, True, None, "acc")

@@ -123,3 +123,21 @@ def test_the_plain_filter_counts_the_groups_it_keeps(process_group):
     assert out.metrics["filter/kept_groups"] == total(len(varied))
     assert out.metrics["filter/kept_fraction"] == pytest.approx(4 * len(varied) / len(first))
     assert 0 < len(varied) < 6  # the case tests something: some groups dropped, some kept
+
+
+@pytest.mark.parametrize("metric", ["rewards", "success"])
+def test_the_filter_node_compares_the_configured_metric(process_group, metric):
+    """With shaped rewards (an episode's reward is not its success) the node drops the groups
+    whose ``algorithm.filter_groups.metric`` is all equal: under ``success`` every kept group
+    holds a success and a failure, under ``rewards`` all-failed groups of varied rewards stay."""
+    first, _ = step_batch(0)
+    shaped = first.clone()
+    shaped.set(keys.REWARDS, shaped[keys.SUCCESS].float() - 0.01 * torch.arange(len(shaped)))  # all distinct
+    config = RunConfig.model_validate({"algorithm": {"reward": "success",
+                                                     "filter_groups": {"zero_variance": True, "metric": metric}}})
+    out = filter_groups(NodeContext("group_filter", 0, 0, 1, 0, 1, config, None, Resources()), shaped)
+    uids, success = shaped[keys.UID], shaped[keys.SUCCESS]
+    mixed = [uid for uid in torch.unique(uids) if 0 < int(success[uids == uid].sum()) < 4]
+    expected = len(torch.unique(uids)) if metric == "rewards" else len(mixed)
+    assert out.metrics["filter/kept_groups"] == total(expected)
+    assert 0 < len(mixed) < len(torch.unique(uids))  # the case tells the metrics apart

@@ -2,9 +2,10 @@
 group share the answer); the run's settings compose them (:func:`keep_groups`).
 
 - zero variance: DAPO's dynamic-sampling criterion (Yu et al. 2025, "DAPO", §3.2, eq. 11: keep
-  a prompt only if ``0 < |{o_i : is_equivalent(a, o_i)}| < G``), generalised to any reward: a
-  group whose rewards are all equal is dropped, since every GRPO advantage of it is 0 and it
-  would only dilute the batch. A group of size 1 is such a group.
+  a prompt only if ``0 < |{o_i : is_equivalent(a, o_i)}| < G``), on success (DAPO's accuracy,
+  verl's ``filter_groups.metric: acc``) or generalised to any reward (verl's ``seq_reward``): a
+  group whose values are all equal is dropped; with equal rewards every GRPO advantage of it is
+  0 and it would only dilute the batch. A group of size 1 is such a group.
 - success-rate band: the accuracy filter of SimpleVLA-RL (Li et al. 2025) and of the SRPO recipe
   in siiRL (``accuracy_lower_bound`` / ``accuracy_upper_bound``, 0.1 and 0.9): keep a group when
   its success rate lies in ``[low, high]``. With binary success and the band ``[1/G, 1 - 1/G]``
@@ -82,6 +83,7 @@ def keep_groups(
     uids: Tensor,
     filter_zero_variance: bool,
     success_rate_band: tuple[float, float] | None,
+    zero_variance_metric: str = "rewards",
 ) -> Tensor:
     """The samples of the groups that pass every enabled filter.
 
@@ -89,16 +91,24 @@ def keep_groups(
         rewards: (n,) float.
         success: (n,) bool.
         uids: (n,) int64 group ids.
-        filter_zero_variance: drop groups whose rewards are all equal.
+        filter_zero_variance: drop groups whose ``zero_variance_metric`` is the same for all
+            their samples.
         success_rate_band: ``(low, high)`` to keep only groups with a success rate in the band;
             None for no band.
+        zero_variance_metric: ``"rewards"`` or ``"success"`` (DAPO's accuracy).
 
     Returns:
         (n,) bool.
+
+    Raises:
+        ValueError: an unknown ``zero_variance_metric``, or a shape or dtype mismatch.
     """
     keep = torch.ones(len(uids), dtype=torch.bool)
     if filter_zero_variance:
-        keep &= ~zero_variance_groups(rewards, uids)
+        if zero_variance_metric not in ("rewards", "success"):
+            raise ValueError(f"zero_variance_metric must be 'rewards' or 'success', got {zero_variance_metric!r}")
+        values = rewards if zero_variance_metric == "rewards" else success.to(torch.float64)
+        keep &= ~zero_variance_groups(values, uids)
     if success_rate_band is not None:
         keep &= in_success_rate_band(success, uids, *success_rate_band)
     return keep

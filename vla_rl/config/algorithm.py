@@ -31,8 +31,13 @@ class GroupFilterSection(_Section):
     extra rollout rounds dynamic sampling may run to find enough of them."""
 
     zero_variance: bool = Field(
-        True, description="Drop groups whose rewards are all equal (they carry no advantage; DAPO, Yu et al. "
-        "2025, §3.2, eq. 11).")
+        True, description="Drop groups whose `metric` is the same for all their samples (DAPO, Yu et al. 2025, "
+        "§3.2, eq. 11).")
+    metric: Literal["rewards", "success"] = Field(
+        "rewards", description="What the zero-variance filter compares within a group (verl's "
+        "algorithm.filter_groups.metric): rewards (seq_reward: all equal, every GRPO advantage is 0), or "
+        "success (acc, DAPO's accuracy: all solved or all failed, whatever shaping such as the overlong "
+        "penalty adds to the rewards).")
     success_rate_band: tuple[float, float] | None = Field(
         None,
         description="Keep only groups whose success rate lies in [low, high] (SimpleVLA-RL's and "

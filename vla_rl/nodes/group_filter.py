@@ -30,7 +30,7 @@ def _keep_mask(algo, batch: TensorDict) -> torch.Tensor:
     """(n,) bool: the samples of the groups the enabled filters keep."""
     filters = algo.filter_groups
     return keep_groups(batch[keys.REWARDS], batch[keys.SUCCESS], batch[keys.UID], filters.zero_variance,
-                       filters.success_rate_band)
+                       filters.success_rate_band, filters.metric)
 
 
 def _num_groups(batch: TensorDict) -> int:
@@ -41,8 +41,9 @@ def _num_groups(batch: TensorDict) -> int:
 def filter_groups(ctx, batch) -> NodeOutput:
     """Keep the groups that carry signal.
 
-    - ``algorithm.filter_groups.zero_variance``: drop groups whose rewards are all equal (their
-      GRPO advantage is 0 and they would only dilute a per-episode mean);
+    - ``algorithm.filter_groups.zero_variance``: drop groups whose rewards (or, with
+      ``algorithm.filter_groups.metric: success``, successes) are all equal (with equal rewards
+      their GRPO advantage is 0 and they would only dilute a per-episode mean);
     - ``algorithm.filter_groups.success_rate_band = [low, high]``: keep only groups whose success
       rate lies in the band.
     """
