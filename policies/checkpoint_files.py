@@ -95,6 +95,9 @@ class FieldError(ValueError):
         super().__init__(message)
         self.field = field
 
+    def __reduce__(self):  # pickled with both arguments: a worker's error reaches the driver intact
+        return type(self), (str(self), self.field)
+
 
 def read_json_file(path: str | Path) -> Any:
     """The JSON value in ``path`` (a checkpoint's configuration or statistics file).

@@ -56,7 +56,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from vla_rl_core.components import ComponentConfigError, build_config
+from vla_rl_core.components import build_config
 from vla_rl_core.registry import Registry
 
 SIMULATORS: Registry[type[gym.Env]] = Registry("simulator", builtins=(
@@ -167,7 +167,4 @@ def check_env(name: str, config: Any = None) -> None:
     config = build_env_config(name, config)
     check = getattr(SIMULATORS.get(name), "check_config", None)
     if check is not None:
-        try:
-            check(config)
-        except ComponentConfigError as err:
-            raise ComponentConfigError(f"simulator.env.{err.field}", err.message) from None
+        check(config)

@@ -294,8 +294,9 @@ class RobosuiteEnv(UnobservedSteps, SingleEnv):
         and builds the task without renderers (about 3 s on one core).
 
         Raises:
-            ComponentConfigError: (a ValueError) naming the field (``obs_keys``, ``render_camera``,
-                ``cameras``), the names that do not exist and the available ones.
+            ComponentConfigError: (a ValueError) naming the field (``simulator.env.obs_keys``,
+                ``simulator.env.render_camera``, ``simulator.env.cameras``), the names that do not
+                exist and the available ones.
         """
         if (config.robot in GRIPPER_ARMS and config.obs_keys == TASK_STATE_KEYS.get(config.task)
                 and {config.render_camera, *config.cameras} <= {None, *EVERY_TASK_CAMERAS}):
@@ -457,7 +458,8 @@ def _check_names(env: Any, config: RobosuiteEnvConfig) -> dict[str, slice]:
     for field, names in (("render_camera", [config.render_camera]), ("cameras", config.cameras)):
         unknown = [name for name in names if name is not None and name not in cameras]
         if unknown:
-            raise ComponentConfigError(field, f"{unknown} not a camera of {config.task}; available: {cameras}")
+            raise ComponentConfigError(f"simulator.env.{field}",
+                                       f"{unknown} not a camera of {config.task}; available: {cameras}")
     return layout
 
 
@@ -465,12 +467,12 @@ def _obs_layout(observation_spec: dict[str, np.ndarray], obs_keys: tuple[str, ..
     """Slices of each key in the flat observation.
 
     Raises:
-        ComponentConfigError: (field ``obs_keys``) if a key is missing (the message lists the
-            available keys).
+        ComponentConfigError: (field ``simulator.env.obs_keys``) if a key is missing (the message
+            lists the available keys).
     """
     missing = [key for key in obs_keys if key not in observation_spec]
     if missing:
-        raise ComponentConfigError("obs_keys", f"{missing} not an observation of {task}; available: "
+        raise ComponentConfigError("simulator.env.obs_keys", f"{missing} not an observation of {task}; available: "
                                    f"{sorted(observation_spec)}")
     layout, start = {}, 0
     for key in obs_keys:

@@ -14,6 +14,7 @@ from devices import device_overrides
 from safetensors.torch import load_file
 
 from vla_rl.driver import WorkerGroup, train
+from vla_rl.errors import RunStopped
 
 TINY = [
     "trainer.total_steps=3",
@@ -164,7 +165,9 @@ def test_a_start_that_fails_in_the_workers_leaves_no_run_directory(ray_on_loopba
     so the directory goes and the same command (the same run.name) is not refused
     (tests/test_run_dir.py runs it twice)."""
     monkeypatch.setattr("vla_rl.driver.check_simulator", lambda config: None)
-    with pytest.raises(Exception, match=r"\['no_such_key'\] not an observation of Lift"):
+    # one line naming the worker and the field (the simulator actor's error, through its worker)
+    with pytest.raises(RunStopped, match=r"^worker \d: simulator.env.obs_keys: \['no_such_key'\] not an observation of "
+                       r"Lift; available: \['cube_pos', [^\n]*\]$"):
         train("embodied_srpo", [*TINY, "simulator.env.obs_keys=[no_such_key]", f"run.output_dir={tmp_path}",
                                 "run.name=again", *device_overrides()])
     assert not (tmp_path / "again").exists()

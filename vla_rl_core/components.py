@@ -33,6 +33,9 @@ class ComponentConfigError(ValueError):
         self.field = field
         self.message = message
 
+    def __reduce__(self):  # pickled with its two arguments: it crosses processes (Ray) intact
+        return type(self), (self.field, self.message)
+
 
 def config_fields(config_class: type) -> list[str]:
     """The settings ``config_class`` accepts, in declaration order."""

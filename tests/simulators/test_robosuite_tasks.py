@@ -114,7 +114,7 @@ def test_names_only_robosuite_knows_are_checked_before_any_worker():
         pattern = rf"\['{wrong}'\] not an? .* of {config.task}; available: "
         with pytest.raises(ComponentConfigError, match=pattern) as err:
             RobosuiteEnv.check_config(config)
-        assert err.value.field == field
+        assert err.value.field == f"simulator.env.{field}"
 
 
 def test_the_checks_shortcut_holds_for_the_default_keys_and_the_common_cameras():

@@ -68,6 +68,9 @@ class CheckpointCorruptError(ValueError):
         super().__init__(message)
         self.files = files
 
+    def __reduce__(self):  # pickled with both arguments: a worker's error reaches the driver intact
+        return type(self), (str(self), self.files)
+
 
 def check_finite(tensors: Mapping[str, torch.Tensor], file: Path) -> None:
     """Check that every floating (and complex) tensor of ``tensors`` is finite.

@@ -18,6 +18,7 @@ from typing import NamedTuple
 from vla_rl.errors import RunStopped
 from vla_rl.utils.ray_utils import init_ray
 from vla_rl_core.auth import REMOTE_TOKEN_ENV
+from vla_rl_core.components import ComponentConfigError
 
 DEATH_GRACE_S = 5.0
 """When a worker raises, how long :meth:`WorkerGroup.collect` waits for the others' replies to
@@ -39,6 +40,9 @@ class WorkerDiedError(RuntimeError):
     def __init__(self, rank: int, method: str, reason: str) -> None:
         super().__init__(f"DAG worker rank {rank} died during {method!r}: {reason}")
         self.rank, self.method, self.reason = rank, method, reason
+
+    def __reduce__(self):
+        return type(self), (self.rank, self.method, self.reason)
 
 
 def start_ray(config, world_size: int, pools_per_worker: int = 1) -> str:
@@ -177,7 +181,10 @@ class WorkerGroup:
 
         Fails fast: the first worker error is raised as soon as it happens (the other workers
         may be blocked in a collective waiting for the failed one); a worker's
-        :class:`~vla_rl.errors.RunStopped` is re-raised as is, without the Ray traceback.
+        :class:`~vla_rl.errors.RunStopped` is re-raised as is, without the Ray traceback, and a
+        :class:`~vla_rl_core.components.ComponentConfigError` (a setting the worker or its
+        simulators found wrong, e.g. a robosuite observation key on a cluster, whose driver does
+        not check it) as a ``RunStopped`` naming the worker and the field.
 
         Raises:
             WorkerDiedError: a worker's process died; also when another worker's error came
@@ -202,6 +209,9 @@ class WorkerGroup:
                     raise died from error
                 if isinstance(error.cause, RunStopped):  # a message for the user, not a traceback
                     raise error.cause from None
+                if isinstance(error.cause, ComponentConfigError):  # a setting only a worker could check
+                    raise RunStopped(f"worker {refs.index(done[0])}: {error.cause.field}: "
+                                     f"{error.cause.message}") from None
                 raise
         replies = ray.get(refs)
         received = 0
