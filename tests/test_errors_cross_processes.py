@@ -13,6 +13,7 @@ from policies.checkpoint_files import FieldError
 from vla_rl.checkpoints.layout import CheckpointCorruptError
 from vla_rl.dag.errors import TemplateError
 from vla_rl.preflight import PreflightError
+from vla_rl.run_dir import RunDirError
 from vla_rl.workers.group import WorkerDiedError
 from vla_rl_core.components import ComponentConfigError
 
@@ -24,6 +25,7 @@ from vla_rl_core.components import ComponentConfigError
     WorkerDiedError(1, "run_step", "pid 7, killed"),
     TemplateError("must be > 0", file="x.yaml", node="actor", field="trainer.total_steps"),
     PreflightError("truncated", field="policy.config.model_path"),
+    RunDirError("in use by pid 7", file="outputs/run"),
 ], ids=lambda error: type(error).__name__)
 def test_an_error_crosses_processes_with_its_message_and_fields(error):
     again = pickle.loads(pickle.dumps(error))
