@@ -96,7 +96,10 @@ class GymVector:
             self.spec()
             return
         each = f" in each of {num_actors} simulator actors" if num_actors > 1 else ""
-        bar = tqdm_ray.tqdm(total=len(self._envs), desc=f"creating {self._env_name} environments{each}",
+        # the task too: one simulator name hosts many tasks (robosuite_lift builds Door as well)
+        task = getattr(self._configs[0], "task_name", None)
+        what = f"{self._env_name} ({task})" if task else self._env_name
+        bar = tqdm_ray.tqdm(total=len(self._envs), desc=f"creating {what} environments{each}",
                             unit="env") if progress else None
         for index in range(len(self._envs)):
             self._env(index)

@@ -185,11 +185,12 @@ def test_pipelined_rollout_equals_the_lockstep_rollout(pool):
 
 @pytest.mark.parametrize(("progress", "num_actors", "bars"), [
     (False, 1, []),
-    (True, 1, ["creating robosuite_lift environments"]),
-    (True, 3, ["creating robosuite_lift environments in each of 3 simulator actors"]),
+    (True, 1, ["creating robosuite_lift (Door) environments"]),
+    (True, 3, ["creating robosuite_lift (Door) environments in each of 3 simulator actors"]),
 ])
 def test_one_progress_bar_per_pool(progress, num_actors, bars, monkeypatch):
-    """A pool asks its first actor alone for a bar: a phase shows one bar, not one per actor."""
+    """A pool asks its first actor alone for a bar: a phase shows one bar, not one per actor. The bar
+    names the task (robosuite_lift hosts every robosuite task)."""
     from ray.experimental import tqdm_ray
 
     from simulators.registry import build_env_config
@@ -209,7 +210,7 @@ def test_one_progress_bar_per_pool(progress, num_actors, bars, monkeypatch):
             assert self.n == self.total
 
     monkeypatch.setattr(tqdm_ray, "tqdm", Bar)
-    worker = SimulatorWorker("robosuite_lift", build_env_config("robosuite_lift", {"horizon": HORIZON}), 2)
+    worker = SimulatorWorker("robosuite_lift", build_env_config("robosuite_lift", {"task": "Door", "horizon": HORIZON}), 2)
     worker.make_envs(progress=progress, num_actors=num_actors)
     assert shown == bars
     assert all(env is not None for env in worker._sim._envs)
