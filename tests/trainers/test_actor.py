@@ -315,6 +315,32 @@ def test_kl_loss_to_a_copy_of_the_policy_is_zero_at_the_first_minibatch(process_
     assert all(kl > 0 for kl in kl_terms[1:])
 
 
+@pytest.mark.parametrize("granularity", ["token", "action", "chunk"])
+def test_the_kl_loss_sums_each_dimensions_estimate_over_its_unit(process_group, device, monkeypatch, granularity):
+    """A reference 0.5 above the policy in every dimension of every executed action (7 per action):
+    at the first minibatch the KL loss is k3(0.5) per dimension summed over the unit, at every
+    granularity, and it pulls the policy back. k3 of a whole action's log-ratio (3.5: 28.6) was
+    clamped to verl's per-token bound of 10, which also stops its gradient."""
+    torch.manual_seed(0)
+    policy = make_policy("mlp", TINY_CONFIGS["mlp"]()).to(device)
+    batch = rollout_batch(policy)
+    batch.set(keys.REF_LOG_PROBS, per_dim_log_probs(policy, batch).cpu() + 0.5)
+    batch.set(keys.ADVANTAGES, torch.zeros_like(batch[keys.ADVANTAGES]))  # only the KL term acts
+    config = update_config("ppo_clip", granularity, use_kl_loss=True, kl_loss_coef=1.0, ppo_mini_batch_size=8)
+    trainer = ActorTrainer(policy, lr=1e-2)
+    seen = []
+    real_step = trainer._minibatch_step
+    monkeypatch.setattr(trainer, "_minibatch_step", lambda *args: seen.append(real_step(*args)) or seen[-1])
+    trainer.update(batch, *config, torch.Generator().manual_seed(2))
+    per_dim = float(np.expm1(0.5) - 0.5)  # k3 = r - 1 - log r, log r = log pi_ref - log pi = 0.5
+    per_unit = {"token": per_dim, "action": ACT_DIM * per_dim, "chunk": ACT_DIM * per_dim}[granularity]  # chunk 1
+    assert seen[0]["actor/kl_loss"] == pytest.approx(per_unit, rel=1e-5)
+    after = per_dim_log_probs(policy, batch).cpu()
+    executed = batch[keys.RESPONSE_MASK][..., None, None].expand_as(after)
+    gap_after = (batch[keys.REF_LOG_PROBS] - after)[executed].mean()
+    assert float(gap_after) < 0.5  # the update moved the policy towards the reference
+
+
 def test_entropy_bonus_raises_the_policy_std(process_group, device):
     torch.manual_seed(0)
     policy = make_policy("mlp", TINY_CONFIGS["mlp"]()).to(device)

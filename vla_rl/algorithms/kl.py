@@ -9,7 +9,11 @@ verl's ``kl_penalty``; verl's alias in brackets), with ``d = log_probs - ref_log
     "k2"  ("mse")         d^2 / 2                           biased, low variance, >= 0
     "k3"  ("low_var_kl")  exp(-d) - 1 + d                   unbiased, low variance, >= 0
 
-k3 clamps ``-d`` to [-20, 20] before ``exp`` and its result to [-10, 10], as verl does.
+k3 clamps ``-d`` to [-20, 20] before ``exp`` and its result to [-10, 10], as verl does. Those
+bounds are sized for one token: the callers estimate per action dimension (the KL loss) or per
+action (the KL in the reward, whose rollout log-probs are per action) and sum the estimates over
+a unit (the chain rule's KL of a sequence), never one estimate of a whole chunk's log-ratio, which
+the clamp would saturate (zero gradient) at a few nats.
 
 The penalty is used either as a loss term on the current log-probs (``use_kl_loss``, a fixed
 ``kl_loss_coef``, as verl's actor) or subtracted from the rewards with the rollout log-probs

@@ -8,10 +8,10 @@ from typing import Any
 import torch
 
 from vla_rl.algorithms.advantages import ADVANTAGE_ESTIMATORS
-from vla_rl.algorithms.granularity import reduce_per_action, reduce_per_dim
 from vla_rl.algorithms.kl import kl_penalty, make_kl_controller
 from vla_rl.algorithms.rewards import outcome_to_token_rewards
 from vla_rl.dag.registry import NodeOutput, register_node
+from vla_rl.trainers.actor import loss_actions
 from vla_rl.utils.collectives import all_reduce
 from vla_rl.workers.metrics import mean
 from vla_rl.workers.resources import register_resource
@@ -100,17 +100,19 @@ def shard_reduce(ctx):
 def kl_reward_penalty(ctx, batch) -> tuple[torch.Tensor, dict[str, float]]:
     """``beta * KL`` per decision step ``(n, T)`` and the metrics; updates the KL controller.
 
-    The KL of a decision is estimated from the log-probability of its whole chunk (summed over
-    actions and dimensions) under the rollout policy and the reference, with the
-    ``algorithm.kl_penalty`` estimator. As verl's ``apply_kl_penalty``, the controller then sees
+    The KL of a decision is the sum over its executed actions of the ``algorithm.kl_penalty``
+    estimate of each action (its log-probability, summed over dimensions, under the rollout policy
+    and the reference: the rollout keeps no finer one), the chain rule's KL of the chunk; one
+    estimate of the whole chunk's log-ratio would saturate k3's clamp (verl's, sized for one
+    token) long before the chunk's KL is large. As verl's ``apply_kl_penalty``, the controller then sees
     the batch's mean over episodes of each episode's mean KL; the means are all-reduced over
     the workers (replicated shards count once: their repeats cancel in the ratio).
     """
     algo = ctx.config.algorithm
     mask = batch[keys.RESPONSE_MASK]  # (n, T)
-    old = reduce_per_action(batch[keys.OLD_LOG_PROBS], "chunk")  # (n, T)
-    ref = reduce_per_dim(batch[keys.REF_LOG_PROBS], "chunk")  # (n, T)
-    kl = kl_penalty(old, ref, algo.kl_penalty, mask)  # (n, T)
+    old = batch[keys.OLD_LOG_PROBS]  # (n, T, C)
+    ref = batch[keys.REF_LOG_PROBS].sum(dim=-1)  # (n, T, C), summed as the rollout sums its own
+    kl = kl_penalty(old, ref, algo.kl_penalty, loss_actions(batch, old.shape[2])).sum(dim=-1)  # (n, T)
     controller = ctx.resources.kl_ctrl
     beta = controller.value
     episode_kl = kl.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # (n,)

@@ -449,11 +449,12 @@ class ActorTrainer:
         granularity = algorithm.ratio_granularity
         agg_mode, agg_normalizer = algorithm.loss_agg_mode, algorithm.loss_agg_normalizer
         with self.parallel.autocast():
-            log_probs, entropy = self.forward(self.ddp, mb)  # (b, T, C, A_own) each
-        chunk, own_action_dim = log_probs.shape[2:]
-        log_probs = reduce_per_dim(log_probs, granularity)  # (b, L)
+            dim_log_probs, entropy = self.forward(self.ddp, mb)  # (b, T, C, A_own) each
+        chunk, own_action_dim = dim_log_probs.shape[2:]
+        log_probs = reduce_per_dim(dim_log_probs, granularity)  # (b, L)
         entropy = reduce_per_dim(entropy, granularity)  # (b, L)
-        mask = unit_mask(loss_actions(mb, chunk), own_action_dim, granularity)  # (b, L)
+        executed = loss_actions(mb, chunk)  # (b, T, C)
+        mask = unit_mask(executed, own_action_dim, granularity)  # (b, L)
         advantages = expand_per_step(mb[keys.ADVANTAGES], chunk, own_action_dim, granularity)  # (b, L)
 
         pg_loss, pg_metrics = loss_fn(log_probs, old_log_probs, advantages, mask, loss_options, agg_mode,
@@ -462,8 +463,12 @@ class ActorTrainer:
         loss = pg_loss - algorithm.entropy_coeff * entropy_term
         out = {f"actor/{name}": value for name, value in pg_metrics.items()}
         if algorithm.use_kl_loss:
-            ref_log_probs = reduce_per_dim(mb[keys.REF_LOG_PROBS], granularity)  # (b, L)
-            kl = kl_penalty(log_probs, ref_log_probs, algorithm.kl_loss_type, mask)  # (b, L)
+            # estimated per action dimension (a token, as verl's per-token KL) and summed over each
+            # unit: the chain rule's KL of the unit, never one estimate of a whole chunk's log-ratio,
+            # which k3's clamp (verl's, sized for one token) saturates and stops the gradient of
+            executed_dims = executed[..., None].expand_as(dim_log_probs)  # (b, T, C, A_own)
+            kl = reduce_per_dim(kl_penalty(dim_log_probs, mb[keys.REF_LOG_PROBS], algorithm.kl_loss_type,
+                                           executed_dims), granularity)  # (b, L)
             kl_term = aggregate_loss(kl, mask, agg_mode, agg_normalizer)
             loss = loss + algorithm.kl_loss_coef * kl_term
             out["actor/kl_loss"] = float(kl_term.detach())

@@ -1,0 +1,61 @@
+"""The advantage node's KL penalty in the reward (``algorithm.use_kl_in_reward``): a decision's
+KL is the sum of its executed actions' estimates, checked against a hand computation."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from vla_rl.algorithms.kl import FixedKLController
+from vla_rl.config import AlgorithmSection
+from vla_rl.nodes.advantage import kl_reward_penalty
+from vla_rl_core import keys
+
+N, T, C, A = 2, 3, 4, 7
+
+
+def k3(log_ratio: float) -> float:
+    """Schulman's k3 of one log-ratio log(pi_ref / pi_theta), by hand."""
+    return math.exp(log_ratio) - 1.0 - log_ratio
+
+
+def kl_batch(gap_per_dim: float) -> TensorDict:
+    """Two episodes of 3 decisions of 4 actions of 7 dimensions; the reference's log-prob of every
+    dimension ``gap_per_dim`` above the rollout's. Episode 0 executes 10 actions (its last chunk
+    half), episode 1 takes 2 decisions and executes all 8 of their actions."""
+    generator = torch.Generator().manual_seed(0)
+    dims = -torch.rand(N, T, C, A, generator=generator)  # the rollout's per-dimension log-probs
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    control_steps = torch.tensor([10, 8])
+    executed = (torch.arange(T * C).view(T, C) < control_steps[:, None, None]) & mask[..., None]  # (N, T, C)
+    dims = torch.where(executed[..., None], dims, 0.0)  # actions that never ran: log-prob 0
+    reference = torch.where(executed[..., None], dims + gap_per_dim, 0.0)
+    return TensorDict({keys.RESPONSE_MASK: mask, keys.CONTROL_STEPS: control_steps,
+                       keys.OLD_LOG_PROBS: dims.sum(dim=-1), keys.REF_LOG_PROBS: reference}, batch_size=[N])
+
+
+def context(estimator: str, beta: float) -> types.SimpleNamespace:
+    algorithm = AlgorithmSection(use_kl_in_reward=True, kl_penalty=estimator)
+    return types.SimpleNamespace(config=types.SimpleNamespace(algorithm=algorithm), group=None, replicas=1,
+                                 resources=types.SimpleNamespace(kl_ctrl=FixedKLController(beta)))
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "abs", "k3"])
+def test_a_decisions_kl_is_the_sum_of_its_executed_actions_estimates(process_group, estimator):
+    """0.1 per dimension: 0.7 per action, 2.8 per chunk. k3 of a whole chunk's log-ratio, 12.6,
+    was clamped to verl's per-token bound of 10 (its gradient and its signal lost); the sum of the
+    four actions' k3 is 4 x 0.314. Actions that never ran add nothing (episode 0's last decision
+    executed 2 of 4)."""
+    per_action = {"k1": -0.7, "k2": 0.5 * 0.7 ** 2, "abs": 0.7, "k3": k3(0.7)}[estimator]
+    penalty, metrics = kl_reward_penalty(context(estimator, beta=0.5), kl_batch(0.1))
+    executed_per_decision = torch.tensor([[4, 4, 2], [4, 4, 0]], dtype=torch.float64)
+    expected = 0.5 * per_action * executed_per_decision
+    torch.testing.assert_close(penalty.to(torch.float64), expected, rtol=1e-5, atol=1e-6)
+    # the controller's KL: the mean over episodes of each episode's mean over its decisions
+    assert metrics["actor/reward_kl_penalty"] == pytest.approx(per_action * (10 / 3 + 8 / 2) / 2, rel=1e-5)
+    if estimator == "k3":
+        assert float(penalty.max()) == pytest.approx(0.5 * 4 * k3(0.7), rel=1e-5) and k3(2.8) > 10
