@@ -79,3 +79,54 @@ def test_lerobot_itself_loads_the_exported_episodes(evaluated_lift_run, exported
         expected[f"episode_{index}/task"] = np.array("lift the cube")
     summary = check_with_lerobot(exported, expected, tmp_path)
     assert summary["ok"] and summary["episodes"] == 3
+
+
+def two_task_evaluation(evaluated_lift_run: Path, target: Path, **second_env) -> Path:
+    """The run's evaluation as one of two tasks: a copy of its store under a second task directory,
+    its recorded settings updated with ``second_env`` (the layout of a LIBERO suite's or MT10's
+    evaluation: one store per task)."""
+    import shutil
+
+    shutil.copytree(evaluated_lift_run / "eval", target / "eval")
+    second = target / "eval" / "episodes" / "lift_red"
+    shutil.copytree(target / "eval" / "episodes" / "robosuite_lift", second)
+    meta = second / "rank0.zarr" / "zarr.json"
+    document = json.loads(meta.read_text())
+    document["attributes"]["user_attrs"]["env"].update(second_env)
+    meta.write_text(json.dumps(document))
+    return target
+
+
+def test_an_evaluation_of_several_tasks_exports_as_one_dataset_of_several_tasks(evaluated_lift_run, tmp_path):
+    source = two_task_evaluation(evaluated_lift_run, tmp_path / "run", instruction="lift the red cube")
+    assert main(["export-episodes", str(source), str(tmp_path / "out")]) == 0
+    reader = LeRobotReader(tmp_path / "out")
+    assert reader.num_episodes == 6
+    tasks = [str(reader.episode(index, ["observation.state"])["task"]) for index in range(6)]
+    assert tasks == ["lift the red cube"] * 3 + ["lift the cube"] * 3  # the task directories in order
+    stored = stored_episodes(evaluated_lift_run)
+    for index in range(6):
+        steps = int(stored[index % 3]["finish_step"])
+        assert np.array_equal(reader.episode(index, ["action"])["action"], stored[index % 3]["env_actions"][:steps, 0])
+
+
+def test_stores_one_dataset_cannot_hold_are_refused_naming_each(evaluated_lift_run, tmp_path, capsys):
+    source = two_task_evaluation(evaluated_lift_run, tmp_path / "run", control_freq=10.0)
+    assert main(["export-episodes", str(source), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "several control frequencies" in err and "'lift_red/rank0.zarr': 10.0" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_export_leaves_nothing_behind(evaluated_lift_run, tmp_path, capsys):
+    """A replay that does not retrace its episode stops the export; the output directory does not
+    exist afterwards (it used to, empty, and the next try was refused: 'exists')."""
+    import zarr
+
+    source = two_task_evaluation(evaluated_lift_run, tmp_path / "run")
+    success = zarr.open_array(source / "eval" / "episodes" / "robosuite_lift" / "rank0.zarr" / "success", mode="r+")
+    success[1] = not success[1]  # the second task's episode 1 says otherwise than its replay will
+    assert main(["export-episodes", str(source), str(tmp_path / "out")]) == 2
+    assert "episode 1" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert [path.name for path in tmp_path.iterdir()] == ["run"]  # no partial dataset beside it either

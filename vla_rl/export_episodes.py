@@ -7,7 +7,8 @@ dataset holds one frame per control step, cameras included. So every episode is 
 this process, in one environment made from the settings its store records (plus ``cameras``):
 reset from its initial-state id, its actions stepped one control step at a time. The replay
 retraces the episode (:mod:`vla_rl.evaluation.replay`); its success must be the stored one, or the
-export stops naming the episode.
+export stops naming the episode. The stores of an evaluation of several tasks (one per task)
+make one dataset of several tasks.
 
 Each frame: ``observation.state`` float32 ``(obs_dim,)``, ``action`` float32 ``(action_dim,)`` (the
 action taken in that state, in the simulator's units), ``next.reward`` float32 ``(1,)``,
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,32 +204,52 @@ def export_episodes(source: str | Path, out: str | Path, cameras: Sequence[str] 
     Returns:
         ``out``.
 
+    An evaluation of several tasks (a LIBERO suite, MT10: one store per task) becomes one dataset
+    of several tasks (LeRobot's ``meta/tasks.parquet`` and each frame's ``task_index``). The
+    dataset is written beside ``out`` and renamed to it once complete: an export that fails
+    leaves nothing behind.
+
     Raises:
         EpisodesExportError: ``out`` exists, ``source`` holds no episodes, the stores mix
-            simulators or settings, a replay does not retrace its episode, or no fps is known.
+            simulators, control frequencies or (without ``robot_type``) robots, a replay does not
+            retrace its episode, or no fps is known.
     """
-    from vla_rl.data.lerobot_format import LeRobotFormatError, LeRobotWriter
-
     out = Path(out)
     if out.exists():
         raise EpisodesExportError(f"{out} exists; export to a new directory")
     stores = find_stores(source)
-    settings = {(store.simulator, json.dumps(store.env, sort_keys=True)) for store in stores}
-    if len(settings) > 1:
-        raise EpisodesExportError(f"the stores of {source} hold several simulators or settings "
-                                  f"({sorted(s for s, _ in settings)}); export each task's directory on its own")
     first = stores[0]
-    fps = fps if fps is not None else first.env.get("control_freq", _default_control_freq(first.simulator))
+    per_store = {store.path: (store.simulator, store.env.get("control_freq", _default_control_freq(store.simulator)),
+                              str(store.env.get("robot", store.simulator))) for store in stores}
+    for position, what in ((0, "simulators"), (1, "control frequencies"), (2, "robots")):
+        values = {str(path.relative_to(path.parents[1])): value[position] for path, value in per_store.items()}
+        if len(set(values.values())) > 1 and not (what == "robots" and robot_type):
+            hint = "; give --robot-type" if what == "robots" else "; export them separately"
+            raise EpisodesExportError(f"the stores of {source} hold episodes of several {what} ({values}), "
+                                      f"which one LeRobot dataset cannot{hint}")
+    fps = fps if fps is not None else per_store[first.path][1]
     if fps is None:
         raise EpisodesExportError(f"the {first.simulator} simulator states no control frequency: give --fps")
-    robot = robot_type or str(first.env.get("robot", first.simulator))
+    robot = robot_type or per_store[first.path][2]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as partial:
+        _write_dataset(stores, Path(partial) / out.name, float(fps), robot, cameras, camera_size, greedy_only, source)
+        os.replace(Path(partial) / out.name, out)
+    return out
+
+
+def _write_dataset(stores: list[SourceStore], root: Path, fps: float, robot: str, cameras: Sequence[str],
+                   camera_size: int | None, greedy_only: bool, source: str | Path) -> None:
+    """Replay the stores' episodes into a new LeRobot dataset at ``root``."""
+    from vla_rl.data.lerobot_format import LeRobotFormatError, LeRobotWriter
+
     writer, count = None, 0
     info_lines = []
     try:
         for store in stores:
             for episode in replay_store(store, cameras, camera_size, greedy_only):
                 if writer is None:
-                    writer = LeRobotWriter(out, fps=float(fps), robot_type=robot, features=_features(episode))
+                    writer = LeRobotWriter(root, fps=fps, robot_type=robot, features=_features(episode))
                 writer.add_episode(_frames(episode), episode.instruction)
                 info_lines.append(json.dumps(episode.info))
                 count += 1
@@ -238,8 +261,7 @@ def export_episodes(source: str | Path, out: str | Path, cameras: Sequence[str] 
         writer.finalize()
     except LeRobotFormatError as err:
         raise EpisodesExportError(str(err)) from None
-    (out / EPISODE_INFO_FILE).write_text("\n".join(info_lines) + "\n")
-    return out
+    (root / EPISODE_INFO_FILE).write_text("\n".join(info_lines) + "\n")
 
 
 def _default_control_freq(simulator: str) -> float | None:
