@@ -428,11 +428,16 @@ class _HubServer:
         return connection.respond(http.HTTPStatus.UNAUTHORIZED, REFUSAL)
 
     async def _handle(self, websocket) -> None:
+        from websockets.exceptions import ConnectionClosed
+
         from vla_rl_core import wire
 
         address = _address(websocket)
         try:
             hello = wire.unpackb(await asyncio.wait_for(websocket.recv(), HANDSHAKE_TIMEOUT_S))
+        except ConnectionClosed:  # it left before saying hello (a port probe, a client stopped): nothing to refuse
+            logger.info("a connection from %s closed before its hello", address)
+            return
         except Exception as err:  # noqa: BLE001 (a client that cannot say hello is refused, whatever it sent)
             hello, problem = None, f"no hello ({type(err).__name__}: {err})"
         else:
@@ -440,8 +445,11 @@ class _HubServer:
         if problem is not None:
             self._counts["refused"] += 1
             logger.warning("refused a remote environment from %s: %s", address, problem)
-            await websocket.send(f"vla-rl remote: {problem}")
-            await websocket.close(1008, "does not fit this run")
+            try:
+                await websocket.send(f"vla-rl remote: {problem}")
+                await websocket.close(1008, "does not fit this run")
+            except ConnectionClosed:
+                pass  # it left meanwhile: refused all the same
             return
         client = _Client(next(self._ids), str(hello.get("name") or address), websocket, asyncio.Lock())
         await websocket.send(wire.packb({"type": "welcome", "task": self.config.task, "horizon": self.config.horizon}))

@@ -73,7 +73,7 @@ class RobotClient:
         Raises:
             RemoteRefused: the hub refused the token or the environment.
         """
-        from websockets.exceptions import ConnectionClosed, InvalidStatus
+        from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
         from websockets.sync.client import connect
 
         stop = stop or threading.Event()
@@ -88,7 +88,9 @@ class RobotClient:
                     raise RemoteRefused(f"{self.uri} refused the token: {err.response.body.decode().strip()}") from None
                 logger.warning("%s answered %s; connecting again in %g s", self.uri, err.response.status_code,
                                self.retry_s)
-            except (OSError, ConnectionClosed, TimeoutError) as err:
+            except (OSError, ConnectionClosed, TimeoutError, InvalidHandshake) as err:
+                # InvalidHandshake: a peer that closed (or answered garbage) before its HTTP reply,
+                # as a hub restarting or a proxy in between does
                 logger.info("no connection to %s (%s); connecting again in %g s", self.uri, err, self.retry_s)
             stop.wait(self.retry_s)
 

@@ -28,6 +28,8 @@ def token_problem(request: Any, token: str | None) -> str | None:
     if token is None:
         return None
     sent = request.headers.get(AUTHORIZATION, "")
-    if hmac.compare_digest(sent.encode(), f"Api-Key {token}".encode()):
+    # websockets decodes header bytes that are not UTF-8 as surrogates: encode them back as they
+    # came (a strict encode raised, and the server answered 500 instead of 401)
+    if hmac.compare_digest(sent.encode("utf-8", "surrogateescape"), f"Api-Key {token}".encode()):
         return None
     return "wrong token" if sent else "no token"

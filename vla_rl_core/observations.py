@@ -45,7 +45,8 @@ def encode_instruction(text: str) -> np.ndarray:
     """
     data = text.encode("utf-8")
     if not data or b"\0" in data or len(data) > INSTRUCTION_BYTES:
-        raise ValueError(f"an instruction must be 1..{INSTRUCTION_BYTES} UTF-8 bytes without NUL, got {text!r}")
+        shown = repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(data)} bytes)"  # one line, however long
+        raise ValueError(f"an instruction must be 1..{INSTRUCTION_BYTES} UTF-8 bytes without NUL, got {shown}")
     code = np.zeros(INSTRUCTION_BYTES, dtype=np.uint8)
     code[: len(data)] = np.frombuffer(data, dtype=np.uint8)
     return code

@@ -6,6 +6,7 @@ without mixing rows; a token keeps strangers out."""
 from __future__ import annotations
 
 import concurrent.futures
+import socket
 import urllib.request
 
 import numpy as np
@@ -129,6 +130,12 @@ def test_a_token_keeps_out_clients_without_it(mlp_run, caplog):
             {"state": states(1)[0]})["actions"].shape == (1, 7)
         with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz") as reply:
             assert reply.status == 200
+        # a token that is not UTF-8: refused as any wrong one (it was a 500 and a traceback)
+        with socket.create_connection(("127.0.0.1", server.port)) as raw:
+            raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                        b"Authorization: Api-Key \xff\xfe\r\n\r\n")
+            assert raw.recv(300).split(b"\r\n")[0] == b"HTTP/1.1 401 Unauthorized"
     assert "refused a connection from 127.0.0.1" in caplog.text and "wrong token" in caplog.text
 
 

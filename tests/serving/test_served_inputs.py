@@ -71,6 +71,16 @@ def test_malformed_observations_are_one_line_naming_the_key(request_, message):
         CAMERAS.engine_observation(request_)
 
 
+def test_an_overlong_prompt_is_refused_in_a_short_line():
+    """A 10 KB prompt: the error names its size and shows its start, not all of it (the reply and
+    the server's log line held the whole prompt)."""
+    with pytest.raises(ObservationError) as refused:
+        CAMERAS.engine_observation({"state": STATE, "observation/image": FRONT, "observation/wrist_image": WRIST,
+                                    "prompt": "lift " * 2000})
+    message = str(refused.value)
+    assert "(10000 bytes)" in message and "1..256 UTF-8 bytes" in message and len(message) < 300
+
+
 def test_without_a_default_instruction_the_client_must_send_one():
     inputs = ServedInputs(8, {"agentview": (4, 6, 3)})
     with pytest.raises(ObservationError, match="no instruction: send it as a string under 'prompt'"):

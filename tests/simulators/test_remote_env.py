@@ -162,3 +162,40 @@ def hub_stats(pool: SimulatorPool) -> dict[str, int]:
     import ray
 
     return ray.get(ray.get_actor(pool.env_config.hub).stats.remote())
+
+
+def test_a_connection_that_leaves_before_its_hello_is_no_refusal(caplog):
+    """A port probe (connects, says nothing, leaves) is logged in one line; it used to be counted as
+    a refused environment with an ERROR traceback (the refusal was sent to a closed socket)."""
+    import asyncio
+    import logging
+
+    from websockets.sync.client import connect
+
+    from simulators.remote_env import _HubServer
+
+    hub = _HubServer(RemoteEnvConfig(**config()), None)
+    loop, started, closing = asyncio.new_event_loop(), threading.Event(), threading.Event()
+
+    async def run_hub():
+        serving = asyncio.ensure_future(hub.serve(started))
+        while not closing.is_set():
+            await asyncio.sleep(0.02)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)  # the server closes
+
+    runner = threading.Thread(target=loop.run_until_complete, args=(run_hub(),), daemon=True)
+    runner.start()
+    assert started.wait(20)
+    with caplog.at_level(logging.INFO):
+        connect(f"ws://127.0.0.1:{hub.port}").close()
+        deadline = time.monotonic() + 10
+        while "closed before its hello" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert "closed before its hello" in caplog.text
+    stats = asyncio.run_coroutine_threadsafe(hub.stats(), loop).result(10)
+    assert stats["refused"] == stats["connected"] == stats["clients"] == 0
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+    closing.set()
+    runner.join(10)
+    loop.close()
