@@ -7,8 +7,11 @@ moojink/openvla-oft's ``prismatic/extern/hf/modeling_prismatic.py`` builds it: p
 embeddings are zero (OFT multiplies action-token embeddings by ``~all_actions_mask``), and the
 hidden states / logits for the actions are read at positions ``L - 1 .. L + n - 2`` (``L`` the
 prefix length, OFT's ``NUM_PATCHES + NUM_PROMPT_TOKENS``: the last prompt token predicts the
-first action value). The prefix attends causally; placeholders and the stop token attend to
-the whole prefix and to each other (bidirectional attention among the action positions).
+first action value). Attention is fully bidirectional over every non-padding position, prefix
+included (the prefix sees the placeholders and the stop token too), as OpenVLA-OFT trains and
+runs: its pinned transformers fork (moojink/transformers-openvla-oft, commit bc339d9, "Full
+bidirectional attention") replaces Llama's causal SDPA mask with its last row (the padding mask)
+for every query and sets ``is_causal=False``.
 
 Since the input never depends on the action values, the distributions that sampling uses and
 those that scoring given actions uses come from one and the same pass: the log-probs of
@@ -42,10 +45,8 @@ from policies.sampling import sample_categorical
 
 
 def parallel_decoding_mask(prefix_mask: Tensor, num_action_positions: int, dtype: torch.dtype) -> Tensor:
-    """Additive attention mask of ``[prefix, action placeholders, stop]``.
-
-    Query ``i`` may attend key ``j`` when ``j`` is not padding and either ``j <= i`` (causal) or
-    both lie among the ``num_action_positions + 1`` action/stop positions (bidirectional).
+    """Additive attention mask of ``[prefix, action placeholders, stop]``: every query may attend
+    every key that is not padding (OpenVLA-OFT's bidirectional attention: the module docstring).
 
     Args:
         prefix_mask: ``(batch, L)`` 0/1 mask of the multimodal prefix.
@@ -59,10 +60,7 @@ def parallel_decoding_mask(prefix_mask: Tensor, num_action_positions: int, dtype
     batch, prefix_len = prefix_mask.shape
     total = prefix_len + num_action_positions + 1
     valid = torch.cat([prefix_mask.bool(), prefix_mask.new_ones(batch, total - prefix_len).bool()], dim=1)  # (B, S)
-    index = torch.arange(total, device=prefix_mask.device)
-    causal = index[None, :] <= index[:, None]  # (S, S): key j <= query i
-    among_actions = (index[:, None] >= prefix_len) & (index[None, :] >= prefix_len)
-    allowed = (causal | among_actions)[None] & valid[:, None, :]  # (B, S, S)
+    allowed = valid[:, None, :].expand(batch, total, total)  # (B, S, S): the fork's last causal row, for every query
     mask = torch.zeros(allowed.shape, dtype=dtype, device=prefix_mask.device)
     return mask.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 

@@ -48,28 +48,44 @@ def obs(tokenizer):
     return tiny_observation(tokenizer, INSTRUCTIONS, num_images=2, proprio_dim=PROPRIO_DIM)
 
 
-def test_mask_is_causal_on_the_prefix_and_bidirectional_among_actions():
+def test_mask_is_bidirectional_over_every_position_but_padding():
+    """OpenVLA-OFT's transformers fork (moojink/transformers-openvla-oft bc339d9): every query, the
+    prefix's included, attends every non-padding key (the prefix was causal here before)."""
     prefix_mask = torch.tensor([[1, 0, 1], [1, 1, 1]])
     allowed = parallel_decoding_mask(prefix_mask, 2, torch.float32)[:, 0] == 0  # (B, 6, 6)
-    expected = torch.tensor(
-        [
-            [1, 0, 0, 0, 0, 0],
-            [1, 1, 0, 0, 0, 0],
-            [1, 1, 1, 0, 0, 0],
-            [1, 1, 1, 1, 1, 1],  # placeholder 0 sees the later placeholder and the stop token
-            [1, 1, 1, 1, 1, 1],
-            [1, 1, 1, 1, 1, 1],
-        ],
-        dtype=torch.bool,
-    )
-    assert torch.equal(allowed[1], expected)
-    assert torch.equal(allowed[0], expected & torch.tensor([1, 0, 1, 1, 1, 1], dtype=torch.bool))
+    assert bool(allowed[1].all())
+    assert torch.equal(allowed[0], torch.tensor([1, 0, 1, 1, 1, 1], dtype=torch.bool).expand(6, 6))
+
+
+def test_the_prefix_sees_the_placeholders_as_in_the_reference(policy, obs):
+    """The fork's rule (Llama's causal mask, padding included, replaced by its last row for every
+    query) built from transformers' own causal mask, against ours: the logits agree."""
+    vla = policy.vla
+    with torch.no_grad():
+        proprio_token = policy.proprio_projector(obs["proprio"])[:, None]
+        patches = torch.cat([vla.embed_images(obs["images"]), proprio_token], dim=1)
+        text = vla.embed_tokens(obs["input_ids"])
+        placeholders = torch.zeros(3, CHUNK * ACTION_DIM, text.shape[-1])
+        stop = vla.embed_tokens(torch.full((3, 1), policy.config.stop_token_id))
+        embeddings = torch.cat([text[:, :1], patches, text[:, 1:], placeholders, stop], dim=1)
+        ones = torch.ones(3, patches.shape[1], dtype=torch.long), torch.ones(3, CHUNK * ACTION_DIM + 1, dtype=torch.long)
+        valid = torch.cat([obs["attention_mask"][:, :1], ones[0], obs["attention_mask"][:, 1:], ones[1]], 1)
+        total = embeddings.shape[1]
+        causal = torch.ones(total, total).tril().bool()[None] & valid[:, None, :].bool()  # Llama's, with padding
+        fork = causal[:, -1:, :].expand(-1, total, -1)  # the last row for every query
+        mask = torch.zeros(3, 1, total, total).masked_fill(~fork[:, None], torch.finfo(torch.float32).min)
+        positions = (valid.cumsum(-1) - 1).clamp(min=0)
+        reference = vla.language_model(inputs_embeds=embeddings, attention_mask=mask, position_ids=positions).logits
+        first_action = total - CHUNK * ACTION_DIM - 1
+        torch.testing.assert_close(policy.action_logits(obs).flatten(1, 2), reference[:, first_action - 1: total - 2],
+                                   rtol=0, atol=1e-5)
 
 
 def reference_scores(policy: OpenVLAOFTPolicy, obs, action_tokens: torch.Tensor) -> torch.Tensor:
     """OFT's training-time pass, built here step by step: the given action tokens are embedded
-    and zeroed (``input_embeddings * ~all_actions_mask``), the attention mask is filled in by
-    loops, and the logits are read one position before each action token."""
+    and zeroed (``input_embeddings * ~all_actions_mask``), the attention mask (OFT's bidirectional
+    one: every non-padding key) is filled in by loops, and the logits are read one position before
+    each action token."""
     vla = policy.vla
     with torch.no_grad():
         proprio_token = policy.proprio_projector(obs["proprio"])[:, None]
@@ -86,7 +102,7 @@ def reference_scores(policy: OpenVLAOFTPolicy, obs, action_tokens: torch.Tensor)
         for b in range(3):
             for i in range(total):
                 for j in range(total):
-                    if valid[b, j] and (j <= i or (i >= first_action and j >= first_action)):
+                    if valid[b, j]:  # OFT's fork: every non-padding key, for every query
                         mask[b, 0, i, j] = 0.0
         positions = (valid.cumsum(-1) - 1).clamp(min=0)
         out = vla.language_model(inputs_embeds=embeddings, attention_mask=mask, position_ids=positions)
