@@ -174,8 +174,11 @@ class PI0ObservationProcessor:
         return with_model_frames(obs, self.cameras, lambda frames: resize_with_pad_uint8(frames, self.image_size), mask)
 
     def prompt_ids(self, instruction: str) -> list[int]:
-        """Token ids of one instruction: BOS, the cleaned text, ``"\\n"``; at most ``max_length``."""
-        ids = list(self.tokenizer(clean_instruction(instruction) + "\n")["input_ids"])
+        """Token ids of one instruction: BOS, the cleaned text, ``"\\n"`` tokenised on its own (openpi's
+        ``PaligemmaTokenizer``: the "start of answer" token, never merged with the text's last
+        characters); at most ``max_length``."""
+        ids = [*self.tokenizer(clean_instruction(instruction))["input_ids"],
+               *self.tokenizer("\n", add_special_tokens=False)["input_ids"]]
         bos = self.tokenizer.bos_token_id
         if bos is not None and (not ids or ids[0] != bos):
             ids = [bos, *ids]

@@ -198,7 +198,9 @@ def load_statistics(module: nn.Module, config: PI0PolicyConfig) -> None:
     ``mask`` when the entry has one).
 
     Raises:
-        ValueError: malformed statistics (those of the checkpoint: the message names its file).
+        ValueError: malformed statistics (those of the checkpoint: the message names its file);
+            openpi's statistics (``mean`` and ``std`` with the quantiles) read with
+            ``normalization: bounds_q99``, which would normalise otherwise than openpi trained π0.
     """
     fields = NORMALIZATION_FIELDS[config.normalization]
     path = norm_stats_file(config.model_path) if config.model_path is not None else None
@@ -207,6 +209,13 @@ def load_statistics(module: nn.Module, config: PI0PolicyConfig) -> None:
                                          ("proprio", config.proprio_statistics, config.proprio_dim, "state")):
         what = f"{prefix} statistics"
         if stats is None and length and entry in checkpoint:
+            if config.normalization == "bounds_q99" and {"mean", "std"} <= set(checkpoint[entry]):
+                # openpi's file (its NormStats: mean, std, q01, q99); this policy's bounds_q99
+                # export writes q01 and q99 alone
+                raise ValueError(f"{path}: its {entry} statistics hold mean and std, as openpi's norm_stats.json does, "
+                                 "and openpi trains π0 with mean/std normalisation (use_quantile_norm = model_type "
+                                 "!= PI0); set policy.config.normalization=mean_std (or give "
+                                 f"policy.config.{prefix}_statistics to normalise with quantiles)")
             mask = ("mask",) if config.normalization == "bounds_q99" and prefix == "action" else ()
             stats = truncate_norm_stats(checkpoint[entry], fields, length, entry, optional=mask, source=path)
             what = f"{path}: {entry} statistics"
