@@ -37,7 +37,7 @@ class OpenVLAOFTPolicyConfig(OpenVLAPolicyConfig):
         proprio_dim: proprio features (8 for LIBERO) fed through OFT's proprio projector as one
             extra token after the patches; None: no proprio input. From simulator observations,
             the first ``proprio_dim`` features of the state (robosuite Lift: 5 = end-effector
-            position and finger joints; LIBERO: 9 = position, quaternion and fingers).
+            position and finger joints; LIBERO: 8 = position, axis-angle and fingers, as OFT's).
         action_head: one of ``ACTION_HEADS``: ``"discrete"`` (bins; sampling and log-probs for
             RL, as SimpleVLA-RL and SRPO use OFT) or ``"l1_regression"`` (the published LIBERO
             checkpoints' head, no action distribution: :meth:`bc_loss` is L1,

@@ -390,12 +390,32 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
         """:meth:`PrismaticPolicy.check_pretrained`, and the ``<module>--*checkpoint.pt`` file of
         each head module the config uses (action head, proprio projector): exactly one each.
 
+        A checkpoint OFT fine-tuned with a continuous head is refused for what it cannot do:
+        with a diffusion head (``noisy_action_projector--*``), which vla-rl does not run; with an
+        L1-regression head (``action_head--*``) under ``action_head: discrete``, since OFT's
+        ``finetune.py`` then trains the head alone (an L1 loss on the action hidden states) and
+        never the action tokens that the discrete head samples and scores.
+
         Raises:
-            FileNotFoundError, ValueError: the first problem; the message names the file.
+            FileNotFoundError, ValueError: the first problem; the message names the file
+                (:class:`~policies.checkpoint_files.FieldError` ``action_head`` for the head).
         """
+        from policies.checkpoint_files import FieldError
+
         super().check_pretrained(config, require_tokenizer)
         if config.model_path is None:
             return
+        directory = Path(config.model_path)
+        if diffusion := sorted(directory.glob("noisy_action_projector--*checkpoint.pt")):
+            raise FieldError(f"{config.model_path}: an OpenVLA-OFT checkpoint with a diffusion action head "
+                             f"({diffusion[0].name}), which vla-rl does not run (it runs OFT's action tokens, "
+                             "action_head: discrete, or its L1-regression head)", "action_head")
+        heads = sorted(directory.glob("action_head--*checkpoint.pt"))
+        if config.action_head == "discrete" and heads:
+            raise FieldError(f"{config.model_path} was fine-tuned with OFT's L1-regression head ({heads[0].name}), "
+                             "which trains that head alone, never the action tokens that action_head: discrete "
+                             "samples for RL; set action_head: l1_regression to evaluate it or clone behaviour, or "
+                             "start RL from a checkpoint fine-tuned on OFT's action tokens", "action_head")
         used = {"action_head": config.action_head == "l1_regression", "proprio_projector": config.proprio_dim is not None}
         for stem in (stem for stem, needed in used.items() if needed):
             files = sorted(Path(config.model_path).glob(f"{stem}--*checkpoint.pt"))

@@ -19,9 +19,11 @@ Scored elements (RLinf keeps only the executed positions and dimensions: ``log_p
 ``_sample_actions_with_prefix_cache`` and ``default_forward``): the transition into block ``k >= 1``
 of group 0 (the executed position), values ``0 .. action_dim - 1``. The initial noise block (a
 standard normal, independent of the policy), the padded values and the groups of the positions never
-executed contribute 0, so slot ``c``'s log-prob is exactly the chain log-density of executed action
-``c`` given the other positions' chains (not the marginal of the whole chain, which would also score
-the unexecuted positions: RLinf's choice, followed here).
+executed contribute 0, so slot ``c``'s log-prob is the sum over denoising steps of the exact
+Gaussian log-density of executed action ``c``'s transition given every position's previous state:
+a partial likelihood, not the density of ``c``'s chain given the other positions' chains (their
+transitions depend on ``c``'s through attention), nor the density of the whole chain, which would
+also score the unexecuted positions (RLinf's choice, followed here).
 :meth:`PI0Policy.log_prob_and_entropy_per_dim` returns per-element values in the own layout with
 those zeros, so that its ``.sum(-1)`` is, operation for operation, the sum
 :meth:`PI0Policy.sample_actions` returns.

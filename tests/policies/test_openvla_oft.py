@@ -190,6 +190,27 @@ def test_checkpoint_with_oft_module_files_round_trips(policy, obs, tmp_path):
         OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(out), action_head="l1_regression"))
 
 
+def test_a_checkpoint_whose_continuous_head_was_trained_is_refused_for_what_it_cannot_do(tokenizer, tmp_path):
+    """OFT's finetune.py with use_l1_regression trains the head alone (L1 on the action hidden
+    states): its action tokens were never trained, so RL's discrete head is refused on it, naming
+    action_head; a diffusion head is refused whatever the config (vla-rl does not run it)."""
+    from policies.checkpoint_files import FieldError
+
+    config = OpenVLAOFTPolicyConfig(architecture=tiny_architecture(len(tokenizer), fused=False), chunk_size=CHUNK,
+                                    action_head="l1_regression")
+    out = OpenVLAOFTPolicy(config).save_pretrained(tmp_path / "oft_l1")
+    tokenizer.save_pretrained(str(out))
+    assert (out / "action_head--checkpoint.pt").is_file()
+    OpenVLAOFTPolicy.check_pretrained(OpenVLAOFTPolicyConfig(model_path=str(out), action_head="l1_regression"))
+    with pytest.raises(FieldError, match="fine-tuned with OFT's L1-regression head") as refused:
+        OpenVLAOFTPolicy.check_pretrained(OpenVLAOFTPolicyConfig(model_path=str(out)))
+    assert refused.value.field == "action_head"
+    (out / "noisy_action_projector--150000_checkpoint.pt").write_bytes(b"")
+    for head in ("discrete", "l1_regression"):
+        with pytest.raises(FieldError, match="diffusion action head"):
+            OpenVLAOFTPolicy.check_pretrained(OpenVLAOFTPolicyConfig(model_path=str(out), action_head=head))
+
+
 # --------------------------------------------------------------------------- OpenVLA-OFT's LIBERO evaluation settings
 def test_defaults_follow_the_reference_libero_evaluation():
     config = OpenVLAOFTPolicyConfig(architecture="tiny")
