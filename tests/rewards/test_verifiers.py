@@ -31,8 +31,8 @@ GSM8K_SOLUTION = "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 
         (DATA_SOURCE, "3 + 4 = 7\n#### 7", "7", Verdict("7", True)),
         ("lighteval/MATH", "so $\\boxed{\\frac{1}{2}}$", "\\frac12", Verdict("\\frac{1}{2}", True)),
         ("lighteval/MATH", "\\boxed{0.5}", "$\\boxed{\\frac{1}{2}}$", Verdict("0.5", True)),
-        ("math", "\\boxed{3}", "4", Verdict("3", False)),
-        ("math", "#### 4", "4", Verdict(None, False)),
+        ("HuggingFaceH4/MATH-500", "\\boxed{3}", "4", Verdict("3", False)),
+        ("HuggingFaceH4/MATH-500", "#### 4", "4", Verdict(None, False)),
     ],
 )
 def test_verify(data_source, response, ground_truth, verdict):
@@ -47,7 +47,8 @@ def test_unknown_data_source_lists_the_known_ones():
 def test_format_reward():
     assert format_reward("openai/gsm8k", "x\n#### 12") == 1.0
     assert format_reward("openai/gsm8k", "12") == 0.0
-    assert format_reward("math", "\\boxed{12}") == 1.0
+    assert format_reward("lighteval/MATH", "\\boxed{12}") == 1.0
+    assert format_reward("math", "\\boxed{12}") == 0.0 and format_reward("math", "Answer: 12") == 1.0
 
 
 def test_register_verifier_for_a_new_data_source():
@@ -64,7 +65,7 @@ def test_register_verifier_for_a_new_data_source():
 
 
 def test_score_responses_sums_accuracy_and_format():
-    sources = ["openai/gsm8k", "openai/gsm8k", "openai/gsm8k", "math"]
+    sources = ["openai/gsm8k", "openai/gsm8k", "openai/gsm8k", "lighteval/MATH"]
     responses = ["#### 4", "#### 5", "4", "\\boxed{4}"]
     rewards, metrics = score_responses(sources, responses, ["4"] * 4, RuleRewardConfig(format_score=0.1))
     torch.testing.assert_close(rewards, torch.tensor([1.1, 0.1, 0.0, 1.1]))
@@ -93,3 +94,42 @@ def test_flexible_extraction_judges_unformatted_answers_by_their_last_number(res
     rewards, metrics = score_responses([DATA_SOURCE], [response], ["6"], RuleRewardConfig(1.0, 0.5, flexible=True))
     assert float(rewards[0]) == flexible.correct + 0.5 * flexible.formatted
     assert metrics["reward/format_rate"] == float(flexible.formatted)
+
+
+# verl's math_dapo.compute_score (verl/utils/reward_score/math_dapo.py, run on each case): acc
+# True where the last "Answer:" line, normalised as Minerva's, is the ground truth.
+VERL_MATH_DAPO = [
+    ("Let me compute. Answer: 42", "42", True),
+    ("So \\boxed{42}", "42", False),  # no Answer: line (verl scores -1)
+    ("answer : 41\nAnswer: 42 dollars", "42", True),  # the last one, its unit removed
+    ("ANSWER:7", "42", False),
+    ("Answer:\n42", "42", True),
+    ("Answer: $\\boxed{\\frac{1}{2}}$", "\\frac{1}{2}", True),
+    ("Answer: x = 1,234", "1234", True),
+]
+
+
+@pytest.mark.parametrize("data_source", ["math_dapo", "math", "math_dapo_reasoning", "aime2024", "aime_2025"])
+@pytest.mark.parametrize(("response", "ground_truth", "correct"), VERL_MATH_DAPO)
+def test_the_sources_verl_scores_with_math_dapo_take_minervas_answer_line(data_source, response, ground_truth,
+                                                                           correct):
+    """verl's default_compute_score sends "math_dapo", "math", "math_dapo_reasoning" and every
+    "aime*" source to math_dapo (Minerva's "Answer:" line); "math" was a \\boxed{} source here,
+    which scored the opposite of verl's on both kinds of answer."""
+    verdict = verify(data_source, response, ground_truth)
+    assert verdict.correct is correct
+    assert verdict.formatted is ("answer" in response.lower())
+
+
+def test_minerva_answers_are_never_stricter_than_verl():
+    """Equal after Minerva's normalisation (verl's criterion), or equal as numbers or symbolically."""
+    assert verify("math_dapo", "Answer: 0.5", "\\frac{1}{2}").correct  # verl: False (strings differ)
+    assert verify("math_dapo", "Answer: 1/2", "\\frac12").correct
+    assert not verify("math_dapo", "Answer: 3", "4").correct
+
+
+def test_prefixed_sources_are_known_to_the_preflight():
+    from vla_rl.rewards.verifiers import known_data_sources, unknown_data_sources
+
+    assert unknown_data_sources(["aime2024", "math", "nope", "aime2024"]) == ["nope"]
+    assert "aime*" in known_data_sources()

@@ -63,9 +63,10 @@ class TextSection(_Section):
     format_score: float = Field(0.0, description="Reward added for a well-formatted final answer.")
     answer_extraction: Literal["strict", "flexible"] = Field(
         "strict",
-        description="'strict': only a final answer in the data source's format counts; 'flexible': an "
-        "unformatted response is judged by its last number (verl's GSM8K method='flexible'), in "
-        "training rewards and evaluation alike.",
+        description="'strict': only a final answer in the data source's format counts; 'flexible': a "
+        "response without a '####' answer is judged by its last number, for the GSM8K-style sources "
+        "(the others stay strict; verl's method='flexible' always takes the last number), in training "
+        "rewards and evaluation alike.",
     )
     sft_steps: int = Field(0, ge=0, description="Supervised warm-start steps on the train split (0: none).")
     sft_lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the warm start.")

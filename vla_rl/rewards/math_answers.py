@@ -1,7 +1,8 @@
 """Final-answer extraction and answer equivalence for maths responses.
 
-Extraction follows the two conventions of the common datasets: GSM8K's ``#### 42`` final line and
-MATH's ``\\boxed{...}``. Equivalence first compares plain numbers exactly (``1,000`` = ``1000.0``,
+Extraction follows the three conventions of the common datasets: GSM8K's ``#### 42`` final line,
+MATH's ``\\boxed{...}`` and Minerva's ``Answer: 42`` line (DAPO-Math, AIME: verl's ``math_dapo``).
+Equivalence first compares plain numbers exactly (``1,000`` = ``1000.0``,
 ``3/4`` = ``0.75``; no floating-point tolerance needed), which covers GSM8K-style answers in
 microseconds, and hands anything else (``\\frac{\\sqrt{3}}{2}``, intervals, sets, expressions) to
 `math-verify <https://github.com/huggingface/Math-Verify>`_, which parses LaTeX and compares
@@ -130,3 +131,59 @@ def _as_math(answer: str) -> str:
     """Wrap a bare answer in ``$...$`` so that math-verify's LaTeX extraction finds it."""
     answer = answer.strip()
     return answer if answer.startswith("$") or "\\boxed" in answer else f"${answer}$"
+
+
+_MINERVA_ANSWER = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+# Minerva's final-answer normalisation (Lewkowycz et al. 2022, appendix D.1), as verl's
+# verl/utils/reward_score/math_dapo.py (and lm-evaluation-harness's minerva_math) write it.
+_MINERVA_SUBSTITUTIONS = (
+    ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), (r"\ ", ""), (" ", ""), ("mbox", "text"),
+    (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"),
+)
+_MINERVA_REMOVED = (
+    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue", "points",
+    "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals", "edges", "students",
+    "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3",
+    "\\text{\n}", "\\text{}", r"\mathrm{th}", r"^\circ", r"^{\circ}", r"\;", r",\!", "{,}", '"', "\\dots",
+)
+
+
+def extract_minerva_answer(text: str) -> str | None:
+    """What follows the last ``Answer:`` (any case) up to the end of its line: Minerva's final
+    answer, DAPO-Math's and AIME's format (verl's ``math_dapo.is_correct_minerva`` pattern).
+
+    Returns:
+        The answer, stripped, or None without an ``Answer:`` line (or with an empty one).
+    """
+    matches = _MINERVA_ANSWER.findall(text)
+    return matches[-1].strip() or None if matches else None
+
+
+def normalize_minerva_answer(answer: str) -> str:
+    """Minerva's normalisation of a final answer (verl's ``math_dapo.normalize_final_answer``):
+    the part after the last ``=``, spaces, units and text wrappers removed, ``\\boxed{}`` and
+    ``$`` stripped, shorthand ``\\fracab`` / ``\\sqrta`` braced, thousands separators of an
+    integer dropped."""
+    answer = answer.split("=")[-1]
+    for before, after in _MINERVA_SUBSTITUTIONS:
+        answer = answer.replace(before, after)
+    for expression in _MINERVA_REMOVED:
+        answer = answer.replace(expression, "")
+    answer = re.sub(r"(.*?)(\$)(.*?)(\$)(.*)", "$\\3$", answer)
+    for command in ("text", "textbf", "overline"):
+        answer = re.sub(rf"(\\{command}\{{)(.*?)(\}})", "\\2", answer)
+    answer = re.sub(r"(\\boxed\{)(.*)(\})", "\\2", answer)
+    answer = re.sub(r"(frac)([^{])(.)", "frac{\\2}{\\3}", answer)
+    answer = re.sub(r"(sqrt)([^{])", "sqrt{\\2}", answer)
+    answer = answer.replace("$", "")
+    if answer.replace(",", "").isdigit():
+        answer = answer.replace(",", "")
+    return answer.strip()
+
+
+def minerva_answers_equal(predicted: str, reference: str) -> bool:
+    """Both answers normalised as Minerva's (:func:`normalize_minerva_answer`), then equal as
+    strings (verl's ``math_dapo`` criterion) or by :func:`answers_equal` (numbers exactly,
+    anything else symbolically): never stricter than verl."""
+    predicted, reference = normalize_minerva_answer(predicted), normalize_minerva_answer(reference)
+    return predicted == reference or (bool(predicted) and bool(reference) and answers_equal(predicted, reference))

@@ -29,6 +29,8 @@ from vla_rl.rewards.math_answers import (
     extract_boxed,
     extract_hash_answer,
     extract_last_number,
+    extract_minerva_answer,
+    minerva_answers_equal,
 )
 from vla_rl_core.registry import Registry
 
@@ -112,19 +114,42 @@ HASH_ANSWER_VERIFIER = register_verifier(
 )
 #: MATH: the final answer is the content of the last ``\boxed{}``, compared symbolically.
 BOXED_ANSWER_VERIFIER = register_verifier(
-    Verifier(extract_boxed), "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math"
+    Verifier(extract_boxed), "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"
 )
+#: DAPO-Math and AIME: Minerva's ``Answer: ...`` line, normalised as Minerva's; the data sources
+#: verl's ``default_compute_score`` sends to ``math_dapo.compute_score`` (``"math"`` among them;
+#: every ``aime*`` source too: :data:`PREFIX_VERIFIERS`).
+MINERVA_ANSWER_VERIFIER = register_verifier(
+    Verifier(extract_minerva_answer, answers_equal=minerva_answers_equal), "math_dapo", "math", "math_dapo_reasoning"
+)
+#: Verifiers of every data source whose name starts with the key (verl's ``startswith("aime")``).
+PREFIX_VERIFIERS: dict[str, Verifier] = {"aime": MINERVA_ANSWER_VERIFIER}
+
+
+def _verifier(data_source: str) -> Verifier:
+    """The verifier of ``data_source``: its registered one, else the one of its name's prefix.
+
+    Raises:
+        vla_rl_core.registry.RegistryError: neither (the message lists the known data sources).
+    """
+    if data_source not in VERIFIERS:
+        for prefix, verifier in PREFIX_VERIFIERS.items():
+            if data_source.startswith(prefix):
+                return verifier
+    return VERIFIERS.get(data_source)
 
 
 def unknown_data_sources(data_sources: Sequence[str]) -> list[str]:
     """The entries of ``data_sources`` that no verifier serves, in order, each once (the run's
     pre-flight checks every prompt row's ``data_source`` with it)."""
-    return [source for source in dict.fromkeys(data_sources) if source not in VERIFIERS]
+    return [source for source in dict.fromkeys(data_sources)
+            if source not in VERIFIERS and not source.startswith(tuple(PREFIX_VERIFIERS))]
 
 
 def known_data_sources() -> list[str]:
-    """The data sources that have a verifier, sorted."""
-    return [str(name) for name in VERIFIERS.names()]
+    """The data sources that have a verifier and the prefixes that serve any name starting with
+    them (``aime*``), sorted."""
+    return sorted([str(name) for name in VERIFIERS.names()] + [f"{prefix}*" for prefix in PREFIX_VERIFIERS])
 
 
 def verify(data_source: str, response: str, ground_truth: str, flexible: bool = False) -> Verdict:
@@ -135,7 +160,7 @@ def verify(data_source: str, response: str, ground_truth: str, flexible: bool = 
         vla_rl_core.registry.RegistryError: no verifier serves ``data_source``; the message
             lists the known data sources.
     """
-    return VERIFIERS.get(data_source)(response, ground_truth, flexible)
+    return _verifier(data_source)(response, ground_truth, flexible)
 
 
 def format_reward(data_source: str, response: str) -> float:
@@ -144,7 +169,7 @@ def format_reward(data_source: str, response: str) -> float:
     Raises:
         vla_rl_core.registry.RegistryError: no verifier serves ``data_source``.
     """
-    return float(VERIFIERS.get(data_source).formatted(response))
+    return float(_verifier(data_source).formatted(response))
 
 
 @dataclass(frozen=True)
