@@ -1,6 +1,6 @@
 """Malformed inputs of the text workflow (issue 29): model directories that name custom code
-(``auto_map``), damaged GGUF files, rows whose ``data_source`` has no verifier, and prompts longer
-than ``text.max_prompt_length``. Each is refused before anything starts, with a PreflightError
+(``auto_map``), damaged GGUF files, rows whose ``data_source`` has no verifier, prompts longer
+than ``text.max_prompt_length``, and supervised targets that are null or too long. Each is refused before anything starts, with a PreflightError
 naming the config field and the file, and through the command line with exit status 2, one line,
 no traceback and nothing written. The custom code of a model directory never runs: not in the
 pre-flight, not in the loaders, not through ``vla-rl train`` answering "y" on stdin.
@@ -326,6 +326,18 @@ CASES = [
          train_file(lambda t, a: parquet(t / "l.parquet", changed(rows(64), r5=long_prompt(20), r50=long_prompt(20)),
                                          8)),
          "text.train_file", "2 of 64 prompts.*the longest, row 5,", template="llm_sft"),
+    # 7. supervised targets (text.sft_response_column) that cannot be trained on
+    Case("a null SFT target (a row of another dataset mixed in)",
+         train_file(lambda t, a: parquet(t / "n.parquet", changed(rows(64), r37={"extra_info": {"answer": None}}), 8)),
+         "text.train_file", r"n\.parquet: row 37 has a null 'extra_info\.answer'", template="llm_sft"),
+    Case("a null SFT target of the warm start, jsonl",
+         train_file(lambda t, a: jsonl(t / "n.jsonl", changed(rows(), r4={"extra_info": {"answer": None}})),
+                    "text.sft_steps=10"), "text.train_file", r"n\.jsonl: row 4 has a null 'extra_info\.answer'"),
+    Case("SFT targets longer than text.max_response_length",
+         train_file(lambda t, a: parquet(t / "t.parquet", rows(64), 8), "text.sft_steps=10",
+                    "text.max_response_length=4"), "text.train_file",
+         r"t\.parquet: 64 supervised targets \('extra_info\.answer'\) are longer than text\.max_response_length=4 "
+         r"tokens with their end-of-turn token; the longest, row \d+, has \d+: raise"),
 ]
 
 

@@ -166,6 +166,7 @@ class _ReadPrompts:
     field: str
     scored: bool
     rows: frozenset[int] | None = None
+    sft_column: str | None = None  # the column of supervised targets the run trains on, if any
 
 
 def _check_prompt_files(config, the_plan: Plan) -> list[_ReadPrompts]:
@@ -183,8 +184,9 @@ def _check_prompt_files(config, the_plan: Plan) -> list[_ReadPrompts]:
     if text.train_file is not None:
         file = _check_prompt_file(text.train_file, "text.train_file", text.prompts_per_step, layouts,
                                   extra_columns=(text.sft_response_column,) if sft_targets else ())
-        if layouts:
-            read.append(_ReadPrompts(file, "text.train_file", scores_training_rows))
+        if layouts or sft_targets:
+            read.append(_ReadPrompts(file, "text.train_file", scores_training_rows,
+                                     sft_column=text.sft_response_column if sft_targets else None))
     evaluates = "evaluate" in the_plan.phases and config.eval.num_episodes > 0
     if text.test_file is not None:
         file = _check_prompt_file(text.test_file, "text.test_file", the_plan.world_size,
@@ -244,8 +246,35 @@ def _check_prompt_rows(config, read: list[_ReadPrompts], tokenizer) -> None:
     for prompts in read:
         try:
             _check_rows_of(prompts, processor, config.text.max_prompt_length)
+            if prompts.sft_column is not None:
+                _check_sft_targets(prompts, processor, config.text.max_response_length)
         except ValueError as error:
             raise PreflightError(str(error), field=prompts.field) from None
+
+
+def _check_sft_targets(prompts: _ReadPrompts, processor, max_response_length: int) -> None:
+    """Every row's supervised target (``prompts.sft_column``): present, not null (the file's
+    reader refuses both) and, with its end-of-turn token, at most ``max_response_length`` tokens
+    as :meth:`~policies.causal_lm.processor_causal_lm.CausalLMProcessor.encode_responses` encodes it.
+
+    Raises:
+        ValueError: the first missing or null target, or the longest one over the limit, naming
+            the file and the row.
+    """
+    column, path = prompts.sft_column, prompts.file.path
+    too_long, longest, longest_row = 0, 0, None
+    for rows in prompts.file.iter_rows(PROMPT_BATCH_ROWS, extra_columns=(column,)):
+        texts = [str(row.extra[column]) for row in rows]
+        for row, ids in zip(rows, processor.tokenizer(texts, add_special_tokens=False)["input_ids"]):
+            if len(ids) + 1 > max_response_length:  # + its end-of-turn token
+                too_long += 1
+                if len(ids) + 1 > longest:
+                    longest, longest_row = len(ids) + 1, row.index
+    if too_long:
+        raise ValueError(f"{path}: {too_long} supervised targets ({column!r}) are longer than "
+                         f"text.max_response_length={max_response_length} tokens with their end-of-turn token; the "
+                         f"longest, row {longest_row}, has {longest}: raise text.max_response_length to {longest} "
+                         "or filter the long rows out of the file")
 
 
 def _check_rows_of(prompts: _ReadPrompts, processor, max_prompt_length: int) -> None:

@@ -104,7 +104,7 @@ def _to_row(record: Mapping[str, Any], index: int, path: Path, extra_columns: Se
             values[column] = _lookup(record, column)
         except KeyError:
             raise ValueError(f"{path}: row {index} has no column {column!r}") from None
-        if values[column] is None and column in REQUIRED_COLUMNS:
+        if values[column] is None:  # a requested column too: a null SFT target was trained as the text "None"
             raise ValueError(f"{path}: row {index} has a null {column!r}")
     prompt = values["prompt"]
     if not (isinstance(prompt, list) and prompt and all(map(_is_message, prompt))):
@@ -220,25 +220,29 @@ class PromptFile:
         if self.num_rows == 0:
             raise ValueError(f"{self.path}: the file has no rows")
 
-    def iter_rows(self, batch_size: int = 1024) -> Iterator[list[PromptRow]]:
+    def iter_rows(self, batch_size: int = 1024, extra_columns: Sequence[str] = ()) -> Iterator[list[PromptRow]]:
         """Every row of the file, in file order, ``batch_size`` rows at a time (the last batch may
-        be shorter); parquet reads only the required columns, a record batch at a time.
+        be shorter); parquet reads only the required columns and ``extra_columns`` (dotted
+        names), a record batch at a time.
 
         Raises:
-            ValueError: an invalid row (see :class:`PromptRow`); the message names the file.
+            ValueError: an invalid row (see :class:`PromptRow`; a missing or null column of
+                ``extra_columns`` too); the message names the file.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        extra_columns = tuple(extra_columns)
         if self.is_parquet:
             start = 0
-            for batch in self._parquet.iter_batches(batch_size=batch_size, columns=list(REQUIRED_COLUMNS)):
+            columns = list(dict.fromkeys([*REQUIRED_COLUMNS, *extra_columns]))
+            for batch in self._parquet.iter_batches(batch_size=batch_size, columns=columns):
                 records = batch.to_pylist()
-                yield [_to_row(record, start + i, self.path, ()) for i, record in enumerate(records)]
+                yield [_to_row(record, start + i, self.path, extra_columns) for i, record in enumerate(records)]
                 start += len(records)
             return
         rows = []
         for index, (line_number, line) in enumerate(self._jsonl_lines()):
-            rows.append(self._jsonl_row(index, line_number, line, ()))
+            rows.append(self._jsonl_row(index, line_number, line, extra_columns))
             if len(rows) == batch_size:
                 yield rows
                 rows = []
