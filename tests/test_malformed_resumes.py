@@ -124,3 +124,23 @@ def test_a_resume_that_fits_its_checkpoint_is_accepted(runs, tiny_lm_dir):
         resumed, _, _ = prepare_run_dir(None, overrides, str(runs[run]))
         resumed.close()
         assert snapshot(runs[run]) == before
+
+
+@pytest.mark.parametrize(("override", "field", "values"), [
+    ("policy.config.activation=relu", "policy.config.activation", "has 'tanh', this resume 'relu'"),
+    ("policy.config.learn_std=false", "policy.config.learn_std", "has True, this resume False"),
+])
+def test_a_resume_that_changes_the_policy_but_fits_its_tensors_is_refused(override, field, values, runs, monkeypatch,
+                                                                           capsys):
+    """Same tensor names and shapes, another policy: ReLU over weights trained through tanh (it
+    trained on, silently), a fixed std (the workers failed on the optimizer state, in a Ray
+    traceback). Where a pretrained checkpoint lives (policy.config.model_path) may still change, and
+    a setting given again with its value is no change (the test above)."""
+    monkeypatch.setattr(driver, "start_ray", lambda *args, **kwargs: pytest.fail("Ray started"))
+    before = snapshot(runs["srpo"])
+    assert main(["train", "--resume", str(runs["srpo"]), override]) == 2
+    err = capsys.readouterr().err
+    message = " ".join(err.split())
+    assert len(err.strip().splitlines()) == 1 and f"field '{field}'" in message and values in message, err
+    assert "resume without the override, or start a new run" in message
+    assert snapshot(runs["srpo"]) == before

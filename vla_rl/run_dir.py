@@ -193,6 +193,8 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
       build (on the ``meta`` device: no weights, no memory) has the checkpoint's tensor names and
       shapes. A policy that loads a pretrained checkpoint of its own (``policy.config.model_path``,
       a GGUF ``text.gguf_file``) is not checked here: building it reads its weights.
+    - ``policy.*`` overrides keep the run's policy (:func:`_refuse_policy_changes`): only where its
+      pretrained checkpoint lives and how it is loaded may change.
 
     Args:
         run: the reopened run directory.
@@ -233,6 +235,57 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
         raise RunDirError(f"{' '.join(changed)}: the run's checkpoint {stored[0]} does not fit the policy {these}: "
                           f"{mismatch.describe()}; resume without {'it' if len(changed) == 1 else 'them'}, or start a "
                           "new run")
+    if any(_sets(item.partition("=")[0], ("policy",)) for item in overrides):
+        _refuse_policy_changes(run, config.policy, checkpoint)
+
+
+#: Policy settings a resume may change: where a pretrained checkpoint lives (a moved directory),
+#: and how it is loaded; the trained weights come from the run's checkpoint either way.
+RESUMABLE_POLICY_SETTINGS = ("config.model_path", "config.tokenizer_path", "allow_partial_load")
+
+
+def _refuse_policy_changes(run: RunDirectory, policy, checkpoint: Path) -> None:
+    """Refuse a resume that changes the run's policy (``policy.*`` but
+    :data:`RESUMABLE_POLICY_SETTINGS`) although the tensors still fit: an activation, a learned
+    std that becomes fixed, a dtype, a sampling setting. The checkpoint's weights and optimizer
+    state were trained with the run's policy; another one would continue from them silently (or,
+    with another set of trainable tensors, fail in the workers).
+
+    Raises:
+        RunDirError: naming the first changed setting, its value in the run and in the resume.
+    """
+    from vla_rl.dag.loader import load_template
+
+    before = _policy_settings(load_template(run.template_path, run.recorded_overrides()).config.policy)
+    after = _policy_settings(policy)
+    for key in sorted(before.keys() | after.keys()):
+        if key not in RESUMABLE_POLICY_SETTINGS and before.get(key) != after.get(key):
+            raise RunDirError(f"policy.{key}: the run's policy has {before.get(key)!r}, this resume {after.get(key)!r}; "
+                              f"the checkpoint {checkpoint} was trained with the run's, so a resume keeps it: resume "
+                              "without the override, or start a new run", field=f"policy.{key}")
+
+
+def _policy_settings(policy) -> dict:
+    """The ``policy`` section as ``{"config.activation": "tanh", ...}``, its config with the
+    defaults the policy's config class fills in (a default given explicitly is no change)."""
+    import dataclasses
+
+    settings = policy.model_dump()
+    config = policy.policy_config()
+    if dataclasses.is_dataclass(config):
+        settings["config"] = dataclasses.asdict(config)
+    return _flat(settings)
+
+
+def _flat(values: dict, prefix: str = "") -> dict:
+    """A nested dict as ``{"a.b.c": value}`` (lists and other values as leaves)."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and value:
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _sets(key: str, settings: tuple[str, ...]) -> bool:

@@ -226,7 +226,18 @@ class TrainerCheckpoint:
         return {}
 
     def load(self, resources, directory: Path, metadata: dict[str, Any]) -> None:
+        """Restore the trainer's weights and optimizer state; the optimizer's hyperparameters
+        (learning rate, betas, weight decay) stay those the run built it with, so that a resume's
+        ``trainer.lr=...`` (``critic.lr=...``) applies: ``load_state_dict`` would otherwise bring
+        back the checkpoint's, silently."""
         trainer = getattr(resources, self.resource)
+        settings = [{key: value for key, value in group.items() if key != "params"}
+                    for group in trainer.optimizer.param_groups]
+        self._load_state(trainer, directory)
+        for group, own in zip(trainer.optimizer.param_groups, settings, strict=True):
+            group.update(own)
+
+    def _load_state(self, trainer, directory: Path) -> None:
         if trainer.sharded:
             trainer.load_sharded(directory)
             return
