@@ -31,6 +31,11 @@ TINY = [
     "policy.config.hidden_sizes=[32,32]",
     *device_overrides(),
 ]
+#: On top of TINY: a warm start that succeeds now and then, and every group kept, so that the steps
+#: update the policy (with TINY alone no group has a success, SRPO's rewards are all 0 and no step
+#: trains: a resume test would pass whatever was restored).
+TRAINS = ["simulator.env.horizon=100", "warm_start.bc_steps=1500", "data.group_size=4",
+          "algorithm.filter_groups.success_rate_band=null"]
 
 
 class ListenerWatch:
@@ -135,26 +140,37 @@ def test_every_listener_of_the_run_is_on_loopback(srpo_run):
     assert not outside, f"listening outside 127.0.0.0/8: {outside}"
 
 
-def test_resume_continues_exactly(srpo_run, ray_on_loopback, tmp_path, demo_store):
+def test_resume_continues_exactly(ray_on_loopback, tmp_path, demo_store):
     """Two steps, then resume for the third: same step counter, same weights as the
-    uninterrupted run (the rollout, minibatch RNG and optimizer state are all restored)."""
-    _, full_dir, _ = srpo_run
-    common = [*TINY, f"run.output_dir={tmp_path}", "run.name=cut", f"warm_start.demo_store={demo_store}"]
-    train("embodied_srpo", [*common, "trainer.total_steps=2", "eval.num_episodes=0"])
-    summary = train("ignored", ["trainer.total_steps=3", "eval.num_episodes=0"], resume=str(tmp_path / "cut"))
+    uninterrupted run (the rollout, minibatch RNG and optimizer state are all restored), although
+    the cut run also evaluated after every step (evaluations draw their own noise, never the
+    training's: before, an evaluation before a checkpoint changed the streams it saved)."""
+    common = [*TINY, *TRAINS, f"run.output_dir={tmp_path}", f"warm_start.demo_store={tmp_path / 'demos.zarr'}"]
+    full_summary = train("embodied_srpo", [*common, "run.name=full"])
+    full_dir = tmp_path / "full"
+    train("embodied_srpo", [*common, "run.name=cut", "trainer.total_steps=2", "eval.every_steps=1"])
+    summary = train("ignored", ["trainer.total_steps=3"], resume=str(tmp_path / "cut"))
     assert summary["start_step"] == 2 and summary["steps_run"] == 1
+    # The summary keeps the run's warm-start evaluation, logged before the resume (a seed sweep's
+    # report reads it), and the improvement over it.
+    figures = [{k: v for k, v in ev.items() if not k.startswith("timing/")}
+               for ev in (summary["warm_start_eval"], full_summary["warm_start_eval"])]
+    assert figures[0] == figures[1] and "eval/greedy/success_rate" in figures[0]
+    assert "improvement_points/greedy" in summary
     # Recorded once the workers had loaded the checkpoint with them (a later resume applies them).
     resumes = [json.loads(line) for line in (tmp_path / "cut" / "resumes.jsonl").read_text().splitlines()]
-    assert [r["overrides"] for r in resumes] == [["trainer.total_steps=3", "eval.num_episodes=0"]]
+    assert [r["overrides"] for r in resumes] == [["trainer.total_steps=3"]]
     records = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "rollout/success_rate" in r] == [1, 2, 3]
     # The environment-step count carries over the interruption.
     full = [json.loads(line) for line in (full_dir / "metrics.jsonl").read_text().splitlines()]
     total_env_steps = [[r["rollout/total_env_steps"] for r in rs if "rollout/total_env_steps" in r] for rs in (records, full)]
     assert total_env_steps[0] == total_env_steps[1] and total_env_steps[0][0] < total_env_steps[0][-1]
+    weights = {step: load_file(str(full_dir / "checkpoints" / f"step_0000000{step}" / "model.safetensors"))
+               for step in (2, 3)}
+    assert any(not torch.equal(weights[2][name], weights[3][name]) for name in weights[3])  # step 3 trained
     resumed = load_file(str(tmp_path / "cut" / "checkpoints" / "step_00000003" / "model.safetensors"))
-    uninterrupted = load_file(str(full_dir / "checkpoints" / "step_00000003" / "model.safetensors"))
-    for name, value in uninterrupted.items():
+    for name, value in weights[3].items():
         torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)
 
 

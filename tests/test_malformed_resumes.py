@@ -144,3 +144,24 @@ def test_a_resume_that_changes_the_policy_but_fits_its_tensors_is_refused(overri
     assert len(err.strip().splitlines()) == 1 and f"field '{field}'" in message and values in message, err
     assert "resume without the override, or start a new run" in message
     assert snapshot(runs["srpo"]) == before
+
+
+def test_a_finished_run_has_nothing_to_resume_an_unfinished_final_evaluation_has(runs, tmp_path, monkeypatch, capsys):
+    """A run whose summary.json is written and whose checkpoint is at trainer.total_steps: refused,
+    naming trainer.total_steps (it ran the final evaluation again and logged it twice). Without
+    the summary (killed during its final evaluation) the resume is accepted: it ends that evaluation."""
+    import shutil
+
+    monkeypatch.setattr(driver, "start_ray", lambda *args, **kwargs: pytest.fail("Ray started"))
+    run = shutil.copytree(runs["srpo"], tmp_path / "srpo")
+    resumed, _, _ = prepare_run_dir(None, ["trainer.total_steps=2"], str(run))  # checkpoint step 2, no summary
+    resumed.close()
+    (run / "summary.json").write_text("{}")
+    before = snapshot(run)
+    assert main(["train", "--resume", str(run), "trainer.total_steps=2"]) == 2
+    message = " ".join(capsys.readouterr().err.split())
+    assert "field 'trainer.total_steps'" in message and "the run finished" in message
+    assert "raise it to train on, e.g. trainer.total_steps=4" in message
+    assert snapshot(run) == before
+    resumed, _, _ = prepare_run_dir(None, ["trainer.total_steps=3"], str(run))  # more steps: accepted
+    resumed.close()

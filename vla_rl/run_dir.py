@@ -40,6 +40,7 @@ from vla_rl_core.run_layout import (
     METRICS_FILE,
     RESUMES_FILE,
     RUN_TEMPLATE,
+    SUMMARY_FILE,
 )
 
 POLICY_SETTINGS = ("policy", "text", "simulator", "run.workflow")
@@ -184,7 +185,8 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
     run's template with the recorded and the new overrides) asks, against its newest complete
     checkpoint; nothing is read but file names and headers.
 
-    - The run has a checkpoint.
+    - The run has a checkpoint; a finished run (``summary.json`` written) one before
+      ``trainer.total_steps`` (an unfinished one may end its interrupted final evaluation).
     - The same number of workers wrote it: each worker continues its own random streams
       (``rng_rank<r>.safetensors``), so another number cannot resume exactly (the optimizer state
       would load: DDP's is replicated, DCP reshards FSDP's; the random streams would not).
@@ -206,7 +208,7 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
         RunDirError: the first problem, naming the setting (or the overrides) and the checkpoint.
     """
     from vla_rl.checkpoints import integrity
-    from vla_rl.checkpoints.files import latest_checkpoint
+    from vla_rl.checkpoints.files import checkpoint_step, latest_checkpoint
 
     config = template.config
     checkpoint = latest_checkpoint(run.path / CHECKPOINTS_DIR)
@@ -214,6 +216,11 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
         raise RunDirError(f"{run.path} has no checkpoint to resume from: the run stopped before it wrote one "
                           f"(trainer.save_every={config.trainer.save_every}); start a new run instead, e.g. "
                           f"vla-rl train {shlex.quote(str(run.template_path))} run.name=NEW_NAME")
+    step, total = checkpoint_step(checkpoint), config.trainer.total_steps
+    if step >= total and (run.path / SUMMARY_FILE).is_file():  # finished: it would only log a second final evaluation
+        raise RunDirError(f"the run finished: its checkpoint {checkpoint} is at step {step}, and trainer.total_steps is "
+                          f"{total}; raise it to train on, e.g. trainer.total_steps={step + max(step, 1)}",
+                          field="trainer.total_steps")
     ranks = integrity.checkpoint_ranks(checkpoint)
     if ranks and ranks != world_size:
         raise RunDirError(f"the run's checkpoint {checkpoint} was written by {ranks} workers, this resume would start "

@@ -94,6 +94,8 @@ class RunLoop:
         if self.restarts:
             summary.update(restarts=self.restarts, restarted_from_steps=list(self.restarted_from))
         first = f"{self.first_tag}_eval"
+        if resume and first not in self._first and self.evaluates:  # the run's own, from before the resume
+            self._first.update(self._logged_first_evaluation(first))
         if first in self._first:
             summary[first] = self._first[first]
         try:
@@ -153,6 +155,15 @@ class RunLoop:
                              f"{self.config.trainer.save_every} steps)") from died
         raise RunStopped(f"{what}. The run stopped {used}; its last checkpoint is {checkpoint.name}. Resume it with: "
                          f"vla-rl train --resume {shlex.quote(str(self.run_dir))}") from died
+
+    def _logged_first_evaluation(self, first: str) -> dict:
+        """``{first: figures}`` of the evaluation the run logged at step 0 before it was resumed
+        (its summary's ``warm_start_eval`` / ``initial_eval``, and the improvement the summary and
+        a seed sweep's report compute from it), or ``{}`` without one."""
+        key = f"eval/{self.config.eval.protocols[0]}/success_rate"
+        logged = [record for record in read_metrics(self.run_dir / METRICS_FILE)
+                  if record.get("step") == 0 and key in record]
+        return {first: {k: v for k, v in logged[0].items() if k != "step"}} if logged else {}
 
     def _env_steps_before(self, start: int) -> float:
         """Environment steps simulated by the first ``start`` steps of a resumed run (from its metrics)."""

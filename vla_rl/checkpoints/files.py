@@ -291,6 +291,11 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return max(candidates, key=_complete_step, default=None)
 
 
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step of the complete checkpoint directory ``path`` (``step_00000006``: 6), or None."""
+    return _complete_step(Path(path))
+
+
 def complete_checkpoints(root: str | Path) -> list[Path]:
     """The complete checkpoints under ``root`` (``step_*`` with ``trainer_state.json``), oldest first;
     staging directories are ignored."""

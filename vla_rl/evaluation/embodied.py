@@ -7,10 +7,11 @@ a training run when that list is empty. Tasks are ``eval.benchmark``'s, or the r
 simulator's task, or each task of its task set). A task of the run's own runs in the worker's own
 simulator pool (a task set's: reset into that task); another task gets a pool of its own.
 
-Noise: the live policy samples with the worker's generator (its state is part of the run's
-checkpoints, so a resumed run evaluates as an uninterrupted one); checkpoints sample with seeds
-drawn from (run seed, task, protocol, first initial state), the same for every checkpoint
-(common random numbers).
+Noise: every target, the live policy of a training run included, samples with a generator seeded
+from (run seed, task, protocol, first initial state) (:func:`~vla_rl.evaluation.session.evaluation_generator`):
+the same noise for every checkpoint and step (common random numbers), and none drawn from the
+training's random streams, so evaluating (or not, or more often) never changes the training, and a
+resumed run trains and evaluates as an uninterrupted one.
 
 With ``eval.store_episodes`` every episode is appended to this rank's zarr store of its task
 (``<run_dir>/episodes/<task>/rank<r>.zarr``, committed one by one, with the actions the simulator
@@ -52,7 +53,7 @@ from vla_rl.evaluation.episode_store import (
 )
 from vla_rl.evaluation.protocol import ProtocolPolicy
 from vla_rl.evaluation.replay import episode_env_actions, replay_episodes
-from vla_rl.evaluation.session import EvaluationSession
+from vla_rl.evaluation.session import EvaluationSession, evaluation_generator
 from vla_rl.evaluation.video import record_video, video_camera
 from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl.trainers.strategy import autocast, cast_for_rollouts
@@ -187,11 +188,7 @@ class EmbodiedEvaluation(EvaluationSession):
         t, c, p = self.group_of(batch)
         policy, pool = self.policy(t, c), self.pool(t)
         ids = batch[keys.INIT_STATE_ID].numpy()
-        if self.checkpoints[c] is None:
-            generator = self.res.generator
-        else:  # the same noise for every checkpoint (common random numbers: paired comparisons)
-            seed = np.random.SeedSequence([self.config.run.seed, t, p, int(ids[0])]).generate_state(1)[0]
-            generator = torch.Generator().manual_seed(int(seed))
+        generator = evaluation_generator(self.config.run.seed, t, p, int(ids[0]))
         task_ids = None if self._pool_task_id is None else np.full(len(ids), self._pool_task_id, dtype=np.int64)
         spec, protocol = self.tasks[t], self.protocols[p]
         policy.use_tasks(spec.simulator, [spec.env_config()])
@@ -253,7 +250,8 @@ class EmbodiedEvaluation(EvaluationSession):
             task_ids = np.arange(ev.video_episodes, dtype=np.int64) % len(envs) if sim.multi_task else None
             with autocast(self.config.trainer, self.res.device):
                 out = record_video(self.res.policy, pool, ids, self.eval_dir / VIDEOS_DIR / f"{self.tag}.mp4",
-                                   ev.video_fps, self.res.generator, task_ids=task_ids)
+                                   ev.video_fps, evaluation_generator(self.config.run.seed, 0, 0, int(ids[0])),
+                                   task_ids=task_ids)
         finally:
             pool.close()
         return {f"video/{self.tag}_successes": float(out["video_successes"])}

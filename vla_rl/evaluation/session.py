@@ -30,6 +30,18 @@ from vla_rl_core import keys
 SUCCESSES, EPISODES, LENGTH_SUM = range(3)
 
 
+def evaluation_generator(run_seed: int, task: int, protocol: int, first_item: int) -> torch.Generator:
+    """The random generator of one evaluation batch: a CPU generator (policies draw from any
+    device's, :func:`policies.sampling.draw`) seeded from the run seed, the task, the protocol
+    and the batch's first item (initial state, prompt row). Every target, every checkpoint and the
+    live policy at every step, draws the same noise for the same items (common random numbers:
+    paired comparisons); and an evaluation never draws from the training's random streams, so
+    whether, when and how often a run evaluates does not change its training, and a resumed
+    run trains as an uninterrupted one whatever its evaluations."""
+    seed = np.random.SeedSequence([int(run_seed), int(task), int(protocol), int(first_item)]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(seed))
+
+
 class EvaluationSession(ABC):
     """Bookkeeping of one worker's evaluation.
 

@@ -2,7 +2,8 @@
 
 Each worker reads only its own row groups of the test file (as training does) and evaluates the
 first :func:`eval_quotas` rows of its shard once per protocol (greedy decoding, or sampling at
-the policy's temperature with the worker's generator), scored by the rule verifiers of the rows'
+the policy's temperature with :func:`~vla_rl.evaluation.session.evaluation_generator`'s noise,
+never the training's), scored by the rule verifiers of the rows'
 ``data_source``; one prompt counts as one episode, its length is the response's tokens.
 """
 
@@ -13,7 +14,7 @@ import torch
 from tensordict import TensorDict
 
 from vla_rl.data.prompt_dataset import PromptFile
-from vla_rl.evaluation.session import EvaluationSession
+from vla_rl.evaluation.session import EvaluationSession, evaluation_generator
 from vla_rl.rewards.verifiers import verify
 from vla_rl.trainers.strategy import autocast
 from vla_rl.utils.collectives import all_gather_small_objects
@@ -66,17 +67,18 @@ class TextEvaluation(EvaluationSession):
         return np.fromiter(self.rows, dtype=np.int64, count=len(self.rows))
 
     def rollout(self, batch: TensorDict) -> tuple[TensorDict, int]:
-        _, _, p = self.group_of(batch)
+        t, _, p = self.group_of(batch)
         greedy = self.protocols[p].greedy
         policy = self.res.policy.eval()
         rows = [self.rows[i] for i in batch[keys.UID].tolist()]
+        generator = evaluation_generator(self.res.config.run.seed, t, p, rows[0].index)
         success, lengths = [], []
         for start in range(0, len(rows), EVAL_BATCH_SIZE):
             chunk = rows[start : start + EVAL_BATCH_SIZE]
             input_ids, attention_mask = policy.processor.encode_prompts([r.prompt for r in chunk],
                                                                         policy.config.max_prompt_length)
             with autocast(self.res.config.trainer, self.res.device):  # the policy computes as in training
-                generation = policy.generate(input_ids, attention_mask, greedy=greedy, generator=self.res.generator)
+                generation = policy.generate(input_ids, attention_mask, greedy=greedy, generator=generator)
             texts = policy.processor.decode_responses(generation.responses, generation.response_mask)
             success += [verify(r.data_source, text, r.ground_truth, self.flexible).correct for r, text in zip(chunk, texts)]
             lengths.append(generation.response_mask.sum(-1).cpu())

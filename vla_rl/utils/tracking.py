@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
 from vla_rl_core.run_layout import METRICS_FILE, TENSORBOARD_DIR
+
+logger = logging.getLogger(__name__)
 
 
 class MetricsLogger:
@@ -23,10 +26,9 @@ class MetricsLogger:
 
         self.path = run_dir / METRICS_FILE
         if resume_step is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            kept = [record for record in read_metrics(self.path) if record["step"] <= resume_step]
             tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
+            tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
             tmp.replace(self.path)
         self._file = self.path.open("a")
         self._writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=None if resume_step is None else resume_step + 1)
@@ -46,5 +48,19 @@ class MetricsLogger:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """All records of a ``metrics.jsonl`` file, in order."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """All records of a ``metrics.jsonl`` file, in order. A last line that is not JSON (a process
+    killed while it wrote it) is left out with a warning.
+
+    Raises:
+        ValueError: a line before the last is not JSON (the message names the file and the line).
+    """
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number < len(lines):
+                raise ValueError(f"{path}: line {number} is not a JSON record ({error})") from None
+            logger.warning("%s: its last line is cut short (the run was killed while writing it); left out", path)
+    return records
