@@ -75,3 +75,28 @@ def test_sft_checks_its_inputs(policy):
     empty = SFTExamples(ids, ids, ids, ids.bool())
     with pytest.raises(ValueError, match="at least one example"):
         supervised_fine_tune(policy, empty, SFTConfig(steps=1))
+
+
+def test_the_sft_nodes_loss_is_the_likelihood_at_temperature_1_whatever_the_sampling_temperature(
+        tiny_lm_dir, tmp_path, process_group):
+    """llm_sft's update (ActorTrainer.supervised_update) and the warm start (sft_loss) minimise
+    the same loss: the targets' likelihood at temperature 1, with text.temperature 0.5 too (the
+    update used the sampling temperature)."""
+    from tensordict import TensorDict
+
+    from vla_rl.trainers.actor import ActorTrainer, text_forward
+    from vla_rl_core import keys
+
+    policy = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(tiny_lm_dir), max_prompt_length=24,
+                                                           max_response_length=20, temperature=0.5))
+    paths = write_arithmetic_dataset(tmp_path, num_train=8, num_test=2)
+    examples = encode_sft_examples(policy, PromptFile(paths["train"]).read_shard(0, 1, ["extra_info.answer"]))
+    with torch.no_grad():
+        expected = float(policy.sft_loss(examples.input_ids, examples.attention_mask, examples.responses,
+                                         examples.response_mask))
+    batch = TensorDict({keys.INPUT_IDS: examples.input_ids, keys.ATTENTION_MASK: examples.attention_mask,
+                        keys.RESPONSES: examples.responses, keys.RESPONSE_MASK: examples.response_mask.bool()},
+                       batch_size=[len(examples)])
+    trainer = ActorTrainer(policy, lr=0.0, forward=text_forward)
+    metrics = trainer.supervised_update(batch, 1, 8, 1.0, torch.Generator().manual_seed(0))
+    assert metrics["sft/loss"] == pytest.approx(expected, rel=1e-5)

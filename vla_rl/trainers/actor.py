@@ -103,7 +103,7 @@ def weight_units(batch: TensorDict, granularity: str) -> Tensor:
                             batch[keys.ACTIONS].shape[2]).flatten(start_dim=1)  # (n, T * C)
 
 
-def text_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
+def text_forward(model, batch: TensorDict, temperature: float | None = None) -> tuple[Tensor, Tensor]:
     """Log-probs and entropies of sampled responses, laid out as one-token, one-dimension actions.
 
     A response token is a decision step whose chunk and action dimension are both 1, so the
@@ -116,6 +116,7 @@ def text_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
             temperature)`` at the policy's sampling temperature.
         batch: ``input_ids``, ``attention_mask`` ``(n, P)`` left-padded prompts; ``responses``
             ``(n, R)`` int64 and ``response_mask`` ``(n, R)`` bool, right-padded.
+        temperature: another temperature (supervised fine-tuning's 1); None: the policy's.
 
     Returns:
         ``log_probs`` and ``entropy``, each ``(n, R, 1, 1)`` float32, 0 after each response's end
@@ -126,8 +127,9 @@ def text_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
         empty = responses.new_zeros((*responses.shape, 1, 1), dtype=torch.float32)
         return empty, empty.clone()
     policy = model.module if isinstance(model, DistributedDataParallel) else model
+    temperature = policy.config.temperature if temperature is None else temperature
     log_probs, entropy = model(batch[keys.INPUT_IDS], batch[keys.ATTENTION_MASK], batch[keys.RESPONSES],
-                               batch[keys.RESPONSE_MASK], policy.config.temperature)  # (n, R) each
+                               batch[keys.RESPONSE_MASK], temperature)  # (n, R) each
     return log_probs[..., None, None], entropy[..., None, None]
 
 
@@ -312,9 +314,10 @@ class ActorTrainer:
 
     def supervised_update(self, batch: TensorDict, epochs: int, mini_batch_size: int, max_grad_norm: float,
                           generator: torch.Generator, micro_batch_size: int | None = None) -> dict[str, float]:
-        """Supervised fine-tuning on this worker's shard of prompt/target pairs (``llm_sft``):
-        the negative log-likelihood of the target tokens at temperature 1 (the policy's forward
-        at its configured temperature; set ``text.temperature: 1.0`` for plain SFT), token mean.
+        """Supervised fine-tuning on this worker's shard of prompt/target pairs (``llm_sft``; the
+        trainer's ``forward`` is :func:`text_forward`): the negative log-likelihood of the target
+        tokens at temperature 1 whatever ``text.temperature`` (the warm start's
+        :meth:`~policies.causal_lm.modeling_causal_lm.CausalLMPolicy.sft_loss` too), token mean.
 
         Args:
             batch: what ``forward`` reads, the targets as ``responses`` / ``response_mask``.
@@ -345,7 +348,7 @@ class ActorTrainer:
                                                                 None if weights is None else weights[i], world):
                 mb = batch[index]
                 with self.parallel.autocast():
-                    log_probs = self.forward(self.ddp, mb)[0].flatten(start_dim=2).sum(-1)  # (b, T)
+                    log_probs = self.forward(self.ddp, mb, temperature=1.0)[0].flatten(start_dim=2).sum(-1)  # (b, T)
                 loss = -aggregate_loss(log_probs, mb[keys.RESPONSE_MASK], "token-mean")
                 with self.parallel.gradient_sync(sync):
                     (loss if scale is None else loss * scale).backward()
