@@ -138,8 +138,9 @@ class LiberoEnvConfig:
     horizon: int | None = None
     """Time limit in control steps; ``None``: the suite's :data:`SUITE_HORIZONS` entry."""
     task_seed: int = 0
-    """Seed given once to LIBERO's ``env.seed`` when the task's environment is built, before any
-    episode ("seed seems to affect object positions even when using fixed initial state"):
+    """Seed given to LIBERO's ``env.seed`` and to numpy's global generator before every reset
+    (the scene's placement is drawn from it: ``LiberoEnv._seed_placements``; "seed seems to affect
+    object positions even when using fixed initial state"):
     OpenVLA-OFT's ``run_libero_eval.get_libero_env`` seeds 0; openpi's LIBERO example
     (``examples/libero/main.py``, ``_get_libero_env``) seeds its ``--seed``, 7."""
     num_steps_wait: int = 10
@@ -210,8 +211,8 @@ class LiberoEnv(SingleEnv):
     Reward is 1.0 on success (LIBERO's goal predicates, ``env.check_success()``) and 0.0
     otherwise; an episode terminates on success and is truncated after ``config.horizon`` control
     steps. The environment never resets itself. It is created once with ``hard_reset=False`` and
-    seeded once with ``config.task_seed`` (0 by default, as OpenVLA-OFT's evaluation; openpi's
-    LIBERO example seeds 7); ``reset`` restores one of the task's fixed initial states.
+    seeded with ``config.task_seed`` before every reset (0 by default, as OpenVLA-OFT's evaluation;
+    openpi's LIBERO example seeds 7); ``reset`` restores one of the task's fixed initial states.
 
     Args:
         config: the environment's configuration.
@@ -244,9 +245,7 @@ class LiberoEnv(SingleEnv):
         task, bddl_file, self._init_states = _load_task(config.suite, config.task_id)
         self._instruction = task.language
         self._env = _make_libero_env(config, bddl_file)
-        # run_libero_eval.get_libero_env: env.seed(0) once per task ("seed seems to affect object
-        # positions even when using fixed initial state"); openpi's example: env.seed(7)
-        self._env.seed(config.task_seed)
+        self._seed_placements()
         observation_spec = self._env.env.observation_spec()
         try:
             self._check_names(observation_spec)
@@ -259,6 +258,22 @@ class LiberoEnv(SingleEnv):
         starts = np.cumsum([0, *sizes])
         self._obs_layout = {key: slice(int(starts[i]), int(starts[i + 1])) for i, key in enumerate(config.obs_keys)}
         self._init_spaces(int(starts[-1]), int(self._env.env.action_dim))
+
+    def _seed_placements(self) -> None:
+        """Seed what LIBERO's reset draws the scene's placement from, before every reset.
+
+        The reset places the fixtures (a cabinet, a stove: model data, which ``set_init_state``
+        does not restore) with its region samplers, which draw from numpy's global generator.
+        run_libero_eval.get_libero_env calls ``env.seed(0)`` once per task ("seed seems to affect
+        object positions even when using fixed initial state"), which on robosuite 1.4 seeded that
+        generator; on robosuite 1.5 (rpent-libero) ``env.seed`` is an attribute, and the wrapper
+        only sets robosuite's own ``rng``, so the global generator was never seeded: the same
+        initial-state id got a cabinet up to 1 cm and 0.7 degrees elsewhere from one reset to the
+        next. Seeded before every reset, an id gets the scenery of a freshly seeded environment
+        (SimpleVLA-RL's per-episode environments, OpenVLA-OFT's first trial) whatever ran before.
+        """
+        self._env.seed(self.config.task_seed)  # robosuite 1.5: its rng; 1.4: numpy's global generator
+        np.random.seed(self.config.task_seed)  # noqa: NPY002 (LIBERO's region samplers draw from it)
 
     @property
     def instruction(self) -> str:
@@ -295,6 +310,7 @@ class LiberoEnv(SingleEnv):
         else:
             index = init_state_index(seed, self.num_init_states)
         self._select_render_context()
+        self._seed_placements()
         self._env.reset()
         raw_obs = self._env.set_init_state(self._init_states[index])
         for _ in range(self.config.num_steps_wait):
