@@ -84,7 +84,8 @@ def test_the_sft_nodes_loss_is_the_likelihood_at_temperature_1_whatever_the_samp
     update used the sampling temperature)."""
     from tensordict import TensorDict
 
-    from vla_rl.trainers.actor import ActorTrainer, text_forward
+    from vla_rl.dag.registry import WORKFLOWS
+    from vla_rl.trainers.actor import ActorTrainer
     from vla_rl_core import keys
 
     policy = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(tiny_lm_dir), max_prompt_length=24,
@@ -97,6 +98,6 @@ def test_the_sft_nodes_loss_is_the_likelihood_at_temperature_1_whatever_the_samp
     batch = TensorDict({keys.INPUT_IDS: examples.input_ids, keys.ATTENTION_MASK: examples.attention_mask,
                         keys.RESPONSES: examples.responses, keys.RESPONSE_MASK: examples.response_mask.bool()},
                        batch_size=[len(examples)])
-    trainer = ActorTrainer(policy, lr=0.0, forward=text_forward)
+    trainer = ActorTrainer(policy, lr=0.0, forward=WORKFLOWS.get("text").batch_forward)  # as the workers build it
     metrics = trainer.supervised_update(batch, 1, 8, 1.0, torch.Generator().manual_seed(0))
     assert metrics["sft/loss"] == pytest.approx(expected, rel=1e-5)

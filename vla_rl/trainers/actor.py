@@ -314,8 +314,8 @@ class ActorTrainer:
 
     def supervised_update(self, batch: TensorDict, epochs: int, mini_batch_size: int, max_grad_norm: float,
                           generator: torch.Generator, micro_batch_size: int | None = None) -> dict[str, float]:
-        """Supervised fine-tuning on this worker's shard of prompt/target pairs (``llm_sft``; the
-        trainer's ``forward`` is :func:`text_forward`): the negative log-likelihood of the target
+        """Supervised fine-tuning on this worker's shard of prompt/target pairs (``llm_sft``; a
+        causal LM, scored by :func:`text_forward`): the negative log-likelihood of the target
         tokens at temperature 1 whatever ``text.temperature`` (the warm start's
         :meth:`~policies.causal_lm.modeling_causal_lm.CausalLMPolicy.sft_loss` too), token mean.
 
@@ -348,7 +348,7 @@ class ActorTrainer:
                                                                 None if weights is None else weights[i], world):
                 mb = batch[index]
                 with self.parallel.autocast():
-                    log_probs = self.forward(self.ddp, mb, temperature=1.0)[0].flatten(start_dim=2).sum(-1)  # (b, T)
+                    log_probs = text_forward(self.ddp, mb, temperature=1.0)[0].flatten(start_dim=2).sum(-1)  # (b, T)
                 loss = -aggregate_loss(log_probs, mb[keys.RESPONSE_MASK], "token-mean")
                 with self.parallel.gradient_sync(sync):
                     (loss if scale is None else loss * scale).backward()
