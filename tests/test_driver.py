@@ -199,6 +199,12 @@ def test_grpo_template_runs_until_the_env_step_budget(ray_on_loopback, tmp_path,
     assert (tmp_path / "grpo" / "checkpoints" / "step_00000001").is_dir()
     resolved = (tmp_path / "grpo" / "template.yaml").read_text()
     assert "reward: success" in resolved
+    # Killed during its final evaluation (no summary.json): the resume ends it without training a
+    # step past the budget (it trained one more, and logged a second final evaluation).
+    (tmp_path / "grpo" / "summary.json").unlink()
+    resumed = train("ignored", [], resume=str(tmp_path / "grpo"))
+    assert resumed["steps_run"] == 0 and resumed["last_step"] == 1 and resumed["env_steps"] == summary["env_steps"]
+    assert not (tmp_path / "grpo" / "checkpoints" / "step_00000002").exists()
 
 
 def test_worker_group_refuses_non_scalar_replies(ray_on_loopback):

@@ -165,3 +165,26 @@ def test_a_finished_run_has_nothing_to_resume_an_unfinished_final_evaluation_has
     assert snapshot(run) == before
     resumed, _, _ = prepare_run_dir(None, ["trainer.total_steps=3"], str(run))  # more steps: accepted
     resumed.close()
+
+
+def test_a_run_that_spent_its_environment_step_budget_has_nothing_to_resume(runs, tmp_path, monkeypatch, capsys):
+    """A run stopped by trainer.total_env_steps (summary.json written, its checkpoint before
+    trainer.total_steps): refused, naming trainer.total_env_steps; it used to train one more step
+    and log a second final evaluation. A larger budget is accepted."""
+    import json
+    import shutil
+
+    monkeypatch.setattr(driver, "start_ray", lambda *args, **kwargs: pytest.fail("Ray started"))
+    run = shutil.copytree(runs["srpo"], tmp_path / "srpo")  # checkpoint step 2
+    records = [{"step": 1, "rollout/total_env_steps": 600.0}, {"step": 2, "rollout/total_env_steps": 1250.0},
+               {"step": 2, "eval/greedy/success_rate": 0.5}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "summary.json").write_text("{}")
+    before = snapshot(run)
+    assert main(["train", "--resume", str(run), "trainer.total_steps=9", "trainer.total_env_steps=1200"]) == 2
+    message = " ".join(capsys.readouterr().err.split())
+    assert "field 'trainer.total_env_steps'" in message and "the run finished" in message
+    assert "after 1250 environment steps" in message and "e.g. trainer.total_env_steps=2500" in message
+    assert snapshot(run) == before
+    resumed, _, _ = prepare_run_dir(None, ["trainer.total_steps=9", "trainer.total_env_steps=1300"], str(run))
+    resumed.close()

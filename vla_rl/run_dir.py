@@ -186,7 +186,8 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
     checkpoint; nothing is read but file names and headers.
 
     - The run has a checkpoint; a finished run (``summary.json`` written) one before
-      ``trainer.total_steps`` (an unfinished one may end its interrupted final evaluation).
+      ``trainer.total_steps``, and fewer environment steps than ``trainer.total_env_steps`` at
+      it (an unfinished one may end its interrupted final evaluation, without training).
     - The same number of workers wrote it: each worker continues its own random streams
       (``rng_rank<r>.safetensors``), so another number cannot resume exactly (the optimizer state
       would load: DDP's is replicated, DCP reshards FSDP's; the random streams would not).
@@ -221,6 +222,12 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
         raise RunDirError(f"the run finished: its checkpoint {checkpoint} is at step {step}, and trainer.total_steps is "
                           f"{total}; raise it to train on, e.g. trainer.total_steps={step + max(step, 1)}",
                           field="trainer.total_steps")
+    budget = config.trainer.total_env_steps
+    spent = env_steps_at(run.path / METRICS_FILE, step) if budget is not None else 0.0
+    if budget is not None and spent >= budget and (run.path / SUMMARY_FILE).is_file():
+        raise RunDirError(f"the run finished: its checkpoint {checkpoint} is at step {step}, after {spent:.0f} "
+                          f"environment steps, and trainer.total_env_steps is {budget}; raise it to train on, e.g. "
+                          f"trainer.total_env_steps={2 * int(spent)}", field="trainer.total_env_steps")
     ranks = integrity.checkpoint_ranks(checkpoint)
     if ranks and ranks != world_size:
         raise RunDirError(f"the run's checkpoint {checkpoint} was written by {ranks} workers, this resume would start "
@@ -244,6 +251,16 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
                           "new run")
     if any(_sets(item.partition("=")[0], ("policy",)) for item in overrides):
         _refuse_policy_changes(run, config.policy, checkpoint)
+
+
+def env_steps_at(metrics: Path, step: int) -> float:
+    """The environment steps (``rollout/total_env_steps``) a run had simulated after ``step``
+    training steps, from its ``metrics.jsonl`` (0 without a record of them)."""
+    from vla_rl.utils.tracking import read_metrics
+
+    records = [r for r in read_metrics(metrics) if r.get("step", 0) <= step and "rollout/total_env_steps" in r] \
+        if metrics.is_file() else []
+    return float(records[-1]["rollout/total_env_steps"]) if records else 0.0
 
 
 #: Policy settings a resume may change: where a pretrained checkpoint lives (a moved directory),

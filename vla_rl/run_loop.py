@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from vla_rl.checkpoints.files import latest_checkpoint
 from vla_rl.errors import RunStopped
+from vla_rl.run_dir import env_steps_at
 from vla_rl.utils.plotting import plot_success_curve
 from vla_rl.utils.tracking import MetricsLogger, read_metrics
 from vla_rl.workers.dag_worker import ROLLOUT_TIMING
@@ -107,7 +108,7 @@ class RunLoop:
                 summary[first] = run_evaluation(self.workers, 0, self.first_tag, True)
                 self._first[first] = summary[first]
                 logger.log(0, summary[first])
-            summary.update(self._train(start, logger, self._env_steps_before(start) if resume else 0.0))
+            summary.update(self._train(start, logger, env_steps_at(self.run_dir / METRICS_FILE, start) if resume else 0.0))
             summary["steps_run"] = summary["last_step"] - summary["start_step"]  # a re-run step counts once
             if self.evaluates:
                 self.console.print("evaluating the trained policy on held-out initial states ...")
@@ -165,12 +166,6 @@ class RunLoop:
                   if record.get("step") == 0 and key in record]
         return {first: {k: v for k, v in logged[0].items() if k != "step"}} if logged else {}
 
-    def _env_steps_before(self, start: int) -> float:
-        """Environment steps simulated by the first ``start`` steps of a resumed run (from its metrics)."""
-        records = [r for r in read_metrics(self.run_dir / METRICS_FILE)
-                   if r.get("step", 0) <= start and TOTAL_ENV_STEPS in r]
-        return float(records[-1][TOTAL_ENV_STEPS]) if records else 0.0
-
     def _train(self, start: int, logger: MetricsLogger, env_steps: float) -> dict:
         """Run steps ``start ..`` until ``trainer.total_steps`` or the ``trainer.total_env_steps``
         budget; ``env_steps`` is what earlier steps simulated.
@@ -183,6 +178,10 @@ class RunLoop:
         rollout_time, session_env_steps = 0.0, 0.0
         last_step = start
         train_start = time.perf_counter()
+        if budget is not None and env_steps >= budget:  # a resume of a run stopped in its final evaluation
+            self.console.print(f"environment-step budget already reached: {env_steps:.0f} >= "
+                               f"trainer.total_env_steps={budget}; no training step runs")
+            total = start
         pending, step_start = (self.workers.submit("run_step", start), train_start) if start < total else (None, 0.0)
         with tqdm(range(start, total), initial=start, total=total, desc="training", unit="step",
                   dynamic_ncols=True) as bar:  # closed also when a worker dies
