@@ -74,9 +74,13 @@ class _RowwiseLinearFunction(torch.autograd.Function):
             x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
         ctx.save_for_backward(x, weight)
         rows = x.shape[0]
+        # Written into a (B, out) tensor through a (B, 1, out) view of it: the output is no view
+        # (FSDP2 warns of a module that returns one: an in-place op on it would skip its all-gather).
+        out = x.new_empty(rows, weight.shape[0])
         with torch.autocast(device_type, enabled=False) if autocasting else contextlib.nullcontext():
-            out = torch.baddbmm(bias.expand(rows, 1, -1), x.unsqueeze(1), weight.t().expand(rows, -1, -1))
-        return out.squeeze(1)  # (B, out)
+            torch.baddbmm(bias.expand(rows, 1, -1), x.unsqueeze(1), weight.t().expand(rows, -1, -1),
+                          out=out.unsqueeze(1))
+        return out  # (B, out)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -330,7 +334,7 @@ class MLPPolicy(Policy):
         mean = self.action_mean(obs).unsqueeze(1)  # (B, 1, A)
         self._check_actions(actions, mean.shape[0], "actions")
         std = self.action_std().float()  # (A,)
-        entropy = (0.5 + _LOG_SQRT_2PI + std.log()).expand(mean.shape)  # (B, 1, A)
+        entropy = (0.5 + _LOG_SQRT_2PI + std.log()).expand(mean.shape).contiguous()  # (B, 1, A), no view (FSDP2)
         return self._log_prob_per_dim(actions.to(mean.device, torch.float32), mean.float(), std), entropy
 
     def bc_loss(self, obs: Tensor, expert_actions: Tensor) -> Tensor:
