@@ -2,7 +2,9 @@
 
 A node function has the signature ``fn(ctx, batch) -> NodeOutput``: ``ctx`` is the worker-side
 context (device, process groups, the node's validated config, the resources it declared, ...),
-``batch`` the merged outputs of the node's dependencies (``None`` for a node without deps). New
+``batch`` the merged outputs of the node's dependencies (``None`` for a node without deps; deps
+must output the same rows, and a key two of them output must hold equal values in both, else the
+worker stops naming the node and the deps: ``DAGWorker._node_input``). New
 algorithms and nodes are added by registering, never by editing the worker::
 
     class RewardConfig(BaseModel):

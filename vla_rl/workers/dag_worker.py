@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 
 from vla_rl.config import RunConfig
 from vla_rl.dag.loader import load_template
@@ -263,12 +263,28 @@ class DAGWorker:
 
     @staticmethod
     def _node_input(task: RunNode, outputs, edge_inputs) -> TensorDict | None:
-        inputs = [edge_inputs.get((dep, task.node_id), outputs[dep]) for dep in task.deps]
-        inputs = [b for b in inputs if b is not None]
+        """The input batch of ``task``: its dependencies' outputs (re-sharded where an edge was),
+        merged key by key. Merged outputs must hold the same rows: as many, and equal values
+        under every key two of them carry (the group ids :data:`~vla_rl_core.keys.UID` among
+        them), so that no row is joined to another row's fields.
+
+        Raises:
+            ValueError: two dependencies' outputs disagree, naming the node, both dependencies
+                and the row count or the key.
+        """
+        inputs = [(dep, edge_inputs.get((dep, task.node_id), outputs[dep])) for dep in task.deps]
+        inputs = [(dep, b) for dep, b in inputs if b is not None]
         if not inputs:
             return None
-        merged = inputs[0]
-        for other in inputs[1:]:
+        first, merged = inputs[0]
+        for dep, other in inputs[1:]:
+            if len(other) != len(merged):
+                raise ValueError(f"node {task.node_id}: its deps {first} and {dep} hold {len(merged)} and {len(other)} "
+                                 "rows on this worker; a node's deps must output the same rows")
+            for key in sorted(set(merged.keys()) & set(other.keys())):
+                if not _same_values(merged.get(key), other.get(key)):
+                    raise ValueError(f"node {task.node_id}: its deps {first} and {dep} both output {key!r} with other "
+                                     "values; a node's deps must output the same rows, and a key twice only if equal")
             merged = merged.clone(recurse=False).update(other)
         return merged
 
@@ -296,6 +312,16 @@ class DAGWorker:
             self.resources.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _same_values(a, b) -> bool:
+    """Whether two values of a batch key are equal: tensors (on any device) and nested batches
+    element by element, anything else (non-tensor data) by ``==``."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return torch.equal(a, b.to(a.device))
+    if isinstance(a, TensorDictBase) and isinstance(b, TensorDictBase):
+        return set(a.keys()) == set(b.keys()) and all(_same_values(a.get(k), b.get(k)) for k in a.keys())
+    return type(a) is type(b) and bool(a == b)
 
 
 def comm_metrics(counts: CommCounters) -> dict[str, Metric]:

@@ -1,0 +1,50 @@
+"""A node with several deps gets their outputs merged, row for row: outputs that do not hold the
+same rows are refused, naming the node and the deps (they were joined silently, or failed deep in
+TensorDict)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from vla_rl.dag.planner import RunNode
+from vla_rl.workers.dag_worker import DAGWorker
+from vla_rl_core import keys
+
+NODE = RunNode("join", "compute", "compute", "fn", 1, 0, ("rollout", "reward"), None)
+
+
+def batch(uids, **fields) -> TensorDict:
+    return TensorDict({keys.UID: torch.tensor(uids), **fields}, batch_size=[len(uids)])
+
+
+def test_outputs_of_the_same_rows_are_merged_key_by_key():
+    rollout = batch([0, 0, 1], obs=torch.arange(3.0))
+    reward = batch([0, 0, 1], obs=torch.arange(3.0), rewards=torch.tensor([1.0, 0.0, 0.5]))
+    merged = DAGWorker._node_input(NODE, {"rollout": rollout, "reward": reward}, {})
+    assert set(merged.keys()) == {keys.UID, "obs", "rewards"}
+    torch.testing.assert_close(merged["rewards"], torch.tensor([1.0, 0.0, 0.5]))
+    assert "rewards" not in rollout.keys()  # the dependency's own output is left as it was
+
+
+def test_an_edges_resharded_input_replaces_the_output():
+    rollout = batch([0, 1], obs=torch.zeros(2))
+    reward = batch([5, 6], obs=torch.zeros(2), rewards=torch.ones(2))
+    edge = {("rollout", "join"): batch([5, 6], obs=torch.zeros(2))}
+    merged = DAGWorker._node_input(NODE, {"rollout": rollout, "reward": reward}, edge)
+    assert merged[keys.UID].tolist() == [5, 6]
+
+
+@pytest.mark.parametrize("reward, message", [
+    (batch([0, 1], rewards=torch.ones(2)), "node join: its deps rollout and reward hold 3 and 2 rows on this worker"),
+    (batch([0, 1, 2], rewards=torch.ones(3)), f"node join: its deps rollout and reward both output '{keys.UID}' "
+                                              "with other values"),
+    (batch([0, 0, 1], obs=torch.tensor([0.0, 1.0, 3.0])), "node join: its deps rollout and reward both output 'obs' with other values"),
+])
+def test_outputs_of_other_rows_are_refused_naming_the_node_and_the_deps(reward, message):
+    rollout = batch([0, 0, 1], obs=torch.arange(3.0))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        DAGWorker._node_input(NODE, {"rollout": rollout, "reward": reward}, {})
