@@ -3,7 +3,9 @@ nested camera observations (uint8 images, a time dimension) included."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from tensordict import TensorDict
 
-from vla_rl.data.reshard import group_sizes, reshard, split_groups
+from vla_rl.data.reshard import group_sizes, reshard, route, split_groups
 from vla_rl.utils.ray_utils import free_loopback_port
 
 # Groups of uneven sizes, in global order: group g has GROUP_SIZES[g] samples.
@@ -190,3 +192,60 @@ def test_reshard_counts_exactly_the_bytes_it_moves():
         assert counts["rebalance"] == {"reshard_meta": (1, 16, 16), "reshard_rows": (1, 0, 0)}
         assert odd_rows == torch.arange(12.0).reshape(4, 3).tolist()
         assert odd_meta_collectives >= 2  # the headers, then the schemas (in one or two more collectives)
+
+
+def _fewest_moves(counts: list[int]) -> int:
+    """The fewest rows any even-out of ``counts`` into shards of ``n // d`` or ``n // d + 1`` rows
+    moves, by trying every choice of the shards that get one more."""
+    d = len(counts)
+    base, extra = divmod(sum(counts), d)
+    best_kept = max(sum(min(c, base + (k in plus)) for k, c in enumerate(counts))
+                    for plus in map(set, itertools.combinations(range(d), extra)))
+    return sum(counts) - best_kept
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_rebalance_moves_the_fewest_rows_and_keeps_global_order(seed):
+    """Random unequal shards of single samples, with replicas (2 ranks per shard): every shard
+    ends with n // d or n // d + 1 rows, every row lands in exactly one shard (every replica of
+    it), in global order, and the rows that leave their shard are the fewest possible (equal
+    contiguous cuts of the global order moved more, e.g. 6 instead of 4 for [0, 6, 6])."""
+    rng = random.Random(seed)
+    d = rng.randint(2, 5)
+    counts = [rng.randint(0, 9) for _ in range(d)]
+    world = 2 * d
+    ranges = route([[1] * c for c in counts], world, d, d)
+    offsets = list(itertools.accumulate([0, *counts]))
+    base = sum(counts) // d
+    holds = []
+    for rank in range(world):
+        rows = [offsets[k] + i for k in range(d) for i in range(*ranges[k][rank])]
+        assert rows == sorted(rows) and base <= len(rows) <= base + 1
+        holds.append(rows)
+    assert all(holds[2 * k] == holds[2 * k + 1] for k in range(d))  # replicas hold the same rows
+    assert sorted(row for k in range(d) for row in holds[2 * k]) == list(range(sum(counts)))
+    moved = sum(stop - start for k in range(d) for j in range(d) if j != k for start, stop in [ranges[k][2 * j]])
+    assert moved == _fewest_moves(counts)
+
+
+def test_a_rebalance_from_an_empty_shard_moves_only_the_surplus():
+    ranges = route([[], [1] * 6, [1] * 6], 3, 3, 3)
+    assert [ranges[k][0] for k in range(3)] == [(0, 0), (4, 6), (4, 6)]  # shard 0 gets the others' surplus
+    assert [ranges[k][k] for k in range(3)] == [(0, 0), (0, 4), (0, 4)]  # they keep their first 4 rows
+    assert ranges[1][2] == ranges[2][1] == (0, 0)
+
+
+def _rebalance_worker(rank: int, world: int, port: int, results) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    offsets, counts = [0, 0, 6], [0, 6, 6]
+    x = torch.arange(offsets[rank], offsets[rank] + counts[rank], dtype=torch.float32)
+    local = TensorDict({"x": x, "uid": x.long()}, batch_size=[counts[rank]])
+    results[rank] = reshard(local, 3, 3, group_key=None)["x"].tolist()
+    dist.destroy_process_group()
+
+
+def test_a_rebalance_over_gloo_moves_the_surplus_rows():
+    results = mp.Manager().dict()
+    mp.spawn(_rebalance_worker, args=(3, free_loopback_port(), results), nprocs=3, join=True)
+    assert [results[r] for r in range(3)] == [[4.0, 5.0, 10.0, 11.0], [0.0, 1.0, 2.0, 3.0], [6.0, 7.0, 8.0, 9.0]]

@@ -75,8 +75,8 @@ def print_traffic(template, the_plan, console: Console) -> None:
                       format_bytes(hop.meta_bytes_per_worker))
     console.print(table)
     if any(hop.rebalance for hop in hops):
-        console.print("* a rebalance (same DP size) moves nothing when the shards it evens out are equal, else rows "
-                      "along equal cuts of the global order (max in / max out: at most)")
+        console.print("* a rebalance (same DP size) moves nothing when the shards it evens out are equal, else "
+                      "the surplus rows only (max in / max out: at most)")
     for hop in hops:
         listed = sorted(hop.keys, key=lambda k: (-(hop.key_bytes[k] or 0), k))
         keys = ", ".join(f"{key} {'?' if hop.key_bytes[key] is None else hop.key_bytes[key]}" for key in listed)

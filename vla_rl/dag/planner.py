@@ -15,8 +15,8 @@ before the node's :class:`RunNode` task: a collective over all workers that regr
 output from ``src_dp_size`` shards into ``dst_dp_size`` shards, after which the worker holds shard
 ``dst_dp_rank``. Edges between nodes of equal DP size need no data movement — the consumer reads
 the producer's output on the same worker — except into a node that takes single samples (a model
-update, ``whole_groups=False``) at DP size > 1, whose shards are rebalanced to equal sizes (equal
-contiguous cuts of the global row order: nothing moves between equal shards). The distinct DP-size changes are listed as the plan's :class:`Hop`
+update, ``whole_groups=False``) at DP size > 1, whose shards are rebalanced to equal sizes (only
+the surplus rows move: nothing between equal shards). The distinct DP-size changes are listed as the plan's :class:`Hop`
 entries.
 
 Each phase of the template (``warm_start``, ``train``, ``evaluate``; see

@@ -10,8 +10,9 @@ The estimate routes the step's rows exactly as the re-shard would (:func:`vla_rl
 for full groups spread as the data nodes spread them, with each key's bytes per sample from
 :mod:`vla_rl.data.key_sizes` under the workflow's :class:`~vla_rl.data.key_sizes.StepShape`.
 Rows counted after a filter are an upper bound (the filter keeps at most all of them); a
-rebalance of equal shards moves nothing, and of unequal ones equal contiguous cuts of the global
-row order (at most ``rows / W * (1 - 1 / W)`` per worker, not always the fewest rows, :attr:`HopTraffic.rebalance_bound_per_worker`).
+rebalance of equal shards moves nothing, and of unequal ones only the surplus rows, the fewest
+any even-out moves (at most ``rows / W * (1 - 1 / W)`` per worker,
+:attr:`HopTraffic.rebalance_bound_per_worker`; :func:`vla_rl.data.reshard.rebalance_ranges`).
 
 Bytes are those of the rows that leave their worker (a rank's rows for itself stay in place),
 plus the metadata all-gathers every re-shard runs (:func:`vla_rl.data.reshard.metadata_cost`).

@@ -17,7 +17,9 @@ is re-sharded with one ``all_to_all_single`` over the worker process group:
 3. the global sequence of groups (source shard 0, then 1, ...) is cut into ``d_dst`` contiguous
    pieces with sample counts as equal as group boundaries allow; a group is never split, unless
    the destination node does not compare a group's samples (a model update: its function is
-   registered with ``whole_groups=False``), where every sample counts as its own group;
+   registered with ``whole_groups=False``), where every sample counts as its own group. At the
+   same DP size (a *rebalance* before a model update) the shards are evened out moving the
+   fewest rows instead: a shard keeps what its share allows, and only the surplus moves;
 4. every sample row of every key is packed into one byte row, and one ``all_to_all_single``
    moves each owner's rows to every rank of the destination block that needs them.
 
@@ -105,6 +107,10 @@ def route(owner_group_sizes: list[list[int]], world: int, src_dp_size: int, dst_
     """Which rows each source owner sends to each rank in a re-shard (no data needed: the
     planner's traffic estimates use it too, :mod:`vla_rl.dag.traffic`).
 
+    Between two DP sizes, destination shard ``k`` gets the ``k``-th of ``dst_dp_size`` contiguous
+    cuts of the global group order (:func:`split_groups`). A rebalance (the same DP size, single
+    samples) moves the fewest rows (:func:`rebalance_ranges`).
+
     Args:
         owner_group_sizes: for each source shard, in order, the sample counts of its groups
             (every sample its own group of 1 when the destination balances single samples).
@@ -115,23 +121,64 @@ def route(owner_group_sizes: list[list[int]], world: int, src_dp_size: int, dst_
         ``ranges[k][t] = (start, stop)``: the rows of source shard ``k`` (local indices) that rank
         ``t`` receives; ``(0, 0)`` for none. Every rank of a destination block receives its
         shard's rows (replicas), from the owner of each source shard (rank ``k * W / src_dp_size``).
+        A rank receives its rows in global order (by source shard, then row).
     """
     dst_block = world // dst_dp_size
-    all_sizes = [size for sizes in owner_group_sizes for size in sizes]
-    bounds = split_groups(all_sizes, dst_dp_size)
-    group_starts = np.concatenate([[0], np.cumsum(all_sizes, dtype=np.int64)])
-    # Global sample range of every destination shard, and of every owner's local shard.
-    dst_ranges = [(int(group_starts[bounds[k]]), int(group_starts[bounds[k + 1]])) for k in range(dst_dp_size)]
-    owner_offsets = np.concatenate([[0], np.cumsum([sum(sizes) for sizes in owner_group_sizes], dtype=np.int64)])
-    ranges = []
-    for owner_index in range(len(owner_group_sizes)):
-        own_lo, own_hi = int(owner_offsets[owner_index]), int(owner_offsets[owner_index + 1])
-        row = []
-        for dst_rank in range(world):
-            lo, hi = dst_ranges[dst_rank // dst_block]
-            start, stop = max(lo, own_lo), min(hi, own_hi)
-            row.append((start - own_lo, stop - own_lo) if stop > start else (0, 0))
-        ranges.append(row)
+    counts = [sum(sizes) for sizes in owner_group_sizes]
+    if src_dp_size == dst_dp_size and all(size == 1 for sizes in owner_group_sizes for size in sizes):
+        by_shard = rebalance_ranges(counts)
+    else:
+        all_sizes = [size for sizes in owner_group_sizes for size in sizes]
+        bounds = split_groups(all_sizes, dst_dp_size)
+        group_starts = np.concatenate([[0], np.cumsum(all_sizes, dtype=np.int64)])
+        # Global sample range of every destination shard, and of every owner's local shard.
+        dst_ranges = [(int(group_starts[bounds[k]]), int(group_starts[bounds[k + 1]])) for k in range(dst_dp_size)]
+        owner_offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        by_shard = []
+        for owner_index in range(len(owner_group_sizes)):
+            own_lo, own_hi = int(owner_offsets[owner_index]), int(owner_offsets[owner_index + 1])
+            row = []
+            for lo, hi in dst_ranges:
+                start, stop = max(lo, own_lo), min(hi, own_hi)
+                row.append((start - own_lo, stop - own_lo) if stop > start else (0, 0))
+            by_shard.append(row)
+    return [[row[rank // dst_block] for rank in range(world)] for row in by_shard]
+
+
+def rebalance_ranges(counts: list[int]) -> list[list[tuple[int, int]]]:
+    """Even out ``d`` shards of single samples moving the fewest rows.
+
+    Each shard's target is ``n // d`` rows, plus one for the ``n % d`` shards holding the most
+    (ties to the lower index), where ``n = sum(counts)``: no other assignment of equal targets
+    moves fewer rows. A shard keeps its first ``min(count, target)`` rows; the surplus shards'
+    remaining rows, in global order, fill the short shards in shard order, so exactly
+    ``sum(max(0, count - target))`` rows move and each shard's rows stay in global order.
+
+    Args:
+        counts: each shard's row count, in shard order.
+
+    Returns:
+        ``ranges[k][j] = (start, stop)``: the rows of shard ``k`` (local indices) that shard ``j``
+        holds afterwards; ``(0, 0)`` for none.
+    """
+    d = len(counts)
+    base, extra = divmod(sum(counts), d)
+    targets = [base] * d
+    for k in sorted(range(d), key=lambda k: (-counts[k], k))[:extra]:
+        targets[k] += 1
+    short = [[k, targets[k] - counts[k]] for k in range(d) if counts[k] < targets[k]]
+    ranges = [[(0, 0)] * d for _ in range(d)]
+    for k, count in enumerate(counts):
+        start = min(count, targets[k])
+        ranges[k][k] = (0, start) if start else (0, 0)
+        while start < count:
+            receiver = short[0]
+            stop = start + min(receiver[1], count - start)
+            ranges[k][receiver[0]] = (start, stop)
+            receiver[1] -= stop - start
+            start = stop
+            if receiver[1] == 0:
+                short.pop(0)
     return ranges
 
 
@@ -264,7 +311,7 @@ def reshard(
 
     Returns:
         This rank's shard at ``dst_dp_size``: whole groups (single samples with ``group_key``
-        ``None``), in global order.
+        ``None``), in global order (:func:`route`).
 
     Raises:
         ValueError: if a DP size does not divide the world size, groups are not contiguous,
