@@ -4,8 +4,8 @@ start: the baseline that tells a learning problem of the recipe from one of the 
 
 One process, no Ray. Per step: ``--states`` initial states x 8 rollouts (horizon 100, an episode
 ends at success), binary success rewards, groups without variance dropped, GRPO advantages
-``(r - mean) / std`` (unbiased std, per group), the PPO clipped loss (0.2 / 0.28) at the action's
-ratio averaged per episode, 4 epochs x 4 minibatches, Adam 3e-4, gradient-norm clip 1.0. The
+``(r - mean) / std`` (unbiased std, per group), the PPO clipped loss (0.2 / 0.28, dual-clip at 3
+as verl's) at the action's ratio averaged per episode, 4 epochs x 4 minibatches, Adam 3e-4, gradient-norm clip 1.0. The
 warm start is the engine's: :func:`vla_rl.trainers.warm_start.behaviour_cloning` on the first 2
 demonstrations of a run's ``demos.zarr``, after ``torch.manual_seed(seed)``.
 
@@ -29,6 +29,7 @@ import torch
 
 GROUP_SIZE, HORIZON, EPOCHS, MINIBATCHES = 8, 100, 4, 4
 LR, CLIP_LOW, CLIP_HIGH, MAX_GRAD_NORM = 3e-4, 0.2, 0.28, 1.0
+DUAL_CLIP_C = 3.0
 
 
 def warm_start(demos: Path, seed: int, obs_std_floor: float):
@@ -78,7 +79,10 @@ def episode_loss(policy, episode, advantage: float) -> tuple[torch.Tensor, float
     log_ratio = log_probs - old_log_probs
     ratio = log_ratio.exp()
     clipped = ratio.clamp(1 - CLIP_LOW, 1 + CLIP_HIGH)
-    loss = torch.maximum(-advantage * ratio, -advantage * clipped).mean()
+    loss = torch.maximum(-advantage * ratio, -advantage * clipped)
+    if advantage < 0:  # dual-clip: the loss is at most -A * c (verl's clip_ratio_c)
+        loss = torch.clamp(loss, max=-advantage * DUAL_CLIP_C)
+    loss = loss.mean()
     return loss, float((torch.expm1(log_ratio) - log_ratio).mean().detach())
 
 

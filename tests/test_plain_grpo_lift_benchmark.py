@@ -31,6 +31,7 @@ def test_the_plain_loss_is_the_engines_ppo_clip_objective():
         obs = torch.randn(length, 4)
         actions, log_probs = policy.sample_actions(obs)
         episodes.append((obs, actions[:, 0], log_probs[:, 0]))
+    episodes[2] = (*episodes[2][:2], episodes[2][2] - 6.0)  # ratios above 3 at A < 0: the dual clip acts
     with torch.no_grad():  # move the policy so that ratios differ from 1 and some are clipped
         for parameter in policy.parameters():
             parameter.add_(0.3 * torch.randn_like(parameter))
@@ -48,5 +49,5 @@ def test_the_plain_loss_is_the_engines_ppo_clip_objective():
     config = PPOClipConfig(clip_ratio_low=plain.CLIP_LOW, clip_ratio_high=plain.CLIP_HIGH)
     engine_loss, metrics = POLICY_LOSSES.get("ppo_clip")(log_probs, old, torch.tensor(advantages), mask, config,
                                                          "seq-mean-token-mean")
-    assert metrics["pg_clipfrac"] > 0  # the case exercises the clip
+    assert metrics["pg_clipfrac"] > 0 and metrics["pg_clipfrac_lower"] > 0  # the case exercises both clips
     torch.testing.assert_close(plain_loss, engine_loss, rtol=1e-5, atol=1e-6)

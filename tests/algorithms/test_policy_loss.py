@@ -99,8 +99,9 @@ def test_asymmetric_bounds_differ():
     ],
 )
 def test_dual_clip_only_acts_on_negative_advantages(ratio, advantage, expected_loss, dual_clipped):
-    loss, metrics, grad = one_token("ppo_clip", math.log(ratio), advantage, dual_clip_c=3.0)
-    without, _, grad_without = one_token("ppo_clip", math.log(ratio), advantage)
+    """On by default at c = 3, verl's clip_ratio_c, which its PPO loss always applies."""
+    loss, metrics, grad = one_token("ppo_clip", math.log(ratio), advantage)
+    without, _, grad_without = one_token("ppo_clip", math.log(ratio), advantage, dual_clip_c=None)
     assert loss == pytest.approx(expected_loss)
     assert metrics["pg_clipfrac_lower"] == (1.0 if dual_clipped else 0.0)
     if dual_clipped:
@@ -123,8 +124,9 @@ def test_approx_kl_k3_and_ratio_mean_by_hand():
 def test_log_ratio_is_clamped_before_exp(name):
     # log ratio 100 would overflow float32 exp; clamped at 20 it is exp(20) ~ 4.85e8.
     log_probs = torch.tensor([[100.0]], requires_grad=True)
+    dual_clip = {"dual_clip_c": None} if name == "ppo_clip" else {}  # its loss would be -A * c = 3
     loss, metrics = loss_of(name, log_probs, torch.zeros(1, 1), torch.tensor([-1.0]),
-                                            torch.ones(1, 1, dtype=torch.bool), log_ratio_clamp=20.0)
+                                            torch.ones(1, 1, dtype=torch.bool), log_ratio_clamp=20.0, **dual_clip)
     assert math.isfinite(loss.item())
     assert metrics["approx_kl"] == pytest.approx(math.exp(20.0) - 1 - 20.0, rel=1e-5)
     if name != "cpgd":
@@ -217,6 +219,18 @@ def test_cpgd_clips_the_log_ratio_by_the_sign_of_the_advantage(log_ratio, advant
     assert metrics["policy_drift"] == pytest.approx(drift)
     # Gradient: -A where unclipped (the plain policy gradient), plus the drift's coef * (r - 1).
     assert grad == pytest.approx((0.0 if clipped else -advantage) + coef * (math.exp(log_ratio) - 1))
+
+
+@pytest.mark.parametrize("ratio", [1.5, 3.0, 10.0, 100.0])
+def test_cpgd_drift_pulls_back_no_harder_than_at_ratio_3(ratio):
+    """siiRL's CPGD (``((r - 1).clamp(max=2.0) * log_prob``): the drift's gradient weight r - 1 is
+    capped at 2; its value (the loss, policy_drift) stays k3. Uncapped, ratio 100 pulled back with
+    weight 99. A > 0 with the log-ratio above the clip: the policy-gradient term adds nothing."""
+    coef = 0.1
+    loss, metrics, grad = one_token("cpgd", math.log(ratio), 1.0, policy_drift_coef=coef)
+    drift = ratio - 1 - math.log(ratio)
+    assert loss == pytest.approx(-math.log(1.28) + coef * drift) and metrics["policy_drift"] == pytest.approx(drift)
+    assert grad == pytest.approx(coef * min(ratio - 1, 2.0))
 
 
 def test_cpgd_on_policy_is_the_plain_policy_gradient():

@@ -83,10 +83,11 @@ class PPOClipConfig(ClipConfig):
     """Settings of ``"ppo_clip"``: the clip range and dual-clip.
 
     Attributes:
-        dual_clip_c: dual-clip constant c > 1 (None: off; 3 is usual).
+        dual_clip_c: dual-clip constant c > 1 (None: off); 3, verl's ``clip_ratio_c``, which its
+            PPO loss always applies.
     """
 
-    dual_clip_c: float | None = None
+    dual_clip_c: float | None = 3.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -102,6 +103,10 @@ class GSPOConfig(ClipConfig):
 
     clip_ratio_low: float = 3e-4
     clip_ratio_high: float = 4e-4
+
+
+#: The cap of the CPGD drift's gradient weight ``r - 1`` (siiRL's ``clamp(max=2.0)``).
+DRIFT_WEIGHT_MAX = 2.0
 
 
 @dataclass(frozen=True)
@@ -365,11 +370,15 @@ def compute_cpgd_loss(
         pg_loss           = -A * clipped_log_ratio
         policy_drift      = exp(log_ratio) - 1 - log_ratio              k3 of KL(pi_old || pi_theta)
         loss              = aggregate(pg_loss + policy_drift_coef * policy_drift)
+        d policy_drift    = min(exp(log_ratio) - 1, 2) * d log pi_theta  (the gradient used)
 
     The clipping acts on the log-ratio, by the sign of the advantage: the policy-gradient term is
     the plain ``-A * log pi_theta`` (up to a constant) until the log-ratio leaves the trust
     region on the side the advantage pushes it to, where its gradient vanishes. The drift term
-    is the k3 estimator (Schulman 2020) of KL(pi_old || pi_theta) from samples of pi_old.
+    is the k3 estimator (Schulman 2020) of KL(pi_old || pi_theta) from samples of pi_old; its
+    gradient weight ``r - 1`` is capped at 2 (a ratio above 3 pulls back no harder than 3), as
+    siiRL's CPGD does (``siirl/engine/actor/dp_actor.py``: ``((r - 1).clamp(max=2.0) *
+    log_prob``); the reported loss and ``policy_drift`` keep the drift's value.
 
     Args:
         log_probs, old_log_probs, advantages, response_mask: see the module docstring.
@@ -392,7 +401,10 @@ def compute_cpgd_loss(
     clipped_log_ratio = torch.where(negative, log_ratio.clamp(min=lower), clipped_log_ratio)  # (B, T)
     pg_loss = -token_advantages * clipped_log_ratio  # (B, T)
     policy_drift = torch.expm1(log_ratio) - log_ratio  # (B, T)
-    loss = aggregate_loss(pg_loss + config.policy_drift_coef * policy_drift, valid,
+    # The drift's value, with the gradient weight (r - 1) of its derivative capped at 2 (siiRL).
+    drift_weight = torch.expm1(log_ratio).detach().clamp(max=DRIFT_WEIGHT_MAX)
+    drift_term = policy_drift.detach() + drift_weight * (log_ratio - log_ratio.detach())  # (B, T)
+    loss = aggregate_loss(pg_loss + config.policy_drift_coef * drift_term, valid,
                           loss_agg_mode, loss_agg_normalizer)
     with torch.no_grad():
         clipped = (positive & (log_ratio > upper)) | (negative & (log_ratio < lower))

@@ -93,10 +93,13 @@ class VJEPA2EncoderConfig(FrameEncoderConfig):
     """Settings of ``"vjepa2"``.
 
     Attributes:
+        points: frames per episode, 64 as SRPO's reference code (siiRL's
+            ``num_frames_for_embedding``) and the 64-frame V-JEPA 2 checkpoints.
         model_dir: directory of a saved ``VJEPA2Model`` (nothing is downloaded); required.
         batch_size: episodes encoded per forward pass (bounds memory), >= 1.
     """
 
+    points: int = 64
     model_dir: str = ""
     batch_size: int = 8
 
