@@ -406,7 +406,8 @@ class CameraRenderer:
     shared by every environment of the process.
 
     One ``mujoco.Renderer`` (an OpenGL context, and a ``MjrContext`` holding the model's meshes
-    and textures) exists per process for each distinct model (:func:`model_digest`), image size
+    and textures) exists per process for each distinct model (:func:`model_digest` of the model
+    as this renderer is built, before the environment's first reset), image size
     and ``fast`` setting: environments of one task render through the same one, each with its
     own model and data (``mjv_updateScene``), so their images are those of a renderer of their
     own. A robosuite Lift environment with its own offscreen context held about 383 MB; without
@@ -424,7 +425,9 @@ class CameraRenderer:
         import mujoco
 
         self._model, self._data, self._fast = model, data, fast
-        self._digest: str | None = None  # computed at the first render
+        # The model as compiled, before any reset: a reset may move sites and bodies in the model
+        # (MetaWorld's goal site), which the shared context (meshes, textures) does not hold.
+        self._digest = model_digest(model)
         self._option = mujoco.MjvOption()
         for group in hidden_geom_groups:
             self._option.geomgroup[group] = 0
@@ -448,8 +451,6 @@ class CameraRenderer:
         camera_id = self.camera_id(camera)
         if camera_id < 0:
             raise ValueError(f"the model has no camera {camera!r}")
-        if self._digest is None:
-            self._digest = model_digest(self._model)
         key = (self._digest, size, self._fast)
         renderer = _SHARED_RENDERERS.get(key)
         if renderer is None:

@@ -262,6 +262,27 @@ def test_camera_observations_and_render_frame(egl):
         env.close()
 
 
+def test_environments_reset_to_other_variations_share_one_renderer(egl, monkeypatch):
+    """A reset moves MetaWorld's goal site in the model itself; environments of one task still
+    share one renderer (each built one of its own, about 160 MB, when the model's digest was taken
+    after the first reset), and draw what a renderer of their own draws."""
+    from simulators import rendering
+
+    config = {"task": "pick-place-v3", "horizon": 5, "cameras": ["corner"], "camera_size": 24, "fast_rendering": True}
+    envs = [make_env("metaworld", config) for _ in range(3)]
+    try:
+        before = set(rendering._SHARED_RENDERERS)
+        images = [env.reset(seed=seed)[0]["corner_image"] for seed, env in enumerate(envs)]
+        assert len(set(rendering._SHARED_RENDERERS) - before) <= 1  # one for the task (none if built before)
+        assert not np.array_equal(envs[0]._env.model.site_pos, envs[1]._env.model.site_pos)
+        monkeypatch.setattr(rendering, "_SHARED_RENDERERS", {})  # a renderer of its own for each
+        for env, image in zip(envs, images):
+            np.testing.assert_array_equal(env.observe()["corner_image"], image)
+    finally:
+        for env in envs:
+            env.close()
+
+
 def test_step_unobserved_then_observe_gives_steps_observation(egl):
     config = {"task": TASK, "horizon": 20, "cameras": ["corner"], "camera_size": 32, "fast_rendering": True}
     actions = np.random.default_rng(1).uniform(-1, 1, size=(4, 4))
