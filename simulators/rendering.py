@@ -454,6 +454,10 @@ class CameraRenderer:
         key = (self._digest, size, self._fast)
         renderer = _SHARED_RENDERERS.get(key)
         if renderer is None:
+            # The offscreen buffer is the model's (robosuite's and MetaWorld's: 640 x 480); a larger
+            # image enlarges it, as robosuite's own renderer does (binding_utils.update_offscreen_size).
+            visual = self._model.vis.global_
+            visual.offwidth, visual.offheight = max(visual.offwidth, size), max(visual.offheight, size)
             renderer = _SHARED_RENDERERS[key] = mujoco.Renderer(self._model, height=size, width=size)
             if self._fast:
                 renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0

@@ -93,6 +93,23 @@ SINGLE_ARM_TASKS: tuple[str, ...] = (
 """robosuite 1.5.2's single-arm tasks (``robosuite.ALL_ENVIRONMENTS`` without the two-arm ones),
 listed here so that a config is checked without importing robosuite."""
 
+UNSUPPORTED_TASKS: dict[str, str] = {
+    "Wipe": "robosuite 1.5.2 draws its dirt markers from a generator fixed when the model is built "
+            "(WipeArena.rng) and it has no placement sampler, so its resets cannot be seeded",
+}
+"""Tasks of :data:`SINGLE_ARM_TASKS` a config refuses, with the reason."""
+
+UNBUILDABLE_CONTROLLERS: dict[str, str] = {
+    "JOINT_VELOCITY": "robosuite 1.5.2 cannot build it (JointVelocityController sets the read-only property "
+                      "torque_compensation); use JOINT_POSITION or JOINT_TORQUE",
+}
+"""Controllers of :data:`PART_CONTROLLERS` a config refuses, with the reason (a test checks that
+robosuite still fails to build them)."""
+
+IK_ROBOTS: tuple[str, ...] = ("Panda", "Sawyer")
+"""The robots of :data:`SINGLE_ARM_ROBOTS` robosuite 1.5.2's ``IK_POSE`` controller drives
+(``SUPPORTED_IK_ROBOTS``; a test compares them)."""
+
 SINGLE_ARM_ROBOTS: tuple[str, ...] = (
     "IIWA", "Jaco", "Kinova3", "Panda", "PandaDexLH", "PandaDexRH", "PandaOmron", "Sawyer", "SpotWithArm", "UR5e",
     "XArm7",
@@ -222,8 +239,16 @@ class RobosuiteEnvConfig:
         if self.robot not in SINGLE_ARM_ROBOTS:
             raise ValueError(f"robot must be a single-arm robosuite robot, one of {', '.join(SINGLE_ARM_ROBOTS)}; "
                              f"got {self.robot!r}")
+        if self.task in UNSUPPORTED_TASKS:
+            raise ValueError(f"task {self.task!r} is not supported: {UNSUPPORTED_TASKS[self.task]}")
         if self.controller not in PART_CONTROLLERS:
             raise ValueError(f"controller must be one of {PART_CONTROLLERS}, got {self.controller!r}")
+        if self.controller in UNBUILDABLE_CONTROLLERS:
+            raise ValueError(f"controller {self.controller!r} is not supported: "
+                             f"{UNBUILDABLE_CONTROLLERS[self.controller]}")
+        if self.controller == "IK_POSE" and self.robot not in IK_ROBOTS:
+            raise ValueError(f"controller 'IK_POSE' drives only {', '.join(IK_ROBOTS)} in robosuite 1.5.2, not "
+                             f"robot {self.robot!r}; use OSC_POSE")
         require_int("horizon", self.horizon, 1)
         if isinstance(self.control_freq, bool) or not isinstance(self.control_freq, (int, float)) or not (
             self.control_freq > 0

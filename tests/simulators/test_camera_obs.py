@@ -159,3 +159,15 @@ def test_environments_share_one_renderer_and_render_as_robosuites_own(camera_env
             np.testing.assert_array_equal(obs[f"{camera}_image"], reference)
     finally:
         other.close()
+
+
+def test_images_larger_than_the_models_offscreen_buffer_render(camera_env):
+    """robosuite's models have a 640 x 480 offscreen buffer: a 512-pixel image failed at the first
+    reset ("Image height 512 > framebuffer height 480") after the config had accepted it."""
+    env = make_env("robosuite_lift", {"cameras": ["agentview"], "camera_size": 512, "horizon": 10,
+                                      "fast_rendering": True})
+    try:
+        image = env.reset(seed=0)[0]["agentview_image"]
+        assert image.shape == (512, 512, 3) and image.std() > 10
+    finally:
+        env.close()

@@ -149,3 +149,36 @@ def test_every_task_cameras_are_the_cameras_of_every_single_arm_task():
         env.close()
         common = cameras if common is None else common & cameras
     assert common == set(EVERY_TASK_CAMERAS)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"task": "Wipe", "obs_keys": ["robot0_eef_pos"]}, "task 'Wipe' is not supported: robosuite 1.5.2 draws its dirt"),
+    ({"controller": "JOINT_VELOCITY"}, "controller 'JOINT_VELOCITY' is not supported: robosuite 1.5.2 cannot build"),
+    ({"controller": "IK_POSE", "robot": "UR5e"}, "controller 'IK_POSE' drives only Panda, Sawyer in robosuite 1.5.2, "
+                                                 "not robot 'UR5e'"),
+])
+def test_what_robosuite_cannot_build_or_seed_is_refused_with_the_config(settings, message):
+    """They were accepted, then failed at the first reset, in the simulator actors."""
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(")):
+        RobosuiteEnvConfig(**settings)
+    RobosuiteEnvConfig(controller="IK_POSE", robot="Sawyer")  # IK drives these
+
+
+def test_the_refusals_still_hold_on_the_installed_robosuite():
+    """Each refusal's reason is checked against robosuite itself, so that a robosuite that fixes
+    one shows here: JOINT_VELOCITY fails to build, IK_POSE names its robots, Wipe has no sampler."""
+    from types import SimpleNamespace
+
+    from robosuite.controllers.parts.arm.ik import SUPPORTED_IK_ROBOTS
+
+    from simulators.robosuite_env import IK_ROBOTS, SINGLE_ARM_ROBOTS, _make_robosuite_env
+
+    assert set(IK_ROBOTS) == set(SUPPORTED_IK_ROBOTS) & set(SINGLE_ARM_ROBOTS)
+    unvalidated = {"robot": "Panda", "horizon": 10, "control_freq": 20, "render_camera": None, "cameras": ()}
+    with pytest.raises(AttributeError, match="torque_compensation"):
+        _make_robosuite_env(SimpleNamespace(task="Lift", controller="JOINT_VELOCITY", **unvalidated))
+    wipe = _make_robosuite_env(SimpleNamespace(task="Wipe", controller="OSC_POSE", **unvalidated))
+    try:
+        assert not hasattr(wipe, "placement_initializer")
+    finally:
+        wipe.close()
