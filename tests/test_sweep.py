@@ -52,6 +52,10 @@ def test_mean_interval_is_students_t():
     assert mean_interval([0.7]) == (0.7, None, None)
     same = mean_interval([0.5, 0.5, 0.5])
     assert same == (0.5, 0.5, 0.5)
+    # A report shows no interval for seeds that agree: a width of 0 says nothing of another seed's
+    from vla_rl.sweep import _interval
+    assert _interval(*same[1:]) == "n/a (no spread across the seeds)" and _interval(None, None) == "n/a (one seed)"
+    assert _interval(0.2, 0.5) == "[20.0%, 50.0%]"
     with pytest.raises(ValueError):
         mean_interval([])
 

@@ -79,3 +79,31 @@ def test_sweeps_without_a_shared_seed_or_report_are_refused(tmp_path, capsys):
         compare(GRPO, report("embodied_srpo", [], {"7": 0.5}, 1.0))
     assert main(["compare", str(tmp_path), str(tmp_path)]) == 2
     assert "holds no seed sweep report (report.json)" in capsys.readouterr().err
+
+
+def test_seeds_that_agree_get_no_interval_and_unpaired_protocols_are_left_out(tmp_path):
+    """Equal differences on every seed have a Student t interval of width 0, which says nothing of
+    another seed's: the report says so instead of printing [+4.0, +4.0]. A protocol that no seed
+    evaluated in both sweeps is left out (compare.md failed on it); with none left, the command
+    says why."""
+    a = report("embodied_grpo", [], {"0": 0.5, "1": 0.6}, 80_000)
+    b = report("embodied_srpo", [], {"0": 0.54, "1": 0.64}, 80_000)
+    a["per_seed"]["0"]["final"]["sampled"] = figures(0.3)  # only seed 0 in A, only seed 1 in B
+    b["per_seed"]["1"]["final"]["sampled"] = figures(0.4)
+    result = compare(a, b)
+    assert list(result["across_seeds"]) == ["greedy"]
+    text = _written(tmp_path, a, b)
+    assert "- B - A: +4.0 points, 95% interval n/a (no spread across the seeds) (2 seeds, paired)" in text
+    for side in (a, b):
+        for seed in side["per_seed"].values():
+            seed["final"].pop("greedy")
+    with pytest.raises(CommandLineError, match="share no protocol evaluated at the end of one seed's runs in both"):
+        compare(a, b)
+
+
+def _written(tmp_path, a, b) -> str:
+    for name, data in (("a", a), ("b", b)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / REPORT_JSON).write_text(json.dumps(data))
+    compare_sweeps(tmp_path / "a", tmp_path / "b", tmp_path / "out")
+    return (tmp_path / "out" / COMPARE_MD).read_text()

@@ -42,7 +42,8 @@ SWEEP_FILE = "sweep.json"
 REPORT_JSON, REPORT_MD, PLOT_FILE = "report.json", "report.md", "success_vs_env_steps.png"
 #: Overrides a sweep sets for each run itself.
 _OWN_KEYS = ("run.seed", "run.name", "run.output_dir")
-_INTERVAL = "mean over seeds with a two-sided 95% Student t interval (n - 1 degrees of freedom)"
+_INTERVAL = ("mean over seeds with a two-sided 95% Student t interval (n - 1 degrees of freedom; a success rate's "
+             "clipped to [0%, 100%])")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -281,7 +282,11 @@ def _percent(value: float | None) -> str:
 
 
 def _interval(low: float | None, high: float | None) -> str:
-    return "n/a (one seed)" if low is None else f"[{_percent(low)}, {_percent(high)}]"
+    """A Student t interval as the report shows it: none for one seed, and none for seeds that
+    all gave the same figure (its width, 0, says nothing of another seed's)."""
+    if low is None:
+        return "n/a (one seed)"
+    return "n/a (no spread across the seeds)" if low == high else f"[{_percent(low)}, {_percent(high)}]"
 
 
 def report_rows(report: dict) -> tuple[list[str], list[list[str]]]:
@@ -338,6 +343,8 @@ def markdown_report(report: dict) -> str:
 def _gain_interval(gain: dict) -> str:
     if gain["ci_low"] is None:
         return "n/a (one seed)"
+    if gain["ci_low"] == gain["ci_high"]:
+        return "n/a (no spread across the seeds)"
     return f"[{100 * gain['ci_low']:+.1f}, {100 * gain['ci_high']:+.1f}]"
 
 

@@ -70,7 +70,8 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "seeds"}}}}``; rates in [0, 1], ``ratio`` B's environment steps over A's.
 
     Raises:
-        CommandLineError: the sweeps share no finished seed.
+        CommandLineError: the sweeps share no finished seed, or no protocol finally evaluated on
+            one seed in both.
     """
     seeds = [s for s in a["per_seed"] if s in b["per_seed"]]
     if not seeds:
@@ -91,8 +92,13 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     across: dict[str, Any] = {}
     for p in protocols:
         rows = [per_seed[s] for s in seeds if p in per_seed[s]]
+        if not rows:  # each sweep evaluated it, never both on one seed: nothing to pair
+            continue
         across[p] = {"difference": _summary([row[p]["difference"] for row in rows]),
                      "gain_a": _summary(_gains(a, seeds, p)), "gain_b": _summary(_gains(b, seeds, p))}
+    if not across:
+        raise CommandLineError(f"the sweeps share no protocol evaluated at the end of one seed's runs in both "
+                               f"(seeds {', '.join(seeds)}): a comparison pairs final evaluations seed by seed")
     sides = {name: {"template": r["template"], "overrides": r["overrides"], "budget": budget(r)}
              for name, r in (("a", a), ("b", b))}
     return {**sides, "seeds": seeds, "equal_budget": sides["a"]["budget"] is not None
@@ -123,6 +129,8 @@ def _points(value: float) -> str:
 def _interval(summary: dict[str, Any]) -> str:
     if summary["ci_low"] is None:
         return "n/a (one seed)"
+    if summary["ci_low"] == summary["ci_high"]:
+        return "n/a (no spread across the seeds)"
     return f"[{_points(summary['ci_low'])}, {_points(summary['ci_high'])}]"
 
 

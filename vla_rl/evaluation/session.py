@@ -182,7 +182,10 @@ class EvaluationSession(ABC):
 
 
 def _figures(prefix: str, counts: np.ndarray) -> dict[str, float]:
-    successes, episodes, length_sum = int(counts[SUCCESSES]), int(counts[EPISODES]), float(counts[LENGTH_SUM])
+    # Counts summed over workers as replicas' shares (1 / replicas each) are whole numbers only up
+    # to float64 rounding (six shares of 1/6 sum to 0.9999999999999999): rounded, never truncated.
+    successes, episodes = round(float(counts[SUCCESSES])), round(float(counts[EPISODES]))
+    length_sum = float(counts[LENGTH_SUM])
     if episodes == 0:
         return {}
     low, high = wilson_interval(successes, episodes)

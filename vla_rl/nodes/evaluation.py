@@ -47,7 +47,7 @@ def rollout_eval_episodes(ctx, batch) -> NodeOutput:
     metrics = {"eval/lost_fraction": (len(batch) - len(episodes)) / len(batch)}
     if len(episodes):
         metrics["eval/episode_length"] = mean(episodes[keys.FINISH_STEP].float().mean(), len(episodes))
-    if env_steps:  # simulated episodes
+    if env_steps and len(episodes):  # simulated episodes, not all lost
         metrics["eval/env_steps_per_episode"] = mean(env_steps / len(episodes), len(episodes))
     return NodeOutput(episodes, metrics)
 
@@ -83,6 +83,7 @@ def record_eval_episodes(ctx, batch) -> NodeOutput:
     remaining = torch.tensor([float(session.remaining())], dtype=torch.float64)
     totals = torch.cat([counts.flatten(), remaining]) / ctx.replicas  # replicated shards count once
     all_reduce(totals, group=ctx.group, tag="evaluation")
+    totals = totals.round()  # whole counts: the replicas' shares sum to them up to float64 rounding
     step_counts = totals[:-1].reshape(counts.shape).numpy()
     session.add_counts(step_counts)
     remaining = float(totals[-1])

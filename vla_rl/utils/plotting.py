@@ -88,11 +88,34 @@ def plot_success_vs_checkpoint(rows: list[dict], path: Path, title: str) -> None
     tmp.replace(path)
 
 
+def evaluation_points(records: list[dict], x_of_step: dict[int, float]) -> dict:
+    """A run's greedy held-out evaluations, ``{key: (x, success rate)}``: ``key`` is the step of
+    each evaluation, but ``"final"`` for the last one after step 0 (runs stopped by an
+    environment-step budget end at different steps); ``x`` from ``x_of_step``."""
+    points = {r["step"]: (x_of_step[r["step"]], r["eval/greedy/success_rate"]) for r in records
+              if r.get("eval/greedy/success_rate") is not None and r["step"] in x_of_step}
+    last = max(points, default=0)
+    return {("final" if step == last and step > 0 else step): point for step, point in points.items()}
+
+
+def held_out_mean(evals: list[dict]) -> list[tuple[float, float]]:
+    """The mean over runs of the evaluations every run has (same key of :func:`evaluation_points`),
+    ``[(mean x, mean success rate)]`` in order of ``x``; ``[]`` for fewer than two runs."""
+    import numpy as np
+
+    if len(evals) < 2:
+        return []
+    shared = set.intersection(*(set(points) for points in evals))
+    means = [(float(np.mean([points[key][0] for points in evals])), float(np.mean([points[key][1] for points in evals])))
+             for key in shared]
+    return sorted(means)
+
+
 def plot_success_vs_env_steps(runs: dict[int, list[dict]], path: Path, title: str) -> None:
     """Training and held-out success of the runs of a seed sweep against environment steps: one
     thin line per seed, their mean thick (training: each seed's curve interpolated on a common
     grid over the environment steps every run covers; held-out: the mean of the evaluations that the seeds
-    share, at their mean environment steps). Runs without ``rollout/total_env_steps`` (text
+    share, the final ones included wherever each run ended, at their mean environment steps). Runs without ``rollout/total_env_steps`` (text
     runs) are drawn against training steps.
 
     Args:
@@ -120,8 +143,7 @@ def plot_success_vs_env_steps(runs: dict[int, list[dict]], path: Path, title: st
             xs, ys = map(np.asarray, zip(*train))
             line, = train_ax.plot(xs, ys, lw=0.8, alpha=0.6, label=f"seed {seed}")
             train_curves.append((xs, ys))
-        points = {r["step"]: (x_of_step.get(r["step"]), r["eval/greedy/success_rate"]) for r in records
-                  if r.get("eval/greedy/success_rate") is not None and x_of_step.get(r["step"]) is not None}
+        points = evaluation_points(records, x_of_step)
         if points:
             xs, ys = zip(*points.values())
             eval_ax.plot(xs, ys, "o-", lw=0.8, alpha=0.6, color=line.get_color() if train else None,
@@ -131,10 +153,9 @@ def plot_success_vs_env_steps(runs: dict[int, list[dict]], path: Path, title: st
         grid = np.linspace(max(xs[0] for xs, _ in train_curves), min(xs[-1] for xs, _ in train_curves), 200)
         train_ax.plot(grid, np.mean([np.interp(grid, xs, ys) for xs, ys in train_curves], axis=0), "k-", lw=2.2,
                       label="mean")
-    shared = sorted(set.intersection(*(set(points) for points in evals))) if len(evals) > 1 else []
-    if shared:
-        eval_ax.plot([np.mean([points[s][0] for points in evals]) for s in shared],
-                     [np.mean([points[s][1] for points in evals]) for s in shared], "ks-", lw=2.2, label="mean")
+    mean_points = held_out_mean(evals)
+    if mean_points:
+        eval_ax.plot(*zip(*mean_points), "ks-", lw=2.2, label="mean")
     xlabel = "environment steps" if by_env_steps else "training step"
     for ax, what in ((train_ax, "training rollouts (sampled)"), (eval_ax, "held-out evaluation (greedy)")):
         ax.set_xlabel(xlabel)
