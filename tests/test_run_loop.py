@@ -32,7 +32,7 @@ def test_the_summary_lists_every_task_and_the_overall_rate():
     console = Console(record=True, width=200)
     run = loop("embodied_grpo_mt10", "simulator.tasks=[reach-v3,push-v3]", "data.init_states_per_step=2",
                "warm_start.num_demos=0", "eval.protocols=[greedy]", console=console)
-    figures = {"success_rate": 0.25, "ci_low": 0.1, "ci_high": 0.5, "episode_length": 90.0}
+    figures = {"success_rate": 0.25, "ci_low": 0.1, "ci_high": 0.5, "episodes": 40.0, "episode_length": 90.0}
     evaluation = {f"eval/{task}greedy/{name}": value for task in ("", "reach-v3/", "push-v3/")
                   for name, value in figures.items()}
     run._print_summary({"initial_eval": evaluation, "final_eval": evaluation, "improvement_points/greedy": 0.0})
@@ -51,7 +51,7 @@ def test_the_summary_never_cuts_a_task_name(width):
     run = loop("embodied_grpo_mt10", "warm_start.num_demos=0", console=console)
     tasks = [task.name for task in resolve_tasks(run.config)]
     assert max(map(len, tasks)) >= 20  # e.g. button-press-topdown-v3
-    figures = {"success_rate": 0.25, "ci_low": 0.1, "ci_high": 0.5, "episode_length": 90.0}
+    figures = {"success_rate": 0.25, "ci_low": 0.1, "ci_high": 0.5, "episodes": 40.0, "episode_length": 90.0}
     evaluation = {f"eval/{task}greedy/{name}": value for task in ("", *(f"{t}/" for t in tasks))
                   for name, value in figures.items()}
     run._print_summary({"initial_eval": evaluation, "final_eval": evaluation})
@@ -60,3 +60,15 @@ def test_the_summary_never_cuts_a_task_name(width):
     for task in tasks:
         assert f" {task} " in text, task
     assert "[10.0%, 50.0%]" in text
+
+
+def test_the_summary_gives_each_rows_episode_count():
+    """A text run evaluates min(eval.num_episodes, test rows) prompts: the title said
+    eval.num_episodes (500) where 250 were evaluated."""
+    console = Console(record=True, width=120)
+    run = loop("llm_grpo", "eval.num_episodes=500", console=console)
+    figures = {"success_rate": 0.5, "ci_low": 0.44, "ci_high": 0.56, "episodes": 250.0, "episode_length": 40.0}
+    evaluation = {f"eval/{p}/{name}": value for p in run.config.eval.protocols for name, value in figures.items()}
+    run._print_summary({"warm_start_eval": evaluation, "final_eval": evaluation})
+    text = console.export_text()
+    assert "500" not in text and "│ 250 " in text

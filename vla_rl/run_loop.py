@@ -236,9 +236,8 @@ class RunLoop:
         from rich.table import Table
 
         tasks = self._task_names()
-        table = Table(title=f"{self.name} — held-out evaluation ({self.config.eval.num_episodes} episodes each"
-                      + (f" of {len(tasks)} tasks" if len(tasks) > 1 else "") + ")")
-        columns = ("policy", "task", "protocol", "success", "95% CI (Wilson)", "mean length")
+        table = Table(title=f"{self.name} — held-out evaluation" + (f" ({len(tasks)} tasks)" if len(tasks) > 1 else ""))
+        columns = ("policy", "task", "protocol", "success", "95% CI (Wilson)", "episodes", "mean length")
         for column in columns if len(tasks) > 1 else [c for c in columns if c != "task"]:
             # A narrow console (80 columns where stdout is not a terminal) folds a long task name
             # onto more lines, never cuts it ("pick-place-w…"); the figures are never wrapped.
@@ -256,7 +255,7 @@ class RunLoop:
                     if p + "/success_rate" not in ev:
                         continue
                     cells = [f"{ev[p + '/success_rate']:.1%}", f"[{ev[p + '/ci_low']:.1%}, {ev[p + '/ci_high']:.1%}]",
-                             f"{ev[p + '/episode_length']:.1f}"]
+                             f"{ev[p + '/episodes']:.0f}", f"{ev[p + '/episode_length']:.1f}"]  # text: <= test rows
                     table.add_row(tag.removesuffix("_eval"), *([task] if task else []), protocol, *cells)
         self.console.print(table)
         over = "the warm start" if self.first_tag == "warm_start" else "the initial policy"
