@@ -510,6 +510,29 @@ def test_raw_prompts_are_encoded_as_they_are(assets, tmp_path):
     assert input_ids[0, attention_mask[0].bool()].tolist() == expected
 
 
+def test_raw_prompts_get_the_special_tokens_the_tokenizer_adds(assets):
+    """A tokenizer that adds a BOS (Llama's, Mistral's, Gemma's) gets it on raw prompts, as TRL
+    encodes them (processing_class(text=prompts)); a chat template writes its own."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    from policies.causal_lm.processor_causal_lm import CausalLMProcessor
+
+    tokenizer = AutoTokenizer.from_pretrained(assets.lm)
+    bos = "<|im_start|>"  # stands in for a BOS token
+    bos_id = tokenizer.convert_tokens_to_ids(bos)
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, bos_id)])
+    prompt = [{"role": "user", "content": "What is 2 + 3?"}]
+    raw = CausalLMProcessor(tokenizer, prompt_format="raw")
+    input_ids, attention_mask = raw.encode_prompts([prompt], 16)
+    assert input_ids[0, attention_mask[0].bool()].tolist() == tokenizer("What is 2 + 3?")["input_ids"]
+    assert input_ids[0, attention_mask[0].bool()][0] == bos_id
+    chat = CausalLMProcessor(tokenizer)
+    input_ids, attention_mask = chat.encode_prompts([prompt], 40)
+    rendered = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    assert input_ids[0, attention_mask[0].bool()].tolist() == tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
 def test_vla_loading_is_strict(assets, tmp_path):
     from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
     from policies.openvla_oft.modeling_openvla_oft import OpenVLAOFTPolicy

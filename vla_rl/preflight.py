@@ -307,7 +307,7 @@ def _check_rows_of(prompts: _ReadPrompts, processor, max_prompt_length: int) -> 
             except Exception as error:  # a chat template is user code: jinja raises its own errors
                 raise ValueError(f"{path}: row {row.index}: the chat template does not render its prompt "
                                  f"({type(error).__name__}: {error})") from None
-        lengths = [len(ids) for ids in processor.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        lengths = [len(ids) for ids in processor.prompt_token_ids(texts)]
         total += len(rows)
         for row, length in zip(rows, lengths):
             if length > max_prompt_length:

@@ -293,6 +293,10 @@ class CausalLMPolicy(nn.Module):
 
         cache = DynamicCache(config=self.model.config)
         attn_implementation = self.model.config._attn_implementation
+        # A sliding-window layer's cache keeps only the window's keys, which a mask as wide as the
+        # sequence does not fit: such models get the 2D mask, from which transformers builds each
+        # layer's own (Gemma 2/3, Mistral, Phi-3, Qwen2 with use_sliding_window).
+        own_masks = any(cache.is_sliding)
         logits = self._forward_prompts(DistinctPrompts.of(input_ids, attention_mask), cache)  # (B, V)
         next_position = position_ids_from_mask(attention_mask)[:, -1:] + 1  # (B, 1)
         for step in range(max_new_tokens):
@@ -312,7 +316,8 @@ class CausalLMPolicy(nn.Module):
             attention_mask = torch.cat([attention_mask, active[:, None].long()], dim=1)
             logits = self.model(
                 input_ids=tokens[:, None],
-                attention_mask=decode_step_mask(attention_mask, attn_implementation, self.model.dtype),
+                attention_mask=attention_mask if own_masks else decode_step_mask(attention_mask, attn_implementation,
+                                                                                 self.model.dtype),
                 position_ids=next_position,
                 past_key_values=cache,
                 use_cache=True,

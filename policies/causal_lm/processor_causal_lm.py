@@ -35,7 +35,9 @@ class CausalLMProcessor:
             models often stop on several (e.g. ``<|im_end|>`` and ``<|endoftext|>``).
         prompt_format: one of :data:`PROMPT_FORMATS`. ``"raw"`` encodes the prompt text as is:
             the messages' contents joined by newlines (usually one user message), no chat
-            template and no special tokens added (as TRL encodes non-conversational prompts).
+            template, with the special tokens the tokenizer adds (a BOS for Llama, Mistral and
+            Gemma tokenizers), as TRL's GRPO trainer encodes non-conversational prompts
+            (``processing_class(text=prompts)``).
 
     Raises:
         ValueError: an unknown ``prompt_format``, chat prompts with a tokenizer without a chat
@@ -88,11 +90,15 @@ class CausalLMProcessor:
             return "\n".join(message["content"] for message in messages)
         return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
 
-    def encode_prompts(self, prompts: Sequence[Messages], max_length: int) -> tuple[Tensor, Tensor]:
-        """Apply the chat template (or take the raw text) and tokenize, left-padding to ``max_length``.
+    def prompt_token_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of rendered prompts (:meth:`render_prompt`): a chat template's text already
+        holds the special tokens it needs, so none are added; raw text gets the tokenizer's own
+        (its BOS, if it adds one)."""
+        return self.tokenizer(list(texts), add_special_tokens=self.prompt_format == "raw")["input_ids"] if texts else []
 
-        The template's text already holds the special tokens it needs, so none are added (nor
-        to raw text, which is encoded as is).
+    def encode_prompts(self, prompts: Sequence[Messages], max_length: int) -> tuple[Tensor, Tensor]:
+        """Apply the chat template (or take the raw text) and tokenize (:meth:`prompt_token_ids`),
+        left-padding to ``max_length``.
 
         Args:
             prompts: ``batch`` conversations, each a list of ``{"role", "content"}`` messages.
@@ -110,8 +116,7 @@ class CausalLMProcessor:
         input_ids = torch.full((len(prompts), max_length), self.pad_token_id, dtype=torch.int64)
         attention_mask = torch.zeros((len(prompts), max_length), dtype=torch.int64)
         texts = [self.render_prompt(messages) for messages in prompts]
-        encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-        for row, ids in enumerate(encoded):
+        for row, ids in enumerate(self.prompt_token_ids(texts)):
             if len(ids) > max_length:
                 raise ValueError(
                     f"prompt {row} has {len(ids)} tokens after the chat template, more than max_prompt_length="

@@ -227,3 +227,31 @@ def test_decode_step_mask_layouts():
     assert eager[0, 0, 0].tolist() == [torch.finfo(torch.bfloat16).min, 0.0, 0.0] and (eager[1] == 0).all()
     with pytest.raises(ValueError, match="flash_attention_2"):
         decode_step_mask(mask, "flash_attention_2", torch.float32)
+
+
+@pytest.mark.parametrize("window", [8, 30])
+def test_sliding_window_models_decode_as_their_plain_forward_scores(tiny_lm_dir, window):
+    """A sliding-window layer's cache keeps only the window's keys: the one-token decoding mask,
+    as wide as the sequence, failed once prompt and response passed the window ("The size of
+    tensor a (8) must match the size of tensor b (40)"), at 30 in the middle of the responses.
+    Each response's sampled log-probs are those of the model's plain forward on the unpadded
+    sequence."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm_dir)
+    config = AutoConfig.from_pretrained(tiny_lm_dir)
+    config.use_sliding_window, config.sliding_window = True, window
+    config.layer_types = ["sliding_attention"] * config.num_hidden_layers  # Qwen2's with max_window_layers=0
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_dir, config=config).eval()
+    policy = CausalLMPolicy(model, tokenizer, CausalLMConfig(model_path=str(tiny_lm_dir), max_prompt_length=40,
+                                                             max_response_length=12))
+    ids, mask = policy.processor.encode_prompts(PROMPTS, max_length=40)
+    out = policy.generate(ids, mask, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for row in range(len(PROMPTS)):
+            prompt, length = ids[row][mask[row].bool()], int(out.response_mask[row].sum())
+            sequence = torch.cat([prompt, out.responses[row, :length]])[None]
+            logits = model(sequence).logits[0, len(prompt) - 1:len(prompt) - 1 + length].float()
+            expected = logits.log_softmax(-1).gather(-1, out.responses[row, :length, None]).squeeze(-1)
+            torch.testing.assert_close(out.log_probs[row, :length], expected, rtol=0, atol=1e-5)
+    assert int(mask.sum(1).max()) + int(out.response_mask.sum(1).max()) > window  # the window was passed
