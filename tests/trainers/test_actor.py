@@ -239,6 +239,29 @@ def test_the_update_on_prepared_frames_is_the_update_on_the_simulators_frames(pr
     assert all(torch.equal(prepared_weights[name], every_pass_weights[name]) for name in every_pass_weights)
 
 
+def test_ddp_all_reduces_once_per_minibatch_whatever_its_micro_batches(process_group, device):
+    """Micro-batches accumulate locally under DDP's no_sync, forward included (DDP arms the
+    backward's all-reduce in its forward): 2 minibatches of 2 micro-batches all-reduce twice, not
+    4 times (the forward ran outside no_sync)."""
+    torch.manual_seed(0)
+    policy = make_policy("mlp", TINY_CONFIGS["mlp"]()).to(device)
+    batch = rollout_batch(policy)
+    algorithm, trainer_section = update_config("ppo_clip", "action")
+    trainer_section = trainer_section.model_copy(update={"micro_batch_size": 2})
+    trainer = ActorTrainer(policy, lr=1e-3)
+    all_reduces = []
+
+    def counting_hook(state, bucket):
+        all_reduces.append(bucket.index())
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+    trainer.parallel.module.register_comm_hook(None, counting_hook)
+    metrics = trainer.update(batch, algorithm, trainer_section, torch.Generator().manual_seed(1))
+    assert metrics["actor/num_updates"] == 2.0 and all_reduces == [0, 0]
+
+
 @pytest.mark.parametrize(("episodes", "mini_batch", "expected_updates"), [(12, 4, 3 * 2), (3, 4, 1 * 2), (5, 1, 5 * 2)])
 def test_updates_per_epoch_follow_the_mini_batch_size(process_group, device, episodes, mini_batch, expected_updates):
     torch.manual_seed(0)

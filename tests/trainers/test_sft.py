@@ -7,6 +7,7 @@ import torch
 
 from policies.causal_lm import CausalLMConfig, CausalLMPolicy
 from vla_rl.data.arithmetic import write_arithmetic_dataset
+from vla_rl.errors import RunStopped
 from vla_rl.data.prompt_dataset import PromptFile, PromptRow
 from vla_rl.rewards.verifiers import score_responses
 from vla_rl.trainers.sft import (
@@ -101,3 +102,32 @@ def test_the_sft_nodes_loss_is_the_likelihood_at_temperature_1_whatever_the_samp
     trainer = ActorTrainer(policy, lr=0.0, forward=WORKFLOWS.get("text").batch_forward)  # as the workers build it
     metrics = trainer.supervised_update(batch, 1, 8, 1.0, torch.Generator().manual_seed(0))
     assert metrics["sft/loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_non_finite_sft_gradient_is_skipped_as_the_actors(tiny_lm_dir, tmp_path, process_group, monkeypatch):
+    """llm_sft's update stepped whatever its gradient: one NaN loss wrote NaN into every weight
+    (verl skips such a step). Now it is skipped and counted, and the weights stay as they were."""
+    from tensordict import TensorDict
+
+    import vla_rl.trainers.actor as actor_module
+    from vla_rl.dag.registry import WORKFLOWS
+    from vla_rl.trainers.actor import ActorTrainer
+    from vla_rl_core import keys
+
+    policy = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(tiny_lm_dir), max_prompt_length=24,
+                                                           max_response_length=20))
+    paths = write_arithmetic_dataset(tmp_path, num_train=8, num_test=2)
+    examples = encode_sft_examples(policy, PromptFile(paths["train"]).read_shard(0, 1, ["extra_info.answer"]))
+    batch = TensorDict({keys.INPUT_IDS: examples.input_ids, keys.ATTENTION_MASK: examples.attention_mask,
+                        keys.RESPONSES: examples.responses, keys.RESPONSE_MASK: examples.response_mask.bool()},
+                       batch_size=[len(examples)])
+    real_forward = actor_module.text_forward
+    monkeypatch.setattr(actor_module, "text_forward",
+                        lambda *args, **kwargs: (real_forward(*args, **kwargs)[0] * float("nan"), None))
+    before = {name: p.detach().clone() for name, p in policy.named_parameters()}
+    trainer = ActorTrainer(policy, lr=1e-2, forward=WORKFLOWS.get("text").batch_forward)
+    metrics = trainer.supervised_update(batch, 1, 8, 1.0, torch.Generator().manual_seed(0), max_skipped_updates=2)
+    assert metrics["sft/num_updates"] == 0.0 and metrics["sft/skipped_updates"] == 1.0
+    assert all(torch.equal(p, before[name]) for name, p in policy.named_parameters())
+    with pytest.raises(RunStopped, match="the sft update diverged: 2 updates in a row"):
+        trainer.supervised_update(batch, 1, 8, 1.0, torch.Generator().manual_seed(0), max_skipped_updates=2)

@@ -138,11 +138,15 @@ def save_rng(
 ) -> None:
     """Write this rank's RNG states to ``rng_rank{rank}.safetensors`` and ``.json``.
 
-    Saves the torch CPU RNG state always, ``generator``'s state and ``np_rng``'s bit-generator
-    state when given.
+    Saves the torch CPU RNG state always; the current accelerator's (CUDA, NPU: what dropout
+    on the device draws from, e.g. LoRA dropout) when there is one, as verl's checkpoints do;
+    ``generator``'s state and ``np_rng``'s bit-generator state when given.
     """
     directory = Path(directory)
     tensors = {"torch_cpu": torch.get_rng_state()}
+    accelerator = _accelerator_module()
+    if accelerator is not None:
+        tensors["torch_accelerator"] = accelerator.get_rng_state()
     if generator is not None:
         tensors["torch_generator"] = generator.get_state()
     json_path = directory / f"rng_rank{rank}.json"
@@ -151,6 +155,14 @@ def save_rng(
         numpy_state = _encode(np_rng.bit_generator.state, {}, "numpy", json_path)
     save_file(tensors, str(directory / f"rng_rank{rank}.safetensors"))
     write_json(json_path, {"format_version": FORMAT_VERSION, "numpy": numpy_state})
+
+
+def _accelerator_module():
+    """``torch.cuda`` (``torch.npu``, ...) when this process has an accelerator, else None: its
+    ``get_rng_state`` / ``set_rng_state`` act on the current device, the worker's own."""
+    if not torch.accelerator.is_available():
+        return None
+    return torch.get_device_module(torch.accelerator.current_accelerator().type)
 
 
 def save_trainer_state(
@@ -393,8 +405,8 @@ def load_rng(path: str | Path, rank: int) -> dict[str, Any]:
     """Read rank ``rank``'s RNG states.
 
     Returns:
-        ``{"torch_cpu": uint8 Tensor, "torch_generator": uint8 Tensor | None,
-        "numpy": bit-generator state dict | None}``, to pass to :func:`restore_rng`.
+        ``{"torch_cpu": uint8 Tensor, "torch_accelerator": uint8 Tensor | None, "torch_generator":
+        uint8 Tensor | None, "numpy": bit-generator state dict | None}``, to pass to :func:`restore_rng`.
 
     Raises:
         FileNotFoundError: the rank's files are missing (saved with another world size?).
@@ -404,6 +416,7 @@ def load_rng(path: str | Path, rank: int) -> dict[str, Any]:
     numpy_state = read_json(json_file)["numpy"]
     return {
         "torch_cpu": tensors["torch_cpu"],
+        "torch_accelerator": tensors.get("torch_accelerator"),
         "torch_generator": tensors.get("torch_generator"),
         "numpy": None if numpy_state is None else _decode(numpy_state, {}, json_file),
     }
@@ -414,7 +427,8 @@ def restore_rng(
     generator: torch.Generator | None = None,
     np_rng: np.random.Generator | None = None,
 ) -> None:
-    """Restore the torch CPU RNG and, when given, ``generator`` and ``np_rng`` from ``state``.
+    """Restore the torch CPU RNG, the current accelerator's when both the checkpoint and this
+    process have one, and, when given, ``generator`` and ``np_rng`` from ``state``.
 
     Args:
         state: the dict returned by :func:`load_rng`.
@@ -423,6 +437,9 @@ def restore_rng(
         ValueError: ``generator`` or ``np_rng`` is given but ``state`` holds no state for it.
     """
     torch.set_rng_state(state["torch_cpu"])
+    accelerator = _accelerator_module()
+    if accelerator is not None and state.get("torch_accelerator") is not None:
+        accelerator.set_rng_state(state["torch_accelerator"])
     if generator is not None:
         if state["torch_generator"] is None:
             raise ValueError("the checkpoint holds no torch.Generator state for this rank")

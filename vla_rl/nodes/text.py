@@ -211,5 +211,5 @@ def supervised_step(ctx, batch) -> NodeOutput:
     trainer = ctx.config.trainer
     metrics = ctx.resources.actor.supervised_update(batch, trainer.ppo_epochs, trainer.ppo_mini_batch_size,
                                                     trainer.max_grad_norm, ctx.resources.generator,
-                                                    trainer.micro_batch_size)
+                                                    trainer.micro_batch_size, trainer.max_skipped_updates)
     return NodeOutput(batch, metrics)

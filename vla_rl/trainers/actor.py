@@ -43,7 +43,7 @@ from vla_rl.algorithms.granularity import (
 )
 from vla_rl.algorithms.kl import kl_penalty
 from vla_rl.algorithms.policy_loss import POLICY_LOSSES
-from vla_rl.trainers.guard import GuardedStep, clip_grad_norm
+from vla_rl.trainers.guard import GuardedStep
 from vla_rl.trainers.minibatches import global_weights, micro_batch_passes, minibatch_schedule, sum_over_workers
 from vla_rl.trainers.strategy import make_strategy
 from vla_rl.utils.collectives import all_gather_small_objects
@@ -219,6 +219,7 @@ class ActorTrainer:
         self.parallel = make_strategy(policy, group, trainer)
         self.optimizer = torch.optim.Adam(self.parallel.trained.parameters(), lr=lr)
         self.guarded_step = GuardedStep("actor")
+        self.guarded_sft_step = GuardedStep("sft")
 
     @property
     def ddp(self):
@@ -313,7 +314,8 @@ class ActorTrainer:
         return metrics
 
     def supervised_update(self, batch: TensorDict, epochs: int, mini_batch_size: int, max_grad_norm: float,
-                          generator: torch.Generator, micro_batch_size: int | None = None) -> dict[str, float]:
+                          generator: torch.Generator, micro_batch_size: int | None = None,
+                          max_skipped_updates: int = 3) -> dict[str, float]:
         """Supervised fine-tuning on this worker's shard of prompt/target pairs (``llm_sft``; a
         causal LM, scored by :func:`text_forward`): the negative log-likelihood of the target
         tokens at temperature 1 whatever ``text.temperature`` (the warm start's
@@ -326,14 +328,20 @@ class ActorTrainer:
             max_grad_norm: gradient-norm clip.
             generator: shuffles the minibatches.
             micro_batch_size: samples per forward/backward pass (None: the whole minibatch).
+            max_skipped_updates: updates in a row whose gradient norm is not finite (skipped, as
+                the actor's: :class:`~vla_rl.trainers.guard.GuardedStep`) after which the run stops.
 
         Returns:
             ``sft/loss`` (the global minibatches' token mean, as the actor's loss terms) and
-            ``sft/grad_norm`` (means over minibatches), ``sft/num_updates``.
+            ``sft/grad_norm`` (means over the applied updates), ``sft/num_updates``,
+            ``sft/skipped_updates``.
+
+        Raises:
+            RunStopped: ``max_skipped_updates`` skipped updates in a row.
         """
         batch = batch.to(self.policy.device)
         totals = {"sft/loss": 0.0, "sft/grad_norm": 0.0}
-        updates = 0
+        updates = skipped = 0
         self.policy.train()
         self.parallel.trained.train()
         mask = batch[keys.RESPONSE_MASK]
@@ -347,14 +355,17 @@ class ActorTrainer:
             for index, scale, share, sync in micro_batch_passes(mask, micro_batches, "token-mean",
                                                                 None if weights is None else weights[i], world):
                 mb = batch[index]
-                with self.parallel.autocast():
-                    log_probs = text_forward(self.ddp, mb, temperature=1.0)[0].flatten(start_dim=2).sum(-1)  # (b, T)
-                loss = -aggregate_loss(log_probs, mb[keys.RESPONSE_MASK], "token-mean")
-                with self.parallel.gradient_sync(sync):
+                with self.parallel.gradient_sync(sync):  # the forward too: DDP arms its all-reduce there
+                    with self.parallel.autocast():
+                        log_probs = text_forward(self.ddp, mb, temperature=1.0)[0].flatten(start_dim=2).sum(-1)
+                    loss = -aggregate_loss(log_probs, mb[keys.RESPONSE_MASK], "token-mean")  # log_probs (b, T)
                     (loss if scale is None else loss * scale).backward()
                 loss_value += float(loss.detach()) * share
-            grad_norm = clip_grad_norm(self.parallel.trained.parameters(), max_grad_norm)
-            self.optimizer.step()
+            grad_norm, applied = self.guarded_sft_step(self.parallel.trained.parameters(), self.optimizer,
+                                                       max_grad_norm, max_skipped_updates, loss)
+            if not applied:
+                skipped += 1
+                continue
             totals["sft/loss"] += loss_value
             totals["sft/grad_norm"] += grad_norm
             updates += 1
@@ -364,6 +375,7 @@ class ActorTrainer:
         if weights is not None:  # each worker's share of the global minibatches' loss
             metrics.update(sum_over_workers({"sft/loss": metrics["sft/loss"]}, self.group))
         metrics["sft/num_updates"] = float(updates)
+        metrics["sft/skipped_updates"] = float(skipped)
         return metrics
 
     def _old_log_probs(self, batch: TensorDict, granularity: str, micro_batch_size: int | None
@@ -431,8 +443,8 @@ class ActorTrainer:
         world = dist.get_world_size(self.group)
         for index, scale, share, sync in micro_batch_passes(units, micro_batches, algorithm.loss_agg_mode,
                                                             global_weight, world):
-            loss, terms = self._loss(batch[index], old_log_probs[index], algorithm, loss_fn, loss_options)
-            with self.parallel.gradient_sync(sync):
+            with self.parallel.gradient_sync(sync):  # the forward too: DDP arms its all-reduce there
+                loss, terms = self._loss(batch[index], old_log_probs[index], algorithm, loss_fn, loss_options)
                 (loss if scale is None else loss * scale).backward()
             if scale is None:  # the whole minibatch in one pass
                 out.update(terms)

@@ -171,11 +171,12 @@ class CriticTrainer:
             for index, scale, share, sync in micro_batch_passes(mask, micro_batches, critic.loss_agg_mode,
                                                                 None if weights is None else weights[i], world):
                 mb = batch[index]
-                with self.parallel.autocast():
-                    vpreds = self.forward(self.parallel.module, mb)  # (b, T)
-                vf_loss, terms = compute_value_loss(vpreds, mb[keys.RETURNS], mb[keys.VALUES], mb[keys.RESPONSE_MASK],
-                                                    critic.cliprange_value, critic.loss_agg_mode)
-                with self.parallel.gradient_sync(sync):
+                with self.parallel.gradient_sync(sync):  # the forward too: DDP arms its all-reduce there
+                    with self.parallel.autocast():
+                        vpreds = self.forward(self.parallel.module, mb)  # (b, T)
+                    vf_loss, terms = compute_value_loss(vpreds, mb[keys.RETURNS], mb[keys.VALUES],
+                                                        mb[keys.RESPONSE_MASK], critic.cliprange_value,
+                                                        critic.loss_agg_mode)
                     (vf_loss if scale is None else vf_loss * scale).backward()
                 terms["vf_loss"] = float(vf_loss.detach())
                 for name, value in terms.items():

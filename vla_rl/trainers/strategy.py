@@ -146,8 +146,10 @@ class DDPStrategy:
         return torch.autocast(next(self.policy.parameters()).device.type, dtype=self.autocast_dtype)
 
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
-        """The context of one backward pass: DDP's ``no_sync()`` (gradients accumulate locally)
-        unless ``enabled``; a backward with ``enabled`` all-reduces the accumulated gradients."""
+        """The context of one forward and backward pass: DDP's ``no_sync()`` (gradients accumulate
+        locally) unless ``enabled``; a backward with ``enabled`` all-reduces the accumulated
+        gradients. The forward belongs inside: DDP prepares the backward's all-reduce in its
+        forward (``torch.nn.parallel.DistributedDataParallel.no_sync``)."""
         return contextlib.nullcontext() if enabled else self.module.no_sync()
 
     def after_update(self) -> None:
