@@ -74,10 +74,10 @@ def test_camera_config_validation():
         RobosuiteEnvConfig(cameras=("agentview", "agentview"))
     with pytest.raises(ValueError, match="camera_size"):
         RobosuiteEnvConfig(cameras=("agentview",), camera_size=4)
-    wipe_keys = ("robot0_eef_pos",)  # Wipe has no default state keys either
+    keys = ("robot0_eef_pos",)  # ToolHang has no default state keys either
     with pytest.raises(ValueError, match="instruction"):
-        RobosuiteEnvConfig(task="Wipe", obs_keys=wipe_keys)
-    assert RobosuiteEnvConfig(task="Wipe", obs_keys=wipe_keys, instruction="wipe the table").instruction == "wipe the table"
+        RobosuiteEnvConfig(task="ToolHang", obs_keys=keys)
+    assert RobosuiteEnvConfig(task="ToolHang", obs_keys=keys, instruction="hang the tool").instruction == "hang the tool"
     assert RobosuiteEnvConfig(cameras=["agentview"]).cameras == ("agentview",)
 
 
