@@ -360,3 +360,13 @@ def test_every_suite_creates_and_steps(suite):
         assert truncated and not info["success"] and env.instruction
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("template", ["embodied_srpo_oft_libero", "embodied_srpo_pi0_libero", "embodied_grpo_oft_libero",
+                                      "embodied_grpo_pi0_libero"])
+def test_libero_templates_render_with_shadows_and_reflections_as_the_reference(template):
+    """OpenVLA-OFT and openpi render LIBERO with MuJoCo's default shadows and reflections; without
+    them the stove's reflective top turns dark grey in the checkpoints' camera images."""
+    from vla_rl.dag.loader import load_template
+
+    assert load_template(template).config.simulator.env["fast_rendering"] is False
