@@ -52,6 +52,7 @@ def _scenarios(rank: int, lm_dir: str, ckpt_root: str) -> dict:
                          "fsdp_gc": {"strategy": "fsdp", "gradient_checkpointing": True}}.items():
         out[f"mlp/token-mean/{name}"] = _run(fresh_mlp, mlp_batch, algorithm, embodied_forward, **fields)
     out["resume"] = _resume(fresh_mlp, mlp_batch, algorithm, ckpt_root, rank)
+    out["resume_before_first_update"] = _resume_before_first_update(fresh_mlp, mlp_batch, algorithm, ckpt_root)
     out["global"] = _global_minibatch(rank, fresh_mlp, mlp_batch, update_config)
 
     # ---------------------------------------------------------------- the tiny causal LM
@@ -183,6 +184,32 @@ def _resume(fresh, batch, algorithm, ckpt_root: str, rank: int) -> dict:
     return {"verified": verified, "straight": _weights(straight.policy), "resumed": _weights(resumed.policy),
             "straight_optimizer": local_optimizer_state(straight), "resumed_optimizer": local_optimizer_state(resumed),
             "manifest": json.loads((path / MANIFEST_FILE).read_text())["files"]}
+
+
+def _resume_before_first_update(fresh, batch, algorithm, ckpt_root: str) -> dict:
+    """FSDP: a checkpoint written before the optimizer's first step (every group filtered out so
+    far). DCP's get_state_dict initialises an empty optimizer by one step at lr 0, which left Adam's
+    step count at 1 in the run that saved and in the checkpoint: every later update had another
+    bias correction than the run that never saved. Two updates: never saved, saved first, and
+    resumed from that checkpoint."""
+    from vla_rl.trainers.actor import ActorTrainer
+
+    section = _trainer_section(strategy="fsdp")
+
+    def two_updates(trainer):
+        for step in range(2):
+            trainer.update(batch, algorithm, section, torch.Generator().manual_seed(10 + step))
+        return _weights(trainer.policy)
+
+    never_saved = two_updates(ActorTrainer(fresh(), lr=1e-2, trainer=section))
+    saving = ActorTrainer(fresh(), lr=1e-2, trainer=section)
+    path = f"{ckpt_root}/before_first_update"
+    saving.save_sharded(path)
+    dist.barrier()
+    saved = two_updates(saving)
+    resumed = ActorTrainer(fresh(), lr=1e-2, trainer=section)
+    resumed.load_sharded(path)
+    return {"never_saved": never_saved, "saved": saved, "resumed": two_updates(resumed)}
 
 
 def _oft_lora(rank: int) -> dict:
@@ -364,6 +391,13 @@ def test_a_sharded_checkpoint_resumes_bit_identically(runs):
     assert {"actor_sharded/.metadata", "actor_sharded/__0_0.distcp", "actor_sharded/__1_0.distcp",
             "trainer_state.json"} <= set(files)
     assert all(len(entry["sha256"]) == 64 for entry in files.values())
+
+
+def test_a_checkpoint_before_the_first_update_changes_no_later_update(runs):
+    for rank in range(WORLD):
+        run = runs[rank]["resume_before_first_update"]
+        assert _max_abs(run["never_saved"], run["saved"]) == 0.0
+        assert _max_abs(run["never_saved"], run["resumed"]) == 0.0
 
 
 def test_lora_keeps_the_frozen_towers_frozen_under_ddp_and_fsdp(runs):

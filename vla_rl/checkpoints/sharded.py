@@ -55,7 +55,10 @@ def save_sharded(directory: str | Path, model: nn.Module, optimizer: torch.optim
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     target = Path(directory) / name
+    optimizer_started = bool(optimizer.state)
     model_state, optimizer_state = get_state_dict(model, optimizer)
+    if not optimizer_started:
+        _count_back_initialising_step(optimizer)
     bad = _first_non_finite({"model": model_state, "optimizer": optimizer_state})
     device = next(model.parameters()).device
     flag = torch.tensor([0 if bad is None else 1], device=device)
@@ -112,6 +115,21 @@ def load_sharded_model(directory: str | Path, module: nn.Module) -> None:
         dcp.load(state, checkpoint_id=str(source), no_dist=True)
     except Exception as err:  # DCP raises CheckpointException wrapping the per-rank failures
         raise RuntimeError(f"{source}: the sharded weights do not fit the policy: {err}") from err
+
+
+def _count_back_initialising_step(optimizer: torch.optim.Optimizer) -> None:
+    """Undo the step count of the step ``get_state_dict`` takes to initialise an optimizer that
+    has not stepped yet (torch's ``_init_optim_state``: zero gradients at lr 0). Adam's moments
+    stay zero in that step but its count becomes 1, which changed the bias correction of every
+    later update of the run that saved (and of a resume from its checkpoint); at count 0 the state
+    is the one Adam starts from. The state dict shares these tensors, so the checkpoint holds 0 too.
+    """
+    for state in optimizer.state.values():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor):
+            step.zero_()
+        elif step is not None:
+            state["step"] = 0
 
 
 def _first_non_finite(state: dict) -> str | None:
