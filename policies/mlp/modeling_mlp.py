@@ -334,7 +334,8 @@ class MLPPolicy(Policy):
         mean = self.action_mean(obs).unsqueeze(1)  # (B, 1, A)
         self._check_actions(actions, mean.shape[0], "actions")
         std = self.action_std().float()  # (A,)
-        entropy = (0.5 + _LOG_SQRT_2PI + std.log()).expand(mean.shape).contiguous()  # (B, 1, A), no view (FSDP2)
+        # (B, 1, A), a copy: contiguous() of the broadcast is still a view when B = 1 (FSDP2 warns)
+        entropy = (0.5 + _LOG_SQRT_2PI + std.log()).expand(mean.shape).clone(memory_format=torch.contiguous_format)
         return self._log_prob_per_dim(actions.to(mean.device, torch.float32), mean.float(), std), entropy
 
     def bc_loss(self, obs: Tensor, expert_actions: Tensor) -> Tensor:

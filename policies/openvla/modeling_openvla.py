@@ -165,7 +165,9 @@ class OpenVLAPolicy(PrismaticPolicy):
         log_softmax = bin_log_softmax(self.action_tokenizer.bin_logits(logits), temperature)  # (B, A, bins)
         log_probs = log_softmax.gather(-1, bins.to(log_softmax.device)[..., None]).squeeze(-1)
         entropy = -(log_softmax.exp() * log_softmax).sum(-1)
-        return log_probs[:, None], entropy[:, None]
+        # copies, not views: FSDP2 warns of a sharded module returning a view (an in-place op on
+        # it would skip the module's pre-backward all-gather)
+        return log_probs[:, None].clone(), entropy[:, None].clone()
 
     def bc_loss(self, obs: TensorDict, expert_actions: Tensor) -> Tensor:
         """OpenVLA's fine-tuning loss: cross-entropy of the expert's action tokens over the whole

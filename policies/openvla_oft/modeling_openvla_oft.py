@@ -236,7 +236,9 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
         self._check_actions(actions, obs.batch_size[0], "actions")
         bins = self.action_tokenizer.bins_from_actions(actions).to(self.device)
         log_softmax = bin_log_softmax(self.action_tokenizer.bin_logits(self.action_logits(obs)), temperature)
-        log_probs = log_softmax.gather(-1, bins[..., None]).squeeze(-1)
+        # a copy, not the squeeze's view: FSDP2 warns of a sharded module returning a view (an
+        # in-place op on it would skip the module's pre-backward all-gather)
+        log_probs = log_softmax.gather(-1, bins[..., None]).squeeze(-1).clone()
         entropy = -(log_softmax.exp() * log_softmax).sum(-1)
         return log_probs, entropy
 

@@ -8,6 +8,7 @@ shards, a ``monkeypatch`` for the workers, and the comparisons."""
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -23,6 +24,9 @@ MLP_SPLIT = (5, 3)  # episodes of the 8 MLP episodes on each worker
 
 def _entry(rank: int, port: int, scenarios: Callable, lm_dir: str, ckpt_root: str, results) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    # pyproject's filterwarnings do not reach spawned workers: a sharded module that returns a
+    # view (an in-place op on it would skip its pre-backward all-gather) fails here as in-process
+    warnings.filterwarnings("error", message="FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:

@@ -57,7 +57,8 @@ class ValueNetwork(nn.Module):
         """``(batch, obs_dim)`` observations -> ``(batch,)`` float32 values (the layers compute in
         their weights' dtype: bfloat16 under FSDP's mixed precision)."""
         normalized = mean_std_normalize(obs, self.obs_mean, self.obs_std)
-        return self.net(normalized.to(self.net[0].weight.dtype)).squeeze(-1).float()
+        # a float32 copy even in float32 (no view: FSDP2 warns of a sharded module returning one)
+        return self.net(normalized.to(self.net[0].weight.dtype)).squeeze(-1).to(torch.float32, copy=True)
 
     def fsdp_units(self) -> list[nn.Module]:
         """The linear layers (FSDP2 shards each; see :meth:`policies.base.Policy.fsdp_units`)."""
