@@ -90,9 +90,10 @@ def test_a_module_using_the_test_device_by_any_import_is_a_device_test():
 
 
 #: Packages of the project (dependencies, extras) that the H200 image (/opt/torch/.venv, 2026-11) and
-#: the offline kit of ../shared/gpu lack, and what they bring in (openpi-client's dm-tree, import-linter's grimp).
-GPU_IMAGE_LACKS = ("websockets", "openpi_client", "tree", "importlinter", "grimp", "trl", "datasets", "vllm",
-                   "lerobot", "libero")
+#: the offline kit of ../shared/gpu lack, and what they bring in (openpi-client's dm-tree, import-linter's grimp);
+#: simplejpeg, added since, was not looked for there and is treated as absent.
+GPU_IMAGE_LACKS = ("websockets", "simplejpeg", "openpi_client", "tree", "importlinter", "grimp", "trl", "datasets",
+                   "vllm", "lerobot", "libero")
 
 
 def test_the_suite_part_collects_on_a_host_without_the_optional_packages(gpu_check, tmp_path):
@@ -181,9 +182,9 @@ def test_the_kit_wheels_need_a_kit(tmp_path):
 
 @pytest.mark.slow
 def test_the_kit_wheels_are_the_hosts_and_the_projects_versions(tmp_path):
-    """Against the real package index: the three wheels for CPython 3.12 on x86-64 Linux, at the
-    versions CI installs (websockets from scripts/constraints-cpu.txt, openpi-client from the test
-    extra)."""
+    """Against the real package index: the four wheels for CPython 3.12 on x86-64 Linux, at the
+    versions CI installs (websockets and simplejpeg from scripts/constraints-cpu.txt, openpi-client
+    from the test extra)."""
     import subprocess
 
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_kit_wheels.sh"), str(tmp_path)],
@@ -191,5 +192,5 @@ def test_the_kit_wheels_are_the_hosts_and_the_projects_versions(tmp_path):
     assert done.returncode == 0, done.stderr
     wheels = sorted(path.name for path in (tmp_path / "wheels").glob("*.whl"))
     assert [name.split("-")[:2] for name in wheels] == [["dm_tree", "0.1.10"], ["openpi_client", "0.1.2"],
-                                                        ["websockets", "16.1.1"]]
+                                                        ["simplejpeg", "1.9.0"], ["websockets", "16.1.1"]]
     assert all("-cp312-" in name or name.endswith("-py3-none-any.whl") for name in wheels), wheels

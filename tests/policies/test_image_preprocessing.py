@@ -1,13 +1,16 @@
 """OpenVLA-OFT's LIBERO image preprocessing (``experiments/robot/openvla_utils.py``) against
 hand-computed values: the centre-crop box and its bilinear resampling (``tf.image.crop_and_resize``
-arithmetic), the antialiased Lanczos-3 kernel, and the JPEG round trip before it."""
+arithmetic), the antialiased Lanczos-3 kernel; and the JPEG round trip before it against
+TensorFlow's (tests/fixtures/openvla/)."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from policies.openvla.image_preprocessing import (
     CENTER_CROP_SCALE,
@@ -87,6 +90,16 @@ def test_jpeg_round_trip_keeps_gray_and_loses_detail_on_noise():
     error = np.abs(decoded.astype(int) - noise)
     assert decoded.shape == noise.shape and decoded.dtype == np.uint8
     assert 0.5 < error.mean() < 3 and error.max() <= 16
+
+
+def test_jpeg_round_trip_is_tensorflows_bit_for_bit():
+    """tf.io.decode_image decodes with libjpeg's fast integer DCT; PIL's decoder (the accurate
+    one, used before) differed from TensorFlow on most pixels of this scene."""
+    fixtures = Path(__file__).parents[1] / "fixtures" / "openvla"
+    scene = np.asarray(Image.open(fixtures / "scene_64.png"))
+    expected = np.asarray(Image.open(fixtures / "scene_64_tf_jpeg_round_trip.png"))
+    assert scene.shape == expected.shape == (64, 64, 3)
+    assert np.array_equal(jpeg_round_trip(scene), expected)
 
 
 def test_resize_image_for_policy_is_jpeg_then_lanczos():
