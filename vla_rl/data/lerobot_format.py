@@ -264,15 +264,28 @@ def _write_parquet(path: Path, table: pa.Table) -> None:
     pq.write_table(table, path, compression="snappy")
 
 
+_INDEX_COLUMNS = ("episode_index", "frame_index", "timestamp", "task_index")
+"""The data files' columns the reader loads up front; a feature's column is read when first asked for."""
+
+
 class LeRobotReader:
     """Read a LeRobot v3 dataset from a local root (``LeRobotDataset(repo_id, root=...)``'s files).
+
+    Loads ``meta/``, and of the data files only the index columns (episode, frame, timestamp,
+    task); each feature's column is read from every data file the first time an episode asks for
+    it, and a video feature's frames are decoded for the asked episode only (FFmpeg seeks to its
+    first frame), so neither image columns nor whole videos are held in memory. Files may differ in
+    column order and in optional columns (LeRobot's per-episode ``stats/...``): they are matched
+    by name.
 
     Args:
         root: the dataset root (``meta/info.json`` inside).
 
     Raises:
-        LeRobotFormatError: ``root`` holds no ``meta/info.json``, another major version, or its
-            files cannot be read.
+        LeRobotFormatError: ``root`` holds no ``meta/info.json``, another major version, an
+            ``info.json`` without ``fps`` or ``features`` (or ``video_path`` with video
+            features), no ``meta/tasks.parquet``, or files that cannot be read or lack a column
+            (one line naming the file and the field).
     """
 
     def __init__(self, root: str | Path) -> None:
@@ -283,21 +296,34 @@ class LeRobotReader:
         try:
             self.info = json.loads(info_path.read_text())
         except (OSError, ValueError) as err:
-            raise LeRobotFormatError(f"{info_path} cannot be read: {err}") from None
+            raise LeRobotFormatError(f"{info_path} cannot be read: {_first_line(err)}") from None
         version = str(self.info.get("codebase_version", "?"))
         if not version.startswith("v3."):
             raise LeRobotFormatError(f"{self.root} is a LeRobot dataset of format {version}; only v3.x is read here "
                                      "(convert it with LeRobot's lerobot.datasets.v30 conversion script)")
-        self.features: dict[str, dict[str, Any]] = self.info["features"]
-        self.fps = int(self.info["fps"])
-        self._frames = _read_tables(sorted((self.root / "data").glob("*/*.parquet")), self.root / "data")
-        self._episodes = _read_tables(sorted((self.root / "meta" / "episodes").glob("*/*.parquet")),
-                                      self.root / "meta/episodes").to_pylist()
+        features, fps = self.info.get("features"), self.info.get("fps")
+        if not isinstance(features, dict):
+            raise LeRobotFormatError(f"{info_path}: 'features' must be a mapping of feature names, got {features!r}")
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or fps <= 0:
+            raise LeRobotFormatError(f"{info_path}: 'fps' must be a positive number, got {fps!r}")
+        if any(f.get("dtype") == "video" for f in features.values()) and not self.info.get("video_path"):
+            raise LeRobotFormatError(f"{info_path}: the dataset has video features but no 'video_path'")
+        self.features: dict[str, dict[str, Any]] = features
+        self.fps = int(fps)
+        self._data_files = sorted((self.root / "data").glob("*/*.parquet"))
+        self._frames = _read_tables(self._data_files, self.root, "data", _INDEX_COLUMNS)
+        self._episodes = _read_tables(sorted((self.root / "meta" / "episodes").glob("*/*.parquet")), self.root,
+                                      "meta/episodes", ("episode_index",), every_column=True).to_pylist()
         self._episode_of_frame = self._frames.column("episode_index").to_numpy()
-        tasks = pq.read_table(self.root / TASKS_PATH)
+        tasks_path = self.root / TASKS_PATH
+        if not tasks_path.is_file():
+            raise LeRobotFormatError(f"{self.root} has no {TASKS_PATH} (the episodes' task strings)")
+        tasks = _read_tables([tasks_path], self.root, TASKS_PATH, ("task_index",), every_column=True)
         index_name = "__index_level_0__" if "__index_level_0__" in tasks.column_names else "task"
+        if index_name not in tasks.column_names:
+            raise LeRobotFormatError(f"{tasks_path} has no task strings (no column '__index_level_0__' nor 'task')")
         self.tasks = dict(zip(tasks.column("task_index").to_pylist(), tasks.column(index_name).to_pylist(), strict=True))
-        self._decoded: dict[Path, np.ndarray] = {}
+        self._columns: dict[str, pa.ChunkedArray] = {}
 
     @property
     def num_episodes(self) -> int:
@@ -310,13 +336,17 @@ class LeRobotReader:
         (the episode's first frame's task string).
 
         Raises:
-            LeRobotFormatError: no such episode or feature, or a video cannot be decoded.
+            LeRobotFormatError: no such episode or feature, an episode without frames, a column or
+                a video that is missing or cannot be decoded.
         """
         if not 0 <= index < self.num_episodes:
             raise LeRobotFormatError(f"{self.root} has {self.num_episodes} episodes, not episode {index}")
-        rows = np.flatnonzero(self._episode_of_frame == self._episodes[index]["episode_index"])
-        table = self._frames.take(pa.array(rows))
-        order = np.argsort(table.column("frame_index").to_numpy(), kind="stable")
+        episode = self._episodes[index]
+        rows = np.flatnonzero(self._episode_of_frame == episode["episode_index"])
+        if len(rows) == 0:
+            raise LeRobotFormatError(f"{self.root}: episode_index {episode['episode_index']} is in meta/episodes but "
+                                     "has no frames in data/")
+        order = rows[np.argsort(self._frames.column("frame_index").to_numpy()[rows], kind="stable")]
         out: dict[str, np.ndarray] = {}
         for name in features:
             if name not in self.features:
@@ -325,42 +355,98 @@ class LeRobotReader:
                 raise LeRobotFormatError(f"{self.root}: feature {name!r} holds PNG images in the parquet files, which "
                                          "are not read here (only video features)")
             if self.features[name]["dtype"] == "video":
-                timestamps = table.column("timestamp").to_numpy()[order].astype(np.float64)
-                out[name] = self._video(name, self._episodes[index], timestamps)
+                timestamps = self._frames.column("timestamp").to_numpy()[order].astype(np.float64)
+                out[name] = self._video(name, episode, timestamps)
             else:
-                out[name] = _numpy_column(table.column(name))[order].reshape(len(rows), *self.features[name]["shape"])
-        out["task"] = np.array(self.tasks[int(table.column("task_index")[int(order[0])].as_py())])
+                values = _numpy_column(self._column(name).take(pa.array(order)))
+                out[name] = values.reshape(len(order), *self.features[name]["shape"])
+        out["task"] = np.array(self.tasks[int(self._frames.column("task_index")[int(order[0])].as_py())])
         return out
 
+    def _column(self, name: str) -> pa.ChunkedArray:
+        """Feature ``name``'s column over every data file, in the index columns' row order."""
+        if name not in self._columns:
+            self._columns[name] = _read_tables(self._data_files, self.root, "data", (name,)).column(name)
+        return self._columns[name]
+
     def _video(self, name: str, episode: dict, timestamps: np.ndarray) -> np.ndarray:
-        import imageio_ffmpeg
+        """The episode's frames of video feature ``name`` at ``timestamps`` (seconds from the
+        episode's start): frame ``rint((from_timestamp + t) fps)`` of its file, as LeRobot's
+        frames are laid out back to back at the dataset's fps."""
+        fields = [f"videos/{name}/{field}" for field in ("chunk_index", "file_index", "from_timestamp")]
+        absent = [field for field in fields if field not in episode]
+        if absent:
+            raise LeRobotFormatError(f"{self.root}/meta/episodes has no column {absent[0]!r} (video feature {name!r})")
+        chunk, file, start = (episode[field] for field in fields)
+        path = self.root / self.info["video_path"].format(video_key=name, chunk_index=chunk, file_index=file)
+        if not path.is_file():
+            raise LeRobotFormatError(f"{path} is missing (video feature {name!r}, episode_index "
+                                     f"{episode['episode_index']})")
+        numbers = np.rint((start + timestamps) * self.fps).astype(np.int64)
+        first, count = int(numbers.min()), int(numbers.max() - numbers.min() + 1)
+        frames = _decode_frames(path, first, count, self.fps)
+        if len(frames) < count:
+            raise LeRobotFormatError(f"{path} holds {first + len(frames)} frames; episode_index "
+                                     f"{episode['episode_index']} needs frame {first + count - 1}")
+        return frames[numbers - first]
 
-        path = self.root / self.info["video_path"].format(video_key=name, chunk_index=episode[f"videos/{name}/chunk_index"],
-                                                          file_index=episode[f"videos/{name}/file_index"])
-        if path not in self._decoded:
-            try:
-                reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24")
-                meta = next(reader)
-                width, height = meta["size"]
-                self._decoded[path] = np.stack([np.frombuffer(frame, np.uint8).reshape(height, width, 3)
-                                                for frame in reader])
-            except (OSError, RuntimeError, StopIteration) as err:
-                raise LeRobotFormatError(f"{path} cannot be decoded: {err}") from None
-        frames = self._decoded[path]
-        numbers = np.rint((episode[f"videos/{name}/from_timestamp"] + timestamps) * self.fps).astype(np.int64)
-        if numbers.max() >= len(frames):
-            raise LeRobotFormatError(f"{path} holds {len(frames)} frames; episode {episode['episode_index']} needs "
-                                     f"frame {numbers.max()}")
-        return frames[numbers]
 
+def _decode_frames(path: Path, first: int, count: int, fps: int) -> np.ndarray:
+    """Frames ``first .. first + count - 1`` of a constant-rate video, uint8 ``(n, H, W, 3)``
+    (``n < count`` when the file ends first). FFmpeg seeks (an input ``-ss``: it decodes from the
+    keyframe before and drops the frames before the position) to half a frame before frame
+    ``first``, so that frame is the first one out, and stops after ``count`` frames.
 
-def _read_tables(paths: list[Path], where: Path) -> pa.Table:
-    if not paths:
-        raise LeRobotFormatError(f"{where} holds no parquet file")
+    Raises:
+        LeRobotFormatError: FFmpeg cannot decode the file (its first line of error).
+    """
+    import imageio_ffmpeg
+
+    seek = ["-ss", f"{(first - 0.5) / fps:.6f}"] if first > 0 else []
     try:
-        return pa.concat_tables([pq.read_table(path) for path in paths])
-    except (OSError, pa.ArrowInvalid) as err:
-        raise LeRobotFormatError(f"{where} cannot be read: {err}") from None
+        reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24", input_params=seek,
+                                            output_params=["-frames:v", str(count)])
+        width, height = next(reader)["size"]
+        frames = [np.frombuffer(frame, np.uint8).reshape(height, width, 3) for frame in reader]
+    except (OSError, RuntimeError, StopIteration) as err:
+        raise LeRobotFormatError(f"{path} cannot be decoded: {_first_line(err)}") from None
+    return np.stack(frames) if frames else np.zeros((0, height, width, 3), np.uint8)
+
+
+def _read_tables(paths: list[Path], root: Path, place: str, columns: Sequence[str],
+                 every_column: bool = False) -> pa.Table:
+    """``columns`` (or, with ``every_column``, every column, ``columns`` required) of the parquet
+    files ``paths`` (the dataset's ``place``: ``data``, ``meta/episodes``, ...), one table in file
+    order; the files' columns are matched by name (their order and their optional columns may
+    differ: absent ones are null).
+
+    Raises:
+        LeRobotFormatError: no file, a file without one of ``columns``, or a file that cannot be
+            read (naming it, relative to ``root``).
+    """
+    if not paths:
+        raise LeRobotFormatError(f"{root}: {place} holds no parquet file")
+    tables = []
+    for path in paths:
+        where = path.relative_to(root)
+        try:
+            names = pq.read_schema(path).names
+            absent = [column for column in columns if column not in names]
+            if absent:
+                raise LeRobotFormatError(f"{root}: {where} has no column {absent[0]!r}")
+            tables.append(pq.read_table(path, columns=None if every_column else list(columns)))
+        except (OSError, pa.ArrowException) as err:
+            raise LeRobotFormatError(f"{root}: {where} cannot be read: {_first_line(err)}") from None
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except pa.ArrowException as err:
+        raise LeRobotFormatError(f"{root}: the files of {place} do not fit together: {_first_line(err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    """An error's message up to its first line break (FFmpeg's and Arrow's run over many)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _numpy_column(column: pa.ChunkedArray) -> np.ndarray:

@@ -1,0 +1,158 @@
+"""What the LeRobot reader (vla_rl/data/lerobot_format.py) meets outside its own writer's output:
+datasets split over several files whose columns differ in order and in optional columns (LeRobot
+shards them, and its per-episode ``stats/...`` columns are optional), large columns and videos it
+must not hold whole, and malformed datasets, each refused in one line naming the file and field."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_lerobot_format import FIXTURES, check_video, probe_dataset
+
+from vla_rl.data.lerobot_demonstrations import check_dataset
+from vla_rl.data.lerobot_format import LeRobotFormatError, LeRobotReader
+
+LIFT = FIXTURES / "lift_scripted_demos"
+DATA, EPISODES = "data/chunk-000/file-000.parquet", "meta/episodes/chunk-000/file-000.parquet"
+
+
+def copy_of(fixture: Path, tmp_path: Path) -> Path:
+    root = tmp_path / fixture.name
+    shutil.copytree(fixture, root)
+    return root
+
+
+def split_in_two(root: Path, relative: str, rearrange) -> None:
+    """Split a parquet file of ``root`` into file-000 (the first half of its rows) and file-001
+    (the rest, through ``rearrange``)."""
+    table = pq.read_table(root / relative)
+    half = table.num_rows // 2
+    pq.write_table(table.slice(0, half), root / relative)
+    pq.write_table(rearrange(table.slice(half)), root / relative.replace("file-000", "file-001"))
+
+
+def test_files_whose_columns_differ_in_order_and_optional_columns_read_as_one(tmp_path):
+    root = copy_of(LIFT, tmp_path)
+    split_in_two(root, DATA, lambda part: part.select(part.column_names[::-1]))
+    split_in_two(root, EPISODES, lambda part: part.append_column("stats/action/extra", pa.array([1.5] * part.num_rows)))
+    reader = LeRobotReader(root)
+    expected = np.load(FIXTURES / "lift_scripted_demos_expected.npz")
+    assert reader.num_episodes == 2
+    for episode in range(2):
+        frames = reader.episode(episode, ["observation.state", "action"])
+        for feature in ("observation.state", "action"):
+            assert np.array_equal(frames[feature], expected[f"episode_{episode}/{feature}"])
+
+
+def test_the_reader_reads_only_the_columns_it_is_asked_for(tmp_path, monkeypatch):
+    """A dataset with a column of PNG images (LeRobot's ``image`` dtype): loading it, checking it
+    and cloning its state and actions never read that column."""
+    root = copy_of(LIFT, tmp_path)
+    table = pq.read_table(root / DATA)
+    pq.write_table(table.append_column("observation.images.front", pa.array([b"\x89PNG" * 50_000] * table.num_rows)),
+                   root / DATA)
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"]["observation.images.front"] = {"dtype": "image", "shape": [100, 100, 3], "names": None}
+    (root / "meta/info.json").write_text(json.dumps(info))
+    reads: list = []
+    real_read_table = pq.read_table
+    monkeypatch.setattr(pq, "read_table", lambda path, columns=None, **kw: reads.append((Path(path), columns))
+                        or real_read_table(path, columns=columns, **kw))
+    reader = LeRobotReader(root)
+    reader.episode(1, ["observation.state", "action"])
+    check_dataset(root, {"observation.state": "state", "action": "actions"}, 2)
+    data_reads = [columns for path, columns in reads if path == root / DATA]
+    assert data_reads and all(columns is not None and "observation.images.front" not in columns
+                              for columns in data_reads)
+
+
+def test_a_video_is_decoded_for_the_asked_episode_only(tmp_path, monkeypatch):
+    """Three episodes of 7, 5 and 9 frames back to back in one video: each read decodes its own
+    frames (FFmpeg seeks to the first), not the file's 21, and they are the written ones."""
+    import imageio_ffmpeg
+
+    written = probe_dataset(tmp_path / "probe")
+    decoded: list[int] = []
+    real_read_frames = imageio_ffmpeg.read_frames
+
+    def counting(*args, **kwargs):
+        count = 0
+        for item in real_read_frames(*args, **kwargs):
+            count += isinstance(item, bytes)
+            yield item
+        decoded.append(count)
+
+    monkeypatch.setattr(imageio_ffmpeg, "read_frames", counting)
+    reader = LeRobotReader(tmp_path / "probe")
+    for episode in (2, 0, 1):
+        frames = reader.episode(episode, ["observation.images.agentview"])["observation.images.agentview"]
+        check_video(frames, written[f"episode_{episode}/observation.images.agentview"])
+    assert decoded == [9, 7, 5]
+
+
+def _edit_info(root: Path, **changes) -> None:
+    info = json.loads((root / "meta/info.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            info.pop(key)
+        else:
+            info[key] = value
+    (root / "meta/info.json").write_text(json.dumps(info))
+
+
+def _drop_column(root: Path, relative: str, column: str) -> None:
+    table = pq.read_table(root / relative)
+    pq.write_table(table.drop_columns([column]), root / relative)
+
+
+MALFORMED = {
+    "no fps": (LIFT, lambda root: _edit_info(root, fps=None), "meta/info.json: 'fps' must be a positive number"),
+    "no features": (LIFT, lambda root: _edit_info(root, features=None), "'features' must be a mapping"),
+    "no tasks": (LIFT, lambda root: (root / "meta/tasks.parquet").unlink(), "has no meta/tasks.parquet"),
+    "no episode_index in data": (LIFT, lambda root: _drop_column(root, DATA, "episode_index"),
+                                 "data/chunk-000/file-000.parquet has no column 'episode_index'"),
+    "not parquet": (LIFT, lambda root: (root / DATA).write_bytes(b"not parquet"),
+                    "data/chunk-000/file-000.parquet cannot be read: "),
+    "video without video_path": (FIXTURES / "video_probe", lambda root: _edit_info(root, video_path=""),
+                                 "has video features but no 'video_path'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_dataset_is_refused_in_one_line_naming_the_file_and_field(tmp_path, case):
+    fixture, damage, message = MALFORMED[case]
+    root = copy_of(fixture, tmp_path)
+    damage(root)
+    with pytest.raises(LeRobotFormatError, match=message) as refused:
+        LeRobotReader(root)
+    assert "\n" not in str(refused.value)
+    # the planner's check reports it rather than failing itself
+    assert message.split(": ")[-1] in check_dataset(root, {"observation.state": "state", "action": "actions"}, 1)
+
+
+def test_an_episode_the_files_lack_is_refused_naming_it(tmp_path):
+    root = copy_of(FIXTURES / "video_probe", tmp_path)
+    table = pq.read_table(root / DATA)
+    pq.write_table(table.filter(pa.compute.not_equal(table.column("episode_index"), 1)), root / DATA)
+    with pytest.raises(LeRobotFormatError, match="episode_index 1 is in meta/episodes but has no frames in data/"):
+        LeRobotReader(root).episode(1, ["action"])
+    _drop_column(root, EPISODES, "videos/observation.images.agentview/from_timestamp")
+    with pytest.raises(LeRobotFormatError, match="meta/episodes has no column "
+                                                 "'videos/observation.images.agentview/from_timestamp'"):
+        LeRobotReader(root).episode(0, ["observation.images.agentview"])
+    shutil.rmtree(root / "videos")
+    root = copy_of(FIXTURES / "video_probe", tmp_path / "again")
+    next(root.glob("videos/*/*/*.mp4")).write_bytes(b"not a video")
+    with pytest.raises(LeRobotFormatError, match="file-000.mp4 cannot be decoded: ") as refused:
+        LeRobotReader(root).episode(0, ["observation.images.agentview"])
+    assert "\n" not in str(refused.value)
+    next(root.glob("videos/*/*/*.mp4")).unlink()
+    with pytest.raises(LeRobotFormatError, match="file-000.mp4 is missing .video feature 'observation.images.agentview', "
+                                                 "episode_index 0."):
+        LeRobotReader(root).episode(0, ["observation.images.agentview"])
