@@ -15,9 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from vla_rl.data.lerobot_format import (
+    QUANTILES,
     LeRobotFormatError,
     LeRobotReader,
     LeRobotWriter,
+    aggregate_stats,
     feature_stats,
 )
 
@@ -122,7 +124,10 @@ def test_the_writer_round_trips_and_lays_out_lerobots_files(tmp_path):
     actions = np.concatenate([written[f"episode_{e}/action"] for e in range(3)]).astype(np.float64)
     np.testing.assert_allclose(stats["action"]["mean"], actions.mean(0), rtol=1e-12)
     np.testing.assert_allclose(stats["action"]["std"], actions.std(0), rtol=1e-12)
-    np.testing.assert_allclose(stats["action"]["q50"], np.median(actions, 0), rtol=1e-12)
+    # a quantile: the episodes' weighted by their frames, as LeRobot 0.4.4 aggregates them
+    medians = [np.median(written[f"episode_{e}/action"].astype(np.float64), 0) for e in range(3)]
+    np.testing.assert_allclose(stats["action"]["q50"], (7 * medians[0] + 5 * medians[1] + 9 * medians[2]) / 21,
+                               rtol=1e-12)
     assert stats["action"]["count"] == [21] and stats["next.done"]["min"] == [False]
     assert np.array(stats["observation.images.agentview"]["mean"]).shape == (3, 1, 1)
 
@@ -136,6 +141,69 @@ def test_feature_stats_against_hand_computed_values():
     video = np.zeros((2, 2, 2, 3), dtype=np.uint8)
     video[..., 0] = 255
     assert feature_stats(video, "video")["mean"] == [[[1.0]], [[0.0]], [[0.0]]]
+
+
+def test_video_stats_are_those_of_the_pixels_in_0_1():
+    video = np.random.default_rng(0).integers(0, 256, (4, 6, 10, 3), dtype=np.uint8)
+    video[..., 2] = np.clip(video[..., 2], 40, 90)
+    pixels = video.reshape(-1, 3).astype(np.float64) / 255
+    stats = feature_stats(video, "video")
+    expected = {"min": pixels.min(0), "max": pixels.max(0), "mean": pixels.mean(0), "std": pixels.std(0),
+                **{name: np.quantile(pixels, q, axis=0) for name, q in QUANTILES.items()}}
+    for name, value in expected.items():
+        np.testing.assert_allclose(np.array(stats[name]).reshape(3), value, rtol=1e-12, atol=1e-15, err_msg=name)
+    assert stats["count"] == [4]
+
+
+def stats_of_episodes(root: Path) -> list[dict]:
+    """Each episode's ``stats/<feature>/<stat>`` columns of meta/episodes, as nested dicts."""
+    rows = pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    episodes = []
+    for row in rows:
+        stats: dict = {}
+        for column, value in row.items():
+            if column.startswith("stats/"):
+                feature, stat = column[len("stats/"):].rsplit("/", 1)
+                stats.setdefault(feature, {})[stat] = value
+        episodes.append(stats)
+    return episodes
+
+
+@pytest.mark.parametrize("fixture", ["lift_scripted_demos", "video_probe"])
+def test_the_episodes_stats_aggregate_to_lerobots_own_stats_json(fixture):
+    """LeRobot 0.4.4 wrote both the episodes' stats columns and meta/stats.json of these fixtures:
+    aggregate_stats gives its stats.json from its columns."""
+    root = FIXTURES / fixture
+    lerobot = json.loads((root / "meta/stats.json").read_text())
+    ours = aggregate_stats(stats_of_episodes(root))
+    assert set(ours) == set(lerobot)
+    for feature, stats in lerobot.items():
+        for stat, value in stats.items():
+            np.testing.assert_allclose(np.array(ours[feature][stat], dtype=np.float64),
+                                       np.array(value, dtype=np.float64), rtol=1e-7, atol=1e-9,  # LeRobot's
+                                       err_msg=f"{feature}/{stat}")  # float32 steps: std off by ~1e-8
+
+
+def test_the_writer_stores_each_episodes_stats_as_lerobot_does(tmp_path):
+    """LeRobot's delete_episodes / split_dataset rebuild meta/stats.json from these columns: a
+    dataset without them came out of those tools with no statistics."""
+    written = probe_dataset(tmp_path / "probe")
+    episodes = stats_of_episodes(tmp_path / "probe")
+    lerobot_columns = {column for column in pq.read_schema(FIXTURES / "video_probe/meta/episodes/chunk-000/"
+                                                                      "file-000.parquet").names}
+    ours = pq.read_schema(tmp_path / "probe/meta/episodes/chunk-000/file-000.parquet")
+    for column in (f"stats/{feature}/{stat}" for feature in ("action", "timestamp", "frame_index", "index")
+                   for stat in ("min", "max", "mean", "std", "count", *QUANTILES)):
+        assert column in ours.names
+    assert {c for c in ours.names if c.startswith("stats/observation.images.agentview/")} == \
+        {c for c in lerobot_columns if c.startswith("stats/observation.images.agentview/")}
+    assert str(ours.field("stats/observation.images.agentview/mean").type) == \
+        "list<element: list<element: list<element: double>>>"
+    assert str(ours.field("stats/next.done/min").type) == "list<element: bool>"
+    for episode, stats in enumerate(episodes):
+        assert stats["action"] == feature_stats(written[f"episode_{episode}/action"], "float32")
+        assert stats["observation.images.agentview"]["count"] == [[7, 5, 9][episode]]
+    assert json.loads((tmp_path / "probe/meta/stats.json").read_text()) == aggregate_stats(episodes)
 
 
 @pytest.mark.parametrize("features, message", [

@@ -102,7 +102,8 @@ class LeRobotWriter:
         self.tasks: dict[str, int] = {}
         self.episodes: list[dict[str, Any]] = []
         self.columns: dict[str, list[np.ndarray]] = {name: [] for name in self.features if name not in self.videos}
-        self.stats_frames: dict[str, list[np.ndarray]] = {name: [] for name in self.features}
+        self.episode_stats: list[dict[str, dict[str, Any]]] = []  # per episode: feature -> feature_stats
+        self.video_frames = {name: 0 for name in self.videos}
         self.frames = 0
         self._encoders: dict[str, Any] = {}
         self.root.mkdir(parents=True)
@@ -137,22 +138,29 @@ class LeRobotWriter:
             if feature["dtype"] == "video":
                 if array.dtype != np.uint8:
                     raise LeRobotFormatError(f"episode {episode}: video {name} must be uint8, got {array.dtype}")
-                start = self._video_frames(name)
+                start = self.video_frames[name]
                 self._encode(name, array)
+                self.video_frames[name] += length
                 row |= {f"videos/{name}/chunk_index": 0, f"videos/{name}/file_index": 0,
                         f"videos/{name}/from_timestamp": start / self.fps,
                         f"videos/{name}/to_timestamp": (start + length) / self.fps}
             else:
                 self.columns[name].append(array.astype(feature["dtype"]))
-            self.stats_frames[name].append(array)
         task_index = self.tasks.setdefault(task, len(self.tasks))
-        index = np.arange(self.frames, self.frames + length, dtype=np.int64)
-        self.columns.setdefault("timestamp", []).append((np.arange(length) / self.fps).astype(np.float32))
-        self.columns.setdefault("frame_index", []).append(np.arange(length, dtype=np.int64))
-        self.columns.setdefault("episode_index", []).append(np.full(length, episode, dtype=np.int64))
-        self.columns.setdefault("index", []).append(index)
-        self.columns.setdefault("task_index", []).append(np.full(length, task_index, dtype=np.int64))
+        defaults = {"timestamp": (np.arange(length) / self.fps).astype(np.float32),
+                    "frame_index": np.arange(length, dtype=np.int64),
+                    "episode_index": np.full(length, episode, dtype=np.int64),
+                    "index": np.arange(self.frames, self.frames + length, dtype=np.int64),
+                    "task_index": np.full(length, task_index, dtype=np.int64)}
+        for name, values in defaults.items():
+            self.columns.setdefault(name, []).append(values)
+        # the episode's statistics, as LeRobot's episode writer stores them (stats/<feature>/<stat>):
+        # its editing tools (delete_episodes, split_dataset) rebuild meta/stats.json from these
+        stats = {name: feature_stats(np.asarray(frames[name]), feature["dtype"]) for name, feature in self.features.items()}
+        stats |= {name: feature_stats(values[:, None], DEFAULT_FEATURES[name]["dtype"]) for name, values in defaults.items()}
+        row |= {f"stats/{name}/{stat}": value for name, feature in stats.items() for stat, value in feature.items()}
         row |= {"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0}
+        self.episode_stats.append(stats)
         self.episodes.append(row)
         self.frames += length
         return episode
@@ -182,11 +190,7 @@ class LeRobotWriter:
         table = pa.table({"task_index": pa.array(range(len(tasks)), pa.int64()),
                           "__index_level_0__": pa.array(tasks, pa.string())})
         _write_parquet(self.root / TASKS_PATH, table.replace_schema_metadata({b"pandas": _pandas_index_metadata()}))
-        stats = {name: feature_stats(np.concatenate(self.stats_frames[name]), self.features[name]["dtype"])
-                 for name in self.features}
-        for name in DEFAULT_FEATURES:
-            stats[name] = feature_stats(np.concatenate(self.columns[name])[:, None], DEFAULT_FEATURES[name]["dtype"])
-        (self.root / STATS_PATH).write_text(json.dumps(stats, indent=4))
+        (self.root / STATS_PATH).write_text(json.dumps(aggregate_stats(self.episode_stats), indent=4))
         features = {name: dict(feature) for name, feature in self.features.items()}
         for name in self.videos:
             height, width, channels = features[name]["shape"]
@@ -201,9 +205,6 @@ class LeRobotWriter:
                 "video_path": VIDEO_PATH if self.videos else None, "features": {**features, **DEFAULT_FEATURES}}
         (self.root / INFO_PATH).write_text(json.dumps(info, indent=4, ensure_ascii=False))
         return self.root
-
-    def _video_frames(self, name: str) -> int:
-        return sum(len(frames) for frames in self.stats_frames[name])
 
     def _encode(self, name: str, frames: np.ndarray) -> None:
         import os
@@ -226,26 +227,72 @@ class LeRobotWriter:
 
 
 def feature_stats(values: np.ndarray, dtype: str) -> dict[str, Any]:
-    """LeRobot's statistics of one feature over all frames (``meta/stats.json``): ``min``, ``max``,
-    ``mean``, ``std`` (population), ``count`` ``[frames]`` and the quantiles ``q01`` ... ``q99``,
-    per dimension; videos per channel in [0, 1], shaped ``(3, 1, 1)``. Quantiles are exact here
-    (LeRobot interpolates them from a 5000-bin histogram of each episode).
+    """LeRobot's statistics of one feature over one episode's frames (``stats/<feature>/<stat>``
+    of ``meta/episodes``): ``min``, ``max``, ``mean``, ``std`` (population), ``count`` ``[frames]``
+    and the quantiles ``q01`` ... ``q99`` (numpy's linear interpolation), per dimension; videos per
+    channel in [0, 1], shaped ``(3, 1, 1)``, over every pixel of every frame. Exact here (LeRobot
+    interpolates the quantiles from a histogram of each episode, and samples and downscales video
+    frames).
 
     Args:
-        values: ``(frames, *shape)``.
+        values: ``(frames, *shape)``; uint8 ``(frames, H, W, 3)`` for a video.
         dtype: the feature's LeRobot dtype.
     """
     if dtype == "video":
-        pixels = values.reshape(-1, 3).astype(np.float64) / 255.0
-        per_channel = {"min": pixels.min(0), "max": pixels.max(0), "mean": pixels.mean(0), "std": pixels.std(0)}
-        per_channel |= {name: np.quantile(pixels, q, axis=0) for name, q in QUANTILES.items()}
-        out = {name: value.reshape(3, 1, 1).tolist() for name, value in per_channel.items()}
-        return {**out, "count": [len(values)]}
+        return _video_stats(values)
     flat = values.reshape(len(values), -1)
     as_float = flat.astype(np.float64)
     out = {"min": flat.min(0).tolist(), "max": flat.max(0).tolist(), "mean": as_float.mean(0).tolist(),
            "std": as_float.std(0).tolist(), "count": [len(values)]}
     out |= {name: np.quantile(as_float, q, axis=0).tolist() for name, q in QUANTILES.items()}
+    return out
+
+
+def _video_stats(frames: np.ndarray) -> dict[str, Any]:
+    """:func:`feature_stats` of uint8 video frames, from each channel's 256-bin histogram (exact:
+    the values are the 256 levels; no float copy of the pixels)."""
+    levels = np.arange(256, dtype=np.float64) / 255.0
+    counts = np.stack([np.bincount(frames[..., c].reshape(-1), minlength=256) for c in range(3)])  # (3, 256)
+    total = counts.sum(1, keepdims=True)  # (3, 1)
+    mean = (counts * levels).sum(1) / total[:, 0]
+    per_channel = {"min": levels[(counts > 0).argmax(1)], "max": levels[255 - (counts[:, ::-1] > 0).argmax(1)],
+                   "mean": mean, "std": np.sqrt((counts * (levels - mean[:, None]) ** 2).sum(1) / total[:, 0])}
+    below = np.cumsum(counts, axis=1)  # (3, 256): pixels at or below each level
+    for name, q in QUANTILES.items():
+        position = (total[:, 0] - 1) * q  # in the sorted pixels, as np.quantile's linear method
+        low = np.floor(position)
+        value_at = [levels[[np.searchsorted(below[c], k[c], side="right") for c in range(3)]]
+                    for k in (low, np.minimum(low + 1, total[:, 0] - 1))]
+        per_channel[name] = value_at[0] + (position - low) * (value_at[1] - value_at[0])
+    out = {name: np.asarray(value).reshape(3, 1, 1).tolist() for name, value in per_channel.items()}
+    return {**out, "count": [len(frames)]}
+
+
+def aggregate_stats(episode_stats: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """``meta/stats.json`` from the episodes' :func:`feature_stats`, as LeRobot 0.4.4's
+    ``aggregate_stats`` (``lerobot/datasets/compute_stats.py``) combines them: ``min`` / ``max``
+    of the episodes', ``mean`` weighted by the frame counts, ``std`` from the episodes' means and
+    variances (the parallel algorithm), ``count`` summed, and each quantile the count-weighted
+    mean of the episodes' (an approximation: the quantiles of the pooled frames are not
+    recoverable; later LeRobot versions keep the episodes' lowest / highest instead).
+
+    Args:
+        episode_stats: per episode, ``{feature: feature_stats(...)}``, the same features in each.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for name in episode_stats[0]:
+        stats = [episode[name] for episode in episode_stats]
+        counts = np.array([s["count"][0] for s in stats], dtype=np.float64)
+        means = np.array([s["mean"] for s in stats], dtype=np.float64)
+        weights = counts.reshape(-1, *[1] * (means.ndim - 1)) / counts.sum()
+        mean = (means * weights).sum(0)
+        variance = ((np.array([s["std"] for s in stats], dtype=np.float64) ** 2 + (means - mean) ** 2) * weights).sum(0)
+        feature = {"min": np.min([s["min"] for s in stats], axis=0).tolist(),
+                   "max": np.max([s["max"] for s in stats], axis=0).tolist(),
+                   "mean": mean.tolist(), "std": np.sqrt(variance).tolist(), "count": [int(counts.sum())]}
+        feature |= {q: (np.array([s[q] for s in stats], dtype=np.float64) * weights).sum(0).tolist()
+                    for q in QUANTILES}
+        out[name] = feature
     return out
 
 
