@@ -28,8 +28,9 @@ policy server), one binary message per request and per answer:
 
 An episode is **lost** (counted in ``rollout/lost_episodes``, never scored as a failure:
 :class:`~simulators.stepping.EpisodeLost`) when its client disconnects, does not answer within
-``step_timeout_s``, reports an error, or marks it invalid. A client that disconnects may connect
-again: it is claimed at a later reset. A reset waits up to ``connect_timeout_s`` for a client
+``step_timeout_s``, reports an error, answers what is not a msgpack-numpy dict (it stays free for
+another episode), or marks it invalid. A client that disconnects may connect again: it is claimed
+at a later reset. A reset waits up to ``connect_timeout_s`` for a client
 (then the run stops with one line saying where to connect): connect at least as many clients as
 the run has environments rolling out at once.
 """
@@ -370,7 +371,8 @@ class RemoteHub:
     def request(self, client_id: int, message: dict, timeout_s: float) -> dict:
         """Send ``message`` to the client and return its answer, or ``{"lost": why}`` when it
         disconnected, did not answer within ``timeout_s`` (it is then disconnected: its state is
-        unknown), or answered with an error (it is then free again)."""
+        unknown), or answered with an error, a non-dict or garbage (not msgpack-numpy: it is then
+        free again)."""
         return self._run(self._server.request(client_id, message, timeout_s), timeout_s + 5.0)
 
     def release(self, client_id: int) -> None:
@@ -497,7 +499,11 @@ class _HubServer:
         if isinstance(answer, str):
             self.release(client_id)  # still connected: free for another episode
             return self._lost(client_id, f"it reported an error: {answer}")
-        answer = wire.unpackb(answer)
+        try:
+            answer = wire.unpackb(answer)
+        except ValueError as err:  # garbage (not msgpack, a malformed array): this episode is lost, not the hub
+            self.release(client_id)
+            return self._lost(client_id, f"its answer is {err}")
         if not isinstance(answer, dict):
             self.release(client_id)
             return self._lost(client_id, f"it answered {type(answer).__name__}, not a dict")

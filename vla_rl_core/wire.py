@@ -32,15 +32,29 @@ def _pack_array(obj: Any) -> Any:
     return obj
 
 
+_ARRAY_FIELDS = (b"data", b"dtype", b"shape")
+_SCALAR_FIELDS = (b"data", b"dtype")
+
+
 def _unpack_array(obj: dict) -> Any:
     if b"__ndarray__" in obj:
+        _require(obj, "an array map (__ndarray__)", _ARRAY_FIELDS)
         dtype = np.dtype(obj[b"dtype"])
         if dtype.kind in _REFUSED_KINDS:
             raise ValueError(f"arrays of dtype {dtype} are refused")
         return np.ndarray(buffer=obj[b"data"], dtype=dtype, shape=obj[b"shape"])
     if b"__npgeneric__" in obj:
+        _require(obj, "a numpy scalar map (__npgeneric__)", _SCALAR_FIELDS)
         return np.dtype(obj[b"dtype"]).type(obj[b"data"])
     return obj
+
+
+def _require(obj: dict, what: str, fields: tuple[bytes, ...]) -> None:
+    """ValueError naming the first of ``fields`` that ``obj`` (``what``) lacks."""
+    missing = next((field for field in fields if field not in obj), None)
+    if missing is not None:
+        raise ValueError(f"{what} has no {missing.decode()!r} field (it needs "
+                         f"{', '.join(repr(field.decode()) for field in fields)})")
 
 
 def packb(obj: Any) -> bytes:
@@ -57,10 +71,11 @@ def unpackb(data: bytes) -> Any:
     """One msgpack message as Python objects, arrays as read-only numpy arrays over the message.
 
     Raises:
-        ValueError: the bytes are not one msgpack message, or an array in it is malformed (its
-            data does not fill its shape, a refused dtype).
+        ValueError: the bytes are not one msgpack message, or an array or scalar in it is malformed
+            (a missing ``data``, ``dtype`` or ``shape`` field, data that does not fill its shape, a
+            refused dtype, a value its dtype cannot hold); the only error it raises.
     """
     try:
         return msgpack.unpackb(data, object_hook=_unpack_array)
-    except (ValueError, TypeError, msgpack.UnpackException) as err:
+    except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as err:
         raise ValueError(f"not a msgpack-numpy message ({type(err).__name__}: {err})") from err

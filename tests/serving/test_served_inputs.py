@@ -58,6 +58,12 @@ def test_a_task_set_policy_reads_the_task_id():
     ({"state": STATE[:5]}, r"state has shape \(5,\); the policy takes a state of shape \(8,\)"),
     ({"state": ["a"] * 8}, "state must be numbers"),
     ({"state": np.full(8, np.nan)}, "non-finite"),
+    ({"state": np.full(8, 1e39)}, "state holds non-finite values"),  # finite in float64, inf in float32
+    ({"observation/joint_position": STATE[:7], "observation/gripper_position": [np.inf]},
+     "observation/gripper_position holds non-finite values"),
+    ({"observation/joint_position": STATE[:7]}, "has observation/joint_position but no observation/gripper_position"),
+    ({"observation/gripper_position": STATE[7:]},
+     "has observation/gripper_position but no observation/joint_position"),
     ({"state": STATE, "observation/image": FRONT}, "no image of camera 'robot0_eye_in_hand'"),
     ({"state": STATE, "observation/image": FRONT.astype(np.float32), "observation/wrist_image": WRIST},
      "observation/image is a float32 array; images are uint8"),

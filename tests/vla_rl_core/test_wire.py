@@ -58,3 +58,21 @@ def test_object_and_complex_arrays_are_refused(array):
 def test_malformed_messages_are_one_value_error(data):
     with pytest.raises(ValueError, match="not a msgpack-numpy message"):
         wire.unpackb(data)
+
+
+@pytest.mark.parametrize("data, field", [
+    ({b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "<f4"}, "shape"),
+    ({b"__ndarray__": True, b"data": b"\0" * 8, b"shape": [2]}, "dtype"),
+    ({b"__ndarray__": True, b"dtype": "<f4", b"shape": [2]}, "data"),
+    ({b"__npgeneric__": True, b"data": 1.0}, "dtype"),
+    ({b"__npgeneric__": True, b"dtype": "<f4"}, "data"),
+])
+def test_an_array_map_missing_a_field_is_a_value_error_naming_it(data, field):
+    """It was a KeyError, which the server's and the hub's handling of ValueError let through."""
+    with pytest.raises(ValueError, match=f"not a msgpack-numpy message.*'{field}'"):
+        wire.unpackb(msgpack.packb({"state": data}))
+
+
+def test_a_scalar_that_overflows_its_dtype_is_a_value_error():
+    with pytest.raises(ValueError, match="not a msgpack-numpy message"):
+        wire.unpackb(msgpack.packb({b"__npgeneric__": True, b"data": 2**64 - 1, b"dtype": "<i1"}))

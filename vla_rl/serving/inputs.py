@@ -10,10 +10,10 @@ LeRobot's clients use (README, "Real robots"):
 =================  =========================================  =============================================
 role               accepted keys (first found wins)           notes
 =================  =========================================  =============================================
-state              ``state``, ``observation/state``,          float, exactly ``state_dim`` values; DROID's
-                   ``observation.state``; DROID:              joint and gripper positions are concatenated
-                   ``observation/joint_position`` +
-                   ``observation/gripper_position``
+state              ``state``, ``observation/state``,          float, exactly ``state_dim`` values, finite in
+                   ``observation.state``; DROID:              float32 (the policy's dtype); DROID's joint
+                   ``observation/joint_position`` +           and gripper positions are concatenated (both
+                   ``observation/gripper_position``           required)
 camera ``c``       ``c_image`` (the engine's own key),        uint8, ``(H, W, 3)`` or channels-first
 (``i``-th of the   ``observation.images.c``, ``images[c]``;    ``(3, H, W)`` (ALOHA), exactly the size the
 policy's cameras)  by position: LIBERO ``observation/image``,  policy was trained on (resize on the client:
@@ -115,8 +115,8 @@ class ServedInputs:
             ``task_id`` for a task set (:mod:`vla_rl_core.observations`).
 
         Raises:
-            ObservationError: the request is not a dict, or a required entry is missing or has the
-                wrong shape or dtype.
+            ObservationError: the request is not a dict, a required entry is missing or has the
+                wrong shape or dtype, or a state value is not finite in float32.
         """
         if not isinstance(request, Mapping):
             raise ObservationError(f"an observation must be a dict, got {type(request).__name__}")
@@ -134,11 +134,16 @@ class ServedInputs:
 
     def _state(self, request: Mapping[str, Any]) -> np.ndarray:
         key = next((key for key in STATE_KEYS if key in request), None)
+        droid = [part for part in DROID_STATE_KEYS if part in request]
         if key is not None:
             value = _numeric(request[key], key)
-        elif all(part in request for part in DROID_STATE_KEYS):
+        elif len(droid) == len(DROID_STATE_KEYS):
             key = " + ".join(DROID_STATE_KEYS)
             value = np.concatenate([_numeric(request[part], part).reshape(-1) for part in DROID_STATE_KEYS])
+        elif droid:
+            missing = next(part for part in DROID_STATE_KEYS if part not in request)
+            raise ObservationError(f"the observation has {droid[0]} but no {missing}: DROID's state is the two "
+                                   f"concatenated ({' + '.join(DROID_STATE_KEYS)}, {self.state_dim} values)")
         else:
             raise ObservationError(f"the observation has no state: send {self.state_dim} float values under "
                                    f"'state' (or {', '.join(repr(k) for k in STATE_KEYS[1:])}); got keys "
@@ -146,7 +151,7 @@ class ServedInputs:
         if value.shape != (self.state_dim,):
             raise ObservationError(f"{key} has shape {value.shape}; the policy takes a state of shape "
                                    f"({self.state_dim},)")
-        return value.astype(np.float32)
+        return value
 
     def _image(self, request: Mapping[str, Any], camera: str, position: int,
                shape: tuple[int, int, int]) -> np.ndarray:
@@ -201,14 +206,20 @@ class ServedInputs:
 
 
 def _numeric(value: Any, key: str) -> np.ndarray:
-    """``value`` (an array or a list of numbers) as a float64 array, or :class:`ObservationError`."""
+    """``value`` (an array or a list of numbers) as the float32 array the policy takes.
+
+    Raises:
+        ObservationError: not numbers, or a value that is not finite in float32 (inf, NaN, or beyond
+            float32's range, which the cast makes inf: checked after the cast).
+    """
     try:
         array = np.asarray(value)
     except (TypeError, ValueError):
         array = None
     if array is None or array.dtype.kind not in "biuf":
         raise ObservationError(f"{key} must be numbers (a float array), got {type(value).__name__}")
-    array = array.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow becomes inf, refused below
+        array = array.astype(np.float32)
     if not np.isfinite(array).all():
-        raise ObservationError(f"{key} holds non-finite values (inf or NaN)")
+        raise ObservationError(f"{key} holds non-finite values (inf, NaN, or beyond float32's ±3.4e38)")
     return array

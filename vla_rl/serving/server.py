@@ -9,17 +9,27 @@ policy unchanged:
 2. the server sends its metadata, one msgpack-numpy message (:meth:`ServedPolicy.metadata`:
    ``action_horizon``, ``action_dim``, the inputs it takes);
 3. each binary message from the client is an observation dict (:mod:`vla_rl_core.wire`); the
-   server answers ``{"actions": float32 (action_horizon, action_dim), "server_timing":
-   {"infer_ms", "batch_size"}}``: one action chunk in the robot's units
-   (``openpi_client.action_chunk_broker.ActionChunkBroker`` hands it out one action at a time).
-   A request may add ``"sample": true`` to sample from the policy instead of taking its mode
-   (the server's default, ``--sample``, otherwise).
+   server answers ``{"actions": float32 (action_horizon, action_dim), "policy_timing":
+   {"infer_ms"}, "server_timing": {"infer_ms", "batch_size", "prev_total_ms", "total_ms"}}``: one
+   action chunk in the robot's units (``openpi_client.action_chunk_broker.ActionChunkBroker``
+   hands it out one action at a time). A request may add ``"sample": true`` to sample from the
+   policy instead of taking its mode (the server's default, ``--sample``, otherwise).
 
-A request that cannot be served (not msgpack, a missing key, a wrong shape or dtype:
-:class:`~vla_rl.serving.inputs.ObservationError`) is answered with a text message, one line that
-says what to send; ``WebsocketClientPolicy.infer`` raises it as ``RuntimeError``. Unlike openpi's
-server, which closes the connection after an error, the connection stays open and the server
-keeps serving every client. ``GET /healthz`` answers 200 (openpi's health check).
+Timing fields, milliseconds (openpi's reply carries ``policy_timing.infer_ms`` and
+``server_timing.infer_ms`` / ``prev_total_ms``; ``batch_size`` and ``total_ms`` are vla-rl's):
+``policy_timing.infer_ms``, the forward of the request's batch on the policy thread;
+``server_timing.infer_ms``, that forward as the event loop waited for it (the hand-off to the
+thread included); ``batch_size``, requests in that forward; ``total_ms``, from receiving the
+request to packing the reply (queueing included, the send not); ``prev_total_ms``, from the second
+reply with actions of a connection on, the previous such reply's total including its send.
+
+A request that cannot be served is answered with a text message, one line that says what to send
+(not msgpack or a malformed array in it, a missing key, a wrong shape or dtype, a state value not
+finite in float32: :class:`~vla_rl.serving.inputs.ObservationError`) or what failed (the
+policy's forward; actions that are not finite, which are never sent; any other error while serving
+it); ``WebsocketClientPolicy.infer`` raises it as ``RuntimeError``. Unlike openpi's server, which
+closes the connection after an error, the connection stays open and the server keeps serving
+every client. ``GET /healthz`` answers 200 (openpi's health check).
 
 Batching: the requests of all connections go to one queue; the policy runs one forward per
 batch, on one thread, while the event loop goes on receiving. A batch is what is queued when the
@@ -50,7 +60,6 @@ import websockets
 from websockets.asyncio.server import Request, Response, ServerConnection, serve
 
 from vla_rl.serving import ServeError
-from vla_rl.serving.inputs import ObservationError
 from vla_rl.serving.policy import ServedPolicy
 from vla_rl_core import wire
 from vla_rl_core.auth import REFUSAL, token_problem
@@ -107,7 +116,7 @@ class PolicyServer:
         self.batch_window_s = batch_window_ms / 1000.0
         self.max_batch = max_batch
         self._queue: asyncio.Queue[_Pending] | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vla-rl-policy")
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None  # made by each run()
         self._stats = {"requests": 0, "batches": 0, "errors": 0, "refused": 0}
         self._metadata = wire.packb(served.metadata())
 
@@ -118,8 +127,15 @@ class PolicyServer:
         return dict(self._stats)
 
     async def run(self, started: threading.Event | None = None, stop: asyncio.Event | None = None) -> None:
-        """Serve until ``stop`` is set (forever without one); ``started`` is set once listening."""
+        """Serve until ``stop`` is set (forever without one); ``started`` is set once listening.
+
+        A server may run again after a run ended (each run has its own queue and policy thread).
+
+        Raises:
+            ServeError: it cannot listen on ``host:port``.
+        """
         self._queue = asyncio.Queue()
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vla-rl-policy")
         batcher = asyncio.create_task(self._batches())
         stats = asyncio.create_task(self._log_stats())
         try:
@@ -157,34 +173,52 @@ class PolicyServer:
     async def _handle(self, websocket: ServerConnection) -> None:
         address = _address(websocket)
         logger.info("client %s connected", address)
+        prev_total_s = None  # the previous reply with actions on this connection, its send included
         try:
             await websocket.send(self._metadata)
             async for message in websocket:
                 start = time.perf_counter()
                 try:
-                    obs, sample = self._request(message)
-                except (ObservationError, ValueError) as err:
+                    reply = await self._reply(message, start, prev_total_s, address)
+                except Exception as err:  # noqa: BLE001 (a bug fails this request, not the connection)
+                    logger.exception("client %s: could not serve a request", address)
+                    reply = f"vla-rl serve: could not serve this request: {type(err).__name__}: {_one_line(err)}"
+                if isinstance(reply, str):
                     self._stats["errors"] += 1
-                    logger.warning("client %s: refused a request: %s", address, err)
-                    await websocket.send(f"vla-rl serve: {err}")
-                    continue
-                future = asyncio.get_running_loop().create_future()
-                self._queue.put_nowait(_Pending(obs, sample, future))
-                try:
-                    actions, batch_size, infer_s = await future
-                except Exception as err:  # the forward failed: tell this client, keep serving
-                    self._stats["errors"] += 1
-                    logger.exception("client %s: the policy failed on a batch", address)
-                    await websocket.send(f"vla-rl serve: the policy failed on this request's batch: "
-                                         f"{type(err).__name__}: {err}")
-                    continue
-                response = {"actions": actions, "server_timing": {
-                    "infer_ms": infer_s * 1000.0, "batch_size": batch_size,
-                    "total_ms": (time.perf_counter() - start) * 1000.0}}
-                await websocket.send(wire.packb(response))
+                await websocket.send(reply)
+                if isinstance(reply, bytes):
+                    prev_total_s = time.perf_counter() - start
         except websockets.ConnectionClosed:
             pass
         logger.info("client %s disconnected", address)
+
+    async def _reply(self, message: str | bytes, start: float, prev_total_s: float | None,
+                     address: str) -> bytes | str:
+        """The reply to one request received at ``start``: the packed actions and timings (module
+        docstring), or one text line (``vla-rl serve: ...``) when the request cannot be served (what
+        to send instead), the policy failed on its batch, or the actions are not finite."""
+        try:
+            obs, sample = self._request(message)
+        except ValueError as err:  # ObservationError included
+            logger.warning("client %s: refused a request: %s", address, err)
+            return f"vla-rl serve: {err}"
+        future = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Pending(obs, sample, future))
+        try:
+            actions, batch_size, infer_s, policy_s = await future
+        except Exception as err:  # the forward failed: tell this client, keep serving
+            logger.exception("client %s: the policy failed on a batch", address)
+            return f"vla-rl serve: the policy failed on this request's batch: {type(err).__name__}: {_one_line(err)}"
+        if not np.isfinite(actions).all():
+            logger.warning("client %s: the policy's actions hold non-finite values; sent an error instead", address)
+            return ("vla-rl serve: the policy's actions for this request hold non-finite values (inf or NaN); none "
+                    "were sent (check the observation's values and scale)")
+        server_timing = {"infer_ms": infer_s * 1000.0, "batch_size": batch_size}
+        if prev_total_s is not None:
+            server_timing["prev_total_ms"] = prev_total_s * 1000.0
+        server_timing["total_ms"] = (time.perf_counter() - start) * 1000.0
+        return wire.packb({"actions": actions, "policy_timing": {"infer_ms": policy_s * 1000.0},
+                           "server_timing": server_timing})
 
     def _request(self, message: str | bytes) -> tuple[Any, bool]:
         if isinstance(message, str):
@@ -223,7 +257,8 @@ class PolicyServer:
     async def _forward(self, loop: asyncio.AbstractEventLoop, group: list[_Pending], sample: bool) -> None:
         start = time.perf_counter()
         try:
-            actions = await loop.run_in_executor(self._executor, self.served.act, [item.obs for item in group], sample)
+            actions, policy_s = await loop.run_in_executor(self._executor, self._act, [item.obs for item in group],
+                                                           sample)
         except Exception as err:  # every request of the batch gets the error
             for item in group:
                 if not item.future.done():
@@ -234,7 +269,13 @@ class PolicyServer:
         self._stats["batches"] += 1
         for item, chunk in zip(group, actions, strict=True):
             if not item.future.done():  # the client may have gone
-                item.future.set_result((chunk, len(group), infer_s))
+                item.future.set_result((chunk, len(group), infer_s, policy_s))
+
+    def _act(self, observations: list[Any], sample: bool) -> tuple[np.ndarray, float]:
+        """:meth:`ServedPolicy.act` on the policy thread, and its seconds (``policy_timing``)."""
+        start = time.perf_counter()
+        actions = self.served.act(observations, sample)
+        return actions, time.perf_counter() - start
 
     # ------------------------------------------------------------------ logs
     def _log_start(self) -> None:
@@ -289,6 +330,11 @@ def server_thread(server: PolicyServer, timeout_s: float = 30.0) -> Iterator[Pol
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(timeout_s)
+
+
+def _one_line(err: BaseException) -> str:
+    """``err``'s message on one line (the reply to the client is one line)."""
+    return " ".join(str(err).split())
 
 
 def _address(connection: ServerConnection) -> str:

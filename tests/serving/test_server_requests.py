@@ -1,0 +1,131 @@
+"""``vla-rl serve`` per request, with a tiny in-process MLP (no run directory): values that are not
+finite in float32 never reach the policy and non-finite actions never reach the robot; malformed
+messages and unexpected failures are one text line while the connection keeps serving; the reply's
+timing fields are openpi's; a server object runs again after it stopped."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+# absent on hosts without them (the GPU image has neither): the module is skipped, not a collection error
+pytest.importorskip("websockets", reason="websockets is not installed (a dependency of vla-rl: pip install -e .)")
+pytest.importorskip("openpi_client", reason="openpi-client is not installed (the test extra: pip install -e '.[test]')")
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+from policies.mlp.configuration_mlp import MLPPolicyConfig
+from policies.mlp.modeling_mlp import MLPPolicy
+from vla_rl.serving.inputs import ServedInputs
+from vla_rl.serving.policy import ServedPolicy
+from vla_rl.serving.server import PolicyServer, server_thread
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+OBS_DIM, ACT_DIM = 15, 7
+
+
+@dataclasses.dataclass(frozen=True)
+class BuggyInputs(ServedInputs):
+    """Inputs whose reading fails with a KeyError (a bug, not a client's mistake) on ``{"bug": 1}``."""
+
+    def engine_observation(self, request):
+        if isinstance(request, dict) and "bug" in request:
+            raise KeyError("a bug in reading the request")
+        return super().engine_observation(request)
+
+
+def served(inputs: ServedInputs | None = None) -> ServedPolicy:
+    torch.manual_seed(0)
+    policy = MLPPolicy(MLPPolicyConfig(obs_dim=OBS_DIM, action_dim=ACT_DIM, hidden_sizes=(32,)))
+    return ServedPolicy(policy, inputs or ServedInputs(OBS_DIM), "tiny-mlp")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with server_thread(PolicyServer(served(BuggyInputs(OBS_DIM)), port=0)) as running:
+        yield running
+
+
+def state(seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=OBS_DIM).astype(np.float32)
+
+
+def test_a_state_beyond_float32_is_refused_naming_the_field(server):
+    """1e39 is finite in float64 but inf in the float32 the policy takes: it gave NaN actions."""
+    client = WebsocketClientPolicy("127.0.0.1", server.port)
+    big = state().astype(np.float64)
+    big[:2] = [1e39, -1e39]
+    with pytest.raises(RuntimeError, match="observation/state holds non-finite values"):
+        client.infer({"observation/state": big})
+    assert np.isfinite(client.infer({"state": state()})["actions"]).all()  # the connection still serves
+
+
+def test_non_finite_actions_are_an_error_line_not_sent():
+    policy = served()
+    act = policy.act
+
+    def act_nan_on_marked_rows(observations, sample):  # a policy that overflows on some inputs
+        actions = act(observations, sample)
+        actions[[obs[0] == 99.0 for obs in observations]] = np.nan
+        return actions
+
+    policy.act = act_nan_on_marked_rows
+    with server_thread(PolicyServer(policy, port=0)) as running:
+        client = WebsocketClientPolicy("127.0.0.1", running.port)
+        marked = state()
+        marked[0] = 99.0
+        with pytest.raises(RuntimeError, match="the policy's actions for this request hold non-finite values"):
+            client.infer({"state": marked})
+        assert np.isfinite(client.infer({"state": state()})["actions"]).all()
+        assert running.stats["errors"] == 1
+
+
+@pytest.mark.parametrize("array, field", [
+    ({b"__ndarray__": True, b"data": b"\0" * 60, b"dtype": "<f4"}, "shape"),
+    ({b"__ndarray__": True, b"data": b"\0" * 60, b"shape": [15]}, "dtype"),
+    ({b"__npgeneric__": True, b"data": 1.0}, "dtype"),
+], ids=["no-shape", "no-dtype", "scalar-no-dtype"])
+def test_a_malformed_array_map_is_one_line_naming_the_field(server, array, field):
+    """Such a message raised KeyError out of unpackb: the connection closed with 1011, no text."""
+    client = WebsocketClientPolicy("127.0.0.1", server.port)
+    client._ws.send(msgpack.packb({"state": array}))
+    reply = client._ws.recv(timeout=10)
+    assert isinstance(reply, str) and "not a msgpack-numpy message" in reply and f"'{field}'" in reply
+    assert "\n" not in reply
+    assert client.infer({"state": state()})["actions"].shape == (1, ACT_DIM)
+
+
+def test_an_unexpected_failure_on_a_request_is_one_line_and_the_connection_serves(server):
+    client = WebsocketClientPolicy("127.0.0.1", server.port)
+    with pytest.raises(RuntimeError, match="could not serve this request: KeyError: 'a bug in reading the request'"):
+        client.infer({"state": state(), "bug": 1})
+    assert client.infer({"state": state()})["actions"].shape == (1, ACT_DIM)
+
+
+def test_replies_carry_openpis_timing_fields(server):
+    """``policy_timing.infer_ms``, and ``server_timing.prev_total_ms`` from a connection's second
+    reply on (openpi's WebsocketPolicyServer and Policy), besides vla-rl's own fields."""
+    client = WebsocketClientPolicy("127.0.0.1", server.port)
+    first, second = client.infer({"state": state()}), client.infer({"state": state(2)})
+    assert set(first["server_timing"]) == {"infer_ms", "batch_size", "total_ms"}
+    assert set(second["server_timing"]) == {"infer_ms", "batch_size", "total_ms", "prev_total_ms"}
+    assert second["server_timing"]["prev_total_ms"] >= first["server_timing"]["total_ms"] > 0  # it adds the send
+    for reply in (first, second):
+        assert set(reply["policy_timing"]) == {"infer_ms"}
+        assert 0 < reply["policy_timing"]["infer_ms"] <= reply["server_timing"]["infer_ms"]
+    other = WebsocketClientPolicy("127.0.0.1", server.port)  # per connection: a new one starts afresh
+    assert "prev_total_ms" not in other.infer({"state": state()})["server_timing"]
+
+
+def test_a_server_runs_again_after_it_stopped():
+    """Its thread pool was shut down at the end of a run and made only once: every request of the
+    second run failed."""
+    running = PolicyServer(served(), port=0)
+    for _ in range(2):
+        with server_thread(running):
+            assert WebsocketClientPolicy("127.0.0.1", running.port).infer({"state": state()})["actions"].shape == \
+                (1, ACT_DIM)

@@ -1,0 +1,88 @@
+"""The remote environment hub (simulators/remote_env.py ``_HubServer``, on its own event loop, no
+Ray): whatever a client answers, a request returns an answer or a lost episode, and a client still
+connected after a bad answer is free for another episode."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+
+import msgpack
+import pytest
+
+pytest.importorskip("websockets", reason="websockets is not installed (a dependency of vla-rl: pip install -e .)")
+from websockets.sync.client import connect
+
+from simulators.remote_env import LOST, RemoteEnvConfig, _HubServer
+from vla_rl_core import wire
+
+RESET = {"type": "reset", "init_state_id": 0, "task": "remote"}
+
+
+@pytest.fixture()
+def hub():
+    """A hub on loopback (state_dim 3, action_dim 2) and a function running its coroutines."""
+    server = _HubServer(RemoteEnvConfig(state_dim=3, action_dim=2, port=0), None)
+    loop, started, closing = asyncio.new_event_loop(), threading.Event(), threading.Event()
+
+    async def run_hub():
+        serving = asyncio.ensure_future(server.serve(started))
+        while not closing.is_set():
+            await asyncio.sleep(0.02)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+
+    runner = threading.Thread(target=loop.run_until_complete, args=(run_hub(),), daemon=True)
+    runner.start()
+    assert started.wait(20)
+    yield server, lambda coroutine: asyncio.run_coroutine_threadsafe(coroutine, loop).result(20)
+    closing.set()
+    runner.join(10)
+    loop.close()
+
+
+def client(port: int, answer: bytes | str, leave: threading.Event) -> threading.Thread:
+    """A remote environment that says hello, then answers every request with ``answer`` until ``leave``."""
+
+    def main() -> None:
+        with connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None) as ws:
+            ws.send(wire.packb({"type": "hello", "name": "garbage", "state_dim": 3, "action_dim": 2, "images": {}}))
+            ws.recv()
+            while not leave.is_set():
+                try:
+                    ws.recv(timeout=0.1)
+                except TimeoutError:
+                    continue
+                ws.send(answer)
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("answer, why", [
+    ("boom", "it reported an error: boom"),
+    (wire.packb([1, 2]), "it answered list, not a dict"),
+    (b"\xc1", "its answer is not a msgpack-numpy message"),
+    (msgpack.packb({"obs": {b"__ndarray__": True, b"data": b"", b"dtype": "<f4"}}),
+     "its answer is not a msgpack-numpy message.*'shape'"),
+], ids=["text", "not-a-dict", "not-msgpack", "array-without-shape"])
+def test_a_bad_answer_loses_the_episode_and_frees_the_client(hub, answer, why):
+    """Garbage (not msgpack, a malformed array map) raised out of request() and kept the client
+    claimed for good; text and non-dict answers were already a lost episode."""
+    server, run = hub
+    leave = threading.Event()
+    thread = client(server.port, answer, leave)
+    try:
+        claimed = run(server.claim(10))
+        assert claimed is not None
+        lost = run(server.request(claimed, RESET, 5))
+        assert set(lost) == {LOST}
+        assert lost[LOST].startswith(f"remote environment {claimed}: ")
+        assert re.search(why, lost[LOST])
+        assert run(server.claim(5)) == claimed  # free again
+        assert run(server.stats())["lost"] == 1
+    finally:
+        leave.set()
+        thread.join(10)
