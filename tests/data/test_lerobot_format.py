@@ -271,3 +271,35 @@ def test_lerobot_itself_loads_what_the_writer_writes(tmp_path):
     summary = check_with_lerobot(tmp_path / "probe", written, tmp_path)
     assert summary["ok"] and summary["episodes"] == 3 and summary["lengths"] == [7, 5, 9]
     assert summary["video_mae"]["observation.images.agentview"]["max"] <= MAX_VIDEO_MAE
+
+
+_DELETE_WITH_LEROBOT = """
+import json, sys
+from pathlib import Path
+from lerobot.datasets.dataset_tools import delete_episodes
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+delete_episodes(LeRobotDataset("local/probe", root=sys.argv[1]), episode_indices=[1], output_dir=sys.argv[2],
+                repo_id="local/probe_edited")
+print(json.dumps(json.loads((Path(sys.argv[2]) / "meta/stats.json").read_text())))
+"""
+
+
+@pytest.mark.slow
+def test_lerobots_delete_episodes_keeps_the_statistics_of_what_the_writer_writes(tmp_path):
+    """LeRobot rebuilds meta/stats.json from the episodes' stats columns: without them (before),
+    the edited dataset's stats.json was empty."""
+    rng = np.random.default_rng(0)
+    writer = LeRobotWriter(tmp_path / "probe", 20, "panda", {"action": {"dtype": "float32", "shape": [2], "names": None}})
+    actions = [rng.normal(size=(length, 2)).astype(np.float32) for length in (6, 4, 8)]
+    for episode in actions:
+        writer.add_episode({"action": episode}, "lift the cube")
+    writer.finalize()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    result = subprocess.run([str(lerobot_python()), "-c", _DELETE_WITH_LEROBOT, str(tmp_path / "probe"),
+                             str(tmp_path / "edited")], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    stats = json.loads(result.stdout.strip().splitlines()[-1])
+    kept = np.concatenate([actions[0], actions[2]]).astype(np.float64)
+    assert stats["action"]["count"] == [14]
+    np.testing.assert_allclose(stats["action"]["mean"], kept.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(stats["action"]["min"], kept.min(0), rtol=1e-6)
