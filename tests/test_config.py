@@ -116,6 +116,18 @@ def test_token_ratios_are_refused_for_pi0_naming_both_fields(template):
     plan(load_template("embodied_grpo_oft_lift", ["algorithm.ratio_granularity=token"]))  # OFT scores every token
 
 
+@pytest.mark.parametrize("template, budget, unit", [("embodied_dapo", 100, "decision steps"),
+                                                   ("embodied_srpo_oft_lift", 10, "decision steps"),
+                                                   ("llm_dapo", 24, "tokens (text.max_response_length)")])
+def test_an_overlong_buffer_longer_than_the_budget_is_refused_at_plan_time(template, budget, unit):
+    """The reward refused it only at the first step (after the workers, simulators and warm start);
+    an episode's budget is its decision steps (OFT on Lift: 80 control steps / chunks of 8)."""
+    err = _error(template, f"algorithm.overlong_buffer.len={budget + 1}")
+    assert err.field == "algorithm.overlong_buffer.len" and err.node == "reward"
+    assert f"longer than the {budget} {unit}" in str(err)
+    plan(load_template(template, [f"algorithm.overlong_buffer.len={budget}"]))
+
+
 def test_oft_templates_extend_the_srpo_workflow_with_a_camera_policy():
     """The OFT templates keep embodied_srpo's nodes and filter, switch the policy and cameras, and
     select LIBERO's suite by override; the MLP template still builds the MLP from its defaults."""

@@ -57,7 +57,27 @@ def _reward_resources(config, node_config) -> tuple[str, ...]:
     return ("trajectory_encoder",) if embeds_trajectories(config) else ()
 
 
-@register_node("reward", "compute", reads=_reward_reads, writes=(keys.REWARDS,), resources=_reward_resources)
+def overlong_buffer_fits(config, node_config, dp_size: int, world_size: int):
+    """Plan-time: DAPO's overlong buffer (``algorithm.overlong_buffer.len``) fits in a sample's
+    budget, the ``max_length`` of :func:`~vla_rl.algorithms.rewards.overlong_penalty`: an episode's
+    decision steps (``ceil(horizon / actions per decision)``) or ``text.max_response_length``
+    tokens; the reward refuses a longer one, which it would find at the first step."""
+    length = config.algorithm.overlong_buffer.len
+    if length == 0:
+        return None
+    from vla_rl.dag.registry import WORKFLOWS
+
+    budget = WORKFLOWS.get(config.run.workflow).step_shape(config).decisions
+    if length <= budget:
+        return None
+    unit = ("tokens (text.max_response_length)" if config.run.workflow == "text" else
+            "decision steps of an episode (simulator.env.horizon over the policy's actions per decision)")
+    return "algorithm.overlong_buffer.len", (f"algorithm.overlong_buffer.len={length} is longer than the {budget} "
+                                             f"{unit}; the buffer is the last part of that budget")
+
+
+@register_node("reward", "compute", reads=_reward_reads, writes=(keys.REWARDS,), resources=_reward_resources,
+               check=overlong_buffer_fits)
 def compute_rewards(ctx, batch) -> NodeOutput:
     """Set ``rewards`` ``(n,)`` float32 from ``algorithm.reward``, plus DAPO's overlong penalty
     when ``algorithm.overlong_buffer.len > 0``.

@@ -22,6 +22,7 @@ from tensordict import TensorDict
 
 from vla_rl.algorithms.rewards import overlong_penalty
 from vla_rl.dag.registry import NodeOutput, register_node
+from vla_rl.nodes.reward import overlong_buffer_fits
 from vla_rl.data.prompt_dataset import PromptRow
 from vla_rl.rewards.verifiers import RuleRewardConfig, score_responses, verify
 from vla_rl.trainers.actor import per_dim_log_probs, text_forward
@@ -133,7 +134,7 @@ def sample_groups(resources, group_size: int, prompts: TensorDict) -> tuple[Tens
 
 
 @register_node("reward", "compute", name="text", reads=(keys.UID, *RESPONSE_KEYS), writes=(keys.REWARDS, keys.SUCCESS),
-               resources=("policy", "prompt_loaders"))
+               resources=("policy", "prompt_loaders"), check=overlong_buffer_fits)
 def score(ctx, batch) -> NodeOutput:
     """Set ``rewards`` ``(n,)`` float32 (``text.correct_score`` and ``text.format_score`` weights,
     plus DAPO's overlong penalty when ``algorithm.overlong_buffer.len > 0``) and ``success``
