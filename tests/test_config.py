@@ -128,6 +128,16 @@ def test_an_overlong_buffer_longer_than_the_budget_is_refused_at_plan_time(templ
     plan(load_template(template, [f"algorithm.overlong_buffer.len={budget}"]))
 
 
+def test_metaworld_demonstrations_with_a_hidden_goal_are_refused_at_plan_time():
+    """MetaWorld's scripted policies read the goal: the expert refused it inside the simulator
+    actor, after Ray and the environments had started (an 81-line RayTaskError)."""
+    metaworld = ["simulator.name=metaworld", "simulator.env.goal_observable=false"]
+    err = _error("embodied_srpo", *metaworld)
+    assert err.field == "simulator.env.goal_observable" and err.node == "demonstrations"
+    assert "warm_start.num_demos=0" in str(err)
+    plan(load_template("embodied_srpo", [*metaworld, "warm_start.num_demos=0"]))
+
+
 def test_oft_templates_extend_the_srpo_workflow_with_a_camera_policy():
     """The OFT templates keep embodied_srpo's nodes and filter, switch the policy and cameras, and
     select LIBERO's suite by override; the MLP template still builds the MLP from its defaults."""

@@ -8,6 +8,7 @@ from simulators.experts.registry import (
     EXPERTS,
     ExpertSteps,
     NoExpertError,
+    config_problem,
     expert_class,
     horizon_problem,
     make_expert,
@@ -18,5 +19,5 @@ from simulators.experts.registry import (
 from simulators.experts.stack import StackExpert
 
 __all__ = ["EXPERTS", "DoorExpert", "ExpertSteps", "LiftExpert", "MetaWorldExpert", "NoExpertError",
-           "PickPlaceCanExpert", "StackExpert", "expert_class", "horizon_problem", "make_expert", "measured_steps",
+           "PickPlaceCanExpert", "StackExpert", "config_problem", "expert_class", "horizon_problem", "make_expert", "measured_steps",
            "register_expert", "tasks_with_expert"]

@@ -61,6 +61,16 @@ class MetaWorldExpert:
 
         self._policy: Any = ENV_POLICY_MAP[self.task]()
 
+    @classmethod
+    def config_problem(cls, config: Any) -> tuple[str, str] | None:
+        """Plan-time: ``(field, why)`` when a simulator config (``MetaWorldEnvConfig``) gives an
+        observation this expert cannot act on (a hidden goal), else None."""
+        if not config.goal_observable:
+            return "simulator.env.goal_observable", (f"MetaWorld's scripted policy for {config.task_name} reads the "
+                                                     "goal from the observation, which goal_observable: false hides; "
+                                                     "set it true, or warm_start.num_demos=0")
+        return None
+
     def reset(self) -> None:
         """Start a new episode (MetaWorld's policies are stateless)."""
 

@@ -126,6 +126,18 @@ def measured_steps(simulator: str, config: Any) -> ExpertSteps | None:
     return table.get(getattr(config, "robot", None))
 
 
+def config_problem(simulator: str, config: Any) -> tuple[str, str] | None:
+    """Why the scripted expert of ``config``'s task cannot act in the environment ``config``
+    describes (the expert class's own ``config_problem``, if it has one: e.g. MetaWorld's policies
+    need the goal in the observation), as ``(field, why)``, or None.
+
+    Raises:
+        NoExpertError: the task has no expert.
+    """
+    check = getattr(expert_class(simulator, config.task_name), "config_problem", None)
+    return None if check is None else check(config)
+
+
 def horizon_problem(simulator: str, config: Any) -> tuple[str, str] | None:
     """Why the scripted expert cannot make demonstrations of ``config`` (a simulator config with
     ``task_name``, ``horizon`` and maybe ``robot``), as far as measurements tell, or None:

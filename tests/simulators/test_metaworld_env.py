@@ -357,3 +357,21 @@ def test_simulator_pool_with_a_metaworld_task(ray_on_loopback):
             assert episode["success"] and 0 < steps < horizon
             assert episode["obs"].shape == (steps, 39) and episode["actions"].shape == (steps, 4)
         np.testing.assert_array_equal(pool.reset(np.array([2]))[0], episodes[2]["obs"][0])
+
+
+@pytest.mark.parametrize("task", ["reach-v3", "drawer-open-v3"])
+def test_the_reset_leaves_sites_where_the_first_step_finds_them(task):
+    """MetaWorld's reset_model moves the goal marker (and a drawer) after its last mj_forward: the
+    reset's camera images drew them where the last episode left them (14 and 10 cm off here). The
+    state trajectory under the same actions is MetaWorld's either way."""
+    env = make_env("metaworld", {"task": task, "horizon": 10})
+    try:
+        mw = env._env
+        env.reset(seed=3)
+        sites = [mw.model.site(name).id for name, _ in mw._target_site_config]
+        env.reset(seed=5)  # another variation: the previous episode's positions are stale
+        at_reset = mw.data.site_xpos[sites].copy()
+        env.step(np.zeros(4))
+        np.testing.assert_allclose(at_reset, mw.data.site_xpos[sites], atol=1e-9)
+    finally:
+        env.close()

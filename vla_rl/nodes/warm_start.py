@@ -63,11 +63,14 @@ def task_configs(sim) -> list:
 def check_experts(config, node_config, dp_size: int, world_size: int) -> tuple[str, str] | None:
     """The planner's check: with ``warm_start.num_demos > 0`` every task (of a task set) needs a
     scripted expert (else ``("warm_start.num_demos", <which task has none, which tasks have one>)``)
-    that makes demonstrations within ``simulator.env.horizon`` with the robot, as far as its
+    that can act on the environment's observation (else the expert's own ``(field, why)``:
+    :func:`simulators.experts.config_problem`, e.g. MetaWorld's with a hidden goal) and makes
+    demonstrations within ``simulator.env.horizon`` with the robot, as far as its
     measurements tell (else ``("simulator.env.horizon" or "simulator.env.robot", <what it needs>)``:
     :func:`simulators.experts.horizon_problem`)."""
     from simulators.experts import (
         NoExpertError,
+        config_problem,
         expert_class,
         horizon_problem,
         measured_steps,
@@ -91,6 +94,8 @@ def check_experts(config, node_config, dp_size: int, world_size: int) -> tuple[s
             expert_class(sim.name, task_config.task_name)
         except NoExpertError as err:
             return "warm_start.num_demos", str(err)
+        if (problem := config_problem(sim.name, task_config)) is not None:
+            return problem
     for task_config in configs:
         problem = horizon_problem(sim.name, task_config)
         if problem is not None and problem[0] == "simulator.env.horizon" and sim.multi_task:
