@@ -36,6 +36,7 @@ from simulators.base import SingleEnv, require_int
 from simulators.registry import SIMULATORS
 from simulators.rendering import (
     disable_shadows_and_reflections,
+    egl_device_hidden_from_robosuite,
     setup_headless_rendering,
 )
 from simulators.robosuite_env import (
@@ -395,7 +396,8 @@ def _load_task(suite: str, task_id: int) -> tuple[Any, str, np.ndarray]:
         ValueError: if ``task_id`` is out of range for ``suite``.
     """
     quiet_robosuite_imports()  # LIBERO imports robosuite
-    from libero.libero import benchmark
+    with egl_device_hidden_from_robosuite():
+        from libero.libero import benchmark
 
     task_suite = benchmark.get_benchmark_dict()[suite]()
     if task_id >= task_suite.get_num_tasks():
@@ -411,7 +413,8 @@ def _make_libero_env(config: LiberoEnvConfig, bddl_file: str) -> Any:
         ValueError: if a camera of ``config.cameras`` does not exist in the scene.
     """
     quiet_robosuite_imports()
-    from libero.libero.envs.env_wrapper import ControlEnv
+    with egl_device_hidden_from_robosuite():
+        from libero.libero.envs.env_wrapper import ControlEnv
 
     renders = bool(config.cameras) or config.render_camera is not None
     try:

@@ -35,6 +35,7 @@ a choice (:func:`user_rendering_env_vars`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -42,7 +43,7 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -249,6 +250,31 @@ def _set_auto(name: str, value: str) -> None:
     os.environ[name] = value
     auto = {**_auto_vars(), name: value}
     os.environ[AUTO_VARS_VAR] = ",".join(f"{key}={auto[key]}" for key in sorted(auto))
+
+
+@contextlib.contextmanager
+def egl_device_hidden_from_robosuite() -> Iterator[None]:
+    """Around the first import of robosuite (or of what imports it: LIBERO), hide the EGL device
+    this module chose from robosuite's import-time check.
+
+    robosuite asserts that ``MUJOCO_EGL_DEVICE_ID`` appears in ``CUDA_VISIBLE_DEVICES``
+    (``robosuite/utils/binding_utils.py``), but EGL numbers the devices its own way (all GPUs, or
+    only the visible ones, in its own order: mujoco#3245), so the device that renders on GPU 1 of
+    ``CUDA_VISIBLE_DEVICES=1`` may be EGL device 0 and the import failed. MuJoCo reads the variable
+    when it makes its first EGL context, after the import: it is restored then. A value the user
+    set is left to robosuite's check.
+    """
+    value = os.environ.get(EGL_DEVICE_VAR)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    hide = (value is not None and visible != "" and _auto_vars().get(EGL_DEVICE_VAR) == value
+            and not (value.isdigit() and value in visible))  # robosuite's own test
+    if hide:
+        del os.environ[EGL_DEVICE_VAR]
+    try:
+        yield
+    finally:
+        if hide:
+            os.environ[EGL_DEVICE_VAR] = value
 
 
 def setup_headless_rendering(backend: str = DEFAULT_GL_BACKEND) -> str:

@@ -12,9 +12,10 @@ Units and conventions of the default Lift observation (robosuite 1.5.2, Panda, w
   the cube).
 - ``cube_pos`` (3): cube centre, metres (the table top is at z = 0.8 m).
 - ``gripper_to_cube_pos`` (3): ``cube_pos - robot0_eef_pos``, metres.
+- ``robot0_eef_quat`` (4): the hand's orientation, quaternion ``(x, y, z, w)`` (last: 15 values
+  in all, :data:`LIFT_STATE_KEYS`).
 
-Other robosuite keys (e.g. ``robot0_eef_quat``, ``cube_quat``: quaternions ``(x, y, z, w)``) can
-be added through ``obs_keys``.
+Other robosuite keys (e.g. ``cube_quat``) can be added through ``obs_keys``.
 
 Camera observations are opt-in (``cameras``): the observation is then a ``gymnasium.spaces.Dict``
 ``{"state": float32 (obs_dim,), "<camera>_image": uint8 (camera_size, camera_size, 3)}``, images
@@ -44,7 +45,7 @@ import numpy as np
 
 from simulators.base import SingleEnv, require_int
 from simulators.registry import SIMULATORS
-from simulators.rendering import CameraRenderer, setup_headless_rendering
+from simulators.rendering import CameraRenderer, egl_device_hidden_from_robosuite, setup_headless_rendering
 from simulators.robosuite_lean import lean_task_class
 from simulators.stepping import UnobservedSteps
 from vla_rl_core.components import ComponentConfigError
@@ -85,6 +86,9 @@ TASK_STATE_KEYS: dict[str, tuple[str, ...]] = {
 }
 """Default ``obs_keys`` per robosuite task (robosuite 1.5.2 observation names, Panda, metres)."""
 
+PHYSICS_HZ = 500.0
+"""robosuite 1.5.2's physics rate (``robosuite.macros.SIMULATION_TIMESTEP`` = 2 ms)."""
+
 SINGLE_ARM_TASKS: tuple[str, ...] = (
     "Door", "Lift", "NutAssembly", "NutAssemblyRound", "NutAssemblySingle", "NutAssemblySquare", "PickPlace",
     "PickPlaceBread", "PickPlaceCan", "PickPlaceCereal", "PickPlaceMilk", "PickPlaceSingle", "Stack", "ToolHang",
@@ -93,9 +97,14 @@ SINGLE_ARM_TASKS: tuple[str, ...] = (
 """robosuite 1.5.2's single-arm tasks (``robosuite.ALL_ENVIRONMENTS`` without the two-arm ones),
 listed here so that a config is checked without importing robosuite."""
 
+_OBJECT_PER_RESET = ("robosuite draws its one object at every reset and turns the other objects' observations "
+                     "off, so an episode's state has another layout or describes another object than the next's; "
+                     "use the task of one object ({})")
 UNSUPPORTED_TASKS: dict[str, str] = {
     "Wipe": "robosuite 1.5.2 draws its dirt markers from a generator fixed when the model is built "
             "(WipeArena.rng) and it has no placement sampler, so its resets cannot be seeded",
+    "PickPlaceSingle": _OBJECT_PER_RESET.format("PickPlaceBread, PickPlaceCan, PickPlaceCereal or PickPlaceMilk"),
+    "NutAssemblySingle": _OBJECT_PER_RESET.format("NutAssemblyRound or NutAssemblySquare"),
 }
 """Tasks of :data:`SINGLE_ARM_TASKS` a config refuses, with the reason."""
 
@@ -189,7 +198,8 @@ class RobosuiteEnvConfig:
     horizon: int = 100
     """Time limit in control steps; ``step`` reports ``truncated`` when it is reached."""
     control_freq: float = 20.0
-    """Control frequency, Hz (one ``step`` = ``1 / control_freq`` seconds of simulation)."""
+    """Control frequency, Hz (one ``step`` = ``1 / control_freq`` seconds of simulation): it must
+    divide robosuite's 500 Hz physics (robosuite runs ``int(500 / control_freq)`` steps of 2 ms)."""
     obs_keys: tuple[str, ...] | None = None
     """robosuite observation keys concatenated, in this order, into the flat observation;
     ``None``: the task's default of :data:`TASK_STATE_KEYS`."""
@@ -254,6 +264,12 @@ class RobosuiteEnvConfig:
             self.control_freq > 0
         ):
             raise ValueError(f"control_freq must be a positive number of Hz, got {self.control_freq!r}")
+        substeps = PHYSICS_HZ / self.control_freq  # robosuite runs int() of this many 2 ms physics steps
+        if substeps < 1 or abs(substeps - round(substeps)) > 1e-9:
+            valid = ", ".join(f"{PHYSICS_HZ / n:g}" for n in (1, 2, 4, 5, 10, 20, 25, 50))
+            raise ValueError(f"control_freq must divide robosuite's {PHYSICS_HZ:g} Hz physics into a whole number of "
+                             f"steps (one control step = 500 / control_freq steps of 2 ms; got {self.control_freq!r}, "
+                             f"which robosuite would run as {int(substeps)}): e.g. {valid}")
         if self.obs_keys is None:
             if self.task not in TASK_STATE_KEYS:
                 raise ValueError(f"task {self.task!r} has no default state keys; set obs_keys (tasks with "
@@ -351,6 +367,7 @@ class RobosuiteEnv(UnobservedSteps, SingleEnv):
                                         fast=config.fast_rendering, hidden_geom_groups=(0,)) if renders else None
         self._init_spaces(sum(s.stop - s.start for s in self._obs_layout.values()), int(self._env.action_dim))
         self._raw_obs: dict[str, np.ndarray] = {}  # robosuite's observation of the current state
+        self._streams_seeded = False  # robosuite's generators start from its fixed MODEL_SEED
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
         """Start an episode.
@@ -358,7 +375,9 @@ class RobosuiteEnv(UnobservedSteps, SingleEnv):
         Args:
             seed: the initial-state id. The same seed gives the same initial state (robot joint
                 noise and cube placement), in any process; ``None`` continues the current random
-                stream.
+                stream, which a first reset without a seed starts from gymnasium's ``np_random``
+                (fresh entropy, as ``robosuite.make(seed=None)``; robosuite's own generators start
+                from one fixed seed, so every environment gave the same episodes).
             options: must be ``None`` (no reset options are supported).
 
         Returns:
@@ -370,10 +389,11 @@ class RobosuiteEnv(UnobservedSteps, SingleEnv):
         """
         seed = self._checked_seed(seed, options)
         super().reset(seed=seed)
-        if seed is not None:
-            rng = np.random.default_rng(seed)
+        if seed is not None or not self._streams_seeded:
+            rng = np.random.default_rng(seed if seed is not None else self.np_random.integers(2**63))
             self._env.rng = rng  # drives the robot's initial joint noise
             _seed_placement(self._env.placement_initializer, rng)  # drives the object placement
+            self._streams_seeded = True
         self._raw_obs = self._env.reset()
         self._episode_step = 0
         self._episode_over = False
@@ -435,11 +455,12 @@ def _make_robosuite_env(config: RobosuiteEnvConfig) -> Any:
     the creation time, identical physics and observations.
     """
     quiet_robosuite_imports()
-    import robosuite
-    from robosuite.controllers import load_part_controller_config
-    from robosuite.controllers.composite.composite_controller_factory import (
-        refactor_composite_controller_config,
-    )
+    with egl_device_hidden_from_robosuite():
+        import robosuite
+        from robosuite.controllers import load_part_controller_config
+        from robosuite.controllers.composite.composite_controller_factory import (
+            refactor_composite_controller_config,
+        )
 
     renders = config.render_camera is not None or bool(config.cameras)
     arm_config = load_part_controller_config(default_controller=config.controller)

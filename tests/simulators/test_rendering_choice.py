@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -211,3 +212,44 @@ def test_describe_renderers_counts_each_renderer():
         "egl (EGL device 1 for GPU 0): NVIDIA H100 80GB HBM3/PCIe/SSE2 x 2; "
         "osmesa (fallback; EGL failed: egl context creation failed: x): llvmpipe x 1")
     assert describe_renderers([]) == "no simulator process"
+
+
+ROBOSUITE_ON_GPU_1 = '''
+import os, sys
+import simulators.rendering as rendering
+
+def probe(backend, cuda=None, timeout_s=60.0):  # an NVIDIA EGL that lists the visible GPU only
+    return {"ok": True, "error": None, "gl_renderer": "NVIDIA", "device_cuda_indices": [0],
+            "device_id": "0" if backend == "egl" and cuda == 0 else None}
+
+rendering.probe_backend = probe
+rendering.setup_headless_rendering()
+assert os.environ["MUJOCO_EGL_DEVICE_ID"] == "0"
+if sys.argv[1] == "robosuite":
+    import robosuite
+else:
+    from simulators import make_env
+    make_env("robosuite", {"horizon": 5}).close()
+print("built; MUJOCO_EGL_DEVICE_ID =", os.environ["MUJOCO_EGL_DEVICE_ID"])
+'''
+
+
+@pytest.mark.parametrize("how, built", [("robosuite", False), ("make_env", True)])
+def test_robosuite_builds_on_gpu_1_whose_egl_device_is_0(how, built):
+    """CUDA_VISIBLE_DEVICES=1 (a Ray actor's GPU, `CUDA_VISIBLE_DEVICES=1 vla-rl eval`) and an EGL
+    that numbers that GPU 0: robosuite's import-time assert (MUJOCO_EGL_DEVICE_ID among
+    CUDA_VISIBLE_DEVICES' ids) failed every robosuite environment, state-only ones included. A
+    plain `import robosuite` still fails there; the environments hide the device from that check
+    and MuJoCo still gets it."""
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("MUJOCO_GL", "PYOPENGL_PLATFORM", EGL_DEVICE_VAR, AUTO_VARS_VAR, "VLA_RL_RENDER_GPU")}
+    env["CUDA_VISIBLE_DEVICES"] = "1"
+    done = subprocess.run([sys.executable, "-c", ROBOSUITE_ON_GPU_1, how], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    if built:
+        assert done.returncode == 0 and "built; MUJOCO_EGL_DEVICE_ID = 0" in done.stdout, done.stderr[-2000:]
+    else:
+        assert done.returncode != 0 and "MUJOCO_EGL_DEVICE_ID needs to be set" in done.stderr

@@ -156,12 +156,22 @@ def test_every_task_cameras_are_the_cameras_of_every_single_arm_task():
     ({"controller": "JOINT_VELOCITY"}, "controller 'JOINT_VELOCITY' is not supported: robosuite 1.5.2 cannot build"),
     ({"controller": "IK_POSE", "robot": "UR5e"}, "controller 'IK_POSE' drives only Panda, Sawyer in robosuite 1.5.2, "
                                                  "not robot 'UR5e'"),
+    # robosuite picks their object at each reset and switches the others' observations off
+    ({"task": "PickPlaceSingle", "obs_keys": ["robot0_eef_pos"]}, "task 'PickPlaceSingle' is not supported: robosuite "
+                                                                  "draws its one object at every reset"),
+    ({"task": "NutAssemblySingle", "obs_keys": ["robot0_eef_pos"]}, "task 'NutAssemblySingle' is not supported"),
+    # robosuite runs int(500 / control_freq) physics steps of 2 ms: 600 Hz ran none, 30 Hz 32 ms
+    ({"control_freq": 600}, "control_freq must divide robosuite's 500 Hz physics .* got 600, which robosuite would "
+                            "run as 0"),
+    ({"control_freq": 30}, "control_freq must divide .* got 30, which robosuite would run as 16"),
 ])
 def test_what_robosuite_cannot_build_or_seed_is_refused_with_the_config(settings, message):
     """They were accepted, then failed at the first reset, in the simulator actors."""
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(")):
         RobosuiteEnvConfig(**settings)
     RobosuiteEnvConfig(controller="IK_POSE", robot="Sawyer")  # IK drives these
+    for control_freq in (10, 20, 25.0, 500):  # whole numbers of 2 ms physics steps
+        RobosuiteEnvConfig(control_freq=control_freq)
 
 
 def test_the_refusals_still_hold_on_the_installed_robosuite():

@@ -61,6 +61,20 @@ def test_different_seeds_give_different_initial_states(env):
             assert not np.allclose(initial[i], initial[j]), (i, j)
 
 
+def test_unseeded_first_resets_of_two_environments_differ(env):
+    """gymnasium's convention, and robosuite.make(seed=None)'s: without a seed an environment
+    starts from fresh entropy. robosuite's own generators start from one fixed seed, so every
+    robosuite environment reset without a seed gave the same episodes (a vector of them, N
+    copies of one)."""
+    config = dataclasses.replace(SIMULATORS.get(env.simulator_name).config_class(), horizon=env.horizon)
+    first, second = make_env(env.simulator_name, config), make_env(env.simulator_name, config)
+    try:
+        assert not np.allclose(first.reset()[0], second.reset()[0])
+    finally:
+        first.close()
+        second.close()
+
+
 @pytest.mark.parametrize("bad_shape", [(6,), (1, 7), (8,)])
 def test_step_rejects_wrong_action_shape(env, bad_shape):
     env.reset(seed=0)
