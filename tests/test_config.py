@@ -138,6 +138,14 @@ def test_metaworld_demonstrations_with_a_hidden_goal_are_refused_at_plan_time():
     plan(load_template("embodied_srpo", [*metaworld, "warm_start.num_demos=0"]))
 
 
+@pytest.mark.parametrize("override", ["trainer.total_steps=[1,2", "trainer={a: 1"])
+def test_an_override_that_is_not_yaml_is_one_error_naming_it(override):
+    """OmegaConf parses an override's value as YAML: its yaml.ParserError came out as a traceback."""
+    with pytest.raises(TemplateError, match="malformed override") as refused:
+        load_template("embodied_grpo", [override])
+    assert refused.value.field == override.partition("=")[0] and "\n" not in str(refused.value)
+
+
 def test_oft_templates_extend_the_srpo_workflow_with_a_camera_policy():
     """The OFT templates keep embodied_srpo's nodes and filter, switch the policy and cameras, and
     select LIBERO's suite by override; the MLP template still builds the MLP from its defaults."""

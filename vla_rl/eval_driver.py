@@ -16,12 +16,14 @@ before anything is written, naming the store, the array and how to set it aside
 from __future__ import annotations
 
 import copy
+import tempfile
 import time
 from pathlib import Path
 
 import yaml
 from rich.markup import escape
 
+from vla_rl.dag.errors import TemplateError
 from vla_rl.evaluation.targets import EvalInputError, find_checkpoints
 from vla_rl_core.run_layout import EVAL_DIR, RUN_TEMPLATE
 
@@ -75,15 +77,57 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     if "video_camera" in run_config.eval.model_fields_set:  # the run's camera (else the simulator's own)
         config["eval"]["video_camera"] = run_config.eval.video_camera
     eval_dir = Path(output) if output else run_dir / EVAL_DIR
+    _check_output(eval_dir, run_dir, output is not None)
+    _check_checkpoints(checkpoints)  # a damaged checkpoint, before Ray, workers and simulators start
     check_stores(eval_dir)  # a damaged episode store is refused before anything is written
-    eval_dir.mkdir(parents=True, exist_ok=True)
     resolved = eval_dir / RUN_TEMPLATE
-    _write_yaml(resolved, raw)  # then the overrides, so that their errors name this file
-    loaded = load_template(resolved, overrides)
-    plan(loaded)
+    # the overrides are checked on a copy first: nothing is written into eval_dir (an earlier
+    # evaluation's template there included) until they are accepted; errors name the file to be
+    with tempfile.TemporaryDirectory() as scratch:
+        _write_yaml(Path(scratch) / RUN_TEMPLATE, raw)
+        try:
+            loaded = load_template(Path(scratch) / RUN_TEMPLATE, overrides)
+            plan(loaded)
+        except TemplateError as err:
+            raise TemplateError(err.message, file=resolved, node=err.node, field=err.field) from None
     check_video_camera(loaded.config, resolve_tasks_or_fail(loaded.config))
+    eval_dir.mkdir(parents=True, exist_ok=True)
     _write_yaml(resolved, loaded.raw)
     return eval_dir, load_template(resolved), run_dir
+
+
+def _check_output(eval_dir: Path, run_dir: Path, chosen: bool) -> None:
+    """``--output`` (``chosen``) or the run's ``eval/``: a directory to write an evaluation into.
+
+    Raises:
+        EvalInputError: it is a file, or (``--output``) a training run's directory (it holds
+            ``checkpoints/``: its template would be replaced), naming the path.
+    """
+    flag = "--output " if chosen else ""
+    if eval_dir.exists() and not eval_dir.is_dir():
+        raise EvalInputError(f"{flag}{eval_dir} is a file; the evaluation writes a directory there")
+    if chosen and (eval_dir.resolve() == run_dir.resolve() or (eval_dir / "checkpoints").is_dir()):
+        raise EvalInputError(f"--output {eval_dir} is a training run's directory (it holds checkpoints/); an "
+                             "evaluation would replace its template.yaml: name a new directory, or leave --output "
+                             f"out ({run_dir / EVAL_DIR})")
+
+
+def _check_checkpoints(checkpoints: list[Path]) -> None:
+    """Each checkpoint's files against the sizes in its manifest
+    (:func:`~vla_rl.checkpoints.integrity.verify_checkpoint` without the digests: the workers
+    check those when they load it).
+
+    Raises:
+        EvalInputError: a file of one is missing or truncated (one line naming it).
+    """
+    from vla_rl.checkpoints.integrity import verify_checkpoint
+    from vla_rl.checkpoints.layout import CheckpointCorruptError
+
+    for checkpoint in checkpoints:
+        try:
+            verify_checkpoint(checkpoint, digests=False)
+        except CheckpointCorruptError as err:
+            raise EvalInputError(str(err)) from None
 
 
 def _write_yaml(path: Path, data: dict) -> None:

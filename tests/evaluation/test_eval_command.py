@@ -102,3 +102,41 @@ def test_a_damaged_store_is_refused_then_set_aside_and_its_episodes_run_again(ev
     again = json.loads((eval_dir / "report.json").read_text())["results"]
     assert [{k: r[k] for k in ("checkpoint_step", "protocol", "episodes")} for r in again] == [
         {k: r[k] for k in ("checkpoint_step", "protocol", "episodes")} for r in rows]
+
+
+def test_a_refused_override_writes_nothing_into_the_output(tiny_run, tmp_path, capsys):
+    """The evaluation's template was written into --output before its overrides were checked: a
+    typo replaced the template.yaml of whatever directory --output named."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "template.yaml").write_text("name: mine\n")
+    assert main(["eval", str(tiny_run), "eval.num_episodes=abc", "--output", str(victim)]) == 2
+    assert f"{victim / 'template.yaml'}: field 'eval.num_episodes'" in capsys.readouterr().err
+    assert (victim / "template.yaml").read_text() == "name: mine\n"
+    assert main(["eval", str(tiny_run), "eval.num_episodes=abc", "--output", str(tmp_path / "new")]) == 2
+    assert not (tmp_path / "new").exists()
+
+
+def test_output_that_is_a_file_or_a_training_run_is_refused(tiny_run, tmp_path, capsys):
+    template = (tiny_run / "template.yaml").read_text()
+    assert main(["eval", str(tiny_run), "--output", str(tiny_run)]) == 2
+    assert "is a training run's directory (it holds checkpoints/)" in capsys.readouterr().err
+    assert (tiny_run / "template.yaml").read_text() == template
+    (tmp_path / "file").write_text("x")
+    assert main(["eval", str(tiny_run), "--output", str(tmp_path / "file")]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_a_truncated_checkpoint_is_refused_before_ray_starts(tiny_run, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import ray
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    weights = run / "checkpoints" / "step_00000002" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    monkeypatch.setattr(ray, "init", lambda *args, **kwargs: pytest.fail("Ray started"))
+    assert main(["eval", str(run), "--output", str(tmp_path / "eval")]) == 2
+    assert "model.safetensors has 100 bytes" in capsys.readouterr().err
+    assert not (tmp_path / "eval").exists()

@@ -159,8 +159,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path
             )
         try:
             value = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
-        except OmegaConfBaseException as exc:
-            raise TemplateError(f"malformed override {item!r}: {exc}", file=file, field=key) from None
+        except (OmegaConfBaseException, yaml.YAMLError) as exc:  # from_dotlist parses the value as YAML
+            reason = " ".join(str(exc).split())
+            raise TemplateError(f"malformed override {item!r}: {reason}", file=file, field=key) from None
         if parts[0] != "nodes":
             raw["config"] = _deep_merge(raw.get("config", {}), value)
             continue
