@@ -37,6 +37,18 @@ def test_an_existing_run_name_is_refused_and_left_alone(tmp_path):
     assert sorted(p.name for p in run.path.iterdir()) == [".lock", "template.yaml"]
 
 
+def test_paths_that_cannot_be_run_directories_are_one_error_naming_the_field(tmp_path):
+    """A file where run.output_dir goes, or a run.name under a missing directory: FileExistsError
+    and FileNotFoundError tracebacks before."""
+    (tmp_path / "a_file").write_text("mine")
+    with pytest.raises(RunDirError, match="run.output_dir .*a_file cannot be made a directory") as refused:
+        RunDirectory.create(tmp_path / "a_file", None, "embodied_grpo")
+    assert refused.value.field == "run.output_dir" and (tmp_path / "a_file").read_text() == "mine"
+    with pytest.raises(RunDirError, match="run.name 'missing/sub': .* cannot be made") as refused:
+        RunDirectory.create(tmp_path, "missing/sub", "embodied_grpo")
+    assert refused.value.field == "run.name"
+
+
 def test_default_names_started_in_the_same_second_are_distinct(tmp_path):
     runs = [RunDirectory.create(tmp_path, None, "t") for _ in range(3)]
     assert len({run.path for run in runs}) == 3

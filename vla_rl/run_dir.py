@@ -73,10 +73,15 @@ class RunDirectory:
             name: ``run.name``; None: ``<template_name>_<timestamp>``, made unique with ``_2``, ``_3``...
 
         Raises:
-            RunDirError: ``name`` names an existing directory.
+            RunDirError: ``name`` names an existing directory, or ``output_dir`` or ``name`` a path
+                that cannot be made (a file on the way, no permission), naming the field.
         """
         parent = Path(output_dir)
-        parent.mkdir(parents=True, exist_ok=True)
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # a file where a directory goes, no permission, ...
+            raise RunDirError(f"run.output_dir {parent} cannot be made a directory: {err.strerror or err}",
+                              field="run.output_dir") from None
         if name is not None:
             path = parent / name
             try:
@@ -84,6 +89,9 @@ class RunDirectory:
             except FileExistsError:
                 raise RunDirError(f"run directory {path} already exists: continue it with `vla-rl train --resume "
                                   f"{path}`, or choose another run.name", field="run.name") from None
+            except OSError as err:
+                raise RunDirError(f"run.name {name!r}: {path} cannot be made: {err.strerror or err} (a run name is "
+                                  "one directory under run.output_dir)", field="run.name") from None
         else:
             stem = f"{template_name}_{datetime.now():%Y%m%d_%H%M%S}"
             for suffix in ("", *(f"_{i}" for i in range(2, 1000))):
