@@ -36,7 +36,8 @@ def test_seed_lists(text, seeds):
     assert parse_seeds(text) == seeds
 
 
-@pytest.mark.parametrize("text", ["", "a", "0,0", "0-2,1", "-1", "3-1", "1.5"])
+# "1-" was taken as seed 1; "0-999999999999" built the whole list (MemoryError) before
+@pytest.mark.parametrize("text", ["", "a", "0,0", "0-2,1", "-1", "3-1", "1.5", "1-", "0-999999999999"])
 def test_bad_seed_lists(text):
     with pytest.raises(CommandLineError, match="--seeds"):
         parse_seeds(text)

@@ -107,3 +107,16 @@ def _written(tmp_path, a, b) -> str:
         (tmp_path / name / REPORT_JSON).write_text(json.dumps(data))
     compare_sweeps(tmp_path / "a", tmp_path / "b", tmp_path / "out")
     return (tmp_path / "out" / COMPARE_MD).read_text()
+
+
+def test_a_sweep_compared_with_itself_or_written_over_a_file_is_refused(tmp_path, capsys):
+    """Both exited 0 with a comparison of a sweep against itself, or a FileExistsError traceback."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / REPORT_JSON).write_text(json.dumps(GRPO))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / REPORT_JSON).write_text(json.dumps(GRPO))
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a" / REPORT_JSON)]) == 2
+    assert "are the same sweep" in capsys.readouterr().err
+    (tmp_path / "file").write_text("mine")
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--output", str(tmp_path / "file")]) == 2
+    assert "--output" in capsys.readouterr().err and (tmp_path / "file").read_text() == "mine"

@@ -46,22 +46,33 @@ _INTERVAL = ("mean over seeds with a two-sided 95% Student t interval (n - 1 deg
              "clipped to [0%, 100%])")
 
 
+#: More runs than a sweep takes: a typo such as 0-99999 would otherwise plan years of training.
+MAX_SEEDS = 1000
+
+
 def parse_seeds(text: str) -> list[int]:
     """``"0,1,2"`` or ``"0-4"`` (or a mix, ``"0-2,7"``) as a list of distinct seeds ≥ 0, in order.
 
     Raises:
-        CommandLineError: not such a list, a negative seed, or a seed given twice.
+        CommandLineError: not such a list (``1-`` included), a negative seed, a seed given twice,
+            or more than :data:`MAX_SEEDS` seeds.
     """
     seeds: list[int] = []
     try:
         for part in text.split(","):
-            first, _, last = part.strip().partition("-")
-            span = range(int(first), int(last) + 1) if last else [int(first)]
+            first, dash, last = part.strip().partition("-")
+            span = range(int(first), int(last) + 1) if dash else [int(first)]
             if not span:
                 raise ValueError
+            if len(seeds) + len(span) > MAX_SEEDS:
+                break
             seeds += span
+        else:
+            span = None
     except ValueError:
         raise CommandLineError(f"--seeds {text!r}: give seeds as 0,1,2 or 0-4") from None
+    if span is not None:  # the loop stopped at MAX_SEEDS
+        raise CommandLineError(f"--seeds {text!r}: more than {MAX_SEEDS} seeds")
     if any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
         raise CommandLineError(f"--seeds {text!r}: seeds are distinct integers >= 0")
     return seeds

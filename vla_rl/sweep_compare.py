@@ -221,11 +221,18 @@ def compare_sweeps(a: str | Path, b: str | Path, out: str | Path) -> dict[str, A
     ``compare.png`` into ``out`` (created); return the comparison.
 
     Raises:
-        CommandLineError: a path holds no sweep report, or the sweeps share no finished seed.
+        CommandLineError: a path holds no sweep report, both name the same one, the sweeps share
+            no finished seed, or ``out`` cannot be made a directory.
     """
+    reports = [Path(p) / REPORT_JSON if Path(p).is_dir() else Path(p) for p in (a, b)]
+    if reports[0].exists() and reports[0].resolve() == reports[1].resolve():
+        raise CommandLineError(f"{a} and {b} are the same sweep: compare two sweeps (e.g. one per algorithm)")
     result = compare(read_report(a), read_report(b))
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CommandLineError(f"--output {out} cannot be made a directory: {err.strerror or err}") from None
     (out / COMPARE_JSON).write_text(json.dumps(result, indent=2) + "\n")
     (out / COMPARE_MD).write_text(markdown(result))
     plot(result, out / COMPARE_PLOT)
