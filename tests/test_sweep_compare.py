@@ -120,3 +120,9 @@ def test_a_sweep_compared_with_itself_or_written_over_a_file_is_refused(tmp_path
     (tmp_path / "file").write_text("mine")
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--output", str(tmp_path / "file")]) == 2
     assert "--output" in capsys.readouterr().err and (tmp_path / "file").read_text() == "mine"
+
+
+def test_a_difference_that_rounds_to_zero_reads_plus_zero():
+    from vla_rl.sweep_compare import _points
+
+    assert [_points(v) for v in (-1e-17, -0.0004, 0.0, 0.123, -0.0006)] == ["+0.0", "+0.0", "+0.0", "+12.3", "-0.1"]

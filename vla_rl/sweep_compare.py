@@ -123,7 +123,8 @@ def _summary(values: list[float]) -> dict[str, Any] | None:
 
 
 def _points(value: float) -> str:
-    return f"{100 * value:+.1f}"
+    """Signed points to one decimal; a difference that rounds to zero reads +0.0 (not -0.0)."""
+    return f"{round(100 * value, 1) + 0.0:+.1f}"
 
 
 def _interval(summary: dict[str, Any]) -> str:
