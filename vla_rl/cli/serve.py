@@ -43,11 +43,17 @@ def run_serve(args: argparse.Namespace) -> int:
     import logging
     import os
 
-    from vla_rl.serving.policy import load_served_policy
-    from vla_rl.serving.server import PolicyServer
+    from vla_rl.serving import ServeError
+    from vla_rl.serving.policy import load_served_policy, resolve_device
+    from vla_rl.serving.server import PolicyServer, check_settings
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     token = args.token if args.token is not None else os.environ.get("VLA_RL_SERVE_TOKEN")
+    # the options first: loading a large policy takes minutes
+    check_settings(args.host, args.port, token, args.batch_window_ms, args.max_batch, probe_port=True)
+    resolve_device(args.device)
+    if not args.temperature > 0:
+        raise ServeError(f"--temperature must be > 0, got {args.temperature}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     served = load_served_policy(args.target, args.template, args.overrides, device=args.device,
                                 temperature=args.temperature, seed=args.seed)
     server = PolicyServer(served, host=args.host, port=args.port, token=token, sample=args.sample,

@@ -185,7 +185,7 @@ def load_served_policy(target: str | Path, template: str | None = None, override
         policy, config = _export_policy(path, template, overrides)
         inputs, name = simulator_inputs(config), f"{config.policy.name} ({path.name})"
         trainer = config.trainer
-    return ServedPolicy(policy.to(_device(device)), inputs, name, temperature, seed, trainer=trainer)
+    return ServedPolicy(policy.to(resolve_device(device)), inputs, name, temperature, seed, trainer=trainer)
 
 
 def simulator_inputs(config) -> ServedInputs:
@@ -233,7 +233,12 @@ def _export_policy(path: Path, template: str, overrides: Sequence[str]):
     return WORKFLOWS.get("embodied").standalone_policy(config, None), config
 
 
-def _device(device: str | None) -> torch.device:
+def resolve_device(device: str | None) -> torch.device:
+    """``--device``: None picks cuda if present, else cpu.
+
+    Raises:
+        ServeError: not a device, or a CUDA device this machine does not have.
+    """
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

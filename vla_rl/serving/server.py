@@ -80,6 +80,43 @@ class _Pending:
     future: asyncio.Future
 
 
+def check_settings(host: str, port: int, token: str | None, batch_window_ms: float, max_batch: int,
+                   probe_port: bool = False) -> None:
+    """The server's settings, checked before a policy is loaded (``vla-rl serve`` runs this
+    first: loading a large policy takes minutes).
+
+    Args:
+        probe_port: also bind ``host:port`` once and let it go (a port in use, an address this
+            machine does not have), as the server will.
+
+    Raises:
+        ServeError: naming the option: an empty ``--host`` (it would bind every interface, on
+            two ports), a port outside [0, 65535] or one that cannot be bound, a negative batch
+            window, ``--max-batch`` < 1, an empty ``--token``.
+    """
+    import socket
+
+    if not host:
+        raise ServeError("--host must name an address (127.0.0.1, the default: loopback only; 0.0.0.0: every IPv4 "
+                         "interface)")
+    if not 0 <= port <= 65535:
+        raise ServeError(f"--port must be in [0, 65535], got {port}")
+    if not batch_window_ms >= 0:
+        raise ServeError(f"--batch-window-ms must be >= 0, got {batch_window_ms}")
+    if max_batch < 1:
+        raise ServeError(f"--max-batch must be >= 1, got {max_batch}")
+    if token is not None and not token:
+        raise ServeError("--token must not be empty")
+    if probe_port:
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server's listener
+                probe.bind(address)
+        except OSError as err:
+            raise ServeError(f"--host {host} --port {port} cannot be bound: {err.strerror or err}") from None
+
+
 class PolicyServer:
     """Serve ``served`` to websocket clients (module docstring).
 
@@ -99,14 +136,7 @@ class PolicyServer:
 
     def __init__(self, served: ServedPolicy, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
                  sample: bool = False, batch_window_ms: float = 0.0, max_batch: int = 64) -> None:
-        if not 0 <= port <= 65535:
-            raise ServeError(f"--port must be in [0, 65535], got {port}")
-        if not batch_window_ms >= 0:
-            raise ServeError(f"--batch-window-ms must be >= 0, got {batch_window_ms}")
-        if max_batch < 1:
-            raise ServeError(f"--max-batch must be >= 1, got {max_batch}")
-        if token is not None and not token:
-            raise ServeError("--token must not be empty")
+        check_settings(host, port, token, batch_window_ms, max_batch)
         if sample and not served.can_sample:
             raise ServeError(f"--sample: the {served.name} policy has no action distribution; it acts greedily only")
         self.served = served

@@ -1,0 +1,44 @@
+"""`vla-rl serve` checks its options before it loads the policy (minutes for π0 or OpenVLA): a bad
+port, a port in use, an empty host, a bad device or temperature are one line naming the option,
+and nothing is loaded."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+pytest.importorskip("websockets", reason="websockets is not installed (a dependency of vla-rl: pip install -e .)")
+
+import vla_rl.serving.policy as served_policy  # noqa: E402
+from vla_rl.cli import main  # noqa: E402
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--port", "-5"], "--port must be in [0, 65535], got -5"),
+    (["--host", ""], "--host must name an address"),  # bound every interface, on two ports
+    (["--host", "not_a_host.invalid"], "--host not_a_host.invalid --port 8000 cannot be bound"),
+    (["--batch-window-ms", "-10"], "--batch-window-ms must be >= 0"),
+    (["--token", ""], "--token must not be empty"),
+    (["--temperature", "0"], "--temperature must be > 0"),
+    (["--device", "tpu"], "--device 'tpu' is not a device"),
+])
+def test_bad_options_are_refused_before_the_policy_loads(options, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(served_policy, "load_served_policy", lambda *a, **k: pytest.fail("the policy was loaded"))
+    assert main(["serve", str(tmp_path), *options]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_port_in_use_is_refused_before_the_policy_loads(busy_port, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(served_policy, "load_served_policy", lambda *a, **k: pytest.fail("the policy was loaded"))
+    assert main(["serve", str(tmp_path), "--port", str(busy_port)]) == 2
+    assert f"--host 127.0.0.1 --port {busy_port} cannot be bound" in capsys.readouterr().err
