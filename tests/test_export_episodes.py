@@ -130,3 +130,17 @@ def test_a_failed_export_leaves_nothing_behind(evaluated_lift_run, tmp_path, cap
     assert "episode 1" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     assert [path.name for path in tmp_path.iterdir()] == ["run"]  # no partial dataset beside it either
+
+
+def test_a_damaged_store_is_refused_before_any_episode_is_replayed(evaluated_lift_run, tmp_path, capsys):
+    """A truncated chunk gave a blosc RuntimeError traceback after an episode was replayed."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(evaluated_lift_run, run)
+    chunk = run / "eval" / "episodes" / "robosuite_lift" / "rank0.zarr" / "actions" / "c" / "1" / "0" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:20])
+    assert main(["export-episodes", str(run), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "rank0.zarr is damaged: array 'actions', episode 1" in err and "nothing was exported" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

@@ -218,6 +218,7 @@ def export_episodes(source: str | Path, out: str | Path, cameras: Sequence[str] 
     if out.exists():
         raise EpisodesExportError(f"{out} exists; export to a new directory")
     stores = find_stores(source)
+    _check_readable(stores)
     first = stores[0]
     per_store = {store.path: (store.simulator, store.env.get("control_freq", _default_control_freq(store.simulator)),
                               str(store.env.get("robot", store.simulator))) for store in stores}
@@ -262,6 +263,23 @@ def _write_dataset(stores: list[SourceStore], root: Path, fps: float, robot: str
     except LeRobotFormatError as err:
         raise EpisodesExportError(str(err)) from None
     (root / EPISODE_INFO_FILE).write_text("\n".join(info_lines) + "\n")
+
+
+def _check_readable(stores: list[SourceStore]) -> None:
+    """Read every store whole before any episode is replayed
+    (:func:`~vla_rl.evaluation.episode_store.check_store`).
+
+    Raises:
+        EpisodesExportError: a store that cannot be read, naming it and its damaged array.
+    """
+    from vla_rl.evaluation.episode_store import DamagedStoreError, check_store
+
+    for store in stores:
+        try:
+            check_store(store.path)
+        except DamagedStoreError as err:
+            raise EpisodesExportError(f"store {err.store} is damaged: {err.what} cannot be read ({err.cause}); "
+                                      "nothing was exported") from None
 
 
 def _default_control_freq(simulator: str) -> float | None:

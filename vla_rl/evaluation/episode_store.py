@@ -65,9 +65,11 @@ def damaged_store(path: Path, what: str, error: BaseException | str) -> DamagedS
     cause = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     cause = " ".join(cause.split())
     cause = cause if len(cause) <= 200 else cause[:197] + "..."
-    return DamagedStoreError(
+    error = DamagedStoreError(
         f"evaluation store {path} is damaged: {what} cannot be read ({cause}); set it aside and run the same "
         f"command again, which re-runs its episodes: mv {path} {path}{SET_ASIDE_SUFFIX}")
+    error.store, error.what, error.cause = path, what, cause  # for commands that word it otherwise
+    return error
 
 
 def check_store(path: Path) -> None:
