@@ -126,3 +126,22 @@ def test_a_difference_that_rounds_to_zero_reads_plus_zero():
     from vla_rl.sweep_compare import _points
 
     assert [_points(v) for v in (-1e-17, -0.0004, 0.0, 0.123, -0.0006)] == ["+0.0", "+0.0", "+0.0", "+12.3", "-0.1"]
+
+
+@pytest.mark.parametrize("damage, field", [
+    (lambda r: r["per_seed"]["0"].pop("final"), "per_seed.0.final: Field required"),
+    (lambda r: r["per_seed"]["1"]["first"]["greedy"].update(success_rate="high"),
+     "per_seed.1.first.greedy.success_rate: Input should be a valid number"),
+    (lambda r: r.update(per_seed=[1, 2]), "per_seed: Input should be a valid dictionary"),
+])
+def test_a_damaged_report_is_one_line_naming_the_field(tmp_path, capsys, damage, field):
+    """A report whose seed lacks ``final`` (or holds a non-number) was a KeyError traceback."""
+    damaged = json.loads(json.dumps(GRPO))
+    damage(damaged)
+    for name, data in (("a", damaged), ("b", SRPO)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / REPORT_JSON).write_text(json.dumps(data))
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert f"is not a seed sweep's report: {field}" in err and "Traceback" not in err
+    assert not (tmp_path / "compare_a_vs_b").exists()

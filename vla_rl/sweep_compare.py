@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
 from vla_rl.errors import CommandLineError
@@ -30,11 +32,37 @@ COMPARE_JSON, COMPARE_MD, COMPARE_PLOT = "compare.json", "compare.md", "compare.
 _BUDGET_KEY = "trainer.total_env_steps"
 
 
+class _Figures(BaseModel):
+    """One protocol's evaluation in a report (rates in [0, 1]); other fields are kept unread."""
+
+    model_config = ConfigDict(extra="allow")
+    success_rate: float
+    ci_low: float
+    ci_high: float
+
+
+class _SeedFigures(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    first: dict[str, _Figures]
+    final: dict[str, _Figures]
+    env_steps: float | None = None
+
+
+class _Report(BaseModel):
+    """The fields of :func:`vla_rl.sweep.write_report`'s ``report.json`` that a comparison reads."""
+
+    model_config = ConfigDict(extra="allow")
+    template: str
+    overrides: list[str]
+    per_seed: dict[str, _SeedFigures]
+
+
 def read_report(path: str | Path) -> dict[str, Any]:
     """A sweep's report: ``path`` is a sweep directory or its ``report.json``.
 
     Raises:
-        CommandLineError: no report there, or it is not a sweep's report (naming the path).
+        CommandLineError: no report there, or it is not a sweep's report (naming the path, and the
+            first field that is missing or of the wrong type).
     """
     path = Path(path)
     file = path / REPORT_JSON if path.is_dir() else path
@@ -47,6 +75,12 @@ def read_report(path: str | Path) -> dict[str, Any]:
         raise CommandLineError(f"{file} is not JSON ({err})") from None
     if not isinstance(report, dict) or not {"template", "overrides", "per_seed"} <= set(report):
         raise CommandLineError(f"{file} is not a seed sweep's report (it lacks template, overrides or per_seed)")
+    try:
+        _Report.model_validate(report)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise CommandLineError(f"{file} is not a seed sweep's report: {field}: {first['msg']}") from None
     return report
 
 
