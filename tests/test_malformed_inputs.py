@@ -90,6 +90,14 @@ OVERRIDE_CASES = [
     ("prompts not divisible", "llm_grpo", ["text.prompts_per_step=5"], "multiple of workers.num_workers"),
     ("no skipped updates allowed", "embodied_srpo", ["trainer.max_skipped_updates=0"], "trainer.max_skipped_updates"),
     ("loss setting of another loss", "embodied_srpo", ["algorithm.cpgd.dual_clip_c=3"], "unknown key for CPGDConfig"),
+    # pydantic reads true as 1: one training step, a unit standard deviation, a 1-step horizon
+    ("boolean steps", "embodied_srpo", ["trainer.total_steps=true"], "'trainer.total_steps': true is a boolean"),
+    ("boolean policy setting", "embodied_srpo", ["policy.config.init_std=true"],
+     "'policy.config.init_std': true is a boolean"),
+    ("boolean simulator setting", "embodied_srpo", ["simulator.env.horizon=false"],
+     "'simulator.env.horizon': false is a boolean"),
+    ("no protocol", "embodied_srpo", ["eval.protocols=[]"], "'eval.protocols': list should have at least 1 item"),
+    ("a protocol twice", "embodied_srpo", ["eval.protocols=[greedy,greedy]"], "a protocol listed twice"),
 ]
 
 
@@ -147,6 +155,12 @@ def test_extends_cycle(tmp_path, capsys):
                          ids=[c[0] for c in OVERRIDE_CASES])
 def test_malformed_overrides(case, template, overrides, expected, capsys):
     refused(capsys, ["plan", template, *overrides], expected)
+
+
+def test_a_boolean_setting_still_takes_a_boolean(capsys):
+    """The boolean refusal above only concerns settings whose type takes no boolean."""
+    assert main(["plan", "embodied_srpo", "policy.config.learn_std=false", "trainer.gradient_checkpointing=true",
+                 "workers.ray_address=null"]) == 0, capsys.readouterr().err
 
 
 def test_an_override_without_a_value_is_a_second_template(tmp_path, capsys):

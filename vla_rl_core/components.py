@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import types
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +46,25 @@ def config_fields(config_class: type) -> list[str]:
     return [f.name for f in dataclasses.fields(config_class) if f.init]
 
 
+def admits_bool(annotation: Any) -> bool:
+    """Whether a setting's type takes a boolean: ``bool`` itself, ``Any``, or a union holding one.
+
+    pydantic reads ``true`` as 1 for an int or float setting (``trainer.total_steps=true`` ran one
+    step): a boolean is refused wherever this is False.
+    """
+    if annotation is bool or annotation is Any:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(admits_bool(arg) for arg in typing.get_args(annotation))
+    return False
+
+
+def _annotations(config_class: type) -> dict[str, Any]:
+    if isinstance(config_class, type) and issubclass(config_class, BaseModel):
+        return {name: info.annotation for name, info in config_class.model_fields.items()}
+    return typing.get_type_hints(config_class)
+
+
 @functools.lru_cache(maxsize=None)
 def _adapter(config_class: type) -> TypeAdapter:
     return TypeAdapter(config_class)
@@ -63,7 +84,7 @@ def build_config(config_class: type, options: Mapping[str, Any] | None, field: s
 
     Raises:
         ComponentConfigError: an unknown key (naming it and the accepted ones), a non-finite
-            number, a value of the wrong type, or a value the class's own validation rejects.
+            number, a boolean for a setting that takes none, a value of the wrong type, or a value the class's own validation rejects.
     """
     options = dict(options or {})
     for key, value in options.items():
@@ -74,6 +95,11 @@ def build_config(config_class: type, options: Mapping[str, Any] | None, field: s
     if unknown:
         raise ComponentConfigError(f"{field}.{unknown[0]}", f"unknown key for {config_class.__name__}; "
                                    f"allowed: {', '.join(allowed) or 'none'}")
+    annotations = _annotations(config_class)
+    for key, value in options.items():
+        if isinstance(value, bool) and not admits_bool(annotations[key]):
+            raise ComponentConfigError(f"{field}.{key}", f"{str(value).lower()} is a boolean; this setting takes "
+                                       f"no boolean")
     try:
         return _adapter(config_class).validate_python(options)
     except ValidationError as exc:

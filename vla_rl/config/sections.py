@@ -105,8 +105,16 @@ class EvalSection(_Section):
         "held-out curve (null: only before and after training)."
     )
     protocols: list[Literal["greedy", "sampled"]] = Field(
-        default_factory=lambda: ["greedy", "sampled"], description="Action protocols evaluated."
+        default_factory=lambda: ["greedy", "sampled"], min_length=1,
+        description="Action protocols evaluated, each once (no evaluation: num_episodes=0)."
     )
+    @field_validator("protocols")
+    @classmethod
+    def _each_protocol_once(cls, protocols: list[str]) -> list[str]:
+        if len(set(protocols)) < len(protocols):
+            raise ValueError(f"{protocols}: a protocol listed twice (each is evaluated once)")
+        return protocols
+
     temperature: float = Field(
         1.0, gt=0, description="Temperature of the 'sampled' protocol (MLP policy: scales the Gaussian's std)."
     )
