@@ -170,6 +170,7 @@ def test_serve_errors_are_one_line(mlp_run, tmp_path, capsys):
     assert main(["serve", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
     (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "config.json").write_text('{"architectures": ["OpenVLAForActionPrediction"]}')
     assert main(["serve", str(tmp_path / "export")]) == 2
     assert "add --template TEMPLATE" in " ".join(capsys.readouterr().err.split())
     assert main(["serve", str(mlp_run[0]), "policy.config.hidden_sizes=[8]"]) == 2

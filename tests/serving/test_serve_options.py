@@ -42,3 +42,26 @@ def test_a_port_in_use_is_refused_before_the_policy_loads(busy_port, tmp_path, m
     monkeypatch.setattr(served_policy, "load_served_policy", lambda *a, **k: pytest.fail("the policy was loaded"))
     assert main(["serve", str(tmp_path), "--port", str(busy_port)]) == 2
     assert f"--host 127.0.0.1 --port {busy_port} cannot be bound" in capsys.readouterr().err
+
+
+def _mlp_export(directory):
+    from policies.mlp.modeling_mlp import MLPPolicy, MLPPolicyConfig
+
+    MLPPolicy(MLPPolicyConfig(obs_dim=4, action_dim=2)).save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "model.safetensors").write_bytes(b"\x10"), "does not load as an MLP export: SafetensorError"),
+    (lambda d: (d / "model.safetensors").unlink(), "does not load as an MLP export: FileNotFoundError"),
+    (lambda d: (d / "config.json").write_text('{"policy": "mlp", "obs_dim": "x", "action_dim": 2}'),
+     "does not load as an MLP export: ValueError: MLPPolicyConfig.obs_dim must be a positive int"),
+    (lambda d: [f.unlink() for f in d.iterdir()], "holds no policy: not a run directory (no checkpoints/)"),
+])
+def test_a_damaged_or_empty_export_is_one_line(damage, message, tmp_path, capsys):
+    """A truncated or missing weight file, or a bad config, was a traceback; an empty directory
+    was told to add --template."""
+    damage(_mlp_export(tmp_path / "export"))
+    assert main(["serve", str(tmp_path / "export"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -174,15 +174,20 @@ def load_served_policy(target: str | Path, template: str | None = None, override
     elif _mlp_export(path):
         from policies.mlp.modeling_mlp import MLPPolicy
 
-        policy = MLPPolicy.from_pretrained(path)
+        with _load_errors(path, "MLP export"):
+            policy = MLPPolicy.from_pretrained(path)
         tasks = policy.config.num_tasks or None
         inputs, name = ServedInputs(policy.config.obs_dim, num_tasks=tasks), f"mlp ({path.name})"
         trainer = None
     else:
+        if not any(file.suffix in _EXPORT_SUFFIXES for file in path.iterdir()):
+            raise ServeError(f"{path} holds no policy: not a run directory (no {CHECKPOINTS_DIR}/), a checkpoint "
+                             f"(no {TRAINER_STATE_FILE}) nor an export (no config.json, *.safetensors or *.pt)")
         if template is None:
             raise ServeError(f"{path} is an export of a policy that needs its training settings: add --template "
                              "TEMPLATE (the template it was trained with, e.g. embodied_srpo_pi0_lift) and its overrides")
-        policy, config = _export_policy(path, template, overrides)
+        with _load_errors(path, f"export of template {template}"):
+            policy, config = _export_policy(path, template, overrides)
         inputs, name = simulator_inputs(config), f"{config.policy.name} ({path.name})"
         trainer = config.trainer
     return ServedPolicy(policy.to(resolve_device(device)), inputs, name, temperature, seed, trainer=trainer)
@@ -204,6 +209,24 @@ def simulator_inputs(config) -> ServedInputs:
     if sim.multi_task:
         spec = spec.with_tasks(len(sim.task_names()))
     return ServedInputs.from_spec(spec, instruction)
+
+
+#: The files one of vla-rl export's layouts holds at least one of (the module docstring of vla_rl.export).
+_EXPORT_SUFFIXES = (".json", ".safetensors", ".pt")
+
+
+@contextlib.contextmanager
+def _load_errors(path: Path, kind: str):
+    """A policy directory that does not load (a missing or truncated weight file, a config of the
+    wrong values or for other sizes, a missing tokenizer) as one :class:`ServeError` line."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
+        if isinstance(err, ServeError):
+            raise
+        raise ServeError(f"{path} does not load as an {kind}: {type(err).__name__}: {err}".replace("\n", " ")) from None
 
 
 def template_export(path: Path) -> bool:
