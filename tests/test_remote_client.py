@@ -8,7 +8,9 @@ import threading
 
 import gymnasium as gym
 import numpy as np
+import pytest
 
+from vla_rl.cli import main
 from vla_rl.remote import RobotClient
 
 
@@ -46,3 +48,21 @@ def test_a_peer_that_closes_during_the_handshake_is_tried_again():
         thread.join(timeout=20)
         listener.close()
     assert not thread.is_alive() and client.error is None
+
+
+@pytest.mark.parametrize("uri, message", [
+    ("notauri", "--connect notauri: notauri isn't a valid URI"),  # exit 1 without the option's name
+    ("ws://127.0.0.1:99999", "--connect ws://127.0.0.1:99999: Port out of range"),  # a traceback
+    ("ws://no-such-host.invalid:8765", "host 'no-such-host.invalid' does not resolve"),  # retried forever
+])
+def test_a_hub_address_that_cannot_work_is_refused_before_any_environment(uri, message, capsys, monkeypatch):
+    import simulators
+
+    def no_such_host(host, *args, **kwargs):  # no query leaves the machine (loopback only in tests)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(simulators, "make_env", lambda *a, **k: pytest.fail("an environment was made"))
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_host)
+    assert main(["remote-env", "robosuite_lift", "--connect", uri]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

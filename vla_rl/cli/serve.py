@@ -79,6 +79,28 @@ def add_remote_env_command(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run_remote_env)
 
 
+def _check_hub_address(uri: str) -> None:
+    """``--connect``: a ws:// or wss:// URI whose host resolves (a hub not up yet is waited for; a
+    name that does not resolve is a typo, which would otherwise be retried forever).
+
+    Raises:
+        CommandLineError: naming the option, the URI and why.
+    """
+    import socket
+
+    from websockets.exceptions import InvalidURI
+    from websockets.uri import parse_uri
+
+    try:
+        parsed = parse_uri(uri)
+    except (InvalidURI, ValueError) as err:  # ValueError: urllib's port out of range
+        raise CommandLineError(f"--connect {uri}: {err} (the run's hub is ws://HOST:PORT)") from None
+    try:
+        socket.getaddrinfo(parsed.host, parsed.port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise CommandLineError(f"--connect {uri}: host {parsed.host!r} does not resolve ({err.strerror})") from None
+
+
 def run_remote_env(args: argparse.Namespace) -> int:
     import logging
     import os
@@ -89,6 +111,7 @@ def run_remote_env(args: argparse.Namespace) -> int:
     from simulators import make_env
     from vla_rl.remote import serve_envs
 
+    _check_hub_address(args.connect)  # before the environments: a robosuite one takes seconds to make
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     fields = {}
     for item in args.overrides:
