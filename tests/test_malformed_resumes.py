@@ -188,3 +188,22 @@ def test_a_run_that_spent_its_environment_step_budget_has_nothing_to_resume(runs
     assert snapshot(run) == before
     resumed, _, _ = prepare_run_dir(None, ["trainer.total_steps=9", "trainer.total_env_steps=1300"], str(run))
     resumed.close()
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda ckpt: (ckpt / "optimizer.json").unlink(), "optimizer.json is missing"),
+    (lambda ckpt: (ckpt / "model.safetensors").write_bytes(b"\0" * 8), "model.safetensors"),
+])
+def test_a_resume_from_a_damaged_checkpoint_is_refused_before_ray(damage, named, runs, tmp_path, monkeypatch, capsys):
+    """A checkpoint missing a file or truncated: the workers failed on it after Ray had started."""
+    import shutil
+
+    monkeypatch.setattr(driver, "start_ray", lambda *args, **kwargs: pytest.fail("Ray started"))
+    run = shutil.copytree(runs["srpo"], tmp_path / "srpo")
+    damage(run / "checkpoints" / "step_00000002")
+    before = snapshot(run)
+    assert main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    message = " ".join(err.split())
+    assert len(err.strip().splitlines()) == 1 and "cannot resume from" in message and named in message, err
+    assert snapshot(run) == before

@@ -193,7 +193,8 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
     run's template with the recorded and the new overrides) asks, against its newest complete
     checkpoint; nothing is read but file names and headers.
 
-    - The run has a checkpoint; a finished run (``summary.json`` written) one before
+    - The run has a checkpoint, none of whose files is missing or truncated (against its
+      manifest, by size); a finished run (``summary.json`` written) one before
       ``trainer.total_steps``, and fewer environment steps than ``trainer.total_env_steps`` at
       it (an unfinished one may end its interrupted final evaluation, without training).
     - The same number of workers wrote it: each worker continues its own random streams
@@ -225,6 +226,10 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
         raise RunDirError(f"{run.path} has no checkpoint to resume from: the run stopped before it wrote one "
                           f"(trainer.save_every={config.trainer.save_every}); start a new run instead, e.g. "
                           f"vla-rl train {shlex.quote(str(run.template_path))} run.name=NEW_NAME")
+    try:  # sizes only: the workers hash the files as they load them
+        integrity.verify_checkpoint(checkpoint, digests=False)
+    except integrity.CheckpointCorruptError as err:
+        raise RunDirError(f"cannot resume from {checkpoint}: {err}") from None
     step, total = checkpoint_step(checkpoint), config.trainer.total_steps
     if step >= total and (run.path / SUMMARY_FILE).is_file():  # finished: it would only log a second final evaluation
         raise RunDirError(f"the run finished: its checkpoint {checkpoint} is at step {step}, and trainer.total_steps is "
