@@ -197,3 +197,14 @@ def test_an_existing_run_directory_is_never_changed(case, args, expected, existi
     args = [a.format(out=existing_run.parent, run=existing_run) for a in args]
     refused(capsys, args, expected)
     assert snapshot(existing_run) == before
+
+
+@pytest.mark.parametrize("args, unknown", [(["eval", "--bogus", "run"], "--bogus"), (["export", "a", "b", "--x"], "--x"),
+                                           (["plan", "embodied_srpo", "-q"], "-q")])
+def test_an_unknown_option_is_named_with_its_commands_usage(args, unknown, capsys):
+    """It was reported under the top-level usage (``usage: vla-rl [-h] COMMAND ...``)."""
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith(f"usage: vla-rl {args[0]} ")
+    assert f"vla-rl {args[0]}: error: unrecognized arguments: {unknown}" in err

@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_episodes_command(commands)
     add_serve_command(commands)
     add_remote_env_command(commands)
+    for command in commands.choices.values():  # a command's own usage line for its own errors
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         target = "items" if hasattr(args, "items") else "overrides" if hasattr(args, "overrides") else None
         if target is None or any(item.startswith("-") for item in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
         setattr(args, target, [*getattr(args, target), *extra])
     ray_before = _ray_running()
     try:
