@@ -190,12 +190,16 @@ def test_a_run_that_spent_its_environment_step_budget_has_nothing_to_resume(runs
     resumed.close()
 
 
+
 @pytest.mark.parametrize("damage, named", [
     (lambda ckpt: (ckpt / "optimizer.json").unlink(), "optimizer.json is missing"),
     (lambda ckpt: (ckpt / "model.safetensors").write_bytes(b"\0" * 8), "model.safetensors"),
 ])
-def test_a_resume_from_a_damaged_checkpoint_is_refused_before_ray(damage, named, runs, tmp_path, monkeypatch, capsys):
-    """A checkpoint missing a file or truncated: the workers failed on it after Ray had started."""
+def test_a_resume_whose_every_checkpoint_is_damaged_is_refused_before_ray(damage, named, runs, tmp_path, monkeypatch,
+                                                                        capsys):
+    """A checkpoint missing a file or truncated, and no older one: the workers failed on it after
+    Ray had started. With an older intact checkpoint the resume is accepted: the workers resume
+    from it and set the damaged one aside (README, Resume)."""
     import shutil
 
     monkeypatch.setattr(driver, "start_ray", lambda *args, **kwargs: pytest.fail("Ray started"))
@@ -205,5 +209,8 @@ def test_a_resume_from_a_damaged_checkpoint_is_refused_before_ray(damage, named,
     assert main(["train", "--resume", str(run)]) == 2
     err = capsys.readouterr().err
     message = " ".join(err.split())
-    assert len(err.strip().splitlines()) == 1 and "cannot resume from" in message and named in message, err
+    assert len(err.strip().splitlines()) == 1 and "no checkpoint of" in message and named in message, err
     assert snapshot(run) == before
+    shutil.copytree(runs["srpo"] / "checkpoints" / "step_00000002", run / "checkpoints" / "step_00000001")
+    resumed, _, _ = prepare_run_dir(None, [], str(run))
+    resumed.close()

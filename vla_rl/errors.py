@@ -14,3 +14,8 @@ class RunStopped(RuntimeError):
 
 class CommandLineError(ValueError):
     """Arguments that do not make a command (reported in one line, exit 2)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """The command received SIGTERM (a scheduler's preemption, ``kill``): handled as Ctrl-C is
+    (:mod:`vla_rl.utils.signals`), reported in one line, exit status 143 (128 + 15)."""

@@ -193,8 +193,9 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
     run's template with the recorded and the new overrides) asks, against its newest complete
     checkpoint; nothing is read but file names and headers.
 
-    - The run has a checkpoint, none of whose files is missing or truncated (against its
-      manifest, by size); a finished run (``summary.json`` written) one before
+    - The run has a checkpoint none of whose files is missing or truncated (against its
+      manifest, by size): the newest such one, which the workers will resume from (they set newer
+      damaged ones aside); a finished run (``summary.json`` written) one before
       ``trainer.total_steps``, and fewer environment steps than ``trainer.total_env_steps`` at
       it (an unfinished one may end its interrupted final evaluation, without training).
     - The same number of workers wrote it: each worker continues its own random streams
@@ -218,18 +219,17 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
         RunDirError: the first problem, naming the setting (or the overrides) and the checkpoint.
     """
     from vla_rl.checkpoints import integrity
-    from vla_rl.checkpoints.files import checkpoint_step, latest_checkpoint
+    from vla_rl.checkpoints.files import checkpoint_step
 
     config = template.config
-    checkpoint = latest_checkpoint(run.path / CHECKPOINTS_DIR)
+    # the checkpoint the workers will choose, by sizes only (they hash the files as they load them)
+    checkpoint, skipped = integrity.latest_verified_checkpoint(run.path / CHECKPOINTS_DIR, digests=False, log=False)
+    if checkpoint is None and skipped:
+        raise RunDirError(f"cannot resume: no checkpoint of {run.path} verifies ({'; '.join(r for _, r in skipped)})")
     if checkpoint is None:
         raise RunDirError(f"{run.path} has no checkpoint to resume from: the run stopped before it wrote one "
                           f"(trainer.save_every={config.trainer.save_every}); start a new run instead, e.g. "
                           f"vla-rl train {shlex.quote(str(run.template_path))} run.name=NEW_NAME")
-    try:  # sizes only: the workers hash the files as they load them
-        integrity.verify_checkpoint(checkpoint, digests=False)
-    except integrity.CheckpointCorruptError as err:
-        raise RunDirError(f"cannot resume from {checkpoint}: {err}") from None
     step, total = checkpoint_step(checkpoint), config.trainer.total_steps
     if step >= total and (run.path / SUMMARY_FILE).is_file():  # finished: it would only log a second final evaluation
         raise RunDirError(f"the run finished: its checkpoint {checkpoint} is at step {step}, and trainer.total_steps is "

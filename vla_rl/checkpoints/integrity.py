@@ -109,12 +109,14 @@ def verify_checkpoint(path: str | Path, digests: bool = True) -> bool:
     return True
 
 
-def latest_verified_checkpoint(root: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest complete checkpoint under ``root`` that passes :func:`verify_checkpoint`.
+def latest_verified_checkpoint(root: str | Path, digests: bool = True,
+                               log: bool = True) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest complete checkpoint under ``root`` that passes :func:`verify_checkpoint`
+    (with ``digests``, or by size only).
 
     Every ``step_*`` directory is tried, newest first (one that lost its ``trainer_state.json``
     too: it fails, and is reported instead of being passed over in silence); each one that fails
-    is skipped with a logged warning that names it and says why.
+    is skipped, with a logged warning (``log``) that names it and says why.
 
     Returns:
         (the checkpoint, or None if none verifies or there is none; the skipped checkpoints,
@@ -127,9 +129,10 @@ def latest_verified_checkpoint(root: str | Path) -> tuple[Path | None, list[tupl
     skipped: list[tuple[Path, str]] = []
     for candidate in (steps[step] for step in sorted(steps, reverse=True)):
         try:
-            verify_checkpoint(candidate)
+            verify_checkpoint(candidate, digests=digests)
         except CheckpointCorruptError as err:
-            logger.warning("skipping checkpoint %s: %s", candidate, err)
+            if log:
+                logger.warning("skipping checkpoint %s: %s", candidate, err)
             skipped.append((candidate, str(err)))
             continue
         return candidate, skipped

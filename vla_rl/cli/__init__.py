@@ -36,11 +36,12 @@ from vla_rl.cli.plan import add_plan_command
 from vla_rl.cli.serve import add_remote_env_command, add_serve_command
 from vla_rl.cli.train import add_train_command
 from vla_rl.dag.errors import TemplateError
-from vla_rl.errors import CommandLineError, RunStopped
+from vla_rl.errors import CommandLineError, RunStopped, Terminated
 from vla_rl.evaluation.targets import EvalInputError
 from vla_rl.export import ExportError
 from vla_rl.export_episodes import EpisodesExportError
 from vla_rl.serving import ServeError
+from vla_rl.utils.signals import sigterm_as_interrupt
 from vla_rl_core.registry import RegistryError
 
 USER_ERRORS: tuple[type[Exception], ...] = (TemplateError, ValidationError, RegistryError, EvalInputError,
@@ -52,6 +53,8 @@ USER_ERROR_STATUS = 2
 RUN_STOPPED_STATUS = 1
 #: Exit status after Ctrl-C (the shell's 128 + SIGINT).
 INTERRUPTED_STATUS = 130
+#: Exit status after SIGTERM (128 + SIGTERM).
+TERMINATED_STATUS = 143
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, target, [*getattr(args, target), *extra])
     ray_before = _ray_running()
     try:
-        return args.handler(args)
+        with sigterm_as_interrupt():
+            return args.handler(args)
     except USER_ERRORS as error:
         _stop_ray_started_since(ray_before)
         print_error(error)
@@ -104,16 +108,17 @@ def main(argv: list[str] | None = None) -> int:
         _stop_ray_started_since(ray_before)
         print_error(error)
         return RUN_STOPPED_STATUS
-    except KeyboardInterrupt:  # Ctrl-C: the driver has already stopped the workers; no traceback
+    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the driver has already stopped the workers
+        what, status = (("terminated (SIGTERM)", TERMINATED_STATUS) if isinstance(interrupt, Terminated)
+                        else ("interrupted (Ctrl-C)", INTERRUPTED_STATUS))
         stopped = _stop_ray_started_since(ray_before, timeout_s=CTRL_C_SHUTDOWN_S)
-        print_error(RunStopped("interrupted (Ctrl-C)" if stopped else
-                               f"interrupted (Ctrl-C); Ray did not shut down within {CTRL_C_SHUTDOWN_S:g} s, "
-                               "leaving without it"))
-        if not stopped:  # Ray's own exit hook would wait on it again: Ctrl-C must end the process
+        print_error(RunStopped(what if stopped else
+                               f"{what}; Ray did not shut down within {CTRL_C_SHUTDOWN_S:g} s, leaving without it"))
+        if not stopped:  # Ray's own exit hook would wait on it again: the process must end
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(INTERRUPTED_STATUS)
-        return INTERRUPTED_STATUS
+            os._exit(status)
+        return status
 
 
 CTRL_C_SHUTDOWN_S = 10.0

@@ -86,10 +86,22 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
     import ray
     from ray._private import ray_constants
 
-    from simulators.rendering import user_rendering_env_vars
+    from vla_rl.utils.signals import restore_after_ray_init, sigterm_handler
 
     if ray.is_initialized():
         return
+    handler = sigterm_handler()
+    try:
+        _init(ray, ray_constants, address, loopback, num_cpus, include_dashboard)
+    finally:
+        restore_after_ray_init(handler)
+
+
+def _init(ray, ray_constants, address: str | None, loopback: bool, num_cpus: float | None,
+          include_dashboard: bool) -> None:
+    """:func:`init_ray`'s ``ray.init``, Ray not yet initialised."""
+    from simulators.rendering import user_rendering_env_vars
+
     worker_env = {**WORKER_ENV, **user_rendering_env_vars()}
     if loopback:
         # Ray reads the variable once, when ray_constants is imported; a Ray imported before this

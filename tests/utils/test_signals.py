@@ -1,0 +1,80 @@
+"""SIGTERM handled as Ctrl-C is (vla_rl.utils.signals): in-process, then a ``vla-rl train``
+terminated while it starts up and once Ray runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vla_rl.errors import Terminated
+from vla_rl.utils.signals import restore_after_ray_init, sigterm_as_interrupt, sigterm_handler
+
+
+def test_sigterm_raises_terminated_within_the_block_only():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated), sigterm_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs at the next bytecode: never reached
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert issubclass(Terminated, KeyboardInterrupt)  # every Ctrl-C path handles it
+
+
+def test_the_handler_comes_back_after_ray_init_replaced_it():
+    with sigterm_as_interrupt():
+        ours = sigterm_handler()
+        signal.signal(signal.SIGTERM, lambda *args: sys.exit(15))  # what ray.init does
+        restore_after_ray_init(ours)
+        assert sigterm_handler() is ours
+    rays = signal.signal(signal.SIGTERM, lambda *args: sys.exit(15))
+    try:
+        restore_after_ray_init(signal.SIG_DFL)  # not ours before: Ray's stays
+        assert sigterm_handler() is not signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, rays)
+
+
+def _train(out: Path) -> tuple[subprocess.Popen, Path, Path]:
+    stdout, stderr = out / "train.out", out / "train.err"
+    with stdout.open("w") as o, stderr.open("w") as e:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "vla_rl.cli", "train", "embodied_srpo", f"run.output_dir={out / 'runs'}",
+             "run.name=terminated", "warm_start.num_demos=2", "trainer.total_steps=1"],
+            stdout=o, stderr=e, preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    return process, stdout, stderr
+
+
+def _wait_for(condition, process: subprocess.Popen, stderr: Path, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert process.poll() is None, stderr.read_text()[-3000:]
+        assert time.monotonic() < deadline, stderr.read_text()[-3000:]
+        time.sleep(0.05)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("when", ["starting up", "Ray running"])
+def test_a_terminated_run_stops_as_from_ctrl_c_and_leaves_no_empty_run_directory(when, tmp_path):
+    """Terminated between writing its run directory and starting Ray, the run died at once and
+    left the directory (no checkpoint to resume, and its run.name taken); once Ray ran, Ray's own
+    handler exited with status 15 and no message."""
+    process, stdout, stderr = _train(tmp_path)
+    run = tmp_path / "runs" / "terminated"
+    try:
+        if when == "starting up":
+            _wait_for(lambda: (run / "template.yaml").is_file(), process, stderr)
+        else:
+            _wait_for(lambda: "run directory" in stdout.read_text(), process, stderr)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 143, stderr.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    lines = [line for line in stderr.read_text().splitlines() if line.strip()]
+    assert lines[-1] == "error: terminated (SIGTERM)", lines[-5:]
+    assert not run.exists()

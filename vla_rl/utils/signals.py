@@ -1,0 +1,50 @@
+"""SIGTERM handled as Ctrl-C is, in the ``vla-rl`` command.
+
+A scheduler that preempts a job (Slurm, Kubernetes, ``kill``) sends SIGTERM. Python's default
+ends the process at once: a run stopped while it starts up left its run directory behind
+(which then neither resumes, having no checkpoint, nor lets the same ``run.name`` start again),
+and its workers and Ray were not stopped. :func:`sigterm_as_interrupt` makes SIGTERM raise
+:class:`~vla_rl.errors.Terminated`, a ``KeyboardInterrupt``, so that every path that handles
+Ctrl-C handles it too. ``ray.init`` replaces the handler with its own (``sys.exit(15)``):
+:func:`restore_after_ray_init` puts this one back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from vla_rl.errors import Terminated
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`~vla_rl.errors.Terminated` (in the main thread;
+    elsewhere nothing changes: only it may set handlers); the previous handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def sigterm_handler() -> Any:
+    """SIGTERM's current handler (to give :func:`restore_after_ray_init`)."""
+    return signal.getsignal(signal.SIGTERM)
+
+
+def restore_after_ray_init(before: Any) -> None:
+    """Put :func:`sigterm_as_interrupt`'s handler back if it was ``before`` ``ray.init`` (which
+    sets its own); any other handler is left as Ray set it."""
+    if before is _raise_terminated and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
