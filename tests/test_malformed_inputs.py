@@ -208,3 +208,13 @@ def test_an_unknown_option_is_named_with_its_commands_usage(args, unknown, capsy
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.startswith(f"usage: vla-rl {args[0]} ")
     assert f"vla-rl {args[0]}: error: unrecognized arguments: {unknown}" in err
+
+
+@pytest.mark.parametrize("fps", ["-5", "0", "nan", "inf", "fast"])
+def test_export_episodes_refuses_a_frame_rate_that_is_not_a_positive_number(fps, tmp_path, capsys):
+    """--fps -5 was taken, and reached the dataset writer after the sources had been read."""
+    with pytest.raises(SystemExit) as info:
+        main(["export-episodes", str(tmp_path), str(tmp_path / "out"), "--fps", fps])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "argument --fps: expected a positive number, got" in err
+    assert not (tmp_path / "out").exists()

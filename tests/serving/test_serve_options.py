@@ -28,7 +28,8 @@ def busy_port():
     (["--host", "not_a_host.invalid"], "--host not_a_host.invalid --port 8000 cannot be bound"),
     (["--batch-window-ms", "-10"], "--batch-window-ms must be >= 0"),
     (["--token", ""], "--token must not be empty"),
-    (["--temperature", "0"], "--temperature must be > 0"),
+    (["--temperature", "0"], "--temperature must be a finite number > 0"),
+    (["--temperature", "inf"], "--temperature must be a finite number > 0, got inf"),
     (["--device", "tpu"], "--device 'tpu' is not a device"),
 ])
 def test_bad_options_are_refused_before_the_policy_loads(options, message, tmp_path, monkeypatch, capsys):

@@ -1,9 +1,10 @@
 """Argument helpers the ``vla-rl`` commands share: a template and its overrides, the shipped
-templates' list for ``--help``, positive integers."""
+templates' list for ``--help``, positive numbers."""
 
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def add_template_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,4 +44,15 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value

@@ -41,6 +41,7 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     import logging
+    import math
     import os
 
     from vla_rl.serving import ServeError
@@ -51,8 +52,8 @@ def run_serve(args: argparse.Namespace) -> int:
     # the options first: loading a large policy takes minutes
     check_settings(args.host, args.port, token, args.batch_window_ms, args.max_batch, probe_port=True)
     resolve_device(args.device)
-    if not args.temperature > 0:
-        raise ServeError(f"--temperature must be > 0, got {args.temperature}")
+    if not (math.isfinite(args.temperature) and args.temperature > 0):
+        raise ServeError(f"--temperature must be a finite number > 0, got {args.temperature}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     served = load_served_policy(args.target, args.template, args.overrides, device=args.device,
                                 temperature=args.temperature, seed=args.seed)
