@@ -181,9 +181,11 @@ class VLLMTextRollout:
             self.sync_weights()
         prompts = unpad_prompts(input_ids, attention_mask)
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist()
+        # top_k left at vLLM's default, which keeps every token in each version (-1 in older ones,
+        # which refused top_k=0: vllm-project/vllm#17553); the full distribution, as the trainer scores it
         params = [
             self._sampling_params(
-                n=group_size, temperature=self.temperature, top_p=1.0, top_k=0, max_tokens=self.max_response_length,
+                n=group_size, temperature=self.temperature, top_p=1.0, max_tokens=self.max_response_length,
                 stop_token_ids=list(self.policy.processor.eos_token_ids), logprobs=0, seed=seed,
             )
             for seed in seeds
