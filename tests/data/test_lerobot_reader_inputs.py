@@ -156,3 +156,30 @@ def test_an_episode_the_files_lack_is_refused_naming_it(tmp_path):
     with pytest.raises(LeRobotFormatError, match="file-000.mp4 is missing .video feature 'observation.images.agentview', "
                                                  "episode_index 0."):
         LeRobotReader(root).episode(0, ["observation.images.agentview"])
+
+
+def test_a_channel_first_video_declaration_reads_as_its_decoded_frames(tmp_path):
+    """Ported v2.0 datasets declare videos ``[3, H, W]`` named channels, height, width (LeRobot
+    reads any layout whose third name is not channel(s) as channel-first): cloning from one was
+    refused as "shape [3, 32, 32], the simulator's ... has [32, 32, 3]"."""
+    from vla_rl.data.lerobot_demonstrations import dataset_episodes
+    from vla_rl_core.env_spec import EnvSpec
+
+    root = copy_of(FIXTURES / "video_probe", tmp_path)
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"]["observation.images.agentview"] |= {"shape": [3, 32, 32], "names": ["channels", "height", "width"]}
+    (root / "meta/info.json").write_text(json.dumps(info))
+    feature = LeRobotReader(root).features["observation.images.agentview"]
+    assert feature["shape"] == [32, 32, 3] and feature["names"] == ["height", "width", "channels"]
+    keys = {"observation.state": "state", "action": "actions", "observation.images.agentview": "agentview_image"}
+    spec = EnvSpec(obs_dim=2, action_dim=2, horizon=10, images={"agentview_image": (32, 32, 3)})
+    assert check_dataset(root, keys, 2) is None
+    as_declared = dataset_episodes(FIXTURES / "video_probe", keys, 2, spec)
+    for episode, same in zip(dataset_episodes(root, keys, 2, spec), as_declared, strict=True):
+        assert episode["agentview_image"].shape[1:] == (32, 32, 3)
+        assert np.array_equal(episode["agentview_image"], same["agentview_image"])
+    info["features"]["observation.images.agentview"]["shape"] = [32, 32]
+    (root / "meta/info.json").write_text(json.dumps(info))
+    with pytest.raises(LeRobotFormatError, match="video feature 'observation.images.agentview' has shape \\[32, 32\\], "
+                                                 "not three sizes"):
+        LeRobotReader(root)

@@ -323,7 +323,8 @@ class LeRobotReader:
     it, and a video feature's frames are decoded for the asked episode only (FFmpeg seeks to its
     first frame), so neither image columns nor whole videos are held in memory. Files may differ in
     column order and in optional columns (LeRobot's per-episode ``stats/...``): they are matched
-    by name.
+    by name. :attr:`features` is ``info.json``'s, with each video feature's shape as its frames
+    decode, ``(H, W, 3)``, whichever layout it declares (LeRobot's rule: :func:`_as_decoded`).
 
     Args:
         root: the dataset root (``meta/info.json`` inside).
@@ -331,7 +332,7 @@ class LeRobotReader:
     Raises:
         LeRobotFormatError: ``root`` holds no ``meta/info.json``, another major version, an
             ``info.json`` without ``fps`` or ``features`` (or ``video_path`` with video
-            features), no ``meta/tasks.parquet``, or files that cannot be read or lack a column
+            features, or with a video feature whose shape is not three sizes), no ``meta/tasks.parquet``, or files that cannot be read or lack a column
             (one line naming the file and the field).
     """
 
@@ -355,7 +356,7 @@ class LeRobotReader:
             raise LeRobotFormatError(f"{info_path}: 'fps' must be a positive number, got {fps!r}")
         if any(f.get("dtype") == "video" for f in features.values()) and not self.info.get("video_path"):
             raise LeRobotFormatError(f"{info_path}: the dataset has video features but no 'video_path'")
-        self.features: dict[str, dict[str, Any]] = features
+        self.features: dict[str, dict[str, Any]] = {name: _as_decoded(name, f, info_path) for name, f in features.items()}
         self.fps = int(fps)
         self._data_files = sorted((self.root / "data").glob("*/*.parquet"))
         self._frames = _read_tables(self._data_files, self.root, "data", _INDEX_COLUMNS)
@@ -436,6 +437,28 @@ class LeRobotReader:
             raise LeRobotFormatError(f"{path} holds {first + len(frames)} frames; episode_index "
                                      f"{episode['episode_index']} needs frame {first + count - 1}")
         return frames[numbers - first]
+
+
+_CHANNEL_NAMES = ("channel", "channels")
+
+
+def _as_decoded(name: str, feature: Any, info_path: Path) -> Any:
+    """A video feature of ``info.json`` with its shape as decoded, ``(H, W, C)``. LeRobot reads a
+    visual feature whose third name is ``channel(s)`` as ``(H, W, C)`` and any other as
+    ``(C, H, W)`` (``dataset_to_policy_features``, lerobot/datasets/utils.py): ported v2.0
+    datasets declare ``["channels", "height", "width"]``. Other features are returned as they are.
+
+    Raises:
+        LeRobotFormatError: a video feature whose shape is not three sizes.
+    """
+    if not isinstance(feature, dict) or feature.get("dtype") != "video":
+        return feature
+    shape, names = feature.get("shape"), feature.get("names")
+    if not isinstance(shape, list) or len(shape) != 3:
+        raise LeRobotFormatError(f"{info_path}: video feature {name!r} has shape {shape!r}, not three sizes")
+    if isinstance(names, list) and len(names) == 3 and names[2] not in _CHANNEL_NAMES:
+        return {**feature, "shape": [shape[1], shape[2], shape[0]], "names": [names[1], names[2], names[0]]}
+    return feature
 
 
 def _decode_frames(path: Path, first: int, count: int, fps: int) -> np.ndarray:
