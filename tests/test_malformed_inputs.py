@@ -98,6 +98,10 @@ OVERRIDE_CASES = [
      "'simulator.env.horizon': false is a boolean"),
     ("no protocol", "embodied_srpo", ["eval.protocols=[]"], "'eval.protocols': list should have at least 1 item"),
     ("a protocol twice", "embodied_srpo", ["eval.protocols=[greedy,greedy]"], "a protocol listed twice"),
+    # ../x made the run directory beside run.output_dir; a/b failed only when the directory was made
+    ("run name outside the output directory", "embodied_srpo", ["run.name=../x"],
+     "'../x' is not one directory name under run.output_dir"),
+    ("run name of two directories", "embodied_srpo", ["run.name=a/b"], "'a/b' is not one directory name"),
 ]
 
 

@@ -81,12 +81,16 @@ def test_a_run_directory_in_use_is_refused_with_the_owners_pid(tmp_path):
 
 
 def _checkpoint(run_dir, step=2, ranks=2):
-    """A checkpoint's layout as the resume checks read it (the names of its files; no weights)."""
+    """A checkpoint's layout as the resume checks read it (the names of its files, each readable,
+    as a checkpoint without a manifest is checked; no weights)."""
+    import torch
+    from safetensors.torch import save_file
+
     path = run_dir / "checkpoints" / f"step_{step:08d}"
     path.mkdir(parents=True)
     (path / "trainer_state.json").write_text(json.dumps({"step": step, "metadata": {}}))
     for rank in range(ranks):
-        (path / f"rng_rank{rank}.safetensors").write_bytes(b"")
+        save_file({"state": torch.zeros(1)}, path / f"rng_rank{rank}.safetensors")
     return path
 
 

@@ -17,7 +17,8 @@ class RunSection(_Section):
     """Where a run writes and how it is seeded."""
 
     output_dir: str = Field("outputs", description="Parent directory of run directories.")
-    name: str | None = Field(None, description="Run directory name; default: <template>_<timestamp>.")
+    name: str | None = Field(None, description="Run directory name, one directory under output_dir; default: "
+                             "<template>_<timestamp>.")
     seed: int = Field(0, ge=0, description="Global seed; each worker derives its own from it.")
     imports: list[str] = Field(
         default_factory=list,
@@ -31,6 +32,15 @@ class RunSection(_Section):
         "warm_start); 'text': a causal LM on prompts (section text). Picks the model each worker builds "
         "and how the actor scores a batch; the template's nodes pick the node functions (fn: text).",
     )
+
+
+    @field_validator("name")
+    @classmethod
+    def _one_directory(cls, name: str | None) -> str | None:
+        """``../x`` made the run beside output_dir, ``a/b`` failed at mkdir, ``""`` named output_dir."""
+        if name is not None and (name in ("", ".", "..") or "/" in name or "\0" in name):
+            raise ValueError(f"{name!r} is not one directory name under run.output_dir (no '/', not '', '.' or '..')")
+        return name
 
 
 class WorkersSection(_Section):
