@@ -27,6 +27,7 @@ rotation up to 0.5 rad per control step), then the gripper (-1 open, +1 close); 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -272,9 +273,12 @@ class LiberoEnv(SingleEnv):
         initial-state id got a cabinet up to 1 cm and 0.7 degrees elsewhere from one reset to the
         next. Seeded before every reset, an id gets the scenery of a freshly seeded environment
         (SimpleVLA-RL's per-episode environments, OpenVLA-OFT's first trial) whatever ran before.
+        Then :func:`_draw_robot_reset_noise_as_robosuite_14` takes the draws robosuite 1.4's robot
+        reset takes from that generator before the fixtures are placed.
         """
         self._env.seed(self.config.task_seed)  # robosuite 1.5: its rng; 1.4: numpy's global generator
         np.random.seed(self.config.task_seed)  # noqa: NPY002 (LIBERO's region samplers draw from it)
+        _draw_robot_reset_noise_as_robosuite_14(self._env.env)
 
     @property
     def instruction(self) -> str:
@@ -387,6 +391,36 @@ class LiberoEnv(SingleEnv):
         # process, this one's OpenGL context must be current first.
         if self.config.cameras:
             self._env.sim._render_context_offscreen.gl_ctx.make_current()
+
+
+def _draw_robot_reset_noise_as_robosuite_14(env: Any) -> None:
+    """Take from numpy's global generator what robosuite 1.4's robot reset takes from it.
+
+    LIBERO's reset (``_reset_internal``) resets the robots, then samples the fixtures' placement
+    from numpy's global generator. On robosuite 1.4, which the published LIBERO checkpoints were
+    trained and evaluated on, ``Robot.reset`` first draws its joint noise from that same generator
+    (``np.random.randn(len(self.init_qpos))`` for gaussian noise, ``np.random.uniform(-1, 1, n)``
+    for uniform; drawn even when the magnitude is 0); on robosuite 1.5 (``Robot.reset(...,
+    rng=...)``) it draws from robosuite's own generator, so the fixtures took the generator's first
+    numbers and landed elsewhere (libero_spatial task 0's cabinet 13.9 mm from where robosuite
+    1.4.1 with the original LIBERO puts it, seed 0). Taking the same draws here, on robosuite 1.5
+    only, puts them where robosuite 1.4 does (measured: 0.0 mm, see
+    ``tests/simulators/test_libero_env.py::test_fixtures_stand_where_robosuite_14_puts_them``).
+    The robots' own noise is unchanged (robosuite 1.5's generator).
+
+    Args:
+        env: LIBERO's robosuite environment (``ControlEnv.env``), with ``robots``.
+    """
+    if getattr(env, "deterministic_reset", False):
+        return  # robosuite 1.4 resets the robots without noise then
+    for robot in env.robots:
+        if "rng" not in inspect.signature(robot.reset).parameters:
+            return  # robosuite 1.4: the reset draws from numpy's global generator itself
+        size, kind = len(robot.init_qpos), robot.initialization_noise["type"]
+        if kind == "gaussian":
+            np.random.randn(size)  # noqa: NPY002
+        elif kind == "uniform":
+            np.random.uniform(-1.0, 1.0, size)  # noqa: NPY002
 
 
 def _load_task(suite: str, task_id: int) -> tuple[Any, str, np.ndarray]:

@@ -58,6 +58,23 @@ QUARTER_TURN_Z = np.array([0.0, 0.0, math.sin(math.pi / 4), math.cos(math.pi / 4
 INIT_STATES = np.arange(50, dtype=np.float64)[:, None] * np.ones(3)  # state i is [i, i, i]
 
 
+class FakeRobot15:
+    """A robosuite 1.5 robot as far as the placement seeding sees it: its reset takes ``rng``."""
+
+    init_qpos = np.zeros(7)
+    initialization_noise = {"magnitude": 0.0, "type": "gaussian"}
+
+    def reset(self, deterministic=False, rng=None):
+        raise AssertionError("LiberoEnv does not reset robots itself")
+
+
+class FakeRobot14(FakeRobot15):
+    """A robosuite 1.4 robot: its reset draws from numpy's global generator itself."""
+
+    def reset(self, deterministic=False):
+        raise AssertionError("LiberoEnv does not reset robots itself")
+
+
 class FakeControlEnv:
     """The parts of LIBERO's ``ControlEnv`` that ``LiberoEnv`` uses. Its observation after ``t``
     steps from initial state ``s`` has ``robot0_eef_pos`` ``[t, s, 0]``, the quaternion of a quarter
@@ -68,7 +85,7 @@ class FakeControlEnv:
         self.cameras, self.success_at = cameras, success_at
         self.actions, self.init_states, self.seeds, self.t, self.state = [], [], [], 0, -1.0
         self.placements = []  # what each reset drew from numpy's global generator
-        self.env = SimpleNamespace(observation_spec=self._obs, action_dim=7)
+        self.env = SimpleNamespace(observation_spec=self._obs, action_dim=7, robots=[FakeRobot15()])
         context = SimpleNamespace(gl_ctx=SimpleNamespace(make_current=lambda: None))
         self.sim = SimpleNamespace(model=SimpleNamespace(camera_names=["agentview", "robot0_eye_in_hand"]),
                                    _render_context_offscreen=context)
@@ -165,9 +182,35 @@ def test_the_task_is_seeded_with_0_before_every_episode(fake_libero):
     np.random.random(5)  # noqa: NPY002 (anything else in the simulator process drawing from it)
     env.reset(seed=2)
     assert fake.seeds == [(0, 0), (0, 0), (0, 1)]  # seed 0 at build, then before each reset
-    assert fake.placements[0] == fake.placements[1] == np.random.RandomState(0).random_sample()
+    reference = np.random.RandomState(0)
+    reference.randn(7)  # robosuite 1.4's Robot.reset: the Panda's joint noise, before the placement
+    assert fake.placements[0] == fake.placements[1] == reference.random_sample()
     _, openpi = fake_libero(task_seed=7)  # openpi's examples/libero/main.py: env.seed(args.seed), 7
     assert openpi.seeds == [(7, 0)]
+
+
+@pytest.mark.parametrize(("robot", "kind", "drawn"), [
+    (FakeRobot15, "gaussian", lambda rs: rs.randn(7)),
+    (FakeRobot15, "uniform", lambda rs: rs.uniform(-1.0, 1.0, 7)),
+    (FakeRobot14, "gaussian", lambda rs: None),  # robosuite 1.4 draws them itself, in its reset
+])
+def test_placements_follow_robosuite_14s_robot_noise_draws(fake_libero, monkeypatch, robot, kind, drawn):
+    """robosuite 1.4's Robot.reset draws the joint noise from numpy's global generator before
+    LIBERO places the fixtures (robosuite 1.5 draws it from its own rng): the fixtures' draws start
+    where robosuite 1.4's do, for each robot's noise type, and no draw is doubled on 1.4."""
+    monkeypatch.setattr(robot, "initialization_noise", {"magnitude": 0.02, "type": kind})
+    real_init = FakeControlEnv.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.env.robots = [robot(), robot()]
+
+    monkeypatch.setattr(FakeControlEnv, "__init__", init)
+    env, fake = fake_libero()
+    env.reset(seed=0)
+    reference = np.random.RandomState(0)
+    drawn(reference), drawn(reference)  # two robots
+    assert fake.placements == [reference.random_sample()]
 
 
 def test_the_environment_is_built_without_hard_resets(monkeypatch):
@@ -311,6 +354,36 @@ def test_an_initial_state_id_gets_the_same_scene_whatever_reset_before_it():
     finally:
         first.close()
         second.close()
+
+
+ROBOSUITE_14_FIXTURES = {  # (suite, body): world position (m), quaternion (w, x, y, z)
+    ("libero_spatial", "wooden_cabinet_1_main"): ((0.035611, -0.277635, 0.905), (0.218233, 0.0, 0.0, 0.975897)),
+    ("libero_spatial", "flat_stove_1_main"): ((-0.417133, -0.131107, 0.905), (1.0, 0.0, 0.0, 0.0)),
+    ("libero_goal", "wooden_cabinet_1_main"): ((0.039572, -0.234017, 0.905), (0.0, 0.0, 0.0, 1.0)),
+    ("libero_goal", "flat_stove_1_main"): ((-0.404389, 0.202365, 0.905), (1.0, 0.0, 0.0, 0.0)),
+    ("libero_goal", "wine_rack_1_main"): ((-0.267133, -0.251107, 0.92), (0.0, 0.0, 0.0, 1.0)),
+}
+"""Where the reference's stack (robosuite 1.4.1, LIBERO at Lifelong-Robot-Learning/LIBERO 8f1084e,
+MuJoCo 3.3.0) puts task 0's fixtures after ``env.seed(0)``, ``reset()`` and initial state 0
+(``data.body_xpos`` / ``body_xquat``, rounded to 1e-6), recorded with that stack installed beside
+this port on 2026-12-02. Without robosuite 1.4's robot-noise draws the port put them 8.6 to 14.0 mm
+and up to 0.7 degrees elsewhere."""
+
+
+@needs_libero
+@pytest.mark.parametrize("suite", ["libero_spatial", "libero_goal"])
+def test_fixtures_stand_where_robosuite_14_puts_them(suite):
+    env = make_env("libero", {"suite": suite, "task_id": 0, "horizon": 5})
+    try:
+        env.reset(seed=0)
+        sim = env._env.sim
+        for (fixture_suite, body), (position, quaternion) in ROBOSUITE_14_FIXTURES.items():
+            if fixture_suite == suite:
+                index = sim.model.body_name2id(body)
+                np.testing.assert_allclose(sim.data.body_xpos[index], position, rtol=0, atol=1.5e-6, err_msg=body)
+                np.testing.assert_allclose(sim.data.body_xquat[index], quaternion, rtol=0, atol=1.5e-6, err_msg=body)
+    finally:
+        env.close()
 
 
 @needs_libero
