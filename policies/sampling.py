@@ -1,11 +1,11 @@
 """Drawing from categorical distributions, shared by every policy that samples tokens or bins.
 
-:func:`sample_categorical` is inverse-transform sampling: one uniform draw per row, located in
-the row's cumulative distribution with a binary search. It draws from exactly the distribution
-``torch.multinomial(probs, 1)`` draws from, with the same ``torch.Generator`` control, at a
-fraction of its cost on CPU (measured on the project machine, one thread, 32 rows: 22 us against
-253 us over 512 classes, 1.4 ms against 23 ms over SmolLM2's 49,152), which matters in a decoding
-loop that samples once per token.
+:func:`sample_categorical` is inverse-transform sampling in two stages (a block of classes, then
+a class in it), one uniform draw per row located with binary searches. It draws from
+``probs / sum(probs)``, as ``torch.multinomial(probs, 1)`` does, to the float32 rounding of
+``probs`` itself, with the same ``torch.Generator`` control, at a fraction of its cost on CPU
+(``benchmarks/categorical_sampling.py``), which matters in a decoding loop that samples once per
+token.
 
 Random numbers are drawn on the generator's device and moved to the data's (:func:`draw`): a
 worker's one CPU generator serves a policy on the CPU or on an accelerator, and a rollout draws
@@ -40,15 +40,25 @@ def draw(kind: str, shape: tuple[int, ...], generator: torch.Generator | None, d
     return sample.to(device)
 
 
+BLOCK_SIZE = 512
+"""Classes per block of :func:`sample_categorical`'s first stage."""
+
+
 def sample_categorical(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """One class per row of ``probs``, drawn with probability proportional to its entry.
 
     Inverse-transform sampling (Devroye, *Non-Uniform Random Variate Generation*, 1986, ch. III.2):
-    with ``cdf = cumsum(probs)`` and ``u ~ U[0, cdf[-1])``, the class is the first ``k`` with
-    ``cdf[k] > u``; class ``k`` is therefore drawn with probability
-    ``(cdf[k] - cdf[k - 1]) / cdf[-1] = probs[k] / sum(probs)``, and a class of probability 0
-    (an empty interval) never is. ``u`` is kept strictly below ``cdf[-1]`` so that rounding can
-    never step past the last class of positive probability.
+    with ``cdf = cumsum(w)`` and ``u ~ U[0, cdf[-1])``, the first ``k`` with ``cdf[k] > u`` is drawn
+    with probability ``w[k] / sum(w)``, and an entry of 0 (an empty interval) never is. Done in two
+    stages: over the sums of blocks of :data:`BLOCK_SIZE` classes (float32 sums, then float64),
+    then, with what is left of ``u`` rescaled to the block, over the chosen block's entries (a
+    float64 sum). One float32 cumulative sum over a whole vocabulary has steps of 6e-8 near 1, so
+    after a dominant class every class under 3e-8 got an empty interval: a 151,936-token row with
+    a 99% token was drawn from a distribution 4.8e-4 in total variation from its softmax (before
+    2026-12-03; ``benchmarks/categorical_sampling.py`` measures both). Now each class's
+    probability is right to the float32 rounding of its block's sum (relative 1e-6 at most), and
+    the two stages read ``probs`` once, as the one sum did. ``u`` is kept strictly below each
+    stage's total so that rounding never steps past the last entry of positive weight.
 
     Args:
         probs: ``(..., num_classes)`` non-negative float weights (need not sum to 1), each row
@@ -56,11 +66,37 @@ def sample_categorical(probs: Tensor, generator: torch.Generator | None = None) 
         generator: random generator (on any device: see :func:`draw`); the global one if ``None``.
 
     Returns:
-        ``(...)`` int64 class indices.
+        ``(...)`` int64 class indices, on ``probs``' device.
     """
-    cdf = probs.cumsum(-1)  # (..., K)
-    total = cdf[..., -1:]  # (..., 1)
-    uniform = draw("uniform", tuple(total.shape), generator, cdf.dtype, cdf.device)
-    below_total = torch.nextafter(total, torch.zeros_like(total))
-    point = torch.minimum(uniform * total, below_total)  # (..., 1), in [0, total)
-    return torch.searchsorted(cdf, point, right=True).squeeze(-1)
+    dtype = torch.float32 if probs.device.type == "mps" else torch.float64  # MPS has no float64
+    *leading, classes = probs.shape
+    rows = probs.reshape(-1, classes)  # (R, K)
+    uniform = draw("uniform", (rows.shape[0], 1), generator, dtype, rows.device)
+    if classes <= BLOCK_SIZE:  # one block
+        return _locate(rows.to(dtype), uniform)[0].reshape(leading)
+    full = classes // BLOCK_SIZE
+    block_sums = [rows.unfold(-1, BLOCK_SIZE, BLOCK_SIZE).sum(-1)] if full else []  # (R, full)
+    if full * BLOCK_SIZE < classes:
+        block_sums.append(rows[:, full * BLOCK_SIZE:].sum(-1, keepdim=True))  # the last, shorter block
+    block_sums = torch.cat(block_sums, dim=-1).to(dtype)  # (R, num_blocks)
+    block, left = _locate(block_sums, uniform)  # (R, 1) each: the block, the point's offset in it
+    columns = block * BLOCK_SIZE + torch.arange(BLOCK_SIZE, device=rows.device)  # (R, BLOCK_SIZE)
+    inside = columns < classes
+    weights = rows.gather(-1, columns.clamp(max=classes - 1)).to(dtype) * inside  # (R, BLOCK_SIZE)
+    block_total = weights.sum(-1, keepdim=True)  # (R, 1), the float64 sum of what block_sums rounded
+    fraction = left / block_sums.gather(-1, block)  # (R, 1), in [0, 1)
+    index, _ = _locate(weights, fraction, scale=block_total)
+    return (block * BLOCK_SIZE + index).reshape(leading)
+
+
+def _locate(weights: Tensor, fraction: Tensor, scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The entry of ``weights`` ``(R, n)`` whose cumulative interval holds ``fraction * total``
+    (``total``: the row's sum, or ``scale``), kept strictly below the sum; the entry ``(R, 1)``
+    int64 and the point's offset from the entry's start ``(R, 1)``."""
+    cdf = weights.cumsum(-1)  # (R, n)
+    total = cdf[:, -1:]
+    point = fraction * (total if scale is None else scale)
+    point = torch.minimum(point, torch.nextafter(total, torch.zeros_like(total)))  # (R, 1), in [0, total)
+    index = torch.searchsorted(cdf, point, right=True)  # (R, 1)
+    start = torch.where(index > 0, cdf.gather(-1, (index - 1).clamp(min=0)), 0.0)
+    return index, point - start

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from policies import sampling
 from policies.sampling import sample_categorical
 
 
@@ -36,3 +37,45 @@ def test_the_generator_makes_draws_reproducible():
     second = sample_categorical(probs, torch.Generator().manual_seed(7))
     assert first.shape == (3, 5) and torch.equal(first, second)
     assert not torch.equal(first, sample_categorical(probs, torch.Generator().manual_seed(8)))
+
+
+def test_a_long_tail_after_a_dominant_class_keeps_its_probability(monkeypatch):
+    """40,000 classes of 2.5e-8 after one of 0.999: each is below half a float32 step near 1
+    (6e-8), so a float32 cumulative sum never moved past the dominant class and the tail's 1e-3
+    was never drawn. Uniforms placed in the tail must land on the tail's classes, in order, one
+    interval of 2.5e-8 each."""
+    tail = 40_000
+    probs = torch.full((tail + 1,), 2.5e-8)
+    probs[0] = 1.0 - tail * 2.5e-8
+    points = 200
+    uniform = 0.999 + (torch.arange(points, dtype=torch.float64) + 0.5) * (1e-3 / points)  # (200,)
+    monkeypatch.setattr(sampling, "draw", lambda kind, shape, generator, dtype, device: uniform[:, None].to(dtype))
+    samples = sampling.sample_categorical(probs.expand(points, -1))
+    expected = 1 + ((uniform - 0.999) / 2.5e-8).floor().long()  # (200,)
+    assert (samples - expected).abs().max() <= 1, (samples[:5], expected[:5])
+
+
+def test_classes_in_every_block_are_drawn_at_their_probabilities():
+    """1,300 classes: two blocks of 512 and a last one of 276; weight on each block's first and
+    last class, zeros elsewhere (whole zero stretches, and a block boundary between two weighted
+    classes). 40,000 draws: every class within 5 standard errors, no zero-weight class drawn."""
+    weights = torch.zeros(1300)
+    weighted = torch.tensor([0, 511, 512, 1023, 1024, 1299])
+    weights[weighted] = torch.tensor([1.0, 2.0, 3.0, 0.5, 0.25, 4.0])
+    probs = weights.double() / weights.sum()
+    draws = 40_000
+    samples = sampling.sample_categorical(weights.expand(draws, -1), torch.Generator().manual_seed(0))
+    assert samples.shape == (draws,) and samples.dtype == torch.int64
+    frequencies = torch.bincount(samples, minlength=1300).double() / draws
+    standard_error = (probs * (1 - probs) / draws).sqrt()
+    assert ((frequencies - probs).abs() <= 5 * standard_error + 1e-12).all()
+    assert frequencies[weights == 0].sum() == 0
+
+
+def test_the_result_has_the_leading_shape_and_stays_on_the_device():
+    probs = torch.rand(2, 3, 700)
+    assert sampling.sample_categorical(probs, torch.Generator().manual_seed(0)).shape == (2, 3)
+    one = sampling.sample_categorical(torch.rand(700), torch.Generator().manual_seed(0))
+    assert one.shape == () and 0 <= int(one) < 700
+    meta = sampling.sample_categorical(torch.rand(4, 700, device="meta"), torch.Generator().manual_seed(0))
+    assert meta.device.type == "meta" and meta.shape == (4,)
