@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
+from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from policies.causal_lm.configuration_causal_lm import CausalLMConfig
@@ -109,6 +110,11 @@ def decode_step_mask(attention_mask: Tensor, attn_implementation: str, dtype: to
     if attn_implementation == "eager":
         return torch.zeros(attend.shape, dtype=dtype, device=attend.device).masked_fill(~attend, torch.finfo(dtype).min)
     raise ValueError(f"no one-token decoding mask for attention implementation {attn_implementation!r}")
+
+
+def _entropy(log_softmax: Tensor) -> Tensor:
+    """``-sum_v p_v log p_v`` over the last dimension of log-probabilities ``(..., V)``."""
+    return -(log_softmax.exp() * log_softmax).sum(-1)
 
 
 def _check_left_padded(input_ids: Tensor, attention_mask: Tensor) -> None:
@@ -428,7 +434,9 @@ class CausalLMPolicy(nn.Module):
         ``log_probs[b, t] = log_softmax(logits / temperature)[responses[b, t]]`` and
         ``entropy[b, t] = -sum_v p_v log p_v`` of the same distribution, from one forward pass
         over ``cat([input_ids, responses])``. Differentiable; the caller micro-batches (the
-        pass holds ``(batch, response_len, vocab)`` float32 logits).
+        pass holds ``(batch, response_len, vocab)`` float32 logits). The entropy's graph keeps
+        nothing but the log-softmax the log-probs keep (its probabilities are recomputed in the
+        backward pass), and a loss without an entropy term never runs that recompute.
 
         Args:
             input_ids: ``(batch, prompt_len)`` int64, left-padded.
@@ -449,7 +457,12 @@ class CausalLMPolicy(nn.Module):
             input_ids, attention_mask, responses, response_mask, temperature
         )
         log_probs = log_softmax.gather(-1, kept_responses[..., None]).squeeze(-1)  # (B, kept)
-        entropy = -(log_softmax.exp() * log_softmax).sum(-1)  # (B, kept)
+        if log_softmax.requires_grad:
+            # recomputed in the backward pass (verl's entropy_checkpointing): the probabilities
+            # would otherwise be kept, one more (B, kept, V) float32 tensor than the log-probs need
+            entropy = checkpoint(_entropy, log_softmax, use_reentrant=False)  # (B, kept)
+        else:
+            entropy = _entropy(log_softmax)
         return self._pad_to(log_probs, response_mask), self._pad_to(entropy, response_mask)
 
     def log_probs(

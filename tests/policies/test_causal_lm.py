@@ -146,6 +146,40 @@ def test_sampled_tensors_enter_a_training_graph(policy, prompts):
     policy.model.zero_grad(set_to_none=True)
 
 
+def _saved_bytes(call):
+    """Bytes of the distinct storages autograd saves for the backward pass while ``call()`` runs."""
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        result = call()
+    return sum(storages.values()), result
+
+
+def test_the_entropy_keeps_nothing_more_for_the_backward_pass_and_has_its_gradient(policy, prompts):
+    """The entropy's probabilities (batch x response x vocabulary float32) are recomputed in the
+    backward pass, not kept (before 2026-12-03 they were, even for a loss without an entropy
+    term); its gradient is the plain formula's."""
+    out = policy.generate(*prompts, generator=torch.Generator().manual_seed(4))
+    args = (*prompts, out.responses, out.response_mask)
+    both, (_, entropy) = _saved_bytes(lambda: policy.log_probs_and_entropy(*args))
+    alone, _ = _saved_bytes(lambda: policy.log_probs(*args))
+    vocab_tensor = out.responses.numel() * policy.model.config.vocab_size * 4
+    assert both - alone < vocab_tensor // 8, (both, alone, vocab_tensor)
+    entropy.sum().backward()
+    checkpointed = [p.grad.clone() for p in policy.model.parameters()]
+    policy.model.zero_grad(set_to_none=True)
+    log_softmax, _, _ = policy._response_log_softmax(*args, policy.config.temperature)
+    policy._pad_to(-(log_softmax.exp() * log_softmax).sum(-1), out.response_mask).sum().backward()
+    for mine, plain in zip(checkpointed, [p.grad for p in policy.model.parameters()]):
+        torch.testing.assert_close(mine, plain, rtol=1e-4, atol=1e-6)
+    policy.model.zero_grad(set_to_none=True)
+
+
 def test_shared_prompts_give_the_log_probs_and_gradients_of_separate_passes(policy, prompts):
     """Groups of 3 responses per prompt: the shared-prompt passes (each prompt encoded once, in
     decoding and in scoring) agree with scoring every row alone (no repeat: one plain pass),

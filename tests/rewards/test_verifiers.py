@@ -67,12 +67,28 @@ def test_register_verifier_for_a_new_data_source():
 def test_score_responses_sums_accuracy_and_format():
     sources = ["openai/gsm8k", "openai/gsm8k", "openai/gsm8k", "lighteval/MATH"]
     responses = ["#### 4", "#### 5", "4", "\\boxed{4}"]
-    rewards, metrics = score_responses(sources, responses, ["4"] * 4, RuleRewardConfig(format_score=0.1))
+    rewards, correct, metrics = score_responses(sources, responses, ["4"] * 4, RuleRewardConfig(format_score=0.1))
     torch.testing.assert_close(rewards, torch.tensor([1.1, 0.1, 0.0, 1.1]))
     assert rewards.dtype == torch.float32
+    assert correct.dtype == torch.bool and correct.tolist() == [True, False, False, True]
     assert metrics == {"reward/accuracy": 0.5, "reward/format_rate": 0.75}
-    accuracy_only, _ = score_responses(sources, responses, ["4"] * 4)
+    accuracy_only, _, _ = score_responses(sources, responses, ["4"] * 4)
     torch.testing.assert_close(accuracy_only, torch.tensor([1.0, 0.0, 0.0, 1.0]))
+
+
+def test_score_responses_verifies_each_response_once():
+    """A verifier can take seconds (math-verify's parses); the reward node takes rewards and
+    success from one verdict per response (it verified every response twice before 2026-12-03)."""
+    calls = []
+    counting = Verifier(extract_answer=lambda text: text.strip() or None,
+                        answers_equal=lambda predicted, reference: calls.append(predicted) or predicted == reference)
+    register_verifier(counting, "tests/counting")
+    try:
+        rewards, correct, _ = score_responses(["tests/counting"] * 3, ["a", "b", "c"], ["a", "x", "c"])
+    finally:
+        VERIFIERS._entries.pop("tests/counting")
+    assert sorted(calls) == ["a", "b", "c"]
+    assert correct.tolist() == [True, False, True] and rewards.tolist() == [1.0, 0.0, 1.0]
 
 
 def test_score_responses_checks_lengths():
@@ -91,7 +107,7 @@ def test_score_responses_checks_lengths():
 def test_flexible_extraction_judges_unformatted_answers_by_their_last_number(response, strict, flexible):
     assert verify(DATA_SOURCE, response, "6") == strict
     assert verify(DATA_SOURCE, response, "6", flexible=True) == flexible
-    rewards, metrics = score_responses([DATA_SOURCE], [response], ["6"], RuleRewardConfig(1.0, 0.5, flexible=True))
+    rewards, _, metrics = score_responses([DATA_SOURCE], [response], ["6"], RuleRewardConfig(1.0, 0.5, flexible=True))
     assert float(rewards[0]) == flexible.correct + 0.5 * flexible.formatted
     assert metrics["reward/format_rate"] == float(flexible.formatted)
 

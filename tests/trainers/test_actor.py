@@ -378,6 +378,38 @@ def test_entropy_bonus_raises_the_policy_std(process_group, device):
     assert metrics["actor/action_std"] > float(before.mean())
 
 
+class _NoBackward(torch.autograd.Function):
+    """Identity whose backward pass fails: marks a tensor the loss must not differentiate."""
+
+    @staticmethod
+    def forward(ctx, tensor):
+        return tensor.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise AssertionError("the entropy's backward pass ran")
+
+
+def test_without_an_entropy_bonus_the_entropy_is_a_metric_only(process_group, device):
+    """entropy_coeff 0 (the default): the entropy is reported but stays out of the loss, so its
+    backward pass (a vocabulary-wide recompute for a language model) never runs."""
+    torch.manual_seed(0)
+    policy = make_policy("mlp", TINY_CONFIGS["mlp"]()).to(device)
+    batch = rollout_batch(policy)
+    trainer = ActorTrainer(policy, lr=1e-2)
+    forward = trainer.forward
+
+    def entropy_without_backward(model, mb):
+        log_probs, entropy = forward(model, mb)
+        return log_probs, _NoBackward.apply(entropy)
+
+    trainer.forward = entropy_without_backward
+    metrics = trainer.update(batch, *update_config("ppo_clip", "action"), torch.Generator().manual_seed(2))
+    assert metrics["actor/entropy"] != 0.0
+    with pytest.raises(AssertionError, match="backward pass ran"):
+        trainer.update(batch, *update_config("ppo_clip", "action", entropy_coeff=0.01), torch.Generator().manual_seed(2))
+
+
 @pytest.mark.parametrize("granularity", ["token", "action", "chunk"])
 def test_an_empty_shard_makes_no_update(process_group, device, granularity):
     policy = make_policy("mlp", TINY_CONFIGS["mlp"]()).to(device)

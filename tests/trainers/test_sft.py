@@ -33,7 +33,7 @@ def greedy_accuracy(policy: CausalLMPolicy, rows: list[PromptRow]) -> float:
     prompts = policy.processor.encode_prompts([row.prompt for row in rows], policy.config.max_prompt_length)
     out = policy.generate(*prompts, greedy=True)
     texts = policy.processor.decode_responses(out.responses, out.response_mask)
-    _, metrics = score_responses([r.data_source for r in rows], texts, [r.ground_truth for r in rows])
+    _, _, metrics = score_responses([r.data_source for r in rows], texts, [r.ground_truth for r in rows])
     return metrics["reward/accuracy"]
 
 

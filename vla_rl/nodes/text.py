@@ -24,7 +24,7 @@ from vla_rl.algorithms.rewards import overlong_penalty
 from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.nodes.reward import overlong_buffer_fits
 from vla_rl.data.prompt_dataset import PromptRow
-from vla_rl.rewards.verifiers import RuleRewardConfig, score_responses, verify
+from vla_rl.rewards.verifiers import RuleRewardConfig, score_responses
 from vla_rl.trainers.actor import per_dim_log_probs, text_forward
 from vla_rl.trainers.strategy import autocast
 from vla_rl_core import keys
@@ -164,10 +164,8 @@ def score_samples(ctx, batch: TensorDict) -> dict[str, float]:
     sources = [row.data_source for row in picked]
     truths = [row.ground_truth for row in picked]
     flexible = text.answer_extraction == "flexible"
-    rewards, metrics = score_responses(sources, texts, truths,
-                                       RuleRewardConfig(text.correct_score, text.format_score, flexible))
-    success = torch.tensor([verify(*entry, flexible).correct for entry in zip(sources, texts, truths)],
-                           dtype=torch.bool)
+    rewards, success, metrics = score_responses(sources, texts, truths,
+                                                RuleRewardConfig(text.correct_score, text.format_score, flexible))
     if algo.overlong_buffer.len > 0:
         penalty = overlong_penalty(batch[keys.FINISH_STEP], text.max_response_length, algo.overlong_buffer.len,
                                    algo.overlong_buffer.penalty_factor)

@@ -193,16 +193,16 @@ def score_responses(
     responses: Sequence[str],
     ground_truths: Sequence[str],
     config: RuleRewardConfig = RuleRewardConfig(),
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Rule-based rewards of a batch of decoded responses.
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Rule-based rewards of a batch of decoded responses (each verified once).
 
     Args:
         data_sources, responses, ground_truths: one entry per response, same length ``n``.
         config: the reward weights.
 
     Returns:
-        ``rewards`` ``(n,)`` float32 and metrics: ``reward/accuracy`` and
-        ``reward/format_rate`` (fractions of the batch).
+        ``rewards`` ``(n,)`` float32, ``correct`` ``(n,)`` bool (the final answer is right) and
+        metrics: ``reward/accuracy`` and ``reward/format_rate`` (fractions of the batch).
 
     Raises:
         ValueError: the sequences differ in length.
@@ -216,9 +216,9 @@ def score_responses(
             f"{len(data_sources)}, {len(responses)} and {len(ground_truths)}"
         )
     verdicts = [verify(*entry, config.flexible) for entry in zip(data_sources, responses, ground_truths)]
-    correct = torch.tensor([v.correct for v in verdicts], dtype=torch.float32)
+    correct = torch.tensor([v.correct for v in verdicts], dtype=torch.bool)
     formatted = torch.tensor([v.formatted for v in verdicts], dtype=torch.float32)
-    rewards = config.correct_score * correct + config.format_score * formatted
+    rewards = config.correct_score * correct.float() + config.format_score * formatted
     n = max(len(verdicts), 1)
     metrics = {"reward/accuracy": float(correct.sum()) / n, "reward/format_rate": float(formatted.sum()) / n}
-    return rewards, metrics
+    return rewards, correct, metrics

@@ -475,7 +475,8 @@ class ActorTrainer:
         pg_loss, pg_metrics = loss_fn(log_probs, old_log_probs, advantages, mask, loss_options, agg_mode,
                                       agg_normalizer)
         entropy_term = aggregate_loss(entropy, mask, agg_mode, agg_normalizer)
-        loss = pg_loss - algorithm.entropy_coeff * entropy_term
+        # without a bonus the entropy is a metric only: kept out of the loss, its backward never runs
+        loss = pg_loss - algorithm.entropy_coeff * entropy_term if algorithm.entropy_coeff else pg_loss
         out = {f"actor/{name}": value for name, value in pg_metrics.items()}
         if algorithm.use_kl_loss:
             # estimated per action dimension (a token, as verl's per-token KL) and summed over each
