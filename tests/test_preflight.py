@@ -574,3 +574,34 @@ def test_eval_of_a_run_whose_pretrained_checkpoint_went_bad(assets, tmp_path, ca
     error = capsys.readouterr().err
     assert "field 'policy.config.model_path'" in error and f"{broken / 'model.safetensors'}: truncated" in error
     assert not (run_dir / "eval").exists()
+
+
+def test_chat_template_kwargs_reach_the_workers_policy_and_the_prompt_length_check(assets, tmp_path):
+    """text.chat_template_kwargs (Qwen3's enable_thinking: false adds an empty think block to
+    every prompt): the pre-flight counts prompts as the workers' policy renders them."""
+    import re
+
+    from vla_rl.workflows.text import causal_lm_policy
+
+    lm = copy_dir(assets.lm, tmp_path / "thinking")
+    template = (lm / "chat_template.jinja").read_text()
+    generation_prompt = "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    assert generation_prompt in template
+    (lm / "chat_template.jinja").write_text(template.replace(generation_prompt, generation_prompt + (
+        "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}")))
+    base = [f"text.model_path={lm}", f"text.train_file={assets.train}", f"text.test_file={assets.test}"]
+    no_thinking = "text.chat_template_kwargs.enable_thinking=false"
+    config = load_template(TEXT, [*base, no_thinking]).config
+    rendered = causal_lm_policy(config, lm).processor.render_prompt([{"role": "user", "content": "What is 2 + 3?"}])
+    assert rendered.endswith("<think>\n\n</think>\n\n")
+
+    def longest(*overrides: str) -> int:
+        with pytest.raises(PreflightError, match="text.max_prompt_length") as error:
+            preflight(load_template(TEXT, [*base, "text.max_prompt_length=1", *overrides]))
+        return int(re.search(r"the longest, row \d+, has (\d+)", str(error.value)).group(1))
+
+    plain, thinking = longest(), longest(no_thinking)
+    assert thinking > plain
+    preflight(load_template(TEXT, [*base, f"text.max_prompt_length={plain}"]))
+    with pytest.raises(PreflightError, match=f"has {thinking}"):
+        preflight(load_template(TEXT, [*base, f"text.max_prompt_length={plain}", no_thinking]))

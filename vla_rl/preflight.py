@@ -242,7 +242,8 @@ def _check_prompt_rows(config, read: list[_ReadPrompts], tokenizer) -> None:
         )
 
         tokenizer = train_tokenizer(arithmetic_corpus(), TinyQwen2Spec().vocab_size)  # as the run generates it
-    processor = CausalLMProcessor(tokenizer, prompt_format=config.text.prompt_format)
+    processor = CausalLMProcessor(tokenizer, prompt_format=config.text.prompt_format,
+                                  chat_template_kwargs=config.text.chat_template_kwargs)
     for prompts in read:
         try:
             _check_rows_of(prompts, processor, config.text.max_prompt_length)

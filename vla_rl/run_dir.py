@@ -350,7 +350,8 @@ def _meta_policy(config, run_dir: Path):
             return None
         refuse_custom_code(model_path)
         architecture = AutoConfig.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
-        policy_config = CausalLMConfig(model_path=str(model_path), prompt_format=config.text.prompt_format)
+        policy_config = CausalLMConfig(model_path=str(model_path), prompt_format=config.text.prompt_format,
+                                       chat_template_kwargs=dict(config.text.chat_template_kwargs))
         with torch.device("meta"):
             policy = CausalLMPolicy(AutoModelForCausalLM.from_config(architecture, trust_remote_code=False),
                                     load_tokenizer(model_path), policy_config)

@@ -11,6 +11,29 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 #: How prompts become text: ``"chat"``, the tokenizer's chat template with the generation prompt;
 #: ``"raw"``, the messages' contents as they are (base models without a chat template).
 PROMPT_FORMATS = ("chat", "raw")
+#: Arguments of ``apply_chat_template`` the processor sets itself (not chat-template variables).
+RESERVED_CHAT_TEMPLATE_KWARGS = ("conversation", "tokenize", "add_generation_prompt", "continue_final_message",
+                                 "return_dict", "tools", "documents", "chat_template")
+
+
+def check_chat_template_kwargs(kwargs: object, owner: str) -> dict:
+    """``kwargs`` as a dict of extra chat-template variables (``{"enable_thinking": False}`` for
+    Qwen3), checked.
+
+    Raises:
+        ValueError: not a mapping with string keys, or a key the processor sets itself
+            (:data:`RESERVED_CHAT_TEMPLATE_KWARGS`); the message names ``owner``.
+    """
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
+        raise ValueError(f"{owner} must be a mapping of chat-template variables such as "
+                         f"{{enable_thinking: false}}, got {kwargs!r}")
+    reserved = [key for key in kwargs if key in RESERVED_CHAT_TEMPLATE_KWARGS]
+    if reserved:
+        raise ValueError(f"{owner} sets {', '.join(reserved)}, which the prompt encoding sets itself; give only "
+                         "the chat template's own variables (e.g. enable_thinking)")
+    return dict(kwargs)
 
 
 def _is_int(value: object) -> bool:
@@ -38,6 +61,10 @@ class CausalLMConfig:
             same temperature (``log_softmax(logits / temperature)``).
         prompt_format: ``"chat"`` (prompts through the tokenizer's chat template, which must
             exist) or ``"raw"`` (the messages' contents encoded as they are: base models).
+        chat_template_kwargs: extra variables of the chat template (``apply_chat_template``'s
+            keyword arguments, as TRL's ``chat_template_kwargs`` and verl's
+            ``apply_chat_template_kwargs``), e.g. ``{"enable_thinking": False}`` for Qwen3;
+            ``prompt_format="chat"`` only.
         allow_pickle: accept ``pytorch_model.bin`` weights (torch's pickle format, which can run
             code when loaded) when the directory has no safetensors.
         allow_partial_load: accept weights whose names or shapes do not match the architecture
@@ -53,6 +80,7 @@ class CausalLMConfig:
     max_response_length: int = 128
     temperature: float = 1.0
     prompt_format: str = "chat"
+    chat_template_kwargs: dict | None = None
     allow_pickle: bool = False
     allow_partial_load: bool = False
 
@@ -81,6 +109,11 @@ class CausalLMConfig:
             raise ValueError(
                 f"CausalLMConfig.prompt_format {self.prompt_format!r} is unknown; use one of {', '.join(PROMPT_FORMATS)}"
             )
+        self.chat_template_kwargs = check_chat_template_kwargs(self.chat_template_kwargs,
+                                                               "CausalLMConfig.chat_template_kwargs")
+        if self.chat_template_kwargs and self.prompt_format != "chat":
+            raise ValueError("CausalLMConfig.chat_template_kwargs needs prompt_format 'chat' (raw prompts have no "
+                             "chat template)")
         for field in ("allow_pickle", "allow_partial_load"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"CausalLMConfig.{field} must be true or false, got {getattr(self, field)!r}")

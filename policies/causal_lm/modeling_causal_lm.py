@@ -163,7 +163,8 @@ class CausalLMPolicy(nn.Module):
         # Chat models often stop on more ids than the tokenizer's EOS (its generation config lists them).
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         self.processor = CausalLMProcessor(tokenizer, [eos] if isinstance(eos, int) else list(eos or []),
-                                           prompt_format=config.prompt_format)
+                                           prompt_format=config.prompt_format,
+                                           chat_template_kwargs=config.chat_template_kwargs)
         self.train(model.training)  # the wrapper's mode mirrors the model's (eval after loading)
 
     @classmethod

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from policies.causal_lm.configuration_causal_lm import PROMPT_FORMATS
+from policies.causal_lm.configuration_causal_lm import PROMPT_FORMATS, check_chat_template_kwargs
 
 Messages = Sequence[Mapping[str, str]]
 
@@ -38,14 +38,20 @@ class CausalLMProcessor:
             template, with the special tokens the tokenizer adds (a BOS for Llama, Mistral and
             Gemma tokenizers), as TRL's GRPO trainer encodes non-conversational prompts
             (``processing_class(text=prompts)``).
+        chat_template_kwargs: extra variables passed to every ``apply_chat_template`` call
+            (``{"enable_thinking": False}`` for Qwen3), as TRL's ``chat_template_kwargs``.
 
     Raises:
         ValueError: an unknown ``prompt_format``, chat prompts with a tokenizer without a chat
-            template, or no EOS token and no ``eos_token_ids`` given.
+            template, no EOS token and no ``eos_token_ids`` given, or ``chat_template_kwargs``
+            not a mapping of the template's own variables.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: Iterable[int] = (),
-                 prompt_format: str = "chat") -> None:
+                 prompt_format: str = "chat", chat_template_kwargs: Mapping[str, object] | None = None) -> None:
+        self.chat_template_kwargs = check_chat_template_kwargs(
+            dict(chat_template_kwargs) if isinstance(chat_template_kwargs, Mapping) else chat_template_kwargs,
+            "chat_template_kwargs")
         if prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"unknown prompt_format {prompt_format!r}; use one of {', '.join(PROMPT_FORMATS)}")
         if prompt_format == "chat" and tokenizer.chat_template is None:
@@ -76,7 +82,8 @@ class CausalLMProcessor:
         probe = "vla-rl-end-of-turn-probe"
         try:
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": "?"},
-                                                       {"role": "assistant", "content": probe}], tokenize=False)
+                                                       {"role": "assistant", "content": probe}], tokenize=False,
+                                                      **self.chat_template_kwargs)
         except TemplateError:
             return self.eos_token_ids[0]
         after = text.split(probe, 1)[1] if probe in text else ""
@@ -88,7 +95,8 @@ class CausalLMProcessor:
         (``prompt_format="raw"``) the messages' contents joined by newlines."""
         if self.prompt_format == "raw":
             return "\n".join(message["content"] for message in messages)
-        return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
+                                                  **self.chat_template_kwargs)
 
     def prompt_token_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of rendered prompts (:meth:`render_prompt`): a chat template's text already

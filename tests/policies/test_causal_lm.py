@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import GenerationConfig
 
 from policies.causal_lm import CausalLMConfig, CausalLMPolicy
 from policies.causal_lm.modeling_causal_lm import decode_step_mask
+from policies.causal_lm.processor_causal_lm import CausalLMProcessor
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -56,6 +59,38 @@ def test_prompts_follow_the_chat_template_left_padded(policy, prompts):
     assert tokenizer.decode(input_ids[0][attention_mask[0].bool()]).endswith("<|im_start|>assistant\n")
     with pytest.raises(ValueError, match=r"prompt 0 has 16 tokens after the chat template, .* max_prompt_length=8"):
         policy.processor.encode_prompts(PROMPTS, max_length=8)
+
+
+#: Qwen3's switch (its chat template's ``enable_thinking``), on a ChatML template.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def test_chat_template_kwargs_reach_the_template(policy):
+    """TRL's chat_template_kwargs / verl's apply_chat_template_kwargs: {enable_thinking: false}
+    makes Qwen3's template close an empty think block in every prompt."""
+    tokenizer = copy.deepcopy(policy.tokenizer)
+    tokenizer.chat_template = THINKING_TEMPLATE
+    plain = CausalLMProcessor(tokenizer)
+    no_thinking = CausalLMProcessor(tokenizer, chat_template_kwargs={"enable_thinking": False})
+    assert plain.render_prompt(PROMPTS[0]).endswith("<|im_start|>assistant\n")
+    rendered = no_thinking.render_prompt(PROMPTS[0])
+    assert rendered.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    input_ids, attention_mask = no_thinking.encode_prompts(PROMPTS, max_length=60)
+    assert tokenizer.decode(input_ids[0][attention_mask[0].bool()]) == rendered
+
+
+@pytest.mark.parametrize(("fields", "match"), [
+    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "sets add_generation_prompt, which the prompt"),
+    ({"chat_template_kwargs": ["enable_thinking"]}, "must be a mapping of chat-template variables"),
+    ({"chat_template_kwargs": {"enable_thinking": False}, "prompt_format": "raw"}, "needs prompt_format 'chat'"),
+])
+def test_chat_template_kwargs_are_checked(fields, match):
+    with pytest.raises(ValueError, match=match):
+        CausalLMConfig(model_path="m", **fields)
 
 
 def test_encode_responses_appends_eos_and_decodes_back(policy):

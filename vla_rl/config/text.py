@@ -3,9 +3,9 @@ and supervised warm start."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from vla_rl.config.base import _Section
 
@@ -23,6 +23,11 @@ class TextSection(_Section):
     prompt_format: Literal["chat", "raw"] = Field(
         "chat", description="'chat': prompts go through the tokenizer's chat template (which must exist); 'raw': "
         "the messages' contents are encoded as they are (base models without a chat template)."
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra variables of the chat template, passed to every "
+        "apply_chat_template call (TRL's chat_template_kwargs, verl's apply_chat_template_kwargs), e.g. "
+        "{enable_thinking: false} for Qwen3; prompt_format 'chat' only."
     )
     allow_pickle: bool = Field(
         False, description="Accept pytorch_model.bin weights (torch's pickle format, which can run code when "
@@ -74,3 +79,17 @@ class TextSection(_Section):
     sft_response_column: str = Field(
         "extra_info.answer", description="Column holding the warm start's target responses."
     )
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from policies.causal_lm.configuration_causal_lm import check_chat_template_kwargs
+
+        return check_chat_template_kwargs(value, "text.chat_template_kwargs")
+
+    @model_validator(mode="after")
+    def _template_variables_need_a_chat_template(self) -> TextSection:
+        if self.chat_template_kwargs and self.prompt_format != "chat":
+            raise ValueError("text.chat_template_kwargs needs text.prompt_format 'chat' (raw prompts have no chat "
+                             "template)")
+        return self

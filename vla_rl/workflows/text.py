@@ -108,7 +108,8 @@ def causal_lm_policy(config, model_path, device=None):
     policy_config = CausalLMConfig(
         model_path=str(model_path), gguf_file=text.gguf_file, dtype=text.dtype,
         max_prompt_length=text.max_prompt_length, max_response_length=text.max_response_length,
-        temperature=text.temperature, prompt_format=text.prompt_format, allow_pickle=text.allow_pickle,
+        temperature=text.temperature, prompt_format=text.prompt_format,
+        chat_template_kwargs=dict(text.chat_template_kwargs), allow_pickle=text.allow_pickle,
         allow_partial_load=config.policy.allow_partial_load)
     return CausalLMPolicy.from_pretrained(policy_config, device)
 

@@ -1,0 +1,48 @@
+"""benchmarks/categorical_sampling.py with few rows: it times the three samplers of every part,
+writes its JSON, and its exactness figures are the samplers' (speed-ups are reported, not
+asserted: timings are the benchmark's, not a test's)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks.categorical_sampling import drawn_distributions, next_token_probs  # noqa: E402
+
+PARTS = ("512_classes", "49152_classes", "151936_classes")
+
+
+def test_the_benchmark_times_every_sampler_and_records_the_exactness(tmp_path):
+    out = tmp_path / "sampling.json"
+    result = subprocess.run([sys.executable, "benchmarks/categorical_sampling.py", "--rows", "2", "--repeats", "2",
+                             "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert sorted(record["parts"]) == sorted(PARTS) and sorted(record["total_variation"]) == sorted(PARTS)
+    for part in PARTS:
+        for sampler in ("multinomial", "two_stage", "one_float32_cumsum"):
+            assert len(record["parts"][part][sampler]["seconds"]) == 2
+        assert record["total_variation"][part]["two_stage"] < 1e-8
+    assert record["total_variation"]["151936_classes"]["one_float32_cumsum"] > 1e-5
+
+
+def test_the_two_stage_distribution_is_what_the_sampler_draws():
+    """The benchmark's exactness figure computes the two-stage sampler's distribution from its
+    sums; drawn, the sampler's frequencies follow it (1,300 classes: three blocks)."""
+    from policies.sampling import sample_categorical
+
+    probs = next_token_probs(1, 1300, 0.5)
+    drawn = drawn_distributions(probs)["two_stage"][0]
+    draws = 40_000
+    samples = sample_categorical(probs.expand(draws, -1), torch.Generator().manual_seed(0))
+    frequencies = torch.bincount(samples, minlength=1300).double() / draws
+    dominant = int(drawn.argmax())
+    assert abs(frequencies[dominant] - drawn[dominant]) < 5 * (0.25 / draws) ** 0.5
+    assert abs(frequencies[:512].sum() - drawn[:512].sum()) < 5 * (0.25 / draws) ** 0.5
