@@ -56,9 +56,9 @@ def sample_categorical(probs: Tensor, generator: torch.Generator | None = None) 
     after a dominant class every class under 3e-8 got an empty interval: a 151,936-token row with
     a 99% token was drawn from a distribution 4.8e-4 in total variation from its softmax (before
     2026-12-03; ``benchmarks/categorical_sampling.py`` measures both). Now each class's
-    probability is right to the float32 rounding of its block's sum (relative 1e-6 at most), and
-    the two stages read ``probs`` once, as the one sum did. ``u`` is kept strictly below each
-    stage's total so that rounding never steps past the last entry of positive weight.
+    probability is right to the float32 rounding of its block's sum (relative 1e-7 typically, 3e-5
+    at worst), and the two stages read ``probs`` once, as the one sum did. ``u`` is kept strictly
+    below each stage's total so that rounding never steps past the last entry of positive weight.
 
     Args:
         probs: ``(..., num_classes)`` non-negative float weights (need not sum to 1), each row
@@ -83,20 +83,18 @@ def sample_categorical(probs: Tensor, generator: torch.Generator | None = None) 
     columns = block * BLOCK_SIZE + torch.arange(BLOCK_SIZE, device=rows.device)  # (R, BLOCK_SIZE)
     inside = columns < classes
     weights = rows.gather(-1, columns.clamp(max=classes - 1)).to(dtype) * inside  # (R, BLOCK_SIZE)
-    block_total = weights.sum(-1, keepdim=True)  # (R, 1), the float64 sum of what block_sums rounded
-    fraction = left / block_sums.gather(-1, block)  # (R, 1), in [0, 1)
-    index, _ = _locate(weights, fraction, scale=block_total)
+    fraction = left / block_sums.gather(-1, block)  # (R, 1), in [0, 1) up to rounding
+    index, _ = _locate(weights, fraction)
     return (block * BLOCK_SIZE + index).reshape(leading)
 
 
-def _locate(weights: Tensor, fraction: Tensor, scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The entry of ``weights`` ``(R, n)`` whose cumulative interval holds ``fraction * total``
-    (``total``: the row's sum, or ``scale``), kept strictly below the sum; the entry ``(R, 1)``
-    int64 and the point's offset from the entry's start ``(R, 1)``."""
+def _locate(weights: Tensor, fraction: Tensor) -> tuple[Tensor, Tensor]:
+    """The entry of ``weights`` ``(R, n)`` whose cumulative interval holds ``fraction`` of the
+    row's sum (kept strictly below the sum); the entry ``(R, 1)`` int64 and the point's offset
+    from the entry's start ``(R, 1)``."""
     cdf = weights.cumsum(-1)  # (R, n)
     total = cdf[:, -1:]
-    point = fraction * (total if scale is None else scale)
-    point = torch.minimum(point, torch.nextafter(total, torch.zeros_like(total)))  # (R, 1), in [0, total)
+    point = torch.minimum(fraction * total, torch.nextafter(total, torch.zeros_like(total)))  # (R, 1), in [0, total)
     index = torch.searchsorted(cdf, point, right=True)  # (R, 1)
     start = torch.where(index > 0, cdf.gather(-1, (index - 1).clamp(min=0)), 0.0)
     return index, point - start
