@@ -80,6 +80,11 @@ OVERRIDE_CASES = [
     ("srpo setting", "embodied_srpo", ["algorithm.srpo.dbscan_eps=-1"], "dbscan_eps"),
     ("gae without a critic", "embodied_srpo", ["algorithm.adv_estimator=gae"], "reads batch key 'values'"),
     ("group of one", "embodied_srpo", ["data.group_size=1"], "data.group_size"),
+    # a group of one has all-equal values: the filter dropped every group and dynamic sampling refilled in vain
+    ("zero-variance filter of groups of one", "embodied_grpo",
+     ["data.group_size=1", "algorithm.adv_estimator=reinforce_plus_plus"], "algorithm.filter_groups.zero_variance"),
+    ("dynamic sampling of groups of one", "llm_dapo",
+     ["data.group_size=1", "algorithm.adv_estimator=reinforce_plus_plus"], "algorithm.filter_groups.zero_variance"),
     ("no workers", "embodied_srpo", ["workers.num_workers=0"], "workers.num_workers"),
     ("nan score", "llm_grpo", ["text.format_score=nan"], "finite number"),
     ("unknown workflow", "embodied_srpo", ["run.workflow=speech"], "run.workflow"),

@@ -301,3 +301,23 @@ def test_each_objective_registers_its_own_settings():
     # GSPO's default clip range is the paper's (Zheng et al. 2025, §5.1), not PPO's
     assert (GSPOConfig().clip_ratio_low, GSPOConfig().clip_ratio_high) == (3e-4, 4e-4)
     assert "dual_clip_c" not in config_fields(GSPOConfig) and "policy_drift_coef" not in config_fields(PPOClipConfig)
+
+
+def test_gspo_averages_over_the_losss_units_as_docs_algorithms_says():
+    """docs/algorithms.md: at ratio_granularity action a unit sums an action's A dimensions, so
+    log s_i is A times the per-dimension mean; A = 7, a per-dimension log-ratio of 1e-4 and
+    positive advantages: every sequence is clipped (no gradient) at action, none at token."""
+    config = GSPOConfig(clip_ratio_low=3e-4, clip_ratio_high=4e-4)
+    old = torch.randn(4, 5 * 7, generator=torch.Generator().manual_seed(0))
+    for granularity in ("token", "action"):
+        new = (old + 1e-4).requires_grad_()
+        units = (new, old) if granularity == "token" else (new.view(4, 5, 7).sum(-1), old.view(4, 5, 7).sum(-1))
+        mask = torch.ones_like(units[0], dtype=torch.bool)
+        loss, metrics = POLICY_LOSSES.get("gspo")(*units, torch.ones(4), mask, config, "seq-mean-token-mean")
+        loss.backward()
+        if granularity == "token":
+            assert metrics["pg_clipfrac"] == 0.0 and metrics["ratio_mean"] == pytest.approx(1.0001, abs=1e-6)
+            assert new.grad.norm() > 0
+        else:
+            assert metrics["pg_clipfrac"] == 1.0 and metrics["ratio_mean"] == pytest.approx(1.0007, abs=1e-6)
+            assert new.grad.norm() == 0

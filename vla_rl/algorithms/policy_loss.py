@@ -263,7 +263,12 @@ def compute_gspo_loss(
     token-level advantages. ``l_i`` is placed on each of the row's valid tokens and reduced with
     ``loss_agg_mode``: ``"seq-mean-token-mean"`` gives ``mean_i l_i``, the paper's objective
     (verl forces that mode; here the aggregation stays a setting of its own). The paper's clip
-    ranges are far narrower than PPO's (3e-4 / 4e-4).
+    ranges are far narrower than PPO's (3e-4 / 4e-4) and sized for per-token means. ``|y_i|``
+    counts the row's valid positions, which are the loss's units: a text's tokens, but for a
+    robot policy at ``ratio_granularity`` ``action`` (``chunk``) each unit sums an action's (a
+    decision's executed actions') dimensions, so ``log s_i`` is A (C x A) times the mean over the
+    dimensions and the ranges are that much tighter; ``ratio_granularity: token`` averages over
+    dimensions.
 
     Args:
         log_probs, old_log_probs, advantages, response_mask: see the module docstring.

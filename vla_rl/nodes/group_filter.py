@@ -37,7 +37,17 @@ def _num_groups(batch: TensorDict) -> int:
     return int(torch.unique(batch[keys.UID]).numel())
 
 
-@register_node("filter", "compute", reads=FILTER_READS)
+def _groups_have_variance(config, node_config, dp_size: int, world_size: int):
+    """The zero-variance filter compares a group's samples: a group of one has nothing to compare."""
+    if config.algorithm.filter_groups.zero_variance and config.data.group_size < 2:
+        return "algorithm.filter_groups.zero_variance", (
+            f"data.group_size is {config.data.group_size}: every group holds one sample, whose values are all "
+            "equal, so the zero-variance filter would drop every group and nothing would train; set "
+            "algorithm.filter_groups.zero_variance=false or data.group_size of 2 or more")
+    return None
+
+
+@register_node("filter", "compute", reads=FILTER_READS, check=_groups_have_variance)
 def filter_groups(ctx, batch) -> NodeOutput:
     """Keep the groups that carry signal.
 
@@ -73,6 +83,9 @@ def _env_steps(metrics: dict) -> float:
 
 
 def _refills_its_own_shard(config, node_config, dp_size: int, world_size: int):
+    problem = _groups_have_variance(config, node_config, dp_size, world_size)
+    if problem is not None:
+        return problem
     algo = config.algorithm
     if dp_size != world_size:
         return "dp_size", (f"dynamic sampling runs on every worker (each refills its own shard): dp_size {dp_size} != "
