@@ -404,7 +404,8 @@ def _draw_robot_reset_noise_as_robosuite_14(env: Any) -> None:
     rng=...)``) it draws from robosuite's own generator, so the fixtures took the generator's first
     numbers and landed elsewhere (libero_spatial task 0's cabinet 14.0 mm from where robosuite
     1.4.1 with the original LIBERO puts it, seed 0). Taking the same draws here, on robosuite 1.5
-    only, puts them where robosuite 1.4 does (measured: within 1.5e-6 m, the recorded figures' rounding, see
+    only, puts them where robosuite 1.4 does (measured: within 1.5e-6 m, the recorded figures'
+    rounding, see
     ``tests/simulators/test_libero_env.py::test_fixtures_stand_where_robosuite_14_puts_them``).
     The robots' own noise is unchanged (robosuite 1.5's generator).
 
