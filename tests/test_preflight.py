@@ -1,13 +1,13 @@
 """Pre-flight checks (vla_rl/preflight.py): a table of malformed prompt files and model
 checkpoints, each refused before anything starts with a PreflightError naming the file and the
 config field, and through the command line with exit status 2, one line, no traceback and
-nothing created on disk; the good inputs pass; loading is strict at run time too."""
+nothing created on disk; the good inputs pass (strict loading at run time:
+tests/test_strict_loading.py)."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,114 +16,40 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from checkpoint_inputs import (
+    PI0,
+    PI0_FROM_DIR,
+    TEXT,
+    VLA,
+    VLA_FROM_DIR,
+    Assets,
+    copy_dir,
+    good_lines,
+    jsonl,
+    make_assets,
+    parquet,
+    rename_first_layer,
+    rewrite_weights,
+    rows,
+    to_pickle,
+    truncate,
+    widen,
+)
+from safetensors.torch import save_file
 
 from vla_rl.cli import main
 from vla_rl.dag.loader import load_template
 from vla_rl.preflight import PreflightError, preflight
 
-TEXT = "llm_grpo"
-VLA = "embodied_grpo_oft_lift"
-#: The OFT template's policy, loaded from a checkpoint directory instead of the tiny preset.
-VLA_FROM_DIR = ["policy.config.architecture=null", "policy.config.proprio_dim=null"]
-PI0 = "embodied_grpo_pi0_lift"
-#: The π0 template's policy, loaded from a checkpoint directory (its architecture, saved) instead.
-PI0_FROM_DIR = ["policy.config.architecture=null"]
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory, tiny_lm_dir) -> Assets:
+    return make_assets(tmp_path_factory, tiny_lm_dir)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread(torch_one_thread):
     """Small models on the shared machines run fastest on one thread."""
-
-
-@dataclass(frozen=True)
-class Assets:
-    """Good inputs that the cases copy and damage."""
-
-    train: Path  # parquet, row groups of 16, with extra_info.answer
-    test: Path
-    lm: Path  # tiny Qwen2 checkpoint
-    vla: Path  # tiny OpenVLA-OFT checkpoint (no proprio projector)
-    pi0: Path  # tiny π0 checkpoint of the π0 template's architecture, with norm_stats.json
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory, tiny_lm_dir) -> Assets:
-    from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
-    from policies.openvla_oft.modeling_openvla_oft import OpenVLAOFTPolicy
-    from policies.pi0.policy_pi0 import PI0Policy
-    from vla_rl.data.arithmetic import write_arithmetic_dataset
-
-    root = tmp_path_factory.mktemp("preflight_assets")
-    files = write_arithmetic_dataset(root / "prompts", 200, 64, row_group_size=16)
-    policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(architecture={"preset": "tiny", "image_size": 56},
-                                                     cameras=["agentview"]))
-    vla = policy.save_pretrained(root / "vla")
-    pi0_config = load_template(PI0).config.policy.policy_config()
-    pi0_config.action_statistics = {"q01": [-1.0] * pi0_config.action_dim, "q99": [1.0] * pi0_config.action_dim}
-    pi0 = PI0Policy(pi0_config).save_pretrained(root / "pi0")
-    return Assets(files["train"], files["test"], Path(tiny_lm_dir), vla, pi0)
-
-
-# ---------------------------------------------------------------- helpers that damage inputs
-
-
-def rows(n: int = 8, **replace) -> list[dict]:
-    """``n`` rows in the verl format (with ``extra_info.answer``), fields overridden by ``replace``."""
-    out = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}], "data_source": "vla_rl/arithmetic",
-             "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
-             "extra_info": {"answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}} for i in range(n)]
-    return [{**row, **replace} for row in out]
-
-
-def parquet(path: Path, table_rows: list[dict], row_group_size: int = 4) -> Path:
-    pq.write_table(pa.Table.from_pylist(table_rows), path, row_group_size=row_group_size)
-    return path
-
-
-def jsonl(path: Path, lines: list[bytes]) -> Path:
-    path.write_bytes(b"".join(line + b"\n" for line in lines))
-    return path
-
-
-def good_lines(n: int = 8) -> list[bytes]:
-    return [json.dumps(row).encode() for row in rows(n)]
-
-
-def copy_dir(source: Path, target: Path) -> Path:
-    shutil.copytree(source, target)
-    return target
-
-
-def rewrite_weights(directory: Path, change: Callable[[dict], dict]) -> Path:
-    """Rewrite ``model.safetensors`` of a copied checkpoint through ``change``."""
-    weights = directory / "model.safetensors"
-    save_file(change(load_file(weights)), weights, metadata={"format": "pt"})
-    return weights
-
-
-def truncate(path: Path, keep: float = 0.5) -> Path:
-    data = path.read_bytes()
-    path.write_bytes(data[: int(len(data) * keep)])
-    return path
-
-
-def rename_first_layer(state: dict) -> dict:
-    return {name.replace("model.layers.0.", "model.blocks.0."): tensor for name, tensor in state.items()}
-
-
-def widen(name: str) -> Callable[[dict], dict]:
-    def change(state: dict) -> dict:
-        tensor = state[name]
-        return {**state, name: torch.zeros(tensor.shape[0] + 1, *tensor.shape[1:])}
-    return change
-
-
-def to_pickle(directory: Path) -> Path:
-    """Replace the safetensors weights by ``pytorch_model.bin`` (torch's pickle format)."""
-    torch.save(load_file(directory / "model.safetensors"), directory / "pytorch_model.bin")
-    (directory / "model.safetensors").unlink()
-    return directory / "pytorch_model.bin"
 
 
 # ----------------------------------------------------------------------------- the cases
@@ -457,123 +383,6 @@ def test_good_pi0_checkpoint_passes_and_loads(assets, capsys):
     assert "plan 'embodied_grpo_pi0_lift'" in capsys.readouterr().out
     policy = PI0Policy(load_template(PI0, overrides).config.policy.policy_config())  # what passed loads
     assert policy.action_statistics is not None  # from the checkpoint's norm_stats.json
-
-
-# ------------------------------------------------------------------ strict loading at run time
-
-
-def test_causal_lm_loading_is_strict(assets, tmp_path):
-    from policies.causal_lm.loading import load_pretrained
-
-    renamed = copy_dir(assets.lm, tmp_path / "renamed")
-    rewrite_weights(renamed, rename_first_layer)
-    with pytest.raises(ValueError, match=rf"{renamed}: the weights do not match .*12 missing \(model\.layers\.0\."):
-        load_pretrained(renamed)
-    model, _ = load_pretrained(renamed, allow_partial_load=True)
-    assert model.model.layers[0].mlp.up_proj.weight.shape == (128, 64)
-
-    widened = copy_dir(assets.lm, tmp_path / "widened")
-    rewrite_weights(widened, widen("model.layers.0.mlp.up_proj.weight"))
-    with pytest.raises(ValueError, match=r"up_proj\.weight: \(129, 64\) in the checkpoint, \(128, 64\) in the model"):
-        load_pretrained(widened)
-
-    no_tokenizer = copy_dir(assets.lm, tmp_path / "no_tokenizer")
-    (no_tokenizer / "tokenizer.json").unlink()
-    with pytest.raises(ValueError, match=rf"{no_tokenizer}: no usable tokenizer"):
-        load_pretrained(no_tokenizer)
-
-    pickled = copy_dir(assets.lm, tmp_path / "pickled")
-    to_pickle(pickled)
-    with pytest.raises(ValueError, match="pickle weights are refused"):
-        load_pretrained(pickled)
-    model, _ = load_pretrained(pickled, allow_pickle=True)
-    reference, _ = load_pretrained(assets.lm)
-    assert torch.equal(model.model.norm.weight, reference.model.norm.weight)
-
-    truncated = copy_dir(assets.lm, tmp_path / "truncated")
-    truncate(truncated / "model.safetensors", 0.6)
-    with pytest.raises(ValueError, match=r"model\.safetensors: truncated"):
-        load_pretrained(truncated)
-
-
-def test_raw_prompts_are_encoded_as_they_are(assets, tmp_path):
-    from policies.causal_lm import CausalLMConfig, CausalLMPolicy
-
-    raw = copy_dir(assets.lm, tmp_path / "raw")
-    (raw / "chat_template.jinja").unlink()
-    with pytest.raises(ValueError, match="no chat template"):
-        CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(raw)))
-    policy = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(raw), prompt_format="raw",
-                                                           max_prompt_length=16))
-    input_ids, attention_mask = policy.processor.encode_prompts([[{"role": "user", "content": "What is 2 + 3?"}]], 16)
-    expected = policy.tokenizer("What is 2 + 3?", add_special_tokens=False)["input_ids"]
-    assert input_ids[0, attention_mask[0].bool()].tolist() == expected
-
-
-def test_raw_prompts_get_the_special_tokens_the_tokenizer_adds(assets):
-    """A tokenizer that adds a BOS (Llama's, Mistral's, Gemma's) gets it on raw prompts, as TRL
-    encodes them (processing_class(text=prompts)); a chat template writes its own."""
-    from tokenizers.processors import TemplateProcessing
-    from transformers import AutoTokenizer
-
-    from policies.causal_lm.processor_causal_lm import CausalLMProcessor
-
-    tokenizer = AutoTokenizer.from_pretrained(assets.lm)
-    bos = "<|im_start|>"  # stands in for a BOS token
-    bos_id = tokenizer.convert_tokens_to_ids(bos)
-    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, bos_id)])
-    prompt = [{"role": "user", "content": "What is 2 + 3?"}]
-    raw = CausalLMProcessor(tokenizer, prompt_format="raw")
-    input_ids, attention_mask = raw.encode_prompts([prompt], 16)
-    assert input_ids[0, attention_mask[0].bool()].tolist() == tokenizer("What is 2 + 3?")["input_ids"]
-    assert input_ids[0, attention_mask[0].bool()][0] == bos_id
-    chat = CausalLMProcessor(tokenizer)
-    input_ids, attention_mask = chat.encode_prompts([prompt], 40)
-    rendered = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-    assert input_ids[0, attention_mask[0].bool()].tolist() == tokenizer(rendered, add_special_tokens=False)["input_ids"]
-
-
-def test_vla_loading_is_strict(assets, tmp_path):
-    from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
-    from policies.openvla_oft.modeling_openvla_oft import OpenVLAOFTPolicy
-
-    widened = copy_dir(assets.vla, tmp_path / "widened")
-    rewrite_weights(widened, widen("projector.fc1.weight"))
-    with pytest.raises(ValueError, match=r"the weights do not match .*projector\.fc1\.weight"):
-        OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(widened), cameras=["agentview"]))
-    policy = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(widened), cameras=["agentview"],
-                                                     allow_partial_load=True))
-    saved = load_file(assets.vla / "model.safetensors")
-    assert policy.vla.projector.fc1.weight.shape == saved["projector.fc1.weight"].shape  # kept its initialisation
-    assert torch.equal(policy.vla.projector.fc2.weight, saved["projector.fc2.weight"])  # the rest loaded
-
-
-def test_safetensors_header_length_is_checked(tmp_path):
-    from policies.checkpoint_files import read_safetensors_header
-
-    path = tmp_path / "h.safetensors"
-    path.write_bytes(struct.pack("<Q", 10_000) + b"{}")
-    with pytest.raises(ValueError, match=rf"{path}: not a safetensors file, or a truncated one"):
-        read_safetensors_header(path)
-
-
-def test_eval_of_a_run_whose_pretrained_checkpoint_went_bad(assets, tmp_path, capsys):
-    import yaml
-
-    from vla_rl.checkpoints.layout import TRAINER_STATE_FILE
-
-    broken = copy_dir(assets.vla, tmp_path / "vla")
-    truncate(broken / "model.safetensors", 0.3)
-    run_dir = tmp_path / "run"
-    checkpoint = run_dir / "checkpoints" / "step_00000005"
-    checkpoint.mkdir(parents=True)
-    (checkpoint / TRAINER_STATE_FILE).write_text("{}")
-    raw = load_template(VLA, [*VLA_FROM_DIR, f"policy.config.model_path={broken}"]).raw
-    (run_dir / "template.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    assert main(["eval", str(run_dir)]) == 2
-    error = capsys.readouterr().err
-    assert "field 'policy.config.model_path'" in error and f"{broken / 'model.safetensors'}: truncated" in error
-    assert not (run_dir / "eval").exists()
 
 
 def test_chat_template_kwargs_reach_the_workers_policy_and_the_prompt_length_check(assets, tmp_path):
