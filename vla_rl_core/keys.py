@@ -33,7 +33,8 @@ SUCCESS = "success"  # (batch,) bool
 FINISH_STEP = "finish_step"  # (batch,) int64: decision steps taken (action chunks; the episode length)
 CONTROL_STEPS = "control_steps"  # (batch,) int64: actions executed (control steps); an episode that ends inside a
 # chunk (a success, the time limit) never executes the rest of it, and those actions are no unit of the loss
-TRUNCATED = "truncated"  # (batch,) bool: the episode hit its time limit without success
+TRUNCATED = "truncated"  # (batch,) bool: the episode hit its time limit without success; a text response reached
+# text.max_response_length without an end-of-sequence token
 
 # Evaluation episodes (vla-rl eval).
 CHECKPOINT_INDEX = "checkpoint_index"  # (batch,) int64: position in eval.checkpoints

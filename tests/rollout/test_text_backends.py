@@ -13,7 +13,7 @@ from tensordict import TensorDict
 from policies.causal_lm import CausalLMConfig, CausalLMPolicy
 from policies.causal_lm.modeling_causal_lm import Generation
 from vla_rl.config import TrainerSection
-from vla_rl.nodes.text import sample_groups
+from vla_rl.nodes.text import sample_groups, truncated_responses
 from vla_rl.rollout.text_backends import PolicyTextRollout, make_text_rollout
 from vla_rl.rollout.token_lists import generation_from_token_lists, unpad_prompts
 from vla_rl_core import keys
@@ -158,3 +158,33 @@ def test_the_vllm_engine_computes_outside_the_trainers_autocast(policy, prompts,
     samples, _ = sample_groups(resources, 3, prompt_batch)
     assert rollout.llm.autocast_on == {"reload_weights": False, "generate": False}
     assert samples[keys.RESPONSES].shape == (6, 8) and not rollout.stale
+
+
+class _FixedRollout:
+    """A sampler that answers with fixed responses."""
+
+    exact_log_probs = True
+
+    def __init__(self, responses: torch.Tensor, lengths: list[int]) -> None:
+        mask = torch.arange(responses.shape[1])[None, :] < torch.tensor(lengths)[:, None]
+        self.generation = Generation(responses, mask, torch.where(mask, -0.5, 0.0))
+
+    def sample(self, input_ids, attention_mask, group_size, generator):
+        return self.generation
+
+
+def test_responses_without_an_end_of_sequence_token_are_marked_truncated(policy, prompts):
+    """``truncated``: the last token is no EOS (TRL's ``is_truncated``), also at the length limit."""
+    eos, pad = policy.processor.eos_token_ids[0], 0
+    responses = torch.tensor([[7, 8, eos, pad], [7, 8, 9, 10], [7, 8, 9, eos], [eos, pad, pad, pad]])
+    input_ids, attention_mask = prompts
+    prompt_batch = TensorDict({keys.INPUT_IDS: input_ids, keys.ATTENTION_MASK: attention_mask,
+                               keys.UID: torch.arange(2)}, batch_size=[2])
+    resources = SimpleNamespace(text_rollout=_FixedRollout(responses, [3, 4, 4, 1]), policy=policy,
+                                generator=torch.Generator().manual_seed(0), device=policy.device,
+                                config=SimpleNamespace(trainer=TrainerSection()))
+    samples, _ = sample_groups(resources, 2, prompt_batch)
+    assert samples[keys.TRUNCATED].tolist() == [False, True, False, False]
+    assert samples[keys.FINISH_STEP].tolist() == [3, 4, 4, 1]
+    # without end-of-sequence tokens every response that has a token is cut
+    assert truncated_responses(responses, torch.tensor([3, 4, 4, 0]), []).tolist() == [True, True, True, False]

@@ -492,3 +492,71 @@ def test_a_diverged_update_is_skipped_and_stops_the_run_after_k_in_a_row(process
         assert all(torch.equal(p, q) for p, q in zip(policy.parameters(), blown))  # untouched
     with pytest.raises(RunStopped, match=r"3 updates in a row had a non-finite gradient norm.*trainer.lr"):
         trainer.update(batch, algorithm, settings, torch.Generator().manual_seed(2))
+
+
+def _text_update(policy, batch, device, **overrides) -> tuple[dict[str, float], list[torch.Tensor]]:
+    """One update of a copy of the causal LM ``policy`` on ``batch`` (one minibatch); its metrics
+    and parameters."""
+    from vla_rl.trainers.actor import text_forward
+
+    policy = copy.deepcopy(policy).to(device)
+    algorithm, trainer = update_config("ppo_clip", "action", **overrides)
+    metrics = ActorTrainer(policy, lr=1e-2, forward=text_forward, trainer=trainer).update(
+        batch, algorithm, trainer, torch.Generator().manual_seed(2))
+    return metrics, [p.detach().clone() for p in policy.parameters()]
+
+
+@pytest.fixture(scope="module")
+def text_batch(tiny_lm_dir):
+    """A tiny causal LM and four sampled responses with fixed advantages; responses 1 and 3 are
+    marked as cut at the length limit."""
+    from fsdp_harness import _text_batch
+
+    from policies.causal_lm import CausalLMConfig, CausalLMPolicy
+
+    torch.manual_seed(0)
+    policy = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(tiny_lm_dir), max_prompt_length=32,
+                                                           max_response_length=8))
+    batch = _text_batch(policy, 0)
+    batch.set(keys.TRUNCATED, torch.tensor([False, True, False, True]))
+    return policy, batch
+
+
+@pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_masked_truncated_responses_update_as_if_they_were_not_in_the_batch(process_group, device, text_batch,
+                                                                             agg_mode):
+    """``algorithm.mask_truncated_responses`` (TRL's ``mask_truncated_completions``): the update is
+    the one on the batch without the truncated responses, whatever the loss aggregation (they
+    leave its denominator too); without it they count."""
+    policy, batch = text_batch
+    before = [p.detach().clone() for p in policy.parameters()]
+    kept_batch = batch[torch.tensor([0, 2])]
+    kept_batch.set(keys.REF_LOG_PROBS, torch.zeros(2, 8, 1, 1))
+    batch = batch.clone()
+    batch.set(keys.REF_LOG_PROBS, torch.zeros(4, 8, 1, 1))
+    masked, masked_params = _text_update(policy, batch, device, loss_agg_mode=agg_mode, mask_truncated_responses=True,
+                                         entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1)
+    kept, kept_params = _text_update(policy, kept_batch, device, loss_agg_mode=agg_mode, entropy_coeff=0.01,
+                                     use_kl_loss=True, kl_loss_coef=0.1)
+    counted, counted_params = _text_update(policy, batch, device, loss_agg_mode=agg_mode, entropy_coeff=0.01,
+                                           use_kl_loss=True, kl_loss_coef=0.1)
+    for name in ("actor/pg_loss", "actor/entropy", "actor/kl_loss"):
+        assert masked[name] == pytest.approx(kept[name], rel=1e-5, abs=1e-7), name
+    assert masked["actor/pg_loss"] != pytest.approx(counted["actor/pg_loss"], rel=1e-3)
+    # Adam's first step is lr * g / (|g| + eps): a gradient element near eps turns float rounding
+    # into a visible difference, so the steps are compared to 1% of the learning rate (1e-2)
+    step = max(float((m.cpu() - b).abs().max()) for m, b in zip(masked_params, before))
+    assert step == pytest.approx(1e-2, rel=1e-3)
+    for m, k in zip(masked_params, kept_params):
+        torch.testing.assert_close(m.cpu(), k.cpu(), rtol=0, atol=1e-4)
+    assert max(float((m - c).abs().max()) for m, c in zip(masked_params, counted_params)) > 5e-3
+
+
+def test_a_batch_of_truncated_responses_only_changes_nothing(process_group, device, text_batch):
+    policy, batch = text_batch
+    batch = batch.clone()
+    batch.set(keys.TRUNCATED, torch.ones(4, dtype=torch.bool))
+    metrics, params = _text_update(policy, batch, device, mask_truncated_responses=True)
+    assert metrics["actor/num_updates"] == 1.0 and metrics["actor/pg_loss"] == 0.0
+    for p, q in zip(params, policy.parameters()):
+        assert torch.equal(p.cpu(), q.detach().cpu())

@@ -91,6 +91,16 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _check_text_only_settings(self) -> RunConfig:
+        """Settings about text responses are refused in embodied runs, where they would mean
+        something else: an episode at its time limit (``truncated``) is a failure the loss learns from."""
+        if self.run.workflow != "text" and self.algorithm.mask_truncated_responses:
+            raise ComponentConfigError("algorithm.mask_truncated_responses", "applies to text responses (run.workflow: "
+                                       "text); an embodied episode that reaches its time limit is a failure the loss "
+                                       "must see")
+        return self
+
+    @model_validator(mode="after")
     def _check_cameras(self) -> RunConfig:
         """An embodied policy's cameras (``policy.config.cameras``: it reads ``<camera>_image`` of
         each) are among those the simulator renders (``simulator.env.cameras``); without this the

@@ -128,6 +128,12 @@ class AlgorithmSection(_Section):
     loss_agg_normalizer: float | None = Field(
         None, gt=0, description="Constant of 'seq-mean-token-sum-norm' (null: the padded length)."
     )
+    mask_truncated_responses: bool = Field(
+        False, description="Text workflows: leave the responses cut at text.max_response_length (their last token is "
+        "no end-of-sequence token) out of the actor's loss, its policy-gradient, entropy and KL terms alike; their "
+        "rewards still count in their groups' advantages (TRL's mask_truncated_completions; DAPO's overlong "
+        "filtering, Yu et al. 2025, section 3.4).",
+    )
     entropy_coeff: float = Field(0.0, ge=0, description="Weight of the entropy bonus (aggregated like the loss).")
     use_kl_loss: bool = Field(False, description="Add a KL(policy || reference) term to the actor loss.")
     kl_loss_coef: float = Field(0.001, ge=0, description="Weight of the KL loss term.")

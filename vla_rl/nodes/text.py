@@ -19,18 +19,19 @@ from __future__ import annotations
 
 import torch
 from tensordict import TensorDict
+from torch import Tensor
 
 from vla_rl.algorithms.rewards import overlong_penalty
 from vla_rl.dag.registry import NodeOutput, register_node
-from vla_rl.nodes.reward import overlong_buffer_fits
 from vla_rl.data.prompt_dataset import PromptRow
+from vla_rl.nodes.reward import overlong_buffer_fits
 from vla_rl.rewards.verifiers import RuleRewardConfig, score_responses
 from vla_rl.trainers.actor import per_dim_log_probs, text_forward
 from vla_rl.trainers.strategy import autocast
 from vla_rl_core import keys
 
 PROMPT_KEYS = (keys.INPUT_IDS, keys.ATTENTION_MASK, keys.UID)
-RESPONSE_KEYS = (keys.RESPONSES, keys.RESPONSE_MASK, keys.OLD_LOG_PROBS, keys.FINISH_STEP)
+RESPONSE_KEYS = (keys.RESPONSES, keys.RESPONSE_MASK, keys.OLD_LOG_PROBS, keys.FINISH_STEP, keys.TRUNCATED)
 
 
 def _shards_divide_the_prompts(config, node_config, dp_size: int, world_size: int):
@@ -92,14 +93,37 @@ def generate_responses(ctx, batch) -> NodeOutput:
     Returns:
         ``(g * group_size,)`` samples, groups contiguous: the prompt keys and ``uid``, plus
         ``responses`` ``(n, R)`` int64, ``response_mask`` ``(n, R)`` bool, ``old_log_probs``
-        ``(n, R, 1)`` float32 (one-token actions) and ``finish_step`` ``(n,)`` int64 (response
-        lengths), with ``R = text.max_response_length``.
+        ``(n, R, 1)`` float32 (one-token actions), ``finish_step`` ``(n,)`` int64 (response
+        lengths) and ``truncated`` ``(n,)`` bool (:func:`truncated_responses`), with
+        ``R = text.max_response_length``.
+
+    Metrics: ``rollout/response_length`` (mean), ``rollout/clip_ratio`` (the share of responses
+    of length ``R``, verl's ``response_length/clip_ratio``) and ``rollout/truncated_ratio`` (the
+    share without an end-of-sequence token, TRL's ``completions/clipped_ratio``).
     """
     samples, metrics = sample_groups(ctx.resources, ctx.config.data.group_size, batch)
     lengths = samples[keys.FINISH_STEP]
     metrics["rollout/response_length"] = float(lengths.float().mean())
     metrics["rollout/clip_ratio"] = float((lengths == samples[keys.RESPONSES].shape[1]).float().mean())
+    metrics["rollout/truncated_ratio"] = float(samples[keys.TRUNCATED].float().mean())
     return NodeOutput(samples, metrics)
+
+
+def truncated_responses(responses: Tensor, lengths: Tensor, eos_token_ids: list[int]) -> Tensor:
+    """Which responses were cut by the length limit: their last token is no end-of-sequence token
+    (TRL's ``is_truncated``; the samplers stop at the first one, or at ``text.max_response_length``).
+
+    Args:
+        responses: ``(n, R)`` int64, right-padded.
+        lengths: ``(n,)`` int64, each response's tokens.
+        eos_token_ids: the tokens that end a response (none: every response is cut).
+
+    Returns:
+        ``(n,)`` bool, on ``responses``' device; False for an empty response.
+    """
+    last = responses.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]  # (n,)
+    ends = torch.isin(last, torch.tensor(eos_token_ids, dtype=responses.dtype, device=responses.device))
+    return (lengths > 0) & ~ends
 
 
 def sample_groups(resources, group_size: int, prompts: TensorDict) -> tuple[TensorDict, dict[str, float]]:
@@ -119,7 +143,10 @@ def sample_groups(resources, group_size: int, prompts: TensorDict) -> tuple[Tens
     samples.set(keys.RESPONSES, generation.responses.cpu())
     samples.set(keys.RESPONSE_MASK, generation.response_mask.cpu())
     samples.set(keys.OLD_LOG_PROBS, generation.log_probs.cpu()[..., None])  # (n, R, 1)
-    samples.set(keys.FINISH_STEP, generation.response_mask.sum(-1).cpu())  # (n,)
+    lengths = generation.response_mask.sum(-1)  # (n,)
+    samples.set(keys.FINISH_STEP, lengths.cpu())
+    samples.set(keys.TRUNCATED, truncated_responses(generation.responses, lengths,
+                                                    resources.policy.processor.eos_token_ids).cpu())
     if rollout.exact_log_probs:
         return samples, {}
     policy = resources.policy.eval()

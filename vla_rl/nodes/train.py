@@ -21,6 +21,8 @@ def build_actor(res):
 
 def _actor_reads(config, node_config) -> tuple[str, ...]:
     reads = (*scored_keys(config, node_config), keys.OLD_LOG_PROBS, keys.ADVANTAGES)
+    if config.algorithm.mask_truncated_responses:
+        reads = (*reads, keys.TRUNCATED)
     return (*reads, keys.REF_LOG_PROBS) if config.algorithm.use_kl_loss else reads
 
 

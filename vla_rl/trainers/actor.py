@@ -92,6 +92,20 @@ def loss_actions(batch: TensorDict, chunk_size: int) -> Tensor:
     return mask.bool()[..., None].expand(*mask.shape, chunk_size)
 
 
+def without_truncated_responses(batch: TensorDict) -> TensorDict:
+    """``batch`` with an empty ``response_mask`` on its ``truncated`` responses
+    (``algorithm.mask_truncated_responses``): they are no unit of any loss term nor of its
+    aggregation's denominator, as TRL's ``mask_truncated_completions`` zeroes their
+    ``completion_mask``; ``batch`` itself is left as it is.
+
+    Args:
+        batch: text samples with ``response_mask`` ``(n, R)`` bool and ``truncated`` ``(n,)`` bool.
+    """
+    out = batch.clone(recurse=False)
+    out.set(keys.RESPONSE_MASK, batch[keys.RESPONSE_MASK] & ~batch[keys.TRUNCATED][:, None])
+    return out
+
+
 def weight_units(batch: TensorDict, granularity: str) -> Tensor:
     """``(n, L)`` bool whose rows count the loss's units at ``granularity`` up to a factor shared
     by every row (what :func:`~vla_rl.algorithms.aggregation.aggregation_weight` counts): the
@@ -242,8 +256,9 @@ class ActorTrainer:
                 ``advantages`` ``(n, T)``, and ``ref_log_probs`` ``(n, T, chunk, own_action_dim)`` with
                 ``algorithm.use_kl_loss``.
             algorithm: the run's ``algorithm`` section: the objective (``policy_loss`` and its
-                settings), ``ratio_granularity``, ``loss_agg_mode``, ``entropy_coeff`` and the
-                KL loss term.
+                settings), ``ratio_granularity``, ``loss_agg_mode``, ``entropy_coeff``, the
+                KL loss term and ``mask_truncated_responses`` (text: ``batch`` then holds
+                ``truncated`` ``(n,)`` bool, :func:`without_truncated_responses`).
             trainer: the run's ``trainer`` section: ``ppo_epochs``, ``ppo_mini_batch_size``
                 (episodes per minibatch summed over the workers; each pass makes
                 ``ceil(total episodes / ppo_mini_batch_size)`` minibatches, or
@@ -276,6 +291,8 @@ class ActorTrainer:
                 built in (see :func:`~vla_rl.algorithms.aggregation.aggregation_weight`).
         """
         batch = with_model_ready_observations(self.policy, batch.to(self.policy.device))  # once, at the node boundary
+        if algorithm.mask_truncated_responses:
+            batch = without_truncated_responses(batch)
         old_log_probs, metrics = self._old_log_probs(batch, algorithm.ratio_granularity,
                                                      trainer.micro_batch_size)  # (n, L)
         loss_fn = POLICY_LOSSES.get(algorithm.policy_loss)
