@@ -85,6 +85,13 @@ OVERRIDE_CASES = [
      ["data.group_size=1", "algorithm.adv_estimator=reinforce_plus_plus"], "algorithm.filter_groups.zero_variance"),
     ("dynamic sampling of groups of one", "llm_dapo",
      ["data.group_size=1", "algorithm.adv_estimator=reinforce_plus_plus"], "algorithm.filter_groups.zero_variance"),
+    # an episode at its time limit is a failure: leaving it out of the loss would learn from successes only
+    ("truncated responses masked in a robot run", "embodied_grpo", ["algorithm.mask_truncated_responses=true"],
+     "field 'algorithm.mask_truncated_responses': applies to text responses"),
+    # the generator drew in vain inside a worker ("asked for 8000 distinct arithmetic problems")
+    ("more generated rows than problems", "llm_grpo", ["text.arithmetic_levels=[add_small]",
+                                                       "text.num_generated_test=50"],
+     "field 'text.num_generated_train': the generated splits ask for 8000 + 50 distinct problems"),
     ("no workers", "embodied_srpo", ["workers.num_workers=0"], "workers.num_workers"),
     ("nan score", "llm_grpo", ["text.format_score=nan"], "finite number"),
     ("unknown workflow", "embodied_srpo", ["run.workflow=speech"], "run.workflow"),

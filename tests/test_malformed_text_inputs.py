@@ -567,18 +567,3 @@ def test_good_text_inputs_pass(case, assets, tmp_path, monkeypatch):
             f"    register_verifier(HASH_ANSWER_VERIFIER, {_PLUGIN_SOURCE!r})\n")
         path = parquet(tmp_path / "p.parquet", changed(rows(), r0={"data_source": _PLUGIN_SOURCE}))
         preflight(load_template(TEXT, [f"text.train_file={path}", "run.imports=[riddle_verifier_plugin]"]))
-
-
-def test_generated_prompts_are_not_read(monkeypatch):
-    """The run's own arithmetic files need no row checks: the pre-flight reads no rows and builds
-    no tokenizer."""
-    import policies.causal_lm.tiny as tiny
-    from vla_rl.data.prompt_dataset import PromptFile
-
-    def fail(*args, **kwargs):
-        raise AssertionError("the pre-flight read generated rows")
-
-    monkeypatch.setattr(PromptFile, "iter_rows", fail)
-    monkeypatch.setattr(tiny, "train_tokenizer", fail)
-    preflight(load_template(TEXT, []))
-    preflight(load_template("llm_sft", []))

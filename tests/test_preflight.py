@@ -349,7 +349,7 @@ def assert_cli_refuses_and_writes_nothing(capsys, tmp_path: Path, args: list[str
 
 
 @pytest.mark.parametrize("overrides", [
-    [],  # everything generated in the run directory: nothing to check
+    [],  # the model and prompts the run generates (the prompts checked in a temporary directory)
     ["text.model_path={lm}", "text.train_file={train}", "text.test_file={test}"],
     ["text.model_path={lm_raw}", "text.prompt_format=raw"],  # no chat template: fine for raw prompts
     ["text.model_path={lm_pickle}", "text.allow_pickle=true"],
@@ -365,6 +365,67 @@ def test_good_inputs_pass(overrides, assets, tmp_path):
     to_pickle(paths["lm_pickle"])
     rewrite_weights(paths["lm_renamed"], rename_first_layer)
     preflight(load_template(TEXT, [item.format(**paths) for item in overrides]))
+
+
+@pytest.mark.parametrize(("overrides", "field", "offending", "match"), [
+    (["text.max_response_length=12"], "text.train_file", "the generated arithmetic train split",
+     r"supervised targets .* raise text.max_response_length to (\d+)$"),
+    (["text.max_prompt_length=8"], "text.train_file", "the generated arithmetic train split",
+     r"prompts are longer .* raise text.max_prompt_length to (\d+)$"),
+    (["text.num_generated_train=10"], "text.train_file", "the generated arithmetic train split",
+     "fewer than the 2 shards .* raise text.num_generated_train"),
+    (["text.num_generated_test=1"], "text.test_file", "the generated arithmetic test split",
+     "fewer than the 2 shards .* raise text.num_generated_test"),
+], ids=["sft targets too long", "prompts too long", "too few training rows", "too few held-out rows"])
+def test_the_generated_prompts_are_checked_like_given_files(overrides, field, offending, match, tmp_path, capsys,
+                                                            monkeypatch):
+    """A run without prompt files generates them in its workers; the pre-flight generates the same
+    rows in a temporary directory (removed afterwards) and refuses what the workers would fail on
+    (before: ``text.max_response_length=12`` raised in the warm start's first step, after Ray
+    started, as a remote traceback). The length it asks for is the one that passes."""
+    import re
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    with pytest.raises(PreflightError, match=match) as raised:
+        preflight(load_template(TEXT, overrides))
+    assert raised.value.field == field and offending in str(raised.value)
+    assert not any(scratch.iterdir())
+    assert_cli_refuses_and_writes_nothing(capsys, tmp_path, [TEXT, *overrides], field, offending)
+    found = re.search(match, str(raised.value))
+    if found.groups():  # a length: asking for it passes
+        setting = overrides[0].split("=")[0]
+        preflight(load_template(TEXT, [f"{setting}={found.group(1)}"]))
+
+
+@pytest.mark.parametrize("template", [TEXT, "llm_sft"])
+def test_the_pre_flight_checks_the_rows_the_run_generates(template, tmp_path, monkeypatch):
+    """The generated splits the pre-flight checks are the ones the run writes in its directory
+    (same rows, same row groups), for the RL templates' warm start and the SFT template alike."""
+    from vla_rl.data.prompt_dataset import PromptFile
+    from vla_rl.workflows import text_assets
+
+    def rows(path) -> tuple[list, int]:
+        file = PromptFile(path)
+        return [row for batch in file.iter_rows(extra_columns=("extra_info.answer",)) for row in batch], \
+            pq.ParquetFile(path).num_row_groups
+
+    checked, write = {}, text_assets.write_generated_prompts
+
+    def write_and_keep(config, out_dir):
+        paths = write(config, out_dir)
+        checked.update({split: rows(path) for split, path in paths.items()})
+        return paths
+
+    config = load_template(template, []).config
+    monkeypatch.setattr(text_assets, "write_generated_prompts", write_and_keep)
+    preflight(load_template(template, []))
+    monkeypatch.undo()
+    assets = text_assets.ensure_text_assets(config, tmp_path)
+    assert set(checked) == {"train", "test"}
+    assert checked["train"] == rows(assets.train_file) and checked["test"] == rows(assets.test_file)
+    assert len(checked["train"][0]) == config.text.num_generated_train
 
 
 def test_good_vla_checkpoint_passes(assets, capsys):

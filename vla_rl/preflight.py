@@ -6,7 +6,8 @@ traceback beside a half-made run directory, and some never show up at all (a mod
 without its tokenizer files trains on empty prompts; weights whose names do not match the
 architecture leave it randomly initialised). :func:`preflight` checks what the template names:
 
-- **prompt files** (``text.train_file``, ``text.test_file``; generated ones need no check): the
+- **prompt files** (``text.train_file``, ``text.test_file``; when one is null, the arithmetic
+  splits the run would generate, written to a temporary directory and checked the same way): the
   file exists and is readable (parquet: magic bytes and footer; JSONL: every line UTF-8 JSON), the
   columns the run reads exist (``prompt``, ``data_source``, ``reward_model.ground_truth``, and
   ``text.sft_response_column`` for supervised warm starts), and every DP shard of each node that
@@ -40,6 +41,7 @@ the policies' ``check_pretrained``), so what passes here loads in the workers.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +63,8 @@ class PreflightError(TemplateError):
 
 
 def preflight(template: Template, world_size: int | None = None) -> None:
-    """Check the files the run will read (see the module docstring); touches nothing on disk.
+    """Check the files the run will read (see the module docstring); writes nothing outside a
+    temporary directory (the generated prompts, deleted on return).
 
     Args:
         template: a loaded (validated) template.
@@ -74,10 +77,11 @@ def preflight(template: Template, world_size: int | None = None) -> None:
     config = template.config
     the_plan = plan(template, world_size)
     if config.run.workflow == "text":
-        read = _check_prompt_files(config, the_plan)
-        tokenizer = _check_text_model(config) if config.text.model_path is not None else None
-        if read:
-            _check_prompt_rows(config, read, tokenizer)
+        with tempfile.TemporaryDirectory(prefix="vla_rl_preflight_") as scratch:
+            read = _check_prompt_files(config, the_plan, _generated_prompts(config, Path(scratch)))
+            tokenizer = _check_text_model(config) if config.text.model_path is not None else None
+            if read:
+                _check_prompt_rows(config, read, tokenizer)
     else:
         _check_policy_checkpoint(config)
 
@@ -167,11 +171,36 @@ class _ReadPrompts:
     scored: bool
     rows: frozenset[int] | None = None
     sft_column: str | None = None  # the column of supervised targets the run trains on, if any
+    generated: str | None = None  # the generated split's description (its file is temporary)
+
+    @property
+    def name(self) -> str:
+        """What messages call the file."""
+        return self.generated or str(self.file.path)
 
 
-def _check_prompt_files(config, the_plan: Plan) -> list[_ReadPrompts]:
+def _generated_prompts(config, scratch: Path) -> dict[str, str]:
+    """``{"text.train_file": path, ...}``: the arithmetic splits the run generates for the prompt
+    files its config leaves null, written under ``scratch`` as the run writes them."""
+    from vla_rl.workflows.text_assets import write_generated_prompts
+
+    text = config.text
+    if text.train_file is not None and text.test_file is not None:
+        return {}
+    paths = write_generated_prompts(config, scratch)
+    return {field: str(paths[split]) for field, split in (("text.train_file", "train"), ("text.test_file", "test"))
+            if getattr(text, field.removeprefix("text.")) is None}
+
+
+def _generated_name(field: str) -> str:
+    split = "train" if field == "text.train_file" else "test"
+    return f"the generated arithmetic {split} split ({field} is null)"
+
+
+def _check_prompt_files(config, the_plan: Plan, generated: dict[str, str]) -> list[_ReadPrompts]:
     """``text.train_file`` in every layout a node reads it with, ``text.test_file`` in the
-    evaluation's (one shard per worker). Returns the given files whose rows the run reads."""
+    evaluation's (one shard per worker); ``generated``: the files of the null ones
+    (:func:`_generated_prompts`). Returns the files whose rows the run reads."""
     text = config.text
     tasks = [task for phase in the_plan.phases.values() for task in phase.chains[0] if isinstance(task, RunNode)]
     layouts = {}  # dp_size -> the first node reading the training prompts at that size
@@ -181,19 +210,21 @@ def _check_prompt_files(config, the_plan: Plan) -> list[_ReadPrompts]:
     sft_targets = text.sft_steps > 0 or any(task.role == "data" and task.fn == "sft" for task in tasks)
     scores_training_rows = any(task.role == "reward" and PROMPT_LOADERS in task.resources for task in tasks)
     read = []
-    if text.train_file is not None:
-        file = _check_prompt_file(text.train_file, "text.train_file", text.prompts_per_step, layouts,
-                                  extra_columns=(text.sft_response_column,) if sft_targets else ())
-        if layouts or sft_targets:
-            read.append(_ReadPrompts(file, "text.train_file", scores_training_rows,
-                                     sft_column=text.sft_response_column if sft_targets else None))
+    train_name = _generated_name("text.train_file") if "text.train_file" in generated else None
+    file = _check_prompt_file(generated.get("text.train_file", text.train_file), "text.train_file",
+                              text.prompts_per_step, layouts,
+                              extra_columns=(text.sft_response_column,) if sft_targets else (), name=train_name)
+    if layouts or sft_targets:
+        read.append(_ReadPrompts(file, "text.train_file", scores_training_rows,
+                                 sft_column=text.sft_response_column if sft_targets else None, generated=train_name))
     evaluates = "evaluate" in the_plan.phases and config.eval.num_episodes > 0
-    if text.test_file is not None:
-        file = _check_prompt_file(text.test_file, "text.test_file", the_plan.world_size,
-                                  {the_plan.world_size: None} if evaluates else {})
-        if evaluates:
-            read.append(_ReadPrompts(file, "text.test_file", True, _evaluated_rows(file, config.eval.num_episodes,
-                                                                                    the_plan.world_size)))
+    test_name = _generated_name("text.test_file") if "text.test_file" in generated else None
+    file = _check_prompt_file(generated.get("text.test_file", text.test_file), "text.test_file",
+                              the_plan.world_size, {the_plan.world_size: None} if evaluates else {}, name=test_name)
+    if evaluates:
+        read.append(_ReadPrompts(file, "text.test_file", True, _evaluated_rows(file, config.eval.num_episodes,
+                                                                                the_plan.world_size),
+                                 generated=test_name))
     return read
 
 
@@ -208,22 +239,29 @@ def _evaluated_rows(file, num_episodes: int, world_size: int) -> frozenset[int]:
 
 
 def _check_prompt_file(path: str, field: str, prompts_per_step: int, layouts: dict[int, str | None],
-                       extra_columns: tuple[str, ...] = ()):
+                       extra_columns: tuple[str, ...] = (), name: str | None = None):
     """One prompt file: readable, with the columns, and ``prompts_per_step // dp_size`` rows in
-    every shard of each layout (``dp_size -> node``). Returns its
-    :class:`~vla_rl.data.prompt_dataset.PromptFile`."""
+    every shard of each layout (``dp_size -> node``); ``name``: what messages call it instead
+    of its path (a generated file). Returns its :class:`~vla_rl.data.prompt_dataset.PromptFile`."""
     from vla_rl.data.prompt_dataset import PromptFile, shard_steps_per_epoch
+
+    def refused(error: Exception, node: str | None = None) -> PreflightError:
+        if name is None:
+            return PreflightError(str(error), node=node, field=field)
+        rows = field.replace("text.", "text.num_generated_").removesuffix("_file")
+        return PreflightError(f"{str(error).replace(str(path), name)} (a generated split: raise {rows})", node=node,
+                              field=field)
 
     try:
         file = PromptFile(path)
         file.validate(extra_columns)
     except (OSError, ValueError) as error:
-        raise PreflightError(str(error), field=field) from None
+        raise refused(error) from None
     for dp_size, node in sorted(layouts.items()):
         try:
             shard_steps_per_epoch(file, prompts_per_step, dp_size)
         except ValueError as error:
-            raise PreflightError(str(error), node=node, field=field) from None
+            raise refused(error, node) from None
     return file
 
 
@@ -262,7 +300,7 @@ def _check_sft_targets(prompts: _ReadPrompts, processor, max_response_length: in
         ValueError: the first missing or null target, or the longest one over the limit, naming
             the file and the row.
     """
-    column, path = prompts.sft_column, prompts.file.path
+    column, path = prompts.sft_column, prompts.name
     too_long, longest, longest_row = 0, 0, None
     for rows in prompts.file.iter_rows(PROMPT_BATCH_ROWS, extra_columns=(column,)):
         texts = [str(row.extra[column]) for row in rows]
@@ -274,8 +312,8 @@ def _check_sft_targets(prompts: _ReadPrompts, processor, max_response_length: in
     if too_long:
         raise ValueError(f"{path}: {too_long} supervised targets ({column!r}) are longer than "
                          f"text.max_response_length={max_response_length} tokens with their end-of-turn token; the "
-                         f"longest, row {longest_row}, has {longest}: raise text.max_response_length to {longest} "
-                         "or filter the long rows out of the file")
+                         f"longest, row {longest_row}, has {longest}: raise text.max_response_length to {longest}"
+                         + ("" if prompts.generated else " or filter the long rows out of the file"))
 
 
 def _check_rows_of(prompts: _ReadPrompts, processor, max_prompt_length: int) -> None:
@@ -287,7 +325,7 @@ def _check_rows_of(prompts: _ReadPrompts, processor, max_prompt_length: int) -> 
     """
     from vla_rl.rewards.verifiers import known_data_sources, unknown_data_sources
 
-    path = prompts.file.path
+    path = prompts.name
     how = "after the chat template" if processor.prompt_format == "chat" else "as raw text"
     total, too_long, longest, longest_row = 0, 0, 0, None  # longest: tokens of the longest prompt over the limit
     for rows in prompts.file.iter_rows(PROMPT_BATCH_ROWS):
@@ -318,7 +356,8 @@ def _check_rows_of(prompts: _ReadPrompts, processor, max_prompt_length: int) -> 
     if too_long:
         raise ValueError(f"{path}: {too_long} of {total} prompts are longer than text.max_prompt_length="
                          f"{max_prompt_length} tokens {how}; the longest, row {longest_row}, has {longest}: raise "
-                         f"text.max_prompt_length to {longest} or filter the long prompts out of the file")
+                         f"text.max_prompt_length to {longest}"
+                         + ("" if prompts.generated else " or filter the long prompts out of the file"))
 
 
 def _check_text_model(config):

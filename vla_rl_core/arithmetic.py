@@ -93,8 +93,9 @@ def sample_problems(
         ValueError: the levels hold fewer than ``num_problems`` problems outside ``exclude``.
     """
     drawn = Counter(problem.level for problem in exclude)
-    open_levels = [level for level in levels if drawn[level.name] < level.pool_size()]
-    available = sum(level.pool_size() - drawn[level.name] for level in open_levels)
+    pool_sizes = {level.name: level.pool_size() for level in levels}
+    open_levels = [level for level in levels if drawn[level.name] < pool_sizes[level.name]]
+    available = sum(pool_sizes[level.name] - drawn[level.name] for level in open_levels)
     if num_problems > available:
         raise ValueError(
             f"asked for {num_problems} distinct arithmetic problems but the levels hold only {available} "
@@ -115,6 +116,6 @@ def sample_problems(
         seen.add(problem)
         problems.append(problem)
         drawn[level.name] += 1
-        if drawn[level.name] == level.pool_size():
+        if drawn[level.name] == pool_sizes[level.name]:
             open_levels.remove(level)
     return problems

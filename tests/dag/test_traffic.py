@@ -13,14 +13,15 @@ from vla_rl.dag.registry import WORKFLOWS
 from vla_rl.dag.traffic import estimate_traffic, format_bytes
 from vla_rl.data.key_sizes import StepShape, observation_leaves, sample_bytes
 
-# 4 prompts x 2 responses, prompts of 8 tokens, responses of 4 tokens, 2 workers.
-TINY_TEXT = ["text.prompts_per_step=4", "data.group_size=2", "text.max_prompt_length=8",
-             "text.max_response_length=4", "nodes.advantage.dp_size=1"]
+# 4 prompts x 2 responses, prompts of 24 tokens (the generated ones have up to 18), responses of
+# 4 tokens (no supervised warm start, whose targets need 18), 2 workers.
+TINY_TEXT = ["text.prompts_per_step=4", "data.group_size=2", "text.max_prompt_length=24",
+             "text.max_response_length=4", "text.sft_steps=0", "nodes.advantage.dp_size=1"]
 
-# Bytes per sample, by hand: input_ids and attention_mask 8 int64 each (64 + 64), uid 8,
+# Bytes per sample, by hand: input_ids and attention_mask 24 int64 each (192 + 192), uid 8,
 # responses 4 int64 (32), response_mask 4 bool (4), old_log_probs (4, 1) float32 (16),
-# finish_step 8, and from the reward node rewards 4 (float32) and success 1 (bool).
-REWARD_ROW = 64 + 64 + 8 + 32 + 4 + 16 + 8 + 4 + 1  # 201
+# finish_step 8, truncated 1 (bool), and from the reward node rewards 4 (float32) and success 1 (bool).
+REWARD_ROW = 192 + 192 + 8 + 32 + 4 + 16 + 8 + 1 + 4 + 1  # 458
 ADVANTAGE_ROW = REWARD_ROW + 3 * 16  # + token_level_rewards, advantages, returns: (4,) float32 each
 
 
@@ -33,9 +34,9 @@ def _tiny_text_hops(world: int = 2):
 def test_text_step_shape_and_key_sizes():
     shape, _ = _tiny_text_hops()
     assert shape == StepShape(groups=4, group_size=2, decisions=4, chunk=1, action_dim=1, own_action_dim=1, obs={},
-                             prompt_len=8)
+                             prompt_len=24)
     assert shape.samples == 8
-    assert sample_bytes("input_ids", shape) == 64 and sample_bytes("old_log_probs", shape) == 16
+    assert sample_bytes("input_ids", shape) == 192 and sample_bytes("old_log_probs", shape) == 16
     assert sample_bytes("ref_log_probs", shape) == 16  # (T, chunk, action_dim) float32
     assert sample_bytes("not_a_declared_key", shape) is None
 
@@ -48,23 +49,23 @@ def test_hops_of_a_tiny_text_step_match_hand_computed_bytes():
 
     # DP 2 -> 1 on 2 workers: each worker holds 4 of the 8 rows and receives the other worker's 4.
     assert gather.keys == ("attention_mask", "finish_step", "input_ids", "old_log_probs", "response_mask",
-                           "responses", "rewards", "success", "uid")
-    assert gather.row_bytes == REWARD_ROW == 201
+                           "responses", "rewards", "success", "truncated", "uid")
+    assert gather.row_bytes == REWARD_ROW == 458
     assert gather.rows == 8 and not gather.rows_upper_bound
-    assert gather.total_bytes == 8 * 201 and gather.bytes_per_worker == 4 * 201
-    assert gather.max_received == gather.max_sent == 4 * 201
+    assert gather.total_bytes == 8 * 458 and gather.bytes_per_worker == 4 * 458
+    assert gather.max_received == gather.max_sent == 4 * 458
     # metadata: 16-byte headers from the other rank, then its 2 group sizes (int64)
     assert gather.meta_bytes_per_worker == 16 + 2 * 8
 
     # DP 1 -> 2: rank 0 (the only owner) sends the second shard's 4 rows to rank 1.
-    assert scatter.row_bytes == ADVANTAGE_ROW == 249
-    assert scatter.total_bytes == 4 * 249 and scatter.max_received == scatter.max_sent == 4 * 249
+    assert scatter.row_bytes == ADVANTAGE_ROW == 506
+    assert scatter.total_bytes == 4 * 506 and scatter.max_received == scatter.max_sent == 4 * 506
     assert scatter.meta_bytes_per_worker == 16 + 4 * 8  # the owner's 4 group sizes
 
     # rebalance for the update: nothing moves when the filter leaves equal shards; at most the
     # surplus of a worker's 4 rows, of which it keeps 2.
     assert rebalance.rebalance and rebalance.rows_upper_bound and rebalance.total_bytes == 0
-    assert rebalance.rebalance_bound_per_worker == 2 * 249
+    assert rebalance.rebalance_bound_per_worker == 2 * 506
     assert rebalance.meta_bytes_per_worker == 16  # single samples: counts only, no group sizes
 
 
@@ -114,6 +115,7 @@ def test_plan_prints_the_hops_keys_and_bytes(capsys):
     assert main(["plan", "llm_grpo", *TINY_TEXT, "--world-size", "2"]) == 0
     out = capsys.readouterr().out
     assert "data hops of a training step: 4 groups x 2 samples" in out
-    assert "reward -> advantage moves (bytes per sample): attention_mask 64, input_ids 64, responses 32" in out
-    assert "1.57 KiB" in out  # the gather's 8 rows of 201 bytes
-    assert "per worker per step: 1.27 KiB of rows (+ up to 498 B rebalancing unequal shards)" in out
+    assert "reward -> advantage moves (bytes per sample): attention_mask 192, input_ids 192, responses 32" in out
+    assert "3.58 KiB" in out  # the gather's 8 rows of 458 bytes
+    # 4 rows of 458 bytes in, and half of the scatter's 4 rows of 506 bytes
+    assert "per worker per step: 2.78 KiB of rows (+ up to 1012 B rebalancing unequal shards)" in out

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from vla_rl.config.base import _Section
+from vla_rl_core.components import ComponentConfigError
 
 
 class TextSection(_Section):
@@ -86,6 +87,24 @@ class TextSection(_Section):
         from policies.causal_lm.configuration_causal_lm import check_chat_template_kwargs
 
         return check_chat_template_kwargs(value, "text.chat_template_kwargs")
+
+    @model_validator(mode="after")
+    def _generated_rows_exist(self) -> TextSection:
+        """The generated splits (a null ``train_file`` or ``test_file``) hold distinct problems of
+        ``arithmetic_levels``, of which there are only so many (210 sums up to 20 + 9)."""
+        from vla_rl_core.arithmetic import LEVELS
+
+        if self.train_file is not None and self.test_file is not None:
+            return self
+        levels = [level for level in LEVELS if self.arithmetic_levels is None or level.name in self.arithmetic_levels]
+        available = sum(level.pool_size() for level in levels)
+        if self.num_generated_train + self.num_generated_test > available:
+            field = "num_generated_test" if self.num_generated_test >= available else "num_generated_train"
+            raise ComponentConfigError(
+                f"text.{field}", f"the generated splits ask for {self.num_generated_train} + {self.num_generated_test} "
+                f"distinct problems, and the levels {[level.name for level in levels]} (text.arithmetic_levels) hold "
+                f"{available}; ask for fewer rows or add levels")
+        return self
 
     @model_validator(mode="after")
     def _template_variables_need_a_chat_template(self) -> TextSection:

@@ -45,6 +45,20 @@ class TextAssets:
         )
 
 
+def write_generated_prompts(config: RunConfig, out_dir: Path) -> dict[str, Path]:
+    """Write the arithmetic splits of a run whose ``text.train_file`` or ``text.test_file`` is
+    null (``text.num_generated_train`` / ``num_generated_test`` rows of ``text.arithmetic_levels``,
+    drawn from ``run.seed``: the same rows wherever it runs). Returns ``{"train": path, "test": path}``."""
+    from vla_rl.data.arithmetic import write_arithmetic_dataset
+    from vla_rl_core.arithmetic import LEVELS
+
+    text = config.text
+    names = text.arithmetic_levels
+    levels = LEVELS if names is None else tuple(level for level in LEVELS if level.name in names)
+    return write_arithmetic_dataset(out_dir, text.num_generated_train, text.num_generated_test, seed=config.run.seed,
+                                    row_group_size=GENERATED_ROW_GROUP_SIZE, levels=levels)
+
+
 def ensure_text_assets(config: RunConfig, run_dir: Path) -> TextAssets:
     """Build what the run generates itself and check that every configured file exists.
 
@@ -54,8 +68,6 @@ def ensure_text_assets(config: RunConfig, run_dir: Path) -> TextAssets:
         FileNotFoundError: a configured model or prompt file is missing (names the field).
     """
     from policies.causal_lm.tiny import TinyQwen2Spec, write_tiny_checkpoint
-    from vla_rl.data.arithmetic import write_arithmetic_dataset
-    from vla_rl_core.arithmetic import LEVELS
 
     text = config.text
     assets = TextAssets.resolve(config, run_dir)
@@ -66,10 +78,7 @@ def ensure_text_assets(config: RunConfig, run_dir: Path) -> TextAssets:
     if (text.train_file is None or text.test_file is None) and not (
         assets.train_file.exists() and assets.test_file.exists()
     ):
-        names = text.arithmetic_levels
-        levels = LEVELS if names is None else tuple(level for level in LEVELS if level.name in names)
-        write_arithmetic_dataset(run_dir / ARITHMETIC_DIR, text.num_generated_train, text.num_generated_test,
-                                 seed=config.run.seed, row_group_size=GENERATED_ROW_GROUP_SIZE, levels=levels)
+        write_generated_prompts(config, run_dir / ARITHMETIC_DIR)
     for field, path in (("text.model_path", assets.model_path), ("text.train_file", assets.train_file),
                         ("text.test_file", assets.test_file)):
         if not path.exists():
