@@ -3,25 +3,18 @@ writes its JSON (speed-ups are reported, not asserted: timings are the benchmark
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from benchmark_runs import run_benchmark
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("pi0_resize_with_pad_128_to_56", "pi0_resize_with_pad_256_to_224", "openvla_towers_256_to_224",
          "pi0_lift_update_pass")
 
 
 def test_the_camera_resize_benchmark_times_both_resizes_of_every_part(tmp_path):
     out = tmp_path / "resize.json"
-    result = subprocess.run([sys.executable, "benchmarks/camera_resize.py", "--observations", "2", "--repeats", "2",
-                             "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    record = json.loads(out.read_text())
+    record, stdout = run_benchmark("camera_resize.py", "--observations", "2", "--repeats", "2", out=out)
     assert sorted(record["parts"]) == sorted(PARTS)
     for part in PARTS:
-        assert f"| {part} | uint8 |" in result.stdout
+        assert f"| {part} | uint8 |" in stdout
         for resize in ("float32", "uint8"):
             timing = record["parts"][part][resize]
             assert len(timing["seconds"]) == 2 and timing["median_s"] > 0

@@ -4,14 +4,11 @@ asserted: timings are the benchmark's, not a test's)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
-from pathlib import Path
 
 import torch
+from benchmark_runs import REPO_ROOT, run_benchmark
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.categorical_sampling import drawn_distributions, next_token_probs  # noqa: E402
@@ -21,10 +18,7 @@ PARTS = ("512_classes", "49152_classes", "151936_classes")
 
 def test_the_benchmark_times_every_sampler_and_records_the_exactness(tmp_path):
     out = tmp_path / "sampling.json"
-    result = subprocess.run([sys.executable, "benchmarks/categorical_sampling.py", "--rows", "2", "--repeats", "2",
-                             "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    record = json.loads(out.read_text())
+    record, stdout = run_benchmark("categorical_sampling.py", "--rows", "2", "--repeats", "2", out=out)
     assert sorted(record["parts"]) == sorted(PARTS) and sorted(record["total_variation"]) == sorted(PARTS)
     for part in PARTS:
         for sampler in ("multinomial", "two_stage", "one_float32_cumsum"):

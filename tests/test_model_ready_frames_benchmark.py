@@ -3,25 +3,18 @@ writes its JSON (speed-ups are reported, not asserted: timings are the benchmark
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from benchmark_runs import run_benchmark
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("pi0_lift_behaviour_cloning", "pi0_lift_update", "pi0_libero_frames_update")
 
 
 def test_the_model_ready_frames_benchmark_times_every_part_both_ways(tmp_path):
     out = tmp_path / "frames.json"
-    result = subprocess.run([sys.executable, "benchmarks/model_ready_frames.py", "--transitions", "8", "--bc-steps",
-                             "1", "--episodes", "8", "--decisions", "1", "--repeats", "1", "--out", str(out)],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    record = json.loads(out.read_text())
+    record, stdout = run_benchmark("model_ready_frames.py", "--transitions", "8", "--bc-steps", "1", "--episodes", "8",
+                                   "--decisions", "1", "--repeats", "1", out=out)
     assert sorted(record["parts"]) == sorted(PARTS)
     for part in PARTS:
-        assert f"| {part} | prepared_once |" in result.stdout
+        assert f"| {part} | prepared_once |" in stdout
         for frames in ("every_pass", "prepared_once"):
             timing = record["parts"][part][frames]
             assert len(timing["seconds"]) == 1 and timing["median_s"] > 0

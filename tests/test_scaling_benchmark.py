@@ -3,24 +3,16 @@ moved (counted at run time) equal ``vla-rl plan``'s estimate."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from benchmark_runs import run_benchmark
 
 
 @pytest.mark.slow
 def test_tiny_scaling_benchmark(tmp_path):
     out = tmp_path / "scaling.json"
-    result = subprocess.run([sys.executable, "benchmarks/scaling.py", "--tiny", "--out", str(out)], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "weak scaling" in result.stdout
-    runs = {run["workers"]: run for run in json.loads(out.read_text())["runs"]}
+    record, stdout = run_benchmark("scaling.py", "--tiny", out=out, timeout=600)
+    assert "weak scaling" in stdout
+    runs = {run["workers"]: run for run in record["runs"]}
     assert set(runs) == {1, 2}
     one, two = runs[1], runs[2]
     assert one["bytes_received_per_worker"] == 0  # one worker: nothing crosses

@@ -4,25 +4,16 @@ a change of the policy contract breaks it; this test catches that)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from benchmark_runs import run_benchmark
 
 
 @pytest.mark.slow
 def test_tiny_simulator_pool_benchmark(tmp_path):
     out = tmp_path / "simulator_pool.json"
     args = ["--obs", "state", "--processes", "1", "--envs-per-process", "2", "--steps", "3", "--metaworld-steps", "6",
-            "--repeats", "1", "--stages", "1", "--train-steps", "0", "--out", str(out)]
-    result = subprocess.run([sys.executable, "benchmarks/simulator_pool.py", *args], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rows = json.loads(out.read_text())["throughput"]
+            "--repeats", "1", "--stages", "1", "--train-steps", "0"]
+    rows = run_benchmark("simulator_pool.py", *args, out=out, timeout=900)[0]["throughput"]
     assert {row["simulator"] for row in rows} == {"robosuite_lift", "metaworld"}
     for row in rows:
         assert row["one_process"]["steps_per_s"] > 0 and row["limit_steps_per_s"] > 0
