@@ -85,7 +85,7 @@ def test_the_export_command_and_its_errors(lora_lm_run, tmp_path, capsys):
     assert main(["export", str(run_dir / "checkpoints" / "step_00000009"), str(tmp_path / "b")]) == 2
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(ExportError, match="not a complete checkpoint directory"):
-        export_checkpoint(run_dir, tmp_path / "b")
+        export_checkpoint(checkpoint.parent, tmp_path / "b")
     weights = checkpoint / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
@@ -93,6 +93,30 @@ def test_the_export_command_and_its_errors(lora_lm_run, tmp_path, capsys):
     with pytest.raises(ExportError, match=r"model\.safetensors does not match its sha256"):
         export_checkpoint(checkpoint, tmp_path / "b")
     assert not (tmp_path / "b").exists()
+
+
+def test_a_run_directory_exports_its_newest_complete_checkpoint(lora_lm_run, tmp_path, capsys, caplog):
+    """As ``vla-rl serve`` and ``vla-rl eval`` take a run directory: step 5's weights, not step 3's,
+    and not the incomplete step 7 (no trainer_state.json); the command names the checkpoint."""
+    from policies.causal_lm import CausalLMConfig, CausalLMPolicy
+
+    run_dir, policy, _ = lora_lm_run
+    perturb_adapters(policy)
+    with torch.no_grad():
+        next(p for name, p in policy.named_parameters() if "lora_B" in name).add_(0.5)
+    newest = write_checkpoint(run_dir, 5, model=policy)
+    (run_dir / "checkpoints" / "step_00000007").mkdir()
+    with caplog.at_level("INFO", logger="vla_rl.export"):
+        assert main(["export", str(run_dir), str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "out") and str(newest) in caplog.text
+    exported = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(tmp_path / "out"), max_prompt_length=32))
+    torch.testing.assert_close(lm_scores(exported), lm_scores(policy), rtol=0, atol=1e-5)
+
+    empty_run, _ = make_run(tmp_path / "empty", "llm_grpo")
+    (empty_run / "checkpoints").mkdir()
+    with pytest.raises(ExportError, match=r"has no complete checkpoint"):
+        export_checkpoint(empty_run, tmp_path / "none")
+    assert not (tmp_path / "none").exists()
 
 
 def _fsdp_mlp_checkpoint(tmp_path, monkeypatch, **trainer_updates):

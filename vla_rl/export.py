@@ -1,4 +1,5 @@
-"""``vla-rl export CHECKPOINT OUT``: a training checkpoint as the policy's own model directory.
+"""``vla-rl export CHECKPOINT OUT``: a training checkpoint (or a run directory's newest) as the
+policy's own model directory.
 
 The checkpoint is verified against its manifest first (:func:`~vla_rl.checkpoints.integrity.verify_checkpoint`).
 The run's policy is rebuilt in this process from the run's resolved template (and the overrides
@@ -36,14 +37,16 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
 
     Args:
         checkpoint: a checkpoint directory ``<run>/checkpoints/step_<8-digit step>`` of
-            ``vla-rl train`` (e.g. ``step_00000010``).
+            ``vla-rl train`` (e.g. ``step_00000010``), or a run directory: its newest complete
+            checkpoint.
         out: the directory to create.
 
     Returns:
         ``out``.
 
     Raises:
-        ExportError: ``checkpoint`` is not a checkpoint of a run directory, fails verification
+        ExportError: ``checkpoint`` is not a checkpoint of a run directory (nor a run directory
+            with one), fails verification
             (missing, truncated or altered files: the message names them), holds no policy
             weights, or ``out`` exists.
     """
@@ -65,14 +68,16 @@ def load_checkpoint_policy(checkpoint: str | Path):
 
     Args:
         checkpoint: a checkpoint directory ``<run>/checkpoints/step_<8-digit step>`` of
-            ``vla-rl train`` (e.g. ``step_00000010``).
+            ``vla-rl train`` (e.g. ``step_00000010``), or a run directory: its newest complete
+            checkpoint.
 
     Returns:
         ``(policy, config)``: the :class:`policies.base.Policy` (LoRA adapters not merged) and the
         run's validated config.
 
     Raises:
-        ExportError: ``checkpoint`` is not a checkpoint of a run directory, fails verification
+        ExportError: ``checkpoint`` is not a checkpoint of a run directory (nor a run directory
+            with one), fails verification
             (missing, truncated or altered files: the message names them), or holds no policy
             weights.
     """
@@ -86,9 +91,15 @@ def load_checkpoint_policy(checkpoint: str | Path):
     path = Path(checkpoint).resolve()
     if not path.is_dir():
         raise ExportError(f"checkpoint {path} does not exist")
+    try:
+        path = ckpt.run_checkpoint(path)
+    except FileNotFoundError as err:
+        raise ExportError(str(err)) from err
+    if path != Path(checkpoint).resolve():
+        logger.info("exporting the run's newest complete checkpoint, %s", path)
     if not (path / TRAINER_STATE_FILE).is_file():
         raise ExportError(f"{path} is not a complete checkpoint directory (no {TRAINER_STATE_FILE}); name one "
-                          "such as outputs/<run>/checkpoints/step_00000010")
+                          "such as outputs/<run>/checkpoints/step_00000010, or its run directory")
     try:
         verify_checkpoint(path)
     except CheckpointCorruptError as err:

@@ -55,6 +55,7 @@ from vla_rl.checkpoints.layout import (
 )
 from vla_rl.checkpoints.sharded import load_sharded_model
 from vla_rl_core.file_modes import apply_default_modes
+from vla_rl_core.run_layout import CHECKPOINTS_DIR
 
 # Markers of the JSON encoding of nested state; plain dicts never have keys starting with "__".
 _TENSOR, _TUPLE, _DICT, _NDARRAY = "__tensor__", "__tuple__", "__dict__", "__ndarray__"
@@ -301,6 +302,23 @@ def latest_checkpoint(root: str | Path) -> Path | None:
         if _complete_step(pointed) is not None:
             candidates.append(pointed)
     return max(candidates, key=_complete_step, default=None)
+
+
+def run_checkpoint(path: str | Path) -> Path:
+    """``path`` itself, or, when ``path`` is a run directory (it holds ``checkpoints/``), the run's
+    newest complete checkpoint (:func:`latest_checkpoint`): what ``vla-rl serve`` and ``vla-rl
+    export`` take.
+
+    Raises:
+        FileNotFoundError: ``path`` is a run directory without a complete checkpoint.
+    """
+    path = Path(path)
+    if not (path / CHECKPOINTS_DIR).is_dir():
+        return path
+    latest = latest_checkpoint(path / CHECKPOINTS_DIR)
+    if latest is None:
+        raise FileNotFoundError(f"run {path} has no complete checkpoint")
+    return latest
 
 
 def checkpoint_step(path: str | Path) -> int | None:

@@ -17,14 +17,20 @@ def add_export_command(commands: argparse._SubParsersAction) -> None:
         "Face directory for causal LMs (text.model_path), the published OpenVLA(-OFT) layout "
         "(policy.config.model_path), config.json + model.safetensors for the MLP policy.",
     )
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory: <run>/checkpoints/step_*")
+    parser.add_argument("checkpoint", metavar="CHECKPOINT",
+                        help="a checkpoint directory (<run>/checkpoints/step_*) or a run directory (its newest "
+                        "complete checkpoint)")
     parser.add_argument("out", metavar="OUT", help="the directory to write (must not exist)")
     parser.set_defaults(handler=run_export)
 
 
 def run_export(args: argparse.Namespace) -> int:
+    import logging
+
     from vla_rl.export import export_checkpoint
 
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("vla_rl.export").setLevel(logging.INFO)  # which checkpoint, how many LoRA layers merged
     print(export_checkpoint(args.checkpoint, args.out))
     return 0
 

@@ -154,11 +154,10 @@ def load_served_policy(target: str | Path, template: str | None = None, override
     path = Path(target).resolve()
     if not path.is_dir():
         raise ServeError(f"{path} does not exist: name a run directory, a checkpoint directory or an export")
-    if (path / CHECKPOINTS_DIR).is_dir():
-        latest = ckpt.latest_checkpoint(path / CHECKPOINTS_DIR)
-        if latest is None:
-            raise ServeError(f"run {path} has no complete checkpoint to serve")
-        path = latest
+    try:
+        path = ckpt.run_checkpoint(path)
+    except FileNotFoundError as err:
+        raise ServeError(f"{err} to serve") from err
     if overrides and not template_export(path):
         raise ServeError(f"overrides ({' '.join(overrides)}) apply to the --template of a π0/OpenVLA export; "
                          f"{path.name} records its own settings")
