@@ -369,8 +369,8 @@ class CausalLMPolicy(nn.Module):
 
         When some prompt repeats in the batch (a group's responses), each distinct prompt is
         encoded once (:meth:`_forward_prompts`) and the responses then run on its cache;
-        otherwise, under gradient checkpointing and in FSDP2's training copy, one forward pass
-        covers prompts and responses.
+        otherwise, when gradient checkpointing is on (in training and in no-grad passes alike)
+        and in FSDP2's training copy, one forward pass covers prompts and responses.
 
         Returns:
             ``log_softmax(logits / temperature)`` ``(batch, kept, vocab)`` float32 of the first
@@ -392,9 +392,10 @@ class CausalLMPolicy(nn.Module):
         positions = position_ids_from_mask(mask)
         distinct = DistinctPrompts.of(prompt_ids, prompt_mask)
         # Under gradient checkpointing transformers drops the KV cache in training (the recompute
-        # would write it twice), so the shared-prompt path would lose the prompts: one pass instead.
-        checkpointing = (self.model.training and torch.is_grad_enabled()
-                         and any(getattr(module, "gradient_checkpointing", False) for module in self.model.modules()))
+        # would write it twice), so the shared-prompt path would lose the prompts: one pass instead,
+        # in the no-grad passes too (the trainer's rescoring of the old log-probs), so that they
+        # compute in the update's arithmetic (bfloat16 rounds the two paths otherwise).
+        checkpointing = any(getattr(module, "gradient_checkpointing", False) for module in self.model.modules())
         # FSDP2's training copy all-gathers its blocks in every pass, so every worker must make
         # the same passes: whether a worker's rows repeat a prompt is its data's business, so one
         # pass (two passes on one worker and one on another mismatched the collectives).

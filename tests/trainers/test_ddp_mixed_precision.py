@@ -84,6 +84,7 @@ def _text(lm_dir):
 #: pass (torch.utils.checkpoint restores the forward's autocast state), micro-batches accumulate.
 CASES = {"mlp": ("mlp", {}), "pi0": ("pi0", {}), "openvla_oft": ("openvla_oft", {}), "lm": ("lm", {}),
          "openvla_oft_lora": ("openvla_oft", {}), "pi0_checkpointing": ("pi0", {"gradient_checkpointing": True}),
+         "lm_checkpointing": ("lm", {"gradient_checkpointing": True}),
          "lm_micro_checkpointing": ("lm", {"micro_batch_size": 2, "gradient_checkpointing": True})}
 
 
@@ -96,7 +97,9 @@ def test_ddp_mixed_precision_keeps_float32_weights_and_computes_in_bfloat16(proc
     the rollout's actions; on an accelerator, within bfloat16's rounding for micro-batches).
     Regression: the MLP's batch-invariant linear layer (a custom autograd function) returned
     bfloat16 outputs under autocast and its backward multiplied them with the float32 weight
-    ("expected m1 and m2 to have the same dtype")."""
+    ("expected m1 and m2 to have the same dtype"). Regression: the causal LM with gradient
+    checkpointing was rescored on the shared-prompt cache path and updated in one pass, which
+    bfloat16 rounds apart (first log-probs 4.8e-4 off)."""
     name, fields = CASES[case]
     policy, roll_out, forward, algorithm = _text(tiny_lm_dir) if name == "lm" else _embodied(name, "lora" in case)
     policy.to(bf16_device)
