@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawned import run_workers
 from tensordict import TensorDict
 
 from vla_rl.data.reshard import group_sizes, reshard, route, split_groups
@@ -49,7 +49,7 @@ def _shard(batch: TensorDict, dp_size: int, dp_rank: int) -> TensorDict:
     return batch[mask]
 
 
-def _worker(rank: int, world: int, port: int, hops: list[tuple[int, int]], results) -> None:
+def _worker(rank: int, world: int, port: int, hops: list[tuple[int, int]]) -> tuple:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     full = _global_batch()
@@ -59,15 +59,12 @@ def _worker(rank: int, world: int, port: int, hops: list[tuple[int, int]], resul
     for src_dp, dst_dp in hops:
         local = reshard(local, src_dp, dst_dp)
         shapes.append(local["uid"].tolist())
-    results[rank] = (shapes, local.to_dict(), tuple(local["obs"].batch_size))
     dist.destroy_process_group()
+    return shapes, local.to_dict(), tuple(local["obs"].batch_size)
 
 
 def _run(world: int, hops: list[tuple[int, int]]):
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.spawn(_worker, args=(world, free_loopback_port(), hops, results), nprocs=world, join=True)
-    return dict(results)
+    return run_workers(_worker, world, free_loopback_port(), hops, nprocs=world)
 
 
 def test_group_sizes_and_split():
@@ -130,13 +127,14 @@ def test_pack_unpack_round_trip_any_row_count(rows):
         torch.testing.assert_close(out.get(key), batch.get(key))
 
 
-def _single_group_worker(rank: int, world: int, port: int, group_key, results) -> None:
+def _single_group_worker(rank: int, world: int, port: int, group_key) -> list[float]:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     one_group = TensorDict({"uid": torch.zeros(5, dtype=torch.int64), "x": torch.arange(5.0)}, batch_size=[5])
     local = one_group if rank == 0 else one_group[:0]  # the DP-1 shard lives on rank 0
-    results[rank] = reshard(local, 1, 2, group_key=group_key)["x"].tolist()
+    rows = reshard(local, 1, 2, group_key=group_key)["x"].tolist()
     dist.destroy_process_group()
+    return rows
 
 
 @pytest.mark.parametrize(("group_key", "expected"), [("uid", [[], [0, 1, 2, 3, 4]]), (None, [[0, 1], [2, 3, 4]])])
@@ -144,9 +142,7 @@ def test_reshard_without_group_key_balances_single_samples(group_key, expected):
     """One group of 5 samples from DP 1 to DP 2: kept whole it leaves a rank empty (a model
     update there would have nothing to train on; the tie at 2.5 samples puts the cut before the
     group); sample by sample the cut at 2.5 goes to the earlier boundary, 2."""
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.spawn(_single_group_worker, args=(2, free_loopback_port(), group_key, results), nprocs=2, join=True)
+    results = run_workers(_single_group_worker, 2, free_loopback_port(), group_key, nprocs=2)
     assert [results[0], results[1]] == expected
 
 
@@ -154,7 +150,7 @@ def test_reshard_without_group_key_balances_single_samples(group_key, expected):
 ROW_BYTES = 20
 
 
-def _counting_worker(rank: int, world: int, port: int, results) -> None:
+def _counting_worker(rank: int, world: int, port: int) -> tuple:
     from vla_rl.utils.collectives import COUNTERS
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -172,13 +168,13 @@ def _counting_worker(rank: int, world: int, port: int, results) -> None:
     # ranks exchange their schemas, the non-empty shard's wins.
     odd = full[:4] if rank == 0 else TensorDict({"uid": groups[:0], "x": torch.zeros(0, 5)}, batch_size=[0])
     before = COUNTERS.snapshot()
-    results[rank] = (counts, reshard(odd, 2, 1)["x"].tolist(), COUNTERS.since(before).tags["reshard_meta"].collectives)
+    result = counts, reshard(odd, 2, 1)["x"].tolist(), COUNTERS.since(before).tags["reshard_meta"].collectives
     dist.destroy_process_group()
+    return result
 
 
 def test_reshard_counts_exactly_the_bytes_it_moves():
-    results = mp.Manager().dict()
-    mp.spawn(_counting_worker, args=(2, free_loopback_port(), results), nprocs=2, join=True)
+    results = run_workers(_counting_worker, 2, free_loopback_port(), nprocs=2)
     for rank in (0, 1):
         counts, odd_rows, odd_meta_collectives = results[rank]
         # DP 2 -> 1: each rank receives the other's 4 rows; metadata: the other's 16-byte header,
@@ -235,17 +231,17 @@ def test_a_rebalance_from_an_empty_shard_moves_only_the_surplus():
     assert ranges[1][2] == ranges[2][1] == (0, 0)
 
 
-def _rebalance_worker(rank: int, world: int, port: int, results) -> None:
+def _rebalance_worker(rank: int, world: int, port: int) -> list[float]:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     offsets, counts = [0, 0, 6], [0, 6, 6]
     x = torch.arange(offsets[rank], offsets[rank] + counts[rank], dtype=torch.float32)
     local = TensorDict({"x": x, "uid": x.long()}, batch_size=[counts[rank]])
-    results[rank] = reshard(local, 3, 3, group_key=None)["x"].tolist()
+    rows = reshard(local, 3, 3, group_key=None)["x"].tolist()
     dist.destroy_process_group()
+    return rows
 
 
 def test_a_rebalance_over_gloo_moves_the_surplus_rows():
-    results = mp.Manager().dict()
-    mp.spawn(_rebalance_worker, args=(3, free_loopback_port(), results), nprocs=3, join=True)
+    results = run_workers(_rebalance_worker, 3, free_loopback_port(), nprocs=3)
     assert [results[r] for r in range(3)] == [[4.0, 5.0, 10.0, 11.0], [0.0, 1.0, 2.0, 3.0], [6.0, 7.0, 8.0, 9.0]]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from spawned import run_workers
 from tensordict import TensorDict
 
 from vla_rl.config import RunConfig
@@ -116,7 +117,7 @@ def test_worker_builds_vjepa2_from_a_local_directory(tmp_path, tiny_vjepa2_dir, 
     assert res.trajectory_encoder.batch_size == 4
 
 
-def _shard_rewards(rank: int, world: int, store_path: str, results) -> None:
+def _shard_rewards(rank: int, world: int, store_path: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank ``rank``'s SRPO rewards of its half of the step (DP 2), with the step as the reference."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
@@ -124,9 +125,10 @@ def _shard_rewards(rank: int, world: int, store_path: str, results) -> None:
     whole = step_batch()
     shard = whole[rank * 6:(rank + 1) * 6]
     ctx = types.SimpleNamespace(world_size=world, dp_size=world, dp_rank=rank, group=None)
-    results[rank] = (episode_rewards(algo, shard, encode_state_trajectories, step_reference(ctx))[0],
-                     episode_rewards(algo, shard, encode_state_trajectories)[0])
+    rewards = (episode_rewards(algo, shard, encode_state_trajectories, step_reference(ctx))[0],
+               episode_rewards(algo, shard, encode_state_trajectories)[0])
     dist.destroy_process_group()
+    return rewards
 
 
 def step_batch() -> TensorDict:
@@ -140,10 +142,7 @@ def step_batch() -> TensorDict:
 def test_step_reference_scores_each_shard_exactly_as_the_whole_step(tmp_path):
     """Two reward shards (DP 2 on 2 workers) that exchange only their successes' embeddings and
     each task's distance span give bit for bit the rewards of the whole step scored at once."""
-    import torch.multiprocessing as mp
-
-    results = mp.Manager().dict()
-    mp.spawn(_shard_rewards, args=(2, str(tmp_path / "store"), results), nprocs=2, join=True)
+    results = run_workers(_shard_rewards, 2, str(tmp_path / "store"), nprocs=2)
     whole = step_batch()
     expected, _ = episode_rewards(algorithm(state_resample={"points": 3}), whole, encode_state_trajectories)
     sharded = torch.cat([results[0][0], results[1][0]])

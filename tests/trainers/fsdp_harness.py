@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawned import run_workers
 from tensordict import TensorDict
 
 from vla_rl.utils.ray_utils import free_loopback_port
@@ -22,7 +22,7 @@ WORLD = 2
 MLP_SPLIT = (5, 3)  # episodes of the 8 MLP episodes on each worker
 
 
-def _entry(rank: int, port: int, scenarios: Callable, lm_dir: str, ckpt_root: str, results) -> None:
+def _entry(rank: int, port: int, scenarios: Callable, lm_dir: str, ckpt_root: str) -> dict:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     # pyproject's filterwarnings do not reach spawned workers: a sharded module that returns a
     # view (an in-place op on it would skip its pre-backward all-gather) fails here as in-process
@@ -30,7 +30,7 @@ def _entry(rank: int, port: int, scenarios: Callable, lm_dir: str, ckpt_root: st
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
-        results[rank] = scenarios(rank, lm_dir, ckpt_root)
+        return scenarios(rank, lm_dir, ckpt_root)
     finally:
         dist.destroy_process_group()
 
@@ -38,10 +38,7 @@ def _entry(rank: int, port: int, scenarios: Callable, lm_dir: str, ckpt_root: st
 def spawn_workers(scenarios: Callable[[int, str, str], dict], lm_dir, ckpt_root) -> dict[int, dict]:
     """Run ``scenarios(rank, lm_dir, ckpt_root)`` (a module-level function: it is pickled) on
     ``WORLD`` gloo workers; its records by worker: ``{rank: records}``."""
-    results = mp.Manager().dict()
-    mp.spawn(_entry, args=(free_loopback_port(), scenarios, str(lm_dir), str(ckpt_root), results), nprocs=WORLD,
-             join=True)
-    return {rank: results[rank] for rank in range(WORLD)}
+    return run_workers(_entry, free_loopback_port(), scenarios, str(lm_dir), str(ckpt_root), nprocs=WORLD)
 
 
 def _trainer_section(**fields):

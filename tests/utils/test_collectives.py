@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from devices import device_under_test, process_group_backend
+from spawned import run_workers
 
 from vla_rl.utils.collectives import all_gather_small_objects
 from vla_rl.utils.ray_utils import free_loopback_port
@@ -22,19 +22,18 @@ def _object(rank: int, case: str):
     return list(range(1000)) if rank == 1 else ("fits", rank)
 
 
-def _worker(rank: int, world: int, port: int, case: str, results) -> None:
+def _worker(rank: int, world: int, port: int, case: str) -> list:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     device_under_test()
     dist.init_process_group(process_group_backend(), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    results[rank] = all_gather_small_objects(_object(rank, case), capacity=CAPACITY)
+    gathered = all_gather_small_objects(_object(rank, case), capacity=CAPACITY)
     dist.destroy_process_group()
+    return gathered
 
 
 def _run(world: int, case: str) -> dict:
-    results = mp.Manager().dict()
-    mp.spawn(_worker, args=(world, free_loopback_port(), case, results), nprocs=world, join=True)
-    return dict(results)
+    return run_workers(_worker, world, free_loopback_port(), case, nprocs=world)
 
 
 def test_every_rank_receives_every_object_by_rank():

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawned import run_workers
 from tensordict import TensorDict
 
 from vla_rl.config import RunConfig
@@ -73,16 +73,16 @@ def _chain_metrics(rank: int, world: int, dp_size: int) -> dict[str, float]:
     return reduce_metrics(local)
 
 
-def _worker(rank: int, world: int, store_path: str, results) -> None:
+def _worker(rank: int, world: int, store_path: str) -> dict:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
-    results[rank] = {dp: _chain_metrics(rank, world, dp) for dp in (1, 2)}
+    metrics = {dp: _chain_metrics(rank, world, dp) for dp in (1, 2)}
     dist.destroy_process_group()
+    return metrics
 
 
 def test_reduced_metrics_are_identical_at_dp_1_and_dp_2(tmp_path):
-    results = mp.Manager().dict()
-    mp.spawn(_worker, args=(2, str(tmp_path / "store"), results), nprocs=2, join=True)
+    results = run_workers(_worker, 2, str(tmp_path / "store"), nprocs=2)
     dp1, dp2 = results[0][1], results[0][2]
     assert results[1] == results[0]  # every worker holds the same figures
     assert set(dp1) == set(dp2) and {"advantage/abs_mean", "reward/failure_mean", "filter/kept_fraction"} <= set(dp1)
@@ -124,7 +124,7 @@ def _legacy_reduction(case: str, world: int) -> dict[str, float]:
     return {name: sums[name] / weights[name] if rules[name] == "mean" else sums[name] for name in sorted(sums)}
 
 
-def _reduction_worker(rank: int, world: int, store_path: str, results) -> None:
+def _reduction_worker(rank: int, world: int, store_path: str) -> dict:
     from vla_rl.utils.collectives import COUNTERS
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -135,14 +135,13 @@ def _reduction_worker(rank: int, world: int, store_path: str, results) -> None:
         reduced = reduce_metrics(_local_metrics(rank, case))
         counted = COUNTERS.since(before).tags["metrics"]
         out[case] = (reduced, (counted.collectives, counted.bytes_received))
-    results[rank] = out
     dist.destroy_process_group()
+    return out
 
 
 def test_reduction_exchanges_numbers_when_names_agree_with_the_same_figures(tmp_path):
     world = 2
-    results = mp.Manager().dict()
-    mp.spawn(_reduction_worker, args=(world, str(tmp_path / "store"), results), nprocs=world, join=True)
+    results = run_workers(_reduction_worker, world, str(tmp_path / "store"), nprocs=world)
     assert results[0] == results[1]
     for case in ("same names", "names differ"):
         reduced, _ = results[0][case]
