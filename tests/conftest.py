@@ -1,6 +1,7 @@
 """Shared fixtures: a Ray instance on loopback, a one-process group for the data-parallel code
 (DDP, the collectives of the node functions) on the test device, the test device itself
-(``VLA_RL_TEST_DEVICE``, tests/devices.py), one torch thread, and the tiny language model."""
+(``VLA_RL_TEST_DEVICE``, tests/devices.py), one torch thread, the tiny language model, and the
+text runs' generated prompts written once per session."""
 
 from __future__ import annotations
 
@@ -153,6 +154,40 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def _generated_prompt_files(tmp_path_factory):
+    """The session's store of :func:`generated_prompts_once`: its directory and ``{key: paths}``."""
+    return tmp_path_factory.mktemp("generated_prompts"), {}
+
+
+@pytest.fixture
+def generated_prompts_once(monkeypatch, _generated_prompt_files):
+    """``vla_rl.workflows.text_assets.write_generated_prompts`` (the arithmetic splits of a text
+    run whose prompt files are null) runs once per setting in the session; later calls get a copy
+    of its files. The pre-flight of every such run writes them (about 0.8 s here: 8256 problems in
+    row groups of 16), and the pre-flight tests run it a few hundred times. The function is
+    deterministic (a seeded draw); tests/workflows and test_preflight's comparison with
+    ``ensure_text_assets`` check what it writes."""
+    import shutil
+    from pathlib import Path
+
+    from vla_rl.workflows import text_assets
+
+    root, written = _generated_prompt_files
+    write = text_assets.write_generated_prompts
+
+    def write_once(config, out_dir):
+        text = config.text
+        levels = None if text.arithmetic_levels is None else tuple(text.arithmetic_levels)
+        key = (text.num_generated_train, text.num_generated_test, config.run.seed, levels)
+        if key not in written:
+            written[key] = write(config, root / str(len(written)))
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        return {split: Path(shutil.copy(path, Path(out_dir) / path.name)) for split, path in written[key].items()}
+
+    monkeypatch.setattr(text_assets, "write_generated_prompts", write_once)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,9 @@ from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.registry import NODE_FUNCTIONS, NodeOutput, register_node
 from vla_rl.errors import RunStopped
 
+# The arithmetic splits that text runs generate: written once per session (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("generated_prompts_once")
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLI_FN = "test_cli_dummy"
 BUILTIN_PIPELINE = [

@@ -22,6 +22,9 @@ import pytest
 from vla_rl.cli import main
 from vla_rl.driver import prepare_run_dir
 
+# The arithmetic splits that text runs generate: written once per session (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("generated_prompts_once")
+
 GOOD_NODES = """
 nodes:
   - {id: tasks, role: data, type: data_load}

@@ -16,6 +16,9 @@ from vla_rl.cli import main
 from vla_rl.driver import prepare_run_dir
 from vla_rl_core.env_spec import EnvSpec
 
+# The arithmetic splits that text runs generate: written once per session (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("generated_prompts_once")
+
 #: (case, run directory (a key of the ``runs`` fixture), CLI arguments after ``train``, texts the
 #: error line must contain); ``{run}`` is the run directory, ``{other_lm}`` a model of another width.
 RESUME_CASES = [
@@ -74,7 +77,6 @@ def runs(tmp_path_factory, tiny_lm_dir, process_group):
     from vla_rl.workflows.text import causal_lm_policy
 
     out = tmp_path_factory.mktemp("outputs")
-    paths = {}
     for name, strategy in (("srpo", "ddp"), ("fsdp", "fsdp")):
         run, template, _ = prepare_run_dir("embodied_srpo", [f"run.output_dir={out}", f"run.name={name}",
                                                              "policy.config.hidden_sizes=[32,32]",

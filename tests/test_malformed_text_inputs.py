@@ -27,6 +27,9 @@ from test_preflight import assert_cli_refuses_and_writes_nothing
 from vla_rl.dag.loader import load_template
 from vla_rl.preflight import PreflightError, preflight
 
+# The arithmetic splits that text runs generate: written once per session (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("generated_prompts_once")
+
 REPO = Path(__file__).resolve().parents[1]
 TEXT = "llm_grpo"
 #: The command line as installed (the console script beside the interpreter), else its module.

@@ -41,6 +41,9 @@ from vla_rl.cli import main
 from vla_rl.dag.loader import load_template
 from vla_rl.preflight import PreflightError, preflight
 
+# The arithmetic splits that text runs generate: written once per session (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("generated_prompts_once")
+
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory, tiny_lm_dir) -> Assets:

@@ -12,6 +12,9 @@ from vla_rl.cli import main
 from vla_rl.dag.loader import load_template
 from vla_rl.preflight import PreflightError
 
+# The arithmetic splits that text runs generate: written once per session (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("generated_prompts_once")
+
 TEXT = "llm_grpo"
 
 
