@@ -5,7 +5,6 @@ demonstrations give; bad datasets and key maps are refused when the template is 
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 
 import numpy as np

@@ -22,16 +22,15 @@ import pytest
 # absent on hosts without them (the GPU image has neither): the module is skipped, not a collection error
 pytest.importorskip("websockets", reason="websockets is not installed (a dependency of vla-rl: pip install -e .)")
 pytest.importorskip("openpi_client", reason="openpi-client is not installed (the test extra: pip install -e '.[test]')")
+from devices import device_under_test
 from openpi_client.action_chunk_broker import ActionChunkBroker
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
-from devices import device_under_test
 from simulators.registry import make_env
 from vla_rl.dag.loader import load_template
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.serving.policy import load_served_policy
 from vla_rl.serving.server import PolicyServer, server_thread
-
 
 #: Tolerance of a served action against the evaluated one on an accelerator (absolute and relative):
 #: bfloat16 keeps 8 significant bits (a unit in the last place: 2**-8 to 2**-7 of the value), and a

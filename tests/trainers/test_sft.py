@@ -7,8 +7,8 @@ import torch
 
 from policies.causal_lm import CausalLMConfig, CausalLMPolicy
 from vla_rl.data.arithmetic import write_arithmetic_dataset
-from vla_rl.errors import RunStopped
 from vla_rl.data.prompt_dataset import PromptFile, PromptRow
+from vla_rl.errors import RunStopped
 from vla_rl.rewards.verifiers import score_responses
 from vla_rl.trainers.sft import (
     SFTConfig,

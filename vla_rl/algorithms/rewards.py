@@ -31,7 +31,6 @@ from vla_rl.algorithms.srpo import SRPORewardConfig, SRPOShards, compute_srpo_re
 from vla_rl_core.registry import Registry
 
 
-
 class RewardTraits(BaseModel):
     """What an embodied reward declares when it registers (checked then, by pydantic).
 

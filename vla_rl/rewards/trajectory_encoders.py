@@ -38,7 +38,6 @@ from torch import Tensor
 from vla_rl_core.registry import Registry
 
 
-
 class EncoderTraits(BaseModel):
     """What a trajectory encoder declares when it registers (checked then, by pydantic).
 
