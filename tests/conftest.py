@@ -168,8 +168,8 @@ def generated_prompts_once(monkeypatch, _generated_prompt_files):
     run whose prompt files are null) runs once per setting in the session; later calls get a copy
     of its files. The pre-flight of every such run writes them (about 0.8 s here: 8256 problems in
     row groups of 16), and the pre-flight tests run it a few hundred times. The function is
-    deterministic (a seeded draw); tests/workflows and test_preflight's comparison with
-    ``ensure_text_assets`` check what it writes."""
+    deterministic (a seeded draw); tests/data/test_arithmetic.py checks what it writes, and
+    test_preflight.py compares the rows the pre-flight checked with ``ensure_text_assets``'s."""
     import shutil
     from pathlib import Path
 
