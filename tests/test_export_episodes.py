@@ -17,6 +17,7 @@ from vla_rl.data.trajectory_store import TrajectoryStore
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
 from test_lerobot_format import check_with_lerobot  # noqa: E402
+from videos import fake_ffmpeg, missing_av1  # noqa: E402
 
 
 def stored_episodes(run_dir: Path) -> list[dict]:
@@ -26,6 +27,8 @@ def stored_episodes(run_dir: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def exported(evaluated_lift_run, tmp_path_factory):
+    if missing_av1():
+        pytest.skip(f"LeRobot's AV1 videos: {missing_av1()}")
     out = tmp_path_factory.mktemp("export") / "lift"
     assert main(["export-episodes", str(evaluated_lift_run), str(out), "--cameras", "agentview",
                  "--camera-size", "32"]) == 0
@@ -62,6 +65,20 @@ def test_export_episodes_errors_are_one_line(evaluated_lift_run, exported, tmp_p
     assert "holds no episodes" in capsys.readouterr().err
     assert main(["export-episodes", str(evaluated_lift_run), str(tmp_path / "out"), "--cameras", "nocam"]) == 2
     assert "nocam" in capsys.readouterr().err
+
+
+def test_videos_without_an_av1_ffmpeg_are_refused_before_any_episode_is_replayed(evaluated_lift_run, tmp_path,
+                                                                                 capsys, monkeypatch):
+    """On the offline GPU kit's FFmpeg stand-in, the export wrote MPEG-4 videos that meta/info.json
+    called AV1, and decoding them failed later."""
+    import vla_rl.export_episodes
+
+    monkeypatch.setenv("IMAGEIO_FFMPEG_EXE", str(fake_ffmpeg(tmp_path)))
+    monkeypatch.setattr(vla_rl.export_episodes, "replay_store", None)  # a replay would fail otherwise
+    assert main(["export-episodes", str(evaluated_lift_run), str(tmp_path / "out"), "--cameras", "agentview"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "ffmpeg-without-av1 has no libsvtav1 encoder" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

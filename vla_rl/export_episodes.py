@@ -212,11 +212,19 @@ def export_episodes(source: str | Path, out: str | Path, cameras: Sequence[str] 
     Raises:
         EpisodesExportError: ``out`` exists, ``source`` holds no episodes, the stores mix
             simulators, control frequencies or (without ``robot_type``) robots, a replay does not
-            retrace its episode, or no fps is known.
+            retrace its episode, no fps is known, or ``cameras`` are asked for and FFmpeg has no
+            AV1 encoder (checked first).
     """
     out = Path(out)
     if out.exists():
         raise EpisodesExportError(f"{out} exists; export to a new directory")
+    if cameras:
+        from vla_rl.data.lerobot_format import LeRobotFormatError, check_video_encoder
+
+        try:
+            check_video_encoder()
+        except LeRobotFormatError as err:
+            raise EpisodesExportError(str(err)) from None
     stores = find_stores(source)
     _check_readable(stores)
     first = stores[0]

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from videos import needs_av1
 
 from vla_rl.cli import main
 from vla_rl.data.lerobot_demonstrations import (
@@ -42,6 +43,7 @@ def test_the_dataset_gives_the_scripted_demonstrations_batch(tmp_path):
         assert torch.equal(obs, want_obs) and torch.equal(actions, want_actions)
 
 
+@needs_av1
 def test_camera_features_map_onto_the_policys_images_and_the_task_is_the_instruction():
     keys = {"observation.state": "state", "action": "actions", "observation.images.agentview": "agentview_image"}
     spec = EnvSpec(obs_dim=2, action_dim=2, horizon=10, images={"agentview_image": (32, 32, 3)})

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from videos import fake_ffmpeg, needs_av1
 
 from vla_rl.data.lerobot_format import (
     QUANTILES,
@@ -52,6 +53,7 @@ def test_the_reader_reads_lerobots_own_lift_dataset_bit_for_bit():
         assert str(frames["task"]) == "lift the cube"
 
 
+@needs_av1
 def test_the_reader_decodes_lerobots_av1_video_frame_for_frame():
     reader = LeRobotReader(FIXTURES / "video_probe")
     expected = np.load(FIXTURES / "video_probe_expected.npz")
@@ -90,6 +92,7 @@ def probe_dataset(root: Path) -> dict[str, np.ndarray]:
     return written
 
 
+@needs_av1
 def test_the_writer_round_trips_and_lays_out_lerobots_files(tmp_path):
     root = tmp_path / "probe"
     written = probe_dataset(root)
@@ -184,6 +187,7 @@ def test_the_episodes_stats_aggregate_to_lerobots_own_stats_json(fixture):
                                        err_msg=f"{feature}/{stat}")  # float32 steps: std off by ~1e-8
 
 
+@needs_av1
 def test_the_writer_stores_each_episodes_stats_as_lerobot_does(tmp_path):
     """LeRobot's delete_episodes / split_dataset rebuild meta/stats.json from these columns: a
     dataset without them came out of those tools with no statistics."""
@@ -232,6 +236,24 @@ def test_the_writer_refuses_bad_episodes_and_existing_roots(tmp_path):
         LeRobotWriter(tmp_path / "d", 20, "panda", {})
     with pytest.raises(LeRobotFormatError, match="integer fps"):
         LeRobotWriter(tmp_path / "e", 12.5, "panda", {})
+
+
+def test_an_ffmpeg_without_av1_is_refused_before_the_dataset_is_made(tmp_path, monkeypatch):
+    """An FFmpeg without SVT-AV1 (the offline GPU kit's stand-in wrote MPEG-4 under the 'av1' of
+    info.json) is refused naming it, before the root exists; a state-only dataset needs none."""
+    monkeypatch.setenv("IMAGEIO_FFMPEG_EXE", str(fake_ffmpeg(tmp_path)))
+    with pytest.raises(LeRobotFormatError, match=r"ffmpeg-without-av1 has no libsvtav1 encoder.*IMAGEIO_FFMPEG_EXE"):
+        LeRobotWriter(tmp_path / "d", 20, "panda", {"cam": {"dtype": "video", "shape": [32, 32, 3]}})
+    assert not (tmp_path / "d").exists()
+    LeRobotWriter(tmp_path / "e", 20, "panda", {"s": {"dtype": "float32", "shape": [2]}})
+
+
+def test_a_video_the_ffmpeg_cannot_decode_names_the_ffmpeg(tmp_path, monkeypatch):
+    monkeypatch.setenv("IMAGEIO_FFMPEG_EXE", str(fake_ffmpeg(tmp_path)))
+    reader = LeRobotReader(FIXTURES / "video_probe")
+    with pytest.raises(LeRobotFormatError, match=r"file-000.mp4 cannot be decoded: .*ffmpeg-without-av1 lists no "
+                                                 r"AV1 decoder"):
+        reader.episode(0, ["observation.images.agentview"])
 
 
 def test_the_reader_refuses_what_it_cannot_read(tmp_path):

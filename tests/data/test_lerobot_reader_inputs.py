@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from test_lerobot_format import FIXTURES, check_video, probe_dataset
+from videos import needs_av1
 
 from vla_rl.data.lerobot_demonstrations import check_dataset
 from vla_rl.data.lerobot_format import LeRobotFormatError, LeRobotReader
@@ -72,6 +73,7 @@ def test_the_reader_reads_only_the_columns_it_is_asked_for(tmp_path, monkeypatch
                               for columns in data_reads)
 
 
+@needs_av1
 def test_a_video_is_decoded_for_the_asked_episode_only(tmp_path, monkeypatch):
     """Three episodes of 7, 5 and 9 frames back to back in one video: each read decodes its own
     frames (FFmpeg seeks to the first), not the file's 21, and they are the written ones."""
@@ -158,6 +160,7 @@ def test_an_episode_the_files_lack_is_refused_naming_it(tmp_path):
         LeRobotReader(root).episode(0, ["observation.images.agentview"])
 
 
+@needs_av1
 def test_a_channel_first_video_declaration_reads_as_its_decoded_frames(tmp_path):
     """Ported v2.0 datasets declare videos ``[3, H, W]`` named channels, height, width (LeRobot
     reads any layout whose third name is not channel(s) as channel-first): cloning from one was

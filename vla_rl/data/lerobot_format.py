@@ -18,7 +18,9 @@ files at 100 / 200 MB; its reader reads any number of files, ours too).
 
 from __future__ import annotations
 
+import functools
 import json
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,55 @@ class LeRobotFormatError(ValueError):
     """A directory is not a LeRobot v3 dataset we can read, or a feature does not fit (one line)."""
 
 
+def ffmpeg_executable() -> str:
+    """The FFmpeg that imageio-ffmpeg runs: ``IMAGEIO_FFMPEG_EXE`` if set, else its bundled binary.
+
+    Raises:
+        LeRobotFormatError: imageio-ffmpeg finds no FFmpeg.
+    """
+    import imageio_ffmpeg
+
+    try:
+        return imageio_ffmpeg.get_ffmpeg_exe()
+    except RuntimeError as err:
+        raise LeRobotFormatError(f"no FFmpeg for LeRobot's videos: {_first_line(err)}") from None
+
+
+@functools.lru_cache(maxsize=8)
+def ffmpeg_codecs(executable: str, kind: str) -> frozenset[str]:
+    """What ``executable -hide_banner -<kind>`` lists (``kind``: ``encoders`` or ``decoders``):
+    each entry's name and, for entries of another codec's name, ``codec:<codec>`` (``libsvtav1``
+    and ``codec:av1`` for SVT-AV1's encoder). Empty when the program cannot be run."""
+    try:
+        listing = subprocess.run([executable, "-hide_banner", f"-{kind}"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    names: set[str] = set()
+    for line in listing.split("------", 1)[-1].splitlines():
+        words = line.split()
+        if len(words) >= 2:
+            names.add(words[1])
+            if "(codec " in line:
+                names.add("codec:" + line.rsplit("(codec ", 1)[1].split(")", 1)[0])
+    return frozenset(names)
+
+
+def check_video_encoder() -> None:
+    """Refuse, before any frame is written, an FFmpeg without :data:`VIDEO_CODEC` (LeRobot's AV1
+    encoder): a system FFmpeg built without SVT-AV1, say, or a stand-in that would write another
+    codec under the ``av1`` that ``meta/info.json`` states.
+
+    Raises:
+        LeRobotFormatError: no FFmpeg, or one that lists no ``libsvtav1`` encoder (naming its path).
+    """
+    executable = ffmpeg_executable()
+    if VIDEO_CODEC not in ffmpeg_codecs(executable, "encoders"):
+        raise LeRobotFormatError(f"the FFmpeg at {executable} has no {VIDEO_CODEC} encoder, which LeRobot's AV1 "
+                                 "videos need: set IMAGEIO_FFMPEG_EXE to an FFmpeg built with SVT-AV1 "
+                                 "(imageio-ffmpeg's own binary is)")
+
+
 def _pandas_index_metadata() -> bytes:
     """The ``pandas`` schema metadata that makes ``__index_level_0__`` the DataFrame's index
     (LeRobot reads a frame's task as ``tasks.iloc[task_index].name``)."""
@@ -75,8 +126,9 @@ class LeRobotWriter:
             even ``H`` and ``W``); names without ``/``; not the default columns.
 
     Raises:
-        LeRobotFormatError: ``root`` exists, ``fps`` is not a positive integer, or a feature is
-            malformed.
+        LeRobotFormatError: ``root`` exists, ``fps`` is not a positive integer, a feature is
+            malformed, or a video feature is asked for and FFmpeg has no AV1 encoder
+            (:func:`check_video_encoder`).
     """
 
     def __init__(self, root: str | Path, fps: float, robot_type: str, features: Mapping[str, Mapping[str, Any]]) -> None:
@@ -94,6 +146,8 @@ class LeRobotWriter:
                                                 or feature["shape"][0] % 2 or feature["shape"][1] % 2):
                 raise LeRobotFormatError(f"video feature {name!r}: shape must be [H, W, 3] with even H and W "
                                          f"(yuv420p), got {feature['shape']}")
+        if any(feature["dtype"] == "video" for feature in features.values()):
+            check_video_encoder()
         self.fps = int(fps)
         self.robot_type = robot_type
         self.features = {name: {"dtype": f["dtype"], "shape": list(f["shape"]), "names": f.get("names")}
@@ -468,7 +522,8 @@ def _decode_frames(path: Path, first: int, count: int, fps: int) -> np.ndarray:
     ``first``, so that frame is the first one out, and stops after ``count`` frames.
 
     Raises:
-        LeRobotFormatError: FFmpeg cannot decode the file (its first line of error).
+        LeRobotFormatError: FFmpeg cannot decode the file (its first line of error, and the FFmpeg's
+            path when it lists no AV1 decoder).
     """
     import imageio_ffmpeg
 
@@ -479,7 +534,10 @@ def _decode_frames(path: Path, first: int, count: int, fps: int) -> np.ndarray:
         width, height = next(reader)["size"]
         frames = [np.frombuffer(frame, np.uint8).reshape(height, width, 3) for frame in reader]
     except (OSError, RuntimeError, StopIteration) as err:
-        raise LeRobotFormatError(f"{path} cannot be decoded: {_first_line(err)}") from None
+        executable = ffmpeg_executable()
+        hint = "" if {"av1", "codec:av1"} & ffmpeg_codecs(executable, "decoders") else \
+            f" (the FFmpeg at {executable} lists no AV1 decoder: set IMAGEIO_FFMPEG_EXE to one that has)"
+        raise LeRobotFormatError(f"{path} cannot be decoded: {_first_line(err)}{hint}") from None
     return np.stack(frames) if frames else np.zeros((0, height, width, 3), np.uint8)
 
 
