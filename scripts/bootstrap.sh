@@ -10,7 +10,8 @@
 # never replaced: if it is in pyproject.toml's range, the rest installs around it (torch,
 # torchvision and torchaudio held at their installed versions); if not, bootstrap stops and says
 # so. VLA_RL_USE_SYSTEM_TORCH=1 creates .venv with --system-site-packages from PYTHON (default
-# python3), so that it uses that interpreter's torch (README, "On a GPU machine").
+# python3), so that it uses that interpreter's torch (README, "On a GPU machine"), also when PYTHON
+# is a virtual environment's (its site-packages are added to .venv by a .pth file).
 # VLA_RL_PIP_DRY_RUN=DIR (for tests): every pip install runs with --dry-run and writes its
 # --report to DIR/<step>.json (the torch-keeping constraints to DIR/constraints.txt); nothing is
 # installed or recorded, EGL included (.venv is still created if missing).
@@ -50,6 +51,16 @@ if [ ! -x .venv/bin/python ]; then
     fi
     echo "[bootstrap] creating .venv with $("$PYTHON" --version) and its site-packages (torch $system_torch)"
     "$PYTHON" -m venv --system-site-packages .venv
+    # A venv made from a virtual environment's interpreter (the GPU image's python3 is
+    # /opt/torch/.venv/bin/python3; uv, virtualenv) sees the base interpreter's site-packages, not
+    # that environment's: a .pth file adds them after .venv's own, as that environment orders them.
+    "$PYTHON" - "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" <<'PY'
+import pathlib, site, sys
+if sys.prefix != sys.base_prefix:
+    pth = pathlib.Path(sys.argv[1]) / "_vla_rl_system_site.pth"
+    pth.write_text("".join(f"import site; site.addsitedir({d!r})\n" for d in site.getsitepackages()))
+    print(f"[bootstrap] {sys.executable} is a virtual environment's: its site-packages are added to .venv by {pth}")
+PY
   else
     echo "[bootstrap] creating .venv with $("$PYTHON" --version)"
     if system_torch=$(torch_of "$PYTHON"); then

@@ -238,6 +238,21 @@ def test_bootstrap_uses_the_system_torch_when_asked(tmp_path, bare_venv, wheels)
     assert "torch" not in to_install(root / "reports/project.json")
 
 
+def test_bootstrap_uses_a_virtual_environments_torch_when_asked(tmp_path, bare_venv, wheels):
+    """PYTHON a virtual environment's interpreter, as the GPU image's python3 is
+    (/opt/torch/.venv/bin/python3): a venv made from it saw the base interpreter's site-packages,
+    found no torch, and installed CI's pin (on a GPU host, PyPI's multi-GB CUDA build)."""
+    root = checkout(tmp_path)
+    outer = venv_with(tmp_path / "image-venv", bare_venv, wheels, ("torch", USER_TORCH))
+    env = pip_env(wheels, PYTHON=str(outer / "bin/python"), VLA_RL_USE_SYSTEM_TORCH="1")
+    result = bootstrap(root, env)
+    assert result.returncode == 0, result.stderr
+    assert f"keeping this environment's torch {USER_TORCH}" in result.stdout
+    assert "torch" not in to_install(root / "reports/project.json") and not (root / "reports/torch.json").exists()
+    assert installed(root / ".venv/bin/python", "torch", env) == USER_TORCH
+    assert "is a virtual environment's" in result.stdout
+
+
 @pytest.mark.parametrize("user_torch", [True, False], ids=["users-torch", "ci-fresh-machine"])
 def test_bootstrap_installs_then_is_a_no_op(tmp_path, bare_venv, wheels, user_torch):
     """Real (offline) runs: the first installs and records, the second installs nothing. Without a
