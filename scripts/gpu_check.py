@@ -11,7 +11,7 @@ Parts (seconds: each part's default timeout; the whole check is sized to end wit
 | --- | --- |
 | ``env`` | torch, CUDA, the GPU's name and memory, TF32 flags |
 | ``egl`` | MuJoCo EGL rendering on the GPU (the GL renderer's name: the GPU's, not llvmpipe) and one robosuite Lift camera frame |
-| ``suite`` | the suite's tests that run on the test device, end-to-end runs included (``-m 'not slow' --device-tests-only``; the others check the same on every device) with ``VLA_RL_TEST_DEVICE=cuda`` (pytest-xdist when installed) |
+| ``suite`` | the suite's tests that run on the test device, end-to-end runs included (``-m 'not slow' --device-tests-only``; the others check the same on every device) with ``VLA_RL_TEST_DEVICE=cuda``, on pytest-xdist workers sent one test at a time (:func:`xdist_options`) |
 | ``llm_grpo`` | ``vla-rl train llm_grpo`` for 2 steps with ``workers.device=cuda`` |
 | ``embodied_srpo`` | ``vla-rl train embodied_srpo`` for 2 steps with ``workers.device=cuda`` |
 | ``pi0_fsdp`` | tiny π0 SRPO, one step with FSDP and bf16 mixed precision, every group kept |
@@ -136,7 +136,7 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
     suite = [sys.executable, "-m", "pytest", "-v", "-rfE", "--timeout=300", "-m", "not slow", "--device-tests-only",
              "--continue-on-collection-errors", f"--junitxml={out / 'suite.xml'}", "tests"]
     if workers_xdist > 1:
-        suite[3:3] = ["-n", str(workers_xdist)]
+        suite[3:3] = xdist_options(workers_xdist)
     return [
         Part("env", [sys.executable, "-c", _ENV_PY], 60),
         Part("egl", [sys.executable, "-c", _EGL_PY], 90),
@@ -233,12 +233,26 @@ def _gpu_count() -> int:
         return 0
 
 
+def xdist_options(processes: int) -> list[str]:
+    """pytest-xdist's options for the suite: ``processes`` workers, each handed one test at a time
+    (``--maxschedchunk 1``, pytest-xdist >= 3.2). xdist's default hands each worker a quarter of
+    its share of the tests at the start, in collection order, and sends a worker busy with long
+    tests nothing more until it is down to one: the end-to-end runs (50 of the 323 device tests,
+    up to 165 s each) queue behind one another on a few workers while the others run out of work.
+    One at a time, a free worker takes the next test. xdist 3.8's own schedulers driven with the
+    device tests' durations (run one after another on a 2-core machine, 1,118 s in all), 8
+    workers: 315 s by default, 199 s one at a time (``benchmarks/suite_schedule.py``)."""
+    return ["-n", str(processes), "--maxschedchunk", "1"]
+
+
 def _has_xdist() -> bool:
+    """Whether pytest-xdist >= 3.2 (the first with ``--maxschedchunk``) is installed."""
     try:
-        import xdist  # noqa: F401
+        import xdist
     except ImportError:
         return False
-    return True
+    major, minor = (int(part) for part in xdist.__version__.split(".")[:2])
+    return (major, minor) >= (3, 2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,7 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.out.resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    parts = build_parts(out, _gpu_count(), args.xdist if _has_xdist() else 1)
+    xdist = _has_xdist()
+    if not xdist and args.xdist > 1:
+        print("[gpu_check] pytest-xdist >= 3.2 is not installed: the suite part runs its tests one after another and "
+              "may not end within its timeout (pip install 'pytest-xdist>=3.2')", flush=True)
+    parts = build_parts(out, _gpu_count(), args.xdist if xdist else 1)
     known = {part.name for part in parts}
     for name in [*(args.parts or []), *args.skip]:
         if name not in known:

@@ -67,6 +67,26 @@ def test_the_suite_part_runs_the_tests_of_the_test_device(gpu_check, tmp_path):
     assert 0 < sum(line in actor for line in on_device) < len(actor) and set(on_device) < set(every)
 
 
+def test_the_suite_parts_xdist_workers_are_sent_one_test_at_a_time(gpu_check, tmp_path):
+    """With pytest-xdist (a test requirement) the suite part runs its workers with
+    ``--maxschedchunk 1``: xdist's default chunks queue the end-to-end runs behind one another
+    (benchmarks/suite_schedule.py). Two real workers run tests with the part's options."""
+    import subprocess
+
+    assert gpu_check._has_xdist()
+    suite = next(part for part in gpu_check.build_parts(tmp_path, gpus=1, workers_xdist=2) if part.name == "suite")
+    options = suite.command[suite.command.index("pytest") + 1:]
+    assert options[options.index("-n") + 1] == "2" and options[options.index("--maxschedchunk") + 1] == "1"
+    serial = next(part for part in gpu_check.build_parts(tmp_path, gpus=1, workers_xdist=1) if part.name == "suite")
+    assert "-n" not in serial.command and "--maxschedchunk" not in serial.command
+    ran = subprocess.run([sys.executable, "-m", "pytest", *gpu_check.xdist_options(2), "-v", "-p", "no:cacheprovider",
+                          "tests/test_suite_schedule_benchmark.py", "-k", "few_tests_run_at_once"], cwd=ROOT,
+                         env=child_env(), capture_output=True, text=True, timeout=300)
+    output = ran.stdout
+    workers = {line.split()[0] for line in output.splitlines() if line.startswith("[gw") and " PASSED " in line}
+    assert ran.returncode == 0 and workers == {"[gw0]", "[gw1]"} and "3 passed" in output, output[-3000:]
+
+
 def test_a_module_using_the_test_device_by_any_import_is_a_device_test():
     """``from tests.devices import ...`` loads a second module object of tests/devices.py: its
     helpers count as ``from devices import ...``'s do (tests/policies/test_flow_sampling.py's

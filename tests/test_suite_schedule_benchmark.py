@@ -1,0 +1,63 @@
+"""benchmarks/suite_schedule.py: pytest-xdist's own schedulers, driven by stand-in workers, give
+the makespans traced by hand below, run every test once, and the benchmark writes its table and
+JSON from a JUnit XML."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from benchmark_runs import REPO_ROOT, run_benchmark
+
+sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks.suite_schedule import SCHEDULERS, makespan  # noqa: E402
+
+#: 2 workers; 8 tests of 10 s first, then 56 of 1 s (136 s of work, at best 68 s each).
+LONG_FIRST = [10.0] * 8 + [1.0] * 56
+
+
+def test_load_scheduling_hands_out_chunks_that_keep_the_long_tests_on_one_worker():
+    """xdist's ``load`` first sends each worker a quarter of its share (64 // 2 // 4 = 8 tests):
+    worker 0 gets the eight 10 s tests, and a worker busy with long tests is sent nothing more
+    until it is down to one pending test. Worker 1 runs all 56 short tests by 56 s; worker 0
+    ends its eight long ones at 80 s."""
+    assert makespan(LONG_FIRST, 2, "load") == 80.0
+
+
+def test_one_test_at_a_time_shares_the_long_tests():
+    """``--maxschedchunk 1``: 2 tests per worker at first (xdist's least), then one each time a
+    test ends. The long tests alternate between the workers (4 each: 40 s), then the 56 short
+    ones split evenly (28 s each): 68 s, the lower bound."""
+    assert makespan(LONG_FIRST, 2, "load_maxschedchunk_1") == 68.0
+
+
+def test_work_stealing_takes_the_queue_tails():
+    """``worksteal``: 32 tests per worker at first (worker 0: 104 s of work, worker 1: 32 s).
+    Worker 1, idle at 31 s, steals 14 of worker 0's last short tests (ends them at 46 s), then 7
+    (11..17, ends 53 s), then 3 (8..10, 56 s), then long test 7 (56..66 s); worker 0 runs long
+    tests 0..6 until 70 s."""
+    assert makespan(LONG_FIRST, 2, "worksteal") == 70.0
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_one_worker_runs_everything_in_turn_and_few_tests_run_at_once(scheduler):
+    assert makespan(LONG_FIRST, 1, scheduler) == 136.0
+    assert makespan([3.0, 1.0, 2.0], 4, scheduler) == 3.0  # fewer tests than workers: one each
+
+
+def test_the_benchmark_reads_a_junit_xml_and_writes_its_record(tmp_path):
+    cases = "".join(f'<testcase classname="tests.test_x" name="test_{i}" time="{seconds}"/>'
+                    for i, seconds in enumerate(LONG_FIRST))
+    junit = tmp_path / "suite.xml"
+    junit.write_text(f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{cases}</testsuite></testsuites>')
+    record, stdout = run_benchmark("suite_schedule.py", str(junit), "--workers", "2", "--draws", "5",
+                                   out=tmp_path / "s.json")
+    assert record["tests"] == 64 and record["serial_s"] == 136.0 and record["lower_bound_s"] == 68.0
+    rows = record["schedulers"]
+    assert [rows[name]["makespan_s"] for name in SCHEDULERS] == [80.0, 68.0, 70.0]
+    assert rows["load"]["draws_median_speedup_over_load"] == 1.0
+    assert all(rows[name]["draws_p90_s"] >= rows[name]["draws_median_s"] > 0 for name in SCHEDULERS)
+    assert record["longest_tests"][0] == ["tests.test_x::test_0", 10.0]
+    assert rows["load_maxschedchunk_1"]["speedup_over_load"] == 80.0 / 68.0
+    assert "| load_maxschedchunk_1 | 68 | 1.18 |" in stdout
