@@ -159,7 +159,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="JSON record")
     args = parser.parse_args(argv)
-    recorded = junit_durations(args.junit)
+    try:
+        recorded = junit_durations(args.junit)
+    except (OSError, ElementTree.ParseError) as error:
+        parser.error(f"{args.junit}: not a readable JUnit XML ({error})")
+    if not recorded:
+        parser.error(f"{args.junit}: no <testcase> in it")
     durations = list(recorded.values())
     rng = random.Random(args.seed)
     draws = [[d * rng.lognormvariate(0.0, args.sigma) for d in durations] for _ in range(args.draws)]

@@ -4,6 +4,7 @@ JSON from a JUnit XML."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -61,3 +62,15 @@ def test_the_benchmark_reads_a_junit_xml_and_writes_its_record(tmp_path):
     assert record["longest_tests"][0] == ["tests.test_x::test_0", 10.0]
     assert rows["load_maxschedchunk_1"]["speedup_over_load"] == 80.0 / 68.0
     assert "| load_maxschedchunk_1 | 68 | 1.18 |" in stdout
+
+
+@pytest.mark.parametrize("content, message", [(None, "not a readable JUnit XML"),
+                                              ("<testsuites", "not a readable JUnit XML"),
+                                              ("<testsuites/>", "no <testcase> in it")])
+def test_a_missing_or_empty_junit_xml_is_refused_in_one_line(tmp_path, content, message):
+    junit = tmp_path / "suite.xml"
+    if content is not None:
+        junit.write_text(content)
+    done = subprocess.run([sys.executable, "benchmarks/suite_schedule.py", str(junit)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"{junit}: {message}" in done.stderr and "Traceback" not in done.stderr
