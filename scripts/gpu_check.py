@@ -5,26 +5,28 @@ timeout (a hang costs that part only), then prints a pass/fail table and writes 
     bash scripts/gpu_check.sh --parts egl suite     # some parts
     bash scripts/gpu_check.sh --out /tmp/check      # report, logs and runs elsewhere
 
-Parts (seconds: each part's default timeout; the whole check is sized to end within 8 minutes):
+Parts, in the order they start (each has its own timeout; the whole check is sized to end within
+8 minutes): ``suite`` runs beside all the others; ``env``, ``egl`` and the two timed benchmarks
+run alone, one after another; then the training runs, ``--lanes`` at a time (:func:`run_parts`).
 
 | part | what |
 | --- | --- |
 | ``env`` | torch, CUDA, the GPU's name and memory, TF32 flags |
 | ``egl`` | MuJoCo EGL rendering on the GPU (the GL renderer's name: the GPU's, not llvmpipe) and one robosuite Lift camera frame |
 | ``suite`` | the suite's tests that run on the test device, end-to-end runs included (``-m 'not slow' --device-tests-only``; the others check the same on every device) with ``VLA_RL_TEST_DEVICE=cuda``, on pytest-xdist workers sent one test at a time (:func:`xdist_options`) |
-| ``llm_grpo`` | ``vla-rl train llm_grpo`` for 2 steps with ``workers.device=cuda`` |
-| ``embodied_srpo`` | ``vla-rl train embodied_srpo`` for 2 steps with ``workers.device=cuda`` |
-| ``pi0_fsdp`` | tiny π0 SRPO, one step with FSDP and bf16 mixed precision, every group kept |
-| ``oft_backbone`` | tiny OpenVLA-OFT SRPO, one step with ``algorithm.trajectory_encoder=policy_backbone`` |
 | ``pi0_full_size`` | ``benchmarks/pi0_full_size.py --device cuda`` (3.2 B π0, bf16) |
 | ``oft_full_size`` | ``benchmarks/openvla_oft_full_size.py --device cuda`` (7.5 B OpenVLA-OFT LoRA update) |
-| ``llm_ppo_fsdp`` | ``llm_ppo``, one step with FSDP, bf16 and micro-batches: the critic sharded too (last: the deadline cuts it first) |
+| ``pi0_fsdp`` | tiny π0 SRPO, one step with FSDP and bf16 mixed precision, every group kept |
+| ``embodied_srpo`` | ``vla-rl train embodied_srpo`` for 2 steps with ``workers.device=cuda`` |
+| ``oft_backbone`` | tiny OpenVLA-OFT SRPO, one step with ``algorithm.trajectory_encoder=policy_backbone`` |
+| ``llm_grpo`` | ``vla-rl train llm_grpo`` for 2 steps with ``workers.device=cuda`` |
+| ``llm_ppo_fsdp`` | ``llm_ppo``, one step with FSDP, bf16 and micro-batches: the critic sharded too |
 
 With one GPU the runs use one DAG worker (``workers.num_workers=1``); with more, two. Before the
 parts, the check names the project's requirements this interpreter cannot import
 (:func:`missing_requirements`, also ``missing_requirements`` in the report): the H200 image lacks
 websockets and openpi-client, whose tests are then skipped (``scripts/gpu_kit_wheels.sh`` adds
-their wheels to the offline kit).
+their wheels to the offline kit), and import-linter (the import contracts' test is skipped).
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ assert "llvmpipe" not in renderer.lower(), f"EGL rendered on the CPU ({renderer}
 class Part:
     """One check: a command, its timeout, extra environment, and for a training run the run
     directory and the least value its metrics must reach (a step that updated nothing passes
-    silently otherwise: every group filtered, say)."""
+    silently otherwise: every group filtered, say). ``beside`` parts (the training runs) may run
+    beside one another (``--lanes``); the others run alone, first."""
 
     name: str
     command: list[str]
@@ -88,9 +91,14 @@ class Part:
     env: dict[str, str] = field(default_factory=dict)
     run_dir: Path | None = None
     expect: dict[str, float] = field(default_factory=dict)
+    beside: bool = False
 
 
-UPDATED = {"actor/num_updates": 1.0}
+#: An update ran and its gradient was not 0. The runs' rewards may all be 0 (a tiny warm start
+#: seldom succeeds; the tiny LM answers no sum right), and with them the advantages: on one H200
+#: (2026-12-04) four of the five runs updated with a gradient norm of exactly 0, so a backward
+#: pass of zeros passed the check. Hence the entropy bonus and the format reward below.
+UPDATED = {"actor/num_updates": 1.0, "actor/grad_norm": 1e-12}
 #: ... and the trainer rescored the rollout's log-probs: DDP's bfloat16 autocast ran (``mixed_precision: auto``).
 DDP_AUTOCAST = {**UPDATED, "actor/old_log_prob_max_diff": 0.0}
 
@@ -100,7 +108,7 @@ def _train(name: str, template: str, workers: list[str], runs: Path, overrides: 
     run_dir = runs / name
     command = [sys.executable, "-m", "vla_rl.cli", "train", template, *workers, f"run.output_dir={run_dir}",
                "workers.device=cuda", *overrides]
-    return Part(name, command, timeout_s, run_dir=run_dir, expect=dict(expect))
+    return Part(name, command, timeout_s, run_dir=run_dir, expect=dict(expect), beside=True)
 
 
 def unmet_expectations(part: Part) -> list[str]:
@@ -128,6 +136,10 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
     small_step = ["data.init_states_per_step=2", "data.group_size=4", "algorithm.filter_groups.success_rate_band=null",
                   "algorithm.filter_groups.zero_variance=false"]
     camera_warm_start = ["warm_start.num_demos=2", "warm_start.bc_steps=5"]
+    # a gradient whatever the rewards: the entropy bonus (a policy whose entropy its parameters set);
+    # text: a reward for the answer's format, which the tiny LM meets in some responses only
+    entropy = ["algorithm.entropy_coeff=0.01"]
+    text_reward = ["text.format_score=0.1", *entropy]
     # -v: each test's result in the log as it ends, so that a suite cut by its timeout still says
     # which tests passed and failed (the JUnit XML is written only when pytest finishes)
     # -m 'not slow': the device's end-to-end runs too (the default run leaves out the e2e ones)
@@ -142,30 +154,36 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
         Part("egl", [sys.executable, "-c", _EGL_PY], 90),
         # beside the other parts: it may take the whole deadline without lengthening the check
         Part("suite", suite, 480, {"VLA_RL_TEST_DEVICE": "cuda"}),
-        # DDP (the default strategy) under mixed_precision auto: bfloat16 autocast, the old log-probs
-        # rescored by the trainer (the metric exists only then)
-        _train("llm_grpo", "llm_grpo", workers, runs, ["trainer.total_steps=2", "text.sft_steps=20",
-                                                        "eval.num_episodes=16",
-                                                        "algorithm.filter_groups.zero_variance=false"], 150,
-               expect=DDP_AUTOCAST),
-        _train("embodied_srpo", "embodied_srpo", workers, runs, ["trainer.total_steps=2", *small_step, *small_eval],
-               180, expect=DDP_AUTOCAST),
-        _train("pi0_fsdp", "embodied_srpo_pi0_lift", workers, runs,
-               ["trainer.total_steps=1", "trainer.strategy=fsdp", "trainer.mixed_precision=bf16",
-                "trainer.gradient_checkpointing=true", *camera_warm_start, *small_step, *small_eval], 180,
-               # the bfloat16 copy rescored the float32 rollout's actions (the first ratio is 1)
-               expect={**UPDATED, "actor/checkpointed_blocks": 1.0, "actor/old_log_prob_max_diff": 0.0}),
-        _train("oft_backbone", "embodied_srpo_oft_lift", workers, runs,
-               ["trainer.total_steps=1", "algorithm.trajectory_encoder=policy_backbone", *camera_warm_start,
-                *small_step, *small_eval], 180, expect=DDP_AUTOCAST),
+        # the timed benchmarks alone, before the training runs share the GPU
         Part("pi0_full_size", [sys.executable, "benchmarks/pi0_full_size.py", "--device", "cuda",
                                "--out", str(out / "pi0_full_size.json")], 150),
         Part("oft_full_size", [sys.executable, "benchmarks/openvla_oft_full_size.py", "--device", "cuda",
                                "--warmup", "1", "--repeats", "2", "--out", str(out / "openvla_oft_full_size.json")], 240),
+        # the training runs, --lanes at a time, the longest first (on one H200 beside the suite,
+        # 2026-12-04, one at a time: 104, 94, 93, 73 and 54 s)
+        # Flow-Noise: its learned noise head on the action expert's features sets the entropy,
+        # so the bonus's gradient reaches the checkpointed FSDP blocks (Flow-SDE's fixed noise does not)
+        _train("pi0_fsdp", "embodied_srpo_pi0_lift", workers, runs,
+               ["trainer.total_steps=1", "trainer.strategy=fsdp", "trainer.mixed_precision=bf16",
+                "trainer.gradient_checkpointing=true", "policy.config.sampler=flow_noise", *camera_warm_start,
+                *small_step, *small_eval, *entropy], 180,
+               # the bfloat16 copy rescored the float32 rollout's actions (the first ratio is 1)
+               expect={**UPDATED, "actor/checkpointed_blocks": 1.0, "actor/old_log_prob_max_diff": 0.0}),
+        _train("embodied_srpo", "embodied_srpo", workers, runs,
+               ["trainer.total_steps=2", *small_step, *small_eval, *entropy], 180, expect=DDP_AUTOCAST),
+        _train("oft_backbone", "embodied_srpo_oft_lift", workers, runs,
+               ["trainer.total_steps=1", "algorithm.trajectory_encoder=policy_backbone", *camera_warm_start,
+                *small_step, *small_eval, *entropy], 180, expect=DDP_AUTOCAST),
+        # DDP (the default strategy) under mixed_precision auto: bfloat16 autocast, the old log-probs
+        # rescored by the trainer (the metric exists only then)
+        _train("llm_grpo", "llm_grpo", workers, runs,
+               ["trainer.total_steps=2", "text.sft_steps=20", "eval.num_episodes=16",
+                "algorithm.filter_groups.zero_variance=false", *text_reward], 150, expect=DDP_AUTOCAST),
         _train("llm_ppo_fsdp", "llm_ppo", workers, runs,
                ["trainer.total_steps=1", "text.sft_steps=20", "eval.num_episodes=0", "trainer.strategy=fsdp",
-                "trainer.mixed_precision=bf16", "trainer.micro_batch_size=8"], 150,
-               expect={**UPDATED, "critic/num_updates": 1.0, "actor/old_log_prob_max_diff": 0.0}),
+                "trainer.mixed_precision=bf16", "trainer.micro_batch_size=8", *text_reward], 150,
+               expect={**UPDATED, "critic/num_updates": 1.0, "critic/grad_norm": 1e-12,
+                       "actor/old_log_prob_max_diff": 0.0}),
     ]
 
 
@@ -194,6 +212,37 @@ def run_part(part: Part, log_dir: Path, timeout_s: float) -> dict:
         status, tail = "fail", [f"the run ended but did not do its job: {problem}" for problem in unmet]
     return {"part": part.name, "status": status, "returncode": returncode, "seconds": seconds,
             "timeout_s": round(timeout_s, 1), "log": str(log), "tail": tail}
+
+
+def _run_within(part: Part, log_dir: Path, ends: float) -> dict:
+    """:func:`run_part` with the part's timeout cut to what is left until ``ends`` (a monotonic
+    time); a part that would get under 20 s is reported as skipped."""
+    timeout_s = min(part.timeout_s, ends - time.monotonic())
+    if timeout_s < 20:
+        print(f"[gpu_check] {part.name}: skipped (deadline)", flush=True)
+        return {"part": part.name, "status": "skipped", "returncode": None, "seconds": 0.0, "timeout_s": 0.0,
+                "log": None, "tail": ["less than 20 s left of the check's --deadline"]}
+    print(f"[gpu_check] {part.name} (timeout {timeout_s:.0f} s) ...", flush=True)
+    result = run_part(part, log_dir, timeout_s)
+    print(f"[gpu_check] {part.name}: {result['status']} in {result['seconds']} s", flush=True)
+    if result["status"] != "pass":
+        print("\n".join("    " + line for line in result["tail"]), flush=True)
+    return result
+
+
+def run_parts(parts: list[Part], log_dir: Path, ends: float, lanes: int):
+    """Run ``parts`` before the monotonic time ``ends``, yielding each one's result in their order:
+    first the parts that run alone, one after another, then the ``beside`` ones, ``lanes`` at a
+    time, each lane taking the next as it frees. The training runs spend most of their time
+    starting (Ray, imports, simulators, the warm start) and little on the GPU (an H200, one at a
+    time beside the suite: 9 parts in 512 s, over the 480 s deadline)."""
+    for part in parts:
+        if not part.beside:
+            yield _run_within(part, log_dir, ends)
+    with concurrent.futures.ThreadPoolExecutor(max(1, lanes)) as pool:
+        futures = [pool.submit(_run_within, part, log_dir, ends) for part in parts if part.beside]
+        for future in futures:
+            yield future.result()
 
 
 #: Import names of the project's requirements whose module is not named after the distribution.
@@ -262,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", nargs="+", default=[], help="parts not to run")
     parser.add_argument("--xdist", type=int, default=min(8, max(1, (os.cpu_count() or 2) // 2)),
                         help="pytest-xdist processes for the suite (1: none)")
+    parser.add_argument("--lanes", type=int, default=min(3, max(1, (os.cpu_count() or 2) // 8)),
+                        help="training runs at a time (default: one per 8 cores, at most 3; the suite's xdist "
+                             "workers share the same cores)")
     parser.add_argument("--suite-alongside", action=argparse.BooleanOptionalAction, default=True,
                         help="run the suite beside the other parts (default) instead of first")
     parser.add_argument("--deadline", type=float, default=480.0,
@@ -299,19 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[gpu_check] suite (timeout {suite.timeout_s} s) started beside the other parts", flush=True)
         alongside = concurrent.futures.ThreadPoolExecutor(1).submit(
             run_part, suite, out / "logs", min(suite.timeout_s, args.deadline))
-    for part in chosen:
-        timeout_s = min(part.timeout_s, ends - time.monotonic())
-        if timeout_s < 20:
-            results.append({"part": part.name, "status": "skipped", "returncode": None, "seconds": 0.0,
-                            "timeout_s": 0.0, "log": None, "tail": [f"less than 20 s left of --deadline {args.deadline}"]})
-            print(f"[gpu_check] {part.name}: skipped (deadline)", flush=True)
-            continue
-        print(f"[gpu_check] {part.name} (timeout {timeout_s:.0f} s) ...", flush=True)
-        result = run_part(part, out / "logs", timeout_s)
+    for result in run_parts(chosen, out / "logs", ends, args.lanes):
         results.append(result)
-        print(f"[gpu_check] {part.name}: {result['status']} in {result['seconds']} s", flush=True)
-        if result["status"] != "pass":
-            print("\n".join("    " + line for line in result["tail"]), flush=True)
         write_report()
     if alongside is not None:
         result = alongside.result()
@@ -319,7 +360,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[gpu_check] suite: {result['status']} in {result['seconds']} s", flush=True)
         if result["status"] != "pass":
             print("\n".join("    " + line for line in result["tail"]), flush=True)
-        write_report()
     write_report()
     print("\n| part | status | seconds |\n| --- | --- | --- |")
     for result in results:

@@ -3,12 +3,13 @@
 their process group on its backend (tests/conftest.py); the end-to-end runs add
 :func:`device_overrides` so their DAG workers bind it. On one accelerator the workers of a run
 share it (``workers.gpus_per_worker`` below 1) and reduce with gloo, since NCCL refuses two ranks
-on one device."""
+on one device; FSDP cannot share one that way (:data:`FSDP_NEEDS_AN_ACCELERATOR_PER_WORKER`)."""
 
 from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 TEST_DEVICE_KIND = os.environ.get("VLA_RL_TEST_DEVICE", "cpu")
@@ -62,3 +63,17 @@ def device_overrides(num_workers: int = 2) -> list[str]:
     if count < num_workers:
         overrides += [f"workers.gpus_per_worker={max(count, 1) / num_workers}", "workers.collective_backend=gloo"]
     return overrides
+
+
+def _fsdp_skip_reason(num_workers: int = 2) -> str | None:
+    if TEST_DEVICE_KIND == "cpu" or accelerator_count() >= num_workers:
+        return None
+    return (f"FSDP over {num_workers} workers needs {num_workers} accelerators here: sharing one over gloo segfaults "
+            "(pytorch/pytorch#132471), and the config refuses it")
+
+
+#: For end-to-end runs with ``trainer.strategy=fsdp`` over :func:`device_overrides`' two workers:
+#: on fewer accelerators than workers they would share one over gloo, which the config refuses.
+#: ``scripts/gpu_check.sh`` runs FSDP on one GPU with one worker.
+FSDP_NEEDS_AN_ACCELERATOR_PER_WORKER = pytest.mark.skipif(_fsdp_skip_reason() is not None,
+                                                          reason=_fsdp_skip_reason() or "")

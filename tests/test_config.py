@@ -391,6 +391,31 @@ def test_a_collective_backend_without_gloo_for_cpu_tensors_is_refused(backend):
         WorkersSection(device="cuda", collective_backend=backend)
 
 
+@pytest.mark.parametrize(("device", "backend"), [("cuda", "gloo"), ("cuda", "cpu:gloo,cuda:gloo"),
+                                                ("npu", "gloo")])
+def test_fsdp_over_gloo_on_accelerator_tensors_is_refused(device, backend):
+    """FSDP2's collectives on CUDA tensors over gloo segfault the workers (pytorch/pytorch#132471;
+    seen on an H200 with two workers sharing it): refused when the config is read, naming the
+    field and both ways out. DDP may share an accelerator over gloo, and FSDP on CPU workers
+    reduces CPU tensors with gloo as it should."""
+    overrides = [f"workers.device={device}", f"workers.collective_backend={backend}", "workers.gpus_per_worker=0.5"]
+    err = _error("llm_grpo", *overrides, "trainer.strategy=fsdp")
+    assert "workers.collective_backend" in str(err) and "segmentation fault" in str(err)
+    assert "workers.gpus_per_worker=1" in str(err) and "trainer.strategy=ddp" in str(err)
+    load_template("llm_grpo", overrides)  # ddp
+    load_template("llm_grpo", [f"workers.device={device}", "trainer.strategy=fsdp"])  # the default backend
+    load_template("llm_grpo", ["workers.device=cpu", "workers.collective_backend=gloo", "trainer.strategy=fsdp"])
+
+
+@pytest.mark.parametrize(("device", "backend", "expected"), [
+    ("cuda", None, "nccl"), ("npu", None, "hccl"), ("cpu", None, "gloo"), ("cuda", "gloo", "gloo"),
+    ("cpu", "cpu:gloo,cuda:nccl", "gloo"), ("cuda", "cpu:gloo,cuda:nccl", "nccl"), ("cuda", "cpu:gloo", None)])
+def test_the_backend_of_each_devices_tensors(device, backend, expected):
+    from vla_rl.config import WorkersSection
+
+    assert WorkersSection(collective_backend=backend).tensor_backend(device) == expected
+
+
 @pytest.mark.parametrize(("flat", "section", "key", "value"), [
     ("filter_zero_variance_groups", "filter_groups", "zero_variance", False),
     ("success_rate_band", "filter_groups", "success_rate_band", (0.2, 0.8)),

@@ -175,6 +175,54 @@ def test_the_deadline_skips_parts_that_no_longer_fit(gpu_check, tmp_path, capsys
         gpu_check.main(["--parts", "no_such_part", "--out", str(tmp_path)])
 
 
+def _waiting_part(gpu_check, name: str, marks: Path, waits_for: str | None, beside: bool, patience_s: float = 30):
+    """A stand-in part that marks its start, then waits up to ``patience_s`` for ``waits_for``'s
+    start mark (exit 1 if it never comes), then marks its end."""
+    code = (f"import pathlib, sys, time; marks = pathlib.Path({str(marks)!r}); "
+            f"(marks / '{name}.start').write_text(str(time.monotonic())); "
+            f"wanted = {waits_for!r}; deadline = time.monotonic() + {patience_s}\n"
+            "while wanted and not (marks / f'{wanted}.start').exists() and time.monotonic() < deadline:\n"
+            "    time.sleep(0.05)\n"
+            f"(marks / '{name}.end').write_text(str(time.monotonic())); "
+            "sys.exit(0 if not wanted or (marks / f'{wanted}.start').exists() else 1)")
+    return gpu_check.Part(name, [sys.executable, "-c", code], 60, beside=beside)
+
+
+def test_training_runs_share_lanes_after_the_parts_that_run_alone(gpu_check, tmp_path):
+    """The parts that run alone (the GPU's checks and the timed benchmarks) run first, one at a
+    time; then the training runs, ``lanes`` at a time: two runs that each wait for the other's
+    start both pass only if they ran side by side. On one H200, one at a time, they took 512 s of
+    the check's 480 s deadline (2026-12-04)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    parts = [_waiting_part(gpu_check, "run_a", marks, "run_b", beside=True),
+             _waiting_part(gpu_check, "bench", marks, None, beside=False),
+             _waiting_part(gpu_check, "run_b", marks, "run_a", beside=True),
+             _waiting_part(gpu_check, "run_c", marks, None, beside=True)]
+    results = list(gpu_check.run_parts(parts, tmp_path, time.monotonic() + 120, lanes=2))
+    assert [(r["part"], r["status"]) for r in results] == [("bench", "pass"), ("run_a", "pass"), ("run_b", "pass"),
+                                                          ("run_c", "pass")]
+    time_of = {mark.name: float(mark.read_text()) for mark in marks.iterdir()}
+    assert time_of["bench.end"] < min(time_of[f"{run}.start"] for run in ("run_a", "run_b", "run_c"))
+    assert time_of["run_c.start"] >= min(time_of["run_a.end"], time_of["run_b.end"])  # a lane freed first
+    # one lane: run_a waits for run_b, which has not started yet, and fails
+    (tmp_path / "one_lane").mkdir()
+    one_lane = [_waiting_part(gpu_check, "run_a", tmp_path / "one_lane", "run_b", True, patience_s=2),
+                _waiting_part(gpu_check, "run_b", tmp_path / "one_lane", None, True)]
+    one = list(gpu_check.run_parts(one_lane, tmp_path, time.monotonic() + 120, lanes=1))
+    assert [r["status"] for r in one] == ["fail", "pass"]
+    # the deadline cuts lanes too: a run that would get under 20 s is skipped, not started
+    late = list(gpu_check.run_parts(parts[2:], tmp_path, time.monotonic() + 10, lanes=2))
+    assert [r["status"] for r in late] == ["skipped", "skipped"]
+
+
+def test_the_check_starts_the_benchmarks_before_the_training_runs(gpu_check, tmp_path):
+    parts = gpu_check.build_parts(tmp_path, gpus=1, workers_xdist=1)
+    alone = [part.name for part in parts if not part.beside]
+    assert alone == ["env", "egl", "suite", "pi0_full_size", "oft_full_size"]
+    assert all(part.run_dir is not None for part in parts if part.beside)
+
+
 @pytest.mark.slow
 def test_the_training_parts_update_on_cpu_workers(gpu_check, tmp_path):
     """The training parts as the check runs them, on CPU workers (bf16 refused there: none): every

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from devices import device_overrides
+from devices import FSDP_NEEDS_AN_ACCELERATOR_PER_WORKER, device_overrides
 from template_runs import run_one_step
 
 from vla_rl.driver import train
@@ -92,6 +92,7 @@ def test_ppo_template_trains_an_lm_value_model(ray_on_loopback, tmp_path, tiny_l
     assert {"critic.safetensors", "critic_optimizer.safetensors"} <= {p.name for p in checkpoint.iterdir()}
 
 
+@FSDP_NEEDS_AN_ACCELERATOR_PER_WORKER
 def test_ppo_template_trains_and_resumes_its_critic_sharded_under_fsdp(ray_on_loopback, tmp_path, tiny_lm_dir,
                                                                        arithmetic_files):
     """The critic follows trainer.strategy (it trained in DDP whatever the strategy said): with
@@ -152,6 +153,7 @@ def fsdp_run(ray_on_loopback, tmp_path_factory, tiny_lm_dir, arithmetic_files):
                "algorithm.filter_groups.zero_variance=false")
 
 
+@FSDP_NEEDS_AN_ACCELERATOR_PER_WORKER
 def test_grpo_template_trains_with_fsdp_and_checkpoints_sharded(fsdp_run):
     """Through the engine: the step trains, its checkpoint holds the sharded actor state under
     the manifest, and no model.safetensors (the sharded state holds the weights)."""
@@ -165,6 +167,7 @@ def test_grpo_template_trains_with_fsdp_and_checkpoints_sharded(fsdp_run):
     assert verify_checkpoint(first)
 
 
+@FSDP_NEEDS_AN_ACCELERATOR_PER_WORKER
 def test_an_fsdp_run_resumes_from_its_sharded_checkpoint_and_exports(fsdp_run, tmp_path):
     from policies.causal_lm import CausalLMConfig, CausalLMPolicy
     from vla_rl.export import export_checkpoint

@@ -8,7 +8,7 @@ import json
 import textwrap
 
 import pytest
-from devices import device_overrides
+from devices import TEST_DEVICE_KIND, device_overrides
 
 from vla_rl.dag.loader import TEMPLATE_DIR
 from vla_rl.driver import train
@@ -91,10 +91,14 @@ def test_kl_to_a_frozen_reference(ray_on_loopback, tmp_path, demo_store):
         """))
     step, checkpoint = run(str(template), tmp_path, demo_store)
     # The rollout policy is still the reference: no penalty, and the first minibatch's KL loss
-    # is 0; the three later minibatches see a moved policy.
-    assert step["actor/reward_kl_penalty"] == 0.0
+    # is 0; the three later minibatches see a moved policy. On the CPU the rollout, the reference
+    # and the trainer score bit for bit alike; an accelerator's kernels, picked per batch shape,
+    # round otherwise (an H200's penalty: 1.8e-8).
+    rounding = pytest.approx(0.0, abs=0.0 if TEST_DEVICE_KIND == "cpu" else 1e-6)
+    assert step["actor/reward_kl_penalty"] == rounding
     assert step["actor/reward_kl_penalty_coeff"] == pytest.approx(0.05)
-    assert step["actor/kl_loss"] > 0.0 and step["actor/old_log_prob_max_diff"] == 0.0
+    assert step["actor/kl_loss"] > 0.0
+    assert step["actor/old_log_prob_max_diff"] == pytest.approx(0.0, abs=0.0 if TEST_DEVICE_KIND == "cpu" else 1e-4)
     # Below target the adaptive coefficient shrinks: x (1 - 0.2 * 6 episodes / horizon 100).
     kl_coef = json.loads((checkpoint / "trainer_state.json").read_text())["metadata"]["kl_coef"]
     assert kl_coef == pytest.approx(0.05 * (1 - 0.2 * 6 / 100))

@@ -171,6 +171,24 @@ def test_log_probs_are_batch_invariant(case):
         torch.testing.assert_close(sampled_alone, sampled_together[:1], rtol=0, atol=1e-4)
 
 
+def test_batch_invariant_log_probs_stay_so_under_bfloat16_autocast(case):
+    """A CUDA worker's rollout and reference score in ``torch.autocast(bfloat16)`` (DDP's
+    ``mixed_precision: auto``), in batches of other sizes: a batch-invariant policy's rows must
+    stay bit-identical there too. On one H200 (2026-12-04) tests/test_templates.py's reward KL
+    penalty at the first step, 0 when the reference and the rollout score alike, came out 1.8e-8
+    under autocast; this checks the policy alone on the test device."""
+    policy, spec = case
+    if not policy.batch_invariant:
+        pytest.skip("declares batch_invariant = False")
+    obs = spec.obs(130, 4)
+    with torch.no_grad(), torch.autocast(policy.device.type, dtype=torch.bfloat16):
+        actions, _ = policy.sample_actions(obs, generator=torch.Generator().manual_seed(0))
+        full, _ = policy.log_prob_and_entropy_per_dim(obs, actions)
+        for size in (1, 3, 8, 64, 129):
+            part, _ = policy.log_prob_and_entropy_per_dim(obs[-size:], actions[-size:])
+            assert torch.equal(part, full[-size:]), size
+
+
 def test_generator_makes_sampling_reproducible(case):
     policy, spec = case
     obs = spec.obs(4, 4)

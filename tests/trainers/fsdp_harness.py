@@ -107,7 +107,8 @@ def _mlp_setup(rank: int):
 
 def _text_batch(policy, rank: int, repeats: int = 2) -> TensorDict:
     """Four responses per worker to ``4 / repeats`` prompts (``repeats`` sampled responses
-    each), with fixed advantages."""
+    each), with fixed advantages; on the CPU, as the text rollout node hands its samples on
+    (vla_rl/nodes/text.py), whatever the policy's device."""
     from vla_rl_core import keys
 
     count = 4 // repeats
@@ -116,11 +117,11 @@ def _text_batch(policy, rank: int, repeats: int = 2) -> TensorDict:
     ids, mask = policy.processor.encode_prompts(prompts, max_length=32)
     ids, mask = ids.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0)
     generation = policy.generate(ids, mask, max_new_tokens=8, generator=torch.Generator().manual_seed(rank))
-    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * generation.response_mask
-    return TensorDict({keys.INPUT_IDS: ids, keys.ATTENTION_MASK: mask, keys.RESPONSES: generation.responses,
-                       keys.RESPONSE_MASK: generation.response_mask,
-                       keys.OLD_LOG_PROBS: generation.log_probs[..., None], keys.ADVANTAGES: advantages},
-                      batch_size=[4])
+    response_mask = generation.response_mask.cpu()
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * response_mask
+    return TensorDict({keys.INPUT_IDS: ids, keys.ATTENTION_MASK: mask, keys.RESPONSES: generation.responses.cpu(),
+                       keys.RESPONSE_MASK: response_mask, keys.OLD_LOG_PROBS: generation.log_probs.cpu()[..., None],
+                       keys.ADVANTAGES: advantages}, batch_size=[4])
 
 
 class _Patch:

@@ -91,6 +91,26 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _check_fsdp_collectives(self) -> RunConfig:
+        """FSDP on accelerator workers needs the accelerator's own backend for their tensors:
+        FSDP2's all-gathers and reduce-scatters of CUDA tensors over gloo kill the workers with a
+        segmentation fault (pytorch/pytorch#132471; on one H200, 2026-12-04, two workers sharing
+        it over gloo died so at their first update). ``workers.device: auto`` is checked by the
+        workers, which read the run's config with the device they bound."""
+        device = self.workers.device
+        if self.trainer.strategy != "fsdp" or device not in ("cuda", "npu"):
+            return self
+        if self.workers.tensor_backend(device) == "gloo":
+            default = {"cuda": "nccl", "npu": "hccl"}[device]
+            raise ComponentConfigError(
+                "workers.collective_backend",
+                f"{self.workers.collective_backend!r} reduces {device} tensors with gloo, on which trainer.strategy "
+                f"fsdp crashes (a segmentation fault: pytorch/pytorch#132471); leave it null ('cpu:gloo,{device}:"
+                f"{default}') with a whole accelerator per worker (workers.gpus_per_worker=1), or use "
+                "trainer.strategy=ddp to share one accelerator over gloo")
+        return self
+
+    @model_validator(mode="after")
     def _check_text_only_settings(self) -> RunConfig:
         """Settings about text responses are refused in embodied runs, where they would mean
         something else: an episode at its time limit (``truncated``) is a failure the loss learns from."""

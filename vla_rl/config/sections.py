@@ -67,6 +67,16 @@ class WorkersSection(_Section):
         "RAY_ADDRESS environment variable if set, else a local Ray on 127.0.0.1 (docs/cluster.md).")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads in each worker.")
 
+    def tensor_backend(self, device: str) -> str | None:
+        """The backend the workers' collectives use on ``device`` tensors (``cpu``, ``cuda``,
+        ``npu``): ``collective_backend``'s entry for that device, a plain backend (``gloo``) for
+        every device, and when ``collective_backend`` is null the default's (``nccl`` on CUDA,
+        ``hccl`` on Ascend, ``gloo`` on the CPU); None where it names none for the device."""
+        if self.collective_backend is None:
+            return {"cuda": "nccl", "npu": "hccl"}.get(device, "gloo")
+        entries = dict(part.rpartition(":")[::2] for part in self.collective_backend.split(","))
+        return entries.get(device, entries.get(""))
+
     @field_validator("collective_backend")
     @classmethod
     def _known_backend(cls, value: str | None) -> str | None:
