@@ -159,8 +159,8 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
                                "--out", str(out / "pi0_full_size.json")], 150),
         Part("oft_full_size", [sys.executable, "benchmarks/openvla_oft_full_size.py", "--device", "cuda",
                                "--warmup", "1", "--repeats", "2", "--out", str(out / "openvla_oft_full_size.json")], 240),
-        # the training runs, --lanes at a time, the longest first (on one H200 beside the suite,
-        # 2026-12-04, one at a time: 104, 94, 93, 73 and 54 s)
+        # the training runs, --lanes at a time, the longest first (one H200, 2026-12-04, one at a
+        # time beside the suite: 104, 93, 73 and 54 s; embodied_srpo alone: 94 s)
         # Flow-Noise: its learned noise head on the action expert's features sets the entropy,
         # so the bonus's gradient reaches the checkpointed FSDP blocks (Flow-SDE's fixed noise does not)
         _train("pi0_fsdp", "embodied_srpo_pi0_lift", workers, runs,
@@ -234,8 +234,8 @@ def run_parts(parts: list[Part], log_dir: Path, ends: float, lanes: int):
     """Run ``parts`` before the monotonic time ``ends``, yielding each one's result in their order:
     first the parts that run alone, one after another, then the ``beside`` ones, ``lanes`` at a
     time, each lane taking the next as it frees. The training runs spend most of their time
-    starting (Ray, imports, simulators, the warm start) and little on the GPU (an H200, one at a
-    time beside the suite: 9 parts in 512 s, over the 480 s deadline)."""
+    starting (Ray, imports, simulators, the warm start) and little on the GPU (one H200,
+    2026-12-04: the 9 parts one after another took 511 s, over the 480 s deadline)."""
     for part in parts:
         if not part.beside:
             yield _run_within(part, log_dir, ends)
