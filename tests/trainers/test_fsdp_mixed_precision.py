@@ -6,6 +6,8 @@ the reference score what the bfloat16 rollout scored."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from fsdp_harness import MLP_SPLIT, WORLD, _Patch, _text_batch, _trainer_section, spawn_workers
@@ -28,10 +30,10 @@ def _first_ratios(rank: int, lm_dir: str) -> dict:
     from vla_rl.config import AlgorithmSection
     from vla_rl.trainers.actor import ActorTrainer, embodied_forward, text_forward
 
-    def embodied(name: str, split: tuple[int, int]):
+    def embodied(name: str, split: tuple[int, int], **config_updates):
         def fresh():
             torch.manual_seed(0)
-            return make_policy(name, TINY_CONFIGS[name]())
+            return make_policy(name, dataclasses.replace(TINY_CONFIGS[name](), **config_updates))
         start = sum(split[:rank])
         return fresh, rollout_batch(fresh())[start:start + split[rank]], embodied_forward
 
@@ -47,6 +49,8 @@ def _first_ratios(rank: int, lm_dir: str) -> dict:
     mlp = embodied("mlp", MLP_SPLIT)
     cases = {"mlp": (mlp, {}), "mlp_micro": (mlp, {"micro_batch_size": 2}),
              "pi0": (embodied("pi0", (4, 4)), {}), "openvla_oft": (embodied("openvla_oft", (4, 4)), {}),
+             # as scripts/gpu_check.sh's pi0_fsdp part runs: Flow-Noise's float32 noise head, checkpointing
+             "pi0_flow_noise": (embodied("pi0", (4, 4), sampler="flow_noise"), {"gradient_checkpointing": True}),
              "lm": (text(), {}), "mlp_bf16_master": (mlp, {"fsdp": {"master_dtype": "bfloat16"}})}
     out = {}
     for name, ((fresh, batch, forward), fields) in cases.items():
@@ -137,7 +141,8 @@ def runs(tiny_lm_dir, tmp_path_factory):
     return spawn_workers(_mixed_precision, tiny_lm_dir, tmp_path_factory.mktemp("fsdp_mixed_precision"))
 
 
-@pytest.mark.parametrize("case", ["mlp", "mlp_micro", "pi0", "openvla_oft", "lm", "mlp_bf16_master"])
+@pytest.mark.parametrize("case", ["mlp", "mlp_micro", "pi0", "openvla_oft", "lm", "mlp_bf16_master",
+                                  "pi0_flow_noise"])
 def test_the_first_ratio_is_one_when_fsdp_computes_in_bfloat16(runs, case):
     """Regression: FSDP computed the update in bfloat16 while the rollout's log-probs were the
     float32 policy's, so the first minibatch's ratio was not 1 (max |log-ratio| 0.048 on the MLP,
