@@ -1,13 +1,26 @@
 """How long ``scripts/gpu_check.sh``'s suite part takes under pytest-xdist's schedulers, simulated
 from the tests' own durations: xdist's default ``load`` scheduling (the baseline), ``load`` with
-``--maxschedchunk 1`` (what the suite part uses), and ``worksteal``.
+``--maxschedchunk 1``, ``worksteal``, and ``load`` with ``--maxschedchunk 1`` over the tests ordered
+longest with shortest by their recorded durations (``--order-by-durations``, tests/durations.py:
+what the suite part uses).
 
-The durations come from a JUnit XML of the device tests run one after another (per test: setup,
-call and teardown; the XML lists the tests in collection order, the order xdist hands them out):
+The durations come from a JUnit XML (per test: setup, call and teardown). The tests run in
+collection order, the order xdist hands them out: that of ``--collected``, a file of the node ids
+``pytest --collect-only -q`` lists (a collected test the XML lacks counts as the XML's median),
+else the XML's own order (a run one after another lists its tests in collection order; an xdist
+run, in the order they ended)::
 
     VLA_RL_TEST_DEVICE=cpu python -m pytest -m 'not slow' --device-tests-only -p no:cacheprovider \\
         --junitxml=/tmp/device_tests.xml tests
     python benchmarks/suite_schedule.py /tmp/device_tests.xml --workers 8 --out benchmarks/suite_schedule.json
+
+    # gpu_check's own suite.xml, in the collection order of this checkout
+    python -m pytest --collect-only -q -p no:cacheprovider -m 'not slow' --device-tests-only tests \\
+        | grep :: > /tmp/collected.txt
+    python benchmarks/suite_schedule.py OUT/suite.xml --collected /tmp/collected.txt --out ...
+
+The longest-with-shortest order comes from the recorded durations and is kept in the draws below
+(as a durations file recorded once orders every later run).
 
 The simulation drives xdist's own scheduler classes (``xdist.scheduler.LoadScheduling`` and
 ``WorkStealingScheduling``) with stand-in workers that behave as xdist's worker loop
@@ -30,6 +43,7 @@ import heapq
 import json
 import random
 import statistics
+import sys
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,20 +51,26 @@ from types import SimpleNamespace
 
 from xdist.scheduler import LoadScheduling, WorkStealingScheduling
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from durations import junit_durations, junit_key, longest_with_shortest  # noqa: E402
+
 #: name -> (scheduler class, --maxschedchunk); the first is the baseline.
 SCHEDULERS = {
     "load": (LoadScheduling, None),
     "load_maxschedchunk_1": (LoadScheduling, 1),
     "worksteal": (WorkStealingScheduling, None),
 }
+#: The rows of the table: name -> (scheduler, whether the tests run longest with shortest).
+ROWS = {**{name: (name, False) for name in SCHEDULERS},
+        "load_maxschedchunk_1_longest_with_shortest": ("load_maxschedchunk_1", True)}
 
 
-def junit_durations(path: Path) -> dict[str, float]:
-    """``{test id: seconds}`` of a JUnit XML, in its order (setup + call + teardown per test)."""
-    durations = {}
-    for case in ElementTree.parse(path).getroot().iter("testcase"):
-        durations[f"{case.get('classname')}::{case.get('name')}"] = float(case.get("time"))
-    return durations
+def in_collection_order(recorded: dict[str, float], collected: list[str]) -> dict[str, float]:
+    """``{junit key: seconds}`` of the ``collected`` node ids, in their order; a test ``recorded``
+    lacks counts as its median."""
+    median = statistics.median(recorded.values())
+    return {junit_key(nodeid): recorded.get(junit_key(nodeid), median) for nodeid in collected}
 
 
 def _quiet(*_message) -> None:
@@ -152,7 +172,10 @@ def makespan(durations: list[float], workers: int, scheduler: str) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("junit", type=Path, help="JUnit XML of the tests run one after another")
+    parser.add_argument("junit", type=Path, help="JUnit XML of the tests' durations")
+    parser.add_argument("--collected", type=Path, default=None,
+                        help="node ids in collection order, one a line (pytest --collect-only -q); "
+                             "default: the XML's order")
     parser.add_argument("--workers", type=int, default=8, help="xdist workers (gpu_check: half the cores, at most 8)")
     parser.add_argument("--draws", type=int, default=200, help="runs with perturbed durations")
     parser.add_argument("--sigma", type=float, default=0.3, help="log-normal sigma of each duration's factor")
@@ -165,14 +188,28 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"{args.junit}: not a readable JUnit XML ({error})")
     if not recorded:
         parser.error(f"{args.junit}: no <testcase> in it")
+    if args.collected is not None:
+        try:
+            collected = [line.strip() for line in args.collected.read_text().splitlines() if "::" in line]
+        except OSError as error:
+            parser.error(f"--collected {args.collected}: {error}")
+        if not collected:
+            parser.error(f"--collected {args.collected}: no node id (path::name) in it")
+        recorded = in_collection_order(recorded, collected)
     durations = list(recorded.values())
+    order = longest_with_shortest(durations)
     rng = random.Random(args.seed)
     draws = [[d * rng.lognormvariate(0.0, args.sigma) for d in durations] for _ in range(args.draws)]
-    baseline = next(iter(SCHEDULERS))
-    per_draw = {name: [makespan(d, args.workers, name) for d in draws] for name in SCHEDULERS}
-    recorded_spans = {name: makespan(durations, args.workers, name) for name in SCHEDULERS}
+
+    def span(row: str, durations: list[float]) -> float:
+        scheduler, ordered = ROWS[row]
+        return makespan([durations[index] for index in order] if ordered else durations, args.workers, scheduler)
+
+    baseline = next(iter(ROWS))
+    per_draw = {name: [span(name, d) for d in draws] for name in ROWS}
+    recorded_spans = {name: span(name, durations) for name in ROWS}
     rows = {}
-    for name in SCHEDULERS:
+    for name in ROWS:
         spans = sorted(per_draw[name])
         rows[name] = {
             "makespan_s": recorded_spans[name],

@@ -13,7 +13,7 @@ run alone, one after another; then the training runs, ``--lanes`` at a time (:fu
 | --- | --- |
 | ``env`` | torch, CUDA, the GPU's name and memory, TF32 flags |
 | ``egl`` | MuJoCo EGL rendering on the GPU (the GL renderer's name: the GPU's, not llvmpipe) and one robosuite Lift camera frame |
-| ``suite`` | the suite's tests that run on the test device, end-to-end runs included (``-m 'not slow' --device-tests-only``; the others check the same on every device) with ``VLA_RL_TEST_DEVICE=cuda``, on pytest-xdist workers sent one test at a time (:func:`xdist_options`) |
+| ``suite`` | the suite's tests that run on the test device, end-to-end runs included (``-m 'not slow' --device-tests-only``; the others check the same on every device) with ``VLA_RL_TEST_DEVICE=cuda``, on pytest-xdist workers sent one test at a time, longest with shortest (:func:`xdist_options`) |
 | ``pi0_full_size`` | ``benchmarks/pi0_full_size.py --device cuda`` (3.2 B π0, bf16) |
 | ``oft_full_size`` | ``benchmarks/openvla_oft_full_size.py --device cuda`` (7.5 B OpenVLA-OFT LoRA update) |
 | ``pi0_fsdp`` | tiny π0 SRPO, one step with FSDP and bf16 mixed precision, every group kept |
@@ -282,16 +282,22 @@ def _gpu_count() -> int:
         return 0
 
 
+#: Recorded durations of the device tests (tests/durations.py): the suite part runs them longest with shortest.
+DURATIONS = ROOT / "tests" / "device_test_durations.json"
+
+
 def xdist_options(processes: int) -> list[str]:
     """pytest-xdist's options for the suite: ``processes`` workers, each handed one test at a time
-    (``--maxschedchunk 1``, pytest-xdist >= 3.2). xdist's default hands each worker a quarter of
-    its share of the tests at the start, in collection order, and sends a worker busy with long
-    tests nothing more until it is down to one: the end-to-end runs (50 of the 323 device tests,
-    up to 165 s each) queue behind one another on a few workers while the others run out of work.
-    One at a time, a free worker takes the next test. xdist 3.8's own schedulers driven with the
-    device tests' durations (run one after another on a 2-core machine, 1,118 s in all), 8
-    workers: 315 s by default, 199 s one at a time (``benchmarks/suite_schedule.py``)."""
-    return ["-n", str(processes), "--maxschedchunk", "1"]
+    (``--maxschedchunk 1``, pytest-xdist >= 3.2), the tests ordered longest with shortest by
+    :data:`DURATIONS` (``--order-by-durations``, tests/durations.py). xdist's default hands each
+    worker a quarter of its share of the tests at the start, in collection order, and sends a
+    worker busy with long tests nothing more until it is down to one; and in collection order
+    the longest tests start late. xdist 3.8's own schedulers driven with the H200's durations of
+    the device tests (2026-12-04, 337 tests in this checkout's collection order, 2,312 s in all,
+    8 workers; benchmarks/suite_schedule_h200.json): 407 s by default, 317 s one at a time, 290 s
+    one at a time longest with shortest (the least possible: 289 s); with each duration
+    perturbed at random, 90th percentiles 562, 439 and 334 s."""
+    return ["-n", str(processes), "--maxschedchunk", "1", "--order-by-durations", str(DURATIONS)]
 
 
 def _has_xdist() -> bool:

@@ -1,11 +1,13 @@
 """Shared fixtures: a Ray instance on loopback, a one-process group for the data-parallel code
 (DDP, the collectives of the node functions) on the test device, the test device itself
 (``VLA_RL_TEST_DEVICE``, tests/devices.py), one torch thread, the tiny language model, and the
-text runs' generated prompts written once per session."""
+text runs' generated prompts written once per session; the options ``--device-tests-only`` and
+``--order-by-durations`` (tests/durations.py)."""
 
 from __future__ import annotations
 
 import devices
+import durations
 import pytest
 
 
@@ -13,6 +15,9 @@ def pytest_configure(config):
     problem = devices.check_test_device()
     if problem:
         raise pytest.UsageError(problem)
+    if config.getoption("--order-by-durations"):
+        config.pluginmanager.register(durations.DurationOrder(config.getoption("--order-by-durations")),
+                                      "vla_rl_duration_order")
     # transformers binds its handler to the sys.stderr of the moment it first logs: inside a test
     # that captures stderr, a stream closed when that test ends, so that every later transformers
     # warning prints "--- Logging error ---" and a traceback into another test's output. Without
@@ -30,6 +35,10 @@ def pytest_addoption(parser):
     parser.addoption("--device-tests-only", action="store_true",
                      help="run only the tests that put something on VLA_RL_TEST_DEVICE (the others run the same on "
                           "every device: on a GPU they repeat the CPU run's checks); scripts/gpu_check.sh uses it")
+    parser.addoption("--order-by-durations", metavar="JSON", default=None,
+                     help="run the tests longest, shortest, second longest, ... by the durations this file records, "
+                          "so that pytest-xdist shares them out well (tests/durations.py); scripts/gpu_check.sh uses "
+                          "tests/device_test_durations.json")
 
 
 #: Fixtures that hand a test the test device, or run on it.

@@ -12,7 +12,7 @@ from benchmark_runs import REPO_ROOT, run_benchmark
 
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.suite_schedule import SCHEDULERS, makespan  # noqa: E402
+from benchmarks.suite_schedule import ROWS, SCHEDULERS, longest_with_shortest, makespan  # noqa: E402
 
 #: 2 workers; 8 tests of 10 s first, then 56 of 1 s (136 s of work, at best 68 s each).
 LONG_FIRST = [10.0] * 8 + [1.0] * 56
@@ -41,6 +41,17 @@ def test_work_stealing_takes_the_queue_tails():
     assert makespan(LONG_FIRST, 2, "worksteal") == 70.0
 
 
+def test_longest_with_shortest_starts_the_long_tests_first_each_with_a_short_one_behind_it():
+    """Two workers, one test at a time, [1, 1, 6, 6] (14 s of work, at best 7 s each). In
+    collection order worker 0 is sent the two 1 s tests and worker 1 the two 6 s tests: 12 s.
+    Longest first, [6, 6, 1, 1]: the same split, 12 s. Longest with shortest, [6, 1, 6, 1]:
+    each worker gets a 6 s and a 1 s test: 7 s."""
+    durations = [1.0, 1.0, 6.0, 6.0]
+    assert makespan(durations, 2, "load_maxschedchunk_1") == 12.0
+    assert makespan(sorted(durations, reverse=True), 2, "load_maxschedchunk_1") == 12.0
+    assert makespan([durations[i] for i in longest_with_shortest(durations)], 2, "load_maxschedchunk_1") == 7.0
+
+
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_one_worker_runs_everything_in_turn_and_few_tests_run_at_once(scheduler):
     assert makespan(LONG_FIRST, 1, scheduler) == 136.0
@@ -56,12 +67,32 @@ def test_the_benchmark_reads_a_junit_xml_and_writes_its_record(tmp_path):
                                    out=tmp_path / "s.json")
     assert record["tests"] == 64 and record["serial_s"] == 136.0 and record["lower_bound_s"] == 68.0
     rows = record["schedulers"]
-    assert [rows[name]["makespan_s"] for name in SCHEDULERS] == [80.0, 68.0, 70.0]
+    assert [rows[name]["makespan_s"] for name in ROWS] == [80.0, 68.0, 70.0, 68.0]
     assert rows["load"]["draws_median_speedup_over_load"] == 1.0
-    assert all(rows[name]["draws_p90_s"] >= rows[name]["draws_median_s"] > 0 for name in SCHEDULERS)
+    assert all(rows[name]["draws_p90_s"] >= rows[name]["draws_median_s"] > 0 for name in ROWS)
     assert record["longest_tests"][0] == ["tests.test_x::test_0", 10.0]
     assert rows["load_maxschedchunk_1"]["speedup_over_load"] == 80.0 / 68.0
     assert "| load_maxschedchunk_1 | 68 | 1.18 |" in stdout
+
+
+def test_the_collection_order_comes_from_the_collected_node_ids(tmp_path):
+    """``--collected``: the tests run in the listed order; one the XML lacks counts as its median
+    (3.5 s of [1, 1, 6, 6]); one the list lacks is left out."""
+    cases = "".join(f'<testcase classname="tests.test_x" name="test_{name}" time="{seconds}"/>'
+                    for name, seconds in [("a", 1.0), ("b", 1.0), ("c", 6.0), ("gone", 6.0)])
+    junit = tmp_path / "suite.xml"
+    junit.write_text(f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{cases}</testsuite></testsuites>')
+    collected = tmp_path / "collected.txt"
+    collected.write_text("tests/test_x.py::test_a\ntests/test_x.py::test_new\ntests/test_x.py::test_c\n"
+                         "tests/test_x.py::test_b\n\n4 tests collected\n")
+    record, _ = run_benchmark("suite_schedule.py", str(junit), "--collected", str(collected), "--workers", "2",
+                              "--draws", "2", out=tmp_path / "s.json")
+    assert record["tests"] == 4 and record["serial_s"] == 11.5
+    # [1, 3.5, 6, 1] in this order: worker 0 runs the first two (4.5 s), worker 1 the 6 s and the 1 s test: 7 s
+    assert record["schedulers"]["load_maxschedchunk_1"]["makespan_s"] == 7.0
+    done = subprocess.run([sys.executable, "benchmarks/suite_schedule.py", str(junit), "--collected",
+                           str(tmp_path / "none.txt")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--collected" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("content, message", [(None, "not a readable JUnit XML"),
