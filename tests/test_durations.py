@@ -97,15 +97,22 @@ def test_the_option_orders_the_chosen_tests_longest_with_shortest(tmp_path):
                                              ('{"seconds": {}}', "no {test: seconds}"),
                                              ('{"seconds": {"a::b": "long"}}', "no {test: seconds}"),
                                              ('{"tests": {}}', "KeyError")])
-def test_a_bad_durations_file_is_refused_in_one_line(tmp_path, content, reason):
+def test_a_bad_durations_file_is_refused_naming_it(tmp_path, content, reason):
     path = tmp_path / "durations.json"
     if content is not None:
         path.write_text(content)
+    with pytest.raises(pytest.UsageError, match=rf"^--order-by-durations {path}: not a durations file \(.*{reason}"):
+        durations.load(path)
+
+
+def test_pytest_refuses_a_bad_durations_file_in_one_line(tmp_path):
+    path = tmp_path / "durations.json"
+    path.write_text('{"seconds": {}}')
     status, ordered, output = collected("--order-by-durations", str(path))
     lines = [line for line in output.splitlines() if line.strip()]
     assert status == 4 and not ordered and "Traceback" not in output
-    assert any(line.startswith(f"ERROR: --order-by-durations {path}: not a durations file (")
-               and reason in line for line in lines), output
+    assert lines == [f"ERROR: --order-by-durations {path}: not a durations file "
+                     "(ValueError(\"no {test: seconds} under 'seconds'\"))"], output
 
 
 def test_the_command_line_writes_a_file_the_option_reads(tmp_path):
