@@ -142,11 +142,13 @@ def ray_on_loopback():
 @pytest.fixture(scope="module")
 def process_group(tmp_path_factory):
     """A one-process process group for the module's tests with a DAG worker's backend on the test
-    device (gloo; ``cpu:gloo,cuda:nccl`` on CUDA), rendezvous through a file store (a TCP store
+    device (gloo; ``cpu:gloo,cuda:nccl`` on CUDA), on loopback as a local run's
+    (:func:`devices.pin_collectives_to_loopback`), rendezvous through a file store (a TCP store
     would listen on every interface)."""
     import torch.distributed as dist
 
     devices.device_under_test()
+    devices.pin_collectives_to_loopback()
     store = dist.FileStore(str(tmp_path_factory.mktemp("gloo_store") / "store"), 1)
     dist.init_process_group(devices.process_group_backend(), store=store, rank=0, world_size=1)
     yield

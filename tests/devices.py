@@ -39,6 +39,19 @@ def device_under_test() -> torch.device:
     return device
 
 
+#: What a local run's DAG workers set before joining their process group
+#: (``DAGWorker.init_process_group``), for the tests' own process groups: gloo and NCCL's bootstrap
+#: otherwise listen on the address the host name resolves to or on the first non-loopback
+#: interface (a test process on the H200 held a listener on its 192.0.2.2, 2026-12-04).
+LOOPBACK_COLLECTIVES = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+
+
+def pin_collectives_to_loopback() -> None:
+    """Set :data:`LOOPBACK_COLLECTIVES` in this process's environment (gloo reads it when a group
+    is made, NCCL once per process, at its first communicator): call it before any process group."""
+    os.environ.update(LOOPBACK_COLLECTIVES)
+
+
 def process_group_backend() -> str:
     """The backend of the tests' process groups: the one a DAG worker on the test device uses."""
     from vla_rl.utils.device import collective_backend

@@ -45,6 +45,8 @@ class ListenerWatch:
     def __init__(self, period_s: float = 0.5) -> None:
         self.period_s = period_s
         self.seen: set[tuple[str, str, int]] = set()
+        #: (ip, port) -> "pid N (this test process | a child): command line", to name a stray listener
+        self.owners: dict[tuple[str, int], str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -56,6 +58,9 @@ class ListenerWatch:
                     for conn in proc.net_connections(kind="inet"):
                         if conn.status == psutil.CONN_LISTEN:
                             self.seen.add((proc.name(), conn.laddr.ip, conn.laddr.port))
+                            whose = "this test process" if proc.pid == me.pid else "a child"
+                            self.owners.setdefault((conn.laddr.ip, conn.laddr.port),
+                                                   f"pid {proc.pid} ({whose}): {' '.join(proc.cmdline())[:300]}")
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
             self._stop.wait(self.period_s)
@@ -136,7 +141,7 @@ def test_every_listener_of_the_run_is_on_loopback(srpo_run):
     _, _, watch = srpo_run
     assert any(name.startswith("gcs_server") for name, _, _ in watch.seen), watch.seen
     assert any("DAGWorker" in name for name, _, _ in watch.seen), watch.seen  # the TCP store
-    outside = [s for s in watch.seen if not _is_loopback(s[1])]
+    outside = [(*s, watch.owners.get(s[1:])) for s in watch.seen if not _is_loopback(s[1])]
     assert not outside, f"listening outside 127.0.0.0/8: {outside}"
 
 

@@ -3,10 +3,8 @@ test device (gloo on the CPU; spawned processes, loopback)."""
 
 from __future__ import annotations
 
-import os
-
 import torch.distributed as dist
-from devices import device_under_test, process_group_backend
+from devices import device_under_test, pin_collectives_to_loopback, process_group_backend
 from spawned import run_workers
 
 from vla_rl.utils.collectives import all_gather_small_objects
@@ -23,7 +21,7 @@ def _object(rank: int, case: str):
 
 
 def _worker(rank: int, world: int, port: int, case: str) -> list:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    pin_collectives_to_loopback()
     device_under_test()
     dist.init_process_group(process_group_backend(), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
