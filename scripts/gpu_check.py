@@ -13,7 +13,7 @@ run alone, one after another; then the training runs, ``--lanes`` at a time (:fu
 | --- | --- |
 | ``env`` | torch, CUDA, the GPU's name and memory, TF32 flags |
 | ``egl`` | MuJoCo EGL rendering on the GPU (the GL renderer's name: the GPU's, not llvmpipe) and one robosuite Lift camera frame |
-| ``suite`` | the suite's tests that run on the test device, end-to-end runs included (``-m 'not slow' --device-tests-only``; the others check the same on every device) with ``VLA_RL_TEST_DEVICE=cuda``, on pytest-xdist workers sent one test at a time, longest with shortest (:func:`xdist_options`) |
+| ``suite`` | the suite's tests that run on the test device, end-to-end runs included (``-m 'not slow' --device-tests-only``; the others check the same on every device) with ``VLA_RL_TEST_DEVICE=cuda``, on pytest-xdist workers, the tests sharing a module's run on one worker, longest with shortest (:func:`xdist_options`) |
 | ``pi0_full_size`` | ``benchmarks/pi0_full_size.py --device cuda`` (3.2 B π0, bf16) |
 | ``oft_full_size`` | ``benchmarks/openvla_oft_full_size.py --device cuda`` (7.5 B OpenVLA-OFT LoRA update) |
 | ``pi0_fsdp`` | tiny π0 SRPO, one step with FSDP and bf16 mixed precision, every group kept |
@@ -287,27 +287,30 @@ DURATIONS = ROOT / "tests" / "device_test_durations.json"
 
 
 def xdist_options(processes: int) -> list[str]:
-    """pytest-xdist's options for the suite: ``processes`` workers, each handed one test at a time
-    (``--maxschedchunk 1``, pytest-xdist >= 3.2), the tests ordered longest with shortest by
-    :data:`DURATIONS` (``--order-by-durations``, tests/durations.py). xdist's default hands each
-    worker a quarter of its share of the tests at the start, in collection order, and sends a
-    worker busy with long tests nothing more until it is down to one; and in collection order
-    the longest tests start late. xdist 3.8's own schedulers driven with the H200's durations of
-    the device tests (2026-12-04, 337 tests in this checkout's collection order, 2,312 s in all,
-    8 workers; benchmarks/suite_schedule_h200.json): 407 s by default, 317 s one at a time, 290 s
-    one at a time longest with shortest (the least possible: 289 s); with each duration
-    perturbed at random, 90th percentiles 562, 439 and 334 s."""
-    return ["-n", str(processes), "--maxschedchunk", "1", "--order-by-durations", str(DURATIONS)]
+    """pytest-xdist's options for the suite (pytest-xdist >= 3.8): ``processes`` workers under
+    ``--dist loadgroup``, which sends the tests of one ``xdist_group`` (those sharing a module's
+    expensive run fixture, such as tests/test_driver.py's SRPO run) to one worker, so that the run
+    is made once, and every other test alone; ``--no-loadscope-reorder`` keeps the order of
+    ``--order-by-durations`` (tests/durations.py's :func:`loadgroup_order`: the workers start with
+    the longest units, then take the shortest, then longest with shortest, by :data:`DURATIONS`).
+    On the H200 (2026-12-04, second run) under ``load`` one test at a time, the three tests of
+    that SRPO run landed on three workers and each made it (67-90 s apiece). Driven with that run's
+    durations (benchmarks/suite_schedule_h200.json), xdist 3.8's own schedulers end between 284 s
+    (the groups' repeated runs taken out, at most) and 333 s (all kept) this way, against 317 s for
+    ``load`` one at a time longest with shortest (the options before); on pytest 9.2, where xdist
+    3.8 does not group (tests/durations.py's ``xdist_groups_work``), in the same 317 s."""
+    return ["-n", str(processes), "--dist", "loadgroup", "--no-loadscope-reorder", "--order-by-durations",
+            str(DURATIONS)]
 
 
 def _has_xdist() -> bool:
-    """Whether pytest-xdist >= 3.2 (the first with ``--maxschedchunk``) is installed."""
+    """Whether pytest-xdist >= 3.8 (the first with ``--no-loadscope-reorder``) is installed."""
     try:
         import xdist
     except ImportError:
         return False
     major, minor = (int(part) for part in xdist.__version__.split(".")[:2])
-    return (major, minor) >= (3, 2)
+    return (major, minor) >= (3, 8)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,8 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     xdist = _has_xdist()
     if not xdist and args.xdist > 1:
-        print("[gpu_check] pytest-xdist >= 3.2 is not installed: the suite part runs its tests one after another and "
-              "may not end within its timeout (pip install 'pytest-xdist>=3.2')", flush=True)
+        print("[gpu_check] pytest-xdist >= 3.8 is not installed: the suite part runs its tests one after another and "
+              "may not end within its timeout (pip install 'pytest-xdist>=3.8')", flush=True)
     parts = build_parts(out, _gpu_count(), args.xdist if xdist else 1)
     known = {part.name for part in parts}
     for name in [*(args.parts or []), *args.skip]:

@@ -4,15 +4,24 @@ tests/device_test_durations.json).
 
 xdist hands tests out in collection order, and a worker starts a test only once it also holds the
 next one (pytest needs ``nextitem`` to tear down): a long test in collection order starts late,
-and a long test sent right behind another waits for it. :func:`longest_with_shortest` puts the
-longest test first, then the shortest, then the second longest, then the second shortest, and so
-on: the long tests start first, each followed by a short one. Fed the H200's device-test
-durations (2026-12-04: the 337 tests of this checkout's collection, 2,312 s, 8 workers, one test
-at a time), xdist's scheduler ends in 290 s in this order (the least possible: 289 s) against
-317 s in collection order and 338 s longest first alone (benchmarks/suite_schedule.py,
-benchmarks/suite_schedule_h200.json). The plugins that sort slowest first (pytest-slowest-first,
-pytest-slow-first) read the durations of this host's previous run (a new GPU node has none)
-and sort longest first only.
+and a long test sent right behind another waits for it. Under ``--dist load``,
+:func:`longest_with_shortest` puts the longest test first, then the shortest, then the second
+longest, then the second shortest, and so on. Under ``--dist loadgroup`` (gpu_check's, with
+``--no-loadscope-reorder``), which sends the tests of one ``xdist_group`` to one worker as one
+unit, :func:`loadgroup_order` orders the units for that scheduler's start. The tests marked so
+share a module's expensive run fixture (tests/test_driver.py's SRPO run, tests/test_faults.py's
+uninterrupted run, ...): on the H200 (2026-12-04, second run, ``load`` one test at a time) the
+three tests of that SRPO run went to three workers and each made the run (67-90 s apiece).
+
+Driven with that run's durations (338 tests of this checkout, 2,535 s with those repeated runs,
+8 workers; benchmarks/suite_schedule.py, benchmarks/suite_schedule_h200.json), xdist 3.8's own
+schedulers end in 317 s under ``load`` one at a time longest with shortest, 317 s under
+``loadgroup`` in :func:`loadgroup_order` with each test alone, and between 284 s (each group's
+repeated runs taken out, at most: ``--suite-log``) and 333 s (each group counting every repeated
+run it recorded; the simulation does not model fixtures) with the groups. On pytest 9.2
+xdist 3.8 does not group (:func:`xdist_groups_work`): the tests then go out alone, as fast as under
+``load``. The plugins that sort slowest first (pytest-slowest-first, pytest-slow-first) read the
+durations of this host's previous run (a new GPU node has none) and sort longest first only.
 
 Refresh the recorded durations from a JUnit XML of the suite (gpu_check writes ``suite.xml``)::
 
@@ -55,6 +64,44 @@ def junit_durations(path: Path) -> dict[str, float]:
     return durations
 
 
+def xdist_groups_work() -> bool:
+    """Whether pytest-xdist's ``--dist loadgroup`` groups tests with this pytest: from pytest 9.2 on
+    (node ids held in a structured form) pytest-xdist 3.8 marks a test's group on a node id field
+    pytest no longer reads, and each test goes out alone (pytest-dev/pytest-xdist#1386, its fix
+    #1388 not released as of 2026-12-04)."""
+    return pytest.version_tuple[:2] < (9, 2)
+
+
+def xdist_group(item) -> str | None:
+    """The group pytest-xdist's ``--dist loadgroup`` sends to one worker with ``item``: its
+    ``xdist_group`` marks' names, sorted and joined by ``_`` as xdist/remote.py joins them; None
+    for a test without one."""
+    names = {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+             for mark in item.iter_markers("xdist_group")}
+    return "_".join(sorted(names)) if names else None
+
+
+def loadgroup_order(durations: list[float], groups: list[str | None], workers: int) -> list[int]:
+    """Indices of ``durations`` (seconds, in collection order) for ``workers`` pytest-xdist workers
+    under ``--dist loadgroup --no-loadscope-reorder``, which sends the tests of one group
+    (``groups``: each test's group, None for none) to one worker as one unit, hands each worker
+    one unit and then a second at the start, and later one more whenever a worker is down to two
+    tests (xdist/scheduler/loadscope.py). The units (a group as long as its tests together, in
+    collection order where the first of them is; each other test alone) come as the ``workers``
+    longest, then the ``workers`` shortest (each worker's first unit a long one, its second a
+    short one), then the others by :func:`longest_with_shortest`."""
+    units: dict[object, list[int]] = {}
+    for index, group in enumerate(groups):
+        units.setdefault(index if group is None else group, []).append(index)
+    members = list(units.values())
+    seconds = [sum(durations[index] for index in unit) for unit in members]
+    by_length = sorted(range(len(members)), key=lambda unit: -seconds[unit])
+    first, second = by_length[:workers], by_length[workers:][::-1][:workers]
+    rest = by_length[workers:len(by_length) - len(second)]
+    rest = [rest[position] for position in longest_with_shortest([seconds[unit] for unit in rest])]
+    return [index for unit in first + second + rest for index in members[unit]]
+
+
 def longest_with_shortest(durations: list[float]) -> list[int]:
     """Indices of ``durations`` (seconds, in collection order) in the order longest, shortest,
     second longest, second shortest, ...; ties keep collection order."""
@@ -86,8 +133,10 @@ def load(path: Path) -> dict[str, float]:
 
 class DurationOrder:
     """The plugin ``--order-by-durations`` registers: after the other plugins have chosen the run's
-    tests (``-m``, ``-k``, ``--device-tests-only``), it orders them by :func:`longest_with_shortest`;
-    a test the file does not name counts as the recorded durations' median."""
+    tests (``-m``, ``-k``, ``--device-tests-only``), it orders them by :func:`longest_with_shortest`,
+    or on a pytest-xdist worker of ``--dist loadgroup`` by :func:`loadgroup_order` (the tests of
+    one ``xdist_group`` as one unit where xdist groups them, :func:`xdist_groups_work`); a test the
+    file does not name counts as the recorded durations' median."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -96,11 +145,18 @@ class DurationOrder:
         self.total = 0
 
     @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, items) -> None:
+    def pytest_collection_modifyitems(self, config, items) -> None:
         default = statistics.median(self.seconds.values())
-        keys = [junit_key(item.nodeid) for item in items]
+        # an xdist worker of --dist loadgroup (xdist/remote.py): where xdist groups, it has
+        # appended "@group" to the node id of each test of an xdist_group already
+        workers = getattr(config, "workerinput", {}).get("workercount")
+        loadgroup = bool(getattr(config.option, "loadgroup", False)) and workers is not None
+        groups = [xdist_group(item) if loadgroup and xdist_groups_work() else None for item in items]
+        keys = [junit_key(item.nodeid.removesuffix(f"@{group}") if group else item.nodeid)
+                for item, group in zip(items, groups)]
         self.recorded, self.total = sum(key in self.seconds for key in keys), len(items)
-        order = longest_with_shortest([self.seconds.get(key, default) for key in keys])
+        seconds = [self.seconds.get(key, default) for key in keys]
+        order = loadgroup_order(seconds, groups, workers) if loadgroup else longest_with_shortest(seconds)
         items[:] = [items[index] for index in order]
 
     def pytest_report_header(self) -> str:

@@ -94,6 +94,7 @@ def srpo_run(ray_on_loopback, tmp_path_factory, demo_store):
     return summary, out / "full", watch
 
 
+@pytest.mark.xdist_group("test_driver.srpo_run")
 def test_run_leaves_every_artifact(srpo_run):
     summary, run_dir, _ = srpo_run
     for name in ("template.yaml", "metrics.jsonl", "success_rate.png", "summary.json",
@@ -131,12 +132,14 @@ def test_run_leaves_every_artifact(srpo_run):
         assert 0 <= ev["eval/greedy/ci_low"] <= ev["eval/greedy/success_rate"] <= ev["eval/greedy/ci_high"] <= 1
 
 
+@pytest.mark.xdist_group("test_driver.srpo_run")
 def test_driver_receives_only_small_scalar_replies(srpo_run):
     summary, run_dir, _ = srpo_run
     # A step's batch (2 groups x 3 episodes x 41 x 19 observations alone) is far bigger than this.
     assert 0 < summary["driver_max_reply_bytes"] < 8_000
 
 
+@pytest.mark.xdist_group("test_driver.srpo_run")
 def test_every_listener_of_the_run_is_on_loopback(srpo_run):
     _, _, watch = srpo_run
     assert any(name.startswith("gcs_server") for name, _, _ in watch.seen), watch.seen

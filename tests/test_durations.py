@@ -12,6 +12,7 @@ from pathlib import Path
 
 import durations
 import pytest
+from child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,6 +24,86 @@ def test_the_longest_alternate_with_the_shortest():
     assert durations.longest_with_shortest([3.0, 9.0, 1.0, 5.0, 7.0]) == [1, 2, 4, 0, 3]
     assert durations.longest_with_shortest([5.0, 5.0, 1.0, 1.0]) == [0, 3, 1, 2]  # ties: collection order
     assert durations.longest_with_shortest([2.0]) == [0] and durations.longest_with_shortest([]) == []
+
+
+def test_under_loadgroup_each_worker_starts_with_a_long_unit_then_a_short_one():
+    """xdist's loadgroup hands each worker one unit, then a second, at the start: the workers'
+    first units are the longest, their second the shortest; a group is one unit as long as its
+    tests together, its tests in collection order."""
+    seconds = [10.0, 1.0, 20.0, 2.0, 30.0, 3.0, 5.0, 4.0]
+    assert durations.loadgroup_order(seconds, [None] * 8, workers=2) == [4, 2, 1, 3, 0, 5, 6, 7]
+    # groups a (tests 1 and 3: 3 s) and b (6 and 7: 9 s)
+    groups = [None, "a", None, "a", None, None, "b", "b"]
+    assert durations.loadgroup_order(seconds, groups, workers=2) == [4, 2, 5, 1, 3, 0, 6, 7]
+    assert durations.loadgroup_order([1.0, 2.0], [None, None], workers=8) == [1, 0]
+    assert durations.loadgroup_order([], [], workers=2) == []
+
+
+GROUPED_TESTS = '''
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    with open(os.environ["SETUPS"], "a") as setups:
+        setups.write("run\\n")
+    return 1
+
+
+@pytest.mark.xdist_group("mod.run")
+def test_uses_the_run_first(run):
+    pass
+
+
+def test_other():
+    pass
+
+
+@pytest.mark.xdist_group("mod.run")
+def test_uses_the_run_second(run):
+    pass
+
+
+def test_short():
+    pass
+'''
+
+
+def test_under_loadgroup_a_groups_tests_share_one_worker_and_one_setup(tmp_path):
+    """Two real xdist workers with gpu_check's kind of options, the group's two tests the longest
+    (5 and 4 s by the durations file, test_other 1 s, test_short 0.1 s). Where xdist groups
+    (:func:`durations.xdist_groups_work`), the group is one 9 s unit: one worker runs both tests,
+    its module fixture set up once, and test_other starts on the other worker. On pytest 9.2 with
+    xdist 3.8 each test goes out alone (pytest-xdist#1386), and in :func:`durations.loadgroup_order`
+    the two longest start on different workers, so that the fixture is set up twice, as under
+    ``load``. Either way the run passes."""
+    (tmp_path / "test_mod.py").write_text(GROUPED_TESTS)
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\nimport durations\n\n\n"
+        f"def pytest_configure(config):\n"
+        f"    config.pluginmanager.register(durations.DurationOrder({str(tmp_path / 'durations.json')!r}))\n")
+    (tmp_path / "durations.json").write_text(json.dumps({"seconds": {
+        "test_mod::test_uses_the_run_first": 5.0, "test_mod::test_other": 1.0,
+        "test_mod::test_uses_the_run_second": 4.0, "test_mod::test_short": 0.1}}))
+    setups = tmp_path / "setups.txt"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-c", "/dev/null", "--rootdir", str(tmp_path),
+                           "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder", "-v",
+                           "test_mod.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**child_env(), "SETUPS": str(setups)})
+    assert done.returncode == 0 and "4 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    ran = {line.split("::")[-1].split()[0].split("@")[0]: line.split()[0] for line in done.stdout.splitlines()
+           if line.startswith("[gw") and " PASSED " in line}
+    assert len(ran) == 4, done.stdout[-3000:]
+    if durations.xdist_groups_work():
+        assert ran["test_uses_the_run_first"] == ran["test_uses_the_run_second"] != ran["test_other"], ran
+        assert setups.read_text() == "run\n"
+    else:
+        # each worker: a long test, then a short one (first with short, second with other)
+        assert ran["test_uses_the_run_first"] == ran["test_short"] != ran["test_uses_the_run_second"], ran
+        assert ran["test_uses_the_run_second"] == ran["test_other"], ran
+        assert setups.read_text() == "run\nrun\n"
 
 
 TESTS = '''
@@ -137,12 +218,17 @@ def test_the_command_line_writes_a_file_the_option_reads(tmp_path):
 
 def test_the_recorded_durations_name_most_of_the_device_tests():
     """tests/device_test_durations.json (gpu_check's suite order) names at least 90% of the tests
-    the suite part runs; when it does not, refresh it from a run's suite.xml (tests/durations.py)."""
-    recorded = durations.load(ROOT / "tests" / "device_test_durations.json")
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
-                           "not slow", "--device-tests-only", "tests"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    the suite part runs; when it does not, refresh it from a run's suite.xml (tests/durations.py).
+    The device tests as benchmarks/suite_schedule.py's ``--collect`` lists them, with the groups of
+    the tests sharing a module's run (tests/test_driver.py's SRPO run among them)."""
+    listing = ("import json, sys; sys.path.insert(0, 'benchmarks'); import suite_schedule; "
+               "print(json.dumps(suite_schedule.collect_device_tests()))")
+    done = subprocess.run([sys.executable, "-c", listing], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    device_tests = [durations.junit_key(line) for line in done.stdout.splitlines() if "::" in line]
+    listed = json.loads(done.stdout.splitlines()[-1])
+    srpo_run = [node_id for node_id in listed if node_id.endswith("@test_driver.srpo_run")]
+    assert len(srpo_run) == 3 and all(node_id.startswith("tests/test_driver.py::") for node_id in srpo_run)
+    recorded = durations.load(ROOT / "tests" / "device_test_durations.json")
+    device_tests = [durations.junit_key(node_id.split("@")[0]) for node_id in listed]
     named = sum(key in recorded for key in device_tests)
     assert len(device_tests) > 300 and named >= 0.9 * len(device_tests), (named, len(device_tests))

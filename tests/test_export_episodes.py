@@ -35,6 +35,7 @@ def exported(evaluated_lift_run, tmp_path_factory):
     return out
 
 
+@pytest.mark.xdist_group("test_export_episodes.exported")
 def test_evaluation_episodes_export_as_the_stored_episodes(evaluated_lift_run, exported):
     reader = LeRobotReader(exported)
     episodes = stored_episodes(evaluated_lift_run)
@@ -56,6 +57,7 @@ def test_evaluation_episodes_export_as_the_stored_episodes(evaluated_lift_run, e
         (int(e["init_state_id"]), bool(e["success"]), 1, True) for e in episodes]
 
 
+@pytest.mark.xdist_group("test_export_episodes.exported")
 def test_export_episodes_errors_are_one_line(evaluated_lift_run, exported, tmp_path, capsys):
     assert main(["export-episodes", str(evaluated_lift_run), str(exported)]) == 2
     assert "exists; export to a new directory" in capsys.readouterr().err
@@ -82,6 +84,7 @@ def test_videos_without_an_av1_ffmpeg_are_refused_before_any_episode_is_replayed
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("test_export_episodes.exported")
 def test_lerobot_itself_loads_the_exported_episodes(evaluated_lift_run, exported, tmp_path):
     """The frames LeRobot decodes are those a second replay renders (not what our reader decodes)."""
     from vla_rl.export_episodes import find_stores, replay_store

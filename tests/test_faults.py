@@ -74,6 +74,7 @@ def train_steps(run_dir) -> list[int]:
     return [r["step"] for r in records if "rollout/success_rate" in r]
 
 
+@pytest.mark.xdist_group("test_faults.uninterrupted")
 def test_killed_worker_restarts_from_the_last_checkpoint(uninterrupted, tmp_path, demo_store, monkeypatch, capsys):
     killed = kill_during_step(monkeypatch, step=1, rank=1)
     summary = train("embodied_srpo", [*TINY, f"run.output_dir={tmp_path}", "run.name=killed",
@@ -90,6 +91,7 @@ def test_killed_worker_restarts_from_the_last_checkpoint(uninterrupted, tmp_path
     assert (run_dir / FINAL).read_bytes() == (uninterrupted / FINAL).read_bytes()
 
 
+@pytest.mark.xdist_group("test_faults.uninterrupted")
 def test_death_without_restarts_names_rank_and_resume_command(uninterrupted, tmp_path, demo_store, monkeypatch,
                                                               capsys):
     """``workers.max_restarts=0``: the run stops with one message; then the latest checkpoint is

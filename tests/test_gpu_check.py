@@ -67,29 +67,29 @@ def test_the_suite_part_runs_the_tests_of_the_test_device(gpu_check, tmp_path):
     assert 0 < sum(line in actor for line in on_device) < len(actor) and set(on_device) < set(every)
 
 
-def test_the_suite_parts_xdist_workers_are_sent_one_test_at_a_time(gpu_check, tmp_path):
-    """With pytest-xdist (a test requirement) the suite part runs its workers with
-    ``--maxschedchunk 1`` over the tests ordered longest with shortest: xdist's default chunks
-    queue the end-to-end runs behind one another, and in collection order the longest start late
-    (benchmarks/suite_schedule.py). Two real workers run tests with the part's options (both
-    workers order the tests alike: xdist refuses workers whose collections differ)."""
+def test_the_suite_parts_xdist_workers_run_a_groups_tests_together_longest_first(gpu_check, tmp_path):
+    """With pytest-xdist (a test requirement) the suite part runs its workers under
+    ``--dist loadgroup`` (the tests sharing a module's run on one worker) in the order of
+    ``--order-by-durations``, which ``--no-loadscope-reorder`` keeps (benchmarks/suite_schedule.py,
+    tests/test_durations.py). Two real workers run tests with the part's options (both workers
+    order the tests alike: xdist refuses workers whose collections differ)."""
     import subprocess
 
     assert gpu_check._has_xdist()
     suite = next(part for part in gpu_check.build_parts(tmp_path, gpus=1, workers_xdist=2) if part.name == "suite")
     options = suite.command[suite.command.index("pytest") + 1:]
-    assert options[options.index("-n") + 1] == "2" and options[options.index("--maxschedchunk") + 1] == "1"
-    # longest with shortest (tests/durations.py, tests/test_durations.py)
+    assert options[options.index("-n") + 1] == "2" and options[options.index("--dist") + 1] == "loadgroup"
+    assert "--no-loadscope-reorder" in options
     assert options[options.index("--order-by-durations") + 1] == str(ROOT / "tests" / "device_test_durations.json")
     serial = next(part for part in gpu_check.build_parts(tmp_path, gpus=1, workers_xdist=1) if part.name == "suite")
-    assert "-n" not in serial.command and "--maxschedchunk" not in serial.command
+    assert "-n" not in serial.command and "--dist" not in serial.command
     assert "--order-by-durations" not in serial.command
     ran = subprocess.run([sys.executable, "-m", "pytest", *gpu_check.xdist_options(2), "-v", "-p", "no:cacheprovider",
                           "tests/test_suite_schedule_benchmark.py", "-k", "few_tests_run_at_once"], cwd=ROOT,
                          env=child_env(), capture_output=True, text=True, timeout=300)
     output = ran.stdout
     workers = {line.split()[0] for line in output.splitlines() if line.startswith("[gw") and " PASSED " in line}
-    assert ran.returncode == 0 and workers == {"[gw0]", "[gw1]"} and "3 passed" in output, output[-3000:]
+    assert ran.returncode == 0 and workers == {"[gw0]", "[gw1]"} and "4 passed" in output, output[-3000:]
 
 
 def test_a_module_using_the_test_device_by_any_import_is_a_device_test():

@@ -154,6 +154,7 @@ def fsdp_run(ray_on_loopback, tmp_path_factory, tiny_lm_dir, arithmetic_files):
 
 
 @FSDP_NEEDS_AN_ACCELERATOR_PER_WORKER
+@pytest.mark.xdist_group("test_llm_templates.fsdp_run")
 def test_grpo_template_trains_with_fsdp_and_checkpoints_sharded(fsdp_run):
     """Through the engine: the step trains, its checkpoint holds the sharded actor state under
     the manifest, and no model.safetensors (the sharded state holds the weights)."""
@@ -168,6 +169,7 @@ def test_grpo_template_trains_with_fsdp_and_checkpoints_sharded(fsdp_run):
 
 
 @FSDP_NEEDS_AN_ACCELERATOR_PER_WORKER
+@pytest.mark.xdist_group("test_llm_templates.fsdp_run")
 def test_an_fsdp_run_resumes_from_its_sharded_checkpoint_and_exports(fsdp_run, tmp_path):
     from policies.causal_lm import CausalLMConfig, CausalLMPolicy
     from vla_rl.export import export_checkpoint

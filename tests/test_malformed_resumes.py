@@ -99,6 +99,7 @@ def runs(tmp_path_factory, tiny_lm_dir, process_group):
 
 
 @pytest.mark.parametrize(("case", "run", "args", "expected"), RESUME_CASES, ids=[c[0] for c in RESUME_CASES])
+@pytest.mark.xdist_group("test_malformed_resumes.runs")
 def test_a_resume_that_cannot_continue_exactly_is_refused_before_ray(case, run, args, expected, runs, monkeypatch,
                                                                       capsys):
     def no_ray(*args, **kwargs):
@@ -118,6 +119,7 @@ def test_a_resume_that_cannot_continue_exactly_is_refused_before_ray(case, run, 
     assert (snapshot(path) if path.exists() else None) == before  # nothing written, nothing created
 
 
+@pytest.mark.xdist_group("test_malformed_resumes.runs")
 def test_a_resume_that_fits_its_checkpoint_is_accepted(runs, tiny_lm_dir):
     """The same settings as the checkpoint's, given again, pass the checks (and record nothing yet)."""
     for run, overrides in (("srpo", ["policy.config.hidden_sizes=[32,32]", "workers.num_workers=2"]),
@@ -132,6 +134,7 @@ def test_a_resume_that_fits_its_checkpoint_is_accepted(runs, tiny_lm_dir):
     ("policy.config.activation=relu", "policy.config.activation", "has 'tanh', this resume 'relu'"),
     ("policy.config.learn_std=false", "policy.config.learn_std", "has True, this resume False"),
 ])
+@pytest.mark.xdist_group("test_malformed_resumes.runs")
 def test_a_resume_that_changes_the_policy_but_fits_its_tensors_is_refused(override, field, values, runs, monkeypatch,
                                                                            capsys):
     """Same tensor names and shapes, another policy: ReLU over weights trained through tanh (it
@@ -148,6 +151,7 @@ def test_a_resume_that_changes_the_policy_but_fits_its_tensors_is_refused(overri
     assert snapshot(runs["srpo"]) == before
 
 
+@pytest.mark.xdist_group("test_malformed_resumes.runs")
 def test_a_finished_run_has_nothing_to_resume_an_unfinished_final_evaluation_has(runs, tmp_path, monkeypatch, capsys):
     """A run whose summary.json is written and whose checkpoint is at trainer.total_steps: refused,
     naming trainer.total_steps (it ran the final evaluation again and logged it twice). Without
@@ -169,6 +173,7 @@ def test_a_finished_run_has_nothing_to_resume_an_unfinished_final_evaluation_has
     resumed.close()
 
 
+@pytest.mark.xdist_group("test_malformed_resumes.runs")
 def test_a_run_that_spent_its_environment_step_budget_has_nothing_to_resume(runs, tmp_path, monkeypatch, capsys):
     """A run stopped by trainer.total_env_steps (summary.json written, its checkpoint before
     trainer.total_steps): refused, naming trainer.total_env_steps; it used to train one more step
@@ -197,6 +202,7 @@ def test_a_run_that_spent_its_environment_step_budget_has_nothing_to_resume(runs
     (lambda ckpt: (ckpt / "optimizer.json").unlink(), "optimizer.json is missing"),
     (lambda ckpt: (ckpt / "model.safetensors").write_bytes(b"\0" * 8), "model.safetensors"),
 ])
+@pytest.mark.xdist_group("test_malformed_resumes.runs")
 def test_a_resume_whose_every_checkpoint_is_damaged_is_refused_before_ray(damage, named, runs, tmp_path, monkeypatch,
                                                                         capsys):
     """A checkpoint missing a file or truncated, and no older one: the workers failed on it after

@@ -44,6 +44,7 @@ def evaluated(ray_on_loopback, tiny_run):
     return tiny_run / "eval"
 
 
+@pytest.mark.xdist_group("test_eval_command.tiny_run")
 def test_eval_command_reports_every_checkpoint(evaluated):
     eval_dir = evaluated
     report = json.loads((eval_dir / "report.json").read_text())
@@ -64,6 +65,7 @@ def test_eval_command_reports_every_checkpoint(evaluated):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("test_eval_command.tiny_run")
 def test_eval_command_again_redoes_nothing(evaluated, tiny_run):
     rows = json.loads((evaluated / "report.json").read_text())["results"]
     assert main(["eval", str(tiny_run), *EVAL, "--steps", "2"]) == 0  # every episode is stored already
@@ -72,11 +74,13 @@ def test_eval_command_again_redoes_nothing(evaluated, tiny_run):
     assert again["results"] == [r for r in rows if r["checkpoint_step"] == 2]
 
 
+@pytest.mark.xdist_group("test_eval_command.tiny_run")
 def test_eval_of_a_missing_step_is_a_one_line_error(tiny_run, capsys):
     assert main(["eval", str(tiny_run), "--steps", "7"]) == 2
     assert "no checkpoint of step(s) [7]" in capsys.readouterr().err
 
 
+@pytest.mark.xdist_group("test_eval_command.tiny_run")
 def test_a_damaged_store_is_refused_then_set_aside_and_its_episodes_run_again(evaluated, tiny_run, tmp_path, capsys):
     """A truncated chunk of an evaluated run's store: `vla-rl eval` refuses in one line naming the
     store and the array, keeps the report; moved aside as the message says, the same command runs
@@ -104,6 +108,7 @@ def test_a_damaged_store_is_refused_then_set_aside_and_its_episodes_run_again(ev
         {k: r[k] for k in ("checkpoint_step", "protocol", "episodes")} for r in rows]
 
 
+@pytest.mark.xdist_group("test_eval_command.tiny_run")
 def test_a_refused_override_writes_nothing_into_the_output(tiny_run, tmp_path, capsys):
     """The evaluation's template was written into --output before its overrides were checked: a
     typo replaced the template.yaml of whatever directory --output named."""
@@ -117,6 +122,7 @@ def test_a_refused_override_writes_nothing_into_the_output(tiny_run, tmp_path, c
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.xdist_group("test_eval_command.tiny_run")
 def test_output_that_is_a_file_or_a_training_run_is_refused(tiny_run, tmp_path, capsys):
     template = (tiny_run / "template.yaml").read_text()
     assert main(["eval", str(tiny_run), "--output", str(tiny_run)]) == 2
@@ -127,6 +133,7 @@ def test_output_that_is_a_file_or_a_training_run_is_refused(tiny_run, tmp_path, 
     assert "is a file" in capsys.readouterr().err
 
 
+@pytest.mark.xdist_group("test_eval_command.tiny_run")
 def test_a_truncated_checkpoint_is_refused_before_ray_starts(tiny_run, tmp_path, capsys, monkeypatch):
     import shutil
 

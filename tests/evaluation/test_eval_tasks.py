@@ -55,6 +55,7 @@ def stored(eval_dir, task: str) -> int:
     return len(TrajectoryStore.open(path, read_only=True)) if path.exists() else 0
 
 
+@pytest.mark.xdist_group("test_eval_tasks.task_set_run")
 def test_a_crash_in_a_task_keeps_the_finished_ones_then_the_evaluation_finishes(ray_on_loopback, task_set_run,
                                                                                 monkeypatch):
     eval_dir = task_set_run / "eval"
@@ -96,6 +97,7 @@ def test_a_crash_in_a_task_keeps_the_finished_ones_then_the_evaluation_finishes(
     assert (stored(eval_dir, "reach-v3"), stored(eval_dir, "push-v3")) == (4, 4)  # reach-v3 was not redone
 
 
+@pytest.mark.xdist_group("test_eval_tasks.task_set_run")
 def test_a_task_set_checkpoint_runs_only_its_own_tasks_of_a_benchmark(ray_on_loopback, task_set_run, tmp_path):
     assert main(["eval", str(task_set_run), *EVAL, "eval.benchmark=metaworld_mt10",
                  "eval.tasks=[push-v3,pick-place-v3]", "eval.protocols=[greedy]", "--output", str(tmp_path)]) == 0

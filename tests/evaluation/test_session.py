@@ -79,6 +79,7 @@ def run_step(resources, step: int) -> dict[str, float]:
     return {name: m.value if isinstance(m, Metric) else m for name, m in output.metrics.items()}
 
 
+@pytest.mark.xdist_group("test_session.checkpoints")
 def test_interrupted_evaluation_continues_without_redoing_episodes(checkpoints, tmp_path):
     config = make_config(checkpoints)
     planned = 2 * len(eval_protocols(config.eval)) * NUM_EPISODES
@@ -131,6 +132,7 @@ def test_replaying_stored_actions_reproduces_the_outcome(ray_on_loopback):
         assert replay_episodes(pool, np.array([7]), [actions])[0].tolist() == [True]
 
 
+@pytest.mark.xdist_group("test_session.checkpoints")
 def test_checkpoint_that_does_not_fit_the_task_is_refused(checkpoints, tmp_path):
     resources = worker_resources(make_config(checkpoints[:1], benchmark="robosuite", tasks=["Stack"]), tmp_path)
     try:
