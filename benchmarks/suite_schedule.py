@@ -51,6 +51,7 @@ import re
 import statistics
 import sys
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -131,10 +132,13 @@ def without_repeated_runs(durations: list[float], nodeids: list[str], groups: li
     return lowered
 
 
-def collect_device_tests() -> list[str]:
-    """The node ids gpu_check's suite part selects in this checkout (``-m 'not slow'
-    --device-tests-only tests``), in collection order, each with ``@group`` when it has an
-    ``xdist_group`` mark."""
+def collect_device_tests(options: Sequence[str] | None = None, quiet: bool = True) -> list[str]:
+    """The node ids gpu_check's suite part selects in this checkout, in collection order, each with
+    ``@group`` when it has an ``xdist_group`` mark. ``options``: pytest's selection and paths
+    (default ``-m 'not slow' --device-tests-only tests``, the suite part's; tests/test_gpu_check.py
+    passes the part's own options); ``quiet``: pytest's output left out.
+
+    Raises RuntimeError when pytest's collection fails (exit status other than 0)."""
     import contextlib
     import io
 
@@ -151,13 +155,14 @@ def collect_device_tests() -> list[str]:
     # the project's packages as `python -m pytest` in the checkout finds them (a script's path
     # starts with its own folder, and tests/policies/ would pass for the policies package)
     sys.path.insert(0, str(root))
+    if options is None:
+        options = ["-m", "not slow", "--device-tests-only", str(root / "tests")]
     listing = Listing()
-    with contextlib.redirect_stdout(io.StringIO()):
-        code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-m", "not slow", "--device-tests-only",
-                            str(root / "tests")], plugins=[listing])
+    with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+        code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *options], plugins=[listing])
     if code != 0:
         raise RuntimeError(f"collecting the device tests failed (pytest exit status {code}): run "
-                           "pytest --collect-only -m 'not slow' --device-tests-only tests to see why")
+                           f"pytest --collect-only {' '.join(options)} to see why")
     return listing.ids
 
 

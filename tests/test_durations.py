@@ -1,6 +1,7 @@
 """tests/durations.py: the longest-with-shortest order, the JUnit XML names it matches tests by,
 the ``--order-by-durations`` option (after ``-m`` and ``-k`` have chosen the tests) and its
-one-line refusal of a bad file, and the recorded file gpu_check's suite part uses."""
+one-line refusal of a bad file, and its command line (tests/test_gpu_check.py checks the recorded
+file gpu_check's suite part uses)."""
 
 from __future__ import annotations
 
@@ -214,21 +215,3 @@ def test_the_command_line_writes_a_file_the_option_reads(tmp_path):
         done = subprocess.run([sys.executable, "tests/durations.py", *argv], cwd=ROOT, capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
-
-
-def test_the_recorded_durations_name_most_of_the_device_tests():
-    """tests/device_test_durations.json (gpu_check's suite order) names at least 90% of the tests
-    the suite part runs; when it does not, refresh it from a run's suite.xml (tests/durations.py).
-    The device tests as benchmarks/suite_schedule.py's ``--collect`` lists them, with the groups of
-    the tests sharing a module's run (tests/test_driver.py's SRPO run among them)."""
-    listing = ("import json, sys; sys.path.insert(0, 'benchmarks'); import suite_schedule; "
-               "print(json.dumps(suite_schedule.collect_device_tests()))")
-    done = subprocess.run([sys.executable, "-c", listing], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    listed = json.loads(done.stdout.splitlines()[-1])
-    srpo_run = [node_id for node_id in listed if node_id.endswith("@test_driver.srpo_run")]
-    assert len(srpo_run) == 3 and all(node_id.startswith("tests/test_driver.py::") for node_id in srpo_run)
-    recorded = durations.load(ROOT / "tests" / "device_test_durations.json")
-    device_tests = [durations.junit_key(node_id.split("@")[0]) for node_id in listed]
-    named = sum(key in recorded for key in device_tests)
-    assert len(device_tests) > 300 and named >= 0.9 * len(device_tests), (named, len(device_tests))

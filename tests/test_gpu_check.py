@@ -1,7 +1,8 @@
 """scripts/gpu_check.py on the CPU: its parts' training commands plan, the suite part collects on
-a host without the packages the GPU image lacks (and the check names them), a hanging part is
-killed at its timeout with its whole process group, and the deadline skips what no longer fits;
-scripts/gpu_kit_wheels.sh fetches those packages' wheels for the offline kit."""
+a host without the packages the GPU image lacks (and the check names them), the recorded durations
+that order the suite part name its tests, a hanging part is killed at its timeout with its whole
+process group, and the deadline skips what no longer fits; scripts/gpu_kit_wheels.sh fetches those
+packages' wheels for the offline kit."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_every_training_part_plans(gpu_check, tmp_path, capsys):
         assert all((ROOT / script).is_file() for script in scripts), part.name
 
 
-def test_the_suite_part_runs_the_tests_of_the_test_device(gpu_check, tmp_path):
+def test_the_suite_part_runs_the_tests_of_the_test_device(gpu_check, tmp_path, collected_as_on_the_gpu_image):
     """The suite part runs the tests that put something on VLA_RL_TEST_DEVICE (tests/conftest.py,
     ``--device-tests-only``): a unit test taking the ``device`` fixture and an end-to-end run with
     ``device_overrides`` are collected; a test of the CLI's messages and one of the cluster, which
@@ -50,17 +51,15 @@ def test_the_suite_part_runs_the_tests_of_the_test_device(gpu_check, tmp_path):
 
     suite = next(part for part in gpu_check.build_parts(tmp_path, gpus=1, workers_xdist=1) if part.name == "suite")
     assert "--device-tests-only" in suite.command and suite.env == {"VLA_RL_TEST_DEVICE": "cuda"}
-    files = ["tests/trainers/test_actor.py", "tests/test_templates.py", "tests/test_cli.py", "tests/test_cluster.py"]
-
-    def collected(*options: str) -> list[str]:
-        listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                                 *options, *files], cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert listed.returncode == 0, listed.stdout + listed.stderr
-        return [line for line in listed.stdout.splitlines() if "::" in line]
-
     options = suite.command[suite.command.index("pytest") + 1:]
     assert options[options.index("-m") + 1] == "not slow"  # the end-to-end runs on the device too
-    every, on_device = collected("-m", "not slow"), collected("-m", "not slow", "--device-tests-only")
+    files = ["tests/trainers/test_actor.py", "tests/test_templates.py", "tests/test_cli.py", "tests/test_cluster.py"]
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "-m", "not slow", *files], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    every = [line for line in listed.stdout.splitlines() if "::" in line]
+    on_device = [node_id.split("@")[0] for node_id in collected_as_on_the_gpu_image[1]
+                 if node_id.split("::")[0] in files]
     assert {line.split("::")[0] for line in on_device} == {"tests/trainers/test_actor.py", "tests/test_templates.py"}
     # per test, not per module: the actor's tests without the device fixture are left out
     actor = [line for line in every if line.startswith("tests/trainers/test_actor.py::")]
@@ -121,12 +120,16 @@ GPU_IMAGE_LACKS = ("websockets", "simplejpeg", "openpi_client", "tree", "importl
                    "vllm", "lerobot", "libero")
 
 
-def test_the_suite_part_collects_on_a_host_without_the_optional_packages(gpu_check, tmp_path):
-    """On the GPU image (no websockets, no openpi-client) the suite part's collection must not stop
-    at the modules that import them: before, three modules' ImportErrors interrupted the collection
-    and the part ran no test at all. Each such module is skipped, naming the package."""
+@pytest.fixture(scope="module")
+def collected_as_on_the_gpu_image(gpu_check, tmp_path_factory) -> tuple[str, list[str]]:
+    """The suite part's own collection (its options but ``-v``, ``--continue-on-collection-errors``
+    and ``--junitxml``; ``-rs``) on a host without the packages the GPU image lacks:
+    pytest's output, and the node ids benchmarks/suite_schedule.py's ``collect_device_tests``
+    lists (``@group`` for a test of an ``xdist_group``). One collection of the whole suite
+    (about 20 s here) for the three tests that take it."""
     import subprocess
 
+    tmp_path = tmp_path_factory.mktemp("gpu_image")
     blocked = tmp_path / "blocked"
     blocked.mkdir()
     for module in GPU_IMAGE_LACKS:  # shadows the installed package: importing it fails as on the host
@@ -135,15 +138,41 @@ def test_the_suite_part_collects_on_a_host_without_the_optional_packages(gpu_che
     assert "--continue-on-collection-errors" in suite.command  # a future import error costs its module only
     options = [word for word in suite.command[suite.command.index("pytest") + 1:]
                if word not in ("-v", "--continue-on-collection-errors") and not word.startswith("--junitxml")]
-    env = child_env(blocked)
-    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                             *options, "-rs"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    listing = ("import json, sys; sys.path.insert(0, 'benchmarks'); import suite_schedule; "
+               f"print(json.dumps(suite_schedule.collect_device_tests({[*options, '-rs']!r}, quiet=False)))")
+    listed = subprocess.run([sys.executable, "-c", listing], cwd=ROOT, env=child_env(blocked), capture_output=True,
+                            text=True, timeout=300)
     output = listed.stdout + listed.stderr
     assert listed.returncode == 0 and "ERROR collecting" not in output, output[-3000:]
+    return output, json.loads(listed.stdout.splitlines()[-1])
+
+
+def test_the_suite_part_collects_on_a_host_without_the_optional_packages(collected_as_on_the_gpu_image):
+    """On the GPU image (no websockets, no openpi-client) the suite part's collection must not stop
+    at the modules that import them: before, three modules' ImportErrors interrupted the collection
+    and the part ran no test at all. Each such module is skipped, naming the package."""
+    output, listed = collected_as_on_the_gpu_image
     skipped = [line for line in output.splitlines() if line.startswith("SKIPPED")]
     assert any("test_served_lift_episode.py" in line and "websockets is not installed" in line for line in skipped)
     assert any("test_wire.py" in line and "openpi-client is not installed" in line for line in skipped), skipped
-    assert sum("::" in line for line in output.splitlines()) > 100  # the rest of the device's tests are there
+    assert len(listed) > 100  # the rest of the device's tests are there
+    assert not any(node_id.startswith("tests/serving/test_served_lift_episode.py::") for node_id in listed)
+
+
+def test_the_recorded_durations_name_most_of_the_device_tests(collected_as_on_the_gpu_image):
+    """tests/device_test_durations.json (the suite part's order) names at least 90% of the tests
+    the suite part runs on the GPU image; when it does not, refresh it from a run's suite.xml
+    (tests/durations.py). The tests sharing a module's run carry their group (tests/test_driver.py's
+    SRPO run among them)."""
+    import durations
+
+    _, listed = collected_as_on_the_gpu_image
+    srpo_run = [node_id for node_id in listed if node_id.endswith("@test_driver.srpo_run")]
+    assert len(srpo_run) == 3 and all(node_id.startswith("tests/test_driver.py::") for node_id in srpo_run)
+    recorded = durations.load(ROOT / "tests" / "device_test_durations.json")
+    device_tests = [durations.junit_key(node_id.split("@")[0]) for node_id in listed]
+    named = sum(key in recorded for key in device_tests)
+    assert len(device_tests) > 300 and named >= 0.9 * len(device_tests), (named, len(device_tests))
 
 
 def test_the_missing_requirements_are_named(gpu_check, tmp_path):
