@@ -42,7 +42,9 @@ def device_under_test() -> torch.device:
 #: What a local run's DAG workers set before joining their process group
 #: (``DAGWorker.init_process_group``), for the tests' own process groups: gloo and NCCL's bootstrap
 #: otherwise listen on the address the host name resolves to or on the first non-loopback
-#: interface (a test process on the H200 held a listener on its 192.0.2.2, 2026-12-04).
+#: interface (a test process on the H200 held a listener on its 192.0.2.2, 2026-12-04; on the CPU
+#: machine, with its host name made to resolve to eth0's 192.0.2.2, a gloo group listened there
+#: without GLOO_SOCKET_IFNAME and on 127.0.0.1 with ``lo``).
 LOOPBACK_COLLECTIVES = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 
 
