@@ -8,10 +8,10 @@ with each test alone (what xdist 3.8 does on pytest 9.2, pytest-dev/pytest-xdist
 
 The durations come from a JUnit XML (per test: setup, call and teardown). The tests run in
 collection order, the order xdist hands them out: that of ``--collect`` (this checkout's device
-tests, collected here with their groups), or of ``--collected``, a file of the node ids
-``pytest --collect-only -q`` lists (a line may end in ``@group``; a collected test the XML lacks
-counts as the XML's median), else the XML's own order (a run one after another lists its tests in
-collection order; an xdist run, in the order they ended)::
+tests, collected here with the suite part's options, and their groups), or of ``--collected``, a
+file of the node ids ``pytest --collect-only -q`` lists (a line may end in ``@group``; a collected
+test the XML lacks counts as the XML's median), else the XML's own order (a run one after another
+lists its tests in collection order; an xdist run, in the order they ended)::
 
     VLA_RL_TEST_DEVICE=cpu python -m pytest -m 'not slow' --device-tests-only -p no:cacheprovider \\
         --junitxml=/tmp/device_tests.xml tests
@@ -132,15 +132,38 @@ def without_repeated_runs(durations: list[float], nodeids: list[str], groups: li
     return lowered
 
 
+def suite_part_options() -> list[str]:
+    """The pytest options of scripts/gpu_check.py's suite part (its ``build_parts``) that choose
+    and collect its tests: its selection, paths and the rest, without ``-v``,
+    ``--continue-on-collection-errors`` (a collection error fails the listing) and ``--junitxml``;
+    serial (no xdist options)."""
+    import importlib.util
+    import tempfile
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("_gpu_check_parts", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        parts = module.build_parts(Path(tempfile.gettempdir()), gpus=1, workers_xdist=1)
+    finally:
+        del sys.modules[spec.name]
+    command = next(part.command for part in parts if part.name == "suite")
+    return [word for word in command[command.index("pytest") + 1:]
+            if word not in ("-v", "--continue-on-collection-errors") and not word.startswith("--junitxml")]
+
+
 def collect_device_tests(options: Sequence[str] | None = None, quiet: bool = True) -> list[str]:
     """The node ids gpu_check's suite part selects in this checkout, in collection order, each with
-    ``@group`` when it has an ``xdist_group`` mark. ``options``: pytest's selection and paths
-    (default ``-m 'not slow' --device-tests-only tests``, the suite part's; tests/test_gpu_check.py
-    passes the part's own options); ``quiet``: pytest's output left out.
+    ``@group`` when it has an ``xdist_group`` mark. ``options``: pytest's options and paths
+    (default :func:`suite_part_options`, the suite part's own; relative paths are the checkout's);
+    ``quiet``: pytest's output left out.
 
     Raises RuntimeError when pytest's collection fails (exit status other than 0)."""
     import contextlib
     import io
+    import os
 
     import pytest
 
@@ -155,11 +178,15 @@ def collect_device_tests(options: Sequence[str] | None = None, quiet: bool = Tru
     # the project's packages as `python -m pytest` in the checkout finds them (a script's path
     # starts with its own folder, and tests/policies/ would pass for the policies package)
     sys.path.insert(0, str(root))
-    if options is None:
-        options = ["-m", "not slow", "--device-tests-only", str(root / "tests")]
+    options = suite_part_options() if options is None else list(options)
     listing = Listing()
-    with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
-        code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *options], plugins=[listing])
+    here = os.getcwd()
+    os.chdir(root)  # the node ids relative to the checkout, wherever the script is run from
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+            code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *options], plugins=[listing])
+    finally:
+        os.chdir(here)
     if code != 0:
         raise RuntimeError(f"collecting the device tests failed (pytest exit status {code}): run "
                            f"pytest --collect-only {' '.join(options)} to see why")
@@ -275,8 +302,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="node ids in collection order, one a line (pytest --collect-only -q; a line may end in "
                              "@group, as xdist's loadgroup names a test of an xdist_group); default: the XML's order")
     parser.add_argument("--collect", action="store_true",
-                        help="collect gpu_check's device tests of this checkout, with their xdist groups, in place of "
-                             "--collected")
+                        help="collect gpu_check's device tests of this checkout with its suite part's options, and their "
+                             "xdist groups, in place of --collected")
     parser.add_argument("--suite-log", type=Path, default=None,
                         help="the -v log of the xdist run that recorded the XML (gpu_check: logs/suite.log): adds a "
                              "row with each group's repeated set-ups taken out, at most (a lower bound)")

@@ -122,11 +122,11 @@ GPU_IMAGE_LACKS = ("websockets", "simplejpeg", "openpi_client", "tree", "importl
 
 @pytest.fixture(scope="module")
 def collected_as_on_the_gpu_image(gpu_check, tmp_path_factory) -> tuple[str, list[str]]:
-    """The suite part's own collection (its options but ``-v``, ``--continue-on-collection-errors``
-    and ``--junitxml``; ``-rs``) on a host without the packages the GPU image lacks:
-    pytest's output, and the node ids benchmarks/suite_schedule.py's ``collect_device_tests``
-    lists (``@group`` for a test of an ``xdist_group``). One collection of the whole suite
-    (about 20 s here) for the three tests that take it."""
+    """The suite part's own collection (benchmarks/suite_schedule.py's ``suite_part_options``: its
+    options but ``-v``, ``--continue-on-collection-errors`` and ``--junitxml``; ``-rs``) on a host
+    without the packages the GPU image lacks, listed by ``collect_device_tests`` from outside the
+    checkout: pytest's output, and the node ids (``@group`` for a test of an ``xdist_group``).
+    One collection of the whole suite (about 20 s here) for the three tests that take it."""
     import subprocess
 
     tmp_path = tmp_path_factory.mktemp("gpu_image")
@@ -136,15 +136,19 @@ def collected_as_on_the_gpu_image(gpu_check, tmp_path_factory) -> tuple[str, lis
         (blocked / f"{module}.py").write_text(f"raise ModuleNotFoundError({module!r}, name={module!r})\n")
     suite = next(part for part in gpu_check.build_parts(tmp_path, gpus=1, workers_xdist=1) if part.name == "suite")
     assert "--continue-on-collection-errors" in suite.command  # a future import error costs its module only
-    options = [word for word in suite.command[suite.command.index("pytest") + 1:]
-               if word not in ("-v", "--continue-on-collection-errors") and not word.startswith("--junitxml")]
-    listing = ("import json, sys; sys.path.insert(0, 'benchmarks'); import suite_schedule; "
-               f"print(json.dumps(suite_schedule.collect_device_tests({[*options, '-rs']!r}, quiet=False)))")
-    listed = subprocess.run([sys.executable, "-c", listing], cwd=ROOT, env=child_env(blocked), capture_output=True,
-                            text=True, timeout=300)
+    listing = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import suite_schedule; "
+               "options = suite_schedule.suite_part_options(); "
+               "print(json.dumps([options, suite_schedule.collect_device_tests([*options, '-rs'], quiet=False)]))")
+    listed = subprocess.run([sys.executable, "-c", listing], cwd=tmp_path, env=child_env(blocked),
+                            capture_output=True, text=True, timeout=300)
     output = listed.stdout + listed.stderr
     assert listed.returncode == 0 and "ERROR collecting" not in output, output[-3000:]
-    return output, json.loads(listed.stdout.splitlines()[-1])
+    options, node_ids = json.loads(listed.stdout.splitlines()[-1])
+    # the part's selection and paths, none of its output options
+    assert options[options.index("-m") + 1] == "not slow" and {"--device-tests-only", "tests"} <= set(options)
+    assert not {"-v", "--continue-on-collection-errors", "-n"} & set(options), options
+    assert not any(option.startswith("--junitxml") for option in options), options
+    return output, node_ids
 
 
 def test_the_suite_part_collects_on_a_host_without_the_optional_packages(collected_as_on_the_gpu_image):
