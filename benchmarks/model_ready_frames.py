@@ -21,6 +21,7 @@ each the median of ``--repeats`` calls after one untimed call):
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -124,7 +125,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory() as scratch:  # a one-process group, as a DAG worker's (file store: no socket)
+    # a one-process group on loopback, as a local run's DAG worker's (a file store: no socket of its
+    # own; gloo's listener pinned to lo, else it listens where GLOO_SOCKET_IFNAME or the host name says)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    with tempfile.TemporaryDirectory() as scratch:
         dist.init_process_group("gloo", store=dist.FileStore(f"{scratch}/store", 1), rank=0, world_size=1)
         try:
             parts = {"pi0_lift_behaviour_cloning": behaviour_cloning_part(args),

@@ -3,14 +3,12 @@ loopback, two DAG workers with a gloo process group, simulator actors, re-shards
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import threading
 
-import psutil
 import pytest
 import torch
 from devices import device_overrides
+from listeners import ListenerWatch, is_loopback
 from safetensors.torch import load_file
 
 from vla_rl.driver import WorkerGroup, train
@@ -36,48 +34,6 @@ TINY = [
 #: trains: a resume test would pass whatever was restored).
 TRAINS = ["simulator.env.horizon=100", "warm_start.bc_steps=1500", "data.group_size=4",
           "algorithm.filter_groups.success_rate_band=null"]
-
-
-class ListenerWatch:
-    """Samples the listening TCP sockets of this process and all its descendants (the Ray
-    processes a run starts) while a run is going."""
-
-    def __init__(self, period_s: float = 0.5) -> None:
-        self.period_s = period_s
-        self.seen: set[tuple[str, str, int]] = set()
-        #: (ip, port) -> "pid N (this test process | a child): command line", to name a stray listener
-        self.owners: dict[tuple[str, int], str] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        me = psutil.Process()
-        while not self._stop.is_set():
-            for proc in [me, *me.children(recursive=True)]:
-                try:
-                    for conn in proc.net_connections(kind="inet"):
-                        if conn.status == psutil.CONN_LISTEN:
-                            self.seen.add((proc.name(), conn.laddr.ip, conn.laddr.port))
-                            whose = "this test process" if proc.pid == me.pid else "a child"
-                            self.owners.setdefault((conn.laddr.ip, conn.laddr.port),
-                                                   f"pid {proc.pid} ({whose}): {' '.join(proc.cmdline())[:300]}")
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    continue
-            self._stop.wait(self.period_s)
-
-    def __enter__(self) -> ListenerWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def _is_loopback(ip: str) -> bool:
-    address = ipaddress.ip_address(ip)
-    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is IPv4 loopback too
-    return (mapped or address).is_loopback
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +100,7 @@ def test_every_listener_of_the_run_is_on_loopback(srpo_run):
     _, _, watch = srpo_run
     assert any(name.startswith("gcs_server") for name, _, _ in watch.seen), watch.seen
     assert any("DAGWorker" in name for name, _, _ in watch.seen), watch.seen  # the TCP store
-    outside = [(*s, watch.owners.get(s[1:])) for s in watch.seen if not _is_loopback(s[1])]
+    outside = [(*s, watch.owners.get(s[1:])) for s in watch.seen if not is_loopback(s[1])]
     assert not outside, f"listening outside 127.0.0.0/8: {outside}"
 
 
