@@ -7,12 +7,13 @@ import json
 
 import pytest
 import torch
-from devices import device_overrides
+from devices import TEST_DEVICE_KIND, device_overrides
 from listeners import ListenerWatch, is_loopback
 from safetensors.torch import load_file
 
 from vla_rl.driver import WorkerGroup, train
 from vla_rl.errors import RunStopped
+from vla_rl.utils.host import cpu_model
 
 TINY = [
     "trainer.total_steps=3",
@@ -61,6 +62,12 @@ def test_run_leaves_every_artifact(srpo_run):
     rendering = json.loads((run_dir / "summary.json").read_text())["rendering"]
     assert rendering == summary["rendering"] and len(rendering) == 2
     assert all(rank and {"backend", "device_id", "gpu", "gl_renderer"} <= set(rank[0]) for rank in rendering)
+    # The machine of each rank (vla_rl/utils/host.py), as the workers saw it: this one, and on CUDA its GPU.
+    hosts = json.loads((run_dir / "summary.json").read_text())["hosts"]
+    gpu = torch.cuda.get_device_name(0) if TEST_DEVICE_KIND == "cuda" else None
+    assert hosts == summary["hosts"] and len(hosts) == 2
+    assert all((h["cpu"], h["cpu_flags"]) == cpu_model() and h["gpu"] == gpu and h["torch"] == torch.__version__
+               for h in hosts)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in records if "rollout/success_rate" in r]
     assert train_steps == [1, 2, 3]

@@ -134,6 +134,9 @@ class FakeWorkers:
     def node_ids(self):
         return ["node", "node"]
 
+    def hosts(self):
+        return [{"cpu": "fake"}, {"cpu": "fake"}]
+
     def start_process_group(self) -> None:
         pass
 

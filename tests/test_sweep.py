@@ -24,6 +24,7 @@ from vla_rl.sweep import (
     seed_run_dir,
     write_report,
 )
+from vla_rl.utils.host import host_record
 from vla_rl.utils.stats import mean_interval
 
 #: Student's t quantile t_{0.975, 2} (two-sided 95%, 2 degrees of freedom), from a table.
@@ -61,8 +62,14 @@ def test_mean_interval_is_students_t():
         mean_interval([])
 
 
-def fake_run(run_dir: Path, seed: int, first: float, final: float, steps: int = 3, per_step: int = 1000) -> None:
-    """A finished run's files as the driver writes them: summary.json and metrics.jsonl."""
+HOST = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_flags": "fc7df03f53a7", "cpu_capability": "AVX512",
+        "logical_cpus": 2, "gpu": None, "python": "3.11.7", "torch": "2.13.0+cpu", "numpy": "1.26.4", "mujoco": "3.3.0"}
+
+
+def fake_run(run_dir: Path, seed: int, first: float, final: float, steps: int = 3, per_step: int = 1000,
+             hosts: list[dict] | None = None) -> None:
+    """A finished run's files as the driver writes them: summary.json and metrics.jsonl (with
+    ``hosts``, one record per rank, when given: runs before 2026-12-05 wrote none)."""
     run_dir.mkdir(parents=True)
     (run_dir / "template.yaml").write_text("name: embodied_srpo\n")
 
@@ -77,7 +84,8 @@ def fake_run(run_dir: Path, seed: int, first: float, final: float, steps: int = 
     records.append({"step": steps, **evaluation(final)})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     summary = {"template": "embodied_srpo", "warm_start_eval": evaluation(first), "final_eval": evaluation(final),
-               "last_step": steps, "steps_run": steps, "wall_time_s": 600.0 + seed}
+               "last_step": steps, "steps_run": steps, "wall_time_s": 600.0 + seed,
+               **({} if hosts is None else {"hosts": hosts})}
     (run_dir / "summary.json").write_text(json.dumps(summary))
 
 
@@ -111,6 +119,24 @@ def test_the_report_of_three_seeds(tmp_path):
     assert "| mean of 3 | 21.3% " in md and "50.7% [0.0%, 100.0%]" in md
     assert "greedy: +29.3 points over the first evaluation" in md
     assert (sweep / PLOT_FILE).stat().st_size > 10_000
+    assert report["per_seed"]["0"]["hosts"] is None and "- host of seeds 0, 1, 2: not recorded" in md
+
+
+def test_the_report_names_the_machines_of_the_seeds(tmp_path):
+    """A run repeats on one kind of machine only: the report lists each seed's, once per machine
+    (two ranks on one machine record it twice)."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / SWEEP_FILE).write_text(json.dumps({"template": "embodied_srpo", "overrides": [], "seeds": [0, 1, 2]}))
+    other = {**HOST, "cpu": "AMD EPYC 9B14", "cpu_flags": "0123456789ab"}
+    for seed, hosts in enumerate([[HOST, HOST], [HOST, HOST], [other, other]]):
+        fake_run(seed_run_dir(sweep, seed), seed, 0.2, 0.8, hosts=hosts)
+    report = write_report(sweep)
+    assert report["per_seed"]["0"]["hosts"] == [HOST] and report["per_seed"]["2"]["hosts"] == [other]
+    md = (sweep / REPORT_MD).read_text()
+    assert ("- host of seeds 0, 1: Intel(R) Xeon(R) Processor (flags fc7df03f53a7, AVX512, 2 CPUs), "
+            "torch 2.13.0+cpu, numpy 1.26.4, mujoco 3.3.0, Python 3.11.7") in md
+    assert "- host of seed 2: AMD EPYC 9B14 (flags 0123456789ab," in md
 
 
 def test_a_report_before_any_seed_finished(tmp_path):
@@ -238,6 +264,7 @@ def test_a_two_seed_sweep_of_the_main_job(tmp_path, capsys):
         figures = report["per_seed"][seed]
         assert figures["final"]["greedy"]["episodes"] == 4 and figures["env_steps"] > 0
     assert report["across_seeds"]["final"]["greedy"]["seeds"] == 2
+    assert report["per_seed"]["0"]["hosts"] == [host_record()]  # two CPU workers on this machine: one record
     templates = [(out / "two" / f"seed_{s}" / "template.yaml").read_text() for s in (0, 1)]
     assert "seed: 0" in templates[0] and "seed: 1" in templates[1]
     assert (out / "two" / PLOT_FILE).is_file()

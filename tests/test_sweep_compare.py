@@ -122,6 +122,39 @@ def test_a_sweep_compared_with_itself_or_written_over_a_file_is_refused(tmp_path
     assert "--output" in capsys.readouterr().err and (tmp_path / "file").read_text() == "mine"
 
 
+HOST = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_flags": "fc7df03f53a7", "cpu_capability": "AVX512",
+        "logical_cpus": 2, "gpu": None, "python": "3.11.7", "torch": "2.13.0+cpu", "numpy": "1.26.4", "mujoco": "3.3.0"}
+OTHER = {**HOST, "cpu": "AMD EPYC 9B14", "cpu_flags": "0123456789ab"}
+
+
+def with_hosts(data: dict, hosts: dict[str, list[dict]]) -> dict:
+    """``data`` with the machines its seeds' runs recorded (reports before 2026-12-05 have none)."""
+    out = json.loads(json.dumps(data))
+    for seed, records in hosts.items():
+        out["per_seed"][seed]["hosts"] = records
+    return out
+
+
+@pytest.mark.parametrize(("b_hosts", "differ_in", "line"), [
+    ([HOST], [], "Both sweeps ran on the same kind of machine: Intel(R) Xeon(R) Processor (flags fc7df03f53a7"),
+    ([OTHER], ["cpu", "cpu_flags"], "The sweeps ran on different machines (they differ in cpu, cpu_flags)"),
+    (None, None, "Hosts: not recorded by B (runs before 2026-12-05 record none)"),
+])
+def test_the_comparison_says_whether_both_sweeps_ran_on_one_kind_of_machine(b_hosts, differ_in, line, tmp_path):
+    """The same code and seed give other figures on another machine (vla_rl/utils/host.py): a
+    comparison across machines says so, and one whose runs recorded no machine says it is unknown."""
+    a = with_hosts(GRPO, {seed: [HOST] for seed in ("0", "1", "2")})
+    b = SRPO if b_hosts is None else with_hosts(SRPO, {seed: b_hosts for seed in ("0", "1", "2", "3")})
+    for name, data in (("a", a), ("b", b)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / REPORT_JSON).write_text(json.dumps(data))
+    result = compare_sweeps(tmp_path / "a", tmp_path / "b", tmp_path / "out")
+    assert result["hosts"]["differ_in"] == differ_in and result["hosts"]["a"] == [HOST]
+    assert line in (tmp_path / "out" / COMPARE_MD).read_text()
+    if differ_in:  # each side's machine is named
+        assert "- B: AMD EPYC 9B14 (flags 0123456789ab" in (tmp_path / "out" / COMPARE_MD).read_text()
+
+
 def test_a_difference_that_rounds_to_zero_reads_plus_zero():
     from vla_rl.sweep_compare import _points
 

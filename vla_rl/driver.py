@@ -130,7 +130,7 @@ def _run(run: RunDirectory, template, worker_overrides: list[str], resume_overri
         groups.append(workers)
         died, interrupted = None, False
         try:
-            worker_nodes = workers.node_ids()
+            worker_nodes, hosts = workers.node_ids(), workers.hosts()
             workers.start_process_group()
             summary = loop.run(RecordsResume(workers, run, unrecorded), resume=resuming)
         except WorkerDiedError as error:
@@ -149,6 +149,7 @@ def _run(run: RunDirectory, template, worker_overrides: list[str], resume_overri
         resuming = True
     summary["code"] = {"version": code_version(), "location": str(code_root())}
     summary["worker_nodes"] = worker_nodes  # the Ray node of each rank
+    summary["hosts"] = hosts  # the machine of each rank: a run repeats on one kind only (vla_rl/utils/host.py)
     summary["wall_time_s"] = time.perf_counter() - started
     summary["driver_max_reply_bytes"] = max(group.max_reply_bytes for group in groups)
     tmp = run_dir / f"{SUMMARY_FILE}.tmp"

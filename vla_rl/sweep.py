@@ -33,6 +33,7 @@ from vla_rl.dag.planner import plan
 from vla_rl.errors import CommandLineError
 from vla_rl.preflight import preflight
 from vla_rl.run_dir import RunDirectory, RunDirError
+from vla_rl.utils.host import describe, distinct
 from vla_rl.utils.stats import mean_interval
 from vla_rl.utils.tracking import read_metrics
 from vla_rl_core.run_layout import CHECKPOINTS_DIR, METRICS_FILE, SUMMARY_FILE
@@ -214,8 +215,10 @@ def _stop_ray() -> None:
 # ---------------------------------------------------------------------------- the report
 def seed_figures(run_dir: Path) -> dict[str, Any]:
     """One finished run's figures: ``{"first": {protocol: figures}, "final": {...}, "first_tag",
-    "env_steps", "steps", "wall_time_s"}`` where figures are ``success_rate``, ``episodes``,
-    ``ci_low``, ``ci_high`` as the run's summary holds them (Wilson 95%)."""
+    "env_steps", "steps", "wall_time_s", "hosts"}`` where figures are ``success_rate``,
+    ``episodes``, ``ci_low``, ``ci_high`` as the run's summary holds them (Wilson 95%) and
+    ``hosts`` the machines its workers ran on (:func:`vla_rl.utils.host.host_record`, without
+    repeats; None when the run did not record them)."""
     summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     first_tag = next((key for key in summary if key.endswith("_eval") and key != "final_eval"), None)
     figures: dict[str, Any] = {"first_tag": first_tag and first_tag.removesuffix("_eval")}
@@ -230,6 +233,7 @@ def seed_figures(run_dir: Path) -> dict[str, Any]:
     figures["env_steps"] = float(totals[-1]) if totals else None
     figures["steps"] = int(summary.get("last_step", summary.get("steps_run", 0)))
     figures["wall_time_s"] = summary.get("wall_time_s")
+    figures["hosts"] = distinct(summary["hosts"]) if "hosts" in summary else None  # None: runs before 2026-12-05
     return figures
 
 
@@ -347,8 +351,19 @@ def markdown_report(report: dict) -> str:
                          f"{_gain_interval(g)} ({g['seeds']} seed{'s' if g['seeds'] > 1 else ''})"
                          for p, g in gains.items()]
         lines += ["", "Per seed: held-out success with its Wilson 95% interval over the run's episodes. "
-                  f"Mean: {_INTERVAL}. Plot: {PLOT_FILE}."]
+                  f"Mean: {_INTERVAL}. Plot: {PLOT_FILE}.", "", *hosts_lines(report["per_seed"])]
     return "\n".join(lines) + "\n"
+
+
+def hosts_lines(per_seed: dict[str, dict[str, Any]]) -> list[str]:
+    """The machines the seeds' runs ran on, a line each with its seeds (a run's figures repeat on
+    one kind of machine only: :mod:`vla_rl.utils.host`)."""
+    by_host: dict[str, list[str]] = {}
+    for seed, figures in per_seed.items():
+        for record in figures.get("hosts") or [None]:
+            by_host.setdefault("not recorded" if record is None else describe(record), []).append(str(seed))
+    return [f"- host of seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}: {host}"
+            for host, seeds in by_host.items()]
 
 
 def _gain_interval(gain: dict) -> str:

@@ -7,7 +7,9 @@ across the seeds, the mean difference with a two-sided 95% Student t interval ov
 differences (n - 1 degrees of freedom; :func:`~vla_rl.utils.stats.mean_interval`), and the same for
 each sweep's own gain over its first evaluation. It also says whether the runs are comparable in
 cost: each seed's environment steps in both sweeps and their ratio, and whether both sweeps set
-the same ``trainer.total_env_steps`` budget.
+the same ``trainer.total_env_steps`` budget; and whether they ran on the same machines (the hosts
+their runs recorded, :mod:`vla_rl.utils.host`): the same code and seed give other figures on
+another machine, so a difference between sweeps of two machines is partly the machines'.
 
 It reads each sweep's ``report.json`` (written by :func:`vla_rl.sweep.write_report`), so committed
 reports compare as well as live sweep directories; it writes ``compare.json``, ``compare.md`` and
@@ -26,6 +28,7 @@ from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
 from vla_rl.errors import CommandLineError
 from vla_rl.sweep import REPORT_JSON
+from vla_rl.utils.host import describe, differences, distinct
 from vla_rl.utils.stats import mean_interval
 
 COMPARE_JSON, COMPARE_MD, COMPARE_PLOT = "compare.json", "compare.md", "compare.png"
@@ -46,6 +49,7 @@ class _SeedFigures(BaseModel):
     first: dict[str, _Figures]
     final: dict[str, _Figures]
     env_steps: float | None = None
+    hosts: list[dict[str, Any]] | None = None
 
 
 class _Report(BaseModel):
@@ -101,7 +105,9 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         ``{"a", "b": {"template", "overrides", "budget"}, "seeds": [...], "equal_budget": bool,
         "per_seed": {seed: {"env_steps": {"a", "b", "ratio"}, protocol: {"a", "b", "difference"}}},
         "across_seeds": {protocol: {"difference", "gain_a", "gain_b": {"mean", "ci_low", "ci_high",
-        "seeds"}}}}``; rates in [0, 1], ``ratio`` B's environment steps over A's.
+        "seeds"}}}, "hosts": {"a", "b": [record, ...] or None (a paired run recorded none),
+        "differ_in": [field, ...] ([]: the same hosts) or None (unknown)}}``; rates in [0, 1],
+        ``ratio`` B's environment steps over A's.
 
     Raises:
         CommandLineError: the sweeps share no finished seed, or no protocol finally evaluated on
@@ -135,8 +141,17 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                                f"(seeds {', '.join(seeds)}): a comparison pairs final evaluations seed by seed")
     sides = {name: {"template": r["template"], "overrides": r["overrides"], "budget": budget(r)}
              for name, r in (("a", a), ("b", b))}
+    hosts = {name: _hosts(r, seeds) for name, r in (("a", a), ("b", b))}
+    hosts["differ_in"] = None if None in hosts.values() else differences(hosts["a"], hosts["b"])
     return {**sides, "seeds": seeds, "equal_budget": sides["a"]["budget"] is not None
-            and sides["a"]["budget"] == sides["b"]["budget"], "per_seed": per_seed, "across_seeds": across}
+            and sides["a"]["budget"] == sides["b"]["budget"], "per_seed": per_seed, "across_seeds": across,
+            "hosts": hosts}
+
+
+def _hosts(report: dict[str, Any], seeds: list[str]) -> list[dict[str, Any]] | None:
+    """The machines the paired seeds' runs of one sweep ran on; None if one of them recorded none."""
+    records = [report["per_seed"][seed].get("hosts") for seed in seeds]
+    return None if any(r is None for r in records) else distinct([h for r in records for h in r])
 
 
 def _gains(report: dict[str, Any], seeds: list[str], protocol: str) -> list[float]:
@@ -187,6 +202,7 @@ def markdown(result: dict[str, Any]) -> str:
                    else f"A: {_count(a['budget'])}, B: {_count(b['budget'])}")
         lines.append(f"The sweeps do not stop at the same {_BUDGET_KEY} ({budgets}): their runs are compared at "
                      "the environment steps each took, listed below.")
+    lines += ["", *_hosts_lines(result["hosts"])]
     lines += ["", "| seed | env steps A | env steps B | B / A |", "|---|---|---|---|"]
     for seed, row in result["per_seed"].items():
         steps = row["env_steps"]
@@ -210,6 +226,19 @@ def markdown(result: dict[str, Any]) -> str:
               "seeds: mean of the per-seed differences with a two-sided 95% Student t interval (n - 1 degrees "
               f"of freedom). Plot: {COMPARE_PLOT}."]
     return "\n".join(lines) + "\n"
+
+
+def _hosts_lines(hosts: dict[str, Any]) -> list[str]:
+    """Whether the two sweeps ran on the same machines, in words."""
+    if hosts["differ_in"] is None:
+        unknown = " and ".join(side.upper() for side in ("a", "b") if hosts[side] is None)
+        return [f"Hosts: not recorded by {unknown} (runs before 2026-12-05 record none), so whether both sweeps ran "
+                "on one kind of machine is unknown; the same code and seed give other figures on another machine."]
+    if not hosts["differ_in"]:
+        return [f"Both sweeps ran on the same kind of machine: {'; '.join(describe(h) for h in hosts['a'])}."]
+    return [f"The sweeps ran on different machines (they differ in {', '.join(hosts['differ_in'])}): the same code and "
+            "seed give other figures on another machine, so B - A holds the machines' difference too.",
+            *(f"- {side.upper()}: {'; '.join(describe(h) for h in hosts[side])}" for side in ("a", "b"))]
 
 
 def _count(value: float | None) -> str:

@@ -300,6 +300,12 @@ class DAGWorker:
             return []
         return self.resources.simulator_pool.rendering()
 
+    def host(self) -> dict[str, object]:
+        """The machine this worker computes on (:func:`vla_rl.utils.host.host_record`)."""
+        from vla_rl.utils.host import host_record
+
+        return host_record(self.device)
+
     def node_id(self) -> str:
         """The Ray node this worker runs on."""
         import ray

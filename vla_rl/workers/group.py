@@ -160,6 +160,12 @@ class WorkerGroup:
 
         return ray.get([actor.node_id.remote() for actor in self.actors])
 
+    def hosts(self) -> list[dict[str, object]]:
+        """The machine of each rank's worker (:func:`vla_rl.utils.host.host_record`)."""
+        import ray
+
+        return ray.get([actor.host.remote() for actor in self.actors])
+
     def rendering(self) -> list[list[dict]]:
         """How each rank's simulator actors render (:meth:`DAGWorker.rendering
         <vla_rl.workers.dag_worker.DAGWorker.rendering>`): a few short strings per actor."""
