@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from devices import device_overrides
+from devices import TEST_DEVICE_KIND, device_overrides
 
 from policies import make_policy
 from policies.mlp import MLPPolicyConfig
@@ -15,6 +15,7 @@ from vla_rl.checkpoints import files as checkpoint
 from vla_rl.cli import main
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.driver import prepare_run_dir
+from vla_rl.utils.host import cpu_model
 
 EVAL = [*device_overrides(num_workers=1), "workers.num_workers=1", "eval.num_episodes=2", "eval.video_episodes=1", "eval.video_size=32",
         "simulator.env.horizon=8", "simulator.num_cpus_per_actor=0"]
@@ -56,6 +57,12 @@ def test_eval_command_reports_every_checkpoint(evaluated):
     assert report["protocol"]["episodes_per_task"] == 2
     assert 0 < report["protocol"]["driver_max_reply_bytes"] < 2_000  # counts only, never episodes
     assert "| 2 | sampled@1 | robosuite_lift |" in (eval_dir / "report.md").read_text()
+    # the machine the episodes ran on, as the worker saw it (vla_rl/utils/host.py): this one, on CUDA its GPU
+    [host] = report["protocol"]["hosts"]
+    assert (host["cpu"], host["cpu_flags"]) == cpu_model() and host["torch"] == torch.__version__
+    assert host["gpu"] == (torch.cuda.get_device_name(0) if TEST_DEVICE_KIND == "cuda" else None)
+    assert report["protocol"]["hosts_unrecorded"] is False
+    assert f"- machine: {host['cpu']} (flags {host['cpu_flags']}" in (eval_dir / "report.md").read_text()
     assert (eval_dir / "success_vs_checkpoint.png").stat().st_size > 0
     videos = report["videos"]
     assert videos and all((eval_dir / v["file"]).stat().st_size > 0 for v in videos)
@@ -66,12 +73,19 @@ def test_eval_command_reports_every_checkpoint(evaluated):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("test_eval_command.tiny_run")
-def test_eval_command_again_redoes_nothing(evaluated, tiny_run):
+def test_eval_command_again_redoes_nothing(evaluated, tiny_run, tmp_path):
+    import shutil
+
+    # on a copy: the report of step 2 alone would replace the module's run's (the other tests read it)
+    run_dir = tmp_path / "tiny"
+    shutil.copytree(tiny_run, run_dir)
     rows = json.loads((evaluated / "report.json").read_text())["results"]
-    assert main(["eval", str(tiny_run), *EVAL, "--steps", "2"]) == 0  # every episode is stored already
-    assert len(TrajectoryStore.open(evaluated / "episodes" / "robosuite_lift" / "rank0.zarr", read_only=True)) == 8
-    again = json.loads((evaluated / "report.json").read_text())
+    assert main(["eval", str(run_dir), *EVAL, "--steps", "2"]) == 0  # every episode is stored already
+    assert len(TrajectoryStore.open(run_dir / "eval" / "episodes" / "robosuite_lift" / "rank0.zarr",
+                                    read_only=True)) == 8
+    again = json.loads((run_dir / "eval" / "report.json").read_text())
     assert again["results"] == [r for r in rows if r["checkpoint_step"] == 2]
+    assert len(again["protocol"]["hosts"]) == 1  # the same machine, named once
 
 
 @pytest.mark.xdist_group("test_eval_command.tiny_run")

@@ -18,7 +18,7 @@ from vla_rl.evaluation.episode_store import (
     stored_keys,
 )
 from vla_rl.evaluation.protocol import Protocol
-from vla_rl.evaluation.report import OVERALL, ReportProgress, summarize, write_report
+from vla_rl.evaluation.report import OVERALL, ReportProgress, earlier_hosts, summarize, write_report
 from vla_rl_core import keys
 from vla_rl_core.env_spec import EnvSpec
 
@@ -121,3 +121,47 @@ def test_the_report_grows_as_tasks_finish(tmp_path):
     assert report["task_status"] == {"Lift": "complete", "Door": "complete", "Stack": "skipped"}
     overall = next(r for r in report["results"] if r["task"] == OVERALL)
     assert (overall["episodes"], overall["successes"]) == (4, 3)
+
+
+HOST_A = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_flags": "fc7df03f53a7", "cpu_capability": "AVX512",
+          "logical_cpus": 2, "gpu": None, "python": "3.11.7", "torch": "2.13.0+cpu", "numpy": "1.26.4", "mujoco": "3.3.0"}
+HOST_B = {**HOST_A, "cpu": "AMD EPYC 9B14", "cpu_flags": "0123456789ab", "cpu_capability": "AVX2"}
+
+
+@pytest.mark.parametrize("hosts, unrecorded, line", [
+    ([HOST_A], False, "- machine: Intel(R) Xeon(R) Processor (flags fc7df03f53a7, AVX512, 2 CPUs), torch 2.13.0+cpu, "
+                      "numpy 1.26.4, mujoco 3.3.0, Python 3.11.7 (a machine's CPU may change the episodes"),
+    ([HOST_A, HOST_B], False, "- machines: Intel(R) Xeon(R) Processor (flags fc7df03f53a7, AVX512, 2 CPUs), torch "
+                              "2.13.0+cpu, numpy 1.26.4, mujoco 3.3.0, Python 3.11.7; AMD EPYC 9B14 (flags 0123456789ab"),
+    ([HOST_A], True, "- machines: Intel(R) Xeon(R) Processor (flags fc7df03f53a7, AVX512, 2 CPUs), torch 2.13.0+cpu, "
+                     "numpy 1.26.4, mujoco 3.3.0, Python 3.11.7; one that an earlier evaluation into this directory "
+                     "did not record ("),
+    ([], True, "- machine: one that an earlier evaluation into this directory did not record ("),
+    ([], False, None),
+])
+def test_the_report_names_the_machines_the_episodes_ran_on(eval_dir, hosts, unrecorded, line):
+    rows = summarize(eval_dir, [EvalTask("Lift", "s")], [5], [GREEDY], np.array([10, 11, 12]))
+    info = {"run_dir": "runs/x", "checkpoints": [{"path": "c", "step": 5}], "tasks": [{"name": "Lift", "simulator": "s"}],
+            "protocols": [{"label": "greedy"}], "episodes_per_task": 3, "init_state_ids": [10, 13], "seed": 0,
+            "hosts": hosts, "hosts_unrecorded": unrecorded}
+    write_report(eval_dir, info, rows)
+    markdown = (eval_dir / "report.md").read_text()
+    if line is None:
+        assert "machine" not in markdown
+    else:
+        assert line in markdown
+    assert earlier_hosts(eval_dir) == (hosts, unrecorded)  # what a continued evaluation starts from
+
+
+@pytest.mark.parametrize("text, expected", [
+    (None, ([], False)),  # no earlier evaluation
+    ('{"protocol": {"run_dir": "x"}}', ([], True)),  # written before reports named machines
+    ('{"protocol": {"hosts": "x"}}', ([], True)),
+    ("{not json", ([], True)),
+    ('{"results": []}', ([], True)),
+    (json.dumps({"protocol": {"hosts": [HOST_B, 3]}}), ([HOST_B], False)),
+])
+def test_the_machines_of_earlier_evaluations_into_a_directory(tmp_path, text, expected):
+    if text is not None:
+        (tmp_path / "report.json").write_text(text)
+    assert earlier_hosts(tmp_path) == expected

@@ -27,6 +27,7 @@ from vla_rl.evaluation.episode_store import (
     stored_keys,
     task_dir,
 )
+from vla_rl.utils.host import describe
 from vla_rl.utils.plotting import plot_success_vs_checkpoint
 from vla_rl.utils.stats import wilson_interval
 from vla_rl_core.run_layout import RESULTS_DIR, VIDEOS_DIR
@@ -112,13 +113,42 @@ def task_status(eval_dir: Path, task: str, planned: set[EpisodeKey]) -> str:
     return COMPLETE if done == len(planned) else INCOMPLETE if done else PENDING
 
 
+def earlier_hosts(eval_dir: Path) -> tuple[list[dict], bool]:
+    """The machines of the evaluations written into ``eval_dir`` before (its ``report.json``'s
+    ``protocol.hosts``), and whether one of them recorded none (a report from before 2026-12-05):
+    a continued evaluation's stored episodes may come from any of them. A report that cannot be
+    read counts as none (the report is written again from the stores)."""
+    try:
+        protocol = json.loads((Path(eval_dir) / "report.json").read_text())["protocol"]
+    except FileNotFoundError:
+        return [], False
+    except (OSError, ValueError, KeyError, TypeError):
+        return [], True
+    hosts = protocol.get("hosts") if isinstance(protocol, dict) else None
+    if not isinstance(hosts, list):
+        return [], True
+    return [h for h in hosts if isinstance(h, dict)], bool(protocol.get("hosts_unrecorded"))
+
+
+def hosts_line(info: dict) -> str | None:
+    """The report.md line naming the machines the episodes were run on (None: none recorded)."""
+    named = [describe(h) for h in info.get("hosts") or []]
+    if info.get("hosts_unrecorded"):
+        named.append("one that an earlier evaluation into this directory did not record")
+    if not named:
+        return None
+    return (f"- machine{'s' if len(named) > 1 else ''}: {'; '.join(named)} (a machine's CPU may change the "
+            "episodes: compare evaluations run on the same kind)")
+
+
 def write_report(eval_dir: Path, protocol_info: dict, rows: list[dict], skipped: list[dict] | None = None,
                  status: dict[str, str] | None = None) -> dict:
     """Write ``report.json``, ``report.md`` and ``success_vs_checkpoint.png`` (atomically).
 
     Args:
         protocol_info: how the evaluation ran (checkpoints, tasks, protocols, episodes, initial
-            states, seed), stated in both reports.
+            states, seed, the machines: ``hosts``, :func:`vla_rl.utils.host.host_record` each, and
+            ``hosts_unrecorded``, see :func:`earlier_hosts`), stated in both reports.
         rows: from :func:`summarize` (of the finished tasks).
         skipped: the tasks not evaluated, ``{"task", "simulator", "reason"}`` each.
         status: each task's state (:data:`COMPLETE`, ...); None: every task is complete.
@@ -149,6 +179,8 @@ def write_report(eval_dir: Path, protocol_info: dict, rows: list[dict], skipped:
         "- success: the simulator's success test; 95% confidence intervals: Wilson score; mean length in "
         "decision steps",
     ]
+    if line := hosts_line(info):
+        text.append(line)
     if unfinished:
         text.append(f"- **not finished**: {', '.join(unfinished)} (the table holds the finished tasks; "
                     f"`{OVERALL}` pools them)")
