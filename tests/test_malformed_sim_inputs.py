@@ -111,7 +111,7 @@ def evaluated_run(tmp_path_factory):
         keys.FINISH_STEP: torch.tensor([8, 5, 8]), keys.SUCCESS: torch.tensor([False, True, False]),
         keys.TRUNCATED: torch.tensor([True, False, True]),
         keys.INIT_STATE_ID: torch.tensor([10**9, 10**9 + 1, 10**9 + 2]),
-    }, batch_size=[n]), 1, True, 0.0)
+    }, batch_size=[n]), 1, True, 0.0, {"cpu": "test"})
     (run.path / "eval" / "report.json").write_text('{"results": "the last good report"}\n')
     (run.path / "eval" / "report.md").write_text("# the last good report\n")
     return run.path

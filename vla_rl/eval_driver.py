@@ -237,9 +237,8 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     from vla_rl.dag.planner import plan
     from vla_rl.evaluation.embodied import checkpoint_step
     from vla_rl.evaluation.protocol import eval_protocols
-    from vla_rl.evaluation.report import ReportProgress, earlier_hosts, markdown_table
+    from vla_rl.evaluation.report import ReportProgress, markdown_table
     from vla_rl.utils.console import driver_console
-    from vla_rl.utils.host import distinct
     from vla_rl.workers.group import WorkerGroup, run_evaluation, start_ray
 
     console = console or driver_console()
@@ -257,9 +256,6 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     ckpt_steps = [checkpoint_step(Path(p)) for p in ev.checkpoints]
     ids = ev.init_state_offset + np.arange(ev.num_episodes)
     info = protocol_info(config, run_dir, tasks, protocols, ckpt_steps)
-    # the machines of this evaluation and of the earlier ones into this directory, whose stored
-    # episodes the report counts too (a machine's CPU may change the episodes: vla_rl/utils/host.py)
-    info["hosts"], info["hosts_unrecorded"] = earlier_hosts(eval_dir)
     progress = ReportProgress(eval_dir, info, tasks, skipped, ckpt_steps, protocols, ids)
     progress.update()  # tasks an interrupted evaluation finished
     workers = None
@@ -269,7 +265,6 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
             total = len(tasks) * len(ckpt_steps) * len(protocols) * ev.num_episodes
             workers = WorkerGroup.launch(world, str(eval_dir / RUN_TEMPLATE), [], eval_dir, config.workers, device)
             workers.start_process_group()
-            info["hosts"] = distinct([*info["hosts"], *workers.hosts()])
             workers.call("setup", False)
             bar = tqdm(total=total, desc="evaluating", unit="episode", dynamic_ncols=True)
 

@@ -77,6 +77,19 @@ def test_float64_input_is_cast_and_read_only_blocks_appends(store):
         TrajectoryStore.open(store.path, read_only=True).append_episode(episode)
 
 
+def test_update_attrs_keeps_the_other_entries_and_the_episodes(store):
+    episode = make_episode(np.random.default_rng(0), 2)
+    store.append_episode(episode, success=True)
+    store.update_attrs({"hosts": [{"cpu": "a"}]})
+    store.update_attrs({"hosts": [{"cpu": "a"}, {"cpu": "b"}]})
+    reopened = TrajectoryStore.open(store.path, read_only=True)
+    assert reopened.attrs == {"env": "lift", "hosts": [{"cpu": "a"}, {"cpu": "b"}]}
+    assert len(reopened) == 1 and bool(reopened.read_episode(0)["success"])  # the schema's commit is intact
+    with pytest.raises(PermissionError, match="read-only"):
+        reopened.update_attrs({"env": "x"})
+    assert TrajectoryStore.open(store.path).attrs["env"] == "lift"
+
+
 @pytest.mark.parametrize("fail_at", range(6))  # 3 fields + 1 scalar + length + the commit
 def test_interrupted_append_loses_and_exposes_nothing(store, monkeypatch, fail_at):
     rng = np.random.default_rng(1)

@@ -12,9 +12,11 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.errors import RunStopped
 from vla_rl.evaluation.benchmarks import EvalTask
 from vla_rl.evaluation.episode_store import (
+    HOSTS_ATTR,
     DamagedStoreError,
     append_episodes,
     check_store,
@@ -52,6 +54,9 @@ DAMAGES = [
      "array 'actions', episode 2 (chunk actions/c/2/0/0/0)"),  # Blosc alone decodes it into garbage
     ("length chunk missing", lambda s: (s / "length" / "c" / "2").unlink(), "array 'length', episode 2"),
     ("array missing", lambda s: shutil.rmtree(s / "log_probs"), "array 'log_probs'"),
+    ("machine not recorded", lambda s: TrajectoryStore.open(s).update_attrs({HOSTS_ATTR: []}),
+     "array 'host', episode 0 cannot be read (it names machine 0 of the store's attribute 'hosts', which has 0 "
+     "entries)"),
 ]
 
 
@@ -66,7 +71,7 @@ def store(tmp_path):
         keys.OLD_LOG_PROBS: torch.randn(n, horizon, 1), keys.FINISH_STEP: torch.tensor([6, 3, 6]),
         keys.SUCCESS: torch.tensor([False, True, False]), keys.TRUNCATED: torch.tensor([True, False, True]),
         keys.INIT_STATE_ID: torch.tensor([10, 11, 12]),
-    }, batch_size=[n]), 5, True, 0.0)
+    }, batch_size=[n]), 5, True, 0.0, {"cpu": "test"})
     return rank0.path
 
 
@@ -95,6 +100,15 @@ def test_the_reads_of_the_report_and_the_workers_name_the_damage(case, damage, n
                                    np.array([10, 11, 12]))):
         with pytest.raises(DamagedStoreError, match=f"is damaged: {names.replace('(', '.').replace(')', '.')}"):
             read()
+
+
+def test_the_report_names_an_episode_whose_machine_the_store_does_not_record(store, tmp_path):
+    TrajectoryStore.open(store).update_attrs({HOSTS_ATTR: [{"cpu": "test"}]})  # episodes 0..2 name machine 0
+    summarize(tmp_path, [EvalTask("Lift", "s")], [5], [Protocol("greedy", True, 0.0)], np.array([10, 11, 12]))
+    TrajectoryStore.open(store).update_attrs({HOSTS_ATTR: ["not a record"]})
+    with pytest.raises(DamagedStoreError, match="is damaged: array 'host', episode 0 cannot be read .it names "
+                       "machine 0 of the store's attribute 'hosts', which has 'not a record' there."):
+        summarize(tmp_path, [EvalTask("Lift", "s")], [5], [Protocol("greedy", True, 0.0)], np.array([10, 11, 12]))
 
 
 def test_a_set_aside_store_is_no_longer_read(store, tmp_path):

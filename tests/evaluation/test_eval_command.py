@@ -61,14 +61,15 @@ def test_eval_command_reports_every_checkpoint(evaluated):
     [host] = report["protocol"]["hosts"]
     assert (host["cpu"], host["cpu_flags"]) == cpu_model() and host["torch"] == torch.__version__
     assert host["gpu"] == (torch.cuda.get_device_name(0) if TEST_DEVICE_KIND == "cuda" else None)
-    assert report["protocol"]["hosts_unrecorded"] is False
+    assert (report["protocol"]["host_episodes"], report["protocol"]["hosts_unrecorded"]) == ([8], 0)
     assert f"- machine: {host['cpu']} (flags {host['cpu_flags']}" in (eval_dir / "report.md").read_text()
     assert (eval_dir / "success_vs_checkpoint.png").stat().st_size > 0
     videos = report["videos"]
     assert videos and all((eval_dir / v["file"]).stat().st_size > 0 for v in videos)
     assert all(v["stored_success"] == v["replayed_success"] for v in videos)
-    store = eval_dir / "episodes" / "robosuite_lift" / "rank0.zarr"
-    assert len(TrajectoryStore.open(store, read_only=True)) == 8
+    store = TrajectoryStore.open(eval_dir / "episodes" / "robosuite_lift" / "rank0.zarr", read_only=True)
+    assert len(store) == 8 and store.attrs["hosts"] == [host]  # each episode names it (its "host" scalar)
+    assert store.read_scalars()["host"].tolist() == [0] * 8
 
 
 @pytest.mark.slow
@@ -85,7 +86,9 @@ def test_eval_command_again_redoes_nothing(evaluated, tiny_run, tmp_path):
                                     read_only=True)) == 8
     again = json.loads((run_dir / "eval" / "report.json").read_text())
     assert again["results"] == [r for r in rows if r["checkpoint_step"] == 2]
-    assert len(again["protocol"]["hosts"]) == 1  # the same machine, named once
+    # the machine of step 2's 4 episodes, stored by the first evaluation, named once
+    assert (again["protocol"]["hosts"], again["protocol"]["host_episodes"]) == (
+        json.loads((evaluated / "report.json").read_text())["protocol"]["hosts"], [4])
 
 
 @pytest.mark.xdist_group("test_eval_command.tiny_run")

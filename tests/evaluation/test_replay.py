@@ -120,7 +120,7 @@ def stored(oft_policy, tmp_path_factory):
     path = tmp_path_factory.mktemp("eval")
     store = open_rank_store(path, "task", 0, pool.spec(), CHUNK, {"task": "task", "simulator": "s", "env": {}},
                             oft_policy.has_action_distribution)
-    append_episodes(store, batch, 0, True, 0.0)
+    append_episodes(store, batch, 0, True, 0.0, {"cpu": "test"})
     return pool, result, store
 
 

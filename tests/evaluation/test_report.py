@@ -11,20 +11,27 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.evaluation.benchmarks import EvalTask
 from vla_rl.evaluation.episode_store import (
+    HOST_SCALAR,
+    HOSTS_ATTR,
     append_episodes,
     open_rank_store,
     stored_keys,
+    task_dir,
 )
 from vla_rl.evaluation.protocol import Protocol
-from vla_rl.evaluation.report import OVERALL, ReportProgress, earlier_hosts, summarize, write_report
+from vla_rl.evaluation.report import OVERALL, ReportProgress, counted_hosts, summarize, write_report
 from vla_rl_core import keys
 from vla_rl_core.env_spec import EnvSpec
 
 SPEC = EnvSpec(obs_dim=3, action_dim=2, horizon=6)
 GREEDY = Protocol("greedy", True, 0.0)
 SAMPLED = Protocol("sampled", False, 0.5)
+HOST_A = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_flags": "fc7df03f53a7", "cpu_capability": "AVX512",
+          "logical_cpus": 2, "gpu": None, "python": "3.11.7", "torch": "2.13.0+cpu", "numpy": "1.26.4", "mujoco": "3.3.0"}
+HOST_B = {**HOST_A, "cpu": "AMD EPYC 9B14", "cpu_flags": "0123456789ab", "cpu_capability": "AVX2"}
 
 
 def episodes(ids, success, lengths) -> TensorDict:
@@ -50,13 +57,13 @@ def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
 @pytest.fixture
 def eval_dir(tmp_path):
     lift = open_rank_store(tmp_path, "Lift", 0, SPEC, 1, {"task": "Lift", "simulator": "s", "env": {}}, True)
-    append_episodes(lift, episodes([10, 11, 12], [True, False, True], [3, 6, 4]), 5, True, 0.0)
-    append_episodes(lift, episodes([10, 11], [False, False], [6, 6]), 5, False, 0.5)
+    append_episodes(lift, episodes([10, 11, 12], [True, False, True], [3, 6, 4]), 5, True, 0.0, HOST_A)
+    append_episodes(lift, episodes([10, 11], [False, False], [6, 6]), 5, False, 0.5, HOST_A)
     other_rank = open_rank_store(tmp_path, "Lift", 1, SPEC, 1, {"task": "Lift", "simulator": "s", "env": {}}, True)
-    append_episodes(other_rank, episodes([12, 13], [True, True], [2, 2]), 5, False, 0.5)  # 13: not planned
-    append_episodes(other_rank, episodes([12], [False], [6]), 5, True, 0.0)  # a second copy of 12: ignored
+    append_episodes(other_rank, episodes([12, 13], [True, True], [2, 2]), 5, False, 0.5, HOST_B)  # 13: not planned
+    append_episodes(other_rank, episodes([12], [False], [6]), 5, True, 0.0, HOST_B)  # a second copy of 12: ignored
     door = open_rank_store(tmp_path, "Door", 0, SPEC, 1, {"task": "Door", "simulator": "s", "env": {}}, True)
-    append_episodes(door, episodes([10, 11, 12], [False, False, True], [6, 6, 5]), 5, True, 0.0)
+    append_episodes(door, episodes([10, 11, 12], [False, False, True], [6, 6, 5]), 5, True, 0.0, HOST_A)
     return tmp_path
 
 
@@ -104,64 +111,91 @@ def test_the_report_grows_as_tasks_finish(tmp_path):
     attrs = {"simulator": "s", "env": {}}
     lift = open_rank_store(tmp_path, "Lift", 0, SPEC, 1, {"task": "Lift", **attrs}, True)
     door = open_rank_store(tmp_path, "Door", 0, SPEC, 1, {"task": "Door", **attrs}, True)
-    append_episodes(lift, episodes([10, 11], [True, False], [3, 6]), 5, True, 0.0)
-    append_episodes(door, episodes([10], [True], [2]), 5, True, 0.0)
+    append_episodes(lift, episodes([10, 11], [True, False], [3, 6]), 5, True, 0.0, HOST_A)
+    append_episodes(door, episodes([10], [True], [2]), 5, True, 0.0, HOST_B)
     assert progress.update()
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["task_status"] == {"Lift": "complete", "Door": "incomplete", "Stack": "skipped"}
+    # the machines of the episodes in the table: not yet Door's
+    assert {k: report["protocol"][k] for k in ("hosts", "host_episodes", "hosts_unrecorded")} == {
+        "hosts": [HOST_A], "host_episodes": [2], "hosts_unrecorded": 0}
     assert [(r["task"], r["episodes"]) for r in report["results"]] == [("Lift", 2)]
     assert report["skipped"] == [{"task": "Stack", "simulator": "s", "reason": "its observation is not the policy's"}]
     assert json.loads((tmp_path / "results" / "Lift.json").read_text())["results"] == report["results"]
     markdown = (tmp_path / "report.md").read_text()
     assert "**not finished**: Door" in markdown and "| Stack | s | its observation is not the policy's |" in markdown
     assert not progress.update()  # nothing new
-    append_episodes(door, episodes([11], [True], [2]), 5, True, 0.0)
+    append_episodes(door, episodes([11], [True], [2]), 5, True, 0.0, HOST_B)
     assert progress.update()
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["task_status"] == {"Lift": "complete", "Door": "complete", "Stack": "skipped"}
+    assert (report["protocol"]["hosts"], report["protocol"]["host_episodes"]) == ([HOST_A, HOST_B], [2, 2])
     overall = next(r for r in report["results"] if r["task"] == OVERALL)
     assert (overall["episodes"], overall["successes"]) == (4, 3)
 
 
-HOST_A = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_flags": "fc7df03f53a7", "cpu_capability": "AVX512",
-          "logical_cpus": 2, "gpu": None, "python": "3.11.7", "torch": "2.13.0+cpu", "numpy": "1.26.4", "mujoco": "3.3.0"}
-HOST_B = {**HOST_A, "cpu": "AMD EPYC 9B14", "cpu_flags": "0123456789ab", "cpu_capability": "AVX2"}
+
+LINE_A = ("Intel(R) Xeon(R) Processor (flags fc7df03f53a7, AVX512, 2 CPUs), torch 2.13.0+cpu, numpy 1.26.4, "
+          "mujoco 3.3.0, Python 3.11.7")
+LINE_B = "AMD EPYC 9B14 (flags 0123456789ab, AVX2, 2 CPUs)"
 
 
-@pytest.mark.parametrize("hosts, unrecorded, line", [
-    ([HOST_A], False, "- machine: Intel(R) Xeon(R) Processor (flags fc7df03f53a7, AVX512, 2 CPUs), torch 2.13.0+cpu, "
-                      "numpy 1.26.4, mujoco 3.3.0, Python 3.11.7 (a machine's CPU may change the episodes"),
-    ([HOST_A, HOST_B], False, "- machines: Intel(R) Xeon(R) Processor (flags fc7df03f53a7, AVX512, 2 CPUs), torch "
-                              "2.13.0+cpu, numpy 1.26.4, mujoco 3.3.0, Python 3.11.7; AMD EPYC 9B14 (flags 0123456789ab"),
-    ([HOST_A], True, "- machines: Intel(R) Xeon(R) Processor (flags fc7df03f53a7, AVX512, 2 CPUs), torch 2.13.0+cpu, "
-                     "numpy 1.26.4, mujoco 3.3.0, Python 3.11.7; one that an earlier evaluation into this directory "
-                     "did not record ("),
-    ([], True, "- machine: one that an earlier evaluation into this directory did not record ("),
-    ([], False, None),
+@pytest.mark.parametrize("hosts, counts, unrecorded, line", [
+    ([HOST_A], [3], 0, f"- machine: {LINE_A} (a machine's CPU may change the episodes"),
+    ([HOST_A, HOST_B], [8, 1], 0, f"- machines: {LINE_A} (8 episodes); {LINE_B}"),
+    ([HOST_A], [5], 1, f"- machines: {LINE_A} (5 episodes); not recorded (stored before 2026-12-05) (1 episode) ("),
+    ([], [], 3, "- machine: not recorded (stored before 2026-12-05) (a machine's"),
+    ([], [], 0, None),
 ])
-def test_the_report_names_the_machines_the_episodes_ran_on(eval_dir, hosts, unrecorded, line):
+def test_the_report_names_the_machines_the_episodes_ran_on(eval_dir, hosts, counts, unrecorded, line):
     rows = summarize(eval_dir, [EvalTask("Lift", "s")], [5], [GREEDY], np.array([10, 11, 12]))
     info = {"run_dir": "runs/x", "checkpoints": [{"path": "c", "step": 5}], "tasks": [{"name": "Lift", "simulator": "s"}],
             "protocols": [{"label": "greedy"}], "episodes_per_task": 3, "init_state_ids": [10, 13], "seed": 0,
-            "hosts": hosts, "hosts_unrecorded": unrecorded}
+            "hosts": hosts, "host_episodes": counts, "hosts_unrecorded": unrecorded}
     write_report(eval_dir, info, rows)
     markdown = (eval_dir / "report.md").read_text()
     if line is None:
         assert "machine" not in markdown
     else:
         assert line in markdown
-    assert earlier_hosts(eval_dir) == (hosts, unrecorded)  # what a continued evaluation starts from
 
 
-@pytest.mark.parametrize("text, expected", [
-    (None, ([], False)),  # no earlier evaluation
-    ('{"protocol": {"run_dir": "x"}}', ([], True)),  # written before reports named machines
-    ('{"protocol": {"hosts": "x"}}', ([], True)),
-    ("{not json", ([], True)),
-    ('{"results": []}', ([], True)),
-    (json.dumps({"protocol": {"hosts": [HOST_B, 3]}}), ([HOST_B], False)),
-])
-def test_the_machines_of_earlier_evaluations_into_a_directory(tmp_path, text, expected):
-    if text is not None:
-        (tmp_path / "report.json").write_text(text)
-    assert earlier_hosts(tmp_path) == expected
+def test_the_machines_are_those_of_the_counted_episodes(eval_dir):
+    """Rank 1's store was written on machine B: its sampled episode 12 counts, its second copy of
+    greedy episode 12 and its unplanned episode 13 do not, so the greedy table names A only."""
+    lift, door = EvalTask("Lift", "s"), EvalTask("Door", "s")
+    ids = np.array([10, 11, 12])
+    assert counted_hosts(eval_dir, [lift, door], [5], [GREEDY, SAMPLED], ids) == {
+        "hosts": [HOST_A, HOST_B], "host_episodes": [8, 1], "hosts_unrecorded": 0}
+    assert counted_hosts(eval_dir, [lift, door], [5], [GREEDY], ids) == {
+        "hosts": [HOST_A], "host_episodes": [6], "hosts_unrecorded": 0}
+    assert counted_hosts(eval_dir, [], [5], [GREEDY], ids) == {"hosts": [], "host_episodes": [], "hosts_unrecorded": 0}
+
+
+def test_a_continued_evaluation_adds_its_machine_to_the_store(eval_dir):
+    lift = open_rank_store(eval_dir, "Lift", 0, SPEC, 1, {"task": "Lift", "simulator": "s", "env": {}}, True)
+    append_episodes(lift, episodes([12], [True], [2]), 5, False, 0.5, HOST_B)
+    append_episodes(lift, episodes([14], [True], [2]), 5, False, 0.5, HOST_A)
+    reopened = TrajectoryStore.open(lift.path, read_only=True)
+    assert reopened.attrs[HOSTS_ATTR] == [HOST_A, HOST_B]  # each machine once
+    assert reopened.read_scalars()[HOST_SCALAR].tolist() == [0, 0, 0, 0, 0, 1, 0]
+    # rank 0's sampled episode 12 (machine B) is now read before rank 1's
+    assert counted_hosts(eval_dir, [EvalTask("Lift", "s")], [5], [SAMPLED], np.array([10, 11, 12])) == {
+        "hosts": [HOST_A, HOST_B], "host_episodes": [2, 1], "hosts_unrecorded": 0}
+
+
+def test_the_episodes_of_a_store_from_before_machines_were_recorded_are_counted_unrecorded(tmp_path):
+    """A store created without the machines' attribute (as before 2026-12-05) takes episodes
+    without a machine, also those a continued evaluation adds; a new store beside it records its own."""
+    fields = {"obs": ((3,), np.float32), "next_obs": ((3,), np.float32), "actions": ((1, 2), np.float32),
+              "env_actions": ((1, 2), np.float32), "log_probs": ((1,), np.float32)}
+    path = task_dir(tmp_path, "Lift") / "rank0.zarr"
+    path.parent.mkdir(parents=True)
+    attrs = {"task": "Lift", "simulator": "s", "env": {}}
+    old = TrajectoryStore.create(path, fields, max_steps=SPEC.horizon, attrs=attrs)
+    append_episodes(old, episodes([10, 11], [True, False], [3, 6]), 5, True, 0.0, HOST_A)
+    assert HOST_SCALAR not in old.scalars and HOSTS_ATTR not in old.attrs
+    new = open_rank_store(tmp_path, "Lift", 1, SPEC, 1, {"task": "Lift", "simulator": "s", "env": {}}, True)
+    append_episodes(new, episodes([12], [True], [2]), 5, True, 0.0, HOST_A)
+    assert counted_hosts(tmp_path, [EvalTask("Lift", "s")], [5], [GREEDY], np.array([10, 11, 12])) == {
+        "hosts": [HOST_A], "host_episodes": [1], "hosts_unrecorded": 2}

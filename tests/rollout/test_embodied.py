@@ -158,7 +158,7 @@ def test_own_actions_wider_than_the_simulators_are_stored_at_their_width(stages,
     assert store.fields["actions"][0] == (2, ACT_DIM + 4) and store.fields["env_actions"][0] == (2, ACT_DIM)
     batch.set(keys.INIT_STATE_ID, torch.tensor([7, 8]))
     batch.set(keys.ENV_ACTIONS, result.env_actions)
-    append_episodes(store, batch, 0, False, 1.0)
+    append_episodes(store, batch, 0, False, 1.0, {"cpu": "test"})
     episode = store.read_episode(1)
     assert np.array_equal(episode["actions"], batch["actions"][1].numpy())
     assert np.array_equal(episode["env_actions"], result.env_actions[1].numpy())
@@ -433,9 +433,9 @@ def test_l1_head_acts_greedily_with_its_regression_and_records_no_log_probs(prot
                             policy.has_action_distribution)
     batch.set(keys.INIT_STATE_ID, torch.tensor([4, 5]))
     with pytest.raises(ValueError, match="field 'env_actions'.*RolloutResult.env_actions"):
-        append_episodes(store, batch, 0, True, 0.0)
+        append_episodes(store, batch, 0, True, 0.0, {"cpu": "test"})
     batch.set(keys.ENV_ACTIONS, result.env_actions)
-    append_episodes(store, batch, 0, True, 0.0)
+    append_episodes(store, batch, 0, True, 0.0, {"cpu": "test"})
     assert "log_probs" not in store.fields
     assert np.array_equal(store.read_episode(1)["actions"], batch["actions"][1].numpy())
     assert np.array_equal(store.read_episode(1)["env_actions"], np.stack([a[1] for a in pool.submitted_actions]))

@@ -179,8 +179,20 @@ class TrajectoryStore:
 
     @property
     def attrs(self) -> dict[str, Any]:
-        """A copy of the user metadata given to :meth:`create`."""
+        """A copy of the user metadata given to :meth:`create` (and :meth:`update_attrs`)."""
         return dict(self._user_attrs)
+
+    def update_attrs(self, values: Mapping[str, Any]) -> None:
+        """Set user metadata entries (JSON-serialisable; others are kept), in one atomic rewrite
+        of the group's ``zarr.json`` as a commit is.
+
+        Raises:
+            PermissionError: the store was opened read-only.
+        """
+        if self._group.read_only:
+            raise PermissionError(f"{self.path} was opened read-only")
+        self._user_attrs.update(values)
+        self._group.update_attributes({_USER_ATTR: dict(self._user_attrs)})
 
     def __len__(self) -> int:
         """Number of committed episodes."""

@@ -15,8 +15,9 @@ resumed run trains and evaluates as an uninterrupted one.
 
 With ``eval.store_episodes`` every episode is appended to this rank's zarr store of its task
 (``<run_dir>/episodes/<task>/rank<r>.zarr``, committed one by one, with the actions the simulator
-received); a restarted evaluation reads every rank's stores and does not redo an episode, and the
-videos replay stored episodes (their simulator actions: no policy in the loop).
+received and the worker's machine); a restarted evaluation reads every rank's stores and does not
+redo an episode, and the videos replay stored episodes (their simulator actions: no policy in the
+loop).
 Without stores, rank 0 records the live policy's greedy episodes to ``videos/<tag>.mp4``.
 """
 
@@ -57,6 +58,7 @@ from vla_rl.evaluation.session import EvaluationSession, evaluation_generator
 from vla_rl.evaluation.video import record_video, video_camera
 from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl.trainers.strategy import autocast, cast_for_rollouts
+from vla_rl.utils.host import host_record
 from vla_rl.utils.video import write_mp4
 from vla_rl_core import keys
 from vla_rl_core.run_layout import VIDEOS_DIR
@@ -111,6 +113,7 @@ class EmbodiedEvaluation(EvaluationSession):
         self._owns_pool = False
         self._loaded: int | None = None
         self._stores: dict[str, TrajectoryStore] = {}
+        self._host: dict | None = None  # this worker's machine, recorded with each stored episode
         self._bar = None
 
     def begin(self, tag: str, step: int) -> None:
@@ -218,7 +221,9 @@ class EmbodiedEvaluation(EvaluationSession):
                                                       self.res.policy.chunk_size, attrs,
                                                       self.res.policy.has_action_distribution,
                                                       self.res.policy.own_action_dim)
-        append_episodes(self._stores[spec.name], episodes, self.step_of(target), p.greedy, p.temperature)
+        if self._host is None:
+            self._host = host_record(self.res.device)
+        append_episodes(self._stores[spec.name], episodes, self.step_of(target), p.greedy, p.temperature, self._host)
 
     # --------------------------------------------------------------------- videos
     def finish(self, video: bool) -> dict[str, float]:

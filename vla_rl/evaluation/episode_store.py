@@ -14,6 +14,12 @@ distribution, whose log-probs are undefined); its scalars are the :class:`Episod
 ``success``, ``truncated`` and ``finish_step``. Stores written before ``env_actions`` existed lack
 it (:func:`vla_rl.evaluation.replay.episode_env_actions` says when their ``actions`` can stand in).
 
+Each episode names the machine it ran on: its ``host`` scalar indexes the store's ``hosts``
+attribute, the host records (:func:`vla_rl.utils.host.host_record`) of the workers that appended
+to the store, a continued evaluation's machine added to an earlier one's (a machine's CPU may
+change the episodes). Stores written before 2026-12-05 have neither; their episodes, and those
+later appended to them, name none (:func:`episode_hosts`).
+
 A store that cannot be read (a truncated ``zarr.json`` or chunk, a missing array: a disk that
 filled up, a copy cut short) is a :class:`DamagedStoreError` naming the store and the array, with
 the way out: move it aside (``mv STORE STORE.damaged``) and run the same command again, which
@@ -43,6 +49,10 @@ from vla_rl_core.run_layout import EPISODES_DIR
 STORE_PATTERN = "rank*.zarr"
 """The stores of a task directory (``rank<r>.zarr``); a store set aside as ``rank<r>.zarr.damaged``
 does not match."""
+HOSTS_ATTR = "hosts"
+"""A store's attribute: the host records of the workers that appended to it."""
+HOST_SCALAR = "host"
+"""An episode's scalar: the index in its store's :data:`HOSTS_ATTR` of the machine it ran on."""
 SET_ASIDE_SUFFIX = ".damaged"
 """What the message of a :class:`DamagedStoreError` says to append to the store's name."""
 _CHECK_BLOCK_BYTES = 64 << 20
@@ -77,9 +87,11 @@ def check_store(path: Path) -> None:
     array (fields, scalars, lengths; in blocks of at most 64 MiB), and compare each chunk file's
     size with its Blosc header's, so that a damaged one is named before an evaluation starts. A
     chunk that is missing reads as zeros, which only the lengths (at least 1 for an episode) reveal.
+    Each episode's machine must be one the store records (:func:`episode_hosts`).
 
     Raises:
-        DamagedStoreError: the first array (or the attributes) that cannot be read.
+        DamagedStoreError: the first array (or the attributes) that cannot be read, or an episode
+            naming a machine the store does not record.
     """
     import zarr
 
@@ -116,6 +128,8 @@ def check_store(path: Path) -> None:
                                         f"length {int(values[bad[0]])} outside [1, {store.max_steps}]: its chunk "
                                         "is missing or wrong")
         _check_chunk_sizes(path, name, array, n)
+    if HOST_SCALAR in store.scalars:
+        episode_hosts(store, {HOST_SCALAR: np.asarray(group[HOST_SCALAR][:n])})  # each names a recorded machine
 
 
 def _check_chunk_sizes(path: Path, name: str, array, n: int) -> None:
@@ -241,7 +255,8 @@ def stored_keys(eval_dir: Path, task: str) -> set[EpisodeKey]:
 
 def open_rank_store(eval_dir: Path, task: str, rank: int, spec: EnvSpec, chunk: int, attrs: dict,
                     log_probs: bool, own_action_dim: int | None = None) -> TrajectoryStore:
-    """This rank's store of ``task``, created on first use.
+    """This rank's store of ``task``, created on first use (recording machines: :data:`HOSTS_ATTR`
+    starts empty, :func:`append_episodes` adds them).
 
     Args:
         spec: the simulator's spec (its ``obs_dim``, ``action_dim`` and ``horizon`` size the fields).
@@ -267,16 +282,52 @@ def open_rank_store(eval_dir: Path, task: str, rank: int, spec: EnvSpec, chunk: 
     }
     if log_probs:
         fields["log_probs"] = ((chunk,), np.float32)
-    return TrajectoryStore.create(path, fields, max_steps=-(-spec.horizon // chunk), attrs=attrs)
+    return TrajectoryStore.create(path, fields, max_steps=-(-spec.horizon // chunk),
+                                  attrs={**attrs, HOSTS_ATTR: []})
+
+
+def host_index(store: TrajectoryStore, host: dict) -> int | None:
+    """The index of machine ``host`` in the store's :data:`HOSTS_ATTR`, added there if new; None
+    for a store that records no machines (written before 2026-12-05: no such attribute, or
+    episodes committed without the :data:`HOST_SCALAR`)."""
+    hosts = store.attrs.get(HOSTS_ATTR)
+    if not isinstance(hosts, list) or (len(store) and HOST_SCALAR not in store.scalars):
+        return None
+    if host not in hosts:
+        store.update_attrs({HOSTS_ATTR: [*hosts, host]})
+        return len(hosts)
+    return hosts.index(host)
+
+
+def episode_hosts(store: TrajectoryStore, scalars: dict[str, np.ndarray]) -> list[dict | None]:
+    """The machine of each committed episode of ``store`` (its host record; None: not recorded),
+    from the store's scalars (``store.read_scalars()``).
+
+    Raises:
+        DamagedStoreError: an episode's :data:`HOST_SCALAR` is not an index of the store's
+            :data:`HOSTS_ATTR`.
+    """
+    hosts = store.attrs.get(HOSTS_ATTR)
+    if not isinstance(hosts, list) or HOST_SCALAR not in scalars:
+        return [None] * len(store)
+    out = []
+    for episode, index in enumerate(scalars[HOST_SCALAR][: len(store)].tolist()):
+        if not 0 <= index < len(hosts) or not isinstance(hosts[index], dict):
+            found = f"{len(hosts)} entries" if not 0 <= index < len(hosts) else f"{hosts[index]!r} there"
+            raise damaged_store(store.path, f"array {HOST_SCALAR!r}, episode {episode}",
+                                f"it names machine {index} of the store's attribute {HOSTS_ATTR!r}, which has {found}")
+        out.append(hosts[index])
+    return out
 
 
 def append_episodes(store: TrajectoryStore, episodes: TensorDict, checkpoint_step: int, greedy: bool,
-                    temperature: float) -> list[EpisodeKey]:
+                    temperature: float, host: dict) -> list[EpisodeKey]:
     """Append rollout episodes (the keys of :func:`vla_rl.rollout.embodied.rollout_episodes` plus
     ``truncated``; ``old_log_probs`` when the policy has them; ``env_actions``
     (:attr:`~vla_rl.rollout.embodied.RolloutResult.env_actions`) when the store has that field, as
     every store created by :func:`open_rank_store` does) one by one, each committed before the
-    next; returns their keys.
+    next; returns their keys. ``host``: the machine they ran on (a host record, kept as
+    :func:`host_index` says).
 
     Raises:
         ValueError: the store has an ``env_actions`` field and the episodes lack it, or the
@@ -287,6 +338,8 @@ def append_episodes(store: TrajectoryStore, episodes: TensorDict, checkpoint_ste
         raise ValueError(f"{store.path} stores the simulator's actions of each episode (field 'env_actions'), and "
                          f"the episodes have no {keys.ENV_ACTIONS!r}: set it from the rollout's "
                          "RolloutResult.env_actions")
+    index = host_index(store, host)
+    machine = {} if index is None else {HOST_SCALAR: np.int64(index)}
     added = []
     for row in range(len(episodes)):
         length = int(episodes[keys.FINISH_STEP][row])
@@ -302,7 +355,7 @@ def append_episodes(store: TrajectoryStore, episodes: TensorDict, checkpoint_ste
             steps,
             checkpoint_step=np.int64(checkpoint_step), greedy=np.bool_(greedy), temperature=np.float64(temperature),
             init_state_id=np.int64(episodes[keys.INIT_STATE_ID][row]), success=np.bool_(episodes[keys.SUCCESS][row]),
-            truncated=np.bool_(episodes[keys.TRUNCATED][row]), finish_step=np.int64(length),
+            truncated=np.bool_(episodes[keys.TRUNCATED][row]), finish_step=np.int64(length), **machine,
         )
         added.append(EpisodeKey(checkpoint_step, greedy, temperature, int(episodes[keys.INIT_STATE_ID][row])))
     return added

@@ -23,6 +23,7 @@ from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.evaluation.episode_store import (
     STORE_PATTERN,
     EpisodeKey,
+    episode_hosts,
     reading_store,
     stored_keys,
     task_dir,
@@ -38,18 +39,31 @@ OVERALL = "overall"
 COMPLETE, INCOMPLETE, PENDING, SKIPPED = "complete", "incomplete", "pending", "skipped"
 
 
-def _load_task(eval_dir: Path, task: str) -> dict[EpisodeKey, tuple[bool, int, bool]]:
-    """``key -> (success, finish_step, truncated)`` of the committed episodes of a task (first copy kept)."""
-    out: dict[EpisodeKey, tuple[bool, int, bool]] = {}
+def _load_task(eval_dir: Path, task: str) -> dict[EpisodeKey, tuple[bool, int, bool, dict | None]]:
+    """``key -> (success, finish_step, truncated, host)`` of the committed episodes of a task (first
+    copy kept; ``host``: the machine's record, None where not recorded)."""
+    out: dict[EpisodeKey, tuple[bool, int, bool, dict | None]] = {}
     for path in sorted(task_dir(eval_dir, task).glob(STORE_PATTERN)):
         with reading_store(path):
             store = TrajectoryStore.open(path, read_only=True)
             d = store.read_scalars() if len(store) else {}
+            hosts = episode_hosts(store, d)
         for i in range(len(store)):
             key = EpisodeKey(int(d["checkpoint_step"][i]), bool(d["greedy"][i]), float(d["temperature"][i]),
                              int(d["init_state_id"][i]))
-            out.setdefault(key, (bool(d["success"][i]), int(d["finish_step"][i]), bool(d["truncated"][i])))
+            out.setdefault(key, (bool(d["success"][i]), int(d["finish_step"][i]), bool(d["truncated"][i]), hosts[i]))
     return out
+
+
+def _counted(eval_dir: Path, tasks, steps: list[int], protocols, init_state_ids: np.ndarray):
+    """``(step, protocol, [(task, outcomes), ...])`` for each checkpoint step and protocol, in
+    report order: each task's stored outcomes (:func:`_load_task`) of the planned episodes."""
+    stored = {task.name: _load_task(eval_dir, task.name) for task in tasks}
+    for step in sorted(steps):
+        for protocol in protocols:
+            keys = [EpisodeKey(step, protocol.greedy, protocol.temperature, int(i)) for i in init_state_ids]
+            yield step, protocol, [(task, [stored[task.name][k] for k in keys if k in stored[task.name]])
+                                   for task in tasks]
 
 
 def _row(step: int, protocol: str, task: str, outcomes: list[tuple[bool, int, bool]]) -> dict:
@@ -71,19 +85,34 @@ def summarize(eval_dir: Path, tasks, steps: list[int], protocols, init_state_ids
     steps for single-action chunks), ``truncated`` (episodes that hit the time limit).
     Only the planned episodes count, each once; missing ones are simply not counted.
     """
-    stored = {task.name: _load_task(eval_dir, task.name) for task in tasks}
     rows = []
-    for step in sorted(steps):
-        for protocol in protocols:
-            pooled = []
-            for task in tasks:
-                keys = [EpisodeKey(step, protocol.greedy, protocol.temperature, int(i)) for i in init_state_ids]
-                outcomes = [stored[task.name][k] for k in keys if k in stored[task.name]]
-                rows.append(_row(step, protocol.label, task.name, outcomes))
-                pooled += outcomes
-            if len(tasks) > 1:
-                rows.append(_row(step, protocol.label, OVERALL, pooled))
+    for step, protocol, per_task in _counted(eval_dir, tasks, steps, protocols, init_state_ids):
+        rows += [_row(step, protocol.label, task.name, outcomes) for task, outcomes in per_task]
+        if len(per_task) > 1:
+            rows.append(_row(step, protocol.label, OVERALL, [o for _, outcomes in per_task for o in outcomes]))
     return rows
+
+
+def counted_hosts(eval_dir: Path, tasks, steps: list[int], protocols, init_state_ids: np.ndarray) -> dict:
+    """The machines of the episodes :func:`summarize` counts: ``{"hosts": [record, ...] (first seen
+    first), "host_episodes": [episodes of each], "hosts_unrecorded": episodes whose machine no
+    record names (stored before 2026-12-05)}``.
+
+    Raises:
+        DamagedStoreError: as :func:`~vla_rl.evaluation.episode_store.episode_hosts`.
+    """
+    records: dict[str, dict] = {}
+    episodes: dict[str, int] = {}
+    unrecorded = 0
+    for *_, per_task in _counted(eval_dir, tasks, steps, protocols, init_state_ids):
+        for *_, host in (outcome for _, outcomes in per_task for outcome in outcomes):
+            if host is None:
+                unrecorded += 1
+                continue
+            key = json.dumps(host, sort_keys=True)
+            records.setdefault(key, host)
+            episodes[key] = episodes.get(key, 0) + 1
+    return {"hosts": list(records.values()), "host_episodes": list(episodes.values()), "hosts_unrecorded": unrecorded}
 
 
 def _percent(x: float) -> str:
@@ -113,32 +142,17 @@ def task_status(eval_dir: Path, task: str, planned: set[EpisodeKey]) -> str:
     return COMPLETE if done == len(planned) else INCOMPLETE if done else PENDING
 
 
-def earlier_hosts(eval_dir: Path) -> tuple[list[dict], bool]:
-    """The machines of the evaluations written into ``eval_dir`` before (its ``report.json``'s
-    ``protocol.hosts``), and whether one of them recorded none (a report from before 2026-12-05):
-    a continued evaluation's stored episodes may come from any of them. A report that cannot be
-    read counts as none (the report is written again from the stores)."""
-    try:
-        protocol = json.loads((Path(eval_dir) / "report.json").read_text())["protocol"]
-    except FileNotFoundError:
-        return [], False
-    except (OSError, ValueError, KeyError, TypeError):
-        return [], True
-    hosts = protocol.get("hosts") if isinstance(protocol, dict) else None
-    if not isinstance(hosts, list):
-        return [], True
-    return [h for h in hosts if isinstance(h, dict)], bool(protocol.get("hosts_unrecorded"))
-
-
 def hosts_line(info: dict) -> str | None:
-    """The report.md line naming the machines the episodes were run on (None: none recorded)."""
-    named = [describe(h) for h in info.get("hosts") or []]
+    """The report.md line naming the machines the counted episodes ran on, with their number when
+    there are several (None: no episode counted; see :func:`counted_hosts`)."""
+    named = [(describe(h), n) for h, n in zip(info.get("hosts") or [], info.get("host_episodes") or [], strict=True)]
     if info.get("hosts_unrecorded"):
-        named.append("one that an earlier evaluation into this directory did not record")
+        named.append(("not recorded (stored before 2026-12-05)", info["hosts_unrecorded"]))
     if not named:
         return None
-    return (f"- machine{'s' if len(named) > 1 else ''}: {'; '.join(named)} (a machine's CPU may change the "
-            "episodes: compare evaluations run on the same kind)")
+    text = named[0][0] if len(named) == 1 else "; ".join(f"{d} ({n} episode{'s' * (n != 1)})" for d, n in named)
+    return (f"- machine{'s' if len(named) > 1 else ''}: {text} (a machine's CPU may change the episodes: "
+            "compare evaluations run on the same kind)")
 
 
 def write_report(eval_dir: Path, protocol_info: dict, rows: list[dict], skipped: list[dict] | None = None,
@@ -147,8 +161,8 @@ def write_report(eval_dir: Path, protocol_info: dict, rows: list[dict], skipped:
 
     Args:
         protocol_info: how the evaluation ran (checkpoints, tasks, protocols, episodes, initial
-            states, seed, the machines: ``hosts``, :func:`vla_rl.utils.host.host_record` each, and
-            ``hosts_unrecorded``, see :func:`earlier_hosts`), stated in both reports.
+            states, seed, the machines of the counted episodes: :func:`counted_hosts`), stated in
+            both reports.
         rows: from :func:`summarize` (of the finished tasks).
         skipped: the tasks not evaluated, ``{"task", "simulator", "reason"}`` each.
         status: each task's state (:data:`COMPLETE`, ...); None: every task is complete.
@@ -265,6 +279,7 @@ class ReportProgress:
         info = {**self.info, "tasks": self.info["tasks"] + [{"name": s["task"], "simulator": s["simulator"],
                                                              "env": s["env"]} for s in self.skipped]}
         rows = summarize(self.eval_dir, done, self.steps, self.protocols, self.init_state_ids) if done else []
+        info.update(counted_hosts(self.eval_dir, done, self.steps, self.protocols, self.init_state_ids))
         return write_report(self.eval_dir, info, rows, [{k: s[k] for k in ("task", "simulator", "reason")}
                                                          for s in self.skipped], status)
 
