@@ -68,6 +68,9 @@ def test_run_leaves_every_artifact(srpo_run):
     assert hosts == summary["hosts"] and len(hosts) == 2
     assert all((h["cpu"], h["cpu_flags"]) == cpu_model() and h["gpu"] == gpu and h["torch"] == torch.__version__
                for h in hosts)
+    # every start of the workers' machines (one start here; a resume on another machine would add its own)
+    assert (summary["run_hosts"], summary["hosts_unrecorded"]) == ([hosts[0]], False)
+    assert [json.loads(line)["hosts"] for line in (run_dir / "hosts.jsonl").read_text().splitlines()] == [hosts]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in records if "rollout/success_rate" in r]
     assert train_steps == [1, 2, 3]

@@ -193,6 +193,23 @@ def test_a_resume_is_recorded_only_once_the_workers_loaded_the_checkpoint(tmp_pa
         train(None, ["trainer.total_steps=9"], resume=str(run.path))
     records = [json.loads(line) for line in (run.path / "resumes.jsonl").read_text().splitlines()]
     assert [record["overrides"] for record in records] == [["trainer.total_steps=9"]]
+    # the machines of the group that loaded it; the run's start before it recorded none (its checkpoint)
+    hosts = [json.loads(line)["hosts"] for line in (run.path / "hosts.jsonl").read_text().splitlines()]
+    assert hosts == [None, [{"cpu": "fake"}, {"cpu": "fake"}]]
+    assert RunDirectory.reopen(run.path).recorded_hosts() == ([{"cpu": "fake"}], True)
+
+
+def test_every_start_of_a_run_records_its_machines(tmp_path):
+    """A run resumed on another machine names both (a seed's figures depend on the machine:
+    vla_rl/utils/host.py); the same machine again is named once."""
+    run, _, _ = _new_run(tmp_path, "run.name=r")
+    assert run.recorded_hosts() == ([], False)
+    run.record_hosts([{"cpu": "a"}, {"cpu": "a"}])  # a new run: no progress yet, nothing unknown
+    _checkpoint(run.path)
+    run.record_hosts([{"cpu": "b"}, {"cpu": "a"}])  # resumed, one rank elsewhere
+    run.record_hosts([{"cpu": "a"}, {"cpu": "a"}])
+    assert run.recorded_hosts() == ([{"cpu": "a"}, {"cpu": "b"}], False)
+    run.close()
 
 
 def test_a_start_that_fails_before_its_first_step_leaves_nothing(tmp_path, fake_workers, capsys):
@@ -215,6 +232,7 @@ def test_a_start_that_fails_after_step_0_wrote_metrics_keeps_its_directory(tmp_p
         train("embodied_srpo", [f"run.output_dir={tmp_path}", "run.name=kept"])
     records = [json.loads(line) for line in (tmp_path / "kept" / "metrics.jsonl").read_text().splitlines()]
     assert records[0]["step"] == 0 and records[0]["warm_start/bc_loss"] == 0.5
+    assert RunDirectory.reopen(tmp_path / "kept").recorded_hosts() == ([{"cpu": "fake"}], False)
 
 
 def test_resume_of_something_that_is_not_a_run(tmp_path):

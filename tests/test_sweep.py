@@ -21,6 +21,7 @@ from vla_rl.sweep import (
     parse_seeds,
     resume_sweep,
     run_sweep,
+    seed_figures,
     seed_run_dir,
     write_report,
 )
@@ -137,6 +138,21 @@ def test_the_report_names_the_machines_of_the_seeds(tmp_path):
     assert ("- host of seeds 0, 1: Intel(R) Xeon(R) Processor (flags fc7df03f53a7, AVX512, 2 CPUs), "
             "torch 2.13.0+cpu, numpy 1.26.4, mujoco 3.3.0, Python 3.11.7") in md
     assert "- host of seed 2: AMD EPYC 9B14 (flags 0123456789ab," in md
+
+
+@pytest.mark.parametrize(("run_hosts", "unrecorded", "expected"), [
+    ([HOST, {**HOST, "cpu": "AMD EPYC 9B14"}], False, [HOST, {**HOST, "cpu": "AMD EPYC 9B14"}]),
+    ([HOST], True, None),  # a start before machines were recorded: which ones is unknown
+])
+def test_a_resumed_seed_names_the_machines_of_every_start(tmp_path, run_hosts, unrecorded, expected):
+    """Seed 0 was resumed on another machine: its summary's ``hosts`` are the last start's ranks,
+    ``run_hosts`` every start's; the sweep names the latter."""
+    run_dir = tmp_path / "seed_0"
+    fake_run(run_dir, 0, 0.2, 0.8, hosts=[HOST, HOST])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary.update(run_hosts=run_hosts, hosts_unrecorded=unrecorded)
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    assert seed_figures(run_dir)["hosts"] == expected
 
 
 def test_a_report_before_any_seed_finished(tmp_path):
@@ -265,6 +281,8 @@ def test_a_two_seed_sweep_of_the_main_job(tmp_path, capsys):
         assert figures["final"]["greedy"]["episodes"] == 4 and figures["env_steps"] > 0
     assert report["across_seeds"]["final"]["greedy"]["seeds"] == 2
     assert report["per_seed"]["0"]["hosts"] == [host_record()]  # two CPU workers on this machine: one record
+    summary = json.loads((out / "two" / "seed_0" / "summary.json").read_text())
+    assert (summary["run_hosts"], summary["hosts_unrecorded"]) == ([host_record()], False)
     templates = [(out / "two" / f"seed_{s}" / "template.yaml").read_text() for s in (0, 1)]
     assert "seed: 0" in templates[0] and "seed: 1" in templates[1]
     assert (out / "two" / PLOT_FILE).is_file()

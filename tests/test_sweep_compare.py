@@ -138,7 +138,7 @@ def with_hosts(data: dict, hosts: dict[str, list[dict]]) -> dict:
 @pytest.mark.parametrize(("b_hosts", "differ_in", "line"), [
     ([HOST], [], "Both sweeps ran on the same kind of machine: Intel(R) Xeon(R) Processor (flags fc7df03f53a7"),
     ([OTHER], ["cpu", "cpu_flags"], "The sweeps ran on different machines (they differ in cpu, cpu_flags)"),
-    (None, None, "Hosts: not recorded by B (runs before 2026-12-05 record none)"),
+    (None, None, "Hosts: not recorded by B (an earlier vla-rl recorded none, or not those of every start"),
 ])
 def test_the_comparison_says_whether_both_sweeps_ran_on_one_kind_of_machine(b_hosts, differ_in, line, tmp_path):
     """The same code and seed give other figures on another machine (vla_rl/utils/host.py): a

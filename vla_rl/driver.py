@@ -82,7 +82,8 @@ def train(template_arg: str | None, overrides: list[str], resume: str | None = N
     A new run that fails (or is interrupted) before it wrote a metric or a checkpoint removes its
     run directory: there is nothing to resume, and the same command (the same ``run.name``) can
     run again. A resume records its overrides in ``resumes.jsonl`` once the workers have loaded
-    the checkpoint with them (:class:`RecordsResume`).
+    the checkpoint with them, and every group of workers its machines in ``hosts.jsonl`` once it
+    has set up (:class:`RecordsStart`).
 
     Returns:
         The run summary (also written to ``<run_dir>/summary.json``).
@@ -132,7 +133,7 @@ def _run(run: RunDirectory, template, worker_overrides: list[str], resume_overri
         try:
             worker_nodes, hosts = workers.node_ids(), workers.hosts()
             workers.start_process_group()
-            summary = loop.run(RecordsResume(workers, run, unrecorded), resume=resuming)
+            summary = loop.run(RecordsStart(workers, run, unrecorded, hosts), resume=resuming)
         except WorkerDiedError as error:
             died = error
         except KeyboardInterrupt:
@@ -150,6 +151,8 @@ def _run(run: RunDirectory, template, worker_overrides: list[str], resume_overri
     summary["code"] = {"version": code_version(), "location": str(code_root())}
     summary["worker_nodes"] = worker_nodes  # the Ray node of each rank
     summary["hosts"] = hosts  # the machine of each rank: a run repeats on one kind only (vla_rl/utils/host.py)
+    # every machine the run's steps ran on, a resumed or restarted one's earlier starts included
+    summary["run_hosts"], summary["hosts_unrecorded"] = run.recorded_hosts()
     summary["wall_time_s"] = time.perf_counter() - started
     summary["driver_max_reply_bytes"] = max(group.max_reply_bytes for group in groups)
     tmp = run_dir / f"{SUMMARY_FILE}.tmp"
@@ -158,25 +161,31 @@ def _run(run: RunDirectory, template, worker_overrides: list[str], resume_overri
     return summary
 
 
-class RecordsResume:
-    """A group of workers as the run loop sees it, which records a resume's overrides in the run's
-    ``resumes.jsonl`` once the workers' ``setup`` succeeded (they loaded the checkpoint with them):
-    a resume that fails there leaves no override behind for the next one.
+class RecordsStart:
+    """A group of workers as the run loop sees it, which records, once the workers' ``setup``
+    succeeded (they loaded the checkpoint, if any), a resume's overrides in the run's
+    ``resumes.jsonl`` and the group's machines in its ``hosts.jsonl``: a start that fails there
+    leaves no override behind for the next one, and names no machine that trained nothing.
 
     Args:
         group: the :class:`~vla_rl.workers.group.WorkerGroup`.
         run: the run directory.
         unrecorded: the resume's overrides while not yet recorded (one list, shared by the groups of
             a run; emptied when recorded), else empty.
+        hosts: the machine of each rank of ``group`` (:meth:`WorkerGroup.hosts
+            <vla_rl.workers.group.WorkerGroup.hosts>`).
     """
 
-    def __init__(self, group: WorkerGroup, run: RunDirectory, unrecorded: list[list[str]]) -> None:
-        self._group, self._run, self._unrecorded = group, run, unrecorded
+    def __init__(self, group: WorkerGroup, run: RunDirectory, unrecorded: list[list[str]],
+                 hosts: list[dict]) -> None:
+        self._group, self._run, self._unrecorded, self._hosts = group, run, unrecorded, hosts
 
     def call(self, method: str, *args) -> list[dict]:
         replies = self._group.call(method, *args)
-        if method == "setup" and self._unrecorded:
-            self._run.record_resume(self._unrecorded.pop())
+        if method == "setup":
+            if self._unrecorded:
+                self._run.record_resume(self._unrecorded.pop())
+            self._run.record_hosts(self._hosts)
         return replies
 
     def __getattr__(self, name: str):

@@ -36,6 +36,7 @@ import yaml
 from vla_rl.dag.errors import TemplateError
 from vla_rl_core.run_layout import (
     CHECKPOINTS_DIR,
+    HOSTS_FILE,
     LOCK_FILE,
     METRICS_FILE,
     RESUMES_FILE,
@@ -186,6 +187,28 @@ class RunDirectory:
         previous = path.read_text() if path.exists() else ""
         record = {"time": datetime.now().isoformat(timespec="seconds"), "overrides": list(overrides)}
         _write_atomic(path, previous + json.dumps(record) + "\n")
+
+    def record_hosts(self, hosts: list[dict]) -> None:
+        """Append the machine of each rank of a group of workers that set up (a new run, a resume,
+        a restart after a worker died) to ``hosts.jsonl`` (rewritten atomically). A run with
+        progress and no such file yet (its earlier starts were by an earlier vla-rl) first gets a
+        record without hosts: they are unknown (:meth:`recorded_hosts`)."""
+        path = self.path / HOSTS_FILE
+        previous = path.read_text() if path.exists() else ""
+        now = datetime.now().isoformat(timespec="seconds")
+        if not previous and self.has_progress():
+            previous = json.dumps({"time": now, "hosts": None}) + "\n"
+        _write_atomic(path, previous + json.dumps({"time": now, "hosts": list(hosts)}) + "\n")
+
+    def recorded_hosts(self) -> tuple[list[dict], bool]:
+        """The machines every start of the run's workers ran on, without repeats
+        (:func:`vla_rl.utils.host.distinct`), and whether one start's were not recorded."""
+        from vla_rl.utils.host import distinct
+
+        path = self.path / HOSTS_FILE
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        unrecorded = any(not isinstance(record.get("hosts"), list) for record in records)
+        return distinct([h for record in records for h in record.get("hosts") or []]), unrecorded
 
 
 def check_resume(run: RunDirectory, template, overrides: list[str], world_size: int) -> None:

@@ -217,8 +217,9 @@ def seed_figures(run_dir: Path) -> dict[str, Any]:
     """One finished run's figures: ``{"first": {protocol: figures}, "final": {...}, "first_tag",
     "env_steps", "steps", "wall_time_s", "hosts"}`` where figures are ``success_rate``,
     ``episodes``, ``ci_low``, ``ci_high`` as the run's summary holds them (Wilson 95%) and
-    ``hosts`` the machines its workers ran on (:func:`vla_rl.utils.host.host_record`, without
-    repeats; None when the run did not record them)."""
+    ``hosts`` the machines its workers ran on, every start of them included (a resume on another
+    machine adds its own; :func:`vla_rl.utils.host.host_record`, without repeats; None when the
+    run did not record them all)."""
     summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     first_tag = next((key for key in summary if key.endswith("_eval") and key != "final_eval"), None)
     figures: dict[str, Any] = {"first_tag": first_tag and first_tag.removesuffix("_eval")}
@@ -233,7 +234,10 @@ def seed_figures(run_dir: Path) -> dict[str, Any]:
     figures["env_steps"] = float(totals[-1]) if totals else None
     figures["steps"] = int(summary.get("last_step", summary.get("steps_run", 0)))
     figures["wall_time_s"] = summary.get("wall_time_s")
-    figures["hosts"] = distinct(summary["hosts"]) if "hosts" in summary else None  # None: runs before 2026-12-05
+    if "run_hosts" in summary:
+        figures["hosts"] = None if summary["hosts_unrecorded"] else summary["run_hosts"]
+    else:  # an earlier vla-rl: the last start's machines only (None: none recorded)
+        figures["hosts"] = distinct(summary["hosts"]) if "hosts" in summary else None
     return figures
 
 

@@ -232,7 +232,7 @@ def _hosts_lines(hosts: dict[str, Any]) -> list[str]:
     """Whether the two sweeps ran on the same machines, in words."""
     if hosts["differ_in"] is None:
         unknown = " and ".join(side.upper() for side in ("a", "b") if hosts[side] is None)
-        return [f"Hosts: not recorded by {unknown} (runs before 2026-12-05 record none), so whether both sweeps ran "
+        return [f"Hosts: not recorded by {unknown} (an earlier vla-rl recorded none, or not those of every start of a resumed run), so whether both sweeps ran "
                 "on one kind of machine is unknown; the same code and seed give other figures on another machine."]
     if not hosts["differ_in"]:
         return [f"Both sweeps ran on the same kind of machine: {'; '.join(describe(h) for h in hosts['a'])}."]

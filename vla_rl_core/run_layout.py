@@ -4,6 +4,7 @@ A training run's directory (``<run.output_dir>/<run.name>``, :class:`vla_rl.run_
 
     template.yaml        the template as the run started (a resume never rewrites it)
     resumes.jsonl        one JSON record per resume: its overrides, applied in order
+    hosts.jsonl          one JSON record per start of the run's workers: the machine of each rank
     .lock                flock held by the run's owner; its text is the owner's pid
     metrics.jsonl        one JSON record per step and per evaluation
     summary.json         the run's final figures (written once it ends)
@@ -25,6 +26,7 @@ from pathlib import Path
 
 RUN_TEMPLATE = "template.yaml"
 RESUMES_FILE = "resumes.jsonl"
+HOSTS_FILE = "hosts.jsonl"
 LOCK_FILE = ".lock"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"

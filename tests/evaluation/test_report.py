@@ -143,8 +143,8 @@ LINE_B = "AMD EPYC 9B14 (flags 0123456789ab, AVX2, 2 CPUs)"
 @pytest.mark.parametrize("hosts, counts, unrecorded, line", [
     ([HOST_A], [3], 0, f"- machine: {LINE_A} (a machine's CPU may change the episodes"),
     ([HOST_A, HOST_B], [8, 1], 0, f"- machines: {LINE_A} (8 episodes); {LINE_B}"),
-    ([HOST_A], [5], 1, f"- machines: {LINE_A} (5 episodes); not recorded (stored before 2026-12-05) (1 episode) ("),
-    ([], [], 3, "- machine: not recorded (stored before 2026-12-05) (a machine's"),
+    ([HOST_A], [5], 1, f"- machines: {LINE_A} (5 episodes); not recorded (stored by an earlier vla-rl) (1 episode) ("),
+    ([], [], 3, "- machine: not recorded (stored by an earlier vla-rl) (a machine's"),
     ([], [], 0, None),
 ])
 def test_the_report_names_the_machines_the_episodes_ran_on(eval_dir, hosts, counts, unrecorded, line):
@@ -185,7 +185,7 @@ def test_a_continued_evaluation_adds_its_machine_to_the_store(eval_dir):
 
 
 def test_the_episodes_of_a_store_from_before_machines_were_recorded_are_counted_unrecorded(tmp_path):
-    """A store created without the machines' attribute (as before 2026-12-05) takes episodes
+    """A store created without the machines' attribute (by an earlier vla-rl) takes episodes
     without a machine, also those a continued evaluation adds; a new store beside it records its own."""
     fields = {"obs": ((3,), np.float32), "next_obs": ((3,), np.float32), "actions": ((1, 2), np.float32),
               "env_actions": ((1, 2), np.float32), "log_probs": ((1,), np.float32)}

@@ -17,7 +17,7 @@ it (:func:`vla_rl.evaluation.replay.episode_env_actions` says when their ``actio
 Each episode names the machine it ran on: its ``host`` scalar indexes the store's ``hosts``
 attribute, the host records (:func:`vla_rl.utils.host.host_record`) of the workers that appended
 to the store, a continued evaluation's machine added to an earlier one's (a machine's CPU may
-change the episodes). Stores written before 2026-12-05 have neither; their episodes, and those
+change the episodes). Stores written by an earlier vla-rl have neither; their episodes, and those
 later appended to them, name none (:func:`episode_hosts`).
 
 A store that cannot be read (a truncated ``zarr.json`` or chunk, a missing array: a disk that
@@ -288,7 +288,7 @@ def open_rank_store(eval_dir: Path, task: str, rank: int, spec: EnvSpec, chunk: 
 
 def host_index(store: TrajectoryStore, host: dict) -> int | None:
     """The index of machine ``host`` in the store's :data:`HOSTS_ATTR`, added there if new; None
-    for a store that records no machines (written before 2026-12-05: no such attribute, or
+    for a store that records no machines (written by an earlier vla-rl: no such attribute, or
     episodes committed without the :data:`HOST_SCALAR`)."""
     hosts = store.attrs.get(HOSTS_ATTR)
     if not isinstance(hosts, list) or (len(store) and HOST_SCALAR not in store.scalars):

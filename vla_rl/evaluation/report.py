@@ -1,7 +1,8 @@
 """The evaluation report, assembled from the episode stores on disk (by the driver): success
 rates with Wilson 95% intervals and mean episode lengths per checkpoint, protocol and task, and
 over all tasks; written as ``report.json``, ``report.md`` and ``success_vs_checkpoint.png``. Each
-planned episode counts once, whatever the stores hold.
+planned episode counts once, whatever the stores hold, and the report names the machines those
+episodes ran on (:func:`counted_hosts`).
 
 The driver writes it as the evaluation goes (:class:`ReportProgress`): whenever a task has all of
 its planned episodes stored, that task's figures go to ``results/<task>.json`` and the report is
@@ -39,10 +40,14 @@ OVERALL = "overall"
 COMPLETE, INCOMPLETE, PENDING, SKIPPED = "complete", "incomplete", "pending", "skipped"
 
 
-def _load_task(eval_dir: Path, task: str) -> dict[EpisodeKey, tuple[bool, int, bool, dict | None]]:
-    """``key -> (success, finish_step, truncated, host)`` of the committed episodes of a task (first
-    copy kept; ``host``: the machine's record, None where not recorded)."""
-    out: dict[EpisodeKey, tuple[bool, int, bool, dict | None]] = {}
+Outcome = tuple[bool, int, bool, dict | None]
+"""An episode's ``(success, finish_step, truncated, host)``; ``host``: the record of the machine it
+ran on, None where not recorded."""
+
+
+def _load_task(eval_dir: Path, task: str) -> dict[EpisodeKey, Outcome]:
+    """``key -> outcome`` of the committed episodes of a task (first copy kept)."""
+    out: dict[EpisodeKey, Outcome] = {}
     for path in sorted(task_dir(eval_dir, task).glob(STORE_PATTERN)):
         with reading_store(path):
             store = TrajectoryStore.open(path, read_only=True)
@@ -66,7 +71,7 @@ def _counted(eval_dir: Path, tasks, steps: list[int], protocols, init_state_ids:
                                    for task in tasks]
 
 
-def _row(step: int, protocol: str, task: str, outcomes: list[tuple[bool, int, bool]]) -> dict:
+def _row(step: int, protocol: str, task: str, outcomes: list[Outcome]) -> dict:
     n = len(outcomes)
     k = sum(o[0] for o in outcomes)
     low, high = wilson_interval(k, n) if n else (float("nan"), float("nan"))
@@ -96,7 +101,7 @@ def summarize(eval_dir: Path, tasks, steps: list[int], protocols, init_state_ids
 def counted_hosts(eval_dir: Path, tasks, steps: list[int], protocols, init_state_ids: np.ndarray) -> dict:
     """The machines of the episodes :func:`summarize` counts: ``{"hosts": [record, ...] (first seen
     first), "host_episodes": [episodes of each], "hosts_unrecorded": episodes whose machine no
-    record names (stored before 2026-12-05)}``.
+    record names (stored by an earlier vla-rl)}``.
 
     Raises:
         DamagedStoreError: as :func:`~vla_rl.evaluation.episode_store.episode_hosts`.
@@ -147,7 +152,7 @@ def hosts_line(info: dict) -> str | None:
     there are several (None: no episode counted; see :func:`counted_hosts`)."""
     named = [(describe(h), n) for h, n in zip(info.get("hosts") or [], info.get("host_episodes") or [], strict=True)]
     if info.get("hosts_unrecorded"):
-        named.append(("not recorded (stored before 2026-12-05)", info["hosts_unrecorded"]))
+        named.append(("not recorded (stored by an earlier vla-rl)", info["hosts_unrecorded"]))
     if not named:
         return None
     text = named[0][0] if len(named) == 1 else "; ".join(f"{d} ({n} episode{'s' * (n != 1)})" for d, n in named)
