@@ -136,18 +136,22 @@ def save_rng(
     rank: int,
     generator: torch.Generator | None = None,
     np_rng: np.random.Generator | None = None,
+    device: torch.device | None = None,
 ) -> None:
     """Write this rank's RNG states to ``rng_rank{rank}.safetensors`` and ``.json``.
 
-    Saves the torch CPU RNG state always; the current accelerator's (CUDA, NPU: what dropout
-    on the device draws from, e.g. LoRA dropout) when there is one, as verl's checkpoints do;
-    ``generator``'s state and ``np_rng``'s bit-generator state when given.
+    Saves the torch CPU RNG state always; the default generator of ``device`` (the worker's
+    own) when it is an accelerator (CUDA, NPU: what dropout on the device draws from, e.g.
+    LoRA dropout), as verl's checkpoints do; ``generator``'s state and ``np_rng``'s
+    bit-generator state when given. A CPU worker (``device`` None or the CPU) leaves the
+    accelerators alone, even where its process sees some (Ray leaves ``CUDA_VISIBLE_DEVICES`` as
+    it is for an actor without GPUs): reading a GPU's generator would initialise CUDA in the worker.
     """
     directory = Path(directory)
     tensors = {"torch_cpu": torch.get_rng_state()}
-    accelerator = _accelerator_module()
+    accelerator = _accelerator_module(device)
     if accelerator is not None:
-        tensors["torch_accelerator"] = accelerator.get_rng_state()
+        tensors["torch_accelerator"] = accelerator.get_rng_state(device)
     if generator is not None:
         tensors["torch_generator"] = generator.get_state()
     json_path = directory / f"rng_rank{rank}.json"
@@ -158,12 +162,12 @@ def save_rng(
     write_json(json_path, {"format_version": FORMAT_VERSION, "numpy": numpy_state})
 
 
-def _accelerator_module():
-    """``torch.cuda`` (``torch.npu``, ...) when this process has an accelerator, else None: its
-    ``get_rng_state`` / ``set_rng_state`` act on the current device, the worker's own."""
-    if not torch.accelerator.is_available():
+def _accelerator_module(device: torch.device | None):
+    """``torch.cuda`` (``torch.npu``, ...) when ``device`` is an accelerator, else None (no
+    device, or the CPU)."""
+    if device is None or device.type == "cpu":
         return None
-    return torch.get_device_module(torch.accelerator.current_accelerator().type)
+    return torch.get_device_module(device.type)
 
 
 def save_trainer_state(
@@ -187,12 +191,14 @@ def save_checkpoint(
     generator: torch.Generator | None = None,
     np_rng: np.random.Generator | None = None,
     metadata: dict[str, Any] | None = None,
+    device: torch.device | None = None,
 ) -> Path:
     """Write one rank's part of the checkpoint of ``step`` into its staging directory.
 
-    Every rank calls this (its RNG states are saved); pass ``model`` and ``optimizer`` on the
-    rank(s) that own them. Rank 0 also writes ``trainer_state.json``. Then the caller runs a
-    barrier and rank 0 calls :func:`finalize_checkpoint`.
+    Every rank calls this (its RNG states are saved, ``device``'s generator among them when it is
+    an accelerator: :func:`save_rng`); pass ``model`` and ``optimizer`` on the rank(s) that own
+    them. Rank 0 also writes ``trainer_state.json``. Then the caller runs a barrier and rank 0
+    calls :func:`finalize_checkpoint`.
 
     Returns:
         the staging directory.
@@ -208,7 +214,7 @@ def save_checkpoint(
         save_model(directory, model)
     if optimizer is not None:
         save_optimizer(directory, optimizer)
-    save_rng(directory, rank, generator=generator, np_rng=np_rng)
+    save_rng(directory, rank, generator=generator, np_rng=np_rng, device=device)
     if rank == 0:
         save_trainer_state(directory, step, metadata)
     return directory
@@ -444,20 +450,23 @@ def restore_rng(
     state: dict[str, Any],
     generator: torch.Generator | None = None,
     np_rng: np.random.Generator | None = None,
+    device: torch.device | None = None,
 ) -> None:
-    """Restore the torch CPU RNG, the current accelerator's when both the checkpoint and this
-    process have one, and, when given, ``generator`` and ``np_rng`` from ``state``.
+    """Restore the torch CPU RNG, ``device``'s default generator when it is an accelerator and
+    the checkpoint holds one (a run resumed from CPU workers on GPUs keeps the GPU's, and the
+    reverse ignores it), and, when given, ``generator`` and ``np_rng`` from ``state``.
 
     Args:
         state: the dict returned by :func:`load_rng`.
+        device: this worker's device (:func:`save_rng`).
 
     Raises:
         ValueError: ``generator`` or ``np_rng`` is given but ``state`` holds no state for it.
     """
     torch.set_rng_state(state["torch_cpu"])
-    accelerator = _accelerator_module()
+    accelerator = _accelerator_module(device)
     if accelerator is not None and state.get("torch_accelerator") is not None:
-        accelerator.set_rng_state(state["torch_accelerator"])
+        accelerator.set_rng_state(state["torch_accelerator"], device)
     if generator is not None:
         if state["torch_generator"] is None:
             raise ValueError("the checkpoint holds no torch.Generator state for this rank")

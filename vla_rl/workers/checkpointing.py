@@ -59,7 +59,8 @@ class WorkerCheckpointer:
         try:
             directory = checkpoint.staging_dir(self.root, step)
             metadata = res.save_checkpoint(directory)
-            checkpoint.save_checkpoint(self.root, step, rank=res.rank, generator=res.generator, metadata=metadata)
+            checkpoint.save_checkpoint(self.root, step, rank=res.rank, generator=res.generator, metadata=metadata,
+                                       device=res.device)
         except Exception as err:  # noqa: BLE001 - every rank must learn of it before anyone publishes
             error = err
         # On the CPU (gloo): rank 0 may still be writing the whole model, longer than NCCL's watchdog waits.
@@ -125,7 +126,8 @@ class WorkerCheckpointer:
 
     def restore_rng(self, path: Path) -> None:
         """Restore this rank's RNG states from ``path``."""
-        checkpoint.restore_rng(checkpoint.load_rng(path, self.resources.rank), generator=self.resources.generator)
+        res = self.resources
+        checkpoint.restore_rng(checkpoint.load_rng(path, res.rank), generator=res.generator, device=res.device)
 
 
 @dataclass(frozen=True)
