@@ -11,7 +11,7 @@ run alone, one after another; then the training runs, ``--lanes`` at a time (:fu
 
 | part | what |
 | --- | --- |
-| ``env`` | torch, CUDA, the GPU's name and memory, TF32 flags |
+| ``env`` | torch, CUDA, the GPU's name and memory, TF32 flags, the machine's record (as runs write it) and where its host name resolves |
 | ``egl`` | MuJoCo EGL rendering on the GPU (the GL renderer's name: the GPU's, not llvmpipe) and one robosuite Lift camera frame |
 | ``suite`` | the suite's tests that run on the test device, end-to-end runs included (``-m 'not slow' --device-tests-only``; the others check the same on every device) with ``VLA_RL_TEST_DEVICE=cuda``, on pytest-xdist workers, the tests sharing a module's run on one worker, longest with shortest (:func:`xdist_options`) |
 | ``pi0_full_size`` | ``benchmarks/pi0_full_size.py --device cuda`` (3.2 B π0, bf16) |
@@ -45,15 +45,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 _ENV_PY = r"""
-import json, torch
+import json, socket, torch
 info = {"torch": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available()}
 assert info["available"], f"torch.cuda.is_available() is False: {info}"
 from vla_rl.utils.device import bind_device
-bind_device("cuda")  # as a DAG worker binds its GPU
+from vla_rl.utils.host import host_record
+device = bind_device("cuda")  # as a DAG worker binds its GPU
 p = torch.cuda.get_device_properties(0)
 info.update(devices=torch.cuda.device_count(), name=p.name, memory_gib=round(p.total_memory / 2**30, 1),
             capability=f"{p.major}.{p.minor}", bf16=torch.cuda.is_bf16_supported(),
             tf32_matmul=torch.backends.cuda.matmul.allow_tf32, tf32_cudnn=torch.backends.cudnn.allow_tf32)
+# where the host name resolves: gloo and NCCL listen there unless pinned to an interface (the
+# engine's workers pin them to lo), so a suite failure of the loopback-listener test reads with it
+try:
+    resolves = sorted({address[4][0] for address in socket.getaddrinfo(socket.gethostname(), None)})
+except OSError as error:
+    resolves = f"does not resolve: {error}"
+info.update(hostname=socket.gethostname(), hostname_resolves_to=resolves, host=host_record(device))
 print(json.dumps(info))
 assert info["tf32_matmul"] and info["tf32_cudnn"], "a DAG worker's GPU should have TF32 on"
 """

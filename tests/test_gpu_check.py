@@ -203,6 +203,36 @@ def test_a_hanging_part_is_killed_with_its_children_at_its_timeout(gpu_check, tm
     assert not marker.exists()  # the grandchild went with the group
 
 
+def test_the_env_part_names_the_gpu_the_machine_and_where_its_host_name_resolves(gpu_check, monkeypatch, capsys):
+    """The ``env`` part's script, run against a stand-in H200 (torch.cuda's queries answered as
+    one would): its JSON line holds the GPU's properties, the machine's record as a run's
+    ``summary.json`` holds it, and the addresses the host name resolves to (where gloo and NCCL
+    listen unless pinned to an interface), so that a GPU check's report says them."""
+    import socket
+    import types
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(
+        name="NVIDIA H200", total_memory=150_000_000_000, major=9, minor=0))
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        exec(gpu_check._ENV_PY, {})
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+    info = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (info["name"], info["memory_gib"], info["capability"], info["tf32_matmul"]) == ("NVIDIA H200", 139.7, "9.0", True)
+    assert info["host"]["gpu"] == "NVIDIA H200" and info["host"]["torch"] == torch.__version__
+    assert info["hostname"] == socket.gethostname()
+    expected = sorted({address[4][0] for address in socket.getaddrinfo(socket.gethostname(), None)})
+    assert info["hostname_resolves_to"] == expected and expected
+
+
 def test_the_deadline_skips_parts_that_no_longer_fit(gpu_check, tmp_path, capsys):
     assert gpu_check.main(["--parts", "env", "--deadline", "5", "--out", str(tmp_path)]) == 1
     out = capsys.readouterr().out
