@@ -52,9 +52,12 @@ WORKER_ENV_VARS: dict[str, str] = {
     "OMP_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
 }
 """Environment of each worker process: one BLAS thread (small matrices; the pool parallelises
-over processes). :func:`worker_env_vars` adds the rendering settings."""
+over processes), and the node's GPUs visible for rendering (Ray's default) where the pool's creator
+sees none: a CPU DAG worker's actor hides them (``vla_rl.workers.placement.CPU_WORKER_ENV``) and
+its actors would inherit that. :func:`worker_env_vars` adds the rendering settings."""
 
 
 def worker_env_vars() -> dict[str, str]:
@@ -67,6 +70,18 @@ def worker_env_vars() -> dict[str, str]:
     if gpu is not None:
         env[RENDER_GPU_HINT_VAR] = gpu
     return env
+
+
+def simulator_actor_options(actor_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Ray actor options of a pool's actors: ``{"num_cpus": 1, "max_restarts": 0}`` updated
+    with ``actor_options``, whose ``runtime_env["env_vars"]`` are merged over
+    :func:`worker_env_vars`."""
+    options: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0, **(actor_options or {})}
+    runtime_env = dict(options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**worker_env_vars(), **runtime_env.get("env_vars", {})}
+    options["runtime_env"] = runtime_env
+    return options
+
 
 _PER_ENV_DTYPES = {"reward": np.float32, "terminated": bool, "truncated": bool, "success": bool}
 """The per-environment scalars that ``step`` returns besides ``obs`` and ``frames``."""
@@ -181,10 +196,7 @@ class SimulatorPool:
             start_services = getattr(SIMULATORS.get(env_name), "start_services", None)
             if start_services is not None:  # e.g. the remote environments' hub (kept alive by its handle)
                 config, self._services = start_services(config)
-        options: dict[str, Any] = {"num_cpus": 1, "max_restarts": 0, **(actor_options or {})}
-        runtime_env = dict(options.get("runtime_env") or {})
-        runtime_env["env_vars"] = {**worker_env_vars(), **runtime_env.get("env_vars", {})}
-        options["runtime_env"] = runtime_env
+        options = simulator_actor_options(actor_options)
         self._env_name = env_name
         self.env_config = config  # as the environments get it (start_services may have set fields)
         self._actor_args = (options, config, envs_per_actor)  # to start an actor again after a fault

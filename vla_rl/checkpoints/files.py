@@ -144,8 +144,9 @@ def save_rng(
     own) when it is an accelerator (CUDA, NPU: what dropout on the device draws from, e.g.
     LoRA dropout), as verl's checkpoints do; ``generator``'s state and ``np_rng``'s
     bit-generator state when given. A CPU worker (``device`` None or the CPU) leaves the
-    accelerators alone, even where its process sees some (Ray leaves ``CUDA_VISIBLE_DEVICES`` as
-    it is for an actor without GPUs): reading a GPU's generator would initialise CUDA in the worker.
+    accelerators alone, even where its process sees some (a process of the user's; the engine's
+    CPU workers see none, :data:`vla_rl.workers.placement.CPU_WORKER_ENV`): reading a GPU's
+    generator would initialise CUDA in it.
     """
     directory = Path(directory)
     tensors = {"torch_cpu": torch.get_rng_state()}

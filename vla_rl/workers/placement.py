@@ -6,7 +6,10 @@ CUDA, the custom resource ``NPU`` for Ascend), in a placement group with one bun
 workers on as many nodes as it can). Ray then sets ``CUDA_VISIBLE_DEVICES`` (or
 ``ASCEND_RT_VISIBLE_DEVICES``) in each worker to the device it granted, so every worker binds
 device 0 of what it sees and no two workers share a GPU unless ``workers.gpus_per_worker`` asks
-for a fraction. A worker's simulator actors are placed on its own node
+for a fraction. CPU workers see no accelerator (:data:`CPU_WORKER_ENV`): Ray leaves the variables
+alone for actors that ask for none, and torch, which then sees the node's GPUs, asks the current
+CUDA device for its stream in every optimizer step (torch 2.13's
+``Optimizer._accelerator_graph_capture_health_check``). A worker's simulator actors are placed on its own node
 (:func:`same_node_strategy`), outside the placement group: a node must hold each of its workers'
 bundles *and* their simulator actors' CPUs.
 
@@ -30,6 +33,13 @@ from vla_rl.errors import RunStopped
 
 #: The Ray resource an accelerator kind is requested by.
 ACCELERATOR_RESOURCES: dict[str, str] = {"cuda": "GPU", "npu": "NPU"}
+
+#: The environment of a CPU worker's actor: Ray sets the visible-accelerator variables of an actor
+#: that asks for no accelerator to none (``CUDA_VISIBLE_DEVICES=""``, ``ASCEND_RT_VISIBLE_DEVICES=""``)
+#: only when this is set (``ray/_private/utils.py``, ``set_visible_accelerator_ids``; unset in Ray
+#: 2.60 by default). Actors the worker starts inherit it; its simulator actors set it back
+#: (:data:`simulators.pool.WORKER_ENV_VARS`), so that they render on the node's GPU.
+CPU_WORKER_ENV: dict[str, str] = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
 
 
 def resolve_device(kind: str, cluster_resources: dict[str, float]) -> str:
@@ -267,7 +277,8 @@ def _wait_for_placement(group, workers, world_size: int, bundle: dict[str, float
 def worker_actor_options(workers, device: str, world_size: int, simulator_cpus: float = 0.0
                          ) -> tuple[Any, list[dict[str, Any]]]:
     """A placement group for the workers (created and waited for here; remove it when they are
-    done) and the Ray actor options of each rank's worker: its bundle's resources and the bundle.
+    done) and the Ray actor options of each rank's worker: its bundle's resources and the bundle,
+    and on the CPU :data:`CPU_WORKER_ENV`.
 
     Args:
         workers: the run's ``workers`` section.
@@ -300,6 +311,8 @@ def worker_actor_options(workers, device: str, world_size: int, simulator_cpus: 
             resources["num_gpus"] = bundle["GPU"]
         elif device == "npu":
             resources["resources"] = {"NPU": bundle["NPU"]}
+        else:
+            resources["runtime_env"] = {"env_vars": dict(CPU_WORKER_ENV)}
         options.append({**resources, "scheduling_strategy": PlacementGroupSchedulingStrategy(
             group, placement_group_bundle_index=rank)})
     return group, options
