@@ -9,9 +9,9 @@ device 0 of what it sees and no two workers share a GPU unless ``workers.gpus_pe
 for a fraction. CPU workers see no accelerator (:data:`CPU_WORKER_ENV`): Ray leaves the variables
 alone for actors that ask for none, and torch, which then sees the node's GPUs, asks the current
 CUDA device for its stream in every optimizer step (torch 2.13's
-``Optimizer._accelerator_graph_capture_health_check``). A worker's simulator actors are placed on its own node
-(:func:`same_node_strategy`), outside the placement group: a node must hold each of its workers'
-bundles *and* their simulator actors' CPUs.
+``Optimizer._accelerator_graph_capture_health_check``). A worker's simulator actors are placed
+on its own node (:func:`same_node_strategy`), outside the placement group: a node must hold each
+of its workers' bundles *and* their simulator actors' CPUs.
 
 Before the driver waits for the cluster it joined, or the Ray instance it started on its own
 machine (where what is missing never comes: no node joins it), :func:`check_cluster_fits` compares
