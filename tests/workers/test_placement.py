@@ -112,6 +112,64 @@ def test_the_local_instance_without_the_accelerators_is_refused_with_the_ways_ou
     check_cluster_fits(footprint, [{"CPU": 5.0, "GPU": 2.0}], None, "PACK")
 
 
+def test_too_few_accelerators_name_the_workers_that_fit_them():
+    """One GPU, two workers of one GPU each: the refusal names ``workers.num_workers=1`` (and not
+    ``auto``, which would take that GPU too); with half a GPU each, 4 workers fit 2 GPUs; no GPU at
+    all, no worker count (none fits), and ``auto`` offered (it would take the CPU)."""
+    two = Footprint(2, {"CPU": 1.0, "GPU": 1.0})
+    with pytest.raises(ClusterTooSmall) as info:
+        check_cluster_fits(two, [{"CPU": 16.0, "GPU": 1.0}], None, "PACK")
+    # auto would take the same GPU: not offered where the machine has one
+    assert "ask for less (workers.num_workers=1 fits its 1 GPU; workers.device=cpu; workers.num_workers" in str(
+        info.value)
+    halves = Footprint(6, {"CPU": 1.0, "GPU": 0.5})
+    with pytest.raises(ClusterTooSmall, match=r"ask for less \(workers.num_workers=4 fits its 2 GPUs; "
+                                              r"workers.num_workers, workers.num_cpus_per_worker"):
+        check_cluster_fits(halves, [{"CPU": 16.0, "GPU": 1.0}] * 2, ADDRESS, "PACK")
+    with pytest.raises(ClusterTooSmall) as info:
+        check_cluster_fits(two, [{"CPU": 16.0, "GPU": 0.0}], None, "PACK")
+    assert "fits" not in str(info.value) and "workers.device=cpu, or auto, which" in str(info.value)
+    with pytest.raises(ClusterTooSmall) as info:  # CPUs: the worker count is the user's to weigh
+        check_cluster_fits(MAIN_JOB, [{"CPU": 2.0}], ADDRESS, "PACK")
+    assert "fits" not in str(info.value)
+
+
+def test_a_device_auto_chose_is_named_and_auto_is_not_offered_again():
+    """``workers.device=auto`` on a one-GPU machine becomes ``cuda``, and two workers of one GPU
+    each do not fit: the message says auto chose it, and offers ``cpu`` (not auto) instead."""
+    two = Footprint(2, {"CPU": 1.0, "GPU": 1.0})
+    with pytest.raises(ClusterTooSmall) as info:
+        check_cluster_fits(two, [{"CPU": 16.0, "GPU": 1.0}], None, "PACK", auto=True)
+    message = str(info.value)
+    assert message.startswith("the Ray instance started on this machine has 1 GPU in all; this run needs 2 (2 DAG "
+                              "workers x 1 GPU; workers.device=auto chose cuda): run it where they are")
+    assert "(workers.num_workers=1 fits its 1 GPU; workers.device=cpu; workers.num_workers" in message
+    assert "auto, which" not in message and "\n" not in message
+    with pytest.raises(ClusterTooSmall) as info:  # a shortage of CPUs: auto's choice is beside the point
+        check_cluster_fits(Footprint(2, {"CPU": 4.0, "GPU": 1.0}), [{"CPU": 4.0, "GPU": 2.0}], None, "PACK", auto=True)
+    assert "chose" not in str(info.value)
+
+
+@pytest.mark.e2e
+def test_device_auto_on_a_one_gpu_machine_names_the_choice_and_the_fitting_workers(tmp_path, monkeypatch, capsys):
+    """Through the command line: Ray told the machine has one GPU (``RAY_OVERRIDE_RESOURCES``; the
+    check comes before any worker or tensor exists), ``llm_grpo`` (2 workers) with
+    ``workers.device=auto`` is refused in one line that names auto's choice and one worker."""
+    from vla_rl.cli import main
+
+    monkeypatch.setenv("RAY_OVERRIDE_RESOURCES", '{"GPU": 1}')
+    out = tmp_path / "runs"
+    assert main(["train", "llm_grpo", "workers.device=auto", f"run.output_dir={out}"]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: the Ray instance started on this machine has 1 GPU in all; this run needs 2 (2 DAG workers x 1 GPU; "
+        "workers.device=auto chose cuda): run it where they are (a machine or a cluster that has them: "
+        "workers.ray_address; CUDA_VISIBLE_DEVICES or ASCEND_RT_VISIBLE_DEVICES decide which accelerators Ray sees "
+        "here) or ask for less (workers.num_workers=1 fits its 1 GPU; workers.device=cpu; workers.num_workers, "
+        "workers.gpus_per_worker)"]
+    assert not any(out.iterdir())
+
+
 @pytest.mark.e2e
 def test_a_run_asking_for_accelerators_this_machine_lacks_is_refused_in_seconds(tmp_path, capsys):
     """Through the command line, on the Ray instance the driver starts: ``workers.device=npu`` (no

@@ -84,7 +84,7 @@ def start_ray(config, world_size: int, pools_per_worker: int = 1) -> str:
     device = resolve_device(config.workers.device, ray.cluster_resources())
     footprint = run_footprint(config, world_size, device, pools_per_worker)
     check_cluster_fits(footprint, [node["Resources"] for node in ray.nodes() if node.get("Alive")], address,
-                       config.workers.placement_strategy)
+                       config.workers.placement_strategy, auto=config.workers.device == "auto")
     if address is not None:
         note = busy_note(footprint, ray.available_resources(), address)
         if note:

@@ -151,8 +151,19 @@ def _workers_fitting(node: dict[str, float], per_worker: dict[str, float]) -> in
     return min(counts) if counts else 1_000_000
 
 
+def _fewer_workers(footprint: Footprint, resource: str, have: float) -> str:
+    """For an accelerator the cluster has too few of: ``"workers.num_workers=N fits its 1 GPU; "``,
+    N the most workers its accelerators hold at the run's share each ("" where not one fits, and
+    for other resources)."""
+    share = footprint.bundle.get(resource, 0.0)
+    if resource not in ACCELERATOR_RESOURCES.values() or share <= 0:
+        return ""
+    fits = math.floor(have / share + 1e-9)
+    return f"workers.num_workers={fits} fits its {_amount(have, resource)}; " if fits >= 1 else ""
+
+
 def check_cluster_fits(footprint: Footprint, nodes: list[dict[str, float]], address: str | None,
-                       strategy: str) -> None:
+                       strategy: str, auto: bool = False) -> None:
     """Refuse, in one line, a cluster whose nodes can never hold the run.
 
     Args:
@@ -163,29 +174,33 @@ def check_cluster_fits(footprint: Footprint, nodes: list[dict[str, float]], addr
             e.g. ``workers.device=cuda`` where Ray sees no GPU).
         strategy: ``workers.placement_strategy`` (``STRICT_SPREAD`` needs a node per worker,
             ``STRICT_PACK`` one node for all).
+        auto: the device kind came from ``workers.device=auto`` (the message says which it chose).
 
     Raises:
         ClusterTooSmall: a resource the cluster has too little of in all (naming what the run
             needs it for, and how to give it more), or nodes too small to hold a worker beside its
             simulator actors, or too few nodes for the strategy.
     """
-    if address is None:
-        where = "the Ray instance started on this machine"
-        fix = ("run it where they are (a machine or a cluster that has them: workers.ray_address; "
-               "CUDA_VISIBLE_DEVICES or ASCEND_RT_VISIBLE_DEVICES decide which accelerators Ray sees here) or ask "
-               "for less (workers.device=cpu, or auto, which takes an accelerator only where there is one; "
-               "workers.num_workers, workers.gpus_per_worker)")
-    else:
-        where = f"the Ray cluster at {address}"
-        fix = ("give the nodes more (`ray start --num-cpus=N`, `--num-gpus=N` on each) or ask for less "
-               "(workers.num_workers, workers.num_cpus_per_worker, workers.gpus_per_worker, "
-               "simulator.actors_per_worker, simulator.num_cpus_per_actor)")
-    total = footprint.total()
-    for resource, need in total.items():
+    def ways_out(fewer: str = "", offer_auto: bool = True) -> str:
+        if address is None:
+            device_choice = "workers.device=cpu" if auto or not offer_auto else (
+                "workers.device=cpu, or auto, which takes an accelerator only where there is one")
+            return ("run it where they are (a machine or a cluster that has them: workers.ray_address; "
+                    "CUDA_VISIBLE_DEVICES or ASCEND_RT_VISIBLE_DEVICES decide which accelerators Ray sees here) or "
+                    f"ask for less ({fewer}{device_choice}; workers.num_workers, workers.gpus_per_worker)")
+        return ("give the nodes more (`ray start --num-cpus=N`, `--num-gpus=N` on each) or ask for less "
+                f"({fewer}workers.num_workers, workers.num_cpus_per_worker, workers.gpus_per_worker, "
+                "simulator.actors_per_worker, simulator.num_cpus_per_actor)")
+
+    where = "the Ray instance started on this machine" if address is None else f"the Ray cluster at {address}"
+    for resource, need in footprint.total().items():
         have = sum(node.get(resource, 0.0) for node in nodes)
         if need > 0 and have + 1e-9 < need:
+            chosen = next((f"; workers.device=auto chose {device}" for device, name in ACCELERATOR_RESOURCES.items()
+                           if auto and name == resource), "")
             raise ClusterTooSmall(f"{where} has {_amount(have, resource)} in all; this run needs {need:g} "
-                                  f"({footprint.breakdown(resource)}): {fix}")
+                                  f"({footprint.breakdown(resource)}{chosen}): "
+                                  f"{ways_out(_fewer_workers(footprint, resource, have), offer_auto=have == 0)}")
     per_worker = footprint.per_worker
     fitting = [_workers_fitting(node, per_worker) for node in nodes]
     need_text = " + ".join(_amount(amount, resource) for resource, amount in per_worker.items() if amount > 0)
@@ -202,7 +217,7 @@ def check_cluster_fits(footprint: Footprint, nodes: list[dict[str, float]], addr
         hold, needed = sum(fitting), footprint.world_size
         problem = f"its nodes hold {hold} such workers; this run has {needed}"
     if hold < needed:
-        raise ClusterTooSmall(f"{where} cannot hold this run: {what}, and {problem}: {fix}")
+        raise ClusterTooSmall(f"{where} cannot hold this run: {what}, and {problem}: {ways_out()}")
 
 
 def busy_note(footprint: Footprint, free: dict[str, float], address: str) -> str | None:
