@@ -6,7 +6,11 @@ tests/test_ray_start_cluster.py."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
+from child_env import child_env
 from pydantic import ValidationError
 
 from vla_rl.config import WorkersSection
@@ -151,22 +155,22 @@ def test_a_device_auto_chose_is_named_and_auto_is_not_offered_again():
 
 
 @pytest.mark.e2e
-def test_device_auto_on_a_one_gpu_machine_names_the_choice_and_the_fitting_workers(tmp_path, monkeypatch, capsys):
-    """Through the command line: Ray told the machine has one GPU (``RAY_OVERRIDE_RESOURCES``; the
-    check comes before any worker or tensor exists), ``llm_grpo`` (2 workers) with
+def test_device_auto_on_a_one_gpu_machine_names_the_choice_and_the_fitting_workers(tmp_path):
+    """Through the command line, in a child process whose Ray is told the machine has one GPU
+    (``RAY_OVERRIDE_RESOURCES``; a Ray an earlier test left in this process would not hear it; the
+    check comes before any worker or tensor exists): ``llm_grpo`` (2 workers) with
     ``workers.device=auto`` is refused in one line that names auto's choice and one worker."""
-    from vla_rl.cli import main
-
-    monkeypatch.setenv("RAY_OVERRIDE_RESOURCES", '{"GPU": 1}')
     out = tmp_path / "runs"
-    assert main(["train", "llm_grpo", "workers.device=auto", f"run.output_dir={out}"]) == 1
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
-    assert errors == [
+    done = subprocess.run([sys.executable, "-m", "vla_rl.cli", "train", "llm_grpo", "workers.device=auto",
+                           "trainer.total_steps=1", f"run.output_dir={out}"], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env=child_env(RAY_OVERRIDE_RESOURCES='{"GPU": 1}'))
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode == 1 and errors == [
         "error: the Ray instance started on this machine has 1 GPU in all; this run needs 2 (2 DAG workers x 1 GPU; "
         "workers.device=auto chose cuda): run it where they are (a machine or a cluster that has them: "
         "workers.ray_address; CUDA_VISIBLE_DEVICES or ASCEND_RT_VISIBLE_DEVICES decide which accelerators Ray sees "
         "here) or ask for less (workers.num_workers=1 fits its 1 GPU; workers.device=cpu; workers.num_workers, "
-        "workers.gpus_per_worker)"]
+        "workers.gpus_per_worker)"], done.stderr[-3000:]
     assert not any(out.iterdir())
 
 
