@@ -127,6 +127,19 @@ def bf16_device(device, monkeypatch):
     return device
 
 
+@pytest.fixture
+def tf32_off():
+    """Both TF32 flags (``torch.backends.cuda.matmul.allow_tf32``, ``torch.backends.cudnn.allow_tf32``)
+    off for the test, then as they were. They are torch's process-wide C state, not attributes
+    monkeypatch could restore, and may be set without a GPU."""
+    import torch
+
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+
+
 @pytest.fixture(scope="session")
 def ray_on_loopback():
     """Ray started the way the project starts it (every listener on 127.0.0.1)."""

@@ -106,3 +106,13 @@ def test_an_mlp_export_is_served_in_its_own_dtype(tmp_path, bf16_device):
     for handle in handles:
         handle.remove()
     assert set(seen) == {torch.float32}
+
+
+def test_a_policy_served_on_cuda_computes_in_tf32_as_the_runs_workers(tmp_path, device, tf32_off):
+    """``vla-rl serve`` turns TF32 on where a DAG worker does (``bind_device``): a float32 run's
+    products then round alike in the rollouts and in the server (on the test device; on a CPU,
+    the flags stay as they were)."""
+    run_dir, _, _ = trained_run(tmp_path, "trainer.mixed_precision=none")
+    load_served_policy(run_dir, device=str(device))
+    on = device.type == "cuda"
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (on, on)

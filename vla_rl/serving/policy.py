@@ -63,9 +63,11 @@ class ServedPolicy:
     def __init__(self, policy, inputs: ServedInputs, name: str, temperature: float = 1.0, seed: int = 0,
                  trainer=None) -> None:
         from vla_rl.trainers.strategy import cast_for_rollouts
+        from vla_rl.utils.device import use_tf32
 
         if not temperature > 0:
             raise ServeError(f"--temperature must be > 0, got {temperature}")
+        use_tf32(policy.device)  # the float32 products in TF32, as in the run's DAG workers
         self.policy = policy.eval()
         self.inputs = inputs
         self.name = name

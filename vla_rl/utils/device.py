@@ -56,10 +56,19 @@ def collective_backend(kind: DeviceKind) -> str:
         raise ValueError(f"unknown device kind {kind!r}; known: {sorted(_BACKENDS)}") from None
 
 
+def use_tf32(device: torch.device) -> None:
+    """On CUDA, turn on TF32 tensor cores for this process's float32 matrix products and
+    convolutions (``torch.backends.cuda.matmul.allow_tf32``, ``torch.backends.cudnn.allow_tf32``:
+    10 mantissa bits in the products, float32 accumulation), as verl and torchtitan train; on any
+    other device, nothing. What computes in float32 outside autocast (critics, float32 policies)
+    then computes alike in a DAG worker (:func:`bind_device`) and in ``vla-rl serve``."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
 def bind_device(kind: DeviceKind, local_index: int = 0) -> torch.device:
-    """Bind this process to its device and return it; on CUDA also turn on TF32 for float32
-    matrix products and convolutions (``torch.backends.cuda.matmul.allow_tf32``,
-    ``torch.backends.cudnn.allow_tf32``), as verl and torchtitan train.
+    """Bind this process to its device and return it; on CUDA also turn on TF32 (:func:`use_tf32`).
 
     Args:
         kind: ``cpu``, ``cuda``, ``npu`` or ``auto`` (:func:`resolve_kind`).
@@ -76,11 +85,9 @@ def bind_device(kind: DeviceKind, local_index: int = 0) -> torch.device:
         if not torch.cuda.is_available():
             raise RuntimeError("workers.device=cuda but torch.cuda.is_available() is False")
         torch.cuda.set_device(local_index)
-        # TF32 tensor cores for the float32 matrix products and convolutions left (critics,
-        # float32 policies): 10 mantissa bits in the products, float32 accumulation.
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        return torch.device("cuda", local_index)
+        device = torch.device("cuda", local_index)
+        use_tf32(device)
+        return device
     if kind == "npu":
         _import_torch_npu()
         torch.npu.set_device(local_index)  # type: ignore[attr-defined]
