@@ -72,7 +72,10 @@ class CausalLMValueModel(nn.Module):
                            position_ids=position_ids_from_mask(full_mask), use_cache=False).last_hidden_state
         prompt_len = prompt_ids.shape[1]
         states = hidden[:, prompt_len - 1 : prompt_len - 1 + responses.shape[1]]  # (n, R, H): predict token t
-        return self.head(states).squeeze(-1).float().masked_fill(~mask, 0.0)
+        # the head keeps its own dtype (float32) over a body in another (``text.dtype: bfloat16``,
+        # scored without autocast: trainer.mixed_precision none, or CPU workers)
+        values = self.head(states.to(self.head.weight.dtype))
+        return values.squeeze(-1).float().masked_fill(~mask, 0.0)
 
 
 def _module_name(root: nn.Module, module: nn.Module) -> str:

@@ -40,3 +40,26 @@ def test_weights_lacking_a_body_parameter_are_refused_by_name(policy):
     weights = [(name, tensor) for name, tensor in policy.named_parameters() if "layers.1." not in name]
     with pytest.raises(ValueError, match=r"lack \d+ of the body's parameters, first model\.model\.layers\.1\."):
         CausalLMValueModel(policy, weights)
+
+
+def test_a_bfloat16_body_is_read_by_the_float32_head_without_autocast(tiny_lm_dir):
+    """``text.dtype: bfloat16`` scored outside autocast (``trainer.mixed_precision: none``, CPU
+    workers): the body's bfloat16 states reach the float32 head, whose float32 values equal the
+    head applied to those states in float32."""
+    policy = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(tiny_lm_dir), dtype="bfloat16",
+                                                           max_prompt_length=16, max_response_length=4))
+    model = CausalLMValueModel(policy)
+    with torch.no_grad():
+        model.head.weight.normal_(generator=torch.Generator().manual_seed(0))
+    assert (next(model.body.parameters()).dtype, model.head.weight.dtype) == (torch.bfloat16, torch.float32)
+    ids, mask = policy.processor.encode_prompts([[{"role": "user", "content": "1+1?"}]], 16)
+    responses, response_mask = policy.processor.encode_responses(["2"], 4)
+    with torch.no_grad():
+        values = model(ids, mask, responses, response_mask)
+        prompt = ids[:, mask[0].bool()]  # one row: its prompt without the left padding
+        full = torch.cat([prompt, responses], dim=1)
+        hidden = model.body(input_ids=full, use_cache=False).last_hidden_state
+    assert values.dtype == torch.float32 and values.shape == responses.shape
+    states = hidden[:, prompt.shape[1] - 1 : prompt.shape[1] - 1 + responses.shape[1]].float()
+    expected = (states @ model.head.weight.T + model.head.bias).squeeze(-1).masked_fill(~response_mask.bool(), 0.0)
+    torch.testing.assert_close(values, expected, rtol=1e-5, atol=1e-5)
