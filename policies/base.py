@@ -435,3 +435,15 @@ def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     for submodule in module.modules():
         names |= set(getattr(submodule, "_no_split_modules", None) or ())
     return [submodule for submodule in module.modules() if type(submodule).__name__ in names]
+
+
+def cast_parameters(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast ``module``'s floating parameters to ``dtype`` in place (the same ``nn.Parameter``
+    objects, so hooks and references to them stay valid), one at a time (each old tensor is freed
+    as its cast replaces it, unless something else holds it); buffers keep their dtype, as under
+    FSDP's mixed precision and as ``transformers`` builds a model in a dtype: computed constants
+    such as rotary frequencies (``inv_freq``) and image mean/std stay float32 (in bfloat16 the
+    rotary angle at position 280 is off by 0.34 rad)."""
+    for parameter in module.parameters():
+        if parameter.is_floating_point() and parameter.dtype != dtype:
+            parameter.data = parameter.data.to(dtype)

@@ -22,7 +22,7 @@ from policies.action_normalization import (
     load_action_statistics,
 )
 from policies.action_tokenizer import ActionTokenizer
-from policies.base import Policy
+from policies.base import Policy, cast_parameters
 from policies.checkpoint_files import (
     WeightMismatch,
     check_tokenizer,
@@ -122,7 +122,10 @@ class PrismaticPolicy(Policy, abstract=True):
             self.vla = PrismaticVLM(architecture, config.attn_implementation)
         if weights is not None:
             self._load_vla_weights(weights, source)
-        self.vla.to(device=device, dtype=getattr(torch, config.dtype))
+            del weights  # the parameters hold the tensors now: each is freed as the cast replaces it
+        # the parameters in config.dtype; the buffers (rotary frequencies, image mean/std) stay float32
+        self.vla.to(device=device)
+        cast_parameters(self.vla, getattr(torch, config.dtype))
         self.architecture = architecture
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer(config.model_path)
         self.processor = (

@@ -384,6 +384,55 @@ def test_bfloat16_parameters_keep_float32_log_probs_and_a_ratio_near_one(tokeniz
     torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=0.05)  # bf16 cached vs uncached
 
 
+def test_a_bfloat16_policy_keeps_its_buffers_in_float32(tokenizer):
+    """``dtype: bfloat16`` casts the parameters only, as transformers builds a model in a dtype: the
+    rotary frequencies and the towers' image mean/std are the float32 model's (in bfloat16 the
+    rotary angle at OpenVLA's prefix end, position 280, is off by 0.34 rad, and the DINOv2 mean
+    0.485 becomes 0.484375)."""
+    architecture = tiny_architecture(len(tokenizer))
+    full = OpenVLAPolicy(OpenVLAPolicyConfig(architecture=architecture))
+    half = OpenVLAPolicy(OpenVLAPolicyConfig(architecture=architecture, dtype="bfloat16"))
+    assert {p.dtype for p in half.vla.parameters() if p.is_floating_point()} == {torch.bfloat16}
+    buffers = dict(full.vla.named_buffers())
+    assert any(name.endswith("inv_freq") for name in buffers) and any(name.endswith(".mean") for name in buffers)
+    for name, buffer in half.vla.named_buffers():
+        assert buffer.dtype == buffers[name].dtype and torch.equal(buffer, buffers[name]), name
+
+
+def test_a_checkpoint_cast_to_another_dtype_is_not_held_twice(policy, tmp_path, monkeypatch):
+    """A bfloat16 checkpoint loaded as float32: when the parameters are cast, nothing but the
+    parameters holds the checkpoint's tensors, so each is freed as its cast replaces it (7.5 B:
+    15 GB of bfloat16 beside the 30 GB of float32 otherwise)."""
+    import weakref
+
+    from policies.openvla import policy_base
+
+    half = {name: tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+            for name, tensor in policy.vla.state_dict().items()}
+    out = write_checkpoint(half, policy.architecture, tmp_path / "bf16", policy.norm_stats, "dinosiglip-vit-so-224px")
+    read, held_at_cast = policy_base.read_checkpoint, []
+
+    def reading(*args, **kwargs):
+        architecture, weights, norm_stats = read(*args, **kwargs)
+        read_tensors.extend(weakref.ref(tensor) for tensor in weights.values())
+        return architecture, weights, norm_stats
+
+    def casting(module, dtype):
+        held_at_cast.append(sum(ref() is not None for ref in read_tensors))
+        policy_base_cast(module, dtype)
+
+    read_tensors: list[weakref.ref] = []
+    policy_base_cast = policy_base.cast_parameters
+    monkeypatch.setattr(policy_base, "read_checkpoint", reading)
+    monkeypatch.setattr(policy_base, "cast_parameters", casting)
+    loaded = OpenVLAPolicy(OpenVLAPolicyConfig(model_path=str(out), unnorm_key="config"))
+    assert read_tensors and held_at_cast == [0]
+    assert {p.dtype for p in loaded.vla.parameters() if p.is_floating_point()} == {torch.float32}
+    as_stored = OpenVLAPolicy(OpenVLAPolicyConfig(model_path=str(out), unnorm_key="config", dtype="bfloat16"))
+    for name, tensor in loaded.vla.state_dict().items():
+        assert torch.equal(tensor, as_stored.vla.state_dict()[name].float()), name
+
+
 def test_architecture_presets_and_cameras_are_validated():
     from policies.openvla_oft import OpenVLAOFTPolicyConfig
 

@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from policies.base import FSDPGroup, enable_transformers_checkpointing
+from policies.base import FSDPGroup, cast_parameters, enable_transformers_checkpointing
 from vla_rl.trainers.parallel import data_parallel
 
 logger = logging.getLogger(__name__)
@@ -378,15 +378,6 @@ def cast_for_rollouts(module: nn.Module, trainer, device: torch.device) -> None:
     dtype = policy_dtype(trainer, device)
     if dtype is not None:
         cast_parameters(module, dtype)
-
-
-def cast_parameters(module: nn.Module, dtype: torch.dtype) -> None:
-    """Cast ``module``'s floating parameters to ``dtype`` in place (the same ``nn.Parameter``
-    objects, so hooks and references to them stay valid); buffers keep their dtype, as under
-    FSDP's mixed precision."""
-    for parameter in module.parameters():
-        if parameter.is_floating_point() and parameter.dtype != dtype:
-            parameter.data = parameter.data.to(dtype)
 
 
 def meta_copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
