@@ -439,3 +439,29 @@ def test_srpo_reference_set_lives_with_the_srpo_reward():
     assert RunConfig.model_validate({}).algorithm.options("reward").reference_set == "local"
     with pytest.raises(ValueError, match="algorithm.srpo.reference_set"):
         RunConfig.model_validate({"algorithm": {"srpo": {"reference_set": "global"}}})
+
+
+@pytest.mark.parametrize("template, dtype_field, warm_start, warm_node", [
+    ("llm_grpo", "text.dtype", "text.sft_steps=5", "sft"),
+    ("embodied_srpo_oft_lift", "policy.config.dtype", "warm_start.num_demos=2", "behaviour_cloning"),
+    ("embodied_srpo_pi0_lift", "policy.config.dtype", "warm_start.num_demos=2", "behaviour_cloning"),
+])
+def test_adam_on_half_precision_parameters_is_refused_at_plan_time(template, dtype_field, warm_start, warm_node):
+    """A warm start (Adam before the actor's strategy exists) or DDP on parameters loaded in
+    float16/bfloat16 keeps no float32 master weights: refused before any worker loads a model (the
+    workers refused DDP only after loading and warm-starting; the warm starts ran, float16 into NaN
+    weights). LoRA's float32 adapters, FSDP's float32 masters or float32 parameters plan."""
+    for dtype in ("float16", "bfloat16"):
+        err = _error(template, f"{dtype_field}={dtype}", warm_start)
+        assert (err.field, err.node) == (dtype_field, warm_node) and f"policy's {dtype} parameters" in str(err)
+        err = _error(template, f"{dtype_field}={dtype}", warm_start.split("=")[0] + "=0")
+        assert (err.field, err.node) == ("trainer.strategy", "actor_update") and "trainer.strategy=fsdp" in str(err)
+        assert ("policy.lora" in str(err)) == (template != "embodied_srpo_pi0_lift")  # π0 takes no LoRA
+    plan(load_template(template, [f"{dtype_field}=bfloat16", warm_start.split("=")[0] + "=0", "trainer.strategy=fsdp"]))
+    if template != "embodied_srpo_pi0_lift":
+        plan(load_template(template, [f"{dtype_field}=bfloat16", warm_start, "policy.lora.rank=4"]))
+    if template == "embodied_srpo_oft_lift":  # modules LoRA trains whole train in the policy's dtype
+        err = _error(template, f"{dtype_field}=bfloat16", warm_start, "policy.lora.rank=4",
+                     "policy.lora.trainable_modules=[proprio_projector]")
+        assert err.field == dtype_field and "policy.lora.trainable_modules=[]" in str(err)
+    plan(load_template(template, [f"{dtype_field}=float32", warm_start]))

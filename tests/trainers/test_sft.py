@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -131,3 +133,24 @@ def test_a_non_finite_sft_gradient_is_skipped_as_the_actors(tiny_lm_dir, tmp_pat
     assert all(torch.equal(p, before[name]) for name, p in policy.named_parameters())
     with pytest.raises(RunStopped, match="the sft update diverged: 2 updates in a row"):
         trainer.supervised_update(batch, 1, 8, 1.0, torch.Generator().manual_seed(0), max_skipped_updates=2)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sft_refuses_to_run_adam_on_half_precision_weights(tiny_lm_dir, tmp_path, dtype):
+    """text.dtype float16 gave NaN in every weight after the first AdamW step (eps 1e-8 is 0 in
+    float16); bfloat16 drops the updates below its resolution. Refused before any step, the
+    weights untouched; with LoRA (float32 adapters over the half-precision base) it trains."""
+    config = CausalLMConfig(model_path=str(tiny_lm_dir), dtype=dtype, max_prompt_length=24, max_response_length=20)
+    policy = CausalLMPolicy.from_pretrained(config)
+    paths = write_arithmetic_dataset(tmp_path, num_train=8, num_test=2)
+    examples = encode_sft_examples(policy, PromptFile(paths["train"]).read_shard(0, 1, ["extra_info.answer"]))
+    before = {name: tensor.clone() for name, tensor in policy.state_dict().items()}
+    with pytest.raises(ValueError, match=rf"supervised fine-tuning would run Adam on the CausalLMPolicy's {dtype} "
+                                         r"trainable parameters .* or set text\.sft_steps=0"):
+        supervised_fine_tune(policy, examples, SFTConfig(steps=2, batch_size=4, lr=1e-4))
+    assert all(torch.equal(tensor, before[name]) for name, tensor in policy.state_dict().items())
+    policy.apply_lora(rank=4)
+    result = supervised_fine_tune(policy, examples, SFTConfig(steps=2, batch_size=4, lr=1e-3))
+    adapters = [p for p in policy.parameters() if p.requires_grad]
+    assert adapters and {p.dtype for p in adapters} == {torch.float32} and all(map(math.isfinite, result.losses))
+    assert all(bool(torch.isfinite(p).all()) for p in policy.parameters())

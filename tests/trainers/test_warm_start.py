@@ -4,6 +4,7 @@ camera demonstrations (zarr fields per observation key) and behaviour cloning of
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from tensordict import TensorDict
 
@@ -242,3 +243,18 @@ def test_a_demonstration_store_is_matched_by_its_whole_settings():
     task_set = demo_env_attrs(SimulatorSection(name="metaworld", env={"horizon": 30}, tasks=["reach-v3", "push-v3"]))
     assert task_set["tasks"] == ["reach-v3", "push-v3"] and "task" not in task_set
     assert same_demonstration_settings({"name": "metaworld", "horizon": 30, "tasks": ["reach-v3", "push-v3"]}, task_set)
+
+
+def test_behaviour_cloning_refuses_to_run_adam_on_half_precision_weights(tmp_path):
+    """Adam outside the actor's strategy keeps no float32 master weights: in float16 its eps
+    (1e-8) is 0 and a zero gradient gives NaN weights at the first step, in bfloat16 updates below
+    the weights' resolution are lost. Refused before any step, the policy untouched."""
+    demo = np.array([[0.0, 0.5], [1.0, 0.5], [2.0, 0.5], [3.0, 0.5]], dtype=np.float32)
+    for dtype in (torch.float16, torch.bfloat16):
+        policy = MLPPolicy(MLPPolicyConfig(obs_dim=2, action_dim=1, hidden_sizes=(4,))).to(dtype)
+        obs, actions = demonstrations(_store(tmp_path / str(dtype), demo), 1, policy.chunk_size)
+        before = {name: tensor.clone() for name, tensor in policy.state_dict().items()}
+        with pytest.raises(ValueError, match=rf"behaviour cloning would run Adam on the MLPPolicy's {str(dtype)[6:]} "
+                                             r"trainable parameters .* or set warm_start\.num_demos=0"):
+            behaviour_cloning(policy, obs, actions, steps=2, lr=1e-3, batch_size=4, seed=0, obs_std_floor=0.25)
+        assert all(torch.equal(tensor, before[name]) for name, tensor in policy.state_dict().items())

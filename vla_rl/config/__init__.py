@@ -36,6 +36,7 @@ from vla_rl.config.policy import (
     PolicySection,
     WarmStartSection,
     _check_lora_support,
+    takes_lora,
 )
 from vla_rl.config.sections import DataSection, EvalSection, RunSection, WorkersSection
 from vla_rl.config.simulator import SimulatorSection
@@ -65,6 +66,39 @@ class RunConfig(_Section):
     critic: CriticSection = Field(default_factory=CriticSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+
+    def parameter_dtype(self) -> tuple[str, str]:
+        """The field that sets the dtype the policy's parameters are loaded in, and its value:
+        ``text.dtype`` in a text run, else ``policy.config.dtype`` (``float32`` for a policy
+        without one: the MLP)."""
+        if self.run.workflow == "text":
+            return "text.dtype", self.text.dtype
+        return "policy.config.dtype", str(getattr(self.policy.policy_config(), "dtype", "float32"))
+
+    def low_precision_trained(self) -> tuple[str, str] | None:
+        """``(field, dtype)`` of :meth:`parameter_dtype` when the policy's parameters are not
+        float32 and training updates some of them: no LoRA (``policy.lora``), or LoRA with
+        ``trainable_modules``, which train in the policy's dtype; None otherwise (float32
+        parameters, or float32 LoRA adapters alone)."""
+        field, dtype = self.parameter_dtype()
+        lora = self.policy.lora
+        if dtype == "float32" or (lora is not None and not lora.trainable_modules):
+            return None
+        return field, dtype
+
+    def lora_way_out(self) -> str:
+        """How the run could train float32 LoRA adapters instead, for refusals: '' for a policy
+        that takes none."""
+        if not self.takes_lora():
+            return ""
+        if self.policy.lora is not None:
+            return "LoRA adapters alone (policy.lora.trainable_modules=[]: the modules it lists train in the policy's dtype)"
+        return "LoRA adapters (policy.lora, float32)"
+
+    def takes_lora(self) -> bool:
+        """Whether the run's policy takes LoRA adapters (``policy.lora``): the text workflow's causal
+        LM does, and the embodied policies with an ``apply_lora`` (OpenVLA, OpenVLA-OFT)."""
+        return self.run.workflow == "text" or takes_lora(self.policy.name)
 
     @model_validator(mode="after")
     def _check_shards(self) -> RunConfig:

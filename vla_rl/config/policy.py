@@ -153,12 +153,18 @@ class WarmStartSection(_Section):
     )
 
 
+def takes_lora(policy_name: str) -> bool:
+    """Whether the embodied policy ``policy_name`` takes LoRA adapters (``policy.lora``)."""
+    from policies import POLICIES
+
+    return callable(getattr(POLICIES.get(policy_name), "apply_lora", None))
+
+
 def _check_lora_support(policy_name: str) -> None:
     """Raise naming ``policy.lora`` when the embodied policy ``policy_name`` cannot take LoRA adapters."""
     from policies import POLICIES
 
-    cls = POLICIES.get(policy_name)
-    if not callable(getattr(cls, "apply_lora", None)):
-        supported = sorted(name for name in POLICIES.names() if callable(getattr(POLICIES.get(name), "apply_lora", None)))
+    if not takes_lora(policy_name):
+        supported = sorted(name for name in POLICIES.names() if takes_lora(name))
         raise ComponentConfigError("policy.lora", f"the {policy_name!r} policy takes no LoRA adapters; policies that "
                                    f"do: {', '.join(supported)} (and the text workflow's causal LM)")

@@ -45,8 +45,27 @@ def _token_ratios_need_scored_elements(config, node_config, dp_size: int, world_
                                            "the elements exactly")
 
 
+def _ddp_trains_float32_weights(config) -> tuple[str, str] | None:
+    """The planner's form of :class:`~vla_rl.trainers.strategy.DDPStrategy`'s refusal: DDP steps
+    Adam on the policy's own parameters, which must then be float32 (or LoRA's float32 adapters),
+    refused before any worker loads a model and warm-starts it."""
+    if config.trainer.strategy != "ddp" or (trained := config.low_precision_trained()) is None:
+        return None
+    field, dtype = trained
+    lora = f" {way}," if (way := config.lora_way_out()) else ""
+    return "trainer.strategy", (f"ddp would run Adam on the policy's {dtype} parameters ({field}={dtype}; no float32 "
+                                "master weights): use trainer.strategy=fsdp (float32 master weights, bfloat16 "
+                                f"compute),{lora} or {field}=float32 (trainer.mixed_precision auto computes in "
+                                "bfloat16 on accelerators)")
+
+
+def _actor_checks(config, node_config, dp_size: int, world_size: int) -> tuple[str, str] | None:
+    return (_ddp_trains_float32_weights(config)
+            or _token_ratios_need_scored_elements(config, node_config, dp_size, world_size))
+
+
 @register_node("actor", "model_train", whole_groups=False, reads=_actor_reads, resources=("actor",),
-               check=_token_ratios_need_scored_elements)
+               check=_actor_checks)
 def update_actor(ctx, batch) -> NodeOutput:
     """Policy-gradient epochs over the shard's episodes (``algorithm`` and ``trainer`` settings);
     returns the batch unchanged."""

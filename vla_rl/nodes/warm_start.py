@@ -125,6 +125,34 @@ def too_few_demonstrations(error: RuntimeError, sim) -> RunStopped:
                       f"steps{needs}. Raise simulator.env.horizon, or set warm_start.num_demos=0")
 
 
+def _float32_weights_problem(config, what: str, skip: str) -> tuple[str, str] | None:
+    """``(field, why)`` when ``what`` (a warm start, Adam outside the actor's strategy) would train
+    parameters loaded in another dtype than float32 (``text.dtype``, ``policy.config.dtype``:
+    :meth:`~vla_rl.config.RunConfig.low_precision_trained`); the planner's form of
+    :func:`~vla_rl.trainers.strategy.refuse_low_precision_adam`, so that the run is refused before
+    any worker loads a model."""
+    if (trained := config.low_precision_trained()) is None:
+        return None
+    field, dtype = trained
+    lora = f", {way}," if (way := config.lora_way_out()) else ""
+    return field, (f"{what} would run Adam on the policy's {dtype} parameters (no float32 master weights: float16 "
+                   f"gives NaN weights, bfloat16 drops small updates): use {field}=float32 "
+                   f"(trainer.mixed_precision auto still computes the RL updates in bfloat16 on accelerators){lora} "
+                   f"or {skip}")
+
+
+def _clones_float32_weights(config, node_config, dp_size: int, world_size: int) -> tuple[str, str] | None:
+    if config.warm_start.num_demos == 0:
+        return None
+    return _float32_weights_problem(config, "behaviour cloning (warm_start.num_demos > 0)", "warm_start.num_demos=0")
+
+
+def _fine_tunes_float32_weights(config, node_config, dp_size: int, world_size: int) -> tuple[str, str] | None:
+    if config.text.sft_steps == 0:
+        return None
+    return _float32_weights_problem(config, "supervised fine-tuning (text.sft_steps > 0)", "text.sft_steps=0")
+
+
 @register_node("data", "data_load", name="demonstrations", writes=DEMO_KEYS, resources=("policy", "simulator_pool"),
                check=check_experts)
 def load_demonstrations(ctx, batch) -> NodeOutput:
@@ -164,7 +192,8 @@ def load_demonstrations(ctx, batch) -> NodeOutput:
     return NodeOutput(TensorDict({keys.OBS: obs, keys.ACTIONS: actions}, batch_size=[len(actions)]), {})
 
 
-@register_node("actor", "model_train", name="behaviour_cloning", reads=DEMO_KEYS, resources=("policy", "simulator_pool"))
+@register_node("actor", "model_train", name="behaviour_cloning", reads=DEMO_KEYS,
+               resources=("policy", "simulator_pool"), check=_clones_float32_weights)
 def clone_behaviour(ctx, batch) -> NodeOutput:
     """Behaviour cloning on the transitions (``warm_start`` settings; the first observations of
     ``warm_start.norm_init_states`` training states join the normalisation statistics)."""
@@ -200,7 +229,8 @@ def load_sft_examples(ctx, batch) -> NodeOutput:
     }, batch_size=[len(rows)]), {})
 
 
-@register_node("actor", "model_train", name="supervised_fine_tune", reads=SFT_KEYS, resources=("policy",))
+@register_node("actor", "model_train", name="supervised_fine_tune", reads=SFT_KEYS, resources=("policy",),
+               check=_fine_tunes_float32_weights)
 def fine_tune(ctx, batch) -> NodeOutput:
     """``text.sft_steps`` of :func:`~vla_rl.trainers.sft.supervised_fine_tune` (``text.sft_lr``,
     ``text.sft_batch_size``) on the examples."""

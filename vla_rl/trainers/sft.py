@@ -18,6 +18,7 @@ from torch import Tensor
 
 from policies.causal_lm.modeling_causal_lm import CausalLMPolicy
 from vla_rl.data.prompt_dataset import PromptRow
+from vla_rl.trainers.strategy import refuse_low_precision_adam
 
 
 @dataclass(frozen=True)
@@ -139,10 +140,12 @@ def supervised_fine_tune(policy: CausalLMPolicy, examples: SFTExamples, config: 
         The per-step losses, the number of response tokens trained on and the wall time.
 
     Raises:
-        ValueError: ``examples`` is empty.
+        ValueError: ``examples`` is empty, or the policy has trainable parameters that are not
+            float32 (:func:`~vla_rl.trainers.strategy.refuse_low_precision_adam`).
     """
     if len(examples) == 0:
         raise ValueError("supervised_fine_tune needs at least one example")
+    refuse_low_precision_adam(policy, "supervised fine-tuning", "text.sft_steps=0")
     generator = torch.Generator().manual_seed(config.seed)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     batch_size = min(config.batch_size, len(examples))

@@ -65,6 +65,36 @@ _CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
 ACCELERATORS = ("cuda", "npu")
 
 
+def low_precision_trainable(module: nn.Module) -> list[str]:
+    """The dtypes (sorted names: ``bfloat16``, ``float16``) of ``module``'s trainable floating
+    parameters that are not float32: an optimizer stepping them directly keeps no float32 master
+    weights."""
+    return sorted({str(p.dtype).removeprefix("torch.") for p in module.parameters()
+                   if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32})
+
+
+def refuse_low_precision_adam(module: nn.Module, what: str, skip: str) -> None:
+    """Refuse to run Adam on ``module``'s non-float32 trainable parameters outside a strategy
+    (the warm starts, before the actor's strategy exists): Adam's ``eps=1e-8`` is 0 in float16
+    (a zero gradient gives 0/0: NaN weights after one step), and bfloat16 weights drop the
+    updates below their resolution (8 bits of mantissa).
+
+    Args:
+        what: the training, for the message (``behaviour cloning``).
+        skip: the setting that leaves it out (``warm_start.num_demos=0``).
+
+    Raises:
+        ValueError: such parameters exist (their dtypes named, with the ways out).
+    """
+    low = low_precision_trainable(module)
+    if low:
+        raise ValueError(f"{what} would run Adam on the {type(module).__name__}'s {'/'.join(low)} trainable "
+                         "parameters (no float32 master weights: float16 gives NaN weights, bfloat16 drops small "
+                         "updates): load the policy in float32 (trainer.mixed_precision auto still computes the RL "
+                         f"updates in bfloat16 on accelerators), train LoRA adapters where the policy takes them "
+                         f"(policy.lora), or set {skip}")
+
+
 def make_strategy(policy: nn.Module, group: dist.ProcessGroup | None, trainer=None) -> DDPStrategy | FSDPStrategy:
     """The strategy of ``trainer.strategy`` around ``policy``.
 
@@ -117,8 +147,7 @@ class DDPStrategy:
 
     def __init__(self, policy: nn.Module, group: dist.ProcessGroup | None, gradient_checkpointing: bool = False,
                  autocast_dtype: torch.dtype | None = None) -> None:
-        low = sorted({str(p.dtype).removeprefix("torch.") for p in policy.parameters()
-                      if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32})
+        low = low_precision_trainable(policy)
         if low:
             raise ValueError(f"trainer.strategy ddp would run Adam on the {type(policy).__name__}'s {'/'.join(low)} "
                              "trainable parameters (no float32 master weights): use trainer.strategy=fsdp (float32 "

@@ -27,6 +27,7 @@ from tensordict import TensorDict
 from policies.normalization import fit_mean_std
 from simulators.registry import SETTINGS_FORMAT, same_env
 from vla_rl.data.trajectory_store import TrajectoryStore
+from vla_rl.trainers.strategy import refuse_low_precision_adam
 from vla_rl_core import keys
 from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import Observations, empty_observations, to_torch
@@ -250,7 +251,12 @@ def behaviour_cloning(
 
     Returns:
         ``warm_start/bc_loss`` (last minibatch) and ``warm_start/transitions``.
+
+    Raises:
+        ValueError: the policy has trainable parameters that are not float32
+            (:func:`~vla_rl.trainers.strategy.refuse_low_precision_adam`).
     """
+    refuse_low_precision_adam(policy, "behaviour cloning", "warm_start.num_demos=0")
     actions = policy.actions_from_env(actions, obs)
     if isinstance(obs, TensorDict):
         norm_obs = obs if extra_norm_obs is None else torch.cat([obs, to_torch(extra_norm_obs)])
