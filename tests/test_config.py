@@ -465,3 +465,13 @@ def test_adam_on_half_precision_parameters_is_refused_at_plan_time(template, dty
                      "policy.lora.trainable_modules=[proprio_projector]")
         assert err.field == dtype_field and "policy.lora.trainable_modules=[]" in str(err)
     plan(load_template(template, [f"{dtype_field}=float32", warm_start]))
+
+
+
+def test_a_half_precision_value_model_under_ddp_is_refused_at_plan_time():
+    """The text critic trains a whole copy of the policy's body in text.dtype, LoRA or not: DDP
+    would step Adam on bfloat16 weights (its strategy refused it after the actor was built)."""
+    err = _error("llm_ppo", "text.dtype=bfloat16", "text.sft_steps=0", "policy.lora.rank=4")
+    assert (err.field, err.node) == ("trainer.strategy", "critic_update") and "value model" in str(err)
+    plan(load_template("llm_ppo", ["text.dtype=bfloat16", "text.sft_steps=0", "policy.lora.rank=4",
+                                   "trainer.strategy=fsdp"]))

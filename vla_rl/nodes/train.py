@@ -73,9 +73,27 @@ def update_actor(ctx, batch) -> NodeOutput:
     return NodeOutput(batch, metrics)
 
 
+def _ddp_trains_a_float32_value_body(config) -> tuple[str, str] | None:
+    """The text critic's body is a whole trainable copy of the policy's, in ``text.dtype`` whatever
+    the actor's LoRA: under DDP (Adam on it, no float32 masters) it must be float32."""
+    dtype = config.text.dtype
+    if config.run.workflow != "text" or config.trainer.strategy != "ddp" or dtype == "float32":
+        return None
+    return "trainer.strategy", (f"ddp would run the critic's Adam on its {dtype} value model (a whole trainable copy "
+                                f"of the policy's body in text.dtype={dtype}, LoRA or not; no float32 master "
+                                "weights): use trainer.strategy=fsdp (float32 master weights, bfloat16 compute) or "
+                                "text.dtype=float32 (trainer.mixed_precision auto computes in bfloat16 on "
+                                "accelerators)")
+
+
+def _critic_checks(config, node_config, dp_size: int, world_size: int) -> tuple[str, str] | None:
+    return (_ddp_trains_a_float32_value_body(config)
+            or critic_needs_one_task(config, node_config, dp_size, world_size))
+
+
 @register_node("critic", "model_train", whole_groups=False,
                reads=lambda config, node_config: (*scored_keys(config, node_config), keys.VALUES, keys.RETURNS),
-               resources=("critic",), check=critic_needs_one_task)
+               resources=("critic",), check=_critic_checks)
 def update_critic(ctx, batch) -> NodeOutput:
     """Value-regression epochs on ``returns`` over the shard's episodes (``critic`` and ``trainer``
     settings); returns the batch unchanged."""
