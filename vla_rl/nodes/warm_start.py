@@ -3,8 +3,9 @@
 for robot policies, supervised fine-tuning on the training prompts' answers for language models.
 
 Both run at DP size 1: every worker reads all of the (few) demonstrations or examples and runs
-the same deterministic fit from the run's seed, so the workers start RL from identical weights
-without moving any.
+the same fit from the run's seed, then takes rank 0's weights (one broadcast): the fits agree
+bit for bit only where the kernels are deterministic (the CPU's, not a GPU's), and the workers
+start RL from identical weights either way.
 
 - ``(data, data_load, demonstrations)``: with ``warm_start.dataset``, the first
   ``warm_start.num_demos`` episodes of that LeRobot dataset (:mod:`vla_rl.data.lerobot_demonstrations`,
@@ -207,7 +208,21 @@ def clone_behaviour(ctx, batch) -> NodeOutput:
     metrics = behaviour_cloning(ctx.resources.policy, batch[keys.OBS], batch[keys.ACTIONS], ws.bc_steps, ws.bc_lr,
                                 ws.bc_batch_size, seed=ctx.config.run.seed, extra_norm_obs=init_obs,
                                 progress=ctx.rank == 0, obs_std_floor=ws.obs_std_floor)
+    _rank_zeros_weights_everywhere(ctx)
     return NodeOutput(None, metrics)
+
+
+def _rank_zeros_weights_everywhere(ctx) -> None:
+    """Every worker warm-starts its own policy alike (same data, same seed), which gives the same
+    weights only where the kernels are deterministic: on GPUs the cuBLAS/cuDNN reductions and
+    attention backward passes are not, and a few hundred Adam steps amplify their rounding. The
+    actor's strategy starts from rank 0's weights, but the reference (built from each worker's own
+    policy before it) and the first evaluation would not; so rank 0's weights (and buffers: the
+    normalisation statistics) are broadcast here, as DDP does at construction."""
+    from vla_rl.trainers.strategy import broadcast_module
+
+    if ctx.world_size > 1:
+        broadcast_module(ctx.resources.policy, ctx.group)
 
 
 @register_node("data", "data_load", name="sft_examples", writes=SFT_KEYS, resources=("policy", "text_assets"))
@@ -242,4 +257,6 @@ def fine_tune(ctx, batch) -> NodeOutput:
     examples = SFTExamples(batch[keys.INPUT_IDS], batch[keys.ATTENTION_MASK], batch[keys.RESPONSES],
                            batch[keys.RESPONSE_MASK])
     config = SFTConfig(steps=text.sft_steps, batch_size=text.sft_batch_size, lr=text.sft_lr, seed=ctx.config.run.seed)
-    return NodeOutput(None, supervised_fine_tune(ctx.resources.policy, examples, config).metrics())
+    metrics = supervised_fine_tune(ctx.resources.policy, examples, config).metrics()
+    _rank_zeros_weights_everywhere(ctx)
+    return NodeOutput(None, metrics)

@@ -4,9 +4,9 @@ Demonstrations come from the simulator's scripted expert, run inside the simulat
 are stored in a zarr :class:`~vla_rl.data.trajectory_store.TrajectoryStore` (one episode per
 chunk, appended atomically) so that later runs reuse them: fields ``obs`` and ``actions`` for
 flat state observations; with cameras one field per observation key (``state``, each
-``<camera>_image`` as uint8, ``instruction``) and ``actions``. Behaviour cloning is deterministic
-and cheap (a few demonstrations), so every worker runs it identically from the same seed; DDP
-then starts from identical weights.
+``<camera>_image`` as uint8, ``instruction``) and ``actions``. Behaviour cloning is cheap (a few
+demonstrations), so every worker runs it from the same seed; the node then gives every worker
+rank 0's weights (on GPUs the fits differ in their rounding: :mod:`vla_rl.nodes.warm_start`).
 
 A task set (``simulator.tasks``) gets ``num_demos`` demonstrations of every task, each from the
 task's own scripted expert, in one store: observations are then dicts (``state``, ``task_id``,
