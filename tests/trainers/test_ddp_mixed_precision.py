@@ -224,3 +224,24 @@ def test_the_rollout_reference_and_critic_nodes_compute_in_the_trainers_context(
     assert metrics["critic/num_updates"] == 1.0 and critic_linear.take() == {torch.bfloat16}
     assert {p.dtype for p in network.parameters()} == {torch.float32}
     assert {p.grad.dtype for p in network.parameters() if p.grad is not None} == {torch.float32}
+
+
+def test_auto_computes_in_bfloat16_only_on_gpus_with_native_bfloat16(monkeypatch):
+    """``auto`` on a GPU before Ampere (V100: 7.0, T4: 7.5), where torch emulates bfloat16, is
+    float32; from compute capability 8.0 on (A100, H100), bfloat16. ``bf16`` asked explicitly stays
+    bfloat16. The capability is that of the worker's device (no CUDA here: torch's query is
+    replaced, so nothing touches a GPU)."""
+    asked = []
+
+    def capability(device):
+        asked.append(device)
+        return capabilities[device.index]
+
+    capabilities = {0: (7, 0), 1: (7, 5), 2: (8, 0), 3: (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    dtypes = {index: strategy.compute_dtype("auto", torch.device("cuda", index)) for index in capabilities}
+    assert dtypes == {0: None, 1: None, 2: torch.bfloat16, 3: torch.bfloat16}
+    assert [device.index for device in asked] == [0, 1, 2, 3]
+    assert strategy.compute_dtype("bf16", torch.device("cuda", 0)) == torch.bfloat16
+    assert strategy.autocast_dtype(_section(), torch.device("cuda", 1)) is None
+    assert strategy.policy_dtype(_section(strategy="fsdp"), torch.device("cuda", 3)) == torch.bfloat16

@@ -72,7 +72,8 @@ class TrainerSection(_Section):
         "bfloat16; under ddp: float32 weights and optimizer state, every forward pass (rollout, evaluation, "
         "reference, critic, update) in torch.autocast(bfloat16). Either way the old log-probs are rescored by the "
         "trainer (the first ratio is 1); needs an accelerator (refused on CPU workers). 'none': the policy's own "
-        "dtypes throughout (fsdp: the master dtype). 'auto': bf16 on CUDA/NPU workers, none on the CPU.")
+        "dtypes throughout (fsdp: the master dtype). 'auto': bf16 on NPU workers and on GPUs with native bfloat16 (CUDA compute capability 8.0+: A100, "
+        "H100, RTX 30xx on), none on the CPU and older GPUs (V100, T4).")
     gradient_checkpointing: bool = Field(
         False, description="Recompute the policy's blocks' activations in the backward pass instead of keeping them "
         "(transformers' gradient checkpointing for Hugging Face models, torch.utils.checkpoint around the policy's "

@@ -329,8 +329,9 @@ def compute_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | N
     parameters' in the forward pass; DDP: ``torch.autocast``'s).
 
     Returns:
-        ``torch.bfloat16`` for ``bf16``, and for ``auto`` on an accelerator; None (the master
-        dtype) for ``none``, and for ``auto`` on the CPU.
+        ``torch.bfloat16`` for ``bf16``, and for ``auto`` on an accelerator that computes in
+        bfloat16 natively (:func:`native_bfloat16`); None (the master dtype) for ``none``, and for
+        ``auto`` on the CPU or on an older GPU.
 
     Raises:
         ValueError: ``bf16`` on a CPU device: bfloat16 is refused rather than silently dropped.
@@ -339,9 +340,20 @@ def compute_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | N
     if mixed_precision == "bf16" and not accelerator:
         raise ValueError(f"trainer.mixed_precision bf16 needs an accelerator, but this worker trains on {device}; "
                          "use trainer.mixed_precision=auto (bf16 on CUDA/NPU, float32 on the CPU) or none")
-    if mixed_precision == "bf16" or (mixed_precision == "auto" and accelerator):
+    if mixed_precision == "bf16" or (mixed_precision == "auto" and accelerator and native_bfloat16(device)):
         return torch.bfloat16
     return None
+
+
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 natively: a CUDA GPU of compute capability 8.0 or more
+    (Ampere on: A100, H100, RTX 30xx); older ones (V100, T4) have no bfloat16 tensor cores
+    (``torch.cuda.is_bf16_supported(including_emulation=False)`` is False there), so ``auto``
+    keeps float32 on them rather than emulated bfloat16. Other devices: True (Ascend NPUs compute
+    bfloat16; the CPU is decided before)."""
+    if device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def policy_dtype(trainer, device: torch.device) -> torch.dtype | None:
