@@ -92,7 +92,8 @@ class RunConfig(_Section):
         if not self.takes_lora():
             return ""
         if self.policy.lora is not None:
-            return "LoRA adapters alone (policy.lora.trainable_modules=[]: the modules it lists train in the policy's dtype)"
+            return ("LoRA adapters alone (policy.lora.trainable_modules=[]: the modules it lists train in the "
+                    "policy's dtype)")
         return "LoRA adapters (policy.lora, float32)"
 
     def takes_lora(self) -> bool:

@@ -45,7 +45,7 @@ def _token_ratios_need_scored_elements(config, node_config, dp_size: int, world_
                                            "the elements exactly")
 
 
-def _ddp_trains_float32_weights(config) -> tuple[str, str] | None:
+def _ddp_needs_float32_weights(config) -> tuple[str, str] | None:
     """The planner's form of :class:`~vla_rl.trainers.strategy.DDPStrategy`'s refusal: DDP steps
     Adam on the policy's own parameters, which must then be float32 (or LoRA's float32 adapters),
     refused before any worker loads a model and warm-starts it."""
@@ -60,7 +60,7 @@ def _ddp_trains_float32_weights(config) -> tuple[str, str] | None:
 
 
 def _actor_checks(config, node_config, dp_size: int, world_size: int) -> tuple[str, str] | None:
-    return (_ddp_trains_float32_weights(config)
+    return (_ddp_needs_float32_weights(config)
             or _token_ratios_need_scored_elements(config, node_config, dp_size, world_size))
 
 
@@ -73,7 +73,7 @@ def update_actor(ctx, batch) -> NodeOutput:
     return NodeOutput(batch, metrics)
 
 
-def _ddp_trains_a_float32_value_body(config) -> tuple[str, str] | None:
+def _ddp_needs_a_float32_value_body(config) -> tuple[str, str] | None:
     """The text critic's body is a whole trainable copy of the policy's, in ``text.dtype`` whatever
     the actor's LoRA: under DDP (Adam on it, no float32 masters) it must be float32."""
     dtype = config.text.dtype
@@ -87,7 +87,7 @@ def _ddp_trains_a_float32_value_body(config) -> tuple[str, str] | None:
 
 
 def _critic_checks(config, node_config, dp_size: int, world_size: int) -> tuple[str, str] | None:
-    return (_ddp_trains_a_float32_value_body(config)
+    return (_ddp_needs_a_float32_value_body(config)
             or critic_needs_one_task(config, node_config, dp_size, world_size))
 
 
