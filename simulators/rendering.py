@@ -7,7 +7,8 @@ simulator actor it runs before the actor's first environment exists.
 
 What it chooses, once per process (:func:`rendering_report` says what it chose):
 
-- **Backend.** ``MUJOCO_GL`` set by the user wins, unchecked. Otherwise EGL (no display needed:
+- **Backend.** ``MUJOCO_GL`` set by the user wins, never replaced (with ``egl`` on a GPU, the
+  device is still chosen and probed, below). Otherwise EGL (no display needed:
   the GPU driver where there is one, Mesa's llvmpipe on a CPU machine), after a probe that opens a
   16x16 EGL context in a child process (:func:`probe_backend`); if that fails, OSMesa, with one
   logged warning naming the EGL error; if OSMesa fails too, EGL is kept (as before) and the warning says
@@ -282,7 +283,8 @@ def setup_headless_rendering(backend: str = DEFAULT_GL_BACKEND) -> str:
     docstring says; later calls return the first choice.
 
     A user's ``MUJOCO_GL`` is kept (and ``PYOPENGL_PLATFORM`` set to it when unset and it is
-    ``egl`` or ``osmesa``); otherwise ``backend`` is probed (:func:`probe_backend`) on the
+    ``egl`` or ``osmesa``), with the EGL device chosen for this process's GPU when it is ``egl``
+    and ``MUJOCO_EGL_DEVICE_ID`` is unset; otherwise ``backend`` is probed (:func:`probe_backend`) on the
     :func:`render_gpu` and set, or OSMesa when it fails (one log warning naming the error). Warns (``RuntimeWarning``) if ``mujoco`` was imported before,
     since the setting then comes too late to take effect.
 
@@ -303,7 +305,7 @@ def setup_headless_rendering(backend: str = DEFAULT_GL_BACKEND) -> str:
         os.environ.pop(name, None)
     os.environ.pop(AUTO_VARS_VAR, None)
     user = user_rendering_env_vars()
-    if "MUJOCO_GL" in user:
+    if "MUJOCO_GL" in user and (user["MUJOCO_GL"] != "egl" or EGL_DEVICE_VAR in user):
         _REPORT = {"backend": user["MUJOCO_GL"], "source": "MUJOCO_GL set by the user",
                    "device_id": user.get(EGL_DEVICE_VAR), "gpu": None, "gl_renderer": None, "egl_error": None}
     else:
@@ -314,12 +316,36 @@ def setup_headless_rendering(backend: str = DEFAULT_GL_BACKEND) -> str:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        _REPORT = _choose_backend(backend, user.get(EGL_DEVICE_VAR))
-        for name, value in headless_rendering_env_vars(_REPORT["backend"]).items():
-            _set_auto(name, value)
+        if "MUJOCO_GL" in user:  # the user's EGL (the offline GPU kit sets MUJOCO_GL=egl): on this process's GPU
+            _REPORT = _egl_device_for_the_users_egl()
+        else:
+            _REPORT = _choose_backend(backend, user.get(EGL_DEVICE_VAR))
+            for name, value in headless_rendering_env_vars(_REPORT["backend"]).items():
+                _set_auto(name, value)
     if "PYOPENGL_PLATFORM" not in os.environ and _REPORT["backend"] in _PYOPENGL_PLATFORMS:
         _set_auto("PYOPENGL_PLATFORM", _REPORT["backend"])
     return _REPORT["backend"]
+
+
+def _egl_device_for_the_users_egl() -> dict[str, Any]:
+    """``MUJOCO_GL=egl`` set by the user without ``MUJOCO_EGL_DEVICE_ID``: the backend stays the
+    user's, never replaced; the EGL device is still chosen for this process's GPU, as in the
+    automatic choice (without it every process renders on MuJoCo's first EGL device). Probed only
+    where there is a GPU to render on; a failed probe is reported, the user's backend kept."""
+    gpu = current_render_gpu()
+    report = {"backend": "egl", "source": "MUJOCO_GL set by the user", "device_id": None, "gpu": gpu,
+              "gl_renderer": None, "egl_error": None}
+    if gpu is None:
+        return report
+    probe = probe_backend("egl", cuda_index(gpu, os.environ.get("CUDA_VISIBLE_DEVICES")))
+    if not probe["ok"]:
+        logger.warning("MuJoCo cannot render with EGL (MUJOCO_GL=egl, set by the user) on GPU %s: %s", gpu,
+                       probe["error"])
+        return {**report, "egl_error": probe["error"]}
+    if probe["device_id"] is not None:
+        _set_auto(EGL_DEVICE_VAR, probe["device_id"])
+    return {**report, "source": "MUJOCO_GL set by the user; EGL device chosen", "device_id": probe["device_id"],
+            "gl_renderer": probe["gl_renderer"]}
 
 
 def _choose_backend(backend: str, user_device: str | None) -> dict[str, Any]:
@@ -390,7 +416,8 @@ def rendering_report() -> dict[str, Any]:
         ``MUJOCO_EGL_DEVICE_ID`` in effect; None: MuJoCo's default EGL device), ``"gpu": str |
         None`` (the GPU id wanted, :func:`render_gpu`), ``"gl_renderer": str | None``
         (``GL_RENDERER`` of the probe's context, e.g. ``"NVIDIA H100 80GB HBM3/PCIe/SSE2"`` or
-        ``"llvmpipe (...)"``; None when the user chose the backend: not probed), ``"egl_error":
+        ``"llvmpipe (...)"``; None when not probed: the user chose the backend, and its device
+        unless it is ``egl`` on a GPU), ``"egl_error":
         str | None`` (why EGL failed, when it did)``}`` (a copy).
     """
     setup_headless_rendering()

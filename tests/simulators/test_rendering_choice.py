@@ -203,6 +203,36 @@ def test_the_users_choice_wins_and_a_parents_choice_does_not(fresh_process, monk
     assert setup_headless_rendering() == "egl" and calls == [("egl", 0)]
 
 
+def test_the_users_egl_renders_on_the_processes_gpu(fresh_process, monkeypatch, caplog):
+    """``MUJOCO_GL=egl`` alone (the offline GPU kit exports it) kept the backend and skipped the
+    device choice: every simulator rendered on MuJoCo's first EGL device, whatever its GPU. Now the
+    device is chosen for the process's GPU (the backend still the user's, even when the probe
+    fails); without a GPU nothing is probed, and a user's MUJOCO_EGL_DEVICE_ID is used as is."""
+    calls = fake_probe(monkeypatch, {"egl": True})
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    monkeypatch.setenv(RENDER_GPU_HINT_VAR, "5")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    assert setup_headless_rendering() == "egl" and calls == [("egl", 1)]  # GPU 5: CUDA index 1 here
+    assert os.environ[EGL_DEVICE_VAR] == "3" and user_rendering_env_vars() == {"MUJOCO_GL": "egl"}
+    assert rendering.rendering_report() == {"backend": "egl", "source": "MUJOCO_GL set by the user; EGL device chosen",
+                                            "device_id": "3", "gpu": "5", "gl_renderer": "egl renderer",
+                                            "egl_error": None}
+    monkeypatch.setattr(rendering, "_REPORT", None)  # the probe fails: the user's backend stays
+    monkeypatch.delenv(EGL_DEVICE_VAR)
+    failing = fake_probe(monkeypatch, {"egl": False})
+    assert setup_headless_rendering() == "egl" and failing == [("egl", 1)] and EGL_DEVICE_VAR not in os.environ
+    assert rendering.rendering_report()["egl_error"] == "egl context creation failed: no display"
+    assert any("set by the user) on GPU 5" in r.getMessage() for r in caplog.records)
+    for unset in (RENDER_GPU_HINT_VAR, "CUDA_VISIBLE_DEVICES"):  # no GPU: not probed
+        monkeypatch.delenv(unset)
+    monkeypatch.setattr(rendering, "_REPORT", None)
+    assert setup_headless_rendering() == "egl" and failing == [("egl", 1)]
+    monkeypatch.setattr(rendering, "_REPORT", None)  # the user's device: not probed either
+    monkeypatch.setenv(RENDER_GPU_HINT_VAR, "5")
+    monkeypatch.setenv(EGL_DEVICE_VAR, "0")
+    assert setup_headless_rendering() == "egl" and failing == [("egl", 1)] and os.environ[EGL_DEVICE_VAR] == "0"
+
+
 def test_describe_renderers_counts_each_renderer():
     gpu = {"backend": "egl", "source": "automatic", "device_id": "1", "gpu": "0",
            "gl_renderer": "NVIDIA H100 80GB HBM3/PCIe/SSE2", "egl_error": None}
