@@ -1,5 +1,11 @@
 """Is this GPU node ready for vla-rl? Runs each part below in its own process group with its own
 timeout (a hang costs that part only), then prints a pass/fail table and writes one JSON report.
+When a part ends or times out, what is left of its group gets SIGTERM, then SIGKILL after 15 s
+(:func:`end_group`); stopped itself (SIGTERM, SIGHUP, Ctrl-C), the check ends its running parts'
+groups and writes the report with them (``stopped_while_running``). A training part passes when
+its metrics show the update it should have made, a benchmark when its JSON measured every part
+(the benchmarks record an out-of-memory part and exit 0). ``--deadline`` counts from the start
+and keeps the 15 s grace in hand.
 
     bash scripts/gpu_check.sh                       # every part, report in outputs/gpu_check/
     bash scripts/gpu_check.sh --parts egl suite     # some parts
@@ -33,11 +39,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +98,9 @@ assert "llvmpipe" not in renderer.lower(), f"EGL rendered on the CPU ({renderer}
 class Part:
     """One check: a command, its timeout, extra environment, and for a training run the run
     directory and the least value its metrics must reach (a step that updated nothing passes
-    silently otherwise: every group filtered, say). ``beside`` parts (the training runs) may run
+    silently otherwise: every group filtered, say); for a benchmark its JSON ``report``, whose
+    parts must all have been measured (a benchmark records a part that ran out of memory and
+    exits 0). ``beside`` parts (the training runs) may run
     beside one another (``--lanes``); the others run alone, first."""
 
     name: str
@@ -100,6 +110,7 @@ class Part:
     run_dir: Path | None = None
     expect: dict[str, float] = field(default_factory=dict)
     beside: bool = False
+    report: Path | None = None
 
 
 #: An update ran and its gradient was not 0. The runs' rewards may all be 0 (a tiny warm start
@@ -164,9 +175,10 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
         Part("suite", suite, 480, {"VLA_RL_TEST_DEVICE": "cuda"}),
         # the timed benchmarks alone, before the training runs share the GPU
         Part("pi0_full_size", [sys.executable, "benchmarks/pi0_full_size.py", "--device", "cuda",
-                               "--out", str(out / "pi0_full_size.json")], 150),
+                               "--out", str(out / "pi0_full_size.json")], 150, report=out / "pi0_full_size.json"),
         Part("oft_full_size", [sys.executable, "benchmarks/openvla_oft_full_size.py", "--device", "cuda",
-                               "--warmup", "1", "--repeats", "2", "--out", str(out / "openvla_oft_full_size.json")], 240),
+                               "--warmup", "1", "--repeats", "2", "--out", str(out / "openvla_oft_full_size.json")], 240,
+             report=out / "openvla_oft_full_size.json"),
         # the training runs, --lanes at a time, the longest first (one H200, 2026-12-04, one at a
         # time beside the suite: 104, 93, 73 and 54 s; embodied_srpo alone: 94 s)
         # Flow-Noise: its learned noise head on the action expert's features sets the entropy,
@@ -195,31 +207,95 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
     ]
 
 
+def benchmark_errors(part: Part) -> list[str]:
+    """What the part's benchmark ``report`` did not measure: each part it records an ``error`` for
+    (out of memory), or the report itself missing or measuring nothing."""
+    if part.report is None:
+        return []
+    try:
+        measured = json.loads(part.report.read_text()).get("parts") or {}
+    except (OSError, ValueError) as error:
+        return [f"no benchmark report at {part.report} ({error})"]
+    if not measured:
+        return [f"{part.report} measured no part"]
+    return [f"{name}: {entry['error']}" for name, entry in measured.items() if "error" in entry]
+
+
+#: Seconds a part's process group gets between SIGTERM and SIGKILL (Ray's shutdown, a CLI's
+#: graceful stop), at its timeout and for what it leaves behind when it ends.
+KILL_GRACE_S = 15.0
+
+#: The parts' processes still running, with their parts' names (their groups are ended if the
+#: check itself is stopped).
+_LIVE: dict[subprocess.Popen, str] = {}
+_LIVE_LOCK = threading.Lock()
+
+
+def end_group(process: subprocess.Popen, grace_s: float | None = None) -> None:
+    """End what is left of ``process``'s process group (the part's session: its children, Ray's
+    processes): SIGTERM, then SIGKILL to whatever is still there after ``grace_s``, whether or not
+    the leader has exited (a CLI child turns SIGTERM into a graceful stop of up to 30 s). Reaps
+    the leader. ``grace_s``: None, :data:`KILL_GRACE_S`."""
+    grace_s = KILL_GRACE_S if grace_s is None else grace_s
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        process.wait()
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        process.poll()  # reap the leader: a zombie still counts as a member of its group
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 def run_part(part: Part, log_dir: Path, timeout_s: float) -> dict:
-    """Run one part in its own session for at most ``timeout_s`` seconds; then kill its whole
-    process group (Ray's processes included)."""
+    """Run one part in its own session for at most ``timeout_s`` seconds; then end its whole
+    process group (Ray's processes included), whether it timed out or ended (:func:`end_group`)."""
     log = log_dir / f"{part.name}.log"
     start = time.monotonic()
     with open(log, "w") as handle:
         process = subprocess.Popen(part.command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **part.env}, start_new_session=True)
+        with _LIVE_LOCK:
+            _LIVE[process] = part.name
         try:
             returncode = process.wait(timeout=timeout_s)
             status = "pass" if returncode == 0 else "fail"
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
             returncode, status = None, "timeout"
+        end_group(process)
+        with _LIVE_LOCK:
+            _LIVE.pop(process, None)
     seconds = round(time.monotonic() - start, 1)
     tail = log.read_text(errors="replace").splitlines()[-25:]
     if status == "pass" and (unmet := unmet_expectations(part)):
         status, tail = "fail", [f"the run ended but did not do its job: {problem}" for problem in unmet]
+    if status == "pass" and (errors := benchmark_errors(part)):
+        status, tail = "fail", [f"the benchmark ended but did not measure: {problem}" for problem in errors]
     return {"part": part.name, "status": status, "returncode": returncode, "seconds": seconds,
             "timeout_s": round(timeout_s, 1), "log": str(log), "tail": tail}
+
+
+def end_live_parts(grace_s: float = 2.0) -> list[str]:
+    """End every part still running, with its process group (the check itself is being
+    stopped); returns their names."""
+    with _LIVE_LOCK:
+        live = dict(_LIVE)
+    for process in live:
+        end_group(process, grace_s)
+    return sorted(live.values())
+
+
+def _stop(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _run_within(part: Part, log_dir: Path, ends: float) -> dict:
@@ -337,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds for the whole check: each part's timeout is cut to what is left, and parts "
                              "that would get under 20 s are reported as skipped")
     args = parser.parse_args(argv)
+    # the deadline counts from here (CUDA's start in _gpu_count included) and leaves a part's
+    # SIGTERM-to-SIGKILL grace, so that the check ends within --deadline even when a part times out
+    ends = time.monotonic() + args.deadline - KILL_GRACE_S
     out = args.out.resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)
     xdist = _has_xdist()
@@ -354,29 +433,43 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"[gpu_check] not installed here: {', '.join(missing)} (their tests are skipped; "
               "offline hosts: bash scripts/gpu_kit_wheels.sh, then .gpu/setup.sh again)", flush=True)
-    results = []
+    results, stopped = [], []
 
     def write_report() -> None:  # after each part, so that a check cut short still leaves one
-        (out / "report.json").write_text(json.dumps({"missing_requirements": missing, "results": results}, indent=2))
+        report = {"missing_requirements": missing, "results": results}
+        if stopped:
+            report["stopped_while_running"] = stopped
+        (out / "report.json").write_text(json.dumps(report, indent=2))
 
-    ends = time.monotonic() + args.deadline
     alongside = None
-    if args.suite_alongside and any(part.name == "suite" for part in chosen):
-        # The suite's xdist workers use CPU cores, the runs mostly the GPU: run it beside them.
-        suite = next(part for part in chosen if part.name == "suite")
-        chosen = [part for part in chosen if part is not suite]
-        print(f"[gpu_check] suite (timeout {suite.timeout_s} s) started beside the other parts", flush=True)
-        alongside = concurrent.futures.ThreadPoolExecutor(1).submit(
-            run_part, suite, out / "logs", min(suite.timeout_s, args.deadline))
-    for result in run_parts(chosen, out / "logs", ends, args.lanes):
-        results.append(result)
+    # Stopped itself (SIGTERM from an outer timeout, Ctrl-C), the check ends its parts' process
+    # groups (the suite's xdist workers, Ray's processes: they hold the GPU) and writes its report.
+    previous = {number: signal.signal(number, _stop) for number in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        if args.suite_alongside and any(part.name == "suite" for part in chosen):
+            # The suite's xdist workers use CPU cores, the runs mostly the GPU: run it beside them.
+            suite = next(part for part in chosen if part.name == "suite")
+            chosen = [part for part in chosen if part is not suite]
+            timeout_s = min(suite.timeout_s, ends - time.monotonic())
+            print(f"[gpu_check] suite (timeout {timeout_s:.0f} s) started beside the other parts", flush=True)
+            alongside = concurrent.futures.ThreadPoolExecutor(1).submit(run_part, suite, out / "logs", timeout_s)
+        for result in run_parts(chosen, out / "logs", ends, args.lanes):
+            results.append(result)
+            write_report()
+        if alongside is not None:
+            result = alongside.result()
+            results.append(result)
+            print(f"[gpu_check] suite: {result['status']} in {result['seconds']} s", flush=True)
+            if result["status"] != "pass":
+                print("\n".join("    " + line for line in result["tail"]), flush=True)
+    except (KeyboardInterrupt, SystemExit):
+        stopped.extend(end_live_parts())
         write_report()
-    if alongside is not None:
-        result = alongside.result()
-        results.append(result)
-        print(f"[gpu_check] suite: {result['status']} in {result['seconds']} s", flush=True)
-        if result["status"] != "pass":
-            print("\n".join("    " + line for line in result["tail"]), flush=True)
+        print(f"[gpu_check] stopped; ended the parts still running: {', '.join(stopped) or 'none'}", flush=True)
+        raise
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     write_report()
     print("\n| part | status | seconds |\n| --- | --- | --- |")
     for result in results:

@@ -203,6 +203,89 @@ def test_a_hanging_part_is_killed_with_its_children_at_its_timeout(gpu_check, tm
     assert not marker.exists()  # the grandchild went with the group
 
 
+def _leaves_a_child(gpu_check, tmp_path, name: str, sleep: float):
+    """A part whose leader starts a child that ignores SIGTERM and writes a marker after 4 s, marks
+    its start, then sleeps ``sleep`` s (0: it ends, leaving the child); the part, the marker and
+    the start mark."""
+    marker, started = tmp_path / f"{name}.child_wrote", tmp_path / f"{name}.started"
+    child = ("import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(4); "
+             f"pathlib.Path({str(marker)!r}).write_text('x')")
+    code = (f"import pathlib, subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); "
+            f"time.sleep(0.5); pathlib.Path({str(started)!r}).write_text('x'); time.sleep({sleep})")
+    return gpu_check.Part(name, [sys.executable, "-c", code], 60), marker, started
+
+
+@pytest.mark.parametrize("sleep, status", [(60, "timeout"), (0, "pass")])
+def test_what_a_part_leaves_is_killed_after_the_grace_whether_its_leader_exited_or_not(gpu_check, tmp_path,
+                                                                                     monkeypatch, sleep, status):
+    """At a timeout the part's leader may exit at SIGTERM at once (pytest does) while a member
+    holds on (a CLI child stopping gracefully); and a part may end leaving processes behind. The
+    group was SIGKILLed only if the leader outlived the grace: these members kept running (and
+    holding the GPU) beside the next parts."""
+    monkeypatch.setattr(gpu_check, "KILL_GRACE_S", 1.0)
+    part, marker, _ = _leaves_a_child(gpu_check, tmp_path, "leaves", sleep)
+    result = gpu_check.run_part(part, tmp_path, timeout_s=2.0)
+    assert result["status"] == status
+    time.sleep(5)
+    assert not marker.exists()  # SIGKILLed after the grace, before it could write
+
+
+def test_a_benchmark_that_measured_nothing_or_ran_out_of_memory_fails(gpu_check, tmp_path):
+    """The benchmarks record a part that runs out of GPU memory in their JSON and exit 0: such a
+    part passed the check."""
+    report = tmp_path / "bench.json"
+    write = f"import json, pathlib; pathlib.Path({str(report)!r}).write_text(json.dumps({{DATA}}))"
+    cases = [({"parts": {"sample": {"total_s": 1.0}, "update": {"error": "out of memory: tried to allocate"}}},
+              "fail", "update: out of memory"),
+             ({"parts": {}}, "fail", "measured no part"),
+             ({"parts": {"sample": {"total_s": 1.0}}}, "pass", None)]
+    for data, status, why in cases:
+        part = gpu_check.Part("bench", [sys.executable, "-c", write.replace("{DATA}", repr(data))], 60, report=report)
+        result = gpu_check.run_part(part, tmp_path, timeout_s=30)
+        assert result["status"] == status, (data, result)
+        assert why is None or why in " ".join(result["tail"])
+    report.unlink()
+    part = gpu_check.Part("bench", [sys.executable, "-c", "pass"], 60, report=report)
+    assert "no benchmark report" in " ".join(gpu_check.run_part(part, tmp_path, timeout_s=30)["tail"])
+
+
+_STOPPED_CHECK = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("gpu_check", {script!r})
+gpu_check = importlib.util.module_from_spec(spec)
+sys.modules["gpu_check"] = gpu_check
+spec.loader.exec_module(gpu_check)
+part = gpu_check.Part("sleepy", [sys.executable, "-c", {code!r}], 60)
+gpu_check.build_parts = lambda out, gpus, workers_xdist: [part]
+sys.exit(gpu_check.main(["--out", {out!r}, "--deadline", "120"]))
+"""
+
+
+def test_a_check_stopped_by_sigterm_ends_its_running_parts_and_writes_its_report(gpu_check, tmp_path):
+    """An outer timeout's SIGTERM killed the check alone: every running part (its own session)
+    went on holding the GPU, and the report lacked them."""
+    import signal
+    import subprocess
+
+    part, marker, started = _leaves_a_child(gpu_check, tmp_path, "sleepy", 60)
+    script = _STOPPED_CHECK.format(script=str(ROOT / "scripts" / "gpu_check.py"), code=part.command[-1],
+                                   out=str(tmp_path / "out"))
+    check = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert started.exists()
+    check.send_signal(signal.SIGTERM)
+    out, _ = check.communicate(timeout=30)
+    assert check.returncode == 128 + signal.SIGTERM, out
+    assert "ended the parts still running: sleepy" in out
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["stopped_while_running"] == ["sleepy"] and report["results"] == []
+    time.sleep(5)
+    assert not marker.exists()  # the part's child, which ignores SIGTERM, went too
+
+
 def test_the_env_part_names_the_gpu_the_machine_and_where_its_host_name_resolves(gpu_check, monkeypatch, capsys):
     """The ``env`` part's script, run against a stand-in H200 (torch.cuda's queries answered as
     one would): its JSON line holds the GPU's properties, the machine's record as a run's
