@@ -1,7 +1,7 @@
 """Is this GPU node ready for vla-rl? Runs each part below in its own process group with its own
 timeout (a hang costs that part only), then prints a pass/fail table and writes one JSON report.
-When a part ends or times out, what is left of its group gets SIGTERM, then SIGKILL after 15 s
-(:func:`end_group`); stopped itself (SIGTERM, SIGHUP, Ctrl-C), the check ends its running parts'
+When a part times out, its group gets SIGTERM, then SIGKILL after 15 s (:func:`end_group`;
+what a part that ended leaves behind, after 5 s); stopped itself (SIGTERM, SIGHUP, Ctrl-C), the check ends its running parts'
 groups and writes the report with them (``stopped_while_running``). A training part passes when
 its metrics show the update it should have made, a benchmark when its JSON measured every part
 (the benchmarks record an out-of-memory part and exit 0). ``--deadline`` counts from the start
@@ -221,9 +221,11 @@ def benchmark_errors(part: Part) -> list[str]:
     return [f"{name}: {entry['error']}" for name, entry in measured.items() if "error" in entry]
 
 
-#: Seconds a part's process group gets between SIGTERM and SIGKILL (Ray's shutdown, a CLI's
-#: graceful stop), at its timeout and for what it leaves behind when it ends.
+#: Seconds a part's process group gets between SIGTERM and SIGKILL at its timeout (Ray's
+#: shutdown, a CLI's graceful stop) ...
 KILL_GRACE_S = 15.0
+#: ... and what a part that ended by itself left in its group (normally nothing: no wait).
+LEFTOVER_GRACE_S = 5.0
 
 #: The parts' processes still running, with their parts' names (their groups are ended if the
 #: check itself is stopped).
@@ -271,7 +273,7 @@ def run_part(part: Part, log_dir: Path, timeout_s: float) -> dict:
             status = "pass" if returncode == 0 else "fail"
         except subprocess.TimeoutExpired:
             returncode, status = None, "timeout"
-        end_group(process)
+        end_group(process, KILL_GRACE_S if status == "timeout" else LEFTOVER_GRACE_S)
         with _LIVE_LOCK:
             _LIVE.pop(process, None)
     seconds = round(time.monotonic() - start, 1)

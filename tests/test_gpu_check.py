@@ -223,6 +223,7 @@ def test_what_a_part_leaves_is_killed_after_the_grace_whether_its_leader_exited_
     group was SIGKILLed only if the leader outlived the grace: these members kept running (and
     holding the GPU) beside the next parts."""
     monkeypatch.setattr(gpu_check, "KILL_GRACE_S", 1.0)
+    monkeypatch.setattr(gpu_check, "LEFTOVER_GRACE_S", 1.0)
     part, marker, _ = _leaves_a_child(gpu_check, tmp_path, "leaves", sleep)
     result = gpu_check.run_part(part, tmp_path, timeout_s=2.0)
     assert result["status"] == status
