@@ -1,8 +1,8 @@
 """Is this GPU node ready for vla-rl? Runs each part below in its own process group with its own
 timeout (a hang costs that part only), then prints a pass/fail table and writes one JSON report.
 When a part times out, its group gets SIGTERM, then SIGKILL after 15 s (:func:`end_group`;
-what a part that ended leaves behind, after 5 s); stopped itself (SIGTERM, SIGHUP, Ctrl-C), the check ends its running parts'
-groups and writes the report with them (``stopped_while_running``). A training part passes when
+what a part that ended leaves behind, after 5 s); stopped itself (SIGTERM, SIGHUP, Ctrl-C), the
+check ends its running parts' groups and writes the report with them (``stopped_while_running``). A training part passes when
 its metrics show the update it should have made, a benchmark when its JSON measured every part
 (the benchmarks record an out-of-memory part and exit 0). ``--deadline`` counts from the start
 and keeps the 15 s grace in hand.
