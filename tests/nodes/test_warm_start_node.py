@@ -34,6 +34,8 @@ def _fit(rank: int) -> tuple[MLPPolicy, TensorDict, RunConfig]:
     differs on GPUs (the initial weights, the observations and the learning rate)."""
     torch.manual_seed(rank)
     policy = MLPPolicy(MLPPolicyConfig(obs_dim=2, action_dim=1, hidden_sizes=(4,)))
+    policy.log_std.requires_grad_(False)  # frozen (as a LoRA run's base): loaded alike, never moved
+    policy.log_std.data.fill_(float(rank))  # here unlike on each rank, to see that it is not moved
     obs = torch.arange(8.0).reshape(4, 2) + rank
     actions = torch.linspace(-0.5, 0.5, 4).reshape(4, 1, 1).expand(4, policy.chunk_size, 1).contiguous()
     config = RunConfig.model_validate({"warm_start": {"bc_steps": 3, "bc_lr": 1e-2 * (rank + 1), "norm_init_states": 0}})
@@ -56,12 +58,13 @@ def _clone(rank: int, world: int, store_path: str) -> tuple[dict, dict]:
 
 
 def test_every_worker_ends_behaviour_cloning_with_rank_zeros_weights(tmp_path):
-    """Two workers whose own fits differ hold rank 0's weights and normalisation statistics after
-    the node (the reference and the first evaluation are built from them before the actor's
-    strategy broadcasts anything)."""
+    """Two workers whose own fits differ hold rank 0's trained weights and normalisation statistics
+    after the node (the reference and the first evaluation are built from them before the actor's
+    strategy broadcasts anything); a frozen parameter is not moved."""
     results = run_workers(_clone, 2, str(tmp_path / "store"), nprocs=2)
     (node_0, alone_0), (node_1, alone_1) = results[0], results[1]
-    assert set(node_0) >= {"obs_mean", "obs_std"}
+    assert set(node_0) >= {"obs_mean", "obs_std", "log_std"}
     for name, tensor in node_0.items():
-        assert torch.equal(tensor, alone_0[name]) and torch.equal(node_1[name], tensor), name
+        assert torch.equal(tensor, alone_0[name]), name
+        assert torch.equal(node_1[name], alone_1[name] if name == "log_std" else tensor), name
     assert any(not torch.equal(alone_1[name], tensor) for name, tensor in node_0.items())  # rank 1's own fit differs

@@ -217,12 +217,13 @@ def _rank_zeros_weights_everywhere(ctx) -> None:
     weights only where the kernels are deterministic: on GPUs the cuBLAS/cuDNN reductions and
     attention backward passes are not, and a few hundred Adam steps amplify their rounding. The
     actor's strategy starts from rank 0's weights, but the reference (built from each worker's own
-    policy before it) and the first evaluation would not; so rank 0's weights (and buffers: the
-    normalisation statistics) are broadcast here, as DDP does at construction."""
+    policy before it) and the first evaluation would not; so rank 0's trained weights (and
+    buffers: the normalisation statistics) are broadcast here, as DDP does at construction. The
+    frozen ones (a LoRA run's base model) were loaded alike and never trained: not moved."""
     from vla_rl.trainers.strategy import broadcast_module
 
     if ctx.world_size > 1:
-        broadcast_module(ctx.resources.policy, ctx.group)
+        broadcast_module(ctx.resources.policy, ctx.group, trainable_only=True)
 
 
 @register_node("data", "data_load", name="sft_examples", writes=SFT_KEYS, resources=("policy", "text_assets"))

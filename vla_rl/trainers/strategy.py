@@ -436,11 +436,13 @@ def meta_copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 
 @torch.no_grad()
-def broadcast_module(module: nn.Module, group: dist.ProcessGroup | None) -> None:
+def broadcast_module(module: nn.Module, group: dist.ProcessGroup | None, trainable_only: bool = False) -> None:
     """Overwrite ``module``'s parameters and buffers with rank 0's (of ``group``), one tensor at a
-    time, as DDP does at construction."""
+    time, as DDP does at construction; with ``trainable_only``, of the parameters only those that
+    require gradients (the frozen ones, a LoRA run's whole base model, are the same everywhere)."""
     source = dist.get_global_rank(group, 0) if group is not None else 0
-    for tensor in [*module.parameters(), *module.buffers()]:
+    parameters = [p for p in module.parameters() if p.requires_grad or not trainable_only]
+    for tensor in [*parameters, *module.buffers()]:
         dist.broadcast(tensor.data, src=source, group=group)
 
 
