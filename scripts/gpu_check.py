@@ -145,8 +145,11 @@ def unmet_expectations(part: Part) -> list[str]:
             if best.get(key, float("-inf")) < least]
 
 
-def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
-    """The check's parts, in the order they run."""
+def build_parts(out: Path, gpus: int, workers_xdist: int, native_bfloat16: bool = True) -> list[Part]:
+    """The check's parts, in the order they run. Without ``native_bfloat16`` (a GPU before
+    Ampere: ``trainer.mixed_precision: auto`` keeps float32 there) the DDP runs are expected to
+    update without rescoring their old log-probs."""
+    ddp_auto = DDP_AUTOCAST if native_bfloat16 else UPDATED
     runs = out / "runs"
     workers = ["workers.num_workers=1"] if gpus < 2 else ["workers.num_workers=2"]
     small_eval = ["eval.num_episodes=4", "eval.video_episodes=0"]
@@ -190,15 +193,15 @@ def build_parts(out: Path, gpus: int, workers_xdist: int) -> list[Part]:
                # the bfloat16 copy rescored the float32 rollout's actions (the first ratio is 1)
                expect={**UPDATED, "actor/checkpointed_blocks": 1.0, "actor/old_log_prob_max_diff": 0.0}),
         _train("embodied_srpo", "embodied_srpo", workers, runs,
-               ["trainer.total_steps=2", *small_step, *small_eval, *entropy], 180, expect=DDP_AUTOCAST),
+               ["trainer.total_steps=2", *small_step, *small_eval, *entropy], 180, expect=ddp_auto),
         _train("oft_backbone", "embodied_srpo_oft_lift", workers, runs,
                ["trainer.total_steps=1", "algorithm.trajectory_encoder=policy_backbone", *camera_warm_start,
-                *small_step, *small_eval, *entropy], 180, expect=DDP_AUTOCAST),
+                *small_step, *small_eval, *entropy], 180, expect=ddp_auto),
         # DDP (the default strategy) under mixed_precision auto: bfloat16 autocast, the old log-probs
         # rescored by the trainer (the metric exists only then)
         _train("llm_grpo", "llm_grpo", workers, runs,
                ["trainer.total_steps=2", "text.sft_steps=20", "eval.num_episodes=16",
-                "algorithm.filter_groups.zero_variance=false", *text_reward], 150, expect=DDP_AUTOCAST),
+                "algorithm.filter_groups.zero_variance=false", *text_reward], 150, expect=ddp_auto),
         _train("llm_ppo_fsdp", "llm_ppo", workers, runs,
                ["trainer.total_steps=1", "text.sft_steps=20", "eval.num_episodes=0", "trainer.strategy=fsdp",
                 "trainer.mixed_precision=bf16", "trainer.micro_batch_size=8", *text_reward], 150,
@@ -368,6 +371,16 @@ def _gpu_count() -> int:
         return 0
 
 
+def _native_bfloat16() -> bool:
+    """Whether GPU 0 computes bfloat16 natively (vla_rl.trainers.strategy.native_bfloat16); True
+    without a GPU (the parts then fail on their own)."""
+    import torch
+
+    from vla_rl.trainers.strategy import native_bfloat16
+
+    return not torch.cuda.is_available() or native_bfloat16(torch.device("cuda", 0))
+
+
 #: Recorded durations of the device tests (tests/durations.py): the suite part runs them longest with shortest.
 DURATIONS = ROOT / "tests" / "device_test_durations.json"
 
@@ -424,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     if not xdist and args.xdist > 1:
         print("[gpu_check] pytest-xdist >= 3.8 is not installed: the suite part runs its tests one after another and "
               "may not end within its timeout (pip install 'pytest-xdist>=3.8')", flush=True)
-    parts = build_parts(out, _gpu_count(), args.xdist if xdist else 1)
+    parts = build_parts(out, _gpu_count(), args.xdist if xdist else 1, _native_bfloat16())
     known = {part.name for part in parts}
     for name in [*(args.parts or []), *args.skip]:
         if name not in known:

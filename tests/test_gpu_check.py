@@ -368,6 +368,19 @@ def test_training_runs_share_lanes_after_the_parts_that_run_alone(gpu_check, tmp
     assert [r["status"] for r in late] == ["skipped", "skipped"]
 
 
+def test_on_a_gpu_without_native_bfloat16_the_ddp_runs_expect_no_autocast(gpu_check, tmp_path):
+    """``auto`` keeps float32 on a V100 or T4: no autocast, no rescoring of the old log-probs to
+    expect from the DDP runs (they failed the check for its missing metric); the FSDP runs ask
+    for bf16 themselves and still rescore."""
+    older = {part.name: part.expect for part in gpu_check.build_parts(tmp_path, 1, 1, native_bfloat16=False)}
+    newer = {part.name: part.expect for part in gpu_check.build_parts(tmp_path, 1, 1)}
+    rescored = "actor/old_log_prob_max_diff"
+    assert {name for name, expect in newer.items() if rescored in expect} == {
+        "pi0_fsdp", "embodied_srpo", "oft_backbone", "llm_grpo", "llm_ppo_fsdp"}
+    assert {name for name, expect in older.items() if rescored in expect} == {"pi0_fsdp", "llm_ppo_fsdp"}
+    assert older["embodied_srpo"] == gpu_check.UPDATED
+
+
 def test_the_check_starts_the_benchmarks_before_the_training_runs(gpu_check, tmp_path):
     parts = gpu_check.build_parts(tmp_path, gpus=1, workers_xdist=1)
     alone = [part.name for part in parts if not part.beside]
