@@ -122,12 +122,19 @@ class _RecordingEngine:
     """Stands in for ``vllm.LLM``: records whether CPU autocast is on when the engine is asked to
     reload its weights (consuming them) and to generate, and answers with fixed completions."""
 
-    def __init__(self) -> None:
+    def __init__(self, resets: bool = True) -> None:
         self.autocast_on: dict[str, bool] = {}
+        self.calls: list[str] = []
+        self.resets = resets
 
     def collective_rpc(self, method, kwargs):
         self.autocast_on[method] = torch.is_autocast_enabled("cpu")
+        self.calls.append(method)
         list(kwargs["weights_iterator"])
+
+    def reset_prefix_cache(self) -> bool:
+        self.calls.append("reset_prefix_cache")
+        return self.resets
 
     def generate(self, requests, params, use_tqdm):
         self.autocast_on["generate"] = torch.is_autocast_enabled("cpu")
@@ -158,6 +165,23 @@ def test_the_vllm_engine_computes_outside_the_trainers_autocast(policy, prompts,
     samples, _ = sample_groups(resources, 3, prompt_batch)
     assert rollout.llm.autocast_on == {"reload_weights": False, "generate": False}
     assert samples[keys.RESPONSES].shape == (6, 8) and not rollout.stale
+
+
+def test_a_weight_sync_empties_the_engines_prefix_cache(policy):
+    """vLLM's prefix cache (on by default) keeps prompt blocks computed with the weights of their
+    time: on a GPU (16-token blocks) the chat template's shared preamble stayed at the first
+    step's weights. Not seen on vLLM's CPU backend, whose 128-token blocks the tests' prompts
+    never fill. A stand-in engine."""
+    from vla_rl.rollout.vllm_backend import VLLMTextRollout
+
+    rollout = VLLMTextRollout.__new__(VLLMTextRollout)
+    rollout.policy, rollout.llm, rollout.stale = policy, _RecordingEngine(), True
+    rollout.sync_weights()
+    assert rollout.llm.calls == ["reload_weights", "reset_prefix_cache"] and not rollout.stale
+    rollout.llm, rollout.stale = _RecordingEngine(resets=False), True
+    with pytest.raises(RuntimeError, match="did not reset its prefix cache"):
+        rollout.sync_weights()
+    assert rollout.stale
 
 
 class _FixedRollout:

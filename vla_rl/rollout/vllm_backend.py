@@ -147,11 +147,21 @@ class VLLMTextRollout:
     def sync_weights(self) -> None:
         """Load the policy's current parameters into the engine's model, in place; LoRA adapters
         folded into their base weights (:func:`policies.lora.merged_weights`: the engine's model
-        has no adapters), one merged weight at a time."""
+        has no adapters), one merged weight at a time; then empty the engine's prefix cache.
+
+        Raises:
+            RuntimeError: the engine could not reset its prefix cache.
+        """
         from policies.lora import merged_weights
 
         weights = merged_weights(self.policy.model)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        # The prefix cache (on by default) keeps the KV blocks of prompts it has seen, computed with
+        # the weights of then: the chat template's shared preamble would stay at the first step's
+        # weights for the whole run (TRL's colocated vLLM resets it after each load, as here).
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache after the weight sync (requests still running): "
+                               "its cached prompt blocks hold the previous weights' keys and values")
         self.stale = False
 
     def close(self) -> None:
