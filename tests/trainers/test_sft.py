@@ -154,3 +154,26 @@ def test_sft_refuses_to_run_adam_on_half_precision_weights(tiny_lm_dir, tmp_path
     adapters = [p for p in policy.parameters() if p.requires_grad]
     assert adapters and {p.dtype for p in adapters} == {torch.float32} and all(map(math.isfinite, result.losses))
     assert all(bool(torch.isfinite(p).all()) for p in policy.parameters())
+
+
+def test_micro_batches_accumulate_the_whole_batchs_gradient(tiny_lm_dir, tmp_path, monkeypatch):
+    """``trainer.micro_batch_size`` rows per forward pass (the warm start ran a whole batch in one:
+    its float32 logits are (rows, R, V)); each micro-batch's token mean weighted by its share of
+    the tokens gives the whole batch's loss and update, to float32 rounding."""
+    paths = write_arithmetic_dataset(tmp_path, num_train=8, num_test=2)
+    results, calls = {}, []
+    for micro in (None, 3):
+        torch.manual_seed(0)
+        policy = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(tiny_lm_dir), max_prompt_length=24,
+                                                               max_response_length=20))
+        examples = encode_sft_examples(policy, PromptFile(paths["train"]).read_shard(0, 1, ["extra_info.answer"]))
+        real = policy.sft_loss
+        monkeypatch.setattr(policy, "sft_loss", lambda *args, real=real: calls.append(len(args[0])) or real(*args))
+        result = supervised_fine_tune(policy, examples, SFTConfig(steps=2, batch_size=8, lr=1e-3, micro_batch_size=micro))
+        results[micro] = result.losses, {name: p.detach().clone() for name, p in policy.named_parameters()}
+    assert calls == [8, 8, 3, 3, 2, 3, 3, 2]  # two steps whole, two steps in micro-batches of 3
+    assert results[3][0] == pytest.approx(results[None][0], rel=1e-5)
+    for name, tensor in results[None][1].items():
+        torch.testing.assert_close(results[3][1][name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+    with pytest.raises(ValueError, match="micro_batch_size must be >= 1"):
+        SFTConfig(micro_batch_size=0)

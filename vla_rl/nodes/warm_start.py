@@ -249,7 +249,7 @@ def load_sft_examples(ctx, batch) -> NodeOutput:
                check=_fine_tunes_float32_weights)
 def fine_tune(ctx, batch) -> NodeOutput:
     """``text.sft_steps`` of :func:`~vla_rl.trainers.sft.supervised_fine_tune` (``text.sft_lr``,
-    ``text.sft_batch_size``) on the examples."""
+    ``text.sft_batch_size``, in micro-batches of ``trainer.micro_batch_size`` rows) on the examples."""
     from vla_rl.trainers.sft import SFTConfig, SFTExamples, supervised_fine_tune
 
     text = ctx.config.text
@@ -257,7 +257,8 @@ def fine_tune(ctx, batch) -> NodeOutput:
         return NodeOutput(None, {})
     examples = SFTExamples(batch[keys.INPUT_IDS], batch[keys.ATTENTION_MASK], batch[keys.RESPONSES],
                            batch[keys.RESPONSE_MASK])
-    config = SFTConfig(steps=text.sft_steps, batch_size=text.sft_batch_size, lr=text.sft_lr, seed=ctx.config.run.seed)
+    config = SFTConfig(steps=text.sft_steps, batch_size=text.sft_batch_size, lr=text.sft_lr, seed=ctx.config.run.seed,
+                       micro_batch_size=ctx.config.trainer.micro_batch_size)
     metrics = supervised_fine_tune(ctx.resources.policy, examples, config).metrics()
     _rank_zeros_weights_everywhere(ctx)
     return NodeOutput(None, metrics)
