@@ -427,3 +427,25 @@ def test_the_kit_wheels_are_the_hosts_and_the_projects_versions(tmp_path):
     assert [name.split("-")[:2] for name in wheels] == [["dm_tree", "0.1.10"], ["openpi_client", "0.1.2"],
                                                         ["simplejpeg", "1.9.0"], ["websockets", "16.1.1"]]
     assert all("-cp312-" in name or name.endswith("-py3-none-any.whl") for name in wheels), wheels
+
+
+def test_the_deadline_keeps_the_kill_grace_in_hand(gpu_check, tmp_path, monkeypatch, capsys):
+    """A part's timeout is cut to the deadline less the SIGTERM-to-SIGKILL grace, counted from the
+    check's start: a part killed at its timeout is gone by the deadline."""
+    quick = gpu_check.Part("quick", [sys.executable, "-c", "pass"], 600)
+    monkeypatch.setattr(gpu_check, "build_parts", lambda out, gpus, workers_xdist, native_bfloat16=True: [quick])
+    assert gpu_check.main(["--out", str(tmp_path), "--deadline", "60"]) == 0
+    timeout = float(capsys.readouterr().out.split("quick (timeout ")[1].split(" s)")[0])
+    assert 60 - gpu_check.KILL_GRACE_S - 5 < timeout <= 60 - gpu_check.KILL_GRACE_S
+
+
+def test_gpu_check_sh_uses_the_python_it_is_given(tmp_path):
+    """An explicit PYTHON=... was overridden by .venv's python whenever the checkout had one."""
+    import subprocess
+
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho \"given python: $*\"\n")
+    fake.chmod(0o755)
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--parts", "env"], capture_output=True,
+                          text=True, timeout=60, env={**child_env(), "PYTHON": str(fake)})
+    assert done.returncode == 0 and done.stdout.strip() == "given python: scripts/gpu_check.py --parts env"
