@@ -2,10 +2,10 @@
 timeout (a hang costs that part only), then prints a pass/fail table and writes one JSON report.
 When a part times out, its group gets SIGTERM, then SIGKILL after 15 s (:func:`end_group`;
 what a part that ended leaves behind, after 5 s); stopped itself (SIGTERM, SIGHUP, Ctrl-C), the
-check ends its running parts' groups and writes the report with them (``stopped_while_running``). A training part passes when
-its metrics show the update it should have made, a benchmark when its JSON measured every part
-(the benchmarks record an out-of-memory part and exit 0). ``--deadline`` counts from the start
-and keeps the 15 s grace in hand.
+check ends its running parts' groups and writes the report with them (``stopped_while_running``).
+A training part passes when its metrics show the update it should have made, a benchmark when
+its JSON measured every part (the benchmarks record an out-of-memory part and exit 0).
+``--deadline`` counts from the start and keeps the 15 s grace in hand.
 
     bash scripts/gpu_check.sh                       # every part, report in outputs/gpu_check/
     bash scripts/gpu_check.sh --parts egl suite     # some parts
@@ -100,8 +100,8 @@ class Part:
     directory and the least value its metrics must reach (a step that updated nothing passes
     silently otherwise: every group filtered, say); for a benchmark its JSON ``report``, whose
     parts must all have been measured (a benchmark records a part that ran out of memory and
-    exits 0). ``beside`` parts (the training runs) may run
-    beside one another (``--lanes``); the others run alone, first."""
+    exits 0). ``beside`` parts (the training runs) may run beside one another (``--lanes``); the
+    others run alone, first."""
 
     name: str
     command: list[str]
