@@ -180,8 +180,8 @@ def build_parts(out: Path, gpus: int, workers_xdist: int, native_bfloat16: bool 
         Part("pi0_full_size", [sys.executable, "benchmarks/pi0_full_size.py", "--device", "cuda",
                                "--out", str(out / "pi0_full_size.json")], 150, report=out / "pi0_full_size.json"),
         Part("oft_full_size", [sys.executable, "benchmarks/openvla_oft_full_size.py", "--device", "cuda",
-                               "--warmup", "1", "--repeats", "2", "--out", str(out / "openvla_oft_full_size.json")], 240,
-             report=out / "openvla_oft_full_size.json"),
+                               "--warmup", "1", "--repeats", "2", "--out", str(out / "openvla_oft_full_size.json")],
+             240, report=out / "openvla_oft_full_size.json"),
         # the training runs, --lanes at a time, the longest first (one H200, 2026-12-04, one at a
         # time beside the suite: 104, 93, 73 and 54 s; embodied_srpo alone: 94 s)
         # Flow-Noise: its learned noise head on the action expert's features sets the entropy,
