@@ -8,8 +8,8 @@ simulator actor it runs before the actor's first environment exists.
 What it chooses, once per process (:func:`rendering_report` says what it chose):
 
 - **Backend.** ``MUJOCO_GL`` set by the user wins, never replaced (with ``egl`` on a GPU, the
-  device is still chosen and probed, below). Otherwise EGL (no display needed:
-  the GPU driver where there is one, Mesa's llvmpipe on a CPU machine), after a probe that opens a
+  device is still chosen and probed, below). Otherwise EGL (no display needed: the GPU driver
+  where there is one, Mesa's llvmpipe on a CPU machine), after a probe that opens a
   16x16 EGL context in a child process (:func:`probe_backend`); if that fails, OSMesa, with one
   logged warning naming the EGL error; if OSMesa fails too, EGL is kept (as before) and the warning says
   rendering will fail.
@@ -284,9 +284,10 @@ def setup_headless_rendering(backend: str = DEFAULT_GL_BACKEND) -> str:
 
     A user's ``MUJOCO_GL`` is kept (and ``PYOPENGL_PLATFORM`` set to it when unset and it is
     ``egl`` or ``osmesa``), with the EGL device chosen for this process's GPU when it is ``egl``
-    and ``MUJOCO_EGL_DEVICE_ID`` is unset; otherwise ``backend`` is probed (:func:`probe_backend`) on the
-    :func:`render_gpu` and set, or OSMesa when it fails (one log warning naming the error). Warns (``RuntimeWarning``) if ``mujoco`` was imported before,
-    since the setting then comes too late to take effect.
+    and ``MUJOCO_EGL_DEVICE_ID`` is unset; otherwise ``backend`` is probed
+    (:func:`probe_backend`) on the :func:`render_gpu` and set, or OSMesa when it fails (one log
+    warning naming the error). Warns (``RuntimeWarning``) if ``mujoco`` was imported before, since
+    the setting then comes too late to take effect.
 
     Args:
         backend: backend to try when ``MUJOCO_GL`` is unset: ``"egl"`` or ``"osmesa"``.
