@@ -257,7 +257,7 @@ gpu_check = importlib.util.module_from_spec(spec)
 sys.modules["gpu_check"] = gpu_check
 spec.loader.exec_module(gpu_check)
 part = gpu_check.Part("sleepy", [sys.executable, "-c", {code!r}], 60)
-gpu_check.build_parts = lambda out, gpus, workers_xdist: [part]
+gpu_check.build_parts = lambda *args, **kwargs: [part]
 sys.exit(gpu_check.main(["--out", {out!r}, "--deadline", "120"]))
 """
 
@@ -273,10 +273,12 @@ def test_a_check_stopped_by_sigterm_ends_its_running_parts_and_writes_its_report
                                    out=str(tmp_path / "out"))
     check = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
-    deadline = time.monotonic() + 30
-    while not started.exists() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 120
+    while not started.exists() and check.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert started.exists()
+    if not started.exists():
+        check.kill()
+        pytest.fail(f"the part never started; the check said: {check.communicate()[0]}")
     check.send_signal(signal.SIGTERM)
     out, _ = check.communicate(timeout=30)
     assert check.returncode == 128 + signal.SIGTERM, out
