@@ -356,7 +356,10 @@ def load_pi0_checkpoint(directory: str | Path, config: PI0ModelConfig | None = N
     Args:
         directory: a checkpoint directory in either layout.
         config: its architecture; default :func:`read_checkpoint_config`.
-        dtype: cast the model to this dtype after loading; default float32.
+        dtype: the dtype of the model's floating parameters; default float32. Its buffers keep
+            theirs: the rotary frequencies stay float32, as openpi's JAX π0 (which the checkpoints
+            come from) computes them (in bfloat16 the angle at the end of a 3-camera prefix,
+            position 816, is off by 1.13 rad).
         device: where the model is (None: the CPU); its buffers are moved there.
 
     Raises:
@@ -366,4 +369,4 @@ def load_pi0_checkpoint(directory: str | Path, config: PI0ModelConfig | None = N
     with init_empty_weights(include_buffers=False):  # the checkpoint's tensors become the parameters
         model = PI0Model(config)
     load_pi0_weights(model, directory, dtype, device)
-    return model.to(device=device, dtype=dtype)
+    return model.to(device=device)

@@ -132,9 +132,10 @@ class PI0Model(nn.Module):
     ``action_time_mlp_out``, ``action_out_proj`` (openpi ``PI0Pytorch``, π0 variant: not π0.5).
 
     Velocities are float32. To run the backbone in bfloat16 with float32 projections, as openpi's
-    ``to_bfloat16_for_selected_params`` does, cast it alone
-    (``model.paligemma_with_expert.to(torch.bfloat16)``); openpi also keeps its RMSNorms and SigLIP
-    patch/position embeddings in float32, which this model does not arrange.
+    ``to_bfloat16_for_selected_params`` does, cast its parameters alone
+    (``cast_parameters(model.paligemma_with_expert, torch.bfloat16)``, :mod:`policies.base`; not
+    ``Module.to``, which would round the float32 rotary frequencies too); openpi also keeps its
+    RMSNorms and SigLIP patch/position embeddings in float32, which this model does not arrange.
     """
 
     def __init__(self, config: PI0ModelConfig) -> None:

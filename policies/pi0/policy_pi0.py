@@ -42,7 +42,13 @@ from torch import Tensor
 
 from policies import register_policy
 from policies.action_normalization import libero_gripper_postprocess
-from policies.base import FSDPGroup, Policy, enable_transformers_checkpointing, transformer_blocks
+from policies.base import (
+    FSDPGroup,
+    Policy,
+    cast_parameters,
+    enable_transformers_checkpointing,
+    transformer_blocks,
+)
 from policies.checkpoint_files import staged_directory
 from policies.normalization import ActionStatistics, MeanStdStatistics
 from policies.pi0.backbone_pi0 import JOINT_FORWARD
@@ -134,7 +140,8 @@ class PI0Policy(Policy):
             model_config = config.model_config(len(tokenizer))
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config.seed)
-                model = PI0Model(model_config).to(dtype)
+                model = PI0Model(model_config)
+                cast_parameters(model, dtype)  # the rotary frequencies stay float32
         check_fit(config, model.config, len(tokenizer))
         for parameter in model.paligemma_with_expert.unused_parameters():
             parameter.requires_grad_(False)  # never reaches the actions (their gradient is always 0)

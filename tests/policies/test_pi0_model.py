@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from policies.base import cast_parameters
 from policies.checkpoint_files import read_safetensors_header
 from policies.pi0.backbone_pi0 import gemma_config, paligemma_config
 from policies.pi0.checkpoint_pi0 import (
@@ -252,6 +253,17 @@ def test_a_checkpoint_is_loaded_into_parameters_built_on_the_meta_device(model, 
         assert torch.equal(loaded.state_dict()[name], tensor.to(torch.bfloat16)), name
 
 
+def test_a_checkpoint_loaded_in_bfloat16_keeps_float32_rotary_frequencies(model, tmp_path):
+    """``dtype`` casts the parameters, not the buffers: openpi's JAX π0 computes its rotary
+    angles in float32, and the bfloat16-rounded frequencies put the angle at position 816 (the end
+    of a 3-camera prefix, head dim 256) off by 1.13 rad."""
+    loaded = load_pi0_checkpoint(save_pi0_checkpoint(model, tmp_path / "ckpt"), dtype=torch.bfloat16)
+    buffers = dict(model.named_buffers())
+    assert any(name.endswith("rotary_emb.inv_freq") for name in buffers)
+    for name, buffer in loaded.named_buffers():
+        assert buffer.dtype == buffers[name].dtype and torch.equal(buffer, buffers[name]), name
+
+
 def test_checkpoint_errors_name_the_file_and_the_tensors(model, config, tmp_path):
     directory = save_pi0_checkpoint(model, tmp_path / "ckpt")
     tensors = load_file(directory / "model.safetensors")
@@ -355,7 +367,7 @@ def test_bfloat16_backbone_gives_float32_velocities(config):
     inputs, x_t = make_inputs(config), chunk(config, 10)
     with torch.no_grad():
         full_precision = model.velocity(model.prefix_cache(inputs), x_t, 0.5, inputs.state)
-        model.paligemma_with_expert.to(torch.bfloat16)
+        cast_parameters(model.paligemma_with_expert, torch.bfloat16)
         cached = model.velocity(model.prefix_cache(inputs), x_t, 0.5, inputs.state)
         uncached = model.velocity_uncached(inputs, x_t, 0.5)
     assert cached.dtype == torch.float32 and model.action_out_proj.weight.dtype == torch.float32

@@ -76,6 +76,18 @@ def test_shapes_of_sampled_greedy_and_environment_actions(policy):
     assert policy.env_actions(chunk).shape == (3, 4, ACTION_DIM)
 
 
+def test_a_bfloat16_policy_keeps_float32_rotary_frequencies():
+    """``dtype: bfloat16`` casts the parameters only: the buffers (the rotary frequencies, which
+    openpi's JAX π0 computes in float32) are the float32 policy's."""
+    full = make_policy("pi0", tiny_config())
+    half = make_policy("pi0", tiny_config(dtype="bfloat16"))
+    assert {p.dtype for p in half.parameters() if p.is_floating_point()} == {torch.bfloat16}
+    buffers = dict(full.named_buffers())
+    assert any(name.endswith("rotary_emb.inv_freq") for name in buffers)
+    for name, buffer in half.named_buffers():
+        assert buffer.dtype == buffers[name].dtype and torch.equal(buffer, buffers[name]), name
+
+
 def test_own_layout_round_trips():
     chain = torch.randn(2, 4, 3, 5)  # (B, N + 1, chunk, D)
     own = chain_to_own(chain)
