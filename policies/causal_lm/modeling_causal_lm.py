@@ -112,6 +112,11 @@ def decode_step_mask(attention_mask: Tensor, attn_implementation: str, dtype: to
     raise ValueError(f"no one-token decoding mask for attention implementation {attn_implementation!r}")
 
 
+def _scaled_log_softmax(logits: Tensor, temperature: float) -> Tensor:
+    """``log_softmax(logits / temperature)`` float32 over the last dimension of ``(..., V)`` logits."""
+    return (logits.float() / temperature).log_softmax(-1)
+
+
 def _entropy(log_softmax: Tensor) -> Tensor:
     """``-sum_v p_v log p_v`` over the last dimension of log-probabilities ``(..., V)``."""
     return -(log_softmax.exp() * log_softmax).sum(-1)
@@ -362,10 +367,10 @@ class CausalLMPolicy(nn.Module):
         cache.reorder_cache(inverse)  # (U, ...) -> (B, ...)
         return logits[inverse]
 
-    def _response_log_softmax(
+    def _response_logits(
         self, input_ids: Tensor, attention_mask: Tensor, responses: Tensor, response_mask: Tensor, temperature: float
     ) -> tuple[Tensor, Tensor, int]:
-        """Teacher-forced log-softmax at the response positions.
+        """Teacher-forced logits at the response positions.
 
         When some prompt repeats in the batch (a group's responses), each distinct prompt is
         encoded once (:meth:`_forward_prompts`) and the responses then run on its cache;
@@ -373,9 +378,12 @@ class CausalLMPolicy(nn.Module):
         and in FSDP2's training copy, one forward pass covers prompts and responses.
 
         Returns:
-            ``log_softmax(logits / temperature)`` ``(batch, kept, vocab)`` float32 of the first
-            ``kept`` response positions (columns after every row's last valid token are not
-            computed), the kept response ids ``(batch, kept)``, and ``kept``.
+            the logits ``(batch, kept, vocab)`` in the model's dtype of the first ``kept`` response
+            positions (columns after every row's last valid token are not computed), the kept
+            response ids ``(batch, kept)``, and ``kept``.
+
+        Raises:
+            ValueError: wrong shapes, bad padding, or a non-positive ``temperature``.
         """
         _check_left_padded(input_ids, attention_mask)
         _check_right_padded(responses, response_mask, input_ids.shape[0])
@@ -421,7 +429,7 @@ class CausalLMPolicy(nn.Module):
                 input_ids=sequences, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=kept + 1
             )
             logits = output.logits[:, :-1, :]  # (B, kept, V): column t predicts response token t
-        return (logits.float() / temperature).log_softmax(-1), responses, kept
+        return logits, responses, kept
 
     def log_probs_and_entropy(
         self,
@@ -455,9 +463,10 @@ class CausalLMPolicy(nn.Module):
             ValueError: wrong shapes, bad padding, or a non-positive temperature.
         """
         temperature = self.config.temperature if temperature is None else temperature
-        log_softmax, kept_responses, kept = self._response_log_softmax(
-            input_ids, attention_mask, responses, response_mask, temperature
-        )
+        logits, kept_responses, _ = self._response_logits(input_ids, attention_mask, responses, response_mask,
+                                                          temperature)
+        log_softmax = _scaled_log_softmax(logits, temperature)  # (B, kept, V)
+        del logits  # the backward pass keeps the log-softmax, not the logits: not held during the entropy
         log_probs = log_softmax.gather(-1, kept_responses[..., None]).squeeze(-1)  # (B, kept)
         if log_softmax.requires_grad:
             # recomputed in the backward pass (verl's entropy_checkpointing): the probabilities
@@ -475,12 +484,23 @@ class CausalLMPolicy(nn.Module):
         response_mask: Tensor,
         temperature: float | None = None,
     ) -> Tensor:
-        """:meth:`log_probs_and_entropy` without the entropy: ``(batch, response_len)`` float32."""
+        """:meth:`log_probs_and_entropy` without the entropy: ``(batch, response_len)`` float32,
+        the same values. Without gradients (the reference's and the old policy's scoring) the
+        log-softmax is taken one row at a time, as verl's ``logprobs_from_logits_v2`` does for
+        bfloat16 logits: beside the logits, the pass holds two ``(response_len, vocab)`` float32
+        tensors, not two ``(batch, response_len, vocab)`` ones (the scaled logits and their
+        log-softmax). Each row's log-softmax is the batched one's, bit for bit.
+        """
         temperature = self.config.temperature if temperature is None else temperature
-        log_softmax, kept_responses, _ = self._response_log_softmax(
-            input_ids, attention_mask, responses, response_mask, temperature
-        )
-        return self._pad_to(log_softmax.gather(-1, kept_responses[..., None]).squeeze(-1), response_mask)
+        logits, kept_responses, _ = self._response_logits(input_ids, attention_mask, responses, response_mask,
+                                                          temperature)
+        index = kept_responses[..., None]  # (B, kept, 1)
+        if logits.requires_grad or len(logits) == 0:
+            log_probs = _scaled_log_softmax(logits, temperature).gather(-1, index).squeeze(-1)  # (B, kept)
+        else:
+            log_probs = torch.stack([_scaled_log_softmax(row, temperature).gather(-1, ids).squeeze(-1)
+                                     for row, ids in zip(logits, index)])  # (B, kept)
+        return self._pad_to(log_probs, response_mask)
 
     def sft_loss(self, input_ids: Tensor, attention_mask: Tensor, responses: Tensor, response_mask: Tensor) -> Tensor:
         """Supervised loss: mean negative log-likelihood of the response tokens (prompts unscored).
@@ -504,13 +524,18 @@ class CausalLMPolicy(nn.Module):
         return -(log_probs * mask).sum() / mask.sum()
 
     def forward(
-        self, input_ids: Tensor, attention_mask: Tensor, responses: Tensor, response_mask: Tensor, temperature: float
-    ) -> tuple[Tensor, Tensor]:
-        """The training forward pass: :meth:`log_probs_and_entropy`.
+        self, input_ids: Tensor, attention_mask: Tensor, responses: Tensor, response_mask: Tensor, temperature: float,
+        with_entropy: bool = True,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The training forward pass: :meth:`log_probs_and_entropy`; with ``with_entropy`` False,
+        :meth:`log_probs` and None (no-gradient scoring: no ``(batch, response_len, vocab)``
+        float32 tensor for an entropy nobody reads).
 
         Going through ``forward`` lets ``DistributedDataParallel`` prepare its gradient
-        all-reduce for the backward pass.
+        all-reduce for the backward pass, and FSDP gather the parameters.
         """
+        if not with_entropy:
+            return self.log_probs(input_ids, attention_mask, responses, response_mask, temperature), None
         return self.log_probs_and_entropy(input_ids, attention_mask, responses, response_mask, temperature)
 
     @staticmethod

@@ -9,7 +9,7 @@ import torch
 from transformers import GenerationConfig
 
 from policies.causal_lm import CausalLMConfig, CausalLMPolicy
-from policies.causal_lm.modeling_causal_lm import decode_step_mask
+from policies.causal_lm.modeling_causal_lm import _scaled_log_softmax, decode_step_mask
 from policies.causal_lm.processor_causal_lm import CausalLMProcessor
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -208,11 +208,41 @@ def test_the_entropy_keeps_nothing_more_for_the_backward_pass_and_has_its_gradie
     entropy.sum().backward()
     checkpointed = [p.grad.clone() for p in policy.model.parameters()]
     policy.model.zero_grad(set_to_none=True)
-    log_softmax, _, _ = policy._response_log_softmax(*args, policy.config.temperature)
+    log_softmax = _scaled_log_softmax(policy._response_logits(*args, policy.config.temperature)[0],
+                                      policy.config.temperature)
     policy._pad_to(-(log_softmax.exp() * log_softmax).sum(-1), out.response_mask).sum().backward()
     for mine, plain in zip(checkpointed, [p.grad for p in policy.model.parameters()]):
         torch.testing.assert_close(mine, plain, rtol=1e-4, atol=1e-6)
     policy.model.zero_grad(set_to_none=True)
+
+
+def test_no_grad_log_probs_take_the_log_softmax_one_row_at_a_time(policy, prompts):
+    """Without gradients (the reference's and the old policy's scoring) no log-softmax covers more
+    than one row's ``(response_len, vocab)``; with them, the batch's. The values are the batched
+    pass's, bit for bit."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestLogSoftmax(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._log_softmax.default:
+                self.numel = max(self.numel, out.numel())
+            return out
+
+    out = policy.generate(*prompts, generator=torch.Generator().manual_seed(4))
+    args = (*prompts, out.responses, out.response_mask)
+    kept = int(out.response_mask.any(0).nonzero().max()) + 1
+    vocab = policy.model.config.vocab_size
+    with torch.no_grad(), LargestLogSoftmax() as rows:
+        scored = policy.log_probs(*args)
+    with LargestLogSoftmax() as batched:
+        trained = policy.log_probs(*args)
+    assert rows.numel == kept * vocab and batched.numel == len(out.responses) * kept * vocab > rows.numel
+    assert torch.equal(scored, trained.detach())
 
 
 def test_shared_prompts_give_the_log_probs_and_gradients_of_separate_passes(policy, prompts):

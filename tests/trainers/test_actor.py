@@ -306,9 +306,9 @@ def test_no_grad_scoring_runs_micro_batches_of_rows_and_gives_the_whole_batchs_v
     whole = per_dim_log_probs(policy, batch)
     rows = []
 
-    def counted(model, mb):
+    def counted(model, mb, with_entropy=True):
         rows.append(mb.batch_size[0])
-        return actor_module.embodied_forward(model, mb)
+        return actor_module.embodied_forward(model, mb, with_entropy)
 
     chunked = per_dim_log_probs(policy, batch, counted, micro_batch_size=3)
     assert rows == [3, 3, 2] and chunked.shape == whole.shape == (8, *whole.shape[1:])
@@ -524,6 +524,29 @@ def text_batch(tiny_lm_dir):
     batch = _text_batch(policy, 0)
     batch.set(keys.TRUNCATED, torch.tensor([False, True, False, True]))
     return policy, batch
+
+
+def test_no_grad_scoring_and_the_sft_update_compute_no_entropy(text_batch, monkeypatch):
+    """The reference's and the old policy's log-probs, and the SFT loss, read no entropy: none is
+    computed (an LLM's would take one more ``(rows, R, vocab)`` float32 tensor than the
+    log-probs), and the log-probs are those of the pass with the entropy."""
+    from policies.causal_lm import modeling_causal_lm
+    from vla_rl.trainers.actor import text_forward
+
+    policy, batch = text_batch
+    with torch.no_grad():
+        expected = text_forward(policy, batch)[0]
+
+    def refused(log_softmax):
+        raise AssertionError("an entropy was computed")
+
+    monkeypatch.setattr(modeling_causal_lm, "_entropy", refused)
+    torch.testing.assert_close(per_dim_log_probs(policy, batch, text_forward, micro_batch_size=3), expected,
+                               rtol=0, atol=0)
+    assert text_forward(policy, batch, with_entropy=False)[1] is None
+    trainer = ActorTrainer(copy.deepcopy(policy), lr=1e-3, forward=text_forward)
+    metrics = trainer.supervised_update(batch, 1, 4, 1.0, torch.Generator().manual_seed(0))
+    assert metrics["sft/num_updates"] == 1.0
 
 
 @pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])

@@ -50,7 +50,7 @@ from vla_rl.utils.collectives import all_gather_small_objects
 from vla_rl_core import keys
 
 
-def embodied_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
+def embodied_forward(model, batch: TensorDict, with_entropy: bool = True) -> tuple[Tensor, Tensor | None]:
     """Per-dimension log-probs and entropies of the executed actions of whole episodes.
 
     Only the valid steps go through ``model`` (the policy, or its DDP wrapper): steps after an
@@ -66,6 +66,8 @@ def embodied_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
             ``actions`` ``(n, T, chunk, own_action_dim)`` (the policy's own actions,
             ``policy.own_action_dim`` values each), ``response_mask`` ``(n, T)`` bool,
             ``control_steps`` ``(n,)`` int64.
+        with_entropy: False: the entropy is None (the robot policies' per-dimension entropies cost
+            next to nothing, so they are computed and dropped).
 
     Returns:
         ``log_probs`` and ``entropy``, each ``(n, T, chunk, own_action_dim)``, 0 at invalid steps
@@ -74,12 +76,14 @@ def embodied_forward(model, batch: TensorDict) -> tuple[Tensor, Tensor]:
     obs, actions, valid = batch[keys.OBS], batch[keys.ACTIONS], batch[keys.RESPONSE_MASK]
     step_obs = obs[:, :-1][valid]  # (v, obs_dim), or a TensorDict of batch size (v,)
     log_probs, entropy = model(step_obs, actions[valid])  # (v, C, A_own) each
-    full_log_probs = log_probs.new_zeros(actions.shape)  # (n, T, C, A_own)
-    full_entropy = entropy.new_zeros(actions.shape)
-    full_log_probs[valid] = log_probs
-    full_entropy[valid] = entropy
     executed = executed_actions(valid, batch[keys.CONTROL_STEPS], actions.shape[2])[..., None]  # (n, T, C, 1)
-    return torch.where(executed, full_log_probs, 0.0), torch.where(executed, full_entropy, 0.0)
+
+    def spread(values: Tensor) -> Tensor:  # (v, C, A_own) -> (n, T, C, A_own)
+        full = values.new_zeros(actions.shape)
+        full[valid] = values
+        return torch.where(executed, full, 0.0)
+
+    return spread(log_probs), spread(entropy) if with_entropy else None
 
 
 def loss_actions(batch: TensorDict, chunk_size: int) -> Tensor:
@@ -117,7 +121,8 @@ def weight_units(batch: TensorDict, granularity: str) -> Tensor:
                             batch[keys.ACTIONS].shape[2]).flatten(start_dim=1)  # (n, T * C)
 
 
-def text_forward(model, batch: TensorDict, temperature: float | None = None) -> tuple[Tensor, Tensor]:
+def text_forward(model, batch: TensorDict, temperature: float | None = None, with_entropy: bool = True
+                 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs and entropies of sampled responses, laid out as one-token, one-dimension actions.
 
     A response token is a decision step whose chunk and action dimension are both 1, so the
@@ -127,10 +132,12 @@ def text_forward(model, batch: TensorDict, temperature: float | None = None) -> 
     Args:
         model: a :class:`~policies.causal_lm.modeling_causal_lm.CausalLMPolicy` or its DDP
             wrapper, called as ``model(input_ids, attention_mask, responses, response_mask,
-            temperature)`` at the policy's sampling temperature.
+            temperature, with_entropy=...)`` at the policy's sampling temperature.
         batch: ``input_ids``, ``attention_mask`` ``(n, P)`` left-padded prompts; ``responses``
             ``(n, R)`` int64 and ``response_mask`` ``(n, R)`` bool, right-padded.
         temperature: another temperature (supervised fine-tuning's 1); None: the policy's.
+        with_entropy: False: no entropy is computed (it would take one more ``(n, R, vocab)``
+            float32 tensor than the log-probs); the entropy returned is None.
 
     Returns:
         ``log_probs`` and ``entropy``, each ``(n, R, 1, 1)`` float32, 0 after each response's end
@@ -139,12 +146,12 @@ def text_forward(model, batch: TensorDict, temperature: float | None = None) -> 
     responses = batch[keys.RESPONSES]
     if responses.shape[0] == 0:
         empty = responses.new_zeros((*responses.shape, 1, 1), dtype=torch.float32)
-        return empty, empty.clone()
+        return empty, empty.clone() if with_entropy else None
     policy = model.module if isinstance(model, DistributedDataParallel) else model
     temperature = policy.config.temperature if temperature is None else temperature
     log_probs, entropy = model(batch[keys.INPUT_IDS], batch[keys.ATTENTION_MASK], batch[keys.RESPONSES],
-                               batch[keys.RESPONSE_MASK], temperature)  # (n, R) each
-    return log_probs[..., None, None], entropy[..., None, None]
+                               batch[keys.RESPONSE_MASK], temperature, with_entropy=with_entropy)  # (n, R) each
+    return log_probs[..., None, None], entropy[..., None, None] if with_entropy else None
 
 
 def with_model_ready_observations(policy, batch: TensorDict) -> TensorDict:
@@ -182,12 +189,12 @@ def per_dim_log_probs(policy, batch: TensorDict, forward=embodied_forward, micro
     """Log-probs of every action dimension of whole episodes (or responses), without gradients,
     scored ``micro_batch_size`` rows at a time (``trainer.micro_batch_size``): only those rows are
     on the policy's device at once, and only their activations (an LLM's ``(rows, R, V)`` logits)
-    exist at once.
+    exist at once. No entropy is computed (``forward(..., with_entropy=False)``).
 
     Args:
         policy: a :class:`policies.base.Policy` or a causal LM policy.
         batch: what ``forward`` reads, ``n`` rows.
-        forward: :func:`embodied_forward` or :func:`text_forward`.
+        forward: :func:`embodied_forward` or :func:`text_forward` (or what takes their arguments).
         micro_batch_size: rows per forward pass; None: all ``n`` in one.
 
     Returns:
@@ -197,8 +204,8 @@ def per_dim_log_probs(policy, batch: TensorDict, forward=embodied_forward, micro
     """
     rows = batch.batch_size[0]
     if micro_batch_size is None or rows <= micro_batch_size:
-        return forward(policy, batch.to(policy.device))[0]
-    return torch.cat([forward(policy, batch[start:start + micro_batch_size].to(policy.device))[0]
+        return forward(policy, batch.to(policy.device), with_entropy=False)[0]
+    return torch.cat([forward(policy, batch[start:start + micro_batch_size].to(policy.device), with_entropy=False)[0]
                       for start in range(0, rows, micro_batch_size)])
 
 
@@ -374,7 +381,8 @@ class ActorTrainer:
                 mb = batch[index]
                 with self.parallel.gradient_sync(sync):  # the forward too: DDP arms its all-reduce there
                     with self.parallel.autocast():
-                        log_probs = text_forward(self.ddp, mb, temperature=1.0)[0].flatten(start_dim=2).sum(-1)
+                        log_probs = text_forward(self.ddp, mb, temperature=1.0, with_entropy=False)[0]
+                        log_probs = log_probs.flatten(start_dim=2).sum(-1)
                     loss = -aggregate_loss(log_probs, mb[keys.RESPONSE_MASK], "token-mean")  # log_probs (b, T)
                     (loss if scale is None else loss * scale).backward()
                 loss_value += float(loss.detach()) * share
@@ -442,7 +450,7 @@ class ActorTrainer:
         for start in range(0, max(counts), size):
             part = batch[start:start + size]
             with self.parallel.autocast():
-                log_probs = self.forward(module, part if len(part) else batch[:1])[0]
+                log_probs = self.forward(module, part if len(part) else batch[:1], with_entropy=False)[0]
             if len(part):
                 scored.append(log_probs.float())
         return torch.cat(scored)

@@ -38,9 +38,10 @@ class Workflow(ABC):
         """The worker's policy on ``res.device`` (the resources of :attr:`policy_needs` are built)."""
 
     @abstractmethod
-    def batch_forward(self, model, batch: TensorDict) -> tuple[Tensor, Tensor]:
+    def batch_forward(self, model, batch: TensorDict, with_entropy: bool = True) -> tuple[Tensor, Tensor | None]:
         """Per-dimension log-probs and entropies ``(n, T, chunk, action_dim)`` of the actions of
-        ``batch`` under ``model`` (the policy or its data-parallel wrapper), 0 at invalid steps."""
+        ``batch`` under ``model`` (the policy or its data-parallel wrapper), 0 at invalid steps;
+        the entropy is None with ``with_entropy`` False (no-gradient scoring)."""
 
     @abstractmethod
     def build_critic(self, res) -> Any:

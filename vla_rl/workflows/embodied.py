@@ -42,8 +42,8 @@ class EmbodiedWorkflow(Workflow):
             apply_lora(policy, config.policy.lora, config.run.seed)
         return policy
 
-    def batch_forward(self, model, batch):
-        return embodied_forward(model, batch)
+    def batch_forward(self, model, batch, with_entropy=True):
+        return embodied_forward(model, batch, with_entropy)
 
     def build_critic(self, res):
         """A value network over the state vector (the flat observation, or the ``state`` of camera

@@ -49,8 +49,8 @@ class TextWorkflow(Workflow):
             apply_lora(policy, config.policy.lora, config.run.seed)
         return policy
 
-    def batch_forward(self, model, batch):
-        return text_forward(model, batch)
+    def batch_forward(self, model, batch, with_entropy=True):
+        return text_forward(model, batch, with_entropy=with_entropy)
 
     def build_critic(self, res):
         """A copy of the warm-started LM body with a zero value head (DDP starts every worker from
