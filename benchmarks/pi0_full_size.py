@@ -21,11 +21,12 @@ run inside the backward would): the backward computes the same, the peak then ho
 buffers (add ``gradients_gib`` for a run that keeps them); for a machine short of memory.
 
 The model is built directly on ``--device`` in ``--dtype`` (``torch.set_default_dtype`` inside a
-``torch.device`` context, then ``.to(dtype)`` as ``PI0Policy`` does), so no float32 copy of the
-3.2B parameters is made. There is no tokenizer: the prompt is ``--prompt-tokens`` random token ids
-of the preset's vocabulary (no padding), the images random pixels in [-1, 1] (every camera
-present), the state random; the cost does not depend on the values. Every random tensor and the
-generator live on the device.
+``torch.device`` context, then ``PI0Model.cast_parameters`` as ``PI0Policy`` does: openpi's dtypes,
+float32 for SigLIP's patch and position embeddings, the RMSNorm weights and the flow-matching
+projections), so no float32 copy of the 3.2B parameters is made. There is no tokenizer: the
+prompt is ``--prompt-tokens`` random token ids of the preset's vocabulary (no padding), the images
+random pixels in [-1, 1] (every camera present), the state random; the cost does not depend on the
+values. Every random tensor and the generator live on the device.
 
 Peak memory (benchmarks/device_measure.py, which also times the calls): on CUDA
 ``torch.cuda.max_memory_allocated`` (and ``max_memory_reserved``) after
@@ -78,7 +79,7 @@ def build_model(config: PI0ModelConfig, device: torch.device, dtype: torch.dtype
                 model = PI0Model(config)
         finally:
             torch.set_default_dtype(previous)
-    model.to(dtype)  # what was created with an explicit float32 dtype (rotary tables), as PI0Policy casts
+    model.cast_parameters(dtype)  # openpi's dtypes, as PI0Policy casts; the rotary tables stay float32
     for parameter in model.paligemma_with_expert.unused_parameters():
         parameter.requires_grad_(False)
     return model

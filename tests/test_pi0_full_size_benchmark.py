@@ -47,5 +47,7 @@ def test_builder_makes_the_published_size_in_the_requested_dtype(pi0_benchmark):
     model = pi0_benchmark.build_model(pi0_model_preset("pi0"), torch.device("meta"), torch.bfloat16)
     parameters = list(model.parameters())
     assert sum(p.numel() for p in parameters) == 3_238_048_528
-    assert {p.dtype for p in parameters} == {torch.bfloat16}
+    assert {name: p.dtype for name, p in model.named_parameters()} == model.parameter_dtypes(torch.bfloat16)
+    kept = sum(p.numel() for p in parameters if p.dtype == torch.float32)  # openpi's float32 exceptions
+    assert 0 < kept < 5e6  # SigLIP's embeddings, the RMSNorm weights, the projections: 0.1% of the model
     assert {p.device.type for p in parameters} == {"meta"}

@@ -191,6 +191,15 @@ class PaliGemmaWithExpert(nn.Module):
         modules = (last.self_attn.q_proj, last.self_attn.o_proj, last.mlp, last.post_attention_layernorm, self.vlm.norm)
         return [parameter for module in modules for parameter in module.parameters()]
 
+    def float32_parameters(self) -> list[nn.Parameter]:
+        """The parameters openpi's ``to_bfloat16_for_selected_params`` keeps in float32 when it
+        casts the backbone to bfloat16 (``gemma_pytorch.py``): SigLIP's patch and position
+        embeddings and every Gemma RMSNorm weight (each layer's input and post-attention norms,
+        both stacks' final norms)."""
+        embeddings = self.paligemma.model.vision_tower.embeddings
+        kept = [*embeddings.patch_embedding.parameters(), *embeddings.position_embedding.parameters()]
+        return kept + [module.weight for module in self.modules() if isinstance(module, GemmaRMSNorm)]
+
     def embed_images(self, images: Tensor) -> Tensor:
         """SigLIP patch features projected to the Gemma width, unscaled (openpi
         ``PaliGemmaWithExpertModel.embed_image``; its ``transformers_replace`` PaliGemma, like
@@ -203,8 +212,10 @@ class PaliGemmaWithExpert(nn.Module):
             ``(n, num_patches, vlm.width)`` in the language model's dtype.
         """
         tower = self.paligemma.model.vision_tower
-        pixels = images.to(tower.embeddings.patch_embedding.weight.dtype)
-        features = tower(pixel_values=pixels).last_hidden_state  # (n, P, vision width)
+        embedded = tower.embeddings(images.to(tower.embeddings.patch_embedding.weight.dtype))  # (n, P, vision width)
+        # float32 embeddings (openpi's bfloat16: :meth:`float32_parameters`) enter bfloat16 layers
+        encoded = tower.encoder(inputs_embeds=embedded.to(tower.encoder.layers[0].layer_norm1.weight.dtype))
+        features = tower.post_layernorm(encoded.last_hidden_state)  # SiglipVisionModel.forward, without a head
         projector = self.paligemma.model.multi_modal_projector
         projected = projector(features.to(projector.linear.weight.dtype))  # (n, P, W)
         return projected.to(self.vlm.norm.weight.dtype)

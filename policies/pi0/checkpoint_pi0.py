@@ -103,18 +103,19 @@ def detect_layout(names: Iterable[str]) -> Layout:
     return "lerobot" if any(name.startswith(LEROBOT_PREFIX + "paligemma_with_expert.") for name in names) else "openpi"
 
 
-def load_pi0_weights(model: PI0Model, directory: str | Path, dtype: torch.dtype | None = None,
+def load_pi0_weights(model: PI0Model, directory: str | Path, dtypes: dict[str, torch.dtype] | None = None,
                      device: torch.device | str | None = None) -> Layout:
     """Load a checkpoint's tensors into ``model``, after checking from the safetensors headers
     alone that every parameter is there with its shape: copied into a materialised model (cast to
     each parameter's dtype), or, for a model whose parameters are on the meta device
-    (:func:`load_pi0_checkpoint`), moved to ``device`` and cast to ``dtype`` (default: the
-    parameter's) one tensor at a time, and assigned.
+    (:func:`load_pi0_checkpoint`), moved to ``device`` and cast to its dtype of ``dtypes``
+    (default: the parameter's) one tensor at a time, and assigned.
 
     Args:
         model: a model of the checkpoint's architecture.
         directory: holds ``model.safetensors`` (or its shards and index) in either layout.
-        dtype: the dtype the loaded parameters of a meta-device model take.
+        dtypes: per parameter name, the dtype the loaded parameters of a meta-device model take
+            (:meth:`PI0Model.parameter_dtypes`).
         device: where the loaded parameters of a meta-device model go (None: the CPU).
 
     Returns:
@@ -138,7 +139,8 @@ def load_pi0_weights(model: PI0Model, directory: str | Path, dtype: torch.dtype 
                         continue
                     target = state[wanted[file_name]]
                     if on_meta:
-                        loaded[wanted[file_name]] = file.get_tensor(file_name).to(device, dtype or target.dtype)
+                        name = wanted[file_name]
+                        loaded[name] = file.get_tensor(file_name).to(device, (dtypes or {}).get(name, target.dtype))
                     else:
                         target.copy_(file.get_tensor(file_name))
     if on_meta:
@@ -356,10 +358,11 @@ def load_pi0_checkpoint(directory: str | Path, config: PI0ModelConfig | None = N
     Args:
         directory: a checkpoint directory in either layout.
         config: its architecture; default :func:`read_checkpoint_config`.
-        dtype: the dtype of the model's floating parameters; default float32. Its buffers keep
-            theirs: the rotary frequencies stay float32, as openpi's JAX π0 (which the checkpoints
-            come from) computes them (in bfloat16 the angle at the end of a 3-camera prefix,
-            position 816, is off by 1.13 rad).
+        dtype: the dtype the model runs in, with openpi's float32 exceptions
+            (:meth:`PI0Model.parameter_dtypes`); default float32. Its buffers keep theirs: the
+            rotary frequencies stay float32, as openpi's JAX π0 (which the checkpoints come from)
+            computes them (in bfloat16 the angle at the end of a 3-camera prefix, position 816,
+            is off by 1.13 rad).
         device: where the model is (None: the CPU); its buffers are moved there.
 
     Raises:
@@ -368,5 +371,5 @@ def load_pi0_checkpoint(directory: str | Path, config: PI0ModelConfig | None = N
     config = read_checkpoint_config(directory) if config is None else config
     with init_empty_weights(include_buffers=False):  # the checkpoint's tensors become the parameters
         model = PI0Model(config)
-    load_pi0_weights(model, directory, dtype, device)
+    load_pi0_weights(model, directory, None if dtype is None else model.parameter_dtypes(dtype), device)
     return model.to(device=device)

@@ -131,11 +131,8 @@ class PI0Model(nn.Module):
     projections ``state_proj``, ``action_in_proj``, ``action_time_mlp_in``,
     ``action_time_mlp_out``, ``action_out_proj`` (openpi ``PI0Pytorch``, π0 variant: not π0.5).
 
-    Velocities are float32. To run the backbone in bfloat16 with float32 projections, as openpi's
-    ``to_bfloat16_for_selected_params`` does, cast its parameters alone
-    (``cast_parameters(model.paligemma_with_expert, torch.bfloat16)``, :mod:`policies.base`; not
-    ``Module.to``, which would round the float32 rotary frequencies too); openpi also keeps its
-    RMSNorms and SigLIP patch/position embeddings in float32, which this model does not arrange.
+    Velocities are float32. :meth:`cast_parameters` gives the parameters openpi's dtypes (not
+    ``Module.to``, which would round the float32 rotary frequencies too).
     """
 
     def __init__(self, config: PI0ModelConfig) -> None:
@@ -148,6 +145,34 @@ class PI0Model(nn.Module):
         self.action_time_mlp_in = nn.Linear(2 * width, width)
         self.action_time_mlp_out = nn.Linear(width, width)
         self.action_out_proj = nn.Linear(width, config.max_action_dim)
+
+    # ----------------------------------------------------------------------------- precision
+    def parameter_dtypes(self, dtype: torch.dtype) -> dict[str, torch.dtype]:
+        """Each floating parameter's dtype when the model runs in ``dtype`` as openpi runs π0
+        (``PaliGemmaWithExpertModel.to_bfloat16_for_selected_params``): the backbone's parameters
+        in ``dtype`` but for those openpi keeps in float32
+        (:meth:`~policies.pi0.backbone_pi0.PaliGemmaWithExpert.float32_parameters`: SigLIP's patch
+        and position embeddings, the RMSNorm weights), and the flow-matching projections in
+        float32 (openpi builds them after the cast). With float32, all float32.
+
+        Returns:
+            ``{parameter name: dtype}`` (the names of ``named_parameters``).
+        """
+        backbone = self.paligemma_with_expert
+        kept = {id(parameter) for parameter in backbone.float32_parameters()}
+        cast = {id(parameter) for parameter in backbone.parameters()} - kept
+        return {name: dtype if id(parameter) in cast else torch.float32
+                for name, parameter in self.named_parameters() if parameter.is_floating_point()}
+
+    @torch.no_grad()
+    def cast_parameters(self, dtype: torch.dtype) -> None:
+        """Give the floating parameters, in place and one at a time, their dtypes of
+        :meth:`parameter_dtypes` (the same ``nn.Parameter`` objects); buffers keep theirs (the
+        rotary frequencies stay float32, as openpi's JAX π0 computes its angles)."""
+        dtypes = self.parameter_dtypes(dtype)
+        for name, parameter in self.named_parameters():
+            if name in dtypes and parameter.dtype != dtypes[name]:
+                parameter.data = parameter.data.to(dtypes[name])
 
     # ----------------------------------------------------------------------------- embeddings
     def embed_prefix(self, images: Tensor, image_masks: Tensor, lang_tokens: Tensor,

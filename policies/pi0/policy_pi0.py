@@ -42,13 +42,7 @@ from torch import Tensor
 
 from policies import register_policy
 from policies.action_normalization import libero_gripper_postprocess
-from policies.base import (
-    FSDPGroup,
-    Policy,
-    cast_parameters,
-    enable_transformers_checkpointing,
-    transformer_blocks,
-)
+from policies.base import FSDPGroup, Policy, enable_transformers_checkpointing, transformer_blocks
 from policies.checkpoint_files import staged_directory
 from policies.normalization import ActionStatistics, MeanStdStatistics
 from policies.pi0.backbone_pi0 import JOINT_FORWARD
@@ -141,7 +135,7 @@ class PI0Policy(Policy):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config.seed)
                 model = PI0Model(model_config)
-                cast_parameters(model, dtype)  # the rotary frequencies stay float32
+                model.cast_parameters(dtype)  # openpi's dtypes; the rotary frequencies stay float32
         check_fit(config, model.config, len(tokenizer))
         for parameter in model.paligemma_with_expert.unused_parameters():
             parameter.requires_grad_(False)  # never reaches the actions (their gradient is always 0)

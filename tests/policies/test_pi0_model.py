@@ -12,7 +12,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from policies.base import cast_parameters
 from policies.checkpoint_files import read_safetensors_header
 from policies.pi0.backbone_pi0 import gemma_config, paligemma_config
 from policies.pi0.checkpoint_pi0 import (
@@ -248,9 +247,33 @@ def test_a_checkpoint_is_loaded_into_parameters_built_on_the_meta_device(model, 
     monkeypatch.setattr(checkpoint_pi0, "PI0Model", Recorded)
     loaded = load_pi0_checkpoint(directory, dtype=torch.bfloat16)
     assert built_on == [{"meta"}]
-    assert {(p.device.type, p.dtype) for p in loaded.parameters()} == {("cpu", torch.bfloat16)}
-    for name, tensor in model.state_dict().items():
-        assert torch.equal(loaded.state_dict()[name], tensor.to(torch.bfloat16)), name
+    dtypes = model.parameter_dtypes(torch.bfloat16)  # openpi's: see test_bfloat16_takes_openpis_dtypes
+    assert {p.device.type for p in loaded.parameters()} == {"cpu"}
+    assert {name: p.dtype for name, p in loaded.named_parameters()} == dtypes
+    for name, tensor in model.named_parameters():
+        assert torch.equal(loaded.state_dict()[name], tensor.detach().to(dtypes[name])), name
+
+
+def test_bfloat16_takes_openpis_dtypes(model):
+    """openpi's ``to_bfloat16_for_selected_params`` casts the backbone to bfloat16 but for SigLIP's
+    patch and position embeddings and the RMSNorm weights; the flow-matching projections, built
+    after it, stay float32."""
+    dtypes = model.parameter_dtypes(torch.bfloat16)
+    kept = {name for name, dtype in dtypes.items() if dtype == torch.float32}
+    backbone = "paligemma_with_expert."
+    assert {name for name in kept if not name.startswith(backbone)} == {
+        f"{projection}.{field}" for projection in ("state_proj", "action_in_proj", "action_time_mlp_in",
+                                                   "action_time_mlp_out", "action_out_proj")
+        for field in ("weight", "bias")}
+    inside = {name.removeprefix(backbone) for name in kept if name.startswith(backbone)}
+    assert {"paligemma.model.vision_tower.embeddings.patch_embedding.weight",
+            "paligemma.model.vision_tower.embeddings.patch_embedding.bias",
+            "paligemma.model.vision_tower.embeddings.position_embedding.weight",
+            "paligemma.model.language_model.norm.weight", "gemma_expert.model.norm.weight"} <= inside
+    norms = {name for name in inside if name.endswith(("input_layernorm.weight", "post_attention_layernorm.weight"))}
+    assert len(norms) == 2 * 2 * model.config.vlm.depth and len(inside) == 3 + 2 + len(norms)
+    assert all(dtypes[name] == torch.bfloat16 for name in dtypes if name not in kept)
+    assert model.parameter_dtypes(torch.float32) == {name: torch.float32 for name in dtypes}
 
 
 def test_a_checkpoint_loaded_in_bfloat16_keeps_float32_rotary_frequencies(model, tmp_path):
@@ -367,7 +390,7 @@ def test_bfloat16_backbone_gives_float32_velocities(config):
     inputs, x_t = make_inputs(config), chunk(config, 10)
     with torch.no_grad():
         full_precision = model.velocity(model.prefix_cache(inputs), x_t, 0.5, inputs.state)
-        cast_parameters(model.paligemma_with_expert, torch.bfloat16)
+        model.cast_parameters(torch.bfloat16)  # openpi's dtypes: float32 SigLIP embeddings into bfloat16 layers
         cached = model.velocity(model.prefix_cache(inputs), x_t, 0.5, inputs.state)
         uncached = model.velocity_uncached(inputs, x_t, 0.5)
     assert cached.dtype == torch.float32 and model.action_out_proj.weight.dtype == torch.float32

@@ -76,12 +76,19 @@ def test_shapes_of_sampled_greedy_and_environment_actions(policy):
     assert policy.env_actions(chunk).shape == (3, 4, ACTION_DIM)
 
 
-def test_a_bfloat16_policy_keeps_float32_rotary_frequencies():
-    """``dtype: bfloat16`` casts the parameters only: the buffers (the rotary frequencies, which
-    openpi's JAX π0 computes in float32) are the float32 policy's."""
+def test_a_bfloat16_policy_takes_openpis_dtypes_and_keeps_float32_rotary_frequencies():
+    """``dtype: bfloat16`` casts the parameters only, to openpi's dtypes (``PI0Model.parameter_dtypes``):
+    the buffers (the rotary frequencies, which openpi's JAX π0 computes in float32) are the
+    float32 policy's; it samples, and scores what it sampled, in float32 log-probs."""
     full = make_policy("pi0", tiny_config())
     half = make_policy("pi0", tiny_config(dtype="bfloat16"))
-    assert {p.dtype for p in half.parameters() if p.is_floating_point()} == {torch.bfloat16}
+    dtypes = half.model.parameter_dtypes(torch.bfloat16)
+    assert {name: p.dtype for name, p in half.model.named_parameters()} == dtypes
+    assert set(dtypes.values()) == {torch.float32, torch.bfloat16}
+    obs = camera_obs(4, seed=5)
+    actions, log_probs = half.sample_actions(obs, generator=torch.Generator().manual_seed(3))
+    assert log_probs.dtype == torch.float32 and torch.isfinite(log_probs).all()
+    torch.testing.assert_close(half.log_prob_and_entropy(obs, actions)[0], log_probs, rtol=0, atol=1e-4)
     buffers = dict(full.named_buffers())
     assert any(name.endswith("rotary_emb.inv_freq") for name in buffers)
     for name, buffer in half.named_buffers():
