@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -194,6 +195,27 @@ def test_first_minibatch_ratio_is_one_for_pi0_executing_a_prefix_of_state_relati
     log_probs, old_log_probs, mask, first_metrics = calls[0]
     torch.testing.assert_close(log_probs[mask], old_log_probs[mask], rtol=0, atol=1e-4)
     assert abs(first_metrics["ratio_mean"] - 1.0) < 1e-4 and first_metrics["pg_clipfrac"] == 0.0
+
+
+def test_fsdp_updates_a_bfloat16_pi0_without_mixed_precision(process_group, device):
+    """π0 with ``dtype: bfloat16`` under FSDP and ``trainer.mixed_precision: none`` (the default
+    ``auto`` on a CPU or a GPU without native bfloat16): the training copy holds the trainable
+    parameters in float32 and the frozen ones (the VLM's last ``q_proj``, ``o_proj`` and MLP) in
+    bfloat16, and the joint layer runs each in its own dtype (before: "expected m1 and m2 to have
+    the same dtype" at the first rescoring)."""
+    from vla_rl.config import TrainerSection
+
+    policy = make_policy("pi0", dataclasses.replace(TINY_CONFIGS["pi0"](), dtype="bfloat16")).to(device)
+    assert {p.dtype for p in policy.parameters()} == {torch.float32, torch.bfloat16}
+    batch = rollout_batch(policy)
+    algorithm, _ = update_config("ppo_clip", "action")
+    trainer = TrainerSection(ppo_epochs=1, ppo_mini_batch_size=4, max_grad_norm=1.0, strategy="fsdp",
+                             mixed_precision="none")
+    before = [p.detach().clone() for p in policy.parameters()]
+    metrics = ActorTrainer(policy, lr=1e-3, trainer=trainer).update(batch, algorithm, trainer,
+                                                                    torch.Generator().manual_seed(2))
+    assert metrics["actor/num_updates"] == 2.0 and math.isfinite(metrics["actor/pg_loss"])
+    assert any(not torch.equal(p, q) for p, q in zip(policy.parameters(), before))
 
 
 @pytest.mark.parametrize("policy_name", ["openvla", "pi0"])
