@@ -319,20 +319,15 @@ def _joint_layer(
     Returns:
         the streams' new hidden states, and this layer's keys (rotated) and values of the given
         tokens, each ``(batch, num_kv_heads, sum(len_i), head_dim)``.
-
-    Each projection and MLP reads its input in its own weights' dtype and gives its output back in
-    the streams' dtype (no-ops when they agree): the training copy of a bfloat16 policy holds its
-    trainable parameters in float32 and its frozen ones (the VLM's last ``q_proj``, ``o_proj``
-    and MLP) in bfloat16.
     """
     queries, keys, values, residuals = [], [], [], []
     for layer, hidden in zip(layers, hidden_states, strict=True):
         attention = layer.self_attn
         normed = layer.input_layernorm(hidden)
         shape = (*normed.shape[:-1], -1, attention.head_dim)
-        queries.append(_in_own_dtype(attention.q_proj, normed).view(shape).transpose(1, 2))  # (B, nh, T_i, hd)
-        keys.append(_in_own_dtype(attention.k_proj, normed).view(shape).transpose(1, 2))  # (B, nkv, T_i, hd)
-        values.append(_in_own_dtype(attention.v_proj, normed).view(shape).transpose(1, 2))
+        queries.append(attention.q_proj(normed).view(shape).transpose(1, 2))  # (B, nh, T_i, hd)
+        keys.append(attention.k_proj(normed).view(shape).transpose(1, 2))  # (B, nkv, T_i, hd)
+        values.append(attention.v_proj(normed).view(shape).transpose(1, 2))
         residuals.append(hidden)
     query = torch.cat(queries, dim=2)  # (B, nh, T, hd)
     key = torch.cat(keys, dim=2)  # (B, nkv, T, hd)
@@ -351,16 +346,9 @@ def _joint_layer(
     outputs, start = [], 0
     for layer, residual in zip(layers, residuals, strict=True):
         end = start + residual.shape[1]
-        hidden = residual + _in_own_dtype(layer.self_attn.o_proj, attended[:, start:end]).to(residual.dtype)
-        mlp = layer.mlp
-        hidden = hidden + _in_own_dtype(mlp, layer.post_attention_layernorm(hidden), mlp.gate_proj.weight)
+        out_proj = layer.self_attn.o_proj
+        hidden = residual + out_proj(attended[:, start:end].to(out_proj.weight.dtype))
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         outputs.append(hidden)
         start = end
     return outputs, key, value
-
-
-def _in_own_dtype(module: nn.Module, x: Tensor, weight: Tensor | None = None) -> Tensor:
-    """``module(x)`` with ``x`` cast to ``weight``'s dtype (default ``module.weight``), the output
-    cast back to ``x``'s."""
-    weight = module.weight if weight is None else weight
-    return module(x.to(weight.dtype)).to(x.dtype)

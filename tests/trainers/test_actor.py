@@ -197,16 +197,20 @@ def test_first_minibatch_ratio_is_one_for_pi0_executing_a_prefix_of_state_relati
     assert abs(first_metrics["ratio_mean"] - 1.0) < 1e-4 and first_metrics["pg_clipfrac"] == 0.0
 
 
-def test_fsdp_updates_a_bfloat16_pi0_without_mixed_precision(process_group, device):
-    """π0 with ``dtype: bfloat16`` under FSDP and ``trainer.mixed_precision: none`` (the default
-    ``auto`` on a CPU or a GPU without native bfloat16): the training copy holds the trainable
-    parameters in float32 and the frozen ones (the VLM's last ``q_proj``, ``o_proj`` and MLP) in
-    bfloat16, and the joint layer runs each in its own dtype (before: "expected m1 and m2 to have
-    the same dtype" at the first rescoring)."""
+@pytest.mark.parametrize("policy_name", ["openvla", "openvla_oft", "pi0"])
+def test_fsdp_updates_a_bfloat16_policy_without_mixed_precision(process_group, device, policy_name):
+    """A policy with ``dtype: bfloat16`` under FSDP and ``trainer.mixed_precision: none`` (the
+    default ``auto`` on a CPU or a GPU without native bfloat16): the training copy computes in its
+    float32 master dtype, the frozen parameters (the towers' and the VLM's unused last blocks)
+    included (before: "mixed dtype" or "expected m1 and m2 to have the same dtype" at the first
+    rescoring, the frozen ones were bfloat16)."""
     from vla_rl.config import TrainerSection
+    from vla_rl.trainers.strategy import meta_copy
 
-    policy = make_policy("pi0", dataclasses.replace(TINY_CONFIGS["pi0"](), dtype="bfloat16")).to(device)
-    assert {p.dtype for p in policy.parameters()} == {torch.float32, torch.bfloat16}
+    policy = make_policy(policy_name, dataclasses.replace(TINY_CONFIGS[policy_name](), dtype="bfloat16")).to(device)
+    assert torch.bfloat16 in {p.dtype for p in policy.parameters()} and not all(p.requires_grad
+                                                                                 for p in policy.parameters())
+    assert {p.dtype for p in meta_copy(policy, torch.float32).parameters()} == {torch.float32}
     batch = rollout_batch(policy)
     algorithm, _ = update_config("ppo_clip", "action")
     trainer = TrainerSection(ppo_epochs=1, ppo_mini_batch_size=4, max_grad_norm=1.0, strategy="fsdp",

@@ -425,11 +425,17 @@ def meta_copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     """A deep copy of ``module`` whose parameters are ``meta`` tensors with the same
     ``requires_grad``: trainable floating ones of ``dtype`` (the master weights), frozen ones of
     their own dtype (never updated, they need no more precision than the policy has: a LoRA
-    run's frozen base stays in bfloat16). Buffers and other attributes are copied as they are.
-    Costs no parameter memory: the copy is sharded before it is materialised."""
+    run's frozen base stays in bfloat16), unless some trainable parameter is of another dtype
+    than ``dtype`` (a whole bfloat16 policy, not a LoRA run's float32 adapters): the frozen ones
+    then take ``dtype`` too, so that the copy computes in one dtype (a frozen bfloat16 block fed
+    the float32 master layers' outputs fails: "mixed dtype", "expected m1 and m2 to have the same
+    dtype"). Buffers and other attributes are copied as they are. Costs no parameter memory: the
+    copy is sharded before it is materialised."""
     memo: dict[int, Any] = {}
+    recast = any(parameter.requires_grad and parameter.is_floating_point() and parameter.dtype != dtype
+                 for parameter in module.parameters())
     for parameter in module.parameters():
-        master = parameter.is_floating_point() and parameter.requires_grad
+        master = parameter.is_floating_point() and (parameter.requires_grad or recast)
         empty = torch.empty(parameter.shape, device="meta", dtype=dtype if master else parameter.dtype)
         memo[id(parameter)] = nn.Parameter(empty, requires_grad=parameter.requires_grad)
     return copy.deepcopy(module, memo)
