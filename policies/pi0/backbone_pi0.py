@@ -135,9 +135,11 @@ class _Expert(nn.Module):
 
 
 def attention_bias(allowed: Tensor, dtype: torch.dtype) -> Tensor:
-    """``(batch, 1, queries, keys)`` additive bias: 0 where ``allowed`` (``(batch, queries, keys)``
-    bool), :data:`MASKED_BIAS` elsewhere."""
-    return torch.where(allowed[:, None], 0.0, MASKED_BIAS).to(dtype)
+    """``(batch, 1, queries, keys)`` additive bias of ``dtype``: 0 where ``allowed``
+    (``(batch, queries, keys)`` bool), :data:`MASKED_BIAS` elsewhere, or ``dtype``'s lowest finite
+    value where that is higher (float16's -65504: :data:`MASKED_BIAS` would round to -inf there, and
+    a padded token's fully masked row to NaN)."""
+    return torch.where(allowed[:, None], 0.0, max(MASKED_BIAS, torch.finfo(dtype).min)).to(dtype)
 
 
 class PaliGemmaWithExpert(nn.Module):

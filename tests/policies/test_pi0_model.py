@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from policies.checkpoint_files import read_safetensors_header
-from policies.pi0.backbone_pi0 import gemma_config, paligemma_config
+from policies.pi0.backbone_pi0 import attention_bias, gemma_config, paligemma_config
 from policies.pi0.checkpoint_pi0 import (
     load_pi0_checkpoint,
     load_pi0_weights,
@@ -134,6 +134,19 @@ def test_model_attention_mask_is_openpi_block_causal(model, config):
                                  for q in range(total)])
         assert torch.equal(allowed[row], expected)
     assert not real[CAMERAS * patches - 1] and not real[prefix_len - 1]  # the padding is exercised (row 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_fully_masked_query_row_gets_a_uniform_softmax_in_every_dtype(dtype):
+    # the padded token's row masks every key (make_att_2d_masks); openpi's finite bias makes its
+    # softmax uniform, where -inf (the float32 bias rounded to float16) would make it NaN
+    allowed = torch.tensor([[[True, True, False], [False, False, False]]])
+    bias = attention_bias(allowed, dtype)
+    assert bias.dtype == dtype and torch.isfinite(bias).all()
+    scores = torch.tensor([[[[0.5, -1.0, 2.0], [0.5, -1.0, 2.0]]]], dtype=dtype)
+    probs = torch.softmax((scores + bias).float(), dim=-1)[0, 0]
+    assert torch.equal(probs[1], torch.full((3,), 1 / 3))
+    assert probs[0, 2] == 0 and torch.allclose(probs[0, :2], torch.softmax(torch.tensor([0.5, -1.0]), -1), atol=1e-3)
 
 
 def test_time_embedding_matches_hand_computation():
