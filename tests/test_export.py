@@ -84,6 +84,8 @@ def test_the_export_command_and_its_errors(lora_lm_run, tmp_path, capsys):
     assert "exists; export to a new directory" in capsys.readouterr().err
     assert main(["export", str(run_dir / "checkpoints" / "step_00000009"), str(tmp_path / "b")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert main(["export", str(run_dir / "template.yaml"), str(tmp_path / "b")]) == 2
+    assert "template.yaml is a file: name a checkpoint directory or a run directory" in capsys.readouterr().err
     with pytest.raises(ExportError, match="not a complete checkpoint directory"):
         export_checkpoint(checkpoint.parent, tmp_path / "b")
     weights = checkpoint / "model.safetensors"

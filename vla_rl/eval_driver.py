@@ -10,7 +10,9 @@ The evaluation directory (default ``<run_dir>/eval``) holds ``template.yaml``, t
 ``success_vs_checkpoint.png`` (the reports name the machines the episodes ran on). Running the
 same command again continues an interrupted evaluation: episodes already stored are not run
 again. A store that cannot be read is refused before anything is written, naming the store, the
-array and how to set it aside (:class:`~vla_rl.evaluation.episode_store.DamagedStoreError`).
+array and how to set it aside (:class:`~vla_rl.evaluation.episode_store.DamagedStoreError`); so is
+a store of the same task under other settings (``simulator.env.horizon=30`` over episodes of 20),
+naming both.
 """
 
 from __future__ import annotations
@@ -46,14 +48,15 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
         ``(evaluation directory, loaded template, run directory)``.
 
     Raises:
-        EvalInputError: bad targets, a text run, an evaluation setting that does not resolve, or
-            a damaged episode store in the evaluation directory (``DamagedStoreError``, before
-            anything is written).
+        EvalInputError: bad targets, a text run, an evaluation setting that does not resolve
+            (``eval.num_episodes=0`` included), a damaged episode store in the evaluation directory
+            (``DamagedStoreError``), or one holding episodes of other task settings, all before
+            anything is written.
         TemplateError: a bad template or override.
     """
     from vla_rl.dag.loader import load_template
     from vla_rl.dag.planner import plan
-    from vla_rl.evaluation.episode_store import check_stores
+    from vla_rl.evaluation.episode_store import check_stores, check_task_settings
     from vla_rl.preflight import check_local_packages, preflight
 
     run_dir, checkpoints = find_checkpoints(targets, steps)
@@ -90,7 +93,16 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
             plan(loaded)
         except TemplateError as err:
             raise TemplateError(err.message, file=resolved, node=err.node, field=err.field) from None
-    check_video_camera(loaded.config, resolve_tasks_or_fail(loaded.config))
+    if loaded.config.eval.num_episodes == 0:
+        raise EvalInputError("eval.num_episodes=0: an evaluation runs at least one episode of each task")
+    tasks = resolve_tasks_or_fail(loaded.config)
+    check_video_camera(loaded.config, tasks)
+    if loaded.config.eval.store_episodes:  # episodes stored with other task settings: refused before any write
+        for task in tasks:
+            try:
+                check_task_settings(eval_dir, task.name, task.simulator, task.env)
+            except ValueError as err:
+                raise EvalInputError(str(err)) from None
     eval_dir.mkdir(parents=True, exist_ok=True)
     _write_yaml(resolved, loaded.raw)
     return eval_dir, load_template(resolved), run_dir
@@ -259,8 +271,10 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     progress = ReportProgress(eval_dir, info, tasks, skipped, ckpt_steps, protocols, ids)
     progress.update()  # tasks an interrupted evaluation finished
     workers = None
+    if tasks and len(progress.complete) == len(tasks):
+        console.print("every planned episode is stored already: no rollout to run")
     try:  # a failure leaves the last report written (as of the last finished step), never a new one
-        if tasks:
+        if len(progress.complete) < len(tasks):
             world = plan(loaded).world_size
             total = len(tasks) * len(ckpt_steps) * len(protocols) * ev.num_episodes
             workers = WorkerGroup.launch(world, str(eval_dir / RUN_TEMPLATE), [], eval_dir, config.workers, device)

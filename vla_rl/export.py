@@ -90,7 +90,8 @@ def load_checkpoint_policy(checkpoint: str | Path):
 
     path = Path(checkpoint).resolve()
     if not path.is_dir():
-        raise ExportError(f"checkpoint {path} does not exist")
+        raise ExportError(f"checkpoint {path} {'is a file' if path.exists() else 'does not exist'}: name a checkpoint "
+                          "directory or a run directory")
     try:
         path = ckpt.run_checkpoint(path)
     except FileNotFoundError as err:

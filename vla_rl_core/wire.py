@@ -78,4 +78,5 @@ def unpackb(data: bytes) -> Any:
     try:
         return msgpack.unpackb(data, object_hook=_unpack_array)
     except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as err:
-        raise ValueError(f"not a msgpack-numpy message ({type(err).__name__}: {err})") from err
+        reason = str(err) or "malformed msgpack data"  # msgpack's FormatError has no message
+        raise ValueError(f"not a msgpack-numpy message ({type(err).__name__}: {reason})") from err

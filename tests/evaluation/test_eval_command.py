@@ -74,14 +74,20 @@ def test_eval_command_reports_every_checkpoint(evaluated):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("test_eval_command.tiny_run")
-def test_eval_command_again_redoes_nothing(evaluated, tiny_run, tmp_path):
+def test_eval_command_again_redoes_nothing(evaluated, tiny_run, tmp_path, monkeypatch, capsys):
     import shutil
+
+    import vla_rl.workers.group as group_module
 
     # on a copy: the report of step 2 alone would replace the module's run's (the other tests read it)
     run_dir = tmp_path / "tiny"
     shutil.copytree(tiny_run, run_dir)
     rows = json.loads((evaluated / "report.json").read_text())["results"]
-    assert main(["eval", str(run_dir), *EVAL, "--steps", "2"]) == 0  # every episode is stored already
+    capsys.readouterr()
+    # every episode is stored already: no DAG worker starts (it took 35 s on this 2-core machine)
+    monkeypatch.setattr(group_module.WorkerGroup, "launch", lambda *a, **k: pytest.fail("workers were launched"))
+    assert main(["eval", str(run_dir), *EVAL, "--steps", "2"]) == 0
+    assert "every planned episode is stored already" in capsys.readouterr().out
     assert len(TrajectoryStore.open(run_dir / "eval" / "episodes" / "robosuite_lift" / "rank0.zarr",
                                     read_only=True)) == 8
     again = json.loads((run_dir / "eval" / "report.json").read_text())

@@ -185,3 +185,47 @@ def test_an_evaluation_from_a_camera_robosuite_lacks_is_refused_before_it_starts
     assert ("eval.video_camera: task robosuite_lift cannot render videos from camera 'sideveiw' "
             "(['sideveiw'] not a camera of Lift; available: ['frontview',") in error
     assert not (run_dir / "eval" / "report.json").exists()
+
+
+def _stored_lift_evaluation(tmp_path, horizon: int):
+    """A Lift run with an earlier evaluation in its eval/: the resolved template, one stored episode
+    of ``simulator.env.horizon=horizon`` (attributes as the workers record them) and its report."""
+    from simulators.registry import SETTINGS_FORMAT, canonical_env
+    from vla_rl.evaluation.benchmarks import resolve_tasks
+    from vla_rl.evaluation.episode_store import open_rank_store
+    from vla_rl_core.env_spec import EnvSpec
+
+    run_dir = write_run(tmp_path, "embodied_srpo", ["policy.config.hidden_sizes=[8]"],
+                        MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
+    eval_dir, loaded, _ = prepare_eval_dir([str(run_dir)], [f"simulator.env.horizon={horizon}"])
+    (task,) = resolve_tasks(loaded.config)
+    open_rank_store(eval_dir, task.name, 0, EnvSpec(obs_dim=15, action_dim=7, horizon=horizon), 1,
+                    {"task": task.name, "simulator": task.simulator, "env": canonical_env(task.simulator, task.env),
+                     "settings_format": SETTINGS_FORMAT}, True)
+    (eval_dir / "report.json").write_text('{"earlier": "report"}')
+    return run_dir, eval_dir
+
+
+#: EVAL without its horizon
+EVAL_ANY_HORIZON = [o for o in EVAL if not o.startswith("simulator.env.horizon=")]
+
+
+def test_an_evaluation_that_changes_the_stored_tasks_settings_is_refused_before_it_writes(tmp_path, capsys):
+    """A store holds episodes of horizon 6; the same evaluation at horizon 30 is one line naming the
+    store and both settings, exit status 2, before any worker starts: the earlier template and
+    report are as they were (the workers found it before, after the driver had rewritten both)."""
+    run_dir, eval_dir = _stored_lift_evaluation(tmp_path, 6)
+    template = (eval_dir / "template.yaml").read_text()
+    assert main(["eval", str(run_dir), *EVAL_ANY_HORIZON, "simulator.env.horizon=30"]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "rank0.zarr holds episodes of task 'robosuite_lift' with" in error and "'horizon': 6" in error
+    assert "'horizon': 30" in error and "Traceback" not in error
+    assert (eval_dir / "template.yaml").read_text() == template
+    assert (eval_dir / "report.json").read_text() == '{"earlier": "report"}'
+
+
+def test_an_evaluation_of_no_episodes_is_refused(tmp_path, capsys):
+    run_dir, eval_dir = _stored_lift_evaluation(tmp_path, 6)
+    assert main(["eval", str(run_dir), *EVAL_ANY_HORIZON, "simulator.env.horizon=6", "eval.num_episodes=0"]) == 2
+    assert "eval.num_episodes=0: an evaluation runs at least one episode of each task" in capsys.readouterr().err
+    assert (eval_dir / "report.json").read_text() == '{"earlier": "report"}'

@@ -33,6 +33,17 @@ def test_eval_tasks_selects_tasks_of_a_suite():
     assert resolve_tasks(config)[0].env == {"suite": "libero_goal", "task_id": 2}  # not a LIBERO run: defaults
 
 
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["eval.benchmark=libero_goal", "eval.tasks=[Foo]"], r"eval.tasks \['Foo'\] must select tasks of benchmark "
+                                                         "'libero_goal': libero_goal_0, "),
+    (["eval.tasks=[Foo]"], r"eval.tasks \['Foo'\] must select tasks of the run's simulator: robosuite_lift$"),
+])
+def test_unknown_tasks_are_refused_naming_the_tasks_to_pick_from(overrides, message):
+    config = load_template("eval_rollout", overrides).config
+    with pytest.raises(ValueError, match=message):
+        resolve_tasks(config)
+
+
 @pytest.mark.parametrize(("override", "field"), [("eval.init_state_offset=1000000007", "init_state_offset"),
                                                  ("eval.num_episodes=51", "num_episodes")])
 def test_trials_that_would_not_start_from_states_0_to_49_are_refused(override, field):

@@ -169,10 +169,16 @@ def test_a_tiny_pi0_export_is_served_with_its_template(tmp_path):
 def test_serve_errors_are_one_line(mlp_run, tmp_path, capsys):
     assert main(["serve", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert main(["serve", str(mlp_run[0] / "template.yaml")]) == 2
+    assert "template.yaml is a file: name a run directory" in capsys.readouterr().err
     (tmp_path / "export").mkdir()
     (tmp_path / "export" / "config.json").write_text('{"architectures": ["OpenVLAForActionPrediction"]}')
     assert main(["serve", str(tmp_path / "export")]) == 2
     assert "add --template TEMPLATE" in " ".join(capsys.readouterr().err.split())
+    assert main(["serve", str(tmp_path / "export"), "--template", "embodied_srpo"]) == 2  # the MLP main job's
+    assert "template embodied_srpo trains an MLP policy, and" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path / "export"), "--template", "llm_grpo"]) == 2
+    assert "template llm_grpo trains a text policy" in capsys.readouterr().err
     assert main(["serve", str(mlp_run[0]), "policy.config.hidden_sizes=[8]"]) == 2
     assert "apply to the --template of a π0/OpenVLA export" in capsys.readouterr().err
     served = load_served_policy(mlp_run[0], device="cpu")

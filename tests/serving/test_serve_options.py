@@ -27,7 +27,7 @@ def busy_port():
     (["--host", ""], "--host must name an address"),  # bound every interface, on two ports
     (["--host", "not_a_host.invalid"], "--host not_a_host.invalid --port 8000 cannot be bound"),
     (["--batch-window-ms", "-10"], "--batch-window-ms must be >= 0"),
-    (["--token", ""], "--token must not be empty"),
+    (["--token", ""], "--token (or VLA_RL_SERVE_TOKEN) must not be empty"),
     (["--temperature", "0"], "--temperature must be a finite number > 0"),
     (["--temperature", "inf"], "--temperature must be a finite number > 0, got inf"),
     (["--device", "tpu"], "--device 'tpu' is not a device"),
@@ -37,6 +37,13 @@ def test_bad_options_are_refused_before_the_policy_loads(options, message, tmp_p
     assert main(["serve", str(tmp_path), *options]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_empty_token_from_the_environment_names_the_variable(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(served_policy, "load_served_policy", lambda *a, **k: pytest.fail("the policy was loaded"))
+    monkeypatch.setenv("VLA_RL_SERVE_TOKEN", "")
+    assert main(["serve", str(tmp_path)]) == 2
+    assert "VLA_RL_SERVE_TOKEN" in capsys.readouterr().err
 
 
 def test_a_port_in_use_is_refused_before_the_policy_loads(busy_port, tmp_path, monkeypatch, capsys):

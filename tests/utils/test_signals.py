@@ -1,5 +1,6 @@
-"""SIGTERM handled as Ctrl-C is (vla_rl.utils.signals): in-process, then a ``vla-rl train``
-terminated while it starts up and once Ray runs."""
+"""SIGTERM handled as Ctrl-C is (vla_rl.utils.signals): in-process, while a command waits in Ray
+(which raises a plain KeyboardInterrupt in its place), then a ``vla-rl train`` terminated while it
+starts up and once Ray runs."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+import vla_rl.cli.plan as plan_command
+from vla_rl.cli import TERMINATED_STATUS, main
 from vla_rl.errors import Terminated
-from vla_rl.utils.signals import restore_after_ray_init, sigterm_as_interrupt, sigterm_handler
+from vla_rl.utils.signals import restore_after_ray_init, sigterm_as_interrupt, sigterm_handler, was_terminated
 
 
 def test_sigterm_raises_terminated_within_the_block_only():
@@ -23,6 +27,44 @@ def test_sigterm_raises_terminated_within_the_block_only():
         time.sleep(5)  # the handler runs at the next bytecode: never reached
     assert signal.getsignal(signal.SIGTERM) is before
     assert issubclass(Terminated, KeyboardInterrupt)  # every Ctrl-C path handles it
+
+
+def test_a_ctrl_c_after_a_terminated_block_is_a_ctrl_c():
+    with pytest.raises(Terminated) as raised, sigterm_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    assert was_terminated(raised.value)
+    with pytest.raises(KeyboardInterrupt) as raised, sigterm_as_interrupt():
+        raise KeyboardInterrupt
+    assert not was_terminated(raised.value)
+
+
+def test_a_command_terminated_while_it_waits_in_ray_says_so(ray_on_loopback, monkeypatch, capsys):
+    """The driver spends a run waiting in ``ray.wait``/``ray.get``; a SIGTERM there came out of Ray
+    as a plain KeyboardInterrupt, and the command said "interrupted (Ctrl-C)" with status 130."""
+    ray = ray_on_loopback
+
+    @ray.remote(num_cpus=0)
+    def sleep() -> None:
+        time.sleep(60)
+
+    ref = sleep.remote()
+
+    def waits_in_ray(args) -> int:
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.start()
+        try:
+            ray.get(ref)
+        finally:
+            timer.cancel()  # never a SIGTERM outside the command (it would end pytest)
+        return 0
+
+    monkeypatch.setattr(plan_command, "run_plan", waits_in_ray)
+    try:
+        assert main(["plan", "embodied_srpo"]) == TERMINATED_STATUS
+    finally:
+        ray.cancel(ref, force=True)
+    assert capsys.readouterr().err.strip() == "error: terminated (SIGTERM)"
 
 
 def test_the_handler_comes_back_after_ray_init_replaced_it():

@@ -36,12 +36,12 @@ from vla_rl.cli.plan import add_plan_command
 from vla_rl.cli.serve import add_remote_env_command, add_serve_command
 from vla_rl.cli.train import add_train_command
 from vla_rl.dag.errors import TemplateError
-from vla_rl.errors import CommandLineError, RunStopped, Terminated
+from vla_rl.errors import CommandLineError, RunStopped
 from vla_rl.evaluation.targets import EvalInputError
 from vla_rl.export import ExportError
 from vla_rl.export_episodes import EpisodesExportError
 from vla_rl.serving import ServeError
-from vla_rl.utils.signals import sigterm_as_interrupt
+from vla_rl.utils.signals import sigterm_as_interrupt, was_terminated
 from vla_rl_core.registry import RegistryError
 
 USER_ERRORS: tuple[type[Exception], ...] = (TemplateError, ValidationError, RegistryError, EvalInputError,
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         print_error(error)
         return RUN_STOPPED_STATUS
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the driver has already stopped the workers
-        what, status = (("terminated (SIGTERM)", TERMINATED_STATUS) if isinstance(interrupt, Terminated)
+        what, status = (("terminated (SIGTERM)", TERMINATED_STATUS) if was_terminated(interrupt)
                         else ("interrupted (Ctrl-C)", INTERRUPTED_STATUS))
         stopped = _stop_ray_started_since(ray_before, timeout_s=CTRL_C_SHUTDOWN_S)
         print_error(RunStopped(what if stopped else

@@ -69,7 +69,8 @@ def run_export_episodes(args: argparse.Namespace) -> int:
 
     from vla_rl.export_episodes import export_episodes
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")  # not other packages' INFO (PyOpenGL's at exit)
+    logging.getLogger("vla_rl.export_episodes").setLevel(logging.INFO)  # each episode written
     print(export_episodes(args.source, args.out, cameras=args.cameras, camera_size=args.camera_size, fps=args.fps,
                           greedy_only=args.greedy_only, robot_type=args.robot_type))
     return 0

@@ -169,5 +169,6 @@ def resolve_tasks(config) -> list[EvalTask]:
     known = [t.name for t in tasks]
     unknown = [name for name in ev.tasks if name not in known]
     if unknown or not ev.tasks:
-        raise ValueError(f"eval.tasks {ev.tasks} must select tasks of benchmark {ev.benchmark!r}: {', '.join(known)}")
+        source = f"benchmark {ev.benchmark!r}" if ev.benchmark is not None else "the run's simulator"
+        raise ValueError(f"eval.tasks {ev.tasks} must select tasks of {source}: {', '.join(known)}")
     return [t for t in tasks if t.name in ev.tasks]

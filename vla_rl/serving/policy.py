@@ -155,7 +155,8 @@ def load_served_policy(target: str | Path, template: str | None = None, override
 
     path = Path(target).resolve()
     if not path.is_dir():
-        raise ServeError(f"{path} does not exist: name a run directory, a checkpoint directory or an export")
+        what = "is a file" if path.exists() else "does not exist"
+        raise ServeError(f"{path} {what}: name a run directory, a checkpoint directory or an export")
     try:
         path = ckpt.run_checkpoint(path)
     except FileNotFoundError as err:
@@ -250,10 +251,14 @@ def _export_policy(path: Path, template: str, overrides: Sequence[str]):
     from vla_rl.dag.loader import load_template
     from vla_rl.dag.registry import WORKFLOWS
 
+    trained = load_template(template, overrides).config  # the template's own policy, before the export's settings
+    if trained.run.workflow != "embodied":
+        raise ServeError(f"template {template} trains a {trained.run.workflow} policy; vla-rl serve serves robot policies")
+    if trained.policy.name == "mlp":  # an MLP export records its own settings (and is served without a template)
+        raise ServeError(f"template {template} trains an MLP policy, and {path} is not an MLP export: name the "
+                         "template its π0 or OpenVLA run was trained with")
     overrides = [*overrides, f"policy.config.model_path={path}", "policy.config.architecture=null", "policy.lora=null"]
     config = load_template(template, overrides).config
-    if config.run.workflow != "embodied":
-        raise ServeError(f"template {template} trains a {config.run.workflow} policy; vla-rl serve serves robot policies")
     return WORKFLOWS.get("embodied").standalone_policy(config, None), config
 
 

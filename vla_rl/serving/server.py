@@ -106,7 +106,7 @@ def check_settings(host: str, port: int, token: str | None, batch_window_ms: flo
     if max_batch < 1:
         raise ServeError(f"--max-batch must be >= 1, got {max_batch}")
     if token is not None and not token:
-        raise ServeError("--token must not be empty")
+        raise ServeError("--token (or VLA_RL_SERVE_TOKEN) must not be empty: set a token, or leave both unset")
     if probe_port:
         try:
             family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]

@@ -6,7 +6,10 @@ ends the process at once: a run stopped while it starts up left its run director
 and its workers and Ray were not stopped. :func:`sigterm_as_interrupt` makes SIGTERM raise
 :class:`~vla_rl.errors.Terminated`, a ``KeyboardInterrupt``, so that every path that handles
 Ctrl-C handles it too. ``ray.init`` replaces the handler with its own (``sys.exit(15)``):
-:func:`restore_after_ray_init` puts this one back.
+:func:`restore_after_ray_init` puts this one back. A SIGTERM that arrives while the driver waits in
+Ray (``ray.get``, ``ray.wait``: most of a run) reaches it as a plain ``KeyboardInterrupt`` (Ray's
+``check_signals`` turns the handler's exception into an "interrupted" status and raises a new one):
+:func:`was_terminated` tells the two apart.
 """
 
 from __future__ import annotations
@@ -20,8 +23,20 @@ from typing import Any
 from vla_rl.errors import Terminated
 
 
+#: Whether SIGTERM arrived within the current :func:`sigterm_as_interrupt` block.
+_received = threading.Event()
+
+
 def _raise_terminated(signum: int, frame: Any) -> None:
+    _received.set()
     raise Terminated()
+
+
+def was_terminated(interrupt: KeyboardInterrupt) -> bool:
+    """Whether ``interrupt`` comes from SIGTERM: a :class:`~vla_rl.errors.Terminated`, or the plain
+    ``KeyboardInterrupt`` Ray raised in its place (module docstring) after a SIGTERM within the
+    current :func:`sigterm_as_interrupt` block."""
+    return isinstance(interrupt, Terminated) or _received.is_set()
 
 
 @contextlib.contextmanager
@@ -31,6 +46,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _received.clear()
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
