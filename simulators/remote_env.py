@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import http
 import itertools
 import logging
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -54,6 +56,8 @@ import numpy as np
 from simulators.registry import SIMULATORS
 from simulators.stepping import ChunkedSteps, EpisodeLost
 from vla_rl_core import keys
+from vla_rl_core.components import ComponentConfigError
+from vla_rl_core.errors import RunStopped
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +175,8 @@ class RemoteEnv(ChunkedSteps, gym.Env):
         """Start an episode on this environment's client (claiming one if it has none).
 
         Raises:
-            RuntimeError: no client was free within ``connect_timeout_s``.
+            RunStopped: no client was free within ``connect_timeout_s`` (the run stops with its
+                message: where to connect).
         """
         super().reset(seed=seed)
         deadline = time.monotonic() + self.config.connect_timeout_s
@@ -180,7 +185,7 @@ class RemoteEnv(ChunkedSteps, gym.Env):
             if self._client is None:
                 self._client = self._call("claim", max(deadline - time.monotonic(), 0.0))
                 if self._client is None:
-                    raise RuntimeError(
+                    raise RunStopped(
                         f"no remote environment was free within simulator.env.connect_timeout_s="
                         f"{self.config.connect_timeout_s:g} s: connect clients (vla_rl.remote.RobotClient) to "
                         f"ws://{self.config.host}:{self.config.port}, at least as many as the episodes rolled out "
@@ -246,6 +251,33 @@ class RemoteEnv(ChunkedSteps, gym.Env):
             self._hub.release.remote(self._client)
         self._client = None
 
+    @staticmethod
+    def check_config(config: RemoteEnvConfig) -> None:
+        """Check, before any worker starts the hub, that ``host:port`` can be bound here (bound
+        once and let go; a local run's hub listens on the driver's machine). Port 0 (a free one)
+        is not checked.
+
+        Raises:
+            ComponentConfigError: naming ``simulator.env.port`` (the port is in use) or
+                ``simulator.env.host`` (not an address of this machine).
+        """
+        if config.port == 0:
+            return
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(config.host, config.port,
+                                                                 type=socket.SOCK_STREAM)[0]
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the hub's listener
+                probe.bind(address)
+        except OSError as err:
+            in_use = getattr(err, "errno", None) == errno.EADDRINUSE
+            raise ComponentConfigError(
+                "simulator.env.port" if in_use else "simulator.env.host",
+                f"the remote environment hub cannot listen on {config.host}:{config.port} ({err.strerror or err}): "
+                + ("another program or run listens there; give this run another simulator.env.port" if in_use
+                   else "name an address of this machine (127.0.0.1, the default; 0.0.0.0: every interface)"),
+            ) from None
+
     @classmethod
     def start_services(cls, config: RemoteEnvConfig) -> tuple[RemoteEnvConfig, Any]:
         """Start the run's hub (or find the one listening on ``config.port``), in the pool's
@@ -253,8 +285,8 @@ class RemoteEnv(ChunkedSteps, gym.Env):
         the hub's actor handle (the hub lives while a handle does).
 
         Raises:
-            RuntimeError: the hub cannot listen there, or one already listens there for
-                another configuration.
+            RunStopped: the hub cannot listen there. RuntimeError: one already listens there
+                for another configuration.
         """
         import ray
 
@@ -269,9 +301,9 @@ class RemoteEnv(ChunkedSteps, gym.Env):
         hub = ray.remote(RemoteHub).options(**options).remote(config, token)
         try:
             port, served = ray.get(hub.describe.remote())
-        except ray.exceptions.RayActorError as err:
-            raise RuntimeError(f"the remote environment hub could not start on {config.host}:{config.port}: "
-                               f"{err}") from None
+        except ray.exceptions.RayActorError as err:  # its constructor's error, inside Ray's whole report
+            raise RunStopped(f"the remote environment hub could not start on {config.host}:{config.port} "
+                             f"({_first_os_error(str(err))}); give this run another simulator.env.port") from None
         if dataclasses.replace(served, hub=None, port=0) != dataclasses.replace(config, hub=None, port=0):
             raise RuntimeError(f"a remote environment hub already listens on port {port} for another configuration "
                                "(simulator.env); give this run another simulator.env.port")
@@ -520,3 +552,10 @@ class _HubServer:
 def _address(connection: Any) -> str:
     address = getattr(connection, "remote_address", None)
     return f"{address[0]}:{address[1]}" if address else "?"
+
+
+def _first_os_error(report: str) -> str:
+    """The line of Ray's report of a failed actor that names the operating system's error (``OSError:
+    [Errno 98] ... address already in use``), else its last line."""
+    lines = [line.strip() for line in report.splitlines() if line.strip()]
+    return next((line for line in lines if "Errno" in line), lines[-1] if lines else report)

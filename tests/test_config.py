@@ -339,6 +339,7 @@ def test_a_warm_start_without_an_expert_is_refused_at_plan_time():
     assert err.node == "demonstrations" and err.field == "warm_start.num_demos"
     assert "no scripted expert for task 'NutAssemblySquare'" in str(err)
     assert "tasks with one: Door, Lift, PickPlaceCan, Stack" in str(err)
+    assert "warm-start from a LeRobot dataset (warm_start.dataset), set warm_start.num_demos=0" in str(err)
     plan(load_template("embodied_srpo", [*task, "warm_start.num_demos=0"]))
 
 

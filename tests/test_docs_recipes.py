@@ -1,5 +1,7 @@
-"""The `vla-rl train` commands of README.md and of every page under docs/ plan as written: each is
-run through `vla-rl plan` with the world size it names (`workers.num_workers`), a model directory
+"""The `vla-rl train` commands of README.md and of every page under docs/ plan as written and pass
+the checks `vla-rl train` makes before it starts Ray (its input files, checkpoints and simulator
+settings; not its optional packages): each is run through `vla-rl plan` with the world size it
+names (`workers.num_workers`), then those checks, a model directory
 it names (under /data or /models) replaced by a tiny checkpoint of its template's policy in the same
 layout (no 7 B model here). A recipe that the engine would refuse after its workers had loaded
 eight 7 B models fails here instead. Left out: commands that warm-start from a user's own dataset
@@ -15,6 +17,9 @@ from pathlib import Path
 import pytest
 
 from vla_rl.cli import main
+from vla_rl.dag.errors import TemplateError
+from vla_rl.dag.loader import load_template
+from vla_rl.preflight import PreflightError, check_simulator, preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", *sorted(str(page.relative_to(ROOT)) for page in (ROOT / "docs").glob("*.md")))
@@ -82,3 +87,9 @@ def test_every_train_command_of_the_page_plans(page, tiny_checkpoint, capsys):
                      for o in overrides if not o.startswith(("workers.ray_address=", "run.output_dir="))]
         status = main(["plan", template, *overrides, "--world-size", workers[-1] if workers else "2"])
         assert status == 0, f"{page}: vla-rl train {shlex.join(command)}\n{capsys.readouterr().err}"
+        loaded = load_template(template, overrides)
+        try:  # what vla-rl train checks next (vla_rl/driver.py), but the optional packages a user installs
+            preflight(loaded, int(workers[-1]) if workers else None)
+            check_simulator(loaded.config)
+        except (PreflightError, TemplateError) as err:
+            pytest.fail(f"{page}: vla-rl train {shlex.join(command)}\n{err}")

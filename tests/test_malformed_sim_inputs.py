@@ -62,6 +62,27 @@ def test_simulator_settings_that_would_fail_late_are_refused_at_plan_time(case, 
     assert not any(out.iterdir())  # refused before the run directory (and Ray)
 
 
+REMOTE = ["simulator.name=remote", "simulator.env.state_dim=15", "simulator.env.action_dim=7", "warm_start.num_demos=0"]
+
+
+def test_a_remote_run_whose_hub_port_is_taken_is_refused_before_it_starts(tmp_path, capsys):
+    """The hub's port in use was found by the first worker's simulator pool: 155 lines of Ray
+    traceback and C++ stack, exit status 1, nothing naming the setting."""
+    import socket
+
+    out = tmp_path / "outputs"
+    out.mkdir()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        refused(capsys, ["train", "embodied_srpo", *REMOTE, f"simulator.env.port={port}", f"run.output_dir={out}"],
+                f"field 'simulator.env.port': the remote environment hub cannot listen on 127.0.0.1:{port} "
+                "(Address already in use): another program or run listens there; give this run another "
+                "simulator.env.port")
+    assert not any(out.iterdir())
+
+
 # ------------------------------------------------------------------ vla-rl eval
 
 

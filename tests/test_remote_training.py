@@ -6,7 +6,8 @@ simulator.name=remote`` with robosuite Lift environments in two client processes
   same seed (the environments are the same; only where they run differs);
 - a client process that ends mid-step (tests/remote_dying_client.py: ``os._exit``, as ``kill -9``)
   loses its running episodes, which are counted, and the run goes on with the other process;
-- a client with a wrong token is refused (it exits with one line).
+- a client with a wrong token is refused (it exits with one line);
+- a run no client connects to stops in one line saying where to connect.
 """
 
 from __future__ import annotations
@@ -169,3 +170,17 @@ def test_planning_a_remote_run_refuses_scripted_demonstrations(capsys):
 def test_remote_env_command_errors_are_one_line(fields, message, capsys):
     assert main(["remote-env", "robosuite_lift", *fields, "--connect", "ws://127.0.0.1:9"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_run_no_client_connects_to_stops_in_one_line_saying_where_to_connect(tmp_path, capsys):
+    """The reset's timeout came to the driver as a Ray traceback of 88 lines (exit status 1), the
+    sentence that says what to do at its end."""
+    port = free_port()
+    args = [a for a in remote(port) if not a.startswith("simulator.env.connect_timeout_s=")]
+    assert main(["train", "embodied_srpo", *overrides(tmp_path, "alone"), "warm_start.num_demos=0", *args,
+                 "simulator.env.connect_timeout_s=2"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: no remote environment was free within simulator.env.connect_timeout_s=2 s: connect clients "
+        f"(vla_rl.remote.RobotClient) to ws://127.0.0.1:{port}, at least as many as the episodes rolled out at once"]

@@ -1,15 +1,13 @@
-"""Errors that end a run with a message instead of a traceback.
-
-A worker raises :class:`RunStopped` when the run cannot go on and it can say why and what to do
-(a diverged update, a worker that cannot be restarted); the driver re-raises it as is from the
-Ray error that carries it, and the command line prints its message in one line (exit 1).
+"""Errors that end a command with a message instead of a traceback: :class:`RunStopped` (defined
+on the ground floor, :mod:`vla_rl_core.errors`, so that simulators and policies raise it too),
+:class:`CommandLineError` and :class:`Terminated`.
 """
 
 from __future__ import annotations
 
+from vla_rl_core.errors import RunStopped
 
-class RunStopped(RuntimeError):
-    """The run stopped; the message says why and what to do."""
+__all__ = ["CommandLineError", "RunStopped", "Terminated"]
 
 
 class CommandLineError(ValueError):

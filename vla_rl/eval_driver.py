@@ -182,7 +182,7 @@ def check_video_camera(config, tasks) -> None:
     """
     from simulators.registry import check_env
     from vla_rl.evaluation.benchmarks import EvalTask
-    from vla_rl.evaluation.video import video_camera
+    from vla_rl.evaluation.video import renders_videos, video_camera
     from vla_rl.utils.ray_utils import cluster_address
     from vla_rl_core.components import ComponentConfigError
 
@@ -190,6 +190,8 @@ def check_video_camera(config, tasks) -> None:
         return
     local = cluster_address(config.workers.ray_address) is None
     for task in tasks:
+        if not renders_videos(task.simulator):  # a remote environment: no videos (its evaluation records none)
+            continue
         camera = video_camera(config, task.simulator)
         try:
             EvalTask(task.name, task.simulator, {**task.env, "render_camera": camera}).env_config()

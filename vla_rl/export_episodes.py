@@ -125,13 +125,21 @@ def replay_store(store: SourceStore, cameras: Sequence[str], camera_size: int | 
         env_settings["cameras"] = list(cameras)
         if camera_size is not None:
             env_settings["camera_size"] = camera_size
+    # a refusal of the settings the command line adds names its option, not the simulator's field
+    options = {"simulator.env.cameras": "--cameras", "simulator.env.camera_size": "--camera-size"} if cameras else {}
     try:
         config = build_config(SIMULATORS.get(store.simulator).config_class, env_settings, "simulator.env")
     except ComponentConfigError as err:
+        if err.field in options:
+            raise EpisodesExportError(f"{options[err.field]}: {err.message}") from None
         raise EpisodesExportError(f"{store.path}: {err}") from None
     data = TrajectoryStore.open(store.path, read_only=True)
     try:
         env = make_env(store.simulator, config)
+    except ComponentConfigError as err:
+        if err.field in options:
+            raise EpisodesExportError(f"{options[err.field]}: {err.message} (for {store.simulator})") from None
+        raise EpisodesExportError(f"{store.path}: the {store.simulator} simulator refuses these settings: {err}") from None
     except ValueError as err:
         raise EpisodesExportError(f"{store.path}: the {store.simulator} simulator refuses these settings: {err}") from None
     try:

@@ -133,7 +133,7 @@ def check_simulator(config) -> None:
             ``eval.video_camera``) and the names the task has.
     """
     from simulators.registry import SIMULATORS, check_env
-    from vla_rl.evaluation.video import video_camera
+    from vla_rl.evaluation.video import renders_videos, video_camera
     from vla_rl.utils.ray_utils import cluster_address
     from vla_rl_core.components import ComponentConfigError
 
@@ -143,7 +143,7 @@ def check_simulator(config) -> None:
             or (unavailable is not None and unavailable())):
         return
     camera = video_camera(config, simulator.name)
-    videos = config.eval.video_episodes > 0 and config.eval.num_episodes > 0
+    videos = config.eval.video_episodes > 0 and config.eval.num_episodes > 0 and renders_videos(simulator.name)
     for env in simulator.task_envs():
         camera_error = None
         if videos:  # one check of the settings with the camera, where they pass

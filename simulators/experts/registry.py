@@ -71,8 +71,8 @@ def expert_class(simulator: str, task: str) -> type:
     if (simulator, task) not in EXPERTS:
         having = ", ".join(tasks_with_expert(simulator)) or "none"
         raise NoExpertError(f"no scripted expert for task {task!r} of simulator {simulator!r} (tasks with one: "
-                            f"{having}); demonstrations cannot be generated: set warm_start.num_demos=0 or "
-                            "pick a task with an expert")
+                            f"{having}); demonstrations cannot be generated: warm-start from a LeRobot dataset "
+                            "(warm_start.dataset), set warm_start.num_demos=0, or pick a task with an expert")
     return EXPERTS.get((simulator, task))
 
 

@@ -174,6 +174,15 @@ def test_a_robosuite_run_keeps_agentview():
     assert video_camera(load_template("embodied_srpo_mt10").config, "metaworld") == "corner"  # the template's
 
 
+def test_a_remote_environment_records_no_videos():
+    """Its clients send observations, never renders: the remote training recipe of docs/remote.md
+    was refused for the evaluation videos' camera (tests/test_docs_recipes.py runs it)."""
+    from vla_rl.evaluation.video import renders_videos
+
+    assert all(renders_videos(name) for name in ("robosuite_lift", "metaworld", "libero"))
+    assert not renders_videos("remote")
+
+
 def test_an_evaluation_from_a_camera_robosuite_lacks_is_refused_before_it_starts(tmp_path, capsys):
     """robosuite's config does not know its cameras: the camera was found by the simulator actors
     at the first video before; now the driver asks robosuite (its ``check_config``) and the

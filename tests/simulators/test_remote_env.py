@@ -5,6 +5,7 @@ under test; tests/test_remote_training.py runs robosuite Lift this way)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -15,6 +16,8 @@ import pytest
 from simulators.pool import SimulatorPool
 from simulators.remote_env import RemoteEnv, RemoteEnvConfig
 from vla_rl.remote import RemoteRefused, RobotClient, serve_envs
+from vla_rl_core.components import ComponentConfigError
+from vla_rl_core.errors import RunStopped
 
 TARGET = 4  # the walk succeeds when its position reaches TARGET
 
@@ -142,10 +145,26 @@ def test_clients_without_the_token_or_that_do_not_fit_are_refused(ray_on_loopbac
 
 
 def test_a_reset_without_clients_says_where_to_connect(ray_on_loopback):
+    # RunStopped: the driver prints its message alone (it printed it under 88 lines of Ray traceback)
     with SimulatorPool("remote", config(connect_timeout_s=0.5), num_actors=1, envs_per_actor=1) as pool:
-        with pytest.raises(RuntimeError, match=r"no remote environment was free within simulator.env.connect_"
+        with pytest.raises(RunStopped, match=r"no remote environment was free within simulator.env.connect_"
                                                r"timeout_s=0.5 s: connect clients .* to ws://127.0.0.1:\d+"):
             pool.reset(np.array([0]))
+
+
+def test_the_hub_address_is_checked_before_any_worker_starts_it():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with pytest.raises(ComponentConfigError, match=f"cannot listen on 127.0.0.1:{port}") as error:
+            RemoteEnv.check_config(RemoteEnvConfig(state_dim=2, action_dim=1, port=port))
+        assert error.value.field == "simulator.env.port"
+    RemoteEnv.check_config(RemoteEnvConfig(state_dim=2, action_dim=1, port=port))  # free again
+    RemoteEnv.check_config(RemoteEnvConfig(state_dim=2, action_dim=1, port=0))
+    with pytest.raises(ComponentConfigError) as error:  # an address of another machine
+        RemoteEnv.check_config(RemoteEnvConfig(state_dim=2, action_dim=1, host="203.0.113.9", port=port))
+    assert error.value.field == "simulator.env.host"
 
 
 def test_config_errors_name_the_field():

@@ -113,7 +113,9 @@ def run_remote_env(args: argparse.Namespace) -> int:
     from vla_rl.remote import serve_envs
 
     _check_hub_address(args.connect)  # before the environments: a robosuite one takes seconds to make
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # vla-rl's own INFO lines (connections, episodes lost); other packages' warnings only (PyOpenGL's INFO)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("vla_rl").setLevel(logging.INFO)
     fields = {}
     for item in args.overrides:
         key, sep, value = item.partition("=")

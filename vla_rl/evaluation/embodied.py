@@ -55,7 +55,7 @@ from vla_rl.evaluation.episode_store import (
 from vla_rl.evaluation.protocol import ProtocolPolicy
 from vla_rl.evaluation.replay import episode_env_actions, replay_episodes
 from vla_rl.evaluation.session import EvaluationSession, evaluation_generator
-from vla_rl.evaluation.video import record_video, video_camera
+from vla_rl.evaluation.video import record_video, renders_videos, video_camera
 from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl.trainers.strategy import autocast, cast_for_rollouts
 from vla_rl.utils.host import host_record
@@ -235,7 +235,7 @@ class EmbodiedEvaluation(EvaluationSession):
         if self.config.eval.store_episodes:
             self.write_videos()
             return {}
-        if video and self.checkpoints == [None]:
+        if video and self.checkpoints == [None] and renders_videos(self.config.simulator.name):
             return self._record_live_video()
         return {}
 
@@ -281,6 +281,8 @@ class EmbodiedEvaluation(EvaluationSession):
         ev, step = self.config.eval, max(self.step_of(c) for c in range(len(self.checkpoints)))
         mismatches, replays = 0, []
         for task in self.tasks:
+            if not renders_videos(task.simulator):  # a remote environment's
+                continue
             picked = self._video_episodes(task, step, ev.video_episodes)
             if not picked:
                 continue

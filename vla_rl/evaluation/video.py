@@ -3,6 +3,7 @@ the camera every evaluation video is rendered from (:func:`video_camera`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -53,3 +54,17 @@ def video_camera(config, simulator: str) -> str:
     if "video_camera" in config.eval.model_fields_set:
         return config.eval.video_camera
     return getattr(SIMULATORS.get(simulator), "video_camera", config.eval.video_camera)
+
+
+def renders_videos(simulator: str) -> bool:
+    """Whether ``simulator``'s environments can render videos: its config has a ``render_camera``
+    field. A remote environment's has none (its clients send observations, never renders), so the
+    evaluations of a ``simulator.name: remote`` run record no videos whatever ``eval.video_episodes``
+    says.
+
+    Args:
+        simulator: a registered simulator name.
+    """
+    from simulators.registry import SIMULATORS
+
+    return "render_camera" in {field.name for field in dataclasses.fields(SIMULATORS.get(simulator).config_class)}
