@@ -34,6 +34,12 @@ class Level:
     b_range: tuple[int, int]
     weight: float
 
+    def holds(self, a: int, op: str, b: int) -> bool:
+        """Whether ``a op b`` is one of this level's problems (levels overlap: ``14 + 7`` is in
+        ``add_small`` and ``add_2x1digit``)."""
+        return (op == self.op and self.a_range[0] <= a <= self.a_range[1] and self.b_range[0] <= b <= self.b_range[1]
+                and (op != "-" or b <= a))
+
     def pool_size(self) -> int:
         """Number of distinct problems of this level."""
         (a_low, a_high), (b_low, b_high) = self.a_range, self.b_range

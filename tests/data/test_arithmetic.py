@@ -55,6 +55,25 @@ def test_written_splits_are_disjoint_verl_rows(tmp_path, file_format):
         assert PromptFile(paths["train"])._parquet.num_row_groups == 5  # ceil(300 / 64)
 
 
+def test_no_held_out_question_is_a_training_question_at_the_templates_sizes(tmp_path):
+    """14 + 7 is a problem of add_small and of add_2x1digit: the training draw excluded the
+    held-out problems, not their questions, and 37 of llm_grpo's 256 held-out questions (8000 / 256,
+    seed 0) were training questions too."""
+    paths = write_arithmetic_dataset(tmp_path, num_train=8000, num_test=256, seed=0, row_group_size=1024)
+    questions = {split: {r.prompt[0]["content"] for r in PromptFile(paths[split]).read_shard(0, 1)}
+                 for split in ("train", "test")}
+    assert not questions["train"] & questions["test"]
+    assert 250 <= len(questions["test"]) <= 256  # the same question at two levels within a split is one
+
+
+def test_by_default_each_split_can_be_read_by_8_workers(tmp_path):
+    """llm.md's call with the default 256 held-out problems wrote them in one row group of 256,
+    which the pre-flight of 2 workers refuses (a worker reads whole row groups)."""
+    paths = write_arithmetic_dataset(tmp_path, num_train=4000, num_test=256)
+    assert PromptFile(paths["test"])._parquet.num_row_groups == 8  # 32 rows each
+    assert PromptFile(paths["train"])._parquet.num_row_groups == 16  # 256 rows each, at most
+
+
 def test_config_selects_levels_of_the_generated_splits(tmp_path):
     from pydantic import ValidationError
 

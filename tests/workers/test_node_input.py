@@ -48,3 +48,22 @@ def test_outputs_of_other_rows_are_refused_naming_the_node_and_the_deps(reward, 
     rollout = batch([0, 0, 1], obs=torch.arange(3.0))
     with pytest.raises(ValueError, match=re.escape(message)):
         DAGWorker._node_input(NODE, {"rollout": rollout, "reward": reward}, {})
+
+
+def test_a_node_whose_output_lacks_a_key_it_declares_stops_the_run_naming_it():
+    """A plug-in declaring writes=(rewards,) without writing it was found by the next node, as a
+    KeyError naming neither the node nor its function."""
+    import dataclasses
+
+    from vla_rl.errors import RunStopped
+    from vla_rl.workers.dag_worker import check_declared_writes
+
+    node = dataclasses.replace(NODE, node_id="reward", role="reward", type="compute", fn="bonus",
+                               writes=frozenset({keys.REWARDS, keys.SUCCESS}))
+    written = TensorDict({keys.SUCCESS: torch.ones(2, dtype=torch.bool)}, batch_size=[2])
+    with pytest.raises(RunStopped, match=re.escape("node 'reward' (function 'bonus' of (reward, compute)) declares "
+                                                   f"it writes ['{keys.REWARDS}'], which its output lacks")):
+        check_declared_writes(node, written)
+    written.set(keys.REWARDS, torch.zeros(2))
+    check_declared_writes(node, written)
+    check_declared_writes(node, None)  # a node with side effects only

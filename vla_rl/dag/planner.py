@@ -64,6 +64,7 @@ class RunNode:
         deps: ids of the nodes whose outputs are merged into the function's input batch.
         config: the node's validated config (``None`` if its function declares no config model).
         resources: the worker resources its function declares under this template's settings.
+        writes: the batch keys its function declares it adds to its output (checked when it returns).
     """
 
     node_id: str
@@ -75,6 +76,7 @@ class RunNode:
     deps: tuple[str, ...]
     config: BaseModel | None
     resources: frozenset[str] = frozenset()
+    writes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -242,7 +244,8 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
                     chain.append(Reshard(dep, node_id, dp_sizes[dep], dp_size, src_rank, dp_rank,
                                          function.whole_groups))
             chain.append(RunNode(node_id, node.role, node.type, node.fn, dp_size, dp_rank, node.deps,
-                                 node_configs[node_id], resolve(function.resources, config, node_configs[node_id])))
+                                 node_configs[node_id], resolve(function.resources, config, node_configs[node_id]),
+                                 resolve(function.writes, config, node_configs[node_id])))
         chains[rank] = tuple(chain)
     return PhasePlan(phase, order, dp_sizes, chains, hops, output_keys)
 

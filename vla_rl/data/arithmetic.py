@@ -8,7 +8,7 @@ and answered in the GSM8K style: a worked line, then the final answer after ``##
 
 Problems come in levels of increasing difficulty (small sums up to two-digit differences), so
 that a tiny model warm-started by supervised fine-tuning solves the easy ones and leaves the rest
-for RL. Train and held-out splits never share a problem.
+for RL. Train and held-out splits never share a question (whatever its level).
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from vla_rl_core.arithmetic import LEVELS, ArithmeticProblem, Level, sample_prob
 
 #: ``data_source`` of every row (selects the GSM8K-style verifier in :mod:`vla_rl.rewards`).
 DATA_SOURCE = "vla_rl/arithmetic"
+
+#: Without a ``row_group_size``: the workers each split can be read by, and the largest row group.
+SHARDS_BY_DEFAULT, MAX_ROW_GROUP_SIZE = 8, 256
 
 
 def problem_row(problem: ArithmeticProblem, split: str, index: int) -> dict[str, Any]:
@@ -53,17 +56,20 @@ def write_arithmetic_dataset(
     num_train: int,
     num_test: int,
     seed: int = 0,
-    row_group_size: int = 256,
+    row_group_size: int | None = None,
     levels: Sequence[Level] = LEVELS,
     file_format: str = "parquet",
 ) -> dict[str, Path]:
-    """Write ``train`` and ``test`` files of distinct problems (no problem is in both).
+    """Write ``train`` and ``test`` files of problems drawn apart (no question is in both, at any level).
 
     Args:
         out_dir: directory of the files (created if missing).
         num_train, num_test: rows of each split.
         seed: seed of the training draw (the held-out split uses ``seed + 1``).
-        row_group_size: rows per parquet row group (the unit a worker reads).
+        row_group_size: rows per parquet row group (the unit a worker reads; a split needs at
+            least one per worker that reads it). None: ``ceil(rows / 8)``, at most 256, per split,
+            so that up to 8 workers read each (256 rows in one group failed the pre-flight of
+            2 workers reading the default 256 held-out problems).
         levels: difficulty levels.
         file_format: ``"parquet"`` or ``"jsonl"``.
 
@@ -78,10 +84,15 @@ def write_arithmetic_dataset(
     # The held-out split is drawn first so that it keeps its share of every level even when the
     # training split exhausts the small ones.
     test = sample_problems(num_test, seed + 1, levels)
-    train = sample_problems(num_train, seed, levels, exclude=set(test))
+    # every level's copy of a held-out question: the same question drawn at another level (14 + 7
+    # in add_small and add_2x1digit) put 37 of the 256 held-out questions in llm_grpo's training split
+    held_out = {ArithmeticProblem(p.a, p.op, p.b, level.name) for p in test for level in levels
+                if level.holds(p.a, p.op, p.b)}
+    train = sample_problems(num_train, seed, levels, exclude=held_out)
     out_dir = Path(out_dir)
     paths = {}
     for split, problems in (("train", train), ("test", test)):
         rows = [problem_row(problem, split, i) for i, problem in enumerate(problems)]
-        paths[split] = write_prompt_file(rows, out_dir / f"{split}.{file_format}", row_group_size=row_group_size)
+        size = row_group_size or max(1, min(MAX_ROW_GROUP_SIZE, -(-len(rows) // SHARDS_BY_DEFAULT)))
+        paths[split] = write_prompt_file(rows, out_dir / f"{split}.{file_format}", row_group_size=size)
     return paths

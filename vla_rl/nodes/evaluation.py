@@ -26,8 +26,13 @@ from vla_rl_core import keys
 GROUP_KEYS = (keys.TASK_ID, keys.CHECKPOINT_INDEX, keys.PROTOCOL_INDEX)
 
 
-@register_node("data", "data_load", name="eval_episodes", writes=(*GROUP_KEYS, keys.INIT_STATE_ID, keys.UID),
-               resources=("evaluation",))
+def _eval_item_keys(config, node_config) -> tuple[str, ...]:
+    """What the evaluation's item batches hold: the group keys and the items' ids, initial states
+    of an embodied run or prompt rows (``uid``) of a text run."""
+    return (*GROUP_KEYS, keys.UID if config.run.workflow == "text" else keys.INIT_STATE_ID)
+
+
+@register_node("data", "data_load", name="eval_episodes", writes=_eval_item_keys, resources=("evaluation",))
 def load_eval_episodes(ctx, batch) -> NodeOutput:
     """Returns the item ids (``init_state_id``, or ``uid`` for prompt rows), ``task_id``,
     ``checkpoint_index`` (the target) and ``protocol_index``, each ``(k,)`` int64; ``k = 0`` once

@@ -27,6 +27,7 @@ from vla_rl.config import RunConfig
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import Reshard, RunNode, Task, plan
 from vla_rl.dag.registry import get_node_function
+from vla_rl.errors import RunStopped
 from vla_rl.data.reshard import reshard
 from vla_rl.utils.code_location import check_same_code
 from vla_rl.utils.collectives import COUNTERS, CommCounters, TagCounts
@@ -224,6 +225,7 @@ class DAGWorker:
                               refill_round=refill_round,
                               rerun_upstream=self._rerun_upstream(chain, task, step, tag, video))
             result = get_node_function(task.role, task.type, task.fn).fn(ctx, batch)
+            check_declared_writes(task, result.batch)
             outputs[task.node_id] = result.batch
             # A plain metric is a mean over the batch the node was given (a filter's kept fraction
             # too), so it is weighted by its input size; nodes without input by their output's.
@@ -348,3 +350,21 @@ def comm_metrics(counts: CommCounters) -> dict[str, Metric]:
         metrics[f"comm/{tag}/bytes_received"] = mean(tag_counts.bytes_received, 1)
         metrics[f"comm/{tag}/collectives"] = maximum(tag_counts.collectives)
     return metrics
+
+
+def check_declared_writes(task: RunNode, output: TensorDictBase | None) -> None:
+    """Check that a node's output holds the keys its function declares it writes (the planner
+    trusts them along the edges): a plug-in that declares a key it never writes stopped the run
+    in the next node, with a KeyError that named neither.
+
+    Raises:
+        RunStopped: naming the node, its function and the missing keys.
+    """
+    if not task.writes or output is None or len(output) == 0:  # no output, or no rows to write
+        return
+    present = output.keys(include_nested=True)
+    missing = sorted(key for key in task.writes if key not in present)
+    if missing:
+        raise RunStopped(f"node {task.node_id!r} (function {task.fn!r} of ({task.role}, {task.type})) declares it "
+                         f"writes {missing}, which its output lacks: write them, or declare only what it writes "
+                         "(register_node(writes=...))")

@@ -28,11 +28,13 @@ import torch
 import torch.distributed as dist
 
 from vla_rl.config import RunConfig
+from vla_rl.errors import RunStopped
 from vla_rl_core.registry import Registry
 
 
-class ResourceError(RuntimeError):
-    """A resource used without being declared, or whose builder is missing."""
+class ResourceError(RunStopped):
+    """A resource used without being declared, or whose builder is missing: a plug-in's mistake
+    whose message names the node and the resource, so the run stops with it alone (no traceback)."""
 
 
 class ResourceCheckpoint(Protocol):
