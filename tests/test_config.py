@@ -476,3 +476,25 @@ def test_a_half_precision_value_model_under_ddp_is_refused_at_plan_time():
     assert (err.field, err.node) == ("trainer.strategy", "critic_update") and "value model" in str(err)
     plan(load_template("llm_ppo", ["text.dtype=bfloat16", "text.sft_steps=0", "policy.lora.rank=4",
                                    "trainer.strategy=fsdp"]))
+
+
+def test_a_policy_class_that_leaves_methods_abstract_is_refused_when_the_template_loads(monkeypatch):
+    """A plug-in policy without log_prob_and_entropy_per_dim planned, and its run failed with a
+    Ray traceback once a worker built it."""
+    import abc
+
+    from policies import POLICIES
+    from policies.mlp.modeling_mlp import MLPPolicy
+
+    class Partial(MLPPolicy):  # makes one of Policy's methods abstract again, as a class lacking it is
+        name = "partial_toy"
+
+        @abc.abstractmethod
+        def log_prob_and_entropy_per_dim(self, *args): ...
+
+    POLICIES.load_builtins()
+    monkeypatch.setitem(POLICIES._entries, "partial_toy", Partial)
+    err = _error("embodied_srpo", "policy.name=partial_toy")
+    assert err.field == "policy.name"
+    assert "'partial_toy' (test_config.test_a_policy_class_that_leaves_methods_abstract_is_refused_when_the_template_" \
+           "loads.<locals>.Partial) does not define log_prob_and_entropy_per_dim of policies.base.Policy" in str(err)

@@ -79,6 +79,10 @@ class Registry(Generic[T]):
             self._builtins_loaded = False
             raise
 
+    def _is_builtin_module(self, module: str | None) -> bool:
+        """Whether ``module`` is (in) one of the :attr:`builtins` modules or packages."""
+        return module is not None and any(module == b or module.startswith(f"{b}.") for b in self.builtins)
+
     def _load_for(self, name: Hashable) -> None:
         """Make ``name`` registered if it is a built-in: import its own module when the built-ins
         map names to modules, else all of them."""
@@ -121,15 +125,24 @@ class Registry(Generic[T]):
                 when the registering module is imported, never a check silently skipped.
 
         Raises:
-            RegistryError: if ``name`` is already registered.
+            RegistryError: if ``name`` is already registered (naming the modules of both), or is
+                the name of a built-in of :attr:`builtin_modules` registered by another module (a
+                plug-in, refused at its import rather than when the built-in loads).
             TypeError: traits the registry's model refuses (an unknown name, a wrong type; the
                 message names the component and the trait), or any trait for a registry without one.
         """
         declared = self._validated_traits(name, traits)
 
         def decorator(obj: T) -> T:
+            module = _origin(obj)
+            # a plug-in taking a built-in's name, before the built-in has loaded: refused here, at
+            # the plug-in's import, rather than later as the built-in's failure
+            if module is not None and not self._is_builtin_module(module) and name in self.builtin_modules:
+                raise RegistryError(f"{self.kind} {name!r} is a built-in ({self.builtin_modules[name]}); {module} "
+                                    "registers another: give it another name")
             if name in self._entries:
-                raise RegistryError(f"{self.kind} {name!r} is already registered")
+                raise RegistryError(f"{self.kind} {name!r} is already registered (by {_origin(self._entries[name])}); "
+                                    f"{module} registers another: give it another name")
             self._entries[name] = obj
             if config is not None:
                 self._configs[name] = config
@@ -198,3 +211,15 @@ class Registry(Generic[T]):
     def names(self) -> list[Hashable]:
         """The registered names, sorted."""
         return list(self)
+
+
+def _origin(obj: Any) -> str | None:
+    """The module that defines a registered object: a function's or class's own, the callable an
+    entry wraps (a node function's ``fn``, a ``functools.partial``'s ``func``, a resource's
+    ``build``), or None."""
+    for attribute in ("fn", "func", "build"):
+        wrapped = getattr(obj, attribute, None)
+        if callable(wrapped):
+            obj = wrapped
+            break
+    return getattr(obj, "__module__", None) if callable(obj) else None

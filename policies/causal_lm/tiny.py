@@ -77,7 +77,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> Qwen2Tokeniz
         encodes (no unknown token).
     """
     base = Qwen2Tokenizer(eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, additional_special_tokens=[BOS_OF_TURN])
-    tokenizer = base.train_new_from_iterator(texts, vocab_size=vocab_size)
+    tokenizer = base.train_new_from_iterator(texts, vocab_size=vocab_size, show_progress=False)  # no blank lines on stdout
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 

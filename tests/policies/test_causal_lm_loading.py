@@ -75,3 +75,9 @@ def test_smollm2_loads_from_gguf_generates_and_saves(tmp_path):
     assert tokenizer.chat_template == policy.tokenizer.chat_template
     ids = prompts[0][:, -8:]
     torch.testing.assert_close(reloaded(ids).logits, policy.model(ids).logits)
+
+
+def test_training_the_tiny_tokenizer_prints_nothing(capfd):
+    """tokenizers' progress bar printed 3 blank lines on stdout in every `vla-rl plan llm_grpo`."""
+    train_tokenizer(arithmetic_corpus(200))
+    assert capfd.readouterr().out == ""

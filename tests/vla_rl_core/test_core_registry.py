@@ -68,6 +68,24 @@ def test_a_mapped_builtin_imports_its_own_module_only(tmp_path, monkeypatch):
     assert "toy_large" in sys.modules and registry.names() == ["large", "small"]
 
 
+def test_a_plug_in_taking_a_builtins_name_is_refused_naming_both_modules(tmp_path, monkeypatch):
+    """A plug-in registering a built-in's name before the built-in loaded was accepted, and the
+    built-in then failed to register at the first lookup, with a message naming neither module."""
+    import importlib
+
+    sources = {"toy_small": _registers("small"), "toy_plugin": _registers("small")}
+    registry = _toy_modules(tmp_path, monkeypatch, {"small": "toy_small"}, sources)
+    with pytest.raises(RegistryError, match=r"toy 'small' is a built-in \(toy_small\); toy_plugin registers another: "
+                                            "give it another name"):
+        importlib.import_module("toy_plugin")  # refused at the plug-in's import, the built-in not imported
+    assert "toy_small" not in sys.modules
+    registry = _toy_modules(tmp_path, monkeypatch, ("toy_small",), sources)  # built-in modules, names unknown
+    importlib.import_module("toy_plugin")
+    with pytest.raises(RegistryError, match=r"toy 'small' is already registered \(by toy_plugin\); toy_small "
+                                            "registers another"):
+        registry.get("small")
+
+
 def test_a_listing_imports_every_mapped_builtin(tmp_path, monkeypatch):
     registry = _toy_modules(tmp_path, monkeypatch, {"small": "toy_small", "large": "toy_large"},
                             {"toy_small": _registers("small"), "toy_large": _registers("large")})

@@ -5,6 +5,7 @@ policy registry is imported lazily."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
@@ -84,14 +85,20 @@ class PolicySection(_Section):
                 a template loads, before any simulator exists) they take the field's default, or 1.
 
         Raises:
-            ComponentConfigError: an unknown policy, an ``env``-derived field set in ``config``,
+            ComponentConfigError: an unknown policy or one whose class leaves abstract methods of
+                :class:`policies.base.Policy` undefined, an ``env``-derived field set in ``config``,
                 or a ``config`` the config class rejects (the error names the field).
         """
         from policies import POLICIES
         from vla_rl_core.components import config_fields
 
         _check_name(POLICIES, self.name, "policy.name")
-        config_class = POLICIES.get(self.name).config_class
+        policy_class = POLICIES.get(self.name)
+        if inspect.isabstract(policy_class):  # a plug-in's class that would fail only when a worker builds it
+            raise ComponentConfigError("policy.name", f"{self.name!r} ({policy_class.__module__}."
+                                       f"{policy_class.__qualname__}) does not define "
+                                       f"{', '.join(sorted(policy_class.__abstractmethods__))} of policies.base.Policy")
+        config_class = policy_class.config_class
         declared = config_fields(config_class)
         for field in ENV_DERIVED_POLICY_FIELDS:
             if field in self.config and field in declared:

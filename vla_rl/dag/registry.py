@@ -72,7 +72,9 @@ class NodeOutput:
     Attributes:
         batch: the node's output batch (batch dimension first), handed to the nodes that depend on
             it; ``None`` for a node that only has side effects (e.g. a model update).
-        metrics: scalar metrics of this step, logged under the node's id.
+        metrics: scalar metrics of this step, logged under their own names (prefix them, e.g.
+            ``reward/``; a plain value is averaged over the workers, weighted by the node's input
+            size: :mod:`vla_rl.workers.metrics`).
     """
 
     batch: TensorDict | None = None
