@@ -22,7 +22,6 @@ from typing import Any
 
 from vla_rl.errors import Terminated
 
-
 #: Whether SIGTERM arrived within the current :func:`sigterm_as_interrupt` block.
 _received = threading.Event()
 

@@ -27,8 +27,8 @@ from vla_rl.config import RunConfig
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import Reshard, RunNode, Task, plan
 from vla_rl.dag.registry import get_node_function
-from vla_rl.errors import RunStopped
 from vla_rl.data.reshard import reshard
+from vla_rl.errors import RunStopped
 from vla_rl.utils.code_location import check_same_code
 from vla_rl.utils.collectives import COUNTERS, CommCounters, TagCounts
 from vla_rl.utils.device import bind_device, collective_backend
