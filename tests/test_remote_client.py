@@ -66,3 +66,31 @@ def test_a_hub_address_that_cannot_work_is_refused_before_any_environment(uri, m
     assert main(["remote-env", "robosuite_lift", "--connect", uri]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("refusal, message", [
+    ("token", "refused the token: bad token"),
+    ("environment", "this run's environments have state_dim 7, the client 3"),
+])
+def test_a_refused_client_exits_as_a_user_error_in_one_line(refusal, message, capsys, monkeypatch):
+    """A hub that refuses the token (HTTP 401) or the environment (a text welcome) stops ``vla-rl
+    remote-env`` with status 2 (the user's input), one line, as the address checks do (it was 1)."""
+    from websockets.sync.server import serve
+
+    import simulators
+
+    def process_request(connection, request):
+        return connection.respond(401, "bad token\n") if refusal == "token" else None
+
+    def handler(websocket):
+        websocket.recv()  # the hello
+        websocket.send("this run's environments have state_dim 7, the client 3")
+
+    monkeypatch.setattr(simulators, "make_env", lambda *a, **k: PointEnv())
+    with serve(handler, "127.0.0.1", 0, process_request=process_request) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        uri = f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
+        assert main(["remote-env", "robosuite_lift", "--num-envs", "2", "--connect", uri]) == 2
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

@@ -109,7 +109,7 @@ def test_remote_environments_train_as_the_local_pool_and_a_wrong_token_is_refuse
     try:
         assert main(["train", "embodied_srpo", *overrides(tmp_path, "remote"), *cloned(CLONED_HORIZON),
                      *remote(port, state_dim=11)]) == 0
-        assert intruder.wait(timeout=60) == 1
+        assert intruder.wait(timeout=60) == 2  # refused: the user's input
     finally:
         errors = [stop(process) for process in (*clients, intruder)]
     assert "refused the token" in errors[2] and "Traceback" not in errors[2]

@@ -110,7 +110,7 @@ def run_remote_env(args: argparse.Namespace) -> int:
     import yaml
 
     from simulators import make_env
-    from vla_rl.remote import serve_envs
+    from vla_rl.remote import RemoteRefused, serve_envs
 
     _check_hub_address(args.connect)  # before the environments: a robosuite one takes seconds to make
     # vla-rl's own INFO lines (connections, episodes lost); other packages' warnings only (PyOpenGL's INFO)
@@ -139,6 +139,8 @@ def run_remote_env(args: argparse.Namespace) -> int:
         for env in envs:
             env.close()
     errors = [client.error for client in clients if client.error is not None]
+    if errors and isinstance(errors[0], RemoteRefused):  # the token or the environments: the user's input
+        raise CommandLineError(str(errors[0]))
     if errors:
         raise RunStopped(str(errors[0]))
     return 0
