@@ -97,6 +97,23 @@ def test_the_export_command_and_its_errors(lora_lm_run, tmp_path, capsys):
     assert not (tmp_path / "b").exists()
 
 
+def test_a_policy_whose_layout_cannot_hold_it_is_refused_in_one_line(lora_lm_run, tmp_path, capsys, monkeypatch):
+    """A policy's save_pretrained refusal (a ValueError: an OFT Lift run's proprio statistics
+    without action statistics was one) is the user's error: one line naming the checkpoint, exit 2,
+    not a traceback."""
+    from policies.causal_lm import CausalLMPolicy
+
+    def refuse(self, out_dir):
+        raise ValueError("this layout cannot hold the policy")
+
+    monkeypatch.setattr(CausalLMPolicy, "save_pretrained", refuse)
+    _, _, checkpoint = lora_lm_run
+    assert main(["export", str(checkpoint), str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"error: {checkpoint}: this layout cannot hold the policy"
+    assert "Traceback" not in err and not (tmp_path / "a").exists()
+
+
 def test_a_run_directory_exports_its_newest_complete_checkpoint(lora_lm_run, tmp_path, capsys, caplog):
     """As ``vla-rl serve`` and ``vla-rl eval`` take a run directory: step 5's weights, not step 3's,
     and not the incomplete step 7 (no trainer_state.json); the command names the checkpoint."""

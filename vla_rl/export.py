@@ -48,7 +48,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
         ExportError: ``checkpoint`` is not a checkpoint of a run directory (nor a run directory
             with one), fails verification
             (missing, truncated or altered files: the message names them), holds no policy
-            weights, or ``out`` exists.
+            weights, ``out`` exists, or the policy's published layout cannot hold it (its
+            ``save_pretrained`` refuses).
     """
     out = Path(out)
     if out.exists():
@@ -58,7 +59,10 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
         merged = policy.merge_lora()
         if merged:
             logger.info("merged the LoRA adapters of %d layers", merged)
-    return Path(policy.save_pretrained(out))
+    try:
+        return Path(policy.save_pretrained(out))
+    except ValueError as err:  # what the policy's own layout cannot hold
+        raise ExportError(f"{checkpoint}: {err}") from None
 
 
 def load_checkpoint_policy(checkpoint: str | Path):

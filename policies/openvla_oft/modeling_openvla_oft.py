@@ -367,19 +367,24 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
         proprio statistics (when set) as the ``"proprio"`` entry of the dataset statistics, so
         that ``model_path`` loads it back.
 
+        OpenVLA's statistics file keeps the proprio's entry per dataset, next to the action's: a
+        policy without action statistics (actions already in the simulator's [-1, 1], as on
+        robosuite) gets a pass-through action entry under ``"config"`` (``mask`` all False, which
+        OpenVLA's un-normalisation leaves as they are), the key a policy built from
+        ``config.action_statistics`` uses.
+
         Raises:
             FileExistsError: ``out_dir`` exists.
-            ValueError: LoRA adapters are injected (call :meth:`merge_lora` first), or proprio
-                statistics without action statistics (OpenVLA's statistics file keeps them per
-                dataset, next to the action's: set ``action_statistics``).
+            ValueError: LoRA adapters are injected (call :meth:`merge_lora` first).
         """
         norm_stats = copy.deepcopy(self.norm_stats)
         statistics = self._own_proprio_statistics()
         if statistics is not None:
             key = self.unnorm_key
-            if key not in norm_stats:
-                raise ValueError("saving OpenVLA-OFT with proprio statistics needs action statistics to keep them "
-                                 "with (config.action_statistics or a checkpoint's)")
+            if key not in norm_stats:  # no action statistics (self.action_statistics is None)
+                key = "config"
+                norm_stats[key] = {"action": {"q01": [-1.0] * self.action_dim, "q99": [1.0] * self.action_dim,
+                                              "mask": [False] * self.action_dim}}
             norm_stats[key]["proprio"] = {"q01": statistics.q01.tolist(), "q99": statistics.q99.tolist(),
                                           "mask": statistics.mask.tolist()}
         extra = {f"{stem}--checkpoint.pt": functools.partial(_save_state, module)

@@ -190,6 +190,31 @@ def test_checkpoint_with_oft_module_files_round_trips(policy, obs, tmp_path):
         OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(out), action_head="l1_regression"))
 
 
+def test_fitted_proprio_statistics_without_action_statistics_save_and_load_back(tokenizer, obs, tmp_path):
+    """A robosuite OFT policy has no action statistics (actions already in [-1, 1]) but fits its
+    proprio's: the checkpoint keeps them next to a pass-through action entry (``vla-rl export`` of
+    an OFT Lift run raised "needs action statistics" with a traceback)."""
+    import json
+
+    config = OpenVLAOFTPolicyConfig(architecture=tiny_architecture(len(tokenizer)), chunk_size=CHUNK, num_images=2,
+                                    proprio_dim=PROPRIO_DIM)
+    policy = OpenVLAOFTPolicy(config)
+    proprio = torch.linspace(-3.0, 5.0, len(obs) * PROPRIO_DIM).reshape(len(obs), PROPRIO_DIM)
+    policy.fit_observation_normalization(obs.clone().update({"proprio": proprio}))
+    assert policy.action_statistics is None and policy.proprio_statistics is not None
+    out = policy.save_pretrained(tmp_path / "oft")
+    stats = json.loads((out / "dataset_statistics.json").read_text())
+    assert list(stats) == ["config"] and stats["config"]["action"]["mask"] == [False] * ACTION_DIM
+    loaded = OpenVLAOFTPolicy(OpenVLAOFTPolicyConfig(model_path=str(out), chunk_size=CHUNK, num_images=2,
+                                                     proprio_dim=PROPRIO_DIM))
+    torch.testing.assert_close(loaded.proprio_statistics.q01, policy.proprio_statistics.q01, rtol=0, atol=0)
+    torch.testing.assert_close(loaded.proprio_statistics.q99, policy.proprio_statistics.q99, rtol=0, atol=0)
+    actions, log_probs = policy.sample_actions(obs, generator=torch.Generator().manual_seed(3))
+    again, loaded_log_probs = loaded.sample_actions(obs, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(again, actions) and torch.equal(loaded_log_probs, log_probs)
+    assert torch.equal(loaded.env_actions(actions), policy.env_actions(actions))  # passed through, not rescaled
+
+
 def test_a_checkpoint_whose_continuous_head_was_trained_is_refused_for_what_it_cannot_do(tokenizer, tmp_path):
     """OFT's finetune.py with use_l1_regression trains the head alone (L1 on the action hidden
     states): its action tokens were never trained, so RL's discrete head is refused on it, naming
