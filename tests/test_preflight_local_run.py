@@ -58,7 +58,10 @@ def test_a_local_run_without_an_optional_package_its_workers_import_is_refused(t
     (["simulator.env.cameras=[agentview,eye]"], "simulator.env.cameras", "['eye'] not a camera of Lift"),
     (["eval.video_camera=sideveiw"], "eval.video_camera",
      "the evaluation videos' camera 'sideveiw': ['sideveiw'] not a camera of Lift; available: ['frontview',"),
-], ids=["obs_keys", "cameras", "video_camera"])
+    # the run's own render_camera, with videos on (the default): it was checked only with the
+    # videos' camera in its place, and the workers refused it with a Ray traceback, exit 1
+    (["simulator.env.render_camera=foo"], "simulator.env.render_camera", "['foo'] not a camera of Lift"),
+], ids=["obs_keys", "cameras", "video_camera", "render_camera"])
 def test_a_robosuite_name_the_task_lacks_is_refused_before_ray_starts(overrides, field, message, tmp_path, capsys):
     """Found by the simulator actors once the workers had started before (23 s on the 2-core
     machine, as a Ray traceback; the videos' camera at the first evaluation); now one line

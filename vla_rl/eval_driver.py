@@ -96,6 +96,7 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     if loaded.config.eval.num_episodes == 0:
         raise EvalInputError("eval.num_episodes=0: an evaluation runs at least one episode of each task")
     tasks = resolve_tasks_or_fail(loaded.config)
+    check_task_simulators(loaded.config, tasks)
     check_video_camera(loaded.config, tasks)
     if loaded.config.eval.store_episodes:  # episodes stored with other task settings: refused before any write
         for task in tasks:
@@ -169,6 +170,28 @@ def skip_incompatible_tasks(eval_dir: Path, loaded):
         _write_yaml(eval_dir / RUN_TEMPLATE, raw)
         loaded = load_template(eval_dir / RUN_TEMPLATE)
     return loaded, runs, skipped
+
+
+def check_task_simulators(config, tasks) -> None:
+    """For a local evaluation, the optional extra of every simulator its tasks run on: a benchmark
+    may be another simulator's (``eval.benchmark=libero_spatial`` of a robosuite run), which the
+    run's own check (:func:`~vla_rl.preflight.check_local_packages`) does not see; the workers
+    found it after Ray had started, as a Ray traceback.
+
+    Raises:
+        EvalInputError: naming ``eval.benchmark`` (or ``eval.tasks``), the simulator and how to
+            install it.
+    """
+    from vla_rl.preflight import simulator_unavailable
+    from vla_rl.utils.ray_utils import cluster_address
+
+    if cluster_address(config.workers.ray_address) is not None:  # the cluster's environment runs them
+        return
+    for name in dict.fromkeys(task.simulator for task in tasks):
+        reason = simulator_unavailable(name)
+        if reason is not None:
+            field = "eval.benchmark" if config.eval.benchmark is not None else "eval.tasks"
+            raise EvalInputError(f"{field}: the tasks of simulator {name!r} cannot run here: {reason}")
 
 
 def check_video_camera(config, tasks) -> None:

@@ -106,16 +106,22 @@ def check_local_packages(config) -> None:
     if cluster_address(config.workers.ray_address) is not None:
         return
     if config.run.workflow == "embodied":
-        from simulators.registry import SIMULATORS
-
-        unavailable = getattr(SIMULATORS.get(config.simulator.name), "unavailable_reason", None)
-        reason = unavailable() if unavailable is not None else None
+        reason = simulator_unavailable(config.simulator.name)
         if reason is not None:
             raise PreflightError(reason, field="simulator.name")
     elif config.text.rollout_backend == "vllm" and importlib.util.find_spec("vllm") is None:
         from vla_rl.rollout.vllm_backend import vllm_missing_message
 
         raise PreflightError(vllm_missing_message("No module named 'vllm'"), field="text.rollout_backend")
+
+
+def simulator_unavailable(name: str) -> str | None:
+    """Why simulator ``name`` cannot run on this Python (its optional extra is missing: the
+    class's ``unavailable_reason``, LIBERO's), or None."""
+    from simulators.registry import SIMULATORS
+
+    unavailable = getattr(SIMULATORS.get(name), "unavailable_reason", None)
+    return unavailable() if unavailable is not None else None
 
 
 def check_simulator(config) -> None:
@@ -132,33 +138,28 @@ def check_simulator(config) -> None:
         PreflightError: naming the field (``simulator.env.obs_keys``, ``simulator.env.cameras``,
             ``eval.video_camera``) and the names the task has.
     """
-    from simulators.registry import SIMULATORS, check_env
+    from simulators.registry import check_env
     from vla_rl.evaluation.video import renders_videos, video_camera
     from vla_rl.utils.ray_utils import cluster_address
     from vla_rl_core.components import ComponentConfigError
 
     simulator = config.simulator
-    unavailable = getattr(SIMULATORS.get(simulator.name), "unavailable_reason", None)
     if (config.run.workflow != "embodied" or cluster_address(config.workers.ray_address) is not None
-            or (unavailable is not None and unavailable())):
+            or simulator_unavailable(simulator.name) is not None):
         return
     camera = video_camera(config, simulator.name)
     videos = config.eval.video_episodes > 0 and config.eval.num_episodes > 0 and renders_videos(simulator.name)
     for env in simulator.task_envs():
-        camera_error = None
-        if videos:  # one check of the settings with the camera, where they pass
-            try:
-                check_env(simulator.name, {**env, "render_camera": camera})
-                continue
-            except ComponentConfigError as err:
-                camera_error = err
-        try:  # the run's own settings, without the videos' camera
+        try:  # the run's own settings (its render_camera too: the videos' camera replaces it only there)
             check_env(simulator.name, env)
         except ComponentConfigError as err:
             raise PreflightError(err.message, field=err.field) from None
-        if camera_error is not None:
-            raise PreflightError(f"the evaluation videos' camera {camera!r}: {camera_error.message}",
-                                 field="eval.video_camera")
+        if videos:
+            try:
+                check_env(simulator.name, {**env, "render_camera": camera})
+            except ComponentConfigError as err:
+                raise PreflightError(f"the evaluation videos' camera {camera!r}: {err.message}",
+                                     field="eval.video_camera") from None
 
 
 @dataclass(frozen=True)

@@ -238,3 +238,20 @@ def test_an_evaluation_of_no_episodes_is_refused(tmp_path, capsys):
     assert main(["eval", str(run_dir), *EVAL_ANY_HORIZON, "simulator.env.horizon=6", "eval.num_episodes=0"]) == 2
     assert "eval.num_episodes=0: an evaluation runs at least one episode of each task" in capsys.readouterr().err
     assert (eval_dir / "report.json").read_text() == '{"earlier": "report"}'
+
+
+def test_a_benchmark_of_a_simulator_not_installed_here_is_refused_before_it_starts(tmp_path, capsys):
+    """``eval.benchmark=libero_spatial`` of a robosuite run without LIBERO's extra: one line naming
+    the field and the install command, exit status 2, no evaluation directory (the run's own check
+    did not see the benchmark's simulator: the workers raised it after Ray had started)."""
+    from vla_rl.preflight import simulator_unavailable
+
+    if simulator_unavailable("libero") is None:
+        pytest.skip("LIBERO is installed here")
+    run_dir = write_run(tmp_path, "embodied_srpo", ["policy.config.hidden_sizes=[8]"],
+                        MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
+    assert main(["eval", str(run_dir), *EVAL, "eval.benchmark=libero_spatial"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, errors
+    assert "eval.benchmark: the tasks of simulator 'libero' cannot run here: LIBERO is not installed" in errors[0]
+    assert not (run_dir / "eval").exists()
