@@ -13,7 +13,9 @@ sampling call of the π0 model with random weights, with seconds per call and pe
   (``FlowSDESampler.sample_chain``), without gradients.
 
 No optimizer step (Adam's state would add two float32 copies of the trainable parameters) and no
-activation checkpointing (the model does not support it). The parameters the RL policy freezes
+activation checkpointing: the benchmark never enables it (the JSON records
+``"gradient_checkpointing": false``), although the policy can (``PI0Policy.checkpoint_activations``,
+``trainer.gradient_checkpointing``). The parameters the RL policy freezes
 (``PaliGemmaWithExpert.unused_parameters``: they never reach the actions) are frozen here too;
 every other parameter gets a gradient, in the parameters' dtype. ``--release-grads`` drops each
 gradient as soon as the backward has accumulated it (a post-accumulate-grad hook, as an optimizer
