@@ -162,6 +162,25 @@ def test_train_refuses_a_step_the_workers_cannot_split_before_ray_starts(tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("template", "overrides", "field"), [
+    ("eval_rollout", ["simulator.name=robosuite_lift", "policy.name=mlp"], "eval.store_episodes"),
+    ("embodied_srpo", ["eval.checkpoints=[/tmp/some_run/checkpoints/step_00000001]"], "eval.checkpoints"),
+])
+def test_train_refuses_the_settings_of_vla_rl_eval_before_ray_starts(template, overrides, field, tmp_path, capsys,
+                                                                     monkeypatch):
+    """``vla-rl train eval_rollout`` (vla-rl eval's template, listed by ``train --help``) ran, then
+    ended in a KeyError traceback: its final evaluation found every episode stored by the first."""
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started")
+
+    monkeypatch.setattr("vla_rl.driver.start_ray", no_ray)
+    assert main(["train", template, f"run.output_dir={tmp_path}", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert f"field '{field}': a setting of vla-rl eval" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -421,8 +421,9 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
         if config.action_head == "discrete" and heads:
             raise FieldError(f"{config.model_path} was fine-tuned with OFT's L1-regression head ({heads[0].name}), "
                              "which trains that head alone, never the action tokens that action_head: discrete "
-                             "samples for RL; set action_head: l1_regression to evaluate it or clone behaviour, or "
-                             "start RL from a checkpoint fine-tuned on OFT's action tokens", "action_head")
+                             "samples for RL; set action_head: l1_regression to load it (its regression: "
+                             "predict_action_chunk, no RL), or start RL from a checkpoint fine-tuned on OFT's action "
+                             "tokens", "action_head")
         used = {"action_head": config.action_head == "l1_regression", "proprio_projector": config.proprio_dim is not None}
         for stem in (stem for stem, needed in used.items() if needed):
             files = sorted(Path(config.model_path).glob(f"{stem}--*checkpoint.pt"))
