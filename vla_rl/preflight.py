@@ -28,7 +28,9 @@ architecture leave it randomly initialised). :func:`preflight` checks what the t
   headers whose tensor names and shapes match the architecture built on the ``meta`` device, no
   pickle weights unless allowed, and the files beside them that the policy reads (OFT's head
   modules; π0's ``norm_stats.json`` and Flow-Noise head); a GGUF file's header (version, key-value
-  metadata, tensor infos whose data lies inside the file) and its tokenizer.
+  metadata, tensor infos whose data lies inside the file) and its tokenizer;
+- **the trajectory encoder's model** (V-JEPA 2's ``algorithm.vjepa2.model_dir``: its
+  ``config.json``), when the reward embeds episodes with it.
 
 :func:`check_local_packages` (``vla-rl train`` and ``eval``, not ``plan``) adds the optional
 packages a local run's workers import: the simulator's extra (LIBERO) and vLLM.
@@ -84,6 +86,7 @@ def preflight(template: Template, world_size: int | None = None) -> None:
                 _check_prompt_rows(config, read, tokenizer)
     else:
         _check_policy_checkpoint(config)
+        _check_trajectory_encoder(config)
 
 
 def check_local_packages(config) -> None:
@@ -393,6 +396,24 @@ def _check_policy_checkpoint(config) -> None:
         field = error.field if isinstance(error, FieldError) else "model_path"
         raise PreflightError(_with_field_hint(str(error), "policy.config.allow_pickle"),
                              field=f"policy.config.{field}") from None
+
+
+def _check_trajectory_encoder(config) -> None:
+    """The files of the run's trajectory encoder, when its reward embeds episodes and the encoder
+    reads files (its class's ``check_config``: V-JEPA 2's ``model_dir``); found by the workers'
+    first reward before, after the demonstrations and behaviour cloning (3 min 30 s on the 2-core
+    machine), as a Ray traceback."""
+    from vla_rl.nodes.reward import embeds_trajectories
+    from vla_rl.rewards.trajectory_encoders import TRAJECTORY_ENCODERS
+
+    name = config.algorithm.trajectory_encoder
+    check = getattr(TRAJECTORY_ENCODERS.get(name), "check_config", None)
+    if check is None or not embeds_trajectories(config):
+        return
+    try:
+        check(config.algorithm.options("trajectory_encoder"))
+    except (OSError, ValueError) as error:
+        raise PreflightError(str(error), field=f"algorithm.{name}") from None
 
 
 def _with_field_hint(message: str, pickle_field: str) -> str:

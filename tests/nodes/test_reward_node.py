@@ -150,3 +150,38 @@ def test_step_reference_scores_each_shard_exactly_as_the_whole_step(tmp_path):
     local = torch.cat([results[0][1], results[1][1]])  # each shard its own reference: differs
     assert not torch.equal(local, expected)
     assert expected[whole[keys.SUCCESS]].eq(1.0).all()
+
+
+def test_an_encoder_reading_a_vision_backbone_the_policy_lacks_is_refused_at_plan_time(capsys):
+    """``policy_backbone`` with the MLP: one line at plan time naming the field (the workers raised
+    it at their first step, a Ray traceback); a policy with a vision backbone plans."""
+    from vla_rl.cli import main
+
+    assert main(["plan", "embodied_srpo", "algorithm.trajectory_encoder=policy_backbone"]) == 2
+    err = capsys.readouterr().err
+    assert ("node 'reward': field 'algorithm.trajectory_encoder': 'policy_backbone' embeds episodes with the "
+            "policy's vision backbone (frame_features); policy 'mlp' has none") in err
+    assert main(["plan", "embodied_srpo_oft_lift", "algorithm.trajectory_encoder=policy_backbone"]) == 0
+
+
+def test_a_vjepa2_directory_without_its_model_is_refused_before_ray_starts(tmp_path, tiny_vjepa2_dir, capsys,
+                                                                          monkeypatch):
+    """Found by the first reward before, after the demonstrations and behaviour cloning (3 min 30 s
+    on the 2-core machine), as a Ray traceback; now the run's pre-flight, one line, no run
+    directory. A saved model passes it."""
+    from vla_rl.cli import main
+    from vla_rl.dag.loader import load_template
+    from vla_rl.preflight import preflight
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started")
+
+    monkeypatch.setattr("vla_rl.driver.start_ray", no_ray)
+    runs = tmp_path / "runs"
+    encoder = ["algorithm.trajectory_encoder=vjepa2"]
+    assert main(["train", "embodied_srpo_oft_lift", *encoder, f"algorithm.vjepa2={{model_dir: {tmp_path / 'none'}}}",
+                 f"run.output_dir={runs}"]) == 2
+    err = capsys.readouterr().err
+    assert f"field 'algorithm.vjepa2': algorithm.vjepa2.model_dir '{tmp_path / 'none'}' has no config.json" in err
+    assert not runs.exists()
+    preflight(load_template("embodied_srpo_oft_lift", [*encoder, f"algorithm.vjepa2={{model_dir: {tiny_vjepa2_dir}}}"]))

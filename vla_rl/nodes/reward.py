@@ -57,6 +57,30 @@ def _reward_resources(config, node_config) -> tuple[str, ...]:
     return ("trajectory_encoder",) if embeds_trajectories(config) else ()
 
 
+def reward_fits(config, node_config, dp_size: int, world_size: int):
+    """Plan-time: the trajectory encoder fits the policy (:func:`encoder_fits_policy`), and the
+    overlong buffer the episodes' budget (:func:`overlong_buffer_fits`)."""
+    return encoder_fits_policy(config) or overlong_buffer_fits(config, node_config, dp_size, world_size)
+
+
+def encoder_fits_policy(config):
+    """Plan-time: an encoder that reads the policy's vision backbone (``frame_features``, as
+    ``policy_backbone`` does) needs a policy class that has one; the workers found it at their
+    first step before, as a Ray traceback."""
+    from vla_rl.rewards.trajectory_encoders import TRAJECTORY_ENCODERS
+
+    name = config.algorithm.trajectory_encoder
+    if not embeds_trajectories(config) or "frame_features" not in TRAJECTORY_ENCODERS.traits(name).runtime:
+        return None
+    from policies import POLICIES
+
+    if hasattr(POLICIES.get(config.policy.name), "frame_features"):
+        return None
+    return "algorithm.trajectory_encoder", (f"{name!r} embeds episodes with the policy's vision backbone "
+                                            f"(frame_features); policy {config.policy.name!r} has none: use "
+                                            "state_resample, or vjepa2 for camera observations")
+
+
 def overlong_buffer_fits(config, node_config, dp_size: int, world_size: int):
     """Plan-time: DAPO's overlong buffer (``algorithm.overlong_buffer.len``) fits in a sample's
     budget, the ``max_length`` of :func:`~vla_rl.algorithms.rewards.overlong_penalty`: an episode's
@@ -77,7 +101,7 @@ def overlong_buffer_fits(config, node_config, dp_size: int, world_size: int):
 
 
 @register_node("reward", "compute", reads=_reward_reads, writes=(keys.REWARDS,), resources=_reward_resources,
-               check=overlong_buffer_fits)
+               check=reward_fits)
 def compute_rewards(ctx, batch) -> NodeOutput:
     """Set ``rewards`` ``(n,)`` float32 from ``algorithm.reward``, plus DAPO's overlong penalty
     when ``algorithm.overlong_buffer.len > 0``.

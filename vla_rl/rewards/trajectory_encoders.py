@@ -284,13 +284,23 @@ class VJEPA2TrajectoryEncoder:
     def __init__(self, config: VJEPA2EncoderConfig, device: str | torch.device = "cpu") -> None:
         from transformers import VJEPA2Model
 
-        if not (Path(config.model_dir) / "config.json").is_file():
-            raise FileNotFoundError(f"algorithm.vjepa2.model_dir {config.model_dir!r} has no config.json: save a "
-                                    "VJEPA2Model there with save_pretrained")
+        self.check_config(config)
         model = VJEPA2Model.from_pretrained(config.model_dir, local_files_only=True, trust_remote_code=False)
         self.model = model.to(device).eval().requires_grad_(False)
         self.device = torch.device(device)
         self.batch_size = config.batch_size
+
+    @staticmethod
+    def check_config(config: VJEPA2EncoderConfig) -> None:
+        """The files the encoder reads, without loading them (the run's pre-flight calls it on
+        the driver, before Ray starts).
+
+        Raises:
+            FileNotFoundError: ``model_dir`` has no ``config.json``.
+        """
+        if not (Path(config.model_dir) / "config.json").is_file():
+            raise FileNotFoundError(f"algorithm.vjepa2.model_dir {config.model_dir!r} has no config.json: save a "
+                                    "VJEPA2Model there with save_pretrained")
 
     @property
     def embedding_dim(self) -> int:
