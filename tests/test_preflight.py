@@ -303,7 +303,8 @@ CASES = [
     Case("π0 pickle weights", pi0_dir(to_pickle), "policy.config.model_path",
          "pickle weights are refused .*convert them to safetensors", template=PI0),
     Case("π0 without tokenizer", pi0_dir(_unlink("tokenizer.json", "tokenizer_config.json")),
-         "policy.config.model_path", "no usable tokenizer", template=PI0),
+         "policy.config.model_path", "no usable tokenizer.*; or set tokenizer_path to a directory holding the "
+         r"model's tokenizer \(PaliGemma's for openpi's checkpoints\)", template=PI0),
     Case("π0 missing tokenizer_path", _missing_tokenizer_path, "policy.config.tokenizer_path",
          "the tokenizer directory does not exist", template=PI0),
     Case("π0 malformed norm_stats.json", pi0_dir(_write("norm_stats.json", b'{"norm_stats": {"actions": {}}}')),

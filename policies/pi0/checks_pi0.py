@@ -85,7 +85,12 @@ def check_pretrained(config: PI0PolicyConfig) -> None:
     model_config = read_checkpoint_config(directory)
     with init_empty_weights(include_buffers=False):  # as load_pi0_checkpoint builds it
         check_pi0_weights(PI0Model(model_config), directory)
-    tokenizer = tokenizer if tokenizer is not None else load_checked_tokenizer(str(directory))
+    if tokenizer is None:
+        try:
+            tokenizer = load_checked_tokenizer(str(directory))
+        except ValueError as error:  # openpi's checkpoints hold no tokenizer: theirs is PaliGemma's
+            raise ValueError(f"{error}; or set tokenizer_path to a directory holding the model's tokenizer "
+                             "(PaliGemma's for openpi's checkpoints)") from None
     try:
         check_fit(config, model_config, len(tokenizer))
         statistics = torch.nn.Module()  # the buffers the constructor fills, on a module of their own
