@@ -67,7 +67,7 @@ HOST = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_flags": "fc7df03f53a7", "cpu_c
         "logical_cpus": 2, "gpu": None, "python": "3.11.7", "torch": "2.13.0+cpu", "numpy": "1.26.4", "mujoco": "3.3.0"}
 
 
-def fake_run(run_dir: Path, seed: int, first: float, final: float, steps: int = 3, per_step: int = 1000,
+def fake_run(run_dir: Path, seed: int, first: float, final: float, steps: int = 3, per_step: int | None = 1000,
              hosts: list[dict] | None = None) -> None:
     """A finished run's files as the driver writes them: summary.json and metrics.jsonl (with
     ``hosts``, one record per rank, when given: runs before 2026-12-05 wrote none)."""
@@ -81,13 +81,29 @@ def fake_run(run_dir: Path, seed: int, first: float, final: float, steps: int = 
     records = [{"step": 0, **evaluation(first)}]
     for step in range(1, steps + 1):
         records.append({"step": step, "rollout/success_rate": first + (final - first) * step / steps,
-                        "rollout/total_env_steps": float(step * per_step)})
+                        **({} if per_step is None else {"rollout/total_env_steps": float(step * per_step)})})
     records.append({"step": steps, **evaluation(final)})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     summary = {"template": "embodied_srpo", "warm_start_eval": evaluation(first), "final_eval": evaluation(final),
                "last_step": steps, "steps_run": steps, "wall_time_s": 600.0 + seed,
                **({} if hosts is None else {"hosts": hosts})}
     (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_the_report_of_a_text_sweep_has_no_environment_steps_column(tmp_path):
+    """Text runs simulate nothing (no ``rollout/total_env_steps``): the table drops the column, which
+    read 0 for every seed, and the plot's x axis is the training step."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / SWEEP_FILE).write_text(json.dumps({"template": "llm_grpo", "overrides": [], "seeds": [0, 1]}))
+    for seed, (first, final) in enumerate([(0.69, 0.81), (0.54, 0.76)]):
+        fake_run(seed_run_dir(sweep, seed), seed, first, final, per_step=None)
+    report = write_report(sweep)
+    assert report["across_seeds"]["env_steps"] is None
+    md = (sweep / REPORT_MD).read_text()
+    assert "| seed | warm_start greedy | final greedy | wall (min) |" in md
+    assert "| 1 | 54.0% [44.0%, 64.0%] | 76.0% [66.0%, 86.0%] | 10.0 |" in md
+    assert (sweep / PLOT_FILE).stat().st_size > 0
 
 
 def test_the_report_of_three_seeds(tmp_path):

@@ -197,7 +197,8 @@ class RunLoop:
                 env_steps += step_env_steps
                 session_env_steps += step_env_steps
                 rollout_time += metrics.get(ROLLOUT_TIMING, 0.0)
-                metrics[TOTAL_ENV_STEPS] = env_steps
+                if cfg.run.workflow == "embodied":  # a text run simulates nothing: no environment steps to count
+                    metrics[TOTAL_ENV_STEPS] = env_steps
                 last_step = step + 1
                 out_of_budget = budget is not None and env_steps >= budget
                 evaluate = self._evaluate_now(last_step, out_of_budget)

@@ -318,22 +318,25 @@ def report_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     first = any_seed["first_tag"] or "first"
     columns = [(name, p) for name in ("first", "final") for p in sorted({p for f in per_seed.values()
                                                                           for p in f[name]})]
+    # text runs simulate nothing: no environment steps column
+    env_steps = any(figures["env_steps"] is not None for figures in per_seed.values())
     header = ["seed", *(f"{first if name == 'first' else 'final'} {p}" for name, p in columns),
-              "env steps", "wall (min)"]
+              *(["env steps"] if env_steps else []), "wall (min)"]
     rows = []
     for seed, figures in per_seed.items():
         cells = [seed]
         for name, p in columns:
             f = figures[name].get(p)
             cells.append("" if f is None else f"{_percent(f['success_rate'])} {_interval(f['ci_low'], f['ci_high'])}")
-        cells.append("" if figures["env_steps"] is None else f"{figures['env_steps']:,.0f}")
+        if env_steps:
+            cells.append("" if figures["env_steps"] is None else f"{figures['env_steps']:,.0f}")
         cells.append("" if figures["wall_time_s"] is None else f"{figures['wall_time_s'] / 60:.1f}")
         rows.append(cells)
     mean = [f"mean of {len(per_seed)}"]
     for name, p in columns:
         m = across[name].get(p)
         mean.append("" if m is None else f"{_percent(m['mean'])} {_interval(m['ci_low'], m['ci_high'])}")
-    for key in ("env_steps", "wall_time_s"):
+    for key in ("env_steps", "wall_time_s") if env_steps else ("wall_time_s",):
         m = across[key]
         mean.append("" if m is None else (f"{m['mean']:,.0f}" if key == "env_steps" else f"{m['mean'] / 60:.1f}"))
     rows.append(mean)
