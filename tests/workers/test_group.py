@@ -20,10 +20,15 @@ def rank_class():
     class Rank:
         """``work(plan)`` does what ``plan`` says for its rank."""
 
-        def __init__(self, rank: int, fail_init: bool = False) -> None:
-            if fail_init:
+        def __init__(self, rank: int, fail_init: str | None = None) -> None:
+            if fail_init == "error":
                 raise ValueError("bad constructor argument")
+            if fail_init == "stop":  # as the code-location check does
+                raise RunStopped("a worker imported vla_rl from /a, the driver from /b")
             self.rank = rank
+
+        def node_id(self) -> str:
+            return "node"
 
         def work(self, plan: dict) -> dict:
             action = plan.get(self.rank, "reply")
@@ -78,10 +83,25 @@ def test_replies_and_errors_that_are_not_deaths(group):
 def test_failed_constructor_is_not_a_death(ray_on_loopback):
     ray = ray_on_loopback
     actor = ray.remote(num_cpus=0, max_restarts=0)(rank_class())
-    workers = WorkerGroup([actor.remote(0, fail_init=True)])
+    workers = WorkerGroup([actor.remote(0, fail_init="error")])
     with pytest.raises(ray.exceptions.RayActorError, match="bad constructor argument") as err:
         workers.call("work", {})
     assert not isinstance(err.value, WorkerDiedError)
+    with pytest.raises(ray.exceptions.RayActorError, match="bad constructor argument"):
+        workers.node_ids()
+
+
+def test_a_constructor_that_stops_the_run_is_one_message(ray_on_loopback):
+    """A worker whose constructor raises RunStopped (the code-location check on a cluster whose
+    nodes import another copy): the driver's first call on the workers, node_ids, raised Ray's
+    ActorDiedError, a traceback with the message inside; now the RunStopped, one line."""
+    ray = ray_on_loopback
+    actor = ray.remote(num_cpus=0, max_restarts=0)(rank_class())
+    workers = WorkerGroup([actor.remote(0, fail_init="stop")])
+    for call in (workers.node_ids, lambda: workers.call("work", {})):
+        with pytest.raises(RunStopped) as err:
+            call()
+        assert str(err.value) == "a worker imported vla_rl from /a, the driver from /b"
 
 
 def test_the_driver_counts_the_bytes_it_receives(group):

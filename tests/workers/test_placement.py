@@ -14,7 +14,9 @@ from child_env import child_env
 from pydantic import ValidationError
 
 from vla_rl.config import WorkersSection
+from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
+from vla_rl.errors import RunStopped
 from vla_rl.workers import placement
 from vla_rl.workers.placement import (
     ClusterTooSmall,
@@ -53,11 +55,17 @@ def test_a_worker_bundle_holds_its_cpus_and_its_accelerator_share():
 
 def test_nccl_ranks_sharing_a_gpu_are_refused_with_the_fields_to_change():
     shared = WorkersSection(gpus_per_worker=0.5)
-    with pytest.raises(ValueError, match=r"workers.gpus_per_worker=0.5 .* workers.collective_backend=gloo"):
+    with pytest.raises(RunStopped, match=r"workers.gpus_per_worker=0.5 .* workers.collective_backend=gloo"):
         check_accelerator_sharing(shared, "cuda", world_size=2)
-    with pytest.raises(ValueError, match="hccl"):
+    with pytest.raises(RunStopped, match="hccl"):
         check_accelerator_sharing(shared, "npu", world_size=2)
     check_accelerator_sharing(shared, "cuda", world_size=1)
+    # an explicit device: refused with the template, naming the field (plan accepted it; train
+    # failed after the run directory and Ray, as a traceback)
+    with pytest.raises(TemplateError, match=r"field 'workers.gpus_per_worker': workers.gpus_per_worker=0.5 lets 2"):
+        load_template("embodied_srpo", ["workers.device=cuda", "workers.gpus_per_worker=0.5"])
+    load_template("embodied_srpo", ["workers.device=cuda", "workers.gpus_per_worker=0.5",
+                                    "workers.collective_backend=gloo"])
     check_accelerator_sharing(shared, "cpu", world_size=2)
     check_accelerator_sharing(WorkersSection(gpus_per_worker=0.5, collective_backend="gloo"), "cuda", world_size=2)
     check_accelerator_sharing(WorkersSection(gpus_per_worker=1.0), "cuda", world_size=8)
@@ -224,8 +232,8 @@ def test_a_node_given_more_workers_than_it_has_cpus_for_their_simulators_is_refu
     monkeypatch.setattr(ray, "nodes", lambda: [
         {"NodeID": "a", "Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 3.0}},
         {"NodeID": "b", "Alive": True, "NodeManagerAddress": "10.0.0.2", "Resources": {"CPU": 3.0}}])
-    with pytest.raises(ClusterTooSmall, match=r"placed DAG workers 0, 1 on node 10.0.0.1, which has 3 CPUs; .* need "
-                                              r"4: set workers.placement_strategy=SPREAD, or start that node with "
+    with pytest.raises(ClusterTooSmall, match=r"placed DAG workers 0, 1 on node 10.0.0.1 \(Ray node id \w+\), "
+                                              r"which has 3 CPUs; .* need 4: set workers.placement_strategy=SPREAD, or start that node with "
                                               r"--num-cpus=4"):
         check_simulator_room(object(), MAIN_JOB)
     monkeypatch.setattr(ray.util, "placement_group_table", lambda group: {"bundles_to_node_id": {0: "a", 1: "b"}})
@@ -269,8 +277,10 @@ def test_ctrl_c_ends_the_wait_for_placement_and_removes_the_group(fake_ray):
 def test_a_placement_that_times_out_names_the_bundles_and_removes_the_group(fake_ray, monkeypatch, capsys):
     monkeypatch.setattr(placement, "WAIT_NOTICE_S", 0.0)
     group = NeverPlaced()
-    with pytest.raises(RuntimeError, match=r"could not place 2 workers of \{'CPU': 1.0\} with strategy PACK within "
-                                           r"0.05 s; the cluster has \{'CPU': 2.0\}"):
+    # a RunStopped, one line (a RuntimeError traceback before, whose "free" dict lacked the used-up
+    # CPU and listed Ray's placement-group resources)
+    with pytest.raises(ClusterTooSmall, match=r"could not place 2 DAG workers of \{'CPU': 1.0\} with strategy PACK "
+                                              r"within workers.placement_timeout_s=0.05 s \(0 of 2 CPU free\)"):
         placement._wait_for_placement(group, WorkersSection(placement_timeout_s=0.05), 2, {"CPU": 1.0})
     assert fake_ray == [group]
     waiting = capsys.readouterr().err

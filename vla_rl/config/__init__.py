@@ -146,6 +146,16 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _check_accelerator_sharing(self) -> RunConfig:
+        """Several NCCL (or HCCL) ranks on one accelerator (``workers.gpus_per_worker`` below 1)
+        are refused with the template when the device is explicit (it failed after the run
+        directory and Ray, as a traceback); ``auto`` is checked once the device has resolved."""
+        problem = self.workers.accelerator_sharing_problem(self.workers.device, self.workers.num_workers)
+        if problem is not None:
+            raise ComponentConfigError("workers.gpus_per_worker", problem)
+        return self
+
+    @model_validator(mode="after")
     def _check_text_only_settings(self) -> RunConfig:
         """Settings about text responses are refused in embodied runs, where they would mean
         something else: an episode at its time limit (``truncated``) is a failure the loss learns from."""

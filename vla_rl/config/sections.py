@@ -67,6 +67,18 @@ class WorkersSection(_Section):
         "RAY_ADDRESS environment variable if set, else a local Ray on 127.0.0.1 (docs/cluster.md).")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads in each worker.")
 
+    def accelerator_sharing_problem(self, device: str, world_size: int) -> str | None:
+        """Why ``world_size`` workers on ``device`` cannot run: ``gpus_per_worker`` below 1 puts
+        several ranks on one accelerator, which its own backend (NCCL, HCCL) refuses; None when
+        they can."""
+        backend = self.tensor_backend(device) or ""
+        if device not in ("cuda", "npu") or world_size < 2 or self.gpus_per_worker >= 1 or backend not in (
+                "nccl", "hccl"):
+            return None
+        return (f"workers.gpus_per_worker={self.gpus_per_worker} lets {world_size} workers share an accelerator, "
+                f"which {backend} refuses (two ranks on one device); set workers.collective_backend=gloo to share "
+                "one, or give each worker a whole accelerator")
+
     def tensor_backend(self, device: str) -> str | None:
         """The backend the workers' collectives use on ``device`` tensors (``cpu``, ``cuda``,
         ``npu``): ``collective_backend``'s entry for that device, a plain backend (``gloo``) for

@@ -63,4 +63,6 @@ def check_same_code(driver_root: str) -> None:
     mine = code_root()
     if mine != Path(driver_root):
         raise RunStopped(f"a worker imported vla_rl from {mine}, the driver from {driver_root} "
-                         f"(worker sys.path starts with {sys.path[:3]}): launch the driver from another directory")
+                         f"(worker sys.path starts with {sys.path[:3]}): launch the driver from a directory without "
+                         "another copy of the code, and on a cluster install the driver's code at the same path on "
+                         "every node")

@@ -155,23 +155,18 @@ class WorkerGroup:
                     for rank in range(world_size)], group)
 
     def node_ids(self) -> list[str]:
-        """The Ray node of each rank's worker."""
-        import ray
-
-        return ray.get([actor.node_id.remote() for actor in self.actors])
+        """The Ray node of each rank's worker (the first call on the workers: a worker whose
+        constructor stopped the run raises its :class:`~vla_rl.errors.RunStopped` here)."""
+        return _get_replies([actor.node_id.remote() for actor in self.actors])
 
     def hosts(self) -> list[dict[str, object]]:
         """The machine of each rank's worker (:func:`vla_rl.utils.host.host_record`)."""
-        import ray
-
-        return ray.get([actor.host.remote() for actor in self.actors])
+        return _get_replies([actor.host.remote() for actor in self.actors])
 
     def rendering(self) -> list[list[dict]]:
         """How each rank's simulator actors render (:meth:`DAGWorker.rendering
         <vla_rl.workers.dag_worker.DAGWorker.rendering>`): a few short strings per actor."""
-        import ray
-
-        return ray.get([actor.rendering.remote() for actor in self.actors])
+        return _get_replies([actor.rendering.remote() for actor in self.actors])
 
     def call(self, method: str, *args) -> list[dict[str, float]]:
         """Call ``method(*args)`` on every worker at once and return their scalar replies
@@ -207,7 +202,7 @@ class WorkerGroup:
                 ray.get(done)
             except ray.exceptions.RayActorError as error:
                 if error.actor_init_failed:  # its constructor raised: not a death to restart from
-                    raise
+                    raise _constructor_stop(error) or error from None
                 raise WorkerDiedError(refs.index(done[0]), method, _death_reason(error)) from error
             except ray.exceptions.RayTaskError as error:
                 died = _death_among(refs, pending, method)
@@ -263,6 +258,37 @@ class WorkerGroup:
                 ray.kill(actor)
             if self.placement_group is not None:
                 ray.util.remove_placement_group(self.placement_group)
+
+
+def _get_replies(refs: list) -> list:
+    """``ray.get(refs)``, a worker constructor's :class:`~vla_rl.errors.RunStopped` re-raised as
+    one (:func:`_constructor_stop`)."""
+    import ray
+
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayActorError as error:
+        if error.actor_init_failed:
+            raise _constructor_stop(error) or error from None
+        raise
+
+
+def _constructor_stop(error) -> RunStopped | None:
+    """The :class:`~vla_rl.errors.RunStopped` a worker's constructor raised (the code-location
+    check: a worker importing another copy of the project), or None. Ray keeps only the text of a
+    constructor's exception (``ActorDiedError`` has no ``cause``): its last line, ``<module>.<class>:
+    <message>``, of a RunStopped class."""
+    names = set()
+    pending = [RunStopped]
+    while pending:
+        cls = pending.pop()
+        names.add(cls.__name__)
+        pending.extend(cls.__subclasses__())
+    last = next((line.strip() for line in reversed(str(error).splitlines()) if line.strip()), "")
+    match = re.match(r"([\w.]+): (.+)$", last)
+    if match is None or match.group(1).rpartition(".")[2] not in names:
+        return None
+    return RunStopped(match.group(2))
 
 
 def _death_among(refs: list, pending: list, method: str) -> WorkerDiedError | None:

@@ -54,19 +54,17 @@ def resolve_device(kind: str, cluster_resources: dict[str, float]) -> str:
 
 
 def check_accelerator_sharing(workers, device: str, world_size: int) -> None:
-    """Refuse a group that would put several NCCL (or HCCL) ranks on one accelerator.
+    """Refuse a group that would put several NCCL (or HCCL) ranks on one accelerator, once
+    ``workers.device: auto`` has resolved (an explicit device is refused with the template:
+    :meth:`~vla_rl.config.sections.WorkersSection.accelerator_sharing_problem`).
 
     Raises:
-        ValueError: ``workers.gpus_per_worker`` below 1 with more than one worker and the
+        RunStopped: ``workers.gpus_per_worker`` below 1 with more than one worker and the
             accelerator's own backend (the message names both fields).
     """
-    backend = workers.collective_backend or {"cuda": "nccl", "npu": "hccl"}.get(device, "gloo")
-    if device in ACCELERATOR_RESOURCES and world_size > 1 and workers.gpus_per_worker < 1 and (
-            "nccl" in backend or "hccl" in backend):
-        raise ValueError(
-            f"workers.gpus_per_worker={workers.gpus_per_worker} lets {world_size} workers share an accelerator, "
-            f"which {backend} refuses (two ranks on one device); set workers.collective_backend=gloo to share "
-            "one, or give each worker a whole accelerator")
+    problem = workers.accelerator_sharing_problem(device, world_size)
+    if problem is not None:
+        raise RunStopped(problem)
 
 
 def worker_bundle(workers, device: str) -> dict[str, float]:
@@ -254,7 +252,8 @@ def check_simulator_room(group, footprint: Footprint) -> None:
         if cpus + 1e-9 < per_worker * len(ranks):
             raise ClusterTooSmall(
                 f"Ray placed DAG workers {', '.join(map(str, sorted(ranks)))} on node "
-                f"{node.get('NodeManagerAddress', node_id)}, which has {cpus:g} CPUs; with their simulator actors "
+                f"{node.get('NodeManagerAddress', node_id)} (Ray node id {node_id[:12]}), which has {cpus:g} CPUs; "
+                f"with their simulator actors "
                 f"(on their worker's node) they need {per_worker * len(ranks):g}: set workers.placement_strategy="
                 f"SPREAD, or start that node with --num-cpus={math.ceil(per_worker * len(ranks))}")
 
@@ -264,8 +263,8 @@ def _wait_for_placement(group, workers, world_size: int, bundle: dict[str, float
     stderr once that it waits; the group is removed if the wait ends any other way than placed.
 
     Raises:
-        RuntimeError: not placed within ``workers.placement_timeout_s`` (naming the bundles and
-            the cluster's resources).
+        ClusterTooSmall: not placed within ``workers.placement_timeout_s`` (naming the bundle and
+            the cluster's total and free amounts of its resources).
     """
     import ray
 
@@ -275,9 +274,14 @@ def _wait_for_placement(group, workers, world_size: int, bundle: dict[str, float
         while not group.wait(timeout_seconds=WAIT_POLL_S):
             waited = time.monotonic() - started
             if waited >= workers.placement_timeout_s:
-                raise RuntimeError(f"Ray could not place {world_size} workers of {bundle} with strategy "
-                                   f"{workers.placement_strategy} within {workers.placement_timeout_s} s; the "
-                                   f"cluster has {ray.cluster_resources()}, free {ray.available_resources()}")
+                # the bundle's resources only (Ray adds its placement groups' own); a used-up
+                # resource is absent from available_resources(): 0 free
+                total, free = ray.cluster_resources(), ray.available_resources()
+                amounts = ", ".join(f"{free.get(r, 0.0):g} of {total.get(r, 0.0):g} {r} free" for r in bundle)
+                raise ClusterTooSmall(f"Ray could not place {world_size} DAG workers of {bundle} with strategy "
+                                      f"{workers.placement_strategy} within workers.placement_timeout_s="
+                                      f"{workers.placement_timeout_s:g} s ({amounts}): another job holds them, or "
+                                      "the nodes cannot fit the strategy")
             if not announced and waited >= WAIT_NOTICE_S:
                 free = {resource: ray.available_resources().get(resource, 0.0) for resource in bundle}
                 print(f"waiting for Ray to place {world_size} DAG workers of {bundle} ({workers.placement_strategy}); "
