@@ -143,6 +143,16 @@ def _check_checkpoints(checkpoints: list[Path]) -> None:
             raise EvalInputError(str(err)) from None
 
 
+def _remove_unstarted(eval_dir: Path) -> None:
+    """An evaluation that stopped before Ray started (a cluster that refuses the driver's token, a
+    cluster too small): its directory holding only the template it has just written is removed,
+    as a training run that fails before its first metric leaves no run directory; a directory
+    holding anything else (an earlier evaluation's stores and report) is left as it is."""
+    if [entry.name for entry in eval_dir.iterdir()] == [RUN_TEMPLATE]:
+        (eval_dir / RUN_TEMPLATE).unlink()
+        eval_dir.rmdir()
+
+
 def _write_yaml(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -281,7 +291,11 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     console = console or driver_console()
     eval_dir, loaded, run_dir = prepare_eval_dir(targets, overrides, steps, output, template)
     config = loaded.config
-    device = start_ray(config, plan(loaded).world_size, pools_per_worker=2)  # its own pool and one other task's
+    try:
+        device = start_ray(config, plan(loaded).world_size, pools_per_worker=2)  # its own pool and one other task's
+    except BaseException:
+        _remove_unstarted(eval_dir)
+        raise
     console.print(f"[bold]evaluation directory[/bold] {eval_dir}")
     started = time.perf_counter()
     loaded, tasks, skipped = skip_incompatible_tasks(eval_dir, loaded)

@@ -255,3 +255,26 @@ def test_a_benchmark_of_a_simulator_not_installed_here_is_refused_before_it_star
     assert len(errors) == 1, errors
     assert "eval.benchmark: the tasks of simulator 'libero' cannot run here: LIBERO is not installed" in errors[0]
     assert not (run_dir / "eval").exists()
+
+
+def test_an_evaluation_stopped_before_ray_starts_leaves_no_directory(tmp_path, capsys, monkeypatch):
+    """A cluster that refuses the driver (no token) stops ``vla-rl eval`` in one line; the
+    evaluation directory it had just made, holding only its template, is removed (it was left
+    behind), while a directory holding an earlier evaluation keeps everything."""
+    import vla_rl.workers.group as workers_group
+    from vla_rl.errors import RunStopped
+
+    def refused(*args, **kwargs):
+        raise RunStopped("the Ray cluster at 127.0.0.1:6390 refused this driver's token")
+
+    monkeypatch.setattr(workers_group, "start_ray", refused)
+    run_dir = write_run(tmp_path, "embodied_srpo", ["policy.config.hidden_sizes=[8]"],
+                        MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
+    assert main(["eval", str(run_dir), *EVAL, "--output", str(tmp_path / "eval1")]) == 1
+    assert "refused this driver's token" in capsys.readouterr().err
+    assert not (tmp_path / "eval1").exists()
+    earlier = tmp_path / "eval2"
+    earlier.mkdir()
+    (earlier / "report.json").write_text('{"earlier": "report"}')
+    assert main(["eval", str(run_dir), *EVAL, "--output", str(earlier)]) == 1
+    assert (earlier / "report.json").read_text() == '{"earlier": "report"}' and (earlier / "template.yaml").exists()
