@@ -403,12 +403,12 @@ def _check_trajectory_encoder(config) -> None:
     reads files (its class's ``check_config``: V-JEPA 2's ``model_dir``); found by the workers'
     first reward before, after the demonstrations and behaviour cloning (3 min 30 s on the 2-core
     machine), as a Ray traceback."""
-    from vla_rl.nodes.reward import embeds_trajectories
+    from vla_rl.algorithms.rewards import EMBODIED_REWARDS
     from vla_rl.rewards.trajectory_encoders import TRAJECTORY_ENCODERS
 
     name = config.algorithm.trajectory_encoder
     check = getattr(TRAJECTORY_ENCODERS.get(name), "check_config", None)
-    if check is None or not embeds_trajectories(config):
+    if check is None or not EMBODIED_REWARDS.traits(config.algorithm.reward).embeddings:
         return
     try:
         check(config.algorithm.options("trajectory_encoder"))
