@@ -243,53 +243,60 @@ class RobosuiteEnvConfig:
         return 8 if self.robot == "Panda" else None
 
     def __post_init__(self) -> None:
+        """Raises: ComponentConfigError (a ValueError) naming the setting at fault (``task``,
+        ``robot``, ``controller``, ``control_freq``, ``obs_keys``): a template names it as
+        ``simulator.env.<setting>``."""
         if self.task not in SINGLE_ARM_TASKS:
-            raise ValueError(f"task must be a single-arm robosuite task, one of {', '.join(SINGLE_ARM_TASKS)}; "
-                             f"got {self.task!r}")
+            raise ComponentConfigError("task", f"task must be a single-arm robosuite task, one of "
+                                               f"{', '.join(SINGLE_ARM_TASKS)}; got {self.task!r}")
         if self.robot not in SINGLE_ARM_ROBOTS:
-            raise ValueError(f"robot must be a single-arm robosuite robot, one of {', '.join(SINGLE_ARM_ROBOTS)}; "
-                             f"got {self.robot!r}")
+            raise ComponentConfigError("robot", f"robot must be a single-arm robosuite robot, one of "
+                                                f"{', '.join(SINGLE_ARM_ROBOTS)}; got {self.robot!r}")
         if self.task in UNSUPPORTED_TASKS:
-            raise ValueError(f"task {self.task!r} is not supported: {UNSUPPORTED_TASKS[self.task]}")
+            raise ComponentConfigError("task", f"task {self.task!r} is not supported: {UNSUPPORTED_TASKS[self.task]}")
         if self.controller not in PART_CONTROLLERS:
-            raise ValueError(f"controller must be one of {PART_CONTROLLERS}, got {self.controller!r}")
+            raise ComponentConfigError("controller", f"controller must be one of {PART_CONTROLLERS}, "
+                                                     f"got {self.controller!r}")
         if self.controller in UNBUILDABLE_CONTROLLERS:
-            raise ValueError(f"controller {self.controller!r} is not supported: "
-                             f"{UNBUILDABLE_CONTROLLERS[self.controller]}")
+            raise ComponentConfigError("controller", f"controller {self.controller!r} is not supported: "
+                                                     f"{UNBUILDABLE_CONTROLLERS[self.controller]}")
         if self.controller == "IK_POSE" and self.robot not in IK_ROBOTS:
-            raise ValueError(f"controller 'IK_POSE' drives only {', '.join(IK_ROBOTS)} in robosuite 1.5.2, not "
-                             f"robot {self.robot!r}; use OSC_POSE")
+            raise ComponentConfigError("controller", f"controller 'IK_POSE' drives only {', '.join(IK_ROBOTS)} in "
+                                                     f"robosuite 1.5.2, not robot {self.robot!r}; use OSC_POSE")
         require_int("horizon", self.horizon, 1)
         if isinstance(self.control_freq, bool) or not isinstance(self.control_freq, (int, float)) or not (
             self.control_freq > 0
         ):
-            raise ValueError(f"control_freq must be a positive number of Hz, got {self.control_freq!r}")
+            raise ComponentConfigError("control_freq", f"control_freq must be a positive number of Hz, got "
+                                                       f"{self.control_freq!r}")
         substeps = PHYSICS_HZ / self.control_freq  # robosuite runs int() of this many 2 ms physics steps
         if substeps < 1 or abs(substeps - round(substeps)) > 1e-9:
             valid = ", ".join(f"{PHYSICS_HZ / n:g}" for n in (1, 2, 4, 5, 10, 20, 25, 50))
-            raise ValueError(f"control_freq must divide robosuite's {PHYSICS_HZ:g} Hz physics into a whole number of "
-                             f"steps (one control step = 500 / control_freq steps of 2 ms; got {self.control_freq!r}, "
-                             f"which robosuite would run as {int(substeps)}): e.g. {valid}")
+            raise ComponentConfigError(
+                "control_freq", f"control_freq must divide robosuite's {PHYSICS_HZ:g} Hz physics into a whole number "
+                f"of steps (one control step = 500 / control_freq steps of 2 ms; got {self.control_freq!r}, which "
+                f"robosuite would run as {int(substeps)}): e.g. {valid}")
         if self.obs_keys is None:
             if self.task not in TASK_STATE_KEYS:
-                raise ValueError(f"task {self.task!r} has no default state keys; set obs_keys (tasks with "
-                                 f"defaults: {', '.join(TASK_STATE_KEYS)})")
+                raise ComponentConfigError("obs_keys", f"task {self.task!r} has no default state keys; set obs_keys "
+                                                       f"(tasks with defaults: {', '.join(TASK_STATE_KEYS)})")
             object.__setattr__(self, "obs_keys", TASK_STATE_KEYS[self.task])
         if isinstance(self.obs_keys, str) or not all(isinstance(key, str) for key in self.obs_keys):
-            raise ValueError(f"obs_keys must be a sequence of key names, got {self.obs_keys!r}")
+            raise ComponentConfigError("obs_keys", f"obs_keys must be a sequence of key names, got {self.obs_keys!r}")
         object.__setattr__(self, "obs_keys", tuple(self.obs_keys))  # YAML gives lists
         if not self.obs_keys or len(set(self.obs_keys)) != len(self.obs_keys):
-            raise ValueError(f"obs_keys must be non-empty and without repeats, got {self.obs_keys!r}")
+            raise ComponentConfigError("obs_keys", f"obs_keys must be non-empty and without repeats, got "
+                                                   f"{self.obs_keys!r}")
         if self.render_camera is not None and (not isinstance(self.render_camera, str) or not self.render_camera):
-            raise ValueError(
-                f"render_camera must be a camera name such as 'agentview' or None, got {self.render_camera!r}"
-            )
+            raise ComponentConfigError("render_camera", f"render_camera must be a camera name such as 'agentview' or "
+                                                        f"None, got {self.render_camera!r}")
         require_int("render_size", self.render_size, 8)
         if isinstance(self.cameras, str) or not all(isinstance(c, str) and c for c in self.cameras):
-            raise ValueError(f"cameras must be a sequence of camera names such as ('agentview',), got {self.cameras!r}")
+            raise ComponentConfigError("cameras", f"cameras must be a sequence of camera names such as "
+                                                  f"('agentview',), got {self.cameras!r}")
         object.__setattr__(self, "cameras", tuple(self.cameras))  # YAML gives lists
         if len(set(self.cameras)) != len(self.cameras):
-            raise ValueError(f"cameras must not repeat a camera, got {self.cameras!r}")
+            raise ComponentConfigError("cameras", f"cameras must not repeat a camera, got {self.cameras!r}")
         require_int("camera_size", self.camera_size, 8)
         if not isinstance(self.fast_rendering, bool):
             raise ValueError(f"fast_rendering must be true or false, got {self.fast_rendering!r}")

@@ -199,7 +199,11 @@ def test_bad_algorithm_settings_are_rejected(overrides, message):
 @pytest.mark.parametrize(
     ("overrides", "field", "message"),
     [
-        (["simulator.env.task=Stak"], "simulator.env", "task must be a single-arm robosuite task"),
+        (["simulator.env.task=Stak"], "simulator.env.task", "task must be a single-arm robosuite task"),
+        (["simulator.env.controller=JOINT_VELOCITY"], "simulator.env.controller",
+         "controller 'JOINT_VELOCITY' is not supported"),
+        (["simulator.env.controller=IK_POSE", "simulator.env.robot=UR5e"], "simulator.env.controller",
+         "controller 'IK_POSE' drives only"),
         (["simulator.env.horizon=zero"], "simulator.env.horizon", "valid integer"),
         (["simulator.env.tsk=Lift"], "simulator.env.tsk", "unknown key for RobosuiteEnvConfig; allowed: task"),
         (["simulator.name=robosuit"], "simulator.name", "unknown simulator 'robosuit'"),

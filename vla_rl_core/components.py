@@ -84,7 +84,9 @@ def build_config(config_class: type, options: Mapping[str, Any] | None, field: s
 
     Raises:
         ComponentConfigError: an unknown key (naming it and the accepted ones), a non-finite
-            number, a boolean for a setting that takes none, a value of the wrong type, or a value the class's own validation rejects.
+            number, a boolean for a setting that takes none, a value of the wrong type, or a
+            value the class's own validation rejects (a ``ComponentConfigError`` it raises names
+            its setting: ``field.<setting>``).
     """
     options = dict(options or {})
     for key, value in options.items():
@@ -106,7 +108,10 @@ def build_config(config_class: type, options: Mapping[str, Any] | None, field: s
         error = exc.errors()[0]
         loc = ".".join(str(part) for part in error["loc"])
         if error["type"] == "value_error":
-            message = str(error["ctx"]["error"])
+            cause = error["ctx"]["error"]
+            if isinstance(cause, ComponentConfigError):  # the class's own check names its setting
+                raise ComponentConfigError(f"{field}.{cause.field}", cause.message) from None
+            message = str(cause)
         elif error["type"] == "missing":
             message = "required but missing"
         else:
