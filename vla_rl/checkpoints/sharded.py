@@ -21,6 +21,7 @@ them. The critic of PPO with GAE, under FSDP too, has its own DCP directory of t
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -112,7 +113,9 @@ def load_sharded_model(directory: str | Path, module: nn.Module) -> None:
         raise FileNotFoundError(f"checkpoint file {source / DCP_METADATA} is missing")
     state = {"model": module.state_dict()}  # views of the module's tensors: DCP copies into them
     try:
-        dcp.load(state, checkpoint_id=str(source), no_dist=True)
+        with warnings.catch_warnings():  # DCP warns that it loads in one process even when asked to
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+            dcp.load(state, checkpoint_id=str(source), no_dist=True)
     except Exception as err:  # DCP raises CheckpointException wrapping the per-rank failures
         raise RuntimeError(f"{source}: the sharded weights do not fit the policy: {err}") from err
 
