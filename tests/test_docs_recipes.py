@@ -28,16 +28,16 @@ USER_MODEL = re.compile(r"^policy\.config\.model_path=/(data|models)/\S+$")
 USER_DATASET = re.compile(r"^warm_start\.dataset=/data/")
 
 
-def train_commands(page: str) -> list[list[str]]:
-    """The arguments after `vla-rl train` of every such command in ``page``'s bash blocks
-    (backslash-continued lines joined)."""
+def train_commands(page: str, command: str = "train") -> list[list[str]]:
+    """The arguments after `vla-rl train` (or another ``command``) of every such command in
+    ``page``'s bash blocks (backslash-continued lines joined)."""
     text = (ROOT / page).read_text()
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             for start, word in enumerate(words):
-                if word.endswith("vla-rl") and words[start + 1:start + 2] == ["train"]:
+                if word.endswith("vla-rl") and words[start + 1:start + 2] == [command]:
                     commands.append(words[start + 2:])
     return commands
 
@@ -93,3 +93,38 @@ def test_every_train_command_of_the_page_plans(page, tiny_checkpoint, capsys):
             check_simulator(loaded.config)
         except (PreflightError, TemplateError) as err:
             pytest.fail(f"{page}: vla-rl train {shlex.join(command)}\n{err}")
+
+
+def test_every_eval_command_of_a_template_policy_prepares(tmp_path, monkeypatch):
+    """`vla-rl eval --policy-from TEMPLATE ...` commands: their model directory replaced by a tiny
+    checkpoint of the policy the command configures (its action head included), each prepares its
+    evaluation (the pre-flight of the evaluation template, the tasks, the resolved template) as
+    written; the simulators' optional packages (LIBERO) are not checked."""
+    import torch
+
+    import vla_rl.eval_driver as eval_driver
+    import vla_rl.preflight as preflight_module
+    from policies import POLICIES
+
+    monkeypatch.setattr(preflight_module, "check_local_packages", lambda config: None)
+    monkeypatch.setattr(eval_driver, "check_task_simulators", lambda config, tasks: None)
+    commands = [(page, c) for page in PAGES for c in train_commands(page, "eval") if "--policy-from" in c]
+    assert {page for page, _ in commands} >= {"README.md", "docs/evaluation.md"}
+    for number, (page, command) in enumerate(commands):
+        template = command[command.index("--policy-from") + 1]
+        overrides = [word for word in command if "=" in word and not word.startswith("-")]
+        policy = load_template(template, [o for o in overrides if o.startswith(("policy.", "simulator."))
+                                          and not o.startswith(("policy.config.model_path=",
+                                                                "policy.config.architecture="))]).config.policy
+        config = policy.policy_config()
+        config.action_statistics = {"q01": [-1.0] * config.action_dim, "q99": [1.0] * config.action_dim}
+        torch.manual_seed(0)
+        model = POLICIES.get(policy.name)(config)
+        directory = model.save_pretrained(tmp_path / f"model{number}")
+        model.tokenizer.save_pretrained(str(directory))
+        overrides = [f"policy.config.model_path={directory}" if o.startswith("policy.config.model_path=") else o
+                     for o in overrides if not o.startswith("workers.device=")]
+        try:
+            eval_driver.prepare_eval_dir([], overrides, output=str(tmp_path / f"eval{number}"), policy_from=template)
+        except (ValueError, TemplateError) as err:
+            pytest.fail(f"{page}: vla-rl eval {shlex.join(command)}\n{err}")

@@ -27,14 +27,23 @@ from rich.markup import escape
 
 from vla_rl.dag.errors import TemplateError
 from vla_rl.evaluation.targets import EvalInputError, find_checkpoints
-from vla_rl_core.run_layout import EVAL_DIR, RUN_TEMPLATE
+from vla_rl_core.run_layout import CHECKPOINTS_DIR, EVAL_DIR, RUN_TEMPLATE
 
 EVAL_TEMPLATE = "eval_rollout"
 
 
 def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] | None = None,
-                     output: str | None = None, template: str = EVAL_TEMPLATE):
+                     output: str | None = None, template: str = EVAL_TEMPLATE, policy_from: str | None = None):
     """Create the evaluation directory and write its resolved template.
+
+    With ``policy_from`` (a training template's name or YAML file) instead of ``targets``, the
+    policy evaluated is the one that template builds, before any training: its pretrained weights
+    (``policy.config.model_path``, e.g. a published OpenVLA-OFT checkpoint; its ``policy.`` and
+    ``simulator.`` overrides apply), without warm start, reported as training step 0; the
+    evaluation template is checked as a run's (:func:`~vla_rl.preflight.preflight`: the model
+    directory included) before anything is written, and the default directory is
+    ``<run.output_dir>/eval_<model directory name>`` (without a model directory
+    ``eval_<template name>``).
 
     The evaluation template's ``config`` takes the run's ``policy`` and ``simulator`` sections (the
     checkpoints' architecture and tasks; with a task set, one initial state of each task per
@@ -48,25 +57,41 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
         ``(evaluation directory, loaded template, run directory)``.
 
     Raises:
-        EvalInputError: bad targets, a text run, an evaluation setting that does not resolve
+        EvalInputError: bad targets (or both targets and ``policy_from``, or ``steps`` with
+            ``policy_from``), a text run or template, an evaluation setting that does not resolve
             (``eval.num_episodes=0`` included), a damaged episode store in the evaluation directory
-            (``DamagedStoreError``), or one holding episodes of other task settings, all before
-            anything is written.
-        TemplateError: a bad template or override.
+            (``DamagedStoreError``), one holding episodes of other task settings, or an evaluation
+            directory holding an evaluation of another policy, all before anything is written.
+        TemplateError: a bad template or override (:class:`~vla_rl.preflight.PreflightError`'s
+            message with ``policy_from``: a missing or unusable model directory).
     """
     from vla_rl.dag.loader import load_template
     from vla_rl.dag.planner import plan
     from vla_rl.evaluation.episode_store import check_stores, check_task_settings
     from vla_rl.preflight import check_local_packages, preflight
 
-    run_dir, checkpoints = find_checkpoints(targets, steps)
-    from vla_rl.run_dir import RunDirectory
+    if policy_from is None:
+        run_dir, checkpoints = find_checkpoints(targets, steps)
+        from vla_rl.run_dir import RunDirectory
 
-    # the run's own template, with the overrides of its resumes
-    run_config = load_template(run_dir / RUN_TEMPLATE, RunDirectory.reopen(run_dir).recorded_overrides()).config
+        # the run's own template, with the overrides of its resumes
+        run_config = load_template(run_dir / RUN_TEMPLATE, RunDirectory.reopen(run_dir).recorded_overrides()).config
+        what = run_dir
+    else:
+        if targets or steps is not None:
+            raise EvalInputError(f"--policy-from {policy_from} evaluates the policy that template builds: name no "
+                                 f"run or checkpoint directory ({', '.join(targets)}) and no --steps with it"
+                                 if targets else f"--steps selects a run's checkpoints; --policy-from {policy_from} "
+                                 "evaluates the policy that template builds, before any training")
+        run_dir, checkpoints = None, []
+        source = [o for o in overrides if o.split(".", 1)[0] in (*COPIED_SECTIONS, "run")]
+        run_config = load_template(policy_from, source).config
+        what = f"template {policy_from}"
     if run_config.run.workflow != "embodied":
-        raise EvalInputError(f"{run_dir} is a text run; vla-rl eval evaluates embodied policies")
-    preflight(load_template(run_dir / RUN_TEMPLATE))  # the policy's pretrained checkpoint, before eval_dir exists
+        raise EvalInputError(f"{what} is a text {'run' if run_dir else 'template'}; vla-rl eval evaluates embodied "
+                             "policies")
+    if run_dir is not None:
+        preflight(load_template(run_dir / RUN_TEMPLATE))  # the policy's pretrained checkpoint, before eval_dir exists
     check_local_packages(run_config)  # the simulator's optional extra
     raw = copy.deepcopy(load_template(template).raw)
     config = raw.setdefault("config", {})
@@ -79,7 +104,8 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     config.setdefault("eval", {})["checkpoints"] = [str(p) for p in checkpoints]
     if "video_camera" in run_config.eval.model_fields_set:  # the run's camera (else the simulator's own)
         config["eval"]["video_camera"] = run_config.eval.video_camera
-    eval_dir = Path(output) if output else run_dir / EVAL_DIR
+    # absolute: the workers (on a cluster, in other working directories) open its template
+    eval_dir = (Path(output) if output else default_eval_dir(run_dir, run_config, policy_from)).absolute()
     _check_output(eval_dir, run_dir, output is not None)
     _check_checkpoints(checkpoints)  # a damaged checkpoint, before Ray, workers and simulators start
     check_stores(eval_dir)  # a damaged episode store is refused before anything is written
@@ -90,9 +116,10 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
         _write_yaml(Path(scratch) / RUN_TEMPLATE, raw)
         try:
             loaded = load_template(Path(scratch) / RUN_TEMPLATE, overrides)
-            plan(loaded)
+            plan(loaded) if run_dir is not None else preflight(loaded)  # a template's model directory: here
         except TemplateError as err:
             raise TemplateError(err.message, file=resolved, node=err.node, field=err.field) from None
+    _check_same_policy(eval_dir, loaded.raw["config"]["policy"], output is not None)
     if loaded.config.eval.num_episodes == 0:
         raise EvalInputError("eval.num_episodes=0: an evaluation runs at least one episode of each task")
     tasks = resolve_tasks_or_fail(loaded.config)
@@ -109,7 +136,49 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     return eval_dir, load_template(resolved), run_dir
 
 
-def _check_output(eval_dir: Path, run_dir: Path, chosen: bool) -> None:
+COPIED_SECTIONS = ("policy", "simulator")
+"""The sections of the evaluated run's (or template's) config the evaluation template takes whole."""
+
+
+def default_eval_dir(run_dir: Path | None, run_config, policy_from: str | None) -> Path:
+    """``<run>/eval``; for ``--policy-from``, ``<run.output_dir>/eval_<model directory name>``
+    (``eval_<template name>`` for a policy without one)."""
+    if run_dir is not None:
+        return run_dir / EVAL_DIR
+    model_path = run_config.policy.config.get("model_path")
+    name = Path(model_path).name if model_path else Path(policy_from).stem
+    return Path(run_config.run.output_dir) / f"eval_{name}"
+
+
+def _check_same_policy(eval_dir: Path, policy: dict, chosen: bool) -> None:
+    """An existing evaluation in ``eval_dir`` (its ``template.yaml``) must be of the same policy
+    section, so that a continued evaluation never pools episodes of two policies.
+
+    Raises:
+        EvalInputError: naming the first differing field and both values.
+    """
+    resolved = eval_dir / RUN_TEMPLATE
+    if not resolved.is_file():
+        return
+    earlier = (yaml.safe_load(resolved.read_text()) or {}).get("config", {}).get("policy")
+    if earlier is None or earlier == {key: policy.get(key) for key in earlier}:  # a section field added since: same
+        return
+    field, was, now = _first_difference(earlier, policy, "policy")
+    flag = "--output " if chosen else ""
+    raise EvalInputError(f"{flag}{eval_dir} holds an evaluation of another policy ({field}: {was!r} there, {now!r} "
+                         "here); name another --output")
+
+
+def _first_difference(a, b, path: str) -> tuple[str, object, object]:
+    """The dotted path of the first value that differs between two YAML trees, and both values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            if a.get(key) != b.get(key):
+                return _first_difference(a.get(key), b.get(key), f"{path}.{key}")
+    return path, a, b
+
+
+def _check_output(eval_dir: Path, run_dir: Path | None, chosen: bool) -> None:
     """``--output`` (``chosen``) or the run's ``eval/``: a directory to write an evaluation into.
 
     Raises:
@@ -119,10 +188,10 @@ def _check_output(eval_dir: Path, run_dir: Path, chosen: bool) -> None:
     flag = "--output " if chosen else ""
     if eval_dir.exists() and not eval_dir.is_dir():
         raise EvalInputError(f"{flag}{eval_dir} is a file; the evaluation writes a directory there")
-    if chosen and (eval_dir.resolve() == run_dir.resolve() or (eval_dir / "checkpoints").is_dir()):
-        raise EvalInputError(f"--output {eval_dir} is a training run's directory (it holds checkpoints/); an "
-                             "evaluation would replace its template.yaml: name a new directory, or leave --output "
-                             f"out ({run_dir / EVAL_DIR})")
+    if (eval_dir / CHECKPOINTS_DIR).is_dir() or (run_dir is not None and eval_dir.resolve() == run_dir.resolve()):
+        raise EvalInputError(f"{flag}{eval_dir} is a training run's directory (it holds checkpoints/); an "
+                             "evaluation would replace its template.yaml: name a new directory"
+                             + (f", or leave --output out ({run_dir / EVAL_DIR})" if run_dir is not None else ""))
 
 
 def _check_checkpoints(checkpoints: list[Path]) -> None:
@@ -246,12 +315,18 @@ def resolve_tasks_or_fail(config):
         raise EvalInputError(str(err)) from None
 
 
-def protocol_info(config, run_dir: Path, tasks, protocols, steps: list[int]) -> dict:
-    """How the evaluation runs, as the reports state it."""
+def protocol_info(config, run_dir: Path | None, tasks, protocols, steps: list[int],
+                  policy_from: str | None = None) -> dict:
+    """How the evaluation runs, as the reports state it: ``run_dir`` and its checkpoints, or
+    (``policy_from``, ``run_dir`` None) the template whose policy is evaluated untrained, as one
+    checkpoint of step 0 without a path."""
     ev = config.eval
+    checkpoints = [{"path": p, "step": s} for p, s in zip(ev.checkpoints, steps)]
     return {
-        "run_dir": str(run_dir),
-        "checkpoints": [{"path": p, "step": s} for p, s in zip(ev.checkpoints, steps)],
+        "run_dir": None if run_dir is None else str(run_dir),
+        "policy_from": policy_from,
+        "model_path": config.policy.config.get("model_path"),
+        "checkpoints": checkpoints if ev.checkpoints else [{"path": None, "step": step} for step in steps],
         "tasks": [{"name": t.name, "simulator": t.simulator, "env": t.env} for t in tasks],
         "protocols": [{"label": p.label, "greedy": p.greedy, "temperature": p.temperature} for p in protocols],
         "episodes_per_task": ev.num_episodes,
@@ -264,7 +339,7 @@ def protocol_info(config, run_dir: Path, tasks, protocols, steps: list[int]) -> 
 
 
 def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None = None, output: str | None = None,
-             template: str = EVAL_TEMPLATE, console=None) -> dict:
+             template: str = EVAL_TEMPLATE, console=None, policy_from: str | None = None) -> dict:
     """Evaluate checkpoints end to end (see the module docstring).
 
     Args:
@@ -274,6 +349,8 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
         output: the evaluation directory (default ``<run_dir>/eval``).
         template: the evaluation template.
         console: a ``rich.console.Console``.
+        policy_from: instead of ``targets``, the training template whose policy is evaluated before
+            any training (see :func:`prepare_eval_dir`).
 
     Returns:
         The JSON report (also ``<eval_dir>/report.json``).
@@ -289,7 +366,7 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     from vla_rl.workers.group import WorkerGroup, run_evaluation, start_ray
 
     console = console or driver_console()
-    eval_dir, loaded, run_dir = prepare_eval_dir(targets, overrides, steps, output, template)
+    eval_dir, loaded, run_dir = prepare_eval_dir(targets, overrides, steps, output, template, policy_from)
     config = loaded.config
     try:
         device = start_ray(config, plan(loaded).world_size, pools_per_worker=2)  # its own pool and one other task's
@@ -304,9 +381,10 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     config = loaded.config
     ev = config.eval
     protocols = eval_protocols(ev)
-    ckpt_steps = [checkpoint_step(Path(p)) for p in ev.checkpoints]
+    # the policy as built: the workers evaluate it as their live policy at step 0 (run_evaluation's)
+    ckpt_steps = [checkpoint_step(Path(p)) for p in ev.checkpoints] or [0]
     ids = ev.init_state_offset + np.arange(ev.num_episodes)
-    info = protocol_info(config, run_dir, tasks, protocols, ckpt_steps)
+    info = protocol_info(config, run_dir, tasks, protocols, ckpt_steps, policy_from)
     progress = ReportProgress(eval_dir, info, tasks, skipped, ckpt_steps, protocols, ids)
     progress.update()  # tasks an interrupted evaluation finished
     workers = None

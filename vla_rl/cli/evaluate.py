@@ -13,18 +13,23 @@ def add_eval_command(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "eval",
         help="evaluate checkpoints with rollouts (the eval_rollout template on the DAG workers)",
-        description="Roll out checkpoints on a benchmark's tasks under the greedy and/or sampled protocol. "
+        description="Roll out checkpoints (or, with --policy-from, the policy a training template builds before any "
+        "training, e.g. a published checkpoint) on a benchmark's tasks under the greedy and/or sampled protocol. "
         "Writes <run>/eval/ (or --output): every episode in zarr, videos, report.md, report.json and a "
         "success-vs-checkpoint plot. Running it again continues an interrupted evaluation.",
     )
     parser.add_argument(
         "items",
-        nargs="+",
+        nargs="*",
         metavar="TARGET|KEY=VALUE",
-        help="run directories (all their checkpoints) or checkpoint directories, then dotted overrides of "
-        "the evaluation template: eval.num_episodes=20, eval.protocols=[greedy], eval.temperature=0.5, "
-        "eval.benchmark=robosuite",
+        help="run directories (all their checkpoints) or checkpoint directories (none with --policy-from), then "
+        "dotted overrides of the evaluation template: eval.num_episodes=20, eval.protocols=[greedy], "
+        "eval.temperature=0.5, eval.benchmark=robosuite",
     )
+    parser.add_argument("--policy-from", default=None, metavar="TEMPLATE",
+                        help="instead of checkpoints, evaluate the policy this training template builds, before any "
+                        "training: its pretrained weights, e.g. a published checkpoint with "
+                        "policy.config.model_path=DIR (default output: outputs/eval_<model directory name>)")
     parser.add_argument("--steps", type=_steps, default=None, metavar="S1,S2",
                         help="evaluate only the checkpoints of these training steps")
     parser.add_argument("--output", default=None, metavar="DIR", help="evaluation directory (default: <run>/eval)")
@@ -49,9 +54,10 @@ def run_eval(args: argparse.Namespace) -> int:
 
     targets = [item for item in args.items if "=" not in item]
     overrides = [item for item in args.items if "=" in item]
-    if not targets:
-        raise EvalInputError("name a run directory or checkpoint directory to evaluate")
-    evaluate(targets, overrides, steps=args.steps, output=args.output, template=args.template)
+    if not targets and args.policy_from is None:
+        raise EvalInputError("name a run directory or checkpoint directory to evaluate (or --policy-from TEMPLATE)")
+    evaluate(targets, overrides, steps=args.steps, output=args.output, template=args.template,
+             policy_from=args.policy_from)
     return 0
 
 

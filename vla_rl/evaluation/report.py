@@ -185,10 +185,17 @@ def write_report(eval_dir: Path, protocol_info: dict, rows: list[dict], skipped:
     info = protocol_info
     protocols = ", ".join(p["label"] for p in info["protocols"])
     unfinished = [name for name, state in status.items() if state in (INCOMPLETE, PENDING)]
+    if info.get("policy_from"):  # vla-rl eval --policy-from: the template's policy, untrained
+        model = f" (policy.config.model_path {info['model_path']})" if info.get("model_path") else ""
+        title, evaluated = f"the policy of template {info['policy_from']}{model}", (
+            "- checkpoint: none, the policy as the template builds it, before any training (reported as step 0)")
+    else:
+        title = info["run_dir"]
+        evaluated = f"- checkpoints (training step): {', '.join(str(c['step']) for c in info['checkpoints'])}"
     text = [
-        f"# Evaluation of {info['run_dir']}",
+        f"# Evaluation of {title}",
         "",
-        f"- checkpoints (training step): {', '.join(str(c['step']) for c in info['checkpoints'])}",
+        evaluated,
         f"- tasks: {', '.join(t['name'] + ' (' + t['simulator'] + ', ' + status[t['name']] + ')' for t in info['tasks'])}",
         f"- protocols: {protocols} (greedy: the policy's mode; sampled@T: sampled at temperature T, "
         "for the Gaussian MLP policy the std scaled by T)",

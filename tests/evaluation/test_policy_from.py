@@ -1,0 +1,121 @@
+"""`vla-rl eval --policy-from TEMPLATE`: the policy a training template builds, evaluated before
+any training (a published checkpoint through ``policy.config.model_path``), here a tiny
+OpenVLA-OFT with OFT's L1-regression head saved in the published layout, which no training
+template can train and `vla-rl eval` of a run's checkpoints could therefore not reach."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from devices import device_overrides
+
+from vla_rl.cli import main
+from vla_rl.dag.loader import load_template
+from vla_rl.dag.registry import WORKFLOWS
+from vla_rl.eval_driver import prepare_eval_dir
+
+TEMPLATE = "embodied_srpo_oft_lift"
+
+
+def _model_dir(path, seed: int):
+    """A tiny OFT with the L1 head, as the template configures it, saved in the published layout."""
+    config = load_template(TEMPLATE, ["policy.config.action_head=l1_regression"]).config
+    torch.manual_seed(seed)
+    policy = WORKFLOWS.get("embodied").standalone_policy(config, path.parent / f"scratch_{seed}")
+    out = policy.save_pretrained(path)
+    policy.tokenizer.save_pretrained(str(out))
+    return out, policy
+
+
+@pytest.fixture(scope="module")
+def oft_l1(tmp_path_factory):
+    return _model_dir(tmp_path_factory.mktemp("models") / "oft_l1", seed=0)
+
+
+def _overrides(model_dir) -> list[str]:
+    return ["policy.config.architecture=null", f"policy.config.model_path={model_dir}",
+            "policy.config.action_head=l1_regression", "eval.protocols=[greedy]"]
+
+
+def test_the_evaluation_builds_the_saved_policy_and_evaluates_it_as_step_0(oft_l1, tmp_path, monkeypatch):
+    model_dir, saved = oft_l1
+    monkeypatch.chdir(tmp_path)
+    eval_dir, loaded, run_dir = prepare_eval_dir([], _overrides(model_dir), policy_from=TEMPLATE)
+    assert run_dir is None and eval_dir == tmp_path / "outputs" / "eval_oft_l1"  # named after the model directory
+    config = loaded.config
+    assert config.eval.checkpoints == [] and config.eval.store_episodes  # the workers' live policy, stored
+    assert config.warm_start.num_demos == 0
+    built = WORKFLOWS.get("embodied").standalone_policy(config, tmp_path / "scratch")
+    got, expected = _fold_cls_position(built.state_dict()), _fold_cls_position(saved.state_dict())
+    assert sorted(got) == sorted(expected)
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in got.items())
+
+
+def _fold_cls_position(state: dict) -> dict:
+    """The state with the DINOv2 tower's CLS position added into its CLS token, as the published
+    (timm) layout stores it (policies/openvla/checkpoint_prismatic.py): the CLS input
+    ``cls + pos_0`` is what the tower computes with."""
+    prefix = "vla.vision_backbone.featurizer.model.embeddings."
+    state = dict(state)
+    position = state[prefix + "position_embeddings"]
+    state[prefix + "cls_token"] = state[prefix + "cls_token"] + position[:, :1]
+    state[prefix + "position_embeddings"] = torch.cat([torch.zeros_like(position[:, :1]), position[:, 1:]], dim=1)
+    return state
+
+
+def test_refusals_name_what_is_wrong_before_anything_is_written(oft_l1, tmp_path, capsys):
+    model_dir, _ = oft_l1
+    out = tmp_path / "eval"
+    cases = [
+        (["eval", str(tmp_path), "--policy-from", TEMPLATE], "name no run or checkpoint directory"),
+        (["eval", "--steps", "5", "--policy-from", TEMPLATE], "--steps selects a run's checkpoints"),
+        (["eval", "--policy-from", "llm_grpo"], "template llm_grpo is a text template"),
+        (["eval", "--policy-from", TEMPLATE, *_overrides(tmp_path / "missing")], "policy.config.model_path"),
+        (["eval"], "(or --policy-from TEMPLATE)"),
+    ]
+    for argv, message in cases:
+        assert main([*argv, "--output", str(out)]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+        assert not out.exists()
+
+
+def test_an_evaluation_directory_of_another_policy_is_refused(oft_l1, tmp_path, capsys):
+    """Continuing an evaluation pools its stored episodes with the new ones: those of another
+    model directory would be counted as this one's."""
+    model_dir, _ = oft_l1
+    other, _ = _model_dir(tmp_path / "other_oft", seed=1)
+    out = tmp_path / "eval"
+    prepare_eval_dir([], _overrides(model_dir), output=str(out), policy_from=TEMPLATE)
+    written = (out / "template.yaml").read_text()
+    assert main(["eval", "--policy-from", TEMPLATE, *_overrides(other), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{out} holds an evaluation of another policy (policy.config.model_path: '{model_dir}' there, " in err
+    assert (out / "template.yaml").read_text() == written
+    prepare_eval_dir([], _overrides(model_dir), output=str(out), policy_from=TEMPLATE)  # the same one continues
+
+
+def test_a_published_l1_checkpoint_is_evaluated_end_to_end(ray_on_loopback, oft_l1, tmp_path):
+    """Through the CLI on Ray: greedy episodes of the L1 head (no log-probs), a report of step 0
+    naming the template and the model directory, and a video."""
+    from vla_rl.data.trajectory_store import TrajectoryStore
+
+    model_dir, _ = oft_l1
+    out = tmp_path / "eval"
+    assert main(["eval", "--policy-from", TEMPLATE, *_overrides(model_dir), *device_overrides(num_workers=1),
+                 "workers.num_workers=1", "eval.num_episodes=2", "eval.video_episodes=1", "eval.video_size=32",
+                 "simulator.env.horizon=16", "simulator.num_cpus_per_actor=0", "--output", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert [(r["checkpoint_step"], r["protocol"], r["episodes"]) for r in report["results"]] == [(0, "greedy", 2)]
+    assert report["protocol"]["policy_from"] == TEMPLATE and report["protocol"]["model_path"] == str(model_dir)
+    assert report["protocol"]["run_dir"] is None
+    assert report["protocol"]["checkpoints"] == [{"path": None, "step": 0}]
+    assert f"# Evaluation of the policy of template {TEMPLATE} (policy.config.model_path {model_dir})" in (
+        out / "report.md").read_text()
+    store = TrajectoryStore.open(out / "episodes" / "robosuite_lift" / "rank0.zarr", read_only=True)
+    episode = store.read_episode(0)
+    assert len(store) == 2 and "log_probs" not in episode and episode["actions"].shape[1:] == (8, 7)
+    assert int(episode["checkpoint_step"]) == 0 and bool(episode["greedy"])
+    assert len(list((out / "videos" / "robosuite_lift").glob("step0_greedy_*.mp4"))) == 1
