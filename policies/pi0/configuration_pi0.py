@@ -367,7 +367,9 @@ class PI0PolicyConfig:
         """
         owner = "PI0PolicyConfig"
         if (self.model_path is None) == (self.architecture is None):
-            raise ValueError(f"{owner}: give exactly one of model_path (a local checkpoint) and architecture")
+            raise ValueError(f"{owner}: give exactly one of model_path (a local checkpoint) and architecture"
+                             + ("; both are set: set architecture to null to load model_path"
+                                if self.model_path is not None else ""))
         for name in ("model_path", "tokenizer_path"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

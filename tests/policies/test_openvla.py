@@ -169,8 +169,11 @@ def test_malformed_inputs_raise_naming_the_field(policy, obs):
         policy.log_prob_and_entropy(obs, torch.zeros(3, 7))
     with pytest.raises(ValueError, match="expert_actions"):
         policy.bc_loss(obs, torch.zeros(2, 1, 7))
-    with pytest.raises(ValueError, match="exactly one of model_path"):
+    with pytest.raises(ValueError, match="exactly one of model_path") as neither:
         OpenVLAPolicyConfig()
+    assert "both are set" not in str(neither.value)
+    with pytest.raises(ValueError, match="both are set: set architecture to null to load model_path"):
+        OpenVLAPolicyConfig(model_path="/data/openvla", architecture={"preset": "tiny"})  # a template's tiny model kept
 
 
 def timm_vit_patches(tensors: dict, prefix: str, pixels: torch.Tensor, heads: int, family: str) -> torch.Tensor:

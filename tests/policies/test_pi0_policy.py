@@ -325,6 +325,7 @@ def test_executed_prefix_greedy_and_behaviour_cloning_take_the_whole_model_chunk
     ({"architecture": "huge"}, "architecture"),
     ({"architecture": {"preset": "tiny", "chunk_sise": 3}}, "architecture"),
     ({"model_path": "/nonexistent"}, "model_path"),
+    ({"model_path": "/data/pi0"}, "both are set: set architecture to null to load model_path"),  # the tiny kept
     ({"architecture": {"chunk_size": 4}}, "tokenizer_path"),
     ({"executed_actions": 3}, "executed_actions"),  # does not divide the tiny chunk of 4
     ({"executed_actions": 0}, "executed_actions"),
