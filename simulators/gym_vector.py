@@ -32,6 +32,7 @@ from simulators.registry import make_env
 from simulators.stepping import ChunkedSteps, EpisodeLost, UnobservedSteps
 from simulators.vector import ChunkResult
 from vla_rl_core import keys
+from vla_rl_core.components import ComponentConfigError
 from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import Observations, observation, stack_observations
 
@@ -113,7 +114,8 @@ class GymVector:
         set); creates env 0 (for a task set, one environment per task).
 
         Raises:
-            ValueError: the tasks of a task set differ in a part of their spec (naming both).
+            ComponentConfigError: (a ValueError) ``simulator.tasks``: the tasks of a task set
+                differ in a part of their spec (naming both); the driver reports it in one line.
         """
         if not self._multi_task:
             return env_spec(self._env(0))
@@ -122,7 +124,8 @@ class GymVector:
             differs = specs[0].differences(other)
             if differs:
                 names = [getattr(config, "task_name", str(config)) for config in self._configs]
-                raise ValueError(
+                raise ComponentConfigError(
+                    "simulator.tasks",
                     f"the tasks of a task set must share their observation and action layout and horizon, but "
                     f"{names[task]!r} differs from {names[0]!r} in {differs}: "
                     + "; ".join(f"{key}: {getattr(other, key)} vs {getattr(specs[0], key)}" for key in differs))

@@ -201,6 +201,7 @@ class SimulatorPool:
         self.env_config = config  # as the environments get it (start_services may have set fields)
         self._actor_args = (options, config, envs_per_actor)  # to start an actor again after a fault
         bars = [num_actors if progress and slot == 0 else 0 for slot in range(num_actors)]  # one bar: actor 0's
+        self._creations: list[Any] = []  # the actors' make_envs calls (_start_actor), read when spec fails
         self._actors = [self._start_actor(bar_for) for bar_for in bars]
         self._generations = [0] * num_actors
         self.capacity = num_actors * envs_per_actor  # total number of environments
@@ -219,8 +220,24 @@ class SimulatorPool:
         """The simulator's :class:`~vla_rl_core.env_spec.EnvSpec` (``num_tasks`` set for a task
         set; see :meth:`SimulatorWorker.spec`), asked of one actor once."""
         if self._spec is None:
-            self._spec = ray.get(self._live_actors()[0].spec.remote())
+            try:
+                self._spec = ray.get(self._live_actors()[0].spec.remote())
+            except Exception:
+                self._read_failed_creations()
+                raise
+            self._creations = []
         return self._spec
+
+    def _read_failed_creations(self) -> None:
+        """Read the errors of the actors' environment creations that have failed (a task set whose
+        tasks differ fails in each actor's ``make_envs`` as in ``spec``): Ray prints the traceback
+        of every failed call whose result nobody reads, beside the one error the caller reports."""
+        done, _ = ray.wait(self._creations, num_returns=len(self._creations), timeout=10.0)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except Exception:  # the same failure as spec's, reported by the caller
+                pass
 
     def reset(self, init_state_ids: np.ndarray | Sequence[int],
               task_ids: np.ndarray | Sequence[int] | None = None) -> Observations:
@@ -496,7 +513,7 @@ class SimulatorPool:
         actors (the first actor of a new pool does; a restarted one does not)."""
         options, config, envs_per_actor = self._actor_args
         actor = ray.remote(SimulatorWorker).options(**options).remote(self._env_name, config, envs_per_actor)
-        actor.make_envs.remote(progress=bar_for > 0, num_actors=max(bar_for, 1))
+        self._creations.append(actor.make_envs.remote(progress=bar_for > 0, num_actors=max(bar_for, 1)))
         return actor
 
     def _answer(self, call: _ActorCall, answered: bool) -> dict[str, Any] | None:

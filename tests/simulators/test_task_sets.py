@@ -13,6 +13,7 @@ from simulators import make_env
 from simulators.registry import build_env_config
 from simulators.worker import SimulatorWorker
 from vla_rl_core import keys
+from vla_rl_core.components import ComponentConfigError
 
 TASKS = ["reach-v3", "push-v3", "drawer-close-v3"]
 HORIZON = 50
@@ -77,13 +78,40 @@ def test_a_slot_that_changes_task_reuses_parked_environments(counted_envs):
 
 
 def test_tasks_of_a_set_must_share_their_layout():
-    """robosuite Lift observes 15 values, Stack 20: not one task set."""
+    """robosuite Lift observes 15 values, Stack 20: not one task set; the error names the setting,
+    which the driver reports in one line (a ValueError came back as a Ray traceback)."""
     worker = SimulatorWorker("robosuite", configs(["Lift", "Stack"], "robosuite"), 1)
     try:
-        with pytest.raises(ValueError, match=r"'Stack' differs from 'Lift' in \['obs_dim', 'obs_layout'\]"):
+        with pytest.raises(ComponentConfigError, match=r"'Stack' differs from 'Lift' in \['obs_dim', 'obs_layout'\]") \
+                as error:
             worker.spec()
+        assert error.value.field == "simulator.tasks"
     finally:
         worker.close()
+
+
+def test_a_pool_whose_tasks_differ_reads_every_failed_creation(ray_on_loopback, monkeypatch):
+    """Through the pool: the error crosses Ray naming simulator.tasks, and the failed
+    ``make_envs`` of every actor is read (Ray printed the traceback of each unread one beside the
+    run's one-line error)."""
+    import ray
+
+    from simulators.pool import SimulatorPool
+
+    read, get = [], ray.get
+
+    def recording_get(refs, *args, **kwargs):
+        read.extend(refs if isinstance(refs, list) else [refs])
+        return get(refs, *args, **kwargs)
+
+    monkeypatch.setattr(ray, "get", recording_get)
+    with SimulatorPool("robosuite", [{"task": task, "horizon": HORIZON} for task in ("Lift", "Stack")], num_actors=2,
+                       envs_per_actor=1, actor_options={"num_cpus": 0}) as pool:
+        creations = list(pool._creations)
+        with pytest.raises(ComponentConfigError) as error:
+            pool.spec()
+    assert error.value.field == "simulator.tasks" and len(creations) == 2
+    assert all(ref in read for ref in creations)
 
 
 def test_each_task_has_its_own_expert():
