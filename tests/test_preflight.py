@@ -107,6 +107,18 @@ def pi0_dir(damage: Callable[[Path], Path | None], *extra: str):
     return make
 
 
+def mlp_dir(damage: Callable[[Path], Path | None], hidden_sizes: tuple[int, ...] = (256, 256)):
+    """An MLP policy saved as `vla-rl export` writes it (embodied_srpo's MLP: hidden sizes 256, 256),
+    damaged by ``damage(dir)``."""
+    def make(tmp: Path, assets: Assets):
+        from policies.mlp import MLPPolicy, MLPPolicyConfig
+
+        directory = MLPPolicy(MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=hidden_sizes)).save_pretrained(
+            tmp / "mlp")
+        return [f"policy.config.model_path={directory}"], damage(directory) or directory
+    return make
+
+
 def _missing_tokenizer_path(tmp: Path, assets: Assets):
     directory = copy_dir(assets.pi0, tmp / "pi0")
     return [*PI0_FROM_DIR, f"policy.config.model_path={directory}", f"policy.config.tokenizer_path={tmp / 'none'}"], \
@@ -285,6 +297,15 @@ CASES = [
          "pickle weights are refused.*policy.config.allow_pickle: true", template=VLA),
     Case("VLA missing proprio projector", vla_dir(lambda d: None, "policy.config.proprio_dim=5"),
          "policy.config.model_path", r"needs one proprio_projector--\*checkpoint\.pt", template=VLA),
+    # MLP policy directories (policy.config.model_path: vla-rl export of an MLP run)
+    Case("missing MLP dir", lambda t, a: ([f"policy.config.model_path={t / 'none'}"], t / "none"),
+         "policy.config.model_path", "config.json is missing", template="embodied_srpo"),
+    Case("MLP corrupt config.json", mlp_dir(_write("config.json", b"{")), "policy.config.model_path",
+         "config.json: not valid JSON", template="embodied_srpo"),
+    Case("MLP of another policy", mlp_dir(_write("config.json", b'{"policy": "openvla"}')), "policy.config.model_path",
+         "is not an MLP policy's configuration", template="embodied_srpo"),
+    Case("MLP of other hidden sizes", mlp_dir(lambda d: None, hidden_sizes=(8,)), "policy.config.hidden_sizes",
+         r"holds an MLP policy with hidden_sizes \(8,\), the config gives \(256, 256\)", template="embodied_srpo"),
     # π0 checkpoints (policy.config.model_path, policy.config.tokenizer_path)
     Case("missing π0 dir", lambda t, a: ([*PI0_FROM_DIR, f"policy.config.model_path={t / 'none'}"], t / "none"),
          "policy.config.model_path", "the model directory does not exist", template=PI0),

@@ -31,6 +31,12 @@ class MLPPolicyConfig:
         num_tasks: tasks of a task set; > 0: the policy reads each observation's task id
             (``obs["task_id"]``) and appends its one-hot to the normalised state (set from the
             run's ``simulator.tasks``; 0: one task, flat observations).
+        model_path: a local directory written by ``MLPPolicy.save_pretrained`` (``vla-rl
+            export`` of an MLP run): the policy starts from its weights, log-std and observation
+            statistics. Its ``config.json`` must give the same ``obs_dim``, ``action_dim``,
+            ``hidden_sizes``, ``activation``, ``num_tasks`` and ``learn_std`` (an error names the
+            first that differs); ``init_std`` is then the checkpoint's log-std, not this field.
+            None: a freshly initialised policy.
     """
 
     obs_dim: int
@@ -41,6 +47,7 @@ class MLPPolicyConfig:
     learn_std: bool = True
     min_std: float = 0.01
     num_tasks: int = 0
+    model_path: str | None = None
 
     def __post_init__(self) -> None:
         """Validate the fields.
@@ -71,6 +78,8 @@ class MLPPolicyConfig:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"MLPPolicyConfig.{field} must be a number, got {value!r}")
+        if self.model_path is not None and (not isinstance(self.model_path, str) or not self.model_path):
+            raise ValueError(f"MLPPolicyConfig.model_path must be a local directory, got {self.model_path!r}")
         if not self.min_std > 0:
             raise ValueError(f"MLPPolicyConfig.min_std must be > 0, got {self.min_std!r}")
         if not self.init_std >= self.min_std:

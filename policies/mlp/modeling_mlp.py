@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from policies import register_policy
 from policies.base import Policy
-from policies.checkpoint_files import staged_directory
+from policies.checkpoint_files import FieldError, staged_directory
 from policies.mlp.configuration_mlp import MLPPolicyConfig
 from policies.normalization import fit_mean_std, mean_std_normalize
 from policies.sampling import draw
@@ -49,6 +49,27 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 #: Files of a saved MLP policy (:meth:`MLPPolicy.save_pretrained`).
 MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE = "config.json", "model.safetensors"
+
+
+def _saved_fields(model_dir: Path) -> dict:
+    """The :class:`MLPPolicyConfig` fields of a directory :meth:`MLPPolicy.save_pretrained` wrote.
+
+    Raises:
+        FileNotFoundError: ``config.json`` or ``model.safetensors`` is missing.
+        ValueError: ``config.json`` is not valid JSON or not an MLP policy's.
+    """
+    for name in (MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE):
+        if not (model_dir / name).is_file():
+            raise FileNotFoundError(f"{model_dir / name} is missing (an MLP policy directory holds "
+                                    f"{MODEL_CONFIG_FILE} and {MODEL_WEIGHTS_FILE}, as vla-rl export writes it)")
+    try:
+        fields = json.loads((model_dir / MODEL_CONFIG_FILE).read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{model_dir / MODEL_CONFIG_FILE}: not valid JSON ({error})") from None
+    if not isinstance(fields, dict) or fields.pop("policy", None) != MLPPolicy.name:
+        raise ValueError(f"{model_dir / MODEL_CONFIG_FILE} is not an MLP policy's configuration")
+    fields.pop("model_path", None)
+    return fields
 
 
 class _RowwiseLinearFunction(torch.autograd.Function):
@@ -140,6 +161,9 @@ class MLPPolicy(Policy):
             self.register_buffer("log_std", log_std)
         self.register_buffer("obs_mean", torch.zeros(config.obs_dim))
         self.register_buffer("obs_std", torch.ones(config.obs_dim))
+        if config.model_path is not None:
+            self.check_pretrained(config, sizes=True)
+            self._load_weights(Path(config.model_path))
 
     @property
     def chunk_size(self) -> int:
@@ -165,6 +189,7 @@ class MLPPolicy(Policy):
         """
         with staged_directory(out_dir) as staging:
             config = {"policy": self.name, **dataclasses.asdict(self.config)}
+            del config["model_path"]  # where this policy came from, not what it is
             config["hidden_sizes"] = list(config["hidden_sizes"])
             (staging / MODEL_CONFIG_FILE).write_text(json.dumps(config, indent=2))
             save_model(self, str(staging / MODEL_WEIGHTS_FILE))
@@ -178,20 +203,47 @@ class MLPPolicy(Policy):
             FileNotFoundError: a file is missing.
             ValueError: ``config.json`` is not an MLP policy's, or the weights do not fit it.
         """
-        model_dir = Path(model_dir)
-        for name in (MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE):
-            if not (model_dir / name).is_file():
-                raise FileNotFoundError(f"{model_dir / name} is missing (an MLP policy directory holds "
-                                        f"{MODEL_CONFIG_FILE} and {MODEL_WEIGHTS_FILE})")
-        fields = json.loads((model_dir / MODEL_CONFIG_FILE).read_text())
-        if fields.pop("policy", None) != cls.name:
-            raise ValueError(f"{model_dir / MODEL_CONFIG_FILE} is not an MLP policy's configuration")
-        policy = cls(MLPPolicyConfig(**fields))
-        missing, unexpected = load_model(policy, str(model_dir / MODEL_WEIGHTS_FILE), strict=False)
+        return cls(MLPPolicyConfig(**_saved_fields(Path(model_dir)), model_path=str(model_dir)))
+
+    #: The fields of a saved policy that ``model_path`` must match (they shape its tensors): the
+    #: template's, and the sizes the simulator gives (checked when the policy is built).
+    ARCHITECTURE_FIELDS = ("hidden_sizes", "activation", "learn_std")
+    SIZE_FIELDS = ("obs_dim", "action_dim", "num_tasks")
+
+    @classmethod
+    def check_pretrained(cls, config: MLPPolicyConfig, sizes: bool = False) -> None:
+        """Check ``config.model_path`` without loading its weights (the pre-flight's check, which
+        knows no simulator sizes yet; ``sizes``: the simulator's too, when the policy is built).
+
+        Raises:
+            FileNotFoundError: a file of the directory is missing.
+            ValueError: ``config.json`` is not an MLP policy's, or (``sizes``) it was saved for
+                other observation, action or task-set sizes than the simulator's.
+            FieldError: an architecture field of ``config`` differs from the saved one (its
+                ``field`` names it; the message gives both values).
+        """
+        saved = _saved_fields(Path(config.model_path))
+        for field in cls.ARCHITECTURE_FIELDS + (cls.SIZE_FIELDS if sizes else ()):
+            ours = getattr(config, field)
+            theirs = tuple(saved[field]) if field == "hidden_sizes" else saved.get(field)
+            if ours == theirs:
+                continue
+            if field in cls.SIZE_FIELDS:
+                raise ValueError(f"{config.model_path} holds an MLP policy for {field} {theirs!r}, the simulator "
+                                 f"gives {ours!r}: it was trained on another task or observation layout")
+            raise FieldError(f"{config.model_path} holds an MLP policy with {field} {theirs!r}, the config "
+                             f"gives {ours!r}: set {field} to {theirs!r}", field)
+
+    def _load_weights(self, model_dir: Path) -> None:
+        """The weights, log-std and observation statistics of ``model_dir``, strictly.
+
+        Raises:
+            ValueError: the weights do not fit the policy.
+        """
+        missing, unexpected = load_model(self, str(model_dir / MODEL_WEIGHTS_FILE), strict=False)
         if missing or unexpected:
             raise ValueError(f"{model_dir / MODEL_WEIGHTS_FILE} does not fit the configuration: missing {missing}, "
                              f"unexpected {unexpected}")
-        return policy
 
     def set_obs_normalization(self, mean: Tensor | np.ndarray, std: Tensor | np.ndarray) -> None:
         """Set the observation normalisation from demonstration statistics.

@@ -119,3 +119,48 @@ def test_a_published_l1_checkpoint_is_evaluated_end_to_end(ray_on_loopback, oft_
     assert len(store) == 2 and "log_probs" not in episode and episode["actions"].shape[1:] == (8, 7)
     assert int(episode["checkpoint_step"]) == 0 and bool(episode["greedy"])
     assert len(list((out / "videos" / "robosuite_lift").glob("step0_greedy_*.mp4"))) == 1
+
+
+def test_an_exported_mlp_evaluates_as_its_checkpoint(ray_on_loopback, tmp_path):
+    """Train → export → evaluate the exported directory: `vla-rl eval --policy-from embodied_srpo
+    policy.config.model_path=EXPORTED` runs, action for action, the episodes `vla-rl eval` runs of
+    the checkpoint itself (same initial states, same evaluation seeds)."""
+    import numpy as np
+
+    from policies import make_policy
+    from policies.mlp import MLPPolicyConfig
+    from vla_rl.checkpoints import files as checkpoint
+    from vla_rl.data.trajectory_store import TrajectoryStore
+    from vla_rl.driver import prepare_run_dir
+    from vla_rl.export import export_checkpoint
+
+    run, _, _ = prepare_run_dir("embodied_srpo", [f"run.output_dir={tmp_path}", "run.name=tiny",
+                                                  "policy.config.hidden_sizes=[8]"], resume=None)
+    run.close()
+    policy = make_policy("mlp", MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
+    torch.manual_seed(3)
+    for parameter in policy.parameters():
+        torch.nn.init.normal_(parameter, std=0.3)
+    policy.set_obs_normalization(torch.linspace(-0.5, 0.5, 15), torch.linspace(0.5, 2.0, 15))
+    checkpoint.save_checkpoint(run.path / "checkpoints", 4, rank=0, model=policy)
+    checkpoint.finalize_checkpoint(run.path / "checkpoints", 4)
+    exported = export_checkpoint(run.path / "checkpoints" / "step_00000004", tmp_path / "exported")
+
+    common = [*device_overrides(num_workers=1), "workers.num_workers=1", "eval.num_episodes=2", "eval.video_episodes=0",
+              "simulator.env.horizon=8", "simulator.num_cpus_per_actor=0"]
+    assert main(["eval", str(run.path), *common, "--output", str(tmp_path / "of_checkpoint")]) == 0
+    assert main(["eval", "--policy-from", "embodied_srpo", f"policy.config.model_path={exported}",
+                 "policy.config.hidden_sizes=[8]", *common, "--output", str(tmp_path / "of_export")]) == 0
+
+    def episodes(name: str) -> dict:
+        store = TrajectoryStore.open(tmp_path / name / "episodes" / "robosuite_lift" / "rank0.zarr", read_only=True)
+        found = {}
+        for index in range(len(store)):
+            e = store.read_episode(index)
+            found[(bool(e["greedy"]), int(e["init_state_id"]))] = (e["actions"], bool(e["success"]), int(e["length"]))
+        return found
+
+    of_checkpoint, of_export = episodes("of_checkpoint"), episodes("of_export")
+    assert len(of_checkpoint) == 4 and sorted(of_checkpoint) == sorted(of_export)  # greedy and sampled, 2 states
+    for key, (actions, success, length) in of_checkpoint.items():
+        assert np.array_equal(of_export[key][0], actions) and of_export[key][1:] == (success, length), key

@@ -237,3 +237,34 @@ def test_without_tasks_the_policy_is_unchanged():
     assert {k: tuple(v.shape) for k, v in policy.state_dict().items()} == {
         "log_std": (2,), "obs_mean": (4,), "obs_std": (4,), "mean_net.0.weight": (8, 4), "mean_net.0.bias": (8,),
         "mean_net.2.weight": (2, 8), "mean_net.2.bias": (2,)}
+
+
+def test_model_path_starts_from_a_saved_policy(tiny, tmp_path):
+    """``model_path`` (a directory `vla-rl export` writes) gives the saved weights, log-std and
+    observation statistics; the saved config.json records what the policy is, not where it came
+    from, so a loaded policy saves and loads again."""
+    import json
+
+    from policies.checkpoint_files import FieldError
+
+    saved = tiny.save_pretrained(tmp_path / "mlp")
+    assert "model_path" not in json.loads((saved / "config.json").read_text())
+    loaded = MLPPolicy(MLPPolicyConfig(obs_dim=2, action_dim=2, hidden_sizes=(3,), init_std=0.9,
+                                       model_path=str(saved)))
+    assert sorted(loaded.state_dict()) == sorted(tiny.state_dict())
+    assert all(torch.equal(t, tiny.state_dict()[name]) for name, t in loaded.state_dict().items())
+    obs = torch.tensor([[0.3, -0.2], [1.0, 2.0]])
+    actions, log_probs = tiny.sample_actions(obs, generator=torch.Generator().manual_seed(1))
+    again, again_log_probs = loaded.sample_actions(obs, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(again, actions) and torch.equal(again_log_probs, log_probs)
+    assert torch.equal(MLPPolicy.from_pretrained(loaded.save_pretrained(tmp_path / "again")).log_std, tiny.log_std)
+
+    with pytest.raises(FieldError, match=r"holds an MLP policy with hidden_sizes \(3,\), the config gives \(4,\)") \
+            as other:
+        MLPPolicy(MLPPolicyConfig(obs_dim=2, action_dim=2, hidden_sizes=(4,), model_path=str(saved)))
+    assert other.value.field == "hidden_sizes"
+    with pytest.raises(ValueError, match=r"holds an MLP policy for obs_dim 2, the simulator gives 5"):
+        MLPPolicy(MLPPolicyConfig(obs_dim=5, action_dim=2, hidden_sizes=(3,), model_path=str(saved)))
+    MLPPolicy.check_pretrained(MLPPolicyConfig(obs_dim=5, action_dim=2, hidden_sizes=(3,), model_path=str(saved)))
+    with pytest.raises(FileNotFoundError, match="config.json is missing"):
+        MLPPolicy(MLPPolicyConfig(obs_dim=2, action_dim=2, model_path=str(tmp_path / "none")))
