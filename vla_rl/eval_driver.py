@@ -38,8 +38,8 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
 
     With ``policy_from`` (a training template's name or YAML file) instead of ``targets``, the
     policy evaluated is the one that template builds, before any training: its pretrained weights
-    (``policy.config.model_path``, e.g. a published OpenVLA-OFT checkpoint; its ``policy.`` and
-    ``simulator.`` overrides apply), without warm start, reported as training step 0; the
+    (``policy.config.model_path``, e.g. a published OpenVLA-OFT checkpoint; the ``policy.``,
+    ``simulator.`` and ``run.`` overrides apply to it), without warm start, reported as training step 0; the
     evaluation template is checked as a run's (:func:`~vla_rl.preflight.preflight`: the model
     directory included) before anything is written, and the default directory is
     ``<run.output_dir>/eval_<model directory name>`` (without a model directory

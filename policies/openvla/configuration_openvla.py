@@ -268,8 +268,8 @@ def validate_common_fields(config: Any, owner: str) -> None:
         config.architecture = PrismaticArchitecture(**config.architecture)
     if (config.model_path is None) == (config.architecture is None):
         raise ValueError(f"{owner}: give exactly one of model_path (a local checkpoint) and architecture"
-                             + ("; both are set: set architecture to null to load model_path"
-                                if config.model_path is not None else ""))
+                         + ("; both are set: set architecture to null to load model_path"
+                            if config.model_path is not None else ""))
     if config.model_path is not None and (not isinstance(config.model_path, str) or not config.model_path):
         raise ValueError(f"{owner}.model_path must be a local directory, got {config.model_path!r}")
     temperature = config.temperature
