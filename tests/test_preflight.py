@@ -107,15 +107,15 @@ def pi0_dir(damage: Callable[[Path], Path | None], *extra: str):
     return make
 
 
-def mlp_dir(damage: Callable[[Path], Path | None], hidden_sizes: tuple[int, ...] = (256, 256)):
+def mlp_dir(damage: Callable[[Path], Path | None], *extra: str, hidden_sizes: tuple[int, ...] = (256, 256)):
     """An MLP policy saved as `vla-rl export` writes it (embodied_srpo's MLP: hidden sizes 256, 256),
-    damaged by ``damage(dir)``."""
+    damaged by ``damage(dir)``; ``extra``: overrides before its model_path."""
     def make(tmp: Path, assets: Assets):
         from policies.mlp import MLPPolicy, MLPPolicyConfig
 
         directory = MLPPolicy(MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=hidden_sizes)).save_pretrained(
             tmp / "mlp")
-        return [f"policy.config.model_path={directory}"], damage(directory) or directory
+        return [*extra, f"policy.config.model_path={directory}"], damage(directory) or directory
     return make
 
 
@@ -302,8 +302,16 @@ CASES = [
          "policy.config.model_path", "config.json is missing", template="embodied_srpo"),
     Case("MLP corrupt config.json", mlp_dir(_write("config.json", b"{")), "policy.config.model_path",
          "config.json: not valid JSON", template="embodied_srpo"),
-    Case("MLP of another policy", mlp_dir(_write("config.json", b'{"policy": "openvla"}')), "policy.config.model_path",
-         "is not an MLP policy's configuration", template="embodied_srpo"),
+    Case("MLP config.json of no policy", mlp_dir(_write("config.json", b'{"hidden_sizes": [8]}')),
+         "policy.config.model_path", "is not an MLP policy's configuration", template="embodied_srpo"),
+    Case("MLP directory for the OFT template", mlp_dir(lambda d: None, *VLA_FROM_DIR), "policy.config.model_path",
+         r"holds a 'mlp' policy \(its config.json\), not a 'openvla_oft' one: use a template of the mlp policy",
+         template=VLA),
+    Case("training checkpoint as model_path", lambda t, a: (
+        [f"policy.config.model_path={_write('trainer_state.json', b'{}')(_mkdir(t / 'step_00000004')).parent}"],
+        t / "step_00000004"), "policy.config.model_path",
+        r"is a training checkpoint \(trainer_state.json\), not a model directory: evaluate it with vla-rl eval",
+        template="embodied_srpo"),
     Case("MLP of other hidden sizes", mlp_dir(lambda d: None, hidden_sizes=(8,)), "policy.config.hidden_sizes",
          r"holds an MLP policy with hidden_sizes \(8,\), the config gives \(256, 256\)", template="embodied_srpo"),
     # π0 checkpoints (policy.config.model_path, policy.config.tokenizer_path)

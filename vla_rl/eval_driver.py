@@ -68,7 +68,8 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     from vla_rl.dag.loader import load_template
     from vla_rl.dag.planner import plan
     from vla_rl.evaluation.episode_store import check_stores, check_task_settings
-    from vla_rl.preflight import check_local_packages, preflight
+    from vla_rl.preflight import PreflightError, check_local_packages, preflight
+    from vla_rl.run_dir import absolute_path_overrides
 
     if policy_from is None:
         run_dir, checkpoints = find_checkpoints(targets, steps)
@@ -87,6 +88,14 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
         source = [o for o in overrides if o.split(".", 1)[0] in (*COPIED_SECTIONS, "run")]
         run_config = load_template(policy_from, source).config
         what = f"template {policy_from}"
+        if run_config.eval.store_episodes or run_config.eval.checkpoints:
+            raise EvalInputError(f"--policy-from {policy_from}: that is vla-rl eval's own template; name the training "
+                                 "template (vla-rl train's) whose policy to evaluate")
+    for override in overrides:
+        section = override.split(".", 1)[0]
+        if section in UNREAD_SECTIONS:
+            raise EvalInputError(f"{override.split('=', 1)[0]}: vla-rl eval runs no {UNREAD_SECTIONS[section]} (it "
+                                 f"rolls out the {'checkpoints' if run_dir else 'template'}'s policy); remove it")
     if run_config.run.workflow != "embodied":
         raise EvalInputError(f"{what} is a text {'run' if run_dir else 'template'}; vla-rl eval evaluates embodied "
                              "policies")
@@ -116,10 +125,15 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
         _write_yaml(Path(scratch) / RUN_TEMPLATE, raw)
         try:
             loaded = load_template(Path(scratch) / RUN_TEMPLATE, overrides)
+            absolute = absolute_path_overrides(loaded.config)  # as the workers read them, and as stored
+            if absolute:
+                loaded = load_template(Path(scratch) / RUN_TEMPLATE, [*overrides, *absolute])
             plan(loaded) if run_dir is not None else preflight(loaded)  # a template's model directory: here
+        except PreflightError:  # a file the evaluation reads: the message names it and the field
+            raise
         except TemplateError as err:
             raise TemplateError(err.message, file=resolved, node=err.node, field=err.field) from None
-    _check_same_policy(eval_dir, loaded.raw["config"]["policy"], output is not None)
+    _check_same_evaluation(eval_dir, loaded, output is not None)
     if loaded.config.eval.num_episodes == 0:
         raise EvalInputError("eval.num_episodes=0: an evaluation runs at least one episode of each task")
     tasks = resolve_tasks_or_fail(loaded.config)
@@ -138,6 +152,9 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
 
 COPIED_SECTIONS = ("policy", "simulator")
 """The sections of the evaluated run's (or template's) config the evaluation template takes whole."""
+UNREAD_SECTIONS = {"warm_start": "warm start", "algorithm": "training algorithm"}
+"""Sections no evaluation node reads: an override of them would be written into the evaluation's
+template and do nothing."""
 
 
 def default_eval_dir(run_dir: Path | None, run_config, policy_from: str | None) -> Path:
@@ -150,23 +167,38 @@ def default_eval_dir(run_dir: Path | None, run_config, policy_from: str | None) 
     return Path(run_config.run.output_dir) / f"eval_{name}"
 
 
-def _check_same_policy(eval_dir: Path, policy: dict, chosen: bool) -> None:
+def _check_same_evaluation(eval_dir: Path, loaded, chosen: bool) -> None:
     """An existing evaluation in ``eval_dir`` (its ``template.yaml``) must be of the same policy
-    section, so that a continued evaluation never pools episodes of two policies.
+    section and ``run.seed`` (the seed of the sampled protocol and of a template's initial
+    weights), so that a continued evaluation never pools episodes of two policies or two seeds.
+    Its model paths count as absolute (an evaluation before 2026-12-06 stored them as given).
 
     Raises:
         EvalInputError: naming the first differing field and both values.
     """
+    from vla_rl.config.sections import RunSection
+    from vla_rl.run_dir import absolute
+
     resolved = eval_dir / RUN_TEMPLATE
     if not resolved.is_file():
         return
-    earlier = (yaml.safe_load(resolved.read_text()) or {}).get("config", {}).get("policy")
-    if earlier is None or earlier == {key: policy.get(key) for key in earlier}:  # a section field added since: same
-        return
-    field, was, now = _first_difference(earlier, policy, "policy")
+    earlier_config = (yaml.safe_load(resolved.read_text()) or {}).get("config", {})
+    earlier, policy = earlier_config.get("policy"), loaded.raw["config"]["policy"]
     flag = "--output " if chosen else ""
-    raise EvalInputError(f"{flag}{eval_dir} holds an evaluation of another policy ({field}: {was!r} there, {now!r} "
-                         "here); name another --output")
+    if earlier is not None:
+        paths = earlier.get("config") or {}
+        for key in ("model_path", "tokenizer_path"):
+            if isinstance(paths.get(key), str) and paths[key]:
+                paths[key] = str(absolute(paths[key]))
+        if earlier != {key: policy.get(key) for key in earlier}:  # a section field added since: the same
+            field, was, now = _first_difference(earlier, policy, "policy")
+            raise EvalInputError(f"{flag}{eval_dir} holds an evaluation of another policy ({field}: {was!r} there, "
+                                 f"{now!r} here); name another --output")
+    seed = (earlier_config.get("run") or {}).get("seed", RunSection.model_fields["seed"].default)
+    if seed != loaded.config.run.seed:
+        raise EvalInputError(f"{flag}{eval_dir} holds an evaluation under run.seed {seed!r}, here "
+                             f"{loaded.config.run.seed!r} (it seeds the sampled protocol and a template's initial "
+                             "weights); name another --output")
 
 
 def _first_difference(a, b, path: str) -> tuple[str, object, object]:

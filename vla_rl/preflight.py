@@ -43,6 +43,7 @@ the policies' ``check_pretrained``), so what passes here loads in the workers.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -388,6 +389,7 @@ def _check_policy_checkpoint(config) -> None:
     check = getattr(POLICIES.get(config.policy.name), "check_pretrained", None)
     if check is None or all(getattr(policy_config, name, None) is None for name in ("model_path", "tokenizer_path")):
         return
+    _check_model_directory_kind(config.policy.name, getattr(policy_config, "model_path", None))
     if config.policy.allow_partial_load and hasattr(policy_config, "allow_partial_load"):
         policy_config.allow_partial_load = True  # as the embodied workflow builds it
     try:
@@ -396,6 +398,34 @@ def _check_policy_checkpoint(config) -> None:
         field = error.field if isinstance(error, FieldError) else "model_path"
         raise PreflightError(_with_field_hint(str(error), "policy.config.allow_pickle"),
                              field=f"policy.config.{field}") from None
+
+
+def _check_model_directory_kind(policy: str, model_path: str | None) -> None:
+    """A ``policy.config.model_path`` that is a training checkpoint (``trainer_state.json``: the
+    run's format, not a model directory), or a model directory of another of our policies (its
+    ``config.json`` names it, as ``vla-rl export`` of an MLP run writes), is refused naming what it
+    is and what to do; the policy's own checks would only name a file it lacks.
+
+    Raises:
+        PreflightError: naming ``policy.config.model_path``.
+    """
+    from vla_rl.checkpoints.layout import TRAINER_STATE_FILE
+
+    if model_path is None:
+        return
+    directory = Path(model_path)
+    if (directory / TRAINER_STATE_FILE).is_file():
+        raise PreflightError(f"{directory} is a training checkpoint ({TRAINER_STATE_FILE}), not a model directory: "
+                             f"evaluate it with vla-rl eval {directory}, or write its model directory with vla-rl "
+                             "export", field="policy.config.model_path")
+    try:
+        saved = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # no readable config.json: the policy's own check says what is wrong
+    other = saved.get("policy") if isinstance(saved, dict) else None
+    if isinstance(other, str) and other != policy:
+        raise PreflightError(f"{directory} holds a {other!r} policy (its config.json), not a {policy!r} one: use a "
+                             f"template of the {other} policy", field="policy.config.model_path")
 
 
 def _check_trajectory_encoder(config) -> None:

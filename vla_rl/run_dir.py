@@ -49,7 +49,7 @@ POLICY_SETTINGS = ("policy", "text", "simulator", "run.workflow")
 a resume that overrides one is checked against the checkpoint's tensors (:func:`check_resume`)."""
 
 INPUT_PATH_FIELDS = ("warm_start.demo_store", "warm_start.dataset", "text.model_path", "text.train_file",
-                     "text.test_file", "policy.config.model_path")
+                     "text.test_file", "policy.config.model_path", "policy.config.tokenizer_path")
 """The settings that name a file or directory the workers read (or create, for demonstrations)."""
 
 

@@ -72,8 +72,14 @@ def test_refusals_name_what_is_wrong_before_anything_is_written(oft_l1, tmp_path
         (["eval", str(tmp_path), "--policy-from", TEMPLATE], "name no run or checkpoint directory"),
         (["eval", "--steps", "5", "--policy-from", TEMPLATE], "--steps selects a run's checkpoints"),
         (["eval", "--policy-from", "llm_grpo"], "template llm_grpo is a text template"),
-        (["eval", "--policy-from", TEMPLATE, *_overrides(tmp_path / "missing")], "policy.config.model_path"),
+        (["eval", "--policy-from", TEMPLATE, *_overrides(tmp_path / "missing")],
+         f"error: field 'policy.config.model_path': {tmp_path / 'missing'}"),  # the file read, not one to be written
         (["eval"], "(or --policy-from TEMPLATE)"),
+        (["eval", "--policy-from", "eval_rollout"], "that is vla-rl eval's own template; name the training template"),
+        (["eval", "--policy-from", TEMPLATE, *_overrides(model_dir), "warm_start.num_demos=5"],
+         "warm_start.num_demos: vla-rl eval runs no warm start"),
+        (["eval", "--policy-from", TEMPLATE, "algorithm.reward=binary_success"],
+         "algorithm.reward: vla-rl eval runs no training algorithm"),
     ]
     for argv, message in cases:
         assert main([*argv, "--output", str(out)]) == 2, argv
@@ -95,6 +101,25 @@ def test_an_evaluation_directory_of_another_policy_is_refused(oft_l1, tmp_path, 
     assert f"{out} holds an evaluation of another policy (policy.config.model_path: '{model_dir}' there, " in err
     assert (out / "template.yaml").read_text() == written
     prepare_eval_dir([], _overrides(model_dir), output=str(out), policy_from=TEMPLATE)  # the same one continues
+    assert main(["eval", "--policy-from", TEMPLATE, *_overrides(model_dir), "run.seed=1", "--output", str(out)]) == 2
+    assert f"{out} holds an evaluation under run.seed 0, here 1" in capsys.readouterr().err
+
+
+def test_a_relative_model_path_is_stored_absolute(oft_l1, tmp_path, monkeypatch, capsys):
+    """`model_path=oft/` names another model in another working directory: stored as given, two
+    models' episodes were pooled in one evaluation directory."""
+    import shutil
+
+    model_dir, _ = oft_l1
+    shutil.copytree(model_dir, tmp_path / "first" / "oft")
+    _model_dir(tmp_path / "second" / "oft", seed=1)
+    out = tmp_path / "eval"
+    monkeypatch.chdir(tmp_path / "first")
+    _, loaded, _ = prepare_eval_dir([], _overrides("oft/"), output=str(out), policy_from=TEMPLATE)
+    assert loaded.config.policy.config["model_path"] == str(tmp_path / "first" / "oft")
+    monkeypatch.chdir(tmp_path / "second")
+    assert main(["eval", "--policy-from", TEMPLATE, *_overrides("oft/"), "--output", str(out)]) == 2
+    assert "holds an evaluation of another policy (policy.config.model_path: " in capsys.readouterr().err
 
 
 def test_a_published_l1_checkpoint_is_evaluated_end_to_end(ray_on_loopback, oft_l1, tmp_path):

@@ -186,7 +186,8 @@ def write_report(eval_dir: Path, protocol_info: dict, rows: list[dict], skipped:
     protocols = ", ".join(p["label"] for p in info["protocols"])
     unfinished = [name for name, state in status.items() if state in (INCOMPLETE, PENDING)]
     if info.get("policy_from"):  # vla-rl eval --policy-from: the template's policy, untrained
-        model = f" (policy.config.model_path {info['model_path']})" if info.get("model_path") else ""
+        model = (f" (policy.config.model_path {info['model_path']})" if info.get("model_path")
+                 else " (no model directory: its initial weights, drawn from run.seed)")
         title, evaluated = f"the policy of template {info['policy_from']}{model}", (
             "- checkpoint: none, the policy as the template builds it, before any training (reported as step 0)")
     else:
