@@ -40,7 +40,7 @@ def test_same_size_but_another_layout_does_not_fit(specs):
     reason = incompatibility(EvalTask("Door", "robosuite"), door, stack, "robosuite", None, False)
     assert reason.startswith("its observation [robot0_eef_pos 3, robot0_gripper_qpos 2, robot0_eef_quat 4, door_pos 3")
     assert "is not the policy's [robot0_eef_pos 3, robot0_gripper_qpos 2, cubeA_pos 3" in reason
-    assert "(20 values) (trained on robosuite)" in reason
+    assert "(20 values) (the policy is built for robosuite)" in reason
     assert incompatibility(EvalTask("Stack", "robosuite"), stack, stack, "robosuite", None, False) is None
     lift_reason = incompatibility(EvalTask("Stack", "robosuite"), stack, specs["Lift"], "robosuite_lift", None, False)
     assert "(20 values) is not the policy's" in lift_reason and "(15 values)" in lift_reason

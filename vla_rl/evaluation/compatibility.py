@@ -66,7 +66,8 @@ def incompatibility(task: EvalTask, task_spec: EnvSpec | None, policy_spec: EnvS
         task_spec: its simulator's ``spec()``; None for a task of the run's own task set (it
             shares the policy's spec).
         policy_spec: the spec of the simulator the policy was built for (read only with a ``task_spec``).
-        trained_on: that simulator's name, for the message.
+        trained_on: that simulator's name, for the message (the simulator the run trained on, or
+            the one --policy-from's template builds the policy for).
         one_hot: the tasks of the policy's task one-hot (:func:`one_hot_tasks`), or None.
         in_task_set: whether ``task`` is one of the run's own tasks (:func:`run_task_index`).
     """
@@ -77,13 +78,13 @@ def incompatibility(task: EvalTask, task_spec: EnvSpec | None, policy_spec: EnvS
         return None
     if task_spec.action_dim != policy_spec.action_dim:
         return (f"its actions have {task_spec.action_dim} values, the policy's {policy_spec.action_dim} "
-                f"(trained on {trained_on})")
+                f"(the policy is built for {trained_on})")
     if task_spec.obs_layout != policy_spec.obs_layout or task_spec.obs_dim != policy_spec.obs_dim:
         return (f"its observation {_layout(task_spec)} is not the policy's {_layout(policy_spec)} "
-                f"(trained on {trained_on})")
+                f"(the policy is built for {trained_on})")
     if task_spec.images != policy_spec.images:
         return (f"its camera images {_images(task_spec)} are not the policy's {_images(policy_spec)} "
-                f"(trained on {trained_on})")
+                f"(the policy is built for {trained_on})")
     return None
 
 
