@@ -138,7 +138,8 @@ def test_checkpoint_that_does_not_fit_the_task_is_refused(checkpoints, tmp_path)
     try:
         with pytest.raises(ValueError, match=r"task 'Stack' cannot be evaluated with checkpoint .*step_00000001: its "
                                              r"observation \[robot0_eef_pos 3, .*\(20 values\) is not the policy's "
-                                             r"\[robot0_eef_pos 3, .*\(15 values\) \(the policy is built for robosuite_lift\)"):
+                                             r"\[robot0_eef_pos 3, .*\(15 values\) "
+                                             r"\(the policy is built for robosuite_lift\)"):
             run_step(resources, 0)
         assert not task_dir(tmp_path, "Stack").exists()  # no episode was run
     finally:
