@@ -264,6 +264,66 @@ def test_bad_text_settings_are_rejected(overrides, message):
     assert message in str(_error("llm_grpo", *overrides))
 
 
+@pytest.mark.parametrize(
+    ("overrides", "field", "instead"),
+    [
+        (["policy.config.model_path=/models/qwen"], "policy.config.model_path", "text.model_path"),
+        (["policy.name=openvla"], "policy.name", "text.model_path"),
+        (["trainer.total_env_steps=1"], "trainer.total_env_steps", "trainer.total_steps"),
+        (["data.init_states_per_step=64"], "data.init_states_per_step", "text.prompts_per_step"),
+        (["data.num_train_init_states=10"], "data.num_train_init_states", "text.train_file"),
+        (["warm_start.num_demos=5"], "warm_start.num_demos", "text.sft_steps"),
+        (["simulator.env.horizon=5"], "simulator.env.horizon", "no simulator"),
+        (["algorithm.reward=success"], "algorithm.reward", "rule verifiers"),
+        (["algorithm.srpo.dbscan_eps=0.3"], "algorithm.srpo", "rule verifiers"),
+        (["algorithm.trajectory_encoder=policy_backbone"], "algorithm.trajectory_encoder", "embodied episodes"),
+        (["critic.hidden_sizes=[8]"], "critic.hidden_sizes", "value head"),
+        (["eval.temperature=0.5"], "eval.temperature", "text.temperature"),
+        (["eval.video_episodes=2"], "eval.video_episodes", "no videos"),
+    ],
+)
+def test_a_text_run_refuses_the_settings_only_embodied_runs_read(overrides, field, instead):
+    """They were accepted and ignored: ``policy.config.model_path`` trained the tiny model."""
+    error = _error("llm_grpo", *overrides)
+    assert error.field == field, str(error)
+    assert "text run" in str(error) and instead in str(error)
+
+
+def test_an_embodied_run_refuses_text_settings():
+    error = _error("embodied_srpo", "text.model_path=/models/qwen")
+    assert error.field == "text.model_path" and "text runs only" in str(error)
+
+
+def test_a_text_run_still_takes_the_shared_settings():
+    config = load_template("llm_grpo", ["data.group_size=4", "policy.lora.rank=4", "policy.allow_partial_load=true",
+                                        "eval.num_episodes=8", "eval.every_steps=2"]).config
+    assert (config.data.group_size, config.policy.lora.rank, config.eval.num_episodes) == (4, 4, 8)
+
+
+@pytest.mark.parametrize(
+    ("template", "override", "field", "selected"),
+    [
+        ("embodied_srpo", "algorithm.gae.lam=0.9", "algorithm.gae.lam", "algorithm.adv_estimator is 'grpo'"),
+        ("embodied_grpo", "algorithm.srpo.dbscan_eps=0.3", "algorithm.srpo.dbscan_eps",
+         "algorithm.reward is 'success'"),
+        ("llm_gspo", "algorithm.ppo_clip.clip_ratio_high=0.3", "algorithm.ppo_clip.clip_ratio_high",
+         "algorithm.policy_loss is 'gspo'"),
+    ],
+)
+def test_an_override_of_an_unselected_components_settings_is_refused(template, override, field, selected):
+    """Typed on the command line, it would change nothing (verl's ``lam`` under GRPO does not either)."""
+    error = _error(template, override)
+    assert error.field == field and selected in str(error) and "never read" in str(error)
+
+
+def test_a_template_may_carry_the_settings_of_components_it_switched_away_from():
+    """embodied_grpo extends embodied_srpo (its algorithm.srpo settings) and selects the success reward."""
+    config = load_template("embodied_grpo").config
+    assert config.algorithm.reward == "success" and "algorithm.srpo" in config.unread_settings()
+    selected = load_template("embodied_grpo", ["algorithm.reward=srpo", "algorithm.srpo.dbscan_eps=0.3"]).config
+    assert selected.algorithm.options("reward").dbscan_eps == 0.3 and not selected.unread_settings()
+
+
 def test_rollout_backend_defaults_to_hf_and_accepts_vllm():
     assert load_template("llm_grpo").config.text.rollout_backend == "hf"
     assert load_template("llm_grpo", ["text.rollout_backend=vllm"]).config.text.rollout_backend == "vllm"

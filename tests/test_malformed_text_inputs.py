@@ -541,7 +541,7 @@ def test_prompt_length_check_counts_tokens_as_the_workers_encode_them(assets, tm
     policy.processor.encode_prompts([table[7]["prompt"]], length)
     with pytest.raises(ValueError, match=f"prompt 0 has {length} tokens"):
         policy.processor.encode_prompts([table[7]["prompt"]], length - 1)
-    overrides = [f"text.model_path={assets.lm}", f"text.train_file={path}"]
+    overrides = [f"text.model_path={assets.lm}", f"text.train_file={path}", "eval.num_episodes=0"]
     preflight(load_template(TEXT, [*overrides, f"text.max_prompt_length={length}"]))
     with pytest.raises(PreflightError, match=rf"1 of 40 prompts .*=({length - 1}) .* row 7, has {length}:"):
         preflight(load_template(TEXT, [*overrides, f"text.max_prompt_length={length - 1}"]))
@@ -561,7 +561,7 @@ def test_good_text_inputs_pass(case, assets, tmp_path, monkeypatch):
             preflight(load_template(TEXT, [*overrides[:2], "eval.num_episodes=64"]))
     elif case == "unknown source in SFT pairs":  # supervised pairs are never scored
         path = parquet(tmp_path / "sft.parquet", changed(rows(64), r3={"data_source": "my/pairs"}), 8)
-        preflight(load_template("llm_sft", [f"text.train_file={path}"]))
+        preflight(load_template("llm_sft", [f"text.train_file={path}", "eval.num_episodes=0"]))
     else:
         monkeypatch.syspath_prepend(str(tmp_path))
         (tmp_path / "riddle_verifier_plugin.py").write_text(
@@ -569,4 +569,5 @@ def test_good_text_inputs_pass(case, assets, tmp_path, monkeypatch):
             f"if {_PLUGIN_SOURCE!r} not in VERIFIERS:\n"
             f"    register_verifier(HASH_ANSWER_VERIFIER, {_PLUGIN_SOURCE!r})\n")
         path = parquet(tmp_path / "p.parquet", changed(rows(), r0={"data_source": _PLUGIN_SOURCE}))
-        preflight(load_template(TEXT, [f"text.train_file={path}", "run.imports=[riddle_verifier_plugin]"]))
+        preflight(load_template(TEXT, [f"text.train_file={path}", f"text.test_file={path}",
+                                       "run.imports=[riddle_verifier_plugin]"]))

@@ -185,7 +185,27 @@ def _default_row_groups(path: Path) -> Path:
     return path
 
 
+def _text_checkpoint(model_copy: bool):
+    """A training checkpoint of a text run given as text.model_path: with its ``hf_model/`` copy
+    (DDP without LoRA), or without one (FSDP, LoRA)."""
+    def make(tmp: Path, assets: Assets):
+        checkpoint = tmp / "run" / "checkpoints" / "step_00000002"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "trainer_state.json").write_text("{}")
+        if model_copy:
+            copy_dir(assets.lm, checkpoint / "hf_model")
+        return [f"text.model_path={checkpoint}"], checkpoint
+    return make
+
+
 CASES = [
+    Case("a text run's training checkpoint as the model", _text_checkpoint(False), "text.model_path",
+         r"is a training checkpoint \(trainer_state.json\), not a model directory: it holds no hf_model/ copy .*vla-rl "
+         "export"),
+    Case("a text run's training checkpoint with its model copy", _text_checkpoint(True), "text.model_path",
+         "is a training checkpoint .*: give its model copy, .*step_00000002/hf_model"),
+    Case("a training file without held-out prompts", lambda t, a: ([f"text.train_file={a.train}"], a.train),
+         "text.test_file", "null with text.train_file set .*: the evaluation would score the generated arithmetic"),
     # prompt files
     Case("missing train file", train_file(lambda t, a: t / "nowhere.parquet"), "text.train_file", "does not exist"),
     Case("directory", train_file(lambda t, a: _mkdir(t / "dir.parquet")), "text.train_file", "is a directory"),
@@ -213,7 +233,7 @@ CASES = [
         rows(1, prompt="What is 1 + 1?")[0]).encode()])), "text.train_file", "'prompt' must be a non-empty list"),
     Case("jsonl without sft column", train_file(lambda t, a: jsonl(t / "x.jsonl", [json.dumps(
         {k: v for k, v in row.items() if k != "extra_info"}).encode() for row in rows(40)])),
-        "text.train_file", "no column 'extra_info.answer'"),
+        "text.sft_response_column", "no column 'extra_info.answer' .*: the supervised warm start's targets"),
     Case("jsonl blank lines only", train_file(lambda t, a: _write("b.jsonl", b"\n  \n\n")(t)), "text.train_file",
          "the file has no rows"),
     Case("parquet missing prompt", train_file(lambda t, a: parquet(t / "p.parquet", [
@@ -225,10 +245,10 @@ CASES = [
                                                   "text.sft_steps=0"),
          "text.train_file", "column 'prompt' must hold lists"),
     Case("parquet without sft column", train_file(lambda t, a: parquet(t / "x.parquet", [
-        {k: v for k, v in row.items() if k != "extra_info"} for row in rows(40)])), "text.train_file",
+        {k: v for k, v in row.items() if k != "extra_info"} for row in rows(40)])), "text.sft_response_column",
         "missing column 'extra_info.answer'"),
     Case("llm_sft pairs without targets", train_file(lambda t, a: parquet(t / "x.parquet", [
-        {k: v for k, v in row.items() if k != "extra_info"} for row in rows(64)])), "text.train_file",
+        {k: v for k, v in row.items() if k != "extra_info"} for row in rows(64)])), "text.sft_response_column",
         "missing column 'extra_info.answer'", template="llm_sft"),
     Case("empty parquet", train_file(lambda t, a: _empty_table(t / "e.parquet")), "text.train_file",
          "the file has no rows"),
@@ -387,7 +407,7 @@ def assert_cli_refuses_and_writes_nothing(capsys, tmp_path: Path, args: list[str
     ["text.model_path={lm_raw}", "text.prompt_format=raw"],  # no chat template: fine for raw prompts
     ["text.model_path={lm_pickle}", "text.allow_pickle=true"],
     ["text.model_path={lm_renamed}", "policy.allow_partial_load=true"],
-    ["text.train_file={jsonl}", "text.prompts_per_step=8"],
+    ["text.train_file={jsonl}", "text.test_file={jsonl}", "text.prompts_per_step=8"],
 ], ids=["generated", "files", "raw prompts", "allowed pickle", "allowed partial load", "jsonl"])
 def test_good_inputs_pass(overrides, assets, tmp_path):
     paths = {"lm": assets.lm, "train": assets.train, "test": assets.test,

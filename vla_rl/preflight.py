@@ -85,6 +85,7 @@ def preflight(template: Template, world_size: int | None = None) -> None:
             tokenizer = _check_text_model(config) if config.text.model_path is not None else None
             if read:
                 _check_prompt_rows(config, read, tokenizer)
+        _check_held_out_prompts(config, the_plan)
     else:
         _check_policy_checkpoint(config)
         _check_trajectory_encoder(config)
@@ -218,7 +219,7 @@ def _check_prompt_files(config, the_plan: Plan, generated: dict[str, str]) -> li
     train_name = _generated_name("text.train_file") if "text.train_file" in generated else None
     file = _check_prompt_file(generated.get("text.train_file", text.train_file), "text.train_file",
                               text.prompts_per_step, layouts,
-                              extra_columns=(text.sft_response_column,) if sft_targets else (), name=train_name)
+                              sft_column=text.sft_response_column if sft_targets else None, name=train_name)
     if layouts or sft_targets:
         read.append(_ReadPrompts(file, "text.train_file", scores_training_rows,
                                  sft_column=text.sft_response_column if sft_targets else None, generated=train_name))
@@ -233,6 +234,19 @@ def _check_prompt_files(config, the_plan: Plan, generated: dict[str, str]) -> li
     return read
 
 
+def _check_held_out_prompts(config, the_plan: Plan) -> None:
+    """A run that trains on its own prompts (``text.train_file``) and evaluates is refused
+    without held-out prompts of them (``text.test_file`` null): it evaluated the generated
+    arithmetic split, with no notice."""
+    text = config.text
+    evaluates = "evaluate" in the_plan.phases and config.eval.num_episodes > 0
+    if evaluates and text.train_file is not None and text.test_file is None:
+        raise PreflightError(f"null with text.train_file set ({text.train_file}): the evaluation would score the "
+                             "generated arithmetic test split, not held-out prompts of the training data; give "
+                             "held-out prompts in the same format (verl's data.val_files), or set eval.num_episodes=0 "
+                             "to train without evaluating", field="text.test_file")
+
+
 def _evaluated_rows(file, num_episodes: int, world_size: int) -> frozenset[int]:
     """The rows of the test file that the evaluation reads: each worker's first quota of its
     shard (:class:`~vla_rl.evaluation.text.TextEvaluation`)."""
@@ -244,29 +258,36 @@ def _evaluated_rows(file, num_episodes: int, world_size: int) -> frozenset[int]:
 
 
 def _check_prompt_file(path: str, field: str, prompts_per_step: int, layouts: dict[int, str | None],
-                       extra_columns: tuple[str, ...] = (), name: str | None = None):
-    """One prompt file: readable, with the columns, and ``prompts_per_step // dp_size`` rows in
-    every shard of each layout (``dp_size -> node``); ``name``: what messages call it instead
-    of its path (a generated file). Returns its :class:`~vla_rl.data.prompt_dataset.PromptFile`."""
+                       sft_column: str | None = None, name: str | None = None):
+    """One prompt file: readable, with the columns (and ``sft_column``, the warm start's targets,
+    when given), and ``prompts_per_step // dp_size`` rows in every shard of each layout
+    (``dp_size -> node``); ``name``: what messages call it instead of its path (a generated
+    file). Returns its :class:`~vla_rl.data.prompt_dataset.PromptFile`."""
     from vla_rl.data.prompt_dataset import PromptFile, shard_steps_per_epoch
 
-    def refused(error: Exception, node: str | None = None) -> PreflightError:
-        if name is None:
-            return PreflightError(str(error), node=node, field=field)
-        rows = field.replace("text.", "text.num_generated_").removesuffix("_file")
-        return PreflightError(f"{str(error).replace(str(path), name)} (a generated split: raise {rows})", node=node,
-                              field=field)
+    def named(error: Exception) -> str:
+        return str(error) if name is None else str(error).replace(str(path), name)
 
     try:
         file = PromptFile(path)
-        file.validate(extra_columns)
     except (OSError, ValueError) as error:
-        raise refused(error) from None
+        raise PreflightError(named(error), field=field) from None
+    try:
+        file.validate((sft_column,) if sft_column else ())
+    except (OSError, ValueError) as error:
+        absent = (f"no column {sft_column!r}", f"missing column {sft_column!r}")  # not a row's null target
+        if sft_column and any(phrase in str(error) for phrase in absent):
+            raise PreflightError(f"{named(error)}: the supervised warm start's targets (text.sft_steps > 0) are read "
+                                 "from this column; name the file's column that holds them (dotted for a nested "
+                                 "field), or set text.sft_steps=0", field="text.sft_response_column") from None
+        raise PreflightError(named(error), field=field) from None
     for dp_size, node in sorted(layouts.items()):
         try:
             shard_steps_per_epoch(file, prompts_per_step, dp_size)
         except ValueError as error:
-            raise refused(error, node) from None
+            rows = field.replace("text.", "text.num_generated_").removesuffix("_file")
+            advice = "" if name is None else f" (a generated split: raise {rows})"
+            raise PreflightError(named(error) + advice, node=node, field=field) from None
     return file
 
 
@@ -369,9 +390,18 @@ def _check_text_model(config):
     """``text.model_path`` (and ``text.gguf_file``) as the text workflow will load it; returns
     its tokenizer."""
     from policies.causal_lm.loading import check_pretrained
+    from vla_rl.checkpoints.layout import TRAINER_STATE_FILE
+    from vla_rl.workflows.text import HF_MODEL_DIR
 
     text = config.text
     field = "text.gguf_file" if text.gguf_file is not None and Path(text.model_path).is_dir() else "text.model_path"
+    checkpoint = Path(text.model_path)
+    if (checkpoint / TRAINER_STATE_FILE).is_file():
+        has_copy = (checkpoint / HF_MODEL_DIR / "config.json").is_file()
+        raise PreflightError(f"{checkpoint} is a training checkpoint ({TRAINER_STATE_FILE}), not a model directory: "
+                             + (f"give its model copy, {checkpoint / HF_MODEL_DIR}" if has_copy else
+                                f"it holds no {HF_MODEL_DIR}/ copy (FSDP and LoRA runs write none); write one with "
+                                f"vla-rl export {checkpoint} OUT and give OUT"), field="text.model_path")
     try:
         return check_pretrained(text.model_path, text.gguf_file, text.prompt_format, allow_pickle=text.allow_pickle,
                                 allow_partial_load=config.policy.allow_partial_load)

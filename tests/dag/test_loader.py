@@ -139,6 +139,19 @@ def test_malformed_override(write_template, override):
     assert err.field == (override.partition("=")[0] or None)
 
 
+@pytest.mark.parametrize("override", ["text.train_file=", "text.train_file=  "])
+def test_an_override_without_a_value_is_refused(write_template, override):
+    """OmegaConf reads ``KEY=`` as null: ``text.train_file=$TRAIN`` with TRAIN unset trained on the
+    generated arithmetic prompts instead of the user's file."""
+    err = _error(write_template(nodes=pipeline()), [override])
+    assert err.field == "text.train_file" and "has no value: write text.train_file=null for null" in err.message
+
+
+def test_null_and_empty_collections_are_still_written_out():
+    assert load_template("llm_grpo", ["text.train_file=null"]).config.text.train_file is None
+    assert load_template("llm_grpo", ["run.imports=[]", "text.chat_template_kwargs={}"]).config.run.imports == []
+
+
 def test_unknown_node_id_in_override(write_template):
     err = _error(write_template(nodes=pipeline()), ["nodes.rewad.dp_size=1"])
     assert (err.node, err.field) == ("rewad", "dp_size")

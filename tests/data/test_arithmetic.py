@@ -81,13 +81,14 @@ def test_config_selects_levels_of_the_generated_splits(tmp_path):
     from vla_rl.workflows.text_assets import ensure_text_assets
 
     with pytest.raises(ValidationError, match="add_small"):  # the error lists the known level names
-        RunConfig.model_validate({"text": {"arithmetic_levels": ["add_3digit"]}})
+        RunConfig.model_validate({"run": {"workflow": "text"}, "text": {"arithmetic_levels": ["add_3digit"]}})
     for level in LEVELS:  # every level is selectable by name, with at most the rows it holds
-        RunConfig.model_validate({"text": {"arithmetic_levels": [level.name], "num_generated_train": 100,
-                                           "num_generated_test": 20}})
+        RunConfig.model_validate({"run": {"workflow": "text"}, "text": {
+            "arithmetic_levels": [level.name], "num_generated_train": 100, "num_generated_test": 20}})
         with pytest.raises(ValidationError, match=f"hold {level.pool_size()}; ask for fewer rows"):
-            RunConfig.model_validate({"text": {"arithmetic_levels": [level.name], "num_generated_test": 20,
-                                               "num_generated_train": level.pool_size() - 19}})
+            RunConfig.model_validate({"run": {"workflow": "text"}, "text": {
+                "arithmetic_levels": [level.name], "num_generated_test": 20,
+                "num_generated_train": level.pool_size() - 19}})
     config = RunConfig.model_validate({"run": {"workflow": "text"}, "text": {
         "model_path": str(tmp_path), "arithmetic_levels": ["add_small", "sub_2digit"],
         "num_generated_train": 100, "num_generated_test": 20}})

@@ -19,6 +19,8 @@ One module per group of sections, :class:`RunConfig` (which checks what spans se
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from vla_rl.config.algorithm import (
@@ -45,11 +47,51 @@ from vla_rl.config.trainer import FSDPSection, TrainerSection
 from vla_rl_core.components import ComponentConfigError
 
 __all__ = [
-    "ALGORITHM_COMPONENTS", "DEFAULT_LORA_TARGETS", "ENV_DERIVED_POLICY_FIELDS", "AlgorithmSection", "CriticSection",
-    "DataSection", "EvalSection", "FSDPSection", "KLControlSection", "LoraSection", "PolicySection", "RunConfig",
-    "RunSection", "SimulatorSection", "TextSection", "TrainerSection", "WarmStartSection", "WorkersSection",
+    "ALGORITHM_COMPONENTS", "DEFAULT_LORA_TARGETS", "EMBODIED_ONLY_SETTINGS", "ENV_DERIVED_POLICY_FIELDS",
+    "AlgorithmSection", "CriticSection", "DataSection", "EvalSection", "FSDPSection", "KLControlSection",
+    "LoraSection", "PolicySection", "RunConfig", "RunSection", "SimulatorSection", "TextSection", "TrainerSection",
+    "WarmStartSection", "WorkersSection",
     "component_registry",
 ]
+
+
+#: Settings only the embodied workflow reads, with what a text run reads instead. A text run
+#: refuses them, and an embodied run refuses every ``text.`` setting (:meth:`RunConfig._check_workflow_settings`):
+#: ignored, ``policy.config.model_path`` trained the tiny model built in the run directory.
+EMBODIED_ONLY_SETTINGS: dict[str, str] = {
+    "simulator": "a text run has no simulator",
+    "warm_start": "a text run warm-starts by supervised fine-tuning: text.sft_steps and the other text.sft_ settings",
+    "policy.name": "a text run's policy is the causal LM of text.model_path",
+    "policy.config": "a text run's causal LM is set by text.model_path, text.dtype, text.temperature, "
+    "text.max_prompt_length and text.max_response_length",
+    "data.init_states_per_step": "prompts per step are text.prompts_per_step",
+    "data.num_train_init_states": "a text run's prompts are the rows of text.train_file",
+    "trainer.total_env_steps": "a text run simulates nothing; stop it with trainer.total_steps",
+    "algorithm.reward": "a text run scores responses with the rule verifiers (text.correct_score, "
+    "text.format_score)",
+    "algorithm.trajectory_encoder": "it embeds embodied episodes for SRPO's reward",
+    "critic.hidden_sizes": "a text run's critic is the language model's body with a value head",
+    "eval.temperature": "a text run's 'sampled' protocol samples at text.temperature",
+    "eval.init_state_offset": "a text run evaluates the rows of text.test_file",
+    **{f"eval.{name}": "vla-rl eval evaluates embodied runs only"
+       for name in ("benchmark", "tasks", "checkpoints", "store_episodes")},
+    **{f"eval.{name}": "a text run records no videos"
+       for name in ("video_episodes", "video_camera", "video_size", "video_fps")},
+}
+
+
+def _set_settings(data: dict, path: str) -> list[str]:
+    """The dotted paths of the settings at or under ``path`` (a section, or a setting) that the raw
+    config ``data`` sets, down to each mapping's leaves (``simulator.env.horizon``; an empty
+    mapping sets nothing)."""
+    value: Any = data
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return []
+        value = value[part]
+    if isinstance(value, dict):
+        return [f"{path}.{name}" for key in value for name in _set_settings(value, key)]
+    return [path]
 
 
 class RunConfig(_Section):
@@ -74,6 +116,13 @@ class RunConfig(_Section):
         if self.run.workflow == "text":
             return "text.dtype", self.text.dtype
         return "policy.config.dtype", str(getattr(self.policy.policy_config(), "dtype", "float32"))
+
+    def unread_settings(self) -> dict[str, str]:
+        """``{dotted setting: why}`` for the settings this config holds that the run never reads and
+        a template may still carry (the settings of an algorithm component it does not select:
+        :meth:`AlgorithmSection.unselected_settings`); :func:`vla_rl.dag.loader.load_template`
+        refuses an override that sets one."""
+        return self.algorithm.unselected_settings()
 
     def low_precision_trained(self) -> tuple[str, str] | None:
         """``(field, dtype)`` of :meth:`parameter_dtype` when the policy's parameters are not
@@ -100,6 +149,36 @@ class RunConfig(_Section):
         """Whether the run's policy takes LoRA adapters (``policy.lora``): the text workflow's causal
         LM does, and the embodied policies with an ``apply_lora`` (OpenVLA, OpenVLA-OFT)."""
         return self.run.workflow == "text" or takes_lora(self.policy.name)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_workflow_settings(cls, data: Any) -> Any:
+        """A setting the run's workflow never reads is refused, naming what it reads instead
+        (:data:`EMBODIED_ONLY_SETTINGS`; ``text.`` in an embodied run). Checked on the template's
+        own keys, before the sections validate: a text run's ``policy.config`` would otherwise be
+        refused as the MLP policy's."""
+        if not isinstance(data, dict):
+            return data
+        run = data.get("run")
+        workflow = run.get("workflow", "embodied") if isinstance(run, dict) else "embodied"
+        if workflow == "text":
+            for path, instead in EMBODIED_ONLY_SETTINGS.items():
+                for name in _set_settings(data, path):
+                    raise ComponentConfigError(name, f"read by embodied runs only (run.workflow: embodied), and this "
+                                               f"is a text run: {instead}")
+            algorithm = data.get("algorithm")
+            for kind in ("reward", "trajectory_encoder"):  # their components' settings: algorithm.srpo.dbscan_eps
+                for name in (algorithm if isinstance(algorithm, dict) else ()):
+                    if name in component_registry(kind):
+                        instead = EMBODIED_ONLY_SETTINGS[f"algorithm.{kind}"]
+                        raise ComponentConfigError(f"algorithm.{name}", f"the settings of the embodied {kind} "
+                                                   f"{name!r}; a text run has none: {instead}")
+        elif workflow == "embodied":
+            for name in _set_settings(data, "text"):
+                raise ComponentConfigError(name, "read by text runs only (run.workflow: text), and this is an embodied "
+                                           "run: its policy, data and evaluation are set in the sections policy, "
+                                           "data, simulator and eval")
+        return data
 
     @model_validator(mode="after")
     def _check_shards(self) -> RunConfig:

@@ -191,6 +191,21 @@ class AlgorithmSection(_Section):
             self.options(kind)
         return self
 
+    def unselected_settings(self) -> dict[str, str]:
+        """``{"algorithm.<name>": why}`` for each component's settings this section holds while
+        another component of its kind is selected (``algorithm.gae`` under ``adv_estimator: grpo``):
+        a template may carry them (one that extends another and switches the reward), an override
+        that sets them is refused (:meth:`vla_rl.config.RunConfig.unread_settings`)."""
+        unused = {}
+        for name in self.model_extra or {}:
+            for kind in ALGORITHM_COMPONENTS:
+                registry = component_registry(kind)
+                if name in registry and getattr(self, kind) != name:
+                    unused[f"algorithm.{name}"] = (
+                        f"the settings of {registry.kind} {name!r}, which this run does not use (algorithm.{kind} is "
+                        f"{getattr(self, kind)!r}): select it with algorithm.{kind}={name}, or drop the override")
+        return unused
+
     def options(self, kind: str) -> Any:
         """The typed settings of the component selected for ``kind`` (``"adv_estimator"``,
         ``"policy_loss"``, ``"reward"``, ``"trajectory_encoder"``): its config class built from

@@ -41,7 +41,8 @@ class TextSection(_Section):
         None, description="Training prompts (.parquet/.jsonl); null: arithmetic problems generated in the run dir."
     )
     test_file: str | None = Field(
-        None, description="Held-out prompts for evaluation; null: the generated arithmetic test split."
+        None, description="Held-out prompts for evaluation (verl's data.val_files); null: the generated arithmetic "
+        "test split (refused beside a train_file of your own while the run evaluates)."
     )
     num_generated_train: int = Field(4000, ge=1, description="Rows of the generated arithmetic train split.")
     num_generated_test: int = Field(256, ge=1, description="Rows of the generated arithmetic test split.")

@@ -44,8 +44,9 @@ class TrainerSection(_Section):
     ppo_epochs: int = Field(4, ge=1, description="Passes over each step's batch.")
     ppo_mini_batch_size: int = Field(
         16, ge=1,
-        description="Episodes per minibatch, summed over the workers (verl's ppo_mini_batch_size): a "
-        "step whose filtered batch is small makes fewer updates instead of overfitting it.",
+        description="Episodes (text: responses) per minibatch, summed over the workers: a step whose filtered "
+        "batch is small makes fewer updates instead of overfitting it. verl's ppo_mini_batch_size counts prompts "
+        "and multiplies them by rollout.n: its value times data.group_size is this one.",
     )
     ppo_num_mini_batches: int | None = Field(
         None, ge=1,

@@ -120,9 +120,24 @@ def load_template(
         config = config_model.model_validate(spec.config)
     except ValidationError as exc:
         raise from_validation_error(exc, model=config_model, file=path) from None
+    _check_overrides_read(config, overrides, path)
     return Template(
         name=spec.name, path=path, config=config, nodes=spec.nodes, raw=raw, description=spec.description
     )
+
+
+def _check_overrides_read(config: BaseModel, overrides: Sequence[str], file: Path) -> None:
+    """Refuse an override of a setting the validated ``config`` says the run never reads (its
+    ``unread_settings()``, when the config model has one): typed on the command line, it would be
+    ignored silently."""
+    unread = getattr(config, "unread_settings", None)
+    if unread is None or not overrides:
+        return
+    for setting, why in unread().items():
+        for item in overrides:
+            key = item.partition("=")[0]
+            if key == setting or key.startswith(f"{setting}."):
+                raise TemplateError(f"override {item!r} is never read: {why}", file=file, field=key)
 
 
 def _import_plugins(raw: dict[str, Any], file: Path) -> None:
@@ -143,13 +158,13 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path
     """Return a copy of the template mapping ``raw`` with dotted overrides applied.
 
     Raises:
-        TemplateError: for an override without ``=`` or with an empty key part, one that names an
-            unknown node id, or one that would rename a node.
+        TemplateError: for an override without ``=``, with an empty key part or no value (``KEY=``:
+            ``KEY=null`` sets null), one that names an unknown node id, or one that would rename a node.
     """
     raw = copy.deepcopy(raw)
     nodes = _node_index(raw.get("nodes", []), file)
     for item in overrides:
-        key, sep, _ = item.partition("=")
+        key, sep, text = item.partition("=")
         parts = key.split(".")
         if not sep or not all(parts):
             raise TemplateError(
@@ -157,6 +172,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path
                 file=file,
                 field=key or None,
             )
+        if not text.strip():  # OmegaConf reads it as null: an unset shell variable ($TRAIN) nulled the setting
+            raise TemplateError(f"override {item!r} has no value: write {key}=null for null, {key}=\"''\" for an "
+                                "empty string", file=file, field=key)
         try:
             value = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
         except (OmegaConfBaseException, yaml.YAMLError) as exc:  # from_dotlist parses the value as YAML
