@@ -52,6 +52,7 @@ def test_mean_interval_is_students_t():
     assert mean == pytest.approx(0.5066667, abs=1e-6)
     assert (high - low) / 2 == pytest.approx(T_975_2 * 0.159304, abs=1e-5)
     assert low == pytest.approx(0.5066667 - 0.685434, abs=1e-5) and high == pytest.approx(1.192101, abs=1e-5)
+    assert mean_interval([0.40, 0.82, 0.30], bounds=(0.0, 1.0)) == pytest.approx((0.5066667, 0.0, 1.0), abs=1e-6)
     assert mean_interval([0.7]) == (0.7, None, None)
     same = mean_interval([0.5, 0.5, 0.5])
     assert same == (0.5, 0.5, 0.5)
@@ -281,6 +282,10 @@ def test_resuming_a_sweep_takes_no_template_override_or_seeds(tmp_path, capsys, 
     assert {p: p.stat().st_mtime_ns for p in sweep.rglob("*")} == before
     with pytest.raises(Exception, match="not a sweep directory: it has no sweep.json"):
         resume_sweep(seed_run_dir(sweep, 0))
+    # one run (a seed's) with --seeds: not called a sweep
+    assert main(["train", "--resume", str(seed_run_dir(sweep, 0)), "--seeds", "0-1"]) == 2
+    assert "is one run, not a sweep (no sweep.json); resume it without --seeds" in " ".join(
+        capsys.readouterr().err.split())
 
 
 @pytest.mark.slow

@@ -48,6 +48,21 @@ def test_paired_differences_and_their_student_t_interval():
     assert result["per_seed"]["1"]["env_steps"] == {"a": 80_500, "b": 82_110, "ratio": pytest.approx(82_110 / 80_500)}
 
 
+def test_intervals_of_differences_end_at_plus_and_minus_100_points():
+    """Spread seeds: the t interval's half width, 4.30 x s / sqrt(3), passes 100 points; a difference
+    of two success rates cannot (the committed 80k comparison read [-110.3, +155.6])."""
+    a = report("embodied_grpo", [], {"0": 0.76, "1": 0.58, "2": 0.16}, 80_000, first=0.2)
+    b = report("embodied_srpo", [], {"0": 0.54, "1": 0.66, "2": 0.98}, 80_000, first=0.2)
+    across = compare(a, b)["across_seeds"]["greedy"]
+    diffs = [-0.22, 0.08, 0.82]
+    mean = sum(diffs) / 3
+    half = T_975_2 * math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2) / math.sqrt(3)
+    assert mean - half < -1 and mean + half > 1  # unclipped: [-110.3, +155.6]
+    assert (across["difference"]["ci_low"], across["difference"]["ci_high"]) == (-1.0, 1.0)
+    assert across["difference"]["mean"] == pytest.approx(mean)
+    assert across["gain_b"]["ci_high"] == 1.0 and across["gain_b"]["ci_low"] > -1  # 0.34, 0.46, 0.78 over 0.2
+
+
 def test_the_report_says_when_the_budgets_differ(tmp_path):
     other = report("embodied_srpo", [], {"0": 0.5, "1": 0.6}, 180_000)
     result = compare(GRPO, other)

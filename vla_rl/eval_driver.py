@@ -131,8 +131,12 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
             plan(loaded) if run_dir is not None else preflight(loaded)  # a template's model directory: here
         except PreflightError:  # a file the evaluation reads: the message names it and the field
             raise
-        except TemplateError as err:
-            raise TemplateError(err.message, file=resolved, node=err.node, field=err.field) from None
+        except TemplateError as err:  # an override's (the run's own sections loaded above): named as typed
+            given = _override_of(overrides, err.field)
+            if given is None:
+                raise TemplateError(err.message, file=resolved, node=err.node, field=err.field) from None
+            message = err.message if repr(given) in err.message else f"{err.message} (override {given!r})"
+            raise TemplateError(message, node=err.node, field=err.field) from None
     _check_same_evaluation(eval_dir, loaded, output is not None)
     if loaded.config.eval.num_episodes == 0:
         raise EvalInputError("eval.num_episodes=0: an evaluation runs at least one episode of each task")
@@ -244,9 +248,21 @@ def _check_checkpoints(checkpoints: list[Path]) -> None:
             raise EvalInputError(str(err)) from None
 
 
+def _override_of(overrides: list[str], field: str | None) -> str | None:
+    """The override that sets ``field`` (``eval.protocols[0]``: ``eval.protocols``) or a setting above
+    or below it, if one does."""
+    field = field.split("[", 1)[0] if field else None
+    for item in overrides if field else ():
+        key = item.split("=", 1)[0]
+        if key == field or field.startswith(f"{key}.") or key.startswith(f"{field}."):
+            return item
+    return None
+
+
 def _remove_unstarted(eval_dir: Path) -> None:
-    """An evaluation that stopped before Ray started (a cluster that refuses the driver's token, a
-    cluster too small): its directory holding only the template it has just written is removed,
+    """An evaluation that stopped before it stored an episode (Ray refused: a cluster that refuses
+    the driver's token, a cluster too small; or the workers did: a model directory that does not
+    fit the simulator): its directory holding only the template it has just written is removed,
     as a training run that fails before its first metric leaves no run directory; a directory
     holding anything else (an earlier evaluation's stores and report) is left as it is."""
     if [entry.name for entry in eval_dir.iterdir()] == [RUN_TEMPLATE]:
@@ -437,6 +453,9 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
 
             run_evaluation(workers, 0, "eval", True, progress=advance)
             bar.close()
+    except BaseException:  # a setting only a worker could check (a model directory that does not fit the simulator)
+        _remove_unstarted(eval_dir)
+        raise
     finally:
         if workers is not None:
             workers.shutdown()

@@ -44,7 +44,9 @@ REPORT_JSON, REPORT_MD, PLOT_FILE = "report.json", "report.md", "success_vs_env_
 #: Overrides a sweep sets for each run itself.
 _OWN_KEYS = ("run.seed", "run.name", "run.output_dir")
 _INTERVAL = ("mean over seeds with a two-sided 95% Student t interval (n - 1 degrees of freedom; a success rate's "
-             "clipped to [0%, 100%])")
+             "clipped to [0%, 100%], a difference of two to [-100, +100] points)")
+#: What a success rate, and the difference of two (a gain, B - A), can be: their intervals end there.
+RATE_BOUNDS, DIFFERENCE_BOUNDS = (0.0, 1.0), (-1.0, 1.0)
 
 
 #: More runs than a sweep takes: a typo such as 0-99999 would otherwise plan years of training.
@@ -246,24 +248,23 @@ def aggregate(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     ``{"first"|"final"|"gain": {protocol: {"mean", "ci_low", "ci_high", "seeds"}}}``, ``gain``
     being final minus first success rate per seed (in [-1, 1]); plus ``env_steps`` and
     ``wall_time_s``. Intervals: :func:`~vla_rl.utils.stats.mean_interval`, a success rate's
-    clipped to [0, 1]."""
-    def summarise(values: list[float], rate: bool = False) -> dict[str, Any]:
-        mean, low, high = mean_interval(values)
-        if rate and low is not None:  # a success rate's interval ends at 0 and 1
-            low, high = max(low, 0.0), min(high, 1.0)
+    clipped to [0, 1], a gain's to [-1, 1]."""
+    def summarise(values: list[float], bounds: tuple[float, float] | None = None) -> dict[str, Any]:
+        mean, low, high = mean_interval(values, bounds=bounds)
         return {"mean": mean, "ci_low": low, "ci_high": high, "seeds": len(values)}
 
     out: dict[str, Any] = {"interval": _INTERVAL}
     for name in ("first", "final"):
         protocols = sorted({p for figures in per_seed.values() for p in figures[name]})
-        out[name] = {p: summarise([f[name][p]["success_rate"] for f in per_seed.values() if p in f[name]], rate=True)
+        out[name] = {p: summarise([f[name][p]["success_rate"] for f in per_seed.values() if p in f[name]],
+                                 RATE_BOUNDS)
                      for p in protocols}
     out["gain"] = {}
     for p in out["final"]:
         gains = [f["final"][p]["success_rate"] - f["first"][p]["success_rate"] for f in per_seed.values()
                  if p in f["final"] and p in f["first"]]
         if gains:
-            out["gain"][p] = summarise(gains)
+            out["gain"][p] = summarise(gains, DIFFERENCE_BOUNDS)
     for key in ("env_steps", "wall_time_s"):
         values = [f[key] for f in per_seed.values() if f[key] is not None]
         out[key] = summarise(values) if values else None

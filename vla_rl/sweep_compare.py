@@ -4,8 +4,9 @@ An algorithm beats another only over seeds, and only at equal cost. The comparis
 of the two sweeps by seed (the seeds both finished), and for each held-out protocol gives, per
 seed, each run's final success rate (Wilson 95%, as the run measured it) and the difference B - A;
 across the seeds, the mean difference with a two-sided 95% Student t interval over the paired
-differences (n - 1 degrees of freedom; :func:`~vla_rl.utils.stats.mean_interval`), and the same for
-each sweep's own gain over its first evaluation. It also says whether the runs are comparable in
+differences (n - 1 degrees of freedom; :func:`~vla_rl.utils.stats.mean_interval`; clipped to
+[-100, +100] points, what a difference of two success rates can be), and the same for each sweep's
+own gain over its first evaluation. It also says whether the runs are comparable in
 cost: each seed's environment steps in both sweeps and their ratio, and whether both sweeps set
 the same ``trainer.total_env_steps`` budget; and whether they ran on the same machines (the hosts
 their runs recorded, :mod:`vla_rl.utils.host`): the same code and seed give other figures on
@@ -27,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
 from vla_rl.errors import CommandLineError
-from vla_rl.sweep import REPORT_JSON
+from vla_rl.sweep import DIFFERENCE_BOUNDS, REPORT_JSON
 from vla_rl.utils.host import describe, differences, distinct
 from vla_rl.utils.stats import mean_interval
 
@@ -165,9 +166,10 @@ def _gains(report: dict[str, Any], seeds: list[str], protocol: str) -> list[floa
 
 
 def _summary(values: list[float]) -> dict[str, Any] | None:
+    """Mean and interval of differences of success rates (clipped to [-1, 1], what they can be)."""
     if not values:
         return None
-    mean, low, high = mean_interval(values)
+    mean, low, high = mean_interval(values, bounds=DIFFERENCE_BOUNDS)
     return {"mean": mean, "ci_low": low, "ci_high": high, "seeds": len(values)}
 
 

@@ -217,10 +217,11 @@ class MLPPolicy(Policy):
 
         Raises:
             FileNotFoundError: a file of the directory is missing.
-            ValueError: ``config.json`` is not an MLP policy's, or (``sizes``) it was saved for
-                other observation, action or task-set sizes than the simulator's.
+            ValueError: ``config.json`` is not an MLP policy's.
             FieldError: an architecture field of ``config`` differs from the saved one (its
-                ``field`` names it; the message gives both values).
+                ``field`` names it; the message gives both values), or (``sizes``, ``field``
+                ``"model_path"``) the directory was saved for other observation, action or
+                task-set sizes than the simulator's.
         """
         saved = _saved_fields(Path(config.model_path))
         for field in cls.ARCHITECTURE_FIELDS + (cls.SIZE_FIELDS if sizes else ()):
@@ -228,9 +229,10 @@ class MLPPolicy(Policy):
             theirs = tuple(saved[field]) if field == "hidden_sizes" else saved.get(field)
             if ours == theirs:
                 continue
-            if field in cls.SIZE_FIELDS:
-                raise ValueError(f"{config.model_path} holds an MLP policy for {field} {theirs!r}, the simulator "
-                                 f"gives {ours!r}: it was trained on another task or observation layout")
+            if field in cls.SIZE_FIELDS:  # the model directory does not fit the simulator: name model_path
+                raise FieldError(f"{config.model_path} holds an MLP policy for {field} {theirs!r}, the simulator "
+                                 f"gives {ours!r}: it was trained on another task or observation layout",
+                                 "model_path")
             raise FieldError(f"{config.model_path} holds an MLP policy with {field} {theirs!r}, the config "
                              f"gives {ours!r}: set {field} to {theirs!r}", field)
 

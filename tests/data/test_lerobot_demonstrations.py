@@ -85,3 +85,10 @@ def test_the_planner_refuses_a_bad_dataset_before_anything_starts(tmp_path, caps
             and "feature 'observation.state' has shape [11], the simulator's 'state' has 15 values" in err)
     assert main(["plan", "embodied_srpo", f"warm_start.dataset={tmp_path}"]) == 2
     assert "field 'warm_start.dataset'" in capsys.readouterr().err
+    # a camera policy's images unmapped: refused by the plan (it was, after Ray and the workers started)
+    assert main(["plan", "embodied_srpo_pi0_lift", f"warm_start.dataset={LIFT}", "warm_start.num_demos=2"]) == 2
+    assert "the policy reads camera images ['agentview_image']; map dataset features to them" in " ".join(
+        capsys.readouterr().err.split())
+    assert "reads camera images ['agentview_image']" in check_dataset(LIFT, DEFAULT_DATASET_KEYS, 2,
+                                                                      images=["agentview_image"])
+    assert check_dataset(LIFT, DEFAULT_DATASET_KEYS, 2, images=[]) is None

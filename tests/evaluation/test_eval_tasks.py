@@ -240,6 +240,19 @@ def test_an_evaluation_of_no_episodes_is_refused(tmp_path, capsys):
     assert (eval_dir / "report.json").read_text() == '{"earlier": "report"}'
 
 
+@pytest.mark.parametrize(("override", "field"), [("eval.num_episodez=6", "eval.num_episodez"),
+                                                 ("eval.protocols=[foo]", "eval.protocols[0]")])
+def test_a_bad_override_is_named_as_typed_not_as_a_template_file(override, field, tmp_path, capsys):
+    """It was blamed on `<eval dir>/template.yaml`, a file the user never wrote (and that a new
+    evaluation directory never holds after the error)."""
+    run_dir = write_run(tmp_path, "embodied_srpo", ["policy.config.hidden_sizes=[8]"],
+                        MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
+    assert main(["eval", str(run_dir), "--output", str(tmp_path / "ev"), override]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith(f"error: field '{field}': ") and f"(override '{override}')" in err, err
+    assert "template.yaml" not in err and not (tmp_path / "ev").exists()
+
+
 def test_a_benchmark_of_a_simulator_not_installed_here_is_refused_before_it_starts(tmp_path, capsys):
     """``eval.benchmark=libero_spatial`` of a robosuite run without LIBERO's extra: one line naming
     the field and the install command, exit status 2, no evaluation directory (the run's own check

@@ -146,10 +146,12 @@ def test_a_published_l1_checkpoint_is_evaluated_end_to_end(ray_on_loopback, oft_
     assert len(list((out / "videos" / "robosuite_lift").glob("step0_greedy_*.mp4"))) == 1
 
 
-def test_an_exported_mlp_evaluates_as_its_checkpoint(ray_on_loopback, tmp_path):
+def test_an_exported_mlp_evaluates_as_its_checkpoint(ray_on_loopback, tmp_path, capsys):
     """Train → export → evaluate the exported directory: `vla-rl eval --policy-from embodied_srpo
     policy.config.model_path=EXPORTED` runs, action for action, the episodes `vla-rl eval` runs of
-    the checkpoint itself (same initial states, same evaluation seeds)."""
+    the checkpoint itself (same initial states, same evaluation seeds). On fewer observation
+    keys than it was trained on, the export is refused in one line naming its setting, and the
+    new evaluation directory is removed (it was a Ray traceback that left it behind)."""
     import numpy as np
 
     from policies import make_policy
@@ -189,3 +191,12 @@ def test_an_exported_mlp_evaluates_as_its_checkpoint(ray_on_loopback, tmp_path):
     assert len(of_checkpoint) == 4 and sorted(of_checkpoint) == sorted(of_export)  # greedy and sampled, 2 states
     for key, (actions, success, length) in of_checkpoint.items():
         assert np.array_equal(of_export[key][0], actions) and of_export[key][1:] == (success, length), key
+
+    capsys.readouterr()
+    assert main(["eval", "--policy-from", "embodied_srpo", f"policy.config.model_path={exported}",
+                 "policy.config.hidden_sizes=[8]", *common, "--output", str(tmp_path / "fewer_keys"),
+                 "simulator.env.obs_keys=[robot0_eef_pos,robot0_gripper_qpos,cube_pos,gripper_to_cube_pos]"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: worker 0: policy.config.model_path: {exported} holds an MLP policy for obs_dim 15, the simulator " \
+        "gives 11" in " ".join(err.split()) and "Traceback" not in err
+    assert not (tmp_path / "fewer_keys").exists()

@@ -180,7 +180,11 @@ def test_serve_errors_are_one_line(mlp_run, tmp_path, capsys):
     assert main(["serve", str(tmp_path / "export"), "--template", "llm_grpo"]) == 2
     assert "template llm_grpo trains a text policy" in capsys.readouterr().err
     assert main(["serve", str(mlp_run[0]), "policy.config.hidden_sizes=[8]"]) == 2
-    assert "apply to the --template of a π0/OpenVLA export" in capsys.readouterr().err
+    assert "give the training settings of a π0/OpenVLA export" in " ".join(capsys.readouterr().err.split())
+    # a run (and an MLP export) records its own settings: a --template was ignored, silently
+    assert main(["serve", str(mlp_run[0]), "--template", "embodied_srpo_pi0_lift"]) == 2
+    assert "--template embodied_srpo_pi0_lift: --template and its overrides give the training settings" in " ".join(
+        capsys.readouterr().err.split())
     served = load_served_policy(mlp_run[0], device="cpu")
     with server_thread(PolicyServer(served, port=0)) as server:
         with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{server.port}"):

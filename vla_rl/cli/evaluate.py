@@ -67,7 +67,7 @@ def add_compare_command(commands: argparse._SubParsersAction) -> None:
         help="compare two seed sweeps seed by seed (e.g. SRPO vs GRPO at equal environment steps)",
         description="Pair the runs of two seed sweeps (vla-rl train TEMPLATE --seeds ...) by seed and report, per "
         "held-out protocol, each seed's final success in both and the difference B - A, with the mean difference "
-        "over the seeds and its 95%% Student t interval; and whether the runs cost the same (each seed's "
+        "over the seeds and its 95% Student t interval; and whether the runs cost the same (each seed's "
         "environment steps, and whether both sweeps set the same trainer.total_env_steps). Writes compare.md, "
         "compare.json and compare.png.",
     )

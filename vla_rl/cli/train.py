@@ -68,11 +68,14 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_seed_sweep(args: argparse.Namespace, names: list[str], overrides: list[str]) -> int:
-    from vla_rl.sweep import parse_seeds, resume_sweep, run_sweep
+    from vla_rl.sweep import is_sweep, parse_seeds, resume_sweep, run_sweep
     from vla_rl.utils.console import driver_console
 
     if args.resume:
         if args.seeds is not None:
+            if not is_sweep(args.resume):
+                raise CommandLineError(f"--seeds with --resume: {args.resume} is one run, not a sweep (no sweep.json); "
+                                       "resume it without --seeds, or start a sweep with --seeds and a template")
             raise CommandLineError(f"{args.resume} is a sweep: --resume continues it with its own seeds; remove "
                                    "--seeds")
         if names or overrides:

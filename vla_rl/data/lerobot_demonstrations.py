@@ -9,7 +9,7 @@ demonstrations); a camera policy reads each episode's task string as its instruc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,20 +24,24 @@ DEFAULT_DATASET_KEYS = {"observation.state": keys.OBS_STATE, "action": ACTIONS_R
 
 
 def check_dataset(root: str | Path, dataset_keys: Mapping[str, str], num_demos: int,
-                  sizes: Mapping[str, int] | None = None) -> str | None:
+                  sizes: Mapping[str, int] | None = None, images: Sequence[str] = ()) -> str | None:
     """The planner's check of ``warm_start.dataset``: what is wrong with it, in one phrase, or None.
 
     Checks that ``root`` is a LeRobot v3 dataset with at least ``num_demos`` episodes, that every
     feature ``dataset_keys`` names exists with a fitting dtype (numbers for ``state`` and
-    ``actions``, a video for ``<camera>_image``), that ``state`` and ``actions`` are mapped once
-    each, and that their sizes are those in ``sizes`` (``state`` / ``actions`` → values; the
-    sizes the simulator's config declares before any environment exists; a role left out is
-    checked when the demonstrations are read).
+    ``actions``, a video for ``<camera>_image``), that ``state``, ``actions`` and each of
+    ``images`` (the ``<camera>_image`` inputs the simulator's config renders, which
+    :func:`dataset_episodes` needs) are mapped once each, and that the sizes are those in
+    ``sizes`` (``state`` / ``actions`` → values; the sizes the simulator's config declares before
+    any environment exists; a role left out is checked when the demonstrations are read).
     """
     roles = list(dataset_keys.values())
     for role in (keys.OBS_STATE, ACTIONS_ROLE):
         if roles.count(role) != 1:
             return f"warm_start.dataset_keys must map exactly one feature to {role!r}, got {dict(dataset_keys)}"
+    missing = sorted(set(images) - set(roles))
+    if missing:
+        return _unmapped_images(missing)
     for role in roles:
         if role not in (keys.OBS_STATE, ACTIONS_ROLE) and not role.endswith(keys.OBS_IMAGE_SUFFIX):
             return (f"warm_start.dataset_keys: {role!r} is not a policy input ('state', 'actions' or "
@@ -88,8 +92,7 @@ def dataset_episodes(root: str | Path, dataset_keys: Mapping[str, str], num_demo
     images = dict(spec.images or {})
     missing = sorted(set(images) - set(by_role))
     if missing:
-        raise ValueError(f"warm_start.dataset: the policy reads camera images {missing}; map dataset features to them "
-                         f"in warm_start.dataset_keys (e.g. observation.images.agentview: agentview_image)")
+        raise ValueError(f"warm_start.dataset: {_unmapped_images(missing)}")
     sizes = {keys.OBS_STATE: [spec.obs_dim], ACTIONS_ROLE: [spec.action_dim],
              **{key: list(shape) for key, shape in images.items()}}
     for role, feature in by_role.items():
@@ -109,6 +112,11 @@ def dataset_episodes(root: str | Path, dataset_keys: Mapping[str, str], num_demo
             episode[keys.OBS_INSTRUCTION] = np.repeat(encode_instruction(str(frames["task"]))[None], len(state), axis=0)
         episodes.append(episode)
     return episodes
+
+
+def _unmapped_images(missing: list[str]) -> str:
+    return (f"the policy reads camera images {missing}; map dataset features to them in warm_start.dataset_keys "
+            "(e.g. observation.images.agentview: agentview_image)")
 
 
 def dataset_states(root: str | Path, dataset_keys: Mapping[str, str], num_demos: int) -> np.ndarray:

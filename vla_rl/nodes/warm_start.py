@@ -87,7 +87,8 @@ def check_experts(config, node_config, dp_size: int, world_size: int) -> tuple[s
             return "warm_start.dataset", "cloning a dataset is not supported with a task set (simulator.tasks) yet"
         env = sim.env_config()  # the sizes its config declares (unknown ones: None)
         sizes = {keys.OBS_STATE: getattr(env, "state_dim", None), ACTIONS_ROLE: getattr(env, "action_dim", None)}
-        problem = check_dataset(ws.dataset, ws.dataset_keys, ws.num_demos, sizes)
+        images = [f"{camera}{keys.OBS_IMAGE_SUFFIX}" for camera in getattr(env, "cameras", None) or ()]
+        problem = check_dataset(ws.dataset, ws.dataset_keys, ws.num_demos, sizes, images)
         return None if problem is None else ("warm_start.dataset", problem)
     configs = task_configs(sim)
     for task_config in configs:

@@ -138,7 +138,7 @@ def load_served_policy(target: str | Path, template: str | None = None, override
 
     Args:
         target: a run directory, a checkpoint directory, or an export directory.
-        template: the training template of a non-MLP export (ignored otherwise: a run records its own).
+        template: the training template of a non-MLP export (refused otherwise: a run records its own).
         overrides: dotted overrides of ``template`` (the export's training settings).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...; None: the first CUDA device if there is
             one, else the CPU.
@@ -147,7 +147,8 @@ def load_served_policy(target: str | Path, template: str | None = None, override
 
     Raises:
         ServeError: ``target`` is none of these, fails verification, a non-MLP export comes
-            without ``template``, or the device does not exist.
+            without ``template``, a run, checkpoint or MLP export comes with ``template`` or
+            ``overrides``, or the device does not exist.
     """
     from vla_rl.checkpoints import files as ckpt
     from vla_rl.checkpoints.layout import TRAINER_STATE_FILE
@@ -161,9 +162,10 @@ def load_served_policy(target: str | Path, template: str | None = None, override
         path = ckpt.run_checkpoint(path)
     except FileNotFoundError as err:
         raise ServeError(f"{err} to serve") from err
-    if overrides and not template_export(path):
-        raise ServeError(f"overrides ({' '.join(overrides)}) apply to the --template of a π0/OpenVLA export; "
-                         f"{path.name} records its own settings")
+    if (template is not None or overrides) and not template_export(path):
+        given = " ".join([*([f"--template {template}"] if template is not None else []), *overrides])
+        raise ServeError(f"{given}: --template and its overrides give the training settings of a π0/OpenVLA export; "
+                         f"{path.name} records its own settings (serve it without them)")
     if (path / TRAINER_STATE_FILE).is_file():
         try:
             policy, config = load_checkpoint_policy(path)

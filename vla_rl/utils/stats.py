@@ -25,7 +25,8 @@ def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tu
     return float(ci.low), float(ci.high)
 
 
-def mean_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float | None, float | None]:
+def mean_interval(values: list[float], confidence: float = 0.95,
+                  bounds: tuple[float, float] | None = None) -> tuple[float, float | None, float | None]:
     """Mean of independent draws (e.g. one figure per training seed) with the two-sided Student t
     interval of the mean: ``mean ± t_{(1+confidence)/2, n-1} · s / √n`` (``s`` the sample
     standard deviation, ``n - 1`` degrees of freedom; Student 1908).
@@ -33,6 +34,8 @@ def mean_interval(values: list[float], confidence: float = 0.95) -> tuple[float,
     Args:
         values: the n draws (n ≥ 1).
         confidence: confidence level of the interval.
+        bounds: ``(least, most)`` the quantity can take (a success rate: ``(0, 1)``; the difference
+            of two: ``(-1, 1)``): the interval is clipped to them; None: not clipped.
 
     Returns:
         ``(mean, low, high)``; ``low`` and ``high`` are None for a single draw (no spread to
@@ -51,4 +54,7 @@ def mean_interval(values: list[float], confidence: float = 0.95) -> tuple[float,
     if draws.size == 1:
         return mean, None, None
     half = float(t.ppf((1 + confidence) / 2, draws.size - 1) * draws.std(ddof=1) / np.sqrt(draws.size))
-    return mean, mean - half, mean + half
+    low, high = mean - half, mean + half
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return mean, low, high

@@ -16,6 +16,7 @@ from vla_rl.trainers.actor import embodied_forward
 from vla_rl.workers.resources import register_resource
 from vla_rl.workflows.base import Workflow
 from vla_rl_core import keys
+from vla_rl_core.components import ComponentConfigError
 from vla_rl_core.env_spec import EnvSpec
 
 if TYPE_CHECKING:
@@ -30,7 +31,19 @@ class EmbodiedWorkflow(Workflow):
     policy_needs = ("env_spec",)
 
     def build_policy(self, res):
-        return robot_policy(res.config, res.env_spec, res.device).to(res.device)
+        """The policy for the worker's simulator sizes.
+
+        Raises:
+            ComponentConfigError: ``policy.config.<field>`` does not fit them (a model directory
+                saved for another observation layout: the policy's
+                :class:`~policies.checkpoint_files.FieldError`), reported by the driver in one line.
+        """
+        from policies.checkpoint_files import FieldError
+
+        try:
+            return robot_policy(res.config, res.env_spec, res.device).to(res.device)
+        except FieldError as error:  # known only once a simulator gave the sizes
+            raise ComponentConfigError(f"policy.config.{error.field}", str(error)) from None
 
     def standalone_policy(self, config, run_dir):
         """The policy, its observation and action sizes read from one environment of the run's
