@@ -308,6 +308,9 @@ def test_a_text_run_still_takes_the_shared_settings():
          "algorithm.reward is 'success'"),
         ("llm_gspo", "algorithm.ppo_clip.clip_ratio_high=0.3", "algorithm.ppo_clip.clip_ratio_high",
          "algorithm.policy_loss is 'gspo'"),
+        ("embodied_grpo", "algorithm.kl_loss_coef=0.5", "algorithm.kl_loss_coef", "algorithm.use_kl_loss=true"),
+        ("embodied_grpo", "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.type",
+         "algorithm.use_kl_in_reward=true"),
     ],
 )
 def test_an_override_of_an_unselected_components_settings_is_refused(template, override, field, selected):
@@ -321,7 +324,7 @@ def test_a_template_may_carry_the_settings_of_components_it_switched_away_from()
     config = load_template("embodied_grpo").config
     assert config.algorithm.reward == "success" and "algorithm.srpo" in config.unread_settings()
     selected = load_template("embodied_grpo", ["algorithm.reward=srpo", "algorithm.srpo.dbscan_eps=0.3"]).config
-    assert selected.algorithm.options("reward").dbscan_eps == 0.3 and not selected.unread_settings()
+    assert selected.algorithm.options("reward").dbscan_eps == 0.3 and "algorithm.srpo" not in selected.unread_settings()
 
 
 def test_rollout_backend_defaults_to_hf_and_accepts_vllm():
@@ -562,3 +565,17 @@ def test_a_policy_class_that_leaves_methods_abstract_is_refused_when_the_templat
     assert err.field == "policy.name"
     assert "'partial_toy' (test_config.test_a_policy_class_that_leaves_methods_abstract_is_refused_when_the_template_" \
            "loads.<locals>.Partial) does not define log_prob_and_entropy_per_dim of policies.base.Policy" in str(err)
+
+
+def test_a_plug_in_simulator_without_config_class_names_simulator_name(monkeypatch):
+    """It was an AttributeError traceback at plan time."""
+    from simulators.registry import SIMULATORS
+
+    SIMULATORS.get("robosuite_lift")  # the builtins, registered before the plug-in
+
+    class NoConfigClass:
+        pass
+
+    monkeypatch.setitem(SIMULATORS._entries, "no_config_class", NoConfigClass)
+    error = _error("embodied_grpo", "simulator.name=no_config_class", "warm_start.num_demos=0")
+    assert error.field == "simulator.name" and "has no config_class, the dataclass of its simulator.env" in str(error)

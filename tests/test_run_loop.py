@@ -72,3 +72,11 @@ def test_the_summary_gives_each_rows_episode_count():
     run._print_summary({"warm_start_eval": evaluation, "final_eval": evaluation})
     text = console.export_text()
     assert "500" not in text and "│ 250 " in text
+
+
+def test_a_run_without_evaluations_says_so_instead_of_an_empty_table():
+    console = Console(record=True, width=200)
+    loop("embodied_srpo", "eval.num_episodes=0", console=console)._print_summary({"steps_run": 1})
+    text = console.export_text()
+    assert "no held-out evaluation (eval.num_episodes=0" in text and "held-out evaluation\n" not in text
+    assert "95% CI" not in text and "steps run 1" in text

@@ -234,6 +234,18 @@ class RunLoop:
                 and last_step < self.config.trainer.total_steps and not out_of_budget)
 
     def _print_summary(self, summary: dict) -> None:
+        if any(summary.get(tag) for tag in (f"{self.first_tag}_eval", "final_eval")):
+            self._print_evaluations(summary)
+        else:  # an empty table said nothing
+            self.console.print("no held-out evaluation (eval.num_episodes=0, or no evaluation phase in the template)")
+        env_rate = summary.get("env_steps_per_s", 0)  # 0 for text runs: no simulator
+        self.console.print(f"steps run {summary.get('steps_run', 0)}, training time "
+                           f"{summary.get('train_time_s', 0):.0f} s, "
+                           + (f"{env_rate:.0f} env steps/s during rollouts; " if env_rate else "")
+                           + f"plot {self.run_dir / 'success_rate.png'}")
+
+    def _print_evaluations(self, summary: dict) -> None:
+        """The held-out evaluations' table and each protocol's gain over the first evaluation."""
         from rich.table import Table
 
         tasks = self._task_names()
@@ -264,10 +276,6 @@ class RunLoop:
             gain = summary.get(f"improvement_points/{protocol}")
             if gain is not None:
                 self.console.print(f"{protocol}: {gain:+.1f} percentage points over {over}")
-        env_rate = summary.get("env_steps_per_s", 0)  # 0 for text runs: no simulator
-        self.console.print(f"steps run {summary.get('steps_run', 0)}, training time {summary.get('train_time_s', 0):.0f} s, "
-                           + (f"{env_rate:.0f} env steps/s during rollouts; " if env_rate else "")
-                           + f"plot {self.run_dir / 'success_rate.png'}")
 
     def _task_names(self) -> list[str]:
         """The tasks of the held-out evaluation (an embodied run's own, or its benchmark's)."""

@@ -83,11 +83,16 @@ def build_config(config_class: type, options: Mapping[str, Any] | None, field: s
         The typed config.
 
     Raises:
-        ComponentConfigError: an unknown key (naming it and the accepted ones), a non-finite
+        ComponentConfigError: ``config_class`` is neither a dataclass nor a pydantic model (a
+            plug-in's registration), an unknown key (naming it and the accepted ones), a non-finite
             number, a boolean for a setting that takes none, a value of the wrong type, or a
             value the class's own validation rejects (a ``ComponentConfigError`` it raises names
             its setting: ``field.<setting>``).
     """
+    if not (dataclasses.is_dataclass(config_class) and isinstance(config_class, type)) and not (
+            isinstance(config_class, type) and issubclass(config_class, BaseModel)):  # a plug-in's mistake
+        raise ComponentConfigError(field, f"the component's config class {config_class!r} is neither a dataclass nor "
+                                   "a pydantic model (docs/extending.md)")
     options = dict(options or {})
     for key, value in options.items():
         if isinstance(value, float) and not math.isfinite(value):

@@ -120,9 +120,16 @@ class RunConfig(_Section):
     def unread_settings(self) -> dict[str, str]:
         """``{dotted setting: why}`` for the settings this config holds that the run never reads and
         a template may still carry (the settings of an algorithm component it does not select:
-        :meth:`AlgorithmSection.unselected_settings`); :func:`vla_rl.dag.loader.load_template`
-        refuses an override that sets one."""
-        return self.algorithm.unselected_settings()
+        :meth:`AlgorithmSection.unselected_settings`; the KL loss's and the KL penalty's while they
+        are off); :func:`vla_rl.dag.loader.load_template` refuses an override that sets one."""
+        algorithm = self.algorithm
+        unread = algorithm.unselected_settings()
+        for switch, names in (("use_kl_loss", ("kl_loss_coef", "kl_loss_type")),
+                              ("use_kl_in_reward", ("kl_penalty", "kl_ctrl"))):
+            if not getattr(algorithm, switch):
+                unread |= {f"algorithm.{name}": f"read only with algorithm.{switch}=true (and a reference node), "
+                           f"which is false: set it too, or drop the override" for name in names}
+        return unread
 
     def low_precision_trained(self) -> tuple[str, str] | None:
         """``(field, dtype)`` of :meth:`parameter_dtype` when the policy's parameters are not

@@ -47,13 +47,18 @@ class SimulatorSection(_Section):
         set, the first task's.
 
         Raises:
-            ComponentConfigError: an unknown simulator, or an ``env`` the config class rejects
-                (the error names the field, e.g. ``simulator.env.task``), or a bad task set.
+            ComponentConfigError: an unknown simulator (or one without ``config_class``), or an
+                ``env`` the config class rejects (the error names the field, e.g.
+                ``simulator.env.task``), or a bad task set.
         """
         from simulators.registry import SIMULATORS
 
         _check_name(SIMULATORS, self.name, "simulator.name")
-        config_class = SIMULATORS.get(self.name).config_class
+        config_class = getattr(SIMULATORS.get(self.name), "config_class", None)
+        if config_class is None:  # a plug-in's class that lacks part of simulators/vector.py's contract
+            raise ComponentConfigError("simulator.name", f"simulator {self.name!r} ({SIMULATORS.get(self.name)!r}) has "
+                                       "no config_class, the dataclass of its simulator.env settings "
+                                       "(docs/extending.md)")
         if self.tasks is None:
             return build_config(config_class, self.env, "simulator.env")
         configs = [build_config(config_class, env, f"simulator.tasks[{i}]") for i, env in enumerate(self.task_envs())]
