@@ -233,6 +233,20 @@ def test_cpgd_drift_pulls_back_no_harder_than_at_ratio_3(ratio):
     assert grad == pytest.approx(coef * min(ratio - 1, 2.0))
 
 
+@pytest.mark.parametrize("advantage", [1.0, -1.0])
+def test_cpgd_keeps_the_policy_gradient_of_a_token_beyond_the_log_ratio_clamp(advantage):
+    """siiRL's CPGD takes no exp in the policy-gradient term and clamps nothing there: a token whose
+    probability fell by e^25 under a positive advantage keeps the gradient -A that pushes it back
+    (the clamp to +-20 before exp zeroed it). The drift's value and weight still see the clamp:
+    r - 1 = expm1(-20), about -1. With A < 0 the floor log(1 - eps_low) clips it: no gradient."""
+    coef = 0.1
+    loss, metrics, grad = one_token("cpgd", -25.0, advantage, policy_drift_coef=coef)
+    drift = math.exp(-20.0) - 1 + 20.0
+    pg = -advantage * (-25.0 if advantage > 0 else math.log(0.8))
+    assert loss == pytest.approx(pg + coef * drift) and metrics["policy_drift"] == pytest.approx(drift)
+    assert grad == pytest.approx((-advantage if advantage > 0 else 0.0) + coef * math.expm1(-20.0))
+
+
 def test_cpgd_on_policy_is_the_plain_policy_gradient():
     log_probs = torch.tensor([[-0.3, -1.2]], dtype=torch.float64, requires_grad=True)
     loss, metrics = loss_of("cpgd", log_probs, log_probs.detach().clone(),

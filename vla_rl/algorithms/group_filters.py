@@ -5,7 +5,11 @@ group share the answer); the run's settings compose them (:func:`keep_groups`).
   a prompt only if ``0 < |{o_i : is_equivalent(a, o_i)}| < G``), on success (DAPO's accuracy,
   verl's ``filter_groups.metric: acc``) or generalised to any reward (verl's ``seq_reward``): a
   group whose values are all equal is dropped; with equal rewards every GRPO advantage of it is
-  0 and it would only dilute the batch. A group of size 1 is such a group.
+  0 and it would only dilute the batch. A group of size 1 is such a group, as the paper's
+  ``0 < count < G`` has it (verl's DAPO trainer keeps one: ``std > 0 or len == 1``; the group
+  advantage estimators refuse a group size below 2 at plan time anyway). "All equal" allows
+  ``1e-6`` between a group's largest and smallest value, where verl asks for ``std > 0``: on
+  continuous rewards (SRPO's) groups within float noise of each other are dropped here.
 - success-rate band: the accuracy filter of SimpleVLA-RL (Li et al. 2025) and of the SRPO recipe
   in siiRL (``accuracy_lower_bound`` / ``accuracy_upper_bound``, 0.1 and 0.9): keep a group when
   its success rate lies in ``[low, high]``. With binary success and the band ``[1/G, 1 - 1/G]``

@@ -45,7 +45,9 @@ from vla_rl_core.registry import Registry
 
 PolicyLoss = Callable[..., tuple[Tensor, dict[str, float]]]
 
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", calls=(
+    ("log_probs", "old_log_probs", "advantages", "response_mask", "config", "loss_agg_mode", "loss_agg_normalizer"),
+    ()))
 
 
 @dataclass(frozen=True)
@@ -369,13 +371,14 @@ def compute_cpgd_loss(
     objective ``min(ln(r) A, clip(ln(r), ln(1 - eps), ln(1 + eps)) A) - alpha * D_KL(pi_old,
     pi_theta)``, per token, with decoupled ``eps_low`` / ``eps_high``)::
 
-        log_ratio         = clamp(log_probs - old_log_probs, -log_ratio_clamp, log_ratio_clamp)
+        log_ratio         = log_probs - old_log_probs
         clipped_log_ratio = min(log_ratio, log(1 + clip_ratio_high))     where A > 0
                             max(log_ratio, log(1 - clip_ratio_low))      where A < 0
         pg_loss           = -A * clipped_log_ratio
-        policy_drift      = exp(log_ratio) - 1 - log_ratio              k3 of KL(pi_old || pi_theta)
+        l                 = clamp(log_ratio, -log_ratio_clamp, log_ratio_clamp)  (before exp only)
+        policy_drift      = exp(l) - 1 - l                               k3 of KL(pi_old || pi_theta)
         loss              = aggregate(pg_loss + policy_drift_coef * policy_drift)
-        d policy_drift    = min(exp(log_ratio) - 1, 2) * d log pi_theta  (the gradient used)
+        d policy_drift    = min(exp(l) - 1, 2) * d log pi_theta          (the gradient used)
 
     The clipping acts on the log-ratio, by the sign of the advantage: the policy-gradient term is
     the plain ``-A * log pi_theta`` (up to a constant) until the log-ratio leaves the trust
@@ -399,20 +402,22 @@ def compute_cpgd_loss(
         RegistryError: if ``loss_agg_mode`` is unknown.
     """
     valid, _, token_advantages, log_ratio = _prepare(log_probs, old_log_probs, advantages, response_mask)
-    log_ratio = log_ratio.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)  # (B, T)
     upper, lower = math.log1p(config.clip_ratio_high), math.log1p(-config.clip_ratio_low)
     positive, negative = token_advantages > 0, token_advantages < 0
+    # The policy-gradient term takes no exp: unclamped, a token whose probability fell by more than
+    # e^log_ratio_clamp keeps the gradient -A that pushes it back, as in siiRL.
     clipped_log_ratio = torch.where(positive, log_ratio.clamp(max=upper), log_ratio)
     clipped_log_ratio = torch.where(negative, log_ratio.clamp(min=lower), clipped_log_ratio)  # (B, T)
     pg_loss = -token_advantages * clipped_log_ratio  # (B, T)
-    policy_drift = torch.expm1(log_ratio) - log_ratio  # (B, T)
+    bounded = log_ratio.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)  # (B, T), before exp
+    policy_drift = torch.expm1(bounded) - bounded  # (B, T)
     # The drift's value, with the gradient weight (r - 1) of its derivative capped at 2 (siiRL).
-    drift_weight = torch.expm1(log_ratio).detach().clamp(max=DRIFT_WEIGHT_MAX)
+    drift_weight = torch.expm1(bounded).detach().clamp(max=DRIFT_WEIGHT_MAX)
     drift_term = policy_drift.detach() + drift_weight * (log_ratio - log_ratio.detach())  # (B, T)
     loss = aggregate_loss(pg_loss + config.policy_drift_coef * drift_term, valid,
                           loss_agg_mode, loss_agg_normalizer)
     with torch.no_grad():
         clipped = (positive & (log_ratio > upper)) | (negative & (log_ratio < lower))
-        metrics = _common_metrics(log_ratio, valid, clipped, masked_mean(torch.exp(log_ratio), valid).item())
+        metrics = _common_metrics(bounded, valid, clipped, masked_mean(torch.exp(bounded), valid).item())
         metrics["policy_drift"] = masked_mean(policy_drift, valid).item()
     return loss, metrics

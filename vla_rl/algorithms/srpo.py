@@ -30,7 +30,10 @@ below and the standardisation, noise fallback, degenerate-range and no-success r
 the authors' reference implementation, siiRL's ``siirl/utils/reward_score/embodied.py``
 (``StandardScaler`` + ``DBSCAN(eps=0.5, min_samples=2)``, ``0.6 * expit(10 * (0.5 - n))``).
 DBSCAN (Ester et al. 1996) is written here on scipy's connected components, as scikit-learn is
-not a dependency; see ``dbscan_cluster_labels`` for the one place it can differ.
+not a dependency; see ``dbscan_cluster_labels`` for the one place it can differ. One rule of
+siiRL's is not taken: it treats an all-zero embedding as its encoder's failure value (reward 0,
+left out of the clustering and of the min-max range); here every embedding is a point, since the
+encoders of :mod:`vla_rl.rewards.trajectory_encoders` raise on failure rather than return zeros.
 """
 
 from __future__ import annotations
