@@ -38,8 +38,12 @@ from checkpoint_inputs import (
 from safetensors.torch import save_file
 
 from vla_rl.cli import main
+from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
+from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.preflight import PreflightError, preflight
+from vla_rl.workers.resources import register_resource
+from vla_rl_core import keys
 
 # The arithmetic splits that text runs generate: written once per session (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("generated_prompts_once")
@@ -528,3 +532,44 @@ def test_chat_template_kwargs_reach_the_workers_policy_and_the_prompt_length_che
     preflight(load_template(TEXT, [*base, f"text.max_prompt_length={plain}"]))
     with pytest.raises(PreflightError, match=f"has {thinking}"):
         preflight(load_template(TEXT, [*base, f"text.max_prompt_length={plain}", no_thinking]))
+
+
+# A plug-in node function that declares a worker resource nobody registered, directly or through
+# what a registered resource needs (test-only names, registered once in this process).
+register_resource("test_needs_unregistered", needs=("test_unregistered_need",))(lambda res: None)
+for _fn, _resource in (("test_unregistered", "test_no_such_resource"), ("test_needs", "test_needs_unregistered")):
+    register_node("reward", "compute", name=_fn, reads=(keys.SUCCESS,), writes=(keys.REWARDS,),
+                  resources=(_resource,))(lambda ctx, batch: NodeOutput(batch=batch))
+
+
+@pytest.mark.parametrize("fn, missing", [
+    ("test_unregistered", "'test_no_such_resource'"),
+    ("test_needs", "'test_needs_unregistered -> test_unregistered_need' (through what it needs)"),
+])
+def test_a_node_declaring_an_unregistered_resource_is_refused_before_anything_starts(fn, missing, tmp_path, capsys):
+    """It used to pass ``vla-rl plan`` and stop every worker at its setup, after Ray and the
+    simulators started, with a traceback naming no node."""
+    overrides = [f"nodes.reward.fn={fn}"]
+    with pytest.raises(TemplateError) as raised:
+        preflight(load_template("embodied_srpo", overrides))
+    assert (raised.value.node, raised.value.field) == ("reward", "fn")
+    assert f"declares worker resource {missing}, which is not registered; known: actor," in str(raised.value)
+    assert_cli_refuses_and_writes_nothing(capsys, tmp_path, ["embodied_srpo", *overrides], "'fn'", missing)
+
+
+@pytest.mark.parametrize("tasks, message", [
+    ("[Lift,Stack]", "'Stack' differs from 'Lift' in state_dim: 20 vs 15"),
+    ("[Lift,Door]", "'Door' differs from 'Lift' in state_dim: 20 vs 15"),
+])
+def test_a_task_set_whose_tasks_differ_in_size_is_refused_before_anything_starts(tasks, message, tmp_path, capsys):
+    """robosuite's configs declare their state size: a task set of Lift and Stack was refused only
+    once every worker had started its simulators (the layout check of the pool's spec())."""
+    overrides = [f"simulator.tasks={tasks}"]
+    with pytest.raises(PreflightError, match=message) as raised:
+        preflight(load_template("embodied_srpo", overrides))
+    assert raised.value.field == "simulator.tasks"
+    assert_cli_refuses_and_writes_nothing(capsys, tmp_path, ["embodied_srpo", *overrides], "simulator.tasks", message)
+
+
+def test_a_task_set_of_one_layout_passes():
+    preflight(load_template("embodied_grpo_mt10"))  # MetaWorld's ten tasks: 39 state values, 4 actions, 150 steps

@@ -30,7 +30,10 @@ architecture leave it randomly initialised). :func:`preflight` checks what the t
   modules; π0's ``norm_stats.json`` and Flow-Noise head); a GGUF file's header (version, key-value
   metadata, tensor infos whose data lies inside the file) and its tokenizer;
 - **the trajectory encoder's model** (V-JEPA 2's ``algorithm.vjepa2.model_dir``: its
-  ``config.json``), when the reward embeds episodes with it.
+  ``config.json``), when the reward embeds episodes with it;
+- **a task set's tasks** (``simulator.tasks``) declare the same state and action sizes and horizon;
+- **the worker resources the nodes declare** (a plug-in's ``register_node(resources=...)``) and
+  those they need are registered.
 
 :func:`check_local_packages` (``vla-rl train`` and ``eval``, not ``plan``) adds the optional
 packages a local run's workers import: the simulator's extra (LIBERO) and vLLM.
@@ -79,6 +82,7 @@ def preflight(template: Template, world_size: int | None = None) -> None:
     """
     config = template.config
     the_plan = plan(template, world_size)
+    _check_node_resources(config, the_plan, template.path)
     if config.run.workflow == "text":
         with tempfile.TemporaryDirectory(prefix="vla_rl_preflight_") as scratch:
             read = _check_prompt_files(config, the_plan, _generated_prompts(config, Path(scratch)))
@@ -87,8 +91,73 @@ def preflight(template: Template, world_size: int | None = None) -> None:
                 _check_prompt_rows(config, read, tokenizer)
         _check_held_out_prompts(config, the_plan)
     else:
+        _check_task_set(config)
         _check_policy_checkpoint(config)
         _check_trajectory_encoder(config)
+
+
+TASK_SET_SIZES = ("state_dim", "action_dim", "horizon")
+"""What the tasks of a task set must share, as far as their configs declare it (a config may not
+know a size before its environment is built: then the pool's ``spec()`` finds a difference)."""
+
+
+def _check_task_set(config) -> None:
+    """The tasks of ``simulator.tasks`` declare the same state size, action size and horizon (robosuite
+    Lift's 15 state values and Stack's 20 are not one task set): otherwise every worker stops once
+    its simulators have started."""
+    simulator = config.simulator
+    if not simulator.multi_task:
+        return
+    from simulators.registry import SIMULATORS
+    from vla_rl_core.components import build_config
+
+    config_class = SIMULATORS.get(simulator.name).config_class
+    names = simulator.task_names()
+    tasks = [build_config(config_class, env, f"simulator.tasks[{i}]") for i, env in enumerate(simulator.task_envs())]
+    for size in TASK_SET_SIZES:
+        values = [getattr(task, size, None) for task in tasks]
+        for name, value in zip(names[1:], values[1:]):
+            if None not in (value, values[0]) and value != values[0]:
+                raise PreflightError(f"the tasks of a task set must share their observation and action layout and "
+                                     f"horizon, but {name!r} differs from {names[0]!r} in {size}: {value} vs "
+                                     f"{values[0]}", field="simulator.tasks")
+
+
+def _check_node_resources(config, the_plan: Plan, file: Path) -> None:
+    """Every worker resource a node declares (``register_node(resources=...)``) is registered,
+    with the resources it needs: otherwise every worker would stop at its setup, after Ray and the
+    simulators started, with a traceback that names no node."""
+    from vla_rl.dag.registry import WORKFLOWS
+    from vla_rl.workers.resources import RESOURCES
+
+    WORKFLOWS.get(config.run.workflow)  # the workflow kits register their resources on import
+    for phase in the_plan.phases.values():
+        for task in phase.chains[0]:
+            if not isinstance(task, RunNode):
+                continue
+            for name in sorted(task.resources):
+                missing = _unregistered_resource(name, RESOURCES, ())
+                if missing is not None:
+                    known = ", ".join(map(str, RESOURCES.names()))
+                    raise TemplateError(
+                        f"its function ({task.role}/{task.type}, fn: {task.fn}) declares worker resource "
+                        f"{' -> '.join(missing)!r}{'' if len(missing) == 1 else ' (through what it needs)'}, "
+                        f"which is not registered; known: {known}. Register it with "
+                        f"vla_rl.workers.resources.register_resource in a module of run.imports",
+                        file=file, node=task.node_id, field="fn")
+
+
+def _unregistered_resource(name: str, resources, path: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The path from a declared resource to the first unregistered one it is or needs, or None."""
+    path = (*path, name)
+    if name not in resources:
+        return path
+    for need in resources.get(name).needs:
+        if need not in path:
+            missing = _unregistered_resource(need, resources, path)
+            if missing is not None:
+                return missing
+    return None
 
 
 def check_local_packages(config) -> None:

@@ -15,17 +15,25 @@ model, validated when a template loads: :mod:`vla_rl_core.components`)::
 
     @ADVANTAGE_ESTIMATORS.register("gae", config=GAEConfig)
     def compute_gae_advantage_return(..., config: GAEConfig, ...): ...
+
+A registry whose entries the engine calls one way names that call (``calls``), so that a function
+registered with another signature fails when its module is imported, naming the entry and the
+arguments it is given, not inside a worker at the first step.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 T = TypeVar("T")
+
+Call = tuple[tuple[str, ...], tuple[str, ...]]
+"""How the engine calls an entry: the names of its positional arguments, then of its keyword ones."""
 
 
 class RegistryError(KeyError):
@@ -52,15 +60,21 @@ class Registry(Generic[T]):
             any other name import them all. :meth:`check_builtins` checks the mapping.
         traits: the pydantic model of what each entry declares to the engine when it registers
             (e.g. an advantage estimator's ``reads`` and ``groups``); None: entries declare nothing.
+        calls: how the engine calls a function entry (:data:`Call`), or a function of the entry's
+            declared traits giving it (an estimator that takes batch statistics is also passed
+            ``reduce``); :meth:`register` refuses a function that cannot be called so. Class
+            entries (built from their config, then called) are not checked. None: no fixed call.
     """
 
     def __init__(self, kind: str, builtins: Sequence[str] | Mapping[Hashable, str] = (),
-                 traits: type[BaseModel] | None = None) -> None:
+                 traits: type[BaseModel] | None = None,
+                 calls: Call | Callable[[BaseModel | None], Call] | None = None) -> None:
         self.kind = kind
         self.builtin_modules: dict[Hashable, str] = dict(builtins) if isinstance(builtins, Mapping) else {}
         modules = self.builtin_modules.values() if isinstance(builtins, Mapping) else builtins
         self.builtins = tuple(dict.fromkeys(modules))
         self.traits_model = traits
+        self.calls = calls
         self._builtins_loaded = not self.builtins
         self._entries: dict[Hashable, T] = {}
         self._configs: dict[Hashable, type] = {}
@@ -129,7 +143,8 @@ class Registry(Generic[T]):
                 the name of a built-in of :attr:`builtin_modules` registered by another module (a
                 plug-in, refused at its import rather than when the built-in loads).
             TypeError: traits the registry's model refuses (an unknown name, a wrong type; the
-                message names the component and the trait), or any trait for a registry without one.
+                message names the component and the trait), or any trait for a registry without one;
+                a function that cannot be called as :attr:`calls` says (naming the arguments).
         """
         declared = self._validated_traits(name, traits)
 
@@ -140,6 +155,7 @@ class Registry(Generic[T]):
             if module is not None and not self._is_builtin_module(module) and name in self.builtin_modules:
                 raise RegistryError(f"{self.kind} {name!r} is a built-in ({self.builtin_modules[name]}); {module} "
                                     "registers another: give it another name")
+            self._check_call(name, obj, declared)
             if name in self._entries:
                 raise RegistryError(f"{self.kind} {name!r} is already registered (by {_origin(self._entries[name])}); "
                                     f"{module} registers another: give it another name")
@@ -151,6 +167,22 @@ class Registry(Generic[T]):
             return obj
 
         return decorator
+
+    def _check_call(self, name: Hashable, obj: Any, declared: BaseModel | None) -> None:
+        if self.calls is None or isinstance(obj, type) or not callable(obj):
+            return
+        positional, keywords = self.calls(declared) if callable(self.calls) else self.calls
+        try:
+            signature = inspect.signature(obj)
+        except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+            return
+        try:
+            signature.bind(*positional, **dict.fromkeys(keywords))
+        except TypeError as err:
+            call = ", ".join([*positional, *(f"{keyword}=..." for keyword in keywords)])
+            where = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+            raise TypeError(f"{self.kind} {name!r} ({where}{signature}) cannot be called as the engine calls it, "
+                            f"({call}): {err}") from None
 
     def traits(self, name: Hashable) -> BaseModel:
         """What ``name`` declared when it was registered: an instance of the registry's traits

@@ -166,3 +166,48 @@ def test_the_engines_registries_declare_their_traits():
     assert TRAJECTORY_ENCODERS.traits("policy_backbone").runtime == ("frame_features",)
     assert TRAJECTORY_ENCODERS.traits("vjepa2").runtime == ("device",)
     assert TRAJECTORY_ENCODERS.traits("state_resample").runtime == ()
+
+
+def test_a_function_that_cannot_take_the_engines_call_is_refused_when_it_registers():
+    def calls(traits):
+        return ("rewards", "mask"), ("values", "reduce") if traits.groups else ("values",)
+
+    registry = Registry("estimator", traits=Traits, calls=calls)
+    registry.register("exact")(lambda rewards, mask, values=None: None)
+    registry.register("loose")(lambda *args, **kwargs: None)
+    registry.register("defaults")(lambda rewards, mask, values=None, extra=1: None)
+    registry.register("a_class")(type("Built", (), {}))  # built from its config, then called: not checked
+    registry.register("grouped", groups=True)(lambda rewards, mask, values=None, reduce=None: None)
+    with pytest.raises(TypeError, match=r"estimator 'no_values' \(.*\(rewards, mask\)\) cannot be called as the "
+                                        r"engine calls it, \(rewards, mask, values=\.\.\.\): .*'values'"):
+        registry.register("no_values")(lambda rewards, mask: None)
+    with pytest.raises(TypeError, match=r"'too_many'.*missing a required argument: 'config'"):
+        registry.register("too_many")(lambda rewards, mask, config, values=None: None)
+    with pytest.raises(TypeError, match=r"'grouped_without_reduce'.*\(rewards, mask, values=\.\.\., reduce=\.\.\.\)"):
+        registry.register("grouped_without_reduce", groups=True)(lambda rewards, mask, values=None: None)
+    assert {"no_values", "too_many", "grouped_without_reduce"}.isdisjoint(registry.names())
+
+
+@pytest.mark.parametrize("module, body, named", [
+    ("toy_bad_estimator", "from vla_rl.algorithms.advantages import ADVANTAGE_ESTIMATORS\n"
+     "@ADVANTAGE_ESTIMATORS.register('toy_bad')\ndef toy_bad(rewards, mask, config):\n    return rewards, rewards\n",
+     "advantage estimator 'toy_bad'"),
+    ("toy_bad_loss", "from vla_rl.algorithms.policy_loss import POLICY_LOSSES\n"
+     "@POLICY_LOSSES.register('toy_bad')\ndef toy_bad(log_probs, old_log_probs, advantages, mask, config):\n"
+     "    return 0, {}\n", "policy loss 'toy_bad'"),
+    ("toy_bad_reward", "from vla_rl.algorithms.rewards import EMBODIED_REWARDS\n"
+     "@EMBODIED_REWARDS.register('toy_bad', step_reference=True)\n"
+     "def toy_bad(embeddings, success, task_ids, config):\n    return success.float()\n", "embodied reward 'toy_bad'"),
+])
+def test_a_plug_in_with_the_wrong_signature_is_refused_at_load_in_one_line(module, body, named, tmp_path,
+                                                                            monkeypatch, capsys):
+    """It used to load, plan and start the workers, then fail inside one with a Ray traceback."""
+    from vla_rl.cli import main
+
+    (tmp_path / f"{module}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["plan", "embodied_grpo", f"run.imports=[{module}]"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ") and "\n" not in error and "Traceback" not in error, error
+    assert f"field 'run.imports': cannot import '{module}': TypeError: {named}" in error, error
+    assert "cannot be called as the engine calls it" in error

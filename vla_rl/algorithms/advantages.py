@@ -38,8 +38,9 @@ GRPO implementation:
 - a group of size 1 is such a group: one sample's own score would be its baseline. verl returns
   the raw score for it instead;
 - GRPO divides by the unbiased (Bessel-corrected, divisor ``n - 1``) group standard deviation,
-  ``torch.std``'s default and what verl and TRL use, so that ``epsilon`` and learning rates carry
-  over from those implementations.
+  ``torch.std``'s default and what verl and TRL use, so that learning rates carry over from those
+  implementations; ``epsilon`` defaults to verl's ``1e-6`` (TRL adds ``1e-4``, a difference that
+  shows only in groups whose rewards lie within about ``1e-3`` of each other).
 
 Statistics are computed in float64.
 """
@@ -78,7 +79,15 @@ class EstimatorTraits(BaseModel):
     batch_statistics: bool = False
 
 
-ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", traits=EstimatorTraits)
+def _estimator_call(traits: EstimatorTraits | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """How the advantage node calls an estimator (verl's convention, plus ``reduce`` for those that
+    take batch statistics)."""
+    keywords = ("values", "reduce") if traits is not None and traits.batch_statistics else ("values",)
+    return ("token_level_rewards", "response_mask", "group_ids", "config"), keywords
+
+
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", traits=EstimatorTraits,
+                                                              calls=_estimator_call)
 
 
 def _check_unit_interval(**values: float) -> None:

@@ -30,7 +30,8 @@ from vla_rl_core.registry import Registry
 
 LossAggregator = Callable[[Tensor, Tensor, float | None], Tensor]
 
-LOSS_AGG_MODES: Registry[LossAggregator] = Registry("loss aggregation mode")
+LOSS_AGG_MODES: Registry[LossAggregator] = Registry("loss aggregation mode",
+                                                   calls=(("loss_mat", "mask", "normalizer"), ()))
 
 
 def _check_mask(x: Tensor, mask: Tensor) -> Tensor:

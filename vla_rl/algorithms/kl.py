@@ -32,7 +32,7 @@ from vla_rl_core.registry import Registry
 
 KLEstimator = Callable[[Tensor, Tensor], Tensor]
 
-KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
+KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator", calls=(("log_probs", "ref_log_probs"), ()))
 
 
 def _register(*names: str) -> Callable[[KLEstimator], KLEstimator]:

@@ -48,7 +48,15 @@ class RewardTraits(BaseModel):
     step_reference: bool = False
 
 
-EMBODIED_REWARDS: Registry[Callable[..., Tensor]] = Registry("embodied reward", traits=RewardTraits)
+def _reward_call(traits: RewardTraits | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """How the reward node calls an embodied reward (``shards`` for one whose reference set may
+    span the step)."""
+    keywords = ("shards",) if traits is not None and traits.step_reference else ()
+    return ("embeddings", "success", "task_ids", "config"), keywords
+
+
+EMBODIED_REWARDS: Registry[Callable[..., Tensor]] = Registry("embodied reward", traits=RewardTraits,
+                                                             calls=_reward_call)
 
 
 @EMBODIED_REWARDS.register("success")

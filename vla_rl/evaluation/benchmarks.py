@@ -48,7 +48,7 @@ class EvalTask:
         return build_config(SIMULATORS.get(self.simulator).config_class, self.env, f"the env of task {self.name}")
 
 
-BENCHMARKS: Registry[Callable[[Any], list[EvalTask]]] = Registry("benchmark")
+BENCHMARKS: Registry[Callable[[Any], list[EvalTask]]] = Registry("benchmark", calls=(("config",), ()))
 
 ROBOSUITE_TASKS = ("Lift", "Stack", "PickPlaceCan", "Door")
 

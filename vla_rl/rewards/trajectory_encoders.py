@@ -52,7 +52,8 @@ class EncoderTraits(BaseModel):
     runtime: tuple[Literal["frame_features", "device"], ...] = ()
 
 
-TRAJECTORY_ENCODERS: Registry[Callable[..., Any]] = Registry("trajectory encoder", traits=EncoderTraits)
+TRAJECTORY_ENCODERS: Registry[Callable[..., Any]] = Registry("trajectory encoder", traits=EncoderTraits,
+                                                              calls=(("trajectories", "lengths"), ("num_points",)))
 """Encoder functions ``(trajectories, lengths, num_points) -> (batch, dim)``, or classes whose
 instances are such functions (build them with :func:`build_trajectory_encoder`)."""
 
