@@ -30,6 +30,9 @@ RESUME_CASES = [
                                            "policy.config.hidden_sizes=[64,64]"],
      ["error: policy.config.hidden_sizes=[64,64]: the run's checkpoint", "this override builds",  # not total_steps
       "mean_net.0.weight: (32, 15) in the checkpoint, (64, 15) in the model"]),
+    ("the policy's width deleted", "srpo", ["--resume", "{run}", "~policy.config.hidden_sizes"],
+     ["error: ~policy.config.hidden_sizes: the run's checkpoint", "this override builds",  # the default 256 wide
+      "mean_net.0.weight: (32, 15) in the checkpoint, (256, 15) in the model"]),
     ("a sharded policy of another width", "fsdp", ["--resume", "{run}", "policy.config.hidden_sizes=[64,64]"],
      ["actor_sharded/.metadata does not fit the policy this override builds",
       "mean_net.0.weight: (32, 15) in the checkpoint, (64, 15) in the model"]),

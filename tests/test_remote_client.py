@@ -94,3 +94,56 @@ def test_a_refused_client_exits_as_a_user_error_in_one_line(refusal, message, ca
         server.shutdown()
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+PLUG_IN = '''
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from simulators.registry import SIMULATORS
+
+
+@dataclass
+class ToyConfig:
+    size: int = 3
+
+
+@SIMULATORS.register("toy_remote_point")
+class ToyPoint(gym.Env):
+    config_class = ToyConfig
+
+    def __init__(self, config):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (config.size,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+'''
+
+
+def test_remote_env_serves_a_plug_in_simulator_it_imports(tmp_path, capsys, monkeypatch):
+    """``vla-rl remote-env`` knew only the built-in simulators: a plug-in one (docs/extending.md),
+    which a run imports with run.imports, was an unknown simulator. ``--import`` imports it first;
+    here the hub refuses its environment, which the client can only hear once it made one."""
+    from websockets.sync.server import serve
+
+    (tmp_path / "toy_remote_sim.py").write_text(PLUG_IN)
+    (tmp_path / "toy_broken_sim.py").write_text("raise RuntimeError('half written')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    hellos = []
+
+    def handler(websocket):
+        hellos.append(websocket.recv())
+        websocket.send("this run's environments have state_dim 7, the client 5")
+
+    with serve(handler, "127.0.0.1", 0) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        uri = f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
+        assert main(["remote-env", "toy_remote_point", "--connect", uri]) == 2
+        assert "unknown simulator 'toy_remote_point'" in capsys.readouterr().err
+        assert main(["remote-env", "toy_remote_point", "--import", "toy_broken_sim", "--connect", uri]) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == "error: --import toy_broken_sim: cannot import it: RuntimeError: half written", err
+        assert main(["remote-env", "toy_remote_point", "size=5", "--import", "toy_remote_sim", "--connect", uri]) == 2
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert "state_dim 7, the client 5" in err and len(err.strip().splitlines()) == 1 and len(hellos) == 1

@@ -80,3 +80,40 @@ def test_a_run_without_evaluations_says_so_instead_of_an_empty_table():
     text = console.export_text()
     assert "no held-out evaluation (eval.num_episodes=0" in text and "held-out evaluation\n" not in text
     assert "95% CI" not in text and "steps run 1" in text
+
+
+class _Workers:
+    """Stands in for a started worker group that has nothing to set up."""
+
+    def call(self, method, *args):
+        assert method == "setup"
+        return [{"start_step": 0}]
+
+    def rendering(self):
+        return [[]]
+
+
+@pytest.mark.parametrize(("steps", "evaluations"), [(0, ["warm_start"]), (2, ["warm_start", "final"])])
+def test_a_run_of_no_step_evaluates_its_policy_once(steps, evaluations, tmp_path, monkeypatch):
+    """``trainer.total_steps=0`` (evaluating an exported model, docs/evaluation.md) evaluated the
+    same policy twice, the second time as "final" with other sampled episodes."""
+    import vla_rl.run_loop as run_loop
+
+    done = []
+
+    def evaluation(workers, step, tag, record):
+        done.append(tag)
+        rate = 0.5 if tag == "warm_start" else 0.75
+        return {f"eval/{protocol}/{name}": value for protocol in ("greedy", "sampled") for name, value in
+                {"success_rate": rate, "ci_low": 0.1, "ci_high": 0.9, "episodes": 8.0, "episode_length": 9.0}.items()}
+
+    monkeypatch.setattr(run_loop, "run_evaluation", evaluation)
+    monkeypatch.setattr(run_loop, "plot_success_curve", lambda *args: None)
+    loaded = load_template("llm_grpo", [f"trainer.total_steps={steps}"])
+    run = RunLoop(loaded, plan(loaded), run_dir=tmp_path, console=Console(record=True, width=200))
+    monkeypatch.setattr(run, "_train", lambda start, logger, env_steps: {"last_step": steps})
+    summary = run.run(_Workers(), resume=False)
+    assert done == evaluations
+    assert summary["final_eval"]["eval/greedy/success_rate"] == (0.5 if steps == 0 else 0.75)
+    assert summary["improvement_points/greedy"] == (0.0 if steps == 0 else 25.0)
+    assert ("no training step ran: the final evaluation is the first one" in run.console.export_text()) == (steps == 0)

@@ -253,7 +253,7 @@ def _override_of(overrides: list[str], field: str | None) -> str | None:
     or below it, if one does."""
     field = field.split("[", 1)[0] if field else None
     for item in overrides if field else ():
-        key = item.split("=", 1)[0]
+        key = item.split("=", 1)[0].removeprefix("~")
         if key == field or field.startswith(f"{key}.") or key.startswith(f"{field}."):
             return item
     return None
@@ -378,7 +378,9 @@ def protocol_info(config, run_dir: Path | None, tasks, protocols, steps: list[in
         "tasks": [{"name": t.name, "simulator": t.simulator, "env": t.env} for t in tasks],
         "protocols": [{"label": p.label, "greedy": p.greedy, "temperature": p.temperature} for p in protocols],
         "episodes_per_task": ev.num_episodes,
-        "init_state_ids": [ev.init_state_offset, ev.init_state_offset + ev.num_episodes],
+        # both ends inclusive, as report.md writes them (a half-open [start, stop) read as inclusive
+        # claimed one episode more than ran)
+        "init_state_ids": {"first": ev.init_state_offset, "last": ev.init_state_offset + ev.num_episodes - 1},
         "seed": config.run.seed,
         "policy": config.policy.name,
         "confidence_interval": "Wilson score, 95%",

@@ -276,7 +276,7 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
                           f"which trainer.strategy {config.trainer.strategy} cannot read; resume with "
                           f"trainer.strategy={strategy}",
                           field="trainer.strategy")
-    changed = [item for item in overrides if _sets(item.partition("=")[0], POLICY_SETTINGS)]
+    changed = [item for item in overrides if _sets(_override_key(item), POLICY_SETTINGS)]
     stored = integrity.stored_policy_shapes(checkpoint) if changed else None
     policy = _meta_policy(config, run.path) if stored is not None else None
     mismatch = None if policy is None else _policy_mismatch(policy, stored[1])
@@ -285,8 +285,13 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
         raise RunDirError(f"{' '.join(changed)}: the run's checkpoint {stored[0]} does not fit the policy {these}: "
                           f"{mismatch.describe()}; resume without {'it' if len(changed) == 1 else 'them'}, or start a "
                           "new run")
-    if any(_sets(item.partition("=")[0], ("policy",)) for item in overrides):
+    if any(_sets(_override_key(item), ("policy",)) for item in overrides):
         _refuse_policy_changes(run, config.policy, checkpoint)
+
+
+def _override_key(item: str) -> str:
+    """The dotted key an override sets (``KEY=VALUE``) or deletes (``~KEY``)."""
+    return item.partition("=")[0].removeprefix("~")
 
 
 def env_steps_at(metrics: Path, step: int) -> float:

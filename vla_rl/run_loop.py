@@ -110,7 +110,12 @@ class RunLoop:
                 logger.log(0, summary[first])
             summary.update(self._train(start, logger, env_steps_at(self.run_dir / METRICS_FILE, start) if resume else 0.0))
             summary["steps_run"] = summary["last_step"] - summary["start_step"]  # a re-run step counts once
-            if self.evaluates:
+            if self.evaluates and summary["last_step"] == 0 and summary.get(first):
+                # no update since the first evaluation (trainer.total_steps=0: evaluating a model as it
+                # is): the same policy, so its figures are the final ones, not a second draw of them
+                self.console.print("no training step ran: the final evaluation is the first one")
+                summary["final_eval"] = summary[first]
+            elif self.evaluates:
                 self.console.print("evaluating the trained policy on held-out initial states ...")
                 summary["final_eval"] = run_evaluation(self.workers, summary["last_step"], "final", True)
                 logger.log(summary["last_step"], summary["final_eval"])

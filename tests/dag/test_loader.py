@@ -158,6 +158,38 @@ def test_unknown_node_id_in_override(write_template):
     assert "unknown node" in err.message and "reward" in err.message
 
 
+def test_a_tilde_override_deletes_an_inherited_setting_so_it_takes_its_default(write_template):
+    """A mapping override merges into the template's, so ``nodes.reward.config={}`` could not clear
+    settings a base set; ``~KEY`` (Hydra's syntax) deletes them, wherever the template got them."""
+    nodes = pipeline()
+    nodes[2] = {**nodes[2], "fn": "test_dummy_cfg", "config": {"reward": "progress", "scale": 2.0}}
+    write_template(nodes=nodes, config={"trainer": {"total_steps": 7, "lr": 0.5}}, name="base.yaml")
+    child = write_template(text="name: child\nextends: base.yaml\nconfig: {trainer: {total_steps: 2}}\n")
+    template = load_template(child, ["~nodes.reward.config", "~trainer.lr", "nodes.reward.config.scale=3"])
+    assert template.nodes[2].config == {"scale": 3}  # the rest takes the node function's defaults
+    assert template.config.trainer.lr == RunConfig().trainer.lr and template.config.trainer.total_steps == 2
+    assert "lr" not in template.raw["config"]["trainer"]  # the written template reloads the same
+
+    err = _error(child, ["nodes.reward.config={}"])
+    assert err.field == "nodes.reward.config"
+    assert "changes nothing: a mapping merges into the template's; to reset nodes.reward.config to its " \
+           "defaults write ~nodes.reward.config" in err.message
+    assert load_template(child, ["trainer.total_steps=3", "text.chat_template_kwargs={}"])  # {} over {}: fine
+
+
+@pytest.mark.parametrize("override, node, field, message", [
+    ("~trainer.nope", None, "trainer.nope", "deletes nothing: the template sets no trainer.nope"),
+    ("~nodes.reward.dp_size", None, "nodes.reward.dp_size", "deletes nothing"),
+    ("~nodes.reward", None, "nodes.reward", "a node cannot be deleted, only its fields"),
+    ("~nodes.reward.role", "reward", "role", "a node's role cannot be deleted"),
+    ("~nodes.rewad.config", "rewad", "config", "unknown node"),
+    ("~trainer.lr=1", None, "trainer.lr=1", "expected ~KEY with a dotted KEY"),
+])
+def test_a_tilde_override_that_cannot_apply_is_refused_naming_it(write_template, override, node, field, message):
+    err = _error(write_template(nodes=pipeline(), config={"trainer": {"lr": 0.5}}), [override])
+    assert (err.node, err.field) == (node, field) and message in err.message, err.message
+
+
 def test_extends_merges_config_and_nodes_by_id(write_template):
     base_nodes = pipeline()
     base_nodes[2] = {**base_nodes[2], "fn": "test_dummy_cfg", "config": {"reward": "success", "scale": 2.0}}

@@ -55,6 +55,9 @@ def test_eval_command_reports_every_checkpoint(evaluated):
     assert all(r["episodes"] == 2 and 1 <= r["mean_episode_length"] <= 8 for r in rows)
     assert all(r["ci_low"] <= r["success_rate"] <= r["ci_high"] for r in rows)
     assert report["protocol"]["episodes_per_task"] == 2
+    ids = report["protocol"]["init_state_ids"]  # both ends inclusive in both reports: 2 episodes
+    assert ids["last"] - ids["first"] == 1 and f"initial states {ids['first']} .. {ids['last']} " in \
+        (eval_dir / "report.md").read_text()
     assert 0 < report["protocol"]["driver_max_reply_bytes"] < 2_000  # counts only, never episodes
     assert "| 2 | sampled@1 | robosuite_lift |" in (eval_dir / "report.md").read_text()
     # the machine the episodes ran on, as the worker saw it (vla_rl/utils/host.py): this one, on CUDA its GPU

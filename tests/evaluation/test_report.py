@@ -88,7 +88,8 @@ def test_report_files(eval_dir):
     rows = summarize(eval_dir, [EvalTask("Lift", "s")], [5], [GREEDY], np.array([10, 11, 12]))
     info = {"run_dir": "runs/x", "checkpoints": [{"path": "c", "step": 5}],
             "tasks": [{"name": "Lift", "simulator": "s"}],
-            "protocols": [{"label": "greedy"}], "episodes_per_task": 3, "init_state_ids": [10, 13], "seed": 0}
+            "protocols": [{"label": "greedy"}], "episodes_per_task": 3,
+            "init_state_ids": {"first": 10, "last": 12}, "seed": 0}
     report = write_report(eval_dir, info, rows)
     assert json.loads((eval_dir / "report.json").read_text()) == json.loads(json.dumps(report))
     markdown = (eval_dir / "report.md").read_text()
@@ -104,7 +105,8 @@ def test_the_report_grows_as_tasks_finish(tmp_path):
     tasks = [EvalTask("Lift", "s"), EvalTask("Door", "s")]
     info = {"run_dir": "runs/x", "checkpoints": [{"path": "c", "step": 5}],
             "tasks": [{"name": t.name, "simulator": t.simulator, "env": {}} for t in tasks],
-            "protocols": [{"label": "greedy"}], "episodes_per_task": 2, "init_state_ids": [10, 12], "seed": 0}
+            "protocols": [{"label": "greedy"}], "episodes_per_task": 2,
+            "init_state_ids": {"first": 10, "last": 11}, "seed": 0}
     skipped = [{"task": "Stack", "simulator": "s", "env": {}, "reason": "its observation is not the policy's"}]
     progress = ReportProgress(tmp_path, info, tasks, skipped, [5], protocols, ids)
     assert not progress.update() and not (tmp_path / "report.json").exists()
@@ -150,7 +152,8 @@ LINE_B = "AMD EPYC 9B14 (flags 0123456789ab, AVX2, 2 CPUs)"
 def test_the_report_names_the_machines_the_episodes_ran_on(eval_dir, hosts, counts, unrecorded, line):
     rows = summarize(eval_dir, [EvalTask("Lift", "s")], [5], [GREEDY], np.array([10, 11, 12]))
     info = {"run_dir": "runs/x", "checkpoints": [{"path": "c", "step": 5}], "tasks": [{"name": "Lift", "simulator": "s"}],
-            "protocols": [{"label": "greedy"}], "episodes_per_task": 3, "init_state_ids": [10, 13], "seed": 0,
+            "protocols": [{"label": "greedy"}], "episodes_per_task": 3,
+            "init_state_ids": {"first": 10, "last": 12}, "seed": 0,
             "hosts": hosts, "host_episodes": counts, "hosts_unrecorded": unrecorded}
     write_report(eval_dir, info, rows)
     markdown = (eval_dir / "report.md").read_text()

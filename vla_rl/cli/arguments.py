@@ -15,8 +15,16 @@ def add_template_arguments(parser: argparse.ArgumentParser) -> None:
         "overrides",
         nargs="*",
         metavar="KEY=VALUE",
-        help="dotted overrides: trainer.total_steps=5 (config), nodes.reward.dp_size=1 (a node's field)",
+        help="dotted overrides: trainer.total_steps=5 (config), nodes.reward.dp_size=1 (a node's field), "
+        "~nodes.reward.config (delete a setting: its default applies)",
     )
+
+
+def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
+    """The positionals of a command that takes names (a template, run directories) and overrides,
+    split into ``(names, overrides)``: an override sets (``KEY=VALUE``) or deletes (``~KEY``)."""
+    overrides = [item for item in items if "=" in item or item.startswith("~")]
+    return [item for item in items if item not in overrides], overrides
 
 
 def shipped_templates() -> str:

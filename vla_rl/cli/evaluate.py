@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vla_rl.cli.arguments import split_overrides
 from vla_rl.evaluation.targets import EvalInputError
 
 
@@ -24,7 +25,7 @@ def add_eval_command(commands: argparse._SubParsersAction) -> None:
         metavar="TARGET|KEY=VALUE",
         help="run directories (all their checkpoints) or checkpoint directories (none with --policy-from), then "
         "dotted overrides of the evaluation template: eval.num_episodes=20, eval.protocols=[greedy], "
-        "eval.temperature=0.5, eval.benchmark=robosuite",
+        "eval.temperature=0.5, eval.benchmark=robosuite, ~KEY to delete a setting",
     )
     parser.add_argument("--policy-from", default=None, metavar="TEMPLATE",
                         help="instead of checkpoints, evaluate the policy this training template builds, before any "
@@ -52,8 +53,7 @@ def _steps(text: str) -> list[int]:
 def run_eval(args: argparse.Namespace) -> int:
     from vla_rl.eval_driver import evaluate
 
-    targets = [item for item in args.items if "=" not in item]
-    overrides = [item for item in args.items if "=" in item]
+    targets, overrides = split_overrides(args.items)
     if not targets and args.policy_from is None:
         raise EvalInputError("name a run directory or checkpoint directory to evaluate (or --policy-from TEMPLATE)")
     evaluate(targets, overrides, steps=args.steps, output=args.output, template=args.template,

@@ -77,6 +77,9 @@ def add_remote_env_command(commands: argparse._SubParsersAction) -> None:
                         help="the hub: ws://HOST:PORT of the run's simulator.env (default ws://127.0.0.1:8765)")
     parser.add_argument("--num-envs", type=positive_int, default=1, help="environments (connections), default 1")
     parser.add_argument("--token", default=None, help="the run's token; also read from VLA_RL_REMOTE_TOKEN")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first (repeatable): a plug-in that registers SIMULATOR, as a run's "
+                        "run.imports does (docs/extending.md)")
     parser.set_defaults(handler=run_remote_env)
 
 
@@ -103,6 +106,7 @@ def _check_hub_address(uri: str) -> None:
 
 
 def run_remote_env(args: argparse.Namespace) -> int:
+    import importlib
     import logging
     import os
     import threading
@@ -113,6 +117,11 @@ def run_remote_env(args: argparse.Namespace) -> int:
     from vla_rl.remote import RemoteRefused, serve_envs
 
     _check_hub_address(args.connect)  # before the environments: a robosuite one takes seconds to make
+    for module in args.imports:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # any failure of the user's module is reported in one line
+            raise CommandLineError(f"--import {module}: cannot import it: {type(exc).__name__}: {exc}") from None
     # vla-rl's own INFO lines (connections, episodes lost); other packages' warnings only (PyOpenGL's INFO)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("vla_rl").setLevel(logging.INFO)

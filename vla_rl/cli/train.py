@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vla_rl.cli.arguments import shipped_templates
+from vla_rl.cli.arguments import shipped_templates, split_overrides
 from vla_rl.errors import CommandLineError
 
 
@@ -19,8 +19,9 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("items", nargs="*", metavar="TEMPLATE|KEY=VALUE",
-                        help="the template (a file, or a name in dag_templates/), then dotted overrides; with "
-                        "--resume only the overrides (the run's own template is used)")
+                        help="the template (a file, or a name in dag_templates/), then dotted overrides (KEY=VALUE, "
+                        "or ~KEY to delete a setting so that its default applies); with --resume only the "
+                        "overrides (the run's own template is used)")
     parser.add_argument(
         "--resume",
         metavar="RUN_DIR",
@@ -43,8 +44,7 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from vla_rl.driver import train
 
-    names = [item for item in args.items if "=" not in item]
-    overrides = [item for item in args.items if "=" in item]
+    names, overrides = split_overrides(args.items)
     from vla_rl.sweep import is_sweep
 
     if args.seeds is not None or (args.resume and is_sweep(args.resume)):

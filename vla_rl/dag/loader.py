@@ -13,7 +13,10 @@ or only config (``dag_templates/bases/``: settings that templates of several wor
 
 Overrides use OmegaConf's dotlist syntax. ``trainer.total_steps=5`` sets a key of ``config:``;
 ``nodes.<id>.<field>=value`` sets a field of the node with that id (``nodes.reward.dp_size=1``,
-``nodes.reward.config.reward=success``).
+``nodes.reward.config.reward=success``). A mapping value merges into the template's, as a base
+merges into an extending template. ``~KEY`` (Hydra's syntax) deletes the key the template (or its
+bases) sets, so that it takes its default: ``~nodes.reward.config`` resets a node's settings,
+``~algorithm.filter_groups`` the run's group filters.
 
 The modules listed in ``config.run.imports`` are imported before the template is validated, so
 that components they register (docs/extending.md) resolve.
@@ -135,7 +138,7 @@ def _check_overrides_read(config: BaseModel, overrides: Sequence[str], file: Pat
         return
     for setting, why in unread().items():
         for item in overrides:
-            key = item.partition("=")[0]
+            key = item.partition("=")[0]  # a deletion (~KEY) of an unread setting is harmless
             if key == setting or key.startswith(f"{setting}."):
                 raise TemplateError(f"override {item!r} is never read: {why}", file=file, field=key)
 
@@ -159,11 +162,16 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path
 
     Raises:
         TemplateError: for an override without ``=``, with an empty key part or no value (``KEY=``:
-            ``KEY=null`` sets null), one that names an unknown node id, or one that would rename a node.
+            ``KEY=null`` sets null), one that names an unknown node id, one that would rename a node,
+            ``KEY={}`` over a non-empty mapping (it would change nothing: ``~KEY`` resets it), or a
+            ``~KEY`` that deletes nothing, a node, or a node's id, role or type.
     """
     raw = copy.deepcopy(raw)
     nodes = _node_index(raw.get("nodes", []), file)
     for item in overrides:
+        if item.startswith("~"):
+            _delete(raw, nodes, item, file)
+            continue
         key, sep, text = item.partition("=")
         parts = key.split(".")
         if not sep or not all(parts):
@@ -180,6 +188,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path
         except (OmegaConfBaseException, yaml.YAMLError) as exc:  # from_dotlist parses the value as YAML
             reason = " ".join(str(exc).split())
             raise TemplateError(f"malformed override {item!r}: {reason}", file=file, field=key) from None
+        if text.strip() == "{}" and isinstance(current := _value_at(raw, parts), dict) and current:
+            raise TemplateError(f"override {item!r} changes nothing: a mapping merges into the template's; to reset "
+                                f"{key} to its defaults write ~{key}", file=file, field=key)
         if parts[0] != "nodes":
             raw["config"] = _deep_merge(raw.get("config", {}), value)
             continue
@@ -201,6 +212,50 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path
             raise TemplateError(f"override {item!r}: a node cannot be renamed", file=file, node=node_id, field="id")
         nodes[node_id].update(_deep_merge(nodes[node_id], value["nodes"][node_id]))
     return raw
+
+
+def _value_at(raw: dict[str, Any], parts: Sequence[str]) -> Any:
+    """The value an override's dotted key names in the template mapping (``config:`` keys, or
+    ``nodes.<id>.<field>``), or None where the template sets none."""
+    if parts[0] == "nodes":
+        if len(parts) < 2:
+            return None
+        node = next((n for n in raw.get("nodes", []) if isinstance(n, dict) and n.get("id") == parts[1]), None)
+        value, rest = node, parts[2:]
+    else:
+        value, rest = raw.get("config"), parts
+    for part in rest:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _delete(raw: dict[str, Any], nodes: dict[str, dict[str, Any]], item: str, file: Path) -> None:
+    """Apply a ``~KEY`` override: delete the key from the config or from a node."""
+    key = item[1:]
+    parts = key.split(".")
+    if "=" in key or not all(parts):
+        raise TemplateError(f"malformed override {item!r}: expected ~KEY with a dotted KEY, e.g. "
+                            "~nodes.reward.config", file=file, field=key or None)
+    if parts[0] == "nodes":
+        if len(parts) < 3:
+            raise TemplateError(f"malformed override {item!r}: a node cannot be deleted, only its fields "
+                                "(~nodes.reward.config)", file=file, field=key)
+        if parts[1] not in nodes:
+            raise TemplateError(f"override {item!r} names an unknown node; nodes: {', '.join(nodes)}",
+                                file=file, node=parts[1], field=".".join(parts[2:]))
+        if parts[2] in ("id", "role", "type"):
+            raise TemplateError(f"override {item!r}: a node's {parts[2]} cannot be deleted", file=file,
+                                node=parts[1], field=parts[2])
+        parent, path = nodes[parts[1]], parts[2:]
+    else:
+        parent, path = raw.setdefault("config", {}), parts
+    for part in path[:-1]:
+        parent = parent.get(part) if isinstance(parent, dict) else None
+    if not isinstance(parent, dict) or path[-1] not in parent:
+        raise TemplateError(f"override {item!r} deletes nothing: the template sets no {key}", file=file, field=key)
+    del parent[path[-1]]
 
 
 def _load_merged(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:

@@ -201,7 +201,7 @@ def write_report(eval_dir: Path, protocol_info: dict, rows: list[dict], skipped:
         f"- protocols: {protocols} (greedy: the policy's mode; sampled@T: sampled at temperature T, "
         "for the Gaussian MLP policy the std scaled by T)",
         f"- episodes: {info['episodes_per_task']} per task, checkpoint and protocol, from initial states "
-        f"{info['init_state_ids'][0]} .. {info['init_state_ids'][1] - 1} (the same for every checkpoint and "
+        f"{info['init_state_ids']['first']} .. {info['init_state_ids']['last']} (the same for every checkpoint and "
         f"protocol); seed {info['seed']}",
         "- success: the simulator's success test; 95% confidence intervals: Wilson score; mean length in "
         "decision steps",
