@@ -56,7 +56,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from vla_rl_core.components import build_config
+from vla_rl_core.components import ComponentConfigError, build_config
 from vla_rl_core.registry import Registry
 
 SIMULATORS: Registry[type[gym.Env]] = Registry("simulator", builtins=(
@@ -87,7 +87,9 @@ def build_env_config(name: str, config: Any = None) -> Any:
     if isinstance(config, config_class):
         return config
     if isinstance(config, Mapping):
-        return build_config(config_class, config, "simulator.env")
+        built = build_config(config_class, config, "simulator.env")
+        check_declared_sizes(built)
+        return built
     raise TypeError(
         f"config for simulator {name!r} must be None, a mapping or a {config_class.__name__}, "
         f"got {type(config).__name__}"
@@ -151,6 +153,39 @@ def make_env(name: str, config: Any = None) -> gym.Env:
         RegistryError, ValueError, TypeError: as :func:`build_env_config`.
     """
     return SIMULATORS.get(name)(build_env_config(name, config))
+
+
+DECLARED_SIZES = {"horizon": "horizon", "state_dim": "obs_dim", "action_dim": "action_dim"}
+"""Sizes a simulator's config may declare (a field or a property; None: unknown until an
+environment is built), each with the :class:`~vla_rl_core.env_spec.EnvSpec` field it states."""
+
+
+def check_declared_sizes(config: Any, prefix: str = "simulator.env") -> None:
+    """The sizes ``config`` declares (:data:`DECLARED_SIZES`) are integers >= 1, so that a
+    plug-in simulator's ``horizon: 0`` is refused when the template loads, as robosuite's is.
+
+    Raises:
+        ComponentConfigError: naming ``<prefix>.<size>`` and the value.
+    """
+    for size in DECLARED_SIZES:
+        value = getattr(config, size, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ComponentConfigError(f"{prefix}.{size}", f"must be an integer >= 1 (got {value!r})")
+
+
+def check_spec_against_config(name: str, config: Any, spec: Any) -> None:
+    """The spec a simulator's environments state agrees with the sizes its config declares: the
+    planner, the policy's sizes and the re-shard estimates read the config, the rollout the spec.
+
+    Raises:
+        ComponentConfigError: ``simulator.name``, naming the simulator, the size and both values.
+    """
+    for size, field in DECLARED_SIZES.items():
+        declared, stated = getattr(config, size, None), getattr(spec, field)
+        if declared is not None and declared != stated:
+            raise ComponentConfigError("simulator.name", f"simulator {name!r}: its config ({type(config).__name__}) "
+                                       f"declares {size} {declared}, its environments' spec() gives {field} "
+                                       f"{stated}; make them agree")
 
 
 def check_env(name: str, config: Any = None) -> None:

@@ -14,7 +14,7 @@ import yaml
 from vla_rl.cli import main
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.registry import NODE_FUNCTIONS, NodeOutput, register_node
-from vla_rl.errors import RunStopped
+from vla_rl.errors import ResumeRefused, RunStopped
 
 # The arithmetic splits that text runs generate: written once per session (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("generated_prompts_once")
@@ -189,6 +189,20 @@ def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch):
     assert main(["plan", "embodied_srpo"]) == 130
     err = capsys.readouterr().err
     assert "interrupted (Ctrl-C)" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("error, status", [(ResumeRefused("cannot resume: no checkpoint under runs/x verifies"), 2),
+                                           (RunStopped("the run stopped"), 1)])
+def test_a_resume_the_workers_refuse_ends_as_a_user_error(error, status, capsys, monkeypatch):
+    """The workers hash a checkpoint's files (the driver's check before Ray compares sizes): a
+    resume none of whose checkpoints verifies ended in a worker's FileNotFoundError traceback,
+    exit status 1; it is the user's input, as the driver's own refusals are."""
+    def refused(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr("vla_rl.cli.plan.preflight", refused)
+    assert main(["plan", "embodied_srpo"]) == status
+    assert capsys.readouterr().err.strip() == f"error: {error}"
 
 
 @pytest.mark.parametrize("command", ["train", "plan"])

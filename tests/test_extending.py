@@ -21,7 +21,7 @@ from vla_rl.dag.loader import REPO_ROOT
 pytestmark = pytest.mark.e2e
 
 DOC = REPO_ROOT / "docs" / "extending.md"
-TOY_MODULES = ["toy_estimators", "toy_losses", "toy_encoder", "toy_reward"]
+TOY_MODULES = ["toy_estimators", "toy_losses", "toy_encoder", "toy_reward", "toy_penalty"]
 TOY = [
     f"run.imports=[{','.join(TOY_MODULES)}]",
     "algorithm.adv_estimator=scaled_return", "algorithm.scaled_return.scale=0.5",
@@ -35,9 +35,10 @@ TINY = ["trainer.total_steps=1", "trainer.ppo_epochs=1", "trainer.ppo_mini_batch
 
 
 def write_doc_files(directory: Path) -> list[str]:
-    """Each ```python block of the doc whose first line is ``# file: NAME`` goes to directory/NAME."""
+    """Each ```python or ```yaml block of the doc whose first line is ``# file: NAME`` goes to
+    directory/NAME."""
     names = []
-    for block in re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S):
+    for block in re.findall(r"```(?:python|yaml)\n(.*?)```", DOC.read_text(), flags=re.S):
         first, _, body = block.partition("\n")
         match = re.fullmatch(r"# file: (\S+)", first.strip())
         if match:
@@ -52,7 +53,9 @@ def cli(args: list[str], directory: Path, timeout: int) -> subprocess.CompletedP
 
 
 def test_the_documented_components_plug_in_and_train(tmp_path):
-    assert write_doc_files(tmp_path) == [*(f"{name}.py" for name in TOY_MODULES), "point_mass.py", "linear_gaussian.py"]
+    assert write_doc_files(tmp_path) == [*(f"{name}.py" for name in TOY_MODULES[:4]), "point_mass.py",
+                                         "linear_gaussian.py", "toy_penalty.py", "toy_penalty.yaml"]
+    penalty = str(tmp_path / "toy_penalty.yaml")
 
     planned = cli(["plan", "embodied_grpo", *TOY], tmp_path, timeout=300)
     assert planned.returncode == 0, planned.stderr[-2000:]
@@ -64,13 +67,18 @@ def test_the_documented_components_plug_in_and_train(tmp_path):
     missing = cli(["plan", "embodied_grpo", "run.imports=[not_a_module]"], tmp_path, timeout=300)
     assert missing.returncode == 2 and "field 'run.imports': cannot import 'not_a_module'" in missing.stderr
 
-    out = tmp_path / "runs"
-    trained = cli(["train", "embodied_grpo", *TOY, *TINY, f"run.output_dir={out}", "run.name=toy",
+    planned = cli(["plan", penalty], tmp_path, timeout=300)  # the doc's template, as written
+    assert planned.returncode == 0 and "order: tasks -> rollout -> reward -> length_penalty -> advantage" in \
+        planned.stdout, planned.stderr[-2000:]
+
+    out = tmp_path / "runs"  # the doc's template with every toy component, one step
+    trained = cli(["train", penalty, *TOY, *TINY, f"run.output_dir={out}", "run.name=toy",
                    f"warm_start.demo_store={tmp_path / 'demos.zarr'}"], tmp_path, timeout=600)
     assert trained.returncode == 0, trained.stderr[-3000:]
     records = [json.loads(line) for line in (out / "toy" / "metrics.jsonl").read_text().splitlines()]
     step = next(r for r in records if "rollout/success_rate" in r)
     assert "actor/clipped_fraction" in step and step["actor/num_updates"] == 1.0  # the toy loss trained
+    assert 0.0 < step["reward/length_penalty"] <= 0.2 + 1e-6  # the toy node shaped the rewards (float32)
     assert 0.0 <= step["reward/mean"] <= 1.0
     if "reward/failure_mean" in step:  # failures earn scale * exp(-distance) < 0.3, or 0 without a success
         assert 0.0 <= step["reward/failure_mean"] < 0.3

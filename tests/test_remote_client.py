@@ -147,3 +147,11 @@ def test_remote_env_serves_a_plug_in_simulator_it_imports(tmp_path, capsys, monk
         server.shutdown()
     err = capsys.readouterr().err
     assert "state_dim 7, the client 5" in err and len(err.strip().splitlines()) == 1 and len(hellos) == 1
+    # a batched simulator (docs/extending.md's point_mass shape) hosts many environments per object
+    (tmp_path / "toy_batched_sim.py").write_text(
+        "from simulators.registry import SIMULATORS\nfrom toy_remote_sim import ToyConfig\n"
+        "SIMULATORS.register('toy_batched')(type('Batched', (), {'config_class': ToyConfig}))\n")
+    assert main(["remote-env", "toy_batched", "--import", "toy_batched_sim", "--connect", "ws://127.0.0.1:9"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: toy_batched: a batched simulator (Batched steps all its "
+                                               "environments at once); vla-rl remote-env serves gymnasium Env "
+                                               "simulators, one environment per connection")

@@ -125,8 +125,9 @@ def _check_task_set(config) -> None:
 
 def _check_node_resources(config, the_plan: Plan, file: Path) -> None:
     """Every worker resource a node declares (``register_node(resources=...)``) is registered,
-    with the resources it needs: otherwise every worker would stop at its setup, after Ray and the
-    simulators started, with a traceback that names no node."""
+    with the resources it needs, and none needs itself through its ``needs``: otherwise every
+    worker would stop at its setup, after Ray and the simulators started, with a traceback that
+    names no node."""
     from vla_rl.dag.registry import WORKFLOWS
     from vla_rl.workers.resources import RESOURCES
 
@@ -136,27 +137,26 @@ def _check_node_resources(config, the_plan: Plan, file: Path) -> None:
             if not isinstance(task, RunNode):
                 continue
             for name in sorted(task.resources):
-                missing = _unregistered_resource(name, RESOURCES, ())
-                if missing is not None:
-                    known = ", ".join(map(str, RESOURCES.names()))
-                    raise TemplateError(
-                        f"its function ({task.role}/{task.type}, fn: {task.fn}) declares worker resource "
-                        f"{' -> '.join(missing)!r}{'' if len(missing) == 1 else ' (through what it needs)'}, "
-                        f"which is not registered; known: {known}. Register it with "
-                        f"vla_rl.workers.resources.register_resource in a module of run.imports",
-                        file=file, node=task.node_id, field="fn")
+                problem = _resource_problem((name,), RESOURCES)
+                if problem is not None:
+                    raise TemplateError(f"its function ({task.role}/{task.type}, fn: {task.fn}) declares worker "
+                                        f"resource {name!r}: {problem}", file=file, node=task.node_id, field="fn")
 
 
-def _unregistered_resource(name: str, resources, path: tuple[str, ...]) -> tuple[str, ...] | None:
-    """The path from a declared resource to the first unregistered one it is or needs, or None."""
-    path = (*path, name)
+def _resource_problem(path: tuple[str, ...], resources) -> str | None:
+    """Why the last resource of ``path`` (a declared one, then what each needs) cannot be built,
+    or None."""
+    name = path[-1]
+    if name in path[:-1]:
+        return f"the resources it needs need each other in a cycle: {' -> '.join(path)}"
     if name not in resources:
-        return path
+        through = "" if len(path) == 1 else f" (needed through {' -> '.join(path)})"
+        return (f"{name!r}{through} is not registered; known: {', '.join(map(str, resources.names()))}. Register it "
+                "with vla_rl.workers.resources.register_resource in a module of run.imports")
     for need in resources.get(name).needs:
-        if need not in path:
-            missing = _unregistered_resource(need, resources, path)
-            if missing is not None:
-                return missing
+        problem = _resource_problem((*path, need), resources)
+        if problem is not None:
+            return problem
     return None
 
 
@@ -528,16 +528,23 @@ def _check_model_directory_kind(policy: str, model_path: str | None) -> None:
 
 
 def _check_trajectory_encoder(config) -> None:
-    """The files of the run's trajectory encoder, when its reward embeds episodes and the encoder
-    reads files (its class's ``check_config``: V-JEPA 2's ``model_dir``); found by the workers'
+    """The run's trajectory encoder, when its reward embeds episodes: its config's ``points``, and
+    the files it reads (its class's ``check_config``: V-JEPA 2's ``model_dir``); found by the workers'
     first reward before, after the demonstrations and behaviour cloning (3 min 30 s on the 2-core
     machine), as a Ray traceback."""
     from vla_rl.algorithms.rewards import EMBODIED_REWARDS
     from vla_rl.rewards.trajectory_encoders import TRAJECTORY_ENCODERS
 
     name = config.algorithm.trajectory_encoder
+    if not EMBODIED_REWARDS.traits(config.algorithm.reward).embeddings:
+        return
+    options = config.algorithm.options("trajectory_encoder")
+    if not isinstance(getattr(options, "points", None), int):
+        raise PreflightError(f"trajectory encoder {name!r}: its config ({type(options).__name__}) has no integer "
+                             "'points' field, the number of states a reward takes from each episode, which every "
+                             "encoder's config carries (docs/extending.md)", field="algorithm.trajectory_encoder")
     check = getattr(TRAJECTORY_ENCODERS.get(name), "check_config", None)
-    if check is None or not EMBODIED_REWARDS.traits(config.algorithm.reward).embeddings:
+    if check is None:
         return
     try:
         check(config.algorithm.options("trajectory_encoder"))

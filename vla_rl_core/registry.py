@@ -169,20 +169,10 @@ class Registry(Generic[T]):
         return decorator
 
     def _check_call(self, name: Hashable, obj: Any, declared: BaseModel | None) -> None:
-        if self.calls is None or isinstance(obj, type) or not callable(obj):
+        if self.calls is None or isinstance(obj, type):
             return
         positional, keywords = self.calls(declared) if callable(self.calls) else self.calls
-        try:
-            signature = inspect.signature(obj)
-        except (TypeError, ValueError):  # a builtin without a signature: nothing to check
-            return
-        try:
-            signature.bind(*positional, **dict.fromkeys(keywords))
-        except TypeError as err:
-            call = ", ".join([*positional, *(f"{keyword}=..." for keyword in keywords)])
-            where = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
-            raise TypeError(f"{self.kind} {name!r} ({where}{signature}) cannot be called as the engine calls it, "
-                            f"({call}): {err}") from None
+        check_call(f"{self.kind} {name!r}", obj, positional, keywords)
 
     def traits(self, name: Hashable) -> BaseModel:
         """What ``name`` declared when it was registered: an instance of the registry's traits
@@ -243,6 +233,29 @@ class Registry(Generic[T]):
     def names(self) -> list[Hashable]:
         """The registered names, sorted."""
         return list(self)
+
+
+def check_call(what: str, obj: Any, positional: Sequence[str], keywords: Sequence[str] = ()) -> None:
+    """Check that ``obj`` can be called with the arguments named (positional ones, then keywords).
+
+    Raises:
+        TypeError: ``obj`` is not callable, or its signature cannot take that call; the message
+            names ``what`` (e.g. ``"policy loss 'toy'"``), the function with its signature, the call
+            and why.
+    """
+    if not callable(obj):
+        raise TypeError(f"{what} must be callable, got {obj!r}")
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+        return
+    try:
+        signature.bind(*positional, **dict.fromkeys(keywords))
+    except TypeError as err:
+        call = ", ".join([*positional, *(f"{keyword}=..." for keyword in keywords)])
+        where = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+        raise TypeError(f"{what} ({where}{signature}) cannot be called as the engine calls it, ({call}): "
+                        f"{err}") from None
 
 
 def _origin(obj: Any) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import types
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 from vla_rl.checkpoints import files as ckpt
 from vla_rl.checkpoints import integrity
 from vla_rl.checkpoints.layout import CheckpointCorruptError, NonFiniteTensorError
-from vla_rl.errors import RunStopped
+from vla_rl.errors import ResumeRefused, RunStopped
 from vla_rl.workers.checkpointing import WorkerCheckpointer
 
 
@@ -203,6 +204,28 @@ def test_manifest_lists_every_file_with_size_and_sha256(tmp_path):
     assert integrity.verify_checkpoint(path) is True
 
 
+@pytest.mark.parametrize("damage, why", [(flip_last_byte, "altered bytes"), (lambda f: f.unlink(), "is missing")])
+def test_the_manifest_covers_a_subdirectory_such_as_hf_model(tmp_path, damage, why):
+    """A text run's hf_model/ (loaded by another run as text.model_path) was left out of the
+    manifest: a damaged copy verified, and went into the next run silently."""
+    from safetensors.torch import save_file
+
+    model, optimizer = make_model_and_optimizer(0)
+    ckpt.save_checkpoint(tmp_path, 1, rank=0, model=model, optimizer=optimizer)
+    hf_model = ckpt.staging_dir(tmp_path, 1) / "hf_model"
+    hf_model.mkdir()
+    save_file({"w": torch.arange(4.0)}, hf_model / "model.safetensors")
+    (hf_model / "config.json").write_text("{}")
+    ckpt.finalize_checkpoint(tmp_path, 1)
+    path = tmp_path / "step_00000001"
+    assert {"hf_model/model.safetensors", "hf_model/config.json"} <= set(
+        json.loads((path / "manifest.json").read_text())["files"])
+    damage(path / "hf_model" / "model.safetensors")
+    with pytest.raises(CheckpointCorruptError, match=re.escape(f"{path / 'hf_model' / 'model.safetensors'} {why}")
+                       if why == "is missing" else "hf_model/model.safetensors does not match its sha256"):
+        integrity.verify_checkpoint(path)
+
+
 @pytest.mark.parametrize("name, damage, why", [
     ("model.safetensors", truncate, "truncated"),
     ("optimizer.safetensors", flip_last_byte, "altered bytes"),
@@ -356,7 +379,9 @@ def test_worker_resume_falls_back_and_sets_corrupted_checkpoints_aside(tmp_path,
 
     for step in (1, 2):
         truncate(tmp_path / f"step_{step:08d}" / "optimizer.json")
-    with pytest.raises(FileNotFoundError, match=r"none verifies .*step_00000002/optimizer.json has"):
+    # one line with exit status 2 through the command line (it was a worker's FileNotFoundError traceback)
+    with pytest.raises(ResumeRefused, match=r"cannot resume: no checkpoint under .* verifies \(.*step_00000002/"
+                                            r"optimizer.json has"):
         checkpointer.latest()
     assert (tmp_path / "step_00000002").is_dir()  # nothing to resume from: nothing set aside
 

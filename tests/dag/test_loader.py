@@ -184,9 +184,11 @@ def test_a_tilde_override_deletes_an_inherited_setting_so_it_takes_its_default(w
     ("~nodes.reward.role", "reward", "role", "a node's role cannot be deleted"),
     ("~nodes.rewad.config", "rewad", "config", "unknown node"),
     ("~trainer.lr=1", None, "trainer.lr=1", "expected ~KEY with a dotted KEY"),
+    ("trainer.lr=0.1 ~trainer", None, "trainer", "override '~trainer' would delete 'trainer.lr=0.1', given before "
+                                                 "it: put ~trainer first"),
 ])
 def test_a_tilde_override_that_cannot_apply_is_refused_naming_it(write_template, override, node, field, message):
-    err = _error(write_template(nodes=pipeline(), config={"trainer": {"lr": 0.5}}), [override])
+    err = _error(write_template(nodes=pipeline(), config={"trainer": {"lr": 0.5}}), override.split())
     assert (err.node, err.field) == (node, field) and message in err.message, err.message
 
 
@@ -222,6 +224,26 @@ def test_extends_merges_config_and_nodes_by_id(write_template):
     assert "extends" not in template.raw
 
 
+def test_an_extending_template_names_a_shipped_base_and_drops_a_nodes_settings(write_template, tmp_path,
+                                                                              monkeypatch):
+    """``extends: embodied_srpo`` from another directory was "base template not found" (a path
+    relative to the file), and a child node swapping its function could not drop the settings its
+    base gave the old one (config: null was refused, config: {} merged)."""
+    from .helpers import DUMMY_WITH_CONFIG
+
+    monkeypatch.setattr(loader, "TEMPLATE_DIR", tmp_path / "shipped")
+    (tmp_path / "shipped").mkdir()
+    (tmp_path / "mine").mkdir()
+    nodes = pipeline()
+    nodes[2] = {**nodes[2], "fn": DUMMY_WITH_CONFIG, "config": {"reward": "progress"}}
+    write_template(nodes=nodes, config={"trainer": {"total_steps": 7}}, name="shipped/srpo.yaml")
+    child = write_template(text="name: mine\nextends: srpo\nnodes:\n  - {id: reward, fn: test_dummy, config: null}\n",
+                           name="mine/child.yaml")
+    template = load_template(child)
+    assert template.config.trainer.total_steps == 7
+    assert (template.nodes[2].fn, template.nodes[2].config) == (DUMMY, {})
+
+
 def test_extends_cycle(write_template):
     write_template(text="name: a\nextends: b.yaml\n", name="a.yaml")
     b = write_template(text="name: b\nextends: a.yaml\nnodes: []\n", name="b.yaml")
@@ -250,3 +272,4 @@ def test_inverted_success_rate_band_is_rejected_naming_the_field(write_template)
     err = _error(write_template(nodes=pipeline()), ["algorithm.filter_groups.success_rate_band=[0.9,0.1]"])
     assert (err.node, err.field) == (None, "algorithm.filter_groups.success_rate_band")
     assert "low <= high" in err.message
+

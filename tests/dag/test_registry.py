@@ -52,6 +52,49 @@ def test_register_rejects_bad_declarations():
         register_node("reward", "compute", DUMMY)(lambda ctx, batch: NodeOutput())
 
 
+@pytest.mark.parametrize("declared, message", [
+    ({"reads": "rewards"}, r"reads must be a tuple of names \(e.g. reads=\('rewards',\) for one\)"),
+    ({"writes": ("rewards", 3)}, "writes must be a tuple of names"),
+    ({"resources": lambda config: ("policy",)}, r"its resources \(.*\(config\)\) cannot be called as the engine "
+                                                r"calls it, \(run_config, node_config\)"),
+    ({"check": lambda config: None}, r"its check .* \(run_config, node_config, dp_size, world_size\)"),
+])
+def test_a_contract_the_planner_cannot_use_is_refused_when_it_registers(declared, message):
+    """A string was read as its characters (plan: "reads batch key 'a'"), and a contract function of
+    another signature crashed vla-rl plan with a traceback."""
+    with pytest.raises(TypeError, match=r"node function \('reward', 'compute', 'test_bad_contract'\): " + message):
+        register_node("reward", "compute", "test_bad_contract", **declared)
+    assert ("reward", "compute", "test_bad_contract") not in NODE_FUNCTIONS
+
+
+def test_a_function_that_cannot_take_ctx_and_batch_is_refused_when_it_registers():
+    """It passed plan and failed in every worker: "badsig() takes 1 positional argument but 2 were given"."""
+    with pytest.raises(TypeError, match=r"node function \('reward', 'compute', 'test_one_arg'\) \(.*\(batch\)\) "
+                                        r"cannot be called as the engine calls it, \(ctx, batch\)"):
+        register_node("reward", "compute", "test_one_arg")(lambda batch: NodeOutput())
+    assert ("reward", "compute", "test_one_arg") not in NODE_FUNCTIONS
+
+
+def test_a_config_model_whose_default_fails_its_own_validation_is_refused_when_it_registers():
+    """pydantic does not validate defaults: ``coef: float = Field("lots", ge=0)`` passed plan and
+    failed in the workers with a TypeError far from the model."""
+    from pydantic import Field
+
+    class Sloppy(BaseModel):
+        weight: float  # required: no default to check
+        coef: float = Field("lots", ge=0)
+
+    with pytest.raises(TypeError, match=r"node function \('reward', 'compute', 'test_sloppy'\): the default of "
+                                        r"Sloppy.coef \('lots'\) fails its own validation: Input should be a valid"):
+        register_node("reward", "compute", "test_sloppy", config=Sloppy)
+
+    class Fine(BaseModel):
+        weight: float
+        coef: float = Field(0.5, ge=0)
+
+    register_node("reward", "compute", "test_fine_defaults", config=Fine)(lambda ctx, batch: NodeOutput())
+
+
 def test_register_returns_the_function_unchanged():
     class Config(BaseModel):
         x: int = 1

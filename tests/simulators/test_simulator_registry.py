@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from simulators import SIMULATORS, RobosuiteEnvConfig, build_env_config, make_env
+from simulators.registry import check_spec_against_config
+from vla_rl_core.components import ComponentConfigError
+from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.registry import RegistryError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -105,3 +110,49 @@ def test_canonical_settings_hold_every_field_with_its_default():
     # a simulator this process does not know: equal as recorded, or different
     assert same_env("elsewhere", {"a": 1}, "elsewhere", {"a": 1})
     assert not same_env("elsewhere", {"a": 1}, "elsewhere", {"a": 2})
+
+
+@dataclasses.dataclass
+class _LineConfig:
+    """A plug-in's config: a field (horizon) and a property (state_dim) declaring sizes."""
+
+    horizon: int = 10
+    width: int = 2
+
+    @property
+    def state_dim(self) -> int:
+        return self.width
+
+
+if "test_line" not in SIMULATORS:
+    SIMULATORS.register("test_line")(type("Line", (), {"config_class": _LineConfig}))
+
+
+@pytest.mark.parametrize("env, field, message", [
+    ({"horizon": 0}, "simulator.env.horizon", re.escape("must be an integer >= 1 (got 0)")),
+    ({"width": 0}, "simulator.env.state_dim", re.escape("must be an integer >= 1 (got 0)")),
+])
+def test_a_declared_size_below_one_is_refused_when_the_template_loads(env, field, message):
+    """point_mass with horizon 0 planned and failed in every worker (an 83-line traceback:
+    "EnvSpec.horizon must be a positive integer"); robosuite's own check refused it at plan."""
+    from vla_rl.dag.errors import TemplateError
+    from vla_rl.dag.loader import load_template
+
+    with pytest.raises(ComponentConfigError, match=message) as raised:
+        build_env_config("test_line", env)
+    assert raised.value.field == field
+    with pytest.raises(TemplateError, match=message) as loaded:
+        load_template("embodied_srpo", ["simulator.name=test_line", f"simulator.env={env}"])
+    assert loaded.value.field == field
+
+
+def test_a_spec_that_disagrees_with_its_config_is_refused_naming_the_simulator():
+    """A config declaring 3 state values where the environments give 2 planned and trained on
+    silently (the planner's sizes and byte estimates read the config)."""
+    config = build_env_config("test_line", {"width": 3})
+    message = r"simulator 'test_line': its config \(_LineConfig\) declares state_dim 3, its environments' spec\(\) "
+    message += "gives"
+    with pytest.raises(ComponentConfigError, match=message + " obs_dim 2") as raised:
+        check_spec_against_config("test_line", config, EnvSpec(obs_dim=2, action_dim=1, horizon=10))
+    assert raised.value.field == "simulator.name"
+    check_spec_against_config("test_line", config, EnvSpec(obs_dim=3, action_dim=1, horizon=10))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -343,3 +344,19 @@ def test_no_grad_scoring_runs_micro_batches_of_rows_and_gives_the_whole_batchs_v
     if name == "mlp":
         assert torch.equal(chunked, whole)
     torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-5)
+
+
+def test_a_policy_loss_returning_something_else_stops_the_run_naming_it(process_group, monkeypatch):
+    """A plug-in loss returning a bare tensor failed as "iteration over a 0-d tensor" in a worker's
+    traceback, naming neither the loss nor what a loss returns."""
+    from vla_rl.errors import RunStopped
+
+    bare = Registry("policy loss")
+    bare.register("ppo_clip", config=POLICY_LOSSES.config_class("ppo_clip"))(
+        lambda log_probs, *rest: (log_probs * 0).sum())
+    monkeypatch.setattr(actor_module, "POLICY_LOSSES", bare)
+    policy = make_policy("mlp", TINY_CONFIGS["mlp"]())
+    with pytest.raises(RunStopped, match=re.escape(f"policy loss 'ppo_clip' ({__name__}) returned a tensor of shape "
+                                                   "(); a policy loss returns (loss, metrics)")):
+        ActorTrainer(policy, lr=1e-2).update(rollout_batch(policy), *update_config("ppo_clip", "token"),
+                                             torch.Generator().manual_seed(2))

@@ -67,3 +67,37 @@ def test_a_node_whose_output_lacks_a_key_it_declares_stops_the_run_naming_it():
     written.set(keys.REWARDS, torch.zeros(2))
     check_declared_writes(node, written)
     check_declared_writes(node, None)  # a node with side effects only
+
+
+def _returns_the_batch(ctx, batch):
+    return batch
+
+
+def _raises(ctx, batch):
+    raise RuntimeError("boom from my node")
+
+
+@pytest.mark.parametrize("fn, error, message", [
+    ("test_returns_the_batch", "RunStopped", "node 'penalty' (function 'test_returns_the_batch' of (reward, compute), "
+     f"from {__name__}) returned a TensorDict; a node function returns NodeOutput(batch, metrics)"),
+    ("test_raises", "RuntimeError", "boom from my node"),
+])
+def test_a_node_function_that_fails_is_named_in_its_error(fn, error, message):
+    """A plug-in node returning its batch was an AttributeError ("'TensorDict' object has no
+    attribute 'batch'") and one that raised a Ray traceback; neither named the node or its module."""
+    import dataclasses
+    import traceback
+
+    from vla_rl.dag.registry import NODE_FUNCTIONS, register_node
+    from vla_rl.workers.dag_worker import run_node_function
+
+    for name, function in (("test_returns_the_batch", _returns_the_batch), ("test_raises", _raises)):
+        if ("reward", "compute", name) not in NODE_FUNCTIONS:
+            register_node("reward", "compute", name=name)(function)
+    node = dataclasses.replace(NODE, node_id="penalty", role="reward", type="compute", fn=fn)
+    with pytest.raises(Exception) as raised:
+        run_node_function(node, None, batch([0, 1]))
+    assert type(raised.value).__name__ == error and message in str(raised.value)
+    shown = "".join(traceback.format_exception(raised.value))  # what a Ray traceback shows
+    if error == "RuntimeError":
+        assert f"raised in node 'penalty' (function 'test_raises' of (reward, compute), from {__name__})" in shown

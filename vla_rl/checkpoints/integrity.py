@@ -49,9 +49,9 @@ logger = logging.getLogger(__name__)
 
 
 def write_manifest(directory: str | Path) -> Path:
-    """Write ``<directory>/manifest.json``: the size and sha256 of every other file in it, and of
-    every file of its sharded-state directories (torch.distributed.checkpoint directories, e.g.
-    ``actor_sharded/__0_0.distcp``, named by their relative path).
+    """Write ``<directory>/manifest.json``: the size and sha256 of every other file in it and in its
+    subdirectories (torch.distributed.checkpoint directories, e.g. ``actor_sharded/__0_0.distcp``,
+    a text run's ``hf_model/``), named by their relative path.
 
     Rank 0 calls it (from :func:`~vla_rl.checkpoints.files.finalize_checkpoint`) once every rank's files
     are staged.
@@ -227,14 +227,9 @@ def _check_structure(path: Path) -> None:
 
 
 def _checkpoint_files(directory: Path) -> list[Path]:
-    """The files of a checkpoint directory: its own, and those of its sharded-state directories."""
-    files = []
-    for path in sorted(directory.iterdir()):
-        if path.is_file():
-            files.append(path)
-        elif path.is_dir() and is_sharded_dir(path):
-            files += sorted(file for file in path.iterdir() if file.is_file())
-    return files
+    """The files of a checkpoint directory, its subdirectories' included (the sharded-state
+    directories, a text run's ``hf_model/``, which another run loads as ``text.model_path``)."""
+    return sorted(path for path in directory.rglob("*") if path.is_file())
 
 
 def _sha256(path: Path) -> str:

@@ -36,7 +36,7 @@ from vla_rl.cli.plan import add_plan_command
 from vla_rl.cli.serve import add_remote_env_command, add_serve_command
 from vla_rl.cli.train import add_train_command
 from vla_rl.dag.errors import TemplateError
-from vla_rl.errors import CommandLineError, RunStopped
+from vla_rl.errors import CommandLineError, ResumeRefused, RunStopped
 from vla_rl.evaluation.targets import EvalInputError
 from vla_rl.export import ExportError
 from vla_rl.export_episodes import EpisodesExportError
@@ -46,7 +46,7 @@ from vla_rl_core.registry import RegistryError
 
 USER_ERRORS: tuple[type[Exception], ...] = (TemplateError, ValidationError, RegistryError, EvalInputError,
                                             ExportError, EpisodesExportError, ServeError,
-                                            CommandLineError)
+                                            CommandLineError, ResumeRefused)
 """Errors caused by the user's input: reported in one line, exit status 2, no traceback."""
 
 USER_ERROR_STATUS = 2

@@ -111,9 +111,10 @@ def run_remote_env(args: argparse.Namespace) -> int:
     import os
     import threading
 
+    import gymnasium as gym
     import yaml
 
-    from simulators import make_env
+    from simulators import SIMULATORS, make_env
     from vla_rl.remote import RemoteRefused, serve_envs
 
     _check_hub_address(args.connect)  # before the environments: a robosuite one takes seconds to make
@@ -131,6 +132,11 @@ def run_remote_env(args: argparse.Namespace) -> int:
         if not sep or not key:
             raise CommandLineError(f"{item!r}: simulator config fields are KEY=VALUE")
         fields[key] = yaml.safe_load(value)
+    simulator = SIMULATORS.get(args.simulator)
+    if not (isinstance(simulator, type) and issubclass(simulator, gym.Env)):
+        raise CommandLineError(f"{args.simulator}: a batched simulator ({getattr(simulator, '__name__', simulator)} "
+                               "steps all its environments at once); vla-rl remote-env serves gymnasium Env "
+                               "simulators, one environment per connection")
     try:
         envs = [make_env(args.simulator, fields) for _ in range(args.num_envs)]
     except (ValueError, TypeError) as err:

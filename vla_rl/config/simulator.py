@@ -51,7 +51,7 @@ class SimulatorSection(_Section):
                 ``env`` the config class rejects (the error names the field, e.g.
                 ``simulator.env.task``), or a bad task set.
         """
-        from simulators.registry import SIMULATORS
+        from simulators.registry import SIMULATORS, check_declared_sizes
 
         _check_name(SIMULATORS, self.name, "simulator.name")
         config_class = getattr(SIMULATORS.get(self.name), "config_class", None)
@@ -60,8 +60,12 @@ class SimulatorSection(_Section):
                                        "no config_class, the dataclass of its simulator.env settings "
                                        "(docs/extending.md)")
         if self.tasks is None:
-            return build_config(config_class, self.env, "simulator.env")
-        configs = [build_config(config_class, env, f"simulator.tasks[{i}]") for i, env in enumerate(self.task_envs())]
+            configs = [build_config(config_class, self.env, "simulator.env")]
+        else:
+            configs = [build_config(config_class, env, f"simulator.tasks[{i}]")
+                       for i, env in enumerate(self.task_envs())]
+        for config in configs:
+            check_declared_sizes(config)
         return configs[0]
 
     @property

@@ -3,11 +3,12 @@
 A template is named either by a path (``path/to/x.yaml``, used as is) or by a bare name (``x``,
 read from ``<repo>/dag_templates/x.yaml``).
 
-``extends: base.yaml`` (a path relative to the extending file), or a list of them merged in order,
-composes templates: the ``config:`` sections are deep-merged (the extending file wins), and nodes
-are merged by id: a node entry whose id the base already has overrides that node's fields
-(mappings such as the node's ``config:`` are deep-merged, other values replaced), a new id is
-appended after the base's nodes. A base may hold only nodes of some phases (the files of
+``extends: base.yaml`` (a path relative to the extending file, or the bare name of a shipped
+template, ``extends: embodied_srpo``), or a list of them merged in order, composes templates: the
+``config:`` sections are deep-merged (the extending file wins), and nodes are merged by id: a node
+entry whose id the base already has overrides that node's fields (mappings such as the node's
+``config:`` are deep-merged, other values replaced; ``config: null`` drops the base's settings of
+the node), a new id is appended after the base's nodes. A base may hold only nodes of some phases (the files of
 ``dag_templates/phases/``: warm start and evaluation), so a workflow includes them by listing them,
 or only config (``dag_templates/bases/``: settings that templates of several workflows share).
 
@@ -88,8 +89,7 @@ def resolve_template_path(path_or_name: str | os.PathLike[str]) -> Path:
         TemplateError: if the file does not exist (the message lists the available names).
     """
     text = os.fspath(path_or_name)
-    looks_like_path = os.sep in text or "/" in text or Path(text).suffix in _TEMPLATE_SUFFIXES
-    path = Path(text) if looks_like_path else TEMPLATE_DIR / f"{text}.yaml"
+    path = TEMPLATE_DIR / f"{text}.yaml" if _is_template_name(text) else Path(text)
     if not path.is_file():
         names = ", ".join(available_templates()) or "none"
         raise TemplateError(f"template not found; available templates in {TEMPLATE_DIR}: {names}", file=path)
@@ -149,6 +149,14 @@ def _import_plugins(raw: dict[str, Any], file: Path) -> None:
     modules = run.get("imports", []) if isinstance(run, dict) else []
     if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
         raise TemplateError(f"must be a list of module names (got {modules!r})", file=file, field="run.imports")
+    if modules:
+        # the built-in node functions and the workflows' resources first: a plug-in registering one
+        # of their names is then refused at its own import, naming it, rather than the built-in
+        # failing later as the one that registers "another"
+        from vla_rl.dag.registry import NODE_FUNCTIONS, WORKFLOWS
+
+        NODE_FUNCTIONS.load_builtins()
+        WORKFLOWS.load_builtins()
     for module in modules:
         try:
             importlib.import_module(module)
@@ -164,14 +172,23 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path
         TemplateError: for an override without ``=``, with an empty key part or no value (``KEY=``:
             ``KEY=null`` sets null), one that names an unknown node id, one that would rename a node,
             ``KEY={}`` over a non-empty mapping (it would change nothing: ``~KEY`` resets it), or a
-            ``~KEY`` that deletes nothing, a node, or a node's id, role or type.
+            ``~KEY`` that deletes nothing, a node, a node's id, role or type, or an override given
+            before it.
     """
     raw = copy.deepcopy(raw)
     nodes = _node_index(raw.get("nodes", []), file)
+    given: list[str] = []  # the overrides that set a value, so far
     for item in overrides:
         if item.startswith("~"):
+            key = item[1:]
+            undone = [earlier for earlier in given if earlier.partition("=")[0] == key or
+                      earlier.partition("=")[0].startswith(f"{key}.")]
+            if undone:  # the deletion would discard what the user has just set, not the template's
+                raise TemplateError(f"override {item!r} would delete {undone[0]!r}, given before it: put {item} "
+                                    "first (a deletion applies to the template's settings)", file=file, field=key)
             _delete(raw, nodes, item, file)
             continue
+        given.append(item)
         key, sep, text = item.partition("=")
         parts = key.split(".")
         if not sep or not all(parts):
@@ -271,6 +288,8 @@ def _load_merged(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for base in bases:
         base_path = (path.parent / base).resolve()
+        if not base_path.is_file() and _is_template_name(base):  # a shipped template, as the CLI names it
+            base_path = (TEMPLATE_DIR / f"{base}.yaml").resolve()
         if base_path == path or base_path in chain:
             cycle = [*chain[chain.index(base_path) :], path, base_path] if base_path in chain else [path, path]
             names = " -> ".join(p.name for p in cycle)
@@ -279,6 +298,11 @@ def _load_merged(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
             raise TemplateError(f"base template not found: {base_path}", file=path, field="extends")
         merged = _merge_templates(merged, _load_merged(base_path, (*chain, path)))
     return _merge_templates(merged, raw)
+
+
+def _is_template_name(text: str) -> bool:
+    """Whether ``text`` is a bare name (``embodied_srpo``), not a path."""
+    return "/" not in text and os.sep not in text and Path(text).suffix not in _TEMPLATE_SUFFIXES
 
 
 def _read_template_file(path: Path) -> dict[str, Any]:

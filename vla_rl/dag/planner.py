@@ -388,8 +388,14 @@ def _node_config(node: NodeSpec, file: Path) -> BaseModel | None:
                 field="config",
             )
         return None
+    model = function.config_model
+    allowed = [field.alias or name for name, field in model.model_fields.items()]
+    unknown = [key for key in node.config if key not in allowed and key not in model.model_fields]
+    if unknown and model.model_config.get("extra") != "allow":  # also for a model that would ignore it
+        raise TemplateError(f"unknown key for {model.__name__}; allowed: {', '.join(allowed) or 'none'}", file=file,
+                            node=node.id, field=f"config.{unknown[0]}")
     try:
-        return function.config_model.model_validate(node.config)
+        return model.model_validate(node.config)
     except ValidationError as exc:
         raise from_validation_error(
             exc, model=function.config_model, file=file, node=node.id, prefix=("config",)

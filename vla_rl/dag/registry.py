@@ -36,10 +36,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from vla_rl.dag.schema import NODE_TYPES, ROLES
-from vla_rl_core.registry import Registry, RegistryError
+from vla_rl_core.registry import Registry, RegistryError, check_call
 
 if TYPE_CHECKING:  # tensordict pulls in torch; the planner and the CLI do not need it.
     from tensordict import TensorDict
@@ -133,7 +133,9 @@ def register_node(
 
     Raises:
         ValueError: if ``role`` or ``type`` is unknown (the message lists the allowed ones).
-        TypeError: if ``config`` is not a pydantic model class.
+        TypeError: if ``config`` is not a pydantic model class, a contract entry is neither names
+            nor a function of ``(run_config, node_config)``, ``check`` cannot take ``(run_config,
+            node_config, dp_size, world_size)``, or the function cannot take ``(ctx, batch)``.
         RegistryError: if ``(role, type, name)`` is already registered.
     """
     if role not in ROLES:
@@ -142,14 +144,45 @@ def register_node(
         raise ValueError(f"unknown node type {type!r}; allowed: {', '.join(NODE_TYPES)}")
     if config is not None and not (inspect.isclass(config) and issubclass(config, BaseModel)):
         raise TypeError(f"config of node function {name!r} must be a pydantic model class, got {config!r}")
+    what = f"node function ({role!r}, {type!r}, {name!r})"
+    if config is not None:
+        _check_config_defaults(what, config)
+    for contract, declared in (("reads", reads), ("writes", writes), ("resources", resources)):
+        if callable(declared):
+            check_call(f"{what}: its {contract}", declared, ("run_config", "node_config"))
+        elif isinstance(declared, str) or not all(isinstance(item, str) and item for item in declared):
+            raise TypeError(f"{what}: {contract} must be a tuple of names (e.g. {contract}=({declared!r},) for one) "
+                            f"or a function (run_config, node_config) -> names, got {declared!r}")
+    if check is not None:
+        check_call(f"{what}: its check", check, ("run_config", "node_config", "dp_size", "world_size"))
 
     def decorator(fn: Callable[[Any, Any], NodeOutput]) -> Callable[[Any, Any], NodeOutput]:
+        check_call(what, fn, ("ctx", "batch"))
         entry = NodeFunction(role=role, type=type, name=name, fn=fn, config_model=config, whole_groups=whole_groups,
                              reads=reads, writes=writes, resources=resources, check=check)
         NODE_FUNCTIONS.register((role, type, name))(entry)
         return fn
 
     return decorator
+
+
+def _check_config_defaults(what: str, config: type[BaseModel]) -> None:
+    """The defaults of a node config model must pass its own validation (pydantic does not
+    validate defaults: ``coef: float = Field("lots", ge=0)`` failed deep in a worker).
+
+    Raises:
+        TypeError: naming the field, the model and pydantic's reason.
+    """
+    defaults = {field.alias or name: field.get_default(call_default_factory=True)
+                for name, field in config.model_fields.items() if not field.is_required()}
+    try:
+        config.model_validate(defaults)
+    except ValidationError as err:
+        wrong = [error for error in err.errors() if error["type"] != "missing"]  # required fields have none
+        if wrong:
+            field = ".".join(map(str, wrong[0]["loc"]))
+            raise TypeError(f"{what}: the default of {config.__name__}.{field} ({wrong[0]['input']!r}) fails its "
+                            f"own validation: {wrong[0]['msg']}") from None
 
 
 def get_node_function(role: str, type: str, name: str = "default") -> NodeFunction:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 Role = Literal[
     "data", "rollout", "actor", "critic", "reference", "reward", "advantage", "filter", "simulator", "evaluator"
@@ -65,8 +65,14 @@ class NodeSpec(BaseModel):
     )
     phase: Phase = Field("train", description="When the node runs: warm_start, train or evaluate.")
     config: dict[str, Any] = Field(
-        default_factory=dict, description="Per-node settings, validated by the function's config model."
+        default_factory=dict, description="Per-node settings, validated by the function's config model; "
+        "null: none (an extending template's config: null drops the settings its base gave the node)."
     )
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _null_config_is_none(cls, value: Any) -> Any:
+        return {} if value is None else value
 
 
 class TemplateSpec(BaseModel):

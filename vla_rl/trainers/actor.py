@@ -43,6 +43,7 @@ from vla_rl.algorithms.granularity import (
 )
 from vla_rl.algorithms.kl import kl_penalty
 from vla_rl.algorithms.policy_loss import POLICY_LOSSES
+from vla_rl.errors import RunStopped
 from vla_rl.trainers.guard import GuardedStep
 from vla_rl.trainers.minibatches import global_weights, micro_batch_passes, minibatch_schedule, sum_over_workers
 from vla_rl.trainers.strategy import make_strategy
@@ -497,8 +498,13 @@ class ActorTrainer:
         mask = unit_mask(executed, own_action_dim, granularity)  # (b, L)
         advantages = expand_per_step(mb[keys.ADVANTAGES], chunk, own_action_dim, granularity)  # (b, L)
 
-        pg_loss, pg_metrics = loss_fn(log_probs, old_log_probs, advantages, mask, loss_options, agg_mode,
-                                      agg_normalizer)
+        returned = loss_fn(log_probs, old_log_probs, advantages, mask, loss_options, agg_mode, agg_normalizer)
+        if not (isinstance(returned, tuple) and len(returned) == 2 and isinstance(returned[0], torch.Tensor)
+                and returned[0].dim() == 0 and isinstance(returned[1], dict)):
+            raise RunStopped(f"policy loss {algorithm.policy_loss!r} ({getattr(loss_fn, '__module__', '?')}) returned "
+                             f"{_described(returned)}; a policy loss returns (loss, metrics): a scalar tensor and a "
+                             "dict of floats (docs/extending.md)")
+        pg_loss, pg_metrics = returned
         entropy_term = aggregate_loss(entropy, mask, agg_mode, agg_normalizer)
         # without a bonus the entropy is a metric only: kept out of the loss, its backward never runs
         loss = pg_loss - algorithm.entropy_coeff * entropy_term if algorithm.entropy_coeff else pg_loss
@@ -530,3 +536,12 @@ class ActorTrainer:
 
         load_sharded(directory, self.parallel.trained, self.optimizer, self.group)
         self.parallel.after_update()
+
+
+def _described(value) -> str:
+    """A short description of what a plug-in returned (its type, a tensor's shape)."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)} ({', '.join(_described(item) for item in value)})"
+    return f"a {type(value).__name__}"

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from vla_rl.checkpoints import files as checkpoint
 from vla_rl.checkpoints import integrity as checkpoint_integrity
 from vla_rl.checkpoints.layout import ACTOR_SHARDED_DIR, CRITIC_SHARDED_DIR, NonFiniteTensorError
-from vla_rl.errors import RunStopped
+from vla_rl.errors import ResumeRefused, RunStopped
 from vla_rl.utils.collectives import cpu_barrier
 
 logger = logging.getLogger(__name__)
@@ -94,8 +94,8 @@ class WorkerCheckpointer:
         restores the same checkpoint). :attr:`skipped` names the skipped checkpoints.
 
         Raises:
-            FileNotFoundError: the run has no checkpoint, or none that verifies (the message
-                says why each failed).
+            ResumeRefused: the run has no checkpoint, or none that verifies (the message says why
+                each failed).
         """
         choice: list[Any] = [None, [], ""]
         if self.resources.rank == 0:
@@ -113,8 +113,8 @@ class WorkerCheckpointer:
             dist.broadcast_object_list(choice, src=0)
         name, self.skipped, problem = choice
         if name is None:
-            raise FileNotFoundError(f"no checkpoint under {self.root} to resume from"
-                                    + (f": none verifies ({problem})" if problem else ""))
+            raise ResumeRefused(f"cannot resume: no checkpoint under {self.root} verifies ({problem})" if problem
+                                else f"cannot resume: there is no checkpoint under {self.root}")
         return self.root / name
 
     def restore(self, path: Path, names=None) -> int:

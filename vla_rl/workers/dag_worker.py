@@ -26,7 +26,7 @@ from tensordict import TensorDict, TensorDictBase
 from vla_rl.config import RunConfig
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import Reshard, RunNode, Task, plan
-from vla_rl.dag.registry import get_node_function
+from vla_rl.dag.registry import NodeOutput, get_node_function
 from vla_rl.data.reshard import reshard
 from vla_rl.errors import RunStopped
 from vla_rl.utils.code_location import check_same_code
@@ -224,7 +224,7 @@ class DAGWorker:
                               self.resources.view(task.node_id, task.resources), tag=tag, video=video,
                               refill_round=refill_round,
                               rerun_upstream=self._rerun_upstream(chain, task, step, tag, video))
-            result = get_node_function(task.role, task.type, task.fn).fn(ctx, batch)
+            result = run_node_function(task, ctx, batch)
             check_declared_writes(task, result.batch)
             outputs[task.node_id] = result.batch
             # A plain metric is a mean over the batch the node was given (a filter's kept fraction
@@ -350,6 +350,28 @@ def comm_metrics(counts: CommCounters) -> dict[str, Metric]:
         metrics[f"comm/{tag}/bytes_received"] = mean(tag_counts.bytes_received, 1)
         metrics[f"comm/{tag}/collectives"] = maximum(tag_counts.collectives)
     return metrics
+
+
+def run_node_function(task: RunNode, ctx: NodeContext, batch: TensorDictBase | None) -> NodeOutput:
+    """Call the node's function. An exception it raises carries a note naming the node, its
+    function and the module that registered it (a plug-in's error came back as a Ray traceback
+    that named neither), and anything but a :class:`NodeOutput` stops the run naming them.
+
+    Raises:
+        RunStopped: the function returned something else.
+        Exception: what the function raised, with the note added.
+    """
+    fn = get_node_function(task.role, task.type, task.fn).fn
+    where = f"node {task.node_id!r} (function {task.fn!r} of ({task.role}, {task.type}), from {fn.__module__})"
+    try:
+        result = fn(ctx, batch)
+    except Exception as err:
+        err.add_note(f"raised in {where}")
+        raise
+    if not isinstance(result, NodeOutput):
+        raise RunStopped(f"{where} returned a {type(result).__name__}; a node function returns "
+                         "NodeOutput(batch, metrics) (vla_rl.dag.registry.NodeOutput)")
+    return result
 
 
 def check_declared_writes(task: RunNode, output: TensorDictBase | None) -> None:

@@ -216,5 +216,11 @@ def build_simulator_pool(res):
 
 @register_resource("env_spec", needs=("simulator_pool",))
 def build_env_spec(res) -> EnvSpec:
-    """The simulator's spec, as its pool states it."""
-    return res.simulator_pool.spec()
+    """The simulator's spec, as its pool states it, checked against the sizes its config declares
+    (:func:`simulators.registry.check_spec_against_config`: a plug-in's config saying 3 state
+    values where its environments give 2 planned and trained on silently)."""
+    from simulators.registry import check_spec_against_config
+
+    spec = res.simulator_pool.spec()
+    check_spec_against_config(res.config.simulator.name, res.config.simulator.env_config(), spec)
+    return spec
