@@ -76,6 +76,18 @@ def test_plan_prints_chains(tmp_path, capsys, no_builtin_nodes):
     assert re.search(rf"run reward +reward/compute/{CLI_FN} +dp_rank 0/1 <- rollout", out)
 
 
+def test_plan_takes_overrides_before_the_template_as_train_does(tmp_path, capsys, no_builtin_nodes):
+    """``vla-rl plan ~x TEMPLATE`` looked for a template named ``~x``; a deletion after the
+    command's own override under that key is refused (it would discard it)."""
+    path = _write(tmp_path, CLI_FN)
+    assert main(["plan", "nodes.reward.dp_size=1", str(path), "--world-size", "2"]) == 0
+    assert "rollout (dp 2) -> reward (dp 1)" in capsys.readouterr().out
+    assert main(["plan", str(path), "trainer.total_steps=3", "~trainer"]) == 2
+    assert "override '~trainer' would delete 'trainer.total_steps=3', given before it" in capsys.readouterr().err
+    assert main(["plan", str(path), str(path)]) == 2
+    assert "name one template before or after the overrides" in capsys.readouterr().err
+
+
 def test_plan_error_is_one_line_with_status_2(tmp_path, capsys, no_builtin_nodes):
     path = _write(tmp_path, CLI_FN, dp_size=3)
     assert main(["plan", str(path)]) == 2

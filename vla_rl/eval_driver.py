@@ -85,14 +85,14 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
                                  if targets else f"--steps selects a run's checkpoints; --policy-from {policy_from} "
                                  "evaluates the policy that template builds, before any training")
         run_dir, checkpoints = None, []
-        source = [o for o in overrides if o.split(".", 1)[0] in (*COPIED_SECTIONS, "run")]
+        source = [o for o in overrides if o.removeprefix("~").split(".", 1)[0] in (*COPIED_SECTIONS, "run")]
         run_config = load_template(policy_from, source).config
         what = f"template {policy_from}"
         if run_config.eval.store_episodes or run_config.eval.checkpoints:
             raise EvalInputError(f"--policy-from {policy_from}: that is vla-rl eval's own template; name the training "
                                  "template (vla-rl train's) whose policy to evaluate")
     for override in overrides:
-        section = override.split(".", 1)[0]
+        section = override.removeprefix("~").split(".", 1)[0]
         if section in UNREAD_SECTIONS:
             raise EvalInputError(f"{override.split('=', 1)[0]}: vla-rl eval runs no {UNREAD_SECTIONS[section]} (it "
                                  f"rolls out the {'checkpoints' if run_dir else 'template'}'s policy); remove it")

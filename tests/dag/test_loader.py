@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -184,12 +186,33 @@ def test_a_tilde_override_deletes_an_inherited_setting_so_it_takes_its_default(w
     ("~nodes.reward.role", "reward", "role", "a node's role cannot be deleted"),
     ("~nodes.rewad.config", "rewad", "config", "unknown node"),
     ("~trainer.lr=1", None, "trainer.lr=1", "expected ~KEY with a dotted KEY"),
-    ("trainer.lr=0.1 ~trainer", None, "trainer", "override '~trainer' would delete 'trainer.lr=0.1', given before "
-                                                 "it: put ~trainer first"),
 ])
 def test_a_tilde_override_that_cannot_apply_is_refused_naming_it(write_template, override, node, field, message):
-    err = _error(write_template(nodes=pipeline(), config={"trainer": {"lr": 0.5}}), override.split())
+    err = _error(write_template(nodes=pipeline(), config={"trainer": {"lr": 0.5}}), [override])
     assert (err.node, err.field) == (node, field) and message in err.message, err.message
+
+
+@pytest.mark.parametrize("overrides, discarded", [
+    (["trainer.lr=0.1", "~trainer"], "trainer.lr=0.1"),
+    (["trainer={lr: 0.1}", "~trainer.lr"], "trainer={lr: 0.1}"),  # set above the deleted key
+    (["trainer.lr=0.1", "~trainer.lr"], "trainer.lr=0.1"),
+])
+def test_a_commands_deletion_after_its_own_override_is_refused(overrides, discarded):
+    """Applied in order, the deletion discarded what the user had just set, silently."""
+    with pytest.raises(TemplateError, match=re.escape(f"override {overrides[1]!r} would delete {discarded!r}, given "
+                                                      f"before it: put {overrides[1]} first")):
+        loader.check_deletion_order(overrides)
+    loader.check_deletion_order(overrides[::-1])  # the deletion first: fine
+
+
+def test_a_resume_may_undo_or_repeat_an_earlier_resumes_override(write_template):
+    """A resume applies every earlier resume's overrides, then its own: its ~KEY may undo an
+    earlier resume's KEY=VALUE, and repeating an earlier resume's ~KEY (a command from the shell's
+    history) deletes nothing more, without an error."""
+    path = write_template(nodes=pipeline(), config={"trainer": {"lr": 0.5}})
+    earlier = ["trainer.lr=0.1", "~trainer.lr"]
+    assert load_template(path, [*earlier, "~trainer.lr"]).config.trainer.lr == RunConfig().trainer.lr
+    assert load_template(path, [*earlier, "trainer.lr=0.2", "~trainer"]).config.trainer.lr == RunConfig().trainer.lr
 
 
 def test_extends_merges_config_and_nodes_by_id(write_template):

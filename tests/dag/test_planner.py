@@ -81,12 +81,13 @@ def test_node_config_is_validated_by_the_function_model(write_template):
 def test_a_misspelt_node_setting_is_refused_even_by_a_model_that_ignores_extra_keys(write_template):
     """A plug-in's config model with pydantic's default ``extra="ignore"`` dropped ``coeff: 2``
     silently (its ``coef`` stayed at the default); unknown keys are errors, whatever the model."""
-    from pydantic import BaseModel
+    from pydantic import AliasChoices, BaseModel, Field
 
     from vla_rl.dag.registry import NODE_FUNCTIONS, NodeOutput, register_node
 
     class LenientConfig(BaseModel):
         coef: float = 1.0
+        scale: float = Field(1.0, validation_alias=AliasChoices("scale", "s"))
 
     if ("reward", "compute", "test_lenient") not in NODE_FUNCTIONS:
         register_node("reward", "compute", "test_lenient", config=LenientConfig)(lambda ctx, batch: NodeOutput(batch))
@@ -94,9 +95,9 @@ def test_a_misspelt_node_setting_is_refused_even_by_a_model_that_ignores_extra_k
     nodes[2].update(fn="test_lenient", config={"coeff": 2})
     err = _plan_error(write_template(nodes=nodes))
     assert (err.node, err.field) == ("reward", "config.coeff")
-    assert "unknown key for LenientConfig; allowed: coef" in err.message
-    nodes[2]["config"] = {"coef": 2}
-    assert plan(load_template(write_template(nodes=nodes)), 2).node_configs["reward"].coef == 2.0
+    assert "unknown key for LenientConfig; allowed: coef, scale, s" in err.message
+    nodes[2]["config"] = {"coef": 2, "s": 3}  # a validation alias is a key of the model
+    assert plan(load_template(write_template(nodes=nodes)), 2).node_configs["reward"].scale == 3.0
 
 
 def test_config_for_a_function_without_config_model(write_template):

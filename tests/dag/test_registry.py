@@ -53,8 +53,9 @@ def test_register_rejects_bad_declarations():
 
 
 @pytest.mark.parametrize("declared, message", [
-    ({"reads": "rewards"}, r"reads must be a tuple of names \(e.g. reads=\('rewards',\) for one\)"),
+    ({"reads": "rewards"}, r"reads must be a tuple of names \(e.g. reads=\('rewards',\)\)"),
     ({"writes": ("rewards", 3)}, "writes must be a tuple of names"),
+    ({"resources": None}, r"resources must be a tuple of names \(e.g. resources=\('name',\)\) .* got None"),
     ({"resources": lambda config: ("policy",)}, r"its resources \(.*\(config\)\) cannot be called as the engine "
                                                 r"calls it, \(run_config, node_config\)"),
     ({"check": lambda config: None}, r"its check .* \(run_config, node_config, dp_size, world_size\)"),
@@ -65,6 +66,14 @@ def test_a_contract_the_planner_cannot_use_is_refused_when_it_registers(declared
     with pytest.raises(TypeError, match=r"node function \('reward', 'compute', 'test_bad_contract'\): " + message):
         register_node("reward", "compute", "test_bad_contract", **declared)
     assert ("reward", "compute", "test_bad_contract") not in NODE_FUNCTIONS
+
+
+def test_a_contract_given_as_a_list_is_kept_as_a_tuple_and_an_iterator_is_refused():
+    """all() over an iterator used it up: the node declared no writes."""
+    register_node("reward", "compute", "test_list_writes", writes=["rewards"])(lambda ctx, batch: NodeOutput())
+    assert get_node_function("reward", "compute", "test_list_writes").writes == ("rewards",)
+    with pytest.raises(TypeError, match="writes must be a tuple of names"):
+        register_node("reward", "compute", "test_iterator_writes", writes=iter(["rewards"]))
 
 
 def test_a_function_that_cannot_take_ctx_and_batch_is_refused_when_it_registers():
@@ -78,7 +87,7 @@ def test_a_function_that_cannot_take_ctx_and_batch_is_refused_when_it_registers(
 def test_a_config_model_whose_default_fails_its_own_validation_is_refused_when_it_registers():
     """pydantic does not validate defaults: ``coef: float = Field("lots", ge=0)`` passed plan and
     failed in the workers with a TypeError far from the model."""
-    from pydantic import Field
+    from pydantic import AliasChoices, ConfigDict, Field
 
     class Sloppy(BaseModel):
         weight: float  # required: no default to check
@@ -89,8 +98,10 @@ def test_a_config_model_whose_default_fails_its_own_validation_is_refused_when_i
         register_node("reward", "compute", "test_sloppy", config=Sloppy)
 
     class Fine(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
         weight: float
-        coef: float = Field(0.5, ge=0)
+        coef: float = Field(0.5, ge=0, validation_alias=AliasChoices("coef", "c"))  # an alias: named by its name
 
     register_node("reward", "compute", "test_fine_defaults", config=Fine)(lambda ctx, batch: NodeOutput())
 

@@ -80,6 +80,7 @@ def test_refusals_name_what_is_wrong_before_anything_is_written(oft_l1, tmp_path
          "warm_start.num_demos: vla-rl eval runs no warm start"),
         (["eval", "--policy-from", TEMPLATE, "algorithm.reward=binary_success"],
          "algorithm.reward: vla-rl eval runs no training algorithm"),
+        (["eval", "--policy-from", TEMPLATE, "~warm_start"], "~warm_start: vla-rl eval runs no warm start"),
     ]
     for argv, message in cases:
         assert main([*argv, "--output", str(out)]) == 2, argv

@@ -16,14 +16,22 @@ def add_template_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         metavar="KEY=VALUE",
         help="dotted overrides: trainer.total_steps=5 (config), nodes.reward.dp_size=1 (a node's field), "
-        "~nodes.reward.config (delete a setting: its default applies)",
+        "~algorithm.filter_groups (delete a setting: its default applies)",
     )
 
 
 def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
     """The positionals of a command that takes names (a template, run directories) and overrides,
-    split into ``(names, overrides)``: an override sets (``KEY=VALUE``) or deletes (``~KEY``)."""
+    split into ``(names, overrides)``: an override sets (``KEY=VALUE``) or deletes (``~KEY``).
+
+    Raises:
+        TemplateError: a deletion given after an override it would discard
+            (:func:`vla_rl.dag.loader.check_deletion_order`).
+    """
+    from vla_rl.dag.loader import check_deletion_order
+
     overrides = [item for item in items if "=" in item or item.startswith("~")]
+    check_deletion_order(overrides)
     return [item for item in items if item not in overrides], overrides
 
 

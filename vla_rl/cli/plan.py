@@ -7,9 +7,10 @@ import argparse
 
 from rich.console import Console
 
-from vla_rl.cli.arguments import add_template_arguments, positive_int, shipped_templates
+from vla_rl.cli.arguments import add_template_arguments, positive_int, shipped_templates, split_overrides
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import describe_plan, plan
+from vla_rl.errors import CommandLineError
 from vla_rl.preflight import preflight
 
 
@@ -30,7 +31,10 @@ def add_plan_command(commands: argparse._SubParsersAction) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    template = load_template(args.template, args.overrides)
+    names, overrides = split_overrides([args.template, *args.overrides])  # overrides may come first too
+    if len(names) != 1:
+        raise CommandLineError(f"name one template before or after the overrides (got {names or 'none'})")
+    template = load_template(names[0], overrides)
     preflight(template, world_size=args.world_size)
     the_plan = plan(template, world_size=args.world_size)
     print(describe_plan(the_plan))

@@ -16,8 +16,10 @@ Overrides use OmegaConf's dotlist syntax. ``trainer.total_steps=5`` sets a key o
 ``nodes.<id>.<field>=value`` sets a field of the node with that id (``nodes.reward.dp_size=1``,
 ``nodes.reward.config.reward=success``). A mapping value merges into the template's, as a base
 merges into an extending template. ``~KEY`` (Hydra's syntax) deletes the key the template (or its
-bases) sets, so that it takes its default: ``~nodes.reward.config`` resets a node's settings,
-``~algorithm.filter_groups`` the run's group filters.
+bases) sets, so that it takes its default: ``~policy.config`` resets the policy's settings,
+``~algorithm.filter_groups`` the run's group filters, ``~nodes.<id>.config`` a node's.
+:func:`check_deletion_order` (the command line's) refuses a deletion given after an override it
+would discard.
 
 The modules listed in ``config.run.imports`` are imported before the template is validated, so
 that components they register (docs/extending.md) resolve.
@@ -172,23 +174,19 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path
         TemplateError: for an override without ``=``, with an empty key part or no value (``KEY=``:
             ``KEY=null`` sets null), one that names an unknown node id, one that would rename a node,
             ``KEY={}`` over a non-empty mapping (it would change nothing: ``~KEY`` resets it), or a
-            ``~KEY`` that deletes nothing, a node, a node's id, role or type, or an override given
-            before it.
+            ``~KEY`` that deletes nothing (and was not deleted earlier in the list), a node, or a
+            node's id, role or type.
     """
     raw = copy.deepcopy(raw)
     nodes = _node_index(raw.get("nodes", []), file)
-    given: list[str] = []  # the overrides that set a value, so far
-    for item in overrides:
+    deleted: list[str] = []  # the keys deleted so far: deleting one again (a resume repeating an
+    for item in overrides:   # earlier resume's ~KEY) is no mistake
         if item.startswith("~"):
             key = item[1:]
-            undone = [earlier for earlier in given if earlier.partition("=")[0] == key or
-                      earlier.partition("=")[0].startswith(f"{key}.")]
-            if undone:  # the deletion would discard what the user has just set, not the template's
-                raise TemplateError(f"override {item!r} would delete {undone[0]!r}, given before it: put {item} "
-                                    "first (a deletion applies to the template's settings)", file=file, field=key)
-            _delete(raw, nodes, item, file)
+            if not any(key == gone or key.startswith(f"{gone}.") for gone in deleted):
+                _delete(raw, nodes, item, file)
+            deleted.append(key)
             continue
-        given.append(item)
         key, sep, text = item.partition("=")
         parts = key.split(".")
         if not sep or not all(parts):
@@ -229,6 +227,26 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path
             raise TemplateError(f"override {item!r}: a node cannot be renamed", file=file, node=node_id, field="id")
         nodes[node_id].update(_deep_merge(nodes[node_id], value["nodes"][node_id]))
     return raw
+
+
+def check_deletion_order(overrides: Sequence[str]) -> None:
+    """Refuse a command's ``~KEY`` given after one of its own overrides under (or above) ``KEY``:
+    applied in order, the deletion would discard what the user has just set rather than the
+    template's setting. Checked on one command's overrides only (a resume may undo an earlier
+    resume's setting).
+
+    Raises:
+        TemplateError: naming the deletion and the override it would discard.
+    """
+    for i, item in enumerate(overrides):
+        if not item.startswith("~"):
+            continue
+        key = item[1:]
+        for earlier in overrides[:i]:
+            set_key = earlier.partition("=")[0]
+            if "=" in earlier and (set_key == key or set_key.startswith(f"{key}.") or key.startswith(f"{set_key}.")):
+                raise TemplateError(f"override {item!r} would delete {earlier!r}, given before it: put {item} first "
+                                    "(a deletion applies to the template's settings)", field=key)
 
 
 def _value_at(raw: dict[str, Any], parts: Sequence[str]) -> Any:

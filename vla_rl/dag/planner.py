@@ -389,8 +389,8 @@ def _node_config(node: NodeSpec, file: Path) -> BaseModel | None:
             )
         return None
     model = function.config_model
-    allowed = [field.alias or name for name, field in model.model_fields.items()]
-    unknown = [key for key in node.config if key not in allowed and key not in model.model_fields]
+    allowed = [key for name, field in model.model_fields.items() for key in _field_keys(name, field)]
+    unknown = [key for key in node.config if key not in allowed]
     if unknown and model.model_config.get("extra") != "allow":  # also for a model that would ignore it
         raise TemplateError(f"unknown key for {model.__name__}; allowed: {', '.join(allowed) or 'none'}", file=file,
                             node=node.id, field=f"config.{unknown[0]}")
@@ -400,6 +400,16 @@ def _node_config(node: NodeSpec, file: Path) -> BaseModel | None:
         raise from_validation_error(
             exc, model=function.config_model, file=file, node=node.id, prefix=("config",)
         ) from None
+
+
+def _field_keys(name: str, field) -> list[str]:
+    """The keys a pydantic field is given by: its name, its alias, its validation alias(es)."""
+    from pydantic import AliasChoices
+
+    keys = [name, *(alias for alias in (field.alias,) if alias)]
+    validation = field.validation_alias
+    choices = validation.choices if isinstance(validation, AliasChoices) else [validation]
+    return keys + [choice for choice in choices if isinstance(choice, str)]
 
 
 def describe_plan(plan: Plan) -> str:

@@ -147,19 +147,24 @@ def register_node(
     what = f"node function ({role!r}, {type!r}, {name!r})"
     if config is not None:
         _check_config_defaults(what, config)
-    for contract, declared in (("reads", reads), ("writes", writes), ("resources", resources)):
+    contracts = {"reads": reads, "writes": writes, "resources": resources}
+    for contract, declared in contracts.items():
         if callable(declared):
             check_call(f"{what}: its {contract}", declared, ("run_config", "node_config"))
-        elif isinstance(declared, str) or not all(isinstance(item, str) and item for item in declared):
-            raise TypeError(f"{what}: {contract} must be a tuple of names (e.g. {contract}=({declared!r},) for one) "
-                            f"or a function (run_config, node_config) -> names, got {declared!r}")
+        elif not isinstance(declared, (tuple, list, frozenset, set)) or not all(
+                isinstance(item, str) and item for item in declared):
+            example = f"({declared!r},)" if isinstance(declared, str) else "('name',)"
+            raise TypeError(f"{what}: {contract} must be a tuple of names (e.g. {contract}={example}) or a function "
+                            f"(run_config, node_config) -> names, got {declared!r}")
+        else:
+            contracts[contract] = tuple(declared)
     if check is not None:
         check_call(f"{what}: its check", check, ("run_config", "node_config", "dp_size", "world_size"))
 
     def decorator(fn: Callable[[Any, Any], NodeOutput]) -> Callable[[Any, Any], NodeOutput]:
         check_call(what, fn, ("ctx", "batch"))
         entry = NodeFunction(role=role, type=type, name=name, fn=fn, config_model=config, whole_groups=whole_groups,
-                             reads=reads, writes=writes, resources=resources, check=check)
+                             check=check, **contracts)
         NODE_FUNCTIONS.register((role, type, name))(entry)
         return fn
 
@@ -173,10 +178,10 @@ def _check_config_defaults(what: str, config: type[BaseModel]) -> None:
     Raises:
         TypeError: naming the field, the model and pydantic's reason.
     """
-    defaults = {field.alias or name: field.get_default(call_default_factory=True)
+    defaults = {name: field.get_default(call_default_factory=True)
                 for name, field in config.model_fields.items() if not field.is_required()}
     try:
-        config.model_validate(defaults)
+        config.model_validate(defaults, by_name=True)
     except ValidationError as err:
         wrong = [error for error in err.errors() if error["type"] != "missing"]  # required fields have none
         if wrong:
