@@ -579,3 +579,23 @@ def test_a_plug_in_simulator_without_config_class_names_simulator_name(monkeypat
     monkeypatch.setitem(SIMULATORS._entries, "no_config_class", NoConfigClass)
     error = _error("embodied_grpo", "simulator.name=no_config_class", "warm_start.num_demos=0")
     assert error.field == "simulator.name" and "has no config_class, the dataclass of its simulator.env" in str(error)
+
+
+@pytest.mark.parametrize("module, body, message", [
+    ("toy_dup_node", "from vla_rl.dag.registry import NodeOutput, register_node\n"
+     "register_node('reward', 'compute', reads=('success',), writes=('rewards',))(lambda ctx, batch: NodeOutput())\n",
+     "node function ('reward', 'compute', 'default') is already registered (by vla_rl.nodes.reward); toy_dup_node "
+     "registers another"),
+    ("toy_dup_resource", "from vla_rl.workers.resources import register_resource\n"
+     "register_resource('policy')(lambda res: None)\n",
+     "worker resource 'policy' is already registered (by vla_rl.workflows.base); toy_dup_resource registers another"),
+])
+def test_a_plug_in_taking_a_built_in_name_is_the_one_refused(module, body, message, tmp_path, monkeypatch):
+    """Imported before the built-ins had loaded, the plug-in took the name, and the built-in's
+    module was then blamed for registering "another" (the error named an unrelated node)."""
+    (tmp_path / f"{module}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TemplateError) as raised:
+        load_template("embodied_srpo", [f"run.imports=[{module}]"])
+    err = raised.value
+    assert err.field == "run.imports" and f"cannot import '{module}': RegistryError: {message}" in err.message

@@ -10,8 +10,7 @@ import textwrap
 import pytest
 from devices import TEST_DEVICE_KIND, device_overrides
 
-from vla_rl.dag.errors import TemplateError
-from vla_rl.dag.loader import TEMPLATE_DIR, load_template
+from vla_rl.dag.loader import TEMPLATE_DIR
 from vla_rl.driver import train
 
 TINY = [
@@ -148,23 +147,3 @@ def test_mt10_template_trains_one_policy_over_the_ten_tasks(ray_on_loopback, tmp
         assert evaluation["eval/greedy/episodes"] == 20  # 2 of each task, pooled
         assert all(evaluation[f"eval/{task}/greedy/episodes"] == 2 for task in MT10_TASKS)
     assert (run_dir / "videos" / "final.mp4").stat().st_size > 0
-
-
-@pytest.mark.parametrize("module, body, message", [
-    ("toy_dup_node", "from vla_rl.dag.registry import NodeOutput, register_node\n"
-     "register_node('reward', 'compute', reads=('success',), writes=('rewards',))(lambda ctx, batch: NodeOutput())\n",
-     "node function ('reward', 'compute', 'default') is already registered (by vla_rl.nodes.reward); toy_dup_node "
-     "registers another"),
-    ("toy_dup_resource", "from vla_rl.workers.resources import register_resource\n"
-     "register_resource('policy')(lambda res: None)\n",
-     "worker resource 'policy' is already registered (by vla_rl.workflows.base); toy_dup_resource registers another"),
-])
-def test_a_plug_in_taking_a_built_in_name_is_the_one_refused(module, body, message, tmp_path, monkeypatch):
-    """Imported before the built-ins had loaded, the plug-in took the name, and the built-in's
-    module was then blamed for registering "another" (the error named an unrelated node)."""
-    (tmp_path / f"{module}.py").write_text(body)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(TemplateError) as raised:
-        load_template("embodied_srpo", [f"run.imports=[{module}]"])
-    err = raised.value
-    assert err.field == "run.imports" and f"cannot import '{module}': RegistryError: {message}" in err.message
