@@ -29,6 +29,8 @@ from simulators.gym_vector import GymVector
 from simulators.registry import SIMULATORS
 from simulators.rendering import rendering_report
 from simulators.vector import ChunkResult, VectorSimulator, check_chunk_call
+from vla_rl_core import keys
+from vla_rl_core.components import ComponentConfigError
 from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import Observations
 
@@ -54,6 +56,7 @@ class SimulatorWorker:
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
         self._env_name = env_name
         self._num_envs = num_envs
+        self._obs_dim: int | None = None  # the spec's, read at the first reset
         simulator = SIMULATORS.get(env_name)
         if issubclass(simulator, gym.Env):
             self._sim: VectorSimulator = GymVector(env_name, env_config, num_envs)
@@ -111,7 +114,9 @@ class SimulatorWorker:
         check_chunk_call(self._num_envs, env_indices)
         if len(init_state_ids) != len(env_indices):
             raise ValueError(f"got {len(init_state_ids)} init_state_ids for {len(env_indices)} environments")
-        return self._sim.reset(env_indices, init_state_ids, task_ids)
+        observations = self._sim.reset(env_indices, init_state_ids, task_ids)
+        self._check_states(observations, len(env_indices), "reset")
+        return observations
 
     def step_chunk(
         self, env_indices: Sequence[int], actions: np.ndarray, render_indices: Sequence[int] = ()
@@ -148,7 +153,24 @@ class SimulatorWorker:
         if not isinstance(result, ChunkResult) or len(result.reward) != len(env_indices):
             raise ValueError(f"simulator {self._env_name!r} answered a chunk of {len(env_indices)} environments with "
                              f"{getattr(result, 'reward', result)!r}, not a ChunkResult of as many rows")
+        self._check_states(result.obs, len(env_indices), "step_chunk")
         return {**result.as_dict(), "sim_seconds": sim_seconds, "sim_cpu_seconds": sim_cpu_seconds}
+
+    def _check_states(self, observations: Observations, rows: int, call: str) -> None:
+        """The state rows a call returned have the spec's size (a plug-in whose ``spec()`` says 2
+        values and whose observations hold 3 failed deep in the rollout, in a traceback).
+
+        Raises:
+            ComponentConfigError: ``simulator.name``, naming the simulator, the call and both shapes.
+        """
+        states = observations.get(keys.OBS_STATE) if isinstance(observations, dict) else observations
+        if self._obs_dim is None:
+            self._obs_dim = self.spec().obs_dim
+        expected = (rows, self._obs_dim)
+        if getattr(states, "shape", None) != expected:
+            raise ComponentConfigError("simulator.name", f"simulator {self._env_name!r}: {call}() returned states of "
+                                       f"shape {getattr(states, 'shape', type(states).__name__)}, its spec() "
+                                       f"says {expected} ({rows} environments x obs_dim)")
 
     def pid(self) -> int:
         """The id of this worker's process."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,24 @@ def test_a_spec_that_is_not_an_env_spec_is_refused_naming_the_simulator(point_ma
     with pytest.raises(TypeError, match="simulator 'point_mass': spec\\(\\) must return a vla_rl_core.env_spec.EnvSpec, "
                                         "got dict"):
         worker.spec()
+
+
+def test_states_of_another_size_than_the_spec_are_refused_naming_the_simulator(point_mass, monkeypatch):
+    """A plug-in whose spec() says obs_dim 3 and whose states hold 4 values failed in the rollout's
+    set_rows ("shape mismatch"), a traceback naming neither the simulator nor the call."""
+    from vla_rl_core.components import ComponentConfigError
+
+    worker = SimulatorWorker("point_mass", point_mass.PointMassConfig(horizon=12), 2)
+    monkeypatch.setattr(worker._sim, "spec", lambda: EnvSpec(obs_dim=3, action_dim=2, horizon=12))
+    with pytest.raises(ComponentConfigError, match=re.escape("simulator 'point_mass': reset() returned states of "
+                                                             "shape (2, 4), its spec() says (2, 3)")) as raised:
+        worker.reset([0, 1], [7, 8])
+    assert raised.value.field == "simulator.name"
+    worker._obs_dim = 4
+    worker.reset([0, 1], [7, 8])
+    worker._obs_dim = 3
+    with pytest.raises(ComponentConfigError, match=re.escape("step_chunk() returned states of shape (2, 4)")):
+        worker.step_chunk([0, 1], np.zeros((2, 1, 2), np.float32))
 
 
 def test_a_chunk_result_refuses_rows_of_another_length_or_dtype():
