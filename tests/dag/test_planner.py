@@ -100,6 +100,22 @@ def test_a_misspelt_node_setting_is_refused_even_by_a_model_that_ignores_extra_k
     assert plan(load_template(write_template(nodes=nodes)), 2).node_configs["reward"].scale == 3.0
 
 
+def test_a_contract_function_returning_a_string_is_refused_naming_the_node(write_template):
+    """``reads=lambda run_config, node_config: "success"`` was read one character at a time: the
+    planner blamed the node's deps for a batch key 'c'."""
+    from vla_rl.dag.registry import NODE_FUNCTIONS, NodeOutput, register_node
+
+    if ("reward", "compute", "test_string_reads") not in NODE_FUNCTIONS:
+        register_node("reward", "compute", "test_string_reads",
+                      reads=lambda run_config, node_config: "success")(lambda ctx, batch: NodeOutput(batch))
+    nodes = pipeline()
+    nodes[2]["fn"] = "test_string_reads"
+    err = _plan_error(write_template(nodes=nodes))
+    assert (err.node, err.field) == ("reward", "fn")
+    assert "reward/compute/test_string_reads: its contract function " in err.message
+    assert f"(from {__name__}) returned 'success', not a tuple of names" in err.message
+
+
 def test_config_for_a_function_without_config_model(write_template):
     nodes = pipeline()
     nodes[0]["config"] = {"shuffle": True}

@@ -9,7 +9,7 @@ import torch
 import vla_rl.workflows.base  # noqa: F401  (registers the "policy" resource)
 from vla_rl.config import RunConfig
 from vla_rl.errors import RunStopped
-from vla_rl.workers.resources import Resources, ResourceView
+from vla_rl.workers.resources import Resources, ResourceView, register_resource
 
 
 def test_a_node_using_a_resource_it_did_not_declare_stops_the_run_naming_both(tmp_path):
@@ -23,3 +23,22 @@ def test_a_node_using_a_resource_it_did_not_declare_stops_the_run_naming_both(tm
         view.policy
     with pytest.raises(AttributeError):
         view.no_such_resource
+
+
+@pytest.mark.parametrize("register, message", [
+    (lambda: register_resource("test_no_arg")(lambda: 1),
+     r"worker resource 'test_no_arg' \(.*\(\)\) cannot be called as the engine calls it, \(resources\)"),
+    (lambda: register_resource("test_str_needs", needs="policy")(lambda res: 1),
+     r"worker resource 'test_str_needs': needs must be a tuple of resource names, got 'policy'"),
+    (lambda: register_resource("test_bad_close", close=lambda: None)(lambda res: 1),
+     r"worker resource 'test_bad_close': its close .* \(resource\)"),
+])
+def test_a_resource_the_workers_could_not_build_is_refused_when_it_registers(register, message):
+    """A builder taking no argument planned and failed in every worker's setup with a bare
+    TypeError traceback naming neither the resource nor its module; needs="policy" needed
+    resources 'p', 'o', 'l', ..."""
+    from vla_rl.workers.resources import RESOURCES
+
+    with pytest.raises(TypeError, match=message):
+        register()
+    assert not {"test_no_arg", "test_str_needs", "test_bad_close"} & set(RESOURCES.names())

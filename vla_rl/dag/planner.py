@@ -218,6 +218,14 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
                 file: Path) -> PhasePlan:
     order = _topological_order(nodes, file)
     dp_sizes = {node.id: _dp_size(node, world_size, file) for node in nodes}
+    for node in nodes:  # a plug-in's contract functions: refused here, naming the node, not resolved later
+        function = get_node_function(node.role, node.type, node.fn)
+        for declared in (function.reads, function.writes, function.resources):
+            try:
+                resolve(declared, config, node_configs[node.id])
+            except TypeError as err:
+                raise TemplateError(f"{node.role}/{node.type}/{node.fn}: {err}", file=file, node=node.id,
+                                    field="fn") from None
     by_id = {node.id: node for node in nodes}
     for node in nodes:
         check = get_node_function(node.role, node.type, node.fn).check

@@ -61,8 +61,18 @@ cannot run in, or None."""
 
 
 def resolve(declared: Declared, run_config: Any, node_config: Any) -> frozenset[str]:
-    """The names a contract entry stands for under the given settings."""
-    return frozenset(declared(run_config, node_config) if callable(declared) else declared)
+    """The names a contract entry stands for under the given settings.
+
+    Raises:
+        TypeError: a contract function returned something else than names (a string, read one
+            character at a time, was the usual mistake).
+    """
+    names = declared(run_config, node_config) if callable(declared) else declared
+    if isinstance(names, str) or not isinstance(names, (tuple, list, set, frozenset)) or not all(
+            isinstance(name, str) and name for name in names):
+        raise TypeError(f"its contract function {getattr(declared, '__qualname__', declared)} (from "
+                        f"{getattr(declared, '__module__', '?')}) returned {names!r}, not a tuple of names")
+    return frozenset(names)
 
 
 @dataclass

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from vla_rl.config import RunConfig
 from vla_rl.errors import RunStopped
-from vla_rl_core.registry import Registry
+from vla_rl_core.registry import Registry, check_call
 
 
 class ResourceError(RunStopped):
@@ -79,10 +79,19 @@ def register_resource(name: str, *, needs: Iterable[str] = (), close: Callable[[
 
     Raises:
         RegistryError: ``name`` is already registered.
+        TypeError: ``needs`` is not names (a string would be read one character at a time), or
+            ``build`` cannot take ``(resources)`` or ``close`` ``(resource)``: refused at the
+            plug-in's import rather than in every worker's setup.
     """
+    if isinstance(needs, str) or not all(isinstance(need, str) and need for need in needs):
+        raise TypeError(f"worker resource {name!r}: needs must be a tuple of resource names, got {needs!r}")
+    needs = tuple(needs)
+    if close is not None:
+        check_call(f"worker resource {name!r}: its close", close, ("resource",))
 
     def decorator(build: Callable[[Resources], Any]) -> Callable[[Resources], Any]:
-        RESOURCES.register(name)(ResourceSpec(name, build, tuple(needs), close, checkpoint))
+        check_call(f"worker resource {name!r}", build, ("resources",))
+        RESOURCES.register(name)(ResourceSpec(name, build, needs, close, checkpoint))
         return build
 
     return decorator
