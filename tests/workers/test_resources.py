@@ -30,6 +30,8 @@ def test_a_node_using_a_resource_it_did_not_declare_stops_the_run_naming_both(tm
      r"worker resource 'test_no_arg' \(.*\(\)\) cannot be called as the engine calls it, \(resources\)"),
     (lambda: register_resource("test_str_needs", needs="policy")(lambda res: 1),
      r"worker resource 'test_str_needs': needs must be a tuple of resource names, got 'policy'"),
+    (lambda: register_resource("test_iterator_needs", needs=iter(["policy"]))(lambda res: 1),
+     r"worker resource 'test_iterator_needs': needs must be a tuple of resource names"),
     (lambda: register_resource("test_bad_close", close=lambda: None)(lambda res: 1),
      r"worker resource 'test_bad_close': its close .* \(resource\)"),
 ])
@@ -41,4 +43,4 @@ def test_a_resource_the_workers_could_not_build_is_refused_when_it_registers(reg
 
     with pytest.raises(TypeError, match=message):
         register()
-    assert not {"test_no_arg", "test_str_needs", "test_bad_close"} & set(RESOURCES.names())
+    assert not {"test_no_arg", "test_str_needs", "test_iterator_needs", "test_bad_close"} & set(RESOURCES.names())

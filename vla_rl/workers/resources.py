@@ -83,7 +83,8 @@ def register_resource(name: str, *, needs: Iterable[str] = (), close: Callable[[
             ``build`` cannot take ``(resources)`` or ``close`` ``(resource)``: refused at the
             plug-in's import rather than in every worker's setup.
     """
-    if isinstance(needs, str) or not all(isinstance(need, str) and need for need in needs):
+    if isinstance(needs, str) or not isinstance(needs, (tuple, list, set, frozenset)) or not all(
+            isinstance(need, str) and need for need in needs):
         raise TypeError(f"worker resource {name!r}: needs must be a tuple of resource names, got {needs!r}")
     needs = tuple(needs)
     if close is not None:
