@@ -8,9 +8,10 @@ template, ``extends: embodied_srpo``), or a list of them merged in order, compos
 ``config:`` sections are deep-merged (the extending file wins), and nodes are merged by id: a node
 entry whose id the base already has overrides that node's fields (mappings such as the node's
 ``config:`` are deep-merged, other values replaced; ``config: null`` drops the base's settings of
-the node), a new id is appended after the base's nodes. A base may hold only nodes of some phases (the files of
-``dag_templates/phases/``: warm start and evaluation), so a workflow includes them by listing them,
-or only config (``dag_templates/bases/``: settings that templates of several workflows share).
+the node), a new id is appended after the base's nodes. A base may hold only nodes of some phases
+(the files of ``dag_templates/phases/``: warm start and evaluation), so a workflow includes them by
+listing them, or only config (``dag_templates/bases/``: settings that templates of several
+workflows share).
 
 Overrides use OmegaConf's dotlist syntax. ``trainer.total_steps=5`` sets a key of ``config:``;
 ``nodes.<id>.<field>=value`` sets a field of the node with that id (``nodes.reward.dp_size=1``,
