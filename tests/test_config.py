@@ -5,98 +5,12 @@ with the field named; what the nodes need from each other checked by the planner
 from __future__ import annotations
 
 import pytest
+from template_errors import plan_error as _error
 
 from vla_rl.config import RunConfig
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
-
-
-def _error(template: str, *overrides: str) -> TemplateError:
-    with pytest.raises(TemplateError) as info:
-        plan(load_template(template, list(overrides)))
-    return info.value
-
-
-@pytest.mark.parametrize("template", ["embodied_srpo", "embodied_grpo", "embodied_ppo", "embodied_dapo", "llm_grpo",
-                                      "llm_dapo", "llm_gspo", "llm_cpgd", "llm_ppo", "llm_sft",
-                                      "embodied_srpo_oft_lift", "embodied_grpo_oft_lift", "embodied_srpo_oft_libero",
-                                      "embodied_grpo_oft_libero", "embodied_srpo_mt10", "embodied_grpo_mt10",
-                                      "embodied_srpo_pi0_lift", "embodied_grpo_pi0_lift", "embodied_ppo_pi0_lift",
-                                      "embodied_srpo_pi0_libero", "embodied_grpo_pi0_libero"])
-def test_templates_resolve_every_name(template):
-    plan(load_template(template))
-
-
-def test_pi0_templates_extend_the_srpo_workflow_with_the_tiny_pi0():
-    base = load_template("embodied_srpo")
-    lift = load_template("embodied_srpo_pi0_lift")
-    assert [n.id for n in lift.nodes] == [n.id for n in base.nodes]
-    assert lift.config.policy.name == "pi0" and lift.config.simulator.env["cameras"] == ["agentview"]
-    policy = lift.config.policy.policy_config(action_dim=7)
-    assert policy.is_tiny_preset and policy.sampler == "flow_sde" and policy.noise_level == 0.3
-    assert policy.proprio_dim == 11  # the first 11 Lift state values (robosuite_env.LIFT_STATE_KEYS, no orientation)
-    model = policy.model_config()
-    assert (model.chunk_size, model.max_action_dim, model.max_state_dim, model.num_steps) == (8, 7, 11, 3)
-    assert model.vision.image_size == 56
-    assert lift.config.warm_start.num_demos > 0 and lift.config.algorithm.ratio_granularity == "action"
-    assert load_template("embodied_grpo_pi0_lift").config.algorithm.reward == "success"
-
-
-def test_pi0_libero_templates_follow_openpis_libero_protocol():
-    """openpi's LIBERO example for π0 (examples/libero/main.py, libero_policy.py): agentview as the
-    base image and the wrist camera as the wrist image, the 8-value state, the model's 7 action
-    values sent unchanged, 5 actions executed per decision (replan_steps), mean/std normalisation, the task
-    seeded with 7;
-    the suite's horizon and task by override; the π0 Lift template's workflow and sampler otherwise."""
-    from simulators.libero_env import LiberoEnvConfig
-
-    srpo, lift = load_template("embodied_srpo_pi0_libero"), load_template("embodied_srpo_pi0_lift")
-    assert [n.id for n in srpo.nodes] == [n.id for n in lift.nodes]
-    config = srpo.config
-    assert config.simulator.name == "libero" and config.simulator.env["horizon"] is None
-    cameras = ["agentview", "robot0_eye_in_hand"]
-    assert config.simulator.env["cameras"] == cameras and config.warm_start.num_demos == 0
-    env = LiberoEnvConfig(**config.simulator.env)
-    assert (env.suite, env.task_id, env.horizon, env.state_dim, env.action_dim) == ("libero_spatial", 0, 220, 8, 7)
-    assert (env.task_seed, env.num_steps_wait) == (7, 10)  # main.py: args.seed, args.num_steps_wait
-    policy = config.policy.policy_config(action_dim=env.action_dim)
-    assert config.policy.name == "pi0" and policy.is_tiny_preset and list(policy.cameras) == cameras
-    assert (policy.proprio_dim, policy.action_dim, policy.gripper_postprocess) == (8, 7, "none")
-    # openpi's π0 normalises with mean/std; the tiny model acts absolutely on its whole chunk of 5
-    # (the header's checkpoint override adds executed_actions and the delta mask).
-    assert (policy.normalization, policy.delta_action_mask, policy.executed_actions) == ("mean_std", None, None)
-    assert policy.sampler == lift.config.policy.policy_config(action_dim=7).sampler == "flow_sde"
-    model = policy.model_config()
-    assert (model.chunk_size, model.max_action_dim, model.max_state_dim) == (5, 7, 8)
-    assert config.algorithm.ratio_granularity == "action" and config.algorithm.reward == "srpo"
-    grpo = load_template("embodied_grpo_pi0_libero", ["simulator.env.suite=libero_10", "simulator.env.task_id=9"])
-    assert grpo.config.algorithm.reward == "success" and grpo.config.policy == config.policy
-    assert LiberoEnvConfig(**grpo.config.simulator.env).horizon == 520 and grpo.config.simulator.env["task_id"] == 9
-
-
-@pytest.mark.parametrize("template", ["embodied_srpo_pi0_libero", "embodied_grpo_pi0_libero"])
-def test_vla_rl_plan_validates_the_pi0_libero_templates(template, capsys):
-    from vla_rl.cli import main
-
-    assert main(["plan", template, "simulator.env.suite=libero_goal"]) == 0
-    assert f"plan {template!r}" in capsys.readouterr().out
-    err = _error(template, "algorithm.ratio_granularity=token")  # as the π0 Lift templates
-    assert err.field == "algorithm.ratio_granularity"
-
-
-def test_pi0_ppo_template_composes_the_ppo_workflow_with_the_pi0_lift_settings():
-    """embodied_ppo's nodes (the critic's, no group filter) with the settings the π0 Lift templates
-    share (bases/pi0_lift.yaml); the MLP PPO template still builds the MLP from its defaults."""
-    ppo, srpo = load_template("embodied_ppo"), load_template("embodied_srpo_pi0_lift")
-    assert ppo.config.policy.name == "mlp" and ppo.config.policy.config == {}
-    lift = load_template("embodied_ppo_pi0_lift")
-    assert [n.id for n in lift.nodes] == [n.id for n in ppo.nodes] and "group_filter" not in [n.id for n in lift.nodes]
-    for section in ("simulator", "data", "policy", "warm_start", "trainer", "eval"):
-        assert getattr(lift.config, section) == getattr(srpo.config, section), section
-    algorithm = lift.config.algorithm
-    assert (algorithm.reward, algorithm.adv_estimator, algorithm.ratio_granularity) == ("success", "gae", "action")
-    assert lift.config.critic == ppo.config.critic
 
 
 @pytest.mark.parametrize("template", ["embodied_ppo", "embodied_ppo_pi0_lift"])
@@ -144,22 +58,6 @@ def test_an_override_that_is_not_yaml_is_one_error_naming_it(override):
     with pytest.raises(TemplateError, match="malformed override") as refused:
         load_template("embodied_grpo", [override])
     assert refused.value.field == override.partition("=")[0] and "\n" not in str(refused.value)
-
-
-def test_oft_templates_extend_the_srpo_workflow_with_a_camera_policy():
-    """The OFT templates keep embodied_srpo's nodes and filter, switch the policy and cameras, and
-    select LIBERO's suite by override; the MLP template still builds the MLP from its defaults."""
-    base = load_template("embodied_srpo")
-    assert base.config.policy.name == "mlp" and base.config.policy.config == {}
-    lift = load_template("embodied_srpo_oft_lift")
-    assert [n.id for n in lift.nodes] == [n.id for n in base.nodes]
-    assert lift.config.algorithm.filter_groups.success_rate_band == base.config.algorithm.filter_groups.success_rate_band
-    assert lift.config.policy.name == "openvla_oft" and lift.config.simulator.env["cameras"] == ["agentview"]
-    assert lift.config.policy.config["proprio_dim"] == 5
-    assert load_template("embodied_grpo_oft_lift").config.algorithm.reward == "success"
-    libero = load_template("embodied_grpo_oft_libero", ["simulator.env.suite=libero_10"])
-    assert libero.config.simulator.name == "libero" and libero.config.simulator.env["suite"] == "libero_10"
-    assert libero.config.algorithm.reward == "success" and libero.config.warm_start.num_demos == 0
 
 
 @pytest.mark.parametrize(
@@ -348,16 +246,6 @@ def test_dynamic_sampling_layout_is_checked_at_plan_time():
     assert err.node == "group_filter" and "needs a group filter" in str(err)
 
 
-def test_the_dapo_templates_filter_on_accuracy_as_dapo_does():
-    """DAPO's dynamic sampling keeps groups with 0 < correct < G (verl's recipe: metric=acc), not
-    groups whose overlong-shaped rewards differ; the other templates compare rewards."""
-    for name in ("llm_dapo", "embodied_dapo"):
-        assert load_template(name).config.algorithm.filter_groups.metric == "success", name
-    assert load_template("llm_grpo").config.algorithm.filter_groups.metric == "rewards"
-    assert _error("llm_dapo", "algorithm.filter_groups.metric=acc").field == "algorithm.filter_groups.metric"
-
-
-
 # --- task sets and warm starts --------------------------------------------------------------------
 
 MT = ["simulator.name=metaworld", "simulator.env={horizon: 50}"]
@@ -410,80 +298,6 @@ def test_a_warm_start_without_an_expert_is_refused_at_plan_time():
     plan(load_template("embodied_srpo", [*task, "warm_start.num_demos=0"]))
 
 
-@pytest.mark.parametrize(
-    ("template", "overrides", "message"),
-    [
-        ("llm_grpo", ["trainer.strategy=zero3"], "'ddp' or 'fsdp'"),
-        ("llm_grpo", ["trainer.mixed_precision=bf16"], "trainer.mixed_precision bf16 needs accelerator workers"),
-        ("llm_grpo", ["trainer.strategy=fsdp", "trainer.mixed_precision=bf16"],
-         "trainer.mixed_precision bf16 needs accelerator workers"),
-        ("llm_grpo", ["trainer.mixed_precision=fp8"], "trainer.mixed_precision"),
-        ("llm_grpo", ["trainer.micro_batch_size=0"], "trainer.micro_batch_size"),
-        ("llm_grpo", ["trainer.fsdp.master_dtype=float16"], "trainer.fsdp.master_dtype"),
-        ("llm_grpo", ["trainer.fsdp.reshard=true"], "reshard"),
-        ("llm_grpo", ["policy.lora.rank=0"], "policy.lora.rank"),
-        ("llm_grpo", ["policy.lora.rank=4", "policy.lora.target_modules=[]"], "policy.lora.target_modules"),
-        ("llm_grpo", ["policy.lora.rank=4", "policy.lora.dropout=1.0"], "policy.lora.dropout"),
-        ("llm_grpo", ["policy.lora.ranks=4"], "ranks"),
-        ("embodied_grpo", ["policy.lora.rank=4"], "field 'policy.lora': the 'mlp' policy takes no LoRA adapters"),
-    ],
-)
-def test_bad_large_policy_settings_are_rejected(template, overrides, message):
-    assert message in str(_error(template, *overrides))
-
-
-def test_large_policy_settings_load():
-    config = load_template("embodied_grpo_oft_lift", [
-        "trainer.strategy=fsdp", "trainer.gradient_checkpointing=true", "trainer.micro_batch_size=2",
-        "workers.device=cuda", "trainer.mixed_precision=bf16", "policy.lora.rank=32",
-        "policy.lora.trainable_modules=[proprio_projector]"]).config
-    assert config.trainer.strategy == "fsdp" and config.trainer.micro_batch_size == 2
-    assert config.policy.lora.rank == 32 and config.policy.lora.trainable_modules == ["proprio_projector"]
-    assert config.policy.lora.alpha is None and "q_proj" in config.policy.lora.target_modules
-    ddp = load_template("embodied_srpo", ["workers.device=cuda", "trainer.mixed_precision=bf16"]).config.trainer
-    assert (ddp.strategy, ddp.mixed_precision) == ("ddp", "bf16")  # DDP's bfloat16 autocast
-    default = load_template("embodied_srpo").config.trainer
-    assert (default.strategy, default.mixed_precision, default.micro_batch_size) == ("ddp", "auto", None)
-    assert not default.gradient_checkpointing and load_template("embodied_srpo").config.policy.lora is None
-
-
-@pytest.mark.parametrize("backend", ["nccl", "hccl", "cuda:nccl", "cpu:nccl,cuda:nccl"])
-def test_a_collective_backend_without_gloo_for_cpu_tensors_is_refused(backend):
-    """NCCL alone would accept the run and fail at its first CPU-tensor collective (advantages,
-    group filters, evaluation, re-shards): refused when the config is read, naming the fix."""
-    from pydantic import ValidationError
-
-    from vla_rl.config import WorkersSection
-
-    with pytest.raises(ValidationError, match="cpu:gloo,cuda:nccl"):
-        WorkersSection(device="cuda", collective_backend=backend)
-
-
-@pytest.mark.parametrize(("device", "backend"), [("cuda", "gloo"), ("cuda", "cpu:gloo,cuda:gloo"),
-                                                ("npu", "gloo")])
-def test_fsdp_over_gloo_on_accelerator_tensors_is_refused(device, backend):
-    """FSDP2's collectives on CUDA tensors over gloo segfault the workers (pytorch/pytorch#132471;
-    seen on an H200 with two workers sharing it): refused when the config is read, naming the
-    field and both ways out. DDP may share an accelerator over gloo, and FSDP on CPU workers
-    reduces CPU tensors with gloo as it should."""
-    overrides = [f"workers.device={device}", f"workers.collective_backend={backend}", "workers.gpus_per_worker=0.5"]
-    err = _error("llm_grpo", *overrides, "trainer.strategy=fsdp")
-    assert "workers.collective_backend" in str(err) and "segmentation fault" in str(err)
-    assert "workers.gpus_per_worker=1" in str(err) and "trainer.strategy=ddp" in str(err)
-    load_template("llm_grpo", overrides)  # ddp
-    load_template("llm_grpo", [f"workers.device={device}", "trainer.strategy=fsdp"])  # the default backend
-    load_template("llm_grpo", ["workers.device=cpu", "workers.collective_backend=gloo", "trainer.strategy=fsdp"])
-
-
-@pytest.mark.parametrize(("device", "backend", "expected"), [
-    ("cuda", None, "nccl"), ("npu", None, "hccl"), ("cpu", None, "gloo"), ("cuda", "gloo", "gloo"),
-    ("cpu", "cpu:gloo,cuda:nccl", "gloo"), ("cuda", "cpu:gloo,cuda:nccl", "nccl"), ("cuda", "cpu:gloo", None)])
-def test_the_backend_of_each_devices_tensors(device, backend, expected):
-    from vla_rl.config import WorkersSection
-
-    assert WorkersSection(collective_backend=backend).tensor_backend(device) == expected
-
-
 @pytest.mark.parametrize(("flat", "section", "key", "value"), [
     ("filter_zero_variance_groups", "filter_groups", "zero_variance", False),
     ("success_rate_band", "filter_groups", "success_rate_band", (0.2, 0.8)),
@@ -509,93 +323,3 @@ def test_srpo_reference_set_lives_with_the_srpo_reward():
         RunConfig.model_validate({"algorithm": {"srpo": {"reference_set": "global"}}})
 
 
-@pytest.mark.parametrize("template, dtype_field, warm_start, warm_node", [
-    ("llm_grpo", "text.dtype", "text.sft_steps=5", "sft"),
-    ("embodied_srpo_oft_lift", "policy.config.dtype", "warm_start.num_demos=2", "behaviour_cloning"),
-    ("embodied_srpo_pi0_lift", "policy.config.dtype", "warm_start.num_demos=2", "behaviour_cloning"),
-])
-def test_adam_on_half_precision_parameters_is_refused_at_plan_time(template, dtype_field, warm_start, warm_node):
-    """A warm start (Adam before the actor's strategy exists) or DDP on parameters loaded in
-    float16/bfloat16 keeps no float32 master weights: refused before any worker loads a model (the
-    workers refused DDP only after loading and warm-starting; the warm starts ran, float16 into NaN
-    weights). LoRA's float32 adapters, FSDP's float32 masters or float32 parameters plan."""
-    for dtype in ("float16", "bfloat16"):
-        err = _error(template, f"{dtype_field}={dtype}", warm_start)
-        assert (err.field, err.node) == (dtype_field, warm_node) and f"policy's {dtype} parameters" in str(err)
-        err = _error(template, f"{dtype_field}={dtype}", warm_start.split("=")[0] + "=0")
-        assert (err.field, err.node) == ("trainer.strategy", "actor_update") and "trainer.strategy=fsdp" in str(err)
-        assert ("policy.lora" in str(err)) == (template != "embodied_srpo_pi0_lift")  # π0 takes no LoRA
-    plan(load_template(template, [f"{dtype_field}=bfloat16", warm_start.split("=")[0] + "=0", "trainer.strategy=fsdp"]))
-    if template != "embodied_srpo_pi0_lift":
-        plan(load_template(template, [f"{dtype_field}=bfloat16", warm_start, "policy.lora.rank=4"]))
-    if template == "embodied_srpo_oft_lift":  # modules LoRA trains whole train in the policy's dtype
-        err = _error(template, f"{dtype_field}=bfloat16", warm_start, "policy.lora.rank=4",
-                     "policy.lora.trainable_modules=[proprio_projector]")
-        assert err.field == dtype_field and "policy.lora.trainable_modules=[]" in str(err)
-    plan(load_template(template, [f"{dtype_field}=float32", warm_start]))
-
-
-
-def test_a_half_precision_value_model_under_ddp_is_refused_at_plan_time():
-    """The text critic trains a whole copy of the policy's body in text.dtype, LoRA or not: DDP
-    would step Adam on bfloat16 weights (its strategy refused it after the actor was built)."""
-    err = _error("llm_ppo", "text.dtype=bfloat16", "text.sft_steps=0", "policy.lora.rank=4")
-    assert (err.field, err.node) == ("trainer.strategy", "critic_update") and "value model" in str(err)
-    plan(load_template("llm_ppo", ["text.dtype=bfloat16", "text.sft_steps=0", "policy.lora.rank=4",
-                                   "trainer.strategy=fsdp"]))
-
-
-def test_a_policy_class_that_leaves_methods_abstract_is_refused_when_the_template_loads(monkeypatch):
-    """A plug-in policy without log_prob_and_entropy_per_dim planned, and its run failed with a
-    Ray traceback once a worker built it."""
-    import abc
-
-    from policies import POLICIES
-    from policies.mlp.modeling_mlp import MLPPolicy
-
-    class Partial(MLPPolicy):  # makes one of Policy's methods abstract again, as a class lacking it is
-        name = "partial_toy"
-
-        @abc.abstractmethod
-        def log_prob_and_entropy_per_dim(self, *args): ...
-
-    POLICIES.load_builtins()
-    monkeypatch.setitem(POLICIES._entries, "partial_toy", Partial)
-    err = _error("embodied_srpo", "policy.name=partial_toy")
-    assert err.field == "policy.name"
-    assert "'partial_toy' (test_config.test_a_policy_class_that_leaves_methods_abstract_is_refused_when_the_template_" \
-           "loads.<locals>.Partial) does not define log_prob_and_entropy_per_dim of policies.base.Policy" in str(err)
-
-
-def test_a_plug_in_simulator_without_config_class_names_simulator_name(monkeypatch):
-    """It was an AttributeError traceback at plan time."""
-    from simulators.registry import SIMULATORS
-
-    SIMULATORS.get("robosuite_lift")  # the builtins, registered before the plug-in
-
-    class NoConfigClass:
-        pass
-
-    monkeypatch.setitem(SIMULATORS._entries, "no_config_class", NoConfigClass)
-    error = _error("embodied_grpo", "simulator.name=no_config_class", "warm_start.num_demos=0")
-    assert error.field == "simulator.name" and "has no config_class, the dataclass of its simulator.env" in str(error)
-
-
-@pytest.mark.parametrize("module, body, message", [
-    ("toy_dup_node", "from vla_rl.dag.registry import NodeOutput, register_node\n"
-     "register_node('reward', 'compute', reads=('success',), writes=('rewards',))(lambda ctx, batch: NodeOutput())\n",
-     "node function ('reward', 'compute', 'default') is already registered (by vla_rl.nodes.reward); toy_dup_node "
-     "registers another"),
-    ("toy_dup_resource", "from vla_rl.workers.resources import register_resource\n"
-     "register_resource('policy')(lambda res: None)\n",
-     "worker resource 'policy' is already registered (by vla_rl.workflows.base); toy_dup_resource registers another"),
-])
-def test_a_plug_in_taking_a_built_in_name_is_the_one_refused(module, body, message, tmp_path, monkeypatch):
-    """Imported before the built-ins had loaded, the plug-in took the name, and the built-in's
-    module was then blamed for registering "another" (the error named an unrelated node)."""
-    (tmp_path / f"{module}.py").write_text(body)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(TemplateError) as raised:
-        load_template("embodied_srpo", [f"run.imports=[{module}]"])
-    err = raised.value
-    assert err.field == "run.imports" and f"cannot import '{module}': RegistryError: {message}" in err.message

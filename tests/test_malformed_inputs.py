@@ -8,7 +8,7 @@ code in model directories, GGUF files, data sources and prompt lengths
 settings and evaluation stores (tests/test_malformed_sim_inputs.py,
 tests/evaluation/test_damaged_stores.py). All of it::
 
-    .venv/bin/python -m pytest tests/test_malformed_*.py tests/test_preflight.py tests/evaluation/test_damaged_stores.py
+    .venv/bin/python -m pytest tests/test_malformed_*.py tests/test_preflight*.py tests/evaluation/test_damaged_stores.py
 """
 
 from __future__ import annotations

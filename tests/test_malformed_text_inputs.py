@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_preflight import assert_cli_refuses_and_writes_nothing
+from cli_refusals import assert_cli_refuses_and_writes_nothing
 
 from vla_rl.dag.loader import load_template
 from vla_rl.preflight import PreflightError, preflight
