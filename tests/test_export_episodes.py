@@ -61,6 +61,12 @@ def test_evaluation_episodes_export_as_the_stored_episodes(evaluated_lift_run, e
 def test_export_episodes_errors_are_one_line(evaluated_lift_run, exported, tmp_path, capsys):
     assert main(["export-episodes", str(evaluated_lift_run), str(exported)]) == 2
     assert "exists; export to a new directory" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert main(["export-episodes", str(evaluated_lift_run), str(tmp_path / "file" / "out")]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: {tmp_path / 'file' / 'out'} cannot be created: "
+                                               f"{tmp_path / 'file'} is not a directory")
+    assert main(["export-episodes", str(evaluated_lift_run), str(tmp_path / "out"), "--camera-size", "64"]) == 2
+    assert "--camera-size sizes the rendered cameras, and none is named: add --cameras" in capsys.readouterr().err
     assert main(["export-episodes", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["export-episodes", str(tmp_path), str(tmp_path / "out")]) == 2

@@ -27,6 +27,7 @@ from rich.markup import escape
 
 from vla_rl.dag.errors import TemplateError
 from vla_rl.evaluation.targets import EvalInputError, find_checkpoints
+from vla_rl_core.file_modes import uncreatable
 from vla_rl_core.run_layout import CHECKPOINTS_DIR, EVAL_DIR, RUN_TEMPLATE
 
 EVAL_TEMPLATE = "eval_rollout"
@@ -218,12 +219,15 @@ def _check_output(eval_dir: Path, run_dir: Path | None, chosen: bool) -> None:
     """``--output`` (``chosen``) or the run's ``eval/``: a directory to write an evaluation into.
 
     Raises:
-        EvalInputError: it is a file, or (``--output``) a training run's directory (it holds
-            ``checkpoints/``: its template would be replaced), naming the path.
+        EvalInputError: it is a file or cannot be created (a file on its path), or
+            (``--output``) a training run's directory (it holds ``checkpoints/``: its template
+            would be replaced), naming the path.
     """
     flag = "--output " if chosen else ""
     if eval_dir.exists() and not eval_dir.is_dir():
         raise EvalInputError(f"{flag}{eval_dir} is a file; the evaluation writes a directory there")
+    if not eval_dir.exists() and (problem := uncreatable(eval_dir)):
+        raise EvalInputError(f"{flag}{eval_dir} cannot be created: {problem}")
     if (eval_dir / CHECKPOINTS_DIR).is_dir() or (run_dir is not None and eval_dir.resolve() == run_dir.resolve()):
         raise EvalInputError(f"{flag}{eval_dir} is a training run's directory (it holds checkpoints/); an "
                              "evaluation would replace its template.yaml: name a new directory"

@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from vla_rl_core.file_modes import uncreatable
+
 logger = logging.getLogger(__name__)
 
 
@@ -46,14 +48,16 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
 
     Raises:
         ExportError: ``checkpoint`` is not a checkpoint of a run directory (nor a run directory
-            with one), fails verification
-            (missing, truncated or altered files: the message names them), holds no policy
-            weights, ``out`` exists, or the policy's published layout cannot hold it (its
-            ``save_pretrained`` refuses).
+            with one), fails verification (missing, truncated or altered files: the message
+            names them), holds no policy weights, ``out`` exists or cannot be created (a file on
+            its path), or the policy's published layout cannot hold it (its ``save_pretrained``
+            refuses).
     """
     out = Path(out)
     if out.exists():
         raise ExportError(f"{out} exists; export to a new directory")
+    if problem := uncreatable(out):  # before the policy loads
+        raise ExportError(f"{out} cannot be created: {problem}")
     policy, _ = load_checkpoint_policy(checkpoint)
     if callable(getattr(policy, "merge_lora", None)):
         merged = policy.merge_lora()

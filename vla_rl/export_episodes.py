@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from vla_rl_core import keys
+from vla_rl_core.file_modes import uncreatable
 from vla_rl_core.run_layout import EVAL_DIR
 
 logger = logging.getLogger(__name__)
@@ -218,7 +219,8 @@ def export_episodes(source: str | Path, out: str | Path, cameras: Sequence[str] 
     leaves nothing behind.
 
     Raises:
-        EpisodesExportError: ``out`` exists, ``source`` holds no episodes, the stores mix
+        EpisodesExportError: ``out`` exists or cannot be created, ``camera_size`` comes without
+            ``cameras``, ``source`` holds no episodes, the stores mix
             simulators, control frequencies or (without ``robot_type``) robots, a replay does not
             retrace its episode, no fps is known, or ``cameras`` are asked for and FFmpeg has no
             AV1 encoder (checked first).
@@ -226,6 +228,11 @@ def export_episodes(source: str | Path, out: str | Path, cameras: Sequence[str] 
     out = Path(out)
     if out.exists():
         raise EpisodesExportError(f"{out} exists; export to a new directory")
+    if problem := uncreatable(out):
+        raise EpisodesExportError(f"{out} cannot be created: {problem}")
+    if camera_size is not None and not cameras:
+        raise EpisodesExportError("--camera-size sizes the rendered cameras, and none is named: add --cameras "
+                                  "(e.g. --cameras agentview)")
     if cameras:
         from vla_rl.data.lerobot_format import LeRobotFormatError, check_video_encoder
 

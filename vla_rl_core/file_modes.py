@@ -1,5 +1,5 @@
-"""The permissions of what the project writes: those ``open()`` and ``mkdir()`` give under the
-process's umask (``0o666 & ~umask`` for a file, ``0o777 & ~umask`` for a directory: 0644 and
+"""Where the project may write, and the permissions of what it writes: those ``open()`` and
+``mkdir()`` give under the process's umask (``0o666 & ~umask`` for a file, ``0o777 & ~umask`` for a directory: 0644 and
 0755 under the usual umask 022).
 
 Two writers do otherwise. safetensors (0.8.0, the version CI installs) writes every file
@@ -10,6 +10,9 @@ checkpoint or an export would then be readable by the user who wrote it alone, b
 ``config.json`` everyone can read: ``vla-rl serve`` or vLLM run as another user, a container's
 non-root user, or a teammate on shared storage fail with "Permission denied".
 :func:`apply_default_modes` gives a written file or tree the modes the umask allows.
+
+:func:`uncreatable` says, without writing, why a command's output path cannot be created, so that
+the command refuses it before its long work (loading a policy, replaying episodes) and not after.
 
 Standard library only (shared by ``policies/``' exports and ``vla_rl``'s checkpoints).
 """
@@ -69,3 +72,22 @@ def apply_default_modes(path: str | Path) -> None:
         mode = directory_mode if stat.S_ISDIR(info.st_mode) else file_mode
         if stat.S_IMODE(info.st_mode) != mode:
             os.chmod(entry, mode)
+
+
+def uncreatable(path: str | Path) -> str | None:
+    """Why a new file or directory ``path`` could not be created, found without writing: its
+    nearest existing ancestor is not a directory (a file on the way) or grants no write and search
+    permission; None when nothing is in the way (``path`` itself existing is the caller's
+    concern).
+
+    What only the write can tell (a full disk, a read-only mount, a pseudo file system such as
+    ``/proc``) is not found here: the write fails then.
+    """
+    ancestor = Path(os.path.abspath(path)).parent
+    while not ancestor.exists() and not ancestor.is_symlink() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{ancestor} is {'a broken symbolic link' if not ancestor.exists() else 'not a directory'}"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"no permission to create entries in {ancestor}"
+    return None

@@ -30,6 +30,24 @@ def load_checked_tokenizer(directory: str) -> Any:
     return tokenizer
 
 
+def load_model_tokenizer(config: PI0PolicyConfig) -> Any:
+    """The tokenizer of ``config.tokenizer_path``, else of ``config.model_path`` (checked by
+    :func:`load_checked_tokenizer`).
+
+    Raises:
+        FileNotFoundError, ValueError: no directory, or no usable tokenizer; for the model
+            directory the message says to set ``tokenizer_path`` (openpi's converted checkpoints
+            hold no tokenizer: theirs is PaliGemma's).
+    """
+    if config.tokenizer_path is not None:
+        return load_checked_tokenizer(config.tokenizer_path)
+    try:
+        return load_checked_tokenizer(str(config.model_path))
+    except ValueError as error:
+        raise ValueError(f"{error}; or set tokenizer_path to a directory holding the model's tokenizer "
+                         "(PaliGemma's for openpi's checkpoints)") from None
+
+
 def check_fit(config: PI0PolicyConfig, model: PI0ModelConfig, vocab: int) -> None:
     """The model fits the config's ``action_dim``, ``proprio_dim``, ``executed_actions`` and a
     tokenizer of ``vocab`` tokens.
@@ -86,11 +104,7 @@ def check_pretrained(config: PI0PolicyConfig) -> None:
     with init_empty_weights(include_buffers=False):  # as load_pi0_checkpoint builds it
         check_pi0_weights(PI0Model(model_config), directory)
     if tokenizer is None:
-        try:
-            tokenizer = load_checked_tokenizer(str(directory))
-        except ValueError as error:  # openpi's checkpoints hold no tokenizer: theirs is PaliGemma's
-            raise ValueError(f"{error}; or set tokenizer_path to a directory holding the model's tokenizer "
-                             "(PaliGemma's for openpi's checkpoints)") from None
+        tokenizer = load_model_tokenizer(config)
     try:
         check_fit(config, model_config, len(tokenizer))
         statistics = torch.nn.Module()  # the buffers the constructor fills, on a module of their own

@@ -106,11 +106,15 @@ class GemmaSpec:
                              f"({self.num_kv_heads})")
 
 
-#: openpi's Gemma variants (``src/openpi/models/gemma.py``, ``get_config``).
+#: openpi's Gemma variants (``src/openpi/models/gemma.py``, ``get_config``). Its ``*_lora`` variants
+#: (the low-memory fine-tuning configs, e.g. ``pi0_libero_low_mem_finetune``) have the same sizes;
+#: their LoRA adapters are openpi's training setting, not part of this architecture (a checkpoint
+#: still holding adapter tensors is refused by the weight check, naming them).
 GEMMA_VARIANTS: dict[str, dict[str, int]] = {
     "gemma_2b": {"width": 2048, "depth": 18, "mlp_dim": 16_384, "num_heads": 8, "num_kv_heads": 1, "head_dim": 256},
     "gemma_300m": {"width": 1024, "depth": 18, "mlp_dim": 4096, "num_heads": 8, "num_kv_heads": 1, "head_dim": 256},
 }
+GEMMA_VARIANTS.update({f"{name}_lora": sizes for name, sizes in list(GEMMA_VARIANTS.items())})
 #: PaliGemma's vocabulary (openpi ``gemma.PALIGEMMA_VOCAB_SIZE``).
 PALIGEMMA_VOCAB_SIZE = 257_152
 

@@ -54,7 +54,7 @@ from policies.pi0.checkpoint_pi0 import (
     write_noise_head,
     write_pi0_checkpoint,
 )
-from policies.pi0.checks_pi0 import check_fit, check_pretrained, load_checked_tokenizer
+from policies.pi0.checks_pi0 import check_fit, check_pretrained, load_checked_tokenizer, load_model_tokenizer
 from policies.pi0.configuration_pi0 import PI0PolicyConfig
 from policies.pi0.flow_noise import FlowNoiseSampler, NoiseHead
 from policies.pi0.flow_sampling import FlowODESampler, FlowSampler, FlowSDESampler
@@ -120,7 +120,7 @@ class PI0Policy(Policy):
         self.config = config
         dtype = getattr(torch, config.dtype)
         if config.model_path is not None:
-            tokenizer = load_checked_tokenizer(config.tokenizer_path or config.model_path)
+            tokenizer = load_model_tokenizer(config)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config.seed)
                 model = load_pi0_checkpoint(config.model_path, dtype=dtype, device=device)

@@ -158,6 +158,9 @@ def test_output_that_is_a_file_or_a_training_run_is_refused(tiny_run, tmp_path, 
     (tmp_path / "file").write_text("x")
     assert main(["eval", str(tiny_run), "--output", str(tmp_path / "file")]) == 2
     assert "is a file" in capsys.readouterr().err
+    assert main(["eval", str(tiny_run), "--output", str(tmp_path / "file" / "eval")]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --output {tmp_path / 'file' / 'eval'} cannot be created: "
+                                               f"{tmp_path / 'file'} is not a directory")
 
 
 @pytest.mark.xdist_group("test_eval_command.tiny_run")

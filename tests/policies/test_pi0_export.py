@@ -91,6 +91,23 @@ def test_save_pretrained_without_statistics_writes_no_norm_stats(tmp_path):
     assert loaded.action_statistics is None and loaded.proprio_statistics is None
 
 
+def test_a_directory_without_a_tokenizer_loads_with_tokenizer_path_as_openpi_s_conversions_need(tmp_path):
+    """openpi's converted checkpoints hold no tokenizer: the policy (as ``vla-rl serve`` builds it)
+    says to set tokenizer_path, and loads with it."""
+    policy = make_policy("pi0", tiny_config())
+    out = policy.save_pretrained(tmp_path / "pi0", layout="openpi")
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (out / name).exists():
+            (out / name).rename(tokenizer / name)
+    with pytest.raises(ValueError, match=r"no usable tokenizer.*; or set tokenizer_path to a directory holding the "
+                                         r"model's tokenizer \(PaliGemma's for openpi's checkpoints\)"):
+        reloaded(policy, out)
+    assert reloaded(policy, out, tokenizer_path=str(tokenizer)).tokenizer("lift")["input_ids"] == (
+        policy.tokenizer("lift")["input_ids"])
+
+
 def test_save_pretrained_refuses_an_existing_directory_and_leaves_nothing_behind(tmp_path):
     policy = make_policy("pi0", tiny_config())
     existing = tmp_path / "out"

@@ -329,6 +329,11 @@ def test_published_configs_give_the_full_size_architecture(tmp_path):
         "action_dim": 32, "action_horizon": 10, "paligemma_variant": "gemma_2b",
         "action_expert_variant": "gemma_300m", "precision": "bfloat16"}))
     assert read_checkpoint_config(openpi) == pi0_model_preset("pi0", chunk_size=10)
+    # openpi's low-memory (LoRA) fine-tuning configs name the same sizes with a _lora suffix
+    (openpi / "config.json").write_text(json.dumps({
+        "action_dim": 32, "action_horizon": 10, "paligemma_variant": "gemma_2b_lora",
+        "action_expert_variant": "gemma_300m_lora", "precision": "bfloat16"}))
+    assert read_checkpoint_config(openpi) == pi0_model_preset("pi0", chunk_size=10)
 
 
 def transformers_reads_lerobot_pi0() -> bool:

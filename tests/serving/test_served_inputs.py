@@ -44,6 +44,14 @@ def test_the_training_instruction_is_the_default_prompt_and_a_flat_policy_takes_
     assert isinstance(flat, np.ndarray) and flat.dtype == np.float32 and flat.shape == (8,)
 
 
+@pytest.mark.parametrize("prompt", [np.str_("stack it"), np.array("stack it"), np.array(["stack it"]),
+                                    np.array(b"stack it"), b"stack it"],
+                         ids=["np.str_", "0-d array", "1-element array", "bytes array", "bytes"])
+def test_a_prompt_in_numpy_s_string_types_is_taken_as_openpi_takes_it(prompt):
+    check(CAMERAS.engine_observation({"state": STATE, "observation/image": FRONT, "observation/wrist_image": WRIST,
+                                      "prompt": prompt}), "stack it")
+
+
 def test_a_task_set_policy_reads_the_task_id():
     inputs = ServedInputs(8, num_tasks=10)
     obs = inputs.engine_observation({"state": STATE, "task_id": np.int64(3)})
@@ -71,6 +79,8 @@ def test_a_task_set_policy_reads_the_task_id():
      r"observation/image has shape \(2, 6, 3\); camera 'agentview' takes \(4, 6, 3\)"),
     ({"state": STATE, "observation/image": FRONT, "observation/wrist_image": WRIST, "prompt": 3},
      "prompt must be a string"),
+    ({"state": STATE, "observation/image": FRONT, "observation/wrist_image": WRIST,
+      "prompt": np.array(["stack it", "lift it"])}, "prompt must be a string, got ndarray"),
 ])
 def test_malformed_observations_are_one_line_naming_the_key(request_, message):
     with pytest.raises(ObservationError, match=message):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vla_rl_core.file_modes import apply_default_modes, default_mode, umask
+from vla_rl_core.file_modes import apply_default_modes, default_mode, umask, uncreatable
 
 
 @contextlib.contextmanager
@@ -120,3 +120,25 @@ def test_a_hugging_face_directory_is_readable_as_the_umask_allows(tmp_path):
     assert weights, sorted(path.name for path in out.iterdir())
     assert {mode(path) for path in weights} == {mode(out / "config.json")} == {0o640}
     load_pretrained(str(out))
+
+
+def test_what_is_in_the_way_of_a_new_path_is_named_without_writing(tmp_path):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    before = sorted(tmp_path.rglob("*"))
+    assert uncreatable(tmp_path / "new") is None
+    assert uncreatable(tmp_path / "a" / "b" / "c") is None  # missing parents are made
+    assert uncreatable(tmp_path / "file" / "out") == f"{tmp_path / 'file'} is not a directory"
+    assert uncreatable(tmp_path / "file" / "a" / "out") == f"{tmp_path / 'file'} is not a directory"
+    assert uncreatable(tmp_path / "dangling" / "out") == f"{tmp_path / 'dangling'} is a broken symbolic link"
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root may write in any directory")
+def test_a_directory_without_write_permission_is_named(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    try:
+        assert uncreatable(locked / "a" / "out") == f"no permission to create entries in {locked}"
+    finally:
+        locked.chmod(0o755)

@@ -48,7 +48,8 @@ def add_export_episodes_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("out", metavar="OUT", help="the dataset root to write (must not exist)")
     parser.add_argument("--cameras", type=_names, default=(), metavar="C1,C2",
                         help="cameras to render as videos (e.g. agentview,robot0_eye_in_hand); default: state only")
-    parser.add_argument("--camera-size", type=positive_int, default=None, help="square camera size in pixels")
+    parser.add_argument("--camera-size", type=positive_int, default=None,
+                        help="square size in pixels of the --cameras rendered")
     parser.add_argument("--fps", type=positive_float, default=None, help="frames per second (default: the control frequency)")
     parser.add_argument("--greedy-only", action="store_true", help="only the greedy protocol's evaluation episodes")
     parser.add_argument("--robot-type", default=None, help="LeRobot's robot_type (default: the simulator's robot)")

@@ -184,6 +184,8 @@ class ServedInputs:
         text = self.instruction if key is None else request[key]
         if key is None and text is None:
             raise ObservationError("the observation has no instruction: send it as a string under 'prompt'")
+        if isinstance(text, np.ndarray) and text.size == 1 and text.dtype.kind in "US":
+            text = text.item()  # numpy's string array of one prompt, which openpi takes (transforms.TokenizePrompt)
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
         if not isinstance(text, str):
