@@ -44,6 +44,10 @@ def rank_class():
                 raise RuntimeError("[gloo] Connection closed by peer")
             if action == "stop":
                 raise RunStopped("the run cannot go on: because")
+            if action == "noted error":  # as run_node_function notes a node's exception
+                error = ValueError("boom in a plug-in")
+                error.add_note("raised in node 'penalty'")
+                raise error
             return {"rank": float(self.rank)}
 
     return Rank
@@ -78,6 +82,17 @@ def test_replies_and_errors_that_are_not_deaths(group):
         group.call("work", {0: "collective error"})
     assert not isinstance(err.value, WorkerDiedError)
     assert group.call("work", {}) == [{"rank": 0.0}, {"rank": 1.0}]  # both still live
+
+
+def test_a_workers_exception_note_is_shown_once(group):
+    """Ray's error shows the worker's traceback, notes included, and its dual exception class
+    hands the cause's ``__notes__`` on: the note naming the node was printed twice."""
+    import traceback
+
+    with pytest.raises(ValueError, match="boom in a plug-in") as err:
+        group.call("work", {0: "noted error"})
+    shown = "".join(traceback.format_exception(err.value))
+    assert shown.count("raised in node 'penalty'") == 1, shown
 
 
 def test_failed_constructor_is_not_a_death(ray_on_loopback):

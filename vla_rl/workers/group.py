@@ -213,6 +213,8 @@ class WorkerGroup:
                 if isinstance(error.cause, ComponentConfigError):  # a setting only a worker could check
                     raise RunStopped(f"worker {refs.index(done[0])}: {error.cause.field}: "
                                      f"{error.cause.message}") from None
+                if getattr(error.cause, "__notes__", None):  # in the worker's traceback above them
+                    error.__notes__ = []  # (Ray's error class hands the cause's notes on: shown twice)
                 raise
         replies = ray.get(refs)
         received = 0
