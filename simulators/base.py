@@ -16,16 +16,18 @@ import gymnasium as gym
 import numpy as np
 
 from simulators.stepping import checked_action
+from vla_rl_core.components import ComponentConfigError
 
 
 def require_int(name: str, value: Any, minimum: int) -> None:
     """Check a config field that must be an integer (not a bool) of at least ``minimum``.
 
     Raises:
-        ValueError: naming ``name`` and what it got.
+        ComponentConfigError: (a ValueError) with field ``name`` (a template names it
+            ``simulator.env.<name>``), saying what it got.
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise ComponentConfigError(name, f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def camera_observation_space(state_dim: int, cameras: tuple[str, ...], camera_size: int) -> gym.spaces.Space:
@@ -100,9 +102,10 @@ class SingleEnv(gym.Env):
         """``reset``'s arguments checked: the initial-state id as an int (None: none given).
 
         Raises:
-            ValueError: ``options`` given, or ``seed`` not a non-negative integer.
+            ValueError: ``options`` given (an empty dict, which gymnasium's ``check_env``
+                passes, is none), or ``seed`` not a non-negative integer.
         """
-        if options is not None:
+        if options:
             raise ValueError(f"{type(self).__name__}.reset takes no options, got {options!r}")
         if seed is None:
             return None

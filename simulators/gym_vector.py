@@ -33,7 +33,7 @@ from simulators.stepping import ChunkedSteps, EpisodeLost, UnobservedSteps
 from simulators.vector import ChunkResult
 from vla_rl_core import keys
 from vla_rl_core.components import ComponentConfigError
-from vla_rl_core.env_spec import EnvSpec
+from vla_rl_core.env_spec import EnvSpec, action_bounds_problem, info_success
 from vla_rl_core.observations import Observations, observation, stack_observations
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,14 @@ def env_spec(env: gym.Env) -> EnvSpec:
     """The :class:`~vla_rl_core.env_spec.EnvSpec` of one gymnasium environment of the simulator
     contract: its state size (the ``Box`` observation, or the ``state`` of a ``Dict``), action size,
     ``horizon``, ``obs_layout`` (``{key: slice}``) and, for a ``Dict`` observation, its
-    ``<camera>_image`` shapes."""
+    ``<camera>_image`` shapes.
+
+    Raises:
+        ComponentConfigError: ``simulator.name``: its action bounds are not [-1, 1]
+            (:func:`~vla_rl_core.env_spec.action_bounds_problem`), naming its class.
+    """
+    if problem := action_bounds_problem(env.action_space.low, env.action_space.high):
+        raise ComponentConfigError("simulator.name", f"environment {type(env).__name__}: {problem}")
     space = env.observation_space
     dict_space = isinstance(space, gym.spaces.Dict)
     state_space = space[keys.OBS_STATE] if dict_space else space
@@ -251,7 +258,7 @@ class GymVector:
             result["reward"][row] += reward
             result["terminated"][row] = terminated
             result["truncated"][row] = truncated
-            result["success"][row] |= info["success"]
+            result["success"][row] |= _success(env, info)
             result["steps"][row] += 1
             if terminated or truncated:
                 break
@@ -291,7 +298,7 @@ class GymVector:
                 observations.append(self._observation(0, obs))
                 actions.append(action)
                 obs, _, terminated, truncated, info = env.step(action)
-                done, success = terminated or truncated, info["success"]
+                done, success = terminated or truncated, _success(env, info)
             episodes.append(
                 {
                     "obs": stack_observations(observations),
@@ -352,6 +359,18 @@ class GymVector:
         while len(self._parked) > max(len(self._envs), len(self._configs)):
             _, (_, oldest) = self._parked.popitem(last=False)
             oldest.close()
+
+
+def _success(env: gym.Env, info: dict) -> bool:
+    """Whether ``env``'s step ``info`` reports success (:func:`~vla_rl_core.env_spec.info_success`).
+
+    Raises:
+        ComponentConfigError: ``simulator.name``: it reports none, naming the environment's class.
+    """
+    try:
+        return info_success(info)
+    except ValueError as err:
+        raise ComponentConfigError("simulator.name", f"environment {type(env).__name__}: {err}") from None
 
 
 def _zero_observation(space: gym.Space) -> Any:

@@ -44,6 +44,7 @@ from simulators.robosuite_env import (
     STATE_KEY_SIZES,
     quiet_robosuite_imports,
 )
+from vla_rl_core.components import ComponentConfigError
 
 SUITE_HORIZONS: dict[str, int] = {
     "libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400,
@@ -118,10 +119,11 @@ def init_state_index(init_state_id: int, num_init_states: int) -> int:
 
 def _require_names(name: str, value: Any, allow_empty: bool) -> tuple[str, ...]:
     if isinstance(value, str) or not all(isinstance(item, str) and item for item in value):
-        raise ValueError(f"{name} must be a sequence of names, got {value!r}")
+        raise ComponentConfigError(name, f"{name} must be a sequence of names, got {value!r}")
     names = tuple(value)  # YAML gives lists
     if (not names and not allow_empty) or len(set(names)) != len(names):
-        raise ValueError(f"{name} must be {'' if allow_empty else 'non-empty and '}without repeats, got {value!r}")
+        raise ComponentConfigError(
+            name, f"{name} must be {'' if allow_empty else 'non-empty and '}without repeats, got {value!r}")
     return names
 
 
@@ -184,11 +186,12 @@ class LiberoEnvConfig:
 
     def __post_init__(self) -> None:
         if self.suite not in SUITE_HORIZONS:
-            raise ValueError(f"suite must be one of {sorted(SUITE_HORIZONS)}, got {self.suite!r}")
+            raise ComponentConfigError("suite", f"suite must be one of {sorted(SUITE_HORIZONS)}, got {self.suite!r}")
         require_int("task_id", self.task_id, 0)
         if self.task_id >= SUITE_NUM_TASKS[self.suite]:  # known without LIBERO: found at plan time
-            raise ValueError(f"task_id must be in [0, {SUITE_NUM_TASKS[self.suite] - 1}] for {self.suite}, "
-                             f"got {self.task_id}")
+            raise ComponentConfigError(
+                "task_id", f"task_id must be in [0, {SUITE_NUM_TASKS[self.suite] - 1}] for {self.suite}, "
+                f"got {self.task_id}")
         require_int("task_seed", self.task_seed, 0)
         if self.horizon is None:
             object.__setattr__(self, "horizon", SUITE_HORIZONS[self.suite])
@@ -198,11 +201,12 @@ class LiberoEnvConfig:
         object.__setattr__(self, "cameras", _require_names("cameras", self.cameras, allow_empty=True))
         require_int("camera_size", self.camera_size, 8)
         if not isinstance(self.fast_rendering, bool):
-            raise ValueError(f"fast_rendering must be true or false, got {self.fast_rendering!r}")
+            raise ComponentConfigError(
+                "fast_rendering", f"fast_rendering must be true or false, got {self.fast_rendering!r}")
         if self.render_camera is not None and (not isinstance(self.render_camera, str) or not self.render_camera):
-            raise ValueError(
-                f"render_camera must be a camera name such as 'agentview' or None, got {self.render_camera!r}"
-            )
+            raise ComponentConfigError(
+                "render_camera",
+                f"render_camera must be a camera name such as 'agentview' or None, got {self.render_camera!r}")
         require_int("render_size", self.render_size, 8)
 
 

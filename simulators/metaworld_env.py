@@ -47,6 +47,7 @@ from simulators.base import SingleEnv, require_int
 from simulators.registry import SIMULATORS
 from simulators.rendering import CameraRenderer, setup_headless_rendering
 from simulators.stepping import UnobservedSteps
+from vla_rl_core.components import ComponentConfigError
 
 METAWORLD_V3_TASKS: tuple[str, ...] = (
     "assembly-v3", "basketball-v3", "bin-picking-v3", "box-close-v3", "button-press-topdown-v3",
@@ -178,7 +179,8 @@ UPSIDE_DOWN_CAMERAS: frozenset[str] = frozenset({"corner", "corner2", "corner3",
 
 def _require_camera(name: str, value: Any) -> None:
     if value not in METAWORLD_CAMERAS:
-        raise ValueError(f"{name} must be a MetaWorld camera, one of {METAWORLD_CAMERAS}; got {value!r}")
+        raise ComponentConfigError(
+            name, f"{name} must be a MetaWorld camera, one of {METAWORLD_CAMERAS}; got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -236,28 +238,33 @@ class MetaWorldEnvConfig:
         if self.task not in METAWORLD_V3_TASKS:
             close = [name for name in METAWORLD_V3_TASKS if str(self.task).split("-")[0] in name]
             hint = f" (similar: {', '.join(close)})" if close else ""
-            raise ValueError(f"task must be a MetaWorld v3 task name such as 'reach-v3', got {self.task!r}{hint}; "
-                             f"all tasks: {', '.join(METAWORLD_V3_TASKS)}")
+            raise ComponentConfigError(
+                "task", f"task must be a MetaWorld v3 task name such as 'reach-v3', got {self.task!r}{hint}; "
+                f"all tasks: {', '.join(METAWORLD_V3_TASKS)}")
         require_int("horizon", self.horizon, 1)
         if not isinstance(self.goal_observable, bool):
-            raise ValueError(f"goal_observable must be true or false, got {self.goal_observable!r}")
+            raise ComponentConfigError(
+                "goal_observable", f"goal_observable must be true or false, got {self.goal_observable!r}")
         if self.render_camera is not None:
             _require_camera("render_camera", self.render_camera)
         require_int("render_size", self.render_size, 8)
         if isinstance(self.cameras, str) or not all(isinstance(c, str) for c in self.cameras):
-            raise ValueError(f"cameras must be a sequence of camera names such as ('corner',), got {self.cameras!r}")
+            raise ComponentConfigError(
+                "cameras", f"cameras must be a sequence of camera names such as ('corner',), got {self.cameras!r}")
         object.__setattr__(self, "cameras", tuple(self.cameras))  # YAML gives lists
         for camera in self.cameras:
             _require_camera("cameras", camera)
         if len(set(self.cameras)) != len(self.cameras):
-            raise ValueError(f"cameras must not repeat a camera, got {self.cameras!r}")
+            raise ComponentConfigError("cameras", f"cameras must not repeat a camera, got {self.cameras!r}")
         require_int("camera_size", self.camera_size, 8)
         if not isinstance(self.fast_rendering, bool):
-            raise ValueError(f"fast_rendering must be true or false, got {self.fast_rendering!r}")
+            raise ComponentConfigError(
+                "fast_rendering", f"fast_rendering must be true or false, got {self.fast_rendering!r}")
         if self.instruction is None:
             object.__setattr__(self, "instruction", TASK_INSTRUCTIONS[self.task])
         if not isinstance(self.instruction, str) or not self.instruction.strip():
-            raise ValueError(f"instruction must be a non-empty sentence, got {self.instruction!r}")
+            raise ComponentConfigError(
+                "instruction", f"instruction must be a non-empty sentence, got {self.instruction!r}")
 
 
 @SIMULATORS.register("metaworld")

@@ -5,9 +5,11 @@ A simulator is a ``gymnasium.Env`` subclass registered under a name. Its contrac
 - class attribute ``config_class``: the typed config dataclass (with a ``horizon`` field, in
   control steps) that its constructor takes as only argument;
 - flat float32 ``Box`` observation and action spaces by default (configs with ``cameras`` turn
-  the observation into a ``Dict`` ``{"state": Box, "<camera>_image": uint8 (H, W, 3)}``),
+  the observation into a ``Dict`` ``{"state": Box, "<camera>_image": uint8 (H, W, 3)}``), the
+  action space bounded by [-1, 1] (or unbounded: other bounds are refused, naming the class),
   ``reset(seed=init_state_id)`` reproducible in any process, ``step`` returning
-  ``info["success"]``, no auto-reset;
+  ``info["success"]`` (or gymnasium-robotics' ``info["is_success"]``; neither stops the run
+  naming the class), no auto-reset;
 - its config dataclass has a ``task_name`` property: the task it sets up (``"Lift"``), which
   keys scripted experts (:mod:`simulators.experts`) and names evaluation tasks;
 - optionally, ``state_dim`` and ``action_dim`` properties on the config dataclass: the state

@@ -107,16 +107,16 @@ class RemoteEnvConfig:
         for name in ("state_dim", "action_dim", "horizon", "camera_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"simulator.env.{name} must be a positive integer (the remote environments' "
-                                 f"{name.replace('_', ' ')}), got {value!r}")
+                raise ComponentConfigError(name, f"{name} must be a positive integer (the remote environments' "
+                                                 f"{name.replace('_', ' ')}), got {value!r}")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise ValueError(f"simulator.env.port must be in [0, 65535], got {self.port!r}")
+            raise ComponentConfigError("port", f"port must be in [0, 65535], got {self.port!r}")
         for name in ("connect_timeout_s", "step_timeout_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"simulator.env.{name} must be a positive number of seconds, got "
-                                 f"{getattr(self, name)!r}")
+                raise ComponentConfigError(name, f"{name} must be a positive number of seconds, got "
+                                                 f"{getattr(self, name)!r}")
         if not self.task:
-            raise ValueError("simulator.env.task must name the task")
+            raise ComponentConfigError("task", "task must name the task")
         object.__setattr__(self, "cameras", tuple(self.cameras))  # YAML gives lists
 
     @property

@@ -299,16 +299,19 @@ class RobosuiteEnvConfig:
             raise ComponentConfigError("cameras", f"cameras must not repeat a camera, got {self.cameras!r}")
         require_int("camera_size", self.camera_size, 8)
         if not isinstance(self.fast_rendering, bool):
-            raise ValueError(f"fast_rendering must be true or false, got {self.fast_rendering!r}")
+            raise ComponentConfigError(
+                "fast_rendering", f"fast_rendering must be true or false, got {self.fast_rendering!r}")
         if self.instruction is None:
             if self.task not in TASK_INSTRUCTIONS:
-                raise ValueError(
+                raise ComponentConfigError(
+                    "instruction",
                     f"instruction is unset and task {self.task!r} has no default instruction "
                     f"(known: {sorted(TASK_INSTRUCTIONS)}); set instruction to a sentence such as 'lift the cube'"
                 )
             object.__setattr__(self, "instruction", TASK_INSTRUCTIONS[self.task])
         if not isinstance(self.instruction, str) or not self.instruction.strip():
-            raise ValueError(f"instruction must be a non-empty sentence, got {self.instruction!r}")
+            raise ComponentConfigError(
+                "instruction", f"instruction must be a non-empty sentence, got {self.instruction!r}")
 
 
 @SIMULATORS.register("robosuite")

@@ -155,3 +155,29 @@ def test_remote_env_serves_a_plug_in_simulator_it_imports(tmp_path, capsys, monk
     assert capsys.readouterr().err.strip() == ("error: toy_batched: a batched simulator (Batched steps all its "
                                                "environments at once); vla-rl remote-env serves gymnasium Env "
                                                "simulators, one environment per connection")
+
+
+class ReachEnv(PointEnv):
+    """Reaches its goal at the second step, and says so under gymnasium-robotics' key."""
+
+    def reset(self, *, seed=None, options=None):
+        self.steps = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        return np.zeros(3, np.float32), 0.0, self.steps == 2, False, {"is_success": self.steps == 2}
+
+
+def test_a_client_reports_is_success_and_refuses_actions_outside_minus_one_to_one():
+    """Success under ``is_success`` was read as a failure, silently (``info.get("success", False)``)."""
+    client = RobotClient(ReachEnv(), "ws://127.0.0.1:1")
+    client._answer({"type": "reset", "init_state_id": 0})
+    answer = client._answer({"type": "step", "actions": np.zeros((4, 2), np.float32)})
+    assert answer["success"] is True and answer["steps"] == 2 and answer["terminated"] is True
+
+    class WideEnv(PointEnv):
+        action_space = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
+
+    with pytest.raises(ValueError, match=r"bounds are low=\[-2.0, -2.0\], high=\[2.0, 2.0\]; the engine's actions"):
+        RobotClient(WideEnv(), "ws://127.0.0.1:1")

@@ -13,7 +13,8 @@ ws://trainer-host:8765 --num-envs 4 [KEY=VALUE ...]``.
 
 The environment's ``reset(seed=init_state_id)`` starts each episode (a simulator reproduces the
 run's initial state; a robot may ignore it), its ``step`` runs each action of a chunk until the
-episode ends, and its ``info`` says ``success`` (and ``invalid``: the episode must not be scored,
+episode ends, and its ``info`` says ``success`` (or ``is_success``, gymnasium-robotics' key; and
+``invalid``: the episode must not be scored,
 e.g. a person stopped the robot). An exception inside the environment is sent to the trainer as
 an error (that episode is lost) and the client goes on. Disconnected, the client connects again
 after ``retry_s`` (the trainer counts the episode it was running as lost); a refused token or an
@@ -33,6 +34,7 @@ import numpy as np
 
 from vla_rl_core import wire
 from vla_rl_core.auth import api_key_headers
+from vla_rl_core.env_spec import action_bounds_problem, info_success
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +50,8 @@ class RobotClient:
 
     Args:
         env: the environment: a ``Box`` observation (the state) or a ``Dict`` with ``state`` and
-            ``<camera>_image`` uint8 ``(H, W, 3)`` entries; a ``Box`` action space.
+            ``<camera>_image`` uint8 ``(H, W, 3)`` entries; a ``Box`` action space bounded by
+            [-1, 1] (or unbounded); ``step`` reports ``info["success"]`` (or ``"is_success"``).
         uri: the hub's address, ``ws://HOST:PORT`` (the run's ``simulator.env.host`` / ``port``).
         token: the run's shared token (``VLA_RL_REMOTE_TOKEN`` on the trainer), or None.
         name: how the trainer's log names this client (default: the remote address).
@@ -140,7 +143,7 @@ class RobotClient:
             for action in np.asarray(request["actions"], dtype=np.float32):
                 obs, step_reward, terminated, truncated, info = self.env.step(action)
                 reward += float(step_reward)
-                success |= bool(info.get("success", False))
+                success |= info_success(info)
                 invalid |= bool(info.get("invalid", False))
                 steps += 1
                 if terminated or truncated or invalid:
@@ -174,6 +177,8 @@ def _sizes(env: gym.Env) -> dict[str, Any]:
         raise ValueError(f"the state must be a 1-D Box, got {state}")
     if not isinstance(env.action_space, gym.spaces.Box) or len(env.action_space.shape) != 1:
         raise ValueError(f"the action space must be a 1-D Box, got {env.action_space}")
+    if problem := action_bounds_problem(env.action_space.low, env.action_space.high):
+        raise ValueError(problem)
     return {"state_dim": int(state.shape[0]), "action_dim": int(env.action_space.shape[0]), "images": images}
 
 

@@ -5,12 +5,20 @@ A simulator states it (``VectorSimulator.spec()``, :meth:`simulators.worker.Simu
 ``SimulatorPool.spec()``); the engine builds the policy from it (``obs_dim``, ``action_dim``,
 ``num_tasks``), sizes episode buffers and stores with it (``horizon``, ``images``), and compares a
 task's with the policy's before evaluating (``obs_layout``).
+
+Two rules of a gymnasium environment the engine drives, checked where one is plugged in (a
+registered simulator's environments, a remote environment's client): its actions lie in
+[-1, 1] (:func:`action_bounds_problem`), and its ``step`` reports success in ``info``
+(:func:`info_success`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,3 +84,41 @@ class EnvSpec:
         """The names of the fields in which ``other`` differs from this spec, in field order."""
         return [field.name for field in dataclasses.fields(self)
                 if getattr(self, field.name) != getattr(other, field.name)]
+
+
+#: The keys of a gymnasium ``step``'s ``info`` that say whether the task is done, in the order
+#: read: the engine's simulators' ``success`` (robosuite's adapters, MetaWorld's
+#: ``info["success"]``), then gymnasium-robotics' and Stable-Baselines3's ``is_success``.
+SUCCESS_INFO_KEYS = ("success", "is_success")
+
+
+def info_success(info: Mapping[str, Any]) -> bool:
+    """Whether a step's ``info`` reports the task done (the first of :data:`SUCCESS_INFO_KEYS`
+    it holds).
+
+    Raises:
+        ValueError: it holds neither (the engine's rewards are success: an environment without it
+            would score every episode a failure), naming the keys it has.
+    """
+    for key in SUCCESS_INFO_KEYS:
+        if key in info:
+            return bool(info[key])
+    raise ValueError(f"step() returned an info without {' or '.join(repr(k) for k in SUCCESS_INFO_KEYS)} (it has "
+                     f"{sorted(map(str, info))}): report whether the task is done, as a bool")
+
+
+def action_bounds_problem(low: Any, high: Any) -> str | None:
+    """Why an action space's bounds do not fit the engine's actions, or None. The engine's
+    actions lie in [-1, 1] (the policies' normalised units, the built-in simulators' spaces):
+    finite bounds other than -1 and 1 would get actions outside their range (a ``Box(0, 1)``) or
+    never reach part of it (a ``Box(-2, 2)``); unbounded ends (``-inf``, ``inf``) are accepted.
+
+    Args:
+        low, high: the ``Box``'s bounds (scalars or arrays).
+    """
+    low, high = np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
+    if np.any(np.isfinite(low) & (low != -1.0)) or np.any(np.isfinite(high) & (high != 1.0)):
+        return (f"its action space's bounds are low={low.tolist()}, high={high.tolist()}; the engine's actions lie in "
+                "[-1, 1]: declare Box(-1, 1) and scale them to the actuators' range in step() (as "
+                "gymnasium.wrappers.RescaleAction does)")
+    return None

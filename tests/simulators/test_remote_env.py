@@ -168,10 +168,14 @@ def test_the_hub_address_is_checked_before_any_worker_starts_it():
 
 
 def test_config_errors_name_the_field():
-    with pytest.raises(ValueError, match="simulator.env.state_dim must be a positive integer"):
-        RemoteEnvConfig(action_dim=1)
-    with pytest.raises(ValueError, match="simulator.env.port must be in"):
+    from simulators.registry import build_env_config
+
+    with pytest.raises(ComponentConfigError, match="state_dim must be a positive integer") as error:
+        build_env_config("remote", {"action_dim": 1})
+    assert error.value.field == "simulator.env.state_dim"
+    with pytest.raises(ComponentConfigError, match="port must be in") as error:
         RemoteEnvConfig(state_dim=2, action_dim=1, port=70000)
+    assert error.value.field == "port"
     env = RemoteEnv(RemoteEnvConfig(state_dim=3, action_dim=2, cameras=["front"], camera_size=8))
     assert env.observation_space["front_image"].shape == (8, 8, 3) and env.action_space.shape == (2,)
 

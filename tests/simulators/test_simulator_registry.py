@@ -81,6 +81,31 @@ def test_config_validation_names_the_field(field, value):
         RobosuiteEnvConfig(**{field: value})
 
 
+@pytest.mark.parametrize("simulator, field, value", [
+    ("robosuite_lift", "horizon", 0),
+    ("robosuite_lift", "render_size", 4),
+    ("robosuite_lift", "camera_size", 0),
+    ("robosuite_lift", "instruction", " "),
+    ("metaworld", "task", "reach-v2"),
+    ("metaworld", "horizon", -3),
+    ("metaworld", "cameras", ["agentview"]),
+    ("metaworld", "render_camera", "agentview"),
+    ("libero", "suite", "libero_nothing"),
+    ("libero", "task_id", 99),
+    ("libero", "cameras", ["a", "a"]),
+    ("remote", "state_dim", 0),
+    ("remote", "port", 70000),
+    ("remote", "step_timeout_s", 0),
+])
+def test_a_template_names_the_simulator_setting_at_fault(simulator, field, value):
+    """These named only ``simulator.env`` (their classes raised plain ValueErrors), where
+    robosuite's task, controller and obs_keys errors named the setting."""
+    settings = {"state_dim": 2, "action_dim": 1} if simulator == "remote" else {}
+    with pytest.raises(ComponentConfigError) as raised:
+        build_env_config(simulator, {**settings, field: value})
+    assert raised.value.field == f"simulator.env.{field}"
+
+
 def test_headless_rendering_defaults_to_egl_and_keeps_user_choice():
     code = (
         "import os; from simulators.rendering import setup_headless_rendering as s\n"

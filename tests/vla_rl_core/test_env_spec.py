@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
 
-from vla_rl_core.env_spec import EnvSpec
+from vla_rl_core.env_spec import EnvSpec, action_bounds_problem, info_success
 from vla_rl_core.observations import empty_observations
 
 LIFT = EnvSpec(obs_dim=15, action_dim=7, horizon=100, obs_layout={"robot0_eef_pos": [0, 3], "cube_pos": (5, 8)})
@@ -59,3 +60,28 @@ def test_empty_observations_follow_the_spec(spec, layout):
         assert isinstance(obs, np.ndarray) and obs.shape == (3, 15) and obs.dtype == np.float32
     else:
         assert {key: (value.shape, value.dtype) for key, value in obs.items()} == layout
+
+
+def test_success_is_read_from_either_key_and_its_absence_is_named():
+    assert info_success({"success": True}) is True
+    assert info_success({"success": np.bool_(False), "is_success": 1.0}) is False  # success first
+    assert info_success({"is_success": 1.0}) is True  # gymnasium-robotics
+    with pytest.raises(ValueError, match=re.escape("without 'success' or 'is_success' (it has ['distance', "
+                                                   "'goal_reached'])")):
+        info_success({"goal_reached": True, "distance": 0.1})
+
+
+@pytest.mark.parametrize("low, high, refused", [
+    (-1.0, 1.0, False),
+    (np.full(3, -1.0, np.float32), np.full(3, 1.0, np.float32), False),
+    (-np.inf, np.inf, False),  # unbounded: taken as it is
+    (np.array([-1.0, -np.inf]), np.array([1.0, np.inf]), False),
+    (0.0, 1.0, True),  # would get negative actions
+    (-2.0, 2.0, True),  # would never see half its range
+    (np.array([-1.0, -1.0]), np.array([1.0, 0.5]), True),
+])
+def test_action_bounds_other_than_minus_one_to_one_are_named(low, high, refused):
+    problem = action_bounds_problem(low, high)
+    assert (problem is not None) == refused
+    if refused:
+        assert "the engine's actions lie in [-1, 1]" in problem and "RescaleAction" in problem

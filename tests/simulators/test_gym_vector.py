@@ -1,0 +1,87 @@
+"""simulators/gym_vector.py with a plug-in gymnasium environment: the two rules the engine reads
+from it (actions in [-1, 1], success in ``info``), checked where it is plugged in."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from simulators.gym_vector import GymVector
+from simulators.registry import SIMULATORS
+from vla_rl_core.components import ComponentConfigError
+
+
+@dataclasses.dataclass
+class ReachConfig:
+    horizon: int = 5
+    action_low: float = -1.0
+    action_high: float = 1.0
+    success_key: str | None = "is_success"  # gymnasium-robotics' key
+
+    @property
+    def task_name(self) -> str:
+        return "Reach"
+
+
+class Reach(gym.Env):
+    """A point on a line that reaches 0.5 and says so under ``config.success_key``."""
+
+    config_class = ReachConfig
+    render_mode = None
+    instruction = "reach"
+
+    def __init__(self, config: ReachConfig) -> None:
+        self.config, self.horizon, self.obs_layout = config, config.horizon, {}
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        self.action_space = gym.spaces.Box(config.action_low, config.action_high, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        self.position, self.steps = 0.0, 0
+        return np.array([self.position], np.float32), {}
+
+    def step(self, action):
+        self.position += float(action[0])
+        self.steps += 1
+        done = self.position >= 0.5
+        info = {} if self.config.success_key is None else {self.config.success_key: done}
+        return np.array([self.position], np.float32), float(done), done, self.steps >= self.horizon, info
+
+
+@pytest.fixture
+def reach(monkeypatch):
+    """``reach`` registered in this test's copy of the simulator registry (restored after)."""
+    monkeypatch.setattr(SIMULATORS, "_entries", dict(SIMULATORS._entries))
+    monkeypatch.setattr(SIMULATORS, "_configs", dict(SIMULATORS._configs))
+    monkeypatch.setattr(SIMULATORS, "_traits", dict(SIMULATORS._traits))
+    SIMULATORS.register("test_reach")(Reach)
+    return lambda **settings: GymVector("test_reach", ReachConfig(**settings), 2)
+
+
+def test_success_under_gymnasium_robotics_is_success_key_is_scored(reach):
+    """It was a KeyError: 'success' in a 90-line Ray traceback at the first rollout."""
+    vector = reach()
+    vector.reset([0, 1], [0, 1])
+    result = vector.step_chunk([0, 1], np.array([[[0.3], [0.3]], [[0.1], [0.1]]], np.float32))
+    assert result.success.tolist() == [True, False] and result.steps.tolist() == [2, 2]
+
+
+def test_an_environment_reporting_no_success_stops_the_run_naming_it(reach):
+    vector = reach(success_key="goal_reached")
+    vector.reset([0], [0])
+    with pytest.raises(ComponentConfigError, match=r"environment Reach: step\(\) returned an info without 'success' "
+                                                   r"or 'is_success' \(it has \['goal_reached'\]\)") as raised:
+        vector.step_chunk([0], np.array([[[0.1]]], np.float32))
+    assert raised.value.field == "simulator.name"
+
+
+@pytest.mark.parametrize("low, high", [(0.0, 1.0), (-2.0, 2.0)])
+def test_action_bounds_other_than_minus_one_to_one_are_refused_at_the_spec(reach, low, high):
+    """A Box(-2, 2) environment never received actions beyond 1.3 in training; a Box(0, 1) one
+    received negative ones; nothing said so."""
+    with pytest.raises(ComponentConfigError, match=r"environment Reach: its action space's bounds are "
+                                                   rf"low=\[{low}\], high=\[{high}\]; the engine's actions lie in"):
+        reach(action_low=low, action_high=high).spec()
+    assert reach(action_low=-np.inf, action_high=np.inf).spec().action_dim == 1
