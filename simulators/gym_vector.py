@@ -33,7 +33,7 @@ from simulators.stepping import ChunkedSteps, EpisodeLost, UnobservedSteps
 from simulators.vector import ChunkResult
 from vla_rl_core import keys
 from vla_rl_core.components import ComponentConfigError
-from vla_rl_core.env_spec import EnvSpec, action_bounds_problem, info_success
+from vla_rl_core.env_spec import EnvSpec, info_success
 from vla_rl_core.observations import Observations, observation, stack_observations
 
 logger = logging.getLogger(__name__)
@@ -43,14 +43,7 @@ def env_spec(env: gym.Env) -> EnvSpec:
     """The :class:`~vla_rl_core.env_spec.EnvSpec` of one gymnasium environment of the simulator
     contract: its state size (the ``Box`` observation, or the ``state`` of a ``Dict``), action size,
     ``horizon``, ``obs_layout`` (``{key: slice}``) and, for a ``Dict`` observation, its
-    ``<camera>_image`` shapes.
-
-    Raises:
-        ComponentConfigError: ``simulator.name``: its action bounds are not [-1, 1]
-            (:func:`~vla_rl_core.env_spec.action_bounds_problem`), naming its class.
-    """
-    if problem := action_bounds_problem(env.action_space.low, env.action_space.high):
-        raise ComponentConfigError("simulator.name", f"environment {type(env).__name__}: {problem}")
+    ``<camera>_image`` shapes."""
     space = env.observation_space
     dict_space = isinstance(space, gym.spaces.Dict)
     state_space = space[keys.OBS_STATE] if dict_space else space
@@ -246,9 +239,12 @@ class GymVector:
     @staticmethod
     def _step_env(env: gym.Env, actions: np.ndarray, row: int, result: dict[str, Any], frames: list | None) -> Any:
         """Execute one environment's chunk into row ``row`` of ``result`` (appending rendered
-        frames to ``frames``); returns the observation after its last executed step."""
+        frames to ``frames``); returns the observation after its last executed step. Each action
+        is clipped to the environment's action bounds first, as Stable-Baselines3 does (a
+        Gaussian policy's samples are unbounded; the built-in simulators clip to [-1, 1] too)."""
         lazy = isinstance(env, UnobservedSteps)  # renders its cameras only for the chunk's last observation
-        for action in actions:
+        low, high = env.action_space.low, env.action_space.high
+        for action in np.clip(actions, low, high):
             if lazy:
                 reward, terminated, truncated, info = env.step_unobserved(action)
             else:

@@ -5,8 +5,8 @@ A simulator is a ``gymnasium.Env`` subclass registered under a name. Its contrac
 - class attribute ``config_class``: the typed config dataclass (with a ``horizon`` field, in
   control steps) that its constructor takes as only argument;
 - flat float32 ``Box`` observation and action spaces by default (configs with ``cameras`` turn
-  the observation into a ``Dict`` ``{"state": Box, "<camera>_image": uint8 (H, W, 3)}``), the
-  action space bounded by [-1, 1] (or unbounded: other bounds are refused, naming the class),
+  the observation into a ``Dict`` ``{"state": Box, "<camera>_image": uint8 (H, W, 3)}``; the
+  simulator workers clip actions to the action space's bounds),
   ``reset(seed=init_state_id)`` reproducible in any process, ``step`` returning
   ``info["success"]`` (or gymnasium-robotics' ``info["is_success"]``; neither stops the run
   naming the class), no auto-reset;

@@ -166,18 +166,16 @@ class ReachEnv(PointEnv):
 
     def step(self, action):
         self.steps += 1
+        self.received = [*getattr(self, "received", []), np.asarray(action).tolist()]
         return np.zeros(3, np.float32), 0.0, self.steps == 2, False, {"is_success": self.steps == 2}
 
 
-def test_a_client_reports_is_success_and_refuses_actions_outside_minus_one_to_one():
+def test_a_client_reports_is_success_and_clips_actions_to_its_bounds():
     """Success under ``is_success`` was read as a failure, silently (``info.get("success", False)``)."""
-    client = RobotClient(ReachEnv(), "ws://127.0.0.1:1")
+    env = ReachEnv()
+    client = RobotClient(env, "ws://127.0.0.1:1")
     client._answer({"type": "reset", "init_state_id": 0})
-    answer = client._answer({"type": "step", "actions": np.zeros((4, 2), np.float32)})
+    actions = np.array([[3.0, -0.5], [0.25, -4.0], [0.0, 0.0]], np.float32)
+    answer = client._answer({"type": "step", "actions": actions})
     assert answer["success"] is True and answer["steps"] == 2 and answer["terminated"] is True
-
-    class WideEnv(PointEnv):
-        action_space = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
-
-    with pytest.raises(ValueError, match=r"bounds are low=\[-2.0, -2.0\], high=\[2.0, 2.0\]; the engine's actions"):
-        RobotClient(WideEnv(), "ws://127.0.0.1:1")
+    assert env.received == [[1.0, -0.5], [0.25, -1.0]]  # PointEnv's Box(-1, 1)

@@ -34,7 +34,7 @@ import numpy as np
 
 from vla_rl_core import wire
 from vla_rl_core.auth import api_key_headers
-from vla_rl_core.env_spec import action_bounds_problem, info_success
+from vla_rl_core.env_spec import info_success
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +50,8 @@ class RobotClient:
 
     Args:
         env: the environment: a ``Box`` observation (the state) or a ``Dict`` with ``state`` and
-            ``<camera>_image`` uint8 ``(H, W, 3)`` entries; a ``Box`` action space bounded by
-            [-1, 1] (or unbounded); ``step`` reports ``info["success"]`` (or ``"is_success"``).
+            ``<camera>_image`` uint8 ``(H, W, 3)`` entries; a ``Box`` action space (actions are
+            clipped to its bounds); ``step`` reports ``info["success"]`` (or ``"is_success"``).
         uri: the hub's address, ``ws://HOST:PORT`` (the run's ``simulator.env.host`` / ``port``).
         token: the run's shared token (``VLA_RL_REMOTE_TOKEN`` on the trainer), or None.
         name: how the trainer's log names this client (default: the remote address).
@@ -140,7 +140,8 @@ class RobotClient:
         if kind == "step":
             reward, success, invalid, steps = 0.0, False, False, 0
             terminated = truncated = False
-            for action in np.asarray(request["actions"], dtype=np.float32):
+            space = self.env.action_space  # actions clipped to its bounds, as Stable-Baselines3 does
+            for action in np.clip(np.asarray(request["actions"], dtype=np.float32), space.low, space.high):
                 obs, step_reward, terminated, truncated, info = self.env.step(action)
                 reward += float(step_reward)
                 success |= info_success(info)
@@ -177,8 +178,6 @@ def _sizes(env: gym.Env) -> dict[str, Any]:
         raise ValueError(f"the state must be a 1-D Box, got {state}")
     if not isinstance(env.action_space, gym.spaces.Box) or len(env.action_space.shape) != 1:
         raise ValueError(f"the action space must be a 1-D Box, got {env.action_space}")
-    if problem := action_bounds_problem(env.action_space.low, env.action_space.high):
-        raise ValueError(problem)
     return {"state_dim": int(state.shape[0]), "action_dim": int(env.action_space.shape[0]), "images": images}
 
 

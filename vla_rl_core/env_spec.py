@@ -6,10 +6,8 @@ A simulator states it (``VectorSimulator.spec()``, :meth:`simulators.worker.Simu
 ``num_tasks``), sizes episode buffers and stores with it (``horizon``, ``images``), and compares a
 task's with the policy's before evaluating (``obs_layout``).
 
-Two rules of a gymnasium environment the engine drives, checked where one is plugged in (a
-registered simulator's environments, a remote environment's client): its actions lie in
-[-1, 1] (:func:`action_bounds_problem`), and its ``step`` reports success in ``info``
-(:func:`info_success`).
+A rule of the gymnasium environments the engine drives (a registered simulator's, a remote
+environment's client's): ``step`` reports success in ``info`` (:func:`info_success`).
 """
 
 from __future__ import annotations
@@ -17,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +24,7 @@ class EnvSpec:
     Attributes:
         obs_dim: float32 state features per observation (the flat observation, or the ``state``
             of a dict observation).
-        action_dim: values per environment action (in [-1, 1]).
+        action_dim: values per environment action (the built-in simulators' lie in [-1, 1]).
         horizon: control steps after which an episode is truncated.
         obs_layout: where each named part of the state lies, ``{key: (start, stop)}`` (may be
             empty: a state without named parts).
@@ -106,19 +102,3 @@ def info_success(info: Mapping[str, Any]) -> bool:
     raise ValueError(f"step() returned an info without {' or '.join(repr(k) for k in SUCCESS_INFO_KEYS)} (it has "
                      f"{sorted(map(str, info))}): report whether the task is done, as a bool")
 
-
-def action_bounds_problem(low: Any, high: Any) -> str | None:
-    """Why an action space's bounds do not fit the engine's actions, or None. The engine's
-    actions lie in [-1, 1] (the policies' normalised units, the built-in simulators' spaces):
-    finite bounds other than -1 and 1 would get actions outside their range (a ``Box(0, 1)``) or
-    never reach part of it (a ``Box(-2, 2)``); unbounded ends (``-inf``, ``inf``) are accepted.
-
-    Args:
-        low, high: the ``Box``'s bounds (scalars or arrays).
-    """
-    low, high = np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
-    if np.any(np.isfinite(low) & (low != -1.0)) or np.any(np.isfinite(high) & (high != 1.0)):
-        return (f"its action space's bounds are low={low.tolist()}, high={high.tolist()}; the engine's actions lie in "
-                "[-1, 1]: declare Box(-1, 1) and scale them to the actuators' range in step() (as "
-                "gymnasium.wrappers.RescaleAction does)")
-    return None

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from vla_rl_core.env_spec import EnvSpec, action_bounds_problem, info_success
+from vla_rl_core.env_spec import EnvSpec, info_success
 from vla_rl_core.observations import empty_observations
 
 LIFT = EnvSpec(obs_dim=15, action_dim=7, horizon=100, obs_layout={"robot0_eef_pos": [0, 3], "cube_pos": (5, 8)})
@@ -70,18 +70,3 @@ def test_success_is_read_from_either_key_and_its_absence_is_named():
                                                    "'goal_reached'])")):
         info_success({"goal_reached": True, "distance": 0.1})
 
-
-@pytest.mark.parametrize("low, high, refused", [
-    (-1.0, 1.0, False),
-    (np.full(3, -1.0, np.float32), np.full(3, 1.0, np.float32), False),
-    (-np.inf, np.inf, False),  # unbounded: taken as it is
-    (np.array([-1.0, -np.inf]), np.array([1.0, np.inf]), False),
-    (0.0, 1.0, True),  # would get negative actions
-    (-2.0, 2.0, True),  # would never see half its range
-    (np.array([-1.0, -1.0]), np.array([1.0, 0.5]), True),
-])
-def test_action_bounds_other_than_minus_one_to_one_are_named(low, high, refused):
-    problem = action_bounds_problem(low, high)
-    assert (problem is not None) == refused
-    if refused:
-        assert "the engine's actions lie in [-1, 1]" in problem and "RescaleAction" in problem
