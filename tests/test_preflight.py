@@ -261,6 +261,10 @@ CASES = [
          "text.train_file", r"smallest shard has 10 rows, fewer than the 12 .*row_group_size=", node="prompts"),
     Case("too few rows for a step", train_file(lambda t, a: parquet(t / "f.parquet", rows(10), 2)),
          "text.train_file", "fewer than the 8 prompts .*lower prompts_per_step or add rows", node="prompts"),
+    Case("too few rows for dynamic sampling's refill rounds",
+         train_file(lambda t, a: parquet(t / "r.parquet", rows(40), 20)), "algorithm.filter_groups.max_refill_rounds",
+         r"r.parquet: its smallest shard \(2 shards\) has 20 rows; a step with all 3 refill rounds takes 32 "
+         r"different ones \(8 a round\): set at most 1 rounds", template="llm_dapo", node="prompts"),
     Case("garbage test file", held_out_file(lambda t, a: _write("test.parquet", b"\x00" * 100)(t)), "text.test_file",
          "not a parquet file"),
     Case("test file with one row group", held_out_file(lambda t, a: _default_row_groups(t / "test.parquet")),

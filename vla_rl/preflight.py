@@ -12,7 +12,8 @@ architecture leave it randomly initialised). :func:`preflight` checks what the t
   columns the run reads exist (``prompt``, ``data_source``, ``reward_model.ground_truth``, and
   ``text.sft_response_column`` for supervised warm starts), and every DP shard of each node that
   reads the training file holds at least ``text.prompts_per_step // dp_size`` rows (the test file:
-  a row group per worker), from the parquet metadata alone;
+  a row group per worker; with dynamic sampling, ``1 + max_refill_rounds`` times as many), from
+  the parquet metadata alone;
 - **the rows of the prompt files the run reads**, streamed in batches: every row's
   ``data_source`` has a verifier (where the rows are scored: a reward node, the evaluation), and
   every prompt fits ``text.max_prompt_length`` tokens, encoded as the workers encode it (the
@@ -289,6 +290,9 @@ def _check_prompt_files(config, the_plan: Plan, generated: dict[str, str]) -> li
     file = _check_prompt_file(generated.get("text.train_file", text.train_file), "text.train_file",
                               text.prompts_per_step, layouts,
                               sft_column=text.sft_response_column if sft_targets else None, name=train_name)
+    refills = config.algorithm.filter_groups.max_refill_rounds
+    if refills and any(task.fn == "dynamic_sampling" for task in tasks):
+        _check_refill_rows(file, text.prompts_per_step, layouts, refills, train_name)
     if layouts or sft_targets:
         read.append(_ReadPrompts(file, "text.train_file", scores_training_rows,
                                  sft_column=text.sft_response_column if sft_targets else None, generated=train_name))
@@ -358,6 +362,28 @@ def _check_prompt_file(path: str, field: str, prompts_per_step: int, layouts: di
             advice = "" if name is None else f" (a generated split: raise {rows})"
             raise PreflightError(named(error) + advice, node=node, field=field) from None
     return file
+
+
+def _check_refill_rows(file, prompts_per_step: int, layouts: dict[int, str | None], refills: int,
+                       name: str | None) -> None:
+    """Dynamic sampling's refill rounds take fresh rows of the worker's shard, none repeated within
+    a step (:meth:`~vla_rl.data.prompt_dataset.ShardedPromptLoader.rows_for_refill`): every
+    shard needs ``(1 + refills) * prompts_per_step // dp_size`` rows, or the run stopped in the
+    round that ran out, with a traceback.
+
+    Raises:
+        PreflightError: ``algorithm.filter_groups.max_refill_rounds``, naming the file, the
+            smallest shard and the most rounds its rows allow.
+    """
+    for dp_size, node in sorted(layouts.items()):
+        per_shard = prompts_per_step // dp_size
+        smallest = min(file.shard_num_rows(dp_size))
+        if smallest < (1 + refills) * per_shard:
+            raise PreflightError(
+                f"{name or file.path}: its smallest shard ({dp_size} shards) has {smallest} rows; a step with all "
+                f"{refills} refill rounds takes {(1 + refills) * per_shard} different ones ({per_shard} a round): "
+                f"set at most {smallest // per_shard - 1} rounds, or add rows (or lower text.prompts_per_step)",
+                node=node, field="algorithm.filter_groups.max_refill_rounds")
 
 
 def _check_prompt_rows(config, read: list[_ReadPrompts], tokenizer) -> None:
