@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import types
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,6 +101,30 @@ def test_the_export_command_and_its_errors(lora_lm_run, tmp_path, capsys):
     with pytest.raises(ExportError, match=r"model\.safetensors does not match its sha256"):
         export_checkpoint(checkpoint, tmp_path / "b")
     assert not (tmp_path / "b").exists()
+
+
+def test_a_run_whose_base_model_moved_exports_with_its_new_place(tmp_path, tiny_lm_dir, capsys):
+    """It was a FileNotFoundError traceback, and export took no setting to say where it went."""
+    import shutil
+
+    base = Path(shutil.copytree(tiny_lm_dir, tmp_path / "base"))
+    run_dir, config = make_run(tmp_path, "llm_grpo", f"text.model_path={base}")
+    policy = WORKFLOWS.get("text").standalone_policy(config, run_dir)
+    checkpoint = write_checkpoint(run_dir, 1, model=policy)
+    moved = base.rename(tmp_path / "moved")
+    capsys.readouterr()  # transformers' loading bars
+    assert main(["export", str(checkpoint), str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the run's policy cannot be built: ") and err.count("\n") == 0
+    assert str(base) in err and err.endswith(f"(moved? give its new place: vla-rl export {checkpoint} OUT "
+                                             "text.model_path=DIR)")
+    assert main(["export", str(checkpoint), str(tmp_path / "a"), "text.model_path=/x", "policy.lora.rank=2"]) == 2
+    assert "'policy.lora.rank=2': export takes only text.model_path, policy.config.model_path, " in (
+        capsys.readouterr().err)
+    out = export_checkpoint(checkpoint, tmp_path / "a", [f"text.model_path={moved}"])
+    exported = WORKFLOWS.get("text").standalone_policy(
+        load_template(run_dir / "template.yaml", [f"text.model_path={out}"]).config, run_dir)
+    torch.testing.assert_close(lm_scores(exported), lm_scores(policy), rtol=0, atol=1e-6)
 
 
 def test_a_policy_whose_layout_cannot_hold_it_is_refused_in_one_line(lora_lm_run, tmp_path, capsys, monkeypatch):

@@ -1,4 +1,4 @@
-"""``vla-rl export CHECKPOINT OUT``: a training checkpoint (or a run directory's newest) as the
+"""``vla-rl export CHECKPOINT OUT [KEY=DIR ...]``: a training checkpoint (or a run directory's newest) as the
 policy's own model directory.
 
 The checkpoint is verified against its manifest first (:func:`~vla_rl.checkpoints.integrity.verify_checkpoint`).
@@ -23,6 +23,7 @@ LoRA adapters are merged into their base weights; then the policy writes its own
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from vla_rl_core.file_modes import uncreatable
@@ -34,7 +35,13 @@ class ExportError(ValueError):
     """What ``vla-rl export`` was given cannot be exported (reported in one line, exit 2)."""
 
 
-def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
+#: The settings ``vla-rl export`` takes (``KEY=DIR``): where the run's pretrained files are now,
+#: when they moved since it trained. The weights come from the checkpoint, so that a setting that
+#: changed the policy would not fit them.
+PATH_SETTINGS = ("text.model_path", "policy.config.model_path", "policy.config.tokenizer_path")
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path, paths: Sequence[str] = ()) -> Path:
     """Write the policy of training checkpoint ``checkpoint`` to the new directory ``out``.
 
     Args:
@@ -42,6 +49,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
             ``vla-rl train`` (e.g. ``step_00000010``), or a run directory: its newest complete
             checkpoint.
         out: the directory to create.
+        paths: ``KEY=DIR`` settings of :data:`PATH_SETTINGS` replacing the run's (its pretrained
+            model or tokenizer moved).
 
     Returns:
         ``out``.
@@ -58,7 +67,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
         raise ExportError(f"{out} exists; export to a new directory")
     if problem := uncreatable(out):  # before the policy loads
         raise ExportError(f"{out} cannot be created: {problem}")
-    policy, _ = load_checkpoint_policy(checkpoint)
+    policy, _ = load_checkpoint_policy(checkpoint, paths)
     if callable(getattr(policy, "merge_lora", None)):
         merged = policy.merge_lora()
         if merged:
@@ -69,7 +78,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path) -> Path:
         raise ExportError(f"{checkpoint}: {err}") from None
 
 
-def load_checkpoint_policy(checkpoint: str | Path):
+def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = ()):
     """The policy of training checkpoint ``checkpoint``, rebuilt on the CPU from its run's resolved
     template (and the overrides of its resumes) with the checkpoint's weights loaded (``vla-rl
     export`` and ``vla-rl serve``).
@@ -78,6 +87,7 @@ def load_checkpoint_policy(checkpoint: str | Path):
         checkpoint: a checkpoint directory ``<run>/checkpoints/step_<8-digit step>`` of
             ``vla-rl train`` (e.g. ``step_00000010``), or a run directory: its newest complete
             checkpoint.
+        paths: ``KEY=DIR`` settings of :data:`PATH_SETTINGS` replacing the run's.
 
     Returns:
         ``(policy, config)``: the :class:`policies.base.Policy` (LoRA adapters not merged) and the
@@ -86,8 +96,9 @@ def load_checkpoint_policy(checkpoint: str | Path):
     Raises:
         ExportError: ``checkpoint`` is not a checkpoint of a run directory (nor a run directory
             with one), fails verification
-            (missing, truncated or altered files: the message names them), or holds no policy
-            weights.
+            (missing, truncated or altered files: the message names them), holds no policy
+            weights, a setting of ``paths`` is not one of :data:`PATH_SETTINGS`, or the run's
+            policy cannot be built (its pretrained model moved: the message names the setting).
     """
     from vla_rl.checkpoints import files as ckpt
     from vla_rl.checkpoints.integrity import verify_checkpoint
@@ -118,8 +129,20 @@ def load_checkpoint_policy(checkpoint: str | Path):
         run = RunDirectory.reopen(run_dir)
     except RunDirError as err:
         raise ExportError(f"{path} does not sit in a run directory written by vla-rl train ({err})") from err
-    config = load_template(run.template_path, run.recorded_overrides()).config
-    policy = WORKFLOWS.get(config.run.workflow).standalone_policy(config, run_dir)
+    given = []
+    for item in paths:
+        key, sep, value = item.partition("=")
+        if not sep or key not in PATH_SETTINGS or not value:
+            raise ExportError(f"{item!r}: export takes only {', '.join(PATH_SETTINGS)} as KEY=DIR (where the run's "
+                              "pretrained files are now: the weights are the checkpoint's)")
+        given.append(f"{key}={Path(value).absolute()}")  # as a run stores them
+    config = load_template(run.template_path, [*run.recorded_overrides(), *given]).config
+    try:
+        policy = WORKFLOWS.get(config.run.workflow).standalone_policy(config, run_dir)
+    except (OSError, ValueError) as err:  # its pretrained model or tokenizer moved or changed
+        setting = "text.model_path" if config.run.workflow == "text" else "policy.config.model_path"
+        raise ExportError(f"the run's policy cannot be built: {err} (moved? give its new place: vla-rl export "
+                          f"{checkpoint} OUT {setting}=DIR)") from None
     try:
         ckpt.load_policy_weights(path, policy)
     except FileNotFoundError as err:

@@ -21,6 +21,9 @@ def add_export_command(commands: argparse._SubParsersAction) -> None:
                         help="a checkpoint directory (<run>/checkpoints/step_*) or a run directory (its newest "
                         "complete checkpoint)")
     parser.add_argument("out", metavar="OUT", help="the directory to write (must not exist)")
+    parser.add_argument("paths", nargs="*", metavar="KEY=DIR",
+                        help="where the run's pretrained files are now, if they moved: text.model_path, "
+                        "policy.config.model_path or policy.config.tokenizer_path")
     parser.set_defaults(handler=run_export)
 
 
@@ -31,7 +34,7 @@ def run_export(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("vla_rl.export").setLevel(logging.INFO)  # which checkpoint, how many LoRA layers merged
-    print(export_checkpoint(args.checkpoint, args.out))
+    print(export_checkpoint(args.checkpoint, args.out, args.paths))
     return 0
 
 
