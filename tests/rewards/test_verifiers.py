@@ -149,3 +149,29 @@ def test_prefixed_sources_are_known_to_the_preflight():
 
     assert unknown_data_sources(["aime2024", "math", "nope", "aime2024"]) == ["nope"]
     assert "aime*" in known_data_sources()
+
+
+def _last_word(text: str) -> str | None:
+    return text.split()[-1] if text.split() else None
+
+
+@pytest.mark.parametrize("verifier, message", [
+    (Verifier(_last_word, lambda predicted, reference: float("nan")),
+     r"verifier function .*<lambda> returned nan \(float\) for \('4', '4'\); it returns a bool"),
+    (Verifier(lambda text: 4.0), r"verifier function .*<lambda> returned 4.0 \(float\); it returns the final answer "
+                                 "as a string, or None"),
+])
+def test_a_verifier_returning_something_else_stops_the_run_naming_it(verifier, message):
+    """A NaN from answers_equal counted as correct (torch.tensor(nan, dtype=bool) is True): a run
+    reported 100% accuracy; a float answer counted as formatted."""
+    from vla_rl_core.errors import RunStopped
+
+    with pytest.raises(RunStopped, match=message):
+        verifier("so 4", "4")
+
+
+def test_numpy_booleans_are_verdicts():
+    import numpy as np
+
+    verdict = Verifier(_last_word, lambda predicted, reference: np.bool_(predicted == reference))("so 4", "4")
+    assert verdict.correct is True and verdict.answer == "4"

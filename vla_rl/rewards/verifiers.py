@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from vla_rl.rewards.math_answers import (
     answers_equal,
     extract_boxed,
@@ -32,6 +34,7 @@ from vla_rl.rewards.math_answers import (
     extract_minerva_answer,
     minerva_answers_equal,
 )
+from vla_rl_core.errors import RunStopped
 from vla_rl_core.registry import Registry
 
 if TYPE_CHECKING:
@@ -76,15 +79,33 @@ class Verifier:
     def __call__(self, response: str, ground_truth: str, flexible: bool = False) -> Verdict:
         """Judge one response. A ground truth that contains a full solution in the expected
         format (a GSM8K solution ending in ``#### 72``) is reduced to its final answer first.
-        With ``flexible``, a response without the format is judged by its fallback answer."""
-        answer = self.extract_answer(response)
+        With ``flexible``, a response without the format is judged by its fallback answer.
+
+        Raises:
+            RunStopped: an extraction returned something else than a string or None, or
+                ``answers_equal`` something else than a bool (a NaN counted as correct, being
+                truthy), naming the function.
+        """
+        answer = self._checked_answer(self.extract_answer, response)
         judged = answer
         if answer is None and flexible and self.fallback_answer is not None:
-            judged = self.fallback_answer(response)
+            judged = self._checked_answer(self.fallback_answer, response)
         if judged is None:
             return Verdict(None, False)
-        reference = self.extract_answer(ground_truth) or ground_truth
-        return Verdict(answer, self.answers_equal(judged, reference))
+        reference = self._checked_answer(self.extract_answer, ground_truth) or ground_truth
+        equal = self.answers_equal(judged, reference)
+        if not isinstance(equal, (bool, np.bool_)):
+            raise RunStopped(f"verifier function {_name(self.answers_equal)} returned {equal!r} "
+                             f"({type(equal).__name__}) for ({judged!r}, {reference!r}); it returns a bool")
+        return Verdict(answer, bool(equal))
+
+    @staticmethod
+    def _checked_answer(extract: Callable[[str], str | None], text: str) -> str | None:
+        answer = extract(text)
+        if answer is not None and not isinstance(answer, str):
+            raise RunStopped(f"verifier function {_name(extract)} returned {answer!r} ({type(answer).__name__}); it "
+                             "returns the final answer as a string, or None when the text gives none")
+        return answer
 
     def formatted(self, response: str) -> bool:
         """Whether the response gives a final answer in the expected format."""
@@ -222,3 +243,8 @@ def score_responses(
     n = max(len(verdicts), 1)
     metrics = {"reward/accuracy": float(correct.sum()) / n, "reward/format_rate": float(formatted.sum()) / n}
     return rewards, correct, metrics
+
+
+def _name(function: Callable) -> str:
+    """``module.qualname`` of a verifier's function, for errors."""
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
