@@ -235,7 +235,8 @@ CASES = [
         rows(1, prompt="What is 1 + 1?")[0]).encode()])), "text.train_file", "'prompt' must be a non-empty list"),
     Case("jsonl without sft column", train_file(lambda t, a: jsonl(t / "x.jsonl", [json.dumps(
         {k: v for k, v in row.items() if k != "extra_info"}).encode() for row in rows(40)])),
-        "text.sft_response_column", "no column 'extra_info.answer' .*: the supervised warm start's targets"),
+        "text.sft_response_column", "no column 'extra_info.answer' .*: the supervised warm start's targets .*, or "
+        "set text.sft_steps=0$"),
     Case("jsonl blank lines only", train_file(lambda t, a: _write("b.jsonl", b"\n  \n\n")(t)), "text.train_file",
          "the file has no rows"),
     Case("parquet missing prompt", train_file(lambda t, a: parquet(t / "p.parquet", [
@@ -251,7 +252,8 @@ CASES = [
         "missing column 'extra_info.answer'"),
     Case("llm_sft pairs without targets", train_file(lambda t, a: parquet(t / "x.parquet", [
         {k: v for k, v in row.items() if k != "extra_info"} for row in rows(64)])), "text.sft_response_column",
-        "missing column 'extra_info.answer'", template="llm_sft"),
+        r"missing column 'extra_info.answer' .*: the supervised fine-tuning's targets are read from this column; name "
+        r"the file's column that holds them \(dotted for a nested field\)$", template="llm_sft"),
     Case("empty parquet", train_file(lambda t, a: _empty_table(t / "e.parquet")), "text.train_file",
          "the file has no rows"),
     Case("default row groups: one for two shards", train_file(lambda t, a: _default_row_groups(t / "d.parquet")),

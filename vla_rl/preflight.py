@@ -289,7 +289,8 @@ def _check_prompt_files(config, the_plan: Plan, generated: dict[str, str]) -> li
     train_name = _generated_name("text.train_file") if "text.train_file" in generated else None
     file = _check_prompt_file(generated.get("text.train_file", text.train_file), "text.train_file",
                               text.prompts_per_step, layouts,
-                              sft_column=text.sft_response_column if sft_targets else None, name=train_name)
+                              sft_column=text.sft_response_column if sft_targets else None, name=train_name,
+                              sft_warm_start=text.sft_steps > 0)
     refills = config.algorithm.filter_groups.max_refill_rounds
     if refills and any(task.fn == "dynamic_sampling" for task in tasks):
         _check_refill_rows(file, text.prompts_per_step, layouts, refills, train_name)
@@ -331,7 +332,7 @@ def _evaluated_rows(file, num_episodes: int, world_size: int) -> frozenset[int]:
 
 
 def _check_prompt_file(path: str, field: str, prompts_per_step: int, layouts: dict[int, str | None],
-                       sft_column: str | None = None, name: str | None = None):
+                       sft_column: str | None = None, name: str | None = None, sft_warm_start: bool = False):
     """One prompt file: readable, with the columns (and ``sft_column``, the warm start's targets,
     when given), and ``prompts_per_step // dp_size`` rows in every shard of each layout
     (``dp_size -> node``); ``name``: what messages call it instead of its path (a generated
@@ -350,9 +351,12 @@ def _check_prompt_file(path: str, field: str, prompts_per_step: int, layouts: di
     except (OSError, ValueError) as error:
         absent = (f"no column {sft_column!r}", f"missing column {sft_column!r}")  # not a row's null target
         if sft_column and any(phrase in str(error) for phrase in absent):
-            raise PreflightError(f"{named(error)}: the supervised warm start's targets (text.sft_steps > 0) are read "
-                                 "from this column; name the file's column that holds them (dotted for a nested "
-                                 "field), or set text.sft_steps=0", field="text.sft_response_column") from None
+            reader = ("the supervised warm start's targets (text.sft_steps > 0)" if sft_warm_start
+                      else "the supervised fine-tuning's targets")
+            raise PreflightError(f"{named(error)}: {reader} are read from this column; name the file's column that "
+                                 "holds them (dotted for a nested field)"
+                                 + (", or set text.sft_steps=0" if sft_warm_start else ""),
+                                 field="text.sft_response_column") from None
         raise PreflightError(named(error), field=field) from None
     for dp_size, node in sorted(layouts.items()):
         try:

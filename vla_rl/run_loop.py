@@ -104,7 +104,7 @@ class RunLoop:
                 logger.log(0, setup)
             if not resume and self.evaluates:
                 what = "warm-start" if self.first_tag == "warm_start" else "initial (not warm-started)"
-                self.console.print(f"evaluating the {what} policy on held-out initial states ...")
+                self.console.print(f"evaluating the {what} policy on {self._held_out} ...")
                 summary[first] = run_evaluation(self.workers, 0, self.first_tag, True)
                 self._first[first] = summary[first]
                 logger.log(0, summary[first])
@@ -116,7 +116,7 @@ class RunLoop:
                 self.console.print("no training step ran: the final evaluation is the first one")
                 summary["final_eval"] = summary[first]
             elif self.evaluates:
-                self.console.print("evaluating the trained policy on held-out initial states ...")
+                self.console.print(f"evaluating the trained policy on {self._held_out} ...")
                 summary["final_eval"] = run_evaluation(self.workers, summary["last_step"], "final", True)
                 logger.log(summary["last_step"], summary["final_eval"])
         finally:
@@ -161,6 +161,11 @@ class RunLoop:
                              f"{self.config.trainer.save_every} steps)") from died
         raise RunStopped(f"{what}. The run stopped {used}; its last checkpoint is {checkpoint.name}. Resume it with: "
                          f"vla-rl train --resume {shlex.quote(str(self.run_dir))}") from died
+
+    @property
+    def _held_out(self) -> str:
+        """What the run's evaluations roll out, for its console lines."""
+        return "held-out initial states" if self.config.run.workflow == "embodied" else "held-out prompts"
 
     def _logged_first_evaluation(self, first: str) -> dict:
         """``{first: figures}`` of the evaluation the run logged at step 0 before it was resumed
