@@ -51,7 +51,8 @@ def test_grpo_template_builds_its_model_and_data(ray_on_loopback, tmp_path):
     assert (run_dir / "tiny_model" / "config.json").exists()
     assert (run_dir / "arithmetic" / "train.parquet").exists()
     assert 0.0 <= step["reward/accuracy"] <= 1.0 and step["rollout/success_rate"] == step["reward/accuracy"]
-    assert 1.0 <= step["rollout/response_length"] <= 24.0
+    assert 1.0 <= step["rollout/response_length_min"] <= step["rollout/response_length"] <= step[
+        "rollout/response_length_max"] <= 24.0
     assert "rollout/total_env_steps" not in step  # nothing simulated (the seed tool plotted a sweep at x = 0)
     # Every node runs at DP 2: the only re-shard rebalances the kept responses before the update.
     assert sorted(k for k in step if k.startswith("timing/reshard_")) == ["timing/reshard_group_filter_to_actor_update"]

@@ -22,6 +22,7 @@ from vla_rl.workers.metrics import (
     as_metric,
     maximum,
     mean,
+    minimum,
     reduce_metrics,
     reduction_cost,
     same,
@@ -33,9 +34,10 @@ from vla_rl_core import keys
 def test_rules_on_one_worker(process_group):
     local = [("a", mean(2.0, 3), 1), ("a", mean(4.0, 1), 1),  # (2*3 + 4*1) / 4
              ("b", total(5.0), 1), ("b", total(1.0), 1),
-             ("c", same(7.0), 1), ("d", as_metric(0.5, 8), 2), ("e", mean(1.0, 0), 1)]
+             ("c", same(7.0), 1), ("d", as_metric(0.5, 8), 2), ("e", mean(1.0, 0), 1),
+             ("f", maximum(3.0), 2), ("f", maximum(9.0), 1), ("g", minimum(3.0), 1), ("g", minimum(-2.0), 2)]
     reduced = reduce_metrics(local)
-    assert reduced == {"a": 2.5, "b": 6.0, "c": 7.0, "d": 0.5}  # "e" has no weight: dropped
+    assert reduced == {"a": 2.5, "b": 6.0, "c": 7.0, "d": 0.5, "f": 9.0, "g": -2.0}  # "e" has no weight: dropped
     with pytest.raises(ValueError, match="rules 'mean' and 'sum'"):
         reduce_metrics([("x", mean(1.0, 1), 1), ("x", total(1.0), 1)])
 

@@ -28,6 +28,7 @@ from vla_rl.nodes.reward import overlong_buffer_fits
 from vla_rl.rewards.verifiers import RuleRewardConfig, score_responses
 from vla_rl.trainers.actor import per_dim_log_probs, text_forward
 from vla_rl.trainers.strategy import autocast
+from vla_rl.workers.metrics import maximum, minimum
 from vla_rl_core import keys
 
 PROMPT_KEYS = (keys.INPUT_IDS, keys.ATTENTION_MASK, keys.UID)
@@ -97,13 +98,17 @@ def generate_responses(ctx, batch) -> NodeOutput:
         lengths) and ``truncated`` ``(n,)`` bool (:func:`truncated_responses`), with
         ``R = text.max_response_length``.
 
-    Metrics: ``rollout/response_length`` (mean), ``rollout/clip_ratio`` (the share of responses
-    of length ``R``, verl's ``response_length/clip_ratio``) and ``rollout/truncated_ratio`` (the
-    share without an end-of-sequence token, TRL's ``completions/clipped_ratio``).
+    Metrics: ``rollout/response_length`` (mean; ``_max`` and ``_min`` over the step's responses,
+    verl's ``response_length/max``, TRL's ``completions/max_length``), ``rollout/clip_ratio`` (the
+    share of responses of length ``R``, verl's ``response_length/clip_ratio``) and
+    ``rollout/truncated_ratio`` (the share without an end-of-sequence token, TRL's
+    ``completions/clipped_ratio``).
     """
     samples, metrics = sample_groups(ctx.resources, ctx.config.data.group_size, batch)
     lengths = samples[keys.FINISH_STEP]
     metrics["rollout/response_length"] = float(lengths.float().mean())
+    metrics["rollout/response_length_max"] = maximum(float(lengths.max()))
+    metrics["rollout/response_length_min"] = minimum(float(lengths.min()))
     metrics["rollout/clip_ratio"] = float((lengths == samples[keys.RESPONSES].shape[1]).float().mean())
     metrics["rollout/truncated_ratio"] = float(samples[keys.TRUNCATED].float().mean())
     return NodeOutput(samples, metrics)

@@ -9,7 +9,7 @@ figure does not depend on how the batch was split (identical at DP 1 and DP 2 fo
 - :func:`total`: a sum over the workers (counts, environment steps);
 - :func:`same`: already identical on every worker (figures reduced inside the node);
 - :func:`maximum`: the largest over the workers (the busiest worker's bytes, a count of
-  collectives).
+  collectives); :func:`minimum`: the smallest (the shortest response).
 
 Replicated shards (a node at DP size ``d`` < world size ``W`` runs on ``W / d`` workers holding
 the same shard) count once: their weights and sums are divided by ``W / d``.
@@ -38,7 +38,7 @@ from vla_rl.utils.collectives import (
     collective_device,
 )
 
-Rule = Literal["mean", "sum", "same", "max"]
+Rule = Literal["mean", "sum", "same", "max", "min"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Metric:
     Attributes:
         value: the worker's value (a mean over ``weight`` units for rule ``mean``).
         weight: for ``mean``: how many units ``value`` averages (>= 0).
-        rule: ``mean``, ``sum``, ``same`` or ``max``.
+        rule: ``mean``, ``sum``, ``same``, ``max`` or ``min``.
     """
 
     value: float
@@ -76,6 +76,11 @@ def maximum(value: float) -> Metric:
     return Metric(float(value), 1.0, "max")
 
 
+def minimum(value: float) -> Metric:
+    """A quantity whose smallest value over the workers is reported."""
+    return Metric(float(value), 1.0, "min")
+
+
 def as_metric(value: float | Metric, batch_size: int) -> Metric:
     """A node's reported value as a :class:`Metric` (a plain float: the mean over its ``batch_size``
     input samples)."""
@@ -92,8 +97,8 @@ def reduce_metrics(local: list[tuple[str, Metric, int]], group: dist.ProcessGrou
 
     Returns:
         ``{name: reduced value}`` over every worker that reported ``name``, identical on all
-        workers: weighted means (names whose total weight is 0 are dropped), sums, maxima, or the
-        first reporter's value for ``same``.
+        workers: weighted means (names whose total weight is 0 are dropped), sums, maxima, minima,
+        or the first reporter's value for ``same``.
 
     Raises:
         ValueError: a name reported with two different rules.
@@ -117,6 +122,9 @@ def reduce_metrics(local: list[tuple[str, Metric, int]], group: dist.ProcessGrou
                 weights[name] = 1.0
             elif rule == "max":
                 sums[name] = max(sums.get(name, value), value)
+                weights[name] = 1.0
+            elif rule == "min":
+                sums[name] = min(sums.get(name, value), value)
                 weights[name] = 1.0
             else:
                 sums[name] = sums.get(name, 0.0) + value * weight
