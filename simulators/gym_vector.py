@@ -33,7 +33,7 @@ from simulators.stepping import ChunkedSteps, EpisodeLost, UnobservedSteps
 from simulators.vector import ChunkResult
 from vla_rl_core import keys
 from vla_rl_core.components import ComponentConfigError
-from vla_rl_core.env_spec import EnvSpec, info_success
+from vla_rl_core.env_spec import EnvSpec, executed_actions, info_success
 from vla_rl_core.observations import Observations, observation, stack_observations
 
 logger = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ class GymVector:
             env = self._env(index)
             try:
                 if row in sent:
-                    obs = self._outcome(env.receive_outcome(), row, result)
+                    obs = self._outcome(env, env.receive_outcome(), row, result)
                 else:
                     obs = self._step_env(env, actions[row], row, result, rendered.get(int(index)))
             except EpisodeLost as err:
@@ -228,23 +228,28 @@ class GymVector:
         return ChunkResult(obs=stack_observations(observations), frames=frames, **result)
 
     @staticmethod
-    def _outcome(outcome: tuple, row: int, result: dict[str, Any]) -> Any:
+    def _outcome(env: gym.Env, outcome: tuple, row: int, result: dict[str, Any]) -> Any:
         """A chunked environment's outcome (:meth:`ChunkedSteps.receive_outcome`) into row ``row``
         of ``result``; returns its observation."""
         obs, reward, terminated, truncated, info, steps = outcome
         result["reward"][row], result["terminated"][row], result["truncated"][row] = reward, terminated, truncated
-        result["success"][row], result["steps"][row] = info["success"], steps
+        result["success"][row], result["steps"][row] = _success(env, info), steps
         return obs
 
     @staticmethod
     def _step_env(env: gym.Env, actions: np.ndarray, row: int, result: dict[str, Any], frames: list | None) -> Any:
         """Execute one environment's chunk into row ``row`` of ``result`` (appending rendered
-        frames to ``frames``); returns the observation after its last executed step. Each action
-        is clipped to the environment's action bounds first, as Stable-Baselines3 does (a
-        Gaussian policy's samples are unbounded; the built-in simulators clip to [-1, 1] too)."""
+        frames to ``frames``); returns the observation after its last executed step. The actions
+        are clipped to the environment's action bounds first
+        (:func:`~vla_rl_core.env_spec.executed_actions`; the built-in simulators clip to [-1, 1]
+        too). A chunked environment (:class:`ChunkedSteps`, a remote one) gets them as they are:
+        its far side clips.
+
+        Raises:
+            ValueError: an action is not finite.
+        """
         lazy = isinstance(env, UnobservedSteps)  # renders its cameras only for the chunk's last observation
-        low, high = env.action_space.low, env.action_space.high
-        for action in np.clip(actions, low, high):
+        for action in executed_actions(actions, env.action_space.low, env.action_space.high):
             if lazy:
                 reward, terminated, truncated, info = env.step_unobserved(action)
             else:

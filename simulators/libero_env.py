@@ -303,14 +303,14 @@ class LiberoEnv(SingleEnv):
                 :func:`init_state_index` ``(seed, num_init_states)`` (so ids of disjoint ranges may
                 share a state: LIBERO has only 50 per task). ``None`` picks one from gymnasium's
                 ``np_random``.
-            options: must be ``None``.
+            options: ``None`` or empty (no reset options are supported).
 
         Returns:
             ``(obs, info)``: obs float32 ``(obs_dim,)`` or the camera ``Dict`` (see the module
             docstring); info ``{"success": False, "episode_step": 0}``.
 
         Raises:
-            ValueError: if ``seed`` is not a non-negative integer or ``options`` is given.
+            ValueError: if ``seed`` is not a non-negative integer or ``options`` holds any.
         """
         seed = self._checked_seed(seed, options)
         super().reset(seed=seed)
@@ -372,10 +372,12 @@ class LiberoEnv(SingleEnv):
         available = {*observation_spec, *([AXIS_ANGLE_KEY] if "robot0_eef_quat" in observation_spec else [])}
         missing = [key for key in self.config.obs_keys if key not in available]
         if missing:
-            raise ValueError(f"observation keys {missing} do not exist; available: {sorted(available)}")
+            raise ComponentConfigError("simulator.env.obs_keys",
+                                       f"observation keys {missing} do not exist; available: {sorted(available)}")
         camera_names = list(self._env.sim.model.camera_names)
         if self.config.render_camera is not None and self.config.render_camera not in camera_names:
-            raise ValueError(f"render_camera {self.config.render_camera!r} is not a camera; available: {camera_names}")
+            raise ComponentConfigError("simulator.env.render_camera", f"render_camera {self.config.render_camera!r} "
+                                       f"is not a camera; available: {camera_names}")
 
     def _observation(self, raw_obs: dict[str, np.ndarray]) -> Any:
         parts = [quat2axisangle(raw_obs["robot0_eef_quat"]) if key == AXIS_ANGLE_KEY else np.ravel(raw_obs[key])
@@ -440,7 +442,8 @@ def _load_task(suite: str, task_id: int) -> tuple[Any, str, np.ndarray]:
 
     task_suite = benchmark.get_benchmark_dict()[suite]()
     if task_id >= task_suite.get_num_tasks():
-        raise ValueError(f"task_id must be in [0, {task_suite.get_num_tasks() - 1}] for {suite}, got {task_id}")
+        raise ComponentConfigError("simulator.env.task_id", f"task_id must be in [0, {task_suite.get_num_tasks() - 1}] "
+                                                            f"for {suite}, got {task_id}")
     init_states = np.asarray(task_suite.get_task_init_states(task_id))
     return task_suite.get_task(task_id), task_suite.get_task_bddl_file_path(task_id), init_states
 
@@ -471,7 +474,6 @@ def _make_libero_env(config: LiberoEnvConfig, bddl_file: str) -> Any:
     except ValueError as error:
         if not config.cameras:
             raise
-        raise ValueError(
-            f"LIBERO could not observe cameras {config.cameras} (robosuite's log above lists the scene's camera "
-            f"names, e.g. agentview, robot0_eye_in_hand): {error}"
-        ) from error
+        raise ComponentConfigError(
+            "simulator.env.cameras", f"LIBERO could not observe cameras {config.cameras} (robosuite's log above lists "
+            f"the scene's camera names, e.g. agentview, robot0_eye_in_hand): {error}") from error

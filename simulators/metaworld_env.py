@@ -320,14 +320,14 @@ class MetaWorldEnv(UnobservedSteps, SingleEnv):
             seed: the initial-state id. The same seed gives the same task variation and initial
                 observation, in any process (see the module docstring); ``None`` continues the
                 environment's current random stream.
-            options: must be ``None`` (no reset options are supported).
+            options: ``None`` or empty (no reset options are supported).
 
         Returns:
             ``(obs, info)``: obs float32 ``(39,)`` (or the camera ``Dict``); info
             ``{"success": False, "episode_step": 0}``.
 
         Raises:
-            ValueError: if ``seed`` is not a non-negative integer or ``options`` is given.
+            ValueError: if ``seed`` is not a non-negative integer or ``options`` holds any.
         """
         seed = self._checked_seed(seed, options)
         super().reset(seed=seed)

@@ -6,7 +6,8 @@ A simulator is a ``gymnasium.Env`` subclass registered under a name. Its contrac
   control steps) that its constructor takes as only argument;
 - flat float32 ``Box`` observation and action spaces by default (configs with ``cameras`` turn
   the observation into a ``Dict`` ``{"state": Box, "<camera>_image": uint8 (H, W, 3)}``; the
-  simulator workers clip actions to the action space's bounds),
+  simulator workers clip actions to the action space's bounds, except those of a
+  ``ChunkedSteps`` environment, which clips on its side),
   ``reset(seed=init_state_id)`` reproducible in any process, ``step`` returning
   ``info["success"]`` (or gymnasium-robotics' ``info["is_success"]``; neither stops the run
   naming the class), no auto-reset;

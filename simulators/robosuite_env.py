@@ -388,14 +388,14 @@ class RobosuiteEnv(UnobservedSteps, SingleEnv):
                 stream, which a first reset without a seed starts from gymnasium's ``np_random``
                 (fresh entropy, as ``robosuite.make(seed=None)``; robosuite's own generators start
                 from one fixed seed, so every environment gave the same episodes).
-            options: must be ``None`` (no reset options are supported).
+            options: ``None`` or empty (no reset options are supported).
 
         Returns:
             ``(obs, info)``: obs float32 ``(obs_dim,)`` (or the camera ``Dict``); info
             ``{"success": False, "episode_step": 0}``.
 
         Raises:
-            ValueError: if ``seed`` is not a non-negative integer or ``options`` is given.
+            ValueError: if ``seed`` is not a non-negative integer or ``options`` holds any.
         """
         seed = self._checked_seed(seed, options)
         super().reset(seed=seed)

@@ -103,7 +103,7 @@ def test_the_export_command_and_its_errors(lora_lm_run, tmp_path, capsys):
     assert not (tmp_path / "b").exists()
 
 
-def test_a_run_whose_base_model_moved_exports_with_its_new_place(tmp_path, tiny_lm_dir, capsys):
+def test_a_run_whose_base_model_moved_exports_with_its_new_place(tmp_path, tiny_lm_dir, capsys, monkeypatch):
     """It was a FileNotFoundError traceback, and export took no setting to say where it went."""
     import shutil
 
@@ -118,10 +118,20 @@ def test_a_run_whose_base_model_moved_exports_with_its_new_place(tmp_path, tiny_
     assert err.startswith("error: the run's policy cannot be built: ") and err.count("\n") == 0
     assert str(base) in err and err.endswith(f"(moved? give its new place: vla-rl export {checkpoint} OUT "
                                              "text.model_path=DIR)")
-    assert main(["export", str(checkpoint), str(tmp_path / "a"), "text.model_path=/x", "policy.lora.rank=2"]) == 2
-    assert "'policy.lora.rank=2': export takes only text.model_path, policy.config.model_path, " in (
-        capsys.readouterr().err)
-    out = export_checkpoint(checkpoint, tmp_path / "a", [f"text.model_path={moved}"])
+    for given in ("policy.lora.rank=2", "policy.config.model_path=/x"):
+        assert main(["export", str(checkpoint), str(tmp_path / "a"), "text.model_path=/x", given]) == 2
+        assert (f"error: '{given}': the export of a text run takes only text.model_path as KEY=DIR"
+                in capsys.readouterr().err)
+    from vla_rl.serving.policy import ServeError, load_served_policy
+
+    with pytest.raises(ServeError, match=r"moved\? export it with its new place, vla-rl export .* OUT "
+                                         r"text.model_path=DIR, and serve OUT\)$"):
+        load_served_policy(checkpoint)
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    moved = moved.rename(home / "models" / "base")
+    monkeypatch.setenv("HOME", str(home))  # ~ expanded, as a run's settings are
+    out = export_checkpoint(checkpoint, tmp_path / "a", ["text.model_path=~/models/base"])
     exported = WORKFLOWS.get("text").standalone_policy(
         load_template(run_dir / "template.yaml", [f"text.model_path={out}"]).config, run_dir)
     torch.testing.assert_close(lm_scores(exported), lm_scores(policy), rtol=0, atol=1e-6)

@@ -35,10 +35,22 @@ class ExportError(ValueError):
     """What ``vla-rl export`` was given cannot be exported (reported in one line, exit 2)."""
 
 
-#: The settings ``vla-rl export`` takes (``KEY=DIR``): where the run's pretrained files are now,
-#: when they moved since it trained. The weights come from the checkpoint, so that a setting that
-#: changed the policy would not fit them.
-PATH_SETTINGS = ("text.model_path", "policy.config.model_path", "policy.config.tokenizer_path")
+class PolicyNotBuilt(ExportError):
+    """The run's policy cannot be rebuilt from its settings (its pretrained model or tokenizer
+    moved or changed). ``reason``: why; ``settings``: the ``KEY=DIR`` settings that would say
+    where it is now; ``checkpoint``: the checkpoint being loaded."""
+
+    def __init__(self, reason: str, settings: Sequence[str], checkpoint: Path) -> None:
+        self.reason, self.settings, self.checkpoint = reason, tuple(settings), checkpoint
+        super().__init__(f"the run's policy cannot be built: {reason} (moved? give its new place: vla-rl export "
+                         f"{checkpoint} OUT {' or '.join(f'{key}=DIR' for key in self.settings)})")
+
+
+#: The settings ``vla-rl export`` takes (``KEY=DIR``), by workflow: where the run's pretrained
+#: files are now, when they moved since it trained. The weights come from the checkpoint, so that a
+#: setting that changed the policy would not fit them.
+PATH_SETTINGS = {"text": ("text.model_path",),
+                 "embodied": ("policy.config.model_path", "policy.config.tokenizer_path")}
 
 
 def export_checkpoint(checkpoint: str | Path, out: str | Path, paths: Sequence[str] = ()) -> Path:
@@ -49,8 +61,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, paths: Sequence[s
             ``vla-rl train`` (e.g. ``step_00000010``), or a run directory: its newest complete
             checkpoint.
         out: the directory to create.
-        paths: ``KEY=DIR`` settings of :data:`PATH_SETTINGS` replacing the run's (its pretrained
-            model or tokenizer moved).
+        paths: ``KEY=DIR`` settings of :data:`PATH_SETTINGS` (the run's workflow's) replacing the
+            run's (its pretrained model or tokenizer moved).
 
     Returns:
         ``out``.
@@ -87,7 +99,7 @@ def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = ()):
         checkpoint: a checkpoint directory ``<run>/checkpoints/step_<8-digit step>`` of
             ``vla-rl train`` (e.g. ``step_00000010``), or a run directory: its newest complete
             checkpoint.
-        paths: ``KEY=DIR`` settings of :data:`PATH_SETTINGS` replacing the run's.
+        paths: ``KEY=DIR`` settings of :data:`PATH_SETTINGS` (the run's workflow's) replacing the run's.
 
     Returns:
         ``(policy, config)``: the :class:`policies.base.Policy` (LoRA adapters not merged) and the
@@ -97,15 +109,15 @@ def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = ()):
         ExportError: ``checkpoint`` is not a checkpoint of a run directory (nor a run directory
             with one), fails verification
             (missing, truncated or altered files: the message names them), holds no policy
-            weights, a setting of ``paths`` is not one of :data:`PATH_SETTINGS`, or the run's
-            policy cannot be built (its pretrained model moved: the message names the setting).
+            weights, or a setting of ``paths`` is not one of :data:`PATH_SETTINGS`;
+            :class:`PolicyNotBuilt`: the run's policy cannot be built (its pretrained model moved).
     """
     from vla_rl.checkpoints import files as ckpt
     from vla_rl.checkpoints.integrity import verify_checkpoint
     from vla_rl.checkpoints.layout import TRAINER_STATE_FILE, CheckpointCorruptError
     from vla_rl.dag.loader import load_template
     from vla_rl.dag.registry import WORKFLOWS
-    from vla_rl.run_dir import RunDirectory, RunDirError
+    from vla_rl.run_dir import RunDirectory, RunDirError, absolute
 
     path = Path(checkpoint).resolve()
     if not path.is_dir():
@@ -129,20 +141,22 @@ def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = ()):
         run = RunDirectory.reopen(run_dir)
     except RunDirError as err:
         raise ExportError(f"{path} does not sit in a run directory written by vla-rl train ({err})") from err
+    config = load_template(run.template_path, run.recorded_overrides()).config
+    settings = PATH_SETTINGS[config.run.workflow]
     given = []
     for item in paths:
         key, sep, value = item.partition("=")
-        if not sep or key not in PATH_SETTINGS or not value:
-            raise ExportError(f"{item!r}: export takes only {', '.join(PATH_SETTINGS)} as KEY=DIR (where the run's "
-                              "pretrained files are now: the weights are the checkpoint's)")
-        given.append(f"{key}={Path(value).absolute()}")  # as a run stores them
-    config = load_template(run.template_path, [*run.recorded_overrides(), *given]).config
+        if not sep or key not in settings or not value:
+            raise ExportError(f"{item!r}: the export of a {config.run.workflow} run takes only "
+                              f"{' and '.join(settings)} as KEY=DIR (where the run's pretrained files are now: the "
+                              "weights are the checkpoint's)")
+        given.append(f"{key}={absolute(value)}")  # as a run stores them (~ expanded)
+    if given:
+        config = load_template(run.template_path, [*run.recorded_overrides(), *given]).config
     try:
         policy = WORKFLOWS.get(config.run.workflow).standalone_policy(config, run_dir)
     except (OSError, ValueError) as err:  # its pretrained model or tokenizer moved or changed
-        setting = "text.model_path" if config.run.workflow == "text" else "policy.config.model_path"
-        raise ExportError(f"the run's policy cannot be built: {err} (moved? give its new place: vla-rl export "
-                          f"{checkpoint} OUT {setting}=DIR)") from None
+        raise PolicyNotBuilt(str(err), settings, path) from None
     try:
         ckpt.load_policy_weights(path, policy)
     except FileNotFoundError as err:

@@ -1,8 +1,10 @@
 """``vla-rl export-episodes SOURCE OUT``: stored episodes as a LeRobot dataset.
 
 Sources: an evaluation directory of ``vla-rl eval`` (its ``episodes/<task>/rank*.zarr``), a run
-directory (its ``eval/``), or a demonstration store (``demos.zarr``). Stores keep what the
-simulator received (``env_actions``, per decision) and the state at each decision; a LeRobot
+directory (its ``eval/``), or a demonstration store (``demos.zarr``). Stores keep the policy's
+actions in the simulator's units (``env_actions``, per decision; the simulator workers clip them
+to the action space's bounds before each step, and so does the replay) and the state at each
+decision; a LeRobot
 dataset holds one frame per control step, cameras included. So every episode is **replayed** in
 this process, in one environment made from the settings its store records (plus ``cameras``):
 reset from its initial-state id, its actions stepped one control step at a time. The replay
@@ -11,7 +13,7 @@ export stops naming the episode. The stores of an evaluation of several tasks (o
 make one dataset of several tasks.
 
 Each frame: ``observation.state`` float32 ``(obs_dim,)``, ``action`` float32 ``(action_dim,)`` (the
-action taken in that state, in the simulator's units), ``next.reward`` float32 ``(1,)``,
+action taken in that state, in the simulator's units, as the environment received it), ``next.reward`` float32 ``(1,)``,
 ``next.done`` and ``next.success`` bool ``(1,)`` (LeRobot's names for the step's outcome), and with
 cameras ``observation.images.<camera>`` (video, ``(H, W, 3)``); the task is the simulator's
 instruction. ``meta/vla_rl_episodes.jsonl`` (ignored by LeRobot) keeps each episode's source:
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from vla_rl_core import keys
+from vla_rl_core.env_spec import executed_actions, info_success
 from vla_rl_core.file_modes import uncreatable
 from vla_rl_core.run_layout import EVAL_DIR
 
@@ -171,11 +174,13 @@ def _replay(env, episode: dict, store: SourceStore, index: int, cameras: list[st
             states.append(np.asarray(state, dtype=np.float32))
             for camera in cameras:
                 frames[camera].append(obs[f"{camera}{keys.OBS_IMAGE_SUFFIX}"])
+            action = executed_actions(action, env.action_space.low, env.action_space.high)  # as the workers do
             actions.append(np.asarray(action, dtype=np.float32))
             obs, reward, terminated, truncated, info = env.step(action)
-            success, done = success or bool(info["success"]), terminated or truncated
+            succeeded = info_success(info)
+            success, done = success or succeeded, terminated or truncated
             rewards.append(reward)
-            step_success.append(bool(info["success"]))
+            step_success.append(succeeded)
             dones.append(done)
             if done:
                 break

@@ -34,7 +34,7 @@ import numpy as np
 
 from vla_rl_core import wire
 from vla_rl_core.auth import api_key_headers
-from vla_rl_core.env_spec import info_success
+from vla_rl_core.env_spec import executed_actions, info_success
 
 logger = logging.getLogger(__name__)
 
@@ -140,12 +140,12 @@ class RobotClient:
         if kind == "step":
             reward, success, invalid, steps = 0.0, False, False, 0
             terminated = truncated = False
-            space = self.env.action_space  # actions clipped to its bounds, as Stable-Baselines3 does
-            for action in np.clip(np.asarray(request["actions"], dtype=np.float32), space.low, space.high):
+            space = self.env.action_space
+            for action in executed_actions(np.asarray(request["actions"], dtype=np.float32), space.low, space.high):
                 obs, step_reward, terminated, truncated, info = self.env.step(action)
                 reward += float(step_reward)
-                success |= info_success(info)
                 invalid |= bool(info.get("invalid", False))
+                success |= not invalid and info_success(info)  # an invalid episode is not scored
                 steps += 1
                 if terminated or truncated or invalid:
                     break

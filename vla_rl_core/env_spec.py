@@ -6,8 +6,9 @@ A simulator states it (``VectorSimulator.spec()``, :meth:`simulators.worker.Simu
 ``num_tasks``), sizes episode buffers and stores with it (``horizon``, ``images``), and compares a
 task's with the policy's before evaluating (``obs_layout``).
 
-A rule of the gymnasium environments the engine drives (a registered simulator's, a remote
-environment's client's): ``step`` reports success in ``info`` (:func:`info_success`).
+What the gymnasium environments the engine drives (a registered simulator's, a remote
+environment's client's) take and report: actions checked finite and clipped to their action
+space (:func:`executed_actions`), success in ``step``'s ``info`` (:func:`info_success`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,3 +105,24 @@ def info_success(info: Mapping[str, Any]) -> bool:
     raise ValueError(f"step() returned an info without {' or '.join(repr(k) for k in SUCCESS_INFO_KEYS)} (it has "
                      f"{sorted(map(str, info))}): report whether the task is done, as a bool")
 
+
+
+def executed_actions(actions: Any, low: Any, high: Any) -> np.ndarray:
+    """Actions as an environment receives them: clipped to its action space's bounds, as
+    Stable-Baselines3 does (a Gaussian policy's samples are unbounded; the log-probabilities stay
+    those of the samples).
+
+    Args:
+        actions: ``(..., action_dim)`` values.
+        low, high: the ``Box``'s bounds (``(action_dim,)`` or scalars; ``±inf``: unbounded).
+
+    Returns:
+        the clipped actions (the bounds' dtype where it is wider).
+
+    Raises:
+        ValueError: a value is not finite (clipping would turn ``inf`` into a bound, silently).
+    """
+    actions = np.asarray(actions)
+    if not np.all(np.isfinite(actions)):
+        raise ValueError(f"actions must be finite, got {actions.tolist()}")
+    return np.clip(actions, low, high)

@@ -83,3 +83,25 @@ def test_actions_are_clipped_to_the_environments_bounds(reach):
     vector.reset([0, 1], [0, 1])
     vector.step_chunk([0, 1], np.array([[[-0.5]], [[0.75]]], np.float32))
     assert [vector._env(i).position for i in range(2)] == [0.0, 0.25]
+
+
+def test_non_finite_actions_are_refused_not_clipped_to_a_bound(reach):
+    """Clipping turned inf into the bound, silently (the built-in simulators refused it)."""
+    vector = reach()
+    vector.reset([0], [0])
+    with pytest.raises(ValueError, match=r"actions must be finite, got \[\[inf\]\]"):
+        vector.step_chunk([0], np.array([[[np.inf]]], np.float32))
+
+
+def test_export_episodes_replays_a_plug_in_environment_as_the_workers_step_it(reach):
+    """vla-rl export-episodes' replay read info["success"] (a KeyError for is_success) and stepped
+    the stored actions unclipped, another path than the run's."""
+    import types
+    from pathlib import Path
+
+    from vla_rl.export_episodes import _replay
+
+    env = Reach(ReachConfig(action_low=0.0, action_high=0.25))
+    demonstration = {"actions": np.full((3, 1), 0.75, np.float32), "init_state_id": 0}
+    replayed = _replay(env, demonstration, types.SimpleNamespace(evaluation=False, path=Path("demos.zarr")), 0, [])
+    assert replayed.actions.tolist() == [[0.25], [0.25]]  # clipped; the goal (0.5) reached at the second step

@@ -22,8 +22,8 @@ def add_export_command(commands: argparse._SubParsersAction) -> None:
                         "complete checkpoint)")
     parser.add_argument("out", metavar="OUT", help="the directory to write (must not exist)")
     parser.add_argument("paths", nargs="*", metavar="KEY=DIR",
-                        help="where the run's pretrained files are now, if they moved: text.model_path, "
-                        "policy.config.model_path or policy.config.tokenizer_path")
+                        help="where the run's pretrained files are now, if they moved: text.model_path (a text "
+                        "run), policy.config.model_path or policy.config.tokenizer_path (an embodied run)")
     parser.set_defaults(handler=run_export)
 
 
