@@ -179,3 +179,17 @@ def test_a_client_reports_is_success_and_clips_actions_to_its_bounds():
     answer = client._answer({"type": "step", "actions": actions})
     assert answer["success"] is True and answer["steps"] == 2 and answer["terminated"] is True
     assert env.received == [[1.0, -0.5], [0.25, -1.0]]  # PointEnv's Box(-1, 1)
+
+
+def test_an_episode_marked_invalid_needs_no_success_key():
+    class StoppedEnv(PointEnv):
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(3, np.float32), {}
+
+        def step(self, action):  # a person stopped the robot: the episode is not scored
+            return np.zeros(3, np.float32), 0.0, False, False, {"invalid": True}
+
+    client = RobotClient(StoppedEnv(), "ws://127.0.0.1:1")
+    client._answer({"type": "reset", "init_state_id": 0})
+    answer = client._answer({"type": "step", "actions": np.zeros((2, 2), np.float32)})
+    assert answer["invalid"] is True and answer["success"] is False and answer["steps"] == 1
