@@ -39,10 +39,27 @@ def test_seed_lists(text, seeds):
 
 
 # "1-" was taken as seed 1; "0-999999999999" built the whole list (MemoryError) before
-@pytest.mark.parametrize("text", ["", "a", "0,0", "0-2,1", "-1", "3-1", "1.5", "1-", "0-999999999999"])
+@pytest.mark.parametrize("text", ["", "a", "0,0", "0-2,1", "-1", "3-1", "1.5", "1-", "0-999999999999",
+                                  "18446744073709551616,0", "4294967296"])
 def test_bad_seed_lists(text):
     with pytest.raises(CommandLineError, match="--seeds"):
         parse_seeds(text)
+
+
+def test_the_largest_seed_runs_its_workers_seeds_and_one_more_is_refused_by_the_template():
+    """--seeds 18446744073709551616 (and any run.seed above about 1.8e13) passed and failed in every
+    worker with a Ray traceback ("Overflow when unpacking long long")."""
+    import torch
+
+    from vla_rl.config.sections import MAX_SEED
+    from vla_rl.dag.errors import TemplateError
+    from vla_rl.dag.loader import load_template
+
+    assert parse_seeds(str(MAX_SEED)) == [MAX_SEED]
+    torch.Generator().manual_seed(MAX_SEED * 1_000_003 + 63)  # a worker's derived seed (resources.py)
+    assert load_template("embodied_srpo", [f"run.seed={MAX_SEED}"]).config.run.seed == MAX_SEED
+    with pytest.raises(TemplateError, match="run.seed"):
+        load_template("embodied_srpo", [f"run.seed={MAX_SEED + 1}"])
 
 
 def test_mean_interval_is_students_t():

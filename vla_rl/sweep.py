@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from vla_rl.checkpoints.files import latest_checkpoint
+from vla_rl.config.sections import MAX_SEED
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
 from vla_rl.errors import CommandLineError
@@ -57,8 +58,9 @@ def parse_seeds(text: str) -> list[int]:
     """``"0,1,2"`` or ``"0-4"`` (or a mix, ``"0-2,7"``) as a list of distinct seeds ≥ 0, in order.
 
     Raises:
-        CommandLineError: not such a list (``1-`` included), a negative seed, a seed given twice,
-            or more than :data:`MAX_SEEDS` seeds.
+        CommandLineError: not such a list (``1-`` included), a seed outside [0,
+            :data:`~vla_rl.config.sections.MAX_SEED`], a seed given twice, or more than
+            :data:`MAX_SEEDS` seeds.
     """
     seeds: list[int] = []
     try:
@@ -76,8 +78,8 @@ def parse_seeds(text: str) -> list[int]:
         raise CommandLineError(f"--seeds {text!r}: give seeds as 0,1,2 or 0-4") from None
     if span is not None:  # the loop stopped at MAX_SEEDS
         raise CommandLineError(f"--seeds {text!r}: more than {MAX_SEEDS} seeds")
-    if any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
-        raise CommandLineError(f"--seeds {text!r}: seeds are distinct integers >= 0")
+    if any(not 0 <= seed <= MAX_SEED for seed in seeds) or len(set(seeds)) != len(seeds):
+        raise CommandLineError(f"--seeds {text!r}: seeds are distinct integers in [0, {MAX_SEED}]")
     return seeds
 
 

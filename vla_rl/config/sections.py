@@ -13,13 +13,19 @@ from vla_rl.config.base import _Section
 _COLLECTIVE_BACKENDS = ("gloo", "nccl", "hccl", "mpi", "ucc")
 
 
+#: The largest ``run.seed``: numpy's legacy seed range, and what the workers' derived seeds
+#: (``seed * 1_000_003 + rank``) keep inside torch's 64-bit generator seeds (a larger one planned
+#: and failed in every worker, "Overflow when unpacking long long").
+MAX_SEED = 2**32 - 1
+
+
 class RunSection(_Section):
     """Where a run writes and how it is seeded."""
 
     output_dir: str = Field("outputs", description="Parent directory of run directories.")
     name: str | None = Field(None, description="Run directory name, one directory under output_dir; default: "
                              "<template>_<timestamp>.")
-    seed: int = Field(0, ge=0, description="Global seed; each worker derives its own from it.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Global seed; each worker derives its own from it.")
     imports: list[str] = Field(
         default_factory=list,
         description="Python modules imported before the template is validated, on the driver and on every worker: "
