@@ -193,3 +193,55 @@ def test_a_damaged_report_is_one_line_naming_the_field(tmp_path, capsys, damage,
     err = capsys.readouterr().err
     assert f"is not a seed sweep's report: {field}" in err and "Traceback" not in err
     assert not (tmp_path / "compare_a_vs_b").exists()
+
+
+def test_runs_that_ended_below_the_budget_are_not_at_equal_cost(tmp_path):
+    """A sweep stopped by trainer.total_steps at 724 environment steps was reported as "Both sweeps
+    stop at the same environment-step budget" beside one that ran 2,324 (equal_budget true)."""
+    short = report("embodied_grpo", ["trainer.total_env_steps=80000"], {"0": 0.5, "1": 0.6, "2": 0.7}, 80_500)
+    short["per_seed"]["0"]["env_steps"] = 724.0
+    result = compare(short, SRPO)
+    assert not result["equal_budget"] and result["short_of_budget"] == {"a": {"0": 724.0}, "b": {}}
+    for name, data in (("a", short), ("b", SRPO)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / REPORT_JSON).write_text(json.dumps(data))
+    compare_sweeps(tmp_path / "a", tmp_path / "b", tmp_path / "out")
+    text = (tmp_path / "out" / COMPARE_MD).read_text()
+    assert ("**Not at equal cost**: runs ended below their trainer.total_env_steps (A: 80,000, B: 80,000), their "
+            "trainer.total_steps coming first (A seed 0 at 724 environment steps)") in text
+    assert "Both sweeps stop at the same" not in text
+
+
+@pytest.mark.parametrize("overrides, differs", [
+    (["eval.num_episodes=6", "eval.init_state_offset=5000"],
+     ["eval.init_state_offset: 5000 vs 10000", "eval.num_episodes: 6 vs 50"]),
+    (["simulator.env.task=Stack"], ["simulator.env.obs_keys: ", "simulator.env.task: 'Stack' vs 'Lift'"]),
+])
+def test_sweeps_evaluated_on_other_episodes_are_said_so(overrides, differs):
+    """A GRPO sweep on Stack (or on other held-out states) compared with SRPO on Lift printed a
+    paired B - A and no warning."""
+    other = report("embodied_grpo", ["trainer.total_env_steps=80000", *overrides], {"0": 0.5, "1": 0.6}, 80_500)
+    found = compare(other, SRPO)["evaluation_differs_in"]
+    for expected in differs:
+        assert any(item.startswith(expected) for item in found), (expected, found)
+    assert compare(GRPO, SRPO)["evaluation_differs_in"] == []
+
+
+def test_a_live_sweeps_report_naming_a_run_that_is_gone_is_refused(tmp_path, capsys):
+    """compare used a deleted seed's figures from the stale report.json."""
+    from vla_rl.sweep import SWEEP_FILE
+    from vla_rl_core.run_layout import SUMMARY_FILE
+
+    sweep = tmp_path / "srpo"
+    sweep.mkdir()
+    (sweep / SWEEP_FILE).write_text(json.dumps({"template": "embodied_srpo", "overrides": [], "seeds": [0, 1, 2, 3]}))
+    (sweep / REPORT_JSON).write_text(json.dumps(SRPO))
+    for seed in (0, 2, 3):
+        (sweep / f"seed_{seed}").mkdir()
+        (sweep / f"seed_{seed}" / SUMMARY_FILE).write_text("{}")
+    (tmp_path / "grpo").mkdir()
+    (tmp_path / "grpo" / REPORT_JSON).write_text(json.dumps(GRPO))  # a committed report: no runs beside it
+    assert main(["compare", str(tmp_path / "grpo"), str(sweep)]) == 2
+    assert (f"reports seeds 1 whose runs are no longer in {sweep} (no seed_<n>/summary.json): it is stale; run "
+            f"`vla-rl train --resume {sweep}`") in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "grpo"), str(sweep / REPORT_JSON), "--output", str(tmp_path / "o")]) == 0
