@@ -13,7 +13,7 @@ the sweep's report:
   (:func:`~vla_rl.utils.stats.mean_interval`, n - 1 degrees of freedom);
 - ``report.md``: the same as tables;
 - ``success_vs_env_steps.png``: training and held-out success against environment steps, one
-  line per seed and their mean.
+  line per seed and their mean with its 95% Student t interval shaded.
 
 ``vla-rl train --resume SWEEP`` continues an interrupted sweep: finished runs (those with a
 ``summary.json``) are kept, an interrupted one resumes from its last checkpoint, the others start.

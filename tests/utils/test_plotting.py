@@ -40,5 +40,12 @@ def test_the_held_out_mean_keeps_the_final_evaluations_of_runs_that_end_at_other
     assert set(evals[0]) == {0, 10, "final"}
     mean = held_out_mean(evals)
     expected = [(0.0, 0.2), ((50000 + 47000) / 2, 0.4), ((80000 + 79900) / 2, 0.6)]
-    assert [x for x, _ in mean] == [x for x, _ in expected] and [y for _, y in mean] == pytest.approx([0.2, 0.4, 0.6])
+    assert [x for x, *_ in mean] == [x for x, _ in expected]
+    assert [y for _, y, *_ in mean] == pytest.approx([0.2, 0.4, 0.6])
     assert held_out_mean(evals[:1]) == []
+    # 95% Student t intervals over the two runs: mean ± t_{0.975, 1} * s / sqrt(2), clipped to [0, 1]
+    t_975_1 = 12.706204736174707
+    assert mean[0][2:] == (0.2, 0.2)  # both 0.2: no spread
+    assert mean[-1][2:] == (0.0, 1.0)  # 0.5 and 0.7: 0.6 ± 1.27
+    evals[1]["final"] = (evals[1]["final"][0], 0.52)  # 0.5 and 0.52: s / sqrt(2) = 0.01
+    assert held_out_mean(evals)[-1][2:] == pytest.approx((0.51 - t_975_1 * 0.01, 0.51 + t_975_1 * 0.01))

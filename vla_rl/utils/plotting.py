@@ -98,25 +98,30 @@ def evaluation_points(records: list[dict], x_of_step: dict[int, float]) -> dict:
     return {("final" if step == last and step > 0 else step): point for step, point in points.items()}
 
 
-def held_out_mean(evals: list[dict]) -> list[tuple[float, float]]:
+def held_out_mean(evals: list[dict]) -> list[tuple[float, float, float, float]]:
     """The mean over runs of the evaluations every run has (same key of :func:`evaluation_points`),
-    ``[(mean x, mean success rate)]`` in order of ``x``; ``[]`` for fewer than two runs."""
+    ``[(mean x, mean success rate, low, high)]`` in order of ``x``, with the two-sided 95% Student
+    t interval of the mean over the runs (:func:`~vla_rl.utils.stats.mean_interval`, clipped to
+    [0, 1]); ``[]`` for fewer than two runs."""
     import numpy as np
+
+    from vla_rl.utils.stats import mean_interval
 
     if len(evals) < 2:
         return []
     shared = set.intersection(*(set(points) for points in evals))
-    means = [(float(np.mean([points[key][0] for points in evals])), float(np.mean([points[key][1] for points in evals])))
-             for key in shared]
+    means = [(float(np.mean([points[key][0] for points in evals])),
+              *mean_interval([points[key][1] for points in evals], bounds=(0.0, 1.0))) for key in shared]
     return sorted(means)
 
 
 def plot_success_vs_env_steps(runs: dict[int, list[dict]], path: Path, title: str) -> None:
     """Training and held-out success of the runs of a seed sweep against environment steps: one
-    thin line per seed, their mean thick (training: each seed's curve interpolated on a common
-    grid over the environment steps every run covers; held-out: the mean of the evaluations that the seeds
-    share, the final ones included wherever each run ended, at their mean environment steps). Runs without ``rollout/total_env_steps`` (text
-    runs) are drawn against training steps.
+    thin line per seed, their mean thick with its 95% Student t interval over the seeds shaded
+    (training: each seed's curve interpolated on a common grid over the environment steps every
+    run covers; held-out: the mean of the evaluations that the seeds share, the final ones
+    included wherever each run ended, at their mean environment steps). Runs without
+    ``rollout/total_env_steps`` (text runs) are drawn against training steps.
 
     Args:
         runs: ``{seed: metric records}`` (``metrics.jsonl`` of each run).
@@ -125,6 +130,8 @@ def plot_success_vs_env_steps(runs: dict[int, list[dict]], path: Path, title: st
     """
     import matplotlib
     import numpy as np
+
+    from vla_rl.utils.stats import mean_interval
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -151,11 +158,15 @@ def plot_success_vs_env_steps(runs: dict[int, list[dict]], path: Path, title: st
             evals.append(points)
     if len(train_curves) > 1:
         grid = np.linspace(max(xs[0] for xs, _ in train_curves), min(xs[-1] for xs, _ in train_curves), 200)
-        train_ax.plot(grid, np.mean([np.interp(grid, xs, ys) for xs, ys in train_curves], axis=0), "k-", lw=2.2,
-                      label="mean")
+        curves = np.array([np.interp(grid, xs, ys) for xs, ys in train_curves])  # (seeds, 200)
+        _, low, high = zip(*(mean_interval(list(column), bounds=(0.0, 1.0)) for column in curves.T))
+        train_ax.fill_between(grid, low, high, color="k", alpha=0.12, lw=0, label="95% interval")
+        train_ax.plot(grid, curves.mean(axis=0), "k-", lw=2.2, label="mean")
     mean_points = held_out_mean(evals)
     if mean_points:
-        eval_ax.plot(*zip(*mean_points), "ks-", lw=2.2, label="mean")
+        xs, means, lows, highs = zip(*mean_points)
+        eval_ax.fill_between(xs, lows, highs, color="k", alpha=0.12, lw=0, label="95% interval")
+        eval_ax.plot(xs, means, "ks-", lw=2.2, label="mean")
     xlabel = "environment steps" if by_env_steps else "training step"
     for ax, what in ((train_ax, "training rollouts (sampled)"), (eval_ax, "held-out evaluation (greedy)")):
         ax.set_xlabel(xlabel)
