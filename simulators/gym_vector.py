@@ -33,7 +33,7 @@ from simulators.stepping import ChunkedSteps, EpisodeLost, UnobservedSteps
 from simulators.vector import ChunkResult
 from vla_rl_core import keys
 from vla_rl_core.components import ComponentConfigError
-from vla_rl_core.env_spec import EnvSpec, executed_actions, info_success
+from vla_rl_core.env_spec import EnvSpec, executed_actions, finite_actions, info_success
 from vla_rl_core.observations import Observations, observation, stack_observations
 
 logger = logging.getLogger(__name__)
@@ -205,8 +205,8 @@ class GymVector:
         sent = set()  # rows whose chunk runs elsewhere, sent before any is waited for
         for row, index in enumerate(env_indices):
             env = self._env(index)
-            if isinstance(env, ChunkedSteps):
-                env.send_actions(actions[row])
+            if isinstance(env, ChunkedSteps):  # clipped on its far side; a non-finite one stops the run here
+                env.send_actions(finite_actions(actions[row]))
                 sent.add(row)
         for row, index in enumerate(env_indices):
             env = self._env(index)

@@ -111,7 +111,7 @@ def test_a_run_whose_base_model_moved_exports_with_its_new_place(tmp_path, tiny_
     run_dir, config = make_run(tmp_path, "llm_grpo", f"text.model_path={base}")
     policy = WORKFLOWS.get("text").standalone_policy(config, run_dir)
     checkpoint = write_checkpoint(run_dir, 1, model=policy)
-    moved = base.rename(tmp_path / "moved")
+    moved = base.rename(tmp_path / "moved #2")  # an override's value would end at " #"
     capsys.readouterr()  # transformers' loading bars
     assert main(["export", str(checkpoint), str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err.strip()
@@ -127,6 +127,7 @@ def test_a_run_whose_base_model_moved_exports_with_its_new_place(tmp_path, tiny_
     with pytest.raises(ServeError, match=r"moved\? export it with its new place, vla-rl export .* OUT "
                                          r"text.model_path=DIR, and serve OUT\)$"):
         load_served_policy(checkpoint)
+    assert export_checkpoint(checkpoint, tmp_path / "b", [f"text.model_path={moved}"]).is_dir()
     home = tmp_path / "home"
     (home / "models").mkdir(parents=True)
     moved = moved.rename(home / "models" / "base")

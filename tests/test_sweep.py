@@ -324,3 +324,22 @@ def test_a_two_seed_sweep_of_the_main_job(tmp_path, capsys):
     templates = [(out / "two" / f"seed_{s}" / "template.yaml").read_text() for s in (0, 1)]
     assert "seed: 0" in templates[0] and "seed: 1" in templates[1]
     assert (out / "two" / PLOT_FILE).is_file()
+
+
+def test_the_report_records_the_evaluation_its_runs_resolved(tmp_path):
+    """vla-rl compare judged committed reports with its own checkout's templates and defaults;
+    a report now records what its runs evaluated (their template.yaml)."""
+    import yaml
+
+    from vla_rl.dag.loader import load_template
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / SWEEP_FILE).write_text(json.dumps({"template": "embodied_srpo", "overrides": [], "seeds": [0]}))
+    run = seed_run_dir(sweep, 0)
+    fake_run(run, 0, 0.2, 0.4)
+    resolved = load_template("embodied_srpo", ["eval.num_episodes=7", "simulator.env.horizon=60"]).raw
+    (run / "template.yaml").write_text(yaml.safe_dump(resolved))
+    evaluation = write_report(sweep)["evaluation"]
+    assert evaluation["eval.num_episodes"] == 7 and evaluation["simulator.env.horizon"] == 60
+    assert evaluation["simulator.env.task"] == "Lift" and "simulator.actors_per_worker" not in evaluation

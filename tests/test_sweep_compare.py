@@ -212,19 +212,49 @@ def test_runs_that_ended_below_the_budget_are_not_at_equal_cost(tmp_path):
     assert "Both sweeps stop at the same" not in text
 
 
-@pytest.mark.parametrize("overrides, differs", [
-    (["eval.num_episodes=6", "eval.init_state_offset=5000"],
+@pytest.mark.parametrize("template, overrides, differs", [
+    ("embodied_grpo", ["eval.num_episodes=6", "eval.init_state_offset=5000"],
      ["eval.init_state_offset: 5000 vs 10000", "eval.num_episodes: 6 vs 50"]),
-    (["simulator.env.task=Stack"], ["simulator.env.obs_keys: ", "simulator.env.task: 'Stack' vs 'Lift'"]),
+    ("embodied_grpo", ["simulator.env.task=Stack"],
+     ["simulator.env.obs_keys: ", "simulator.env.task: 'Stack' vs 'Lift'"]),
+    ("embodied_grpo", ["simulator.step_timeout_s=900", "simulator.actors_per_worker=2", "simulator.pipeline_stages=2"],
+     []),  # resources: the same episodes
+    ("llm_grpo", ["text.arithmetic_levels=[add_2digit,sub_2digit]", "text.num_generated_test=128",
+                  "text.answer_extraction=flexible", "text.max_response_length=8"],
+     ["text.answer_extraction: 'flexible' vs 'strict'", "text.arithmetic_levels: ", "text.max_response_length: 8 vs",
+      "text.num_generated_test: 128 vs"]),
 ])
-def test_sweeps_evaluated_on_other_episodes_are_said_so(overrides, differs):
-    """A GRPO sweep on Stack (or on other held-out states) compared with SRPO on Lift printed a
-    paired B - A and no warning."""
-    other = report("embodied_grpo", ["trainer.total_env_steps=80000", *overrides], {"0": 0.5, "1": 0.6}, 80_500)
-    found = compare(other, SRPO)["evaluation_differs_in"]
+def test_sweeps_evaluated_on_other_episodes_are_said_so(template, overrides, differs):
+    """A GRPO sweep on Stack (or on other held-out states or prompts) compared with SRPO on Lift
+    printed a paired B - A and no warning."""
+    base = SRPO if template == "embodied_grpo" else report("llm_grpo", [], {"0": 0.5, "1": 0.6}, None)
+    other = report(template, [*base["overrides"], *overrides], {"0": 0.5, "1": 0.6}, 80_500)
+    found = compare(other, base)["evaluation_differs_in"]
+    assert bool(found) == bool(differs), found
     for expected in differs:
         assert any(item.startswith(expected) for item in found), (expected, found)
     assert compare(GRPO, SRPO)["evaluation_differs_in"] == []
+
+
+def test_a_reports_recorded_evaluation_settings_are_compared_not_todays_defaults():
+    """A committed report was judged with this checkout's templates: an 11-value state of its time
+    compared equal to today's 15."""
+    recorded = {**SRPO, "evaluation": {"run.workflow": "embodied", "simulator.env.obs_keys": ["cube_pos"]}}
+    result = compare(GRPO, recorded)
+    assert result["evaluation_differs_in"][0].startswith("simulator.env.obs_keys: [") and (
+        result["evaluation_differs_in"][0].endswith("vs ['cube_pos']"))
+    assert result["evaluation_source"] == "derived"  # A records none
+    unloadable = {**GRPO, "template": "no_such_template"}
+    result = compare(unloadable, SRPO)
+    assert result["evaluation_differs_in"] is None and "no_such_template with its overrides does not load here" in (
+        result["evaluation_source"])
+
+
+def test_a_run_without_recorded_environment_steps_is_not_known_to_reach_the_budget():
+    unknown = json.loads(json.dumps(GRPO))
+    unknown["per_seed"]["0"]["env_steps"] = None
+    result = compare(unknown, SRPO)
+    assert not result["equal_budget"] and result["short_of_budget"]["a"] == {"0": None}
 
 
 def test_a_live_sweeps_report_naming_a_run_that_is_gone_is_refused(tmp_path, capsys):

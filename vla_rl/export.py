@@ -22,6 +22,7 @@ LoRA adapters are merged into their base weights; then the policy writes its own
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -150,7 +151,7 @@ def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = ()):
             raise ExportError(f"{item!r}: the export of a {config.run.workflow} run takes only "
                               f"{' and '.join(settings)} as KEY=DIR (where the run's pretrained files are now: the "
                               "weights are the checkpoint's)")
-        given.append(f"{key}={absolute(value)}")  # as a run stores them (~ expanded)
+        given.append(f"{key}={json.dumps(str(absolute(value)), ensure_ascii=False)}")  # as a run stores them
     if given:
         config = load_template(run.template_path, [*run.recorded_overrides(), *given]).config
     try:

@@ -273,15 +273,64 @@ def aggregate(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def evaluation_settings(config) -> dict[str, Any]:
+    """What makes a run's held-out evaluation the episodes it is, flat ``{setting: value}``: the
+    workflow, the episode count and held-out offset, the sampled protocol's temperature (when it
+    evaluates it), and an embodied run's simulator (its name, task set and every ``env`` setting,
+    defaults written out by :func:`simulators.registry.canonical_env`) or a text run's held-out
+    prompts (the test file, or the generated split's levels and size) and what scores them (answer
+    extraction, response length). Not the simulator's resources (actors, pipeline stages,
+    timeouts): they change no episode. ``vla-rl compare`` pairs two sweeps' differences only over
+    the same evaluation."""
+    values: dict[str, Any] = {"run.workflow": config.run.workflow, "eval.num_episodes": config.eval.num_episodes,
+                              "eval.init_state_offset": config.eval.init_state_offset}
+    if "sampled" in config.eval.protocols:
+        values["eval.temperature"] = config.eval.temperature
+    if config.run.workflow == "embodied":
+        from simulators.registry import canonical_env
+
+        env = dict(config.simulator.env)
+        try:  # a default written out equals the default left unset
+            env = canonical_env(config.simulator.name, env)
+        except (LookupError, ValueError, TypeError):  # a simulator not registered here: as given
+            pass
+        values |= {"simulator.name": config.simulator.name, "simulator.tasks": config.simulator.tasks,
+                   **{f"simulator.env.{key}": value for key, value in env.items()}}
+    else:
+        text = config.text
+        values |= {"text.test_file": text.test_file, "text.answer_extraction": text.answer_extraction,
+                   "text.max_response_length": text.max_response_length}
+        if text.test_file is None:
+            values |= {"text.arithmetic_levels": text.arithmetic_levels,
+                       "text.num_generated_test": text.num_generated_test}
+    return json.loads(json.dumps(values))  # as report.json holds it (tuples as lists)
+
+
+def _run_evaluation_settings(run_dir: Path) -> dict[str, Any] | None:
+    """:func:`evaluation_settings` of a run as its ``template.yaml`` resolved them; None when it
+    no longer loads here (a plug-in not importable now: compare then says it cannot tell)."""
+    from vla_rl.dag.errors import TemplateError
+
+    try:
+        return evaluation_settings(load_template(run_dir / "template.yaml").config)
+    except TemplateError:
+        return None
+
+
 def write_report(sweep_dir: Path) -> dict:
     """Read the sweep's finished runs; write ``report.json``, ``report.md`` and the plot; return
-    the report (``seeds`` asked, ``finished`` seeds, ``per_seed``, ``across_seeds``)."""
+    the report (``seeds`` asked, ``finished`` seeds, ``per_seed``, ``across_seeds``,
+    ``evaluation``: :func:`evaluation_settings` of the runs)."""
     spec = read_sweep(sweep_dir)
     finished = [s for s in spec["seeds"] if (seed_run_dir(sweep_dir, s) / SUMMARY_FILE).is_file()]
     per_seed = {seed: seed_figures(seed_run_dir(sweep_dir, seed)) for seed in finished}
     report = {"template": spec["template"], "overrides": spec["overrides"], "seeds": spec["seeds"],
               "finished": finished, "per_seed": {str(s): f for s, f in per_seed.items()},
               "across_seeds": aggregate(per_seed) if per_seed else None}
+    if finished:  # as its runs resolved them (their template.yaml), for vla-rl compare
+        settings = _run_evaluation_settings(seed_run_dir(sweep_dir, finished[0]))
+        if settings is not None:
+            report["evaluation"] = settings
     _write_atomically(sweep_dir / REPORT_JSON, json.dumps(report, indent=2) + "\n")
     _write_atomically(sweep_dir / REPORT_MD, markdown_report(report))
     if per_seed:

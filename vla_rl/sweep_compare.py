@@ -8,11 +8,12 @@ differences (n - 1 degrees of freedom; :func:`~vla_rl.utils.stats.mean_interval`
 [-100, +100] points, what a difference of two success rates can be), and the same for each sweep's
 own gain over its first evaluation. It also says whether the runs are comparable in
 cost: each seed's environment steps in both sweeps and their ratio, and whether both sweeps set
-the same ``trainer.total_env_steps`` budget and every run reached it; whether they evaluated the same
-held-out episodes (the simulator's settings, the held-out states and episode counts, the
-temperature: :data:`EVALUATION_SETTINGS`); and whether they ran on the same machines (the hosts
-their runs recorded, :mod:`vla_rl.utils.host`): the same code and seed give other figures on
-another machine, so a difference between sweeps of two machines is partly the machines'.
+the same ``trainer.total_env_steps`` budget and every run reached it; whether they evaluated the
+same held-out episodes (:func:`vla_rl.sweep.evaluation_settings`, as each report recorded them,
+or derived from this checkout's templates for a report that records none); and whether they ran
+on the same machines (the hosts their runs recorded, :mod:`vla_rl.utils.host`): the same code and
+seed give other figures on another machine, so a difference between sweeps of two machines is
+partly the machines'.
 
 It reads each sweep's ``report.json`` (written by :func:`vla_rl.sweep.write_report`), so committed
 reports compare as well as live sweep directories (whose report must still be their runs':
@@ -31,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
 from vla_rl.errors import CommandLineError
-from vla_rl.sweep import DIFFERENCE_BOUNDS, REPORT_JSON, SWEEP_FILE, seed_run_dir
+from vla_rl.sweep import DIFFERENCE_BOUNDS, REPORT_JSON, SWEEP_FILE, evaluation_settings, seed_run_dir
 from vla_rl.utils.host import describe, differences, distinct
 from vla_rl.utils.stats import mean_interval
 from vla_rl_core.run_layout import SUMMARY_FILE
@@ -116,8 +117,8 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         ``{"a", "b": {"template", "overrides", "budget"}, "seeds": [...], "equal_budget": bool (both
         set one ``trainer.total_env_steps`` and every paired run reached it), "short_of_budget":
         {"a", "b": {seed: env steps}} (runs that ended below their budget: ``trainer.total_steps``
-        came first), "evaluation_differs_in": ["setting: A vs B", ...] ([]: the same held-out
-        evaluation) or None (a template not loadable here),
+        came first; None: not recorded), "evaluation_differs_in": ["setting: A vs B", ...] ([]: the same held-out
+        evaluation) or None (unknown), "evaluation_source": "recorded", "derived" or why unknown,
         "per_seed": {seed: {"env_steps": {"a", "b", "ratio"}, protocol: {"a", "b", "difference"}}},
         "across_seeds": {protocol: {"difference", "gain_a", "gain_b": {"mean", "ci_low", "ci_high",
         "seeds"}}}, "hosts": {"a", "b": [record, ...] or None (a paired run recorded none),
@@ -156,64 +157,34 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                                f"(seeds {', '.join(seeds)}): a comparison pairs final evaluations seed by seed")
     sides = {name: {"template": r["template"], "overrides": r["overrides"], "budget": budget(r)}
              for name, r in (("a", a), ("b", b))}
-    short = {name: {seed: per_seed[seed]["env_steps"][name] for seed in seeds
-                    if sides[name]["budget"] is not None and per_seed[seed]["env_steps"][name] is not None
-                    and per_seed[seed]["env_steps"][name] < sides[name]["budget"]} for name in ("a", "b")}
+    short = {name: {seed: steps for seed in seeds  # below the budget, or not recorded (None): not known to reach it
+                    if sides[name]["budget"] is not None and ((steps := per_seed[seed]["env_steps"][name]) is None
+                                                              or steps < sides[name]["budget"])}
+             for name in ("a", "b")}
     hosts = {name: _hosts(r, seeds) for name, r in (("a", a), ("b", b))}
     hosts["differ_in"] = None if None in hosts.values() else differences(hosts["a"], hosts["b"])
-    settings = [_evaluation_settings(r) for r in (a, b)]
-    evaluation = None if None in settings else [
-        f"{key}: {settings[0].get(key)!r} vs {settings[1].get(key)!r}"
-        for key in sorted(set(settings[0]) | set(settings[1])) if settings[0].get(key) != settings[1].get(key)]
+    (settings_a, source_a), (settings_b, source_b) = _evaluation_settings(a), _evaluation_settings(b)
+    evaluation = None if settings_a is None or settings_b is None else [  # a setting of one side only pairs nothing
+        f"{key}: {settings_a[key]!r} vs {settings_b[key]!r}"
+        for key in sorted(set(settings_a) & set(settings_b)) if settings_a[key] != settings_b[key]]
+    evaluation_source = "; ".join(dict.fromkeys(source for source in (source_a, source_b) if source != "recorded"))
     same_budget = sides["a"]["budget"] is not None and sides["a"]["budget"] == sides["b"]["budget"]
     return {**sides, "seeds": seeds, "equal_budget": same_budget and not short["a"] and not short["b"],
-            "short_of_budget": short, "evaluation_differs_in": evaluation, "per_seed": per_seed,
+            "short_of_budget": short, "evaluation_differs_in": evaluation,
+            "evaluation_source": evaluation_source or "recorded", "per_seed": per_seed,
             "across_seeds": across, "hosts": hosts}
 
 
-#: The settings that make two sweeps' held-out evaluations the same episodes (with the simulator's
-#: whole section, or the text workflow's test file): paired differences of other evaluations mix
-#: the algorithms with the evaluations.
-EVALUATION_SETTINGS = ("run.workflow", "eval.num_episodes", "eval.init_state_offset", "eval.temperature",
-                       "text.test_file")
-
-
-def _evaluation_settings(report: dict[str, Any]) -> dict[str, Any] | None:
-    """What a sweep's held-out evaluation is (:data:`EVALUATION_SETTINGS` and, for an embodied
-    run, every ``simulator`` setting), from its template and overrides; None when the template
-    cannot be loaded here (a committed report of another checkout)."""
+def _evaluation_settings(report: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """A sweep's :func:`~vla_rl.sweep.evaluation_settings`: as its report recorded them, else (a
+    report written before reports recorded them) as this checkout's template and defaults give
+    them; and where they come from, or why they are unknown (settings None)."""
+    if isinstance(report.get("evaluation"), dict):
+        return report["evaluation"], "recorded"
     try:
-        config = load_template(report["template"], list(report["overrides"])).config
-    except TemplateError:
-        return None
-    values = {key: _setting(config, key) for key in EVALUATION_SETTINGS}
-    if config.run.workflow == "embodied":
-        from simulators.registry import canonical_env
-
-        values.pop("text.test_file")
-        simulator = config.simulator.model_dump(mode="json")
-        env = simulator.pop("env")
-        try:  # defaults written out: a setting left to its default equals the default given
-            env = canonical_env(config.simulator.name, env)
-        except (LookupError, ValueError, TypeError):  # a simulator not registered here: as given
-            pass
-        values |= {f"simulator.{key}": value for key, value in _flat({**simulator, "env": env}).items()}
-    return values
-
-
-def _setting(config, key: str) -> Any:
-    section, name = key.split(".")
-    return getattr(getattr(config, section), name)
-
-
-def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict) and value:
-            flat |= _flat(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+        return evaluation_settings(load_template(report["template"], list(report["overrides"])).config), "derived"
+    except TemplateError as err:
+        return None, f"{Path(report['template']).stem} with its overrides does not load here ({err.message})"
 
 
 def _hosts(report: dict[str, Any], seeds: list[str]) -> list[dict[str, Any]] | None:
@@ -278,13 +249,18 @@ def markdown(result: dict[str, Any]) -> str:
                    else f"A: {_count(a['budget'])}, B: {_count(b['budget'])}")
         lines.append(f"The sweeps do not stop at the same {_BUDGET_KEY} ({budgets}): their runs are compared at "
                      "the environment steps each took, listed below.")
-    differs = result.get("evaluation_differs_in")
+    differs, source = result.get("evaluation_differs_in"), result.get("evaluation_source", "recorded")
+    derived = "" if source == "recorded" else " (as this checkout's templates and defaults give the settings of a "
+    derived += "report that records none)" if source == "derived" else ""
     if differs:
-        lines += ["", f"**Not the same held-out evaluation**: the sweeps differ in {'; '.join(differs)}. Their "
-                  "success rates are not of the same episodes, so B - A mixes the algorithms with the evaluations."]
+        lines += ["", f"**Not the same held-out evaluation**{derived}: the sweeps differ in {'; '.join(differs)}. "
+                  "Their success rates are not of the same episodes, so B - A mixes the algorithms with the "
+                  "evaluations."]
     elif differs is None:
-        lines += ["", "Whether both sweeps evaluated the same held-out episodes is unknown here (a template this "
-                  "checkout cannot load)."]
+        lines += ["", f"Whether both sweeps evaluated the same held-out episodes is unknown: {source}."]
+    elif source == "derived":
+        lines += ["", "Both sweeps evaluated the same held-out episodes, as far as this checkout's templates and "
+                  "defaults tell for reports that record no evaluation settings."]
     lines += ["", *_hosts_lines(result["hosts"])]
     lines += ["", "| seed | env steps A | env steps B | B / A |", "|---|---|---|---|"]
     for seed, row in result["per_seed"].items():

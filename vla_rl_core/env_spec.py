@@ -122,7 +122,16 @@ def executed_actions(actions: Any, low: Any, high: Any) -> np.ndarray:
     Raises:
         ValueError: a value is not finite (clipping would turn ``inf`` into a bound, silently).
     """
+    return np.clip(finite_actions(actions), low, high)
+
+
+def finite_actions(actions: Any) -> np.ndarray:
+    """``actions`` as an array, checked finite (what every environment takes, a chunked one too).
+
+    Raises:
+        ValueError: a value is not finite.
+    """
     actions = np.asarray(actions)
     if not np.all(np.isfinite(actions)):
         raise ValueError(f"actions must be finite, got {actions.tolist()}")
-    return np.clip(actions, low, high)
+    return actions

@@ -179,6 +179,9 @@ def test_serve_errors_are_one_line(mlp_run, tmp_path, capsys):
     assert "template embodied_srpo trains an MLP policy, and" in capsys.readouterr().err
     assert main(["serve", str(tmp_path / "export"), "--template", "llm_grpo"]) == 2
     assert "template llm_grpo trains a text policy" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse's own refusal (exit 2): torch's generators take no such seed
+        main(["serve", str(mlp_run[0]), "--seed", str(2**64)])
+    assert "argument --seed: a seed is in [0, 4294967295], got 18446744073709551616" in capsys.readouterr().err
     assert main(["serve", str(mlp_run[0]), "policy.config.hidden_sizes=[8]"]) == 2
     assert "give the training settings of a π0/OpenVLA export" in " ".join(capsys.readouterr().err.split())
     # a run (and an MLP export) records its own settings: a --template was ignored, silently

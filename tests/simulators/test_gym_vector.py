@@ -11,6 +11,7 @@ import pytest
 
 from simulators.gym_vector import GymVector
 from simulators.registry import SIMULATORS
+from simulators.stepping import ChunkedSteps
 from vla_rl_core.components import ComponentConfigError
 
 
@@ -105,3 +106,32 @@ def test_export_episodes_replays_a_plug_in_environment_as_the_workers_step_it(re
     demonstration = {"actions": np.full((3, 1), 0.75, np.float32), "init_state_id": 0}
     replayed = _replay(env, demonstration, types.SimpleNamespace(evaluation=False, path=Path("demos.zarr")), 0, [])
     assert replayed.actions.tolist() == [[0.25], [0.25]]  # clipped; the goal (0.5) reached at the second step
+
+
+class ChunkedReach(ChunkedSteps, Reach):
+    """Reach executing a whole chunk itself (as a remote environment does elsewhere)."""
+
+    def send_actions(self, actions):
+        self.sent = np.asarray(actions)
+
+    def receive_outcome(self):
+        reward, steps, info = 0.0, 0, {}
+        for action in self.sent:
+            obs, step_reward, terminated, truncated, info = Reach.step(self, action)
+            reward, steps = reward + step_reward, steps + 1
+            if terminated or truncated:
+                break
+        return obs, reward, terminated, truncated, info, steps
+
+
+def test_a_chunked_environment_reports_is_success_and_gets_no_non_finite_action(reach):
+    """A remote client refused a non-finite action on its side: the episode was lost and the run
+    went on, where an in-process environment stops it."""
+    SIMULATORS.register("test_chunked_reach")(ChunkedReach)
+    vector = GymVector("test_chunked_reach", ReachConfig(), 1)
+    vector.reset([0], [0])
+    result = vector.step_chunk([0], np.array([[[0.3], [0.3], [0.3]]], np.float32))
+    assert result.success.tolist() == [True] and result.steps.tolist() == [2]
+    vector.reset([0], [1])
+    with pytest.raises(ValueError, match="actions must be finite"):
+        vector.step_chunk([0], np.array([[[np.nan], [0.1], [0.1]]], np.float32))

@@ -63,6 +63,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seed_value(text: str) -> int:
+    """argparse type: a seed, an integer in [0, :data:`~vla_rl.config.sections.MAX_SEED`]."""
+    from vla_rl.config.sections import MAX_SEED
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"a seed is in [0, {MAX_SEED}], got {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """argparse type: a finite number above 0."""
     try:

@@ -68,8 +68,9 @@ def add_compare_command(commands: argparse._SubParsersAction) -> None:
         description="Pair the runs of two seed sweeps (vla-rl train TEMPLATE --seeds ...) by seed and report, per "
         "held-out protocol, each seed's final success in both and the difference B - A, with the mean difference "
         "over the seeds and its 95% Student t interval; and whether the runs cost the same (each seed's "
-        "environment steps, and whether both sweeps set the same trainer.total_env_steps). Writes compare.md, "
-        "compare.json and compare.png.",
+        "environment steps, and whether both sweeps set the same trainer.total_env_steps and every run reached "
+        "it); whether both evaluated the same held-out episodes; and whether they ran on the same kind of machine. "
+        "Writes compare.md, compare.json and compare.png.",
     )
     parser.add_argument("sweep_a", metavar="SWEEP_A", help="a sweep directory (or its report.json): the baseline")
     parser.add_argument("sweep_b", metavar="SWEEP_B", help="the sweep compared with it")

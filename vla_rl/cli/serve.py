@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from vla_rl.cli.arguments import positive_int
+from vla_rl.cli.arguments import positive_int, seed_value
 from vla_rl.errors import CommandLineError, RunStopped
 
 
@@ -32,7 +32,7 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if present, else cpu)")
     parser.add_argument("--sample", action="store_true", help="sample actions by default instead of the mode")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the sampled actions (default 0)")
+    parser.add_argument("--seed", type=seed_value, default=0, help="seed of the sampled actions (default 0)")
     parser.add_argument("--batch-window-ms", type=float, default=0.0,
                         help="how long a batch waits for more requests after its first (default 0)")
     parser.add_argument("--max-batch", type=positive_int, default=64, help="most requests per forward (default 64)")

@@ -13,9 +13,10 @@ from vla_rl.config.base import _Section
 _COLLECTIVE_BACKENDS = ("gloo", "nccl", "hccl", "mpi", "ucc")
 
 
-#: The largest ``run.seed``: numpy's legacy seed range, and what the workers' derived seeds
-#: (``seed * 1_000_003 + rank``) keep inside torch's 64-bit generator seeds (a larger one planned
-#: and failed in every worker, "Overflow when unpacking long long").
+#: The largest ``run.seed`` (numpy's legacy seed range): the workers' derived seeds
+#: (``seed * 1_000_003 + rank``) stay inside torch's 64-bit generator seeds (a larger one planned
+#: and failed in every worker, "Overflow when unpacking long long"); the vLLM engine takes its
+#: derived seed modulo 2**32 (``vla_rl.rollout.vllm_backend``).
 MAX_SEED = 2**32 - 1
 
 

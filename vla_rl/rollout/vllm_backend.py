@@ -104,7 +104,8 @@ class VLLMTextRollout:
         policy: the worker's causal LM policy (the trainer's module; its weights are the source).
         text_config: the run's ``text`` section: ``max_prompt_length``, ``max_response_length``,
             ``temperature``, ``dtype``, ``vllm_memory_fraction`` (GPU), ``vllm_kv_cache_gib`` (CPU).
-        seed: the engine's seed.
+        seed: the engine's seed (any integer >= 0: the engine gets it modulo 2**32, as vLLM seeds
+            numpy's legacy generator, ``np.random.seed``, which takes no larger one).
         work_dir: directory for the model's config and tokenizer the engine starts from (worker-local).
         optimizer: the actor's optimizer; each of its steps marks the engine's weights stale.
 
@@ -128,7 +129,7 @@ class VLLMTextRollout:
         self.llm = vllm.LLM(
             model=str(checkpoint),
             dtype=text_config.dtype,
-            seed=seed,
+            seed=seed % 2**32,
             max_model_len=text_config.max_prompt_length + text_config.max_response_length,
             enforce_eager=True,
             generation_config="vllm",
