@@ -269,6 +269,7 @@ def test_a_task_set_by_name_or_list_gives_each_task_its_config():
         (["simulator.tasks=mt11"], "simulator.tasks", "unknown task set 'mt11' of simulator 'metaworld' (known: mt10"),
         (["simulator.tasks=[reach-v3,reach-v3]"], "simulator.tasks", "each once"),
         (["simulator.tasks=[reach-v3,pushy-v3]"], "simulator.tasks[1]", "got 'pushy-v3'"),
+        (["simulator.tasks=[reach-v3]", "simulator.env.horizon=0"], "simulator.env.horizon", "got 0"),  # shared
         (["simulator.tasks=[reach-v3]", "simulator.env.task=push-v3"], "simulator.env.task", "each task of simulator.tasks"),
         (["simulator.tasks=[reach-v3]", "simulator.env.instruction=go"], "simulator.env.instruction",
          "each task of simulator.tasks"),

@@ -62,8 +62,7 @@ class SimulatorSection(_Section):
         if self.tasks is None:
             configs = [build_config(config_class, self.env, "simulator.env")]
         else:
-            configs = [build_config(config_class, env, f"simulator.tasks[{i}]")
-                       for i, env in enumerate(self.task_envs())]
+            configs = [_task_config(config_class, env, i) for i, env in enumerate(self.task_envs())]
         for config in configs:
             check_declared_sizes(config)
         return configs[0]
@@ -102,6 +101,21 @@ class SimulatorSection(_Section):
                 raise ComponentConfigError(f"simulator.env.{field}", "each task of simulator.tasks sets its own; "
                                            f"remove simulator.env.{field} (or simulator.tasks)")
         return [{**self.env, "task": task} for task in _resolve_task_set(self.name, self.tasks)]
+
+
+def _task_config(config_class: type, env: dict[str, Any], index: int) -> Any:
+    """The config of task ``index`` of a task set (``env``: ``simulator.env`` with its ``task``).
+
+    Raises:
+        ComponentConfigError: naming where the user wrote the setting at fault: the task,
+            ``simulator.tasks[index]``; any other, ``simulator.env.<setting>`` (shared by the tasks).
+    """
+    try:
+        return build_config(config_class, env, f"simulator.tasks[{index}]")
+    except ComponentConfigError as err:
+        at = f"simulator.tasks[{index}]"
+        field = at if err.field == f"{at}.task" else err.field.replace(f"{at}.", "simulator.env.", 1)
+        raise ComponentConfigError(field, err.message) from None
 
 
 def _resolve_task_set(simulator: str, tasks: list[str] | str) -> tuple[str, ...]:
