@@ -106,7 +106,6 @@ def info_success(info: Mapping[str, Any]) -> bool:
                      f"{sorted(map(str, info))}): report whether the task is done, as a bool")
 
 
-
 def executed_actions(actions: Any, low: Any, high: Any) -> np.ndarray:
     """Actions as an environment receives them: clipped to its action space's bounds, as
     Stable-Baselines3 does (a Gaussian policy's samples are unbounded; the log-probabilities stay
