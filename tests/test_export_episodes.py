@@ -46,7 +46,8 @@ def test_evaluation_episodes_export_as_the_stored_episodes(evaluated_lift_run, e
         frames = reader.episode(index, features)
         steps = int(stored["finish_step"])
         assert np.array_equal(frames["observation.state"], stored["obs"][:steps])
-        assert np.array_equal(frames["action"], stored["env_actions"][:steps, 0])
+        # the actions the simulator executed: the policy's, clipped to its action space [-1, 1]
+        assert np.array_equal(frames["action"], np.clip(stored["env_actions"][:steps, 0], -1.0, 1.0))
         assert bool(frames["next.success"].any()) == bool(stored["success"])
         assert frames["next.done"].reshape(-1).tolist() == [False] * (steps - 1) + [True]
         video = frames["observation.images.agentview"]
@@ -101,7 +102,7 @@ def test_lerobot_itself_loads_the_exported_episodes(evaluated_lift_run, exported
     for index, (stored, replay) in enumerate(zip(stored_episodes(evaluated_lift_run), replays, strict=True)):
         steps = int(stored["finish_step"])
         expected[f"episode_{index}/observation.state"] = stored["obs"][:steps]
-        expected[f"episode_{index}/action"] = stored["env_actions"][:steps, 0]
+        expected[f"episode_{index}/action"] = np.clip(stored["env_actions"][:steps, 0], -1.0, 1.0)  # executed
         expected[f"episode_{index}/observation.images.agentview"] = replay.frames["agentview"]
         expected[f"episode_{index}/task"] = np.array("lift the cube")
     summary = check_with_lerobot(exported, expected, tmp_path)
@@ -134,7 +135,8 @@ def test_an_evaluation_of_several_tasks_exports_as_one_dataset_of_several_tasks(
     stored = stored_episodes(evaluated_lift_run)
     for index in range(6):
         steps = int(stored[index % 3]["finish_step"])
-        assert np.array_equal(reader.episode(index, ["action"])["action"], stored[index % 3]["env_actions"][:steps, 0])
+        executed = np.clip(stored[index % 3]["env_actions"][:steps, 0], -1.0, 1.0)
+        assert np.array_equal(reader.episode(index, ["action"])["action"], executed)
 
 
 def test_stores_one_dataset_cannot_hold_are_refused_naming_each(evaluated_lift_run, tmp_path, capsys):
