@@ -13,6 +13,7 @@ import time
 
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
+from vla_rl.evaluation.video import no_videos_note
 from vla_rl.preflight import check_local_packages, check_simulator, preflight
 from vla_rl.run_dir import RunDirectory, absolute_path_overrides, check_resume
 from vla_rl.utils.code_location import code_root, code_version
@@ -141,6 +142,8 @@ def _run(run: RunDirectory, template, worker_overrides: list[str], resume_overri
     device = start_ray(config, world)
     console.print(f"[bold]run directory[/bold] {run_dir}")
     console.print(f"code {code_version()} from {code_root()}; {world} workers on {device}")
+    if (note := no_videos_note(config)) is not None:
+        console.print(note)
     started = time.perf_counter()
     loop = RunLoop(template, the_plan, run_dir, console)
     resuming, groups = resume_overrides is not None, []

@@ -183,6 +183,21 @@ def test_a_remote_environment_records_no_videos():
     assert not renders_videos("remote")
 
 
+def test_a_run_whose_simulator_cannot_render_says_it_records_no_videos():
+    """A remote or plug-in environment without ``render_camera`` recorded no video silently though
+    ``eval.video_episodes`` asked for some; the driver prints this line."""
+    from vla_rl.dag.loader import load_template
+    from vla_rl.evaluation.video import no_videos_note
+
+    remote = ["simulator.name=remote", "simulator.env.state_dim=15", "simulator.env.action_dim=7"]
+    note = no_videos_note(load_template("embodied_srpo", remote).config)
+    assert note is not None and "eval.video_episodes=3" in note and "remote simulator" in note
+    assert "render_camera" in note
+    assert no_videos_note(load_template("embodied_srpo", [*remote, "eval.video_episodes=0"]).config) is None
+    assert no_videos_note(load_template("embodied_srpo").config) is None  # robosuite renders
+    assert no_videos_note(load_template("llm_grpo").config) is None
+
+
 def test_an_evaluation_from_a_camera_robosuite_lacks_is_refused_before_it_starts(tmp_path, capsys):
     """robosuite's config does not know its cameras: the camera was found by the simulator actors
     at the first video before; now the driver asks robosuite (its ``check_config``) and the

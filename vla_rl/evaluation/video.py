@@ -68,3 +68,18 @@ def renders_videos(simulator: str) -> bool:
     from simulators.registry import SIMULATORS
 
     return "render_camera" in {field.name for field in dataclasses.fields(SIMULATORS.get(simulator).config_class)}
+
+
+def no_videos_note(config) -> str | None:
+    """Why an embodied run whose ``eval.video_episodes`` asks for videos records none (its
+    simulator cannot render, :func:`renders_videos`), as one line for the driver's console; None
+    when it records them, asks for none, or is not embodied.
+
+    Args:
+        config: the run config.
+    """
+    if (config.run.workflow != "embodied" or config.eval.video_episodes == 0 or config.eval.num_episodes == 0
+            or renders_videos(config.simulator.name)):
+        return None
+    return (f"no evaluation videos (eval.video_episodes={config.eval.video_episodes}): the "
+            f"{config.simulator.name} simulator's config has no render_camera field (docs/extending.md)")
