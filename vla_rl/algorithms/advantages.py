@@ -39,8 +39,9 @@ GRPO implementation:
   the raw score for it instead;
 - GRPO divides by the unbiased (Bessel-corrected, divisor ``n - 1``) group standard deviation,
   ``torch.std``'s default and what verl and TRL use, so that learning rates carry over from those
-  implementations; ``epsilon`` defaults to verl's ``1e-6`` (TRL adds ``1e-4``, a difference that
-  shows only in groups whose rewards lie within about ``1e-3`` of each other).
+  implementations; ``epsilon`` defaults to verl's ``1e-6`` (TRL adds ``1e-4``: the advantages
+  differ by a factor of about ``1 + 1e-4 / std``, 1% for a group standard deviation of 0.01,
+  which SRPO's failure rewards in (0, 0.6) can have).
 
 Statistics are computed in float64.
 """
