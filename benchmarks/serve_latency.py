@@ -50,15 +50,15 @@ def build(name: str):
         return ServedPolicy(policy, inputs, name), {"observation/state": rng.normal(size=15).astype(np.float32)}
     from vla_rl.dag.loader import load_template
     from vla_rl.dag.registry import WORKFLOWS
-    from vla_rl.serving.policy import simulator_inputs
+    from vla_rl.serving.policy import simulator_io
 
     config = load_template(TEMPLATES[name]).config
-    inputs = simulator_inputs(config)
+    inputs, bounds = simulator_io(config)
     policy = WORKFLOWS.get("embodied").standalone_policy(config, None)
     camera, shape = next(iter(inputs.images.items()))
     obs = {"observation/state": rng.normal(size=inputs.state_dim).astype(np.float32),
            "observation/image": rng.integers(0, 255, size=shape, dtype=np.uint8), "prompt": inputs.instruction}
-    return ServedPolicy(policy, inputs, name), obs
+    return ServedPolicy(policy, inputs, name, action_bounds=bounds), obs
 
 
 def percentiles(seconds: list[float]) -> dict[str, float]:

@@ -58,8 +58,14 @@ def states(n: int, seed: int = 1) -> np.ndarray:
 
 
 def greedy(policy, obs) -> np.ndarray:
+    """The policy's greedy actions in the simulator's units, unclipped."""
     obs = to_torch(obs)
     return policy.env_actions(policy.sample_actions(obs, greedy=True)[0], obs).numpy()
+
+
+def lift_executed(actions: np.ndarray) -> np.ndarray:
+    """Actions as Lift executes them: clipped to its action space, [-1, 1]."""
+    return np.clip(actions, -1.0, 1.0)
 
 
 def test_openpi_client_gets_the_checkpoints_greedy_actions(mlp_run, mlp_server):
@@ -68,10 +74,13 @@ def test_openpi_client_gets_the_checkpoints_greedy_actions(mlp_run, mlp_server):
     metadata = client.get_server_metadata()
     assert metadata["action_horizon"] == 1 and metadata["action_dim"] == 7
     assert metadata["inputs"] == {"state": [15]} and metadata["policy"] == "mlp (run/step_00000002)"
+    assert metadata["action_low"] == [-1.0] * 7 and metadata["action_high"] == [1.0] * 7  # Lift's action space
     obs = states(5)
     served = np.stack([client.infer({"state": row})["actions"] for row in obs])
     assert served.dtype == np.float32 and served.shape == (5, 1, 7)
-    np.testing.assert_array_equal(served, greedy(policy, obs))
+    raw = greedy(policy, obs)
+    assert np.abs(raw).max() > 1.5  # this policy's means leave the action space ...
+    np.testing.assert_array_equal(served, lift_executed(raw))  # ... and the robot gets what Lift executed
     broker = ActionChunkBroker(client, action_horizon=1)  # openpi's runtime hands out one action at a time
     np.testing.assert_array_equal(broker.infer({"observation/state": obs[0]})["actions"], served[0, 0])
 
@@ -85,14 +94,15 @@ def test_a_malformed_request_gets_an_error_and_the_server_keeps_serving(mlp_run,
     client._ws.send(b"\xc1")  # not msgpack at all
     assert "not a msgpack-numpy message" in client._ws.recv()
     obs = states(1)
-    np.testing.assert_array_equal(client.infer({"state": obs[0]})["actions"], greedy(mlp_run[1], obs)[0])
+    want = lift_executed(greedy(mlp_run[1], obs)[0])
+    np.testing.assert_array_equal(client.infer({"state": obs[0]})["actions"], want)
     other = WebsocketClientPolicy("127.0.0.1", mlp_server.port)
-    np.testing.assert_array_equal(other.infer({"state": obs[0]})["actions"], greedy(mlp_run[1], obs)[0])
+    np.testing.assert_array_equal(other.infer({"state": obs[0]})["actions"], want)
 
 
 def test_concurrent_clients_share_forwards_and_each_gets_its_own_rows(mlp_run, mlp_server):
     obs = states(8 * 6, seed=2).reshape(8, 6, 15)
-    want = greedy(mlp_run[1], obs.reshape(-1, 15)).reshape(8, 6, 1, 7)
+    want = lift_executed(greedy(mlp_run[1], obs.reshape(-1, 15))).reshape(8, 6, 1, 7)
 
     def episode(i):
         client = WebsocketClientPolicy("127.0.0.1", mlp_server.port)
@@ -110,12 +120,13 @@ def test_sampling_on_request_is_the_policys_seeded_sample(mlp_run):
     run_dir, policy = mlp_run
     obs = states(1)
     generator = torch.Generator().manual_seed(7)
-    want = [policy.sample_actions(torch.as_tensor(obs), generator=generator)[0].numpy()[0] for _ in range(2)]
+    want = [lift_executed(policy.sample_actions(torch.as_tensor(obs), generator=generator)[0].numpy()[0])
+            for _ in range(2)]
     with server_thread(PolicyServer(load_served_policy(run_dir, device="cpu", seed=7), port=0)) as server:
         client = WebsocketClientPolicy("127.0.0.1", server.port)
         got = [client.infer({"state": obs[0], "sample": True})["actions"] for _ in range(2)]
         np.testing.assert_array_equal(np.stack(got), np.stack(want))
-        assert not np.array_equal(got[0], greedy(policy, obs)[0])
+        assert not np.array_equal(got[0], lift_executed(greedy(policy, obs)[0]))
         with pytest.raises(RuntimeError, match="'sample' must be true or false"):
             client.infer({"state": obs[0], "sample": "yes"})
 
@@ -142,10 +153,10 @@ def test_a_token_keeps_out_clients_without_it(mlp_run, caplog):
 def test_a_tiny_pi0_export_is_served_with_its_template(tmp_path):
     """π0's own processor reads openpi's LIBERO-style keys; the chunk is the in-process greedy one."""
     from vla_rl.dag.loader import load_template
-    from vla_rl.serving.policy import simulator_inputs
+    from vla_rl.serving.policy import simulator_io
 
     config = load_template("embodied_srpo_pi0_lift").config
-    inputs = simulator_inputs(config)
+    inputs, bounds = simulator_io(config)
     assert dict(inputs.images) == {"agentview": (128, 128, 3)} and inputs.instruction == "lift the cube"
     policy = WORKFLOWS.get("embodied").standalone_policy(config, None)
     rng = np.random.default_rng(0)
@@ -161,7 +172,8 @@ def test_a_tiny_pi0_export_is_served_with_its_template(tmp_path):
         got = np.stack([client.infer({"observation/state": obs["state"][i], "observation/image":
                                       obs["agentview_image"][i], "prompt": "lift the cube"})["actions"]
                         for i in range(3)])
-    want = np.stack([greedy(policy.eval(), {key: value[i : i + 1] for key, value in obs.items()})[0] for i in range(3)])
+    want = lift_executed(np.stack([greedy(policy.eval(), {key: value[i : i + 1] for key, value in obs.items()})[0]
+                                   for i in range(3)]))
     assert got.shape == (3, 8, 7)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 

@@ -50,7 +50,12 @@ def rollout_greedy(policy, trainer, obs: np.ndarray) -> np.ndarray:
     tensors = to_torch(obs)
     with torch.no_grad(), strategy.autocast(trainer, policy.device):
         actions = policy.sample_actions(tensors, greedy=True)[0]
-    return policy.env_actions(actions, tensors).float().cpu().numpy()
+    return lift_executed(policy.env_actions(actions, tensors).float().cpu().numpy())
+
+
+def lift_executed(actions) -> np.ndarray:
+    """Actions as Lift executes them (clipped to its action space), as the server sends them."""
+    return np.clip(np.asarray(actions), -1.0, 1.0)
 
 
 def test_a_ddp_run_is_served_in_its_rollouts_autocast(tmp_path, bf16_device):
@@ -66,7 +71,7 @@ def test_a_ddp_run_is_served_in_its_rollouts_autocast(tmp_path, bf16_device):
     assert {p.dtype for p in served.policy.parameters()} == {torch.float32}  # ... on float32 weights
     np.testing.assert_array_equal(actions, rollout_greedy(trained, config.trainer, states()))
     float32 = trained.env_actions(trained.sample_actions(to_torch(states()), greedy=True)[0], to_torch(states()))
-    assert not np.array_equal(actions, float32.cpu().numpy())  # bfloat16 changed something
+    assert not np.array_equal(actions, lift_executed(float32.cpu().numpy()))  # bfloat16 changed something
 
 
 def test_an_fsdp_run_is_served_with_its_rollouts_bfloat16_parameters(tmp_path, bf16_device):
@@ -93,7 +98,7 @@ def test_on_a_real_cpu_every_run_is_served_in_float32(tmp_path):
             handle.remove()
         assert set(seen) == {torch.float32}, name
         expected = trained.env_actions(trained.sample_actions(to_torch(states()), greedy=True)[0], to_torch(states()))
-        np.testing.assert_array_equal(actions, expected.numpy())
+        np.testing.assert_array_equal(actions, lift_executed(expected.numpy()))
 
 
 def test_an_mlp_export_is_served_in_its_own_dtype(tmp_path, bf16_device):
@@ -101,6 +106,7 @@ def test_an_mlp_export_is_served_in_its_own_dtype(tmp_path, bf16_device):
     export = trained.save_pretrained(tmp_path / "export")
     served = load_served_policy(export, device=str(bf16_device))
     assert served.trainer is None
+    assert served.action_bounds is None and served.metadata()["action_low"] is None  # it records no simulator
     seen, handles = linear_output_dtypes(served.policy)
     served.act(list(states()), sample=False)
     for handle in handles:

@@ -84,6 +84,29 @@ def test_non_finite_actions_are_an_error_line_not_sent():
         assert running.stats["errors"] == 1
 
 
+def test_actions_are_clipped_to_the_training_action_space_and_non_finite_ones_stay_errors():
+    """A robot got a gripper command of 4.58 from a Lift policy (whose simulator executed 1.0): the
+    served actions are clipped to the bounds the server was given, per dimension, and a NaN is not
+    clipped into a bound (the server refuses it)."""
+    low, high = np.full(ACT_DIM, -0.5, np.float32), np.linspace(0.1, 0.7, ACT_DIM, dtype=np.float32)
+    bounded = ServedPolicy(served().policy, ServedInputs(OBS_DIM), "tiny-mlp", action_bounds=(low, high))
+    raw = served().act([100 * state(seed) for seed in range(4)], sample=False)  # no bounds: as the policy gives
+    assert (raw < low).any() and (raw > high).any()
+    np.testing.assert_array_equal(bounded.act([100 * state(seed) for seed in range(4)], sample=False),
+                                  np.clip(raw, low, high))
+    assert bounded.metadata()["action_low"] == low.tolist() and bounded.metadata()["action_high"] == high.tolist()
+    assert served().metadata()["action_low"] is None
+    act = bounded.policy.env_actions
+
+    def nan_actions(actions, obs):
+        return torch.full_like(act(actions, obs), float("nan"))
+
+    bounded.policy.env_actions = nan_actions
+    with server_thread(PolicyServer(bounded, port=0)) as running:
+        with pytest.raises(RuntimeError, match="hold non-finite values"):
+            WebsocketClientPolicy("127.0.0.1", running.port).infer({"state": state()})
+
+
 @pytest.mark.parametrize("array, field", [
     ({b"__ndarray__": True, b"data": b"\0" * 60, b"dtype": "<f4"}, "shape"),
     ({b"__ndarray__": True, b"data": b"\0" * 60, b"shape": [15]}, "dtype"),

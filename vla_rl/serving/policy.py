@@ -55,18 +55,27 @@ class ServedPolicy:
         seed: seed of the sampled requests' random generator (on the policy's device).
         trainer: the ``trainer`` section of the run the policy comes from: the policy then computes
             as that run's rollouts did on this device (module docstring); None: in its own dtypes.
+        action_bounds: ``(low, high)``, float32 ``(action_dim,)`` each: the action space of the
+            simulator the policy trained on; served actions are clipped to it, as that simulator
+            executed them (:func:`vla_rl_core.env_spec.executed_actions`). None: not known (an MLP
+            export records no simulator), served as the policy gives them.
 
     Raises:
-        ServeError: ``temperature`` is not > 0.
+        ServeError: ``temperature`` is not > 0, or ``action_bounds`` do not have the policy's
+            ``action_dim`` values.
     """
 
     def __init__(self, policy, inputs: ServedInputs, name: str, temperature: float = 1.0, seed: int = 0,
-                 trainer=None) -> None:
+                 trainer=None, action_bounds: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         from vla_rl.trainers.strategy import cast_for_rollouts
         from vla_rl.utils.device import use_tf32
 
         if not temperature > 0:
             raise ServeError(f"--temperature must be > 0, got {temperature}")
+        if action_bounds is not None:
+            action_bounds = tuple(np.broadcast_to(np.asarray(b, dtype=np.float32), (int(policy.action_dim),))
+                                  for b in action_bounds)
+        self.action_bounds = action_bounds
         use_tf32(policy.device)  # the float32 products in TF32, as in the run's DAG workers
         self.policy = policy.eval()
         self.inputs = inputs
@@ -100,6 +109,9 @@ class ServedPolicy:
             "inputs": self.inputs.describe(),
             "can_sample": self.can_sample,
             "temperature": self.temperature,
+            # the training simulator's action space, which served actions are clipped to (None: not known)
+            "action_low": None if self.action_bounds is None else self.action_bounds[0].tolist(),
+            "action_high": None if self.action_bounds is None else self.action_bounds[1].tolist(),
         }
 
     @torch.no_grad()
@@ -112,7 +124,8 @@ class ServedPolicy:
 
         Returns:
             float32 ``(n, chunk_size, action_dim)``: the simulator's (robot's) actions,
-            ``policy.env_actions`` of the chosen actions.
+            ``policy.env_actions`` of the chosen actions, clipped to ``action_bounds`` when known
+            (a non-finite value stays non-finite: the server sends an error instead).
 
         Raises:
             ValueError: ``sample`` for a policy without an action distribution.
@@ -129,7 +142,8 @@ class ServedPolicy:
                                                 temperature=self.temperature)[0]
             else:
                 actions = policy.sample_actions(obs, greedy=True)[0]
-        return policy.env_actions(actions, obs).float().cpu().numpy()
+        actions = policy.env_actions(actions, obs).float().cpu().numpy()
+        return actions if self.action_bounds is None else np.clip(actions, *self.action_bounds)
 
 
 def load_served_policy(target: str | Path, template: str | None = None, overrides: Sequence[str] = (),
@@ -177,7 +191,7 @@ def load_served_policy(target: str | Path, template: str | None = None, override
             raise ServeError(str(err)) from err
         if callable(getattr(policy, "merge_lora", None)):
             policy.merge_lora()
-        inputs, name = simulator_inputs(config), f"{config.policy.name} ({path.parent.parent.name}/{path.name})"
+        (inputs, bounds), name = simulator_io(config), f"{config.policy.name} ({path.parent.parent.name}/{path.name})"
         trainer = config.trainer
     elif _mlp_export(path):
         from policies.mlp.modeling_mlp import MLPPolicy
@@ -186,7 +200,9 @@ def load_served_policy(target: str | Path, template: str | None = None, override
             policy = MLPPolicy.from_pretrained(path)
         tasks = policy.config.num_tasks or None
         inputs, name = ServedInputs(policy.config.obs_dim, num_tasks=tasks), f"mlp ({path.name})"
-        trainer = None
+        trainer, bounds = None, None
+        logger.warning("%s records no simulator: its actions are served unclipped (serve the run or its checkpoint "
+                       "to clip them to the action space it trained in)", path)
     else:
         if not any(file.suffix in _EXPORT_SUFFIXES for file in path.iterdir()):
             raise ServeError(f"{path} holds no policy: not a run directory (no {CHECKPOINTS_DIR}/), a checkpoint "
@@ -196,14 +212,16 @@ def load_served_policy(target: str | Path, template: str | None = None, override
                              "TEMPLATE (the template it was trained with, e.g. embodied_srpo_pi0_lift) and its overrides")
         with _load_errors(path, f"export of template {template}"):
             policy, config = _export_policy(path, template, overrides)
-        inputs, name = simulator_inputs(config), f"{config.policy.name} ({path.name})"
+        (inputs, bounds), name = simulator_io(config), f"{config.policy.name} ({path.name})"
         trainer = config.trainer
-    return ServedPolicy(policy.to(resolve_device(device)), inputs, name, temperature, seed, trainer=trainer)
+    return ServedPolicy(policy.to(resolve_device(device)), inputs, name, temperature, seed, trainer=trainer,
+                        action_bounds=bounds)
 
 
-def simulator_inputs(config) -> ServedInputs:
-    """The inputs of a policy trained on ``config``'s simulator: one environment made (and closed)
-    in this process, read as a simulator worker reads it (its spec), with its instruction."""
+def simulator_io(config) -> tuple[ServedInputs, tuple[np.ndarray, np.ndarray]]:
+    """The inputs of a policy trained on ``config``'s simulator and the bounds of its action space
+    ``(low, high)``: one environment made (and closed) in this process, read as a simulator worker
+    reads it (its spec), with its instruction."""
     from simulators.gym_vector import env_spec
     from simulators.registry import make_env
 
@@ -212,11 +230,12 @@ def simulator_inputs(config) -> ServedInputs:
     try:
         spec = env_spec(env)
         instruction = None if sim.multi_task else env.instruction
+        bounds = (np.asarray(env.action_space.low, np.float32), np.asarray(env.action_space.high, np.float32))
     finally:
         env.close()
     if sim.multi_task:
         spec = spec.with_tasks(len(sim.task_names()))
-    return ServedInputs.from_spec(spec, instruction)
+    return ServedInputs.from_spec(spec, instruction), bounds
 
 
 #: The files one of vla-rl export's layouts holds at least one of (the module docstring of vla_rl.export).
