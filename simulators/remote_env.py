@@ -28,11 +28,14 @@ policy server), one binary message per request and per answer:
 
 An episode is **lost** (counted in ``rollout/lost_episodes``, never scored as a failure:
 :class:`~simulators.stepping.EpisodeLost`) when its client disconnects, does not answer within
-``step_timeout_s``, reports an error, answers what is not a msgpack-numpy dict (it stays free for
-another episode), or marks it invalid. A client that disconnects may connect again: it is claimed
-at a later reset. A reset waits up to ``connect_timeout_s`` for a client
-(then the run stops with one line saying where to connect): connect at least as many clients as
-the run has environments rolling out at once.
+``step_timeout_s``, reports an error, answers what is not a msgpack-numpy dict or an outcome that
+breaks the protocol (an observation of another shape or dtype, a non-finite state, executed steps
+out of range: it stays free for another episode), or marks it invalid. A client that disconnects
+may connect again: it is claimed at a later reset. A reset that fails the same ways (or takes
+longer than ``reset_timeout_s``) tries another client; a reset waits up to ``connect_timeout_s``
+for a client that resets (then the run stops with one line saying where to connect and why the
+last reset failed): connect at least as many clients as the run has environments rolling out at
+once.
 """
 
 from __future__ import annotations
@@ -99,7 +102,10 @@ class RemoteEnvConfig:
     connect_timeout_s: float = 300.0
     """Seconds a reset waits for a client to be free."""
     step_timeout_s: float = 60.0
-    """Seconds the trainer waits for a client's answer to a reset or an action chunk."""
+    """Seconds the trainer waits for a client's answer to an action chunk."""
+    reset_timeout_s: float = 60.0
+    """Seconds the trainer waits for a client's answer to a reset (a robot homing its arm may need
+    more than a chunk does)."""
     hub: str | None = None
     """Ray actor name of the hub; set by :meth:`RemoteEnv.start_services` (leave unset)."""
 
@@ -111,7 +117,7 @@ class RemoteEnvConfig:
                                                  f"{name.replace('_', ' ')}), got {value!r}")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ComponentConfigError("port", f"port must be in [0, 65535], got {self.port!r}")
-        for name in ("connect_timeout_s", "step_timeout_s"):
+        for name in ("connect_timeout_s", "step_timeout_s", "reset_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ComponentConfigError(name, f"{name} must be a positive number of seconds, got "
                                                  f"{getattr(self, name)!r}")
@@ -174,13 +180,18 @@ class RemoteEnv(ChunkedSteps, gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
         """Start an episode on this environment's client (claiming one if it has none).
 
+        A client that does not answer within ``reset_timeout_s``, disconnects, fails, or answers an
+        observation that breaks the protocol is passed over (the last freed for another try), and
+        another claimed.
+
         Raises:
-            RunStopped: no client was free within ``connect_timeout_s`` (the run stops with its
-                message: where to connect).
+            RunStopped: no client was free and reset within ``connect_timeout_s`` (the run stops
+                with its message: where to connect, and why the last reset failed, if one did).
         """
         super().reset(seed=seed)
         deadline = time.monotonic() + self.config.connect_timeout_s
         request = {"type": "reset", "init_state_id": int(seed or 0), "task": self.config.task}
+        failed = None  # why the last reset failed
         while True:
             if self._client is None:
                 self._client = self._call("claim", max(deadline - time.monotonic(), 0.0))
@@ -189,12 +200,20 @@ class RemoteEnv(ChunkedSteps, gym.Env):
                         f"no remote environment was free within simulator.env.connect_timeout_s="
                         f"{self.config.connect_timeout_s:g} s: connect clients (vla_rl.remote.RobotClient) to "
                         f"ws://{self.config.host}:{self.config.port}, at least as many as the episodes rolled out "
-                        "at once")
-            answer = self._call("request", self._client, request, self.config.step_timeout_s)
+                        "at once" + ("" if failed is None else f" (the last reset failed: {failed})"))
+            answer = self._call("request", self._client, request, self.config.reset_timeout_s,
+                                "simulator.env.reset_timeout_s")
             if LOST not in answer:
-                self._episode_step = 0
-                return self._observation(answer.get("obs")), {}
-            logger.warning("remote environment %d did not reset (%s); claiming another", self._client, answer[LOST])
+                try:
+                    obs = self._observation(answer.get("obs"))
+                except ValueError as err:  # still connected: free for another try
+                    self._hub.release.remote(self._client)
+                    answer = {LOST: str(err)}
+                else:
+                    self._episode_step = 0
+                    return obs, {}
+            failed = answer[LOST]
+            logger.warning("remote environment %d did not reset (%s); claiming another", self._client, failed)
             self._client = None
 
     def send_actions(self, actions: np.ndarray) -> None:
@@ -218,9 +237,10 @@ class RemoteEnv(ChunkedSteps, gym.Env):
         trainer truncates at ``horizon``.
 
         Raises:
-            RuntimeError: no chunk was sent. ValueError: an answer that breaks the protocol
-                (naming the field).
-            EpisodeLost: the client disconnected, did not answer, failed, or marked the episode invalid.
+            RuntimeError: no chunk was sent.
+            EpisodeLost: the client disconnected, did not answer, failed, marked the episode
+                invalid, or answered an outcome that breaks the protocol (naming the client and the
+                field; the client is freed for another episode).
         """
         import ray
 
@@ -234,16 +254,22 @@ class RemoteEnv(ChunkedSteps, gym.Env):
                 self._client = None  # the hub dropped it, or freed it; a later reset claims a client
             raise EpisodeLost(answer.get(LOST, "the remote side marked the episode invalid"))
         steps = answer.get("steps")
-        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= sent:
-            raise ValueError(f"remote environment {self._client}: 'steps' must be 1..{sent} (the actions sent), got "
-                             f"{steps!r}")
+        try:
+            if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= sent:
+                raise ValueError(f"remote environment {self._client}: 'steps' must be 1..{sent} (the actions sent), "
+                                 f"got {steps!r}")
+            obs = self._observation(answer.get("obs"))
+        except ValueError as err:  # a sensor's NaN, a client's bug: this episode is lost, not the run
+            self._hub.release.remote(self._client)
+            self._client, self._episode_step = None, None
+            raise EpisodeLost(str(err)) from None
         self._episode_step += int(steps)
         terminated = bool(answer.get("terminated"))
         truncated = not terminated and (bool(answer.get("truncated")) or self._episode_step >= self.horizon)
         if terminated or truncated:
             self._episode_step = None
-        return (self._observation(answer.get("obs")), float(answer.get("reward", 0.0)), terminated, truncated,
-                {"success": bool(answer.get("success"))}, int(steps))
+        return (obs, float(answer.get("reward", 0.0)), terminated, truncated, {"success": bool(answer.get("success"))},
+                int(steps))
 
     def close(self) -> None:
         """Give the client back to the hub."""
@@ -332,10 +358,17 @@ class RemoteEnv(ChunkedSteps, gym.Env):
         if not isinstance(obs, dict) or keys.OBS_STATE not in obs:
             raise ValueError(f"remote environment {self._client}: 'obs' must be a dict with 'state', got "
                              f"{type(obs).__name__}")
-        state = np.asarray(obs[keys.OBS_STATE], dtype=np.float32)
+        try:
+            state = np.asarray(obs[keys.OBS_STATE], dtype=np.float32)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"remote environment {self._client}: obs['state'] is not an array of numbers ({err})") \
+                from None
         if state.shape != (self.config.state_dim,):
             raise ValueError(f"remote environment {self._client}: obs['state'] has shape {state.shape}, this run "
                              f"takes ({self.config.state_dim},)")
+        if not np.isfinite(state).all():
+            raise ValueError(f"remote environment {self._client}: obs['state'] holds non-finite values (inf or NaN "
+                             "in float32)")
         if not self.config.cameras:
             return state
         out = {keys.OBS_STATE: state}
@@ -400,12 +433,13 @@ class RemoteHub:
         """A free client's id (now claimed), or None when none is free within ``timeout_s``."""
         return self._run(self._server.claim(timeout_s), timeout_s + 5.0)
 
-    def request(self, client_id: int, message: dict, timeout_s: float) -> dict:
+    def request(self, client_id: int, message: dict, timeout_s: float,
+                timeout_field: str = "simulator.env.step_timeout_s") -> dict:
         """Send ``message`` to the client and return its answer, or ``{"lost": why}`` when it
-        disconnected, did not answer within ``timeout_s`` (it is then disconnected: its state is
-        unknown), or answered with an error, a non-dict or garbage (not msgpack-numpy: it is then
-        free again)."""
-        return self._run(self._server.request(client_id, message, timeout_s), timeout_s + 5.0)
+        disconnected, did not answer within ``timeout_s`` (the setting ``timeout_field``; it is
+        then disconnected: its state is unknown), or answered with an error, a non-dict or garbage
+        (not msgpack-numpy: it is then free again)."""
+        return self._run(self._server.request(client_id, message, timeout_s, timeout_field), timeout_s + 5.0)
 
     def release(self, client_id: int) -> None:
         """Make a claimed client free again."""
@@ -511,7 +545,8 @@ class _HubServer:
         if client is not None and not client.closed:
             self._idle.put_nowait(client)
 
-    async def request(self, client_id: int, message: dict, timeout_s: float) -> dict:
+    async def request(self, client_id: int, message: dict, timeout_s: float,
+                      timeout_field: str = "simulator.env.step_timeout_s") -> dict:
         from websockets.exceptions import ConnectionClosed
 
         from vla_rl_core import wire
@@ -527,7 +562,7 @@ class _HubServer:
                 return self._lost(client_id, "it disconnected")
             except TimeoutError:
                 await client.websocket.close(1011, "no answer in time")
-                return self._lost(client_id, f"no answer within simulator.env.step_timeout_s={timeout_s:g} s")
+                return self._lost(client_id, f"no answer within {timeout_field}={timeout_s:g} s")
         if isinstance(answer, str):
             self.release(client_id)  # still connected: free for another episode
             return self._lost(client_id, f"it reported an error: {answer}")

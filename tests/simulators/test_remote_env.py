@@ -25,7 +25,9 @@ TARGET = 4  # the walk succeeds when its position reaches TARGET
 class WalkEnv(gym.Env):
     """State ``[position, seed]``; each action adds its sign to the position; success at TARGET.
     ``info["invalid"]`` when an action is exactly 9 (a person stopped the robot); an action of 7
-    raises; an action of 5 takes ``slow_s`` seconds."""
+    raises; an action of 5 takes ``slow_s`` seconds; an action of 3 observes a NaN (a sensor's
+    glitch). A reset with seed 77 takes ``slow_s`` seconds (a robot homing); one with seed 66
+    observes a NaN."""
 
     def __init__(self, state_dim: int = 2, slow_s: float = 0.0) -> None:
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (state_dim,), np.float32)
@@ -40,7 +42,12 @@ class WalkEnv(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         self.position, self.seed_ = int(seed) % 3, int(seed)
-        return self._obs(), {}
+        if seed == 77:
+            time.sleep(self.slow_s)
+        obs = self._obs()
+        if seed == 66:
+            obs[0] = np.nan
+        return obs, {}
 
     def step(self, action):
         value = float(action[0])
@@ -52,7 +59,10 @@ class WalkEnv(gym.Env):
             self.slow_steps.append((started, time.monotonic()))
         self.position += int(np.sign(value))
         success = self.position >= TARGET
-        return self._obs(), float(success), success, False, {"success": success, "invalid": value == 9}
+        obs = self._obs()
+        if value == 3:
+            obs[1] = np.nan
+        return obs, float(success), success, False, {"success": success, "invalid": value == 9}
 
 
 def config(**fields) -> dict:
@@ -127,6 +137,40 @@ def test_lost_episodes_are_reported_and_the_clients_serve_again(ray_on_loopback,
         obs = pool.reset(np.arange(4) + 10)
         assert obs[:, 1].tolist() == [10, 11, 12, 13]
         assert hub_stats(pool)["connected"] == 5 and all(client.error is None for client in clients)
+
+
+def test_a_non_finite_observation_loses_its_episode_not_the_run(ray_on_loopback, stop):
+    """A sensor's NaN stopped the whole training run with a Ray traceback blaming the actions; now
+    that episode is lost (naming the client and the field), the others go on, and the client
+    serves the next reset. A reset observing a NaN is passed over for another client."""
+    with SimulatorPool("remote", config(), num_actors=1, envs_per_actor=2) as pool:
+        serve_envs([WalkEnv() for _ in range(2)], uri(pool), stop=stop, retry_s=0.1)
+        pool.reset(np.arange(2))
+        out = pool.collect(pool.submit(np.arange(2), np.array([[[1]], [[3]]], np.float32)))
+        assert out["lost"].tolist() == [False, True] and out["steps"].tolist() == [1, 0]
+        assert np.isfinite(out["obs"]).all()
+        np.testing.assert_array_equal(pool.reset(np.array([10, 11]))[:, 1], [10, 11])  # both serve again
+    with SimulatorPool("remote", config(connect_timeout_s=2.0), num_actors=1, envs_per_actor=1) as pool:
+        serve_envs([WalkEnv()], uri(pool), stop=stop, retry_s=0.1)
+        with pytest.raises(RunStopped, match=r"\(the last reset failed: remote environment \d+: obs\['state'\] "
+                                               r"holds non-finite values"):
+            pool.reset(np.array([66]))
+
+
+def test_a_reset_slower_than_its_timeout_says_so(ray_on_loopback, stop):
+    """A robot homing for longer than the reset's timeout: the run stopped saying that no client
+    was free (4 were connected); now it names simulator.env.reset_timeout_s, which resets wait
+    for apart from the chunks' step_timeout_s."""
+    with SimulatorPool("remote", config(reset_timeout_s=0.5, connect_timeout_s=3.0), num_actors=1,
+                       envs_per_actor=1) as pool:
+        serve_envs([WalkEnv(slow_s=1.0)], uri(pool), stop=stop, retry_s=0.1)
+        with pytest.raises(RunStopped, match=r"the last reset failed: remote environment \d+: no answer within "
+                                               r"simulator.env.reset_timeout_s=0.5 s"):
+            pool.reset(np.array([77]))
+    with SimulatorPool("remote", config(reset_timeout_s=5.0, step_timeout_s=0.5), num_actors=1,
+                       envs_per_actor=1) as pool:
+        serve_envs([WalkEnv(slow_s=1.0)], uri(pool), stop=stop, retry_s=0.1)
+        assert pool.reset(np.array([77]))[0, 1] == 77  # 1 s of homing, within reset_timeout_s
 
 
 def test_clients_without_the_token_or_that_do_not_fit_are_refused(ray_on_loopback, stop, monkeypatch, caplog):
