@@ -1,5 +1,6 @@
 """An evaluation's figures from its counts, without Ray: replicated shards' shares sum back to
-whole counts, and a batch whose every episode was lost is reported, not divided by."""
+whole counts, a batch whose every episode was lost is reported, not divided by, and the episodes
+lost over an evaluation's passes are counted in its figures."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from vla_rl.evaluation.session import _figures
-from vla_rl.nodes.evaluation import rollout_eval_episodes
+from vla_rl.dag.loader import load_template
+from vla_rl.evaluation.session import EvaluationSession, _figures
+from vla_rl.nodes.evaluation import load_eval_episodes, record_eval_episodes, rollout_eval_episodes
+from vla_rl_core import keys
 from vla_rl.utils.stats import wilson_interval
 
 
@@ -31,6 +34,45 @@ def test_a_batch_whose_every_episode_was_lost_reports_its_loss():
     """Its chunks ran (environment steps > 0), then the simulator failed: a later step redoes the
     episodes; the node divided the steps by zero episodes."""
     batch = TensorDict({"init_state_id": torch.arange(3)}, batch_size=[3])
-    evaluation = SimpleNamespace(rollout=lambda b: (b[:0], 240))
+    evaluation = SimpleNamespace(rollout=lambda b: (b[:0], 240), lost_here=0)
     output = rollout_eval_episodes(SimpleNamespace(resources=SimpleNamespace(evaluation=evaluation)), batch)
-    assert len(output.batch) == 0 and output.metrics == {"eval/lost_fraction": 1.0}
+    assert len(output.batch) == 0 and output.metrics == {} and evaluation.lost_here == 3
+
+
+class FlakySession(EvaluationSession):
+    """Items 0..9; the first rollout of items 3 and 4 is lost (a remote robot's NaN), then redone."""
+
+    def __init__(self):
+        super().__init__(SimpleNamespace(config=load_template("embodied_srpo", ["eval.protocols=[greedy]"]).config),
+                         ["lift"], [None], keys.INIT_STATE_ID)
+        self.tried: set[int] = set()
+
+    def shard_items(self, dp_rank, dp_size):
+        return np.arange(10)[dp_rank::dp_size]
+
+    def rollout(self, batch):
+        items = batch[keys.INIT_STATE_ID].tolist()
+        kept = [i not in (3, 4) or i in self.tried for i in items]
+        self.tried.update(items)
+        episodes = batch[torch.as_tensor(kept)]
+        episodes[keys.SUCCESS] = episodes[keys.INIT_STATE_ID] % 2 == 0
+        episodes[keys.FINISH_STEP] = torch.full((len(episodes),), 5)
+        return episodes, 5 * len(items)
+
+
+def test_episodes_lost_during_an_evaluation_are_in_its_figures(process_group):
+    """eval/lost_fraction was the last pass's, which never lost one (else it would not be the last):
+    0.0 after a pass that lost 2 of 10 episodes. Now the evaluation counts them."""
+    session = FlakySession()
+    ctx = SimpleNamespace(resources=SimpleNamespace(evaluation=session), tag="final", step=3, dp_rank=0, dp_size=1,
+                          replicas=1, group=None, video=False)
+    passes = []
+    while True:
+        batch = load_eval_episodes(ctx, None).batch[:4]  # passes of 4 items
+        episodes = rollout_eval_episodes(ctx, batch).batch
+        passes.append(record_eval_episodes(ctx, episodes).metrics)
+        if passes[-1]["eval/remaining"].value == 0:
+            break
+    figures = {name: metric.value for name, metric in passes[-1].items()}
+    assert len(passes) == 3 and figures["eval/greedy/episodes"] == 10 and figures["eval/greedy/success_rate"] == 0.5
+    assert figures["eval/lost_episodes"] == 2 and figures["eval/lost_fraction"] == pytest.approx(2 / 12)

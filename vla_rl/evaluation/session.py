@@ -64,6 +64,8 @@ class EvaluationSession(ABC):
         self.live_step = 0
         self.done: dict[str, set[EpisodeKey]] = {}
         self.counts = np.zeros((len(task_names), len(target_steps), len(self.protocols), 3))
+        self.lost_here = 0  # this worker's episodes lost to a simulator fault since the last record
+        self.lost = 0  # every worker's, since the evaluation began (each redone: not in ``counts``)
         self.shard = (0, 1)  # (dp_rank, dp_size) of the data node, set by next_batch
 
     # --------------------------------------------------------------------- which items
@@ -75,6 +77,7 @@ class EvaluationSession(ABC):
         self.tag, self.live_step = tag, step
         self.done = {name: self.previously_done(name) for name in self.task_names}
         self.counts[:] = 0.0
+        self.lost_here = self.lost = 0
 
     def previously_done(self, task: str) -> set[EpisodeKey]:
         """Items of ``task`` done before this session started (stored episodes); none by default."""
@@ -151,9 +154,10 @@ class EvaluationSession(ABC):
     def store(self, task: int, target: int, protocol: int, episodes: TensorDict) -> None:
         """Keep the episodes (the embodied evaluation's zarr stores); nothing by default."""
 
-    def add_counts(self, totals: np.ndarray) -> None:
-        """Add one step's counts, summed over the workers."""
+    def add_counts(self, totals: np.ndarray, lost: int = 0) -> None:
+        """Add one step's counts and lost episodes, summed over the workers."""
         self.counts += totals
+        self.lost += lost
 
     def finish(self, video: bool) -> dict[str, float]:
         """Once no worker has items left (every rank calls it): write what the evaluation
@@ -169,8 +173,13 @@ class EvaluationSession(ABC):
         ``.../ci_low``, ``.../ci_high`` (Wilson 95%), ``.../episodes`` and ``.../episode_length``
         (mean decision steps, or response tokens); with several tasks the same per task under
         ``eval/{task}/{p}/``; with several targets each under ``eval/step{S}/``. Groups without
-        an episode in this session (all done before it, by a stopped evaluation) are left out."""
-        out: dict[str, float] = {}
+        an episode in this session (all done before it, by a stopped evaluation) are left out.
+        Also ``eval/lost_episodes``, the episodes lost to simulator faults (and rolled out again)
+        during the evaluation, all workers, and ``eval/lost_fraction``, their share of the
+        episodes rolled out."""
+        recorded = round(float(self.counts[..., EPISODES].sum()))
+        out: dict[str, float] = {"eval/lost_episodes": float(self.lost),
+                                 "eval/lost_fraction": self.lost / max(self.lost + recorded, 1)}
         for c in range(len(self.target_steps)):
             prefix = "eval" if len(self.target_steps) == 1 else f"eval/step{self.step_of(c)}"
             for p, protocol in enumerate(self.protocols):

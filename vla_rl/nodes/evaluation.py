@@ -44,12 +44,14 @@ def load_eval_episodes(ctx, batch) -> NodeOutput:
 
 def rollout_eval_episodes(ctx, batch) -> NodeOutput:
     """Run the group of ``batch``; returns its episodes (``success``, ``finish_step``, the rollout
-    keys and the input keys) except those lost to a simulator fault (a later step redoes them),
-    or the empty batch unchanged."""
+    keys and the input keys) except those lost to a simulator fault (a later step redoes them;
+    the session counts them for ``eval/lost_episodes``), or the empty batch unchanged."""
     if len(batch) == 0:
         return NodeOutput(batch, {})
-    episodes, env_steps = ctx.resources.evaluation.rollout(batch)
-    metrics = {"eval/lost_fraction": (len(batch) - len(episodes)) / len(batch)}
+    session = ctx.resources.evaluation
+    episodes, env_steps = session.rollout(batch)
+    session.lost_here += len(batch) - len(episodes)
+    metrics = {}
     if len(episodes):
         metrics["eval/episode_length"] = mean(episodes[keys.FINISH_STEP].float().mean(), len(episodes))
     if env_steps and len(episodes):  # simulated episodes, not all lost
@@ -80,18 +82,19 @@ def record_eval_episodes(ctx, batch) -> NodeOutput:
 
     Metrics (the same on every worker): ``eval/recorded``, ``eval/recorded_successes`` and
     ``eval/remaining`` (this step, all workers); once nothing remains, the evaluation's figures
-    (:meth:`~vla_rl.evaluation.session.EvaluationSession.metrics`) and what finishing it reports
-    (e.g. ``video/<tag>_successes``).
+    (:meth:`~vla_rl.evaluation.session.EvaluationSession.metrics`, with the episodes lost during
+    it) and what finishing it reports (e.g. ``video/<tag>_successes``).
     """
     session = ctx.resources.evaluation
     counts = torch.as_tensor(session.record(batch), dtype=torch.float64)
-    remaining = torch.tensor([float(session.remaining())], dtype=torch.float64)
-    totals = torch.cat([counts.flatten(), remaining]) / ctx.replicas  # replicated shards count once
+    extra = torch.tensor([float(session.remaining()), float(session.lost_here)], dtype=torch.float64)
+    session.lost_here = 0
+    totals = torch.cat([counts.flatten(), extra]) / ctx.replicas  # replicated shards count once
     all_reduce(totals, group=ctx.group, tag="evaluation")
     totals = totals.round()  # whole counts: the replicas' shares sum to them up to float64 rounding
-    step_counts = totals[:-1].reshape(counts.shape).numpy()
-    session.add_counts(step_counts)
-    remaining = float(totals[-1])
+    step_counts = totals[:-2].reshape(counts.shape).numpy()
+    session.add_counts(step_counts, lost=int(totals[-1]))
+    remaining = float(totals[-2])
     metrics = {"eval/recorded": same(step_counts[..., 1].sum()), "eval/recorded_successes": same(step_counts[..., 0].sum()),
                "eval/remaining": same(remaining)}
     if remaining == 0:
