@@ -14,8 +14,8 @@ from tensordict import TensorDict
 from vla_rl.dag.loader import load_template
 from vla_rl.evaluation.session import EvaluationSession, _figures
 from vla_rl.nodes.evaluation import load_eval_episodes, record_eval_episodes, rollout_eval_episodes
-from vla_rl_core import keys
 from vla_rl.utils.stats import wilson_interval
+from vla_rl_core import keys
 
 
 def test_counts_summed_from_replicas_shares_are_whole():
