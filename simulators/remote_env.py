@@ -469,6 +469,9 @@ class _HubServer:
     async def serve(self, started: threading.Event) -> None:
         from websockets.asyncio.server import serve
 
+        from vla_rl_core.auth import quiet_failed_handshakes
+
+        quiet_failed_handshakes()  # a port probe: one line, not a traceback
         self._idle = asyncio.Queue()
         async with serve(self._handle, self.config.host, self.config.port, compression=None, max_size=None,
                          process_request=self._process_request) as server:

@@ -1,10 +1,12 @@
-"""The shared-token check of vla-rl's websocket servers (``vla-rl serve``, the remote environment
-hub): the client sends the header ``Authorization: Api-Key TOKEN``, as openpi-client's
-``WebsocketClientPolicy(api_key=TOKEN)`` does."""
+"""What vla-rl's websocket servers (``vla-rl serve``, the remote environment hub) share: the
+shared-token check (the client sends the header ``Authorization: Api-Key TOKEN``, as
+openpi-client's ``WebsocketClientPolicy(api_key=TOKEN)`` does), and a failed opening handshake
+logged in one line (:func:`quiet_failed_handshakes`)."""
 
 from __future__ import annotations
 
 import hmac
+import logging
 from typing import Any
 
 AUTHORIZATION = "Authorization"
@@ -33,3 +35,30 @@ def token_problem(request: Any, token: str | None) -> str | None:
     if hmac.compare_digest(sent.encode("utf-8", "surrogateescape"), f"Api-Key {token}".encode()):
         return None
     return "wrong token" if sent else "no token"
+
+
+class _OneLineHandshakeFailure(logging.Filter):
+    """``websockets``' "opening handshake failed" (an ERROR with a 30-line chained traceback, for
+    every TCP health check or port probe that closes without an HTTP request) as one INFO line
+    naming the reason."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() == "opening handshake failed" and record.exc_info:
+            error = record.exc_info[1]
+            cause = error.__cause__ or error.__context__
+            reason = f"{type(error).__name__}: {error}" + (f" ({cause})" if cause is not None else "")
+            record.msg, record.args, record.exc_info, record.exc_text = (
+                f"opening handshake failed: {reason}".replace("\n", " "), None, None, None)
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+_HANDSHAKE_FILTER = _OneLineHandshakeFailure()
+
+
+def quiet_failed_handshakes() -> None:
+    """Log ``websockets``' failed opening handshakes (a TCP probe, a half-open socket, a client
+    that is not a websocket) in one INFO line instead of an ERROR with a traceback; idempotent."""
+    server_logger = logging.getLogger("websockets.server")
+    if _HANDSHAKE_FILTER not in server_logger.filters:
+        server_logger.addFilter(_HANDSHAKE_FILTER)

@@ -152,3 +152,23 @@ def test_a_server_runs_again_after_it_stopped():
         with server_thread(running):
             assert WebsocketClientPolicy("127.0.0.1", running.port).infer({"state": state()})["actions"].shape == \
                 (1, ACT_DIM)
+
+
+def test_a_tcp_probe_is_one_log_line_not_a_traceback(server, caplog):
+    """A TCP health check (connects, sends nothing, closes) logged websockets' ERROR "opening
+    handshake failed" with a 30-line chained traceback; 50 probes gave 150 tracebacks."""
+    import logging
+    import socket
+    import time
+
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):
+            socket.create_connection(("127.0.0.1", server.port)).close()
+        deadline = time.monotonic() + 10
+        while caplog.text.count("opening handshake failed") < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    failures = [r for r in caplog.records if r.getMessage().startswith("opening handshake failed")]
+    assert len(failures) == 3
+    assert all(r.levelno == logging.INFO and r.exc_info is None and "\n" not in r.getMessage() for r in failures)
+    assert "Traceback" not in caplog.text
+    assert WebsocketClientPolicy("127.0.0.1", server.port).infer({"state": state()})["actions"].shape == (1, ACT_DIM)

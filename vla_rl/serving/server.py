@@ -62,7 +62,7 @@ from websockets.asyncio.server import Request, Response, ServerConnection, serve
 from vla_rl.serving import ServeError
 from vla_rl.serving.policy import ServedPolicy
 from vla_rl_core import wire
-from vla_rl_core.auth import REFUSAL, token_problem
+from vla_rl_core.auth import REFUSAL, quiet_failed_handshakes, token_problem
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +164,7 @@ class PolicyServer:
         Raises:
             ServeError: it cannot listen on ``host:port``.
         """
+        quiet_failed_handshakes()  # a TCP health check: one line, not a traceback
         self._queue = asyncio.Queue()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vla-rl-policy")
         batcher = asyncio.create_task(self._batches())
