@@ -17,8 +17,10 @@ episode ends, and its ``info`` says ``success`` (or ``is_success``, gymnasium-ro
 ``invalid``: the episode must not be scored,
 e.g. a person stopped the robot). An exception inside the environment is sent to the trainer as
 an error (that episode is lost) and the client goes on. Disconnected, the client connects again
-after ``retry_s`` (the trainer counts the episode it was running as lost); a refused token or an
-environment that does not fit the run stops it with :class:`RemoteRefused`.
+after ``retry_s`` (the trainer counts the episode it was running as lost); a chunk whose
+connection closes while it runs (the trainer gave up waiting for it, or stopped) or whose client
+is stopped is not executed further: no action is taken for an episode the trainer has dropped. A
+refused token or an environment that does not fit the run stops it with :class:`RemoteRefused`.
 
 This module needs only numpy, gymnasium, msgpack and websockets.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -43,6 +46,14 @@ STATE_KEY, IMAGE_SUFFIX = "state", "_image"
 
 class RemoteRefused(RuntimeError):
     """The trainer refused this client (wrong token, or an environment that does not fit the run)."""
+
+
+class _Dropped(Exception):
+    """A chunk stopped before its ``left`` of ``sent`` actions: the trainer no longer waits for it."""
+
+    def __init__(self, left: int, sent: int) -> None:
+        super().__init__(left, sent)
+        self.left, self.sent = left, sent
 
 
 class RobotClient:
@@ -112,6 +123,8 @@ class RobotClient:
         return self.thread
 
     def _session(self, websocket, stop: threading.Event) -> None:
+        from websockets.protocol import State
+
         websocket.send(wire.packb(self.hello))
         welcome = websocket.recv()
         if isinstance(welcome, str):
@@ -124,14 +137,20 @@ class RobotClient:
                 continue
             request = wire.unpackb(message)
             try:
-                answer = self._answer(request)
+                answer = self._answer(request, lambda: websocket.state is State.OPEN and not stop.is_set())
+            except _Dropped as dropped:
+                logger.warning("the connection closed or the client stopped during a chunk: %s of its %s actions "
+                               "not executed", dropped.left, dropped.sent)
+                return
             except Exception as err:  # noqa: BLE001 (the environment's failure loses this episode only)
                 logger.exception("the environment failed on a %s request", request.get("type"))
                 websocket.send(f"{type(err).__name__}: {err}")
                 continue
             websocket.send(wire.packb(answer))
 
-    def _answer(self, request: dict) -> dict:
+    def _answer(self, request: dict, wanted: Callable[[], bool] | None = None) -> dict:
+        """The answer to ``request``; ``wanted()`` says, before each action of a chunk, whether
+        the trainer still waits for it (else :class:`_Dropped`; None: it always does)."""
         kind = request.get("type")
         if kind == "reset":
             obs, _ = self.env.reset(seed=int(request["init_state_id"]))
@@ -141,7 +160,10 @@ class RobotClient:
             reward, success, invalid, steps = 0.0, False, False, 0
             terminated = truncated = False
             space = self.env.action_space
-            for action in executed_actions(np.asarray(request["actions"], dtype=np.float32), space.low, space.high):
+            actions = executed_actions(np.asarray(request["actions"], dtype=np.float32), space.low, space.high)
+            for action in actions:
+                if wanted is not None and not wanted():
+                    raise _Dropped(len(actions) - steps, len(actions))
                 obs, step_reward, terminated, truncated, info = self.env.step(action)
                 reward += float(step_reward)
                 invalid |= bool(info.get("invalid", False))

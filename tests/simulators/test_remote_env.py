@@ -33,6 +33,7 @@ class WalkEnv(gym.Env):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (state_dim,), np.float32)
         self.action_space = gym.spaces.Box(-10.0, 10.0, (1,), np.float32)
         self.slow_s, self.position, self.seed_ = slow_s, 0, 0
+        self.steps = 0  # actions executed, all episodes
         self.slow_steps: list[tuple[float, float]] = []  # (start, end) of each slow step
 
     def _obs(self) -> np.ndarray:
@@ -50,6 +51,7 @@ class WalkEnv(gym.Env):
         return obs, {}
 
     def step(self, action):
+        self.steps += 1
         value = float(action[0])
         if value == 7:
             raise RuntimeError("the gripper jammed")
@@ -137,6 +139,21 @@ def test_lost_episodes_are_reported_and_the_clients_serve_again(ray_on_loopback,
         obs = pool.reset(np.arange(4) + 10)
         assert obs[:, 1].tolist() == [10, 11, 12, 13]
         assert hub_stats(pool)["connected"] == 5 and all(client.error is None for client in clients)
+
+
+def test_a_robot_stops_a_chunk_the_trainer_gave_up_on(ray_on_loopback, stop):
+    """The hub drops a client that does not answer within step_timeout_s; the client executed the
+    rest of its chunk anyway (a real robot moving for an episode nobody waits for). Now it checks
+    its connection before each action: after the slow first action, the other three are not run."""
+    env = WalkEnv(slow_s=1.5)
+    with SimulatorPool("remote", config(step_timeout_s=0.5), num_actors=1, envs_per_actor=1) as pool:
+        serve_envs([env], uri(pool), stop=stop, retry_s=0.1)
+        pool.reset(np.array([0]))
+        out = pool.collect(pool.submit(np.array([0]), np.array([[[5], [1], [1], [1]]], np.float32)))
+        assert out["lost"].tolist() == [True]
+        time.sleep(2.5)  # the slow action ends; the client finds its connection closed
+        assert env.steps == 1 and env.position == 1
+        assert pool.reset(np.array([4]))[0, 1] == 4  # it connected again and serves
 
 
 def test_a_non_finite_observation_loses_its_episode_not_the_run(ray_on_loopback, stop):
