@@ -192,3 +192,25 @@ def test_worker_group_refuses_non_scalar_replies(ray_on_loopback):
     group = WorkerGroup([Leaky.remote()])
     with pytest.raises(TypeError, match="not scalar metrics"):
         group.call("run_step", 0)
+
+
+def test_a_remote_run_says_how_many_clients_it_needs():
+    """The docs' 8 clients for the default embodied_srpo (64 episodes a step, 50 per evaluation)
+    waited 300 s for clients that would never come: every environment of every worker's pool runs
+    an episode at once and keeps its client. The driver now prints how many to connect."""
+    from vla_rl.dag.loader import load_template
+    from vla_rl.dag.planner import plan
+    from vla_rl.driver import remote_clients_note
+
+    remote = ["simulator.name=remote", "simulator.env.state_dim=15", "simulator.env.action_dim=7",
+              "warm_start.num_demos=0"]
+    cases = [([], 64),  # 8 x 8 a step over 2 workers: 32 each (more than 25 evaluation episodes each)
+             (["data.init_states_per_step=2", "data.group_size=4", "eval.num_episodes=8"], 8),
+             (["data.init_states_per_step=2", "data.group_size=4", "eval.num_episodes=50"], 50),
+             (["data.init_states_per_step=2", "data.group_size=4", "eval.num_episodes=5"], 8)]
+    for overrides, needed in cases:
+        template = load_template("embodied_srpo", [*remote, *overrides])
+        note = remote_clients_note(template.config, plan(template))
+        assert note.startswith(f"remote environments: connect at least {needed} clients to ws://127.0.0.1:8765"), \
+            overrides
+    assert remote_clients_note(load_template("embodied_srpo").config, plan(load_template("embodied_srpo"))) is None

@@ -179,6 +179,12 @@ class Plan:
         """The ``train`` phase's DP-size hops."""
         return self.phase("train").hops
 
+    def rollout_dp_size(self, rank: int) -> int:
+        """The DP size of the ``train`` phase's ``env_interact`` node on worker ``rank`` (which
+        sizes its simulator pool); the world size when it runs none."""
+        return next((task.dp_size for task in self.chains[rank] if isinstance(task, RunNode)
+                     and task.type == "env_interact"), self.world_size)
+
 
 def plan(template: Template, world_size: int | None = None) -> Plan:
     """Validate ``template`` and compile one task chain per worker rank and phase.

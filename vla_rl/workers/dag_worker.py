@@ -131,9 +131,8 @@ class DAGWorker:
             ``start_step``, on resume ``skipped_checkpoints`` (newer checkpoints that failed
             verification and were set aside), and the warm start's metrics (scalars).
         """
-        rollout_dp = next((t.dp_size for t in self.plan.phase("train").chains[self.rank]
-                           if isinstance(t, RunNode) and t.type == "env_interact"), self.world_size)
-        self.resources = Resources(self.config, self.rank, self.world_size, self.run_dir, self.device, rollout_dp)
+        self.resources = Resources(self.config, self.rank, self.world_size, self.run_dir, self.device,
+                                   self.plan.rollout_dp_size(self.rank))
         self.checkpointer = WorkerCheckpointer(self.run_dir / CHECKPOINTS_DIR, self.resources)
         self.resources.workflow.prepare(self.resources)
         metrics: dict[str, float] = {}

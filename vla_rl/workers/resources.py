@@ -18,7 +18,6 @@ an undeclared resource fails with a message naming both.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,18 +130,6 @@ class Resources:
         self.generator = torch.Generator().manual_seed(config.run.seed * 1_000_003 + rank)
         self.workflow = WORKFLOWS.get(config.run.workflow)
         self._built: dict[str, Any] = {}
-
-    # ------------------------------------------------------------------ facts builders share
-    @property
-    def episodes_per_step(self) -> int:
-        """Training episodes this worker rolls out per step."""
-        data = self.config.data
-        return data.init_states_per_step // self.rollout_dp_size * data.group_size
-
-    @property
-    def eval_episodes(self) -> int:
-        """Evaluation episodes per protocol on this worker (ids dealt round-robin over workers)."""
-        return math.ceil(self.config.eval.num_episodes / self.world_size)
 
     # ------------------------------------------------------------------ building
     def ensure(self, names: Iterable[str]) -> list[str]:

@@ -199,15 +199,25 @@ def simulator_spec(config) -> EnvSpec:
     return spec.with_tasks(len(config.simulator.task_names())) if config.simulator.multi_task else spec
 
 
+def simulator_pool_size(config, rollout_dp_size: int, world_size: int) -> int:
+    """The environments of one worker's simulator pool: its training episodes per step
+    (``data.init_states_per_step / rollout_dp_size x data.group_size``) or its held-out evaluation
+    episodes per protocol (``eval.num_episodes`` dealt round-robin over the workers), whichever is
+    more; at least 1. Every one runs an episode at once (a remote run needs a client for each)."""
+    data = config.data
+    return max(data.init_states_per_step // rollout_dp_size * data.group_size,
+               math.ceil(config.eval.num_episodes / world_size), 1)
+
+
 @register_resource("simulator_pool", close=lambda pool: pool.close())
 def build_simulator_pool(res):
     """This worker's simulator pool (Ray actors on the worker's own node), sized for its training and
-    evaluation episodes; with ``simulator.tasks``, a pool of the task set."""
+    evaluation episodes (:func:`simulator_pool_size`); with ``simulator.tasks``, a pool of the task set."""
     from simulators.pool import SimulatorPool
     from vla_rl.workers.placement import same_node_strategy
 
     sim = res.config.simulator
-    capacity = max(res.episodes_per_step, res.eval_episodes, 1)
+    capacity = simulator_pool_size(res.config, res.rollout_dp_size, res.world_size)
     options = {"num_cpus": sim.num_cpus_per_actor, "scheduling_strategy": same_node_strategy()}
     return SimulatorPool(sim.name, sim.task_envs() if sim.multi_task else sim.env, num_actors=sim.actors_per_worker,
                          envs_per_actor=math.ceil(capacity / sim.actors_per_worker), actor_options=options,
