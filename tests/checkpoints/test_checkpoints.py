@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -10,6 +11,8 @@ import types
 import numpy as np
 import pytest
 import torch
+from safetensors import SafetensorError
+from torch.distributed.checkpoint.api import CheckpointException
 
 from vla_rl.checkpoints import files as ckpt
 from vla_rl.checkpoints import integrity
@@ -363,6 +366,31 @@ def test_worker_save_of_non_finite_weights_publishes_nothing(tmp_path, process_g
                                          r"tensor '0.weight'.*the last checkpoint is still .*step_00000001"):
         checkpointer.save(2, keep_last=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000001"]  # staging removed
+
+
+@pytest.mark.parametrize("failure", [
+    lambda: SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+    lambda: OSError(errno.ENOSPC, "No space left on device"),
+    lambda: CheckpointException("save", {0: (OSError(errno.ENOSPC, "No space left on device", "/x/__0_0.distcp"),
+                                             None)}),  # FSDP's sharded state; a BaseException
+], ids=["safetensors", "torch-save", "distributed-checkpoint"])
+def test_a_full_disk_during_a_save_is_one_line_that_says_how_to_resume(tmp_path, process_group, monkeypatch,
+                                                                       failure):
+    """A full disk stopped the run with safetensors' 60-line Ray traceback; now one line naming
+    the reason, the checkpoint kept and the resume command; nothing is published."""
+    model, optimizer = make_model_and_optimizer(0)
+    checkpointer = WorkerCheckpointer(tmp_path / "checkpoints", one_rank_resources(model, optimizer))
+    checkpointer.save(1, keep_last=2)
+
+    def full_disk(directory, *args, **kwargs):
+        raise failure()
+
+    monkeypatch.setattr(ckpt, "save_model", full_disk)
+    with pytest.raises(RunStopped, match=r"checkpoint of step 2 not written in .*checkpoints: No space left on device\. "
+                                         r"Nothing was saved; the last checkpoint is still .*step_00000001\. .*"
+                                         r"vla-rl train --resume " + re.escape(str(tmp_path))):
+        checkpointer.save(2, keep_last=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000001"]
 
 
 def test_worker_resume_falls_back_and_sets_corrupted_checkpoints_aside(tmp_path, process_group):

@@ -15,12 +15,14 @@ checkpoint helpers the resources register live here too.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from vla_rl.checkpoints import files as checkpoint
 from vla_rl.checkpoints import integrity as checkpoint_integrity
@@ -29,6 +31,28 @@ from vla_rl.errors import ResumeRefused, RunStopped
 from vla_rl.utils.collectives import cpu_barrier
 
 logger = logging.getLogger(__name__)
+
+
+#: safetensors' (Rust) ``I/O error: No space left on device (os error 28)``, and an ``OSError``
+#: quoted in another error's text (torch.distributed.checkpoint's ``CheckpointException`` lists
+#: each rank's failure): ``[Errno 28] No space left on device``.
+_QUOTED_OS_ERRORS = (re.compile(r"I/O error: (.+?) \(os error \d+\)"), re.compile(r"\[Errno \d+\] ([^:'\"\n]+)"))
+
+
+def file_system_error(error: BaseException | None) -> str | None:
+    """Why the file system refused a write, when that is what ``error`` (or an error in its chain)
+    is: an ``OSError``'s reason (``No space left on device``, ``Read-only file system``, ...), or
+    one quoted in its text (:data:`_QUOTED_OS_ERRORS`); else None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError):
+            return error.strerror or str(error)
+        for pattern in _QUOTED_OS_ERRORS:
+            if (match := pattern.search(str(error))) is not None:
+                return match.group(1).strip()
+        error = error.__cause__ or error.__context__
+    return None
 
 
 class WorkerCheckpointer:
@@ -50,7 +74,8 @@ class WorkerCheckpointer:
 
         Raises:
             RunStopped: this rank's part could not be written (a non-finite tensor: the message
-                names the file and the tensor); nothing was published.
+                names the file and the tensor; the file system refused it, e.g. a full disk: the
+                message names the reason and how to resume); nothing was published.
             Exception: what this rank's writing raised otherwise. A rank whose own part was
                 written returns normally when another rank failed (that rank reports).
         """
@@ -61,8 +86,8 @@ class WorkerCheckpointer:
             metadata = res.save_checkpoint(directory)
             checkpoint.save_checkpoint(self.root, step, rank=res.rank, generator=res.generator, metadata=metadata,
                                        device=res.device)
-        except Exception as err:  # noqa: BLE001 - every rank must learn of it before anyone publishes
-            error = err
+        except (Exception, CheckpointException) as err:  # noqa: BLE001 - every rank must learn of it before anyone
+            error = err  # publishes (torch.distributed.checkpoint's CheckpointException is a BaseException)
         # On the CPU (gloo): rank 0 may still be writing the whole model, longer than NCCL's watchdog waits.
         failed = torch.tensor([0 if error is None else 1])
         dist.all_reduce(failed)  # also the barrier: every rank's files are staged
@@ -76,6 +101,12 @@ class WorkerCheckpointer:
                     f"checkpoint of step {step} not written: {error}. Nothing was saved; the last checkpoint is still "
                     f"{latest or 'none'}. Lower the learning rate (trainer.lr) and resume from it "
                     f"(vla-rl train --resume {self.root.parent} trainer.lr=...)") from error
+            if (reason := file_system_error(error)) is not None:
+                latest = checkpoint.latest_checkpoint(self.root)
+                raise RunStopped(
+                    f"checkpoint of step {step} not written in {self.root}: {reason}. Nothing was saved; the last "
+                    f"checkpoint is still {latest or 'none'}. Free space there (or fix the problem) and resume from "
+                    f"it (vla-rl train --resume {self.root.parent})") from error
             if error is not None:
                 raise error
             return
