@@ -49,6 +49,28 @@ def test_paths_that_cannot_be_run_directories_are_one_error_naming_the_field(tmp
     assert refused.value.field == "run.name"
 
 
+@pytest.mark.parametrize("name", ["ro", None], ids=["named", "default-name"])
+def test_an_output_dir_that_takes_no_new_directory_is_blamed_not_the_name(tmp_path, monkeypatch, name):
+    """A read-only run.output_dir was reported as "field 'run.name': run.name 'ro': ... Read-only
+    file system"; an unnamed run there was a traceback. (Simulated: this machine's tests run as
+    root, whom permissions do not stop.)"""
+    import errno
+    from pathlib import Path
+
+    make = Path.mkdir
+
+    def read_only(self, *args, **kwargs):
+        if self.parent == tmp_path:
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return make(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(RunDirError, match=f"run.output_dir {tmp_path}: the run directory .* cannot be made there: "
+                                          "Read-only file system") as refused:
+        RunDirectory.create(tmp_path, name, "embodied_grpo")
+    assert refused.value.field == "run.output_dir"
+
+
 def test_default_names_started_in_the_same_second_are_distinct(tmp_path):
     runs = [RunDirectory.create(tmp_path, None, "t") for _ in range(3)]
     assert len({run.path for run in runs}) == 3

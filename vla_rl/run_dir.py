@@ -23,6 +23,7 @@ workers' working directory is where ``ray start`` ran, not the driver's.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -55,6 +56,15 @@ INPUT_PATH_FIELDS = ("warm_start.demo_store", "warm_start.dataset", "text.model_
 
 class RunDirError(TemplateError):
     """A run directory that cannot be used (exists, is not a run, or is in use); names it."""
+
+
+#: Errors of making a run directory that are the parent's (``run.output_dir``), not the name's.
+_PARENT_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
+
+
+def _unwritable(parent: Path, path: Path, err: OSError) -> RunDirError:
+    return RunDirError(f"run.output_dir {parent}: the run directory {path.name} cannot be made there: "
+                       f"{err.strerror or err}", field="run.output_dir")
 
 
 class RunDirectory:
@@ -91,6 +101,8 @@ class RunDirectory:
                 raise RunDirError(f"run directory {path} already exists: continue it with `vla-rl train --resume "
                                   f"{path}`, or choose another run.name", field="run.name") from None
             except OSError as err:
+                if err.errno in _PARENT_ERRNOS:  # the directory refuses any new entry: not the name's fault
+                    raise _unwritable(parent, path, err) from None
                 raise RunDirError(f"run.name {name!r}: {path} cannot be made: {err.strerror or err} (a run name is "
                                   "one directory under run.output_dir)", field="run.name") from None
         else:
@@ -102,6 +114,8 @@ class RunDirectory:
                     break
                 except FileExistsError:
                     continue
+                except OSError as err:
+                    raise _unwritable(parent, path, err) from None
         run = cls(path)
         run.lock()
         return run
