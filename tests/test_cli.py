@@ -105,6 +105,15 @@ def test_bad_world_size_is_a_usage_error(tmp_path, capsys):
     assert "positive integer" in capsys.readouterr().err
 
 
+def test_a_world_size_that_contradicts_workers_num_workers_is_refused(capsys):
+    """`plan --world-size 2 workers.num_workers=3` planned for 2 workers and exited 0, though the
+    run (3 workers) is refused: 8 initial states do not split over 3."""
+    assert main(["plan", "embodied_srpo", "--world-size", "2", "workers.num_workers=3"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --world-size 2 and workers.num_workers=3 disagree: give one "
+                                               "(the run trains with workers.num_workers)")
+    assert main(["plan", "embodied_srpo", "--world-size", "2", "workers.num_workers=2"]) == 0
+
+
 def test_subprocess_malformed_template_exits_2_in_red(tmp_path):
     path = _write(tmp_path, "default", reward_role="rewarder")
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}

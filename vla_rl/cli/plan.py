@@ -35,6 +35,11 @@ def run_plan(args: argparse.Namespace) -> int:
     if len(names) != 1:
         raise CommandLineError(f"name one template before or after the overrides (got {names or 'none'})")
     template = load_template(names[0], overrides)
+    given = template.config.workers.num_workers
+    if args.world_size is not None and args.world_size != given and any(
+            override.partition("=")[0].strip() == "workers.num_workers" for override in overrides):
+        raise CommandLineError(f"--world-size {args.world_size} and workers.num_workers={given} disagree: give one "
+                               "(the run trains with workers.num_workers)")
     preflight(template, world_size=args.world_size)
     the_plan = plan(template, world_size=args.world_size)
     print(describe_plan(the_plan))
