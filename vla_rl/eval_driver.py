@@ -95,8 +95,9 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     for override in overrides:
         section = override.removeprefix("~").split(".", 1)[0]
         if section in UNREAD_SECTIONS:
+            whose = "checkpoints'" if run_dir else "template's"
             raise EvalInputError(f"{override.split('=', 1)[0]}: vla-rl eval runs no {UNREAD_SECTIONS[section]} (it "
-                                 f"rolls out the {'checkpoints' if run_dir else 'template'}'s policy); remove it")
+                                 f"rolls out the {whose} policy); remove it")
     if run_config.run.workflow != "embodied":
         raise EvalInputError(f"{what} is a text {'run' if run_dir else 'template'}; vla-rl eval evaluates embodied "
                              "policies")
@@ -175,13 +176,16 @@ def default_eval_dir(run_dir: Path | None, run_config, policy_from: str | None) 
 def _check_same_evaluation(eval_dir: Path, loaded, chosen: bool) -> None:
     """An existing evaluation in ``eval_dir`` (its ``template.yaml``) must be of the same policy
     section and ``run.seed`` (the seed of the sampled protocol and of a template's initial
-    weights), so that a continued evaluation never pools episodes of two policies or two seeds.
-    Its model paths count as absolute (an evaluation before 2026-12-06 stored them as given).
+    weights), so that a continued evaluation never pools episodes of two policies or two seeds,
+    and of the same checkpoints, protocols and benchmark tasks, whose rows its report holds (an
+    evaluation of step 3 alone replaced the report of steps 1 and 2, whose checkpoint of step 1
+    was gone). Its model paths count as absolute (an evaluation before 2026-12-06 stored them as
+    given).
 
     Raises:
-        EvalInputError: naming the first differing field and both values.
+        EvalInputError: naming the first differing field and both values, or both selections.
     """
-    from vla_rl.config.sections import RunSection
+    from vla_rl.config.sections import EvalSection, RunSection
     from vla_rl.run_dir import absolute
 
     resolved = eval_dir / RUN_TEMPLATE
@@ -204,6 +208,34 @@ def _check_same_evaluation(eval_dir: Path, loaded, chosen: bool) -> None:
         raise EvalInputError(f"{flag}{eval_dir} holds an evaluation under run.seed {seed!r}, here "
                              f"{loaded.config.run.seed!r} (it seeds the sampled protocol and a template's initial "
                              "weights); name another --output")
+    try:
+        earlier_rows = _report_rows(EvalSection.model_validate(earlier_config.get("eval") or {}))
+    except ValueError:  # an evaluation section this version does not read: compared by the fields above only
+        return
+    rows = _report_rows(loaded.config.eval)
+    if earlier_rows != rows:
+        raise EvalInputError(
+            f"{flag}{eval_dir} holds an evaluation of {_describe_rows(earlier_rows)}, and this one evaluates "
+            f"{_describe_rows(rows)}: its report would replace that one's; name another --output (the same "
+            "selection continues that evaluation)")
+
+
+def _report_rows(section) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | None, str | None]:
+    """What the rows of an evaluation's report are: its checkpoints (by name, ``step_<N>``: a run
+    directory copied or moved elsewhere holds the same), protocols (``sampled@T``), and benchmark
+    tasks."""
+    from vla_rl.evaluation.protocol import eval_protocols
+
+    protocols = tuple(p.name if p.greedy else f"{p.name}@{p.temperature:g}" for p in eval_protocols(section))
+    return (tuple(Path(c).name for c in section.checkpoints), protocols,
+            None if section.tasks is None else tuple(section.tasks), section.benchmark)
+
+
+def _describe_rows(rows) -> str:
+    checkpoints, protocols, tasks, benchmark = rows
+    steps = ", ".join(checkpoints) or "the template's policy"
+    where = "" if benchmark is None else f", benchmark {benchmark}" + ("" if tasks is None else f" {list(tasks)}")
+    return f"{steps} ({', '.join(protocols)}{where})"
 
 
 def _first_difference(a, b, path: str) -> tuple[str, object, object]:

@@ -306,3 +306,27 @@ def test_an_evaluation_stopped_before_ray_starts_leaves_no_directory(tmp_path, c
     (earlier / "report.json").write_text('{"earlier": "report"}')
     assert main(["eval", str(run_dir), *EVAL, "--output", str(earlier)]) == 1
     assert (earlier / "report.json").read_text() == '{"earlier": "report"}' and (earlier / "template.yaml").exists()
+
+
+def test_an_evaluation_of_other_checkpoints_or_protocols_does_not_replace_the_earlier_report(tmp_path):
+    """`vla-rl eval RUN` then `vla-rl eval RUN/checkpoints/step_3 eval.protocols=[greedy]` into the
+    same eval/ replaced the report of steps 1 and 2 (both protocols) by step 3's greedy row alone,
+    silently; now the second is refused before anything is written, and the same selection
+    continues the first."""
+    from vla_rl.evaluation.targets import EvalInputError
+
+    run_dir = write_run(tmp_path, "embodied_srpo", ["policy.config.hidden_sizes=[8]"],
+                        MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)), steps=(1, 2, 3))
+    eval_dir, _, _ = prepare_eval_dir([str(run_dir)], ["eval.num_episodes=2"], steps=[1, 2])
+    written = (eval_dir / "template.yaml").read_text()
+    with pytest.raises(EvalInputError, match=r"holds an evaluation of step_00000001, step_00000002 \(greedy, "
+                                             r"sampled@1\), and this one evaluates step_00000003 \(greedy\): its "
+                                             r"report would replace that one's; name another --output"):
+        prepare_eval_dir([str(run_dir / "checkpoints" / "step_00000003")], ["eval.protocols=[greedy]"])
+    with pytest.raises(EvalInputError, match=r"this one evaluates step_00000001, step_00000002 \(greedy, sampled@0.5"):
+        prepare_eval_dir([str(run_dir)], ["eval.temperature=0.5"], steps=[1, 2])
+    assert (eval_dir / "template.yaml").read_text() == written
+    prepare_eval_dir([str(run_dir)], ["eval.num_episodes=4"], steps=[1, 2])  # the same rows: it continues
+    other, _, _ = prepare_eval_dir([str(run_dir / "checkpoints" / "step_00000003")], ["eval.protocols=[greedy]"],
+                                   output=str(tmp_path / "step3"))
+    assert other == tmp_path / "step3"
