@@ -296,3 +296,17 @@ def test_inverted_success_rate_band_is_rejected_naming_the_field(write_template)
     assert (err.node, err.field) == (None, "algorithm.filter_groups.success_rate_band")
     assert "low <= high" in err.message
 
+
+
+def test_a_plug_in_module_not_on_the_path_gets_a_hint(tmp_path, monkeypatch):
+    """The extending.md commands, run from the examples' folder without PYTHONPATH=., said only
+    "No module named 'toy_penalty'"; the hint names PYTHONPATH, and only for the module itself
+    (not for a package the module imports)."""
+    with pytest.raises(TemplateError, match=r"cannot import 'toy_missing': ModuleNotFoundError: No module named "
+                                            r"'toy_missing' \(is the folder holding toy_missing on PYTHONPATH\?"):
+        load_template("embodied_srpo", ["run.imports=[toy_missing]"])
+    (tmp_path / "toy_needs_more.py").write_text("import no_such_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TemplateError) as error:
+        load_template("embodied_srpo", ["run.imports=[toy_needs_more]"])
+    assert error.value.message.endswith("No module named 'no_such_dependency'")

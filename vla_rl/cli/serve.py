@@ -115,6 +115,7 @@ def run_remote_env(args: argparse.Namespace) -> int:
     import yaml
 
     from simulators import SIMULATORS, make_env
+    from vla_rl.dag.loader import not_on_path
     from vla_rl.remote import RemoteRefused, serve_envs
 
     _check_hub_address(args.connect)  # before the environments: a robosuite one takes seconds to make
@@ -122,7 +123,8 @@ def run_remote_env(args: argparse.Namespace) -> int:
         try:
             importlib.import_module(module)
         except Exception as exc:  # any failure of the user's module is reported in one line
-            raise CommandLineError(f"--import {module}: cannot import it: {type(exc).__name__}: {exc}") from None
+            raise CommandLineError(f"--import {module}: cannot import it: {type(exc).__name__}: {exc}"
+                                   f"{not_on_path(module, exc)}") from None
     # vla-rl's own INFO lines (connections, episodes lost); other packages' warnings only (PyOpenGL's INFO)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("vla_rl").setLevel(logging.INFO)

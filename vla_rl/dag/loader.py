@@ -164,8 +164,18 @@ def _import_plugins(raw: dict[str, Any], file: Path) -> None:
         try:
             importlib.import_module(module)
         except Exception as exc:  # any failure of the user's module is reported in one line
-            raise TemplateError(f"cannot import {module!r}: {type(exc).__name__}: {exc}", file=file,
-                                field="run.imports") from None
+            raise TemplateError(f"cannot import {module!r}: {type(exc).__name__}: {exc}{not_on_path(module, exc)}",
+                                file=file, field="run.imports") from None
+
+
+def not_on_path(module: str, error: Exception) -> str:
+    """The hint for a plug-in ``module`` that was not found itself (not a module it imports): its
+    folder is on no import path; "" for any other error."""
+    if not isinstance(error, ModuleNotFoundError) or error.name is None or not (
+            module == error.name or module.startswith(error.name + ".")):
+        return ""
+    return (f" (is the folder holding {module.split('.')[0]} on PYTHONPATH? e.g. PYTHONPATH=. in front of the "
+            "command run from that folder)")
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path) -> dict[str, Any]:
