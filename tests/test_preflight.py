@@ -414,10 +414,10 @@ def test_good_inputs_pass(overrides, assets, tmp_path):
      r"supervised targets .* raise text.max_response_length to (\d+)$"),
     (["text.max_prompt_length=8"], "text.train_file", "the generated arithmetic train split",
      r"prompts are longer .* raise text.max_prompt_length to (\d+)$"),
-    (["text.num_generated_train=10"], "text.train_file", "the generated arithmetic train split",
-     "fewer than the 2 shards .* raise text.num_generated_train"),
-    (["text.num_generated_test=1"], "text.test_file", "the generated arithmetic test split",
-     "fewer than the 2 shards .* raise text.num_generated_test"),
+    (["text.num_generated_train=10"], "text.num_generated_train", "the generated arithmetic train split",
+     r"fewer than the 2 shards [^;]*: raise text.num_generated_train \(or read it with a smaller DP size\)$"),
+    (["text.num_generated_test=1"], "text.num_generated_test", "the generated arithmetic test split",
+     r"fewer than the 2 shards [^;]*: raise text.num_generated_test \(or read it with a smaller DP size\)$"),
 ], ids=["sft targets too long", "prompts too long", "too few training rows", "too few held-out rows"])
 def test_the_generated_prompts_are_checked_like_given_files(overrides, field, offending, match, tmp_path, capsys,
                                                             monkeypatch):

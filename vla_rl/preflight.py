@@ -362,9 +362,12 @@ def _check_prompt_file(path: str, field: str, prompts_per_step: int, layouts: di
         try:
             shard_steps_per_epoch(file, prompts_per_step, dp_size)
         except ValueError as error:
-            rows = field.replace("text.", "text.num_generated_").removesuffix("_file")
-            advice = "" if name is None else f" (a generated split: raise {rows})"
-            raise PreflightError(named(error) + advice, node=node, field=field) from None
+            if name is None:
+                raise PreflightError(named(error), node=node, field=field) from None
+            rows = field.replace("text.", "text.num_generated_").removesuffix("_file")  # a generated split's size
+            what = named(error).split("; rewrite it")[0].split(", or read it")[0]  # not advice for a file of yours
+            raise PreflightError(f"{what}: raise {rows} (or read it with a smaller DP size)", node=node,
+                                 field=rows) from None
     return file
 
 
