@@ -43,7 +43,7 @@ class _OneLineHandshakeFailure(logging.Filter):
     naming the reason."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.getMessage() == "opening handshake failed" and record.exc_info:
+        if record.getMessage() == "opening handshake failed" and record.exc_info and _peer_left(record.exc_info[1]):
             error = record.exc_info[1]
             cause = error.__cause__ or error.__context__
             reason = f"{type(error).__name__}: {error}" + (f" ({cause})" if cause is not None else "")
@@ -51,6 +51,15 @@ class _OneLineHandshakeFailure(logging.Filter):
                 f"opening handshake failed: {reason}".replace("\n", " "), None, None, None)
             record.levelno, record.levelname = logging.INFO, "INFO"
         return True
+
+
+def _peer_left(error: BaseException) -> bool:
+    """Whether a failed handshake is the peer's doing (it closed, reset or sent no HTTP request:
+    websockets' ``InvalidMessage``, EOF, a connection error), not an error of the server's own
+    request handler, which keeps its ERROR and traceback."""
+    from websockets.exceptions import InvalidMessage
+
+    return isinstance(error, (InvalidMessage, EOFError, ConnectionError))
 
 
 _HANDSHAKE_FILTER = _OneLineHandshakeFailure()

@@ -19,6 +19,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from policies.mlp.configuration_mlp import MLPPolicyConfig
 from policies.mlp.modeling_mlp import MLPPolicy
+from vla_rl.serving import ServeError
 from vla_rl.serving.inputs import ServedInputs
 from vla_rl.serving.policy import ServedPolicy
 from vla_rl.serving.server import PolicyServer, server_thread
@@ -98,13 +99,30 @@ def test_actions_are_clipped_to_the_training_action_space_and_non_finite_ones_st
     assert served().metadata()["action_low"] is None
     act = bounded.policy.env_actions
 
-    def nan_actions(actions, obs):
-        return torch.full_like(act(actions, obs), float("nan"))
+    for value in (float("nan"), float("inf"), -float("inf")):  # inf was clipped into a bound and sent
+        def non_finite(actions, obs, value=value):
+            return torch.full_like(act(actions, obs), value)
 
-    bounded.policy.env_actions = nan_actions
-    with server_thread(PolicyServer(bounded, port=0)) as running:
-        with pytest.raises(RuntimeError, match="hold non-finite values"):
-            WebsocketClientPolicy("127.0.0.1", running.port).infer({"state": state()})
+        bounded.policy.env_actions = non_finite
+        with server_thread(PolicyServer(bounded, port=0)) as running:
+            with pytest.raises(RuntimeError, match="hold non-finite values"):
+                WebsocketClientPolicy("127.0.0.1", running.port).infer({"state": state()})
+    with pytest.raises(ServeError, match=r"the action bounds have shapes \[\(3,\), \(3,\)\]; the policy's actions "
+                                         r"have 7 values"):
+        ServedPolicy(served().policy, ServedInputs(OBS_DIM), "tiny-mlp", action_bounds=(np.zeros(3), np.ones(3)))
+
+
+def test_a_remote_runs_actions_are_served_unclipped():
+    """A remote environment's action space is the trainer's placeholder [-1, 1]; the robot clipped
+    to its own bounds, which it does not send: serving clipped to [-1, 1] what a robot of
+    Box(-10, 10) executed unclipped in training."""
+    from vla_rl.dag.loader import load_template
+    from vla_rl.serving.policy import simulator_io
+
+    remote = load_template("embodied_srpo", ["simulator.name=remote", "simulator.env.state_dim=15",
+                                             "simulator.env.action_dim=7", "warm_start.num_demos=0"]).config
+    inputs, bounds = simulator_io(remote)
+    assert bounds is None and inputs.state_dim == 15
 
 
 @pytest.mark.parametrize("array, field", [
@@ -172,3 +190,23 @@ def test_a_tcp_probe_is_one_log_line_not_a_traceback(server, caplog):
     assert all(r.levelno == logging.INFO and r.exc_info is None and "\n" not in r.getMessage() for r in failures)
     assert "Traceback" not in caplog.text
     assert WebsocketClientPolicy("127.0.0.1", server.port).infer({"state": state()})["actions"].shape == (1, ACT_DIM)
+
+
+def test_a_bug_in_the_request_handler_keeps_its_error_and_traceback(caplog, monkeypatch):
+    """Only a peer's leaving is shortened: an exception of the server's own handshake code is an
+    ERROR with its traceback, as websockets logs it."""
+    import logging
+    import time
+
+    def broken(self, connection, request):
+        raise KeyError("a bug in the token check")
+
+    monkeypatch.setattr(PolicyServer, "_process_request", broken)
+    with server_thread(PolicyServer(served(), port=0)) as running, caplog.at_level(logging.INFO):
+        with pytest.raises(Exception):
+            WebsocketClientPolicy("127.0.0.1", running.port)
+        deadline = time.monotonic() + 10
+        while "opening handshake failed" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+    (failure,) = [r for r in caplog.records if r.getMessage().startswith("opening handshake failed")]
+    assert failure.levelno == logging.ERROR and failure.exc_info is not None

@@ -73,8 +73,10 @@ class ServedPolicy:
         if not temperature > 0:
             raise ServeError(f"--temperature must be > 0, got {temperature}")
         if action_bounds is not None:
-            action_bounds = tuple(np.broadcast_to(np.asarray(b, dtype=np.float32), (int(policy.action_dim),))
-                                  for b in action_bounds)
+            action_bounds = tuple(np.asarray(b, dtype=np.float32) for b in action_bounds)
+            if any(b.shape != (int(policy.action_dim),) for b in action_bounds):
+                raise ServeError(f"the action bounds have shapes {[b.shape for b in action_bounds]}; the policy's "
+                                 f"actions have {policy.action_dim} values")
         self.action_bounds = action_bounds
         use_tf32(policy.device)  # the float32 products in TF32, as in the run's DAG workers
         self.policy = policy.eval()
@@ -143,7 +145,10 @@ class ServedPolicy:
             else:
                 actions = policy.sample_actions(obs, greedy=True)[0]
         actions = policy.env_actions(actions, obs).float().cpu().numpy()
-        return actions if self.action_bounds is None else np.clip(actions, *self.action_bounds)
+        if self.action_bounds is None:
+            return actions
+        # inf and NaN stay as they are (clipping would make inf a bound): the server sends an error instead
+        return np.where(np.isfinite(actions), np.clip(actions, *self.action_bounds), actions)
 
 
 def load_served_policy(target: str | Path, template: str | None = None, overrides: Sequence[str] = (),
@@ -218,23 +223,30 @@ def load_served_policy(target: str | Path, template: str | None = None, override
                         action_bounds=bounds)
 
 
-def simulator_io(config) -> tuple[ServedInputs, tuple[np.ndarray, np.ndarray]]:
+def simulator_io(config) -> tuple[ServedInputs, tuple[np.ndarray, np.ndarray] | None]:
     """The inputs of a policy trained on ``config``'s simulator and the bounds of its action space
     ``(low, high)``: one environment made (and closed) in this process, read as a simulator worker
-    reads it (its spec), with its instruction."""
+    reads it (its spec), with its instruction. The bounds are None for an environment that runs
+    its chunks elsewhere (a remote one: the robot's own environment clips to bounds it does not
+    tell the trainer)."""
     from simulators.gym_vector import env_spec
     from simulators.registry import make_env
+    from simulators.stepping import ChunkedSteps
 
     sim = config.simulator
     env = make_env(sim.name, sim.env_config())  # a task set's first task: its tasks share one layout
     try:
         spec = env_spec(env)
         instruction = None if sim.multi_task else env.instruction
-        bounds = (np.asarray(env.action_space.low, np.float32), np.asarray(env.action_space.high, np.float32))
+        bounds = None if isinstance(env, ChunkedSteps) else (np.asarray(env.action_space.low, np.float32),
+                                                             np.asarray(env.action_space.high, np.float32))
     finally:
         env.close()
     if sim.multi_task:
         spec = spec.with_tasks(len(sim.task_names()))
+    if bounds is None:
+        logger.warning("the %s simulator's environments clip actions on their own side: its actions are served "
+                       "unclipped", sim.name)
     return ServedInputs.from_spec(spec, instruction), bounds
 
 
