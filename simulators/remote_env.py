@@ -103,9 +103,9 @@ class RemoteEnvConfig:
     """Seconds a reset waits for a client to be free."""
     step_timeout_s: float = 60.0
     """Seconds the trainer waits for a client's answer to an action chunk."""
-    reset_timeout_s: float = 60.0
+    reset_timeout_s: float | None = None
     """Seconds the trainer waits for a client's answer to a reset (a robot homing its arm may need
-    more than a chunk does)."""
+    more than a chunk does); None: ``step_timeout_s``."""
     hub: str | None = None
     """Ray actor name of the hub; set by :meth:`RemoteEnv.start_services` (leave unset)."""
 
@@ -118,6 +118,8 @@ class RemoteEnvConfig:
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ComponentConfigError("port", f"port must be in [0, 65535], got {self.port!r}")
         for name in ("connect_timeout_s", "step_timeout_s", "reset_timeout_s"):
+            if name == "reset_timeout_s" and self.reset_timeout_s is None:
+                continue
             if not getattr(self, name) > 0:
                 raise ComponentConfigError(name, f"{name} must be a positive number of seconds, got "
                                                  f"{getattr(self, name)!r}")
@@ -180,9 +182,10 @@ class RemoteEnv(ChunkedSteps, gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
         """Start an episode on this environment's client (claiming one if it has none).
 
-        A client that does not answer within ``reset_timeout_s``, disconnects, fails, or answers an
-        observation that breaks the protocol is passed over (the last freed for another try), and
-        another claimed.
+        A client that does not answer within ``reset_timeout_s`` (``step_timeout_s`` when null),
+        disconnects, fails, or answers an observation that breaks the protocol is passed over and
+        another claimed; one whose observation broke the protocol stays free for other episodes
+        but is not reset again for this one.
 
         Raises:
             RunStopped: no client was free and reset within ``connect_timeout_s`` (the run stops
@@ -191,23 +194,31 @@ class RemoteEnv(ChunkedSteps, gym.Env):
         super().reset(seed=seed)
         deadline = time.monotonic() + self.config.connect_timeout_s
         request = {"type": "reset", "init_state_id": int(seed or 0), "task": self.config.task}
-        failed = None  # why the last reset failed
+        failed, refused = None, set()  # why the last reset failed; clients whose observation broke the protocol
         while True:
             if self._client is None:
                 self._client = self._call("claim", max(deadline - time.monotonic(), 0.0))
+                if self._client in refused:  # not reset again (a robot homing again) for this episode
+                    self._hub.release.remote(self._client)
+                    self._client = None
+                    if time.monotonic() < deadline:
+                        time.sleep(min(1.0, deadline - time.monotonic()))  # until another client is free
+                        continue
                 if self._client is None:
                     raise RunStopped(
                         f"no remote environment was free within simulator.env.connect_timeout_s="
                         f"{self.config.connect_timeout_s:g} s: connect clients (vla_rl.remote.RobotClient) to "
                         f"ws://{self.config.host}:{self.config.port}, at least as many as the episodes rolled out "
                         "at once" + ("" if failed is None else f" (the last reset failed: {failed})"))
-            answer = self._call("request", self._client, request, self.config.reset_timeout_s,
-                                "simulator.env.reset_timeout_s")
+            timeout, field = ((self.config.step_timeout_s, "step_timeout_s") if self.config.reset_timeout_s is None
+                              else (self.config.reset_timeout_s, "reset_timeout_s"))
+            answer = self._call("request", self._client, request, timeout, f"simulator.env.{field}")
             if LOST not in answer:
                 try:
                     obs = self._observation(answer.get("obs"))
-                except ValueError as err:  # still connected: free for another try
+                except ValueError as err:  # still connected: free for another episode
                     self._hub.release.remote(self._client)
+                    refused.add(self._client)
                     answer = {LOST: str(err)}
                 else:
                     self._episode_step = 0

@@ -168,10 +168,11 @@ def test_a_non_finite_observation_loses_its_episode_not_the_run(ray_on_loopback,
         assert np.isfinite(out["obs"]).all()
         np.testing.assert_array_equal(pool.reset(np.array([10, 11]))[:, 1], [10, 11])  # both serve again
     with SimulatorPool("remote", config(connect_timeout_s=2.0), num_actors=1, envs_per_actor=1) as pool:
-        serve_envs([WalkEnv()], uri(pool), stop=stop, retry_s=0.1)
+        (client,) = serve_envs([WalkEnv()], uri(pool), stop=stop, retry_s=0.1)
         with pytest.raises(RunStopped, match=r"\(the last reset failed: remote environment \d+: obs\['state'\] "
                                                r"holds non-finite values"):
             pool.reset(np.array([66]))
+        assert client.episodes == 1  # reset once, not again and again for 2 s (a robot homing each time)
 
 
 def test_a_reset_slower_than_its_timeout_says_so(ray_on_loopback, stop):
