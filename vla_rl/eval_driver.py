@@ -213,17 +213,17 @@ def _check_same_evaluation(eval_dir: Path, loaded, chosen: bool) -> None:
     except ValueError:  # an evaluation section this version does not read: compared by the fields above only
         return
     rows = _report_rows(loaded.config.eval)
-    if earlier_rows != rows:
+    if not _covers(rows, earlier_rows):
         raise EvalInputError(
             f"{flag}{eval_dir} holds an evaluation of {_describe_rows(earlier_rows)}, and this one evaluates "
-            f"{_describe_rows(rows)}: its report would replace that one's; name another --output (the same "
-            "selection continues that evaluation)")
+            f"{_describe_rows(rows)}: its report would drop rows of that one's; name another --output (the same "
+            "selection, or one that adds checkpoints or protocols, continues that evaluation)")
 
 
 def _report_rows(section) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | None, str | None]:
     """What the rows of an evaluation's report are: its checkpoints (by name, ``step_<N>``: a run
     directory copied or moved elsewhere holds the same), protocols (``sampled@T``), and benchmark
-    tasks."""
+    tasks (None: all of the benchmark's)."""
     from vla_rl.evaluation.protocol import eval_protocols
 
     protocols = tuple(p.name if p.greedy else f"{p.name}@{p.temperature:g}" for p in eval_protocols(section))
@@ -231,7 +231,18 @@ def _report_rows(section) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, 
             None if section.tasks is None else tuple(section.tasks), section.benchmark)
 
 
+def _covers(rows, earlier) -> bool:
+    """Whether a report of ``rows`` (:func:`_report_rows`) holds every row of one of ``earlier``:
+    the same benchmark, and every earlier checkpoint, protocol and task among its own."""
+    checkpoints, protocols, tasks, benchmark = rows
+    was_checkpoints, was_protocols, was_tasks, was_benchmark = earlier
+    return (benchmark == was_benchmark and set(was_checkpoints) <= set(checkpoints)
+            and set(was_protocols) <= set(protocols) and (tasks is None or (was_tasks is not None
+                                                                           and set(was_tasks) <= set(tasks))))
+
+
 def _describe_rows(rows) -> str:
+    """``step_00000001, step_00000002 (greedy, sampled@1, benchmark B [tasks])``."""
     checkpoints, protocols, tasks, benchmark = rows
     steps = ", ".join(checkpoints) or "the template's policy"
     where = "" if benchmark is None else f", benchmark {benchmark}" + ("" if tasks is None else f" {list(tasks)}")

@@ -321,12 +321,15 @@ def test_an_evaluation_of_other_checkpoints_or_protocols_does_not_replace_the_ea
     written = (eval_dir / "template.yaml").read_text()
     with pytest.raises(EvalInputError, match=r"holds an evaluation of step_00000001, step_00000002 \(greedy, "
                                              r"sampled@1\), and this one evaluates step_00000003 \(greedy\): its "
-                                             r"report would replace that one's; name another --output"):
+                                             r"report would drop rows of that one's; name another --output"):
         prepare_eval_dir([str(run_dir / "checkpoints" / "step_00000003")], ["eval.protocols=[greedy]"])
     with pytest.raises(EvalInputError, match=r"this one evaluates step_00000001, step_00000002 \(greedy, sampled@0.5"):
         prepare_eval_dir([str(run_dir)], ["eval.temperature=0.5"], steps=[1, 2])
+    with pytest.raises(EvalInputError, match=r"this one evaluates step_00000002, step_00000003 \(greedy, sampled@1"):
+        prepare_eval_dir([str(run_dir)], [], steps=[2, 3])
     assert (eval_dir / "template.yaml").read_text() == written
     prepare_eval_dir([str(run_dir)], ["eval.num_episodes=4"], steps=[1, 2])  # the same rows: it continues
+    prepare_eval_dir([str(run_dir)], [])  # every checkpoint, after training went on: it adds step 3's rows
     other, _, _ = prepare_eval_dir([str(run_dir / "checkpoints" / "step_00000003")], ["eval.protocols=[greedy]"],
                                    output=str(tmp_path / "step3"))
     assert other == tmp_path / "step3"

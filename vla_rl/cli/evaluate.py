@@ -17,8 +17,8 @@ def add_eval_command(commands: argparse._SubParsersAction) -> None:
         description="Roll out checkpoints (or, with --policy-from, the policy a training template builds before any "
         "training, e.g. a published checkpoint) on a benchmark's tasks under the greedy and/or sampled protocol. "
         "Writes <run>/eval/ (or --output): every episode in zarr, videos, report.md, report.json and a "
-        "success-vs-checkpoint plot. Running it again continues an interrupted evaluation (the same checkpoints "
-        "and protocols: another selection goes to another --output).",
+        "success-vs-checkpoint plot. Running it again continues an interrupted evaluation (or extends it with "
+        "more checkpoints or protocols; one that leaves some out goes to another --output).",
     )
     parser.add_argument(
         "items",
