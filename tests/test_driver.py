@@ -214,3 +214,5 @@ def test_a_remote_run_says_how_many_clients_it_needs():
         assert note.startswith(f"remote environments: connect at least {needed} clients to ws://127.0.0.1:8765"), \
             overrides
     assert remote_clients_note(load_template("embodied_srpo").config, plan(load_template("embodied_srpo"))) is None
+    everywhere = load_template("embodied_srpo", [*remote, "simulator.env.host=0.0.0.0"])
+    assert "to ws://<this machine>:8765" in remote_clients_note(everywhere.config, plan(everywhere))

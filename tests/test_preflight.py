@@ -415,10 +415,16 @@ def test_good_inputs_pass(overrides, assets, tmp_path):
     (["text.max_prompt_length=8"], "text.train_file", "the generated arithmetic train split",
      r"prompts are longer .* raise text.max_prompt_length to (\d+)$"),
     (["text.num_generated_train=10"], "text.num_generated_train", "the generated arithmetic train split",
-     r"fewer than the 2 shards [^;]*: raise text.num_generated_train \(or read it with a smaller DP size\)$"),
+     r"has 10 rows, in fewer row groups than the 2 shards that read it, and each shard takes \d+ a step: "
+     r"raise text.num_generated_train$"),
     (["text.num_generated_test=1"], "text.num_generated_test", "the generated arithmetic test split",
-     r"fewer than the 2 shards [^;]*: raise text.num_generated_test \(or read it with a smaller DP size\)$"),
-], ids=["sft targets too long", "prompts too long", "too few training rows", "too few held-out rows"])
+     r"has 1 rows, in fewer row groups than the 2 shards that read it, and each shard takes \d+ a step: "
+     r"raise text.num_generated_test$"),
+    (["text.num_generated_train=20", "text.prompts_per_step=32"], "text.num_generated_train",
+     "the generated arithmetic train split", r"has 20 rows, dealt in whole row groups to 2 shards of \d+, \d+ rows, "
+     r"and each shard takes 16 a step: raise text.num_generated_train$"),
+], ids=["sft targets too long", "prompts too long", "too few training rows", "too few held-out rows",
+        "too few rows a shard"])
 def test_the_generated_prompts_are_checked_like_given_files(overrides, field, offending, match, tmp_path, capsys,
                                                             monkeypatch):
     """A run without prompt files generates them in its workers; the pre-flight generates the same

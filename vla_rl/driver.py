@@ -196,7 +196,8 @@ def remote_clients_note(config, the_plan) -> str | None:
     needed = sum(simulator_pool_size(config, the_plan.rollout_dp_size(rank), the_plan.world_size)
                  for rank in range(the_plan.world_size))
     env = config.simulator.env_config()
-    return (f"remote environments: connect at least {needed} clients to ws://{env.host}:{env.port} (the run rolls "
+    host = "<this machine>" if env.host in ("0.0.0.0", "::") else env.host  # every interface: not an address
+    return (f"remote environments: connect at least {needed} clients to ws://{host}:{env.port} (the run rolls "
             f"out up to {needed} episodes at once: data.init_states_per_step x data.group_size per step, "
             "eval.num_episodes per evaluation protocol)")
 

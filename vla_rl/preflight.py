@@ -365,9 +365,13 @@ def _check_prompt_file(path: str, field: str, prompts_per_step: int, layouts: di
             if name is None:
                 raise PreflightError(named(error), node=node, field=field) from None
             rows = field.replace("text.", "text.num_generated_").removesuffix("_file")  # a generated split's size
-            what = named(error).split("; rewrite it")[0].split(", or read it")[0]  # not advice for a file of yours
-            raise PreflightError(f"{what}: raise {rows} (or read it with a smaller DP size)", node=node,
-                                 field=rows) from None
+            try:
+                shards = ", ".join(map(str, file.shard_num_rows(dp_size)))
+                dealt = f"dealt in whole row groups to {dp_size} shards of {shards} rows"
+            except ValueError:
+                dealt = f"in fewer row groups than the {dp_size} shards that read it"
+            raise PreflightError(f"{name} has {file.num_rows} rows, {dealt}, and each shard takes "
+                                 f"{prompts_per_step // dp_size} a step: raise {rows}", node=node, field=rows) from None
     return file
 
 

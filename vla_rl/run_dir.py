@@ -63,6 +63,7 @@ _PARENT_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC
 
 
 def _unwritable(parent: Path, path: Path, err: OSError) -> RunDirError:
+    """The error of a run directory ``path`` that ``parent`` (``run.output_dir``) refused."""
     return RunDirError(f"run.output_dir {parent}: the run directory {path.name} cannot be made there: "
                        f"{err.strerror or err}", field="run.output_dir")
 

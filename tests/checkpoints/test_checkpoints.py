@@ -373,7 +373,7 @@ def test_worker_save_of_non_finite_weights_publishes_nothing(tmp_path, process_g
     lambda: OSError(errno.ENOSPC, "No space left on device"),
     lambda: CheckpointException("save", {0: (OSError(errno.ENOSPC, "No space left on device", "/x/__0_0.distcp"),
                                              None)}),  # FSDP's sharded state; a BaseException
-], ids=["safetensors", "torch-save", "distributed-checkpoint"])
+], ids=["safetensors", "os-error", "distributed-checkpoint"])
 def test_a_full_disk_during_a_save_is_one_line_that_says_how_to_resume(tmp_path, process_group, monkeypatch,
                                                                        failure):
     """A full disk stopped the run with safetensors' 60-line Ray traceback; now one line naming

@@ -297,7 +297,6 @@ def test_inverted_success_rate_band_is_rejected_naming_the_field(write_template)
     assert "low <= high" in err.message
 
 
-
 def test_a_plug_in_module_not_on_the_path_gets_a_hint(tmp_path, monkeypatch):
     """The extending.md commands, run from the examples' folder without PYTHONPATH=., said only
     "No module named 'toy_penalty'"; the hint names PYTHONPATH, and only for the module itself

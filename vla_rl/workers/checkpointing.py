@@ -40,18 +40,19 @@ _QUOTED_OS_ERRORS = (re.compile(r"I/O error: (.+?) \(os error \d+\)"), re.compil
 
 
 def file_system_error(error: BaseException | None) -> str | None:
-    """Why the file system refused a write, when that is what ``error`` (or an error in its chain)
-    is: an ``OSError``'s reason (``No space left on device``, ``Read-only file system``, ...), or
-    one quoted in its text (:data:`_QUOTED_OS_ERRORS`); else None."""
+    """Why the file system refused a write, when that is what ``error`` (or an error it was raised
+    from, ``__cause__``) is: an ``OSError``'s reason (``No space left on device``, ``Read-only file
+    system``, ...; not a timeout or a connection's error), or one quoted in its text
+    (:data:`_QUOTED_OS_ERRORS`); else None."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, OSError):
+        if isinstance(error, OSError) and not isinstance(error, (TimeoutError, ConnectionError)):
             return error.strerror or str(error)
         for pattern in _QUOTED_OS_ERRORS:
             if (match := pattern.search(str(error))) is not None:
                 return match.group(1).strip()
-        error = error.__cause__ or error.__context__
+        error = error.__cause__
     return None
 
 
@@ -80,7 +81,7 @@ class WorkerCheckpointer:
                 written returns normally when another rank failed (that rank reports).
         """
         res = self.resources
-        error: Exception | None = None
+        error: BaseException | None = None
         try:
             directory = checkpoint.staging_dir(self.root, step)
             metadata = res.save_checkpoint(directory)
