@@ -245,3 +245,28 @@ def _rebalance_worker(rank: int, world: int, port: int) -> list[float]:
 def test_a_rebalance_over_gloo_moves_the_surplus_rows():
     results = run_workers(_rebalance_worker, 3, free_loopback_port(), nprocs=3)
     assert [results[r] for r in range(3)] == [[4.0, 5.0, 10.0, 11.0], [0.0, 1.0, 2.0, 3.0], [6.0, 7.0, 8.0, 9.0]]
+
+
+def _keyless_empty_worker(rank: int, world: int, port: int, group_key) -> tuple:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    if rank == 0:  # a filter that kept nothing and returned a batch without keys
+        local = TensorDict({}, batch_size=[0])
+    else:
+        x = torch.arange(6, dtype=torch.float32)
+        local = TensorDict({"x": x, "uid": torch.tensor([0, 0, 1, 1, 2, 2])}, batch_size=[6])
+    out = reshard(local, 2, 2, group_key=group_key) if group_key is None else reshard(local, 2, 1, group_key=group_key)
+    dist.destroy_process_group()
+    return sorted(out.keys()), out["x"].tolist() if "x" in out.keys() else []
+
+
+@pytest.mark.parametrize("group_key, expected", [
+    (None, {0: (["uid", "x"], [3.0, 4.0, 5.0]), 1: (["uid", "x"], [0.0, 1.0, 2.0])}),  # rebalanced
+    ("uid", {0: (["uid", "x"], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]), 1: (["uid", "x"], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0])}),
+], ids=["rebalance", "to-dp-1"])
+def test_an_empty_shard_without_keys_takes_the_others_schema(group_key, expected):
+    """The docstring's case (an empty shard whose batch lacks a key) failed on the empty rank in
+    group_sizes / _pack ("'NoneType' object has no attribute 'numel'") before the schemas were
+    exchanged, and its peer in gloo."""
+    results = run_workers(_keyless_empty_worker, 2, free_loopback_port(), group_key, nprocs=2)
+    assert {r: results[r] for r in range(2)} == expected

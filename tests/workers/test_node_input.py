@@ -30,6 +30,18 @@ def test_outputs_of_the_same_rows_are_merged_key_by_key():
     assert "rewards" not in rollout.keys()  # the dependency's own output is left as it was
 
 
+def test_a_node_setting_a_key_of_its_input_leaves_its_dependencys_output_as_it_was():
+    """docs/extending.md's node sets `rewards` on its input: with one dep, that input was the dep's
+    own output, so a node that did not depend on it (planned after it) read the changed rewards."""
+    reward = batch([0, 0, 1], rewards=torch.tensor([1.0, 0.0, 0.5]))
+    node = RunNode("bump", "compute", "compute", "fn", 1, 0, ("reward",), None)
+    given = DAGWorker._node_input(node, {"reward": reward}, {})
+    given.set("rewards", given["rewards"] + 1)
+    del given[keys.UID]
+    torch.testing.assert_close(reward["rewards"], torch.tensor([1.0, 0.0, 0.5]))
+    assert keys.UID in reward.keys()
+
+
 def test_an_edges_resharded_input_replaces_the_output():
     rollout = batch([0, 1], obs=torch.zeros(2))
     reward = batch([5, 6], obs=torch.zeros(2), rewards=torch.ones(2))
@@ -45,8 +57,10 @@ def test_an_edges_resharded_input_replaces_the_output():
     (batch([0, 0, 1], obs=torch.tensor([0.0, 1.0, 3.0])), "node join: its deps rollout and reward both output 'obs' with other values"),
 ])
 def test_outputs_of_other_rows_are_refused_naming_the_node_and_the_deps(reward, message):
+    from vla_rl.errors import RunStopped
+
     rollout = batch([0, 0, 1], obs=torch.arange(3.0))
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(RunStopped, match=re.escape(message)):  # one line, not a Ray traceback
         DAGWorker._node_input(NODE, {"rollout": rollout, "reward": reward}, {})
 
 

@@ -237,7 +237,8 @@ def _metadata(batch: TensorDict, owners: list[int], is_owner: bool, group_key: s
     world = dist.get_world_size(group)
     device = collective_device(group)
     schema, nested = _schema(batch), _nested_batch_dims(batch)
-    sizes = ([1] * len(batch) if group_key is None else group_sizes(batch.get(group_key))) if is_owner else []
+    sizes = [] if not is_owner or len(batch) == 0 else (  # an empty shard may lack every key
+        [1] * len(batch) if group_key is None else group_sizes(batch.get(group_key)))
     headers = torch.empty(world * 2, dtype=torch.int64, device=device)
     header = torch.tensor([len(sizes), _digest(schema, nested)], dtype=torch.int64, device=device)
     all_gather_into_one(headers, header, group=group, tag="reshard_meta")
@@ -331,7 +332,7 @@ def reshard(
     ranges = route(owner_sizes, world, src_dp_size, dst_dp_size)
     row_bytes = sum(f.row_bytes for f in schema)
     if is_owner:
-        packed = _pack(batch, schema)
+        packed = _pack(batch, schema) if len(batch) else torch.empty(0, row_bytes, dtype=torch.uint8, device=device)
         pieces = [packed[slice(*ranges[rank // src_block][t])] for t in range(world)]
         send = torch.cat(pieces) if pieces else packed[:0]
         send_counts = [p.shape[0] for p in pieces]

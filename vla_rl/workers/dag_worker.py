@@ -265,12 +265,14 @@ class DAGWorker:
     @staticmethod
     def _node_input(task: RunNode, outputs, edge_inputs) -> TensorDict | None:
         """The input batch of ``task``: its dependencies' outputs (re-sharded where an edge was),
-        merged key by key. Merged outputs must hold the same rows: as many, and equal values
-        under every key two of them carry (the group ids :data:`~vla_rl_core.keys.UID` among
-        them), so that no row is joined to another row's fields.
+        merged key by key, in a batch of its own (a shallow copy: the node may set and delete
+        keys without changing what its dependencies hand the other nodes; a tensor changed in
+        place changes for every node). Merged outputs must hold the same rows: as many, and
+        equal values under every key two of them carry (the group ids
+        :data:`~vla_rl_core.keys.UID` among them), so that no row is joined to another row's fields.
 
         Raises:
-            ValueError: two dependencies' outputs disagree, naming the node, both dependencies
+            RunStopped: two dependencies' outputs disagree, naming the node, both dependencies
                 and the row count or the key.
         """
         inputs = [(dep, edge_inputs.get((dep, task.node_id), outputs[dep])) for dep in task.deps]
@@ -278,15 +280,16 @@ class DAGWorker:
         if not inputs:
             return None
         first, merged = inputs[0]
+        merged = merged.clone(recurse=False)
         for dep, other in inputs[1:]:
             if len(other) != len(merged):
-                raise ValueError(f"node {task.node_id}: its deps {first} and {dep} hold {len(merged)} and {len(other)} "
+                raise RunStopped(f"node {task.node_id}: its deps {first} and {dep} hold {len(merged)} and {len(other)} "
                                  "rows on this worker; a node's deps must output the same rows")
             for key in sorted(set(merged.keys()) & set(other.keys())):
                 if not _same_values(merged.get(key), other.get(key)):
-                    raise ValueError(f"node {task.node_id}: its deps {first} and {dep} both output {key!r} with other "
+                    raise RunStopped(f"node {task.node_id}: its deps {first} and {dep} both output {key!r} with other "
                                      "values; a node's deps must output the same rows, and a key twice only if equal")
-            merged = merged.clone(recurse=False).update(other)
+            merged.update(other)
         return merged
 
     # ----------------------------------------------------------------------------- checkpoints
