@@ -56,15 +56,16 @@ def test_dp_size_must_divide_world_size(write_template):
     assert str(err) == f"{path}: node 'reward': field 'dp_size': must divide the world size 2 (got 3)"
 
 
-def test_a_node_joining_deps_of_two_dp_sizes_is_refused(write_template):
+def test_a_node_joining_a_resharded_dep_and_one_as_it_is_is_refused(write_template):
     """One dep's output re-sharded into near-equal shards, the other's as a filter left it: the
-    rows on a worker differed and the run stopped at its first step with a Ray traceback."""
+    rows on a worker differed and the run stopped at its first step with a Ray traceback. Deps
+    all re-sharded are cut alike (test_w4_chains_for_4_2_1)."""
     nodes = pipeline(reward_dp=1)
     nodes[3]["deps"] = ["rollout", "reward"]  # rollout at DP 2, reward at DP 1
     err = _plan_error(write_template(nodes=nodes))
     assert (err.node, err.field) == ("adv", "deps")
-    assert err.message.startswith("its deps run at different DP sizes (rollout at 2, reward at 1): their outputs are "
-                                  "cut over the workers differently")
+    assert err.message.startswith("its deps reach it in two ways (rollout at DP 2 as it is, reward at DP 1 "
+                                  "re-sharded, for DP 2): their rows are cut over the workers differently")
     nodes[2].pop("dp_size")
     plan(load_template(write_template(nodes=nodes)), 2)  # both at 2: joined row by row
 

@@ -233,7 +233,7 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
                 raise TemplateError(f"{node.role}/{node.type}/{node.fn}: {err}", file=file, node=node.id,
                                     field="fn") from None
     by_id = {node.id: node for node in nodes}
-    _check_joined_dp_sizes(nodes, dp_sizes, file)
+    _check_joined_layouts(nodes, dp_sizes, file)
     for node in nodes:
         check = get_node_function(node.role, node.type, node.fn).check
         problem = None if check is None else check(config, node_configs[node.id], dp_sizes[node.id], world_size)
@@ -265,22 +265,25 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
     return PhasePlan(phase, order, dp_sizes, chains, hops, output_keys)
 
 
-def _check_joined_dp_sizes(nodes: tuple[NodeSpec, ...], dp_sizes: dict[str, int], file: Path) -> None:
-    """A node's deps run at one DP size: outputs of two DP sizes are cut over the workers
-    differently (one re-sharded into near-equal shards, the other as its node left it, e.g. a
-    filter's unequal shards), so their rows cannot be joined row by row on each worker (the run
-    stopped at its first step).
+def _check_joined_layouts(nodes: tuple[NodeSpec, ...], dp_sizes: dict[str, int], file: Path) -> None:
+    """A node's deps reach it all re-sharded or all as their nodes left them: a re-sharded output
+    is cut into the node's canonical shards, another keeps its node's (a filter's unequal shards,
+    say), so the rows on a worker would differ (the run stopped at its first step). Outputs all
+    re-sharded are cut alike (the same rows in the same global order); outputs all passed as they
+    are hold the same rows when they come from the same shards, which the worker checks.
 
     Raises:
-        TemplateError: naming the node, ``deps`` and each dep's DP size.
+        TemplateError: naming the node, ``deps`` and how each dep reaches it.
     """
     for node in nodes:
-        sizes = {dep: dp_sizes[dep] for dep in node.deps}
-        if len(set(sizes.values())) > 1:
-            listed = ", ".join(f"{dep} at {size}" for dep, size in sizes.items())
-            raise TemplateError(f"its deps run at different DP sizes ({listed}): their outputs are cut over the "
-                                "workers differently and cannot be joined row by row; give them one dp_size",
-                                file=file, node=node.id, field="deps")
+        dp_size, function = dp_sizes[node.id], get_node_function(node.role, node.type, node.fn)
+        resharded = {dep: dp_sizes[dep] != dp_size or _rebalances(function, dp_size) for dep in node.deps}
+        if len(set(resharded.values())) > 1:
+            listed = ", ".join(f"{dep} at DP {dp_sizes[dep]}" + (" re-sharded" if moved else " as it is")
+                               for dep, moved in resharded.items())
+            raise TemplateError(f"its deps reach it in two ways ({listed}, for DP {dp_size}): their rows are cut "
+                                "over the workers differently and cannot be joined row by row; give them one "
+                                "dp_size", file=file, node=node.id, field="deps")
 
 
 def _rebalances(function, dp_size: int) -> bool:
