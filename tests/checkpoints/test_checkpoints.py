@@ -386,8 +386,8 @@ def test_a_full_disk_during_a_save_is_one_line_that_says_how_to_resume(tmp_path,
         raise failure()
 
     monkeypatch.setattr(ckpt, "save_model", full_disk)
-    with pytest.raises(RunStopped, match=r"checkpoint of step 2 not written in .*checkpoints: No space left on device\. "
-                                         r"Nothing was saved; the last checkpoint is still .*step_00000001\. .*"
+    with pytest.raises(RunStopped, match=r"checkpoint of step 2 not written in .*checkpoints: No space left on "
+                                         r"device\. Nothing was saved; the last checkpoint is still .*step_00000001\. .*"
                                          r"vla-rl train --resume " + re.escape(str(tmp_path))):
         checkpointer.save(2, keep_last=2)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000001"]
