@@ -237,6 +237,7 @@ def _covers(rows, earlier) -> bool:
     checkpoints, protocols, tasks, benchmark = rows
     was_checkpoints, was_protocols, was_tasks, was_benchmark = earlier
     return (benchmark == was_benchmark and set(was_checkpoints) <= set(checkpoints)
+            and bool(was_checkpoints) == bool(checkpoints)  # a template's policy (no checkpoint) is a row too
             and set(was_protocols) <= set(protocols) and (tasks is None or (was_tasks is not None
                                                                            and set(was_tasks) <= set(tasks))))
 

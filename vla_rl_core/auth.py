@@ -54,12 +54,13 @@ class _OneLineHandshakeFailure(logging.Filter):
 
 
 def _peer_left(error: BaseException) -> bool:
-    """Whether a failed handshake is the peer's doing (it closed, reset or sent no HTTP request:
-    websockets' ``InvalidMessage``, EOF, a connection error), not an error of the server's own
+    """Whether a failed handshake is the peer's doing (it closed, reset, sent no HTTP request or
+    one that is no websocket handshake, e.g. a plain HTTP health check: websockets'
+    ``InvalidHandshake`` family, EOF, a connection error), not an error of the server's own
     request handler, which keeps its ERROR and traceback."""
-    from websockets.exceptions import InvalidMessage
+    from websockets.exceptions import InvalidHandshake
 
-    return isinstance(error, (InvalidMessage, EOFError, ConnectionError))
+    return isinstance(error, (InvalidHandshake, EOFError, ConnectionError))
 
 
 _HANDSHAKE_FILTER = _OneLineHandshakeFailure()

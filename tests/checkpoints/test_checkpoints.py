@@ -393,6 +393,20 @@ def test_a_full_disk_during_a_save_is_one_line_that_says_how_to_resume(tmp_path,
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000001"]
 
 
+def test_only_the_file_systems_refusals_are_called_so():
+    """A timeout or a connection's error is an OSError too (and quoted as [Errno 110] ...): it was
+    reported as "Free space there"."""
+    from vla_rl.workers.checkpointing import file_system_error
+
+    assert file_system_error(TimeoutError(errno.ETIMEDOUT, "Connection timed out")) is None
+    assert file_system_error(ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")) is None
+    assert file_system_error(RuntimeError("gloo: [Errno 110] Connection timed out")) is None
+    assert file_system_error(OSError(errno.EROFS, "Read-only file system")) == "Read-only file system"
+    wrapped = RuntimeError("save failed")
+    wrapped.__cause__ = OSError(errno.EDQUOT, "Disk quota exceeded")
+    assert file_system_error(wrapped) == "Disk quota exceeded"
+
+
 def test_worker_resume_falls_back_and_sets_corrupted_checkpoints_aside(tmp_path, process_group):
     model, optimizer = three_checkpoints(tmp_path)
     ckpt.save_checkpoint(tmp_path, 4)  # an interrupted save

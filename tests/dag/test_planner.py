@@ -65,9 +65,13 @@ def test_a_node_joining_a_resharded_dep_and_one_as_it_is_is_refused(write_templa
     err = _plan_error(write_template(nodes=nodes))
     assert (err.node, err.field) == ("adv", "deps")
     assert err.message.startswith("its deps reach it in two ways (rollout at DP 2 as it is, reward at DP 1 "
-                                  "re-sharded, for DP 2): their rows are cut over the workers differently")
+                                  "cut, for DP 2): their rows are cut over the workers differently")
+    nodes[4]["deps"] = ["adv", "reward"]  # the update rebalances adv (DP 2) in place and cuts reward (DP 1)
+    nodes[3]["deps"] = ["reward"]
+    err = _plan_error(write_template(nodes=nodes))
+    assert (err.node, err.field) == ("actor", "deps") and "adv at DP 2 rebalanced, reward at DP 1 cut" in err.message
     nodes[2].pop("dp_size")
-    plan(load_template(write_template(nodes=nodes)), 2)  # both at 2: joined row by row
+    plan(load_template(write_template(nodes=nodes)), 2)  # all at 2: joined row by row
 
 
 def test_unregistered_fn_lists_registered(write_template):
@@ -179,7 +183,7 @@ def test_w4_chains_for_4_2_1(write_template):
         node("tasks", "data", "data_load", dp_size=4),
         node("rollout", "rollout", "env_interact", ["tasks"], dp_size=2),
         node("reward", "reward", "compute", ["rollout"], dp_size=1),
-        node("actor", "actor", "model_train", ["rollout", "reward", "tasks"]),  # dp 4 by default
+        node("actor", "actor", "model_train", ["rollout", "reward"]),  # dp 4 by default: both cut alike
     ]
     result = plan(load_template(write_template(nodes=nodes)), 4)
     assert result.hops == (
@@ -199,8 +203,7 @@ def test_w4_chains_for_4_2_1(write_template):
             # The update does not compare a group's samples: they are balanced one by one.
             Reshard("rollout", "actor", 2, 4, half, rank, whole_groups=False),
             Reshard("reward", "actor", 1, 4, 0, rank, whole_groups=False),
-            Reshard("tasks", "actor", 4, 4, rank, rank, whole_groups=False),
-            _run("actor", "actor", "model_train", 4, rank, ["rollout", "reward", "tasks"]),
+            _run("actor", "actor", "model_train", 4, rank, ["rollout", "reward"]),
         )
 
 

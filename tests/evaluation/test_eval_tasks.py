@@ -333,3 +333,6 @@ def test_an_evaluation_of_other_checkpoints_or_protocols_does_not_replace_the_ea
     other, _, _ = prepare_eval_dir([str(run_dir / "checkpoints" / "step_00000003")], ["eval.protocols=[greedy]"],
                                    output=str(tmp_path / "step3"))
     assert other == tmp_path / "step3"
+    from vla_rl.eval_driver import _covers  # a template's policy (no checkpoint) is a row checkpoints do not hold
+    assert not _covers((("step_00000003",), ("greedy",), None, None), ((), ("greedy",), None, None))
+    assert _covers(((), ("greedy", "sampled@1"), None, None), ((), ("greedy",), None, None))

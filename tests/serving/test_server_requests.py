@@ -178,15 +178,19 @@ def test_a_tcp_probe_is_one_log_line_not_a_traceback(server, caplog):
     import logging
     import socket
     import time
+    import urllib.error
+    import urllib.request
 
     with caplog.at_level(logging.INFO):
         for _ in range(3):
             socket.create_connection(("127.0.0.1", server.port)).close()
+        with pytest.raises(urllib.error.HTTPError):  # a plain HTTP check (curl, an httpGet probe): no upgrade
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/", timeout=10)
         deadline = time.monotonic() + 10
-        while caplog.text.count("opening handshake failed") < 3 and time.monotonic() < deadline:
+        while caplog.text.count("opening handshake failed") < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
     failures = [r for r in caplog.records if r.getMessage().startswith("opening handshake failed")]
-    assert len(failures) == 3
+    assert len(failures) == 4
     assert all(r.levelno == logging.INFO and r.exc_info is None and "\n" not in r.getMessage() for r in failures)
     assert "Traceback" not in caplog.text
     assert WebsocketClientPolicy("127.0.0.1", server.port).infer({"state": state()})["actions"].shape == (1, ACT_DIM)

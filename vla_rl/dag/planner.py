@@ -266,21 +266,23 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
 
 
 def _check_joined_layouts(nodes: tuple[NodeSpec, ...], dp_sizes: dict[str, int], file: Path) -> None:
-    """A node's deps reach it all re-sharded or all as their nodes left them: a re-sharded output
-    is cut into the node's canonical shards, another keeps its node's (a filter's unequal shards,
-    say), so the rows on a worker would differ (the run stopped at its first step). Outputs all
-    re-sharded are cut alike (the same rows in the same global order); outputs all passed as they
-    are hold the same rows when they come from the same shards, which the worker checks.
+    """A node's deps reach it one way: all as their nodes left them, all rebalanced in place (a
+    sample-taking node's deps at its own DP size: rows stay where they are, the surplus moves),
+    or all cut from the global order into the node's shards (deps at other DP sizes). Two ways
+    put different rows on a worker (one re-sharded into near-equal cuts, another as a filter left
+    it: the run stopped at its first step, or with no key in common would join wrong rows).
+    Deps reaching it the same way hold the same rows when they come from the same rows, which the
+    worker checks.
 
     Raises:
         TemplateError: naming the node, ``deps`` and how each dep reaches it.
     """
     for node in nodes:
         dp_size, function = dp_sizes[node.id], get_node_function(node.role, node.type, node.fn)
-        resharded = {dep: dp_sizes[dep] != dp_size or _rebalances(function, dp_size) for dep in node.deps}
-        if len(set(resharded.values())) > 1:
-            listed = ", ".join(f"{dep} at DP {dp_sizes[dep]}" + (" re-sharded" if moved else " as it is")
-                               for dep, moved in resharded.items())
+        ways = {dep: ("cut" if dp_sizes[dep] != dp_size else
+                      "rebalanced" if _rebalances(function, dp_size) else "as it is") for dep in node.deps}
+        if len(set(ways.values())) > 1:
+            listed = ", ".join(f"{dep} at DP {dp_sizes[dep]} {way}" for dep, way in ways.items())
             raise TemplateError(f"its deps reach it in two ways ({listed}, for DP {dp_size}): their rows are cut "
                                 "over the workers differently and cannot be joined row by row; give them one "
                                 "dp_size", file=file, node=node.id, field="deps")

@@ -14,6 +14,7 @@ checkpoint helpers the resources register live here too.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 from dataclasses import dataclass
@@ -35,23 +36,29 @@ logger = logging.getLogger(__name__)
 
 #: safetensors' (Rust) ``I/O error: No space left on device (os error 28)``, and an ``OSError``
 #: quoted in another error's text (torch.distributed.checkpoint's ``CheckpointException`` lists
-#: each rank's failure): ``[Errno 28] No space left on device``.
-_QUOTED_OS_ERRORS = (re.compile(r"I/O error: (.+?) \(os error \d+\)"), re.compile(r"\[Errno \d+\] ([^:'\"\n]+)"))
+#: each rank's failure): ``[Errno 28] No space left on device``; group 1 the errno, 2 the reason.
+_QUOTED_OS_ERRORS = (re.compile(r"I/O error: (?P<reason>.+?) \(os error (?P<errno>\d+)\)"),
+                     re.compile(r"\[Errno (?P<errno>\d+)\] (?P<reason>[^:'\"\n]+)"))
+#: What a file system refuses a write with: full, over quota, read-only, no permission, an I/O
+#: error, a file too large (not a timeout or a connection's error, also OSErrors).
+_FILE_SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO,
+                                 errno.EFBIG})
 
 
 def file_system_error(error: BaseException | None) -> str | None:
     """Why the file system refused a write, when that is what ``error`` (or an error it was raised
-    from, ``__cause__``) is: an ``OSError``'s reason (``No space left on device``, ``Read-only file
-    system``, ...; not a timeout or a connection's error), or one quoted in its text
-    (:data:`_QUOTED_OS_ERRORS`); else None."""
+    from, ``__cause__``) is: an ``OSError`` of :data:`_FILE_SYSTEM_ERRNOS` (``No space left on
+    device``, ``Read-only file system``, ...; a timeout's or a connection's errno is not), or one
+    quoted in its text (:data:`_QUOTED_OS_ERRORS`); else None."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, OSError) and not isinstance(error, (TimeoutError, ConnectionError)):
+        if isinstance(error, OSError) and error.errno in _FILE_SYSTEM_ERRNOS:
             return error.strerror or str(error)
         for pattern in _QUOTED_OS_ERRORS:
-            if (match := pattern.search(str(error))) is not None:
-                return match.group(1).strip()
+            match = pattern.search(str(error))
+            if match is not None and int(match.group("errno")) in _FILE_SYSTEM_ERRNOS:
+                return match.group("reason").strip()
         error = error.__cause__
     return None
 
