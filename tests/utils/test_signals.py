@@ -16,8 +16,8 @@ import pytest
 
 import vla_rl.cli.plan as plan_command
 from vla_rl.cli import TERMINATED_STATUS, main
-from vla_rl.errors import Terminated
-from vla_rl.utils.signals import restore_after_ray_init, sigterm_as_interrupt, sigterm_handler, was_terminated
+from vla_rl.errors import RunStopped, Terminated
+from vla_rl.utils.signals import sigterm_as_interrupt, sigterm_deferred, was_terminated
 
 
 def test_sigterm_raises_terminated_within_the_block_only():
@@ -67,18 +67,66 @@ def test_a_command_terminated_while_it_waits_in_ray_says_so(ray_on_loopback, mon
     assert capsys.readouterr().err.strip() == "error: terminated (SIGTERM)"
 
 
-def test_the_handler_comes_back_after_ray_init_replaced_it():
+def test_a_sigterm_while_ray_starts_is_raised_once_the_block_ends():
+    """Raised inside ``ray.init``, the exception was swallowed ("Exception ignored" in an at-fork
+    hook: the run went on) or ended the start half done: it waits for the block's end now."""
+    ran_on = []
     with sigterm_as_interrupt():
-        ours = sigterm_handler()
-        signal.signal(signal.SIGTERM, lambda *args: sys.exit(15))  # what ray.init does
-        restore_after_ray_init(ours)
-        assert sigterm_handler() is ours
-    rays = signal.signal(signal.SIGTERM, lambda *args: sys.exit(15))
-    try:
-        restore_after_ray_init(signal.SIG_DFL)  # not ours before: Ray's stays
-        assert sigterm_handler() is not signal.SIG_DFL
-    finally:
-        signal.signal(signal.SIGTERM, rays)
+        ours = signal.getsignal(signal.SIGTERM)
+        with pytest.raises(Terminated), sigterm_deferred() as deferring:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            signal.signal(signal.SIGTERM, lambda *args: sys.exit(15))  # what ray.init does
+            ran_on.append(deferring)
+        assert ran_on == [True]
+        assert signal.getsignal(signal.SIGTERM) is ours
+        with pytest.raises(Terminated) as raised, sigterm_deferred():  # the block's own error: from it
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            raise RunStopped("cannot join the Ray cluster")
+        assert isinstance(raised.value.__cause__, RunStopped)
+        with sigterm_deferred():  # no SIGTERM: nothing raised
+            pass
+        assert signal.getsignal(signal.SIGTERM) is ours
+
+
+def test_outside_a_command_sigterm_deferred_changes_nothing():
+    before = signal.getsignal(signal.SIGTERM)
+    with sigterm_deferred() as deferring:
+        assert signal.getsignal(signal.SIGTERM) is before
+    assert not deferring
+
+
+_TERMINATED_IN_RAY_INIT = """
+import os, signal, time
+import ray, ray._private.node
+from vla_rl.errors import Terminated
+from vla_rl.utils.ray_utils import init_ray
+from vla_rl.utils.signals import sigterm_as_interrupt
+
+start_node = ray._private.node.Node.__init__
+def terminated_meanwhile(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+    start_node(*args, **kwargs)
+ray._private.node.Node.__init__ = terminated_meanwhile
+try:
+    with sigterm_as_interrupt():
+        init_ray(num_cpus=1)
+except Terminated:
+    print("terminated; Ray started:", ray.is_initialized())
+    ray.shutdown()
+"""
+
+
+@pytest.mark.e2e
+def test_a_sigterm_in_the_middle_of_ray_init_is_terminated_after_it():
+    """With Ray's own handler, ray.init ended in ``SystemExit: 15`` (status 15, no message and Ray
+    half started) or, raised in an at-fork hook, was ignored."""
+    done = subprocess.run([sys.executable, "-c", _TERMINATED_IN_RAY_INIT], capture_output=True, text=True,
+                          timeout=120, preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "terminated; Ray started: True"
 
 
 def _train(out: Path) -> tuple[subprocess.Popen, Path, Path]:

@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import sys
+import unittest.mock
 
 from vla_rl.errors import RunStopped
 
@@ -77,6 +78,8 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
     Raises:
         RunStopped: the cluster cannot be joined (one line: the address and Ray's reason; for a
             refused authentication token, where the token comes from).
+        Terminated: SIGTERM came while Ray started, in a ``vla-rl`` command
+            (:func:`~vla_rl.utils.signals.sigterm_deferred`: raised once ``ray.init`` is done).
     """
     loopback = address is None or _is_loopback(address)
     if loopback:
@@ -86,15 +89,15 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
     import ray
     from ray._private import ray_constants
 
-    from vla_rl.utils.signals import restore_after_ray_init, sigterm_handler
+    from vla_rl.utils.signals import sigterm_deferred
 
     if ray.is_initialized():
         return
-    handler = sigterm_handler()
-    try:
+    with sigterm_deferred() as deferring, contextlib.ExitStack() as stack:
+        if deferring:  # Ray's handler (sys.exit(15)) would end ray.init anywhere: ours records it meanwhile
+            stack.enter_context(unittest.mock.patch.object(ray._private.utils, "set_sigterm_handler",
+                                                           lambda handler: None))
         _init(ray, ray_constants, address, loopback, num_cpus, include_dashboard)
-    finally:
-        restore_after_ray_init(handler)
 
 
 def _init(ray, ray_constants, address: str | None, loopback: bool, num_cpus: float | None,

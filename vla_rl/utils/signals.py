@@ -5,11 +5,14 @@ ends the process at once: a run stopped while it starts up left its run director
 (which then neither resumes, having no checkpoint, nor lets the same ``run.name`` start again),
 and its workers and Ray were not stopped. :func:`sigterm_as_interrupt` makes SIGTERM raise
 :class:`~vla_rl.errors.Terminated`, a ``KeyboardInterrupt``, so that every path that handles
-Ctrl-C handles it too. ``ray.init`` replaces the handler with its own (``sys.exit(15)``):
-:func:`restore_after_ray_init` puts this one back. A SIGTERM that arrives while the driver waits in
-Ray (``ray.get``, ``ray.wait``: most of a run) reaches it as a plain ``KeyboardInterrupt`` (Ray's
-``check_signals`` turns the handler's exception into an "interrupted" status and raises a new one):
-:func:`was_terminated` tells the two apart.
+Ctrl-C handles it too. ``ray.init`` sets its own handler (``sys.exit(15)``), and an exception
+raised at an arbitrary point of it can be swallowed (Python prints "Exception ignored" for one
+raised in an at-fork hook, and the run went on as if no SIGTERM had come) or leave Ray half
+started: :func:`sigterm_deferred` records a SIGTERM there and raises once ``ray.init`` is done
+(:func:`vla_rl.utils.ray_utils.init_ray` keeps Ray from setting its handler). A SIGTERM that
+arrives while the driver waits in Ray (``ray.get``, ``ray.wait``: most of a run) reaches it as a
+plain ``KeyboardInterrupt`` (Ray's ``check_signals`` turns the handler's exception into an
+"interrupted" status and raises a new one): :func:`was_terminated` tells the two apart.
 """
 
 from __future__ import annotations
@@ -53,13 +56,34 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def sigterm_handler() -> Any:
-    """SIGTERM's current handler (to give :func:`restore_after_ray_init`)."""
-    return signal.getsignal(signal.SIGTERM)
+@contextlib.contextmanager
+def sigterm_deferred() -> Iterator[bool]:
+    """Within a :func:`sigterm_as_interrupt` block (its handler current, in the main thread), a
+    SIGTERM inside this block is only recorded, and raises :class:`~vla_rl.errors.Terminated` when
+    the block ends (from the block's own exception, if it raised one); the block's handler comes
+    back after, whatever the block set. Yields whether it defers: elsewhere nothing changes.
 
+    Raises:
+        Terminated: a SIGTERM came within the block.
+    """
+    if signal.getsignal(signal.SIGTERM) is not _raise_terminated or threading.current_thread() is not \
+            threading.main_thread():
+        yield False
+        return
+    received = threading.Event()
 
-def restore_after_ray_init(before: Any) -> None:
-    """Put :func:`sigterm_as_interrupt`'s handler back if it was ``before`` ``ray.init`` (which
-    sets its own); any other handler is left as Ray set it."""
-    if before is _raise_terminated and threading.current_thread() is threading.main_thread():
+    def record(signum: int, frame: Any) -> None:
+        received.set()
+        _received.set()
+
+    signal.signal(signal.SIGTERM, record)
+    try:
+        yield True
+    except BaseException as error:
+        if received.is_set():
+            raise Terminated() from error
+        raise
+    finally:
         signal.signal(signal.SIGTERM, _raise_terminated)
+    if received.is_set():
+        raise Terminated()
