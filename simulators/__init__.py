@@ -7,7 +7,8 @@ library (robosuite, mujoco, MetaWorld and LIBERO are imported inside environment
 from simulators.libero_env import LiberoEnv, LiberoEnvConfig
 from simulators.metaworld_env import MetaWorldEnv, MetaWorldEnvConfig
 from simulators.registry import SIMULATORS, build_env_config, make_env
-from simulators.remote_env import RemoteEnv, RemoteEnvConfig
+from simulators.remote_config import RemoteEnvConfig
+from simulators.remote_env import RemoteEnv
 from simulators.robosuite_env import RobosuiteEnv, RobosuiteEnvConfig
 
 __all__ = [

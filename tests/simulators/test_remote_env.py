@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from simulators.pool import SimulatorPool
-from simulators.remote_env import RemoteEnv, RemoteEnvConfig
+from simulators.remote_config import RemoteEnvConfig
+from simulators.remote_env import RemoteEnv
 from vla_rl.remote import RemoteRefused, RobotClient, serve_envs
 from vla_rl_core.components import ComponentConfigError
 from vla_rl_core.errors import RunStopped
@@ -182,8 +183,14 @@ def test_a_reset_slower_than_its_timeout_says_so(ray_on_loopback, stop):
     with SimulatorPool("remote", config(reset_timeout_s=0.5, connect_timeout_s=3.0), num_actors=1,
                        envs_per_actor=1) as pool:
         serve_envs([WalkEnv(slow_s=1.0)], uri(pool), stop=stop, retry_s=0.1)
-        with pytest.raises(RunStopped, match=r"the last reset failed: remote environment \d+: no answer within "
+        with pytest.raises(RunStopped, match=r"no remote environment reset within simulator.env.connect_timeout_s=3 s"
+                                               r".*the last reset failed: remote environment \d+: no answer within "
                                                r"simulator.env.reset_timeout_s=0.5 s"):
+            pool.reset(np.array([77]))
+    with SimulatorPool("remote", config(step_timeout_s=0.5, connect_timeout_s=3.0), num_actors=1,
+                       envs_per_actor=1) as pool:  # reset_timeout_s null: a reset waits step_timeout_s
+        serve_envs([WalkEnv(slow_s=1.0)], uri(pool), stop=stop, retry_s=0.1)
+        with pytest.raises(RunStopped, match=r"no answer within simulator.env.step_timeout_s=0.5 s"):
             pool.reset(np.array([77]))
     with SimulatorPool("remote", config(reset_timeout_s=5.0, step_timeout_s=0.5), num_actors=1,
                        envs_per_actor=1) as pool:
@@ -257,7 +264,7 @@ def test_a_connection_that_leaves_before_its_hello_is_no_refusal(caplog):
 
     from websockets.sync.client import connect
 
-    from simulators.remote_env import _HubServer
+    from simulators.remote_hub import _HubServer
 
     hub = _HubServer(RemoteEnvConfig(**config()), None)
     loop, started, closing = asyncio.new_event_loop(), threading.Event(), threading.Event()

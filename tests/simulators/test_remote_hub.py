@@ -1,4 +1,4 @@
-"""The remote environment hub (simulators/remote_env.py ``_HubServer``, on its own event loop, no
+"""The remote environment hub (simulators/remote_hub.py ``_HubServer``, on its own event loop, no
 Ray): whatever a client answers, a request returns an answer or a lost episode, and a client still
 connected after a bad answer is free for another episode."""
 
@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("websockets", reason="websockets is not installed (a dependency of vla-rl: pip install -e .)")
 from websockets.sync.client import connect
 
-from simulators.remote_env import LOST, RemoteEnvConfig, _HubServer
+from simulators.remote_config import RemoteEnvConfig
+from simulators.remote_hub import LOST, _HubServer
 from vla_rl_core import wire
 
 RESET = {"type": "reset", "init_state_id": 0, "task": "remote"}
