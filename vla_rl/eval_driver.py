@@ -139,10 +139,10 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
                 raise TemplateError(err.message, file=resolved, node=err.node, field=err.field) from None
             message = err.message if repr(given) in err.message else f"{err.message} (override {given!r})"
             raise TemplateError(message, node=err.node, field=err.field) from None
-    _check_same_evaluation(eval_dir, loaded, output is not None)
     if loaded.config.eval.num_episodes == 0:
         raise EvalInputError("eval.num_episodes=0: an evaluation runs at least one episode of each task")
     tasks = resolve_tasks_or_fail(loaded.config)
+    _check_same_evaluation(eval_dir, loaded, output is not None)
     check_task_simulators(loaded.config, tasks)
     check_video_camera(loaded.config, tasks)
     if loaded.config.eval.store_episodes:  # episodes stored with other task settings: refused before any write
@@ -186,6 +186,7 @@ def _check_same_evaluation(eval_dir: Path, loaded, chosen: bool) -> None:
         EvalInputError: naming the first differing field and both values, or both selections.
     """
     from vla_rl.config.sections import EvalSection, RunSection
+    from vla_rl.evaluation.benchmarks import candidate_tasks
     from vla_rl.run_dir import absolute
 
     resolved = eval_dir / RUN_TEMPLATE
@@ -209,26 +210,28 @@ def _check_same_evaluation(eval_dir: Path, loaded, chosen: bool) -> None:
                              f"{loaded.config.run.seed!r} (it seeds the sampled protocol and a template's initial "
                              "weights); name another --output")
     try:
-        earlier_rows = _report_rows(EvalSection.model_validate(earlier_config.get("eval") or {}))
+        earlier_section = EvalSection.model_validate(earlier_config.get("eval") or {})
     except ValueError:  # an evaluation section this version does not read: compared by the fields above only
         return
-    rows = _report_rows(loaded.config.eval)
+    every = tuple(task.name for task in candidate_tasks(loaded.config))  # eval.tasks null: all of these
+    rows, earlier_rows = _report_rows(loaded.config.eval, every), _report_rows(earlier_section, every)
     if not _covers(rows, earlier_rows):
         raise EvalInputError(
-            f"{flag}{eval_dir} holds an evaluation of {_describe_rows(earlier_rows)}, and this one evaluates "
-            f"{_describe_rows(rows)}: its report would drop rows of that one's; name another --output (the same "
-            "selection, or one that adds checkpoints or protocols, continues that evaluation)")
+            f"{flag}{eval_dir} holds an evaluation of {_describe_rows(earlier_rows, every)}, and this one evaluates "
+            f"{_describe_rows(rows, every)}: its report would drop rows of that one's; name another --output (the "
+            "same selection, or one that adds checkpoints, protocols or tasks, continues that evaluation)")
 
 
-def _report_rows(section) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | None, str | None]:
+def _report_rows(section, every: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...],
+                                                           str | None]:
     """What the rows of an evaluation's report are: its checkpoints (by name, ``step_<N>``: a run
-    directory copied or moved elsewhere holds the same), protocols (``sampled@T``), and benchmark
-    tasks (None: all of the benchmark's)."""
+    directory copied or moved elsewhere holds the same), protocols (``sampled@T``), tasks (``every``
+    one when ``eval.tasks`` is null) and benchmark."""
     from vla_rl.evaluation.protocol import eval_protocols
 
     protocols = tuple(p.name if p.greedy else f"{p.name}@{p.temperature:g}" for p in eval_protocols(section))
     return (tuple(Path(c).name for c in section.checkpoints), protocols,
-            None if section.tasks is None else tuple(section.tasks), section.benchmark)
+            every if section.tasks is None else tuple(section.tasks), section.benchmark)
 
 
 def _covers(rows, earlier) -> bool:
@@ -238,15 +241,16 @@ def _covers(rows, earlier) -> bool:
     was_checkpoints, was_protocols, was_tasks, was_benchmark = earlier
     return (benchmark == was_benchmark and set(was_checkpoints) <= set(checkpoints)
             and bool(was_checkpoints) == bool(checkpoints)  # a template's policy (no checkpoint) is a row too
-            and set(was_protocols) <= set(protocols) and (tasks is None or (was_tasks is not None
-                                                                           and set(was_tasks) <= set(tasks))))
+            and set(was_protocols) <= set(protocols) and set(was_tasks) <= set(tasks))
 
 
-def _describe_rows(rows) -> str:
-    """``step_00000001, step_00000002 (greedy, sampled@1, benchmark B [tasks])``."""
+def _describe_rows(rows, every: tuple[str, ...]) -> str:
+    """``step_00000001, step_00000002 (greedy, sampled@1, benchmark B, tasks [...])``: the tasks
+    when they are not ``every`` one."""
     checkpoints, protocols, tasks, benchmark = rows
     steps = ", ".join(checkpoints) or "the template's policy"
-    where = "" if benchmark is None else f", benchmark {benchmark}" + ("" if tasks is None else f" {list(tasks)}")
+    where = ("" if benchmark is None else f", benchmark {benchmark}") + (
+        "" if set(tasks) == set(every) else f", tasks {list(tasks)}")
     return f"{steps} ({', '.join(protocols)}{where})"
 
 

@@ -334,5 +334,22 @@ def test_an_evaluation_of_other_checkpoints_or_protocols_does_not_replace_the_ea
                                    output=str(tmp_path / "step3"))
     assert other == tmp_path / "step3"
     from vla_rl.eval_driver import _covers  # a template's policy (no checkpoint) is a row checkpoints do not hold
-    assert not _covers((("step_00000003",), ("greedy",), None, None), ((), ("greedy",), None, None))
-    assert _covers(((), ("greedy", "sampled@1"), None, None), ((), ("greedy",), None, None))
+    assert not _covers((("step_00000003",), ("greedy",), ("Lift",), None), ((), ("greedy",), ("Lift",), None))
+    assert _covers(((), ("greedy", "sampled@1"), ("Lift",), None), ((), ("greedy",), ("Lift",), None))
+
+
+def test_a_benchmark_evaluation_of_all_tasks_continues_with_them_named(tmp_path):
+    """An evaluation of ``eval.benchmark=robosuite`` (``eval.tasks`` null: all four) then the same
+    with the four named was refused as dropping rows; one of fewer tasks still is, naming them."""
+    from vla_rl.evaluation.benchmarks import ROBOSUITE_TASKS
+    from vla_rl.evaluation.targets import EvalInputError
+
+    run_dir = write_run(tmp_path, "embodied_srpo", ["policy.config.hidden_sizes=[8]"],
+                        MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
+    benchmark = ["eval.benchmark=robosuite", "eval.num_episodes=2"]
+    prepare_eval_dir([str(run_dir)], benchmark)
+    prepare_eval_dir([str(run_dir)], [*benchmark, f"eval.tasks=[{','.join(ROBOSUITE_TASKS)}]"])
+    with pytest.raises(EvalInputError, match=r"holds an evaluation of step_00000001 \(greedy, sampled@1, benchmark "
+                                             r"robosuite\), and this one evaluates step_00000001 \(greedy, sampled@1, "
+                                             r"benchmark robosuite, tasks \['Lift', 'Door'\]\)"):
+        prepare_eval_dir([str(run_dir)], [*benchmark, "eval.tasks=[Lift,Door]"])

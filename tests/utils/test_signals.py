@@ -17,7 +17,7 @@ import pytest
 import vla_rl.cli.plan as plan_command
 from vla_rl.cli import TERMINATED_STATUS, main
 from vla_rl.errors import RunStopped, Terminated
-from vla_rl.utils.signals import sigterm_as_interrupt, sigterm_deferred, was_terminated
+from vla_rl.utils.signals import raise_if_terminated, sigterm_as_interrupt, sigterm_deferred, was_terminated
 
 
 def test_sigterm_raises_terminated_within_the_block_only():
@@ -80,14 +80,38 @@ def test_a_sigterm_while_ray_starts_is_raised_once_the_block_ends():
             ran_on.append(deferring)
         assert ran_on == [True]
         assert signal.getsignal(signal.SIGTERM) is ours
+    with sigterm_as_interrupt():
         with pytest.raises(Terminated) as raised, sigterm_deferred():  # the block's own error: from it
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.2)
             raise RunStopped("cannot join the Ray cluster")
         assert isinstance(raised.value.__cause__, RunStopped)
+    with sigterm_as_interrupt():
         with sigterm_deferred():  # no SIGTERM: nothing raised
             pass
         assert signal.getsignal(signal.SIGTERM) is ours
+
+
+def swallowed_sigterm() -> None:
+    """A SIGTERM whose Terminated is lost, as in a finalizer the garbage collector runs."""
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    except Terminated:
+        pass
+
+
+def test_a_swallowed_sigterm_is_raised_again_where_the_command_checks():
+    with sigterm_as_interrupt():
+        raise_if_terminated()  # none came: nothing
+        swallowed_sigterm()
+        with pytest.raises(Terminated):
+            raise_if_terminated()
+        with pytest.raises(Terminated), sigterm_deferred():  # Ray does not start
+            pytest.fail("the block ran")
+    raise_if_terminated()  # the command's block ended (it handles the interrupt): nothing
+    with sigterm_as_interrupt():  # the next command starts afresh
+        raise_if_terminated()
 
 
 def test_outside_a_command_sigterm_deferred_changes_nothing():
@@ -161,7 +185,12 @@ def test_a_terminated_run_stops_as_from_ctrl_c_and_leaves_no_empty_run_directory
         else:
             _wait_for(lambda: "run directory" in stdout.read_text(), process, stderr)
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 143, stderr.read_text()[-3000:]
+        try:
+            status = process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            logged = [line for line in stderr.read_text().splitlines() if "%|" not in line]  # no progress bars
+            pytest.fail("still running 60 s after SIGTERM:\n" + "\n".join(logged[-80:]))
+        assert status == 143, stderr.read_text()[-3000:]
     finally:
         if process.poll() is None:
             process.kill()

@@ -125,3 +125,23 @@ def test_the_driver_counts_the_bytes_it_receives(group):
     replies = group.call("work", {})
     assert group.last_reply_bytes == sum(len(pickle.dumps(reply)) for reply in replies)
     assert group.max_reply_bytes == max(len(pickle.dumps(reply)) for reply in replies)
+
+
+def test_a_sigterm_swallowed_before_the_wait_ends_it_within_a_second(group):
+    """A SIGTERM whose exception was lost (a finalizer, an at-fork hook) left the driver waiting
+    for its workers: the run went on as if none had come."""
+    import signal
+
+    from vla_rl.errors import Terminated
+    from vla_rl.utils.signals import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except Terminated:
+            pass  # swallowed
+        started = time.monotonic()
+        with pytest.raises(Terminated):
+            group.call("work", {0: "sleep 20", 1: "sleep 20"})
+    assert time.monotonic() - started < 10.0

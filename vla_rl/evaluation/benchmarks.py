@@ -151,19 +151,25 @@ def run_task_index(config, task: EvalTask) -> int | None:
     return None
 
 
+def candidate_tasks(config) -> list[EvalTask]:
+    """The tasks ``eval.tasks`` selects from: ``eval.benchmark``'s, or the run's own (:func:`run_tasks`).
+
+    Raises:
+        RegistryError: unknown benchmark (the message lists the known ones).
+    """
+    ev = config.eval
+    return run_tasks(config) if ev.benchmark is None else BENCHMARKS.get(ev.benchmark)(config)
+
+
 def resolve_tasks(config) -> list[EvalTask]:
-    """The tasks an evaluation runs: ``eval.benchmark``'s (selected by ``eval.tasks``), or the
-    run's own (:func:`run_tasks`).
+    """The tasks an evaluation runs: :func:`candidate_tasks` selected by ``eval.tasks`` (None: all).
 
     Raises:
         RegistryError: unknown benchmark (the message lists the known ones).
         ValueError: ``eval.tasks`` names a task the benchmark does not have, or selects none.
     """
     ev = config.eval
-    if ev.benchmark is None:
-        tasks = run_tasks(config)
-    else:
-        tasks = BENCHMARKS.get(ev.benchmark)(config)
+    tasks = candidate_tasks(config)
     if ev.tasks is None:
         return tasks
     known = [t.name for t in tasks]

@@ -13,6 +13,12 @@ started: :func:`sigterm_deferred` records a SIGTERM there and raises once ``ray.
 arrives while the driver waits in Ray (``ray.get``, ``ray.wait``: most of a run) reaches it as a
 plain ``KeyboardInterrupt`` (Ray's ``check_signals`` turns the handler's exception into an
 "interrupted" status and raises a new one): :func:`was_terminated` tells the two apart.
+
+Python runs a signal handler at whatever line the main thread is on; its exception is swallowed
+where none can propagate (a finalizer the garbage collector runs, an at-fork hook: Python prints
+"Exception ignored"), and the command went on as if no SIGTERM had come.
+:func:`raise_if_terminated` raises it again where the driver waits (the replies of its workers,
+the start of Ray).
 """
 
 from __future__ import annotations
@@ -56,6 +62,20 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def raise_if_terminated() -> None:
+    """Raise :class:`~vla_rl.errors.Terminated` if a SIGTERM came within the current
+    :func:`sigterm_as_interrupt` block, in its main thread: its own exception did not end the
+    command (module docstring). Outside a block (or once it ended: the command handles the
+    interrupt), nothing.
+
+    Raises:
+        Terminated: a SIGTERM came within the block.
+    """
+    if _received.is_set() and signal.getsignal(signal.SIGTERM) is _raise_terminated and \
+            threading.current_thread() is threading.main_thread():
+        raise Terminated()
+
+
 @contextlib.contextmanager
 def sigterm_deferred() -> Iterator[bool]:
     """Within a :func:`sigterm_as_interrupt` block (its handler current, in the main thread), a
@@ -64,12 +84,13 @@ def sigterm_deferred() -> Iterator[bool]:
     back after, whatever the block set. Yields whether it defers: elsewhere nothing changes.
 
     Raises:
-        Terminated: a SIGTERM came within the block.
+        Terminated: a SIGTERM came within the block, or before it (:func:`raise_if_terminated`).
     """
     if signal.getsignal(signal.SIGTERM) is not _raise_terminated or threading.current_thread() is not \
             threading.main_thread():
         yield False
         return
+    raise_if_terminated()
     received = threading.Event()
 
     def record(signum: int, frame: Any) -> None:

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from vla_rl.errors import RunStopped
 from vla_rl.utils.ray_utils import init_ray
+from vla_rl.utils.signals import raise_if_terminated
 from vla_rl_core.auth import REMOTE_TOKEN_ENV
 from vla_rl_core.components import ComponentConfigError
 
@@ -24,6 +25,9 @@ DEATH_GRACE_S = 5.0
 """When a worker raises, how long :meth:`WorkerGroup.collect` waits for the others' replies to
 learn whether one of them died: a worker whose peer dies fails in its next collective (gloo:
 connection closed) and that error may reach the driver before Ray reports the death."""
+TERMINATED_CHECK_S = 1.0
+"""How often the driver, waiting for its workers' replies, checks for a SIGTERM whose exception was
+swallowed (:func:`~vla_rl.utils.signals.raise_if_terminated`)."""
 
 
 class WorkerDiedError(RuntimeError):
@@ -188,6 +192,9 @@ class WorkerGroup:
         not check it) as a ``RunStopped`` naming the worker and the field.
 
         Raises:
+            Terminated: a SIGTERM came within the command and its exception was swallowed
+                (:func:`~vla_rl.utils.signals.raise_if_terminated`), checked every
+                :data:`TERMINATED_CHECK_S`.
             WorkerDiedError: a worker's process died; also when another worker's error came
                 first but a worker turns out dead within :data:`DEATH_GRACE_S` (its peers fail
                 in their collectives with it).
@@ -197,7 +204,10 @@ class WorkerGroup:
         method, refs = call
         pending = list(refs)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            done, pending = ray.wait(pending, num_returns=1, timeout=TERMINATED_CHECK_S)
+            raise_if_terminated()  # a SIGTERM whose exception was swallowed before this wait
+            if not done:
+                continue
             try:
                 ray.get(done)
             except ray.exceptions.RayActorError as error:
