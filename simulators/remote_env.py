@@ -313,7 +313,6 @@ class RemoteEnv(ChunkedSteps, gym.Env):
         return out
 
 
-
 def _first_os_error(report: str) -> str:
     """The line of Ray's report of a failed actor that names the operating system's error (``OSError:
     [Errno 98] ... address already in use``), else its last line."""
