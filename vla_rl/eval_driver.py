@@ -214,43 +214,44 @@ def _check_same_evaluation(eval_dir: Path, loaded, chosen: bool) -> None:
     except ValueError:  # an evaluation section this version does not read: compared by the fields above only
         return
     every = tuple(task.name for task in candidate_tasks(loaded.config))  # eval.tasks null: all of these
-    rows, earlier_rows = _report_rows(loaded.config.eval, every), _report_rows(earlier_section, every)
-    if not _covers(rows, earlier_rows):
+    rows, earlier_rows = _report_rows(loaded.config.eval), _report_rows(earlier_section)
+    if not _covers(rows, earlier_rows, every):
         raise EvalInputError(
-            f"{flag}{eval_dir} holds an evaluation of {_describe_rows(earlier_rows, every)}, and this one evaluates "
-            f"{_describe_rows(rows, every)}: its report would drop rows of that one's; name another --output (the "
-            "same selection, or one that adds checkpoints, protocols or tasks, continues that evaluation)")
+            f"{flag}{eval_dir} holds an evaluation of {_describe_rows(earlier_rows, rows, every)}, and this one "
+            f"evaluates {_describe_rows(rows, rows, every)}: its report would drop rows of that one's; name another "
+            "--output (the same selection, or one that adds checkpoints, protocols or tasks, continues that "
+            "evaluation)")
 
 
-def _report_rows(section, every: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...],
-                                                           str | None]:
+def _report_rows(section) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | None, str | None]:
     """What the rows of an evaluation's report are: its checkpoints (by name, ``step_<N>``: a run
-    directory copied or moved elsewhere holds the same), protocols (``sampled@T``), tasks (``every``
-    one when ``eval.tasks`` is null) and benchmark."""
+    directory copied or moved elsewhere holds the same), protocols (``sampled@T``), tasks (None:
+    all of its benchmark's, or of the run's own) and benchmark."""
     from vla_rl.evaluation.protocol import eval_protocols
 
     protocols = tuple(p.name if p.greedy else f"{p.name}@{p.temperature:g}" for p in eval_protocols(section))
     return (tuple(Path(c).name for c in section.checkpoints), protocols,
-            every if section.tasks is None else tuple(section.tasks), section.benchmark)
+            None if section.tasks is None else tuple(section.tasks), section.benchmark)
 
 
-def _covers(rows, earlier) -> bool:
+def _covers(rows, earlier, every: tuple[str, ...]) -> bool:
     """Whether a report of ``rows`` (:func:`_report_rows`) holds every row of one of ``earlier``:
-    the same benchmark, and every earlier checkpoint, protocol and task among its own."""
+    the same benchmark, and every earlier checkpoint, protocol and task among its own (``every``:
+    the benchmark's tasks, which null selects)."""
     checkpoints, protocols, tasks, benchmark = rows
     was_checkpoints, was_protocols, was_tasks, was_benchmark = earlier
     return (benchmark == was_benchmark and set(was_checkpoints) <= set(checkpoints)
             and bool(was_checkpoints) == bool(checkpoints)  # a template's policy (no checkpoint) is a row too
-            and set(was_protocols) <= set(protocols) and set(was_tasks) <= set(tasks))
+            and set(was_protocols) <= set(protocols) and set(was_tasks or every) <= set(tasks or every))
 
 
-def _describe_rows(rows, every: tuple[str, ...]) -> str:
+def _describe_rows(rows, current, every: tuple[str, ...]) -> str:
     """``step_00000001, step_00000002 (greedy, sampled@1, benchmark B, tasks [...])``: the tasks
-    when they are not ``every`` one."""
+    when selected, unless they are ``every`` one of the ``current`` evaluation's benchmark."""
     checkpoints, protocols, tasks, benchmark = rows
     steps = ", ".join(checkpoints) or "the template's policy"
-    where = ("" if benchmark is None else f", benchmark {benchmark}") + (
-        "" if set(tasks) == set(every) else f", tasks {list(tasks)}")
+    every_task = tasks is None or (benchmark == current[3] and set(tasks) == set(every))
+    where = ("" if benchmark is None else f", benchmark {benchmark}") + ("" if every_task else f", tasks {list(tasks)}")
     return f"{steps} ({', '.join(protocols)}{where})"
 
 

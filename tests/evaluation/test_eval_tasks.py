@@ -334,8 +334,8 @@ def test_an_evaluation_of_other_checkpoints_or_protocols_does_not_replace_the_ea
                                    output=str(tmp_path / "step3"))
     assert other == tmp_path / "step3"
     from vla_rl.eval_driver import _covers  # a template's policy (no checkpoint) is a row checkpoints do not hold
-    assert not _covers((("step_00000003",), ("greedy",), ("Lift",), None), ((), ("greedy",), ("Lift",), None))
-    assert _covers(((), ("greedy", "sampled@1"), ("Lift",), None), ((), ("greedy",), ("Lift",), None))
+    assert not _covers((("step_00000003",), ("greedy",), None, None), ((), ("greedy",), None, None), ("Lift",))
+    assert _covers(((), ("greedy", "sampled@1"), None, None), ((), ("greedy",), None, None), ("Lift",))
 
 
 def test_a_benchmark_evaluation_of_all_tasks_continues_with_them_named(tmp_path):
@@ -353,3 +353,9 @@ def test_a_benchmark_evaluation_of_all_tasks_continues_with_them_named(tmp_path)
                                              r"robosuite\), and this one evaluates step_00000001 \(greedy, sampled@1, "
                                              r"benchmark robosuite, tasks \['Lift', 'Door'\]\)"):
         prepare_eval_dir([str(run_dir)], [*benchmark, "eval.tasks=[Lift,Door]"])
+    own = tmp_path / "own"  # the run's own task, named, is all of its tasks; the robosuite benchmark's are others
+    prepare_eval_dir([str(run_dir)], ["eval.num_episodes=2", "eval.tasks=[robosuite_lift]"], output=str(own))
+    with pytest.raises(EvalInputError, match=r"holds an evaluation of step_00000001 \(greedy, sampled@1, tasks "
+                                             r"\['robosuite_lift'\]\), and this one evaluates step_00000001 \(greedy, "
+                                             r"sampled@1, benchmark robosuite\)"):
+        prepare_eval_dir([str(run_dir)], benchmark, output=str(own))

@@ -17,8 +17,8 @@ plain ``KeyboardInterrupt`` (Ray's ``check_signals`` turns the handler's excepti
 Python runs a signal handler at whatever line the main thread is on; its exception is swallowed
 where none can propagate (a finalizer the garbage collector runs, an at-fork hook: Python prints
 "Exception ignored"), and the command went on as if no SIGTERM had come.
-:func:`raise_if_terminated` raises it again where the driver waits (the replies of its workers,
-the start of Ray).
+:func:`raise_if_terminated` raises it again where the driver waits (the replies of its workers)
+and when the command starts Ray.
 """
 
 from __future__ import annotations
@@ -80,8 +80,9 @@ def raise_if_terminated() -> None:
 def sigterm_deferred() -> Iterator[bool]:
     """Within a :func:`sigterm_as_interrupt` block (its handler current, in the main thread), a
     SIGTERM inside this block is only recorded, and raises :class:`~vla_rl.errors.Terminated` when
-    the block ends (from the block's own exception, if it raised one); the block's handler comes
-    back after, whatever the block set. Yields whether it defers: elsewhere nothing changes.
+    the block ends (from the block's own exception, if it raised one); a second one raises at once
+    (``ray.init`` waits up to 30 s for a node that does not start). The block's handler comes back
+    after, whatever the block set. Yields whether it defers: elsewhere nothing changes.
 
     Raises:
         Terminated: a SIGTERM came within the block, or before it (:func:`raise_if_terminated`).
@@ -94,6 +95,8 @@ def sigterm_deferred() -> Iterator[bool]:
     received = threading.Event()
 
     def record(signum: int, frame: Any) -> None:
+        if received.is_set():  # a second one: whoever sent it will not wait for the block to end
+            raise Terminated()
         received.set()
         _received.set()
 
