@@ -173,6 +173,11 @@ class LiberoEnvConfig:
         return f"{self.suite}_{self.task_id}"
 
     @property
+    def control_freq(self) -> float:
+        """Control frequency, Hz (:data:`CONTROL_FREQ`)."""
+        return CONTROL_FREQ
+
+    @property
     def state_dim(self) -> int | None:
         """Length of the state vector when every key of ``obs_keys`` has a known size (else None)."""
         if not all(key in LIBERO_STATE_KEY_SIZES for key in self.obs_keys):

@@ -165,6 +165,10 @@ ACT_DIM = 4
 ROBOT = "Sawyer"
 """The robot arm of every MetaWorld task (``MetaWorldEnvConfig.robot``)."""
 
+CONTROL_FREQ = 80.0
+"""MetaWorld's control frequency, Hz: one ``step`` runs ``frame_skip`` = 5 MuJoCo steps of 2.5 ms
+(MetaWorld's ``metadata["render_fps"]``, which gymnasium checks against ``1 / dt``)."""
+
 MAX_PATH_LENGTH = 500
 """MetaWorld's own episode length (``SawyerXYZEnv.max_path_length``), control steps."""
 
@@ -223,6 +227,11 @@ class MetaWorldEnvConfig:
     def robot(self) -> str:
         """The robot arm: MetaWorld's tasks all use a Sawyer (:data:`ROBOT`)."""
         return ROBOT
+
+    @property
+    def control_freq(self) -> float:
+        """Control frequency, Hz (:data:`CONTROL_FREQ`)."""
+        return CONTROL_FREQ
 
     @property
     def state_dim(self) -> int:

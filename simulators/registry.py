@@ -42,6 +42,9 @@ A simulator is a ``gymnasium.Env`` subclass registered under a name. Its contrac
   :class:`simulators.pool.SimulatorPool` calls in its own process before starting its actors
   (the remote environments' hub): the environments get the returned config, and the pool keeps
   the handle (a Ray actor lives while a handle does);
+- optionally, a ``control_freq`` field or property on the config dataclass: control steps per
+  second, Hz (robosuite's ``control_freq``, LIBERO 20, MetaWorld 80): evaluation videos play at it
+  and ``vla-rl export episodes`` stamps it (:func:`control_freq`);
 - optionally, a class attribute ``video_camera``: the camera evaluation videos are rendered from
   when the template does not set ``eval.video_camera`` (robosuite ``agentview``, MetaWorld
   ``corner``).
@@ -140,6 +143,18 @@ def task_name(name: str, config: Any = None) -> str:
         RegistryError, ValueError, TypeError: as :func:`build_env_config`.
     """
     return build_env_config(name, config).task_name
+
+
+def control_freq(name: str, config: Any = None) -> float | None:
+    """The control frequency of simulator ``name`` with ``config``, Hz (one ``step`` lasts
+    ``1 / control_freq`` seconds of simulation): its config's ``control_freq``, or None when the
+    simulator states none (a remote environment's).
+
+    Raises:
+        RegistryError, ValueError, TypeError: as :func:`build_env_config`.
+    """
+    value = getattr(build_env_config(name, config), "control_freq", None)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
 def make_env(name: str, config: Any = None) -> gym.Env:

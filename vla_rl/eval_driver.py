@@ -113,8 +113,9 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     if run_config.simulator.multi_task:  # a step of a task set holds as many initial states of each task
         config.setdefault("data", {})["init_states_per_step"] = len(run_config.simulator.task_names())
     config.setdefault("eval", {})["checkpoints"] = [str(p) for p in checkpoints]
-    if "video_camera" in run_config.eval.model_fields_set:  # the run's camera (else the simulator's own)
-        config["eval"]["video_camera"] = run_config.eval.video_camera
+    for name in ("video_camera", "video_fps"):  # the run's own, where it set them (else the simulator's)
+        if name in run_config.eval.model_fields_set:
+            config["eval"][name] = getattr(run_config.eval, name)
     # absolute: the workers (on a cluster, in other working directories) open its template
     eval_dir = (Path(output) if output else default_eval_dir(run_dir, run_config, policy_from)).absolute()
     _check_output(eval_dir, run_dir, output is not None)

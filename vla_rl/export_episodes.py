@@ -248,7 +248,7 @@ def export_episodes(source: str | Path, out: str | Path, cameras: Sequence[str] 
     stores = find_stores(source)
     _check_readable(stores)
     first = stores[0]
-    per_store = {store.path: (store.simulator, store.env.get("control_freq", _default_control_freq(store.simulator)),
+    per_store = {store.path: (store.simulator, _control_freq(store),
                               str(store.env.get("robot", store.simulator))) for store in stores}
     for position, what in ((0, "simulators"), (1, "control frequencies"), (2, "robots")):
         values = {str(path.relative_to(path.parents[1])): value[position] for path, value in per_store.items()}
@@ -310,11 +310,18 @@ def _check_readable(stores: list[SourceStore]) -> None:
                                       "nothing was exported") from None
 
 
-def _default_control_freq(simulator: str) -> float | None:
-    from simulators.registry import SIMULATORS
+def _control_freq(store: SourceStore) -> float | None:
+    """The control frequency its settings give the simulator of ``store``, Hz (None: not stated).
 
-    default = getattr(SIMULATORS.get(simulator).config_class, "control_freq", None)
-    return float(default) if isinstance(default, (int, float)) else None
+    Raises:
+        EpisodesExportError: settings this version cannot build, naming the store.
+    """
+    from simulators.registry import control_freq
+
+    try:
+        return control_freq(store.simulator, store.env)
+    except (ValueError, TypeError, KeyError) as err:  # KeyError: RegistryError, an unknown simulator
+        raise EpisodesExportError(f"{store.path}: {err}") from None
 
 
 def _features(episode: ReplayedEpisode) -> dict[str, dict]:

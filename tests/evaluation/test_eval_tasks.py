@@ -149,6 +149,10 @@ def test_a_metaworld_run_is_evaluated_with_videos_from_metaworld_s_camera(ray_on
     assert report["task_status"] == {"metaworld": "complete"}
     videos = report["videos"]
     assert videos and all((run_dir / "eval" / v["file"]).stat().st_size > 0 for v in videos)
+    import imageio.v3 as iio
+
+    # in real time: one frame per control step of MetaWorld's 80 Hz (eval.video_fps's default is 20)
+    assert {iio.immeta(run_dir / "eval" / v["file"])["fps"] for v in videos} == {80.0}
 
 
 @pytest.mark.parametrize(("run_overrides", "eval_overrides", "camera"), [
@@ -164,6 +168,32 @@ def test_the_video_camera_is_the_run_s_else_the_simulator_s(run_overrides, eval_
                         MLPPolicyConfig(obs_dim=39, action_dim=4, hidden_sizes=(8,)))
     _, loaded, _ = prepare_eval_dir([str(run_dir)], eval_overrides)
     assert video_camera(loaded.config, "metaworld") == camera
+
+
+@pytest.mark.parametrize(("run_overrides", "eval_overrides", "fps"), [
+    ([], [], 80.0),  # MetaWorld's control frequency (eval.video_fps's default is 20)
+    (["eval.video_fps=10"], [], 10.0),  # the run's
+    (["eval.video_fps=10"], ["eval.video_fps=40"], 40.0),  # the evaluation's override
+])
+def test_videos_play_at_the_run_s_frame_rate_else_in_real_time(run_overrides, eval_overrides, fps, tmp_path):
+    from vla_rl.evaluation.video import video_fps
+
+    run_dir = write_run(tmp_path, "embodied_srpo", ["simulator.name=metaworld", "simulator.env={horizon: 60}",
+                                                    "policy.config.hidden_sizes=[8]", *run_overrides],
+                        MLPPolicyConfig(obs_dim=39, action_dim=4, hidden_sizes=(8,)))
+    _, loaded, _ = prepare_eval_dir([str(run_dir)], eval_overrides)
+    sim = loaded.config.simulator
+    assert video_fps(loaded.config, sim.name, sim.env) == fps
+
+
+def test_robosuite_videos_play_at_its_control_frequency():
+    from vla_rl.dag.loader import load_template
+    from vla_rl.evaluation.video import video_fps
+
+    config = load_template("embodied_srpo").config
+    assert video_fps(config, "robosuite_lift", {}) == 20.0
+    assert video_fps(config, "robosuite_lift", {"control_freq": 10}) == 10.0
+    assert video_fps(config, "remote", {"state_dim": 3, "action_dim": 2}) == 20.0  # it states none: the default
 
 
 def test_a_robosuite_run_keeps_agentview():

@@ -375,3 +375,12 @@ def test_the_reset_leaves_sites_where_the_first_step_finds_them(task):
         np.testing.assert_allclose(at_reset, mw.data.site_xpos[sites], atol=1e-9)
     finally:
         env.close()
+
+
+def test_the_control_frequency_is_metaworld_s_own():
+    """One ``step`` lasts MetaWorld's ``dt`` (``frame_skip`` MuJoCo steps): videos play in real time."""
+    env = make_env("metaworld", MetaWorldEnvConfig(task="reach-v3"))
+    try:
+        assert 1.0 / env._env.dt == pytest.approx(MetaWorldEnvConfig().control_freq) == 80.0
+    finally:
+        env.close()

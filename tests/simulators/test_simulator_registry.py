@@ -181,3 +181,13 @@ def test_a_spec_that_disagrees_with_its_config_is_refused_naming_the_simulator()
         check_spec_against_config("test_line", config, EnvSpec(obs_dim=2, action_dim=1, horizon=10))
     assert raised.value.field == "simulator.name"
     check_spec_against_config("test_line", config, EnvSpec(obs_dim=3, action_dim=1, horizon=10))
+
+
+@pytest.mark.parametrize(("name", "env", "freq"), [
+    ("robosuite_lift", {}, 20.0), ("robosuite_lift", {"control_freq": 10}, 10.0), ("metaworld", {}, 80.0),
+    ("libero", {}, 20.0), ("remote", {"state_dim": 3, "action_dim": 2}, None)])
+def test_the_control_frequency_is_the_simulator_s(name, env, freq):
+    from simulators.registry import control_freq
+
+    assert control_freq(name, env) == freq
+

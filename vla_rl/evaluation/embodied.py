@@ -55,7 +55,7 @@ from vla_rl.evaluation.episode_store import (
 from vla_rl.evaluation.protocol import ProtocolPolicy
 from vla_rl.evaluation.replay import episode_env_actions, replay_episodes
 from vla_rl.evaluation.session import EvaluationSession, evaluation_generator
-from vla_rl.evaluation.video import record_video, renders_videos, video_camera
+from vla_rl.evaluation.video import record_video, renders_videos, video_camera, video_fps
 from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl.trainers.strategy import autocast, cast_for_rollouts
 from vla_rl.utils.host import host_record
@@ -255,8 +255,8 @@ class EmbodiedEvaluation(EvaluationSession):
             task_ids = np.arange(ev.video_episodes, dtype=np.int64) % len(envs) if sim.multi_task else None
             with autocast(self.config.trainer, self.res.device):
                 out = record_video(self.res.policy, pool, ids, self.eval_dir / VIDEOS_DIR / f"{self.tag}.mp4",
-                                   ev.video_fps, evaluation_generator(self.config.run.seed, 0, 0, int(ids[0])),
-                                   task_ids=task_ids)
+                                   video_fps(self.config, sim.name, envs[0]),
+                                   evaluation_generator(self.config.run.seed, 0, 0, int(ids[0])), task_ids=task_ids)
         finally:
             pool.close()
         return {f"video/{self.tag}_successes": float(out["video_successes"])}
@@ -301,7 +301,8 @@ class EmbodiedEvaluation(EvaluationSession):
                 success, frames = bool(success[0]), frames[0]
                 mismatches += int(success != bool(episode["success"]))
                 name = f"step{step}_{label.replace('@', '_t')}_{outcome}_{int(episode['init_state_id'])}.mp4"
-                write_mp4(self.eval_dir / VIDEOS_DIR / task.name / name, frames, ev.video_fps)
+                write_mp4(self.eval_dir / VIDEOS_DIR / task.name / name, frames,
+                          video_fps(self.config, task.simulator, task.env))
                 replays.append({"task": task.name, "file": f"{VIDEOS_DIR}/{task.name}/{name}", "protocol": label,
                                 "stored_success": bool(episode["success"]), "replayed_success": success})
         tmp = self.eval_dir / VIDEOS_DIR / "replays.json.tmp"

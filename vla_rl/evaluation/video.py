@@ -1,10 +1,12 @@
 """Videos of a live policy's greedy episodes (the held-out evaluations of a training run), and
-the camera every evaluation video is rendered from (:func:`video_camera`)."""
+the camera every evaluation video is rendered from (:func:`video_camera`) and its frame rate
+(:func:`video_fps`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,7 +16,7 @@ from vla_rl.utils.video import write_mp4
 from vla_rl_core import keys
 
 
-def record_video(policy, pool, init_state_ids: np.ndarray, path: Path, fps: int, generator: torch.Generator,
+def record_video(policy, pool, init_state_ids: np.ndarray, path: Path, fps: float, generator: torch.Generator,
                  task_ids: np.ndarray | None = None) -> dict:
     """Roll out greedy episodes with camera frames and write them one after another to ``path`` (mp4).
 
@@ -54,6 +56,28 @@ def video_camera(config, simulator: str) -> str:
     if "video_camera" in config.eval.model_fields_set:
         return config.eval.video_camera
     return getattr(SIMULATORS.get(simulator), "video_camera", config.eval.video_camera)
+
+
+def video_fps(config, simulator: str, env: Any) -> float:
+    """The frame rate of the videos of ``simulator`` with settings ``env``, Hz: ``eval.video_fps``
+    where the template or an override sets it, else the simulator's control frequency (one frame a
+    control step plays in real time: robosuite's ``control_freq``, MetaWorld 80 Hz, LIBERO 20 Hz;
+    :func:`simulators.registry.control_freq`), else ``eval.video_fps``'s default.
+
+    Args:
+        config: the run config.
+        simulator: a registered simulator name.
+        env: the simulator's settings (a mapping, as ``simulator.env`` holds them).
+
+    Raises:
+        RegistryError, ValueError, TypeError: as :func:`simulators.registry.build_env_config`.
+    """
+    from simulators.registry import control_freq
+
+    if "video_fps" in config.eval.model_fields_set:
+        return float(config.eval.video_fps)
+    freq = control_freq(simulator, env)
+    return freq if freq is not None else float(config.eval.video_fps)
 
 
 def renders_videos(simulator: str) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 
-def write_mp4(path: Path, frames: np.ndarray, fps: int) -> None:
+def write_mp4(path: Path, frames: np.ndarray, fps: float) -> None:
     """Write ``frames`` ``(n, H, W, 3)`` uint8 to ``path`` at ``fps`` Hz, atomically (a temporary
     file renamed into place); creates the parent directory."""
     import imageio
