@@ -17,7 +17,7 @@ import pytest
 import vla_rl.cli.plan as plan_command
 from vla_rl.cli import TERMINATED_STATUS, main
 from vla_rl.errors import RunStopped, Terminated
-from vla_rl.utils.signals import raise_if_terminated, sigterm_as_interrupt, sigterm_deferred, was_terminated
+from vla_rl.utils.signals import interrupts_deferred, raise_if_terminated, sigterm_as_interrupt, was_terminated
 
 
 def test_sigterm_raises_terminated_within_the_block_only():
@@ -73,7 +73,7 @@ def test_a_sigterm_while_ray_starts_is_raised_once_the_block_ends():
     ran_on = []
     with sigterm_as_interrupt():
         ours = signal.getsignal(signal.SIGTERM)
-        with pytest.raises(Terminated), sigterm_deferred() as deferring:
+        with pytest.raises(Terminated), interrupts_deferred() as deferring:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.2)
             signal.signal(signal.SIGTERM, lambda *args: sys.exit(15))  # what ray.init does
@@ -81,17 +81,17 @@ def test_a_sigterm_while_ray_starts_is_raised_once_the_block_ends():
         assert ran_on == [True]
         assert signal.getsignal(signal.SIGTERM) is ours
     with sigterm_as_interrupt():
-        with pytest.raises(Terminated) as raised, sigterm_deferred():  # the block's own error: from it
+        with pytest.raises(Terminated) as raised, interrupts_deferred():  # the block's own error: from it
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.2)
             raise RunStopped("cannot join the Ray cluster")
         assert isinstance(raised.value.__cause__, RunStopped)
     with sigterm_as_interrupt():
-        with sigterm_deferred():  # no SIGTERM: nothing raised
+        with interrupts_deferred():  # no SIGTERM: nothing raised
             pass
         assert signal.getsignal(signal.SIGTERM) is ours
     reached = []
-    with sigterm_as_interrupt(), pytest.raises(Terminated), sigterm_deferred():
+    with sigterm_as_interrupt(), pytest.raises(Terminated), interrupts_deferred():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.2)
         reached.append("first recorded")
@@ -99,6 +99,40 @@ def test_a_sigterm_while_ray_starts_is_raised_once_the_block_ends():
         time.sleep(5)
         reached.append("second recorded")
     assert reached == ["first recorded"]
+
+
+def test_a_ctrl_c_while_ray_starts_is_raised_once_the_block_ends():
+    """Raised inside ``ray.init``, a KeyboardInterrupt left Ray half started; the command then
+    ended with a segmentation fault after its error line (exit status 139 for 130)."""
+    ran = []
+    with sigterm_as_interrupt():
+        with pytest.raises(KeyboardInterrupt) as raised, interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+            ran.append("after the Ctrl-C")
+        assert ran == ["after the Ctrl-C"] and not was_terminated(raised.value)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    reached = []
+    with sigterm_as_interrupt(), pytest.raises(Terminated), interrupts_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        reached.append("Ctrl-C recorded")
+        os.kill(os.getpid(), signal.SIGTERM)  # a second interrupt: at once, and a SIGTERM came
+        time.sleep(5)
+        reached.append("SIGTERM recorded")
+    assert reached == ["Ctrl-C recorded"]
+
+
+def test_a_ctrl_c_handler_other_than_python_s_is_left_alone():
+    ignored = []
+    previous = signal.signal(signal.SIGINT, lambda *args: ignored.append("theirs"))
+    try:
+        with sigterm_as_interrupt(), interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert ignored == ["theirs"]
 
 
 def swallowed_sigterm() -> None:
@@ -116,50 +150,56 @@ def test_a_swallowed_sigterm_is_raised_again_where_the_command_checks():
         swallowed_sigterm()
         with pytest.raises(Terminated):
             raise_if_terminated()
-        with pytest.raises(Terminated), sigterm_deferred():  # Ray does not start
+        with pytest.raises(Terminated), interrupts_deferred():  # Ray does not start
             pytest.fail("the block ran")
     raise_if_terminated()  # the command's block ended (it handles the interrupt): nothing
     with sigterm_as_interrupt():  # the next command starts afresh
         raise_if_terminated()
 
 
-def test_outside_a_command_sigterm_deferred_changes_nothing():
+def test_outside_a_command_interrupts_deferred_changes_nothing():
     before = signal.getsignal(signal.SIGTERM)
-    with sigterm_deferred() as deferring:
+    with interrupts_deferred() as deferring:
         assert signal.getsignal(signal.SIGTERM) is before
     assert not deferring
 
 
-_TERMINATED_IN_RAY_INIT = """
-import os, signal, time
+_INTERRUPTED_IN_RAY_INIT = """
+import os, signal, sys, time
 import ray, ray._private.node
-from vla_rl.errors import Terminated
 from vla_rl.utils.ray_utils import init_ray
 from vla_rl.utils.signals import sigterm_as_interrupt
 
 start_node = ray._private.node.Node.__init__
-def terminated_meanwhile(*args, **kwargs):
-    os.kill(os.getpid(), signal.SIGTERM)
+def interrupted_meanwhile(*args, **kwargs):
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
     time.sleep(0.2)
     start_node(*args, **kwargs)
-ray._private.node.Node.__init__ = terminated_meanwhile
+ray._private.node.Node.__init__ = interrupted_meanwhile
 try:
     with sigterm_as_interrupt():
         init_ray(num_cpus=1)
-except Terminated:
-    print("terminated; Ray started:", ray.is_initialized())
+except KeyboardInterrupt as interrupt:
+    print(type(interrupt).__name__, "; Ray started:", ray.is_initialized())
     ray.shutdown()
 """
 
 
 @pytest.mark.e2e
-def test_a_sigterm_in_the_middle_of_ray_init_is_terminated_after_it():
-    """With Ray's own handler, ray.init ended in ``SystemExit: 15`` (status 15, no message and Ray
-    half started) or, raised in an at-fork hook, was ignored."""
-    done = subprocess.run([sys.executable, "-c", _TERMINATED_IN_RAY_INIT], capture_output=True, text=True,
-                          timeout=120, preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+@pytest.mark.parametrize(("signum", "raised"), [("SIGTERM", "Terminated"), ("SIGINT", "KeyboardInterrupt")])
+def test_an_interrupt_in_the_middle_of_ray_init_is_raised_after_it(signum, raised):
+    """With Ray's own handler, a SIGTERM ended ray.init in ``SystemExit: 15`` (status 15, no message
+    and Ray half started) or, raised in an at-fork hook, was ignored; a Ctrl-C left Ray half started."""
+    done = subprocess.run([sys.executable, "-c", _INTERRUPTED_IN_RAY_INIT, signum], capture_output=True, text=True,
+                          timeout=120, preexec_fn=_default_handlers)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "terminated; Ray started: True"
+    assert done.stdout.strip() == f"{raised} ; Ray started: True"
+
+
+def _default_handlers() -> None:
+    """In the child: SIGTERM's default, and Ctrl-C's (a background job's shell ignores it)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _train(out: Path) -> tuple[subprocess.Popen, Path, Path]:

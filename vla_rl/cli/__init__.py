@@ -23,8 +23,10 @@ importing this module imports no Ray, simulator or model code.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import sys
+from typing import NoReturn
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -119,6 +121,22 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()
             os._exit(status)
         return status
+
+
+def run(argv: list[str] | None = None) -> NoReturn:
+    """The ``vla-rl`` console script (and ``python -m vla_rl.cli``): :func:`main`, then exit with
+    its status. After Ctrl-C or SIGTERM the process leaves once its exit hooks have run (``atexit``:
+    Ray's, logging's, temporary directories'), without the interpreter's last garbage collection:
+    after a Ray start that was interrupted, that collection can crash in Ray's objects (a
+    segmentation fault, or an abort under Ray's failure signal handler: exit status 139 or 134
+    after the error line, where a scheduler expects 130 or 143)."""
+    status = main(argv)
+    if status in (INTERRUPTED_STATUS, TERMINATED_STATUS):
+        atexit._run_exitfuncs()  # what a normal exit runs first (CPython's own, undocumented)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
 
 
 CTRL_C_SHUTDOWN_S = 10.0

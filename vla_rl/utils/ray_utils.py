@@ -79,7 +79,8 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
         RunStopped: the cluster cannot be joined (one line: the address and Ray's reason; for a
             refused authentication token, where the token comes from).
         Terminated: SIGTERM came while Ray started, in a ``vla-rl`` command
-            (:func:`~vla_rl.utils.signals.sigterm_deferred`: raised once ``ray.init`` is done).
+            (:func:`~vla_rl.utils.signals.interrupts_deferred`: raised once ``ray.init`` is done).
+        KeyboardInterrupt: Ctrl-C came while Ray started, in a ``vla-rl`` command (the same).
     """
     loopback = address is None or _is_loopback(address)
     if loopback:
@@ -89,11 +90,11 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
     import ray
     from ray._private import ray_constants
 
-    from vla_rl.utils.signals import sigterm_deferred
+    from vla_rl.utils.signals import interrupts_deferred
 
     if ray.is_initialized():
         return
-    with sigterm_deferred() as deferring, contextlib.ExitStack() as stack:
+    with interrupts_deferred() as deferring, contextlib.ExitStack() as stack:
         if deferring:  # Ray's handler (sys.exit(15)) would end ray.init anywhere: ours records it meanwhile
             stack.enter_context(unittest.mock.patch.object(ray._private.utils, "set_sigterm_handler",
                                                            lambda handler: None))

@@ -8,8 +8,11 @@ and its workers and Ray were not stopped. :func:`sigterm_as_interrupt` makes SIG
 Ctrl-C handles it too. ``ray.init`` sets its own handler (``sys.exit(15)``), and an exception
 raised at an arbitrary point of it can be swallowed (Python prints "Exception ignored" for one
 raised in an at-fork hook, and the run went on as if no SIGTERM had come) or leave Ray half
-started: :func:`sigterm_deferred` records a SIGTERM there and raises once ``ray.init`` is done
-(:func:`vla_rl.utils.ray_utils.init_ray` keeps Ray from setting its handler). A SIGTERM that
+started: :func:`interrupts_deferred` records a SIGTERM (or a Ctrl-C, whose exception does the
+same) there and raises once ``ray.init`` is done (:func:`vla_rl.utils.ray_utils.init_ray` keeps
+Ray from setting its handler; while ``ray.init`` connects the driver, about half a second, Ray's
+C++ failure signal handler is SIGTERM's: it prints ``*** SIGTERM received`` and passes the signal on
+to ours). A SIGTERM that
 arrives while the driver waits in Ray (``ray.get``, ``ray.wait``: most of a run) reaches it as a
 plain ``KeyboardInterrupt`` (Ray's ``check_signals`` turns the handler's exception into an
 "interrupted" status and raises a new one): :func:`was_terminated` tells the two apart.
@@ -77,37 +80,48 @@ def raise_if_terminated() -> None:
 
 
 @contextlib.contextmanager
-def sigterm_deferred() -> Iterator[bool]:
+def interrupts_deferred() -> Iterator[bool]:
     """Within a :func:`sigterm_as_interrupt` block (its handler current, in the main thread), a
-    SIGTERM inside this block is only recorded, and raises :class:`~vla_rl.errors.Terminated` when
-    the block ends (from the block's own exception, if it raised one); a second one raises at once
-    (``ray.init`` waits up to 30 s for a node that does not start). The block's handler comes back
-    after, whatever the block set. Yields whether it defers: elsewhere nothing changes.
+    SIGTERM or Ctrl-C (SIGINT, while Python's own handler is current) inside this block is only
+    recorded, and raises when the block ends (from the block's own exception, if it raised one):
+    :class:`~vla_rl.errors.Terminated` for a SIGTERM, else ``KeyboardInterrupt``. A second one
+    raises at once (``ray.init`` waits up to 30 s for a node that does not start). The handlers
+    come back after, whatever the block set. Yields whether it defers: elsewhere nothing changes.
 
     Raises:
         Terminated: a SIGTERM came within the block, or before it (:func:`raise_if_terminated`).
+        KeyboardInterrupt: a Ctrl-C came within the block (and no SIGTERM).
     """
     if signal.getsignal(signal.SIGTERM) is not _raise_terminated or threading.current_thread() is not \
             threading.main_thread():
         yield False
         return
     raise_if_terminated()
-    received = threading.Event()
+    deferred = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        deferred.append(signal.SIGINT)
+    received: list[int] = []
 
     def record(signum: int, frame: Any) -> None:
-        if received.is_set():  # a second one: whoever sent it will not wait for the block to end
-            raise Terminated()
-        received.set()
-        _received.set()
+        received.append(signum)
+        if signum == signal.SIGTERM:
+            _received.set()
+        if len(received) > 1:  # a second one: whoever sent it will not wait for the block to end
+            raise _interrupt(received)
 
-    signal.signal(signal.SIGTERM, record)
+    previous = {signum: signal.signal(signum, record) for signum in deferred}
     try:
         yield True
     except BaseException as error:
-        if received.is_set():
-            raise Terminated() from error
+        if received and not isinstance(error, KeyboardInterrupt):
+            raise _interrupt(received) from error
         raise
     finally:
-        signal.signal(signal.SIGTERM, _raise_terminated)
-    if received.is_set():
-        raise Terminated()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received:
+        raise _interrupt(received)
+
+
+def _interrupt(received: list[int]) -> KeyboardInterrupt:
+    return Terminated() if signal.SIGTERM in received else KeyboardInterrupt()
