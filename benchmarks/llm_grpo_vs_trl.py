@@ -14,6 +14,7 @@ load; the ratio is that of the medians. Prints a table and writes JSON with ever
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import tempfile
@@ -94,6 +95,9 @@ def main() -> None:
     parser.add_argument("--threads-per-worker", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/llm_grpo_vs_trl.json"))
     args = parser.parse_args()
+    missing = [name for name in ("trl", "datasets") if importlib.util.find_spec(name) is None]
+    if missing:  # before the vla-rl side runs
+        parser.exit(2, f"error: TRL's side needs {' and '.join(missing)}: pip install -e '.[trl]'\n")
 
     from policies.causal_lm.tiny import write_tiny_checkpoint
     from vla_rl.data.arithmetic import write_arithmetic_dataset

@@ -416,13 +416,13 @@ def test_good_inputs_pass(overrides, assets, tmp_path):
      r"prompts are longer .* raise text.max_prompt_length to (\d+)$"),
     (["text.num_generated_train=10"], "text.num_generated_train", "the generated arithmetic train split",
      r"has 10 rows, in fewer row groups than the 2 shards that read it, and each shard takes \d+ a step: "
-     r"raise text.num_generated_train$"),
+     r"raise text.num_generated_train to (\d+) or more$"),
     (["text.num_generated_test=1"], "text.num_generated_test", "the generated arithmetic test split",
      r"has 1 rows, in fewer row groups than the 2 shards that read it, and each shard takes \d+ a step: "
-     r"raise text.num_generated_test$"),
+     r"raise text.num_generated_test to (\d+) or more$"),
     (["text.num_generated_train=20", "text.prompts_per_step=32"], "text.num_generated_train",
      "the generated arithmetic train split", r"has 20 rows, dealt in whole row groups to 2 shards of \d+, \d+ rows, "
-     r"and each shard takes 16 a step: raise text.num_generated_train$"),
+     r"and each shard takes 16 a step: raise text.num_generated_train to (\d+) or more$"),
 ], ids=["sft targets too long", "prompts too long", "too few training rows", "too few held-out rows",
         "too few rows a shard"])
 def test_the_generated_prompts_are_checked_like_given_files(overrides, field, offending, match, tmp_path, capsys,
@@ -441,9 +441,9 @@ def test_the_generated_prompts_are_checked_like_given_files(overrides, field, of
     assert not any(scratch.iterdir())
     assert_cli_refuses_and_writes_nothing(capsys, tmp_path, [TEXT, *overrides], field, offending)
     found = re.search(match, str(raised.value))
-    if found.groups():  # a length: asking for it passes
+    if found.groups():  # a length or a row count: asking for it passes
         setting = overrides[0].split("=")[0]
-        preflight(load_template(TEXT, [f"{setting}={found.group(1)}"]))
+        preflight(load_template(TEXT, [*overrides[1:], f"{setting}={found.group(1)}"]))
 
 
 @pytest.mark.parametrize("template", [TEXT, "llm_sft"])

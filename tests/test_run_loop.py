@@ -117,3 +117,13 @@ def test_a_run_of_no_step_evaluates_its_policy_once(steps, evaluations, tmp_path
     assert summary["final_eval"]["eval/greedy/success_rate"] == (0.5 if steps == 0 else 0.75)
     assert summary["improvement_points/greedy"] == (0.0 if steps == 0 else 25.0)
     assert ("no training step ran: the final evaluation is the first one" in run.console.export_text()) == (steps == 0)
+
+
+def test_the_progress_bar_shows_the_figures_a_step_logged():
+    """A supervised step (llm_sft) showed ``reward=nan, success=nan``."""
+    from vla_rl.run_loop import progress_postfix
+
+    assert progress_postfix({"sft/loss": 1.2345, "sft/num_updates": 1.0}) == {"loss": "1.23"}
+    assert progress_postfix({"rollout/success_rate": 0.5, "reward/mean": 0.25, "actor/loss": 3.0}) == {
+        "success": "0.50", "reward": "0.25"}
+    assert progress_postfix({}) == {}

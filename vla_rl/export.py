@@ -47,6 +47,14 @@ class PolicyNotBuilt(ExportError):
                          f"{checkpoint} OUT {' or '.join(f'{key}=DIR' for key in self.settings)})")
 
 
+class OtherWorkflow(ExportError):
+    """The checkpoint is of a run of another workflow than the one asked for. ``workflow``: the run's."""
+
+    def __init__(self, checkpoint: Path, workflow: str, wanted: str) -> None:
+        self.checkpoint, self.workflow = checkpoint, workflow
+        super().__init__(f"{checkpoint} is a checkpoint of a {workflow} run, not of an {wanted} one")
+
+
 #: The settings ``vla-rl export`` takes (``KEY=DIR``), by workflow: where the run's pretrained
 #: files are now, when they moved since it trained. The weights come from the checkpoint, so that a
 #: setting that changed the policy would not fit them.
@@ -91,7 +99,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, paths: Sequence[s
         raise ExportError(f"{checkpoint}: {err}") from None
 
 
-def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = ()):
+def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = (), workflow: str | None = None):
     """The policy of training checkpoint ``checkpoint``, rebuilt on the CPU from its run's resolved
     template (and the overrides of its resumes) with the checkpoint's weights loaded (``vla-rl
     export`` and ``vla-rl serve``).
@@ -101,6 +109,8 @@ def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = ()):
             ``vla-rl train`` (e.g. ``step_00000010``), or a run directory: its newest complete
             checkpoint.
         paths: ``KEY=DIR`` settings of :data:`PATH_SETTINGS` (the run's workflow's) replacing the run's.
+        workflow: the run's workflow must be this one (``"embodied"``), checked before the policy
+            loads; None: any.
 
     Returns:
         ``(policy, config)``: the :class:`policies.base.Policy` (LoRA adapters not merged) and the
@@ -111,6 +121,7 @@ def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = ()):
             with one), fails verification
             (missing, truncated or altered files: the message names them), holds no policy
             weights, or a setting of ``paths`` is not one of :data:`PATH_SETTINGS`;
+            :class:`OtherWorkflow`: the run is not of ``workflow``;
             :class:`PolicyNotBuilt`: the run's policy cannot be built (its pretrained model moved).
     """
     from vla_rl.checkpoints import files as ckpt
@@ -143,6 +154,8 @@ def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = ()):
     except RunDirError as err:
         raise ExportError(f"{path} does not sit in a run directory written by vla-rl train ({err})") from err
     config = load_template(run.template_path, run.recorded_overrides()).config
+    if workflow is not None and config.run.workflow != workflow:
+        raise OtherWorkflow(path, config.run.workflow, workflow)
     settings = PATH_SETTINGS[config.run.workflow]
     given = []
     for item in paths:

@@ -337,7 +337,8 @@ def _check_prompt_file(path: str, field: str, prompts_per_step: int, layouts: di
     when given), and ``prompts_per_step // dp_size`` rows in every shard of each layout
     (``dp_size -> node``); ``name``: what messages call it instead of its path (a generated
     file). Returns its :class:`~vla_rl.data.prompt_dataset.PromptFile`."""
-    from vla_rl.data.prompt_dataset import PromptFile, shard_steps_per_epoch
+    from vla_rl.data.prompt_dataset import PromptFile, least_rows, shard_steps_per_epoch
+    from vla_rl.workflows.text_assets import GENERATED_ROW_GROUP_SIZE
 
     def named(error: Exception) -> str:
         return str(error) if name is None else str(error).replace(str(path), name)
@@ -370,8 +371,10 @@ def _check_prompt_file(path: str, field: str, prompts_per_step: int, layouts: di
                 dealt = f"dealt in whole row groups to {dp_size} shards of {shards} rows"
             except ValueError:
                 dealt = f"in fewer row groups than the {dp_size} shards that read it"
+            least = least_rows(GENERATED_ROW_GROUP_SIZE, dp_size, max(prompts_per_step // dp_size, 1))
             raise PreflightError(f"{name} has {file.num_rows} rows, {dealt}, and each shard takes "
-                                 f"{prompts_per_step // dp_size} a step: raise {rows}", node=node, field=rows) from None
+                                 f"{prompts_per_step // dp_size} a step: raise {rows} to {least} or more", node=node,
+                                 field=rows) from None
     return file
 
 

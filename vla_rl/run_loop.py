@@ -216,8 +216,7 @@ class RunLoop:
                 if not (evaluate or save):  # the workers start the next step while this one is logged
                     pending, step_start = self.workers.submit("run_step", last_step), time.perf_counter()
                 logger.log(last_step, metrics)
-                bar.set_postfix(success=f"{metrics.get('rollout/success_rate', float('nan')):.2f}",
-                                reward=f"{metrics.get('reward/mean', float('nan')):.2f}")
+                bar.set_postfix(progress_postfix(metrics))
                 if evaluate:  # before the checkpoint: it saves the RNG states after
                     logger.log(last_step, run_evaluation(self.workers, last_step, f"step_{last_step}", False))
                 if save:
@@ -294,3 +293,13 @@ class RunLoop:
         from vla_rl.evaluation.benchmarks import resolve_tasks
 
         return [task.name for task in resolve_tasks(self.config)]
+
+
+#: The progress bar's figures of a step (name: metric), those the step logged.
+PROGRESS_FIGURES = {"success": "rollout/success_rate", "reward": "reward/mean", "loss": "sft/loss"}
+
+
+def progress_postfix(metrics: dict[str, float]) -> dict[str, str]:
+    """The training bar's postfix for a step's ``metrics``: each of :data:`PROGRESS_FIGURES` the
+    step logged (a supervised step: its loss; an RL step: its success rate and mean reward)."""
+    return {name: f"{metrics[key]:.2f}" for name, key in PROGRESS_FIGURES.items() if key in metrics}

@@ -118,3 +118,24 @@ def test_loader_rejects_bad_step_sizes(prompt_file):
         ShardedPromptLoader(prompt_file, prompts_per_step=6, dp_rank=0, dp_size=4, seed=0)
     with pytest.raises(ValueError, match="fewer than the 30 prompts"):
         ShardedPromptLoader(prompt_file, prompts_per_step=60, dp_rank=0, dp_size=2, seed=0)
+
+
+@pytest.mark.parametrize("row_group_size", [1, 3, 16])
+@pytest.mark.parametrize("num_shards", [1, 2, 3])
+@pytest.mark.parametrize("per_shard", [1, 5, 8, 16, 17])
+def test_least_rows_is_the_fewest_rows_every_shard_has_enough_of(row_group_size, num_shards, per_shard, tmp_path):
+    """Against files written and dealt as the workers read them, one row fewer and the least."""
+    from vla_rl.data.prompt_dataset import least_rows
+
+    least = least_rows(row_group_size, num_shards, per_shard)
+
+    def smallest_shard(num_rows: int) -> int:
+        if num_rows == 0:
+            return 0
+        path = write_prompt_file(make_rows(num_rows), tmp_path / f"{num_rows}.parquet", row_group_size=row_group_size)
+        try:
+            return min(PromptFile(path).shard_num_rows(num_shards))
+        except ValueError:  # fewer row groups than shards
+            return 0
+
+    assert smallest_shard(least) >= per_shard > smallest_shard(least - 1)

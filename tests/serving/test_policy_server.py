@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import socket
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -207,3 +208,19 @@ def test_serve_errors_are_one_line(mlp_run, tmp_path, capsys):
                 pass
     with pytest.raises(ServeError, match="no such CUDA device|is not a device"):
         load_served_policy(mlp_run[0], device="cuda:7" if torch.cuda.device_count() < 8 else "nodevice")
+
+
+def test_a_text_run_is_refused_before_its_model_loads(tmp_path, tiny_lm_dir, capsys):
+    """Its run directory or checkpoint loaded the language model, then ended in a traceback
+    (AttributeError: no action_dim)."""
+    import shutil
+
+    base = Path(shutil.copytree(tiny_lm_dir, tmp_path / "base"))
+    run_dir, config = make_run(tmp_path, "llm_grpo", f"text.model_path={base}")
+    checkpoint = write_checkpoint(run_dir, 1, model=WORKFLOWS.get("text").standalone_policy(config, run_dir))
+    shutil.rmtree(base)  # loading the model would now fail: the refusal comes first
+    capsys.readouterr()
+    for target in (run_dir, checkpoint):
+        assert main(["serve", str(target)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"error: {checkpoint} is a checkpoint of a text run; vla-rl serve serves robot policies"

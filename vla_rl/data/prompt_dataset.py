@@ -481,6 +481,16 @@ def _largest_row_group_size(num_rows: int, num_shards: int, per_shard: int) -> i
     return None
 
 
+def least_rows(row_group_size: int, num_shards: int, per_shard: int) -> int:
+    """The fewest rows whose row groups of ``row_group_size`` (the last one partial), dealt
+    round-robin over ``num_shards`` shards as :meth:`PromptFile.shard_num_rows` deals them, give
+    every shard at least ``per_shard`` rows (``per_shard`` >= 1): each shard needs
+    ``k = ceil(per_shard / row_group_size)`` groups, and the last shard's last group, the file's
+    last, may be partial."""
+    groups = -(-per_shard // row_group_size)
+    return (groups * num_shards - 1) * row_group_size + per_shard - (groups - 1) * row_group_size
+
+
 def write_prompt_file(rows: Iterable[Mapping[str, Any]], path: str | Path, row_group_size: int = 256) -> Path:
     """Write rows in the verl/siiRL format to a ``.parquet`` or ``.jsonl`` file, atomically.
 

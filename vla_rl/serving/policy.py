@@ -171,7 +171,7 @@ def load_served_policy(target: str | Path, template: str | None = None, override
     """
     from vla_rl.checkpoints import files as ckpt
     from vla_rl.checkpoints.layout import TRAINER_STATE_FILE
-    from vla_rl.export import ExportError, PolicyNotBuilt, load_checkpoint_policy
+    from vla_rl.export import ExportError, OtherWorkflow, PolicyNotBuilt, load_checkpoint_policy
 
     path = Path(target).resolve()
     if not path.is_dir():
@@ -187,11 +187,14 @@ def load_served_policy(target: str | Path, template: str | None = None, override
                          f"{path.name} records its own settings (serve it without them)")
     if (path / TRAINER_STATE_FILE).is_file():
         try:
-            policy, config = load_checkpoint_policy(path)
+            policy, config = load_checkpoint_policy(path, workflow="embodied")
         except PolicyNotBuilt as err:  # serve takes no settings of a checkpoint: export it with the new place
             raise ServeError(f"the run's policy cannot be built: {err.reason} (moved? export it with its new place, "
                              f"vla-rl export {err.checkpoint} OUT {' or '.join(f'{k}=DIR' for k in err.settings)}, "
                              "and serve OUT)") from err
+        except OtherWorkflow as err:
+            raise ServeError(f"{err.checkpoint} is a checkpoint of a {err.workflow} run; vla-rl serve serves robot "
+                             "policies") from None
         except ExportError as err:
             raise ServeError(str(err)) from err
         if callable(getattr(policy, "merge_lora", None)):
