@@ -200,7 +200,7 @@ def test_a_remote_run_says_how_many_clients_it_needs():
     an episode at once and keeps its client. The driver now prints how many to connect."""
     from vla_rl.dag.loader import load_template
     from vla_rl.dag.planner import plan
-    from vla_rl.driver import remote_clients_note
+    from vla_rl.workflows.embodied import remote_clients_note
 
     remote = ["simulator.name=remote", "simulator.env.state_dim=15", "simulator.env.action_dim=7",
               "warm_start.num_demos=0"]
@@ -216,3 +216,9 @@ def test_a_remote_run_says_how_many_clients_it_needs():
     assert remote_clients_note(load_template("embodied_srpo").config, plan(load_template("embodied_srpo"))) is None
     everywhere = load_template("embodied_srpo", [*remote, "simulator.env.host=0.0.0.0"])
     assert "to ws://<this machine>:8765" in remote_clients_note(everywhere.config, plan(everywhere))
+    # vla-rl eval rolls out only its held-out episodes, all of a protocol's at once
+    for overrides, needed in [([], 50), (["eval.num_episodes=5"], 5), (["eval.num_episodes=7"], 7)]:
+        template = load_template("embodied_srpo", [*remote, *overrides])
+        note = remote_clients_note(template.config, plan(template), evaluation=True)
+        assert note.startswith(f"remote environments: connect at least {needed} clients"), overrides
+        assert "the evaluation rolls out" in note

@@ -142,6 +142,8 @@ def _run(run: RunDirectory, template, worker_overrides: list[str], resume_overri
     device = start_ray(config, world)
     console.print(f"[bold]run directory[/bold] {run_dir}")
     console.print(f"code {code_version()} from {code_root()}; {world} workers on {device}")
+    from vla_rl.workflows.embodied import remote_clients_note
+
     for note in (no_videos_note(config), remote_clients_note(config, the_plan)):
         if note is not None:
             console.print(note)
@@ -183,23 +185,6 @@ def _run(run: RunDirectory, template, worker_overrides: list[str], resume_overri
     tmp.write_text(json.dumps(summary, indent=2))
     tmp.replace(run_dir / SUMMARY_FILE)
     return summary
-
-
-def remote_clients_note(config, the_plan) -> str | None:
-    """For a run of remote environments (``simulator.name: remote``), how many clients it needs
-    connected: one per environment of every worker's simulator pool, each running an episode at
-    once (:func:`~vla_rl.workflows.embodied.simulator_pool_size`); None for other runs."""
-    from vla_rl.workflows.embodied import simulator_pool_size
-
-    if config.run.workflow != "embodied" or config.simulator.name != "remote":
-        return None
-    needed = sum(simulator_pool_size(config, the_plan.rollout_dp_size(rank), the_plan.world_size)
-                 for rank in range(the_plan.world_size))
-    env = config.simulator.env_config()
-    host = "<this machine>" if env.host in ("0.0.0.0", "::") else env.host  # every interface: not an address
-    return (f"remote environments: connect at least {needed} clients to ws://{host}:{env.port} (the run rolls "
-            f"out up to {needed} episodes at once: data.init_states_per_step x data.group_size per step, "
-            "eval.num_episodes per evaluation protocol)")
 
 
 class RecordsStart:

@@ -496,7 +496,13 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
         console.print("every planned episode is stored already: no rollout to run")
     try:  # a failure leaves the last report written (as of the last finished step), never a new one
         if len(progress.complete) < len(tasks):
-            world = plan(loaded).world_size
+            from vla_rl.workflows.embodied import remote_clients_note
+
+            the_plan = plan(loaded)
+            world = the_plan.world_size
+            note = remote_clients_note(config, the_plan, evaluation=True)
+            if note is not None:
+                console.print(note)
             total = len(tasks) * len(ckpt_steps) * len(protocols) * ev.num_episodes
             workers = WorkerGroup.launch(world, str(eval_dir / RUN_TEMPLATE), [], eval_dir, config.workers, device)
             workers.start_process_group()

@@ -389,3 +389,22 @@ def test_a_benchmark_evaluation_of_all_tasks_continues_with_them_named(tmp_path)
                                              r"\['robosuite_lift'\]\), and this one evaluates step_00000001 \(greedy, "
                                              r"sampled@1, benchmark robosuite\)"):
         prepare_eval_dir([str(run_dir)], benchmark, output=str(own))
+
+
+def test_an_evaluation_of_a_remote_run_says_how_many_clients_it_needs(ray_on_loopback, tmp_path, capsys):
+    """The training command printed it; vla-rl eval waited for clients without saying how many."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    run_dir = write_run(tmp_path, "embodied_srpo", ["simulator.name=remote", "simulator.env.state_dim=15",
+                                                    "simulator.env.action_dim=7", f"simulator.env.port={port}",
+                                                    "simulator.env.connect_timeout_s=2", "warm_start.num_demos=0",
+                                                    "policy.config.hidden_sizes=[8]"],
+                        MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
+    assert main(["eval", str(run_dir), *EVAL, "eval.num_episodes=3", "eval.protocols=[greedy]"]) == 1
+    out, err = capsys.readouterr()
+    assert f"remote environments: connect at least 3 clients to ws://127.0.0.1:{port} (the evaluation" in \
+        " ".join(out.split())
+    assert "error: no remote environment was free within simulator.env.connect_timeout_s=2 s" in err

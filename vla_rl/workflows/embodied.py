@@ -209,6 +209,25 @@ def simulator_pool_size(config, rollout_dp_size: int, world_size: int) -> int:
                math.ceil(config.eval.num_episodes / world_size), 1)
 
 
+def remote_clients_note(config, the_plan, evaluation: bool = False) -> str | None:
+    """For a run of remote environments (``simulator.name: remote``), how many clients it needs
+    connected: one per environment of every worker's simulator pool, each running an episode at
+    once (:func:`simulator_pool_size`); for ``vla-rl eval`` (``evaluation``), one per held-out
+    episode of a protocol (``eval.num_episodes``, dealt round-robin to the workers, whose pools hold
+    their share at once). None for other runs."""
+    if config.run.workflow != "embodied" or config.simulator.name != "remote":
+        return None
+    needed = config.eval.num_episodes if evaluation else sum(
+        simulator_pool_size(config, the_plan.rollout_dp_size(rank), the_plan.world_size)
+        for rank in range(the_plan.world_size))
+    env = config.simulator.env_config()
+    host = "<this machine>" if env.host in ("0.0.0.0", "::") else env.host  # every interface: not an address
+    why = ("eval.num_episodes per protocol" if evaluation else
+           "data.init_states_per_step x data.group_size per step, eval.num_episodes per evaluation protocol")
+    return (f"remote environments: connect at least {needed} clients to ws://{host}:{env.port} (the "
+            f"{'evaluation' if evaluation else 'run'} rolls out up to {needed} episodes at once: {why})")
+
+
 @register_resource("simulator_pool", close=lambda pool: pool.close())
 def build_simulator_pool(res):
     """This worker's simulator pool (Ray actors on the worker's own node), sized for its training and
