@@ -122,11 +122,21 @@ def test_a_run_whose_base_model_moved_exports_with_its_new_place(tmp_path, tiny_
         assert main(["export", str(checkpoint), str(tmp_path / "a"), "text.model_path=/x", given]) == 2
         assert (f"error: '{given}': the export of a text run takes only text.model_path as KEY=DIR"
                 in capsys.readouterr().err)
+    import vla_rl.export as export_module
+    from vla_rl.export import PATH_SETTINGS, PolicyNotBuilt
     from vla_rl.serving.policy import ServeError, load_served_policy
 
-    with pytest.raises(ServeError, match=r"moved\? export it with its new place, vla-rl export .* OUT "
-                                         r"text.model_path=DIR, and serve OUT\)$"):
-        load_served_policy(checkpoint)
+    with pytest.raises(ServeError, match=r"is a checkpoint of a text run; vla-rl serve serves robot policies$"):
+        load_served_policy(checkpoint)  # refused before its model is looked for
+    with monkeypatch.context() as patched:  # an embodied run's pretrained model that moved
+        def moved_model(path, workflow=None):
+            raise PolicyNotBuilt("no config.json in /models/openvla", PATH_SETTINGS["embodied"], path)
+
+        patched.setattr(export_module, "load_checkpoint_policy", moved_model)
+        with pytest.raises(ServeError, match=r"moved\? export it with its new place, vla-rl export .* OUT "
+                                             r"policy.config.model_path=DIR or policy.config.tokenizer_path=DIR, and "
+                                             r"serve OUT\)$"):
+            load_served_policy(checkpoint)
     assert export_checkpoint(checkpoint, tmp_path / "b", [f"text.model_path={moved}"]).is_dir()
     home = tmp_path / "home"
     (home / "models").mkdir(parents=True)
@@ -311,3 +321,17 @@ def test_pi0_export_after_one_update_loads_as_model_path(process_group, tmp_path
     for got, want in zip(exported.log_prob_and_entropy_per_dim(obs, actions),
                          policy.log_prob_and_entropy_per_dim(obs, actions), strict=True):
         assert torch.equal(got, want)
+
+
+def test_stored_episodes_asked_of_vla_rl_export_are_pointed_to_export_episodes(tmp_path, capsys, monkeypatch):
+    """``vla-rl export episodes RUN OUT`` said ``RUN exists; export to a new directory``."""
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "episodes", str(run), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: checkpoint {tmp_path / 'episodes'} does not exist: name a checkpoint directory or a run "
+                   "directory (stored episodes: vla-rl export-episodes SOURCE OUT)")
+    assert main(["export", str(run), str(tmp_path / "out"), "model"]) == 2
+    assert capsys.readouterr().err.startswith("error: 'model' is not KEY=DIR: vla-rl export takes CHECKPOINT OUT")
+    assert not (tmp_path / "out").exists()

@@ -139,6 +139,16 @@ def test_an_evaluation_of_several_tasks_exports_as_one_dataset_of_several_tasks(
         assert np.array_equal(reader.episode(index, ["action"])["action"], executed)
 
 
+def test_one_evaluation_store_exports_its_own_episodes(evaluated_lift_run, tmp_path):
+    """It was refused as "not a single-task demonstration store of vla-rl train"."""
+    source = two_task_evaluation(evaluated_lift_run, tmp_path / "run", instruction="lift the red cube")
+    assert main(["export-episodes", str(source / "eval" / "episodes" / "lift_red" / "rank0.zarr"),
+                 str(tmp_path / "out")]) == 0
+    reader = LeRobotReader(tmp_path / "out")
+    assert reader.num_episodes == 3
+    assert {str(reader.episode(index, ["observation.state"])["task"]) for index in range(3)} == {"lift the red cube"}
+
+
 def test_stores_one_dataset_cannot_hold_are_refused_naming_each(evaluated_lift_run, tmp_path, capsys):
     source = two_task_evaluation(evaluated_lift_run, tmp_path / "run", control_freq=10.0)
     assert main(["export-episodes", str(source), str(tmp_path / "out")]) == 2

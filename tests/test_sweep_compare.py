@@ -259,8 +259,7 @@ def test_a_run_without_recorded_environment_steps_is_not_known_to_reach_the_budg
 
 def test_a_live_sweeps_report_naming_a_run_that_is_gone_is_refused(tmp_path, capsys):
     """compare used a deleted seed's figures from the stale report.json."""
-    from vla_rl.sweep import SWEEP_FILE
-    from vla_rl_core.run_layout import SUMMARY_FILE
+    from vla_rl_core.run_layout import SUMMARY_FILE, SWEEP_FILE
 
     sweep = tmp_path / "srpo"
     sweep.mkdir()

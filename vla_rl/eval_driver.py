@@ -515,6 +515,12 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
 
             run_evaluation(workers, 0, "eval", True, progress=advance)
             bar.close()
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: at once (a worker busy setting up would hold shutdown 30 s)
+        if workers is not None:
+            workers.kill()
+            workers = None
+        _remove_unstarted(eval_dir)
+        raise
     except BaseException:  # a setting only a worker could check (a model directory that does not fit the simulator)
         _remove_unstarted(eval_dir)
         raise

@@ -83,6 +83,11 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, paths: Sequence[s
             its path), or the policy's published layout cannot hold it (its ``save_pretrained``
             refuses).
     """
+    checkpoint_dir(checkpoint)  # before OUT: `vla-rl export episodes RUN OUT` named RUN as existing
+    for item in paths:
+        if "=" not in item:
+            raise ExportError(f"{item!r} is not KEY=DIR: vla-rl export takes CHECKPOINT OUT [KEY=DIR ...] (stored "
+                              "episodes: vla-rl export-episodes SOURCE OUT)")
     out = Path(out)
     if out.exists():
         raise ExportError(f"{out} exists; export to a new directory")
@@ -97,6 +102,21 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, paths: Sequence[s
         return Path(policy.save_pretrained(out))
     except ValueError as err:  # what the policy's own layout cannot hold
         raise ExportError(f"{checkpoint}: {err}") from None
+
+
+def checkpoint_dir(checkpoint: str | Path) -> Path:
+    """``checkpoint`` resolved, an existing directory.
+
+    Raises:
+        ExportError: it does not exist or is a file (``episodes``: pointing to ``vla-rl
+            export-episodes``).
+    """
+    path = Path(checkpoint).resolve()
+    if not path.is_dir():
+        hint = " (stored episodes: vla-rl export-episodes SOURCE OUT)" if path.name == "episodes" else ""
+        raise ExportError(f"checkpoint {path} {'is a file' if path.exists() else 'does not exist'}: name a checkpoint "
+                          f"directory or a run directory{hint}")
+    return path
 
 
 def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = (), workflow: str | None = None):
@@ -131,10 +151,7 @@ def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = (), wo
     from vla_rl.dag.registry import WORKFLOWS
     from vla_rl.run_dir import RunDirectory, RunDirError, absolute
 
-    path = Path(checkpoint).resolve()
-    if not path.is_dir():
-        raise ExportError(f"checkpoint {path} {'is a file' if path.exists() else 'does not exist'}: name a checkpoint "
-                          "directory or a run directory")
+    path = checkpoint_dir(checkpoint)
     try:
         path = ckpt.run_checkpoint(path)
     except FileNotFoundError as err:

@@ -1,7 +1,8 @@
 """``vla-rl export-episodes SOURCE OUT``: stored episodes as a LeRobot dataset.
 
 Sources: an evaluation directory of ``vla-rl eval`` (its ``episodes/<task>/rank*.zarr``), a run
-directory (its ``eval/``), or a demonstration store (``demos.zarr``). Stores keep the policy's
+directory (its ``eval/``), one of an evaluation's stores (that rank's episodes of that task), or a
+demonstration store (``demos.zarr``). Stores keep the policy's
 actions in the simulator's units (``env_actions``, per decision; the simulator workers clip them
 to the action space's bounds before each step, and so does the replay) and the state at each
 decision; a LeRobot
@@ -84,6 +85,8 @@ def find_stores(source: str | Path) -> list[SourceStore]:
             attrs = TrajectoryStore.open(path, read_only=True).attrs
         except Exception as err:  # zarr raises several kinds for a directory that is not a store
             raise EpisodesExportError(f"{path} is not a trajectory store ({type(err).__name__}: {err})") from None
+        if "simulator" in attrs:  # one rank's store of one task of an evaluation (vla-rl eval)
+            return [SourceStore(path, attrs["simulator"], dict(attrs["env"]), evaluation=True)]
         env = dict(attrs.get("env") or {})
         if "name" not in env or "tasks" in env:
             raise EpisodesExportError(f"{path} is not a single-task demonstration store of vla-rl train (its attrs "

@@ -37,10 +37,9 @@ from vla_rl.run_dir import RunDirectory, RunDirError
 from vla_rl.utils.host import describe, distinct
 from vla_rl.utils.stats import mean_interval
 from vla_rl.utils.tracking import read_metrics
-from vla_rl_core.run_layout import CHECKPOINTS_DIR, METRICS_FILE, SUMMARY_FILE
+from vla_rl_core.run_layout import CHECKPOINTS_DIR, METRICS_FILE, SUMMARY_FILE, SWEEP_FILE
 
 #: The sweep's own file: what it runs (``template``, ``overrides``, ``seeds``).
-SWEEP_FILE = "sweep.json"
 REPORT_JSON, REPORT_MD, PLOT_FILE = "report.json", "report.md", "success_vs_env_steps.png"
 #: Overrides a sweep sets for each run itself.
 _OWN_KEYS = ("run.seed", "run.name", "run.output_dir")

@@ -32,10 +32,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
 from vla_rl.errors import CommandLineError
-from vla_rl.sweep import DIFFERENCE_BOUNDS, REPORT_JSON, SWEEP_FILE, evaluation_settings, seed_run_dir
+from vla_rl.sweep import DIFFERENCE_BOUNDS, REPORT_JSON, evaluation_settings, seed_run_dir
 from vla_rl.utils.host import describe, differences, distinct
 from vla_rl.utils.stats import mean_interval
-from vla_rl_core.run_layout import SUMMARY_FILE
+from vla_rl_core.run_layout import SUMMARY_FILE, SWEEP_FILE
 
 COMPARE_JSON, COMPARE_MD, COMPARE_PLOT = "compare.json", "compare.md", "compare.png"
 _BUDGET_KEY = "trainer.total_env_steps"

@@ -16,7 +16,8 @@ A training run's directory (``<run.output_dir>/<run.name>``, :class:`vla_rl.run_
     episodes/, videos/   an evaluation's episode stores and videos (under eval/ or its own directory)
     results/             an evaluation's per-task tables
 
-A seed sweep's directory (:mod:`vla_rl.sweep`) holds one such run directory per seed.
+A seed sweep's directory (:mod:`vla_rl.sweep`) holds one such run directory per seed
+(``seed_<S>/``) and ``sweep.json`` (its template, overrides and seeds).
 Standard library only.
 """
 
@@ -38,6 +39,7 @@ EVAL_DIR = "eval"
 EPISODES_DIR = "episodes"
 VIDEOS_DIR = "videos"
 RESULTS_DIR = "results"
+SWEEP_FILE = "sweep.json"
 
 
 def demo_store_path(demo_store: str | None, run_dir: Path) -> Path:

@@ -30,9 +30,15 @@ def test_an_earlier_store_is_completed_with_todays_defaults(tmp_path):
 
 
 @pytest.mark.parametrize(("recorded", "message"), [
-    ({"env": {"horizon": 40}, "simulator": "robosuite"}, "holds episodes of task 'lift'"),
+    ({"env": {"horizon": 40}, "simulator": "robosuite"},
+     r"holds episodes of task 'lift' with other settings \(simulator: robosuite in the store, robosuite_lift here\)"),
     ({"env": {**canonical_env("robosuite_lift", {"horizon": 40}), "control_freq": 10.0},  # a default since changed
-      "simulator": "robosuite_lift"}, "holds episodes of task 'lift'"),
+      "simulator": "robosuite_lift"}, r"with other settings \(simulator.env.control_freq: 10.0 in the store, 20.0 "
+     r"here\);"),
+    ({"env": {"horizon": 30, "robot": "Panda", "camera_size": 64}, "simulator": "robosuite_lift"},  # each one named
+     r"\(simulator.env.camera_size: 64 in the store, 128 here; simulator.env.horizon: 30 in the store, 40 here\);"),
+    ({"env": {"horizon": 40, "retired_field": 1}, "simulator": "robosuite_lift"},  # a field this version lacks
+     r"\(simulator.env.retired_field: 1 in the store, unset here\);"),
     ({"env": {"horizon": 40}, "simulator": "robosuite_lift", "settings_format": SETTINGS_FORMAT + 1},
      "newer than this vla-rl's"),
 ])

@@ -48,3 +48,14 @@ def test_bad_targets(tmp_path, case, message):
         targets.append(str(other / "checkpoints" / "step_00000005"))
     with pytest.raises(EvalInputError, match=message):
         find_checkpoints(targets, steps)
+
+
+def test_a_sweep_of_seeds_is_pointed_to_its_runs(tmp_path):
+    """It said "neither a run directory nor a checkpoint directory" of a directory vla-rl made."""
+    sweep = tmp_path / "srpo_seeds"
+    make_run(sweep / "seed_0", [5])
+    (sweep / "sweep.json").write_text('{"template": "embodied_srpo", "overrides": [], "seeds": [0]}')
+    with pytest.raises(EvalInputError) as refused:
+        find_checkpoints([str(sweep)])
+    assert str(refused.value) == f"{sweep} is a sweep of seeds: evaluate each of its runs, e.g. vla-rl eval " \
+                                 f"{sweep / 'seed_<S>'}"

@@ -234,10 +234,29 @@ def check_task_settings(eval_dir: Path, task: str, simulator: str, env: dict) ->
                              f"vla-rl's {SETTINGS_FORMAT}: evaluate with the version that wrote it, or into another "
                              "directory (--output)")
         if not same_env(attrs["simulator"], attrs["env"], simulator, env):
-            found = {"simulator": attrs["simulator"], "env": attrs["env"]}
-            expected = {"simulator": simulator, "env": canonical_env(simulator, env)}
-            raise ValueError(f"{path} holds episodes of task {task!r} with {found}, not {expected}; evaluate "
+            differences = settings_differences(attrs["simulator"], attrs["env"], simulator, env)
+            raise ValueError(f"{path} holds episodes of task {task!r} with other settings ({differences}); evaluate "
                              "into another directory (--output) to change the task's settings")
+
+
+def settings_differences(stored_simulator: str, stored_env: dict, simulator: str, env: dict) -> str:
+    """What differs between a store's simulator settings and these, one ``name: stored in the
+    store, this here`` per setting (``simulator`` when the simulators differ; else each field of
+    ``simulator.env``, completed with the defaults as :func:`simulators.registry.canonical_env`
+    completes them; stored settings this version no longer builds, with today's defaults)."""
+    if stored_simulator != simulator:
+        return f"simulator: {stored_simulator} in the store, {simulator} here"
+    current = canonical_env(simulator, env)
+    try:
+        stored = canonical_env(stored_simulator, stored_env)
+    except (ValueError, TypeError, KeyError):  # a field this version no longer has: today's defaults for the rest
+        stored = {**canonical_env(simulator, None), **stored_env}
+
+    def shown(settings: dict, name: str) -> str:
+        return repr(settings[name]) if name in settings else "unset"
+
+    return "; ".join(f"simulator.env.{name}: {shown(stored, name)} in the store, {shown(current, name)} here"
+                     for name in sorted(set(stored) | set(current)) if stored.get(name) != current.get(name))
 
 
 def stored_keys(eval_dir: Path, task: str) -> set[EpisodeKey]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vla_rl_core.run_layout import CHECKPOINTS_DIR, RUN_TEMPLATE
+from vla_rl_core.run_layout import CHECKPOINTS_DIR, RUN_TEMPLATE, SWEEP_FILE
 
 """The resolved template a training run writes into its run directory (``vla_rl.run_dir``), and
 an evaluation into its evaluation directory."""
@@ -47,6 +47,9 @@ def find_checkpoints(targets: list[str], steps: list[int] | None = None) -> tupl
                 raise EvalInputError(f"{path} has no complete checkpoint under checkpoints/")
             run_dirs.add(path)
             found += run_checkpoints
+        elif (path / SWEEP_FILE).is_file():  # a seed sweep's directory (vla-rl train --seeds)
+            raise EvalInputError(f"{target} is a sweep of seeds: evaluate each of its runs, e.g. vla-rl eval "
+                                 f"{Path(target) / 'seed_<S>'}")
         else:
             raise EvalInputError(f"{target} is neither a run directory (with checkpoints/) nor a checkpoint "
                                  f"directory (with {TRAINER_STATE_FILE})")
