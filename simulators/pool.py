@@ -43,6 +43,7 @@ from simulators.rendering import (
     user_rendering_env_vars,
 )
 from simulators.worker import SimulatorWorker
+from vla_rl_core.components import ComponentConfigError
 from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import Observations, empty_observations, set_rows
 
@@ -90,12 +91,17 @@ _CHUNK_DTYPES = {**_PER_ENV_DTYPES, "steps": np.int64, "lost": bool}
 """The per-environment scalars that ``collect`` returns besides ``obs`` and ``frames``."""
 
 
-def _probe(env_name: str, env_config: Any) -> EnvSpec:
-    worker = SimulatorWorker(env_name, env_config, 1)
+def _probe(env_name: str, env_config: Any, module: str | None) -> EnvSpec:
+    worker = SimulatorWorker(env_name, env_config, 1, module)
     try:
         return worker.spec()
     finally:
         worker.close()
+
+
+def registering_module(env_name: str) -> str | None:
+    """The module whose import registers simulator ``env_name`` (its class's), for the actors."""
+    return getattr(SIMULATORS.get(env_name), "__module__", None)
 
 
 def probe_specs(requests: Sequence[tuple[str, Any]]) -> list[EnvSpec]:
@@ -110,7 +116,7 @@ def probe_specs(requests: Sequence[tuple[str, Any]]) -> list[EnvSpec]:
     if not ray.is_initialized():
         raise RuntimeError("probe_specs needs Ray: call ray.init() in this process first")
     probe = ray.remote(_probe).options(num_cpus=0, runtime_env={"env_vars": worker_env_vars()})
-    return ray.get([probe.remote(name, config) for name, config in requests])
+    return ray.get([probe.remote(name, config, registering_module(name)) for name, config in requests])
 
 
 class SimulatorLostError(RuntimeError):
@@ -218,13 +224,19 @@ class SimulatorPool:
 
     def spec(self) -> EnvSpec:
         """The simulator's :class:`~vla_rl_core.env_spec.EnvSpec` (``num_tasks`` set for a task
-        set; see :meth:`SimulatorWorker.spec`), asked of one actor once."""
+        set; see :meth:`SimulatorWorker.spec`), asked of one actor once.
+
+        Raises:
+            ComponentConfigError: its environments cannot be created (a plug-in's constructor
+                raised: the message names the simulator and the error's last line, Ray prints
+                the actor's traceback), or break the simulator contract.
+        """
         if self._spec is None:
             try:
                 self._spec = ray.get(self._live_actors()[0].spec.remote())
-            except Exception:
+            except Exception as error:
                 self._read_failed_creations()
-                raise
+                raise _creation_error(self._env_name, error) from None
             self._creations = []
         return self._spec
 
@@ -512,7 +524,8 @@ class SimulatorPool:
         behind it); ``bar_for`` > 0: it shows the pool's one progress bar, labelled for that many
         actors (the first actor of a new pool does; a restarted one does not)."""
         options, config, envs_per_actor = self._actor_args
-        actor = ray.remote(SimulatorWorker).options(**options).remote(self._env_name, config, envs_per_actor)
+        actor = ray.remote(SimulatorWorker).options(**options).remote(self._env_name, config, envs_per_actor,
+                                                                      registering_module(self._env_name))
         self._creations.append(actor.make_envs.remote(progress=bar_for > 0, num_actors=max(bar_for, 1)))
         return actor
 
@@ -542,3 +555,22 @@ class SimulatorPool:
             self._lost.update(lost)
         logger.warning("simulator actor %d of the %r pool %s: restarted it (environments re-created); "
                        "episodes lost in environments %s", slot, self._env_name, reason, lost)
+
+
+def _creation_error(env_name: str, error: Exception) -> Exception:
+    """What :meth:`SimulatorPool.spec` raises for ``error``: a :class:`ComponentConfigError` as
+    it is; an actor whose constructor raised (Ray keeps its traceback's text only) or whose
+    environments raised while being made, one line naming ``simulator.name`` (the group of DAG
+    workers reports it without a traceback); anything else (Ray's own failures) unchanged."""
+    cause = error.cause if isinstance(error, ray.exceptions.RayTaskError) else None
+    if isinstance(cause, ComponentConfigError):
+        return cause
+    if isinstance(error, ray.exceptions.RayActorError) and error.actor_init_failed:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        reason = lines[-1] if lines else type(error).__name__
+    elif cause is not None:
+        reason = f"{type(cause).__name__}: {cause}"
+    else:
+        return error
+    return ComponentConfigError("simulator.name", f"simulator {env_name!r}: its environments cannot be created "
+                                f"({reason})")

@@ -16,6 +16,7 @@ and the task's ``instruction`` as uint8 UTF-8 bytes); a task set's carry their t
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from collections.abc import Sequence
@@ -43,6 +44,9 @@ class SimulatorWorker:
         env_config: the simulator's config (see ``simulators.build_env_config``), or, for a
             gymnasium simulator, a list of configs: a task set (:mod:`simulators.gym_vector`).
         num_envs: number of environments hosted.
+        module: the module that registers ``env_name``, imported first (a pool's actors are new
+            processes: a plug-in simulator whose config class lives in another module would be
+            unknown there); None: only the built-ins and what unpickling ``env_config`` imports.
 
     Raises:
         ValueError: ``num_envs`` is not a positive integer, a task set is empty, or a task set is
@@ -51,9 +55,11 @@ class SimulatorWorker:
             :class:`~simulators.vector.VectorSimulator`.
     """
 
-    def __init__(self, env_name: str, env_config: Any, num_envs: int) -> None:
+    def __init__(self, env_name: str, env_config: Any, num_envs: int, module: str | None = None) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+        if module is not None:
+            importlib.import_module(module)
         self._env_name = env_name
         self._num_envs = num_envs
         self._obs_dim: int | None = None  # the spec's, read at the first reset

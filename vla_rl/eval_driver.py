@@ -108,6 +108,9 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     config = raw.setdefault("config", {})
     config["policy"] = run_config.policy.model_dump(mode="json")
     config["simulator"] = run_config.simulator.model_dump(mode="json")
+    if run_config.run.imports:  # the modules registering its simulator or policy: the workers import them too
+        run = config.setdefault("run", {})
+        run["imports"] = list(dict.fromkeys([*run.get("imports", []), *run_config.run.imports]))
     trainer = run_config.trainer.portable()
     config.setdefault("trainer", {}).update(strategy=trainer.strategy, mixed_precision=trainer.mixed_precision)
     if run_config.simulator.multi_task:  # a step of a task set holds as many initial states of each task

@@ -47,3 +47,30 @@ def test_a_store_of_other_settings_is_refused_naming_both(tmp_path, recorded, me
     with pytest.raises(ValueError, match=message) as error:
         check_task_settings(tmp_path, "lift", "robosuite_lift", {"horizon": 40})
     assert "rank0.zarr" in str(error.value)
+
+
+def test_a_rank_store_is_made_out_of_the_readers_sight_and_appears_whole(tmp_path, monkeypatch):
+    """The driver reads the stores while the workers write them (vla-rl eval's report): a store it
+    found half made (its directory, not yet its attributes) read as damaged and stopped the
+    evaluation."""
+    import fnmatch
+
+    from vla_rl.evaluation.episode_store import STORE_PATTERN, open_rank_store, stored_keys
+    from vla_rl_core.env_spec import EnvSpec
+
+    made, create = [], TrajectoryStore.create.__func__
+
+    def watched(cls, path, *args, **kwargs):
+        made.append(path.name)
+        store = create(cls, path, *args, **kwargs)
+        assert stored_keys(tmp_path, "lift") == set()  # what the driver reads meanwhile: nothing yet
+        return store
+
+    monkeypatch.setattr(TrajectoryStore, "create", classmethod(watched))
+    store = open_rank_store(tmp_path, "lift", 0, EnvSpec(obs_dim=3, action_dim=2, horizon=4), 1,
+                            {"task": "lift", "simulator": "s", "env": {}}, log_probs=False)
+    assert len(made) == 1 and not fnmatch.fnmatch(made[0], STORE_PATTERN)
+    assert store.path == task_dir(tmp_path, "lift") / "rank0.zarr" and len(store) == 0
+    assert sorted(p.name for p in task_dir(tmp_path, "lift").iterdir()) == ["rank0.zarr"]
+    assert open_rank_store(tmp_path, "lift", 0, EnvSpec(obs_dim=3, action_dim=2, horizon=4), 1, {}, False).attrs[
+        "task"] == "lift"  # the second call opens it

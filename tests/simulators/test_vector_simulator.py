@@ -156,3 +156,54 @@ def test_srpo_trains_a_step_on_the_batched_simulator_through_the_engine(doc_file
     # 2 initial states (one per worker) x 4 rollouts, each episode 1 to 20 control steps
     assert 8 <= step["rollout/total_env_steps"] <= 8 * 20
     assert (out / "point_mass" / "checkpoints" / "latest").is_file()
+    # its evaluation's workers import the plug-in too (they failed: unknown simulator 'point_mass')
+    evaluated = subprocess.run([sys.executable, "-m", "vla_rl.cli", "eval", str(out / "point_mass"),
+                                "eval.num_episodes=2", "eval.protocols=[greedy]", *device_overrides()],
+                               cwd=doc_files, env=env, capture_output=True, text=True, timeout=600)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    report = json.loads((out / "point_mass" / "eval" / "report.json").read_text())
+    assert [(r["protocol"], r["episodes"]) for r in report["results"]] == [("greedy", 2)]
+
+
+_BROKEN_SIMULATORS = '''
+import gymnasium as gym
+from point_mass import PointMassConfig, PointMassReach
+from simulators.registry import SIMULATORS
+
+
+@SIMULATORS.register("broken_mass")
+class BrokenMass(PointMassReach):
+    def __init__(self, config, num_envs):
+        import gpu_only_library_of_this_test  # noqa: F401  (not installed here)
+
+
+@SIMULATORS.register("broken_gym_mass")
+class BrokenGymMass(gym.Env):
+    config_class = PointMassConfig
+
+    def __init__(self, config):
+        raise RuntimeError("no display for the renderer")
+'''
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("name", "reason"), [
+    ("broken_mass", "ModuleNotFoundError: No module named 'gpu_only_library_of_this_test'"),  # in the actor's __init__
+    ("broken_gym_mass", "RuntimeError: no display for the renderer"),  # making its environments
+])
+def test_a_simulator_whose_environments_cannot_be_created_stops_in_one_line(doc_files, tmp_path, name, reason):
+    """A plug-in whose constructor raised ended the run in ~100 lines of driver and actor tracebacks
+    (and a plug-in whose config class is another module's, ``broken_mass``'s, was unknown to the
+    simulator actors: they import the module that registers it now)."""
+    (doc_files / "broken_simulators.py").write_text(_BROKEN_SIMULATORS)
+    args = ["train", "embodied_srpo", "run.imports=[broken_simulators]", f"simulator.name={name}",
+            "warm_start.num_demos=0", "eval.num_episodes=0", "trainer.total_steps=1", *device_overrides(),
+            f"run.output_dir={tmp_path}", "run.name=broken"]
+    done = subprocess.run([sys.executable, "-m", "vla_rl.cli", *args], cwd=doc_files,
+                          env=child_env(doc_files, REPO_ROOT), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    expected = rf"error: worker \d: simulator.name: simulator '{name}': its environments cannot be created " \
+               rf"\({re.escape(reason)}\)"
+    assert len(errors) == 1 and re.fullmatch(expected, errors[0]), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr.split("error:")[-1]

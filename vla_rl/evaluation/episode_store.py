@@ -30,6 +30,7 @@ anything; the reads of the driver and the workers go through :func:`reading_stor
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -274,7 +275,8 @@ def stored_keys(eval_dir: Path, task: str) -> set[EpisodeKey]:
 
 def open_rank_store(eval_dir: Path, task: str, rank: int, spec: EnvSpec, chunk: int, attrs: dict,
                     log_probs: bool, own_action_dim: int | None = None) -> TrajectoryStore:
-    """This rank's store of ``task``, created on first use (recording machines: :data:`HOSTS_ATTR`
+    """This rank's store of ``task``, created on first use, whole (made beside it and renamed into
+    place, so that a reader never finds it half made), recording machines (:data:`HOSTS_ATTR`
     starts empty, :func:`append_episodes` adds them).
 
     Args:
@@ -301,8 +303,13 @@ def open_rank_store(eval_dir: Path, task: str, rank: int, spec: EnvSpec, chunk: 
     }
     if log_probs:
         fields["log_probs"] = ((chunk,), np.float32)
-    return TrajectoryStore.create(path, fields, max_steps=-(-spec.horizon // chunk),
-                                  attrs={**attrs, HOSTS_ATTR: []})
+    # made beside it and renamed into place: the driver reads the stores while the workers write them
+    # (vla-rl eval's report), and a store it found half made read as damaged, stopping the evaluation
+    creating = path.with_name(f".{path.name}.creating")
+    shutil.rmtree(creating, ignore_errors=True)  # one a crash left
+    TrajectoryStore.create(creating, fields, max_steps=-(-spec.horizon // chunk), attrs={**attrs, HOSTS_ATTR: []})
+    creating.rename(path)
+    return TrajectoryStore.open(path)
 
 
 def host_index(store: TrajectoryStore, host: dict) -> int | None:
