@@ -244,20 +244,21 @@ def settings_differences(stored_simulator: str, stored_env: dict, simulator: str
     """What differs between a store's simulator settings and these, one ``name: stored in the
     store, this here`` per setting (``simulator`` when the simulators differ; else each field of
     ``simulator.env``, completed with the defaults as :func:`simulators.registry.canonical_env`
-    completes them; stored settings this version no longer builds, with today's defaults)."""
+    completes them; of stored settings this version no longer builds, the fields they record)."""
     if stored_simulator != simulator:
         return f"simulator: {stored_simulator} in the store, {simulator} here"
     current = canonical_env(simulator, env)
     try:
         stored = canonical_env(stored_simulator, stored_env)
-    except (ValueError, TypeError, KeyError):  # a field this version no longer has: today's defaults for the rest
-        stored = {**canonical_env(simulator, None), **stored_env}
+        names = set(stored) | set(current)
+    except (ValueError, TypeError, KeyError):  # a field this version no longer has: the fields it recorded
+        stored, names = dict(stored_env), set(stored_env)
 
     def shown(settings: dict, name: str) -> str:
         return repr(settings[name]) if name in settings else "unset"
 
     return "; ".join(f"simulator.env.{name}: {shown(stored, name)} in the store, {shown(current, name)} here"
-                     for name in sorted(set(stored) | set(current)) if stored.get(name) != current.get(name))
+                     for name in sorted(names) if stored.get(name) != current.get(name))
 
 
 def stored_keys(eval_dir: Path, task: str) -> set[EpisodeKey]:
