@@ -183,3 +183,25 @@ def test_a_damaged_store_is_refused_before_any_episode_is_replayed(evaluated_lif
     err = capsys.readouterr().err
     assert "rank0.zarr is damaged: array 'actions', episode 1" in err and "nothing was exported" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_demonstration_store_exports_its_expert_episodes(ray_on_loopback, tmp_path):
+    """The warm start's demos.zarr, as docs/datasets.md exports it (no test did)."""
+    from simulators.pool import SimulatorPool
+    from vla_rl.dag.loader import load_template
+    from vla_rl.nodes.warm_start import demo_env_attrs
+    from vla_rl.trainers.warm_start import ensure_demonstrations
+
+    sim = load_template("embodied_srpo").config.simulator
+    store_path = tmp_path / "demos.zarr"
+    with SimulatorPool(sim.name, sim.env, num_actors=1, envs_per_actor=2, actor_options={"num_cpus": 0}) as pool:
+        ensure_demonstrations(pool, store_path, num_demos=1, id_offset=0, env_attrs=demo_env_attrs(sim))
+    stored = TrajectoryStore.open(store_path, read_only=True).read_episode(0)
+    assert main(["export-episodes", str(store_path), str(tmp_path / "out")]) == 0
+    reader = LeRobotReader(tmp_path / "out")
+    assert reader.num_episodes == 1 and reader.fps == 20
+    frames = reader.episode(0, ["observation.state", "action", "next.success"])
+    steps = int(stored["length"])  # one control step per stored step: a frame each
+    assert np.array_equal(frames["observation.state"], stored["obs"][:steps])
+    assert np.array_equal(frames["action"], np.clip(stored["actions"][:steps], -1.0, 1.0))
+    assert bool(frames["next.success"][-1]) and str(frames["task"]) == "lift the cube"
