@@ -157,7 +157,8 @@ class AlgorithmSection(_Section):
                 continue  # the section's own validation names the problem
             if key in target:
                 raise ComponentConfigError(f"algorithm.{old}", f"moved to algorithm.{section}.{key}, which is also "
-                                           f"set; set only algorithm.{section}.{key}")
+                                           "set (by the template, or an override); set only the new key, e.g. "
+                                           f"override algorithm.{section}.{key}=VALUE")
             warnings.warn(f"algorithm.{old} is now algorithm.{section}.{key}", FutureWarning, stacklevel=2)
             data[section] = {**target, key: data.pop(old)}
         return data
