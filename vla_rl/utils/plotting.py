@@ -44,10 +44,10 @@ def plot_success_curve(records: list[dict], path: Path, title: str) -> bool:
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.set_title(title)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=8)  # below: it hid curves
     fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
     plt.close(fig)
     tmp.replace(path)
     return True
@@ -80,10 +80,10 @@ def plot_success_vs_checkpoint(rows: list[dict], path: Path, title: str) -> None
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.set_title(title)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=8)  # below: it hid curves
     fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
     plt.close(fig)
     tmp.replace(path)
 
