@@ -44,7 +44,7 @@ A simulator is a ``gymnasium.Env`` subclass registered under a name. Its contrac
   the handle (a Ray actor lives while a handle does);
 - optionally, a ``control_freq`` field or property on the config dataclass: control steps per
   second, Hz (robosuite's ``control_freq``, LIBERO 20, MetaWorld 80): evaluation videos play at it
-  and ``vla-rl export episodes`` stamps it (:func:`control_freq`);
+  and ``vla-rl export-episodes`` stamps it (:func:`control_freq`);
 - optionally, a class attribute ``video_camera``: the camera evaluation videos are rendered from
   when the template does not set ``eval.video_camera`` (robosuite ``agentview``, MetaWorld
   ``corner``).
