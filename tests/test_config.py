@@ -209,12 +209,68 @@ def test_a_text_run_still_takes_the_shared_settings():
         ("embodied_grpo", "algorithm.kl_loss_coef=0.5", "algorithm.kl_loss_coef", "algorithm.use_kl_loss=true"),
         ("embodied_grpo", "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.type",
          "algorithm.use_kl_in_reward=true"),
+        ("embodied_grpo", "algorithm.trajectory_encoder=policy_backbone", "algorithm.trajectory_encoder",
+         "algorithm.reward is 'success'"),
+        ("embodied_grpo", "algorithm.state_resample.points=4", "algorithm.state_resample.points",
+         "algorithm.reward is 'success'"),
+        ("embodied_srpo", "algorithm.overlong_buffer.penalty_factor=2", "algorithm.overlong_buffer.penalty_factor",
+         "its len is 0"),
+        # a moved flat key is checked as its new place
+        ("embodied_grpo", "algorithm.overlong_penalty_factor=2", "algorithm.overlong_buffer.penalty_factor",
+         "its len is 0"),
     ],
 )
 def test_an_override_of_an_unselected_components_settings_is_refused(template, override, field, selected):
     """Typed on the command line, it would change nothing (verl's ``lam`` under GRPO does not either)."""
     error = _error(template, override)
     assert error.field == field and selected in str(error) and "never read" in str(error)
+
+
+@pytest.mark.parametrize(("template", "override", "readers", "instead"), [
+    ("embodied_ppo", "algorithm.filter_groups.zero_variance=false", "filter/compute or filter/compute/dynamic_sampling",
+     "use a template with one"),
+    ("embodied_grpo", "critic.lr=1e-4", "critic/model_inference or critic/model_train", "use a template with one"),
+    ("llm_grpo", "critic.cliprange_value=0.1", "critic/model_inference or critic/model_train",
+     "use a template with one"),
+    ("embodied_srpo", "algorithm.filter_groups.max_refill_rounds=3", "filter/compute/dynamic_sampling",
+     "select one with nodes.group_filter.fn=dynamic_sampling"),
+    ("embodied_srpo", "algorithm.max_refill_rounds=3", "filter/compute/dynamic_sampling",
+     "select one with nodes.group_filter.fn=dynamic_sampling"),
+])
+def test_an_override_only_nodes_the_template_lacks_would_read_is_refused(template, override, readers, instead):
+    """Each of these trained exactly as without it."""
+    message = str(_error(template, override))
+    assert f"override {override!r} is never read" in message and f"read only by {readers} nodes" in message
+    assert instead in message
+
+
+@pytest.mark.parametrize(("template", "overrides"), [
+    ("embodied_ppo", ["critic.lr=1e-4"]),
+    ("llm_ppo", ["critic.lr=1e-5"]),
+    ("embodied_srpo", ["algorithm.filter_groups.zero_variance=true"]),
+    ("embodied_dapo", ["algorithm.filter_groups.max_refill_rounds=3"]),
+    ("embodied_srpo", ["nodes.group_filter.fn=dynamic_sampling", "algorithm.filter_groups.max_refill_rounds=3"]),
+])
+def test_the_same_overrides_are_taken_where_a_node_reads_them(template, overrides):
+    plan(load_template(template, overrides))
+
+
+def test_the_trajectory_encoder_of_a_reward_without_embeddings_is_not_validated():
+    """vjepa2's required model_dir was asked for under the success reward, which never builds an encoder."""
+    config = load_template("embodied_grpo", ["algorithm.reward=success"]).config
+    assert "algorithm.trajectory_encoder" in config.unread_settings()
+    raw_config = {**load_template("embodied_grpo").raw["config"]}
+    raw_config["algorithm"] = {**raw_config["algorithm"], "trajectory_encoder": "vjepa2"}
+    assert RunConfig.model_validate(raw_config).algorithm.trajectory_encoder == "vjepa2"
+    with pytest.raises(ValueError, match="model_dir is required"):
+        RunConfig.model_validate({**raw_config, "algorithm": {**raw_config["algorithm"], "reward": "srpo"}})
+
+
+def test_the_overlong_factor_is_read_with_a_buffer():
+    config = load_template("embodied_srpo", ["algorithm.overlong_buffer.len=3",
+                                             "algorithm.overlong_buffer.penalty_factor=2"]).config
+    assert config.algorithm.overlong_buffer.penalty_factor == 2
+    assert "algorithm.overlong_buffer.penalty_factor" not in config.unread_settings()
 
 
 def test_a_template_may_carry_the_settings_of_components_it_switched_away_from():

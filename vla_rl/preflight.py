@@ -572,11 +572,10 @@ def _check_trajectory_encoder(config) -> None:
     the files it reads (its class's ``check_config``: V-JEPA 2's ``model_dir``); found by the workers'
     first reward before, after the demonstrations and behaviour cloning (3 min 30 s on the 2-core
     machine), as a Ray traceback."""
-    from vla_rl.algorithms.rewards import EMBODIED_REWARDS
     from vla_rl.rewards.trajectory_encoders import TRAJECTORY_ENCODERS
 
     name = config.algorithm.trajectory_encoder
-    if not EMBODIED_REWARDS.traits(config.algorithm.reward).embeddings:
+    if not config.algorithm.embeds_trajectories():
         return
     options = config.algorithm.options("trajectory_encoder")
     if not isinstance(getattr(options, "points", None), int):

@@ -11,7 +11,7 @@ import yaml
 
 from vla_rl.dag.registry import NODE_FUNCTIONS
 
-from . import helpers  # noqa: F401  (registers the dummy node functions)
+from . import helpers  # registers the dummy node functions
 
 
 @pytest.fixture
@@ -47,3 +47,11 @@ def no_builtin_nodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     monkeypatch.setattr(NODE_FUNCTIONS, "load_builtins", lambda: calls.append(1))
     return calls
+
+
+@pytest.fixture
+def settings_readers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dummy functions of :func:`helpers.register_settings_readers`, registered for one test:
+    into a copy of the registry's entries, which the original replaces afterwards."""
+    monkeypatch.setattr(NODE_FUNCTIONS, "_entries", dict(NODE_FUNCTIONS._entries))
+    helpers.register_settings_readers()

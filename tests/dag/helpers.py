@@ -11,6 +11,7 @@ from vla_rl.dag.registry import NodeOutput, register_node
 
 DUMMY = "test_dummy"
 DUMMY_WITH_CONFIG = "test_dummy_cfg"
+DUMMY_REFILLING = "test_dummy_refilling"
 
 
 class DummyRewardConfig(BaseModel):
@@ -35,6 +36,16 @@ for _role, _type in [
 # Like the real model updates, the dummy update takes single samples (see Reshard.whole_groups).
 register_node("actor", "model_train", name=DUMMY, whole_groups=False)(_noop)
 register_node("reward", "compute", name=DUMMY_WITH_CONFIG, config=DummyRewardConfig)(_noop)
+
+
+def register_settings_readers() -> None:
+    """Register dummy functions that alone read some run settings (as the critic nodes read
+    ``critic``, dynamic sampling ``algorithm.filter_groups.max_refill_rounds``); the fixture
+    ``settings_readers`` removes them after the test, since the planner checks every template's
+    overrides against every registered function."""
+    register_node("critic", "model_inference", name=DUMMY, settings=("critic",))(_noop)
+    register_node("reward", "compute", name=DUMMY_REFILLING,
+                  settings=["algorithm.filter_groups", "algorithm.filter_groups.max_refill_rounds"])(_noop)
 
 
 def node(node_id: str, role: str, type: str, deps: Sequence[str] = (), **fields: Any) -> dict[str, Any]:

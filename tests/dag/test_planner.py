@@ -8,7 +8,7 @@ from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import Hop, Reshard, RunNode, describe_plan, plan
 
-from .helpers import DUMMY, DUMMY_WITH_CONFIG, DummyRewardConfig, node, pipeline
+from .helpers import DUMMY, DUMMY_REFILLING, DUMMY_WITH_CONFIG, DummyRewardConfig, node, pipeline
 
 
 def _plan_error(path, world_size=2) -> TemplateError:
@@ -216,3 +216,42 @@ def test_describe_plan_lists_chains_and_hops(write_template):
     worker1 = text[text.index("worker 1:") :]
     assert "reshard reward -> adv: dp 1 -> 2, shard 0 -> 1" in worker1
     assert "reshard adv -> actor: dp 2 -> 2, shard 1 -> 1, samples balanced (groups may split)" in worker1
+
+
+def _override_error(path, *overrides) -> TemplateError:
+    with pytest.raises(TemplateError) as info:
+        plan(load_template(path, list(overrides)))
+    return info.value
+
+
+def test_an_override_of_a_setting_only_absent_nodes_read_is_refused(write_template, settings_readers):
+    """critic.lr on a template without critic nodes trained exactly as without it."""
+    path = write_template(nodes=pipeline())
+    error = _override_error(path, "critic.lr=1e-4")
+    assert error.field == "critic.lr" and error.file == path
+    assert "override 'critic.lr=1e-4' is never read: critic is read only by " in str(error)
+    assert f"critic/model_inference/{DUMMY}" in str(error) and "and this template has none; use a template with one" \
+        in str(error)
+    assert _override_error(path, "critic={lr: 0.1}").field == "critic"  # the section itself
+    # a deletion changes nothing either way, a node's field is no run setting, other sections are
+    # read by the run whatever its nodes
+    carrying = write_template(nodes=pipeline(), config={"critic": {"lr": 0.01}}, name="carrying.yaml")
+    plan(load_template(carrying, ["~critic", "nodes.reward.dp_size=1", "trainer.lr=0.1"]))
+
+
+def test_the_same_override_is_taken_where_a_node_reads_it(write_template, settings_readers):
+    with_critic = [*pipeline(), node("values", "critic", "model_inference", ["rollout"])]
+    template = load_template(write_template(nodes=with_critic), ["critic.lr=1e-4"])
+    assert "values" in plan(template).node_configs and template.config.critic.lr == 1e-4
+
+
+def test_a_setting_read_by_another_function_of_a_node_names_the_fn_override(write_template, settings_readers):
+    """max_refill_rounds on embodied_srpo: its group filter node reads it once it runs dynamic sampling."""
+    path = write_template(nodes=pipeline())
+    error = _override_error(path, "algorithm.filter_groups.max_refill_rounds=2")
+    assert "algorithm.filter_groups.max_refill_rounds is read only by " in str(error)
+    assert f"reward/compute/{DUMMY_REFILLING} nodes" in str(error)
+    assert f"select one with nodes.reward.fn={DUMMY_REFILLING}, or drop the override" in str(error)
+    # the flat key of earlier versions is checked as its new place
+    assert _override_error(path, "algorithm.max_refill_rounds=2").field == "algorithm.filter_groups.max_refill_rounds"
+    plan(load_template(path, [f"nodes.reward.fn={DUMMY_REFILLING}", "algorithm.filter_groups.max_refill_rounds=2"]))

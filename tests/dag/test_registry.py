@@ -76,6 +76,19 @@ def test_a_contract_given_as_a_list_is_kept_as_a_tuple_and_an_iterator_is_refuse
         register_node("reward", "compute", "test_iterator_writes", writes=iter(["rewards"]))
 
 
+def test_the_settings_a_function_alone_reads_are_dotted_names(monkeypatch):
+    monkeypatch.setattr(NODE_FUNCTIONS, "_entries", dict(NODE_FUNCTIONS._entries))  # for this test only
+    register_node("reward", "compute", "test_settings_list", settings=["critic", "algorithm.filter_groups"])(
+        lambda ctx, batch: NodeOutput())
+    assert get_node_function("reward", "compute", "test_settings_list").settings == (
+        "critic", "algorithm.filter_groups")
+    with pytest.raises(TypeError, match=r"settings must be a tuple of dotted settings \(e.g. settings=\('critic',\)\)"):
+        register_node("reward", "compute", "test_settings_string", settings="critic")
+    with pytest.raises(ValueError, match="settings must be dotted run-config settings .* got 'critic.'"):
+        register_node("reward", "compute", "test_settings_bad", settings=("critic.",))
+    assert ("reward", "compute", "test_settings_string") not in NODE_FUNCTIONS
+
+
 def test_a_function_that_cannot_take_ctx_and_batch_is_refused_when_it_registers():
     """It passed plan and failed in every worker: "badsig() takes 1 positional argument but 2 were given"."""
     with pytest.raises(TypeError, match=r"node function \('reward', 'compute', 'test_one_arg'\) \(.*\(batch\)\) "

@@ -81,6 +81,15 @@ MOVED_ALGORITHM_KEYS: dict[str, tuple[str, str]] = {
 }
 
 
+def current_setting(key: str) -> str:
+    """The dotted setting ``key`` names now: a moved flat key of :data:`MOVED_ALGORITHM_KEYS`
+    (``algorithm.max_refill_rounds``) becomes its new place
+    (``algorithm.filter_groups.max_refill_rounds``); any other key is returned unchanged."""
+    section, _, name = key.partition(".")
+    moved = MOVED_ALGORITHM_KEYS.get(name) if section == "algorithm" else None
+    return f"algorithm.{moved[0]}.{moved[1]}" if moved else key
+
+
 #: The ``algorithm`` fields that select a registered component, and where its registry lives.
 #: Each component's settings are the mapping ``algorithm.<component name>`` (e.g.
 #: ``algorithm.gae: {gamma: 0.99, lam: 0.95}``), validated by the config class registered with it.
@@ -189,14 +198,22 @@ class AlgorithmSection(_Section):
                                            f"settings, got {options!r}")
             build_config(config_class, options, f"algorithm.{name}")
         for kind in ALGORITHM_COMPONENTS:  # the selected components' settings, defaults included
-            self.options(kind)
+            if kind != "trajectory_encoder" or self.embeds_trajectories():  # else never read (vjepa2's model_dir)
+                self.options(kind)
         return self
 
+    def embeds_trajectories(self) -> bool:
+        """Whether :attr:`reward` scores trajectory embeddings (``embeddings=True`` in its registry:
+        SRPO), the only reader of :attr:`trajectory_encoder` and its settings."""
+        return component_registry("reward").traits(self.reward).embeddings
+
     def unselected_settings(self) -> dict[str, str]:
-        """``{"algorithm.<name>": why}`` for each component's settings this section holds while
-        another component of its kind is selected (``algorithm.gae`` under ``adv_estimator: grpo``):
-        a template may carry them (one that extends another and switches the reward), an override
-        that sets them is refused (:meth:`vla_rl.config.RunConfig.unread_settings`)."""
+        """``{"algorithm.<setting>": why}`` for each component's settings this section holds while
+        another component of its kind is selected (``algorithm.gae`` under ``adv_estimator: grpo``),
+        the trajectory encoder's under a reward that embeds no episodes, and the overlong
+        penalty's factor without an overlong buffer: a template may carry them (one that extends
+        another and switches the reward), an override that sets them is refused
+        (:meth:`vla_rl.config.RunConfig.unread_settings`)."""
         unused = {}
         for name in self.model_extra or {}:
             for kind in ALGORITHM_COMPONENTS:
@@ -205,6 +222,14 @@ class AlgorithmSection(_Section):
                     unused[f"algorithm.{name}"] = (
                         f"the settings of {registry.kind} {name!r}, which this run does not use (algorithm.{kind} is "
                         f"{getattr(self, kind)!r}): select it with algorithm.{kind}={name}, or drop the override")
+        if not self.embeds_trajectories():
+            why = (f"read only by a reward that embeds episodes (algorithm.reward=srpo), and algorithm.reward is "
+                   f"{self.reward!r}: set algorithm.reward=srpo too, or drop the override")
+            unused |= {"algorithm.trajectory_encoder": why, f"algorithm.{self.trajectory_encoder}": why}
+        if self.overlong_buffer.len == 0:
+            unused["algorithm.overlong_buffer.penalty_factor"] = (
+                "read only with an overlong buffer (algorithm.overlong_buffer.len > 0), and its len is 0: set "
+                "algorithm.overlong_buffer.len too, or drop the override")
         return unused
 
     def options(self, kind: str) -> Any:

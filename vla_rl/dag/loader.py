@@ -44,6 +44,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
 from vla_rl.config import RunConfig
+from vla_rl.config.algorithm import current_setting
 from vla_rl.dag.errors import TemplateError, from_validation_error
 from vla_rl.dag.schema import NodeSpec, TemplateSpec
 
@@ -66,6 +67,8 @@ class Template:
         raw: the merged mapping (``extends`` resolved, overrides applied, no ``extends`` key);
             written out as YAML it loads back to the same template.
         description: the template's free-text description.
+        overrides: the dotted overrides applied to the file (the planner refuses one that sets a
+            setting only nodes the template lacks read: :func:`vla_rl.dag.planner.plan`).
     """
 
     name: str
@@ -74,6 +77,7 @@ class Template:
     nodes: tuple[NodeSpec, ...]
     raw: dict[str, Any]
     description: str = ""
+    overrides: tuple[str, ...] = ()
 
 
 def available_templates(directory: Path | None = None) -> list[str]:
@@ -127,9 +131,8 @@ def load_template(
     except ValidationError as exc:
         raise from_validation_error(exc, model=config_model, file=path) from None
     _check_overrides_read(config, overrides, path)
-    return Template(
-        name=spec.name, path=path, config=config, nodes=spec.nodes, raw=raw, description=spec.description
-    )
+    return Template(name=spec.name, path=path, config=config, nodes=spec.nodes, raw=raw,
+                    description=spec.description, overrides=tuple(overrides))
 
 
 def _check_overrides_read(config: BaseModel, overrides: Sequence[str], file: Path) -> None:
@@ -140,10 +143,21 @@ def _check_overrides_read(config: BaseModel, overrides: Sequence[str], file: Pat
     if unread is None or not overrides:
         return
     for setting, why in unread().items():
-        for item in overrides:
-            key = item.partition("=")[0]  # a deletion (~KEY) of an unread setting is harmless
+        for item, key in override_settings(overrides):
             if key == setting or key.startswith(f"{setting}."):
                 raise TemplateError(f"override {item!r} is never read: {why}", file=file, field=key)
+
+
+def override_settings(overrides: Sequence[str]) -> list[tuple[str, str]]:
+    """``(override, the dotted setting it sets)`` for each ``KEY=VALUE`` override of ``config:``
+    (a moved flat key as its new place: :func:`~vla_rl.config.algorithm.current_setting`); a
+    deletion (``~KEY``: of a setting never read, harmless) and a node's field are left out."""
+    settings = []
+    for item in overrides:
+        key = item.partition("=")[0]
+        if not item.startswith("~") and key.split(".")[0] != "nodes":
+            settings.append((item, current_setting(key)))
+    return settings
 
 
 def _import_plugins(raw: dict[str, Any], file: Path) -> None:

@@ -40,7 +40,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from vla_rl.dag.errors import TemplateError, from_validation_error
-from vla_rl.dag.loader import Template
+from vla_rl.dag.loader import Template, override_settings
 from vla_rl.dag.registry import (
     NODE_FUNCTIONS,
     get_node_function,
@@ -217,7 +217,39 @@ def plan(template: Template, world_size: int | None = None) -> Plan:
     if trains and not any(node.type == "model_train" for node in trains):
         raise TemplateError("the train phase has no model_train node (e.g. {role: actor, type: model_train}): it "
                             "would train nothing", file=file, field="nodes")
+    _check_overrides_read_by_nodes(template)
     return Plan(template.name, world_size, phases, node_configs)
+
+
+def _check_overrides_read_by_nodes(template: Template) -> None:
+    """Refuse an override of a setting that only nodes the template lacks read (the functions
+    declaring it in their ``settings``: ``critic.lr`` without critic nodes,
+    ``algorithm.filter_groups.max_refill_rounds`` without dynamic sampling): it would change
+    nothing. A template may carry such settings itself (one extending another that has the nodes).
+
+    Raises:
+        TemplateError: naming the override, the functions that read it and, where the template
+            has a node of the same role and type, the ``fn`` override that selects one.
+    """
+    overrides = override_settings(template.overrides)
+    if not overrides:
+        return
+    used = {(node.role, node.type, node.fn) for node in template.nodes}
+    readers: dict[str, list[tuple[str, str, str]]] = {}
+    for key in NODE_FUNCTIONS:
+        for setting in NODE_FUNCTIONS.get(key).settings:
+            readers.setdefault(setting, []).append(key)
+    for item, key in overrides:
+        for setting, functions in sorted(readers.items(), key=lambda entry: -len(entry[0])):  # the closest first
+            if (key == setting or key.startswith(f"{setting}.")) and not used.intersection(functions):
+                names = " or ".join("/".join(f[:2] if f[2] == "default" else f) for f in functions)
+                selectable = [(node.id, f[2]) for f in functions for node in template.nodes
+                              if (node.role, node.type) == f[:2]]
+                instead = (f"select one with nodes.{selectable[0][0]}.fn={selectable[0][1]}" if selectable else
+                           "use a template with one")
+                raise TemplateError(f"override {item!r} is never read: {setting} is read only by {names} nodes, "
+                                    f"and this template has none; {instead}, or drop the override",
+                                    file=template.path, field=key)
 
 
 def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config, node_configs: dict,

@@ -22,6 +22,9 @@ error naming both) and from which each worker builds exactly the resources its c
 ``(run_config, node_config) -> names`` when it depends on the settings (the advantage node reads
 ``values`` only under GAE). A node whose layout has rules of its own declares a ``check``
 ``(run_config, node_config, dp_size, world_size) -> (field, message) | None`` the planner calls.
+A function that is the only reader of some run settings declares them (``settings=("critic",)``):
+an override of one on a template without such a node would change nothing, and the planner
+refuses it (:func:`vla_rl.dag.planner.plan`).
 
 The built-in functions live in :mod:`vla_rl.nodes`, which :data:`NODE_FUNCTIONS` imports by
 name at its first lookup, as every registry loads its built-ins
@@ -109,6 +112,9 @@ class NodeFunction:
         writes: batch keys it adds to its output (its output also carries its input's keys).
         resources: names of the worker resources it uses (:mod:`vla_rl.workers.resources`).
         check: the planner's check of its layout (see :data:`LayoutCheck`), or None.
+        settings: dotted run-config settings (a section, ``"critic"``, or one setting,
+            ``"algorithm.filter_groups.max_refill_rounds"``) that only nodes of the functions
+            declaring them read, wherever else a run goes.
     """
 
     role: str
@@ -121,6 +127,7 @@ class NodeFunction:
     writes: Declared = ()
     resources: Declared = ()
     check: LayoutCheck | None = None
+    settings: tuple[str, ...] = ()
 
 
 NODE_FUNCTIONS: Registry[NodeFunction] = Registry("node function", builtins=(BUILTIN_NODES_PACKAGE,))
@@ -130,7 +137,7 @@ NODE_FUNCTIONS: Registry[NodeFunction] = Registry("node function", builtins=(BUI
 def register_node(
     role: str, type: str, name: str = "default", config: type[BaseModel] | None = None, *,
     whole_groups: bool = True, reads: Declared = (), writes: Declared = (), resources: Declared = (),
-    check: LayoutCheck | None = None,
+    check: LayoutCheck | None = None, settings: Iterable[str] = (),
 ) -> Callable[[Callable[[Any, Any], NodeOutput]], Callable[[Any, Any], NodeOutput]]:
     """Decorator registering a node function for ``(role, type, name)``; returns it unchanged.
 
@@ -139,13 +146,15 @@ def register_node(
         type: one of :data:`~vla_rl.dag.schema.NODE_TYPES`.
         name: the function's name for this (role, type); nodes select it with ``fn: <name>``.
         config: pydantic model validating the node's ``config:`` mapping, or ``None``.
-        whole_groups, reads, writes, resources, check: its contract, see :class:`NodeFunction`.
+        whole_groups, reads, writes, resources, check, settings: its contract, see :class:`NodeFunction`.
 
     Raises:
-        ValueError: if ``role`` or ``type`` is unknown (the message lists the allowed ones).
-        TypeError: if ``config`` is not a pydantic model class, a contract entry is neither names
-            nor a function of ``(run_config, node_config)``, ``check`` cannot take ``(run_config,
-            node_config, dp_size, world_size)``, or the function cannot take ``(ctx, batch)``.
+        ValueError: if ``role`` or ``type`` is unknown (the message lists the allowed ones), or a
+            name in ``settings`` is no dotted name (``"critic"``, ``"algorithm.filter_groups"``).
+        TypeError: if ``config`` is not a pydantic model class, ``settings`` is a string, a
+            contract entry is neither names nor a function of ``(run_config, node_config)``,
+            ``check`` cannot take ``(run_config, node_config, dp_size, world_size)``, or the
+            function cannot take ``(ctx, batch)``.
         RegistryError: if ``(role, type, name)`` is already registered.
     """
     if role not in ROLES:
@@ -170,11 +179,19 @@ def register_node(
             contracts[contract] = tuple(declared)
     if check is not None:
         check_call(f"{what}: its check", check, ("run_config", "node_config", "dp_size", "world_size"))
+    if isinstance(settings, str):
+        raise TypeError(f"{what}: settings must be a tuple of dotted settings (e.g. settings=({settings!r},)), "
+                        f"got {settings!r}")
+    settings = tuple(settings)
+    for setting in settings:
+        if not isinstance(setting, str) or not all(part.isidentifier() for part in setting.split(".")):
+            raise ValueError(f"{what}: settings must be dotted run-config settings (e.g. 'critic' or "
+                             f"'algorithm.filter_groups.max_refill_rounds'), got {setting!r}")
 
     def decorator(fn: Callable[[Any, Any], NodeOutput]) -> Callable[[Any, Any], NodeOutput]:
         check_call(what, fn, ("ctx", "batch"))
         entry = NodeFunction(role=role, type=type, name=name, fn=fn, config_model=config, whole_groups=whole_groups,
-                             check=check, **contracts)
+                             check=check, settings=settings, **contracts)
         NODE_FUNCTIONS.register((role, type, name))(entry)
         return fn
 

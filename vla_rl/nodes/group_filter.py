@@ -47,7 +47,8 @@ def _groups_have_variance(config, node_config, dp_size: int, world_size: int):
     return None
 
 
-@register_node("filter", "compute", reads=FILTER_READS, check=_groups_have_variance)
+@register_node("filter", "compute", reads=FILTER_READS, check=_groups_have_variance,
+               settings=("algorithm.filter_groups",))
 def filter_groups(ctx, batch) -> NodeOutput:
     """Keep the groups that carry signal.
 
@@ -96,7 +97,8 @@ def _refills_its_own_shard(config, node_config, dp_size: int, world_size: int):
     return None
 
 
-@register_node("filter", "compute", name="dynamic_sampling", reads=FILTER_READS, check=_refills_its_own_shard)
+@register_node("filter", "compute", name="dynamic_sampling", reads=FILTER_READS, check=_refills_its_own_shard,
+               settings=("algorithm.filter_groups", "algorithm.filter_groups.max_refill_rounds"))
 def dynamic_sampling(ctx, batch) -> NodeOutput:
     """Filter groups, refilling from new initial states until the step's batch is full.
 

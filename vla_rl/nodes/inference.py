@@ -74,7 +74,7 @@ def compute_ref_log_probs(ctx, batch) -> NodeOutput:
 
 
 @register_node("critic", "model_inference", reads=scored_keys, writes=(keys.VALUES,), resources=("critic",),
-               check=critic_needs_one_task)
+               check=critic_needs_one_task, settings=("critic",))
 def compute_values(ctx, batch) -> NodeOutput:
     """Set ``values`` ``(n, T)``: the critic's value of the state before each decision (text: before
     each response token), in the trainer's autocast context (:func:`~vla_rl.trainers.strategy.autocast`).

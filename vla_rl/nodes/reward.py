@@ -20,7 +20,7 @@ from vla_rl_core import keys
 
 def embeds_trajectories(config) -> bool:
     """Whether the run's reward scores trajectory embeddings (``embeddings=True`` in its registry)."""
-    return EMBODIED_REWARDS.traits(config.algorithm.reward).embeddings
+    return config.algorithm.embeds_trajectories()
 
 
 @register_resource("trajectory_encoder", needs=("policy",))

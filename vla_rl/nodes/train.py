@@ -93,7 +93,7 @@ def _critic_checks(config, node_config, dp_size: int, world_size: int) -> tuple[
 
 @register_node("critic", "model_train", whole_groups=False,
                reads=lambda config, node_config: (*scored_keys(config, node_config), keys.VALUES, keys.RETURNS),
-               resources=("critic",), check=_critic_checks)
+               resources=("critic",), check=_critic_checks, settings=("critic",))
 def update_critic(ctx, batch) -> NodeOutput:
     """Value-regression epochs on ``returns`` over the shard's episodes (``critic`` and ``trainer``
     settings); returns the batch unchanged."""
