@@ -215,6 +215,9 @@ def test_a_text_run_still_takes_the_shared_settings():
          "algorithm.reward is 'success'"),
         ("embodied_srpo", "algorithm.overlong_buffer.penalty_factor=2", "algorithm.overlong_buffer.penalty_factor",
          "its len is 0"),
+        ("embodied_grpo", "trainer.fsdp.reshard_after_forward=false", "trainer.fsdp.reshard_after_forward",
+         "trainer.strategy=fsdp, and it is 'ddp'"),
+        ("embodied_grpo", "trainer.fsdp={master_dtype: bfloat16}", "trainer.fsdp", "trainer.strategy=fsdp"),
         # a moved flat key is checked as its new place
         ("embodied_grpo", "algorithm.overlong_penalty_factor=2", "algorithm.overlong_buffer.penalty_factor",
          "its len is 0"),
@@ -264,6 +267,15 @@ def test_the_trajectory_encoder_of_a_reward_without_embeddings_is_not_validated(
     assert RunConfig.model_validate(raw_config).algorithm.trajectory_encoder == "vjepa2"
     with pytest.raises(ValueError, match="model_dir is required"):
         RunConfig.model_validate({**raw_config, "algorithm": {**raw_config["algorithm"], "reward": "srpo"}})
+
+
+def test_fsdp_settings_are_read_under_fsdp():
+    config = load_template("llm_grpo", ["trainer.strategy=fsdp", "trainer.fsdp.reshard_after_forward=false",
+                                        "trainer.micro_batch_size=4", "trainer.fsdp.sync_every_micro_batch=false"]).config
+    assert not config.trainer.fsdp.reshard_after_forward and not config.trainer.fsdp.sync_every_micro_batch
+    assert not any(name.startswith("trainer.") for name in config.unread_settings())
+    error = _error("llm_grpo", "trainer.strategy=fsdp", "trainer.fsdp.sync_every_micro_batch=false")
+    assert error.field == "trainer.fsdp.sync_every_micro_batch" and "micro_batch_size), which is null" in str(error)
 
 
 def test_the_overlong_factor_is_read_with_a_buffer():

@@ -121,14 +121,22 @@ class RunConfig(_Section):
         """``{dotted setting: why}`` for the settings this config holds that the run never reads and
         a template may still carry (the settings of an algorithm component it does not select:
         :meth:`AlgorithmSection.unselected_settings`; the KL loss's and the KL penalty's while they
-        are off); :func:`vla_rl.dag.loader.load_template` refuses an override that sets one."""
-        algorithm = self.algorithm
+        are off; FSDP's under DDP, and its micro-batch sync without micro-batches);
+        :func:`vla_rl.dag.loader.load_template` refuses an override that sets one."""
+        algorithm, trainer = self.algorithm, self.trainer
         unread = algorithm.unselected_settings()
         for switch, names in (("use_kl_loss", ("kl_loss_coef", "kl_loss_type")),
                               ("use_kl_in_reward", ("kl_penalty", "kl_ctrl"))):
             if not getattr(algorithm, switch):
                 unread |= {f"algorithm.{name}": f"read only with algorithm.{switch}=true (and a reference node), "
                            f"which is false: set it too, or drop the override" for name in names}
+        if trainer.strategy != "fsdp":
+            unread["trainer.fsdp"] = (f"read only with trainer.strategy=fsdp, and it is {trainer.strategy!r}: set it "
+                                      "too, or drop the override")
+        elif trainer.micro_batch_size is None:
+            unread["trainer.fsdp.sync_every_micro_batch"] = (
+                "read only with micro-batches (trainer.micro_batch_size), which is null: each minibatch is one "
+                "backward pass; set trainer.micro_batch_size too, or drop the override")
         return unread
 
     def low_precision_trained(self) -> tuple[str, str] | None:
