@@ -148,6 +148,20 @@ def test_a_run_whose_base_model_moved_exports_with_its_new_place(tmp_path, tiny_
     torch.testing.assert_close(lm_scores(exported), lm_scores(policy), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize(("template", "given"), [("embodied_srpo_oft_lift", "policy.config.model_path=/models/oft"),
+                                               ("embodied_srpo", "policy.config.tokenizer_path=/models/tok")])
+def test_a_new_place_for_files_the_run_never_read_is_refused_in_one_line(tmp_path, capsys, template, given):
+    """A tiny-architecture (or MLP) run given a model_path was told by the policy config to "set
+    architecture to null", which export does not take."""
+    run_dir, _ = make_run(tmp_path, template)
+    checkpoint = write_checkpoint(run_dir, 1, model=torch.nn.Linear(2, 2))
+    assert main(["export", str(checkpoint), str(tmp_path / "a"), given]) == 2
+    key = given.partition("=")[0]
+    assert capsys.readouterr().err.strip() == (f"error: {given!r}: the run read no {key} (its policy was built without "
+                                               "pretrained files from there): export it without this KEY=DIR")
+    assert not (tmp_path / "a").exists()
+
+
 def test_a_policy_whose_layout_cannot_hold_it_is_refused_in_one_line(lora_lm_run, tmp_path, capsys, monkeypatch):
     """A policy's save_pretrained refusal (a ValueError: an OFT Lift run's proprio statistics
     without action statistics was one) is the user's error: one line naming the checkpoint, exit 2,

@@ -62,6 +62,14 @@ PATH_SETTINGS = {"text": ("text.model_path",),
                  "embodied": ("policy.config.model_path", "policy.config.tokenizer_path")}
 
 
+def _run_setting(config, key: str):
+    """The run's value of a :data:`PATH_SETTINGS` key (None where it has none: an ``architecture``
+    policy, the MLP, a text run's in-process tiny model)."""
+    section, _, name = key.rpartition(".")
+    owner = config.policy.policy_config() if section == "policy.config" else config.text
+    return getattr(owner, name, None)
+
+
 def export_checkpoint(checkpoint: str | Path, out: str | Path, paths: Sequence[str] = ()) -> Path:
     """Write the policy of training checkpoint ``checkpoint`` to the new directory ``out``.
 
@@ -181,6 +189,9 @@ def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = (), wo
             raise ExportError(f"{item!r}: the export of a {config.run.workflow} run takes only "
                               f"{' and '.join(settings)} as KEY=DIR (where the run's pretrained files are now: the "
                               "weights are the checkpoint's)")
+        if _run_setting(config, key) is None:
+            raise ExportError(f"{item!r}: the run read no {key} (its policy was built without pretrained files from "
+                              "there): export it without this KEY=DIR")
         given.append(f"{key}={json.dumps(str(absolute(value)), ensure_ascii=False)}")  # as a run stores them
     if given:
         config = load_template(run.template_path, [*run.recorded_overrides(), *given]).config
