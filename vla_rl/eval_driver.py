@@ -72,12 +72,14 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     from vla_rl.preflight import PreflightError, check_local_packages, preflight
     from vla_rl.run_dir import absolute_path_overrides
 
+    source = [o for o in overrides if o.removeprefix("~").split(".", 1)[0] in (*COPIED_SECTIONS, "run")]
     if policy_from is None:
         run_dir, checkpoints = find_checkpoints(targets, steps)
         from vla_rl.run_dir import RunDirectory
 
         # the run's own template, with the overrides of its resumes
-        run_config = load_template(run_dir / RUN_TEMPLATE, RunDirectory.reopen(run_dir).recorded_overrides()).config
+        recorded = RunDirectory.reopen(run_dir).recorded_overrides()
+        run_config = load_template(run_dir / RUN_TEMPLATE, recorded).config
         what = run_dir
     else:
         if targets or steps is not None:
@@ -86,7 +88,6 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
                                  if targets else f"--steps selects a run's checkpoints; --policy-from {policy_from} "
                                  "evaluates the policy that template builds, before any training")
         run_dir, checkpoints = None, []
-        source = [o for o in overrides if o.removeprefix("~").split(".", 1)[0] in (*COPIED_SECTIONS, "run")]
         run_config = load_template(policy_from, source).config
         what = f"template {policy_from}"
         if run_config.eval.store_episodes or run_config.eval.checkpoints:
@@ -101,8 +102,12 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     if run_config.run.workflow != "embodied":
         raise EvalInputError(f"{what} is a text {'run' if run_dir else 'template'}; vla-rl eval evaluates embodied "
                              "policies")
-    if run_dir is not None:
-        preflight(load_template(run_dir / RUN_TEMPLATE))  # the policy's pretrained checkpoint, before eval_dir exists
+    if run_dir is not None:  # the policy's pretrained checkpoint, before eval_dir exists; where the command says
+        # it is now (policy.config.model_path=NEW: moved since training), which the evaluation's template takes
+        # the policy's settings only (the simulator's would meet training's checks: the warm start's horizon); no
+        # deletion (the evaluation's copy of the section holds every key, the run's template not)
+        settings = [o for o in source if o.startswith("policy.")]
+        preflight(load_template(run_dir / RUN_TEMPLATE, [*recorded, *settings]))
     check_local_packages(run_config)  # the simulator's optional extra
     raw = copy.deepcopy(load_template(template).raw)
     config = raw.setdefault("config", {})

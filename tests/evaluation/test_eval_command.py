@@ -177,3 +177,27 @@ def test_a_truncated_checkpoint_is_refused_before_ray_starts(tiny_run, tmp_path,
     assert main(["eval", str(run), "--output", str(tmp_path / "eval")]) == 2
     assert "model.safetensors has 100 bytes" in capsys.readouterr().err
     assert not (tmp_path / "eval").exists()
+
+
+@pytest.mark.xdist_group("test_eval_command.tiny_run")
+def test_a_run_whose_base_model_moved_is_looked_for_where_the_command_says(tiny_run, tmp_path, capsys):
+    """`vla-rl eval RUN policy.config.model_path=NEW` (the base model moved since training) was
+    refused naming the old place: the pretrained files were checked on the run's template alone."""
+    from vla_rl.export import export_checkpoint
+
+    base = export_checkpoint(tiny_run / "checkpoints" / "step_00000002", tmp_path / "base")
+    run, _, _ = prepare_run_dir("embodied_srpo", [f"run.output_dir={tmp_path}", "run.name=from_base",
+                                                  f"policy.config.model_path={base}", "policy.config.hidden_sizes=[8]"],
+                                resume=None)
+    run.close()
+    checkpoint.save_checkpoint(run.path / "checkpoints", 1, rank=0,
+                               model=make_policy("mlp", MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,))))
+    checkpoint.finalize_checkpoint(run.path / "checkpoints", 1)
+    base.rename(tmp_path / "moved")
+    capsys.readouterr()
+    assert main(["eval", str(run.path), *EVAL]) == 2
+    assert f"field 'policy.config.model_path': {base}/config.json is missing" in capsys.readouterr().err
+    assert main(["eval", str(run.path), *EVAL, f"policy.config.model_path={tmp_path / 'elsewhere'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'elsewhere'}/config.json is missing" in err and str(base) not in err
+    assert not (run.path / "eval").exists()
