@@ -222,3 +222,22 @@ def test_a_remote_run_says_how_many_clients_it_needs():
         note = remote_clients_note(template.config, plan(template), evaluation=True)
         assert note.startswith(f"remote environments: connect at least {needed} clients"), overrides
         assert "the evaluation rolls out" in note
+
+
+def test_settings_that_refuse_the_device_auto_resolves_to_stop_the_run_in_one_line(tmp_path):
+    """bf16 with workers.device=auto on a machine without an accelerator: every worker refused it
+    with a traceback (an ActorDiedError); the driver checks it once Ray says which device."""
+    from vla_rl.driver import _check_resolved_device, prepare_run_dir
+
+    run, _, worker_overrides = prepare_run_dir("embodied_grpo", [f"run.output_dir={tmp_path}", "run.name=bf16",
+                                                                 "workers.device=auto", "trainer.mixed_precision=bf16"],
+                                               resume=None)
+    try:
+        _check_resolved_device(run, worker_overrides, "auto", "cuda")  # what the settings are for
+        with pytest.raises(RunStopped) as info:
+            _check_resolved_device(run, worker_overrides, "auto", "cpu")
+        assert str(info.value).startswith("workers.device auto resolves to cpu in this Ray cluster")
+        assert "trainer.mixed_precision bf16 needs accelerator workers" in str(info.value)
+        assert "\n" not in str(info.value)
+    finally:
+        run.close()

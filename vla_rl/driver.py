@@ -65,6 +65,27 @@ def prepare_run_dir(template_arg: str | None, overrides: list[str], resume: str 
     return run, template, worker_overrides
 
 
+def _check_resolved_device(run: RunDirectory, worker_overrides: list[str], kind: str, device: str) -> None:
+    """The run's settings checked with ``workers.device: auto`` resolved to ``device``, as every
+    worker checks them (``trainer.mixed_precision: bf16`` with no accelerator in the cluster), so
+    that a refusal is one line here rather than every worker's traceback.
+
+    Raises:
+        RunStopped: naming the device ``auto`` resolved to and the setting that refuses it.
+    """
+    from vla_rl.dag.errors import TemplateError
+    from vla_rl.errors import RunStopped
+
+    if kind == device:
+        return
+    try:
+        load_template(run.template_path, [*worker_overrides, f"workers.device={device}"])
+    except TemplateError as err:
+        field = f"field {err.field!r}: " if err.field else ""
+        raise RunStopped(f"workers.device auto resolves to {device} in this Ray cluster (no accelerator it could "
+                         f"use), which the run's settings refuse: {field}{err.message}") from None
+
+
 def _refuse_evaluation_settings(config) -> None:
     """``eval.store_episodes`` and ``eval.checkpoints`` are ``vla-rl eval``'s (its template,
     ``eval_rollout``, sets them): a training run evaluates its live policy afresh each time, and
@@ -140,6 +161,7 @@ def _run(run: RunDirectory, template, worker_overrides: list[str], resume_overri
     the_plan = plan(template)
     world = the_plan.world_size
     device = start_ray(config, world)
+    _check_resolved_device(run, worker_overrides, config.workers.device, device)
     console.print(f"[bold]run directory[/bold] {run_dir}")
     console.print(f"code {code_version()} from {code_root()}; {world} workers on {device}")
     from vla_rl.workflows.embodied import remote_clients_note
