@@ -229,12 +229,38 @@ def check_simulator(config) -> None:
             check_env(simulator.name, env)
         except ComponentConfigError as err:
             raise PreflightError(err.message, field=err.field) from None
+        _check_encoder_camera(config, env)
         if videos:
             try:
                 check_env(simulator.name, {**env, "render_camera": camera})
             except ComponentConfigError as err:
                 raise PreflightError(f"the evaluation videos' camera {camera!r}: {err.message}",
                                      field="eval.video_camera") from None
+
+
+def _check_encoder_camera(config, env) -> None:
+    """A trajectory encoder of camera frames (``reads_frames``: ``policy_backbone``, ``vjepa2``)
+    reads ``<camera>_image`` observations, which the task's ``simulator.env.cameras`` must render;
+    the workers' first reward found it before, after the warm start and a rollout, as a Ray
+    traceback. A simulator config without ``cameras`` is not checked.
+
+    Raises:
+        PreflightError: naming ``algorithm.<encoder>.camera`` and the cameras the task renders.
+    """
+    from simulators.registry import build_env_config
+    from vla_rl.rewards.trajectory_encoders import TRAJECTORY_ENCODERS
+
+    algorithm = config.algorithm
+    name = algorithm.trajectory_encoder
+    if not algorithm.embeds_trajectories() or not getattr(TRAJECTORY_ENCODERS.get(name), "reads_frames", False):
+        return
+    cameras = getattr(build_env_config(config.simulator.name, env), "cameras", None)
+    camera = algorithm.options("trajectory_encoder").camera
+    if cameras is not None and camera not in cameras:
+        rendered = f"renders {', '.join(cameras)}" if cameras else "renders no camera (state observations)"
+        raise PreflightError(f"trajectory encoder {name!r} reads the {camera!r} camera's frames, and "
+                             f"simulator.env.cameras {rendered}: add it there, or set algorithm.{name}.camera to a "
+                             "camera it renders", field=f"algorithm.{name}.camera")
 
 
 @dataclass(frozen=True)

@@ -185,3 +185,44 @@ def test_a_vjepa2_directory_without_its_model_is_refused_before_ray_starts(tmp_p
     assert f"field 'algorithm.vjepa2': algorithm.vjepa2.model_dir '{tmp_path / 'none'}' has no config.json" in err
     assert not runs.exists()
     preflight(load_template("embodied_srpo_oft_lift", [*encoder, f"algorithm.vjepa2={{model_dir: {tiny_vjepa2_dir}}}"]))
+
+
+def test_vjepa2_points_the_model_cannot_take_are_refused_before_ray_starts(tmp_path, tiny_vjepa2_dir):
+    """63 frames for a model that takes them 2 at a time failed in the first reward, after the warm
+    start and a rollout, as a Ray traceback."""
+    import json
+
+    from vla_rl.dag.loader import load_template
+    from vla_rl.preflight import PreflightError, preflight
+
+    tubelet = json.loads((tiny_vjepa2_dir / "config.json").read_text()).get("tubelet_size", 2)
+    settings = ["algorithm.trajectory_encoder=vjepa2", f"algorithm.vjepa2.model_dir={tiny_vjepa2_dir}"]
+    with pytest.raises(PreflightError) as info:
+        preflight(load_template("embodied_srpo_oft_lift", [*settings, f"algorithm.vjepa2.points={3 * tubelet + 1}"]))
+    assert info.value.field == "algorithm.vjepa2"
+    assert f"algorithm.vjepa2.points {3 * tubelet + 1} is no multiple of the model's tubelet_size {tubelet}" in str(
+        info.value)
+    preflight(load_template("embodied_srpo_oft_lift", [*settings, f"algorithm.vjepa2.points={3 * tubelet}"]))
+
+
+@pytest.mark.parametrize(("template", "settings", "rendered"), [
+    ("embodied_srpo_oft_lift", ["algorithm.trajectory_encoder=policy_backbone", "algorithm.policy_backbone.camera=wrist"],
+     "renders agentview"),
+    ("embodied_srpo", ["algorithm.trajectory_encoder=vjepa2", "algorithm.vjepa2.model_dir=MODEL"],
+     "renders no camera (state observations)"),
+])
+def test_a_frame_encoder_s_camera_the_simulator_does_not_render_is_refused_before_ray_starts(
+        tmp_path, tiny_vjepa2_dir, template, settings, rendered):
+    """The first reward found it, after the warm start and a rollout, as a Ray traceback (and the
+    run directory stayed)."""
+    from vla_rl.dag.loader import load_template
+    from vla_rl.preflight import PreflightError, check_simulator
+
+    settings = [s.replace("MODEL", str(tiny_vjepa2_dir)) for s in settings]
+    encoder = settings[0].partition("=")[2]
+    with pytest.raises(PreflightError) as info:
+        check_simulator(load_template(template, settings).config)
+    assert info.value.field == f"algorithm.{encoder}.camera"
+    assert f"simulator.env.cameras {rendered}: add it there, or set algorithm.{encoder}.camera" in str(info.value)
+    check_simulator(load_template(template, settings[:1]).config if encoder == "policy_backbone" else
+                    load_template(template, [*settings, "simulator.env.cameras=[agentview]"]).config)

@@ -26,6 +26,7 @@ vectors.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,10 +299,24 @@ class VJEPA2TrajectoryEncoder:
 
         Raises:
             FileNotFoundError: ``model_dir`` has no ``config.json``.
+            ValueError: ``points`` is no multiple of the model's ``tubelet_size`` (its config.json;
+                2 where it says none, as transformers' ``VJEPA2Config``), or the file is no JSON
+                mapping.
         """
-        if not (Path(config.model_dir) / "config.json").is_file():
+        path = Path(config.model_dir) / "config.json"
+        if not path.is_file():
             raise FileNotFoundError(f"algorithm.vjepa2.model_dir {config.model_dir!r} has no config.json: save a "
                                     "VJEPA2Model there with save_pretrained")
+        try:
+            model_config = json.loads(path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path} is not JSON ({err})") from None
+        if not isinstance(model_config, dict):
+            raise ValueError(f"{path} holds no mapping of the model's settings")
+        tubelet = model_config.get("tubelet_size", 2)
+        if isinstance(tubelet, int) and tubelet > 0 and config.points % tubelet:
+            raise ValueError(f"algorithm.vjepa2.points {config.points} is no multiple of the model's tubelet_size "
+                             f"{tubelet} ({path}): the frames enter it {tubelet} at a time")
 
     @property
     def embedding_dim(self) -> int:
