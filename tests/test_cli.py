@@ -67,6 +67,18 @@ def test_help(capsys):
     assert "--world-size" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("argv", "missing"), [
+    (["plan"], "TEMPLATE"), (["serve"], "CHECKPOINT_OR_EXPORT"), (["remote-env"], "simulator"),
+    (["export", "outputs/run"], "OUT"),
+])
+def test_a_missing_argument_is_named_alone(argv, missing, capsys):
+    """`vla-rl export RUN` said "required: OUT, KEY=DIR", the optional KEY=DIR listed as required."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(f"error: the following arguments are required: {missing}")
+
+
 def test_plan_prints_chains(tmp_path, capsys, no_builtin_nodes):
     path = _write(tmp_path, CLI_FN)
     assert main(["plan", str(path), "nodes.reward.dp_size=1", "--world-size", "2"]) == 0

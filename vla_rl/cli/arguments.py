@@ -14,6 +14,7 @@ def add_template_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "overrides",
         nargs="*",
+        default=[],  # a default: not listed as required when TEMPLATE is missing
         metavar="KEY=VALUE",
         help="dotted overrides: trainer.total_steps=5 (config), nodes.reward.dp_size=1 (a node's field), "
         "~algorithm.filter_groups (delete a setting: its default applies)",

@@ -21,7 +21,7 @@ def add_export_command(commands: argparse._SubParsersAction) -> None:
                         help="a checkpoint directory (<run>/checkpoints/step_*) or a run directory (its newest "
                         "complete checkpoint)")
     parser.add_argument("out", metavar="OUT", help="the directory to write (must not exist)")
-    parser.add_argument("paths", nargs="*", metavar="KEY=DIR",
+    parser.add_argument("paths", nargs="*", default=[], metavar="KEY=DIR",  # a default: not listed as required
                         help="where the run's pretrained files are now, if they moved: text.model_path (a text "
                         "run), policy.config.model_path or policy.config.tokenizer_path (an embodied run)")
     parser.set_defaults(handler=run_export)

@@ -20,7 +20,7 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("target", metavar="CHECKPOINT_OR_EXPORT",
                         help="a run directory, a checkpoint directory (<run>/checkpoints/step_*) or an export")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+    parser.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE",
                         help="dotted overrides of --template (the training settings of a π0/OpenVLA export)")
     parser.add_argument("--template", default=None, metavar="TEMPLATE",
                         help="the template a π0/OpenVLA(-OFT) export was trained with (checkpoints record their own)")
@@ -72,7 +72,8 @@ def add_remote_env_command(commands: argparse._SubParsersAction) -> None:
         "Ctrl-C; a dropped connection is made again. docs/remote.md.",
     )
     parser.add_argument("simulator", help="a registered simulator, e.g. robosuite_lift")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="the simulator's config fields (YAML values)")
+    parser.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="the simulator's config fields (YAML values)")
     parser.add_argument("--connect", default="ws://127.0.0.1:8765", metavar="URI",
                         help="the hub: ws://HOST:PORT of the run's simulator.env (default ws://127.0.0.1:8765)")
     parser.add_argument("--num-envs", type=positive_int, default=1, help="environments (connections), default 1")
