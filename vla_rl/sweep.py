@@ -409,7 +409,9 @@ def markdown_report(report: dict) -> str:
                          f"{_gain_interval(g)} ({g['seeds']} seed{'s' if g['seeds'] > 1 else ''})"
                          for p, g in gains.items()]
         lines += ["", "Per seed: held-out success with its Wilson 95% interval over the run's episodes. "
-                  f"Mean: {_INTERVAL}. Plot: {PLOT_FILE}.", "", *hosts_lines(report["per_seed"])]
+                  f"Mean: {_INTERVAL}. Wall: the seed's last start of vla-rl train (its summary.json's "
+                  "wall_time_s: a seed resumed after an interruption counts the time after the resume only). "
+                  f"Plot: {PLOT_FILE}.", "", *hosts_lines(report["per_seed"])]
     return "\n".join(lines) + "\n"
 
 
