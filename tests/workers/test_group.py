@@ -145,3 +145,89 @@ def test_a_sigterm_swallowed_before_the_wait_ends_it_within_a_second(group):
         with pytest.raises(Terminated):
             group.call("work", {0: "sleep 20", 1: "sleep 20"})
     assert time.monotonic() - started < 15.0  # the call sleeps 20 s; the check runs every second
+
+
+KILL_AFTER_RAY_DIED = """
+import os, signal, sys, time
+import ray
+from vla_rl.utils.ray_utils import init_ray, local_ray_lost
+from vla_rl.workers.group import WorkerGroup
+
+init_ray(num_cpus=1)
+
+@ray.remote(num_cpus=0)
+class Worker:
+    def ping(self):
+        return 1
+
+actor = Worker.remote()
+ray.get(actor.ping.remote())
+print("before", local_ray_lost(), flush=True)
+raylet = ray._private.worker._global_node.all_processes["raylet"][0].process
+os.kill(raylet.pid, signal.SIGTERM)  # as a signal to the whole process group reaches it
+raylet.wait(60)
+print("after", local_ray_lost(), flush=True)
+start = time.monotonic()
+released = WorkerGroup([actor]).kill()
+print("kill", released, round(time.monotonic() - start, 1), flush=True)
+os._exit(0)  # Ray cannot shut down without its raylet
+"""
+
+
+def test_killing_the_workers_after_the_local_ray_died_returns_at_once(tmp_path):
+    """`timeout`, Slurm and systemd send SIGTERM to the whole process group: Ray's raylet died
+    with the driver's signal, and killing the workers' actors then waited a minute for it, after
+    which Ray ended the process with status 1 (no error line, not 143)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", KILL_AFTER_RAY_DIED], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    lines = [line for line in done.stdout.splitlines() if line.split(" ")[0] in ("before", "after", "kill")]
+    assert lines[:2] == ["before []", "after ['raylet']"], done.stdout + done.stderr
+    name, released, seconds = lines[2].split(" ")
+    assert released == "False" and float(seconds) < 2.0
+
+
+def test_a_kill_that_ray_does_not_finish_is_given_up(monkeypatch):
+    """While Ray's processes are dying (the signal reached them too) its calls wait on them."""
+    import threading
+
+    import ray
+
+    blocked = threading.Event()
+    monkeypatch.setattr(ray, "kill", lambda actor: blocked.wait())
+    start = time.monotonic()
+    assert WorkerGroup(["actor"]).kill(timeout_s=0.3) is False
+    assert time.monotonic() - start < 2.0
+    blocked.set()
+    monkeypatch.setattr(ray, "kill", lambda actor: None)
+    assert WorkerGroup(["actor"]).kill(timeout_s=5.0) is True
+
+
+def test_an_evaluation_reports_the_figures_of_all_its_passes():
+    """The summary's eval/episode_length was the last pass's (the sampled protocol's, 100.0, beside
+    a greedy 64.5), eval/recorded 4 of 8 episodes, eval/recorded_successes 0 of 2."""
+    from vla_rl.workers.group import run_evaluation
+
+    passes = [  # greedy: 4 episodes, 2 successes, lengths 64.5 on average; then sampled: 4, 0, 100
+        {"eval/recorded": 4.0, "eval/recorded_successes": 2.0, "eval/remaining": 4.0, "eval/episode_length": 64.5,
+         "eval/env_steps_per_episode": 64.5, "timing/eval_rollout": 1.5},
+        {"eval/recorded": 4.0, "eval/recorded_successes": 0.0, "eval/remaining": 0.0, "eval/episode_length": 100.0,
+         "eval/env_steps_per_episode": 100.0, "timing/eval_rollout": 2.0, "eval/greedy/success_rate": 0.5,
+         "eval/greedy/episode_length": 64.5},
+    ]
+
+    class Workers:
+        def call(self, method, *args):
+            assert (method, args[0]) == ("run_phase", "evaluate")
+            return [passes.pop(0)]
+
+    seen = []
+    metrics = run_evaluation(Workers(), 3, "final", False, progress=lambda m: seen.append(m["eval/remaining"]))
+    assert seen == [4.0, 0.0] and metrics["eval/remaining"] == 0.0
+    assert metrics["eval/recorded"] == 8.0 and metrics["eval/recorded_successes"] == 2.0
+    assert metrics["eval/episode_length"] == pytest.approx((4 * 64.5 + 4 * 100.0) / 8)
+    assert metrics["eval/env_steps_per_episode"] == pytest.approx(82.25)
+    assert metrics["timing/eval_rollout"] == pytest.approx(3.5)
+    assert metrics["eval/greedy/success_rate"] == 0.5 and metrics["eval/greedy/episode_length"] == 64.5

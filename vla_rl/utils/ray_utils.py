@@ -147,6 +147,24 @@ AUTH_HELP = ("set RAY_AUTH_TOKEN to the cluster's token (`ray get-auth-token` on
              "put it in ~/.ray/auth_token or in the file RAY_AUTH_TOKEN_PATH names; docs/cluster.md")
 
 
+#: The processes of a local Ray instance without which no Ray call can finish.
+_RAY_CORE_PROCESSES = ("gcs_server", "raylet")
+
+
+def local_ray_lost() -> list[str]:
+    """The core processes (GCS, raylet) of the Ray instance this driver started that have died:
+    a SIGTERM sent to the whole process group (GNU ``timeout``, Slurm, systemd do) reaches them as
+    well as the driver, and a Ray call after it waits for them (killing the workers' actors and
+    placement group hung for a minute, then Ray ended the process with status 1). Empty when none
+    did, Ray is not initialised, or it was joined (this driver started none of its processes).
+    """
+    worker = sys.modules.get("ray._private.worker")
+    node = getattr(worker, "_global_node", None) if worker is not None else None
+    if node is None:
+        return []
+    return sorted({kind for kind, _ in node.dead_processes() if kind in _RAY_CORE_PROCESSES})
+
+
 def use_token_auth_if_available(address: str) -> bool:
     """Before joining the cluster at ``address``: turn Ray's token authentication on for this
     process when ``RAY_AUTH_MODE`` is unset, the cluster requires a token

@@ -7,10 +7,12 @@ workers with :meth:`WorkerGroup.launch`, then call worker methods on all of them
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -28,6 +30,10 @@ connection closed) and that error may reach the driver before Ray reports the de
 TERMINATED_CHECK_S = 1.0
 """How often the driver, waiting for its workers' replies, checks for a SIGTERM whose exception was
 swallowed (:func:`~vla_rl.utils.signals.raise_if_terminated`)."""
+KILL_TIMEOUT_S = 10.0
+"""How long :meth:`WorkerGroup.kill` waits for Ray to kill the workers before it gives up."""
+
+logger = logging.getLogger(__name__)
 
 
 class WorkerDiedError(RuntimeError):
@@ -247,15 +253,41 @@ class WorkerGroup:
         host, port = ray.get(self.actors[0].host_rendezvous.remote())
         self.call("init_process_group", host, port)
 
-    def kill(self) -> None:
+    def kill(self, timeout_s: float = KILL_TIMEOUT_S) -> bool:
         """Kill every worker at once (after one died: the others may be blocked in a collective
-        with it). Their simulator actors, which they own, die with them."""
+        with it, or Ctrl-C/SIGTERM). Their simulator actors, which they own, die with them.
+
+        A signal sent to the whole process group (GNU ``timeout``, Slurm, systemd) also ends the
+        local Ray instance's processes, and a Ray call then waits for them (a minute, after which
+        Ray ended the process with status 1): nothing is killed once they are dead
+        (:func:`~vla_rl.utils.ray_utils.local_ray_lost`), and the calls are given up after
+        ``timeout_s`` while they are dying.
+
+        Returns:
+            Whether the workers and their placement group were released.
+        """
         import ray
 
-        for actor in self.actors:
-            ray.kill(actor)
-        if self.placement_group is not None:
-            ray.util.remove_placement_group(self.placement_group)
+        from vla_rl.utils.ray_utils import local_ray_lost
+
+        if local_ray_lost():
+            return False
+        released = threading.Event()
+
+        def release() -> None:
+            try:
+                for actor in self.actors:
+                    ray.kill(actor)
+                if self.placement_group is not None:
+                    ray.util.remove_placement_group(self.placement_group)
+                released.set()
+            except Exception as err:  # Ray itself going down: nothing left to release
+                logger.debug("killing the workers: %s", err)
+
+        killer = threading.Thread(target=release, name="kill-workers", daemon=True)
+        killer.start()
+        killer.join(timeout_s)
+        return released.is_set()
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Let the workers stop their simulators and leave the process group, then kill them and
@@ -340,11 +372,45 @@ def run_evaluation(workers: WorkerGroup, step: int, tag: str, video: bool, progr
         progress: called with each pass's metrics (e.g. to advance a progress bar), or None.
 
     Returns:
-        The last pass's metrics: the evaluation's figures (``eval/{protocol}/success_rate`` ...).
+        The evaluation's figures (the last pass's: ``eval/{protocol}/success_rate`` ...), with the
+        figures each pass reports of its own episodes made the whole evaluation's
+        (:class:`EvaluationTotals`: the last pass's alone were reported as the evaluation's).
     """
+    totals = EvaluationTotals()
     while True:
         metrics = workers.call("run_phase", "evaluate", step, tag, video)[0]
+        totals.add(metrics)
         if progress is not None:
             progress(metrics)
         if metrics["eval/remaining"] == 0:
-            return metrics
+            return totals.of(metrics)
+
+
+class EvaluationTotals:
+    """The figures an evaluation's passes each report of their own episodes, over all its passes:
+    ``eval/recorded`` and ``eval/recorded_successes`` summed, ``eval/episode_length`` and
+    ``eval/env_steps_per_episode`` averaged over the episodes (each pass's weighted by its
+    ``eval/recorded``), ``timing/*`` summed."""
+
+    SUMMED = ("eval/recorded", "eval/recorded_successes")
+    AVERAGED = ("eval/episode_length", "eval/env_steps_per_episode")
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, float]) -> None:
+        """Count one pass's metrics."""
+        episodes = metrics.get("eval/recorded", 0.0)
+        for name, value in metrics.items():
+            if name in self.AVERAGED:
+                self.sums[name] = self.sums.get(name, 0.0) + value * episodes
+                self.weights[name] = self.weights.get(name, 0.0) + episodes
+            elif name in self.SUMMED or name.startswith("timing/"):
+                self.sums[name] = self.sums.get(name, 0.0) + value
+
+    def of(self, last: dict[str, float]) -> dict[str, float]:
+        """``last`` (the last pass's metrics) with the totals of every pass counted."""
+        totals = {name: total / self.weights[name] if name in self.weights else total
+                  for name, total in self.sums.items() if self.weights.get(name, 1.0) > 0}
+        return {**last, **totals}
