@@ -32,6 +32,8 @@ TERMINATED_CHECK_S = 1.0
 swallowed (:func:`~vla_rl.utils.signals.raise_if_terminated`)."""
 KILL_TIMEOUT_S = 10.0
 """How long :meth:`WorkerGroup.kill` waits for Ray to kill the workers before it gives up."""
+KILL_POLL_S = 0.2
+"""How often :meth:`WorkerGroup.kill`, waiting, checks whether the local Ray instance has died."""
 
 logger = logging.getLogger(__name__)
 
@@ -260,8 +262,8 @@ class WorkerGroup:
         A signal sent to the whole process group (GNU ``timeout``, Slurm, systemd) also ends the
         local Ray instance's processes, and a Ray call then waits for them (a minute, after which
         Ray ended the process with status 1): nothing is killed once they are dead
-        (:func:`~vla_rl.utils.ray_utils.local_ray_lost`), and the calls are given up after
-        ``timeout_s`` while they are dying.
+        (:func:`~vla_rl.utils.ray_utils.local_ray_lost`), and the calls are given up when they die
+        meanwhile, or after ``timeout_s``.
 
         Returns:
             Whether the workers and their placement group were released.
@@ -286,7 +288,9 @@ class WorkerGroup:
 
         killer = threading.Thread(target=release, name="kill-workers", daemon=True)
         killer.start()
-        killer.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while killer.is_alive() and time.monotonic() < deadline and not local_ray_lost():
+            killer.join(KILL_POLL_S)  # Ray's processes may die meanwhile: nothing to wait for then
         return released.is_set()
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
