@@ -78,7 +78,8 @@ def test_unknown_names_are_errors_naming_the_field(overrides, field, message):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["algorithm.cpgd.dual_clip_c=3.0"], "unknown key for CPGDConfig"),
+        (["algorithm.policy_loss=cpgd", "algorithm.cpgd.dual_clip_c=3.0"], "unknown key for CPGDConfig"),
+        (["algorithm.cpgd.dual_clip_c=3.0"], "the settings of policy loss 'cpgd', which this run does not use"),
         (["algorithm.ppo_clip.dual_clip_c=1.0"], "dual_clip_c must be > 1"),
         (["algorithm.loss_agg_normalizer=100"], "loss_agg_normalizer is the constant"),
         (["algorithm.filter_groups.success_rate_band=[0.9,0.1]"], "low <= high"),
@@ -110,7 +111,7 @@ def test_bad_algorithm_settings_are_rejected(overrides, message):
         (["policy.config.obs_dim=3"], "policy.config.obs_dim", "set from the simulator"),
         (["algorithm.srpo.dbscan_eps=-1"], "algorithm.srpo", "dbscan_eps must be a finite number > 0"),
         (["algorithm.srpo.eps=1"], "algorithm.srpo.eps", "unknown key for SRPORewardConfig"),
-        (["algorithm.gae.lam=2"], "algorithm.gae", "lam must be in [0, 1]"),
+        (["algorithm.adv_estimator=gae", "algorithm.gae.lam=2"], "algorithm.gae", "lam must be in [0, 1]"),
         (["algorithm.state_resample.points=1"], "algorithm.state_resample", "points must be >= 2"),
         (["algorithm.trajectory_encoder=vjepa2"], "algorithm.vjepa2", "model_dir is required"),
     ],

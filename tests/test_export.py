@@ -162,6 +162,20 @@ def test_a_new_place_for_files_the_run_never_read_is_refused_in_one_line(tmp_pat
     assert not (tmp_path / "a").exists()
 
 
+def test_a_run_whose_resume_recorded_an_override_it_never_reads_still_exports(tmp_path, capsys):
+    """Overrides a resume recorded before they were refused as never read (critic.lr on a run
+    without a critic) locked the run out of export, eval and resume: they are not checked again."""
+    from policies import make_policy
+    from policies.mlp import MLPPolicyConfig
+
+    run_dir, _ = make_run(tmp_path, "embodied_grpo", "policy.config.hidden_sizes=[8]")
+    RunDirectory.reopen(run_dir).record_resume(["critic.lr=0.0005", "trainer.fsdp.reshard_after_forward=false"])
+    checkpoint = write_checkpoint(run_dir, 1, model=make_policy("mlp", MLPPolicyConfig(obs_dim=15, action_dim=7,
+                                                                                      hidden_sizes=(8,))))
+    assert main(["export", str(checkpoint), str(tmp_path / "a")]) == 0, capsys.readouterr().err
+    assert (tmp_path / "a" / "model.safetensors").is_file()
+
+
 def test_a_policy_whose_layout_cannot_hold_it_is_refused_in_one_line(lora_lm_run, tmp_path, capsys, monkeypatch):
     """A policy's save_pretrained refusal (a ValueError: an OFT Lift run's proprio statistics
     without action statistics was one) is the user's error: one line naming the checkpoint, exit 2,

@@ -45,7 +45,7 @@ def prepare_run_dir(template_arg: str | None, overrides: list[str], resume: str 
     if resume:
         run = RunDirectory.reopen(resume)
         worker_overrides = run.recorded_overrides() + list(overrides)
-        template = load_template(run.template_path, worker_overrides)
+        template = load_template(run.template_path, list(overrides), recorded=run.recorded_overrides())
     else:
         template = load_template(template_arg, overrides)
         worker_overrides = []
@@ -79,7 +79,7 @@ def _check_resolved_device(run: RunDirectory, worker_overrides: list[str], kind:
     if kind == device:
         return
     try:
-        load_template(run.template_path, [*worker_overrides, f"workers.device={device}"])
+        load_template(run.template_path, recorded=[*worker_overrides, f"workers.device={device}"])
     except TemplateError as err:
         field = f"field {err.field!r}: " if err.field else ""
         raise RunStopped(f"workers.device auto resolves to {device} in this Ray cluster (no accelerator it could "

@@ -79,7 +79,7 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
 
         # the run's own template, with the overrides of its resumes
         recorded = RunDirectory.reopen(run_dir).recorded_overrides()
-        run_config = load_template(run_dir / RUN_TEMPLATE, recorded).config
+        run_config = load_template(run_dir / RUN_TEMPLATE, recorded=recorded).config
         what = run_dir
     else:
         if targets or steps is not None:
@@ -107,7 +107,7 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
         # the policy's settings only (the simulator's would meet training's checks: the warm start's horizon); no
         # deletion (the evaluation's copy of the section holds every key, the run's template not)
         settings = [o for o in source if o.startswith("policy.")]
-        preflight(load_template(run_dir / RUN_TEMPLATE, [*recorded, *settings]))
+        preflight(load_template(run_dir / RUN_TEMPLATE, settings, recorded=recorded))
     check_local_packages(run_config)  # the simulator's optional extra
     raw = copy.deepcopy(load_template(template).raw)
     config = raw.setdefault("config", {})

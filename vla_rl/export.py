@@ -178,7 +178,7 @@ def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = (), wo
         run = RunDirectory.reopen(run_dir)
     except RunDirError as err:
         raise ExportError(f"{path} does not sit in a run directory written by vla-rl train ({err})") from err
-    config = load_template(run.template_path, run.recorded_overrides()).config
+    config = load_template(run.template_path, recorded=run.recorded_overrides()).config
     if workflow is not None and config.run.workflow != workflow:
         raise OtherWorkflow(path, config.run.workflow, workflow)
     settings = PATH_SETTINGS[config.run.workflow]
@@ -194,7 +194,7 @@ def load_checkpoint_policy(checkpoint: str | Path, paths: Sequence[str] = (), wo
                               "there): export it without this KEY=DIR")
         given.append(f"{key}={json.dumps(str(absolute(value)), ensure_ascii=False)}")  # as a run stores them
     if given:
-        config = load_template(run.template_path, [*run.recorded_overrides(), *given]).config
+        config = load_template(run.template_path, given, recorded=run.recorded_overrides()).config
     try:
         policy = WORKFLOWS.get(config.run.workflow).standalone_policy(config, run_dir)
     except (OSError, ValueError) as err:  # its pretrained model or tokenizer moved or changed

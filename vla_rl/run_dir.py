@@ -336,7 +336,7 @@ def _refuse_policy_changes(run: RunDirectory, policy, checkpoint: Path) -> None:
     """
     from vla_rl.dag.loader import load_template
 
-    before = _policy_settings(load_template(run.template_path, run.recorded_overrides()).config.policy)
+    before = _policy_settings(load_template(run.template_path, recorded=run.recorded_overrides()).config.policy)
     after = _policy_settings(policy)
     for key in sorted(before.keys() | after.keys()):
         if key not in RESUMABLE_POLICY_SETTINGS and before.get(key) != after.get(key):

@@ -104,7 +104,7 @@ def budget(report: dict[str, Any]) -> int | None:
     """The ``trainer.total_env_steps`` of a sweep's runs (its template with its overrides), or
     None: no budget, or the template cannot be loaded here (then only an override counts)."""
     try:
-        return load_template(report["template"], list(report["overrides"])).config.trainer.total_env_steps
+        return load_template(report["template"], recorded=list(report["overrides"])).config.trainer.total_env_steps
     except TemplateError:
         values = [item.partition("=")[2] for item in report["overrides"] if item.partition("=")[0] == _BUDGET_KEY]
         return int(values[-1]) if values and values[-1] not in ("null", "None", "~") else None
@@ -182,7 +182,8 @@ def _evaluation_settings(report: dict[str, Any]) -> tuple[dict[str, Any] | None,
     if isinstance(report.get("evaluation"), dict):
         return report["evaluation"], "recorded"
     try:
-        return evaluation_settings(load_template(report["template"], list(report["overrides"])).config), "derived"
+        loaded = load_template(report["template"], recorded=list(report["overrides"]))
+        return evaluation_settings(loaded.config), "derived"
     except TemplateError as err:
         return None, f"{Path(report['template']).stem} with its overrides does not load here ({err.message})"
 

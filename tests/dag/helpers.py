@@ -12,6 +12,8 @@ from vla_rl.dag.registry import NodeOutput, register_node
 DUMMY = "test_dummy"
 DUMMY_WITH_CONFIG = "test_dummy_cfg"
 DUMMY_REFILLING = "test_dummy_refilling"
+DUMMY_CRITIC_UPDATE = "test_dummy_critic_update"
+DUMMY_WHOLE_SECTION = "test_dummy_whole_section"
 
 
 class DummyRewardConfig(BaseModel):
@@ -43,9 +45,12 @@ def register_settings_readers() -> None:
     ``critic``, dynamic sampling ``algorithm.filter_groups.max_refill_rounds``); the fixture
     ``settings_readers`` removes them after the test, since the planner checks every template's
     overrides against every registered function."""
-    register_node("critic", "model_inference", name=DUMMY, settings=("critic",))(_noop)
+    register_node("critic", "model_inference", name=DUMMY, resources=("critic",), settings=("critic",))(_noop)
+    register_node("critic", "model_train", name=DUMMY_CRITIC_UPDATE, resources=("critic",))(_noop)  # a plug-in's
     register_node("reward", "compute", name=DUMMY_REFILLING,
-                  settings=["algorithm.filter_groups", "algorithm.filter_groups.max_refill_rounds"])(_noop)
+                  settings=["algorithm.filter_groups.zero_variance",
+                            "algorithm.filter_groups.max_refill_rounds"])(_noop)
+    register_node("reward", "compute", name=DUMMY_WHOLE_SECTION, settings=["algorithm.filter_groups"])(_noop)
 
 
 def node(node_id: str, role: str, type: str, deps: Sequence[str] = (), **fields: Any) -> dict[str, Any]:

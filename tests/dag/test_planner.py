@@ -8,7 +8,16 @@ from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import Hop, Reshard, RunNode, describe_plan, plan
 
-from .helpers import DUMMY, DUMMY_REFILLING, DUMMY_WITH_CONFIG, DummyRewardConfig, node, pipeline
+from .helpers import (
+    DUMMY,
+    DUMMY_CRITIC_UPDATE,
+    DUMMY_REFILLING,
+    DUMMY_WHOLE_SECTION,
+    DUMMY_WITH_CONFIG,
+    DummyRewardConfig,
+    node,
+    pipeline,
+)
 
 
 def _plan_error(path, world_size=2) -> TemplateError:
@@ -229,9 +238,9 @@ def test_an_override_of_a_setting_only_absent_nodes_read_is_refused(write_templa
     path = write_template(nodes=pipeline())
     error = _override_error(path, "critic.lr=1e-4")
     assert error.field == "critic.lr" and error.file == path
-    assert "override 'critic.lr=1e-4' is never read: critic is read only by " in str(error)
-    assert f"critic/model_inference/{DUMMY}" in str(error) and "and this template has none; use a template with one" \
-        in str(error)
+    assert "override 'critic.lr=1e-4' is never read: critic.lr is read only by " in str(error)
+    assert f"critic/model_inference/{DUMMY}" in str(error) and "(or nodes using their resource critic), and this " \
+        "template has none; use a template with one" in str(error)
     assert _override_error(path, "critic={lr: 0.1}").field == "critic"  # the section itself
     # a deletion changes nothing either way, a node's field is no run setting, other sections are
     # read by the run whatever its nodes
@@ -250,8 +259,29 @@ def test_a_setting_read_by_another_function_of_a_node_names_the_fn_override(writ
     path = write_template(nodes=pipeline())
     error = _override_error(path, "algorithm.filter_groups.max_refill_rounds=2")
     assert "algorithm.filter_groups.max_refill_rounds is read only by " in str(error)
-    assert f"reward/compute/{DUMMY_REFILLING} nodes" in str(error)
+    assert f"reward/compute/{DUMMY_REFILLING} or reward/compute/{DUMMY_WHOLE_SECTION} nodes" in str(error)
     assert f"select one with nodes.reward.fn={DUMMY_REFILLING}, or drop the override" in str(error)
     # the flat key of earlier versions is checked as its new place
     assert _override_error(path, "algorithm.max_refill_rounds=2").field == "algorithm.filter_groups.max_refill_rounds"
     plan(load_template(path, [f"nodes.reward.fn={DUMMY_REFILLING}", "algorithm.filter_groups.max_refill_rounds=2"]))
+    # a function declaring the whole section reads it too, and a section override is read by any reader of a
+    # setting under it
+    plan(load_template(path, [f"nodes.reward.fn={DUMMY_WHOLE_SECTION}", "algorithm.filter_groups.max_refill_rounds=2"]))
+    plan(load_template(path, [f"nodes.reward.fn={DUMMY_REFILLING}", "algorithm.filter_groups={metric: success}"]))
+
+
+def test_a_node_using_the_resource_of_a_setting_s_readers_reads_it(write_template, settings_readers):
+    """A plug-in critic update (resources=("critic",), no settings of its own) reads critic.* through
+    the critic resource; its critic.lr was refused as read by no node of the template."""
+    nodes = [*pipeline(), node("critic_update", "critic", "model_train", ["adv"], fn=DUMMY_CRITIC_UPDATE)]
+    assert plan(load_template(write_template(nodes=nodes), ["critic.lr=1e-4"])).node_configs.keys() >= {"critic_update"}
+
+
+def test_the_overrides_an_earlier_resume_recorded_are_not_checked_again(write_template, settings_readers):
+    """A run resumed with critic.lr before the check existed could no longer be resumed, evaluated
+    or exported (the recorded override cannot be taken back from the command line)."""
+    path = write_template(nodes=pipeline())
+    template = load_template(path, ["trainer.lr=0.1"], recorded=["critic.lr=1e-4"])
+    assert template.config.critic.lr == 1e-4 and template.overrides == ("trainer.lr=0.1",)
+    plan(template)
+    assert _override_error(path, "critic.lr=1e-4").field == "critic.lr"

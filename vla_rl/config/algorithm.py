@@ -196,8 +196,9 @@ class AlgorithmSection(_Section):
             if not isinstance(options, dict):
                 raise ComponentConfigError(f"algorithm.{name}", f"must be a mapping of {config_class.__name__} "
                                            f"settings, got {options!r}")
-            build_config(config_class, options, f"algorithm.{name}")
-        for kind in ALGORITHM_COMPONENTS:  # the selected components' settings, defaults included
+        # the selected components' settings, defaults included; an unselected one's are never read (an
+        # override of them is refused as such: unselected_settings), and are validated once selected
+        for kind in ALGORITHM_COMPONENTS:
             if kind != "trajectory_encoder" or self.embeds_trajectories():  # else never read (vjepa2's model_dir)
                 self.options(kind)
         return self

@@ -67,8 +67,9 @@ class Template:
         raw: the merged mapping (``extends`` resolved, overrides applied, no ``extends`` key);
             written out as YAML it loads back to the same template.
         description: the template's free-text description.
-        overrides: the dotted overrides applied to the file (the planner refuses one that sets a
-            setting only nodes the template lacks read: :func:`vla_rl.dag.planner.plan`).
+        overrides: the command's own dotted overrides (``load_template``'s ``overrides``, not its
+            ``recorded``): the planner refuses one that sets a setting only nodes the template
+            lacks read (:func:`vla_rl.dag.planner.plan`).
     """
 
     name: str
@@ -107,20 +108,26 @@ def load_template(
     path_or_name: str | os.PathLike[str],
     overrides: Sequence[str] = (),
     config_model: type[BaseModel] = RunConfig,
+    *,
+    recorded: Sequence[str] = (),
 ) -> Template:
     """Load, merge, override and validate a template.
 
     Args:
         path_or_name: a template file path, or a bare name in ``dag_templates/``.
-        overrides: dotted ``KEY=VALUE`` overrides (see the module docstring).
+        overrides: dotted ``KEY=VALUE`` overrides (see the module docstring), the command's own:
+            one that sets a setting the run never reads is refused (here, and by the planner).
         config_model: the pydantic model of the template's ``config:`` section.
+        recorded: overrides applied before ``overrides`` and not checked so: those an earlier
+            command recorded (a run's resumes, the workers' copy of the driver's), which a later
+            command cannot take back.
 
     Raises:
         TemplateError: for any problem with the file, its bases, the overrides or the values.
     """
     path = resolve_template_path(path_or_name)
     raw = _load_merged(path, chain=())
-    raw = apply_overrides(raw, overrides, file=path)
+    raw = apply_overrides(raw, [*recorded, *overrides], file=path)
     _import_plugins(raw, path)
     try:
         spec = TemplateSpec.model_validate(raw)

@@ -222,10 +222,14 @@ def plan(template: Template, world_size: int | None = None) -> Plan:
 
 
 def _check_overrides_read_by_nodes(template: Template) -> None:
-    """Refuse an override of a setting that only nodes the template lacks read (the functions
-    declaring it in their ``settings``: ``critic.lr`` without critic nodes,
-    ``algorithm.filter_groups.max_refill_rounds`` without dynamic sampling): it would change
-    nothing. A template may carry such settings itself (one extending another that has the nodes).
+    """Refuse an override of a setting that only nodes the template lacks read: it would change
+    nothing (``critic.lr`` without critic nodes, ``algorithm.filter_groups.max_refill_rounds``
+    without dynamic sampling). A setting's readers are the functions declaring it, a setting under
+    it or a section above it in their ``settings``, and the functions that use a resource one of
+    those uses (a plug-in critic node reads ``critic`` through the ``critic`` resource). A template
+    may carry such settings itself (one extending another that has the nodes), and only the
+    command's own overrides are checked (:attr:`Template.overrides`: not those an earlier resume
+    recorded).
 
     Raises:
         TemplateError: naming the override, the functions that read it and, where the template
@@ -234,22 +238,26 @@ def _check_overrides_read_by_nodes(template: Template) -> None:
     overrides = override_settings(template.overrides)
     if not overrides:
         return
-    used = {(node.role, node.type, node.fn) for node in template.nodes}
-    readers: dict[str, list[tuple[str, str, str]]] = {}
-    for key in NODE_FUNCTIONS:
-        for setting in NODE_FUNCTIONS.get(key).settings:
-            readers.setdefault(setting, []).append(key)
+    nodes = {node.id: get_node_function(node.role, node.type, node.fn) for node in template.nodes}
+    used = {(f.role, f.type, f.name) for f in nodes.values()}
+    used_resources = set().union(*(f.resources for f in nodes.values() if not callable(f.resources)))
+    declared = {key: NODE_FUNCTIONS.get(key) for key in NODE_FUNCTIONS if NODE_FUNCTIONS.get(key).settings}
     for item, key in overrides:
-        for setting, functions in sorted(readers.items(), key=lambda entry: -len(entry[0])):  # the closest first
-            if (key == setting or key.startswith(f"{setting}.")) and not used.intersection(functions):
-                names = " or ".join("/".join(f[:2] if f[2] == "default" else f) for f in functions)
-                selectable = [(node.id, f[2]) for f in functions for node in template.nodes
-                              if (node.role, node.type) == f[:2]]
-                instead = (f"select one with nodes.{selectable[0][0]}.fn={selectable[0][1]}" if selectable else
-                           "use a template with one")
-                raise TemplateError(f"override {item!r} is never read: {setting} is read only by {names} nodes, "
-                                    f"and this template has none; {instead}, or drop the override",
-                                    file=template.path, field=key)
+        readers = [name for name, function in declared.items() if any(
+            key == setting or key.startswith(f"{setting}.") or setting.startswith(f"{key}.")
+            for setting in function.settings)]
+        if not readers:
+            continue
+        through = {r for name in readers if not callable(declared[name].resources) for r in declared[name].resources}
+        if used.intersection(readers) or used_resources & through:
+            continue
+        names = " or ".join("/".join(f[:2] if f[2] == "default" else f) for f in readers)
+        selectable = [(node.id, f[2]) for f in readers for node in template.nodes if (node.role, node.type) == f[:2]]
+        instead = f"select one with nodes.{selectable[0][0]}.fn={selectable[0][1]}" if selectable else \
+            "use a template with one"
+        resources = f" (or nodes using their resource {', '.join(sorted(through))})" if through else ""
+        raise TemplateError(f"override {item!r} is never read: {key} is read only by {names} nodes{resources}, and "
+                            f"this template has none; {instead}, or drop the override", file=template.path, field=key)
 
 
 def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config, node_configs: dict,

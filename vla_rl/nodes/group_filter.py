@@ -24,6 +24,8 @@ from vla_rl.workers.metrics import Metric, same, total
 from vla_rl_core import keys
 
 FILTER_READS = (keys.REWARDS, keys.SUCCESS, keys.UID)
+#: The run settings only the group filters read (dynamic sampling also its refill rounds).
+FILTER_SETTINGS = tuple(f"algorithm.filter_groups.{name}" for name in ("zero_variance", "metric", "success_rate_band"))
 
 
 def _keep_mask(algo, batch: TensorDict) -> torch.Tensor:
@@ -47,8 +49,7 @@ def _groups_have_variance(config, node_config, dp_size: int, world_size: int):
     return None
 
 
-@register_node("filter", "compute", reads=FILTER_READS, check=_groups_have_variance,
-               settings=("algorithm.filter_groups",))
+@register_node("filter", "compute", reads=FILTER_READS, check=_groups_have_variance, settings=FILTER_SETTINGS)
 def filter_groups(ctx, batch) -> NodeOutput:
     """Keep the groups that carry signal.
 
@@ -98,7 +99,7 @@ def _refills_its_own_shard(config, node_config, dp_size: int, world_size: int):
 
 
 @register_node("filter", "compute", name="dynamic_sampling", reads=FILTER_READS, check=_refills_its_own_shard,
-               settings=("algorithm.filter_groups", "algorithm.filter_groups.max_refill_rounds"))
+               settings=(*FILTER_SETTINGS, "algorithm.filter_groups.max_refill_rounds"))
 def dynamic_sampling(ctx, batch) -> NodeOutput:
     """Filter groups, refilling from new initial states until the step's batch is full.
 

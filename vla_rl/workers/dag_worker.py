@@ -77,7 +77,7 @@ class DAGWorker:
                 os.environ.pop(name, None)
         self.rank = rank
         self.world_size = world_size
-        self.template = load_template(template, overrides)
+        self.template = load_template(template, recorded=overrides)  # the driver's, checked there
         self.config: RunConfig = self.template.config
         self.plan = plan(self.template, world_size)
         self.run_dir = Path(run_dir)
