@@ -46,7 +46,8 @@ def register_settings_readers() -> None:
     ``settings_readers`` removes them after the test, since the planner checks every template's
     overrides against every registered function."""
     register_node("critic", "model_inference", name=DUMMY, resources=("critic",), settings=("critic",))(_noop)
-    register_node("critic", "model_train", name=DUMMY_CRITIC_UPDATE, resources=("critic",))(_noop)  # a plug-in's
+    register_node("critic", "model_train", name=DUMMY_CRITIC_UPDATE,  # a plug-in's, its resources a function
+                  resources=lambda run_config, node_config: ("critic",))(_noop)
     register_node("reward", "compute", name=DUMMY_REFILLING,
                   settings=["algorithm.filter_groups.zero_variance",
                             "algorithm.filter_groups.max_refill_rounds"])(_noop)

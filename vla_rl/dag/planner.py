@@ -217,11 +217,11 @@ def plan(template: Template, world_size: int | None = None) -> Plan:
     if trains and not any(node.type == "model_train" for node in trains):
         raise TemplateError("the train phase has no model_train node (e.g. {role: actor, type: model_train}): it "
                             "would train nothing", file=file, field="nodes")
-    _check_overrides_read_by_nodes(template)
+    _check_overrides_read_by_nodes(template, node_configs)
     return Plan(template.name, world_size, phases, node_configs)
 
 
-def _check_overrides_read_by_nodes(template: Template) -> None:
+def _check_overrides_read_by_nodes(template: Template, node_configs: dict[str, BaseModel | None]) -> None:
     """Refuse an override of a setting that only nodes the template lacks read: it would change
     nothing (``critic.lr`` without critic nodes, ``algorithm.filter_groups.max_refill_rounds``
     without dynamic sampling). A setting's readers are the functions declaring it, a setting under
@@ -240,7 +240,8 @@ def _check_overrides_read_by_nodes(template: Template) -> None:
         return
     nodes = {node.id: get_node_function(node.role, node.type, node.fn) for node in template.nodes}
     used = {(f.role, f.type, f.name) for f in nodes.values()}
-    used_resources = set().union(*(f.resources for f in nodes.values() if not callable(f.resources)))
+    used_resources = set().union(*(resolve(f.resources, template.config, node_configs[node_id])
+                                   for node_id, f in nodes.items()))
     declared = {key: NODE_FUNCTIONS.get(key) for key in NODE_FUNCTIONS if NODE_FUNCTIONS.get(key).settings}
     for item, key in overrides:
         readers = [name for name, function in declared.items() if any(
