@@ -104,7 +104,10 @@ OVERRIDE_CASES = [
     ("unknown device", "embodied_srpo", ["workers.device=tpu"], "workers.device"),
     ("prompts not divisible", "llm_grpo", ["text.prompts_per_step=5"], "multiple of workers.num_workers"),
     ("no skipped updates allowed", "embodied_srpo", ["trainer.max_skipped_updates=0"], "trainer.max_skipped_updates"),
-    ("loss setting of another loss", "embodied_srpo", ["algorithm.cpgd.dual_clip_c=3"], "unknown key for CPGDConfig"),
+    ("loss setting of another loss", "embodied_srpo", ["algorithm.cpgd.dual_clip_c=3"],
+     "the settings of policy loss 'cpgd', which this run does not use"),
+    ("unknown key of the selected loss", "embodied_srpo", ["algorithm.policy_loss=cpgd", "algorithm.cpgd.dual_clip_c=3"],
+     "unknown key for CPGDConfig"),
     # pydantic reads true as 1: one training step, a unit standard deviation, a 1-step horizon
     ("boolean steps", "embodied_srpo", ["trainer.total_steps=true"], "'trainer.total_steps': true is a boolean"),
     ("boolean policy setting", "embodied_srpo", ["policy.config.init_std=true"],
