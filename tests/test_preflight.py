@@ -1,4 +1,4 @@
-"""Pre-flight checks (vla_rl/preflight.py): a table of malformed prompt files and model
+"""Pre-flight checks (vla_rl/preflight/): a table of malformed prompt files and model
 checkpoints, each refused before anything starts with a PreflightError naming the file and the
 config field, and through the command line with exit status 2, one line, no traceback and
 nothing created on disk; the good inputs pass (strict loading at run time:

@@ -1,4 +1,4 @@
-"""The checks of a local run on the driver, before Ray starts (vla_rl/preflight.py:
+"""The checks of a local run on the driver, before Ray starts (vla_rl/preflight/:
 check_local_packages, check_simulator): the optional packages its workers import, and the
 simulator settings only the simulator library knows. Each is refused in one line naming the
 field, exit status 2, nothing created on disk; ``plan`` and runs joining a cluster are not

@@ -1,4 +1,4 @@
-"""Pre-flight checks of what plug-ins and task sets declare (vla_rl/preflight.py): a node's worker
+"""Pre-flight checks of what plug-ins and task sets declare (vla_rl/preflight/): a node's worker
 resources that cannot be built, a task set whose tasks differ in size, a trajectory encoder
 config without ``points``; each refused before anything starts, in one line naming the node or
 the field, with nothing written."""

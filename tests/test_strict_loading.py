@@ -1,4 +1,4 @@
-"""Loading is as strict at run time as the pre-flight (vla_rl/preflight.py) is before a run:
+"""Loading is as strict at run time as the pre-flight (vla_rl/preflight/) is before a run:
 damaged or mismatched checkpoints are errors naming the file and the tensors, partial and
 pickle loads only on request, raw prompts encoded as they are, and `vla-rl eval` of a run whose
 checkpoint went bad refuses it in one line."""

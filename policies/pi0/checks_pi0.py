@@ -1,6 +1,6 @@
 """Checks of what a π0 policy loads: its checkpoint directory and tokenizer against its config,
 shared by the policy's constructor (:class:`~policies.pi0.policy_pi0.PI0Policy`) and the run's
-pre-flight (``vla_rl/preflight.py``, through ``PI0Policy.check_pretrained``), so that what passes
+pre-flight (``vla_rl/preflight/``, through ``PI0Policy.check_pretrained``), so that what passes
 the pre-flight loads in the workers."""
 
 from __future__ import annotations
