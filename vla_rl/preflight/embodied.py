@@ -35,7 +35,6 @@ def _check_task_set(config) -> None:
                                      f"{values[0]}", field="simulator.tasks")
 
 
-
 def simulator_unavailable(name: str) -> str | None:
     """Why simulator ``name`` cannot run on this Python (its optional extra is missing: the
     class's ``unavailable_reason``, LIBERO's), or None."""
@@ -109,7 +108,6 @@ def _check_encoder_camera(config, env) -> None:
                              "camera it renders", field=f"algorithm.{name}.camera")
 
 
-
 def _check_policy_checkpoint(config) -> None:
     """``policy.config.model_path`` of a policy that loads a pretrained checkpoint (its class
     defines ``check_pretrained``, as :class:`~policies.openvla.policy_base.PrismaticPolicy` does)."""
@@ -181,7 +179,6 @@ def _check_trajectory_encoder(config) -> None:
         check(config.algorithm.options("trajectory_encoder"))
     except (OSError, ValueError) as error:
         raise PreflightError(str(error), field=f"algorithm.{name}") from None
-
 
 
 def check_embodied_inputs(config) -> None:

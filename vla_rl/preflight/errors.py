@@ -11,7 +11,6 @@ class PreflightError(TemplateError):
     does not fit (if any); the message starts with the file at fault."""
 
 
-
 def with_field_hint(message: str, pickle_field: str) -> str:
     """``message`` with the loaders' generic ``allow_pickle`` advice naming the template field."""
     return message.replace("set allow_pickle: true", f"set {pickle_field}: true")

@@ -11,10 +11,10 @@ from typing import Any
 from vla_rl.dag.planner import Plan, RunNode
 from vla_rl.preflight.errors import PreflightError, with_field_hint
 
+#: The worker resource through which nodes read the training prompts, sharded at their DP size.
 PROMPT_LOADERS = "prompt_loaders"
 #: Prompt rows rendered and tokenised at a time by the length check.
 PROMPT_BATCH_ROWS = 1024
-
 
 
 @dataclass(frozen=True)
@@ -296,7 +296,6 @@ def _check_text_model(config):
                                 allow_partial_load=config.policy.allow_partial_load)
     except (OSError, ValueError) as error:
         raise PreflightError(with_field_hint(str(error), "text.allow_pickle"), field=field) from None
-
 
 
 def check_text_inputs(config, the_plan: Plan) -> None:
