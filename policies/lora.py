@@ -17,17 +17,22 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
+from vla_rl_core.components import ComponentConfigError
+
 #: Marker of LoRA parameters in names (peft's ``lora_A`` / ``lora_B``).
 LORA_MARKER = "lora_"
 
 
 def inject_lora(model: nn.Module, rank: int, alpha: float | None, dropout: float,
-                target_modules: Sequence[str]) -> list[str]:
+                target_modules: Sequence[str], every_target: bool = True) -> list[str]:
     """Inject LoRA adapters into ``model``'s linear layers named in ``target_modules``, in place.
 
     Layers whose own parameters are all frozen get none. The adapters start as the identity
     (``B = 0``; ``A`` Gaussian, peft's ``init_lora_weights="gaussian"``) drawn from torch's global
-    RNG: seed it identically on every worker.
+    RNG: seed it identically on every worker. peft itself only refuses a list that matches no
+    layer at all; with ``every_target`` (a list the user wrote) a name that matches none, a typo
+    such as ``v_prj`` beside a valid ``q_proj``, is refused too, instead of training fewer
+    adapters than asked for.
 
     Args:
         model: the module to adapt (a transformers model, the Prismatic VLM).
@@ -36,14 +41,17 @@ def inject_lora(model: nn.Module, rank: int, alpha: float | None, dropout: float
             OpenVLA's choice.
         dropout: dropout on the adapters' input, in [0, 1).
         target_modules: last name components of the layers to adapt (``q_proj``, ...).
+        every_target: whether each name of ``target_modules`` must match a trainable linear
+            layer (False for a default list covering several architectures).
 
     Returns:
         the names (relative to ``model``) of the adapted layers.
 
     Raises:
         ModuleNotFoundError: peft is not installed.
-        ValueError: no trainable layer of ``model`` matches ``target_modules`` (the message lists
-            the names its linear layers have).
+        vla_rl_core.components.ComponentConfigError: field ``target_modules``: no trainable
+            linear layer of ``model`` matches it, or (``every_target``) one of its names (the
+            message lists the names the linear layers have).
     """
     from peft import LoraConfig, inject_adapter_in_model
     from peft.tuners.lora import LoraLayer
@@ -52,6 +60,8 @@ def inject_lora(model: nn.Module, rank: int, alpha: float | None, dropout: float
     frozen = [name for name, module in model.named_modules()
               if name and any(True for _ in module.parameters(recurse=False))
               and not any(p.requires_grad for p in module.parameters(recurse=False))]
+    if every_target:
+        check_target_modules(model, target_modules)
     config = LoraConfig(
         r=rank, lora_alpha=min(rank, 16) if alpha is None else alpha, lora_dropout=dropout,
         target_modules=list(target_modules), exclude_modules=frozen or None, init_lora_weights="gaussian",
@@ -61,11 +71,37 @@ def inject_lora(model: nn.Module, rank: int, alpha: float | None, dropout: float
     except ValueError as err:
         if "not found in the base model" not in str(err) and "no modules were" not in str(err).lower():
             raise
-        names = sorted({name.rpartition(".")[2] for name, module in model.named_modules() if isinstance(module, nn.Linear)})
-        raise ValueError(f"no layer matches the LoRA target_modules {list(target_modules)}; the policy's linear layers "
-                         f"are named {names}") from err
+        raise ComponentConfigError("target_modules", f"no layer matches {list(target_modules)}; the policy's linear "
+                                   f"layers are named {sorted(_linear_names(model))}") from err
     cast_adapter_dtype(model, "default")  # float32 adapters on a bfloat16 base: the optimizer's master weights
     return [name for name, module in model.named_modules() if isinstance(module, LoraLayer)]
+
+
+def check_target_modules(model: nn.Module, target_modules: Sequence[str]) -> None:
+    """Check that each name of ``target_modules`` is the last name component of a linear layer
+    of ``model`` that has a trainable parameter, as :func:`inject_lora` adapts them; works on
+    the ``meta`` device.
+
+    Raises:
+        vla_rl_core.components.ComponentConfigError: field ``target_modules``: the names that
+            match no such layer, those matching only frozen layers, and the names the linear
+            layers have.
+    """
+    trainable = {name.rpartition(".")[2] for name, module in model.named_modules()
+                 if isinstance(module, nn.Linear) and any(p.requires_grad for p in module.parameters(recurse=False))}
+    unmatched = [name for name in target_modules if name not in trainable]
+    if unmatched:
+        linear = _linear_names(model)
+        frozen_only = [name for name in unmatched if name in linear]
+        raise ComponentConfigError(
+            "target_modules", f"{unmatched} name no trainable linear layer of the policy"
+            + (f" ({frozen_only}: only layers the policy freezes itself)" if frozen_only else "")
+            + f"; its linear layers are named {sorted(linear)}")
+
+
+def _linear_names(model: nn.Module) -> set[str]:
+    """The last name components of ``model``'s linear layers."""
+    return {name.rpartition(".")[2] for name, module in model.named_modules() if isinstance(module, nn.Linear)}
 
 
 def set_trainable(policy: nn.Module, trainable_modules: Sequence[str] = ()) -> list[str]:
@@ -80,8 +116,8 @@ def set_trainable(policy: nn.Module, trainable_modules: Sequence[str] = ()) -> l
         the names of the trainable parameters.
 
     Raises:
-        ValueError: a name in ``trainable_modules`` is not a submodule of ``policy`` (the message
-            lists its submodules).
+        vla_rl_core.components.ComponentConfigError: field ``trainable_modules``: a name in it is
+            not a submodule of ``policy`` (the message lists its submodules).
     """
     kept: set[int] = set()
     for path in trainable_modules:
@@ -89,8 +125,8 @@ def set_trainable(policy: nn.Module, trainable_modules: Sequence[str] = ()) -> l
             module = policy.get_submodule(path)
         except AttributeError:
             children = [name for name, child in policy.named_children() if child is not None]
-            raise ValueError(f"policy.lora.trainable_modules: the policy has no submodule {path!r}; its submodules "
-                             f"are {children}") from None
+            raise ComponentConfigError("trainable_modules", f"the policy has no submodule {path!r}; its submodules "
+                                       f"are {children}") from None
         kept |= {id(p) for p in module.parameters() if p.requires_grad}
     trainable = []
     for name, parameter in policy.named_parameters():

@@ -39,7 +39,7 @@ def test_large_policy_settings_load():
         "policy.lora.trainable_modules=[proprio_projector]"]).config
     assert config.trainer.strategy == "fsdp" and config.trainer.micro_batch_size == 2
     assert config.policy.lora.rank == 32 and config.policy.lora.trainable_modules == ["proprio_projector"]
-    assert config.policy.lora.alpha is None and "q_proj" in config.policy.lora.target_modules
+    assert config.policy.lora.alpha is None and config.policy.lora.target_modules is None  # the policy's default
     ddp = load_template("embodied_srpo", ["workers.device=cuda", "trainer.mixed_precision=bf16"]).config.trainer
     assert (ddp.strategy, ddp.mixed_precision) == ("ddp", "bf16")  # DDP's bfloat16 autocast
     default = load_template("embodied_srpo").config.trainer

@@ -481,6 +481,23 @@ def test_good_vla_checkpoint_passes(assets, capsys):
     assert "plan 'embodied_grpo_oft_lift'" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("model", ["text model directory", "OFT checkpoint", "OFT preset"])
+def test_a_lora_target_the_model_lacks_is_refused_before_anything_starts(model, assets, tmp_path, capsys):
+    """Before, a listed name beside a valid one (v_prj beside q_proj) trained fewer adapters than
+    asked for, silently, and a list naming no layer stopped every worker after it had loaded the
+    model, with a Ray traceback."""
+    template, overrides = {"text model directory": (TEXT, [f"text.model_path={assets.lm}"]),
+                           "OFT checkpoint": (VLA, [*VLA_FROM_DIR, f"policy.config.model_path={assets.vla}"]),
+                           "OFT preset": (VLA, [])}[model]
+    typo = [*overrides, "policy.lora.rank=4", "policy.lora.target_modules=[q_proj,v_prj]"]
+    with pytest.raises(PreflightError, match=r"\['v_prj'\] name no trainable linear layer of the policy; its linear "
+                                             r"layers are named \[.*'q_proj'.*'v_proj'"):
+        preflight(load_template(template, typo))
+    assert_cli_refuses_and_writes_nothing(capsys, tmp_path, [template, *typo], "policy.lora.target_modules", "v_prj")
+    preflight(load_template(template, [*overrides, "policy.lora.rank=4", "policy.lora.target_modules=[q_proj,v_proj]"]))
+    preflight(load_template(template, [*overrides, "policy.lora.rank=4"]))  # the default list
+
+
 def test_good_pi0_checkpoint_passes_and_loads(assets, capsys):
     from policies.pi0.policy_pi0 import PI0Policy
 

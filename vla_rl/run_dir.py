@@ -414,9 +414,7 @@ def _meta_policy(config, run_dir: Path):
             policy = robot_policy(config, spec)
     if lora is not None:
         with torch.device("meta"):
-            policy.apply_lora(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
-                              target_modules=tuple(lora.target_modules),
-                              trainable_modules=tuple(lora.trainable_modules))
+            policy.apply_lora(**lora.apply_arguments())
     return policy
 
 

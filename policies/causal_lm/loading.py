@@ -219,14 +219,24 @@ def check_pretrained(
     return tokenizer
 
 
+def meta_model(config) -> PreTrainedModel:
+    """The causal LM a transformers ``config`` describes, built on the ``meta`` device (no
+    memory, no initialisation; no custom code).
+
+    Raises:
+        ValueError: transformers has no causal LM for this config class.
+    """
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+
+
 def architecture_mismatch(config, found: dict[str, tuple[int, ...]]) -> WeightMismatch:
     """How checkpoint tensors (``found``: name -> shape) differ from the parameters of the causal
     LM that ``config`` describes, as transformers' loader would match them: its checkpoint key
     renamings (and base-model prefix) applied, tied parameters and the model's ignore patterns
     left out. The model is built on the ``meta`` device.
     """
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    model = meta_model(config)
     expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
     renamed, converted = _model_keys(model, found, expected)
     mismatch = compare_shapes(expected, {name: shape for name, shape in renamed.items() if name not in converted}

@@ -34,6 +34,9 @@ from policies.causal_lm.loading import load_pretrained, save_pretrained
 from policies.causal_lm.processor_causal_lm import CausalLMProcessor
 from policies.sampling import sample_categorical
 
+#: The layers LoRA adapts by default: a decoder's attention and MLP projections (Llama, Qwen2).
+LORA_TARGET_MODULES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -199,23 +202,25 @@ class CausalLMPolicy(nn.Module):
         return save_pretrained(self.model, self.processor.tokenizer, out_dir)
 
     def apply_lora(self, rank: int = 32, alpha: float | None = None, dropout: float = 0.0,
-                   target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                    "down_proj"),
-                   trainable_modules: Sequence[str] = ()) -> list[str]:
+                   target_modules: Sequence[str] | None = None, trainable_modules: Sequence[str] = ()) -> list[str]:
         """Inject peft LoRA adapters into the model's linear layers and train only them (and
         ``trainable_modules``, paths under the policy such as ``model.lm_head``); see
-        :func:`policies.lora.inject_lora`.
+        :func:`policies.lora.inject_lora`. ``target_modules``: last name components, each of which
+        must name a linear layer; None: :data:`LORA_TARGET_MODULES`, those the model has (a
+        decoder's attention and MLP projections).
 
         Returns:
             names of the trainable parameters.
 
         Raises:
-            ValueError: no layer matches ``target_modules``, or a ``trainable_modules`` entry is
-                not a submodule.
+            vla_rl_core.components.ComponentConfigError: a ``target_modules`` name matches no
+                linear layer, or a ``trainable_modules`` entry is not a submodule (its ``field``
+                names the argument).
         """
         from policies.lora import inject_lora, set_trainable
 
-        inject_lora(self.model, rank, alpha, dropout, target_modules)
+        inject_lora(self.model, rank, alpha, dropout, LORA_TARGET_MODULES if target_modules is None else target_modules,
+                    every_target=target_modules is not None)
         return set_trainable(self, trainable_modules)
 
     def merge_lora(self) -> int:

@@ -324,7 +324,7 @@ class PrismaticPolicy(Policy, abstract=True):
 
     def apply_lora(
         self, rank: int = 32, alpha: float | None = None, dropout: float = 0.0,
-        target_modules: Sequence[str] = LORA_TARGET_MODULES, trainable_modules: Sequence[str] = (),
+        target_modules: Sequence[str] | None = None, trainable_modules: Sequence[str] = (),
     ) -> list[str]:  # fmt: skip
         """Wrap the VLA's linear layers with peft LoRA adapters and train only the adapters (and
         ``trainable_modules``).
@@ -338,7 +338,8 @@ class PrismaticPolicy(Policy, abstract=True):
             rank: LoRA rank (OpenVLA's fine-tuning default 32).
             alpha: LoRA scaling numerator (default ``min(rank, 16)``, OpenVLA's choice).
             dropout: dropout on the adapter input.
-            target_modules: module-name suffixes to adapt.
+            target_modules: last name components of the layers to adapt, each of which must name
+                a trainable linear layer; None: :data:`LORA_TARGET_MODULES`, those the VLA has.
             trainable_modules: submodules of the policy trained fully (e.g. ``proprio_projector``).
 
         Returns:
@@ -346,12 +347,14 @@ class PrismaticPolicy(Policy, abstract=True):
 
         Raises:
             ModuleNotFoundError: peft is not installed.
-            ValueError: no layer matches ``target_modules``, or a ``trainable_modules`` entry is
-                not a submodule.
+            vla_rl_core.components.ComponentConfigError: a ``target_modules`` name matches no
+                trainable linear layer, or a ``trainable_modules`` entry is not a submodule (its
+                ``field`` names the argument).
         """
         from policies.lora import inject_lora, set_trainable
 
-        inject_lora(self.vla, rank, alpha, dropout, target_modules)
+        inject_lora(self.vla, rank, alpha, dropout, LORA_TARGET_MODULES if target_modules is None else target_modules,
+                    every_target=target_modules is not None)
         return set_trainable(self, trainable_modules)
 
     def merge_lora(self) -> int:
@@ -434,6 +437,29 @@ class PrismaticPolicy(Policy, abstract=True):
         return tokenizer
 
     @classmethod
+    def meta_vla(cls, config: Any) -> PrismaticVLM:
+        """The VLA ``config`` describes (``model_path``'s ``config.json``, or ``architecture``), built
+        on the ``meta`` device (no weights read, no memory): its module names and shapes, the
+        layers :meth:`apply_lora` adapts.
+
+        Raises:
+            FileNotFoundError, ValueError: ``model_path``'s ``config.json`` is missing or describes
+                no architecture we build.
+        """
+        if config.model_path is not None:
+            architecture = architecture_from_config(read_config(Path(config.model_path)),
+                                                    str(Path(config.model_path) / CONFIG_FILE))
+        elif isinstance(config.architecture, dict):  # a preset (validated by the config)
+            from policies.openvla.tiny import tiny_preset
+
+            architecture = tiny_preset(**{key: value for key, value in config.architecture.items()
+                                          if key != "preset"})[0]
+        else:
+            architecture = config.architecture
+        with torch.device("meta"):
+            return PrismaticVLM(architecture, config.attn_implementation)
+
+    @classmethod
     def check_pretrained(cls, config: Any, require_tokenizer: bool = True) -> None:
         """Check ``config.model_path`` as the constructor would load it, without loading weights:
         ``config.json`` parses to an architecture, the weight files exist with whole safetensors
@@ -458,9 +484,7 @@ class PrismaticPolicy(Policy, abstract=True):
                 raise ValueError(f"{directory}: no tokenizer (tokenizer_config.json and its files): the policy "
                                  "cannot encode the task instructions of simulator observations")
         if not config.allow_partial_load:
-            with torch.device("meta"):
-                vla = PrismaticVLM(architecture, config.attn_implementation)
-            mismatch = vla_weight_mismatch(vla, shapes)
+            mismatch = vla_weight_mismatch(cls.meta_vla(config), shapes)
             if mismatch:
                 files = find_weight_files(directory, config.allow_pickle).files
                 raise weight_mismatch_error(files[0] if len(files) == 1 else directory, mismatch)

@@ -79,3 +79,62 @@ def test_merged_weights_of_a_model_without_adapters_are_its_state_dict():
     merged = dict(merged_weights(model))
     assert list(merged) == ["q_proj.weight", "q_proj.bias"]
     assert all(torch.equal(merged[name], tensor) for name, tensor in model.state_dict().items())
+
+
+class Block(nn.Module):
+    """q_proj trainable, k_proj frozen (as a policy freezes the towers' unused last block)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(8, 8)
+        self.k_proj = nn.Linear(8, 8).requires_grad_(False)
+
+
+def _adapters(model: nn.Module) -> list[str]:
+    return [name for name, _ in model.named_parameters() if "lora_" in name]
+
+
+@pytest.mark.parametrize(("targets", "match"), [
+    (["q_proj", "v_prj"], r"\['v_prj'\] name no trainable linear layer of the policy; its linear layers are named "
+                          r"\['k_proj', 'q_proj'\]"),
+    (["q_proj", "k_proj"], r"\['k_proj'\] name no trainable linear layer of the policy \(\['k_proj'\]: only layers "
+                           "the policy freezes itself\)"),
+    (["v_prj"], r"\['v_prj'\] name no trainable linear layer"),
+])
+def test_a_listed_target_that_names_no_trainable_layer_is_refused_and_nothing_is_injected(targets, match):
+    """peft refuses only a list that matches no layer at all: beside a valid q_proj, a typo
+    trained fewer adapters than asked for, silently."""
+    from vla_rl_core.components import ComponentConfigError
+
+    model = Block()
+    with pytest.raises(ComponentConfigError, match=match) as raised:
+        inject_lora(model, rank=4, alpha=None, dropout=0.0, target_modules=targets)
+    assert raised.value.field == "target_modules" and _adapters(model) == []
+
+
+def test_a_default_list_adapts_the_layers_it_names_that_the_model_has():
+    model = Block()
+    assert inject_lora(model, rank=4, alpha=None, dropout=0.0, target_modules=["q_proj", "k_proj", "out_proj"],
+                       every_target=False) == ["q_proj"]
+    with pytest.raises(ValueError, match=r"no layer matches \['out_proj'\]"):
+        inject_lora(Block(), rank=4, alpha=None, dropout=0.0, target_modules=["out_proj"], every_target=False)
+
+
+def test_a_policy_adapts_its_default_layers_and_refuses_a_listed_name_it_lacks(tmp_path):
+    """The causal LM (Qwen2: no out_proj) with the default list (None), and with a list naming
+    out_proj; a trainable_modules entry that is no submodule names its argument."""
+    from policies.causal_lm import CausalLMConfig, CausalLMPolicy
+    from policies.causal_lm.tiny import TinyQwen2Spec, write_tiny_checkpoint
+    from vla_rl_core.components import ComponentConfigError
+
+    directory = write_tiny_checkpoint(tmp_path, TinyQwen2Spec(), seed=0)
+    policy = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(directory)))
+    adapted = {name.split(".lora_")[0].rpartition(".")[2] for name in policy.apply_lora(rank=2)}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    fresh = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(directory)))
+    with pytest.raises(ComponentConfigError, match=r"\['out_proj'\] name no trainable linear layer") as raised:
+        fresh.apply_lora(rank=2, target_modules=["q_proj", "out_proj"])
+    assert raised.value.field == "target_modules"
+    with pytest.raises(ComponentConfigError, match="no submodule 'proj'") as raised:
+        fresh.apply_lora(rank=2, target_modules=["q_proj"], trainable_modules=["proj"])
+    assert raised.value.field == "trainable_modules"

@@ -27,3 +27,22 @@ def test_a_model_directory_saved_for_other_simulator_sizes_names_its_setting(tmp
     assert error.value.field == "policy.config.model_path"
     res.env_spec = EnvSpec(obs_dim=15, action_dim=7, horizon=10)
     assert EmbodiedWorkflow().build_policy(res).config.obs_dim == 15
+
+
+@pytest.mark.parametrize(("setting", "value", "match"), [
+    ("target_modules", "[q_proj,v_prj]", r"\['v_prj'\] name no trainable linear layer"),
+    ("trainable_modules", "[proprio_projectr]", "the policy has no submodule 'proprio_projectr'"),
+])
+def test_a_lora_setting_the_worker_cannot_apply_names_its_field(setting, value, match):
+    """What the pre-flight cannot check (a policy it cannot build on the meta device) stops the
+    worker with the field named, which the driver prints in one line (before: ``policy.lora:`` in
+    a ValueError, a Ray traceback)."""
+    config = load_template("embodied_grpo_oft_lift", ["policy.lora.rank=4", f"policy.lora.{setting}={value}"]).config
+    res = SimpleNamespace(config=config, device=torch.device("cpu"),
+                          env_spec=EnvSpec(obs_dim=9, action_dim=7, horizon=10))
+    policy = EmbodiedWorkflow().build_policy(res)
+    from vla_rl.workflows.base import apply_lora
+
+    with pytest.raises(ComponentConfigError, match=match) as error:
+        apply_lora(policy, config.policy.lora, seed=0)
+    assert error.value.field == f"policy.lora.{setting}"

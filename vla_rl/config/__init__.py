@@ -32,7 +32,6 @@ from vla_rl.config.algorithm import (
 )
 from vla_rl.config.base import _Section
 from vla_rl.config.policy import (
-    DEFAULT_LORA_TARGETS,
     ENV_DERIVED_POLICY_FIELDS,
     LoraSection,
     PolicySection,
@@ -47,7 +46,7 @@ from vla_rl.config.trainer import FSDPSection, TrainerSection
 from vla_rl_core.components import ComponentConfigError
 
 __all__ = [
-    "ALGORITHM_COMPONENTS", "DEFAULT_LORA_TARGETS", "EMBODIED_ONLY_SETTINGS", "ENV_DERIVED_POLICY_FIELDS",
+    "ALGORITHM_COMPONENTS", "EMBODIED_ONLY_SETTINGS", "ENV_DERIVED_POLICY_FIELDS",
     "AlgorithmSection", "CriticSection", "DataSection", "EvalSection", "FSDPSection", "KLControlSection",
     "LoraSection", "PolicySection", "RunConfig", "RunSection", "SimulatorSection", "TextSection", "TrainerSection",
     "WarmStartSection", "WorkersSection",

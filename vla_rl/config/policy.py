@@ -18,12 +18,6 @@ ENV_DERIVED_POLICY_FIELDS: tuple[str, ...] = ("obs_dim", "action_dim", "num_task
 of tasks of its task set (``simulator.tasks``; 0 without one)."""
 
 
-#: Default LoRA targets: every attention and MLP projection of the Llama/Qwen2 decoders and the
-#: SigLIP towers (OpenVLA's LoRA fine-tuning adapts all linear layers).
-DEFAULT_LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj",
-                                         "down_proj")
-
-
 class LoraSection(_Section):
     """LoRA adapters (Hu et al. 2021, arXiv:2106.09685) injected with peft into the policy's linear
     layers when the policy is built: only the adapters (and ``trainable_modules``) train.
@@ -37,21 +31,31 @@ class LoraSection(_Section):
         None, gt=0, description="LoRA scaling numerator: the update is (alpha / rank) * B A (null: min(rank, 16), "
         "OpenVLA's choice).")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input.")
-    target_modules: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1,
-        description="Names (last component, e.g. q_proj) of the linear layers that get an adapter; a name no layer "
-        "of the policy has is an error when the policy is built.")
+    target_modules: list[str] | None = Field(
+        None, min_length=1,
+        description="Names (last component, e.g. q_proj) of the linear layers that get an adapter, each of which "
+        "must name a trainable linear layer of the policy (a name that names none is an error, found before the run "
+        "starts where the policy's architecture is known then). null: the policy's default, every attention and MLP "
+        "projection it has (q_proj, k_proj, v_proj, o_proj, out_proj, gate_proj, up_proj, down_proj).")
     trainable_modules: list[str] = Field(
         default_factory=list, description="Submodules of the policy trained fully besides the adapters, by attribute "
         "name (e.g. [proprio_projector] for OpenVLA-OFT's proprio projector); everything else is frozen.")
 
     @field_validator("target_modules", "trainable_modules")
     @classmethod
-    def _check_names(cls, names: list[str]) -> list[str]:
+    def _check_names(cls, names: list[str] | None) -> list[str] | None:
+        if names is None:
+            return None
         bad = [name for name in names if not name or not name.replace("_", "").replace(".", "").isalnum()]
         if bad:
             raise ValueError(f"module names must be non-empty identifiers such as q_proj, got {bad}")
         return names
+
+    def apply_arguments(self) -> dict[str, Any]:
+        """The keyword arguments of a policy's ``apply_lora`` for these settings."""
+        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout,
+                "target_modules": None if self.target_modules is None else tuple(self.target_modules),
+                "trainable_modules": tuple(self.trainable_modules)}
 
 
 class PolicySection(_Section):

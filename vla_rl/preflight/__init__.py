@@ -33,6 +33,9 @@ architecture leave it randomly initialised). :func:`preflight` checks what the t
 - **the trajectory encoder's model** (V-JEPA 2's ``algorithm.vjepa2.model_dir``: its
   ``config.json``), when the reward embeds episodes with it;
 - **a task set's tasks** (``simulator.tasks``) declare the same state and action sizes and horizon;
+- **LoRA's target layers** (``policy.lora.target_modules``, when listed): each name names a
+  trainable linear layer of the model built on the ``meta`` device, where its architecture is
+  known from the config (a text model directory, OpenVLA and OpenVLA-OFT);
 - **the worker resources the nodes declare** (a plug-in's ``register_node(resources=...)``) and
   those they need are registered.
 
@@ -46,7 +49,8 @@ the policies' ``check_pretrained``), so what passes here loads in the workers.
 
 The checks live beside this module: :mod:`vla_rl.preflight.text` (a text run's prompts and model),
 :mod:`vla_rl.preflight.embodied` (an embodied run's tasks, simulator, policy checkpoint and
-trajectory encoder), :mod:`vla_rl.preflight.errors` (:class:`PreflightError`).
+trajectory encoder), :mod:`vla_rl.preflight.lora` (LoRA's target layers),
+:mod:`vla_rl.preflight.errors` (:class:`PreflightError`).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from vla_rl.dag.loader import Template
 from vla_rl.dag.planner import Plan, RunNode, plan
 from vla_rl.preflight.embodied import check_embodied_inputs, check_simulator, simulator_unavailable
 from vla_rl.preflight.errors import PreflightError
+from vla_rl.preflight.lora import check_lora_targets
 from vla_rl.preflight.text import check_text_inputs
 
 __all__ = ["PreflightError", "check_local_packages", "check_simulator", "preflight", "simulator_unavailable"]
@@ -82,6 +87,7 @@ def preflight(template: Template, world_size: int | None = None) -> None:
         check_text_inputs(config, the_plan)
     else:
         check_embodied_inputs(config)
+    check_lora_targets(config)
 
 
 def _check_node_resources(config, the_plan: Plan, file: Path) -> None:

@@ -115,10 +115,14 @@ def apply_lora(policy, lora, seed: int) -> list[str]:
 
     Raises:
         TypeError: the policy takes no adapters (the config refuses such a template first).
-        ValueError: no layer matches ``target_modules``, or a ``trainable_modules`` entry is not a
-            submodule (the message names the field).
+        vla_rl_core.components.ComponentConfigError: field ``policy.lora.target_modules``: a name
+            that names no trainable linear layer of the policy (none at all for the default list);
+            ``policy.lora.trainable_modules``: an entry that is not a submodule. The driver shows
+            it in one line.
     """
     import torch
+
+    from vla_rl_core.components import ComponentConfigError
 
     if not callable(getattr(policy, "apply_lora", None)):
         raise TypeError(f"policy.lora: the {type(policy).__name__} policy takes no LoRA adapters")
@@ -129,11 +133,9 @@ def apply_lora(policy, lora, seed: int) -> list[str]:
     with torch.random.fork_rng(devices=devices, **accelerator):
         torch.manual_seed(seed)
         try:
-            return policy.apply_lora(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
-                                     target_modules=tuple(lora.target_modules),
-                                     trainable_modules=tuple(lora.trainable_modules))
-        except ValueError as err:
-            raise ValueError(f"policy.lora: {err}") from err
+            return policy.apply_lora(**lora.apply_arguments())
+        except ComponentConfigError as err:
+            raise ComponentConfigError(f"policy.lora.{err.field}", err.message) from None
 
 
 @register_resource("critic", needs=("policy",), checkpoint=CRITIC_CHECKPOINT)
