@@ -149,6 +149,18 @@ def test_one_evaluation_store_exports_its_own_episodes(evaluated_lift_run, tmp_p
     assert {str(reader.episode(index, ["observation.state"])["task"]) for index in range(3)} == {"lift the red cube"}
 
 
+def test_an_evaluations_episodes_directory_and_one_tasks_directory_are_sources(evaluated_lift_run, tmp_path):
+    """``vla-rl export-episodes <run>/eval/episodes OUT`` was refused as holding no episodes."""
+    from vla_rl.export_episodes import find_stores
+
+    source = two_task_evaluation(evaluated_lift_run, tmp_path / "run", instruction="lift the red cube")
+    everything = find_stores(source)
+    assert len({store.path.parent.name for store in everything}) == 2
+    assert find_stores(source / "eval" / "episodes") == everything
+    red = [store for store in everything if store.path.parent.name == "lift_red"]
+    assert red and find_stores(source / "eval" / "episodes" / "lift_red") == red
+
+
 def test_stores_one_dataset_cannot_hold_are_refused_naming_each(evaluated_lift_run, tmp_path, capsys):
     source = two_task_evaluation(evaluated_lift_run, tmp_path / "run", control_freq=10.0)
     assert main(["export-episodes", str(source), str(tmp_path / "out")]) == 2

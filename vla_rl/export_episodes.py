@@ -1,8 +1,9 @@
 """``vla-rl export-episodes SOURCE OUT``: stored episodes as a LeRobot dataset.
 
-Sources: an evaluation directory of ``vla-rl eval`` (its ``episodes/<task>/rank*.zarr``), a run
-directory (its ``eval/``), one of an evaluation's stores (that rank's episodes of that task), or a
-demonstration store (``demos.zarr``). Stores keep the policy's
+Sources: an evaluation directory of ``vla-rl eval`` (its ``episodes/<task>/rank*.zarr``; or its
+``episodes/`` itself), a run directory (its ``eval/``), one task's directory of an evaluation
+(``episodes/<task>/``: its workers' stores) or one of its stores (that rank's episodes of that
+task), or a demonstration store (``demos.zarr``). Stores keep the policy's
 actions in the simulator's units (``env_actions``, per decision; the simulator workers clip them
 to the action space's bounds before each step, and so does the replay) and the state at each
 decision; a LeRobot
@@ -74,10 +75,14 @@ def find_stores(source: str | Path) -> list[SourceStore]:
         raise EpisodesExportError(f"{path} does not exist: name an evaluation directory, a run directory or a "
                                   "demonstration store (demos.zarr)")
     if (path / EVAL_DIR / EPISODES_DIR).is_dir() and not (path / EPISODES_DIR).is_dir():
-        path = path / EVAL_DIR
+        path = path / EVAL_DIR  # a run directory
+    elif path.name == EPISODES_DIR and any(path.glob(f"*/{STORE_PATTERN}")):
+        path = path.parent  # an evaluation's episodes/ itself
     stores = []
-    if (path / EPISODES_DIR).is_dir():
-        for store_path in sorted((path / EPISODES_DIR).glob(f"*/{STORE_PATTERN}")):
+    if (path / EPISODES_DIR).is_dir() or (path.suffix != ".zarr" and any(path.glob(STORE_PATTERN))):
+        # an evaluation's tasks, or one task's directory (episodes/<task>/): the stores of its workers
+        pattern = f"{EPISODES_DIR}/*/{STORE_PATTERN}" if (path / EPISODES_DIR).is_dir() else STORE_PATTERN
+        for store_path in sorted(path.glob(pattern)):
             attrs = TrajectoryStore.open(store_path, read_only=True).attrs
             stores.append(SourceStore(store_path, attrs["simulator"], dict(attrs["env"]), evaluation=True))
     elif path.suffix == ".zarr":

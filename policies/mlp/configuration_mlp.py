@@ -61,8 +61,10 @@ class MLPPolicyConfig:
                 raise ValueError(f"MLPPolicyConfig.{field} must be a positive int, got {value!r}")
         if not _is_int(self.num_tasks) or self.num_tasks < 0:
             raise ValueError(f"MLPPolicyConfig.num_tasks must be an int >= 0, got {self.num_tasks!r}")
-        self.hidden_sizes = tuple(self.hidden_sizes)
-        if not all(_is_int(size) and size >= 1 for size in self.hidden_sizes):
+        if isinstance(self.hidden_sizes, (list, tuple)):
+            self.hidden_sizes = tuple(self.hidden_sizes)
+        sizes = self.hidden_sizes
+        if not isinstance(sizes, tuple) or not all(_is_int(size) and size >= 1 for size in sizes):
             raise ValueError(
                 "MLPPolicyConfig.hidden_sizes must be positive ints, e.g. (256, 256); "
                 f"got {self.hidden_sizes!r}"

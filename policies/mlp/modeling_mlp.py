@@ -56,7 +56,8 @@ def _saved_fields(model_dir: Path) -> dict:
 
     Raises:
         FileNotFoundError: ``config.json`` or ``model.safetensors`` is missing.
-        ValueError: ``config.json`` is not valid JSON or not an MLP policy's.
+        ValueError: ``config.json`` is not valid JSON, not an MLP policy's, or lacks a required
+            field or has one :class:`MLPPolicyConfig` does not (another version's, hand-edited).
     """
     for name in (MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE):
         if not (model_dir / name).is_file():
@@ -69,6 +70,15 @@ def _saved_fields(model_dir: Path) -> dict:
     if not isinstance(fields, dict) or fields.pop("policy", None) != MLPPolicy.name:
         raise ValueError(f"{model_dir / MODEL_CONFIG_FILE} is not an MLP policy's configuration")
     fields.pop("model_path", None)
+    known = {field.name for field in dataclasses.fields(MLPPolicyConfig)} - {"model_path"}
+    required = [field.name for field in dataclasses.fields(MLPPolicyConfig)
+                if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING]
+    unknown, missing = sorted(set(fields) - known), [name for name in required if name not in fields]
+    if unknown or missing:
+        raise ValueError(f"{model_dir / MODEL_CONFIG_FILE}: "
+                         + "; ".join(([f"fields an MLP policy's configuration does not have: {unknown}"] if unknown
+                                      else []) + ([f"lacks {missing}"] if missing else []))
+                         + f" (an MLP policy's fields are {sorted(known)}; re-export the run with vla-rl export)")
     return fields
 
 

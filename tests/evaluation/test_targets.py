@@ -59,3 +59,16 @@ def test_a_sweep_of_seeds_is_pointed_to_its_runs(tmp_path):
         find_checkpoints([str(sweep)])
     assert str(refused.value) == f"{sweep} is a sweep of seeds: evaluate each of its runs, e.g. vla-rl eval " \
                                  f"{sweep / 'seed_<S>'}"
+
+
+def test_a_run_that_has_written_no_checkpoint_yet_is_named_so(tmp_path):
+    """A run in progress (or stopped before its first checkpoint) was "neither a run directory
+    (with checkpoints/) nor a checkpoint directory"."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("template.yaml", "metrics.jsonl"):
+        (run / name).write_text("")
+    with pytest.raises(EvalInputError) as refused:
+        find_checkpoints([str(run)])
+    assert str(refused.value) == (f"run {run} has no checkpoint yet (a run writes its first after "
+                                  "trainer.save_every steps, and at its end)")

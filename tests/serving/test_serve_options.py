@@ -65,11 +65,23 @@ def _mlp_export(directory):
     (lambda d: (d / "config.json").write_text('{"policy": "mlp", "obs_dim": "x", "action_dim": 2}'),
      "does not load as an MLP export: ValueError: MLPPolicyConfig.obs_dim must be a positive int"),
     (lambda d: [f.unlink() for f in d.iterdir()], "holds no policy: not a run directory (no checkpoints/)"),
+    # another version's or a hand-edited config.json: a TypeError traceback before
+    (lambda d: (d / "config.json").write_text('{"policy": "mlp", "obs_dim": 4}'),
+     "does not load as an MLP export: ValueError: {d}/config.json: lacks ['action_dim']"),
+    (lambda d: (d / "config.json").write_text('{"policy": "mlp", "obs_dim": 4, "action_dim": 2, "bogus": 1}'),
+     "config.json: fields an MLP policy's configuration does not have: ['bogus']"),
+    (lambda d: (d / "config.json").write_text('{"policy": "mlp", "obs_dim": 4, "action_dim": 2, "hidden_sizes": 5}'),
+     "ValueError: MLPPolicyConfig.hidden_sizes must be positive ints"),
+    (lambda d: [f.unlink() for f in d.iterdir()] + [(d / name).write_text("{}") for name in ("template.yaml",
+                                                                                        "metrics.jsonl")],
+     "nothing to serve: run {d} has no checkpoint yet (a run writes its first after trainer.save_every steps"),
 ])
 def test_a_damaged_or_empty_export_is_one_line(damage, message, tmp_path, capsys):
-    """A truncated or missing weight file, or a bad config, was a traceback; an empty directory
-    was told to add --template."""
+    """A truncated or missing weight file, or a bad config (another version's fields: a
+    TypeError), was a traceback; an empty directory was told to add --template; a run that has
+    written no checkpoint yet was "not a run directory"."""
     damage(_mlp_export(tmp_path / "export"))
     assert main(["serve", str(tmp_path / "export"), "--port", "0"]) == 2
     err = capsys.readouterr().err
-    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    message = message.format(d=(tmp_path / "export").resolve())
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

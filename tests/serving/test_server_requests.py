@@ -6,6 +6,7 @@ timing fields are openpi's; a server object runs again after it stopped."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import msgpack
 import numpy as np
@@ -214,3 +215,31 @@ def test_a_bug_in_the_request_handler_keeps_its_error_and_traceback(caplog, monk
             time.sleep(0.05)
     (failure,) = [r for r in caplog.records if r.getMessage().startswith("opening handshake failed")]
     assert failure.levelno == logging.ERROR and failure.exc_info is not None
+
+
+def test_a_message_over_the_limit_closes_its_connection_and_the_server_serves_on(caplog):
+    """openpi's server takes any size (``max_size=None``): an audit sent 300 MB and the server held
+    it. Now a message over ``--max-message-mb`` closes its connection (code 1009), logged naming
+    the limit; other connections are served."""
+    import websockets
+    from websockets.sync.client import connect
+
+    from vla_rl_core import wire
+
+    with server_thread(PolicyServer(served(), port=0, max_message_mb=0.01)) as running, \
+            caplog.at_level(logging.WARNING, logger="vla_rl.serving.server"):
+        with connect(f"ws://127.0.0.1:{running.port}", max_size=None) as big:
+            big.recv()  # the metadata
+            big.send(wire.packb({"observation/state": np.zeros(4096, np.float32)}))  # 16 KiB > 10.24 KiB
+            with pytest.raises(websockets.ConnectionClosedError) as closed:
+                big.recv()
+        assert closed.value.rcvd.code == 1009
+        client = WebsocketClientPolicy("127.0.0.1", running.port)
+        assert client.infer({"observation/state": state()})["actions"].shape[-1] == ACT_DIM
+    assert any("larger than --max-message-mb 0.01 MiB" in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize("limit", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_message_limit_that_is_not_a_positive_size_is_refused(limit):
+    with pytest.raises(ServeError, match="--max-message-mb must be a finite number > 0"):
+        PolicyServer(served(), port=0, max_message_mb=limit)

@@ -55,7 +55,7 @@ from vla_rl.checkpoints.layout import (
 )
 from vla_rl.checkpoints.sharded import load_sharded_model
 from vla_rl_core.file_modes import apply_default_modes
-from vla_rl_core.run_layout import CHECKPOINTS_DIR
+from vla_rl_core.run_layout import CHECKPOINTS_DIR, METRICS_FILE, RUN_TEMPLATE
 
 # Markers of the JSON encoding of nested state; plain dicts never have keys starting with "__".
 _TENSOR, _TUPLE, _DICT, _NDARRAY = "__tensor__", "__tuple__", "__dict__", "__ndarray__"
@@ -311,16 +311,30 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return max(candidates, key=_complete_step, default=None)
 
 
+#: What a run without ``checkpoints/`` lacks, as the commands taking a run's checkpoints say it.
+NO_CHECKPOINT_YET = "has no checkpoint yet (a run writes its first after trainer.save_every steps, and at its end)"
+
+
+def is_run_without_checkpoints(path: Path) -> bool:
+    """Whether ``path`` is a run directory that has logged metrics but written no checkpoint
+    (``template.yaml`` and ``metrics.jsonl``, no ``checkpoints/``): a run in progress, or one that
+    stopped before its first checkpoint."""
+    return (path / RUN_TEMPLATE).is_file() and (path / METRICS_FILE).is_file() and not (path / CHECKPOINTS_DIR).is_dir()
+
+
 def run_checkpoint(path: str | Path) -> Path:
     """``path`` itself, or, when ``path`` is a run directory (it holds ``checkpoints/``), the run's
     newest complete checkpoint (:func:`latest_checkpoint`): what ``vla-rl serve`` and ``vla-rl
     export`` take.
 
     Raises:
-        FileNotFoundError: ``path`` is a run directory without a complete checkpoint.
+        FileNotFoundError: ``path`` is a run directory without a complete checkpoint (also one
+            that has written none yet: ``template.yaml`` and ``metrics.jsonl``, no ``checkpoints/``).
     """
     path = Path(path)
     if not (path / CHECKPOINTS_DIR).is_dir():
+        if is_run_without_checkpoints(path):
+            raise FileNotFoundError(f"run {path} {NO_CHECKPOINT_YET}")
         return path
     latest = latest_checkpoint(path / CHECKPOINTS_DIR)
     if latest is None:

@@ -47,8 +47,9 @@ def add_export_episodes_command(commands: argparse._SubParsersAction) -> None:
         "LeRobot v3.0 dataset: observation.state, action, next.reward/done/success, and with --cameras "
         "observation.images.<camera> videos (AV1, as LeRobot encodes). LeRobot's LeRobotDataset loads it.",
     )
-    parser.add_argument("source", metavar="SOURCE", help="an evaluation directory, a run directory, one evaluation "
-                        "store (<eval>/episodes/<task>/rank<r>.zarr) or a demos.zarr")
+    parser.add_argument("source", metavar="SOURCE", help="an evaluation directory (or its episodes/), a run "
+                        "directory, one task of an evaluation (<eval>/episodes/<task>), one evaluation store "
+                        "(<eval>/episodes/<task>/rank<r>.zarr) or a demos.zarr")
     parser.add_argument("out", metavar="OUT", help="the dataset root to write (must not exist)")
     parser.add_argument("--cameras", type=_names, default=(), metavar="C1,C2",
                         help="cameras to render as videos (e.g. agentview,robot0_eye_in_hand); default: state only")

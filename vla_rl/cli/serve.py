@@ -7,6 +7,7 @@ import argparse
 
 from vla_rl.cli.arguments import positive_int, seed_value
 from vla_rl.errors import CommandLineError, RunStopped
+from vla_rl.serving import DEFAULT_MAX_MESSAGE_MB
 
 
 def add_serve_command(commands: argparse._SubParsersAction) -> None:
@@ -36,6 +37,9 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-window-ms", type=float, default=0.0,
                         help="how long a batch waits for more requests after its first (default 0)")
     parser.add_argument("--max-batch", type=positive_int, default=64, help="most requests per forward (default 64)")
+    parser.add_argument("--max-message-mb", type=float, default=DEFAULT_MAX_MESSAGE_MB, metavar="MIB",
+                        help="largest request, MiB; a larger one closes its connection (default "
+                        f"{DEFAULT_MAX_MESSAGE_MB:g})")
     parser.set_defaults(handler=run_serve)
 
 
@@ -50,7 +54,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     token = args.token if args.token is not None else os.environ.get("VLA_RL_SERVE_TOKEN")
     # the options first: loading a large policy takes minutes
-    check_settings(args.host, args.port, token, args.batch_window_ms, args.max_batch, probe_port=True)
+    check_settings(args.host, args.port, token, args.batch_window_ms, args.max_batch, probe_port=True,
+                   max_message_mb=args.max_message_mb)
     resolve_device(args.device)
     if not (math.isfinite(args.temperature) and args.temperature > 0):
         raise ServeError(f"--temperature must be a finite number > 0, got {args.temperature}")
@@ -58,7 +63,8 @@ def run_serve(args: argparse.Namespace) -> int:
     served = load_served_policy(args.target, args.template, args.overrides, device=args.device,
                                 temperature=args.temperature, seed=args.seed)
     server = PolicyServer(served, host=args.host, port=args.port, token=token, sample=args.sample,
-                          batch_window_ms=args.batch_window_ms, max_batch=args.max_batch)
+                          batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
+                          max_message_mb=args.max_message_mb)
     server.serve_forever()
     return 0
 

@@ -29,10 +29,10 @@ def find_checkpoints(targets: list[str], steps: list[int] | None = None) -> tupl
         ``(run directory, checkpoint directories)``, checkpoints oldest first.
 
     Raises:
-        EvalInputError: a target is neither, a run has no complete checkpoint, the targets span
+        EvalInputError: a target is neither, a run has no complete checkpoint (or none yet), the targets span
             several runs, the run has no resolved ``template.yaml``, or a selected step is missing.
     """
-    from vla_rl.checkpoints.files import complete_checkpoints
+    from vla_rl.checkpoints.files import NO_CHECKPOINT_YET, complete_checkpoints, is_run_without_checkpoints
     from vla_rl.checkpoints.layout import TRAINER_STATE_FILE
 
     run_dirs, found = set(), []
@@ -47,6 +47,8 @@ def find_checkpoints(targets: list[str], steps: list[int] | None = None) -> tupl
                 raise EvalInputError(f"{path} has no complete checkpoint under checkpoints/")
             run_dirs.add(path)
             found += run_checkpoints
+        elif is_run_without_checkpoints(path):  # in progress, or stopped before its first checkpoint
+            raise EvalInputError(f"run {path} {NO_CHECKPOINT_YET}")
         elif (path / SWEEP_FILE).is_file():  # a seed sweep's directory (vla-rl train --seeds)
             raise EvalInputError(f"{target} is a sweep of seeds: evaluate each of its runs, e.g. vla-rl eval "
                                  f"{Path(target) / 'seed_<S>'}")

@@ -180,7 +180,7 @@ def load_served_policy(target: str | Path, template: str | None = None, override
     try:
         path = ckpt.run_checkpoint(path)
     except FileNotFoundError as err:
-        raise ServeError(f"{err} to serve") from err
+        raise ServeError(f"nothing to serve: {err}") from err
     if (template is not None or overrides) and not template_export(path):
         given = " ".join([*([f"--template {template}"] if template is not None else []), *overrides])
         raise ServeError(f"{given}: --template and its overrides give the training settings of a π0/OpenVLA export; "

@@ -39,7 +39,11 @@ adds latency (default 0: no waiting; concurrent clients still share forwards whe
 is busy).
 
 The server binds 127.0.0.1 unless told otherwise; binding another address is logged as a warning
-(anyone who reaches the port can drive the robot: give ``--token``).
+(anyone who reaches the port can drive the robot: give ``--token``). A message larger than
+``max_message_mb`` (default :data:`vla_rl.serving.DEFAULT_MAX_MESSAGE_MB`)
+closes its connection (websocket close code 1009, "message too big"), logged as a warning
+naming the limit, before it is held in memory; openpi's server sets no limit, so any client that
+reaches the port could make it allocate any amount.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import asyncio
 import concurrent.futures
 import http
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -58,8 +63,9 @@ from typing import Any
 import numpy as np
 import websockets
 from websockets.asyncio.server import Request, Response, ServerConnection, serve
+from websockets.frames import CloseCode
 
-from vla_rl.serving import ServeError
+from vla_rl.serving import DEFAULT_MAX_MESSAGE_MB, ServeError
 from vla_rl.serving.policy import ServedPolicy
 from vla_rl_core import wire
 from vla_rl_core.auth import REFUSAL, quiet_failed_handshakes, token_problem
@@ -81,7 +87,7 @@ class _Pending:
 
 
 def check_settings(host: str, port: int, token: str | None, batch_window_ms: float, max_batch: int,
-                   probe_port: bool = False) -> None:
+                   probe_port: bool = False, max_message_mb: float = DEFAULT_MAX_MESSAGE_MB) -> None:
     """The server's settings, checked before a policy is loaded (``vla-rl serve`` runs this
     first: loading a large policy takes minutes).
 
@@ -92,7 +98,7 @@ def check_settings(host: str, port: int, token: str | None, batch_window_ms: flo
     Raises:
         ServeError: naming the option: an empty ``--host`` (it would bind every interface, on
             two ports), a port outside [0, 65535] or one that cannot be bound, a negative batch
-            window, ``--max-batch`` < 1, an empty ``--token``.
+            window, ``--max-batch`` < 1, an empty ``--token``, ``--max-message-mb`` not > 0.
     """
     import socket
 
@@ -107,6 +113,8 @@ def check_settings(host: str, port: int, token: str | None, batch_window_ms: flo
         raise ServeError(f"--max-batch must be >= 1, got {max_batch}")
     if token is not None and not token:
         raise ServeError("--token (or VLA_RL_SERVE_TOKEN) must not be empty: set a token, or leave both unset")
+    if not (math.isfinite(max_message_mb) and max_message_mb > 0):
+        raise ServeError(f"--max-message-mb must be a finite number > 0 (MiB), got {max_message_mb}")
     if probe_port:
         try:
             family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
@@ -129,14 +137,16 @@ class PolicyServer:
         sample: sample actions for requests that do not say (default: the mode).
         batch_window_ms: how long a batch waits for more requests after its first, ms (>= 0).
         max_batch: most requests in one forward (>= 1).
+        max_message_mb: the largest request, MiB (> 0); a larger one closes its connection.
 
     Raises:
         ServeError: a bad setting, or ``sample`` for a policy without an action distribution.
     """
 
     def __init__(self, served: ServedPolicy, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
-                 sample: bool = False, batch_window_ms: float = 0.0, max_batch: int = 64) -> None:
-        check_settings(host, port, token, batch_window_ms, max_batch)
+                 sample: bool = False, batch_window_ms: float = 0.0, max_batch: int = 64,
+                 max_message_mb: float = DEFAULT_MAX_MESSAGE_MB) -> None:
+        check_settings(host, port, token, batch_window_ms, max_batch, max_message_mb=max_message_mb)
         if sample and not served.can_sample:
             raise ServeError(f"--sample: the {served.name} policy has no action distribution; it acts greedily only")
         self.served = served
@@ -145,6 +155,7 @@ class PolicyServer:
         self.sample = sample
         self.batch_window_s = batch_window_ms / 1000.0
         self.max_batch = max_batch
+        self.max_message_mb = max_message_mb
         self._queue: asyncio.Queue[_Pending] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None  # made by each run()
         self._stats = {"requests": 0, "batches": 0, "errors": 0, "refused": 0}
@@ -171,8 +182,8 @@ class PolicyServer:
         stats = asyncio.create_task(self._log_stats())
         try:
             try:
-                server = await serve(self._handle, self.host, self.port, compression=None, max_size=None,
-                                     process_request=self._process_request)
+                server = await serve(self._handle, self.host, self.port, compression=None,
+                                     max_size=int(self.max_message_mb * 2**20), process_request=self._process_request)
             except OSError as err:
                 raise ServeError(f"cannot listen on {self.host}:{self.port}: {err.strerror or err}") from err
             async with server:
@@ -219,8 +230,10 @@ class PolicyServer:
                 await websocket.send(reply)
                 if isinstance(reply, bytes):
                     prev_total_s = time.perf_counter() - start
-        except websockets.ConnectionClosed:
-            pass
+        except websockets.ConnectionClosed as closed:
+            if closed.sent is not None and closed.sent.code == CloseCode.MESSAGE_TOO_BIG:
+                logger.warning("client %s sent a message larger than --max-message-mb %g MiB: closed its connection",
+                               address, self.max_message_mb)
         logger.info("client %s disconnected", address)
 
     async def _reply(self, message: str | bytes, start: float, prev_total_s: float | None,
