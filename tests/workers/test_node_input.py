@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
 
 from vla_rl.dag.planner import RunNode
+from vla_rl.dag.registry import NodeOutput
 from vla_rl.workers.dag_worker import DAGWorker
 from vla_rl_core import keys
 
@@ -80,7 +82,12 @@ def test_a_node_whose_output_lacks_a_key_it_declares_stops_the_run_naming_it():
         check_declared_writes(node, written)
     written.set(keys.REWARDS, torch.zeros(2))
     check_declared_writes(node, written)
-    check_declared_writes(node, None)  # a node with side effects only
+    check_declared_writes(dataclasses.replace(node, writes=frozenset()), None)  # a node with side effects only
+    # it blamed the next node: "'NoneType' object is not subscriptable ... raised in node 'advantage'"
+    with pytest.raises(RunStopped, match=re.escape("node 'reward' (function 'bonus' of (reward, compute)) declares "
+                                                   f"it writes ['{keys.REWARDS}', '{keys.SUCCESS}'] and returned no "
+                                                   "batch")):
+        check_declared_writes(node, None)
 
 
 def _returns_the_batch(ctx, batch):
@@ -91,10 +98,28 @@ def _raises(ctx, batch):
     raise RuntimeError("boom from my node")
 
 
+#: Node functions returning a NodeOutput the engine cannot take: each failed later, in the engine's
+#: own code, with a Ray traceback that named neither the node nor its module (found by an audit).
+_BAD_OUTPUTS = {
+    "test_dict_batch": lambda ctx, batch: NodeOutput({key: batch[key] for key in batch.keys()}, {}),
+    "test_tensor_metric": lambda ctx, batch: NodeOutput(batch, {"x/vec": torch.ones(2)}),
+    "test_str_metric": lambda ctx, batch: NodeOutput(batch, {"x/str": "hello"}),
+    "test_list_metrics": lambda ctx, batch: NodeOutput(batch, [("x/a", 1.0)]),
+    "test_scalar_metrics": lambda ctx, batch: NodeOutput(batch, {"x/t": torch.tensor(2.0), "x/a": np.array([1.5]),
+                                                                 "x/i": 3, "x/b": True, "x/n": np.float32(0.5)}),
+}
+
+
 @pytest.mark.parametrize("fn, error, message", [
     ("test_returns_the_batch", "RunStopped", "node 'penalty' (function 'test_returns_the_batch' of (reward, compute), "
      f"from {__name__}) returned a TensorDict; a node function returns NodeOutput(batch, metrics)"),
     ("test_raises", "RuntimeError", "boom from my node"),
+    ("test_dict_batch", "RunStopped", "(function 'test_dict_batch' of (reward, compute), from "
+     f"{__name__}) returned a NodeOutput whose batch is a dict; its batch is a TensorDict"),
+    ("test_tensor_metric", "RunStopped", "returned metric 'x/vec': a Tensor of shape (2,), not a scalar; a metric is"),
+    ("test_str_metric", "RunStopped", "returned metric 'x/str': a str, not a number"),
+    ("test_list_metrics", "RunStopped", "returned a NodeOutput whose metrics are a list; they are a dict"),
+    ("test_scalar_metrics", None, ""),
 ])
 def test_a_node_function_that_fails_is_named_in_its_error(fn, error, message):
     """A plug-in node returning its batch was an AttributeError ("'TensorDict' object has no
@@ -105,10 +130,14 @@ def test_a_node_function_that_fails_is_named_in_its_error(fn, error, message):
     from vla_rl.dag.registry import NODE_FUNCTIONS, register_node
     from vla_rl.workers.dag_worker import run_node_function
 
-    for name, function in (("test_returns_the_batch", _returns_the_batch), ("test_raises", _raises)):
+    for name, function in (("test_returns_the_batch", _returns_the_batch), ("test_raises", _raises),
+                           *_BAD_OUTPUTS.items()):
         if ("reward", "compute", name) not in NODE_FUNCTIONS:
             register_node("reward", "compute", name=name)(function)
     node = dataclasses.replace(NODE, node_id="penalty", role="reward", type="compute", fn=fn)
+    if error is None:  # the scalars a metric may be: numbers, one-element tensors and arrays
+        run_node_function(node, None, batch([0, 1]))
+        return
     with pytest.raises(Exception) as raised:
         run_node_function(node, None, batch([0, 1]))
     assert type(raised.value).__name__ == error and message in str(raised.value)

@@ -14,11 +14,14 @@ of workers. Each training step also reports what the step's collectives moved on
 
 from __future__ import annotations
 
+import numbers
 import os
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from tensordict import TensorDict, TensorDictBase
@@ -357,10 +360,13 @@ def comm_metrics(counts: CommCounters) -> dict[str, Metric]:
 def run_node_function(task: RunNode, ctx: NodeContext, batch: TensorDictBase | None) -> NodeOutput:
     """Call the node's function. An exception it raises carries a note naming the node, its
     function and the module that registered it (a plug-in's error came back as a Ray traceback
-    that named neither), and anything but a :class:`NodeOutput` stops the run naming them.
+    that named neither), and anything but a :class:`NodeOutput` of a TensorDict (or None) and
+    scalar metrics stops the run naming them (a dict batch or a tensor metric failed later, in
+    the engine, with a traceback that named neither).
 
     Raises:
-        RunStopped: the function returned something else.
+        RunStopped: the function returned something else: not a NodeOutput, a batch that is no
+            TensorDict, metrics that are no mapping of names to scalars (:func:`metric_problem`).
         Exception: what the function raised, with the note added.
     """
     fn = get_node_function(task.role, task.type, task.fn).fn
@@ -373,7 +379,34 @@ def run_node_function(task: RunNode, ctx: NodeContext, batch: TensorDictBase | N
     if not isinstance(result, NodeOutput):
         raise RunStopped(f"{where} returned a {type(result).__name__}; a node function returns "
                          "NodeOutput(batch, metrics) (vla_rl.dag.registry.NodeOutput)")
+    if result.batch is not None and not isinstance(result.batch, TensorDictBase):
+        raise RunStopped(f"{where} returned a NodeOutput whose batch is a {type(result.batch).__name__}; its batch "
+                         "is a TensorDict (batch dimension first), or None for a node without output")
+    if not isinstance(result.metrics, Mapping):
+        raise RunStopped(f"{where} returned a NodeOutput whose metrics are a {type(result.metrics).__name__}; they "
+                         "are a dict of names to scalars")
+    for name, value in result.metrics.items():
+        problem = "its name is no str" if not isinstance(name, str) else metric_problem(value)
+        if problem is not None:
+            raise RunStopped(f"{where} returned metric {name!r}: {problem}; a metric is a number, a one-element "
+                             "tensor or array, or a vla_rl.workers.metrics.Metric")
     return result
+
+
+def metric_problem(value) -> str | None:
+    """Why a node's metric ``value`` is not a scalar :func:`~vla_rl.workers.metrics.as_metric`
+    takes (None: it is one: a :class:`Metric`, a real number, a one-element tensor or array)."""
+    if isinstance(value, (Metric, numbers.Real)):
+        return None
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        numeric = not value.dtype.is_complex if isinstance(value, torch.Tensor) else (
+            np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_) and value.dtype.kind != "c"
+        if not numeric:
+            return f"a {type(value).__name__} of dtype {value.dtype}, not a real number"
+        if value.size != 1 if isinstance(value, np.ndarray) else value.numel() != 1:
+            return f"a {type(value).__name__} of shape {tuple(value.shape)}, not a scalar"
+        return None
+    return f"a {type(value).__name__}, not a number"
 
 
 def check_declared_writes(task: RunNode, output: TensorDictBase | None) -> None:
@@ -384,7 +417,13 @@ def check_declared_writes(task: RunNode, output: TensorDictBase | None) -> None:
     Raises:
         RunStopped: naming the node, its function and the missing keys.
     """
-    if not task.writes or output is None or len(output) == 0:  # no output, or no rows to write
+    if not task.writes:
+        return
+    if output is None:  # its dependents would fail on it, naming themselves
+        raise RunStopped(f"node {task.node_id!r} (function {task.fn!r} of ({task.role}, {task.type})) declares it "
+                         f"writes {sorted(task.writes)} and returned no batch (NodeOutput(None, ...)): return the "
+                         "batch with them (an empty TensorDict for no rows), or declare no writes")
+    if len(output) == 0:  # no rows to write
         return
     present = output.keys(include_nested=True)
     missing = sorted(key for key in task.writes if key not in present)
