@@ -146,6 +146,25 @@ def _write(name: str, data: bytes) -> Callable[[Path], Path]:
     return damage
 
 
+def _statistics(key: str, action_dim: int = 7) -> Callable[[Path], Path]:
+    """Write a ``dataset_statistics.json`` of dataset ``key`` (as OpenVLA's checkpoints hold)."""
+    bounds = {"q01": [-1.0] * action_dim, "q99": [1.0] * action_dim, "mask": [True] * action_dim}
+    return _write("dataset_statistics.json", json.dumps({key: {"action": bounds}}).encode())
+
+
+def _proprio_projector(proprio_dim: int) -> Callable[[Path], Path]:
+    """Write an OFT proprio projector file for ``proprio_dim`` proprio values."""
+    def damage(directory: Path) -> Path:
+        from policies.openvla.checkpoint_prismatic import architecture_from_config, read_config
+        from policies.openvla_oft.heads_openvla_oft import ProprioProjector
+
+        llm_dim = architecture_from_config(read_config(directory), "config.json").llm_dim
+        path = directory / "proprio_projector--checkpoint.pt"
+        torch.save(ProprioProjector(proprio_dim, llm_dim).state_dict(), path)
+        return path
+    return damage
+
+
 def _mkdir(path: Path) -> Path:
     path.mkdir()
     return path
@@ -325,6 +344,18 @@ CASES = [
          "pickle weights are refused.*policy.config.allow_pickle: true", template=VLA),
     Case("VLA missing proprio projector", vla_dir(lambda d: None, "policy.config.proprio_dim=5"),
          "policy.config.model_path", r"needs one proprio_projector--\*checkpoint\.pt", template=VLA),
+    # both passed plan and stopped every worker after it loaded the model, with a Ray traceback
+    Case("VLA unnorm_key it has no statistics of", vla_dir(_statistics("libero_spatial"),
+                                                         "policy.config.unnorm_key=libero_goal"),
+         "policy.config.unnorm_key", r"unnorm_key 'libero_goal' is not in .*; choose one of \['libero_spatial'\]",
+         template=VLA),
+    Case("VLA statistics of another action size", vla_dir(_statistics("libero_spatial", action_dim=6),
+                                                        "policy.config.unnorm_key=libero_spatial"),
+         "policy.config.action_dim", "action statistics of 'libero_spatial' have 6 dimensions, config.action_dim "
+         "is 7", template=VLA),
+    Case("VLA proprio projector of another proprio_dim", vla_dir(_proprio_projector(5), "policy.config.proprio_dim=8"),
+         "policy.config.proprio_dim", r"does not fit the config's proprio_projector: 1 with another shape "
+         r"\(fc1\.weight: \(\d+, 5\) in the checkpoint, \(\d+, 8\) in the model\)", template=VLA),
     # MLP policy directories (policy.config.model_path: vla-rl export of an MLP run)
     Case("missing MLP dir", lambda t, a: ([f"policy.config.model_path={t / 'none'}"], t / "none"),
          "policy.config.model_path", "config.json is missing", template="embodied_srpo"),

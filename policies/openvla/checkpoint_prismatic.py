@@ -398,12 +398,22 @@ def read_checkpoint(directory: str | Path, allow_pickle: bool = False, device: t
     config = read_config(directory)
     architecture = architecture_from_config(config, str(directory / CONFIG_FILE))
     weights = timm_to_transformers(read_safetensors_dir(directory, allow_pickle, device), architecture)
+    return architecture, weights, read_norm_stats(directory, config)
+
+
+def read_norm_stats(directory: str | Path, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A checkpoint directory's ``norm_stats`` (``{unnorm_key: {"action": {...}, ...}}``): its
+    ``dataset_statistics.json`` when present, else its config's (``config``: ``config.json``,
+    read here when None); ``{}`` without statistics.
+
+    Raises:
+        FileNotFoundError, ValueError: the file read is missing or not valid JSON.
+    """
+    directory = Path(directory)
     statistics_path = directory / STATISTICS_FILE
     if statistics_path.is_file():
-        norm_stats = read_json_file(statistics_path)
-    else:
-        norm_stats = config.get("norm_stats") or {}
-    return architecture, weights, norm_stats
+        return read_json_file(statistics_path)
+    return (read_config(directory) if config is None else config).get("norm_stats") or {}
 
 
 def write_checkpoint(

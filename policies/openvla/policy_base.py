@@ -24,6 +24,7 @@ from policies.action_normalization import (
 from policies.action_tokenizer import ActionTokenizer
 from policies.base import Policy, cast_parameters
 from policies.checkpoint_files import (
+    FieldError,
     WeightMismatch,
     check_tokenizer,
     compare_shapes,
@@ -35,10 +36,12 @@ from policies.image_resize import with_model_frames
 from policies.normalization import ActionStatistics
 from policies.openvla.checkpoint_prismatic import (
     CONFIG_FILE,
+    STATISTICS_FILE,
     architecture_from_config,
     checkpoint_parameter_shapes,
     read_checkpoint,
     read_config,
+    read_norm_stats,
     write_checkpoint,
 )
 from policies.openvla.modeling_prismatic import PrismaticVLM
@@ -465,10 +468,14 @@ class PrismaticPolicy(Policy, abstract=True):
         ``config.json`` parses to an architecture, the weight files exist with whole safetensors
         headers and (unless ``config.allow_partial_load``) names and shapes that fit the
         architecture, built on the ``meta`` device; with ``require_tokenizer`` (simulator
-        observations need one) a usable tokenizer. Nothing to check without a ``model_path``.
+        observations need one) a usable tokenizer; an explicit ``config.unnorm_key`` names
+        statistics of the checkpoint's (when it has any) of ``config.action_dim`` values. Nothing
+        to check without a ``model_path``.
 
         Raises:
-            FileNotFoundError, ValueError: the first problem; the message names the file.
+            FileNotFoundError, ValueError: the first problem; the message names the file
+                (:class:`~policies.checkpoint_files.FieldError` ``unnorm_key`` or ``action_dim``
+                for the statistics).
         """
         if config.model_path is None:
             return
@@ -488,6 +495,17 @@ class PrismaticPolicy(Policy, abstract=True):
             if mismatch:
                 files = find_weight_files(directory, config.allow_pickle).files
                 raise weight_mismatch_error(files[0] if len(files) == 1 else directory, mismatch)
+        norm_stats = read_norm_stats(directory)
+        if config.unnorm_key is not None and norm_stats:  # as the constructor picks them
+            source = str(directory / (STATISTICS_FILE if (directory / STATISTICS_FILE).is_file() else CONFIG_FILE))
+            try:
+                statistics = load_action_statistics(norm_stats, config.unnorm_key, source)
+            except ValueError as error:
+                raise FieldError(str(error), "unnorm_key") from None
+            if statistics.action_dim != config.action_dim:
+                raise FieldError(f"{source}: action statistics of {config.unnorm_key!r} have "
+                                 f"{statistics.action_dim} dimensions, config.action_dim is {config.action_dim}",
+                                 "action_dim")
 
 
 def vla_weight_mismatch(vla: PrismaticVLM, shapes: dict[str, tuple[int, ...]]) -> WeightMismatch:

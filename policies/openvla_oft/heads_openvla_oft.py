@@ -17,6 +17,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from policies.checkpoint_files import WeightMismatch, compare_shapes
+
 
 class MLPResNetBlock(nn.Module):
     """``x + ReLU(Linear(LayerNorm(x)))`` (module name ``ffn`` as published)."""
@@ -78,6 +80,19 @@ class ProprioProjector(nn.Module):
 
     def forward(self, proprio: Tensor) -> Tensor:
         return self.fc2(F.gelu(self.fc1(proprio)))
+
+
+def module_checkpoint_mismatch(module: nn.Module, file: Path) -> WeightMismatch:
+    """How the tensors of an OFT module file (``<stem>--*checkpoint.pt``, DDP's ``module.``
+    prefix stripped) differ in names and shapes from ``module``'s (which may be on the ``meta``
+    device); the file is memory-mapped, its tensors are not read (a file of torch's legacy
+    format, which cannot be mapped, is read)."""
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # "mmap can only be used with files saved with torch.save(_use_new_zipfile_...)"
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    found = {name.removeprefix("module."): tuple(tensor.shape) for name, tensor in state.items()}
+    return compare_shapes({name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}, found)
 
 
 def load_module_checkpoint(module: nn.Module, directory: Path, stem: str) -> bool:

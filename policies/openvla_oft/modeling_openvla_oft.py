@@ -33,6 +33,7 @@ from torch.nn import functional as F
 from policies import register_policy
 from policies.action_tokenizer import bin_log_softmax
 from policies.normalization import ActionStatistics, fit_bounds_q99
+from policies.openvla.checkpoint_prismatic import CONFIG_FILE, architecture_from_config, read_config
 from policies.openvla.policy_base import PrismaticPolicy, position_ids_from_mask
 from policies.openvla.processor_openvla import PROPRIO, check_observation
 from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
@@ -40,6 +41,7 @@ from policies.openvla_oft.heads_openvla_oft import (
     L1RegressionActionHead,
     ProprioProjector,
     load_module_checkpoint,
+    module_checkpoint_mismatch,
 )
 from policies.sampling import sample_categorical
 
@@ -395,7 +397,8 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
     @classmethod
     def check_pretrained(cls, config: OpenVLAOFTPolicyConfig, require_tokenizer: bool = True) -> None:
         """:meth:`PrismaticPolicy.check_pretrained`, and the ``<module>--*checkpoint.pt`` file of
-        each head module the config uses (action head, proprio projector): exactly one each.
+        each head module the config uses (action head, proprio projector): exactly one each, whose
+        tensor names and shapes fit the module the config builds (``proprio_dim``, ``action_dim``).
 
         A checkpoint OFT fine-tuned with a continuous head is refused for what it cannot do:
         with a diffusion head (``noisy_action_projector--*``), which vla-rl does not run; with an
@@ -405,7 +408,8 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
 
         Raises:
             FileNotFoundError, ValueError: the first problem; the message names the file
-                (:class:`~policies.checkpoint_files.FieldError` ``action_head`` for the head).
+                (:class:`~policies.checkpoint_files.FieldError` ``action_head`` for the head,
+                ``proprio_dim`` or ``action_dim`` for a module file of other shapes).
         """
         from policies.checkpoint_files import FieldError
 
@@ -425,12 +429,20 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
                              "predict_action_chunk, no RL), or start RL from a checkpoint fine-tuned on OFT's action "
                              "tokens", "action_head")
         used = {"action_head": config.action_head == "l1_regression", "proprio_projector": config.proprio_dim is not None}
+        llm_dim = architecture_from_config(read_config(directory), str(directory / CONFIG_FILE)).llm_dim
         for stem in (stem for stem, needed in used.items() if needed):
             files = sorted(Path(config.model_path).glob(f"{stem}--*checkpoint.pt"))
             if len(files) != 1:
                 found = f"several: {[f.name for f in files]}" if files else "none"
                 raise ValueError(f"{config.model_path}: needs one {stem}--*checkpoint.pt for the config's {stem} "
                                  f"({found})")
+            with torch.device("meta"):
+                module = (L1RegressionActionHead(llm_dim, config.action_dim) if stem == "action_head"
+                          else ProprioProjector(config.proprio_dim, llm_dim))
+            mismatch = module_checkpoint_mismatch(module, files[0])
+            if mismatch:  # the constructor's strict load would refuse it, in every worker
+                raise FieldError(f"{files[0]} does not fit the config's {stem}: {mismatch.describe()}",
+                                 "proprio_dim" if stem == "proprio_projector" else "action_dim")
 
     def _load_oft_modules(self, directory: Path) -> None:
         for module, stem in ((self.action_head, "action_head"), (self.proprio_projector, "proprio_projector")):

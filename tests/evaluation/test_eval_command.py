@@ -82,22 +82,25 @@ def test_eval_command_again_redoes_nothing(evaluated, tiny_run, tmp_path, monkey
 
     import vla_rl.workers.group as group_module
 
-    # on a copy: the report of step 2 alone would replace the module's run's (the other tests read it)
+    # on a copy: the module's run's report stays as the other tests read it
     run_dir = tmp_path / "tiny"
     shutil.copytree(tiny_run, run_dir)
     rows = json.loads((evaluated / "report.json").read_text())["results"]
     capsys.readouterr()
     # every episode is stored already: no DAG worker starts (it took 35 s on this 2-core machine)
     monkeypatch.setattr(group_module.WorkerGroup, "launch", lambda *a, **k: pytest.fail("workers were launched"))
-    assert main(["eval", str(run_dir), *EVAL, "--steps", "2"]) == 0
+    assert main(["eval", str(run_dir), *EVAL]) == 0
     assert "every planned episode is stored already" in capsys.readouterr().out
     assert len(TrajectoryStore.open(run_dir / "eval" / "episodes" / "robosuite_lift" / "rank0.zarr",
                                     read_only=True)) == 8
     again = json.loads((run_dir / "eval" / "report.json").read_text())
-    assert again["results"] == [r for r in rows if r["checkpoint_step"] == 2]
-    # the machine of step 2's 4 episodes, stored by the first evaluation, named once
+    assert again["results"] == rows
+    # the machine of the 8 episodes, stored by the first evaluation, named once
     assert (again["protocol"]["hosts"], again["protocol"]["host_episodes"]) == (
-        json.loads((evaluated / "report.json").read_text())["protocol"]["hosts"], [4])
+        json.loads((evaluated / "report.json").read_text())["protocol"]["hosts"], [8])
+    # a selection that leaves checkpoints out would drop their rows from this report: another --output
+    assert main(["eval", str(run_dir), *EVAL, "--steps", "2"]) == 2
+    assert "its report would drop rows of that one's; name another --output" in capsys.readouterr().err
 
 
 @pytest.mark.xdist_group("test_eval_command.tiny_run")

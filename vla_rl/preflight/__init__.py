@@ -28,7 +28,8 @@ architecture leave it randomly initialised). :func:`preflight` checks what the t
   ``config.json``), a usable tokenizer (with a chat template for chat prompts), whole safetensors
   headers whose tensor names and shapes match the architecture built on the ``meta`` device, no
   pickle weights unless allowed, and the files beside them that the policy reads (OFT's head
-  modules; π0's ``norm_stats.json`` and Flow-Noise head); a GGUF file's header (version, key-value
+  modules, their tensor shapes against the config's; OpenVLA's statistics of an explicit
+  ``unnorm_key``; π0's ``norm_stats.json`` and Flow-Noise head); a GGUF file's header (version, key-value
   metadata, tensor infos whose data lies inside the file) and its tokenizer;
 - **the trajectory encoder's model** (V-JEPA 2's ``algorithm.vjepa2.model_dir``: its
   ``config.json``), when the reward embeds episodes with it;
