@@ -4,6 +4,7 @@ loopback, two DAG workers with a gloo process group, simulator actors, re-shards
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -114,7 +115,7 @@ def test_every_listener_of_the_run_is_on_loopback(srpo_run):
     assert not outside, f"listening outside 127.0.0.0/8: {outside}"
 
 
-def test_resume_continues_exactly(ray_on_loopback, tmp_path, demo_store):
+def test_resume_continues_exactly(ray_on_loopback, tmp_path, demo_store, capsys):
     """Two steps, then resume for the third: same step counter, same weights as the
     uninterrupted run (the rollout, minibatch RNG and optimizer state are all restored), although
     the cut run also evaluated after every step (evaluations draw their own noise, never the
@@ -146,6 +147,20 @@ def test_resume_continues_exactly(ray_on_loopback, tmp_path, demo_store):
     resumed = load_file(str(tmp_path / "cut" / "checkpoints" / "step_00000003" / "model.safetensors"))
     for name, value in weights[3].items():
         torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)
+    # The checkpoint records the count, which a resume continues from: metric lines lost (a machine
+    # crash after the checkpoint was synced) undercounted it silently, from metrics.jsonl's last line.
+    state = json.loads((tmp_path / "cut" / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())
+    assert state["metadata"]["run"] == {"env_steps": total_env_steps[0][-1]}
+    metrics_file = tmp_path / "cut" / "metrics.jsonl"
+    metrics_file.write_text("".join(line + "\n" for line in metrics_file.read_text().splitlines()
+                                    if json.loads(line)["step"] < 2))
+    capsys.readouterr()
+    train("ignored", ["trainer.total_steps=4"], resume=str(tmp_path / "cut"))
+    assert re.search(r"gives \d+ environment steps by step 3, its checkpoint \d+: metric lines were lost",
+                     " ".join(capsys.readouterr().out.split())), "no warning of the lost lines"
+    [fourth] = [json.loads(line) for line in metrics_file.read_text().splitlines()
+                if json.loads(line)["step"] == 4 and "rollout/total_env_steps" in json.loads(line)]
+    assert fourth["rollout/total_env_steps"] == total_env_steps[0][-1] + fourth["rollout/env_steps"]
 
 
 def test_a_start_that_fails_in_the_workers_leaves_no_run_directory(ray_on_loopback, tmp_path, capsys, monkeypatch):

@@ -89,6 +89,9 @@ def test_killed_worker_restarts_from_the_last_checkpoint(uninterrupted, tmp_path
     assert summary["start_step"] == 0 and summary["last_step"] == 3 and summary["steps_run"] == 3
     assert train_steps(run_dir) == [1, 2, 3]  # the records of the lost step were dropped
     assert (run_dir / FINAL).read_bytes() == (uninterrupted / FINAL).read_bytes()
+    # the training time of both groups, as steps_run counts both (it was the restarted group's alone)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert summary["train_time_s"] >= sum(r["timing/step"] for r in records if "timing/step" in r)
     # both groups of workers recorded their machines (this one): named once
     assert len((run_dir / "hosts.jsonl").read_text().splitlines()) == 2
     assert summary["run_hosts"] == [summary["hosts"][0]] and summary["hosts_unrecorded"] is False

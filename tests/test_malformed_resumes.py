@@ -225,3 +225,23 @@ def test_a_resume_whose_every_checkpoint_is_damaged_is_refused_before_ray(damage
     shutil.copytree(runs["srpo"] / "checkpoints" / "step_00000002", run / "checkpoints" / "step_00000001")
     resumed, _, _ = prepare_run_dir(None, [], str(run))
     resumed.close()
+
+
+@pytest.mark.xdist_group("test_malformed_resumes.runs")
+def test_a_damaged_metrics_line_is_refused_before_ray(runs, tmp_path, monkeypatch, capsys):
+    """A damaged line of metrics.jsonl before its last stopped the resume after Ray and the workers
+    had started, with a traceback, and the resume's overrides were recorded in resumes.jsonl."""
+    import json
+    import shutil
+
+    monkeypatch.setattr(driver, "start_ray", lambda *args, **kwargs: pytest.fail("Ray started"))
+    run = shutil.copytree(runs["srpo"], tmp_path / "srpo")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "rollout/total_env_steps": 600.0}) + "\n{{\"step\": 2\n"
+                                       + json.dumps({"step": 2, "rollout/total_env_steps": 1250.0}) + "\n")
+    before = snapshot(run)
+    assert main(["train", "--resume", str(run), "trainer.total_steps=9"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{run / 'metrics.jsonl'}: line 2 is not a JSON record" in " ".join(err.split())
+    assert "repair or delete that line, then resume" in " ".join(err.split())
+    assert snapshot(run) == before

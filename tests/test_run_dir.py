@@ -28,13 +28,21 @@ def _new_run(out, *overrides):
 
 
 def test_an_existing_run_name_is_refused_and_left_alone(tmp_path):
+    """Without a checkpoint there is nothing to resume: the refusal said to resume it, which the
+    resume refused ("no checkpoint to resume from"), after the run itself had said "start it again"."""
     run, _, _ = _new_run(tmp_path, "run.name=mine")
     run.close()
     before = (run.path / "template.yaml").read_bytes()
-    with pytest.raises(RunDirError, match=r"already exists: continue it with `vla-rl train --resume"):
+    with pytest.raises(RunDirError, match=r"already exists and holds no checkpoint to resume from: remove it to start "
+                                          "the run again under this name, or choose another run.name"):
         _new_run(tmp_path, "run.name=mine", "trainer.total_steps=7")
     assert (run.path / "template.yaml").read_bytes() == before
     assert sorted(p.name for p in run.path.iterdir()) == [".lock", "template.yaml"]
+    step = run.path / "checkpoints" / "step_00000002"
+    step.mkdir(parents=True)
+    (step / "trainer_state.json").write_text('{"step": 2, "metadata": {}}')
+    with pytest.raises(RunDirError, match=r"already exists: continue it with `vla-rl train --resume"):
+        _new_run(tmp_path, "run.name=mine", "trainer.total_steps=7")
 
 
 def test_paths_that_cannot_be_run_directories_are_one_error_naming_the_field(tmp_path):
@@ -260,3 +268,17 @@ def test_a_start_that_fails_after_step_0_wrote_metrics_keeps_its_directory(tmp_p
 def test_resume_of_something_that_is_not_a_run(tmp_path):
     with pytest.raises(RunDirError, match="is not a run directory: it has no template.yaml"):
         prepare_run_dir(None, [], str(tmp_path))
+
+
+def test_a_checkpoints_environment_step_count_is_what_a_resume_counts_from(tmp_path):
+    """The count a checkpoint records (trainer_state.json's run state); an older checkpoint's, from
+    metrics.jsonl. metrics.jsonl alone lost the steps of metric lines a crash did not flush."""
+    from vla_rl.run_dir import checkpoint_env_steps
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"step": 1, "rollout/total_env_steps": 600.0}) + "\n")  # step 2's line lost
+    for name, metadata, expected in (("step_00000002", {"run": {"env_steps": 1250.0}}, 1250.0),
+                                     ("step_00000003", {}, 600.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "trainer_state.json").write_text(json.dumps({"step": int(name[5:]), "metadata": metadata}))
+        assert checkpoint_env_steps(tmp_path / name, metrics) == expected

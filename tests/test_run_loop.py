@@ -127,3 +127,16 @@ def test_the_progress_bar_shows_the_figures_a_step_logged():
     assert progress_postfix({"rollout/success_rate": 0.5, "reward/mean": 0.25, "actor/loss": 3.0}) == {
         "success": "0.50", "reward": "0.25"}
     assert progress_postfix({}) == {}
+
+
+def test_a_run_that_died_before_its_first_checkpoint_says_how_to_start_again(tmp_path):
+    """It said "start it again", which the existing run directory then refused (it told to resume,
+    which has no checkpoint to resume from)."""
+    from vla_rl.errors import RunStopped
+    from vla_rl.workers.group import WorkerDiedError
+
+    loaded = load_template("embodied_srpo", ["workers.max_restarts=0"])
+    run = RunLoop(loaded, plan(loaded), run_dir=tmp_path / "run", console=Console())
+    with pytest.raises(RunStopped, match=r"it wrote no checkpoint yet, so it cannot be resumed: start it again under "
+                                         rf"another run.name, or remove {tmp_path / 'run'} first"):
+        run.restart_after(WorkerDiedError(1, "setup", "killed"))

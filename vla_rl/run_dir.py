@@ -99,6 +99,12 @@ class RunDirectory:
             try:
                 path.mkdir()
             except FileExistsError:
+                from vla_rl.checkpoints.files import complete_checkpoints
+
+                if (path / RUN_TEMPLATE).is_file() and not complete_checkpoints(path / CHECKPOINTS_DIR):
+                    raise RunDirError(f"run directory {path} already exists and holds no checkpoint to resume from: "
+                                      "remove it to start the run again under this name, or choose another "
+                                      "run.name", field="run.name") from None
                 raise RunDirError(f"run directory {path} already exists: continue it with `vla-rl train --resume "
                                   f"{path}`, or choose another run.name", field="run.name") from None
             except OSError as err:
@@ -246,6 +252,8 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
       a GGUF ``text.gguf_file``) is not checked here: building it reads its weights.
     - ``policy.*`` overrides keep the run's policy (:func:`_refuse_policy_changes`): only where its
       pretrained checkpoint lives and how it is loaded may change.
+    - ``metrics.jsonl`` reads: a damaged line before its last stopped the resume after Ray and
+      the workers had started, with a traceback (and the resume's overrides recorded).
 
     Args:
         run: the reopened run directory.
@@ -258,8 +266,14 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
     """
     from vla_rl.checkpoints import integrity
     from vla_rl.checkpoints.files import checkpoint_step
+    from vla_rl.utils.tracking import read_metrics
 
     config = template.config
+    if (run.path / METRICS_FILE).is_file():
+        try:
+            read_metrics(run.path / METRICS_FILE)
+        except ValueError as error:
+            raise RunDirError(f"{error}: repair or delete that line, then resume") from None
     # the checkpoint the workers will choose, by sizes only (they hash the files as they load them)
     checkpoint, skipped = integrity.latest_verified_checkpoint(run.path / CHECKPOINTS_DIR, digests=False, log=False)
     if checkpoint is None and skipped:
@@ -274,7 +288,7 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
                           f"{total}; raise it to train on, e.g. trainer.total_steps={step + max(step, 1)}",
                           field="trainer.total_steps")
     budget = config.trainer.total_env_steps
-    spent = env_steps_at(run.path / METRICS_FILE, step) if budget is not None else 0.0
+    spent = checkpoint_env_steps(checkpoint, run.path / METRICS_FILE) if budget is not None else 0.0
     if budget is not None and spent >= budget and (run.path / SUMMARY_FILE).is_file():
         raise RunDirError(f"the run finished: its checkpoint {checkpoint} is at step {step}, after {spent:.0f} "
                           f"environment steps, and trainer.total_env_steps is {budget}; raise it to train on, e.g. "
@@ -307,6 +321,16 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
 def _override_key(item: str) -> str:
     """The dotted key an override sets (``KEY=VALUE``) or deletes (``~KEY``)."""
     return item.partition("=")[0].removeprefix("~")
+
+
+def checkpoint_env_steps(checkpoint: Path, metrics: Path) -> float:
+    """The environment steps a run had simulated by its checkpoint ``checkpoint``: the count the
+    checkpoint records (its ``trainer_state.json`` run state), else, for a checkpoint written
+    before checkpoints recorded it, ``metrics.jsonl``'s (:func:`env_steps_at`)."""
+    from vla_rl.checkpoints.files import checkpoint_step, load_run_state
+
+    recorded = load_run_state(checkpoint).get("env_steps")
+    return float(recorded) if recorded is not None else env_steps_at(metrics, checkpoint_step(checkpoint))
 
 
 def env_steps_at(metrics: Path, step: int) -> float:

@@ -61,6 +61,9 @@ class RunLoop:
         self.restarted_from: list[int] = []
         """The step each restart continued from."""
         self._first: dict = {}  # what the first group did before a restart: start_step, <first_tag>_eval
+        # what this command's completed steps took, over its worker groups (a restart's included): the
+        # summary's train_time_s and env_steps_per_s (before, a restarted group's own beside all steps_run)
+        self._spent = {"train_time_s": 0.0, "rollout_s": 0.0, "env_steps": 0.0}
 
     def run(self, workers, resume: bool) -> dict:
         """Set the workers up (warm start, or restore the newest checkpoint that verifies), train,
@@ -75,6 +78,7 @@ class RunLoop:
         setup = self.workers.call("setup", resume)[0]
         start = int(setup.pop("start_step"))
         skipped = int(setup.pop("skipped_checkpoints", 0))
+        recorded_env_steps = setup.pop("env_steps", None)  # the checkpoint's count (None: an older checkpoint)
         if skipped:
             self.console.print(f"[yellow]{skipped} newer checkpoint(s) failed verification and were set aside as "
                                "step_*.rejected (the workers' log says why)[/yellow]")
@@ -108,7 +112,8 @@ class RunLoop:
                 summary[first] = run_evaluation(self.workers, 0, self.first_tag, True)
                 self._first[first] = summary[first]
                 logger.log(0, summary[first])
-            summary.update(self._train(start, logger, env_steps_at(self.run_dir / METRICS_FILE, start) if resume else 0.0))
+            summary.update(self._train(start, logger, self._resumed_env_steps(start, recorded_env_steps) if resume
+                                       else 0.0))
             summary["steps_run"] = summary["last_step"] - summary["start_step"]  # a re-run step counts once
             if self.evaluates and summary["last_step"] == 0 and summary.get(first):
                 # no update since the first evaluation (trainer.total_steps=0: evaluating a model as it
@@ -157,7 +162,8 @@ class RunLoop:
         what = str(died).rstrip(".")
         if checkpoint is None:
             raise RunStopped(f"{what}. The run stopped {used}; it wrote no checkpoint yet, so it cannot be resumed: "
-                             f"start it again (a checkpoint is written every trainer.save_every="
+                             f"start it again under another run.name, or remove {shlex.quote(str(self.run_dir))} "
+                             f"first (a checkpoint is written every trainer.save_every="
                              f"{self.config.trainer.save_every} steps)") from died
         raise RunStopped(f"{what}. The run stopped {used}; its last checkpoint is {checkpoint.name}. Resume it with: "
                          f"vla-rl train --resume {shlex.quote(str(self.run_dir))}") from died
@@ -176,6 +182,22 @@ class RunLoop:
                   if record.get("step") == 0 and key in record]
         return {first: {k: v for k, v in logged[0].items() if k != "step"}} if logged else {}
 
+    def _resumed_env_steps(self, start: int, recorded: float | None) -> float:
+        """The environment steps simulated by the resumed checkpoint's step ``start``: the count
+        the checkpoint records; for a checkpoint written before checkpoints recorded it, the last
+        ``rollout/total_env_steps`` of ``metrics.jsonl`` up to ``start``. Where the two differ
+        (metric lines lost, e.g. a machine crash after the checkpoint was synced), the
+        checkpoint's count is kept and a warning says so: before, the lost steps' environment
+        steps were silently missing from the count and the ``trainer.total_env_steps`` budget."""
+        logged = env_steps_at(self.run_dir / METRICS_FILE, start)
+        if recorded is None:
+            return logged
+        if self.config.run.workflow == "embodied" and abs(logged - recorded) > 0.5:
+            self.console.print(f"[yellow]{self.run_dir / METRICS_FILE} gives {logged:.0f} environment steps by "
+                               f"step {start}, its checkpoint {recorded:.0f}: metric lines were lost; the count "
+                               "continues from the checkpoint's[/yellow]")
+        return recorded
+
     def _train(self, start: int, logger: MetricsLogger, env_steps: float) -> dict:
         """Run steps ``start ..`` until ``trainer.total_steps`` or the ``trainer.total_env_steps``
         budget; ``env_steps`` is what earlier steps simulated.
@@ -185,9 +207,8 @@ class RunLoop:
         """
         cfg = self.config
         total, budget = cfg.trainer.total_steps, cfg.trainer.total_env_steps
-        rollout_time, session_env_steps = 0.0, 0.0
         last_step = start
-        train_start = time.perf_counter()
+        train_start = mark = time.perf_counter()
         if budget is not None and env_steps >= budget:  # a resume of a run stopped in its final evaluation
             self.console.print(f"environment-step budget already reached: {env_steps:.0f} >= "
                                f"trainer.total_env_steps={budget}; no training step runs")
@@ -205,8 +226,8 @@ class RunLoop:
                     metrics["rollout/env_steps_per_s"] = step_env_steps / metrics[ROLLOUT_TIMING]
                 step_env_steps += metrics.get("filter/refill_env_steps", 0.0)  # + dynamic sampling's rounds
                 env_steps += step_env_steps
-                session_env_steps += step_env_steps
-                rollout_time += metrics.get(ROLLOUT_TIMING, 0.0)
+                self._spent["env_steps"] += step_env_steps
+                self._spent["rollout_s"] += metrics.get(ROLLOUT_TIMING, 0.0)
                 if cfg.run.workflow == "embodied":  # a text run simulates nothing: no environment steps to count
                     metrics[TOTAL_ENV_STEPS] = env_steps
                 last_step = step + 1
@@ -219,20 +240,23 @@ class RunLoop:
                 bar.set_postfix(progress_postfix(metrics))
                 if evaluate:  # before the checkpoint: it saves the RNG states after
                     logger.log(last_step, run_evaluation(self.workers, last_step, f"step_{last_step}", False))
-                if save:
-                    self.workers.call("save_checkpoint", last_step)
+                if save:  # with the count a resume continues from (metrics.jsonl may lose its last lines)
+                    self.workers.call("save_checkpoint", last_step, {"env_steps": env_steps})
+                self._spent["train_time_s"] += time.perf_counter() - mark  # the step, its evaluation and checkpoint
+                mark = time.perf_counter()
                 if out_of_budget:
                     self.console.print(f"environment-step budget reached: {env_steps:.0f} >= "
                                        f"trainer.total_env_steps={budget}")
                     break
                 if pending is None and last_step < total:
                     pending, step_start = self.workers.submit("run_step", last_step), time.perf_counter()
+        spent = self._spent
         return {
             "steps_run": last_step - start,
             "last_step": last_step,
-            "train_time_s": time.perf_counter() - train_start,
+            "train_time_s": spent["train_time_s"],
             "env_steps": env_steps,
-            "env_steps_per_s": session_env_steps / rollout_time if rollout_time else 0.0,
+            "env_steps_per_s": spent["env_steps"] / spent["rollout_s"] if spent["rollout_s"] else 0.0,
         }
 
     def _evaluate_now(self, last_step: int, out_of_budget: bool) -> bool:

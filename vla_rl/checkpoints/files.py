@@ -41,6 +41,7 @@ from vla_rl.checkpoints.layout import (
     ACTOR_SHARDED_DIR,
     FORMAT_VERSION,
     LATEST_FILE,
+    RUN_STATE_KEY,
     STAGING_RE,
     STEP_DIR_RE,
     TRAINER_STATE_FILE,
@@ -499,6 +500,17 @@ def load_trainer_state(path: str | Path) -> dict[str, Any]:
         FileNotFoundError: the file is missing.
     """
     return read_json(existing_file(Path(path) / TRAINER_STATE_FILE))
+
+
+def load_run_state(path: str | Path) -> dict[str, Any]:
+    """The driver's state a checkpoint records (its ``trainer_state.json`` metadata under
+    :data:`~vla_rl.checkpoints.layout.RUN_STATE_KEY`: ``{"env_steps": ...}``); ``{}`` for a
+    checkpoint written before checkpoints recorded it.
+
+    Raises:
+        FileNotFoundError: ``trainer_state.json`` is missing.
+    """
+    return dict(load_trainer_state(path)["metadata"].get(RUN_STATE_KEY) or {})
 
 
 def _complete_step(path: Path) -> int | None:

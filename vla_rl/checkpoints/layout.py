@@ -16,7 +16,8 @@ A checkpoint is a directory ``<root>/step_{step:08d}/`` holding::
                                           trainer.strategy fsdp (PPO with GAE), as actor_sharded/
     rng_rank{r}.safetensors, .json        per rank: torch CPU RNG state, a torch.Generator state,
                                           a numpy Generator's bit-generator state
-    trainer_state.json                    {"step": step, "metadata": {...}}
+    trainer_state.json                    {"step": step, "metadata": {...}}; metadata "run": the
+                                          driver's state at that step ({"env_steps": float})
     manifest.json                         every other file's size and sha256 (written last)
 
 The package's modules stand on this one and never import each other upwards:
@@ -43,6 +44,9 @@ LATEST_FILE = "latest"
 TRAINER_STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "manifest.json"
 REJECTED_SUFFIX = ".rejected"
+#: The key of ``trainer_state.json``'s metadata holding the driver's state at the checkpoint's
+#: step (``{"env_steps": ...}``): what a resume continues counting from.
+RUN_STATE_KEY = "run"
 #: The DCP directory of the actor inside a checkpoint.
 ACTOR_SHARDED_DIR = "actor_sharded"
 #: The DCP directory of the critic (PPO with GAE) inside a checkpoint, in the same form.

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from vla_rl.checkpoints import files as checkpoint
 from vla_rl.checkpoints import integrity as checkpoint_integrity
-from vla_rl.checkpoints.layout import ACTOR_SHARDED_DIR, CRITIC_SHARDED_DIR, NonFiniteTensorError
+from vla_rl.checkpoints.layout import ACTOR_SHARDED_DIR, CRITIC_SHARDED_DIR, RUN_STATE_KEY, NonFiniteTensorError
 from vla_rl.errors import ResumeRefused, RunStopped
 from vla_rl.utils.collectives import cpu_barrier
 
@@ -77,8 +77,9 @@ class WorkerCheckpointer:
         self.skipped: list[str] = []
         """Names of the checkpoints :meth:`latest` skipped (failed verification), newest first."""
 
-    def save(self, step: int, keep_last: int) -> None:
-        """Collective: write the checkpoint of ``step`` (``step`` updates done).
+    def save(self, step: int, keep_last: int, run_state: dict | None = None) -> None:
+        """Collective: write the checkpoint of ``step`` (``step`` updates done), with the driver's
+        ``run_state`` in its metadata under ``run`` (:data:`RUN_STATE_KEY`).
 
         Raises:
             RunStopped: this rank's part could not be written (a non-finite tensor: the message
@@ -92,6 +93,8 @@ class WorkerCheckpointer:
         try:
             directory = checkpoint.staging_dir(self.root, step)
             metadata = res.save_checkpoint(directory)
+            if run_state is not None:
+                metadata[RUN_STATE_KEY] = dict(run_state)
             checkpoint.save_checkpoint(self.root, step, rank=res.rank, generator=res.generator, metadata=metadata,
                                        device=res.device)
         except (Exception, CheckpointException) as err:  # noqa: BLE001 - every rank must learn of it before anyone

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict, TensorDictBase
 
+from vla_rl.checkpoints.files import load_run_state
 from vla_rl.config import RunConfig
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import Reshard, RunNode, Task, plan
@@ -132,7 +133,9 @@ class DAGWorker:
 
         Returns:
             ``start_step``, on resume ``skipped_checkpoints`` (newer checkpoints that failed
-            verification and were set aside), and the warm start's metrics (scalars).
+            verification and were set aside) and, when the checkpoint records it (its
+            ``trainer_state.json`` run state), ``env_steps``: the environment steps the run had
+            simulated by then; and the warm start's metrics (scalars).
         """
         self.resources = Resources(self.config, self.rank, self.world_size, self.run_dir, self.device,
                                    self.plan.rollout_dp_size(self.rank))
@@ -154,6 +157,9 @@ class DAGWorker:
         metrics["start_step"] = float(start_step)
         if resume:
             metrics["skipped_checkpoints"] = float(len(self.checkpointer.skipped))
+            run_state = load_run_state(path)
+            if "env_steps" in run_state:
+                metrics["env_steps"] = float(run_state["env_steps"])
         return metrics
 
     def _declared(self, phase: str) -> list[str]:
@@ -296,9 +302,11 @@ class DAGWorker:
         return merged
 
     # ----------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, step: int) -> None:
-        """Write this worker's part of the checkpoint of ``step``; rank 0 finalises it atomically."""
-        self.checkpointer.save(step, keep_last=self.config.trainer.keep_last)
+    def save_checkpoint(self, step: int, run_state: dict | None = None) -> None:
+        """Write this worker's part of the checkpoint of ``step``; rank 0 finalises it atomically.
+        ``run_state``: the driver's own state at ``step`` (``env_steps``), kept in the
+        checkpoint's ``trainer_state.json`` metadata under ``run``."""
+        self.checkpointer.save(step, keep_last=self.config.trainer.keep_last, run_state=run_state)
 
     def rendering(self) -> list[dict]:
         """How this worker's simulator actors render, by actor (:meth:`SimulatorPool.rendering
