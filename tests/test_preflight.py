@@ -529,6 +529,23 @@ def test_a_lora_target_the_model_lacks_is_refused_before_anything_starts(model, 
     preflight(load_template(template, [*overrides, "policy.lora.rank=4"]))  # the default list
 
 
+@pytest.mark.parametrize(("model", "entry"), [("text model directory", "model.lm_hed"),
+                                              ("OFT checkpoint", "vla.projectr"), ("OFT preset", "proprio_projectr")])
+def test_a_lora_trainable_module_the_policy_lacks_is_refused_before_anything_starts(model, entry, assets, tmp_path,
+                                                                                     capsys):
+    """It stopped every worker after it had loaded the model (one line since d84886d, a Ray
+    traceback before)."""
+    template, overrides = {"text model directory": (TEXT, [f"text.model_path={assets.lm}"]),
+                           "OFT checkpoint": (VLA, [*VLA_FROM_DIR, f"policy.config.model_path={assets.vla}"]),
+                           "OFT preset": (VLA, [])}[model]
+    typo = [*overrides, "policy.lora.rank=4", f"policy.lora.trainable_modules=[{entry}]"]
+    with pytest.raises(PreflightError, match=f"the policy has no submodule '{entry}'; its submodules are"):
+        preflight(load_template(template, typo))
+    assert_cli_refuses_and_writes_nothing(capsys, tmp_path, [template, *typo], "policy.lora.trainable_modules", entry)
+    right = entry.replace("_hed", "_head").replace("projectr", "projector")
+    preflight(load_template(template, [*overrides, "policy.lora.rank=4", f"policy.lora.trainable_modules=[{right}]"]))
+
+
 def test_good_pi0_checkpoint_passes_and_loads(assets, capsys):
     from policies.pi0.policy_pi0 import PI0Policy
 

@@ -405,23 +405,12 @@ def _meta_policy(config, run_dir: Path):
 
     lora = config.policy.lora
     if config.run.workflow == "text":
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        from policies.causal_lm.configuration_causal_lm import CausalLMConfig
-        from policies.causal_lm.modeling_causal_lm import CausalLMPolicy
-        from policies.checkpoint_files import load_tokenizer, refuse_custom_code
+        from vla_rl.workflows.text import meta_causal_lm_policy
         from vla_rl.workflows.text_assets import TextAssets
 
-        model_path = TextAssets.resolve(config, run_dir).model_path
-        if config.text.gguf_file is not None or not (model_path / "config.json").is_file():
+        policy = meta_causal_lm_policy(config, TextAssets.resolve(config, run_dir).model_path)
+        if policy is None:
             return None
-        refuse_custom_code(model_path)
-        architecture = AutoConfig.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
-        policy_config = CausalLMConfig(model_path=str(model_path), prompt_format=config.text.prompt_format,
-                                       chat_template_kwargs=dict(config.text.chat_template_kwargs))
-        with torch.device("meta"):
-            policy = CausalLMPolicy(AutoModelForCausalLM.from_config(architecture, trust_remote_code=False),
-                                    load_tokenizer(model_path), policy_config)
     else:
         from vla_rl.workflows.embodied import robot_policy, simulator_spec
         from vla_rl_core.env_spec import EnvSpec

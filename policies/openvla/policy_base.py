@@ -3,6 +3,7 @@ action tokenizer and statistics, environment actions, LoRA and saving."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Sequence
@@ -440,27 +441,21 @@ class PrismaticPolicy(Policy, abstract=True):
         return tokenizer
 
     @classmethod
-    def meta_vla(cls, config: Any) -> PrismaticVLM:
-        """The VLA ``config`` describes (``model_path``'s ``config.json``, or ``architecture``), built
-        on the ``meta`` device (no weights read, no memory): its module names and shapes, the
-        layers :meth:`apply_lora` adapts.
+    def meta_policy(cls, config: Any) -> PrismaticPolicy:
+        """The policy ``config`` describes, built on the ``meta`` device without reading any weights
+        (a ``model_path`` gives its architecture, from its ``config.json``): its module tree, on
+        which :meth:`apply_lora` checks its settings as the workers' policy would.
 
         Raises:
             FileNotFoundError, ValueError: ``model_path``'s ``config.json`` is missing or describes
                 no architecture we build.
         """
         if config.model_path is not None:
-            architecture = architecture_from_config(read_config(Path(config.model_path)),
-                                                    str(Path(config.model_path) / CONFIG_FILE))
-        elif isinstance(config.architecture, dict):  # a preset (validated by the config)
-            from policies.openvla.tiny import tiny_preset
-
-            architecture = tiny_preset(**{key: value for key, value in config.architecture.items()
-                                          if key != "preset"})[0]
-        else:
-            architecture = config.architecture
+            directory = Path(config.model_path)
+            architecture = architecture_from_config(read_config(directory), str(directory / CONFIG_FILE))
+            config = dataclasses.replace(config, model_path=None, architecture=architecture, unnorm_key=None)
         with torch.device("meta"):
-            return PrismaticVLM(architecture, config.attn_implementation)
+            return cls(config)
 
     @classmethod
     def check_pretrained(cls, config: Any, require_tokenizer: bool = True) -> None:
@@ -491,7 +486,7 @@ class PrismaticPolicy(Policy, abstract=True):
                 raise ValueError(f"{directory}: no tokenizer (tokenizer_config.json and its files): the policy "
                                  "cannot encode the task instructions of simulator observations")
         if not config.allow_partial_load:
-            mismatch = vla_weight_mismatch(cls.meta_vla(config), shapes)
+            mismatch = vla_weight_mismatch(cls.meta_policy(config).vla, shapes)
             if mismatch:
                 files = find_weight_files(directory, config.allow_pickle).files
                 raise weight_mismatch_error(files[0] if len(files) == 1 else directory, mismatch)

@@ -34,9 +34,10 @@ architecture leave it randomly initialised). :func:`preflight` checks what the t
 - **the trajectory encoder's model** (V-JEPA 2's ``algorithm.vjepa2.model_dir``: its
   ``config.json``), when the reward embeds episodes with it;
 - **a task set's tasks** (``simulator.tasks``) declare the same state and action sizes and horizon;
-- **LoRA's target layers** (``policy.lora.target_modules``, when listed): each name names a
-  trainable linear layer of the model built on the ``meta`` device, where its architecture is
-  known from the config (a text model directory, OpenVLA and OpenVLA-OFT);
+- **LoRA's settings** (``policy.lora``): the adapters injected into the policy built on the
+  ``meta`` device, where its architecture is known from the config (a text model directory,
+  OpenVLA and OpenVLA-OFT): each ``target_modules`` name names a trainable linear layer, each
+  ``trainable_modules`` entry a submodule;
 - **the worker resources the nodes declare** (a plug-in's ``register_node(resources=...)``) and
   those they need are registered.
 
@@ -50,7 +51,7 @@ the policies' ``check_pretrained``), so what passes here loads in the workers.
 
 The checks live beside this module: :mod:`vla_rl.preflight.text` (a text run's prompts and model),
 :mod:`vla_rl.preflight.embodied` (an embodied run's tasks, simulator, policy checkpoint and
-trajectory encoder), :mod:`vla_rl.preflight.lora` (LoRA's target layers),
+trajectory encoder), :mod:`vla_rl.preflight.lora` (LoRA's settings),
 :mod:`vla_rl.preflight.errors` (:class:`PreflightError`).
 """
 
@@ -63,7 +64,7 @@ from vla_rl.dag.loader import Template
 from vla_rl.dag.planner import Plan, RunNode, plan
 from vla_rl.preflight.embodied import check_embodied_inputs, check_simulator, simulator_unavailable
 from vla_rl.preflight.errors import PreflightError
-from vla_rl.preflight.lora import check_lora_targets
+from vla_rl.preflight.lora import check_lora
 from vla_rl.preflight.text import check_text_inputs
 
 __all__ = ["PreflightError", "check_local_packages", "check_simulator", "preflight", "simulator_unavailable"]
@@ -88,7 +89,7 @@ def preflight(template: Template, world_size: int | None = None) -> None:
         check_text_inputs(config, the_plan)
     else:
         check_embodied_inputs(config)
-    check_lora_targets(config)
+    check_lora(config)
 
 
 def _check_node_resources(config, the_plan: Plan, file: Path) -> None:

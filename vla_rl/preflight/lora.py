@@ -1,6 +1,8 @@
-"""``policy.lora.target_modules`` checked on the model the policy would adapt, built on the
-``meta`` device from the run's config alone (no weights read), so that a name no layer has (a
-typo) is refused before Ray and the workers start, not after each worker has loaded the model."""
+"""``policy.lora`` checked on the policy the workers would build, on the ``meta`` device from the
+run's config alone (no weights read), with its adapters injected as the workers inject them: a
+``target_modules`` name that names no trainable linear layer (a typo) and a ``trainable_modules``
+entry that is no submodule are refused before Ray and the workers start, not after each worker has
+loaded the model."""
 
 from __future__ import annotations
 
@@ -9,50 +11,48 @@ from pathlib import Path
 from vla_rl.preflight.errors import PreflightError
 
 
-def check_lora_targets(config) -> None:
-    """Each name of ``policy.lora.target_modules`` names a trainable linear layer of the model
-    (:func:`policies.lora.check_target_modules`). Checked where the architecture is known from the
-    config: a text model directory's ``config.json``, an OpenVLA/OpenVLA-OFT ``model_path`` or
-    ``architecture``; otherwise (the generated tiny text model, a GGUF file) the worker checks it
-    when it builds the policy, and stops the run in one line. Nothing to check without
-    ``policy.lora`` or with its default list (null: the projections the model has).
+def check_lora(config) -> None:
+    """Inject ``policy.lora``'s adapters into the policy built on the ``meta`` device
+    (``apply_lora``, as :func:`vla_rl.workflows.base.apply_lora` does in the workers), where
+    the config alone gives the architecture: a text model directory's ``config.json``, an
+    OpenVLA/OpenVLA-OFT ``model_path`` or ``architecture``. Otherwise (the generated tiny text
+    model, a GGUF file) each worker checks the same when it builds the policy and stops the run in
+    one line. Nothing to check without ``policy.lora``.
 
     Raises:
-        PreflightError: field ``policy.lora.target_modules``: the names that match no layer, and
-            the names the model's linear layers have.
+        PreflightError: field ``policy.lora.target_modules`` (the names that match no trainable
+            linear layer, and the names the model's linear layers have) or
+            ``policy.lora.trainable_modules`` (an entry that is no submodule, and those there are).
     """
-    from policies.lora import check_target_modules
+    import torch
+
     from vla_rl_core.components import ComponentConfigError
 
     lora = config.policy.lora
-    if lora is None or lora.target_modules is None:
+    if lora is None:
         return
-    model = _text_model(config) if config.run.workflow == "text" else _robot_model(config)
-    if model is None:
+    policy = _text_policy(config) if config.run.workflow == "text" else _robot_policy(config)
+    if policy is None:
         return
     try:
-        check_target_modules(model, lora.target_modules)
+        with torch.device("meta"):
+            policy.apply_lora(**lora.apply_arguments())
     except ComponentConfigError as error:
         raise PreflightError(error.message, field=f"policy.lora.{error.field}") from None
 
 
-def _text_model(config):
-    """The causal LM of ``text.model_path`` on the ``meta`` device; None for the generated tiny
-    model and a GGUF file."""
-    from transformers import AutoConfig
+def _text_policy(config):
+    """The causal LM policy of ``text.model_path`` on the ``meta`` device; None for the generated
+    tiny model and a GGUF file."""
+    from vla_rl.workflows.text import meta_causal_lm_policy
 
-    from policies.causal_lm.loading import meta_model
-
-    text = config.text
-    if text.model_path is None or text.gguf_file is not None or not (Path(text.model_path) / "config.json").is_file():
-        return None
-    return meta_model(AutoConfig.from_pretrained(text.model_path, local_files_only=True, trust_remote_code=False))
+    return None if config.text.model_path is None else meta_causal_lm_policy(config, Path(config.text.model_path))
 
 
-def _robot_model(config):
-    """The module a robot policy adapts, on the ``meta`` device, where its class can build it from
-    the config alone (``meta_vla``: OpenVLA, OpenVLA-OFT); None otherwise."""
+def _robot_policy(config):
+    """The robot policy on the ``meta`` device, where its class can build it from the config alone
+    (``meta_policy``: OpenVLA, OpenVLA-OFT); None otherwise."""
     from policies import POLICIES
 
-    build = getattr(POLICIES.get(config.policy.name), "meta_vla", None)
+    build = getattr(POLICIES.get(config.policy.name), "meta_policy", None)
     return None if build is None else build(config.policy.policy_config())

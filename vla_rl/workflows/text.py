@@ -10,6 +10,8 @@ update nodes are the embodied ones.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from vla_rl.dag.registry import WORKFLOWS
 from vla_rl.data.key_sizes import StepShape
 from vla_rl.trainers.actor import text_forward
@@ -112,6 +114,35 @@ def causal_lm_policy(config, model_path, device=None):
         chat_template_kwargs=dict(text.chat_template_kwargs), allow_pickle=text.allow_pickle,
         allow_partial_load=config.policy.allow_partial_load)
     return CausalLMPolicy.from_pretrained(policy_config, device)
+
+
+def meta_causal_lm_policy(config, model_path: Path):
+    """The text run's :class:`~policies.causal_lm.modeling_causal_lm.CausalLMPolicy` of the model
+    directory ``model_path``, built on the ``meta`` device from its ``config.json`` (no weights
+    read, no memory): its module names and shapes; None for a GGUF file (``text.gguf_file``) or
+    a directory without ``config.json`` (the generated tiny model before it is written).
+
+    Raises:
+        ValueError: the directory names custom code (``auto_map``), or transformers has no causal
+            LM for its config.
+    """
+    import torch
+    from transformers import AutoConfig
+
+    from policies.causal_lm.configuration_causal_lm import CausalLMConfig
+    from policies.causal_lm.loading import meta_model
+    from policies.causal_lm.modeling_causal_lm import CausalLMPolicy
+    from policies.checkpoint_files import load_tokenizer, refuse_custom_code
+
+    model_path = Path(model_path)
+    if config.text.gguf_file is not None or not (model_path / "config.json").is_file():
+        return None
+    refuse_custom_code(model_path)
+    architecture = AutoConfig.from_pretrained(model_path, local_files_only=True, trust_remote_code=False)
+    policy_config = CausalLMConfig(model_path=str(model_path), prompt_format=config.text.prompt_format,
+                                   chat_template_kwargs=dict(config.text.chat_template_kwargs))
+    with torch.device("meta"):
+        return CausalLMPolicy(meta_model(architecture), load_tokenizer(model_path), policy_config)
 
 
 @register_resource("text_assets")
