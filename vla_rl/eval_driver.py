@@ -172,6 +172,28 @@ UNREAD_SECTIONS = {"warm_start": "warm start", "algorithm": "training algorithm"
 template and do nothing."""
 
 
+def videos_left_undone(eval_dir: Path, config, tasks, last_step: int) -> bool:
+    """Whether an evaluation still owes the videos of its last checkpoint (``last_step``): it
+    makes them (``eval.video_episodes`` > 0 of stored episodes, a task whose simulator renders)
+    and ``videos/replays.json``, which rank 0 writes once it has rendered them after the last
+    episode, names none of that step. An evaluation stopped while they were rendered has its
+    episodes stored and no videos: the same command again, which finds no rollout to run, starts
+    the workers for them."""
+    import json
+
+    from vla_rl.evaluation.video import renders_videos
+    from vla_rl_core.run_layout import VIDEOS_DIR
+
+    ev = config.eval
+    if not (ev.store_episodes and ev.video_episodes > 0 and any(renders_videos(task.simulator) for task in tasks)):
+        return False
+    try:
+        replays = json.loads((eval_dir / VIDEOS_DIR / "replays.json").read_text())
+    except (OSError, ValueError):  # none yet, or cut short
+        return True
+    return not any(isinstance(entry, dict) and f"/step{last_step}_" in str(entry.get("file", "")) for entry in replays)
+
+
 def default_eval_dir(run_dir: Path | None, run_config, policy_from: str | None) -> Path:
     """``<run>/eval``; for ``--policy-from``, ``<run.output_dir>/eval_<model directory name>``
     (``eval_<template name>`` for a policy without one)."""
@@ -225,10 +247,16 @@ def _check_same_evaluation(eval_dir: Path, loaded, chosen: bool) -> None:
     every = tuple(task.name for task in candidate_tasks(loaded.config))  # eval.tasks null: all of these
     rows, earlier_rows = _report_rows(loaded.config.eval), _report_rows(earlier_section)
     if not _covers(rows, earlier_rows, every):
+        # the usual cause: training on pruned the evaluated checkpoints (trainer.keep_last)
+        root = Path(loaded.config.eval.checkpoints[0]).parent if loaded.config.eval.checkpoints else None
+        gone = [name for name in earlier_rows[0] if name not in rows[0] and root is not None
+                and not (root / name).is_dir()]
+        pruned = (f" ({', '.join(gone)} no longer in {root}: training on pruned it, trainer.keep_last; raise "
+                  "trainer.keep_last before training on to extend an evaluation in place)") if gone else ""
         raise EvalInputError(
             f"{flag}{eval_dir} holds an evaluation of {_describe_rows(earlier_rows, rows, every)}, and this one "
-            f"evaluates {_describe_rows(rows, rows, every)}: its report would drop rows of that one's; name another "
-            "--output (the same selection, or one that adds checkpoints, protocols or tasks, continues that "
+            f"evaluates {_describe_rows(rows, rows, every)}{pruned}: its report would drop rows of that one's; name "
+            "another --output (the same selection, or one that adds checkpoints, protocols or tasks, continues that "
             "evaluation)")
 
 
@@ -500,10 +528,14 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     progress = ReportProgress(eval_dir, info, tasks, skipped, ckpt_steps, protocols, ids)
     progress.update()  # tasks an interrupted evaluation finished
     workers = None
-    if tasks and len(progress.complete) == len(tasks):
-        console.print("every planned episode is stored already: no rollout to run")
+    rollouts = len(progress.complete) < len(tasks)
+    videos = bool(tasks) and not rollouts and videos_left_undone(eval_dir, config, tasks, max(ckpt_steps))
+    if tasks and not rollouts:
+        console.print("every planned episode is stored already: " + (
+            "rendering the videos the evaluation has not made yet (it was stopped while rank 0 rendered them)"
+            if videos else "no rollout to run"))
     try:  # a failure leaves the last report written (as of the last finished step), never a new one
-        if len(progress.complete) < len(tasks):
+        if rollouts or videos:
             from vla_rl.workflows.embodied import remote_clients_note
 
             the_plan = plan(loaded)

@@ -104,6 +104,29 @@ def test_eval_command_again_redoes_nothing(evaluated, tiny_run, tmp_path, monkey
 
 
 @pytest.mark.xdist_group("test_eval_command.tiny_run")
+def test_videos_an_interrupted_evaluation_did_not_make_are_made_by_the_same_command(evaluated, tiny_run, tmp_path,
+                                                                                    capsys):
+    """Stopped while rank 0 rendered the videos (its last episode stored), an evaluation had every
+    episode and no videos, and the same command again found no rollout to run: it never made them."""
+    import shutil
+
+    run_dir = tmp_path / "tiny"
+    shutil.copytree(tiny_run, run_dir)
+    videos = run_dir / "eval" / "videos"
+    made = sorted(p.relative_to(videos) for p in videos.rglob("*.mp4"))
+    assert made
+    shutil.rmtree(videos)
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), *EVAL]) == 0
+    assert "rendering the videos the evaluation has not made yet" in " ".join(capsys.readouterr().out.split())
+    assert sorted(p.relative_to(videos) for p in videos.rglob("*.mp4")) == made
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    assert report["videos"] and report["results"] == json.loads((evaluated / "report.json").read_text())["results"]
+    assert main(["eval", str(run_dir), *EVAL]) == 0  # now nothing is left to do
+    assert "every planned episode is stored already: no rollout to run" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.xdist_group("test_eval_command.tiny_run")
 def test_eval_of_a_missing_step_is_a_one_line_error(tiny_run, capsys):
     assert main(["eval", str(tiny_run), "--steps", "7"]) == 2
     assert "no checkpoint of step(s) [7]" in capsys.readouterr().err

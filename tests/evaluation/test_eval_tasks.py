@@ -363,6 +363,14 @@ def test_an_evaluation_of_other_checkpoints_or_protocols_does_not_replace_the_ea
     other, _, _ = prepare_eval_dir([str(run_dir / "checkpoints" / "step_00000003")], ["eval.protocols=[greedy]"],
                                    output=str(tmp_path / "step3"))
     assert other == tmp_path / "step3"
+    # training on pruned step 1 (trainer.keep_last): the refusal says so (it named only the steps)
+    import shutil
+
+    shutil.rmtree(run_dir / "checkpoints" / "step_00000001")
+    with pytest.raises(EvalInputError, match=r"this one evaluates step_00000002, step_00000003 \(greedy, sampled@1\) "
+                                             r"\(step_00000001 no longer in .*checkpoints: training on pruned it, "
+                                             r"trainer.keep_last; raise trainer.keep_last before training on"):
+        prepare_eval_dir([str(run_dir)], [])
     from vla_rl.eval_driver import _covers  # a template's policy (no checkpoint) is a row checkpoints do not hold
     assert not _covers((("step_00000003",), ("greedy",), None, None), ((), ("greedy",), None, None), ("Lift",))
     assert _covers(((), ("greedy", "sampled@1"), None, None), ((), ("greedy",), None, None), ("Lift",))
