@@ -75,6 +75,15 @@ class RemoteEnvConfig:
         """``{"<camera>_image": [H, W, 3]}`` of the cameras."""
         return {f"{camera}{keys.OBS_IMAGE_SUFFIX}": [self.camera_size, self.camera_size, 3] for camera in self.cameras}
 
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest message the hub accepts from a client, bytes: twice what one answer of this
+        run holds (its state as float32 and its camera images, the largest message of the
+        protocol), plus 1 MiB for the other fields. A larger one breaks the protocol (the hub
+        closes its connection, websocket close code 1009) before the hub holds it in memory."""
+        images = sum(height * width * 3 for height, width, _ in self.image_shapes.values())
+        return 2 * (4 * self.state_dim + images) + 2**20
+
     def fit_problem(self, hello: Any) -> str | None:
         """What in a client's hello does not fit this run, or None."""
         if not isinstance(hello, dict) or hello.get("type") != "hello":

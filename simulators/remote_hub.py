@@ -114,8 +114,8 @@ class _HubServer:
 
         quiet_failed_handshakes()  # a port probe: one line, not a traceback
         self._idle = asyncio.Queue()
-        async with serve(self._handle, self.config.host, self.config.port, compression=None, max_size=None,
-                         process_request=self._process_request) as server:
+        async with serve(self._handle, self.config.host, self.config.port, compression=None,
+                         max_size=self.config.max_message_bytes, process_request=self._process_request) as server:
             self.port = server.sockets[0].getsockname()[1]
             logger.info("remote environments connect to ws://%s:%d (%s)", self.config.host, self.port,
                         "token required" if self.token else "no token")
@@ -147,8 +147,12 @@ class _HubServer:
         address = _address(websocket)
         try:
             hello = wire.unpackb(await asyncio.wait_for(websocket.recv(), HANDSHAKE_TIMEOUT_S))
-        except ConnectionClosed:  # it left before saying hello (a port probe, a client stopped): nothing to refuse
-            logger.info("a connection from %s closed before its hello", address)
+        except ConnectionClosed as closed:
+            if _too_big(closed):
+                self._counts["refused"] += 1
+                logger.warning("refused a remote environment from %s: %s", address, self._too_big_why("hello"))
+            else:  # it left before saying hello (a port probe, a client stopped): nothing to refuse
+                logger.info("a connection from %s closed before its hello", address)
             return
         except Exception as err:  # noqa: BLE001 (a client that cannot say hello is refused, whatever it sent)
             hello, problem = None, f"no hello ({type(err).__name__}: {err})"
@@ -202,8 +206,8 @@ class _HubServer:
             try:
                 await client.websocket.send(wire.packb(message))
                 answer = await asyncio.wait_for(client.websocket.recv(), timeout_s)
-            except ConnectionClosed:
-                return self._lost(client_id, "it disconnected")
+            except ConnectionClosed as closed:
+                return self._lost(client_id, self._too_big_why("answer") if _too_big(closed) else "it disconnected")
             except TimeoutError:
                 await client.websocket.close(1011, "no answer in time")
                 return self._lost(client_id, f"no answer within {timeout_field}={timeout_s:g} s")
@@ -222,10 +226,24 @@ class _HubServer:
             self._counts["invalid"] += 1
         return answer
 
+    def _too_big_why(self, message: str) -> str:
+        return (f"its {message} is larger than the {self.config.max_message_bytes / 2**20:.1f} MiB this run's "
+                f"messages may take (twice its state_dim {self.config.state_dim} floats and cameras "
+                f"{list(self.config.cameras)} at camera_size {self.config.camera_size}, plus 1 MiB): the hub "
+                "closed its connection")
+
     def _lost(self, client_id: int, why: str) -> dict:
         self._counts["lost"] += 1
         logger.warning("remote environment %d lost its episode: %s", client_id, why)
         return {LOST: f"remote environment {client_id}: {why}"}
+
+
+def _too_big(closed: Exception) -> bool:
+    """Whether the hub closed this connection because a message was over its size limit."""
+    from websockets.frames import CloseCode
+
+    sent = getattr(closed, "sent", None)
+    return sent is not None and sent.code == CloseCode.MESSAGE_TOO_BIG
 
 
 def _address(connection: Any) -> str:

@@ -88,6 +88,7 @@ class RobotClient:
             RemoteRefused: the hub refused the token or the environment.
         """
         from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+        from websockets.frames import CloseCode
         from websockets.sync.client import connect
 
         stop = stop or threading.Event()
@@ -102,7 +103,14 @@ class RobotClient:
                     raise RemoteRefused(f"{self.uri} refused the token: {err.response.body.decode().strip()}") from None
                 logger.warning("%s answered %s; connecting again in %g s", self.uri, err.response.status_code,
                                self.retry_s)
-            except (OSError, ConnectionClosed, TimeoutError, InvalidHandshake) as err:
+            except ConnectionClosed as err:
+                if err.rcvd is not None and err.rcvd.code == CloseCode.MESSAGE_TOO_BIG:  # its episode is lost
+                    logger.warning("%s closed the connection: a message of this client was larger than the hub "
+                                   "takes (%s); check the observation's sizes; connecting again in %g s",
+                                   self.uri, err.rcvd.reason, self.retry_s)
+                else:
+                    logger.info("no connection to %s (%s); connecting again in %g s", self.uri, err, self.retry_s)
+            except (OSError, TimeoutError, InvalidHandshake) as err:
                 # InvalidHandshake: a peer that closed (or answered garbage) before its HTTP reply,
                 # as a hub restarting or a proxy in between does
                 logger.info("no connection to %s (%s); connecting again in %g s", self.uri, err, self.retry_s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import time
 
 import msgpack
 import pytest
@@ -87,3 +88,59 @@ def test_a_bad_answer_loses_the_episode_and_frees_the_client(hub, answer, why):
     finally:
         leave.set()
         thread.join(10)
+
+
+def test_a_message_larger_than_the_run_needs_loses_the_episode_before_the_hub_holds_it(hub, caplog):
+    """The hub took messages of any size (``max_size=None``): a client sending 300 MB had the hub
+    hold it. Now the limit is twice what the run's observation takes plus 1 MiB (here about
+    1 MiB), the hub closes the connection (code 1009), the episode is lost saying why, and the
+    client, told so, logs a warning."""
+    import logging
+
+    import gymnasium as gym
+    import numpy as np
+
+    from vla_rl.remote import RobotClient
+
+    class Oversized(gym.Env):
+        """Declares a state of 3 values, observes 1 M of them."""
+        observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+        action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(2**20, np.float32), {}
+
+    server, run = hub
+    assert server.config.max_message_bytes == 2 * 3 * 4 + 2**20
+    stop = threading.Event()
+    robot = RobotClient(Oversized(), f"ws://127.0.0.1:{server.port}", retry_s=30)
+    with caplog.at_level(logging.WARNING):
+        robot.start(stop)
+        try:
+            claimed = run(server.claim(10))
+            assert claimed is not None
+            lost = run(server.request(claimed, RESET, 10))
+            assert re.search(r"its answer is larger than the 1\.0 MiB this run's messages may take .*closed its "
+                             r"connection", lost[LOST])
+            assert run(server.stats())["lost"] == 1
+            deadline = time.monotonic() + 10
+            while "larger than the hub takes" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert "larger than the hub takes" in caplog.text
+        finally:
+            stop.set()
+            robot.thread.join(10)
+
+
+def test_a_hello_larger_than_the_run_needs_is_refused(hub, caplog):
+    import logging
+
+    server, _ = hub
+    with caplog.at_level(logging.WARNING), connect(f"ws://127.0.0.1:{server.port}", max_size=None) as ws:
+        ws.send(wire.packb({"type": "hello", "name": "x" * 2**21}))
+        with pytest.raises(Exception, match="1009"):
+            ws.recv(timeout=10)
+    deadline = time.monotonic() + 10
+    while "its hello is larger than" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "refused a remote environment" in caplog.text and "its hello is larger than" in caplog.text
