@@ -94,11 +94,11 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
             raise EvalInputError(f"--policy-from {policy_from}: that is vla-rl eval's own template; name the training "
                                  "template (vla-rl train's) whose policy to evaluate")
     for override in overrides:
-        section = override.removeprefix("~").split(".", 1)[0]
-        if section in UNREAD_SECTIONS:
+        unread = unread_by_evaluation(override)
+        if unread is not None:
             whose = "checkpoints'" if run_dir else "template's"
-            raise EvalInputError(f"{override.split('=', 1)[0]}: vla-rl eval runs no {UNREAD_SECTIONS[section]} (it "
-                                 f"rolls out the {whose} policy); remove it")
+            raise EvalInputError(f"{override.split('=', 1)[0]}: vla-rl eval runs no {unread} (it rolls out the "
+                                 f"{whose} policy); remove it")
     if run_config.run.workflow != "embodied":
         raise EvalInputError(f"{what} is a text {'run' if run_dir else 'template'}; vla-rl eval evaluates embodied "
                              "policies")
@@ -167,9 +167,24 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
 
 COPIED_SECTIONS = ("policy", "simulator")
 """The sections of the evaluated run's (or template's) config the evaluation template takes whole."""
-UNREAD_SECTIONS = {"warm_start": "warm start", "algorithm": "training algorithm"}
+UNREAD_SECTIONS = {"warm_start": "warm start", "algorithm": "training algorithm", "critic": "critic"}
 """Sections no evaluation node reads: an override of them would be written into the evaluation's
 template and do nothing."""
+READ_TRAINER_SETTINGS = ("strategy", "mixed_precision", "fsdp")
+"""The ``trainer`` settings an evaluation reads (how the checkpoints' policy is placed and in
+which precision it acts); the others are training's."""
+
+
+def unread_by_evaluation(override: str) -> str | None:
+    """What ``override`` (``KEY=VALUE``, or ``~KEY``) sets that no evaluation node reads (its
+    section of :data:`UNREAD_SECTIONS`; a ``trainer`` setting but those of
+    :data:`READ_TRAINER_SETTINGS`, the whole ``trainer`` section included), or None."""
+    path = override.removeprefix("~").split("=", 1)[0].split(".")
+    if path[0] in UNREAD_SECTIONS:
+        return UNREAD_SECTIONS[path[0]]
+    if path[0] == "trainer" and (len(path) == 1 or path[1] not in READ_TRAINER_SETTINGS):
+        return "training (it reads trainer." + ", trainer.".join(READ_TRAINER_SETTINGS) + " only)"
+    return None
 
 
 def videos_left_undone(eval_dir: Path, config, tasks, last_step: int) -> bool:

@@ -81,6 +81,10 @@ def test_refusals_name_what_is_wrong_before_anything_is_written(oft_l1, tmp_path
         (["eval", "--policy-from", TEMPLATE, "algorithm.reward=binary_success"],
          "algorithm.reward: vla-rl eval runs no training algorithm"),
         (["eval", "--policy-from", TEMPLATE, "~warm_start"], "~warm_start: vla-rl eval runs no warm start"),
+        (["eval", "--policy-from", TEMPLATE, "trainer.total_steps=5"],
+         "trainer.total_steps: vla-rl eval runs no training (it reads trainer.strategy, trainer.mixed_precision, "
+         "trainer.fsdp only)"),
+        (["eval", "--policy-from", TEMPLATE, "critic.lr=0.1"], "critic.lr: vla-rl eval runs no critic"),
     ]
     for argv, message in cases:
         assert main([*argv, "--output", str(out)]) == 2, argv
