@@ -105,6 +105,8 @@ _BAD_OUTPUTS = {
     "test_tensor_metric": lambda ctx, batch: NodeOutput(batch, {"x/vec": torch.ones(2)}),
     "test_str_metric": lambda ctx, batch: NodeOutput(batch, {"x/str": "hello"}),
     "test_list_metrics": lambda ctx, batch: NodeOutput(batch, [("x/a", 1.0)]),
+    # trained the next nodes on the rows it kept, silently
+    "test_fewer_rows": lambda ctx, batch: NodeOutput(batch[:1], {}),
     "test_scalar_metrics": lambda ctx, batch: NodeOutput(batch, {"x/t": torch.tensor(2.0), "x/a": np.array([1.5]),
                                                                  "x/i": 3, "x/b": True, "x/n": np.float32(0.5)}),
 }
@@ -119,6 +121,8 @@ _BAD_OUTPUTS = {
     ("test_tensor_metric", "RunStopped", "returned metric 'x/vec': a Tensor of shape (2,), not a scalar; a metric is"),
     ("test_str_metric", "RunStopped", "returned metric 'x/str': a str, not a number"),
     ("test_list_metrics", "RunStopped", "returned a NodeOutput whose metrics are a list; they are a dict"),
+    ("test_fewer_rows", "RunStopped", "returned a batch of length 1 for an input of length 2; a reward node returns "
+     "one row per row of its input (rollout and filter nodes drop episodes and groups)"),
     ("test_scalar_metrics", None, ""),
 ])
 def test_a_node_function_that_fails_is_named_in_its_error(fn, error, message):

@@ -374,7 +374,8 @@ def run_node_function(task: RunNode, ctx: NodeContext, batch: TensorDictBase | N
 
     Raises:
         RunStopped: the function returned something else: not a NodeOutput, a batch that is no
-            TensorDict, metrics that are no mapping of names to scalars (:func:`metric_problem`).
+            TensorDict, metrics that are no mapping of names to scalars (:func:`metric_problem`),
+            or, from a node of :data:`ROW_KEEPING_ROLES`, a batch of another length than its input.
         Exception: what the function raised, with the note added.
     """
     fn = get_node_function(task.role, task.type, task.fn).fn
@@ -398,7 +399,17 @@ def run_node_function(task: RunNode, ctx: NodeContext, batch: TensorDictBase | N
         if problem is not None:
             raise RunStopped(f"{where} returned metric {name!r}: {problem}; a metric is a number, a one-element "
                              "tensor or array, or a vla_rl.workers.metrics.Metric")
+    if (task.role in ROW_KEEPING_ROLES and task.type != "model_train" and batch is not None
+            and result.batch is not None and len(result.batch) != len(batch)):
+        raise RunStopped(f"{where} returned a batch of length {len(result.batch)} for an input of length "
+                         f"{len(batch)}; a {task.role} node returns one row per row of its input (rollout and "
+                         "filter nodes drop episodes and groups)")
     return result
+
+
+ROW_KEEPING_ROLES = ("reward", "advantage", "reference", "critic")
+"""Roles whose nodes (but model updates) return a row for each row of their input: a reward node
+returning fewer rows trained the next nodes on them, silently."""
 
 
 def metric_problem(value) -> str | None:
