@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from policies.checkpoint_files import read_json_file
 from policies.normalization import ActionStatistics, MeanStdStatistics, fit_bounds_q99, fit_mean_std
+from policies.pi0.checkpoint_pi0 import ARCHITECTURE_FILE
 from policies.pi0.configuration_pi0 import NORMALIZATION_FIELDS, PI0PolicyConfig
 from vla_rl_core import keys
 
@@ -198,12 +199,21 @@ def load_statistics(module: nn.Module, config: PI0PolicyConfig) -> None:
     ``mask`` when the entry has one).
 
     Raises:
-        ValueError: malformed statistics (those of the checkpoint: the message names its file);
-            openpi's statistics (``mean`` and ``std`` with the quantiles) read with
+        ValueError: a ``model_path`` of openpi's or LeRobot's (no ``pi0_architecture.json``: not
+            :meth:`PI0Policy.save_pretrained`'s) without a ``norm_stats.json`` and no
+            ``action_statistics``: its actions would reach the simulator normalised (openpi's
+            ``create_trained_policy`` refuses it too); malformed statistics (those of the
+            checkpoint: the message names its file); openpi's statistics (``mean`` and ``std`` with the quantiles) read with
             ``normalization: bounds_q99``, which would normalise otherwise than openpi trained π0.
     """
     fields = NORMALIZATION_FIELDS[config.normalization]
     path = norm_stats_file(config.model_path) if config.model_path is not None else None
+    if (path is None and config.model_path is not None and config.action_statistics is None
+            and not (Path(config.model_path) / ARCHITECTURE_FILE).is_file()):
+        raise ValueError(f"{config.model_path}: no {NORM_STATS_FILE} there nor under its assets/ (openpi keeps it in "
+                         f"assets/<asset_id>/): openpi's and LeRobot's π0 act on normalised actions, and without "
+                         f"their statistics the simulator would get them as they are; copy the checkpoint's "
+                         f"{NORM_STATS_FILE} there, or give policy.config.action_statistics")
     checkpoint = read_norm_stats(path) if path is not None else {}
     for prefix, stats, length, entry in (("action", config.action_statistics, config.action_dim, "actions"),
                                          ("proprio", config.proprio_statistics, config.proprio_dim, "state")):

@@ -98,7 +98,7 @@ def _adapters(model: nn.Module) -> list[str]:
     (["q_proj", "v_prj"], r"\['v_prj'\] name no trainable linear layer of the policy; its linear layers are named "
                           r"\['k_proj', 'q_proj'\]"),
     (["q_proj", "k_proj"], r"\['k_proj'\] name no trainable linear layer of the policy \(\['k_proj'\]: only layers "
-                           "the policy freezes itself\)"),
+                           r"the policy freezes itself\)"),
     (["v_prj"], r"\['v_prj'\] name no trainable linear layer"),
 ])
 def test_a_listed_target_that_names_no_trainable_layer_is_refused_and_nothing_is_injected(targets, match):

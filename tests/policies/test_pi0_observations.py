@@ -121,6 +121,39 @@ def test_loads_a_checkpoint_directory_with_tokenizer_and_statistics(tmp_path):
         PI0Policy(PI0PolicyConfig(model_path=str(directory), action_dim=6))
 
 
+def test_an_openpi_or_lerobot_checkpoint_without_its_statistics_is_refused(tmp_path):
+    """A checkpoint of openpi's or LeRobot's (a config.json, no pi0_architecture.json) without
+    norm_stats.json acted on normalised actions, de-normalised by nothing, silently: openpi's
+    create_trained_policy refuses it too. Its statistics under assets/, or the config's, are
+    enough; the policy's own export without statistics (pi0_architecture.json) acts in the
+    simulator's units, as the policy it was exported from."""
+    from policies.pi0.transforms_pi0 import load_statistics, register_statistics
+
+    external = tmp_path / "openpi"
+    external.mkdir()
+    (external / "config.json").write_text(json.dumps({"action_dim": 32, "action_horizon": 10}))
+
+    def statistics(**fields):
+        module = torch.nn.Module()
+        config = PI0PolicyConfig(model_path=str(external), action_dim=3, proprio_dim=4, **fields)
+        register_statistics(module, config.normalization, config.action_dim, config.proprio_dim)
+        load_statistics(module, config)
+        return module
+
+    with pytest.raises(ValueError, match=rf"^{external}: no norm_stats.json there nor under its assets/ .*copy the "
+                                         r"checkpoint's norm_stats.json there, or give policy.config.action_statistics"):
+        statistics()
+    assert statistics(action_statistics=STATISTICS).action_statistics_set
+    (external / "assets" / "libero").mkdir(parents=True)
+    (external / "assets" / "libero" / "norm_stats.json").write_text(json.dumps(
+        {"norm_stats": {"actions": {"q01": [-1.0, -2.0, -3.0], "q99": [1.0, 2.0, 3.0]}}}))
+    assert statistics().action_q99.tolist() == [1.0, 2.0, 3.0]
+    own = make_policy("pi0", tiny_config()).save_pretrained(tmp_path / "own")  # no statistics set
+    assert not (own / "norm_stats.json").exists()
+    assert make_policy("pi0", PI0PolicyConfig(model_path=str(own), action_dim=ACTION_DIM,
+                                              proprio_dim=PROPRIO_DIM)).action_statistics is None
+
+
 # --------------------------------------------------------------------------- openpi's transforms
 PROPRIO_MEAN_STD = {"mean": [1.0, 0.0, -1.0, 0.5], "std": [0.5, 2.0, 1.0, 4.0]}
 
