@@ -9,6 +9,7 @@ import json
 import re
 import shlex
 import threading
+import time
 
 import pytest
 from devices import device_overrides
@@ -18,6 +19,7 @@ from vla_rl.checkpoints.layout import CheckpointCorruptError
 from vla_rl.cli import main
 from vla_rl.driver import train
 from vla_rl.errors import RunStopped
+from vla_rl.run_loop import RunLoop
 from vla_rl.workers.group import WorkerGroup
 
 TINY = [
@@ -77,10 +79,28 @@ def train_steps(run_dir) -> list[int]:
 @pytest.mark.xdist_group("test_faults.uninterrupted")
 def test_killed_worker_restarts_from_the_last_checkpoint(uninterrupted, tmp_path, demo_store, monkeypatch, capsys):
     killed = kill_during_step(monkeypatch, step=1, rank=1)
+    # the first group's checkpoint of step 1 takes 2 s more, and each group's training loop is timed
+    call, train_loop, group_loops, slowed = WorkerGroup.call, RunLoop._train, [], []
+
+    def slow_first_checkpoint(self, method, *args):
+        if method == "save_checkpoint" and not slowed:
+            slowed.append(args[0])
+            time.sleep(2.0)
+        return call(self, method, *args)
+
+    def timed_train_loop(self, *args):
+        start = time.perf_counter()
+        try:
+            return train_loop(self, *args)
+        finally:
+            group_loops.append(time.perf_counter() - start)
+
+    monkeypatch.setattr(WorkerGroup, "call", slow_first_checkpoint)
+    monkeypatch.setattr(RunLoop, "_train", timed_train_loop)
     summary = train("embodied_srpo", [*TINY, f"run.output_dir={tmp_path}", "run.name=killed",
                                       f"warm_start.demo_store={demo_store}"])
     run_dir = tmp_path / "killed"
-    assert len(killed) == 1
+    assert len(killed) == 1 and slowed == [1] and len(group_loops) == 2
     out = " ".join(capsys.readouterr().out.split())
     assert "DAG worker rank 1 died during 'run_step': pid " in out
     assert "restarting the workers from the last checkpoint (restart 1 of workers.max_restarts=1)" in out
@@ -89,9 +109,11 @@ def test_killed_worker_restarts_from_the_last_checkpoint(uninterrupted, tmp_path
     assert summary["start_step"] == 0 and summary["last_step"] == 3 and summary["steps_run"] == 3
     assert train_steps(run_dir) == [1, 2, 3]  # the records of the lost step were dropped
     assert (run_dir / FINAL).read_bytes() == (uninterrupted / FINAL).read_bytes()
-    # the training time of both groups, as steps_run counts both (it was the restarted group's alone)
+    # the training time of both groups, as steps_run counts both (it was the restarted group's alone,
+    # shorter than its training loop)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert summary["train_time_s"] >= sum(r["timing/step"] for r in records if "timing/step" in r)
+    assert summary["train_time_s"] >= group_loops[1] + 1.0
     # both groups of workers recorded their machines (this one): named once
     assert len((run_dir / "hosts.jsonl").read_text().splitlines()) == 2
     assert summary["run_hosts"] == [summary["hosts"][0]] and summary["hosts_unrecorded"] is False
