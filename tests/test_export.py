@@ -94,6 +94,12 @@ def test_the_export_command_and_its_errors(lora_lm_run, tmp_path, capsys):
     assert "template.yaml is a file: name a checkpoint directory or a run directory" in capsys.readouterr().err
     with pytest.raises(ExportError, match="not a complete checkpoint directory"):
         export_checkpoint(checkpoint.parent, tmp_path / "b")
+    sweep = tmp_path / "sweep"  # vla-rl train --seeds: "not a complete checkpoint directory"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text("{}")
+    assert main(["export", str(sweep), str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {sweep} is a sweep of seeds: name one of its runs, e.g. " \
+                                              f"{sweep / 'seed_<S>'}"
     weights = checkpoint / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF

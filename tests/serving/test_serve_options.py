@@ -75,6 +75,10 @@ def _mlp_export(directory):
     (lambda d: [f.unlink() for f in d.iterdir()] + [(d / name).write_text("{}") for name in ("template.yaml",
                                                                                         "metrics.jsonl")],
      "nothing to serve: run {d} has no checkpoint yet (a run writes its first after trainer.save_every steps"),
+    # a seed sweep's sweep.json and report.json passed it for an export needing --template
+    (lambda d: [f.unlink() for f in d.iterdir()] + [(d / name).write_text("{}") for name in ("sweep.json",
+                                                                                        "report.json")],
+     "nothing to serve: {d} is a sweep of seeds: name one of its runs, e.g. {d}/seed_<S>"),
 ])
 def test_a_damaged_or_empty_export_is_one_line(damage, message, tmp_path, capsys):
     """A truncated or missing weight file, or a bad config (another version's fields: a

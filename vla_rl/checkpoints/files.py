@@ -56,7 +56,7 @@ from vla_rl.checkpoints.layout import (
 )
 from vla_rl.checkpoints.sharded import load_sharded_model
 from vla_rl_core.file_modes import apply_default_modes
-from vla_rl_core.run_layout import CHECKPOINTS_DIR, METRICS_FILE, RUN_TEMPLATE
+from vla_rl_core.run_layout import CHECKPOINTS_DIR, METRICS_FILE, RUN_TEMPLATE, SWEEP_FILE
 
 # Markers of the JSON encoding of nested state; plain dicts never have keys starting with "__".
 _TENSOR, _TUPLE, _DICT, _NDARRAY = "__tensor__", "__tuple__", "__dict__", "__ndarray__"
@@ -330,9 +330,12 @@ def run_checkpoint(path: str | Path) -> Path:
 
     Raises:
         FileNotFoundError: ``path`` is a run directory without a complete checkpoint (also one
-            that has written none yet: ``template.yaml`` and ``metrics.jsonl``, no ``checkpoints/``).
+            that has written none yet: ``template.yaml`` and ``metrics.jsonl``, no ``checkpoints/``),
+            or a seed sweep's directory (``sweep.json``: its runs are ``seed_<S>/``).
     """
     path = Path(path)
+    if (path / SWEEP_FILE).is_file():  # its sweep.json and report.json passed it for an export
+        raise FileNotFoundError(f"{path} is a sweep of seeds: name one of its runs, e.g. {path / 'seed_<S>'}")
     if not (path / CHECKPOINTS_DIR).is_dir():
         if is_run_without_checkpoints(path):
             raise FileNotFoundError(f"run {path} {NO_CHECKPOINT_YET}")
