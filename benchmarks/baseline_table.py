@@ -9,8 +9,28 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None,
+                    counts: Sequence[str]) -> argparse.Namespace:
+    """``parser``'s arguments of ``argv``; each option of ``counts`` (``"repeats"`` for
+    ``--repeats``) must be at least 1, else the parser exits with a one-line error (a 0 was a
+    StatisticsError at the end of the run)."""
+    args = parser.parse_args(argv)
+    for name in counts:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+def write_record(out: Path, result: dict) -> None:
+    """Write the JSON record ``result`` to ``out``, its folder made where missing."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def seconds(call, repeats: int) -> list[float]:
@@ -55,8 +75,8 @@ def report(parts: dict[str, dict[str, list[float]]], baseline: str, column: str,
             record = {"median_s": median, "min_s": min(values), "max_s": max(values), "seconds": values,
                       f"speedup_over_{baseline}": reference / median}
             result["parts"][part][name] = record
-            print(f"| {part} | {name} | {median:.4f} | {min(values):.4f} | {max(values):.4f} | "
+            print(f"| {part} | {name} | {median:.4g} | {min(values):.4g} | {max(values):.4g} | "
                   f"{reference / median:.2f}x |")
     if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_record(args.out, result)
     return result

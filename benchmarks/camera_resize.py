@@ -40,7 +40,7 @@ from vla_rl_core.observations import encode_instruction
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.baseline_table import report, seconds  # noqa: E402  (after the path above)
+from benchmarks.baseline_table import parse_arguments, report, seconds  # noqa: E402  (after the path above)
 
 #: The π0 Lift templates' tiny π0 (dag_templates/bases/pi0_lift.yaml).
 PI0_LIFT = {"preset": "tiny", "max_action_dim": 7, "max_state_dim": 11, "chunk_size": 8,
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a DAG worker on 2 cores: 1)")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv, ("observations", "repeats", "threads"))
     torch.set_num_threads(args.threads)
     n = args.observations
     small, large = frames(n, 128), frames(n, 256)

@@ -23,7 +23,6 @@ rows' softmax normalised in float64, averaged over the rows.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -35,7 +34,12 @@ from policies.sampling import BLOCK_SIZE, sample_categorical
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.baseline_table import report, seconds  # noqa: E402  (after the path above)
+from benchmarks.baseline_table import (  # noqa: E402  (after the path above)
+    parse_arguments,
+    report,
+    seconds,
+    write_record,
+)
 
 CLASSES = (512, 49_152, 151_936)
 
@@ -86,7 +90,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a DAG worker on 2 cores: 1)")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv, ("rows", "repeats", "threads"))
+    if not 0 < args.dominant < 1:
+        parser.error(f"--dominant must be a probability in (0, 1), got {args.dominant}")
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     parts, exactness = {}, {}
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     for part, values in exactness.items():
         print(f"| {part.split('_')[0]} | {values['two_stage']:.2e} | {values['one_float32_cumsum']:.2e} |")
     if out is not None:
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        write_record(out, result)
     return result
 
 

@@ -138,14 +138,27 @@ def measure_or_out_of_memory(step: Step, model: torch.nn.Module, device: torch.d
         return {"error": f"out of memory: {first_line}", **peak_memory(device)}
 
 
-def record_part(result: dict, part: str, entry: dict, out: Path, decimals: int) -> None:
+def record_part(result: dict, part: str, entry: dict, out: Path | None, decimals: int) -> None:
     """Store ``entry`` (:func:`measure_or_out_of_memory`'s) as ``result["parts"][part]``, print its
     total seconds and peak GiB (``decimals`` digits) or its error, and rewrite the JSON ``out``
-    with ``result``, so that what is measured survives a later part's failure."""
+    (None: none) with ``result``, so that what is measured survives a later part's failure."""
     result["parts"][part] = entry
     print(f"{part}: " + (entry["error"] if "error" in entry else
                          f"{entry['total_s']:.{decimals}f} s, peak {entry['peak_memory_gib']:.2f} GiB"), flush=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    if out is not None:
+        out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def add_out_argument(parser) -> None:
+    """The ``--out FILE`` option of a benchmark: its JSON record, none by default (the committed
+    records are rewritten only when named)."""
+    parser.add_argument("--out", "--json", dest="out", type=Path, default=None,
+                        help="write the JSON record there (default: none; the tables are printed)")
+
+
+def wrote(out: Path | None) -> None:
+    """Print where the JSON record went, or how to keep one."""
+    print(f"wrote {out}" if out is not None else "no JSON record written (give --out FILE to keep one)")
 
 
 def print_parts_table(title: str, parts: dict[str, dict], what: dict[str, str], phases: tuple[str, ...],

@@ -93,7 +93,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--workers", type=int, default=2, help="DAG workers (TRL gets as many torch threads)")
     parser.add_argument("--threads-per-worker", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/llm_grpo_vs_trl.json"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the JSON record there (default: none; the tables are printed)")
     args = parser.parse_args()
     missing = [name for name in ("trl", "datasets") if importlib.util.find_spec(name) is None]
     if missing:  # before the vla-rl side runs
@@ -122,8 +123,12 @@ def main() -> None:
     by_time = sorted(runs["vla_rl"], key=lambda r: r["seconds"])
     breakdown = by_time[(len(by_time) - 1) // 2]["time_breakdown_s"]
     print("vla_rl time by node, median run (s):", {k: round(v, 2) for k, v in breakdown.items()})
+    if args.out is None:
+        print("no JSON record written (give --out FILE to keep one)")
+        return
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from vla_rl_core.observations import encode_instruction
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.baseline_table import report, seconds  # noqa: E402  (after the path above)
+from benchmarks.baseline_table import parse_arguments, report, seconds  # noqa: E402  (after the path above)
 
 #: The π0 Lift templates' tiny π0 (dag_templates/bases/pi0_lift.yaml); ``image_size`` per part.
 VISION = {"patch_size": 14, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64}
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a DAG worker on 2 cores: 1)")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv, ("transitions", "bc_steps", "episodes", "decisions", "repeats", "threads"))
     torch.set_num_threads(args.threads)
     # a one-process group on loopback, as a local run's DAG worker's (a file store: no socket of its
     # own; gloo's listener pinned to lo, else it listens where GLOO_SOCKET_IFNAME or the host name says)

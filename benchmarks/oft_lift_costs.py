@@ -126,7 +126,8 @@ def main() -> None:
                         help="agentview sizes, pixels (128: the baseline, rendered every step)")
     parser.add_argument("--chunk", type=int, default=8, help="actions per chunk: steps per observation")
     parser.add_argument("--memory-envs", type=int, default=16, help="camera environments in the memory measurement")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/oft_lift_costs.json"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the JSON record there (default: none; the tables are printed)")
     args = parser.parse_args()
 
     state = env_steps_per_s({"horizon": 10_000}, args.env_steps)
@@ -172,6 +173,9 @@ def main() -> None:
     print(f"{'':<{width}}  {'rate':>14}  {'cost':>30}  {'vs 128 every step':>17}")
     for name, rate, cost, ratio in rows:
         print(f"{name:<{width}}  {rate:>14}  {cost:>30}  {ratio:>17}")
+    if args.out is None:
+        print("no JSON record written (give --out FILE to keep one)")
+        return
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -100,8 +100,19 @@ from torch import Tensor
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.device_measure import (GIB, Step, add_measuring_arguments, device_name, measure_or_out_of_memory,
-                                       print_parts_table, record_part, synchronize, timed)
+from benchmarks.device_measure import (
+    GIB,
+    Step,
+    add_measuring_arguments,
+    add_out_argument,
+    device_name,
+    measure_or_out_of_memory,
+    print_parts_table,
+    record_part,
+    synchronize,
+    timed,
+    wrote,
+)
 from policies.openvla.checkpoint_prismatic import architecture_from_config
 from policies.openvla.configuration_openvla import PrismaticArchitecture
 from policies.openvla.policy_base import LORA_TARGET_MODULES
@@ -420,8 +431,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="peak bf16 dense TFLOP/s for MFU (CUDA); default: 989 on H100/H200 SXM (datasheets)")
     add_measuring_arguments(parser, PARTS)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", "--json", dest="out", type=Path,
-                        default=ROOT / "benchmarks" / "openvla_oft_full_size.json")
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     for name in ("batch", "micro_batch", "chunk", "action_dim", "proprio_dim", "prompt_tokens", "lora_rank", "repeats"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -516,12 +526,13 @@ def main(argv: list[str] | None = None) -> dict:
               "peak_tflops": peak, "peak_tflops_source": peak_source, "build_s": build_s, "parts": {}}
     flops_of_part = {"update": (result["flops"]["update_model_flops"], result["flops"]["update_hardware_flops"]),
                      "sample": (result["flops"]["sample_flops"], None)}  # (model FLOPs, hardware FLOPs or None)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     for part in (p for p in PARTS if p in args.parts):  # sampling first: its peak has no gradients in it
         entry = measure_or_out_of_memory(steps[part], policy, device, args.warmup, args.repeats)
         record_part(result, part, _with_rates(entry, *flops_of_part[part], peak), args.out, decimals=3)
     print_table(result)
-    print(f"wrote {args.out}")
+    wrote(args.out)
     return result
 
 

@@ -37,9 +37,10 @@ before each part through ``/proc/self/clear_refs`` where Linux allows it (otherw
 peak so far: the JSON says which). Both include the weights. Times are medians of ``--repeats``
 calls after ``--warmup`` calls (CUDA synchronised).
 
-    flock /tmp/vla_heavy.lock nice -n 19 python benchmarks/pi0_full_size.py --device cpu --repeats 1 --warmup 0
-    python benchmarks/pi0_full_size.py --device cuda                       # bf16, B = 1, 3 cameras
-    python benchmarks/pi0_full_size.py --preset tiny --out /tmp/pi0_tiny.json    # a quick check
+    flock /tmp/vla_heavy.lock nice -n 19 python benchmarks/pi0_full_size.py --device cpu --repeats 1 --warmup 0 \
+        --out benchmarks/pi0_full_size.json                                # the committed CPU record
+    python benchmarks/pi0_full_size.py --device cuda --out /tmp/pi0.json   # bf16, B = 1, 3 cameras
+    python benchmarks/pi0_full_size.py --preset tiny                       # a quick check, no record
 """
 
 from __future__ import annotations
@@ -55,8 +56,19 @@ from torch import Tensor
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.device_measure import (GIB, Step, add_measuring_arguments, device_name, measure_or_out_of_memory,
-                                       print_parts_table, record_part, synchronize, timed)
+from benchmarks.device_measure import (
+    GIB,
+    Step,
+    add_measuring_arguments,
+    add_out_argument,
+    device_name,
+    measure_or_out_of_memory,
+    print_parts_table,
+    record_part,
+    synchronize,
+    timed,
+    wrote,
+)
 from policies.pi0.configuration_pi0 import (
     MODEL_PRESETS,
     PI0ModelConfig,
@@ -177,7 +189,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--release-grads", action="store_true",
                         help="drop each gradient once accumulated: the peak then excludes the gradient buffers")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", "--json", dest="out", type=Path, default=ROOT / "benchmarks" / "pi0_full_size.json")
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     for name in ("batch", "cameras", "repeats", "action_dim", "prompt_tokens", "num_steps"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -227,12 +239,13 @@ def main(argv: list[str] | None = None) -> dict:
         "warmup": args.warmup, "repeats": args.repeats, "build_s": build_s, "gradient_checkpointing": False,
         "release_grads": args.release_grads, "tokenizer": "none: random token ids of the vocabulary", "parts": {},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     for part in (p for p in PARTS if p in args.parts):  # sampling first: its peak has no gradients in it
         entry = measure_or_out_of_memory(steps[part], model, device, args.warmup, args.repeats)
         record_part(result, part, entry, args.out, decimals=2)
     print_table(result)
-    print(f"wrote {args.out}")
+    wrote(args.out)
     return result
 
 

@@ -182,7 +182,8 @@ def main() -> None:
                         help="no group filter: the shards stay equal and the rebalance before the update moves nothing")
     parser.add_argument("--tiny", action="store_true",
                         help="a smoke test: llm_grpo_advantage_dp1 at W = 1, 2, 2 steps, tiny batches, all groups kept")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "scaling.json")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the JSON record there (default: none; the tables are printed)")
     args = parser.parse_args()
     if args.tiny:
         args.workloads, args.workers, args.steps, args.keep_all_groups = ["llm_grpo_advantage_dp1"], [1, 2], 2, True
@@ -198,6 +199,9 @@ def main() -> None:
     print_table(runs)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     result = {"settings": settings, "cores": os.cpu_count(), "total_s": time.perf_counter() - started, "runs": runs}
+    if args.out is None:
+        print("no JSON record written (give --out FILE to keep one)")
+        return
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

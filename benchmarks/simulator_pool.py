@@ -374,7 +374,8 @@ def main() -> None:
     parser.add_argument("--train-states", type=int, default=2, help="initial states per training step")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--actors-per-worker", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the JSON record there (default: none; the tables are printed)")
     args = parser.parse_args()
 
     from vla_rl.utils.ray_utils import init_ray
@@ -391,8 +392,12 @@ def main() -> None:
                               if args.train_steps > 0]
     result["load_after"] = [round(x, 2) for x in os.getloadavg()]
     result["wall_seconds"] = time.perf_counter() - started
-    args.out.write_text(json.dumps(result, indent=2))
     print_tables(result)
+    if args.out is None:
+        print("no JSON record written (give --out FILE to keep one)")
+        return
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
 
 

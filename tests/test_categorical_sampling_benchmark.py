@@ -40,3 +40,22 @@ def test_the_two_stage_distribution_is_what_the_sampler_draws():
     dominant = int(drawn.argmax())
     assert abs(frequencies[dominant] - drawn[dominant]) < 5 * (0.25 / draws) ** 0.5
     assert abs(frequencies[:512].sum() - drawn[:512].sum()) < 5 * (0.25 / draws) ** 0.5
+
+
+def test_bad_settings_are_one_line_before_anything_runs_and_the_record_s_folder_is_made(tmp_path, capsys):
+    """``--repeats 0`` was a StatisticsError at the end of the run, ``--dominant 1.0`` a
+    ZeroDivisionError, ``--rows 0`` a table of NaN; an ``--out`` in a missing folder lost every
+    measurement to a FileNotFoundError."""
+    import pytest
+
+    from benchmarks.categorical_sampling import main
+
+    for argv, message in ((["--repeats", "0"], "--repeats must be >= 1, got 0"),
+                          (["--rows", "0"], "--rows must be >= 1, got 0"),
+                          (["--dominant", "1.0"], "--dominant must be a probability in (0, 1), got 1.0")):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2 and message in capsys.readouterr().err
+    out = tmp_path / "new" / "folder" / "sampling.json"
+    assert main(["--rows", "1", "--repeats", "1", "--out", str(out)])["settings"]["out"] == str(out)
+    assert out.is_file()

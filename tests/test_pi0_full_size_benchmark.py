@@ -23,6 +23,17 @@ def pi0_benchmark():
     return module
 
 
+def test_without_out_no_record_is_written(pi0_benchmark, tmp_path, monkeypatch, capsys, torch_one_thread):
+    """--out defaulted to the committed benchmarks/pi0_full_size.json (the CPU record the docs
+    quote), which a quick run such as --preset tiny overwrote."""
+    committed = REPO_ROOT / "benchmarks" / "pi0_full_size.json"
+    before = committed.read_bytes()
+    monkeypatch.chdir(tmp_path)
+    pi0_benchmark.main(["--preset", "tiny", "--device", "cpu", "--warmup", "0", "--repeats", "1", "--parts", "sample"])
+    assert committed.read_bytes() == before and not list(tmp_path.iterdir())
+    assert "no JSON record written (give --out FILE to keep one)" in capsys.readouterr().out
+
+
 def test_tiny_preset_writes_finite_positive_figures(pi0_benchmark, device, tmp_path, torch_one_thread):
     out = tmp_path / "pi0.json"
     pi0_benchmark.main(["--preset", "tiny", "--device", str(device), "--warmup", "1", "--repeats", "2",
