@@ -202,14 +202,18 @@ def test_runs_that_ended_below_the_budget_are_not_at_equal_cost(tmp_path):
     short["per_seed"]["0"]["env_steps"] = 724.0
     result = compare(short, SRPO)
     assert not result["equal_budget"] and result["short_of_budget"] == {"a": {"0": 724.0}, "b": {}}
+    evaluation = {"run.workflow": "embodied", "eval.num_episodes": 50}  # as both reports record it
     for name, data in (("a", short), ("b", SRPO)):
         (tmp_path / name).mkdir()
-        (tmp_path / name / REPORT_JSON).write_text(json.dumps(data))
+        (tmp_path / name / REPORT_JSON).write_text(json.dumps({**data, "evaluation": evaluation}))
     compare_sweeps(tmp_path / "a", tmp_path / "b", tmp_path / "out")
     text = (tmp_path / "out" / COMPARE_MD).read_text()
     assert ("**Not at equal cost**: runs ended below their trainer.total_env_steps (A: 80,000, B: 80,000), their "
             "trainer.total_steps coming first (A seed 0 at 724 environment steps)") in text
     assert "Both sweeps stop at the same" not in text
+    # the evaluation settings both record are equal: said so (compare.md said nothing of them)
+    assert "Both sweeps evaluated the same held-out episodes: the evaluation settings their reports record are " \
+           "equal." in text
 
 
 @pytest.mark.parametrize("template, overrides, differs", [

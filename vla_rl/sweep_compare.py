@@ -262,6 +262,9 @@ def markdown(result: dict[str, Any]) -> str:
     elif source == "derived":
         lines += ["", "Both sweeps evaluated the same held-out episodes, as far as this checkout's templates and "
                   "defaults tell for reports that record no evaluation settings."]
+    else:
+        lines += ["", "Both sweeps evaluated the same held-out episodes: the evaluation settings their reports "
+                  "record are equal."]
     lines += ["", *_hosts_lines(result["hosts"])]
     lines += ["", "| seed | env steps A | env steps B | B / A |", "|---|---|---|---|"]
     for seed, row in result["per_seed"].items():
