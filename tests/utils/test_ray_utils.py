@@ -4,6 +4,7 @@ cluster: tests/test_ray_start_cluster.py)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -82,7 +83,7 @@ def test_an_address_where_nothing_listens_is_refused_at_once_naming_it(monkeypat
     import ray
 
     from vla_rl.errors import RunStopped
-    from vla_rl.utils.ray_utils import check_reachable, free_loopback_port, init_ray
+    from vla_rl.utils.ray_utils import free_loopback_port, init_ray
 
     port = free_loopback_port()  # nothing listens there
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # whatever Ray another test started
@@ -93,7 +94,48 @@ def test_an_address_where_nothing_listens_is_refused_at_once_naming_it(monkeypat
                                              r"there \(ConnectionRefusedError: .*check that `ray start` runs there"):
             init_ray(address=address)
     assert time.monotonic() - started < 5
-    check_reachable("auto")  # left to Ray
+
+
+@pytest.mark.parametrize("address", ["garbage", "127.0.0.1:99999", "127.0.0.1", "http://127.0.0.1:6379", "local"])
+def test_an_address_that_is_none_is_refused_in_one_line(address, monkeypatch):
+    """`workers.ray_address=garbage` was a Ray traceback (ValueError: Invalid address format), a
+    port out of range a ConnectionRefusedError."""
+    import ray
+
+    from vla_rl.errors import RunStopped
+    from vla_rl.utils.ray_utils import init_ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: pytest.fail("ray.init was called"))
+    with pytest.raises(RunStopped, match=rf"^'{re.escape(address)}' is no Ray cluster address \(workers.ray_address "
+                                         r"or RAY_ADDRESS\): give the host:port `ray start --head` printed, "
+                                         r"ray://host:port \(Ray Client\) or auto$"):
+        init_ray(address=address)
+
+
+def test_auto_is_resolved_as_ray_does_and_a_cluster_that_is_gone_refused_at_once(monkeypatch, tmp_path):
+    """`auto` was left to Ray: with /tmp/ray/ray_current_cluster left by a cluster that is gone,
+    Ray waited 11 minutes, deaf to SIGTERM, before failing."""
+    import ray
+
+    from vla_rl.errors import RunStopped
+    from vla_rl.utils.ray_utils import free_loopback_port, init_ray, resolve_address
+
+    port = free_loopback_port()  # nothing listens there
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # Ray's temp dir: where `ray start` records its cluster
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}\n")
+    assert resolve_address("auto") == f"127.0.0.1:{port}"
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: pytest.fail("ray.init was called"))
+    started = time.monotonic()
+    with pytest.raises(RunStopped, match=rf"^cannot join the Ray cluster at auto \(127.0.0.1:{port}\): nothing "
+                                         r"accepts connections there \(ConnectionRefusedError"):
+        init_ray(address="auto")
+    assert time.monotonic() - started < 5
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port + 1}")  # Ray's order: RAY_ADDRESS first
+    assert resolve_address("auto") == f"127.0.0.1:{port + 1}"
 
 
 def test_token_mode_is_left_as_the_user_set_it_and_not_probed_for(monkeypatch):

@@ -113,15 +113,14 @@ def _init(ray, ray_constants, address: str | None, loopback: bool, num_cpus: flo
         ray_constants.ENABLE_RAY_CLUSTER = False
     if address is not None:
         env = worker_env if loopback else {k: v for k, v in worker_env.items() if k not in LOOPBACK_ONLY}
-        check_reachable(address)
-        use_token_auth_if_available(address)
+        use_token_auth_if_available(check_reachable(address))
         os.environ["VLA_RL_RAY_CLUSTER"] = "1"
         try:
             # No _node_ip_address: Ray finds the node of this machine in the cluster, whatever
             # address it registered (a `ray start` node given 127.0.0.1 registers another one).
             ray.init(address=address, log_to_driver=True, configure_logging=True, logging_level="WARNING",
                      runtime_env={"env_vars": {**env, "VLA_RL_RAY_CLUSTER": "1"}})
-        except ConnectionError as error:
+        except (ConnectionError, ValueError) as error:  # ValueError: an address Ray cannot parse
             raise RunStopped(join_error_message(address, error)) from None
         except SystemExit as error:  # Ray's driver exits when it loses the cluster's GCS while joining
             raise RunStopped(f"cannot join the Ray cluster at {address}: Ray gave up reaching it (it would have ended "
@@ -248,29 +247,62 @@ JOIN_HELP = ("check that `ray start` runs there and the address and port are tho
 REACHABLE_TIMEOUT_S = 10.0
 
 
-def check_reachable(address: str, timeout_s: float = REACHABLE_TIMEOUT_S) -> None:
+def check_reachable(address: str, timeout_s: float = REACHABLE_TIMEOUT_S) -> str:
     """Refuse a cluster address where nothing accepts a TCP connection, at once: Ray's own join
     retries for minutes (327 s in one measurement with Ray 2.60 on the 2-core machine, logging
     "Failed to connect to GCS" every few seconds) and then ends the process with status 15 and no
-    message. ``auto`` and addresses
-    without a port are left to Ray.
+    message; SIGTERM does not stop it meanwhile (Ray waits in native code). ``auto`` is resolved
+    as Ray resolves it (:func:`resolve_address`): a ``/tmp/ray/ray_current_cluster`` left by a
+    cluster that is gone made the same wait (11 minutes measured).
+
+    Returns:
+        The address resolved: ``host:port`` or ``ray://host:port``.
 
     Raises:
-        RunStopped: the connection failed (refused, unreachable, unknown host, timed out); the
-            message names the address and Ray's ``ray start``.
+        RunStopped: ``address`` is none of ``auto``, ``host:port`` and ``ray://host:port``, ``auto``
+            finds no cluster, or the connection failed (refused, unreachable, unknown host, timed
+            out); the message names the address (and what ``auto`` resolved to) and Ray's
+            ``ray start``.
     """
-    target = _host_port(address)
-    error = None if target is None else _connection_error(*target, timeout_s)
+    resolved = resolve_address(address)
+    error = _connection_error(*_host_port(resolved), timeout_s)
     if error is not None:
-        raise RunStopped(f"cannot join the Ray cluster at {address}: nothing accepts connections there "
+        shown = address if resolved == address else f"{address} ({resolved})"
+        raise RunStopped(f"cannot join the Ray cluster at {shown}: nothing accepts connections there "
                          f"({type(error).__name__}: {error}); {JOIN_HELP}")
+    return resolved
+
+
+def resolve_address(address: str) -> str:
+    """The ``host:port`` (or ``ray://host:port``) of a cluster address: ``auto`` as Ray resolves
+    it (``RAY_ADDRESS``, else the latest ``ray start`` of this machine, which
+    ``/tmp/ray/ray_current_cluster`` records, else a Ray instance running here:
+    ``ray._private.services.get_ray_address_from_environment``); any other as given.
+
+    Raises:
+        RunStopped: ``address`` is no ``auto``, ``host:port`` or ``ray://host:port`` with a port
+            in [1, 65535] (Ray raised a ValueError traceback), or ``auto`` finds no cluster.
+    """
+    if address == "auto":
+        from ray._private.services import get_ray_address_from_environment
+
+        try:
+            resolved = get_ray_address_from_environment("auto", None)
+        except ConnectionError as error:
+            raise RunStopped(f"cannot join a Ray cluster at auto: {error}") from None
+    else:
+        resolved = address
+    if _host_port(resolved) is None or ("://" in resolved and not resolved.startswith("ray://")):
+        raise RunStopped(f"{resolved!r} is no Ray cluster address (workers.ray_address or RAY_ADDRESS): give the "
+                         "host:port `ray start --head` printed, ray://host:port (Ray Client) or auto")
+    return resolved
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
-    """``(host, port)`` of a ``host:port`` (or ``ray://host:port``) address; None for ``auto`` and
-    addresses without a port."""
+    """``(host, port)`` of a ``host:port`` (or ``ray://host:port``) address with a port in
+    [1, 65535]; None for anything else (``auto`` included)."""
     host, _, port = address.split("://", 1)[-1].rpartition(":")
-    return (host.strip("[]"), int(port)) if host and port.isdigit() else None
+    return (host.strip("[]"), int(port)) if host and port.isdigit() and 0 < int(port) < 65536 else None
 
 
 def _connection_error(host: str, port: int, timeout_s: float) -> OSError | None:
