@@ -233,9 +233,16 @@ def test_a_node_given_more_workers_than_it_has_cpus_for_their_simulators_is_refu
         {"NodeID": "a", "Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 3.0}},
         {"NodeID": "b", "Alive": True, "NodeManagerAddress": "10.0.0.2", "Resources": {"CPU": 3.0}}])
     with pytest.raises(ClusterTooSmall, match=r"placed DAG workers 0, 1 on node 10.0.0.1 \(Ray node id \w+\), "
-                                              r"which has 3 CPUs; .* need 4: set workers.placement_strategy=SPREAD, or start that node with "
-                                              r"--num-cpus=4"):
+                                              r"which has 3 CPUs; .* need 4: set workers.placement_strategy=SPREAD "
+                                              r"\(STRICT_SPREAD to wait for nodes other jobs hold\), or start that "
+                                              r"node with --num-cpus=4$"):
         check_simulator_room(object(), MAIN_JOB)
+    # SPREAD packs them where other jobs hold the other nodes' CPUs: its way out is not SPREAD again
+    with pytest.raises(ClusterTooSmall, match=r"need 4: set workers.placement_strategy=STRICT_SPREAD \(SPREAD is a "
+                                              r"preference Ray drops when other jobs hold the other nodes' CPUs; "
+                                              r"STRICT_SPREAD waits for them\), or start that node with "
+                                              r"--num-cpus=4$"):
+        check_simulator_room(object(), MAIN_JOB, "SPREAD")
     monkeypatch.setattr(ray.util, "placement_group_table", lambda group: {"bundles_to_node_id": {0: "a", 1: "b"}})
     check_simulator_room(object(), MAIN_JOB)
 

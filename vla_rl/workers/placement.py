@@ -230,12 +230,19 @@ def busy_note(footprint: Footprint, free: dict[str, float], address: str) -> str
             f"(Ctrl-C stops)")
 
 
-def check_simulator_room(group, footprint: Footprint) -> None:
+def check_simulator_room(group, footprint: Footprint, strategy: str = "PACK") -> None:
     """After placement: refuse a node that received more workers than its CPUs can hold beside
     their simulator actors (which run on their worker's node), instead of letting them wait forever.
 
+    Args:
+        group: the workers' placement group, placed.
+        footprint: what the run needs.
+        strategy: the group's ``workers.placement_strategy``: the way out the message gives
+            (``SPREAD``'s is ``STRICT_SPREAD``: Ray's ``SPREAD`` is a preference, which puts the
+            workers together where other jobs hold the other nodes' CPUs).
+
     Raises:
-        ClusterTooSmall: naming the node, its ranks, its CPUs and what they need.
+        ClusterTooSmall: naming the node, its ranks, its CPUs, what they need and what to change.
     """
     import ray
 
@@ -250,12 +257,15 @@ def check_simulator_room(group, footprint: Footprint) -> None:
         node = nodes.get(node_id, {})
         cpus = node.get("Resources", {}).get("CPU", 0.0)
         if cpus + 1e-9 < per_worker * len(ranks):
+            spread = {"SPREAD": "set workers.placement_strategy=STRICT_SPREAD (SPREAD is a preference Ray drops when "
+                                "other jobs hold the other nodes' CPUs; STRICT_SPREAD waits for them), or ",
+                      "STRICT_SPREAD": ""}.get(strategy, "set workers.placement_strategy=SPREAD (STRICT_SPREAD to "
+                                                         "wait for nodes other jobs hold), or ")
             raise ClusterTooSmall(
                 f"Ray placed DAG workers {', '.join(map(str, sorted(ranks)))} on node "
                 f"{node.get('NodeManagerAddress', node_id)} (Ray node id {node_id[:12]}), which has {cpus:g} CPUs; "
-                f"with their simulator actors "
-                f"(on their worker's node) they need {per_worker * len(ranks):g}: set workers.placement_strategy="
-                f"SPREAD, or start that node with --num-cpus={math.ceil(per_worker * len(ranks))}")
+                f"with their simulator actors (on their worker's node) they need {per_worker * len(ranks):g}: "
+                f"{spread}start that node with --num-cpus={math.ceil(per_worker * len(ranks))}")
 
 
 def _wait_for_placement(group, workers, world_size: int, bundle: dict[str, float]) -> None:
@@ -319,7 +329,8 @@ def worker_actor_options(workers, device: str, world_size: int, simulator_cpus: 
     group = placement_group([dict(bundle) for _ in range(world_size)], strategy=workers.placement_strategy)
     _wait_for_placement(group, workers, world_size, bundle)
     try:
-        check_simulator_room(group, Footprint(world_size, bundle, 1 if simulator_cpus else 0, simulator_cpus))
+        check_simulator_room(group, Footprint(world_size, bundle, 1 if simulator_cpus else 0, simulator_cpus),
+                             workers.placement_strategy)
     except ClusterTooSmall:
         ray.util.remove_placement_group(group)
         raise
