@@ -187,6 +187,17 @@ def unread_by_evaluation(override: str) -> str | None:
     return None
 
 
+def simulator_pools_per_worker(config) -> int:
+    """The simulator pools a worker of the evaluation ``config`` holds at once: its own (the run's
+    tasks), and one of another task while it evaluates one (``eval.benchmark``'s tasks that are
+    not the run's, :class:`~vla_rl.evaluation.embodied.EmbodiedEvaluation`). Two were asked of
+    the cluster for every evaluation: a single-task one was refused on a cluster holding it."""
+    from vla_rl.evaluation.benchmarks import run_task_index
+
+    tasks = resolve_tasks_or_fail(config)
+    return 2 if any(run_task_index(config, task) is None for task in tasks) else 1
+
+
 def videos_left_undone(eval_dir: Path, config, tasks, last_step: int) -> bool:
     """Whether an evaluation still owes the videos of its last checkpoint (``last_step``): it
     makes them (``eval.video_episodes`` > 0 of stored episodes, a task whose simulator renders)
@@ -524,7 +535,7 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     eval_dir, loaded, run_dir = prepare_eval_dir(targets, overrides, steps, output, template, policy_from)
     config = loaded.config
     try:
-        device = start_ray(config, plan(loaded).world_size, pools_per_worker=2)  # its own pool and one other task's
+        device = start_ray(config, plan(loaded).world_size, pools_per_worker=simulator_pools_per_worker(config))
     except BaseException:
         _remove_unstarted(eval_dir)
         raise

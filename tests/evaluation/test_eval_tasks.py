@@ -116,6 +116,20 @@ def test_an_mt10_run_prepares_its_evaluation_of_every_task(tmp_path):
     assert config.data.init_states_per_step == 10  # the eval template's 2 is no multiple of the 10 tasks
 
 
+def test_the_cluster_is_asked_for_a_second_simulator_pool_only_for_tasks_other_than_the_runs(tmp_path):
+    """Two pools per worker were asked of the cluster for every evaluation: a single-task one was
+    refused on the cluster that had trained it, naming simulator.actors_per_worker, already 1."""
+    from vla_rl.eval_driver import simulator_pools_per_worker
+
+    lift = write_run(tmp_path, "embodied_srpo", ["policy.config.hidden_sizes=[8]"],
+                     MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
+    _, own, _ = prepare_eval_dir([str(lift)], ["eval.num_episodes=3"])
+    assert simulator_pools_per_worker(own.config) == 1
+    _, benchmark, _ = prepare_eval_dir([str(lift)], ["eval.num_episodes=3", "eval.benchmark=robosuite"],
+                                       output=str(tmp_path / "eval_benchmark"))
+    assert simulator_pools_per_worker(benchmark.config) == 2  # Lift in its own pool, Stack, ... in another
+
+
 @pytest.fixture(scope="module")
 def lift_run(tmp_path_factory):
     return write_run(tmp_path_factory.mktemp("outputs"), "embodied_srpo", ["policy.config.hidden_sizes=[8]"],
