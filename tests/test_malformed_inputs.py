@@ -185,10 +185,20 @@ def test_a_boolean_setting_still_takes_a_boolean(capsys):
                  "workers.ray_address=null"]) == 0, capsys.readouterr().err
 
 
-def test_an_override_without_a_value_is_a_second_template(tmp_path, capsys):
-    refused(capsys, ["train", "embodied_srpo", "trainer.total_steps", f"run.output_dir={tmp_path}"],
-            "name one template")
+@pytest.mark.parametrize("command", [["train"], ["train", "--seeds", "0,1"], ["plan"]])
+def test_an_override_without_a_value_is_named_as_one(command, tmp_path, capsys):
+    """It was "name one template ... (got ['embodied_srpo', 'trainer.total_steps'])", which did
+    not say that the value was missing."""
+    refused(capsys, [*command, "embodied_srpo", "trainer.total_steps", f"run.output_dir={tmp_path}"],
+            "trainer.total_steps: an override sets KEY=VALUE (or deletes ~KEY); give it a value, e.g. "
+            "trainer.total_steps=...")
     assert not any(tmp_path.iterdir())  # nothing created
+    refused(capsys, [*command, "embodied_srpo", "no_such.yaml"], "name one template")  # a file name: a template
+
+
+def test_an_evaluation_override_without_a_value_is_named_as_one(tmp_path, capsys):
+    """It was "eval.num_episodes is neither a run directory (with checkpoints/) nor a checkpoint directory"."""
+    refused(capsys, ["eval", str(tmp_path), "eval.num_episodes"], "eval.num_episodes: an override sets KEY=VALUE")
 
 
 @pytest.mark.parametrize(("case", "args", "expected"), [

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from vla_rl.errors import CommandLineError
+
 
 def add_template_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``TEMPLATE`` and ``KEY=VALUE`` overrides positionals shared by the commands that
@@ -34,6 +36,38 @@ def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
     overrides = [item for item in items if "=" in item or item.startswith("~")]
     check_deletion_order(overrides)
     return [item for item in items if item not in overrides], overrides
+
+
+def one_template(names: list[str], message: str) -> str:
+    """The one template of a command's ``names`` (:func:`split_overrides`).
+
+    Raises:
+        CommandLineError: none or several: an override without its value among them
+            (:func:`check_no_valueless_override`), else ``message`` with the names.
+    """
+    if len(names) == 1:
+        return names[0]
+    check_no_valueless_override(names)
+    raise CommandLineError(f"{message} (got {names or 'none'})")
+
+
+def check_no_valueless_override(names: list[str]) -> None:
+    """Refuse a name among a command's ``names`` (templates, run directories) shaped as a setting
+    (``trainer.total_steps``: dotted words, no YAML suffix, no file of that name): an override
+    whose ``=VALUE`` was left out, which the command would report as a second template or a
+    directory that is none.
+
+    Raises:
+        CommandLineError: naming it.
+    """
+    import re
+    from pathlib import Path
+
+    for name in names:
+        if re.fullmatch(r"[A-Za-z_]\w*(\.\w+)+", name) and not name.endswith((".yaml", ".yml")) and not Path(
+                name).exists():
+            raise CommandLineError(f"{name}: an override sets KEY=VALUE (or deletes ~KEY); give it a value, e.g. "
+                                   f"{name}=...")
 
 
 def shipped_templates() -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vla_rl.cli.arguments import split_overrides
+from vla_rl.cli.arguments import check_no_valueless_override, split_overrides
 from vla_rl.evaluation.targets import EvalInputError
 
 
@@ -55,6 +55,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from vla_rl.eval_driver import evaluate
 
     targets, overrides = split_overrides(args.items)
+    check_no_valueless_override(targets)
     if not targets and args.policy_from is None:
         raise EvalInputError("name a run directory or checkpoint directory to evaluate (or --policy-from TEMPLATE)")
     evaluate(targets, overrides, steps=args.steps, output=args.output, template=args.template,

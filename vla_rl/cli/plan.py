@@ -7,7 +7,13 @@ import argparse
 
 from rich.console import Console
 
-from vla_rl.cli.arguments import add_template_arguments, positive_int, shipped_templates, split_overrides
+from vla_rl.cli.arguments import (
+    add_template_arguments,
+    one_template,
+    positive_int,
+    shipped_templates,
+    split_overrides,
+)
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import describe_plan, plan
 from vla_rl.errors import CommandLineError
@@ -32,9 +38,7 @@ def add_plan_command(commands: argparse._SubParsersAction) -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     names, overrides = split_overrides([args.template, *args.overrides])  # overrides may come first too
-    if len(names) != 1:
-        raise CommandLineError(f"name one template before or after the overrides (got {names or 'none'})")
-    template = load_template(names[0], overrides)
+    template = load_template(one_template(names, "name one template before or after the overrides"), overrides)
     given = template.config.workers.num_workers
     if args.world_size is not None and args.world_size != given and any(
             override.partition("=")[0].strip() == "workers.num_workers" for override in overrides):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vla_rl.cli.arguments import shipped_templates, split_overrides
+from vla_rl.cli.arguments import one_template, shipped_templates, split_overrides
 from vla_rl.errors import CommandLineError
 
 
@@ -60,10 +60,8 @@ def run_train(args: argparse.Namespace) -> int:
                                    "such as trainer.total_steps=40 apply on top of it)")
         train(None, overrides, resume=args.resume)
         return 0
-    if len(names) != 1:
-        raise CommandLineError("name one template (a file, or a name in dag_templates/) before the overrides, or "
-                               f"continue a run with --resume RUN_DIR (got {names or 'none'})")
-    train(names[0], overrides)
+    train(one_template(names, "name one template (a file, or a name in dag_templates/) before the overrides, or "
+                              "continue a run with --resume RUN_DIR"), overrides)
     return 0
 
 
@@ -85,9 +83,8 @@ def run_seed_sweep(args: argparse.Namespace, names: list[str], overrides: list[s
         resume_sweep(args.resume, console=driver_console())
         return 0
     seeds = parse_seeds(args.seeds)
-    if len(names) != 1:
-        raise CommandLineError(f"name one template before the overrides (got {names or 'none'})")
-    run_sweep(names[0], overrides, seeds, console=driver_console())
+    run_sweep(one_template(names, "name one template before the overrides"), overrides, seeds,
+              console=driver_console())
     return 0
 
 
