@@ -40,9 +40,12 @@ def token_problem(request: Any, token: str | None) -> str | None:
 class _OneLineHandshakeFailure(logging.Filter):
     """``websockets``' "opening handshake failed" (an ERROR with a 30-line chained traceback, for
     every TCP health check or port probe that closes without an HTTP request) as one INFO line
-    naming the reason."""
+    naming the reason; its "connection rejected (200 OK)" for an answered health check
+    (``GET /healthz``) as what it is."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "connection rejected (%d %s)" and record.args and record.args[0] == 200:
+            record.msg, record.args = "answered an HTTP request (200 OK): a health check", None
         if record.getMessage() == "opening handshake failed" and record.exc_info and _peer_left(record.exc_info[1]):
             error = record.exc_info[1]
             cause = error.__cause__ or error.__context__

@@ -6,7 +6,9 @@ without mixing rows; a token keeps strangers out."""
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -140,8 +142,15 @@ def test_a_token_keeps_out_clients_without_it(mlp_run, caplog):
                 WebsocketClientPolicy("127.0.0.1", server.port, api_key=key)
         assert WebsocketClientPolicy("127.0.0.1", server.port, api_key="s3cret").infer(
             {"state": states(1)[0]})["actions"].shape == (1, 7)
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz") as reply:
-            assert reply.status == 200
+        with caplog.at_level(logging.INFO, logger="websockets.server"):
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz") as reply:
+                assert reply.status == 200
+            deadline = time.monotonic() + 10  # logged on the server's thread
+            while "a health check" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+        # it was logged as "connection rejected (200 OK)"
+        assert "answered an HTTP request (200 OK): a health check" in caplog.text
+        assert "connection rejected (200" not in caplog.text
         # a token that is not UTF-8: refused as any wrong one (it was a 500 and a traceback)
         with socket.create_connection(("127.0.0.1", server.port)) as raw:
             raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
