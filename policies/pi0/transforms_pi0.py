@@ -203,8 +203,9 @@ def load_statistics(module: nn.Module, config: PI0PolicyConfig) -> None:
             :meth:`PI0Policy.save_pretrained`'s) without a ``norm_stats.json`` and no
             ``action_statistics``: its actions would reach the simulator normalised (openpi's
             ``create_trained_policy`` refuses it too); malformed statistics (those of the
-            checkpoint: the message names its file); openpi's statistics (``mean`` and ``std`` with the quantiles) read with
-            ``normalization: bounds_q99``, which would normalise otherwise than openpi trained π0.
+            checkpoint: the message names its file); openpi's statistics (``mean`` and ``std``
+            with the quantiles) read with ``normalization: bounds_q99``, which would normalise
+            otherwise than openpi trained π0.
     """
     fields = NORMALIZATION_FIELDS[config.normalization]
     path = norm_stats_file(config.model_path) if config.model_path is not None else None
