@@ -99,6 +99,8 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
             whose = "checkpoints'" if run_dir else "template's"
             raise EvalInputError(f"{override.split('=', 1)[0]}: vla-rl eval runs no {unread} (it rolls out the "
                                  f"{whose} policy); remove it")
+        if run_dir is not None:
+            check_trained_tasks_kept(override, run_config.simulator)
     if run_config.run.workflow != "embodied":
         raise EvalInputError(f"{what} is a text {'run' if run_dir else 'template'}; vla-rl eval evaluates embodied "
                              "policies")
@@ -185,6 +187,38 @@ def unread_by_evaluation(override: str) -> str | None:
     if path[0] == "trainer" and (len(path) == 1 or path[1] not in READ_TRAINER_SETTINGS):
         return "training (it reads trainer." + ", trainer.".join(READ_TRAINER_SETTINGS) + " only)"
     return None
+
+
+TRAINED_TASK_SETTINGS = ("simulator", "simulator.name", "simulator.tasks")
+"""The settings of a run's tasks that an evaluation of its checkpoints keeps (:func:`check_trained_tasks_kept`)."""
+
+
+def check_trained_tasks_kept(override: str, trained) -> None:
+    """Refuse an override (``KEY=VALUE`` or ``~KEY``) of :data:`TRAINED_TASK_SETTINGS` that changes
+    what the checkpoints' policy was trained on (``trained``: the run's ``simulator`` section): a
+    task set's policy reads a one-hot of the task's place in the set, which a reordered or other
+    set gave another task, silently (a set of another size failed on a setting the user never
+    gave, or with a traceback once Ray had started). ``eval.benchmark`` and ``eval.tasks``
+    evaluate other tasks.
+
+    Raises:
+        EvalInputError: naming the setting and the run's value.
+    """
+    key, _, value = override.partition("=")
+    deleted, key = key.startswith("~"), key.removeprefix("~").strip()
+    if key not in TRAINED_TASK_SETTINGS:
+        return
+    field = key.removeprefix("simulator.") if key != "simulator" else None
+    if field is not None and not deleted:
+        try:
+            if yaml.safe_load(value) == getattr(trained, field):  # the run's own value, given again
+                return
+        except yaml.YAMLError:
+            pass  # refused below
+    trained_on = f"the task set {trained.task_names()} in this order (its task one-hot)" if trained.multi_task else \
+        f"{trained.name} {trained.task_names()[0]!r}"
+    raise EvalInputError(f"{key}: vla-rl eval of a run evaluates the tasks its checkpoints were trained on, "
+                         f"{trained_on}; evaluate other tasks with eval.benchmark (and eval.tasks)")
 
 
 def simulator_pools_per_worker(config) -> int:

@@ -116,6 +116,26 @@ def test_an_mt10_run_prepares_its_evaluation_of_every_task(tmp_path):
     assert config.data.init_states_per_step == 10  # the eval template's 2 is no multiple of the 10 tasks
 
 
+@pytest.mark.xdist_group("test_eval_tasks.task_set_run")
+@pytest.mark.parametrize("override", [f"simulator.tasks=[{TASKS[1]},{TASKS[0]}]", f"simulator.tasks=[{TASKS[0]}]",
+                                      f"simulator.tasks=[{','.join(TASKS)},drawer-close-v3]",
+                                      "simulator.name=robosuite_lift", "~simulator.tasks"])
+def test_an_override_of_the_runs_task_set_is_refused(task_set_run, override, tmp_path, capsys):
+    """A reordered set evaluated each task with another task's one-hot, silently; a set of
+    another size failed on data.init_states_per_step, which the user never set, or with a
+    traceback from the workers."""
+    out = tmp_path / "eval"
+    assert main(["eval", str(task_set_run), *EVAL, override, "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    key = override.removeprefix("~").split("=")[0]
+    assert err == (f"error: {key}: vla-rl eval of a run evaluates the tasks its checkpoints were trained on, the "
+                   f"task set {TASKS} in this order (its task one-hot); evaluate other tasks with eval.benchmark "
+                   "(and eval.tasks)"), err
+    assert not out.exists()
+    prepare_eval_dir([str(task_set_run)], ["eval.num_episodes=2", f"simulator.tasks=[{','.join(TASKS)}]"],
+                     output=str(out))  # the run's own set, given again
+
+
 def test_the_cluster_is_asked_for_a_second_simulator_pool_only_for_tasks_other_than_the_runs(tmp_path):
     """Two pools per worker were asked of the cluster for every evaluation: a single-task one was
     refused on the cluster that had trained it, naming simulator.actors_per_worker, already 1."""
