@@ -76,3 +76,35 @@ def test_episodes_lost_during_an_evaluation_are_in_its_figures(process_group):
     figures = {name: metric.value for name, metric in passes[-1].items()}
     assert len(passes) == 3 and figures["eval/greedy/episodes"] == 10 and figures["eval/greedy/success_rate"] == 0.5
     assert figures["eval/lost_episodes"] == 2 and figures["eval/lost_fraction"] == pytest.approx(2 / 12)
+
+
+class DeadSimulatorSession(FlakySession):
+    """Every rollout is lost (a simulator that never answers within simulator.step_timeout_s)."""
+
+    def rollout(self, batch):
+        return batch[:0], 0
+
+
+def test_an_evaluation_whose_every_episode_is_lost_stops_after_a_few_steps(process_group):
+    """It redid the lost episodes forever (130 passes over 2 episodes in 7 minutes, measured with
+    simulator.step_timeout_s=0.001); training goes on without lost episodes, an evaluation cannot."""
+    from vla_rl.errors import RunStopped
+    from vla_rl.evaluation.session import MAX_FRUITLESS_STEPS
+
+    session = DeadSimulatorSession()
+    ctx = SimpleNamespace(resources=SimpleNamespace(evaluation=session), tag="final", step=3, dp_rank=0, dp_size=1,
+                          replicas=1, group=None, video=False)
+    for step in range(MAX_FRUITLESS_STEPS):
+        episodes = rollout_eval_episodes(ctx, load_eval_episodes(ctx, None).batch[:4]).batch
+        if step < MAX_FRUITLESS_STEPS - 1:
+            assert record_eval_episodes(ctx, episodes).metrics["eval/remaining"].value == 10
+            continue
+        with pytest.raises(RunStopped, match=rf"^evaluation final: its last {MAX_FRUITLESS_STEPS} steps lost every "
+                                             rf"episode to simulator faults \({4 * MAX_FRUITLESS_STEPS} lost in all\) "
+                                             "and finished none"):
+            record_eval_episodes(ctx, episodes)
+    # a step that finishes an episode starts the count again (the flaky session above finishes)
+    flaky = FlakySession()
+    flaky.fruitless = MAX_FRUITLESS_STEPS - 1
+    flaky.add_counts(np.array([[[[1.0, 1.0, 5.0]]]]), lost=2)
+    assert flaky.fruitless == 0

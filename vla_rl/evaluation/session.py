@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from vla_rl.errors import RunStopped
 from vla_rl.evaluation.episode_store import EpisodeKey
 from vla_rl.evaluation.protocol import Protocol, eval_protocols
 from vla_rl.utils.stats import wilson_interval
@@ -28,6 +29,10 @@ from vla_rl_core import keys
 
 #: Columns of the per-group counts: successes, episodes, sum of episode lengths (decision steps).
 SUCCESSES, EPISODES, LENGTH_SUM = range(3)
+MAX_FRUITLESS_STEPS = 5
+"""Evaluation steps in a row in which the workers lost episodes to simulator faults and finished
+none, after which the evaluation stops (:meth:`EvaluationSession.add_counts`): each redid the lost
+episodes, forever where the simulator never answered (130 passes over 2 episodes measured)."""
 
 
 def evaluation_generator(run_seed: int, task: int, protocol: int, first_item: int) -> torch.Generator:
@@ -66,6 +71,7 @@ class EvaluationSession(ABC):
         self.counts = np.zeros((len(task_names), len(target_steps), len(self.protocols), 3))
         self.lost_here = 0  # this worker's episodes lost to a simulator fault since the last record
         self.lost = 0  # every worker's, since the evaluation began (each redone: not in ``counts``)
+        self.fruitless = 0  # steps in a row that lost episodes and finished none (all workers)
         self.shard = (0, 1)  # (dp_rank, dp_size) of the data node, set by next_batch
 
     # --------------------------------------------------------------------- which items
@@ -77,7 +83,7 @@ class EvaluationSession(ABC):
         self.tag, self.live_step = tag, step
         self.done = {name: self.previously_done(name) for name in self.task_names}
         self.counts[:] = 0.0
-        self.lost_here = self.lost = 0
+        self.lost_here = self.lost = self.fruitless = 0
 
     def previously_done(self, task: str) -> set[EpisodeKey]:
         """Items of ``task`` done before this session started (stored episodes); none by default."""
@@ -155,9 +161,20 @@ class EvaluationSession(ABC):
         """Keep the episodes (the embodied evaluation's zarr stores); nothing by default."""
 
     def add_counts(self, totals: np.ndarray, lost: int = 0) -> None:
-        """Add one step's counts and lost episodes, summed over the workers."""
+        """Add one step's counts and lost episodes, summed over the workers (the same on every
+        worker: each stops alike).
+
+        Raises:
+            RunStopped: the last :data:`MAX_FRUITLESS_STEPS` steps lost episodes and finished none.
+        """
         self.counts += totals
         self.lost += lost
+        self.fruitless = self.fruitless + 1 if lost and not totals[..., EPISODES].sum() else 0
+        if self.fruitless >= MAX_FRUITLESS_STEPS:
+            raise RunStopped(f"evaluation {self.tag}: its last {self.fruitless} steps lost every episode to simulator "
+                             f"faults ({self.lost} lost in all) and finished none, so it stops: the simulator cannot "
+                             "run it (the warnings above say why: an actor that died, or that did not answer within "
+                             "simulator.step_timeout_s)")
 
     def finish(self, video: bool) -> dict[str, float]:
         """Once no worker has items left (every rank calls it): write what the evaluation
