@@ -578,6 +578,10 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     loaded, tasks, skipped = skip_incompatible_tasks(eval_dir, loaded)
     for s in skipped:
         console.print(f"[yellow]skipping task {escape(s['task'])}: {escape(s['reason'])}[/yellow]")
+    if not tasks:  # it reported an empty table and exited 0
+        _remove_unstarted(eval_dir)
+        raise EvalInputError(f"none of the {len(skipped)} tasks of the evaluation can run with the policy (each "
+                             "skipped, above, saying why): evaluate tasks with its observation and action layout")
     config = loaded.config
     ev = config.eval
     protocols = eval_protocols(ev)

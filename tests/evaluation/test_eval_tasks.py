@@ -98,13 +98,21 @@ def test_a_crash_in_a_task_keeps_the_finished_ones_then_the_evaluation_finishes(
 
 
 @pytest.mark.xdist_group("test_eval_tasks.task_set_run")
-def test_a_task_set_checkpoint_runs_only_its_own_tasks_of_a_benchmark(ray_on_loopback, task_set_run, tmp_path):
+def test_a_task_set_checkpoint_runs_only_its_own_tasks_of_a_benchmark(ray_on_loopback, task_set_run, tmp_path,
+                                                                         capsys):
     assert main(["eval", str(task_set_run), *EVAL, "eval.benchmark=metaworld_mt10",
                  "eval.tasks=[push-v3,pick-place-v3]", "eval.protocols=[greedy]", "--output", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["task_status"] == {"push-v3": "complete", "pick-place-v3": "skipped"}
     assert report["skipped"][0]["reason"].startswith("the policy takes a one-hot of its 2 training tasks")
     assert [r["task"] for r in report["results"]] == ["push-v3"]
+    # none of them runs: it reported an empty table and exited 0
+    out = tmp_path / "none"
+    assert main(["eval", str(task_set_run), *EVAL, "eval.benchmark=metaworld_mt10",
+                 "eval.tasks=[pick-place-v3,drawer-close-v3]", "--output", str(out)]) == 2
+    assert "error: none of the 2 tasks of the evaluation can run with the policy (each skipped, above, saying why)" \
+        in " ".join(capsys.readouterr().err.split())
+    assert not out.exists()
 
 
 def test_an_mt10_run_prepares_its_evaluation_of_every_task(tmp_path):
