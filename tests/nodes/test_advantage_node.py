@@ -59,3 +59,31 @@ def test_a_decisions_kl_is_the_sum_of_its_executed_actions_estimates(process_gro
     assert metrics["actor/reward_kl_penalty"] == pytest.approx(per_action * (10 / 3 + 8 / 2) / 2, rel=1e-5)
     if estimator == "k3":
         assert float(penalty.max()) == pytest.approx(0.5 * 4 * k3(0.7), rel=1e-5) and k3(2.8) > 10
+
+
+@pytest.mark.parametrize(("overrides", "refused"), [
+    (["algorithm.adv_estimator=grpo"], False),
+    (["algorithm.adv_estimator=rloo"], False),
+    (["algorithm.adv_estimator=reinforce_plus_plus_baseline"], False),
+    (["algorithm.adv_estimator=reinforce_plus_plus"], False),  # gamma 1: the outcome at every step
+    (["algorithm.adv_estimator=reinforce_plus_plus", "algorithm.reinforce_plus_plus.gamma=0.9"], True),
+])
+def test_gspo_with_advantages_that_vary_along_a_row_is_refused_by_the_plan(overrides, refused):
+    """GSPO's sequence loss raised on them in the actor's first update, a Ray traceback after the
+    warm start and a rollout (an audit: embodied_ppo algorithm.policy_loss=gspo); the estimator is
+    judged by what it computes, so REINFORCE++ at gamma 1 (constant returns) stays allowed."""
+    from vla_rl.dag.errors import TemplateError
+    from vla_rl.dag.loader import load_template
+    from vla_rl.dag.planner import plan
+
+    loaded = load_template("embodied_grpo", ["algorithm.policy_loss=gspo", *overrides])
+    if not refused:
+        plan(loaded)
+        return
+    with pytest.raises(TemplateError, match=r"'gspo' takes one advantage per sequence, and advantage estimator "
+                                            r"'reinforce_plus_plus' \(algorithm.adv_estimator\) gives each step its "
+                                            r"own; use policy_loss 'gspo_token'") as error:
+        plan(loaded)
+    assert error.value.field == "algorithm.policy_loss"
+    with pytest.raises(TemplateError, match=r"'gae' \(algorithm.adv_estimator\) gives each step its own"):
+        plan(load_template("embodied_ppo", ["algorithm.policy_loss=gspo"]))

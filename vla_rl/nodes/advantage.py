@@ -52,7 +52,50 @@ def _groups_of_two(config, node_config, dp_size: int, world_size: int):
     return None
 
 
-@register_node("advantage", "compute", reads=_advantage_reads, check=_groups_of_two,
+SEQUENCE_ADVANTAGE_LOSSES = ("gspo",)
+"""Policy losses that take one advantage per sequence (``A_i``: GSPO's sequence-level objective)."""
+
+
+def advantages_vary_within_rows(config) -> bool:
+    """Whether ``config``'s advantage estimator, with its settings, gives the steps of a row
+    different advantages, as the advantage node calls it: each row's outcome reward on its last
+    step and, with ``algorithm.use_kl_in_reward``, a penalty at every step. Computed on a small
+    made-up batch (2 groups of 2 rows of 5 steps, one row shorter, per-step values for estimators
+    that read them), so that any estimator, a plug-in's too, is judged by what it computes."""
+    algo = config.algorithm
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    mask[3, 3:] = False
+    rewards = outcome_to_token_rewards(torch.tensor([1.0, 0.0, 0.25, 2.0], dtype=torch.float64), mask)
+    if algo.use_kl_in_reward:
+        rewards = rewards - 0.01 * torch.arange(1, 6, dtype=torch.float64)
+    values = torch.linspace(-0.3, 0.4, 20, dtype=torch.float64).reshape(4, 5)
+    advantages, _ = ADVANTAGE_ESTIMATORS.get(algo.adv_estimator)(
+        rewards, mask, torch.tensor([0, 0, 1, 1]), algo.options("adv_estimator"), values=values)
+    advantages = advantages.double()
+    row_means = torch.where(mask, advantages, 0.0).sum(-1) / mask.sum(-1)
+    spread = (advantages - row_means[:, None]).abs() > 1e-9 * (1.0 + row_means.abs()[:, None])
+    return bool(spread[mask].any())
+
+
+def _sequence_loss_gets_one_advantage_per_row(config, node_config, dp_size: int, world_size: int):
+    """GSPO's sequence-level loss refused advantages that vary along a row in the actor's first
+    update, with a Ray traceback, after the warm start and a rollout: refused when the plan is made."""
+    algo = config.algorithm
+    if algo.policy_loss not in SEQUENCE_ADVANTAGE_LOSSES or not advantages_vary_within_rows(config):
+        return None
+    kl = " with algorithm.use_kl_in_reward (a penalty at every step)" if algo.use_kl_in_reward else ""
+    return "algorithm.policy_loss", (
+        f"{algo.policy_loss!r} takes one advantage per sequence, and advantage estimator {algo.adv_estimator!r} "
+        f"(algorithm.adv_estimator){kl} gives each step its own; use policy_loss '{algo.policy_loss}_token', or an "
+        "outcome estimator (grpo, rloo, reinforce_plus_plus_baseline)")
+
+
+def _advantage_checks(config, node_config, dp_size: int, world_size: int):
+    return (_groups_of_two(config, node_config, dp_size, world_size)
+            or _sequence_loss_gets_one_advantage_per_row(config, node_config, dp_size, world_size))
+
+
+@register_node("advantage", "compute", reads=_advantage_reads, check=_advantage_checks,
                writes=(keys.TOKEN_LEVEL_REWARDS, keys.ADVANTAGES, keys.RETURNS),
                resources=lambda config, node_config: ("kl_ctrl",) if config.algorithm.use_kl_in_reward else ())
 def compute_advantages(ctx, batch) -> NodeOutput:
