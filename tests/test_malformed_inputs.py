@@ -73,6 +73,8 @@ OVERRIDE_CASES = [
     ("negative steps", "embodied_srpo", ["trainer.total_steps=-1"], "trainer.total_steps"),
     ("infinite lr", "embodied_srpo", ["trainer.lr=inf"], "finite number"),
     ("zero lr", "embodied_srpo", ["trainer.lr=0"], "trainer.lr"),
+    # a Ray traceback from the worker before ("Trying to create tensor with negative dimension -5")
+    ("negative critic width", "embodied_ppo", ["critic.hidden_sizes=[-5]"], "critic.hidden_sizes[0]"),
     ("typo in a section", "embodied_srpo", ["trainer.totl_steps=3"], "trainer.totl_steps"),
     ("unknown node", "embodied_srpo", ["nodes.nope.dp_size=1"], "unknown node"),
     ("node rename", "embodied_srpo", ["nodes.reward.id=x"], "cannot be renamed"),

@@ -10,7 +10,7 @@ import importlib
 import warnings
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from vla_rl.config.base import _check_name, _Section
 from vla_rl_core.components import ComponentConfigError, build_config
@@ -259,7 +259,8 @@ def _loss_agg_modes():
 class CriticSection(_Section):
     """The value network of templates with a critic (PPO with GAE)."""
 
-    hidden_sizes: list[int] = Field(default_factory=lambda: [256, 256], description="Hidden layer widths.")
+    hidden_sizes: list[PositiveInt] = Field(default_factory=lambda: [256, 256],
+                                            description="Hidden layer widths (none: a linear critic).")
     lr: float = Field(1e-3, gt=0, description="Adam learning rate of the critic.")
     cliprange_value: float | None = Field(
         0.5, gt=0, description="Value clipping around the rollout-time values (null: plain squared error)."
