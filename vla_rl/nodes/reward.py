@@ -184,7 +184,9 @@ def episode_rewards(algo, batch: TensorDict, encoder=None, shards: SRPOShards | 
             share what they need (:func:`step_reference`); None: the batch is the reference.
 
     Returns:
-        The rewards, and ``reward/mean``, ``reward/failure_mean`` (a mean over the failures) and,
+        The rewards, and ``reward/mean`` (the rewards trained on: with the overlong penalty),
+        ``reward/failure_mean`` (the reward function's mean over the failures, before the
+        overlong penalty: the partial credit a progress reward such as SRPO's gives them) and,
         with overlong shaping, ``reward/overlong_penalty``.
     """
     embeddings = None
