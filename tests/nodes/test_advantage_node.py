@@ -87,3 +87,20 @@ def test_gspo_with_advantages_that_vary_along_a_row_is_refused_by_the_plan(overr
     assert error.value.field == "algorithm.policy_loss"
     with pytest.raises(TemplateError, match=r"'gae' \(algorithm.adv_estimator\) gives each step its own"):
         plan(load_template("embodied_ppo", ["algorithm.policy_loss=gspo"]))
+
+
+def test_gspo_check_leaves_an_estimator_that_raises_on_the_made_up_batch_to_the_actor(monkeypatch, caplog):
+    """A plug-in estimator that raises on the check's made-up batch (it may need more than 4 rows
+    of 5 steps) was a traceback from ``plan``; the plan now warns and leaves the check to the actor."""
+    import vla_rl.nodes.advantage as advantage_module
+    from vla_rl.dag.loader import load_template
+    from vla_rl.dag.planner import plan
+
+    def needs_more_rows(*args, **kwargs):
+        raise ValueError("needs 8 rows")
+
+    monkeypatch.setattr(advantage_module.ADVANTAGE_ESTIMATORS, "get", lambda name: needs_more_rows)
+    with caplog.at_level("WARNING", logger="vla_rl.nodes.advantage"):
+        plan(load_template("embodied_grpo", ["algorithm.policy_loss=gspo"]))
+    assert "cannot tell whether advantage estimator 'grpo' gives each step its own advantage (it raised ValueError" \
+        in caplog.text

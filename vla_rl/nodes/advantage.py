@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -16,6 +17,8 @@ from vla_rl.utils.collectives import all_reduce
 from vla_rl.workers.metrics import mean
 from vla_rl.workers.resources import register_resource
 from vla_rl_core import keys
+
+logger = logging.getLogger(__name__)
 
 
 class KLCoefficientCheckpoint:
@@ -56,21 +59,29 @@ SEQUENCE_ADVANTAGE_LOSSES = ("gspo",)
 """Policy losses that take one advantage per sequence (``A_i``: GSPO's sequence-level objective)."""
 
 
-def advantages_vary_within_rows(config) -> bool:
+def advantages_vary_within_rows(config) -> bool | None:
     """Whether ``config``'s advantage estimator, with its settings, gives the steps of a row
     different advantages, as the advantage node calls it: each row's outcome reward on its last
     step and, with ``algorithm.use_kl_in_reward``, a penalty at every step. Computed on a small
     made-up batch (2 groups of 2 rows of 5 steps, one row shorter, per-step values for estimators
-    that read them), so that any estimator, a plug-in's too, is judged by what it computes."""
+    that read them), so that any estimator, a plug-in's too, is judged by what it computes.
+    ``None`` (cannot tell) where the estimator raises on that batch: a plug-in may need more than it has."""
     algo = config.algorithm
     mask = torch.ones(4, 5, dtype=torch.bool)
     mask[3, 3:] = False
     rewards = outcome_to_token_rewards(torch.tensor([1.0, 0.0, 0.25, 2.0], dtype=torch.float64), mask)
     if algo.use_kl_in_reward:
         rewards = rewards - 0.01 * torch.arange(1, 6, dtype=torch.float64)
-    values = torch.linspace(-0.3, 0.4, 20, dtype=torch.float64).reshape(4, 5)
-    advantages, _ = ADVANTAGE_ESTIMATORS.get(algo.adv_estimator)(
-        rewards, mask, torch.tensor([0, 0, 1, 1]), algo.options("adv_estimator"), values=values)
+    reads_values = keys.VALUES in ADVANTAGE_ESTIMATORS.traits(algo.adv_estimator).reads
+    values = torch.linspace(-0.3, 0.4, 20, dtype=torch.float64).reshape(4, 5) if reads_values else None
+    try:
+        advantages, _ = ADVANTAGE_ESTIMATORS.get(algo.adv_estimator)(
+            rewards, mask, torch.tensor([0, 0, 1, 1]), algo.options("adv_estimator"), values=values)
+    except Exception as error:  # noqa: BLE001 - a plug-in's own failure is its to report in the run
+        logger.warning("cannot tell whether advantage estimator %r gives each step its own advantage (it raised "
+                       "%s on a made-up batch of 4 rows); %r's one-advantage-per-sequence check is left to the "
+                       "actor", algo.adv_estimator, type(error).__name__, algo.policy_loss)
+        return None
     advantages = advantages.double()
     row_means = torch.where(mask, advantages, 0.0).sum(-1) / mask.sum(-1)
     spread = (advantages - row_means[:, None]).abs() > 1e-9 * (1.0 + row_means.abs()[:, None])
