@@ -5,7 +5,8 @@ The configs import without torch; the model (``PI0Model``, ``PI0Inputs``) and th
 access. :mod:`policies.pi0.flow_sampling` holds the model-agnostic denoising samplers with exact
 per-step log-densities (πRL's Flow-SDE and the deterministic ODE; Flow-Noise's learned noise head
 and sampler in :mod:`policies.pi0.flow_noise`);
-:mod:`policies.pi0.transforms_pi0` openpi's mean/std normalisation and state-relative actions.
+:mod:`policies.pi0.transforms_pi0` openpi's mean/std normalisation and state-relative actions;
+:mod:`policies.pi0.lerobot_stats_pi0` the statistics in a LeRobot checkpoint's processor files.
 """
 
 from __future__ import annotations

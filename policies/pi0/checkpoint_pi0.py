@@ -71,6 +71,10 @@ ARCHITECTURE_FILE = "pi0_architecture.json"
 #: Flow-Noise's learned noise head, beside the model (ours; not in openpi's or LeRobot's layout).
 NOISE_HEAD_FILE = "pi0_noise_head.safetensors"
 CONFIG_FILE = "config.json"
+#: Prefixes of the normalisation buffers that LeRobot saved in ``model.safetensors`` before 0.4
+#: (``lerobot/processor/migrate_policy_normalization.py`` moves them into processor files).
+LEGACY_LEROBOT_STATISTICS = ("normalize_inputs.", "normalize_targets.", "unnormalize_outputs.")
+
 #: Prefix of every name in the LeRobot layout.
 LEROBOT_PREFIX = "model."
 _VISION = "paligemma_with_expert.paligemma.model.vision_tower."
@@ -158,15 +162,24 @@ def check_pi0_weights(model: PI0Model, directory: str | Path) -> tuple[WeightFil
 
     Raises:
         FileNotFoundError: no weights in ``directory``.
-        ValueError: pickle-only weights, unreadable or truncated files, or tensors missing,
-            unexpected or of another shape (the message names the file and the first names of
-            each kind).
+        ValueError: pickle-only weights, unreadable or truncated files, LeRobot's statistics
+            tensors of before 0.4 (the message names LeRobot's migration script), or tensors
+            missing, unexpected or of another shape (the message names the file and the first
+            names of each kind).
     """
     weights = find_weight_files(directory, allow_pickle=True)
     if weights.format == "pickle":  # find_weight_files' advice, allow_pickle, is not a π0 setting
         raise ValueError(f"{weights.files[0]}: pickle weights are refused (loading a pickle file can run arbitrary "
                          "code); convert them to safetensors (openpi's and LeRobot's π0 checkpoints are safetensors)")
     found = checkpoint_shapes(weights)  # file name -> shape, from the headers
+    legacy = sorted(name for name in found if name.startswith(LEGACY_LEROBOT_STATISTICS))
+    if legacy:
+        names = ", ".join(legacy[:3]) + (", ..." if len(legacy) > 3 else "")
+        raise ValueError(f"{weights.files[0] if len(weights.files) == 1 else Path(directory)}: holds LeRobot's "
+                         f"normalisation statistics as tensors ({names}), "
+                         "as LeRobot saved its policies before 0.4; convert the checkpoint with LeRobot's "
+                         "src/lerobot/processor/migrate_policy_normalization.py, which moves them into "
+                         "policy_preprocessor.json and policy_postprocessor.json (read here)")
     sources: dict[str, str] = {}  # our name -> file name
     for file_name in found:
         name = model_name(file_name)

@@ -30,6 +30,7 @@ from policies.checkpoint_files import read_json_file
 from policies.normalization import ActionStatistics, MeanStdStatistics, fit_bounds_q99, fit_mean_std
 from policies.pi0.checkpoint_pi0 import ARCHITECTURE_FILE
 from policies.pi0.configuration_pi0 import NORMALIZATION_FIELDS, PI0PolicyConfig
+from policies.pi0.lerobot_stats_pi0 import PREPROCESSOR_FILE, LeRobotStatistics, read_lerobot_statistics
 from vla_rl_core import keys
 
 #: openpi's normalisation statistics file in a checkpoint's assets (``{"norm_stats": {"actions":
@@ -193,34 +194,44 @@ def fit_statistics(module: nn.Module, prefix: str, values: Tensor, normalization
 
 
 def load_statistics(module: nn.Module, config: PI0PolicyConfig) -> None:
-    """Fill ``module``'s buffers with the config's statistics, else the checkpoint's
-    ``norm_stats.json`` (the first ``action_dim`` / ``proprio_dim`` values of the fields of its
-    ``actions`` / ``state`` entries that ``config.normalization`` reads, and bounds_q99's action
-    ``mask`` when the entry has one).
+    """Fill ``module``'s buffers with the config's statistics, else the checkpoint's: its
+    ``norm_stats.json``, else LeRobot's processor files (:mod:`policies.pi0.lerobot_stats_pi0`);
+    the first ``action_dim`` / ``proprio_dim`` values of the fields of their ``actions`` /
+    ``state`` entries that ``config.normalization`` reads, and bounds_q99's action ``mask`` when
+    the entry has one.
 
     Raises:
         ValueError: a ``model_path`` of openpi's or LeRobot's (no ``pi0_architecture.json``: not
-            :meth:`PI0Policy.save_pretrained`'s) without a ``norm_stats.json`` and no
-            ``action_statistics``: its actions would reach the simulator normalised (openpi's
-            ``create_trained_policy`` refuses it too); malformed statistics (those of the
-            checkpoint: the message names its file); openpi's statistics (``mean`` and ``std``
-            with the quantiles) read with ``normalization: bounds_q99``, which would normalise
-            otherwise than openpi trained π0.
+            :meth:`PI0Policy.save_pretrained`'s) without a ``norm_stats.json`` or LeRobot's
+            statistics of its normalised actions, and no ``action_statistics``: its actions would
+            reach the simulator normalised (openpi's ``create_trained_policy`` refuses it too);
+            malformed statistics (those of the checkpoint: the message names its file); openpi's
+            statistics (``mean`` and ``std`` with the quantiles) read with ``normalization:
+            bounds_q99``, which would normalise otherwise than openpi trained π0; LeRobot's
+            statistics of another normalisation than ``config.normalization``.
     """
     fields = NORMALIZATION_FIELDS[config.normalization]
     path = norm_stats_file(config.model_path) if config.model_path is not None else None
-    if (path is None and config.model_path is not None and config.action_statistics is None
-            and not (Path(config.model_path) / ARCHITECTURE_FILE).is_file()):
+    lerobot = read_lerobot_statistics(config.model_path) if path is None and config.model_path is not None else None
+    if lerobot is not None:
+        check_lerobot_normalization(lerobot, config)
+    actions_normalised_without_statistics = lerobot is None or (
+        lerobot.modes.get("actions") is not None and "actions" not in lerobot.entries)
+    if (path is None and actions_normalised_without_statistics and config.model_path is not None
+            and config.action_statistics is None and not (Path(config.model_path) / ARCHITECTURE_FILE).is_file()):
+        lerobot_files = (f" (its {PREPROCESSOR_FILE} holds no statistics of the actions)" if lerobot is not None
+                         else f", nor LeRobot's {PREPROCESSOR_FILE}")
         raise ValueError(f"{config.model_path}: no {NORM_STATS_FILE} there nor under its assets/ (openpi keeps it in "
-                         f"assets/<asset_id>/): openpi's and LeRobot's π0 act on normalised actions, and without "
-                         f"their statistics the simulator would get them as they are; copy the checkpoint's "
-                         f"{NORM_STATS_FILE} there, or give policy.config.action_statistics")
-    checkpoint = read_norm_stats(path) if path is not None else {}
+                         f"assets/<asset_id>/){lerobot_files}: openpi's and LeRobot's π0 act on normalised actions, "
+                         f"and without their statistics the simulator would get them as they are; copy the "
+                         f"checkpoint's {NORM_STATS_FILE} there, or give policy.config.action_statistics")
+    checkpoint = read_norm_stats(path) if path is not None else lerobot.entries if lerobot is not None else {}
     for prefix, stats, length, entry in (("action", config.action_statistics, config.action_dim, "actions"),
                                          ("proprio", config.proprio_statistics, config.proprio_dim, "state")):
         what = f"{prefix} statistics"
         if stats is None and length and entry in checkpoint:
-            if config.normalization == "bounds_q99" and {"mean", "std"} <= set(checkpoint[entry]):
+            source = path if path is not None else lerobot.sources[entry]
+            if path is not None and config.normalization == "bounds_q99" and {"mean", "std"} <= set(checkpoint[entry]):
                 # openpi's file (its NormStats: mean, std, q01, q99); this policy's bounds_q99
                 # export writes q01 and q99 alone
                 raise ValueError(f"{path}: its {entry} statistics hold mean and std, as openpi's norm_stats.json does, "
@@ -228,8 +239,8 @@ def load_statistics(module: nn.Module, config: PI0PolicyConfig) -> None:
                                  "!= PI0); set policy.config.normalization=mean_std (or give "
                                  f"policy.config.{prefix}_statistics to normalise with quantiles)")
             mask = ("mask",) if config.normalization == "bounds_q99" and prefix == "action" else ()
-            stats = truncate_norm_stats(checkpoint[entry], fields, length, entry, optional=mask, source=path)
-            what = f"{path}: {entry} statistics"
+            stats = truncate_norm_stats(checkpoint[entry], fields, length, entry, optional=mask, source=source)
+            what = f"{source}: {entry} statistics"
         if stats is None:
             continue
         if config.normalization == "mean_std":
@@ -241,3 +252,25 @@ def load_statistics(module: nn.Module, config: PI0PolicyConfig) -> None:
         for name, value in values.items():
             getattr(module, f"{prefix}_{name}").copy_(value)
         getattr(module, f"{prefix}_statistics_set").fill_(True)
+
+
+def check_lerobot_normalization(lerobot: LeRobotStatistics, config: PI0PolicyConfig) -> None:
+    """LeRobot's modes of the state and actions whose statistics this policy would read from its
+    files (those the config does not give) must be ``config.normalization``.
+
+    Raises:
+        ValueError: another mode (the message names the file and the setting to change), or the
+            state and the actions in two modes (this policy normalises both alike).
+    """
+    used = {entry: lerobot.modes[entry] for entry, given, length in
+            (("actions", config.action_statistics, config.action_dim),
+             ("state", config.proprio_statistics, config.proprio_dim))
+            if given is None and length and entry in lerobot.entries}
+    if len(set(used.values())) > 1:
+        raise ValueError(f"{lerobot.sources['state']}: LeRobot normalises the state with {used['state']} and the "
+                         f"actions with {used['actions']}, and this policy normalises both alike; give "
+                         "policy.config.proprio_statistics and policy.config.action_statistics")
+    for entry, mode in used.items():
+        if mode != config.normalization:
+            raise ValueError(f"{lerobot.sources[entry]}: LeRobot normalises the {entry} with what this policy calls "
+                             f"{mode}, not {config.normalization}; set policy.config.normalization={mode}")
