@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from vla_rl.cli import main
-from vla_rl.data.lerobot_format import LeRobotReader
+from vla_rl.data.lerobot_reader import LeRobotReader
 from vla_rl.data.trajectory_store import TrajectoryStore
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
@@ -217,3 +217,19 @@ def test_a_demonstration_store_exports_its_expert_episodes(ray_on_loopback, tmp_
     assert np.array_equal(frames["observation.state"], stored["obs"][:steps])
     assert np.array_equal(frames["action"], np.clip(stored["actions"][:steps], -1.0, 1.0))
     assert bool(frames["next.success"][-1]) and str(frames["task"]) == "lift the cube"
+
+
+def test_a_remote_run_s_episodes_are_refused_in_one_line(evaluated_lift_run, tmp_path, capsys):
+    """A remote run's evaluation asked for --fps, then the replay raised a RuntimeError traceback
+    (no hub outside a simulator pool): a remote environment cannot be replayed here (an audit)."""
+    import shutil
+
+    shutil.copytree(evaluated_lift_run / "eval", tmp_path / "run" / "eval")
+    meta = tmp_path / "run" / "eval" / "episodes" / "robosuite_lift" / "rank0.zarr" / "zarr.json"
+    document = json.loads(meta.read_text())
+    document["attributes"]["user_attrs"]["simulator"] = "remote"
+    meta.write_text(json.dumps(document))
+    assert main(["export-episodes", str(tmp_path / "run"), str(tmp_path / "out"), "--fps", "20"]) == 2
+    err = capsys.readouterr().err
+    assert "rank0.zarr holds episodes of remote environments (simulator.name=remote), which cannot be replayed" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

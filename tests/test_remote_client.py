@@ -71,18 +71,26 @@ def test_a_hub_address_that_cannot_work_is_refused_before_any_environment(uri, m
 @pytest.mark.parametrize("refusal, message", [
     ("token", "refused the token: bad token"),
     ("environment", "this run's environments have state_dim 7, the client 3"),
+    # `vla-rl serve`'s policy server sends its metadata first (openpi's protocol): the client took
+    # it for a welcome, then failed on the server's text reply with "not a msgpack-numpy message"
+    ("policy server", "is not a vla-rl remote environment hub (it answered the hello with a message of keys "
+                      "['action_dim', 'chunk_size'], not a welcome)"),
 ])
 def test_a_refused_client_exits_as_a_user_error_in_one_line(refusal, message, capsys, monkeypatch):
-    """A hub that refuses the token (HTTP 401) or the environment (a text welcome) stops ``vla-rl
-    remote-env`` with status 2 (the user's input), one line, as the address checks do (it was 1)."""
+    """A hub that refuses the token (HTTP 401) or the environment (a text welcome), or a server
+    that is not a hub, stops ``vla-rl remote-env`` with status 2 (the user's input), one line, as
+    the address checks do (it was 1)."""
     from websockets.sync.server import serve
 
     import simulators
+    from vla_rl_core import wire
 
     def process_request(connection, request):
         return connection.respond(401, "bad token\n") if refusal == "token" else None
 
     def handler(websocket):
+        if refusal == "policy server":
+            websocket.send(wire.packb({"action_dim": 7, "chunk_size": 4}))
         websocket.recv()  # the hello
         websocket.send("this run's environments have state_dim 7, the client 3")
 

@@ -233,7 +233,7 @@ def export_episodes(source: str | Path, out: str | Path, cameras: Sequence[str] 
 
     Raises:
         EpisodesExportError: ``out`` exists or cannot be created, ``camera_size`` comes without
-            ``cameras``, ``source`` holds no episodes, the stores mix
+            ``cameras``, ``source`` holds no episodes or episodes of remote environments, the stores mix
             simulators, control frequencies or (without ``robot_type``) robots, a replay does not
             retrace its episode, no fps is known, or ``cameras`` are asked for and FFmpeg has no
             AV1 encoder (checked first).
@@ -256,6 +256,10 @@ def export_episodes(source: str | Path, out: str | Path, cameras: Sequence[str] 
     stores = find_stores(source)
     _check_readable(stores)
     first = stores[0]
+    if remote := [store.path for store in stores if store.simulator == "remote"]:
+        raise EpisodesExportError(f"{remote[0]} holds episodes of remote environments (simulator.name=remote), which "
+                                  "cannot be replayed here: the export replays each episode in a local simulator to "
+                                  "record its frames; record them on the robot's side instead")
     per_store = {store.path: (store.simulator, _control_freq(store),
                               str(store.env.get("robot", store.simulator))) for store in stores}
     for position, what in ((0, "simulators"), (1, "control frequencies"), (2, "robots")):

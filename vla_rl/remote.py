@@ -45,7 +45,8 @@ STATE_KEY, IMAGE_SUFFIX = "state", "_image"
 
 
 class RemoteRefused(RuntimeError):
-    """The trainer refused this client (wrong token, or an environment that does not fit the run)."""
+    """The trainer refused this client (wrong token, or an environment that does not fit the run), or the
+    server is not a remote environment hub."""
 
 
 class _Dropped(Exception):
@@ -137,7 +138,15 @@ class RobotClient:
         welcome = websocket.recv()
         if isinstance(welcome, str):
             raise RemoteRefused(welcome)
-        logger.info("connected to %s (task %s)", self.uri, wire.unpackb(welcome).get("task"))
+        try:
+            welcome = wire.unpackb(welcome)
+        except ValueError:
+            welcome = None
+        if not isinstance(welcome, dict) or welcome.get("type") != "welcome":
+            raise RemoteRefused(f"{self.uri} is not a vla-rl remote environment hub (it answered the hello with "
+                                f"{_described(welcome)}, not a welcome); connect to the hub of a run with "
+                                "simulator.name=remote (its simulator.env.port), not to `vla-rl serve`'s policy server")
+        logger.info("connected to %s (task %s)", self.uri, welcome.get("task"))
         while not stop.is_set():
             try:
                 message = websocket.recv(timeout=0.2)
@@ -218,3 +227,9 @@ def _observation(obs: Any) -> dict[str, np.ndarray]:
                 for key, value in obs.items() if key == STATE_KEY or key.endswith(IMAGE_SUFFIX)}
     return {STATE_KEY: np.asarray(obs, dtype=np.float32)}
 
+
+def _described(message: Any) -> str:
+    """A received message, in a few words, for an error line."""
+    if isinstance(message, dict):
+        return f"a message of keys {sorted(map(str, message))[:6]}"
+    return "bytes that are not msgpack" if message is None else f"a {type(message).__name__}"

@@ -92,3 +92,43 @@ def test_the_planner_refuses_a_bad_dataset_before_anything_starts(tmp_path, caps
     assert "reads camera images ['agentview_image']" in check_dataset(LIFT, DEFAULT_DATASET_KEYS, 2,
                                                                       images=["agentview_image"])
     assert check_dataset(LIFT, DEFAULT_DATASET_KEYS, 2, images=[]) is None
+
+
+def test_a_nan_or_infinite_state_or_action_is_refused_naming_the_episode_and_frame(tmp_path):
+    """Behaviour cloning ran its 1500 steps on NaN actions (bc_loss null) and the run stopped in
+    the first evaluation with a worker traceback (an audit)."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from vla_rl.data.lerobot_demonstrations import dataset_states
+
+    root = tmp_path / "nan"
+    shutil.copytree(LIFT, root)
+    data = root / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(data)
+    actions = table.column("action").to_pylist()
+    episodes = table.column("episode_index").to_pylist()
+    frames = table.column("frame_index").to_pylist()
+    row = next(i for i in range(len(episodes)) if episodes[i] == 1 and frames[i] == 4)
+    actions[row][2] = float("nan")
+    column = pa.array(actions, table.schema.field("action").type)
+    pq.write_table(table.set_column(table.column_names.index("action"), "action", column), data)
+    with pytest.raises(ValueError, match=r"warm_start.dataset: .*: feature 'action' of episode 1 holds \[.*nan.*\] "
+                                         r"at frame 4 \(1 frames with NaN or infinite values\)"):
+        dataset_episodes(root, DEFAULT_DATASET_KEYS, 2, SPEC)
+    assert len(dataset_episodes(root, DEFAULT_DATASET_KEYS, 1, SPEC)) == 1  # episode 0 is whole
+    states = table.column("observation.state").to_pylist()
+    states[row][0] = float("inf")
+    column = pa.array(states, table.schema.field("observation.state").type)
+    pq.write_table(table.set_column(table.column_names.index("observation.state"), "observation.state", column), data)
+    with pytest.raises(ValueError, match=r"feature 'observation.state' of episode 1 holds .* at frame 4"):
+        dataset_states(root, DEFAULT_DATASET_KEYS, 2)
+
+
+def test_a_dataset_with_no_demonstrations_to_clone_is_refused_by_the_plan(capsys):
+    """warm_start.num_demos=0 with a dataset cloned nothing, silently (an audit)."""
+    assert main(["plan", "embodied_srpo", f"warm_start.dataset={LIFT}", "warm_start.num_demos=0"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "field 'warm_start.num_demos'" in err and "0 clones no episode of warm_start.dataset" in err

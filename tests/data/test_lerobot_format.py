@@ -18,11 +18,11 @@ from videos import fake_ffmpeg, needs_av1
 from vla_rl.data.lerobot_format import (
     QUANTILES,
     LeRobotFormatError,
-    LeRobotReader,
     LeRobotWriter,
     aggregate_stats,
     feature_stats,
 )
+from vla_rl.data.lerobot_reader import LeRobotReader
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot"
 REPO = FIXTURES.parents[2]

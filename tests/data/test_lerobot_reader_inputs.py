@@ -1,4 +1,4 @@
-"""What the LeRobot reader (vla_rl/data/lerobot_format.py) meets outside its own writer's output:
+"""What the LeRobot reader (vla_rl/data/lerobot_reader.py) meets outside its own writer's output:
 datasets split over several files whose columns differ in order and in optional columns (LeRobot
 shards them, and its per-episode ``stats/...`` columns are optional), large columns and videos it
 must not hold whole, and malformed datasets, each refused in one line naming the file and field."""
@@ -17,7 +17,8 @@ from test_lerobot_format import FIXTURES, check_video, probe_dataset
 from videos import needs_av1
 
 from vla_rl.data.lerobot_demonstrations import check_dataset
-from vla_rl.data.lerobot_format import LeRobotFormatError, LeRobotReader
+from vla_rl.data.lerobot_format import LeRobotFormatError
+from vla_rl.data.lerobot_reader import LeRobotReader
 
 LIFT = FIXTURES / "lift_scripted_demos"
 DATA, EPISODES = "data/chunk-000/file-000.parquet", "meta/episodes/chunk-000/file-000.parquet"
@@ -123,7 +124,19 @@ MALFORMED = {
                     "data/chunk-000/file-000.parquet cannot be read: "),
     "video without video_path": (FIXTURES / "video_probe", lambda root: _edit_info(root, video_path=""),
                                  "has video features but no 'video_path'"),
+    # an audit: these three were AttributeError / KeyError tracebacks from `vla-rl plan`
+    "info.json a list": (LIFT, lambda root: (root / "meta/info.json").write_text("[]"),
+                         "meta/info.json must hold a JSON object"),
+    "feature a string": (LIFT, lambda root: _edit_feature(root, "action", "float32"),
+                         "meta/info.json: feature 'action' must be an object with a 'dtype' string and a 'shape'"),
+    "feature without shape": (LIFT, lambda root: _edit_feature(root, "action", {"dtype": "float32"}),
+                              "meta/info.json: feature 'action' must be an object with a 'dtype' string"),
 }
+
+
+def _edit_feature(root: Path, name: str, feature) -> None:
+    info = json.loads((root / "meta/info.json").read_text())
+    _edit_info(root, features={**info["features"], name: feature})
 
 
 @pytest.mark.parametrize("case", sorted(MALFORMED))
@@ -186,3 +199,49 @@ def test_a_channel_first_video_declaration_reads_as_its_decoded_frames(tmp_path)
     with pytest.raises(LeRobotFormatError, match="video feature 'observation.images.agentview' has shape \\[32, 32\\], "
                                                  "not three sizes"):
         LeRobotReader(root)
+
+
+def _rewrite_column(root: Path, column: str, values: pa.Array) -> None:
+    table = pq.read_table(root / DATA)
+    pq.write_table(table.set_column(table.column_names.index(column), column, values), root / DATA)
+
+
+def test_variable_length_list_columns_read_as_the_fixed_size_ones(tmp_path):
+    """pandas and Hugging Face datasets write list<float> where LeRobot writes fixed-size lists;
+    their reading raised ModuleNotFoundError: pandas (an audit)."""
+    root = copy_of(LIFT, tmp_path)
+    before = LeRobotReader(root).episode(1, ["action", "observation.state"])
+    table = pq.read_table(root / DATA)
+    for column in ("action", "observation.state"):
+        _rewrite_column(root, column, table.column(column).cast(pa.list_(pa.float32())))
+    after = LeRobotReader(root).episode(1, ["action", "observation.state"])
+    assert pq.read_schema(root / DATA).field("action").type == pa.list_(pa.float32())
+    for name in ("action", "observation.state"):
+        np.testing.assert_array_equal(after[name], before[name])
+    ragged = [list(row) for row in table.column("action").to_pylist()]
+    ragged[0] = ragged[0][:3]
+    _rewrite_column(root, "action", pa.array(ragged, pa.list_(pa.float32())))
+    with pytest.raises(LeRobotFormatError, match=r"feature 'action' holds lists of 2 lengths \(\[3, 7\]\), not one "
+                                                 r"vector a frame"):
+        LeRobotReader(root).episode(0, ["action"])
+
+
+def test_a_column_of_strings_or_of_another_width_and_an_unknown_task_are_refused_naming_them(tmp_path):
+    root = copy_of(LIFT, tmp_path)
+    rows = pq.read_table(root / DATA).num_rows
+    _rewrite_column(root, "action", pa.array(["up"] * rows))
+    with pytest.raises(LeRobotFormatError, match=r"feature 'action' holds string values, not numbers"):
+        LeRobotReader(root).episode(0, ["action"])
+    _edit_feature(root, "action", {"dtype": "string", "shape": [7]})
+    assert "feature 'action' is string [7], which cannot be the policy's 'actions'" in check_dataset(
+        root, {"observation.state": "state", "action": "actions"}, 1)
+    root = copy_of(LIFT, tmp_path / "wide")
+    _edit_feature(root, "action", {"dtype": "float32", "shape": [6]})
+    with pytest.raises(LeRobotFormatError, match=r"feature 'action' holds 7 values a frame, and meta/info.json gives "
+                                                 r"it shape \[6\]"):
+        LeRobotReader(root).episode(0, ["action"])
+    root = copy_of(LIFT, tmp_path / "task")
+    _rewrite_column(root, "task_index", pa.array([5] * rows, pa.int64()))
+    with pytest.raises(LeRobotFormatError, match=r"episode_index 0 has task_index 5, which meta/tasks.parquet does "
+                                                 r"not hold \(it holds \[0\]\)"):
+        LeRobotReader(root).episode(0, ["action"])

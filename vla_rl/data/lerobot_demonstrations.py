@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vla_rl.data.lerobot_format import LeRobotFormatError, LeRobotReader
+from vla_rl.data.lerobot_format import LeRobotFormatError
+from vla_rl.data.lerobot_reader import LeRobotReader
 from vla_rl_core import keys
 from vla_rl_core.env_spec import EnvSpec
 
@@ -28,7 +29,7 @@ def check_dataset(root: str | Path, dataset_keys: Mapping[str, str], num_demos: 
     """The planner's check of ``warm_start.dataset``: what is wrong with it, in one phrase, or None.
 
     Checks that ``root`` is a LeRobot v3 dataset with at least ``num_demos`` episodes, that every
-    feature ``dataset_keys`` names exists with a fitting dtype (numbers for ``state`` and
+    feature ``dataset_keys`` names exists with a fitting dtype (a numeric dtype for ``state`` and
     ``actions``, a video for ``<camera>_image``), that ``state``, ``actions`` and each of
     ``images`` (the ``<camera>_image`` inputs the simulator's config renders, which
     :func:`dataset_episodes` needs) are mapped once each, and that the sizes are those in
@@ -58,7 +59,7 @@ def check_dataset(root: str | Path, dataset_keys: Mapping[str, str], num_demos: 
             return (f"{root} has no feature {feature!r} (warm_start.dataset_keys maps it to {role!r}); its features: "
                     f"{sorted(reader.features)}")
         image = role.endswith(keys.OBS_IMAGE_SUFFIX)
-        if image != (spec["dtype"] == "video") or (not image and len(spec["shape"]) != 1):
+        if image != (spec["dtype"] == "video") or (not image and (len(spec["shape"]) != 1 or not _numeric(spec))):
             return (f"{root}: feature {feature!r} is {spec['dtype']} {spec['shape']}, which cannot be the policy's "
                     f"{role!r} ({'an (H, W, 3) video' if image else 'a vector of numbers'})")
         if not image and sizes and sizes.get(role) and list(spec["shape"]) != [sizes[role]]:
@@ -81,8 +82,9 @@ def dataset_episodes(root: str | Path, dataset_keys: Mapping[str, str], num_demo
         spec: the simulator's spec (``obs_dim``, ``action_dim``, ``images``): the dataset must fit it.
 
     Raises:
-        ValueError: the dataset's state, action or image sizes are not the simulator's, or a
-            camera the policy reads is not mapped (naming ``warm_start.dataset``);
+        ValueError: the dataset's state, action or image sizes are not the simulator's, a camera
+            the policy reads is not mapped, or a state or action is NaN or infinite (naming
+            ``warm_start.dataset``);
             :class:`LeRobotFormatError` (a ``ValueError``): the dataset cannot be read.
     """
     from vla_rl_core.observations import encode_instruction
@@ -102,8 +104,9 @@ def dataset_episodes(root: str | Path, dataset_keys: Mapping[str, str], num_demo
     episodes = []
     for index in range(num_demos):
         frames = reader.episode(index, [by_role[keys.OBS_STATE], by_role[ACTIONS_ROLE], *(by_role[k] for k in images)])
-        state = frames[by_role[keys.OBS_STATE]].astype(np.float32)
-        episode = {ACTIONS_ROLE: frames[by_role[ACTIONS_ROLE]].astype(np.float32)}
+        state = _finite(frames[by_role[keys.OBS_STATE]].astype(np.float32), root, by_role[keys.OBS_STATE], index)
+        episode = {ACTIONS_ROLE: _finite(frames[by_role[ACTIONS_ROLE]].astype(np.float32), root, by_role[ACTIONS_ROLE],
+                                         index)}
         if not images:
             episode[keys.OBS] = state
         else:
@@ -112,6 +115,28 @@ def dataset_episodes(root: str | Path, dataset_keys: Mapping[str, str], num_demo
             episode[keys.OBS_INSTRUCTION] = np.repeat(encode_instruction(str(frames["task"]))[None], len(state), axis=0)
         episodes.append(episode)
     return episodes
+
+
+def _numeric(spec: Mapping[str, object]) -> bool:
+    """Whether a feature of ``info.json`` declares numbers (LeRobot's dtypes are numpy's names)."""
+    try:
+        return np.dtype(str(spec["dtype"])).kind in "biuf"
+    except TypeError:
+        return False
+
+
+def _finite(values: np.ndarray, root: str | Path, feature: str, episode: int) -> np.ndarray:
+    """``values`` ``(T, dim)``, if every one is finite.
+
+    Raises:
+        ValueError: a NaN or infinity, naming the dataset, feature, episode and first frame.
+    """
+    bad = np.flatnonzero(~np.isfinite(values).all(axis=tuple(range(1, values.ndim))))
+    if len(bad):
+        raise ValueError(f"warm_start.dataset: {root}: feature {feature!r} of episode {episode} holds "
+                         f"{values[bad[0]].tolist()} at frame {int(bad[0])} ({len(bad)} frames with NaN or "
+                         "infinite values), which behaviour cloning cannot learn from")
+    return values
 
 
 def _unmapped_images(missing: list[str]) -> str:
@@ -124,4 +149,5 @@ def dataset_states(root: str | Path, dataset_keys: Mapping[str, str], num_demos:
     (the critic's normalisation statistics)."""
     reader = LeRobotReader(root)
     feature = next(f for f, role in dataset_keys.items() if role == keys.OBS_STATE)
-    return np.concatenate([reader.episode(i, [feature])[feature] for i in range(num_demos)]).astype(np.float32)
+    return np.concatenate([_finite(reader.episode(i, [feature])[feature].astype(np.float32), root, feature, i)
+                           for i in range(num_demos)])

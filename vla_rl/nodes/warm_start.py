@@ -79,7 +79,9 @@ def check_experts(config, node_config, dp_size: int, world_size: int) -> tuple[s
 
     sim, ws = config.simulator, config.warm_start
     if ws.num_demos == 0:
-        return None
+        return None if ws.dataset is None else (
+            "warm_start.num_demos", f"0 clones no episode of warm_start.dataset ({ws.dataset}); give the number of "
+            "its episodes to clone, or drop warm_start.dataset")
     if ws.dataset is not None:
         from vla_rl.data.lerobot_demonstrations import ACTIONS_ROLE, check_dataset
 
