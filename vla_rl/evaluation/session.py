@@ -173,8 +173,9 @@ class EvaluationSession(ABC):
         if self.fruitless >= MAX_FRUITLESS_STEPS:
             raise RunStopped(f"evaluation {self.tag}: its last {self.fruitless} steps lost every episode to simulator "
                              f"faults ({self.lost} lost in all) and finished none, so it stops: the simulator cannot "
-                             "run it (the warnings above say why: an actor that died, or that did not answer within "
-                             "simulator.step_timeout_s)")
+                             "run it (the warnings above say why: an actor that died, an environment that did not "
+                             "answer within simulator.step_timeout_s, or remote clients that broke the protocol, "
+                             "whose hub logs name the field)")
 
     def finish(self, video: bool) -> dict[str, float]:
         """Once no worker has items left (every rank calls it): write what the evaluation
