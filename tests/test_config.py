@@ -259,6 +259,34 @@ def test_the_same_overrides_are_taken_where_a_node_reads_them(template, override
     plan(load_template(template, overrides))
 
 
+@pytest.mark.parametrize(("overrides", "field", "why"), [
+    (["eval.num_episodes=0", "eval.every_steps=2"], "eval.every_steps", "no evaluation runs with eval.num_episodes=0"),
+    (["eval.num_episodes=0", "eval.video_episodes=5"], "eval.video_episodes", "eval.num_episodes=0"),
+    (["eval.protocols=[greedy]", "eval.temperature=0.5"], "eval.temperature", "read only by the 'sampled' protocol"),
+    (["warm_start.num_demos=0", "warm_start.bc_steps=10"], "warm_start.bc_steps",
+     "read only with demonstrations to clone, and warm_start.num_demos is 0"),
+    (["warm_start.num_demos=0", "warm_start.bc_lr=0.1"], "warm_start.bc_lr", "warm_start.num_demos is 0"),
+    (["warm_start.dataset_keys.action=actions"], "warm_start.dataset_keys.action",
+     "read only with warm_start.dataset, which is unset"),
+    (["warm_start.dataset=/data/x", "warm_start.demo_init_state_offset=5"], "warm_start.demo_init_state_offset",
+     "read only by the scripted expert's demonstrations"),
+])
+def test_evaluation_and_warm_start_settings_the_run_never_reads_are_refused(overrides, field, why):
+    """Each was accepted and changed nothing (an audit of README's Configuration section)."""
+    error = _error("embodied_srpo", *overrides)
+    assert error.field == field and why in str(error) and "is never read" in str(error)
+
+
+def test_held_out_initial_states_are_not_training_ones():
+    """eval.init_state_offset=0 evaluated the policy on ids 0..49, training ids, as 'held out' (an audit)."""
+    error = _error("embodied_srpo", "eval.init_state_offset=0")
+    assert error.field == "eval.init_state_offset" and "(ids 0..49) training's (ids 0..99999" in str(error)
+    error = _error("embodied_srpo", "data.num_train_init_states=2000000000")
+    assert error.field == "eval.init_state_offset" and "ids 0..1999999999" in str(error)
+    load_template("embodied_srpo", ["eval.init_state_offset=100000"])
+    load_template("llm_grpo")  # a text run evaluates rows of its test file
+
+
 def test_the_trajectory_encoder_of_a_reward_without_embeddings_is_not_validated():
     """vjepa2's required model_dir was asked for under the success reward, which never builds an encoder."""
     config = load_template("embodied_grpo", ["algorithm.reward=success"]).config

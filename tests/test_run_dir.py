@@ -141,6 +141,18 @@ def test_resume_validates_first_and_changes_nothing(tmp_path):
     assert not (run.path / "resumes.jsonl").exists()  # recorded once the workers loaded the checkpoint
 
 
+@pytest.mark.parametrize("override", ["run.name=other", "run.output_dir=/tmp/elsewhere"])
+def test_a_resume_that_would_place_the_run_elsewhere_is_refused(tmp_path, override):
+    """It trained on where the run is, and recorded the override for later resumes (an audit)."""
+    run, _, _ = _new_run(tmp_path, "run.name=r", "trainer.total_steps=2")
+    run.close()
+    _checkpoint(run.path)
+    with pytest.raises(RunDirError, match=rf"{override}: a resume continues {run.path} where it is") as refused:
+        prepare_run_dir(None, ["trainer.total_steps=6", override], str(run.path))
+    assert refused.value.field == override.split("=")[0]
+    assert not (run.path / "resumes.jsonl").exists()
+
+
 def test_resume_applies_the_recorded_overrides(tmp_path):
     run, _, _ = _new_run(tmp_path, "run.name=r", "trainer.total_steps=2")
     run.close()
@@ -254,12 +266,16 @@ def test_a_start_that_fails_before_its_first_step_leaves_nothing(tmp_path, fake_
         assert "removed the run directory" in " ".join(capsys.readouterr().out.split())
 
 
-def test_a_start_that_fails_after_step_0_wrote_metrics_keeps_its_directory(tmp_path, fake_workers):
+def test_a_start_that_fails_after_step_0_wrote_metrics_keeps_its_directory(tmp_path, fake_workers, capsys):
+    """Kept for its metrics, saying that it cannot be resumed and what to do to run it again (the
+    same command was refused: 'already exists and holds no checkpoint', with no word when kept)."""
     from vla_rl.driver import train
 
     fake_workers({"start_step": 0.0, "warm_start/bc_loss": 0.5})  # warm-started; the first evaluation fails
     with pytest.raises(RuntimeError, match="worker failed in"):
         train("embodied_srpo", [f"run.output_dir={tmp_path}", "run.name=kept"])
+    assert (f"kept the run directory {tmp_path / 'kept'} for the metrics it wrote; it holds no checkpoint to resume "
+            "from: remove it to start the run again under this name") in " ".join(capsys.readouterr().out.split())
     records = [json.loads(line) for line in (tmp_path / "kept" / "metrics.jsonl").read_text().splitlines()]
     assert records[0]["step"] == 0 and records[0]["warm_start/bc_loss"] == 0.5
     assert RunDirectory.reopen(tmp_path / "kept").recorded_hosts() == ([{"cpu": "fake"}], False)

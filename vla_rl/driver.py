@@ -144,6 +144,9 @@ def train(template_arg: str | None, overrides: list[str], resume: str | None = N
             run.remove()
             console.print(f"removed the run directory {run.path}: the run failed before it wrote a metric or a "
                           "checkpoint")
+        elif resume is None and not run.has_checkpoint():
+            console.print(f"kept the run directory {run.path} for the metrics it wrote; it holds no checkpoint to "
+                          "resume from: remove it to start the run again under this name, or choose another run.name")
         raise
     finally:
         run.close()

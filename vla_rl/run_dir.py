@@ -193,6 +193,12 @@ class RunDirectory:
         return ((metrics.is_file() and metrics.stat().st_size > 0)
                 or (checkpoints.is_dir() and any(checkpoints.iterdir())))
 
+    def has_checkpoint(self) -> bool:
+        """Whether the run holds a complete checkpoint, which a resume could continue from."""
+        from vla_rl.checkpoints.files import complete_checkpoints
+
+        return bool(complete_checkpoints(self.path / CHECKPOINTS_DIR))
+
     def recorded_overrides(self) -> list[str]:
         """The overrides of every earlier resume, in order."""
         path = self.path / RESUMES_FILE
@@ -252,6 +258,8 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
       a GGUF ``text.gguf_file``) is not checked here: building it reads its weights.
     - ``policy.*`` overrides keep the run's policy (:func:`_refuse_policy_changes`): only where its
       pretrained checkpoint lives and how it is loaded may change.
+    - No override of ``run.name`` or ``run.output_dir``: they place a new run, and a resume
+      recorded them and trained on where the run is.
     - ``metrics.jsonl`` reads: a damaged line before its last stopped the resume after Ray and
       the workers had started, with a traceback (and the resume's overrides recorded).
 
@@ -269,6 +277,11 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
     from vla_rl.utils.tracking import read_metrics
 
     config = template.config
+    placed = [item for item in overrides if _sets(_override_key(item), ("run.name", "run.output_dir"))]
+    if placed:
+        raise RunDirError(f"{placed[0]}: a resume continues {run.path} where it is, and run.name and run.output_dir "
+                          "place a new run; resume without it (or copy the run directory first)",
+                          field=_override_key(placed[0]))
     if (run.path / METRICS_FILE).is_file():
         try:
             read_metrics(run.path / METRICS_FILE)

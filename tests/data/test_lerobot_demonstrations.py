@@ -127,8 +127,14 @@ def test_a_nan_or_infinite_state_or_action_is_refused_naming_the_episode_and_fra
         dataset_states(root, DEFAULT_DATASET_KEYS, 2)
 
 
-def test_a_dataset_with_no_demonstrations_to_clone_is_refused_by_the_plan(capsys):
-    """warm_start.num_demos=0 with a dataset cloned nothing, silently (an audit)."""
+def test_a_dataset_with_no_demonstrations_to_clone_is_refused_by_the_plan(tmp_path, capsys):
+    """warm_start.num_demos=0 with a dataset cloned nothing, silently (an audit): an override of
+    the dataset is never read, and a template that sets both is refused by the plan."""
     assert main(["plan", "embodied_srpo", f"warm_start.dataset={LIFT}", "warm_start.num_demos=0"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "field 'warm_start.dataset'" in err and "is never read: read only with demonstrations to clone" in err
+    template = tmp_path / "both.yaml"
+    template.write_text(f"extends: embodied_srpo\nconfig:\n  warm_start: {{dataset: {LIFT}, num_demos: 0}}\n")
+    assert main(["plan", str(template)]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "field 'warm_start.num_demos'" in err and "0 clones no episode of warm_start.dataset" in err

@@ -129,6 +129,7 @@ class RunConfig(_Section):
             if not getattr(algorithm, switch):
                 unread |= {f"algorithm.{name}": f"read only with algorithm.{switch}=true (and a reference node), "
                            f"which is false: set it too, or drop the override" for name in names}
+        unread |= self._unread_evaluation_settings() | self._unread_warm_start_settings()
         if trainer.strategy != "fsdp":
             unread["trainer.fsdp"] = (f"read only with trainer.strategy=fsdp, and it is {trainer.strategy!r}: set it "
                                       "too, or drop the override")
@@ -137,6 +138,34 @@ class RunConfig(_Section):
                 "read only with micro-batches (trainer.micro_batch_size), which is null: each minibatch is one "
                 "backward pass; set trainer.micro_batch_size too, or drop the override")
         return unread
+
+    def _unread_evaluation_settings(self) -> dict[str, str]:
+        """Every ``eval.`` setting without episodes (``eval.num_episodes: 0``), and the sampled
+        protocol's temperature without that protocol."""
+        ev = self.eval
+        if ev.num_episodes == 0:
+            return {f"eval.{name}": "no evaluation runs with eval.num_episodes=0: give it episodes too, or drop the override"
+                    for name in type(ev).model_fields if name != "num_episodes"}
+        if "sampled" not in ev.protocols:
+            return {"eval.temperature": f"read only by the 'sampled' protocol, and eval.protocols is {ev.protocols}: "
+                    "add it, or drop the override"}
+        return {}
+
+    def _unread_warm_start_settings(self) -> dict[str, str]:
+        """Behaviour cloning's settings without demonstrations (``warm_start.num_demos: 0``), the
+        scripted expert's when a dataset is cloned instead, and the dataset's key map without one."""
+        ws = self.warm_start
+        if ws.num_demos == 0:
+            return {f"warm_start.{name}": "read only with demonstrations to clone, and warm_start.num_demos is 0: give "
+                    "it demonstrations too, or drop the override"
+                    for name in ("bc_steps", "bc_lr", "bc_batch_size", "demo_init_state_offset", "demo_store",
+                                 "dataset", "dataset_keys")}
+        if ws.dataset is not None:
+            return {f"warm_start.{name}": f"read only by the scripted expert's demonstrations, and warm_start.dataset "
+                    f"({ws.dataset}) is cloned instead: drop the override"
+                    for name in ("demo_init_state_offset", "demo_store")}
+        return {"warm_start.dataset_keys": "read only with warm_start.dataset, which is unset: set it too, or drop "
+                "the override"}
 
     def low_precision_trained(self) -> tuple[str, str] | None:
         """``(field, dtype)`` of :meth:`parameter_dtype` when the policy's parameters are not
@@ -216,6 +245,22 @@ class RunConfig(_Section):
                 "data.num_train_init_states must be at least data.init_states_per_step "
                 f"({self.data.num_train_init_states} < {self.data.init_states_per_step})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_held_out_states(self) -> RunConfig:
+        """The held-out evaluation's initial states (ids ``eval.init_state_offset + i``) are not
+        training's (ids ``0 .. data.num_train_init_states - 1``): the report would hold episodes
+        of states the policy was trained on."""
+        ev, data = self.eval, self.data
+        if self.run.workflow != "embodied" or ev.num_episodes == 0:
+            return self
+        if ev.init_state_offset < data.num_train_init_states:
+            raise ComponentConfigError(
+                "eval.init_state_offset",
+                f"{ev.init_state_offset} makes the held-out evaluation's initial states (ids {ev.init_state_offset}.."
+                f"{ev.init_state_offset + ev.num_episodes - 1}) training's (ids 0..{data.num_train_init_states - 1}, "
+                "data.num_train_init_states); start it at data.num_train_init_states or above")
         return self
 
     @model_validator(mode="after")

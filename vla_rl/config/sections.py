@@ -178,5 +178,6 @@ class EvalSection(_Section):
     )
     video_camera: str = Field("agentview", description="Simulator camera the videos are rendered from.")
     video_size: int = Field(128, ge=16, description="Video frame height and width in pixels.")
-    video_fps: int = Field(20, ge=1, description="Video frame rate in Hz; unset: the simulator's control frequency "
-                           "(one frame per control step, real time), this default where the simulator states none.")
+    video_fps: int = Field(20, ge=1, description="Video frame rate in Hz; unset (not given, or deleted with "
+                           "~eval.video_fps; null is no rate): the simulator's control frequency (one frame per "
+                           "control step, real time), this default where the simulator states none.")

@@ -47,6 +47,7 @@ from vla_rl.config import RunConfig
 from vla_rl.config.algorithm import current_setting
 from vla_rl.dag.errors import TemplateError, from_validation_error
 from vla_rl.dag.schema import NodeSpec, TemplateSpec
+from vla_rl.dag.yaml_values import MisreadYAMLError, load_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_DIR = REPO_ROOT / "dag_templates"
@@ -230,6 +231,12 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path
         if not text.strip():  # OmegaConf reads it as null: an unset shell variable ($TRAIN) nulled the setting
             raise TemplateError(f"override {item!r} has no value: write {key}=null for null, {key}=\"''\" for an "
                                 "empty string", file=file, field=key)
+        try:  # OmegaConf reads YAML 1.1: its readings that differ from what the value shows are refused
+            load_yaml(text)
+        except MisreadYAMLError as exc:
+            raise TemplateError(f"override {item!r}: {exc.problem}", file=file, field=key) from None
+        except yaml.YAMLError:
+            pass  # OmegaConf's own reading says what is wrong
         try:
             value = OmegaConf.to_container(OmegaConf.from_dotlist([item]), resolve=False)
         except (OmegaConfBaseException, yaml.YAMLError) as exc:  # from_dotlist parses the value as YAML
@@ -358,7 +365,7 @@ def _is_template_name(text: str) -> bool:
 def _read_template_file(path: Path) -> dict[str, Any]:
     """Parse one YAML file and check the structure that merging and overrides rely on."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
         raise TemplateError(f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); save the "
                             "template as UTF-8", file=path) from None

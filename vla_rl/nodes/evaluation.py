@@ -70,8 +70,31 @@ def _sampled_needs_action_distribution(config, node_config, dp_size: int, world_
                               f"{reason}; set eval.protocols=[greedy]")
 
 
+def _evaluated_tasks_exist(config):
+    """``eval.benchmark`` and ``eval.tasks`` name tasks there are: an unknown one failed in the
+    workers' first evaluation, a Ray traceback after the run directory, Ray and the simulators."""
+    from vla_rl.evaluation.benchmarks import resolve_tasks
+    from vla_rl_core.registry import RegistryError
+
+    if config.eval.benchmark is None and config.eval.tasks is None:
+        return None
+    try:
+        resolve_tasks(config)
+    except RegistryError as err:
+        return "eval.benchmark", str(err)
+    except ValueError as err:  # the message starts with the field when it is not eval.benchmark's own
+        message = str(err)
+        return (message.split(" ", 1)[0] if message.startswith("eval.") else "eval.benchmark"), message
+    return None
+
+
+def _evaluation_checks(config, node_config, dp_size: int, world_size: int):
+    return (_sampled_needs_action_distribution(config, node_config, dp_size, world_size)
+            or _evaluated_tasks_exist(config))
+
+
 register_node("rollout", "env_interact", name="evaluation", reads=GROUP_KEYS, writes=(keys.SUCCESS, keys.FINISH_STEP),
-              resources=("evaluation",), check=_sampled_needs_action_distribution)(rollout_eval_episodes)
+              resources=("evaluation",), check=_evaluation_checks)(rollout_eval_episodes)
 register_node("rollout", "model_inference", name="evaluation", reads=GROUP_KEYS,
               writes=(keys.SUCCESS, keys.FINISH_STEP), resources=("evaluation",))(rollout_eval_episodes)
 
