@@ -69,8 +69,8 @@ def overrides_for(workload: str, workers: int, args, work: Path) -> list[str]:
     return [*common, f"data.init_states_per_step={states}", f"data.group_size={args.embodied_group_size}",
             f"trainer.ppo_mini_batch_size={states * args.embodied_group_size}",
             f"simulator.env.horizon={args.horizon}", f"warm_start.num_demos={args.demos}",
-            f"warm_start.bc_steps={args.bc_steps}", f"warm_start.demo_store={work / 'demos.zarr'}",
-            "eval.video_episodes=0"]
+            *([f"warm_start.bc_steps={args.bc_steps}", f"warm_start.demo_store={work / 'demos.zarr'}"]
+              if args.demos else [])]
 
 
 def planned(template_name: str, overrides: list[str], workers: int) -> dict:

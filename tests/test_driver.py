@@ -75,6 +75,11 @@ def test_run_leaves_every_artifact(srpo_run):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in records if "rollout/success_rate" in r]
     assert train_steps == [1, 2, 3]
+    # every step says how many updates it made, 0 too (TINY's filter keeps few groups: a step that
+    # kept none lost actor/num_updates); evaluations log no training rollout time (an audit saw
+    # timing/env_interact twice at a step, the evaluation's beside the step's)
+    assert all("actor/num_updates" in r for r in records if "rollout/success_rate" in r)
+    assert not [r["step"] for r in records if "timing/env_interact" in r and "rollout/success_rate" not in r]
     step = next(r for r in records if "rollout/success_rate" in r)
     # Every node ran, the kept episodes were rebalanced before the update (the only re-shard: every
     # node runs at DP 2), and the rollout really stepped the simulator.
@@ -181,7 +186,8 @@ def test_a_start_that_fails_in_the_workers_leaves_no_run_directory(ray_on_loopba
 
 def test_grpo_template_runs_until_the_env_step_budget(ray_on_loopback, tmp_path, demo_store):
     """3 steps asked, but the budget of 1 environment step ends training after the first."""
-    summary = train("embodied_grpo", [*TINY, "trainer.total_steps=3", "trainer.total_env_steps=1",
+    no_eval = [o for o in TINY if not o.startswith("eval.")]  # the video settings: never read without episodes
+    summary = train("embodied_grpo", [*no_eval, "trainer.total_steps=3", "trainer.total_env_steps=1",
                                       "eval.num_episodes=0", f"run.output_dir={tmp_path}", "run.name=grpo",
                                       f"warm_start.demo_store={demo_store}"])
     assert summary["steps_run"] == 1 and summary["last_step"] == 1 and summary["env_steps"] >= 1

@@ -217,8 +217,8 @@ def test_runs_that_ended_below_the_budget_are_not_at_equal_cost(tmp_path):
 
 
 @pytest.mark.parametrize("template, overrides, differs", [
-    ("embodied_grpo", ["eval.num_episodes=6", "eval.init_state_offset=5000"],
-     ["eval.init_state_offset: 5000 vs 10000", "eval.num_episodes: 6 vs 50"]),
+    ("embodied_grpo", ["eval.num_episodes=6", "eval.init_state_offset=500000"],
+     ["eval.init_state_offset: 500000 vs 1000000000", "eval.num_episodes: 6 vs 50"]),
     ("embodied_grpo", ["simulator.env.task=Stack"],
      ["simulator.env.obs_keys: ", "simulator.env.task: 'Stack' vs 'Lift'"]),
     ("embodied_grpo", ["simulator.step_timeout_s=900", "simulator.actors_per_worker=2", "simulator.pipeline_stages=2"],

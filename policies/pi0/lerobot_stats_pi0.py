@@ -17,8 +17,11 @@ from feature type to mode (LeRobot's π0: ``{"STATE": "MEAN_STD", "ACTION": "MEA
 Modes: ``MEAN_STD`` is this policy's ``mean_std`` (LeRobot divides by ``std + 1e-8`` and
 un-normalises with ``std``; openpi's ``1e-6``, which this policy uses, moves an action by at most
 ``1e-6`` of its normalised value); ``QUANTILES`` is ``bounds_q99`` (the same map of q01..q99 onto
-[-1, 1]; ``bounds_q99`` also clips the normalised state to [-1, 1], which LeRobot does not);
-``IDENTITY`` needs no statistics. ``MIN_MAX`` and ``QUANTILE10`` are not this policy's.
+[-1, 1], and un-normalised actions are equal; ``bounds_q99`` also clips what it normalises, the
+state and the simulator's actions mapped back by ``actions_from_env``, to [-1, 1], which LeRobot
+does not); ``IDENTITY`` needs no statistics. ``MIN_MAX`` and ``QUANTILE10`` are not this policy's.
+``tests/fixtures/lerobot/pi0_processors`` holds the files LeRobot 0.4.4 itself writes, with its
+normalisation of a few values.
 """
 
 from __future__ import annotations

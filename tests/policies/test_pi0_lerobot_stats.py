@@ -46,14 +46,14 @@ def write_lerobot_processors(directory: Path, norm_map: dict[str, str], action=A
                  {"registry_name": "device_processor", "config": {"device": "cuda"}},
                  {"registry_name": "normalizer_processor", "config": config}]
     post_config = {**config, "features": {"action": FEATURES["action"]}}
-    post_steps = [{"registry_name": "device_processor", "config": {"device": "cpu"}},
-                  {"registry_name": "unnormalizer_processor", "config": post_config}]
+    post_steps = [{"registry_name": "unnormalizer_processor", "config": post_config},  # LeRobot 0.4.4's order
+                  {"registry_name": "device_processor", "config": {"device": "cpu"}}]
     if with_statistics:
         save_file(flat(stats), directory / "policy_preprocessor_step_5_normalizer_processor.safetensors")
         pre_steps[5]["state_file"] = "policy_preprocessor_step_5_normalizer_processor.safetensors"
         post_stats = {**stats, "action": postprocessor_action or action}
-        save_file(flat(post_stats), directory / "policy_postprocessor_step_1_unnormalizer_processor.safetensors")
-        post_steps[1]["state_file"] = "policy_postprocessor_step_1_unnormalizer_processor.safetensors"
+        save_file(flat(post_stats), directory / "policy_postprocessor_step_0_unnormalizer_processor.safetensors")
+        post_steps[0]["state_file"] = "policy_postprocessor_step_0_unnormalizer_processor.safetensors"
     (directory / "policy_preprocessor.json").write_text(json.dumps({"name": "policy_preprocessor", "steps": pre_steps}))
     (directory / "policy_postprocessor.json").write_text(json.dumps({"name": "policy_postprocessor",
                                                                      "steps": post_steps}))
@@ -84,6 +84,48 @@ def test_a_lerobot_checkpoint_s_mean_std_statistics_are_read_from_its_processor_
     # the config's own statistics win over the files'
     given = statistics(directory, normalization="mean_std", action_statistics={"mean": [0.0] * 3, "std": [5.0] * 3})
     assert given.action_std.tolist() == [5.0] * 3 and given.proprio_std.tolist() == [2.0, 0.5, 0.25, 1.0]
+
+
+LEROBOT_FILES = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot" / "pi0_processors"
+
+
+@pytest.mark.parametrize(("mode", "normalization"), [("mean_std", "mean_std"), ("quantiles", "bounds_q99")])
+def test_the_files_lerobot_itself_writes_read_as_lerobot_normalises(mode, normalization):
+    """tests/fixtures/lerobot/pi0_processors: LeRobot 0.4.4's own make_pi0_pre_post_processors and
+    save_pretrained (tests/fixtures/lerobot/make_pi0_processors.py; every feature's statistics,
+    images' (3, 1, 1), count, q10..q90). The buffers hold the dataset statistics given, and the
+    policy un-normalises actions as LeRobot's reloaded postprocessor did (lerobot_roundtrip.json;
+    mean_std: openpi's std + 1e-6 against LeRobot's std, at most 1e-6 of the value apart)."""
+    import json
+
+    from policies.normalization import ActionStatistics, MeanStdStatistics
+
+    directory = LEROBOT_FILES / mode
+    given = json.loads((directory / "stats.json").read_text())
+    lerobot = json.loads((directory / "lerobot_roundtrip.json").read_text())
+    module = torch.nn.Module()
+    config = PI0PolicyConfig(model_path=str(directory), action_dim=7, proprio_dim=8, normalization=normalization)
+    register_statistics(module, normalization, 7, 8)
+    load_statistics(module, config)
+    fields = ("mean", "std") if mode == "mean_std" else ("q01", "q99")
+    for prefix, feature in (("action", "action"), ("proprio", "observation.state")):
+        for name in fields:
+            expected = torch.tensor(given[feature][name], dtype=torch.float32)
+            torch.testing.assert_close(getattr(module, f"{prefix}_{name}"), expected, rtol=0, atol=0)
+    if mode == "mean_std":
+        actions = MeanStdStatistics(module.action_mean, module.action_std)
+        state = MeanStdStatistics(module.proprio_mean, module.proprio_std)
+    else:
+        actions = ActionStatistics(module.action_q01, module.action_q99, module.action_mask)
+        state = ActionStatistics(module.proprio_q01, module.proprio_q99, torch.ones(8, dtype=torch.bool))
+    normalised = torch.tensor(lerobot["normalised_actions"])
+    theirs = torch.tensor(lerobot["postprocessor_unnormalised_actions"])
+    torch.testing.assert_close(actions.denormalize(normalised), theirs, rtol=2e-6, atol=1e-6)
+    raw_state = torch.tensor(lerobot["raw_state"])
+    their_state = torch.tensor(lerobot["normalizer_normalised_state"])
+    if mode == "quantiles":  # bounds_q99 clips the normalised values, LeRobot's QUANTILES does not
+        their_state = their_state.clamp(-1, 1)
+    torch.testing.assert_close(state.normalize(raw_state), their_state, rtol=2e-5, atol=2e-5)
 
 
 def test_quantiles_are_bounds_q99_and_another_normalization_is_named(tmp_path):
@@ -117,11 +159,11 @@ def test_actions_left_as_they_are_need_no_statistics_and_files_without_statistic
                                          r"statistics of the actions\)"):
         statistics(base, normalization="mean_std")
     missing = write_lerobot_processors(tmp_path / "gone", {"STATE": "MEAN_STD", "ACTION": "MEAN_STD"})
-    (missing / "policy_postprocessor_step_1_unnormalizer_processor.safetensors").unlink()
+    (missing / "policy_postprocessor_step_0_unnormalizer_processor.safetensors").unlink()
     with pytest.raises(ValueError, match=r"policy_postprocessor.json: its unnormalizer_processor step's statistics, "
-                                         r"policy_postprocessor_step_1_unnormalizer_processor.safetensors, are not in"):
+                                         r"policy_postprocessor_step_0_unnormalizer_processor.safetensors, are not in"):
         statistics(missing, normalization="mean_std")
-    (missing / "policy_postprocessor_step_1_unnormalizer_processor.safetensors").write_bytes(b"not safetensors")
+    (missing / "policy_postprocessor_step_0_unnormalizer_processor.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(ValueError, match=r"unnormalizer_processor.safetensors: not a safetensors file of statistics"):
         statistics(missing, normalization="mean_std")
     (missing / "policy_preprocessor.json").write_text(json.dumps({"steps": "none"}))

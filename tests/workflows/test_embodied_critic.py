@@ -57,8 +57,8 @@ def write_demos(path, lengths) -> list[np.ndarray]:
 
 def resources(tmp_path, *overrides, policy=None, spec=CAMERA_SPEC, device="cpu"):
     """What the critic's builder reads of a worker's resources, for the π0 PPO template."""
-    config = load_template("embodied_ppo_pi0_lift", [f"warm_start.demo_store={tmp_path / 'demos.zarr'}",
-                                                     *overrides]).config
+    store = [] if "warm_start.num_demos=0" in overrides else [f"warm_start.demo_store={tmp_path / 'demos.zarr'}"]
+    config = load_template("embodied_ppo_pi0_lift", [*store, *overrides]).config
     return SimpleNamespace(config=config, run_dir=tmp_path, policy=torch.nn.Linear(1, 1) if policy is None else policy,
                            env_spec=spec, simulator_pool=FakePool(), ensure=lambda names: None,
                            device=torch.device(device), group=None)

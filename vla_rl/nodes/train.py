@@ -7,6 +7,7 @@ from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.nodes.inference import critic_needs_one_task, scored_keys
 from vla_rl.trainers.actor import ActorTrainer
 from vla_rl.workers.checkpointing import ACTOR_CHECKPOINT
+from vla_rl.workers.metrics import same
 from vla_rl.workers.resources import register_resource
 from vla_rl_core import keys
 
@@ -64,13 +65,24 @@ def _actor_checks(config, node_config, dp_size: int, world_size: int) -> tuple[s
             or _token_ratios_need_scored_elements(config, node_config, dp_size, world_size))
 
 
+AGREED_METRICS = ("actor/num_updates", "actor/skipped_updates", "actor/action_std", "actor/checkpointed_blocks",
+                  "critic/num_updates", "critic/skipped_updates")
+"""Update metrics every worker agrees on (the updates are collective, the models replicated):
+reported as they are, not as means over the input batch, which drop out of a step whose shards
+are all empty (a group filter keeping no group: ``actor/num_updates`` 0 went missing)."""
+
+
+def _agreed(metrics: dict[str, float]) -> dict:
+    return {name: same(value) if name in AGREED_METRICS else value for name, value in metrics.items()}
+
+
 @register_node("actor", "model_train", whole_groups=False, reads=_actor_reads, resources=("actor",),
                check=_actor_checks)
 def update_actor(ctx, batch) -> NodeOutput:
     """Policy-gradient epochs over the shard's episodes (``algorithm`` and ``trainer`` settings);
     returns the batch unchanged."""
     metrics = ctx.resources.actor.update(batch, ctx.config.algorithm, ctx.config.trainer, ctx.resources.generator)
-    return NodeOutput(batch, metrics)
+    return NodeOutput(batch, _agreed(metrics))
 
 
 def _ddp_needs_a_float32_value_body(config) -> tuple[str, str] | None:
@@ -98,4 +110,4 @@ def update_critic(ctx, batch) -> NodeOutput:
     """Value-regression epochs on ``returns`` over the shard's episodes (``critic`` and ``trainer``
     settings); returns the batch unchanged."""
     metrics = ctx.resources.critic.update(batch, ctx.config.critic, ctx.config.trainer, ctx.resources.generator)
-    return NodeOutput(batch, metrics)
+    return NodeOutput(batch, _agreed(metrics))

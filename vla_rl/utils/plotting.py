@@ -29,7 +29,7 @@ def plot_success_curve(records: list[dict], path: Path, title: str) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4))
     if train:
         steps, rates = zip(*train)
-        ax.plot(steps, rates, marker=".", label="training rollouts (sampled)")
+        ax.plot(steps, rates, marker=".", label="training rollouts (sampled; before the step's update)")
     for protocol, marker in (("greedy", "s"), ("sampled", "o")):
         key = f"eval/{protocol}/success_rate"
         points = [r for r in records if r.get(key) is not None]
@@ -173,7 +173,7 @@ def plot_success_vs_env_steps(runs: dict[int, list[dict]], path: Path, title: st
         ax.set_title(what)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="best", fontsize=8)  # lower right hid the final points of low success rates
     train_ax.set_ylabel("success rate")
     fig.suptitle(title)
     fig.tight_layout()

@@ -194,6 +194,8 @@ class DAGWorker:
         chain = self.plan.phase(phase).chains[self.rank]
         before = COUNTERS.snapshot()
         _, _, local, timings = self._execute(chain, step, tag=tag, video=video, refill_round=0)
+        if phase != "train":  # the training step's rollout time alone: an evaluation has timing/<its node>
+            timings.pop(ROLLOUT_TIMING, None)
         if phase == "train":
             # The reduction below carries these figures, so its own collectives are counted ahead,
             # as they cost when every worker reports the same metric names (the usual case); what
