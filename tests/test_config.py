@@ -277,6 +277,23 @@ def test_evaluation_and_warm_start_settings_the_run_never_reads_are_refused(over
     assert error.field == field and why in str(error) and "is never read" in str(error)
 
 
+@pytest.mark.parametrize(("template", "overrides", "field", "why"), [
+    ("llm_sft", ["text.sft_lr=1e-4"], "text.sft_lr", "text.sft_steps is 0: set text.sft_steps too on such a template"),
+    ("llm_sft", ["text.sft_batch_size=8"], "text.sft_batch_size", "llm_sft's own fine-tuning takes trainer.lr"),
+    ("llm_grpo", ["text.sft_steps=0", "text.sft_lr=1e-4"], "text.sft_lr", "read only by the supervised warm start"),
+    ("embodied_srpo", ["trainer.ppo_num_mini_batches=4", "trainer.ppo_mini_batch_size=8"],
+     "trainer.ppo_mini_batch_size", "replaced by trainer.ppo_num_mini_batches (4): set that to null too"),
+    ("llm_sft", ["text.sft_steps=5"], "text.sft_steps", "text.sft_steps is read only by "
+     "actor/model_train/supervised_fine_tune nodes, and this template has none; use a template with one"),
+])
+def test_settings_replaced_or_read_by_absent_nodes_are_refused(template, overrides, field, why):
+    """llm_sft fine-tunes with trainer.lr: text.sft_lr there (the RL templates' warm start's) changed
+    nothing, and so did text.sft_steps, which the policy resource its nodes share was taken to read,
+    and a minibatch size beside a number of minibatches."""
+    error = _error(template, *overrides)
+    assert error.field == field and why in str(error) and "is never read" in str(error)
+
+
 def test_held_out_initial_states_are_not_training_ones():
     """eval.init_state_offset=0 evaluated the policy on ids 0..49, training ids, as 'held out' (an audit)."""
     error = _error("embodied_srpo", "eval.init_state_offset=0")

@@ -14,6 +14,8 @@ DUMMY_WITH_CONFIG = "test_dummy_cfg"
 DUMMY_REFILLING = "test_dummy_refilling"
 DUMMY_CRITIC_UPDATE = "test_dummy_critic_update"
 DUMMY_WHOLE_SECTION = "test_dummy_whole_section"
+DUMMY_WARM_START = "test_dummy_warm_start"
+DUMMY_POLICY_USER = "test_dummy_policy_user"
 
 
 class DummyRewardConfig(BaseModel):
@@ -52,6 +54,10 @@ def register_settings_readers() -> None:
                   settings=["algorithm.filter_groups.zero_variance",
                             "algorithm.filter_groups.max_refill_rounds"])(_noop)
     register_node("reward", "compute", name=DUMMY_WHOLE_SECTION, settings=["algorithm.filter_groups"])(_noop)
+    # as the text warm start's fine-tuning: the policy resource, a setting of another section, one phase
+    register_node("actor", "model_train", name=DUMMY_WARM_START, resources=("policy",),
+                  settings=("trainer.max_grad_norm",), phases=("warm_start",))(_noop)
+    register_node("actor", "model_train", name=DUMMY_POLICY_USER, whole_groups=False, resources=("policy",))(_noop)
 
 
 def node(node_id: str, role: str, type: str, deps: Sequence[str] = (), **fields: Any) -> dict[str, Any]:

@@ -11,7 +11,9 @@ from vla_rl.dag.planner import Hop, Reshard, RunNode, describe_plan, plan
 from .helpers import (
     DUMMY,
     DUMMY_CRITIC_UPDATE,
+    DUMMY_POLICY_USER,
     DUMMY_REFILLING,
+    DUMMY_WARM_START,
     DUMMY_WHOLE_SECTION,
     DUMMY_WITH_CONFIG,
     DummyRewardConfig,
@@ -275,6 +277,31 @@ def test_a_node_using_the_resource_of_a_setting_s_readers_reads_it(write_templat
     the critic resource; its critic.lr was refused as read by no node of the template."""
     nodes = [*pipeline(), node("critic_update", "critic", "model_train", ["adv"], fn=DUMMY_CRITIC_UPDATE)]
     assert plan(load_template(write_template(nodes=nodes), ["critic.lr=1e-4"])).node_configs.keys() >= {"critic_update"}
+
+
+def test_a_resource_reads_only_the_settings_of_its_own_section(write_template, settings_readers):
+    """llm_sft took text.sft_steps, read by the warm start's fine-tuning alone, as read: its own
+    update uses the policy resource, as that fine-tuning does. A warm-start function is not offered
+    for a train-phase node either."""
+    policy_user = node("actor", "actor", "model_train", ["adv"], fn=DUMMY_POLICY_USER)
+    path = write_template(nodes=[*pipeline()[:-1], policy_user])
+    error = _override_error(path, "trainer.max_grad_norm=0.5")
+    assert error.field == "trainer.max_grad_norm"
+    assert f"read only by actor/model_train/{DUMMY_WARM_START} nodes, and this template has none; use a template " \
+        "with one, or drop the override" in str(error)
+    warm_start = [node("sft", "actor", "model_train", fn=DUMMY_WARM_START, phase="warm_start")]
+    with_it = write_template(nodes=[*pipeline(), *warm_start], name="with_warm_start.yaml")
+    plan(load_template(with_it, ["trainer.max_grad_norm=0.5"]))
+
+
+def test_a_node_runs_its_function_only_in_the_phases_it_declares(write_template, settings_readers):
+    """text.sft_steps of fine-tuning every training step, or an evaluation's nodes in training,
+    passed the plan."""
+    nodes = [*pipeline()[:-1], node("actor", "actor", "model_train", ["adv"], fn=DUMMY_WARM_START)]
+    error = _plan_error(write_template(nodes=nodes))
+    assert error.node == "actor" and error.field == "phase"
+    assert f"actor/model_train/{DUMMY_WARM_START} runs in phase warm_start only, not train: set the node's " \
+        "phase, or select another function with fn" in str(error)
 
 
 def test_the_overrides_an_earlier_resume_recorded_are_not_checked_again(write_template, settings_readers):

@@ -89,6 +89,14 @@ def test_the_settings_a_function_alone_reads_are_dotted_names(monkeypatch):
     assert ("reward", "compute", "test_settings_string") not in NODE_FUNCTIONS
 
 
+def test_the_phases_a_function_runs_in_are_known_phases(monkeypatch):
+    monkeypatch.setattr(NODE_FUNCTIONS, "_entries", dict(NODE_FUNCTIONS._entries))  # for this test only
+    register_node("actor", "model_train", "test_phases", phases="warm_start")(lambda ctx, batch: NodeOutput())
+    assert get_node_function("actor", "model_train", "test_phases").phases == ("warm_start",)
+    with pytest.raises(ValueError, match="unknown phase 'warmup' in phases; allowed: warm_start, train, evaluate"):
+        register_node("actor", "model_train", "test_phases_bad", phases=("warmup",))
+
+
 def test_a_function_that_cannot_take_ctx_and_batch_is_refused_when_it_registers():
     """It passed plan and failed in every worker: "badsig() takes 1 positional argument but 2 were given"."""
     with pytest.raises(TypeError, match=r"node function \('reward', 'compute', 'test_one_arg'\) \(.*\(batch\)\) "

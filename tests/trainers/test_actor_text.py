@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_actor import update_config
 
-from vla_rl.trainers.actor import ActorTrainer, per_dim_log_probs
+from vla_rl.trainers.actor import ActorTrainer, per_dim_log_probs, text_forward
 from vla_rl_core import keys
 
 
@@ -24,7 +24,6 @@ def _text_update(policy, batch, device, **overrides) -> tuple[dict[str, float], 
     on any device (``trainer.mixed_precision: none``: the default ``auto`` computes in bfloat16
     autocast on an accelerator); its metrics, parameters and the minibatch's (clipped) gradients,
     which the trainer leaves in place after its one optimizer step."""
-    from vla_rl.trainers.actor import text_forward
 
     policy = copy.deepcopy(policy).to(device)
     algorithm, trainer = update_config("ppo_clip", "action", **{"mixed_precision": "none", **overrides})
@@ -55,7 +54,6 @@ def test_no_grad_scoring_and_the_sft_update_compute_no_entropy(process_group, te
     computed (an LLM's would take one more ``(rows, R, vocab)`` float32 tensor than the
     log-probs), and the log-probs are those of the pass with the entropy."""
     from policies.causal_lm import modeling_causal_lm
-    from vla_rl.trainers.actor import text_forward
 
     policy, batch = text_batch
     with torch.no_grad():
@@ -71,6 +69,14 @@ def test_no_grad_scoring_and_the_sft_update_compute_no_entropy(process_group, te
     trainer = ActorTrainer(copy.deepcopy(policy), lr=1e-3, forward=text_forward)
     metrics = trainer.supervised_update(batch, 1, 4, 1.0, torch.Generator().manual_seed(0))
     assert metrics["sft/num_updates"] == 1.0
+
+
+def test_the_sft_update_takes_a_number_of_minibatches(process_group, text_batch):
+    """trainer.ppo_num_mini_batches replaces the minibatch size in the RL update; llm_sft's ignored it."""
+    policy, batch = text_batch
+    trainer = ActorTrainer(copy.deepcopy(policy), lr=1e-3, forward=text_forward)
+    metrics = trainer.supervised_update(batch, 2, len(batch), 1.0, torch.Generator().manual_seed(0), num_mini_batches=2)
+    assert metrics["sft/num_updates"] == 4.0  # 2 epochs of 2, not of 1 minibatch of the whole batch
 
 
 @pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])

@@ -226,7 +226,8 @@ def _check_overrides_read_by_nodes(template: Template, node_configs: dict[str, B
     nothing (``critic.lr`` without critic nodes, ``algorithm.filter_groups.max_refill_rounds``
     without dynamic sampling). A setting's readers are the functions declaring it, a setting under
     it or a section above it in their ``settings``, and the functions that use a resource one of
-    those uses (a plug-in critic node reads ``critic`` through the ``critic`` resource). A template
+    those uses and that is named after the setting's section (a plug-in critic node reads
+    ``critic`` through the ``critic`` resource; the ``policy`` resource reads no ``text.sft_lr``). A template
     may carry such settings itself (one extending another that has the nodes), and only the
     command's own overrides are checked (:attr:`Template.overrides`: not those an earlier resume
     recorded).
@@ -249,11 +250,13 @@ def _check_overrides_read_by_nodes(template: Template, node_configs: dict[str, B
             for setting in function.settings)]
         if not readers:
             continue
-        through = {r for name in readers if not callable(declared[name].resources) for r in declared[name].resources}
+        through = {r for name in readers if not callable(declared[name].resources) for r in declared[name].resources
+                   if r == key.split(".")[0]}
         if used.intersection(readers) or used_resources & through:
             continue
         names = " or ".join("/".join(f[:2] if f[2] == "default" else f) for f in readers)
-        selectable = [(node.id, f[2]) for f in readers for node in template.nodes if (node.role, node.type) == f[:2]]
+        selectable = [(node.id, f[2]) for f in readers for node in template.nodes
+                      if (node.role, node.type) == f[:2] and node.phase in (declared[f].phases or (node.phase,))]
         instead = f"select one with nodes.{selectable[0][0]}.fn={selectable[0][1]}" if selectable else \
             "use a template with one"
         resources = f" (or nodes using their resource {', '.join(sorted(through))})" if through else ""
@@ -273,6 +276,10 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
             except TypeError as err:
                 raise TemplateError(f"{node.role}/{node.type}/{node.fn}: {err}", file=file, node=node.id,
                                     field="fn") from None
+        if function.phases and phase not in function.phases:
+            raise TemplateError(f"{node.role}/{node.type}/{node.fn} runs in phase {' or '.join(function.phases)} "
+                                f"only, not {phase}: set the node's phase, or select another function with fn",
+                                file=file, node=node.id, field="phase")
     by_id = {node.id: node for node in nodes}
     _check_joined_layouts(nodes, dp_sizes, file)
     for node in nodes:

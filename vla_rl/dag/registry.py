@@ -24,7 +24,9 @@ error naming both) and from which each worker builds exactly the resources its c
 ``(run_config, node_config, dp_size, world_size) -> (field, message) | None`` the planner calls.
 A function that is the only reader of some run settings declares them (``settings=("critic",)``):
 an override of one on a template without such a node would change nothing, and the planner
-refuses it (:func:`vla_rl.dag.planner.plan`).
+refuses it (:func:`vla_rl.dag.planner.plan`). A function made for one phase declares it
+(``phases=("warm_start",)``: the supervised warm start's fine-tuning); the planner refuses a node
+running it in another.
 
 The built-in functions live in :mod:`vla_rl.nodes`, which :data:`NODE_FUNCTIONS` imports by
 name at its first lookup, as every registry loads its built-ins
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from pydantic import BaseModel, ValidationError
 
-from vla_rl.dag.schema import NODE_TYPES, ROLES
+from vla_rl.dag.schema import NODE_TYPES, PHASES, ROLES
 from vla_rl_core.registry import Registry, RegistryError, check_call
 
 if TYPE_CHECKING:  # tensordict pulls in torch; the planner and the CLI do not need it.
@@ -115,6 +117,8 @@ class NodeFunction:
         settings: dotted run-config settings (a section, ``"critic"``, or one setting,
             ``"algorithm.filter_groups.max_refill_rounds"``) that only nodes of the functions
             declaring them read, wherever else a run goes.
+        phases: the template phases (:data:`~vla_rl.dag.schema.PHASES`) a node of this function
+            may run in; every phase when empty.
     """
 
     role: str
@@ -128,6 +132,7 @@ class NodeFunction:
     resources: Declared = ()
     check: LayoutCheck | None = None
     settings: tuple[str, ...] = ()
+    phases: tuple[str, ...] = ()
 
 
 NODE_FUNCTIONS: Registry[NodeFunction] = Registry("node function", builtins=(BUILTIN_NODES_PACKAGE,))
@@ -137,7 +142,7 @@ NODE_FUNCTIONS: Registry[NodeFunction] = Registry("node function", builtins=(BUI
 def register_node(
     role: str, type: str, name: str = "default", config: type[BaseModel] | None = None, *,
     whole_groups: bool = True, reads: Declared = (), writes: Declared = (), resources: Declared = (),
-    check: LayoutCheck | None = None, settings: Iterable[str] = (),
+    check: LayoutCheck | None = None, settings: Iterable[str] = (), phases: Iterable[str] = (),
 ) -> Callable[[Callable[[Any, Any], NodeOutput]], Callable[[Any, Any], NodeOutput]]:
     """Decorator registering a node function for ``(role, type, name)``; returns it unchanged.
 
@@ -146,11 +151,13 @@ def register_node(
         type: one of :data:`~vla_rl.dag.schema.NODE_TYPES`.
         name: the function's name for this (role, type); nodes select it with ``fn: <name>``.
         config: pydantic model validating the node's ``config:`` mapping, or ``None``.
-        whole_groups, reads, writes, resources, check, settings: its contract, see :class:`NodeFunction`.
+        whole_groups, reads, writes, resources, check, settings, phases: its contract, see
+            :class:`NodeFunction`.
 
     Raises:
-        ValueError: if ``role`` or ``type`` is unknown (the message lists the allowed ones), or a
-            name in ``settings`` is no dotted name (``"critic"``, ``"algorithm.filter_groups"``).
+        ValueError: if ``role``, ``type`` or a name in ``phases`` is unknown (the message lists the
+            allowed ones), or a name in ``settings`` is no dotted name (``"critic"``,
+            ``"algorithm.filter_groups"``).
         TypeError: if ``config`` is not a pydantic model class, ``settings`` is a string, a
             contract entry is neither names nor a function of ``(run_config, node_config)``,
             ``check`` cannot take ``(run_config, node_config, dp_size, world_size)``, or the
@@ -187,11 +194,15 @@ def register_node(
         if not isinstance(setting, str) or not all(part.isidentifier() for part in setting.split(".")):
             raise ValueError(f"{what}: settings must be dotted run-config settings (e.g. 'critic' or "
                              f"'algorithm.filter_groups.max_refill_rounds'), got {setting!r}")
+    phases = (phases,) if isinstance(phases, str) else tuple(phases)
+    unknown = [phase for phase in phases if phase not in PHASES]
+    if unknown:
+        raise ValueError(f"{what}: unknown phase {unknown[0]!r} in phases; allowed: {', '.join(PHASES)}")
 
     def decorator(fn: Callable[[Any, Any], NodeOutput]) -> Callable[[Any, Any], NodeOutput]:
         check_call(what, fn, ("ctx", "batch"))
         entry = NodeFunction(role=role, type=type, name=name, fn=fn, config_model=config, whole_groups=whole_groups,
-                             check=check, settings=settings, **contracts)
+                             check=check, settings=settings, phases=phases, **contracts)
         NODE_FUNCTIONS.register((role, type, name))(entry)
         return fn
 

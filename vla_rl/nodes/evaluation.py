@@ -32,7 +32,8 @@ def _eval_item_keys(config, node_config) -> tuple[str, ...]:
     return (*GROUP_KEYS, keys.UID if config.run.workflow == "text" else keys.INIT_STATE_ID)
 
 
-@register_node("data", "data_load", name="eval_episodes", writes=_eval_item_keys, resources=("evaluation",))
+@register_node("data", "data_load", name="eval_episodes", writes=_eval_item_keys, resources=("evaluation",),
+               phases=("evaluate",))
 def load_eval_episodes(ctx, batch) -> NodeOutput:
     """Returns the item ids (``init_state_id``, or ``uid`` for prompt rows), ``task_id``,
     ``checkpoint_index`` (the target) and ``protocol_index``, each ``(k,)`` int64; ``k = 0`` once
@@ -94,12 +95,14 @@ def _evaluation_checks(config, node_config, dp_size: int, world_size: int):
 
 
 register_node("rollout", "env_interact", name="evaluation", reads=GROUP_KEYS, writes=(keys.SUCCESS, keys.FINISH_STEP),
-              resources=("evaluation",), check=_evaluation_checks)(rollout_eval_episodes)
+              resources=("evaluation",), check=_evaluation_checks, phases=("evaluate",))(rollout_eval_episodes)
 register_node("rollout", "model_inference", name="evaluation", reads=GROUP_KEYS,
-              writes=(keys.SUCCESS, keys.FINISH_STEP), resources=("evaluation",))(rollout_eval_episodes)
+              writes=(keys.SUCCESS, keys.FINISH_STEP), resources=("evaluation",),
+              phases=("evaluate",))(rollout_eval_episodes)
 
 
-@register_node("evaluator", "compute", reads=(*GROUP_KEYS, keys.SUCCESS, keys.FINISH_STEP), resources=("evaluation",))
+@register_node("evaluator", "compute", reads=(*GROUP_KEYS, keys.SUCCESS, keys.FINISH_STEP), resources=("evaluation",),
+               phases=("evaluate",))
 def record_eval_episodes(ctx, batch) -> NodeOutput:
     """Record the episodes; sum the per-group counts and the items still to do over the workers.
 

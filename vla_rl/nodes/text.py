@@ -238,9 +238,11 @@ def load_sft_pairs(ctx, batch) -> NodeOutput:
 @register_node("actor", "model_train", name="sft", whole_groups=False, reads=SFT_KEYS, resources=("actor",))
 def supervised_step(ctx, batch) -> NodeOutput:
     """``trainer.ppo_epochs`` passes of supervised minibatches (``trainer.ppo_mini_batch_size``
-    pairs over all workers) on this worker's pairs; returns the batch unchanged."""
+    pairs over all workers, or ``trainer.ppo_num_mini_batches`` of them) on this worker's pairs;
+    returns the batch unchanged."""
     trainer = ctx.config.trainer
     metrics = ctx.resources.actor.supervised_update(batch, trainer.ppo_epochs, trainer.ppo_mini_batch_size,
                                                     trainer.max_grad_norm, ctx.resources.generator,
-                                                    trainer.micro_batch_size, trainer.max_skipped_updates)
+                                                    trainer.micro_batch_size, trainer.max_skipped_updates,
+                                                    trainer.ppo_num_mini_batches)
     return NodeOutput(batch, metrics)

@@ -158,7 +158,7 @@ def _fine_tunes_float32_weights(config, node_config, dp_size: int, world_size: i
 
 
 @register_node("data", "data_load", name="demonstrations", writes=DEMO_KEYS, resources=("policy", "simulator_pool"),
-               check=check_experts)
+               check=check_experts, phases=("warm_start",))
 def load_demonstrations(ctx, batch) -> NodeOutput:
     """Returns the demonstrations' transitions: ``obs`` ``(N, obs_dim)`` (camera observations, or a
     task set's: a TensorDict of batch size ``(N,)``) and ``actions`` ``(N, chunk, action_dim)``, the
@@ -197,7 +197,7 @@ def load_demonstrations(ctx, batch) -> NodeOutput:
 
 
 @register_node("actor", "model_train", name="behaviour_cloning", reads=DEMO_KEYS,
-               resources=("policy", "simulator_pool"), check=_clones_float32_weights)
+               resources=("policy", "simulator_pool"), check=_clones_float32_weights, phases=("warm_start",))
 def clone_behaviour(ctx, batch) -> NodeOutput:
     """Behaviour cloning on the transitions (``warm_start`` settings; the first observations of
     ``warm_start.norm_init_states`` training states join the normalisation statistics)."""
@@ -229,7 +229,8 @@ def _rank_zeros_weights_everywhere(ctx) -> None:
         broadcast_module(ctx.resources.policy, ctx.group, trainable_only=True)
 
 
-@register_node("data", "data_load", name="sft_examples", writes=SFT_KEYS, resources=("policy", "text_assets"))
+@register_node("data", "data_load", name="sft_examples", writes=SFT_KEYS, resources=("policy", "text_assets"),
+               phases=("warm_start",))
 def load_sft_examples(ctx, batch) -> NodeOutput:
     """Every training row as a prompt/target pair: the keys of the ``sft`` data node (targets
     right-padded, ending in EOS); empty with ``text.sft_steps: 0``."""
@@ -249,7 +250,8 @@ def load_sft_examples(ctx, batch) -> NodeOutput:
 
 
 @register_node("actor", "model_train", name="supervised_fine_tune", reads=SFT_KEYS, resources=("policy",),
-               check=_fine_tunes_float32_weights)
+               check=_fine_tunes_float32_weights, phases=("warm_start",),
+               settings=("text.sft_steps", "text.sft_lr", "text.sft_batch_size"))
 def fine_tune(ctx, batch) -> NodeOutput:
     """``text.sft_steps`` of :func:`~vla_rl.trainers.sft.supervised_fine_tune` (``text.sft_lr``,
     ``text.sft_batch_size``, in micro-batches of ``trainer.micro_batch_size`` rows) on the examples."""

@@ -340,7 +340,7 @@ class ActorTrainer:
 
     def supervised_update(self, batch: TensorDict, epochs: int, mini_batch_size: int, max_grad_norm: float,
                           generator: torch.Generator, micro_batch_size: int | None = None,
-                          max_skipped_updates: int = 3) -> dict[str, float]:
+                          max_skipped_updates: int = 3, num_mini_batches: int | None = None) -> dict[str, float]:
         """Supervised fine-tuning on this worker's shard of prompt/target pairs (``llm_sft``; a
         causal LM, scored by :func:`text_forward`): the negative log-likelihood of the target
         tokens at temperature 1 whatever ``text.temperature`` (the warm start's
@@ -349,12 +349,15 @@ class ActorTrainer:
         Args:
             batch: what ``forward`` reads, the targets as ``responses`` / ``response_mask``.
             epochs: passes over the shard.
-            mini_batch_size: samples per minibatch, summed over the workers.
+            mini_batch_size: samples per minibatch, summed over the workers (unused with
+                ``num_mini_batches``).
             max_grad_norm: gradient-norm clip.
             generator: shuffles the minibatches.
             micro_batch_size: samples per forward/backward pass (None: the whole minibatch).
             max_skipped_updates: updates in a row whose gradient norm is not finite (skipped, as
                 the actor's: :class:`~vla_rl.trainers.guard.GuardedStep`) after which the run stops.
+            num_mini_batches: minibatches per pass (``trainer.ppo_num_mini_batches``; None: from
+                ``mini_batch_size``), as the RL update's.
 
         Returns:
             ``sft/loss`` (the global minibatches' token mean, as the actor's loss terms) and
@@ -371,7 +374,7 @@ class ActorTrainer:
         self.parallel.trained.train()
         mask = batch[keys.RESPONSE_MASK]
         schedule = list(minibatch_schedule(batch.batch_size[0], mini_batch_size, epochs, generator, self.group,
-                                           micro_batch_size))
+                                           micro_batch_size, num_mini_batches))
         weights = global_weights(mask, schedule, "token-mean", self.group)
         world = dist.get_world_size(self.group)
         for i, micro_batches in enumerate(schedule):
