@@ -294,6 +294,22 @@ def test_settings_replaced_or_read_by_absent_nodes_are_refused(template, overrid
     assert error.field == field and why in str(error) and "is never read" in str(error)
 
 
+@pytest.mark.parametrize(("overrides", "field", "why"), [
+    (["text.model_path=/models/qwen", "text.tiny_hidden_size=128"], "text.tiny_hidden_size",
+     "read only to build the tiny model of a run without text.model_path, which is '/models/qwen'"),
+    (["text.gguf_file=model.gguf"], "text.gguf_file", "read only with text.model_path, which is null"),
+    (["text.train_file=a.jsonl", "text.test_file=b.jsonl", "text.arithmetic_levels=[add_small]"],
+     "text.arithmetic_levels", "read only to generate the arithmetic splits"),
+    (["text.vllm_kv_cache_gib=8"], "text.vllm_kv_cache_gib",
+     "read only with text.rollout_backend=vllm, and it is 'hf'"),
+])
+def test_text_settings_the_run_never_reads_are_refused(overrides, field, why):
+    """Each was accepted and changed nothing: a GGUF file without a model trained the tiny model (an audit)."""
+    error = _error("llm_grpo", *overrides)
+    assert error.field == field and why in str(error) and "is never read" in str(error)
+    plan(load_template("llm_grpo", ["text.rollout_backend=vllm", "text.vllm_kv_cache_gib=8"]))  # read there
+
+
 def test_held_out_initial_states_are_not_training_ones():
     """eval.init_state_offset=0 evaluated the policy on ids 0..49, training ids, as 'held out' (an audit)."""
     error = _error("embodied_srpo", "eval.init_state_offset=0")

@@ -36,6 +36,13 @@ RESUME_CASES = [
     ("a sharded policy of another width", "fsdp", ["--resume", "{run}", "policy.config.hidden_sizes=[64,64]"],
      ["actor_sharded/.metadata does not fit the policy this override builds",
       "mean_net.0.weight: (32, 15) in the checkpoint, (64, 15) in the model"]),
+    ("more generated prompts", "text", ["--resume", "{run}", "text.num_generated_train=500"],
+     ["field 'text.num_generated_train'", "the run has 8000, this resume 500", "wrote its arithmetic splits",
+      "resume without the override, or start a new run"]),
+    ("another warm-start rate", "text", ["--resume", "{run}", "text.sft_lr=0.1"],
+     ["field 'text.sft_lr'", "this resume 0.1; the warm start ran when the run started", "step_00000002"]),
+    ("more demonstrations", "srpo", ["--resume", "{run}", "warm_start.bc_steps=7"],
+     ["field 'warm_start.bc_steps'", "this resume 7; the warm start ran when the run started"]),
     ("no checkpoint", "empty", ["--resume", "{run}"],
      ["has no checkpoint to resume from", "start a new run instead"]),
     ("fewer workers", "srpo", ["--resume", "{run}", "workers.num_workers=1"],
@@ -126,7 +133,8 @@ def test_a_resume_that_cannot_continue_exactly_is_refused_before_ray(case, run, 
 def test_a_resume_that_fits_its_checkpoint_is_accepted(runs, tiny_lm_dir):
     """The same settings as the checkpoint's, given again, pass the checks (and record nothing yet)."""
     for run, overrides in (("srpo", ["policy.config.hidden_sizes=[32,32]", "workers.num_workers=2"]),
-                           ("text", [f"text.model_path={tiny_lm_dir}", "text.temperature=0.5"])):
+                           ("text", [f"text.model_path={tiny_lm_dir}", "text.temperature=0.5",
+                                      "text.num_generated_train=8000"])):
         before = snapshot(runs[run])
         resumed, _, _ = prepare_run_dir(None, overrides, str(runs[run]))
         resumed.close()

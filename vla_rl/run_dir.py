@@ -258,6 +258,8 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
       a GGUF ``text.gguf_file``) is not checked here: building it reads its weights.
     - ``policy.*`` overrides keep the run's policy (:func:`_refuse_policy_changes`): only where its
       pretrained checkpoint lives and how it is loaded may change.
+    - Nor do they change what the run made as it started (:data:`START_ONLY_SETTINGS`: its tiny
+      model, its generated prompts, its warm start).
     - No override of ``run.name`` or ``run.output_dir``: they place a new run, and a resume
       recorded them and trained on where the run is.
     - ``metrics.jsonl`` reads: a damaged line before its last stopped the resume after Ray and
@@ -327,8 +329,28 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
         raise RunDirError(f"{' '.join(changed)}: the run's checkpoint {stored[0]} does not fit the policy {these}: "
                           f"{mismatch.describe()}; resume without {'it' if len(changed) == 1 else 'them'}, or start a "
                           "new run")
-    if any(_sets(_override_key(item), ("policy",)) for item in overrides):
-        _refuse_policy_changes(run, config.policy, checkpoint)
+    if any(_sets(_override_key(item), ("policy", *START_ONLY_SETTINGS)) for item in overrides):
+        from vla_rl.dag.loader import load_template
+
+        before = load_template(run.template_path, recorded=run.recorded_overrides()).config
+        _refuse_start_only_changes(before, config, checkpoint)
+        _refuse_policy_changes(before.policy, config.policy, checkpoint)
+
+
+def _refuse_start_only_changes(before, after, checkpoint: Path) -> None:
+    """Refuse a resume that changes a :data:`START_ONLY_SETTINGS` setting: the run's recorded
+    configuration would hold a value it never trained with (a tiny model of 128 units where the
+    run's has 64, more generated rows than its splits hold).
+
+    Raises:
+        RunDirError: naming the first changed setting, its value in the run and in the resume.
+    """
+    for setting, why in START_ONLY_SETTINGS.items():
+        was, now = (_flat({setting: _field_value(config, setting)}) for config in (before, after))
+        for key in sorted(was.keys() | now.keys()):
+            if was.get(key) != now.get(key):
+                raise RunDirError(f"{key}: the run has {was.get(key)!r}, this resume {now.get(key)!r}; {why} (from "
+                                  f"{checkpoint}): resume without the override, or start a new run", field=key)
 
 
 def _override_key(item: str) -> str:
@@ -360,8 +382,19 @@ def env_steps_at(metrics: Path, step: int) -> float:
 #: and how it is loaded; the trained weights come from the run's checkpoint either way.
 RESUMABLE_POLICY_SETTINGS = ("config.model_path", "config.tokenizer_path", "allow_partial_load")
 
+_WARM_STARTED = "the warm start ran when the run started, and a resume restores the checkpoint's weights instead"
+START_ONLY_SETTINGS = {
+    "text.tiny_hidden_size": "the run built its tiny model (tiny_model/) when it started, and a resume reuses it",
+    "text.tiny_num_layers": "the run built its tiny model (tiny_model/) when it started, and a resume reuses it",
+    **dict.fromkeys(("text.num_generated_train", "text.num_generated_test", "text.arithmetic_levels"),
+                    "the run wrote its arithmetic splits (arithmetic/) when it started, and a resume reuses them"),
+    **dict.fromkeys(("text.sft_steps", "text.sft_lr", "text.sft_batch_size", "warm_start"), _WARM_STARTED),
+}
+"""Settings read only as a run starts, ``{setting: why}``: a resume that changes one would record a
+value that never took effect (:func:`_refuse_start_only_changes`)."""
 
-def _refuse_policy_changes(run: RunDirectory, policy, checkpoint: Path) -> None:
+
+def _refuse_policy_changes(run_policy, policy, checkpoint: Path) -> None:
     """Refuse a resume that changes the run's policy (``policy.*`` but
     :data:`RESUMABLE_POLICY_SETTINGS`) although the tensors still fit: an activation, a learned
     std that becomes fixed, a dtype, a sampling setting. The checkpoint's weights and optimizer
@@ -371,10 +404,7 @@ def _refuse_policy_changes(run: RunDirectory, policy, checkpoint: Path) -> None:
     Raises:
         RunDirError: naming the first changed setting, its value in the run and in the resume.
     """
-    from vla_rl.dag.loader import load_template
-
-    before = _policy_settings(load_template(run.template_path, recorded=run.recorded_overrides()).config.policy)
-    after = _policy_settings(policy)
+    before, after = _policy_settings(run_policy), _policy_settings(policy)
     for key in sorted(before.keys() | after.keys()):
         if key not in RESUMABLE_POLICY_SETTINGS and before.get(key) != after.get(key):
             raise RunDirError(f"policy.{key}: the run's policy has {before.get(key)!r}, this resume {after.get(key)!r}; "
@@ -395,9 +425,10 @@ def _policy_settings(policy) -> dict:
 
 
 def _flat(values: dict, prefix: str = "") -> dict:
-    """A nested dict as ``{"a.b.c": value}`` (lists and other values as leaves)."""
+    """A nested dict (or config section) as ``{"a.b.c": value}`` (lists and other values as leaves)."""
     out = {}
     for key, value in values.items():
+        value = value.model_dump() if hasattr(value, "model_dump") else value
         if isinstance(value, dict) and value:
             out |= _flat(value, f"{prefix}{key}.")
         else:

@@ -119,3 +119,11 @@ def test_plan_prints_the_hops_keys_and_bytes(capsys):
     assert "3.58 KiB" in out  # the gather's 8 rows of 458 bytes
     # 4 rows of 458 bytes in, and half of the scatter's 4 rows of 506 bytes
     assert "per worker per step: 2.78 KiB of rows (+ up to 1012 B rebalancing unequal shards)" in out
+
+
+def test_plan_of_a_template_without_rollout_counts_rows_not_groups(capsys):
+    """llm_sft's table read "32 groups x 8 samples" (the unread data.group_size) over hops of 32 rows."""
+    assert main(["plan", "llm_sft", "--world-size", "2"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "data hops of a training step: 32 rows (no rollout), T = 24 decisions, 2 workers" in out
+    assert "groups x" not in out

@@ -70,8 +70,10 @@ def print_traffic(template, the_plan, console: Console) -> None:
     if not hops:
         console.print("data hops of a training step: none (every node reads its producer's output on its own worker)")
         return
-    table = Table(box=box.SIMPLE_HEAD, title=f"data hops of a training step: {shape.groups} groups x "
-                  f"{shape.group_size} samples, T = {shape.decisions} decisions, {world} workers")
+    sampled = any(node.role == "rollout" and node.phase == "train" for node in template.nodes)
+    batch = f"{shape.groups} groups x {shape.group_size} samples" if sampled else f"{shape.groups} rows (no rollout)"
+    table = Table(box=box.SIMPLE_HEAD, title=f"data hops of a training step: {batch}, T = {shape.decisions} decisions, "
+                  f"{world} workers")
     for column in ("hop", "DP", "keys", "rows", "bytes/row", "moved/step", "in/worker", "max in", "max out",
                    "meta/worker"):
         table.add_column(column, justify="left" if column == "hop" else "right", no_wrap=True)

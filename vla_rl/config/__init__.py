@@ -120,7 +120,7 @@ class RunConfig(_Section):
         """``{dotted setting: why}`` for the settings this config holds that the run never reads and
         a template may still carry (the settings of an algorithm component it does not select:
         :meth:`AlgorithmSection.unselected_settings`; the KL loss's and the KL penalty's while they
-        are off; the supervised warm start's without its steps; the minibatch size under a number
+        are off; the text section's own (:meth:`TextSection.unread_settings`); the minibatch size under a number
         of minibatches; FSDP's under DDP, and its micro-batch sync without micro-batches);
         :func:`vla_rl.dag.loader.load_template` refuses an override that sets one."""
         algorithm, trainer = self.algorithm, self.trainer
@@ -131,11 +131,8 @@ class RunConfig(_Section):
                 unread |= {f"algorithm.{name}": f"read only with algorithm.{switch}=true (and a reference node), "
                            f"which is false: set it too, or drop the override" for name in names}
         unread |= self._unread_evaluation_settings() | self._unread_warm_start_settings()
-        if self.text.sft_steps == 0:
-            unread |= {f"text.{name}": "read only by the supervised warm start of the RL text templates, and "
-                       "text.sft_steps is 0: set text.sft_steps too on such a template, or drop the override "
-                       "(llm_sft's own fine-tuning takes trainer.lr and trainer.ppo_mini_batch_size)"
-                       for name in ("sft_lr", "sft_batch_size")}
+        if self.run.workflow == "text":
+            unread |= self.text.unread_settings()
         if trainer.ppo_num_mini_batches is not None:
             unread["trainer.ppo_mini_batch_size"] = (
                 f"replaced by trainer.ppo_num_mini_batches ({trainer.ppo_num_mini_batches}): set that to null too, "

@@ -82,6 +82,34 @@ class TextSection(_Section):
         "extra_info.answer", description="Column holding the warm start's target responses."
     )
 
+    def unread_settings(self) -> dict[str, str]:
+        """``{dotted setting: why}`` of the settings a text run never reads under the others: the
+        tiny model's with a ``model_path``, a ``gguf_file`` or ``allow_pickle`` without one, the
+        generated splits' with both prompt files given, vLLM's under the ``hf`` backend, and the
+        supervised warm start's without its steps (:meth:`vla_rl.config.RunConfig.unread_settings`)."""
+        unread = {}
+        if self.model_path is not None:
+            unread |= dict.fromkeys(("text.tiny_hidden_size", "text.tiny_num_layers"), (
+                f"read only to build the tiny model of a run without text.model_path, which is {self.model_path!r}: "
+                "drop the override"))
+        else:
+            unread |= dict.fromkeys(("text.gguf_file", "text.allow_pickle"), (
+                "read only with text.model_path, which is null (the run builds a tiny model): set it too, or drop the "
+                "override"))
+        if self.train_file is not None and self.test_file is not None:
+            unread |= dict.fromkeys(("text.num_generated_train", "text.num_generated_test", "text.arithmetic_levels"), (
+                "read only to generate the arithmetic splits of a run without text.train_file or text.test_file, and "
+                "both are given: drop the override"))
+        if self.rollout_backend == "hf":
+            unread |= dict.fromkeys(("text.vllm_memory_fraction", "text.vllm_kv_cache_gib"), (
+                "read only with text.rollout_backend=vllm, and it is 'hf': set it too, or drop the override"))
+        if self.sft_steps == 0:
+            unread |= dict.fromkeys(("text.sft_lr", "text.sft_batch_size"), (
+                "read only by the supervised warm start of the RL text templates, and text.sft_steps is 0: set "
+                "text.sft_steps too on such a template, or drop the override (llm_sft's own fine-tuning takes "
+                "trainer.lr and trainer.ppo_mini_batch_size)"))
+        return unread
+
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_variables_only(cls, value: dict[str, Any]) -> dict[str, Any]:
