@@ -179,6 +179,19 @@ def test_gspo_token_equals_gspo_for_sequence_advantages():
     torch.testing.assert_close(results[0][1], results[1][1])
 
 
+def test_gspo_token_has_no_gradient_beyond_the_log_ratio_clamp_as_gspo():
+    """Log-ratios of 25, beyond the clamp of 20: gspo's gradient is 0, gspo_token's was -A e^20 per
+    token (its sequence log-ratio, clamped first, sat on the second clamp's bound; an audit against verl)."""
+    for name in ("gspo", "gspo_token"):
+        log_probs = torch.full((2, 3), 25.0, dtype=torch.float64, requires_grad=True)
+        loss, _ = loss_of(name, log_probs, torch.zeros(2, 3, dtype=torch.float64),
+                          torch.tensor([-1.0, 1.0], dtype=torch.float64), torch.ones(2, 3, dtype=torch.bool),
+                          "seq-mean-token-mean")
+        loss.backward()
+        assert loss.item() == pytest.approx(math.exp(20) / 2 - 1.28 / 2), name  # -A s for A = -1, clipped for A = 1
+        assert torch.equal(log_probs.grad, torch.zeros(2, 3, dtype=torch.float64)), name
+
+
 def test_gspo_token_with_token_advantages_by_hand():
     # One sequence of two tokens, log-ratios 0.1 and -0.1: s = exp(0) = 1 for both tokens,
     # advantages (1, -3): token-mean loss = -(1 * 1 - 3 * 1) / 2 = 1; grads -A_t * s / 2.

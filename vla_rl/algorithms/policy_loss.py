@@ -324,11 +324,13 @@ def compute_gspo_token_loss(
 
     ``s_it`` equals ``s_i`` in value (same clipping as ``"gspo"``) and its gradient is
     ``s_i * grad log pi_theta(y_it)``; with advantages constant per row and
-    ``"seq-mean-token-mean"`` it matches ``"gspo"`` in value and gradient (the paper's remark).
+    ``"seq-mean-token-mean"`` it matches ``"gspo"`` in value and gradient (the paper's remark),
+    beyond the clamp too (no gradient there, as verl's ``compute_policy_loss_gspo``).
 
     Args:
         log_probs, old_log_probs, advantages, response_mask: see the module docstring.
-        config: ``clip_ratio_low``, ``clip_ratio_high``, ``log_ratio_clamp`` (applied to log s_it).
+        config: ``clip_ratio_low``, ``clip_ratio_high``, ``log_ratio_clamp`` (applied to log s_it
+            only, once).
         loss_agg_mode, loss_agg_normalizer: the aggregation of the per-token losses.
 
     Returns:
@@ -340,7 +342,9 @@ def compute_gspo_token_loss(
     """
     valid, masked_log_probs, token_advantages, log_ratio = _prepare(
         log_probs, old_log_probs, advantages, response_mask)
-    seq_log_ratio, counts = _sequence_log_ratio(log_ratio, valid, config.log_ratio_clamp)  # (B,), (B,)
+    # clamped once, after the stop-gradient sum (verl's compute_policy_loss_gspo): a sequence
+    # log-ratio clamped first put log s_it on the clamp's bound, where clamp passes the gradient
+    seq_log_ratio, counts = _sequence_log_ratio(log_ratio, valid, math.inf)  # (B,), (B,)
     token_log_ratio = masked_log_probs - masked_log_probs.detach() + seq_log_ratio.detach()[:, None]
     token_log_ratio = token_log_ratio.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)  # (B, T)
     token_ratio = torch.exp(token_log_ratio)  # (B, T)
@@ -351,8 +355,9 @@ def compute_gspo_token_loss(
     loss = aggregate_loss(pg_loss, valid, loss_agg_mode, loss_agg_normalizer)
     with torch.no_grad():
         log_ratio = log_ratio.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
+        seq_ratio = torch.exp(seq_log_ratio.clamp(-config.log_ratio_clamp, config.log_ratio_clamp))
         metrics = _common_metrics(log_ratio, valid, pg_loss_clipped > pg_loss_unclipped,
-                                  _sequence_ratio_mean(torch.exp(seq_log_ratio), counts))
+                                  _sequence_ratio_mean(seq_ratio, counts))
     return loss, metrics
 
 
