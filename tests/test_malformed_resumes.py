@@ -43,6 +43,8 @@ RESUME_CASES = [
      ["field 'text.sft_lr'", "this resume 0.1; the warm start ran when the run started", "step_00000002"]),
     ("more demonstrations", "srpo", ["--resume", "{run}", "warm_start.bc_steps=7"],
      ["field 'warm_start.bc_steps'", "this resume 7; the warm start ran when the run started"]),
+    ("a value of the wrong type", "srpo", ["--resume", "{run}", "trainer.lr=abc"],  # the override, not the file, named
+     ["template.yaml: field 'trainer.lr': input should be a valid number", "(override 'trainer.lr=abc')"]),
     ("no checkpoint", "empty", ["--resume", "{run}"],
      ["has no checkpoint to resume from", "start a new run instead"]),
     ("fewer workers", "srpo", ["--resume", "{run}", "workers.num_workers=1"],
@@ -166,14 +168,19 @@ def test_a_resume_that_changes_the_policy_but_fits_its_tensors_is_refused(overri
 def test_a_finished_run_has_nothing_to_resume_an_unfinished_final_evaluation_has(runs, tmp_path, monkeypatch, capsys):
     """A run whose summary.json is written and whose checkpoint is at trainer.total_steps: refused,
     naming trainer.total_steps (it ran the final evaluation again and logged it twice). Without
-    the summary (killed during its final evaluation) the resume is accepted: it ends that evaluation."""
+    the summary (killed during its final evaluation) the resume is accepted: it ends that evaluation;
+    so is a resume with an earlier leg's summary, of an earlier step (a resume killed so was refused
+    as finished, and its final evaluation and summary never came)."""
     import shutil
 
     monkeypatch.setattr(driver, "start_ray", lambda *args, **kwargs: pytest.fail("Ray started"))
     run = shutil.copytree(runs["srpo"], tmp_path / "srpo")
     resumed, _, _ = prepare_run_dir(None, ["trainer.total_steps=2"], str(run))  # checkpoint step 2, no summary
     resumed.close()
-    (run / "summary.json").write_text("{}")
+    (run / "summary.json").write_text('{"last_step": 1}')  # an earlier leg's, then interrupted in its final evaluation
+    resumed, _, _ = prepare_run_dir(None, ["trainer.total_steps=2"], str(run))  # accepted: it ends that evaluation
+    resumed.close()
+    (run / "summary.json").write_text('{"last_step": 2}')
     before = snapshot(run)
     assert main(["train", "--resume", str(run), "trainer.total_steps=2"]) == 2
     message = " ".join(capsys.readouterr().err.split())
@@ -197,7 +204,7 @@ def test_a_run_that_spent_its_environment_step_budget_has_nothing_to_resume(runs
     records = [{"step": 1, "rollout/total_env_steps": 600.0}, {"step": 2, "rollout/total_env_steps": 1250.0},
                {"step": 2, "eval/greedy/success_rate": 0.5}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (run / "summary.json").write_text("{}")
+    (run / "summary.json").write_text('{"last_step": 2}')
     before = snapshot(run)
     assert main(["train", "--resume", str(run), "trainer.total_steps=9", "trainer.total_env_steps=1200"]) == 2
     message = " ".join(capsys.readouterr().err.split())

@@ -67,11 +67,11 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
         TemplateError: a bad template or override (:class:`~vla_rl.preflight.PreflightError`'s
             message with ``policy_from``: a missing or unusable model directory).
     """
-    from vla_rl.dag.loader import load_template
+    from vla_rl.dag.loader import load_template, override_of
     from vla_rl.dag.planner import plan
     from vla_rl.evaluation.episode_store import check_stores, check_task_settings
     from vla_rl.preflight import PreflightError, check_local_packages, preflight
-    from vla_rl.run_dir import absolute_path_overrides
+    from vla_rl.run_dir import absolute_path_overrides, policy_misfit
 
     source = [o for o in overrides if o.removeprefix("~").split(".", 1)[0] in (*COPIED_SECTIONS, "run")]
     if policy_from is None:
@@ -110,7 +110,13 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
         # the policy's settings only (the simulator's would meet training's checks: the warm start's horizon); no
         # deletion (the evaluation's copy of the section holds every key, the run's template not)
         settings = [o for o in source if o.startswith("policy.")]
-        preflight(load_template(run_dir / RUN_TEMPLATE, settings, recorded=recorded))
+        rebuilt = load_template(run_dir / RUN_TEMPLATE, settings, recorded=recorded)
+        preflight(rebuilt)
+        misfit = policy_misfit(rebuilt.config, run_dir, checkpoints) if settings else None
+        if misfit:  # the workers' strict load would fail, in a Ray traceback, after the simulators started
+            these = "this override builds" if len(settings) == 1 else "these overrides build"
+            raise EvalInputError(f"{' '.join(settings)}: the checkpoint {misfit[0]} does not fit the policy {these}: "
+                                 f"{misfit[1]}; evaluate without {'it' if len(settings) == 1 else 'them'}")
     check_local_packages(run_config)  # the simulator's optional extra
     raw = copy.deepcopy(load_template(template).raw)
     config = raw.setdefault("config", {})
@@ -146,7 +152,7 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
         except PreflightError:  # a file the evaluation reads: the message names it and the field
             raise
         except TemplateError as err:  # an override's (the run's own sections loaded above): named as typed
-            given = _override_of(overrides, err.field)
+            given = override_of(overrides, err.field)
             if given is None:
                 raise TemplateError(err.message, file=resolved, node=err.node, field=err.field) from None
             message = err.message if repr(given) in err.message else f"{err.message} (override {given!r})"
@@ -347,17 +353,6 @@ def _check_checkpoints(checkpoints: list[Path]) -> None:
             verify_checkpoint(checkpoint, digests=False)
         except CheckpointCorruptError as err:
             raise EvalInputError(str(err)) from None
-
-
-def _override_of(overrides: list[str], field: str | None) -> str | None:
-    """The override that sets ``field`` (``eval.protocols[0]``: ``eval.protocols``) or a setting above
-    or below it, if one does."""
-    field = field.split("[", 1)[0] if field else None
-    for item in overrides if field else ():
-        key = item.split("=", 1)[0].removeprefix("~")
-        if key == field or field.startswith(f"{key}.") or key.startswith(f"{field}."):
-            return item
-    return None
 
 
 def _remove_unstarted(eval_dir: Path) -> None:

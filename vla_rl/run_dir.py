@@ -245,9 +245,10 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
 
     - The run has a checkpoint none of whose files is missing or truncated (against its
       manifest, by size): the newest such one, which the workers will resume from (they set newer
-      damaged ones aside); a finished run (``summary.json`` written) one before
-      ``trainer.total_steps``, and fewer environment steps than ``trainer.total_env_steps`` at
-      it (an unfinished one may end its interrupted final evaluation, without training).
+      damaged ones aside); a finished run (its ``summary.json`` of that checkpoint's step) one
+      before ``trainer.total_steps``, and fewer environment steps than ``trainer.total_env_steps``
+      at it (an unfinished one may end its interrupted final evaluation, without training, a
+      resume's too, whose summary is the leg's before).
     - The same number of workers wrote it: each worker continues its own random streams
       (``rng_rank<r>.safetensors``), so another number cannot resume exactly (the optimizer state
       would load: DDP's is replicated, DCP reshards FSDP's; the random streams would not).
@@ -298,13 +299,14 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
                           f"(trainer.save_every={config.trainer.save_every}); start a new run instead, e.g. "
                           f"vla-rl train {shlex.quote(str(run.template_path))} run.name=NEW_NAME")
     step, total = checkpoint_step(checkpoint), config.trainer.total_steps
-    if step >= total and (run.path / SUMMARY_FILE).is_file():  # finished: it would only log a second final evaluation
+    finished = (_summarised_step(run.path) or -1) >= step  # else its summary, if any, is an earlier leg's
+    if step >= total and finished:  # finished: it would only log a second final evaluation
         raise RunDirError(f"the run finished: its checkpoint {checkpoint} is at step {step}, and trainer.total_steps is "
                           f"{total}; raise it to train on, e.g. trainer.total_steps={step + max(step, 1)}",
                           field="trainer.total_steps")
     budget = config.trainer.total_env_steps
     spent = checkpoint_env_steps(checkpoint, run.path / METRICS_FILE) if budget is not None else 0.0
-    if budget is not None and spent >= budget and (run.path / SUMMARY_FILE).is_file():
+    if budget is not None and spent >= budget and finished:
         raise RunDirError(f"the run finished: its checkpoint {checkpoint} is at step {step}, after {spent:.0f} "
                           f"environment steps, and trainer.total_env_steps is {budget}; raise it to train on, e.g. "
                           f"trainer.total_env_steps={2 * int(spent)}", field="trainer.total_env_steps")
@@ -321,14 +323,11 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
                           f"trainer.strategy={strategy}",
                           field="trainer.strategy")
     changed = [item for item in overrides if _sets(_override_key(item), POLICY_SETTINGS)]
-    stored = integrity.stored_policy_shapes(checkpoint) if changed else None
-    policy = _meta_policy(config, run.path) if stored is not None else None
-    mismatch = None if policy is None else _policy_mismatch(policy, stored[1])
-    if mismatch:
+    misfit = policy_misfit(config, run.path, [checkpoint]) if changed else None
+    if misfit:
         these = "this override builds" if len(changed) == 1 else "these overrides build"
-        raise RunDirError(f"{' '.join(changed)}: the run's checkpoint {stored[0]} does not fit the policy {these}: "
-                          f"{mismatch.describe()}; resume without {'it' if len(changed) == 1 else 'them'}, or start a "
-                          "new run")
+        raise RunDirError(f"{' '.join(changed)}: the run's checkpoint {misfit[0]} does not fit the policy {these}: "
+                          f"{misfit[1]}; resume without {'it' if len(changed) == 1 else 'them'}, or start a new run")
     if any(_sets(_override_key(item), ("policy", *START_ONLY_SETTINGS)) for item in overrides):
         from vla_rl.dag.loader import load_template
 
@@ -351,6 +350,42 @@ def _refuse_start_only_changes(before, after, checkpoint: Path) -> None:
             if was.get(key) != now.get(key):
                 raise RunDirError(f"{key}: the run has {was.get(key)!r}, this resume {now.get(key)!r}; {why} (from "
                                   f"{checkpoint}): resume without the override, or start a new run", field=key)
+
+
+def policy_misfit(config, run_dir: Path, checkpoints: list[Path]) -> tuple[Path, str] | None:
+    """The first of ``checkpoints`` whose policy tensors (names and shapes, from the file headers)
+    do not fit the policy ``config`` builds (on the ``meta`` device, :func:`_meta_policy`), and how;
+    None when all fit, when none holds readable policy tensors, or when the policy loads a
+    pretrained checkpoint of its own (building it would read its weights).
+
+    Returns:
+        (the file read, the mismatch in one line) or None.
+    """
+    from vla_rl.checkpoints import integrity
+
+    policy = None
+    for checkpoint in checkpoints:
+        stored = integrity.stored_policy_shapes(checkpoint)
+        if stored is None:
+            continue
+        policy = policy or _meta_policy(config, run_dir)
+        if policy is None:
+            return None
+        mismatch = _policy_mismatch(policy, stored[1])
+        if mismatch:
+            return stored[0], mismatch.describe()
+    return None
+
+
+def _summarised_step(run_dir: Path) -> int | None:
+    """The ``last_step`` of the run's ``summary.json``: the step whose final evaluation it holds;
+    None without a readable one. A resume interrupted in its final evaluation leaves the summary of
+    the leg before it, of an earlier step."""
+    try:
+        step = json.loads((run_dir / SUMMARY_FILE).read_text()).get("last_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
 
 
 def _override_key(item: str) -> str:

@@ -206,6 +206,23 @@ def test_a_truncated_checkpoint_is_refused_before_ray_starts(tiny_run, tmp_path,
 
 
 @pytest.mark.xdist_group("test_eval_command.tiny_run")
+def test_a_policy_override_that_does_not_fit_the_checkpoints_is_refused_before_ray_starts(tiny_run, tmp_path, capsys,
+                                                                                           monkeypatch):
+    """It failed in the workers' strict load, a Ray traceback of ~90 lines after the simulators
+    started (an audit); a resume with it was refused in one line already."""
+    import ray
+
+    monkeypatch.setattr(ray, "init", lambda *args, **kwargs: pytest.fail("Ray started"))
+    assert main(["eval", str(tiny_run), "policy.config.hidden_sizes=[64]", "--output", str(tmp_path / "eval")]) == 2
+    err = capsys.readouterr().err
+    message = " ".join(err.split())
+    assert len(err.strip().splitlines()) == 1 and "policy.config.hidden_sizes=[64]: the checkpoint " in message
+    assert "step_00000001/model.safetensors does not fit the policy this override builds: " in message
+    assert "mean_net.0.weight: (8, 15) in the checkpoint, (64, 15) in the model" in message
+    assert "evaluate without it" in message and not (tmp_path / "eval").exists()
+
+
+@pytest.mark.xdist_group("test_eval_command.tiny_run")
 def test_a_run_whose_base_model_moved_is_looked_for_where_the_command_says(tiny_run, tmp_path, capsys):
     """`vla-rl eval RUN policy.config.model_path=NEW` (the base model moved since training) was
     refused naming the old place: the pretrained files were checked on the run's template alone."""

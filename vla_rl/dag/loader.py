@@ -137,7 +137,11 @@ def load_template(
     try:
         config = config_model.model_validate(spec.config)
     except ValidationError as exc:
-        raise from_validation_error(exc, model=config_model, file=path) from None
+        error = from_validation_error(exc, model=config_model, file=path)
+        given = override_of(overrides, error.field)  # a typed override's, not the file's (a resume's template.yaml)
+        if given is not None and repr(given) not in error.message:
+            error = TemplateError(f"{error.message} (override {given!r})", file=path, field=error.field)
+        raise error from None
     _check_overrides_read(config, overrides, path)
     return Template(name=spec.name, path=path, config=config, nodes=spec.nodes, raw=raw,
                     description=spec.description, overrides=tuple(overrides))
@@ -154,6 +158,17 @@ def _check_overrides_read(config: BaseModel, overrides: Sequence[str], file: Pat
         for item, key in override_settings(overrides):
             if key == setting or key.startswith(f"{setting}."):
                 raise TemplateError(f"override {item!r} is never read: {why}", file=file, field=key)
+
+
+def override_of(overrides: Sequence[str], field: str | None) -> str | None:
+    """The override that sets ``field`` (``eval.protocols[0]``: ``eval.protocols``) or a setting above
+    or below it, if one does."""
+    field = field.split("[", 1)[0] if field else None
+    for item in overrides if field else ():
+        key = item.split("=", 1)[0].removeprefix("~")
+        if key == field or field.startswith(f"{key}.") or key.startswith(f"{field}."):
+            return item
+    return None
 
 
 def override_settings(overrides: Sequence[str]) -> list[tuple[str, str]]:
