@@ -312,3 +312,61 @@ def test_the_overrides_an_earlier_resume_recorded_are_not_checked_again(write_te
     assert template.config.critic.lr == 1e-4 and template.overrides == ("trainer.lr=0.1",)
     plan(template)
     assert _override_error(path, "critic.lr=1e-4").field == "critic.lr"
+
+
+def _reward_node_with(write_template, monkeypatch, **contract) -> TemplateError:
+    """The plan's error for the pipeline whose reward node runs a plug-in function of ``contract``."""
+    from vla_rl.dag.registry import NODE_FUNCTIONS, NodeOutput, register_node
+
+    monkeypatch.setattr(NODE_FUNCTIONS, "_entries", dict(NODE_FUNCTIONS._entries))  # for this test only
+    register_node("reward", "compute", name="test_plugin", **contract)(lambda ctx, batch: NodeOutput(batch))
+    nodes = pipeline()
+    nodes[2]["fn"] = "test_plugin"
+    return _plan_error(write_template(nodes=nodes))
+
+
+def _raising_check(run_config, node_config, dp_size, world_size):
+    raise KeyError("oops in check")
+
+
+def _sentence_check(run_config, node_config, dp_size, world_size):
+    return "bad layout"
+
+
+def _raising_reads(run_config, node_config):
+    return run_config.nope.x
+
+
+@pytest.mark.parametrize(("contract", "expected"), [
+    ({"check": _raising_check}, f"its check _raising_check (from {__name__}) raised KeyError: 'oops in check'"),
+    ({"check": _sentence_check}, f"its check _sentence_check (from {__name__}) returned 'bad layout', not "
+                                 "None or a (field, message) pair of strings"),
+    ({"reads": _raising_reads}, f"its contract function _raising_reads (from {__name__}) raised "
+                                "AttributeError: 'RunConfig' object has no attribute 'nope'"),
+])
+def test_a_plugin_s_check_or_contract_function_that_fails_is_refused_in_one_line(write_template, monkeypatch,
+                                                                                 contract, expected):
+    """A check that raised, or a contract function raising anything but TypeError, was a traceback
+    naming neither node nor module; a check's sentence was read a character at a time
+    ("field 'b': a"). A helper audit of docs/extending.md."""
+    error = _reward_node_with(write_template, monkeypatch, **contract)
+    assert error.node == "reward" and error.field == "fn"
+    assert str(error).endswith(f"node 'reward': field 'fn': reward/compute/test_plugin: {expected}")
+
+
+def test_a_setting_a_plugin_declares_is_read_whatever_the_config_says(write_template, monkeypatch):
+    """algorithm.kl_loss_coef, read by a plug-in declaring it, was refused as read only with
+    algorithm.use_kl_loss (the fix it suggested turned on a KL loss). The built-in functions'
+    declarations do not lift the config's own rules (tests/test_config.py: text.sft_lr)."""
+    from vla_rl.dag.registry import NODE_FUNCTIONS, NodeOutput, register_node
+
+    monkeypatch.setattr(NODE_FUNCTIONS, "_entries", dict(NODE_FUNCTIONS._entries))  # for this test only
+    register_node("reward", "compute", name="test_kl_reader", settings=("algorithm.kl_loss_coef",))(
+        lambda ctx, batch: NodeOutput(batch))
+    nodes = pipeline()
+    path = write_template(nodes=nodes)
+    error = _override_error(path, "algorithm.kl_loss_coef=0.5")
+    assert error.field == "algorithm.kl_loss_coef" and "read only with algorithm.use_kl_loss=true" in str(error)
+    nodes[2]["fn"] = "test_kl_reader"
+    template = load_template(write_template(nodes=nodes, name="reads.yaml"), ["algorithm.kl_loss_coef=0.5"])
+    assert template.config.algorithm.kl_loss_coef == 0.5 and "reward" in plan(template).node_configs

@@ -142,22 +142,43 @@ def load_template(
         if given is not None and repr(given) not in error.message:
             error = TemplateError(f"{error.message} (override {given!r})", file=path, field=error.field)
         raise error from None
-    _check_overrides_read(config, overrides, path)
+    _check_overrides_read(config, overrides, path, spec.nodes)
     return Template(name=spec.name, path=path, config=config, nodes=spec.nodes, raw=raw,
                     description=spec.description, overrides=tuple(overrides))
 
 
-def _check_overrides_read(config: BaseModel, overrides: Sequence[str], file: Path) -> None:
+def _check_overrides_read(config: BaseModel, overrides: Sequence[str], file: Path, nodes: Sequence[NodeSpec]) -> None:
     """Refuse an override of a setting the validated ``config`` says the run never reads (its
     ``unread_settings()``, when the config model has one): typed on the command line, it would be
-    ignored silently."""
+    ignored silently. A plug-in node function of the template that declares the setting in its
+    ``settings`` reads it (:func:`_read_by_plugin`)."""
     unread = getattr(config, "unread_settings", None)
     if unread is None or not overrides:
         return
     for setting, why in unread().items():
         for item, key in override_settings(overrides):
-            if key == setting or key.startswith(f"{setting}."):
+            if (key == setting or key.startswith(f"{setting}.")) and not _read_by_plugin(key, nodes):
                 raise TemplateError(f"override {item!r} is never read: {why}", file=file, field=key)
+
+
+def _read_by_plugin(key: str, nodes: Sequence[NodeSpec]) -> bool:
+    """Whether a node of ``nodes`` runs a plug-in's function (one registered outside vla_rl) that
+    declares ``key``, a setting under it or a section above it in its ``settings``: the built-in
+    functions' conditions are the config's own (``text.sft_lr`` is read only with
+    ``text.sft_steps``), a plug-in's are not known."""
+    from vla_rl.dag.registry import get_node_function
+    from vla_rl_core.registry import RegistryError
+
+    for node in nodes:
+        try:
+            function = get_node_function(node.role, node.type, node.fn)
+        except RegistryError:  # the planner names it
+            continue
+        if getattr(function.fn, "__module__", "").split(".")[0] != "vla_rl" and any(
+                key == setting or key.startswith(f"{setting}.") or setting.startswith(f"{key}.")
+                for setting in function.settings):
+            return True
+    return False
 
 
 def override_of(overrides: Sequence[str], field: str | None) -> str | None:

@@ -264,6 +264,17 @@ def _check_overrides_read_by_nodes(template: Template, node_configs: dict[str, B
                             f"this template has none; {instead}, or drop the override", file=template.path, field=key)
 
 
+def _named(function) -> str:
+    """A node function's callable as a message names it: its qualified name and module."""
+    return f"{getattr(function, '__qualname__', function)} (from {getattr(function, '__module__', '?')})"
+
+
+def _raised(node: NodeSpec, what: str, function, error: Exception, file: Path) -> TemplateError:
+    """The one-line refusal of a node whose ``what`` (its check, a contract function) raised ``error``."""
+    return TemplateError(f"{node.role}/{node.type}/{node.fn}: its {what} {_named(function)} raised "
+                         f"{type(error).__name__}: {error}", file=file, node=node.id, field="fn")
+
+
 def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config, node_configs: dict,
                 file: Path) -> PhasePlan:
     order = _topological_order(nodes, file)
@@ -276,6 +287,8 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
             except TypeError as err:
                 raise TemplateError(f"{node.role}/{node.type}/{node.fn}: {err}", file=file, node=node.id,
                                     field="fn") from None
+            except Exception as err:  # a plug-in's bug, in one line naming its function
+                raise _raised(node, "contract function", declared, err, file) from None
         if function.phases and phase not in function.phases:
             raise TemplateError(f"{node.role}/{node.type}/{node.fn} runs in phase {' or '.join(function.phases)} "
                                 f"only, not {phase}: set the node's phase, or select another function with fn",
@@ -284,7 +297,14 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
     _check_joined_layouts(nodes, dp_sizes, file)
     for node in nodes:
         check = get_node_function(node.role, node.type, node.fn).check
-        problem = None if check is None else check(config, node_configs[node.id], dp_sizes[node.id], world_size)
+        try:
+            problem = None if check is None else check(config, node_configs[node.id], dp_sizes[node.id], world_size)
+        except Exception as err:  # a plug-in's bug, in one line naming its check
+            raise _raised(node, "check", check, err, file) from None
+        if problem is not None and not (isinstance(problem, tuple) and len(problem) == 2
+                                        and all(isinstance(part, str) for part in problem)):
+            raise TemplateError(f"{node.role}/{node.type}/{node.fn}: its check {_named(check)} returned {problem!r}, "
+                                "not None or a (field, message) pair of strings", file=file, node=node.id, field="fn")
         if problem is not None:
             raise TemplateError(problem[1], file=file, node=node.id, field=problem[0])
     output_keys = _check_key_flow(order, by_id, config, node_configs, file)
