@@ -59,6 +59,18 @@ def add_measuring_arguments(parser: argparse.ArgumentParser, parts: tuple[str, .
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU); default torch's")
 
 
+def check_device(parser: argparse.ArgumentParser, device: str) -> None:
+    """Refuse ``--device`` in one line (``parser.error``, exit status 2) when it names no torch
+    device, or CUDA on a machine without one, before anything is built."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        parser.error(f"--device {device!r} is no torch device (e.g. cpu, cuda, cuda:1)")
+    if kind == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {device}: this machine has no CUDA device torch can use (torch "
+                     f"{torch.__version__}); measure on the CPU with --device cpu")
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for the work queued on ``device`` (CUDA); nothing to wait for on the CPU."""
     if device.type == "cuda":

@@ -21,6 +21,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -32,6 +33,10 @@ import policies.openvla.processor_openvla as processor_module
 from policies.openvla.processor_openvla import PREPARED_FRAMES_CAPACITY, PreparedFrames
 from policies.openvla_oft import OpenVLAOFTPolicy, OpenVLAOFTPolicyConfig
 from vla_rl_core.observations import encode_instruction
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.baseline_table import parse_arguments  # noqa: E402  (after the path above)
 
 CAMERAS = ("agentview", "robot0_eye_in_hand")
 
@@ -63,8 +68,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cameras", type=int, choices=(1, 2), default=2)
     parser.add_argument("--frame-size", type=int, default=256, help="simulator frames' side in pixels")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (a DAG worker on 2 cores: 1)")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv, ("observations", "frame_size", "repeats", "threads"))
+    torch.set_num_threads(args.threads)
     config = OpenVLAOFTPolicyConfig(architecture={"preset": "tiny", "image_size": 224, "fused": False}, chunk_size=2,
                                     num_images=args.cameras, image_resize="jpeg_lanczos3", center_crop=True)
     process = OpenVLAOFTPolicy(config).processor
@@ -87,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     baseline = result["parts"]["every_pass"]["median_s"]
     result["parts"]["memoised"]["speedup_over_every_pass"] = baseline / result["parts"]["memoised"]["median_s"]
     print(f"OpenVLA-OFT frame preparation, {frames} frames of {args.frame_size} px per call, "
-          f"median of {args.repeats} calls")
+          f"median of {args.repeats} calls, {torch.get_num_threads()} torch thread(s)")
     print("| part | median s | min s | max s | ms per frame | speed-up |")
     print("|---|---|---|---|---|---|")
     for name, part in result["parts"].items():

@@ -105,6 +105,7 @@ from benchmarks.device_measure import (
     Step,
     add_measuring_arguments,
     add_out_argument,
+    check_device,
     device_name,
     measure_or_out_of_memory,
     print_parts_table,
@@ -433,6 +434,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     add_out_argument(parser)
     args = parser.parse_args(argv)
+    check_device(parser, args.device)
     for name in ("batch", "micro_batch", "chunk", "action_dim", "proprio_dim", "prompt_tokens", "lora_rank", "repeats"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")

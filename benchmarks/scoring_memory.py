@@ -6,8 +6,9 @@ before 2026-12-05 (``log_probs_and_entropy``: the batch's log-softmax, and an en
 The model is the tiny Qwen2 of the LLM templates (2 layers, width 64) with its vocabulary padded to
 ``--vocab`` rows (Qwen2.5's 151,936 by default): the pass's memory is the logits' and what is
 computed from them. Each row runs in its own process, so that each peak is its own: on the CPU the
-peak resident set size above the one before the pass, on CUDA ``max_memory_allocated`` above the
-memory allocated before it.
+peak resident set size during the pass (``VmHWM``, reset through ``/proc/self/clear_refs``: Linux)
+above the resident set before it (``VmRSS``), on CUDA ``max_memory_allocated`` above the memory
+allocated before it.
 
     python benchmarks/scoring_memory.py --out benchmarks/scoring_memory.json
     python benchmarks/scoring_memory.py --device cuda --out /tmp/scoring_memory_cuda.json
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -30,6 +30,32 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ("batched_with_entropy", "rows_no_entropy")  # the baseline first
+
+
+def _status_kib(field: str) -> int:
+    """``VmRSS`` (resident now) or ``VmHWM`` (its peak since the last reset) of this process, KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def pass_peak_mib(call, device: torch.device):
+    """``call()`` and the memory it took at its peak above what was in use before it, MiB: on CUDA
+    ``max_memory_allocated`` above ``memory_allocated``; on the CPU the resident set's high-water
+    mark during the call (``VmHWM``, reset to ``VmRSS`` through ``/proc/self/clear_refs``) above the
+    resident set before it, not above the process's peak so far (loading the model set that)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = call()
+        torch.cuda.synchronize()
+        return out, (torch.cuda.max_memory_allocated() - start) / 2**20
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    start = _status_kib("VmRSS")
+    out = call()
+    return out, (_status_kib("VmHWM") - start) / 1024
 
 
 def write_model(directory: Path, vocab: int) -> None:
@@ -70,17 +96,7 @@ def measure(row: str, args: argparse.Namespace) -> dict:
                 return policy.log_probs_and_entropy(*inputs)[0]
             return policy.log_probs(*inputs)
 
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        start = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        log_probs = score()
-        torch.cuda.synchronize()
-        peak = (torch.cuda.max_memory_allocated() - start) / 2**20
-    else:
-        start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        log_probs = score()
-        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start) / 1024
+    log_probs, peak = pass_peak_mib(score, device)
     seconds = []
     for _ in range(args.repeats):
         begin = time.perf_counter()
@@ -104,6 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--row", choices=ROWS, help=argparse.SUPPRESS)  # one row, in a child process
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: this machine has no CUDA device torch can use; use --device cpu")
     if args.row is not None:
         print(json.dumps(measure(args.row, args)))
         return {}

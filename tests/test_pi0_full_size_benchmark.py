@@ -62,3 +62,17 @@ def test_builder_makes_the_published_size_in_the_requested_dtype(pi0_benchmark):
     kept = sum(p.numel() for p in parameters if p.dtype == torch.float32)  # openpi's float32 exceptions
     assert 0 < kept < 5e6  # SigLIP's embeddings, the RMSNorm weights, the projections: 0.1% of the model
     assert {p.device.type for p in parameters} == {"meta"}
+
+
+@pytest.mark.parametrize("script", ["pi0_full_size.py", "openvla_oft_full_size.py", "scoring_memory.py"])
+def test_cuda_on_a_machine_without_it_is_refused_in_one_line(script):
+    """--device cuda on a CPU-only machine was a traceback ("Torch not compiled with CUDA enabled")."""
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    done = subprocess.run([sys.executable, f"benchmarks/{script}", "--device", "cuda"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith(f"{script}: error: --device cuda: this machine has no CUDA")
