@@ -283,6 +283,10 @@ def test_evaluation_and_warm_start_settings_the_run_never_reads_are_refused(over
     ("llm_grpo", ["text.sft_steps=0", "text.sft_lr=1e-4"], "text.sft_lr", "read only by the supervised warm start"),
     ("embodied_srpo", ["trainer.ppo_num_mini_batches=4", "trainer.ppo_mini_batch_size=8"],
      "trainer.ppo_mini_batch_size", "replaced by trainer.ppo_num_mini_batches (4): set that to null too"),
+    ("llm_sft", ["algorithm.entropy_coeff=0.01"], "algorithm.entropy_coeff", "read by the RL nodes (rollout, reward, "
+     "advantage, filter, critic, reference) and the policy-gradient update, and this template trains with "
+     "actor/model_train/sft alone"),
+    ("llm_sft", ["data.group_size=4"], "data.group_size", "and this template trains with actor/model_train/sft alone"),
     ("llm_sft", ["text.sft_steps=5"], "text.sft_steps", "text.sft_steps is read only by "
      "actor/model_train/supervised_fine_tune nodes, and this template has none; use a template with one"),
 ])

@@ -218,7 +218,35 @@ def plan(template: Template, world_size: int | None = None) -> Plan:
         raise TemplateError("the train phase has no model_train node (e.g. {role: actor, type: model_train}): it "
                             "would train nothing", file=file, field="nodes")
     _check_overrides_read_by_nodes(template, node_configs)
+    _check_rl_settings_read(template)
     return Plan(template.name, world_size, phases, node_configs)
+
+
+RL_ROLES = ("rollout", "reward", "advantage", "filter", "critic", "reference")
+"""The roles of the nodes that read ``algorithm.*`` and ``data.group_size`` (with the built-in
+policy-gradient update, ``actor/model_train/default``): what sampled groups and scores them."""
+
+
+def _check_rl_settings_read(template: Template) -> None:
+    """Refuse an override of ``algorithm.*`` or ``data.group_size`` on a template whose training
+    runs no RL node (:data:`RL_ROLES`), no policy-gradient update and no plug-in's function (which
+    may read them): ``llm_sft``'s supervised update reads neither.
+
+    Raises:
+        TemplateError: naming the override and the template's update.
+    """
+    overrides = [(item, key) for item, key in override_settings(template.overrides)
+                 if key.split(".")[0] == "algorithm" or key == "data.group_size"]
+    train = [node for node in template.nodes if node.phase == "train"]
+    if not overrides or any(node.role in RL_ROLES or (node.role, node.fn) == ("actor", "default") or getattr(
+            get_node_function(node.role, node.type, node.fn).fn, "__module__", "").split(".")[0] != "vla_rl"
+                            for node in train):
+        return
+    item, key = overrides[0]
+    updates = ", ".join(f"{node.role}/{node.type}/{node.fn}" for node in train if node.type == "model_train")
+    raise TemplateError(f"override {item!r} is never read: {key} is read by the RL nodes ({', '.join(RL_ROLES)}) and "
+                        f"the policy-gradient update, and this template trains with {updates} alone; drop the override",
+                        file=template.path, field=key)
 
 
 def _check_overrides_read_by_nodes(template: Template, node_configs: dict[str, BaseModel | None]) -> None:
