@@ -127,3 +127,33 @@ def test_plan_of_a_template_without_rollout_counts_rows_not_groups(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "data hops of a training step: 32 rows (no rollout), T = 24 decisions, 2 workers" in out
     assert "groups x" not in out
+
+
+def _embodied_hops(world: int, *overrides: str):
+    template = load_template("embodied_srpo", [f"workers.num_workers={world}", *overrides])
+    shape = WORKFLOWS.get("embodied").step_shape(template.config)
+    return {(h.src, h.dst): h for h in estimate_traffic(plan(template, world), shape)}
+
+
+def test_hops_after_an_uneven_cut_are_estimated_on_the_shards_the_cut_makes():
+    """6 groups cut into 4 shards hold 1, 2, 1 and 2 groups (split_groups: the boundary nearest each
+    quarter, ties to the earlier one); the estimate took 2, 2, 1 and 1 and said 28 rows moved
+    between reward (dp 4) and advantage (dp 2), 12 of them from one worker (a helper audit)."""
+    hops = _embodied_hops(4, "data.init_states_per_step=6", "data.group_size=4", "nodes.tasks.dp_size=1",
+                          "nodes.advantage.dp_size=2")
+    hop = hops[("reward", "advantage")]
+    # rows per reward shard: 4, 8, 4, 8 (ranks 0-3); advantage shards of 12 rows on ranks {0, 1} and {2, 3}:
+    # shard 0 = rank 0's 4 + rank 1's 8, shard 1 = rank 2's 4 + rank 3's 8; each rank of a block receives
+    # the block's rows it does not hold: rank 0 gets 8, rank 1 gets 4, rank 2 gets 8, rank 3 gets 4
+    assert hop.rows == 24 and hop.rows_moved == 8 + 4 + 8 + 4
+    assert hop.max_sent == 8 * hop.row_bytes and hop.max_received == 8 * hop.row_bytes
+
+
+def test_the_rebalance_bound_holds_after_an_uneven_cut():
+    """3 groups of 4 cut into 2 shards hold 4 and 8 rows: the filter emptying the first, the
+    rebalance moves 4 of the 8 rows; the bound said 3 (rows / W * (1 - 1 / W))."""
+    hops = _embodied_hops(2, "data.init_states_per_step=3", "data.group_size=4", "nodes.tasks.dp_size=1",
+                          "nodes.advantage.dp_size=1")
+    rebalance = hops[("group_filter", "actor_update")]
+    assert rebalance.rebalance and rebalance.max_shard_rows == 8
+    assert rebalance.rebalance_bound_per_worker == 4 * rebalance.row_bytes

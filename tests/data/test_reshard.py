@@ -270,3 +270,30 @@ def test_an_empty_shard_without_keys_takes_the_others_schema(group_key, expected
     exchanged, and its peer in gloo."""
     results = run_workers(_keyless_empty_worker, 2, free_loopback_port(), group_key, nprocs=2)
     assert {r: results[r] for r in range(2)} == expected
+
+
+def _mismatched_worker(rank: int, world: int, port: int, case: str) -> str:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dtype = torch.float32 if rank == 0 or case != "dtypes" else torch.float64
+    local = TensorDict({"uid": torch.arange(3) + 3 * rank, "x": torch.zeros(3, dtype=dtype)}, batch_size=[3])
+    if case == "non-tensor":
+        local.set_non_tensor("tag", "hello")
+    try:
+        reshard(local, 2, 1)
+        message = "no error"
+    except ValueError as err:
+        message = str(err)
+    dist.destroy_process_group()
+    return message
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("dtypes", "re-shard: shards disagree on their fields: [(('uid', torch.int64, ()), ('x', torch.float32, ()))"),
+    ("non-tensor", "re-shard: 'tag' holds non-tensor data, which a re-shard cannot move"),
+])
+def test_shards_that_cannot_be_moved_are_refused_on_every_rank(case, expected):
+    """Two dtypes of one key raised TypeError ('<' between torch.dtype objects) while the message was
+    built; a non-tensor leaf was dropped from the batch without a word (a helper audit)."""
+    results = run_workers(_mismatched_worker, 2, free_loopback_port(), case, nprocs=2)
+    assert all(results[r].startswith(expected) for r in range(2)), results

@@ -11,8 +11,11 @@ for full groups spread as the data nodes spread them, with each key's bytes per 
 :mod:`vla_rl.data.key_sizes` under the workflow's :class:`~vla_rl.data.key_sizes.StepShape`.
 Rows counted after a filter are an upper bound (the filter keeps at most all of them); a
 rebalance of equal shards moves nothing, and of unequal ones only the surplus rows, the fewest
-any even-out moves (at most ``rows / W * (1 - 1 / W)`` per worker,
-:attr:`HopTraffic.rebalance_bound_per_worker`; :func:`vla_rl.data.reshard.rebalance_ranges`).
+any even-out moves (at most ``m * (1 - 1 / d)`` rows per worker for the largest shard's ``m``
+rows at DP size ``d``, :attr:`HopTraffic.rebalance_bound_per_worker`;
+:func:`vla_rl.data.reshard.rebalance_ranges`). Each node's shards hold the groups the data nodes
+load (equal shards) and each re-shard cuts (:func:`node_layouts`): uneven where a cut's group
+count does not divide its DP size.
 
 Bytes are those of the rows that leave their worker (a rank's rows for itself stay in place),
 plus the metadata all-gathers every re-shard runs (:func:`vla_rl.data.reshard.metadata_cost`).
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 
 from vla_rl.dag.planner import PhasePlan, Plan, Reshard, RunNode
 from vla_rl.data.key_sizes import StepShape, sample_bytes
-from vla_rl.data.reshard import metadata_cost, route
+from vla_rl.data.reshard import metadata_cost, rebalance_ranges, route, split_groups
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class HopTraffic:
         max_sent, max_received: the busiest worker's row bytes sent, received.
         meta_bytes_per_worker: the metadata all-gathers' bytes received per worker.
         world_size: the number of workers.
+        max_shard_rows: the rows of ``src``'s largest shard.
     """
 
     src: str
@@ -65,6 +69,7 @@ class HopTraffic:
     max_received: int
     meta_bytes_per_worker: int
     world_size: int
+    max_shard_rows: int = 0
 
     @property
     def unknown_keys(self) -> tuple[str, ...]:
@@ -79,9 +84,9 @@ class HopTraffic:
     @property
     def rebalance_bound_per_worker(self) -> int:
         """For a rebalance: the most row bytes one worker sends when the shards it evens out are
-        unequal (its own ``rows / W`` rows, of which it keeps at least a ``1 / W`` share)."""
-        per_worker = self.rows // self.world_size
-        return (per_worker - per_worker // self.world_size) * self.row_bytes
+        unequal (the largest shard's rows, of which it keeps at least a ``1 / d`` share at DP
+        size ``d``: every other shard emptied by a filter)."""
+        return (self.max_shard_rows - self.max_shard_rows // self.src_dp_size) * self.row_bytes
 
 
 @dataclass(frozen=True)
@@ -129,9 +134,47 @@ def data_hops(phase: PhasePlan) -> list[Reshard]:
     return [task for task in phase.chains[0] if isinstance(task, Reshard)] if phase.chains else []
 
 
-def _shard_groups(num_groups: int, dp_size: int) -> list[int]:
-    """Groups of each of ``dp_size`` shards: as equal as possible, the first shards one more."""
-    return [num_groups // dp_size + (1 if k < num_groups % dp_size else 0) for k in range(dp_size)]
+def node_layouts(phase: PhasePlan, shape: StepShape) -> dict[str, list[list[int]]]:
+    """Each node's output, shard by shard at its DP size: the sample count of each group a shard
+    holds (every filter keeping all). A data node loads ``groups / d`` rows of one sample in each
+    of its ``d`` shards (the planner makes them divide); a rollout node makes ``group_size``
+    samples of each; a node after a re-shard holds what :func:`~vla_rl.data.reshard.route` gives it
+    (:func:`~vla_rl.data.reshard.split_groups`' cut, or single samples evened out); any other node
+    its input's shards. A node with several inputs takes its largest's layout."""
+    runs = {task.node_id: task for task in phase.chains[0] if isinstance(task, RunNode)}
+    hops = {(hop.src, hop.dst): hop for hop in data_hops(phase)}
+    layouts: dict[str, list[list[int]]] = {}
+    for node_id in phase.order:
+        task, dp_size = runs[node_id], phase.dp_sizes[node_id]
+        if task.type == "data_load":
+            layouts[node_id] = [[1] * (shape.groups // dp_size) for _ in range(dp_size)]
+            continue
+        dep = max(task.deps, key=lambda d: sum(map(sum, layouts[d])), default=None)
+        shards = [[] for _ in range(dp_size)] if dep is None else layouts[dep]
+        hop = hops.get((dep, node_id))
+        if hop is not None:
+            shards = _cut(shards, hop.dst_dp_size, hop.whole_groups)
+        if task.role == "rollout":
+            shards = [[size * shape.group_size for size in sizes] for sizes in shards]
+        layouts[node_id] = shards
+    return layouts
+
+
+def _cut(shards: list[list[int]], dst_dp_size: int, whole_groups: bool) -> list[list[int]]:
+    """The shards a re-shard makes of ``shards`` (group sizes per source shard), as
+    :func:`~vla_rl.data.reshard.route` routes them: whole groups cut by
+    :func:`~vla_rl.data.reshard.split_groups`; single samples evened out
+    (:func:`~vla_rl.data.reshard.rebalance_ranges` at the same DP size) or cut."""
+    if not whole_groups:
+        counts = [sum(sizes) for sizes in shards]
+        if len(shards) == dst_dp_size:
+            ranges = rebalance_ranges(counts)
+            return [[1] * sum(ranges[k][j][1] - ranges[k][j][0] for k in range(len(shards)))
+                    for j in range(dst_dp_size)]
+        shards = [[1] * count for count in counts]
+    sizes = [size for group_sizes in shards for size in group_sizes]
+    bounds = split_groups(sizes, dst_dp_size)
+    return [sizes[bounds[k]:bounds[k + 1]] for k in range(dst_dp_size)]
 
 
 def estimate_traffic(plan: Plan, shape: StepShape, phase: str = "train") -> list[HopTraffic]:
@@ -139,14 +182,15 @@ def estimate_traffic(plan: Plan, shape: StepShape, phase: str = "train") -> list
     phase_plan = plan.phase(phase)
     world = plan.world_size
     rows_by_node = node_rows(phase_plan, shape)
+    layouts = node_layouts(phase_plan, shape)
     hops = []
     for hop in data_hops(phase_plan):
         keys = tuple(sorted(phase_plan.keys.get(hop.src, ())))
         key_bytes = {key: sample_bytes(key, shape) for key in keys}
         row_bytes = sum(b for b in key_bytes.values() if b is not None)
         src_rows = rows_by_node[hop.src]
-        shard_groups = _shard_groups(src_rows.groups, hop.src_dp_size)
-        owner_sizes = [[src_rows.per_group] * count for count in shard_groups]
+        owner_sizes = layouts[hop.src]
+        shard_groups = [len(sizes) for sizes in owner_sizes]
         if not hop.whole_groups:
             owner_sizes = [[1] * sum(sizes) for sizes in owner_sizes]
         ranges = route(owner_sizes, world, hop.src_dp_size, hop.dst_dp_size)
@@ -163,7 +207,8 @@ def estimate_traffic(plan: Plan, shape: StepShape, phase: str = "train") -> list
             rebalance=hop.src_dp_size == hop.dst_dp_size, keys=keys, key_bytes=key_bytes, rows=src_rows.rows,
             rows_upper_bound=src_rows.bound, row_bytes=row_bytes, rows_moved=sum(sent), total_bytes=sum(sent) * row_bytes,
             max_sent=max(sent) * row_bytes, max_received=max(received) * row_bytes,
-            meta_bytes_per_worker=metadata_cost(world, max(shard_groups), hop.whole_groups)[1], world_size=world))
+            meta_bytes_per_worker=metadata_cost(world, max(shard_groups), hop.whole_groups)[1], world_size=world,
+            max_shard_rows=max(sum(sizes) for sizes in owner_sizes)))
     return hops
 
 

@@ -183,6 +183,18 @@ def rebalance_ranges(counts: list[int]) -> list[list[tuple[int, int]]]:
 
 
 def _schema(batch: TensorDict) -> list[_FieldSpec]:
+    """Every tensor leaf's name, dtype and shape after the batch dimension.
+
+    Raises:
+        ValueError: a leaf holds non-tensor data (``NonTensorData``: strings, objects), which
+            the all-to-all cannot move (it was left out of the batch, silently).
+    """
+    from tensordict import is_non_tensor
+
+    other = [key for key, value in batch.items(include_nested=True) if is_non_tensor(value)]
+    if other:
+        raise ValueError(f"re-shard: {other[0]!r} holds non-tensor data, which a re-shard cannot move: every leaf "
+                         "must be a tensor (encode strings as token ids, or keep them on the worker that read them)")
     return [
         _FieldSpec(name, value.dtype, tuple(value.shape[1:]))
         for name, value in sorted(batch.items(include_nested=True, leaves_only=True), key=lambda item: str(item[0]))
@@ -282,7 +294,7 @@ def _metadata_by_objects(batch: TensorDict, owners: list[int], sizes: list[int] 
     gathered = all_gather_small_objects(local, group, tag="reshard_meta")
     schemas = {tuple(gathered[r][1]) for r in owners if gathered[r][0]}
     if len(schemas) > 1:
-        raise ValueError(f"re-shard: shards disagree on their fields: {sorted(schemas)}")
+        raise ValueError(f"re-shard: shards disagree on their fields: {sorted(schemas, key=repr)}")
     source = next((r for r in owners if gathered[r][0]), owners[0])
     schema = [_FieldSpec(name, dtype, tuple(shape)) for name, dtype, shape in gathered[source][1]]
     return [gathered[r][0] for r in owners], schema, gathered[source][2]
