@@ -25,6 +25,16 @@ from vla_rl.rewards.math_answers import (
         ("####42", "42"),
         ("#### $18", "18"),
         ("first #### 3 then\n#### 4", "4"),  # the last marker wins
+        # verl's strict pattern first: every answer it reads is read (a helper audit against
+        # verl/utils/reward_score/gsm8k.py); the looser forms only where it finds none
+        ("#### .5", ".5"),
+        ("#### ,12", "12"),
+        ("#### -,5", "-5"),
+        ("#### 42.", "42"),
+        ("#### 12 then #### $797", "12"),
+        ("#### 12 then ####  37", "12"),
+        ("#### 12 then ####\n1", "12"),
+        ("####  37", "37"),
         ("the answer is 7", None),
         ("#### seven", None),
         ("", None),

@@ -15,7 +15,9 @@ import re
 import threading
 from fractions import Fraction
 
-# "#### 42", "#### -1,234.5", "#### $18", "####42"; GSM8K's own format has one space.
+# verl's GSM8K marker (verl/utils/reward_score/gsm8k.py, strict): "#### " and the number's characters.
+_VERL_HASH_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
+# the forms it misses: "#### $18", "####42", "####  7", "####\n7".
 _HASH_ANSWER = re.compile(r"####\s*\$?\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)")
 _NUMBER = re.compile(r"-?(?:[0-9][0-9,]*(?:\.[0-9]+)?|\.[0-9]+)")
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)?(?:\.[0-9]+)?")
@@ -27,15 +29,22 @@ MATH_VERIFY_TIMEOUT_S = 5
 
 
 def extract_hash_answer(text: str) -> str | None:
-    """The number after the last ``####`` marker (GSM8K's final-answer format).
+    """The number after the last ``####`` marker (GSM8K's final-answer format): the last answer
+    verl's strict pattern finds (``#### `` and digits, dots, commas, a minus: ``#### .5``,
+    ``#### ,12``), so that every answer verl reads is read; without one, the last of the forms it
+    misses (``#### $18``, ``####42``, ``####  7``).
 
     Args:
         text: a response or a GSM8K reference solution.
 
     Returns:
-        The number as written, commas removed (``"#### 1,234"`` → ``"1234"``); ``None`` if the
-        text has no ``#### <number>``.
+        The number as written, commas and a closing full stop removed (``"#### 1,234."`` →
+        ``"1234"``); ``None`` if the text has no ``#### <number>``.
     """
+    verl = [m.replace(",", "").rstrip(".") for m in _VERL_HASH_ANSWER.findall(text)]
+    verl = [m for m in verl if m not in ("", "-")]
+    if verl:
+        return verl[-1]
     matches = _HASH_ANSWER.findall(text)
     return matches[-1].replace(",", "") if matches else None
 
