@@ -299,7 +299,8 @@ def check_resume(run: RunDirectory, template, overrides: list[str], world_size: 
                           f"(trainer.save_every={config.trainer.save_every}); start a new run instead, e.g. "
                           f"vla-rl train {shlex.quote(str(run.template_path))} run.name=NEW_NAME")
     step, total = checkpoint_step(checkpoint), config.trainer.total_steps
-    finished = (_summarised_step(run.path) or -1) >= step  # else its summary, if any, is an earlier leg's
+    summarised = _summarised_step(run.path)
+    finished = summarised is not None and summarised >= step  # else its summary, if any, is an earlier leg's
     if step >= total and finished:  # finished: it would only log a second final evaluation
         raise RunDirError(f"the run finished: its checkpoint {checkpoint} is at step {step}, and trainer.total_steps is "
                           f"{total}; raise it to train on, e.g. trainer.total_steps={step + max(step, 1)}",
