@@ -104,6 +104,7 @@ def test_a_run_directory_in_use_is_refused_with_the_owners_pid(tmp_path):
     message = queue.get(timeout=5)
     assert "in use by another process" in message and str(__import__("os").getpid()) in message
     run.close()  # released: the next owner gets it
+    assert (run.path / ".lock").read_text() == ""  # a finished run's names no process (it kept the dead pid)
     process = multiprocessing.get_context("spawn").Process(target=_try_lock, args=(run.path, queue))
     process.start()
     process.join(60)

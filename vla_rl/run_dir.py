@@ -165,8 +165,11 @@ class RunDirectory:
         self._lock = handle
 
     def close(self) -> None:
-        """Release the lock."""
+        """Release the lock, emptied first: a finished run's ``.lock`` names no process."""
         if self._lock is not None:
+            self._lock.seek(0)
+            self._lock.truncate()
+            self._lock.flush()
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
             self._lock = None
