@@ -156,3 +156,27 @@ def test_only_a_reachable_host_port_is_probed_for_token_authentication():
     started = time.monotonic()
     assert cluster_requires_token(f"127.0.0.1:{free_loopback_port()}") is False  # nothing listens there
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("tty, expected", [(True, "1"), (False, "0")])
+def test_workers_draw_progress_bars_only_for_a_driver_on_a_terminal(tty, expected, monkeypatch):
+    """In a log file each redraw of a worker's bar was a fragment of its own, twice, with colour
+    codes, on one line of up to 8,000 characters (a helper audit of the main job's log)."""
+    import io
+
+    import ray
+
+    from vla_rl.utils import console, ray_utils
+
+    class Stderr(io.StringIO):
+        def isatty(self) -> bool:
+            return tty
+
+    started = {}
+    monkeypatch.setattr(sys, "stderr", Stderr())
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # whatever Ray another test started
+    monkeypatch.setattr(ray, "init", lambda **kwargs: started.update(kwargs))
+    ray_utils.init_ray(num_cpus=1)
+    assert started["runtime_env"]["env_vars"][console.WORKER_BARS] == expected
+    monkeypatch.setenv(console.WORKER_BARS, expected)  # as a worker sees it
+    assert console.worker_bars() is tty

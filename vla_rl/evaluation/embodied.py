@@ -58,6 +58,7 @@ from vla_rl.evaluation.session import EvaluationSession, evaluation_generator
 from vla_rl.evaluation.video import record_video, renders_videos, video_camera, video_fps
 from vla_rl.rollout.embodied import rollout_episodes
 from vla_rl.trainers.strategy import autocast, cast_for_rollouts
+from vla_rl.utils.console import worker_bars
 from vla_rl.utils.host import host_record
 from vla_rl.utils.video import write_mp4
 from vla_rl_core import keys
@@ -117,7 +118,7 @@ class EmbodiedEvaluation(EvaluationSession):
         self._bar = None
 
     def begin(self, tag: str, step: int) -> None:
-        if tag != self.tag and self.res.rank == 0:
+        if tag != self.tag and self.res.rank == 0 and worker_bars():
             self._bar = tqdm_ray.tqdm(total=self.remaining_in_all(), desc=f"held-out evaluation {tag} (rank 0)",
                                       unit="episode")
         super().begin(tag, step)
@@ -153,7 +154,7 @@ class EmbodiedEvaluation(EvaluationSession):
             pool = SimulatorPool(spec.simulator, spec.env, num_actors=sim.actors_per_worker,
                                  envs_per_actor=math.ceil(per_worker / sim.actors_per_worker),
                                  actor_options={"num_cpus": sim.num_cpus_per_actor},
-                                 step_timeout_s=sim.step_timeout_s, progress=self.res.rank == 0)
+                                 step_timeout_s=sim.step_timeout_s, progress=self.res.rank == 0 and worker_bars())
         self._pool, self._pool_task = pool, task
         return pool
 

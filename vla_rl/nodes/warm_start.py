@@ -35,6 +35,7 @@ from vla_rl.dag.registry import NodeOutput, register_node
 from vla_rl.errors import RunStopped
 from vla_rl.nodes.text import SFT_KEYS
 from vla_rl.utils.collectives import cpu_barrier
+from vla_rl.utils.console import worker_bars
 from vla_rl_core import keys
 from vla_rl_core.run_layout import demo_store_path
 
@@ -210,7 +211,7 @@ def clone_behaviour(ctx, batch) -> NodeOutput:
                                     len(sim.task_names()) if sim.multi_task else None)
     metrics = behaviour_cloning(ctx.resources.policy, batch[keys.OBS], batch[keys.ACTIONS], ws.bc_steps, ws.bc_lr,
                                 ws.bc_batch_size, seed=ctx.config.run.seed, extra_norm_obs=init_obs,
-                                progress=ctx.rank == 0, obs_std_floor=ws.obs_std_floor)
+                                progress=ctx.rank == 0 and worker_bars(), obs_std_floor=ws.obs_std_floor)
     _rank_zeros_weights_everywhere(ctx)
     return NodeOutput(None, metrics)
 

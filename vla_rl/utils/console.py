@@ -11,6 +11,7 @@ does.
 from __future__ import annotations
 
 import io
+import os
 import sys
 
 from rich.console import Console
@@ -51,3 +52,15 @@ def driver_console() -> Console:
     columns in a log file: nohup, SLURM, a Ray job's log), and a run directory, plot or resume
     command could no longer be copied; tables still fit the width."""
     return Console(file=BelowRayBars(), soft_wrap=True)
+
+
+WORKER_BARS = "VLA_RL_WORKER_BARS"
+"""The variable :func:`vla_rl.utils.ray_utils.init_ray` gives every Ray process: ``"1"`` when the
+driver's stderr is a terminal, ``"0"`` when it goes to a file or a pipe."""
+
+
+def worker_bars() -> bool:
+    """Whether a Ray worker draws progress bars (``tqdm_ray``): only for a driver on a terminal. In
+    a log file each redraw of a worker's bar became a fragment of its own, twice, with colour codes,
+    all on one line thousands of characters long; the driver's own bar and lines stay."""
+    return os.environ.get(WORKER_BARS, "1") != "0"

@@ -24,6 +24,7 @@ import sys
 import unittest.mock
 
 from vla_rl.errors import RunStopped
+from vla_rl.utils.console import WORKER_BARS
 
 LOOPBACK = "127.0.0.1"
 
@@ -106,7 +107,7 @@ def _init(ray, ray_constants, address: str | None, loopback: bool, num_cpus: flo
     """:func:`init_ray`'s ``ray.init``, Ray not yet initialised."""
     from simulators.rendering import user_rendering_env_vars
 
-    worker_env = {**WORKER_ENV, **user_rendering_env_vars()}
+    worker_env = {**WORKER_ENV, **user_rendering_env_vars(), WORKER_BARS: "1" if sys.stderr.isatty() else "0"}
     if loopback:
         # Ray reads the variable once, when ray_constants is imported; a Ray imported before this
         # function ran (by a test runner, a notebook) gets the same setting here.

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from vla_rl.dag.registry import WORKFLOWS
 from vla_rl.data.key_sizes import StepShape, observation_leaves
 from vla_rl.trainers.actor import embodied_forward
+from vla_rl.utils.console import worker_bars
 from vla_rl.workers.resources import register_resource
 from vla_rl.workflows.base import Workflow
 from vla_rl_core import keys
@@ -240,7 +241,7 @@ def build_simulator_pool(res):
     options = {"num_cpus": sim.num_cpus_per_actor, "scheduling_strategy": same_node_strategy()}
     return SimulatorPool(sim.name, sim.task_envs() if sim.multi_task else sim.env, num_actors=sim.actors_per_worker,
                          envs_per_actor=math.ceil(capacity / sim.actors_per_worker), actor_options=options,
-                         step_timeout_s=sim.step_timeout_s, progress=res.rank == 0)
+                         step_timeout_s=sim.step_timeout_s, progress=res.rank == 0 and worker_bars())
 
 
 @register_resource("env_spec", needs=("simulator_pool",))
