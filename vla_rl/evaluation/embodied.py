@@ -249,7 +249,7 @@ class EmbodiedEvaluation(EvaluationSession):
         envs = [{**env, **render} for env in sim.task_envs()]
         pool = SimulatorPool(sim.name, envs if sim.multi_task else envs[0], num_actors=1,
                              envs_per_actor=ev.video_episodes, actor_options={"num_cpus": 0},
-                             step_timeout_s=sim.step_timeout_s)
+                             step_timeout_s=sim.step_timeout_s, progress=False)  # a few environments: no bar
         try:
             ids = ev.init_state_offset + np.arange(ev.video_episodes, dtype=np.int64)
             # a task set's video: episode i in task i mod the number of tasks
@@ -291,7 +291,7 @@ class EmbodiedEvaluation(EvaluationSession):
 
             env = {**task.env, "render_camera": video_camera(self.config, task.simulator), "render_size": ev.video_size}
             pool = SimulatorPool(task.simulator, env, num_actors=1, envs_per_actor=1, actor_options={"num_cpus": 0},
-                                 step_timeout_s=self.config.simulator.step_timeout_s)
+                                 step_timeout_s=self.config.simulator.step_timeout_s, progress=False)
             try:  # one environment, one episode after the other: rendering dominates anyway
                 replayed = [replay_episodes(pool, np.array([int(e["init_state_id"])]), [actions], render=True)
                             for _, e, actions in picked]
