@@ -67,18 +67,26 @@ def sample_categorical(probs: Tensor, generator: torch.Generator | None = None) 
 
     Returns:
         ``(...)`` int64 class indices, on ``probs``' device.
+
+    Raises:
+        ValueError: a row whose sum is not a positive finite number (a NaN or infinite entry, or
+            all zeros), as ``torch.multinomial`` refuses one; it would have drawn a class past the
+            last. The check reads the row sums the draw computes anyway (one host synchronisation).
     """
     dtype = torch.float32 if probs.device.type == "mps" else torch.float64  # MPS has no float64
     *leading, classes = probs.shape
     rows = probs.reshape(-1, classes)  # (R, K)
     uniform = draw("uniform", (rows.shape[0], 1), generator, dtype, rows.device)
     if classes <= BLOCK_SIZE:  # one block
-        return _locate(rows.to(dtype), uniform)[0].reshape(leading)
+        weights = rows.to(dtype)
+        _check_totals(weights.sum(-1), leading)
+        return _locate(weights, uniform)[0].reshape(leading)
     full = classes // BLOCK_SIZE
     block_sums = [rows.unfold(-1, BLOCK_SIZE, BLOCK_SIZE).sum(-1)] if full else []  # (R, full)
     if full * BLOCK_SIZE < classes:
         block_sums.append(rows[:, full * BLOCK_SIZE:].sum(-1, keepdim=True))  # the last, shorter block
     block_sums = torch.cat(block_sums, dim=-1).to(dtype)  # (R, num_blocks)
+    _check_totals(block_sums.sum(-1), leading)
     block, left = _locate(block_sums, uniform)  # (R, 1) each: the block, the point's offset in it
     columns = block * BLOCK_SIZE + torch.arange(BLOCK_SIZE, device=rows.device)  # (R, BLOCK_SIZE)
     inside = columns < classes
@@ -86,6 +94,21 @@ def sample_categorical(probs: Tensor, generator: torch.Generator | None = None) 
     fraction = left / block_sums.gather(-1, block)  # (R, 1), in [0, 1) up to rounding
     index, _ = _locate(weights, fraction)
     return (block * BLOCK_SIZE + index).reshape(leading)
+
+
+def _check_totals(totals: Tensor, leading: list[int]) -> None:
+    """Raise the ValueError of :func:`sample_categorical` if a row's sum ``totals`` ``(R,)`` is
+    not positive and finite, naming the first such row (its index in ``probs``' leading shape).
+    Tensors on the ``meta`` device hold no values to check."""
+    if totals.device.type == "meta":
+        return
+    bad = ~(torch.isfinite(totals) & (totals > 0))
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        where = tuple(torch.unravel_index(torch.tensor(row), tuple(leading))) if leading else ()
+        raise ValueError(f"probs{list(int(i) for i in where)}: the row's sum is {float(totals[row])}, not a positive "
+                         "finite number (a NaN or infinite probability, or all zeros: the policy's logits are not "
+                         "finite?)")
 
 
 def _locate(weights: Tensor, fraction: Tensor) -> tuple[Tensor, Tensor]:

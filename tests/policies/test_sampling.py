@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from policies import sampling
@@ -79,3 +80,17 @@ def test_the_result_has_the_leading_shape_and_stays_on_the_device():
     assert one.shape == () and 0 <= int(one) < 700
     meta = sampling.sample_categorical(torch.rand(4, 700, device="meta"), torch.Generator().manual_seed(0))
     assert meta.device.type == "meta" and meta.shape == (4,)
+
+
+@pytest.mark.parametrize("classes", [3, 1000])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "zeros"])
+def test_a_row_without_a_positive_finite_sum_is_refused_naming_it(classes, bad):
+    # torch.multinomial refuses these rows; the inverse transform drew class `classes` (past the
+    # last) from a NaN row of one block, and failed with an index error over several blocks.
+    probs = torch.rand(2, 3, classes)
+    if bad == "zeros":
+        probs[1, 2] = 0.0
+    else:
+        probs[1, 2, 1] = bad
+    with pytest.raises(ValueError, match=r"probs\[1, 2\]: the row's sum is (nan|inf|0\.0), not a positive finite"):
+        sampling.sample_categorical(probs, torch.Generator().manual_seed(0))
