@@ -117,3 +117,13 @@ def test_a_half_precision_value_model_under_ddp_is_refused_at_plan_time():
     assert (err.field, err.node) == ("trainer.strategy", "critic_update") and "value model" in str(err)
     plan(load_template("llm_ppo", ["text.dtype=bfloat16", "text.sft_steps=0", "policy.lora.rank=4",
                                    "trainer.strategy=fsdp"]))
+
+
+@pytest.mark.parametrize("override, sizes", [("nodes.prompts.dp_size=1", "'prompts' at DP 1, 'reward' at DP 2"),
+                                             ("nodes.reward.dp_size=1", "'prompts' at DP 2, 'reward' at DP 1")])
+def test_the_text_reward_must_run_at_the_dp_size_of_its_prompts(override, sizes):
+    # It scores each row with the answer its worker's data node read; the plan passed and the
+    # run stopped at its first training step, after the warm start.
+    err = _error("llm_grpo", override)
+    assert (err.node, err.field) == ("reward", "dp_size")
+    assert "what the data node 'prompts' kept on the worker that read the row" in err.message and sizes in err.message

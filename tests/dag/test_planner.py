@@ -370,3 +370,22 @@ def test_a_setting_a_plugin_declares_is_read_whatever_the_config_says(write_temp
     nodes[2]["fn"] = "test_kl_reader"
     template = load_template(write_template(nodes=nodes, name="reads.yaml"), ["algorithm.kl_loss_coef=0.5"])
     assert template.config.algorithm.kl_loss_coef == 0.5 and "reward" in plan(template).node_configs
+
+
+def test_a_node_local_to_its_data_node_runs_at_that_node_s_dp_size(write_template, monkeypatch):
+    """The text reward reads each row's answer from the prompts its worker's data node read: with
+    ``nodes.prompts.dp_size=1`` on llm_grpo the plan passed and the run stopped at its first step,
+    after the warm start."""
+    from vla_rl.dag.registry import NODE_FUNCTIONS, NodeOutput, register_node
+
+    monkeypatch.setattr(NODE_FUNCTIONS, "_entries", dict(NODE_FUNCTIONS._entries))  # for this test only
+    register_node("reward", "compute", name="test_local", local_to="data")(lambda ctx, batch: NodeOutput(batch))
+    nodes = pipeline(reward_dp=1)
+    nodes[2]["fn"] = "test_local"
+    err = _plan_error(write_template(nodes=nodes))
+    assert (err.node, err.field) == ("reward", "dp_size")
+    assert err.message == ("reward/compute/test_local reads, for each row, what the data node 'tasks' kept on the "
+                           "worker that read the row, so it must run at that node's DP size ('tasks' at DP 2, "
+                           "'reward' at DP 1): give them one dp_size")
+    nodes[0]["dp_size"] = 1  # data and reward at DP 1, the rollout between them at 2: shards go there and back
+    plan(load_template(write_template(nodes=nodes)), 2)

@@ -136,3 +136,11 @@ def test_register_returns_the_function_unchanged():
 
     assert register_node("evaluator", "model_inference", "test_returns", config=Config)(fn) is fn
     assert get_node_function("evaluator", "model_inference", "test_returns").fn is fn
+
+
+def test_the_role_a_function_is_local_to_is_a_known_role(monkeypatch):
+    monkeypatch.setattr(NODE_FUNCTIONS, "_entries", dict(NODE_FUNCTIONS._entries))  # for this test only
+    register_node("reward", "compute", "test_local", local_to="data")(lambda ctx, batch: NodeOutput())
+    assert get_node_function("reward", "compute", "test_local").local_to == "data"
+    with pytest.raises(ValueError, match="unknown node role 'prompts' in local_to; allowed: data,"):
+        register_node("reward", "compute", "test_local_bad", local_to="prompts")

@@ -40,6 +40,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from vla_rl.dag.errors import TemplateError, from_validation_error
+from vla_rl.dag.layouts import ancestors, check_joined_layouts, check_local_rows, rebalances
 from vla_rl.dag.loader import Template, override_settings
 from vla_rl.dag.registry import (
     NODE_FUNCTIONS,
@@ -322,7 +323,8 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
                                 f"only, not {phase}: set the node's phase, or select another function with fn",
                                 file=file, node=node.id, field="phase")
     by_id = {node.id: node for node in nodes}
-    _check_joined_layouts(nodes, dp_sizes, file)
+    check_joined_layouts(nodes, dp_sizes, file)
+    check_local_rows(nodes, dp_sizes, file)
     for node in nodes:
         check = get_node_function(node.role, node.type, node.fn).check
         try:
@@ -350,7 +352,7 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
             function = get_node_function(node.role, node.type, node.fn)
             dp_rank = rank // (world_size // dp_size)
             for dep in node.deps:
-                if dp_sizes[dep] != dp_size or _rebalances(function, dp_size):
+                if dp_sizes[dep] != dp_size or rebalances(function, dp_size):
                     src_rank = rank // (world_size // dp_sizes[dep])
                     chain.append(Reshard(dep, node_id, dp_sizes[dep], dp_size, src_rank, dp_rank,
                                          function.whole_groups))
@@ -359,37 +361,6 @@ def _plan_phase(phase: str, nodes: tuple[NodeSpec, ...], world_size: int, config
                                  resolve(function.writes, config, node_configs[node_id])))
         chains[rank] = tuple(chain)
     return PhasePlan(phase, order, dp_sizes, chains, hops, output_keys)
-
-
-def _check_joined_layouts(nodes: tuple[NodeSpec, ...], dp_sizes: dict[str, int], file: Path) -> None:
-    """A node's deps reach it one way: all as their nodes left them, all rebalanced in place (a
-    sample-taking node's deps at its own DP size: rows stay where they are, the surplus moves),
-    or all cut from the global order into the node's shards (deps at other DP sizes). Two ways
-    put different rows on a worker (one re-sharded into near-equal cuts, another as a filter left
-    it: the run stopped at its first step, or with no key in common would join wrong rows).
-    Deps reaching it the same way hold the same rows when they come from the same rows, which the
-    worker checks.
-
-    Raises:
-        TemplateError: naming the node, ``deps`` and how each dep reaches it.
-    """
-    for node in nodes:
-        dp_size, function = dp_sizes[node.id], get_node_function(node.role, node.type, node.fn)
-        ways = {dep: ("cut" if dp_sizes[dep] != dp_size else
-                      "rebalanced" if _rebalances(function, dp_size) else "as it is") for dep in node.deps}
-        if len(set(ways.values())) > 1:
-            listed = ", ".join(f"{dep} at DP {dp_sizes[dep]} {way}" for dep, way in ways.items())
-            raise TemplateError(f"its deps reach it in two ways ({listed}, for DP {dp_size}): their rows are cut "
-                                "over the workers differently and cannot be joined row by row; give them one "
-                                "dp_size", file=file, node=node.id, field="deps")
-
-
-def _rebalances(function, dp_size: int) -> bool:
-    """Whether a node's input is re-sharded even from a node of its own DP size: a node that takes
-    single samples (``whole_groups=False``, a model update) gets shards of equal size, since the
-    filters upstream leave them unequal and a data-parallel update runs as many minibatches as
-    the smallest shard allows."""
-    return not function.whole_groups and dp_size > 1
 
 
 def _check_key_flow(order: tuple[str, ...], nodes: dict[str, NodeSpec], config, node_configs: dict,
@@ -404,23 +375,12 @@ def _check_key_flow(order: tuple[str, ...], nodes: dict[str, NodeSpec], config, 
         missing = sorted(resolve(function.reads, config, node_configs[node_id]) - inputs)
         if missing:
             key = missing[0]
-            upstream = ", ".join(_ancestors(node_id, nodes)) or "none"
+            upstream = ", ".join(ancestors(node_id, nodes)) or "none"
             raise TemplateError(
                 f"reads batch key {key!r}, which no node upstream of it writes (upstream: {upstream}); "
                 f"{_writers_hint(key, config)}", file=file, node=node_id, field="deps")
         available[node_id] = inputs | resolve(function.writes, config, node_configs[node_id])
     return available
-
-
-def _ancestors(node_id: str, nodes: dict[str, NodeSpec]) -> list[str]:
-    seen: list[str] = []
-    stack = list(nodes[node_id].deps)
-    while stack:
-        dep = stack.pop()
-        if dep not in seen:
-            seen.append(dep)
-            stack.extend(nodes[dep].deps)
-    return seen
 
 
 def _writers_hint(key: str, config) -> str:

@@ -26,7 +26,9 @@ A function that is the only reader of some run settings declares them (``setting
 an override of one on a template without such a node would change nothing, and the planner
 refuses it (:func:`vla_rl.dag.planner.plan`). A function made for one phase declares it
 (``phases=("warm_start",)``: the supervised warm start's fine-tuning); the planner refuses a node
-running it in another.
+running it in another. A function reading, for each row, state an upstream node kept on the
+worker that produced the row declares that node's role (``local_to="data"``: the text reward);
+the planner refuses a template that runs the two at different DP sizes.
 
 The built-in functions live in :mod:`vla_rl.nodes`, which :data:`NODE_FUNCTIONS` imports by
 name at its first lookup, as every registry loads its built-ins
@@ -119,6 +121,11 @@ class NodeFunction:
             declaring them read, wherever else a run goes.
         phases: the template phases (:data:`~vla_rl.dag.schema.PHASES`) a node of this function
             may run in; every phase when empty.
+        local_to: the role of an upstream node whose worker-local state the function reads for
+            each of its rows (the text reward reads each row's answer from the prompts its
+            worker's data node read: ``local_to="data"``); the planner refuses a template that
+            runs the two at different DP sizes (:func:`vla_rl.dag.layouts.check_local_rows`).
+            None: the function reads only its input.
     """
 
     role: str
@@ -133,6 +140,7 @@ class NodeFunction:
     check: LayoutCheck | None = None
     settings: tuple[str, ...] = ()
     phases: tuple[str, ...] = ()
+    local_to: str | None = None
 
 
 NODE_FUNCTIONS: Registry[NodeFunction] = Registry("node function", builtins=(BUILTIN_NODES_PACKAGE,))
@@ -143,6 +151,7 @@ def register_node(
     role: str, type: str, name: str = "default", config: type[BaseModel] | None = None, *,
     whole_groups: bool = True, reads: Declared = (), writes: Declared = (), resources: Declared = (),
     check: LayoutCheck | None = None, settings: Iterable[str] = (), phases: Iterable[str] = (),
+    local_to: str | None = None,
 ) -> Callable[[Callable[[Any, Any], NodeOutput]], Callable[[Any, Any], NodeOutput]]:
     """Decorator registering a node function for ``(role, type, name)``; returns it unchanged.
 
@@ -151,12 +160,12 @@ def register_node(
         type: one of :data:`~vla_rl.dag.schema.NODE_TYPES`.
         name: the function's name for this (role, type); nodes select it with ``fn: <name>``.
         config: pydantic model validating the node's ``config:`` mapping, or ``None``.
-        whole_groups, reads, writes, resources, check, settings, phases: its contract, see
-            :class:`NodeFunction`.
+        whole_groups, reads, writes, resources, check, settings, phases, local_to: its contract,
+            see :class:`NodeFunction`.
 
     Raises:
-        ValueError: if ``role``, ``type`` or a name in ``phases`` is unknown (the message lists the
-            allowed ones), or a name in ``settings`` is no dotted name (``"critic"``,
+        ValueError: if ``role``, ``type``, ``local_to`` or a name in ``phases`` is unknown (the
+            message lists the allowed ones), or a name in ``settings`` is no dotted name (``"critic"``,
             ``"algorithm.filter_groups"``).
         TypeError: if ``config`` is not a pydantic model class, ``settings`` is a string, a
             contract entry is neither names nor a function of ``(run_config, node_config)``,
@@ -168,6 +177,8 @@ def register_node(
         raise ValueError(f"unknown node role {role!r}; allowed: {', '.join(ROLES)}")
     if type not in NODE_TYPES:
         raise ValueError(f"unknown node type {type!r}; allowed: {', '.join(NODE_TYPES)}")
+    if local_to is not None and local_to not in ROLES:
+        raise ValueError(f"unknown node role {local_to!r} in local_to; allowed: {', '.join(ROLES)}")
     if config is not None and not (inspect.isclass(config) and issubclass(config, BaseModel)):
         raise TypeError(f"config of node function {name!r} must be a pydantic model class, got {config!r}")
     what = f"node function ({role!r}, {type!r}, {name!r})"
@@ -202,7 +213,7 @@ def register_node(
     def decorator(fn: Callable[[Any, Any], NodeOutput]) -> Callable[[Any, Any], NodeOutput]:
         check_call(what, fn, ("ctx", "batch"))
         entry = NodeFunction(role=role, type=type, name=name, fn=fn, config_model=config, whole_groups=whole_groups,
-                             check=check, settings=settings, phases=phases, **contracts)
+                             check=check, settings=settings, phases=phases, local_to=local_to, **contracts)
         NODE_FUNCTIONS.register((role, type, name))(entry)
         return fn
 

@@ -166,7 +166,7 @@ def sample_groups(resources, group_size: int, prompts: TensorDict) -> tuple[Tens
 
 
 @register_node("reward", "compute", name="text", reads=(keys.UID, *RESPONSE_KEYS), writes=(keys.REWARDS, keys.SUCCESS),
-               resources=("policy", "prompt_loaders"), check=overlong_buffer_fits)
+               resources=("policy", "prompt_loaders"), check=overlong_buffer_fits, local_to="data")
 def score(ctx, batch) -> NodeOutput:
     """Set ``rewards`` ``(n,)`` float32 (``text.correct_score`` and ``text.format_score`` weights,
     plus DAPO's overlong penalty when ``algorithm.overlong_buffer.len > 0``) and ``success``
@@ -175,9 +175,12 @@ def score(ctx, batch) -> NodeOutput:
     Metrics: ``reward/accuracy``, ``reward/format_rate``, ``reward/mean`` and
     ``rollout/success_rate`` (= accuracy, the training curve's key).
 
+    Each row's answer is read from the prompts this worker's data node read (``local_to="data"``:
+    the planner refuses a template that runs the two at different DP sizes).
+
     Raises:
-        ValueError: the node's DP layout differs from the data node's, so a ``uid`` is not
-            among the rows this worker read.
+        ValueError: a ``uid`` is not among the rows this worker read (a node between the two
+            re-sharded unequal shards there and back).
     """
     return NodeOutput(batch, score_samples(ctx, batch))
 
