@@ -210,14 +210,46 @@ def checkpoint_shapes(weights: WeightFiles) -> dict[str, tuple[int, ...]]:
         if weights.format == "safetensors":
             shapes.update({name: shape for name, (_, shape) in read_safetensors_header(path).items()})
             continue
-        import torch
-
-        try:
-            state = torch.load(path, map_location="meta", weights_only=True, mmap=True)
-        except Exception as error:  # torch raises many kinds for a damaged file
-            raise ValueError(f"{path}: unreadable pickle weights ({type(error).__name__}: {error})") from None
-        shapes.update({name: tuple(tensor.shape) for name, tensor in state.items()})
+        shapes.update({name: tuple(tensor.shape) for name, tensor in load_pickled_tensors(path, "meta").items()})
     return shapes
+
+
+def load_pickled_tensors(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """The tensors of a pickle weight file (``torch.save`` of a state dict: ``pytorch_model.bin``,
+    OFT's ``*--checkpoint.pt``), by name, loaded with ``weights_only=True`` (no object other than
+    tensors and plain containers is built, so no code in the file runs) and memory-mapped (a file
+    of torch's legacy format, which cannot be mapped, is read).
+
+    Args:
+        path: the file.
+        map_location: where the tensors go (``"meta"``: shapes only, no data read).
+
+    Raises:
+        ValueError: a damaged or truncated file, one holding other objects than tensors, or one
+            whose content is not a mapping of names to tensors; the message starts with the file.
+    """
+    import pickle
+
+    import torch
+
+    try:
+        try:
+            state = torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+        except RuntimeError as error:
+            if "mmap can only be used" not in str(error):
+                raise
+            state = torch.load(path, map_location=map_location, weights_only=True)  # torch's legacy format
+    except pickle.UnpicklingError:  # torch's message suggests weights_only=False, which would run the file's code
+        raise ValueError(f"{path}: unreadable pickle weights: not a torch file, or it holds objects other than "
+                         "tensors, which are never loaded (only tensors are: weights_only)") from None
+    except (OSError, RuntimeError, EOFError, ValueError) as error:  # torch raises many kinds for a damaged file
+        reason = str(error).split(". ", 1)[0].strip() or type(error).__name__
+        raise ValueError(f"{path}: unreadable pickle weights, damaged or truncated ({type(error).__name__}: "
+                         f"{reason}); copy or download it again") from None
+    if not isinstance(state, Mapping) or not all(isinstance(name, str) and isinstance(tensor, torch.Tensor)
+                                                 for name, tensor in state.items()):
+        raise ValueError(f"{path}: holds a {type(state).__name__}, not a state dict (names to tensors)")
+    return dict(state)
 
 
 def custom_code_references(directory: str | Path, auto_classes: tuple[str, ...] | None = None

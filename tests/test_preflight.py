@@ -353,6 +353,20 @@ CASES = [
                                                         "policy.config.unnorm_key=libero_spatial"),
          "policy.config.action_dim", "action statistics of 'libero_spatial' have 6 dimensions, config.action_dim "
          "is 7", template=VLA),
+    Case("VLA statistics it picks by itself of another action size", vla_dir(_statistics("x", action_dim=2)),
+         "policy.config.action_dim", "dataset_statistics.json: action statistics of 'x' have 2 dimensions, "
+         "config.action_dim is 7", template=VLA),
+    Case("VLA unnorm_key without statistics", vla_dir(_write("dataset_statistics.json", b"{}"),
+                                                      "policy.config.unnorm_key=bridge"),
+         "policy.config.unnorm_key", "holds no action statistics, so unnorm_key 'bridge' names none", template=VLA),
+    # a traceback ending in torch's hint to load with weights_only=False, and "[Errno 22] Invalid argument"
+    Case("VLA garbage proprio projector", vla_dir(_write("proprio_projector--checkpoint.pt", b"garbage\n"),
+                                                  "policy.config.proprio_dim=5"),
+         "policy.config.model_path", "unreadable pickle weights: not a torch file, or it holds objects other than "
+         "tensors", template=VLA),
+    Case("VLA truncated proprio projector", vla_dir(lambda d: truncate(_proprio_projector(5)(d), 0.5),
+                                                    "policy.config.proprio_dim=5"),
+         "policy.config.model_path", "unreadable pickle weights, damaged or truncated", template=VLA),
     Case("VLA proprio projector of another proprio_dim", vla_dir(_proprio_projector(5), "policy.config.proprio_dim=8"),
          "policy.config.proprio_dim", r"does not fit the config's proprio_projector: 1 with another shape "
          r"\(fc1\.weight: \(\d+, 5\) in the checkpoint, \(\d+, 8\) in the model\)", template=VLA),

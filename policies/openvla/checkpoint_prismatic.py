@@ -66,6 +66,7 @@ from policies.checkpoint_files import (
     SAFETENSORS_INDEX_FILE,
     checkpoint_shapes,
     find_weight_files,
+    load_pickled_tensors,
     read_json_file,
     read_safetensors_header,
     staged_directory,
@@ -98,6 +99,26 @@ PUBLISHED_VISION_BACKBONES: dict[str, tuple[dict[str, Any], ...]] = {
     "dinosiglip-vit-so-224px": (_DINOV2_L, _SIGLIP_SO400M),
     "dinosiglip-vit-so-384px": (_DINOV2_L, _SIGLIP_SO400M),
 }
+
+
+def published_backbone_id(architecture: PrismaticArchitecture) -> str:
+    """The published ``vision_backbone_id`` of ``architecture``'s towers: the one of
+    :data:`PUBLISHED_VISION_BACKBONES` with the same tower families in the same order, its
+    ``-384px`` variant when there is one and every tower takes 384-pixel images. It is what
+    openvla/openvla's ``PrismaticConfig`` builds the towers from (our loader reads the sizes
+    from ``vla_rl_vision_towers``).
+
+    Raises:
+        ValueError: no published id has these families (naming them).
+    """
+    families = [tower.family for tower in architecture.vision_towers]
+    matches = [name for name, specs in PUBLISHED_VISION_BACKBONES.items()
+               if [spec["family"] for spec in specs] == families]
+    if not matches:
+        raise ValueError(f"no published vision_backbone_id has towers {families}; known: "
+                         f"{sorted(PUBLISHED_VISION_BACKBONES)}")
+    large = all(tower.image_size == 384 for tower in architecture.vision_towers)
+    return next((name for name in matches if name.endswith("-384px") == large), matches[0])
 
 
 #: DINOv2 attention names of transformers < 5.23 → ≥ 5.23 (this module's canonical names).
@@ -300,7 +321,7 @@ def read_safetensors_dir(directory: Path, allow_pickle: bool = False,
                 for name in file.keys():  # noqa: SIM118 (safe_open is not a dict)
                     tensors[name] = file.get_tensor(name).to(device)
         else:
-            tensors.update(torch.load(path, map_location=device, weights_only=True))
+            tensors.update(load_pickled_tensors(path, device))
     return tensors
 
 
@@ -401,6 +422,13 @@ def read_checkpoint(directory: str | Path, allow_pickle: bool = False, device: t
     return architecture, weights, read_norm_stats(directory, config)
 
 
+def statistics_file(directory: str | Path) -> Path:
+    """The file :func:`read_norm_stats` reads a checkpoint's statistics from: its
+    ``dataset_statistics.json`` when present, else its ``config.json``."""
+    directory = Path(directory)
+    return directory / STATISTICS_FILE if (directory / STATISTICS_FILE).is_file() else directory / CONFIG_FILE
+
+
 def read_norm_stats(directory: str | Path, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """A checkpoint directory's ``norm_stats`` (``{unnorm_key: {"action": {...}, ...}}``): its
     ``dataset_statistics.json`` when present, else its config's (``config``: ``config.json``,
@@ -421,7 +449,7 @@ def write_checkpoint(
     architecture: PrismaticArchitecture,
     out_dir: str | Path,
     norm_stats: dict[str, Any],
-    vision_backbone_id: str,
+    vision_backbone_id: str | None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     max_shard_size: int | str = "5GB",
     extra_files: Mapping[str, Callable[[Path], None]] | None = None,
@@ -438,7 +466,8 @@ def write_checkpoint(
         architecture: their architecture.
         out_dir: the new directory (must not exist).
         norm_stats: ``{unnorm_key: {"action": {...}}}`` statistics.
-        vision_backbone_id: the published id to record, e.g. ``"dinosiglip-vit-so-224px"``.
+        vision_backbone_id: the published id to record, e.g. ``"dinosiglip-vit-so-224px"``; None:
+            the one of the towers (:func:`published_backbone_id`).
         tokenizer: saved into the directory too when given.
         max_shard_size: largest shard (bytes or a string like ``"5GB"``).
         extra_files: further files of the directory, by name: each function writes its file at the
@@ -446,10 +475,18 @@ def write_checkpoint(
 
     Raises:
         FileExistsError: ``out_dir`` exists.
+        ValueError: ``vision_backbone_id`` names other towers than ``architecture``'s, or is None
+            and no published id has them.
     """
     out_dir = Path(out_dir)
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} exists; write to a new directory")
+    families = [tower.family for tower in architecture.vision_towers]
+    if vision_backbone_id is None:
+        vision_backbone_id = published_backbone_id(architecture)
+    elif [spec["family"] for spec in PUBLISHED_VISION_BACKBONES.get(vision_backbone_id, ())] != families:
+        raise ValueError(f"vision_backbone_id {vision_backbone_id!r} is not one of the published ids of towers "
+                         f"{families}: pass None to record the one that is")
     tensors = transformers_to_timm(state_dict, architecture)
     text = dict(architecture.text_config)
     config = {

@@ -37,12 +37,12 @@ from policies.image_resize import with_model_frames
 from policies.normalization import ActionStatistics
 from policies.openvla.checkpoint_prismatic import (
     CONFIG_FILE,
-    STATISTICS_FILE,
     architecture_from_config,
     checkpoint_parameter_shapes,
     read_checkpoint,
     read_config,
     read_norm_stats,
+    statistics_file,
     write_checkpoint,
 )
 from policies.openvla.modeling_prismatic import PrismaticVLM
@@ -108,8 +108,9 @@ class PrismaticPolicy(Policy, abstract=True):
         if config.model_path is not None:
             architecture, weights, norm_stats = read_checkpoint(config.model_path, config.allow_pickle, device)
             source = str(Path(config.model_path) / CONFIG_FILE)
+            statistics_source = str(statistics_file(config.model_path))
         else:
-            architecture, weights, source = config.architecture, None, "config.action_statistics"
+            architecture, weights, statistics_source = config.architecture, None, "config.action_statistics"
             norm_stats = {"config": {"action": config.action_statistics}} if config.action_statistics else {}
             if isinstance(architecture, dict):  # a preset (validated by the config)
                 from policies.openvla.tiny import tiny_preset
@@ -140,15 +141,13 @@ class PrismaticPolicy(Policy, abstract=True):
         )  # fmt: skip
         self.action_tokenizer = ActionTokenizer(architecture.action_vocab_end, architecture.n_action_bins)
         self.norm_stats = norm_stats
-        self._statistics_source = source
+        self._statistics_source = statistics_source
         self.action_statistics: ActionStatistics | None = None
         self.unnorm_key: str | None = None
-        if norm_stats:
-            key = config.unnorm_key if config.model_path is not None else "config"
-            if key is None and len(norm_stats) == 1:
-                key = next(iter(norm_stats))
-            if key is not None:
-                self._load_action_statistics(key)
+        key = statistics_key(config.unnorm_key if config.model_path is not None else None, norm_stats,
+                             statistics_source)
+        if key is not None:
+            self._load_action_statistics(key)
         self.eval()
 
     @property
@@ -226,7 +225,8 @@ class PrismaticPolicy(Policy, abstract=True):
                 ids yourself), or see ``encode_prompts``.
         """
         if self.tokenizer is None:
-            raise ValueError("this policy has no tokenizer (built from an architecture); tokenize prompts yourself")
+            raise ValueError("this policy has no tokenizer (built from an architecture, or its model_path has no "
+                             "tokenizer files); tokenize prompts yourself")
         return encode_prompts(self.tokenizer, instructions)
 
     def model_inputs(self, obs: TensorDict) -> TensorDict:
@@ -372,17 +372,19 @@ class PrismaticPolicy(Policy, abstract=True):
 
         return merge_lora(self.vla)
 
-    def save_pretrained(self, out_dir: str | Path, vision_backbone_id: str = "dinosiglip-vit-so-224px") -> Path:
+    def save_pretrained(self, out_dir: str | Path, vision_backbone_id: str | None = None) -> Path:
         """Write the VLA in the published layout (see
-        :func:`policies.openvla.checkpoint_prismatic.write_checkpoint`) with the tokenizer.
+        :func:`policies.openvla.checkpoint_prismatic.write_checkpoint`) with the tokenizer;
+        ``vision_backbone_id`` None records the published id of the towers.
 
         Raises:
             FileExistsError: ``out_dir`` exists.
-            ValueError: LoRA adapters are injected (call :meth:`merge_lora` first).
+            ValueError: LoRA adapters are injected (call :meth:`merge_lora` first), or see
+                ``write_checkpoint`` (a ``vision_backbone_id`` of other towers).
         """
         return self._write_pretrained(out_dir, vision_backbone_id, self.norm_stats, {})
 
-    def _write_pretrained(self, out_dir: str | Path, vision_backbone_id: str, norm_stats: dict[str, Any],
+    def _write_pretrained(self, out_dir: str | Path, vision_backbone_id: str | None, norm_stats: dict[str, Any],
                           extra_files: dict) -> Path:
         state = self.vla.state_dict()
         if any("lora_" in name for name in state):
@@ -490,17 +492,35 @@ class PrismaticPolicy(Policy, abstract=True):
             if mismatch:
                 files = find_weight_files(directory, config.allow_pickle).files
                 raise weight_mismatch_error(files[0] if len(files) == 1 else directory, mismatch)
-        norm_stats = read_norm_stats(directory)
-        if config.unnorm_key is not None and norm_stats:  # as the constructor picks them
-            source = str(directory / (STATISTICS_FILE if (directory / STATISTICS_FILE).is_file() else CONFIG_FILE))
+        norm_stats, source = read_norm_stats(directory), str(statistics_file(directory))
+        key = statistics_key(config.unnorm_key, norm_stats, source)  # as the constructor picks them
+        if key is not None:
             try:
-                statistics = load_action_statistics(norm_stats, config.unnorm_key, source)
+                statistics = load_action_statistics(norm_stats, key, source)
             except ValueError as error:
                 raise FieldError(str(error), "unnorm_key") from None
             if statistics.action_dim != config.action_dim:
-                raise FieldError(f"{source}: action statistics of {config.unnorm_key!r} have "
-                                 f"{statistics.action_dim} dimensions, config.action_dim is {config.action_dim}",
-                                 "action_dim")
+                raise FieldError(f"{source}: action statistics of {key!r} have {statistics.action_dim} dimensions, "
+                                 f"config.action_dim is {config.action_dim}", "action_dim")
+
+
+def statistics_key(unnorm_key: str | None, norm_stats: dict[str, Any], source: str) -> str | None:
+    """The dataset whose action statistics a policy de-normalises with: ``unnorm_key``, else the
+    only dataset of ``norm_stats`` (the constructor's own ``{"config": ...}`` for
+    ``config.action_statistics``); None when several are there and none is named (on LIBERO,
+    the task's suite picks one later: :meth:`PrismaticPolicy.use_tasks`) or there are none.
+
+    Raises:
+        FieldError: ``unnorm_key`` is set and ``source`` holds no statistics at all (field
+            ``unnorm_key``).
+    """
+    if unnorm_key is not None and not norm_stats:
+        raise FieldError(f"{source}: holds no action statistics, so unnorm_key {unnorm_key!r} names none; unset "
+                         "policy.config.unnorm_key (actions then go to the simulator as the policy gives them)",
+                         "unnorm_key")
+    if unnorm_key is None and len(norm_stats) == 1:
+        return next(iter(norm_stats))
+    return unnorm_key
 
 
 def vla_weight_mismatch(vla: PrismaticVLM, shapes: dict[str, tuple[int, ...]]) -> WeightMismatch:

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from policies.checkpoint_files import WeightMismatch, compare_shapes
+from policies.checkpoint_files import WeightMismatch, compare_shapes, load_pickled_tensors
 
 
 class MLPResNetBlock(nn.Module):
@@ -85,12 +84,12 @@ class ProprioProjector(nn.Module):
 def module_checkpoint_mismatch(module: nn.Module, file: Path) -> WeightMismatch:
     """How the tensors of an OFT module file (``<stem>--*checkpoint.pt``, DDP's ``module.``
     prefix stripped) differ in names and shapes from ``module``'s (which may be on the ``meta``
-    device); the file is memory-mapped, its tensors are not read (a file of torch's legacy
-    format, which cannot be mapped, is read)."""
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # "mmap can only be used with files saved with torch.save(_use_new_zipfile_...)"
-        state = torch.load(file, map_location="cpu", weights_only=True)
+    device); the file's tensors are not read.
+
+    Raises:
+        ValueError: an unreadable file (:func:`~policies.checkpoint_files.load_pickled_tensors`).
+    """
+    state = load_pickled_tensors(file, "meta")
     found = {name.removeprefix("module."): tuple(tensor.shape) for name, tensor in state.items()}
     return compare_shapes({name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}, found)
 
@@ -103,14 +102,15 @@ def load_module_checkpoint(module: nn.Module, directory: Path, stem: str) -> boo
         whether a file was found.
 
     Raises:
-        ValueError: several files match, or the state dict does not fit ``module``.
+        ValueError: several files match, the file is unreadable, or its state dict does not fit
+            ``module``.
     """
     files = sorted(directory.glob(f"{stem}--*checkpoint.pt"))
     if not files:
         return False
     if len(files) > 1:
         raise ValueError(f"{directory} has several {stem} checkpoints {[f.name for f in files]}; keep one")
-    state = torch.load(files[0], map_location="cpu", weights_only=True)
+    state = load_pickled_tensors(files[0])
     state = {name.removeprefix("module."): tensor for name, tensor in state.items()}
     try:
         module.load_state_dict(state)

@@ -362,7 +362,7 @@ class OpenVLAOFTPolicy(PrismaticPolicy):
                 "(use predict_action_chunk and bc_loss)"
             )
 
-    def save_pretrained(self, out_dir: str | Path, vision_backbone_id: str = "dinosiglip-vit-so-224px") -> Path:
+    def save_pretrained(self, out_dir: str | Path, vision_backbone_id: str | None = None) -> Path:
         """Write the policy in OpenVLA-OFT's published layout: the VLA (see
         :meth:`PrismaticPolicy.save_pretrained`), each head module it uses as
         ``<module>--checkpoint.pt`` (a state dict, as OFT's fine-tuning saves them), and the

@@ -468,3 +468,30 @@ def test_tiny_preset_reads_simulator_observations_with_its_own_tokenizer():
     assert policy.model_inputs(inputs) is inputs  # model inputs pass through
     actions, log_probs = policy.sample_actions(raw, greedy=True)
     assert torch.equal(policy.sample_actions(inputs, greedy=True)[0], actions)
+
+
+@pytest.mark.parametrize("fused, expected", [(True, "dinosiglip-vit-so-224px"), (False, "dinov2-vit-l")])
+def test_the_published_backbone_id_recorded_is_the_one_of_the_towers(tokenizer, tmp_path, fused, expected):
+    # A single-tower model was recorded as "dinosiglip-vit-so-224px" beside use_fused_vision_backbone
+    # false: a reader of the published fields built two towers.
+    policy = OpenVLAPolicy(OpenVLAPolicyConfig(architecture=tiny_architecture(len(tokenizer), fused=fused)))
+    config = json.loads((policy.save_pretrained(tmp_path / "ckpt") / "config.json").read_text())
+    assert (config["vision_backbone_id"], config["use_fused_vision_backbone"]) == (expected, fused)
+    published = {key: value for key, value in config.items() if key != "vla_rl_vision_towers"}
+    towers = architecture_from_config(published, "config.json").vision_towers
+    assert [tower.family for tower in towers] == [tower.family for tower in policy.architecture.vision_towers]
+    other = "dinov2-vit-l" if fused else "dinosiglip-vit-so-224px"
+    with pytest.raises(ValueError, match=f"vision_backbone_id '{other}' is not one of the published ids of towers"):
+        policy.save_pretrained(tmp_path / "other", vision_backbone_id=other)
+    assert not (tmp_path / "other").exists()
+
+
+def test_an_unnorm_key_for_a_checkpoint_without_statistics_is_refused(tokenizer, tmp_path):
+    # It was ignored: actions went to the simulator normalised, as if no key had been set.
+    policy = OpenVLAPolicy(OpenVLAPolicyConfig(architecture=tiny_architecture(len(tokenizer))))
+    policy.tokenizer = tokenizer
+    out = policy.save_pretrained(tmp_path / "ckpt")
+    assert OpenVLAPolicy(OpenVLAPolicyConfig(model_path=str(out))).action_statistics is None
+    with pytest.raises(ValueError, match=r"ckpt/dataset_statistics.json: holds no action statistics, so unnorm_key "
+                                         r"'bridge' names none; unset policy.config.unnorm_key"):
+        OpenVLAPolicy(OpenVLAPolicyConfig(model_path=str(out), unnorm_key="bridge"))
