@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 from devices import TEST_DEVICE_KIND, device_overrides
+from metric_docs import undocumented
 
 from vla_rl.dag.loader import TEMPLATE_DIR
 from vla_rl.driver import train
@@ -40,6 +41,8 @@ def run(template: str, out, demo_store, *overrides: str) -> tuple[dict, object]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "rollout/success_rate" in r]
     assert summary["steps_run"] == 1 and [r["step"] for r in steps] == [1]
+    missing = undocumented(name for record in records for name in record)
+    assert not missing, f"logged metrics docs/metrics.md does not document: {missing}"
     return steps[0], run_dir / "checkpoints" / "step_00000001"
 
 
