@@ -377,6 +377,14 @@ CASES = [
          "config.json: not valid JSON", template="embodied_srpo"),
     Case("MLP config.json of no policy", mlp_dir(_write("config.json", b'{"hidden_sizes": [8]}')),
          "policy.config.model_path", "is not an MLP policy's configuration", template="embodied_srpo"),
+    # both started Ray and the workers, and stopped with a traceback of about 70 lines
+    Case("MLP truncated safetensors", mlp_dir(lambda d: truncate(d / "model.safetensors", 0.9)),
+         "policy.config.model_path", r"model\.safetensors: truncated: its header places tensor data up to byte",
+         template="embodied_srpo"),
+    Case("MLP weights of another width", mlp_dir(lambda d: rewrite_weights(d, widen("mean_net.0.weight"))),
+         "policy.config.model_path", r"model\.safetensors does not hold the weights .*config\.json describes: 1 with "
+         r"another shape \(mean_net\.0\.weight: \(257, \d+\) in the checkpoint, \(256, \d+\) in the model\)",
+         template="embodied_srpo"),
     Case("MLP directory for the OFT template", mlp_dir(lambda d: None, *VLA_FROM_DIR), "policy.config.model_path",
          r"holds a 'mlp' policy \(its config.json\), not a 'openvla_oft' one: use a template of the mlp policy",
          template=VLA),

@@ -81,7 +81,7 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
         # the run's own template, with the overrides of its resumes
         recorded = RunDirectory.reopen(run_dir).recorded_overrides()
         run_config = load_template(run_dir / RUN_TEMPLATE, recorded=recorded).config
-        what = run_dir
+        what, origin = run_dir, run_dir / RUN_TEMPLATE
     else:
         if targets or steps is not None:
             raise EvalInputError(f"--policy-from {policy_from} evaluates the policy that template builds: name no "
@@ -89,8 +89,8 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
                                  if targets else f"--steps selects a run's checkpoints; --policy-from {policy_from} "
                                  "evaluates the policy that template builds, before any training")
         run_dir, checkpoints = None, []
-        run_config = load_template(policy_from, source).config
-        what = f"template {policy_from}"
+        from_template = load_template(policy_from, source)
+        run_config, what, origin = from_template.config, f"template {policy_from}", from_template.path
         if run_config.eval.store_episodes or run_config.eval.checkpoints:
             raise EvalInputError(f"--policy-from {policy_from}: that is vla-rl eval's own template; name the training "
                                  "template (vla-rl train's) whose policy to evaluate")
@@ -118,7 +118,8 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
             raise EvalInputError(f"{' '.join(settings)}: the checkpoint {misfit[0]} does not fit the policy {these}: "
                                  f"{misfit[1]}; evaluate without {'it' if len(settings) == 1 else 'them'}")
     check_local_packages(run_config)  # the simulator's optional extra
-    raw = copy.deepcopy(load_template(template).raw)
+    evaluation_template = load_template(template)
+    raw = copy.deepcopy(evaluation_template.raw)
     config = raw.setdefault("config", {})
     config["policy"] = run_config.policy.model_dump(mode="json")
     config["simulator"] = run_config.simulator.model_dump(mode="json")
@@ -140,7 +141,8 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     check_stores(eval_dir)  # a damaged episode store is refused before anything is written
     resolved = eval_dir / RUN_TEMPLATE
     # the overrides are checked on a copy first: nothing is written into eval_dir (an earlier
-    # evaluation's template there included) until they are accepted; errors name the file to be
+    # evaluation's template there included) until they are accepted; an error not of an override
+    # names the template its field came from (the run's for its copied sections, else vla-rl eval's)
     with tempfile.TemporaryDirectory() as scratch:
         _write_yaml(Path(scratch) / RUN_TEMPLATE, raw)
         try:
@@ -154,7 +156,9 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
         except TemplateError as err:  # an override's (the run's own sections loaded above): named as typed
             given = override_of(overrides, err.field)
             if given is None:
-                raise TemplateError(err.message, file=resolved, node=err.node, field=err.field) from None
+                copied = (err.field or "").split(".", 1)[0] in COPIED_SECTIONS
+                raise TemplateError(err.message, file=origin if copied else evaluation_template.path, node=err.node,
+                                    field=err.field) from None
             message = err.message if repr(given) in err.message else f"{err.message} (override {given!r})"
             raise TemplateError(message, node=err.node, field=err.field) from None
     if loaded.config.eval.num_episodes == 0:

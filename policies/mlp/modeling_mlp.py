@@ -28,7 +28,12 @@ from torch import Tensor, nn
 
 from policies import register_policy
 from policies.base import Policy
-from policies.checkpoint_files import FieldError, staged_directory
+from policies.checkpoint_files import (
+    FieldError,
+    compare_shapes,
+    read_safetensors_header,
+    staged_directory,
+)
 from policies.mlp.configuration_mlp import MLPPolicyConfig
 from policies.normalization import fit_mean_std, mean_std_normalize
 from policies.sampling import draw
@@ -227,13 +232,22 @@ class MLPPolicy(Policy):
 
         Raises:
             FileNotFoundError: a file of the directory is missing.
-            ValueError: ``config.json`` is not an MLP policy's.
+            ValueError: ``config.json`` is not an MLP policy's, or ``model.safetensors`` is damaged,
+                truncated (its header read: :func:`~policies.checkpoint_files.read_safetensors_header`)
+                or holds other tensors than that configuration's (names or shapes).
             FieldError: an architecture field of ``config`` differs from the saved one (its
                 ``field`` names it; the message gives both values), or (``sizes``, ``field``
                 ``"model_path"``) the directory was saved for other observation, action or
                 task-set sizes than the simulator's.
         """
         saved = _saved_fields(Path(config.model_path))
+        weights, config_file = Path(config.model_path) / MODEL_WEIGHTS_FILE, Path(config.model_path) / MODEL_CONFIG_FILE
+        with torch.device("meta"):  # the saved configuration's tensors, shapes only
+            expected = cls(MLPPolicyConfig(**saved)).state_dict()
+        found = {name: shape for name, (_, shape) in read_safetensors_header(weights).items()}
+        mismatch = compare_shapes({name: tuple(tensor.shape) for name, tensor in expected.items()}, found)
+        if mismatch:
+            raise ValueError(f"{weights} does not hold the weights {config_file} describes: {mismatch.describe()}")
         for field in cls.ARCHITECTURE_FIELDS + (cls.SIZE_FIELDS if sizes else ()):
             ours = getattr(config, field)
             theirs = tuple(saved[field]) if field == "hidden_sizes" else saved.get(field)

@@ -85,6 +85,9 @@ def test_refusals_name_what_is_wrong_before_anything_is_written(oft_l1, tmp_path
          "trainer.total_steps: vla-rl eval runs no training (it reads trainer.strategy, trainer.mixed_precision, "
          "trainer.fsdp only)"),
         (["eval", "--policy-from", TEMPLATE, "critic.lr=0.1"], "critic.lr: vla-rl eval runs no critic"),
+        # the sampled protocol of vla-rl eval's template: it named eval/template.yaml, which was never written
+        (["eval", "--policy-from", TEMPLATE, *_overrides(model_dir)[:-1]],
+         "dag_templates/eval_rollout.yaml: node 'eval_rollout': field 'eval.protocols': the 'sampled' protocol"),
     ]
     for argv, message in cases:
         assert main([*argv, "--output", str(out)]) == 2, argv
