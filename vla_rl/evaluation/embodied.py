@@ -112,6 +112,7 @@ class EmbodiedEvaluation(EvaluationSession):
         self._pool_task: int | None = None
         self._pool_task_id: int | None = None  # the task's id in the worker's own task-set pool
         self._owns_pool = False
+        self._video_pool = None  # rank 0's live-video environments, kept from one evaluation to the next
         self._loaded: int | None = None
         self._stores: dict[str, TrajectoryStore] = {}
         self._host: dict | None = None  # this worker's machine, recorded with each stored episode
@@ -241,26 +242,36 @@ class EmbodiedEvaluation(EvaluationSession):
         return {}
 
     def _record_live_video(self) -> dict[str, float]:
-        """Greedy episodes of the live policy on the first evaluation states, to ``videos/<tag>.mp4``."""
+        """Greedy episodes of the live policy on the first evaluation states, to ``videos/<tag>.mp4``,
+        in rendering environments of their own: created at the first evaluation and kept for the
+        next ones (creating them took 5 s of each evaluation on the main job), closed with the
+        session or when a video fails (a fault leaves them in an unknown state)."""
         from simulators.pool import SimulatorPool
 
         ev, sim = self.config.eval, self.config.simulator
         render = {"render_camera": video_camera(self.config, sim.name), "render_size": ev.video_size}
         envs = [{**env, **render} for env in sim.task_envs()]
-        pool = SimulatorPool(sim.name, envs if sim.multi_task else envs[0], num_actors=1,
-                             envs_per_actor=ev.video_episodes, actor_options={"num_cpus": 0},
-                             step_timeout_s=sim.step_timeout_s, progress=False)  # a few environments: no bar
+        if self._video_pool is None:
+            self._video_pool = SimulatorPool(sim.name, envs if sim.multi_task else envs[0], num_actors=1,
+                                             envs_per_actor=ev.video_episodes, actor_options={"num_cpus": 0},
+                                             step_timeout_s=sim.step_timeout_s, progress=False)  # a few: no bar
+        ids = ev.init_state_offset + np.arange(ev.video_episodes, dtype=np.int64)
+        # a task set's video: episode i in task i mod the number of tasks
+        task_ids = np.arange(ev.video_episodes, dtype=np.int64) % len(envs) if sim.multi_task else None
+        path, fps = self.eval_dir / VIDEOS_DIR / f"{self.tag}.mp4", video_fps(self.config, sim.name, envs[0])
+        generator = evaluation_generator(self.config.run.seed, 0, 0, int(ids[0]))
         try:
-            ids = ev.init_state_offset + np.arange(ev.video_episodes, dtype=np.int64)
-            # a task set's video: episode i in task i mod the number of tasks
-            task_ids = np.arange(ev.video_episodes, dtype=np.int64) % len(envs) if sim.multi_task else None
             with autocast(self.config.trainer, self.res.device):
-                out = record_video(self.res.policy, pool, ids, self.eval_dir / VIDEOS_DIR / f"{self.tag}.mp4",
-                                   video_fps(self.config, sim.name, envs[0]),
-                                   evaluation_generator(self.config.run.seed, 0, 0, int(ids[0])), task_ids=task_ids)
-        finally:
-            pool.close()
+                out = record_video(self.res.policy, self._video_pool, ids, path, fps, generator, task_ids=task_ids)
+        except BaseException:
+            self._close_video_pool()
+            raise
         return {f"video/{self.tag}_successes": float(out["video_successes"])}
+
+    def _close_video_pool(self) -> None:
+        if self._video_pool is not None:
+            self._video_pool.close()
+            self._video_pool = None
 
     def write_videos(self) -> int:
         """Replay and render up to ``eval.video_episodes`` successes and as many failures per task
@@ -345,8 +356,9 @@ class EmbodiedEvaluation(EvaluationSession):
         return picked
 
     def close(self) -> None:
-        """Close the pool of the current task (if it is not the worker's own)."""
+        """Close the pool of the current task (if it is not the worker's own) and the live video's."""
         self._close_task_pool()
+        self._close_video_pool()
 
     def _close_task_pool(self) -> None:
         if self._owns_pool:
