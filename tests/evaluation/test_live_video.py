@@ -1,6 +1,7 @@
 """The live policy's video of each evaluation of a run (``videos/<tag>.mp4``) is rendered in
 environments of its own, created at the first evaluation and kept for the next ones (creating
-them took 5 s of every evaluation on the main job), closed with the session or after a failure."""
+them took 6.6-7.1 s of every evaluation on this 2-core machine), closed with the session or
+after a failure."""
 
 from __future__ import annotations
 

@@ -244,8 +244,8 @@ class EmbodiedEvaluation(EvaluationSession):
     def _record_live_video(self) -> dict[str, float]:
         """Greedy episodes of the live policy on the first evaluation states, to ``videos/<tag>.mp4``,
         in rendering environments of their own: created at the first evaluation and kept for the
-        next ones (creating them took 5 s of each evaluation on the main job), closed with the
-        session or when a video fails (a fault leaves them in an unknown state)."""
+        next ones (creating them took 6.6-7.1 s of each evaluation on the 2-core machine), closed
+        with the session or when a video fails (a fault leaves them in an unknown state)."""
         from simulators.pool import SimulatorPool
 
         ev, sim = self.config.eval, self.config.simulator
