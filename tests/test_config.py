@@ -458,3 +458,27 @@ def test_srpo_reference_set_lives_with_the_srpo_reward():
         RunConfig.model_validate({"algorithm": {"srpo": {"reference_set": "global"}}})
 
 
+
+
+@pytest.mark.parametrize("template, overrides, field, message", [
+    # each hung `vla-rl plan` (a list entry per rank or per sample) or crashed it with an OverflowError
+    ("embodied_grpo", ["workers.num_workers=1000000000000000000000000000000"], "workers.num_workers",
+     "less than or equal to 4096"),
+    ("embodied_grpo", ["data.group_size=1000000000000000000000000000000"], None,
+     "data.init_states_per_step x data.group_size = 8 x 1000000000000000000000000000000 samples per step, more "
+     "than the 1,000,000"),
+    ("embodied_grpo", ["data.group_size=100000000"], None, "8 x 100000000 samples per step"),
+    ("llm_grpo", ["data.group_size=100000"], None, "text.prompts_per_step x data.group_size = 16 x 100000"),
+    ("embodied_grpo", ["workers.torch_threads=1000000000000000000000000000000"], "workers.torch_threads",
+     "less than or equal to 1024"),
+])
+def test_counts_no_run_could_hold_are_refused(template, overrides, field, message):
+    err = _error(template, *overrides)
+    assert err.field == field and message in err.message
+
+
+def test_plan_refuses_a_world_size_no_run_could_hold(capsys):
+    from vla_rl.cli import main
+
+    assert main(["plan", "embodied_grpo", "--world-size", "100000"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --world-size 100000: a run plans for at most 4096 workers"

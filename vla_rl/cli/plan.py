@@ -14,6 +14,7 @@ from vla_rl.cli.arguments import (
     shipped_templates,
     split_overrides,
 )
+from vla_rl.config.sections import MAX_WORKERS
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import describe_plan, plan
 from vla_rl.errors import CommandLineError
@@ -40,6 +41,8 @@ def run_plan(args: argparse.Namespace) -> int:
     names, overrides = split_overrides([args.template, *args.overrides])  # overrides may come first too
     template = load_template(one_template(names, "name one template before or after the overrides"), overrides)
     given = template.config.workers.num_workers
+    if args.world_size is not None and args.world_size > MAX_WORKERS:
+        raise CommandLineError(f"--world-size {args.world_size}: a run plans for at most {MAX_WORKERS} workers")
     if args.world_size is not None and args.world_size != given and any(
             override.partition("=")[0].strip() == "workers.num_workers" for override in overrides):
         raise CommandLineError(f"--world-size {args.world_size} and workers.num_workers={given} disagree: give one "

@@ -57,6 +57,11 @@ __all__ = [
 #: Settings only the embodied workflow reads, with what a text run reads instead. A text run
 #: refuses them, and an embodied run refuses every ``text.`` setting (:meth:`RunConfig._check_workflow_settings`):
 #: ignored, ``policy.config.model_path`` trained the tiny model built in the run directory.
+MAX_SAMPLES_PER_STEP = 1_000_000
+"""The most samples (episodes, responses) a step may roll out over all workers: over a hundred
+times a large GRPO step (the DAPO recipe of verl: 512 prompts x 16 responses). Planning holds a
+list entry per sample for its re-shard estimate: 10**8 did not finish."""
+
 EMBODIED_ONLY_SETTINGS: dict[str, str] = {
     "simulator": "a text run has no simulator",
     "warm_start": "a text run warm-starts by supervised fine-tuning: text.sft_steps and the other text.sft_ settings",
@@ -233,6 +238,11 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _check_shards(self) -> RunConfig:
         text = self.text
+        groups, what = ((text.prompts_per_step, "text.prompts_per_step") if self.run.workflow == "text" else
+                        (self.data.init_states_per_step, "data.init_states_per_step"))
+        if groups * self.data.group_size > MAX_SAMPLES_PER_STEP:
+            raise ValueError(f"{what} x data.group_size = {groups} x {self.data.group_size} samples per step, more "
+                             f"than the {MAX_SAMPLES_PER_STEP:,} a run can roll out in a step")
         if self.run.workflow == "text" and text.prompts_per_step % self.workers.num_workers:
             raise ValueError(f"text.prompts_per_step ({text.prompts_per_step}) must be a multiple of "
                              f"workers.num_workers ({self.workers.num_workers}): each worker reads its own prompts")
