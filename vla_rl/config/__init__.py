@@ -54,14 +54,14 @@ __all__ = [
 ]
 
 
-#: Settings only the embodied workflow reads, with what a text run reads instead. A text run
-#: refuses them, and an embodied run refuses every ``text.`` setting (:meth:`RunConfig._check_workflow_settings`):
-#: ignored, ``policy.config.model_path`` trained the tiny model built in the run directory.
 MAX_SAMPLES_PER_STEP = 1_000_000
 """The most samples (episodes, responses) a step may roll out over all workers: over a hundred
 times a large GRPO step (the DAPO recipe of verl: 512 prompts x 16 responses). Planning holds a
 list entry per sample for its re-shard estimate: 10**8 did not finish."""
 
+#: Settings only the embodied workflow reads, with what a text run reads instead. A text run
+#: refuses them, and an embodied run refuses every ``text.`` setting (:meth:`RunConfig._check_workflow_settings`):
+#: ignored, ``policy.config.model_path`` trained the tiny model built in the run directory.
 EMBODIED_ONLY_SETTINGS: dict[str, str] = {
     "simulator": "a text run has no simulator",
     "warm_start": "a text run warm-starts by supervised fine-tuning: text.sft_steps and the other text.sft_ settings",
