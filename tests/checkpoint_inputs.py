@@ -114,3 +114,38 @@ def to_pickle(directory: Path) -> Path:
     torch.save(load_file(directory / "model.safetensors"), directory / "pytorch_model.bin")
     (directory / "model.safetensors").unlink()
     return directory / "pytorch_model.bin"
+
+
+def unlink_files(*names: str) -> Callable[[Path], None]:
+    """Delete the files ``names`` of a copied checkpoint."""
+    def damage(directory: Path) -> None:
+        for name in names:
+            (directory / name).unlink()
+    return damage
+
+
+def write_file(name: str, data: bytes) -> Callable[[Path], Path]:
+    """Write ``data`` as file ``name`` of a copied checkpoint (the file is the offending one)."""
+    def damage(directory: Path) -> Path:
+        (directory / name).write_bytes(data)
+        return directory / name
+    return damage
+
+
+def action_statistics_file(key: str, action_dim: int = 7) -> Callable[[Path], Path]:
+    """Write a ``dataset_statistics.json`` of dataset ``key`` (as OpenVLA's checkpoints hold)."""
+    bounds = {"q01": [-1.0] * action_dim, "q99": [1.0] * action_dim, "mask": [True] * action_dim}
+    return write_file("dataset_statistics.json", json.dumps({key: {"action": bounds}}).encode())
+
+
+def proprio_projector_file(proprio_dim: int) -> Callable[[Path], Path]:
+    """Write an OFT proprio projector file for ``proprio_dim`` proprio values."""
+    def damage(directory: Path) -> Path:
+        from policies.openvla.checkpoint_prismatic import architecture_from_config, read_config
+        from policies.openvla_oft.heads_openvla_oft import ProprioProjector
+
+        llm_dim = architecture_from_config(read_config(directory), "config.json").llm_dim
+        path = directory / "proprio_projector--checkpoint.pt"
+        torch.save(ProprioProjector(proprio_dim, llm_dim).state_dict(), path)
+        return path
+    return damage

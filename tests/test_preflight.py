@@ -24,17 +24,21 @@ from checkpoint_inputs import (
     VLA,
     VLA_FROM_DIR,
     Assets,
+    action_statistics_file,
     copy_dir,
     good_lines,
     jsonl,
     make_assets,
     parquet,
+    proprio_projector_file,
     rename_first_layer,
     rewrite_weights,
     rows,
     to_pickle,
     truncate,
+    unlink_files,
     widen,
+    write_file,
 )
 from cli_refusals import assert_cli_refuses_and_writes_nothing
 from safetensors.torch import save_file
@@ -132,39 +136,6 @@ def _foreign_noise_head(directory: Path) -> Path:
     return directory / "pi0_noise_head.safetensors"
 
 
-def _unlink(*names: str) -> Callable[[Path], None]:
-    def damage(directory: Path) -> None:
-        for name in names:
-            (directory / name).unlink()
-    return damage
-
-
-def _write(name: str, data: bytes) -> Callable[[Path], Path]:
-    def damage(directory: Path) -> Path:
-        (directory / name).write_bytes(data)
-        return directory / name
-    return damage
-
-
-def _statistics(key: str, action_dim: int = 7) -> Callable[[Path], Path]:
-    """Write a ``dataset_statistics.json`` of dataset ``key`` (as OpenVLA's checkpoints hold)."""
-    bounds = {"q01": [-1.0] * action_dim, "q99": [1.0] * action_dim, "mask": [True] * action_dim}
-    return _write("dataset_statistics.json", json.dumps({key: {"action": bounds}}).encode())
-
-
-def _proprio_projector(proprio_dim: int) -> Callable[[Path], Path]:
-    """Write an OFT proprio projector file for ``proprio_dim`` proprio values."""
-    def damage(directory: Path) -> Path:
-        from policies.openvla.checkpoint_prismatic import architecture_from_config, read_config
-        from policies.openvla_oft.heads_openvla_oft import ProprioProjector
-
-        llm_dim = architecture_from_config(read_config(directory), "config.json").llm_dim
-        path = directory / "proprio_projector--checkpoint.pt"
-        torch.save(ProprioProjector(proprio_dim, llm_dim).state_dict(), path)
-        return path
-    return damage
-
-
 def _mkdir(path: Path) -> Path:
     path.mkdir()
     return path
@@ -232,13 +203,13 @@ CASES = [
     Case("directory", train_file(lambda t, a: _mkdir(t / "dir.parquet")), "text.train_file", "is a directory"),
     Case("zero-byte parquet", train_file(lambda t, a: _empty(t / "z.parquet")), "text.train_file", r"empty \(0 bytes\)"),
     Case("zero-byte jsonl", train_file(lambda t, a: _empty(t / "z.jsonl")), "text.train_file", r"empty \(0 bytes\)"),
-    Case("garbage parquet", train_file(lambda t, a: _write("g.parquet", b"not parquet at all" * 20)(t)),
+    Case("garbage parquet", train_file(lambda t, a: write_file("g.parquet", b"not parquet at all" * 20)(t)),
          "text.train_file", "not a parquet file: no PAR1 magic bytes at its start"),
     Case("truncated parquet", train_file(lambda t, a: truncate(shutil.copy(a.train, t / "t.parquet"))),
          "text.train_file", "no PAR1 magic bytes at its end"),
-    Case("corrupt parquet footer", train_file(lambda t, a: _write("f.parquet", b"PAR1" + bytes(200) + b"PAR1")(t)),
+    Case("corrupt parquet footer", train_file(lambda t, a: write_file("f.parquet", b"PAR1" + bytes(200) + b"PAR1")(t)),
          "text.train_file", "unreadable parquet footer"),
-    Case("unknown suffix", train_file(lambda t, a: _write("p.csv", b"prompt,answer\n")(t)), "text.train_file",
+    Case("unknown suffix", train_file(lambda t, a: write_file("p.csv", b"prompt,answer\n")(t)), "text.train_file",
          "unknown prompt file type"),
     Case("latin-1 jsonl", train_file(lambda t, a: jsonl(t / "l.jsonl", [good_lines(1)[0], json.dumps(
         rows(1)[0], ensure_ascii=False).replace("What", "Qu'est-ce caf\u00e9").encode("latin-1")])),
@@ -256,7 +227,7 @@ CASES = [
         {k: v for k, v in row.items() if k != "extra_info"}).encode() for row in rows(40)])),
         "text.sft_response_column", "no column 'extra_info.answer' .*: the supervised warm start's targets .*, or "
         "set text.sft_steps=0$"),
-    Case("jsonl blank lines only", train_file(lambda t, a: _write("b.jsonl", b"\n  \n\n")(t)), "text.train_file",
+    Case("jsonl blank lines only", train_file(lambda t, a: write_file("b.jsonl", b"\n  \n\n")(t)), "text.train_file",
          "the file has no rows"),
     Case("parquet missing prompt", train_file(lambda t, a: parquet(t / "p.parquet", [
         {k: v for k, v in row.items() if k != "prompt"} for row in rows()])), "text.train_file",
@@ -286,7 +257,7 @@ CASES = [
          train_file(lambda t, a: parquet(t / "r.parquet", rows(40), 20)), "algorithm.filter_groups.max_refill_rounds",
          r"r.parquet: its smallest shard \(2 shards\) has 20 rows; a step with all 3 refill rounds takes 32 "
          r"different ones \(8 a round\): set at most 1 rounds", template="llm_dapo", node="prompts"),
-    Case("garbage test file", held_out_file(lambda t, a: _write("test.parquet", b"\x00" * 100)(t)), "text.test_file",
+    Case("garbage test file", held_out_file(lambda t, a: write_file("test.parquet", b"\x00" * 100)(t)), "text.test_file",
          "not a parquet file"),
     Case("test file with one row group", held_out_file(lambda t, a: _default_row_groups(t / "test.parquet")),
          "text.test_file", "has 1 row groups, fewer than the 2 shards"),
@@ -295,20 +266,20 @@ CASES = [
          "does not exist"),
     Case("model path is a file", lambda t, a: ([f"text.model_path={a.lm / 'config.json'}"], a.lm / "config.json"),
          "text.model_path", "is a file, not a model directory"),
-    Case("no config.json", lm_dir(_unlink("config.json")), "text.model_path", "no config.json"),
-    Case("corrupt config.json", lm_dir(_write("config.json", b'{"model_type": "qwen2",')), "text.model_path",
+    Case("no config.json", lm_dir(unlink_files("config.json")), "text.model_path", "no config.json"),
+    Case("corrupt config.json", lm_dir(write_file("config.json", b'{"model_type": "qwen2",')), "text.model_path",
          "config.json: not valid JSON"),
-    Case("unknown architecture", lm_dir(_write("config.json", b'{"model_type": "no_such_model"}')),
+    Case("unknown architecture", lm_dir(write_file("config.json", b'{"model_type": "no_such_model"}')),
          "text.model_path", "config.json: not a usable model config"),
-    Case("no tokenizer files", lm_dir(_unlink("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")),
+    Case("no tokenizer files", lm_dir(unlink_files("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")),
          "text.model_path", "no usable tokenizer"),
-    Case("fallback tokenizer (tokenizer.json missing)", lm_dir(_unlink("tokenizer.json")), "text.model_path",
+    Case("fallback tokenizer (tokenizer.json missing)", lm_dir(unlink_files("tokenizer.json")), "text.model_path",
          r"no usable tokenizer: it encodes 'What is 12 \+ 7\?' to \[\]"),
-    Case("no chat template in chat mode", lm_dir(_unlink("chat_template.jinja")), "text.model_path",
+    Case("no chat template in chat mode", lm_dir(unlink_files("chat_template.jinja")), "text.model_path",
          "no chat template.*text.prompt_format: raw"),
     Case("truncated safetensors", lm_dir(lambda d: truncate(d / "model.safetensors", 0.6)), "text.model_path",
          "model.safetensors: truncated"),
-    Case("garbage safetensors", lm_dir(_write("model.safetensors", b"\xff" * 64)), "text.model_path",
+    Case("garbage safetensors", lm_dir(write_file("model.safetensors", b"\xff" * 64)), "text.model_path",
          "not a safetensors file"),
     Case("wrong tensor names", lm_dir(lambda d: rewrite_weights(d, rename_first_layer)), "text.model_path",
          r"do not match the architecture: 12 missing \(model\.layers\.0\..*12 unexpected \(model\.blocks\.0\."),
@@ -317,19 +288,19 @@ CASES = [
     Case("missing tensor", lm_dir(lambda d: rewrite_weights(d, lambda s: {k: v for k, v in s.items()
                                                                        if k != "model.norm.weight"})),
          "text.model_path", r"1 missing \(model\.norm\.weight\)"),
-    Case("no weights", lm_dir(_unlink("model.safetensors")), "text.model_path", "has no weights"),
+    Case("no weights", lm_dir(unlink_files("model.safetensors")), "text.model_path", "has no weights"),
     Case("pickle weights without allow_pickle", lm_dir(to_pickle), "text.model_path",
          "pickle weights are refused.*text.allow_pickle: true"),
     Case("index lists a missing shard", lm_dir(_missing_shard), "text.model_path",
          "lists model-00002-of-00002.safetensors, which does not exist"),
-    Case("corrupt .gguf model_path", lambda t, a: ([f"text.model_path={_write('m.gguf', b'PK' + bytes(30))(t)}"],
+    Case("corrupt .gguf model_path", lambda t, a: ([f"text.model_path={write_file('m.gguf', b'PK' + bytes(30))(t)}"],
                                                    t / "m.gguf"), "text.model_path", "not a GGUF file"),
     Case("corrupt gguf_file", _gguf_dir, "text.gguf_file", "not a GGUF file: it starts with b'LLAM'"),
     Case("missing gguf_file", _gguf_missing, "text.gguf_file", "GGUF file .* does not exist"),
     # OpenVLA-OFT checkpoints (policy.config.model_path)
     Case("missing VLA dir", lambda t, a: ([*VLA_FROM_DIR, f"policy.config.model_path={t / 'none'}"], t / "none"),
          "policy.config.model_path", "the model directory does not exist", template=VLA),
-    Case("VLA corrupt config.json", vla_dir(_write("config.json", b"{")), "policy.config.model_path",
+    Case("VLA corrupt config.json", vla_dir(write_file("config.json", b"{")), "policy.config.model_path",
          "config.json: not valid JSON", template=VLA),
     Case("VLA truncated safetensors", vla_dir(lambda d: truncate(d / "model.safetensors", 0.3)),
          "policy.config.model_path", "truncated", template=VLA),
@@ -338,44 +309,44 @@ CASES = [
         r"2 missing \(projector\.fc1\.bias, projector\.fc1\.weight\); 2 unexpected \(projector\.first\.", template=VLA),
     Case("VLA wrong shapes", vla_dir(lambda d: rewrite_weights(d, widen("projector.fc1.weight"))),
          "policy.config.model_path", r"projector\.fc1\.weight: \(\d+, \d+\) in the checkpoint", template=VLA),
-    Case("VLA without tokenizer", vla_dir(_unlink("tokenizer.json", "tokenizer_config.json")),
+    Case("VLA without tokenizer", vla_dir(unlink_files("tokenizer.json", "tokenizer_config.json")),
          "policy.config.model_path", "no tokenizer", template=VLA),
     Case("VLA pickle weights", vla_dir(to_pickle), "policy.config.model_path",
          "pickle weights are refused.*policy.config.allow_pickle: true", template=VLA),
     Case("VLA missing proprio projector", vla_dir(lambda d: None, "policy.config.proprio_dim=5"),
          "policy.config.model_path", r"needs one proprio_projector--\*checkpoint\.pt", template=VLA),
     # both passed plan and stopped every worker after it loaded the model, with a Ray traceback
-    Case("VLA unnorm_key it has no statistics of", vla_dir(_statistics("libero_spatial"),
+    Case("VLA unnorm_key it has no statistics of", vla_dir(action_statistics_file("libero_spatial"),
                                                          "policy.config.unnorm_key=libero_goal"),
          "policy.config.unnorm_key", r"unnorm_key 'libero_goal' is not in .*; choose one of \['libero_spatial'\]",
          template=VLA),
-    Case("VLA statistics of another action size", vla_dir(_statistics("libero_spatial", action_dim=6),
+    Case("VLA statistics of another action size", vla_dir(action_statistics_file("libero_spatial", action_dim=6),
                                                         "policy.config.unnorm_key=libero_spatial"),
          "policy.config.action_dim", "action statistics of 'libero_spatial' have 6 dimensions, config.action_dim "
          "is 7", template=VLA),
-    Case("VLA statistics it picks by itself of another action size", vla_dir(_statistics("x", action_dim=2)),
+    Case("VLA statistics it picks by itself of another action size", vla_dir(action_statistics_file("x", action_dim=2)),
          "policy.config.action_dim", "dataset_statistics.json: action statistics of 'x' have 2 dimensions, "
          "config.action_dim is 7", template=VLA),
-    Case("VLA unnorm_key without statistics", vla_dir(_write("dataset_statistics.json", b"{}"),
+    Case("VLA unnorm_key without statistics", vla_dir(write_file("dataset_statistics.json", b"{}"),
                                                       "policy.config.unnorm_key=bridge"),
          "policy.config.unnorm_key", "holds no action statistics, so unnorm_key 'bridge' names none", template=VLA),
     # a traceback ending in torch's hint to load with weights_only=False, and "[Errno 22] Invalid argument"
-    Case("VLA garbage proprio projector", vla_dir(_write("proprio_projector--checkpoint.pt", b"garbage\n"),
+    Case("VLA garbage proprio projector", vla_dir(write_file("proprio_projector--checkpoint.pt", b"garbage\n"),
                                                   "policy.config.proprio_dim=5"),
          "policy.config.model_path", "unreadable pickle weights: not a torch file, or it holds objects other than "
          "tensors", template=VLA),
-    Case("VLA truncated proprio projector", vla_dir(lambda d: truncate(_proprio_projector(5)(d), 0.5),
+    Case("VLA truncated proprio projector", vla_dir(lambda d: truncate(proprio_projector_file(5)(d), 0.5),
                                                     "policy.config.proprio_dim=5"),
          "policy.config.model_path", "unreadable pickle weights, damaged or truncated", template=VLA),
-    Case("VLA proprio projector of another proprio_dim", vla_dir(_proprio_projector(5), "policy.config.proprio_dim=8"),
+    Case("VLA proprio projector of another proprio_dim", vla_dir(proprio_projector_file(5), "policy.config.proprio_dim=8"),
          "policy.config.proprio_dim", r"does not fit the config's proprio_projector: 1 with another shape "
          r"\(fc1\.weight: \(\d+, 5\) in the checkpoint, \(\d+, 8\) in the model\)", template=VLA),
     # MLP policy directories (policy.config.model_path: vla-rl export of an MLP run)
     Case("missing MLP dir", lambda t, a: ([f"policy.config.model_path={t / 'none'}"], t / "none"),
          "policy.config.model_path", "config.json is missing", template="embodied_srpo"),
-    Case("MLP corrupt config.json", mlp_dir(_write("config.json", b"{")), "policy.config.model_path",
+    Case("MLP corrupt config.json", mlp_dir(write_file("config.json", b"{")), "policy.config.model_path",
          "config.json: not valid JSON", template="embodied_srpo"),
-    Case("MLP config.json of no policy", mlp_dir(_write("config.json", b'{"hidden_sizes": [8]}')),
+    Case("MLP config.json of no policy", mlp_dir(write_file("config.json", b'{"hidden_sizes": [8]}')),
          "policy.config.model_path", "is not an MLP policy's configuration", template="embodied_srpo"),
     # both started Ray and the workers, and stopped with a traceback of about 70 lines
     Case("MLP truncated safetensors", mlp_dir(lambda d: truncate(d / "model.safetensors", 0.9)),
@@ -389,7 +360,7 @@ CASES = [
          r"holds a 'mlp' policy \(its config.json\), not a 'openvla_oft' one: use a template of the mlp policy",
          template=VLA),
     Case("training checkpoint as model_path", lambda t, a: (
-        [f"policy.config.model_path={_write('trainer_state.json', b'{}')(_mkdir(t / 'step_00000004')).parent}"],
+        [f"policy.config.model_path={write_file('trainer_state.json', b'{}')(_mkdir(t / 'step_00000004')).parent}"],
         t / "step_00000004"), "policy.config.model_path",
         r"is a training checkpoint \(trainer_state.json\), not a model directory: evaluate it with vla-rl eval",
         template="embodied_srpo"),
@@ -398,11 +369,11 @@ CASES = [
     # π0 checkpoints (policy.config.model_path, policy.config.tokenizer_path)
     Case("missing π0 dir", lambda t, a: ([*PI0_FROM_DIR, f"policy.config.model_path={t / 'none'}"], t / "none"),
          "policy.config.model_path", "the model directory does not exist", template=PI0),
-    Case("π0 without architecture file", pi0_dir(_unlink("pi0_architecture.json")), "policy.config.model_path",
+    Case("π0 without architecture file", pi0_dir(unlink_files("pi0_architecture.json")), "policy.config.model_path",
          "has neither pi0_architecture.json nor config.json", template=PI0),
-    Case("π0 corrupt pi0_architecture.json", pi0_dir(_write("pi0_architecture.json", b"{")),
+    Case("π0 corrupt pi0_architecture.json", pi0_dir(write_file("pi0_architecture.json", b"{")),
          "policy.config.model_path", "pi0_architecture.json: not valid JSON", template=PI0),
-    Case("π0 unknown architecture field", pi0_dir(_write("pi0_architecture.json", b'{"bogus": 1}')),
+    Case("π0 unknown architecture field", pi0_dir(write_file("pi0_architecture.json", b'{"bogus": 1}')),
          "policy.config.model_path", "not a usable π0 architecture .*unexpected keyword argument 'bogus'",
          template=PI0),
     Case("π0 truncated safetensors", pi0_dir(lambda d: truncate(d / "model.safetensors", 0.3)),
@@ -412,12 +383,12 @@ CASES = [
         r"2 missing \(model\.action_out_proj\.bias, model\.action_out_proj\.weight\); 2 unexpected", template=PI0),
     Case("π0 pickle weights", pi0_dir(to_pickle), "policy.config.model_path",
          "pickle weights are refused .*convert them to safetensors", template=PI0),
-    Case("π0 without tokenizer", pi0_dir(_unlink("tokenizer.json", "tokenizer_config.json")),
+    Case("π0 without tokenizer", pi0_dir(unlink_files("tokenizer.json", "tokenizer_config.json")),
          "policy.config.model_path", "no usable tokenizer.*; or set tokenizer_path to a directory holding the "
          r"model's tokenizer \(PaliGemma's for openpi's checkpoints\)", template=PI0),
     Case("π0 missing tokenizer_path", _missing_tokenizer_path, "policy.config.tokenizer_path",
          "the tokenizer directory does not exist", template=PI0),
-    Case("π0 malformed norm_stats.json", pi0_dir(_write("norm_stats.json", b'{"norm_stats": {"actions": {}}}')),
+    Case("π0 malformed norm_stats.json", pi0_dir(write_file("norm_stats.json", b'{"norm_stats": {"actions": {}}}')),
          "policy.config.model_path", "actions statistics need q01 and q99", template=PI0),
     Case("π0 noise head of another shape", pi0_dir(_foreign_noise_head, "policy.config.sampler=flow_noise"),
          "policy.config.model_path", "the noise head does not fit", template=PI0),
