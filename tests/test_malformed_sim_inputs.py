@@ -48,6 +48,14 @@ PLAN_CASES = [
       "run.output_dir={out}"],
      "field 'policy.config.cameras': the policy reads ['robot0_eye_in_hand'], which the simulator does not render "
      "(simulator.env.cameras: ['agentview'])"),
+    # More simulator actors than a worker's environments: the idle ones held a CPU each (a cluster
+    # that could run the job was refused as too small, or the job waited for CPUs).
+    ("more simulator actors than environments", ["plan", "embodied_srpo", "simulator.actors_per_worker=33"],
+     "field 'simulator.actors_per_worker': 33 simulator actors per worker, but a worker's pool runs 32 "
+     "environment(s) at once"),
+    ("more simulator actors than evaluation environments",
+     ["train", "embodied_grpo", "data.init_states_per_step=2", "data.group_size=2", "eval.num_episodes=6",
+      "simulator.actors_per_worker=4", "run.output_dir={out}"], "use at most 3"),
     ("OFT camera and no camera rendered",
      ["train", "embodied_srpo_oft_lift", "simulator.env.cameras=[]", "run.output_dir={out}"],
      "field 'policy.config.cameras': the policy reads ['agentview'], which the simulator does not render"),

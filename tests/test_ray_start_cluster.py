@@ -170,16 +170,17 @@ def test_main_job_runs_on_a_ray_start_cluster_through_the_cli(cluster):
 
 
 def test_a_cluster_too_small_is_refused_in_one_line(cluster):
-    """4 simulator actors per worker: 2 x (1 + 4) = 10 CPUs, the cluster has 4. The driver finds
+    """3 simulator actors per worker (each worker's pool runs 3 environments): 2 x (1 + 3) = 8
+    CPUs, the cluster has 4. The driver finds
     the token in ~/.ray/auth_token and joins without RAY_AUTH_MODE (as with a head that `ray start`
     put in token mode by itself because a token existed)."""
     env = {k: v for k, v in cluster.env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     started = time.monotonic()
-    done = cluster.train(*TINY, "simulator.actors_per_worker=4", "run.output_dir=runs", env=env, timeout=300)
+    done = cluster.train(*TINY, "simulator.actors_per_worker=3", "run.output_dir=runs", env=env, timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]
     message = _one_line_error(done)
-    assert (f"the Ray cluster at {cluster.address} has 4 CPUs in all; this run needs 10 (2 DAG workers x 1 CPU + "
-            "8 simulator actors x 1 CPU)") in message, message
+    assert (f"the Ray cluster at {cluster.address} has 4 CPUs in all; this run needs 8 (2 DAG workers x 1 CPU + "
+            "6 simulator actors x 1 CPU)") in message, message
     assert "--num-cpus" in message and "simulator.actors_per_worker" in message
     assert time.monotonic() - started < 120
 

@@ -25,7 +25,8 @@ class SimulatorSection(_Section):
         "environment is reset into its episode's task, observations carry the task id (obs/task_id) and the "
         "MLP policy a one-hot of it (docs/simulators.md). null: the one task of env.",
     )
-    actors_per_worker: int = Field(1, ge=1, description="Simulator actors (processes) per DAG worker.")
+    actors_per_worker: int = Field(1, ge=1, description="Simulator actors (processes) per DAG worker; at most "
+                                   "the environments of a worker's pool (vla-rl plan refuses more).")
     num_cpus_per_actor: float = Field(1.0, ge=0, description="Ray CPU resource per simulator actor.")
     pipeline_stages: int = Field(
         1, ge=1, description="Groups of each worker's environments pipelined against the policy: while one "

@@ -34,6 +34,8 @@ architecture leave it randomly initialised). :func:`preflight` checks what the t
 - **the trajectory encoder's model** (V-JEPA 2's ``algorithm.vjepa2.model_dir``: its
   ``config.json``), when the reward embeds episodes with it;
 - **a task set's tasks** (``simulator.tasks``) declare the same state and action sizes and horizon;
+- **the simulator actors per worker** (``simulator.actors_per_worker``) are no more than the
+  environments of a worker's pool, each actor running at least one;
 - **LoRA's settings** (``policy.lora``): the adapters injected into the policy built on the
   ``meta`` device, where its architecture is known from the config (a text model directory,
   OpenVLA and OpenVLA-OFT): each ``target_modules`` name names a trainable linear layer, each
@@ -88,7 +90,7 @@ def preflight(template: Template, world_size: int | None = None) -> None:
     if config.run.workflow == "text":
         check_text_inputs(config, the_plan)
     else:
-        check_embodied_inputs(config)
+        check_embodied_inputs(config, the_plan)
     check_lora(config)
 
 

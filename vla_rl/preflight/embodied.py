@@ -181,12 +181,31 @@ def _check_trajectory_encoder(config) -> None:
         raise PreflightError(str(error), field=f"algorithm.{name}") from None
 
 
-def check_embodied_inputs(config) -> None:
-    """A task set's shared sizes, the policy's pretrained checkpoint and the trajectory encoder.
+def _check_simulator_actors(config, the_plan) -> None:
+    """``simulator.actors_per_worker`` is at most the environments of the smallest worker's pool
+    (:func:`vla_rl.workflows.embodied.simulator_pool_size`): an actor runs at least one environment,
+    so the ones past that would sit idle holding their CPUs (``simulator.num_cpus_per_actor``)."""
+    from vla_rl.workflows.embodied import simulator_pool_size
+
+    actors = config.simulator.actors_per_worker
+    environments = min(simulator_pool_size(config, the_plan.rollout_dp_size(rank), the_plan.world_size)
+                       for rank in range(the_plan.world_size))
+    if actors > environments:
+        raise PreflightError(f"{actors} simulator actors per worker, but a worker's pool runs {environments} "
+                             f"environment(s) at once (data.init_states_per_step / rollout DP size x "
+                             f"data.group_size, or eval.num_episodes per worker): the actors past {environments} "
+                             f"would sit idle holding their CPUs; use at most {environments}",
+                             field="simulator.actors_per_worker")
+
+
+def check_embodied_inputs(config, the_plan) -> None:
+    """A task set's shared sizes, the simulator actors per worker, the policy's pretrained
+    checkpoint and the trajectory encoder.
 
     Raises:
         PreflightError: the first problem found.
     """
     _check_task_set(config)
+    _check_simulator_actors(config, the_plan)
     _check_policy_checkpoint(config)
     _check_trajectory_encoder(config)
