@@ -454,15 +454,19 @@ def load_tokenizer(directory: str | Path, gguf_file: str | None = None) -> Any:
         config_logger.setLevel(level)
 
 
-def check_tokenizer(tokenizer: Any, source: str | Path, chat_template: bool) -> None:
+def check_tokenizer(tokenizer: Any, source: str | Path, chat_template: bool, vocab_size: int | None = None) -> None:
     """A tokenizer fit to encode prompts: it encodes :data:`PROBE_TEXT` to known tokens (a
     directory without its tokenizer files loads an almost empty fallback vocabulary that encodes
-    every text to nothing), has an EOS token, and (``chat_template``) a chat template that renders.
+    every text to nothing), has an EOS token, (``chat_template``) a chat template that renders,
+    and (``vocab_size``) no more tokens than the model has embedding rows (a larger embedding, as
+    Qwen2.5's 151,936 rows for 151,665 tokens, is fine; a smaller one fails at the first prompt
+    holding a token past it, with an index error, a device-side assert on CUDA).
 
     Args:
         tokenizer: a transformers tokenizer.
         source: the model directory or file, for the messages.
         chat_template: whether prompts go through the chat template.
+        vocab_size: the model's input embedding rows (its config's ``vocab_size``); None: not checked.
 
     Raises:
         ValueError: the first problem, naming ``source``.
@@ -478,6 +482,9 @@ def check_tokenizer(tokenizer: Any, source: str | Path, chat_template: bool) -> 
         )
     if tokenizer.eos_token_id is None:
         raise ValueError(f"{source}: the tokenizer has no EOS token; responses could never end")
+    if vocab_size is not None and len(tokenizer) > vocab_size:
+        raise ValueError(f"{source}: the tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size "
+                         f"{vocab_size}: ids from {vocab_size} on have no embedding; use the model's own tokenizer")
     if not chat_template:
         return
     if tokenizer.chat_template is None:

@@ -92,6 +92,24 @@ def rewrite_weights(directory: Path, change: Callable[[dict], dict]) -> Path:
     return weights
 
 
+def resize_vocabulary(directory: Path, vocab_size: int) -> Path:
+    """Give a copied tiny LM ``vocab_size`` embedding rows (its config and its weights agree: the
+    tokenizer is what no longer fits when fewer); returns its ``config.json``."""
+    config_file = directory / "config.json"
+    config = json.loads(config_file.read_text())
+    old = config["vocab_size"]
+    config["vocab_size"] = vocab_size
+    config_file.write_text(json.dumps(config))
+
+    def resize(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.shape[0] != old:
+            return tensor
+        rows = tensor[:vocab_size]
+        return torch.cat([rows, rows.new_zeros(vocab_size - len(rows), *tensor.shape[1:])]).contiguous()
+    rewrite_weights(directory, lambda state: {name: resize(tensor) for name, tensor in state.items()})
+    return config_file
+
+
 def truncate(path: Path, keep: float = 0.5) -> Path:
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])

@@ -36,3 +36,12 @@ def undocumented(names: Iterable[str]) -> list[str]:
     """The metric names (``step`` aside) that no name of docs/metrics.md stands for."""
     return sorted(name for name in set(names) - {"step"}
                   if not any(pattern.fullmatch(name) for pattern in documented_patterns()))
+
+
+def row_names(name: str) -> set[str]:
+    """The names of the docs/metrics.md table row whose first column holds ``name`` (written in full)."""
+    for line in METRICS_DOC.read_text().splitlines():
+        names = re.findall(r"`([^`]+)`", line.split("|")[1]) if line.startswith("| `") else []
+        if name in names:
+            return set(names)
+    raise AssertionError(f"docs/metrics.md has no row naming {name}")

@@ -32,6 +32,7 @@ from checkpoint_inputs import (
     parquet,
     proprio_projector_file,
     rename_first_layer,
+    resize_vocabulary,
     rewrite_weights,
     rows,
     to_pickle,
@@ -288,6 +289,8 @@ CASES = [
     Case("missing tensor", lm_dir(lambda d: rewrite_weights(d, lambda s: {k: v for k, v in s.items()
                                                                        if k != "model.norm.weight"})),
          "text.model_path", r"1 missing \(model\.norm\.weight\)"),
+    Case("a tokenizer larger than the vocabulary", lm_dir(lambda d: resize_vocabulary(d, 280) and d),
+         "text.model_path", "the tokenizer has 284 tokens, more than the model's vocab_size 280"),
     Case("no weights", lm_dir(unlink_files("model.safetensors")), "text.model_path", "has no weights"),
     Case("pickle weights without allow_pickle", lm_dir(to_pickle), "text.model_path",
          "pickle weights are refused.*text.allow_pickle: true"),

@@ -124,8 +124,8 @@ def load_pretrained(
         ValueError: an unknown ``dtype``; custom code named by the directory (``auto_map``);
             pickle weights without ``allow_pickle``; a damaged safetensors or GGUF file; weights
             that do not match the architecture (without ``allow_partial_load``); a tokenizer that
-            encodes nothing, has no EOS token or (chat prompts) no chat template. Messages name
-            the file.
+            encodes nothing, has no EOS token, (chat prompts) no chat template, or more tokens than
+            the model's input embedding has rows. Messages name the file.
     """
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
@@ -164,7 +164,8 @@ def load_pretrained(
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     tokenizer = load_tokenizer(directory, gguf_file)
-    check_tokenizer(tokenizer, source, chat_template=prompt_format == "chat")
+    check_tokenizer(tokenizer, source, chat_template=prompt_format == "chat",
+                    vocab_size=model.get_input_embeddings().num_embeddings)
     return model.eval(), tokenizer
 
 
@@ -178,8 +179,8 @@ def check_pretrained(
     """Check a checkpoint as :func:`load_pretrained` would, without loading any weights.
 
     A directory: it names no custom code (``auto_map``); ``config.json`` parses and names a
-    known architecture; the tokenizer loads and is usable (see
-    :func:`~policies.checkpoint_files.check_tokenizer`); the weight files exist, their
+    known architecture; the tokenizer loads, is usable and has no more tokens than the config's
+    ``vocab_size`` (see :func:`~policies.checkpoint_files.check_tokenizer`); the weight files exist, their
     safetensors headers are whole and, unless ``allow_partial_load``, their tensor names and
     shapes match the architecture (built from the config on the ``meta`` device: no memory, no
     initialisation). A GGUF file: its header reads and fits the file's size
@@ -207,7 +208,8 @@ def check_pretrained(
     weights = find_weight_files(directory, allow_pickle)
     found = checkpoint_shapes(weights)
     tokenizer = load_tokenizer(directory)
-    check_tokenizer(tokenizer, directory, chat_template=prompt_format == "chat")
+    check_tokenizer(tokenizer, directory, chat_template=prompt_format == "chat",
+                    vocab_size=getattr(config.get_text_config(), "vocab_size", None))
     if allow_partial_load:
         return tokenizer
     try:

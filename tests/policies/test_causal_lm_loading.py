@@ -6,9 +6,11 @@ import importlib.util
 
 import pytest
 import torch
+from checkpoint_inputs import copy_dir, resize_vocabulary
 
 from policies.causal_lm import CausalLMConfig, CausalLMPolicy
 from policies.causal_lm.loading import (
+    check_pretrained,
     load_pretrained,
     resolve_checkpoint,
     smollm2_gguf_path,
@@ -51,6 +53,24 @@ def test_missing_checkpoints_raise(tmp_path):
         resolve_checkpoint(tmp_path / "model.gguf")
     (tmp_path / "model.gguf").write_bytes(b"")
     assert resolve_checkpoint(tmp_path / "model.gguf") == (tmp_path, "model.gguf")
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_and_a_larger_embedding_loads(tiny_lm_dir, tmp_path):
+    """A model whose embedding has fewer rows than its tokenizer has tokens loaded, and failed at
+    the first prompt holding a token past them (IndexError; a device-side assert on CUDA). An
+    embedding padded past the tokenizer (Qwen2.5: 151,936 rows, 151,665 tokens) is fine."""
+    small = copy_dir(tiny_lm_dir, tmp_path / "small")
+    resize_vocabulary(small, 280)
+    message = f"{small}: the tokenizer has 284 tokens, more than the model's vocab_size 280"
+    with pytest.raises(ValueError, match=message):
+        check_pretrained(small)
+    with pytest.raises(ValueError, match=message):
+        load_pretrained(small)  # what the workers and vla-rl eval call
+    padded = copy_dir(tiny_lm_dir, tmp_path / "padded")
+    resize_vocabulary(padded, 320)
+    check_pretrained(padded)
+    model, tokenizer = load_pretrained(padded)
+    assert model.get_input_embeddings().num_embeddings == 320 and len(tokenizer) == 284
 
 
 requires_smollm2 = pytest.mark.skipif(

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from metric_docs import row_names
 
 from policies.causal_lm import CausalLMConfig, CausalLMPolicy
 from vla_rl.data.arithmetic import write_arithmetic_dataset
@@ -15,6 +16,7 @@ from vla_rl.rewards.verifiers import score_responses
 from vla_rl.trainers.sft import (
     SFTConfig,
     SFTExamples,
+    SFTResult,
     encode_sft_examples,
     supervised_fine_tune,
 )
@@ -177,3 +179,11 @@ def test_micro_batches_accumulate_the_whole_batchs_gradient(tiny_lm_dir, tmp_pat
         torch.testing.assert_close(results[3][1][name], tensor, rtol=1e-4, atol=1e-6, msg=name)
     with pytest.raises(ValueError, match="micro_batch_size must be >= 1"):
         SFTConfig(micro_batch_size=0)
+
+
+def test_the_warm_start_logs_what_docs_metrics_md_says_it_does():
+    """docs/metrics.md listed sft/loss, sft/grad_norm, ... (llm_sft's update metrics) among the text
+    warm start's, which logs none of them."""
+    metrics = SFTResult(losses=[2.0, 1.5, 1.0], response_tokens=30, seconds=1.5).metrics()
+    assert set(metrics) == row_names("sft/loss_first")
+    assert metrics == {"sft/loss_first": 2.0, "sft/loss_last": 1.0, "sft/steps": 3.0, "sft/tokens_per_s": 20.0}
