@@ -114,6 +114,12 @@ def test_bad_algorithm_settings_are_rejected(overrides, message):
         (["algorithm.adv_estimator=gae", "algorithm.gae.lam=2"], "algorithm.gae", "lam must be in [0, 1]"),
         (["algorithm.state_resample.points=1"], "algorithm.state_resample", "points must be >= 2"),
         (["algorithm.trajectory_encoder=vjepa2"], "algorithm.vjepa2", "model_dir is required"),
+        # text that pydantic reads as a non-finite float passed (a NaN clip range trained on NaN losses)
+        (["algorithm.ppo_clip.clip_ratio_high=nan"], "algorithm.ppo_clip.clip_ratio_high",
+         "must be a finite number (got 'nan')"),
+        (["policy.config.init_std=Infinity"], "policy.config.init_std", "must be a finite number (got 'Infinity')"),
+        (["algorithm.srpo.degenerate_range_tolerance=NaN"], "algorithm.srpo.degenerate_range_tolerance",
+         "must be a finite number"),
     ],
 )
 def test_component_settings_are_validated_when_the_template_loads(overrides, field, message):

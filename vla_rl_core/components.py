@@ -85,7 +85,8 @@ def build_config(config_class: type, options: Mapping[str, Any] | None, field: s
     Raises:
         ComponentConfigError: ``config_class`` is neither a dataclass nor a pydantic model (a
             plug-in's registration), an unknown key (naming it and the accepted ones), a non-finite
-            number, a boolean for a setting that takes none, a value of the wrong type, or a
+            number (written as one, or as text pydantic reads as one: ``nan``, ``inf``; also inside
+            lists and mappings), a boolean for a setting that takes none, a value of the wrong type, or a
             value the class's own validation rejects (a ``ComponentConfigError`` it raises names
             its setting: ``field.<setting>``).
     """
@@ -95,7 +96,7 @@ def build_config(config_class: type, options: Mapping[str, Any] | None, field: s
                                    "a pydantic model (docs/extending.md)")
     options = dict(options or {})
     for key, value in options.items():
-        if isinstance(value, float) and not math.isfinite(value):
+        if _non_finite(value):
             raise ComponentConfigError(f"{field}.{key}", f"must be a finite number (got {value})")
     allowed = config_fields(config_class)
     unknown = sorted(set(options) - set(allowed))
@@ -108,7 +109,7 @@ def build_config(config_class: type, options: Mapping[str, Any] | None, field: s
             raise ComponentConfigError(f"{field}.{key}", f"{str(value).lower()} is a boolean; this setting takes "
                                        f"no boolean")
     try:
-        return _adapter(config_class).validate_python(options)
+        config = _adapter(config_class).validate_python(options)
     except ValidationError as exc:
         error = exc.errors()[0]
         loc = ".".join(str(part) for part in error["loc"])
@@ -122,3 +123,23 @@ def build_config(config_class: type, options: Mapping[str, Any] | None, field: s
         else:
             message = f"{error['msg'][:1].lower()}{error['msg'][1:]} (got {error['input']!r})"
         raise ComponentConfigError(f"{field}.{loc}" if loc else field, message) from None
+    for key, value in options.items():  # text pydantic reads as a float: nan, inf, -Infinity, ...
+        if _non_finite(getattr(config, key)):
+            raise ComponentConfigError(f"{field}.{key}", f"must be a finite number (got {value!r})")
+    return config
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether ``value`` is, or holds (in a list, tuple, set, mapping, dataclass or pydantic model),
+    a NaN or infinite float."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_non_finite(item) for item in value)
+    if isinstance(value, Mapping):
+        return any(_non_finite(item) for item in value.values())
+    if isinstance(value, BaseModel):
+        return any(_non_finite(getattr(value, name)) for name in type(value).model_fields)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(_non_finite(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return False
