@@ -122,6 +122,25 @@ OVERRIDE_CASES = [
     ("run name outside the output directory", "embodied_srpo", ["run.name=../x"],
      "'../x' is not one directory name under run.output_dir"),
     ("run name of two directories", "embodied_srpo", ["run.name=a/b"], "'a/b' is not one directory name"),
+    # accepted by plan: NaN losses trained on silently, or a traceback in the first rollout or update
+    ("nan clip range", "llm_grpo", ["algorithm.ppo_clip.clip_ratio_high=nan"],
+     "'algorithm.ppo_clip.clip_ratio_high': must be a finite number (got 'nan')"),
+    ("nan in a nested π0 setting", "embodied_srpo_pi0_lift", ["policy.config.architecture.time_beta_alpha=.nan"],
+     "'policy.config.architecture.time_beta_alpha': must be a finite number (got nan)"),
+    ("text in a π0 setting", "embodied_srpo_pi0_lift", ["policy.config.architecture.time_beta_alpha=abc"],
+     "PI0ModelConfig.time_beta_alpha must be a finite number > 0, got 'abc'"),
+    ("negative SigLIP epsilon", "embodied_srpo_pi0_lift", ["policy.config.architecture.vision.layer_norm_eps=-1"],
+     "SiglipSpec.layer_norm_eps must be a finite number > 0, got -1"),
+    # a TypeError traceback from GemmaSpec(**{'rope_theta': 5})
+    ("part of a π0 Gemma spec", "embodied_srpo_pi0_lift", ["policy.config.architecture.expert.rope_theta=5"],
+     "PI0ModelConfig.expert: GemmaSpec.__init__() missing 6 required positional arguments"),
+    ("text as the OFT tiny image size", "embodied_grpo_oft_lift", ["policy.config.architecture.image_size=abc"],
+     "OpenVLAOFTPolicyConfig.architecture.image_size must be an int from 14 (the tiny towers' patch) to 896, "
+     "got 'abc'"),
+    ("huge OFT tiny image size", "embodied_grpo_oft_lift", ["policy.config.architecture.image_size=1000000"],
+     "image_size must be an int from 14"),
+    ("OFT tiny fused not a boolean", "embodied_grpo_oft_lift", ["policy.config.architecture.fused=3"],
+     "OpenVLAOFTPolicyConfig.architecture.fused must be true or false, got 3"),
 ]
 
 

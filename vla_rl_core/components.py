@@ -96,8 +96,7 @@ def build_config(config_class: type, options: Mapping[str, Any] | None, field: s
                                    "a pydantic model (docs/extending.md)")
     options = dict(options or {})
     for key, value in options.items():
-        if _non_finite(value):
-            raise ComponentConfigError(f"{field}.{key}", f"must be a finite number (got {value})")
+        _refuse_non_finite(f"{field}.{key}", value)
     allowed = config_fields(config_class)
     unknown = sorted(set(options) - set(allowed))
     if unknown:
@@ -124,22 +123,38 @@ def build_config(config_class: type, options: Mapping[str, Any] | None, field: s
             message = f"{error['msg'][:1].lower()}{error['msg'][1:]} (got {error['input']!r})"
         raise ComponentConfigError(f"{field}.{loc}" if loc else field, message) from None
     for key, value in options.items():  # text pydantic reads as a float: nan, inf, -Infinity, ...
-        if _non_finite(getattr(config, key)):
-            raise ComponentConfigError(f"{field}.{key}", f"must be a finite number (got {value!r})")
+        found = _non_finite(getattr(config, key))
+        if found is not None:
+            raise ComponentConfigError(f"{field}.{key}{found[0]}", f"must be a finite number (got {value!r})")
     return config
 
 
-def _non_finite(value: Any) -> bool:
-    """Whether ``value`` is, or holds (in a list, tuple, set, mapping, dataclass or pydantic model),
-    a NaN or infinite float."""
+def _refuse_non_finite(field: str, value: Any) -> None:
+    found = _non_finite(value)
+    if found is not None:
+        raise ComponentConfigError(f"{field}{found[0]}", f"must be a finite number (got {found[1]})")
+
+
+def _non_finite(value: Any) -> tuple[str, float] | None:
+    """The first NaN or infinite float ``value`` is or holds (in a list, tuple, set, mapping,
+    dataclass or pydantic model), with its path below ``value`` (``""``, ``.key``, ``[2]``); None
+    if none."""
     if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return any(_non_finite(item) for item in value)
-    if isinstance(value, Mapping):
-        return any(_non_finite(item) for item in value.values())
-    if isinstance(value, BaseModel):
-        return any(_non_finite(getattr(value, name)) for name in type(value).model_fields)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return any(_non_finite(getattr(value, f.name)) for f in dataclasses.fields(value))
-    return False
+        return None if math.isfinite(value) else ("", value)
+    if isinstance(value, (list, tuple)):
+        items = ((f"[{i}]", item) for i, item in enumerate(value))
+    elif isinstance(value, (set, frozenset)):
+        items = (("", item) for item in value)
+    elif isinstance(value, Mapping):
+        items = ((f".{key}", item) for key, item in value.items())
+    elif isinstance(value, BaseModel):
+        items = ((f".{name}", getattr(value, name)) for name in type(value).model_fields)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = ((f".{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value))
+    else:
+        return None
+    for path, item in items:
+        found = _non_finite(item)
+        if found is not None:
+            return path + found[0], found[1]
+    return None

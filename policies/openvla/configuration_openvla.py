@@ -25,6 +25,8 @@ DEFAULT_IMAGE_STD = {"dinov2": (0.229, 0.224, 0.225), "siglip": (0.5, 0.5, 0.5)}
 #: options: ``tiny`` is :func:`policies.openvla.tiny.tiny_architecture` with the in-process tiny
 #: tokenizer, for tests and CPU runs.
 ARCHITECTURE_PRESETS = {"tiny": ("fused", "image_size")}
+#: The tiny preset's largest ``image_size`` (4x OpenVLA's 224): a preset for tests and CPU runs.
+TINY_MAX_IMAGE_SIZE = 896
 #: Cameras of the model's images when ``cameras`` is unset: the third-person view, then the wrist
 #: (OpenVLA-OFT's LIBERO inputs).
 DEFAULT_CAMERAS = ("agentview", "robot0_eye_in_hand")
@@ -254,6 +256,12 @@ def _resolve_preset(architecture: Any, owner: str) -> Any:
     if unknown:
         raise ValueError(f"{owner}.architecture preset {preset!r} has no options {unknown}; "
                          f"it takes {list(ARCHITECTURE_PRESETS[preset])}")
+    if not isinstance(architecture.get("fused", True), bool):
+        raise ValueError(f"{owner}.architecture.fused must be true or false, got {architecture['fused']!r}")
+    image_size = architecture.get("image_size", 14)
+    if not _is_int(image_size) or not 14 <= image_size <= TINY_MAX_IMAGE_SIZE:
+        raise ValueError(f"{owner}.architecture.image_size must be an int from 14 (the tiny towers' patch) to "
+                         f"{TINY_MAX_IMAGE_SIZE}, got {image_size!r}")
     return dict(architecture)
 
 

@@ -32,6 +32,15 @@ def _check_positive_ints(owner: str, obj: object, names: tuple[str, ...]) -> Non
             raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
 
 
+def _check_numbers(owner: str, obj: object, names: tuple[str, ...], positive: bool = True) -> None:
+    """Each of ``names`` is a finite number (not a boolean), and (``positive``) above 0."""
+    for name in names:
+        value = getattr(obj, name)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not number or (positive and value <= 0):
+            raise ValueError(f"{owner}.{name} must be a finite number{' > 0' if positive else ''}, got {value!r}")
+
+
 @dataclass
 class SiglipSpec:
     """The SigLIP vision tower (transformers' ``SiglipVisionModel``, without its pooling head).
@@ -60,6 +69,7 @@ class SiglipSpec:
                 or the image is smaller than a patch."""
         _check_positive_ints("SiglipSpec", self, ("image_size", "patch_size", "hidden_size", "num_layers",
                                                   "num_heads", "intermediate_size"))
+        _check_numbers("SiglipSpec", self, ("layer_norm_eps",))
         if self.hidden_size % self.num_heads:
             raise ValueError(f"SiglipSpec.hidden_size ({self.hidden_size}) must be a multiple of num_heads "
                              f"({self.num_heads})")
@@ -101,6 +111,7 @@ class GemmaSpec:
         """Raises:
             ValueError: a size is not a positive int, or the heads do not group."""
         _check_positive_ints("GemmaSpec", self, ("width", "depth", "mlp_dim", "num_heads", "num_kv_heads", "head_dim"))
+        _check_numbers("GemmaSpec", self, ("rms_norm_eps", "rope_theta"))
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"GemmaSpec.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
                              f"({self.num_kv_heads})")
@@ -166,11 +177,13 @@ class PI0ModelConfig:
             ValueError: a field has an invalid value; the message says how to fix it.
         """
         if isinstance(self.vision, dict):
-            self.vision = SiglipSpec(**self.vision)
+            self.vision = _spec(SiglipSpec, "PI0ModelConfig.vision", self.vision)
         self.vlm = _gemma_spec("vlm", self.vlm)
         self.expert = _gemma_spec("expert", self.expert)
         _check_positive_ints("PI0ModelConfig", self, ("vocab_size", "chunk_size", "max_state_dim", "max_action_dim",
                                                       "num_steps", "tokenizer_max_length"))
+        _check_numbers("PI0ModelConfig", self, ("min_period", "max_period", "time_beta_alpha", "time_scale"))
+        _check_numbers("PI0ModelConfig", self, ("time_offset",), positive=False)
         for name in ("depth", "num_heads", "num_kv_heads", "head_dim"):
             if getattr(self.vlm, name) != getattr(self.expert, name):
                 raise ValueError(
@@ -195,11 +208,21 @@ class PI0ModelConfig:
         return self.vision.num_patches
 
 
+def _spec(spec_class: type, field: str, settings: dict[str, Any]) -> Any:
+    """``spec_class(**settings)``, an unknown or missing setting a ValueError naming ``field`` (a
+    TypeError went through pydantic's validation as a traceback)."""
+    try:
+        return spec_class(**settings)
+    except TypeError as error:
+        raise ValueError(f"{field}: {error} (its settings: {', '.join(f.name for f in dataclasses.fields(spec_class))})"
+                         ) from None
+
+
 def _gemma_spec(field: str, value: GemmaSpec | dict[str, Any] | str) -> GemmaSpec:
     if isinstance(value, GemmaSpec):
         return value
     if isinstance(value, dict):
-        return GemmaSpec(**value)
+        return _spec(GemmaSpec, f"PI0ModelConfig.{field}", value)
     if isinstance(value, str) and value in GEMMA_VARIANTS:
         return GemmaSpec(**GEMMA_VARIANTS[value])
     raise ValueError(f"PI0ModelConfig.{field} must be a GemmaSpec, its dict, or one of {sorted(GEMMA_VARIANTS)}, "

@@ -43,12 +43,13 @@ def test_non_finite_numbers_are_refused_however_they_are_written(config_class, v
     assert error.value.field == "algorithm.loss.clip"
 
 
-@pytest.mark.parametrize(("key", "value"), [("widths", [1.0, "nan"]), ("widths", [float("inf")]),
-                                            ("scales", {"a": "inf"})])
-def test_non_finite_numbers_inside_lists_and_mappings_are_refused(key, value):
+@pytest.mark.parametrize(("key", "value", "where"), [("widths", [1.0, "nan"], "widths[1]"),
+                                                     ("widths", [float("inf")], "widths[0]"),
+                                                     ("scales", {"a": 1, "b": "inf"}, "scales.b")])
+def test_non_finite_numbers_inside_lists_and_mappings_are_refused_naming_the_item(key, value, where):
     with pytest.raises(ComponentConfigError, match="must be a finite number") as error:
         build_config(Clip, {key: value}, "policy.config")
-    assert error.value.field == f"policy.config.{key}"
+    assert error.value.field == f"policy.config.{where}"
 
 
 def test_text_settings_spelling_nan_and_finite_numbers_pass():
