@@ -141,6 +141,14 @@ OVERRIDE_CASES = [
      "image_size must be an int from 14"),
     ("OFT tiny fused not a boolean", "embodied_grpo_oft_lift", ["policy.config.architecture.fused=3"],
      "OpenVLAOFTPolicyConfig.architecture.fused must be true or false, got 3"),
+    # "Overflow when unpacking long long" in every worker
+    ("OFT seed past torch's", "embodied_grpo_oft_lift", ["policy.config.seed=100000000000000000000"],
+     "OpenVLAOFTPolicyConfig.seed must be an int from 0 to 2**63 - 1"),
+    ("negative π0 seed", "embodied_srpo_pi0_lift", ["policy.config.seed=-1"],
+     "PI0PolicyConfig.seed must be an int from 0 to 2**63 - 1, got -1"),
+    # blamed text.train_file and named a temporary file: "row 0 has no column ''"
+    ("empty warm-start column", "llm_grpo", ["text.sft_response_column=''"],
+     "field 'text.sft_response_column': string should have at least 1 character"),
 ]
 
 

@@ -508,12 +508,14 @@ def test_good_vla_checkpoint_passes(assets, capsys):
     assert "plan 'embodied_grpo_oft_lift'" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("model", ["text model directory", "OFT checkpoint", "OFT preset"])
+@pytest.mark.parametrize("model", ["text model directory", "generated tiny text model", "OFT checkpoint",
+                                   "OFT preset"])
 def test_a_lora_target_the_model_lacks_is_refused_before_anything_starts(model, assets, tmp_path, capsys):
     """Before, a listed name beside a valid one (v_prj beside q_proj) trained fewer adapters than
     asked for, silently, and a list naming no layer stopped every worker after it had loaded the
-    model, with a Ray traceback."""
+    model, with a Ray traceback (the generated tiny model: in one line, once Ray had started)."""
     template, overrides = {"text model directory": (TEXT, [f"text.model_path={assets.lm}"]),
+                           "generated tiny text model": (TEXT, []),
                            "OFT checkpoint": (VLA, [*VLA_FROM_DIR, f"policy.config.model_path={assets.vla}"]),
                            "OFT preset": (VLA, [])}[model]
     typo = [*overrides, "policy.lora.rank=4", "policy.lora.target_modules=[q_proj,v_prj]"]

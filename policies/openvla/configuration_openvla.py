@@ -296,6 +296,8 @@ def validate_common_fields(config: Any, owner: str) -> None:
             raise ValueError(f"{owner}.{name} must be true or false, got {getattr(config, name)!r}")
     if not _is_int(config.action_dim) or config.action_dim < 1:
         raise ValueError(f"{owner}.action_dim must be a positive int, got {config.action_dim!r}")
+    if not _is_int(config.seed) or not 0 <= config.seed < 2**63:  # torch's generator seeds
+        raise ValueError(f"{owner}.seed must be an int from 0 to 2**63 - 1, got {config.seed!r}")
     stats = config.action_statistics
     if stats is not None and (not isinstance(stats, dict) or len(stats.get("q01", ())) != config.action_dim):
         raise ValueError(f"{owner}.action_statistics must be a dict with q01/q99 (and mask) of length action_dim")

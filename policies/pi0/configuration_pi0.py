@@ -477,8 +477,8 @@ class PI0PolicyConfig:
                              f"{self.gripper_postprocess!r}")
         if self.dtype not in POLICY_DTYPES:
             raise ValueError(f"{owner}.dtype {self.dtype!r} is unknown; use one of {POLICY_DTYPES}")
-        if not _is_int(self.seed):
-            raise ValueError(f"{owner}.seed must be an int, got {self.seed!r}")
+        if not _is_int(self.seed) or not 0 <= self.seed < 2**63:  # torch's generator seeds
+            raise ValueError(f"{owner}.seed must be an int from 0 to 2**63 - 1, got {self.seed!r}")
 
     @property
     def is_tiny_preset(self) -> bool:

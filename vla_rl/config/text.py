@@ -79,7 +79,7 @@ class TextSection(_Section):
     sft_lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the warm start.")
     sft_batch_size: int = Field(32, ge=1, description="Examples per warm-start step.")
     sft_response_column: str = Field(
-        "extra_info.answer", description="Column holding the warm start's target responses."
+        "extra_info.answer", min_length=1, description="Column holding the warm start's target responses."
     )
 
     def unread_settings(self) -> dict[str, str]:

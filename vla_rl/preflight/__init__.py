@@ -37,8 +37,8 @@ architecture leave it randomly initialised). :func:`preflight` checks what the t
 - **the simulator actors per worker** (``simulator.actors_per_worker``) are no more than the
   environments of a worker's pool, each actor running at least one;
 - **LoRA's settings** (``policy.lora``): the adapters injected into the policy built on the
-  ``meta`` device, where its architecture is known from the config (a text model directory,
-  OpenVLA and OpenVLA-OFT): each ``target_modules`` name names a trainable linear layer, each
+  ``meta`` device, where its architecture is known from the config (a text model directory, the
+  tiny text model a run generates, OpenVLA and OpenVLA-OFT): each ``target_modules`` name names a trainable linear layer, each
   ``trainable_modules`` entry a submodule;
 - **the worker resources the nodes declare** (a plug-in's ``register_node(resources=...)``) and
   those they need are registered.

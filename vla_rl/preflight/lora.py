@@ -14,10 +14,10 @@ from vla_rl.preflight.errors import PreflightError
 def check_lora(config) -> None:
     """Inject ``policy.lora``'s adapters into the policy built on the ``meta`` device
     (``apply_lora``, as :func:`vla_rl.workflows.base.apply_lora` does in the workers), where
-    the config alone gives the architecture: a text model directory's ``config.json``, an
-    OpenVLA/OpenVLA-OFT ``model_path`` or ``architecture``. Otherwise (the generated tiny text
-    model, a GGUF file) each worker checks the same when it builds the policy and stops the run in
-    one line. Nothing to check without ``policy.lora``.
+    the config alone gives the architecture: a text model directory's ``config.json``, the tiny
+    text model the run generates (``text.model_path: null``), an OpenVLA/OpenVLA-OFT
+    ``model_path`` or ``architecture``. Otherwise (a GGUF file) each worker checks the same when
+    it builds the policy and stops the run in one line. Nothing to check without ``policy.lora``.
 
     Raises:
         PreflightError: field ``policy.lora.target_modules`` (the names that match no trainable
@@ -42,11 +42,13 @@ def check_lora(config) -> None:
 
 
 def _text_policy(config):
-    """The causal LM policy of ``text.model_path`` on the ``meta`` device; None for the generated
-    tiny model and a GGUF file."""
-    from vla_rl.workflows.text import meta_causal_lm_policy
+    """The causal LM policy of ``text.model_path``, or the tiny model the run generates, on the
+    ``meta`` device; None for a GGUF file."""
+    from vla_rl.workflows.text import meta_causal_lm_policy, meta_tiny_causal_lm_policy
 
-    return None if config.text.model_path is None else meta_causal_lm_policy(config, Path(config.text.model_path))
+    if config.text.model_path is None:
+        return meta_tiny_causal_lm_policy(config)
+    return meta_causal_lm_policy(config, Path(config.text.model_path))
 
 
 def _robot_policy(config):

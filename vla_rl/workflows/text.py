@@ -145,6 +145,26 @@ def meta_causal_lm_policy(config, model_path: Path):
         return CausalLMPolicy(meta_model(architecture), load_tokenizer(model_path), policy_config)
 
 
+def meta_tiny_causal_lm_policy(config):
+    """The :class:`~policies.causal_lm.modeling_causal_lm.CausalLMPolicy` a text run with
+    ``text.model_path: null`` generates (:func:`vla_rl.workflows.text_assets.tiny_model_spec`, its
+    tokenizer trained as the run trains it), built on the ``meta`` device: its module names and
+    shapes, before the run has written it."""
+    import torch
+
+    from policies.causal_lm.configuration_causal_lm import CausalLMConfig
+    from policies.causal_lm.modeling_causal_lm import CausalLMPolicy
+    from policies.causal_lm.tiny import arithmetic_corpus, build_tiny_qwen2, train_tokenizer
+    from vla_rl.workflows.text_assets import TINY_MODEL_DIR, tiny_model_spec
+
+    spec = tiny_model_spec(config)
+    tokenizer = train_tokenizer(arithmetic_corpus(), spec.vocab_size)
+    policy_config = CausalLMConfig(model_path=TINY_MODEL_DIR, prompt_format=config.text.prompt_format,
+                                   chat_template_kwargs=dict(config.text.chat_template_kwargs))
+    with torch.device("meta"):
+        return CausalLMPolicy(build_tiny_qwen2(tokenizer, spec), tokenizer, policy_config)
+
+
 @register_resource("text_assets")
 def build_text_assets(res):
     """The model and prompt files of the run (:class:`~vla_rl.workflows.text_assets.TextAssets`)."""

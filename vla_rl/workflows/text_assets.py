@@ -59,6 +59,17 @@ def write_generated_prompts(config: RunConfig, out_dir: Path) -> dict[str, Path]
                                     row_group_size=GENERATED_ROW_GROUP_SIZE, levels=levels)
 
 
+def tiny_model_spec(config: RunConfig):
+    """The size of the tiny Qwen2 a run with ``text.model_path: null`` generates
+    (:class:`policies.causal_lm.tiny.TinyQwen2Spec` of ``text.tiny_hidden_size`` and
+    ``text.tiny_num_layers``)."""
+    from policies.causal_lm.tiny import TinyQwen2Spec
+
+    text = config.text
+    return TinyQwen2Spec(hidden_size=text.tiny_hidden_size, intermediate_size=2 * text.tiny_hidden_size,
+                         num_hidden_layers=text.tiny_num_layers)
+
+
 def ensure_text_assets(config: RunConfig, run_dir: Path) -> TextAssets:
     """Build what the run generates itself and check that every configured file exists.
 
@@ -67,14 +78,12 @@ def ensure_text_assets(config: RunConfig, run_dir: Path) -> TextAssets:
     Raises:
         FileNotFoundError: a configured model or prompt file is missing (names the field).
     """
-    from policies.causal_lm.tiny import TinyQwen2Spec, write_tiny_checkpoint
+    from policies.causal_lm.tiny import write_tiny_checkpoint
 
     text = config.text
     assets = TextAssets.resolve(config, run_dir)
     if text.model_path is None and not (assets.model_path / "config.json").exists():
-        spec = TinyQwen2Spec(hidden_size=text.tiny_hidden_size, intermediate_size=2 * text.tiny_hidden_size,
-                             num_hidden_layers=text.tiny_num_layers)
-        write_tiny_checkpoint(assets.model_path, spec, seed=config.run.seed)
+        write_tiny_checkpoint(assets.model_path, tiny_model_spec(config), seed=config.run.seed)
     if (text.train_file is None or text.test_file is None) and not (
         assets.train_file.exists() and assets.test_file.exists()
     ):
