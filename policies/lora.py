@@ -51,7 +51,8 @@ def inject_lora(model: nn.Module, rank: int, alpha: float | None, dropout: float
         ModuleNotFoundError: peft is not installed.
         vla_rl_core.components.ComponentConfigError: field ``target_modules``: no trainable
             linear layer of ``model`` matches it, or (``every_target``) one of its names (the
-            message lists the names the linear layers have).
+            message lists the names the linear layers have); field ``rank``: above every adapted
+            layer's full rank ``min(in_features, out_features)``.
     """
     from peft import LoraConfig, inject_adapter_in_model
     from peft.tuners.lora import LoraLayer
@@ -62,6 +63,7 @@ def inject_lora(model: nn.Module, rank: int, alpha: float | None, dropout: float
               and not any(p.requires_grad for p in module.parameters(recurse=False))]
     if every_target:
         check_target_modules(model, target_modules)
+    _check_rank(model, rank, target_modules)
     config = LoraConfig(
         r=rank, lora_alpha=min(rank, 16) if alpha is None else alpha, lora_dropout=dropout,
         target_modules=list(target_modules), exclude_modules=frozen or None, init_lora_weights="gaussian",
@@ -97,6 +99,23 @@ def check_target_modules(model: nn.Module, target_modules: Sequence[str]) -> Non
             "target_modules", f"{unmatched} name no trainable linear layer of the policy"
             + (f" ({frozen_only}: only layers the policy freezes itself)" if frozen_only else "")
             + f"; its linear layers are named {sorted(linear)}")
+
+
+def _check_rank(model: nn.Module, rank: int, target_modules: Sequence[str]) -> None:
+    """``rank`` is at most the largest full rank ``min(in_features, out_features)`` of the trainable
+    linear layers ``target_modules`` names: above it, every adapter is over-complete, and a mistyped
+    rank (10x, or 1e12) allocated factors larger than the model before any error.
+
+    Raises:
+        vla_rl_core.components.ComponentConfigError: field ``rank``.
+    """
+    layers = [(min(module.in_features, module.out_features), name) for name, module in model.named_modules()
+              if isinstance(module, nn.Linear) and name.rpartition(".")[2] in target_modules
+              and any(p.requires_grad for p in module.parameters(recurse=False))]
+    if layers and rank > max(layers)[0]:
+        full, name = max(layers)
+        raise ComponentConfigError("rank", f"{rank} is above the full rank of every layer it adapts (the largest: "
+                                   f"{full}, of {name}): use at most {full}")
 
 
 def _linear_names(model: nn.Module) -> set[str]:

@@ -146,6 +146,9 @@ OVERRIDE_CASES = [
      "OpenVLAOFTPolicyConfig.seed must be an int from 0 to 2**63 - 1"),
     ("negative π0 seed", "embodied_srpo_pi0_lift", ["policy.config.seed=-1"],
      "PI0PolicyConfig.seed must be an int from 0 to 2**63 - 1, got -1"),
+    # the allocator's traceback in every worker: "you tried to allocate 256000000000000 bytes"
+    ("LoRA rank past the model's", "llm_grpo", ["policy.lora.rank=1000000000000"],
+     "field 'policy.lora.rank': 1000000000000 is above the full rank of every layer it adapts"),
     # blamed text.train_file and named a temporary file: "row 0 has no column ''"
     ("empty warm-start column", "llm_grpo", ["text.sft_response_column=''"],
      "field 'text.sft_response_column': string should have at least 1 character"),

@@ -112,6 +112,35 @@ def test_a_listed_target_that_names_no_trainable_layer_is_refused_and_nothing_is
     assert raised.value.field == "target_modules" and _adapters(model) == []
 
 
+class Wide(nn.Module):
+    """A trainable 6 -> 12 layer (full rank 6), a trainable 4 -> 2 one (2), a frozen 16 -> 16 one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(6, 12)
+        self.v_proj = nn.Linear(4, 2)
+        self.k_proj = nn.Linear(16, 16).requires_grad_(False)
+
+
+@pytest.mark.parametrize(("targets", "largest"), [(["q_proj", "v_proj"], 6), (["v_proj"], 2)])
+def test_a_rank_above_every_adapted_layers_full_rank_is_refused_before_anything_is_allocated(targets, largest):
+    """rank=1e12 allocated the factors (256 TB on the tiny text model) and died with the allocator's
+    traceback; a rank up to the largest adapted layer's min(in, out) is accepted (over-complete on
+    the smaller layers, as tiny test models are)."""
+    from vla_rl_core.components import ComponentConfigError
+
+    with torch.device("meta"):
+        model = Wide()
+    with pytest.raises(ComponentConfigError, match=rf"{largest + 1} is above the full rank of every layer it adapts "
+                                                   rf"\(the largest: {largest}, of {targets[0]}\): use at most "
+                                                   rf"{largest}") as raised:
+        inject_lora(model, rank=largest + 1, alpha=None, dropout=0.0, target_modules=targets)
+    assert raised.value.field == "rank" and _adapters(model) == []
+    with pytest.raises(ComponentConfigError, match="above the full rank"):
+        inject_lora(model, rank=10**12, alpha=None, dropout=0.0, target_modules=targets)
+    assert len(inject_lora(model, rank=largest, alpha=None, dropout=0.0, target_modules=targets)) == len(targets)
+
+
 def test_a_default_list_adapts_the_layers_it_names_that_the_model_has():
     model = Block()
     assert inject_lora(model, rank=4, alpha=None, dropout=0.0, target_modules=["q_proj", "k_proj", "out_proj"],

@@ -26,7 +26,8 @@ class LoraSection(_Section):
     parameters a policy freezes itself (the vision towers' unused last block) get no adapter.
     """
 
-    rank: int = Field(32, ge=1, description="LoRA rank r (OpenVLA's fine-tuning uses 32).")
+    rank: int = Field(32, ge=1, description="LoRA rank r (OpenVLA's fine-tuning uses 32); at most the largest "
+                      "min(in_features, out_features) of the layers it adapts.")
     alpha: float | None = Field(
         None, gt=0, description="LoRA scaling numerator: the update is (alpha / rank) * B A (null: min(rank, 16), "
         "OpenVLA's choice).")
