@@ -9,8 +9,6 @@ Source of the gripper handling (openvla/openvla ``experiments/robot/robot_utils.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -73,21 +71,6 @@ def libero_unnorm_key(norm_stats: dict[str, Any], suite: str, source: str) -> st
     raise ValueError(f"{source} has no statistics of LIBERO suite {suite!r} (neither {suite!r} nor "
                      f"{suite + '_no_noops'!r}; it holds {sorted(norm_stats)}): set policy.config.unnorm_key to "
                      "the dataset whose statistics de-normalise this suite's actions")
-
-
-def read_dataset_statistics(path: str | Path) -> dict[str, Any]:
-    """Read ``dataset_statistics.json``.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: it is not a JSON object.
-    """
-    path = Path(path)
-    with path.open() as f:
-        stats = json.load(f)
-    if not isinstance(stats, dict):
-        raise ValueError(f"{path} must hold a JSON object {{unnorm_key: statistics}}")
-    return stats
 
 
 def libero_gripper_postprocess(actions: Tensor) -> Tensor:

@@ -81,9 +81,6 @@ ML10_TEST_TASKS: tuple[str, ...] = (
 )
 """The held-out test tasks of MetaWorld's ML10 benchmark (``metaworld.env_dict.ML10_V3["test"]``)."""
 
-MT1_TASKS: tuple[str, ...] = METAWORLD_V3_TASKS
-"""MT1 is any single task with its variations: each of the 50 tasks is one."""
-
 TASK_INSTRUCTIONS: dict[str, str] = {
     "assembly-v3": "pick up the nut and place it onto the peg",
     "basketball-v3": "dunk the basketball into the hoop",

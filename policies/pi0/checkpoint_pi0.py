@@ -204,15 +204,14 @@ def check_pi0_weights(model: PI0Model, directory: str | Path) -> tuple[WeightFil
     return weights, sources
 
 
-def save_pi0_checkpoint(model: PI0Model, out_dir: str | Path, layout: Layout = "lerobot",
-                        write_expert_head: bool = True) -> Path:
+def save_pi0_checkpoint(model: PI0Model, out_dir: str | Path, layout: Layout = "lerobot") -> Path:
     """Write ``model`` as a checkpoint directory in a published layout (:func:`write_pi0_checkpoint`),
     atomically (a half-written directory is never visible).
 
     Args:
         model: the model.
         out_dir: a new directory.
-        layout, write_expert_head: see :func:`write_pi0_checkpoint`.
+        layout: see :func:`write_pi0_checkpoint`.
 
     Returns:
         ``out_dir``.
@@ -224,21 +223,20 @@ def save_pi0_checkpoint(model: PI0Model, out_dir: str | Path, layout: Layout = "
     if layout not in LAYOUTS:
         raise ValueError(f"unknown π0 checkpoint layout {layout!r}; use one of {LAYOUTS}")
     with staged_directory(out_dir) as staging:
-        write_pi0_checkpoint(model, staging, layout, write_expert_head)
+        write_pi0_checkpoint(model, staging, layout)
     return Path(out_dir)
 
 
-def write_pi0_checkpoint(model: PI0Model, directory: Path, layout: Layout = "lerobot",
-                         write_expert_head: bool = True) -> None:
+def write_pi0_checkpoint(model: PI0Model, directory: Path, layout: Layout = "lerobot") -> None:
     """Write ``model``'s checkpoint files into the existing directory ``directory``:
-    ``model.safetensors`` (tensors in their own dtypes, on the CPU) and ``pi0_architecture.json``.
+    ``model.safetensors`` (tensors in their own dtypes, on the CPU; with the unused expert LM head
+    as zeros, ``(vocab_size, expert.width)``, 263M values at full size, so that strict loaders
+    accept the file) and ``pi0_architecture.json``.
 
     Args:
         model: the model.
         directory: an existing directory (e.g. a staging directory of :func:`staged_directory`).
         layout: ``"lerobot"`` (names prefixed ``model.``) or ``"openpi"``.
-        write_expert_head: write the unused expert LM head as zeros (``(vocab_size, expert.width)``,
-            263M values at full size) so that strict loaders accept the file.
 
     Raises:
         ValueError: an unknown layout.
@@ -247,10 +245,8 @@ def write_pi0_checkpoint(model: PI0Model, directory: Path, layout: Layout = "ler
         raise ValueError(f"unknown π0 checkpoint layout {layout!r}; use one of {LAYOUTS}")
     tensors = {checkpoint_name(name, layout): tensor.detach().to("cpu").contiguous()
                for name, tensor in model.state_dict().items()}
-    if write_expert_head:
-        config = model.config
-        dtype = model.action_out_proj.weight.dtype
-        tensors[checkpoint_name(EXPERT_HEAD, layout)] = torch.zeros(config.vocab_size, config.expert.width, dtype=dtype)
+    config, dtype = model.config, model.action_out_proj.weight.dtype
+    tensors[checkpoint_name(EXPERT_HEAD, layout)] = torch.zeros(config.vocab_size, config.expert.width, dtype=dtype)
     save_file(tensors, str(Path(directory) / SAFETENSORS_FILE), metadata={"format": "pt"})
     (Path(directory) / ARCHITECTURE_FILE).write_text(json.dumps(dataclasses.asdict(model.config), indent=2) + "\n")
 

@@ -360,7 +360,7 @@ class PI0Policy(Policy):
             ValueError: malformed ``obs`` or ``actions``, or a bad temperature.
         """
         temperature = self._temperature(temperature)
-        self._check_own_actions(actions, "actions", obs.batch_size[0] if isinstance(obs, TensorDict) else None)
+        self._check_own_actions(actions, obs.batch_size[0] if isinstance(obs, TensorDict) else None)
         inputs = self.model_inputs(obs)
         chain = own_to_chain(actions.to(self.device, torch.float32), self.num_steps, self.chunk_groups)
         log_probs, entropy = self.sampler.log_prob_and_entropy_of_chain(self._velocity_fn(inputs), chain,
@@ -396,7 +396,7 @@ class PI0Policy(Policy):
         Raises:
             ValueError: wrong shape, or no ``obs`` with ``delta_action_mask``.
         """
-        self._check_own_actions(actions, "actions")
+        self._check_own_actions(actions)
         last = self.num_steps * self.max_action_dim  # block num_steps of group 0
         normalized = actions[..., last : last + self.action_dim].float()
         statistics = self.action_statistics
@@ -543,9 +543,10 @@ class PI0Policy(Policy):
                              f"{temperature!r}")
         return float(temperature)
 
-    def _check_own_actions(self, actions: Tensor, what: str, batch: int | None = None) -> None:
+    def _check_own_actions(self, actions: Tensor, batch: int | None = None) -> None:
+        if not isinstance(actions, Tensor):
+            raise ValueError(f"actions must be a tensor of own actions, got a {type(actions).__name__}")  # noqa: TRY004
         expected = (actions.shape[0] if batch is None else batch, self.chunk_size, self.own_action_dim)
-        if not isinstance(actions, Tensor) or tuple(actions.shape) != expected or not actions.is_floating_point():
-            shape = tuple(actions.shape) if isinstance(actions, Tensor) else type(actions).__name__
-            raise ValueError(f"{what} must be floating own actions (batch, chunk_size, own_action_dim = chunk_groups * "
-                             f"(num_steps + 1) * max_action_dim) = {expected}, got {shape}")
+        if tuple(actions.shape) != expected or not actions.is_floating_point():
+            raise ValueError(f"actions must be floating own actions (batch, chunk_size, own_action_dim = chunk_groups * "
+                             f"(num_steps + 1) * max_action_dim) = {expected}, got {tuple(actions.shape)}")

@@ -108,7 +108,6 @@ def resolve_template_path(path_or_name: str | os.PathLike[str]) -> Path:
 def load_template(
     path_or_name: str | os.PathLike[str],
     overrides: Sequence[str] = (),
-    config_model: type[BaseModel] = RunConfig,
     *,
     recorded: Sequence[str] = (),
 ) -> Template:
@@ -118,7 +117,6 @@ def load_template(
         path_or_name: a template file path, or a bare name in ``dag_templates/``.
         overrides: dotted ``KEY=VALUE`` overrides (see the module docstring), the command's own:
             one that sets a setting the run never reads is refused (here, and by the planner).
-        config_model: the pydantic model of the template's ``config:`` section.
         recorded: overrides applied before ``overrides`` and not checked so: those an earlier
             command recorded (a run's resumes, the workers' copy of the driver's), which a later
             command cannot take back.
@@ -135,9 +133,9 @@ def load_template(
     except ValidationError as exc:
         raise _spec_error(exc, raw, path) from None
     try:
-        config = config_model.model_validate(spec.config)
+        config = RunConfig.model_validate(spec.config)
     except ValidationError as exc:
-        error = from_validation_error(exc, model=config_model, file=path)
+        error = from_validation_error(exc, model=RunConfig, file=path)
         given = override_of(overrides, error.field)  # a typed override's, not the file's (a resume's template.yaml)
         if given is not None and repr(given) not in error.message:
             error = TemplateError(f"{error.message} (override {given!r})", file=path, field=error.field)

@@ -14,41 +14,6 @@ from vla_rl.algorithms.aggregation import AGGREGATION_DENOMINATORS, aggregation_
 from vla_rl.utils.collectives import all_gather_small_objects, all_reduce, collective_device
 
 
-def minibatch_indices(
-    num_samples: int,
-    ppo_mini_batch_size: int,
-    epochs: int,
-    generator: torch.Generator,
-    group: dist.ProcessGroup | None = None,
-    num_mini_batches: int | None = None,
-) -> Iterator[Tensor]:
-    """Shuffled minibatch index tensors of this worker's shard, ``epochs`` passes over it.
-
-    Each pass makes ``ceil(total samples over the workers / ppo_mini_batch_size)`` minibatches
-    (verl's ``ppo_mini_batch_size``: a small filtered batch makes fewer updates instead of being
-    overfitted), or ``num_mini_batches`` when given (CleanRL's ``num_minibatches``: as many
-    updates whatever the batch's size, each minibatch a fixed share of it), fewer if some worker's
-    shard has fewer samples than that: every worker runs the same number of minibatches, so that
-    the gradient all-reduces of their backward passes match. When some shard is empty nobody
-    updates.
-
-    Args:
-        num_samples: samples in this worker's shard.
-        ppo_mini_batch_size: samples per minibatch, summed over the workers (unused with
-            ``num_mini_batches``).
-        epochs: passes over the shard.
-        generator: shuffles the samples (seeded per worker, saved in checkpoints).
-        group: the DAG workers' process group (None: the default group).
-        num_mini_batches: minibatches per pass (None: from ``ppo_mini_batch_size``).
-
-    Yields:
-        (minibatch size,) int64 indices into the shard, epoch after epoch.
-    """
-    for micro_batches in minibatch_schedule(num_samples, ppo_mini_batch_size, epochs, generator, group,
-                                            num_mini_batches=num_mini_batches):
-        yield micro_batches[0]
-
-
 def minibatch_schedule(
     num_samples: int,
     ppo_mini_batch_size: int,
@@ -58,20 +23,33 @@ def minibatch_schedule(
     micro_batch_size: int | None = None,
     num_mini_batches: int | None = None,
 ) -> Iterator[list[Tensor]]:
-    """:func:`minibatch_indices`, each minibatch split into micro-batches (gradient accumulation).
+    """Shuffled minibatches of this worker's shard, ``epochs`` passes over it, each minibatch
+    split into micro-batches (gradient accumulation).
+
+    Each pass makes ``ceil(total samples over the workers / ppo_mini_batch_size)`` minibatches
+    (verl's ``ppo_mini_batch_size``: a small filtered batch makes fewer updates instead of being
+    overfitted), or ``num_mini_batches`` when given (CleanRL's ``num_minibatches``: as many
+    updates whatever the batch's size, each minibatch a fixed share of it), fewer if some worker's
+    shard has fewer samples than that: every worker runs the same number of minibatches, so that
+    the gradient all-reduces of their backward passes match. When some shard is empty nobody
+    updates.
 
     Every worker splits every minibatch into the same number ``K`` of micro-batches: the largest
     minibatch of any worker divided by ``micro_batch_size``, rounded up, so that each worker runs
     as many forward and backward passes as the others (FSDP gathers parameters in each one; a
     worker must not skip one). A worker whose minibatch holds fewer than ``K`` samples gets empty
-    micro-batches (the trainer runs them as passes that contribute nothing). The shuffling, and
-    so the minibatches, are those of :func:`minibatch_indices`.
+    micro-batches (the trainer runs them as passes that contribute nothing).
 
     Args:
-        num_samples, ppo_mini_batch_size, epochs, generator, group, num_mini_batches: see
-            :func:`minibatch_indices`.
+        num_samples: samples in this worker's shard.
+        ppo_mini_batch_size: samples per minibatch, summed over the workers (unused with
+            ``num_mini_batches``).
+        epochs: passes over the shard.
+        generator: shuffles the samples (seeded per worker, saved in checkpoints).
+        group: the DAG workers' process group (None: the default group).
         micro_batch_size: at most this many samples per micro-batch; None: one micro-batch, the
             whole minibatch.
+        num_mini_batches: minibatches per pass (None: from ``ppo_mini_batch_size``).
 
     Yields:
         per minibatch, ``K`` (minibatch size / K,) int64 index tensors into the shard, in order,

@@ -67,9 +67,12 @@ def same_demonstration_settings(stored: Any, current: Mapping[str, Any]) -> bool
     return same_env(stored["name"], settings[0], current["name"], settings[1])
 
 
+DEMONSTRATION_ROUNDS = 10
+"""Rounds of expert episodes run to collect the demonstrations asked for before giving up."""
+
+
 def ensure_demonstrations(
-    pool, store_path: Path, num_demos: int, id_offset: int, env_attrs: dict, max_attempts: int = 10,
-    num_tasks: int | None = None,
+    pool, store_path: Path, num_demos: int, id_offset: int, env_attrs: dict, num_tasks: int | None = None,
 ) -> TrajectoryStore:
     """Return a store holding at least ``num_demos`` successful expert demonstrations (of every
     task of a task set).
@@ -84,7 +87,7 @@ def ensure_demonstrations(
     Raises:
         ValueError: if ``store_path`` holds demonstrations of another simulator configuration.
         RuntimeError: if the expert does not produce ``num_demos`` successes within
-            ``max_attempts`` rounds.
+            :data:`DEMONSTRATION_ROUNDS` rounds.
     """
     spec = pool.spec()
     if (store_path / "zarr.json").exists():
@@ -102,7 +105,7 @@ def ensure_demonstrations(
                                        attrs={"env": env_attrs, "settings_format": SETTINGS_FORMAT})
     for task in range(num_tasks or 1):
         count, start = _stored(store, None if num_tasks is None else task, id_offset)
-        for _ in range(max_attempts):
+        for _ in range(DEMONSTRATION_ROUNDS):
             missing = num_demos - count
             if missing <= 0:
                 break

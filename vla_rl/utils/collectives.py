@@ -118,12 +118,6 @@ def all_reduce_cost(world: int, nbytes: int) -> tuple[int, int]:
     return moved, moved
 
 
-def small_gather_cost(world: int, capacity: int = SMALL_OBJECT_BYTES) -> tuple[int, int]:
-    """``(sent, received)`` bytes of one rank in :func:`all_gather_small_objects` when every
-    object fits (its single collective)."""
-    return all_gather_cost(world, _HEADER_BYTES + capacity)
-
-
 def all_gather_small_objects(obj: Any, group: dist.ProcessGroup | None = None,
                              capacity: int = SMALL_OBJECT_BYTES, tag: str = "summaries") -> list[Any]:
     """``dist.all_gather_object`` in one collective when every rank's object is small.

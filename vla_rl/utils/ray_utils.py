@@ -56,7 +56,7 @@ def joined_cluster() -> bool:
     return os.environ.get("VLA_RL_RAY_CLUSTER") == "1"
 
 
-def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, address: str | None = None) -> None:
+def init_ray(num_cpus: float | None = None, address: str | None = None) -> None:
     """Start a local Ray instance whose every listener is on 127.0.0.1, or join a cluster
     (no-op if Ray is already initialised).
 
@@ -67,7 +67,6 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
             (``--maximum_startup_concurrency``): a float such as ``5.0`` on a machine with more
             than 5 cores makes the raylet exit at start-up, and ``ray.init`` then fails after
             30 s with "The current node timed out during startup". Ignored when joining.
-        include_dashboard: start the dashboard (on 127.0.0.1); off by default.
         address: a Ray cluster to join (``auto``, ``host:port``, ``ray://host:port``); its
             nodes' addresses are used, so the loopback settings do not apply (except to a
             cluster reached at 127.0.0.1, whose nodes all run on this machine, such as the
@@ -99,11 +98,10 @@ def init_ray(num_cpus: float | None = None, include_dashboard: bool = False, add
         if deferring:  # Ray's handler (sys.exit(15)) would end ray.init anywhere: ours records it meanwhile
             stack.enter_context(unittest.mock.patch.object(ray._private.utils, "set_sigterm_handler",
                                                            lambda handler: None))
-        _init(ray, ray_constants, address, loopback, num_cpus, include_dashboard)
+        _init(ray, ray_constants, address, loopback, num_cpus)
 
 
-def _init(ray, ray_constants, address: str | None, loopback: bool, num_cpus: float | None,
-          include_dashboard: bool) -> None:
+def _init(ray, ray_constants, address: str | None, loopback: bool, num_cpus: float | None) -> None:
     """:func:`init_ray`'s ``ray.init``, Ray not yet initialised."""
     from simulators.rendering import user_rendering_env_vars
 
@@ -133,7 +131,7 @@ def _init(ray, ray_constants, address: str | None, loopback: bool, num_cpus: flo
     ray.init(
         address="local",  # a new instance, never another run's cluster found in /tmp/ray
         _node_ip_address=LOOPBACK,
-        include_dashboard=include_dashboard,
+        include_dashboard=False,
         dashboard_host=LOOPBACK,
         num_cpus=None if num_cpus is None else math.ceil(num_cpus),
         log_to_driver=True,

@@ -173,33 +173,6 @@ class WorkerCheckpointer:
 
 
 @dataclass(frozen=True)
-class ModuleCheckpoint:
-    """Checkpoints a module-valued resource (or a module attribute of it) as ``<file>.safetensors``.
-
-    Attributes:
-        resource: the resource's name.
-        file: the file stem (``model``, ``reference``, ``critic``).
-        attribute: the module's attribute on the resource (None: the resource is the module).
-    """
-
-    resource: str
-    file: str
-    attribute: str | None = None
-
-    def _module(self, resources):
-        obj = getattr(resources, self.resource)
-        return obj if self.attribute is None else getattr(obj, self.attribute)
-
-    def save(self, resources, directory: Path) -> dict[str, Any]:
-        if resources.rank == 0:
-            checkpoint.save_model(directory, self._module(resources), name=self.file)
-        return {}
-
-    def load(self, resources, directory: Path, metadata: dict[str, Any]) -> None:
-        checkpoint.load_model(directory, self._module(resources), name=self.file)
-
-
-@dataclass(frozen=True)
 class SharedModuleCheckpoint:
     """Checkpoints a module-valued resource that shares parameters with another resource's
     module (the ``reference`` shares the ``policy``'s frozen parameters) as

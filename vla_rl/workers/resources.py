@@ -5,9 +5,10 @@ actor trainer, the frozen reference, the critic, the KL controller, SRPO's traje
 prompt loaders, an evaluation session. Each is registered once, next to the code that owns it,
 with the resources it is built from and, where it holds training state, how it is checkpointed::
 
-    @register_resource("reference", needs=("policy",), checkpoint=ModuleCheckpoint("reference"))
+    @register_resource("reference", needs=("policy",),
+                       checkpoint=SharedModuleCheckpoint("reference", "reference", owner="policy"))
     def build_reference(res: Resources):
-        return copy.deepcopy(res.policy).requires_grad_(False).eval()
+        ...  # a frozen copy of the policy (vla_rl/nodes/inference.py)
 
 Nodes declare the resources they use (``register_node(..., resources=("reference",))``). A worker
 builds exactly the resources its chains declare, with their ``needs`` first, when a phase starts
