@@ -548,5 +548,6 @@ class PI0Policy(Policy):
             raise ValueError(f"actions must be a tensor of own actions, got a {type(actions).__name__}")  # noqa: TRY004
         expected = (actions.shape[0] if batch is None else batch, self.chunk_size, self.own_action_dim)
         if tuple(actions.shape) != expected or not actions.is_floating_point():
-            raise ValueError(f"actions must be floating own actions (batch, chunk_size, own_action_dim = chunk_groups * "
-                             f"(num_steps + 1) * max_action_dim) = {expected}, got {tuple(actions.shape)}")
+            raise ValueError(f"actions must be floating own actions (batch, chunk_size, own_action_dim = "
+                             f"chunk_groups * (num_steps + 1) * max_action_dim) = {expected}, "
+                             f"got {tuple(actions.shape)}")
