@@ -38,9 +38,11 @@ def test_seed_lists(text, seeds):
     assert parse_seeds(text) == seeds
 
 
-# "1-" was taken as seed 1; "0-999999999999" built the whole list (MemoryError) before
+# "1-" was taken as seed 1; "0-999999999999" built the whole list (MemoryError) before; a range past
+# 2**63 was an OverflowError traceback; int() read "0_1" as seed 1, "+1" as 1 and "٣" (Arabic-Indic 3) as 3
 @pytest.mark.parametrize("text", ["", "a", "0,0", "0-2,1", "-1", "3-1", "1.5", "1-", "0-999999999999",
-                                  "18446744073709551616,0", "4294967296"])
+                                  "18446744073709551616,0", "4294967296", "0-99999999999999999999", "0_1", "+1",
+                                  "\u0663", "1--2"])
 def test_bad_seed_lists(text):
     with pytest.raises(CommandLineError, match="--seeds"):
         parse_seeds(text)
@@ -187,6 +189,25 @@ def test_a_resumed_seed_names_the_machines_of_every_start(tmp_path, run_hosts, u
     summary.update(run_hosts=run_hosts, hosts_unrecorded=unrecorded)
     (run_dir / "summary.json").write_text(json.dumps(summary))
     assert seed_figures(run_dir)["hosts"] == expected
+
+
+def test_a_seed_resumed_with_another_budget_or_evaluation_reports_its_own(tmp_path):
+    """`vla-rl train --resume SWEEP/seed_2 trainer.total_env_steps=2000` (what resuming a finished seed
+    suggests): the report held the sweep's budget for it, and compare called two sweeps equal in cost."""
+    from vla_rl.driver import prepare_run_dir
+    from vla_rl.run_dir import RunDirectory
+
+    run, _, _ = prepare_run_dir("embodied_srpo", [f"run.output_dir={tmp_path}", "run.name=seed_0",
+                                                  "trainer.total_env_steps=1000"], resume=None)
+    run.close()
+    template = run.template_path.read_text()
+    shutil.rmtree(run.path)
+    fake_run(run.path, 0, 0.2, 0.8)
+    run.template_path.write_text(template)
+    assert (seed_figures(run.path)["budget"], seed_figures(run.path)["evaluation"]["eval.num_episodes"]) == (1000, 50)
+    RunDirectory.reopen(run.path).record_resume(["trainer.total_env_steps=2000", "eval.num_episodes=64"])
+    figures = seed_figures(run.path)
+    assert figures["budget"] == 2000 and figures["evaluation"]["eval.num_episodes"] == 64
 
 
 def test_a_report_before_any_seed_finished(tmp_path):

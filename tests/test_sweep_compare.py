@@ -11,7 +11,7 @@ import pytest
 from vla_rl.cli import main
 from vla_rl.errors import CommandLineError
 from vla_rl.sweep import REPORT_JSON
-from vla_rl.sweep_compare import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, compare, compare_sweeps
+from vla_rl.sweep_compare import COMPARE_JSON, COMPARE_MD, COMPARE_PLOT, compare, compare_sweeps, markdown, read_report
 
 #: Student's t quantile t_{0.975, 2} (two-sided 95%, 2 degrees of freedom), from a table.
 T_975_2 = 4.302652729749464
@@ -46,6 +46,62 @@ def test_paired_differences_and_their_student_t_interval():
     assert (difference["ci_low"], difference["ci_high"]) == pytest.approx((mean - half, mean + half))
     assert result["across_seeds"]["greedy"]["gain_b"]["mean"] == pytest.approx((0.72 + 0.80 + 0.76) / 3)
     assert result["per_seed"]["1"]["env_steps"] == {"a": 80_500, "b": 82_110, "ratio": pytest.approx(82_110 / 80_500)}
+
+
+def test_a_seed_resumed_to_another_budget_is_not_at_equal_cost(tmp_path):
+    """A's seed 2 resumed to twice the budget: compare read the budget of the sweeps' overrides alone
+    and said both stopped at 80,000."""
+    a = json.loads(json.dumps(GRPO))
+    for seed, goal in (("0", 80_000), ("1", 80_000), ("2", 160_000)):
+        a["per_seed"][seed]["budget"] = goal
+    a["per_seed"]["2"]["env_steps"] = 160_300
+    result = compare(a, SRPO)
+    assert not result["equal_budget"] and result["a"]["budget"] is None and result["b"]["budget"] == 80_000
+    assert result["a"]["seed_budgets"] == {"0": 80_000, "1": 80_000, "2": 160_000}
+    assert "do not stop at the same trainer.total_env_steps (seed 0: A 80,000, B 80,000; seed 1: A 80,000, B " \
+           "80,000; seed 2: A 160,000, B 80,000)" in markdown(result)
+
+
+def test_a_seed_evaluated_otherwise_or_on_another_machine_is_named_per_pair():
+    """Evaluation settings and machines are compared pair by pair: pooled over the seeds, A's seed 0
+    on one CPU and B's seeds 1, 2 on it read as the same machines; a resume of one seed with more
+    held-out episodes was not seen."""
+    intel, amd = {"cpu": "Intel Xeon", "torch": "2.13.0"}, {"cpu": "AMD EPYC", "torch": "2.13.0"}
+    a, b = json.loads(json.dumps(GRPO)), json.loads(json.dumps(SRPO))
+    for seed in ("0", "1", "2"):
+        a["per_seed"][seed].update(hosts=[amd if seed == "0" else intel], evaluation={"eval.num_episodes": 50})
+        b["per_seed"][seed].update(hosts=[intel if seed == "0" else amd],
+                                   evaluation={"eval.num_episodes": 64 if seed == "2" else 50})
+    result = compare(a, b)
+    assert result["hosts"]["differ_in"] == ["cpu"]
+    assert result["evaluation_differs_in"] == ["eval.num_episodes: 50 vs 64"]
+    text = markdown(result)
+    assert "The sweeps ran on different machines (they differ in cpu)" in text
+    assert "**Not the same held-out evaluation**: the sweeps differ in eval.num_episodes: 50 vs 64" in text
+    for seed in ("0", "1", "2"):
+        b["per_seed"][seed].update(hosts=a["per_seed"][seed]["hosts"], evaluation={"eval.num_episodes": 50})
+    result = compare(a, b)
+    assert result["hosts"]["differ_in"] == [] and result["evaluation_differs_in"] == []
+
+
+def test_a_live_sweep_whose_runs_changed_after_its_report_is_refused_as_stale(tmp_path):
+    """A seed resumed after the report (its summary.json newer): compare read the old figures."""
+    import os
+
+    from vla_rl.sweep import SWEEP_FILE, seed_run_dir
+
+    sweep = tmp_path / "sweep"
+    for seed in (0, 1):
+        seed_run_dir(sweep, seed).mkdir(parents=True)
+        (seed_run_dir(sweep, seed) / "summary.json").write_text("{}")
+    (sweep / SWEEP_FILE).write_text(json.dumps({"template": "embodied_grpo", "overrides": [], "seeds": [0, 1]}))
+    (sweep / REPORT_JSON).write_text(json.dumps(report("embodied_grpo", [], {"0": 0.5, "1": 0.6}, 1000)))
+    assert read_report(sweep)["per_seed"]["1"]["final"]["greedy"]["success_rate"] == 0.6
+    later = (sweep / REPORT_JSON).stat().st_mtime + 5
+    os.utime(seed_run_dir(sweep, 1) / "summary.json", (later, later))
+    with pytest.raises(CommandLineError, match=r"report.json is older than the runs of seeds 1 \(their summary.json\)"
+                                               r": it is stale; run `vla-rl train --resume .*sweep` to rewrite it"):
+        read_report(sweep)
 
 
 def test_intervals_of_differences_end_at_plus_and_minus_100_points():

@@ -24,6 +24,7 @@ A run that stopped before its first checkpoint cannot resume: its directory is k
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -64,18 +65,20 @@ def parse_seeds(text: str) -> list[int]:
     seeds: list[int] = []
     try:
         for part in text.split(","):
-            first, dash, last = part.strip().partition("-")
-            span = range(int(first), int(last) + 1) if dash else [int(first)]
-            if not span:
+            numbers = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", part)  # int() also read 0_1, +1, ٣
+            if numbers is None:
                 raise ValueError
-            if len(seeds) + len(span) > MAX_SEEDS:
+            first, last = int(numbers[1]), int(numbers[2] or numbers[1])
+            if first > last:
+                raise ValueError
+            if len(seeds) + last - first + 1 > MAX_SEEDS:  # before a range of 10**20 seeds is made
                 break
-            seeds += span
+            seeds += range(first, last + 1)
         else:
-            span = None
+            numbers = None
     except ValueError:
         raise CommandLineError(f"--seeds {text!r}: give seeds as 0,1,2 or 0-4") from None
-    if span is not None:  # the loop stopped at MAX_SEEDS
+    if numbers is not None:  # the loop stopped at MAX_SEEDS
         raise CommandLineError(f"--seeds {text!r}: more than {MAX_SEEDS} seeds")
     if any(not 0 <= seed <= MAX_SEED for seed in seeds) or len(set(seeds)) != len(seeds):
         raise CommandLineError(f"--seeds {text!r}: seeds are distinct integers in [0, {MAX_SEED}]")
@@ -218,11 +221,14 @@ def _stop_ray() -> None:
 # ---------------------------------------------------------------------------- the report
 def seed_figures(run_dir: Path) -> dict[str, Any]:
     """One finished run's figures: ``{"first": {protocol: figures}, "final": {...}, "first_tag",
-    "env_steps", "steps", "wall_time_s", "hosts"}`` where figures are ``success_rate``,
-    ``episodes``, ``ci_low``, ``ci_high`` as the run's summary holds them (Wilson 95%) and
-    ``hosts`` the machines its workers ran on, every start of them included (a resume on another
-    machine adds its own; :func:`vla_rl.utils.host.host_record`, without repeats; None when the
-    run did not record them all)."""
+    "env_steps", "steps", "wall_time_s", "hosts", "budget", "evaluation"}`` where figures are
+    ``success_rate``, ``episodes``, ``ci_low``, ``ci_high`` as the run's summary holds them
+    (Wilson 95%), ``hosts`` the machines its workers ran on, every start of them included (a resume
+    on another machine adds its own; :func:`vla_rl.utils.host.host_record`, without repeats; None
+    when the run did not record them all), ``budget`` its ``trainer.total_env_steps`` and
+    ``evaluation`` its :func:`evaluation_settings`, as its template and every resume's overrides
+    set them (a resume of one seed with another budget is that seed's own; both left out when the
+    run's template no longer loads here)."""
     summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     first_tag = next((key for key in summary if key.endswith("_eval") and key != "final_eval"), None)
     figures: dict[str, Any] = {"first_tag": first_tag and first_tag.removesuffix("_eval")}
@@ -241,6 +247,10 @@ def seed_figures(run_dir: Path) -> dict[str, Any]:
         figures["hosts"] = None if summary["hosts_unrecorded"] else summary["run_hosts"]
     else:  # an earlier vla-rl: the last start's machines only (None: none recorded)
         figures["hosts"] = distinct(summary["hosts"]) if "hosts" in summary else None
+    config = _run_config(run_dir)
+    if config is not None:
+        figures["budget"] = config.trainer.total_env_steps
+        figures["evaluation"] = evaluation_settings(config)
     return figures
 
 
@@ -305,13 +315,15 @@ def evaluation_settings(config) -> dict[str, Any]:
     return json.loads(json.dumps(values))  # as report.json holds it (tuples as lists)
 
 
-def _run_evaluation_settings(run_dir: Path) -> dict[str, Any] | None:
-    """:func:`evaluation_settings` of a run as its ``template.yaml`` resolved them; None when it
-    no longer loads here (a plug-in not importable now: compare then says it cannot tell)."""
+def _run_config(run_dir: Path):
+    """A run's config as its last start ran it: its ``template.yaml`` with every resume's overrides
+    (``resumes.jsonl``); None when it no longer loads here (a plug-in not importable now: compare
+    then says it cannot tell)."""
     from vla_rl.dag.errors import TemplateError
 
+    run = RunDirectory.reopen(run_dir)
     try:
-        return evaluation_settings(load_template(run_dir / "template.yaml").config)
+        return load_template(run.template_path, recorded=run.recorded_overrides()).config
     except TemplateError:
         return None
 
@@ -326,10 +338,8 @@ def write_report(sweep_dir: Path) -> dict:
     report = {"template": spec["template"], "overrides": spec["overrides"], "seeds": spec["seeds"],
               "finished": finished, "per_seed": {str(s): f for s, f in per_seed.items()},
               "across_seeds": aggregate(per_seed) if per_seed else None}
-    if finished:  # as its runs resolved them (their template.yaml), for vla-rl compare
-        settings = _run_evaluation_settings(seed_run_dir(sweep_dir, finished[0]))
-        if settings is not None:
-            report["evaluation"] = settings
+    if finished and "evaluation" in per_seed[finished[0]]:  # as its first run resolved them
+        report["evaluation"] = per_seed[finished[0]]["evaluation"]
     _write_atomically(sweep_dir / REPORT_JSON, json.dumps(report, indent=2) + "\n")
     _write_atomically(sweep_dir / REPORT_MD, markdown_report(report))
     if per_seed:

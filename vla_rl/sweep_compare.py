@@ -97,6 +97,13 @@ def read_report(path: str | Path) -> dict[str, Any]:
             raise CommandLineError(f"{file} reports seeds {', '.join(gone)} whose runs are no longer in {path} (no "
                                    f"seed_<n>/{SUMMARY_FILE}): it is stale; run `vla-rl train --resume {path}` to "
                                    "finish the sweep and rewrite it, or compare the report file itself")
+        written = file.stat().st_mtime
+        newer = [str(seed) for seed in report.get("seeds", report["per_seed"])
+                 if (summary := seed_run_dir(path, int(seed)) / SUMMARY_FILE).is_file()
+                 and summary.stat().st_mtime > written]
+        if newer:  # a seed's run resumed (e.g. with a larger budget) or finished after the report
+            raise CommandLineError(f"{file} is older than the runs of seeds {', '.join(newer)} (their {SUMMARY_FILE}): "
+                                   f"it is stale; run `vla-rl train --resume {path}` to rewrite it from its runs")
     return report
 
 
@@ -114,16 +121,18 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """The paired comparison of two sweep reports (see the module docstring).
 
     Returns:
-        ``{"a", "b": {"template", "overrides", "budget"}, "seeds": [...], "equal_budget": bool (both
-        set one ``trainer.total_env_steps`` and every paired run reached it), "short_of_budget":
+        ``{"a", "b": {"template", "overrides", "budget", "seed_budgets"}, "seeds": [...],
+        "equal_budget": bool (each paired seed's runs have one ``trainer.total_env_steps``, a resume
+        of one run with another included, and every paired run reached it), "short_of_budget":
         {"a", "b": {seed: env steps}} (runs that ended below their budget: ``trainer.total_steps``
-        came first; None: not recorded), "evaluation_differs_in": ["setting: A vs B", ...] ([]: the same held-out
-        evaluation) or None (unknown), "evaluation_source": "recorded", "derived" or why unknown,
-        "per_seed": {seed: {"env_steps": {"a", "b", "ratio"}, protocol: {"a", "b", "difference"}}},
+        came first; None: not recorded), "evaluation_differs_in": ["setting: A vs B", ...] ([]: each
+        paired seed's runs evaluated alike) or None (unknown), "evaluation_source": "recorded",
+        "derived" or why unknown, "per_seed": {seed: {"env_steps": {"a", "b", "ratio"}, protocol:
+        {"a", "b", "difference"}}},
         "across_seeds": {protocol: {"difference", "gain_a", "gain_b": {"mean", "ci_low", "ci_high",
         "seeds"}}}, "hosts": {"a", "b": [record, ...] or None (a paired run recorded none),
-        "differ_in": [field, ...] ([]: the same hosts) or None (unknown)}}``; rates in [0, 1],
-        ``ratio`` B's environment steps over A's.
+        "differ_in": [field, ...] ([]: each paired seed's runs on the same hosts) or None (unknown)}}``;
+        rates in [0, 1], ``ratio`` B's environment steps over A's.
 
     Raises:
         CommandLineError: the sweeps share no finished seed, or no protocol finally evaluated on
@@ -155,24 +164,65 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     if not across:
         raise CommandLineError(f"the sweeps share no protocol evaluated at the end of one seed's runs in both "
                                f"(seeds {', '.join(seeds)}): a comparison pairs final evaluations seed by seed")
-    sides = {name: {"template": r["template"], "overrides": r["overrides"], "budget": budget(r)}
-             for name, r in (("a", a), ("b", b))}
+    sides = {name: _side(r, seeds) for name, r in (("a", a), ("b", b))}
     short = {name: {seed: steps for seed in seeds  # below the budget, or not recorded (None): not known to reach it
-                    if sides[name]["budget"] is not None and ((steps := per_seed[seed]["env_steps"][name]) is None
-                                                              or steps < sides[name]["budget"])}
+                    if (goal := sides[name]["seed_budgets"][seed]) is not None
+                    and ((steps := per_seed[seed]["env_steps"][name]) is None or steps < goal)}
              for name in ("a", "b")}
     hosts = {name: _hosts(r, seeds) for name, r in (("a", a), ("b", b))}
-    hosts["differ_in"] = None if None in hosts.values() else differences(hosts["a"], hosts["b"])
-    (settings_a, source_a), (settings_b, source_b) = _evaluation_settings(a), _evaluation_settings(b)
-    evaluation = None if settings_a is None or settings_b is None else [  # a setting of one side only pairs nothing
-        f"{key}: {settings_a[key]!r} vs {settings_b[key]!r}"
-        for key in sorted(set(settings_a) & set(settings_b)) if settings_a[key] != settings_b[key]]
-    evaluation_source = "; ".join(dict.fromkeys(source for source in (source_a, source_b) if source != "recorded"))
-    same_budget = sides["a"]["budget"] is not None and sides["a"]["budget"] == sides["b"]["budget"]
+    hosts["differ_in"] = _paired_host_differences(a, b, seeds)
+    evaluation, evaluation_source = _paired_evaluation_differences(a, b, seeds)
+    same_budget = all(sides["a"]["seed_budgets"][seed] is not None
+                      and sides["a"]["seed_budgets"][seed] == sides["b"]["seed_budgets"][seed] for seed in seeds)
     return {**sides, "seeds": seeds, "equal_budget": same_budget and not short["a"] and not short["b"],
             "short_of_budget": short, "evaluation_differs_in": evaluation,
-            "evaluation_source": evaluation_source or "recorded", "per_seed": per_seed,
+            "evaluation_source": evaluation_source, "per_seed": per_seed,
             "across_seeds": across, "hosts": hosts}
+
+
+def _side(report: dict[str, Any], seeds: list[str]) -> dict[str, Any]:
+    """One sweep in a comparison: its template and overrides, each paired seed's
+    ``trainer.total_env_steps`` (``seed_budgets``: as its run's report figures record it, a resume
+    of one seed with another budget included; else the sweep's) and ``budget``, the one they all
+    have (None: none, or not the same)."""
+    sweep_budget = budget(report)
+    seed_budgets = {seed: report["per_seed"][seed].get("budget", sweep_budget) for seed in seeds}
+    common = set(seed_budgets.values())
+    return {"template": report["template"], "overrides": report["overrides"],
+            "budget": common.pop() if len(common) == 1 else None, "seed_budgets": seed_budgets}
+
+
+def _paired_evaluation_differences(a: dict[str, Any], b: dict[str, Any], seeds: list[str]
+                                   ) -> tuple[list[str] | None, str]:
+    """The evaluation settings in which some paired seed's runs differ (``"setting: A vs B"``; []:
+    none; None: unknown), each run's as its report figures record them (a resume with, say, more
+    episodes included), else its sweep's (:func:`_evaluation_settings`); and where they come from."""
+    def per_seed(report: dict[str, Any]) -> tuple[dict[str, dict[str, Any] | None], str]:
+        if all("evaluation" in report["per_seed"][seed] for seed in seeds):
+            return {seed: report["per_seed"][seed]["evaluation"] for seed in seeds}, "recorded"
+        settings, source = _evaluation_settings(report)  # a report of an earlier vla-rl: its sweep's
+        return {seed: report["per_seed"][seed].get("evaluation", settings) for seed in seeds}, source
+
+    (settings_a, source_a), (settings_b, source_b) = per_seed(a), per_seed(b)
+    source = "; ".join(dict.fromkeys(s for s in (source_a, source_b) if s != "recorded")) or "recorded"
+    differs: dict[str, None] = {}
+    for seed in seeds:
+        ea, eb = settings_a[seed], settings_b[seed]
+        if ea is None or eb is None:
+            return None, source
+        differs |= dict.fromkeys(f"{key}: {ea[key]!r} vs {eb[key]!r}"  # a setting of one side only pairs nothing
+                                 for key in sorted(set(ea) & set(eb)) if ea[key] != eb[key])
+    return list(differs), source
+
+
+def _paired_host_differences(a: dict[str, Any], b: dict[str, Any], seeds: list[str]) -> list[str] | None:
+    """The host fields in which some paired seed's runs ran on different machines ([]: each pair
+    on the same; None: a run recorded none). Pooled over the seeds, A's seed 0 on one CPU and B's
+    seeds 1 and 2 on it read as the same machines."""
+    records = [(a["per_seed"][seed].get("hosts"), b["per_seed"][seed].get("hosts")) for seed in seeds]
+    if any(ha is None or hb is None for ha, hb in records):
+        return None
+    return sorted({field for ha, hb in records for field in differences(ha, hb)})
 
 
 def _evaluation_settings(report: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
@@ -246,8 +296,11 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{_count(b['budget'])}), their trainer.total_steps coming first ({ended} environment steps): "
                      "they are compared at the environment steps each took, listed below.")
     else:
-        budgets = ("neither sets one" if a["budget"] is None and b["budget"] is None
-                   else f"A: {_count(a['budget'])}, B: {_count(b['budget'])}")
+        uniform = all(len(set(side["seed_budgets"].values())) == 1 for side in (a, b))
+        budgets = ("neither sets one" if set(a["seed_budgets"].values()) | set(b["seed_budgets"].values()) == {None}
+                   else f"A: {_count(a['budget'])}, B: {_count(b['budget'])}" if uniform
+                   else "; ".join(f"seed {seed}: A {_count(a['seed_budgets'][seed])}, "  # a resume changed one
+                                  f"B {_count(b['seed_budgets'][seed])}" for seed in result["seeds"]))
         lines.append(f"The sweeps do not stop at the same {_BUDGET_KEY} ({budgets}): their runs are compared at "
                      "the environment steps each took, listed below.")
     differs, source = result.get("evaluation_differs_in"), result.get("evaluation_source", "recorded")
