@@ -104,6 +104,18 @@ def test_a_live_sweep_whose_runs_changed_after_its_report_is_refused_as_stale(tm
         read_report(sweep)
 
 
+def test_seeds_one_sweep_lacks_and_an_unfinished_sweep_are_named():
+    """A finished seeds 0-2, B asked for 1-3 and finished 1 and 2: only "seeds both finished: 1, 2"
+    was said, and A's gain over its first evaluation silently moved to the paired seeds."""
+    b = report("embodied_srpo", ["trainer.total_env_steps=80000"], {"1": 0.9, "2": 0.95}, 80_300)
+    b["seeds"] = [1, 2, 3]
+    text = markdown(compare(GRPO, b))
+    assert "- seeds both finished: 1, 2\n" in text
+    assert "- left out: A's seed(s) 0, which B has not finished (its own report counts them)" in text
+    assert "- B is not finished: seed(s) 3 asked for and not run to the end" in text
+    assert "left out" not in markdown(compare(GRPO, GRPO))
+
+
 def test_intervals_of_differences_end_at_plus_and_minus_100_points():
     """Spread seeds: the t interval's half width, 4.30 x s / sqrt(3), passes 100 points; a difference
     of two success rates cannot (the committed 80k comparison read [-110.3, +155.6])."""

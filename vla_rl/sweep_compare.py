@@ -121,7 +121,8 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """The paired comparison of two sweep reports (see the module docstring).
 
     Returns:
-        ``{"a", "b": {"template", "overrides", "budget", "seed_budgets"}, "seeds": [...],
+        ``{"a", "b": {"template", "overrides", "budget", "seed_budgets", "finished", "unfinished"},
+        "seeds": [...],
         "equal_budget": bool (each paired seed's runs have one ``trainer.total_env_steps``, a resume
         of one run with another included, and every paired run reached it), "short_of_budget":
         {"a", "b": {seed: env steps}} (runs that ended below their budget: ``trainer.total_steps``
@@ -184,12 +185,15 @@ def _side(report: dict[str, Any], seeds: list[str]) -> dict[str, Any]:
     """One sweep in a comparison: its template and overrides, each paired seed's
     ``trainer.total_env_steps`` (``seed_budgets``: as its run's report figures record it, a resume
     of one seed with another budget included; else the sweep's) and ``budget``, the one they all
-    have (None: none, or not the same)."""
+    have (None: none, or not the same); the seeds it ``finished`` and those it asked for and has
+    not (``unfinished``)."""
     sweep_budget = budget(report)
     seed_budgets = {seed: report["per_seed"][seed].get("budget", sweep_budget) for seed in seeds}
     common = set(seed_budgets.values())
+    finished = list(report["per_seed"])
     return {"template": report["template"], "overrides": report["overrides"],
-            "budget": common.pop() if len(common) == 1 else None, "seed_budgets": seed_budgets}
+            "budget": common.pop() if len(common) == 1 else None, "seed_budgets": seed_budgets,
+            "finished": finished, "unfinished": [str(s) for s in report.get("seeds", []) if str(s) not in finished]}
 
 
 def _paired_evaluation_differences(a: dict[str, Any], b: dict[str, Any], seeds: list[str]
@@ -284,7 +288,7 @@ def markdown(result: dict[str, Any]) -> str:
     a, b = result["a"], result["b"]
     lines = [f"# {Path(b['template']).stem} vs {Path(a['template']).stem} over seeds", "",
              f"- A: {_name(a)}", f"- B: {_name(b)}",
-             f"- seeds both finished: {', '.join(result['seeds'])}", ""]
+             f"- seeds both finished: {', '.join(result['seeds'])}", *_left_out_lines(result), ""]
     short = result.get("short_of_budget", {"a": {}, "b": {}})
     if result["equal_budget"]:
         lines.append(f"Both sweeps stop at the same environment-step budget ({_BUDGET_KEY}={a['budget']:,}); "
@@ -342,6 +346,21 @@ def markdown(result: dict[str, Any]) -> str:
               "seeds: mean of the per-seed differences with a two-sided 95% Student t interval (n - 1 degrees "
               f"of freedom). Plot: {COMPARE_PLOT}."]
     return "\n".join(lines) + "\n"
+
+
+def _left_out_lines(result: dict[str, Any]) -> list[str]:
+    """The seeds a sweep finished that the other did not (left out of every figure here, the gains
+    over the first evaluation included), and the seeds a sweep asked for and has not finished."""
+    lines = []
+    for side, other in (("a", "b"), ("b", "a")):
+        alone = [seed for seed in result[side]["finished"] if seed not in result["seeds"]]
+        if alone:
+            lines.append(f"- left out: {side.upper()}'s seed(s) {', '.join(alone)}, which {other.upper()} has not "
+                         "finished (its own report counts them)")
+        if result[side]["unfinished"]:
+            lines.append(f"- {side.upper()} is not finished: seed(s) {', '.join(result[side]['unfinished'])} asked for "
+                         "and not run to the end (`vla-rl train --resume` goes on)")
+    return lines
 
 
 def _hosts_lines(hosts: dict[str, Any]) -> list[str]:
