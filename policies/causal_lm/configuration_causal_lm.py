@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policies.config_checks import is_int
+
 #: Parameter dtypes the policy loads models in.
 DTYPES = ("float32", "bfloat16", "float16")
 #: Attention implementations of transformers that run on every device.
@@ -34,10 +36,6 @@ def check_chat_template_kwargs(kwargs: object, owner: str) -> dict:
         raise ValueError(f"{owner} sets {', '.join(reserved)}, which the prompt encoding sets itself; give only "
                          "the chat template's own variables (e.g. enable_thinking)")
     return dict(kwargs)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass
@@ -119,7 +117,7 @@ class CausalLMConfig:
                 raise ValueError(f"CausalLMConfig.{field} must be true or false, got {getattr(self, field)!r}")
         for field in ("max_prompt_length", "max_response_length"):
             value = getattr(self, field)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"CausalLMConfig.{field} must be a positive int, got {value!r}")
         temperature = self.temperature
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:

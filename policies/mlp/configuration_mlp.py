@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policies.config_checks import is_int
+
 # Hidden-layer activations the MLP policy knows (mapped to torch modules in modeling_mlp.py).
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass
@@ -57,14 +55,14 @@ class MLPPolicyConfig:
         """
         for field in ("obs_dim", "action_dim"):
             value = getattr(self, field)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"MLPPolicyConfig.{field} must be a positive int, got {value!r}")
-        if not _is_int(self.num_tasks) or self.num_tasks < 0:
+        if not is_int(self.num_tasks) or self.num_tasks < 0:
             raise ValueError(f"MLPPolicyConfig.num_tasks must be an int >= 0, got {self.num_tasks!r}")
         if isinstance(self.hidden_sizes, (list, tuple)):
             self.hidden_sizes = tuple(self.hidden_sizes)
         sizes = self.hidden_sizes
-        if not isinstance(sizes, tuple) or not all(_is_int(size) and size >= 1 for size in sizes):
+        if not isinstance(sizes, tuple) or not all(is_int(size) and size >= 1 for size in sizes):
             raise ValueError(
                 "MLPPolicyConfig.hidden_sizes must be positive ints, e.g. (256, 256); "
                 f"got {self.hidden_sizes!r}"

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from policies.config_checks import check_seed, is_int
+
 #: Vision tower families (transformers' SiglipVisionModel, Dinov2WithRegistersModel).
 VISION_FAMILIES = ("siglip", "dinov2")
 #: Parameter dtypes the policy loads models in.
@@ -30,10 +32,6 @@ TINY_MAX_IMAGE_SIZE = 896
 #: Cameras of the model's images when ``cameras`` is unset: the third-person view, then the wrist
 #: (OpenVLA-OFT's LIBERO inputs).
 DEFAULT_CAMERAS = ("agentview", "robot0_eye_in_hand")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass
@@ -76,7 +74,7 @@ class VisionTowerConfig:
             raise ValueError(f"VisionTowerConfig.family {self.family!r} is unknown; use one of {VISION_FAMILIES}")
         for name in ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"VisionTowerConfig.{name} must be a positive int, got {value!r}")
         if self.num_layers < 2:
             raise ValueError("VisionTowerConfig.num_layers must be >= 2: Prismatic reads the second-to-last block")
@@ -131,11 +129,11 @@ class PrismaticArchitecture:
             if first.num_patches != second.num_patches:
                 raise ValueError("fused vision towers must give the same number of patches per image")
         vocab_size = self.text_config.get("vocab_size")
-        if not _is_int(vocab_size) or "hidden_size" not in self.text_config:
+        if not is_int(vocab_size) or "hidden_size" not in self.text_config:
             raise ValueError("PrismaticArchitecture.text_config needs int vocab_size and hidden_size (LlamaConfig)")
-        if not (_is_int(self.n_action_bins) and self.n_action_bins >= 2):
+        if not (is_int(self.n_action_bins) and self.n_action_bins >= 2):
             raise ValueError(f"PrismaticArchitecture.n_action_bins must be an int >= 2, got {self.n_action_bins!r}")
-        if not _is_int(self.action_vocab_end) or not self.n_action_bins <= self.action_vocab_end <= vocab_size:
+        if not is_int(self.action_vocab_end) or not self.n_action_bins <= self.action_vocab_end <= vocab_size:
             raise ValueError(
                 f"PrismaticArchitecture.action_vocab_end must be an int in [n_action_bins, text_config.vocab_size] = "
                 f"[{self.n_action_bins}, {vocab_size}], got {self.action_vocab_end!r}"
@@ -259,7 +257,7 @@ def _resolve_preset(architecture: Any, owner: str) -> Any:
     if not isinstance(architecture.get("fused", True), bool):
         raise ValueError(f"{owner}.architecture.fused must be true or false, got {architecture['fused']!r}")
     image_size = architecture.get("image_size", 14)
-    if not _is_int(image_size) or not 14 <= image_size <= TINY_MAX_IMAGE_SIZE:
+    if not is_int(image_size) or not 14 <= image_size <= TINY_MAX_IMAGE_SIZE:
         raise ValueError(f"{owner}.architecture.image_size must be an int from 14 (the tiny towers' patch) to "
                          f"{TINY_MAX_IMAGE_SIZE}, got {image_size!r}")
     return dict(architecture)
@@ -294,10 +292,9 @@ def validate_common_fields(config: Any, owner: str) -> None:
     for name in ("allow_pickle", "allow_partial_load", "center_crop"):
         if not isinstance(getattr(config, name), bool):
             raise ValueError(f"{owner}.{name} must be true or false, got {getattr(config, name)!r}")
-    if not _is_int(config.action_dim) or config.action_dim < 1:
+    if not is_int(config.action_dim) or config.action_dim < 1:
         raise ValueError(f"{owner}.action_dim must be a positive int, got {config.action_dim!r}")
-    if not _is_int(config.seed) or not 0 <= config.seed < 2**63:  # torch's generator seeds
-        raise ValueError(f"{owner}.seed must be an int from 0 to 2**63 - 1, got {config.seed!r}")
+    check_seed(owner, config.seed)
     stats = config.action_statistics
     if stats is not None and (not isinstance(stats, dict) or len(stats.get("q01", ())) != config.action_dim):
         raise ValueError(f"{owner}.action_statistics must be a dict with q01/q99 (and mask) of length action_dim")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policies.config_checks import is_int
 from policies.openvla.configuration_openvla import (
     OpenVLAPolicyConfig,
     resolve_cameras,
@@ -12,10 +13,6 @@ from policies.openvla.configuration_openvla import (
 
 #: Action heads: 256-bin tokens from the LM head (RL), or OFT's L1-regression MLPResNet head.
 ACTION_HEADS = ("discrete", "l1_regression")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass
@@ -69,9 +66,9 @@ class OpenVLAOFTPolicyConfig(OpenVLAPolicyConfig):
         validate_common_fields(self, type(self).__name__)
         for name in ("chunk_size", "num_images"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"OpenVLAOFTPolicyConfig.{name} must be a positive int, got {value!r}")
-        if self.proprio_dim is not None and (not _is_int(self.proprio_dim) or self.proprio_dim < 1):
+        if self.proprio_dim is not None and (not is_int(self.proprio_dim) or self.proprio_dim < 1):
             raise ValueError(
                 f"OpenVLAOFTPolicyConfig.proprio_dim must be None or a positive int, got {self.proprio_dim!r}"
             )
@@ -79,6 +76,6 @@ class OpenVLAOFTPolicyConfig(OpenVLAPolicyConfig):
             raise ValueError(
                 f"OpenVLAOFTPolicyConfig.action_head {self.action_head!r} is unknown; use one of {ACTION_HEADS}"
             )
-        if not _is_int(self.stop_token_id) or self.stop_token_id < 0:
+        if not is_int(self.stop_token_id) or self.stop_token_id < 0:
             raise ValueError(f"OpenVLAOFTPolicyConfig.stop_token_id must be a token id, got {self.stop_token_id!r}")
         self.cameras = resolve_cameras(self.cameras, self.num_images, type(self).__name__)

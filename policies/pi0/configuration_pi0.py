@@ -20,15 +20,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+from policies.config_checks import check_seed, is_int
 
 
 def _check_positive_ints(owner: str, obj: object, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(obj, name)
-        if not _is_int(value) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
 
 
@@ -436,7 +434,7 @@ class PI0PolicyConfig:
         if not self.noise_min_std < self.noise_max_std:
             raise ValueError(f"{owner} needs noise_min_std < noise_max_std, got {self.noise_min_std}, "
                              f"{self.noise_max_std}")
-        if isinstance(self.noise_hidden_dims, (str, int)) or not all(_is_int(h) and h >= 1 for h in self.noise_hidden_dims):
+        if isinstance(self.noise_hidden_dims, (str, int)) or not all(is_int(h) and h >= 1 for h in self.noise_hidden_dims):
             raise ValueError(f"{owner}.noise_hidden_dims must be a list of positive ints, got {self.noise_hidden_dims!r}")
         self.noise_hidden_dims = tuple(self.noise_hidden_dims)
         if self.num_steps is not None:
@@ -477,8 +475,7 @@ class PI0PolicyConfig:
                              f"{self.gripper_postprocess!r}")
         if self.dtype not in POLICY_DTYPES:
             raise ValueError(f"{owner}.dtype {self.dtype!r} is unknown; use one of {POLICY_DTYPES}")
-        if not _is_int(self.seed) or not 0 <= self.seed < 2**63:  # torch's generator seeds
-            raise ValueError(f"{owner}.seed must be an int from 0 to 2**63 - 1, got {self.seed!r}")
+        check_seed(owner, self.seed)
 
     @property
     def is_tiny_preset(self) -> bool:
