@@ -447,3 +447,16 @@ def cast_parameters(module: torch.nn.Module, dtype: torch.dtype) -> None:
     for parameter in module.parameters():
         if parameter.is_floating_point() and parameter.dtype != dtype:
             parameter.data = parameter.data.to(dtype)
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Positions that skip left padding: ``cumsum(mask) - 1``, 0 on padding (the causal LM's and
+    OpenVLA's language model inputs).
+
+    Args:
+        attention_mask: ``(batch, seq_len)`` 0/1.
+
+    Returns:
+        ``(batch, seq_len)`` int64.
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -29,6 +29,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from policies.base import position_ids_from_mask
 from policies.causal_lm.configuration_causal_lm import CausalLMConfig
 from policies.causal_lm.loading import load_pretrained, save_pretrained
 from policies.causal_lm.processor_causal_lm import CausalLMProcessor
@@ -73,18 +74,6 @@ class DistinctPrompts(NamedTuple):
         width = input_ids.shape[1]
         distinct, inverse = torch.unique(torch.cat([input_ids, attention_mask], dim=1), dim=0, return_inverse=True)
         return cls(distinct[:, :width], distinct[:, width:], inverse)
-
-
-def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
-    """Positions that skip left padding: ``cumsum(mask) - 1``, 0 on padding.
-
-    Args:
-        attention_mask: ``(batch, seq_len)`` 0/1.
-
-    Returns:
-        ``(batch, seq_len)`` int64.
-    """
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def decode_step_mask(attention_mask: Tensor, attn_implementation: str, dtype: torch.dtype) -> Tensor:

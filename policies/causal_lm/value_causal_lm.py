@@ -15,8 +15,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from policies.base import transformer_blocks
-from policies.causal_lm.modeling_causal_lm import CausalLMPolicy, position_ids_from_mask
+from policies.base import position_ids_from_mask, transformer_blocks
+from policies.causal_lm.modeling_causal_lm import CausalLMPolicy
 
 
 class CausalLMValueModel(nn.Module):

@@ -25,8 +25,9 @@ from transformers import DynamicCache
 
 from policies import register_policy
 from policies.action_tokenizer import bin_log_softmax
+from policies.base import position_ids_from_mask
 from policies.openvla.configuration_openvla import OpenVLAPolicyConfig
-from policies.openvla.policy_base import PrismaticPolicy, position_ids_from_mask
+from policies.openvla.policy_base import PrismaticPolicy
 from policies.openvla.processor_openvla import check_observation
 from policies.sampling import sample_categorical
 

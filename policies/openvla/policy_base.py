@@ -63,11 +63,6 @@ _UNUSED_PARAMETERS = re.compile(r".*\.embeddings\.mask_token$")
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
-    """Positions that skip padding: ``cumsum(mask) - 1``, clamped at 0. ``(batch, len)`` int64."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
 class PrismaticPolicy(Policy, abstract=True):
     """Base of the OpenVLA policies: ``self.vla`` (:class:`PrismaticVLM`), ``self.tokenizer``
     (the checkpoint's or the preset's, or None for an ``architecture`` model), ``self.action_tokenizer``

@@ -32,9 +32,10 @@ from torch.nn import functional as F
 
 from policies import register_policy
 from policies.action_tokenizer import bin_log_softmax
+from policies.base import position_ids_from_mask
 from policies.normalization import ActionStatistics, fit_bounds_q99
 from policies.openvla.checkpoint_prismatic import CONFIG_FILE, architecture_from_config, read_config
-from policies.openvla.policy_base import PrismaticPolicy, position_ids_from_mask
+from policies.openvla.policy_base import PrismaticPolicy
 from policies.openvla.processor_openvla import PROPRIO, check_observation
 from policies.openvla_oft.configuration_openvla_oft import OpenVLAOFTPolicyConfig
 from policies.openvla_oft.heads_openvla_oft import (
