@@ -28,7 +28,7 @@ from rich.markup import escape
 from vla_rl.dag.errors import TemplateError
 from vla_rl.evaluation.overrides import check_trained_tasks_kept, unread_by_evaluation
 from vla_rl.evaluation.targets import EvalInputError, find_checkpoints
-from vla_rl_core.file_modes import uncreatable
+from vla_rl_core.file_modes import uncreatable, write_text_atomically
 from vla_rl_core.run_layout import CHECKPOINTS_DIR, EVAL_DIR, RUN_TEMPLATE
 
 EVAL_TEMPLATE = "eval_rollout"
@@ -371,9 +371,7 @@ def _remove_unstarted(eval_dir: Path) -> None:
 
 
 def _write_yaml(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)
+    write_text_atomically(path, yaml.safe_dump(data, sort_keys=False))
 
 
 def skip_incompatible_tasks(eval_dir: Path, loaded):

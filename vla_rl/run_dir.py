@@ -35,6 +35,7 @@ from pathlib import Path
 import yaml
 
 from vla_rl.dag.errors import TemplateError
+from vla_rl_core.file_modes import write_text_atomically
 from vla_rl_core.run_layout import (
     CHECKPOINTS_DIR,
     HOSTS_FILE,
@@ -187,7 +188,7 @@ class RunDirectory:
 
     def write_template(self, resolved: dict) -> None:
         """Write the run's resolved template (once, when the run starts), atomically."""
-        _write_atomic(self.template_path, yaml.safe_dump(resolved, sort_keys=False))
+        write_text_atomically(self.template_path, yaml.safe_dump(resolved, sort_keys=False))
 
     def has_progress(self) -> bool:
         """Whether the run wrote a metrics record or a checkpoint (published, or being staged)."""
@@ -216,7 +217,7 @@ class RunDirectory:
         path = self.path / RESUMES_FILE
         previous = path.read_text() if path.exists() else ""
         record = {"time": datetime.now().isoformat(timespec="seconds"), "overrides": list(overrides)}
-        _write_atomic(path, previous + json.dumps(record) + "\n")
+        write_text_atomically(path, previous + json.dumps(record) + "\n")
 
     def record_hosts(self, hosts: list[dict]) -> None:
         """Append the machine of each rank of a group of workers that set up (a new run, a resume,
@@ -228,7 +229,7 @@ class RunDirectory:
         now = datetime.now().isoformat(timespec="seconds")
         if not previous and self.has_progress():
             previous = json.dumps({"time": now, "hosts": None}) + "\n"
-        _write_atomic(path, previous + json.dumps({"time": now, "hosts": list(hosts)}) + "\n")
+        write_text_atomically(path, previous + json.dumps({"time": now, "hosts": list(hosts)}) + "\n")
 
     def recorded_hosts(self) -> tuple[list[dict], bool]:
         """The machines every start of the run's workers ran on, without repeats
@@ -562,7 +563,3 @@ def _field_value(config, field: str):
     return value
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)

@@ -38,6 +38,7 @@ from vla_rl.run_dir import RunDirectory, RunDirError
 from vla_rl.utils.host import describe, distinct
 from vla_rl.utils.stats import mean_interval
 from vla_rl.utils.tracking import read_metrics
+from vla_rl_core.file_modes import write_text_atomically
 from vla_rl_core.run_layout import CHECKPOINTS_DIR, METRICS_FILE, SUMMARY_FILE, SWEEP_FILE
 
 #: The sweep's own file: what it runs (``template``, ``overrides``, ``seeds``).
@@ -340,8 +341,8 @@ def write_report(sweep_dir: Path) -> dict:
               "across_seeds": aggregate(per_seed) if per_seed else None}
     if finished and "evaluation" in per_seed[finished[0]]:  # as its first run resolved them
         report["evaluation"] = per_seed[finished[0]]["evaluation"]
-    _write_atomically(sweep_dir / REPORT_JSON, json.dumps(report, indent=2) + "\n")
-    _write_atomically(sweep_dir / REPORT_MD, markdown_report(report))
+    write_text_atomically(sweep_dir / REPORT_JSON, json.dumps(report, indent=2) + "\n")
+    write_text_atomically(sweep_dir / REPORT_MD, markdown_report(report))
     if per_seed:
         from vla_rl.utils.plotting import plot_success_vs_env_steps
 
@@ -349,12 +350,6 @@ def write_report(sweep_dir: Path) -> dict:
         plot_success_vs_env_steps(runs, sweep_dir / PLOT_FILE, f"{Path(spec['template']).stem}: "
                                   f"{len(finished)} seed(s)")
     return report
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _percent(value: float | None) -> str:

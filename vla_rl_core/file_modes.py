@@ -11,6 +11,8 @@ checkpoint or an export would then be readable by the user who wrote it alone, b
 non-root user, or a teammate on shared storage fail with "Permission denied".
 :func:`apply_default_modes` gives a written file or tree the modes the umask allows.
 
+:func:`write_text_atomically` writes a text file that is never seen half-written.
+
 :func:`uncreatable` says, without writing, why a command's output path cannot be created, so that
 the command refuses it before its long work (loading a policy, replaying episodes) and not after.
 
@@ -91,3 +93,17 @@ def uncreatable(path: str | Path) -> str | None:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         return f"no permission to create entries in {ancestor}"
     return None
+
+
+def write_text_atomically(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through ``<path>.tmp`` renamed into place (``os.replace``): a
+    reader (a resume, ``vla-rl compare``, a dashboard) sees the old file or the new one, never a
+    half-written one; an interrupted write leaves the old file. The parent directory must exist.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

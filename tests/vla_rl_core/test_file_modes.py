@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vla_rl_core.file_modes import apply_default_modes, default_mode, umask, uncreatable
+from vla_rl_core.file_modes import apply_default_modes, default_mode, umask, uncreatable, write_text_atomically
 
 
 @contextlib.contextmanager
@@ -142,3 +142,19 @@ def test_a_directory_without_write_permission_is_named(tmp_path):
         assert uncreatable(locked / "a" / "out") == f"no permission to create entries in {locked}"
     finally:
         locked.chmod(0o755)
+
+
+def test_an_atomic_write_replaces_the_file_whole_and_a_failed_one_leaves_the_old(tmp_path, monkeypatch):
+    path = tmp_path / "report.json"
+    write_text_atomically(path, "old")
+    write_text_atomically(path, "new")
+    assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+    def full_disk(self, text):
+        Path.write_bytes(self, text.encode()[:1])  # a partial write, then the error
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_text_atomically(path, "newer")
+    assert path.read_bytes() == b"new"  # what readers see: the last whole file

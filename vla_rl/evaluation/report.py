@@ -32,6 +32,7 @@ from vla_rl.evaluation.episode_store import (
 from vla_rl.utils.host import describe
 from vla_rl.utils.plotting import plot_success_vs_checkpoint
 from vla_rl.utils.stats import wilson_interval
+from vla_rl_core.file_modes import write_text_atomically
 from vla_rl_core.run_layout import RESULTS_DIR, VIDEOS_DIR
 
 OVERALL = "overall"
@@ -299,6 +300,4 @@ class ReportProgress:
 
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_text_atomically(path, text)
