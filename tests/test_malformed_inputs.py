@@ -149,6 +149,9 @@ OVERRIDE_CASES = [
     # the allocator's traceback in every worker: "you tried to allocate 256000000000000 bytes"
     ("LoRA rank past the model's", "llm_grpo", ["policy.lora.rank=1000000000000"],
      "field 'policy.lora.rank': 1000000000000 is above the full rank of every layer it adapts"),
+    # "you tried to allocate 1136000000000000 bytes" in every worker
+    ("huge generated text model", "llm_grpo", ["text.tiny_hidden_size=1000000000000"],
+     "field 'text.tiny_hidden_size': input should be less than or equal to 1024"),
     # blamed text.train_file and named a temporary file: "row 0 has no column ''"
     ("empty warm-start column", "llm_grpo", ["text.sft_response_column=''"],
      "field 'text.sft_response_column': string should have at least 1 character"),

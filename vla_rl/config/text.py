@@ -35,8 +35,10 @@ class TextSection(_Section):
         "loaded) in model_path when it has no safetensors; off: such a directory is refused."
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
-    tiny_hidden_size: int = Field(64, ge=8, description="Tiny model (model_path null): residual width.")
-    tiny_num_layers: int = Field(2, ge=1, description="Tiny model (model_path null): transformer blocks.")
+    tiny_hidden_size: int = Field(64, ge=8, le=1024, description="Tiny model (model_path null): residual width "
+                                  "(at most 1024: a larger model is a model_path's).")
+    tiny_num_layers: int = Field(2, ge=1, le=32, description="Tiny model (model_path null): transformer blocks "
+                                 "(at most 32).")
     train_file: str | None = Field(
         None, description="Training prompts (.parquet/.jsonl); null: arithmetic problems generated in the run dir."
     )
