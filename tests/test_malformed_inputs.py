@@ -63,6 +63,18 @@ TEMPLATE_CASES = [
      [], "runs in phase 'train'"),
     ("trains nothing", "name: x" + GOOD_NODES.replace("  - {id: actor, role: actor, type: model_train, deps: [advantage]}\n", ""),
      [], "would train nothing"),
+    # embodied_ppo without actor_update trained the critic alone and reported +0.0 points
+    ("trains no policy", "name: x\nnodes:\n  - {id: tasks, role: data, type: data_load}\n"
+                         "  - {id: rollout, role: rollout, type: env_interact, deps: [tasks]}\n"
+                         "  - {id: values, role: critic, type: model_inference, deps: [rollout]}\n"
+                         "  - {id: reward, role: reward, type: compute, deps: [values]}\n"
+                         "  - {id: advantage, role: advantage, type: compute, deps: [reward]}\n"
+                         "  - {id: critic_update, role: critic, type: model_train, deps: [advantage]}\n",
+     ["algorithm.adv_estimator=gae"], "the train phase updates no policy: its model_train nodes are ['critic_update'], "
+     "none of role actor"),
+    # a RecursionError traceback from PyYAML
+    ("nested a thousand levels deep", "name: x\nconfig: " + "{a: " * 1000 + "{}" + "}" * 1000 + GOOD_NODES, [],
+     "invalid YAML: nested too deeply"),
     ("key nobody writes", "name: x\nnodes:\n  - {id: tasks, role: data, type: data_load}\n"
                           "  - {id: advantage, role: advantage, type: compute, deps: [tasks]}\n"
                           "  - {id: actor, role: actor, type: model_train, deps: [advantage]}\n", [],
@@ -152,6 +164,9 @@ OVERRIDE_CASES = [
     # "you tried to allocate 1136000000000000 bytes" in every worker
     ("huge generated text model", "llm_grpo", ["text.tiny_hidden_size=1000000000000"],
      "field 'text.tiny_hidden_size': input should be less than or equal to 1024"),
+    # a RecursionError traceback from OmegaConf's reading of the value
+    ("override nested a thousand levels deep", "embodied_srpo", ["trainer.x=" + "[" * 1000 + "]" * 1000],
+     "field 'trainer.x': override trainer.x=...: nested too deeply"),
     # blamed text.train_file and named a temporary file: "row 0 has no column ''"
     ("empty warm-start column", "llm_grpo", ["text.sft_response_column=''"],
      "field 'text.sft_response_column': string should have at least 1 character"),
@@ -193,6 +208,18 @@ def test_malformed_template_files(case, text, args, expected, tmp_path, capsys):
     path.write_text(textwrap.dedent(text))
     err = refused(capsys, ["plan", str(path), *args], expected)
     assert "t.yaml" in err  # names the file
+
+
+def test_a_base_named_without_its_suffix_is_named_with_the_paths_looked_at(tmp_path, capsys):
+    """`extends: my_base` beside my_base.yaml named only dag_templates/my_base.yaml, which the user
+    never meant; a directory read as 'not found'."""
+    (tmp_path / "my_base.yaml").write_text("name: base\n")
+    (tmp_path / "somedir").mkdir()
+    for base, expected in (("my_base", f"base template not found (looked for {tmp_path / 'my_base'} and "),
+                           ("my_base", "; the file beside it is my_base.yaml: write extends: my_base.yaml"),
+                           ("somedir", f"{tmp_path / 'somedir'} is a directory")):
+        (tmp_path / "t.yaml").write_text(f"name: x\nextends: {base}\n" + GOOD_NODES)
+        refused(capsys, ["plan", str(tmp_path / "t.yaml")], expected)
 
 
 def test_non_utf8_template(tmp_path, capsys):

@@ -47,7 +47,7 @@ from vla_rl.config import RunConfig
 from vla_rl.config.algorithm import current_setting
 from vla_rl.dag.errors import TemplateError, from_validation_error
 from vla_rl.dag.schema import NodeSpec, TemplateSpec
-from vla_rl.dag.yaml_values import MisreadYAMLError, load_yaml
+from vla_rl.dag.yaml_values import MisreadYAMLError, NestedTooDeeply, load_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_DIR = REPO_ROOT / "dag_templates"
@@ -269,6 +269,8 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str], *, file: Path
             load_yaml(text)
         except MisreadYAMLError as exc:
             raise TemplateError(f"override {item!r}: {exc.problem}", file=file, field=key) from None
+        except NestedTooDeeply as exc:  # OmegaConf's reading would end in a RecursionError too
+            raise TemplateError(f"override {key}=...: {exc}", file=file, field=key) from None
         except yaml.YAMLError:
             pass  # OmegaConf's own reading says what is wrong
         try:
@@ -366,6 +368,19 @@ def _delete(raw: dict[str, Any], nodes: dict[str, dict[str, Any]], item: str, fi
     del parent[path[-1]]
 
 
+def _missing_base(path: Path, base: str) -> str:
+    """Why ``extends: base`` of the template ``path`` names no file: every path it was looked for
+    at (beside the template; for a bare name, a shipped template too), and the one meant where a
+    file with ``.yaml`` added exists beside it."""
+    beside = (path.parent / base).resolve()
+    tried = [beside] + ([(TEMPLATE_DIR / f"{base}.yaml").resolve()] if _is_template_name(base) else [])
+    what = f"{beside} is a directory" if beside.is_dir() else "base template not found"
+    message = f"{what} (looked for {' and '.join(map(str, tried))})"
+    if (path.parent / f"{base}.yaml").is_file():
+        message += f"; the file beside it is {base}.yaml: write extends: {base}.yaml"
+    return message
+
+
 def _load_merged(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     """Read ``path`` and, recursively, the templates it extends; return the merged mapping."""
     raw = _read_template_file(path)
@@ -386,7 +401,7 @@ def _load_merged(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
             names = " -> ".join(p.name for p in cycle)
             raise TemplateError(f"extends cycle: {names}", file=path, field="extends")
         if not base_path.is_file():
-            raise TemplateError(f"base template not found: {base_path}", file=path, field="extends")
+            raise TemplateError(_missing_base(path, base), file=path, field="extends")
         merged = _merge_templates(merged, _load_merged(base_path, (*chain, path)))
     return _merge_templates(merged, raw)
 

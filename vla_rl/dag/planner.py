@@ -218,6 +218,11 @@ def plan(template: Template, world_size: int | None = None) -> Plan:
     if trains and not any(node.type == "model_train" for node in trains):
         raise TemplateError("the train phase has no model_train node (e.g. {role: actor, type: model_train}): it "
                             "would train nothing", file=file, field="nodes")
+    if trains and not any(node.type == "model_train" and node.role == "actor" for node in trains):
+        raise TemplateError("the train phase updates no policy: its model_train nodes are "
+                            f"{[node.id for node in trains if node.type == 'model_train']}, none of role actor (e.g. "
+                            "{id: actor_update, role: actor, type: model_train}); the run would train the "
+                            "others and leave the policy as it started", file=file, field="nodes")
     _check_overrides_read_by_nodes(template, node_configs)
     _check_rl_settings_read(template)
     return Plan(template.name, world_size, phases, node_configs)

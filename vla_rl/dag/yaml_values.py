@@ -73,5 +73,14 @@ def load_yaml(text: str) -> Any:
     Raises:
         MisreadYAMLError: a duplicate key or a misread number (with its line and column).
         yaml.YAMLError: invalid YAML (a :class:`yaml.MarkedYAMLError` where the place is known).
+        NestedTooDeeply: nested too deeply for PyYAML's recursive parser.
     """
-    return yaml.load(text, Loader=TemplateLoader)  # noqa: S506 - a SafeLoader subclass
+    try:
+        return yaml.load(text, Loader=TemplateLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise NestedTooDeeply("nested too deeply (hundreds of levels of mappings or lists)") from None
+
+
+class NestedTooDeeply(yaml.YAMLError):
+    """YAML nested past what PyYAML's recursive parser (and OmegaConf's, which reads overrides
+    with it) can read: a RecursionError otherwise."""
