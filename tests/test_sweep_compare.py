@@ -85,22 +85,30 @@ def test_a_seed_evaluated_otherwise_or_on_another_machine_is_named_per_pair():
 
 
 def test_a_live_sweep_whose_runs_changed_after_its_report_is_refused_as_stale(tmp_path):
-    """A seed resumed after the report (its summary.json newer): compare read the old figures."""
-    import os
+    """A seed resumed after the report (other final figures and environment steps), or finished
+    after it: compare read the old figures. A copy of the sweep (every file's time new) is not stale."""
+    import shutil
 
-    from vla_rl.sweep import SWEEP_FILE, seed_run_dir
+    from test_sweep import fake_run
+
+    from vla_rl.sweep import SWEEP_FILE, seed_run_dir, write_report
 
     sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / SWEEP_FILE).write_text(json.dumps({"template": "embodied_grpo", "overrides": [], "seeds": [0, 1, 2]}))
     for seed in (0, 1):
-        seed_run_dir(sweep, seed).mkdir(parents=True)
-        (seed_run_dir(sweep, seed) / "summary.json").write_text("{}")
-    (sweep / SWEEP_FILE).write_text(json.dumps({"template": "embodied_grpo", "overrides": [], "seeds": [0, 1]}))
-    (sweep / REPORT_JSON).write_text(json.dumps(report("embodied_grpo", [], {"0": 0.5, "1": 0.6}, 1000)))
-    assert read_report(sweep)["per_seed"]["1"]["final"]["greedy"]["success_rate"] == 0.6
-    later = (sweep / REPORT_JSON).stat().st_mtime + 5
-    os.utime(seed_run_dir(sweep, 1) / "summary.json", (later, later))
-    with pytest.raises(CommandLineError, match=r"report.json is older than the runs of seeds 1 \(their summary.json\)"
-                                               r": it is stale; run `vla-rl train --resume .*sweep` to rewrite it"):
+        fake_run(seed_run_dir(sweep, seed), seed, 0.2, 0.5 + seed / 10)
+    write_report(sweep)
+    copy = shutil.copytree(sweep, tmp_path / "copy", copy_function=shutil.copy)  # new times, report first or not
+    assert read_report(copy)["per_seed"]["1"]["final"]["greedy"]["success_rate"] == 0.6
+    shutil.rmtree(seed_run_dir(copy, 1))
+    fake_run(seed_run_dir(copy, 1), 1, 0.2, 0.9, steps=6)  # resumed to a larger budget
+    stale = r"report.json does not hold what the runs of seeds {} now end with .*: it is stale; run `vla-rl train " \
+            r"--resume .*` to rewrite it from its runs"
+    with pytest.raises(CommandLineError, match=stale.format(1)):
+        read_report(copy)
+    fake_run(seed_run_dir(sweep, 2), 2, 0.2, 0.7)  # finished after the report
+    with pytest.raises(CommandLineError, match=stale.format(2)):
         read_report(sweep)
 
 

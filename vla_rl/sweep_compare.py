@@ -32,10 +32,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from vla_rl.dag.errors import TemplateError
 from vla_rl.dag.loader import load_template
 from vla_rl.errors import CommandLineError
-from vla_rl.sweep import DIFFERENCE_BOUNDS, REPORT_JSON, evaluation_settings, seed_run_dir
+from vla_rl.sweep import DIFFERENCE_BOUNDS, REPORT_JSON, evaluation_settings, seed_figures, seed_run_dir
 from vla_rl.utils.host import describe, differences, distinct
 from vla_rl.utils.stats import mean_interval
-from vla_rl_core.run_layout import SUMMARY_FILE, SWEEP_FILE
+from vla_rl_core.run_layout import METRICS_FILE, SUMMARY_FILE, SWEEP_FILE
 
 COMPARE_JSON, COMPARE_MD, COMPARE_PLOT = "compare.json", "compare.md", "compare.png"
 _BUDGET_KEY = "trainer.total_env_steps"
@@ -97,14 +97,26 @@ def read_report(path: str | Path) -> dict[str, Any]:
             raise CommandLineError(f"{file} reports seeds {', '.join(gone)} whose runs are no longer in {path} (no "
                                    f"seed_<n>/{SUMMARY_FILE}): it is stale; run `vla-rl train --resume {path}` to "
                                    "finish the sweep and rewrite it, or compare the report file itself")
-        written = file.stat().st_mtime
-        newer = [str(seed) for seed in report.get("seeds", report["per_seed"])
-                 if (summary := seed_run_dir(path, int(seed)) / SUMMARY_FILE).is_file()
-                 and summary.stat().st_mtime > written]
-        if newer:  # a seed's run resumed (e.g. with a larger budget) or finished after the report
-            raise CommandLineError(f"{file} is older than the runs of seeds {', '.join(newer)} (their {SUMMARY_FILE}): "
-                                   f"it is stale; run `vla-rl train --resume {path}` to rewrite it from its runs")
+        changed = [str(seed) for seed in report.get("seeds", report["per_seed"]) if _run_changed(path, report, seed)]
+        if changed:  # a seed's run resumed (e.g. with a larger budget) or finished after the report
+            raise CommandLineError(f"{file} does not hold what the runs of seeds {', '.join(changed)} now end with "
+                                   f"(their {SUMMARY_FILE} and {METRICS_FILE}): it is stale; run `vla-rl train "
+                                   f"--resume {path}` to rewrite it from its runs")
     return report
+
+
+def _run_changed(sweep_dir: Path, report: dict[str, Any], seed: int | str) -> bool:
+    """Whether seed ``seed``'s run ends otherwise than ``report`` says: resumed since (other final
+    figures, steps or environment steps), or finished and not in it. Read from the run's files, not
+    their times (a copied sweep has new ones)."""
+    run_dir = seed_run_dir(sweep_dir, int(seed))
+    if not (run_dir / SUMMARY_FILE).is_file():
+        return False
+    reported = report["per_seed"].get(str(seed))
+    if reported is None:
+        return True
+    now = json.loads(json.dumps(seed_figures(run_dir)))  # as the report holds it
+    return any(now.get(key) != reported.get(key) for key in ("first", "final", "steps", "env_steps"))
 
 
 def budget(report: dict[str, Any]) -> int | None:
