@@ -165,6 +165,24 @@ def test_resume_applies_the_recorded_overrides(tmp_path):
     assert worker_overrides == ["trainer.total_steps=6", "eval.num_episodes=4"]
 
 
+@pytest.mark.parametrize("line", ["not json", '{"time": "t"}', '{"overrides": "trainer.total_steps=6"}', "[1, 2]"])
+def test_a_damaged_resume_record_is_named_in_one_line(tmp_path, capsys, line):
+    """A resumes.jsonl line that is no record stopped a resume, vla-rl eval and export with a
+    JSONDecodeError or KeyError traceback."""
+    from vla_rl.cli import main
+
+    run, _, _ = _new_run(tmp_path, "run.name=r", "trainer.total_steps=2")
+    run.close()
+    _checkpoint(run.path)
+    run.record_resume(["trainer.total_steps=4"])
+    with (run.path / "resumes.jsonl").open("a") as records:
+        records.write(line + "\n")
+    with pytest.raises(RunDirError, match=r"resumes.jsonl: line 2 is not a resume record"):
+        RunDirectory.reopen(run.path).recorded_overrides()
+    assert main(["train", "--resume", str(run.path)]) == 2
+    assert "resumes.jsonl: line 2 is not a resume record" in capsys.readouterr().err
+
+
 class FakeWorkers:
     """Stands in for the DAG workers of :func:`vla_rl.driver.train` (no Ray): ``setup`` replies
     ``setup`` (rank 0's metrics) or raises it, every later call fails as a worker's error would."""

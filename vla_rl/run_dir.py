@@ -204,12 +204,29 @@ class RunDirectory:
         return bool(complete_checkpoints(self.path / CHECKPOINTS_DIR))
 
     def recorded_overrides(self) -> list[str]:
-        """The overrides of every earlier resume, in order."""
+        """The overrides of every earlier resume, in order.
+
+        Raises:
+            RunDirError: ``resumes.jsonl`` holds a line that is no resume record (naming it).
+        """
         path = self.path / RESUMES_FILE
         if not path.exists():
             return []
-        return [item for line in path.read_text().splitlines() if line.strip()
-                for item in json.loads(line)["overrides"]]
+        overrides = []
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            items = record.get("overrides") if isinstance(record, dict) else None
+            if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+                raise RunDirError(f"{path}: line {number} is not a resume record ({{\"time\": ..., \"overrides\": "
+                                  "[KEY=VALUE, ...]}): the run's settings cannot be known; restore the file (vla-rl "
+                                  "writes it at each resume)")
+            overrides += items
+        return overrides
 
     def record_resume(self, overrides: list[str]) -> None:
         """Append a resume's overrides to ``resumes.jsonl`` (rewritten atomically); the driver calls it

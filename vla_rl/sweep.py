@@ -322,10 +322,10 @@ def _run_config(run_dir: Path):
     then says it cannot tell)."""
     from vla_rl.dag.errors import TemplateError
 
-    run = RunDirectory.reopen(run_dir)
     try:
+        run = RunDirectory.reopen(run_dir)
         return load_template(run.template_path, recorded=run.recorded_overrides()).config
-    except TemplateError:
+    except (RunDirError, TemplateError):  # no template.yaml, or one that does not load here
         return None
 
 
