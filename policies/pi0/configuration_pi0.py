@@ -434,7 +434,8 @@ class PI0PolicyConfig:
         if not self.noise_min_std < self.noise_max_std:
             raise ValueError(f"{owner} needs noise_min_std < noise_max_std, got {self.noise_min_std}, "
                              f"{self.noise_max_std}")
-        if isinstance(self.noise_hidden_dims, (str, int)) or not all(is_int(h) and h >= 1 for h in self.noise_hidden_dims):
+        dims = self.noise_hidden_dims
+        if isinstance(dims, (str, int)) or not all(is_int(h) and h >= 1 for h in dims):
             raise ValueError(f"{owner}.noise_hidden_dims must be a list of positive ints, got {self.noise_hidden_dims!r}")
         self.noise_hidden_dims = tuple(self.noise_hidden_dims)
         if self.num_steps is not None:

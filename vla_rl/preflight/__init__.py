@@ -38,8 +38,9 @@ architecture leave it randomly initialised). :func:`preflight` checks what the t
   environments of a worker's pool, each actor running at least one;
 - **LoRA's settings** (``policy.lora``): the adapters injected into the policy built on the
   ``meta`` device, where its architecture is known from the config (a text model directory, the
-  tiny text model a run generates, OpenVLA and OpenVLA-OFT): each ``target_modules`` name names a trainable linear layer, each
-  ``trainable_modules`` entry a submodule;
+  tiny text model a run generates, OpenVLA and OpenVLA-OFT): each ``target_modules`` name names a
+  trainable linear layer, each ``trainable_modules`` entry a submodule, and ``rank`` is at most
+  the largest full rank of the layers it adapts;
 - **the worker resources the nodes declare** (a plug-in's ``register_node(resources=...)``) and
   those they need are registered.
 
