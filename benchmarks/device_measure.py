@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from vla_rl.errors import out_of_memory_message
+
 #: Bytes per GiB.
 GIB = 2**30
 
@@ -140,14 +142,13 @@ def measure_or_out_of_memory(step: Step, model: torch.nn.Module, device: torch.d
     try:
         return measure(step, device, warmup, repeats)
     except (MemoryError, RuntimeError) as error:  # torch.OutOfMemoryError is a RuntimeError
-        message = str(error)
-        if not isinstance(error, (MemoryError, torch.OutOfMemoryError)) and "can't allocate memory" not in message:
+        first_line = out_of_memory_message(error)
+        if first_line is None:
             raise
         model.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        first_line = message.splitlines()[0][:300] if message else type(error).__name__  # MemoryError() has none
-        return {"error": f"out of memory: {first_line}", **peak_memory(device)}
+        return {"error": f"out of memory: {first_line[:300]}", **peak_memory(device)}
 
 
 def record_part(result: dict, part: str, entry: dict, out: Path | None, decimals: int) -> None:

@@ -1,13 +1,16 @@
 """Errors that end a command with a message instead of a traceback: :class:`RunStopped` (defined
 on the ground floor, :mod:`vla_rl_core.errors`, so that simulators and policies raise it too),
-:class:`ResumeRefused`, :class:`CommandLineError` and :class:`Terminated`.
+:class:`ResumeRefused`, :class:`CommandLineError` and :class:`Terminated`; and
+:func:`out_of_memory_message`, which tells an out-of-memory error from the others.
 """
 
 from __future__ import annotations
 
+import re
+
 from vla_rl_core.errors import RunStopped
 
-__all__ = ["CommandLineError", "ResumeRefused", "RunStopped", "Terminated"]
+__all__ = ["CommandLineError", "ResumeRefused", "RunStopped", "Terminated", "out_of_memory_message"]
 
 
 class ResumeRefused(RunStopped):
@@ -23,3 +26,28 @@ class CommandLineError(ValueError):
 class Terminated(KeyboardInterrupt):
     """The command received SIGTERM (a scheduler's preemption, ``kill``): handled as Ctrl-C is
     (:mod:`vla_rl.utils.signals`), reported in one line, exit status 143 (128 + 15)."""
+
+
+_ALLOCATOR_PREFIX = re.compile(r"^\[enforce fail at [^\]]*\]\s*(err == 0\.\s*)?")
+"""What torch's CPU allocator puts before its message (``[enforce fail at alloc_cpu.cpp:127] err == 0.``)."""
+
+
+def out_of_memory_message(error: BaseException) -> str | None:
+    """The first line of ``error``'s message when it says that a device ran out of memory, else None.
+
+    Out of memory is Python's ``MemoryError``, ``torch.OutOfMemoryError`` (CUDA's "CUDA out of
+    memory. Tried to allocate ..."; a ``RuntimeError``, as Ascend's "NPU out of memory" and MPS's
+    "MPS backend out of memory") and torch's CPU allocator failing ("DefaultCPUAllocator: can't
+    allocate memory: you tried to allocate N bytes"), whose source-location prefix is left out.
+    The test is on the message, so that it also holds for an error that crossed a process
+    boundary (Ray re-raises a worker's exception in the driver).
+    """
+    if not isinstance(error, (MemoryError, RuntimeError)):
+        return None
+    lines = str(error).strip().splitlines()
+    first = _ALLOCATOR_PREFIX.sub("", lines[0]) if lines else ""
+    if isinstance(error, MemoryError):
+        return first or "MemoryError"  # MemoryError() has no message
+    if "out of memory" in first or "can't allocate memory" in first:
+        return first
+    return None

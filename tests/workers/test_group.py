@@ -48,6 +48,21 @@ def rank_class():
                 error = ValueError("boom in a plug-in")
                 error.add_note("raised in node 'penalty'")
                 raise error
+            if action == "allocate":  # 100 TB: torch's CPU allocator refuses it at once
+                import torch
+
+                try:
+                    torch.empty(10**14, dtype=torch.uint8)
+                except RuntimeError as error:
+                    error.add_note("raised in node 'rollout' (function 'rollout' of (rollout, generate), from x)")
+                    raise
+            if action == "cuda out of memory":
+                import torch
+
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total "
+                                             "capacity of 79.19 GiB of which 3.06 GiB is free.\nOf the allocated ...")
+            if action == "python out of memory":
+                bytearray(2**62)
             return {"rank": float(self.rank)}
 
     return Rank
@@ -93,6 +108,22 @@ def test_a_workers_exception_note_is_shown_once(group):
         group.call("work", {0: "noted error"})
     shown = "".join(traceback.format_exception(err.value))
     assert shown.count("raised in node 'penalty'") == 1, shown
+
+
+def test_out_of_memory_is_one_line_naming_the_worker_and_node(group):
+    """A worker out of memory stopped the run with Ray's traceback around the allocator's message
+    (e.g. ``text.max_prompt_length=1000000000`` in ``llm_grpo``'s setup)."""
+    with pytest.raises(RunStopped, match=r"^worker 1 ran out of memory in node 'rollout' \(work\): "
+                                         r"DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                                         r"100000000000000 bytes\. .*lower the one behind") as err:
+        group.call("work", {1: "allocate"})
+    assert "\n" not in str(err.value) and "enforce fail" not in str(err.value)
+    with pytest.raises(RunStopped, match=r"^worker 0 ran out of memory in its work call: CUDA out of memory\. Tried "
+                                         r"to allocate 20\.00 GiB\. GPU 0 .* is free\. The run's sizes"):
+        group.call("work", {0: "cuda out of memory"})
+    with pytest.raises(RunStopped, match=r"^worker 0 ran out of memory in its work call: MemoryError\. "):
+        group.call("work", {0: "python out of memory"})
+    assert group.call("work", {}) == [{"rank": 0.0}, {"rank": 1.0}]  # not a death: both still live
 
 
 def test_failed_constructor_is_not_a_death(ray_on_loopback):

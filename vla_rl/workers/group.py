@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from vla_rl.errors import RunStopped
+from vla_rl.errors import RunStopped, out_of_memory_message
 from vla_rl.utils.ray_utils import init_ray
 from vla_rl.utils.signals import raise_if_terminated
 from vla_rl_core.auth import REMOTE_TOKEN_ENV
@@ -231,6 +231,8 @@ class WorkerGroup:
                 if isinstance(error.cause, ComponentConfigError):  # a setting only a worker could check
                     raise RunStopped(f"worker {refs.index(done[0])}: {error.cause.field}: "
                                      f"{error.cause.message}") from None
+                if (memory := out_of_memory_message(error.cause)) is not None:
+                    raise RunStopped(_out_of_memory(refs.index(done[0]), method, error.cause, memory)) from None
                 if getattr(error.cause, "__notes__", None):  # in the worker's traceback above them
                     error.__notes__ = []  # (Ray's error class hands the cause's notes on: shown twice)
                 raise
@@ -319,6 +321,19 @@ def _get_replies(refs: list) -> list:
         if error.actor_init_failed:
             raise _constructor_stop(error) or error from None
         raise
+
+
+def _out_of_memory(rank: int, method: str, cause: BaseException, memory: str) -> str:
+    """The one-line message of worker ``rank`` running out of memory in its ``method`` call (its
+    node named when the error was raised in one: :func:`~vla_rl.workers.dag_worker.run_node_function`'s
+    note), ``memory`` being :func:`~vla_rl.errors.out_of_memory_message`'s line."""
+    node = next((match.group(1) for note in getattr(cause, "__notes__", None) or ()
+                 if (match := re.match(r"raised in node ('[^']*')", note))), None)
+    where = f"in node {node} ({method})" if node else f"in its {method} call"
+    return (f"worker {rank} ran out of memory {where}: {memory.rstrip('.')}. The run's sizes do not fit its device: "
+            "lower the one behind this allocation (batch, group and chunk sizes, prompt and response lengths, "
+            "image and video sizes, the policy's size; `vla-rl plan` prints what each step moves), or give the "
+            "run more devices")
 
 
 def _constructor_stop(error) -> RunStopped | None:
