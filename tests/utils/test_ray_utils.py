@@ -121,8 +121,13 @@ def test_auto_is_resolved_as_ray_does_and_a_cluster_that_is_gone_refused_at_once
     from vla_rl.errors import RunStopped
     from vla_rl.utils.ray_utils import free_loopback_port, init_ray, resolve_address
 
+    from ray._private import services
+
     port = free_loopback_port()  # nothing listens there
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # no Ray instance runs on this machine (one that does, e.g. a run beside the tests, is Ray's
+    # choice for `auto` over the recorded cluster: it is Ray's "legacy" order)
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: [])
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # Ray's temp dir: where `ray start` records its cluster
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}\n")

@@ -67,13 +67,13 @@ def use_tf32(device: torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
-def bind_device(kind: DeviceKind, local_index: int = 0) -> torch.device:
+def bind_device(kind: DeviceKind) -> torch.device:
     """Bind this process to its device and return it; on CUDA also turn on TF32 (:func:`use_tf32`).
+    An accelerator is the process's first visible one, index 0: Ray sets ``CUDA_VISIBLE_DEVICES``
+    (Ascend: ``ASCEND_RT_VISIBLE_DEVICES``) to each actor's own device.
 
     Args:
         kind: ``cpu``, ``cuda``, ``npu`` or ``auto`` (:func:`resolve_kind`).
-        local_index: which accelerator of this node (ignored on CPU). Ray sets
-            ``CUDA_VISIBLE_DEVICES`` per actor, so this is usually 0.
 
     Raises:
         RuntimeError: if the requested accelerator is not available.
@@ -84,12 +84,12 @@ def bind_device(kind: DeviceKind, local_index: int = 0) -> torch.device:
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("workers.device=cuda but torch.cuda.is_available() is False")
-        torch.cuda.set_device(local_index)
-        device = torch.device("cuda", local_index)
+        torch.cuda.set_device(0)
+        device = torch.device("cuda", 0)
         use_tf32(device)
         return device
     if kind == "npu":
         _import_torch_npu()
-        torch.npu.set_device(local_index)  # type: ignore[attr-defined]
-        return torch.device("npu", local_index)
+        torch.npu.set_device(0)  # type: ignore[attr-defined]
+        return torch.device("npu", 0)
     raise ValueError(f"unknown device kind {kind!r}; known: {sorted(_BACKENDS)}")
