@@ -13,11 +13,8 @@ import torch
 from videos import needs_av1
 
 from vla_rl.cli import main
-from vla_rl.data.lerobot_demonstrations import (
-    DEFAULT_DATASET_KEYS,
-    check_dataset,
-    dataset_episodes,
-)
+from vla_rl.config.policy import WarmStartSection
+from vla_rl.data.lerobot_demonstrations import check_dataset, dataset_episodes
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.trainers.warm_start import demo_fields, demonstrations, episode_transitions
 from vla_rl_core.env_spec import EnvSpec
@@ -26,6 +23,7 @@ from vla_rl_core.observations import decode_instruction
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lerobot"
 LIFT = FIXTURES / "lift_scripted_demos"
 SPEC = EnvSpec(obs_dim=11, action_dim=7, horizon=100)
+DEFAULT_DATASET_KEYS = WarmStartSection().dataset_keys  # LeRobot's usual state and action features
 
 
 def test_the_dataset_gives_the_scripted_demonstrations_batch(tmp_path):

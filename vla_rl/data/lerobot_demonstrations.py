@@ -20,8 +20,6 @@ from vla_rl_core import keys
 from vla_rl_core.env_spec import EnvSpec
 
 ACTIONS_ROLE = "actions"
-DEFAULT_DATASET_KEYS = {"observation.state": keys.OBS_STATE, "action": ACTIONS_ROLE}
-"""``warm_start.dataset_keys``' default: LeRobot's usual state and action features."""
 
 
 def check_dataset(root: str | Path, dataset_keys: Mapping[str, str], num_demos: int,
