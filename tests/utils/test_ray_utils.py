@@ -117,11 +117,10 @@ def test_auto_is_resolved_as_ray_does_and_a_cluster_that_is_gone_refused_at_once
     """`auto` was left to Ray: with /tmp/ray/ray_current_cluster left by a cluster that is gone,
     Ray waited 11 minutes, deaf to SIGTERM, before failing."""
     import ray
+    from ray._private import services
 
     from vla_rl.errors import RunStopped
     from vla_rl.utils.ray_utils import free_loopback_port, init_ray, resolve_address
-
-    from ray._private import services
 
     port = free_loopback_port()  # nothing listens there
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
