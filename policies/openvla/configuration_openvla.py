@@ -256,8 +256,8 @@ def _resolve_preset(architecture: Any, owner: str) -> Any:
                          f"it takes {list(ARCHITECTURE_PRESETS[preset])}")
     if not isinstance(architecture.get("fused", True), bool):
         raise ValueError(f"{owner}.architecture.fused must be true or false, got {architecture['fused']!r}")
-    image_size = architecture.get("image_size", 14)
-    if not is_int(image_size) or not 14 <= image_size <= TINY_MAX_IMAGE_SIZE:
+    image_size = architecture.get("image_size")
+    if "image_size" in architecture and (not is_int(image_size) or not 14 <= image_size <= TINY_MAX_IMAGE_SIZE):
         raise ValueError(f"{owner}.architecture.image_size must be an int from 14 (the tiny towers' patch) to "
                          f"{TINY_MAX_IMAGE_SIZE}, got {image_size!r}")
     return dict(architecture)
