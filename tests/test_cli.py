@@ -214,6 +214,16 @@ def test_train_refuses_the_settings_of_vla_rl_eval_before_ray_starts(template, o
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("override", ["eval.checkpoints=[/tmp/some_run/checkpoints/step_00000001]",
+                                      "eval.store_episodes=true"])
+def test_plan_refuses_the_settings_of_vla_rl_eval_on_a_training_template(override, capsys):
+    """``vla-rl plan`` printed the plan of a training template with them; ``train`` refused it."""
+    assert main(["plan", "embodied_srpo", override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: dag_templates/embodied_srpo.yaml: field 'eval.") and "a setting of vla-rl eval" in err
+    assert main(["plan", "eval_rollout", override]) == 0  # vla-rl eval's own template sets them
+
+
 def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -50,7 +50,7 @@ def prepare_run_dir(template_arg: str | None, overrides: list[str], resume: str 
         template = load_template(template_arg, overrides)
         worker_overrides = []
     the_plan = plan(template)  # reject a bad graph before anything is written
-    _refuse_evaluation_settings(template.config)
+    refuse_evaluation_settings(template)
     preflight(template)  # and unusable input files (prompts, checkpoints)
     check_local_packages(template.config)  # and optional packages a local run's workers would lack
     check_simulator(template.config)  # and simulator settings only the simulator library knows
@@ -86,23 +86,26 @@ def _check_resolved_device(run: RunDirectory, worker_overrides: list[str], kind:
                          f"use), which the run's settings refuse: {field}{err.message}") from None
 
 
-def _refuse_evaluation_settings(config) -> None:
+def refuse_evaluation_settings(template) -> None:
     """``eval.store_episodes`` and ``eval.checkpoints`` are ``vla-rl eval``'s (its template,
     ``eval_rollout``, sets them): a training run evaluates its live policy afresh each time, and
     with stores its final evaluation found every episode stored by the first and reported nothing
-    (``vla-rl train eval_rollout`` ended in a KeyError traceback).
+    (``vla-rl train eval_rollout`` ended in a KeyError traceback). ``vla-rl plan`` checks them
+    on a template with a ``train`` phase.
 
     Raises:
         TemplateError: naming the field and ``vla-rl eval``.
     """
     from vla_rl.dag.errors import TemplateError
 
-    for field, value in (("eval.store_episodes", config.eval.store_episodes),
-                         ("eval.checkpoints", config.eval.checkpoints)):
+    evaluation = template.config.eval
+    for field, value in (("eval.store_episodes", evaluation.store_episodes),
+                         ("eval.checkpoints", evaluation.checkpoints)):
         if value:
             raise TemplateError("a setting of vla-rl eval, which evaluates a run's checkpoints (vla-rl eval "
                                 "RUN_DIR [KEY=VALUE ...], docs/evaluation.md; eval_rollout is its template); a "
-                                "training run evaluates its own policy: leave it unset", field=field)
+                                "training run evaluates its own policy: leave it unset",
+                                file=template.path, field=field)
 
 
 def train(template_arg: str | None, overrides: list[str], resume: str | None = None, console=None) -> dict:

@@ -17,6 +17,7 @@ from vla_rl.cli.arguments import (
 from vla_rl.config.sections import MAX_WORKERS
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import describe_plan, plan
+from vla_rl.driver import refuse_evaluation_settings
 from vla_rl.errors import CommandLineError
 from vla_rl.preflight import preflight
 
@@ -47,8 +48,10 @@ def run_plan(args: argparse.Namespace) -> int:
             override.partition("=")[0].strip() == "workers.num_workers" for override in overrides):
         raise CommandLineError(f"--world-size {args.world_size} and workers.num_workers={given} disagree: give one "
                                "(the run trains with workers.num_workers)")
-    preflight(template, world_size=args.world_size)
     the_plan = plan(template, world_size=args.world_size)
+    if "train" in the_plan.phases:  # a training run's (eval_rollout, vla-rl eval's template, sets them)
+        refuse_evaluation_settings(template)
+    preflight(template, world_size=args.world_size)
     print(describe_plan(the_plan))
     print_traffic(template, the_plan, Console(width=max(Console().width, 136), highlight=False))
     return 0
