@@ -106,6 +106,7 @@ class _HubServer:
         self._ids = itertools.count()
         self._counts = {"connected": 0, "refused": 0, "lost": 0, "invalid": 0}
         self._idle: asyncio.Queue[_Client] | None = None
+        self._closing: set[asyncio.Future] = set()  # connections being closed (held until done)
 
     async def serve(self, started: threading.Event) -> None:
         from websockets.asyncio.server import serve
@@ -208,8 +209,11 @@ class _HubServer:
                 answer = await asyncio.wait_for(client.websocket.recv(), timeout_s)
             except ConnectionClosed as closed:
                 return self._lost(client_id, self._too_big_why("answer") if _too_big(closed) else "it disconnected")
-            except TimeoutError:
-                await client.websocket.close(1011, "no answer in time")
+            except TimeoutError:  # its state is unknown: closed, without waiting for a client that may
+                client.closed = True  # not answer the close either (websockets' close waits up to 10 s)
+                closing = asyncio.ensure_future(client.websocket.close(1011, "no answer in time"))
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
                 return self._lost(client_id, f"no answer within {timeout_field}={timeout_s:g} s")
         if isinstance(answer, str):
             self.release(client_id)  # still connected: free for another episode

@@ -90,6 +90,54 @@ def test_a_bad_answer_loses_the_episode_and_frees_the_client(hub, answer, why):
         thread.join(10)
 
 
+def frozen_client(port: int):
+    """A remote environment that says hello, reads the welcome, then never reads again (a process
+    stopped with SIGSTOP, a network partition): it answers no request and no close frame. Spoken
+    with websockets' sans-I/O protocol over a plain socket, so that no thread answers for it."""
+    import socket
+
+    from websockets.client import ClientProtocol
+    from websockets.protocol import State
+    from websockets.uri import parse_uri
+
+    protocol = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}"), max_size=None)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    protocol.send_request(protocol.connect())
+
+    def exchange(until) -> None:
+        for data in protocol.data_to_send():
+            sock.sendall(data)
+        while not until():
+            protocol.receive_data(sock.recv(65536))
+            for data in protocol.data_to_send():
+                sock.sendall(data)
+
+    exchange(lambda: protocol.state is State.OPEN)
+    protocol.send_binary(wire.packb({"type": "hello", "name": "frozen", "state_dim": 3, "action_dim": 2,
+                                     "images": {}}))
+    exchange(lambda: bool(protocol.events_received()))  # the welcome
+    return sock
+
+
+def test_a_frozen_client_loses_its_episode_in_its_timeout(hub):
+    """The hub closed a client that did not answer in time by waiting for its closing handshake
+    (websockets' close_timeout, 10 s) while the run gave up at the timeout + 5 s: a frozen client
+    (SIGSTOP) stopped the training run with a TimeoutError traceback instead of losing its episode."""
+    server, run = hub
+    sock = frozen_client(server.port)
+    try:
+        claimed = run(server.claim(10))
+        assert claimed is not None
+        started = time.monotonic()
+        lost = run(server.request(claimed, RESET, 0.5))
+        assert lost == {LOST: f"remote environment {claimed}: no answer within simulator.env.step_timeout_s=0.5 s"}
+        assert time.monotonic() - started < 5  # was 10.5 s, past RemoteHub.request's 5.5 s
+        assert run(server.request(claimed, RESET, 0.5))[LOST].endswith("it disconnected")  # not claimed again
+        assert run(server.claim(0.5)) is None
+    finally:
+        sock.close()
+
+
 def test_a_message_larger_than_the_run_needs_loses_the_episode_before_the_hub_holds_it(hub, caplog):
     """The hub took messages of any size (``max_size=None``): a client sending 300 MB had the hub
     hold it. Now the limit is twice what the run's observation takes plus 1 MiB (here about
