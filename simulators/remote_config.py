@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vla_rl_core import keys
+from vla_rl_core import keys, wire
 from vla_rl_core.components import ComponentConfigError
 
 
@@ -89,7 +89,29 @@ class RemoteEnvConfig:
         if not isinstance(hello, dict) or hello.get("type") != "hello":
             return "the first message must be a hello: {'type': 'hello', 'state_dim', 'action_dim', 'images'}"
         wanted = {"state_dim": self.state_dim, "action_dim": self.action_dim, "images": self.image_shapes}
-        got = {key: hello.get(key) for key in wanted}
-        got["images"] = {key: list(shape) for key, shape in (got["images"] or {}).items()}
-        differs = [f"{key} {got[key]} (this run: {wanted[key]})" for key in wanted if got[key] != wanted[key]]
+        differs = []
+        for key, want in wanted.items():
+            value = hello.get(key)
+            if key == "images":
+                got = _image_shapes(value)
+                if got != want:
+                    differs.append(f"images {wire.describe(value) if got is None else got} (this run: {want})")
+            elif isinstance(value, bool) or not isinstance(value, int) or value != want:
+                differs.append(f"{key} {wire.describe(value)} (this run: {want})")
         return f"the environment does not fit this run: {', '.join(differs)}" if differs else None
+
+
+def _image_shapes(images: Any) -> dict[str, list[int]] | None:
+    """A hello's ``images``, ``{"<camera>_image": [H, W, 3]}`` (none: ``{}``), or None when it is
+    no such mapping (of at most 16 cameras, each shape 3 ints)."""
+    if images is None:
+        return {}
+    if not isinstance(images, dict) or len(images) > 16:
+        return None
+    shapes = {}
+    for name, shape in images.items():
+        if not isinstance(name, str) or not isinstance(shape, (list, tuple)) or len(shape) != 3 or not all(
+                isinstance(size, int) and not isinstance(size, bool) for size in shape):
+            return None
+        shapes[name] = list(shape)
+    return shapes

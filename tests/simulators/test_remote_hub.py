@@ -180,6 +180,20 @@ def test_a_message_larger_than_the_run_needs_loses_the_episode_before_the_hub_ho
             robot.thread.join(10)
 
 
+@pytest.mark.parametrize("images, shown", [([1, 2], "images a list"), ({"a_image": 5}, "images a dict"),
+                                            ({"a_image": [8, 8, 3]}, "images {'a_image': [8, 8, 3]}")])
+def test_a_hello_with_malformed_images_is_refused_in_one_line(hub, images, shown, caplog):
+    """``images`` as a list, or a camera's shape as a number, made the hub's connection handler
+    fail (a websockets traceback in the log, close code 1011 without a word, not counted refused)."""
+    import logging
+
+    server, run = hub
+    with caplog.at_level(logging.WARNING), connect(f"ws://127.0.0.1:{server.port}", max_size=None) as ws:
+        ws.send(wire.packb({"type": "hello", "state_dim": 3, "action_dim": 2, "images": images}))
+        assert ws.recv(timeout=10) == f"vla-rl remote: the environment does not fit this run: {shown} (this run: {{}})"
+    assert run(server.stats())["refused"] == 1 and "Traceback" not in caplog.text
+
+
 def test_a_hello_larger_than_the_run_needs_is_refused(hub, caplog):
     import logging
 
