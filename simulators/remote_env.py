@@ -45,6 +45,7 @@ import dataclasses
 import errno
 import itertools
 import logging
+import math
 import os
 import socket
 import time
@@ -191,17 +192,35 @@ class RemoteEnv(ChunkedSteps, gym.Env):
                 raise ValueError(f"remote environment {self._client}: 'steps' must be 1..{sent} (the actions sent), "
                                  f"got {steps!r}")
             obs = self._observation(answer.get("obs"))
+            reward = self._reward(answer.get("reward", 0.0))
+            terminated, truncated, success = (self._flag(answer, name) for name in ("terminated", "truncated",
+                                                                                    "success"))
         except ValueError as err:  # a sensor's NaN, a client's bug: this episode is lost, not the run
             self._hub.release.remote(self._client)
             self._client, self._episode_step = None, None
             raise EpisodeLost(str(err)) from None
         self._episode_step += int(steps)
-        terminated = bool(answer.get("terminated"))
-        truncated = not terminated and (bool(answer.get("truncated")) or self._episode_step >= self.horizon)
+        truncated = not terminated and (truncated or self._episode_step >= self.horizon)
         if terminated or truncated:
             self._episode_step = None
-        return (obs, float(answer.get("reward", 0.0)), terminated, truncated, {"success": bool(answer.get("success"))},
-                int(steps))
+        return obs, reward, terminated, truncated, {"success": success}, int(steps)
+
+    def _reward(self, reward: Any) -> float:
+        """The client's summed reward, a finite real number (checked)."""
+        if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, (int, float, np.integer, np.floating)):
+            raise ValueError(f"remote environment {self._client}: 'reward' must be a number, got "
+                             f"{type(reward).__name__}")
+        if not math.isfinite(reward):
+            raise ValueError(f"remote environment {self._client}: 'reward' is {float(reward)}, not finite")
+        return float(reward)
+
+    def _flag(self, answer: dict, name: str) -> bool:
+        """The client's ``name`` flag, a bool (absent: False; checked: ``bool("false")`` is True)."""
+        flag = answer.get(name, False)
+        if not isinstance(flag, (bool, np.bool_)):
+            raise ValueError(f"remote environment {self._client}: {name!r} must be true or false, got "
+                             f"{type(flag).__name__}")
+        return bool(flag)
 
     def close(self) -> None:
         """Give the client back to the hub."""

@@ -176,6 +176,38 @@ def test_a_non_finite_observation_loses_its_episode_not_the_run(ray_on_loopback,
         assert client.episodes == 1  # reset once, not again and again for 2 s (a robot homing each time)
 
 
+class MalformedOutcomes(RobotClient):
+    """Answers a chunk whose first action is 2 with the reward ``"abc"``, 4 with the success
+    ``"false"`` (a string: ``bool("false")`` is True), 6 with a NaN reward, 8 with a reward list."""
+
+    def _answer(self, request, wanted=None):
+        answer = super()._answer(request, wanted)
+        if request.get("type") == "step":
+            field, value = {2: ("reward", "abc"), 4: ("success", "false"), 6: ("reward", float("nan")),
+                            8: ("reward", [1.0])}.get(int(request["actions"][0, 0]), (None, None))
+            if field is not None:
+                answer[field] = value
+        return answer
+
+
+def test_an_outcome_with_malformed_fields_loses_its_episode_not_the_run(ray_on_loopback, stop):
+    """A reward that is no number stopped the run (a ValueError traceback in the rollout node),
+    and a success flag sent as the string "false" counted as a success; a NaN reward went into
+    the returns. Each now loses that episode, naming the client and the field, and the client
+    serves again."""
+    with SimulatorPool("remote", config(), num_actors=1, envs_per_actor=5) as pool:
+        clients = [MalformedOutcomes(WalkEnv(), uri(pool), name=f"env{i}", retry_s=0.1) for i in range(5)]
+        for client in clients:
+            client.start(stop)
+        pool.reset(np.arange(5))
+        out = pool.collect(pool.submit(np.arange(5), np.array([[[1]], [[2]], [[4]], [[6]], [[8]]], np.float32)))
+        assert out["lost"].tolist() == [False, True, True, True, True]
+        assert out["steps"].tolist() == [1, 0, 0, 0, 0] and not out["success"].any()
+        assert hub_stats(pool)["lost"] == 0  # the hub delivered the answers; the environments lost the episodes
+        np.testing.assert_array_equal(pool.reset(np.arange(5) + 10)[:, 1], np.arange(5) + 10)  # all serve again
+        assert all(client.error is None for client in clients)
+
+
 def test_a_reset_slower_than_its_timeout_says_so(ray_on_loopback, stop):
     """A robot homing for longer than the reset's timeout: the run stopped saying that no client
     was free (4 were connected); now it names simulator.env.reset_timeout_s, which resets wait
