@@ -2,8 +2,9 @@
 
 An array travels as the map ``{"__ndarray__": True, "data": <raw bytes>, "dtype": <dtype.str>,
 "shape": [...]}`` and a numpy scalar as ``{"__npgeneric__": True, "data": <item>, "dtype": ...}``
-(map keys as msgpack binaries); object, void and complex arrays are refused (openpi refuses them so
-that nothing falls back to pickle). Written here rather than imported from ``openpi-client``, whose
+(map keys as msgpack binaries); object, void and complex arrays and scalars are refused (openpi
+refuses such arrays so that nothing falls back to pickle; a void scalar's size is its data: a
+message of 40 bytes made one of 20 MB). Written here rather than imported from ``openpi-client``, whose
 package pins ``numpy < 2``; tests/vla_rl_core/test_wire.py checks both directions against
 ``openpi_client.msgpack_numpy`` itself.
 
@@ -45,7 +46,10 @@ def _unpack_array(obj: dict) -> Any:
         return np.ndarray(buffer=obj[b"data"], dtype=dtype, shape=obj[b"shape"])
     if b"__npgeneric__" in obj:
         _require(obj, "a numpy scalar map (__npgeneric__)", _SCALAR_FIELDS)
-        return np.dtype(obj[b"dtype"]).type(obj[b"data"])
+        dtype = np.dtype(obj[b"dtype"])
+        if dtype.kind in _REFUSED_KINDS:  # np.void(20_000_000) is 20 MB of zeros from a 40-byte message
+            raise ValueError(f"scalars of dtype {dtype} are refused")
+        return dtype.type(obj[b"data"])
     return obj
 
 
@@ -55,6 +59,21 @@ def _require(obj: dict, what: str, fields: tuple[bytes, ...]) -> None:
     if missing is not None:
         raise ValueError(f"{what} has no {missing.decode()!r} field (it needs "
                          f"{', '.join(repr(field.decode()) for field in fields)})")
+
+
+def describe(value: Any) -> str:
+    """A received value as an error message shows it, in a few characters whatever its size: a
+    number, bool or None as itself, an array as its dtype and shape, a string as its first 40
+    characters, anything else as its type (the repr of a 64 MiB list or string would make a log
+    line, and a reply, of as much)."""
+    if value is None or isinstance(value, (bool, int, float, np.bool_, np.number)):
+        text = repr(value.item() if isinstance(value, np.generic) else value)
+        return text if len(text) <= 40 else f"an int of {len(text)} digits"
+    if isinstance(value, np.ndarray):
+        return f"a {value.dtype} array of shape {value.shape}"
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else f"{value[:40]!r}... ({len(value)} characters)"
+    return f"a {type(value).__name__}"
 
 
 def packb(obj: Any) -> bytes:

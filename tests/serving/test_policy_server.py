@@ -130,8 +130,11 @@ def test_sampling_on_request_is_the_policys_seeded_sample(mlp_run):
         got = [client.infer({"state": obs[0], "sample": True})["actions"] for _ in range(2)]
         np.testing.assert_array_equal(np.stack(got), np.stack(want))
         assert not np.array_equal(got[0], lift_executed(greedy(policy, obs)[0]))
-        with pytest.raises(RuntimeError, match="'sample' must be true or false"):
+        with pytest.raises(RuntimeError, match="'sample' must be true or false, got 'yes'"):
             client.infer({"state": obs[0], "sample": "yes"})
+        with pytest.raises(RuntimeError, match=r"'sample' must be true or false, got a list$") as err:
+            client.infer({"state": obs[0], "sample": [0.0] * 10**6})  # its repr: 5 MB of reply and log line
+        assert len(str(err.value)) < 200
 
 
 def test_a_token_keeps_out_clients_without_it(mlp_run, caplog):

@@ -77,3 +77,21 @@ def test_an_array_map_missing_a_field_is_a_value_error_naming_it(data, field):
 def test_a_scalar_that_overflows_its_dtype_is_a_value_error():
     with pytest.raises(ValueError, match="not a msgpack-numpy message"):
         wire.unpackb(msgpack.packb({b"__npgeneric__": True, b"data": 2**64 - 1, b"dtype": "<i1"}))
+
+
+@pytest.mark.parametrize("dtype", ["|V8", "|O", "<c16"])
+def test_object_void_and_complex_scalars_are_refused(dtype):
+    """A void scalar's size is its data: a 40-byte message made a 20 MB ``np.void``, which the
+    policy server's refusal then printed into an 80 MB log line and reply."""
+    with pytest.raises(ValueError, match=r"not a msgpack-numpy message \(ValueError: scalars of dtype"):
+        wire.unpackb(msgpack.packb({"sample": {b"__npgeneric__": True, b"data": 20_000_000, b"dtype": dtype}}))
+
+
+@pytest.mark.parametrize("value, shown", [
+    (True, "True"), (3, "3"), (np.float32(0.5), "0.5"), (None, "None"), (10**100, "an int of 101 digits"),
+    ("yes", "'yes'"), ("x" * 10**6, "'" + "x" * 40 + "'... (1000000 characters)"),
+    (np.zeros((2, 3), np.uint8), "a uint8 array of shape (2, 3)"), ([0.0] * 10**6, "a list"),
+    (b"\0" * 10**6, "a bytes"),
+])
+def test_a_received_value_is_described_in_a_few_characters(value, shown):
+    assert wire.describe(value) == shown

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from vla_rl_core import keys
+from vla_rl_core import keys, wire
 from vla_rl_core.env_spec import EnvSpec
 from vla_rl_core.observations import encode_instruction
 
@@ -203,7 +203,7 @@ class ServedInputs:
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.num_tasks:
             raise ObservationError(f"{keys.OBS_TASK_ID!r} must be an int in [0, {self.num_tasks}) (the task of the "
-                                   f"policy's task set), got {value!r}")
+                                   f"policy's task set), got {wire.describe(value)}")
         return np.int64(value)
 
 

@@ -270,7 +270,7 @@ class PolicyServer:
         request = wire.unpackb(message)
         sample = request.get(SAMPLE_KEY, self.sample) if isinstance(request, dict) else self.sample
         if not isinstance(sample, (bool, np.bool_)):
-            raise ValueError(f"{SAMPLE_KEY!r} must be true or false, got {sample!r}")
+            raise ValueError(f"{SAMPLE_KEY!r} must be true or false, got {wire.describe(sample)}")
         if sample and not self.served.can_sample:
             raise ValueError(f"{SAMPLE_KEY!r}: the {self.served.name} policy has no action distribution; it acts "
                              "greedily only")
