@@ -18,16 +18,24 @@ import numpy as np
 from simulators.stepping import checked_action
 from vla_rl_core.components import ComponentConfigError
 
+#: The largest camera image or video frame a simulator renders, pixels per side: MuJoCo sizes its
+#: offscreen buffer to it, and a frame of 2048 x 2048 RGB is 12 MiB (``eval.video_size=100000``
+#: asked for 30 GB frames).
+MAX_IMAGE_SIZE = 2048
 
-def require_int(name: str, value: Any, minimum: int) -> None:
-    """Check a config field that must be an integer (not a bool) of at least ``minimum``.
+
+def require_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
+    """Check a config field that must be an integer (not a bool) from ``minimum`` to ``maximum``
+    (None: no maximum).
 
     Raises:
         ComponentConfigError: (a ValueError) with field ``name`` (a template names it
             ``simulator.env.<name>``), saying what it got.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ComponentConfigError(name, f"{name} must be an integer >= {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
+            maximum is not None and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise ComponentConfigError(name, f"{name} must be an integer {bounds}, got {value!r}")
 
 
 def camera_observation_space(state_dim: int, cameras: tuple[str, ...], camera_size: int) -> gym.spaces.Space:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from simulators.base import SingleEnv, require_int
+from simulators.base import MAX_IMAGE_SIZE, SingleEnv, require_int
 from simulators.registry import SIMULATORS
 from simulators.rendering import (
     disable_shadows_and_reflections,
@@ -204,7 +204,7 @@ class LiberoEnvConfig:
         require_int("num_steps_wait", self.num_steps_wait, 0)
         object.__setattr__(self, "obs_keys", _require_names("obs_keys", self.obs_keys, allow_empty=False))
         object.__setattr__(self, "cameras", _require_names("cameras", self.cameras, allow_empty=True))
-        require_int("camera_size", self.camera_size, 8)
+        require_int("camera_size", self.camera_size, 8, MAX_IMAGE_SIZE)
         if not isinstance(self.fast_rendering, bool):
             raise ComponentConfigError(
                 "fast_rendering", f"fast_rendering must be true or false, got {self.fast_rendering!r}")
@@ -212,7 +212,7 @@ class LiberoEnvConfig:
             raise ComponentConfigError(
                 "render_camera",
                 f"render_camera must be a camera name such as 'agentview' or None, got {self.render_camera!r}")
-        require_int("render_size", self.render_size, 8)
+        require_int("render_size", self.render_size, 8, MAX_IMAGE_SIZE)
 
 
 @SIMULATORS.register("libero")

@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from simulators.base import SingleEnv, require_int
+from simulators.base import MAX_IMAGE_SIZE, SingleEnv, require_int
 from simulators.registry import SIMULATORS
 from simulators.rendering import CameraRenderer, setup_headless_rendering
 from simulators.stepping import UnobservedSteps
@@ -253,7 +253,7 @@ class MetaWorldEnvConfig:
                 "goal_observable", f"goal_observable must be true or false, got {self.goal_observable!r}")
         if self.render_camera is not None:
             _require_camera("render_camera", self.render_camera)
-        require_int("render_size", self.render_size, 8)
+        require_int("render_size", self.render_size, 8, MAX_IMAGE_SIZE)
         if isinstance(self.cameras, str) or not all(isinstance(c, str) for c in self.cameras):
             raise ComponentConfigError(
                 "cameras", f"cameras must be a sequence of camera names such as ('corner',), got {self.cameras!r}")
@@ -262,7 +262,7 @@ class MetaWorldEnvConfig:
             _require_camera("cameras", camera)
         if len(set(self.cameras)) != len(self.cameras):
             raise ComponentConfigError("cameras", f"cameras must not repeat a camera, got {self.cameras!r}")
-        require_int("camera_size", self.camera_size, 8)
+        require_int("camera_size", self.camera_size, 8, MAX_IMAGE_SIZE)
         if not isinstance(self.fast_rendering, bool):
             raise ComponentConfigError(
                 "fast_rendering", f"fast_rendering must be true or false, got {self.fast_rendering!r}")

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from simulators.base import SingleEnv, require_int
+from simulators.base import MAX_IMAGE_SIZE, SingleEnv, require_int
 from simulators.registry import SIMULATORS
 from simulators.rendering import CameraRenderer, egl_device_hidden_from_robosuite, setup_headless_rendering
 from simulators.robosuite_lean import lean_task_class
@@ -290,14 +290,14 @@ class RobosuiteEnvConfig:
         if self.render_camera is not None and (not isinstance(self.render_camera, str) or not self.render_camera):
             raise ComponentConfigError("render_camera", f"render_camera must be a camera name such as 'agentview' or "
                                                         f"None, got {self.render_camera!r}")
-        require_int("render_size", self.render_size, 8)
+        require_int("render_size", self.render_size, 8, MAX_IMAGE_SIZE)
         if isinstance(self.cameras, str) or not all(isinstance(c, str) and c for c in self.cameras):
             raise ComponentConfigError("cameras", f"cameras must be a sequence of camera names such as "
                                                   f"('agentview',), got {self.cameras!r}")
         object.__setattr__(self, "cameras", tuple(self.cameras))  # YAML gives lists
         if len(set(self.cameras)) != len(self.cameras):
             raise ComponentConfigError("cameras", f"cameras must not repeat a camera, got {self.cameras!r}")
-        require_int("camera_size", self.camera_size, 8)
+        require_int("camera_size", self.camera_size, 8, MAX_IMAGE_SIZE)
         if not isinstance(self.fast_rendering, bool):
             raise ComponentConfigError(
                 "fast_rendering", f"fast_rendering must be true or false, got {self.fast_rendering!r}")

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from simulators.base import MAX_IMAGE_SIZE
 from vla_rl.config.base import _Section
 
 #: torch.distributed backends a worker group may be created with.
@@ -182,7 +183,7 @@ class EvalSection(_Section):
         "failures per task and protocol of the last checkpoint)."
     )
     video_camera: str = Field("agentview", description="Simulator camera the videos are rendered from.")
-    video_size: int = Field(128, ge=16, description="Video frame height and width in pixels.")
+    video_size: int = Field(128, ge=16, le=MAX_IMAGE_SIZE, description="Video frame height and width in pixels.")
     video_fps: int = Field(20, ge=1, description="Video frame rate in Hz; unset (not given, or deleted with "
                            "~eval.video_fps; null is no rate): the simulator's control frequency (one frame per "
                            "control step, real time), this default where the simulator states none.")
