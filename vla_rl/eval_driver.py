@@ -26,10 +26,11 @@ import yaml
 from rich.markup import escape
 
 from vla_rl.dag.errors import TemplateError
+from vla_rl.eval_output import CHECKPOINTS_FILE, check_output, check_same_evaluation, record_checkpoints
 from vla_rl.evaluation.overrides import check_trained_tasks_kept, unread_by_evaluation
 from vla_rl.evaluation.targets import EvalInputError, find_checkpoints
-from vla_rl_core.file_modes import uncreatable, write_text_atomically
-from vla_rl_core.run_layout import CHECKPOINTS_DIR, EVAL_DIR, RUN_TEMPLATE
+from vla_rl_core.file_modes import write_text_atomically
+from vla_rl_core.run_layout import EVAL_DIR, RUN_TEMPLATE
 
 EVAL_TEMPLATE = "eval_rollout"
 
@@ -136,7 +137,7 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
             config["eval"][name] = getattr(run_config.eval, name)
     # absolute: the workers (on a cluster, in other working directories) open its template
     eval_dir = (Path(output) if output else default_eval_dir(run_dir, run_config, policy_from)).absolute()
-    _check_output(eval_dir, run_dir, output is not None)
+    check_output(eval_dir, run_dir, output is not None)
     _check_checkpoints(checkpoints)  # a damaged checkpoint, before Ray, workers and simulators start
     check_stores(eval_dir)  # a damaged episode store is refused before anything is written
     resolved = eval_dir / RUN_TEMPLATE
@@ -164,7 +165,7 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     if loaded.config.eval.num_episodes == 0:
         raise EvalInputError("eval.num_episodes=0: an evaluation runs at least one episode of each task")
     tasks = resolve_tasks_or_fail(loaded.config)
-    _check_same_evaluation(eval_dir, loaded, output is not None)
+    check_same_evaluation(eval_dir, loaded, output is not None)
     check_task_simulators(loaded.config, tasks)
     check_video_camera(loaded.config, tasks)
     if loaded.config.eval.store_episodes:  # episodes stored with other task settings: refused before any write
@@ -173,8 +174,13 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
                 check_task_settings(eval_dir, task.name, task.simulator, task.env)
             except ValueError as err:
                 raise EvalInputError(str(err)) from None
-    eval_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        eval_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # what only the write can tell (a read-only mount, /proc, a full disk)
+        raise EvalInputError(f"{'--output ' if output is not None else ''}{eval_dir} cannot be created: "
+                             f"{err.strerror or err}") from None
     _write_yaml(resolved, loaded.raw)
+    record_checkpoints(eval_dir, loaded.config.eval.checkpoints)
     return eval_dir, load_template(resolved), run_dir
 
 
@@ -225,122 +231,6 @@ def default_eval_dir(run_dir: Path | None, run_config, policy_from: str | None) 
     return Path(run_config.run.output_dir) / f"eval_{name}"
 
 
-def _check_same_evaluation(eval_dir: Path, loaded, chosen: bool) -> None:
-    """An existing evaluation in ``eval_dir`` (its ``template.yaml``) must be of the same policy
-    section and ``run.seed`` (the seed of the sampled protocol and of a template's initial
-    weights), so that a continued evaluation never pools episodes of two policies or two seeds,
-    and of the same checkpoints, protocols and benchmark tasks, whose rows its report holds (an
-    evaluation of step 3 alone replaced the report of steps 1 and 2, whose checkpoint of step 1
-    was gone). Its model paths count as absolute (an evaluation before 2026-12-06 stored them as
-    given).
-
-    Raises:
-        EvalInputError: naming the first differing field and both values, or both selections.
-    """
-    from vla_rl.config.sections import EvalSection, RunSection
-    from vla_rl.evaluation.benchmarks import candidate_tasks
-    from vla_rl.run_dir import absolute
-
-    resolved = eval_dir / RUN_TEMPLATE
-    if not resolved.is_file():
-        return
-    earlier_config = (yaml.safe_load(resolved.read_text()) or {}).get("config", {})
-    earlier, policy = earlier_config.get("policy"), loaded.raw["config"]["policy"]
-    flag = "--output " if chosen else ""
-    if earlier is not None:
-        paths = earlier.get("config") or {}
-        for key in ("model_path", "tokenizer_path"):
-            if isinstance(paths.get(key), str) and paths[key]:
-                paths[key] = str(absolute(paths[key]))
-        if earlier != {key: policy.get(key) for key in earlier}:  # a section field added since: the same
-            field, was, now = _first_difference(earlier, policy, "policy")
-            raise EvalInputError(f"{flag}{eval_dir} holds an evaluation of another policy ({field}: {was!r} there, "
-                                 f"{now!r} here); name another --output")
-    seed = (earlier_config.get("run") or {}).get("seed", RunSection.model_fields["seed"].default)
-    if seed != loaded.config.run.seed:
-        raise EvalInputError(f"{flag}{eval_dir} holds an evaluation under run.seed {seed!r}, here "
-                             f"{loaded.config.run.seed!r} (it seeds the sampled protocol and a template's initial "
-                             "weights); name another --output")
-    try:
-        earlier_section = EvalSection.model_validate(earlier_config.get("eval") or {})
-    except ValueError:  # an evaluation section this version does not read: compared by the fields above only
-        return
-    every = tuple(task.name for task in candidate_tasks(loaded.config))  # eval.tasks null: all of these
-    rows, earlier_rows = _report_rows(loaded.config.eval), _report_rows(earlier_section)
-    if not _covers(rows, earlier_rows, every):
-        # the usual cause: training on pruned the evaluated checkpoints (trainer.keep_last)
-        root = Path(loaded.config.eval.checkpoints[0]).parent if loaded.config.eval.checkpoints else None
-        gone = [name for name in earlier_rows[0] if name not in rows[0] and root is not None
-                and not (root / name).is_dir()]
-        pruned = (f" ({', '.join(gone)} no longer in {root}: training on pruned it, trainer.keep_last; raise "
-                  "trainer.keep_last before training on to extend an evaluation in place)") if gone else ""
-        raise EvalInputError(
-            f"{flag}{eval_dir} holds an evaluation of {_describe_rows(earlier_rows, rows, every)}, and this one "
-            f"evaluates {_describe_rows(rows, rows, every)}{pruned}: its report would drop rows of that one's; name "
-            "another --output (the same selection, or one that adds checkpoints, protocols or tasks, continues that "
-            "evaluation)")
-
-
-def _report_rows(section) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...] | None, str | None]:
-    """What the rows of an evaluation's report are: its checkpoints (by name, ``step_<N>``: a run
-    directory copied or moved elsewhere holds the same), protocols (``sampled@T``), tasks (None:
-    all of its benchmark's, or of the run's own) and benchmark."""
-    from vla_rl.evaluation.protocol import eval_protocols
-
-    protocols = tuple(p.name if p.greedy else f"{p.name}@{p.temperature:g}" for p in eval_protocols(section))
-    return (tuple(Path(c).name for c in section.checkpoints), protocols,
-            None if section.tasks is None else tuple(section.tasks), section.benchmark)
-
-
-def _covers(rows, earlier, every: tuple[str, ...]) -> bool:
-    """Whether a report of ``rows`` (:func:`_report_rows`) holds every row of one of ``earlier``:
-    the same benchmark, and every earlier checkpoint, protocol and task among its own (``every``:
-    the benchmark's tasks, which null selects)."""
-    checkpoints, protocols, tasks, benchmark = rows
-    was_checkpoints, was_protocols, was_tasks, was_benchmark = earlier
-    return (benchmark == was_benchmark and set(was_checkpoints) <= set(checkpoints)
-            and bool(was_checkpoints) == bool(checkpoints)  # a template's policy (no checkpoint) is a row too
-            and set(was_protocols) <= set(protocols) and set(was_tasks or every) <= set(tasks or every))
-
-
-def _describe_rows(rows, current, every: tuple[str, ...]) -> str:
-    """``step_00000001, step_00000002 (greedy, sampled@1, benchmark B, tasks [...])``: the tasks
-    when selected, unless they are ``every`` one of the ``current`` evaluation's benchmark."""
-    checkpoints, protocols, tasks, benchmark = rows
-    steps = ", ".join(checkpoints) or "the template's policy"
-    every_task = tasks is None or (benchmark == current[3] and set(tasks) == set(every))
-    where = ("" if benchmark is None else f", benchmark {benchmark}") + ("" if every_task else f", tasks {list(tasks)}")
-    return f"{steps} ({', '.join(protocols)}{where})"
-
-
-def _first_difference(a, b, path: str) -> tuple[str, object, object]:
-    """The dotted path of the first value that differs between two YAML trees, and both values."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in list(a) + [k for k in b if k not in a]:
-            if a.get(key) != b.get(key):
-                return _first_difference(a.get(key), b.get(key), f"{path}.{key}")
-    return path, a, b
-
-
-def _check_output(eval_dir: Path, run_dir: Path | None, chosen: bool) -> None:
-    """``--output`` (``chosen``) or the run's ``eval/``: a directory to write an evaluation into.
-
-    Raises:
-        EvalInputError: it is a file or cannot be created (a file on its path), or
-            (``--output``) a training run's directory (it holds ``checkpoints/``: its template
-            would be replaced), naming the path.
-    """
-    flag = "--output " if chosen else ""
-    if eval_dir.exists() and not eval_dir.is_dir():
-        raise EvalInputError(f"{flag}{eval_dir} is a file; the evaluation writes a directory there")
-    if not eval_dir.exists() and (problem := uncreatable(eval_dir)):
-        raise EvalInputError(f"{flag}{eval_dir} cannot be created: {problem}")
-    if (eval_dir / CHECKPOINTS_DIR).is_dir() or (run_dir is not None and eval_dir.resolve() == run_dir.resolve()):
-        raise EvalInputError(f"{flag}{eval_dir} is a training run's directory (it holds checkpoints/); an "
-                             "evaluation would replace its template.yaml: name a new directory"
-                             + (f", or leave --output out ({run_dir / EVAL_DIR})" if run_dir is not None else ""))
-
-
 def _check_checkpoints(checkpoints: list[Path]) -> None:
     """Each checkpoint's files against the sizes in its manifest
     (:func:`~vla_rl.checkpoints.integrity.verify_checkpoint` without the digests: the workers
@@ -362,11 +252,14 @@ def _check_checkpoints(checkpoints: list[Path]) -> None:
 def _remove_unstarted(eval_dir: Path) -> None:
     """An evaluation that stopped before it stored an episode (Ray refused: a cluster that refuses
     the driver's token, a cluster too small; or the workers did: a model directory that does not
-    fit the simulator): its directory holding only the template it has just written is removed,
-    as a training run that fails before its first metric leaves no run directory; a directory
-    holding anything else (an earlier evaluation's stores and report) is left as it is."""
-    if [entry.name for entry in eval_dir.iterdir()] == [RUN_TEMPLATE]:
-        (eval_dir / RUN_TEMPLATE).unlink()
+    fit the simulator): its directory holding only the template and the checkpoints' record it
+    has just written is removed, as a training run that fails before its first metric leaves no
+    run directory; a directory holding anything else (an earlier evaluation's stores and report)
+    is left as it is."""
+    written = {RUN_TEMPLATE, CHECKPOINTS_FILE}
+    if {entry.name for entry in eval_dir.iterdir()} <= written:
+        for name in written:
+            (eval_dir / name).unlink(missing_ok=True)
         eval_dir.rmdir()
 
 

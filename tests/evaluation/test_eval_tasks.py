@@ -28,13 +28,14 @@ EVAL = [*device_overrides(num_workers=1), "workers.num_workers=1", "eval.num_epi
 TASKS = ["reach-v3", "push-v3"]
 
 
-def write_run(out, template: str, overrides: list[str], config: MLPPolicyConfig, steps=(1,)):
-    """A run directory as `vla-rl train` leaves it: its resolved template and checkpoints of ``config``."""
+def write_run(out, template: str, overrides: list[str], config: MLPPolicyConfig, steps=(1,), seed: int = 0):
+    """A run directory as `vla-rl train` leaves it: its resolved template and checkpoints of
+    ``config`` (step N's weights drawn from the seed ``seed + N``)."""
     run, _, _ = prepare_run_dir(template, [f"run.output_dir={out}", "run.name=run", *overrides], resume=None)
     run.close()
     policy = make_policy("mlp", config)
     for step in steps:
-        torch.manual_seed(step)
+        torch.manual_seed(seed + step)
         for parameter in policy.parameters():
             torch.nn.init.normal_(parameter, std=0.3)
         checkpoint.save_checkpoint(run.path / "checkpoints", step, rank=0, model=policy)
@@ -375,8 +376,7 @@ def test_an_evaluation_stopped_before_ray_starts_leaves_no_directory(tmp_path, c
     assert main(["eval", str(run_dir), *EVAL, "--output", str(tmp_path / "eval1")]) == 1
     assert "refused this driver's token" in capsys.readouterr().err
     assert not (tmp_path / "eval1").exists()
-    earlier = tmp_path / "eval2"
-    earlier.mkdir()
+    earlier, _, _ = prepare_eval_dir([str(run_dir)], EVAL, output=str(tmp_path / "eval2"))
     (earlier / "report.json").write_text('{"earlier": "report"}')
     assert main(["eval", str(run_dir), *EVAL, "--output", str(earlier)]) == 1
     assert (earlier / "report.json").read_text() == '{"earlier": "report"}' and (earlier / "template.yaml").exists()
@@ -415,9 +415,60 @@ def test_an_evaluation_of_other_checkpoints_or_protocols_does_not_replace_the_ea
                                              r"\(step_00000001 no longer in .*checkpoints: training on pruned it, "
                                              r"trainer.keep_last; raise trainer.keep_last before training on"):
         prepare_eval_dir([str(run_dir)], [])
-    from vla_rl.eval_driver import _covers  # a template's policy (no checkpoint) is a row checkpoints do not hold
+    from vla_rl.eval_output import _covers  # a template's policy (no checkpoint) is a row checkpoints do not hold
     assert not _covers((("step_00000003",), ("greedy",), None, None), ((), ("greedy",), None, None), ("Lift",))
     assert _covers(((), ("greedy", "sampled@1"), None, None), ((), ("greedy",), None, None), ("Lift",))
+
+
+def test_an_evaluation_of_another_runs_checkpoints_of_the_same_names_is_refused(tmp_path):
+    """`vla-rl eval RUN_B --output RUN_A/eval` found every planned episode stored (by RUN_A's
+    step_00000001 and step_00000002, of the same names) and reported RUN_A's success rates as
+    RUN_B's, exit 0. Checkpoints are now told apart by their files; a copy of RUN_A is RUN_A."""
+    import shutil
+
+    from vla_rl.evaluation.targets import EvalInputError
+
+    mlp = ("embodied_srpo", ["policy.config.hidden_sizes=[8]"], MLPPolicyConfig(obs_dim=15, action_dim=7,
+                                                                                 hidden_sizes=(8,)))
+    run_a = write_run(tmp_path / "a", *mlp, steps=(1, 2))
+    run_b = write_run(tmp_path / "b", *mlp, steps=(1, 2), seed=10)
+    eval_dir, _, _ = prepare_eval_dir([str(run_a)], ["eval.num_episodes=2"])
+    written = (eval_dir / "template.yaml").read_text()
+    def another(evaluated) -> str:
+        return (rf"--output {eval_dir} holds an evaluation of another step_00000001 \({evaluated}/checkpoints/"
+                rf"step_00000001, whose files differ from those of {run_b}/checkpoints/step_00000001\): its episodes "
+                r"would be reported as this one's; name another --output")
+
+    with pytest.raises(EvalInputError, match=another(run_a)):
+        prepare_eval_dir([str(run_b)], ["eval.num_episodes=2"], output=str(eval_dir))
+    assert (eval_dir / "template.yaml").read_text() == written
+    copy = shutil.copytree(run_a, tmp_path / "copy")  # the same checkpoints elsewhere: the same evaluation
+    prepare_eval_dir([str(copy)], ["eval.num_episodes=2"], output=str(eval_dir))
+    (eval_dir / "checkpoints.json").unlink()  # an evaluation before the record: the checkpoints its template names
+    with pytest.raises(EvalInputError, match=another(copy)):
+        prepare_eval_dir([str(run_b)], ["eval.num_episodes=2"], output=str(eval_dir))
+    run_c = write_run(tmp_path / "c", *mlp, steps=(1,))  # step 1 as run A's: it names where they are, no pruning
+    with pytest.raises(EvalInputError, match=rf"evaluates step_00000001 \(greedy, sampled@1\) \(that one's "
+                                             rf"checkpoints are in {copy}/checkpoints; this one's in "
+                                             rf"{run_c}/checkpoints\): its report would drop rows"):
+        prepare_eval_dir([str(run_c)], ["eval.num_episodes=2"], output=str(eval_dir))
+
+
+def test_an_output_directory_holding_other_files_is_refused(tmp_path):
+    """`vla-rl eval RUN --output lift_eval`, a LeRobot dataset, ran 200 episodes into it, its
+    videos among the dataset's."""
+    from vla_rl.evaluation.targets import EvalInputError
+
+    run_dir = write_run(tmp_path, "embodied_srpo", ["policy.config.hidden_sizes=[8]"],
+                        MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
+    dataset = tmp_path / "lift_eval"
+    (dataset / "meta").mkdir(parents=True)
+    (dataset / "meta" / "info.json").write_text("{}")
+    with pytest.raises(EvalInputError, match=rf"^--output {dataset} holds files but no evaluation \(no template.yaml\)"):
+        prepare_eval_dir([str(run_dir)], [], output=str(dataset))
+    assert sorted(p.name for p in dataset.iterdir()) == ["meta"]
+    (tmp_path / "empty").mkdir()
+    assert prepare_eval_dir([str(run_dir)], [], output=str(tmp_path / "empty"))[0] == tmp_path / "empty"
 
 
 def test_a_benchmark_evaluation_of_all_tasks_continues_with_them_named(tmp_path):

@@ -109,6 +109,19 @@ def verify_checkpoint(path: str | Path, digests: bool = True) -> bool:
     return True
 
 
+def checkpoint_identity(path: str | Path) -> str | None:
+    """What tells a checkpoint from another of the same step (another run's, or a run trained anew
+    under the same name): the sha256 of its manifest's entries (every file's relative path, size
+    and sha256), the same for its copies wherever they lie. None for a checkpoint without a
+    readable manifest (written before checkpoints had one)."""
+    try:
+        files = json.loads((Path(path) / MANIFEST_FILE).read_text(encoding="utf-8"))["files"]
+        entries = sorted((str(name), int(entry["size"]), str(entry["sha256"])) for name, entry in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+
+
 def latest_verified_checkpoint(root: str | Path, digests: bool = True,
                                log: bool = True) -> tuple[Path | None, list[tuple[Path, str]]]:
     """The newest complete checkpoint under ``root`` that passes :func:`verify_checkpoint`
