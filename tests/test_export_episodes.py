@@ -66,6 +66,8 @@ def test_export_episodes_errors_are_one_line(evaluated_lift_run, exported, tmp_p
     assert main(["export-episodes", str(evaluated_lift_run), str(tmp_path / "file" / "out")]) == 2
     assert capsys.readouterr().err.strip() == (f"error: {tmp_path / 'file' / 'out'} cannot be created: "
                                                f"{tmp_path / 'file'} is not a directory")
+    assert main(["export-episodes", str(evaluated_lift_run), "/proc/vla_rl_export"]) == 2  # only the write fails
+    assert capsys.readouterr().err.startswith("error: /proc/vla_rl_export cannot be created: ")
     assert main(["export-episodes", str(evaluated_lift_run), str(tmp_path / "out"), "--camera-size", "64"]) == 2
     assert "--camera-size sizes the rendered cameras, and none is named: add --cameras" in capsys.readouterr().err
     assert main(["export-episodes", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2

@@ -272,8 +272,12 @@ def export_episodes(source: str | Path, out: str | Path, cameras: Sequence[str] 
     if fps is None:
         raise EpisodesExportError(f"the {first.simulator} simulator states no control frequency: give --fps")
     robot = robot_type or per_store[first.path][2]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as partial:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        scratch = tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.")
+    except OSError as err:  # what only the write can tell (a read-only mount, /proc, a full disk)
+        raise EpisodesExportError(f"{out} cannot be created: {err.strerror or err}") from None
+    with scratch as partial:
         _write_dataset(stores, Path(partial) / out.name, float(fps), robot, cameras, camera_size, greedy_only, source)
         os.replace(Path(partial) / out.name, out)
     return out

@@ -187,6 +187,8 @@ def test_output_that_is_a_file_or_a_training_run_is_refused(tiny_run, tmp_path, 
     assert main(["eval", str(tiny_run), "--output", str(tmp_path / "file" / "eval")]) == 2
     assert capsys.readouterr().err.strip() == (f"error: --output {tmp_path / 'file' / 'eval'} cannot be created: "
                                                f"{tmp_path / 'file'} is not a directory")
+    assert main(["eval", str(tiny_run), "--output", "/proc/vla_rl_eval"]) == 2  # only the write fails there
+    assert capsys.readouterr().err.startswith("error: --output /proc/vla_rl_eval cannot be created: ")
 
 
 @pytest.mark.xdist_group("test_eval_command.tiny_run")
