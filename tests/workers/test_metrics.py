@@ -35,9 +35,11 @@ def test_rules_on_one_worker(process_group):
     local = [("a", mean(2.0, 3), 1), ("a", mean(4.0, 1), 1),  # (2*3 + 4*1) / 4
              ("b", total(5.0), 1), ("b", total(1.0), 1),
              ("c", same(7.0), 1), ("d", as_metric(0.5, 8), 2), ("e", mean(1.0, 0), 1),
-             ("f", maximum(3.0), 2), ("f", maximum(9.0), 1), ("g", minimum(3.0), 1), ("g", minimum(-2.0), 2)]
+             ("f", maximum(3.0), 2), ("f", maximum(9.0), 1), ("g", minimum(3.0), 1), ("g", minimum(-2.0), 2),
+             ("h", mean(float("nan"), 0), 1), ("h", mean(0.0, 4), 1)]  # an empty shard's mean: NaN over nothing
     reduced = reduce_metrics(local)
-    assert reduced == {"a": 2.5, "b": 6.0, "c": 7.0, "d": 0.5, "f": 9.0, "g": -2.0}  # "e" has no weight: dropped
+    # "e" has no weight: dropped; "h" was NaN (a worker that lost every episode made reward/mean null)
+    assert reduced == {"a": 2.5, "b": 6.0, "c": 7.0, "d": 0.5, "f": 9.0, "g": -2.0, "h": 0.0}
     with pytest.raises(ValueError, match="rules 'mean' and 'sum'"):
         reduce_metrics([("x", mean(1.0, 1), 1), ("x", total(1.0), 1)])
 

@@ -126,8 +126,8 @@ def reduce_metrics(local: list[tuple[str, Metric, int]], group: dist.ProcessGrou
             elif rule == "min":
                 sums[name] = min(sums.get(name, value), value)
                 weights[name] = 1.0
-            else:
-                sums[name] = sums.get(name, 0.0) + value * weight
+            else:  # a mean over no sample (an empty shard's NaN) weighs nothing, and is no NaN in the sum
+                sums[name] = sums.get(name, 0.0) + (value * weight if weight > 0 else 0.0)
                 weights[name] = weights.get(name, 0.0) + weight
     return {name: (sums[name] / weights[name] if rules[name] == "mean" else sums[name])
             for name in sorted(sums) if weights[name] > 0}
