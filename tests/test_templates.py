@@ -62,7 +62,12 @@ def test_dapo_template_refills_with_dynamic_sampling(ray_on_loopback, tmp_path, 
     assert 0.0 <= step["filter/kept_fraction"] <= 1.0
     assert step["filter/kept_groups"] <= 2
     assert (step["filter/refill_env_steps"] > 0) == (step["filter/refill_rounds"] > 0)
-    assert "timing/group_filter" in step
+    assert "timing/group_filter" in step and step["filter/refill_lost_episodes"] == 0
+    # the refill rounds' env steps over their seconds too (the first round's seconds alone made it 3x)
+    env_steps = step["rollout/env_steps"] + step["filter/refill_env_steps"]
+    assert step["rollout/env_steps_per_s"] == pytest.approx(env_steps / step["timing/env_interact"])
+    if step["filter/refill_rounds"]:
+        assert step["timing/env_interact"] > step["timing/rollout"]
 
 
 def test_kl_to_a_frozen_reference(ray_on_loopback, tmp_path, demo_store):

@@ -221,10 +221,10 @@ class RunLoop:
                 metrics["timing/step"] = time.perf_counter() - step_start
                 metrics[DRIVER_BYTES] = float(self.workers.last_reply_bytes)
                 pending = None
-                step_env_steps = metrics.get("rollout/env_steps", 0.0)
+                # + dynamic sampling's refill rounds, whose rollout seconds timing/env_interact holds too
+                step_env_steps = metrics.get("rollout/env_steps", 0.0) + metrics.get("filter/refill_env_steps", 0.0)
                 if metrics.get(ROLLOUT_TIMING):
                     metrics["rollout/env_steps_per_s"] = step_env_steps / metrics[ROLLOUT_TIMING]
-                step_env_steps += metrics.get("filter/refill_env_steps", 0.0)  # + dynamic sampling's rounds
                 env_steps += step_env_steps
                 self._spent["env_steps"] += step_env_steps
                 self._spent["rollout_s"] += metrics.get(ROLLOUT_TIMING, 0.0)

@@ -77,7 +77,7 @@ def step_batch(max_refill_rounds: int, seed: int = 0):
         """What the data, rollout and reward nodes upstream of the filter do (the worker re-runs them)."""
         episodes, result = rollout_groups(resources, 4, tasks, greedy=False, pipeline_stages=1)
         episodes.set(keys.REWARDS, episode_rewards(config.algorithm, episodes)[0])
-        return episodes, {"rollout/env_steps": total(result.env_steps)}
+        return episodes, {"rollout/env_steps": total(result.env_steps), "rollout/lost_episodes": total(result.lost.sum())}
 
     episodes, _ = upstream(loader.batch_for_step(0))
     ctx = NodeContext("group_filter", 0, 0, 1, 0, 1, config, None, resources,
@@ -100,7 +100,7 @@ def test_refills_until_full_keeping_only_varied_groups(process_group, max_refill
     assert len(torch.unique_consecutive(uids)) == len(groups)
     rounds = metrics["filter/refill_rounds"]
     assert rounds <= max_refill_rounds
-    assert (metrics["filter/refill_env_steps"] > 0) == (rounds > 0)
+    assert (metrics["filter/refill_env_steps"] > 0) == (rounds > 0) and metrics["filter/refill_lost_episodes"] == 0
     generated = 6 * (1 + rounds)
     kept_before_quota = metrics["filter/kept_fraction"] * generated
     assert kept_before_quota == pytest.approx(round(kept_before_quota))

@@ -78,9 +78,10 @@ def _first_groups(batch: TensorDict, count: int) -> TensorDict:
     return batch[: int(first_seen[:count].sum())]
 
 
-def _env_steps(metrics: dict) -> float:
-    """This worker's control steps in a re-run's metrics (its rollout node's ``rollout/env_steps``)."""
-    value = metrics.get("rollout/env_steps", 0.0)
+def _rollout_total(metrics: dict, name: str) -> float:
+    """This worker's ``name`` (``rollout/env_steps``, ``rollout/lost_episodes``) in a re-run's
+    metrics (its rollout node's; 0 in a text run's)."""
+    value = metrics.get(name, 0.0)
     return value.value if isinstance(value, Metric) else float(value)
 
 
@@ -117,7 +118,7 @@ def dynamic_sampling(ctx, batch) -> NodeOutput:
     algo = ctx.config.algorithm
     groups_per_step = ctx.resources.workflow.groups_per_step(ctx.config)
     kept = [batch[_keep_mask(algo, batch)]]
-    generated, refill_env_steps, rounds = _num_groups(batch), 0, 0
+    generated, samples, refill_env_steps, refill_lost, rounds = _num_groups(batch), len(batch), 0.0, 0.0, 0
     while True:
         total_kept = _all_reduce([float(sum(_num_groups(part) for part in kept))], ctx.group)[0]
         if total_kept >= groups_per_step or rounds == algo.filter_groups.max_refill_rounds:
@@ -126,16 +127,22 @@ def dynamic_sampling(ctx, batch) -> NodeOutput:
         episodes, rerun_metrics = ctx.rerun_upstream(rounds)
         kept.append(episodes[_keep_mask(algo, episodes)])
         generated += _num_groups(episodes)
-        refill_env_steps += _env_steps(rerun_metrics)
+        samples += len(episodes)
+        refill_env_steps += _rollout_total(rerun_metrics, "rollout/env_steps")
+        refill_lost += _rollout_total(rerun_metrics, "rollout/lost_episodes")
     merged = torch.cat(kept)
     counts = all_gather_small_objects(_num_groups(merged), ctx.group, tag="dynamic_sampling")
     quota = max(0, groups_per_step - sum(counts[: ctx.rank]))
     merged = _first_groups(merged, quota)
-    generated_total, env_steps_total = _all_reduce([float(generated), float(refill_env_steps)], ctx.group)
+    kept_samples = float(sum(len(part) for part in kept))
+    samples_total, kept_total, env_steps_total, lost_total = _all_reduce(
+        [float(samples), kept_samples, refill_env_steps, refill_lost], ctx.group)
     metrics = {  # all-reduced above: the same on every worker
         "filter/refill_rounds": same(rounds),
-        "filter/kept_fraction": same(total_kept / generated_total),
+        "filter/kept_fraction": same(kept_total / samples_total if samples_total else 1.0),  # as the plain filter's
         "filter/kept_groups": same(min(total_kept, float(groups_per_step))),
-        "filter/refill_env_steps": same(env_steps_total),
     }
+    if ctx.config.run.workflow == "embodied":  # a text run simulates nothing
+        metrics["filter/refill_env_steps"] = same(env_steps_total)
+        metrics["filter/refill_lost_episodes"] = same(lost_total)
     return NodeOutput(merged, metrics)

@@ -221,6 +221,7 @@ class DAGWorker:
         edge_inputs: dict[tuple[str, str], TensorDict] = {}
         local: list[tuple[str, Metric, int]] = []
         timings: dict[str, float] = {}
+        refills: list[dict[str, float]] = []  # the timings of the rounds a node had re-run (dynamic sampling)
         for task in chain:
             start = time.perf_counter()
             if isinstance(task, Reshard):
@@ -233,7 +234,7 @@ class DAGWorker:
                               self.config, self.plan.node_configs[task.node_id],
                               self.resources.view(task.node_id, task.resources), tag=tag, video=video,
                               refill_round=refill_round,
-                              rerun_upstream=self._rerun_upstream(chain, task, step, tag, video))
+                              rerun_upstream=self._rerun_upstream(chain, task, step, tag, video, refills))
             result = run_node_function(task, ctx, batch)
             check_declared_writes(task, result.batch)
             outputs[task.node_id] = result.batch
@@ -246,17 +247,28 @@ class DAGWorker:
             timings[f"timing/{task.node_id}"] = elapsed
             if task.type == "env_interact":  # every rollout node's, whatever its id (the run loop's env steps/s)
                 timings[ROLLOUT_TIMING] = timings.get(ROLLOUT_TIMING, 0.0) + elapsed
+            for round_timings in refills:  # the re-run rounds' rollout seconds, as their env steps count
+                if ROLLOUT_TIMING in round_timings:
+                    timings[ROLLOUT_TIMING] = timings.get(ROLLOUT_TIMING, 0.0) + round_timings[ROLLOUT_TIMING]
+            refills.clear()
         return outputs, edge_inputs, local, timings
 
-    def _rerun_upstream(self, chain: tuple[Task, ...], node: RunNode, step: int, tag: str, video: bool):
-        """``refill_round -> (merged input of node, this worker's metrics)``: re-runs the tasks of
-        ``chain`` that lead to ``node``."""
+    def _rerun_upstream(self, chain: tuple[Task, ...], node: RunNode, step: int, tag: str, video: bool,
+                        refills: list[dict[str, float]]):
+        """``refill_round -> (merged input of node, this worker's metrics of the round)``: re-runs
+        the tasks of ``chain`` that lead to ``node``. Each round's timings are appended to
+        ``refills``, whose rollout seconds :meth:`_execute` adds to the step's
+        ``timing/env_interact`` once ``node`` returns (the env steps of the refill rounds count in
+        the run's, ``filter/refill_env_steps``: the env steps per second divide both by their
+        seconds). The round's metrics go to ``node`` alone (a step's ``rollout/*`` and ``reward/*``
+        figures are its first round's: docs/algorithms.md)."""
         ancestors = self._ancestors(node)
 
         def rerun(refill_round: int):
             upstream = tuple(t for t in chain if (t.node_id in ancestors if isinstance(t, RunNode)
                                                   else t.dst in ancestors or t.dst == node.node_id))
-            outputs, edge_inputs, local, _ = self._execute(upstream, step, tag, video, refill_round)
+            outputs, edge_inputs, local, timings = self._execute(upstream, step, tag, video, refill_round)
+            refills.append(timings)
             return self._node_input(node, outputs, edge_inputs), {name: metric for name, metric, _ in local}
 
         return rerun
