@@ -111,6 +111,41 @@ def test_a_run_directory_in_use_is_refused_with_the_owners_pid(tmp_path):
     assert queue.get(timeout=5) == "locked"
 
 
+def test_a_run_going_on_before_its_first_checkpoint_is_refused_as_in_use(tmp_path):
+    """A second start under the same name, or a resume, of a run still in its warm start (no
+    checkpoint yet) said the run had stopped and to remove its directory."""
+    import os
+
+    run, _, _ = _new_run(tmp_path, "run.name=live")  # holds the lock, as the running driver does
+    before = snapshot(run.path)
+    in_use = rf"run directory {run.path} is in use by another process \(pid {os.getpid()}\): a run is going on there"
+    with pytest.raises(RunDirError, match=in_use) as err:
+        _new_run(tmp_path, "run.name=live")
+    assert err.value.field == "run.name"
+    with pytest.raises(RunDirError, match=in_use):
+        prepare_run_dir(None, [], str(run.path))
+    assert snapshot(run.path) == before
+    run.close()
+    with pytest.raises(RunDirError, match="already exists and holds no checkpoint to resume from"):
+        _new_run(tmp_path, "run.name=live")
+
+
+def test_a_run_directory_that_cannot_be_locked_is_one_error(tmp_path, monkeypatch):
+    """On a read-only mount the lock file could not be opened: an OSError traceback."""
+    import errno
+
+    import vla_rl.run_dir as run_dir_module
+
+    def read_only(path):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    run, _, _ = _new_run(tmp_path, "run.name=ro")
+    run.close()
+    monkeypatch.setattr(run_dir_module, "lock_directory", read_only)
+    with pytest.raises(RunDirError, match=r"cannot be locked for this run \(\.lock: Read-only file system\)"):
+        RunDirectory.reopen(run.path).lock()
+
+
 def _checkpoint(run_dir, step=2, ranks=2):
     """A checkpoint's layout as the resume checks read it (the names of its files, each readable,
     as a checkpoint without a manifest is checked; no weights)."""

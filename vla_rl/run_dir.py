@@ -24,7 +24,6 @@ workers' working directory is where ``ray start`` ran, not the driver's.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import shlex
@@ -35,6 +34,7 @@ from pathlib import Path
 import yaml
 
 from vla_rl.dag.errors import TemplateError
+from vla_rl_core.dir_lock import DirectoryInUse, directory_in_use, lock_directory, unlock_directory
 from vla_rl_core.file_modes import write_text_atomically
 from vla_rl_core.run_layout import (
     CHECKPOINTS_DIR,
@@ -67,6 +67,18 @@ def _unwritable(parent: Path, path: Path, err: OSError) -> RunDirError:
     """The error of a run directory ``path`` that ``parent`` (``run.output_dir``) refused."""
     return RunDirError(f"run.output_dir {parent}: the run directory {path.name} cannot be made there: "
                        f"{err.strerror or err}", field="run.output_dir")
+
+
+def _refuse_if_in_use(path: Path, field: str | None = None) -> None:
+    """Refuse a run directory whose lock another process holds (a run going on there), naming its
+    pid; changes nothing (:func:`~vla_rl_core.dir_lock.directory_in_use`).
+
+    Raises:
+        RunDirError: the directory is in use.
+    """
+    if (owner := directory_in_use(path)) is not None:
+        raise RunDirError(f"run directory {path} is in use by another process (pid {owner}): a run is going on "
+                          "there; wait for it to end or stop it", field=field)
 
 
 class RunDirectory:
@@ -102,6 +114,7 @@ class RunDirectory:
             except FileExistsError:
                 from vla_rl.checkpoints.files import complete_checkpoints
 
+                _refuse_if_in_use(path, field="run.name")
                 if (path / RUN_TEMPLATE).is_file() and not complete_checkpoints(path / CHECKPOINTS_DIR):
                     raise RunDirError(f"run directory {path} already exists and holds no checkpoint to resume from: "
                                       "remove it to start the run again under this name, or choose another "
@@ -142,6 +155,7 @@ class RunDirectory:
                               "run, e.g. outputs/<run.name>)")
         if not (path / RUN_TEMPLATE).is_file():
             raise RunDirError(f"{path} is not a run directory: it has no {RUN_TEMPLATE}")
+        _refuse_if_in_use(path)  # before its files are read: a run going on writes them
         return cls(path)
 
     def lock(self) -> None:
@@ -150,29 +164,19 @@ class RunDirectory:
         Raises:
             RunDirError: another process holds it (naming its pid).
         """
-        handle = open(self.path / LOCK_FILE, "a+")  # noqa: SIM115  (held until close)
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            owner = handle.read().strip() or "unknown"
-            handle.close()
-            raise RunDirError(f"run directory {self.path} is in use by another process (pid {owner}); wait for it "
+            self._lock = lock_directory(self.path)
+        except DirectoryInUse as err:
+            raise RunDirError(f"run directory {self.path} is in use by another process (pid {err.pid}); wait for it "
                               "to end or stop it") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
-        self._lock = handle
+        except OSError as err:  # a read-only file system, no permission
+            raise RunDirError(f"run directory {self.path} cannot be locked for this run ({LOCK_FILE}: "
+                              f"{err.strerror or err}): a run writes into its directory") from None
 
     def close(self) -> None:
         """Release the lock, emptied first: a finished run's ``.lock`` names no process."""
         if self._lock is not None:
-            self._lock.seek(0)
-            self._lock.truncate()
-            self._lock.flush()
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-            self._lock.close()
+            unlock_directory(self._lock)
             self._lock = None
 
     def remove(self) -> None:
