@@ -29,8 +29,9 @@ from vla_rl.dag.errors import TemplateError
 from vla_rl.eval_output import CHECKPOINTS_FILE, check_output, check_same_evaluation, record_checkpoints
 from vla_rl.evaluation.overrides import check_trained_tasks_kept, unread_by_evaluation
 from vla_rl.evaluation.targets import EvalInputError, find_checkpoints
+from vla_rl_core.dir_lock import DirectoryInUse, lock_directory, unlock_directory
 from vla_rl_core.file_modes import write_text_atomically
-from vla_rl_core.run_layout import EVAL_DIR, RUN_TEMPLATE
+from vla_rl_core.run_layout import EVAL_DIR, LOCK_FILE, RUN_TEMPLATE
 
 EVAL_TEMPLATE = "eval_rollout"
 
@@ -249,6 +250,23 @@ def _check_checkpoints(checkpoints: list[Path]) -> None:
             raise EvalInputError(str(err)) from None
 
 
+def _lock_evaluation(eval_dir: Path, chosen: bool):
+    """Take ``eval_dir``'s lock for the evaluation (:func:`~vla_rl_core.dir_lock.lock_directory`).
+
+    Raises:
+        EvalInputError: another evaluation holds it (two would write one report and one store),
+            or it cannot be locked (a read-only file system).
+    """
+    flag = "--output " if chosen else ""
+    try:
+        return lock_directory(eval_dir)
+    except DirectoryInUse as err:
+        raise EvalInputError(f"{flag}{eval_dir} is in use by another evaluation (pid {err.pid}); wait for it to end "
+                             "or evaluate into another --output") from None
+    except OSError as err:
+        raise EvalInputError(f"{flag}{eval_dir} cannot be locked for the evaluation: {err.strerror or err}") from None
+
+
 def _remove_unstarted(eval_dir: Path) -> None:
     """An evaluation that stopped before it stored an episode (Ray refused: a cluster that refuses
     the driver's token, a cluster too small; or the workers did: a model directory that does not
@@ -256,7 +274,7 @@ def _remove_unstarted(eval_dir: Path) -> None:
     has just written is removed, as a training run that fails before its first metric leaves no
     run directory; a directory holding anything else (an earlier evaluation's stores and report)
     is left as it is."""
-    written = {RUN_TEMPLATE, CHECKPOINTS_FILE}
+    written = {RUN_TEMPLATE, CHECKPOINTS_FILE, LOCK_FILE}
     if {entry.name for entry in eval_dir.iterdir()} <= written:
         for name in written:
             (eval_dir / name).unlink(missing_ok=True)
@@ -408,74 +426,78 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
 
     console = console or driver_console()
     eval_dir, loaded, run_dir = prepare_eval_dir(targets, overrides, steps, output, template, policy_from)
-    config = loaded.config
+    lock = _lock_evaluation(eval_dir, output is not None)
     try:
-        device = start_ray(config, plan(loaded).world_size, pools_per_worker=simulator_pools_per_worker(config))
-    except BaseException:
-        _remove_unstarted(eval_dir)
-        raise
-    console.print(f"[bold]evaluation directory[/bold] {eval_dir}")
-    started = time.perf_counter()
-    loaded, tasks, skipped = skip_incompatible_tasks(eval_dir, loaded)
-    for s in skipped:
-        console.print(f"[yellow]skipping task {escape(s['task'])}: {escape(s['reason'])}[/yellow]")
-    if not tasks:  # it reported an empty table and exited 0
-        _remove_unstarted(eval_dir)
-        raise EvalInputError(f"none of the {len(skipped)} tasks of the evaluation can run with the policy (each "
-                             "skipped, above, saying why): evaluate tasks with its observation and action layout")
-    config = loaded.config
-    ev = config.eval
-    protocols = eval_protocols(ev)
-    # the policy as built: the workers evaluate it as their live policy at step 0 (run_evaluation's)
-    ckpt_steps = [checkpoint_step(Path(p)) for p in ev.checkpoints] or [0]
-    ids = ev.init_state_offset + np.arange(ev.num_episodes)
-    info = protocol_info(config, run_dir, tasks, protocols, ckpt_steps, policy_from)
-    progress = ReportProgress(eval_dir, info, tasks, skipped, ckpt_steps, protocols, ids)
-    progress.update()  # tasks an interrupted evaluation finished
-    workers = None
-    rollouts = len(progress.complete) < len(tasks)
-    videos = bool(tasks) and not rollouts and videos_left_undone(eval_dir, config, tasks, max(ckpt_steps))
-    if tasks and not rollouts:
-        console.print("every planned episode is stored already: " + (
-            "rendering the videos the evaluation has not made yet (it was stopped while rank 0 rendered them)"
-            if videos else "no rollout to run"))
-    try:  # a failure leaves the last report written (as of the last finished step), never a new one
-        if rollouts or videos:
-            from vla_rl.workflows.embodied import remote_clients_note
+        config = loaded.config
+        try:
+            device = start_ray(config, plan(loaded).world_size, pools_per_worker=simulator_pools_per_worker(config))
+        except BaseException:
+            _remove_unstarted(eval_dir)
+            raise
+        console.print(f"[bold]evaluation directory[/bold] {eval_dir}")
+        started = time.perf_counter()
+        loaded, tasks, skipped = skip_incompatible_tasks(eval_dir, loaded)
+        for s in skipped:
+            console.print(f"[yellow]skipping task {escape(s['task'])}: {escape(s['reason'])}[/yellow]")
+        if not tasks:  # it reported an empty table and exited 0
+            _remove_unstarted(eval_dir)
+            raise EvalInputError(f"none of the {len(skipped)} tasks of the evaluation can run with the policy (each "
+                                 "skipped, above, saying why): evaluate tasks with its observation and action layout")
+        config = loaded.config
+        ev = config.eval
+        protocols = eval_protocols(ev)
+        # the policy as built: the workers evaluate it as their live policy at step 0 (run_evaluation's)
+        ckpt_steps = [checkpoint_step(Path(p)) for p in ev.checkpoints] or [0]
+        ids = ev.init_state_offset + np.arange(ev.num_episodes)
+        info = protocol_info(config, run_dir, tasks, protocols, ckpt_steps, policy_from)
+        progress = ReportProgress(eval_dir, info, tasks, skipped, ckpt_steps, protocols, ids)
+        progress.update()  # tasks an interrupted evaluation finished
+        workers = None
+        rollouts = len(progress.complete) < len(tasks)
+        videos = bool(tasks) and not rollouts and videos_left_undone(eval_dir, config, tasks, max(ckpt_steps))
+        if tasks and not rollouts:
+            console.print("every planned episode is stored already: " + (
+                "rendering the videos the evaluation has not made yet (it was stopped while rank 0 rendered them)"
+                if videos else "no rollout to run"))
+        try:  # a failure leaves the last report written (as of the last finished step), never a new one
+            if rollouts or videos:
+                from vla_rl.workflows.embodied import remote_clients_note
 
-            the_plan = plan(loaded)
-            world = the_plan.world_size
-            note = remote_clients_note(config, the_plan, evaluation=True)
-            if note is not None:
-                console.print(note)
-            total = len(tasks) * len(ckpt_steps) * len(protocols) * ev.num_episodes
-            workers = WorkerGroup.launch(world, str(eval_dir / RUN_TEMPLATE), [], eval_dir, config.workers, device)
-            workers.start_process_group()
-            workers.call("setup", False)
-            bar = tqdm(total=total, desc="evaluating", unit="episode", dynamic_ncols=True)
+                the_plan = plan(loaded)
+                world = the_plan.world_size
+                note = remote_clients_note(config, the_plan, evaluation=True)
+                if note is not None:
+                    console.print(note)
+                total = len(tasks) * len(ckpt_steps) * len(protocols) * ev.num_episodes
+                workers = WorkerGroup.launch(world, str(eval_dir / RUN_TEMPLATE), [], eval_dir, config.workers, device)
+                workers.start_process_group()
+                workers.call("setup", False)
+                bar = tqdm(total=total, desc="evaluating", unit="episode", dynamic_ncols=True)
 
-            def advance(metrics: dict) -> None:
-                bar.update(total - int(metrics["eval/remaining"]) - bar.n)
-                progress.update()
+                def advance(metrics: dict) -> None:
+                    bar.update(total - int(metrics["eval/remaining"]) - bar.n)
+                    progress.update()
 
-            run_evaluation(workers, 0, "eval", True, progress=advance)
-            bar.close()
-    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: at once (a worker busy setting up would hold shutdown 30 s)
-        if workers is not None:
-            workers.kill()
-            workers = None
-        _remove_unstarted(eval_dir)
-        raise
-    except BaseException:  # a setting only a worker could check (a model directory that does not fit the simulator)
-        _remove_unstarted(eval_dir)
-        raise
+                run_evaluation(workers, 0, "eval", True, progress=advance)
+                bar.close()
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM: at once (a worker busy setting up would hold shutdown 30 s)
+            if workers is not None:
+                workers.kill()
+                workers = None
+            _remove_unstarted(eval_dir)
+            raise
+        except BaseException:  # a setting only a worker could check (a model directory that does not fit the simulator)
+            _remove_unstarted(eval_dir)
+            raise
+        finally:
+            if workers is not None:
+                workers.shutdown()
+        info.update({"wall_time_s": time.perf_counter() - started,
+                     "driver_max_reply_bytes": workers.max_reply_bytes if workers is not None else 0})
+        progress.update()
+        report = progress.write()
+        console.print(markdown_table(report["results"]), soft_wrap=True)
+        console.print(f"report {eval_dir / 'report.md'}; plot {eval_dir / 'success_vs_checkpoint.png'}")
+        return report
     finally:
-        if workers is not None:
-            workers.shutdown()
-    info.update({"wall_time_s": time.perf_counter() - started,
-                 "driver_max_reply_bytes": workers.max_reply_bytes if workers is not None else 0})
-    progress.update()
-    report = progress.write()
-    console.print(markdown_table(report["results"]), soft_wrap=True)
-    console.print(f"report {eval_dir / 'report.md'}; plot {eval_dir / 'success_vs_checkpoint.png'}")
-    return report
+        unlock_directory(lock)

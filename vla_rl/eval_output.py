@@ -14,6 +14,7 @@ import yaml
 
 from vla_rl.checkpoints.integrity import checkpoint_identity
 from vla_rl.evaluation.targets import EvalInputError
+from vla_rl_core.dir_lock import directory_in_use
 from vla_rl_core.file_modes import uncreatable, write_text_atomically
 from vla_rl_core.run_layout import CHECKPOINTS_DIR, EVAL_DIR, RUN_TEMPLATE
 
@@ -189,6 +190,9 @@ def check_output(eval_dir: Path, run_dir: Path | None, chosen: bool) -> None:
         raise EvalInputError(f"{flag}{eval_dir} is a file; the evaluation writes a directory there")
     if not eval_dir.exists() and (problem := uncreatable(eval_dir)):
         raise EvalInputError(f"{flag}{eval_dir} cannot be created: {problem}")
+    if (owner := directory_in_use(eval_dir)) is not None:  # before anything there is read or written
+        raise EvalInputError(f"{flag}{eval_dir} is in use by another evaluation (pid {owner}); wait for it to end or "
+                             "evaluate into another --output")
     if eval_dir.is_dir() and not (eval_dir / RUN_TEMPLATE).is_file() and not (eval_dir / CHECKPOINTS_DIR).is_dir() \
             and any(eval_dir.iterdir()):
         raise EvalInputError(f"{flag}{eval_dir} holds files but no evaluation (no {RUN_TEMPLATE}): name a new or "

@@ -454,6 +454,29 @@ def test_an_evaluation_of_another_runs_checkpoints_of_the_same_names_is_refused(
         prepare_eval_dir([str(run_c)], ["eval.num_episodes=2"], output=str(eval_dir))
 
 
+def test_an_evaluation_directory_in_use_is_refused_before_anything_is_written(tmp_path):
+    """Two evaluations into one directory both wrote its report, stores and videos."""
+    import os
+
+    from vla_rl.eval_driver import _lock_evaluation
+    from vla_rl.evaluation.targets import EvalInputError
+    from vla_rl_core.dir_lock import unlock_directory
+
+    run_dir = write_run(tmp_path, "embodied_srpo", ["policy.config.hidden_sizes=[8]"],
+                        MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
+    eval_dir, _, _ = prepare_eval_dir([str(run_dir)], ["eval.num_episodes=2"])
+    lock = _lock_evaluation(eval_dir, False)  # the first evaluation, running
+    written = (eval_dir / "template.yaml").read_text()
+    in_use = rf"{eval_dir} is in use by another evaluation \(pid {os.getpid()}\)"
+    with pytest.raises(EvalInputError, match=in_use):
+        prepare_eval_dir([str(run_dir)], ["eval.num_episodes=4"])
+    with pytest.raises(EvalInputError, match=in_use):
+        _lock_evaluation(eval_dir, False)
+    assert (eval_dir / "template.yaml").read_text() == written
+    unlock_directory(lock)
+    prepare_eval_dir([str(run_dir)], ["eval.num_episodes=4"])  # once it ended
+
+
 def test_an_output_directory_holding_other_files_is_refused(tmp_path):
     """`vla-rl eval RUN --output lift_eval`, a LeRobot dataset, ran 200 episodes into it, its
     videos among the dataset's."""
