@@ -224,6 +224,28 @@ def test_plan_refuses_the_settings_of_vla_rl_eval_on_a_training_template(overrid
     assert main(["plan", "eval_rollout", override]) == 0  # vla-rl eval's own template sets them
 
 
+def test_a_write_the_file_system_refuses_the_driver_is_one_line(tmp_path, capsys, monkeypatch):
+    """summary.json, metrics.jsonl or a plot on a full disk: a traceback; other OSErrors keep theirs."""
+    import errno
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "summary.json.tmp"))
+
+    monkeypatch.setattr("vla_rl.driver.start_ray", full_disk)
+    assert main(["train", "embodied_srpo", f"run.output_dir={tmp_path}", "run.name=run"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the file system refused a write: No space left on device ({tmp_path}/run/summary"
+                          ".json.tmp); free space or fix the file system, then run the command again")
+    assert len(err.strip().splitlines()) == 1
+
+    def refused(*args, **kwargs):
+        raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+
+    monkeypatch.setattr("vla_rl.driver.start_ray", refused)
+    with pytest.raises(ConnectionRefusedError):  # not the file system's: a bug to trace
+        main(["train", "embodied_srpo", f"run.output_dir={tmp_path}", "run.name=run2"])
+
+
 def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -88,6 +88,8 @@ def test_the_export_command_and_its_errors(lora_lm_run, tmp_path, capsys):
     assert main(["export", str(checkpoint), str(tmp_path / "file" / "out")]) == 2
     assert capsys.readouterr().err.strip() == (f"error: {tmp_path / 'file' / 'out'} cannot be created: "
                                                f"{tmp_path / 'file'} is not a directory")
+    assert main(["export", str(checkpoint), "/proc/vla_rl_export"]) == 2  # only the write fails (a full disk too)
+    assert capsys.readouterr().err.splitlines()[-1].startswith("error: /proc/vla_rl_export cannot be ")
     assert main(["export", str(run_dir / "checkpoints" / "step_00000009"), str(tmp_path / "b")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["export", str(run_dir / "template.yaml"), str(tmp_path / "b")]) == 2

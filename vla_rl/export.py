@@ -110,6 +110,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, paths: Sequence[s
         return Path(policy.save_pretrained(out))
     except ValueError as err:  # what the policy's own layout cannot hold
         raise ExportError(f"{checkpoint}: {err}") from None
+    except OSError as err:  # a full disk, a read-only mount: what only the write can tell
+        raise ExportError(f"{out} cannot be written: {err.strerror or err}") from None
 
 
 def checkpoint_dir(checkpoint: str | Path) -> Path:

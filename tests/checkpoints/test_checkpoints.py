@@ -396,7 +396,7 @@ def test_a_full_disk_during_a_save_is_one_line_that_says_how_to_resume(tmp_path,
 def test_only_the_file_systems_refusals_are_called_so():
     """A timeout or a connection's error is an OSError too (and quoted as [Errno 110] ...): it was
     reported as "Free space there"."""
-    from vla_rl.workers.checkpointing import file_system_error
+    from vla_rl.errors import file_system_error
 
     assert file_system_error(TimeoutError(errno.ETIMEDOUT, "Connection timed out")) is None
     assert file_system_error(ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")) is None

@@ -61,6 +61,12 @@ def rank_class():
 
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total "
                                              "capacity of 79.19 GiB of which 3.06 GiB is free.\nOf the allocated ...")
+            if action == "disk full":
+                import errno
+
+                error = OSError(errno.ENOSPC, "No space left on device", "/runs/r/videos/final.tmp.mp4")
+                error.add_note("raised in node 'eval_record' (function 'record' of (eval, record), from x)")
+                raise error
             if action == "python out of memory":
                 bytearray(2**62)
             return {"rank": float(self.rank)}
@@ -124,6 +130,15 @@ def test_out_of_memory_is_one_line_naming_the_worker_and_node(group):
     with pytest.raises(RunStopped, match=r"^worker 0 ran out of memory in its work call: MemoryError\. "):
         group.call("work", {0: "python out of memory"})
     assert group.call("work", {}) == [{"rank": 0.0}, {"rank": 1.0}]  # not a death: both still live
+
+
+def test_a_write_the_file_system_refuses_is_one_line_naming_the_worker_node_and_file(group):
+    with pytest.raises(RunStopped, match=r"^worker 1: the file system refused a write in node 'eval_record' \(work\): "
+                                         r"No space left on device \(/runs/r/videos/final\.tmp\.mp4\)\. Free space "
+                                         r"or fix the file system, then run the command again \(a training run: "
+                                         r"vla-rl train --resume RUN_DIR continues from its last checkpoint\)$"):
+        group.call("work", {1: "disk full"})
+    assert group.call("work", {}) == [{"rank": 0.0}, {"rank": 1.0}]
 
 
 def test_failed_constructor_is_not_a_death(ray_on_loopback):

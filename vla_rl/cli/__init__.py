@@ -38,7 +38,7 @@ from vla_rl.cli.plan import add_plan_command
 from vla_rl.cli.serve import add_remote_env_command, add_serve_command
 from vla_rl.cli.train import add_train_command
 from vla_rl.dag.errors import TemplateError
-from vla_rl.errors import CommandLineError, ResumeRefused, RunStopped
+from vla_rl.errors import CommandLineError, ResumeRefused, RunStopped, file_system_error
 from vla_rl.evaluation.targets import EvalInputError
 from vla_rl.export import ExportError
 from vla_rl.export_episodes import EpisodesExportError
@@ -109,6 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     except RunStopped as error:  # a run that cannot go on, with a message that says why
         _stop_ray_started_since(ray_before)
         print_error(error)
+        return RUN_STOPPED_STATUS
+    except OSError as error:  # the file system refused the driver a write (a full disk): not a bug to trace
+        reason = file_system_error(error)
+        if reason is None:
+            raise
+        _stop_ray_started_since(ray_before)
+        file = f" ({error.filename})" if getattr(error, "filename", None) else ""
+        print_error(RunStopped(f"the file system refused a write: {reason}{file}; free space or fix the file system, "
+                               "then run the command again (a training run: vla-rl train --resume RUN_DIR "
+                               "continues from its last checkpoint)"))
         return RUN_STOPPED_STATUS
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the driver has already stopped the workers
         what, status = (("terminated (SIGTERM)", TERMINATED_STATUS) if was_terminated(interrupt)

@@ -14,9 +14,7 @@ checkpoint helpers the resources register live here too.
 
 from __future__ import annotations
 
-import errno
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,39 +26,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 from vla_rl.checkpoints import files as checkpoint
 from vla_rl.checkpoints import integrity as checkpoint_integrity
 from vla_rl.checkpoints.layout import ACTOR_SHARDED_DIR, CRITIC_SHARDED_DIR, RUN_STATE_KEY, NonFiniteTensorError
-from vla_rl.errors import ResumeRefused, RunStopped
+from vla_rl.errors import ResumeRefused, RunStopped, file_system_error
 from vla_rl.utils.collectives import cpu_barrier
 
 logger = logging.getLogger(__name__)
-
-
-#: safetensors' (Rust) ``I/O error: No space left on device (os error 28)``, and an ``OSError``
-#: quoted in another error's text (torch.distributed.checkpoint's ``CheckpointException`` lists
-#: each rank's failure): ``[Errno 28] No space left on device``; group 1 the errno, 2 the reason.
-_QUOTED_OS_ERRORS = (re.compile(r"I/O error: (?P<reason>.+?) \(os error (?P<errno>\d+)\)"),
-                     re.compile(r"\[Errno (?P<errno>\d+)\] (?P<reason>[^:'\"\n]+)"))
-#: What a file system refuses a write with: full, over quota, read-only, no permission, an I/O
-#: error, a file too large (not a timeout or a connection's error, also OSErrors).
-_FILE_SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO,
-                                 errno.EFBIG})
-
-
-def file_system_error(error: BaseException | None) -> str | None:
-    """Why the file system refused a write, when that is what ``error`` (or an error it was raised
-    from, ``__cause__``) is: an ``OSError`` of :data:`_FILE_SYSTEM_ERRNOS` (``No space left on
-    device``, ``Read-only file system``, ...; a timeout's or a connection's errno is not), or one
-    quoted in its text (:data:`_QUOTED_OS_ERRORS`); else None."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in _FILE_SYSTEM_ERRNOS:
-            return error.strerror or str(error)
-        for pattern in _QUOTED_OS_ERRORS:
-            match = pattern.search(str(error))
-            if match is not None and int(match.group("errno")) in _FILE_SYSTEM_ERRNOS:
-                return match.group("reason").strip()
-        error = error.__cause__
-    return None
 
 
 class WorkerCheckpointer:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from vla_rl.errors import RunStopped, out_of_memory_message
+from vla_rl.errors import RunStopped, file_system_error, out_of_memory_message
 from vla_rl.utils.ray_utils import init_ray
 from vla_rl.utils.signals import raise_if_terminated
 from vla_rl_core.auth import REMOTE_TOKEN_ENV
@@ -233,6 +233,8 @@ class WorkerGroup:
                                      f"{error.cause.message}") from None
                 if (memory := out_of_memory_message(error.cause)) is not None:
                     raise RunStopped(_out_of_memory(refs.index(done[0]), method, error.cause, memory)) from None
+                if (refused := file_system_error(error.cause)) is not None:
+                    raise RunStopped(_refused_write(refs.index(done[0]), method, error.cause, refused)) from None
                 if getattr(error.cause, "__notes__", None):  # in the worker's traceback above them
                     error.__notes__ = []  # (Ray's error class hands the cause's notes on: shown twice)
                 raise
@@ -323,13 +325,28 @@ def _get_replies(refs: list) -> list:
         raise
 
 
-def _out_of_memory(rank: int, method: str, cause: BaseException, memory: str) -> str:
-    """The one-line message of worker ``rank`` running out of memory in its ``method`` call (its
-    node named when the error was raised in one: :func:`~vla_rl.workers.dag_worker.run_node_function`'s
-    note), ``memory`` being :func:`~vla_rl.errors.out_of_memory_message`'s line."""
+def _where(method: str, cause: BaseException) -> str:
+    """``in node 'rollout' (run_step)``: where a worker's error was raised (its node named when it
+    was raised in one: :func:`~vla_rl.workers.dag_worker.run_node_function`'s note), else ``in its
+    run_step call``."""
     node = next((match.group(1) for note in getattr(cause, "__notes__", None) or ()
                  if (match := re.match(r"raised in node ('[^']*')", note))), None)
-    where = f"in node {node} ({method})" if node else f"in its {method} call"
+    return f"in node {node} ({method})" if node else f"in its {method} call"
+
+
+def _refused_write(rank: int, method: str, cause: BaseException, reason: str) -> str:
+    """The one-line message of worker ``rank``'s write that the file system refused (a full disk,
+    a read-only mount: :func:`~vla_rl.errors.file_system_error`'s ``reason``), naming the file."""
+    file = getattr(cause, "filename", None)
+    return (f"worker {rank}: the file system refused a write {_where(method, cause)}: {reason}"
+            + (f" ({file})" if file else "") + ". Free space or fix the file system, then run the command again "
+            "(a training run: vla-rl train --resume RUN_DIR continues from its last checkpoint)")
+
+
+def _out_of_memory(rank: int, method: str, cause: BaseException, memory: str) -> str:
+    """The one-line message of worker ``rank`` running out of memory in its ``method`` call,
+    ``memory`` being :func:`~vla_rl.errors.out_of_memory_message`'s line."""
+    where = _where(method, cause)
     return (f"worker {rank} ran out of memory {where}: {memory.rstrip('.')}. The run's sizes do not fit its device: "
             "lower the one behind this allocation (batch, group and chunk sizes, prompt and response lengths, "
             "image and video sizes, the policy's size; `vla-rl plan` prints what each step moves), or give the "
