@@ -16,7 +16,10 @@ from vla_rl.checkpoints.integrity import checkpoint_identity
 from vla_rl.evaluation.targets import EvalInputError
 from vla_rl_core.dir_lock import directory_in_use
 from vla_rl_core.file_modes import uncreatable, write_text_atomically
-from vla_rl_core.run_layout import CHECKPOINTS_DIR, EVAL_DIR, RUN_TEMPLATE
+from vla_rl_core.run_layout import CHECKPOINTS_DIR, EPISODES_DIR, EVAL_DIR, RUN_TEMPLATE
+
+EVALUATION_FILES = (RUN_TEMPLATE, EPISODES_DIR, "report.json", "report.md", "results")
+"""What tells a directory an evaluation wrote (its template, episode stores or report) from another."""
 
 CHECKPOINTS_FILE = "checkpoints.json"
 """An evaluation directory's record of the checkpoints it evaluated: ``{name: {"path", "identity"}}``
@@ -193,10 +196,10 @@ def check_output(eval_dir: Path, run_dir: Path | None, chosen: bool) -> None:
     if (owner := directory_in_use(eval_dir)) is not None:  # before anything there is read or written
         raise EvalInputError(f"{flag}{eval_dir} is in use by another evaluation (pid {owner}); wait for it to end or "
                              "evaluate into another --output")
-    if eval_dir.is_dir() and not (eval_dir / RUN_TEMPLATE).is_file() and not (eval_dir / CHECKPOINTS_DIR).is_dir() \
-            and any(eval_dir.iterdir()):
-        raise EvalInputError(f"{flag}{eval_dir} holds files but no evaluation (no {RUN_TEMPLATE}): name a new or "
-                             "empty directory, or one an evaluation wrote")
+    if eval_dir.is_dir() and not (eval_dir / CHECKPOINTS_DIR).is_dir() and any(eval_dir.iterdir()) and not any(
+            (eval_dir / name).exists() for name in EVALUATION_FILES):
+        raise EvalInputError(f"{flag}{eval_dir} holds files but no evaluation (no {RUN_TEMPLATE}, {EPISODES_DIR}/ or "
+                             "report): name a new or empty directory, or one an evaluation wrote")
     if (eval_dir / CHECKPOINTS_DIR).is_dir() or (run_dir is not None and eval_dir.resolve() == run_dir.resolve()):
         raise EvalInputError(f"{flag}{eval_dir} is a training run's directory (it holds checkpoints/); an "
                              "evaluation would replace its template.yaml: name a new directory"

@@ -487,7 +487,8 @@ def test_an_output_directory_holding_other_files_is_refused(tmp_path):
     dataset = tmp_path / "lift_eval"
     (dataset / "meta").mkdir(parents=True)
     (dataset / "meta" / "info.json").write_text("{}")
-    with pytest.raises(EvalInputError, match=rf"^--output {dataset} holds files but no evaluation \(no template.yaml\)"):
+    with pytest.raises(EvalInputError, match=rf"^--output {dataset} holds files but no evaluation \(no template.yaml, "
+                                             r"episodes/ or report\)"):
         prepare_eval_dir([str(run_dir)], [], output=str(dataset))
     assert sorted(p.name for p in dataset.iterdir()) == ["meta"]
     (tmp_path / "empty").mkdir()
