@@ -278,6 +278,9 @@ def test_runs_that_ended_below_the_budget_are_not_at_equal_cost(tmp_path):
     short["per_seed"]["0"]["env_steps"] = 724.0
     result = compare(short, SRPO)
     assert not result["equal_budget"] and result["short_of_budget"] == {"a": {"0": 724.0}, "b": {}}
+    short["per_seed"]["0"]["env_steps"] = 80_000.0  # exactly the budget: reached it
+    assert compare(short, SRPO)["short_of_budget"]["a"] == {}
+    short["per_seed"]["0"]["env_steps"] = 724.0
     evaluation = {"run.workflow": "embodied", "eval.num_episodes": 50}  # as both reports record it
     for name, data in (("a", short), ("b", SRPO)):
         (tmp_path / name).mkdir()

@@ -305,6 +305,12 @@ def test_checkpoint_without_manifest_still_loads(tmp_path):
     truncate(path / "optimizer.safetensors")  # a truncated file is still seen (its header's extent)
     with pytest.raises(CheckpointCorruptError, match="no manifest.*optimizer.safetensors is unreadable"):
         integrity.verify_checkpoint(path)
+    older = tmp_path / "step_00000002"  # one that lost its trainer_state.json: skipped for the one before
+    (older / "manifest.json").unlink()
+    (older / "trainer_state.json").unlink()
+    with pytest.raises(CheckpointCorruptError, match=r"no manifest.*trainer_state.json is unreadable \(missing\)"):
+        integrity.verify_checkpoint(older)
+    assert integrity.latest_verified_checkpoint(tmp_path)[0] == tmp_path / "step_00000001"
 
 
 def test_unreadable_manifest_fails_verification(tmp_path):

@@ -96,6 +96,9 @@ def test_task_set_refills_keep_the_layout_with_fresh_states():
     for task in range(5):  # the shards of a round never share a state of a task
         states = [set(b["init_state_id"][b["task_id"] == task].tolist()) for b in refill]
         assert not states[0] & states[1]
+    second = [loader.batch_for_refill(2, 2) for loader in loaders]  # another round: other states (it drew round 1's)
+    assert not all(torch.equal(a["init_state_id"], b["init_state_id"]) for a, b in zip(refill, second))
+    assert len(set(torch.cat([b["uid"] for b in step + refill + second]).tolist())) == 60
 
 
 def test_a_task_set_needs_a_multiple_of_its_tasks_per_step():

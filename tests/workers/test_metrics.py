@@ -101,6 +101,35 @@ def test_reduced_metrics_are_identical_at_dp_1_and_dp_2(tmp_path):
     assert dp2["advantage/abs_mean"] == pytest.approx(by_hand, rel=1e-6)
 
 
+def _advantages_worker(rank: int, world: int, store_path: str) -> dict:
+    """This rank's REINFORCE++ advantages of the step batch at DP 1 (the whole batch) and DP 2
+    (its half): whitened over the batch, whose statistics the shards all-reduce."""
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    config = RunConfig.model_validate({"algorithm": {"reward": "success", "adv_estimator": "reinforce_plus_plus"}})
+    out = {}
+    for dp_size in (1, 2):
+        dp_rank = rank // (world // dp_size)
+        shard = step_batch()[dp_rank * 12 // dp_size:(dp_rank + 1) * 12 // dp_size]
+        ctx = NodeContext("advantage", 0, rank, world, dp_rank, dp_size, config, None, types.SimpleNamespace(),
+                          group=None)
+        out[dp_size] = compute_advantages(ctx, compute_rewards(ctx, shard).batch).batch[keys.ADVANTAGES]
+    dist.destroy_process_group()
+    return out
+
+
+def test_batch_whitened_advantages_are_the_same_at_dp_1_and_dp_2(tmp_path):
+    """Nothing checked the sharded whitening (the all-reduced count, sum, maximum, minimum and
+    variance of GAE's and REINFORCE++'s advantages): with the shards' minima taken for their
+    maximum, every advantage of a 0/1 reward was 0 at DP 2, and without the reduction each
+    shard was whitened alone."""
+    results = run_workers(_advantages_worker, 2, str(tmp_path / "store"), nprocs=2)
+    whole = results[0][1]
+    assert whole.abs().max() > 0.5  # the batch's rewards vary: its advantages are no zeros
+    torch.testing.assert_close(results[1][1], whole)
+    torch.testing.assert_close(torch.cat([results[0][2], results[1][2]]), whole, rtol=1e-5, atol=1e-6)
+
+
 def _local_metrics(rank: int, case: str) -> list:
     local = [("a", mean(0.1 * (rank + 1), 3 + rank), 1), ("a", mean(0.7, 1), 1), ("n", total(rank + 0.5), 1),
              ("s", same(1.0 / 3.0), 1), ("m", maximum(10.0 * rank), 1)]
