@@ -77,7 +77,8 @@ def step_batch(max_refill_rounds: int, seed: int = 0):
         """What the data, rollout and reward nodes upstream of the filter do (the worker re-runs them)."""
         episodes, result = rollout_groups(resources, 4, tasks, greedy=False, pipeline_stages=1)
         episodes.set(keys.REWARDS, episode_rewards(config.algorithm, episodes)[0])
-        return episodes, {"rollout/env_steps": total(result.env_steps), "rollout/lost_episodes": total(result.lost.sum())}
+        return episodes, {"rollout/env_steps": total(result.env_steps),
+                          "rollout/lost_episodes": total(result.lost.sum())}
 
     episodes, _ = upstream(loader.batch_for_step(0))
     ctx = NodeContext("group_filter", 0, 0, 1, 0, 1, config, None, resources,
