@@ -313,6 +313,9 @@ def test_two_workers_update_as_one_worker_on_the_whole_minibatch(runs, mode, str
         assert _max_abs(split["grads"], whole["grads"]) < 1e-6
         assert _max_loss_gap(split, whole) < 1e-6
         assert _max_abs(split["weights"], whole["weights"]) < 1e-6
+        # the gradient before clipping (the grads above are clipped to trainer.max_grad_norm, which
+        # hid a gradient 1/world too small: each pass's loss scaled by its share, not share * workers)
+        assert split["norms"][0] == pytest.approx(whole["norms"][0], rel=1e-5)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp_micro"])
