@@ -29,7 +29,7 @@ from vla_rl.dag.errors import TemplateError
 from vla_rl.eval_output import CHECKPOINTS_FILE, check_output, check_same_evaluation, record_checkpoints
 from vla_rl.evaluation.overrides import check_trained_tasks_kept, unread_by_evaluation
 from vla_rl.evaluation.targets import EvalInputError, find_checkpoints
-from vla_rl_core.dir_lock import DirectoryInUse, lock_directory, unlock_directory
+from vla_rl_core.dir_lock import DirectoryInUse, hold_directory, lock_directory, release_directory, unlock_directory
 from vla_rl_core.file_modes import write_text_atomically
 from vla_rl_core.run_layout import EVAL_DIR, LOCK_FILE, RUN_TEMPLATE
 
@@ -37,8 +37,13 @@ EVAL_TEMPLATE = "eval_rollout"
 
 
 def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] | None = None,
-                     output: str | None = None, template: str = EVAL_TEMPLATE, policy_from: str | None = None):
+                     output: str | None = None, template: str = EVAL_TEMPLATE, policy_from: str | None = None,
+                     holds: list[int] | None = None):
     """Create the evaluation directory and write its resolved template.
+
+    With ``holds``, each checkpoint evaluated is held against its run's pruning
+    (``trainer.keep_last``, :func:`hold_checkpoints`) as soon as it is found, its file descriptor
+    appended to ``holds`` (the caller releases them).
 
     With ``policy_from`` (a training template's name or YAML file) instead of ``targets``, the
     policy evaluated is the one that template builds, before any training: its pretrained weights
@@ -61,7 +66,8 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
         ``(evaluation directory, loaded template, run directory)``.
 
     Raises:
-        EvalInputError: bad targets (or both targets and ``policy_from``, or ``steps`` with
+        EvalInputError: bad targets (or both targets and ``policy_from``, a checkpoint removed as it
+            was found, or ``steps`` with
             ``policy_from``), a text run or template, an evaluation setting that does not resolve
             (``eval.num_episodes=0`` included), a damaged episode store in the evaluation directory
             (``DamagedStoreError``), one holding episodes of other task settings, or an evaluation
@@ -78,6 +84,8 @@ def prepare_eval_dir(targets: list[str], overrides: list[str], steps: list[int] 
     source = [o for o in overrides if o.removeprefix("~").split(".", 1)[0] in (*COPIED_SECTIONS, "run")]
     if policy_from is None:
         run_dir, checkpoints = find_checkpoints(targets, steps)
+        if holds is not None:
+            hold_checkpoints(checkpoints, holds)
         from vla_rl.run_dir import RunDirectory
 
         # the run's own template, with the overrides of its resumes
@@ -250,6 +258,23 @@ def _check_checkpoints(checkpoints: list[Path]) -> None:
             raise EvalInputError(str(err)) from None
 
 
+def hold_checkpoints(checkpoints: list[Path], holds: list[int]) -> None:
+    """Hold each of ``checkpoints`` against removal while the evaluation reads them
+    (:func:`~vla_rl_core.dir_lock.hold_directory`): a training run still going prunes all but its
+    ``trainer.keep_last`` newest checkpoints, and keeps a held one until a later checkpoint. The
+    file descriptors are appended to ``holds``, those taken before an error included.
+
+    Raises:
+        EvalInputError: a checkpoint was removed since it was found.
+    """
+    for path in checkpoints:
+        try:
+            holds.append(hold_directory(path))
+        except FileNotFoundError:
+            raise EvalInputError(f"checkpoint {path} was removed as the evaluation started (a run still training "
+                                 "keeps its trainer.keep_last newest checkpoints): evaluate again") from None
+
+
 def _lock_evaluation(eval_dir: Path, chosen: bool):
     """Take ``eval_dir``'s lock for the evaluation (:func:`~vla_rl_core.dir_lock.lock_directory`).
 
@@ -414,6 +439,16 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     Returns:
         The JSON report (also ``<eval_dir>/report.json``).
     """
+    holds: list[int] = []  # the checkpoints evaluated, held against their run's pruning until the end
+    try:
+        return _evaluate(targets, overrides, steps, output, template, console, policy_from, holds)
+    finally:
+        for fd in holds:
+            release_directory(fd)
+
+
+def _evaluate(targets, overrides, steps, output, template, console, policy_from, holds: list[int]) -> dict:
+    """:func:`evaluate`, holding the checkpoints it evaluates in ``holds``."""
     import numpy as np
     from tqdm import tqdm
 
@@ -425,11 +460,13 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
     from vla_rl.workers.group import WorkerGroup, run_evaluation, start_ray
 
     console = console or driver_console()
-    eval_dir, loaded, run_dir = prepare_eval_dir(targets, overrides, steps, output, template, policy_from)
+    eval_dir, loaded, run_dir = prepare_eval_dir(targets, overrides, steps, output, template, policy_from, holds)
     lock = _lock_evaluation(eval_dir, output is not None)
     try:
         config = loaded.config
         try:
+            # the policy as built: the workers evaluate it as their live policy at step 0 (run_evaluation's)
+            ckpt_steps = [checkpoint_step(Path(p)) for p in config.eval.checkpoints] or [0]
             device = start_ray(config, plan(loaded).world_size, pools_per_worker=simulator_pools_per_worker(config))
         except BaseException:
             _remove_unstarted(eval_dir)
@@ -446,8 +483,6 @@ def evaluate(targets: list[str], overrides: list[str], steps: list[int] | None =
         config = loaded.config
         ev = config.eval
         protocols = eval_protocols(ev)
-        # the policy as built: the workers evaluate it as their live policy at step 0 (run_evaluation's)
-        ckpt_steps = [checkpoint_step(Path(p)) for p in ev.checkpoints] or [0]
         ids = ev.init_state_offset + np.arange(ev.num_episodes)
         info = protocol_info(config, run_dir, tasks, protocols, ckpt_steps, policy_from)
         progress = ReportProgress(eval_dir, info, tasks, skipped, ckpt_steps, protocols, ids)

@@ -2,6 +2,13 @@
 evaluation's): ``<dir>/.lock`` (:data:`~vla_rl_core.run_layout.LOCK_FILE`), ``flock``-ed, its
 text the holder's pid while held and empty once let go. A second writer is refused naming the
 first's pid; a reader tests the lock without taking it.
+
+And a reader's hold on a directory another process may remove (an evaluation's on the training
+checkpoints it reads, which ``trainer.keep_last`` prunes): a shared ``flock`` of the directory
+itself (:func:`hold_directory`), nothing written into it (a read-only run is held too); the remover
+takes it exclusively, without waiting, before it renames the directory away
+(:func:`take_for_removal`), and leaves a held one in place. Where the file system has no
+``flock`` (some network file systems) a hold keeps nothing.
 """
 
 from __future__ import annotations
@@ -73,3 +80,54 @@ def directory_in_use(path: str | Path) -> str | None:
             return handle.read().strip() or "unknown"
         fcntl.flock(handle, fcntl.LOCK_UN)
     return None
+
+
+def hold_directory(path: str | Path) -> int:
+    """Hold ``path`` against removal by :func:`take_for_removal` until :func:`release_directory`
+    (a shared ``flock`` of the directory; waits while a remover holds it).
+
+    Returns:
+        The held directory's file descriptor.
+
+    Raises:
+        FileNotFoundError: ``path`` is gone, or was renamed away while the hold was taken.
+        OSError: it cannot be opened (not a directory, no permission).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:  # no flock on this file system (ENOLCK): held as far as it can be, not at all
+        pass
+    held = os.fstat(fd)
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+        os.close(fd)
+        raise FileNotFoundError(f"{path} is gone")
+    return fd
+
+
+def release_directory(fd: int) -> None:
+    """Let go of a :func:`hold_directory` hold."""
+    os.close(fd)
+
+
+def take_for_removal(path: str | Path) -> int | None:
+    """Take ``path`` exclusively, without waiting, to rename it away: the directory's file
+    descriptor (close it once the directory is renamed), or None when a reader holds it
+    (:func:`hold_directory`): leave it in place.
+
+    Raises:
+        OSError: it cannot be opened (gone, not a directory).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:  # no flock on this file system: no reader can hold it
+        pass
+    return fd

@@ -19,6 +19,7 @@ from vla_rl.checkpoints import integrity
 from vla_rl.checkpoints.layout import CheckpointCorruptError, NonFiniteTensorError
 from vla_rl.errors import ResumeRefused, RunStopped
 from vla_rl.workers.checkpointing import WorkerCheckpointer
+from vla_rl_core.dir_lock import hold_directory, release_directory
 
 
 def make_model_and_optimizer(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -132,6 +133,23 @@ def test_keep_last_prunes_old_checkpoints_and_stale_staging(tmp_path):
     remaining = sorted(p.name for p in tmp_path.iterdir())
     assert remaining == ["latest", "step_00000006", "step_00000008"]
     assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "step_00000008"
+
+
+def test_keep_last_keeps_a_checkpoint_an_evaluation_holds_until_a_later_prune(tmp_path, caplog):
+    for step in (1, 2):
+        ckpt.save_checkpoint(tmp_path, step)
+        ckpt.finalize_checkpoint(tmp_path, step, keep_last=2)
+    held = hold_directory(tmp_path / "step_00000001")  # `vla-rl eval` reads it
+    ckpt.save_checkpoint(tmp_path, 3)
+    with caplog.at_level(logging.WARNING, logger="vla_rl.checkpoints.files"):
+        ckpt.finalize_checkpoint(tmp_path, 3, keep_last=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000001", "step_00000003"]
+    assert "keeping checkpoint" in caplog.text and "step_00000001" in caplog.text
+    assert ckpt.load_trainer_state(tmp_path / "step_00000001")["step"] == 1  # whole
+    release_directory(held)
+    ckpt.save_checkpoint(tmp_path, 4)
+    ckpt.finalize_checkpoint(tmp_path, 4, keep_last=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000004"]
 
 
 def test_finalize_errors_name_the_path(tmp_path):

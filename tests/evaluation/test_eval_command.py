@@ -1,13 +1,16 @@
 """`vla-rl eval` end to end through the engine (Ray on loopback, a DAG worker, simulator actors)
-on a tiny run written by the training code paths; run again, it redoes nothing."""
+on a tiny run written by the training code paths; run again, it redoes nothing. Its checkpoints,
+held against the run's pruning while it reads them."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 from devices import TEST_DEVICE_KIND, device_overrides
+from safetensors.torch import load_file
 
 from policies import make_policy
 from policies.mlp import MLPPolicyConfig
@@ -15,7 +18,12 @@ from vla_rl.checkpoints import files as checkpoint
 from vla_rl.cli import main
 from vla_rl.data.trajectory_store import TrajectoryStore
 from vla_rl.driver import prepare_run_dir
+from vla_rl.errors import RunStopped
+from vla_rl.eval_driver import hold_checkpoints, prepare_eval_dir
+from vla_rl.evaluation.embodied import checkpoint_step, load_checkpoint_weights
+from vla_rl.evaluation.targets import EvalInputError
 from vla_rl.utils.host import cpu_model
+from vla_rl_core.dir_lock import release_directory
 
 EVAL = [*device_overrides(num_workers=1), "workers.num_workers=1", "eval.num_episodes=2", "eval.video_episodes=1", "eval.video_size=32",
         "simulator.env.horizon=8", "simulator.num_cpus_per_actor=0"]
@@ -24,7 +32,10 @@ EVAL = [*device_overrides(num_workers=1), "workers.num_workers=1", "eval.num_epi
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A run directory as `vla-rl train` leaves it: its resolved template and two checkpoints."""
-    out = tmp_path_factory.mktemp("outputs")
+    return _tiny_run(tmp_path_factory.mktemp("outputs"))
+
+
+def _tiny_run(out):
     run, _, _ = prepare_run_dir("embodied_srpo", [f"run.output_dir={out}", "run.name=tiny",
                                                   "policy.config.hidden_sizes=[8]"], resume=None)
     run.close()
@@ -246,3 +257,46 @@ def test_a_run_whose_base_model_moved_is_looked_for_where_the_command_says(tiny_
     err = capsys.readouterr().err
     assert f"{tmp_path / 'elsewhere'}/config.json is missing" in err and str(base) not in err
     assert not (run.path / "eval").exists()
+
+
+def test_the_checkpoints_evaluated_are_held_against_the_runs_pruning(tmp_path):
+    run_dir = _tiny_run(tmp_path)
+    root, holds = run_dir / "checkpoints", []
+    prepare_eval_dir([str(run_dir)], EVAL, holds=holds)
+    try:
+        checkpoint.save_checkpoint(root, 3, rank=0)  # the run trains on while the evaluation reads
+        checkpoint.finalize_checkpoint(root, 3, keep_last=1)
+        assert [p.name for p in checkpoint.complete_checkpoints(root)] == ["step_00000001", "step_00000002",
+                                                                            "step_00000003"]
+    finally:
+        for fd in holds:
+            release_directory(fd)
+    checkpoint.save_checkpoint(root, 4, rank=0)
+    checkpoint.finalize_checkpoint(root, 4, keep_last=1)
+    assert [p.name for p in checkpoint.complete_checkpoints(root)] == ["step_00000004"]
+    taken = []
+    with pytest.raises(EvalInputError, match=r"checkpoint .*step_00000003 was removed as the evaluation started"):
+        hold_checkpoints([root / "step_00000004", root / "step_00000003"], taken)
+    assert len(taken) == 1  # the one taken before, for the caller to release
+    release_directory(taken[0])
+
+
+def test_a_checkpoint_removed_while_the_evaluation_runs_stops_it_in_one_line(tmp_path):
+    run_dir = _tiny_run(tmp_path)
+    first, second = checkpoint.complete_checkpoints(run_dir / "checkpoints")
+    policy = make_policy("mlp", MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(8,)))
+    assert checkpoint_step(first) == 1
+    load_checkpoint_weights(second, policy, "lift")
+    saved = load_file(second / "model.safetensors")
+    assert all(torch.equal(value, saved[name]) for name, value in policy.state_dict().items())
+    wide = make_policy("mlp", MLPPolicyConfig(obs_dim=15, action_dim=7, hidden_sizes=(16,)))
+    with pytest.raises(ValueError, match=r"step_00000002 does not fit the run's policy for task 'lift'"):
+        load_checkpoint_weights(second, wide, "lift")
+    for file in second.iterdir():
+        if file.suffix == ".safetensors":
+            file.unlink()  # a hand's rm, or a prune on a file system without flock
+    with pytest.raises(RunStopped, match=r"checkpoint .*step_00000002 was removed while the evaluation ran"):
+        load_checkpoint_weights(second, policy, "lift")
+    shutil.rmtree(first)
+    with pytest.raises(RunStopped, match=r"checkpoint .*step_00000001 was removed while the evaluation ran"):
+        checkpoint_step(first)

@@ -23,6 +23,7 @@ Nothing lost, nothing silent:
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Collection
@@ -55,8 +56,11 @@ from vla_rl.checkpoints.layout import (
     write_json,
 )
 from vla_rl.checkpoints.sharded import load_sharded_model
+from vla_rl_core.dir_lock import release_directory, take_for_removal
 from vla_rl_core.file_modes import apply_default_modes
 from vla_rl_core.run_layout import CHECKPOINTS_DIR, METRICS_FILE, RUN_TEMPLATE, SWEEP_FILE
+
+logger = logging.getLogger(__name__)
 
 # Markers of the JSON encoding of nested state; plain dicts never have keys starting with "__".
 _TENSOR, _TUPLE, _DICT, _NDARRAY = "__tensor__", "__tuple__", "__dict__", "__ndarray__"
@@ -230,8 +234,9 @@ def finalize_checkpoint(root: str | Path, step: int, keep_last: int | None = Non
     a server or teammate running as another user cannot read), writes ``manifest.json`` (size
     and sha256 of every staged file, :func:`~vla_rl.checkpoints.integrity.write_manifest`),
     fsyncs the staged files, renames the staging directory to ``step_{step:08d}``, rewrites ``<root>/latest`` atomically, then, if
-    ``keep_last`` is given, removes all but the newest ``keep_last`` checkpoints and the staging
-    directories of earlier steps.
+    ``keep_last`` is given, removes all but the newest ``keep_last`` checkpoints (keeping, until a
+    later call, those a ``vla-rl eval`` holds while it reads them) and the staging directories of
+    earlier steps.
 
     Returns:
         the final checkpoint directory.
@@ -525,14 +530,23 @@ def _complete_step(path: Path) -> int | None:
 
 def _prune(root: Path, keep_last: int, step: int) -> None:
     """Remove all but the newest ``keep_last`` checkpoints (never ``step``'s) and the staging
-    directories of earlier steps. Checkpoints are renamed out of sight before deletion."""
+    directories of earlier steps. Checkpoints are renamed out of sight before deletion; one an
+    evaluation holds (:func:`vla_rl_core.dir_lock.hold_directory`) stays until a later prune."""
     complete = sorted(
         (p for p in root.iterdir() if _complete_step(p) is not None), key=_complete_step
     )
     doomed = [p for p in complete[:-keep_last] if _complete_step(p) != step]
     for path in doomed:
+        fd = take_for_removal(path)
+        if fd is None:
+            logger.warning("keeping checkpoint %s past trainer.keep_last while an evaluation reads it; a later "
+                           "checkpoint prunes it", path)
+            continue
         hidden = root / f".{path.name}.deleting"
-        os.replace(path, hidden)
+        try:
+            os.replace(path, hidden)
+        finally:
+            release_directory(fd)
         shutil.rmtree(hidden)
     for path in root.iterdir():
         match = STAGING_RE.fullmatch(path.name)

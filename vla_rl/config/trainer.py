@@ -60,7 +60,8 @@ class TrainerSection(_Section):
         "counted in actor/skipped_updates; after this many in a row the run stops with a message.",
     )
     save_every: int = Field(5, ge=1, description="Checkpoint every k steps (and at the end).")
-    keep_last: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    keep_last: int = Field(
+        2, ge=1, description="Checkpoints kept on disk (and those a vla-rl eval reads, until it ends).")
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="How the actor (and the critic, with PPO's GAE) trains over the workers: 'ddp', the whole "
         "policy and its optimizer on every worker, gradients all-reduced; 'fsdp', torch FSDP2 (fully_shard): "

@@ -35,6 +35,7 @@ from tensordict import TensorDict
 from simulators.registry import SETTINGS_FORMAT, canonical_env
 from vla_rl.checkpoints import files as ckpt
 from vla_rl.data.trajectory_store import TrajectoryStore
+from vla_rl.errors import RunStopped
 from vla_rl.evaluation.benchmarks import (
     EvalTask,
     resolve_tasks,
@@ -69,9 +70,36 @@ def checkpoint_step(path: Path) -> int:
     """The training step of a checkpoint directory (its ``trainer_state.json``).
 
     Raises:
-        FileNotFoundError: ``path`` is not a complete checkpoint.
+        RunStopped: ``path`` is not a complete checkpoint (:func:`removed_checkpoint`).
     """
-    return int(ckpt.load_trainer_state(path)["step"])
+    try:
+        return int(ckpt.load_trainer_state(path)["step"])
+    except FileNotFoundError as err:
+        raise removed_checkpoint(path, err) from None
+
+
+def load_checkpoint_weights(path: Path, policy, task: str) -> None:
+    """Load checkpoint ``path``'s policy weights into ``policy`` (evaluated on task ``task``).
+
+    Raises:
+        RunStopped: a file of the checkpoint is gone (:func:`removed_checkpoint`).
+        ValueError: its weights do not fit ``policy``.
+    """
+    try:
+        ckpt.load_policy_weights(path, policy)
+    except FileNotFoundError as err:
+        raise removed_checkpoint(path, err) from None
+    except RuntimeError as err:
+        raise ValueError(f"checkpoint {path} does not fit the run's policy for task {task!r}: {err}") from err
+
+
+def removed_checkpoint(path: Path, error: FileNotFoundError) -> RunStopped:
+    """The one-line stop of an evaluation whose checkpoint was removed while it ran: ``vla-rl eval``
+    holds its checkpoints against their run's pruning (:func:`vla_rl.eval_driver.hold_checkpoints`),
+    which keeps nothing on a file system without ``flock``, or against a hand's ``rm``."""
+    return RunStopped(f"checkpoint {path} was removed while the evaluation ran ({error}); the episodes stored so "
+                      "far are kept: evaluate the checkpoints left, into another --output if this evaluation stored "
+                      "episodes")
 
 
 class EmbodiedEvaluation(EvaluationSession):
@@ -88,7 +116,7 @@ class EmbodiedEvaluation(EvaluationSession):
         ValueError: ``eval.checkpoints`` holds two checkpoints of the same step, stored episodes
             of a task were written with other settings, or the policy cannot act in a task
             (``use_tasks``: e.g. no statistics of a LIBERO suite).
-        FileNotFoundError: a checkpoint is incomplete.
+        RunStopped: a checkpoint is gone (:func:`removed_checkpoint`).
     """
 
     def __init__(self, res) -> None:
@@ -170,6 +198,7 @@ class EmbodiedEvaluation(EvaluationSession):
                 or the policy is conditioned on a task set without this task (the message names
                 the task, the checkpoint and why: :func:`~vla_rl.evaluation.compatibility.incompatibility`),
                 or a checkpoint's weights do not fit the run's policy.
+            RunStopped: the checkpoint was removed (:func:`removed_checkpoint`).
         """
         res, path, spec = self.res, self.checkpoints[target], self.tasks[task]
         own = run_task_index(self.config, spec) is not None
@@ -180,11 +209,7 @@ class EmbodiedEvaluation(EvaluationSession):
             raise ValueError(f"task {spec.name!r} cannot be evaluated with {what}: {reason}; evaluate it on tasks "
                              "with its observation and action layout")
         if path is not None and self._loaded != target:
-            try:
-                ckpt.load_policy_weights(path, res.policy)
-            except RuntimeError as err:
-                raise ValueError(f"checkpoint {path} does not fit the run's policy for task {spec.name!r}: "
-                                 f"{err}") from err
+            load_checkpoint_weights(path, res.policy, spec.name)
             self._loaded = target
         cast_for_rollouts(res.policy, self.config.trainer, res.device)  # FSDP mixed precision: bfloat16
         return res.policy.eval()
