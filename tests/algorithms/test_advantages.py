@@ -250,6 +250,30 @@ def test_gae_does_not_leak_padded_values_or_rewards():
     assert torch.equal(shifted[1], clean[1])
 
 
+def test_a_masked_step_inside_a_row_gae_skips_and_reinforce_plus_plus_stops_at():
+    """A gap in a row's mask (a tool's output between two turns): GAE runs over the valid steps as
+    if the gap were not there (verl's ``compute_gae_advantage_return`` carries the next value
+    and the running advantage across it); REINFORCE++'s discounted return resets there, as
+    verl's ``compute_reinforce_plus_plus_outcome_advantage`` (the return before the gap leaves
+    out the rewards after it)."""
+    gamma, lam = 0.9, 0.8
+    rewards = torch.tensor([[0.5, 7.0, 0.0, 1.0]], dtype=torch.float64)
+    values = torch.tensor([[0.2, NAN, 0.4, 0.3]], dtype=torch.float64)
+    mask = torch.tensor([[True, False, True, True]])
+    # GAE over the valid steps (0, 2, 3) alone: r = (0.5, 0, 1), V = (0.2, 0.4, 0.3)
+    delta = [0.5 + gamma * 0.4 - 0.2, 0.0 + gamma * 0.3 - 0.4, 1.0 - 0.3]
+    a3 = delta[2]
+    a2 = delta[1] + gamma * lam * a3
+    a0 = delta[0] + gamma * lam * a2
+    raw = np.array([[a0, 0.0, a2, a3]])
+    advantages, returns = run("gae", rewards, mask, [0], values=values, gamma=gamma, lam=lam)
+    np.testing.assert_allclose(returns.numpy(), [[a0 + 0.2, 0.0, a2 + 0.4, a3 + 0.3]], atol=1e-12)
+    np.testing.assert_allclose(advantages.numpy(), whiten_ref(raw, mask.numpy()), atol=1e-12)
+    # REINFORCE++: G_3 = 1, G_2 = 0.9; the gap resets: G_0 = 0.5 (not 0.5 + 0.81)
+    _, returns = run("reinforce_plus_plus", rewards, mask, [0], gamma=gamma)
+    np.testing.assert_allclose(returns.numpy(), [[0.5, 0.0, 0.9, 1.0]], atol=1e-12)
+
+
 def test_gae_requires_values():
     rewards, mask = outcome_batch([1.0], [2], seq_len=2)
     with pytest.raises(ValueError, match="critic"):

@@ -296,6 +296,29 @@ def test_masked_positions_never_reach_loss_metrics_or_gradient(name, mode):
     assert torch.equal(dirty.grad[~mask], torch.zeros(int((~mask).sum())))
 
 
+def test_metrics_are_means_over_the_valid_tokens_by_hand():
+    """Each metric over the 3 valid tokens of a half-masked batch (an unmasked mean would count the
+    5 masked ones, whose log-ratio the objectives zero, as ratio 1, unclipped)."""
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    log_ratio = [0.4, -0.1, 1.5]  # the valid tokens'; A = 0.5 for row 0, -2 for row 1
+    log_probs = torch.zeros(2, 4, dtype=torch.float64)
+    log_probs[mask] = torch.tensor(log_ratio, dtype=torch.float64)
+    old, advantages = torch.zeros(2, 4, dtype=torch.float64), torch.tensor([0.5, -2.0], dtype=torch.float64)
+    k3 = sum(math.expm1(x) - x for x in log_ratio) / 3
+    ratio_mean = sum(math.exp(x) for x in log_ratio) / 3
+
+    _, ppo = loss_of("ppo_clip", log_probs, old, advantages, mask, dual_clip_c=3.0)
+    # token 0: ratio 1.49 > 1.28 with A > 0, clipped; token 2: ratio 4.48, A < 0: -A r = 8.96 > -A c = 6
+    assert ppo == pytest.approx({"pg_clipfrac": 1 / 3, "approx_kl": k3, "ratio_mean": ratio_mean,
+                                 "pg_clipfrac_lower": 1 / 3})
+    _, cpgd = loss_of("cpgd", log_probs, old, advantages, mask)
+    assert cpgd == pytest.approx({"pg_clipfrac": 1 / 3, "approx_kl": k3, "ratio_mean": ratio_mean,
+                                  "policy_drift": k3})  # token 0: log-ratio 0.4 > log 1.28 with A > 0
+    _, gspo = loss_of("gspo", log_probs, old, advantages, mask)
+    sequence_ratios = [math.exp((0.4 - 0.1) / 2), math.exp(1.5)]  # 1.16 within the range; 4.48 with A < 0
+    assert gspo == pytest.approx({"pg_clipfrac": 0.0, "approx_kl": k3, "ratio_mean": sum(sequence_ratios) / 2})
+
+
 def test_aggregation_mode_and_normaliser_are_passed_through():
     log_probs = torch.zeros(2, 3)
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import re
 import types
 
@@ -292,6 +293,13 @@ def test_latest_verified_skips_corrupted_checkpoints_and_logs_why(tmp_path, capl
     ckpt.save_checkpoint(tmp_path, 3)
     ckpt.finalize_checkpoint(tmp_path, 3, keep_last=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000003", "step_00000003.rejected"]
+    for n in (2, 3):  # set aside again: none of the earlier ones is overwritten
+        assert integrity.reject_checkpoint(tmp_path / "step_00000003") == tmp_path / f"step_00000003.rejected.{n}"
+        ckpt.save_checkpoint(tmp_path, 3)
+        ckpt.finalize_checkpoint(tmp_path, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "latest", "step_00000003", "step_00000003.rejected", "step_00000003.rejected.2", "step_00000003.rejected.3"]
+    assert all((tmp_path / name / "trainer_state.json").is_file() for name in os.listdir(tmp_path) if "rejected" in name)
 
 
 

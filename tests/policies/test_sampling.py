@@ -32,6 +32,17 @@ def test_one_class_of_positive_probability_is_always_drawn():
         assert sample_categorical(probs, torch.Generator().manual_seed(seed)).tolist() == [0, 17, 48, 49]
 
 
+def test_a_point_rounded_up_to_the_stage_total_stays_on_the_last_positive_entry():
+    """The second stage's fraction (what is left of u in the block over the block's sum) reaches
+    1, or a hair above, where the float64 cumulative sum of the block sums rounded up; the point
+    is kept below the total, in the last entry of positive weight, not past it."""
+    weights = torch.tensor([[0.25, 0.75, 0.0, 0.0], [2.0, 0.0, 3.0, 0.0]], dtype=torch.float64)
+    for fraction in (1.0, 1.0 + 2.3e-16):  # 1 and the next double above
+        index, offset = sampling._locate(weights, torch.full((2, 1), fraction, dtype=torch.float64))
+        assert index.tolist() == [[1], [2]]
+        assert ((offset > 0) & (offset < torch.tensor([[0.75], [3.0]], dtype=torch.float64))).all()
+
+
 def test_the_generator_makes_draws_reproducible():
     probs = torch.rand(3, 5, 64).softmax(-1)
     first = sample_categorical(probs, torch.Generator().manual_seed(7))

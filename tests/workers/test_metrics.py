@@ -130,6 +130,16 @@ def test_batch_whitened_advantages_are_the_same_at_dp_1_and_dp_2(tmp_path):
     torch.testing.assert_close(torch.cat([results[0][2], results[1][2]]), whole, rtol=1e-5, atol=1e-6)
 
 
+def test_replicated_shards_count_once_in_the_whitening_statistics(tmp_path):
+    """4 workers at DP 2: each shard on two of them, whose all-reduced sums count it twice unless
+    divided by the replicas (the count and the sum cancel in the mean, not in the unbiased
+    variance's divisor n - 1)."""
+    results = run_workers(_advantages_worker, 4, str(tmp_path / "store"), nprocs=4)
+    whole = results[0][1]
+    torch.testing.assert_close(results[1][2], results[0][2])  # replicas hold the same
+    torch.testing.assert_close(torch.cat([results[0][2], results[2][2]]), whole, rtol=1e-6, atol=1e-7)
+
+
 def _local_metrics(rank: int, case: str) -> list:
     local = [("a", mean(0.1 * (rank + 1), 3 + rank), 1), ("a", mean(0.7, 1), 1), ("n", total(rank + 0.5), 1),
              ("s", same(1.0 / 3.0), 1), ("m", maximum(10.0 * rank), 1)]

@@ -417,7 +417,8 @@ def compute_rloo_outcome_advantage(
 
 
 def _discounted_returns(token_level_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
-    """(B, T) float64 ``G_t = sum_{k >= 0} gamma^k r_{t+k}`` over valid steps; 0 at masked ones."""
+    """(B, T) float64 ``G_t = sum_{k >= 0} gamma^k r_{t+k}`` over the valid steps up to the next
+    masked one; 0 at masked ones."""
     rewards = torch.where(mask, token_level_rewards.to(torch.float64), 0.0)
     returns = torch.zeros_like(rewards)
     running = torch.zeros(rewards.shape[0], dtype=torch.float64)
@@ -444,6 +445,9 @@ def compute_reinforce_plus_plus_outcome_advantage(
         A_t = (G_t - mean(G)) / sqrt(var(G) + whiten_epsilon)
 
     where mean and unbiased var run over every valid step of the batch (:func:`masked_whiten`).
+    A masked step inside a row (a tool's output between two turns) ends the sum, as in verl: the
+    return before it leaves out the rewards after it (GAE, :func:`compute_gae_advantage_return`,
+    runs across it instead).
 
     Args:
         token_level_rewards: (batch, seq_len) float.
