@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vla_rl.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss, masked_mean
+from vla_rl.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss, aggregation_weight, masked_mean
 from vla_rl_core.registry import RegistryError
 
 NAN = float("nan")
@@ -83,3 +83,18 @@ def test_unknown_mode_and_bad_shapes_raise():
         aggregate_loss(LOSS, MASK[:, :2], "token-mean")
     with pytest.raises(ValueError, match="batch, seq_len"):
         aggregate_loss(LOSS[0], MASK[0], "seq-mean-token-sum")
+
+
+@pytest.mark.parametrize("mode", sorted(EXPECTED))
+def test_micro_batches_weighted_by_aggregation_weight_give_the_minibatchs_loss(mode):
+    """``sum_i (w_i / W) * aggregate(micro_i) == aggregate(minibatch)`` (gradient accumulation),
+    with a micro-batch whose one row is fully masked (weight 0, not one row) and one mixing such
+    a row with valid ones."""
+    loss = torch.cat([LOSS, torch.tensor([[7.0, 8.0, NAN, NAN], [NAN, NAN, NAN, NAN]])])
+    mask = torch.cat([MASK, torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)])
+    assert aggregation_weight(mask, mode) == (6.0 if mode == "token-mean" else 3.0)
+    whole = aggregate_loss(loss, mask, mode)
+    for split in ([[0], [1, 2], [3, 4]], [[2], [0, 1, 3, 4]], [[0, 1], [2, 3], [4]]):
+        accumulated = sum(aggregation_weight(mask[rows], mode) / aggregation_weight(mask, mode)
+                          * aggregate_loss(loss[rows], mask[rows], mode) for rows in split)  # an empty one: 0
+        assert float(accumulated) == pytest.approx(float(whole)), split
