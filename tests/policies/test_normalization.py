@@ -42,3 +42,11 @@ def test_fit_bounds_q99_are_the_1st_and_99th_percentiles():
     values = torch.arange(101, dtype=torch.float32)[:, None]  # 0..100: the q-th percentile is q
     q01, q99 = fit_bounds_q99(values)
     assert q01.tolist() == pytest.approx([1.0]) and q99.tolist() == pytest.approx([99.0])
+
+
+def test_mean_std_denormalize_adds_eps_to_the_scale():
+    mean, std = torch.tensor([3.0, 5.0]), torch.tensor([2.0, 0.5])
+    out = mean_std_denormalize(torch.tensor([[1.0, -2.0]]), mean, std, eps=0.5)
+    assert out[0].tolist() == pytest.approx([3.0 + 2.5, 5.0 - 2.0])  # x * (std + eps) + mean
+    stats = MeanStdStatistics(torch.tensor([1.0]), torch.tensor([0.0]))
+    assert stats.denormalize(torch.tensor([[2.0]])).item() == pytest.approx(1.0 + 2 * MEAN_STD_EPS)

@@ -175,3 +175,9 @@ def test_numpy_booleans_are_verdicts():
 
     verdict = Verifier(_last_word, lambda predicted, reference: np.bool_(predicted == reference))("so 4", "4")
     assert verdict.correct is True and verdict.answer == "4"
+
+
+def test_only_a_leading_prefix_picks_a_prefix_verifier():
+    assert verify("aime_2024", "the answer is $7$\nAnswer: 7", "7").correct
+    with pytest.raises(RegistryError, match="unknown text verifier"):
+        verify("not_aime_2024", "Answer: 7", "7")
