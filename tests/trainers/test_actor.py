@@ -360,3 +360,43 @@ def test_a_policy_loss_returning_something_else_stops_the_run_naming_it(process_
                                                    "(); a policy loss returns (loss, metrics)")):
         ActorTrainer(policy, lr=1e-2).update(rollout_batch(policy), *update_config("ppo_clip", "token"),
                                              torch.Generator().manual_seed(2))
+
+
+def test_weight_units_count_decisions_for_chunk_and_executed_actions_for_action():
+    """Micro-batch weights count the loss's own units: an episode whose last chunk ran 1 of its 4
+    actions weighs 2 decisions at ``chunk`` granularity, 5 actions at ``action`` and ``token``."""
+    from tensordict import TensorDict
+
+    from vla_rl.algorithms.aggregation import aggregation_weight
+    from vla_rl.trainers.actor import weight_units
+
+    batch = TensorDict({keys.RESPONSE_MASK: torch.tensor([[True, True, False], [True, False, False]]),
+                        keys.CONTROL_STEPS: torch.tensor([5, 2]), keys.ACTIONS: torch.zeros(2, 3, 4, 7)},
+                       batch_size=[2])
+    assert torch.equal(weight_units(batch, "chunk"), batch[keys.RESPONSE_MASK])
+    for granularity in ("action", "token"):
+        units = weight_units(batch, granularity)
+        assert units.shape == (2, 12) and units.sum(dim=1).tolist() == [5, 2]
+        assert aggregation_weight(units, "token-mean") == 7.0 and aggregation_weight(units, "seq-mean-token-mean") == 2
+    assert aggregation_weight(weight_units(batch, "chunk"), "token-mean") == 3.0
+
+
+def test_grad_norm_is_the_mean_over_the_updates(process_group, device, monkeypatch):
+    """``actor/grad_norm``: the mean of the updates' pre-clip gradient norms (2 minibatches), not their sum."""
+    from vla_rl.trainers.guard import GuardedStep
+
+    norms: list[float] = []
+    real = GuardedStep.__call__
+
+    def recorded(self, *args, **kwargs):
+        norm, applied = real(self, *args, **kwargs)
+        norms.append(float(norm))
+        return norm, applied
+
+    monkeypatch.setattr(GuardedStep, "__call__", recorded)
+    torch.manual_seed(0)
+    policy = make_policy("mlp", TINY_CONFIGS["mlp"]()).to(device)
+    metrics = ActorTrainer(policy, lr=1e-2).update(rollout_batch(policy), *update_config("ppo_clip", "action"),
+                                                   torch.Generator().manual_seed(2))
+    assert metrics["actor/num_updates"] == 2.0 and len(norms) == 2 and min(norms) > 0
+    assert metrics["actor/grad_norm"] == pytest.approx(sum(norms) / 2, rel=1e-6)
