@@ -235,3 +235,25 @@ def test_a_remote_run_s_episodes_are_refused_in_one_line(evaluated_lift_run, tmp
     err = capsys.readouterr().err
     assert "rank0.zarr holds episodes of remote environments (simulator.name=remote), which cannot be replayed" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_full_disk_during_the_export_is_one_line_and_leaves_nothing_behind(evaluated_lift_run, tmp_path, capsys,
+                                                                             monkeypatch):
+    import errno
+
+    from vla_rl.data.lerobot_format import LeRobotWriter
+
+    written = []
+    add_episode = LeRobotWriter.add_episode
+
+    def full_after_one(self, *args, **kwargs):
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "data.parquet"))
+        written.append(add_episode(self, *args, **kwargs))
+
+    monkeypatch.setattr(LeRobotWriter, "add_episode", full_after_one)
+    assert main(["export-episodes", str(evaluated_lift_run), str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "the file system refused a write: No space left on device" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and written
+    assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []  # no partial dataset beside it
