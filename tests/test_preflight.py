@@ -445,8 +445,8 @@ def test_good_inputs_pass(overrides, assets, tmp_path):
      r"has 10 rows, in fewer row groups than the 2 shards that read it, and each shard takes \d+ a step: "
      r"raise text.num_generated_train to (\d+) or more$"),
     (["text.num_generated_test=1"], "text.num_generated_test", "the generated arithmetic test split",
-     r"has 1 rows, in fewer row groups than the 2 shards that read it, and each shard takes \d+ a step: "
-     r"raise text.num_generated_test to (\d+) or more$"),
+     r"has 1 rows, in fewer row groups than the 2 shards that read it, and each shard reads a row group of its "
+     r"own: raise text.num_generated_test to (\d+) or more$"),
     (["text.num_generated_train=20", "text.prompts_per_step=32"], "text.num_generated_train",
      "the generated arithmetic train split", r"has 20 rows, dealt in whole row groups to 2 shards of \d+, \d+ rows, "
      r"and each shard takes 16 a step: raise text.num_generated_train to (\d+) or more$"),

@@ -72,6 +72,13 @@ def test_by_default_each_split_can_be_read_by_8_workers(tmp_path):
     paths = write_arithmetic_dataset(tmp_path, num_train=4000, num_test=256)
     assert PromptFile(paths["test"])._parquet.num_row_groups == 8  # 32 rows each
     assert PromptFile(paths["train"])._parquet.num_row_groups == 16  # 256 rows each, at most
+    # a split whose size 8 does not divide: 20 rows were 7 groups of 3 (and 2); a split of fewer
+    # than 8 rows has a row group per row
+    small = write_arithmetic_dataset(tmp_path / "small", num_train=100, num_test=20)
+    assert PromptFile(small["test"])._parquet.num_row_groups == 10  # 2 rows each
+    assert PromptFile(small["train"])._parquet.num_row_groups == 9  # 12 rows each, 4 in the last
+    tiny = write_arithmetic_dataset(tmp_path / "tiny", num_train=30, num_test=5)
+    assert PromptFile(tiny["test"])._parquet.num_row_groups == 5
 
 
 def test_config_selects_levels_of_the_generated_splits(tmp_path):

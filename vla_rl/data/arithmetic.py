@@ -67,9 +67,10 @@ def write_arithmetic_dataset(
         num_train, num_test: rows of each split.
         seed: seed of the training draw (the held-out split uses ``seed + 1``).
         row_group_size: rows per parquet row group (the unit a worker reads; a split needs at
-            least one per worker that reads it). None: ``ceil(rows / 8)``, at most 256, per split,
-            so that up to 8 workers read each (256 rows in one group failed the pre-flight of
-            2 workers reading the default 256 held-out problems).
+            least one per worker that reads it). None: ``rows // 8`` (at least 1), at most 256, per
+            split, so that up to 8 workers read each (a split of fewer rows: a group per row; 256
+            rows in one group failed the pre-flight of 2 workers reading the default 256 held-out
+            problems, and ``ceil(rows / 8)`` made 7 groups of 20 rows).
         levels: difficulty levels.
         file_format: ``"parquet"`` or ``"jsonl"``.
 
@@ -93,6 +94,6 @@ def write_arithmetic_dataset(
     paths = {}
     for split, problems in (("train", train), ("test", test)):
         rows = [problem_row(problem, split, i) for i, problem in enumerate(problems)]
-        size = row_group_size or max(1, min(MAX_ROW_GROUP_SIZE, -(-len(rows) // SHARDS_BY_DEFAULT)))
+        size = row_group_size or max(1, min(MAX_ROW_GROUP_SIZE, len(rows) // SHARDS_BY_DEFAULT))
         paths[split] = write_prompt_file(rows, out_dir / f"{split}.{file_format}", row_group_size=size)
     return paths

@@ -152,9 +152,10 @@ def _check_prompt_file(path: str, field: str, prompts_per_step: int, layouts: di
             except ValueError:
                 dealt = f"in fewer row groups than the {dp_size} shards that read it"
             least = least_rows(GENERATED_ROW_GROUP_SIZE, dp_size, max(prompts_per_step // dp_size, 1))
-            raise PreflightError(f"{name} has {file.num_rows} rows, {dealt}, and each shard takes "
-                                 f"{prompts_per_step // dp_size} a step: raise {rows} to {least} or more", node=node,
-                                 field=rows) from None
+            need = ("each shard reads a row group of its own" if field == "text.test_file"  # not a step's share
+                    else f"each shard takes {prompts_per_step // dp_size} a step")
+            raise PreflightError(f"{name} has {file.num_rows} rows, {dealt}, and {need}: raise {rows} to {least} or "
+                                 "more", node=node, field=rows) from None
     return file
 
 
