@@ -78,3 +78,18 @@ def test_the_zero_variance_filter_on_success_is_dapos_accuracy_filter():
     assert keep_groups(rewards, success, uids, True, None, "success").tolist() == [False] * 6 + [True] * 3
     with pytest.raises(ValueError, match="zero_variance_metric must be 'rewards' or 'success', got 'acc'"):
         keep_groups(rewards, success, uids, True, None, "acc")
+
+
+def test_zero_variance_default_tolerance_is_one_in_a_million_and_inclusive():
+    uids = torch.tensor([1, 1])
+    assert zero_variance_groups(torch.tensor([0.0, 5e-7], dtype=torch.float64), uids).tolist() == [True, True]
+    assert zero_variance_groups(torch.tensor([0.0, 1e-4], dtype=torch.float64), uids).tolist() == [False, False]
+    # max - min equal to the tolerance counts as all equal (0.5 is exact in float64)
+    half = torch.tensor([0.0, 0.5], dtype=torch.float64)
+    assert zero_variance_groups(half, uids, tolerance=0.5).tolist() == [True, True]
+
+
+def test_zero_variance_on_negative_rewards():
+    # group 0 is constant at -1, group 1 varies below 0
+    rewards = torch.tensor([-1.0, -1.0, -2.0, -3.0])
+    assert zero_variance_groups(rewards, torch.tensor([0, 0, 1, 1])).tolist() == [True, True, False, False]

@@ -92,3 +92,26 @@ def test_invalid_settings_raise():
         AdaptiveKLController(0.1, 0.0, 100)
     with pytest.raises(ValueError, match="shape"):
         kl_penalty(LOG_P, LOG_REF[:, :2], "k1", MASK)
+
+
+def test_k3_clamps_the_log_ratio_at_twenty_before_the_exponential():
+    """log(pi_ref / pi_theta) = -8 is inside verl's [-20, 20]: k3 = exp(-8) - 1 + 8, unclamped."""
+    result = kl_penalty(torch.tensor([[0.0]], dtype=torch.float64), torch.tensor([[-8.0]], dtype=torch.float64),
+                        "k3", torch.ones(1, 1, dtype=torch.bool))
+    assert result.item() == pytest.approx(math.exp(-8.0) + 7.0, rel=1e-12)
+
+
+def test_a_fixed_coefficient_of_zero_is_allowed():
+    assert FixedKLController(0.0).value == 0.0
+
+
+def test_make_kl_controller_builds_the_configured_kind():
+    from types import SimpleNamespace
+
+    from vla_rl.algorithms.kl import make_kl_controller
+
+    adaptive = make_kl_controller(SimpleNamespace(type="adaptive", kl_coef=0.2, target_kl=0.1, horizon=50))
+    assert isinstance(adaptive, AdaptiveKLController)
+    assert (adaptive.value, adaptive.target_kl, adaptive.horizon) == (0.2, 0.1, 50)
+    fixed = make_kl_controller(SimpleNamespace(type="fixed", kl_coef=0.3, target_kl=0.1, horizon=50))
+    assert isinstance(fixed, FixedKLController) and fixed.value == 0.3

@@ -104,3 +104,39 @@ def test_gspo_check_leaves_an_estimator_that_raises_on_the_made_up_batch_to_the_
         plan(load_template("embodied_grpo", ["algorithm.policy_loss=gspo"]))
     assert "cannot tell whether advantage estimator 'grpo' gives each step its own advantage (it raised ValueError" \
         in caplog.text
+
+
+def test_the_penalty_uses_the_coefficient_before_the_update_and_ignores_actions_that_never_ran(process_group):
+    """k2 with 0.1 per dimension: 0.245 per executed action. The reference scores every action,
+    those that never ran too (the rollout's are 0 there): they add nothing. The adaptive
+    controller moves after the penalty is taken, by the episodes of one replica: x (1 + 0.2 * 1 / 10)."""
+    from vla_rl.algorithms.kl import AdaptiveKLController
+
+    batch = kl_batch(0.1)
+    dims = -torch.rand(N, T, C, A, generator=torch.Generator().manual_seed(1))
+    batch.set(keys.REF_LOG_PROBS, torch.where(batch[keys.REF_LOG_PROBS] != 0, batch[keys.REF_LOG_PROBS], dims))
+    ctx = context("k2", beta=0.5)
+    ctx.replicas = 2  # each episode counted twice in the all-reduce: n_steps = 2 episodes / 2
+    ctx.resources.kl_ctrl = AdaptiveKLController(kl_coef=0.5, target_kl=0.01, horizon=10)
+    penalty, metrics = kl_reward_penalty(ctx, batch)
+    expected = 0.5 * (0.5 * 0.7 ** 2) * torch.tensor([[4, 4, 2], [4, 4, 0]], dtype=torch.float64)
+    torch.testing.assert_close(penalty.to(torch.float64), expected, rtol=1e-5, atol=1e-6)
+    assert metrics["actor/reward_kl_penalty_coeff"] == 0.5
+    assert ctx.resources.kl_ctrl.value == pytest.approx(0.5 * (1 + 0.2 * 1 / 10))
+
+
+def test_the_node_subtracts_the_kl_penalty_from_the_rewards(process_group):
+    """token_level_rewards = the outcome on each episode's last decision - beta * KL per decision."""
+    from vla_rl.nodes.advantage import compute_advantages
+
+    batch = kl_batch(0.1)
+    batch.set(keys.REWARDS, torch.tensor([1.0, 0.0]))
+    batch.set(keys.UID, torch.tensor([0, 0]))
+    ctx = context("k2", beta=0.5)
+    ctx.config.algorithm = AlgorithmSection(use_kl_in_reward=True, kl_penalty="k2", adv_estimator="grpo")
+    ctx.dp_size = 1
+    out = compute_advantages(ctx, batch)
+    penalty = 0.5 * (0.5 * 0.7 ** 2) * torch.tensor([[4, 4, 2], [4, 4, 0]], dtype=torch.float64)
+    outcome = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(out.batch[keys.TOKEN_LEVEL_REWARDS].to(torch.float64), outcome - penalty,
+                               rtol=1e-5, atol=1e-6)

@@ -226,3 +226,21 @@ def test_a_frame_encoder_s_camera_the_simulator_does_not_render_is_refused_befor
     assert f"simulator.env.cameras {rendered}: add it there, or set algorithm.{encoder}.camera" in str(info.value)
     check_simulator(load_template(template, settings[:1]).config if encoder == "policy_backbone" else
                     load_template(template, [*settings, "simulator.env.cameras=[agentview]"]).config)
+
+
+def test_binary_rewards_pay_the_overlong_penalty_and_report_the_failures_mean():
+    """5 decision steps, buffer 2 (factor 1): |y| = finish_step; 3 -> 0, 4 -> -0.5, 5 -> -1.
+    reward/failure_mean is over the failures, before the penalty."""
+    from vla_rl.config import AlgorithmSection
+
+    algo = AlgorithmSection(reward="success", overlong_buffer={"len": 2, "penalty_factor": 1.0})
+    batch = TensorDict({keys.SUCCESS: torch.tensor([True, False, True, False]),
+                        keys.TASK_ID: torch.zeros(4, dtype=torch.int64),
+                        keys.FINISH_STEP: torch.tensor([3, 4, 5, 3]),
+                        keys.RESPONSE_MASK: torch.ones(4, 5, dtype=torch.bool)}, batch_size=[4])
+    rewards, metrics = episode_rewards(algo, batch)
+    torch.testing.assert_close(rewards, torch.tensor([1.0, -0.5, 0.0, 0.0]))
+    assert metrics["reward/failure_mean"].value == 0.0
+    assert metrics["reward/mean"] == pytest.approx(0.125)
+    plain, metrics = episode_rewards(AlgorithmSection(reward="success"), batch)
+    assert plain.tolist() == [1.0, 0.0, 1.0, 0.0] and metrics["reward/mean"] == 0.5

@@ -459,3 +459,19 @@ def test_rollouts_act_in_eval_mode_after_an_update_left_the_policy_training():
     policy = ModeRecordingPolicy(2).train()
     rollout_episodes(policy, ScriptedPool([0, 4], 6), np.array([7, 8]))
     assert policy.seen and not any(policy.seen)
+
+
+class TimeLimitPool(ScriptedPool):
+    """A gym ``TimeLimit`` reports ``truncated`` at the horizon even on a step that succeeds."""
+
+    def collect(self, pending):
+        out = super().collect(pending)
+        out["truncated"] |= out["success"] & (self.steps_taken[pending[0]] >= self.horizon)
+        return out
+
+
+def test_a_success_on_the_last_step_is_not_a_truncation():
+    pool = TimeLimitPool(success_at=[4, 0], horizon=4)
+    batch = rollout_episodes(ConstantPolicy(2), pool, np.array([7, 8])).batch
+    assert batch["success"].tolist() == [True, False]
+    assert batch["truncated"].tolist() == [False, True]
