@@ -116,6 +116,12 @@ def test_degenerate_distance_range_gives_midpoint_reward():
     ring = srpo([[0, 0], [0, 0], [3, 4], [-3, 4], [5, 0]], [True, True, False, False, False],
                 standardize_embeddings=False)
     np.testing.assert_allclose(ring[2:], [0.3, 0.3, 0.3], rtol=1e-6)
+    # a tolerance of 0, which the config accepts: a single failure's span of 0 divided 0 by 0 (NaN)
+    exact = srpo([[0, 0], [1, 0], [3, 1]], [True, True, False], degenerate_range_tolerance=0.0)
+    assert exact[2] == pytest.approx(0.3)
+    spread = srpo([[0, 0], [0, 0], [3, 4], [6, 8]], [True, True, False, False], standardize_embeddings=False,
+                  degenerate_range_tolerance=0.0)  # distances 5 and 10: normalised 0 and 1
+    np.testing.assert_allclose(spread[2:], sigmoid_reward([0.0, 1.0]), rtol=1e-6)
 
 
 def test_dbscan_core_border_noise_by_hand():

@@ -68,8 +68,9 @@ class SRPORewardConfig:
         sigmoid_offset: ``b``, the normalised distance at which the reward is ``s / 2``; in [0, 1].
         failure_reward_scale: ``s``, the supremum of a failure's reward; in (0, 1) so that a
             failure always earns less than a success.
-        degenerate_range_tolerance: when the failures' distances span less than this (in raw
-            embedding units), every failure gets normalised distance 0.5; >= 0.
+        degenerate_range_tolerance: when the failures' distances span at most this (in raw
+            embedding units), every failure gets normalised distance 0.5; >= 0 (0: only a span
+            of exactly 0, a single failure's or equal distances).
         reference_set: the successes a failure is compared with: ``"local"``, those of the reward
             node's own shard (at DP size 1 already the whole step, gathered by the re-shard);
             ``"step"``, those of every shard, their embeddings gathered worker to worker
@@ -208,11 +209,11 @@ def progress_rewards(failure_distances: np.ndarray, config: SRPORewardConfig,
 
     Returns:
         (num_failures,) float64: ``s * sigmoid(k * (b - n))`` with ``n`` the min-max normalised
-        distance (0.5 everywhere when the distances span less than the tolerance).
+        distance (0.5 everywhere when the distances span at most the tolerance).
     """
     nearest, farthest = span if span is not None else (failure_distances.min(), failure_distances.max())
     distance_range = farthest - nearest
-    if distance_range < config.degenerate_range_tolerance:
+    if distance_range <= config.degenerate_range_tolerance:  # 0 / 0 at a tolerance of 0 with one failure
         normalized = np.full_like(failure_distances, 0.5)
     else:
         normalized = (failure_distances - nearest) / distance_range
