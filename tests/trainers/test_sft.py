@@ -187,3 +187,23 @@ def test_the_warm_start_logs_what_docs_metrics_md_says_it_does():
     metrics = SFTResult(losses=[2.0, 1.5, 1.0], response_tokens=30, seconds=1.5).metrics()
     assert set(metrics) == row_names("sft/loss_first")
     assert metrics == {"sft/loss_first": 2.0, "sft/loss_last": 1.0, "sft/steps": 3.0, "sft/tokens_per_s": 20.0}
+
+
+def test_each_epoch_trains_on_every_example_once(policy, tmp_path, monkeypatch):
+    """Batches are drawn epoch by epoch without replacement: 8 examples in batches of 4 (which
+    divide them), 4 steps are 2 epochs, each holding every example once."""
+    from vla_rl.trainers import sft
+
+    paths = write_arithmetic_dataset(tmp_path, num_train=8, num_test=2)
+    examples = encode_sft_examples(policy, PromptFile(paths["train"]).read_shard(0, 1, ["extra_info.answer"]))
+    key = {tuple(row.tolist()): i for i, row in enumerate(examples.input_ids)}
+    assert len(key) == 8  # every example tells itself apart
+    drawn: list[int] = []
+
+    def recorded(policy, batch, micro_batch_size):
+        drawn.extend(key[tuple(row.tolist())] for row in batch.input_ids)
+        return 0.0
+
+    monkeypatch.setattr(sft, "_accumulate_gradients", recorded)
+    supervised_fine_tune(policy, examples, SFTConfig(steps=4, batch_size=4))
+    assert sorted(drawn[:8]) == list(range(8)) and sorted(drawn[8:]) == list(range(8))
