@@ -119,6 +119,17 @@ def test_camera_demonstrations_are_stored_per_key_and_cloned(tmp_path, torch_one
     assert float(policy.bc_loss(obs, actions).detach()) < before
 
 
+def test_an_extended_store_continues_after_its_last_initial_state_and_num_demos_caps_what_is_cloned(tmp_path):
+    attrs = {"name": "fake", "cameras": ["agentview"]}
+    ensure_demonstrations(_CameraExpertPool(), tmp_path / "demos.zarr", num_demos=3, id_offset=100, env_attrs=attrs)
+    store = ensure_demonstrations(_CameraExpertPool(), tmp_path / "demos.zarr", num_demos=5, id_offset=100,
+                                  env_attrs=attrs)
+    assert [int(store.read_episode(i)["init_state_id"]) for i in range(len(store))] == [100, 101, 102, 103, 104]
+    obs, actions = demonstrations(store, 3, chunk_size=2)  # the first 3 of the 5: 4 + 5 + 4 steps
+    assert obs.batch_size == (13,) and actions.shape == (13, 2, 7)
+    assert obs["state"][:, 0].unique().tolist() == [100.0, 101.0, 102.0]
+
+
 def test_behaviour_cloning_maps_the_expert_actions_with_their_observations(tmp_path, torch_one_thread):
     """A π0 whose action values 1 and 2 are relative to the state (openpi's delta actions) and that
     executes 2 of its 4 actions: the demonstrations come in windows of the model's whole chunk
