@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 
 from vla_rl.algorithms.kl import FixedKLController
-from vla_rl.config import AlgorithmSection
+from vla_rl.config import AlgorithmSection, RunConfig
 from vla_rl.nodes.advantage import kl_reward_penalty
 from vla_rl_core import keys
 
@@ -87,6 +87,27 @@ def test_gspo_with_advantages_that_vary_along_a_row_is_refused_by_the_plan(overr
     assert error.value.field == "algorithm.policy_loss"
     with pytest.raises(TemplateError, match=r"'gae' \(algorithm.adv_estimator\) gives each step its own"):
         plan(load_template("embodied_ppo", ["algorithm.policy_loss=gspo"]))
+
+
+@pytest.mark.parametrize(("estimator", "varies"), [("reinforce_plus_plus", True), ("grpo", False)])
+def test_gspo_check_counts_the_kl_penalty_in_the_rewards(estimator, varies):
+    """With ``algorithm.use_kl_in_reward`` every step carries its own penalty: REINFORCE++'s returns
+    (constant along a row at gamma 1 without it) then vary along the row and GSPO is refused; GRPO
+    sums a row's rewards into one score, so it stays allowed."""
+    from vla_rl.dag.errors import TemplateError
+    from vla_rl.dag.loader import load_template
+    from vla_rl.dag.planner import plan
+    from vla_rl.nodes.advantage import advantages_vary_within_rows
+
+    def config(kl: bool) -> RunConfig:
+        return RunConfig.model_validate({"algorithm": {"adv_estimator": estimator, "use_kl_in_reward": kl}})
+
+    assert advantages_vary_within_rows(config(True)) is varies
+    assert advantages_vary_within_rows(config(False)) is False
+    if varies:  # the plan names the penalty (the shipped templates have no reference node for it to read)
+        with pytest.raises(TemplateError, match=r"'reinforce_plus_plus' \(algorithm.adv_estimator\) with "
+                                                r"algorithm.use_kl_in_reward \(a penalty at every step\) gives each"):
+            plan(load_template("llm_gspo", [f"algorithm.adv_estimator={estimator}", "algorithm.use_kl_in_reward=true"]))
 
 
 def test_gspo_check_leaves_an_estimator_that_raises_on_the_made_up_batch_to_the_actor(monkeypatch, caplog):

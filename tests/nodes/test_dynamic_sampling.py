@@ -53,24 +53,34 @@ class ParityPool:
                 "sim_seconds": 0.0, "sim_cpu_seconds": 0.0}
 
 
+class AlternatingPool(ParityPool):
+    """Every other environment succeeds at once, the rest time out: with a group's episodes side
+    by side, every group holds a success and a failure."""
+
+    def reset(self, ids):
+        observations = super().reset(ids)
+        self.success_at = np.where(np.arange(len(ids)) % 2 == 0, 1, 0)
+        return observations
+
+
 class Resources:
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, pool=ParityPool) -> None:
         torch.manual_seed(0)
         self.policy = make_policy("mlp", MLPPolicyConfig(obs_dim=OBS_DIM, action_dim=ACT_DIM,
                                                           hidden_sizes=(4,))).to(device_under_test())
-        self.simulator_pool = ParityPool(seed)
+        self.simulator_pool = pool(seed)
         self.generator = torch.Generator().manual_seed(0)
         self.workflow = WORKFLOWS.get("embodied")
         self.config = RunConfig()  # a worker's resources hold the run's config and device
         self.device = self.policy.device
 
 
-def step_batch(max_refill_rounds: int, seed: int = 0):
+def step_batch(max_refill_rounds: int, seed: int = 0, pool=ParityPool):
     config = RunConfig.model_validate({
         "data": {"num_train_init_states": 1000, "init_states_per_step": 6, "group_size": 4},
         "algorithm": {"reward": "success", "filter_groups": {"zero_variance": True, "max_refill_rounds": max_refill_rounds}},
     })
-    resources = Resources(seed)
+    resources = Resources(seed, pool)
     loader = ShardedTaskLoader(1000, 6, dp_rank=0, dp_size=1, seed=0)
 
     def upstream(tasks):
@@ -111,6 +121,18 @@ def test_refills_until_full_keeping_only_varied_groups(process_group, max_refill
         assert rounds == 2 and kept_before_quota == 8 and len(groups) == 6
     if max_refill_rounds == 0:
         assert torch.equal(batch[keys.UID], first[keys.UID][torch.isin(first[keys.UID], groups)])
+
+
+def test_a_batch_full_after_filtering_runs_no_refill_round(process_group):
+    """Exactly the step's groups kept (6 of 6, all varied): the batch is full, so no refill round
+    runs although 5 are allowed."""
+    first, out = step_batch(5, pool=AlternatingPool)
+    uids = first[keys.UID]
+    assert all(first[keys.REWARDS][uids == uid].max() > first[keys.REWARDS][uids == uid].min()
+               for uid in torch.unique(uids))  # the case: every group of the first round is kept
+    assert out.metrics["filter/refill_rounds"] == 0 and out.metrics["filter/refill_env_steps"] == 0
+    assert out.metrics["filter/kept_groups"] == 6 and out.metrics["filter/kept_fraction"] == 1.0
+    assert torch.equal(out.batch[keys.UID], uids)
 
 
 def test_the_plain_filter_counts_the_groups_it_keeps(process_group):
