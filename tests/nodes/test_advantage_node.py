@@ -110,6 +110,28 @@ def test_gspo_check_counts_the_kl_penalty_in_the_rewards(estimator, varies):
             plan(load_template("llm_gspo", [f"algorithm.adv_estimator={estimator}", "algorithm.use_kl_in_reward=true"]))
 
 
+@pytest.mark.parametrize(("template", "overrides", "refused"), [
+    ("embodied_grpo", [], True),
+    ("llm_grpo", ["algorithm.adv_estimator=rloo"], True),
+    ("embodied_ppo", [], False),  # GAE compares each step with the critic's value, not with a group
+])
+def test_a_group_relative_estimator_with_groups_of_one_is_refused_by_the_plan(template, overrides, refused):
+    """Groups of one sample give every advantage 0 under a group-relative estimator: nothing would
+    train, so the plan names ``data.group_size``; groups of 2 are enough."""
+    from vla_rl.dag.errors import TemplateError
+    from vla_rl.dag.loader import load_template
+    from vla_rl.dag.planner import plan
+
+    plan(load_template(template, [*overrides, "data.group_size=2"]))
+    if not refused:
+        plan(load_template(template, [*overrides, "data.group_size=1"]))
+        return
+    with pytest.raises(TemplateError, match=r"compares the samples of a group, so data.group_size must be at least "
+                                            r"2 \(got 1: every advantage would be 0") as error:
+        plan(load_template(template, [*overrides, "data.group_size=1"]))
+    assert error.value.field == "data.group_size" and error.value.node == "advantage"
+
+
 def test_gspo_check_leaves_an_estimator_that_raises_on_the_made_up_batch_to_the_actor(monkeypatch, caplog):
     """A plug-in estimator that raises on the check's made-up batch (it may need more than 4 rows
     of 5 steps) was a traceback from ``plan``; the plan now warns and leaves the check to the actor."""
