@@ -91,10 +91,17 @@ def step_batch(max_refill_rounds: int, seed: int = 0, pool=ParityPool):
                           "rollout/lost_episodes": total(result.lost.sum())}
 
     episodes, _ = upstream(loader.batch_for_step(0))
-    ctx = NodeContext("group_filter", 0, 0, 1, 0, 1, config, None, resources,
-                      rerun_upstream=lambda refill_round: upstream(loader.batch_for_refill(0, refill_round)))
+    refills = []  # each refill round's env steps, as the worker's re-run reports them
+
+    def rerun(refill_round):
+        refilled, metrics = upstream(loader.batch_for_refill(0, refill_round))
+        refills.append(metrics["rollout/env_steps"].value)
+        return refilled, metrics
+
+    ctx = NodeContext("group_filter", 0, 0, 1, 0, 1, config, None, resources, rerun_upstream=rerun)
     out = dynamic_sampling(ctx, episodes)
     out.metrics = {name: m.value if isinstance(m, Metric) else m for name, m in out.metrics.items()}
+    out.metrics["refills"] = refills
     return episodes, out
 
 
@@ -117,8 +124,10 @@ def test_refills_until_full_keeping_only_varied_groups(process_group, max_refill
     assert kept_before_quota == pytest.approx(round(kept_before_quota))
     if rounds < max_refill_rounds:
         assert len(groups) == 6  # it stopped because the batch was full
+    assert len(metrics["refills"]) == rounds and metrics["filter/refill_env_steps"] == sum(metrics["refills"])
     if seed == 3:  # two refill rounds kept 8 groups: the surplus is dropped, whole groups
         assert rounds == 2 and kept_before_quota == 8 and len(groups) == 6
+        assert min(metrics["refills"]) > 0  # both rounds' env steps are counted
     if max_refill_rounds == 0:
         assert torch.equal(batch[keys.UID], first[keys.UID][torch.isin(first[keys.UID], groups)])
 
