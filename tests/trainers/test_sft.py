@@ -207,3 +207,25 @@ def test_each_epoch_trains_on_every_example_once(policy, tmp_path, monkeypatch):
     monkeypatch.setattr(sft, "_accumulate_gradients", recorded)
     supervised_fine_tune(policy, examples, SFTConfig(steps=4, batch_size=4))
     assert sorted(drawn[:8]) == list(range(8)) and sorted(drawn[8:]) == list(range(8))
+
+
+def test_the_gradient_is_clipped_to_max_grad_norm_and_every_step_counts_its_tokens(tiny_lm_dir, tmp_path):
+    """AdamW's first step moves each parameter by about ``lr`` whatever the gradient's scale,
+    unless the gradient is far below its epsilon (1e-8): clipped to a norm of 1e-12 the step is
+    below 1e-3 * 1e-12 / 1e-8 = 1e-7; unclipped it is about 1e-3. Two epochs of 8 examples train
+    on every response token twice."""
+    paths = write_arithmetic_dataset(tmp_path, num_train=8, num_test=2)
+    moved = {}
+    for max_grad_norm in (1e-12, 1e9):
+        torch.manual_seed(0)
+        policy = CausalLMPolicy.from_pretrained(CausalLMConfig(model_path=str(tiny_lm_dir), max_prompt_length=24,
+                                                               max_response_length=20))
+        examples = encode_sft_examples(policy, PromptFile(paths["train"]).read_shard(0, 1, ["extra_info.answer"]))
+        before = [p.detach().clone() for p in policy.parameters()]
+        config = SFTConfig(steps=1, batch_size=8, lr=1e-3, max_grad_norm=max_grad_norm)
+        result = supervised_fine_tune(policy, examples, config)
+        moved[max_grad_norm] = max(float((p.detach() - b).abs().max()) for p, b in zip(policy.parameters(), before))
+        assert result.response_tokens == int(examples.response_mask.sum())
+    assert moved[1e-12] < 2e-7 and 5e-4 < moved[1e9] < 2e-3, moved
+    result = supervised_fine_tune(policy, examples, SFTConfig(steps=4, batch_size=4))
+    assert result.response_tokens == 2 * int(examples.response_mask.sum()) > 0
