@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tensordict import TensorDict
 
@@ -41,6 +42,36 @@ def test_critic_follows_a_fixed_number_of_minibatches(process_group, device):
     settings = TrainerSection(ppo_epochs=2, ppo_mini_batch_size=1, ppo_num_mini_batches=3, max_grad_norm=1.0)
     metrics = trainer.update(batch, CriticSection(), settings, torch.Generator().manual_seed(0))
     assert metrics["critic/num_updates"] == 6.0  # not 2 x 12 (minibatches of one episode)
+
+
+def test_critic_grad_norm_and_vf_loss_are_means_over_the_updates(process_group, device, monkeypatch):
+    """``critic/grad_norm`` and ``critic/vf_loss``: the means of the updates' pre-clip gradient
+    norms and losses (3 minibatches of 4 whole episodes, each one pass), not their sums."""
+    from vla_rl.trainers.guard import GuardedStep
+
+    norms: list[float] = []
+    losses: list[float] = []
+    real = GuardedStep.__call__
+
+    def recorded(self, parameters, optimizer, max_grad_norm, max_skipped, loss):
+        norm, applied = real(self, parameters, optimizer, max_grad_norm, max_skipped, loss)
+        norms.append(float(norm))
+        losses.append(float(loss.detach()))
+        return norm, applied
+
+    monkeypatch.setattr(GuardedStep, "__call__", recorded)
+    torch.manual_seed(0)
+    n, steps, obs_dim = 12, 3, 4
+    batch = TensorDict({keys.OBS: torch.randn(n, steps + 1, obs_dim), keys.RETURNS: torch.randn(n, steps),
+                        keys.RESPONSE_MASK: torch.ones(n, steps, dtype=torch.bool)}, batch_size=[n])
+    trainer = CriticTrainer(ValueNetwork(obs_dim, [8], torch.zeros(obs_dim), torch.ones(obs_dim)).to(device), lr=1e-3)
+    batch.set(keys.VALUES, trainer.values(batch))
+    metrics = trainer.update(batch, CriticSection(cliprange_value=None, loss_agg_mode="token-mean"),
+                             TrainerSection(ppo_epochs=1, ppo_mini_batch_size=4, max_grad_norm=1e-3),
+                             torch.Generator().manual_seed(0))
+    assert metrics["critic/num_updates"] == 3.0 and len(norms) == 3 and min(norms) > 1e-3  # clipped, pre-clip norms
+    assert metrics["critic/grad_norm"] == pytest.approx(sum(norms) / 3, rel=1e-6)
+    assert metrics["critic/vf_loss"] == pytest.approx(sum(losses) / 3, rel=1e-6)
 
 
 def _camera_obs(state: torch.Tensor) -> TensorDict:
