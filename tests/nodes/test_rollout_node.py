@@ -92,6 +92,13 @@ def test_a_lost_episode_leaves_its_group_without_counting_as_a_failure(process_g
     assert out.metrics["rollout/success_rate"].weight == 5  # a mean over the episodes kept
     assert metrics["rollout/env_steps"] == 5 + 3  # first steps (not the lost chunk's), then the 3 failures' second
     assert metrics["rollout/sim_seconds_per_actor"] > 0
+    # means over the episodes requested (6: the lost one's steps count) or kept (5), or the groups (2)
+    assert metrics["rollout/env_steps_per_episode"] == pytest.approx(8 / 6) and out.metrics[
+        "rollout/env_steps_per_episode"].weight == 6 and out.metrics["rollout/lost_fraction"].weight == 6
+    assert episodes[keys.FINISH_STEP].tolist() == [1, 2, 1, 2, 2]
+    assert metrics["rollout/episode_length"] == pytest.approx(8 / 5)
+    assert out.metrics["rollout/episode_length"].weight == 5
+    assert metrics["rollout/group_success_any"] == 1.0 and out.metrics["rollout/group_success_any"].weight == 2
     advantages = compute_advantages(ctx("advantage"), compute_rewards(ctx("reward"), episodes).batch).batch
     first = advantages[keys.ADVANTAGES][:, 0]
     # GRPO over the episodes each group has: group 0 is {1, 0} (not {1, 0, 0}: the lost one is
