@@ -128,3 +128,20 @@ def test_every_eval_command_of_a_template_policy_prepares(tmp_path, monkeypatch)
             eval_driver.prepare_eval_dir([], overrides, output=str(tmp_path / f"eval{number}"), policy_from=template)
         except (ValueError, TemplateError) as err:
             pytest.fail(f"{page}: vla-rl eval {shlex.join(command)}\n{err}")
+
+
+def test_the_template_files_of_docs_algorithms_plan(tmp_path, capsys):
+    """docs/algorithms.md's template files (a ``# file: NAME.yaml`` yaml block: the reference node
+    that the KL terms need, which no shipped template has) plan as written, from the folder the
+    user saves them in, and pass the checks `vla-rl train` makes before it starts Ray."""
+    blocks = re.findall(r"```yaml\n# file: (\S+)\n(.*?)```", (ROOT / "docs/algorithms.md").read_text(), flags=re.S)
+    assert [name for name, _ in blocks] == ["grpo_kl.yaml"]
+    for name, text in blocks:
+        (tmp_path / name).write_text(text)
+        assert main(["plan", str(tmp_path / name)]) == 0, capsys.readouterr().err
+        loaded = load_template(str(tmp_path / name))
+        preflight(loaded, None)
+        check_simulator(loaded.config)
+    order = capsys.readouterr().out.split("phase train:\norder: ")[1].splitlines()[0]
+    assert order.startswith("tasks -> rollout -> reference -> reward -> advantage")
+    assert loaded.config.algorithm.use_kl_in_reward and loaded.config.algorithm.use_kl_loss
