@@ -36,10 +36,13 @@ def test_rules_on_one_worker(process_group):
              ("b", total(5.0), 1), ("b", total(1.0), 1),
              ("c", same(7.0), 1), ("d", as_metric(0.5, 8), 2), ("e", mean(1.0, 0), 1),
              ("f", maximum(3.0), 2), ("f", maximum(9.0), 1), ("g", minimum(3.0), 1), ("g", minimum(-2.0), 2),
-             ("h", mean(float("nan"), 0), 1), ("h", mean(0.0, 4), 1)]  # an empty shard's mean: NaN over nothing
+             ("h", mean(float("nan"), 0), 1), ("h", mean(0.0, 4), 1),  # an empty shard's mean: NaN over nothing
+             ("c", same(8.0), 1), ("f", maximum(1.0), 1), ("d", mean(1.0, 4), 1),  # the first "same"; the largest
+             ("i", mean(1.0, 4), 2), ("i", mean(0.0, 2), 1)]  # a replicated shard's weight counts once: 4 / 2
     reduced = reduce_metrics(local)
-    # "e" has no weight: dropped; "h" was NaN (a worker that lost every episode made reward/mean null)
-    assert reduced == {"a": 2.5, "b": 6.0, "c": 7.0, "d": 0.5, "f": 9.0, "g": -2.0, "h": 0.0}
+    # "e" has no weight: dropped; "h" was NaN (a worker that lost every episode made reward/mean null);
+    # "d": a plain float weighs its batch, 8 samples over 2 replicas: (0.5 * 4 + 1.0 * 4) / 8
+    assert reduced == {"a": 2.5, "b": 6.0, "c": 7.0, "d": 0.75, "f": 9.0, "g": -2.0, "h": 0.0, "i": 0.5}
     with pytest.raises(ValueError, match="rules 'mean' and 'sum'"):
         reduce_metrics([("x", mean(1.0, 1), 1), ("x", total(1.0), 1)])
 
@@ -145,6 +148,8 @@ def _local_metrics(rank: int, case: str) -> list:
              ("s", same(1.0 / 3.0), 1), ("m", maximum(10.0 * rank), 1)]
     if case == "names differ" and rank == 1:
         local.append(("only_rank_1", mean(2.0, 1), 1))
+    if case == "as many, other names" and rank == 1:  # the count alone does not tell them apart
+        local[-1] = ("m_rank_1", maximum(5.0), 1)
     return local
 
 
@@ -173,7 +178,7 @@ def _reduction_worker(rank: int, world: int, store_path: str) -> dict:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     out = {}
-    for case in ("same names", "names differ"):
+    for case in ("same names", "names differ", "as many, other names"):
         before = COUNTERS.snapshot()
         reduced = reduce_metrics(_local_metrics(rank, case))
         counted = COUNTERS.since(before).tags["metrics"]
@@ -186,9 +191,10 @@ def test_reduction_exchanges_numbers_when_names_agree_with_the_same_figures(tmp_
     world = 2
     results = run_workers(_reduction_worker, world, str(tmp_path / "store"), nprocs=world)
     assert results[0] == results[1]
-    for case in ("same names", "names differ"):
+    for case in ("same names", "names differ", "as many, other names"):
         reduced, _ = results[0][case]
         assert reduced == _legacy_reduction(case, world)  # exactly: same entries, same order
+    assert results[0]["as many, other names"][0]["m"] == 0.0 and results[0]["as many, other names"][0]["m_rank_1"] == 5
     assert results[0]["same names"][0]["m"] == 10.0 and results[0]["same names"][0]["n"] == 2.0
     # Names agree: a 16-byte header and 16 bytes per entry from the other worker, as predicted.
     expected = reduction_cost(world, len(_local_metrics(0, "same names")))
