@@ -191,6 +191,19 @@ def test_a_resumed_seed_names_the_machines_of_every_start(tmp_path, run_hosts, u
     assert seed_figures(run_dir)["hosts"] == expected
 
 
+def test_a_resumed_seed_counts_every_step_and_its_first_evaluation_is_not_the_final(tmp_path):
+    """A seed resumed at step 2 ran 1 step in its last start (``steps_run``): its steps are the last
+    step, 3; and its first evaluation is the warm start's whatever order the summary's keys have."""
+    run_dir = tmp_path / "seed_0"
+    fake_run(run_dir, 0, 0.2, 0.8)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = {"final_eval": summary.pop("final_eval"), **summary, "start_step": 2, "steps_run": 1}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    figures = seed_figures(run_dir)
+    assert figures["steps"] == 3 and figures["first_tag"] == "warm_start"
+    assert figures["first"]["greedy"]["success_rate"] == 0.2 and figures["final"]["greedy"]["success_rate"] == 0.8
+
+
 def test_a_seed_resumed_with_another_budget_or_evaluation_reports_its_own(tmp_path):
     """`vla-rl train --resume SWEEP/seed_2 trainer.total_env_steps=2000` (what resuming a finished seed
     suggests): the report held the sweep's budget for it, and compare called two sweeps equal in cost."""
