@@ -246,6 +246,15 @@ def test_the_comparison_says_whether_both_sweeps_ran_on_one_kind_of_machine(b_ho
         assert "- B: AMD EPYC 9B14 (flags 0123456789ab" in (tmp_path / "out" / COMPARE_MD).read_text()
 
 
+def test_one_seed_without_recorded_machines_leaves_the_hosts_unknown():
+    """B's seed 1 was resumed from a run that recorded no machine: whether the sweeps ran on the
+    same machines is unknown, although the other seeds' runs name the same."""
+    a = with_hosts(GRPO, {seed: [HOST] for seed in ("0", "1", "2")})
+    b = with_hosts(SRPO, {"0": [HOST], "1": None, "2": [HOST], "3": [HOST]})
+    result = compare(a, b)
+    assert result["hosts"]["differ_in"] is None and result["hosts"]["b"] is None and result["hosts"]["a"] == [HOST]
+
+
 def test_a_difference_that_rounds_to_zero_reads_plus_zero():
     from vla_rl.sweep_compare import _points
 
