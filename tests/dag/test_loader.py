@@ -309,3 +309,39 @@ def test_a_plug_in_module_not_on_the_path_gets_a_hint(tmp_path, monkeypatch):
     with pytest.raises(TemplateError) as error:
         load_template("embodied_srpo", ["run.imports=[toy_needs_more]"])
     assert error.value.message.endswith("No module named 'no_such_dependency'")
+
+
+def test_available_templates_are_the_yaml_files_sorted(tmp_path):
+    for name in ("zeta.yaml", "alpha.yml", "notes.txt", "mid.yaml"):
+        (tmp_path / name).write_text("name: x\n")
+    assert loader.available_templates(tmp_path) == ["alpha", "mid", "zeta"]
+    assert loader.available_templates(tmp_path / "absent") == []
+
+
+def test_a_file_name_with_its_suffix_is_a_path_not_a_bare_name(write_template, tmp_path, monkeypatch):
+    """``vla-rl plan t.yaml`` in the template's folder reads ./t.yaml, not dag_templates/t.yaml.yaml."""
+    write_template(nodes=pipeline(), name="local.yaml")
+    monkeypatch.chdir(tmp_path)
+    assert loader.resolve_template_path("local.yaml") == (tmp_path / "local.yaml").resolve()
+    assert load_template("local.yaml").name == "local"
+
+
+def test_a_command_s_overrides_apply_after_the_recorded_ones(write_template):
+    path = write_template(nodes=pipeline())
+    template = load_template(path, ["trainer.lr=0.2"], recorded=["trainer.lr=0.1"])
+    assert template.config.trainer.lr == 0.2 and template.overrides == ("trainer.lr=0.2",)
+
+
+def test_override_of_finds_the_override_above_at_or_below_a_field():
+    overrides = ["trainer.lr=0.1", "eval.protocols=[greedy]", "algorithm={clip_ratio: 2}", "~policy.config"]
+    assert loader.override_of(overrides, "trainer.lr") == "trainer.lr=0.1"
+    assert loader.override_of(overrides, "eval.protocols[0]") == "eval.protocols=[greedy]"  # an item of it
+    assert loader.override_of(overrides, "algorithm.clip_ratio") == "algorithm={clip_ratio: 2}"  # a section above
+    assert loader.override_of(overrides, "trainer") == "trainer.lr=0.1"  # a setting below
+    assert loader.override_of(overrides, "policy.config.init_std") == "~policy.config"
+    assert loader.override_of(overrides, "train") is None and loader.override_of(overrides, None) is None
+
+
+def test_override_settings_leave_out_deletions_and_node_fields():
+    overrides = ["~critic.lr", "nodes.reward.dp_size=1", "trainer.lr=0.1", "critic={lr: 0.1}"]
+    assert loader.override_settings(overrides) == [("trainer.lr=0.1", "trainer.lr"), ("critic={lr: 0.1}", "critic")]

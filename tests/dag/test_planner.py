@@ -389,3 +389,50 @@ def test_a_node_local_to_its_data_node_runs_at_that_node_s_dp_size(write_templat
                            "'reward' at DP 1): give them one dp_size")
     nodes[0]["dp_size"] = 1  # data and reward at DP 1, the rollout between them at 2: shards go there and back
     plan(load_template(write_template(nodes=nodes)), 2)
+
+
+def test_a_world_size_below_one_is_refused(write_template):
+    template = load_template(write_template(nodes=pipeline()))
+    with pytest.raises(ValueError, match=r"world size must be at least 1 \(got 0\)"):
+        plan(template, 0)
+
+
+def test_a_dep_listed_twice_is_refused(write_template):
+    """A dep named twice would be re-sharded and merged twice into the node's input."""
+    nodes = pipeline()
+    nodes[1]["deps"] = ["tasks", "tasks"]
+    err = _plan_error(write_template(nodes=nodes))
+    assert (err.node, err.field, err.message) == ("rollout", "deps[1]", "dependency 'tasks' listed twice")
+
+
+def test_a_node_reading_several_missing_keys_names_the_first_in_sorted_order(write_template, monkeypatch):
+    from vla_rl.dag.registry import NODE_FUNCTIONS, NodeOutput, register_node
+
+    monkeypatch.setattr(NODE_FUNCTIONS, "_entries", dict(NODE_FUNCTIONS._entries))  # for this test only
+    register_node("reward", "compute", name="test_reader", reads=("zeta_key", "alpha_key"))(
+        lambda ctx, batch: NodeOutput(batch))
+    nodes = pipeline()
+    nodes[2]["fn"] = "test_reader"
+    err = _plan_error(write_template(nodes=nodes))
+    assert (err.node, err.field) == ("reward", "deps")
+    assert err.message.startswith("reads batch key 'alpha_key', which no node upstream of it writes (upstream: ")
+
+
+def test_rollout_dp_size_is_the_env_interact_node_s_or_the_world_size(write_template):
+    with_rollout = pipeline()
+    with_rollout[1]["dp_size"] = 1
+    result = plan(load_template(write_template(nodes=with_rollout)), 2)
+    assert [result.rollout_dp_size(rank) for rank in (0, 1)] == [1, 1]
+    without = [node("tasks", "data", "data_load"), node("actor", "actor", "model_train", ["tasks"])]
+    result = plan(load_template(write_template(nodes=without, name="without.yaml")), 4)
+    assert [result.rollout_dp_size(rank) for rank in range(4)] == [4, 4, 4, 4]
+
+
+def test_dp_sizes_span_every_phase_and_an_absent_phase_has_an_empty_chain_per_rank(write_template):
+    nodes = [*pipeline(), node("eval_tasks", "data", "data_load", phase="evaluate", dp_size=1)]
+    result = plan(load_template(write_template(nodes=nodes)), 2)
+    assert result.dp_sizes == {"tasks": 2, "rollout": 2, "reward": 2, "adv": 2, "actor": 2, "eval_tasks": 1}
+    assert result.phase("evaluate").chains == {0: (_run("eval_tasks", "data", "data_load", 1, 0),),
+                                               1: (_run("eval_tasks", "data", "data_load", 1, 0),)}
+    warm_start = result.phase("warm_start")
+    assert (warm_start.order, warm_start.chains, warm_start.hops) == ((), {0: (), 1: ()}, ())

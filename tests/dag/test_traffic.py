@@ -10,8 +10,11 @@ from vla_rl.cli import main
 from vla_rl.dag.loader import load_template
 from vla_rl.dag.planner import plan
 from vla_rl.dag.registry import WORKFLOWS
-from vla_rl.dag.traffic import estimate_traffic, format_bytes
+from vla_rl.dag.traffic import NodeRows, estimate_traffic, format_bytes, node_layouts, node_rows
 from vla_rl.data.key_sizes import StepShape, observation_leaves, sample_bytes
+from vla_rl_core import keys
+
+from .helpers import node
 
 # 4 prompts x 2 responses, prompts of 24 tokens (the generated ones have up to 18), responses of
 # 4 tokens (no supervised warm start, whose targets need 18), 2 workers.
@@ -106,7 +109,8 @@ def test_pi0_actions_are_its_denoising_chains():
     assert sample_bytes("old_log_probs", prefix) == 40 * 2 * 4
 
 
-@pytest.mark.parametrize("count, text", [(201, "201 B"), (1608, "1.57 KiB"), (3 * 2**20, "3 MiB")])
+@pytest.mark.parametrize("count, text", [(201, "201 B"), (1023, "1023 B"), (1024, "1 KiB"), (1608, "1.57 KiB"),
+                                         (3 * 2**20, "3 MiB"), (2**30, "1 GiB")])
 def test_format_bytes(count, text):
     assert format_bytes(count) == text
 
@@ -147,6 +151,8 @@ def test_hops_after_an_uneven_cut_are_estimated_on_the_shards_the_cut_makes():
     # the block's rows it does not hold: rank 0 gets 8, rank 1 gets 4, rank 2 gets 8, rank 3 gets 4
     assert hop.rows == 24 and hop.rows_moved == 8 + 4 + 8 + 4
     assert hop.max_sent == 8 * hop.row_bytes and hop.max_received == 8 * hop.row_bytes
+    # metadata: 16-byte headers from the 3 other ranks, then their group sizes padded to the largest shard's 2
+    assert hop.meta_bytes_per_worker == 3 * 16 + 3 * 2 * 8
 
 
 def test_the_rebalance_bound_holds_after_an_uneven_cut():
@@ -157,3 +163,73 @@ def test_the_rebalance_bound_holds_after_an_uneven_cut():
     rebalance = hops[("group_filter", "actor_update")]
     assert rebalance.rebalance and rebalance.max_shard_rows == 8
     assert rebalance.rebalance_bound_per_worker == 4 * rebalance.row_bytes
+
+
+def test_sizes_of_keys_whose_shape_parts_are_unknown_or_untested():
+    """Declared keys the text and embodied tests leave out, and sizes only the simulator or policy knows."""
+    shape = StepShape(groups=1, group_size=1, decisions=5, chunk=2, action_dim=None, own_action_dim=None, obs=None)
+    assert sample_bytes("actions", shape) is None and sample_bytes("ref_log_probs", shape) is None
+    assert sample_bytes("obs", shape) is None
+    assert sample_bytes("old_log_probs", shape) == 5 * 2 * 4
+    assert sample_bytes("values", shape) == sample_bytes("advantages", shape) == 5 * 4  # (T,) float32
+    for key in (keys.CONTROL_STEPS, keys.CHECKPOINT_INDEX, keys.PROTOCOL_INDEX, keys.INIT_STATE_ID, keys.TASK_ID):
+        assert sample_bytes(key, shape) == 8, key  # int64 scalars
+    assert observation_leaves(None) is None and observation_leaves(None, ("agentview",), 128, 10) is None
+
+
+def _dummy_plan(write_template, monkeypatch, nodes, world):
+    """The train phase of dummy nodes, its data node writing ``uid`` (8 bytes) and a key of unknown size."""
+    from vla_rl.dag.registry import NODE_FUNCTIONS, NodeOutput, register_node
+
+    monkeypatch.setattr(NODE_FUNCTIONS, "_entries", dict(NODE_FUNCTIONS._entries))  # for this test only
+    register_node("data", "data_load", name="test_writer", writes=(keys.UID, "plugin_score"))(
+        lambda ctx, batch: NodeOutput(batch))
+    nodes[0]["fn"] = "test_writer"
+    return plan(load_template(write_template(nodes=nodes)), world)
+
+
+def test_an_uneven_cut_and_its_rebalance_by_hand(write_template, monkeypatch):
+    """5 groups of 2 from one data shard over 3 workers: the cut holds 2, 1 and 2 groups (boundaries
+    nearest 5/3 and 10/3 groups); the update's rebalance of 4, 2 and 4 rows targets 4, 3, 3 (the
+    extra row to the fullest shard, the lowest index) and moves one row, from shard 2 to shard 1."""
+    nodes = [node("tasks", "data", "data_load", dp_size=1), node("rollout", "rollout", "env_interact", ["tasks"]),
+             node("actor", "actor", "model_train", ["rollout"])]
+    result = _dummy_plan(write_template, monkeypatch, nodes, 3)
+    shape = StepShape(groups=5, group_size=2, decisions=1)
+    layouts = node_layouts(result.phase("train"), shape)
+    assert layouts == {"tasks": [[1] * 5], "rollout": [[2, 2], [2], [2, 2]], "actor": [[1] * 4, [1] * 3, [1] * 3]}
+    cut, rebalance = estimate_traffic(result, shape)
+    assert (cut.src, cut.dst, cut.rebalance, cut.rows) == ("tasks", "rollout", False, 5)
+    assert cut.keys == ("plugin_score", "uid") and cut.unknown_keys == ("plugin_score",) and cut.row_bytes == 8
+    # rank 0 owns the 5 rows, keeps 2 and sends 1 to rank 1 and 2 to rank 2
+    assert (cut.rows_moved, cut.total_bytes, cut.max_sent, cut.max_received) == (3, 24, 24, 16)
+    # 16-byte headers and the owner's 5 group sizes (8 bytes each) from the 2 other ranks
+    assert cut.meta_bytes_per_worker == 2 * 16 + 2 * 5 * 8
+    assert (rebalance.src, rebalance.dst, rebalance.rebalance, rebalance.rows) == ("rollout", "actor", True, 10)
+    assert (rebalance.rows_moved, rebalance.total_bytes, rebalance.max_shard_rows) == (1, 8, 4)
+    assert rebalance.rebalance_bound_per_worker == (4 - 4 // 3) * 8
+    assert rebalance.meta_bytes_per_worker == 2 * 16  # single samples: headers only
+
+
+def test_rows_between_replicated_shards_leave_from_each_block_s_first_rank(write_template, monkeypatch):
+    """DP 2 -> 4 on 4 workers: the owners are ranks 0 and 2 (the first of each block of 2); each
+    keeps its first group of 2 rows and sends its second to the next rank."""
+    nodes = [node("tasks", "data", "data_load", dp_size=4),
+             node("rollout", "rollout", "env_interact", ["tasks"], dp_size=2),
+             node("reward", "reward", "compute", ["rollout"]), node("actor", "actor", "model_train", ["reward"])]
+    result = _dummy_plan(write_template, monkeypatch, nodes, 4)
+    hops = {(h.src, h.dst): h for h in estimate_traffic(result, StepShape(groups=4, group_size=2, decisions=1))}
+    gather = hops[("tasks", "rollout")]  # each rank's one row goes to the other rank of its block
+    assert (gather.rows_moved, gather.max_sent, gather.max_received) == (4, 8, 8)
+    scatter = hops[("rollout", "reward")]
+    assert (scatter.rows, scatter.rows_moved, scatter.max_sent, scatter.max_received) == (8, 4, 16, 16)
+
+
+def test_a_node_of_several_deps_takes_its_largest_input_s_rows_and_layout(write_template):
+    nodes = [node("tasks", "data", "data_load"), node("rollout", "rollout", "env_interact", ["tasks"]),
+             node("reward", "reward", "compute", ["tasks", "rollout"]),
+             node("actor", "actor", "model_train", ["reward"])]
+    phase = plan(load_template(write_template(nodes=nodes)), 2).phase("train")
+    shape = StepShape(groups=4, group_size=3, decisions=1)
+    assert node_rows(phase, shape)["reward"] == NodeRows(4, 3)
+    assert node_layouts(phase, shape)["reward"] == [[3, 3], [3, 3]]

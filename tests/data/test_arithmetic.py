@@ -104,3 +104,17 @@ def test_config_selects_levels_of_the_generated_splits(tmp_path):
         read = PromptFile(path).read_shard(0, 1, extra_columns=["extra_info.level"])
         assert len(read) == rows
         assert {row.extra["extra_info.level"] for row in read} == {"add_small", "sub_2digit"}
+
+
+def test_the_held_out_split_is_drawn_with_the_next_seed_and_rows_are_numbered_from_0(tmp_path):
+    paths = write_arithmetic_dataset(tmp_path, num_train=20, num_test=10, seed=3, file_format="jsonl")
+    test = PromptFile(paths["test"]).read_shard(0, 1, ["extra_info.index", "extra_info.split"])
+    assert [row.prompt[0]["content"] for row in test] == [p.question for p in sample_problems(10, seed=4)]
+    assert [row.extra["extra_info.index"] for row in test] == list(range(10))
+    assert {row.extra["extra_info.split"] for row in test} == {"test"}
+
+
+def test_an_unknown_file_format_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="file_format must be 'parquet' or 'jsonl', got 'csv'"):
+        write_arithmetic_dataset(tmp_path, num_train=4, num_test=4, file_format="csv")
+    assert not list(tmp_path.iterdir())

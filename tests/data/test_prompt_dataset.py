@@ -139,3 +139,99 @@ def test_least_rows_is_the_fewest_rows_every_shard_has_enough_of(row_group_size,
             return 0
 
     assert smallest_shard(least) >= per_shard > smallest_shard(least - 1)
+
+
+def _parquet(tmp_path, num_rows: int, row_group_size: int, name: str = "p.parquet"):
+    return write_prompt_file(make_rows(num_rows), tmp_path / name, row_group_size=row_group_size)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"reward_model": {"style": "rule", "ground_truth": None}}, r"row 1 has a null 'reward_model\.ground_truth'"),
+    ({"prompt": []}, r"row 1: 'prompt' must be a non-empty list"),
+    ({"prompt": [{"role": "user", "content": 3}]}, r"row 1: 'prompt' must be a non-empty list"),
+])
+def test_a_null_answer_an_empty_prompt_or_a_message_without_text_is_refused(tmp_path, bad, message):
+    rows = make_rows(2)
+    rows[1].update(bad)
+    with pytest.raises(ValueError, match=message):
+        write_prompt_file(rows, tmp_path / "p.jsonl")
+    with pytest.raises(ValueError, match="no rows to write"):
+        write_prompt_file([], tmp_path / "empty.jsonl")
+    assert not (tmp_path / "p.jsonl").exists() and not (tmp_path / "empty.jsonl").exists()
+
+
+def test_a_null_extra_column_is_refused_when_read(tmp_path):
+    """A null SFT target was trained as the text "None"."""
+    rows = make_rows(2)
+    rows[1]["extra_info"]["answer"] = None
+    path = write_prompt_file(rows, tmp_path / "p.jsonl")
+    with pytest.raises(ValueError, match=r"row 1 has a null 'extra_info\.answer'"):
+        PromptFile(path).read_shard(0, 1, ["extra_info.answer"])
+
+
+def test_blank_lines_of_a_jsonl_file_are_no_rows(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in make_rows(3)).replace("\n", "\n\n  \n") + "\n\n")
+    file = PromptFile(path)
+    assert file.num_rows == 3 and file.shard_num_rows(3) == [1, 1, 1]
+    assert [row.ground_truth for row in file.read_shard(0, 1)] == ["0", "1", "2"]
+
+
+def test_a_shard_outside_the_shard_count_is_refused(prompt_file):
+    file = PromptFile(prompt_file)
+    for shard in (-1, 3):
+        with pytest.raises(ValueError, match=rf"shard {shard} outside \[0, 3\)"):
+            file.read_shard(shard, 3)
+        with pytest.raises(ValueError, match=rf"shard {shard} outside \[0, 3\)"):
+            file.shard_row_indices(shard, 3)
+    with pytest.raises(ValueError, match=r"dp_rank 2 outside \[0, 2\)"):
+        ShardedPromptLoader(prompt_file, prompts_per_step=6, dp_rank=2, dp_size=2, seed=0)
+
+
+def test_shard_row_indices_are_the_rows_read_shard_returns(tmp_path):
+    file = PromptFile(_parquet(tmp_path, 40, 4))  # 10 row groups dealt round-robin over 3 shards
+    assert file.shard_row_indices(1, 3) == [4, 5, 6, 7, 16, 17, 18, 19, 28, 29, 30, 31]
+    for shard in range(3):
+        assert file.shard_row_indices(shard, 3) == [row.index for row in file.read_shard(shard, 3)]
+
+
+def test_steps_per_epoch_are_set_by_the_smallest_shard(tmp_path):
+    path = _parquet(tmp_path, 40, 4)  # shards of 4, 3 and 3 row groups: 16, 12 and 12 rows
+    assert ShardedPromptLoader(path, prompts_per_step=12, dp_rank=0, dp_size=3, seed=0).steps_per_epoch == 12 // 4
+    assert ShardedPromptLoader(path, prompts_per_step=36, dp_rank=0, dp_size=3, seed=0).steps_per_epoch == 1
+
+
+def test_too_small_a_shard_gets_the_row_group_size_that_would_deal_it_enough(tmp_path):
+    """11 rows in groups of 8 and 3 give 2 shards 8 and 3 rows, fewer than 5 each: groups of 5
+    (5 + 1 and 5 rows) give both enough; 12 prompts a step need more rows than the file has."""
+    path = _parquet(tmp_path, 11, 8)
+    with pytest.raises(ValueError, match=r"shards of 8, 3 rows\); row groups are dealt to the shards whole: rewrite "
+                                         r"it with smaller row groups \(pyarrow\.parquet\.write_table\(table, path, "
+                                         r"row_group_size=5\)\)"):
+        ShardedPromptLoader(path, prompts_per_step=10, dp_rank=0, dp_size=2, seed=0)
+    assert PromptFile(_parquet(tmp_path, 11, 5, "rewritten.parquet")).shard_num_rows(2) == [6, 5]
+    with pytest.raises(ValueError) as info:
+        ShardedPromptLoader(path, prompts_per_step=12, dp_rank=0, dp_size=2, seed=0)
+    assert str(info.value).endswith("(shards of 8, 3 rows); lower prompts_per_step or add rows")
+
+
+def test_each_epoch_is_shuffled_anew(prompt_file):
+    loader = ShardedPromptLoader(prompt_file, prompts_per_step=6, dp_rank=0, dp_size=2, seed=0)
+    epochs = [[row.index for step in range(e * loader.steps_per_epoch, (e + 1) * loader.steps_per_epoch)
+               for row in loader.rows_for_step(step)] for e in range(2)]
+    assert epochs[0] != epochs[1] and len(set(epochs[0])) == len(epochs[0]) == 6 * 3
+
+
+def test_refill_rounds_take_fresh_rows_until_the_shard_runs_out(prompt_file):
+    """A shard of 20 rows, 3 a step: 17 rows besides the step's give 5 refill rounds of 3."""
+    loader = ShardedPromptLoader(prompt_file, prompts_per_step=6, dp_rank=1, dp_size=2, seed=0)
+    taken = [row.index for row in loader.rows_for_step(4)]
+    for refill_round in range(1, 6):
+        rows = loader.rows_for_refill(4, refill_round)
+        assert len(rows) == 3 and {row.index for row in rows} <= {row.index for row in loader.rows}
+        taken += [row.index for row in rows]
+    assert len(taken) == len(set(taken)) == 18
+    with pytest.raises(ValueError, match="shard 1 has 20 rows, too few for refill round 6 of 3 prompts"):
+        loader.rows_for_refill(4, 6)
+    with pytest.raises(ValueError, match=r"refill rounds count from 1 \(got 0\)"):
+        loader.rows_for_refill(4, 0)

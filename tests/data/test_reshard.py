@@ -13,7 +13,7 @@ import torch.distributed as dist
 from spawned import run_workers
 from tensordict import TensorDict
 
-from vla_rl.data.reshard import group_sizes, reshard, route, split_groups
+from vla_rl.data.reshard import group_sizes, rebalance_ranges, reshard, route, split_groups
 from vla_rl.utils.ray_utils import free_loopback_port
 
 # Groups of uneven sizes, in global order: group g has GROUP_SIZES[g] samples.
@@ -222,6 +222,14 @@ def test_a_rebalance_moves_the_fewest_rows_and_keeps_global_order(seed):
     assert sorted(row for k in range(d) for row in holds[2 * k]) == list(range(sum(counts)))
     moved = sum(stop - start for k in range(d) for j in range(d) if j != k for start, stop in [ranges[k][2 * j]])
     assert moved == _fewest_moves(counts)
+
+
+def test_a_rebalance_gives_the_extra_rows_to_the_fullest_shards_ties_to_the_lower_index():
+    """10 rows over 3 shards of 4, 2 and 4: targets 4, 3, 3 (shard 0, not shard 2, keeps its 4th
+    row); the one row that moves is shard 2's last, to shard 1."""
+    assert rebalance_ranges([4, 2, 4]) == [[(0, 4), (0, 0), (0, 0)],
+                                            [(0, 0), (0, 2), (0, 0)],
+                                            [(0, 0), (3, 4), (0, 3)]]
 
 
 def test_a_rebalance_from_an_empty_shard_moves_only_the_surplus():

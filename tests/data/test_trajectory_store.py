@@ -194,10 +194,12 @@ def test_length_and_scalar_validation(store):
         ({}, 5, "at least one field"),
         ({"length": ((1,), np.int64)}, 5, "reserved"),
         ({"a/b": ((1,), np.float32)}, 5, "invalid field name"),
+        ({"__meta": ((1,), np.float32)}, 5, "invalid field name '__meta'"),
         ({"obs": ((0,), np.float32)}, 5, "field 'obs' has a non-positive dimension"),
         ({"obs": ((2,), object)}, 5, "field 'obs' has dtype object"),
         ({"obs": (2, np.float32)}, 5, "field 'obs' must be declared as"),
         ({"obs": ((2,), np.float32)}, 0, "max_steps must be a positive int"),
+        ({"obs": ((2,), np.float32)}, True, "max_steps must be a positive int, got True"),
     ],
 )
 def test_create_validation(tmp_path, fields, max_steps, message):
@@ -229,3 +231,38 @@ def test_read_episode_reads_only_the_fields_asked_for(store):
     np.testing.assert_array_equal(read["obs"], episode["obs"])
     with pytest.raises(KeyError, match="no field 'state'"):
         store.read_episode(0, fields=["state"])
+
+
+def test_negative_indices_count_from_the_end_within_range(store):
+    rng = np.random.default_rng(4)
+    episodes = [make_episode(rng, length) for length in (2, 3)]
+    for episode in episodes:
+        store.append_episode(episode)
+    assert_episode_equal(store.read_episode(-1), episodes[1], 3)
+    assert_episode_equal(store.read_episode(-2), episodes[0], 2)
+    for index in (-3, 2):
+        with pytest.raises(IndexError, match=rf"episode {index} out of range \(2 committed\)"):
+            store.read_episode(index)
+
+
+def test_read_scalars_exposes_no_uncommitted_episode(store, monkeypatch):
+    store.append_episode(make_episode(np.random.default_rng(5), 2), success=True)
+
+    def crash(self, new_attributes):
+        raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr(zarr.Group, "update_attributes", crash)  # every slot written, the commit lost
+    with pytest.raises(RuntimeError):
+        store.append_episode(make_episode(np.random.default_rng(6), 4), success=False)
+    monkeypatch.undo()
+    scalars = TrajectoryStore.open(store.path).read_scalars()
+    assert set(scalars) == {"success", "length"}
+    np.testing.assert_array_equal(scalars["success"], [True])
+    np.testing.assert_array_equal(scalars["length"], [2])
+
+
+def test_a_store_of_another_format_version_is_refused(store):
+    group = zarr.open_group(store.path, mode="r+", zarr_format=3)
+    group.update_attributes({"trajectory_store": {**group.attrs["trajectory_store"], "format_version": 2}})
+    with pytest.raises(ValueError, match="demo.zarr: trajectory store format 2 is not supported \\(expected 1\\)"):
+        TrajectoryStore.open(store.path)
