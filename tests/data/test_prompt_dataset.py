@@ -202,14 +202,16 @@ def test_steps_per_epoch_are_set_by_the_smallest_shard(tmp_path):
 
 
 def test_too_small_a_shard_gets_the_row_group_size_that_would_deal_it_enough(tmp_path):
-    """11 rows in groups of 8 and 3 give 2 shards 8 and 3 rows, fewer than 5 each: groups of 5
-    (5 + 1 and 5 rows) give both enough; 12 prompts a step need more rows than the file has."""
+    """11 rows in groups of 8 and 3 give 2 shards 8 and 3 rows, fewer than 5 each: groups of 6
+    (6 and 5 rows), the largest that does, give both enough (the hint searched from 11 // 2 = 5 and
+    missed it); 12 prompts a step need more rows than the file has."""
     path = _parquet(tmp_path, 11, 8)
     with pytest.raises(ValueError, match=r"shards of 8, 3 rows\); row groups are dealt to the shards whole: rewrite "
                                          r"it with smaller row groups \(pyarrow\.parquet\.write_table\(table, path, "
-                                         r"row_group_size=5\)\)"):
+                                         r"row_group_size=6\)\)"):
         ShardedPromptLoader(path, prompts_per_step=10, dp_rank=0, dp_size=2, seed=0)
-    assert PromptFile(_parquet(tmp_path, 11, 5, "rewritten.parquet")).shard_num_rows(2) == [6, 5]
+    assert PromptFile(_parquet(tmp_path, 11, 6, "rewritten.parquet")).shard_num_rows(2) == [6, 5]
+    assert PromptFile(_parquet(tmp_path, 11, 7, "too_large.parquet")).shard_num_rows(2) == [7, 4]
     with pytest.raises(ValueError) as info:
         ShardedPromptLoader(path, prompts_per_step=12, dp_rank=0, dp_size=2, seed=0)
     assert str(info.value).endswith("(shards of 8, 3 rows); lower prompts_per_step or add rows")

@@ -300,7 +300,7 @@ class PromptFile:
                              "that read it; add rows or read it with a smaller DP size")
         size = _largest_row_group_size(self.num_rows, num_shards, per_shard)
         rewrite = ("" if size is None else "; rewrite it with smaller row groups "
-                   f"(pyarrow.parquet.write_table(table, path, row_group_size={size}) or less)")
+                   f"(pyarrow.parquet.write_table(table, path, row_group_size={size}))")
         raise ValueError(
             f"{self.path} has {len(self._units)} row groups, fewer than the {num_shards} shards that read it "
             f"(each shard reads whole row groups){rewrite}, or read it with a smaller DP size"
@@ -469,7 +469,7 @@ def shard_steps_per_epoch(file: PromptFile, prompts_per_step: int, dp_size: int)
 def _largest_row_group_size(num_rows: int, num_shards: int, per_shard: int) -> int | None:
     """The largest row-group size whose groups, dealt round-robin over ``num_shards`` shards,
     give every shard at least ``per_shard`` of the ``num_rows`` rows (None if none does)."""
-    for size in range(max(num_rows // num_shards, 1), 0, -1):
+    for size in range(max(-(-num_rows // num_shards), 1), 0, -1):  # from ceil(rows / shards): one group each
         groups, rest = -(-num_rows // size), num_rows % size  # the last group holds `rest` rows when > 0
         if groups < num_shards:
             continue
