@@ -201,3 +201,73 @@ def test_an_episode_marked_invalid_needs_no_success_key():
     client._answer({"type": "reset", "init_state_id": 0})
     answer = client._answer({"type": "step", "actions": np.zeros((2, 2), np.float32)})
     assert answer["invalid"] is True and answer["success"] is False and answer["steps"] == 1
+
+
+class ScriptedEnv(gym.Env):
+    """A Dict observation (state, a camera, and an entry a client does not send); ``step`` ``i``
+    (from 1) gives reward ``i`` and truncates at ``truncate_at``; ``reset`` records its seed."""
+
+    observation_space = gym.spaces.Dict({"state": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
+                                         "front_image": gym.spaces.Box(0, 255, (2, 2, 3), np.uint8),
+                                         "depth": gym.spaces.Box(0.0, 1.0, (2, 2), np.float32)})
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def __init__(self, truncate_at: int = 0) -> None:
+        self.truncate_at, self.steps, self.seeds = truncate_at, 0, []
+
+    def observation(self):
+        return {"state": np.full(3, self.steps, np.float64), "front_image": np.zeros((2, 2, 3), np.uint8),
+                "depth": np.zeros((2, 2), np.float32)}
+
+    def reset(self, *, seed=None, options=None):
+        self.seeds.append(seed)
+        self.steps = 0
+        return self.observation(), {}
+
+    def step(self, action):
+        self.steps += 1
+        return self.observation(), float(self.steps), False, self.steps == self.truncate_at, {"success": False}
+
+
+def test_a_reset_starts_from_the_requested_initial_state_and_sends_state_and_images_only():
+    env = ScriptedEnv()
+    answer = RobotClient(env, "ws://127.0.0.1:1")._answer({"type": "reset", "init_state_id": 17})
+    assert env.seeds == [17]
+    assert sorted(answer["obs"]) == ["front_image", "state"] and answer["obs"]["state"].dtype == np.float32
+
+
+def test_a_chunks_rewards_are_summed_and_a_truncation_ends_it():
+    env = ScriptedEnv(truncate_at=2)
+    client = RobotClient(env, "ws://127.0.0.1:1")
+    client._answer({"type": "reset", "init_state_id": 0})
+    answer = client._answer({"type": "step", "actions": np.zeros((4, 2), np.float32)})
+    assert (answer["steps"], answer["reward"], answer["truncated"], answer["terminated"]) == (2, 3.0, True, False)
+    assert answer["obs"]["state"].tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_chunk_the_trainer_no_longer_waits_for_stops_where_it_is():
+    from vla_rl.remote import _Dropped
+
+    env = ScriptedEnv()
+    client = RobotClient(env, "ws://127.0.0.1:1")
+    client._answer({"type": "reset", "init_state_id": 0})
+    wanted = iter([True, False])
+    with pytest.raises(_Dropped) as dropped:
+        client._answer({"type": "step", "actions": np.zeros((3, 2), np.float32)}, lambda: next(wanted))
+    assert (dropped.value.left, dropped.value.sent, env.steps) == (2, 3, 1)
+
+
+def test_a_state_that_is_not_a_vector_is_refused():
+    class ImageStateEnv(PointEnv):
+        observation_space = gym.spaces.Box(-1.0, 1.0, (3, 2), np.float32)
+
+    with pytest.raises(ValueError, match="the state must be a 1-D Box"):
+        RobotClient(ImageStateEnv(), "ws://127.0.0.1:1")
+
+
+def test_every_served_environment_presents_the_token(monkeypatch):
+    from vla_rl import remote
+
+    monkeypatch.setattr(remote.RobotClient, "start", lambda self, stop=None: None)
+    clients = remote.serve_envs([PointEnv(), PointEnv()], "ws://127.0.0.1:1", token="s3cret")
+    assert [(c.token, c.name) for c in clients] == [("s3cret", "env0"), ("s3cret", "env1")]

@@ -21,6 +21,7 @@ from vla_rl.evaluation.episode_store import (
     append_episodes,
     check_store,
     check_stores,
+    damaged_store,
     open_rank_store,
     stored_keys,
 )
@@ -124,3 +125,38 @@ def test_the_error_crosses_ray_intact(store):
         check_store(store)
     again = pickle.loads(pickle.dumps(info.value))
     assert type(again) is DamagedStoreError and str(again) == str(info.value)
+
+
+def test_an_array_holding_fewer_episodes_than_committed_is_named(store):
+    import zarr
+
+    obs = zarr.open_group(store, mode="r+", zarr_format=3)["obs"]
+    obs.resize((2, *obs.shape[1:]))  # 3 committed
+    with pytest.raises(DamagedStoreError, match=r"array 'obs' cannot be read \(it holds 2 episodes, the store "
+                                                r"committed 3\)"):
+        check_store(store)
+
+
+@pytest.mark.parametrize("length", [0, SPEC.horizon + 1])
+def test_an_episode_length_outside_the_stores_steps_is_named(store, length):
+    import zarr
+
+    zarr.open_group(store, mode="r+", zarr_format=3)["length"][1] = length
+    with pytest.raises(DamagedStoreError, match=rf"array 'length', episode 1 \(chunk length/c/1\) cannot be read "
+                                                rf"\(length {length} outside \[1, {SPEC.horizon}\]"):
+        check_store(store)
+
+
+def test_a_chunk_file_longer_than_its_blosc_header_says_is_named(store):
+    chunk = store / "actions" / "c" / "1" / "0" / "0" / "0"
+    size = chunk.stat().st_size
+    chunk.write_bytes(chunk.read_bytes() + b"\0" * 5)
+    with pytest.raises(DamagedStoreError, match=rf"array 'actions', episode 1 .* holds {size + 5} bytes, its Blosc "
+                                                rf"header {size}"):
+        check_store(store)
+
+
+def test_a_long_cause_is_cut_to_200_characters_on_one_line(tmp_path):
+    error = damaged_store(tmp_path / "rank0.zarr", "array 'obs'", "x" * 150 + "\n" + "y" * 150)
+    assert error.cause == "x" * 150 + " " + "y" * 46 + "..."
+    assert len(error.cause) == 200 and "\n" not in str(error)

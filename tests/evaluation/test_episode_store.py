@@ -74,3 +74,55 @@ def test_a_rank_store_is_made_out_of_the_readers_sight_and_appears_whole(tmp_pat
     assert sorted(p.name for p in task_dir(tmp_path, "lift").iterdir()) == ["rank0.zarr"]
     assert open_rank_store(tmp_path, "lift", 0, EnvSpec(obs_dim=3, action_dim=2, horizon=4), 1, {}, False).attrs[
         "task"] == "lift"  # the second call opens it
+
+
+def test_a_rank_store_holds_every_decision_of_a_chunked_horizon(tmp_path):
+    from vla_rl.evaluation.episode_store import open_rank_store
+    from vla_rl_core.env_spec import EnvSpec
+
+    # a horizon of 6 control steps in chunks of 4: a second, partial chunk is a decision too
+    store = open_rank_store(tmp_path, "lift", 0, EnvSpec(obs_dim=3, action_dim=2, horizon=6), 4, {}, False)
+    assert store.max_steps == 2
+
+
+def test_a_store_left_half_made_by_a_crash_is_made_anew(tmp_path):
+    from vla_rl.evaluation.episode_store import open_rank_store
+    from vla_rl_core.env_spec import EnvSpec
+
+    left = task_dir(tmp_path, "lift") / ".rank0.zarr.creating"
+    left.mkdir(parents=True)
+    (left / "zarr.json").write_text("{")  # cut short
+    store = open_rank_store(tmp_path, "lift", 0, EnvSpec(obs_dim=3, action_dim=2, horizon=4), 1, {"task": "lift"},
+                            False)
+    assert len(store) == 0 and store.attrs["task"] == "lift"
+    assert sorted(p.name for p in task_dir(tmp_path, "lift").iterdir()) == ["rank0.zarr"]
+
+
+def stored_episode(tmp_path, with_env_actions: bool = True):
+    import torch
+    from tensordict import TensorDict
+
+    from vla_rl.evaluation.episode_store import append_episodes, open_rank_store
+    from vla_rl_core import keys
+    from vla_rl_core.env_spec import EnvSpec
+
+    store = open_rank_store(tmp_path, "lift", 0, EnvSpec(obs_dim=2, action_dim=1, horizon=4), 1, {}, False)
+    episodes = {keys.OBS: torch.arange(10, dtype=torch.float32).reshape(1, 5, 2),
+                keys.ACTIONS: torch.ones(1, 4, 1, 1), keys.FINISH_STEP: torch.tensor([3]),
+                keys.SUCCESS: torch.tensor([True]), keys.TRUNCATED: torch.tensor([False]),
+                keys.INIT_STATE_ID: torch.tensor([7])}
+    if with_env_actions:
+        episodes[keys.ENV_ACTIONS] = torch.ones(1, 4, 1, 1)
+    append_episodes(store, TensorDict(episodes, batch_size=[1]), 2, True, 0.0, {"cpu": "test"})
+    return store
+
+
+def test_an_episodes_next_observations_are_its_observations_one_step_on(tmp_path):
+    episode = stored_episode(tmp_path).read_episode(0)
+    assert episode["obs"].tolist() == [[0, 1], [2, 3], [4, 5]]
+    assert episode["next_obs"].tolist() == [[2, 3], [4, 5], [6, 7]]  # the last: the terminal observation
+
+
+def test_episodes_without_the_simulators_actions_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="stores the simulator's actions of each episode"):
+        stored_episode(tmp_path, with_env_actions=False)

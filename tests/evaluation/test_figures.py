@@ -108,3 +108,47 @@ def test_an_evaluation_whose_every_episode_is_lost_stops_after_a_few_steps(proce
     flaky.fruitless = MAX_FRUITLESS_STEPS - 1
     flaky.add_counts(np.array([[[[1.0, 1.0, 5.0]]]]), lost=2)
     assert flaky.fruitless == 0
+
+
+class ItemsSession(FlakySession):
+    """FlakySession's items and rollouts, for other tasks and targets."""
+
+    def __init__(self, tasks: list[str], target_steps: list[int | None]):
+        super().__init__()
+        EvaluationSession.__init__(self, self.res, tasks, target_steps, keys.INIT_STATE_ID)
+
+
+def test_the_mean_episode_length_is_over_the_episodes():
+    figures = _figures("eval/greedy", np.array([1.0, 4.0, 20.0]))
+    assert figures["eval/greedy/episode_length"] == 5.0 and figures["eval/greedy/success_rate"] == 0.25
+
+
+def test_a_checkpoints_figures_are_under_its_step_and_the_live_policys_under_the_live_step():
+    session = ItemsSession(["lift"], [7, None])
+    session.begin("final", 3)
+    assert (session.step_of(0), session.step_of(1)) == (7, 3)
+    session.add_counts(np.array([[[[1.0, 2.0, 10.0]], [[2.0, 2.0, 8.0]]]]))
+    figures = session.metrics()
+    assert (figures["eval/step7/greedy/success_rate"], figures["eval/step3/greedy/success_rate"]) == (0.5, 1.0)
+
+
+def test_one_tasks_figures_are_not_repeated_under_its_name():
+    session = ItemsSession(["lift"], [None])
+    session.begin("final", 3)
+    session.add_counts(np.array([[[[1.0, 2.0, 10.0]]]]))
+    assert sorted(session.metrics()) == ["eval/greedy/ci_high", "eval/greedy/ci_low", "eval/greedy/episode_length",
+                                         "eval/greedy/episodes", "eval/greedy/success_rate", "eval/lost_episodes",
+                                         "eval/lost_fraction"]
+
+
+def test_a_new_evaluation_starts_its_counts_afresh():
+    session = ItemsSession(["lift", "door"], [None])
+    session.begin("step_10", 10)
+    session.add_counts(np.array([[[[2.0, 2.0, 10.0]]], [[[0.0, 2.0, 12.0]]]]))
+    session.begin("step_10", 10)  # the same evaluation: a no-op
+    assert session.metrics()["eval/greedy/episodes"] == 4.0
+    session.begin("step_20", 20)
+    session.add_counts(np.array([[[[0.0, 1.0, 6.0]]], [[[0.0, 0.0, 0.0]]]]))
+    figures = session.metrics()
+    assert figures["eval/greedy/episodes"] == 1.0 and figures["eval/lift/greedy/success_rate"] == 0.0
+    assert "eval/door/greedy/episodes" not in figures  # no episode of door in this evaluation

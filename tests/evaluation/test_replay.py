@@ -185,3 +185,50 @@ def test_an_older_store_replays_its_actions_only_for_a_policy_acting_in_simulato
     vla = legacy_store(tmp_path / "vla.zarr", result.batch[keys.ACTIONS][0, :2].numpy())
     with pytest.raises(ValueError, match=r"vla\.zarr has no 'env_actions' field .* cannot be replayed"):
         rescore_store(GripperPool(success_at=[3], horizon=6), vla)
+
+
+class ScriptedPool:
+    """A pool whose ``step`` answers the ``reports`` in turn (``{"success", "terminated",
+    "truncated"}`` lists, one value per env, whatever the env's state), recording the active masks
+    it is sent and its resets."""
+
+    def __init__(self, reports) -> None:
+        self.reports, self.masks, self.resets = list(reports), [], []
+
+    def reset(self, ids, task_ids=None) -> None:
+        self.resets.append((ids.tolist(), None if task_ids is None else task_ids.tolist()))
+
+    def step(self, actions, active, render_indices=()):
+        self.masks.append(active.tolist())
+        report = self.reports.pop(0) if self.reports else {}
+        return {k: np.array(report.get(k, [False] * len(active))) for k in ("success", "terminated", "truncated")}
+
+
+def actions(steps: int) -> np.ndarray:
+    return np.zeros((steps, 1, 2), np.float32)
+
+
+def test_a_success_reported_after_an_episodes_actions_ran_out_is_not_its_own():
+    pool = ScriptedPool([{}, {"success": [True, False]}])  # env 0 has stopped by the second step
+    success, _ = replay_episodes(pool, np.array([3, 4]), [actions(1), actions(3)])
+    assert success.tolist() == [False, False]
+    assert pool.masks == [[True, True], [False, True], [False, True]]
+
+
+def test_a_truncated_episode_is_stepped_no_further():
+    pool = ScriptedPool([{"truncated": [True, False]}, {"success": [True, False]}])
+    success, _ = replay_episodes(pool, np.array([3, 4]), [actions(3), actions(3)])
+    assert success.tolist() == [False, False]
+    assert pool.masks == [[True, True], [False, True], [False, True]]
+
+
+def test_a_replay_resets_each_episode_to_its_task_and_initial_state():
+    pool = ScriptedPool([])
+    replay_episodes(pool, np.array([3, 4]), [actions(1), actions(1)], task_ids=np.array([1, 0]))
+    replay_episodes(pool, np.array([5]), [actions(1)])
+    assert pool.resets == [([3, 4], [1, 0]), ([5], None)]
+
+
+def test_a_replay_needs_one_action_sequence_per_initial_state():
+    with pytest.raises(ValueError, match="got 1 action sequences for 2 initial states"):
+        replay_episodes(ScriptedPool([]), np.array([3, 4]), [actions(1)])

@@ -12,6 +12,7 @@ import torch
 from tensordict import TensorDict
 
 from vla_rl.data.trajectory_store import TrajectoryStore
+from vla_rl.evaluation import report as report_module
 from vla_rl.evaluation.benchmarks import EvalTask
 from vla_rl.evaluation.episode_store import (
     HOST_SCALAR,
@@ -202,3 +203,72 @@ def test_the_episodes_of_a_store_from_before_machines_were_recorded_are_counted_
     append_episodes(new, episodes([12], [True], [2]), 5, True, 0.0, HOST_A)
     assert counted_hosts(tmp_path, [EvalTask("Lift", "s")], [5], [GREEDY], np.array([10, 11, 12])) == {
         "hosts": [HOST_A], "host_episodes": [1], "hosts_unrecorded": 2}
+
+
+def test_failures_before_the_time_limit_are_not_counted_truncated(tmp_path):
+    lift = open_rank_store(tmp_path, "Lift", 0, SPEC, 1, {"task": "Lift", "simulator": "s", "env": {}}, True)
+    # horizon 6: episode 10 fails early (not truncated), 11 runs out of time, 12 succeeds
+    append_episodes(lift, episodes([10, 11, 12], [False, False, True], [2, 6, 3]), 5, True, 0.0, HOST_A)
+    (row,) = summarize(tmp_path, [EvalTask("Lift", "s")], [5], [GREEDY], np.array([10, 11, 12]))
+    assert (row["episodes"], row["successes"], row["truncated"]) == (3, 1, 1)
+    assert row["mean_episode_length"] == pytest.approx((2 + 6 + 3) / 3)
+
+
+def test_rows_follow_the_checkpoint_steps_in_increasing_order(tmp_path):
+    lift = open_rank_store(tmp_path, "Lift", 0, SPEC, 1, {"task": "Lift", "simulator": "s", "env": {}}, True)
+    append_episodes(lift, episodes([10], [True], [3]), 9, True, 0.0, HOST_A)
+    append_episodes(lift, episodes([10], [False], [6]), 2, True, 0.0, HOST_A)
+    rows = summarize(tmp_path, [EvalTask("Lift", "s")], [9, 2], [GREEDY], np.array([10]))
+    assert [(r["checkpoint_step"], r["successes"]) for r in rows] == [(2, 0), (9, 1)]
+
+
+def report_info(tasks: list[str]) -> dict:
+    return {"run_dir": "runs/x", "checkpoints": [{"path": "c", "step": 5}],
+            "tasks": [{"name": name, "simulator": "s"} for name in tasks], "protocols": [{"label": "greedy"}],
+            "episodes_per_task": 3, "init_state_ids": {"first": 10, "last": 12}, "seed": 0}
+
+
+def test_a_task_not_started_is_named_not_finished(eval_dir):
+    rows = summarize(eval_dir, [EvalTask("Lift", "s")], [5], [GREEDY], np.array([10, 11, 12]))
+    write_report(eval_dir, report_info(["Lift", "Door"]), rows, status={"Lift": "complete", "Door": "pending"})
+    markdown = (eval_dir / "report.md").read_text()
+    assert "- tasks: Lift (s, complete), Door (s, pending)" in markdown
+    assert "**not finished**: Door (" in markdown
+
+
+def test_the_figure_plots_the_overall_rows_when_there_are_several_tasks(eval_dir, monkeypatch):
+    plotted = []
+    monkeypatch.setattr(report_module, "plot_success_vs_checkpoint", lambda rows, path, title: plotted.append(rows))
+    tasks = [EvalTask("Lift", "s"), EvalTask("Door", "s")]
+    rows = summarize(eval_dir, tasks, [5], [GREEDY], np.array([10, 11, 12]))
+    write_report(eval_dir, report_info(["Lift", "Door"]), rows)
+    assert [r["task"] for r in plotted[0]] == [OVERALL]
+    write_report(eval_dir, report_info(["Lift"]), [r for r in rows if r["task"] == "Lift"])
+    assert [r["task"] for r in plotted[1]] == ["Lift"]  # one task: its own rows
+
+
+def test_a_replayed_video_that_disagrees_with_its_store_is_flagged(eval_dir):
+    (eval_dir / "videos").mkdir()
+    videos = [{"file": "a.mp4", "task": "Lift", "protocol": "greedy", "stored_success": True, "replayed_success": True},
+              {"file": "b.mp4", "task": "Lift", "protocol": "greedy", "stored_success": False,
+               "replayed_success": True}]
+    (eval_dir / "videos" / "replays.json").write_text(json.dumps(videos))
+    rows = summarize(eval_dir, [EvalTask("Lift", "s")], [5], [GREEDY], np.array([10, 11, 12]))
+    report = write_report(eval_dir, report_info(["Lift"]), rows)
+    assert report["videos"] == videos
+    markdown = (eval_dir / "report.md").read_text()
+    assert "- [a.mp4](a.mp4): Lift, greedy, success\n" in markdown
+    assert "- [b.mp4](b.mp4): Lift, greedy, failure (replay differs!)\n" in markdown
+
+
+def test_a_task_whose_first_episodes_are_stored_rewrites_the_report(tmp_path):
+    ids = np.array([10, 11])
+    tasks = [EvalTask("Lift", "s")]
+    info = {**report_info(["Lift"]), "tasks": [{"name": "Lift", "simulator": "s", "env": {}}]}
+    progress = ReportProgress(tmp_path, info, tasks, [], [5], [GREEDY], ids)
+    assert not progress.update() and not (tmp_path / "report.json").exists()
+    lift = open_rank_store(tmp_path, "Lift", 0, SPEC, 1, {"task": "Lift", "simulator": "s", "env": {}}, True)
+    append_episodes(lift, episodes([10], [True], [3]), 5, True, 0.0, HOST_A)
+    assert not progress.update()  # no task finished, but Lift's state changed: pending -> incomplete
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["task_status"] == {"Lift": "incomplete"} and report["results"] == []

@@ -101,3 +101,57 @@ def test_without_a_default_instruction_the_client_must_send_one():
     inputs = ServedInputs(8, {"agentview": (4, 6, 3)})
     with pytest.raises(ObservationError, match="no instruction: send it as a string under 'prompt'"):
         inputs.engine_observation({"state": STATE, "agentview_image": FRONT})
+
+
+def test_the_first_state_key_found_wins():
+    other = np.zeros(8)
+    flat = ServedInputs(8).engine_observation({"observation.state": other, "observation/state": other,
+                                               "state": STATE})
+    np.testing.assert_array_equal(flat, STATE.astype(np.float32))
+
+
+def test_a_boolean_state_is_taken_as_zeros_and_ones():
+    flat = ServedInputs(3).engine_observation({"state": np.array([True, False, True])})
+    assert flat.dtype == np.float32 and flat.tolist() == [1.0, 0.0, 1.0]
+
+
+def test_a_task_id_of_true_is_refused():
+    with pytest.raises(ObservationError, match=r"'task_id' must be an int in \[0, 10\).*got True"):
+        ServedInputs(8, num_tasks=10).engine_observation({"state": STATE, "task_id": True})
+
+
+def test_an_image_three_rows_high_is_not_taken_for_channels_first():
+    inputs = ServedInputs(8, {"agentview": (3, 4, 3)}, "lift the cube")
+    image = rng.integers(0, 255, size=(3, 4, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(inputs.engine_observation({"state": STATE, "agentview_image": image})[
+        "agentview_image"], image)
+
+
+def test_a_channels_first_image_arrives_row_major_in_height_width_channels():
+    channels_first = np.ascontiguousarray(np.moveaxis(FRONT, -1, 0))  # (3, 4, 6), as ALOHA's client sends
+    obs = CAMERAS.engine_observation({"state": STATE, "observation/image": channels_first,
+                                      "observation/wrist_image": WRIST})
+    np.testing.assert_array_equal(obs["agentview_image"], FRONT)
+    assert obs["agentview_image"].flags.c_contiguous
+
+
+def test_an_image_under_the_cameras_own_name_wins_over_alohas_by_position():
+    obs = CAMERAS.engine_observation({"state": STATE, "images": {"cam_high": np.zeros_like(FRONT), "agentview": FRONT,
+                                                                 "robot0_eye_in_hand": WRIST}})
+    check(obs)
+
+
+def test_a_prompt_of_utf8_bytes_is_decoded_as_utf8():
+    obs = CAMERAS.engine_observation({"state": STATE, "observation/image": FRONT, "observation/wrist_image": WRIST,
+                                      "prompt": "put the crème brûlée away".encode()})
+    assert decode_instruction(obs["instruction"]) == "put the crème brûlée away"
+
+
+def test_the_inputs_described_and_built_from_a_spec():
+    from vla_rl_core.env_spec import EnvSpec
+
+    assert CAMERAS.describe() == {"state": [8], "images": {"agentview": [4, 6, 3], "robot0_eye_in_hand": [4, 6, 3]},
+                                  "prompt": "lift the cube"}
+    assert ServedInputs(5, num_tasks=3).describe() == {"state": [5], "num_tasks": 3}
+    state_only = ServedInputs.from_spec(EnvSpec(obs_dim=5, action_dim=2, horizon=4), "lift the cube")
+    assert state_only == ServedInputs(5)  # a state-only policy takes no instruction

@@ -243,3 +243,61 @@ def test_a_message_over_the_limit_closes_its_connection_and_the_server_serves_on
 def test_a_message_limit_that_is_not_a_positive_size_is_refused(limit):
     with pytest.raises(ServeError, match="--max-message-mb must be a finite number > 0"):
         PolicyServer(served(), port=0, max_message_mb=limit)
+
+
+@pytest.mark.parametrize("window_ms, max_batch, message", [
+    (float("nan"), 64, "--batch-window-ms must be >= 0, got nan"),
+    (0.0, 0, "--max-batch must be >= 1, got 0"),
+])
+def test_a_batch_window_that_is_not_a_number_or_an_empty_batch_is_refused(window_ms, max_batch, message):
+    with pytest.raises(ServeError, match=message):
+        PolicyServer(served(), port=0, batch_window_ms=window_ms, max_batch=max_batch)
+
+
+def test_a_sample_field_that_is_not_a_boolean_is_refused(server):
+    client = WebsocketClientPolicy("127.0.0.1", server.port)
+    with pytest.raises(RuntimeError, match="'sample' must be true or false, got 1"):
+        client.infer({"state": state(), "sample": 1})
+    assert client.infer({"state": state(), "sample": np.bool_(False)})["actions"].shape == (1, ACT_DIM)
+
+
+def test_the_message_limit_is_in_mebibytes():
+    """0.01 MiB is 10485 bytes: a message of about 10.2 kB is read (and refused for its shape, in
+    a text reply), not cut off as over the limit."""
+    from websockets.sync.client import connect
+
+    from vla_rl_core import wire
+
+    message = wire.packb({"state": np.zeros(2530, np.float32)})
+    assert 10_000 < len(message) < 0.01 * 2**20
+    with server_thread(PolicyServer(served(), port=0, max_message_mb=0.01)) as running:
+        with connect(f"ws://127.0.0.1:{running.port}", max_size=None) as client:
+            client.recv()  # the metadata
+            client.send(message)
+            assert "state has shape (2530,)" in client.recv(timeout=30)
+
+
+def test_a_server_bound_beyond_loopback_warns_when_no_token_is_required(caplog):
+    with caplog.at_level(logging.WARNING, logger="vla_rl.serving.server"):
+        PolicyServer(served(), host="0.0.0.0", port=0)._log_start()
+        PolicyServer(served(), host="0.0.0.0", port=0, token="s3cret")._log_start()
+        PolicyServer(served(), host="127.0.0.1", port=0)._log_start()
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "bound to 0.0.0.0, not loopback: other machines can reach this policy server and no token is required "
+        "(add --token)", "bound to 0.0.0.0, not loopback: other machines can reach this policy server"]
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("nan")])
+def test_a_served_temperature_that_is_not_positive_is_refused(temperature):
+    with pytest.raises(ServeError, match="--temperature must be > 0"):
+        ServedPolicy(served().policy, ServedInputs(OBS_DIM), "tiny-mlp", temperature=temperature)
+
+
+def test_sampled_actions_are_the_policys_draw_at_the_served_temperature_and_seed():
+    policy = served(ServedInputs(OBS_DIM)).policy
+    observations = np.stack([state(1), state(2)])
+    expected = policy.sample_actions(torch.as_tensor(observations), greedy=False,
+                                     generator=torch.Generator().manual_seed(3), temperature=0.25)[0]
+    expected = policy.env_actions(expected, torch.as_tensor(observations)).numpy()
+    sampling = ServedPolicy(policy, ServedInputs(OBS_DIM), "tiny-mlp", temperature=0.25, seed=3)
+    np.testing.assert_allclose(sampling.act(list(observations), sample=True), expected, rtol=1e-6)

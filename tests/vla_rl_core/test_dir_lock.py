@@ -77,3 +77,20 @@ def test_a_hold_of_a_directory_gone_or_renamed_away_as_it_is_taken_is_refused(tm
     fd = hold_directory(path)  # the directory of that name now: held
     assert take_for_removal(path) is None
     release_directory(fd)
+
+
+def test_a_stale_pid_left_in_the_lock_file_is_replaced_not_appended_to(tmp_path):
+    (tmp_path / ".lock").write_text("999999999")  # a holder killed before it could empty the file
+    handle = lock_directory(tmp_path)
+    assert (tmp_path / ".lock").read_text() == str(os.getpid())
+    unlock_directory(handle)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts this process's open files in /proc")
+def test_a_refused_take_for_removal_leaves_no_file_open(tmp_path):
+    held = hold_directory(tmp_path)
+    open_before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        assert take_for_removal(tmp_path) is None
+    assert len(os.listdir("/proc/self/fd")) == open_before
+    release_directory(held)

@@ -46,6 +46,12 @@ def test_a_non_contiguous_array_travels_as_its_values():
     assert np.array_equal(msgpack_numpy.unpackb(wire.packb({"a": array}))["a"], array)
 
 
+def test_a_fortran_ordered_array_travels_in_row_major_order():
+    array = np.asfortranarray(np.arange(6, dtype=np.int32).reshape(2, 3))
+    got = wire.unpackb(wire.packb({"a": array}))["a"]
+    assert got.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
 @pytest.mark.parametrize("array", [np.array([object()]), np.zeros(2, dtype=np.complex64)])
 def test_object_and_complex_arrays_are_refused(array):
     with pytest.raises(ValueError, match="cannot be sent"):
@@ -67,16 +73,23 @@ def test_malformed_messages_are_one_value_error(data):
     ({b"__ndarray__": True, b"dtype": "<f4", b"shape": [2]}, "data"),
     ({b"__npgeneric__": True, b"data": 1.0}, "dtype"),
     ({b"__npgeneric__": True, b"dtype": "<f4"}, "data"),
+    ({b"__ndarray__": True}, "data"),  # the first of the fields it lacks
 ])
 def test_an_array_map_missing_a_field_is_a_value_error_naming_it(data, field):
     """It was a KeyError, which the server's and the hub's handling of ValueError let through."""
-    with pytest.raises(ValueError, match=f"not a msgpack-numpy message.*'{field}'"):
+    with pytest.raises(ValueError, match=f"not a msgpack-numpy message.*has no '{field}' field"):
         wire.unpackb(msgpack.packb({"state": data}))
 
 
 def test_a_scalar_that_overflows_its_dtype_is_a_value_error():
     with pytest.raises(ValueError, match="not a msgpack-numpy message"):
         wire.unpackb(msgpack.packb({b"__npgeneric__": True, b"data": 2**64 - 1, b"dtype": "<i1"}))
+
+
+@pytest.mark.parametrize("dtype", ["|V16", "<c16"])
+def test_void_and_complex_arrays_received_are_refused(dtype):
+    with pytest.raises(ValueError, match=r"not a msgpack-numpy message \(ValueError: arrays of dtype"):
+        wire.unpackb(msgpack.packb({"a": {b"__ndarray__": True, b"data": b"\0" * 16, b"dtype": dtype, b"shape": [1]}}))
 
 
 @pytest.mark.parametrize("dtype", ["|V8", "|O", "<c16"])
@@ -92,6 +105,7 @@ def test_object_void_and_complex_scalars_are_refused(dtype):
     ("yes", "'yes'"), ("x" * 10**6, "'" + "x" * 40 + "'... (1000000 characters)"),
     (np.zeros((2, 3), np.uint8), "a uint8 array of shape (2, 3)"), ([0.0] * 10**6, "a list"),
     (b"\0" * 10**6, "a bytes"),
+    (10**39, "1" + "0" * 39), ("y" * 40, "'" + "y" * 40 + "'"),  # 40 characters are still shown whole
 ])
 def test_a_received_value_is_described_in_a_few_characters(value, shown):
     assert wire.describe(value) == shown
